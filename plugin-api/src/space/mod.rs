@@ -1,0 +1,1 @@
+//! NNI search spaces: parse, validate, sample, encode.
