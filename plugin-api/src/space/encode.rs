@@ -19,7 +19,8 @@
 use serde_json::{Map, Value};
 
 use super::check::{as_integer, json_eq};
-use super::{quantize, ParamType, SearchSpace, SpaceError, MAX_Z};
+use super::{quantize, standard_normal, ParamType, SearchSpace, SpaceError, MAX_Z};
+use rand::Rng;
 
 /// Maps parameters objects of one space to `Vec<f64>` and back. Owns a copy of the space.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +43,7 @@ pub enum DimKind {
     /// An unordered index `0..size` (choice, nested choice). Decoding rounds and clamps.
     Categorical { size: u64 },
     /// An ordered integer `0..size` (randint, offset by `low`). Decoding rounds and clamps.
+    /// Exact while `size <= 2^53`, as f64 is.
     Integer { size: u64 },
     /// A real in `[0, 1]` (the uniform family). Decoding clamps, then applies q and the clip.
     Unit,
@@ -102,7 +104,7 @@ impl Encoding {
         }
     }
 
-    /// The dimensions, in [`SearchSpace::all_parameters`] order.
+    /// The dimensions: `dims()[i]` is `space().all_parameters()[i]`.
     pub fn dims(&self) -> &[Dim] {
         &self.dims
     }
@@ -142,6 +144,28 @@ impl Encoding {
             active.push(on);
         }
         active
+    }
+
+    /// Draws a vector from the prior: a uniform index for categorical and integer dimensions,
+    /// `U[0, 1)` for [`DimKind::Unit`], `N(0, 1)` for [`DimKind::Gaussian`], NaN where inactive.
+    /// Its `decode` is distributed as [`SearchSpace::sample`]; model-based tuners start from it.
+    pub fn sample_vector<R: Rng + ?Sized>(&self, rng: &mut R) -> Vec<f64> {
+        let mut vector: Vec<f64> = Vec::with_capacity(self.dims.len());
+        for dim in &self.dims {
+            // A parent's NaN (inactive) never equals an option index.
+            let active = dim
+                .condition
+                .is_none_or(|c| vector[c.dim] == c.option as f64);
+            vector.push(match dim.kind {
+                _ if !active => f64::NAN,
+                DimKind::Categorical { size } | DimKind::Integer { size } => {
+                    rng.gen_range(0..size) as f64
+                }
+                DimKind::Unit => rng.gen::<f64>(),
+                DimKind::Gaussian => standard_normal(rng),
+            });
+        }
+        vector
     }
 
     /// Encodes a parameters object (checked with [`SearchSpace::validate_parameters`] first).

@@ -137,9 +137,10 @@ fn parse_param(path: &str, spec: &Value, depth: usize) -> Result<ParamType, Spac
         // Largest magnitude a sample (or a clamped encoding) can reach, in value space.
         let (lo, hi) = (a - MAX_Z * b, a + MAX_Z * b);
         let extreme = if log {
-            if !hi.exp().is_finite() {
+            // exp(lo) == 0 would give a lognormal value of 0, outside its own support.
+            if !hi.exp().is_finite() || lo.exp() == 0.0 {
                 return Err(err(format!(
-                    "{type_name} needs exp(mu + {MAX_Z}*sigma) to be finite (mu + {MAX_Z}*sigma <= 709), got {got}"
+                    "{type_name} needs exp(mu ± {MAX_Z}*sigma) to be positive and finite (mu - {MAX_Z}*sigma >= -744, mu + {MAX_Z}*sigma <= 709), got {got}"
                 )));
             }
             hi.exp()
