@@ -1,0 +1,52 @@
+//! The canonical text of a config, and the one serialization that keeps secrets.
+
+use saphyr::{LoadableYamlNode, Yaml, YamlEmitter};
+
+use super::model::{ExperimentConfig, TrainingServiceConfig};
+
+impl ExperimentConfig {
+    /// The canonical form as YAML: camelCase names, absolute paths, durations in seconds, sizes
+    /// in MiB, every default filled in, secrets shown as `***`. It is itself a valid config.
+    pub fn to_canonical_yaml(&self) -> String {
+        // serde_json keeps struct field order (serde_json::Value would sort it), JSON is YAML,
+        // and saphyr keeps mapping order: so the YAML lists fields in declaration order.
+        let rendered = serde_json::to_string(self)
+            .map_err(|error| error.to_string())
+            .and_then(|json| json_to_yaml(&json));
+        match rendered {
+            Ok(yaml) => yaml,
+            // Only a path that is not UTF-8 gets here; say so rather than print half a config.
+            Err(error) => format!("# knob could not render this config: {error}\n"),
+        }
+    }
+
+    /// The config as JSON *with* passwords and passphrases in clear text: the only way to get
+    /// them out of the model besides [`super::Secret::expose`]. Whoever stores this value owns
+    /// keeping it out of plain sight; everything else should use serde, which writes `***`.
+    pub fn to_json_with_secrets(&self) -> serde_json::Value {
+        let mut json = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        for (service_index, service) in self.training_service.iter().enumerate() {
+            let TrainingServiceConfig::Remote(remote) = service else { continue };
+            for (machine_index, machine) in remote.machine_list.iter().enumerate() {
+                let pointer = format!("/trainingService/{service_index}/machineList/{machine_index}");
+                let Some(serde_json::Value::Object(stored)) = json.pointer_mut(&pointer) else { continue };
+                if let Some(password) = &machine.password {
+                    stored.insert("password".to_owned(), password.expose().into());
+                }
+                if let Some(passphrase) = &machine.ssh_passphrase {
+                    stored.insert("sshPassphrase".to_owned(), passphrase.expose().into());
+                }
+            }
+        }
+        json
+    }
+}
+
+fn json_to_yaml(json: &str) -> Result<String, String> {
+    let documents = Yaml::load_from_str(json).map_err(|error| error.to_string())?;
+    let document = documents.first().ok_or("empty document")?;
+    let mut text = String::new();
+    YamlEmitter::new(&mut text).dump(document).map_err(|error| error.to_string())?;
+    let body = text.strip_prefix("---\n").unwrap_or(&text);
+    Ok(format!("{body}\n"))
+}

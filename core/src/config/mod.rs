@@ -1,0 +1,138 @@
+//! Experiment configs: NNI's experiment config v2 (YAML or JSON), read, validated and made
+//! canonical.
+//!
+//! [`load_file`] turns a config file into an [`ExperimentConfig`] or into *every* problem found,
+//! each a one-line [`ConfigError`] naming the file, line, column and field and saying what is
+//! allowed. [`check_file`] is `knob config check`: the canonical text, or those lines.
+//!
+//! # NNI's rules, kept
+//!
+//! - Keys are case- and underscore-insensitive: `trial_command`, `TrialCommand`, `trialcommand`.
+//!   `null` means "not set".
+//! - Relative paths are relative to the config file's folder; `~` is the home directory.
+//! - Durations: `30s`, `30m`, `2h`, `1d`, `0.5h`, or a number of seconds.
+//! - Sizes: `10GiB`, `500MB` (as in NNI, `GB` is 1024³ bytes), or a number of MiB.
+//! - `gpuIndices` (and `tunerGpuIndices`): `[0, 1]`, `"0,1"` or `0`.
+//! - `searchSpaceFile` (JSON or YAML) or an inline `searchSpace`: exactly one.
+//! - `trialCommand`, `trialCodeDirectory` and `trialGpuNumber` may be written inside a training
+//!   service; they must then agree with the top level, since knob runs one of each.
+//! - `trainingService` is a mapping with `platform: local` or `platform: remote`, or a list of
+//!   them (hybrid). `advisor` is read as `tuner`. `nniManagerIp` is accepted and ignored (knob needs
+//!   no route back from training machines). `useAnnotation: true`, `sharedStorage` and platforms
+//!   other than local and remote are refused with a message.
+//!
+//! # knob's extensions
+//!
+//! - Shortcuts: `useActiveGpu`, `maxTrialNumberPerGpu`, `gpuIndices` and `reuseMode` written at top
+//!   level are copied into every training service (and remote machine) that does not set them.
+//! - `trialGpuMemory` (GPU memory per trial, e.g. `10GiB`), `trialMemorySize` (host memory per
+//!   trial), `trialCpuNumber` (CPU cores per trial), `placementPolicy` (`recently-idle`, the
+//!   default, `pack`, `spread`, `round-robin`), `maxTrialRetries` (default 0), `pluginPaths` (plugin
+//!   files or folders to load, relative to the config).
+//! - `experimentWorkingDirectory` defaults to `~/knob-experiments`.
+//!
+//! Tuner, assessor and training-service *names* are checked against the loaded plugins by the
+//! caller, not here.
+
+mod canonical;
+mod error;
+mod experiment;
+mod model;
+mod reader;
+mod secret;
+mod training_service;
+mod units;
+mod yaml;
+
+use std::path::{Path, PathBuf};
+
+pub use error::{ConfigError, ConfigErrors};
+pub use model::{
+    AlgorithmConfig, ExperimentConfig, LocalConfig, LogLevel, MachineConfig, PlacementPolicy, RemoteConfig,
+    TrainingServiceConfig,
+};
+pub use secret::{Secret, REDACTED};
+
+/// A config that passed every check, with what deserves a warning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedConfig {
+    pub config: ExperimentConfig,
+    /// Accepted but worth telling the user (an ignored `nniManagerIp`, a deprecated `advisor`).
+    pub warnings: Vec<ConfigError>,
+}
+
+/// Reads, validates and canonicalizes the config file at `path`. YAML, or JSON when the file name
+/// ends in `.json`.
+pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
+    let display_name = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => load_str(&text, path),
+        Err(error) => Err(ConfigErrors(vec![ConfigError {
+            file: display_name,
+            line: None,
+            column: None,
+            field: String::new(),
+            message: format!("cannot read config file: {}", reader::plain_io(&error)),
+        }])),
+    }
+}
+
+/// Like [`load_file`] for text already read: `path` only names the file in messages, picks the
+/// format by its extension, and anchors relative paths at its folder.
+pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
+    let file = path.display().to_string();
+    let base_dir = config_folder(path);
+    let mut reader =
+        reader::Reader { file, base_dir, home: units::home_dir(), errors: Vec::new(), warnings: Vec::new() };
+    let is_json = path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
+    let parsed = if is_json { yaml::parse_json(text) } else { yaml::parse(text) };
+    let config = match parsed {
+        Ok(Some(root)) if matches!(root.value, yaml::Value::Map(_)) => experiment::read_experiment(&mut reader, &root),
+        Ok(Some(root)) => {
+            let message = format!(
+                "a config is a mapping of fields (trialCommand: ..., tuner: ...), got {}",
+                root.describe()
+            );
+            reader.error(root.pos, "", message);
+            None
+        }
+        Ok(None) => {
+            reader.error(None, "", "the config file is empty");
+            None
+        }
+        Err(error) => {
+            let kind = if is_json { "JSON" } else { "YAML" };
+            reader.error(error.pos, "", format!("malformed {kind}: {}", error.message));
+            None
+        }
+    };
+    match config {
+        Some(config) if reader.errors.is_empty() => Ok(LoadedConfig { config, warnings: reader.warnings }),
+        _ => {
+            let mut errors = reader.errors;
+            // File order; errors with no place (a missing field) last. The sort is stable.
+            errors.sort_by_key(|error| (error.line.is_none(), error.line, error.column));
+            Err(ConfigErrors(errors))
+        }
+    }
+}
+
+/// `knob config check FILE`: the canonical YAML (warnings first, as comments), or every error as
+/// one line each.
+pub fn check_file(path: &Path) -> Result<String, Vec<String>> {
+    let loaded = load_file(path).map_err(|errors| errors.lines())?;
+    let mut text = String::new();
+    for warning in &loaded.warnings {
+        text.push_str(&format!("# warning: {warning}\n"));
+    }
+    text.push_str(&loaded.config.to_canonical_yaml());
+    Ok(text)
+}
+
+/// The absolute folder of the config file, which relative paths in it are relative to.
+fn config_folder(path: &Path) -> PathBuf {
+    let folder = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::canonicalize(folder).unwrap_or_else(|_| {
+        std::env::current_dir().map(|current| current.join(folder)).unwrap_or_else(|_| folder.to_path_buf())
+    })
+}

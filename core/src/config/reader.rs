@@ -1,0 +1,271 @@
+//! Reading a YAML tree field by field while collecting every error.
+//!
+//! NNI matches keys case- and underscore-insensitively (`trial_command`, `TrialCommand` and
+//! `trialcommand` are all `trialCommand`), and treats `null` as "not set". [`Fields`] implements
+//! both, reports keys that name the same field twice, and reports every unknown key with the
+//! closest known name.
+
+use std::path::{Path, PathBuf};
+
+use super::error::ConfigError;
+use super::units;
+use super::yaml::{Node, Pos, Value};
+
+/// Collects errors and warnings while the config is read; owns what every field reader needs.
+pub(crate) struct Reader {
+    pub file: String,
+    pub base_dir: PathBuf,
+    pub home: Option<PathBuf>,
+    pub errors: Vec<ConfigError>,
+    pub warnings: Vec<ConfigError>,
+}
+
+impl Reader {
+    pub fn error(&mut self, pos: Option<Pos>, field: &str, message: impl Into<String>) {
+        let error = self.located(pos, field, message.into());
+        self.errors.push(error);
+    }
+
+    pub fn warn(&mut self, pos: Option<Pos>, field: &str, message: impl Into<String>) {
+        let warning = self.located(pos, field, message.into());
+        self.warnings.push(warning);
+    }
+
+    /// An error inside another file the config names (a search-space file).
+    pub fn error_in(&mut self, file: &Path, pos: Option<Pos>, field: &str, message: impl Into<String>) {
+        let error = ConfigError { file: file.display().to_string(), ..self.located(pos, field, message.into()) };
+        self.errors.push(error);
+    }
+
+    fn located(&self, pos: Option<Pos>, field: &str, message: String) -> ConfigError {
+        ConfigError {
+            file: self.file.clone(),
+            line: pos.map(|pos| pos.line),
+            column: pos.map(|pos| pos.column),
+            field: field.to_owned(),
+            message,
+        }
+    }
+
+    /// Runs a value parser, recording its error against the field.
+    pub fn parse<T>(&mut self, field: &Field<'_>, parser: impl FnOnce(&Node) -> Result<T, String>) -> Option<T> {
+        match parser(field.node) {
+            Ok(value) => Some(value),
+            Err(message) => {
+                self.error(field.node.pos, &field.path, message);
+                None
+            }
+        }
+    }
+
+    pub fn string(&mut self, field: &Field<'_>) -> Option<String> {
+        self.parse(field, |node| match &node.value {
+            Value::Str(text) => Ok(text.clone()),
+            _ => Err(format!("expected a string, got {}", node.describe())),
+        })
+    }
+
+    pub fn non_empty_string(&mut self, field: &Field<'_>) -> Option<String> {
+        self.parse(field, |node| match &node.value {
+            Value::Str(text) if !text.trim().is_empty() => Ok(text.clone()),
+            _ => Err(format!("expected a non-empty string, got {}", node.describe())),
+        })
+    }
+
+    pub fn boolean(&mut self, field: &Field<'_>) -> Option<bool> {
+        self.parse(field, units::boolean)
+    }
+
+    /// An integer `>= min` (`min` is 0 or 1, and the message says "non-negative" or "positive").
+    pub fn integer<T: TryFrom<i64>>(&mut self, field: &Field<'_>, min: i64) -> Option<T> {
+        let kind = if min >= 1 { "a positive integer" } else { "a non-negative integer" };
+        self.parse(field, |node| match node.value {
+            Value::Int(i) if i >= min => T::try_from(i).map_err(|_| format!("{i} is too large")),
+            _ => Err(format!("expected {kind}, got {}", node.describe())),
+        })
+    }
+
+    /// A path, resolved against the config file's folder.
+    pub fn path(&mut self, field: &Field<'_>) -> Option<PathBuf> {
+        let raw = self.non_empty_string(field)?;
+        let (base_dir, home) = (self.base_dir.clone(), self.home.clone());
+        self.parse(field, |_| units::resolve_path(&raw, &base_dir, home.as_deref()))
+    }
+
+    /// A path that must name an existing directory.
+    pub fn directory(&mut self, field: &Field<'_>) -> Option<PathBuf> {
+        let path = self.path(field)?;
+        self.check_directory(field.node.pos, &field.path, path)
+    }
+
+    pub fn check_directory(&mut self, pos: Option<Pos>, field: &str, path: PathBuf) -> Option<PathBuf> {
+        match std::fs::metadata(&path) {
+            Ok(metadata) if metadata.is_dir() => Some(path),
+            Ok(_) => {
+                self.error(pos, field, format!("{} is not a directory", quoted(&path)));
+                None
+            }
+            Err(error) => {
+                self.error(pos, field, format!("directory {} does not exist ({})", quoted(&path), plain_io(&error)));
+                None
+            }
+        }
+    }
+
+    /// A mapping whose values become JSON (class args).
+    pub fn json_object(&mut self, field: &Field<'_>) -> Option<serde_json::Map<String, serde_json::Value>> {
+        if !matches!(field.node.value, Value::Map(_)) {
+            self.error(field.node.pos, &field.path, format!("expected a mapping, got {}", field.node.describe()));
+            return None;
+        }
+        match field.node.to_json() {
+            Ok(serde_json::Value::Object(object)) => Some(object),
+            Ok(_) => None,
+            Err((pos, message)) => {
+                self.error(pos.or(field.node.pos), &field.path, message);
+                None
+            }
+        }
+    }
+
+    /// One of `choices`, matched ignoring case, `-` and `_`.
+    pub fn choice<T: Copy>(&mut self, field: &Field<'_>, choices: &[(&str, T)]) -> Option<T> {
+        let names: Vec<String> = choices.iter().map(|(name, _)| format!("{name:?}")).collect();
+        self.parse(field, |node| {
+            let chosen = node.as_str().and_then(|text| {
+                let wanted = normalize_choice(text);
+                choices.iter().find(|(name, _)| normalize_choice(name) == wanted)
+            });
+            chosen
+                .map(|(_, value)| *value)
+                .ok_or_else(|| format!("expected one of {}, got {}", names.join(", "), node.describe()))
+        })
+    }
+}
+
+fn normalize_choice(text: &str) -> String {
+    text.chars().filter(|c| *c != '-' && *c != '_').flat_map(char::to_lowercase).collect()
+}
+
+/// A path in double quotes, for messages.
+pub(crate) fn quoted(path: &Path) -> String {
+    format!("{:?}", path.display().to_string())
+}
+
+/// An I/O error without Rust's " (os error N)" suffix.
+pub(crate) fn plain_io(error: &std::io::Error) -> String {
+    let text = error.to_string();
+    match text.find(" (os error") {
+        Some(index) => text[..index].to_owned(),
+        None => text,
+    }
+}
+
+/// A field's value with its canonical path, e.g. `trainingService.gpuIndices`.
+pub(crate) struct Field<'a> {
+    pub node: &'a Node,
+    pub path: String,
+}
+
+/// NNI's `case_insensitive`: lowercase, underscores dropped.
+pub(crate) fn normalize_key(key: &str) -> String {
+    key.chars().filter(|c| *c != '_').flat_map(char::to_lowercase).collect()
+}
+
+struct Entry<'a> {
+    key: &'a Node,
+    normalized: String,
+    value: &'a Node,
+    taken: bool,
+}
+
+/// The fields of one mapping, looked up by canonical name.
+pub(crate) struct Fields<'a> {
+    path: String,
+    pub pos: Option<Pos>,
+    entries: Vec<Entry<'a>>,
+}
+
+impl<'a> Fields<'a> {
+    /// Opens a mapping; reports an error and returns `None` for anything else.
+    pub fn open(reader: &mut Reader, node: &'a Node, path: &str) -> Option<Fields<'a>> {
+        let Value::Map(pairs) = &node.value else {
+            reader.error(node.pos, path, format!("expected a mapping, got {}", node.describe()));
+            return None;
+        };
+        let mut entries: Vec<Entry<'a>> = Vec::with_capacity(pairs.len());
+        for (key, value) in pairs {
+            let normalized = normalize_key(&key.key_text());
+            if let Some(earlier) = entries.iter().find(|entry| entry.normalized == normalized) {
+                let message = format!(
+                    "{:?} and {:?} (line {}) name the same field; keep one",
+                    key.key_text(),
+                    earlier.key.key_text(),
+                    earlier.key.pos.map_or_else(|| "?".to_owned(), |pos| pos.line.to_string()),
+                );
+                reader.error(key.pos, path, message);
+                continue;
+            }
+            entries.push(Entry { key, normalized, value, taken: false });
+        }
+        Some(Fields { path: path.to_owned(), pos: node.pos, entries })
+    }
+
+    pub fn child_path(&self, name: &str) -> String {
+        if self.path.is_empty() { name.to_owned() } else { format!("{}.{name}", self.path) }
+    }
+
+    /// The field `name` (canonical camelCase) if present and not null. Marks it as known.
+    pub fn take(&mut self, name: &str) -> Option<Field<'a>> {
+        let wanted = normalize_key(name);
+        let path = self.child_path(name);
+        let entry = self.entries.iter_mut().find(|entry| entry.normalized == wanted)?;
+        entry.taken = true;
+        let node = entry.value;
+        (!node.is_null()).then_some(Field { node, path })
+    }
+
+    /// Reports every key not taken as unknown, suggesting the closest of `known`.
+    pub fn finish(self, reader: &mut Reader, known: &[&str]) {
+        for entry in self.entries.iter().filter(|entry| !entry.taken) {
+            let written = entry.key.key_text();
+            let hint = suggestion(&written, known).map(|hint| format!(" ({hint})")).unwrap_or_default();
+            reader.error(entry.key.pos, &self.path, format!("unknown field {written:?}{hint}"));
+        }
+    }
+}
+
+/// "did you mean ..." for a misspelt key, or how to write an NNI v1 key in v2.
+fn suggestion(written: &str, known: &[&str]) -> Option<String> {
+    let normalized = normalize_key(written);
+    // NNI v1 configs (`authorName`, `trial:`...) are the most common source of unknown keys.
+    const V1_KEYS: [(&str, &str); 12] = [
+        ("authorname", "an NNI v1 field; drop it"),
+        ("maxexecduration", "NNI v1; write maxExperimentDuration"),
+        ("maxtrialnum", "NNI v1; write maxTrialNumber"),
+        ("searchspacepath", "NNI v1; write searchSpaceFile"),
+        ("trainingserviceplatform", "NNI v1; write trainingService: {platform: ...}"),
+        ("trial", "NNI v1; write trialCommand and trialCodeDirectory at top level"),
+        ("localconfig", "NNI v1; write these fields under trainingService"),
+        ("machinelist", "write machineList under trainingService: {platform: remote}"),
+        ("builtintunername", "NNI v1; write name"),
+        ("builtinassessorname", "NNI v1; write name"),
+        ("codedir", "NNI v1; write codeDirectory"),
+        ("logdir", "NNI v1; write experimentWorkingDirectory"),
+    ];
+    let best = known
+        .iter()
+        .map(|name| (strsim::damerau_levenshtein(&normalized, &normalize_key(name)), *name))
+        .min_by_key(|(distance, _)| *distance);
+    if let Some((distance, name)) = best {
+        if distance <= 2.max(normalized.chars().count() / 4) {
+            return Some(format!("did you mean {name:?}?"));
+        }
+    }
+    // A truncated name (`experimentWorkingDir`) is far from the full one by edit distance.
+    let mut extensions = known.iter().filter(|name| normalized.len() >= 5 && normalize_key(name).starts_with(&normalized));
+    if let (Some(name), None) = (extensions.next(), extensions.next()) {
+        return Some(format!("did you mean {name:?}?"));
+    }
+    V1_KEYS.iter().find(|(key, _)| *key == normalized).map(|(_, hint)| (*hint).to_owned())
+}

@@ -1,0 +1,149 @@
+//! NNI's value formats: durations, memory sizes, GPU index lists, paths.
+//!
+//! Each parser returns the canonical value or a message saying what is allowed.
+
+use std::path::{Component, Path, PathBuf};
+
+use super::yaml::{Node, Value};
+
+/// NNI's `parse_time`: a number of seconds, or a number followed by `s`, `m`, `h` or `d`
+/// (`"30m"`, `"0.5h"`), rounded up to whole seconds. Must be positive.
+pub(crate) fn duration_seconds(node: &Node) -> Result<u64, String> {
+    const ALLOWED: &str = r#"expected a duration like "30s", "30m", "2h", "1d" or a number of seconds"#;
+    const UNITS: [(&str, f64); 4] = [("d", 86_400.0), ("h", 3_600.0), ("m", 60.0), ("s", 1.0)];
+    let seconds = match &node.value {
+        Value::Int(i) => *i as f64,
+        Value::Float(f) => *f,
+        Value::Str(text) => {
+            let lower = text.trim().to_ascii_lowercase();
+            let parsed = UNITS.iter().find_map(|(unit, factor)| {
+                let number = lower.strip_suffix(unit)?.trim();
+                number.parse::<f64>().ok().map(|value| value * factor)
+            });
+            parsed.ok_or_else(|| format!("{ALLOWED}, got {}", node.describe()))?
+        }
+        _ => return Err(format!("{ALLOWED}, got {}", node.describe())),
+    };
+    positive_whole(seconds.ceil()).ok_or_else(|| format!("must be positive, got {}", node.describe()))
+}
+
+/// NNI's `parse_memory_size`, returning MiB: a number of MiB, or a number followed by `b`, `kb`,
+/// `mb`, `gb`, `tb` (binary multiples, as in NNI: `1GB` is 1024 MiB) or the explicit `kib`, `mib`,
+/// `gib`, `tib`. Rounded up to whole MiB; must be positive.
+pub(crate) fn size_mib(node: &Node) -> Result<u64, String> {
+    const ALLOWED: &str = r#"expected a size like "10GiB", "500MB" or a number of MiB"#;
+    const KIB: f64 = 1.0 / 1024.0;
+    // Longest suffixes first, so that "gib" is not read as "ib" after "g".
+    const UNITS: [(&str, f64); 9] = [
+        ("tib", 1024.0 * 1024.0),
+        ("gib", 1024.0),
+        ("mib", 1.0),
+        ("kib", KIB),
+        ("tb", 1024.0 * 1024.0),
+        ("gb", 1024.0),
+        ("mb", 1.0),
+        ("kb", KIB),
+        ("b", KIB * KIB),
+    ];
+    let mib = match &node.value {
+        Value::Int(i) => *i as f64,
+        Value::Float(f) => *f,
+        Value::Str(text) => {
+            let lower = text.trim().to_ascii_lowercase();
+            let parsed = UNITS.iter().find_map(|(unit, factor)| {
+                let number = lower.strip_suffix(unit)?.trim();
+                Some(number.parse::<f64>().ok().map(|value| value * factor))
+            });
+            match parsed {
+                Some(Some(mib)) => mib,
+                _ => return Err(format!("{ALLOWED}, got {}", node.describe())),
+            }
+        }
+        _ => return Err(format!("{ALLOWED}, got {}", node.describe())),
+    };
+    positive_whole(mib.ceil()).ok_or_else(|| format!("must be positive, got {}", node.describe()))
+}
+
+fn positive_whole(value: f64) -> Option<u64> {
+    // NaN fails both comparisons; u64::MAX as f64 rounds up, hence the strict bound.
+    (value >= 1.0 && value < u64::MAX as f64).then_some(value as u64)
+}
+
+/// NNI's `canonical_gpu_indices` + `validate_gpu_indices`: a list of ints, an int, or a
+/// comma-separated string (`"0,1"`); no negatives, no duplicates.
+pub(crate) fn gpu_indices(node: &Node) -> Result<Vec<u32>, String> {
+    const ALLOWED: &str = r#"expected GPU indices as a list ([0, 1]), a string ("0,1") or an integer"#;
+    let bad = || format!("{ALLOWED}, got {}", node.describe());
+    let indices: Vec<i64> = match &node.value {
+        Value::Int(i) => vec![*i],
+        Value::Str(text) => text
+            .split(',')
+            .map(|part| part.trim().parse::<i64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?,
+        Value::Seq(items) => items
+            .iter()
+            .map(|item| match item.value {
+                Value::Int(i) => Ok(i),
+                _ => Err(format!("{ALLOWED}, got {} in the list", item.describe())),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(bad()),
+    };
+    let mut canonical = Vec::with_capacity(indices.len());
+    for index in indices {
+        let index = u32::try_from(index).map_err(|_| format!("GPU index {index} is negative or too large"))?;
+        if canonical.contains(&index) {
+            return Err(format!("GPU index {index} is listed twice"));
+        }
+        canonical.push(index);
+    }
+    Ok(canonical)
+}
+
+/// NNI's booleans, plus YAML 1.1's `yes`/`no`/`on`/`off`: NNI reads configs with PyYAML, which
+/// takes those as booleans, so existing configs may use them.
+pub(crate) fn boolean(node: &Node) -> Result<bool, String> {
+    match &node.value {
+        Value::Bool(b) => Ok(*b),
+        Value::Str(text) => match text.to_ascii_lowercase().as_str() {
+            "true" | "yes" | "on" => Ok(true),
+            "false" | "no" | "off" => Ok(false),
+            _ => Err(format!("expected true or false, got {}", node.describe())),
+        },
+        _ => Err(format!("expected true or false, got {}", node.describe())),
+    }
+}
+
+/// NNI's `resolve_path`: expands `~`, joins a relative path to `base_dir` (the config file's
+/// folder), and makes it canonical (symlinks resolved when the path exists, `.`/`..` removed
+/// otherwise).
+pub(crate) fn resolve_path(raw: &str, base_dir: &Path, home: Option<&Path>) -> Result<PathBuf, String> {
+    let expanded = if raw == "~" || raw.starts_with("~/") {
+        let home = home.ok_or("cannot expand \"~\": $HOME is not set")?;
+        home.join(raw.trim_start_matches('~').trim_start_matches('/'))
+    } else {
+        PathBuf::from(raw)
+    };
+    let absolute = if expanded.is_absolute() { expanded } else { base_dir.join(expanded) };
+    Ok(std::fs::canonicalize(&absolute).unwrap_or_else(|_| normalize_lexically(&absolute)))
+}
+
+fn normalize_lexically(path: &Path) -> PathBuf {
+    let mut normal = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                normal.pop();
+            }
+            other => normal.push(other),
+        }
+    }
+    normal
+}
+
+/// The user's home directory, for `~` in paths.
+pub(crate) fn home_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME").filter(|home| !home.is_empty()).map(PathBuf::from)
+}

@@ -1,0 +1,356 @@
+//! A YAML document as a tree in which every node remembers where it was written.
+//!
+//! Why saphyr's event parser and not `serde_yaml`: config errors must name the line and column of
+//! the offending key *or value*, and must all be reported at once. `serde_yaml` (0.9, unmaintained)
+//! reports a position only for the first deserialization error and its `Value` keeps none;
+//! `serde_norway` inherits the same design. saphyr (the maintained successor of yaml-rust2, YAML
+//! 1.2) emits a span with every event, so we build our own small tree from its events. Building it
+//! ourselves also lets us bound nesting depth and alias expansion — a config parser must never
+//! overflow the stack or explode in memory on hostile input — and reject duplicate keys.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use saphyr::Scalar;
+use saphyr_parser::{Event, Parser, ScalarStyle, Span};
+
+/// Nesting deeper than this is refused: real configs and search spaces are a few levels deep, and
+/// a bound keeps every recursive walk over the tree safe.
+pub(crate) const MAX_DEPTH: usize = 128;
+/// Upper bound on nodes in one document, counting alias expansions ("billion laughs").
+const MAX_NODES: usize = 1_000_000;
+
+/// A 1-based line and column in the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pos {
+    pub line: usize,
+    pub column: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Node {
+    pub value: Value,
+    /// `None` for a tree that came from a JSON parser without positions.
+    pub pos: Option<Pos>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Node>),
+    Map(Vec<(Node, Node)>),
+}
+
+/// A YAML (or JSON) syntax error: where, and what the parser said.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SyntaxError {
+    pub pos: Option<Pos>,
+    pub message: String,
+}
+
+impl Node {
+    pub fn is_null(&self) -> bool {
+        matches!(self.value, Value::Null)
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match &self.value {
+            Value::Str(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The node as a mapping key would be written, for error messages and key matching.
+    pub fn key_text(&self) -> String {
+        match &self.value {
+            Value::Str(text) => text.clone(),
+            Value::Null => "null".to_owned(),
+            Value::Bool(b) => b.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Float(f) => f.to_string(),
+            Value::Seq(_) => "[...]".to_owned(),
+            Value::Map(_) => "{...}".to_owned(),
+        }
+    }
+
+    /// A short description of the value for "expected X, got Y" messages.
+    pub fn describe(&self) -> String {
+        match &self.value {
+            Value::Null => "null".to_owned(),
+            Value::Bool(b) => b.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Float(f) => format!("{f:?}"),
+            Value::Str(text) => {
+                const LIMIT: usize = 60;
+                if text.chars().count() > LIMIT {
+                    let head: String = text.chars().take(LIMIT).collect();
+                    format!("{:?}...", head)
+                } else {
+                    format!("{text:?}")
+                }
+            }
+            Value::Seq(_) => "a list".to_owned(),
+            Value::Map(_) => "a mapping".to_owned(),
+        }
+    }
+
+    /// Converts to JSON (search spaces and class args travel as JSON). Mapping keys become
+    /// strings as `json.dumps` would make them; non-finite floats have no JSON form.
+    pub fn to_json(&self) -> Result<serde_json::Value, (Option<Pos>, String)> {
+        Ok(match &self.value {
+            Value::Null => serde_json::Value::Null,
+            Value::Bool(b) => serde_json::Value::Bool(*b),
+            Value::Int(i) => serde_json::Value::from(*i),
+            Value::Float(f) => match serde_json::Number::from_f64(*f) {
+                Some(number) => serde_json::Value::Number(number),
+                None => return Err((self.pos, format!("{f} cannot be represented in JSON"))),
+            },
+            Value::Str(text) => serde_json::Value::String(text.clone()),
+            Value::Seq(items) => {
+                serde_json::Value::Array(items.iter().map(Node::to_json).collect::<Result<_, _>>()?)
+            }
+            Value::Map(entries) => {
+                let mut object = serde_json::Map::new();
+                for (key, value) in entries {
+                    let key_text = match &key.value {
+                        Value::Seq(_) | Value::Map(_) => {
+                            return Err((key.pos, "a mapping key must be a scalar".to_owned()));
+                        }
+                        _ => key.key_text(),
+                    };
+                    object.insert(key_text, value.to_json()?);
+                }
+                serde_json::Value::Object(object)
+            }
+        })
+    }
+
+    /// Builds a position-less tree from JSON. serde_json's own recursion limit (128) bounds depth.
+    pub fn from_json(value: &serde_json::Value) -> Node {
+        let value = match value {
+            serde_json::Value::Null => Value::Null,
+            serde_json::Value::Bool(b) => Value::Bool(*b),
+            serde_json::Value::Number(number) => match number.as_i64() {
+                Some(i) => Value::Int(i),
+                None => Value::Float(number.as_f64().unwrap_or(f64::NAN)),
+            },
+            serde_json::Value::String(text) => Value::Str(text.clone()),
+            serde_json::Value::Array(items) => Value::Seq(items.iter().map(Node::from_json).collect()),
+            serde_json::Value::Object(object) => Value::Map(
+                object
+                    .iter()
+                    .map(|(key, value)| {
+                        (Node { value: Value::Str(key.clone()), pos: None }, Node::from_json(value))
+                    })
+                    .collect(),
+            ),
+        };
+        Node { value, pos: None }
+    }
+}
+
+fn pos_of(span: &Span) -> Pos {
+    Pos { line: span.start.line(), column: span.start.col() + 1 }
+}
+
+/// Parses exactly one YAML document. `Ok(None)` means the text holds no document at all.
+pub(crate) fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
+    // saphyr is not known to panic, but a config parser is fed arbitrary files: if it ever does,
+    // the user gets an error, not a crash.
+    std::panic::catch_unwind(|| TreeBuilder::default().run(text)).unwrap_or_else(|_| {
+        Err(SyntaxError { pos: None, message: "the YAML parser failed on this input".to_owned() })
+    })
+}
+
+enum Frame {
+    Seq { items: Vec<Node>, pos: Pos, anchor: usize },
+    Map { entries: Vec<(Node, Node)>, pending_key: Option<Node>, pos: Pos, anchor: usize },
+}
+
+#[derive(Default)]
+struct TreeBuilder {
+    stack: Vec<Frame>,
+    /// Anchored nodes with their size in nodes, so an alias can be charged for what it copies.
+    anchors: HashMap<usize, (Node, usize)>,
+    /// For each open frame, how many nodes it holds so far (for anchor sizes).
+    open_counts: Vec<usize>,
+    total_nodes: usize,
+    root: Option<Node>,
+    documents: usize,
+}
+
+impl TreeBuilder {
+    fn run(mut self, text: &str) -> Result<Option<Node>, SyntaxError> {
+        for next in Parser::new_from_str(text) {
+            let (event, span) = next.map_err(|error| SyntaxError {
+                pos: Some(Pos { line: error.marker().line(), column: error.marker().col() + 1 }),
+                message: error.info().to_owned(),
+            })?;
+            let pos = pos_of(&span);
+            match event {
+                Event::StreamStart | Event::StreamEnd | Event::Nothing | Event::DocumentEnd => {}
+                Event::DocumentStart(_) => {
+                    self.documents += 1;
+                    if self.documents > 1 {
+                        return Err(SyntaxError {
+                            pos: Some(pos),
+                            message: "a config file holds one YAML document; found a second one"
+                                .to_owned(),
+                        });
+                    }
+                }
+                Event::Scalar(text, style, anchor, tag) => {
+                    let value = resolve_scalar(text, style, tag.as_ref())
+                        .ok_or_else(|| SyntaxError {
+                            pos: Some(pos),
+                            message: "the value does not match its tag".to_owned(),
+                        })?;
+                    self.charge(1, pos)?;
+                    self.complete(Node { value, pos: Some(pos) }, anchor, 1)?;
+                }
+                Event::SequenceStart(anchor, _) => {
+                    self.open(Frame::Seq { items: Vec::new(), pos, anchor }, pos)?;
+                }
+                Event::MappingStart(anchor, _) => {
+                    self.open(
+                        Frame::Map { entries: Vec::new(), pending_key: None, pos, anchor },
+                        pos,
+                    )?;
+                }
+                Event::SequenceEnd | Event::MappingEnd => {
+                    let frame = self.stack.pop();
+                    let count = self.open_counts.pop().unwrap_or(1);
+                    let (node, anchor) = match frame {
+                        Some(Frame::Seq { items, pos, anchor }) => {
+                            (Node { value: Value::Seq(items), pos: Some(pos) }, anchor)
+                        }
+                        Some(Frame::Map { entries, pos, anchor, .. }) => {
+                            (Node { value: Value::Map(entries), pos: Some(pos) }, anchor)
+                        }
+                        None => continue,
+                    };
+                    self.complete(node, anchor, count)?;
+                }
+                Event::Alias(anchor) => {
+                    let Some((node, size)) = self.anchors.get(&anchor).cloned() else {
+                        return Err(SyntaxError {
+                            pos: Some(pos),
+                            message: "alias to an unknown anchor".to_owned(),
+                        });
+                    };
+                    let node = Node { pos: Some(pos), ..node };
+                    if self.stack.len() + depth_of(&node) > MAX_DEPTH {
+                        return Err(too_deep(pos));
+                    }
+                    self.charge(size, pos)?;
+                    self.complete(node, 0, size)?;
+                }
+            }
+        }
+        Ok(self.root)
+    }
+
+    fn open(&mut self, frame: Frame, pos: Pos) -> Result<(), SyntaxError> {
+        if self.stack.len() >= MAX_DEPTH {
+            return Err(too_deep(pos));
+        }
+        self.charge(1, pos)?;
+        self.stack.push(frame);
+        self.open_counts.push(1);
+        Ok(())
+    }
+
+    fn charge(&mut self, nodes: usize, pos: Pos) -> Result<(), SyntaxError> {
+        self.total_nodes = self.total_nodes.saturating_add(nodes);
+        if self.total_nodes > MAX_NODES {
+            return Err(SyntaxError {
+                pos: Some(pos),
+                message: format!("the document expands to more than {MAX_NODES} nodes"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Places a finished node into its parent (or as the document root).
+    fn complete(&mut self, node: Node, anchor: usize, size: usize) -> Result<(), SyntaxError> {
+        // Anchor ids start at 1; 0 means "no anchor".
+        if anchor > 0 {
+            self.anchors.insert(anchor, (node.clone(), size));
+        }
+        if let Some(count) = self.open_counts.last_mut() {
+            *count = count.saturating_add(size);
+        }
+        match self.stack.last_mut() {
+            None => self.root = Some(node),
+            Some(Frame::Seq { items, .. }) => items.push(node),
+            Some(Frame::Map { entries, pending_key, .. }) => match pending_key.take() {
+                None => {
+                    if let Some((existing, _)) = entries.iter().find(|(key, _)| key.value == node.value) {
+                        let first = existing
+                            .pos
+                            .map(|pos| format!(" (first set on line {})", pos.line))
+                            .unwrap_or_default();
+                        return Err(SyntaxError {
+                            pos: node.pos,
+                            message: format!("duplicate key {:?}{first}", node.key_text()),
+                        });
+                    }
+                    *pending_key = Some(node);
+                }
+                Some(key) => entries.push((key, node)),
+            },
+        }
+        Ok(())
+    }
+}
+
+fn too_deep(pos: Pos) -> SyntaxError {
+    SyntaxError { pos: Some(pos), message: format!("nesting deeper than {MAX_DEPTH} levels") }
+}
+
+fn depth_of(node: &Node) -> usize {
+    match &node.value {
+        Value::Seq(items) => 1 + items.iter().map(depth_of).max().unwrap_or(0),
+        Value::Map(entries) => {
+            1 + entries.iter().map(|(key, value)| depth_of(key).max(depth_of(value))).max().unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
+fn resolve_scalar(
+    text: Cow<'_, str>,
+    style: ScalarStyle,
+    tag: Option<&Cow<'_, saphyr_parser::Tag>>,
+) -> Option<Value> {
+    Some(match Scalar::parse_from_cow_and_metadata(text, style, tag)? {
+        Scalar::Null => Value::Null,
+        Scalar::Boolean(b) => Value::Bool(b),
+        Scalar::Integer(i) => Value::Int(i),
+        Scalar::FloatingPoint(f) => Value::Float(f.into_inner()),
+        Scalar::String(text) => Value::Str(text.into_owned()),
+    })
+}
+
+/// Parses a JSON file: as YAML first, for positions; if the YAML parser refuses something JSON
+/// allows (tabs used as indentation, say), falls back to serde_json without positions.
+pub(crate) fn parse_json(text: &str) -> Result<Option<Node>, SyntaxError> {
+    let yaml_result = parse(text);
+    if yaml_result.is_ok() {
+        return yaml_result;
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value) => Ok(Some(Node::from_json(&value))),
+        Err(error) => {
+            let full = error.to_string();
+            let suffix = format!(" at line {} column {}", error.line(), error.column());
+            let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
+            let pos = (error.line() > 0).then_some(Pos { line: error.line(), column: error.column() });
+            Err(SyntaxError { pos, message })
+        }
+    }
+}

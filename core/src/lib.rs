@@ -1,0 +1,3 @@
+//! knob-core: the experiment model (config, trials, metrics), the trial-management loop,
+//! the store and the HTTP API.
+pub mod config;

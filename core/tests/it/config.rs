@@ -1,0 +1,951 @@
+//! Config loading: canonical output for every accepted form, and the one-line errors for bad input.
+
+use std::path::{Path, PathBuf};
+
+use expect_test::{expect, Expect};
+use knob_core::config::{self, ExperimentConfig, TrainingServiceConfig};
+
+/// A temporary folder holding a config and the files it names.
+struct Project {
+    dir: tempfile::TempDir,
+}
+
+impl Project {
+    /// `files`: a name ending in `/` is a folder, anything else a file with that content.
+    fn new(files: &[(&str, &str)]) -> Project {
+        let project = Project { dir: tempfile::tempdir().unwrap() };
+        for (name, content) in files {
+            let path = project.path(name);
+            if name.ends_with('/') {
+                std::fs::create_dir_all(&path).unwrap();
+            } else {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, content).unwrap();
+            }
+        }
+        project
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Replaces the temp folder by `$DIR` and the home folder by `~`, so output is stable.
+    fn redact(&self, text: &str) -> String {
+        let root = std::fs::canonicalize(self.dir.path()).unwrap();
+        let mut text = text.replace(&root.display().to_string(), "$DIR");
+        text = text.replace(&self.dir.path().display().to_string(), "$DIR");
+        if let Some(home) = std::env::var_os("HOME") {
+            let home = format!("{}/", Path::new(&home).display());
+            if home.len() > 1 {
+                text = text.replace(&home, "~/");
+            }
+        }
+        text
+    }
+
+    /// `knob config check` on `name` with `text`: the canonical YAML or the error lines.
+    fn check(&self, name: &str, text: &str) -> String {
+        let path = self.path(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        let rendered = match config::check_file(&path) {
+            Ok(canonical) => canonical,
+            Err(errors) => errors.join("\n") + "\n",
+        };
+        self.redact(&rendered)
+    }
+
+    fn load(&self, name: &str, text: &str) -> ExperimentConfig {
+        let path = self.path(name);
+        std::fs::write(&path, text).unwrap();
+        match config::load_file(&path) {
+            Ok(loaded) => loaded.config,
+            Err(errors) => panic!("config did not load:\n{errors}"),
+        }
+    }
+}
+
+/// Loads `text` as `exp.yml` in an otherwise empty folder.
+fn check(text: &str, expect: Expect) {
+    let project = Project::new(&[]);
+    expect.assert_eq(&project.check("exp.yml", text));
+}
+
+/// Like [`check`], showing only the canonical values of the `fields` named (as JSON), or errors.
+fn check_fields(text: &str, fields: &[&str], expect: Expect) {
+    let project = Project::new(&[]);
+    let path = project.path("exp.yml");
+    std::fs::write(&path, text).unwrap();
+    let rendered = match config::load_file(&path) {
+        Ok(loaded) => {
+            let json = serde_json::to_value(&loaded.config).unwrap();
+            fields.iter().map(|field| format!("{field}: {}\n", json[field])).collect::<String>()
+        }
+        Err(errors) => errors.to_string() + "\n",
+    };
+    expect.assert_eq(&project.redact(&rendered));
+}
+
+/// The smallest valid config, for tests that vary one field.
+const MINIMAL: &str = "\
+searchSpace: {x: {_type: choice, _value: [1, 2]}}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {name: Random}
+trainingService: {platform: local}
+";
+
+fn minimal_with(extra: &str) -> String {
+    format!("{MINIMAL}{extra}")
+}
+
+#[test]
+fn nni_documentation_example_in_canonical_form() {
+    let project = Project::new(&[
+        ("search_space.json", r#"{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}"#),
+        ("mnist.py", ""),
+    ]);
+    let text = "\
+experimentName: MNIST
+searchSpaceFile: search_space.json
+trialCommand: python mnist.py
+trialCodeDirectory: .
+trialGpuNumber: 1
+trialConcurrency: 2
+maxExperimentDuration: 24h
+maxTrialNumber: 100
+tuner:
+  name: TPE
+  classArgs:
+    optimize_mode: maximize
+trainingService:
+  platform: local
+  useActiveGpu: True
+";
+    expect![[r#"
+        experimentName: MNIST
+        trialCommand: python mnist.py
+        trialCodeDirectory: $DIR
+        trialConcurrency: 2
+        trialGpuNumber: 1
+        trialGpuMemory: ~
+        trialMemorySize: ~
+        trialCpuNumber: ~
+        maxExperimentDuration: 86400
+        maxTrialNumber: 100
+        maxTrialDuration: ~
+        maxTrialRetries: 0
+        debug: false
+        logLevel: info
+        experimentWorkingDirectory: ~/knob-experiments
+        tunerGpuIndices: ~
+        tuner:
+          name: TPE
+          className: ~
+          codeDirectory: ~
+          classArgs:
+            optimize_mode: maximize
+        assessor: ~
+        trainingService:
+          - platform: local
+            useActiveGpu: true
+            maxTrialNumberPerGpu: 1
+            gpuIndices: ~
+            reuseMode: false
+        placementPolicy: recently-idle
+        pluginPaths: []
+        searchSpace:
+          lr:
+            _type: loguniform
+            _value:
+              - 0.0001
+              - 0.1
+    "#]].assert_eq(&project.check("exp.yml", text));
+}
+
+#[test]
+fn keys_are_case_and_underscore_insensitive() {
+    check(
+        "\
+search_space: {x: {_type: choice, _value: [1, 2]}}
+TrialCommand: python3 trial.py
+trialconcurrency: 3
+MAX_TRIAL_NUMBER: 5
+Tuner: {Name: Random, class_args: {seed: 1}}
+training_service: {PLATFORM: local, use_active_gpu: yes, Max_Trial_Number_Per_Gpu: 2}
+",
+        expect![[r#"
+            experimentName: ~
+            trialCommand: python3 trial.py
+            trialCodeDirectory: $DIR
+            trialConcurrency: 3
+            trialGpuNumber: ~
+            trialGpuMemory: ~
+            trialMemorySize: ~
+            trialCpuNumber: ~
+            maxExperimentDuration: ~
+            maxTrialNumber: 5
+            maxTrialDuration: ~
+            maxTrialRetries: 0
+            debug: false
+            logLevel: info
+            experimentWorkingDirectory: ~/knob-experiments
+            tunerGpuIndices: ~
+            tuner:
+              name: Random
+              className: ~
+              codeDirectory: ~
+              classArgs:
+                seed: 1
+            assessor: ~
+            trainingService:
+              - platform: local
+                useActiveGpu: true
+                maxTrialNumberPerGpu: 2
+                gpuIndices: ~
+                reuseMode: false
+            placementPolicy: recently-idle
+            pluginPaths: []
+            searchSpace:
+              x:
+                _type: choice
+                _value:
+                  - 1
+                  - 2
+        "#]],
+    );
+}
+
+#[test]
+fn relative_paths_resolve_against_the_config_folder() {
+    let project = Project::new(&[
+        ("code/", ""),
+        ("conf/space.yaml", "lr: {_type: uniform, _value: [0.1, 1]}\n"),
+        ("conf/plugins/", ""),
+        ("tuners/", ""),
+    ]);
+    let text = "\
+searchSpaceFile: space.yaml
+trialCommand: python3 trial.py
+trialCodeDirectory: ../code
+trialConcurrency: 1
+experimentWorkingDirectory: ./runs/../experiments
+pluginPaths: [plugins]
+tuner: {className: my_tuner.MyTuner, codeDirectory: ../tuners}
+assessor: {className: my_assessor.Stopper}
+trainingService: {platform: local}
+";
+    expect![[r#"
+        experimentName: ~
+        trialCommand: python3 trial.py
+        trialCodeDirectory: $DIR/code
+        trialConcurrency: 1
+        trialGpuNumber: ~
+        trialGpuMemory: ~
+        trialMemorySize: ~
+        trialCpuNumber: ~
+        maxExperimentDuration: ~
+        maxTrialNumber: ~
+        maxTrialDuration: ~
+        maxTrialRetries: 0
+        debug: false
+        logLevel: info
+        experimentWorkingDirectory: $DIR/conf/experiments
+        tunerGpuIndices: ~
+        tuner:
+          name: ~
+          className: my_tuner.MyTuner
+          codeDirectory: $DIR/tuners
+          classArgs: {}
+        assessor:
+          name: ~
+          className: my_assessor.Stopper
+          codeDirectory: $DIR/conf
+          classArgs: {}
+        trainingService:
+          - platform: local
+            useActiveGpu: false
+            maxTrialNumberPerGpu: 1
+            gpuIndices: ~
+            reuseMode: false
+        placementPolicy: recently-idle
+        pluginPaths:
+          - $DIR/conf/plugins
+        searchSpace:
+          lr:
+            _type: uniform
+            _value:
+              - 0.1
+              - 1
+    "#]].assert_eq(&project.check("conf/exp.yml", text));
+}
+
+#[test]
+fn durations_in_every_form() {
+    let mut rendered = String::new();
+    for written in ["30s", "30m", "2h", "1d", "0.5h", "1.5m", "90", "2.5", "\"45 S\""] {
+        let project = Project::new(&[]);
+        let text = minimal_with(&format!("maxTrialDuration: {written}\nmaxExperimentDuration: {written}\n"));
+        let config = project.load("exp.yml", &text);
+        assert_eq!(config.max_trial_duration, config.max_experiment_duration);
+        rendered.push_str(&format!("{written} -> {:?}\n", config.max_trial_duration.unwrap()));
+    }
+    expect![[r#"
+        30s -> 30s
+        30m -> 1800s
+        2h -> 7200s
+        1d -> 86400s
+        0.5h -> 1800s
+        1.5m -> 90s
+        90 -> 90s
+        2.5 -> 3s
+        "45 S" -> 45s
+    "#]].assert_eq(&rendered);
+}
+
+#[test]
+fn sizes_in_every_form() {
+    let mut rendered = String::new();
+    for written in ["10GiB", "10GB", "500MB", "500mib", "1.5gb", "1TB", "100KiB", "2048", "\"1 GiB\""] {
+        let project = Project::new(&[]);
+        let config = project.load("exp.yml", &minimal_with(&format!("trialGpuMemory: {written}\n")));
+        rendered.push_str(&format!("{written} -> {} MiB\n", config.trial_gpu_memory_mib.unwrap()));
+    }
+    expect![[r#"
+        10GiB -> 10240 MiB
+        10GB -> 10240 MiB
+        500MB -> 500 MiB
+        500mib -> 500 MiB
+        1.5gb -> 1536 MiB
+        1TB -> 1048576 MiB
+        100KiB -> 1 MiB
+        2048 -> 2048 MiB
+        "1 GiB" -> 1024 MiB
+    "#]].assert_eq(&rendered);
+}
+
+#[test]
+fn gpu_indices_in_every_form() {
+    let mut rendered = String::new();
+    for written in ["[0, 1]", "\"0,1\"", "\"2, 3\"", "3", "[]"] {
+        let project = Project::new(&[]);
+        let config = project.load("exp.yml", &minimal_with(&format!("gpuIndices: {written}\ntunerGpuIndices: {written}\n")));
+        let TrainingServiceConfig::Local(local) = &config.training_service[0] else { panic!("not local") };
+        assert_eq!(local.gpu_indices, config.tuner_gpu_indices);
+        rendered.push_str(&format!("{written} -> {:?}\n", local.gpu_indices.as_ref().unwrap()));
+    }
+    expect![[r#"
+        [0, 1] -> [0, 1]
+        "0,1" -> [0, 1]
+        "2, 3" -> [2, 3]
+        3 -> [3]
+        [] -> []
+    "#]].assert_eq(&rendered);
+}
+
+#[test]
+fn bad_gpu_indices() {
+    check(
+        &minimal_with("gpuIndices: [0, 0]\ntunerGpuIndices: -1\n"),
+        expect![[r#"
+            $DIR/exp.yml:6:13: gpuIndices: GPU index 0 is listed twice
+            $DIR/exp.yml:7:18: tunerGpuIndices: GPU index -1 is negative or too large
+        "#]],
+    );
+    check(&minimal_with("gpuIndices: \"a,b\"\ntunerGpuIndices: [0, x]\n"), expect![[r#"
+        $DIR/exp.yml:6:13: gpuIndices: expected GPU indices as a list ([0, 1]), a string ("0,1") or an integer, got "a,b"
+        $DIR/exp.yml:7:18: tunerGpuIndices: expected GPU indices as a list ([0, 1]), a string ("0,1") or an integer, got "x" in the list
+    "#]]);
+}
+
+#[test]
+fn top_level_shortcuts_are_copied_into_training_services() {
+    let text = "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 4
+tuner: {name: Random}
+useActiveGpu: true
+maxTrialNumberPerGpu: 2
+gpuIndices: 0,1
+reuseMode: true
+trainingService:
+  - platform: local
+  - platform: remote
+    machineList:
+      - {host: a.example, user: alice}
+      - {host: b.example, user: bob, useActiveGpu: false, gpuIndices: 3}
+";
+    check_fields(text, &["trainingService"], expect![[r#"
+        trainingService: [{"platform":"local","useActiveGpu":true,"maxTrialNumberPerGpu":2,"gpuIndices":[0,1],"reuseMode":true},{"platform":"remote","machineList":[{"host":"a.example","port":22,"user":"alice","password":null,"sshKeyFile":null,"sshPassphrase":null,"useActiveGpu":true,"maxTrialNumberPerGpu":2,"gpuIndices":[0,1],"pythonPath":null},{"host":"b.example","port":22,"user":"bob","password":null,"sshKeyFile":null,"sshPassphrase":null,"useActiveGpu":false,"maxTrialNumberPerGpu":2,"gpuIndices":[3],"pythonPath":null}],"reuseMode":true}]
+    "#]]);
+}
+
+#[test]
+fn inline_search_space_and_search_space_file_give_the_same_config() {
+    let space = r#"{"optimizer": {"_type": "choice", "_value": ["sgd", "adam"]}, "lr": {"_type": "uniform", "_value": [0.01, 0.1]}}"#;
+    let project = Project::new(&[("space.json", space)]);
+    let from_file = project.load("exp.yml", &MINIMAL.replace("searchSpace: {x: {_type: choice, _value: [1, 2]}}", "searchSpaceFile: space.json"));
+    let inline = project.load("exp.yml", &MINIMAL.replace("{x: {_type: choice, _value: [1, 2]}}", space));
+    assert_eq!(from_file, inline);
+    expect![[r#"{"optimizer":{"_type":"choice","_value":["sgd","adam"]},"lr":{"_type":"uniform","_value":[0.01,0.1]}}"#]].assert_eq(&serde_json::to_string(&inline.search_space).unwrap());
+}
+
+#[test]
+fn json_config() {
+    let project = Project::new(&[]);
+    let text = r#"{
+	"searchSpace": {"x": {"_type": "randint", "_value": [0, 10]}},
+	"trialCommand": "python3 trial.py",
+	"trial_concurrency": 2,
+	"maxTrialDuration": "10m",
+	"tuner": {"name": "Anneal", "classArgs": {"optimize_mode": "minimize"}},
+	"trainingService": {"platform": "local"}
+}"#;
+    expect![[r#"
+        experimentName: ~
+        trialCommand: python3 trial.py
+        trialCodeDirectory: $DIR
+        trialConcurrency: 2
+        trialGpuNumber: ~
+        trialGpuMemory: ~
+        trialMemorySize: ~
+        trialCpuNumber: ~
+        maxExperimentDuration: ~
+        maxTrialNumber: ~
+        maxTrialDuration: 600
+        maxTrialRetries: 0
+        debug: false
+        logLevel: info
+        experimentWorkingDirectory: ~/knob-experiments
+        tunerGpuIndices: ~
+        tuner:
+          name: Anneal
+          className: ~
+          codeDirectory: ~
+          classArgs:
+            optimize_mode: minimize
+        assessor: ~
+        trainingService:
+          - platform: local
+            useActiveGpu: false
+            maxTrialNumberPerGpu: 1
+            gpuIndices: ~
+            reuseMode: false
+        placementPolicy: recently-idle
+        pluginPaths: []
+        searchSpace:
+          x:
+            _type: randint
+            _value:
+              - 0
+              - 10
+    "#]].assert_eq(&project.check("exp.json", text));
+}
+
+#[test]
+fn malformed_json_names_line_and_column() {
+    let project = Project::new(&[]);
+    let text = "{\n  \"trialCommand\": \"python3 trial.py\",\n  \"trialConcurrency\": 2,,\n}\n";
+    expect![[r#"
+        $DIR/exp.json:3:25: malformed JSON: key must be a string
+    "#]].assert_eq(&project.check("exp.json", text));
+}
+
+#[test]
+fn remote_machine_list_hides_secrets() {
+    let project = Project::new(&[("keys/id_ed25519", "not really a key")]);
+    let text = "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 2
+trialGpuNumber: 1
+tuner: {name: Random}
+trainingService:
+  platform: remote
+  machineList:
+    - host: 10.0.0.2
+      user: alice
+      password: hunter2
+    - host: gpu.example.org
+      port: 2222
+      user: bob
+      sshKeyFile: keys/id_ed25519
+      sshPassphrase: open sesame
+      maxTrialNumberPerGpu: 2
+      pythonPath: /opt/py/bin
+";
+    let canonical = project.check("exp.yml", text);
+    expect![[r#"
+        experimentName: ~
+        trialCommand: python3 trial.py
+        trialCodeDirectory: $DIR
+        trialConcurrency: 2
+        trialGpuNumber: 1
+        trialGpuMemory: ~
+        trialMemorySize: ~
+        trialCpuNumber: ~
+        maxExperimentDuration: ~
+        maxTrialNumber: ~
+        maxTrialDuration: ~
+        maxTrialRetries: 0
+        debug: false
+        logLevel: info
+        experimentWorkingDirectory: ~/knob-experiments
+        tunerGpuIndices: ~
+        tuner:
+          name: Random
+          className: ~
+          codeDirectory: ~
+          classArgs: {}
+        assessor: ~
+        trainingService:
+          - platform: remote
+            machineList:
+              - host: 10.0.0.2
+                port: 22
+                user: alice
+                password: "***"
+                sshKeyFile: ~
+                sshPassphrase: ~
+                useActiveGpu: false
+                maxTrialNumberPerGpu: 1
+                gpuIndices: ~
+                pythonPath: ~
+              - host: gpu.example.org
+                port: 2222
+                user: bob
+                password: ~
+                sshKeyFile: $DIR/keys/id_ed25519
+                sshPassphrase: "***"
+                useActiveGpu: false
+                maxTrialNumberPerGpu: 2
+                gpuIndices: ~
+                pythonPath: /opt/py/bin
+            reuseMode: true
+        placementPolicy: recently-idle
+        pluginPaths: []
+        searchSpace: {}
+    "#]].assert_eq(&canonical);
+
+    let config = project.load("exp.yml", text);
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("hunter2") && !debug.contains("open sesame"), "{debug}");
+    let stored = config.to_json_with_secrets();
+    let machines = &stored["trainingService"][0]["machineList"];
+    assert_eq!(machines[0]["password"], "hunter2");
+    assert_eq!(machines[1]["sshPassphrase"], "open sesame");
+    let restored: ExperimentConfig = serde_json::from_value(stored).unwrap();
+    assert_eq!(restored, config);
+}
+
+#[test]
+fn hybrid_training_service_list() {
+    let text = "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 2
+tuner: {name: Random}
+trainingService:
+  - platform: local
+    useActiveGpu: true
+  - platform: remote
+    reuseMode: false
+    machineList: [{host: h1, user: u}]
+";
+    check_fields(text, &["trainingService"], expect![[r#"
+        trainingService: [{"platform":"local","useActiveGpu":true,"maxTrialNumberPerGpu":1,"gpuIndices":null,"reuseMode":false},{"platform":"remote","machineList":[{"host":"h1","port":22,"user":"u","password":null,"sshKeyFile":null,"sshPassphrase":null,"useActiveGpu":false,"maxTrialNumberPerGpu":1,"gpuIndices":null,"pythonPath":null}],"reuseMode":false}]
+    "#]]);
+}
+
+#[test]
+fn canonical_form_reads_back_to_the_same_config() {
+    let project = Project::new(&[("space.json", r#"{"lr": {"_type": "qloguniform", "_value": [0.001, 1, 0.001]}}"#)]);
+    let text = "\
+searchSpaceFile: space.json
+trialCommand: |
+  python3 trial.py \\
+    --epochs 3
+trialConcurrency: 2
+trialGpuNumber: 0
+maxExperimentDuration: 1.5h
+trialGpuMemory: 10GiB
+placementPolicy: round_robin
+debug: true
+tuner: {name: TPE, classArgs: {optimize_mode: maximize, seed: 7}}
+assessor: {name: Medianstop}
+trainingService: {platform: local, gpuIndices: 0}
+";
+    let config = project.load("exp.yml", text);
+    let canonical = config.to_canonical_yaml();
+    assert_eq!(project.load("canonical.yml", &canonical), config);
+    let stored: ExperimentConfig = serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+    assert_eq!(stored, config);
+}
+
+#[test]
+fn warnings_for_accepted_but_ignored_fields() {
+    check(
+        "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+nniManagerIp: 10.0.0.1
+advisor: {name: Hyperband, classArgs: {R: 60}}
+trainingService: {platform: local}
+",
+        expect![[r#"
+            # warning: $DIR/exp.yml:4:15: nniManagerIp: ignored: knob reaches training machines over SSH and needs no route back to the manager
+            # warning: $DIR/exp.yml:5:10: advisor: deprecated in NNI; read as tuner
+            experimentName: ~
+            trialCommand: python3 trial.py
+            trialCodeDirectory: $DIR
+            trialConcurrency: 1
+            trialGpuNumber: ~
+            trialGpuMemory: ~
+            trialMemorySize: ~
+            trialCpuNumber: ~
+            maxExperimentDuration: ~
+            maxTrialNumber: ~
+            maxTrialDuration: ~
+            maxTrialRetries: 0
+            debug: false
+            logLevel: info
+            experimentWorkingDirectory: ~/knob-experiments
+            tunerGpuIndices: ~
+            tuner:
+              name: Hyperband
+              className: ~
+              codeDirectory: ~
+              classArgs:
+                R: 60
+            assessor: ~
+            trainingService:
+              - platform: local
+                useActiveGpu: false
+                maxTrialNumberPerGpu: 1
+                gpuIndices: ~
+                reuseMode: false
+            placementPolicy: recently-idle
+            pluginPaths: []
+            searchSpace: {}
+        "#]],
+    );
+}
+
+// ---- bad input: every error, one line each ----
+
+#[test]
+fn malformed_yaml_names_line_and_column() {
+    check(
+        "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner:
+  name: TPE
+   classArgs: {optimize_mode: maximize}
+",
+        expect![[r#"
+            $DIR/exp.yml:6:13: malformed YAML: mapping values are not allowed in this context
+        "#]],
+    );
+    check("trialCommand: [python3, trial.py\ntrialConcurrency: 1\n", expect![[r#"
+        $DIR/exp.yml:2:17: malformed YAML: illegal placement of ':' indicator
+    "#]]);
+}
+
+#[test]
+fn unknown_fields_suggest_the_closest_name() {
+    check(
+        &minimal_with("trialComand: python3 other.py\nmaxTrialNum: 10\nexperimentWorkingDir: /tmp/x\n"),
+        expect![[r#"
+            $DIR/exp.yml:6:1: unknown field "trialComand" (did you mean "trialCommand"?)
+            $DIR/exp.yml:7:1: unknown field "maxTrialNum" (NNI v1; write maxTrialNumber)
+            $DIR/exp.yml:8:1: unknown field "experimentWorkingDir" (did you mean "experimentWorkingDirectory"?)
+        "#]],
+    );
+    check(
+        "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {name: TPE, clasArgs: {}}
+trainingService: {platform: local, useActiveGPUs: true}
+",
+        expect![[r#"
+            $DIR/exp.yml:4:20: tuner: unknown field "clasArgs" (did you mean "classArgs"?)
+            $DIR/exp.yml:5:36: trainingService: unknown field "useActiveGPUs" (did you mean "useActiveGpu"?)
+        "#]],
+    );
+}
+
+#[test]
+fn nni_v1_config_gets_hints() {
+    check(
+        "\
+authorName: default
+experimentName: example_mnist
+trialConcurrency: 1
+maxExecDuration: 1h
+trainingServicePlatform: local
+searchSpacePath: search_space.json
+tuner:
+  builtinTunerName: TPE
+trial:
+  command: python3 mnist.py
+  codeDir: .
+",
+        expect![[r#"
+            $DIR/exp.yml:1:1: unknown field "authorName" (an NNI v1 field; drop it)
+            $DIR/exp.yml:4:1: unknown field "maxExecDuration" (NNI v1; write maxExperimentDuration)
+            $DIR/exp.yml:5:1: unknown field "trainingServicePlatform" (NNI v1; write trainingService: {platform: ...})
+            $DIR/exp.yml:6:1: unknown field "searchSpacePath" (NNI v1; write searchSpaceFile)
+            $DIR/exp.yml:8:3: tuner.name: required: the algorithm's name, e.g. TPE (or className and codeDirectory for a custom one)
+            $DIR/exp.yml:8:3: tuner: unknown field "builtinTunerName" (NNI v1; write name)
+            $DIR/exp.yml:9:1: unknown field "trial" (NNI v1; write trialCommand and trialCodeDirectory at top level)
+            $DIR/exp.yml: searchSpace: required: searchSpace (the space inline) or searchSpaceFile (a JSON or YAML file); an empty space is written {}
+            $DIR/exp.yml: trainingService: required: where trials run, e.g. {platform: local}
+            $DIR/exp.yml: trialCommand: required: the command that runs one trial, e.g. "python3 train.py"
+        "#]],
+    );
+}
+
+#[test]
+fn missing_required_fields() {
+    check("experimentName: nothing else\n", expect![[r#"
+        $DIR/exp.yml: searchSpace: required: searchSpace (the space inline) or searchSpaceFile (a JSON or YAML file); an empty space is written {}
+        $DIR/exp.yml: tuner: required: the tuning algorithm, e.g. {name: TPE, classArgs: {optimize_mode: maximize}}
+        $DIR/exp.yml: trainingService: required: where trials run, e.g. {platform: local}
+        $DIR/exp.yml: trialCommand: required: the command that runs one trial, e.g. "python3 train.py"
+        $DIR/exp.yml: trialConcurrency: required: how many trials run at once, a positive integer
+    "#]]);
+    check(&MINIMAL.replace("trialCommand: python3 trial.py\n", ""), expect![[r#"
+        $DIR/exp.yml: trialCommand: required: the command that runs one trial, e.g. "python3 train.py"
+    "#]]);
+    check(&MINIMAL.replace("trialCommand: python3 trial.py", "trialCommand: \"  \""), expect![[r#"
+        $DIR/exp.yml:2:15: trialCommand: expected a non-empty string, got "  "
+    "#]]);
+}
+
+#[test]
+fn invalid_search_space() {
+    check(
+        "\
+searchSpace:
+  lr: {_type: uniform, _value: [0.1, 0.01]}
+  batch: {_type: choice, _value: [16, 32]}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {name: TPE}
+trainingService: {platform: local}
+",
+        expect![[r#"
+            $DIR/exp.yml:2:3: searchSpace: search space parameter "lr": uniform needs low < high, got [0.1, 0.01]
+        "#]],
+    );
+    let project = Project::new(&[
+        ("bad.json", "{\n  \"lr\": {\"_type\": \"uniform\", \"_value\": [0.1,\n}\n"),
+        ("wrong.json", "{\"lr\": {\"_type\": \"gaussian\", \"_value\": [0, 1]}}"),
+    ]);
+    let with_file = |file: &str| MINIMAL.replace("searchSpace: {x: {_type: choice, _value: [1, 2]}}", &format!("searchSpaceFile: {file}"));
+    expect![[r#"
+        $DIR/bad.json:3:1: searchSpaceFile: malformed JSON: expected value
+    "#]].assert_eq(&project.check("exp.yml", &with_file("bad.json")));
+    expect![[r#"
+        $DIR/wrong.json:1:2: searchSpaceFile: search space parameter "lr": unknown _type "gaussian"; expected one of choice, randint, uniform, quniform, loguniform, qloguniform, normal, qnormal, lognormal, qlognormal
+    "#]].assert_eq(&project.check("exp.yml", &with_file("wrong.json")));
+    expect![[r#"
+        $DIR/exp.yml:1:18: searchSpaceFile: cannot read search space file "$DIR/missing.json": No such file or directory
+    "#]].assert_eq(&project.check("exp.yml", &with_file("missing.json")));
+}
+
+#[test]
+fn both_search_space_and_search_space_file() {
+    let project = Project::new(&[("space.json", "{}")]);
+    expect![[r#"
+        $DIR/exp.yml:6:18: searchSpaceFile: searchSpace is set too; keep one of searchSpace (inline) and searchSpaceFile
+    "#]].assert_eq(&project.check("exp.yml", &minimal_with("searchSpaceFile: space.json\n")));
+}
+
+#[test]
+fn trial_code_directory_must_exist() {
+    let project = Project::new(&[("file.txt", "")]);
+    expect![[r#"
+        $DIR/exp.yml:6:21: trialCodeDirectory: directory "$DIR/nowhere" does not exist (No such file or directory)
+    "#]].assert_eq(&project.check("exp.yml", &minimal_with("trialCodeDirectory: ./nowhere\n")));
+    expect![[r#"
+        $DIR/exp.yml:6:21: trialCodeDirectory: "$DIR/file.txt" is not a directory
+    "#]].assert_eq(&project.check("exp.yml", &minimal_with("trialCodeDirectory: file.txt\n")));
+}
+
+#[test]
+fn wrong_types_are_all_reported_at_once() {
+    check(
+        "\
+searchSpace: {}
+trialCommand: [python3, trial.py]
+trialConcurrency: two
+trialGpuNumber: 0.5
+maxTrialNumber: \"10\"
+maxExperimentDuration: 30x
+trialGpuMemory: lots
+debug: maybe
+logLevel: verbose
+placementPolicy: random
+tuner: TPE
+trainingService: local
+",
+        expect![[r#"
+            $DIR/exp.yml:2:15: trialCommand: expected a non-empty string, got a list
+            $DIR/exp.yml:3:19: trialConcurrency: expected a positive integer, got "two"
+            $DIR/exp.yml:4:17: trialGpuNumber: expected a non-negative integer, got 0.5
+            $DIR/exp.yml:5:17: maxTrialNumber: expected a positive integer, got "10"
+            $DIR/exp.yml:6:24: maxExperimentDuration: expected a duration like "30s", "30m", "2h", "1d" or a number of seconds, got "30x"
+            $DIR/exp.yml:7:17: trialGpuMemory: expected a size like "10GiB", "500MB" or a number of MiB, got "lots"
+            $DIR/exp.yml:8:8: debug: expected true or false, got "maybe"
+            $DIR/exp.yml:9:11: logLevel: expected one of "fatal", "error", "warning", "info", "debug", "trace", got "verbose"
+            $DIR/exp.yml:10:18: placementPolicy: expected one of "recently-idle", "pack", "spread", "round-robin", got "random"
+            $DIR/exp.yml:11:8: tuner: expected a mapping, got "TPE"
+            $DIR/exp.yml:12:18: trainingService: expected a mapping like {platform: local} or a list of them, got "local"
+        "#]],
+    );
+}
+
+#[test]
+fn negative_and_zero_numbers() {
+    check(
+        &(MINIMAL.replace("trialConcurrency: 1", "trialConcurrency: -2")
+            + "trialGpuNumber: -1\nmaxTrialNumber: 0\nmaxTrialDuration: -5m\nmaxTrialRetries: -1\n"),
+        expect![[r#"
+            $DIR/exp.yml:3:19: trialConcurrency: expected a positive integer, got -2
+            $DIR/exp.yml:6:17: trialGpuNumber: expected a non-negative integer, got -1
+            $DIR/exp.yml:7:17: maxTrialNumber: expected a positive integer, got 0
+            $DIR/exp.yml:8:19: maxTrialDuration: must be positive, got "-5m"
+            $DIR/exp.yml:9:18: maxTrialRetries: expected a non-negative integer, got -1
+        "#]],
+    );
+}
+
+#[test]
+fn training_service_errors() {
+    check(
+        "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {name: TPE}
+trainingService:
+  - platform: openpai
+    host: pai.example
+  - platform: lcoal
+  - platform: remote
+    machineList:
+      - {host: h, port: 70000, password: \"***\"}
+      - {user: u, sshKeyFile: nokey}
+  - {useActiveGpu: true}
+  - platform: remote
+    machineList: []
+",
+        expect![[r#"
+            $DIR/exp.yml:6:15: trainingService[0].platform: NNI's "openpai" platform is not supported by knob; supported: "local", "remote"
+            $DIR/exp.yml:8:15: trainingService[1].platform: unknown platform "lcoal" (did you mean "local"?); supported: "local", "remote"
+            $DIR/exp.yml:11:9: trainingService[2].machineList[0].user: required: the login user name
+            $DIR/exp.yml:11:25: trainingService[2].machineList[0].port: expected a port number from 1 to 65535, got 70000
+            $DIR/exp.yml:11:42: trainingService[2].machineList[0].password: "***" is the placeholder knob prints instead of a secret; write the real value (or use sshKeyFile)
+            $DIR/exp.yml:12:9: trainingService[2].machineList[1].host: required: the machine's IP address or host name
+            $DIR/exp.yml:12:31: trainingService[2].machineList[1].sshKeyFile: SSH key file "$DIR/nokey" does not exist
+            $DIR/exp.yml:13:5: trainingService[3].platform: required: one of "local", "remote"
+            $DIR/exp.yml:15:18: trainingService[4].machineList: expected a non-empty list of machines like [{host: 10.0.0.2, user: alice}], got a list
+        "#]],
+    );
+}
+
+#[test]
+fn trial_settings_inside_a_training_service_must_agree() {
+    let project = Project::new(&[("code/", "")]);
+    let text = "\
+searchSpace: {}
+trialConcurrency: 1
+tuner: {name: TPE}
+trainingService:
+  - platform: local
+    trialCommand: python3 trial.py
+    trialCodeDirectory: code
+  - platform: remote
+    trialCommand: python3 other.py
+    machineList: [{host: h, user: u}]
+";
+    expect![[r#"
+        $DIR/exp.yml:9:19: trainingService[1].trialCommand: "python3 other.py" differs from trainingService[0].trialCommand ("python3 trial.py"); knob runs one trialCommand per experiment, set it once at top level
+    "#]].assert_eq(&project.check("exp.yml", text));
+    let accepted = text.replace("python3 other.py", "python3 trial.py");
+    let config = project.load("exp.yml", &accepted);
+    assert_eq!(config.trial_command, "python3 trial.py");
+    assert!(config.trial_code_directory.ends_with("code"));
+}
+
+#[test]
+fn refused_nni_features() {
+    check(
+        &minimal_with("useAnnotation: true\nexperimentType: nas\nsharedStorage: {storageType: NFS}\n"),
+        expect![[r#"
+            $DIR/exp.yml:6:16: useAnnotation: NNI annotations are not supported by knob; write a searchSpace and call nni.get_next_parameter() in the trial
+            $DIR/exp.yml:7:17: experimentType: only "hpo" experiments are supported (NAS is not), got "nas"
+            $DIR/exp.yml:8:16: sharedStorage: NNI's shared storage is not supported by knob
+        "#]],
+    );
+}
+
+#[test]
+fn duplicate_keys() {
+    check(&minimal_with("trialConcurrency: 2\n"), expect![[r#"
+        $DIR/exp.yml:6:1: malformed YAML: duplicate key "trialConcurrency" (first set on line 3)
+    "#]]);
+    check(&minimal_with("trial_concurrency: 2\n"), expect![[r#"
+        $DIR/exp.yml:6:1: "trial_concurrency" and "trialConcurrency" (line 3) name the same field; keep one
+    "#]]);
+}
+
+#[test]
+fn documents_that_are_not_configs() {
+    check("", expect![[r#"
+        $DIR/exp.yml: the config file is empty
+    "#]]);
+    check("- a\n- b\n", expect![[r#"
+        $DIR/exp.yml:1:1: a config is a mapping of fields (trialCommand: ..., tuner: ...), got a list
+    "#]]);
+    check(&format!("{MINIMAL}---\n{MINIMAL}"), expect![[r#"
+        $DIR/exp.yml:6:1: malformed YAML: a config file holds one YAML document; found a second one
+    "#]]);
+    let project = Project::new(&[]);
+    let missing = config::check_file(&project.path("nope.yml")).unwrap_err();
+    expect!["$DIR/nope.yml: cannot read config file: No such file or directory"].assert_eq(&project.redact(&missing.join("\n")));
+}
+
+#[test]
+fn hostile_input_gives_an_error_not_a_crash() {
+    let deep = format!("searchSpace: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    let deep_block = format!("searchSpace:\n{}x\n", "- ".repeat(100_000));
+    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for level in 1..12 {
+        let previous = (b'a' + level - 1) as char;
+        let name = (b'a' + level) as char;
+        bomb.push_str(&format!("{name}: &{name} [*{previous}, *{previous}, *{previous}, *{previous}, *{previous}, *{previous}, *{previous}, *{previous}, *{previous}, *{previous}]\n"));
+    }
+    let mut rendered = String::new();
+    for text in [deep, deep_block, bomb, "\u{feff}\0\u{1}: [".to_owned(), "x: !!int abc\n".to_owned()] {
+        let project = Project::new(&[]);
+        let output = project.check("exp.yml", &text);
+        rendered.push_str(output.lines().next().unwrap_or(""));
+        rendered.push('\n');
+    }
+    expect![[r#"
+        $DIR/exp.yml:1:269: malformed YAML: recursion limit exceeded
+        $DIR/exp.yml:2:255: malformed YAML: nesting deeper than 128 levels
+        $DIR/exp.yml:6:36: malformed YAML: the document expands to more than 1000000 nodes
+        $DIR/exp.yml:1:1: malformed YAML: found unprintable character
+        $DIR/exp.yml:1:4: malformed YAML: the value does not match its tag
+    "#]].assert_eq(&rendered);
+}

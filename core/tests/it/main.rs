@@ -1,0 +1,3 @@
+//! knob-core's integration tests: one binary, one module per area.
+
+mod config;
