@@ -26,10 +26,15 @@ impl ExperimentConfig {
     pub fn to_json_with_secrets(&self) -> serde_json::Value {
         let mut json = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         for (service_index, service) in self.training_service.iter().enumerate() {
-            let TrainingServiceConfig::Remote(remote) = service else { continue };
+            let TrainingServiceConfig::Remote(remote) = service else {
+                continue;
+            };
             for (machine_index, machine) in remote.machine_list.iter().enumerate() {
-                let pointer = format!("/trainingService/{service_index}/machineList/{machine_index}");
-                let Some(serde_json::Value::Object(stored)) = json.pointer_mut(&pointer) else { continue };
+                let pointer =
+                    format!("/trainingService/{service_index}/machineList/{machine_index}");
+                let Some(serde_json::Value::Object(stored)) = json.pointer_mut(&pointer) else {
+                    continue;
+                };
                 if let Some(password) = &machine.password {
                     stored.insert("password".to_owned(), password.expose().into());
                 }
@@ -46,7 +51,22 @@ fn json_to_yaml(json: &str) -> Result<String, String> {
     let documents = Yaml::load_from_str(json).map_err(|error| error.to_string())?;
     let document = documents.first().ok_or("empty document")?;
     let mut text = String::new();
-    YamlEmitter::new(&mut text).dump(document).map_err(|error| error.to_string())?;
+    YamlEmitter::new(&mut text)
+        .dump(document)
+        .map_err(|error| error.to_string())?;
     let body = text.strip_prefix("---\n").unwrap_or(&text);
-    Ok(format!("{body}\n"))
+    // The emitter writes null as `~`, which reads like a home folder next to our paths. A string
+    // "~" is always quoted by the emitter, so a bare `~` at the end of a line is a null.
+    let mut canonical = String::with_capacity(body.len() + 64);
+    for line in body.lines() {
+        match line.strip_suffix('~') {
+            Some(head) if head.ends_with(": ") || head.trim_start() == "- " => {
+                canonical.push_str(head);
+                canonical.push_str("null");
+            }
+            _ => canonical.push_str(line),
+        }
+        canonical.push('\n');
+    }
+    Ok(canonical)
 }

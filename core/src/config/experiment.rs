@@ -58,23 +58,30 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
     if let Some(field) = take("experimentType") {
         if let Some(kind) = reader.string(&field) {
             if !kind.eq_ignore_ascii_case("hpo") {
-                let message = format!("only \"hpo\" experiments are supported (NAS is not), got {kind:?}");
+                let message =
+                    format!("only \"hpo\" experiments are supported (NAS is not), got {kind:?}");
                 reader.error(field.node.pos, &field.path, message);
             }
         }
     }
     let search_space = read_search_space(reader, take("searchSpace"), take("searchSpaceFile"));
-    let trial_command = take("trialCommand").and_then(|field| located(reader.non_empty_string(&field), &field));
-    let trial_code_directory = take("trialCodeDirectory").and_then(|field| located(reader.directory(&field), &field));
+    let trial_command =
+        take("trialCommand").and_then(|field| located(reader.non_empty_string(&field), &field));
+    let trial_code_directory =
+        take("trialCodeDirectory").and_then(|field| located(reader.directory(&field), &field));
     let trial_concurrency = take("trialConcurrency").map(|field| reader.integer::<u32>(&field, 1));
-    let trial_gpu_number = take("trialGpuNumber").and_then(|field| located(reader.integer(&field, 0), &field));
-    let trial_gpu_memory_mib = take("trialGpuMemory").and_then(|field| reader.parse(&field, units::size_mib));
-    let trial_memory_size_mib = take("trialMemorySize").and_then(|field| reader.parse(&field, units::size_mib));
+    let trial_gpu_number =
+        take("trialGpuNumber").and_then(|field| located(reader.integer(&field, 0), &field));
+    let trial_gpu_memory_mib =
+        take("trialGpuMemory").and_then(|field| reader.parse(&field, units::size_mib));
+    let trial_memory_size_mib =
+        take("trialMemorySize").and_then(|field| reader.parse(&field, units::size_mib));
     let trial_cpu_number = take("trialCpuNumber").and_then(|field| reader.integer(&field, 1));
-    let max_experiment_duration =
-        take("maxExperimentDuration").and_then(|field| reader.parse(&field, units::duration_seconds));
+    let max_experiment_duration = take("maxExperimentDuration")
+        .and_then(|field| reader.parse(&field, units::duration_seconds));
     let max_trial_number = take("maxTrialNumber").and_then(|field| reader.integer(&field, 1));
-    let max_trial_duration = take("maxTrialDuration").and_then(|field| reader.parse(&field, units::duration_seconds));
+    let max_trial_duration =
+        take("maxTrialDuration").and_then(|field| reader.parse(&field, units::duration_seconds));
     let max_trial_retries = take("maxTrialRetries").and_then(|field| reader.integer(&field, 0));
     if let Some(field) = take("nniManagerIp") {
         reader.string(&field);
@@ -82,12 +89,15 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
     }
     if let Some(field) = take("useAnnotation") {
         if reader.boolean(&field) == Some(true) {
-            let message = "NNI annotations are not supported by knob; write a searchSpace and call \
+            let message =
+                "NNI annotations are not supported by knob; write a searchSpace and call \
                            nni.get_next_parameter() in the trial";
             reader.error(field.node.pos, &field.path, message);
         }
     }
-    let debug = take("debug").and_then(|field| reader.boolean(&field)).unwrap_or(false);
+    let debug = take("debug")
+        .and_then(|field| reader.boolean(&field))
+        .unwrap_or(false);
     let log_level = take("logLevel").and_then(|field| reader.choice(&field, &LogLevel::ALL));
     let experiment_working_directory = match take("experimentWorkingDirectory") {
         Some(field) => reader.path(&field),
@@ -96,32 +106,49 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
             match units::resolve_path(DEFAULT_WORKING_DIRECTORY, &base_dir, home.as_deref()) {
                 Ok(path) => Some(path),
                 Err(message) => {
-                    reader.error(None, "experimentWorkingDirectory", format!("{message}; set experimentWorkingDirectory"));
+                    reader.error(
+                        None,
+                        "experimentWorkingDirectory",
+                        format!("{message}; set experimentWorkingDirectory"),
+                    );
                     None
                 }
             }
         }
     };
-    let tuner_gpu_indices = take("tunerGpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices));
+    let tuner_gpu_indices =
+        take("tunerGpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices));
     let tuner_field = take("tuner");
     let advisor_field = take("advisor");
     let tuner = read_tuner(reader, tuner_field, advisor_field);
     let assessor = take("assessor").and_then(|field| read_algorithm(reader, &field));
     if let Some(field) = take("sharedStorage") {
-        reader.error(field.node.pos, &field.path, "NNI's shared storage is not supported by knob");
+        reader.error(
+            field.node.pos,
+            &field.path,
+            "NNI's shared storage is not supported by knob",
+        );
     }
     let shortcuts = Shortcuts {
         use_active_gpu: take("useActiveGpu").and_then(|field| reader.boolean(&field)),
-        max_trial_number_per_gpu: take("maxTrialNumberPerGpu").and_then(|field| reader.integer(&field, 1)),
+        max_trial_number_per_gpu: take("maxTrialNumberPerGpu")
+            .and_then(|field| reader.integer(&field, 1)),
         gpu_indices: take("gpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices)),
         reuse_mode: take("reuseMode").and_then(|field| reader.boolean(&field)),
     };
-    let plugin_paths = take("pluginPaths").map(|field| read_plugin_paths(reader, &field)).unwrap_or_default();
-    let placement_policy = take("placementPolicy").and_then(|field| reader.choice(&field, &PlacementPolicy::ALL));
+    let plugin_paths = take("pluginPaths")
+        .map(|field| read_plugin_paths(reader, &field))
+        .unwrap_or_default();
+    let placement_policy =
+        take("placementPolicy").and_then(|field| reader.choice(&field, &PlacementPolicy::ALL));
     let training_services = match take("trainingService") {
         Some(field) => read_training_services(reader, &field, &shortcuts),
         None => {
-            reader.error(None, "trainingService", "required: where trials run, e.g. {platform: local}");
+            reader.error(
+                None,
+                "trainingService",
+                "required: where trials run, e.g. {platform: local}",
+            );
             None
         }
     };
@@ -139,15 +166,33 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         gpu_numbers.push(settings.trial_gpu_number);
     }
     let trial_command = merge(reader, "trialCommand", trial_command, commands);
-    let trial_code_directory = merge(reader, "trialCodeDirectory", trial_code_directory, directories);
+    let trial_code_directory = merge(
+        reader,
+        "trialCodeDirectory",
+        trial_code_directory,
+        directories,
+    );
     let trial_gpu_number = merge(reader, "trialGpuNumber", trial_gpu_number, gpu_numbers);
-    if trial_command.is_none() && !reader.errors.iter().any(|error| error.field.ends_with("trialCommand")) {
-        reader.error(None, "trialCommand", "required: the command that runs one trial, e.g. \"python3 train.py\"");
+    if trial_command.is_none()
+        && !reader
+            .errors
+            .iter()
+            .any(|error| error.field.ends_with("trialCommand"))
+    {
+        reader.error(
+            None,
+            "trialCommand",
+            "required: the command that runs one trial, e.g. \"python3 train.py\"",
+        );
     }
     let trial_concurrency = match trial_concurrency {
         Some(value) => value,
         None => {
-            reader.error(None, "trialConcurrency", "required: how many trials run at once, a positive integer");
+            reader.error(
+                None,
+                "trialConcurrency",
+                "required: how many trials run at once, a positive integer",
+            );
             None
         }
     };
@@ -169,7 +214,11 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         max_trial_duration: max_trial_duration.map(std::time::Duration::from_secs),
         max_trial_retries: max_trial_retries.unwrap_or(0),
         debug,
-        log_level: log_level.unwrap_or(if debug { LogLevel::Debug } else { LogLevel::Info }),
+        log_level: log_level.unwrap_or(if debug {
+            LogLevel::Debug
+        } else {
+            LogLevel::Info
+        }),
         experiment_working_directory: experiment_working_directory?,
         tuner_gpu_indices,
         tuner: tuner?,
@@ -182,7 +231,11 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
 }
 
 fn located<T>(value: Option<T>, field: &Field<'_>) -> Option<Located<T>> {
-    value.map(|value| Located { value, pos: field.node.pos, path: field.path.clone() })
+    value.map(|value| Located {
+        value,
+        pos: field.node.pos,
+        path: field.path.clone(),
+    })
 }
 
 /// One value from the top level and the training services: they must agree.
@@ -216,7 +269,8 @@ fn read_search_space(
 ) -> Option<serde_json::Value> {
     match (inline, file) {
         (Some(_), Some(file)) => {
-            let message = "searchSpace is set too; keep one of searchSpace (inline) and searchSpaceFile";
+            let message =
+                "searchSpace is set too; keep one of searchSpace (inline) and searchSpaceFile";
             reader.error(file.node.pos, &file.path, message);
             None
         }
@@ -237,7 +291,9 @@ fn read_search_space(
             match SearchSpace::from_value(&value) {
                 Ok(_) => Some(value),
                 Err(error) => {
-                    let pos = parameter_node(inline.node, &error).and_then(|node| node.pos).or(inline.node.pos);
+                    let pos = parameter_node(inline.node, &error)
+                        .and_then(|node| node.pos)
+                        .or(inline.node.pos);
                     reader.error(pos, &inline.path, error.to_string());
                     None
                 }
@@ -248,22 +304,42 @@ fn read_search_space(
             let text = match std::fs::read_to_string(&path) {
                 Ok(text) => text,
                 Err(error) => {
-                    let message = format!("cannot read search space file {}: {}", quoted(&path), plain_io(&error));
+                    let message = format!(
+                        "cannot read search space file {}: {}",
+                        quoted(&path),
+                        plain_io(&error)
+                    );
                     reader.error(file.node.pos, &file.path, message);
                     return None;
                 }
             };
-            let is_json = path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
-            let parsed = if is_json { yaml::parse_json(&text) } else { yaml::parse(&text) };
+            let is_json = path
+                .extension()
+                .is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
+            let parsed = if is_json {
+                yaml::parse_json(&text)
+            } else {
+                yaml::parse(&text)
+            };
             let node = match parsed {
                 Ok(Some(node)) => node,
                 Ok(None) => {
-                    reader.error_in(&path, None, &file.path, "the search space file is empty; an empty space is written {}");
+                    reader.error_in(
+                        &path,
+                        None,
+                        &file.path,
+                        "the search space file is empty; an empty space is written {}",
+                    );
                     return None;
                 }
                 Err(error) => {
                     let kind = if is_json { "JSON" } else { "YAML" };
-                    reader.error_in(&path, error.pos, &file.path, format!("malformed {kind}: {}", error.message));
+                    reader.error_in(
+                        &path,
+                        error.pos,
+                        &file.path,
+                        format!("malformed {kind}: {}", error.message),
+                    );
                     return None;
                 }
             };
@@ -277,7 +353,9 @@ fn read_search_space(
             match SearchSpace::from_value(&value) {
                 Ok(_) => Some(value),
                 Err(error) => {
-                    let pos = parameter_node(&node, &error).and_then(|node| node.pos).or(node.pos);
+                    let pos = parameter_node(&node, &error)
+                        .and_then(|node| node.pos)
+                        .or(node.pos);
                     reader.error_in(&path, pos, &file.path, error.to_string());
                     None
                 }
@@ -288,22 +366,41 @@ fn read_search_space(
 
 /// The key of the top-level parameter a search-space error is about, to point at its line.
 fn parameter_node<'a>(space: &'a Node, error: &SpaceError) -> Option<&'a Node> {
-    let SpaceError::Parameter { path, .. } = error else { return None };
+    let SpaceError::Parameter { path, .. } = error else {
+        return None;
+    };
     let name = path.split('/').next()?;
-    let Value::Map(entries) = &space.value else { return None };
-    entries.iter().find(|(key, _)| key.key_text() == name).map(|(key, _)| key)
+    let Value::Map(entries) = &space.value else {
+        return None;
+    };
+    entries
+        .iter()
+        .find(|(key, _)| key.key_text() == name)
+        .map(|(key, _)| key)
 }
 
-fn read_tuner(reader: &mut Reader, tuner: Option<Field<'_>>, advisor: Option<Field<'_>>) -> Option<AlgorithmConfig> {
+fn read_tuner(
+    reader: &mut Reader,
+    tuner: Option<Field<'_>>,
+    advisor: Option<Field<'_>>,
+) -> Option<AlgorithmConfig> {
     match (tuner, advisor) {
         (Some(tuner), None) => read_algorithm(reader, &tuner),
         (None, Some(advisor)) => {
-            reader.warn(advisor.node.pos, &advisor.path, "deprecated in NNI; read as tuner");
+            reader.warn(
+                advisor.node.pos,
+                &advisor.path,
+                "deprecated in NNI; read as tuner",
+            );
             read_algorithm(reader, &advisor)
         }
         (Some(tuner), Some(advisor)) => {
             read_algorithm(reader, &tuner);
-            reader.error(advisor.node.pos, &advisor.path, "deprecated, and tuner is set too; keep only tuner");
+            reader.error(
+                advisor.node.pos,
+                &advisor.path,
+                "deprecated, and tuner is set too; keep only tuner",
+            );
             None
         }
         (None, None) => {
@@ -319,13 +416,21 @@ fn read_algorithm(reader: &mut Reader, field: &Field<'_>) -> Option<AlgorithmCon
     let name_field = fields.take("name");
     let class_name_field = fields.take("className");
     let code_directory_field = fields.take("codeDirectory");
-    let name = name_field.as_ref().and_then(|field| reader.non_empty_string(field));
-    let class_name = class_name_field.as_ref().and_then(|field| reader.non_empty_string(field));
-    let class_args = fields.take("classArgs").and_then(|field| reader.json_object(&field)).unwrap_or_default();
+    let name = name_field
+        .as_ref()
+        .and_then(|field| reader.non_empty_string(field));
+    let class_name = class_name_field
+        .as_ref()
+        .and_then(|field| reader.non_empty_string(field));
+    let class_args = fields
+        .take("classArgs")
+        .and_then(|field| reader.json_object(&field))
+        .unwrap_or_default();
     let mut code_directory = None;
     match (&name_field, &class_name_field) {
         (Some(_), Some(class_name)) => {
-            let message = "name and className are both set: name picks a built-in or registered algorithm, \
+            let message =
+                "name and className are both set: name picks a built-in or registered algorithm, \
                            className a custom one; keep one";
             reader.error(class_name.node.pos, &class_name.path, message);
         }
@@ -335,7 +440,11 @@ fn read_algorithm(reader: &mut Reader, field: &Field<'_>) -> Option<AlgorithmCon
         }
         (Some(_), None) => {
             if let Some(directory) = &code_directory_field {
-                reader.error(directory.node.pos, &directory.path, "only used with className; remove it");
+                reader.error(
+                    directory.node.pos,
+                    &directory.path,
+                    "only used with className; remove it",
+                );
             }
         }
         (None, Some(_)) => {
@@ -346,30 +455,50 @@ fn read_algorithm(reader: &mut Reader, field: &Field<'_>) -> Option<AlgorithmCon
         }
     }
     fields.finish(reader, &ALGORITHM_FIELDS);
-    (reader.errors.len() == errors_before).then_some(AlgorithmConfig { name, class_name, code_directory, class_args })
+    (reader.errors.len() == errors_before).then_some(AlgorithmConfig {
+        name,
+        class_name,
+        code_directory,
+        class_args,
+    })
 }
 
 fn read_plugin_paths(reader: &mut Reader, field: &Field<'_>) -> Vec<PathBuf> {
     let items: Vec<Field<'_>> = match &field.node.value {
-        Value::Str(_) => vec![Field { node: field.node, path: field.path.clone() }],
+        Value::Str(_) => vec![Field {
+            node: field.node,
+            path: field.path.clone(),
+        }],
         Value::Seq(items) => items
             .iter()
             .enumerate()
-            .map(|(index, node)| Field { node, path: format!("{}[{index}]", field.path) })
+            .map(|(index, node)| Field {
+                node,
+                path: format!("{}[{index}]", field.path),
+            })
             .collect(),
         _ => {
-            let message = format!("expected a list of plugin files or folders, got {}", field.node.describe());
+            let message = format!(
+                "expected a list of plugin files or folders, got {}",
+                field.node.describe()
+            );
             reader.error(field.node.pos, &field.path, message);
             return Vec::new();
         }
     };
     let mut paths = Vec::new();
     for item in items {
-        let Some(path) = reader.path(&item) else { continue };
+        let Some(path) = reader.path(&item) else {
+            continue;
+        };
         if Path::new(&path).exists() {
             paths.push(path);
         } else {
-            reader.error(item.node.pos, &item.path, format!("plugin path {} does not exist", quoted(&path)));
+            reader.error(
+                item.node.pos,
+                &item.path,
+                format!("plugin path {} does not exist", quoted(&path)),
+            );
         }
     }
     paths

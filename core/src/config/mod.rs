@@ -48,8 +48,8 @@ use std::path::{Path, PathBuf};
 
 pub use error::{ConfigError, ConfigErrors};
 pub use model::{
-    AlgorithmConfig, ExperimentConfig, LocalConfig, LogLevel, MachineConfig, PlacementPolicy, RemoteConfig,
-    TrainingServiceConfig,
+    AlgorithmConfig, ExperimentConfig, LocalConfig, LogLevel, MachineConfig, PlacementPolicy,
+    RemoteConfig, TrainingServiceConfig,
 };
 pub use secret::{Secret, REDACTED};
 
@@ -82,12 +82,25 @@ pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
 pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
     let file = path.display().to_string();
     let base_dir = config_folder(path);
-    let mut reader =
-        reader::Reader { file, base_dir, home: units::home_dir(), errors: Vec::new(), warnings: Vec::new() };
-    let is_json = path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
-    let parsed = if is_json { yaml::parse_json(text) } else { yaml::parse(text) };
+    let mut reader = reader::Reader {
+        file,
+        base_dir,
+        home: units::home_dir(),
+        errors: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let is_json = path
+        .extension()
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
+    let parsed = if is_json {
+        yaml::parse_json(text)
+    } else {
+        yaml::parse(text)
+    };
     let config = match parsed {
-        Ok(Some(root)) if matches!(root.value, yaml::Value::Map(_)) => experiment::read_experiment(&mut reader, &root),
+        Ok(Some(root)) if matches!(root.value, yaml::Value::Map(_)) => {
+            experiment::read_experiment(&mut reader, &root)
+        }
         Ok(Some(root)) => {
             let message = format!(
                 "a config is a mapping of fields (trialCommand: ..., tuner: ...), got {}",
@@ -102,12 +115,19 @@ pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
         }
         Err(error) => {
             let kind = if is_json { "JSON" } else { "YAML" };
-            reader.error(error.pos, "", format!("malformed {kind}: {}", error.message));
+            reader.error(
+                error.pos,
+                "",
+                format!("malformed {kind}: {}", error.message),
+            );
             None
         }
     };
     match config {
-        Some(config) if reader.errors.is_empty() => Ok(LoadedConfig { config, warnings: reader.warnings }),
+        Some(config) if reader.errors.is_empty() => Ok(LoadedConfig {
+            config,
+            warnings: reader.warnings,
+        }),
         _ => {
             let mut errors = reader.errors;
             // File order; errors with no place (a missing field) last. The sort is stable.
@@ -131,8 +151,13 @@ pub fn check_file(path: &Path) -> Result<String, Vec<String>> {
 
 /// The absolute folder of the config file, which relative paths in it are relative to.
 fn config_folder(path: &Path) -> PathBuf {
-    let folder = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let folder = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::canonicalize(folder).unwrap_or_else(|_| {
-        std::env::current_dir().map(|current| current.join(folder)).unwrap_or_else(|_| folder.to_path_buf())
+        std::env::current_dir()
+            .map(|current| current.join(folder))
+            .unwrap_or_else(|_| folder.to_path_buf())
     })
 }

@@ -88,7 +88,10 @@ pub struct AlgorithmConfig {
 impl AlgorithmConfig {
     /// The name to show a user: `name`, or `className` for a custom algorithm.
     pub fn display_name(&self) -> &str {
-        self.name.as_deref().or(self.class_name.as_deref()).unwrap_or("")
+        self.name
+            .as_deref()
+            .or(self.class_name.as_deref())
+            .unwrap_or("")
     }
 }
 
@@ -210,14 +213,19 @@ mod optional_seconds {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(value: &Option<Duration>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         match value {
             Some(duration) => serializer.serialize_u64(duration.as_secs()),
             None => serializer.serialize_none(),
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
         Ok(Option::<u64>::deserialize(deserializer)?.map(Duration::from_secs))
     }
 }

@@ -32,8 +32,17 @@ impl Reader {
     }
 
     /// An error inside another file the config names (a search-space file).
-    pub fn error_in(&mut self, file: &Path, pos: Option<Pos>, field: &str, message: impl Into<String>) {
-        let error = ConfigError { file: file.display().to_string(), ..self.located(pos, field, message.into()) };
+    pub fn error_in(
+        &mut self,
+        file: &Path,
+        pos: Option<Pos>,
+        field: &str,
+        message: impl Into<String>,
+    ) {
+        let error = ConfigError {
+            file: file.display().to_string(),
+            ..self.located(pos, field, message.into())
+        };
         self.errors.push(error);
     }
 
@@ -48,7 +57,11 @@ impl Reader {
     }
 
     /// Runs a value parser, recording its error against the field.
-    pub fn parse<T>(&mut self, field: &Field<'_>, parser: impl FnOnce(&Node) -> Result<T, String>) -> Option<T> {
+    pub fn parse<T>(
+        &mut self,
+        field: &Field<'_>,
+        parser: impl FnOnce(&Node) -> Result<T, String>,
+    ) -> Option<T> {
         match parser(field.node) {
             Ok(value) => Some(value),
             Err(message) => {
@@ -68,7 +81,10 @@ impl Reader {
     pub fn non_empty_string(&mut self, field: &Field<'_>) -> Option<String> {
         self.parse(field, |node| match &node.value {
             Value::Str(text) if !text.trim().is_empty() => Ok(text.clone()),
-            _ => Err(format!("expected a non-empty string, got {}", node.describe())),
+            _ => Err(format!(
+                "expected a non-empty string, got {}",
+                node.describe()
+            )),
         })
     }
 
@@ -78,7 +94,11 @@ impl Reader {
 
     /// An integer `>= min` (`min` is 0 or 1, and the message says "non-negative" or "positive").
     pub fn integer<T: TryFrom<i64>>(&mut self, field: &Field<'_>, min: i64) -> Option<T> {
-        let kind = if min >= 1 { "a positive integer" } else { "a non-negative integer" };
+        let kind = if min >= 1 {
+            "a positive integer"
+        } else {
+            "a non-negative integer"
+        };
         self.parse(field, |node| match node.value {
             Value::Int(i) if i >= min => T::try_from(i).map_err(|_| format!("{i} is too large")),
             _ => Err(format!("expected {kind}, got {}", node.describe())),
@@ -89,7 +109,9 @@ impl Reader {
     pub fn path(&mut self, field: &Field<'_>) -> Option<PathBuf> {
         let raw = self.non_empty_string(field)?;
         let (base_dir, home) = (self.base_dir.clone(), self.home.clone());
-        self.parse(field, |_| units::resolve_path(&raw, &base_dir, home.as_deref()))
+        self.parse(field, |_| {
+            units::resolve_path(&raw, &base_dir, home.as_deref())
+        })
     }
 
     /// A path that must name an existing directory.
@@ -98,7 +120,12 @@ impl Reader {
         self.check_directory(field.node.pos, &field.path, path)
     }
 
-    pub fn check_directory(&mut self, pos: Option<Pos>, field: &str, path: PathBuf) -> Option<PathBuf> {
+    pub fn check_directory(
+        &mut self,
+        pos: Option<Pos>,
+        field: &str,
+        path: PathBuf,
+    ) -> Option<PathBuf> {
         match std::fs::metadata(&path) {
             Ok(metadata) if metadata.is_dir() => Some(path),
             Ok(_) => {
@@ -106,16 +133,31 @@ impl Reader {
                 None
             }
             Err(error) => {
-                self.error(pos, field, format!("directory {} does not exist ({})", quoted(&path), plain_io(&error)));
+                self.error(
+                    pos,
+                    field,
+                    format!(
+                        "directory {} does not exist ({})",
+                        quoted(&path),
+                        plain_io(&error)
+                    ),
+                );
                 None
             }
         }
     }
 
     /// A mapping whose values become JSON (class args).
-    pub fn json_object(&mut self, field: &Field<'_>) -> Option<serde_json::Map<String, serde_json::Value>> {
+    pub fn json_object(
+        &mut self,
+        field: &Field<'_>,
+    ) -> Option<serde_json::Map<String, serde_json::Value>> {
         if !matches!(field.node.value, Value::Map(_)) {
-            self.error(field.node.pos, &field.path, format!("expected a mapping, got {}", field.node.describe()));
+            self.error(
+                field.node.pos,
+                &field.path,
+                format!("expected a mapping, got {}", field.node.describe()),
+            );
             return None;
         }
         match field.node.to_json() {
@@ -130,21 +172,33 @@ impl Reader {
 
     /// One of `choices`, matched ignoring case, `-` and `_`.
     pub fn choice<T: Copy>(&mut self, field: &Field<'_>, choices: &[(&str, T)]) -> Option<T> {
-        let names: Vec<String> = choices.iter().map(|(name, _)| format!("{name:?}")).collect();
+        let names: Vec<String> = choices
+            .iter()
+            .map(|(name, _)| format!("{name:?}"))
+            .collect();
         self.parse(field, |node| {
             let chosen = node.as_str().and_then(|text| {
                 let wanted = normalize_choice(text);
-                choices.iter().find(|(name, _)| normalize_choice(name) == wanted)
+                choices
+                    .iter()
+                    .find(|(name, _)| normalize_choice(name) == wanted)
             });
-            chosen
-                .map(|(_, value)| *value)
-                .ok_or_else(|| format!("expected one of {}, got {}", names.join(", "), node.describe()))
+            chosen.map(|(_, value)| *value).ok_or_else(|| {
+                format!(
+                    "expected one of {}, got {}",
+                    names.join(", "),
+                    node.describe()
+                )
+            })
         })
     }
 }
 
 fn normalize_choice(text: &str) -> String {
-    text.chars().filter(|c| *c != '-' && *c != '_').flat_map(char::to_lowercase).collect()
+    text.chars()
+        .filter(|c| *c != '-' && *c != '_')
+        .flat_map(char::to_lowercase)
+        .collect()
 }
 
 /// A path in double quotes, for messages.
@@ -169,7 +223,10 @@ pub(crate) struct Field<'a> {
 
 /// NNI's `case_insensitive`: lowercase, underscores dropped.
 pub(crate) fn normalize_key(key: &str) -> String {
-    key.chars().filter(|c| *c != '_').flat_map(char::to_lowercase).collect()
+    key.chars()
+        .filter(|c| *c != '_')
+        .flat_map(char::to_lowercase)
+        .collect()
 }
 
 struct Entry<'a> {
@@ -190,7 +247,11 @@ impl<'a> Fields<'a> {
     /// Opens a mapping; reports an error and returns `None` for anything else.
     pub fn open(reader: &mut Reader, node: &'a Node, path: &str) -> Option<Fields<'a>> {
         let Value::Map(pairs) = &node.value else {
-            reader.error(node.pos, path, format!("expected a mapping, got {}", node.describe()));
+            reader.error(
+                node.pos,
+                path,
+                format!("expected a mapping, got {}", node.describe()),
+            );
             return None;
         };
         let mut entries: Vec<Entry<'a>> = Vec::with_capacity(pairs.len());
@@ -201,25 +262,44 @@ impl<'a> Fields<'a> {
                     "{:?} and {:?} (line {}) name the same field; keep one",
                     key.key_text(),
                     earlier.key.key_text(),
-                    earlier.key.pos.map_or_else(|| "?".to_owned(), |pos| pos.line.to_string()),
+                    earlier
+                        .key
+                        .pos
+                        .map_or_else(|| "?".to_owned(), |pos| pos.line.to_string()),
                 );
                 reader.error(key.pos, path, message);
                 continue;
             }
-            entries.push(Entry { key, normalized, value, taken: false });
+            entries.push(Entry {
+                key,
+                normalized,
+                value,
+                taken: false,
+            });
         }
-        Some(Fields { path: path.to_owned(), pos: node.pos, entries })
+        Some(Fields {
+            path: path.to_owned(),
+            pos: node.pos,
+            entries,
+        })
     }
 
     pub fn child_path(&self, name: &str) -> String {
-        if self.path.is_empty() { name.to_owned() } else { format!("{}.{name}", self.path) }
+        if self.path.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.path)
+        }
     }
 
     /// The field `name` (canonical camelCase) if present and not null. Marks it as known.
     pub fn take(&mut self, name: &str) -> Option<Field<'a>> {
         let wanted = normalize_key(name);
         let path = self.child_path(name);
-        let entry = self.entries.iter_mut().find(|entry| entry.normalized == wanted)?;
+        let entry = self
+            .entries
+            .iter_mut()
+            .find(|entry| entry.normalized == wanted)?;
         entry.taken = true;
         let node = entry.value;
         (!node.is_null()).then_some(Field { node, path })
@@ -229,8 +309,14 @@ impl<'a> Fields<'a> {
     pub fn finish(self, reader: &mut Reader, known: &[&str]) {
         for entry in self.entries.iter().filter(|entry| !entry.taken) {
             let written = entry.key.key_text();
-            let hint = suggestion(&written, known).map(|hint| format!(" ({hint})")).unwrap_or_default();
-            reader.error(entry.key.pos, &self.path, format!("unknown field {written:?}{hint}"));
+            let hint = suggestion(&written, known)
+                .map(|hint| format!(" ({hint})"))
+                .unwrap_or_default();
+            reader.error(
+                entry.key.pos,
+                &self.path,
+                format!("unknown field {written:?}{hint}"),
+            );
         }
     }
 }
@@ -244,10 +330,22 @@ fn suggestion(written: &str, known: &[&str]) -> Option<String> {
         ("maxexecduration", "NNI v1; write maxExperimentDuration"),
         ("maxtrialnum", "NNI v1; write maxTrialNumber"),
         ("searchspacepath", "NNI v1; write searchSpaceFile"),
-        ("trainingserviceplatform", "NNI v1; write trainingService: {platform: ...}"),
-        ("trial", "NNI v1; write trialCommand and trialCodeDirectory at top level"),
-        ("localconfig", "NNI v1; write these fields under trainingService"),
-        ("machinelist", "write machineList under trainingService: {platform: remote}"),
+        (
+            "trainingserviceplatform",
+            "NNI v1; write trainingService: {platform: ...}",
+        ),
+        (
+            "trial",
+            "NNI v1; write trialCommand and trialCodeDirectory at top level",
+        ),
+        (
+            "localconfig",
+            "NNI v1; write these fields under trainingService",
+        ),
+        (
+            "machinelist",
+            "write machineList under trainingService: {platform: remote}",
+        ),
         ("builtintunername", "NNI v1; write name"),
         ("builtinassessorname", "NNI v1; write name"),
         ("codedir", "NNI v1; write codeDirectory"),
@@ -255,7 +353,12 @@ fn suggestion(written: &str, known: &[&str]) -> Option<String> {
     ];
     let best = known
         .iter()
-        .map(|name| (strsim::damerau_levenshtein(&normalized, &normalize_key(name)), *name))
+        .map(|name| {
+            (
+                strsim::damerau_levenshtein(&normalized, &normalize_key(name)),
+                *name,
+            )
+        })
         .min_by_key(|(distance, _)| *distance);
     if let Some((distance, name)) = best {
         if distance <= 2.max(normalized.chars().count() / 4) {
@@ -263,9 +366,14 @@ fn suggestion(written: &str, known: &[&str]) -> Option<String> {
         }
     }
     // A truncated name (`experimentWorkingDir`) is far from the full one by edit distance.
-    let mut extensions = known.iter().filter(|name| normalized.len() >= 5 && normalize_key(name).starts_with(&normalized));
+    let mut extensions = known
+        .iter()
+        .filter(|name| normalized.len() >= 5 && normalize_key(name).starts_with(&normalized));
     if let (Some(name), None) = (extensions.next(), extensions.next()) {
         return Some(format!("did you mean {name:?}?"));
     }
-    V1_KEYS.iter().find(|(key, _)| *key == normalized).map(|(_, hint)| (*hint).to_owned())
+    V1_KEYS
+        .iter()
+        .find(|(key, _)| *key == normalized)
+        .map(|(_, hint)| (*hint).to_owned())
 }

@@ -39,10 +39,29 @@ pub(crate) struct ServiceTrialSettings {
 
 const SUPPORTED: &str = r#""local", "remote""#;
 /// NNI platforms knob recognises but does not run.
-const NNI_ONLY_PLATFORMS: [&str; 8] =
-    ["openpai", "aml", "dlc", "kubeflow", "frameworkcontroller", "adl", "dlts", "hybrid"];
-const COMMON_FIELDS: [&str; 5] = ["platform", "trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp"];
-const LOCAL_FIELDS: [&str; 4] = ["useActiveGpu", "maxTrialNumberPerGpu", "gpuIndices", "reuseMode"];
+const NNI_ONLY_PLATFORMS: [&str; 8] = [
+    "openpai",
+    "aml",
+    "dlc",
+    "kubeflow",
+    "frameworkcontroller",
+    "adl",
+    "dlts",
+    "hybrid",
+];
+const COMMON_FIELDS: [&str; 5] = [
+    "platform",
+    "trialCommand",
+    "trialCodeDirectory",
+    "trialGpuNumber",
+    "nniManagerIp",
+];
+const LOCAL_FIELDS: [&str; 4] = [
+    "useActiveGpu",
+    "maxTrialNumberPerGpu",
+    "gpuIndices",
+    "reuseMode",
+];
 const REMOTE_FIELDS: [&str; 2] = ["machineList", "reuseMode"];
 const MACHINE_FIELDS: [&str; 10] = [
     "host",
@@ -71,7 +90,11 @@ pub(crate) fn read_training_services(
             .map(|(index, item)| (item, format!("{}[{index}]", field.path)))
             .collect(),
         Value::Seq(_) => {
-            reader.error(field.node.pos, &field.path, "expected at least one training service");
+            reader.error(
+                field.node.pos,
+                &field.path,
+                "expected at least one training service",
+            );
             return None;
         }
         _ => {
@@ -90,7 +113,10 @@ pub(crate) fn read_training_services(
         let Some((service, service_settings)) = read_service(reader, node, &path, shortcuts) else {
             continue;
         };
-        if services.iter().any(|other| other.platform() == service.platform()) {
+        if services
+            .iter()
+            .any(|other| other.platform() == service.platform())
+        {
             let message = format!(
                 "platform {:?} is listed twice; list each platform once (put every remote host in one machineList)",
                 service.platform()
@@ -112,10 +138,16 @@ fn read_service(
 ) -> Option<(TrainingServiceConfig, ServiceTrialSettings)> {
     let mut fields = Fields::open(reader, node, path)?;
     let platform = match fields.take("platform") {
-        Some(field) => reader.non_empty_string(&field).map(|name| (name.to_ascii_lowercase(), field)),
+        Some(field) => reader
+            .non_empty_string(&field)
+            .map(|name| (name.to_ascii_lowercase(), field)),
         None => {
             let platform_path = fields.child_path("platform");
-            reader.error(fields.pos, &platform_path, format!("required: one of {SUPPORTED}"));
+            reader.error(
+                fields.pos,
+                &platform_path,
+                format!("required: one of {SUPPORTED}"),
+            );
             None
         }
     };
@@ -154,19 +186,25 @@ fn read_service(
 fn read_trial_settings(reader: &mut Reader, fields: &mut Fields<'_>) -> ServiceTrialSettings {
     let mut settings = ServiceTrialSettings::default();
     if let Some(field) = fields.take("trialCommand") {
-        settings.trial_command = reader
-            .non_empty_string(&field)
-            .map(|value| Located { value, pos: field.node.pos, path: field.path.clone() });
+        settings.trial_command = reader.non_empty_string(&field).map(|value| Located {
+            value,
+            pos: field.node.pos,
+            path: field.path.clone(),
+        });
     }
     if let Some(field) = fields.take("trialCodeDirectory") {
-        settings.trial_code_directory = reader
-            .directory(&field)
-            .map(|value| Located { value, pos: field.node.pos, path: field.path.clone() });
+        settings.trial_code_directory = reader.directory(&field).map(|value| Located {
+            value,
+            pos: field.node.pos,
+            path: field.path.clone(),
+        });
     }
     if let Some(field) = fields.take("trialGpuNumber") {
-        settings.trial_gpu_number = reader
-            .integer(&field, 0)
-            .map(|value| Located { value, pos: field.node.pos, path: field.path.clone() });
+        settings.trial_gpu_number = reader.integer(&field, 0).map(|value| Located {
+            value,
+            pos: field.node.pos,
+            path: field.path.clone(),
+        });
     }
     if let Some(field) = fields.take("nniManagerIp") {
         reader.string(&field);
@@ -178,28 +216,52 @@ fn read_trial_settings(reader: &mut Reader, fields: &mut Fields<'_>) -> ServiceT
 pub(crate) const NNI_MANAGER_IP_IGNORED: &str =
     "ignored: knob reaches training machines over SSH and needs no route back to the manager";
 
-fn read_local(reader: &mut Reader, fields: &mut Fields<'_>, shortcuts: &Shortcuts) -> Option<LocalConfig> {
+fn read_local(
+    reader: &mut Reader,
+    fields: &mut Fields<'_>,
+    shortcuts: &Shortcuts,
+) -> Option<LocalConfig> {
     let errors_before = reader.errors.len();
-    let use_active_gpu = fields.take("useActiveGpu").and_then(|field| reader.boolean(&field));
-    let max_trial_number_per_gpu = fields.take("maxTrialNumberPerGpu").and_then(|field| reader.integer(&field, 1));
-    let gpu_indices = fields.take("gpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices));
-    let reuse_mode = fields.take("reuseMode").and_then(|field| reader.boolean(&field));
+    let use_active_gpu = fields
+        .take("useActiveGpu")
+        .and_then(|field| reader.boolean(&field));
+    let max_trial_number_per_gpu = fields
+        .take("maxTrialNumberPerGpu")
+        .and_then(|field| reader.integer(&field, 1));
+    let gpu_indices = fields
+        .take("gpuIndices")
+        .and_then(|field| reader.parse(&field, units::gpu_indices));
+    let reuse_mode = fields
+        .take("reuseMode")
+        .and_then(|field| reader.boolean(&field));
     (reader.errors.len() == errors_before).then(|| LocalConfig {
         use_active_gpu: use_active_gpu.or(shortcuts.use_active_gpu).unwrap_or(false),
-        max_trial_number_per_gpu: max_trial_number_per_gpu.or(shortcuts.max_trial_number_per_gpu).unwrap_or(1),
+        max_trial_number_per_gpu: max_trial_number_per_gpu
+            .or(shortcuts.max_trial_number_per_gpu)
+            .unwrap_or(1),
         gpu_indices: gpu_indices.or_else(|| shortcuts.gpu_indices.clone()),
         reuse_mode: reuse_mode.or(shortcuts.reuse_mode).unwrap_or(false),
     })
 }
 
-fn read_remote(reader: &mut Reader, fields: &mut Fields<'_>, shortcuts: &Shortcuts) -> Option<RemoteConfig> {
+fn read_remote(
+    reader: &mut Reader,
+    fields: &mut Fields<'_>,
+    shortcuts: &Shortcuts,
+) -> Option<RemoteConfig> {
     let errors_before = reader.errors.len();
-    let reuse_mode = fields.take("reuseMode").and_then(|field| reader.boolean(&field));
+    let reuse_mode = fields
+        .take("reuseMode")
+        .and_then(|field| reader.boolean(&field));
     let mut machine_list = Vec::new();
     match fields.take("machineList") {
         None => {
             let path = fields.child_path("machineList");
-            reader.error(fields.pos, &path, "required: a list of machines, each with at least host and user");
+            reader.error(
+                fields.pos,
+                &path,
+                "required: a list of machines, each with at least host and user",
+            );
         }
         Some(field) => match &field.node.value {
             Value::Seq(items) if !items.is_empty() => {
@@ -223,32 +285,61 @@ fn read_remote(reader: &mut Reader, fields: &mut Fields<'_>, shortcuts: &Shortcu
     })
 }
 
-fn read_machine(reader: &mut Reader, node: &Node, path: &str, shortcuts: &Shortcuts) -> Option<MachineConfig> {
+fn read_machine(
+    reader: &mut Reader,
+    node: &Node,
+    path: &str,
+    shortcuts: &Shortcuts,
+) -> Option<MachineConfig> {
     let errors_before = reader.errors.len();
     let mut fields = Fields::open(reader, node, path)?;
-    let host = required_string(reader, &mut fields, "host", "the machine's IP address or host name");
+    let host = required_string(
+        reader,
+        &mut fields,
+        "host",
+        "the machine's IP address or host name",
+    );
     let user = required_string(reader, &mut fields, "user", "the login user name");
     let port = fields.take("port").and_then(|field| {
         reader.parse(&field, |node| match node.value {
             Value::Int(port) if (1..=65535).contains(&port) => Ok(port as u16),
-            _ => Err(format!("expected a port number from 1 to 65535, got {}", node.describe())),
+            _ => Err(format!(
+                "expected a port number from 1 to 65535, got {}",
+                node.describe()
+            )),
         })
     });
-    let password = fields.take("password").and_then(|field| secret(reader, &field));
-    let ssh_passphrase = fields.take("sshPassphrase").and_then(|field| secret(reader, &field));
+    let password = fields
+        .take("password")
+        .and_then(|field| secret(reader, &field));
+    let ssh_passphrase = fields
+        .take("sshPassphrase")
+        .and_then(|field| secret(reader, &field));
     let ssh_key_file = fields.take("sshKeyFile").and_then(|field| {
         let path = reader.path(&field)?;
         if path.is_file() {
             Some(path)
         } else {
-            reader.error(field.node.pos, &field.path, format!("SSH key file {} does not exist", quoted(&path)));
+            reader.error(
+                field.node.pos,
+                &field.path,
+                format!("SSH key file {} does not exist", quoted(&path)),
+            );
             None
         }
     });
-    let use_active_gpu = fields.take("useActiveGpu").and_then(|field| reader.boolean(&field));
-    let max_trial_number_per_gpu = fields.take("maxTrialNumberPerGpu").and_then(|field| reader.integer(&field, 1));
-    let gpu_indices = fields.take("gpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices));
-    let python_path = fields.take("pythonPath").and_then(|field| reader.non_empty_string(&field));
+    let use_active_gpu = fields
+        .take("useActiveGpu")
+        .and_then(|field| reader.boolean(&field));
+    let max_trial_number_per_gpu = fields
+        .take("maxTrialNumberPerGpu")
+        .and_then(|field| reader.integer(&field, 1));
+    let gpu_indices = fields
+        .take("gpuIndices")
+        .and_then(|field| reader.parse(&field, units::gpu_indices));
+    let python_path = fields
+        .take("pythonPath")
+        .and_then(|field| reader.non_empty_string(&field));
     fields.finish(reader, &MACHINE_FIELDS);
     if reader.errors.len() != errors_before {
         return None;
@@ -261,14 +352,21 @@ fn read_machine(reader: &mut Reader, node: &Node, path: &str, shortcuts: &Shortc
         ssh_key_file,
         ssh_passphrase,
         use_active_gpu: use_active_gpu.or(shortcuts.use_active_gpu).unwrap_or(false),
-        max_trial_number_per_gpu: max_trial_number_per_gpu.or(shortcuts.max_trial_number_per_gpu).unwrap_or(1),
+        max_trial_number_per_gpu: max_trial_number_per_gpu
+            .or(shortcuts.max_trial_number_per_gpu)
+            .unwrap_or(1),
         gpu_indices: gpu_indices.or_else(|| shortcuts.gpu_indices.clone()),
         python_path,
     })
 }
 
 /// A required string field; a missing or null one is reported at its mapping.
-pub(crate) fn required_string(reader: &mut Reader, fields: &mut Fields<'_>, name: &str, what: &str) -> Option<String> {
+pub(crate) fn required_string(
+    reader: &mut Reader,
+    fields: &mut Fields<'_>,
+    name: &str,
+    what: &str,
+) -> Option<String> {
     match fields.take(name) {
         Some(field) => reader.non_empty_string(&field),
         None => {

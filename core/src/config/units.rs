@@ -9,7 +9,8 @@ use super::yaml::{Node, Value};
 /// NNI's `parse_time`: a number of seconds, or a number followed by `s`, `m`, `h` or `d`
 /// (`"30m"`, `"0.5h"`), rounded up to whole seconds. Must be positive.
 pub(crate) fn duration_seconds(node: &Node) -> Result<u64, String> {
-    const ALLOWED: &str = r#"expected a duration like "30s", "30m", "2h", "1d" or a number of seconds"#;
+    const ALLOWED: &str =
+        r#"expected a duration like "30s", "30m", "2h", "1d" or a number of seconds"#;
     const UNITS: [(&str, f64); 4] = [("d", 86_400.0), ("h", 3_600.0), ("m", 60.0), ("s", 1.0)];
     let seconds = match &node.value {
         Value::Int(i) => *i as f64,
@@ -24,7 +25,8 @@ pub(crate) fn duration_seconds(node: &Node) -> Result<u64, String> {
         }
         _ => return Err(format!("{ALLOWED}, got {}", node.describe())),
     };
-    positive_whole(seconds.ceil()).ok_or_else(|| format!("must be positive, got {}", node.describe()))
+    positive_whole(seconds.ceil())
+        .ok_or_else(|| format!("must be positive, got {}", node.describe()))
 }
 
 /// NNI's `parse_memory_size`, returning MiB: a number of MiB, or a number followed by `b`, `kb`,
@@ -72,7 +74,8 @@ fn positive_whole(value: f64) -> Option<u64> {
 /// NNI's `canonical_gpu_indices` + `validate_gpu_indices`: a list of ints, an int, or a
 /// comma-separated string (`"0,1"`); no negatives, no duplicates.
 pub(crate) fn gpu_indices(node: &Node) -> Result<Vec<u32>, String> {
-    const ALLOWED: &str = r#"expected GPU indices as a list ([0, 1]), a string ("0,1") or an integer"#;
+    const ALLOWED: &str =
+        r#"expected GPU indices as a list ([0, 1]), a string ("0,1") or an integer"#;
     let bad = || format!("{ALLOWED}, got {}", node.describe());
     let indices: Vec<i64> = match &node.value {
         Value::Int(i) => vec![*i],
@@ -92,7 +95,8 @@ pub(crate) fn gpu_indices(node: &Node) -> Result<Vec<u32>, String> {
     };
     let mut canonical = Vec::with_capacity(indices.len());
     for index in indices {
-        let index = u32::try_from(index).map_err(|_| format!("GPU index {index} is negative or too large"))?;
+        let index = u32::try_from(index)
+            .map_err(|_| format!("GPU index {index} is negative or too large"))?;
         if canonical.contains(&index) {
             return Err(format!("GPU index {index} is listed twice"));
         }
@@ -118,14 +122,22 @@ pub(crate) fn boolean(node: &Node) -> Result<bool, String> {
 /// NNI's `resolve_path`: expands `~`, joins a relative path to `base_dir` (the config file's
 /// folder), and makes it canonical (symlinks resolved when the path exists, `.`/`..` removed
 /// otherwise).
-pub(crate) fn resolve_path(raw: &str, base_dir: &Path, home: Option<&Path>) -> Result<PathBuf, String> {
+pub(crate) fn resolve_path(
+    raw: &str,
+    base_dir: &Path,
+    home: Option<&Path>,
+) -> Result<PathBuf, String> {
     let expanded = if raw == "~" || raw.starts_with("~/") {
         let home = home.ok_or("cannot expand \"~\": $HOME is not set")?;
         home.join(raw.trim_start_matches('~').trim_start_matches('/'))
     } else {
         PathBuf::from(raw)
     };
-    let absolute = if expanded.is_absolute() { expanded } else { base_dir.join(expanded) };
+    let absolute = if expanded.is_absolute() {
+        expanded
+    } else {
+        base_dir.join(expanded)
+    };
     Ok(std::fs::canonicalize(&absolute).unwrap_or_else(|_| normalize_lexically(&absolute)))
 }
 
@@ -145,5 +157,7 @@ fn normalize_lexically(path: &Path) -> PathBuf {
 
 /// The user's home directory, for `~` in paths.
 pub(crate) fn home_dir() -> Option<PathBuf> {
-    std::env::var_os("HOME").filter(|home| !home.is_empty()).map(PathBuf::from)
+    std::env::var_os("HOME")
+        .filter(|home| !home.is_empty())
+        .map(PathBuf::from)
 }

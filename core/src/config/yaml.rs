@@ -139,12 +139,20 @@ impl Node {
                 None => Value::Float(number.as_f64().unwrap_or(f64::NAN)),
             },
             serde_json::Value::String(text) => Value::Str(text.clone()),
-            serde_json::Value::Array(items) => Value::Seq(items.iter().map(Node::from_json).collect()),
+            serde_json::Value::Array(items) => {
+                Value::Seq(items.iter().map(Node::from_json).collect())
+            }
             serde_json::Value::Object(object) => Value::Map(
                 object
                     .iter()
                     .map(|(key, value)| {
-                        (Node { value: Value::Str(key.clone()), pos: None }, Node::from_json(value))
+                        (
+                            Node {
+                                value: Value::Str(key.clone()),
+                                pos: None,
+                            },
+                            Node::from_json(value),
+                        )
                     })
                     .collect(),
             ),
@@ -154,7 +162,10 @@ impl Node {
 }
 
 fn pos_of(span: &Span) -> Pos {
-    Pos { line: span.start.line(), column: span.start.col() + 1 }
+    Pos {
+        line: span.start.line(),
+        column: span.start.col() + 1,
+    }
 }
 
 /// Parses exactly one YAML document. `Ok(None)` means the text holds no document at all.
@@ -162,13 +173,25 @@ pub(crate) fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
     // saphyr is not known to panic, but a config parser is fed arbitrary files: if it ever does,
     // the user gets an error, not a crash.
     std::panic::catch_unwind(|| TreeBuilder::default().run(text)).unwrap_or_else(|_| {
-        Err(SyntaxError { pos: None, message: "the YAML parser failed on this input".to_owned() })
+        Err(SyntaxError {
+            pos: None,
+            message: "the YAML parser failed on this input".to_owned(),
+        })
     })
 }
 
 enum Frame {
-    Seq { items: Vec<Node>, pos: Pos, anchor: usize },
-    Map { entries: Vec<(Node, Node)>, pending_key: Option<Node>, pos: Pos, anchor: usize },
+    Seq {
+        items: Vec<Node>,
+        pos: Pos,
+        anchor: usize,
+    },
+    Map {
+        entries: Vec<(Node, Node)>,
+        pending_key: Option<Node>,
+        pos: Pos,
+        anchor: usize,
+    },
 }
 
 #[derive(Default)]
@@ -187,7 +210,10 @@ impl TreeBuilder {
     fn run(mut self, text: &str) -> Result<Option<Node>, SyntaxError> {
         for next in Parser::new_from_str(text) {
             let (event, span) = next.map_err(|error| SyntaxError {
-                pos: Some(Pos { line: error.marker().line(), column: error.marker().col() + 1 }),
+                pos: Some(Pos {
+                    line: error.marker().line(),
+                    column: error.marker().col() + 1,
+                }),
                 message: error.info().to_owned(),
             })?;
             let pos = pos_of(&span);
@@ -204,20 +230,39 @@ impl TreeBuilder {
                     }
                 }
                 Event::Scalar(text, style, anchor, tag) => {
-                    let value = resolve_scalar(text, style, tag.as_ref())
-                        .ok_or_else(|| SyntaxError {
+                    let value =
+                        resolve_scalar(text, style, tag.as_ref()).ok_or_else(|| SyntaxError {
                             pos: Some(pos),
                             message: "the value does not match its tag".to_owned(),
                         })?;
                     self.charge(1, pos)?;
-                    self.complete(Node { value, pos: Some(pos) }, anchor, 1)?;
+                    self.complete(
+                        Node {
+                            value,
+                            pos: Some(pos),
+                        },
+                        anchor,
+                        1,
+                    )?;
                 }
                 Event::SequenceStart(anchor, _) => {
-                    self.open(Frame::Seq { items: Vec::new(), pos, anchor }, pos)?;
+                    self.open(
+                        Frame::Seq {
+                            items: Vec::new(),
+                            pos,
+                            anchor,
+                        },
+                        pos,
+                    )?;
                 }
                 Event::MappingStart(anchor, _) => {
                     self.open(
-                        Frame::Map { entries: Vec::new(), pending_key: None, pos, anchor },
+                        Frame::Map {
+                            entries: Vec::new(),
+                            pending_key: None,
+                            pos,
+                            anchor,
+                        },
                         pos,
                     )?;
                 }
@@ -225,12 +270,25 @@ impl TreeBuilder {
                     let frame = self.stack.pop();
                     let count = self.open_counts.pop().unwrap_or(1);
                     let (node, anchor) = match frame {
-                        Some(Frame::Seq { items, pos, anchor }) => {
-                            (Node { value: Value::Seq(items), pos: Some(pos) }, anchor)
-                        }
-                        Some(Frame::Map { entries, pos, anchor, .. }) => {
-                            (Node { value: Value::Map(entries), pos: Some(pos) }, anchor)
-                        }
+                        Some(Frame::Seq { items, pos, anchor }) => (
+                            Node {
+                                value: Value::Seq(items),
+                                pos: Some(pos),
+                            },
+                            anchor,
+                        ),
+                        Some(Frame::Map {
+                            entries,
+                            pos,
+                            anchor,
+                            ..
+                        }) => (
+                            Node {
+                                value: Value::Map(entries),
+                                pos: Some(pos),
+                            },
+                            anchor,
+                        ),
                         None => continue,
                     };
                     self.complete(node, anchor, count)?;
@@ -242,7 +300,10 @@ impl TreeBuilder {
                             message: "alias to an unknown anchor".to_owned(),
                         });
                     };
-                    let node = Node { pos: Some(pos), ..node };
+                    let node = Node {
+                        pos: Some(pos),
+                        ..node
+                    };
                     if self.stack.len() + depth_of(&node) > MAX_DEPTH {
                         return Err(too_deep(pos));
                     }
@@ -287,9 +348,15 @@ impl TreeBuilder {
         match self.stack.last_mut() {
             None => self.root = Some(node),
             Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map { entries, pending_key, .. }) => match pending_key.take() {
+            Some(Frame::Map {
+                entries,
+                pending_key,
+                ..
+            }) => match pending_key.take() {
                 None => {
-                    if let Some((existing, _)) = entries.iter().find(|(key, _)| key.value == node.value) {
+                    if let Some((existing, _)) =
+                        entries.iter().find(|(key, _)| key.value == node.value)
+                    {
                         let first = existing
                             .pos
                             .map(|pos| format!(" (first set on line {})", pos.line))
@@ -309,14 +376,21 @@ impl TreeBuilder {
 }
 
 fn too_deep(pos: Pos) -> SyntaxError {
-    SyntaxError { pos: Some(pos), message: format!("nesting deeper than {MAX_DEPTH} levels") }
+    SyntaxError {
+        pos: Some(pos),
+        message: format!("nesting deeper than {MAX_DEPTH} levels"),
+    }
 }
 
 fn depth_of(node: &Node) -> usize {
     match &node.value {
         Value::Seq(items) => 1 + items.iter().map(depth_of).max().unwrap_or(0),
         Value::Map(entries) => {
-            1 + entries.iter().map(|(key, value)| depth_of(key).max(depth_of(value))).max().unwrap_or(0)
+            1 + entries
+                .iter()
+                .map(|(key, value)| depth_of(key).max(depth_of(value)))
+                .max()
+                .unwrap_or(0)
         }
         _ => 0,
     }
@@ -327,13 +401,15 @@ fn resolve_scalar(
     style: ScalarStyle,
     tag: Option<&Cow<'_, saphyr_parser::Tag>>,
 ) -> Option<Value> {
-    Some(match Scalar::parse_from_cow_and_metadata(text, style, tag)? {
-        Scalar::Null => Value::Null,
-        Scalar::Boolean(b) => Value::Bool(b),
-        Scalar::Integer(i) => Value::Int(i),
-        Scalar::FloatingPoint(f) => Value::Float(f.into_inner()),
-        Scalar::String(text) => Value::Str(text.into_owned()),
-    })
+    Some(
+        match Scalar::parse_from_cow_and_metadata(text, style, tag)? {
+            Scalar::Null => Value::Null,
+            Scalar::Boolean(b) => Value::Bool(b),
+            Scalar::Integer(i) => Value::Int(i),
+            Scalar::FloatingPoint(f) => Value::Float(f.into_inner()),
+            Scalar::String(text) => Value::Str(text.into_owned()),
+        },
+    )
 }
 
 /// Parses a JSON file: as YAML first, for positions; if the YAML parser refuses something JSON
@@ -349,7 +425,10 @@ pub(crate) fn parse_json(text: &str) -> Result<Option<Node>, SyntaxError> {
             let full = error.to_string();
             let suffix = format!(" at line {} column {}", error.line(), error.column());
             let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
-            let pos = (error.line() > 0).then_some(Pos { line: error.line(), column: error.column() });
+            let pos = (error.line() > 0).then_some(Pos {
+                line: error.line(),
+                column: error.column(),
+            });
             Err(SyntaxError { pos, message })
         }
     }
