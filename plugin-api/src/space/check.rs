@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::parse::{quote, quote_list};
-use super::{ParamType, Parameter, SearchSpace, SpaceError};
+use super::{one_line, ParamType, Parameter, SearchSpace, SpaceError};
 
 pub(super) fn validate_parameters(space: &SearchSpace, params: &Value) -> Result<(), SpaceError> {
     match params {
@@ -46,7 +46,7 @@ fn check_space(
         let expected = if names.is_empty() {
             "nothing is expected here".to_owned()
         } else {
-            format!("expected only [{}]", names.join(", "))
+            format!("expected only [{}]", one_line(&names))
         };
         return Err(SpaceError::value(
             &path,
@@ -86,7 +86,7 @@ fn check_value(p: &Parameter, value: &Value) -> Result<(), SpaceError> {
                     let names: Vec<&str> = options.iter().map(|o| o.name.as_str()).collect();
                     err(format!(
                         "expected an object {{\"_name\": one of [{}], ...}}, got {}",
-                        names.join(", "),
+                        one_line(&names),
                         quote(value)
                     ))
                 }

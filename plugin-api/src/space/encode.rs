@@ -207,7 +207,7 @@ impl Encoding {
             let x = vector[i];
             if active && x.is_nan() {
                 return Err(SpaceError::Encoding(format!(
-                    "dimension {i} (\"{}\") is NaN but active; only parameters of unchosen nested options may be NaN",
+                    "dimension {i} ({:?}) is NaN but active; only parameters of unchosen nested options may be NaN",
                     p.path
                 )));
             }

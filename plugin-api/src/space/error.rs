@@ -2,7 +2,8 @@
 
 /// Why a search space, a parameters object or an encoded vector was rejected.
 ///
-/// Every message is one line that names the parameter path (`optimizer/adam/lr`) where there is
+/// Every message is one line (names are quoted with Rust's escapes, so even a name holding a
+/// newline cannot break it) that names the parameter path (`optimizer/adam/lr`) where there is
 /// one, says what was found and what is allowed, so it can be shown to a user as is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpaceError {
@@ -15,7 +16,7 @@ pub enum SpaceError {
     )]
     NotAnObject(String),
     /// One parameter's definition is invalid.
-    #[error("search space parameter \"{path}\": {message}")]
+    #[error("search space parameter {path:?}: {message}")]
     Parameter {
         /// `/`-separated path: the parameter's name, prefixed by `choice/option/` inside a
         /// nested choice.
@@ -27,7 +28,7 @@ pub enum SpaceError {
     #[error("trial parameters: {0}")]
     Parameters(String),
     /// One value of a parameters object does not belong to the space.
-    #[error("trial parameter \"{path}\": {message}")]
+    #[error("trial parameter {path:?}: {message}")]
     Value {
         /// Path of the offending value, in the same form as [`SpaceError::Parameter`].
         path: String,

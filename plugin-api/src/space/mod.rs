@@ -296,7 +296,7 @@ impl fmt::Display for ParamType {
             ParamType::Choice { values } => write!(f, "{name} {}", parse::list(values)),
             ParamType::NestedChoice { options } => {
                 let names: Vec<&str> = options.iter().map(|o| o.name.as_str()).collect();
-                write!(f, "{name} {{{}}}", names.join(", "))
+                write!(f, "{name} {{{}}}", one_line(&names))
             }
             ParamType::RandInt { low, high } => write!(f, "{name} [{low}, {high})"),
             ParamType::Uniform { low, high } | ParamType::LogUniform { low, high } => {
@@ -321,6 +321,12 @@ impl fmt::Display for ParamType {
     }
 }
 
+/// Names joined by `, `, escaped so that a name holding a newline keeps messages on one line.
+pub(crate) fn one_line(names: &[&str]) -> String {
+    let escaped: Vec<String> = names.iter().map(|n| n.escape_debug().to_string()).collect();
+    escaped.join(", ")
+}
+
 /// `3` for integral values, JSON's shortest form otherwise (`1e-5`, not Rust's `0.00001`).
 fn num(x: f64) -> String {
     if x.fract() == 0.0 && x.abs() < 1e15 {
@@ -334,7 +340,7 @@ impl fmt::Display for SearchSpace {
     /// One line per parameter (nested ones included): `path: type args`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for p in self.all_parameters() {
-            writeln!(f, "{}: {}", p.path, p.ty)?;
+            writeln!(f, "{}: {}", p.path.escape_debug(), p.ty)?;
         }
         Ok(())
     }

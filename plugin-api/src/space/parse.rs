@@ -73,9 +73,7 @@ fn parse_param(path: &str, spec: &Value, depth: usize) -> Result<ParamType, Spac
         None => return Err(err(format!("missing \"_type\"; expected one of {TYPES}"))),
         Some(Value::String(t)) if TYPES.split(", ").any(|known| known == t) => t.as_str(),
         Some(Value::String(t)) => {
-            return Err(err(format!(
-                "unknown _type \"{t}\"; expected one of {TYPES}"
-            )))
+            return Err(err(format!("unknown _type {t:?}; expected one of {TYPES}")))
         }
         Some(other) => {
             return Err(err(format!(
@@ -240,7 +238,7 @@ fn parse_choice(path: &str, args: &[Value], depth: usize) -> Result<ParamType, S
         };
         if let Some(first) = options.iter().position(|o| &o.name == name) {
             return Err(err(format!(
-                "nested choice has two options named \"{name}\" (options {first} and {i}); option names must be unique"
+                "nested choice has two options named {name:?} (options {first} and {i}); option names must be unique"
             )));
         }
         let space = parse_space(map, &format!("{path}/{name}"), depth + 1)?;

@@ -213,6 +213,16 @@ fn errors_in_the_space_structure() {
 }
 
 #[test]
+fn errors_stay_on_one_line() {
+    check(
+        r#"{"a\"\nb": {"_type": "choice", "_value": [{"_name": "x\ny"}, {"_name": "x\ny"}]}}"#,
+        expect![[r#"
+            error: search space parameter "a\"\nb": nested choice has two options named "x\ny" (options 0 and 1); option names must be unique
+        "#]],
+    );
+}
+
+#[test]
 fn errors_in_the_arguments() {
     // Wrong arity.
     check(
