@@ -1,0 +1,198 @@
+//! The binary interface between the knob host and a plugin library.
+//!
+//! Everything here is `#[repr(C)]` + `StableAbi` and is checked by abi_stable when a library is
+//! loaded. Nothing in this module is visible to plugin authors or to the rest of knob: the SDK
+//! (`crate::sdk`) adapts safe Rust traits to these types inside a plugin, and the host loader
+//! (`crate::host`) adapts them back to safe Rust handles.
+//!
+//! Evolution rules:
+//! - payloads that will grow (class args, search spaces, parameters, events) cross as JSON text;
+//! - the root module and the trait vtables are prefix types: a newer minor version of the API
+//!   appends fields/methods after the last prefix field, and an older host simply does not see
+//!   them. That is why a host accepts plugins built against the same or a newer plugin-api.
+
+// abi_stable 0.11's `#[sabi_trait]` expands to impls inside a const block, which newer rustc lints.
+#![allow(non_local_definitions)]
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    package_version_strings, sabi_trait,
+    sabi_types::VersionStrings,
+    std_types::{RBox, RResult, RSlice, RStr, RString, RVec},
+    StableAbi,
+};
+
+/// What a component is.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AbiComponentKind {
+    Tuner,
+    Assessor,
+    TrainingService,
+}
+
+/// One entry of a plugin library's component list.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct AbiComponentInfo {
+    pub kind: AbiComponentKind,
+    pub name: RString,
+    pub version: RString,
+    pub description: RString,
+}
+
+/// The answer to "generate parameters for this parameter id".
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone)]
+pub enum AbiGenerated {
+    /// A JSON object of parameters.
+    Parameters(RString),
+    /// The tuner has nothing more to try (e.g. a finished grid).
+    NoMore,
+    /// Not now: the tuner will hand parameters for this id out later, through
+    /// `take_suggestions` (NNI's Evolution does this while its population is incomplete).
+    Deferred,
+}
+
+/// Parameters a tuner produced without being asked at that moment.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct AbiSuggestion {
+    pub parameter_id: u64,
+    pub parameters: RString,
+}
+
+/// An assessor's answer for one trial.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone)]
+pub struct AbiVerdict {
+    pub keep_going: bool,
+    pub reason: RString,
+}
+
+/// Severity of a message a plugin logs through the host.
+#[repr(u8)]
+#[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AbiLogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// Failure of a call: a one-line message for the user.
+pub type AbiResult<T> = RResult<T, RString>;
+
+#[sabi_trait]
+pub trait TunerAbi: Send {
+    fn update_search_space(&mut self, search_space_json: RStr<'_>) -> AbiResult<()>;
+    fn generate_parameters(&mut self, parameter_id: u64) -> AbiResult<AbiGenerated>;
+    fn receive_trial_result(
+        &mut self,
+        parameter_id: u64,
+        parameters_json: RStr<'_>,
+        value: f64,
+    ) -> AbiResult<()>;
+    fn trial_end(&mut self, parameter_id: u64, status: RStr<'_>) -> AbiResult<()>;
+    fn import_data(&mut self, trials_json: RStr<'_>) -> AbiResult<()>;
+    #[sabi(last_prefix_field)]
+    fn take_suggestions(&mut self) -> AbiResult<RVec<AbiSuggestion>>;
+}
+
+#[sabi_trait]
+pub trait AssessorAbi: Send {
+    fn assess_trial(
+        &mut self,
+        trial_id: RStr<'_>,
+        history: RSlice<'_, f64>,
+    ) -> AbiResult<AbiVerdict>;
+    #[sabi(last_prefix_field)]
+    fn trial_end(&mut self, trial_id: RStr<'_>, status: RStr<'_>) -> AbiResult<()>;
+}
+
+/// Where a training service sends what happens to its environments and trials (JSON events).
+/// Called from any of the plugin's threads.
+#[sabi_trait]
+pub trait EventSinkAbi: Send + Sync {
+    #[sabi(last_prefix_field)]
+    fn emit(&self, event_json: RStr<'_>);
+}
+
+#[sabi_trait]
+pub trait TrainingServiceAbi: Send {
+    fn environments(&mut self) -> AbiResult<RString>;
+    fn start_trial(&mut self, request_json: RStr<'_>) -> AbiResult<()>;
+    fn kill_trial(&mut self, trial_id: RStr<'_>, reason: RStr<'_>) -> AbiResult<()>;
+    #[sabi(last_prefix_field)]
+    fn shutdown(&mut self) -> AbiResult<()>;
+}
+
+/// The host's logger, handed to each library once after loading.
+#[sabi_trait]
+pub trait HostLoggerAbi: Send + Sync {
+    #[sabi(last_prefix_field)]
+    fn log(&self, level: AbiLogLevel, target: RStr<'_>, message: RStr<'_>);
+}
+
+pub type TunerBox = TunerAbi_TO<'static, RBox<()>>;
+pub type AssessorBox = AssessorAbi_TO<'static, RBox<()>>;
+pub type EventSinkBox = EventSinkAbi_TO<'static, RBox<()>>;
+pub type TrainingServiceBox = TrainingServiceAbi_TO<'static, RBox<()>>;
+pub type HostLoggerBox = HostLoggerAbi_TO<'static, RBox<()>>;
+
+/// The root module every knob plugin library exports.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
+#[sabi(missing_field(panic))]
+pub struct PluginModule {
+    pub components: extern "C" fn() -> RVec<AbiComponentInfo>,
+    pub set_host_logger: extern "C" fn(HostLoggerBox),
+    pub new_tuner: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<TunerBox>,
+    pub new_assessor: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<AssessorBox>,
+    #[sabi(last_prefix_field)]
+    pub new_training_service:
+        extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+}
+
+impl RootModule for PluginModuleRef {
+    declare_root_module_statics! {PluginModuleRef}
+    const BASE_NAME: &'static str = "knob_plugin";
+    const NAME: &'static str = "knob_plugin";
+    // Expanded here, so the version is knob-plugin-api's own, whichever crate exports the module.
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+/// The symbol under which abi_stable looks for a library's root module. `export_plugin!` has to
+/// spell it as a literal (an `#[export_name]` cannot take a path), so this checks the literal.
+pub const ROOT_MODULE_SYMBOL: &str = "_1as_0lib_1header_0root_bmodule_bloader";
+const _: () = assert!(const_str_eq(
+    ROOT_MODULE_SYMBOL,
+    abi_stable::library::ROOT_MODULE_LOADER_NAME
+));
+
+/// A plain C symbol every knob plugin exports next to the abi_stable root module: the
+/// plugin-api version it was built against, NUL-terminated. The host reads it before abi_stable
+/// checks anything, which lets it tell "not a knob plugin" and "built against another version"
+/// apart from a layout mismatch.
+pub const API_VERSION_SYMBOL: &str = "knob_plugin_api_version";
+
+/// This crate's version, NUL-terminated, as exported under [`API_VERSION_SYMBOL`].
+pub const API_VERSION_NUL: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+
+const fn const_str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}

@@ -1,0 +1,955 @@
+//! The host side: find plugin libraries, load them, and run their components.
+//!
+//! Loading is three checks, each with its own one-line error: the file is a shared library; it
+//! exports `knob_plugin_api_version` (else it is not a knob plugin) with a compatible version;
+//! abi_stable finds the root module's layout identical to ours. The full abi_stable report of a
+//! layout mismatch goes to the debug log, the one line names the type.
+//!
+//! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
+//! async core awaits replies on channels and is never blocked by a slow or stuck plugin.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CStr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+
+use abi_stable::library::{lib_header_from_path, LibraryError};
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{RResult, RSlice, RStr, RString};
+use serde_json::Value;
+
+use crate::abi::{
+    AbiComponentKind, AbiGenerated, AbiLogLevel, AssessorBox, EventSinkAbi, EventSinkAbi_TO,
+    HostLoggerAbi, HostLoggerAbi_TO, PluginModuleRef, TrainingServiceBox, TunerBox,
+    API_VERSION_SYMBOL,
+};
+use crate::service::{Environment, ServiceEvent, TrialRequest};
+use crate::{ComponentKind, Generated, ImportedTrial, Suggestion, Verdict};
+
+/// Everything that can go wrong between the host and a plugin, one line each.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("{}: {reason}", path.display())]
+    Load { path: PathBuf, reason: String },
+    #[error("{kind} {name} is exported by two plugins: {} and {}; remove one of them from the plugin path", first.display(), second.display())]
+    Duplicate {
+        kind: ComponentKind,
+        name: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+    #[error("unknown {kind} {name}; available: {available}")]
+    Unknown {
+        kind: ComponentKind,
+        name: String,
+        available: String,
+    },
+    #[error("{kind} {name}: constructor failed: {message}")]
+    Constructor {
+        kind: ComponentKind,
+        name: String,
+        message: String,
+    },
+    #[error("{message}")]
+    Call { message: String },
+    #[error(
+        "{label} stopped: its thread ended (it panicked outside a guarded call, or was shut down)"
+    )]
+    Gone { label: String },
+}
+
+/// One component of a plugin library, as the library describes it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ComponentInfo {
+    pub kind: ComponentKind,
+    pub name: String,
+    pub version: String,
+    pub description: String,
+}
+
+/// A loaded plugin library. Libraries stay loaded for the life of the process (unloading Rust
+/// code that may have spawned threads or leaked statics is not safe).
+#[derive(Clone)]
+pub struct PluginLibrary {
+    pub path: PathBuf,
+    /// The knob-plugin-api version the library was built against.
+    pub api_version: String,
+    pub components: Vec<ComponentInfo>,
+    module: PluginModuleRef,
+}
+
+impl std::fmt::Debug for PluginLibrary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginLibrary")
+            .field("path", &self.path)
+            .field("api_version", &self.api_version)
+            .field("components", &self.components)
+            .finish()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Discovery
+
+/// The places plugins are looked for, in order: the directory of the running executable, each
+/// entry of `$KNOB_PLUGIN_PATH`, the user plugin directory (`$XDG_DATA_HOME/knob/plugins`, by
+/// default `~/.local/share/knob/plugins`), then `extra` (files or directories a config names).
+pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
+    let mut places = Vec::new();
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf))
+    {
+        places.push(dir);
+    }
+    if let Some(paths) = std::env::var_os("KNOB_PLUGIN_PATH") {
+        places.extend(std::env::split_paths(&paths).filter(|p| !p.as_os_str().is_empty()));
+    }
+    if let Some(dir) = user_plugin_dir() {
+        places.push(dir);
+    }
+    places.extend(extra.iter().cloned());
+    places
+}
+
+/// `$XDG_DATA_HOME/knob/plugins`, falling back to `~/.local/share/knob/plugins`.
+pub fn user_plugin_dir() -> Option<PathBuf> {
+    let data_home = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/share"))
+        })?;
+    Some(data_home.join("knob/plugins"))
+}
+
+fn is_shared_library(path: &Path) -> bool {
+    let ext = path.extension().and_then(|e| e.to_str());
+    matches!(ext, Some("so" | "dylib" | "dll"))
+}
+
+/// Plugin files under `places`: a file is taken as named; a directory contributes its shared
+/// libraries (not recursively). Missing directories are skipped; a named file that does not
+/// exist is an error. Each file appears once, however many ways it was reached.
+pub fn discover_plugin_files(places: &[PathBuf]) -> (Vec<PathBuf>, Vec<HostError>) {
+    let mut files = Vec::new();
+    let mut problems = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for place in places {
+        let mut candidates = Vec::new();
+        if place.is_dir() {
+            match std::fs::read_dir(place) {
+                Ok(entries) => {
+                    candidates.extend(
+                        entries
+                            .flatten()
+                            .map(|e| e.path())
+                            .filter(|p| p.is_file() && is_shared_library(p)),
+                    );
+                    candidates.sort();
+                }
+                Err(e) => problems.push(HostError::Load {
+                    path: place.clone(),
+                    reason: format!("cannot read plugin directory: {e}"),
+                }),
+            }
+        } else if place.is_file() {
+            candidates.push(place.clone());
+        } else if place.extension().is_some() {
+            // Looks like a file someone named on purpose (a config's pluginPaths entry).
+            problems.push(HostError::Load {
+                path: place.clone(),
+                reason: "no such plugin file".into(),
+            });
+        }
+        for file in candidates {
+            let canonical = file.canonicalize().unwrap_or_else(|_| file.clone());
+            if seen.insert(canonical) {
+                files.push(file);
+            }
+        }
+    }
+    (files, problems)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+/// How the host reports what plugins log: level, target, message.
+pub type PluginLogFn = dyn Fn(LogLevel, &str, &str) + Send + Sync;
+
+/// Severity of a plugin's log message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+static PLUGIN_LOGGER: OnceLock<Box<PluginLogFn>> = OnceLock::new();
+
+/// Routes what plugins log to `log`. Call once, before loading plugins; later calls are ignored.
+/// Without it, plugin messages go to stderr.
+pub fn set_plugin_logger(log: Box<PluginLogFn>) {
+    let _ = PLUGIN_LOGGER.set(log);
+}
+
+fn host_log(level: LogLevel, target: &str, message: &str) {
+    match PLUGIN_LOGGER.get() {
+        Some(log) => log(level, target, message),
+        None => eprintln!("[{level:?} {target}] {message}"),
+    }
+}
+
+struct HostLogger;
+
+impl HostLoggerAbi for HostLogger {
+    fn log(&self, level: AbiLogLevel, target: RStr<'_>, message: RStr<'_>) {
+        let level = match level {
+            AbiLogLevel::Error => LogLevel::Error,
+            AbiLogLevel::Warn => LogLevel::Warn,
+            AbiLogLevel::Info => LogLevel::Info,
+            AbiLogLevel::Debug => LogLevel::Debug,
+            AbiLogLevel::Trace => LogLevel::Trace,
+        };
+        host_log(level, target.as_str(), message.as_str());
+    }
+}
+
+/// Libraries already loaded in this process, by canonical path: a file is loaded once.
+fn loaded_libraries() -> &'static Mutex<HashMap<PathBuf, Result<PluginLibrary, HostError>>> {
+    static LOADED: OnceLock<Mutex<HashMap<PathBuf, Result<PluginLibrary, HostError>>>> =
+        OnceLock::new();
+    LOADED.get_or_init(Default::default)
+}
+
+/// Loads one plugin library (or returns the copy already loaded).
+pub fn load_library(path: &Path) -> Result<PluginLibrary, HostError> {
+    let canonical = path.canonicalize().map_err(|e| HostError::Load {
+        path: path.to_path_buf(),
+        reason: format!("cannot open: {e}"),
+    })?;
+    let mut loaded = loaded_libraries()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(result) = loaded.get(&canonical) {
+        return result.clone();
+    }
+    let result = load_uncached(&canonical).map_err(|reason| HostError::Load {
+        path: path.to_path_buf(),
+        reason,
+    });
+    loaded.insert(canonical, result.clone());
+    result
+}
+
+fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
+    let api_version = read_api_version(path)?;
+    check_version_compatible(&api_version)?;
+
+    let header =
+        lib_header_from_path(path).map_err(|e| describe_library_error(&e, &api_version))?;
+    let module = header
+        .init_root_module::<PluginModuleRef>()
+        .map_err(|e| describe_library_error(&e, &api_version))?;
+
+    let logger = HostLoggerAbi_TO::from_value(HostLogger, TD_Opaque);
+    (module.set_host_logger())(logger);
+    let components = (module.components())()
+        .into_iter()
+        .map(|c| ComponentInfo {
+            kind: match c.kind {
+                AbiComponentKind::Tuner => ComponentKind::Tuner,
+                AbiComponentKind::Assessor => ComponentKind::Assessor,
+                AbiComponentKind::TrainingService => ComponentKind::TrainingService,
+            },
+            name: c.name.into_string(),
+            version: c.version.into_string(),
+            description: c.description.into_string(),
+        })
+        .collect();
+    Ok(PluginLibrary {
+        path: path.to_path_buf(),
+        api_version,
+        components,
+        module,
+    })
+}
+
+/// Reads the plain C version symbol. This dlopens the file; the handle is kept for the life of
+/// the process, as abi_stable does with the same file right after.
+fn read_api_version(path: &Path) -> Result<String, String> {
+    // SAFETY: loading a library runs its initialisers; that is what loading a plugin means, and
+    // the user put the file on the plugin path.
+    let library = unsafe { libloading::Library::new(path) }.map_err(|e| {
+        format!(
+            "not a loadable shared library ({}); remove it from the plugin path",
+            first_line(&e.to_string())
+        )
+    })?;
+    let version = {
+        // SAFETY: every knob plugin exports this symbol with exactly this signature.
+        let symbol = unsafe {
+            library.get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(API_VERSION_SYMBOL.as_bytes())
+        }
+        .map_err(|_| {
+            "not a knob plugin (it does not export knob_plugin_api_version; plugins are built with knob_plugin_api::export_plugin!)".to_string()
+        })?;
+        // SAFETY: the symbol returns a pointer to a NUL-terminated static string.
+        let ptr = unsafe { symbol() };
+        if ptr.is_null() {
+            return Err("not a knob plugin (knob_plugin_api_version returned null)".into());
+        }
+        // SAFETY: non-null, NUL-terminated, static in the library, which stays loaded.
+        unsafe { CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    std::mem::forget(library);
+    Ok(version)
+}
+
+fn parse_version(text: &str) -> Option<(u64, u64, u64)> {
+    let core = text.split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
+/// The compatibility rule, stated once: a plugin must be built against the host's plugin-api
+/// or a newer one that cargo considers compatible (same major, or same minor for `0.x`), because
+/// newer APIs only append to the ABI.
+fn check_version_compatible(plugin_version: &str) -> Result<(), String> {
+    let host = crate::API_VERSION;
+    let (Some(p), Some(h)) = (parse_version(plugin_version), parse_version(host)) else {
+        return Err(format!("built against knob-plugin-api \"{plugin_version}\", which is not a version number; rebuild it against {host}"));
+    };
+    let same_line = if h.0 == 0 {
+        p.0 == 0 && p.1 == h.1
+    } else {
+        p.0 == h.0
+    };
+    if !same_line {
+        let newer = p > h;
+        return Err(format!(
+            "built against knob-plugin-api {plugin_version}, host is {host}: {}",
+            if newer {
+                format!("upgrade knob, or rebuild the plugin against knob-plugin-api {host}")
+            } else {
+                format!("rebuild the plugin against knob-plugin-api {host}")
+            }
+        ));
+    }
+    if p < h {
+        return Err(format!(
+            "built against knob-plugin-api {plugin_version}, older than the host's {host}: rebuild the plugin against knob-plugin-api {host}"
+        ));
+    }
+    Ok(())
+}
+
+fn first_line(text: &str) -> &str {
+    text.trim().lines().next().unwrap_or("").trim()
+}
+
+/// Turns abi_stable's multi-line report into one line, logging the whole report at debug level.
+fn describe_library_error(error: &LibraryError, api_version: &str) -> String {
+    let report = error.to_string();
+    host_log(LogLevel::Debug, "knob::plugin", &report);
+    match error {
+        LibraryError::AbiInstability(_) => format!(
+            "layout mismatch in type {}: the plugin was built against a modified knob-plugin-api {api_version}; rebuild it against the released crate",
+            mismatched_type(&report).unwrap_or_else(|| "PluginModule".into())
+        ),
+        LibraryError::IncompatibleVersionNumber { expected_version, actual_version, .. } => format!(
+            "built against knob-plugin-api {actual_version}, host is {expected_version}: rebuild the plugin against knob-plugin-api {expected_version}"
+        ),
+        LibraryError::InvalidAbiHeader(_) => {
+            "built with an incompatible abi_stable version; rebuild it against this knob's knob-plugin-api".into()
+        }
+        LibraryError::GetSymbolError { .. } => "not a knob plugin (no knob root module)".into(),
+        LibraryError::RootModule { err, .. } => format!("its root module failed to initialise: {}", first_line(&err.to_string())),
+        _ => first_line(&report).to_string(),
+    }
+}
+
+/// Finds the type abi_stable complains about in its layout report, and what is wrong with it.
+///
+/// The report walks the type tree; every step prints "<n> error(s)inside:" followed by the
+/// path so far and the "Layout of expected type:" of the step's type. The first step with a
+/// non-zero count is the innermost mismatching type; its errors follow as "Error:<what>".
+fn mismatched_type(report: &str) -> Option<String> {
+    let failing_step = report
+        .split("error(s)inside:")
+        .skip(1)
+        .zip(report.split("error(s)inside:"))
+        .find_map(|(step, before)| {
+            let count = before
+                .trim_end()
+                .rsplit(|c: char| !c.is_ascii_digit())
+                .next()?;
+            (count.parse::<u32>().ok()? > 0).then_some(step)
+        })?;
+    let expected = &failing_step[failing_step.find("Layout of expected type:")?..];
+    let type_line = expected
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("type:"))?;
+    let problem = failing_step
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("Error:"));
+    Some(match problem {
+        Some(problem) => format!("{} ({})", type_line.trim(), problem.trim()),
+        None => type_line.trim().to_string(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The registry
+
+/// Every plugin library found, and which library provides each (kind, name).
+#[derive(Debug, Default)]
+pub struct PluginRegistry {
+    libraries: Vec<PluginLibrary>,
+    problems: Vec<HostError>,
+    /// (kind, lowercased name) -> indexes into `libraries`; more than one is a duplicate.
+    providers: BTreeMap<(ComponentKind, String), Vec<usize>>,
+}
+
+impl PluginRegistry {
+    /// Loads every plugin on the search path (see [`plugin_search_path`]). Never fails: files
+    /// that do not load are recorded in [`PluginRegistry::problems`].
+    pub fn load(extra: &[PathBuf]) -> PluginRegistry {
+        Self::load_from(&plugin_search_path(extra))
+    }
+
+    /// Loads the plugins in exactly these places.
+    pub fn load_from(places: &[PathBuf]) -> PluginRegistry {
+        let (files, mut problems) = discover_plugin_files(places);
+        let mut registry = PluginRegistry::default();
+        for file in files {
+            match load_library(&file) {
+                Ok(library) => registry.add(library),
+                Err(e) => problems.push(e),
+            }
+        }
+        registry.problems.extend(problems);
+        registry
+    }
+
+    fn add(&mut self, library: PluginLibrary) {
+        let index = self.libraries.len();
+        for component in &library.components {
+            let providers = self
+                .providers
+                .entry((component.kind, component.name.to_lowercase()))
+                .or_default();
+            if let Some(&first) = providers.first() {
+                self.problems.push(HostError::Duplicate {
+                    kind: component.kind,
+                    name: component.name.clone(),
+                    first: self.libraries[first].path.clone(),
+                    second: library.path.clone(),
+                });
+            }
+            providers.push(index);
+        }
+        self.libraries.push(library);
+    }
+
+    pub fn libraries(&self) -> &[PluginLibrary] {
+        &self.libraries
+    }
+
+    /// Files that failed to load and names exported twice.
+    pub fn problems(&self) -> &[HostError] {
+        &self.problems
+    }
+
+    /// Names of every component of `kind`, sorted.
+    pub fn names(&self, kind: ComponentKind) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .libraries
+            .iter()
+            .flat_map(|l| &l.components)
+            .filter(|c| c.kind == kind)
+            .map(|c| c.name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The library exporting `kind` `name` (matched case-insensitively, as NNI does), and the
+    /// exact name it exports it under.
+    pub fn find(
+        &self,
+        kind: ComponentKind,
+        name: &str,
+    ) -> Result<(&PluginLibrary, String), HostError> {
+        let providers = self
+            .providers
+            .get(&(kind, name.to_lowercase()))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        match providers {
+            [] => {
+                let names = self.names(kind);
+                Err(HostError::Unknown {
+                    kind,
+                    name: name.to_string(),
+                    available: if names.is_empty() {
+                        "none (no plugin on the plugin path provides one; see `knob plugin list`)"
+                            .into()
+                    } else {
+                        names.join(", ")
+                    },
+                })
+            }
+            [only] => {
+                let library = &self.libraries[*only];
+                let exact = library
+                    .components
+                    .iter()
+                    .find(|c| c.kind == kind && c.name.eq_ignore_ascii_case(name))
+                    .map(|c| c.name.clone())
+                    .unwrap_or_else(|| name.to_string());
+                Ok((library, exact))
+            }
+            [first, second, ..] => Err(HostError::Duplicate {
+                kind,
+                name: name.to_string(),
+                first: self.libraries[*first].path.clone(),
+                second: self.libraries[*second].path.clone(),
+            }),
+        }
+    }
+
+    /// Builds a tuner object, to be called on the current thread (see [`TunerHandle`] for the
+    /// threaded form the core uses).
+    pub fn tuner_object(&self, name: &str, class_args: &Value) -> Result<TunerObject, HostError> {
+        let (library, exact) = self.find(ComponentKind::Tuner, name)?;
+        let args = class_args.to_string();
+        let raw = (library.module.new_tuner())(RStr::from_str(&exact), RStr::from_str(&args));
+        let raw = constructed(ComponentKind::Tuner, &exact, raw)?;
+        Ok(TunerObject {
+            raw,
+            label: format!("tuner {exact}"),
+        })
+    }
+
+    /// Builds a tuner running on its own thread.
+    pub fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError> {
+        let object = self.tuner_object(name, class_args)?;
+        Ok(TunerHandle(PluginThread::spawn(
+            object.label.clone(),
+            object,
+        )))
+    }
+
+    pub fn assessor_object(
+        &self,
+        name: &str,
+        class_args: &Value,
+    ) -> Result<AssessorObject, HostError> {
+        let (library, exact) = self.find(ComponentKind::Assessor, name)?;
+        let args = class_args.to_string();
+        let raw = (library.module.new_assessor())(RStr::from_str(&exact), RStr::from_str(&args));
+        let raw = constructed(ComponentKind::Assessor, &exact, raw)?;
+        Ok(AssessorObject {
+            raw,
+            label: format!("assessor {exact}"),
+        })
+    }
+
+    pub fn assessor(&self, name: &str, class_args: &Value) -> Result<AssessorHandle, HostError> {
+        let object = self.assessor_object(name, class_args)?;
+        Ok(AssessorHandle(PluginThread::spawn(
+            object.label.clone(),
+            object,
+        )))
+    }
+
+    /// Builds a training service on its own thread. Its events are handed to `on_event`, from
+    /// whichever thread the service reports on; keep it short (e.g. send into a channel).
+    pub fn training_service(
+        &self,
+        name: &str,
+        class_args: &Value,
+        on_event: impl Fn(Result<ServiceEvent, String>) + Send + Sync + 'static,
+    ) -> Result<TrainingServiceHandle, HostError> {
+        let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
+        let args = class_args.to_string();
+        let sink = EventSinkAbi_TO::from_value(EventForwarder(Box::new(on_event)), TD_Opaque);
+        let raw = (library.module.new_training_service())(
+            RStr::from_str(&exact),
+            RStr::from_str(&args),
+            sink,
+        );
+        let raw = constructed(ComponentKind::TrainingService, &exact, raw)?;
+        let label = format!("training service {exact}");
+        let object = TrainingServiceObject {
+            raw,
+            label: label.clone(),
+        };
+        Ok(TrainingServiceHandle(PluginThread::spawn(label, object)))
+    }
+}
+
+fn constructed<T>(
+    kind: ComponentKind,
+    name: &str,
+    raw: RResult<T, RString>,
+) -> Result<T, HostError> {
+    raw.into_result().map_err(|message| HostError::Constructor {
+        kind,
+        name: name.to_string(),
+        message: message.into_string(),
+    })
+}
+
+fn called<T>(raw: RResult<T, RString>) -> Result<T, HostError> {
+    raw.into_result().map_err(|message| HostError::Call {
+        message: message.into_string(),
+    })
+}
+
+type EventCallback = Box<dyn Fn(Result<ServiceEvent, String>) + Send + Sync>;
+
+struct EventForwarder(EventCallback);
+
+impl EventSinkAbi for EventForwarder {
+    fn emit(&self, event_json: RStr<'_>) {
+        let event = serde_json::from_str(event_json.as_str()).map_err(|e| {
+            format!(
+                "unreadable event from training service ({e}): {}",
+                event_json.as_str()
+            )
+        });
+        // The callback is host code; a panic in it must not unwind into the plugin.
+        let _ = catch_unwind(AssertUnwindSafe(|| (self.0)(event)));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Component objects: safe wrappers over the ABI objects, called on the current thread.
+
+/// A tuner from a plugin. Calls run on the caller's thread; see [`TunerHandle`].
+pub struct TunerObject {
+    raw: TunerBox,
+    label: String,
+}
+
+impl TunerObject {
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn update_search_space(&mut self, search_space: &Value) -> Result<(), HostError> {
+        called(
+            self.raw
+                .update_search_space(RStr::from_str(&search_space.to_string())),
+        )
+    }
+
+    pub fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, HostError> {
+        Ok(match called(self.raw.generate_parameters(parameter_id))? {
+            AbiGenerated::Parameters(json) => {
+                Generated::Parameters(serde_json::from_str(json.as_str()).map_err(|e| {
+                    HostError::Call {
+                        message: format!(
+                            "{} returned parameters that are not JSON: {e}",
+                            self.label
+                        ),
+                    }
+                })?)
+            }
+            AbiGenerated::NoMore => Generated::NoMore,
+            AbiGenerated::Deferred => Generated::Deferred,
+        })
+    }
+
+    /// Hands over a final result; returns what the tuner emitted unprompted in response.
+    pub fn receive_trial_result(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        value: f64,
+    ) -> Result<Vec<Suggestion>, HostError> {
+        let parameters = parameters.to_string();
+        called(
+            self.raw
+                .receive_trial_result(parameter_id, RStr::from_str(&parameters), value),
+        )?;
+        self.take_suggestions()
+    }
+
+    /// Reports a trial's end; returns what the tuner emitted unprompted in response.
+    pub fn trial_end(
+        &mut self,
+        parameter_id: u64,
+        status: &str,
+    ) -> Result<Vec<Suggestion>, HostError> {
+        called(self.raw.trial_end(parameter_id, RStr::from_str(status)))?;
+        self.take_suggestions()
+    }
+
+    pub fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), HostError> {
+        let json = serde_json::to_string(trials).map_err(|e| HostError::Call {
+            message: e.to_string(),
+        })?;
+        called(self.raw.import_data(RStr::from_str(&json)))
+    }
+
+    fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, HostError> {
+        let raw = called(self.raw.take_suggestions())?;
+        raw.into_iter()
+            .map(|s| {
+                let parameters =
+                    serde_json::from_str(s.parameters.as_str()).map_err(|e| HostError::Call {
+                        message: format!(
+                            "{} emitted parameters that are not JSON: {e}",
+                            self.label
+                        ),
+                    })?;
+                Ok(Suggestion {
+                    parameter_id: s.parameter_id,
+                    parameters,
+                })
+            })
+            .collect()
+    }
+}
+
+/// An assessor from a plugin, called on the current thread.
+pub struct AssessorObject {
+    raw: AssessorBox,
+    label: String,
+}
+
+impl AssessorObject {
+    pub fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, HostError> {
+        let verdict = called(
+            self.raw
+                .assess_trial(RStr::from_str(trial_id), RSlice::from_slice(history)),
+        )?;
+        Ok(Verdict {
+            keep_going: verdict.keep_going,
+            reason: verdict.reason.into_string(),
+        })
+    }
+
+    pub fn trial_end(&mut self, trial_id: &str, status: &str) -> Result<(), HostError> {
+        called(
+            self.raw
+                .trial_end(RStr::from_str(trial_id), RStr::from_str(status)),
+        )
+    }
+}
+
+/// A training service from a plugin, called on the current thread.
+pub struct TrainingServiceObject {
+    raw: TrainingServiceBox,
+    label: String,
+}
+
+impl TrainingServiceObject {
+    pub fn environments(&mut self) -> Result<Vec<Environment>, HostError> {
+        let json = called(self.raw.environments())?;
+        serde_json::from_str(json.as_str()).map_err(|e| HostError::Call {
+            message: format!("{} described its environments in bad JSON: {e}", self.label),
+        })
+    }
+
+    pub fn start_trial(&mut self, request: &TrialRequest) -> Result<(), HostError> {
+        let json = serde_json::to_string(request).map_err(|e| HostError::Call {
+            message: e.to_string(),
+        })?;
+        called(self.raw.start_trial(RStr::from_str(&json)))
+    }
+
+    pub fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), HostError> {
+        called(
+            self.raw
+                .kill_trial(RStr::from_str(trial_id), RStr::from_str(reason)),
+        )
+    }
+
+    pub fn shutdown(&mut self) -> Result<(), HostError> {
+        called(self.raw.shutdown())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+type Job<T> = Box<dyn FnOnce(&mut T) + Send>;
+
+/// Owns a component object on a dedicated thread and runs calls on it in order.
+struct PluginThread<T> {
+    jobs: mpsc::Sender<Job<T>>,
+    label: Arc<str>,
+}
+
+impl<T: Send + 'static> PluginThread<T> {
+    fn spawn(label: String, mut object: T) -> PluginThread<T> {
+        let (jobs, inbox) = mpsc::channel::<Job<T>>();
+        let thread_name: String = format!("knob {label}").chars().take(15).collect();
+        // If the OS refuses a thread, `jobs` is dropped with the closure and every call
+        // reports the component as gone, which is the truth.
+        let _ = std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || {
+                while let Ok(job) = inbox.recv() {
+                    job(&mut object);
+                }
+            });
+        PluginThread {
+            jobs,
+            label: label.into(),
+        }
+    }
+
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut T) -> Result<R, HostError> + Send + 'static,
+    ) -> Reply<R> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let label = self.label.clone();
+        let job: Job<T> = Box::new(move |object| {
+            let result = catch_unwind(AssertUnwindSafe(|| f(object))).unwrap_or_else(|_| {
+                Err(HostError::Call {
+                    message: format!("{label}: host-side panic while calling it"),
+                })
+            });
+            let _ = reply.send(result);
+        });
+        let sent = self.jobs.send(job).is_ok();
+        Reply {
+            answer: sent.then_some(answer),
+            label: self.label.clone(),
+        }
+    }
+}
+
+/// The answer to one call on a component thread: `.await` it from async code, or `wait()`.
+pub struct Reply<R> {
+    answer: Option<tokio::sync::oneshot::Receiver<Result<R, HostError>>>,
+    label: Arc<str>,
+}
+
+impl<R> Reply<R> {
+    pub async fn get(self) -> Result<R, HostError> {
+        let gone = HostError::Gone {
+            label: self.label.to_string(),
+        };
+        match self.answer {
+            Some(answer) => answer.await.unwrap_or(Err(gone)),
+            None => Err(gone),
+        }
+    }
+
+    /// Blocks the current thread for the answer. Not for use inside an async runtime.
+    pub fn wait(self) -> Result<R, HostError> {
+        let gone = HostError::Gone {
+            label: self.label.to_string(),
+        };
+        match self.answer {
+            Some(answer) => answer.blocking_recv().unwrap_or(Err(gone)),
+            None => Err(gone),
+        }
+    }
+}
+
+/// A tuner running on its own thread.
+pub struct TunerHandle(PluginThread<TunerObject>);
+
+impl TunerHandle {
+    pub fn label(&self) -> &str {
+        &self.0.label
+    }
+    pub fn update_search_space(&self, search_space: Value) -> Reply<()> {
+        self.0.call(move |t| t.update_search_space(&search_space))
+    }
+    pub fn generate_parameters(&self, parameter_id: u64) -> Reply<Generated> {
+        self.0.call(move |t| t.generate_parameters(parameter_id))
+    }
+    pub fn receive_trial_result(
+        &self,
+        parameter_id: u64,
+        parameters: Value,
+        value: f64,
+    ) -> Reply<Vec<Suggestion>> {
+        self.0
+            .call(move |t| t.receive_trial_result(parameter_id, &parameters, value))
+    }
+    pub fn trial_end(&self, parameter_id: u64, status: String) -> Reply<Vec<Suggestion>> {
+        self.0.call(move |t| t.trial_end(parameter_id, &status))
+    }
+    pub fn import_data(&self, trials: Vec<ImportedTrial>) -> Reply<()> {
+        self.0.call(move |t| t.import_data(&trials))
+    }
+}
+
+/// An assessor running on its own thread.
+pub struct AssessorHandle(PluginThread<AssessorObject>);
+
+impl AssessorHandle {
+    pub fn label(&self) -> &str {
+        &self.0.label
+    }
+    pub fn assess_trial(&self, trial_id: String, history: Vec<f64>) -> Reply<Verdict> {
+        self.0.call(move |a| a.assess_trial(&trial_id, &history))
+    }
+    pub fn trial_end(&self, trial_id: String, status: String) -> Reply<()> {
+        self.0.call(move |a| a.trial_end(&trial_id, &status))
+    }
+}
+
+/// A training service running on its own thread.
+pub struct TrainingServiceHandle(PluginThread<TrainingServiceObject>);
+
+impl TrainingServiceHandle {
+    pub fn label(&self) -> &str {
+        &self.0.label
+    }
+    pub fn environments(&self) -> Reply<Vec<Environment>> {
+        self.0.call(|s| s.environments())
+    }
+    pub fn start_trial(&self, request: TrialRequest) -> Reply<()> {
+        self.0.call(move |s| s.start_trial(&request))
+    }
+    pub fn kill_trial(&self, trial_id: String, reason: String) -> Reply<()> {
+        self.0.call(move |s| s.kill_trial(&trial_id, &reason))
+    }
+    pub fn shutdown(&self) -> Reply<()> {
+        self.0.call(|s| s.shutdown())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_rule_follows_cargo_semver_for_0x() {
+        // The host is this crate's version; build versions around it.
+        let (major, minor, patch) = parse_version(crate::API_VERSION).unwrap();
+        assert!(check_version_compatible(crate::API_VERSION).is_ok());
+        assert!(check_version_compatible(&format!("{major}.{minor}.{}", patch + 1)).is_ok());
+        let next_line = if major == 0 {
+            format!("0.{}.0", minor + 1)
+        } else {
+            format!("{}.0.0", major + 1)
+        };
+        let err = check_version_compatible(&next_line).unwrap_err();
+        assert!(err.contains("upgrade knob"), "{err}");
+        let err = check_version_compatible("0.0.1").unwrap_err();
+        assert!(
+            err.contains("rebuild the plugin against knob-plugin-api"),
+            "{err}"
+        );
+        assert!(check_version_compatible("banana").is_err());
+    }
+}

@@ -1,0 +1,695 @@
+//! The plugin author's side: safe traits to implement and the `export_plugin!` macro.
+//!
+//! A plugin author implements [`Tuner`], [`Assessor`] or [`TrainingService`] on plain Rust types
+//! and lists them in one `export_plugin!` invocation. The adaptors in this module turn those
+//! implementations into the ABI objects of `crate::abi`, and catch every panic on the way: a
+//! panic inside a plugin fails that one call, never the host (abi_stable would abort the process).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+
+use abi_stable::sabi_trait::TD_Opaque;
+use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::abi::{
+    AbiComponentKind, AbiGenerated, AbiLogLevel, AbiResult, AbiSuggestion, AbiVerdict, AssessorAbi,
+    AssessorAbi_TO, EventSinkBox, HostLoggerBox, TrainingServiceAbi, TrainingServiceAbi_TO,
+    TunerAbi, TunerAbi_TO,
+};
+use crate::service::{ServiceEvent, TrialRequest};
+use crate::space::SearchSpace;
+use crate::ComponentKind;
+
+/// The error a plugin returns: one line that tells the user what went wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginError(String);
+
+impl PluginError {
+    pub fn new(message: impl Into<String>) -> PluginError {
+        PluginError(message.into())
+    }
+    pub fn message(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for PluginError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PluginError {}
+
+impl From<crate::space::SpaceError> for PluginError {
+    fn from(e: crate::space::SpaceError) -> PluginError {
+        PluginError(e.to_string())
+    }
+}
+
+/// Deserializes a component's `classArgs` into `T`, with a message naming the component.
+/// Give `T` `#[serde(deny_unknown_fields)]`: serde's message then lists the known arguments.
+pub fn parse_class_args<T: DeserializeOwned>(
+    component: &str,
+    class_args: &Value,
+) -> Result<T, PluginError> {
+    let args = if class_args.is_null() {
+        Value::Object(Default::default())
+    } else {
+        class_args.clone()
+    };
+    serde_json::from_value(args)
+        .map_err(|e| PluginError::new(format!("classArgs of {component}: {e}")))
+}
+
+/// What a tuner answers when asked for parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Generated {
+    /// A JSON object of parameters, as the trial will receive them.
+    Parameters(Value),
+    /// Nothing more to try: the experiment ends once running trials finish.
+    NoMore,
+    /// Not now; the tuner will hand out parameters for this id later via
+    /// [`Tuner::take_suggestions`] (e.g. when a result it waits for arrives).
+    Deferred,
+}
+
+/// Parameters a tuner emits unprompted, for an id it was asked about earlier.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Suggestion {
+    pub parameter_id: u64,
+    pub parameters: Value,
+}
+
+/// A finished trial handed to [`Tuner::import_data`] when an experiment resumes
+/// (NNI's import format: `{"parameter": {...}, "value": ...}`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ImportedTrial {
+    #[serde(rename = "parameter")]
+    pub parameters: Value,
+    pub value: f64,
+}
+
+/// Trial statuses as strings, as they cross to `trial_end` (the set may grow; match loosely).
+pub mod status {
+    pub const SUCCEEDED: &str = "SUCCEEDED";
+    pub const FAILED: &str = "FAILED";
+    pub const USER_CANCELED: &str = "USER_CANCELED";
+    pub const SYS_CANCELED: &str = "SYS_CANCELED";
+    pub const EARLY_STOPPED: &str = "EARLY_STOPPED";
+}
+
+/// A tuner, after NNI's dispatcher semantics. Every call is made from one thread, in order.
+pub trait Tuner: Send + 'static {
+    /// Builds the tuner from its `classArgs` (a JSON object, or null when none were given).
+    fn new(class_args: &Value) -> Result<Self, PluginError>
+    where
+        Self: Sized;
+    /// Called before the first `generate_parameters` and whenever the user edits the space.
+    fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError>;
+    /// Parameters for the trial with this parameter id.
+    fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError>;
+    /// The final result (NNI's "default" metric) of a trial this tuner generated.
+    fn receive_trial_result(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        value: f64,
+    ) -> Result<(), PluginError>;
+    /// A trial ended with `status` (see [`status`]), whether or not it reported a result.
+    fn trial_end(&mut self, _parameter_id: u64, _status: &str) -> Result<(), PluginError> {
+        Ok(())
+    }
+    /// Finished trials of an earlier run of the experiment, to rebuild state on resume.
+    fn import_data(&mut self, _trials: &[ImportedTrial]) -> Result<(), PluginError> {
+        Ok(())
+    }
+    /// Parameters produced since the last call for ids answered with [`Generated::Deferred`].
+    /// The host calls this after each `receive_trial_result` and `trial_end`.
+    fn take_suggestions(&mut self) -> Vec<Suggestion> {
+        Vec::new()
+    }
+}
+
+/// An assessor's verdict on a running trial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub keep_going: bool,
+    /// Why, in words a user understands ("step 7: best 0.61 below median 0.74 of 12 trials").
+    pub reason: String,
+}
+
+impl Verdict {
+    pub fn good() -> Verdict {
+        Verdict {
+            keep_going: true,
+            reason: String::new(),
+        }
+    }
+    pub fn stop(reason: impl Into<String>) -> Verdict {
+        Verdict {
+            keep_going: false,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// An early-stopping rule, after NNI's assessor semantics.
+pub trait Assessor: Send + 'static {
+    fn new(class_args: &Value) -> Result<Self, PluginError>
+    where
+        Self: Sized;
+    /// Judges a running trial from its intermediate results so far (oldest first).
+    fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError>;
+    fn trial_end(&mut self, _trial_id: &str, _status: &str) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// Where a training service reports what happens; cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct EventSink(Arc<EventSinkBox>);
+
+impl EventSink {
+    pub fn emit(&self, event: &ServiceEvent) {
+        // Serializing our own enum cannot fail; fall back to a warning rather than panicking.
+        let json = serde_json::to_string(event).unwrap_or_else(|e| {
+            format!(r#"{{"type":"warning","message":"unserializable event: {e}"}}"#)
+        });
+        self.0.emit(RStr::from_str(&json));
+    }
+}
+
+/// A training service: it owns environments (machines, allocations) and runs trials on them.
+/// It reports everything that happens through the [`EventSink`] it was built with.
+pub trait TrainingService: Send + 'static {
+    fn new(class_args: &Value, events: EventSink) -> Result<Self, PluginError>
+    where
+        Self: Sized;
+    /// The environments as they are now (a JSON array; see `crate::service::Environment`).
+    fn environments(&mut self) -> Result<Vec<crate::service::Environment>, PluginError>;
+    /// Starts a trial; its start, metrics and end arrive later as events.
+    fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError>;
+    /// Stops a trial's whole process group; `reason` is recorded with its end event.
+    fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), PluginError>;
+    /// Stops every trial and releases every environment.
+    fn shutdown(&mut self) -> Result<(), PluginError>;
+}
+
+/// Log through the host's logger (a plugin's own `tracing`/`log` setup cannot reach the host).
+pub mod log {
+    use super::*;
+
+    pub(crate) static HOST_LOGGER: OnceLock<HostLoggerBox> = OnceLock::new();
+
+    fn log(level: AbiLogLevel, message: &str) {
+        match HOST_LOGGER.get() {
+            Some(logger) => logger.log(level, RStr::from_str("plugin"), RStr::from_str(message)),
+            None => eprintln!("[{level:?}] {message}"),
+        }
+    }
+    pub fn error(message: &str) {
+        log(AbiLogLevel::Error, message)
+    }
+    pub fn warn(message: &str) {
+        log(AbiLogLevel::Warn, message)
+    }
+    pub fn info(message: &str) {
+        log(AbiLogLevel::Info, message)
+    }
+    pub fn debug(message: &str) {
+        log(AbiLogLevel::Debug, message)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adaptors from the safe traits to the ABI traits.
+
+/// Runs one call into plugin code, turning an error or a panic into a one-line message. After a
+/// panic the object's state is unknown, so it refuses every later call.
+fn guarded<R>(
+    label: &str,
+    method: &str,
+    poisoned: &mut bool,
+    call: impl FnOnce() -> Result<R, PluginError>,
+) -> AbiResult<R> {
+    if *poisoned {
+        return RResult::RErr(
+            format!("{label} is unusable: it panicked in an earlier call").into(),
+        );
+    }
+    match catch_unwind(AssertUnwindSafe(call)) {
+        Ok(Ok(value)) => RResult::ROk(value),
+        Ok(Err(e)) => RResult::RErr(e.0.into()),
+        Err(payload) => {
+            *poisoned = true;
+            RResult::RErr(
+                format!("{label} panicked in {method}: {}", panic_message(&*payload)).into(),
+            )
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
+fn parse_json(label: &str, what: &str, text: RStr<'_>) -> Result<Value, PluginError> {
+    serde_json::from_str(text.as_str())
+        .map_err(|e| PluginError::new(format!("{label}: invalid {what} from host: {e}")))
+}
+
+struct TunerAdaptor<T> {
+    inner: T,
+    label: String,
+    poisoned: bool,
+}
+
+impl<T: Tuner> TunerAbi for TunerAdaptor<T> {
+    fn update_search_space(&mut self, search_space_json: RStr<'_>) -> AbiResult<()> {
+        let inner = &mut self.inner;
+        guarded(
+            &self.label,
+            "update_search_space",
+            &mut self.poisoned,
+            || {
+                let space = SearchSpace::parse(search_space_json.as_str())?;
+                inner.update_search_space(&space)
+            },
+        )
+    }
+
+    fn generate_parameters(&mut self, parameter_id: u64) -> AbiResult<AbiGenerated> {
+        let inner = &mut self.inner;
+        guarded(
+            &self.label,
+            "generate_parameters",
+            &mut self.poisoned,
+            || {
+                Ok(match inner.generate_parameters(parameter_id)? {
+                    Generated::Parameters(p) => AbiGenerated::Parameters(p.to_string().into()),
+                    Generated::NoMore => AbiGenerated::NoMore,
+                    Generated::Deferred => AbiGenerated::Deferred,
+                })
+            },
+        )
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        parameter_id: u64,
+        parameters_json: RStr<'_>,
+        value: f64,
+    ) -> AbiResult<()> {
+        let (inner, label) = (&mut self.inner, &self.label);
+        guarded(label, "receive_trial_result", &mut self.poisoned, || {
+            let parameters = parse_json(label, "parameters", parameters_json)?;
+            inner.receive_trial_result(parameter_id, &parameters, value)
+        })
+    }
+
+    fn trial_end(&mut self, parameter_id: u64, status: RStr<'_>) -> AbiResult<()> {
+        let inner = &mut self.inner;
+        guarded(&self.label, "trial_end", &mut self.poisoned, || {
+            inner.trial_end(parameter_id, status.as_str())
+        })
+    }
+
+    fn import_data(&mut self, trials_json: RStr<'_>) -> AbiResult<()> {
+        let (inner, label) = (&mut self.inner, &self.label);
+        guarded(label, "import_data", &mut self.poisoned, || {
+            let trials: Vec<ImportedTrial> =
+                serde_json::from_str(trials_json.as_str()).map_err(|e| {
+                    PluginError::new(format!("{label}: invalid imported trials from host: {e}"))
+                })?;
+            inner.import_data(&trials)
+        })
+    }
+
+    fn take_suggestions(&mut self) -> AbiResult<RVec<AbiSuggestion>> {
+        let inner = &mut self.inner;
+        guarded(&self.label, "take_suggestions", &mut self.poisoned, || {
+            Ok(inner
+                .take_suggestions()
+                .into_iter()
+                .map(|s| AbiSuggestion {
+                    parameter_id: s.parameter_id,
+                    parameters: s.parameters.to_string().into(),
+                })
+                .collect())
+        })
+    }
+}
+
+struct AssessorAdaptor<A> {
+    inner: A,
+    label: String,
+    poisoned: bool,
+}
+
+impl<A: Assessor> AssessorAbi for AssessorAdaptor<A> {
+    fn assess_trial(
+        &mut self,
+        trial_id: RStr<'_>,
+        history: RSlice<'_, f64>,
+    ) -> AbiResult<AbiVerdict> {
+        let inner = &mut self.inner;
+        guarded(&self.label, "assess_trial", &mut self.poisoned, || {
+            let verdict = inner.assess_trial(trial_id.as_str(), history.as_slice())?;
+            Ok(AbiVerdict {
+                keep_going: verdict.keep_going,
+                reason: verdict.reason.into(),
+            })
+        })
+    }
+
+    fn trial_end(&mut self, trial_id: RStr<'_>, status: RStr<'_>) -> AbiResult<()> {
+        let inner = &mut self.inner;
+        guarded(&self.label, "trial_end", &mut self.poisoned, || {
+            inner.trial_end(trial_id.as_str(), status.as_str())
+        })
+    }
+}
+
+struct TrainingServiceAdaptor<S> {
+    inner: S,
+    label: String,
+    poisoned: bool,
+}
+
+impl<S: TrainingService> TrainingServiceAbi for TrainingServiceAdaptor<S> {
+    fn environments(&mut self) -> AbiResult<RString> {
+        let inner = &mut self.inner;
+        guarded(&self.label, "environments", &mut self.poisoned, || {
+            let envs = inner.environments()?;
+            serde_json::to_string(&envs)
+                .map(RString::from)
+                .map_err(|e| PluginError::new(e.to_string()))
+        })
+    }
+
+    fn start_trial(&mut self, request_json: RStr<'_>) -> AbiResult<()> {
+        let (inner, label) = (&mut self.inner, &self.label);
+        guarded(label, "start_trial", &mut self.poisoned, || {
+            let request: TrialRequest =
+                serde_json::from_str(request_json.as_str()).map_err(|e| {
+                    PluginError::new(format!("{label}: invalid trial request from host: {e}"))
+                })?;
+            inner.start_trial(request)
+        })
+    }
+
+    fn kill_trial(&mut self, trial_id: RStr<'_>, reason: RStr<'_>) -> AbiResult<()> {
+        let inner = &mut self.inner;
+        guarded(&self.label, "kill_trial", &mut self.poisoned, || {
+            inner.kill_trial(trial_id.as_str(), reason.as_str())
+        })
+    }
+
+    fn shutdown(&mut self) -> AbiResult<()> {
+        let inner = &mut self.inner;
+        guarded(&self.label, "shutdown", &mut self.poisoned, || {
+            inner.shutdown()
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What `export_plugin!` expands to calls into here.
+
+/// Not public API: the items `export_plugin!` needs, so plugin crates do not depend on
+/// abi_stable themselves.
+#[doc(hidden)]
+pub mod __private {
+    use super::*;
+    pub use crate::abi::PluginModuleRef;
+    pub use abi_stable::library::{
+        __call_root_module_loader, CheckTypeLayout, LibHeader, RootModuleResult,
+    };
+
+    pub type TunerCtor = fn(&str, &Value) -> Result<TunerBox, PluginError>;
+    pub type AssessorCtor = fn(&str, &Value) -> Result<AssessorBox, PluginError>;
+    pub type ServiceCtor = fn(&str, &Value, EventSink) -> Result<TrainingServiceBox, PluginError>;
+
+    pub enum Ctor {
+        Tuner(TunerCtor),
+        Assessor(AssessorCtor),
+        TrainingService(ServiceCtor),
+    }
+
+    pub struct Entry {
+        pub name: &'static str,
+        pub version: &'static str,
+        pub description: &'static str,
+        pub ctor: Ctor,
+    }
+
+    impl Entry {
+        fn kind(&self) -> ComponentKind {
+            match self.ctor {
+                Ctor::Tuner(_) => ComponentKind::Tuner,
+                Ctor::Assessor(_) => ComponentKind::Assessor,
+                Ctor::TrainingService(_) => ComponentKind::TrainingService,
+            }
+        }
+    }
+
+    pub fn tuner_ctor<T: Tuner>(name: &str, class_args: &Value) -> Result<TunerBox, PluginError> {
+        let inner = T::new(class_args)?;
+        let adaptor = TunerAdaptor {
+            inner,
+            label: format!("tuner {name}"),
+            poisoned: false,
+        };
+        Ok(TunerAbi_TO::from_value(adaptor, TD_Opaque))
+    }
+
+    pub fn assessor_ctor<A: Assessor>(
+        name: &str,
+        class_args: &Value,
+    ) -> Result<AssessorBox, PluginError> {
+        let inner = A::new(class_args)?;
+        let adaptor = AssessorAdaptor {
+            inner,
+            label: format!("assessor {name}"),
+            poisoned: false,
+        };
+        Ok(AssessorAbi_TO::from_value(adaptor, TD_Opaque))
+    }
+
+    pub fn service_ctor<S: TrainingService>(
+        name: &str,
+        class_args: &Value,
+        events: EventSink,
+    ) -> Result<TrainingServiceBox, PluginError> {
+        let inner = S::new(class_args, events)?;
+        let adaptor = TrainingServiceAdaptor {
+            inner,
+            label: format!("training service {name}"),
+            poisoned: false,
+        };
+        Ok(TrainingServiceAbi_TO::from_value(adaptor, TD_Opaque))
+    }
+
+    pub fn components(entries: &[Entry]) -> RVec<AbiComponentInfo> {
+        entries
+            .iter()
+            .map(|e| AbiComponentInfo {
+                kind: match e.kind() {
+                    ComponentKind::Tuner => AbiComponentKind::Tuner,
+                    ComponentKind::Assessor => AbiComponentKind::Assessor,
+                    ComponentKind::TrainingService => AbiComponentKind::TrainingService,
+                },
+                name: e.name.into(),
+                version: e.version.into(),
+                description: e.description.into(),
+            })
+            .collect()
+    }
+
+    /// Finds the entry, parses the class args and runs the constructor, catching panics.
+    fn construct<B>(
+        entries: &[Entry],
+        kind: ComponentKind,
+        name: RStr<'_>,
+        class_args_json: RStr<'_>,
+        run: impl FnOnce(&Entry, &Value) -> Option<Result<B, PluginError>>,
+    ) -> AbiResult<B> {
+        let Some(entry) = entries
+            .iter()
+            .find(|e| e.kind() == kind && e.name == name.as_str())
+        else {
+            return RResult::RErr(format!("this library has no {kind} named {name}").into());
+        };
+        let mut poisoned = false;
+        guarded(
+            &format!("{kind} {name}"),
+            "its constructor",
+            &mut poisoned,
+            || {
+                let class_args: Value =
+                    serde_json::from_str(class_args_json.as_str()).map_err(|e| {
+                        PluginError::new(format!(
+                            "classArgs of {kind} {name} are not valid JSON: {e}"
+                        ))
+                    })?;
+                run(entry, &class_args)
+                    .unwrap_or_else(|| Err(PluginError::new(format!("{name} is not a {kind}"))))
+            },
+        )
+    }
+
+    pub fn new_tuner(entries: &[Entry], name: RStr<'_>, args: RStr<'_>) -> AbiResult<TunerBox> {
+        construct(entries, ComponentKind::Tuner, name, args, |e, a| {
+            match e.ctor {
+                Ctor::Tuner(ctor) => Some(ctor(e.name, a)),
+                _ => None,
+            }
+        })
+    }
+
+    pub fn new_assessor(
+        entries: &[Entry],
+        name: RStr<'_>,
+        args: RStr<'_>,
+    ) -> AbiResult<AssessorBox> {
+        construct(
+            entries,
+            ComponentKind::Assessor,
+            name,
+            args,
+            |e, a| match e.ctor {
+                Ctor::Assessor(ctor) => Some(ctor(e.name, a)),
+                _ => None,
+            },
+        )
+    }
+
+    pub fn new_training_service(
+        entries: &[Entry],
+        name: RStr<'_>,
+        args: RStr<'_>,
+        events: EventSinkBox,
+    ) -> AbiResult<TrainingServiceBox> {
+        let sink = EventSink(Arc::new(events));
+        construct(
+            entries,
+            ComponentKind::TrainingService,
+            name,
+            args,
+            |e, a| match e.ctor {
+                Ctor::TrainingService(ctor) => Some(ctor(e.name, a, sink)),
+                _ => None,
+            },
+        )
+    }
+
+    pub fn set_host_logger(logger: HostLoggerBox) {
+        // A library is initialised once; a second logger (a second host?) is ignored.
+        let _ = log::HOST_LOGGER.set(logger);
+    }
+
+    pub fn api_version_ptr() -> *const std::ffi::c_char {
+        crate::abi::API_VERSION_NUL.as_ptr().cast()
+    }
+
+    pub use crate::abi::{
+        AbiComponentInfo, AbiResult, AssessorBox, EventSinkBox, HostLoggerBox, PluginModule,
+        TrainingServiceBox, TunerBox,
+    };
+    pub use abi_stable::prefix_type::PrefixTypeTrait;
+    pub use abi_stable::std_types::{RStr, RVec};
+}
+
+/// Exports a plugin library's components. Use it once, at the root of a `cdylib` crate:
+///
+/// ```ignore
+/// knob_plugin_api::export_plugin! {
+///     tuner "Random": RandomTuner = "random search, seeded, never repeats a point";
+///     assessor "Patience": PatienceAssessor = "stops a trial that has not improved for N steps";
+/// }
+/// ```
+///
+/// Each line is `tuner`, `assessor` or `training_service`, the component's name as configs
+/// write it, the type implementing [`Tuner`], [`Assessor`] or [`TrainingService`], and a
+/// one-line description. The component version is the exporting crate's version.
+#[macro_export]
+macro_rules! export_plugin {
+    ($($kind:ident $name:literal : $ty:ty = $description:literal;)*) => {
+        #[doc(hidden)]
+        static __KNOB_PLUGIN_ENTRIES: &[$crate::__private::Entry] = &[$(
+            $crate::__private::Entry {
+                name: $name,
+                version: env!("CARGO_PKG_VERSION"),
+                description: $description,
+                ctor: $crate::__knob_ctor!($kind, $ty),
+            },
+        )*];
+
+        #[doc(hidden)]
+        #[export_name = "knob_plugin_api_version"]
+        pub extern "C" fn __knob_plugin_api_version() -> *const ::std::ffi::c_char {
+            $crate::__private::api_version_ptr()
+        }
+
+        #[doc(hidden)]
+        #[export_name = "_1as_0lib_1header_0root_bmodule_bloader"]
+        pub static __KNOB_ROOT_MODULE: $crate::__private::LibHeader = {
+            use $crate::__private as p;
+            extern "C" fn components() -> p::RVec<p::AbiComponentInfo> {
+                p::components(__KNOB_PLUGIN_ENTRIES)
+            }
+            extern "C" fn set_host_logger(logger: p::HostLoggerBox) {
+                p::set_host_logger(logger)
+            }
+            extern "C" fn new_tuner(name: p::RStr<'_>, args: p::RStr<'_>) -> p::AbiResult<p::TunerBox> {
+                p::new_tuner(__KNOB_PLUGIN_ENTRIES, name, args)
+            }
+            extern "C" fn new_assessor(name: p::RStr<'_>, args: p::RStr<'_>) -> p::AbiResult<p::AssessorBox> {
+                p::new_assessor(__KNOB_PLUGIN_ENTRIES, name, args)
+            }
+            extern "C" fn new_training_service(
+                name: p::RStr<'_>,
+                args: p::RStr<'_>,
+                events: p::EventSinkBox,
+            ) -> p::AbiResult<p::TrainingServiceBox> {
+                p::new_training_service(__KNOB_PLUGIN_ENTRIES, name, args, events)
+            }
+            fn root_module() -> p::PluginModuleRef {
+                <p::PluginModule as p::PrefixTypeTrait>::leak_into_prefix(p::PluginModule {
+                    components,
+                    set_host_logger,
+                    new_tuner,
+                    new_assessor,
+                    new_training_service,
+                })
+            }
+            extern "C" fn erased_root_module() -> p::RootModuleResult {
+                p::__call_root_module_loader(root_module)
+            }
+            // SAFETY: the same construction `#[abi_stable::export_root_module]` expands to; the
+            // symbol name is checked against abi_stable's at compile time in `abi.rs`.
+            unsafe { p::LibHeader::from_constructor::<p::PluginModuleRef>(erased_root_module, p::CheckTypeLayout::Yes) }
+        };
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __knob_ctor {
+    (tuner, $ty:ty) => {
+        $crate::__private::Ctor::Tuner($crate::__private::tuner_ctor::<$ty>)
+    };
+    (assessor, $ty:ty) => {
+        $crate::__private::Ctor::Assessor($crate::__private::assessor_ctor::<$ty>)
+    };
+    (training_service, $ty:ty) => {
+        $crate::__private::Ctor::TrainingService($crate::__private::service_ctor::<$ty>)
+    };
+}

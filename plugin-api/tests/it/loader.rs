@@ -1,0 +1,499 @@
+//! Loads real plugin libraries, built by these tests from `tests/fixtures/test_plugin.rs`
+//! against a copy of this crate (sometimes deliberately modified), and checks every outcome.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{mpsc, Mutex, OnceLock};
+use std::time::Duration;
+
+use knob_plugin_api::host::{load_library, HostError, PluginRegistry};
+use knob_plugin_api::service::{ServiceEvent, TrialRequest};
+use knob_plugin_api::{ComponentKind, Generated, Suggestion};
+use serde_json::json;
+
+/// How the copy of knob-plugin-api the fixture is built against differs from this one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Variant {
+    Same,
+    Version(&'static str),
+    /// Swaps the fields of `AbiVerdict`: same version, different layout.
+    LayoutChanged,
+}
+
+impl Variant {
+    fn slug(self) -> String {
+        match self {
+            Variant::Same => "same".into(),
+            Variant::Version(v) => format!("v{}", v.replace('.', "_")),
+            Variant::LayoutChanged => "layout".into(),
+        }
+    }
+}
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Writes `contents` unless the file already holds exactly that, so that concurrent test runs
+/// sharing a fixture workspace never see a half-written source, and cargo's fingerprints hold.
+fn write_if_changed(path: &Path, contents: &[u8]) {
+    if std::fs::read(path).ok().as_deref() != Some(contents) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let partial = path.with_extension(format!("partial{}", std::process::id()));
+        std::fs::write(&partial, contents).unwrap();
+        std::fs::rename(partial, path).unwrap();
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            write_if_changed(&target, &std::fs::read(entry.path()).unwrap());
+        }
+    }
+}
+
+fn replace_once(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(
+        text.contains(from),
+        "{} does not contain {from:?}",
+        path.display()
+    );
+    write_if_changed(path, text.replacen(from, to, 1).as_bytes());
+}
+
+/// Builds the fixture plugin against a (possibly modified) copy of this crate; returns the
+/// path of the `.so`. Builds are cached per variant and serialized (they share a target dir).
+fn fixture(variant: Variant) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<Variant, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(path) = built.get(&variant) {
+        return path.clone();
+    }
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let ws = tmp.join(format!("fixture-ws-{}", variant.slug()));
+    let api = ws.join("plugin-api");
+    copy_dir(&crate_dir().join("src"), &api.join("src"));
+    write_if_changed(
+        &api.join("Cargo.toml"),
+        &std::fs::read(crate_dir().join("Cargo.toml")).unwrap(),
+    );
+    match variant {
+        Variant::Same => {}
+        Variant::Version(v) => replace_once(
+            &api.join("Cargo.toml"),
+            "version = \"0.1.0\"",
+            &format!("version = \"{v}\""),
+        ),
+        Variant::LayoutChanged => replace_once(
+            &api.join("src/abi.rs"),
+            "pub struct AbiVerdict {\n    pub keep_going: bool,\n    pub reason: RString,\n}",
+            "pub struct AbiVerdict {\n    pub reason: RString,\n    pub keep_going: bool,\n}",
+        ),
+    }
+    let root_manifest = std::fs::read_to_string(crate_dir().join("../Cargo.toml")).unwrap();
+    let members_start = root_manifest.find("members = [").unwrap();
+    let members_end = members_start + root_manifest[members_start..].find(']').unwrap() + 1;
+    let manifest = format!(
+        "{}members = [\"plugin-api\", \"fixture\"]{}",
+        &root_manifest[..members_start],
+        &root_manifest[members_end..]
+    );
+    write_if_changed(&ws.join("Cargo.toml"), manifest.as_bytes());
+    if !ws.join("Cargo.lock").exists() {
+        let _ = std::fs::copy(crate_dir().join("../Cargo.lock"), ws.join("Cargo.lock"));
+    }
+    // A package name per variant: their libraries land side by side in the shared target dir.
+    let package = format!("knob-test-plugin-{}", variant.slug().replace('_', "-"));
+    write_if_changed(
+        &ws.join("fixture/Cargo.toml"),
+        format!(
+            r#"[package]
+name = "{package}"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[lib]
+path = "{}"
+crate-type = ["cdylib"]
+
+[dependencies]
+knob-plugin-api = {{ path = "../plugin-api" }}
+serde.workspace = true
+serde_json.workspace = true
+"#,
+            crate_dir().join("tests/fixtures/test_plugin.rs").display()
+        )
+        .as_bytes(),
+    );
+    let target = tmp.join("fixture-target");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["build", "--quiet", "-p", &package, "--target-dir"])
+        .arg(&target)
+        .current_dir(&ws)
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "building the fixture plugin failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out_dir = ws.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let so = out_dir.join(format!("libknob_test_plugin_{}.so", variant.slug()));
+    let built_so = target.join(format!("debug/lib{}.so", package.replace('-', "_")));
+    std::fs::copy(built_so, &so).unwrap();
+    built.insert(variant, so.clone());
+    so
+}
+
+fn registry_with(files: &[PathBuf]) -> PluginRegistry {
+    let registry = PluginRegistry::load_from(files);
+    assert!(registry.problems().is_empty(), "{:?}", registry.problems());
+    registry
+}
+
+fn load_error(path: &Path) -> String {
+    match load_library(path) {
+        Ok(library) => panic!("{} loaded: {library:?}", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn lists_and_runs_every_kind_of_component() {
+    let so = fixture(Variant::Same);
+    let registry = registry_with(std::slice::from_ref(&so));
+    let library = &registry.libraries()[0];
+    assert_eq!(library.api_version, knob_plugin_api::API_VERSION);
+    let listing: Vec<String> = library
+        .components
+        .iter()
+        .map(|c| format!("{} {} {}: {}", c.kind, c.name, c.version, c.description))
+        .collect();
+    expect_test::expect![[r#"
+        [
+            "tuner Counting 0.0.0: counts parameter ids (test fixture)",
+            "tuner Panicky 0.0.0: panics in generate_parameters (test fixture)",
+            "assessor Ceiling 0.0.0: stops trials above a limit (test fixture)",
+            "training service Echo 0.0.0: pretends to run trials (test fixture)",
+        ]
+    "#]]
+    .assert_debug_eq(&listing);
+
+    // Names match case-insensitively, as in NNI configs.
+    let tuner = registry
+        .tuner(
+            "counting",
+            &json!({"step": 10, "limit": 3, "defer_every": 2}),
+        )
+        .unwrap();
+    tuner
+        .update_search_space(json!({"x": {"_type": "choice", "_value": [1, 2]}}))
+        .wait()
+        .unwrap();
+    assert_eq!(
+        tuner.generate_parameters(0).wait().unwrap(),
+        Generated::Deferred
+    );
+    assert_eq!(
+        tuner.generate_parameters(1).wait().unwrap(),
+        Generated::Parameters(json!({"n": 10}))
+    );
+    assert_eq!(
+        tuner.generate_parameters(3).wait().unwrap(),
+        Generated::NoMore
+    );
+    let emitted = tuner
+        .receive_trial_result(1, json!({"n": 10}), 0.5)
+        .wait()
+        .unwrap();
+    assert_eq!(
+        emitted,
+        vec![Suggestion {
+            parameter_id: 0,
+            parameters: json!({"n": 0, "best": 0.5})
+        }]
+    );
+    assert_eq!(
+        tuner.trial_end(1, "SUCCEEDED".into()).wait().unwrap(),
+        vec![]
+    );
+
+    let assessor = registry
+        .assessor("Ceiling", &json!({"limit": 2.0}))
+        .unwrap();
+    assert!(
+        assessor
+            .assess_trial("t1".into(), vec![1.0, 1.5])
+            .wait()
+            .unwrap()
+            .keep_going
+    );
+    let verdict = assessor
+        .assess_trial("t1".into(), vec![1.0, 3.0])
+        .wait()
+        .unwrap();
+    assert_eq!(
+        (verdict.keep_going, verdict.reason.as_str()),
+        (false, "step 2: 3 above 2")
+    );
+
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let service = registry
+        .training_service("Echo", &json!(null), move |event| {
+            let _ = tx.lock().unwrap().send(event);
+        })
+        .unwrap();
+    assert_eq!(service.environments().wait().unwrap()[0].id, "echo");
+    service
+        .start_trial(TrialRequest {
+            experiment_id: "exp".into(),
+            trial_id: "t1".into(),
+            sequence: 0,
+            parameter_id: 0,
+            parameters: json!({"n": 1}),
+            environment_id: "echo".into(),
+            command: "true".into(),
+            code_dir: ".".into(),
+            trial_dir: ".".into(),
+            gpu_indices: None,
+            env: Default::default(),
+        })
+        .wait()
+        .unwrap();
+    let events: Vec<ServiceEvent> = (0..3)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap())
+        .collect();
+    assert!(matches!(&events[0], ServiceEvent::TrialStarted { trial_id, .. } if trial_id == "t1"));
+    assert!(matches!(&events[1], ServiceEvent::Metric { value, .. } if value == r#"{"n":1}"#));
+    assert!(matches!(
+        &events[2],
+        ServiceEvent::TrialEnded {
+            exit_code: Some(0),
+            ..
+        }
+    ));
+    let err = service
+        .kill_trial("t9".into(), "test".into())
+        .wait()
+        .unwrap_err();
+    assert_eq!(err.to_string(), "trial t9 is not running");
+}
+
+#[test]
+fn a_file_is_loaded_once_however_it_is_reached() {
+    let so = fixture(Variant::Same);
+    let dir = so.parent().unwrap().to_path_buf();
+    let registry = registry_with(&[dir, so]);
+    assert_eq!(registry.libraries().len(), 1);
+}
+
+#[test]
+fn constructor_errors_are_one_line_and_name_the_component() {
+    let registry = registry_with(&[fixture(Variant::Same)]);
+    let err = registry
+        .tuner("Counting", &json!({"stepp": 2}))
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        err,
+        "tuner Counting: constructor failed: classArgs of Counting: unknown field `stepp`, expected one of `step`, `limit`, `defer_every`"
+    );
+    let err = registry
+        .tuner("Counting", &json!({"step": 0}))
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        err,
+        "tuner Counting: constructor failed: classArgs of Counting: step must be at least 1"
+    );
+    let err = registry
+        .tuner("Panicky", &json!({"panic_in_constructor": true}))
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(err, "tuner Panicky: constructor failed: tuner Panicky panicked in its constructor: constructor exploded");
+}
+
+#[test]
+fn a_panicking_tuner_fails_its_call_and_the_host_keeps_working() {
+    let registry = registry_with(&[fixture(Variant::Same)]);
+    let tuner = registry.tuner("Panicky", &json!({})).unwrap();
+    let err = tuner.generate_parameters(7).wait().unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "tuner Panicky panicked in generate_parameters: no parameters for 7, ever"
+    );
+    // Its state is unknown after a panic: it refuses further calls rather than misbehave.
+    let err = tuner.generate_parameters(8).wait().unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "tuner Panicky is unusable: it panicked in an earlier call"
+    );
+    // The same library still serves other objects.
+    let other = registry.tuner("Counting", &json!({})).unwrap();
+    assert_eq!(
+        other.generate_parameters(2).wait().unwrap(),
+        Generated::Parameters(json!({"n": 2}))
+    );
+}
+
+#[test]
+fn unknown_names_list_what_is_available() {
+    let registry = registry_with(&[fixture(Variant::Same)]);
+    let err = registry.tuner("TPE", &json!({})).err().unwrap().to_string();
+    assert_eq!(err, "unknown tuner TPE; available: Counting, Panicky");
+    let err = registry
+        .assessor("Counting", &json!({}))
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(err, "unknown assessor Counting; available: Ceiling");
+    let empty = PluginRegistry::load_from(&[]);
+    let err = empty.tuner("TPE", &json!({})).err().unwrap().to_string();
+    assert_eq!(err, "unknown tuner TPE; available: none (no plugin on the plugin path provides one; see `knob plugin list`)");
+}
+
+#[test]
+fn duplicate_names_are_an_error_naming_both_files() {
+    let so = fixture(Variant::Same);
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::copy(&so, a.join("libfirst.so")).unwrap();
+    std::fs::copy(&so, b.join("libsecond.so")).unwrap();
+    let registry = PluginRegistry::load_from(&[a.clone(), b.clone()]);
+    assert_eq!(registry.libraries().len(), 2);
+    assert_eq!(registry.problems().len(), 4, "{:?}", registry.problems());
+    let err = registry
+        .tuner("Counting", &json!({}))
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "tuner Counting is exported by two plugins: {} and {}; remove one of them from the plugin path",
+            a.join("libfirst.so").display(),
+            b.join("libsecond.so").display()
+        )
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_plugin_is_reported_as_such() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("libnotes.so");
+    std::fs::write(&text, "just some text").unwrap();
+    let err = load_error(&text);
+    assert!(
+        err.starts_with(&format!(
+            "{}: not a loadable shared library (",
+            text.display()
+        )),
+        "{err}"
+    );
+    assert!(err.ends_with("); remove it from the plugin path"), "{err}");
+
+    // A real shared library that is not a knob plugin.
+    let source = tmp.path().join("plain.c");
+    std::fs::write(&source, "int plain(void) { return 1; }\n").unwrap();
+    let plain = tmp.path().join("libplain.so");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&plain)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        load_error(&plain),
+        format!(
+            "{}: not a knob plugin (it does not export knob_plugin_api_version; plugins are built with knob_plugin_api::export_plugin!)",
+            plain.display()
+        )
+    );
+
+    // Problems are collected, not fatal; a named file that does not exist is one too.
+    let missing = tmp.path().join("libmissing.so");
+    let registry = PluginRegistry::load_from(&[tmp.path().to_path_buf(), missing.clone()]);
+    let problems: Vec<String> = registry
+        .problems()
+        .iter()
+        .map(HostError::to_string)
+        .collect();
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems.contains(&format!("{}: no such plugin file", missing.display())),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn a_plugin_built_against_an_older_api_must_be_rebuilt() {
+    let so = fixture(Variant::Version("0.0.9"));
+    assert_eq!(
+        load_error(&so),
+        format!(
+            "{}: built against knob-plugin-api 0.0.9, host is {v}: rebuild the plugin against knob-plugin-api {v}",
+            so.display(),
+            v = knob_plugin_api::API_VERSION
+        )
+    );
+}
+
+#[test]
+fn a_plugin_built_against_a_newer_incompatible_api_asks_for_a_newer_knob() {
+    let so = fixture(Variant::Version("0.2.0"));
+    assert_eq!(
+        load_error(&so),
+        format!(
+            "{}: built against knob-plugin-api 0.2.0, host is {v}: upgrade knob, or rebuild the plugin against knob-plugin-api {v}",
+            so.display(),
+            v = knob_plugin_api::API_VERSION
+        )
+    );
+}
+
+#[test]
+fn a_plugin_built_against_a_newer_compatible_api_loads() {
+    let so = fixture(Variant::Version("0.1.7"));
+    let library = load_library(&so).unwrap();
+    assert_eq!(library.api_version, "0.1.7");
+    let registry = registry_with(&[so]);
+    assert_eq!(
+        registry.names(ComponentKind::Tuner),
+        ["Counting", "Panicky"]
+    );
+}
+
+#[test]
+fn a_layout_mismatch_names_the_type() {
+    let so = fixture(Variant::LayoutChanged);
+    let err = load_error(&so);
+    assert!(
+        err.starts_with(&format!(
+            "{}: layout mismatch in type AbiVerdict",
+            so.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
+}
