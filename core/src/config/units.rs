@@ -25,8 +25,15 @@ pub(crate) fn duration_seconds(node: &Node) -> Result<u64, String> {
         }
         _ => return Err(format!("{ALLOWED}, got {}", node.describe())),
     };
-    positive_whole(seconds.ceil())
-        .ok_or_else(|| format!("must be positive, got {}", node.describe()))
+    // A cap keeps `Instant + duration` from overflowing wherever the limit is enforced.
+    const HUNDRED_YEARS: f64 = 100.0 * 365.0 * 86_400.0;
+    if seconds.ceil() > HUNDRED_YEARS {
+        return Err(format!(
+            "must be at most 100 years, got {}",
+            node.describe()
+        ));
+    }
+    positive_whole(seconds.ceil(), node)
 }
 
 /// NNI's `parse_memory_size`, returning MiB: a number of MiB, or a number followed by `b`, `kb`,
@@ -63,12 +70,18 @@ pub(crate) fn size_mib(node: &Node) -> Result<u64, String> {
         }
         _ => return Err(format!("{ALLOWED}, got {}", node.describe())),
     };
-    positive_whole(mib.ceil()).ok_or_else(|| format!("must be positive, got {}", node.describe()))
+    positive_whole(mib.ceil(), node)
 }
 
-fn positive_whole(value: f64) -> Option<u64> {
-    // NaN fails both comparisons; u64::MAX as f64 rounds up, hence the strict bound.
-    (value >= 1.0 && value < u64::MAX as f64).then_some(value as u64)
+fn positive_whole(value: f64, node: &Node) -> Result<u64, String> {
+    // `u64::MAX as f64` rounds up, hence the strict bound.
+    if value.is_nan() || value < 1.0 {
+        Err(format!("must be positive, got {}", node.describe()))
+    } else if value >= u64::MAX as f64 {
+        Err(format!("too large, got {}", node.describe()))
+    } else {
+        Ok(value as u64)
+    }
 }
 
 /// NNI's `canonical_gpu_indices` + `validate_gpu_indices`: a list of ints, an int, or a
