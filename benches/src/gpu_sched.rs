@@ -1,0 +1,1 @@
+//! Inventories and queues for the gpu-sched benches.

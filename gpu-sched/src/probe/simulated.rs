@@ -1,0 +1,193 @@
+//! Simulated inventories from a short spec, so that tests, demos and benchmarks run on machines
+//! without GPUs: `KNOB_SIMULATE_GPUS="4x80GiB"`.
+
+use std::collections::BTreeSet;
+
+use crate::bytes::ByteSize;
+use crate::error::SimulationSpecError;
+use crate::inventory::{
+    Environment, EnvironmentLimits, EnvironmentStatus, Gpu, GpuSource, HostResources,
+};
+
+/// The environment variable that replaces NVML with a simulated inventory.
+pub const SIMULATE_GPUS_VAR: &str = "KNOB_SIMULATE_GPUS";
+
+/// Host figures for a simulated environment when neither the spec nor a real probe gives them.
+const DEFAULT_CPU_COUNT: u32 = 16;
+const DEFAULT_MEMORY: ByteSize = ByteSize::gib(64);
+
+/// A parsed spec.
+///
+/// Grammar: environments separated by `;`, each an optional `name=` followed by `,`-separated
+/// items: `COUNTxSIZE` (that many GPUs of that memory; several groups add up), `cpu=N` and
+/// `mem=SIZE`. Examples: `4x80GiB`; `2x80GiB,2x40GiB,cpu=32`;
+/// `node1=8x80GiB,mem=512GiB;node2=4x24GiB`. With more than one environment each needs a name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimulatedInventory {
+    spec: String,
+    environments: Vec<SimulatedEnvironment>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SimulatedEnvironment {
+    name: Option<String>,
+    gpu_memory: Vec<ByteSize>,
+    cpu_count: Option<u32>,
+    memory: Option<ByteSize>,
+}
+
+impl SimulatedInventory {
+    pub fn parse(spec: &str) -> Result<SimulatedInventory, SimulationSpecError> {
+        let fail = |problem: String| SimulationSpecError {
+            spec: spec.to_owned(),
+            problem,
+        };
+        let parts: Vec<&str> = spec
+            .split(';')
+            .map(str::trim)
+            .filter(|part| !part.is_empty())
+            .collect();
+        if parts.is_empty() {
+            return Err(fail("it is empty".to_owned()));
+        }
+        let environments = parts
+            .iter()
+            .map(|part| parse_environment(part).map_err(&fail))
+            .collect::<Result<Vec<_>, _>>()?;
+        if environments.len() > 1 {
+            let mut names = BTreeSet::new();
+            for env in &environments {
+                let Some(name) = &env.name else {
+                    return Err(fail(
+                        "several environments need a name each (`name=4x80GiB`)".to_owned(),
+                    ));
+                };
+                if !names.insert(name) {
+                    return Err(fail(format!("environment {name} appears twice")));
+                }
+            }
+        }
+        Ok(SimulatedInventory {
+            spec: spec.trim().to_owned(),
+            environments,
+        })
+    }
+
+    /// Reads [`SIMULATE_GPUS_VAR`]; `Ok(None)` when it is unset or blank.
+    pub fn from_env() -> Result<Option<SimulatedInventory>, SimulationSpecError> {
+        match std::env::var(SIMULATE_GPUS_VAR) {
+            Ok(spec) if !spec.trim().is_empty() => SimulatedInventory::parse(&spec).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    pub fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    /// The simulated environments, ready and idle. An unnamed environment gets `default_id`
+    /// and host `localhost`. CPU and memory not given in the spec come from `real_host` when
+    /// given (a demo on this machine), else from fixed defaults (16 cores, 64 GiB) so that tests
+    /// see the same inventory everywhere.
+    pub fn environments(
+        &self,
+        default_id: &str,
+        real_host: Option<&HostResources>,
+    ) -> Vec<Environment> {
+        self.environments
+            .iter()
+            .map(|sim| {
+                let (id, host) = match &sim.name {
+                    Some(name) => (name.clone(), name.clone()),
+                    None => (default_id.to_owned(), "localhost".to_owned()),
+                };
+                let gpus = sim
+                    .gpu_memory
+                    .iter()
+                    .zip(0u32..)
+                    .map(|(&memory, index)| Gpu {
+                        uuid: format!("GPU-simulated-{id}-{index}"),
+                        ..Gpu::idle(index, format!("Simulated GPU ({memory})"), memory)
+                    })
+                    .collect();
+                let host_resources = match real_host {
+                    Some(real) => HostResources {
+                        cpu_count: sim.cpu_count.unwrap_or(real.cpu_count),
+                        cpu_utilization_percent: real.cpu_utilization_percent,
+                        memory_total: sim.memory.unwrap_or(real.memory_total),
+                        memory_available: sim.memory.unwrap_or(real.memory_available),
+                    },
+                    None => HostResources {
+                        cpu_count: sim.cpu_count.unwrap_or(DEFAULT_CPU_COUNT),
+                        cpu_utilization_percent: Some(0.0),
+                        memory_total: sim.memory.unwrap_or(DEFAULT_MEMORY),
+                        memory_available: sim.memory.unwrap_or(DEFAULT_MEMORY),
+                    },
+                };
+                Environment {
+                    id: id.into(),
+                    host,
+                    status: EnvironmentStatus::Ready,
+                    gpus,
+                    gpu_source: GpuSource::Simulated {
+                        spec: self.spec.clone(),
+                    },
+                    host_resources,
+                    limits: EnvironmentLimits::default(),
+                }
+            })
+            .collect()
+    }
+}
+
+fn parse_environment(text: &str) -> Result<SimulatedEnvironment, String> {
+    let (name, items) = match text.split_once('=') {
+        Some((name, rest)) if !name.contains(',') && !matches!(name.trim(), "cpu" | "mem") => {
+            let name = name.trim();
+            if name.is_empty() || name.contains(char::is_whitespace) {
+                return Err(format!("`{name}` is not an environment name"));
+            }
+            (Some(name.to_owned()), rest)
+        }
+        _ => (None, text),
+    };
+    let mut env = SimulatedEnvironment {
+        name,
+        gpu_memory: Vec::new(),
+        cpu_count: None,
+        memory: None,
+    };
+    for item in items.split(',').map(str::trim) {
+        if let Some(count) = item.strip_prefix("cpu=") {
+            let count: u32 = count
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&count| count > 0)
+                .ok_or_else(|| format!("`{item}` needs a whole number of cores above 0"))?;
+            env.cpu_count = Some(count);
+        } else if let Some(size) = item.strip_prefix("mem=") {
+            env.memory = Some(size.parse().map_err(|_| format!("`{item}` needs a size"))?);
+        } else if let Some((count, size)) = item.split_once(['x', 'X']) {
+            let count: u32 = count
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&count| count > 0)
+                .ok_or_else(|| format!("`{item}` needs a GPU count above 0 before the x"))?;
+            let memory: ByteSize = size
+                .parse()
+                .map_err(|_| format!("`{item}` needs a memory size after the x"))?;
+            if memory.bytes() == 0 {
+                return Err(format!("`{item}` gives GPUs no memory"));
+            }
+            env.gpu_memory
+                .extend(std::iter::repeat_n(memory, count as usize));
+        } else {
+            return Err(format!(
+                "`{item}` is neither COUNTxSIZE, cpu=N nor mem=SIZE"
+            ));
+        }
+    }
+    Ok(env)
+}

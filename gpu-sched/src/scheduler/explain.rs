@@ -1,0 +1,441 @@
+//! One-line reasons: why a trial can never be placed (naming the largest environment and what
+//! to change), and why it waits (naming what is busy). Built only when a placement fails, so
+//! the hot path never formats text.
+
+use std::fmt::Write;
+
+use crate::bytes::ByteSize;
+use crate::inventory::{describe_indices, EnvironmentStatus, GpuSource};
+use crate::request::TrialRequest;
+use crate::scheduler::fit::{
+    fitting_gpu_count, host_fits, permanent_blocker, Demand, GpuDemand, Holds, Permanent,
+};
+use crate::scheduler::state::EnvState;
+
+/// Environments described in a waiting reason before the rest are only counted.
+const SHOWN_ENVIRONMENTS: usize = 3;
+/// Busy GPUs described per environment before the rest are only counted.
+const SHOWN_GPUS: usize = 4;
+
+fn plural(count: u64, one: &str, many: &str) -> String {
+    if count == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{count} {many}")
+    }
+}
+
+fn join_and(parts: &[String]) -> String {
+    match parts {
+        [] => String::new(),
+        [only] => only.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+/// "2 GPUs with 10 GiB each, 4 CPU cores and 8 GiB of host memory".
+pub(crate) fn describe_demand(demand: &Demand) -> String {
+    let mut parts = Vec::new();
+    let count = demand.gpu_count();
+    let gpus = match &demand.gpus {
+        GpuDemand::Devices { host, indices } => Some(format!(
+            "{} {} on {host}",
+            if indices.len() == 1 { "GPU" } else { "GPUs" },
+            describe_indices(indices.iter().copied())
+        )),
+        _ if count > 0 => Some(plural(u64::from(count), "GPU", "GPUs")),
+        _ => None,
+    };
+    if let Some(mut gpus) = gpus {
+        if demand.gpu_memory > 0 {
+            let each = if count > 1 { " each" } else { "" };
+            write!(gpus, " with {}{each}", ByteSize(demand.gpu_memory)).unwrap();
+        }
+        parts.push(gpus);
+    }
+    if demand.cpu_cores > 0 {
+        parts.push(plural(u64::from(demand.cpu_cores), "CPU core", "CPU cores"));
+    }
+    if demand.host_memory > 0 {
+        parts.push(format!("{} of host memory", ByteSize(demand.host_memory)));
+    }
+    if parts.is_empty() {
+        "no GPU".to_owned()
+    } else {
+        join_and(&parts)
+    }
+}
+
+/// `Some(reason)` when no environment could ever take the request. A starting environment
+/// (resources unknown) or an empty inventory means "not known yet", so no rejection.
+pub(crate) fn rejection(envs: &[EnvState], demand: &Demand) -> Option<String> {
+    let counted: Vec<&EnvState> = envs
+        .iter()
+        .filter(|env| env.env.status != EnvironmentStatus::Draining)
+        .collect();
+    if counted.is_empty()
+        || counted
+            .iter()
+            .any(|env| env.env.status == EnvironmentStatus::Starting)
+        || counted
+            .iter()
+            .any(|env| permanent_blocker(env, demand).is_none())
+    {
+        return None;
+    }
+    let asks = format!("the trial asks for {}", describe_demand(demand));
+    if let GpuDemand::Devices { host, .. } = &demand.gpus {
+        let Some(env) = counted.iter().find(|env| env.env.host == *host) else {
+            let mut hosts: Vec<&str> = counted.iter().map(|env| env.env.host.as_str()).collect();
+            hosts.dedup();
+            return Some(format!(
+                "{asks}, but no environment is on host {host} (hosts: {}): fix the Device constraint",
+                hosts.join(", ")
+            ));
+        };
+        let blocker = permanent_blocker(env, demand)?;
+        return Some(format!(
+            "{asks}, but {}",
+            permanent_text(env, demand, blocker, &env.env.host)
+        ));
+    }
+    // The first registered among the largest, by GPUs, then GPU memory, host memory, cores.
+    let size = |env: &EnvState| {
+        let largest_gpu = env
+            .loads
+            .iter()
+            .filter(|load| load.allowed)
+            .map(|load| load.total_memory)
+            .max();
+        let host = &env.env.host_resources;
+        (
+            env.allowed_gpus,
+            largest_gpu,
+            host.memory_total,
+            host.cpu_count,
+        )
+    };
+    let mut largest = counted[0];
+    for env in &counted[1..] {
+        if size(env) > size(largest) {
+            largest = env;
+        }
+    }
+    let blocker = permanent_blocker(largest, demand)?;
+    let subject = format!("the largest environment, {},", largest.env.id);
+    Some(format!(
+        "{asks}, but {}",
+        permanent_text(largest, demand, blocker, &subject)
+    ))
+}
+
+/// "<subject> has …: <what to change>".
+fn permanent_text(env: &EnvState, demand: &Demand, blocker: Permanent, subject: &str) -> String {
+    let count = demand.gpu_count();
+    let host = &env.env.host_resources;
+    match blocker {
+        Permanent::TooFewGpus => {
+            let found = env.loads.len() as u64;
+            let allowed = u64::from(env.allowed_gpus);
+            let has = if allowed < found {
+                format!(
+                    "has {} of which gpuIndices allows {allowed}",
+                    plural(found, "GPU", "GPUs")
+                )
+            } else if found == 0 {
+                match &env.env.gpu_source {
+                    GpuSource::Unavailable { reason } => format!("has no GPU ({reason})"),
+                    _ => "has no GPU".to_owned(),
+                }
+            } else {
+                format!("has {}", plural(found, "GPU", "GPUs"))
+            };
+            let change = if allowed == 0 {
+                "set trialGpuNumber to 0, or run on a machine with an NVIDIA GPU".to_owned()
+            } else {
+                format!("ask for {allowed} or fewer, or add an environment with {count} GPUs")
+            };
+            format!("{subject} {has}: {change}")
+        }
+        Permanent::GpuMemory => {
+            let mut totals: Vec<u64> = env
+                .loads
+                .iter()
+                .filter(|load| load.allowed)
+                .map(|load| load.total_memory)
+                .collect();
+            totals.sort_unstable_by(|a, b| b.cmp(a));
+            let large_enough = totals.iter().filter(|&&total| total >= demand.gpu_memory).count();
+            // The most each of `count` GPUs could be promised.
+            let feasible = ByteSize(totals[count as usize - 1]);
+            format!(
+                "{subject} has {} with {} or more (its GPUs have up to {}): lower trialGpuMemory to {feasible} or less",
+                plural(large_enough as u64, "GPU", "GPUs"),
+                ByteSize(demand.gpu_memory),
+                ByteSize(totals[0]),
+            )
+        }
+        Permanent::HostMemory => {
+            let reserve = env.memory_reserve();
+            let kept = if reserve > 0 {
+                format!(" and keeps {} free", ByteSize(reserve))
+            } else {
+                String::new()
+            };
+            format!(
+                "{subject} has {} of memory{kept}: lower trialMemorySize to {} or less",
+                host.memory_total,
+                ByteSize(host.memory_total.bytes().saturating_sub(reserve))
+            )
+        }
+        Permanent::CpuCores => format!(
+            "{subject} has {}: lower trialCpuNumber to {} or less",
+            plural(u64::from(host.cpu_count), "CPU core", "CPU cores"),
+            host.cpu_count
+        ),
+        Permanent::MissingDevice(index) => format!(
+            "{subject} has no GPU {index} (its GPUs: {}): fix the Device constraint",
+            describe_indices(env.loads.iter().map(|load| load.index))
+        ),
+        Permanent::DeviceNotAllowed(index) => format!(
+            "GPU {index} on {subject} is outside its gpuIndices ({}): fix the Device constraint or gpuIndices",
+            describe_indices(env.loads.iter().filter(|load| load.allowed).map(|load| load.index))
+        ),
+        Permanent::DeviceMemory(index) => {
+            let total = env
+                .position_of(index)
+                .map_or(0, |position| env.loads[position].total_memory);
+            format!(
+                "GPU {index} on {subject} has {}: lower trialGpuMemory to {} or less",
+                ByteSize(total),
+                ByteSize(total)
+            )
+        }
+        Permanent::OtherHost => format!("{subject} is not host {}", env.env.host),
+    }
+}
+
+/// Why a request that could fit some day does not fit now: "waiting for 2 GPUs: node1: 1 of
+/// 2 GPUs free (GPU 0 runs t1, GPU 3 held for waiting trial t9); node2: starting".
+pub(crate) fn waiting(
+    envs: &[EnvState],
+    holds: &Holds,
+    demand: &Demand,
+    waiting: &[TrialRequest],
+) -> String {
+    let mut text = format!("waiting for {}: ", describe_demand(demand));
+    if envs.is_empty() {
+        text.push_str("no environment is registered yet");
+        return text;
+    }
+    let mut shown = 0;
+    let mut more = 0;
+    for (position, env) in envs.iter().enumerate() {
+        let status = &env.env.status;
+        if *status == EnvironmentStatus::Draining
+            || (*status != EnvironmentStatus::Starting && permanent_blocker(env, demand).is_some())
+        {
+            continue;
+        }
+        if shown == SHOWN_ENVIRONMENTS {
+            more += 1;
+            continue;
+        }
+        if shown > 0 {
+            text.push_str("; ");
+        }
+        shown += 1;
+        write!(text, "{}: ", env.env.id).unwrap();
+        match status {
+            EnvironmentStatus::Starting => text.push_str("starting"),
+            EnvironmentStatus::Unavailable(reason) => {
+                write!(text, "unavailable ({reason})").unwrap()
+            }
+            _ => text.push_str(&busy_environment(env, position, holds, demand, waiting)),
+        }
+    }
+    if shown == 0 {
+        text.push_str("every environment is draining");
+    } else if more > 0 {
+        write!(
+            text,
+            "; and {}",
+            plural(more, "more environment", "more environments")
+        )
+        .unwrap();
+    }
+    text
+}
+
+fn held_by(waiting: &[TrialRequest], position: u32) -> String {
+    match waiting.get(position as usize) {
+        Some(request) => format!("waiting trial {}", request.trial),
+        None => "an earlier waiting trial".to_owned(),
+    }
+}
+
+/// What blocks a ready environment that could take the request once something frees up.
+fn busy_environment(
+    env: &EnvState,
+    env_position: usize,
+    holds: &Holds,
+    demand: &Demand,
+    waiting: &[TrialRequest],
+) -> String {
+    let hold = holds.get(env_position);
+    let host = &env.env.host_resources;
+    let mut issues = Vec::new();
+    let held_note = |amount: String| match hold.and_then(|hold| hold.host_holder) {
+        Some(holder) => format!(" ({amount} held for {})", held_by(waiting, holder)),
+        None => String::new(),
+    };
+    let held_cores = hold.map_or(0, |hold| hold.cpu_cores);
+    if demand.cpu_cores > 0 && env.free_cpu_cores().saturating_sub(held_cores) < demand.cpu_cores {
+        let note = if held_cores > 0 {
+            held_note(plural(u64::from(held_cores), "core", "cores"))
+        } else {
+            String::new()
+        };
+        issues.push(format!(
+            "{} of {} CPU cores free{note}",
+            env.free_cpu_cores().saturating_sub(held_cores),
+            host.cpu_count
+        ));
+    }
+    if env.cpu_too_busy() {
+        issues.push(format!(
+            "CPU at {:.0}% (limit {:.0}%)",
+            host.cpu_utilization_percent.unwrap_or(0.0),
+            env.env.limits.max_cpu_utilization.unwrap_or(0.0)
+        ));
+    }
+    let reserve = env.memory_reserve();
+    let held_memory = hold.map_or(0, |hold| hold.host_memory);
+    let available = env.unclaimed_host_memory().saturating_sub(held_memory);
+    if (demand.host_memory > 0 || reserve > 0) && available < demand.host_memory + reserve {
+        let kept = if reserve > 0 {
+            format!(" ({} kept free)", ByteSize(reserve))
+        } else {
+            String::new()
+        };
+        let note = if held_memory > 0 {
+            held_note(ByteSize(held_memory).to_string())
+        } else {
+            String::new()
+        };
+        issues.push(format!(
+            "{} of memory available{kept}{note}",
+            ByteSize(available)
+        ));
+    }
+    let count = demand.gpu_count();
+    if count > 0 {
+        let positions: Vec<usize> = match &demand.gpus {
+            GpuDemand::Devices { indices, .. } => indices
+                .iter()
+                .filter_map(|&index| env.position_of(index))
+                .collect(),
+            _ => (0..env.loads.len()).collect(),
+        };
+        let blocked: Vec<String> = positions
+            .iter()
+            .filter_map(|&position| {
+                gpu_blocker(env, env_position, position, holds, demand, waiting)
+            })
+            .collect();
+        let fitting = match demand.gpus {
+            GpuDemand::Devices { .. } => count - blocked.len() as u32,
+            _ => fitting_gpu_count(env, hold, demand.gpu_memory),
+        };
+        if fitting < count
+            || !blocked.is_empty() && matches!(demand.gpus, GpuDemand::Devices { .. })
+        {
+            let mut gpus = if count == 1 {
+                "no GPU free".to_owned()
+            } else {
+                format!("{fitting} of {count} GPUs free")
+            };
+            let extra = blocked.len().saturating_sub(SHOWN_GPUS);
+            let mut details = blocked.into_iter().take(SHOWN_GPUS).collect::<Vec<_>>();
+            if extra > 0 {
+                details.push(format!("{extra} more busy"));
+            }
+            if !details.is_empty() {
+                write!(gpus, " ({})", details.join(", ")).unwrap();
+            }
+            issues.push(gpus);
+        }
+    }
+    if issues.is_empty() {
+        // Fits by every measure above yet was not chosen: only possible when another
+        // environment on the same host took the Device request's place.
+        debug_assert!(host_fits(env, hold, demand) || count > 0);
+        issues.push("busy".to_owned());
+    }
+    issues.join(", ")
+}
+
+/// Why one allowed GPU cannot take a slot of the request now; `None` if it can (or is not in
+/// the allow-list, which is a permanent matter, not a busy one).
+fn gpu_blocker(
+    env: &EnvState,
+    env_position: usize,
+    position: usize,
+    holds: &Holds,
+    demand: &Demand,
+    waiting: &[TrialRequest],
+) -> Option<String> {
+    let load = &env.loads[position];
+    let gpu = &env.env.gpus[position];
+    if !load.allowed {
+        return None;
+    }
+    if let Some(holder) = holds.gpu_holder(env_position, position) {
+        return Some(format!(
+            "GPU {} held for {}",
+            load.index,
+            held_by(waiting, holder)
+        ));
+    }
+    if load.foreign_blocked {
+        let pids: Vec<String> = gpu
+            .foreign_processes
+            .iter()
+            .map(|process| process.pid.to_string())
+            .collect();
+        let memory = gpu.foreign_memory();
+        let using = if memory.bytes() > 0 {
+            format!(" using {memory}")
+        } else {
+            String::new()
+        };
+        let word = if pids.len() == 1 { "pid" } else { "pids" };
+        return Some(format!(
+            "GPU {} runs foreign {word} {}{using} and useActiveGpu is off",
+            load.index,
+            pids.join(", ")
+        ));
+    }
+    if !load.has_room {
+        let trials: Vec<&str> = gpu.trials.iter().map(|trial| trial.as_str()).collect();
+        let max = env.env.limits.max_trial_number_per_gpu;
+        let sharing = if max > 1 {
+            format!(" ({max} per GPU)")
+        } else {
+            String::new()
+        };
+        return Some(format!(
+            "GPU {} runs {}{sharing}",
+            load.index,
+            trials.join(", ")
+        ));
+    }
+    if load.available_memory < demand.gpu_memory {
+        return Some(format!(
+            "GPU {} has {} free",
+            load.index,
+            ByteSize(load.available_memory)
+        ));
+    }
+    None
+}

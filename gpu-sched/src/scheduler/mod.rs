@@ -1,0 +1,315 @@
+//! The scheduler: registered environments, the trials placed on them, and the decisions.
+
+mod explain;
+mod fit;
+mod state;
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::bytes::ByteSize;
+use crate::error::InventoryError;
+use crate::inventory::{Environment, EnvironmentId, EnvironmentStatus, Inventory, TrialId};
+use crate::placement::{Assignment, Placement};
+use crate::request::{Policy, SchedulerConfig, TrialRequest};
+use fit::{hold_for_waiting, Chooser, Demand, GpuDemand, Holds, Plan};
+use state::EnvState;
+
+/// Decides where waiting trials run and keeps track of what each placed trial holds.
+///
+/// API boundary: pure, synchronous and deterministic. It never probes, sleeps or spawns; the
+/// core feeds it environments (from probes or agents) and trial ends, and asks it to place the
+/// waiting queue after every event that may have freed something.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    envs: Vec<EnvState>,
+    env_positions: HashMap<EnvironmentId, usize>,
+    assignments: BTreeMap<TrialId, Assignment>,
+    /// Environment position round-robin tries first.
+    round_robin_next: usize,
+    /// Counts releases; recently-idle compares these ticks instead of wall time, so its
+    /// choices do not depend on the clock.
+    release_clock: u64,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Scheduler {
+        Scheduler {
+            config,
+            envs: Vec::new(),
+            env_positions: HashMap::new(),
+            assignments: BTreeMap::new(),
+            round_robin_next: 0,
+            release_clock: 0,
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.config.policy = policy;
+    }
+
+    /// Registers an environment, or takes a fresh probe of one already registered. Trials placed
+    /// on it keep their GPUs (the `trials` lists of the given GPUs are ignored and rebuilt).
+    pub fn upsert_environment(&mut self, environment: Environment) -> Result<(), InventoryError> {
+        environment.check_consistency()?;
+        match self.env_positions.get(&environment.id) {
+            Some(&position) => self.envs[position].replace(environment, &self.assignments),
+            None => {
+                self.env_positions
+                    .insert(environment.id.clone(), self.envs.len());
+                self.envs
+                    .push(EnvState::new(environment, &self.assignments));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn set_environment_status(
+        &mut self,
+        environment: &EnvironmentId,
+        status: EnvironmentStatus,
+    ) -> Result<(), InventoryError> {
+        let position = self.position(environment)?;
+        self.envs[position].env.status = status;
+        Ok(())
+    }
+
+    /// Forgets an environment that is gone for good. Returns the assignments of the trials that
+    /// were placed there: they are released, and the core decides their fate.
+    pub fn remove_environment(
+        &mut self,
+        environment: &EnvironmentId,
+    ) -> Result<Vec<Assignment>, InventoryError> {
+        let position = self.position(environment)?;
+        let removed = self.envs.remove(position);
+        self.env_positions.remove(environment);
+        for later in self.env_positions.values_mut() {
+            if *later > position {
+                *later -= 1;
+            }
+        }
+        if self.round_robin_next > position {
+            self.round_robin_next -= 1;
+        }
+        Ok(removed
+            .trials
+            .iter()
+            .filter_map(|trial| self.assignments.remove(trial))
+            .collect())
+    }
+
+    pub fn environment(&self, environment: &EnvironmentId) -> Option<&Environment> {
+        self.env_positions
+            .get(environment)
+            .map(|&position| &self.envs[position].env)
+    }
+
+    /// In registration order.
+    pub fn environments(&self) -> impl Iterator<Item = &Environment> {
+        self.envs.iter().map(|state| &state.env)
+    }
+
+    /// An owned copy of every environment, with the trials placed on each GPU.
+    pub fn inventory(&self) -> Inventory {
+        Inventory {
+            environments: self.environments().cloned().collect(),
+        }
+    }
+
+    pub fn assignment(&self, trial: &TrialId) -> Option<&Assignment> {
+        self.assignments.get(trial)
+    }
+
+    /// Every placed, unreleased trial, ordered by trial id.
+    pub fn assignments(&self) -> impl Iterator<Item = &Assignment> {
+        self.assignments.values()
+    }
+
+    /// Places one trial (a queue of one).
+    pub fn place(&mut self, request: &TrialRequest) -> Placement {
+        self.place_queue(std::slice::from_ref(request))
+            .pop()
+            .expect("one placement per request")
+    }
+
+    /// Decides every waiting trial, oldest first, and holds the GPUs of those placed. Returns
+    /// one placement per request, in the same order.
+    ///
+    /// `waiting` must be in arrival order: a trial that cannot be placed holds, for the rest of
+    /// this call, the resources it is closest to fitting on, so younger trials are placed only
+    /// on what no older trial is waiting for. Call this again after every trial end, probe or
+    /// environment change; nothing is held between calls. A trial that already holds an
+    /// assignment gets it back unchanged.
+    pub fn place_queue(&mut self, waiting: &[TrialRequest]) -> Vec<Placement> {
+        let mut holds = Holds::new(&self.envs);
+        let mut placements = Vec::with_capacity(waiting.len());
+        for (queue_position, request) in waiting.iter().enumerate() {
+            let placement = self.decide(request, queue_position as u32, &mut holds, waiting);
+            placements.push(placement);
+        }
+        placements
+    }
+
+    /// What [`place`](Self::place) would answer now, without holding anything or advancing
+    /// round-robin.
+    pub fn preview(&self, request: &TrialRequest) -> Placement {
+        if let Some(assignment) = self.assignments.get(&request.trial) {
+            return succeed(assignment);
+        }
+        let holds = Holds::new(&self.envs);
+        let demand = match Demand::resolve(request, &self.config) {
+            Ok(demand) => demand,
+            Err(reason) => return reject_malformed(reason),
+        };
+        if let Some(reason) = explain::rejection(&self.envs, &demand) {
+            return Placement::RequireExceedTotal { reason };
+        }
+        match self.chooser(&holds).plan(&demand) {
+            Some(plan) => Placement::Succeed {
+                environment: self.envs[plan.env].env.id.clone(),
+                gpu_indices: self.gpu_indices(&demand, &plan),
+            },
+            None => Placement::TmpNoAvailableGpu {
+                reason: explain::waiting(
+                    &self.envs,
+                    &holds,
+                    &demand,
+                    std::slice::from_ref(request),
+                ),
+            },
+        }
+    }
+
+    /// `Err(reason)` when no registered environment could ever take the request: what
+    /// `knob create` checks before starting an experiment whose trials could never run.
+    pub fn check_request(&self, request: &TrialRequest) -> Result<(), String> {
+        let demand = Demand::resolve(request, &self.config)
+            .map_err(|reason| format!("the trial cannot be placed: {reason}"))?;
+        match explain::rejection(&self.envs, &demand) {
+            Some(reason) => Err(reason),
+            None => Ok(()),
+        }
+    }
+
+    /// Frees what a trial held, the moment its process group is gone. `None` if it held
+    /// nothing (never placed, or already released).
+    pub fn release(&mut self, trial: &TrialId) -> Option<Assignment> {
+        let assignment = self.assignments.remove(trial)?;
+        self.release_clock += 1;
+        if let Some(&position) = self.env_positions.get(&assignment.environment) {
+            let env = &mut self.envs[position];
+            env.drop_hold(&assignment);
+            env.last_release = self.release_clock;
+        }
+        Some(assignment)
+    }
+
+    fn position(&self, environment: &EnvironmentId) -> Result<usize, InventoryError> {
+        self.env_positions.get(environment).copied().ok_or_else(|| {
+            InventoryError::UnknownEnvironment {
+                environment: environment.clone(),
+            }
+        })
+    }
+
+    fn chooser<'a>(&'a self, holds: &'a Holds) -> Chooser<'a> {
+        Chooser {
+            envs: &self.envs,
+            holds,
+            policy: self.config.policy,
+            round_robin_next: self.round_robin_next,
+        }
+    }
+
+    fn decide(
+        &mut self,
+        request: &TrialRequest,
+        queue_position: u32,
+        holds: &mut Holds,
+        waiting: &[TrialRequest],
+    ) -> Placement {
+        if let Some(assignment) = self.assignments.get(&request.trial) {
+            return succeed(assignment);
+        }
+        let demand = match Demand::resolve(request, &self.config) {
+            Ok(demand) => demand,
+            Err(reason) => return reject_malformed(reason),
+        };
+        if let Some(reason) = explain::rejection(&self.envs, &demand) {
+            return Placement::RequireExceedTotal { reason };
+        }
+        // Once every free GPU is taken or held, no GPU request can be placed in this pass;
+        // skipping the scan (and the hold, which could only claim busy GPUs that nothing later
+        // in this pass could use either) keeps long queues linear.
+        let exhausted = demand.gpu_count() > 0 && holds.free_unheld_gpus == 0;
+        let plan = if exhausted {
+            None
+        } else {
+            self.chooser(holds).plan(&demand)
+        };
+        match plan {
+            Some(plan) => self.commit(&demand, plan, holds),
+            None => {
+                // Explained before its own hold, which would otherwise show up as the blocker.
+                let reason = explain::waiting(&self.envs, holds, &demand, waiting);
+                if !exhausted {
+                    hold_for_waiting(&self.envs, holds, &demand, queue_position);
+                }
+                Placement::TmpNoAvailableGpu { reason }
+            }
+        }
+    }
+
+    fn gpu_indices(&self, demand: &Demand, plan: &Plan) -> Option<Vec<u32>> {
+        match demand.gpus {
+            GpuDemand::Unmanaged => None,
+            _ => Some(
+                plan.positions
+                    .iter()
+                    .map(|&position| self.envs[plan.env].loads[position].index)
+                    .collect(),
+            ),
+        }
+    }
+
+    fn commit(&mut self, demand: &Demand, plan: Plan, holds: &mut Holds) -> Placement {
+        let assignment = Assignment {
+            trial: demand.trial.clone(),
+            environment: self.envs[plan.env].env.id.clone(),
+            gpu_indices: self.gpu_indices(demand, &plan),
+            gpu_memory: ByteSize(demand.gpu_memory),
+            host_memory: ByteSize(demand.host_memory),
+            cpu_cores: demand.cpu_cores,
+        };
+        let env = &mut self.envs[plan.env];
+        let free_before = env.free_gpus;
+        env.hold(&assignment);
+        holds.free_unheld_gpus = holds
+            .free_unheld_gpus
+            .saturating_sub(u64::from(free_before - env.free_gpus));
+        // NNI's recently-idle forgets an environment's release once it has been used.
+        env.last_release = 0;
+        self.round_robin_next = (plan.env + 1) % self.envs.len();
+        let placement = succeed(&assignment);
+        self.assignments
+            .insert(assignment.trial.clone(), assignment);
+        placement
+    }
+}
+
+fn succeed(assignment: &Assignment) -> Placement {
+    Placement::Succeed {
+        environment: assignment.environment.clone(),
+        gpu_indices: assignment.gpu_indices.clone(),
+    }
+}
+
+fn reject_malformed(reason: String) -> Placement {
+    Placement::RequireExceedTotal {
+        reason: format!("the trial cannot be placed: {reason}"),
+    }
+}

@@ -1,0 +1,206 @@
+//! The scheduler's per-environment bookkeeping: the registered [`Environment`] plus compact,
+//! derived load figures that the placement scan reads instead of the public model.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::inventory::{Environment, EnvironmentStatus, TrialId};
+use crate::placement::Assignment;
+
+/// Derived state of one GPU, recomputed whenever its inputs change.
+///
+/// Architecture invariant: `loads[i]` always describes `env.gpus[i]` as the probe last reported
+/// it plus every assignment the scheduler holds on it, so the scan never has to look at the
+/// (larger, string-carrying) public model.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GpuLoad {
+    pub index: u32,
+    /// In the environment's `gpuIndices` allow-list.
+    pub allowed: bool,
+    /// Runs foreign processes while `useActiveGpu` is off.
+    pub foreign_blocked: bool,
+    pub trials: u32,
+    /// GPU memory declared by the knob trials on this GPU.
+    pub declared_memory: u64,
+    /// What a new trial can count on: the measured free memory, or the total less foreign use
+    /// and the declared memory of knob trials that may not have allocated it yet, whichever is
+    /// smaller.
+    pub available_memory: u64,
+    pub total_memory: u64,
+    /// Allowed, not foreign-blocked, and below `maxTrialNumberPerGpu`.
+    pub has_room: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct EnvState {
+    pub env: Environment,
+    /// Parallel to `env.gpus`.
+    pub loads: Vec<GpuLoad>,
+    /// GPUs with `has_room`.
+    pub free_gpus: u32,
+    /// GPUs in the allow-list that exist.
+    pub allowed_gpus: u32,
+    pub declared_host_memory: u64,
+    pub declared_cpu_cores: u32,
+    pub trials: BTreeSet<TrialId>,
+    /// Release-clock tick of the latest trial release here; 0 once recently-idle has used it.
+    pub last_release: u64,
+}
+
+impl EnvState {
+    pub fn new(mut env: Environment, assignments: &BTreeMap<TrialId, Assignment>) -> EnvState {
+        env.gpus.sort_by_key(|gpu| gpu.index);
+        let mut state = EnvState {
+            env,
+            loads: Vec::new(),
+            free_gpus: 0,
+            allowed_gpus: 0,
+            declared_host_memory: 0,
+            declared_cpu_cores: 0,
+            trials: BTreeSet::new(),
+            last_release: 0,
+        };
+        state.rebuild(assignments);
+        state
+    }
+
+    /// Takes a fresh probe of the same environment, keeping the trials placed on it.
+    pub fn replace(&mut self, mut env: Environment, assignments: &BTreeMap<TrialId, Assignment>) {
+        env.gpus.sort_by_key(|gpu| gpu.index);
+        self.env = env;
+        self.rebuild(assignments);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.env.status == EnvironmentStatus::Ready
+    }
+
+    pub fn position_of(&self, index: u32) -> Option<usize> {
+        self.loads.iter().position(|load| load.index == index)
+    }
+
+    /// Host memory not yet promised to knob trials and measured available, whichever is
+    /// smaller (the reserve the limits keep free is not subtracted).
+    pub fn unclaimed_host_memory(&self) -> u64 {
+        let host = &self.env.host_resources;
+        let unpromised = host
+            .memory_total
+            .bytes()
+            .saturating_sub(self.declared_host_memory);
+        host.memory_available.bytes().min(unpromised)
+    }
+
+    pub fn memory_reserve(&self) -> u64 {
+        self.env
+            .limits
+            .min_available_memory
+            .map_or(0, |reserve| reserve.bytes())
+    }
+
+    pub fn free_cpu_cores(&self) -> u32 {
+        self.env
+            .host_resources
+            .cpu_count
+            .saturating_sub(self.declared_cpu_cores)
+    }
+
+    /// CPU use at or above the environment's limit.
+    pub fn cpu_too_busy(&self) -> bool {
+        match (
+            self.env.limits.max_cpu_utilization,
+            self.env.host_resources.cpu_utilization_percent,
+        ) {
+            (Some(limit), Some(current)) => current >= limit,
+            _ => false,
+        }
+    }
+
+    pub fn hold(&mut self, assignment: &Assignment) {
+        self.trials.insert(assignment.trial.clone());
+        self.declared_host_memory += assignment.host_memory.bytes();
+        self.declared_cpu_cores += assignment.cpu_cores;
+        for &index in assignment.gpu_indices.iter().flatten() {
+            // A GPU missing from the latest probe keeps its claim in the assignment and is
+            // counted again if it comes back.
+            if let Some(position) = self.position_of(index) {
+                self.loads[position].trials += 1;
+                self.loads[position].declared_memory += assignment.gpu_memory.bytes();
+                self.env.gpus[position]
+                    .trials
+                    .push(assignment.trial.clone());
+                self.refresh_gpu(position);
+            }
+        }
+    }
+
+    pub fn drop_hold(&mut self, assignment: &Assignment) {
+        self.trials.remove(&assignment.trial);
+        self.declared_host_memory = self
+            .declared_host_memory
+            .saturating_sub(assignment.host_memory.bytes());
+        self.declared_cpu_cores = self.declared_cpu_cores.saturating_sub(assignment.cpu_cores);
+        for &index in assignment.gpu_indices.iter().flatten() {
+            if let Some(position) = self.position_of(index) {
+                let load = &mut self.loads[position];
+                load.trials = load.trials.saturating_sub(1);
+                load.declared_memory = load
+                    .declared_memory
+                    .saturating_sub(assignment.gpu_memory.bytes());
+                self.env.gpus[position]
+                    .trials
+                    .retain(|trial| *trial != assignment.trial);
+                self.refresh_gpu(position);
+            }
+        }
+    }
+
+    fn rebuild(&mut self, assignments: &BTreeMap<TrialId, Assignment>) {
+        let limits = &self.env.limits;
+        self.loads = self
+            .env
+            .gpus
+            .iter()
+            .map(|gpu| GpuLoad {
+                index: gpu.index,
+                allowed: limits.allows_gpu(gpu.index),
+                foreign_blocked: !limits.use_active_gpu && !gpu.foreign_processes.is_empty(),
+                total_memory: gpu.memory_total.bytes(),
+                ..GpuLoad::default()
+            })
+            .collect();
+        for gpu in &mut self.env.gpus {
+            gpu.trials.clear();
+        }
+        self.allowed_gpus = self.loads.iter().filter(|load| load.allowed).count() as u32;
+        self.free_gpus = 0;
+        self.declared_host_memory = 0;
+        self.declared_cpu_cores = 0;
+        for position in 0..self.loads.len() {
+            self.refresh_gpu(position);
+        }
+        let trials = std::mem::take(&mut self.trials);
+        for trial in &trials {
+            if let Some(assignment) = assignments.get(trial) {
+                self.hold(assignment);
+            }
+        }
+    }
+
+    /// Recomputes one GPU's derived figures and keeps `free_gpus` in step.
+    fn refresh_gpu(&mut self, position: usize) {
+        let gpu = &self.env.gpus[position];
+        let max_trials = self.env.limits.max_trial_number_per_gpu;
+        let load = &mut self.loads[position];
+        let had_room = load.has_room;
+        let promised = gpu.foreign_memory().bytes() + load.declared_memory;
+        load.available_memory = gpu
+            .memory_free
+            .bytes()
+            .min(load.total_memory.saturating_sub(promised));
+        load.has_room = load.allowed && !load.foreign_blocked && load.trials < max_trials;
+        match (had_room, load.has_room) {
+            (false, true) => self.free_gpus += 1,
+            (true, false) => self.free_gpus -= 1,
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! knob-gpu-sched's integration tests: one binary, one module per concern.
+
+mod bytes;
+mod constraints;
+mod end_to_end;
+mod fairness;
+mod lifecycle;
+mod policies;
+mod probe;
+mod results;
+mod simulate;
+mod support;
