@@ -69,20 +69,26 @@ pub(crate) fn describe_demand(demand: &Demand) -> String {
 /// `Some(reason)` when no environment could ever take the request. A starting environment
 /// (resources unknown) or an empty inventory means "not known yet", so no rejection.
 pub(crate) fn rejection(envs: &[EnvState], demand: &Demand) -> Option<String> {
+    // Runs before every decision: stop at the first environment that settles it, which is
+    // usually the first one.
+    let mut any_counted = false;
+    for env in envs {
+        match env.env.status {
+            EnvironmentStatus::Draining => continue,
+            EnvironmentStatus::Starting => return None,
+            _ => {}
+        }
+        // No permanent blocker here: this environment may take it one day, so no rejection.
+        permanent_blocker(env, demand)?;
+        any_counted = true;
+    }
+    if !any_counted {
+        return None;
+    }
     let counted: Vec<&EnvState> = envs
         .iter()
         .filter(|env| env.env.status != EnvironmentStatus::Draining)
         .collect();
-    if counted.is_empty()
-        || counted
-            .iter()
-            .any(|env| env.env.status == EnvironmentStatus::Starting)
-        || counted
-            .iter()
-            .any(|env| permanent_blocker(env, demand).is_none())
-    {
-        return None;
-    }
     let asks = format!("the trial asks for {}", describe_demand(demand));
     if let GpuDemand::Devices { host, .. } = &demand.gpus {
         let Some(env) = counted.iter().find(|env| env.env.host == *host) else {

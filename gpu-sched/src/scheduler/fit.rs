@@ -17,7 +17,7 @@ pub(crate) struct Demand<'a> {
     pub cpu_cores: u32,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum GpuDemand {
     /// `trialGpuNumber` unset: no GPU, and `CUDA_VISIBLE_DEVICES` left alone.
     Unmanaged,
@@ -83,6 +83,16 @@ impl<'a> Demand<'a> {
         })
     }
 
+    /// Everything but the trial: two requests of one shape get the same answer.
+    pub fn shape(&self) -> Shape {
+        (
+            self.gpus.clone(),
+            self.gpu_memory,
+            self.host_memory,
+            self.cpu_cores,
+        )
+    }
+
     pub fn gpu_count(&self) -> u32 {
         match &self.gpus {
             GpuDemand::Unmanaged => 0,
@@ -91,6 +101,8 @@ impl<'a> Demand<'a> {
         }
     }
 }
+
+pub(crate) type Shape = (GpuDemand, u64, u64, u32);
 
 /// Why an environment can never take a request, whatever finishes or frees up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,16 +165,19 @@ pub(crate) fn permanent_blocker(env: &EnvState, demand: &Demand) -> Option<Perma
 
 /// Resources held, within one pass over the waiting queue, for waiting trials that could not be
 /// placed: later (younger) trials may not use them. This is what keeps a large request from
-/// starving behind a stream of small ones.
+/// starving behind a stream of small ones. Also caches what a pass learns about refusals.
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
     /// Empty until the first hold, then one entry per environment.
     per_env: Vec<EnvHold>,
-    /// Free GPUs on ready environments that nobody holds: 0 means no GPU request can be placed
-    /// for the rest of the pass.
-    pub free_unheld_gpus: u64,
+    /// Free GPUs on ready environments that nobody holds. Counted at the pass's first refusal
+    /// (placements never need it); `Some(0)` means no GPU request can be placed for the rest of
+    /// the pass.
+    free_unheld_gpus: Option<u64>,
+    /// Waiting reasons written since the last placement or hold, by request shape: in a long
+    /// queue most waiting trials share a shape and, once nothing changes, a reason.
+    reasons: Vec<(Shape, String)>,
 }
-
 #[derive(Clone, Debug, Default)]
 pub(crate) struct EnvHold {
     /// Queue position of the waiting trial holding each GPU (parallel to `EnvState::loads`).
@@ -175,15 +190,44 @@ pub(crate) struct EnvHold {
 }
 
 impl Holds {
-    pub fn new(envs: &[EnvState]) -> Holds {
-        Holds {
-            per_env: Vec::new(),
-            free_unheld_gpus: envs
-                .iter()
-                .filter(|env| env.is_ready())
-                .map(|env| u64::from(env.free_gpus))
-                .sum(),
+    pub fn no_free_gpu_left(&self) -> bool {
+        self.free_unheld_gpus == Some(0)
+    }
+
+    /// Counts the free, unheld GPUs if this pass has not yet.
+    pub fn count_free_gpus(&mut self, envs: &[EnvState]) {
+        if self.free_unheld_gpus.is_some() {
+            return;
         }
+        let free = envs
+            .iter()
+            .enumerate()
+            .filter(|(_, env)| env.is_ready())
+            .map(|(position, env)| {
+                let held = self.get(position).map_or(0, |hold| hold.free_gpus_held);
+                u64::from(env.free_gpus.saturating_sub(held))
+            })
+            .sum();
+        self.free_unheld_gpus = Some(free);
+    }
+
+    /// A placement changed the inventory, taking `free_gpus_taken` free GPUs.
+    pub fn placed(&mut self, free_gpus_taken: u32) {
+        if let Some(free) = &mut self.free_unheld_gpus {
+            *free = free.saturating_sub(u64::from(free_gpus_taken));
+        }
+        self.reasons.clear();
+    }
+
+    pub fn cached_reason(&self, shape: &Shape) -> Option<&str> {
+        self.reasons
+            .iter()
+            .find(|(cached, _)| cached == shape)
+            .map(|(_, reason)| reason.as_str())
+    }
+
+    pub fn remember_reason(&mut self, shape: Shape, reason: String) {
+        self.reasons.push((shape, reason));
     }
 
     pub fn get(&self, env: usize) -> Option<&EnvHold> {
@@ -485,6 +529,10 @@ pub(crate) fn hold_for_waiting(
             free
         }
     };
+    let holds_host = demand.host_memory > 0 || demand.cpu_cores > 0;
+    if wanted.is_empty() && !holds_host {
+        return;
+    }
     let hold = holds.env_mut(target, envs);
     let mut newly_held_free = 0;
     for position in wanted {
@@ -496,14 +544,15 @@ pub(crate) fn hold_for_waiting(
             }
         }
     }
-    if demand.host_memory > 0 || demand.cpu_cores > 0 {
+    if holds_host {
         hold.host_memory += demand.host_memory;
         hold.cpu_cores += demand.cpu_cores;
         hold.host_holder.get_or_insert(waiting_position);
     }
-    if env.is_ready() {
-        holds.free_unheld_gpus = holds.free_unheld_gpus.saturating_sub(newly_held_free);
+    if let (true, Some(free)) = (env.is_ready(), &mut holds.free_unheld_gpus) {
+        *free = free.saturating_sub(newly_held_free);
     }
+    holds.reasons.clear();
 }
 
 /// The environment a waiting request is closest to fitting on: one that could ever take it,

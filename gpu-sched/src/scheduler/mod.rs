@@ -19,7 +19,8 @@ use state::EnvState;
 /// API boundary: pure, synchronous and deterministic. It never probes, sleeps or spawns; the
 /// core feeds it environments (from probes or agents) and trial ends, and asks it to place the
 /// waiting queue after every event that may have freed something.
-#[derive(Debug)]
+/// Cloning gives an independent copy, e.g. to try a what-if without touching the real one.
+#[derive(Clone, Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
     envs: Vec<EnvState>,
@@ -145,7 +146,7 @@ impl Scheduler {
     /// environment change; nothing is held between calls. A trial that already holds an
     /// assignment gets it back unchanged.
     pub fn place_queue(&mut self, waiting: &[TrialRequest]) -> Vec<Placement> {
-        let mut holds = Holds::new(&self.envs);
+        let mut holds = Holds::default();
         let mut placements = Vec::with_capacity(waiting.len());
         for (queue_position, request) in waiting.iter().enumerate() {
             let placement = self.decide(request, queue_position as u32, &mut holds, waiting);
@@ -160,7 +161,7 @@ impl Scheduler {
         if let Some(assignment) = self.assignments.get(&request.trial) {
             return succeed(assignment);
         }
-        let holds = Holds::new(&self.envs);
+        let holds = Holds::default();
         let demand = match Demand::resolve(request, &self.config) {
             Ok(demand) => demand,
             Err(reason) => return reject_malformed(reason),
@@ -245,23 +246,27 @@ impl Scheduler {
         // Once every free GPU is taken or held, no GPU request can be placed in this pass;
         // skipping the scan (and the hold, which could only claim busy GPUs that nothing later
         // in this pass could use either) keeps long queues linear.
-        let exhausted = demand.gpu_count() > 0 && holds.free_unheld_gpus == 0;
-        let plan = if exhausted {
-            None
-        } else {
-            self.chooser(holds).plan(&demand)
-        };
-        match plan {
-            Some(plan) => self.commit(&demand, plan, holds),
-            None => {
-                // Explained before its own hold, which would otherwise show up as the blocker.
-                let reason = explain::waiting(&self.envs, holds, &demand, waiting);
-                if !exhausted {
-                    hold_for_waiting(&self.envs, holds, &demand, queue_position);
-                }
-                Placement::TmpNoAvailableGpu { reason }
+        let exhausted = demand.gpu_count() > 0 && holds.no_free_gpu_left();
+        if !exhausted {
+            if let Some(plan) = self.chooser(holds).plan(&demand) {
+                return self.commit(&demand, plan, holds);
             }
         }
+        holds.count_free_gpus(&self.envs);
+        // Explained before its own hold, which would otherwise show up as the blocker.
+        let shape = demand.shape();
+        let reason = match holds.cached_reason(&shape) {
+            Some(reason) => reason.to_owned(),
+            None => {
+                let reason = explain::waiting(&self.envs, holds, &demand, waiting);
+                holds.remember_reason(shape, reason.clone());
+                reason
+            }
+        };
+        if !exhausted {
+            hold_for_waiting(&self.envs, holds, &demand, queue_position);
+        }
+        Placement::TmpNoAvailableGpu { reason }
     }
 
     fn gpu_indices(&self, demand: &Demand, plan: &Plan) -> Option<Vec<u32>> {
@@ -288,9 +293,7 @@ impl Scheduler {
         let env = &mut self.envs[plan.env];
         let free_before = env.free_gpus;
         env.hold(&assignment);
-        holds.free_unheld_gpus = holds
-            .free_unheld_gpus
-            .saturating_sub(u64::from(free_before - env.free_gpus));
+        holds.placed(free_before - env.free_gpus);
         // NNI's recently-idle forgets an environment's release once it has been used.
         env.last_release = 0;
         self.round_robin_next = (plan.env + 1) % self.envs.len();

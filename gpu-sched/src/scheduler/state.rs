@@ -30,7 +30,7 @@ pub(crate) struct GpuLoad {
     pub has_room: bool,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct EnvState {
     pub env: Environment,
     /// Parallel to `env.gpus`.

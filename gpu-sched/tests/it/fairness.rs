@@ -101,7 +101,7 @@ fn equal_requests_are_served_oldest_first() {
         first: local [0]
         second: local [1]
         third: wait: waiting for 1 GPU: local: no GPU free (GPU 0 runs first, GPU 1 runs second)
-        fourth: wait: waiting for 1 GPU: local: no GPU free (GPU 0 runs first, GPU 1 runs second)
+        fourth: wait: waiting for 1 GPU: local: no GPU free (GPU 0 held for waiting trial third, GPU 1 runs second)
     "#]]
     .assert_eq(&place(&mut scheduler, &queue));
 }
