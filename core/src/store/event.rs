@@ -1,0 +1,312 @@
+//! The event model: what the log holds, one [`StoreEvent`] per state change.
+//!
+//! The JSON form of every type here is written to disk, so it is part of the store's schema:
+//! renaming a variant or a field needs a schema version bump (see `schema.rs`). Adding an
+//! `Option` field is safe, since a missing `Option` reads back as `None`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Position of an event in the log: 1 for the first event, +1 for each one after, with no gaps
+/// and never reused. Metrics and the other events share this one sequence.
+pub type EventSeq = u64;
+
+/// Experiment statuses, spelled as NNI spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ExperimentStatus {
+    /// Created, no trial submitted yet.
+    Initialized,
+    Running,
+    /// `maxTrialNumber` reached; running trials are finishing.
+    NoMoreTrial,
+    /// The tuner has nothing more to try; running trials are finishing.
+    TunerNoMoreTrial,
+    Stopping,
+    /// Stopped by the user or a signal; resumable.
+    Stopped,
+    /// The budget is spent or the tuner is exhausted, and every trial has ended.
+    Done,
+    Error,
+}
+
+impl ExperimentStatus {
+    pub const ALL: [ExperimentStatus; 8] = [
+        Self::Initialized,
+        Self::Running,
+        Self::NoMoreTrial,
+        Self::TunerNoMoreTrial,
+        Self::Stopping,
+        Self::Stopped,
+        Self::Done,
+        Self::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Initialized => "INITIALIZED",
+            Self::Running => "RUNNING",
+            Self::NoMoreTrial => "NO_MORE_TRIAL",
+            Self::TunerNoMoreTrial => "TUNER_NO_MORE_TRIAL",
+            Self::Stopping => "STOPPING",
+            Self::Stopped => "STOPPED",
+            Self::Done => "DONE",
+            Self::Error => "ERROR",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == text)
+    }
+
+    /// Whether time in this status counts toward `maxExperimentDuration`: the manager is up and
+    /// the experiment has trials to run or to wait for.
+    pub fn is_active(self) -> bool {
+        matches!(
+            self,
+            Self::Running | Self::NoMoreTrial | Self::TunerNoMoreTrial | Self::Stopping
+        )
+    }
+}
+
+/// Trial statuses, spelled as NNI spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TrialStatus {
+    Waiting,
+    Running,
+    Succeeded,
+    Failed,
+    UserCanceled,
+    SysCanceled,
+    EarlyStopped,
+}
+
+impl TrialStatus {
+    pub const ALL: [TrialStatus; 7] = [
+        Self::Waiting,
+        Self::Running,
+        Self::Succeeded,
+        Self::Failed,
+        Self::UserCanceled,
+        Self::SysCanceled,
+        Self::EarlyStopped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waiting => "WAITING",
+            Self::Running => "RUNNING",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Failed => "FAILED",
+            Self::UserCanceled => "USER_CANCELED",
+            Self::SysCanceled => "SYS_CANCELED",
+            Self::EarlyStopped => "EARLY_STOPPED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == text)
+    }
+
+    /// Whether a trial in this status has ended (a [`StoreEvent::TrialEnded`] status).
+    pub fn is_final(self) -> bool {
+        !matches!(self, Self::Waiting | Self::Running)
+    }
+}
+
+/// Whether a metric is one of a trial's intermediate results or its final result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricKind {
+    Intermediate,
+    Final,
+}
+
+impl MetricKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Intermediate => "intermediate",
+            Self::Final => "final",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "intermediate" => Some(Self::Intermediate),
+            "final" => Some(Self::Final),
+            _ => None,
+        }
+    }
+}
+
+/// One state change of an experiment. The log of these, in order, is the experiment.
+///
+/// Rules the writer enforces (an event breaking one is refused with
+/// [`StoreError::Rejected`](super::StoreError::Rejected), the rest of its batch is kept):
+/// - `ExperimentCreated` once, before any status change or config update.
+/// - `TrialCreated`: trial id and parameter id unused; `sequence` not below the trial-sequence
+///   counter, so trial sequences never go back, even across resumes.
+/// - Attempts are numbered from 1. `TrialStarted` takes a `WAITING` trial to `RUNNING` and must
+///   name the next attempt; `TrialEnded` names the current attempt (0 for a trial that never
+///   started) of a `WAITING` or `RUNNING` trial and a final status; `TrialRequeued` takes a
+///   started trial back to `WAITING` for a new attempt (a retry, or a resume that cannot
+///   re-attach to a running process).
+/// - `Metric`: the trial exists, `attempt` is one it started, and (trial, attempt, kind,
+///   trial_sequence) is new, so a metric delivered twice is stored once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StoreEvent {
+    ExperimentCreated {
+        experiment_id: String,
+        /// The canonical config, as `core::config` writes it.
+        config: Value,
+        start_time_ms: i64,
+    },
+    ExperimentStatusChanged {
+        status: ExperimentStatus,
+        message: Option<String>,
+    },
+    /// A live edit of the config (e.g. `trialConcurrency`, `maxTrialNumber`). `field` is a
+    /// dotted path of camelCase keys into the config object; objects on the way are created.
+    ConfigUpdated {
+        field: String,
+        value: Value,
+    },
+    TrialCreated {
+        trial_id: String,
+        sequence: u64,
+        parameter_id: u64,
+        parameters: Value,
+    },
+    TrialStarted {
+        trial_id: String,
+        attempt: u32,
+        environment_id: String,
+        gpu_indices: Vec<u32>,
+        /// The trial's process (and process-group leader), when it runs on this machine.
+        pid: Option<u32>,
+    },
+    TrialEnded {
+        trial_id: String,
+        attempt: u32,
+        status: TrialStatus,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        message: Option<String>,
+        stderr_tail: Option<String>,
+    },
+    TrialRequeued {
+        trial_id: String,
+        reason: String,
+    },
+    Metric {
+        trial_id: String,
+        attempt: u32,
+        kind: MetricKind,
+        /// The trial's own numbering of its reports (NNI's `sequence`).
+        trial_sequence: u64,
+        /// The value exactly as the trial sent it (may hold `NaN`, `Infinity`, any JSON).
+        raw: String,
+        /// The decoded default value. Only finite numbers are kept: the writer stores `NaN` and
+        /// `±Infinity` as `None` (SQLite has no NaN), `raw` keeps what was sent.
+        value: Option<f64>,
+    },
+    Warning {
+        trial_id: Option<String>,
+        message: String,
+    },
+}
+
+impl StoreEvent {
+    /// The event's `type` tag, also the `kind` column of the `events` table.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::ExperimentCreated { .. } => "experiment_created",
+            Self::ExperimentStatusChanged { .. } => "experiment_status_changed",
+            Self::ConfigUpdated { .. } => "config_updated",
+            Self::TrialCreated { .. } => "trial_created",
+            Self::TrialStarted { .. } => "trial_started",
+            Self::TrialEnded { .. } => "trial_ended",
+            Self::TrialRequeued { .. } => "trial_requeued",
+            Self::Metric { .. } => "metric",
+            Self::Warning { .. } => "warning",
+        }
+    }
+
+    /// The trial this event is about, if any.
+    pub fn trial_id(&self) -> Option<&str> {
+        match self {
+            Self::TrialCreated { trial_id, .. }
+            | Self::TrialStarted { trial_id, .. }
+            | Self::TrialEnded { trial_id, .. }
+            | Self::TrialRequeued { trial_id, .. }
+            | Self::Metric { trial_id, .. } => Some(trial_id),
+            Self::Warning { trial_id, .. } => trial_id.as_deref(),
+            Self::ExperimentCreated { .. }
+            | Self::ExperimentStatusChanged { .. }
+            | Self::ConfigUpdated { .. } => None,
+        }
+    }
+}
+
+/// An event as the log holds it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventRecord {
+    pub seq: EventSeq,
+    /// Milliseconds since the Unix epoch, stamped by the writer; never decreases along the log.
+    pub time_ms: i64,
+    pub event: StoreEvent,
+}
+
+/// A stored metric.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MetricRecord {
+    pub seq: EventSeq,
+    pub time_ms: i64,
+    pub trial_id: String,
+    pub attempt: u32,
+    pub kind: MetricKind,
+    pub trial_sequence: u64,
+    pub raw: String,
+    pub value: Option<f64>,
+}
+
+impl MetricRecord {
+    pub fn to_event(&self) -> StoreEvent {
+        StoreEvent::Metric {
+            trial_id: self.trial_id.clone(),
+            attempt: self.attempt,
+            kind: self.kind,
+            trial_sequence: self.trial_sequence,
+            raw: self.raw.clone(),
+            value: self.value,
+        }
+    }
+}
+
+/// The next ids to hand out. They only grow: each is kept in the `counters` table, updated in
+/// the transaction of the event that consumes an id, and is also derivable from the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Counters {
+    pub next_event_seq: EventSeq,
+    pub next_trial_sequence: u64,
+    pub next_parameter_id: u64,
+}
+
+impl Counters {
+    pub(crate) fn at_least(self, other: Counters) -> Counters {
+        Counters {
+            next_event_seq: self.next_event_seq.max(other.next_event_seq),
+            next_trial_sequence: self.next_trial_sequence.max(other.next_trial_sequence),
+            next_parameter_id: self.next_parameter_id.max(other.next_parameter_id),
+        }
+    }
+}
+
+/// Which way "best" goes for [`StoreReader::best_trials`](super::StoreReader::best_trials).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Maximize,
+    Minimize,
+}

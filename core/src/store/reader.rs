@@ -1,0 +1,332 @@
+//! Read-only queries on a store, on a connection of their own: WAL lets any number of readers
+//! run beside the writer without blocking it or being blocked.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rusqlite::types::Type;
+use rusqlite::{params_from_iter, Connection, OptionalExtension, Row};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::error::{one_line, StoreError};
+use super::event::{
+    Counters, Direction, EventRecord, EventSeq, ExperimentStatus, MetricKind, MetricRecord,
+    TrialStatus,
+};
+use super::schema::{self, path_text, read_counters};
+use super::state::{replay, ExperimentState};
+
+pub(crate) const METRIC_COLUMNS: &str =
+    "seq, time_ms, trial_id, attempt, kind, trial_sequence, raw, value";
+
+const TRIAL_COLUMNS: &str = "id, sequence, parameter_id, parameters, status, attempts, created_ms,
+    started_ms, ended_ms, environment_id, gpu_indices, pid, exit_code, signal, end_message,
+    stderr_tail, final_value, final_raw";
+
+fn bad_column(index: usize, what: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(index, Type::Text, what.into())
+}
+
+pub(crate) fn metric_from_row(row: &Row<'_>) -> rusqlite::Result<MetricRecord> {
+    let kind: String = row.get(4)?;
+    Ok(MetricRecord {
+        seq: u64_column(row, 0)?,
+        time_ms: row.get(1)?,
+        trial_id: row.get(2)?,
+        attempt: row.get(3)?,
+        kind: MetricKind::parse(&kind)
+            .ok_or_else(|| bad_column(4, format!("unknown metric kind {kind:?}")))?,
+        trial_sequence: u64_column(row, 5)?,
+        raw: row.get(6)?,
+        value: row.get(7)?,
+    })
+}
+
+/// SQLite integers are i64; ids and sequences are never negative unless the file was edited.
+fn u64_column(row: &Row<'_>, index: usize) -> rusqlite::Result<u64> {
+    let value: i64 = row.get(index)?;
+    u64::try_from(value).map_err(|_| bad_column(index, format!("negative id {value}")))
+}
+
+fn json_column(row: &Row<'_>, index: usize) -> rusqlite::Result<Value> {
+    let text: String = row.get(index)?;
+    serde_json::from_str(&text).map_err(|e| bad_column(index, e.to_string()))
+}
+
+/// A trial as it stands now, from the materialized `trials` table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrialRow {
+    pub trial_id: String,
+    pub sequence: u64,
+    pub parameter_id: u64,
+    pub parameters: Value,
+    pub status: TrialStatus,
+    /// Attempts started so far.
+    pub attempts: u32,
+    pub created_ms: i64,
+    /// Of the current attempt.
+    pub started_ms: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub environment_id: Option<String>,
+    pub gpu_indices: Vec<u32>,
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub end_message: Option<String>,
+    pub stderr_tail: Option<String>,
+    /// The latest final metric of the current attempt: decoded, and as sent.
+    pub final_value: Option<f64>,
+    pub final_raw: Option<String>,
+}
+
+fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
+    let status: String = row.get(4)?;
+    let gpu_indices: Option<String> = row.get(10)?;
+    Ok(TrialRow {
+        trial_id: row.get(0)?,
+        sequence: u64_column(row, 1)?,
+        parameter_id: u64_column(row, 2)?,
+        parameters: json_column(row, 3)?,
+        status: TrialStatus::parse(&status)
+            .ok_or_else(|| bad_column(4, format!("unknown trial status {status:?}")))?,
+        attempts: row.get(5)?,
+        created_ms: row.get(6)?,
+        started_ms: row.get(7)?,
+        ended_ms: row.get(8)?,
+        environment_id: row.get(9)?,
+        gpu_indices: match gpu_indices {
+            Some(text) => serde_json::from_str(&text).map_err(|e| bad_column(10, e.to_string()))?,
+            None => Vec::new(),
+        },
+        pid: row.get(11)?,
+        exit_code: row.get(12)?,
+        signal: row.get(13)?,
+        end_message: row.get(14)?,
+        stderr_tail: row.get(15)?,
+        final_value: row.get(16)?,
+        final_raw: row.get(17)?,
+    })
+}
+
+/// The experiment row: what `knob experiment list` shows without replaying.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExperimentSummary {
+    pub experiment_id: String,
+    /// With config updates applied.
+    pub config: Value,
+    pub start_time_ms: i64,
+    pub status: ExperimentStatus,
+    pub status_message: Option<String>,
+    pub updated_ms: i64,
+}
+
+/// Which trials [`StoreReader::trials`] lists, by trial sequence.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrialQuery {
+    /// Empty: every status.
+    pub statuses: Vec<TrialStatus>,
+    pub offset: u64,
+    pub limit: Option<u64>,
+}
+
+/// A read-only view of an experiment's store.
+pub struct StoreReader {
+    connection: Connection,
+    path: String,
+}
+
+impl std::fmt::Debug for StoreReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreReader").field("path", &self.path).finish()
+    }
+}
+
+impl StoreReader {
+    /// Opens `<dir>/experiment.db` read-only; it must exist and be a knob store.
+    pub fn open(experiment_dir: &Path) -> Result<StoreReader, StoreError> {
+        let path = experiment_dir.join(super::DB_FILE_NAME);
+        let connection = schema::open_for_reading(&path)?;
+        Ok(StoreReader {
+            connection,
+            path: path_text(&path),
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn read_error(&self, error: rusqlite::Error) -> StoreError {
+        StoreError::Read {
+            path: self.path.clone(),
+            message: one_line(&error),
+        }
+    }
+
+    /// Rebuilds the whole experiment from the log (what resume and export use).
+    pub fn replay(&self) -> Result<ExperimentState, StoreError> {
+        replay(&self.connection, &self.path)
+    }
+
+    /// `None` before the experiment was created.
+    pub fn experiment(&self) -> Result<Option<ExperimentSummary>, StoreError> {
+        self.connection
+            .query_row(
+                "SELECT id, config, start_time_ms, status, status_message, updated_ms
+                 FROM experiment",
+                [],
+                |row| {
+                    let status: String = row.get(3)?;
+                    Ok(ExperimentSummary {
+                        experiment_id: row.get(0)?,
+                        config: json_column(row, 1)?,
+                        start_time_ms: row.get(2)?,
+                        status: ExperimentStatus::parse(&status).ok_or_else(|| {
+                            bad_column(3, format!("unknown experiment status {status:?}"))
+                        })?,
+                        status_message: row.get(4)?,
+                        updated_ms: row.get(5)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| self.read_error(e))
+    }
+
+    pub fn trials(&self, query: &TrialQuery) -> Result<Vec<TrialRow>, StoreError> {
+        let mut sql = format!("SELECT {TRIAL_COLUMNS} FROM trials");
+        if !query.statuses.is_empty() {
+            let marks = vec!["?"; query.statuses.len()].join(", ");
+            sql.push_str(&format!(" WHERE status IN ({marks})"));
+        }
+        // LIMIT -1 is SQLite's "no limit"; OFFSET needs a LIMIT.
+        let limit = query.limit.map_or(-1, |limit| limit.min(i64::MAX as u64) as i64);
+        sql.push_str(&format!(
+            " ORDER BY sequence LIMIT {limit} OFFSET {}",
+            query.offset.min(i64::MAX as u64)
+        ));
+        let statuses = query.statuses.iter().map(|status| status.as_str());
+        self.collect(&sql, params_from_iter(statuses), trial_from_row)
+    }
+
+    pub fn trial(&self, trial_id: &str) -> Result<Option<TrialRow>, StoreError> {
+        self.connection
+            .query_row(
+                &format!("SELECT {TRIAL_COLUMNS} FROM trials WHERE id = ?1"),
+                [trial_id],
+                trial_from_row,
+            )
+            .optional()
+            .map_err(|e| self.read_error(e))
+    }
+
+    /// How many trials are in each status (statuses with none are left out).
+    pub fn trial_counts(&self) -> Result<BTreeMap<TrialStatus, u64>, StoreError> {
+        let rows = self.collect(
+            "SELECT status, count(*) FROM trials GROUP BY status",
+            [],
+            |row| Ok((row.get::<_, String>(0)?, u64_column(row, 1)?)),
+        )?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(status, count)| Some((TrialStatus::parse(&status)?, count)))
+            .collect())
+    }
+
+    /// Trials with a finite final value, best first; ties go to the earlier trial.
+    pub fn best_trials(
+        &self,
+        direction: Direction,
+        limit: u64,
+    ) -> Result<Vec<TrialRow>, StoreError> {
+        let order = match direction {
+            Direction::Maximize => "DESC",
+            Direction::Minimize => "ASC",
+        };
+        let sql = format!(
+            "SELECT {TRIAL_COLUMNS} FROM trials WHERE final_value IS NOT NULL
+             ORDER BY final_value {order}, sequence LIMIT ?1"
+        );
+        self.collect(&sql, [limit.min(i64::MAX as u64) as i64], trial_from_row)
+    }
+
+    /// Every metric of a trial, all attempts, in log order.
+    pub fn metrics_of_trial(&self, trial_id: &str) -> Result<Vec<MetricRecord>, StoreError> {
+        let sql = format!("SELECT {METRIC_COLUMNS} FROM metrics WHERE trial_id = ?1 ORDER BY seq");
+        self.collect(&sql, [trial_id], metric_from_row)
+    }
+
+    /// Metrics with a sequence number above `after` (0 for all), oldest first: what a live
+    /// dashboard polls for.
+    pub fn metrics_since(
+        &self,
+        after: EventSeq,
+        limit: u64,
+    ) -> Result<Vec<MetricRecord>, StoreError> {
+        let sql = format!("SELECT {METRIC_COLUMNS} FROM metrics WHERE seq > ?1 ORDER BY seq LIMIT ?2");
+        self.collect(
+            &sql,
+            [after as i64, limit.min(i64::MAX as u64) as i64],
+            metric_from_row,
+        )
+    }
+
+    /// The log above `after`, metrics included, oldest first.
+    pub fn events_since(
+        &self,
+        after: EventSeq,
+        limit: u64,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let limit_sql = limit.min(i64::MAX as u64) as i64;
+        let events = self.collect(
+            "SELECT seq, time_ms, payload FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            [after as i64, limit_sql],
+            |row| Ok((u64_column(row, 0)?, row.get::<_, i64>(1)?, row.get::<_, String>(2)?)),
+        )?;
+        let mut records = Vec::with_capacity(events.len());
+        for (seq, time_ms, payload) in events {
+            let event = serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt {
+                path: self.path.clone(),
+                seq,
+                message: format!("undecodable event: {e}"),
+            })?;
+            records.push(EventRecord {
+                seq,
+                time_ms,
+                event,
+            });
+        }
+        records.extend(
+            self.metrics_since(after, limit)?
+                .into_iter()
+                .map(|metric| EventRecord {
+                    seq: metric.seq,
+                    time_ms: metric.time_ms,
+                    event: metric.to_event(),
+                }),
+        );
+        records.sort_by_key(|record| record.seq);
+        records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        Ok(records)
+    }
+
+    /// The counters table as committed.
+    pub fn counters(&self) -> Result<Counters, StoreError> {
+        read_counters(&self.connection).map_err(|e| self.read_error(e))
+    }
+
+    fn collect<T, P: rusqlite::Params>(
+        &self,
+        sql: &str,
+        params: P,
+        map: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>, StoreError> {
+        let run = || -> rusqlite::Result<Vec<T>> {
+            let mut statement = self.connection.prepare_cached(sql)?;
+            let rows = statement.query_map(params, map)?;
+            rows.collect()
+        };
+        run().map_err(|e| self.read_error(e))
+    }
+}

@@ -1,0 +1,298 @@
+//! The database file: connections, pragmas, the schema and its version, the writer lock.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
+
+use super::error::{one_line, StoreError};
+use super::event::Counters;
+
+/// Bumped on any change to the tables below or to the JSON form of the event types.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+/// `PRAGMA application_id`: "knob" in ASCII, so `file(1)` and knob itself can tell a knob
+/// store from any other SQLite file.
+const APPLICATION_ID: i64 = 0x6b6e_6f62;
+
+/// The writer holds an exclusive SQLite lock on this file for as long as it lives, so two
+/// managers can never write one experiment. It is a separate file because an exclusive lock on
+/// the store itself would shut out the readers. The OS drops the lock when the process dies.
+pub(crate) const LOCK_FILE_NAME: &str = "experiment.db.writer-lock";
+
+const SCHEMA: &str = r"
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+
+CREATE TABLE counters (name TEXT PRIMARY KEY, next INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO counters (name, next) VALUES ('event_seq', 1), ('trial_sequence', 0), ('parameter_id', 0);
+
+-- The log, but for metrics. payload is the StoreEvent as JSON; the other columns are copies
+-- for queries.
+CREATE TABLE events (
+    seq      INTEGER PRIMARY KEY,
+    time_ms  INTEGER NOT NULL,
+    kind     TEXT NOT NULL,
+    trial_id TEXT,
+    payload  TEXT NOT NULL
+);
+CREATE INDEX events_by_trial ON events (trial_id, seq) WHERE trial_id IS NOT NULL;
+
+-- The log's metric events, typed columns only (they are most of the volume). seq shares the
+-- sequence of events.seq; 'since N' is a range scan of the primary key.
+CREATE TABLE metrics (
+    seq            INTEGER PRIMARY KEY,
+    time_ms        INTEGER NOT NULL,
+    trial_id       TEXT NOT NULL,
+    attempt        INTEGER NOT NULL,
+    kind           TEXT NOT NULL CHECK (kind IN ('intermediate', 'final')),
+    trial_sequence INTEGER NOT NULL,
+    raw            TEXT NOT NULL,
+    value          REAL
+);
+CREATE UNIQUE INDEX metrics_by_trial ON metrics (trial_id, attempt, kind, trial_sequence);
+
+-- Materialized views of the log, updated in the transaction of each event: readers list and
+-- rank trials without replaying the log. Replay never reads them.
+CREATE TABLE experiment (
+    singleton      INTEGER PRIMARY KEY CHECK (singleton = 1),
+    id             TEXT NOT NULL,
+    config         TEXT NOT NULL,
+    start_time_ms  INTEGER NOT NULL,
+    status         TEXT NOT NULL,
+    status_message TEXT,
+    updated_ms     INTEGER NOT NULL
+);
+
+CREATE TABLE trials (
+    id             TEXT PRIMARY KEY,
+    sequence       INTEGER NOT NULL UNIQUE,
+    parameter_id   INTEGER NOT NULL UNIQUE,
+    parameters     TEXT NOT NULL,
+    status         TEXT NOT NULL,
+    attempts       INTEGER NOT NULL,
+    created_ms     INTEGER NOT NULL,
+    started_ms     INTEGER,
+    ended_ms       INTEGER,
+    environment_id TEXT,
+    gpu_indices    TEXT,
+    pid            INTEGER,
+    exit_code      INTEGER,
+    signal         INTEGER,
+    end_message    TEXT,
+    stderr_tail    TEXT,
+    -- The latest final metric of the current attempt.
+    final_value    REAL,
+    final_raw      TEXT
+);
+CREATE INDEX trials_by_status ON trials (status, sequence);
+CREATE INDEX trials_by_final_value ON trials (final_value) WHERE final_value IS NOT NULL;
+";
+
+pub(crate) fn path_text(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn open_error(path: &Path, error: &rusqlite::Error) -> StoreError {
+    match error.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => StoreError::NotADatabase {
+            path: path_text(path),
+        },
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
+            path: path_text(path),
+        },
+        _ => StoreError::Open {
+            path: path_text(path),
+            message: one_line(error),
+        },
+    }
+}
+
+/// What a file turned out to be.
+enum Identity {
+    /// New or empty: ready for the schema.
+    Empty,
+    Knob,
+}
+
+/// Tells a knob store from a new file, another program's database or a newer knob's store.
+fn identify(connection: &Connection, path: &Path) -> Result<Identity, StoreError> {
+    let read = |sql: &str| -> Result<i64, StoreError> {
+        connection
+            .query_row(sql, [], |row| row.get(0))
+            .map_err(|e| open_error(path, &e))
+    };
+    let application_id = read("PRAGMA application_id")?;
+    if application_id != APPLICATION_ID {
+        let objects = read("SELECT count(*) FROM sqlite_schema")?;
+        return if application_id == 0 && objects == 0 {
+            Ok(Identity::Empty)
+        } else {
+            Err(StoreError::ForeignDatabase {
+                path: path_text(path),
+            })
+        };
+    }
+    let version: Option<String> = connection
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|e| open_error(path, &e))?;
+    let found = version.as_deref().and_then(|v| v.parse::<i64>().ok());
+    match found {
+        Some(SCHEMA_VERSION) => Ok(Identity::Knob),
+        Some(found) if found > SCHEMA_VERSION => Err(StoreError::NewerSchema {
+            path: path_text(path),
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        other => Err(StoreError::Open {
+            path: path_text(path),
+            message: format!(
+                "store schema {} is not one this knob can read (it reads {SCHEMA_VERSION})",
+                other.map_or_else(|| "unknown".to_string(), |v| v.to_string())
+            ),
+        }),
+    }
+}
+
+/// Opens (creating if needed) the store for writing, with the schema in place.
+///
+/// Durability: WAL with `synchronous=FULL`. Every commit fsyncs the WAL before it returns, so
+/// an acknowledged event survives not only a kill -9 of knob (for which NORMAL would do: the
+/// WAL is in the OS page cache) but also power loss and kernel panics, on disks that honour
+/// fsync. Group commit pays for that fsync once per batch, not once per event.
+pub(crate) fn open_for_writing(
+    path: &Path,
+    busy_timeout: Duration,
+) -> Result<Connection, StoreError> {
+    let connection = Connection::open(path).map_err(|e| open_error(path, &e))?;
+    let setup = |sql: &str| connection.execute_batch(sql).map_err(|e| open_error(path, &e));
+    connection
+        .busy_timeout(busy_timeout)
+        .map_err(|e| open_error(path, &e))?;
+    let identity = identify(&connection, path)?;
+    let journal_mode: String = connection
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .map_err(|e| open_error(path, &e))?;
+    if !journal_mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Open {
+            path: path_text(path),
+            message: format!("SQLite refused write-ahead logging (journal mode {journal_mode})"),
+        });
+    }
+    setup("PRAGMA synchronous = FULL")?;
+    if let Identity::Empty = identity {
+        create_schema(&connection, path)?;
+    }
+    Ok(connection)
+}
+
+fn create_schema(connection: &Connection, path: &Path) -> Result<(), StoreError> {
+    let sql = format!(
+        "BEGIN IMMEDIATE;
+         {SCHEMA}
+         INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}'),
+             ('created_by', 'knob {}');
+         PRAGMA application_id = {APPLICATION_ID};
+         COMMIT;",
+        env!("CARGO_PKG_VERSION")
+    );
+    connection.execute_batch(&sql).map_err(|e| {
+        let _ = connection.execute_batch("ROLLBACK");
+        open_error(path, &e)
+    })
+}
+
+/// Opens an existing store read-only. Readers never block the writer, nor it them (WAL).
+pub(crate) fn open_for_reading(path: &Path) -> Result<Connection, StoreError> {
+    if !path.is_file() {
+        return Err(StoreError::Open {
+            path: path_text(path),
+            message: "no such file; is this an experiment directory?".to_string(),
+        });
+    }
+    let connection = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| open_error(path, &e))?;
+    connection
+        .busy_timeout(Duration::from_secs(5))
+        .map_err(|e| open_error(path, &e))?;
+    match identify(&connection, path)? {
+        Identity::Knob => Ok(connection),
+        Identity::Empty => Err(StoreError::NoExperiment {
+            path: path_text(path),
+        }),
+    }
+}
+
+/// Takes the writer lock next to the store, or fails with [`StoreError::Locked`].
+pub(crate) fn take_writer_lock(lock_path: &Path, store_path: &Path) -> Result<Connection, StoreError> {
+    let lock_error = |e: &rusqlite::Error| match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
+            path: path_text(store_path),
+        },
+        _ => StoreError::Open {
+            path: path_text(lock_path),
+            message: one_line(e),
+        },
+    };
+    let lock = Connection::open(lock_path).map_err(|e| lock_error(&e))?;
+    // Exclusive locking mode keeps the lock taken by the first write until the connection
+    // closes; the write records who holds it, for a person looking at the file.
+    lock.execute_batch(
+        "PRAGMA locking_mode = EXCLUSIVE;
+         PRAGMA synchronous = OFF;
+         BEGIN EXCLUSIVE;
+         CREATE TABLE IF NOT EXISTS writer (pid INTEGER NOT NULL);
+         DELETE FROM writer;",
+    )
+    .map_err(|e| lock_error(&e))?;
+    lock.execute("INSERT INTO writer (pid) VALUES (?1)", [std::process::id()])
+        .and_then(|_| lock.execute_batch("COMMIT"))
+        .map_err(|e| lock_error(&e))?;
+    Ok(lock)
+}
+
+/// The counters table as stored.
+pub(crate) fn read_counters(connection: &Connection) -> rusqlite::Result<Counters> {
+    let mut counters = Counters::default();
+    let mut statement = connection.prepare("SELECT name, next FROM counters")?;
+    let mut rows = statement.query([])?;
+    while let Some(row) = rows.next()? {
+        let name: String = row.get(0)?;
+        let next: i64 = row.get(1)?;
+        let next = u64::try_from(next).unwrap_or(0);
+        match name.as_str() {
+            "event_seq" => counters.next_event_seq = next,
+            "trial_sequence" => counters.next_trial_sequence = next,
+            "parameter_id" => counters.next_parameter_id = next,
+            _ => {}
+        }
+    }
+    Ok(counters)
+}
+
+/// The counters as derivable from the log alone.
+pub(crate) fn counters_from_log(connection: &Connection) -> rusqlite::Result<Counters> {
+    let (last_seq, next_trial_sequence, next_parameter_id): (i64, i64, i64) = connection
+        .query_row(
+            "SELECT max(coalesce((SELECT max(seq) FROM events), 0),
+                        coalesce((SELECT max(seq) FROM metrics), 0)),
+                    coalesce((SELECT max(json_extract(payload, '$.sequence')) + 1 FROM events
+                              WHERE kind = 'trial_created'), 0),
+                    coalesce((SELECT max(json_extract(payload, '$.parameter_id')) + 1 FROM events
+                              WHERE kind = 'trial_created'), 0)",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )?;
+    Ok(Counters {
+        next_event_seq: u64::try_from(last_seq).unwrap_or(0) + 1,
+        next_trial_sequence: u64::try_from(next_trial_sequence).unwrap_or(0),
+        next_parameter_id: u64::try_from(next_parameter_id).unwrap_or(0),
+    })
+}

@@ -1,0 +1,473 @@
+//! Rebuilding an experiment from its log: [`ExperimentState`] and the replay that makes it.
+//!
+//! Replay reads only the log (`events` and `metrics`) and the counters, never the materialized
+//! `experiment` and `trials` tables, so those can be rebuilt and can never mislead a resume.
+
+use std::collections::HashMap;
+
+use rusqlite::Connection;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::error::{one_line, StoreError};
+use super::event::{
+    Counters, EventRecord, EventSeq, ExperimentStatus, MetricKind, MetricRecord, StoreEvent,
+    TrialStatus,
+};
+use super::reader::{metric_from_row, METRIC_COLUMNS};
+use super::schema::read_counters;
+
+/// Everything the log says about an experiment, as of its last committed event.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExperimentState {
+    pub experiment_id: String,
+    /// The config as created, with every [`StoreEvent::ConfigUpdated`] applied.
+    pub config: Value,
+    pub start_time_ms: i64,
+    pub status: ExperimentStatus,
+    pub status_message: Option<String>,
+    /// Starts with `INITIALIZED` at creation.
+    pub status_history: Vec<StatusChange>,
+    pub config_updates: Vec<ConfigUpdate>,
+    /// In creation order (by trial sequence).
+    pub trials: Vec<TrialState>,
+    pub warnings: Vec<WarningRecord>,
+    /// The next ids to hand out: never below anything in the log or in the counters table.
+    pub counters: Counters,
+    pub last_event_seq: EventSeq,
+    pub last_event_time_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatusChange {
+    pub seq: EventSeq,
+    pub time_ms: i64,
+    pub status: ExperimentStatus,
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigUpdate {
+    pub seq: EventSeq,
+    pub time_ms: i64,
+    pub field: String,
+    pub value: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WarningRecord {
+    pub seq: EventSeq,
+    pub time_ms: i64,
+    pub trial_id: Option<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrialState {
+    pub trial_id: String,
+    pub sequence: u64,
+    pub parameter_id: u64,
+    pub parameters: Value,
+    pub status: TrialStatus,
+    pub created_ms: i64,
+    /// Attempt `n` is `attempts[n - 1]`.
+    pub attempts: Vec<TrialAttempt>,
+    /// How the trial ended, while its status is final.
+    pub end: Option<TrialEnd>,
+    /// Every attempt's metrics, in log order; each names its attempt.
+    pub metrics: Vec<MetricRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrialAttempt {
+    pub number: u32,
+    pub environment_id: String,
+    pub gpu_indices: Vec<u32>,
+    pub pid: Option<u32>,
+    pub started_ms: i64,
+    pub end: Option<TrialEnd>,
+    /// Set when this attempt was given up for a new one.
+    pub requeued: Option<Requeue>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrialEnd {
+    pub time_ms: i64,
+    pub status: TrialStatus,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub message: Option<String>,
+    pub stderr_tail: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Requeue {
+    pub time_ms: i64,
+    pub reason: String,
+}
+
+impl ExperimentState {
+    pub fn trial(&self, trial_id: &str) -> Option<&TrialState> {
+        self.trials.iter().find(|trial| trial.trial_id == trial_id)
+    }
+
+    /// Milliseconds spent in [active](ExperimentStatus::is_active) statuses up to `until_ms`:
+    /// what counts toward `maxExperimentDuration`. After a crash, pass
+    /// [`last_event_time_ms`](Self::last_event_time_ms), the last moment known to be lived.
+    pub fn active_time_ms(&self, until_ms: i64) -> i64 {
+        let mut total = 0;
+        for (index, change) in self.status_history.iter().enumerate() {
+            let end = self
+                .status_history
+                .get(index + 1)
+                .map_or(until_ms, |next| next.time_ms);
+            if change.status.is_active() {
+                total += (end.min(until_ms) - change.time_ms).max(0);
+            }
+        }
+        total
+    }
+}
+
+impl TrialState {
+    /// The attempt now running or last run; 0 before the first start.
+    pub fn current_attempt(&self) -> u32 {
+        self.attempts.last().map_or(0, |attempt| attempt.number)
+    }
+
+    /// The latest final metric of the current attempt.
+    pub fn final_metric(&self) -> Option<&MetricRecord> {
+        let current = self.current_attempt();
+        self.metrics
+            .iter()
+            .rev()
+            .find(|metric| metric.kind == MetricKind::Final && metric.attempt == current)
+    }
+
+    pub fn started_ms(&self) -> Option<i64> {
+        self.attempts.last().map(|attempt| attempt.started_ms)
+    }
+
+    pub fn ended_ms(&self) -> Option<i64> {
+        self.end.as_ref().map(|end| end.time_ms)
+    }
+}
+
+/// Sets the dotted camelCase path `field` in `config`, creating objects on the way.
+pub(crate) fn set_config_field(config: &mut Value, field: &str, value: Value) -> Result<(), String> {
+    let keys: Vec<&str> = field.split('.').collect();
+    if keys.iter().any(|key| key.is_empty()) {
+        return Err("expected a dotted path of field names, e.g. trialConcurrency".to_string());
+    }
+    let (last, parents) = keys.split_last().expect("split yields at least one key");
+    let mut object = config;
+    for (depth, key) in parents.iter().enumerate() {
+        let map = object
+            .as_object_mut()
+            .ok_or_else(|| format!("{} is not an object", keys[..depth].join(".")))?;
+        object = map
+            .entry(key.to_string())
+            .or_insert_with(|| Value::Object(Default::default()));
+    }
+    let map = object.as_object_mut().ok_or_else(|| {
+        let parent = parents.join(".");
+        format!("{} is not an object", if parent.is_empty() { "the config" } else { &parent })
+    })?;
+    map.insert(last.to_string(), value);
+    Ok(())
+}
+
+/// Replays the whole log in one read transaction, so the state is one committed moment.
+pub(crate) fn replay(connection: &Connection, path: &str) -> Result<ExperimentState, StoreError> {
+    let read_error = |e: rusqlite::Error| StoreError::Read {
+        path: path.to_string(),
+        message: one_line(&e),
+    };
+    let transaction = connection.unchecked_transaction().map_err(read_error)?;
+    let mut replayer = Replayer::new(path);
+    let mut events_statement = transaction
+        .prepare("SELECT seq, time_ms, payload FROM events ORDER BY seq")
+        .map_err(read_error)?;
+    let mut events = events_statement.query([]).map_err(read_error)?;
+    let mut metrics_statement = transaction
+        .prepare(&format!("SELECT {METRIC_COLUMNS} FROM metrics ORDER BY seq"))
+        .map_err(read_error)?;
+    let mut metrics = metrics_statement.query([]).map_err(read_error)?;
+
+    let mut next_event = read_event(events.next().map_err(read_error)?, path)?;
+    let mut next_metric = match metrics.next().map_err(read_error)? {
+        Some(row) => Some(metric_from_row(row).map_err(read_error)?),
+        None => None,
+    };
+    loop {
+        let take_event = match (&next_event, &next_metric) {
+            (None, None) => break,
+            (Some(event), Some(metric)) => event.seq < metric.seq,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+        };
+        if take_event {
+            let event = next_event.take().expect("checked above");
+            replayer.apply(event)?;
+            next_event = read_event(events.next().map_err(read_error)?, path)?;
+        } else {
+            let metric = next_metric.take().expect("checked above");
+            replayer.apply_metric(metric)?;
+            next_metric = match metrics.next().map_err(read_error)? {
+                Some(row) => Some(metric_from_row(row).map_err(read_error)?),
+                None => None,
+            };
+        }
+    }
+    let stored_counters = read_counters(&transaction).map_err(read_error)?;
+    replayer.finish(stored_counters)
+}
+
+fn read_event(row: Option<&rusqlite::Row<'_>>, path: &str) -> Result<Option<EventRecord>, StoreError> {
+    let Some(row) = row else { return Ok(None) };
+    let read_error = |e: rusqlite::Error| StoreError::Read {
+        path: path.to_string(),
+        message: one_line(&e),
+    };
+    let seq: i64 = row.get(0).map_err(read_error)?;
+    let time_ms: i64 = row.get(1).map_err(read_error)?;
+    let payload: String = row.get(2).map_err(read_error)?;
+    let event = serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt {
+        path: path.to_string(),
+        seq: seq as u64,
+        message: format!("undecodable event: {e}"),
+    })?;
+    Ok(Some(EventRecord {
+        seq: seq as u64,
+        time_ms,
+        event,
+    }))
+}
+
+struct Replayer {
+    path: String,
+    state: Option<ExperimentState>,
+    trial_index: HashMap<String, usize>,
+    last_seq: EventSeq,
+    last_time_ms: i64,
+}
+
+impl Replayer {
+    fn new(path: &str) -> Replayer {
+        Replayer {
+            path: path.to_string(),
+            state: None,
+            trial_index: HashMap::new(),
+            last_seq: 0,
+            last_time_ms: 0,
+        }
+    }
+
+    fn corrupt(&self, seq: EventSeq, message: String) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.clone(),
+            seq,
+            message,
+        }
+    }
+
+    fn advance(&mut self, seq: EventSeq, time_ms: i64) -> Result<(), StoreError> {
+        if seq <= self.last_seq {
+            return Err(self.corrupt(seq, format!("sequence {seq} appears twice")));
+        }
+        self.last_seq = seq;
+        self.last_time_ms = self.last_time_ms.max(time_ms);
+        Ok(())
+    }
+
+    fn state(&mut self, seq: EventSeq) -> Result<&mut ExperimentState, StoreError> {
+        if self.state.is_none() {
+            return Err(self.corrupt(seq, "event before the experiment was created".to_string()));
+        }
+        Ok(self.state.as_mut().expect("checked above"))
+    }
+
+    fn trial(&mut self, seq: EventSeq, trial_id: &str) -> Result<&mut TrialState, StoreError> {
+        let Some(&index) = self.trial_index.get(trial_id) else {
+            return Err(self.corrupt(seq, format!("event for unknown trial {trial_id:?}")));
+        };
+        Ok(&mut self.state(seq)?.trials[index])
+    }
+
+    fn apply_metric(&mut self, metric: MetricRecord) -> Result<(), StoreError> {
+        self.advance(metric.seq, metric.time_ms)?;
+        let seq = metric.seq;
+        let trial_id = metric.trial_id.clone();
+        self.trial(seq, &trial_id)?.metrics.push(metric);
+        Ok(())
+    }
+
+    fn apply(&mut self, record: EventRecord) -> Result<(), StoreError> {
+        let EventRecord { seq, time_ms, event } = record;
+        self.advance(seq, time_ms)?;
+        match event {
+            StoreEvent::ExperimentCreated {
+                experiment_id,
+                config,
+                start_time_ms,
+            } => {
+                if self.state.is_some() {
+                    return Err(self.corrupt(seq, "the experiment is created twice".to_string()));
+                }
+                self.state = Some(ExperimentState {
+                    experiment_id,
+                    config,
+                    start_time_ms,
+                    status: ExperimentStatus::Initialized,
+                    status_message: None,
+                    status_history: vec![StatusChange {
+                        seq,
+                        time_ms,
+                        status: ExperimentStatus::Initialized,
+                        message: None,
+                    }],
+                    config_updates: Vec::new(),
+                    trials: Vec::new(),
+                    warnings: Vec::new(),
+                    counters: Counters::default(),
+                    last_event_seq: 0,
+                    last_event_time_ms: 0,
+                });
+            }
+            StoreEvent::ExperimentStatusChanged { status, message } => {
+                let state = self.state(seq)?;
+                state.status = status;
+                state.status_message.clone_from(&message);
+                state.status_history.push(StatusChange {
+                    seq,
+                    time_ms,
+                    status,
+                    message,
+                });
+            }
+            StoreEvent::ConfigUpdated { field, value } => {
+                let state = self.state(seq)?;
+                let applied = set_config_field(&mut state.config, &field, value.clone());
+                state.config_updates.push(ConfigUpdate {
+                    seq,
+                    time_ms,
+                    field,
+                    value,
+                });
+                applied.map_err(|message| self.corrupt(seq, message))?;
+            }
+            StoreEvent::TrialCreated {
+                trial_id,
+                sequence,
+                parameter_id,
+                parameters,
+            } => {
+                if self.trial_index.contains_key(&trial_id) {
+                    return Err(self.corrupt(seq, format!("trial {trial_id:?} is created twice")));
+                }
+                let state = self.state(seq)?;
+                let index = state.trials.len();
+                state.trials.push(TrialState {
+                    trial_id: trial_id.clone(),
+                    sequence,
+                    parameter_id,
+                    parameters,
+                    status: TrialStatus::Waiting,
+                    created_ms: time_ms,
+                    attempts: Vec::new(),
+                    end: None,
+                    metrics: Vec::new(),
+                });
+                self.trial_index.insert(trial_id, index);
+            }
+            StoreEvent::TrialStarted {
+                trial_id,
+                attempt,
+                environment_id,
+                gpu_indices,
+                pid,
+            } => {
+                let trial = self.trial(seq, &trial_id)?;
+                trial.status = TrialStatus::Running;
+                trial.end = None;
+                trial.attempts.push(TrialAttempt {
+                    number: attempt,
+                    environment_id,
+                    gpu_indices,
+                    pid,
+                    started_ms: time_ms,
+                    end: None,
+                    requeued: None,
+                });
+            }
+            StoreEvent::TrialEnded {
+                trial_id,
+                attempt,
+                status,
+                exit_code,
+                signal,
+                message,
+                stderr_tail,
+            } => {
+                let trial = self.trial(seq, &trial_id)?;
+                let end = TrialEnd {
+                    time_ms,
+                    status,
+                    exit_code,
+                    signal,
+                    message,
+                    stderr_tail,
+                };
+                if let Some(ended) = trial
+                    .attempts
+                    .iter_mut()
+                    .find(|a| a.number == attempt && a.end.is_none())
+                {
+                    ended.end = Some(end.clone());
+                }
+                trial.status = status;
+                trial.end = Some(end);
+            }
+            StoreEvent::TrialRequeued { trial_id, reason } => {
+                let trial = self.trial(seq, &trial_id)?;
+                trial.status = TrialStatus::Waiting;
+                trial.end = None;
+                if let Some(attempt) = trial.attempts.last_mut() {
+                    attempt.requeued = Some(Requeue { time_ms, reason });
+                }
+            }
+            StoreEvent::Metric { .. } => {
+                return Err(self.corrupt(seq, "a metric in the events table".to_string()));
+            }
+            StoreEvent::Warning { trial_id, message } => {
+                self.state(seq)?.warnings.push(WarningRecord {
+                    seq,
+                    time_ms,
+                    trial_id,
+                    message,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self, stored_counters: Counters) -> Result<ExperimentState, StoreError> {
+        let Some(mut state) = self.state else {
+            return Err(StoreError::NoExperiment { path: self.path });
+        };
+        let from_log = Counters {
+            next_event_seq: self.last_seq + 1,
+            next_trial_sequence: state.trials.iter().map(|t| t.sequence + 1).max().unwrap_or(0),
+            next_parameter_id: state
+                .trials
+                .iter()
+                .map(|t| t.parameter_id + 1)
+                .max()
+                .unwrap_or(0),
+        };
+        state.counters = from_log.at_least(stored_counters);
+        state.last_event_seq = self.last_seq;
+        state.last_event_time_ms = self.last_time_ms;
+        Ok(state)
+    }
+}
