@@ -8,7 +8,7 @@ use crate::bytes::ByteSize;
 use crate::inventory::{describe_indices, EnvironmentStatus, GpuSource};
 use crate::request::TrialRequest;
 use crate::scheduler::fit::{
-    fitting_gpu_count, host_fits, permanent_blocker, Demand, GpuDemand, Holds, Permanent,
+    fitting_gpu_count, permanent_blocker, Demand, GpuDemand, Holds, Permanent,
 };
 use crate::scheduler::state::EnvState;
 
@@ -373,10 +373,10 @@ fn busy_environment(
         }
     }
     if issues.is_empty() {
-        // Fits by every measure above yet was not chosen: only possible when another
-        // environment on the same host took the Device request's place.
-        debug_assert!(host_fits(env, hold, demand) || count > 0);
-        issues.push("busy".to_owned());
+        // Nothing above blocks it, so it fits here now; it waits only because older trials in
+        // this pass hold what it would need elsewhere in its shape (a Device request whose host
+        // has two environments, say). Say so rather than print an empty reason.
+        issues.push("would fit, but older waiting trials come first".to_owned());
     }
     issues.join(", ")
 }

@@ -230,8 +230,11 @@ impl Holds {
         self.reasons.push((shape, reason));
     }
 
+    /// What is held on an environment; `None` when nothing is.
     pub fn get(&self, env: usize) -> Option<&EnvHold> {
-        self.per_env.get(env)
+        self.per_env
+            .get(env)
+            .filter(|hold| !hold.gpu_holder.is_empty() || hold.host_holder.is_some())
     }
 
     pub fn gpu_holder(&self, env: usize, position: usize) -> Option<u32> {
@@ -285,8 +288,10 @@ pub(crate) fn host_fits(env: &EnvState, hold: Option<&EnvHold>, demand: &Demand)
 /// GPUs of `env` that could take one slot of the request now.
 pub(crate) fn fitting_gpu_count(env: &EnvState, hold: Option<&EnvHold>, gpu_memory: u64) -> u32 {
     match hold {
-        // The cached count is exact when nothing is held and memory is not asked.
+        // The cached counts are exact when memory is not asked: holds only take GPUs that no
+        // placement in the same pass can touch.
         None if gpu_memory == 0 => env.free_gpus,
+        Some(hold) if gpu_memory == 0 => env.free_gpus.saturating_sub(hold.free_gpus_held),
         _ => env
             .loads
             .iter()

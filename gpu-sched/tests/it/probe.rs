@@ -128,3 +128,23 @@ fn process_groups_tell_trials_from_foreign_processes() {
     assert_eq!(String::from_utf8_lossy(&ps.stdout).trim(), ours.to_string());
     assert_eq!(process_group_of(0x7fff_fff0), None);
 }
+
+#[test]
+fn process_group_survives_odd_command_names() {
+    // /proc/<pid>/stat puts the command name in parentheses without escaping: a name holding
+    // ") 1 2 3" must not shift the fields.
+    let dir = std::env::temp_dir().join(format!("knob-pgid-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let odd = dir.join(") 1 2 3 (x");
+    std::os::unix::fs::symlink("/bin/sleep", &odd).unwrap();
+    let mut child = Command::new(&odd)
+        .arg("5")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = process_group_of(child.id());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(group, Some(child.id()));
+}
