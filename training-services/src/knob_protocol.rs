@@ -1,0 +1,194 @@
+//! knob's own trial protocol, for any language and no library.
+//!
+//! - Parameters: the JSON object in env var `KNOB_PARAMETERS` (left out when it is over
+//!   [`MAX_ENV_PARAMETERS_BYTES`]) and always in the file `$KNOB_PARAMETERS_FILE`
+//!   (`<trial_dir>/parameters.json`).
+//! - Metrics: a line `KNOB_INTERMEDIATE <json>` or `KNOB_FINAL <json>` on stdout, or the same
+//!   line appended to `$KNOB_METRICS_FILE` (`<trial_dir>/metrics.knob`). `<json>` is a number
+//!   (NaN, Infinity and -Infinity allowed) or an object with a numeric `"default"`.
+//! - Also set: `KNOB_TRIAL_ID`, `KNOB_TRIAL_DIR`.
+
+use knob_plugin_api::service::MetricKind;
+use serde_json::Value;
+
+use crate::metrics::{excerpt, parse_lenient_json, TrialRecorder};
+
+pub const PARAMETERS_ENV: &str = "KNOB_PARAMETERS";
+pub const PARAMETERS_FILE_ENV: &str = "KNOB_PARAMETERS_FILE";
+pub const METRICS_FILE_ENV: &str = "KNOB_METRICS_FILE";
+pub const TRIAL_ID_ENV: &str = "KNOB_TRIAL_ID";
+pub const TRIAL_DIR_ENV: &str = "KNOB_TRIAL_DIR";
+
+pub const PARAMETERS_FILE_NAME: &str = "parameters.json";
+pub const METRICS_FILE_NAME: &str = "metrics.knob";
+
+pub const INTERMEDIATE_TOKEN: &str = "KNOB_INTERMEDIATE";
+pub const FINAL_TOKEN: &str = "KNOB_FINAL";
+
+/// What stdout lines must start with to be looked at.
+pub const LINE_PREFIX: &[u8] = b"KNOB_";
+
+/// Linux refuses a single environment string over 128 KiB (`MAX_ARG_STRLEN`) and the trial
+/// would not start; larger parameters are only in the file.
+pub const MAX_ENV_PARAMETERS_BYTES: usize = 100 * 1024;
+
+/// One protocol line, read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KnobLine<'a> {
+    Metric {
+        kind: MetricKind,
+        value: &'a str,
+    },
+    /// Not a metric line (other output that happens to start with `KNOB_`).
+    Other,
+    /// A metric line whose value is unusable; the message says why.
+    Bad(String),
+}
+
+pub fn parse_line(line: &[u8]) -> KnobLine<'_> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Ok(text) = std::str::from_utf8(line) else {
+        return if line.starts_with(INTERMEDIATE_TOKEN.as_bytes())
+            || line.starts_with(FINAL_TOKEN.as_bytes())
+        {
+            KnobLine::Bad("it is not UTF-8".into())
+        } else {
+            KnobLine::Other
+        };
+    };
+    let text = text.trim();
+    let (token, rest) = text
+        .split_once(|c: char| c.is_ascii_whitespace())
+        .unwrap_or((text, ""));
+    let kind = match token {
+        INTERMEDIATE_TOKEN => MetricKind::Intermediate,
+        FINAL_TOKEN => MetricKind::Final,
+        _ => return KnobLine::Other,
+    };
+    let value = rest.trim();
+    match check_value(value) {
+        Ok(()) => KnobLine::Metric { kind, value },
+        Err(why) => KnobLine::Bad(why),
+    }
+}
+
+/// A knob metric is a number or an object with a numeric `"default"` (what tuners compare).
+pub fn check_value(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("it has no value (expected a number or an object with \"default\")".into());
+    }
+    match parse_lenient_json(value) {
+        Ok(Value::Number(_)) => Ok(()),
+        Ok(Value::Object(map)) if map.get("default").is_some_and(Value::is_number) => Ok(()),
+        Ok(Value::Object(_)) => Err(format!(
+            "value {} has no numeric \"default\"",
+            excerpt(value.as_bytes())
+        )),
+        Ok(_) => Err(format!(
+            "value {} is not a number or an object with \"default\"",
+            excerpt(value.as_bytes())
+        )),
+        Err(e) => Err(format!(
+            "value {} is not JSON ({e})",
+            excerpt(value.as_bytes())
+        )),
+    }
+}
+
+/// Where a protocol line came from, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineSource {
+    Stdout,
+    MetricsFile,
+}
+
+impl LineSource {
+    fn describe(self) -> &'static str {
+        match self {
+            LineSource::Stdout => "stdout",
+            LineSource::MetricsFile => METRICS_FILE_NAME,
+        }
+    }
+}
+
+/// Records one line from stdout or the metrics file, or warns about it. On stdout, lines that
+/// are not metric lines are ordinary output; in the metrics file every line should be one.
+pub fn handle_line(recorder: &TrialRecorder, source: LineSource, line: &[u8]) {
+    match parse_line(line) {
+        KnobLine::Metric { kind, value } => {
+            // `record` only fails once the trial has ended, and lines are read before that.
+            let _ = recorder.record(kind, value.to_string());
+        }
+        KnobLine::Other if source == LineSource::Stdout => {}
+        KnobLine::Other => {
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                recorder.warn(format_args!(
+                    "line {} in {} ignored: expected `{INTERMEDIATE_TOKEN} <json>` or `{FINAL_TOKEN} <json>`",
+                    excerpt(line),
+                    source.describe()
+                ));
+            }
+        }
+        KnobLine::Bad(why) => recorder.warn(format_args!(
+            "metric line {} on {} ignored: {why}",
+            excerpt(line),
+            source.describe()
+        )),
+    }
+}
+
+/// A line over the bound was skipped.
+pub fn warn_too_long(recorder: &TrialRecorder, source: LineSource, max_bytes: usize) {
+    recorder.warn(format_args!(
+        "a {} line over {} KiB was skipped (metrics must be short; log bulky data to a file)",
+        source.describe(),
+        max_bytes / 1024
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(line: &str) -> String {
+        match parse_line(line.as_bytes()) {
+            KnobLine::Metric { kind, value } => format!("{kind:?} {value}"),
+            KnobLine::Other => "other".into(),
+            KnobLine::Bad(why) => format!("bad: {why}"),
+        }
+    }
+
+    #[test]
+    fn metric_lines() {
+        assert_eq!(read("KNOB_FINAL 0.5"), "Final 0.5");
+        assert_eq!(read("KNOB_INTERMEDIATE\t-3e2\r"), "Intermediate -3e2");
+        assert_eq!(read("KNOB_FINAL NaN"), "Final NaN");
+        assert_eq!(read("KNOB_FINAL -Infinity"), "Final -Infinity");
+        assert_eq!(
+            read(r#"KNOB_FINAL {"default": 0.9, "loss": NaN}"#),
+            r#"Final {"default": 0.9, "loss": NaN}"#
+        );
+        assert_eq!(read("KNOB_FINALE 1"), "other");
+        assert_eq!(read("KNOB_DEBUG hello"), "other");
+    }
+
+    #[test]
+    fn bad_metric_lines_say_why() {
+        assert_eq!(
+            read("KNOB_FINAL"),
+            "bad: it has no value (expected a number or an object with \"default\")"
+        );
+        assert_eq!(
+            read("KNOB_FINAL banana"),
+            "bad: value banana is not JSON (expected value at line 1 column 1)"
+        );
+        assert_eq!(
+            read(r#"KNOB_FINAL {"acc": 1}"#),
+            r#"bad: value {\"acc\": 1} has no numeric "default""#
+        );
+        assert_eq!(
+            read(r#"KNOB_FINAL "0.5""#),
+            r#"bad: value \"0.5\" is not a number or an object with "default""#
+        );
+    }
+}

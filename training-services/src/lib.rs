@@ -1,0 +1,25 @@
+//! knob's training services, built as a plugin library (`cdylib`) and as an `rlib`.
+//!
+//! - [`local`]: the `local` service, this machine as one environment.
+//! - [`runner`]: runs one trial as a process group and feeds its protocols into events; shared
+//!   with the knob-agent that will run trials on remote environments.
+//! - The trial protocols: [`nni_http`] (NNI v3 HTTP channel), [`nni_file`] (NNI 2.x
+//!   `parameter.cfg` and `.nni/metrics`), [`knob_protocol`] (env var, file and stdout lines).
+//!
+//! See `ARCHITECTURE-section.md` beside this crate's manifest for the invariants.
+
+pub mod knob_protocol;
+pub mod local;
+pub mod metrics;
+pub mod nni_file;
+pub mod nni_http;
+pub mod process;
+pub mod runner;
+pub mod tail;
+
+pub use local::{LocalArgs, LocalError, LocalService};
+pub use metrics::Emit;
+
+knob_plugin_api::export_plugin! {
+    training_service "local": LocalService = "runs trials as process groups on this machine, over the NNI v3, NNI 2.x and knob trial protocols";
+}

@@ -1,0 +1,373 @@
+//! What every trial protocol shares: the per-trial recorder that numbers metrics and keeps
+//! events in order, a JSON reader that accepts Python's NaN/Infinity, and a bounded line
+//! scanner.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use knob_plugin_api::service::{MetricKind, ServiceEvent};
+use serde_json::Value;
+
+/// The longest metric line or record read. A longer one is skipped with a warning, so that a
+/// runaway print can neither exhaust memory nor stall the trial.
+pub const MAX_METRIC_BYTES: usize = 1 << 20;
+
+/// Warnings one trial may raise; past this they are only counted, so a trial printing garbage
+/// in a loop cannot flood the core. The count is reported when the trial ends.
+pub const MAX_WARNINGS_PER_TRIAL: u32 = 100;
+
+/// Where a runner reports events: the plugin's `EventSink`, a test's collector, or (later) the
+/// knob-agent's link back to the manager.
+pub type Emit = Arc<dyn Fn(ServiceEvent) + Send + Sync>;
+
+/// A metric arrived for a trial that has already ended; it was not recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("trial {trial_id} is not running (it has ended); metric not recorded")]
+pub struct TrialNotRunning {
+    pub trial_id: String,
+}
+
+enum Phase {
+    /// The process is being spawned; events wait here so that `TrialStarted` comes first.
+    Starting(Vec<ServiceEvent>),
+    Running,
+    Ended,
+}
+
+struct RecorderState {
+    phase: Phase,
+    next_intermediate: u64,
+    next_final: u64,
+    warnings: u32,
+}
+
+/// One trial's event stream. Every protocol (stdout, metric files, HTTP) records through it.
+///
+/// Events are emitted while its lock is held, so the order the core sees is the order in which
+/// they were recorded: `TrialStarted`, then metrics and warnings, then `TrialEnded`, after
+/// which nothing more is accepted for the trial.
+pub struct TrialRecorder {
+    trial_id: String,
+    emit: Emit,
+    state: Mutex<RecorderState>,
+}
+
+impl TrialRecorder {
+    pub fn new(trial_id: &str, emit: Emit) -> Arc<TrialRecorder> {
+        Arc::new(TrialRecorder {
+            trial_id: trial_id.to_string(),
+            emit,
+            state: Mutex::new(RecorderState {
+                phase: Phase::Starting(Vec::new()),
+                next_intermediate: 0,
+                next_final: 0,
+                warnings: 0,
+            }),
+        })
+    }
+
+    pub fn trial_id(&self) -> &str {
+        &self.trial_id
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RecorderState> {
+        // A panic while emitting leaves the counters valid; keep going rather than cascade.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn send(&self, state: &mut RecorderState, event: ServiceEvent) {
+        match &mut state.phase {
+            Phase::Starting(buffer) => buffer.push(event),
+            Phase::Running | Phase::Ended => (self.emit)(event),
+        }
+    }
+
+    /// The process runs: emits `TrialStarted`, then whatever arrived while it was starting.
+    pub fn started(&self, pid: Option<u32>) {
+        let mut state = self.lock();
+        let Phase::Starting(buffer) = std::mem::replace(&mut state.phase, Phase::Running) else {
+            return;
+        };
+        (self.emit)(ServiceEvent::TrialStarted {
+            trial_id: self.trial_id.clone(),
+            pid,
+        });
+        for event in buffer {
+            (self.emit)(event);
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        !matches!(self.lock().phase, Phase::Ended)
+    }
+
+    /// Records one metric; `value` is its JSON text as the trial wrote it.
+    pub fn record(&self, kind: MetricKind, value: String) -> Result<(), TrialNotRunning> {
+        let mut state = self.lock();
+        if matches!(state.phase, Phase::Ended) {
+            return Err(TrialNotRunning {
+                trial_id: self.trial_id.clone(),
+            });
+        }
+        let counter = match kind {
+            MetricKind::Intermediate => &mut state.next_intermediate,
+            MetricKind::Final => &mut state.next_final,
+        };
+        let sequence = *counter;
+        *counter += 1;
+        let event = ServiceEvent::Metric {
+            trial_id: self.trial_id.clone(),
+            kind,
+            sequence,
+            value,
+        };
+        self.send(&mut state, event);
+        Ok(())
+    }
+
+    /// Reports something wrong with what the trial sent; `message` says what, and the trial
+    /// is named in front of it.
+    pub fn warn(&self, message: impl std::fmt::Display) {
+        let mut state = self.lock();
+        state.warnings += 1;
+        if state.warnings > MAX_WARNINGS_PER_TRIAL {
+            return;
+        }
+        let event = ServiceEvent::Warning {
+            trial_id: Some(self.trial_id.clone()),
+            message: format!("trial {}: {message}", self.trial_id),
+        };
+        self.send(&mut state, event);
+    }
+
+    /// Emits the trial's `TrialEnded` (built by `ended`) and refuses everything after it.
+    pub fn end(&self, ended: ServiceEvent) {
+        let mut state = self.lock();
+        if matches!(state.phase, Phase::Ended) {
+            return;
+        }
+        if let Phase::Starting(buffer) = std::mem::replace(&mut state.phase, Phase::Running) {
+            for event in buffer {
+                (self.emit)(event);
+            }
+        }
+        if state.warnings > MAX_WARNINGS_PER_TRIAL {
+            (self.emit)(ServiceEvent::Warning {
+                trial_id: Some(self.trial_id.clone()),
+                message: format!(
+                    "trial {}: {} more warnings were not shown",
+                    self.trial_id,
+                    state.warnings - MAX_WARNINGS_PER_TRIAL
+                ),
+            });
+        }
+        (self.emit)(ended);
+        state.phase = Phase::Ended;
+    }
+}
+
+/// Parses JSON that may hold the NaN, Infinity and -Infinity that Python's `json` writes.
+/// Those read as 0: callers look at the value's shape, and keep the trial's own text.
+pub fn parse_lenient_json(text: &str) -> Result<Value, serde_json::Error> {
+    match serde_json::from_str(text) {
+        Ok(value) => Ok(value),
+        Err(e) if !text.contains(['N', 'I']) => Err(e),
+        Err(_) => serde_json::from_str(&neutralize_non_finite(text)),
+    }
+}
+
+/// Replaces NaN, Infinity and -Infinity outside strings by 0.
+fn neutralize_non_finite(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if let Some(token) = [&b"-Infinity"[..], b"Infinity", b"NaN"]
+            .into_iter()
+            .find(|token| bytes[i..].starts_with(token))
+        {
+            out.push(b'0');
+            i += token.len();
+            continue;
+        }
+        out.push(b);
+        i += 1;
+    }
+    // Only ASCII sequences were replaced by ASCII, so the text is still UTF-8.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// The start of a line or record for a one-line message: at most 60 characters, control
+/// characters escaped.
+pub fn excerpt(bytes: &[u8]) -> String {
+    const MAX_CHARS: usize = 60;
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(4 * MAX_CHARS)]);
+    let mut out: String = text
+        .chars()
+        .take(MAX_CHARS)
+        .flat_map(char::escape_debug)
+        .collect();
+    if text.chars().count() > MAX_CHARS || bytes.len() > 4 * MAX_CHARS {
+        out.push('…');
+    }
+    out
+}
+
+/// What a [`LineScanner`] finds.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ScannedLine<'a> {
+    /// A complete line that starts with the prefix, without its `\n` (or `\r\n`).
+    Line(&'a [u8]),
+    /// A line that starts with the prefix but grew past the bound; the rest of it is skipped.
+    TooLong,
+}
+
+/// Splits a byte stream into lines and hands over those that start with `prefix` (all lines
+/// when it is empty). Other lines are never buffered, and a kept line is bounded by `max_bytes`,
+/// so memory stays small whatever the trial prints.
+#[derive(Debug)]
+pub struct LineScanner {
+    prefix: &'static [u8],
+    max_bytes: usize,
+    line: Vec<u8>,
+    skipping: bool,
+}
+
+impl LineScanner {
+    pub fn new(prefix: &'static [u8], max_bytes: usize) -> LineScanner {
+        LineScanner {
+            prefix,
+            max_bytes,
+            line: Vec::new(),
+            skipping: false,
+        }
+    }
+
+    pub fn feed(&mut self, mut chunk: &[u8], on_line: &mut impl FnMut(ScannedLine<'_>)) {
+        while !chunk.is_empty() {
+            match chunk.iter().position(|&b| b == b'\n') {
+                Some(end) => {
+                    self.absorb(&chunk[..end], on_line);
+                    self.end_line(on_line);
+                    chunk = &chunk[end + 1..];
+                }
+                None => {
+                    self.absorb(chunk, on_line);
+                    chunk = &[];
+                }
+            }
+        }
+    }
+
+    /// The stream ended: a last line without `\n` still counts.
+    pub fn finish(&mut self, on_line: &mut impl FnMut(ScannedLine<'_>)) {
+        self.end_line(on_line);
+    }
+
+    fn absorb(&mut self, segment: &[u8], on_line: &mut impl FnMut(ScannedLine<'_>)) {
+        if self.skipping || segment.is_empty() {
+            return;
+        }
+        let have = self.line.len();
+        if have < self.prefix.len() {
+            let head = &segment[..segment.len().min(self.prefix.len() - have)];
+            if head != &self.prefix[have..have + head.len()] {
+                self.line.clear();
+                self.skipping = true;
+                return;
+            }
+        }
+        if have + segment.len() > self.max_bytes {
+            self.line = Vec::new();
+            self.skipping = true;
+            on_line(ScannedLine::TooLong);
+            return;
+        }
+        self.line.extend_from_slice(segment);
+    }
+
+    fn end_line(&mut self, on_line: &mut impl FnMut(ScannedLine<'_>)) {
+        if !self.skipping && !self.line.is_empty() && self.line.len() >= self.prefix.len() {
+            let line = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
+            on_line(ScannedLine::Line(line));
+        }
+        self.line.clear();
+        self.skipping = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(prefix: &'static [u8], max: usize, chunks: &[&[u8]]) -> Vec<String> {
+        let mut scanner = LineScanner::new(prefix, max);
+        let mut out = Vec::new();
+        let mut on_line = |line: ScannedLine<'_>| {
+            out.push(match line {
+                ScannedLine::Line(l) => String::from_utf8_lossy(l).into_owned(),
+                ScannedLine::TooLong => "<too long>".to_string(),
+            })
+        };
+        for chunk in chunks {
+            scanner.feed(chunk, &mut on_line);
+        }
+        scanner.finish(&mut on_line);
+        out
+    }
+
+    #[test]
+    fn scanner_keeps_prefixed_lines_across_chunks() {
+        let lines = scan(
+            b"KNOB_",
+            100,
+            &[
+                b"noise\nKN",
+                b"OB_FINAL 1\r\nKNOX\nK",
+                b"NOB_INTERMEDIATE 2",
+            ],
+        );
+        assert_eq!(lines, ["KNOB_FINAL 1", "KNOB_INTERMEDIATE 2"]);
+    }
+
+    #[test]
+    fn scanner_bounds_long_lines_and_recovers() {
+        let long = vec![b'x'; 50];
+        let lines = scan(b"K", 20, &[b"K", &long, &long, b"\nK ok\n", &long, b"\n"]);
+        assert_eq!(lines, ["<too long>", "K ok"]);
+        let lines = scan(b"", 20, &[b"a\n\n", &long, b"\nb"]);
+        assert_eq!(lines, ["a", "<too long>", "b"]);
+    }
+
+    #[test]
+    fn lenient_json_reads_python_non_finite_numbers_outside_strings() {
+        let value = parse_lenient_json(r#"{"a": NaN, "b": -Infinity, "c": "NaN\"Infinity"}"#);
+        let value = value.unwrap();
+        assert_eq!(value["a"], 0);
+        assert_eq!(value["b"], 0);
+        assert_eq!(value["c"], "NaN\"Infinity");
+        assert!(parse_lenient_json("Infinity").unwrap().is_number());
+        assert!(parse_lenient_json("NaNa").is_err());
+        assert!(parse_lenient_json("{oops").is_err());
+    }
+
+    #[test]
+    fn excerpt_is_one_short_line() {
+        assert_eq!(excerpt(b"a\nb"), "a\\nb");
+        let long = excerpt(&[b'y'; 500]);
+        assert!(long.ends_with('…') && long.chars().count() == 61, "{long}");
+    }
+}

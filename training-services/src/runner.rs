@@ -1,0 +1,441 @@
+//! Runs one trial from start to end: prepares its directory, starts its process group, feeds
+//! every protocol into its [`TrialRecorder`], stops it on request, and reports its end.
+//!
+//! Nothing here is specific to the local machine: the local service uses it directly, and the
+//! knob-agent will use it inside remote environments.
+//!
+//! Architecture invariant: a trial's `TrialEnded` is emitted after its process has exited,
+//! its stdout has been read to the end, and its metric files have been read one last time, so
+//! every metric it wrote before exiting reaches the core before its end.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use knob_plugin_api::service::{ServiceEvent, TrialRequest};
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdout};
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::knob_protocol::{self as knob, LineSource};
+use crate::metrics::{Emit, LineScanner, ScannedLine, TrialRecorder, MAX_METRIC_BYTES};
+use crate::nni_file;
+use crate::nni_http::ChannelServer;
+use crate::process::{group_has_live_members, signal_group, spawn_in_own_group, stderr_tail};
+use crate::tail::{tail_files, FileTail, FileWatcher};
+
+/// Files in a trial's directory that the runner writes.
+pub const STDOUT_FILE_NAME: &str = "stdout";
+pub const STDERR_FILE_NAME: &str = "stderr";
+
+/// How often, while a finished trial's leftover processes are given their grace period, the
+/// group is looked at again: no event says when a process that is not our child exits.
+const LEFTOVER_RECHECK: Duration = Duration::from_millis(50);
+
+/// What the trials of one service share.
+pub struct TrialHost {
+    /// `NNI_PLATFORM` for the trials ("local").
+    pub platform: String,
+    /// SIGTERM to SIGKILL.
+    pub grace_period: Duration,
+    pub channels: Arc<ChannelServer>,
+    pub watcher: Arc<FileWatcher>,
+    pub emit: Emit,
+}
+
+/// A trial that could not start; no event follows for it.
+#[derive(Debug, thiserror::Error)]
+pub enum TrialError {
+    #[error("trial {trial_id}: trialCodeDirectory {} does not exist or is not a directory", code_dir.display())]
+    CodeDirectory { trial_id: String, code_dir: PathBuf },
+    #[error("trial {trial_id}: cannot prepare {}: {source}", path.display())]
+    TrialDirectory {
+        trial_id: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("trial {trial_id}: cannot start /bin/bash in {}: {source}", code_dir.display())]
+    Spawn {
+        trial_id: String,
+        code_dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A started trial, as its service holds it.
+pub struct TrialHandle {
+    kill: Mutex<Option<oneshot::Sender<String>>>,
+    pid: Option<u32>,
+}
+
+impl TrialHandle {
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// Asks the trial to stop (SIGTERM to its group, SIGKILL after the grace period). The
+    /// first reason given is the one its `TrialEnded` carries; later calls do nothing.
+    pub fn kill(&self, reason: &str) {
+        let sender = self.kill.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(sender) = sender {
+            let _ = sender.send(reason.to_string());
+        }
+    }
+}
+
+/// The paths of one trial's directory.
+struct TrialPaths {
+    dir: PathBuf,
+    code_dir: PathBuf,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    nni_parameters: PathBuf,
+    nni_metrics: PathBuf,
+    knob_parameters: PathBuf,
+    knob_metrics: PathBuf,
+}
+
+impl TrialPaths {
+    fn new(request: &TrialRequest) -> std::io::Result<TrialPaths> {
+        // Trials run in their code directory; a relative path would point somewhere else there.
+        let dir = std::path::absolute(&request.trial_dir)?;
+        let nni_dir = dir.join(nni_file::METRICS_DIR_NAME);
+        Ok(TrialPaths {
+            code_dir: std::path::absolute(&request.code_dir)?,
+            stdout: dir.join(STDOUT_FILE_NAME),
+            stderr: dir.join(STDERR_FILE_NAME),
+            nni_parameters: dir.join(nni_file::PARAMETER_FILE_NAME),
+            nni_metrics: nni_dir.join(nni_file::METRICS_FILE_NAME),
+            knob_parameters: dir.join(knob::PARAMETERS_FILE_NAME),
+            knob_metrics: dir.join(knob::METRICS_FILE_NAME),
+            dir,
+        })
+    }
+}
+
+/// Writes the trial's directory, opens its channels and starts its process; the rest runs on
+/// `runtime`. `on_finished` runs after its `TrialEnded` has been emitted.
+pub fn start_trial(
+    host: &Arc<TrialHost>,
+    runtime: &tokio::runtime::Handle,
+    request: &TrialRequest,
+    on_finished: Box<dyn FnOnce() + Send>,
+) -> Result<TrialHandle, TrialError> {
+    let trial_id = request.trial_id.clone();
+    let dir_error = |path: &Path, source| TrialError::TrialDirectory {
+        trial_id: trial_id.clone(),
+        path: path.to_path_buf(),
+        source,
+    };
+    let paths = TrialPaths::new(request).map_err(|e| dir_error(&request.trial_dir, e))?;
+    if !paths.code_dir.is_dir() {
+        return Err(TrialError::CodeDirectory {
+            trial_id,
+            code_dir: paths.code_dir,
+        });
+    }
+    let parameter_record = nni_file::parameter_record(request.parameter_id, &request.parameters);
+    let stderr = prepare_directory(&paths, request, &parameter_record)?;
+    let stdout_file = File::create(&paths.stdout).map_err(|e| dir_error(&paths.stdout, e))?;
+
+    let recorder = TrialRecorder::new(&trial_id, host.emit.clone());
+    let env_id = request.environment_id.clone();
+    host.channels
+        .register(&env_id, recorder.clone(), parameter_record);
+    let metric_files = [paths.knob_metrics.clone(), paths.nni_metrics.clone()];
+    let files_changed = Arc::new(Notify::new());
+    let mut poll_files = false;
+    for path in &metric_files {
+        if let Err(why) = host.watcher.watch(path, files_changed.clone()) {
+            knob_plugin_api::log::debug(&format!(
+                "trial {trial_id}: polling {} ({why})",
+                path.display()
+            ));
+            poll_files = true;
+        }
+    }
+    let channel_url = host.channels.url_for(&env_id, &trial_id);
+    let env = trial_environment(host, request, &paths, channel_url);
+
+    let close_channels = || {
+        host.channels.unregister(&env_id, &trial_id);
+        for path in &metric_files {
+            host.watcher.unwatch(path);
+        }
+    };
+    let spawned = {
+        let _in_runtime = runtime.enter();
+        spawn_in_own_group(&request.command, &paths.code_dir, &env, stderr)
+    };
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(source) => {
+            close_channels();
+            return Err(TrialError::Spawn {
+                trial_id,
+                code_dir: paths.code_dir,
+                source,
+            });
+        }
+    };
+    let pid = child.id();
+    recorder.started(pid);
+
+    let stdout = child.stdout.take();
+    let stdout_task = runtime.spawn(pump_stdout(
+        stdout,
+        tokio::fs::File::from_std(stdout_file),
+        recorder.clone(),
+    ));
+    let (finish_tails, tails_finish) = oneshot::channel();
+    let tails = vec![
+        FileTail::knob_lines(paths.knob_metrics.clone()),
+        FileTail::nni_records(paths.nni_metrics.clone()),
+    ];
+    let tail_task = runtime.spawn(tail_files(
+        tails,
+        recorder.clone(),
+        files_changed,
+        poll_files,
+        tails_finish,
+    ));
+    let (kill, kill_requests) = oneshot::channel();
+    let supervision = Supervision {
+        host: host.clone(),
+        child,
+        pgid: pid,
+        recorder,
+        stdout_task,
+        tail_task,
+        finish_tails,
+        kill_requests,
+        env_id,
+        metric_files,
+        stderr_path: paths.stderr,
+        on_finished,
+    };
+    runtime.spawn(supervision.run());
+    Ok(TrialHandle {
+        kill: Mutex::new(Some(kill)),
+        pid,
+    })
+}
+
+/// Creates the trial's directory and protocol files, and returns its stderr file.
+fn prepare_directory(
+    paths: &TrialPaths,
+    request: &TrialRequest,
+    parameter_record: &str,
+) -> Result<File, TrialError> {
+    let fail = |path: &Path, source| TrialError::TrialDirectory {
+        trial_id: request.trial_id.clone(),
+        path: path.to_path_buf(),
+        source,
+    };
+    let nni_dir = paths.dir.join(nni_file::METRICS_DIR_NAME);
+    std::fs::create_dir_all(&nni_dir).map_err(|e| fail(&nni_dir, e))?;
+    let write =
+        |path: &Path, contents: &str| std::fs::write(path, contents).map_err(|e| fail(path, e));
+    write(&paths.nni_parameters, parameter_record)?;
+    write(&paths.knob_parameters, &request.parameters.to_string())?;
+    // Created empty before the trial starts so that they can be watched from its first write.
+    write(&paths.knob_metrics, "")?;
+    write(&paths.nni_metrics, "")?;
+    File::create(&paths.stderr).map_err(|e| fail(&paths.stderr, e))
+}
+
+/// The variables the trial gets on top of knob's own environment. Later entries win, so the
+/// protocol variables cannot be overridden by the request's `env` by mistake.
+fn trial_environment(
+    host: &TrialHost,
+    request: &TrialRequest,
+    paths: &TrialPaths,
+    channel_url: String,
+) -> Vec<(String, OsString)> {
+    let mut env: Vec<(String, OsString)> = request
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.into()))
+        .collect();
+    let mut set = |name: &str, value: OsString| env.push((name.to_string(), value));
+    set("NNI_PLATFORM", host.platform.clone().into());
+    set("NNI_EXP_ID", request.experiment_id.clone().into());
+    set("NNI_TRIAL_JOB_ID", request.trial_id.clone().into());
+    set("NNI_SYS_DIR", paths.dir.clone().into());
+    set("NNI_OUTPUT_DIR", paths.dir.clone().into());
+    set("NNI_TRIAL_SEQ_ID", request.sequence.to_string().into());
+    set("NNI_CODE_DIR", paths.code_dir.clone().into());
+    set("NNI_TRIAL_COMMAND_CHANNEL", channel_url.into());
+    set(knob::TRIAL_ID_ENV, request.trial_id.clone().into());
+    set(knob::TRIAL_DIR_ENV, paths.dir.clone().into());
+    let parameters = request.parameters.to_string();
+    if parameters.len() <= knob::MAX_ENV_PARAMETERS_BYTES {
+        set(knob::PARAMETERS_ENV, parameters.into());
+    }
+    set(
+        knob::PARAMETERS_FILE_ENV,
+        paths.knob_parameters.clone().into(),
+    );
+    set(knob::METRICS_FILE_ENV, paths.knob_metrics.clone().into());
+    if let Some(gpus) = &request.gpu_indices {
+        let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        // An empty list hides every GPU, which is what a trial given none should see.
+        set("CUDA_VISIBLE_DEVICES", list.join(",").into());
+    }
+    env
+}
+
+/// Copies the trial's stdout to its file and reads knob protocol lines from it.
+async fn pump_stdout(
+    stdout: Option<ChildStdout>,
+    mut file: tokio::fs::File,
+    recorder: Arc<TrialRecorder>,
+) {
+    let Some(mut stdout) = stdout else { return };
+    let mut scanner = LineScanner::new(knob::LINE_PREFIX, MAX_METRIC_BYTES);
+    let mut on_line = |line: ScannedLine<'_>| match line {
+        ScannedLine::Line(line) => knob::handle_line(&recorder, LineSource::Stdout, line),
+        ScannedLine::TooLong => {
+            knob::warn_too_long(&recorder, LineSource::Stdout, MAX_METRIC_BYTES)
+        }
+    };
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut file_ok = true;
+    loop {
+        let read = match stdout.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        if file_ok {
+            if let Err(e) = file.write_all(&buffer[..read]).await {
+                file_ok = false;
+                recorder.warn(format_args!("cannot write its stdout file: {e}"));
+            }
+        }
+        scanner.feed(&buffer[..read], &mut on_line);
+    }
+    scanner.finish(&mut on_line);
+    let _ = file.flush().await;
+}
+
+/// Everything the task that watches over one trial owns.
+struct Supervision {
+    host: Arc<TrialHost>,
+    child: Child,
+    /// The group is the leader's pid; `None` only if the OS gave no pid.
+    pgid: Option<u32>,
+    recorder: Arc<TrialRecorder>,
+    stdout_task: JoinHandle<()>,
+    tail_task: JoinHandle<()>,
+    finish_tails: oneshot::Sender<()>,
+    kill_requests: oneshot::Receiver<String>,
+    env_id: String,
+    metric_files: [PathBuf; 2],
+    stderr_path: PathBuf,
+    on_finished: Box<dyn FnOnce() + Send>,
+}
+
+impl Supervision {
+    async fn run(mut self) {
+        let grace = self.host.grace_period;
+        let pgid = self.pgid;
+        let signal = |signal: Signal| {
+            if let Some(pgid) = pgid {
+                signal_group(pgid, signal);
+            }
+        };
+        let group_alive = || pgid.is_some_and(group_has_live_members);
+
+        let mut leader = None;
+        let mut stdout_open = true;
+        let mut listening_for_kill = true;
+        let mut killed_reason = None;
+        // Set when the group got SIGTERM (or, with nothing left to signal, when the leader
+        // exited): at this instant whatever is left of the group gets SIGKILL.
+        let mut hard_kill_at: Option<Instant> = None;
+        let mut hard_killed = false;
+        // After SIGKILL, how long stdout may stay open (held by a process that left the group).
+        let mut stdout_give_up_at: Option<Instant> = None;
+        loop {
+            if leader.is_some() {
+                // The trial is over when its leader has exited: processes it left behind are
+                // stopped like a killed trial's, then the trial ends.
+                let alive = !hard_killed && group_alive();
+                if !stdout_open && !alive {
+                    break;
+                }
+                if hard_kill_at.is_none() {
+                    if alive {
+                        signal(Signal::SIGTERM);
+                    }
+                    hard_kill_at = Some(Instant::now() + grace);
+                }
+            }
+            let far = Instant::now() + Duration::from_secs(3600);
+            tokio::select! {
+                status = self.child.wait(), if leader.is_none() => leader = Some(status),
+                _ = &mut self.stdout_task, if stdout_open => stdout_open = false,
+                reason = &mut self.kill_requests, if listening_for_kill => {
+                    listening_for_kill = false;
+                    // A kill that comes after the leader exited changes nothing: it ended on its own.
+                    if let (Ok(reason), None) = (reason, &leader) {
+                        killed_reason = Some(reason);
+                        if hard_kill_at.is_none() {
+                            signal(Signal::SIGTERM);
+                            hard_kill_at = Some(Instant::now() + grace);
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(hard_kill_at.unwrap_or(far)),
+                    if hard_kill_at.is_some() && !hard_killed => {
+                    signal(Signal::SIGKILL);
+                    hard_killed = true;
+                    stdout_give_up_at = Some(Instant::now() + grace);
+                }
+                _ = tokio::time::sleep_until(stdout_give_up_at.unwrap_or(far)),
+                    if stdout_open && stdout_give_up_at.is_some() => {
+                    self.stdout_task.abort();
+                    stdout_open = false;
+                    self.recorder.warn(
+                        "a process that left the trial's process group still holds its stdout; stopped reading it",
+                    );
+                }
+                _ = tokio::time::sleep(LEFTOVER_RECHECK),
+                    if leader.is_some() && !stdout_open && !hard_killed => {}
+            }
+        }
+
+        let (exit_code, signal_number) = match leader {
+            Some(Ok(status)) => (status.code(), status.signal()),
+            Some(Err(e)) => {
+                self.recorder
+                    .warn(format_args!("cannot read its exit status: {e}"));
+                (None, None)
+            }
+            None => (None, None),
+        };
+        let _ = self.finish_tails.send(());
+        let _ = (&mut self.tail_task).await;
+        let stderr_tail = stderr_tail(&self.stderr_path);
+        self.recorder.end(ServiceEvent::TrialEnded {
+            trial_id: self.recorder.trial_id().to_string(),
+            exit_code,
+            signal: signal_number,
+            killed_reason,
+            stderr_tail,
+        });
+        self.host
+            .channels
+            .unregister(&self.env_id, self.recorder.trial_id());
+        for path in &self.metric_files {
+            self.host.watcher.unwatch(path);
+        }
+        (self.on_finished)();
+    }
+}

@@ -1,0 +1,263 @@
+//! Reading the metric files trials append to (`metrics.knob`, `.nni/metrics`) as they grow.
+//!
+//! A [`FileWatcher`] (one inotify instance per service) wakes a trial's tail task whenever one
+//! of its files changes; the task reads from where it stopped to the end. When the trial's
+//! process has exited, the runner asks for one last read, so a metric written just before
+//! exit is never lost. Where the OS watcher is unavailable, tails are read on a short timer.
+
+use std::collections::HashMap;
+use std::io::SeekFrom;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::{oneshot, Notify};
+
+use crate::knob_protocol::{self, LineSource};
+use crate::metrics::{LineScanner, ScannedLine, TrialRecorder, MAX_METRIC_BYTES};
+use crate::nni_file::{decode_nni_metric, NniRecord, NniRecordDecoder};
+
+/// How often tails are read when the OS cannot tell us about changes.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+type Wakers = Arc<Mutex<HashMap<PathBuf, Arc<Notify>>>>;
+
+/// Turns file-change notifications into wake-ups of the tasks tailing those files.
+pub struct FileWatcher {
+    watcher: Mutex<Option<RecommendedWatcher>>,
+    wakers: Wakers,
+    /// Why the OS watcher is unavailable, when it is.
+    unavailable: Option<String>,
+}
+
+impl FileWatcher {
+    pub fn new() -> FileWatcher {
+        let wakers: Wakers = Arc::default();
+        let for_events = wakers.clone();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let Ok(event) = event else { return };
+            let wakers = for_events.lock().unwrap_or_else(|p| p.into_inner());
+            for path in &event.paths {
+                if let Some(wake) = wakers.get(path) {
+                    wake.notify_one();
+                }
+            }
+        });
+        match watcher {
+            Ok(watcher) => FileWatcher {
+                watcher: Mutex::new(Some(watcher)),
+                wakers,
+                unavailable: None,
+            },
+            Err(e) => FileWatcher {
+                watcher: Mutex::new(None),
+                wakers,
+                unavailable: Some(e.to_string()),
+            },
+        }
+    }
+
+    /// Why files are polled instead of watched, if they are.
+    pub fn unavailable(&self) -> Option<&str> {
+        self.unavailable.as_deref()
+    }
+
+    /// Wakes `wake` when the existing file `path` changes. Err says why it cannot (the caller
+    /// then polls).
+    pub fn watch(&self, path: &Path, wake: Arc<Notify>) -> Result<(), String> {
+        let mut watcher = self.watcher.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(watcher) = watcher.as_mut() else {
+            return Err(self.unavailable.clone().unwrap_or_default());
+        };
+        self.wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path.to_path_buf(), wake);
+        watcher
+            .watch(path, RecursiveMode::NonRecursive)
+            .map_err(|e| {
+                self.forget(path);
+                e.to_string()
+            })
+    }
+
+    pub fn unwatch(&self, path: &Path) {
+        if let Some(watcher) = self
+            .watcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            let _ = watcher.unwatch(path);
+        }
+        self.forget(path);
+    }
+
+    fn forget(&self, path: &Path) {
+        self.wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(path);
+    }
+}
+
+impl Default for FileWatcher {
+    fn default() -> Self {
+        FileWatcher::new()
+    }
+}
+
+/// How a tailed file is read.
+#[derive(Debug)]
+pub enum TailFormat {
+    /// knob protocol lines (`metrics.knob`).
+    KnobLines(LineScanner),
+    /// NNI records (`.nni/metrics`).
+    NniRecords(NniRecordDecoder),
+}
+
+/// One metric file of one trial, read from where the last read stopped.
+#[derive(Debug)]
+pub struct FileTail {
+    path: PathBuf,
+    offset: u64,
+    format: TailFormat,
+}
+
+impl FileTail {
+    pub fn knob_lines(path: PathBuf) -> FileTail {
+        FileTail {
+            path,
+            offset: 0,
+            format: TailFormat::KnobLines(LineScanner::new(b"", MAX_METRIC_BYTES)),
+        }
+    }
+
+    pub fn nni_records(path: PathBuf) -> FileTail {
+        FileTail {
+            path,
+            offset: 0,
+            format: TailFormat::NniRecords(NniRecordDecoder::new()),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads what was appended since the last call and records it.
+    pub async fn read_new(&mut self, recorder: &TrialRecorder) {
+        let Ok(mut file) = tokio::fs::File::open(&self.path).await else {
+            // Not created (the trial removed it?): nothing to read.
+            return;
+        };
+        let length = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+        if length < self.offset {
+            recorder.warn(format_args!(
+                "{} shrank from {} to {length} bytes; metric files must only be appended to, reading it again from the start",
+                self.path.display(),
+                self.offset
+            ));
+            self.offset = 0;
+            self.format = match self.format {
+                TailFormat::KnobLines(_) => {
+                    TailFormat::KnobLines(LineScanner::new(b"", MAX_METRIC_BYTES))
+                }
+                TailFormat::NniRecords(_) => TailFormat::NniRecords(NniRecordDecoder::new()),
+            };
+        }
+        if length == self.offset || file.seek(SeekFrom::Start(self.offset)).await.is_err() {
+            return;
+        }
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            let read = match file.read(&mut buffer).await {
+                Ok(0) => break,
+                Ok(read) => read,
+                Err(e) => {
+                    recorder.warn(format_args!("cannot read {}: {e}", self.path.display()));
+                    break;
+                }
+            };
+            self.offset += read as u64;
+            self.consume(&buffer[..read], recorder);
+        }
+    }
+
+    fn consume(&mut self, bytes: &[u8], recorder: &TrialRecorder) {
+        match &mut self.format {
+            TailFormat::KnobLines(scanner) => {
+                scanner.feed(bytes, &mut |line| on_knob_line(recorder, line));
+            }
+            TailFormat::NniRecords(decoder) => {
+                decoder.feed(bytes, &mut |record| on_nni_record(recorder, record));
+            }
+        }
+    }
+
+    /// The file is complete: a last line without `\n` counts, a partial record is reported.
+    pub fn finish(&mut self, recorder: &TrialRecorder) {
+        match &mut self.format {
+            TailFormat::KnobLines(scanner) => {
+                scanner.finish(&mut |line| on_knob_line(recorder, line));
+            }
+            TailFormat::NniRecords(decoder) => {
+                decoder.finish(&mut |record| on_nni_record(recorder, record));
+            }
+        }
+    }
+}
+
+fn on_knob_line(recorder: &TrialRecorder, line: ScannedLine<'_>) {
+    match line {
+        ScannedLine::Line(line) => {
+            knob_protocol::handle_line(recorder, LineSource::MetricsFile, line)
+        }
+        ScannedLine::TooLong => {
+            knob_protocol::warn_too_long(recorder, LineSource::MetricsFile, MAX_METRIC_BYTES)
+        }
+    }
+}
+
+fn on_nni_record(recorder: &TrialRecorder, record: NniRecord<'_>) {
+    let outcome = match record {
+        NniRecord::Metric(json) => decode_nni_metric(json, recorder.trial_id()),
+        NniRecord::Corrupt(why) => Err(why),
+    };
+    match outcome {
+        Ok(Some((kind, value))) => {
+            // Files are read before the trial is marked ended, so this cannot be refused.
+            let _ = recorder.record(kind, value);
+        }
+        Ok(None) => {}
+        Err(why) => recorder.warn(format_args!(".nni/metrics: {why}")),
+    }
+}
+
+/// Tails `files` until `finish` fires, then reads them to the end one last time.
+pub async fn tail_files(
+    mut files: Vec<FileTail>,
+    recorder: Arc<TrialRecorder>,
+    changed: Arc<Notify>,
+    poll: bool,
+    mut finish: oneshot::Receiver<()>,
+) {
+    let mut ticker = tokio::time::interval(POLL_INTERVAL);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut finish => break,
+            _ = changed.notified() => {}
+            _ = ticker.tick(), if poll => {}
+        }
+        for file in &mut files {
+            file.read_new(&recorder).await;
+        }
+    }
+    for file in &mut files {
+        file.read_new(&recorder).await;
+        file.finish(&recorder);
+    }
+}
