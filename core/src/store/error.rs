@@ -107,7 +107,10 @@ impl fmt::Display for Rejection {
                 trial_id,
                 status,
                 event,
-            } => write!(f, "trial {trial_id:?} is {status}, so {event} cannot follow"),
+            } => write!(
+                f,
+                "trial {trial_id:?} is {status}, so {event} cannot follow"
+            ),
             Self::WrongAttempt {
                 trial_id,
                 attempt,

@@ -107,7 +107,9 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.handle.path).finish()
+        f.debug_struct("Store")
+            .field("path", &self.handle.path)
+            .finish()
     }
 }
 
@@ -120,7 +122,9 @@ pub struct StoreHandle {
 
 impl std::fmt::Debug for StoreHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreHandle").field("path", &self.path).finish()
+        f.debug_struct("StoreHandle")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -140,7 +144,8 @@ impl Store {
         let lock = schema::take_writer_lock(&experiment_dir.join(schema::LOCK_FILE_NAME), &path)?;
         let connection = schema::open_for_writing(&path, options.busy_timeout)?;
         let read_counters = || -> rusqlite::Result<Counters> {
-            Ok(schema::read_counters(&connection)?.at_least(schema::counters_from_log(&connection)?))
+            Ok(schema::read_counters(&connection)?
+                .at_least(schema::counters_from_log(&connection)?))
         };
         let counters = read_counters().map_err(|e| StoreError::Open {
             path: path_text(&path),

@@ -138,7 +138,9 @@ pub struct StoreReader {
 
 impl std::fmt::Debug for StoreReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreReader").field("path", &self.path).finish()
+        f.debug_struct("StoreReader")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -201,7 +203,9 @@ impl StoreReader {
             sql.push_str(&format!(" WHERE status IN ({marks})"));
         }
         // LIMIT -1 is SQLite's "no limit"; OFFSET needs a LIMIT.
-        let limit = query.limit.map_or(-1, |limit| limit.min(i64::MAX as u64) as i64);
+        let limit = query
+            .limit
+            .map_or(-1, |limit| limit.min(i64::MAX as u64) as i64);
         sql.push_str(&format!(
             " ORDER BY sequence LIMIT {limit} OFFSET {}",
             query.offset.min(i64::MAX as u64)
@@ -264,7 +268,8 @@ impl StoreReader {
         after: EventSeq,
         limit: u64,
     ) -> Result<Vec<MetricRecord>, StoreError> {
-        let sql = format!("SELECT {METRIC_COLUMNS} FROM metrics WHERE seq > ?1 ORDER BY seq LIMIT ?2");
+        let sql =
+            format!("SELECT {METRIC_COLUMNS} FROM metrics WHERE seq > ?1 ORDER BY seq LIMIT ?2");
         self.collect(
             &sql,
             [after as i64, limit.min(i64::MAX as u64) as i64],
@@ -282,7 +287,13 @@ impl StoreReader {
         let events = self.collect(
             "SELECT seq, time_ms, payload FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
             [after as i64, limit_sql],
-            |row| Ok((u64_column(row, 0)?, row.get::<_, i64>(1)?, row.get::<_, String>(2)?)),
+            |row| {
+                Ok((
+                    u64_column(row, 0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            },
         )?;
         let mut records = Vec::with_capacity(events.len());
         for (seq, time_ms, payload) in events {

@@ -169,7 +169,11 @@ pub(crate) fn open_for_writing(
     busy_timeout: Duration,
 ) -> Result<Connection, StoreError> {
     let connection = Connection::open(path).map_err(|e| open_error(path, &e))?;
-    let setup = |sql: &str| connection.execute_batch(sql).map_err(|e| open_error(path, &e));
+    let setup = |sql: &str| {
+        connection
+            .execute_batch(sql)
+            .map_err(|e| open_error(path, &e))
+    };
     connection
         .busy_timeout(busy_timeout)
         .map_err(|e| open_error(path, &e))?;
@@ -231,7 +235,10 @@ pub(crate) fn open_for_reading(path: &Path) -> Result<Connection, StoreError> {
 }
 
 /// Takes the writer lock next to the store, or fails with [`StoreError::Locked`].
-pub(crate) fn take_writer_lock(lock_path: &Path, store_path: &Path) -> Result<Connection, StoreError> {
+pub(crate) fn take_writer_lock(
+    lock_path: &Path,
+    store_path: &Path,
+) -> Result<Connection, StoreError> {
     let lock_error = |e: &rusqlite::Error| match e.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
             path: path_text(store_path),

@@ -154,7 +154,11 @@ impl TrialState {
 }
 
 /// Sets the dotted camelCase path `field` in `config`, creating objects on the way.
-pub(crate) fn set_config_field(config: &mut Value, field: &str, value: Value) -> Result<(), String> {
+pub(crate) fn set_config_field(
+    config: &mut Value,
+    field: &str,
+    value: Value,
+) -> Result<(), String> {
     let keys: Vec<&str> = field.split('.').collect();
     if keys.iter().any(|key| key.is_empty()) {
         return Err("expected a dotted path of field names, e.g. trialConcurrency".to_string());
@@ -171,7 +175,14 @@ pub(crate) fn set_config_field(config: &mut Value, field: &str, value: Value) ->
     }
     let map = object.as_object_mut().ok_or_else(|| {
         let parent = parents.join(".");
-        format!("{} is not an object", if parent.is_empty() { "the config" } else { &parent })
+        format!(
+            "{} is not an object",
+            if parent.is_empty() {
+                "the config"
+            } else {
+                &parent
+            }
+        )
     })?;
     map.insert(last.to_string(), value);
     Ok(())
@@ -190,7 +201,9 @@ pub(crate) fn replay(connection: &Connection, path: &str) -> Result<ExperimentSt
         .map_err(read_error)?;
     let mut events = events_statement.query([]).map_err(read_error)?;
     let mut metrics_statement = transaction
-        .prepare(&format!("SELECT {METRIC_COLUMNS} FROM metrics ORDER BY seq"))
+        .prepare(&format!(
+            "SELECT {METRIC_COLUMNS} FROM metrics ORDER BY seq"
+        ))
         .map_err(read_error)?;
     let mut metrics = metrics_statement.query([]).map_err(read_error)?;
 
@@ -223,7 +236,10 @@ pub(crate) fn replay(connection: &Connection, path: &str) -> Result<ExperimentSt
     replayer.finish(stored_counters)
 }
 
-fn read_event(row: Option<&rusqlite::Row<'_>>, path: &str) -> Result<Option<EventRecord>, StoreError> {
+fn read_event(
+    row: Option<&rusqlite::Row<'_>>,
+    path: &str,
+) -> Result<Option<EventRecord>, StoreError> {
     let Some(row) = row else { return Ok(None) };
     let read_error = |e: rusqlite::Error| StoreError::Read {
         path: path.to_string(),
@@ -303,7 +319,11 @@ impl Replayer {
     }
 
     fn apply(&mut self, record: EventRecord) -> Result<(), StoreError> {
-        let EventRecord { seq, time_ms, event } = record;
+        let EventRecord {
+            seq,
+            time_ms,
+            event,
+        } = record;
         self.advance(seq, time_ms)?;
         match event {
             StoreEvent::ExperimentCreated {
@@ -457,7 +477,12 @@ impl Replayer {
         };
         let from_log = Counters {
             next_event_seq: self.last_seq + 1,
-            next_trial_sequence: state.trials.iter().map(|t| t.sequence + 1).max().unwrap_or(0),
+            next_trial_sequence: state
+                .trials
+                .iter()
+                .map(|t| t.sequence + 1)
+                .max()
+                .unwrap_or(0),
             next_parameter_id: state
                 .trials
                 .iter()

@@ -68,7 +68,9 @@ impl From<rusqlite::Error> for Failure {
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
 }
 
 fn is_constraint(error: &rusqlite::Error) -> bool {
@@ -170,7 +172,9 @@ impl Writer {
                 let applied = outcomes.iter().filter(|o| o.is_ok()).count();
                 if applied > 0 {
                     self.stats.transactions.fetch_add(1, Ordering::Relaxed);
-                    self.stats.events.fetch_add(applied as u64, Ordering::Relaxed);
+                    self.stats
+                        .events
+                        .fetch_add(applied as u64, Ordering::Relaxed);
                 }
                 outcomes
                     .into_iter()
@@ -337,7 +341,12 @@ impl Writer {
                          (singleton, id, config, start_time_ms, status, status_message, updated_ms)
                          VALUES (1, ?1, ?2, ?3, 'INITIALIZED', NULL, ?4)",
                     )?
-                    .execute(params![experiment_id, config.to_string(), start_time_ms, time_ms]);
+                    .execute(params![
+                        experiment_id,
+                        config.to_string(),
+                        start_time_ms,
+                        time_ms
+                    ]);
                 match inserted {
                     Err(e) if is_constraint(&e) => return reject(Rejection::ExperimentExists),
                     other => other?,
@@ -361,8 +370,9 @@ impl Writer {
                 let Some(config) = config else {
                     return reject(Rejection::NoExperiment);
                 };
-                let mut config: serde_json::Value = serde_json::from_str(&config)
-                    .map_err(|e| Failure::Fatal(rusqlite::Error::ToSqlConversionFailure(e.into())))?;
+                let mut config: serde_json::Value = serde_json::from_str(&config).map_err(|e| {
+                    Failure::Fatal(rusqlite::Error::ToSqlConversionFailure(e.into()))
+                })?;
                 if let Err(message) = set_config_field(&mut config, field, value.clone()) {
                     return reject(Rejection::BadConfigField {
                         field: field.clone(),

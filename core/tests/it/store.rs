@@ -1,0 +1,844 @@
+//! The experiment store, on real SQLite files: round trips, counters, acknowledgements, group
+//! commit, a SIGKILLed writer, and the one-line errors for files that are not a store.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use expect_test::{expect, Expect};
+use knob_core::store::{
+    Direction, ExperimentStatus, MetricKind, Rejection, Store, StoreError, StoreEvent,
+    StoreOptions, StoreReader, TrialQuery, TrialStatus, DB_FILE_NAME,
+};
+use rusqlite::Connection;
+use serde_json::json;
+
+fn created() -> StoreEvent {
+    StoreEvent::ExperimentCreated {
+        experiment_id: "exp1".to_string(),
+        config: json!({"trialConcurrency": 2, "trainingService": {"platform": "local"}}),
+        start_time_ms: 1_700_000_000_000,
+    }
+}
+
+fn trial(trial_id: &str, sequence: u64) -> StoreEvent {
+    StoreEvent::TrialCreated {
+        trial_id: trial_id.to_string(),
+        sequence,
+        parameter_id: sequence,
+        parameters: json!({"lr": 0.01 * (sequence + 1) as f64, "optimizer": "adam"}),
+    }
+}
+
+fn started(trial_id: &str, attempt: u32) -> StoreEvent {
+    StoreEvent::TrialStarted {
+        trial_id: trial_id.to_string(),
+        attempt,
+        environment_id: "local".to_string(),
+        gpu_indices: vec![0, 1],
+        pid: Some(4242),
+    }
+}
+
+fn ended(trial_id: &str, attempt: u32, status: TrialStatus) -> StoreEvent {
+    StoreEvent::TrialEnded {
+        trial_id: trial_id.to_string(),
+        attempt,
+        status,
+        exit_code: Some(1),
+        signal: None,
+        message: Some("exit code 1".to_string()),
+        stderr_tail: Some("Traceback ...\nValueError: boom\n".to_string()),
+    }
+}
+
+fn metric(trial_id: &str, kind: MetricKind, trial_sequence: u64, raw: &str) -> StoreEvent {
+    StoreEvent::Metric {
+        trial_id: trial_id.to_string(),
+        attempt: 1,
+        kind,
+        trial_sequence,
+        raw: raw.to_string(),
+        value: raw.parse::<f64>().ok().filter(|v| v.is_finite()),
+    }
+}
+
+/// Appends and waits, panicking on failure: for set-up steps.
+fn put(store: &Store, event: StoreEvent) -> u64 {
+    store.append(event).wait().unwrap()
+}
+
+/// An error as its message, with the temp folder replaced by `$DIR`.
+fn check_error(dir: &Path, error: StoreError, expect: Expect) {
+    let text = error
+        .to_string()
+        .replace(&dir.display().to_string(), "$DIR");
+    assert!(!text.contains('\n'), "not one line: {text}");
+    expect.assert_eq(&text);
+}
+
+#[test]
+fn every_event_type_round_trips_through_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let events = vec![
+        created(),
+        StoreEvent::ExperimentStatusChanged {
+            status: ExperimentStatus::Running,
+            message: None,
+        },
+        StoreEvent::ConfigUpdated {
+            field: "trialConcurrency".to_string(),
+            value: json!(4),
+        },
+        StoreEvent::ConfigUpdated {
+            field: "tuner.classArgs.optimize_mode".to_string(),
+            value: json!("maximize"),
+        },
+        trial("AbCdE", 0),
+        started("AbCdE", 1),
+        metric("AbCdE", MetricKind::Intermediate, 0, "0.5"),
+        metric("AbCdE", MetricKind::Intermediate, 1, "NaN"),
+        metric(
+            "AbCdE",
+            MetricKind::Final,
+            0,
+            r#"{"default": 0.75, "loss": 1.5}"#,
+        ),
+        ended("AbCdE", 1, TrialStatus::Succeeded),
+        trial("FgHiJ", 1),
+        started("FgHiJ", 1),
+        metric("FgHiJ", MetricKind::Intermediate, 0, "0.1"),
+        ended("FgHiJ", 1, TrialStatus::Failed),
+        StoreEvent::TrialRequeued {
+            trial_id: "FgHiJ".to_string(),
+            reason: "retry 1 of 2 after exit code 1".to_string(),
+        },
+        started("FgHiJ", 2),
+        StoreEvent::Metric {
+            trial_id: "FgHiJ".to_string(),
+            attempt: 2,
+            kind: MetricKind::Final,
+            trial_sequence: 0,
+            raw: "0.25".to_string(),
+            value: Some(0.25),
+        },
+        ended("FgHiJ", 2, TrialStatus::EarlyStopped),
+        trial("KlMnO", 2),
+        ended("KlMnO", 0, TrialStatus::UserCanceled),
+        StoreEvent::Warning {
+            trial_id: Some("zzzzz".to_string()),
+            message: "metric for a trial that is not running, rejected".to_string(),
+        },
+        StoreEvent::Warning {
+            trial_id: None,
+            message: "tuner slow".to_string(),
+        },
+        StoreEvent::ExperimentStatusChanged {
+            status: ExperimentStatus::Done,
+            message: Some("maxTrialNumber reached".to_string()),
+        },
+    ];
+    let acks: Vec<_> = events.iter().cloned().map(|e| store.append(e)).collect();
+    let seqs: Vec<u64> = acks.into_iter().map(|ack| ack.wait().unwrap()).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
+
+    let reader = store.reader().unwrap();
+    let logged: Vec<StoreEvent> = reader
+        .events_since(0, u64::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|record| record.event)
+        .collect();
+    assert_eq!(logged, events);
+    let tail = reader.events_since(20, 2).unwrap();
+    assert_eq!(tail.iter().map(|r| r.seq).collect::<Vec<_>>(), [21, 22]);
+
+    drop(store);
+    let state = StoreReader::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.experiment_id, "exp1");
+    assert_eq!(state.start_time_ms, 1_700_000_000_000);
+    assert_eq!(state.status, ExperimentStatus::Done);
+    assert_eq!(
+        state.status_message.as_deref(),
+        Some("maxTrialNumber reached")
+    );
+    assert_eq!(
+        state.config,
+        json!({"trialConcurrency": 4, "trainingService": {"platform": "local"},
+               "tuner": {"classArgs": {"optimize_mode": "maximize"}}})
+    );
+    assert_eq!(state.last_event_seq, events.len() as u64);
+    assert_eq!(state.counters.next_event_seq, events.len() as u64 + 1);
+    assert_eq!(state.counters.next_trial_sequence, 3);
+    assert_eq!(state.counters.next_parameter_id, 3);
+    assert_eq!(state.warnings.len(), 2);
+    assert_eq!(state.config_updates.len(), 2);
+    let statuses: Vec<_> = state.status_history.iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            ExperimentStatus::Initialized,
+            ExperimentStatus::Running,
+            ExperimentStatus::Done
+        ]
+    );
+
+    let first = state.trial("AbCdE").unwrap();
+    assert_eq!(first.status, TrialStatus::Succeeded);
+    assert_eq!(first.parameters, json!({"lr": 0.01, "optimizer": "adam"}));
+    assert_eq!(first.attempts.len(), 1);
+    assert_eq!(first.attempts[0].gpu_indices, [0, 1]);
+    assert_eq!(first.attempts[0].pid, Some(4242));
+    let end = first.end.as_ref().unwrap();
+    assert_eq!(
+        end.stderr_tail.as_deref(),
+        Some("Traceback ...\nValueError: boom\n")
+    );
+    assert_eq!(first.metrics.len(), 3);
+    assert_eq!(first.metrics[1].raw, "NaN");
+    assert_eq!(first.metrics[1].value, None);
+    assert_eq!(
+        first.final_metric().unwrap().raw,
+        r#"{"default": 0.75, "loss": 1.5}"#
+    );
+    assert!(first.started_ms().unwrap() <= first.ended_ms().unwrap());
+
+    // The retried trial keeps each attempt's end and metrics apart.
+    let retried = state.trial("FgHiJ").unwrap();
+    assert_eq!(retried.status, TrialStatus::EarlyStopped);
+    assert_eq!(retried.current_attempt(), 2);
+    assert_eq!(
+        retried.attempts[0].end.as_ref().unwrap().status,
+        TrialStatus::Failed
+    );
+    assert_eq!(
+        retried.attempts[0].requeued.as_ref().unwrap().reason,
+        "retry 1 of 2 after exit code 1"
+    );
+    assert_eq!(
+        retried.attempts[1].end.as_ref().unwrap().status,
+        TrialStatus::EarlyStopped
+    );
+    let attempts: Vec<u32> = retried.metrics.iter().map(|m| m.attempt).collect();
+    assert_eq!(attempts, [1, 2]);
+    assert_eq!(retried.final_metric().unwrap().value, Some(0.25));
+
+    let never_started = state.trial("KlMnO").unwrap();
+    assert_eq!(never_started.status, TrialStatus::UserCanceled);
+    assert!(never_started.attempts.is_empty());
+
+    // Timestamps never decrease along the log.
+    let reader = StoreReader::open(dir.path()).unwrap();
+    let times: Vec<i64> = reader
+        .events_since(0, 100)
+        .unwrap()
+        .iter()
+        .map(|r| r.time_ms)
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+}
+
+#[test]
+fn materialized_tables_answer_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    let finals = ["0.3", "0.9", "NaN", "0.6", "Infinity"];
+    for (index, raw) in finals.iter().enumerate() {
+        let id = format!("t{index}");
+        put(&store, trial(&id, index as u64));
+        put(&store, started(&id, 1));
+        put(&store, metric(&id, MetricKind::Intermediate, 0, "0.01"));
+        put(&store, metric(&id, MetricKind::Final, 0, raw));
+        if index % 2 == 0 {
+            put(&store, ended(&id, 1, TrialStatus::Succeeded));
+        }
+    }
+    let reader = store.reader().unwrap();
+
+    let ids = |rows: Vec<knob_core::store::TrialRow>| -> Vec<String> {
+        rows.into_iter().map(|row| row.trial_id).collect()
+    };
+    let best = reader.best_trials(Direction::Maximize, 2).unwrap();
+    assert_eq!(best[0].final_value, Some(0.9));
+    assert_eq!(ids(best), ["t1", "t3"]);
+    assert_eq!(
+        ids(reader.best_trials(Direction::Minimize, 10).unwrap()),
+        ["t0", "t3", "t1"]
+    );
+
+    let running = TrialQuery {
+        statuses: vec![TrialStatus::Running],
+        ..TrialQuery::default()
+    };
+    assert_eq!(ids(reader.trials(&running).unwrap()), ["t1", "t3"]);
+    let page = TrialQuery {
+        statuses: vec![],
+        offset: 1,
+        limit: Some(2),
+    };
+    assert_eq!(ids(reader.trials(&page).unwrap()), ["t1", "t2"]);
+    let counts = reader.trial_counts().unwrap();
+    assert_eq!(counts[&TrialStatus::Running], 2);
+    assert_eq!(counts[&TrialStatus::Succeeded], 3);
+
+    let t2 = reader.trial("t2").unwrap().unwrap();
+    assert_eq!(t2.final_raw.as_deref(), Some("NaN"));
+    assert_eq!(t2.final_value, None);
+    assert_eq!(t2.exit_code, Some(1));
+    assert!(reader.trial("nope").unwrap().is_none());
+
+    let of_t1 = reader.metrics_of_trial("t1").unwrap();
+    assert_eq!(
+        of_t1.iter().map(|m| m.raw.as_str()).collect::<Vec<_>>(),
+        ["0.01", "0.9"]
+    );
+    let since = reader.metrics_since(of_t1[1].seq, 3).unwrap();
+    assert_eq!(since.len(), 3);
+    assert!(since.iter().all(|m| m.seq > of_t1[1].seq));
+
+    let summary = reader.experiment().unwrap().unwrap();
+    assert_eq!(summary.experiment_id, "exp1");
+    assert_eq!(summary.status, ExperimentStatus::Initialized);
+}
+
+#[test]
+fn nan_and_infinity_keep_their_raw_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    put(&store, started("t", 1));
+    let raws = [
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        r#"{"default": NaN, "loss": Infinity}"#,
+        "1e999",
+        "\"0.5\"",
+        "0.1000000000000000055511151231257827",
+    ];
+    for (index, raw) in raws.iter().enumerate() {
+        let value = match index {
+            0 => Some(f64::NAN),
+            1 | 4 => Some(f64::INFINITY),
+            2 => Some(f64::NEG_INFINITY),
+            5 => Some(0.5),
+            6 => Some(0.1),
+            _ => None,
+        };
+        let event = StoreEvent::Metric {
+            trial_id: "t".to_string(),
+            attempt: 1,
+            kind: MetricKind::Intermediate,
+            trial_sequence: index as u64,
+            raw: raw.to_string(),
+            value,
+        };
+        put(&store, event);
+    }
+    let stored = store.reader().unwrap().metrics_of_trial("t").unwrap();
+    let pairs: Vec<(&str, Option<f64>)> =
+        stored.iter().map(|m| (m.raw.as_str(), m.value)).collect();
+    assert_eq!(
+        pairs,
+        [
+            ("NaN", None),
+            ("Infinity", None),
+            ("-Infinity", None),
+            (r#"{"default": NaN, "loss": Infinity}"#, None),
+            ("1e999", None),
+            ("\"0.5\"", Some(0.5)),
+            ("0.1000000000000000055511151231257827", Some(0.1)),
+        ]
+    );
+    let state = store.replay().unwrap();
+    assert_eq!(state.trials[0].metrics, stored);
+}
+
+#[test]
+fn counters_never_go_back_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.opened_counters().next_trial_sequence, 0);
+        put(&store, created());
+        put(&store, trial("a", 0));
+        put(&store, trial("b", 1));
+        // A gap: ids in between are never handed out again either.
+        put(&store, trial("c", 7));
+        store.close().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let counters = store.opened_counters();
+    assert_eq!(counters.next_trial_sequence, 8);
+    assert_eq!(counters.next_parameter_id, 8);
+    assert_eq!(counters.next_event_seq, 5);
+    let went_back = store.append(trial("d", 5)).wait().unwrap_err();
+    check_error(
+        dir.path(),
+        went_back,
+        expect![[
+            r#"$DIR/experiment.db: event refused: trial sequence 5 may have been used before (next free is 8)"#
+        ]],
+    );
+    let reused_parameter = StoreEvent::TrialCreated {
+        trial_id: "e".to_string(),
+        sequence: 8,
+        parameter_id: 1,
+        parameters: json!({}),
+    };
+    let error = store.append(reused_parameter).wait().unwrap_err();
+    assert!(matches!(
+        error,
+        StoreError::Rejected {
+            reason: Rejection::DuplicateParameterId { parameter_id: 1 },
+            ..
+        }
+    ));
+    // The event numbering continues without a gap after refused events.
+    assert_eq!(put(&store, trial("e", 8)), 5);
+    drop(store);
+
+    // Counters are also derived from the log: a counters table set back cannot reuse ids.
+    let raw = Connection::open(dir.path().join(DB_FILE_NAME)).unwrap();
+    raw.execute("UPDATE counters SET next = 0", []).unwrap();
+    drop(raw);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.opened_counters().next_trial_sequence, 9);
+    assert_eq!(store.opened_counters().next_event_seq, 6);
+    assert_eq!(put(&store, trial("f", 9)), 6);
+    let state = store.replay().unwrap();
+    assert_eq!(state.counters.next_trial_sequence, 10);
+    assert_eq!(state.counters.next_parameter_id, 10);
+}
+
+#[test]
+fn refused_events_leave_the_rest_of_their_batch_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let before_experiment = store.append(trial("t", 0)).wait().unwrap_err();
+    assert!(matches!(
+        before_experiment,
+        StoreError::Rejected {
+            reason: Rejection::NoExperiment,
+            ..
+        }
+    ));
+    put(&store, created());
+    // Queued together, so they share a transaction.
+    let acks = vec![
+        store.append(trial("t", 0)),
+        store.append(created()),
+        store.append(metric("t", MetricKind::Final, 0, "1")),
+        store.append(started("t", 2)),
+        store.append(started("t", 1)),
+        store.append(metric("t", MetricKind::Final, 0, "1")),
+        store.append(metric("t", MetricKind::Final, 0, "2")),
+        store.append(metric("nobody", MetricKind::Final, 0, "1")),
+        store.append(ended("t", 1, TrialStatus::Running)),
+        store.append(StoreEvent::ConfigUpdated {
+            field: "trialConcurrency.inner".to_string(),
+            value: json!(1),
+        }),
+        store.append(ended("t", 1, TrialStatus::Succeeded)),
+        store.append(ended("t", 1, TrialStatus::Failed)),
+    ];
+    let outcomes: Vec<String> = acks
+        .into_iter()
+        .map(|ack| match ack.wait() {
+            Ok(seq) => format!("ok {seq}"),
+            Err(StoreError::Rejected { reason, .. }) => reason.to_string(),
+            Err(other) => panic!("{other}"),
+        })
+        .collect();
+    expect![[r#"
+        ok 2
+        the experiment was already created
+        trial "t" has no attempt 1 here (expected 1..=0)
+        trial "t" has no attempt 2 here (expected 1)
+        ok 3
+        ok 4
+        metric 0 of trial "t" attempt 1 is already stored
+        no trial "nobody"
+        RUNNING is not a status a trial can end with
+        config field "trialConcurrency.inner": trialConcurrency is not an object
+        ok 5
+        trial "t" is SUCCEEDED, so trial_ended cannot follow"#]]
+    .assert_eq(&outcomes.join("\n"));
+    let state = store.replay().unwrap();
+    assert_eq!(state.last_event_seq, 5);
+    assert_eq!(state.trials[0].metrics.len(), 1);
+}
+
+#[test]
+fn ack_arrives_only_after_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    put(&store, started("t", 1));
+    let db = dir.path().join(DB_FILE_NAME);
+
+    // Each acknowledged metric is visible to a connection opened after the ack.
+    for index in 0..50 {
+        let seq = put(&store, metric("t", MetricKind::Intermediate, index, "0.5"));
+        let other = Connection::open(&db).unwrap();
+        let found: i64 = other
+            .query_row(
+                "SELECT count(*) FROM metrics WHERE seq = ?1",
+                [seq as i64],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(found, 1, "metric {seq} acknowledged but not visible");
+    }
+
+    // While another connection holds the write lock the writer cannot commit, and the ack
+    // must not arrive; it does once the lock is released.
+    let blocker = Connection::open(&db).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let mut ack = store.append(metric("t", MetricKind::Final, 0, "0.9"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ack.try_outcome().is_none(), "acknowledged before commit");
+    blocker.execute_batch("ROLLBACK").unwrap();
+    let seq = ack.wait().unwrap();
+    let found: String = Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT raw FROM metrics WHERE seq = ?1",
+            [seq as i64],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(found, "0.9");
+}
+
+#[test]
+fn queued_events_share_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    put(&store, started("t", 1));
+    let before = store.stats();
+
+    // Hold the write lock so the events pile up behind the writer's first transaction.
+    let blocker = Connection::open(dir.path().join(DB_FILE_NAME)).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let acks: Vec<_> = (0..1000)
+        .map(|index| store.append(metric("t", MetricKind::Intermediate, index, "0.5")))
+        .collect();
+    blocker.execute_batch("ROLLBACK").unwrap();
+    for ack in acks {
+        ack.wait().unwrap();
+    }
+    let after = store.stats();
+    assert_eq!(after.events - before.events, 1000);
+    // One transaction for what the writer had taken before it blocked, one for the rest.
+    let transactions = after.transactions - before.transactions;
+    assert!(
+        transactions <= 2,
+        "1000 queued events took {transactions} transactions"
+    );
+}
+
+#[test]
+fn unacked_events_are_written_and_their_failures_reported_by_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.append_unacked(created());
+    store.append_unacked(trial("t", 0));
+    store.flush().wait().unwrap();
+    store.append_unacked(StoreEvent::TrialCreated {
+        trial_id: "t".to_string(),
+        sequence: 5,
+        parameter_id: 5,
+        parameters: json!({}),
+    });
+    let error = store.flush().wait().unwrap_err();
+    check_error(
+        dir.path(),
+        error,
+        expect![[r#"$DIR/experiment.db: event refused: trial id "t" is taken"#]],
+    );
+    store.flush().wait().unwrap();
+    let handle = store.handle();
+    handle.append_unacked(started("t", 1));
+    drop(store);
+    // Dropping the store committed what was queued, and handles left over are told.
+    let state = StoreReader::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.trials[0].status, TrialStatus::Running);
+    let closed = handle
+        .append(ended("t", 1, TrialStatus::Succeeded))
+        .wait()
+        .unwrap_err();
+    check_error(
+        dir.path(),
+        closed,
+        expect![[r#"$DIR/experiment.db: the store is closed; the event was not written"#]],
+    );
+}
+
+#[test]
+fn a_failed_commit_reaches_every_caller_and_loses_no_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        busy_timeout: Duration::from_millis(50),
+    };
+    let store = Store::open_with(dir.path(), options).unwrap();
+    put(&store, created());
+    let blocker = Connection::open(dir.path().join(DB_FILE_NAME)).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let first = store.append(trial("t", 0));
+    let second = store.append(trial("u", 1));
+    for ack in [first, second] {
+        check_error(
+            dir.path(),
+            ack.wait().unwrap_err(),
+            expect![[
+                r#"$DIR/experiment.db: cannot write to the experiment store: database is locked"#
+            ]],
+        );
+    }
+    blocker.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(put(&store, trial("t", 0)), 2);
+    assert_eq!(store.replay().unwrap().counters.next_trial_sequence, 1);
+}
+
+#[test]
+fn one_writer_per_experiment() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    check_error(
+        dir.path(),
+        Store::open(dir.path()).unwrap_err(),
+        expect![[
+            r#"$DIR/experiment.db: another knob process is writing this experiment; stop it (knob stop) before opening it again"#
+        ]],
+    );
+    // Readers are welcome meanwhile.
+    put(&store, created());
+    assert!(StoreReader::open(dir.path())
+        .unwrap()
+        .experiment()
+        .unwrap()
+        .is_some());
+    drop(store);
+    Store::open(dir.path()).unwrap();
+}
+
+#[test]
+fn files_that_are_not_a_knob_store_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text_dir = dir.path().join("text");
+    std::fs::create_dir(&text_dir).unwrap();
+    std::fs::write(
+        text_dir.join(DB_FILE_NAME),
+        "experimentName: mnist\n".repeat(200),
+    )
+    .unwrap();
+    check_error(
+        dir.path(),
+        Store::open(&text_dir).unwrap_err(),
+        expect![[
+            r#"$DIR/text/experiment.db: not an SQLite database, so not a knob experiment store; move it away or choose another experiment directory"#
+        ]],
+    );
+    check_error(
+        dir.path(),
+        StoreReader::open(&text_dir).unwrap_err(),
+        expect![[
+            r#"$DIR/text/experiment.db: not an SQLite database, so not a knob experiment store; move it away or choose another experiment directory"#
+        ]],
+    );
+
+    let foreign_dir = dir.path().join("foreign");
+    std::fs::create_dir(&foreign_dir).unwrap();
+    Connection::open(foreign_dir.join(DB_FILE_NAME))
+        .unwrap()
+        .execute_batch("CREATE TABLE studies (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    check_error(
+        dir.path(),
+        Store::open(&foreign_dir).unwrap_err(),
+        expect![[
+            r#"$DIR/foreign/experiment.db: an SQLite database of another program, not a knob experiment store; move it away or choose another experiment directory"#
+        ]],
+    );
+
+    // The experiment directory cannot be created under a file.
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, "x").unwrap();
+    check_error(
+        dir.path(),
+        Store::open(&file.join("exp")).unwrap_err(),
+        expect![[
+            r#"$DIR/plain-file/exp/experiment.db: cannot open the experiment store: cannot create the experiment directory: Not a directory (os error 20)"#
+        ]],
+    );
+    check_error(
+        dir.path(),
+        StoreReader::open(&dir.path().join("missing")).unwrap_err(),
+        expect![[
+            r#"$DIR/missing/experiment.db: cannot open the experiment store: no such file; is this an experiment directory?"#
+        ]],
+    );
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    Store::open(dir.path()).unwrap().close().unwrap();
+    Connection::open(dir.path().join(DB_FILE_NAME))
+        .unwrap()
+        .execute(
+            "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
+            [],
+        )
+        .unwrap();
+    check_error(
+        dir.path(),
+        Store::open(dir.path()).unwrap_err(),
+        expect![[
+            r#"$DIR/experiment.db: written by a newer knob (store schema 99, this knob reads schemas up to 1); upgrade knob to open it"#
+        ]],
+    );
+    check_error(
+        dir.path(),
+        StoreReader::open(dir.path()).unwrap_err(),
+        expect![[
+            r#"$DIR/experiment.db: written by a newer knob (store schema 99, this knob reads schemas up to 1); upgrade knob to open it"#
+        ]],
+    );
+}
+
+#[test]
+fn replay_of_a_store_without_an_experiment_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    check_error(
+        dir.path(),
+        store.replay().unwrap_err(),
+        expect![[r#"$DIR/experiment.db: no experiment has been created in this store"#]],
+    );
+}
+
+#[test]
+fn active_time_counts_only_active_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    let status = |status| StoreEvent::ExperimentStatusChanged {
+        status,
+        message: None,
+    };
+    put(&store, status(ExperimentStatus::Running));
+    put(&store, status(ExperimentStatus::Stopped));
+    let state = store.replay().unwrap();
+    let running = state.status_history[1].time_ms;
+    let stopped = state.status_history[2].time_ms;
+    assert_eq!(state.active_time_ms(stopped + 10_000), stopped - running);
+}
+
+/// Set by [`acknowledged_metrics_survive_sigkill`] in the child it starts.
+const CHILD_DIR_VARIABLE: &str = "KNOB_TEST_STORE_SIGKILL_CHILD_DIR";
+const CHILD_SENDERS: u64 = 4;
+
+/// Not a test on its own: the child process of [`acknowledged_metrics_survive_sigkill`]. It
+/// appends metrics from several threads and prints each one once acknowledged, until killed.
+#[test]
+fn sigkill_child_writer() {
+    let Some(dir) = std::env::var_os(CHILD_DIR_VARIABLE) else {
+        return;
+    };
+    let store = Store::open(Path::new(&dir)).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    put(&store, started("t", 1));
+    let senders: Vec<_> = (0..CHILD_SENDERS)
+        .map(|sender| {
+            let handle = store.handle();
+            std::thread::spawn(move || {
+                for index in 0.. {
+                    let trial_sequence = sender * 1_000_000_000 + index;
+                    let raw = format!("{index}.5");
+                    let event = metric("t", MetricKind::Intermediate, trial_sequence, &raw);
+                    let seq = handle.append(event).wait().unwrap();
+                    println!("acked {seq} {trial_sequence}");
+                }
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender.join().unwrap();
+    }
+}
+
+#[test]
+fn acknowledged_metrics_survive_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "store::sigkill_child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR_VARIABLE, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut acked = Vec::new();
+    let parse = |acked: &mut Vec<(u64, u64)>, line: String| {
+        let mut words = line.split(' ');
+        if words.next() == Some("acked") {
+            let seq: u64 = words.next().unwrap().parse().unwrap();
+            let trial_sequence: u64 = words.next().unwrap().parse().unwrap();
+            acked.push((seq, trial_sequence));
+        }
+    };
+    for line in lines.by_ref() {
+        parse(&mut acked, line.unwrap());
+        if acked.len() >= 3000 {
+            break;
+        }
+    }
+    assert_eq!(acked.len(), 3000, "the child stopped early");
+    child.kill().unwrap(); // SIGKILL on Unix
+                           // Acks printed before the kill still sit in the pipe; they count too.
+    for line in lines {
+        match line {
+            Ok(line) => parse(&mut acked, line),
+            Err(_) => break,
+        }
+    }
+    child.wait().unwrap();
+
+    // The lock died with the child, so a writer can open the store again.
+    let store = Store::open(dir.path()).unwrap();
+    let reader = store.reader().unwrap();
+    let stored: std::collections::HashMap<u64, u64> = reader
+        .metrics_of_trial("t")
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.trial_sequence, m.seq))
+        .collect();
+    for (seq, trial_sequence) in &acked {
+        assert_eq!(
+            stored.get(trial_sequence),
+            Some(seq),
+            "acknowledged metric lost"
+        );
+    }
+    let state = store.replay().unwrap();
+    let max_acked = acked.iter().map(|(seq, _)| *seq).max().unwrap();
+    assert!(state.counters.next_event_seq > max_acked);
+    // Numbering continues after what the killed writer committed.
+    let next = put(&store, metric("t", MetricKind::Final, 0, "1.0"));
+    assert_eq!(next, state.last_event_seq + 1);
+}
