@@ -1,8 +1,11 @@
 //! `knob`: the command line. Each subcommand lives in its own module; this file only parses
 //! arguments and turns errors into one line on stderr and a non-zero exit.
 
+mod create;
+mod experiment;
 mod plugin;
 mod space;
+mod table;
 
 use std::process::ExitCode;
 
@@ -21,6 +24,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create an experiment from a config and run it (in the foreground unless --detach).
+    Create(create::CreateArgs),
+    /// List, inspect and export experiments.
+    #[command(subcommand)]
+    Experiment(experiment::ExperimentCommand),
+    /// The trials of an experiment.
+    #[command(subcommand)]
+    Trial(experiment::TrialCommand),
+    /// Check experiment configs.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Inspect tuner, assessor and training-service plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
@@ -29,9 +43,36 @@ enum Command {
     Space(space::SpaceCommand),
 }
 
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate a config: print its canonical form, or every error found (exit 1).
+    Check { file: std::path::PathBuf },
+}
+
 fn main() -> ExitCode {
+    // Like other Unix tools, die quietly when the reader of our output goes away (`| head`).
+    // SAFETY: restoring the default disposition of a signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    install_plugin_logger();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Create(args) => create::run(args),
+        Command::Experiment(command) => experiment::run(command),
+        Command::Trial(command) => experiment::run_trial(command),
+        Command::Config(ConfigCommand::Check { file }) => match knob_core::config::check_file(&file) {
+            Ok(canonical) => {
+                print!("{canonical}");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(errors) => {
+                for error in errors {
+                    eprintln!("error: {error}");
+                }
+                Ok(ExitCode::FAILURE)
+            }
+        },
         Command::Plugin(command) => plugin::run(command),
         Command::Space(command) => space::run(command),
     };
@@ -42,4 +83,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Plugins log through the host: warnings and errors always reach stderr, the rest only with
+/// `KNOB_LOG=info` or `KNOB_LOG=debug`.
+fn install_plugin_logger() {
+    use knob_plugin_api::host::LogLevel;
+    let shown = match std::env::var("KNOB_LOG").unwrap_or_default().to_ascii_lowercase().as_str() {
+        "trace" => LogLevel::Trace,
+        "debug" => LogLevel::Debug,
+        "info" => LogLevel::Info,
+        _ => LogLevel::Warn,
+    };
+    knob_plugin_api::host::set_plugin_logger(Box::new(move |level, target, message| {
+        if level <= shown {
+            eprintln!("{}: [{target}] {message}", format!("{level:?}").to_ascii_lowercase());
+        }
+    }));
 }

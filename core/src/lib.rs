@@ -1,4 +1,7 @@
 //! knob-core: the experiment model (config, trials, metrics), the trial-management loop,
 //! the store and the HTTP API.
 pub mod config;
+pub mod experiment;
+pub mod manager;
+pub mod registry;
 pub mod store;

@@ -1,0 +1,211 @@
+//! `knob create`: run an experiment in the foreground with a progress bar, or detached.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use knob_core::experiment;
+use knob_core::manager::{self, Command, Outcome, Progress};
+use knob_core::registry::{knob_home, Registry};
+use knob_core::store::{ExperimentStatus, StoreEvent};
+use knob_plugin_api::host::PluginRegistry;
+use tokio::sync::{mpsc, watch};
+
+use crate::table::best_trials_table;
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// The experiment config (NNI v2 YAML or JSON).
+    #[arg(long, short = 'c')]
+    config: PathBuf,
+    /// Use this id instead of a random one (refused if it exists: resume it instead).
+    #[arg(long)]
+    id: Option<String>,
+    /// Run in the background; print the id and where the log goes.
+    #[arg(long)]
+    detach: bool,
+}
+
+pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
+    if args.detach {
+        return detach(&args);
+    }
+    let registry = Registry::open_default()?;
+    let (experiment, store, warnings) = experiment::create(&args.config, args.id.as_deref(), &registry)?;
+    for warning in warnings {
+        eprintln!("warning: {warning}");
+    }
+    let id = experiment.id.clone();
+    let dir = experiment.dir.clone();
+    let maximize = optimize_maximize(&experiment.config);
+    eprintln!("experiment {id}: {}", dir.display());
+    let plugins = PluginRegistry::load(&experiment.config.plugin_paths);
+    for problem in plugins.problems() {
+        eprintln!("warning: {problem}");
+    }
+    registry.set_status(&id, ExperimentStatus::Running.as_str(), Some(std::process::id()))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = runtime.block_on(async {
+        let (commands, command_inbox) = mpsc::unbounded_channel();
+        let (progress_tx, progress_rx) = watch::channel(Progress::default());
+        tokio::spawn(forward_ctrl_c(commands));
+        let display = tokio::spawn(show_progress(progress_rx, maximize));
+        let handle = store.handle();
+        let result = manager::run(experiment, store, &plugins, command_inbox, progress_tx).await;
+        let _ = display.await;
+        if let Err(e) = &result {
+            // The loop never started, or failed before it could record why.
+            let event = StoreEvent::ExperimentStatusChanged { status: ExperimentStatus::Error, message: Some(e.to_string()) };
+            let _ = handle.append(event).await;
+        }
+        result
+    });
+    let status = match &result {
+        Ok(outcome) => outcome.status,
+        Err(_) => ExperimentStatus::Error,
+    };
+    registry.set_status(&id, status.as_str(), None)?;
+    match result {
+        Ok(outcome) => Ok(report(&id, &dir, &outcome, maximize)),
+        Err(e) => {
+            eprintln!("error: experiment {id}: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn optimize_maximize(config: &knob_core::config::ExperimentConfig) -> bool {
+    let mode = config.tuner.class_args.get("optimize_mode").and_then(serde_json::Value::as_str);
+    mode.is_none_or(|m| m.eq_ignore_ascii_case("maximize"))
+}
+
+/// First Ctrl-C: stop gracefully (trials are killed and recorded). Second: exit at once.
+async fn forward_ctrl_c(commands: mpsc::UnboundedSender<Command>) {
+    if tokio::signal::ctrl_c().await.is_err() {
+        return;
+    }
+    eprintln!("stopping: killing running trials (Ctrl-C again to exit at once)");
+    let _ = commands.send(Command::Stop);
+    if tokio::signal::ctrl_c().await.is_ok() {
+        eprintln!("exiting without waiting for trials");
+        std::process::exit(130);
+    }
+}
+
+async fn show_progress(mut progress: watch::Receiver<Progress>, maximize: bool) {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    loop {
+        let snapshot = progress.borrow_and_update().clone();
+        let done = snapshot.succeeded + snapshot.failed + snapshot.other_ended;
+        bar.set_length(snapshot.max_trial_number.unwrap_or(snapshot.submitted).max(done));
+        bar.set_position(done);
+        bar.set_message(progress_message(&snapshot, maximize));
+        let finished = matches!(
+            snapshot.status,
+            Some(ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error)
+        );
+        if finished || progress.changed().await.is_err() {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+}
+
+fn progress_message(p: &Progress, maximize: bool) -> String {
+    let mut message = format!("done {} · running {} · failed {}", p.succeeded, p.running, p.failed);
+    if p.other_ended > 0 {
+        message.push_str(&format!(" · stopped {}", p.other_ended));
+    }
+    if let Some((trial, value)) = &p.best {
+        let word = if maximize { "max" } else { "min" };
+        message.push_str(&format!(" · best ({word}) {value:.6} ({trial})"));
+    }
+    if let Some(max) = p.max_duration {
+        let left = max.saturating_sub(p.elapsed);
+        message.push_str(&format!(" · {} left", humanize(left)));
+    }
+    message
+}
+
+fn humanize(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    match secs {
+        0..=59 => format!("{secs}s"),
+        60..=3599 => format!("{}m{:02}s", secs / 60, secs % 60),
+        _ => format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60),
+    }
+}
+
+fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
+    let count = |f: &dyn Fn(&manager::TrialSummary) -> bool| outcome.trials.iter().filter(|t| f(t)).count();
+    let succeeded = count(&|t| t.status == knob_core::store::TrialStatus::Succeeded);
+    let failed = count(&|t| t.status == knob_core::store::TrialStatus::Failed);
+    println!(
+        "experiment {id} {}: {} trials ({succeeded} succeeded, {failed} failed)",
+        outcome.status.as_str(),
+        outcome.trials.len()
+    );
+    println!("{}", best_trials_table(&outcome.trials, maximize, 5));
+    println!("results: knob trial ls {id} · knob experiment export {id} --format csv · {}", dir.display());
+    match outcome.status {
+        ExperimentStatus::Error => {
+            eprintln!("error: experiment {id}: {}", outcome.message.as_deref().unwrap_or("failed"));
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// Starts `knob create` again in a new session, its output in a log file, and returns once the
+/// experiment is registered (or the child has failed).
+fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
+    let id = args.id.clone().unwrap_or_else(experiment::new_experiment_id);
+    let log_dir = knob_home().join("logs");
+    std::fs::create_dir_all(&log_dir).with_context(|| format!("cannot create {}", log_dir.display()))?;
+    let log_path = log_dir.join(format!("{id}.log"));
+    let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("cannot find the knob executable")?;
+    let mut child = std::process::Command::new(exe);
+    child.arg("create").arg("--config").arg(&args.config).arg("--id").arg(&id);
+    child.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    {
+        use std::os::unix::process::CommandExt;
+        // A new session: closing this terminal does not send the experiment SIGHUP.
+        // SAFETY: setsid is async-signal-safe and touches no memory.
+        unsafe {
+            child.pre_exec(|| {
+                if libc::setsid() == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = child.spawn().context("cannot start the background knob process")?;
+    let registry = Registry::open_default()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let last = log.lines().rev().find(|l| l.starts_with("error")).unwrap_or("see the log");
+            anyhow::bail!("the experiment stopped at once ({status}): {last} (log: {})", log_path.display());
+        }
+        if let Ok(entry) = registry.get(&id) {
+            if entry.pid == Some(child.id()) {
+                println!("experiment {id} runs in the background (pid {}); log: {}", child.id(), log_path.display());
+                println!("follow it with `knob trial ls {id}`; stop it with `kill -INT {}`", child.id());
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    anyhow::bail!("the background experiment did not register within 30 s; log: {}", log_path.display())
+}

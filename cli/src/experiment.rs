@@ -1,0 +1,269 @@
+//! `knob experiment list|show|export` and `knob trial ls`: read an experiment's store, found
+//! through the registry.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Subcommand, ValueEnum};
+use knob_core::registry::{process_alive, Registry, RegistryEntry};
+use knob_core::store::{ExperimentState, MetricKind, StoreReader, TrialQuery, TrialState, TrialStatus};
+use serde_json::{json, Value};
+
+use crate::table::{metric, render};
+
+#[derive(Subcommand)]
+pub enum ExperimentCommand {
+    /// Every experiment knob knows, oldest first.
+    List,
+    /// One experiment's status, config and trial counts.
+    Show { id: String },
+    /// Every trial with its parameters, status, times and metrics.
+    Export {
+        id: String,
+        #[arg(long, value_enum, default_value_t = ExportFormat::Json)]
+        format: ExportFormat,
+        /// Write here instead of standard output.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ExportFormat {
+    Json,
+    Csv,
+}
+
+#[derive(Subcommand)]
+pub enum TrialCommand {
+    /// The trials of an experiment, in submission order.
+    Ls {
+        id: String,
+        /// Only trials with this status (e.g. FAILED); repeat for several.
+        #[arg(long)]
+        status: Vec<String>,
+    },
+}
+
+pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
+    let registry = Registry::open_default()?;
+    match command {
+        ExperimentCommand::List => list(&registry),
+        ExperimentCommand::Show { id } => show(&registry.get(&id)?),
+        ExperimentCommand::Export { id, format, output } => {
+            let entry = registry.get(&id)?;
+            let state = open(&entry)?.replay()?;
+            let mut out: Box<dyn Write> = match &output {
+                Some(path) => Box::new(std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?),
+                None => Box::new(std::io::stdout().lock()),
+            };
+            match format {
+                ExportFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&export_json(&state))?)?,
+                ExportFormat::Csv => export_csv(&state, &mut out)?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
+    let registry = Registry::open_default()?;
+    match command {
+        TrialCommand::Ls { id, status } => {
+            let statuses = status
+                .iter()
+                .map(|s| {
+                    TrialStatus::parse(&s.to_ascii_uppercase()).ok_or_else(|| {
+                        let known: Vec<&str> = TrialStatus::ALL.iter().map(|s| s.as_str()).collect();
+                        anyhow::anyhow!("unknown trial status {s:?}; use one of {}", known.join(", "))
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let reader = open(&registry.get(&id)?)?;
+            let trials = reader.trials(&TrialQuery { statuses, offset: 0, limit: None })?;
+            let rows: Vec<Vec<String>> = trials
+                .iter()
+                .map(|t| {
+                    let duration = match (t.started_ms, t.ended_ms) {
+                        (Some(start), Some(end)) => format!("{:.1}s", (end - start) as f64 / 1000.0),
+                        _ => "-".into(),
+                    };
+                    vec![
+                        t.trial_id.clone(),
+                        t.sequence.to_string(),
+                        t.status.as_str().to_string(),
+                        metric(t.final_value),
+                        duration,
+                        t.parameters.to_string(),
+                        t.end_message.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            println!("{}", render(&["trial", "seq", "status", "final", "duration", "parameters", "reason"], &rows));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
+    StoreReader::open(&entry.dir).map_err(|e| anyhow::anyhow!("experiment {}: {e}", entry.id))
+}
+
+fn shown_status(entry: &RegistryEntry) -> String {
+    match entry.pid {
+        Some(pid) if !process_alive(pid) => format!("{} (process {pid} gone)", entry.status),
+        _ => entry.status.clone(),
+    }
+}
+
+fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
+    let rows: Vec<Vec<String>> = registry
+        .list()?
+        .iter()
+        .map(|e| {
+            let trials = StoreReader::open(&e.dir)
+                .and_then(|r| r.trial_counts())
+                .map(|counts| counts.values().sum::<u64>().to_string())
+                .unwrap_or_else(|_| "?".into());
+            vec![e.id.clone(), e.name.clone().unwrap_or_default(), shown_status(e), trials, e.dir.display().to_string()]
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("no experiments yet; start one with `knob create --config FILE`");
+    } else {
+        println!("{}", render(&["id", "name", "status", "trials", "directory"], &rows));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show(entry: &RegistryEntry) -> anyhow::Result<ExitCode> {
+    let reader = open(entry)?;
+    let state = reader.replay()?;
+    println!("id:        {}", entry.id);
+    println!("status:    {}", state.status.as_str());
+    if let Some(message) = &state.status_message {
+        println!("message:   {message}");
+    }
+    println!("directory: {}", entry.dir.display());
+    let counts = reader.trial_counts()?;
+    let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{} {n}", s.as_str())).collect();
+    println!("trials:    {}", if counts.is_empty() { "none".into() } else { counts.join(", ") });
+    println!("config:    {}", serde_json::to_string(&state.config)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn final_metric(trial: &TrialState) -> Option<&knob_core::store::MetricRecord> {
+    let attempt = trial.attempts.len() as u32;
+    trial.metrics.iter().rev().find(|m| m.kind == MetricKind::Final && m.attempt == attempt)
+}
+
+fn export_json(state: &ExperimentState) -> Value {
+    let trials: Vec<Value> = state
+        .trials
+        .iter()
+        .map(|t| {
+            let last_attempt = t.attempts.last();
+            let final_metric = final_metric(t);
+            json!({
+                "id": t.trial_id,
+                "sequence": t.sequence,
+                "parameter_id": t.parameter_id,
+                "parameters": t.parameters,
+                "status": t.status.as_str(),
+                "final": final_metric.and_then(|m| m.value),
+                "final_raw": final_metric.map(|m| &m.raw),
+                "intermediate": t.metrics.iter().filter(|m| m.kind == MetricKind::Intermediate)
+                    .map(|m| json!({"attempt": m.attempt, "sequence": m.trial_sequence, "value": m.value, "raw": m.raw, "time_ms": m.time_ms}))
+                    .collect::<Vec<_>>(),
+                "created_ms": t.created_ms,
+                "started_ms": last_attempt.map(|a| a.started_ms),
+                "ended_ms": t.end.as_ref().map(|e| e.time_ms),
+                "attempts": t.attempts.len(),
+                "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
+                "message": t.end.as_ref().and_then(|e| e.message.clone()),
+            })
+        })
+        .collect();
+    json!({
+        "experiment": {
+            "id": state.experiment_id,
+            "status": state.status.as_str(),
+            "message": state.status_message,
+            "start_time_ms": state.start_time_ms,
+            "config": state.config,
+        },
+        "trials": trials,
+    })
+}
+
+/// One row per trial; parameters flattened into one column each (nested choices as `a/b`),
+/// intermediate results as a JSON list in one column.
+fn export_csv(state: &ExperimentState, out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut parameter_columns: Vec<String> = Vec::new();
+    let flat: Vec<Vec<(String, String)>> = state
+        .trials
+        .iter()
+        .map(|t| {
+            let mut cells = Vec::new();
+            flatten("", &t.parameters, &mut cells);
+            for (name, _) in &cells {
+                if !parameter_columns.contains(name) {
+                    parameter_columns.push(name.clone());
+                }
+            }
+            cells
+        })
+        .collect();
+    let mut writer = csv::Writer::from_writer(out);
+    let mut header: Vec<String> =
+        ["trial_id", "sequence", "status", "final", "started_ms", "ended_ms", "duration_s", "message", "intermediate"]
+            .map(String::from)
+            .to_vec();
+    header.extend(parameter_columns.iter().map(|c| format!("param:{c}")));
+    writer.write_record(&header)?;
+    for (trial, cells) in state.trials.iter().zip(flat) {
+        let started = trial.attempts.last().map(|a| a.started_ms);
+        let ended = trial.end.as_ref().map(|e| e.time_ms);
+        let intermediate: Vec<Value> = trial
+            .metrics
+            .iter()
+            .filter(|m| m.kind == MetricKind::Intermediate)
+            .map(|m| m.value.map(Value::from).unwrap_or_else(|| Value::String(m.raw.clone())))
+            .collect();
+        let mut record = vec![
+            trial.trial_id.clone(),
+            trial.sequence.to_string(),
+            trial.status.as_str().to_string(),
+            final_metric(trial).and_then(|m| m.value).map(|v| v.to_string()).unwrap_or_default(),
+            started.map(|v| v.to_string()).unwrap_or_default(),
+            ended.map(|v| v.to_string()).unwrap_or_default(),
+            match (started, ended) {
+                (Some(s), Some(e)) => format!("{:.3}", (e - s) as f64 / 1000.0),
+                _ => String::new(),
+            },
+            trial.end.as_ref().and_then(|e| e.message.clone()).unwrap_or_default(),
+            Value::from(intermediate).to_string(),
+        ];
+        record.extend(parameter_columns.iter().map(|c| {
+            cells.iter().find(|(name, _)| name == c).map(|(_, v)| v.clone()).unwrap_or_default()
+        }));
+        writer.write_record(&record)?;
+    }
+    writer.flush()?;
+    Ok(())
+}
+
+fn flatten(prefix: &str, value: &Value, cells: &mut Vec<(String, String)>) {
+    match value {
+        Value::Object(map) => {
+            for (key, value) in map {
+                let name = if prefix.is_empty() { key.clone() } else { format!("{prefix}/{key}") };
+                flatten(&name, value, cells);
+            }
+        }
+        Value::String(s) => cells.push((prefix.to_string(), s.clone())),
+        other => cells.push((prefix.to_string(), other.to_string())),
+    }
+}

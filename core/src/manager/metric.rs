@@ -1,0 +1,131 @@
+//! Decoding the metric values trials report.
+//!
+//! NNI trials send a value as JSON text produced by `json_tricks`, which writes `NaN`,
+//! `Infinity` and `-Infinity` as bare words that strict JSON (and serde_json) rejects. A value
+//! is a number, or an object whose `"default"` entry is the number tuners optimise; the object's
+//! other entries are extra metrics for the user. The raw text is always stored as sent; this
+//! module only extracts the default number.
+
+use serde_json::Value;
+
+/// The number a tuner sees, or why there is none.
+pub fn default_value(raw: &str) -> Result<f64, String> {
+    let value = parse_lenient(raw)?;
+    let default = match &value {
+        Value::Object(map) => map
+            .get("default")
+            .ok_or_else(|| format!("metric {} has no \"default\" entry", abbreviate(raw)))?,
+        other => other,
+    };
+    number(default).ok_or_else(|| format!("metric {} is not a number", abbreviate(raw)))
+}
+
+/// Parses JSON that may contain NaN / Infinity / -Infinity outside strings (and NNI's
+/// double-encoded form: a JSON string that holds the JSON of the value).
+pub fn parse_lenient(raw: &str) -> Result<Value, String> {
+    let value = serde_json::from_str::<Value>(&protect_non_finite(raw))
+        .map_err(|e| format!("metric {} is not JSON: {e}", abbreviate(raw)))?;
+    match value {
+        // NNI 2.x's file channel and some wrappers encode the value twice.
+        Value::String(inner) if !is_sentinel(&inner) => match serde_json::from_str::<Value>(&protect_non_finite(&inner)) {
+            Ok(decoded) => Ok(decoded),
+            Err(_) => Ok(Value::String(inner)),
+        },
+        other => Ok(other),
+    }
+}
+
+const NAN: &str = "__knob_NaN__";
+const INF: &str = "__knob_Infinity__";
+const NEG_INF: &str = "__knob_-Infinity__";
+
+fn is_sentinel(s: &str) -> bool {
+    s == NAN || s == INF || s == NEG_INF
+}
+
+fn number(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) if s == NAN => Some(f64::NAN),
+        Value::String(s) if s == INF => Some(f64::INFINITY),
+        Value::String(s) if s == NEG_INF => Some(f64::NEG_INFINITY),
+        _ => None,
+    }
+}
+
+/// Replaces the bare words NaN, Infinity and -Infinity outside JSON strings by sentinel
+/// strings, so that serde_json can parse the rest.
+fn protect_non_finite(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len() + 16);
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut rest = raw;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        let replaced = [("-Infinity", NEG_INF), ("Infinity", INF), ("NaN", NAN)]
+            .into_iter()
+            .find(|(word, _)| rest.starts_with(word));
+        if let Some((word, sentinel)) = replaced {
+            out.push('"');
+            out.push_str(sentinel);
+            out.push('"');
+            rest = &rest[word.len()..];
+            continue;
+        }
+        if c == '"' {
+            in_string = true;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+fn abbreviate(raw: &str) -> String {
+    const MAX: usize = 60;
+    let trimmed = raw.trim();
+    if trimmed.chars().count() <= MAX {
+        format!("{trimmed:?}")
+    } else {
+        let head: String = trimmed.chars().take(MAX).collect();
+        format!("{head:?}… ({} bytes)", trimmed.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_every_form_trials_send() {
+        assert_eq!(default_value("0.5"), Ok(0.5));
+        assert_eq!(default_value(r#"{"default": 2, "loss": 0.1}"#), Ok(2.0));
+        assert_eq!(default_value(r#""0.25""#), Ok(0.25));
+        assert_eq!(default_value(r#""{\"default\": 3}""#), Ok(3.0));
+        assert!(default_value("NaN").unwrap().is_nan());
+        assert_eq!(default_value("-Infinity"), Ok(f64::NEG_INFINITY));
+        assert_eq!(default_value(r#"{"default": Infinity, "note": "NaN stays text"}"#), Ok(f64::INFINITY));
+        assert_eq!(parse_lenient(r#"{"note": "NaN"}"#).unwrap()["note"], "NaN");
+    }
+
+    #[test]
+    fn garbage_gets_a_one_line_reason() {
+        assert_eq!(default_value("hello"), Err("metric \"hello\" is not JSON: expected value at line 1 column 1".into()));
+        assert_eq!(default_value(r#"{"loss": 1}"#), Err(r#"metric "{\"loss\": 1}" has no "default" entry"#.into()));
+        assert_eq!(default_value("[1]"), Err("metric \"[1]\" is not a number".into()));
+        let long = "x".repeat(10_000);
+        let err = default_value(&long).unwrap_err();
+        assert!(err.len() < 200 && err.contains("(10000 bytes)"), "{err}");
+    }
+}

@@ -1,0 +1,608 @@
+//! The trial-management loop: one event-driven task per experiment.
+//!
+//! It asks the tuner for parameters, submits trials to the training service up to
+//! `trialConcurrency`, and reacts at once to what happens: a trial's metric, its end, a
+//! tuner's unprompted suggestion, a deadline, a command. There are no fixed sleeps: a trial's
+//! end triggers the next suggestion and submission in the same turn of the loop.
+//!
+//! Architecture invariant: every state change is appended to the store, and acknowledged by it,
+//! before the loop acts on it (starts a trial, tells the tuner, reports progress).
+
+mod metric;
+mod trial;
+
+pub use metric::{default_value, parse_lenient};
+pub use trial::TrialSummary;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use knob_plugin_api::host::{AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle};
+use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
+use knob_plugin_api::{Generated, Suggestion};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{ExperimentConfig, TrainingServiceConfig};
+use crate::store::{ExperimentStatus, MetricKind as StoredMetricKind, Store, StoreError, StoreEvent, TrialStatus};
+use trial::Trial;
+
+/// Why the manager could not run or had to stop an experiment.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("{0}")]
+    Plugin(#[from] HostError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("training service {service}: {message}")]
+    Service { service: String, message: String },
+}
+
+/// A snapshot for progress displays, published after every change.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Progress {
+    pub status: Option<ExperimentStatus>,
+    pub submitted: u64,
+    pub running: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub other_ended: u64,
+    /// (trial id, default metric) of the best final result so far.
+    pub best: Option<(String, f64)>,
+    pub elapsed: Duration,
+    pub max_trial_number: Option<u64>,
+    pub max_duration: Option<Duration>,
+}
+
+/// Commands from outside the loop (Ctrl-C, the CLI, later the HTTP API).
+#[derive(Debug)]
+pub enum Command {
+    /// Stop: kill every running trial, record them USER_CANCELED, end STOPPED.
+    Stop,
+}
+
+/// How the loop ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub status: ExperimentStatus,
+    /// For ERROR: what went wrong, one line.
+    pub message: Option<String>,
+    pub trials: Vec<TrialSummary>,
+}
+
+/// Everything needed to run one experiment.
+pub struct Experiment {
+    pub id: String,
+    pub dir: PathBuf,
+    pub config: ExperimentConfig,
+}
+
+/// Whether larger metric values are better, read from the tuner's classArgs as NNI does.
+fn maximize(config: &ExperimentConfig) -> bool {
+    let mode = config.tuner.class_args.get("optimize_mode").and_then(Value::as_str);
+    mode.map(|m| m.eq_ignore_ascii_case("maximize")).unwrap_or(true)
+}
+
+/// Runs an experiment to its end. `commands` lets the caller stop it; `progress` is updated
+/// after every change.
+pub async fn run(
+    experiment: Experiment,
+    store: Store,
+    registry: &PluginRegistry,
+    commands: mpsc::UnboundedReceiver<Command>,
+    progress: watch::Sender<Progress>,
+) -> Result<Outcome, ManagerError> {
+    let mut manager = Manager::start(experiment, store, registry, commands, progress).await?;
+    let result = manager.run_loop().await;
+    manager.finish(result).await
+}
+
+/// The training service to use for a config, or why there is none yet.
+fn service_plugin(config: &ExperimentConfig) -> Result<(&'static str, Value), ManagerError> {
+    match config.training_service.as_slice() {
+        [TrainingServiceConfig::Local(local)] => {
+            if local.reuse_mode {
+                // Local trials always run on the one local environment; reuse changes nothing.
+            }
+            Ok(("local", Value::Object(Default::default())))
+        }
+        [other] => Err(ManagerError::Unsupported(format!(
+            "trainingService platform {} is not supported yet (only local is)",
+            other.platform()
+        ))),
+        _ => Err(ManagerError::Unsupported(
+            "a list of training services (hybrid mode) is not supported yet; use one local service".into(),
+        )),
+    }
+}
+
+struct Manager {
+    id: String,
+    dir: PathBuf,
+    config: ExperimentConfig,
+    maximize: bool,
+    store: Store,
+    tuner: TunerHandle,
+    assessor: Option<AssessorHandle>,
+    service: TrainingServiceHandle,
+    service_events: mpsc::UnboundedReceiver<Result<ServiceEvent, String>>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    progress: watch::Sender<Progress>,
+    trials: BTreeMap<String, Trial>,
+    /// trial id by parameter id, for results and suggestions.
+    by_parameter: BTreeMap<u64, String>,
+    next_parameter_id: u64,
+    next_sequence: u64,
+    /// Parameter ids the tuner deferred and still owes parameters for.
+    deferred: u64,
+    /// Parameters the tuner emitted unprompted, not yet submitted.
+    suggested: VecDeque<Suggestion>,
+    tuner_exhausted: bool,
+    started: Instant,
+    deadline: Option<Instant>,
+    deadline_passed: bool,
+    stop_requested: bool,
+    best: Option<(String, f64)>,
+}
+
+impl Manager {
+    async fn start(
+        experiment: Experiment,
+        store: Store,
+        registry: &PluginRegistry,
+        commands: mpsc::UnboundedReceiver<Command>,
+        progress: watch::Sender<Progress>,
+    ) -> Result<Manager, ManagerError> {
+        let Experiment { id, dir, config } = experiment;
+        let tuner_name = match (&config.tuner.name, &config.tuner.class_name) {
+            (Some(name), _) => name.clone(),
+            (None, Some(class)) => {
+                return Err(ManagerError::Unsupported(format!(
+                    "tuner className {class} (a Python tuner) is not supported yet; use a built-in or plugin tuner name"
+                )))
+            }
+            (None, None) => return Err(ManagerError::Unsupported("the config names no tuner".into())),
+        };
+        let tuner = registry.tuner(&tuner_name, &Value::Object(config.tuner.class_args.clone()))?;
+        let assessor = match &config.assessor {
+            Some(assessor) => {
+                let name = assessor.name.clone().ok_or_else(|| {
+                    ManagerError::Unsupported("assessor className (a Python assessor) is not supported yet".into())
+                })?;
+                Some(registry.assessor(&name, &Value::Object(assessor.class_args.clone()))?)
+            }
+            None => None,
+        };
+        let (service_name, service_args) = service_plugin(&config)?;
+        let (events_tx, service_events) = mpsc::unbounded_channel();
+        let service = registry.training_service(service_name, &service_args, move |event| {
+            let _ = events_tx.send(event);
+        })?;
+        let service_error =
+            |e: HostError| ManagerError::Service { service: service_name.to_string(), message: e.to_string() };
+        let environments = service.environments().get().await.map_err(service_error)?;
+        if !environments.iter().any(|e| e.ready) {
+            return Err(ManagerError::Service {
+                service: service_name.to_string(),
+                message: "no environment is ready to run trials".into(),
+            });
+        }
+        tuner.update_search_space(config.search_space.clone()).get().await?;
+
+        let started = Instant::now();
+        let deadline = config.max_experiment_duration.map(|d| started + d);
+        let maximize = maximize(&config);
+        let manager = Manager {
+            id,
+            dir,
+            maximize,
+            store,
+            tuner,
+            assessor,
+            service,
+            service_events,
+            commands,
+            progress,
+            trials: BTreeMap::new(),
+            by_parameter: BTreeMap::new(),
+            next_parameter_id: 0,
+            next_sequence: 0,
+            deferred: 0,
+            suggested: VecDeque::new(),
+            tuner_exhausted: false,
+            started,
+            deadline,
+            deadline_passed: false,
+            stop_requested: false,
+            best: None,
+            config,
+        };
+        manager.store.append(StoreEvent::ExperimentStatusChanged { status: ExperimentStatus::Running, message: None }).await?;
+        manager.publish(Some(ExperimentStatus::Running));
+        Ok(manager)
+    }
+
+    fn running_count(&self) -> u64 {
+        self.trials.values().filter(|t| !t.status.is_final()).count() as u64
+    }
+
+    fn trial_budget_spent(&self) -> bool {
+        self.config.max_trial_number.is_some_and(|max| self.next_sequence >= max)
+    }
+
+    /// Whether no new trial may start.
+    fn closed(&self) -> bool {
+        self.stop_requested || self.deadline_passed || self.trial_budget_spent() || self.tuner_exhausted
+    }
+
+    async fn run_loop(&mut self) -> Result<(), ManagerError> {
+        loop {
+            self.fill().await?;
+            if self.running_count() == 0 && (self.closed() || self.deferred > 0) {
+                // With nothing running, a deferring tuner will never be given the result it waits for.
+                return Ok(());
+            }
+            let next_deadline = self.next_deadline();
+            tokio::select! {
+                event = self.service_events.recv() => match event {
+                    Some(Ok(event)) => self.on_service_event(event).await?,
+                    Some(Err(message)) => self.warn(None, message).await?,
+                    None => return Err(ManagerError::Service {
+                        service: self.service.label().to_string(),
+                        message: "stopped reporting events".into(),
+                    }),
+                },
+                command = self.commands.recv() => match command {
+                    Some(Command::Stop) => self.stop_all("stopped by the user", TrialStatus::UserCanceled).await?,
+                    // Nobody can send commands any more; keep running.
+                    None => self.commands = mpsc::unbounded_channel().1,
+                },
+                _ = sleep_until(next_deadline) => self.on_deadline().await?,
+            }
+        }
+    }
+
+    /// Submits trials until `trialConcurrency` are running or no more may start.
+    async fn fill(&mut self) -> Result<(), ManagerError> {
+        while let Some(suggestion) = self.suggested.pop_front() {
+            self.deferred = self.deferred.saturating_sub(1);
+            if self.closed() || self.by_parameter.contains_key(&suggestion.parameter_id) {
+                continue;
+            }
+            self.submit(suggestion.parameter_id, suggestion.parameters).await?;
+        }
+        let concurrency = u64::from(self.config.trial_concurrency);
+        while !self.closed() && self.running_count() + self.deferred < concurrency {
+            let parameter_id = self.next_parameter_id;
+            self.next_parameter_id += 1;
+            match self.tuner.generate_parameters(parameter_id).get().await? {
+                Generated::Parameters(parameters) => self.submit(parameter_id, parameters).await?,
+                Generated::Deferred => self.deferred += 1,
+                Generated::NoMore => {
+                    self.tuner_exhausted = true;
+                    self.store
+                        .append(StoreEvent::ExperimentStatusChanged {
+                            status: ExperimentStatus::NoMoreTrial,
+                            message: Some("the tuner has no more parameters to try".into()),
+                        })
+                        .await?;
+                }
+            }
+        }
+        self.publish(Some(if self.tuner_exhausted { ExperimentStatus::NoMoreTrial } else { ExperimentStatus::Running }));
+        Ok(())
+    }
+
+    /// Queues what the tuner emitted unprompted; `fill` submits it first thing.
+    fn accept_suggestions(&mut self, suggestions: Vec<Suggestion>) {
+        self.suggested.extend(suggestions);
+    }
+
+    async fn submit(&mut self, parameter_id: u64, parameters: Value) -> Result<(), ManagerError> {
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        let trial_id = trial::new_trial_id(&self.trials);
+        let trial_dir = self.dir.join("trials").join(&trial_id);
+        self.store
+            .append(StoreEvent::TrialCreated {
+                trial_id: trial_id.clone(),
+                sequence,
+                parameter_id,
+                parameters: parameters.clone(),
+            })
+            .await?;
+        let now = Instant::now();
+        let trial = Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone(), now, self.config.max_trial_duration);
+        self.trials.insert(trial_id.clone(), trial);
+        self.by_parameter.insert(parameter_id, trial_id.clone());
+
+        if let Err(e) = std::fs::create_dir_all(&trial_dir) {
+            let message = format!("cannot create trial directory {}: {e}", trial_dir.display());
+            return self.end_trial(&trial_id, TrialStatus::Failed, Some(message), None, None, String::new()).await;
+        }
+        let request = TrialRequest {
+            experiment_id: self.id.clone(),
+            trial_id: trial_id.clone(),
+            sequence,
+            parameter_id,
+            parameters,
+            environment_id: "local".into(),
+            command: self.config.trial_command.clone(),
+            code_dir: self.config.trial_code_directory.clone(),
+            trial_dir,
+            gpu_indices: None,
+            env: Default::default(),
+        };
+        if let Err(e) = self.service.start_trial(request).get().await {
+            let message = format!("could not start: {e}");
+            return self.end_trial(&trial_id, TrialStatus::Failed, Some(message), None, None, String::new()).await;
+        }
+        self.publish(None);
+        Ok(())
+    }
+
+    async fn on_service_event(&mut self, event: ServiceEvent) -> Result<(), ManagerError> {
+        match event {
+            ServiceEvent::Environment { environment } => {
+                if !environment.ready {
+                    self.warn(None, format!("environment {} is no longer ready", environment.id)).await?;
+                }
+            }
+            ServiceEvent::TrialStarted { trial_id, pid } => {
+                let Some(trial) = self.trials.get_mut(&trial_id) else {
+                    return self.warn(Some(trial_id), "start reported for an unknown trial".into()).await;
+                };
+                if trial.status == TrialStatus::Waiting {
+                    trial.status = TrialStatus::Running;
+                    trial.attempt = 1;
+                    let event = StoreEvent::TrialStarted {
+                        trial_id,
+                        attempt: 1,
+                        environment_id: "local".into(),
+                        gpu_indices: Vec::new(),
+                        pid,
+                    };
+                    self.store.append(event).await?;
+                }
+            }
+            ServiceEvent::Metric { trial_id, kind, sequence, value } => self.on_metric(trial_id, kind, sequence, value).await?,
+            ServiceEvent::TrialEnded { trial_id, exit_code, signal, killed_reason, stderr_tail } => {
+                let Some(trial) = self.trials.get(&trial_id) else {
+                    return self.warn(Some(trial_id), "end reported for an unknown trial".into()).await;
+                };
+                if trial.status.is_final() {
+                    return Ok(());
+                }
+                let (status, reason) = match (&trial.kill, exit_code) {
+                    (Some((status, reason)), _) => (*status, Some(reason.clone())),
+                    (None, Some(0)) => (TrialStatus::Succeeded, None),
+                    (None, _) => (TrialStatus::Failed, Some(trial::failure_reason(exit_code, signal, &stderr_tail))),
+                };
+                let _ = killed_reason;
+                self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail).await?;
+            }
+            ServiceEvent::Warning { trial_id, message } => self.warn(trial_id, message).await?,
+        }
+        Ok(())
+    }
+
+    async fn on_metric(&mut self, trial_id: String, kind: MetricKind, sequence: u64, raw: String) -> Result<(), ManagerError> {
+        let Some(trial) = self.trials.get(&trial_id) else {
+            return self.warn(Some(trial_id), "metric for an unknown trial ignored".into()).await;
+        };
+        if trial.status.is_final() {
+            return self.warn(Some(trial_id), "metric after the trial ended ignored".into()).await;
+        }
+        let decoded = default_value(&raw);
+        self.store
+            .append(StoreEvent::Metric {
+                trial_id: trial_id.clone(),
+                attempt: trial.attempt.max(1),
+                kind: match kind {
+                    MetricKind::Intermediate => StoredMetricKind::Intermediate,
+                    MetricKind::Final => StoredMetricKind::Final,
+                },
+                trial_sequence: sequence,
+                raw: raw.clone(),
+                value: decoded.as_ref().ok().copied().filter(|v| v.is_finite()),
+            })
+            .await?;
+        let value = match decoded {
+            Ok(value) => value,
+            Err(reason) => return self.warn(Some(trial_id), format!("{reason}; the tuner does not see it")).await,
+        };
+        let trial = self.trials.get_mut(&trial_id).expect("checked above");
+        match kind {
+            MetricKind::Intermediate => {
+                trial.intermediate.push(value);
+                let history = trial.intermediate.clone();
+                if let Some(assessor) = &self.assessor {
+                    let verdict = assessor.assess_trial(trial_id.clone(), history).get().await?;
+                    if !verdict.keep_going {
+                        self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason).await?;
+                    }
+                }
+            }
+            MetricKind::Final => {
+                if trial.final_value.is_some() {
+                    return self.warn(Some(trial_id), "second final result ignored".into()).await;
+                }
+                trial.final_value = Some(value);
+                let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
+                if !value.is_nan() && self.best.as_ref().is_none_or(|(_, best)| self.better(value, *best)) {
+                    self.best = Some((trial_id.clone(), value));
+                }
+                let suggestions = self.tuner.receive_trial_result(parameter_id, parameters, value).get().await?;
+                self.accept_suggestions(suggestions);
+            }
+        }
+        self.publish(None);
+        Ok(())
+    }
+
+    fn better(&self, value: f64, than: f64) -> bool {
+        if self.maximize {
+            value > than
+        } else {
+            value < than
+        }
+    }
+
+    async fn end_trial(
+        &mut self,
+        trial_id: &str,
+        status: TrialStatus,
+        reason: Option<String>,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        stderr_tail: String,
+    ) -> Result<(), ManagerError> {
+        self.store
+            .append(StoreEvent::TrialEnded {
+                trial_id: trial_id.to_string(),
+                attempt: self.trials[trial_id].attempt,
+                status,
+                exit_code,
+                signal,
+                message: reason.clone(),
+                stderr_tail: (!stderr_tail.is_empty()).then_some(stderr_tail),
+            })
+            .await?;
+        let trial = self.trials.get_mut(trial_id).expect("ending a known trial");
+        trial.status = status;
+        trial.ended = Some(Instant::now());
+        trial.reason = reason;
+        let parameter_id = trial.parameter_id;
+        let suggestions = self.tuner.trial_end(parameter_id, status.as_str().into()).get().await?;
+        if let Some(assessor) = &self.assessor {
+            assessor.trial_end(trial_id.to_string(), status.as_str().into()).get().await?;
+        }
+        self.accept_suggestions(suggestions);
+        self.publish(None);
+        Ok(())
+    }
+
+    /// Asks the service to kill a trial; its end arrives later as an event and is recorded
+    /// with `status` and `reason`.
+    async fn kill(&mut self, trial_id: &str, status: TrialStatus, reason: String) -> Result<(), ManagerError> {
+        let Some(trial) = self.trials.get_mut(trial_id) else { return Ok(()) };
+        if trial.status.is_final() || trial.kill.is_some() {
+            return Ok(());
+        }
+        trial.kill = Some((status, reason.clone()));
+        if let Err(e) = self.service.kill_trial(trial_id.to_string(), reason).get().await {
+            self.warn(Some(trial_id.to_string()), format!("could not kill: {e}")).await?;
+        }
+        Ok(())
+    }
+
+    async fn stop_all(&mut self, reason: &str, status: TrialStatus) -> Result<(), ManagerError> {
+        self.stop_requested = true;
+        let running: Vec<String> = self.trials.values().filter(|t| !t.status.is_final()).map(|t| t.id.clone()).collect();
+        for trial_id in running {
+            self.kill(&trial_id, status, reason.to_string()).await?;
+        }
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let experiment = if self.deadline_passed { None } else { self.deadline };
+        let trials = self.trials.values().filter(|t| !t.status.is_final() && t.kill.is_none()).filter_map(|t| t.deadline);
+        experiment.into_iter().chain(trials).min()
+    }
+
+    async fn on_deadline(&mut self) -> Result<(), ManagerError> {
+        let now = Instant::now();
+        if self.deadline.is_some_and(|d| d <= now) && !self.deadline_passed {
+            self.deadline_passed = true;
+            self.stop_all("maxExperimentDuration reached", TrialStatus::SysCanceled).await?;
+        }
+        let overdue: Vec<String> = self
+            .trials
+            .values()
+            .filter(|t| !t.status.is_final() && t.kill.is_none() && t.deadline.is_some_and(|d| d <= now))
+            .map(|t| t.id.clone())
+            .collect();
+        for trial_id in overdue {
+            self.kill(&trial_id, TrialStatus::SysCanceled, "maxTrialDuration reached".into()).await?;
+        }
+        Ok(())
+    }
+
+    async fn warn(&mut self, trial_id: Option<String>, message: String) -> Result<(), ManagerError> {
+        self.store.append(StoreEvent::Warning { trial_id, message }).await?;
+        Ok(())
+    }
+
+    fn publish(&self, status: Option<ExperimentStatus>) {
+        let mut progress = Progress {
+            status: status.or(self.progress.borrow().status),
+            submitted: self.trials.len() as u64,
+            best: self.best.clone(),
+            elapsed: self.started.elapsed(),
+            max_trial_number: self.config.max_trial_number,
+            max_duration: self.config.max_experiment_duration,
+            ..Progress::default()
+        };
+        for trial in self.trials.values() {
+            match trial.status {
+                TrialStatus::Waiting | TrialStatus::Running => progress.running += 1,
+                TrialStatus::Succeeded => progress.succeeded += 1,
+                TrialStatus::Failed => progress.failed += 1,
+                _ => progress.other_ended += 1,
+            }
+        }
+        self.progress.send_replace(progress);
+    }
+
+    /// Records how the experiment ended and shuts the service down.
+    async fn finish(mut self, result: Result<(), ManagerError>) -> Result<Outcome, ManagerError> {
+        let (status, message) = match &result {
+            Ok(()) if self.stop_requested && !self.deadline_passed => (ExperimentStatus::Stopped, None),
+            Ok(()) => (ExperimentStatus::Done, None),
+            Err(e) => (ExperimentStatus::Error, Some(e.to_string())),
+        };
+        if result.is_err() {
+            // Best effort: the experiment failed; do not leave its trials running.
+            let _ = self.stop_all("the experiment failed", TrialStatus::SysCanceled).await;
+        }
+        let _ = self.service.shutdown().get().await;
+        // Trials the service ended during shutdown without telling us are recorded as such.
+        let unfinished: Vec<String> = self.trials.values().filter(|t| !t.status.is_final()).map(|t| t.id.clone()).collect();
+        for trial_id in unfinished {
+            let (status, reason) = self.trials[&trial_id]
+                .kill
+                .clone()
+                .unwrap_or((TrialStatus::SysCanceled, "the experiment ended".into()));
+            self.store
+                .append(StoreEvent::TrialEnded {
+                    trial_id: trial_id.clone(),
+                    attempt: self.trials[&trial_id].attempt,
+                    status,
+                    exit_code: None,
+                    signal: None,
+                    message: Some(reason.clone()),
+                    stderr_tail: None,
+                })
+                .await?;
+            let trial = self.trials.get_mut(&trial_id).expect("known trial");
+            trial.status = status;
+            trial.reason = Some(reason);
+        }
+        self.store.append(StoreEvent::ExperimentStatusChanged { status, message: message.clone() }).await?;
+        self.store.flush().await?;
+        self.publish(Some(status));
+        let trials = self.trials.values().map(Trial::summary).collect();
+        Ok(Outcome { status, message, trials })
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,100 @@
+//! A trial as the manager tracks it while the experiment runs.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde_json::Value;
+
+use crate::store::TrialStatus;
+
+/// What the caller of [`super::run`] learns about each trial.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrialSummary {
+    pub id: String,
+    pub sequence: u64,
+    pub parameters: Value,
+    pub status: TrialStatus,
+    pub final_value: Option<f64>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug)]
+pub(super) struct Trial {
+    pub id: String,
+    pub sequence: u64,
+    pub parameter_id: u64,
+    pub parameters: Value,
+    pub status: TrialStatus,
+    /// 0 until the service reports the start, then 1 (retries will count on).
+    pub attempt: u32,
+    pub deadline: Option<Instant>,
+    pub ended: Option<Instant>,
+    pub intermediate: Vec<f64>,
+    pub final_value: Option<f64>,
+    /// Set when the manager asked for the trial to be killed: how to record its end, and why.
+    pub kill: Option<(TrialStatus, String)>,
+    pub reason: Option<String>,
+}
+
+impl Trial {
+    pub fn new(
+        id: String,
+        sequence: u64,
+        parameter_id: u64,
+        parameters: Value,
+        submitted: Instant,
+        max_duration: Option<Duration>,
+    ) -> Trial {
+        Trial {
+            id,
+            sequence,
+            parameter_id,
+            parameters,
+            status: TrialStatus::Waiting,
+            attempt: 0,
+            deadline: max_duration.map(|d| submitted + d),
+            ended: None,
+            intermediate: Vec::new(),
+            final_value: None,
+            kill: None,
+            reason: None,
+        }
+    }
+
+    pub fn summary(&self) -> TrialSummary {
+        TrialSummary {
+            id: self.id.clone(),
+            sequence: self.sequence,
+            parameters: self.parameters.clone(),
+            status: self.status,
+            final_value: self.final_value,
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+/// A fresh NNI-style trial id (five letters and digits) not used by any trial so far.
+pub(super) fn new_trial_id(existing: &BTreeMap<String, Trial>) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut rng = rand::thread_rng();
+    loop {
+        let id: String = (0..5).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect();
+        if !existing.contains_key(&id) {
+            return id;
+        }
+    }
+}
+
+/// One line saying why a trial failed: its exit code or signal and the last line of stderr.
+pub(super) fn failure_reason(exit_code: Option<i32>, signal: Option<i32>, stderr_tail: &str) -> String {
+    let how = match (exit_code, signal) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => "ended without an exit status".to_string(),
+    };
+    match stderr_tail.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
+        Some(last) => format!("{how}: {last}"),
+        None => how,
+    }
+}
