@@ -1,0 +1,16 @@
+//! knob's built-in tuners, exported as one plugin library.
+//!
+//! Each tuner lives in its own module; what several tuners share (the grid walk, the record of
+//! points already tried, the normal quantile, common classArgs) lives in `common`.
+
+mod common;
+mod grid_search;
+mod random;
+
+pub use grid_search::GridSearchTuner;
+pub use random::RandomTuner;
+
+knob_plugin_api::export_plugin! {
+    tuner "Random": RandomTuner = "random search (NNI's Random): seeded, never repeats a point, ends when a finite space is used up";
+    tuner "GridSearch": GridSearchTuner = "grid search (NNI's GridSearch): every combination of choices and integers, continuous ranges refined in rounds";
+}
