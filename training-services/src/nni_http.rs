@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
@@ -41,6 +41,9 @@ pub const LONG_POLL: Duration = Duration::from_secs(1);
 /// The largest request body read. A metric is JSON text inside JSON text inside JSON, so each
 /// level of escaping can grow it; the metric itself is held to [`MAX_METRIC_BYTES`].
 pub const MAX_BODY_BYTES: usize = 4 * MAX_METRIC_BYTES;
+
+/// How much of an oversized body is read and dropped before the connection is closed.
+pub const MAX_DRAINED_BYTES: usize = 256 << 20;
 
 /// One trial's end of the channel.
 struct TrialChannel {
@@ -229,20 +232,9 @@ async fn handle(request: Request<Incoming>, registry: &Registry) -> Reply {
     match *request.method() {
         Method::GET => long_poll(&channel, registry).await,
         Method::PUT => {
-            let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
-                .collect()
-                .await
-            {
-                Ok(body) => body.to_bytes(),
-                Err(e) => {
-                    let message = if e.is::<http_body_util::LengthLimitError>() {
-                        format!(
-                            "command over {} KiB refused (metrics must be short)",
-                            MAX_BODY_BYTES / 1024
-                        )
-                    } else {
-                        format!("command not read: {e}")
-                    };
+            let body = match read_body(request.into_body()).await {
+                Ok(body) => body,
+                Err(message) => {
                     channel
                         .recorder
                         .warn(format_args!("NNI channel: {message}"));
@@ -256,6 +248,37 @@ async fn handle(request: Request<Incoming>, registry: &Registry) -> Reply {
             "a trial channel takes GET and PUT",
         ),
     }
+}
+
+/// Reads a request body of at most [`MAX_BODY_BYTES`]. A larger one is still read to its end
+/// (up to [`MAX_DRAINED_BYTES`]) and dropped as it comes: nni's `requests.put` raises if the
+/// connection is cut while it sends, and that would kill the trial over one oversized metric.
+async fn read_body(mut body: Incoming) -> Result<Bytes, String> {
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("command not read: {e}"))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len();
+        if total <= MAX_BODY_BYTES {
+            kept.extend_from_slice(&data);
+        } else {
+            kept = Vec::new();
+            if total > MAX_DRAINED_BYTES {
+                break;
+            }
+        }
+    }
+    if total > MAX_BODY_BYTES {
+        return Err(format!(
+            "command of {} KiB refused (over {} KiB; metrics must be short)",
+            total / 1024,
+            MAX_BODY_BYTES / 1024
+        ));
+    }
+    Ok(Bytes::from(kept))
 }
 
 async fn long_poll(channel: &TrialChannel, registry: &Registry) -> Reply {
@@ -292,6 +315,9 @@ fn receive(channel: &TrialChannel, body: &[u8]) -> Reply {
             .warn(format_args!("NNI channel: {message}"));
         reply(StatusCode::BAD_REQUEST, message)
     };
+    if body.is_empty() {
+        return refuse("empty command (expected a JSON object with a \"type\")".into());
+    }
     let command: Value = match serde_json::from_slice(body) {
         Ok(command) => command,
         Err(e) => return refuse(format!("command {} is not JSON ({e})", excerpt(body))),

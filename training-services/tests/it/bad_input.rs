@@ -1,0 +1,86 @@
+//! Trials that print garbage, NaN or huge lines: tolerated, warned about, nothing else lost.
+
+use knob_plugin_api::service::MetricKind;
+
+use crate::support::*;
+
+#[test]
+fn garbage_nan_and_10_mb_lines_are_warned_about_and_nothing_else_is_lost() {
+    let mut h = Harness::new();
+    let command = r#"
+        echo "ordinary output is not a metric"
+        echo "KNOB_FINAL banana"
+        echo "KNOB_INTERMEDIATE 1"
+        printf 'KNOB_INTERMEDIATE '; head -c 10485760 /dev/zero | tr '\0' '7'; echo
+        echo "KNOB_INTERMEDIATE NaN"
+        head -c 10485760 /dev/zero | tr '\0' 'x'; echo
+        echo 'KNOB_INTERMEDIATE {"loss": 2}'
+        echo "KNOB_INTERMEDIATE 2"
+        echo "garbage in the metrics file" >> "$KNOB_METRICS_FILE"
+        { printf 'KNOB_FINAL '; head -c 10485760 /dev/zero | tr '\0' '8'; echo; } >> "$KNOB_METRICS_FILE"
+        echo "KNOB_FINAL 0.5" >> "$KNOB_METRICS_FILE"
+        echo "still running" >&2
+    "#;
+    let events = h.run(h.request("noisy", command));
+    // stdout and the metrics file are read side by side, so compare each source in order.
+    let of_kind = |kind| {
+        metrics(&events)
+            .into_iter()
+            .filter(|m| m.0 == kind)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of_kind(MetricKind::Intermediate),
+        [
+            (MetricKind::Intermediate, 0, "1".into()),
+            (MetricKind::Intermediate, 1, "NaN".into()),
+            (MetricKind::Intermediate, 2, "2".into()),
+        ]
+    );
+    assert_eq!(
+        of_kind(MetricKind::Final),
+        [(MetricKind::Final, 0, "0.5".into())]
+    );
+    let all_warnings = warnings(&events);
+    let from = |source: &str| {
+        all_warnings
+            .iter()
+            .filter(|w| w.contains(source))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        from("stdout"),
+        [
+            "trial noisy: metric line KNOB_FINAL banana on stdout ignored: value banana is not JSON (expected value at line 1 column 1)",
+            "trial noisy: a stdout line over 1024 KiB was skipped (metrics must be short; log bulky data to a file)",
+            "trial noisy: metric line KNOB_INTERMEDIATE {\\\"loss\\\": 2} on stdout ignored: value {\\\"loss\\\": 2} has no numeric \"default\"",
+        ]
+    );
+    assert_eq!(
+        from("metrics.knob"),
+        [
+            "trial noisy: line garbage in the metrics file in metrics.knob ignored: expected `KNOB_INTERMEDIATE <json>` or `KNOB_FINAL <json>`",
+            "trial noisy: a metrics.knob line over 1024 KiB was skipped (metrics must be short; log bulky data to a file)",
+        ]
+    );
+    assert_eq!(all_warnings.len(), 5);
+    let (code, _, _, tail) = ending(&events);
+    assert_eq!((code, tail.as_str()), (Some(0), "still running"));
+    // The log keeps everything the trial printed, the huge lines included.
+    let stdout_size = std::fs::metadata(h.trial_dir("noisy").join("stdout"))
+        .unwrap()
+        .len();
+    assert!(stdout_size > 20 << 20, "{stdout_size}");
+}
+
+#[test]
+fn a_flood_of_bad_lines_is_reported_in_bounded_form() {
+    let mut h = Harness::new();
+    let command = r#"for i in $(seq 1 500); do echo "KNOB_FINAL oops$i"; done; echo KNOB_FINAL 3"#;
+    let events = h.run(h.request("flood", command));
+    assert_eq!(metrics(&events), [(MetricKind::Final, 0, "3".into())]);
+    let warned = warnings(&events);
+    assert_eq!(warned.len(), 101);
+    assert_eq!(warned[100], "trial flood: 400 more warnings were not shown");
+}

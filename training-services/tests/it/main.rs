@@ -1,0 +1,9 @@
+//! Integration tests of knob-training-services: real processes, real sockets, bounded waits.
+
+mod bad_input;
+mod lifecycle;
+mod nni_file;
+mod nni_v3;
+mod plugin;
+mod real_nni;
+mod support;

@@ -1,0 +1,69 @@
+//! A real `import nni` script against the service, over both NNI channels. Runs only when
+//! `KNOB_TEST_NNI_PYTHON` names a Python that has `nni` installed (CI sets it up).
+
+use knob_plugin_api::service::MetricKind;
+use knob_training_services::metrics::parse_lenient_json;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+#[test]
+fn unmodified_nni_script_works_over_the_v3_and_the_file_channel() {
+    let Ok(python) = std::env::var("KNOB_TEST_NNI_PYTHON") else {
+        eprintln!("skipped: set KNOB_TEST_NNI_PYTHON=/path/to/venv/bin/python (with nni) to run");
+        return;
+    };
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/nni_trial.py");
+    let mut h = Harness::new();
+    // nni 3.0 takes the v3 channel when NNI_TRIAL_COMMAND_CHANNEL is set; without it (and in
+    // nni 2.x) it takes the file channel.
+    let channels = [
+        ("viaHttp", format!("'{python}' '{}'", script.display())),
+        (
+            "viaFile",
+            format!(
+                "env -u NNI_TRIAL_COMMAND_CHANNEL '{python}' '{}'",
+                script.display()
+            ),
+        ),
+    ];
+    for (index, (trial_id, command)) in channels.iter().enumerate() {
+        let x = 1.25 + index as f64;
+        let mut request = h.request(trial_id, command);
+        request.parameters = json!({"x": x, "name": trial_id});
+        let events = h.run(request);
+        let (code, _, _, stderr) = ending(&events);
+        assert_eq!(code, Some(0), "{trial_id} failed: {stderr}");
+        let dir = h.trial_dir(trial_id);
+        let received: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("received.json")).unwrap())
+                .unwrap();
+        assert_eq!(received, json!({"x": x, "name": trial_id}));
+
+        let found = metrics(&events);
+        let kinds_and_sequences: Vec<(MetricKind, u64)> =
+            found.iter().map(|m| (m.0, m.1)).collect();
+        assert_eq!(
+            kinds_and_sequences,
+            [
+                (MetricKind::Intermediate, 0),
+                (MetricKind::Intermediate, 1),
+                (MetricKind::Intermediate, 2),
+                (MetricKind::Intermediate, 3),
+                (MetricKind::Final, 0),
+            ],
+            "{trial_id}: {events:#?}"
+        );
+        let numbers: Vec<f64> = found[..3]
+            .iter()
+            .map(|m| parse_lenient_json(&m.2).unwrap().as_f64().unwrap())
+            .collect();
+        assert_eq!(numbers, [0.0, x, 2.0 * x]);
+        assert_eq!(found[3].2, "NaN");
+        let last = parse_lenient_json(&found[4].2).unwrap();
+        assert_eq!(last, json!({"default": x, "steps": 3}));
+        assert_eq!(warnings(&events), Vec::<String>::new(), "{trial_id}");
+        let log = std::fs::read_to_string(dir.join("trial.log")).unwrap_or_default();
+        assert!(log.contains("finished"), "{trial_id}: trial.log: {log}");
+    }
+}

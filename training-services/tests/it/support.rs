@@ -1,0 +1,271 @@
+//! Test helpers: an event collector with bounded waits, a service in a temporary directory,
+//! trial requests, and a raw HTTP/1.1 client that talks like nni's `requests` calls.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
+use knob_training_services::{Emit, LocalService};
+use serde_json::{json, Value};
+
+/// Every wait in these tests ends by this bound; trials themselves are much quicker.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Collects events from any thread; tests wait on it with a bound.
+#[derive(Clone, Default)]
+pub struct Events(Arc<(Mutex<Vec<ServiceEvent>>, Condvar)>);
+
+impl Events {
+    pub fn push(&self, event: ServiceEvent) {
+        let (events, changed) = &*self.0;
+        events.lock().unwrap().push(event);
+        changed.notify_all();
+    }
+
+    pub fn emitter(&self) -> Emit {
+        let events = self.clone();
+        Arc::new(move |event| events.push(event))
+    }
+
+    pub fn all(&self) -> Vec<ServiceEvent> {
+        self.0 .0.lock().unwrap().clone()
+    }
+
+    /// Waits (at most [`WAIT`]) until `done` holds for the events so far; panics with them all
+    /// if it never does.
+    pub fn wait_until(
+        &self,
+        what: &str,
+        done: impl Fn(&[ServiceEvent]) -> bool,
+    ) -> Vec<ServiceEvent> {
+        let (events, changed) = &*self.0;
+        let deadline = Instant::now() + WAIT;
+        let mut guard = events.lock().unwrap();
+        while !done(&guard) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "timed out waiting for {what}; events: {:#?}",
+                *guard
+            );
+            guard = changed.wait_timeout(guard, left).unwrap().0;
+        }
+        guard.clone()
+    }
+
+    /// The events of one trial once it has ended, in order.
+    pub fn wait_ended(&self, trial_id: &str) -> Vec<ServiceEvent> {
+        let all = self.wait_until(&format!("trial {trial_id} to end"), |events| {
+            events.iter().any(|e| is_end_of(e, trial_id))
+        });
+        of_trial(&all, trial_id)
+    }
+}
+
+pub fn trial_of(event: &ServiceEvent) -> Option<&str> {
+    match event {
+        ServiceEvent::TrialStarted { trial_id, .. }
+        | ServiceEvent::Metric { trial_id, .. }
+        | ServiceEvent::TrialEnded { trial_id, .. } => Some(trial_id),
+        ServiceEvent::Warning { trial_id, .. } => trial_id.as_deref(),
+        ServiceEvent::Environment { .. } => None,
+    }
+}
+
+pub fn is_end_of(event: &ServiceEvent, trial_id: &str) -> bool {
+    matches!(event, ServiceEvent::TrialEnded { trial_id: t, .. } if t == trial_id)
+}
+
+pub fn of_trial(events: &[ServiceEvent], trial_id: &str) -> Vec<ServiceEvent> {
+    events
+        .iter()
+        .filter(|e| trial_of(e) == Some(trial_id))
+        .cloned()
+        .collect()
+}
+
+/// The metrics among `events` as `(kind, sequence, value)`.
+pub fn metrics(events: &[ServiceEvent]) -> Vec<(MetricKind, u64, String)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ServiceEvent::Metric {
+                kind,
+                sequence,
+                value,
+                ..
+            } => Some((*kind, *sequence, value.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn warnings(events: &[ServiceEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ServiceEvent::Warning { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `(exit_code, signal, killed_reason, stderr_tail)` of the trial's `TrialEnded`, which must
+/// be its last event.
+pub fn ending(events: &[ServiceEvent]) -> (Option<i32>, Option<i32>, Option<String>, String) {
+    match events.last() {
+        Some(ServiceEvent::TrialEnded {
+            exit_code,
+            signal,
+            killed_reason,
+            stderr_tail,
+            ..
+        }) => (
+            *exit_code,
+            *signal,
+            killed_reason.clone(),
+            stderr_tail.clone(),
+        ),
+        other => panic!("the last event is not TrialEnded but {other:?}; all: {events:#?}"),
+    }
+}
+
+/// A local service in a temporary directory, with its events collected.
+pub struct Harness {
+    pub service: LocalService,
+    pub events: Events,
+    pub dir: tempfile::TempDir,
+}
+
+impl Harness {
+    pub fn new() -> Harness {
+        Harness::with_args(json!({"gracePeriodSecs": 0.5}))
+    }
+
+    pub fn with_args(args: Value) -> Harness {
+        let events = Events::default();
+        let service = LocalService::with_emitter(&args, events.emitter()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("code")).unwrap();
+        Harness {
+            service,
+            events,
+            dir,
+        }
+    }
+
+    pub fn code_dir(&self) -> PathBuf {
+        self.dir.path().join("code")
+    }
+
+    pub fn trial_dir(&self, trial_id: &str) -> PathBuf {
+        self.dir.path().join("trials").join(trial_id)
+    }
+
+    pub fn request(&self, trial_id: &str, command: &str) -> TrialRequest {
+        request(
+            &self.code_dir(),
+            &self.trial_dir(trial_id),
+            trial_id,
+            command,
+        )
+    }
+
+    /// Starts the trial and waits for its end; its events, in order.
+    pub fn run(&mut self, request: TrialRequest) -> Vec<ServiceEvent> {
+        let trial_id = request.trial_id.clone();
+        self.service.start(&request).unwrap();
+        self.events.wait_ended(&trial_id)
+    }
+}
+
+pub fn request(code_dir: &Path, trial_dir: &Path, trial_id: &str, command: &str) -> TrialRequest {
+    TrialRequest {
+        experiment_id: "exp1".into(),
+        trial_id: trial_id.into(),
+        sequence: 7,
+        parameter_id: 42,
+        parameters: json!({"lr": 0.01, "layers": 3, "act": "relu"}),
+        environment_id: "local".into(),
+        command: command.into(),
+        code_dir: code_dir.to_path_buf(),
+        trial_dir: trial_dir.to_path_buf(),
+        gpu_indices: None,
+        env: BTreeMap::new(),
+    }
+}
+
+/// Waits (bounded) until `path` exists, e.g. a file a trial writes once it is ready.
+pub fn wait_for_file(path: &Path) {
+    let deadline = Instant::now() + WAIT;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+pub fn process_runs(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat[stat.rfind(')').unwrap() + 2..].chars().next();
+            !matches!(state, Some('Z' | 'X'))
+        }
+        Err(_) => false,
+    }
+}
+
+/// An HTTP response: status and body.
+#[derive(Debug)]
+pub struct HttpReply {
+    pub status: u16,
+    pub body: String,
+}
+
+/// One request on a fresh connection, as Python's `requests.get/put` without a session sends
+/// it (JSON body, `Content-Type: application/json`).
+pub fn http(method: &str, url: &str, json_body: Option<&Value>) -> HttpReply {
+    let rest = url.strip_prefix("http://").expect("http url");
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let address: SocketAddr = authority.parse().unwrap();
+    let mut stream = TcpStream::connect_timeout(&address, WAIT).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let body = json_body.map(Value::to_string).unwrap_or_default();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: python-requests/2.31.0\r\nAccept: */*\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if json_body.is_some() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP head");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    HttpReply {
+        status,
+        body: body.to_string(),
+    }
+}
+
+/// NNI's metric command, exactly as `nni.runtime.trial_command_channel.v3` builds it (with
+/// `nni.dump`'s separators).
+pub fn nni_metric_command(trial_id: &str, kind: &str, sequence: u64, value: &str) -> Value {
+    let metric = format!(
+        r#"{{"parameter_id": 42, "trial_job_id": "{trial_id}", "type": "{kind}", "sequence": {sequence}, "value": {}}}"#,
+        Value::String(value.to_string())
+    );
+    json!({"type": "metric", "metric": metric})
+}
