@@ -202,6 +202,13 @@ fn reply(status: StatusCode, message: impl Into<String>) -> Reply {
     response
 }
 
+fn not_running(env: &str, trial: &str) -> Reply {
+    reply(
+        StatusCode::NOT_FOUND,
+        format!("trial {trial} is not running on environment {env}; nothing recorded"),
+    )
+}
+
 fn reply_json(command: &Value) -> Reply {
     let mut response = Response::new(Full::new(Bytes::from(command.to_string())));
     response
@@ -224,10 +231,7 @@ async fn handle(request: Request<Incoming>, registry: &Registry) -> Reply {
         return reply(StatusCode::GONE, "the training service is shutting down");
     }
     let Some(channel) = registry.get(&env, &trial) else {
-        return reply(
-            StatusCode::NOT_FOUND,
-            format!("trial {trial} is not running on environment {env}; nothing recorded"),
-        );
+        return not_running(&env, &trial);
     };
     match *request.method() {
         Method::GET => long_poll(&channel, registry).await,
@@ -241,7 +245,7 @@ async fn handle(request: Request<Incoming>, registry: &Registry) -> Reply {
                     return reply(StatusCode::PAYLOAD_TOO_LARGE, message);
                 }
             };
-            receive(&channel, &body)
+            receive(&channel, &env, &body)
         }
         _ => reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -308,7 +312,7 @@ async fn long_poll(channel: &TrialChannel, registry: &Registry) -> Reply {
     }
 }
 
-fn receive(channel: &TrialChannel, body: &[u8]) -> Reply {
+fn receive(channel: &TrialChannel, env: &str, body: &[u8]) -> Reply {
     let refuse = |message: String| {
         channel
             .recorder
@@ -356,7 +360,8 @@ fn receive(channel: &TrialChannel, body: &[u8]) -> Reply {
             match decode_nni_metric(metric.as_bytes(), channel.recorder.trial_id()) {
                 Ok(Some((kind, value))) => match channel.recorder.record(kind, value) {
                     Ok(()) => reply(StatusCode::OK, ""),
-                    Err(not_running) => reply(StatusCode::GONE, not_running.to_string()),
+                    // It ended while this request was on its way.
+                    Err(_) => not_running(env, channel.recorder.trial_id()),
                 },
                 Ok(None) => reply(StatusCode::OK, ""),
                 Err(why) => refuse(why),

@@ -423,6 +423,11 @@ impl Supervision {
         let _ = self.finish_tails.send(());
         let _ = (&mut self.tail_task).await;
         let stderr_tail = stderr_tail(&self.stderr_path);
+        // Closed before the end is emitted, so that once the core has seen the end, the
+        // channel answers "not running" to anything more.
+        self.host
+            .channels
+            .unregister(&self.env_id, self.recorder.trial_id());
         self.recorder.end(ServiceEvent::TrialEnded {
             trial_id: self.recorder.trial_id().to_string(),
             exit_code,
@@ -430,9 +435,6 @@ impl Supervision {
             killed_reason,
             stderr_tail,
         });
-        self.host
-            .channels
-            .unregister(&self.env_id, self.recorder.trial_id());
         for path in &self.metric_files {
             self.host.watcher.unwatch(path);
         }
