@@ -32,22 +32,35 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     if args.detach {
         return detach(&args);
     }
-    let registry = Registry::open_default()?;
-    let (experiment, store, warnings) = experiment::create(&args.config, args.id.as_deref(), &registry)?;
+    let (config, warnings) = experiment::load_config(&args.config)?;
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
+    let plugins = PluginRegistry::load(&config.plugin_paths);
+    for problem in plugins.problems() {
+        eprintln!("warning: {problem}");
+    }
+    // Fail before anything is created when the config names a component no plugin provides.
+    for (kind, name) in manager::required_components(&config)? {
+        plugins
+            .find(kind, &name)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    }
+    let registry = Registry::open_default()?;
+    let (experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
     let id = experiment.id.clone();
     let dir = experiment.dir.clone();
     let maximize = optimize_maximize(&experiment.config);
     eprintln!("experiment {id}: {}", dir.display());
-    let plugins = PluginRegistry::load(&experiment.config.plugin_paths);
-    for problem in plugins.problems() {
-        eprintln!("warning: {problem}");
-    }
-    registry.set_status(&id, ExperimentStatus::Running.as_str(), Some(std::process::id()))?;
+    registry.set_status(
+        &id,
+        ExperimentStatus::Running.as_str(),
+        Some(std::process::id()),
+    )?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let result = runtime.block_on(async {
         let (commands, command_inbox) = mpsc::unbounded_channel();
         let (progress_tx, progress_rx) = watch::channel(Progress::default());
@@ -58,7 +71,10 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
         let _ = display.await;
         if let Err(e) = &result {
             // The loop never started, or failed before it could record why.
-            let event = StoreEvent::ExperimentStatusChanged { status: ExperimentStatus::Error, message: Some(e.to_string()) };
+            let event = StoreEvent::ExperimentStatusChanged {
+                status: ExperimentStatus::Error,
+                message: Some(e.to_string()),
+            };
             let _ = handle.append(event).await;
         }
         result
@@ -78,7 +94,11 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn optimize_maximize(config: &knob_core::config::ExperimentConfig) -> bool {
-    let mode = config.tuner.class_args.get("optimize_mode").and_then(serde_json::Value::as_str);
+    let mode = config
+        .tuner
+        .class_args
+        .get("optimize_mode")
+        .and_then(serde_json::Value::as_str);
     mode.is_none_or(|m| m.eq_ignore_ascii_case("maximize"))
 }
 
@@ -105,7 +125,12 @@ async fn show_progress(mut progress: watch::Receiver<Progress>, maximize: bool) 
     loop {
         let snapshot = progress.borrow_and_update().clone();
         let done = snapshot.succeeded + snapshot.failed + snapshot.other_ended;
-        bar.set_length(snapshot.max_trial_number.unwrap_or(snapshot.submitted).max(done));
+        bar.set_length(
+            snapshot
+                .max_trial_number
+                .unwrap_or(snapshot.submitted)
+                .max(done),
+        );
         bar.set_position(done);
         bar.set_message(progress_message(&snapshot, maximize));
         let finished = matches!(
@@ -120,7 +145,10 @@ async fn show_progress(mut progress: watch::Receiver<Progress>, maximize: bool) 
 }
 
 fn progress_message(p: &Progress, maximize: bool) -> String {
-    let mut message = format!("done {} · running {} · failed {}", p.succeeded, p.running, p.failed);
+    let mut message = format!(
+        "done {} · running {} · failed {}",
+        p.succeeded, p.running, p.failed
+    );
     if p.other_ended > 0 {
         message.push_str(&format!(" · stopped {}", p.other_ended));
     }
@@ -145,7 +173,8 @@ fn humanize(duration: Duration) -> String {
 }
 
 fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
-    let count = |f: &dyn Fn(&manager::TrialSummary) -> bool| outcome.trials.iter().filter(|t| f(t)).count();
+    let count =
+        |f: &dyn Fn(&manager::TrialSummary) -> bool| outcome.trials.iter().filter(|t| f(t)).count();
     let succeeded = count(&|t| t.status == knob_core::store::TrialStatus::Succeeded);
     let failed = count(&|t| t.status == knob_core::store::TrialStatus::Failed);
     println!(
@@ -154,10 +183,16 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
         outcome.trials.len()
     );
     println!("{}", best_trials_table(&outcome.trials, maximize, 5));
-    println!("results: knob trial ls {id} · knob experiment export {id} --format csv · {}", dir.display());
+    println!(
+        "results: knob trial ls {id} · knob experiment export {id} --format csv · {}",
+        dir.display()
+    );
     match outcome.status {
         ExperimentStatus::Error => {
-            eprintln!("error: experiment {id}: {}", outcome.message.as_deref().unwrap_or("failed"));
+            eprintln!(
+                "error: experiment {id}: {}",
+                outcome.message.as_deref().unwrap_or("failed")
+            );
             ExitCode::FAILURE
         }
         _ => ExitCode::SUCCESS,
@@ -167,15 +202,28 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
 /// Starts `knob create` again in a new session, its output in a log file, and returns once the
 /// experiment is registered (or the child has failed).
 fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
-    let id = args.id.clone().unwrap_or_else(experiment::new_experiment_id);
+    let id = args
+        .id
+        .clone()
+        .unwrap_or_else(experiment::new_experiment_id);
     let log_dir = knob_home().join("logs");
-    std::fs::create_dir_all(&log_dir).with_context(|| format!("cannot create {}", log_dir.display()))?;
+    std::fs::create_dir_all(&log_dir)
+        .with_context(|| format!("cannot create {}", log_dir.display()))?;
     let log_path = log_dir.join(format!("{id}.log"));
-    let log = std::fs::File::create(&log_path).with_context(|| format!("cannot create {}", log_path.display()))?;
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("cannot create {}", log_path.display()))?;
     let exe = std::env::current_exe().context("cannot find the knob executable")?;
     let mut child = std::process::Command::new(exe);
-    child.arg("create").arg("--config").arg(&args.config).arg("--id").arg(&id);
-    child.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    child
+        .arg("create")
+        .arg("--config")
+        .arg(&args.config)
+        .arg("--id")
+        .arg(&id);
+    child
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
     {
         use std::os::unix::process::CommandExt;
         // A new session: closing this terminal does not send the experiment SIGHUP.
@@ -189,23 +237,42 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
             });
         }
     }
-    let mut child = child.spawn().context("cannot start the background knob process")?;
+    let mut child = child
+        .spawn()
+        .context("cannot start the background knob process")?;
     let registry = Registry::open_default()?;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while std::time::Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let last = log.lines().rev().find(|l| l.starts_with("error")).unwrap_or("see the log");
-            anyhow::bail!("the experiment stopped at once ({status}): {last} (log: {})", log_path.display());
+            let last = log
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("error"))
+                .unwrap_or("see the log");
+            anyhow::bail!(
+                "the experiment stopped at once ({status}): {last} (log: {})",
+                log_path.display()
+            );
         }
         if let Ok(entry) = registry.get(&id) {
             if entry.pid == Some(child.id()) {
-                println!("experiment {id} runs in the background (pid {}); log: {}", child.id(), log_path.display());
-                println!("follow it with `knob trial ls {id}`; stop it with `kill -INT {}`", child.id());
+                println!(
+                    "experiment {id} runs in the background (pid {}); log: {}",
+                    child.id(),
+                    log_path.display()
+                );
+                println!(
+                    "follow it with `knob trial ls {id}`; stop it with `kill -INT {}`",
+                    child.id()
+                );
                 return Ok(ExitCode::SUCCESS);
             }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    anyhow::bail!("the background experiment did not register within 30 s; log: {}", log_path.display())
+    anyhow::bail!(
+        "the background experiment did not register within 30 s; log: {}",
+        log_path.display()
+    )
 }

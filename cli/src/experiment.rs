@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 use knob_core::registry::{process_alive, Registry, RegistryEntry};
-use knob_core::store::{ExperimentState, MetricKind, StoreReader, TrialQuery, TrialState, TrialStatus};
+use knob_core::store::{
+    ExperimentState, MetricKind, StoreReader, TrialQuery, TrialState, TrialStatus,
+};
 use serde_json::{json, Value};
 
 use crate::table::{metric, render};
@@ -56,11 +58,18 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
             let entry = registry.get(&id)?;
             let state = open(&entry)?.replay()?;
             let mut out: Box<dyn Write> = match &output {
-                Some(path) => Box::new(std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?),
+                Some(path) => Box::new(
+                    std::fs::File::create(path)
+                        .with_context(|| format!("cannot create {}", path.display()))?,
+                ),
                 None => Box::new(std::io::stdout().lock()),
             };
             match format {
-                ExportFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&export_json(&state))?)?,
+                ExportFormat::Json => writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&export_json(&state))?
+                )?,
                 ExportFormat::Csv => export_csv(&state, &mut out)?,
             }
             Ok(ExitCode::SUCCESS)
@@ -76,18 +85,28 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|s| {
                     TrialStatus::parse(&s.to_ascii_uppercase()).ok_or_else(|| {
-                        let known: Vec<&str> = TrialStatus::ALL.iter().map(|s| s.as_str()).collect();
-                        anyhow::anyhow!("unknown trial status {s:?}; use one of {}", known.join(", "))
+                        let known: Vec<&str> =
+                            TrialStatus::ALL.iter().map(|s| s.as_str()).collect();
+                        anyhow::anyhow!(
+                            "unknown trial status {s:?}; use one of {}",
+                            known.join(", ")
+                        )
                     })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let reader = open(&registry.get(&id)?)?;
-            let trials = reader.trials(&TrialQuery { statuses, offset: 0, limit: None })?;
+            let trials = reader.trials(&TrialQuery {
+                statuses,
+                offset: 0,
+                limit: None,
+            })?;
             let rows: Vec<Vec<String>> = trials
                 .iter()
                 .map(|t| {
                     let duration = match (t.started_ms, t.ended_ms) {
-                        (Some(start), Some(end)) => format!("{:.1}s", (end - start) as f64 / 1000.0),
+                        (Some(start), Some(end)) => {
+                            format!("{:.1}s", (end - start) as f64 / 1000.0)
+                        }
                         _ => "-".into(),
                     };
                     vec![
@@ -101,7 +120,21 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                     ]
                 })
                 .collect();
-            println!("{}", render(&["trial", "seq", "status", "final", "duration", "parameters", "reason"], &rows));
+            println!(
+                "{}",
+                render(
+                    &[
+                        "trial",
+                        "seq",
+                        "status",
+                        "final",
+                        "duration",
+                        "parameters",
+                        "reason"
+                    ],
+                    &rows
+                )
+            );
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -127,13 +160,22 @@ fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
                 .and_then(|r| r.trial_counts())
                 .map(|counts| counts.values().sum::<u64>().to_string())
                 .unwrap_or_else(|_| "?".into());
-            vec![e.id.clone(), e.name.clone().unwrap_or_default(), shown_status(e), trials, e.dir.display().to_string()]
+            vec![
+                e.id.clone(),
+                e.name.clone().unwrap_or_default(),
+                shown_status(e),
+                trials,
+                e.dir.display().to_string(),
+            ]
         })
         .collect();
     if rows.is_empty() {
         println!("no experiments yet; start one with `knob create --config FILE`");
     } else {
-        println!("{}", render(&["id", "name", "status", "trials", "directory"], &rows));
+        println!(
+            "{}",
+            render(&["id", "name", "status", "trials", "directory"], &rows)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -148,15 +190,29 @@ fn show(entry: &RegistryEntry) -> anyhow::Result<ExitCode> {
     }
     println!("directory: {}", entry.dir.display());
     let counts = reader.trial_counts()?;
-    let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{} {n}", s.as_str())).collect();
-    println!("trials:    {}", if counts.is_empty() { "none".into() } else { counts.join(", ") });
+    let counts: Vec<String> = counts
+        .iter()
+        .map(|(s, n)| format!("{} {n}", s.as_str()))
+        .collect();
+    println!(
+        "trials:    {}",
+        if counts.is_empty() {
+            "none".into()
+        } else {
+            counts.join(", ")
+        }
+    );
     println!("config:    {}", serde_json::to_string(&state.config)?);
     Ok(ExitCode::SUCCESS)
 }
 
 fn final_metric(trial: &TrialState) -> Option<&knob_core::store::MetricRecord> {
     let attempt = trial.attempts.len() as u32;
-    trial.metrics.iter().rev().find(|m| m.kind == MetricKind::Final && m.attempt == attempt)
+    trial
+        .metrics
+        .iter()
+        .rev()
+        .find(|m| m.kind == MetricKind::Final && m.attempt == attempt)
 }
 
 fn export_json(state: &ExperimentState) -> Value {
@@ -217,10 +273,19 @@ fn export_csv(state: &ExperimentState, out: &mut dyn Write) -> anyhow::Result<()
         })
         .collect();
     let mut writer = csv::Writer::from_writer(out);
-    let mut header: Vec<String> =
-        ["trial_id", "sequence", "status", "final", "started_ms", "ended_ms", "duration_s", "message", "intermediate"]
-            .map(String::from)
-            .to_vec();
+    let mut header: Vec<String> = [
+        "trial_id",
+        "sequence",
+        "status",
+        "final",
+        "started_ms",
+        "ended_ms",
+        "duration_s",
+        "message",
+        "intermediate",
+    ]
+    .map(String::from)
+    .to_vec();
     header.extend(parameter_columns.iter().map(|c| format!("param:{c}")));
     writer.write_record(&header)?;
     for (trial, cells) in state.trials.iter().zip(flat) {
@@ -230,24 +295,39 @@ fn export_csv(state: &ExperimentState, out: &mut dyn Write) -> anyhow::Result<()
             .metrics
             .iter()
             .filter(|m| m.kind == MetricKind::Intermediate)
-            .map(|m| m.value.map(Value::from).unwrap_or_else(|| Value::String(m.raw.clone())))
+            .map(|m| {
+                m.value
+                    .map(Value::from)
+                    .unwrap_or_else(|| Value::String(m.raw.clone()))
+            })
             .collect();
         let mut record = vec![
             trial.trial_id.clone(),
             trial.sequence.to_string(),
             trial.status.as_str().to_string(),
-            final_metric(trial).and_then(|m| m.value).map(|v| v.to_string()).unwrap_or_default(),
+            final_metric(trial)
+                .and_then(|m| m.value)
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
             started.map(|v| v.to_string()).unwrap_or_default(),
             ended.map(|v| v.to_string()).unwrap_or_default(),
             match (started, ended) {
                 (Some(s), Some(e)) => format!("{:.3}", (e - s) as f64 / 1000.0),
                 _ => String::new(),
             },
-            trial.end.as_ref().and_then(|e| e.message.clone()).unwrap_or_default(),
+            trial
+                .end
+                .as_ref()
+                .and_then(|e| e.message.clone())
+                .unwrap_or_default(),
             Value::from(intermediate).to_string(),
         ];
         record.extend(parameter_columns.iter().map(|c| {
-            cells.iter().find(|(name, _)| name == c).map(|(_, v)| v.clone()).unwrap_or_default()
+            cells
+                .iter()
+                .find(|(name, _)| name == c)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
         }));
         writer.write_record(&record)?;
     }
@@ -259,7 +339,11 @@ fn flatten(prefix: &str, value: &Value, cells: &mut Vec<(String, String)>) {
     match value {
         Value::Object(map) => {
             for (key, value) in map {
-                let name = if prefix.is_empty() { key.clone() } else { format!("{prefix}/{key}") };
+                let name = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}/{key}")
+                };
                 flatten(&name, value, cells);
             }
         }

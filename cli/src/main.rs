@@ -61,18 +61,20 @@ fn main() -> ExitCode {
         Command::Create(args) => create::run(args),
         Command::Experiment(command) => experiment::run(command),
         Command::Trial(command) => experiment::run_trial(command),
-        Command::Config(ConfigCommand::Check { file }) => match knob_core::config::check_file(&file) {
-            Ok(canonical) => {
-                print!("{canonical}");
-                Ok(ExitCode::SUCCESS)
-            }
-            Err(errors) => {
-                for error in errors {
-                    eprintln!("error: {error}");
+        Command::Config(ConfigCommand::Check { file }) => {
+            match knob_core::config::check_file(&file) {
+                Ok(canonical) => {
+                    print!("{canonical}");
+                    Ok(ExitCode::SUCCESS)
                 }
-                Ok(ExitCode::FAILURE)
+                Err(errors) => {
+                    for error in errors {
+                        eprintln!("error: {error}");
+                    }
+                    Ok(ExitCode::FAILURE)
+                }
             }
-        },
+        }
         Command::Plugin(command) => plugin::run(command),
         Command::Space(command) => space::run(command),
     };
@@ -89,7 +91,11 @@ fn main() -> ExitCode {
 /// `KNOB_LOG=info` or `KNOB_LOG=debug`.
 fn install_plugin_logger() {
     use knob_plugin_api::host::LogLevel;
-    let shown = match std::env::var("KNOB_LOG").unwrap_or_default().to_ascii_lowercase().as_str() {
+    let shown = match std::env::var("KNOB_LOG")
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+        .as_str()
+    {
         "trace" => LogLevel::Trace,
         "debug" => LogLevel::Debug,
         "info" => LogLevel::Info,
@@ -97,7 +103,10 @@ fn install_plugin_logger() {
     };
     knob_plugin_api::host::set_plugin_logger(Box::new(move |level, target, message| {
         if level <= shown {
-            eprintln!("{}: [{target}] {message}", format!("{level:?}").to_ascii_lowercase());
+            eprintln!(
+                "{}: [{target}] {message}",
+                format!("{level:?}").to_ascii_lowercase()
+            );
         }
     }));
 }

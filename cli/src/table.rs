@@ -23,7 +23,10 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
         text.trim_end().to_string()
     };
     let mut out = vec![line(header.to_vec())];
-    out.extend(rows.iter().map(|row| line(row.iter().map(String::as_str).collect())));
+    out.extend(
+        rows.iter()
+            .map(|row| line(row.iter().map(String::as_str).collect())),
+    );
     out.join("\n")
 }
 
@@ -37,9 +40,15 @@ pub fn metric(value: Option<f64>) -> String {
 
 /// The best `limit` trials with a final result, best first.
 pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) -> String {
-    let mut ranked: Vec<&TrialSummary> = trials.iter().filter(|t| t.final_value.is_some_and(|v| !v.is_nan())).collect();
+    let mut ranked: Vec<&TrialSummary> = trials
+        .iter()
+        .filter(|t| t.final_value.is_some_and(|v| !v.is_nan()))
+        .collect();
     ranked.sort_by(|a, b| {
-        let (a, b) = (a.final_value.unwrap_or_default(), b.final_value.unwrap_or_default());
+        let (a, b) = (
+            a.final_value.unwrap_or_default(),
+            b.final_value.unwrap_or_default(),
+        );
         if maximize {
             b.total_cmp(&a)
         } else {
@@ -53,7 +62,22 @@ pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) 
         .iter()
         .take(limit)
         .enumerate()
-        .map(|(rank, t)| vec![format!("{}", rank + 1), t.id.clone(), metric(t.final_value), t.parameters.to_string()])
+        .map(|(rank, t)| {
+            vec![
+                format!("{}", rank + 1),
+                t.id.clone(),
+                metric(t.final_value),
+                t.parameters.to_string(),
+            ]
+        })
         .collect();
-    render(&["#", "trial", if maximize { "best (max)" } else { "best (min)" }, "parameters"], &rows)
+    render(
+        &[
+            "#",
+            "trial",
+            if maximize { "best (max)" } else { "best (min)" },
+            "parameters",
+        ],
+        &rows,
+    )
 }

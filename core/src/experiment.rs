@@ -31,29 +31,39 @@ pub enum CreateError {
 pub fn new_experiment_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::thread_rng();
-    (0..8).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect()
+    (0..8)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 fn valid_id(id: &str) -> bool {
-    (1..=64).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    (1..=64).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 fn now_ms() -> i64 {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Reads the config, allocates the experiment's id and directory, records its creation in a
-/// new store and registers it. Returns the config's warnings with it.
-pub fn create(
-    config_path: &Path,
-    requested_id: Option<&str>,
-    registry: &Registry,
-) -> Result<(Experiment, Store, Vec<String>), CreateError> {
+/// Reads and validates a config; returns it with its warnings (one line each).
+pub fn load_config(config_path: &Path) -> Result<(ExperimentConfig, Vec<String>), CreateError> {
     let loaded = config::load_file(config_path).map_err(CreateError::Config)?;
     let warnings = loaded.warnings.iter().map(ToString::to_string).collect();
-    let config: ExperimentConfig = loaded.config;
+    Ok((loaded.config, warnings))
+}
 
+/// Allocates the experiment's id and directory, records its creation in a new store and
+/// registers it.
+pub fn create(
+    config: ExperimentConfig,
+    requested_id: Option<&str>,
+    registry: &Registry,
+) -> Result<(Experiment, Store), CreateError> {
     let id = match requested_id {
         Some(id) if !valid_id(id) => return Err(CreateError::BadId(id.to_string())),
         Some(id) => id.to_string(),
@@ -71,21 +81,32 @@ pub fn create(
     };
     // The registry decides who owns an id; a leftover directory of the same name (from a
     // deleted registry, say) is not reused either, so nothing is ever overwritten.
-    let taken = |dir: &Path| CreateError::IdTaken { id: id.clone(), dir: dir.display().to_string() };
+    let taken = |dir: &Path| CreateError::IdTaken {
+        id: id.clone(),
+        dir: dir.display().to_string(),
+    };
     if let Ok(existing) = registry.get(&id) {
         return Err(taken(&existing.dir));
     }
     if dir.join(crate::store::DB_FILE_NAME).exists() {
         return Err(taken(&dir));
     }
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CreateError::Directory { dir: dir.display().to_string(), message: e.to_string() })?;
+    std::fs::create_dir_all(&dir).map_err(|e| CreateError::Directory {
+        dir: dir.display().to_string(),
+        message: e.to_string(),
+    })?;
     if !registry.insert(&entry)? {
         return Err(taken(&dir));
     }
     let store = Store::open(&dir)?;
     // Secrets serialize as "***": the stored config never holds a password in clear.
     let config_json = serde_json::to_value(&config).unwrap_or_default();
-    store.append(StoreEvent::ExperimentCreated { experiment_id: id.clone(), config: config_json, start_time_ms: entry.created_ms }).wait()?;
-    Ok((Experiment { id, dir, config }, store, warnings))
+    store
+        .append(StoreEvent::ExperimentCreated {
+            experiment_id: id.clone(),
+            config: config_json,
+            start_time_ms: entry.created_ms,
+        })
+        .wait()?;
+    Ok((Experiment { id, dir, config }, store))
 }

@@ -16,7 +16,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 pub enum RegistryError {
     #[error("experiment registry {path}: {message}")]
     Sqlite { path: String, message: String },
-    #[error("no experiment {id} in the registry {path}; `knob experiment list` shows the known ones")]
+    #[error(
+        "no experiment {id} in the registry {path}; `knob experiment list` shows the known ones"
+    )]
     Unknown { id: String, path: String },
 }
 
@@ -60,12 +62,18 @@ impl Registry {
     }
 
     pub fn open(path: &Path) -> Result<Registry, RegistryError> {
-        let fail = |message: String| RegistryError::Sqlite { path: path.display().to_string(), message };
+        let fail = |message: String| RegistryError::Sqlite {
+            path: path.display().to_string(),
+            message,
+        };
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| fail(format!("cannot create its directory: {e}")))?;
+            std::fs::create_dir_all(parent)
+                .map_err(|e| fail(format!("cannot create its directory: {e}")))?;
         }
         let connection = Connection::open(path).map_err(|e| fail(e.to_string()))?;
-        connection.busy_timeout(Duration::from_secs(10)).map_err(|e| fail(e.to_string()))?;
+        connection
+            .busy_timeout(Duration::from_secs(10))
+            .map_err(|e| fail(e.to_string()))?;
         connection
             .execute_batch(
                 "PRAGMA journal_mode = WAL;
@@ -79,12 +87,22 @@ impl Registry {
                      created_ms INTEGER NOT NULL
                  );",
             )
-            .map_err(|e| fail(format!("{e} (is it a knob registry? move it away to start a new one)")))?;
-        Ok(Registry { connection, path: path.to_path_buf() })
+            .map_err(|e| {
+                fail(format!(
+                    "{e} (is it a knob registry? move it away to start a new one)"
+                ))
+            })?;
+        Ok(Registry {
+            connection,
+            path: path.to_path_buf(),
+        })
     }
 
     fn fail(&self, e: rusqlite::Error) -> RegistryError {
-        RegistryError::Sqlite { path: self.path.display().to_string(), message: e.to_string() }
+        RegistryError::Sqlite {
+            path: self.path.display().to_string(),
+            message: e.to_string(),
+        }
     }
 
     /// Adds an experiment; false if the id is taken.
@@ -109,9 +127,17 @@ impl Registry {
     }
 
     /// Records the status (and whether a process runs it) of a known experiment.
-    pub fn set_status(&self, id: &str, status: &str, pid: Option<u32>) -> Result<(), RegistryError> {
+    pub fn set_status(
+        &self,
+        id: &str,
+        status: &str,
+        pid: Option<u32>,
+    ) -> Result<(), RegistryError> {
         self.connection
-            .execute("UPDATE experiments SET status = ?2, pid = ?3 WHERE id = ?1", params![id, status, pid])
+            .execute(
+                "UPDATE experiments SET status = ?2, pid = ?3 WHERE id = ?1",
+                params![id, status, pid],
+            )
             .map_err(|e| self.fail(e))?;
         Ok(())
     }
@@ -134,8 +160,11 @@ impl Registry {
             .connection
             .prepare("SELECT id, name, dir, status, pid, port, created_ms FROM experiments ORDER BY created_ms, id")
             .map_err(|e| self.fail(e))?;
-        let rows = statement.query_map([], row_to_entry).map_err(|e| self.fail(e))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.fail(e))
+        let rows = statement
+            .query_map([], row_to_entry)
+            .map_err(|e| self.fail(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.fail(e))
     }
 }
 

@@ -27,10 +27,12 @@ pub fn parse_lenient(raw: &str) -> Result<Value, String> {
         .map_err(|e| format!("metric {} is not JSON: {e}", abbreviate(raw)))?;
     match value {
         // NNI 2.x's file channel and some wrappers encode the value twice.
-        Value::String(inner) if !is_sentinel(&inner) => match serde_json::from_str::<Value>(&protect_non_finite(&inner)) {
-            Ok(decoded) => Ok(decoded),
-            Err(_) => Ok(Value::String(inner)),
-        },
+        Value::String(inner) if !is_sentinel(&inner) => {
+            match serde_json::from_str::<Value>(&protect_non_finite(&inner)) {
+                Ok(decoded) => Ok(decoded),
+                Err(_) => Ok(Value::String(inner)),
+            }
+        }
         other => Ok(other),
     }
 }
@@ -115,15 +117,27 @@ mod tests {
         assert_eq!(default_value(r#""{\"default\": 3}""#), Ok(3.0));
         assert!(default_value("NaN").unwrap().is_nan());
         assert_eq!(default_value("-Infinity"), Ok(f64::NEG_INFINITY));
-        assert_eq!(default_value(r#"{"default": Infinity, "note": "NaN stays text"}"#), Ok(f64::INFINITY));
+        assert_eq!(
+            default_value(r#"{"default": Infinity, "note": "NaN stays text"}"#),
+            Ok(f64::INFINITY)
+        );
         assert_eq!(parse_lenient(r#"{"note": "NaN"}"#).unwrap()["note"], "NaN");
     }
 
     #[test]
     fn garbage_gets_a_one_line_reason() {
-        assert_eq!(default_value("hello"), Err("metric \"hello\" is not JSON: expected value at line 1 column 1".into()));
-        assert_eq!(default_value(r#"{"loss": 1}"#), Err(r#"metric "{\"loss\": 1}" has no "default" entry"#.into()));
-        assert_eq!(default_value("[1]"), Err("metric \"[1]\" is not a number".into()));
+        assert_eq!(
+            default_value("hello"),
+            Err("metric \"hello\" is not JSON: expected value at line 1 column 1".into())
+        );
+        assert_eq!(
+            default_value(r#"{"loss": 1}"#),
+            Err(r#"metric "{\"loss\": 1}" has no "default" entry"#.into())
+        );
+        assert_eq!(
+            default_value("[1]"),
+            Err("metric \"[1]\" is not a number".into())
+        );
         let long = "x".repeat(10_000);
         let err = default_value(&long).unwrap_err();
         assert!(err.len() < 200 && err.contains("(10000 bytes)"), "{err}");

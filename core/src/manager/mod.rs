@@ -18,14 +18,18 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use knob_plugin_api::host::{AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle};
+use knob_plugin_api::host::{
+    AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle,
+};
 use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
-use knob_plugin_api::{Generated, Suggestion};
+use knob_plugin_api::{ComponentKind, Generated, Suggestion};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{ExperimentConfig, TrainingServiceConfig};
-use crate::store::{ExperimentStatus, MetricKind as StoredMetricKind, Store, StoreError, StoreEvent, TrialStatus};
+use crate::store::{
+    ExperimentStatus, MetricKind as StoredMetricKind, Store, StoreError, StoreEvent, TrialStatus,
+};
 use trial::Trial;
 
 /// Why the manager could not run or had to stop an experiment.
@@ -82,8 +86,13 @@ pub struct Experiment {
 
 /// Whether larger metric values are better, read from the tuner's classArgs as NNI does.
 fn maximize(config: &ExperimentConfig) -> bool {
-    let mode = config.tuner.class_args.get("optimize_mode").and_then(Value::as_str);
-    mode.map(|m| m.eq_ignore_ascii_case("maximize")).unwrap_or(true)
+    let mode = config
+        .tuner
+        .class_args
+        .get("optimize_mode")
+        .and_then(Value::as_str);
+    mode.map(|m| m.eq_ignore_ascii_case("maximize"))
+        .unwrap_or(true)
 }
 
 /// Runs an experiment to its end. `commands` lets the caller stop it; `progress` is updated
@@ -100,21 +109,49 @@ pub async fn run(
     manager.finish(result).await
 }
 
+fn tuner_name(config: &ExperimentConfig) -> Result<String, ManagerError> {
+    match (&config.tuner.name, &config.tuner.class_name) {
+        (Some(name), _) => Ok(name.clone()),
+        (None, Some(class)) => Err(ManagerError::Unsupported(format!(
+            "tuner className {class} (a Python tuner) is not supported yet; use a built-in or plugin tuner name"
+        ))),
+        (None, None) => Err(ManagerError::Unsupported("the config names no tuner".into())),
+    }
+}
+
+fn assessor_name(assessor: &crate::config::AlgorithmConfig) -> Result<String, ManagerError> {
+    assessor.name.clone().ok_or_else(|| {
+        ManagerError::Unsupported("assessor className (a Python assessor) is not supported yet; use a plugin assessor name".into())
+    })
+}
+
+/// The plugin components an experiment needs, so a caller can check them before creating it.
+pub fn required_components(
+    config: &ExperimentConfig,
+) -> Result<Vec<(ComponentKind, String)>, ManagerError> {
+    let mut components = vec![(ComponentKind::Tuner, tuner_name(config)?)];
+    if let Some(assessor) = &config.assessor {
+        components.push((ComponentKind::Assessor, assessor_name(assessor)?));
+    }
+    components.push((
+        ComponentKind::TrainingService,
+        service_plugin(config)?.0.to_string(),
+    ));
+    Ok(components)
+}
+
 /// The training service to use for a config, or why there is none yet.
 fn service_plugin(config: &ExperimentConfig) -> Result<(&'static str, Value), ManagerError> {
     match config.training_service.as_slice() {
-        [TrainingServiceConfig::Local(local)] => {
-            if local.reuse_mode {
-                // Local trials always run on the one local environment; reuse changes nothing.
-            }
-            Ok(("local", Value::Object(Default::default())))
-        }
+        // Local trials always run on the one local environment, so reuseMode changes nothing.
+        [TrainingServiceConfig::Local(_)] => Ok(("local", Value::Object(Default::default()))),
         [other] => Err(ManagerError::Unsupported(format!(
             "trainingService platform {} is not supported yet (only local is)",
             other.platform()
         ))),
         _ => Err(ManagerError::Unsupported(
-            "a list of training services (hybrid mode) is not supported yet; use one local service".into(),
+            "a list of training services (hybrid mode) is not supported yet; use one local service"
+                .into(),
         )),
     }
 }
@@ -157,23 +194,15 @@ impl Manager {
         progress: watch::Sender<Progress>,
     ) -> Result<Manager, ManagerError> {
         let Experiment { id, dir, config } = experiment;
-        let tuner_name = match (&config.tuner.name, &config.tuner.class_name) {
-            (Some(name), _) => name.clone(),
-            (None, Some(class)) => {
-                return Err(ManagerError::Unsupported(format!(
-                    "tuner className {class} (a Python tuner) is not supported yet; use a built-in or plugin tuner name"
-                )))
-            }
-            (None, None) => return Err(ManagerError::Unsupported("the config names no tuner".into())),
-        };
-        let tuner = registry.tuner(&tuner_name, &Value::Object(config.tuner.class_args.clone()))?;
+        let tuner = registry.tuner(
+            &tuner_name(&config)?,
+            &Value::Object(config.tuner.class_args.clone()),
+        )?;
         let assessor = match &config.assessor {
-            Some(assessor) => {
-                let name = assessor.name.clone().ok_or_else(|| {
-                    ManagerError::Unsupported("assessor className (a Python assessor) is not supported yet".into())
-                })?;
-                Some(registry.assessor(&name, &Value::Object(assessor.class_args.clone()))?)
-            }
+            Some(assessor) => Some(registry.assessor(
+                &assessor_name(assessor)?,
+                &Value::Object(assessor.class_args.clone()),
+            )?),
             None => None,
         };
         let (service_name, service_args) = service_plugin(&config)?;
@@ -181,8 +210,10 @@ impl Manager {
         let service = registry.training_service(service_name, &service_args, move |event| {
             let _ = events_tx.send(event);
         })?;
-        let service_error =
-            |e: HostError| ManagerError::Service { service: service_name.to_string(), message: e.to_string() };
+        let service_error = |e: HostError| ManagerError::Service {
+            service: service_name.to_string(),
+            message: e.to_string(),
+        };
         let environments = service.environments().get().await.map_err(service_error)?;
         if !environments.iter().any(|e| e.ready) {
             return Err(ManagerError::Service {
@@ -190,7 +221,10 @@ impl Manager {
                 message: "no environment is ready to run trials".into(),
             });
         }
-        tuner.update_search_space(config.search_space.clone()).get().await?;
+        tuner
+            .update_search_space(config.search_space.clone())
+            .get()
+            .await?;
 
         let started = Instant::now();
         let deadline = config.max_experiment_duration.map(|d| started + d);
@@ -220,22 +254,36 @@ impl Manager {
             best: None,
             config,
         };
-        manager.store.append(StoreEvent::ExperimentStatusChanged { status: ExperimentStatus::Running, message: None }).await?;
+        manager
+            .store
+            .append(StoreEvent::ExperimentStatusChanged {
+                status: ExperimentStatus::Running,
+                message: None,
+            })
+            .await?;
         manager.publish(Some(ExperimentStatus::Running));
         Ok(manager)
     }
 
     fn running_count(&self) -> u64 {
-        self.trials.values().filter(|t| !t.status.is_final()).count() as u64
+        self.trials
+            .values()
+            .filter(|t| !t.status.is_final())
+            .count() as u64
     }
 
     fn trial_budget_spent(&self) -> bool {
-        self.config.max_trial_number.is_some_and(|max| self.next_sequence >= max)
+        self.config
+            .max_trial_number
+            .is_some_and(|max| self.next_sequence >= max)
     }
 
     /// Whether no new trial may start.
     fn closed(&self) -> bool {
-        self.stop_requested || self.deadline_passed || self.trial_budget_spent() || self.tuner_exhausted
+        self.stop_requested
+            || self.deadline_passed
+            || self.trial_budget_spent()
+            || self.tuner_exhausted
     }
 
     async fn run_loop(&mut self) -> Result<(), ManagerError> {
@@ -272,7 +320,8 @@ impl Manager {
             if self.closed() || self.by_parameter.contains_key(&suggestion.parameter_id) {
                 continue;
             }
-            self.submit(suggestion.parameter_id, suggestion.parameters).await?;
+            self.submit(suggestion.parameter_id, suggestion.parameters)
+                .await?;
         }
         let concurrency = u64::from(self.config.trial_concurrency);
         while !self.closed() && self.running_count() + self.deferred < concurrency {
@@ -292,7 +341,11 @@ impl Manager {
                 }
             }
         }
-        self.publish(Some(if self.tuner_exhausted { ExperimentStatus::NoMoreTrial } else { ExperimentStatus::Running }));
+        self.publish(Some(if self.tuner_exhausted {
+            ExperimentStatus::NoMoreTrial
+        } else {
+            ExperimentStatus::Running
+        }));
         Ok(())
     }
 
@@ -315,13 +368,29 @@ impl Manager {
             })
             .await?;
         let now = Instant::now();
-        let trial = Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone(), now, self.config.max_trial_duration);
+        let trial = Trial::new(
+            trial_id.clone(),
+            sequence,
+            parameter_id,
+            parameters.clone(),
+            now,
+            self.config.max_trial_duration,
+        );
         self.trials.insert(trial_id.clone(), trial);
         self.by_parameter.insert(parameter_id, trial_id.clone());
 
         if let Err(e) = std::fs::create_dir_all(&trial_dir) {
             let message = format!("cannot create trial directory {}: {e}", trial_dir.display());
-            return self.end_trial(&trial_id, TrialStatus::Failed, Some(message), None, None, String::new()).await;
+            return self
+                .end_trial(
+                    &trial_id,
+                    TrialStatus::Failed,
+                    Some(message),
+                    None,
+                    None,
+                    String::new(),
+                )
+                .await;
         }
         let request = TrialRequest {
             experiment_id: self.id.clone(),
@@ -338,7 +407,16 @@ impl Manager {
         };
         if let Err(e) = self.service.start_trial(request).get().await {
             let message = format!("could not start: {e}");
-            return self.end_trial(&trial_id, TrialStatus::Failed, Some(message), None, None, String::new()).await;
+            return self
+                .end_trial(
+                    &trial_id,
+                    TrialStatus::Failed,
+                    Some(message),
+                    None,
+                    None,
+                    String::new(),
+                )
+                .await;
         }
         self.publish(None);
         Ok(())
@@ -348,12 +426,18 @@ impl Manager {
         match event {
             ServiceEvent::Environment { environment } => {
                 if !environment.ready {
-                    self.warn(None, format!("environment {} is no longer ready", environment.id)).await?;
+                    self.warn(
+                        None,
+                        format!("environment {} is no longer ready", environment.id),
+                    )
+                    .await?;
                 }
             }
             ServiceEvent::TrialStarted { trial_id, pid } => {
                 let Some(trial) = self.trials.get_mut(&trial_id) else {
-                    return self.warn(Some(trial_id), "start reported for an unknown trial".into()).await;
+                    return self
+                        .warn(Some(trial_id), "start reported for an unknown trial".into())
+                        .await;
                 };
                 if trial.status == TrialStatus::Waiting {
                     trial.status = TrialStatus::Running;
@@ -368,10 +452,23 @@ impl Manager {
                     self.store.append(event).await?;
                 }
             }
-            ServiceEvent::Metric { trial_id, kind, sequence, value } => self.on_metric(trial_id, kind, sequence, value).await?,
-            ServiceEvent::TrialEnded { trial_id, exit_code, signal, killed_reason, stderr_tail } => {
+            ServiceEvent::Metric {
+                trial_id,
+                kind,
+                sequence,
+                value,
+            } => self.on_metric(trial_id, kind, sequence, value).await?,
+            ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code,
+                signal,
+                killed_reason,
+                stderr_tail,
+            } => {
                 let Some(trial) = self.trials.get(&trial_id) else {
-                    return self.warn(Some(trial_id), "end reported for an unknown trial".into()).await;
+                    return self
+                        .warn(Some(trial_id), "end reported for an unknown trial".into())
+                        .await;
                 };
                 if trial.status.is_final() {
                     return Ok(());
@@ -379,22 +476,39 @@ impl Manager {
                 let (status, reason) = match (&trial.kill, exit_code) {
                     (Some((status, reason)), _) => (*status, Some(reason.clone())),
                     (None, Some(0)) => (TrialStatus::Succeeded, None),
-                    (None, _) => (TrialStatus::Failed, Some(trial::failure_reason(exit_code, signal, &stderr_tail))),
+                    (None, _) => (
+                        TrialStatus::Failed,
+                        Some(trial::failure_reason(exit_code, signal, &stderr_tail)),
+                    ),
                 };
                 let _ = killed_reason;
-                self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail).await?;
+                self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail)
+                    .await?;
             }
             ServiceEvent::Warning { trial_id, message } => self.warn(trial_id, message).await?,
         }
         Ok(())
     }
 
-    async fn on_metric(&mut self, trial_id: String, kind: MetricKind, sequence: u64, raw: String) -> Result<(), ManagerError> {
+    async fn on_metric(
+        &mut self,
+        trial_id: String,
+        kind: MetricKind,
+        sequence: u64,
+        raw: String,
+    ) -> Result<(), ManagerError> {
         let Some(trial) = self.trials.get(&trial_id) else {
-            return self.warn(Some(trial_id), "metric for an unknown trial ignored".into()).await;
+            return self
+                .warn(Some(trial_id), "metric for an unknown trial ignored".into())
+                .await;
         };
         if trial.status.is_final() {
-            return self.warn(Some(trial_id), "metric after the trial ended ignored".into()).await;
+            return self
+                .warn(
+                    Some(trial_id),
+                    "metric after the trial ended ignored".into(),
+                )
+                .await;
         }
         let decoded = default_value(&raw);
         self.store
@@ -412,7 +526,14 @@ impl Manager {
             .await?;
         let value = match decoded {
             Ok(value) => value,
-            Err(reason) => return self.warn(Some(trial_id), format!("{reason}; the tuner does not see it")).await,
+            Err(reason) => {
+                return self
+                    .warn(
+                        Some(trial_id),
+                        format!("{reason}; the tuner does not see it"),
+                    )
+                    .await
+            }
         };
         let trial = self.trials.get_mut(&trial_id).expect("checked above");
         match kind {
@@ -420,22 +541,37 @@ impl Manager {
                 trial.intermediate.push(value);
                 let history = trial.intermediate.clone();
                 if let Some(assessor) = &self.assessor {
-                    let verdict = assessor.assess_trial(trial_id.clone(), history).get().await?;
+                    let verdict = assessor
+                        .assess_trial(trial_id.clone(), history)
+                        .get()
+                        .await?;
                     if !verdict.keep_going {
-                        self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason).await?;
+                        self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason)
+                            .await?;
                     }
                 }
             }
             MetricKind::Final => {
                 if trial.final_value.is_some() {
-                    return self.warn(Some(trial_id), "second final result ignored".into()).await;
+                    return self
+                        .warn(Some(trial_id), "second final result ignored".into())
+                        .await;
                 }
                 trial.final_value = Some(value);
                 let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
-                if !value.is_nan() && self.best.as_ref().is_none_or(|(_, best)| self.better(value, *best)) {
+                if !value.is_nan()
+                    && self
+                        .best
+                        .as_ref()
+                        .is_none_or(|(_, best)| self.better(value, *best))
+                {
                     self.best = Some((trial_id.clone(), value));
                 }
-                let suggestions = self.tuner.receive_trial_result(parameter_id, parameters, value).get().await?;
+                let suggestions = self
+                    .tuner
+                    .receive_trial_result(parameter_id, parameters, value)
+                    .get()
+                    .await?;
                 self.accept_suggestions(suggestions);
             }
         }
@@ -476,9 +612,16 @@ impl Manager {
         trial.ended = Some(Instant::now());
         trial.reason = reason;
         let parameter_id = trial.parameter_id;
-        let suggestions = self.tuner.trial_end(parameter_id, status.as_str().into()).get().await?;
+        let suggestions = self
+            .tuner
+            .trial_end(parameter_id, status.as_str().into())
+            .get()
+            .await?;
         if let Some(assessor) = &self.assessor {
-            assessor.trial_end(trial_id.to_string(), status.as_str().into()).get().await?;
+            assessor
+                .trial_end(trial_id.to_string(), status.as_str().into())
+                .get()
+                .await?;
         }
         self.accept_suggestions(suggestions);
         self.publish(None);
@@ -487,21 +630,39 @@ impl Manager {
 
     /// Asks the service to kill a trial; its end arrives later as an event and is recorded
     /// with `status` and `reason`.
-    async fn kill(&mut self, trial_id: &str, status: TrialStatus, reason: String) -> Result<(), ManagerError> {
-        let Some(trial) = self.trials.get_mut(trial_id) else { return Ok(()) };
+    async fn kill(
+        &mut self,
+        trial_id: &str,
+        status: TrialStatus,
+        reason: String,
+    ) -> Result<(), ManagerError> {
+        let Some(trial) = self.trials.get_mut(trial_id) else {
+            return Ok(());
+        };
         if trial.status.is_final() || trial.kill.is_some() {
             return Ok(());
         }
         trial.kill = Some((status, reason.clone()));
-        if let Err(e) = self.service.kill_trial(trial_id.to_string(), reason).get().await {
-            self.warn(Some(trial_id.to_string()), format!("could not kill: {e}")).await?;
+        if let Err(e) = self
+            .service
+            .kill_trial(trial_id.to_string(), reason)
+            .get()
+            .await
+        {
+            self.warn(Some(trial_id.to_string()), format!("could not kill: {e}"))
+                .await?;
         }
         Ok(())
     }
 
     async fn stop_all(&mut self, reason: &str, status: TrialStatus) -> Result<(), ManagerError> {
         self.stop_requested = true;
-        let running: Vec<String> = self.trials.values().filter(|t| !t.status.is_final()).map(|t| t.id.clone()).collect();
+        let running: Vec<String> = self
+            .trials
+            .values()
+            .filter(|t| !t.status.is_final())
+            .map(|t| t.id.clone())
+            .collect();
         for trial_id in running {
             self.kill(&trial_id, status, reason.to_string()).await?;
         }
@@ -509,8 +670,16 @@ impl Manager {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let experiment = if self.deadline_passed { None } else { self.deadline };
-        let trials = self.trials.values().filter(|t| !t.status.is_final() && t.kill.is_none()).filter_map(|t| t.deadline);
+        let experiment = if self.deadline_passed {
+            None
+        } else {
+            self.deadline
+        };
+        let trials = self
+            .trials
+            .values()
+            .filter(|t| !t.status.is_final() && t.kill.is_none())
+            .filter_map(|t| t.deadline);
         experiment.into_iter().chain(trials).min()
     }
 
@@ -518,22 +687,36 @@ impl Manager {
         let now = Instant::now();
         if self.deadline.is_some_and(|d| d <= now) && !self.deadline_passed {
             self.deadline_passed = true;
-            self.stop_all("maxExperimentDuration reached", TrialStatus::SysCanceled).await?;
+            self.stop_all("maxExperimentDuration reached", TrialStatus::SysCanceled)
+                .await?;
         }
         let overdue: Vec<String> = self
             .trials
             .values()
-            .filter(|t| !t.status.is_final() && t.kill.is_none() && t.deadline.is_some_and(|d| d <= now))
+            .filter(|t| {
+                !t.status.is_final() && t.kill.is_none() && t.deadline.is_some_and(|d| d <= now)
+            })
             .map(|t| t.id.clone())
             .collect();
         for trial_id in overdue {
-            self.kill(&trial_id, TrialStatus::SysCanceled, "maxTrialDuration reached".into()).await?;
+            self.kill(
+                &trial_id,
+                TrialStatus::SysCanceled,
+                "maxTrialDuration reached".into(),
+            )
+            .await?;
         }
         Ok(())
     }
 
-    async fn warn(&mut self, trial_id: Option<String>, message: String) -> Result<(), ManagerError> {
-        self.store.append(StoreEvent::Warning { trial_id, message }).await?;
+    async fn warn(
+        &mut self,
+        trial_id: Option<String>,
+        message: String,
+    ) -> Result<(), ManagerError> {
+        self.store
+            .append(StoreEvent::Warning { trial_id, message })
+            .await?;
         Ok(())
     }
 
@@ -561,17 +744,26 @@ impl Manager {
     /// Records how the experiment ended and shuts the service down.
     async fn finish(mut self, result: Result<(), ManagerError>) -> Result<Outcome, ManagerError> {
         let (status, message) = match &result {
-            Ok(()) if self.stop_requested && !self.deadline_passed => (ExperimentStatus::Stopped, None),
+            Ok(()) if self.stop_requested && !self.deadline_passed => {
+                (ExperimentStatus::Stopped, None)
+            }
             Ok(()) => (ExperimentStatus::Done, None),
             Err(e) => (ExperimentStatus::Error, Some(e.to_string())),
         };
         if result.is_err() {
             // Best effort: the experiment failed; do not leave its trials running.
-            let _ = self.stop_all("the experiment failed", TrialStatus::SysCanceled).await;
+            let _ = self
+                .stop_all("the experiment failed", TrialStatus::SysCanceled)
+                .await;
         }
         let _ = self.service.shutdown().get().await;
         // Trials the service ended during shutdown without telling us are recorded as such.
-        let unfinished: Vec<String> = self.trials.values().filter(|t| !t.status.is_final()).map(|t| t.id.clone()).collect();
+        let unfinished: Vec<String> = self
+            .trials
+            .values()
+            .filter(|t| !t.status.is_final())
+            .map(|t| t.id.clone())
+            .collect();
         for trial_id in unfinished {
             let (status, reason) = self.trials[&trial_id]
                 .kill
@@ -592,11 +784,20 @@ impl Manager {
             trial.status = status;
             trial.reason = Some(reason);
         }
-        self.store.append(StoreEvent::ExperimentStatusChanged { status, message: message.clone() }).await?;
+        self.store
+            .append(StoreEvent::ExperimentStatusChanged {
+                status,
+                message: message.clone(),
+            })
+            .await?;
         self.store.flush().await?;
         self.publish(Some(status));
         let trials = self.trials.values().map(Trial::summary).collect();
-        Ok(Outcome { status, message, trials })
+        Ok(Outcome {
+            status,
+            message,
+            trials,
+        })
     }
 }
 

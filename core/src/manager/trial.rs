@@ -79,7 +79,9 @@ pub(super) fn new_trial_id(existing: &BTreeMap<String, Trial>) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     let mut rng = rand::thread_rng();
     loop {
-        let id: String = (0..5).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect();
+        let id: String = (0..5)
+            .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+            .collect();
         if !existing.contains_key(&id) {
             return id;
         }
@@ -87,13 +89,22 @@ pub(super) fn new_trial_id(existing: &BTreeMap<String, Trial>) -> String {
 }
 
 /// One line saying why a trial failed: its exit code or signal and the last line of stderr.
-pub(super) fn failure_reason(exit_code: Option<i32>, signal: Option<i32>, stderr_tail: &str) -> String {
+pub(super) fn failure_reason(
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    stderr_tail: &str,
+) -> String {
     let how = match (exit_code, signal) {
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(signal)) => format!("killed by signal {signal}"),
         (None, None) => "ended without an exit status".to_string(),
     };
-    match stderr_tail.lines().rev().map(str::trim).find(|l| !l.is_empty()) {
+    match stderr_tail
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+    {
         Some(last) => format!("{how}: {last}"),
         None => how,
     }

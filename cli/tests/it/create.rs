@@ -1,0 +1,304 @@
+//! `knob create` end to end: real configs, the real local training service plugin, real trial
+//! processes, a real SQLite store; then the read-side commands on what it recorded.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::{knob, repo_root, run};
+
+/// A temp home (registry) and working directory for experiments, per test.
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        Sandbox {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn knob(&self) -> Command {
+        let mut command = knob();
+        command.env("KNOB_HOME", self.path().join("home"));
+        command
+    }
+
+    /// Writes `config.yml` (with experimentWorkingDirectory in the sandbox) and `files`.
+    fn config(&self, yaml: &str, files: &[(&str, &str)]) -> PathBuf {
+        let code = self.path().join("code");
+        std::fs::create_dir_all(&code).unwrap();
+        for (name, text) in files {
+            std::fs::write(code.join(name), text).unwrap();
+        }
+        let path = code.join("config.yml");
+        let yaml = format!(
+            "{yaml}\nexperimentWorkingDirectory: {}\n",
+            self.path().join("experiments").display()
+        );
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
+
+    fn create(&self, config: &Path, id: &str) -> (i32, String, String) {
+        run(self
+            .knob()
+            .arg("create")
+            .arg("--config")
+            .arg(config)
+            .args(["--id", id]))
+    }
+
+    fn export(&self, id: &str) -> Value {
+        let (code, stdout, stderr) =
+            run(self
+                .knob()
+                .args(["experiment", "export", id, "--format", "json"]));
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str(&stdout).unwrap()
+    }
+}
+
+const SPACE: &str = r#"searchSpace:
+  x: {_type: randint, _value: [0, 1000000]}
+tuner:
+  name: Random
+  classArgs: {seed: 3}
+trainingService:
+  platform: local"#;
+
+#[test]
+fn the_quickstart_runs_and_exports_every_trial() {
+    let sandbox = Sandbox::new();
+    let code_dir = sandbox.path().join("quickstart");
+    std::fs::create_dir_all(&code_dir).unwrap();
+    for file in ["config.yml", "search_space.json", "branin.py"] {
+        std::fs::copy(
+            repo_root().join("examples/quickstart").join(file),
+            code_dir.join(file),
+        )
+        .unwrap();
+    }
+    let config = code_dir.join("config.yml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "experimentWorkingDirectory: {}\n",
+        sandbox.path().join("experiments").display()
+    ));
+    std::fs::write(&config, text).unwrap();
+
+    let (code, stdout, stderr) = sandbox.create(&config, "quick");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment quick DONE: 24 trials (24 succeeded, 0 failed)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("best (min)"), "{stdout}");
+
+    let export = sandbox.export("quick");
+    assert_eq!(export["experiment"]["status"], "DONE");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 24);
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+        let (x1, x2) = (
+            trial["parameters"]["x1"].as_f64().unwrap(),
+            trial["parameters"]["x2"].as_f64().unwrap(),
+        );
+        assert!(
+            (-5.0..=10.0).contains(&x1) && (0.0..=15.0).contains(&x2),
+            "{trial}"
+        );
+        // The stored final metric is Branin at the stored parameters: nothing crossed trials.
+        let branin = {
+            let (b, c, t) = (
+                5.1 / (4.0 * std::f64::consts::PI.powi(2)),
+                5.0 / std::f64::consts::PI,
+                1.0 / (8.0 * std::f64::consts::PI),
+            );
+            (x2 - b * x1 * x1 + c * x1 - 6.0).powi(2) + 10.0 * (1.0 - t) * x1.cos() + 10.0
+        };
+        let reported = trial["final"].as_f64().unwrap();
+        assert!(
+            (reported - branin).abs() < 1e-9 * branin.max(1.0),
+            "{reported} vs {branin}: {trial}"
+        );
+        assert_eq!(
+            trial["intermediate"].as_array().unwrap().len(),
+            3,
+            "{trial}"
+        );
+    }
+
+    let (code, csv, _) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "export", "quick", "--format", "csv"]));
+    assert_eq!(code, 0);
+    assert_eq!(csv.lines().count(), 25);
+    assert!(csv.starts_with("trial_id,sequence,status,final,"), "{csv}");
+
+    let (code, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+    assert_eq!(code, 0);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("quick ") && l.contains("DONE") && l.contains(" 24 ")),
+        "{list}"
+    );
+}
+
+#[test]
+fn an_existing_id_is_refused_with_a_hint_to_resume() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    assert_eq!(sandbox.create(&config, "twice").0, 0);
+    let (code, _, stderr) = sandbox.create(&config, "twice");
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("experiment twice already exists"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("knob resume twice"), "{stderr}");
+    assert_eq!(
+        sandbox.export("twice")["trials"].as_array().unwrap().len(),
+        1,
+        "the first run is untouched"
+    );
+}
+
+#[test]
+fn an_unknown_tuner_is_refused_before_anything_is_created() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: echo\ntrialConcurrency: 1\n{}",
+        SPACE.replace("name: Random", "name: Bayesian")
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "nope");
+    assert_eq!(code, 1, "{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("unknown tuner Bayesian; available: "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("GridSearch") && stderr.contains("Random"),
+        "{stderr}"
+    );
+    assert!(!sandbox.path().join("experiments/nope").exists());
+}
+
+#[test]
+fn config_errors_are_listed_one_per_line() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(&format!("trialConcurrency: two\n{SPACE}"), &[]);
+    let (code, _, stderr) = sandbox.create(&config, "bad");
+    assert_eq!(code, 1);
+    assert!(stderr.contains("trialConcurrency"), "{stderr}");
+    assert!(stderr.contains("trialCommand"), "{stderr}");
+    assert!(stderr.lines().all(|l| l.contains("config.yml")), "{stderr}");
+}
+
+#[test]
+fn failing_trials_are_recorded_with_their_stderr_and_the_experiment_goes_on() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: no-such-command-knob-test\ntrialConcurrency: 2\nmaxTrialNumber: 3\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "fails");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("3 trials (0 succeeded, 3 failed)"),
+        "{stdout}"
+    );
+    let (_, listing, _) = run(sandbox
+        .knob()
+        .args(["trial", "ls", "fails", "--status", "failed"]));
+    assert_eq!(listing.lines().count(), 4, "{listing}");
+    for line in listing.lines().skip(1) {
+        assert!(
+            line.contains("FAILED")
+                && line.contains("exit code 127")
+                && line.contains("command not found"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn trials_over_max_trial_duration_are_killed_and_say_why() {
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: sleep 60\ntrialConcurrency: 2\nmaxTrialNumber: 2\nmaxTrialDuration: 1s\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let started = Instant::now();
+    let (code, stdout, stderr) = sandbox.create(&config, "slow");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "the sleeping trials were not killed"
+    );
+    for trial in sandbox.export("slow")["trials"].as_array().unwrap() {
+        assert_eq!(trial["status"], "SYS_CANCELED", "{trial}");
+        assert_eq!(trial["message"], "maxTrialDuration reached", "{trial}");
+    }
+}
+
+#[test]
+fn ctrl_c_stops_the_experiment_and_records_running_trials_as_canceled() {
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: echo started > started-$NNI_TRIAL_JOB_ID; sleep 60\ntrialConcurrency: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let child = sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "interrupted"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait (bounded) until both trials run, then interrupt as a terminal would.
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(&code_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("started-"))
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "trials did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let export = sandbox.export("interrupted");
+    assert_eq!(export["experiment"]["status"], "STOPPED");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "no trial may start after the stop");
+    for trial in trials {
+        assert_eq!(trial["status"], "USER_CANCELED", "{trial}");
+    }
+}

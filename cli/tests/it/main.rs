@@ -1,0 +1,54 @@
+//! Runs the real `knob` binary. Tests that need the built-in plugin libraries expect
+//! `cargo build --workspace` to have run (the README's test command does it first): the
+//! libraries must sit next to the binary, where a user's install puts them.
+
+mod create;
+mod plugin;
+mod space;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn knob() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_knob"));
+    // Only the directory of the binary is searched unless a test says otherwise.
+    command
+        .env_remove("KNOB_PLUGIN_PATH")
+        .env("XDG_DATA_HOME", "/nonexistent-knob-test");
+    command
+}
+
+pub fn run(command: &mut Command) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = command.output().expect("cannot run knob");
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+/// The directory holding the `knob` binary and, after `cargo build --workspace`, the
+/// built-in plugin libraries.
+pub fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_knob"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Replaces machine-specific paths so outputs can be compared as text.
+pub fn normalize(text: &str) -> String {
+    text.replace(&bin_dir().display().to_string(), "$BIN")
+        .replace(&repo_root().display().to_string(), "$REPO")
+}

@@ -1,0 +1,101 @@
+use std::process::Command;
+
+use crate::{bin_dir, knob, normalize, repo_root, run};
+
+fn built_in_library(name: &str) -> std::path::PathBuf {
+    let path = bin_dir().join(format!("lib{name}.so"));
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace` before the tests",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn plugin_list_shows_the_built_in_tuners() {
+    built_in_library("knob_tuners");
+    let (code, stdout, stderr) = run(knob().args(["plugin", "list"]));
+    assert_eq!(code, 0, "{stderr}");
+    let stdout = normalize(&stdout);
+    assert!(
+        stdout.contains("$BIN/libknob_tuners.so (knob-plugin-api 0.1.0)"),
+        "{stdout}"
+    );
+    for name in ["Random", "GridSearch"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.trim_start().starts_with("tuner") && l.contains(name)),
+            "{name} missing:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn plugin_check_loads_one_file_or_fails_with_one_line() {
+    let library = built_in_library("knob_tuners");
+    let (code, stdout, stderr) = run(knob().arg("plugin").arg("check").arg(&library));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("Random"), "{stdout}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let bogus = tmp.path().join("libbogus.so");
+    std::fs::write(&bogus, "not elf").unwrap();
+    let (code, stdout, stderr) = run(knob().arg("plugin").arg("check").arg(&bogus));
+    assert_eq!(code, 1);
+    assert_eq!(stdout, "");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: {}: not a loadable shared library",
+            bogus.display()
+        )),
+        "{stderr}"
+    );
+}
+
+/// Builds `examples/third-party-tuner` the way its author would (its own workspace, depending
+/// on knob-plugin-api by path) and loads it from `$KNOB_PLUGIN_PATH`.
+#[test]
+fn a_third_party_tuner_dropped_on_the_plugin_path_is_listed_and_runs() {
+    let target = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("third-party");
+    let manifest = repo_root().join("examples/third-party-tuner/Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["build", "--quiet", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let plugin_dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        target.join("debug/libknob_example_tuner.so"),
+        plugin_dir.path().join("libsweep.so"),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(knob()
+        .args(["plugin", "list"])
+        .env("KNOB_PLUGIN_PATH", plugin_dir.path()));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "{}/libsweep.so (knob-plugin-api 0.1.0)",
+            plugin_dir.path().display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("walks all parameters from low to high together"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("warning"), "{stderr}");
+}

@@ -1,0 +1,69 @@
+use crate::{knob, run};
+
+fn space_file(dir: &tempfile::TempDir, json: &str) -> std::path::PathBuf {
+    let path = dir.path().join("space.json");
+    std::fs::write(&path, json).unwrap();
+    path
+}
+
+#[test]
+fn space_validate_lists_parameters_or_names_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = space_file(
+        &dir,
+        r#"{"lr": {"_type": "loguniform", "_value": [1e-4, 0.1]},
+            "opt": {"_type": "choice", "_value": [{"_name": "sgd", "momentum": {"_type": "uniform", "_value": [0, 1]}}, {"_name": "adam"}]}}"#,
+    );
+    let (code, stdout, stderr) = run(knob().arg("space").arg("validate").arg(&good));
+    assert_eq!(code, 0, "{stderr}");
+    let stdout = stdout.replace(&good.display().to_string(), "space.json");
+    expect_test::expect![[r#"
+        space.json: valid search space with 3 parameters
+          lr                       loguniform
+          opt                      choice
+          opt/sgd/momentum         uniform
+    "#]]
+    .assert_eq(&stdout);
+
+    let bad = space_file(
+        &dir,
+        r#"{"lr": {"_type": "loguniform", "_value": [0, 0.1]}}"#,
+    );
+    let (code, _, stderr) = run(knob().arg("space").arg("validate").arg(&bad));
+    assert_eq!(code, 1);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: {}: ", bad.display())),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn space_sample_prints_reproducible_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = space_file(
+        &dir,
+        r#"{"x": {"_type": "randint", "_value": [0, 1000]}, "y": {"_type": "choice", "_value": ["a", "b"]}}"#,
+    );
+    let sample = |seed: &str| {
+        run(knob()
+            .arg("space")
+            .arg("sample")
+            .arg(&file)
+            .args(["-n", "5", "--seed", seed]))
+    };
+    let (code, first, stderr) = sample("7");
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<serde_json::Value> = first
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5);
+    for line in &lines {
+        let x = line["x"].as_i64().unwrap();
+        assert!((0..1000).contains(&x), "{line}");
+        assert!(["a", "b"].contains(&line["y"].as_str().unwrap()), "{line}");
+    }
+    assert_eq!(sample("7").1, first);
+    assert_ne!(sample("8").1, first);
+}
