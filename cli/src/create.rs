@@ -46,6 +46,10 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
             .find(kind, &name)
             .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     }
+    // A GPU experiment on a machine without usable GPUs fails here, with the probe's reason.
+    manager::Placer::for_local(&config).map_err(|reason| {
+        anyhow::anyhow!("{}: cannot place trials: {reason}", args.config.display())
+    })?;
     let registry = Registry::open_default()?;
     let (experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
     let id = experiment.id.clone();

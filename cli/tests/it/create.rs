@@ -302,3 +302,83 @@ fn ctrl_c_stops_the_experiment_and_records_running_trials_as_canceled() {
         assert_eq!(trial["status"], "USER_CANCELED", "{trial}");
     }
 }
+
+#[test]
+fn a_gpu_experiment_without_gpus_fails_at_create_with_the_reason() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!("trialCommand: echo\ntrialConcurrency: 1\ntrialGpuNumber: 1\n{SPACE}"),
+        &[],
+    );
+    if std::path::Path::new("/dev/nvidia0").exists() {
+        eprintln!("skipped: this machine has an NVIDIA GPU");
+        return;
+    }
+    let mut command = sandbox.knob();
+    command
+        .env_remove("KNOB_SIMULATE_GPUS")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "gpu"]);
+    let (code, _, stderr) = run(&mut command);
+    assert_eq!(code, 1);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot place trials") && stderr.contains("NVML"),
+        "{stderr}"
+    );
+    assert!(!sandbox.path().join("experiments/gpu").exists());
+}
+
+/// Four trials wanting one GPU each, two at a time, on a simulated 2-GPU machine: each trial sees
+/// one GPU in CUDA_VISIBLE_DEVICES and no two running trials share one.
+#[test]
+fn trials_get_their_own_gpu_on_a_simulated_machine() {
+    let sandbox = Sandbox::new();
+    let script =
+        "echo \"$CUDA_VISIBLE_DEVICES $(date +%s%N)\" > gpu-$NNI_TRIAL_JOB_ID.start\nsleep 0.3\n\
+                  echo \"$(date +%s%N)\" > gpu-$NNI_TRIAL_JOB_ID.end\necho KNOB_FINAL 1\n";
+    let yaml = format!("trialCommand: bash trial.sh\ntrialConcurrency: 3\nmaxTrialNumber: 6\ntrialGpuNumber: 1\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let mut command = sandbox.knob();
+    command
+        .env("KNOB_SIMULATE_GPUS", "2x16GiB")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "gpus"]);
+    let (code, stdout, stderr) = run(&mut command);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("6 trials (6 succeeded, 0 failed)"),
+        "{stdout}"
+    );
+    let code_dir = config.parent().unwrap();
+    let mut spans: Vec<(String, u128, u128)> = Vec::new();
+    for entry in std::fs::read_dir(code_dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(trial) = name.strip_suffix(".start") {
+            let start = std::fs::read_to_string(entry.path()).unwrap();
+            let (gpu, at) = start.trim().split_once(' ').unwrap();
+            let end = std::fs::read_to_string(code_dir.join(format!("{trial}.end"))).unwrap();
+            spans.push((
+                gpu.to_string(),
+                at.parse().unwrap(),
+                end.trim().parse().unwrap(),
+            ));
+        }
+    }
+    assert_eq!(spans.len(), 6);
+    for (i, a) in spans.iter().enumerate() {
+        assert!(a.0 == "0" || a.0 == "1", "CUDA_VISIBLE_DEVICES={:?}", a.0);
+        for b in &spans[i + 1..] {
+            let overlap = a.1 < b.2 && b.1 < a.2;
+            assert!(
+                !(overlap && a.0 == b.0),
+                "two running trials shared GPU {}: {spans:?}",
+                a.0
+            );
+        }
+    }
+}

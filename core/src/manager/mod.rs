@@ -9,15 +9,18 @@
 //! before the loop acts on it (starts a trial, tells the tuner, reports progress).
 
 mod metric;
+mod placement;
 mod trial;
 
 pub use metric::{default_value, parse_lenient};
+pub use placement::Placer;
 pub use trial::TrialSummary;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use knob_gpu_sched::Placement;
 use knob_plugin_api::host::{
     AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle,
 };
@@ -41,6 +44,8 @@ pub enum ManagerError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Unsupported(String),
+    #[error("cannot place trials: {0}")]
+    Placement(String),
     #[error("training service {service}: {message}")]
     Service { service: String, message: String },
 }
@@ -165,6 +170,7 @@ struct Manager {
     tuner: TunerHandle,
     assessor: Option<AssessorHandle>,
     service: TrainingServiceHandle,
+    placer: Placer,
     service_events: mpsc::UnboundedReceiver<Result<ServiceEvent, String>>,
     commands: mpsc::UnboundedReceiver<Command>,
     progress: watch::Sender<Progress>,
@@ -181,6 +187,9 @@ struct Manager {
     started: Instant,
     deadline: Option<Instant>,
     deadline_passed: bool,
+    /// While trials wait for resources, when to probe the machine again (foreign processes
+    /// come and go without telling us).
+    reprobe_at: Option<Instant>,
     stop_requested: bool,
     best: Option<(String, f64)>,
 }
@@ -206,6 +215,7 @@ impl Manager {
             None => None,
         };
         let (service_name, service_args) = service_plugin(&config)?;
+        let placer = Placer::for_local(&config).map_err(ManagerError::Placement)?;
         let (events_tx, service_events) = mpsc::unbounded_channel();
         let service = registry.training_service(service_name, &service_args, move |event| {
             let _ = events_tx.send(event);
@@ -237,6 +247,7 @@ impl Manager {
             tuner,
             assessor,
             service,
+            placer,
             service_events,
             commands,
             progress,
@@ -250,6 +261,7 @@ impl Manager {
             started,
             deadline,
             deadline_passed: false,
+            reprobe_at: None,
             stop_requested: false,
             best: None,
             config,
@@ -315,6 +327,7 @@ impl Manager {
 
     /// Submits trials until `trialConcurrency` are running or no more may start.
     async fn fill(&mut self) -> Result<(), ManagerError> {
+        self.place_waiting().await?;
         while let Some(suggestion) = self.suggested.pop_front() {
             self.deferred = self.deferred.saturating_sub(1);
             if self.closed() || self.by_parameter.contains_key(&suggestion.parameter_id) {
@@ -392,24 +405,92 @@ impl Manager {
                 )
                 .await;
         }
+        self.place_waiting().await
+    }
+
+    /// Asks gpu-sched where waiting trials go, oldest first, and starts those it placed.
+    async fn place_waiting(&mut self) -> Result<(), ManagerError> {
+        let waiting: Vec<String> = {
+            let mut waiting: Vec<&Trial> = self
+                .trials
+                .values()
+                .filter(|t| t.status == TrialStatus::Waiting && !t.launched)
+                .collect();
+            waiting.sort_by_key(|t| t.sequence);
+            waiting.into_iter().map(|t| t.id.clone()).collect()
+        };
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let placements = self.placer.place(&waiting);
+        self.reprobe_at = None;
+        for (trial_id, placement) in waiting.into_iter().zip(placements) {
+            match placement {
+                Placement::Succeed { gpu_indices, .. } => {
+                    self.launch(&trial_id, gpu_indices).await?
+                }
+                Placement::RequireExceedTotal { reason } => {
+                    self.end_trial(
+                        &trial_id,
+                        TrialStatus::Failed,
+                        Some(reason),
+                        None,
+                        None,
+                        String::new(),
+                    )
+                    .await?
+                }
+                Placement::TmpNoAvailableGpu { reason } => {
+                    self.reprobe_at
+                        .get_or_insert(Instant::now() + REPROBE_INTERVAL);
+                    let trial = self
+                        .trials
+                        .get_mut(&trial_id)
+                        .expect("waiting trial is known");
+                    if trial.waiting_reason.as_deref() != Some(reason.as_str()) {
+                        trial.waiting_reason = Some(reason.clone());
+                        self.warn(Some(trial_id), format!("waiting: {reason}"))
+                            .await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn launch(
+        &mut self,
+        trial_id: &str,
+        gpu_indices: Option<Vec<u32>>,
+    ) -> Result<(), ManagerError> {
+        let trial = self
+            .trials
+            .get_mut(trial_id)
+            .expect("placed trial is known");
+        trial.launched = true;
+        let mut env = std::collections::BTreeMap::new();
+        if gpu_indices.is_some() {
+            // NVML (which placed the trial) numbers GPUs in PCI bus order; make CUDA agree.
+            env.insert("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string());
+        }
         let request = TrialRequest {
             experiment_id: self.id.clone(),
-            trial_id: trial_id.clone(),
-            sequence,
-            parameter_id,
-            parameters,
+            trial_id: trial_id.to_string(),
+            sequence: trial.sequence,
+            parameter_id: trial.parameter_id,
+            parameters: trial.parameters.clone(),
             environment_id: "local".into(),
             command: self.config.trial_command.clone(),
             code_dir: self.config.trial_code_directory.clone(),
-            trial_dir,
-            gpu_indices: None,
-            env: Default::default(),
+            trial_dir: self.dir.join("trials").join(trial_id),
+            gpu_indices,
+            env,
         };
         if let Err(e) = self.service.start_trial(request).get().await {
             let message = format!("could not start: {e}");
             return self
                 .end_trial(
-                    &trial_id,
+                    trial_id,
                     TrialStatus::Failed,
                     Some(message),
                     None,
@@ -442,6 +523,7 @@ impl Manager {
                 if trial.status == TrialStatus::Waiting {
                     trial.status = TrialStatus::Running;
                     trial.attempt = 1;
+                    trial.pid = pid;
                     let event = StoreEvent::TrialStarted {
                         trial_id,
                         attempt: 1,
@@ -607,6 +689,7 @@ impl Manager {
                 stderr_tail: (!stderr_tail.is_empty()).then_some(stderr_tail),
             })
             .await?;
+        self.placer.release(trial_id);
         let trial = self.trials.get_mut(trial_id).expect("ending a known trial");
         trial.status = status;
         trial.ended = Some(Instant::now());
@@ -680,11 +763,28 @@ impl Manager {
             .values()
             .filter(|t| !t.status.is_final() && t.kill.is_none())
             .filter_map(|t| t.deadline);
-        experiment.into_iter().chain(trials).min()
+        experiment
+            .into_iter()
+            .chain(trials)
+            .chain(self.reprobe_at)
+            .min()
     }
 
     async fn on_deadline(&mut self) -> Result<(), ManagerError> {
         let now = Instant::now();
+        if self.reprobe_at.is_some_and(|at| at <= now) {
+            self.reprobe_at = None;
+            let pids: Vec<u32> = self.trials.values().filter_map(|t| t.pid).collect();
+            let is_trial_process = |pid: u32| {
+                knob_gpu_sched::probe::process_group_of(pid)
+                    .is_some_and(|group| pids.contains(&group))
+            };
+            if let Err(reason) = self.placer.refresh(&is_trial_process) {
+                self.warn(None, format!("probing this machine failed: {reason}"))
+                    .await?;
+            }
+            // `fill`, first thing in the next turn, places the waiting trials again.
+        }
         if self.deadline.is_some_and(|d| d <= now) && !self.deadline_passed {
             self.deadline_passed = true;
             self.stop_all("maxExperimentDuration reached", TrialStatus::SysCanceled)
@@ -800,6 +900,9 @@ impl Manager {
         })
     }
 }
+
+/// How often the machine is probed again while trials wait for GPUs or memory.
+const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {

@@ -28,6 +28,12 @@ pub(super) struct Trial {
     pub status: TrialStatus,
     /// 0 until the service reports the start, then 1 (retries will count on).
     pub attempt: u32,
+    /// The process-group leader, once started.
+    pub pid: Option<u32>,
+    /// Placed and handed to the training service (its start may not be reported yet).
+    pub launched: bool,
+    /// Why it waits for resources, as last recorded.
+    pub waiting_reason: Option<String>,
     pub deadline: Option<Instant>,
     pub ended: Option<Instant>,
     pub intermediate: Vec<f64>,
@@ -53,6 +59,9 @@ impl Trial {
             parameters,
             status: TrialStatus::Waiting,
             attempt: 0,
+            launched: false,
+            pid: None,
+            waiting_reason: None,
             deadline: max_duration.map(|d| submitted + d),
             ended: None,
             intermediate: Vec::new(),
