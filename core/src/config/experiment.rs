@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use knob_plugin_api::space::{SearchSpace, SpaceError};
 
-use super::model::{AlgorithmConfig, ExperimentConfig, LogLevel, PlacementPolicy};
+use super::model::{AlgorithmConfig, ExperimentConfig, LogLevel, PLACEMENT_POLICY_NAMES};
 use super::reader::{plain_io, quoted, Field, Fields, Reader};
 use super::training_service::{read_training_services, Located, Shortcuts, NNI_MANAGER_IP_IGNORED};
 use super::units;
@@ -140,7 +140,7 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         .map(|field| read_plugin_paths(reader, &field))
         .unwrap_or_default();
     let placement_policy =
-        take("placementPolicy").and_then(|field| reader.choice(&field, &PlacementPolicy::ALL));
+        take("placementPolicy").and_then(|field| reader.choice(&field, &PLACEMENT_POLICY_NAMES));
     let training_services = match take("trainingService") {
         Some(field) => read_training_services(reader, &field, &shortcuts),
         None => {

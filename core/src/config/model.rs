@@ -184,28 +184,17 @@ impl LogLevel {
     ];
 }
 
-/// knob extension (`placementPolicy`): which free GPUs a waiting trial gets. Deterministic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PlacementPolicy {
-    /// NNI's default: the GPUs idle the longest.
-    #[default]
-    RecentlyIdle,
-    /// Best fit: fill partly used GPUs and machines first.
-    Pack,
-    /// Least loaded first.
-    Spread,
-    RoundRobin,
-}
+/// knob extension (`placementPolicy`): which free GPUs a waiting trial gets; gpu-sched's own
+/// type, so that the config and the scheduler cannot disagree on the set of policies.
+pub use knob_gpu_sched::Policy as PlacementPolicy;
 
-impl PlacementPolicy {
-    pub const ALL: [(&'static str, PlacementPolicy); 4] = [
-        ("recently-idle", PlacementPolicy::RecentlyIdle),
-        ("pack", PlacementPolicy::Pack),
-        ("spread", PlacementPolicy::Spread),
-        ("round-robin", PlacementPolicy::RoundRobin),
-    ];
-}
+/// The names `placementPolicy` accepts (the aliases gpu-sched also parses are not offered).
+pub const PLACEMENT_POLICY_NAMES: [(&str, PlacementPolicy); 4] = [
+    ("recently-idle", PlacementPolicy::RecentlyIdle),
+    ("pack", PlacementPolicy::Pack),
+    ("spread", PlacementPolicy::Spread),
+    ("round-robin", PlacementPolicy::RoundRobin),
+];
 
 /// `Option<Duration>` as whole seconds (or null), the canonical form of NNI durations.
 mod optional_seconds {

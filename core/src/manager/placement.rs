@@ -3,11 +3,10 @@
 
 use knob_gpu_sched::probe::LocalProbe;
 use knob_gpu_sched::{
-    ByteSize, EnvironmentLimits, Placement, Policy, Scheduler, SchedulerConfig, TrialId,
-    TrialRequest,
+    ByteSize, EnvironmentLimits, Placement, Scheduler, SchedulerConfig, TrialId, TrialRequest,
 };
 
-use crate::config::{ExperimentConfig, PlacementPolicy, TrainingServiceConfig};
+use crate::config::{ExperimentConfig, TrainingServiceConfig};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -17,15 +16,6 @@ pub struct Placer {
     probe: LocalProbe,
     limits: EnvironmentLimits,
     request_template: TrialRequest,
-}
-
-fn policy(policy: PlacementPolicy) -> Policy {
-    match policy {
-        PlacementPolicy::RecentlyIdle => Policy::RecentlyIdle,
-        PlacementPolicy::Pack => Policy::Pack,
-        PlacementPolicy::Spread => Policy::Spread,
-        PlacementPolicy::RoundRobin => Policy::RoundRobin,
-    }
 }
 
 impl Placer {
@@ -47,7 +37,7 @@ impl Placer {
             trial_gpu_memory: config.trial_gpu_memory_mib.map(|mib| ByteSize(mib * MIB)),
             trial_memory_size: config.trial_memory_size_mib.map(|mib| ByteSize(mib * MIB)),
             trial_cpu_number: config.trial_cpu_number,
-            policy: policy(config.placement_policy),
+            policy: config.placement_policy,
         });
         let probe = LocalProbe::new("local").map_err(|e| e.to_string())?;
         let request_template = TrialRequest::new("template");
