@@ -62,6 +62,12 @@ pub enum MetricKind {
 }
 
 /// Something that happened in a training service, reported through its event sink.
+///
+/// Ordering guarantees a service gives (the core relies on them), per trial: `TrialStarted`
+/// comes first; every `Metric` the trial reported before its process exited comes before its
+/// `TrialEnded` (a service reads stdout and metric files to the end first); `TrialEnded` is
+/// its last event, and nothing is recorded for the trial after it. A `start_trial` that
+/// returns an error started nothing, and no event follows for that trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ServiceEvent {
@@ -71,6 +77,8 @@ pub enum ServiceEvent {
     TrialStarted { trial_id: String, pid: Option<u32> },
     /// A metric the trial reported. `value` is the JSON text as the trial sent it (it may hold
     /// NaN or Infinity, which strict JSON cannot), so nothing is lost before the core decodes it.
+    /// `sequence` numbers the trial's intermediate metrics 0, 1, 2, ... in the order they were
+    /// recorded, over every protocol it uses; final metrics are numbered on their own.
     Metric {
         trial_id: String,
         kind: MetricKind,
@@ -82,7 +90,8 @@ pub enum ServiceEvent {
         trial_id: String,
         exit_code: Option<i32>,
         signal: Option<i32>,
-        /// Set when the service killed it on request; the reason given to `kill_trial`.
+        /// Set when the service killed it on request; the reason given to `kill_trial`. A kill
+        /// that arrives after the trial's main process exited leaves it unset.
         killed_reason: Option<String>,
         /// The last lines of its stderr, for a failed trial's message.
         stderr_tail: String,

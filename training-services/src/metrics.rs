@@ -130,6 +130,9 @@ impl TrialRecorder {
     /// is named in front of it.
     pub fn warn(&self, message: impl std::fmt::Display) {
         let mut state = self.lock();
+        if matches!(state.phase, Phase::Ended) {
+            return;
+        }
         state.warnings += 1;
         if state.warnings > MAX_WARNINGS_PER_TRIAL {
             return;

@@ -14,6 +14,11 @@ fn unmodified_nni_script_works_over_the_v3_and_the_file_channel() {
         return;
     };
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/nni_trial.py");
+    let version = std::process::Command::new(&python)
+        .args(["-c", "import nni; print(nni.__version__)"])
+        .output()
+        .expect("KNOB_TEST_NNI_PYTHON runs");
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
     let mut h = Harness::new();
     // nni 3.0 takes the v3 channel when NNI_TRIAL_COMMAND_CHANNEL is set; without it (and in
     // nni 2.x) it takes the file channel.
@@ -63,6 +68,13 @@ fn unmodified_nni_script_works_over_the_v3_and_the_file_channel() {
         let last = parse_lenient_json(&found[4].2).unwrap();
         assert_eq!(last, json!({"default": x, "steps": 3}));
         assert_eq!(warnings(&events), Vec::<String>::new(), "{trial_id}");
+        // nni 3 must really have used the HTTP channel when it was offered (nni 2 never does).
+        let file_metrics = std::fs::metadata(dir.join(".nni/metrics")).unwrap().len();
+        if *trial_id == "viaHttp" && version.starts_with('3') {
+            assert_eq!(file_metrics, 0, "nni {version} wrote .nni/metrics");
+        } else {
+            assert!(file_metrics > 0, "nni {version} wrote no .nni/metrics");
+        }
         let log = std::fs::read_to_string(dir.join("trial.log")).unwrap_or_default();
         assert!(log.contains("finished"), "{trial_id}: trial.log: {log}");
     }
