@@ -59,6 +59,16 @@ impl FileWatcher {
         }
     }
 
+    /// A watcher that watches nothing: every tail is read on a timer. For file systems where
+    /// change notification is known not to work (some network mounts), and for tests.
+    pub fn polling(why: &str) -> FileWatcher {
+        FileWatcher {
+            watcher: Mutex::new(None),
+            wakers: Arc::default(),
+            unavailable: Some(why.to_string()),
+        }
+    }
+
     /// Why files are polled instead of watched, if they are.
     pub fn unavailable(&self) -> Option<&str> {
         self.unavailable.as_deref()

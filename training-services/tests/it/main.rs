@@ -6,4 +6,5 @@ mod nni_file;
 mod nni_v3;
 mod plugin;
 mod real_nni;
+mod runner;
 mod support;
