@@ -31,7 +31,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{ExperimentConfig, TrainingServiceConfig};
 use crate::store::{
-    ExperimentStatus, MetricKind as StoredMetricKind, Store, StoreError, StoreEvent, TrialStatus,
+    ExperimentStatus, MetricKind as StoredMetricKind, Rejection, Store, StoreError, StoreEvent,
+    TrialStatus,
 };
 use trial::Trial;
 
@@ -308,8 +309,17 @@ impl Manager {
             let next_deadline = self.next_deadline();
             tokio::select! {
                 event = self.service_events.recv() => match event {
-                    Some(Ok(event)) => self.on_service_event(event).await?,
-                    Some(Err(message)) => self.warn(None, message).await?,
+                    Some(first) => {
+                        // Take whatever else has arrived too: its metrics then share one commit.
+                        let mut batch = vec![first];
+                        while batch.len() < MAX_EVENT_BATCH {
+                            match self.service_events.try_recv() {
+                                Ok(event) => batch.push(event),
+                                Err(_) => break,
+                            }
+                        }
+                        self.on_service_events(batch).await?
+                    }
                     None => return Err(ManagerError::Service {
                         service: self.service.label().to_string(),
                         message: "stopped reporting events".into(),
@@ -539,7 +549,10 @@ impl Manager {
                 kind,
                 sequence,
                 value,
-            } => self.on_metric(trial_id, kind, sequence, value).await?,
+            } => {
+                self.on_metrics(vec![(trial_id, kind, sequence, value)])
+                    .await?
+            }
             ServiceEvent::TrialEnded {
                 trial_id,
                 exit_code,
@@ -572,29 +585,56 @@ impl Manager {
         Ok(())
     }
 
-    async fn on_metric(
+    /// Handles a batch of service events in order; each run of consecutive metrics is
+    /// recorded with one group commit before any of them is acted on.
+    async fn on_service_events(
         &mut self,
-        trial_id: String,
-        kind: MetricKind,
-        sequence: u64,
-        raw: String,
+        batch: Vec<Result<ServiceEvent, String>>,
     ) -> Result<(), ManagerError> {
-        let Some(trial) = self.trials.get(&trial_id) else {
-            return self
-                .warn(Some(trial_id), "metric for an unknown trial ignored".into())
-                .await;
-        };
-        if trial.status.is_final() {
-            return self
-                .warn(
+        let mut metrics = Vec::new();
+        for event in batch {
+            match event {
+                Ok(ServiceEvent::Metric {
+                    trial_id,
+                    kind,
+                    sequence,
+                    value,
+                }) => {
+                    metrics.push((trial_id, kind, sequence, value));
+                    continue;
+                }
+                Ok(other) => {
+                    self.on_metrics(std::mem::take(&mut metrics)).await?;
+                    self.on_service_event(other).await?;
+                }
+                Err(message) => self.warn(None, message).await?,
+            }
+        }
+        self.on_metrics(metrics).await
+    }
+
+    /// Records metrics (all appends first, then every acknowledgement), then acts on each.
+    async fn on_metrics(
+        &mut self,
+        metrics: Vec<(String, MetricKind, u64, String)>,
+    ) -> Result<(), ManagerError> {
+        let mut recorded = Vec::with_capacity(metrics.len());
+        for (trial_id, kind, sequence, raw) in metrics {
+            let Some(trial) = self.trials.get(&trial_id) else {
+                self.warn(Some(trial_id), "metric for an unknown trial ignored".into())
+                    .await?;
+                continue;
+            };
+            if trial.status.is_final() {
+                self.warn(
                     Some(trial_id),
                     "metric after the trial ended ignored".into(),
                 )
-                .await;
-        }
-        let decoded = default_value(&raw);
-        self.store
-            .append(StoreEvent::Metric {
+                .await?;
+                continue;
+            }
+            let decoded = default_value(&raw);
+            let ack = self.store.append(StoreEvent::Metric {
                 trial_id: trial_id.clone(),
                 attempt: trial.attempt.max(1),
                 kind: match kind {
@@ -602,22 +642,54 @@ impl Manager {
                     MetricKind::Final => StoredMetricKind::Final,
                 },
                 trial_sequence: sequence,
-                raw: raw.clone(),
+                raw,
                 value: decoded.as_ref().ok().copied().filter(|v| v.is_finite()),
-            })
-            .await?;
-        let value = match decoded {
-            Ok(value) => value,
-            Err(reason) => {
-                return self
-                    .warn(
+            });
+            recorded.push((ack, trial_id, kind, decoded));
+        }
+        let mut durable = Vec::with_capacity(recorded.len());
+        for (ack, trial_id, kind, decoded) in recorded {
+            match ack.await {
+                Ok(_) => durable.push((trial_id, kind, decoded)),
+                // The same report delivered twice (a retried PUT, say) is stored once.
+                Err(StoreError::Rejected {
+                    reason: Rejection::DuplicateMetric { .. },
+                    ..
+                }) => {
+                    self.warn(Some(trial_id), "duplicate metric ignored".into())
+                        .await?
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for (trial_id, kind, decoded) in durable {
+            match decoded {
+                Ok(value) => self.act_on_metric(trial_id, kind, value).await?,
+                Err(reason) => {
+                    self.warn(
                         Some(trial_id),
                         format!("{reason}; the tuner does not see it"),
                     )
-                    .await
+                    .await?
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Hands a recorded metric to the assessor (intermediate) or the tuner (final).
+    async fn act_on_metric(
+        &mut self,
+        trial_id: String,
+        kind: MetricKind,
+        value: f64,
+    ) -> Result<(), ManagerError> {
+        let Some(trial) = self.trials.get_mut(&trial_id) else {
+            return Ok(());
         };
-        let trial = self.trials.get_mut(&trial_id).expect("checked above");
+        if trial.status.is_final() {
+            return Ok(());
+        }
         match kind {
             MetricKind::Intermediate => {
                 trial.intermediate.push(value);
@@ -814,9 +886,9 @@ impl Manager {
         trial_id: Option<String>,
         message: String,
     ) -> Result<(), ManagerError> {
+        // Nothing waits on a warning, so it rides along with the next commit; `finish` flushes.
         self.store
-            .append(StoreEvent::Warning { trial_id, message })
-            .await?;
+            .append_unacked(StoreEvent::Warning { trial_id, message });
         Ok(())
     }
 
@@ -900,6 +972,9 @@ impl Manager {
         })
     }
 }
+
+/// At most this many service events are taken from the channel at once.
+const MAX_EVENT_BATCH: usize = 4096;
 
 /// How often the machine is probed again while trials wait for GPUs or memory.
 const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
