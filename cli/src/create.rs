@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use knob_core::experiment;
 use knob_core::manager::{self, Command, Outcome, Progress};
 use knob_core::registry::{knob_home, Registry};
-use knob_core::store::{ExperimentStatus, StoreEvent};
+use knob_core::store::ExperimentStatus;
 use knob_plugin_api::host::PluginRegistry;
 use tokio::sync::{mpsc, watch};
 
@@ -70,17 +70,8 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
         let (progress_tx, progress_rx) = watch::channel(Progress::default());
         tokio::spawn(forward_ctrl_c(commands));
         let display = tokio::spawn(show_progress(progress_rx, maximize));
-        let handle = store.handle();
         let result = manager::run(experiment, store, &plugins, command_inbox, progress_tx).await;
         let _ = display.await;
-        if let Err(e) = &result {
-            // The loop never started, or failed before it could record why.
-            let event = StoreEvent::ExperimentStatusChanged {
-                status: ExperimentStatus::Error,
-                message: Some(e.to_string()),
-            };
-            let _ = handle.append(event).await;
-        }
         result
     });
     let status = match &result {

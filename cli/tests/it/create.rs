@@ -382,3 +382,21 @@ fn trials_get_their_own_gpu_on_a_simulated_machine() {
         }
     }
 }
+
+#[test]
+fn a_tuner_error_ends_the_experiment_with_the_tuners_message() {
+    let sandbox = Sandbox::new();
+    let yaml = "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nsearchSpace: {}\ntuner:\n  name: GridSearch\ntrainingService:\n  platform: local";
+    let config = sandbox.config(yaml, &[]);
+    let (code, _, stderr) = sandbox.create(&config, "broken");
+    assert_eq!(code, 1);
+    let expected =
+        "GridSearch: the search space is empty; give it at least one parameter to search over";
+    assert!(
+        stderr.contains(&format!("error: experiment broken: {expected}")),
+        "{stderr}"
+    );
+    let export = sandbox.export("broken");
+    assert_eq!(export["experiment"]["status"], "ERROR");
+    assert_eq!(export["experiment"]["message"], expected);
+}

@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::{ExperimentConfig, TrainingServiceConfig};
 use crate::store::{
     ExperimentStatus, MetricKind as StoredMetricKind, Rejection, Store, StoreError, StoreEvent,
-    TrialStatus,
+    StoreHandle, TrialStatus,
 };
 use trial::Trial;
 
@@ -110,9 +110,25 @@ pub async fn run(
     commands: mpsc::UnboundedReceiver<Command>,
     progress: watch::Sender<Progress>,
 ) -> Result<Outcome, ManagerError> {
-    let mut manager = Manager::start(experiment, store, registry, commands, progress).await?;
+    let started = Manager::start(experiment, store.handle(), registry, commands, progress).await;
+    let mut manager = match started {
+        Ok(manager) => manager,
+        Err(e) => {
+            // Nothing ran; record why the experiment ended before it began.
+            let status = ExperimentStatus::Error;
+            store
+                .append(StoreEvent::ExperimentStatusChanged {
+                    status,
+                    message: Some(e.to_string()),
+                })
+                .await?;
+            return Err(e);
+        }
+    };
     let result = manager.run_loop().await;
-    manager.finish(result).await
+    let outcome = manager.finish(result).await;
+    store.close()?;
+    outcome
 }
 
 fn tuner_name(config: &ExperimentConfig) -> Result<String, ManagerError> {
@@ -167,7 +183,7 @@ struct Manager {
     dir: PathBuf,
     config: ExperimentConfig,
     maximize: bool,
-    store: Store,
+    store: StoreHandle,
     tuner: TunerHandle,
     assessor: Option<AssessorHandle>,
     service: TrainingServiceHandle,
@@ -198,7 +214,7 @@ struct Manager {
 impl Manager {
     async fn start(
         experiment: Experiment,
-        store: Store,
+        store: StoreHandle,
         registry: &PluginRegistry,
         commands: mpsc::UnboundedReceiver<Command>,
         progress: watch::Sender<Progress>,
