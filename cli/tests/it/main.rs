@@ -3,6 +3,7 @@
 //! libraries must sit next to the binary, where a user's install puts them.
 
 mod create;
+mod nni;
 mod plugin;
 mod space;
 
