@@ -3,6 +3,7 @@
 
 mod create;
 mod experiment;
+mod gpu;
 mod plugin;
 mod space;
 mod table;
@@ -35,6 +36,12 @@ enum Command {
     /// Check experiment configs.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Show the GPUs, CPUs and memory knob sees on this machine (NVML, or KNOB_SIMULATE_GPUS).
+    Gpu {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Inspect tuner, assessor and training-service plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
@@ -75,6 +82,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Gpu { json } => gpu::run(json),
         Command::Plugin(command) => plugin::run(command),
         Command::Space(command) => space::run(command),
     };

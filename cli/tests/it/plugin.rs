@@ -99,3 +99,38 @@ fn a_third_party_tuner_dropped_on_the_plugin_path_is_listed_and_runs() {
     );
     assert!(!stderr.contains("warning"), "{stderr}");
 }
+
+#[test]
+fn knob_gpu_shows_a_simulated_machine_and_says_why_there_are_no_real_gpus() {
+    let (code, stdout, stderr) = run(knob().arg("gpu").env("KNOB_SIMULATE_GPUS", "2x16GiB"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("simulated GPUs (KNOB_SIMULATE_GPUS=2x16GiB)"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.contains("Simulated GPU (16 GiB)"))
+            .count(),
+        2,
+        "{stdout}"
+    );
+
+    let (code, stdout, stderr) = run(knob()
+        .args(["gpu", "--json"])
+        .env_remove("KNOB_SIMULATE_GPUS"));
+    assert_eq!(code, 0, "{stderr}");
+    let inventory: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let environment = &inventory["environments"][0];
+    if environment["gpu_source"]["source"] == "unavailable" {
+        assert!(
+            environment["gpu_source"]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("NVML"),
+            "{stdout}"
+        );
+        assert_eq!(environment["gpus"].as_array().unwrap().len(), 0);
+    }
+}

@@ -1,0 +1,91 @@
+//! `knob gpu`: what knob sees on this machine — GPUs through NVML (or `KNOB_SIMULATE_GPUS`),
+//! CPUs and memory — and, without a usable driver, why there are no GPUs.
+
+use std::process::ExitCode;
+
+use knob_gpu_sched::probe::LocalProbe;
+use knob_gpu_sched::{GpuSource, Inventory};
+
+use crate::table::render;
+
+pub fn run(json: bool) -> anyhow::Result<ExitCode> {
+    let mut probe = LocalProbe::new("local")?;
+    // Nothing of knob's runs from here, so every GPU process is foreign.
+    let inventory = Inventory {
+        environments: probe.sample_blocking(&|_pid| false),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&inventory)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for environment in &inventory.environments {
+        let host = &environment.host_resources;
+        let cpu = host
+            .cpu_utilization_percent
+            .map(|u| format!(", {u:.0}% busy"))
+            .unwrap_or_default();
+        println!(
+            "{} ({}): {} CPUs{cpu}, memory {} of {} available",
+            environment.id.as_str(),
+            environment.host,
+            host.cpu_count,
+            host.memory_available,
+            host.memory_total
+        );
+        match &environment.gpu_source {
+            GpuSource::Nvml {
+                driver_version,
+                cuda_version,
+                warnings,
+            } => {
+                let cuda = cuda_version
+                    .as_deref()
+                    .map(|v| format!(", CUDA {v}"))
+                    .unwrap_or_default();
+                println!("  NVML: driver {driver_version}{cuda}");
+                for warning in warnings {
+                    println!("  warning: {warning}");
+                }
+            }
+            GpuSource::Simulated { spec } => {
+                println!("  simulated GPUs (KNOB_SIMULATE_GPUS={spec})")
+            }
+            GpuSource::Unavailable { reason } => println!("  no GPUs: {reason}"),
+            GpuSource::Declared => {}
+        }
+        if environment.gpus.is_empty() {
+            continue;
+        }
+        let rows: Vec<Vec<String>> = environment
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let processes: Vec<String> = gpu
+                    .foreign_processes
+                    .iter()
+                    .map(|p| match p.used_memory {
+                        Some(memory) => format!("{} ({memory})", p.pid),
+                        None => p.pid.to_string(),
+                    })
+                    .collect();
+                vec![
+                    gpu.index.to_string(),
+                    gpu.name.clone(),
+                    format!("{} / {}", gpu.memory_used, gpu.memory_total),
+                    gpu.utilization_percent
+                        .map(|u| format!("{u}%"))
+                        .unwrap_or_else(|| "-".into()),
+                    if processes.is_empty() {
+                        "-".into()
+                    } else {
+                        processes.join(", ")
+                    },
+                ]
+            })
+            .collect();
+        for line in render(&["gpu", "name", "memory used", "util", "processes"], &rows).lines() {
+            println!("  {line}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
