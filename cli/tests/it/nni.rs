@@ -104,6 +104,11 @@ fn check_nni_experiment(python: &Path, channel: Channel) {
         .unwrap();
         let context = format!("trial {trial_id}\nexport: {trial:#}\nseen: {seen:#}");
 
+        // nni knows the trial as the store does.
+        assert_eq!(seen["experiment_id"], id, "{context}");
+        assert_eq!(seen["trial_id"], trial["id"], "{context}");
+        assert_eq!(seen["sequence_id"], trial["sequence"], "{context}");
+
         // The parameters the store holds are the ones this trial's script received.
         assert_eq!(trial["parameters"], seen["parameters"], "{context}");
         assert!(trial["parameters"].is_object(), "{context}");

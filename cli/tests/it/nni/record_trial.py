@@ -12,7 +12,9 @@ import nni
 
 seen = {
     "nni_version": nni.__version__,
+    "experiment_id": nni.get_experiment_id(),
     "trial_id": nni.get_trial_id(),
+    "sequence_id": nni.get_sequence_id(),
     "env": {
         name: os.environ.get(name)
         for name in ("NNI_PLATFORM", "NNI_SYS_DIR", "NNI_OUTPUT_DIR", "NNI_TRIAL_COMMAND_CHANNEL")
