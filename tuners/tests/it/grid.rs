@@ -302,10 +302,12 @@ fn continuous_grid_never_repeats() {
 fn errors_are_one_line_a_user_can_act_on() {
     expect!["classArgs of GridSearch: unknown field `seed`, expected `optimize_mode`"]
         .assert_eq(&class_args_error::<GridSearchTuner>(r#"{"seed": 1}"#));
-    expect![[r#"classArgs of GridSearch: optimize_mode must be "maximize" or "minimize", got "max""#]]
-        .assert_eq(&class_args_error::<GridSearchTuner>(
-            r#"{"optimize_mode": "max"}"#,
-        ));
+    expect![[
+        r#"classArgs of GridSearch: optimize_mode must be "maximize" or "minimize", got "max""#
+    ]]
+    .assert_eq(&class_args_error::<GridSearchTuner>(
+        r#"{"optimize_mode": "max"}"#,
+    ));
     let mut grid: GridSearchTuner = Tuner::new(&json!({"optimize_mode": "maximize"})).unwrap();
     expect!["GridSearch: asked for parameters before it was given a search space"]
         .assert_eq(grid.generate_parameters(0).unwrap_err().message());
