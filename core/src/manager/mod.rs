@@ -192,6 +192,13 @@ struct Manager {
     commands: mpsc::UnboundedReceiver<Command>,
     progress: watch::Sender<Progress>,
     trials: BTreeMap<String, Trial>,
+    /// Trials not yet ended (waiting or running), by sequence: what the loop iterates often,
+    /// so that its cost follows `trialConcurrency`, not the experiment's length.
+    active: BTreeMap<u64, String>,
+    /// How many trials have each status.
+    counts: BTreeMap<TrialStatus, u64>,
+    /// False once every command sender is gone.
+    commands_open: bool,
     /// trial id by parameter id, for results and suggestions.
     by_parameter: BTreeMap<u64, String>,
     next_parameter_id: u64,
@@ -269,6 +276,9 @@ impl Manager {
             commands,
             progress,
             trials: BTreeMap::new(),
+            active: BTreeMap::new(),
+            counts: BTreeMap::new(),
+            commands_open: true,
             by_parameter: BTreeMap::new(),
             next_parameter_id: 0,
             next_sequence: 0,
@@ -295,10 +305,27 @@ impl Manager {
     }
 
     fn running_count(&self) -> u64 {
-        self.trials
-            .values()
-            .filter(|t| !t.status.is_final())
-            .count() as u64
+        self.active.len() as u64
+    }
+
+    /// Moves a trial to `status`, keeping `active` and `counts` in step.
+    fn set_status(&mut self, trial_id: &str, status: TrialStatus) {
+        let trial = self
+            .trials
+            .get_mut(trial_id)
+            .expect("status of a known trial");
+        if let Some(count) = self.counts.get_mut(&trial.status) {
+            *count = count.saturating_sub(1);
+        }
+        *self.counts.entry(status).or_default() += 1;
+        trial.status = status;
+        if status.is_final() {
+            self.active.remove(&trial.sequence);
+        }
+    }
+
+    fn active_ids(&self) -> Vec<String> {
+        self.active.values().cloned().collect()
     }
 
     fn trial_budget_spent(&self) -> bool {
@@ -341,10 +368,10 @@ impl Manager {
                         message: "stopped reporting events".into(),
                     }),
                 },
-                command = self.commands.recv() => match command {
+                command = self.commands.recv(), if self.commands_open => match command {
                     Some(Command::Stop) => self.stop_all("stopped by the user", TrialStatus::UserCanceled).await?,
-                    // Nobody can send commands any more; keep running.
-                    None => self.commands = mpsc::unbounded_channel().1,
+                    // Nobody can send commands any more; keep running without listening.
+                    None => self.commands_open = false,
                 },
                 _ = sleep_until(next_deadline) => self.on_deadline().await?,
             }
@@ -416,6 +443,8 @@ impl Manager {
             self.config.max_trial_duration,
         );
         self.trials.insert(trial_id.clone(), trial);
+        self.active.insert(sequence, trial_id.clone());
+        *self.counts.entry(TrialStatus::Waiting).or_default() += 1;
         self.by_parameter.insert(parameter_id, trial_id.clone());
 
         if let Err(e) = std::fs::create_dir_all(&trial_dir) {
@@ -436,15 +465,15 @@ impl Manager {
 
     /// Asks gpu-sched where waiting trials go, oldest first, and starts those it placed.
     async fn place_waiting(&mut self) -> Result<(), ManagerError> {
-        let waiting: Vec<String> = {
-            let mut waiting: Vec<&Trial> = self
-                .trials
-                .values()
-                .filter(|t| t.status == TrialStatus::Waiting && !t.launched)
-                .collect();
-            waiting.sort_by_key(|t| t.sequence);
-            waiting.into_iter().map(|t| t.id.clone()).collect()
-        };
+        let waiting: Vec<String> = self
+            .active
+            .values()
+            .filter(|id| {
+                let trial = &self.trials[*id];
+                trial.status == TrialStatus::Waiting && !trial.launched
+            })
+            .cloned()
+            .collect();
         if waiting.is_empty() {
             return Ok(());
         }
@@ -547,9 +576,9 @@ impl Manager {
                         .await;
                 };
                 if trial.status == TrialStatus::Waiting {
-                    trial.status = TrialStatus::Running;
                     trial.attempt = 1;
                     trial.pid = pid;
+                    self.set_status(&trial_id, TrialStatus::Running);
                     let event = StoreEvent::TrialStarted {
                         trial_id,
                         attempt: 1,
@@ -778,8 +807,8 @@ impl Manager {
             })
             .await?;
         self.placer.release(trial_id);
+        self.set_status(trial_id, status);
         let trial = self.trials.get_mut(trial_id).expect("ending a known trial");
-        trial.status = status;
         trial.ended = Some(Instant::now());
         trial.reason = reason;
         let parameter_id = trial.parameter_id;
@@ -828,13 +857,7 @@ impl Manager {
 
     async fn stop_all(&mut self, reason: &str, status: TrialStatus) -> Result<(), ManagerError> {
         self.stop_requested = true;
-        let running: Vec<String> = self
-            .trials
-            .values()
-            .filter(|t| !t.status.is_final())
-            .map(|t| t.id.clone())
-            .collect();
-        for trial_id in running {
+        for trial_id in self.active_ids() {
             self.kill(&trial_id, status, reason.to_string()).await?;
         }
         Ok(())
@@ -847,9 +870,10 @@ impl Manager {
             self.deadline
         };
         let trials = self
-            .trials
+            .active
             .values()
-            .filter(|t| !t.status.is_final() && t.kill.is_none())
+            .map(|id| &self.trials[id])
+            .filter(|t| t.kill.is_none())
             .filter_map(|t| t.deadline);
         experiment
             .into_iter()
@@ -862,7 +886,11 @@ impl Manager {
         let now = Instant::now();
         if self.reprobe_at.is_some_and(|at| at <= now) {
             self.reprobe_at = None;
-            let pids: Vec<u32> = self.trials.values().filter_map(|t| t.pid).collect();
+            let pids: Vec<u32> = self
+                .active
+                .values()
+                .filter_map(|id| self.trials[id].pid)
+                .collect();
             let is_trial_process = |pid: u32| {
                 knob_gpu_sched::probe::process_group_of(pid)
                     .is_some_and(|group| pids.contains(&group))
@@ -879,12 +907,13 @@ impl Manager {
                 .await?;
         }
         let overdue: Vec<String> = self
-            .trials
+            .active
             .values()
-            .filter(|t| {
-                !t.status.is_final() && t.kill.is_none() && t.deadline.is_some_and(|d| d <= now)
+            .filter(|id| {
+                let trial = &self.trials[*id];
+                trial.kill.is_none() && trial.deadline.is_some_and(|d| d <= now)
             })
-            .map(|t| t.id.clone())
+            .cloned()
             .collect();
         for trial_id in overdue {
             self.kill(
@@ -909,23 +938,21 @@ impl Manager {
     }
 
     fn publish(&self, status: Option<ExperimentStatus>) {
-        let mut progress = Progress {
+        let count = |status| self.counts.get(&status).copied().unwrap_or(0);
+        let progress = Progress {
             status: status.or(self.progress.borrow().status),
             submitted: self.trials.len() as u64,
             best: self.best.clone(),
             elapsed: self.started.elapsed(),
             max_trial_number: self.config.max_trial_number,
             max_duration: self.config.max_experiment_duration,
-            ..Progress::default()
+            running: self.active.len() as u64,
+            succeeded: count(TrialStatus::Succeeded),
+            failed: count(TrialStatus::Failed),
+            other_ended: count(TrialStatus::UserCanceled)
+                + count(TrialStatus::SysCanceled)
+                + count(TrialStatus::EarlyStopped),
         };
-        for trial in self.trials.values() {
-            match trial.status {
-                TrialStatus::Waiting | TrialStatus::Running => progress.running += 1,
-                TrialStatus::Succeeded => progress.succeeded += 1,
-                TrialStatus::Failed => progress.failed += 1,
-                _ => progress.other_ended += 1,
-            }
-        }
         self.progress.send_replace(progress);
     }
 
@@ -946,13 +973,7 @@ impl Manager {
         }
         let _ = self.service.shutdown().get().await;
         // Trials the service ended during shutdown without telling us are recorded as such.
-        let unfinished: Vec<String> = self
-            .trials
-            .values()
-            .filter(|t| !t.status.is_final())
-            .map(|t| t.id.clone())
-            .collect();
-        for trial_id in unfinished {
+        for trial_id in self.active_ids() {
             let (status, reason) = self.trials[&trial_id]
                 .kill
                 .clone()
@@ -968,9 +989,8 @@ impl Manager {
                     stderr_tail: None,
                 })
                 .await?;
-            let trial = self.trials.get_mut(&trial_id).expect("known trial");
-            trial.status = status;
-            trial.reason = Some(reason);
+            self.set_status(&trial_id, status);
+            self.trials.get_mut(&trial_id).expect("known trial").reason = Some(reason);
         }
         self.store
             .append(StoreEvent::ExperimentStatusChanged {
