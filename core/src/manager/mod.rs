@@ -602,8 +602,9 @@ impl Manager {
                 trial_id,
                 exit_code,
                 signal,
-                killed_reason,
                 stderr_tail,
+                // The manager knows why it asked for a kill; see `Trial::kill`.
+                killed_reason: _,
             } => {
                 let Some(trial) = self.trials.get(&trial_id) else {
                     return self
@@ -621,7 +622,6 @@ impl Manager {
                         Some(trial::failure_reason(exit_code, signal, &stderr_tail)),
                     ),
                 };
-                let _ = killed_reason;
                 self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail)
                     .await?;
             }
@@ -809,7 +809,6 @@ impl Manager {
         self.placer.release(trial_id);
         self.set_status(trial_id, status);
         let trial = self.trials.get_mut(trial_id).expect("ending a known trial");
-        trial.ended = Some(Instant::now());
         trial.reason = reason;
         let parameter_id = trial.parameter_id;
         let suggestions = self

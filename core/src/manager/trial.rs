@@ -35,7 +35,6 @@ pub(super) struct Trial {
     /// Why it waits for resources, as last recorded.
     pub waiting_reason: Option<String>,
     pub deadline: Option<Instant>,
-    pub ended: Option<Instant>,
     pub intermediate: Vec<f64>,
     pub final_value: Option<f64>,
     /// Set when the manager asked for the trial to be killed: how to record its end, and why.
@@ -63,7 +62,6 @@ impl Trial {
             pid: None,
             waiting_reason: None,
             deadline: max_duration.map(|d| submitted + d),
-            ended: None,
             intermediate: Vec::new(),
             final_value: None,
             kill: None,
