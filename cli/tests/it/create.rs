@@ -400,3 +400,74 @@ fn a_tuner_error_ends_the_experiment_with_the_tuners_message() {
     assert_eq!(export["experiment"]["status"], "ERROR");
     assert_eq!(export["experiment"]["message"], expected);
 }
+
+#[test]
+fn max_experiment_duration_ends_the_experiment_and_cancels_running_trials() {
+    let sandbox = Sandbox::new();
+    let yaml =
+        format!("trialCommand: sleep 60\ntrialConcurrency: 2\nmaxExperimentDuration: 2s\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let started = Instant::now();
+    let (code, stdout, stderr) = sandbox.create(&config, "timed");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "the experiment outlived its duration"
+    );
+    let export = sandbox.export("timed");
+    assert_eq!(export["experiment"]["status"], "DONE");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "no trial may start after the deadline");
+    for trial in trials {
+        assert_eq!(trial["status"], "SYS_CANCELED", "{trial}");
+        assert_eq!(trial["message"], "maxExperimentDuration reached", "{trial}");
+    }
+}
+
+#[test]
+fn the_experiment_ends_when_the_tuner_has_nothing_more_to_try() {
+    let sandbox = Sandbox::new();
+    let yaml = "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 3\nsearchSpace:\n  a: {_type: choice, _value: [x, y, z]}\n  b: {_type: randint, _value: [0, 2]}\ntuner:\n  name: GridSearch\ntrainingService:\n  platform: local";
+    let config = sandbox.config(yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "grid");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("grid");
+    let mut points: Vec<String> = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["parameters"].to_string())
+        .collect();
+    points.sort();
+    points.dedup();
+    assert_eq!(points.len(), 6, "every grid point exactly once: {points:?}");
+    assert_eq!(export["trials"].as_array().unwrap().len(), 6);
+}
+
+#[test]
+fn garbage_and_nan_metrics_are_tolerated_and_nothing_else_is_lost() {
+    let sandbox = Sandbox::new();
+    let script = "echo 'KNOB_INTERMEDIATE not-json'\necho 'KNOB_INTERMEDIATE NaN'\n\
+                  head -c 10000000 /dev/zero | tr '\\0' x; echo\necho 'KNOB_INTERMEDIATE 2'\necho 'KNOB_FINAL {\"default\": 0.5, \"loss\": Infinity}'\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "noisy");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("noisy");
+    let trial = &export["trials"][0];
+    assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+    assert_eq!(trial["final"], 0.5, "{trial}");
+    assert_eq!(
+        trial["final_raw"], r#"{"default": 0.5, "loss": Infinity}"#,
+        "{trial}"
+    );
+    let intermediate = trial["intermediate"].as_array().unwrap();
+    let raws: Vec<&str> = intermediate
+        .iter()
+        .map(|m| m["raw"].as_str().unwrap())
+        .collect();
+    assert_eq!(raws, ["NaN", "2"], "{trial}");
+    assert_eq!(intermediate[0]["value"], Value::Null);
+    assert_eq!(intermediate[1]["value"], 2.0);
+}
