@@ -1,5 +1,5 @@
 //! Store throughput: metrics written per second with every crash-safety guarantee on (WAL,
-//! `synchronous=FULL`, each metric acknowledged only once committed). Target (issue 9):
+//! `synchronous=NORMAL`, each metric acknowledged only once committed). Target (issue 9):
 //! ≥ 20 000 metrics/s.
 //!
 //! - `pipelined/4 senders x 2500`: 4 threads each append 2 500 metrics and then wait for all
@@ -166,7 +166,7 @@ fn store_metrics(c: &mut Criterion) {
         .iter()
         .find(|(name, _)| name.starts_with("lockstep/1 "))
         .map(|(_, rate)| *rate);
-    println!("\nstore_metrics, acks on, WAL + synchronous=FULL:");
+    println!("\nstore_metrics, acks on, WAL + synchronous=NORMAL:");
     for (name, rate) in &rates {
         let ratio = baseline.map_or(String::new(), |b| {
             format!("  ({:.1}x one-commit-per-metric)", rate / b)

@@ -189,6 +189,9 @@ struct Manager {
     service: TrainingServiceHandle,
     placer: Placer,
     service_events: mpsc::UnboundedReceiver<Result<ServiceEvent, String>>,
+    /// Trials the service could not start: (trial id, why).
+    start_failures: mpsc::UnboundedReceiver<(String, String)>,
+    start_failures_tx: mpsc::UnboundedSender<(String, String)>,
     commands: mpsc::UnboundedReceiver<Command>,
     progress: watch::Sender<Progress>,
     trials: BTreeMap<String, Trial>,
@@ -240,6 +243,7 @@ impl Manager {
         };
         let (service_name, service_args) = service_plugin(&config)?;
         let placer = Placer::for_local(&config).map_err(ManagerError::Placement)?;
+        let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
         let service = registry.training_service(service_name, &service_args, move |event| {
             let _ = events_tx.send(event);
@@ -273,6 +277,8 @@ impl Manager {
             service,
             placer,
             service_events,
+            start_failures,
+            start_failures_tx,
             commands,
             progress,
             trials: BTreeMap::new(),
@@ -373,6 +379,11 @@ impl Manager {
                     // Nobody can send commands any more; keep running without listening.
                     None => self.commands_open = false,
                 },
+                Some((trial_id, message)) = self.start_failures.recv() => {
+                    if self.trials.get(&trial_id).is_some_and(|t| !t.status.is_final()) {
+                        self.end_trial(&trial_id, TrialStatus::Failed, Some(message), None, None, String::new()).await?;
+                    }
+                }
                 _ = sleep_until(next_deadline) => self.on_deadline().await?,
             }
         }
@@ -424,7 +435,6 @@ impl Manager {
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         let trial_id = trial::new_trial_id(&self.trials);
-        let trial_dir = self.dir.join("trials").join(&trial_id);
         self.store
             .append(StoreEvent::TrialCreated {
                 trial_id: trial_id.clone(),
@@ -447,19 +457,6 @@ impl Manager {
         *self.counts.entry(TrialStatus::Waiting).or_default() += 1;
         self.by_parameter.insert(parameter_id, trial_id.clone());
 
-        if let Err(e) = std::fs::create_dir_all(&trial_dir) {
-            let message = format!("cannot create trial directory {}: {e}", trial_dir.display());
-            return self
-                .end_trial(
-                    &trial_id,
-                    TrialStatus::Failed,
-                    Some(message),
-                    None,
-                    None,
-                    String::new(),
-                )
-                .await;
-        }
         self.place_waiting().await
     }
 
@@ -481,9 +478,7 @@ impl Manager {
         self.reprobe_at = None;
         for (trial_id, placement) in waiting.into_iter().zip(placements) {
             match placement {
-                Placement::Succeed { gpu_indices, .. } => {
-                    self.launch(&trial_id, gpu_indices).await?
-                }
+                Placement::Succeed { gpu_indices, .. } => self.launch(&trial_id, gpu_indices),
                 Placement::RequireExceedTotal { reason } => {
                     self.end_trial(
                         &trial_id,
@@ -513,11 +508,7 @@ impl Manager {
         Ok(())
     }
 
-    async fn launch(
-        &mut self,
-        trial_id: &str,
-        gpu_indices: Option<Vec<u32>>,
-    ) -> Result<(), ManagerError> {
+    fn launch(&mut self, trial_id: &str, gpu_indices: Option<Vec<u32>>) {
         let trial = self
             .trials
             .get_mut(trial_id)
@@ -541,21 +532,17 @@ impl Manager {
             gpu_indices,
             env,
         };
-        if let Err(e) = self.service.start_trial(request).get().await {
-            let message = format!("could not start: {e}");
-            return self
-                .end_trial(
-                    trial_id,
-                    TrialStatus::Failed,
-                    Some(message),
-                    None,
-                    None,
-                    String::new(),
-                )
-                .await;
-        }
+        // The loop does not wait for the process to be spawned (milliseconds on a busy machine):
+        // its start arrives as a service event, a failure to start as a `StartFailed`.
+        let reply = self.service.start_trial(request);
+        let start_failures = self.start_failures_tx.clone();
+        let trial_id = trial_id.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = reply.get().await {
+                let _ = start_failures.send((trial_id, format!("could not start: {e}")));
+            }
+        });
         self.publish(None);
-        Ok(())
     }
 
     async fn on_service_event(&mut self, event: ServiceEvent) -> Result<(), ManagerError> {

@@ -27,8 +27,9 @@
 //! learns when its own event is durable. [`Store::append_unacked`] queues without an ack;
 //! [`Store::flush`] waits for everything queued before it, and reports a failed unacked event.
 //!
-//! Durability: WAL, `synchronous=FULL` (see `schema::open_for_writing`): an acknowledged event
-//! survives a kill -9 of knob and also power loss, on disks that honour fsync.
+//! Durability: WAL, `synchronous=NORMAL` (see `schema::open_for_writing`): an acknowledged
+//! event survives a kill -9 or crash of knob; a power loss keeps the database consistent but
+//! may lose its last events.
 //!
 //! One writer per experiment: a second [`Store::open`] of the same directory, from this process
 //! or another, fails with [`StoreError::Locked`] until the first store is dropped or its process
