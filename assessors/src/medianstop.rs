@@ -1,0 +1,132 @@
+//! Medianstop: NNI's median stopping rule (Google Vizier).
+//!
+//! A running trial is stopped at step S when its best result up to S is strictly worse than the
+//! median, over the trials that completed successfully and reported at least S results, of
+//! their running averages at step S. Before `start_step` results, and while no completed trial
+//! reached S, every trial goes on.
+//!
+//! Same as NNI's `MedianstopAssessor`, including its choice of median for an even count (the
+//! lower middle value when maximizing, the upper one when minimizing: the more lenient one
+//! either way). Differences, all about inputs NNI does not handle:
+//! - NaN results are skipped: never a trial's best, and not part of a running average (the
+//!   average at step S is over the numbers among the first S results). A trial with no number
+//!   at all is stopped once there is a median to compare with; a completed trial with no
+//!   number up to S does not count at S.
+//! - A misspelt `optimize_mode` is an error (NNI warns and maximizes).
+
+use std::collections::BTreeMap;
+
+use knob_plugin_api::{parse_class_args, status, Assessor, PluginError, Verdict};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::common::{numbers_apart, optimize_mode, step_of, OptimizeMode};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MedianstopArgs {
+    #[serde(default, deserialize_with = "optimize_mode")]
+    optimize_mode: OptimizeMode,
+    /// NNI accepts 0 to 9999.
+    #[serde(default)]
+    start_step: u32,
+}
+
+#[derive(Debug)]
+pub struct MedianstopAssessor {
+    mode: OptimizeMode,
+    start_step: usize,
+    /// The latest history of each running trial, kept for when it ends.
+    running: BTreeMap<String, Vec<f64>>,
+    /// Per successfully completed trial (in completion order), its running average at each
+    /// step; NaN where it had no number yet.
+    completed_averages: Vec<Vec<f64>>,
+}
+
+impl Assessor for MedianstopAssessor {
+    fn new(class_args: &Value) -> Result<Self, PluginError> {
+        let args: MedianstopArgs = parse_class_args("Medianstop", class_args)?;
+        if args.start_step > 9999 {
+            return Err(PluginError::new(format!(
+                "classArgs of Medianstop: start_step must be between 0 and 9999, got {}",
+                args.start_step
+            )));
+        }
+        Ok(MedianstopAssessor {
+            mode: args.optimize_mode,
+            start_step: args.start_step as usize,
+            running: BTreeMap::new(),
+            completed_averages: Vec::new(),
+        })
+    }
+
+    fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
+        let step = step_of(history);
+        if step < self.start_step || step == 0 {
+            return Ok(Verdict::good());
+        }
+        self.running.insert(trial_id.to_string(), history.to_vec());
+
+        let mut averages: Vec<f64> = self
+            .completed_averages
+            .iter()
+            .filter_map(|averages| averages.get(step - 1).copied())
+            .filter(|average| !average.is_nan())
+            .collect();
+        if averages.is_empty() {
+            return Ok(Verdict::good());
+        }
+        averages.sort_by(f64::total_cmp);
+        let median = match self.mode {
+            OptimizeMode::Maximize => averages[(averages.len() - 1) / 2],
+            OptimizeMode::Minimize => averages[averages.len() / 2],
+        };
+        let completed = match averages.len() {
+            1 => "1 completed trial".to_string(),
+            n => format!("{n} completed trials"),
+        };
+        let Some(best) = self.mode.best(history) else {
+            let median = crate::common::number(median);
+            return Ok(Verdict::stop(format!(
+                "step {step}: no numeric result yet (all NaN), median {median} of {completed}"
+            )));
+        };
+        if self.mode.better(median, best) {
+            let (best, median) = numbers_apart(best, median);
+            let side = self.mode.worse_side();
+            return Ok(Verdict::stop(format!(
+                "step {step}: best {best} {side} median {median} of {completed}"
+            )));
+        }
+        Ok(Verdict::good())
+    }
+
+    fn trial_end(&mut self, trial_id: &str, trial_status: &str) -> Result<(), PluginError> {
+        let Some(history) = self.running.remove(trial_id) else {
+            return Ok(());
+        };
+        if trial_status == status::SUCCEEDED {
+            self.completed_averages.push(running_averages(&history));
+        }
+        Ok(())
+    }
+}
+
+/// The average of the numbers among the first 1, 2, … results (NaN until the first number).
+fn running_averages(history: &[f64]) -> Vec<f64> {
+    let (mut sum, mut count) = (0.0, 0u32);
+    history
+        .iter()
+        .map(|&value| {
+            if !value.is_nan() {
+                sum += value;
+                count += 1;
+            }
+            if count == 0 {
+                f64::NAN
+            } else {
+                sum / f64::from(count)
+            }
+        })
+        .collect()
+}
