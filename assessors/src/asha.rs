@@ -15,32 +15,13 @@
 
 use std::collections::BTreeMap;
 
-use knob_plugin_api::{parse_class_args, Assessor, PluginError, Verdict};
-use serde::Deserialize;
+use knob_plugin_api::{Assessor, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{numbers_apart, optimize_mode, step_of, OptimizeMode};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AshaArgs {
-    #[serde(default, deserialize_with = "optimize_mode")]
-    optimize_mode: OptimizeMode,
-    reduction_factor: Option<u32>,
-    eta: Option<u32>,
-    #[serde(default = "default_min_resource")]
-    min_resource: u32,
-    max_resource: Option<u32>,
-    #[serde(default)]
-    grace_period: u32,
-}
+use crate::common::{numbers_apart, step_of, ClassArgs, OptimizeMode};
 
 /// Optuna's and Ray Tune's default.
 const DEFAULT_REDUCTION_FACTOR: u32 = 4;
-
-fn default_min_resource() -> u32 {
-    1
-}
 
 #[derive(Debug)]
 pub struct AshaAssessor {
@@ -57,39 +38,46 @@ pub struct AshaAssessor {
 
 impl Assessor for AshaAssessor {
     fn new(class_args: &Value) -> Result<Self, PluginError> {
-        let args: AshaArgs = parse_class_args("ASHA", class_args)?;
-        let invalid = |what: String| Err(PluginError::new(format!("classArgs of ASHA: {what}")));
-        let reduction_factor = match (args.reduction_factor, args.eta) {
+        let args = ClassArgs::new(
+            "ASHA",
+            class_args,
+            &[
+                "optimize_mode",
+                "reduction_factor",
+                "eta",
+                "min_resource",
+                "max_resource",
+                "grace_period",
+            ],
+        )?;
+        let factor = |name| args.whole_number(name, 2..=u32::MAX);
+        let reduction_factor = match (factor("reduction_factor")?, factor("eta")?) {
             (Some(_), Some(_)) => {
-                return invalid(
-                    "reduction_factor and eta are the same setting; give only one".into(),
+                return Err(
+                    args.error("reduction_factor and eta are the same setting; give only one")
                 )
             }
             (Some(factor), None) | (None, Some(factor)) => factor,
             (None, None) => DEFAULT_REDUCTION_FACTOR,
         };
-        if reduction_factor < 2 {
-            return invalid(format!(
-                "reduction_factor (eta) must be at least 2, got {reduction_factor}"
-            ));
-        }
-        if args.min_resource < 1 {
-            return invalid("min_resource must be at least 1 (a step)".into());
-        }
-        if let Some(max) = args.max_resource {
-            if max <= args.min_resource {
-                return invalid(format!(
-                    "max_resource ({max}) must be above min_resource ({})",
-                    args.min_resource
-                ));
-            }
+        let min_resource = args
+            .whole_number("min_resource", 1..=u32::MAX)?
+            .unwrap_or(1);
+        let max_resource = args.whole_number("max_resource", 1..=u32::MAX)?;
+        if let Some(max) = max_resource.filter(|&max| max <= min_resource) {
+            return Err(args.error(format!(
+                "max_resource ({max}) must be above min_resource ({min_resource})"
+            )));
         }
         Ok(AshaAssessor {
-            mode: args.optimize_mode,
+            mode: args.optimize_mode()?,
             reduction_factor: reduction_factor.into(),
-            min_resource: args.min_resource.into(),
-            max_resource: args.max_resource.map(u64::from),
-            grace_period: args.grace_period.into(),
+            min_resource: min_resource.into(),
+            max_resource: max_resource.map(u64::from),
+            grace_period: args
+                .whole_number("grace_period", 0..=u32::MAX)?
+                .unwrap_or(0)
+                .into(),
             rungs: BTreeMap::new(),
             judged_up_to: BTreeMap::new(),
         })

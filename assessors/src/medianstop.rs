@@ -16,21 +16,10 @@
 
 use std::collections::BTreeMap;
 
-use knob_plugin_api::{parse_class_args, status, Assessor, PluginError, Verdict};
-use serde::Deserialize;
+use knob_plugin_api::{status, Assessor, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{numbers_apart, optimize_mode, step_of, OptimizeMode};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MedianstopArgs {
-    #[serde(default, deserialize_with = "optimize_mode")]
-    optimize_mode: OptimizeMode,
-    /// NNI accepts 0 to 9999.
-    #[serde(default)]
-    start_step: u32,
-}
+use crate::common::{number, numbers_apart, step_of, ClassArgs, OptimizeMode};
 
 #[derive(Debug)]
 pub struct MedianstopAssessor {
@@ -45,16 +34,11 @@ pub struct MedianstopAssessor {
 
 impl Assessor for MedianstopAssessor {
     fn new(class_args: &Value) -> Result<Self, PluginError> {
-        let args: MedianstopArgs = parse_class_args("Medianstop", class_args)?;
-        if args.start_step > 9999 {
-            return Err(PluginError::new(format!(
-                "classArgs of Medianstop: start_step must be between 0 and 9999, got {}",
-                args.start_step
-            )));
-        }
+        let args = ClassArgs::new("Medianstop", class_args, &["optimize_mode", "start_step"])?;
         Ok(MedianstopAssessor {
-            mode: args.optimize_mode,
-            start_step: args.start_step as usize,
+            mode: args.optimize_mode()?,
+            // NNI's range.
+            start_step: args.whole_number("start_step", 0..=9999)?.unwrap_or(0) as usize,
             running: BTreeMap::new(),
             completed_averages: Vec::new(),
         })
@@ -86,7 +70,7 @@ impl Assessor for MedianstopAssessor {
             n => format!("{n} completed trials"),
         };
         let Some(best) = self.mode.best(history) else {
-            let median = crate::common::number(median);
+            let median = number(median);
             return Ok(Verdict::stop(format!(
                 "step {step}: no numeric result yet (all NaN), median {median} of {completed}"
             )));

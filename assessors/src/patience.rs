@@ -10,22 +10,10 @@
 //! NaN results are never a best. Where all of the last patience + 1 results are NaN and an
 //! earlier one was a number, the trial is stopped (Optuna's `nanmax` comparison would go on).
 
-use knob_plugin_api::{parse_class_args, Assessor, PluginError, Verdict};
-use serde::Deserialize;
+use knob_plugin_api::{Assessor, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{number, numbers_apart, optimize_mode, step_of, OptimizeMode};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PatienceArgs {
-    /// Required, as in Optuna.
-    patience: u32,
-    #[serde(default)]
-    min_delta: f64,
-    #[serde(default, deserialize_with = "optimize_mode")]
-    optimize_mode: OptimizeMode,
-}
+use crate::common::{number, numbers_apart, step_of, ClassArgs, OptimizeMode};
 
 #[derive(Debug)]
 pub struct PatienceAssessor {
@@ -36,17 +24,23 @@ pub struct PatienceAssessor {
 
 impl Assessor for PatienceAssessor {
     fn new(class_args: &Value) -> Result<Self, PluginError> {
-        let args: PatienceArgs = parse_class_args("Patience", class_args)?;
-        if args.min_delta.is_nan() || args.min_delta < 0.0 {
-            return Err(PluginError::new(format!(
-                "classArgs of Patience: min_delta must be 0 or more, got {}",
-                args.min_delta
-            )));
-        }
+        let args = ClassArgs::new(
+            "Patience",
+            class_args,
+            &["patience", "min_delta", "optimize_mode"],
+        )?;
+        // Required, as in Optuna.
+        let Some(patience) = args.whole_number("patience", 0..=u32::MAX)? else {
+            return Err(
+                args.error("patience is required: how many results without improvement to allow")
+            );
+        };
         Ok(PatienceAssessor {
-            mode: args.optimize_mode,
-            patience: args.patience as usize,
-            min_delta: args.min_delta,
+            mode: args.optimize_mode()?,
+            patience: patience as usize,
+            min_delta: args
+                .number("min_delta", 0.0..=f64::INFINITY)?
+                .unwrap_or(0.0),
         })
     }
 
@@ -60,17 +54,13 @@ impl Assessor for PatienceAssessor {
         let Some(best_before) = self.mode.best(before) else {
             return Ok(Verdict::good());
         };
-        let last = match window {
-            1 => "the last result".to_string(),
-            n => format!("the last {n} results"),
-        };
         let Some(best_recent) = self.mode.best(recent) else {
             let all_nan = match window {
                 1 => "the last result is NaN".to_string(),
                 n => format!("the last {n} results are all NaN"),
             };
             return Ok(Verdict::stop(format!(
-                "step {step}: {all_nan}, best before them {} (patience {})",
+                "step {step}: {all_nan}; the best before was {} (patience {})",
                 number(best_before),
                 self.patience
             )));
@@ -88,8 +78,14 @@ impl Assessor for PatienceAssessor {
         } else {
             String::new()
         };
+        let recent = match window {
+            1 => format!("the last result, {recent_text}, is worse than {before_text} before it"),
+            n => format!(
+                "the best of the last {n} results, {recent_text}, is worse than {before_text} before them"
+            ),
+        };
         Ok(Verdict::stop(format!(
-            "step {step}: best of {last} {recent_text} is worse than {before_text} before them{tolerance} (patience {})",
+            "step {step}: {recent}{tolerance} (patience {})",
             self.patience
         )))
     }

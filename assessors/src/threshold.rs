@@ -7,26 +7,10 @@
 //!   after the warm-up, then every interval_steps).
 //! - At least one of `lower` and `upper` is required, as Optuna requires.
 
-use knob_plugin_api::{parse_class_args, Assessor, PluginError, Verdict};
-use serde::Deserialize;
+use knob_plugin_api::{Assessor, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{numbers_apart, step_of};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ThresholdArgs {
-    lower: Option<f64>,
-    upper: Option<f64>,
-    #[serde(default)]
-    n_warmup_steps: u32,
-    #[serde(default = "default_interval_steps")]
-    interval_steps: u32,
-}
-
-fn default_interval_steps() -> u32 {
-    1
-}
+use crate::common::{numbers_apart, step_of, ClassArgs};
 
 #[derive(Debug)]
 pub struct ThresholdAssessor {
@@ -38,28 +22,36 @@ pub struct ThresholdAssessor {
 
 impl Assessor for ThresholdAssessor {
     fn new(class_args: &Value) -> Result<Self, PluginError> {
-        let args: ThresholdArgs = parse_class_args("Threshold", class_args)?;
-        let invalid =
-            |what: String| Err(PluginError::new(format!("classArgs of Threshold: {what}")));
-        match (args.lower, args.upper) {
+        let args = ClassArgs::new(
+            "Threshold",
+            class_args,
+            &["lower", "upper", "n_warmup_steps", "interval_steps"],
+        )?;
+        let any = f64::NEG_INFINITY..=f64::INFINITY;
+        let (lower, upper) = (
+            args.number("lower", any.clone())?,
+            args.number("upper", any)?,
+        );
+        match (lower, upper) {
             (None, None) => {
-                return invalid(
-                    "give lower, upper or both: results outside them stop a trial".into(),
+                return Err(
+                    args.error("give lower, upper or both: results outside them stop a trial")
                 )
             }
             (Some(lower), Some(upper)) if lower > upper => {
-                return invalid(format!("lower ({lower}) must not be above upper ({upper})"))
+                return Err(args.error(format!("lower ({lower}) must not be above upper ({upper})")))
             }
             _ => {}
         }
-        if args.interval_steps < 1 {
-            return invalid("interval_steps must be at least 1".into());
-        }
         Ok(ThresholdAssessor {
-            lower: args.lower,
-            upper: args.upper,
-            warmup_steps: args.n_warmup_steps as usize,
-            interval_steps: args.interval_steps as usize,
+            lower,
+            upper,
+            warmup_steps: args
+                .whole_number("n_warmup_steps", 0..=u32::MAX)?
+                .unwrap_or(0) as usize,
+            interval_steps: args
+                .whole_number("interval_steps", 1..=u32::MAX)?
+                .unwrap_or(1) as usize,
         })
     }
 

@@ -1,7 +1,10 @@
-//! `optimize_mode`, as NNI's assessors accept it.
+//! classArgs: read one by one, so that every message names the argument, says what it must be,
+//! and an unknown name is refused with the known ones listed.
 
-use serde::{Deserialize, Deserializer};
-use serde_json::Value;
+use std::ops::RangeInclusive;
+
+use knob_plugin_api::PluginError;
+use serde_json::{Map, Value};
 
 /// Whether higher or lower intermediate results are better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,19 +43,111 @@ impl OptimizeMode {
     }
 }
 
-/// For `#[serde(default, deserialize_with = "optimize_mode")]`: serde's own message for a bad
-/// value ("unknown variant `max`") would not name the argument. NNI's Medianstop only logs a
-/// warning for a misspelt mode and maximizes; a silent wrong direction stops the wrong trials,
-/// so knob refuses it.
-pub(crate) fn optimize_mode<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<OptimizeMode, D::Error> {
-    match Option::<Value>::deserialize(deserializer)? {
-        None | Some(Value::Null) => Ok(OptimizeMode::Maximize),
-        Some(Value::String(s)) if s == "maximize" => Ok(OptimizeMode::Maximize),
-        Some(Value::String(s)) if s == "minimize" => Ok(OptimizeMode::Minimize),
-        Some(other) => Err(serde::de::Error::custom(format!(
-            "optimize_mode must be \"maximize\" or \"minimize\", got {other}"
-        ))),
+/// A component's classArgs, being read.
+pub(crate) struct ClassArgs {
+    component: &'static str,
+    args: Map<String, Value>,
+}
+
+impl ClassArgs {
+    /// Refuses anything but an object (or null: no classArgs), and any name not in `known`.
+    pub(crate) fn new(
+        component: &'static str,
+        class_args: &Value,
+        known: &[&str],
+    ) -> Result<ClassArgs, PluginError> {
+        let args = match class_args {
+            Value::Null => Map::new(),
+            Value::Object(args) => args.clone(),
+            other => {
+                return Err(PluginError::new(format!(
+                    "classArgs of {component} must be an object, got {other}"
+                )))
+            }
+        };
+        // serde_json's map is sorted: the first unknown name is the same every time.
+        if let Some(unknown) = args.keys().find(|name| !known.contains(&name.as_str())) {
+            return Err(PluginError::new(format!(
+                "classArgs of {component}: unknown argument `{unknown}`; known: {}",
+                known.join(", ")
+            )));
+        }
+        Ok(ClassArgs { component, args })
+    }
+
+    /// "classArgs of <component>: <what>".
+    pub(crate) fn error(&self, what: impl std::fmt::Display) -> PluginError {
+        PluginError::new(format!("classArgs of {}: {what}", self.component))
+    }
+
+    /// A whole number in `range`, or `None` when absent (or null).
+    pub(crate) fn whole_number(
+        &self,
+        name: &str,
+        range: RangeInclusive<u32>,
+    ) -> Result<Option<u32>, PluginError> {
+        let Some(value) = self.get(name) else {
+            return Ok(None);
+        };
+        let in_range = value
+            .as_f64()
+            .filter(|v| v.fract() == 0.0)
+            .filter(|v| (f64::from(*range.start())..=f64::from(*range.end())).contains(v));
+        match in_range {
+            Some(v) => Ok(Some(v as u32)),
+            None if *range.end() == u32::MAX => Err(self.error(format!(
+                "{name} must be a whole number of at least {}, got {value}",
+                range.start()
+            ))),
+            None => Err(self.error(format!(
+                "{name} must be a whole number from {} to {}, got {value}",
+                range.start(),
+                range.end()
+            ))),
+        }
+    }
+
+    /// A finite number in `range`, or `None` when absent (or null).
+    pub(crate) fn number(
+        &self,
+        name: &str,
+        range: RangeInclusive<f64>,
+    ) -> Result<Option<f64>, PluginError> {
+        let Some(value) = self.get(name) else {
+            return Ok(None);
+        };
+        match value.as_f64().filter(|v| range.contains(v)) {
+            Some(v) => Ok(Some(v)),
+            None if range.end().is_infinite() && range.start().is_infinite() => {
+                Err(self.error(format!("{name} must be a number, got {value}")))
+            }
+            None if range.end().is_infinite() => Err(self.error(format!(
+                "{name} must be a number of at least {}, got {value}",
+                range.start()
+            ))),
+            None => Err(self.error(format!(
+                "{name} must be a number from {} to {}, got {value}",
+                range.start(),
+                range.end()
+            ))),
+        }
+    }
+
+    /// NNI's `optimize_mode`, maximize when absent. NNI's Medianstop only logs a warning for a
+    /// misspelt mode and maximizes; a silent wrong direction stops the wrong trials, so knob
+    /// refuses it.
+    pub(crate) fn optimize_mode(&self) -> Result<OptimizeMode, PluginError> {
+        match self.get("optimize_mode") {
+            None => Ok(OptimizeMode::Maximize),
+            Some(Value::String(s)) if s == "maximize" => Ok(OptimizeMode::Maximize),
+            Some(Value::String(s)) if s == "minimize" => Ok(OptimizeMode::Minimize),
+            Some(other) => Err(self.error(format!(
+                "optimize_mode must be \"maximize\" or \"minimize\", got {other}"
+            ))),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.args.get(name).filter(|v| !v.is_null())
     }
 }

@@ -33,38 +33,12 @@ mod fit;
 
 use std::collections::BTreeMap;
 
-use knob_plugin_api::{parse_class_args, status, Assessor, PluginError, Verdict};
-use serde::Deserialize;
+use knob_plugin_api::{status, Assessor, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{number, numbers_apart, optimize_mode, step_of, OptimizeMode};
+use crate::common::{number, numbers_apart, step_of, ClassArgs, OptimizeMode};
 
 pub use self::prediction::{predict, Prediction};
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CurvefittingArgs {
-    /// NNI requires it (its validator has no default).
-    epoch_num: u32,
-    #[serde(default = "default_start_step")]
-    start_step: u32,
-    #[serde(default = "default_threshold")]
-    threshold: f64,
-    #[serde(default = "default_gap")]
-    gap: u32,
-    #[serde(default, deserialize_with = "optimize_mode")]
-    optimize_mode: OptimizeMode,
-}
-
-fn default_start_step() -> u32 {
-    6
-}
-fn default_threshold() -> f64 {
-    0.95
-}
-fn default_gap() -> u32 {
-    1
-}
 
 #[derive(Debug)]
 pub struct CurvefittingAssessor {
@@ -82,40 +56,27 @@ pub struct CurvefittingAssessor {
 
 impl Assessor for CurvefittingAssessor {
     fn new(class_args: &Value) -> Result<Self, PluginError> {
-        let args: CurvefittingArgs = parse_class_args("Curvefitting", class_args)?;
-        let invalid = |what: &str| {
-            Err(PluginError::new(format!(
-                "classArgs of Curvefitting: {what}"
-            )))
+        let args = ClassArgs::new(
+            "Curvefitting",
+            class_args,
+            &[
+                "epoch_num",
+                "start_step",
+                "threshold",
+                "gap",
+                "optimize_mode",
+            ],
+        )?;
+        // NNI's ranges and defaults; epoch_num has no default in NNI's validator.
+        let Some(epoch_num) = args.whole_number("epoch_num", 1..=9999)? else {
+            return Err(args.error("epoch_num is required: the epoch whose result to predict"));
         };
-        // NNI's ranges.
-        if !(1..=9999).contains(&args.epoch_num) {
-            return invalid(&format!(
-                "epoch_num must be between 1 and 9999, got {}",
-                args.epoch_num
-            ));
-        }
-        if args.start_step > 9999 {
-            return invalid(&format!(
-                "start_step must be between 0 and 9999, got {}",
-                args.start_step
-            ));
-        }
-        if !(0.0..=9999.0).contains(&args.threshold) {
-            return invalid(&format!(
-                "threshold must be between 0 and 9999, got {}",
-                args.threshold
-            ));
-        }
-        if !(1..=9999).contains(&args.gap) {
-            return invalid(&format!("gap must be between 1 and 9999, got {}", args.gap));
-        }
         Ok(CurvefittingAssessor {
-            mode: args.optimize_mode,
-            epoch_num: args.epoch_num as usize,
-            start_step: args.start_step as usize,
-            threshold: args.threshold,
-            gap: args.gap as usize,
+            mode: args.optimize_mode()?,
+            epoch_num: epoch_num as usize,
+            start_step: args.whole_number("start_step", 0..=9999)?.unwrap_or(6) as usize,
+            threshold: args.number("threshold", 0.0..=9999.0)?.unwrap_or(0.95),
+            gap: args.whole_number("gap", 1..=9999)?.unwrap_or(1) as usize,
             running: BTreeMap::new(),
             last_judged: BTreeMap::new(),
             best_completed: None,
