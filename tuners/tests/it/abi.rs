@@ -31,10 +31,14 @@ const SPACE: &str = r#"{"a": {"_type": "choice", "_value": [1, 2]},
 fn the_library_exports_both_tuners_and_they_behave_as_through_the_rlib() {
     let registry = PluginRegistry::load_from(&[plugin_file()]);
     assert!(registry.problems().is_empty(), "{:?}", registry.problems());
-    assert_eq!(
-        registry.names(ComponentKind::Tuner),
-        ["GridSearch", "Random"]
-    );
+    // Other tuners join the library over time; these must be there.
+    let names = registry.names(ComponentKind::Tuner);
+    for name in ["GridSearch", "Random", "TPE"] {
+        assert!(
+            names.iter().any(|n| n == name),
+            "{name} missing from {names:?}"
+        );
+    }
 
     let mut through_abi = registry.tuner_object("GridSearch", &Value::Null).unwrap();
     through_abi

@@ -2,8 +2,10 @@
 //! adaptor calls them.
 
 mod abi;
+mod drive;
 mod grid;
 mod random;
+mod tpe;
 
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{Generated, ImportedTrial, Tuner};

@@ -1,0 +1,290 @@
+//! knob's TPE density: one Parzen mixture over whole points (multivariate TPE, as Optuna 4+),
+//! so that a good region's coordinates are proposed together rather than each on its own.
+//!
+//! Each finished trial is one component: a product, over the dimensions active in the point, of
+//! a kernel centred on the trial's value; the prior is one more component. A dimension the trial
+//! did not have (a parameter of another nested-choice option) takes the prior's kernel in that
+//! component, so the mixture is a proper density over the tree-shaped space. Kernels:
+//!
+//! - numeric dimensions: a normal truncated to the dimension's range, with the neighbour-distance
+//!   bandwidth of hyperopt and Optuna (the larger gap to the next lower and higher value) clipped
+//!   to `[range / min(100, 1 + kernels), range]`; integers and linear q-types widen the range by
+//!   half a step on each side so the end values are not under-weighted;
+//! - categorical dimensions: the trial's index with mass 1, every index with `prior_weight /
+//!   kernels`, normalised (Optuna 4+).
+
+use knob_plugin_api::space::{standard_normal, DimKind, SeededRng};
+use rand::Rng;
+
+use super::{Model, Settings};
+use crate::common::numeric::{encoded_step, log_sum_exp, normal_cdf, snap, LN_SQRT_2PI};
+
+/// A fitted mixture: log weights per component (trials in the order given, then the prior),
+/// and per dimension the kernels of every component.
+#[derive(Debug)]
+pub(super) struct Mixture {
+    log_weights: Vec<f64>,
+    cumulative: Vec<f64>,
+    dims: Vec<Kernels>,
+}
+
+#[derive(Debug)]
+enum Kernels {
+    Numeric {
+        mus: Vec<f64>,
+        inv_sigmas: Vec<f64>,
+        sigmas: Vec<f64>,
+        /// `-ln σ - ln √(2π) - ln Z`, Z the kernel's mass inside the bounds.
+        log_norms: Vec<f64>,
+        bounds: Option<(f64, f64)>,
+    },
+    Categorical {
+        size: usize,
+        /// `log_probs[component * size + index]`.
+        log_probs: Vec<f64>,
+        probs: Vec<f64>,
+    },
+}
+
+impl Mixture {
+    /// Fits the mixture to `points` (encoded vectors, NaN where inactive) with their `weights`.
+    pub(super) fn fit(
+        model: &Model,
+        settings: &Settings,
+        points: &[&[f64]],
+        weights: &[f64],
+    ) -> Mixture {
+        let n = points.len();
+        let kernels = n + 1;
+        let mut w: Vec<f64> = weights.to_vec();
+        w.push(if n == 0 { 1.0 } else { settings.prior_weight });
+        let total: f64 = w.iter().sum();
+        let w: Vec<f64> = if total > 0.0 && total.is_finite() {
+            w.iter().map(|x| x / total).collect()
+        } else {
+            vec![1.0 / kernels as f64; kernels]
+        };
+        let mut cumulative = Vec::with_capacity(kernels);
+        let mut acc = 0.0;
+        for x in &w {
+            acc += x;
+            cumulative.push(acc);
+        }
+        let dims = (0..model.encoding.len())
+            .map(|d| fit_dim(model, settings, d, points, kernels))
+            .collect();
+        Mixture {
+            log_weights: w.iter().map(|x| x.ln()).collect(),
+            cumulative,
+            dims,
+        }
+    }
+
+    /// Draws `count` encoded points (already snapped to values trials can receive).
+    pub(super) fn sample(&self, model: &Model, rng: &mut SeededRng, count: usize) -> Vec<Vec<f64>> {
+        (0..count).map(|_| self.sample_one(model, rng)).collect()
+    }
+
+    fn sample_one(&self, model: &Model, rng: &mut SeededRng) -> Vec<f64> {
+        let u: f64 = rng.gen::<f64>() * self.cumulative.last().copied().unwrap_or(1.0);
+        let component = self
+            .cumulative
+            .iter()
+            .position(|&c| u < c)
+            .unwrap_or(self.cumulative.len() - 1);
+        let mut point: Vec<f64> = Vec::with_capacity(self.dims.len());
+        for (d, kernels) in self.dims.iter().enumerate() {
+            if !model.is_active(d, &point) {
+                point.push(f64::NAN);
+                continue;
+            }
+            let x = match kernels {
+                Kernels::Numeric {
+                    mus,
+                    sigmas,
+                    bounds,
+                    ..
+                } => {
+                    let (mu, sigma) = (mus[component], sigmas[component]);
+                    let raw = truncated_normal(rng, mu, sigma, *bounds);
+                    let dim = &model.encoding.dims()[d];
+                    snap(&model.types[d], dim.kind(), raw)
+                }
+                Kernels::Categorical { size, probs, .. } => {
+                    let row = &probs[component * size..(component + 1) * size];
+                    let mut u: f64 = rng.gen();
+                    let mut chosen = size - 1;
+                    for (k, p) in row.iter().enumerate() {
+                        if u < *p {
+                            chosen = k;
+                            break;
+                        }
+                        u -= p;
+                    }
+                    chosen as f64
+                }
+            };
+            point.push(x);
+        }
+        point
+    }
+
+    /// The log density of an encoded point (its active dimensions).
+    pub(super) fn log_pdf(&self, point: &[f64], scratch: &mut Vec<f64>) -> f64 {
+        scratch.clear();
+        scratch.extend_from_slice(&self.log_weights);
+        for (kernels, &x) in self.dims.iter().zip(point) {
+            if x.is_nan() {
+                continue;
+            }
+            match kernels {
+                Kernels::Numeric {
+                    mus,
+                    inv_sigmas,
+                    log_norms,
+                    ..
+                } => {
+                    for (((acc, mu), inv), norm) in
+                        scratch.iter_mut().zip(mus).zip(inv_sigmas).zip(log_norms)
+                    {
+                        let z = (x - mu) * inv;
+                        *acc += norm - 0.5 * z * z;
+                    }
+                }
+                Kernels::Categorical {
+                    size, log_probs, ..
+                } => {
+                    let k = x as usize;
+                    for (c, acc) in scratch.iter_mut().enumerate() {
+                        *acc += log_probs[c * size + k];
+                    }
+                }
+            }
+        }
+        log_sum_exp(scratch)
+    }
+}
+
+/// The kernels of dimension `d`: one per point (the prior's where the point lacks `d`), then the
+/// prior's.
+fn fit_dim(
+    model: &Model,
+    settings: &Settings,
+    d: usize,
+    points: &[&[f64]],
+    kernels: usize,
+) -> Kernels {
+    let dim = &model.encoding.dims()[d];
+    let values: Vec<f64> = points.iter().map(|p| p[d]).collect();
+    match dim.kind() {
+        DimKind::Categorical { size } => {
+            let size = size as usize;
+            let spread = settings.prior_weight / kernels as f64;
+            let mut probs = Vec::with_capacity(kernels * size);
+            for &v in &values {
+                if v.is_nan() {
+                    probs.extend(std::iter::repeat_n(1.0 / size as f64, size));
+                } else {
+                    let total = 1.0 + spread * size as f64;
+                    probs.extend(
+                        (0..size)
+                            .map(|k| (spread + if k == v as usize { 1.0 } else { 0.0 }) / total),
+                    );
+                }
+            }
+            probs.extend(std::iter::repeat_n(1.0 / size as f64, size));
+            Kernels::Categorical {
+                size,
+                log_probs: probs.iter().map(|p| p.ln()).collect(),
+                probs,
+            }
+        }
+        kind => {
+            let half_step = encoded_step(&model.types[d], kind).map_or(0.0, |s| s / 2.0);
+            let (bounds, prior_mu, width) = match kind {
+                DimKind::Gaussian => (None, 0.0, 1.0),
+                _ => {
+                    let (lo, hi) = kind.range();
+                    let (lo, hi) = (lo - half_step, hi + half_step);
+                    (Some((lo, hi)), (lo + hi) / 2.0, hi - lo)
+                }
+            };
+            let min_sigma = width / (1.0 + kernels as f64).min(100.0);
+            let mut sigmas = neighbour_sigmas(&values, bounds, width);
+            for s in &mut sigmas {
+                *s = s.clamp(min_sigma, width);
+            }
+            let mut mus = values;
+            for (mu, sigma) in mus.iter_mut().zip(&mut sigmas) {
+                if mu.is_nan() {
+                    *mu = prior_mu;
+                    *sigma = width;
+                }
+            }
+            mus.push(prior_mu);
+            sigmas.push(width);
+            let log_norms = mus
+                .iter()
+                .zip(&sigmas)
+                .map(|(&mu, &sigma)| {
+                    let mass = bounds.map_or(1.0, |(lo, hi)| {
+                        normal_cdf((hi - mu) / sigma) - normal_cdf((lo - mu) / sigma)
+                    });
+                    -sigma.ln() - LN_SQRT_2PI - mass.max(1e-300).ln()
+                })
+                .collect();
+            Kernels::Numeric {
+                inv_sigmas: sigmas.iter().map(|s| 1.0 / s).collect(),
+                mus,
+                sigmas,
+                log_norms,
+                bounds,
+            }
+        }
+    }
+}
+
+/// Per value (NaN for inactive ones, which get NaN): the larger distance to its neighbours among
+/// the active values, the range's ends counting as neighbours of a lone value (Optuna without
+/// `consider_endpoints`). A lone value of an unbounded dimension gets `width`.
+fn neighbour_sigmas(values: &[f64], bounds: Option<(f64, f64)>, width: f64) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..values.len()).filter(|&i| !values[i].is_nan()).collect();
+    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+    let mut sigmas = vec![f64::NAN; values.len()];
+    match order.len() {
+        0 => {}
+        1 => {
+            let x = values[order[0]];
+            sigmas[order[0]] = bounds.map_or(width, |(lo, hi)| (x - lo).max(hi - x));
+        }
+        m => {
+            for (rank, &i) in order.iter().enumerate() {
+                let x = values[i];
+                let left = (rank > 0).then(|| x - values[order[rank - 1]]);
+                let right = (rank + 1 < m).then(|| values[order[rank + 1]] - x);
+                sigmas[i] = match (left, right) {
+                    (Some(l), Some(r)) => l.max(r),
+                    (Some(l), None) => l,
+                    (None, Some(r)) => r,
+                    (None, None) => width,
+                };
+            }
+        }
+    }
+    sigmas
+}
+
+/// A normal draw inside `bounds`, by rejection (kernels keep most of their mass inside: their
+/// centre is inside and their width at most the range's), clamped after 64 misses.
+fn truncated_normal(rng: &mut SeededRng, mu: f64, sigma: f64, bounds: Option<(f64, f64)>) -> f64 {
+    let Some((lo, hi)) = bounds else {
+        return mu + sigma * standard_normal(rng);
+    };
+    for _ in 0..64 {
+        let x = mu + sigma * standard_normal(rng);
+        if (lo..=hi).contains(&x) {
+            return x;
+        }
+    }
+    mu.clamp(lo, hi)
+}

@@ -1,0 +1,468 @@
+//! TPE, the Tree-structured Parzen Estimator (Bergstra et al. 2011), NNI's default tuner.
+//!
+//! Two variants behind one classArgs surface (NNI's `optimize_mode`, `seed`, `tpe_args`):
+//!
+//! - `variant: "nni"` is NNI 3.0's `TpeTuner` (see `nni.rs`): parameters modelled one at a
+//!   time, `n_below = min(ceil(gamma √n), linear_forgetting)`, 20 random start-up trials;
+//! - `variant: "knob"`, the default (see `joint.rs`), models whole points (multivariate TPE,
+//!   Falkner et al. 2018; Optuna 4+), splits off the best `ceil(good_fraction n)` trials
+//!   (capped at `linear_forgetting`; Watanabe 2023 finds a linear split better than √n), treats
+//!   `randint` as ordered, and starts after 10 random trials.
+//!
+//! Every NNI `tpe_args` key keeps its NNI meaning in both variants; giving `gamma` selects NNI's
+//! √n split. knob adds `multivariate` and `good_fraction`.
+//!
+//! Parallel trials: each running trial enters the model with a made-up loss (the constant
+//! liar: best, worst or mean loss so far), so concurrent suggestions spread out. No point is
+//! handed out twice (`Unseen`). Each suggestion draws from its own stream `step_rng(seed,
+//! step)`, so a run resumed with `import_data` continues exactly as the uninterrupted run would.
+
+mod joint;
+mod nni;
+
+use std::collections::BTreeMap;
+
+use knob_plugin_api::space::{Encoding, ParamType, SearchSpace};
+use knob_plugin_api::{log, parse_class_args, Generated, ImportedTrial, PluginError, Tuner};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use crate::common::args::{optimize_mode, OptimizeMode};
+use crate::common::observed::{encode_imported, loss, reencode, Observation};
+use crate::common::seed::{seed, seed_or_entropy, step_rng};
+use crate::common::unseen::Unseen;
+
+const NAME: &str = "TPE";
+
+/// The TPE tuner; see the module docs.
+#[derive(Debug)]
+pub struct TpeTuner {
+    seed: u64,
+    mode: OptimizeMode,
+    settings: Settings,
+    model: Option<Model>,
+    /// Finished trials in the order their results arrived.
+    finished: Vec<Observation>,
+    /// Trials handed out and still without a result, by parameter id.
+    running: BTreeMap<u64, Observation>,
+    /// Imported before a search space arrived; encoded once one does.
+    pending_import: Vec<ImportedTrial>,
+    /// Points handed out or imported so far: the index of the next suggestion's random stream.
+    steps: u64,
+    unseen: Unseen,
+}
+
+/// The algorithm's settings after the variant's defaults and the user's `tpe_args`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Settings {
+    liar: Option<Liar>,
+    n_startup_jobs: usize,
+    n_ei_candidates: usize,
+    linear_forgetting: usize,
+    prior_weight: f64,
+    split: Split,
+    multivariate: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Split {
+    /// NNI and hyperopt: `ceil(gamma √n)` good trials.
+    Sqrt(f64),
+    /// Optuna: `ceil(fraction n)` good trials.
+    Linear(f64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Liar {
+    Best,
+    Worst,
+    Mean,
+}
+
+impl Settings {
+    /// How many of `n` trials count as good.
+    fn n_below(&self, n: usize) -> usize {
+        let below = match self.split {
+            Split::Sqrt(gamma) => (gamma * (n as f64).sqrt()).ceil(),
+            Split::Linear(fraction) => (fraction * n as f64).ceil(),
+        };
+        (below.max(0.0) as usize).min(self.linear_forgetting)
+    }
+}
+
+/// The search space with what the algorithms look up per dimension.
+#[derive(Debug)]
+pub(crate) struct Model {
+    space: SearchSpace,
+    encoding: Encoding,
+    types: Vec<ParamType>,
+}
+
+impl Model {
+    fn new(space: &SearchSpace) -> Model {
+        Model {
+            space: space.clone(),
+            encoding: space.encoding(),
+            types: space
+                .all_parameters()
+                .into_iter()
+                .map(|p| p.param_type().clone())
+                .collect(),
+        }
+    }
+
+    /// Whether dimension `d` exists in a point whose dimensions before `d` are `partial`.
+    fn is_active(&self, d: usize, partial: &[f64]) -> bool {
+        self.encoding.dims()[d]
+            .condition()
+            .is_none_or(|c| partial[c.dim] == c.option as f64)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TpeClassArgs {
+    #[serde(default, deserialize_with = "optimize_mode")]
+    optimize_mode: Option<OptimizeMode>,
+    #[serde(default, deserialize_with = "seed")]
+    seed: Option<u64>,
+    #[serde(default)]
+    variant: Option<Variant>,
+    #[serde(default)]
+    tpe_args: Option<TpeArgs>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Variant {
+    Knob,
+    Nni,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TpeArgs {
+    #[serde(default, deserialize_with = "liar")]
+    constant_liar_type: Option<Option<Liar>>,
+    n_startup_jobs: Option<u64>,
+    n_ei_candidates: Option<u64>,
+    linear_forgetting: Option<u64>,
+    prior_weight: Option<f64>,
+    gamma: Option<f64>,
+    multivariate: Option<bool>,
+    good_fraction: Option<f64>,
+}
+
+/// `constant_liar_type`: "best", "worst", "mean", or null / "none" for no liar (NNI's `None`).
+fn liar<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<Liar>>, D::Error> {
+    match Option::<Value>::deserialize(deserializer)? {
+        None | Some(Value::Null) => Ok(Some(None)),
+        Some(Value::String(s)) => match s.to_lowercase().as_str() {
+            "best" => Ok(Some(Some(Liar::Best))),
+            "worst" => Ok(Some(Some(Liar::Worst))),
+            "mean" => Ok(Some(Some(Liar::Mean))),
+            "none" => Ok(Some(None)),
+            _ => Err(serde::de::Error::custom(format!(
+                "constant_liar_type must be \"best\", \"worst\", \"mean\" or null, got \"{s}\""
+            ))),
+        },
+        Some(other) => Err(serde::de::Error::custom(format!(
+            "constant_liar_type must be \"best\", \"worst\", \"mean\" or null, got {other}"
+        ))),
+    }
+}
+
+impl Settings {
+    fn from_args(variant: Variant, args: TpeArgs) -> Result<Settings, PluginError> {
+        let mut settings = match variant {
+            Variant::Nni => Settings {
+                liar: Some(Liar::Best),
+                n_startup_jobs: 20,
+                n_ei_candidates: 24,
+                linear_forgetting: 25,
+                prior_weight: 1.0,
+                split: Split::Sqrt(0.25),
+                multivariate: false,
+            },
+            Variant::Knob => Settings {
+                liar: Some(Liar::Worst),
+                n_startup_jobs: 10,
+                n_ei_candidates: 24,
+                linear_forgetting: 25,
+                prior_weight: 1.0,
+                split: Split::Linear(0.1),
+                multivariate: true,
+            },
+        };
+        let bad = |what: String| PluginError::new(format!("classArgs of {NAME}: tpe_args.{what}"));
+        if let Some(liar) = args.constant_liar_type {
+            settings.liar = liar;
+        }
+        if let Some(n) = args.n_startup_jobs {
+            settings.n_startup_jobs = n as usize;
+        }
+        if let Some(n) = args.n_ei_candidates {
+            if n == 0 {
+                return Err(bad("n_ei_candidates must be at least 1, got 0".into()));
+            }
+            settings.n_ei_candidates = n as usize;
+        }
+        if let Some(n) = args.linear_forgetting {
+            settings.linear_forgetting = n as usize;
+        }
+        if let Some(w) = args.prior_weight {
+            if !(w >= 0.0 && w.is_finite()) {
+                return Err(bad(format!("prior_weight must be a number >= 0, got {w}")));
+            }
+            settings.prior_weight = w;
+        }
+        match (args.gamma, args.good_fraction) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "gamma (NNI's split: ceil(gamma * sqrt(n)) good trials) and good_fraction (ceil(good_fraction * n)) exclude each other; give one"
+                        .into(),
+                ))
+            }
+            (Some(gamma), None) => {
+                if !(gamma > 0.0 && gamma.is_finite()) {
+                    return Err(bad(format!("gamma must be a number > 0, got {gamma}")));
+                }
+                settings.split = Split::Sqrt(gamma);
+            }
+            (None, Some(fraction)) => {
+                if !(fraction > 0.0 && fraction <= 1.0) {
+                    return Err(bad(format!(
+                        "good_fraction must be in (0, 1], got {fraction}"
+                    )));
+                }
+                settings.split = Split::Linear(fraction);
+            }
+            (None, None) => {}
+        }
+        if let Some(multivariate) = args.multivariate {
+            settings.multivariate = multivariate;
+        }
+        Ok(settings)
+    }
+}
+
+impl TpeTuner {
+    /// The seed in use, given or drawn: `classArgs: {seed: <it>}` replays this run.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The made-up loss of running trials, from the losses so far (0 before any, as NNI).
+    fn lie(&self) -> Option<f64> {
+        let liar = self.settings.liar?;
+        let finite = self
+            .finished
+            .iter()
+            .map(|o| o.loss)
+            .filter(|l| l.is_finite());
+        let lie = match liar {
+            Liar::Best => finite.fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.min(l)))),
+            Liar::Worst => finite.fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l)))),
+            Liar::Mean => {
+                let (sum, n) = finite.fold((0.0, 0usize), |(s, n), l| (s + l, n + 1));
+                (n > 0).then(|| sum / n as f64)
+            }
+        };
+        Some(lie.unwrap_or(0.0))
+    }
+
+    /// Candidate points, best first.
+    fn candidates(
+        &self,
+        model: &Model,
+        rng: &mut knob_plugin_api::space::SeededRng,
+    ) -> Vec<Vec<f64>> {
+        let mut history: Vec<(&[f64], f64)> = self
+            .finished
+            .iter()
+            .map(|o| (o.vector.as_slice(), o.loss))
+            .collect();
+        if let Some(lie) = self.lie() {
+            history.extend(self.running.values().map(|o| (o.vector.as_slice(), lie)));
+        }
+        if !self.settings.multivariate {
+            return vec![nni::suggest(model, &self.settings, rng, &history)];
+        }
+        if self.finished.len() < self.settings.n_startup_jobs {
+            // Unseen's random draws from the space are the start-up trials.
+            return Vec::new();
+        }
+        let n_below = self.settings.n_below(history.len()).min(history.len());
+        let mut order: Vec<usize> = (0..history.len()).collect();
+        order.sort_by(|&a, &b| history[a].1.total_cmp(&history[b].1));
+        let mut is_below = vec![false; history.len()];
+        for &i in &order[..n_below] {
+            is_below[i] = true;
+        }
+        // Each group in arrival order, so linear forgetting down-weights the oldest.
+        let group = |below: bool| -> Vec<&[f64]> {
+            (0..history.len())
+                .filter(|&i| is_below[i] == below)
+                .map(|i| history[i].0)
+                .collect()
+        };
+        let (below, above) = (group(true), group(false));
+        let weights = |n| nni::linear_forgetting_weights(self.settings.linear_forgetting, n);
+        let good = joint::Mixture::fit(model, &self.settings, &below, &weights(below.len()));
+        let bad = joint::Mixture::fit(model, &self.settings, &above, &weights(above.len()));
+        let samples = good.sample(model, rng, self.settings.n_ei_candidates);
+        let mut scratch = Vec::new();
+        let mut scored: Vec<(f64, Vec<f64>)> = samples
+            .into_iter()
+            .map(|x| {
+                let score = good.log_pdf(&x, &mut scratch) - bad.log_pdf(&x, &mut scratch);
+                (
+                    if score.is_nan() {
+                        f64::NEG_INFINITY
+                    } else {
+                        score
+                    },
+                    x,
+                )
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        scored.into_iter().map(|(_, x)| x).collect()
+    }
+
+    fn take_pending_import(&mut self) {
+        let Some(model) = &self.model else { return };
+        let trials = std::mem::take(&mut self.pending_import);
+        let observations = encode_imported(NAME, &model.encoding, &trials, self.mode);
+        for o in observations {
+            self.unseen.insert(&o.parameters);
+            self.finished.push(o);
+            self.steps += 1;
+        }
+    }
+}
+
+impl Tuner for TpeTuner {
+    fn new(class_args: &Value) -> Result<Self, PluginError> {
+        let args: TpeClassArgs = parse_class_args(NAME, class_args)?;
+        let settings = Settings::from_args(
+            args.variant.unwrap_or(Variant::Knob),
+            args.tpe_args.unwrap_or_default(),
+        )?;
+        Ok(TpeTuner {
+            seed: seed_or_entropy(NAME, args.seed),
+            mode: args.optimize_mode.unwrap_or(OptimizeMode::Minimize),
+            settings,
+            model: None,
+            finished: Vec::new(),
+            running: BTreeMap::new(),
+            pending_import: Vec::new(),
+            steps: 0,
+            unseen: Unseen::default(),
+        })
+    }
+
+    fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError> {
+        let model = Model::new(space);
+        reencode(NAME, &model.encoding, &mut self.finished);
+        self.running
+            .retain(|_, o| match model.encoding.encode(&o.parameters) {
+                Ok(v) => {
+                    o.vector = v;
+                    true
+                }
+                Err(_) => false,
+            });
+        self.unseen.reset_grid();
+        self.model = Some(model);
+        self.take_pending_import();
+        Ok(())
+    }
+
+    fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        let Some(model) = &self.model else {
+            return Err(PluginError::new(format!(
+                "{NAME}: asked for parameters before it was given a search space"
+            )));
+        };
+        let mut rng = step_rng(self.seed, self.steps);
+        let candidates = self.candidates(model, &mut rng);
+        let decoded = candidates
+            .iter()
+            .filter_map(|x| model.encoding.decode(x).ok())
+            .collect::<Vec<_>>();
+        let Some(parameters) = self.unseen.pick(NAME, &model.space, &mut rng, decoded) else {
+            return Ok(Generated::NoMore);
+        };
+        let vector = model.encoding.encode(&parameters).map_err(|e| {
+            PluginError::new(format!(
+                "{NAME}: produced parameters outside the space: {e}"
+            ))
+        })?;
+        self.steps += 1;
+        self.running.insert(
+            parameter_id,
+            Observation {
+                parameters: parameters.clone(),
+                vector,
+                loss: f64::NAN,
+            },
+        );
+        Ok(Generated::Parameters(parameters))
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        value: f64,
+    ) -> Result<(), PluginError> {
+        let loss = loss(value, self.mode);
+        let observation = match self.running.remove(&parameter_id) {
+            Some(o) => o,
+            None => {
+                let Some(model) = &self.model else {
+                    return Ok(());
+                };
+                match model.encoding.encode(parameters) {
+                    Ok(vector) => Observation {
+                        parameters: parameters.clone(),
+                        vector,
+                        loss,
+                    },
+                    Err(e) => {
+                        log::warn(&format!(
+                            "{NAME}: ignored the result of parameters {parameter_id}: not in the search space: {e}"
+                        ));
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        self.finished.push(Observation {
+            loss,
+            ..observation
+        });
+        Ok(())
+    }
+
+    fn trial_end(&mut self, parameter_id: u64, _status: &str) -> Result<(), PluginError> {
+        // A trial that ended without a result leaves the liar's set.
+        self.running.remove(&parameter_id);
+        Ok(())
+    }
+
+    fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), PluginError> {
+        self.pending_import.extend_from_slice(trials);
+        let before = self.finished.len();
+        self.take_pending_import();
+        if self.model.is_some() {
+            log::info(&format!(
+                "{NAME}: imported {} of {} trials",
+                self.finished.len() - before,
+                trials.len()
+            ));
+        }
+        Ok(())
+    }
+}
