@@ -4,15 +4,18 @@
 //! points already tried, the normal quantile, common classArgs) lives in `common`.
 
 mod common;
+mod gp;
 mod grid_search;
 mod random;
 mod tpe;
 
+pub use gp::GpTuner;
 pub use grid_search::GridSearchTuner;
 pub use random::RandomTuner;
 pub use tpe::TpeTuner;
 
 knob_plugin_api::export_plugin! {
+    tuner "GPTuner": GpTuner = "Bayesian optimization with a Gaussian process (NNI's GPTuner): Matérn kernel with fitted length scales, EI/UCB/PI, every search-space type";
     tuner "TPE": TpeTuner = "Tree-structured Parzen Estimator (NNI's TPE; multivariate by default, variant: nni for NNI 3.0's): seeded, constant liar for parallel trials, resumes exactly";
     tuner "Random": RandomTuner = "random search (NNI's Random): seeded, never repeats a point, ends when a finite space is used up";
     tuner "GridSearch": GridSearchTuner = "grid search (NNI's GridSearch): every combination of choices and integers, continuous ranges refined in rounds";

@@ -3,6 +3,7 @@
 
 mod abi;
 mod drive;
+mod gp;
 mod grid;
 mod random;
 mod tpe;

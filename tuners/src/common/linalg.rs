@@ -1,0 +1,128 @@
+//! Dense linear algebra on the small matrices model-based tuners use: a Gaussian process's
+//! kernel matrix (at most a few hundred observations). Matrices are row-major `Vec<f64>` of
+//! `n × n`.
+//!
+//! Written here rather than taken from a crate: the operations needed (Cholesky with solves and
+//! an inverse from it) are a few dozen lines, and a linear-algebra crate would add its compile
+//! time to every build of the plugin.
+
+/// The Cholesky factor `L` (lower triangular, `A = L Lᵀ`) of a symmetric positive-definite matrix.
+#[derive(Debug, Clone)]
+pub(crate) struct Cholesky {
+    n: usize,
+    lower: Vec<f64>,
+}
+
+impl Cholesky {
+    /// Factors `matrix` (`n × n`, only its lower triangle is read); `None` when it is not
+    /// positive definite in floating point (a pivot is not a positive finite number).
+    pub(crate) fn factor(matrix: &[f64], n: usize) -> Option<Cholesky> {
+        debug_assert_eq!(matrix.len(), n * n);
+        let mut lower = vec![0.0; n * n];
+        for i in 0..n {
+            for j in 0..=i {
+                let dot: f64 = (0..j).map(|k| lower[i * n + k] * lower[j * n + k]).sum();
+                let value = matrix[i * n + j] - dot;
+                if i == j {
+                    if !(value > 0.0 && value.is_finite()) {
+                        return None;
+                    }
+                    lower[i * n + i] = value.sqrt();
+                } else {
+                    lower[i * n + j] = value / lower[j * n + j];
+                }
+            }
+        }
+        Some(Cholesky { n, lower })
+    }
+
+    /// Solves `L y = b` in place.
+    pub(crate) fn solve_lower(&self, b: &mut [f64]) {
+        let n = self.n;
+        for i in 0..n {
+            let dot: f64 = (0..i).map(|k| self.lower[i * n + k] * b[k]).sum();
+            b[i] = (b[i] - dot) / self.lower[i * n + i];
+        }
+    }
+
+    /// Solves `Lᵀ x = y` in place.
+    pub(crate) fn solve_upper(&self, b: &mut [f64]) {
+        let n = self.n;
+        for i in (0..n).rev() {
+            let dot: f64 = (i + 1..n).map(|k| self.lower[k * n + i] * b[k]).sum();
+            b[i] = (b[i] - dot) / self.lower[i * n + i];
+        }
+    }
+
+    /// Solves `A x = b` in place.
+    pub(crate) fn solve(&self, b: &mut [f64]) {
+        self.solve_lower(b);
+        self.solve_upper(b);
+    }
+
+    /// `ln det A`.
+    pub(crate) fn log_det(&self) -> f64 {
+        2.0 * (0..self.n)
+            .map(|i| self.lower[i * self.n + i].ln())
+            .sum::<f64>()
+    }
+
+    /// `A⁻¹`, as `L⁻ᵀ L⁻¹`.
+    pub(crate) fn inverse(&self) -> Vec<f64> {
+        let n = self.n;
+        // Row j of `inv_lower_t` is column j of L⁻¹ (so the product below reads rows only).
+        let mut inv_lower_t = vec![0.0; n * n];
+        for j in 0..n {
+            let column = &mut inv_lower_t[j * n..(j + 1) * n];
+            column[j] = 1.0;
+            for i in j..n {
+                let dot: f64 = (j..i).map(|k| self.lower[i * n + k] * column[k]).sum();
+                column[i] = (column[i] - dot) / self.lower[i * n + i];
+            }
+        }
+        let mut inverse = vec![0.0; n * n];
+        for a in 0..n {
+            for b in 0..=a {
+                // (L⁻ᵀ L⁻¹)_ab = Σ_k (L⁻¹)_ka (L⁻¹)_kb, and (L⁻¹)_ka is zero for k < a.
+                let start = a.max(b);
+                let dot: f64 = (start..n)
+                    .map(|k| inv_lower_t[a * n + k] * inv_lower_t[b * n + k])
+                    .sum();
+                inverse[a * n + b] = dot;
+                inverse[b * n + a] = dot;
+            }
+        }
+        inverse
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-10 * a.abs().max(1.0)
+    }
+
+    #[test]
+    fn cholesky_solves_inverts_and_has_the_determinant() {
+        let a = [4.0, 2.0, 0.6, 2.0, 5.0, 1.0, 0.6, 1.0, 3.0];
+        let chol = Cholesky::factor(&a, 3).unwrap();
+        let mut x = [1.0, 2.0, 3.0];
+        chol.solve(&mut x);
+        for i in 0..3 {
+            let ax: f64 = (0..3).map(|k| a[i * 3 + k] * x[k]).sum();
+            assert!(close(ax, [1.0, 2.0, 3.0][i]), "row {i}: {ax}");
+        }
+        let inverse = chol.inverse();
+        for i in 0..3 {
+            for j in 0..3 {
+                let product: f64 = (0..3).map(|k| a[i * 3 + k] * inverse[k * 3 + j]).sum();
+                assert!(close(product, f64::from(u8::from(i == j))), "{i},{j}");
+            }
+        }
+        // det = 4(15-1) - 2(6-0.6) + 0.6(2-3) = 56 - 10.8 - 0.6
+        assert!(close(chol.log_det(), 44.6f64.ln()));
+        assert!(Cholesky::factor(&[1.0, 2.0, 2.0, 1.0], 2).is_none());
+    }
+}
