@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use knob_core::config::ExperimentConfig;
 use knob_core::experiment;
-use knob_core::manager::{self, Command, Outcome, Progress};
+use knob_core::manager::{self, Command, Experiment, Outcome, Progress};
 use knob_core::registry::{knob_home, Registry};
-use knob_core::store::ExperimentStatus;
+use knob_core::store::{ExperimentStatus, Store};
 use knob_plugin_api::host::PluginRegistry;
 use tokio::sync::{mpsc, watch};
 
@@ -40,18 +41,31 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     for problem in plugins.problems() {
         eprintln!("warning: {problem}");
     }
-    // Fail before anything is created when the config names a component no plugin provides.
-    for (kind, name) in manager::required_components(&config)? {
-        plugins
-            .find(kind, &name)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
-    }
-    // A GPU experiment on a machine without usable GPUs fails here, with the probe's reason.
-    manager::Placer::for_local(&config).map_err(|reason| {
-        anyhow::anyhow!("{}: cannot place trials: {reason}", args.config.display())
-    })?;
+    preflight(&config, &plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let registry = Registry::open_default()?;
     let (experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
+    run_in_foreground(experiment, store, &plugins, &registry)
+}
+
+/// Checks what can be checked before an experiment starts: every plugin component it names
+/// exists, and this machine can place its trials (a GPU experiment without usable GPUs fails
+/// here, with the probe's reason).
+pub fn preflight(config: &ExperimentConfig, plugins: &PluginRegistry) -> anyhow::Result<()> {
+    for (kind, name) in manager::required_components(config)? {
+        plugins.find(kind, &name)?;
+    }
+    manager::Placer::for_local(config)
+        .map_err(|reason| anyhow::anyhow!("cannot place trials: {reason}"))?;
+    Ok(())
+}
+
+/// Runs the manager with a progress bar until the experiment ends; Ctrl-C stops it.
+pub fn run_in_foreground(
+    experiment: Experiment,
+    store: Store,
+    plugins: &PluginRegistry,
+    registry: &Registry,
+) -> anyhow::Result<ExitCode> {
     let id = experiment.id.clone();
     let dir = experiment.dir.clone();
     let maximize = optimize_maximize(&experiment.config);
@@ -70,7 +84,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
         let (progress_tx, progress_rx) = watch::channel(Progress::default());
         tokio::spawn(forward_ctrl_c(commands));
         let display = tokio::spawn(show_progress(progress_rx, maximize));
-        let result = manager::run(experiment, store, &plugins, command_inbox, progress_tx).await;
+        let result = manager::run(experiment, store, plugins, command_inbox, progress_tx).await;
         let _ = display.await;
         result
     });
@@ -88,7 +102,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn optimize_maximize(config: &knob_core::config::ExperimentConfig) -> bool {
+fn optimize_maximize(config: &ExperimentConfig) -> bool {
     let mode = config
         .tuner
         .class_args

@@ -5,6 +5,7 @@ mod create;
 mod experiment;
 mod gpu;
 mod plugin;
+mod resume;
 mod space;
 mod table;
 
@@ -27,6 +28,10 @@ struct Cli {
 enum Command {
     /// Create an experiment from a config and run it (in the foreground unless --detach).
     Create(create::CreateArgs),
+    /// Continue a stopped, crashed or finished experiment where it left off.
+    Resume(resume::ResumeArgs),
+    /// Stop a running experiment (its running trials are killed); it can be resumed.
+    Stop { id: String },
     /// List, inspect and export experiments.
     #[command(subcommand)]
     Experiment(experiment::ExperimentCommand),
@@ -66,6 +71,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Create(args) => create::run(args),
+        Command::Resume(args) => resume::resume(args),
+        Command::Stop { id } => resume::stop(&id),
         Command::Experiment(command) => experiment::run(command),
         Command::Trial(command) => experiment::run_trial(command),
         Command::Config(ConfigCommand::Check { file }) => {

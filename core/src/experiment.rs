@@ -108,5 +108,13 @@ pub fn create(
             start_time_ms: entry.created_ms,
         })
         .wait()?;
-    Ok((Experiment { id, dir, config }, store))
+    Ok((
+        Experiment {
+            id,
+            dir,
+            config,
+            history: None,
+        },
+        store,
+    ))
 }

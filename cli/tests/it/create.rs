@@ -10,29 +10,29 @@ use serde_json::Value;
 use crate::{knob, repo_root, run};
 
 /// A temp home (registry) and working directory for experiments, per test.
-struct Sandbox {
+pub(crate) struct Sandbox {
     dir: tempfile::TempDir,
 }
 
 impl Sandbox {
-    fn new() -> Sandbox {
+    pub(crate) fn new() -> Sandbox {
         Sandbox {
             dir: tempfile::tempdir().unwrap(),
         }
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 
-    fn knob(&self) -> Command {
+    pub(crate) fn knob(&self) -> Command {
         let mut command = knob();
         command.env("KNOB_HOME", self.path().join("home"));
         command
     }
 
     /// Writes `config.yml` (with experimentWorkingDirectory in the sandbox) and `files`.
-    fn config(&self, yaml: &str, files: &[(&str, &str)]) -> PathBuf {
+    pub(crate) fn config(&self, yaml: &str, files: &[(&str, &str)]) -> PathBuf {
         let code = self.path().join("code");
         std::fs::create_dir_all(&code).unwrap();
         for (name, text) in files {
@@ -47,7 +47,7 @@ impl Sandbox {
         path
     }
 
-    fn create(&self, config: &Path, id: &str) -> (i32, String, String) {
+    pub(crate) fn create(&self, config: &Path, id: &str) -> (i32, String, String) {
         run(self
             .knob()
             .arg("create")
@@ -56,7 +56,7 @@ impl Sandbox {
             .args(["--id", id]))
     }
 
-    fn export(&self, id: &str) -> Value {
+    pub(crate) fn export(&self, id: &str) -> Value {
         let (code, stdout, stderr) =
             run(self
                 .knob()
@@ -66,7 +66,7 @@ impl Sandbox {
     }
 }
 
-const SPACE: &str = r#"searchSpace:
+pub(crate) const SPACE: &str = r#"searchSpace:
   x: {_type: randint, _value: [0, 1000000]}
 tuner:
   name: Random

@@ -6,6 +6,7 @@ mod assessor;
 mod create;
 mod nni;
 mod plugin;
+mod resume;
 mod space;
 
 use std::path::{Path, PathBuf};

@@ -42,6 +42,8 @@ mod reader;
 mod secret;
 mod training_service;
 mod units;
+
+pub use units::duration_text_seconds;
 mod yaml;
 
 use std::path::{Path, PathBuf};

@@ -36,6 +36,19 @@ pub(crate) fn duration_seconds(node: &Node) -> Result<u64, String> {
     positive_whole(seconds.ceil(), node)
 }
 
+/// [`duration_seconds`] for text from outside a config file (a command-line flag).
+pub fn duration_text_seconds(text: &str) -> Result<u64, String> {
+    let node = Node {
+        value: Value::Str(text.to_string()),
+        pos: None,
+    };
+    let as_number = text.trim().parse::<f64>().ok().map(|seconds| Node {
+        value: Value::Float(seconds),
+        pos: None,
+    });
+    duration_seconds(as_number.as_ref().unwrap_or(&node))
+}
+
 /// NNI's `parse_memory_size`, returning MiB: a number of MiB, or a number followed by `b`, `kb`,
 /// `mb`, `gb`, `tb` (binary multiples, as in NNI: `1GB` is 1024 MiB) or the explicit `kib`, `mib`,
 /// `gib`, `tib`. Rounded up to whole MiB; must be positive.

@@ -10,10 +10,12 @@
 
 mod metric;
 mod placement;
+mod resume;
 mod trial;
 
 pub use metric::{default_value, parse_lenient};
 pub use placement::Placer;
+use resume::retry_backoff;
 pub use trial::TrialSummary;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -31,8 +33,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{ExperimentConfig, TrainingServiceConfig};
 use crate::store::{
-    ExperimentStatus, MetricKind as StoredMetricKind, Rejection, Store, StoreError, StoreEvent,
-    StoreHandle, TrialStatus,
+    ExperimentState, ExperimentStatus, MetricKind as StoredMetricKind, Rejection, Store,
+    StoreError, StoreEvent, StoreHandle, TrialStatus,
 };
 use trial::Trial;
 
@@ -88,6 +90,8 @@ pub struct Experiment {
     pub id: String,
     pub dir: PathBuf,
     pub config: ExperimentConfig,
+    /// For `knob resume`: the experiment as its store recorded it.
+    pub history: Option<ExperimentState>,
 }
 
 /// Whether larger metric values are better, read from the tuner's classArgs as NNI does.
@@ -229,7 +233,12 @@ impl Manager {
         commands: mpsc::UnboundedReceiver<Command>,
         progress: watch::Sender<Progress>,
     ) -> Result<Manager, ManagerError> {
-        let Experiment { id, dir, config } = experiment;
+        let Experiment {
+            id,
+            dir,
+            config,
+            history,
+        } = experiment;
         let tuner = registry.tuner(
             &tuner_name(&config)?,
             &Value::Object(config.tuner.class_args.clone()),
@@ -267,7 +276,7 @@ impl Manager {
         let started = Instant::now();
         let deadline = config.max_experiment_duration.map(|d| started + d);
         let maximize = maximize(&config);
-        let manager = Manager {
+        let mut manager = Manager {
             id,
             dir,
             maximize,
@@ -299,6 +308,9 @@ impl Manager {
             best: None,
             config,
         };
+        if let Some(history) = history {
+            manager.restore(&history).await?;
+        }
         manager
             .store
             .append(StoreEvent::ExperimentStatusChanged {
@@ -467,7 +479,9 @@ impl Manager {
             .values()
             .filter(|id| {
                 let trial = &self.trials[*id];
-                trial.status == TrialStatus::Waiting && !trial.launched
+                trial.status == TrialStatus::Waiting
+                    && !trial.launched
+                    && trial.not_before.is_none_or(|at| at <= Instant::now())
             })
             .cloned()
             .collect();
@@ -514,6 +528,17 @@ impl Manager {
             .get_mut(trial_id)
             .expect("placed trial is known");
         trial.launched = true;
+        // Each attempt writes its own files: a retried or resumed trial keeps the earlier
+        // attempt's output apart.
+        let attempt = trial.attempt + 1;
+        let trial_dir = match attempt {
+            1 => self.dir.join("trials").join(trial_id),
+            n => self
+                .dir
+                .join("trials")
+                .join(trial_id)
+                .join(format!("attempt-{n}")),
+        };
         let mut env = std::collections::BTreeMap::new();
         if gpu_indices.is_some() {
             // NVML (which placed the trial) numbers GPUs in PCI bus order; make CUDA agree.
@@ -528,7 +553,7 @@ impl Manager {
             environment_id: "local".into(),
             command: self.config.trial_command.clone(),
             code_dir: self.config.trial_code_directory.clone(),
-            trial_dir: self.dir.join("trials").join(trial_id),
+            trial_dir,
             gpu_indices,
             env,
         };
@@ -563,12 +588,13 @@ impl Manager {
                         .await;
                 };
                 if trial.status == TrialStatus::Waiting {
-                    trial.attempt = 1;
+                    trial.attempt += 1;
                     trial.pid = pid;
+                    let attempt = trial.attempt;
                     self.set_status(&trial_id, TrialStatus::Running);
                     let event = StoreEvent::TrialStarted {
                         trial_id,
-                        attempt: 1,
+                        attempt,
                         environment_id: "local".into(),
                         gpu_indices: Vec::new(),
                         pid,
@@ -609,6 +635,21 @@ impl Manager {
                         Some(trial::failure_reason(exit_code, signal, &stderr_tail)),
                     ),
                 };
+                if status == TrialStatus::Failed
+                    && trial.kill.is_none()
+                    && trial.attempt <= self.config.max_trial_retries
+                    && !self.closed_for_retries()
+                {
+                    let backoff = retry_backoff(trial.attempt);
+                    let reason = reason.unwrap_or_default();
+                    return self
+                        .requeue(
+                            &trial_id,
+                            format!("attempt {} failed: {reason}", trial.attempt),
+                            backoff,
+                        )
+                        .await;
+                }
                 self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail)
                     .await?;
             }
@@ -861,9 +902,14 @@ impl Manager {
             .map(|id| &self.trials[id])
             .filter(|t| t.kill.is_none())
             .filter_map(|t| t.deadline);
+        let retries = self
+            .active
+            .values()
+            .filter_map(|id| self.trials[id].not_before);
         experiment
             .into_iter()
             .chain(trials)
+            .chain(retries)
             .chain(self.reprobe_at)
             .min()
     }

@@ -32,6 +32,8 @@ pub(super) struct Trial {
     pub pid: Option<u32>,
     /// Placed and handed to the training service (its start may not be reported yet).
     pub launched: bool,
+    /// A retry waits until then (backoff).
+    pub not_before: Option<Instant>,
     /// Why it waits for resources, as last recorded.
     pub waiting_reason: Option<String>,
     pub deadline: Option<Instant>,
@@ -61,6 +63,7 @@ impl Trial {
             launched: false,
             pid: None,
             waiting_reason: None,
+            not_before: None,
             deadline: max_duration.map(|d| submitted + d),
             intermediate: Vec::new(),
             final_value: None,
@@ -106,6 +109,11 @@ pub(super) fn failure_reason(
         (None, Some(signal)) => format!("killed by signal {signal}"),
         (None, None) => "ended without an exit status".to_string(),
     };
+    let how = if looks_like_oom(exit_code, signal, stderr_tail) {
+        format!("out of memory? {how}")
+    } else {
+        how
+    };
     match stderr_tail
         .lines()
         .rev()
@@ -115,4 +123,25 @@ pub(super) fn failure_reason(
         Some(last) => format!("{how}: {last}"),
         None => how,
     }
+}
+
+/// Whether a failure looks like running out of memory: the kernel's OOM killer (SIGKILL, or
+/// bash reporting 137), or an out-of-memory error in the trial's last words.
+pub(super) fn looks_like_oom(
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    stderr_tail: &str,
+) -> bool {
+    const SIGKILL: i32 = 9;
+    let killed = exit_code == Some(128 + SIGKILL) || signal == Some(SIGKILL);
+    let said_so = [
+        "CUDA out of memory",
+        "OutOfMemoryError",
+        "MemoryError",
+        "std::bad_alloc",
+        "Killed",
+    ]
+    .iter()
+    .any(|needle| stderr_tail.contains(needle));
+    killed || said_so
 }

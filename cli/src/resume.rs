@@ -1,0 +1,118 @@
+//! `knob resume` and `knob stop`.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use knob_core::config::ExperimentConfig;
+use knob_core::manager::Experiment;
+use knob_core::registry::{process_alive, Registry};
+use knob_core::store::{Store, StoreEvent};
+use knob_plugin_api::host::PluginRegistry;
+use serde_json::Value;
+
+use crate::create::{preflight, run_in_foreground};
+
+#[derive(clap::Args)]
+pub struct ResumeArgs {
+    id: String,
+    /// Raise (or set) maxTrialNumber, e.g. to continue a finished experiment.
+    #[arg(long)]
+    max_trial_number: Option<u64>,
+    /// Raise (or set) maxExperimentDuration (`30m`, `2h`, or seconds); time already spent counts.
+    #[arg(long, value_parser = parse_duration)]
+    max_experiment_duration: Option<Duration>,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    knob_core::config::duration_text_seconds(text).map(Duration::from_secs)
+}
+
+pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
+    let registry = Registry::open_default()?;
+    let entry = registry.get(&args.id)?;
+    if let Some(pid) = entry
+        .pid
+        .filter(|&pid| process_alive(pid) && pid != std::process::id())
+    {
+        anyhow::bail!(
+            "experiment {} is running (pid {pid}); stop it first with `knob stop {}`",
+            args.id,
+            args.id
+        );
+    }
+    let store = Store::open(&entry.dir)?;
+    let state = store.replay()?;
+    let mut config: ExperimentConfig =
+        serde_json::from_value(state.config.clone()).with_context(|| {
+            format!(
+                "experiment {}: its stored config cannot be read by this knob",
+                args.id
+            )
+        })?;
+    if let Some(max) = args.max_trial_number {
+        store
+            .append(StoreEvent::ConfigUpdated {
+                field: "maxTrialNumber".into(),
+                value: Value::from(max),
+            })
+            .wait()?;
+        config.max_trial_number = Some(max);
+    }
+    if let Some(duration) = args.max_experiment_duration {
+        let value = Value::from(duration.as_secs());
+        store
+            .append(StoreEvent::ConfigUpdated {
+                field: "maxExperimentDuration".into(),
+                value,
+            })
+            .wait()?;
+        config.max_experiment_duration = Some(Duration::from_secs(duration.as_secs()));
+    }
+    let plugins = PluginRegistry::load(&config.plugin_paths);
+    for problem in plugins.problems() {
+        eprintln!("warning: {problem}");
+    }
+    preflight(&config, &plugins)?;
+    eprintln!(
+        "resuming experiment {} ({}, {} trials so far)",
+        args.id,
+        state.status.as_str(),
+        state.trials.len()
+    );
+    let experiment = Experiment {
+        id: args.id,
+        dir: entry.dir,
+        config,
+        history: Some(state),
+    };
+    run_in_foreground(experiment, store, &plugins, &registry)
+}
+
+/// Asks the process running an experiment to stop, as Ctrl-C would, and waits for it.
+pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
+    let registry = Registry::open_default()?;
+    let entry = registry.get(id)?;
+    let Some(pid) = entry.pid.filter(|&pid| process_alive(pid)) else {
+        println!("experiment {id} is not running ({})", entry.status);
+        return Ok(ExitCode::SUCCESS);
+    };
+    let pid_t = i32::try_from(pid).context("pid out of range")?;
+    // SAFETY: kill(2) with a pid the registry recorded for this experiment's process.
+    if unsafe { libc::kill(pid_t, libc::SIGINT) } != 0 {
+        anyhow::bail!(
+            "cannot signal process {pid} of experiment {id}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while process_alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if process_alive(pid) {
+        anyhow::bail!("experiment {id} (pid {pid}) has not stopped after 2 minutes; `kill -INT {pid}` again to force it");
+    }
+    let status = registry.get(id).map(|e| e.status).unwrap_or_default();
+    println!("experiment {id} stopped ({status}); continue it with `knob resume {id}`");
+    Ok(ExitCode::SUCCESS)
+}

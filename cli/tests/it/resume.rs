@@ -1,0 +1,268 @@
+//! Resume, stop and retries, end to end, including SIGKILL of the manager at random moments.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::create::{Sandbox, SPACE};
+use crate::run;
+
+fn spawn(mut command: Command) -> Child {
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_bounded(child: &mut Child, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status.code().unwrap_or(-1));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sigkill(child: &mut Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+#[test]
+fn a_finished_experiment_resumes_with_a_raised_trial_budget_and_fresh_ids() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 3\n{SPACE}"
+        ),
+        &[],
+    );
+    assert_eq!(sandbox.create(&config, "more").0, 0);
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["resume", "more", "--max-trial-number", "5"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("more");
+    assert_eq!(export["experiment"]["status"], "DONE");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 5);
+    let sequences: Vec<u64> = trials
+        .iter()
+        .map(|t| t["sequence"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sequences, [0, 1, 2, 3, 4]);
+    let mut ids: Vec<&str> = trials.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    let mut parameter_ids: Vec<u64> = trials
+        .iter()
+        .map(|t| t["parameter_id"].as_u64().unwrap())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    parameter_ids.sort();
+    parameter_ids.dedup();
+    assert_eq!(
+        (ids.len(), parameter_ids.len()),
+        (5, 5),
+        "ids repeat: {trials:?}"
+    );
+    assert!(trials.iter().all(|t| t["status"] == "SUCCEEDED"));
+}
+
+#[test]
+fn a_trial_that_fails_twice_then_succeeds_is_retried_and_every_attempt_recorded() {
+    let sandbox = Sandbox::new();
+    let script = "count=count-$NNI_TRIAL_JOB_ID\nn=$(cat $count 2>/dev/null || echo 0)\necho $((n + 1)) > $count\n\
+                  if [ $n -lt 2 ]; then echo \"attempt $n fails\" >&2; exit 3; fi\necho KNOB_FINAL 7\n";
+    let yaml = format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\nmaxTrialRetries: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "retry");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let trial = &sandbox.export("retry")["trials"][0];
+    assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+    assert_eq!(trial["attempts"], 3, "{trial}");
+    assert_eq!(trial["final"], 7.0, "{trial}");
+    // Each attempt ran in its own directory.
+    let dir = sandbox
+        .path()
+        .join("experiments/retry/trials")
+        .join(trial["id"].as_str().unwrap());
+    assert!(
+        dir.join("stderr").exists()
+            && dir.join("attempt-2/stderr").exists()
+            && dir.join("attempt-3/stdout").exists()
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("attempt-2/stderr")).unwrap(),
+        "attempt 1 fails\n"
+    );
+}
+
+#[test]
+fn an_out_of_memory_kill_is_named_as_such() {
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: kill -9 $$\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    assert_eq!(sandbox.create(&config, "oom").0, 0);
+    let trial = &sandbox.export("oom")["trials"][0];
+    assert_eq!(trial["status"], "FAILED");
+    let message = trial["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("out of memory? killed by signal 9"),
+        "{message}"
+    );
+}
+
+#[test]
+fn knob_stop_stops_a_running_experiment_and_resume_finishes_it() {
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: sleep 0.5; echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 6\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let mut command = sandbox.knob();
+    command
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "paused"]);
+    let mut child = spawn(command);
+    // Bounded wait until it registered and runs trials.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sandbox.path().join("experiments/paused/trials").exists() {
+        assert!(Instant::now() < deadline, "the experiment did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "paused"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("experiment paused stopped (STOPPED)"),
+        "{stdout}"
+    );
+    assert_eq!(wait_bounded(&mut child, Duration::from_secs(10)), Some(0));
+    let stopped = sandbox.export("paused");
+    assert_eq!(stopped["experiment"]["status"], "STOPPED");
+    let before = stopped["trials"].as_array().unwrap().len();
+    assert!(before < 6, "stopped too late to test anything");
+
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "paused"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let done = sandbox.export("paused");
+    assert_eq!(done["experiment"]["status"], "DONE");
+    let trials = done["trials"].as_array().unwrap();
+    assert_eq!(
+        trials.iter().filter(|t| t["status"] == "SUCCEEDED").count()
+            + trials
+                .iter()
+                .filter(|t| t["status"] == "USER_CANCELED")
+                .count(),
+        trials.len()
+    );
+    assert_eq!(
+        trials.len(),
+        6,
+        "the trial budget continues where it stopped"
+    );
+}
+
+/// Kills the manager with SIGKILL at seeded random moments, resumes each time, and checks from
+/// the trials' own records that nothing reported by a finished trial was lost or doubled, that no
+/// id repeats, and that the budget was completed.
+#[test]
+fn sigkill_at_random_moments_loses_nothing() {
+    let sandbox = Sandbox::new();
+    // Each attempt records what it reported, in its own directory, and marks when it is done.
+    let script = "for i in 1 2 3 4 5; do\n  v=$((RANDOM % 1000))\n  echo \"KNOB_INTERMEDIATE $v\"\n  echo \"$v\" >> \"$NNI_OUTPUT_DIR/own.log\"\n  sleep 0.05\ndone\n\
+                  echo \"KNOB_FINAL $v\"\necho done >> \"$NNI_OUTPUT_DIR/own.log\"\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 3\nmaxTrialNumber: 30\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+
+    let mut seed: u64 = 0x5eed_1234;
+    let mut next_delay = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        Duration::from_millis(150 + (seed >> 33) % 900)
+    };
+    let mut command = sandbox.knob();
+    command
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "crashy"]);
+    let mut child = spawn(command);
+    std::thread::sleep(next_delay());
+    sigkill(&mut child);
+    for _round in 1..20 {
+        let mut command = sandbox.knob();
+        command.args(["resume", "crashy"]);
+        let mut child = spawn(command);
+        std::thread::sleep(next_delay());
+        sigkill(&mut child);
+    }
+    let mut command = sandbox.knob();
+    command.args(["resume", "crashy"]);
+    let mut child = spawn(command);
+    assert_eq!(
+        wait_bounded(&mut child, Duration::from_secs(120)),
+        Some(0),
+        "the final resume did not finish"
+    );
+
+    let export = sandbox.export("crashy");
+    assert_eq!(export["experiment"]["status"], "DONE");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 30, "the budget is 30 trials");
+    let mut ids: Vec<&str> = trials.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 30, "a trial id repeats");
+    let sequences: Vec<u64> = trials
+        .iter()
+        .map(|t| t["sequence"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sequences, (0..30).collect::<Vec<_>>());
+    let mut parameter_ids: Vec<u64> = trials
+        .iter()
+        .map(|t| t["parameter_id"].as_u64().unwrap())
+        .collect();
+    parameter_ids.sort();
+    parameter_ids.dedup();
+    assert_eq!(parameter_ids.len(), 30, "a parameter id repeats");
+
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+        let attempts = trial["attempts"].as_u64().unwrap();
+        let dir = sandbox
+            .path()
+            .join("experiments/crashy/trials")
+            .join(trial["id"].as_str().unwrap());
+        let dir = if attempts == 1 {
+            dir
+        } else {
+            dir.join(format!("attempt-{attempts}"))
+        };
+        let own = std::fs::read_to_string(dir.join("own.log")).unwrap();
+        let own: Vec<&str> = own.lines().collect();
+        assert_eq!(own.last(), Some(&"done"), "{}: {own:?}", dir.display());
+        let reported: Vec<f64> = own[..own.len() - 1]
+            .iter()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let stored: Vec<f64> = trial["intermediate"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["attempt"].as_u64() == Some(attempts))
+            .map(|m| m["value"].as_f64().unwrap())
+            .collect();
+        assert_eq!(stored, reported, "{trial}");
+        assert_eq!(trial["final"].as_f64(), reported.last().copied(), "{trial}");
+    }
+}

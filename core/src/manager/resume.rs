@@ -1,0 +1,170 @@
+//! Continuing an experiment from its store (`knob resume`), and new attempts of a trial
+//! (retries, and trials that were running when the manager stopped).
+
+use std::time::{Duration, Instant};
+
+use knob_plugin_api::ImportedTrial;
+
+use super::trial::Trial;
+use super::{Manager, ManagerError};
+use crate::store::{ExperimentState, MetricKind, StoreEvent, TrialStatus};
+
+/// How long a failed trial waits before its next attempt: 1 s, 2 s, 4 s, … at most a minute.
+pub(super) fn retry_backoff(failed_attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << failed_attempt.saturating_sub(1).min(6))
+        .min(Duration::from_secs(60))
+}
+
+impl Manager {
+    /// Rebuilds the loop's state from the store: finished trials stay as they are (and are
+    /// handed to the tuner), trials that were waiting wait again, trials that were running get
+    /// a new attempt (whatever is left of their processes is killed first), id counters and the
+    /// duration budget continue where they stopped.
+    pub(super) async fn restore(&mut self, state: &ExperimentState) -> Result<(), ManagerError> {
+        self.next_sequence = state.counters.next_trial_sequence;
+        self.next_parameter_id = state.counters.next_parameter_id;
+        if let Some(max) = self.config.max_experiment_duration {
+            let spent = Duration::from_millis(
+                u64::try_from(state.active_time_ms(state.last_event_time_ms)).unwrap_or(0),
+            );
+            self.deadline = Some(self.started + max.saturating_sub(spent));
+        }
+        let mut imported = Vec::new();
+        for stored in &state.trials {
+            let attempt = stored.current_attempt();
+            let mut trial = Trial::new(
+                stored.trial_id.clone(),
+                stored.sequence,
+                stored.parameter_id,
+                stored.parameters.clone(),
+                self.started,
+                self.config.max_trial_duration,
+            );
+            trial.attempt = attempt;
+            let this_attempt = |kind| {
+                stored
+                    .metrics
+                    .iter()
+                    .filter(move |m| m.attempt == attempt && m.kind == kind)
+            };
+            trial.final_value = this_attempt(MetricKind::Final)
+                .next_back()
+                .and_then(|m| m.value);
+            trial.intermediate = this_attempt(MetricKind::Intermediate)
+                .filter_map(|m| m.value)
+                .collect();
+            trial.reason = stored.end.as_ref().and_then(|end| end.message.clone());
+            let id = trial.id.clone();
+            self.by_parameter.insert(trial.parameter_id, id.clone());
+            self.trials.insert(id.clone(), trial);
+            *self.counts.entry(TrialStatus::Waiting).or_default() += 1;
+            self.active.insert(stored.sequence, id.clone());
+            if stored.status.is_final() {
+                self.set_status(&id, stored.status);
+                if let Some(value) = self.trials[&id].final_value {
+                    imported.push(ImportedTrial {
+                        parameters: stored.parameters.clone(),
+                        value,
+                    });
+                    if !value.is_nan()
+                        && self
+                            .best
+                            .as_ref()
+                            .is_none_or(|(_, best)| self.better(value, *best))
+                    {
+                        self.best = Some((id.clone(), value));
+                    }
+                }
+                continue;
+            }
+            // Not finished: make sure nothing of it still runs, then run it again.
+            kill_leftovers(&self.id, &id);
+            if stored.status == TrialStatus::Running {
+                self.requeue(
+                    &id,
+                    "the manager stopped while it ran".into(),
+                    Duration::ZERO,
+                )
+                .await?;
+            }
+        }
+        if !imported.is_empty() {
+            self.tuner.import_data(imported).get().await?;
+        }
+        Ok(())
+    }
+
+    /// Takes a started trial back to WAITING for a new attempt, after `backoff`.
+    pub(super) async fn requeue(
+        &mut self,
+        trial_id: &str,
+        reason: String,
+        backoff: Duration,
+    ) -> Result<(), ManagerError> {
+        self.store
+            .append(StoreEvent::TrialRequeued {
+                trial_id: trial_id.to_string(),
+                reason,
+            })
+            .await?;
+        self.placer.release(trial_id);
+        self.set_status(trial_id, TrialStatus::Waiting);
+        let now = Instant::now();
+        let max_duration = self.config.max_trial_duration;
+        let trial = self
+            .trials
+            .get_mut(trial_id)
+            .expect("requeued trial is known");
+        trial.launched = false;
+        trial.kill = None;
+        trial.pid = None;
+        trial.intermediate.clear();
+        trial.final_value = None;
+        trial.waiting_reason = None;
+        trial.not_before = (!backoff.is_zero()).then(|| now + backoff);
+        trial.deadline = max_duration.map(|d| now + backoff + d);
+        self.publish(None);
+        Ok(())
+    }
+
+    /// Once the experiment is stopping, failed trials end instead of trying again.
+    pub(super) fn closed_for_retries(&self) -> bool {
+        self.stop_requested || self.deadline_passed
+    }
+}
+
+/// Kills what is left of a trial from an earlier run of this experiment: the processes whose
+/// environment names this experiment and trial (knob sets both for every trial), found in
+/// `/proc`. Identifying them by environment, not by a recorded pid, cannot hit an unrelated
+/// process that reused the pid.
+fn kill_leftovers(experiment_id: &str, trial_id: &str) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let wanted_experiment = format!("NNI_EXP_ID={experiment_id}");
+    let wanted_trial = format!("NNI_TRIAL_JOB_ID={trial_id}");
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let mut has_experiment = false;
+        let mut has_trial = false;
+        for variable in environ.split(|&b| b == 0) {
+            has_experiment |= variable == wanted_experiment.as_bytes();
+            has_trial |= variable == wanted_trial.as_bytes();
+        }
+        if has_experiment && has_trial {
+            // SAFETY: plain kill(2) on a process we identified as this trial's.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
