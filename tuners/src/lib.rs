@@ -3,18 +3,21 @@
 //! Each tuner lives in its own module; what several tuners share (the grid walk, the record of
 //! points already tried, the normal quantile, common classArgs) lives in `common`.
 
+mod cmaes;
 mod common;
 mod gp;
 mod grid_search;
 mod random;
 mod tpe;
 
+pub use cmaes::CmaEsTuner;
 pub use gp::GpTuner;
 pub use grid_search::GridSearchTuner;
 pub use random::RandomTuner;
 pub use tpe::TpeTuner;
 
 knob_plugin_api::export_plugin! {
+    tuner "CMAES": CmaEsTuner = "CMA-ES with IPOP restarts over the numeric parameters (choices drawn from the best results so far)";
     tuner "GPTuner": GpTuner = "Bayesian optimization with a Gaussian process (NNI's GPTuner): Matérn kernel with fitted length scales, EI/UCB/PI, every search-space type";
     tuner "TPE": TpeTuner = "Tree-structured Parzen Estimator (NNI's TPE; multivariate by default, variant: nni for NNI 3.0's): seeded, constant liar for parallel trials, resumes exactly";
     tuner "Random": RandomTuner = "random search (NNI's Random): seeded, never repeats a point, ends when a finite space is used up";

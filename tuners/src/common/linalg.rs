@@ -1,10 +1,10 @@
 //! Dense linear algebra on the small matrices model-based tuners use: a Gaussian process's
-//! kernel matrix (at most a few hundred observations). Matrices are row-major `Vec<f64>` of
-//! `n × n`.
+//! kernel matrix (at most a few hundred observations) and CMA-ES's covariance (one row per
+//! search dimension). Matrices are row-major `Vec<f64>` of `n × n`.
 //!
-//! Written here rather than taken from a crate: the operations needed (Cholesky with solves and
-//! an inverse from it) are a few dozen lines, and a linear-algebra crate would add its compile
-//! time to every build of the plugin.
+//! Written here rather than taken from a crate: the operations needed (Cholesky with solves, an
+//! inverse from it, a symmetric eigendecomposition) are a few dozen lines each, and a
+//! linear-algebra crate would add its compile time to every build of the plugin.
 
 /// The Cholesky factor `L` (lower triangular, `A = L Lᵀ`) of a symmetric positive-definite matrix.
 #[derive(Debug, Clone)]
@@ -96,6 +96,58 @@ impl Cholesky {
     }
 }
 
+/// Eigenvalues and eigenvectors of the symmetric `n × n` `matrix` by cyclic Jacobi rotations
+/// (slow for big matrices, exact to rounding and simple for the few dozen rows CMA-ES has).
+/// Returns `(values, vectors)` with eigenvector `i` in column `i` of the row-major `vectors`.
+pub(crate) fn symmetric_eigen(matrix: &[f64], n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut a = matrix.to_vec();
+    let mut v = vec![0.0; n * n];
+    for i in 0..n {
+        v[i * n + i] = 1.0;
+    }
+    for _sweep in 0..100 {
+        let off: f64 = (0..n)
+            .flat_map(|p| (p + 1..n).map(move |q| (p, q)))
+            .map(|(p, q)| a[p * n + q] * a[p * n + q])
+            .sum();
+        let diagonal: f64 = (0..n).map(|i| a[i * n + i] * a[i * n + i]).sum();
+        if off <= 1e-30 * diagonal || off == 0.0 {
+            break;
+        }
+        for p in 0..n {
+            for q in p + 1..n {
+                let apq = a[p * n + q];
+                if apq == 0.0 {
+                    continue;
+                }
+                // The rotation that zeroes a[p][q]: t = tan of its angle, the smaller root.
+                let theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+                let t = theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt());
+                let c = 1.0 / (t * t + 1.0).sqrt();
+                let s = t * c;
+                for k in 0..n {
+                    let (akp, akq) = (a[k * n + p], a[k * n + q]);
+                    a[k * n + p] = c * akp - s * akq;
+                    a[k * n + q] = s * akp + c * akq;
+                }
+                for k in 0..n {
+                    let (apk, aqk) = (a[p * n + k], a[q * n + k]);
+                    a[p * n + k] = c * apk - s * aqk;
+                    a[q * n + k] = s * apk + c * aqk;
+                }
+                a[p * n + q] = 0.0;
+                a[q * n + p] = 0.0;
+                for k in 0..n {
+                    let (vkp, vkq) = (v[k * n + p], v[k * n + q]);
+                    v[k * n + p] = c * vkp - s * vkq;
+                    v[k * n + q] = s * vkp + c * vkq;
+                }
+            }
+        }
+    }
+    ((0..n).map(|i| a[i * n + i]).collect(), v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +176,22 @@ mod tests {
         // det = 4(15-1) - 2(6-0.6) + 0.6(2-3) = 56 - 10.8 - 0.6
         assert!(close(chol.log_det(), 44.6f64.ln()));
         assert!(Cholesky::factor(&[1.0, 2.0, 2.0, 1.0], 2).is_none());
+    }
+
+    #[test]
+    fn jacobi_finds_eigenpairs() {
+        let a = [2.0, 1.0, 0.0, 1.0, 3.0, 0.5, 0.0, 0.5, 1.0];
+        let (values, vectors) = symmetric_eigen(&a, 3);
+        for i in 0..3 {
+            for r in 0..3 {
+                let av: f64 = (0..3).map(|k| a[r * 3 + k] * vectors[k * 3 + i]).sum();
+                assert!(
+                    close(av, values[i] * vectors[r * 3 + i]),
+                    "pair {i}, row {r}"
+                );
+            }
+        }
+        let trace: f64 = values.iter().sum();
+        assert!(close(trace, 6.0));
     }
 }

@@ -2,6 +2,7 @@
 //! adaptor calls them.
 
 mod abi;
+mod cmaes;
 mod drive;
 mod gp;
 mod grid;
