@@ -266,3 +266,34 @@ fn sigkill_at_random_moments_loses_nothing() {
         assert_eq!(trial["final"].as_f64(), reported.last().copied(), "{trial}");
     }
 }
+
+#[test]
+fn out_of_memory_failures_have_their_own_retry_limit() {
+    let sandbox = Sandbox::new();
+    // The first two attempts die as the OOM killer would make them; the third succeeds.
+    let script = "count=count-$NNI_TRIAL_JOB_ID\nn=$(cat $count 2>/dev/null || echo 0)\necho $((n + 1)) > $count\n\
+                  if [ $n -lt 2 ]; then kill -9 $$; fi\necho KNOB_FINAL 1\n";
+    let yaml = format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\nmaxOomRetries: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    assert_eq!(sandbox.create(&config, "oomretry").0, 0);
+    let trial = &sandbox.export("oomretry")["trials"][0];
+    assert_eq!(
+        (trial["status"].as_str(), trial["attempts"].as_u64()),
+        (Some("SUCCEEDED"), Some(3)),
+        "{trial}"
+    );
+
+    // An ordinary failure is not retried under the OOM limit.
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: exit 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\nmaxOomRetries: 2\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    assert_eq!(sandbox.create(&config, "plainfail").0, 0);
+    let trial = &sandbox.export("plainfail")["trials"][0];
+    assert_eq!(
+        (trial["status"].as_str(), trial["attempts"].as_u64()),
+        (Some("FAILED"), Some(1)),
+        "{trial}"
+    );
+}

@@ -27,7 +27,7 @@
 //!   level are copied into every training service (and remote machine) that does not set them.
 //! - `trialGpuMemory` (GPU memory per trial, e.g. `10GiB`), `trialMemorySize` (host memory per
 //!   trial), `trialCpuNumber` (CPU cores per trial), `placementPolicy` (`recently-idle`, the
-//!   default, `pack`, `spread`, `round-robin`), `maxTrialRetries` (default 0), `pluginPaths` (plugin
+//!   default, `pack`, `spread`, `round-robin`), `maxTrialRetries` and `maxOomRetries` (default 0), `pluginPaths` (plugin
 //!   files or folders to load, relative to the config).
 //! - `experimentWorkingDirectory` defaults to `~/knob-experiments`.
 //!

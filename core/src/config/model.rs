@@ -47,6 +47,11 @@ pub struct ExperimentConfig {
     pub max_trial_duration: Option<Duration>,
     /// knob extension: how many times a failed trial is run again (default 0).
     pub max_trial_retries: u32,
+    /// knob extension: how many more times a trial that failed looking out of memory (killed by
+    /// SIGKILL / exit 137, or an out-of-memory error in its stderr) is run again, on top of
+    /// `maxTrialRetries` (default 0). Memory pressure often passes; a bug does not.
+    #[serde(default)]
+    pub max_oom_retries: u32,
     pub debug: bool,
     /// Defaults to `debug` when [`Self::debug`] is set, `info` otherwise.
     pub log_level: LogLevel,

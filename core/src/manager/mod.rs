@@ -635,9 +635,12 @@ impl Manager {
                         Some(trial::failure_reason(exit_code, signal, &stderr_tail)),
                     ),
                 };
+                let oom = trial::looks_like_oom(exit_code, signal, &stderr_tail);
+                let retries = self.config.max_trial_retries
+                    + if oom { self.config.max_oom_retries } else { 0 };
                 if status == TrialStatus::Failed
                     && trial.kill.is_none()
-                    && trial.attempt <= self.config.max_trial_retries
+                    && trial.attempt <= retries
                     && !self.closed_for_retries()
                 {
                     let backoff = retry_backoff(trial.attempt);

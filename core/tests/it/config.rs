@@ -157,6 +157,7 @@ trainingService:
         maxTrialNumber: 100
         maxTrialDuration: null
         maxTrialRetries: 0
+        maxOomRetries: 0
         debug: false
         logLevel: info
         experimentWorkingDirectory: ~/knob-experiments
@@ -510,6 +511,7 @@ fn json_config() {
         maxTrialNumber: null
         maxTrialDuration: 600
         maxTrialRetries: 0
+        maxOomRetries: 0
         debug: false
         logLevel: info
         experimentWorkingDirectory: ~/knob-experiments
