@@ -9,6 +9,7 @@
 
 mod abi;
 pub mod host;
+pub mod metric;
 mod sdk;
 pub mod service;
 pub mod space;

@@ -11,7 +11,9 @@
 use knob_plugin_api::service::MetricKind;
 use serde_json::Value;
 
-use crate::metrics::{excerpt, parse_lenient_json, TrialRecorder};
+use knob_plugin_api::metric::{parse_json_lenient, INF, NAN, NEG_INF};
+
+use crate::metrics::{excerpt, TrialRecorder};
 
 pub const PARAMETERS_ENV: &str = "KNOB_PARAMETERS";
 pub const PARAMETERS_FILE_ENV: &str = "KNOB_PARAMETERS_FILE";
@@ -77,9 +79,12 @@ pub fn check_value(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Err("it has no value (expected a number or an object with \"default\")".into());
     }
-    match parse_lenient_json(value) {
-        Ok(Value::Number(_)) => Ok(()),
-        Ok(Value::Object(map)) if map.get("default").is_some_and(Value::is_number) => Ok(()),
+    // NaN and the infinities are numbers here: a diverged trial's result is still its result.
+    let is_number =
+        |v: &Value| v.is_number() || v.as_str().is_some_and(|s| [NAN, INF, NEG_INF].contains(&s));
+    match parse_json_lenient(value) {
+        Ok(v) if is_number(&v) => Ok(()),
+        Ok(Value::Object(map)) if map.get("default").is_some_and(is_number) => Ok(()),
         Ok(Value::Object(_)) => Err(format!(
             "value {} has no numeric \"default\"",
             excerpt(value.as_bytes())

@@ -5,7 +5,6 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use knob_plugin_api::service::{MetricKind, ServiceEvent};
-use serde_json::Value;
 
 /// The longest metric line or record read. A longer one is skipped with a warning, so that a
 /// runaway print can neither exhaust memory nor stall the trial.
@@ -170,49 +169,6 @@ impl TrialRecorder {
     }
 }
 
-/// Parses JSON that may hold the NaN, Infinity and -Infinity that Python's `json` writes.
-/// Those read as 0: callers look at the value's shape, and keep the trial's own text.
-pub fn parse_lenient_json(text: &str) -> Result<Value, serde_json::Error> {
-    match serde_json::from_str(text) {
-        Ok(value) => Ok(value),
-        Err(e) if !text.contains(['N', 'I']) => Err(e),
-        Err(_) => serde_json::from_str(&neutralize_non_finite(text)),
-    }
-}
-
-/// Replaces NaN, Infinity and -Infinity outside strings by 0.
-fn neutralize_non_finite(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let (mut in_string, mut escaped) = (false, false);
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-        } else if b == b'"' {
-            in_string = true;
-        } else if let Some(token) = [&b"-Infinity"[..], b"Infinity", b"NaN"]
-            .into_iter()
-            .find(|token| bytes[i..].starts_with(token))
-        {
-            out.push(b'0');
-            i += token.len();
-            continue;
-        }
-        out.push(b);
-        i += 1;
-    }
-    // Only ASCII sequences were replaced by ASCII, so the text is still UTF-8.
-    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
 /// The start of a line or record for a one-line message: at most 60 characters, control
 /// characters escaped.
 pub fn excerpt(bytes: &[u8]) -> String {
@@ -353,18 +309,6 @@ mod tests {
         assert_eq!(lines, ["<too long>", "K ok"]);
         let lines = scan(b"", 20, &[b"a\n\n", &long, b"\nb"]);
         assert_eq!(lines, ["a", "<too long>", "b"]);
-    }
-
-    #[test]
-    fn lenient_json_reads_python_non_finite_numbers_outside_strings() {
-        let value = parse_lenient_json(r#"{"a": NaN, "b": -Infinity, "c": "NaN\"Infinity"}"#);
-        let value = value.unwrap();
-        assert_eq!(value["a"], 0);
-        assert_eq!(value["b"], 0);
-        assert_eq!(value["c"], "NaN\"Infinity");
-        assert!(parse_lenient_json("Infinity").unwrap().is_number());
-        assert!(parse_lenient_json("NaNa").is_err());
-        assert!(parse_lenient_json("{oops").is_err());
     }
 
     #[test]

@@ -12,7 +12,9 @@
 use knob_plugin_api::service::MetricKind;
 use serde_json::Value;
 
-use crate::metrics::{excerpt, parse_lenient_json};
+use knob_plugin_api::metric::parse_json_lenient;
+
+use crate::metrics::excerpt;
 
 pub const PARAMETER_FILE_NAME: &str = "parameter.cfg";
 pub const METRICS_DIR_NAME: &str = ".nni";
@@ -153,7 +155,7 @@ pub fn decode_nni_metric(
 ) -> Result<Option<(MetricKind, String)>, String> {
     let text = std::str::from_utf8(metric)
         .map_err(|_| format!("metric {} is not UTF-8", excerpt(metric)))?;
-    let record = parse_lenient_json(text)
+    let record = parse_json_lenient(text)
         .map_err(|e| format!("metric {} is not JSON ({e})", excerpt(metric)))?;
     let Value::Object(record) = record else {
         return Err(format!("metric {} is not a JSON object", excerpt(metric)));
@@ -181,7 +183,7 @@ pub fn decode_nni_metric(
     };
     let value = match record.get("value") {
         Some(Value::String(value)) => {
-            parse_lenient_json(value).map_err(|e| {
+            parse_json_lenient(value).map_err(|e| {
                 format!(
                     "metric value {} is not JSON ({e})",
                     excerpt(value.as_bytes())

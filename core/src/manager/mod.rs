@@ -8,12 +8,10 @@
 //! Architecture invariant: every state change is appended to the store, and acknowledged by it,
 //! before the loop acts on it (starts a trial, tells the tuner, reports progress).
 
-mod metric;
 mod placement;
 mod resume;
 mod trial;
 
-pub use metric::{default_value, parse_lenient};
 pub use placement::Placer;
 use resume::retry_backoff;
 pub use trial::TrialSummary;
@@ -26,6 +24,7 @@ use knob_gpu_sched::Placement;
 use knob_plugin_api::host::{
     AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle,
 };
+use knob_plugin_api::metric::default_value;
 use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
 use knob_plugin_api::{ComponentKind, Generated, Suggestion};
 use serde_json::Value;

@@ -1,8 +1,8 @@
 //! A real `import nni` script against the service, over both NNI channels. Runs only when
 //! `KNOB_TEST_NNI_PYTHON` names a Python that has `nni` installed (CI sets it up).
 
+use knob_plugin_api::metric::parse_lenient;
 use knob_plugin_api::service::MetricKind;
-use knob_training_services::metrics::parse_lenient_json;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -61,11 +61,11 @@ fn unmodified_nni_script_works_over_the_v3_and_the_file_channel() {
         );
         let numbers: Vec<f64> = found[..3]
             .iter()
-            .map(|m| parse_lenient_json(&m.2).unwrap().as_f64().unwrap())
+            .map(|m| parse_lenient(&m.2).unwrap().as_f64().unwrap())
             .collect();
         assert_eq!(numbers, [0.0, x, 2.0 * x]);
         assert_eq!(found[3].2, "NaN");
-        let last = parse_lenient_json(&found[4].2).unwrap();
+        let last = parse_lenient(&found[4].2).unwrap();
         assert_eq!(last, json!({"default": x, "steps": 3}));
         assert_eq!(warnings(&events), Vec::<String>::new(), "{trial_id}");
         // nni 3 must really have used the HTTP channel when it was offered (nni 2 never does).

@@ -1,4 +1,5 @@
-//! Decoding the metric values trials report.
+//! Decoding the metric values trials report, shared by the core (which hands the number to
+//! tuners) and training services (which check a report before passing it on).
 //!
 //! NNI trials send a value as JSON text produced by `json_tricks`, which writes `NaN`,
 //! `Infinity` and `-Infinity` as bare words that strict JSON (and serde_json) rejects. A value
@@ -20,26 +21,37 @@ pub fn default_value(raw: &str) -> Result<f64, String> {
     number(default).ok_or_else(|| format!("metric {} is not a number", abbreviate(raw)))
 }
 
-/// Parses JSON that may contain NaN / Infinity / -Infinity outside strings (and NNI's
+/// Parses a metric value that may contain NaN / Infinity / -Infinity outside strings (and NNI's
 /// double-encoded form: a JSON string that holds the JSON of the value).
 pub fn parse_lenient(raw: &str) -> Result<Value, String> {
-    let value = serde_json::from_str::<Value>(&protect_non_finite(raw))
+    let value = parse_json_lenient(raw)
         .map_err(|e| format!("metric {} is not JSON: {e}", abbreviate(raw)))?;
     match value {
         // NNI 2.x's file channel and some wrappers encode the value twice.
-        Value::String(inner) if !is_sentinel(&inner) => {
-            match serde_json::from_str::<Value>(&protect_non_finite(&inner)) {
-                Ok(decoded) => Ok(decoded),
-                Err(_) => Ok(Value::String(inner)),
-            }
-        }
+        Value::String(inner) if !is_sentinel(&inner) => match parse_json_lenient(&inner) {
+            Ok(decoded) => Ok(decoded),
+            Err(_) => Ok(Value::String(inner)),
+        },
         other => Ok(other),
     }
 }
 
-const NAN: &str = "__knob_NaN__";
-const INF: &str = "__knob_Infinity__";
-const NEG_INF: &str = "__knob_-Infinity__";
+/// Parses JSON text in which NaN, Infinity and -Infinity may appear outside strings (as Python's
+/// `json` writes them); they become the strings [`NAN`], [`INF`] and [`NEG_INF`].
+pub fn parse_json_lenient(text: &str) -> Result<Value, serde_json::Error> {
+    match serde_json::from_str(text) {
+        Ok(value) => Ok(value),
+        Err(e) if !text.contains(['N', 'I']) => Err(e),
+        Err(_) => serde_json::from_str(&protect_non_finite(text)),
+    }
+}
+
+/// What `NaN` outside a string reads as in [`parse_json_lenient`]'s result.
+pub const NAN: &str = "__knob_NaN__";
+/// What `Infinity` outside a string reads as.
+pub const INF: &str = "__knob_Infinity__";
+/// What `-Infinity` outside a string reads as.
+pub const NEG_INF: &str = "__knob_-Infinity__";
 
 fn is_sentinel(s: &str) -> bool {
     s == NAN || s == INF || s == NEG_INF
@@ -122,6 +134,20 @@ mod tests {
             Ok(f64::INFINITY)
         );
         assert_eq!(parse_lenient(r#"{"note": "NaN"}"#).unwrap()["note"], "NaN");
+    }
+
+    #[test]
+    fn lenient_json_reads_python_non_finite_numbers_outside_strings() {
+        let value =
+            parse_json_lenient(r#"{"a": NaN, "b": -Infinity, "c": "NaN\"Infinity"}"#).unwrap();
+        assert_eq!(
+            (value["a"].as_str(), value["b"].as_str()),
+            (Some(NAN), Some(NEG_INF))
+        );
+        assert_eq!(value["c"], "NaN\"Infinity");
+        assert_eq!(parse_json_lenient("Infinity").unwrap(), INF);
+        assert!(parse_json_lenient("NaNa").is_err());
+        assert!(parse_json_lenient("{oops").is_err());
     }
 
     #[test]
