@@ -11,6 +11,7 @@
 mod placement;
 mod resume;
 mod trial;
+mod update;
 
 pub use placement::Placer;
 use resume::retry_backoff;
@@ -28,7 +29,7 @@ use knob_plugin_api::metric::default_value;
 use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
 use knob_plugin_api::{ComponentKind, Generated, Suggestion};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::{ExperimentConfig, TrainingServiceConfig};
 use crate::store::{
@@ -68,11 +69,35 @@ pub struct Progress {
     pub max_duration: Option<Duration>,
 }
 
-/// Commands from outside the loop (Ctrl-C, the CLI, later the HTTP API).
+/// Commands from outside the loop (Ctrl-C, the CLI, the HTTP API).
 #[derive(Debug)]
 pub enum Command {
     /// Stop: kill every running trial, record them USER_CANCELED, end STOPPED.
     Stop,
+    /// A change while the experiment runs; the answer says whether it was applied, or why not.
+    Update(Update, oneshot::Sender<Result<UpdateOutcome, String>>),
+}
+
+/// What can change while an experiment runs. Each change is recorded in the store
+/// (`ConfigUpdated`) before it takes effect, so a resume sees it too.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    TrialConcurrency(u32),
+    MaxTrialNumber(u64),
+    MaxExperimentDuration(Duration),
+    SearchSpace(Value),
+    /// Kill one trial; it is recorded USER_CANCELED.
+    KillTrial(String),
+    /// Run a trial with these parameters (they must belong to the search space).
+    AddTrial(Value),
+}
+
+/// What an applied update did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpdateOutcome {
+    Applied,
+    /// The id of the trial `AddTrial` created.
+    TrialAdded(String),
 }
 
 /// How the loop ended.
@@ -217,6 +242,8 @@ struct Manager {
     started: Instant,
     deadline: Option<Instant>,
     deadline_passed: bool,
+    /// Experiment time spent before this run (a resumed experiment's earlier runs).
+    time_before: Duration,
     /// While trials wait for resources, when to probe the machine again (foreign processes
     /// come and go without telling us).
     reprobe_at: Option<Instant>,
@@ -302,6 +329,7 @@ impl Manager {
             started,
             deadline,
             deadline_passed: false,
+            time_before: Duration::ZERO,
             reprobe_at: None,
             stop_requested: false,
             best: None,
@@ -387,6 +415,10 @@ impl Manager {
                 },
                 command = self.commands.recv(), if self.commands_open => match command {
                     Some(Command::Stop) => self.stop_all("stopped by the user", TrialStatus::UserCanceled).await?,
+                    Some(Command::Update(update, reply)) => {
+                        let outcome = self.apply(update).await?;
+                        let _ = reply.send(outcome);
+                    }
                     // Nobody can send commands any more; keep running without listening.
                     None => self.commands_open = false,
                 },
@@ -416,7 +448,9 @@ impl Manager {
             let parameter_id = self.next_parameter_id;
             self.next_parameter_id += 1;
             match self.tuner.generate_parameters(parameter_id).get().await? {
-                Generated::Parameters(parameters) => self.submit(parameter_id, parameters).await?,
+                Generated::Parameters(parameters) => {
+                    self.submit(parameter_id, parameters).await?;
+                }
                 Generated::Deferred => self.deferred += 1,
                 Generated::NoMore => {
                     self.tuner_exhausted = true;
@@ -442,7 +476,12 @@ impl Manager {
         self.suggested.extend(suggestions);
     }
 
-    async fn submit(&mut self, parameter_id: u64, parameters: Value) -> Result<(), ManagerError> {
+    /// Creates a trial (recorded WAITING) and places it if it can run now; returns its id.
+    async fn submit(
+        &mut self,
+        parameter_id: u64,
+        parameters: Value,
+    ) -> Result<String, ManagerError> {
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         let trial_id = trial::new_trial_id(&self.trials);
@@ -467,8 +506,8 @@ impl Manager {
         self.active.insert(sequence, trial_id.clone());
         *self.counts.entry(TrialStatus::Waiting).or_default() += 1;
         self.by_parameter.insert(parameter_id, trial_id.clone());
-
-        self.place_waiting().await
+        self.place_waiting().await?;
+        Ok(trial_id)
     }
 
     /// Asks gpu-sched where waiting trials go, oldest first, and starts those it placed.

@@ -28,6 +28,7 @@ impl Manager {
                 u64::try_from(state.active_time_ms(state.last_event_time_ms)).unwrap_or(0),
             );
             self.deadline = Some(self.started + max.saturating_sub(spent));
+            self.time_before = spent;
         }
         let mut imported = Vec::new();
         for stored in &state.trials {

@@ -1,0 +1,90 @@
+//! Changes to a running experiment (`knob update`, the HTTP API).
+
+use knob_plugin_api::space::SearchSpace;
+use serde_json::Value;
+
+use super::{Manager, ManagerError, Update, UpdateOutcome};
+use crate::store::{StoreEvent, TrialStatus};
+
+impl Manager {
+    /// Applies one update. `Err` (outer) only for store failures, which end the experiment; a
+    /// refused update is `Ok(Err(why))`, answered to whoever asked.
+    pub(super) async fn apply(
+        &mut self,
+        update: Update,
+    ) -> Result<Result<UpdateOutcome, String>, ManagerError> {
+        let (field, value) = match &update {
+            Update::TrialConcurrency(0) => {
+                return Ok(Err("trialConcurrency must be at least 1".into()))
+            }
+            Update::TrialConcurrency(n) => ("trialConcurrency", Value::from(*n)),
+            Update::MaxTrialNumber(0) => {
+                return Ok(Err("maxTrialNumber must be at least 1".into()))
+            }
+            Update::MaxTrialNumber(n) => ("maxTrialNumber", Value::from(*n)),
+            Update::MaxExperimentDuration(d) if d.is_zero() => {
+                return Ok(Err("maxExperimentDuration must be positive".into()))
+            }
+            Update::MaxExperimentDuration(d) => ("maxExperimentDuration", Value::from(d.as_secs())),
+            Update::SearchSpace(space) => {
+                if let Err(e) = SearchSpace::from_value(space) {
+                    return Ok(Err(e.to_string()));
+                }
+                ("searchSpace", space.clone())
+            }
+            Update::KillTrial(trial_id) => {
+                return Ok(match self.trials.get(trial_id) {
+                    None => Err(format!("no trial {trial_id} in this experiment")),
+                    Some(trial) if trial.status.is_final() => Err(format!(
+                        "trial {trial_id} already ended ({})",
+                        trial.status.as_str()
+                    )),
+                    Some(_) => {
+                        self.kill(
+                            trial_id,
+                            TrialStatus::UserCanceled,
+                            "killed by the user".into(),
+                        )
+                        .await?;
+                        Ok(UpdateOutcome::Applied)
+                    }
+                });
+            }
+            Update::AddTrial(parameters) => {
+                let space = SearchSpace::from_value(&self.config.search_space)
+                    .map_err(|e| ManagerError::Unsupported(e.to_string()))?;
+                if let Err(e) = space.validate_parameters(parameters) {
+                    return Ok(Err(e.to_string()));
+                }
+                let parameter_id = self.next_parameter_id;
+                self.next_parameter_id += 1;
+                let trial_id = self.submit(parameter_id, parameters.clone()).await?;
+                return Ok(Ok(UpdateOutcome::TrialAdded(trial_id)));
+            }
+        };
+        self.store
+            .append(StoreEvent::ConfigUpdated {
+                field: field.into(),
+                value,
+            })
+            .await?;
+        match update {
+            Update::TrialConcurrency(n) => self.config.trial_concurrency = n,
+            Update::MaxTrialNumber(n) => self.config.max_trial_number = Some(n),
+            Update::MaxExperimentDuration(d) => {
+                self.config.max_experiment_duration = Some(d);
+                self.deadline = Some(self.started + d.saturating_sub(self.time_before));
+                self.deadline_passed = false;
+            }
+            Update::SearchSpace(space) => {
+                self.tuner.update_search_space(space.clone()).get().await?;
+                self.config.search_space = space;
+                // A tuner that had run out may have more to try in the new space.
+                self.tuner_exhausted = false;
+            }
+            Update::KillTrial(_) | Update::AddTrial(_) => unreachable!("answered above"),
+        }
+        self.publish(None);
+        Ok(Ok(UpdateOutcome::Applied))
+    }
+}
