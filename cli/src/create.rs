@@ -14,6 +14,7 @@ use knob_core::store::{ExperimentStatus, Store};
 use knob_plugin_api::host::PluginRegistry;
 use tokio::sync::{mpsc, watch};
 
+use crate::serve::{dashboard_url, spawn_api, ServeArgs};
 use crate::table::best_trials_table;
 
 #[derive(clap::Args)]
@@ -27,9 +28,12 @@ pub struct CreateArgs {
     /// Run in the background; print the id and where the log goes.
     #[arg(long)]
     detach: bool,
+    #[command(flatten)]
+    serve: ServeArgs,
 }
 
 pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
+    args.serve.check()?;
     if args.detach {
         return detach(&args);
     }
@@ -44,7 +48,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     preflight(&config, &plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let registry = Registry::open_default()?;
     let (experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
-    run_in_foreground(experiment, store, &plugins, &registry)
+    run_in_foreground(experiment, store, &plugins, &registry, &args.serve)
 }
 
 /// Checks what can be checked before an experiment starts: every plugin component it names
@@ -59,17 +63,23 @@ pub fn preflight(config: &ExperimentConfig, plugins: &PluginRegistry) -> anyhow:
     Ok(())
 }
 
-/// Runs the manager with a progress bar until the experiment ends; Ctrl-C stops it.
+/// Runs the manager with a progress bar, and its HTTP API and dashboard, until the experiment
+/// ends; Ctrl-C stops it.
 pub fn run_in_foreground(
     experiment: Experiment,
     store: Store,
     plugins: &PluginRegistry,
     registry: &Registry,
+    serve: &ServeArgs,
 ) -> anyhow::Result<ExitCode> {
     let id = experiment.id.clone();
     let dir = experiment.dir.clone();
     let maximize = optimize_maximize(&experiment.config);
     eprintln!("experiment {id}: {}", dir.display());
+    let listener = serve.bind()?;
+    let api_address = listener.local_addr()?;
+    registry.set_port(&id, Some(api_address.port()))?;
+    eprintln!("dashboard and API: {}", dashboard_url(api_address));
     registry.set_status(
         &id,
         ExperimentStatus::Running.as_str(),
@@ -82,12 +92,21 @@ pub fn run_in_foreground(
     let result = runtime.block_on(async {
         let (commands, command_inbox) = mpsc::unbounded_channel();
         let (progress_tx, progress_rx) = watch::channel(Progress::default());
+        let api = spawn_api(
+            listener,
+            id.clone(),
+            dir.clone(),
+            Some(commands.clone()),
+            serve.token(),
+        )?;
         tokio::spawn(forward_ctrl_c(commands));
         let display = tokio::spawn(show_progress(progress_rx, maximize));
         let result = manager::run(experiment, store, plugins, command_inbox, progress_tx).await;
         let _ = display.await;
-        result
-    });
+        api.abort();
+        anyhow::Ok(result)
+    })?;
+    registry.set_port(&id, None)?;
     let status = match &result {
         Ok(outcome) => outcome.status,
         Err(_) => ExperimentStatus::Error,
@@ -228,7 +247,8 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
         .arg("--config")
         .arg(&args.config)
         .arg("--id")
-        .arg(&id);
+        .arg(&id)
+        .args(args.serve.to_args());
     child
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)

@@ -6,6 +6,7 @@ mod experiment;
 mod gpu;
 mod plugin;
 mod resume;
+mod serve;
 mod space;
 mod table;
 

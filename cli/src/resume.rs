@@ -12,6 +12,7 @@ use knob_plugin_api::host::PluginRegistry;
 use serde_json::Value;
 
 use crate::create::{preflight, run_in_foreground};
+use crate::serve::ServeArgs;
 
 #[derive(clap::Args)]
 pub struct ResumeArgs {
@@ -22,6 +23,8 @@ pub struct ResumeArgs {
     /// Raise (or set) maxExperimentDuration (`30m`, `2h`, or seconds); time already spent counts.
     #[arg(long, value_parser = parse_duration)]
     max_experiment_duration: Option<Duration>,
+    #[command(flatten)]
+    serve: ServeArgs,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -29,6 +32,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
+    args.serve.check()?;
     let registry = Registry::open_default()?;
     let entry = registry.get(&args.id)?;
     if let Some(pid) = entry
@@ -86,7 +90,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         config,
         history: Some(state),
     };
-    run_in_foreground(experiment, store, &plugins, &registry)
+    run_in_foreground(experiment, store, &plugins, &registry, &args.serve)
 }
 
 /// Asks the process running an experiment to stop, as Ctrl-C would, and waits for it.

@@ -142,6 +142,17 @@ impl Registry {
         Ok(())
     }
 
+    /// Records the port of the experiment's HTTP API (`None` once it no longer serves one).
+    pub fn set_port(&self, id: &str, port: Option<u16>) -> Result<(), RegistryError> {
+        self.connection
+            .execute(
+                "UPDATE experiments SET port = ?2 WHERE id = ?1",
+                params![id, port],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
     pub fn get(&self, id: &str) -> Result<RegistryEntry, RegistryError> {
         self.connection
             .query_row(

@@ -1,0 +1,100 @@
+//! The HTTP API and dashboard options of `knob create` / `knob resume`, and starting the server
+//! beside the manager.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use knob_core::api::{self, ApiConfig, ApiState};
+use knob_core::manager::Command;
+use tokio::sync::mpsc;
+
+#[derive(clap::Args, Clone, Default)]
+pub struct ServeArgs {
+    /// Serve the API and dashboard on this port (default: a free port; the URL is printed).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Address to listen on (default 127.0.0.1); any other than loopback needs --token.
+    #[arg(long)]
+    pub bind: Option<IpAddr>,
+    /// Require `Authorization: Bearer TOKEN` on every API request (also $KNOB_API_TOKEN).
+    #[arg(long)]
+    pub token: Option<String>,
+}
+
+impl ServeArgs {
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::new(
+            self.bind.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            self.port.unwrap_or(0),
+        )
+    }
+
+    pub fn token(&self) -> Option<String> {
+        self.token
+            .clone()
+            .or_else(|| std::env::var("KNOB_API_TOKEN").ok())
+            .filter(|t| !t.is_empty())
+    }
+
+    /// Refuses a non-loopback address without a token, before anything starts.
+    pub fn check(&self) -> anyhow::Result<()> {
+        api::check_bind(self.address(), self.token().as_deref())?;
+        Ok(())
+    }
+
+    /// The arguments that pass these options on to a background `knob` (the token travels in
+    /// the environment, not on a command line other users can read).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(port) = self.port {
+            args.extend(["--port".to_string(), port.to_string()]);
+        }
+        if let Some(bind) = self.bind {
+            args.extend(["--bind".to_string(), bind.to_string()]);
+        }
+        args
+    }
+
+    /// Binds the listener (synchronously, so a taken port fails before the manager starts).
+    pub fn bind(&self) -> anyhow::Result<std::net::TcpListener> {
+        self.check()?;
+        let address = self.address();
+        let listener = std::net::TcpListener::bind(address)
+            .with_context(|| format!("cannot serve the API on {address}"))?;
+        listener.set_nonblocking(true)?;
+        Ok(listener)
+    }
+}
+
+/// The URL a browser on this machine opens.
+pub fn dashboard_url(address: SocketAddr) -> String {
+    let host = if address.ip().is_unspecified() {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        address.ip()
+    };
+    format!("http://{}/", SocketAddr::new(host, address.port()))
+}
+
+/// Starts serving on the current tokio runtime; the task ends with the runtime.
+pub fn spawn_api(
+    listener: std::net::TcpListener,
+    experiment_id: String,
+    dir: PathBuf,
+    commands: Option<mpsc::UnboundedSender<Command>>,
+    token: Option<String>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let state = ApiState::new(ApiConfig {
+        experiment_id,
+        dir,
+        commands,
+        token,
+    });
+    Ok(tokio::spawn(async move {
+        if let Err(e) = api::serve(listener, state).await {
+            eprintln!("error: {e}");
+        }
+    }))
+}

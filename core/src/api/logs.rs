@@ -1,0 +1,74 @@
+//! `GET /trials/{id}/logs/{stdout|stderr|trial.log}`: the tail of a trial's output files.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use super::reads::{number_param, params, QueryParams};
+use super::{ApiError, ApiState};
+
+const LOG_NAMES: [&str; 3] = ["stdout", "stderr", "trial.log"];
+const DEFAULT_TAIL_BYTES: u64 = 1 << 20;
+const MAX_TAIL_BYTES: u64 = 16 << 20;
+
+pub(super) async fn trial_log(
+    State(state): State<ApiState>,
+    Path((trial_id, name)): Path<(String, String)>,
+    query: QueryParams,
+) -> Result<Response, ApiError> {
+    let params = params(query)?;
+    if !LOG_NAMES.contains(&name.as_str()) {
+        return Err(ApiError::not_found(format!(
+            "no log {name:?}: a trial has stdout, stderr and trial.log"
+        )));
+    }
+    let tail = number_param(&params, "tail")?
+        .unwrap_or(DEFAULT_TAIL_BYTES)
+        .min(MAX_TAIL_BYTES);
+    let id = trial_id.clone();
+    // The id must be a trial of the store before it becomes part of a path.
+    let row = state
+        .read(move |reader| reader.trial(&id))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no trial {trial_id} in this experiment")))?;
+    let attempt = match number_param(&params, "attempt")? {
+        Some(n) if n == 0 || n > u64::from(row.attempts.max(1)) => {
+            return Err(ApiError::bad_request(format!(
+                "trial {trial_id} has attempts 1 to {}",
+                row.attempts.max(1)
+            )))
+        }
+        Some(n) => n,
+        None => u64::from(row.attempts.max(1)),
+    };
+    let mut path: PathBuf = state.config().dir.join("trials").join(&trial_id);
+    if attempt >= 2 {
+        path.push(format!("attempt-{attempt}"));
+    }
+    path.push(&name);
+    let text = tokio::task::spawn_blocking(move || read_tail(&path, tail))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                ApiError::not_found(format!("trial {trial_id} has no {name} (yet)"))
+            }
+            _ => ApiError::internal(format!("cannot read {name} of trial {trial_id}: {e}")),
+        })?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+}
+
+/// The last `tail` bytes of a file, as text (invalid UTF-8 replaced).
+fn read_tail(path: &std::path::Path, tail: u64) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let size = file.metadata()?.len();
+    if size > tail {
+        file.seek(SeekFrom::Start(size - tail))?;
+    }
+    let mut bytes = Vec::with_capacity(size.min(tail) as usize);
+    file.read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}

@@ -1,0 +1,242 @@
+//! Read routes: the experiment, its trials and metrics, the event log, all from the store.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{ApiError, ApiState};
+use crate::store::{Direction, StoreReader, TrialQuery, TrialRow, TrialStatus};
+
+/// The most rows one request returns; larger `limit`s are cut to this.
+const MAX_PAGE: u64 = 10_000;
+const DEFAULT_TRIAL_PAGE: u64 = 1_000;
+const DEFAULT_LOG_PAGE: u64 = 5_000;
+
+pub(super) type QueryParams = Result<Query<HashMap<String, String>>, QueryRejection>;
+
+/// The query string as a map; a malformed one is a 400 with one line.
+pub(super) fn params(query: QueryParams) -> Result<HashMap<String, String>, ApiError> {
+    query
+        .map(|Query(map)| map)
+        .map_err(|e| ApiError::bad_request(format!("malformed query string: {e}")))
+}
+
+/// An optional non-negative integer parameter.
+pub(super) fn number_param(
+    params: &HashMap<String, String>,
+    name: &str,
+) -> Result<Option<u64>, ApiError> {
+    params
+        .get(name)
+        .map(|text| {
+            text.trim().parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "query parameter {name} must be a non-negative integer, got {text:?}"
+                ))
+            })
+        })
+        .transpose()
+}
+
+fn page_limit(params: &HashMap<String, String>, default: u64) -> Result<u64, ApiError> {
+    Ok(number_param(params, "limit")?
+        .unwrap_or(default)
+        .min(MAX_PAGE))
+}
+
+pub(super) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Whether the tuner maximizes, read from its classArgs as NNI does (default: maximize).
+pub(super) fn direction(config: &Value) -> Direction {
+    let mode = config
+        .pointer("/tuner/classArgs/optimize_mode")
+        .and_then(Value::as_str);
+    match mode {
+        Some(m) if m.eq_ignore_ascii_case("minimize") => Direction::Minimize,
+        _ => Direction::Maximize,
+    }
+}
+
+/// A trial as the API shows it: the stored row plus its duration so far.
+pub(super) fn trial_json(trial: &TrialRow, now: i64) -> Value {
+    let mut value = serde_json::to_value(trial).unwrap_or(Value::Null);
+    let duration = trial
+        .started_ms
+        .map(|start| trial.ended_ms.unwrap_or(now).saturating_sub(start));
+    value["duration_ms"] = json!(duration);
+    value
+}
+
+pub(super) async fn experiment(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let id = state.config().experiment_id.clone();
+    let writable = state
+        .config()
+        .commands
+        .as_ref()
+        .is_some_and(|c| !c.is_closed());
+    let summary = state
+        .read(move |reader| experiment_json(reader, &id))
+        .await??;
+    let mut summary = summary;
+    summary["writable"] = json!(writable);
+    Ok(Json(summary))
+}
+
+fn experiment_json(
+    reader: &StoreReader,
+    id: &str,
+) -> Result<Result<Value, ApiError>, crate::store::StoreError> {
+    let Some(experiment) = reader.experiment()? else {
+        return Ok(Err(ApiError::not_found(format!(
+            "experiment {id} has no record in its store yet"
+        ))));
+    };
+    let counts = reader.trial_counts()?;
+    let total: u64 = counts.values().sum();
+    let direction = direction(&experiment.config);
+    let best = reader.best_trials(direction, 10)?;
+    let last_seq = reader.counters()?.next_event_seq.saturating_sub(1);
+    let now = now_ms();
+    let end = if experiment.status.is_active() {
+        now
+    } else {
+        experiment.updated_ms
+    };
+    let counts: serde_json::Map<String, Value> = counts
+        .into_iter()
+        .map(|(status, n)| (status.as_str().to_string(), json!(n)))
+        .collect();
+    Ok(Ok(json!({
+        "id": experiment.experiment_id,
+        "status": experiment.status,
+        "status_message": experiment.status_message,
+        "start_time_ms": experiment.start_time_ms,
+        "updated_ms": experiment.updated_ms,
+        "elapsed_ms": end.saturating_sub(experiment.start_time_ms),
+        "optimize_mode": match direction {
+            Direction::Maximize => "maximize",
+            Direction::Minimize => "minimize",
+        },
+        "trial_counts": counts,
+        "trial_total": total,
+        "best_trials": best.iter().map(|t| trial_json(t, now)).collect::<Vec<_>>(),
+        "last_seq": last_seq,
+        "config": experiment.config,
+    })))
+}
+
+fn status_filter(params: &HashMap<String, String>) -> Result<Vec<TrialStatus>, ApiError> {
+    let Some(text) = params.get("status") else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            TrialStatus::parse(&s.trim().to_ascii_uppercase()).ok_or_else(|| {
+                let known: Vec<&str> = TrialStatus::ALL.iter().map(|s| s.as_str()).collect();
+                ApiError::bad_request(format!(
+                    "unknown trial status {s:?}; known: {}",
+                    known.join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn trials(
+    State(state): State<ApiState>,
+    query: QueryParams,
+) -> Result<Json<Value>, ApiError> {
+    let params = params(query)?;
+    let statuses = status_filter(&params)?;
+    let offset = number_param(&params, "offset")?.unwrap_or(0);
+    let limit = page_limit(&params, DEFAULT_TRIAL_PAGE)?;
+    let query = TrialQuery {
+        statuses: statuses.clone(),
+        offset,
+        limit: Some(limit),
+    };
+    let (rows, counts) = state
+        .read(move |reader| Ok((reader.trials(&query)?, reader.trial_counts()?)))
+        .await?;
+    let total: u64 = counts
+        .iter()
+        .filter(|(status, _)| statuses.is_empty() || statuses.contains(status))
+        .map(|(_, n)| n)
+        .sum();
+    let now = now_ms();
+    Ok(Json(json!({
+        "total": total,
+        "offset": offset,
+        "limit": limit,
+        "trials": rows.iter().map(|t| trial_json(t, now)).collect::<Vec<_>>(),
+    })))
+}
+
+fn unknown_trial(trial_id: &str) -> ApiError {
+    ApiError::not_found(format!("no trial {trial_id} in this experiment"))
+}
+
+pub(super) async fn trial(
+    State(state): State<ApiState>,
+    Path(trial_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = trial_id.clone();
+    let (row, metrics) = state
+        .read(move |reader| Ok((reader.trial(&id)?, reader.metrics_of_trial(&id)?)))
+        .await?;
+    let row = row.ok_or_else(|| unknown_trial(&trial_id))?;
+    let mut value = trial_json(&row, now_ms());
+    value["metrics"] = json!(metrics);
+    Ok(Json(value))
+}
+
+pub(super) async fn trial_metrics(
+    State(state): State<ApiState>,
+    Path(trial_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = trial_id.clone();
+    let (row, metrics) = state
+        .read(move |reader| Ok((reader.trial(&id)?, reader.metrics_of_trial(&id)?)))
+        .await?;
+    row.ok_or_else(|| unknown_trial(&trial_id))?;
+    Ok(Json(json!({ "trial_id": trial_id, "metrics": metrics })))
+}
+
+/// `GET /metrics?since=SEQ&limit=N`: metrics logged after `since`, oldest first.
+pub(super) async fn metrics(
+    State(state): State<ApiState>,
+    query: QueryParams,
+) -> Result<Json<Value>, ApiError> {
+    let params = params(query)?;
+    let since = number_param(&params, "since")?.unwrap_or(0);
+    let limit = page_limit(&params, DEFAULT_LOG_PAGE)?;
+    let metrics = state
+        .read(move |reader| reader.metrics_since(since, limit))
+        .await?;
+    let last_seq = metrics.last().map_or(since, |m| m.seq);
+    Ok(Json(json!({ "metrics": metrics, "last_seq": last_seq })))
+}
+
+/// `GET /events?since=SEQ&limit=N`: the log after `since` (metrics included), oldest first.
+pub(super) async fn events(
+    State(state): State<ApiState>,
+    query: QueryParams,
+) -> Result<Json<Value>, ApiError> {
+    let params = params(query)?;
+    let since = number_param(&params, "since")?.unwrap_or(0);
+    let limit = page_limit(&params, DEFAULT_LOG_PAGE)?;
+    let events = state
+        .read(move |reader| reader.events_since(since, limit))
+        .await?;
+    let last_seq = events.last().map_or(since, |e| e.seq);
+    Ok(Json(json!({ "events": events, "last_seq": last_seq })))
+}

@@ -1,0 +1,214 @@
+//! Write routes. Each one is a [`Command`] to the running manager, which records the change
+//! before it takes effect and answers whether it was applied; a refusal is a 4xx with its reason.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use super::{ApiError, ApiState};
+use crate::manager::{Command, Update, UpdateOutcome};
+
+/// How long a request waits for the manager's answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn not_running() -> ApiError {
+    ApiError::conflict("experiment is not running")
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request("the request needs a JSON body"));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))
+}
+
+/// Sends one update to the manager and waits for its answer.
+async fn send_update(state: &ApiState, update: Update) -> Result<UpdateOutcome, ApiError> {
+    let commands = state.config().commands.as_ref().ok_or_else(not_running)?;
+    let (answer, answered) = oneshot::channel();
+    commands
+        .send(Command::Update(update, answer))
+        .map_err(|_| not_running())?;
+    match tokio::time::timeout(ANSWER_TIMEOUT, answered).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the experiment did not answer within 30 s",
+        )),
+        Ok(Err(_)) => Err(not_running()),
+        Ok(Ok(Err(refusal))) => Err(ApiError::bad_request(refusal)),
+        Ok(Ok(Ok(outcome))) => Ok(outcome),
+    }
+}
+
+/// `trialConcurrency`, `trial_concurrency` and `TrialConcurrency` are one field, as in configs.
+fn field_key(name: &str) -> String {
+    name.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+fn positive_integer(field: &str, value: &Value) -> Result<u64, ApiError> {
+    value.as_u64().ok_or_else(|| {
+        ApiError::bad_request(format!("{field} must be a positive integer, got {value}"))
+    })
+}
+
+fn duration(value: &Value) -> Result<Duration, ApiError> {
+    let seconds = match value {
+        Value::String(text) => crate::config::duration_text_seconds(text)
+            .map_err(|e| ApiError::bad_request(format!("maxExperimentDuration: {e}")))?,
+        Value::Number(n) => match n.as_f64() {
+            Some(s) if s > 0.0 && s.is_finite() => s.ceil() as u64,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "maxExperimentDuration must be positive, got {n}"
+                )))
+            }
+        },
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "maxExperimentDuration must be a duration like \"30m\" or seconds, got {other}"
+            )))
+        }
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+/// Reads the updates a `PATCH /experiment` body asks for, refusing the whole body if any
+/// field is unknown or of the wrong type.
+fn updates_of(body: &Value) -> Result<Vec<(&'static str, Update)>, ApiError> {
+    let object = body.as_object().ok_or_else(|| {
+        ApiError::bad_request("the body must be a JSON object, e.g. {\"trialConcurrency\": 4}")
+    })?;
+    if object.is_empty() {
+        return Err(ApiError::bad_request(
+            "nothing to update: give trialConcurrency, maxTrialNumber, maxExperimentDuration or searchSpace",
+        ));
+    }
+    let mut updates = Vec::new();
+    for (name, value) in object {
+        let update = match field_key(name).as_str() {
+            "trialconcurrency" => {
+                let n = positive_integer("trialConcurrency", value)?;
+                let n = u32::try_from(n).map_err(|_| {
+                    ApiError::bad_request(format!("trialConcurrency {n} is too large"))
+                })?;
+                ("trialConcurrency", Update::TrialConcurrency(n))
+            }
+            "maxtrialnumber" => (
+                "maxTrialNumber",
+                Update::MaxTrialNumber(positive_integer("maxTrialNumber", value)?),
+            ),
+            "maxexperimentduration" => (
+                "maxExperimentDuration",
+                Update::MaxExperimentDuration(duration(value)?),
+            ),
+            "searchspace" => ("searchSpace", Update::SearchSpace(search_space(value)?)),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "cannot update {name:?}: only trialConcurrency, maxTrialNumber, maxExperimentDuration and searchSpace change while an experiment runs"
+                )))
+            }
+        };
+        updates.push(update);
+    }
+    Ok(updates)
+}
+
+fn search_space(value: &Value) -> Result<Value, ApiError> {
+    if value.is_object() {
+        Ok(value.clone())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "searchSpace must be a JSON object of parameters, got {value}"
+        )))
+    }
+}
+
+/// `PATCH|PUT /experiment`: applies the fields in order; the answer lists the applied ones.
+pub(super) async fn update_experiment(
+    State(state): State<ApiState>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let body = parse_body(&body)?;
+    let updates = updates_of(&body)?;
+    let mut applied = Vec::new();
+    for (field, update) in updates {
+        send_update(&state, update).await.map_err(|e| {
+            if applied.is_empty() {
+                e
+            } else {
+                ApiError::new(
+                    e.status,
+                    format!("{} (already applied: {})", e.message, applied.join(", ")),
+                )
+            }
+        })?;
+        applied.push(field);
+    }
+    Ok(Json(json!({ "applied": applied })))
+}
+
+/// `PUT /experiment/search-space`: the body is the new search space.
+pub(super) async fn update_search_space(
+    State(state): State<ApiState>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let space = search_space(&parse_body(&body)?)?;
+    send_update(&state, Update::SearchSpace(space)).await?;
+    Ok(Json(json!({ "applied": ["searchSpace"] })))
+}
+
+/// `POST /trials` with `{"parameters": {...}}`: runs a trial with these parameters.
+pub(super) async fn add_trial(
+    State(state): State<ApiState>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let body = parse_body(&body)?;
+    let parameters = body
+        .get("parameters")
+        .filter(|p| p.is_object())
+        .ok_or_else(|| {
+            ApiError::bad_request("the body must be {\"parameters\": {<name>: <value>, ...}}")
+        })?;
+    match send_update(&state, Update::AddTrial(parameters.clone())).await? {
+        UpdateOutcome::TrialAdded(trial_id) => {
+            Ok((StatusCode::CREATED, Json(json!({ "trial_id": trial_id }))))
+        }
+        UpdateOutcome::Applied => Ok((StatusCode::CREATED, Json(json!({})))),
+    }
+}
+
+/// `POST /trials/{id}/kill`: the trial is recorded USER_CANCELED.
+pub(super) async fn kill_trial(
+    State(state): State<ApiState>,
+    Path(trial_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = trial_id.clone();
+    let row = state.read(move |reader| reader.trial(&id)).await?;
+    let row =
+        row.ok_or_else(|| ApiError::not_found(format!("no trial {trial_id} in this experiment")))?;
+    if row.status.is_final() {
+        return Err(ApiError::conflict(format!(
+            "trial {trial_id} already ended ({})",
+            row.status.as_str()
+        )));
+    }
+    send_update(&state, Update::KillTrial(trial_id.clone())).await?;
+    Ok(Json(json!({ "killed": trial_id })))
+}
+
+/// `POST /experiment/stop`: stops as Ctrl-C would; the answer comes before trials are killed.
+pub(super) async fn stop(
+    State(state): State<ApiState>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let commands = state.config().commands.as_ref().ok_or_else(not_running)?;
+    commands.send(Command::Stop).map_err(|_| not_running())?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "stopping": true }))))
+}
