@@ -3,7 +3,10 @@
 //!
 //! Each suggestion after the cold start:
 //! 1. the observed results (losses: values negated under `maximize`; NaN and +∞ as the worst
-//!    finite one) are standardized, in an order that does not depend on when they arrived;
+//!    finite one) are compressed by `ln(1 + (loss - best) / (median - best))`, which keeps
+//!    their order and the shape near the best but tames heavy tails (one loss 1000× the others
+//!    would otherwise flatten the whole model), then standardized, in an order that does not
+//!    depend on when they arrived;
 //! 2. a Matérn kernel (ν = `nu`) with one length scale per dimension, a signal variance and a
 //!    noise variance of at least `alpha` are fitted by maximizing the marginal likelihood
 //!    ([`model`]);
@@ -373,6 +376,7 @@ fn training_set(cube: &UnitCube, observations: &[(Value, f64)]) -> Option<Traini
     if rows.len() > MAX_TRAINING_POINTS {
         rows = thin(rows);
     }
+    compress_tail(&mut rows);
     let n = rows.len() as f64;
     let mean = rows.iter().map(|r| r.1).sum::<f64>() / n;
     let variance = rows.iter().map(|r| (r.1 - mean).powi(2)).sum::<f64>() / n;
@@ -381,6 +385,20 @@ fn training_set(cube: &UnitCube, observations: &[(Value, f64)]) -> Option<Traini
         targets: rows.iter().map(|r| (r.1 - mean) / scale).collect(),
         points: rows.into_iter().map(|r| r.2).collect(),
     })
+}
+
+/// `loss → ln(1 + (loss - best) / (median - best))`: order-preserving, close to linear near the
+/// best, logarithmic in the tail. Scale-free, so it does not depend on the losses' units.
+fn compress_tail(rows: &mut [(String, f64, Vec<f64>)]) {
+    let mut losses: Vec<f64> = rows.iter().map(|r| r.1).collect();
+    losses.sort_by(f64::total_cmp);
+    let best = losses[0];
+    let spread = losses[losses.len() / 2] - best;
+    if spread > 0.0 {
+        for row in rows {
+            row.1 = ((row.1 - best) / spread).ln_1p();
+        }
+    }
 }
 
 /// Keeps the best half of [`MAX_TRAINING_POINTS`] and an even spread of the rest, in order.
