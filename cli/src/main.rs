@@ -1,14 +1,17 @@
 //! `knob`: the command line. Each subcommand lives in its own module; this file only parses
 //! arguments and turns errors into one line on stderr and a non-zero exit.
 
+mod client;
 mod create;
 mod experiment;
 mod gpu;
+mod manage;
 mod plugin;
 mod resume;
 mod serve;
 mod space;
 mod table;
+mod top;
 
 use std::process::ExitCode;
 
@@ -35,10 +38,17 @@ enum Command {
     Stop { id: String },
     /// List, inspect and export experiments.
     #[command(subcommand)]
-    Experiment(experiment::ExperimentCommand),
+    Experiment(manage::ExperimentCommand),
     /// The trials of an experiment.
     #[command(subcommand)]
-    Trial(experiment::TrialCommand),
+    Trial(manage::TrialCommand),
+    /// Change a running experiment: trialConcurrency, maxTrialNumber, maxExperimentDuration, search space.
+    #[command(subcommand)]
+    Update(manage::UpdateCommand),
+    /// Serve the dashboard and a read-only API of an experiment from its store.
+    View(manage::ViewArgs),
+    /// A live terminal view of an experiment (q to quit).
+    Top(top::TopArgs),
     /// Check experiment configs.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -74,8 +84,11 @@ fn main() -> ExitCode {
         Command::Create(args) => create::run(args),
         Command::Resume(args) => resume::resume(args),
         Command::Stop { id } => resume::stop(&id),
-        Command::Experiment(command) => experiment::run(command),
-        Command::Trial(command) => experiment::run_trial(command),
+        Command::Experiment(command) => manage::run_experiment(command),
+        Command::Trial(command) => manage::run_trial(command),
+        Command::Update(command) => manage::update(command),
+        Command::View(args) => manage::view(args),
+        Command::Top(args) => top::top(args),
         Command::Config(ConfigCommand::Check { file }) => {
             match knob_core::config::check_file(&file) {
                 Ok(canonical) => {

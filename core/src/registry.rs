@@ -153,6 +153,14 @@ impl Registry {
         Ok(())
     }
 
+    /// Forgets an experiment (`knob experiment delete`); its directory is the caller's business.
+    pub fn remove(&self, id: &str) -> Result<(), RegistryError> {
+        self.connection
+            .execute("DELETE FROM experiments WHERE id = ?1", [id])
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
     pub fn get(&self, id: &str) -> Result<RegistryEntry, RegistryError> {
         self.connection
             .query_row(

@@ -1,0 +1,191 @@
+//! Commands that change or serve an experiment: `knob view`, `knob trial kill`,
+//! `knob update …`, `knob experiment delete`. A running experiment is changed through its API.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Subcommand;
+use knob_core::registry::{process_alive, Registry, RegistryEntry};
+use serde_json::{json, Value};
+
+use crate::client::ApiClient;
+use crate::experiment;
+use crate::serve::{dashboard_url, spawn_api, ServeArgs};
+
+#[derive(Subcommand)]
+pub enum ExperimentCommand {
+    #[command(flatten)]
+    Read(experiment::ExperimentCommand),
+    /// Delete a stopped or finished experiment: its directory and its registry entry.
+    Delete {
+        id: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TrialCommand {
+    #[command(flatten)]
+    Read(experiment::TrialCommand),
+    /// Kill a waiting or running trial of a running experiment (recorded USER_CANCELED).
+    Kill { id: String, trial: String },
+}
+
+#[derive(Subcommand)]
+pub enum UpdateCommand {
+    /// Trials running at once.
+    Concurrency {
+        id: String,
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// maxTrialNumber.
+    Trialnum {
+        id: String,
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// maxExperimentDuration (`30m`, `2h`, or seconds).
+    Duration {
+        id: String,
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// Replace the search space with the one in a JSON file.
+    Searchspace { id: String, file: PathBuf },
+}
+
+#[derive(clap::Args)]
+pub struct ViewArgs {
+    id: String,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+pub fn run_experiment(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ExperimentCommand::Read(command) => experiment::run(command),
+        ExperimentCommand::Delete { id, yes } => delete(&id, yes),
+    }
+}
+
+pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        TrialCommand::Read(command) => experiment::run_trial(command),
+        TrialCommand::Kill { id, trial } => {
+            let client = running_api(&id)?;
+            client.send("POST", &format!("/trials/{trial}/kill"), None)?;
+            println!("trial {trial} of experiment {id} killed");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The API of a running experiment, or a one-line error saying what to do instead.
+fn running_api(id: &str) -> anyhow::Result<ApiClient> {
+    let entry = Registry::open_default()?.get(id)?;
+    ApiClient::for_running(&entry).ok_or_else(|| {
+        anyhow::anyhow!(
+            "experiment {id} is not running ({}); `knob resume {id}` continues it",
+            entry.status
+        )
+    })
+}
+
+/// A number stays a number (so the API can say why -1 is refused); anything else is text.
+fn json_scalar(text: &str) -> Value {
+    serde_json::from_str::<Value>(text.trim())
+        .ok()
+        .filter(Value::is_number)
+        .unwrap_or_else(|| Value::String(text.to_string()))
+}
+
+pub fn update(command: UpdateCommand) -> anyhow::Result<ExitCode> {
+    let (id, field, value) = match command {
+        UpdateCommand::Concurrency { id, value } => (id, "trialConcurrency", json_scalar(&value)),
+        UpdateCommand::Trialnum { id, value } => (id, "maxTrialNumber", json_scalar(&value)),
+        UpdateCommand::Duration { id, value } => (id, "maxExperimentDuration", json_scalar(&value)),
+        UpdateCommand::Searchspace { id, file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let space: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            (id, "searchSpace", space)
+        }
+    };
+    let client = running_api(&id)?;
+    client.send("PATCH", "/experiment", Some(&json!({ field: value })))?;
+    println!("experiment {id}: {field} updated");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `knob view`: serves the dashboard and a read-only API from the store until Ctrl-C.
+pub fn view(args: ViewArgs) -> anyhow::Result<ExitCode> {
+    let entry = Registry::open_default()?.get(&args.id)?;
+    knob_core::store::StoreReader::open(&entry.dir)
+        .map_err(|e| anyhow::anyhow!("experiment {}: {e}", args.id))?;
+    if ApiClient::for_running(&entry).is_some() {
+        eprintln!(
+            "note: experiment {} is running and serves its own dashboard on port {}",
+            args.id,
+            entry.port.unwrap_or_default()
+        );
+    }
+    let listener = args.serve.bind()?;
+    let address = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        spawn_api(
+            listener,
+            entry.id.clone(),
+            entry.dir.clone(),
+            None,
+            args.serve.token(),
+        )?;
+        println!(
+            "experiment {} (read-only): {} — Ctrl-C to quit",
+            entry.id,
+            dashboard_url(address)
+        );
+        let _ = std::io::stdout().flush();
+        tokio::signal::ctrl_c().await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
+    let registry = Registry::open_default()?;
+    let entry: RegistryEntry = registry.get(id)?;
+    if let Some(pid) = entry.pid.filter(|&pid| process_alive(pid)) {
+        anyhow::bail!(
+            "experiment {id} is running (pid {pid}); stop it first with `knob stop {id}`"
+        );
+    }
+    if !yes {
+        eprint!(
+            "delete experiment {id} and everything in {}? [y/N] ",
+            entry.dir.display()
+        );
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            println!("experiment {id} kept");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    match std::fs::remove_dir_all(&entry.dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("cannot delete {}: {e}", entry.dir.display()),
+    }
+    registry.remove(id)?;
+    println!("experiment {id} deleted ({})", entry.dir.display());
+    Ok(ExitCode::SUCCESS)
+}
