@@ -8,6 +8,7 @@
 //! Architecture invariant: every state change is appended to the store, and acknowledged by it,
 //! before the loop acts on it (starts a trial, tells the tuner, reports progress).
 
+mod events;
 mod placement;
 mod resume;
 mod trial;
@@ -21,20 +22,17 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use knob_gpu_sched::Placement;
 use knob_plugin_api::host::{
     AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle,
 };
-use knob_plugin_api::metric::default_value;
-use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
+use knob_plugin_api::service::ServiceEvent;
 use knob_plugin_api::{ComponentKind, Generated, Suggestion};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::{ExperimentConfig, TrainingServiceConfig};
 use crate::store::{
-    ExperimentState, ExperimentStatus, MetricKind as StoredMetricKind, Rejection, Store,
-    StoreError, StoreEvent, StoreHandle, TrialStatus,
+    ExperimentState, ExperimentStatus, Store, StoreError, StoreEvent, StoreHandle, TrialStatus,
 };
 use trial::Trial;
 
@@ -510,343 +508,6 @@ impl Manager {
         Ok(trial_id)
     }
 
-    /// Asks gpu-sched where waiting trials go, oldest first, and starts those it placed.
-    async fn place_waiting(&mut self) -> Result<(), ManagerError> {
-        let waiting: Vec<String> = self
-            .active
-            .values()
-            .filter(|id| {
-                let trial = &self.trials[*id];
-                trial.status == TrialStatus::Waiting
-                    && !trial.launched
-                    && trial.not_before.is_none_or(|at| at <= Instant::now())
-            })
-            .cloned()
-            .collect();
-        if waiting.is_empty() {
-            return Ok(());
-        }
-        let placements = self.placer.place(&waiting);
-        self.reprobe_at = None;
-        for (trial_id, placement) in waiting.into_iter().zip(placements) {
-            match placement {
-                Placement::Succeed { gpu_indices, .. } => self.launch(&trial_id, gpu_indices),
-                Placement::RequireExceedTotal { reason } => {
-                    self.end_trial(
-                        &trial_id,
-                        TrialStatus::Failed,
-                        Some(reason),
-                        None,
-                        None,
-                        String::new(),
-                    )
-                    .await?
-                }
-                Placement::TmpNoAvailableGpu { reason } => {
-                    self.reprobe_at
-                        .get_or_insert(Instant::now() + REPROBE_INTERVAL);
-                    let trial = self
-                        .trials
-                        .get_mut(&trial_id)
-                        .expect("waiting trial is known");
-                    if trial.waiting_reason.as_deref() != Some(reason.as_str()) {
-                        trial.waiting_reason = Some(reason.clone());
-                        self.warn(Some(trial_id), format!("waiting: {reason}"))
-                            .await?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn launch(&mut self, trial_id: &str, gpu_indices: Option<Vec<u32>>) {
-        let trial = self
-            .trials
-            .get_mut(trial_id)
-            .expect("placed trial is known");
-        trial.launched = true;
-        // Each attempt writes its own files: a retried or resumed trial keeps the earlier
-        // attempt's output apart.
-        let attempt = trial.attempt + 1;
-        let trial_dir = match attempt {
-            1 => self.dir.join("trials").join(trial_id),
-            n => self
-                .dir
-                .join("trials")
-                .join(trial_id)
-                .join(format!("attempt-{n}")),
-        };
-        let mut env = std::collections::BTreeMap::new();
-        if gpu_indices.is_some() {
-            // NVML (which placed the trial) numbers GPUs in PCI bus order; make CUDA agree.
-            env.insert("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string());
-        }
-        let request = TrialRequest {
-            experiment_id: self.id.clone(),
-            trial_id: trial_id.to_string(),
-            sequence: trial.sequence,
-            parameter_id: trial.parameter_id,
-            parameters: trial.parameters.clone(),
-            environment_id: "local".into(),
-            command: self.config.trial_command.clone(),
-            code_dir: self.config.trial_code_directory.clone(),
-            trial_dir,
-            gpu_indices,
-            env,
-        };
-        // The loop does not wait for the process to be spawned (milliseconds on a busy machine):
-        // its start arrives as a service event, a failure to start as a `StartFailed`.
-        let reply = self.service.start_trial(request);
-        let start_failures = self.start_failures_tx.clone();
-        let trial_id = trial_id.to_string();
-        tokio::spawn(async move {
-            if let Err(e) = reply.get().await {
-                let _ = start_failures.send((trial_id, format!("could not start: {e}")));
-            }
-        });
-        self.publish(None);
-    }
-
-    async fn on_service_event(&mut self, event: ServiceEvent) -> Result<(), ManagerError> {
-        match event {
-            ServiceEvent::Environment { environment } => {
-                if !environment.ready {
-                    self.warn(
-                        None,
-                        format!("environment {} is no longer ready", environment.id),
-                    )
-                    .await?;
-                }
-            }
-            ServiceEvent::TrialStarted { trial_id, pid } => {
-                let Some(trial) = self.trials.get_mut(&trial_id) else {
-                    return self
-                        .warn(Some(trial_id), "start reported for an unknown trial".into())
-                        .await;
-                };
-                if trial.status == TrialStatus::Waiting {
-                    trial.attempt += 1;
-                    trial.pid = pid;
-                    let attempt = trial.attempt;
-                    self.set_status(&trial_id, TrialStatus::Running);
-                    let event = StoreEvent::TrialStarted {
-                        trial_id,
-                        attempt,
-                        environment_id: "local".into(),
-                        gpu_indices: Vec::new(),
-                        pid,
-                    };
-                    self.store.append(event).await?;
-                }
-            }
-            ServiceEvent::Metric {
-                trial_id,
-                kind,
-                sequence,
-                value,
-            } => {
-                self.on_metrics(vec![(trial_id, kind, sequence, value)])
-                    .await?
-            }
-            ServiceEvent::TrialEnded {
-                trial_id,
-                exit_code,
-                signal,
-                stderr_tail,
-                // The manager knows why it asked for a kill; see `Trial::kill`.
-                killed_reason: _,
-            } => {
-                let Some(trial) = self.trials.get(&trial_id) else {
-                    return self
-                        .warn(Some(trial_id), "end reported for an unknown trial".into())
-                        .await;
-                };
-                if trial.status.is_final() {
-                    return Ok(());
-                }
-                let (status, reason) = match (&trial.kill, exit_code) {
-                    (Some((status, reason)), _) => (*status, Some(reason.clone())),
-                    (None, Some(0)) => (TrialStatus::Succeeded, None),
-                    (None, _) => (
-                        TrialStatus::Failed,
-                        Some(trial::failure_reason(exit_code, signal, &stderr_tail)),
-                    ),
-                };
-                let oom = trial::looks_like_oom(exit_code, signal, &stderr_tail);
-                let retries = self.config.max_trial_retries
-                    + if oom { self.config.max_oom_retries } else { 0 };
-                if status == TrialStatus::Failed
-                    && trial.kill.is_none()
-                    && trial.attempt <= retries
-                    && !self.closed_for_retries()
-                {
-                    let backoff = retry_backoff(trial.attempt);
-                    let reason = reason.unwrap_or_default();
-                    return self
-                        .requeue(
-                            &trial_id,
-                            format!("attempt {} failed: {reason}", trial.attempt),
-                            backoff,
-                        )
-                        .await;
-                }
-                self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail)
-                    .await?;
-            }
-            ServiceEvent::Warning { trial_id, message } => self.warn(trial_id, message).await?,
-        }
-        Ok(())
-    }
-
-    /// Handles a batch of service events in order; each run of consecutive metrics is
-    /// recorded with one group commit before any of them is acted on.
-    async fn on_service_events(
-        &mut self,
-        batch: Vec<Result<ServiceEvent, String>>,
-    ) -> Result<(), ManagerError> {
-        let mut metrics = Vec::new();
-        for event in batch {
-            match event {
-                Ok(ServiceEvent::Metric {
-                    trial_id,
-                    kind,
-                    sequence,
-                    value,
-                }) => {
-                    metrics.push((trial_id, kind, sequence, value));
-                    continue;
-                }
-                Ok(other) => {
-                    self.on_metrics(std::mem::take(&mut metrics)).await?;
-                    self.on_service_event(other).await?;
-                }
-                Err(message) => self.warn(None, message).await?,
-            }
-        }
-        self.on_metrics(metrics).await
-    }
-
-    /// Records metrics (all appends first, then every acknowledgement), then acts on each.
-    async fn on_metrics(
-        &mut self,
-        metrics: Vec<(String, MetricKind, u64, String)>,
-    ) -> Result<(), ManagerError> {
-        let mut recorded = Vec::with_capacity(metrics.len());
-        for (trial_id, kind, sequence, raw) in metrics {
-            let Some(trial) = self.trials.get(&trial_id) else {
-                self.warn(Some(trial_id), "metric for an unknown trial ignored".into())
-                    .await?;
-                continue;
-            };
-            if trial.status.is_final() {
-                self.warn(
-                    Some(trial_id),
-                    "metric after the trial ended ignored".into(),
-                )
-                .await?;
-                continue;
-            }
-            let decoded = default_value(&raw);
-            let ack = self.store.append(StoreEvent::Metric {
-                trial_id: trial_id.clone(),
-                attempt: trial.attempt.max(1),
-                kind: match kind {
-                    MetricKind::Intermediate => StoredMetricKind::Intermediate,
-                    MetricKind::Final => StoredMetricKind::Final,
-                },
-                trial_sequence: sequence,
-                raw,
-                value: decoded.as_ref().ok().copied().filter(|v| v.is_finite()),
-            });
-            recorded.push((ack, trial_id, kind, decoded));
-        }
-        let mut durable = Vec::with_capacity(recorded.len());
-        for (ack, trial_id, kind, decoded) in recorded {
-            match ack.await {
-                Ok(_) => durable.push((trial_id, kind, decoded)),
-                // The same report delivered twice (a retried PUT, say) is stored once.
-                Err(StoreError::Rejected {
-                    reason: Rejection::DuplicateMetric { .. },
-                    ..
-                }) => {
-                    self.warn(Some(trial_id), "duplicate metric ignored".into())
-                        .await?
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        for (trial_id, kind, decoded) in durable {
-            match decoded {
-                Ok(value) => self.act_on_metric(trial_id, kind, value).await?,
-                Err(reason) => {
-                    self.warn(
-                        Some(trial_id),
-                        format!("{reason}; the tuner does not see it"),
-                    )
-                    .await?
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Hands a recorded metric to the assessor (intermediate) or the tuner (final).
-    async fn act_on_metric(
-        &mut self,
-        trial_id: String,
-        kind: MetricKind,
-        value: f64,
-    ) -> Result<(), ManagerError> {
-        let Some(trial) = self.trials.get_mut(&trial_id) else {
-            return Ok(());
-        };
-        if trial.status.is_final() {
-            return Ok(());
-        }
-        match kind {
-            MetricKind::Intermediate => {
-                trial.intermediate.push(value);
-                let history = trial.intermediate.clone();
-                if let Some(assessor) = &self.assessor {
-                    let verdict = assessor
-                        .assess_trial(trial_id.clone(), history)
-                        .get()
-                        .await?;
-                    if !verdict.keep_going {
-                        self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason)
-                            .await?;
-                    }
-                }
-            }
-            MetricKind::Final => {
-                if trial.final_value.is_some() {
-                    return self
-                        .warn(Some(trial_id), "second final result ignored".into())
-                        .await;
-                }
-                trial.final_value = Some(value);
-                let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
-                if !value.is_nan()
-                    && self
-                        .best
-                        .as_ref()
-                        .is_none_or(|(_, best)| self.better(value, *best))
-                {
-                    self.best = Some((trial_id.clone(), value));
-                }
-                let suggestions = self
-                    .tuner
-                    .receive_trial_result(parameter_id, parameters, value)
-                    .get()
-                    .await?;
-                self.accept_suggestions(suggestions);
-            }
-        }
-        self.publish(None);
-        Ok(())
-    }
-
     fn better(&self, value: f64, than: f64) -> bool {
         if self.maximize {
             value > than
@@ -1086,7 +747,7 @@ impl Manager {
 const MAX_EVENT_BATCH: usize = 4096;
 
 /// How often the machine is probed again while trials wait for GPUs or memory.
-const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
+pub(super) const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {

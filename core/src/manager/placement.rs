@@ -6,7 +6,13 @@ use knob_gpu_sched::{
     ByteSize, EnvironmentLimits, Placement, Scheduler, SchedulerConfig, TrialId, TrialRequest,
 };
 
+use std::time::Instant;
+
+use knob_plugin_api::service::TrialRequest as ServiceTrialRequest;
+
+use super::{Manager, ManagerError, REPROBE_INTERVAL};
 use crate::config::{ExperimentConfig, TrainingServiceConfig};
+use crate::store::TrialStatus;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -78,5 +84,105 @@ impl Placer {
     /// Frees what a trial held; call once its process group is gone.
     pub fn release(&mut self, trial_id: &str) {
         self.scheduler.release(&TrialId::from(trial_id));
+    }
+}
+
+impl Manager {
+    /// Asks gpu-sched where waiting trials go, oldest first, and starts those it placed.
+    pub(super) async fn place_waiting(&mut self) -> Result<(), ManagerError> {
+        let waiting: Vec<String> = self
+            .active
+            .values()
+            .filter(|id| {
+                let trial = &self.trials[*id];
+                trial.status == TrialStatus::Waiting
+                    && !trial.launched
+                    && trial.not_before.is_none_or(|at| at <= Instant::now())
+            })
+            .cloned()
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let placements = self.placer.place(&waiting);
+        self.reprobe_at = None;
+        for (trial_id, placement) in waiting.into_iter().zip(placements) {
+            match placement {
+                Placement::Succeed { gpu_indices, .. } => self.launch(&trial_id, gpu_indices),
+                Placement::RequireExceedTotal { reason } => {
+                    self.end_trial(
+                        &trial_id,
+                        TrialStatus::Failed,
+                        Some(reason),
+                        None,
+                        None,
+                        String::new(),
+                    )
+                    .await?
+                }
+                Placement::TmpNoAvailableGpu { reason } => {
+                    self.reprobe_at
+                        .get_or_insert(Instant::now() + REPROBE_INTERVAL);
+                    let trial = self
+                        .trials
+                        .get_mut(&trial_id)
+                        .expect("waiting trial is known");
+                    if trial.waiting_reason.as_deref() != Some(reason.as_str()) {
+                        trial.waiting_reason = Some(reason.clone());
+                        self.warn(Some(trial_id), format!("waiting: {reason}"))
+                            .await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn launch(&mut self, trial_id: &str, gpu_indices: Option<Vec<u32>>) {
+        let trial = self
+            .trials
+            .get_mut(trial_id)
+            .expect("placed trial is known");
+        trial.launched = true;
+        // Each attempt writes its own files: a retried or resumed trial keeps the earlier
+        // attempt's output apart.
+        let attempt = trial.attempt + 1;
+        let trial_dir = match attempt {
+            1 => self.dir.join("trials").join(trial_id),
+            n => self
+                .dir
+                .join("trials")
+                .join(trial_id)
+                .join(format!("attempt-{n}")),
+        };
+        let mut env = std::collections::BTreeMap::new();
+        if gpu_indices.is_some() {
+            // NVML (which placed the trial) numbers GPUs in PCI bus order; make CUDA agree.
+            env.insert("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string());
+        }
+        let request = ServiceTrialRequest {
+            experiment_id: self.id.clone(),
+            trial_id: trial_id.to_string(),
+            sequence: trial.sequence,
+            parameter_id: trial.parameter_id,
+            parameters: trial.parameters.clone(),
+            environment_id: "local".into(),
+            command: self.config.trial_command.clone(),
+            code_dir: self.config.trial_code_directory.clone(),
+            trial_dir,
+            gpu_indices,
+            env,
+        };
+        // The loop does not wait for the process to be spawned (milliseconds on a busy machine):
+        // its start arrives as a service event, a failure to start as a `StartFailed`.
+        let reply = self.service.start_trial(request);
+        let start_failures = self.start_failures_tx.clone();
+        let trial_id = trial_id.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = reply.get().await {
+                let _ = start_failures.send((trial_id, format!("could not start: {e}")));
+            }
+        });
+        self.publish(None);
     }
 }

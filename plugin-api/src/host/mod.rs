@@ -8,24 +8,31 @@
 //! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
 //! async core awaits replies on channels and is never blocked by a slow or stuck plugin.
 
+mod objects;
+
+use objects::PluginThread;
+pub use objects::{
+    AssessorHandle, AssessorObject, Reply, TrainingServiceHandle, TrainingServiceObject,
+    TunerHandle, TunerObject,
+};
+
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CStr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use abi_stable::library::{lib_header_from_path, LibraryError};
 use abi_stable::sabi_trait::TD_Opaque;
-use abi_stable::std_types::{RResult, RSlice, RStr, RString};
+use abi_stable::std_types::{RResult, RStr, RString};
 use serde_json::Value;
 
 use crate::abi::{
-    AbiComponentKind, AbiGenerated, AbiLogLevel, AssessorBox, EventSinkAbi, EventSinkAbi_TO,
-    HostLoggerAbi, HostLoggerAbi_TO, PluginModuleRef, TrainingServiceBox, TunerBox,
-    API_VERSION_SYMBOL,
+    AbiComponentKind, AbiLogLevel, EventSinkAbi, EventSinkAbi_TO, HostLoggerAbi, HostLoggerAbi_TO,
+    PluginModuleRef, API_VERSION_SYMBOL,
 };
-use crate::service::{Environment, ServiceEvent, TrialRequest};
-use crate::{ComponentKind, Generated, ImportedTrial, Suggestion, Verdict};
+use crate::service::ServiceEvent;
+use crate::ComponentKind;
 
 /// Everything that can go wrong between the host and a plugin, one line each.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -609,12 +616,6 @@ fn constructed<T>(
     })
 }
 
-fn called<T>(raw: RResult<T, RString>) -> Result<T, HostError> {
-    raw.into_result().map_err(|message| HostError::Call {
-        message: message.into_string(),
-    })
-}
-
 type EventCallback = Box<dyn Fn(Result<ServiceEvent, String>) + Send + Sync>;
 
 struct EventForwarder(EventCallback);
@@ -629,302 +630,6 @@ impl EventSinkAbi for EventForwarder {
         });
         // The callback is host code; a panic in it must not unwind into the plugin.
         let _ = catch_unwind(AssertUnwindSafe(|| (self.0)(event)));
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Component objects: safe wrappers over the ABI objects, called on the current thread.
-
-/// A tuner from a plugin. Calls run on the caller's thread; see [`TunerHandle`].
-pub struct TunerObject {
-    raw: TunerBox,
-    label: String,
-}
-
-impl TunerObject {
-    pub fn label(&self) -> &str {
-        &self.label
-    }
-
-    pub fn update_search_space(&mut self, search_space: &Value) -> Result<(), HostError> {
-        called(
-            self.raw
-                .update_search_space(RStr::from_str(&search_space.to_string())),
-        )
-    }
-
-    pub fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, HostError> {
-        Ok(match called(self.raw.generate_parameters(parameter_id))? {
-            AbiGenerated::Parameters(json) => {
-                Generated::Parameters(serde_json::from_str(json.as_str()).map_err(|e| {
-                    HostError::Call {
-                        message: format!(
-                            "{} returned parameters that are not JSON: {e}",
-                            self.label
-                        ),
-                    }
-                })?)
-            }
-            AbiGenerated::NoMore => Generated::NoMore,
-            AbiGenerated::Deferred => Generated::Deferred,
-        })
-    }
-
-    /// Hands over a final result; returns what the tuner emitted unprompted in response.
-    pub fn receive_trial_result(
-        &mut self,
-        parameter_id: u64,
-        parameters: &Value,
-        value: f64,
-    ) -> Result<Vec<Suggestion>, HostError> {
-        let parameters = parameters.to_string();
-        called(
-            self.raw
-                .receive_trial_result(parameter_id, RStr::from_str(&parameters), value),
-        )?;
-        self.take_suggestions()
-    }
-
-    /// Reports a trial's end; returns what the tuner emitted unprompted in response.
-    pub fn trial_end(
-        &mut self,
-        parameter_id: u64,
-        status: &str,
-    ) -> Result<Vec<Suggestion>, HostError> {
-        called(self.raw.trial_end(parameter_id, RStr::from_str(status)))?;
-        self.take_suggestions()
-    }
-
-    pub fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), HostError> {
-        let json = serde_json::to_string(trials).map_err(|e| HostError::Call {
-            message: e.to_string(),
-        })?;
-        called(self.raw.import_data(RStr::from_str(&json)))
-    }
-
-    fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, HostError> {
-        let raw = called(self.raw.take_suggestions())?;
-        raw.into_iter()
-            .map(|s| {
-                let parameters =
-                    serde_json::from_str(s.parameters.as_str()).map_err(|e| HostError::Call {
-                        message: format!(
-                            "{} emitted parameters that are not JSON: {e}",
-                            self.label
-                        ),
-                    })?;
-                Ok(Suggestion {
-                    parameter_id: s.parameter_id,
-                    parameters,
-                })
-            })
-            .collect()
-    }
-}
-
-/// An assessor from a plugin, called on the current thread.
-pub struct AssessorObject {
-    raw: AssessorBox,
-    label: String,
-}
-
-impl AssessorObject {
-    pub fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, HostError> {
-        let verdict = called(
-            self.raw
-                .assess_trial(RStr::from_str(trial_id), RSlice::from_slice(history)),
-        )?;
-        Ok(Verdict {
-            keep_going: verdict.keep_going,
-            reason: verdict.reason.into_string(),
-        })
-    }
-
-    pub fn trial_end(&mut self, trial_id: &str, status: &str) -> Result<(), HostError> {
-        called(
-            self.raw
-                .trial_end(RStr::from_str(trial_id), RStr::from_str(status)),
-        )
-    }
-}
-
-/// A training service from a plugin, called on the current thread.
-pub struct TrainingServiceObject {
-    raw: TrainingServiceBox,
-    label: String,
-}
-
-impl TrainingServiceObject {
-    pub fn environments(&mut self) -> Result<Vec<Environment>, HostError> {
-        let json = called(self.raw.environments())?;
-        serde_json::from_str(json.as_str()).map_err(|e| HostError::Call {
-            message: format!("{} described its environments in bad JSON: {e}", self.label),
-        })
-    }
-
-    pub fn start_trial(&mut self, request: &TrialRequest) -> Result<(), HostError> {
-        let json = serde_json::to_string(request).map_err(|e| HostError::Call {
-            message: e.to_string(),
-        })?;
-        called(self.raw.start_trial(RStr::from_str(&json)))
-    }
-
-    pub fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), HostError> {
-        called(
-            self.raw
-                .kill_trial(RStr::from_str(trial_id), RStr::from_str(reason)),
-        )
-    }
-
-    pub fn shutdown(&mut self) -> Result<(), HostError> {
-        called(self.raw.shutdown())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Threads
-
-type Job<T> = Box<dyn FnOnce(&mut T) + Send>;
-
-/// Owns a component object on a dedicated thread and runs calls on it in order.
-struct PluginThread<T> {
-    jobs: mpsc::Sender<Job<T>>,
-    label: Arc<str>,
-}
-
-impl<T: Send + 'static> PluginThread<T> {
-    fn spawn(label: String, mut object: T) -> PluginThread<T> {
-        let (jobs, inbox) = mpsc::channel::<Job<T>>();
-        let thread_name: String = format!("knob {label}").chars().take(15).collect();
-        // If the OS refuses a thread, `jobs` is dropped with the closure and every call
-        // reports the component as gone, which is the truth.
-        let _ = std::thread::Builder::new()
-            .name(thread_name)
-            .spawn(move || {
-                while let Ok(job) = inbox.recv() {
-                    job(&mut object);
-                }
-            });
-        PluginThread {
-            jobs,
-            label: label.into(),
-        }
-    }
-
-    fn call<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut T) -> Result<R, HostError> + Send + 'static,
-    ) -> Reply<R> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let label = self.label.clone();
-        let job: Job<T> = Box::new(move |object| {
-            let result = catch_unwind(AssertUnwindSafe(|| f(object))).unwrap_or_else(|_| {
-                Err(HostError::Call {
-                    message: format!("{label}: host-side panic while calling it"),
-                })
-            });
-            let _ = reply.send(result);
-        });
-        let sent = self.jobs.send(job).is_ok();
-        Reply {
-            answer: sent.then_some(answer),
-            label: self.label.clone(),
-        }
-    }
-}
-
-/// The answer to one call on a component thread: `.await` it from async code, or `wait()`.
-pub struct Reply<R> {
-    answer: Option<tokio::sync::oneshot::Receiver<Result<R, HostError>>>,
-    label: Arc<str>,
-}
-
-impl<R> Reply<R> {
-    pub async fn get(self) -> Result<R, HostError> {
-        let gone = HostError::Gone {
-            label: self.label.to_string(),
-        };
-        match self.answer {
-            Some(answer) => answer.await.unwrap_or(Err(gone)),
-            None => Err(gone),
-        }
-    }
-
-    /// Blocks the current thread for the answer. Not for use inside an async runtime.
-    pub fn wait(self) -> Result<R, HostError> {
-        let gone = HostError::Gone {
-            label: self.label.to_string(),
-        };
-        match self.answer {
-            Some(answer) => answer.blocking_recv().unwrap_or(Err(gone)),
-            None => Err(gone),
-        }
-    }
-}
-
-/// A tuner running on its own thread.
-pub struct TunerHandle(PluginThread<TunerObject>);
-
-impl TunerHandle {
-    pub fn label(&self) -> &str {
-        &self.0.label
-    }
-    pub fn update_search_space(&self, search_space: Value) -> Reply<()> {
-        self.0.call(move |t| t.update_search_space(&search_space))
-    }
-    pub fn generate_parameters(&self, parameter_id: u64) -> Reply<Generated> {
-        self.0.call(move |t| t.generate_parameters(parameter_id))
-    }
-    pub fn receive_trial_result(
-        &self,
-        parameter_id: u64,
-        parameters: Value,
-        value: f64,
-    ) -> Reply<Vec<Suggestion>> {
-        self.0
-            .call(move |t| t.receive_trial_result(parameter_id, &parameters, value))
-    }
-    pub fn trial_end(&self, parameter_id: u64, status: String) -> Reply<Vec<Suggestion>> {
-        self.0.call(move |t| t.trial_end(parameter_id, &status))
-    }
-    pub fn import_data(&self, trials: Vec<ImportedTrial>) -> Reply<()> {
-        self.0.call(move |t| t.import_data(&trials))
-    }
-}
-
-/// An assessor running on its own thread.
-pub struct AssessorHandle(PluginThread<AssessorObject>);
-
-impl AssessorHandle {
-    pub fn label(&self) -> &str {
-        &self.0.label
-    }
-    pub fn assess_trial(&self, trial_id: String, history: Vec<f64>) -> Reply<Verdict> {
-        self.0.call(move |a| a.assess_trial(&trial_id, &history))
-    }
-    pub fn trial_end(&self, trial_id: String, status: String) -> Reply<()> {
-        self.0.call(move |a| a.trial_end(&trial_id, &status))
-    }
-}
-
-/// A training service running on its own thread.
-pub struct TrainingServiceHandle(PluginThread<TrainingServiceObject>);
-
-impl TrainingServiceHandle {
-    pub fn label(&self) -> &str {
-        &self.0.label
-    }
-    pub fn environments(&self) -> Reply<Vec<Environment>> {
-        self.0.call(|s| s.environments())
-    }
-    pub fn start_trial(&self, request: TrialRequest) -> Reply<()> {
-        self.0.call(move |s| s.start_trial(&request))
-    }
-    pub fn kill_trial(&self, trial_id: String, reason: String) -> Reply<()> {
-        self.0.call(move |s| s.kill_trial(&trial_id, &reason))
-    }
-    pub fn shutdown(&self) -> Reply<()> {
-        self.0.call(|s| s.shutdown())
     }
 }
 

@@ -46,6 +46,8 @@ fn write_if_changed(path: &Path, contents: &[u8]) {
     }
 }
 
+/// Makes `to` a copy of `from`: changed files rewritten, files no longer in `from` removed (a
+/// module moved to a folder would otherwise exist twice in the copy).
 fn copy_dir(from: &Path, to: &Path) {
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
@@ -54,6 +56,12 @@ fn copy_dir(from: &Path, to: &Path) {
             copy_dir(&entry.path(), &target);
         } else {
             write_if_changed(&target, &std::fs::read(entry.path()).unwrap());
+        }
+    }
+    for entry in std::fs::read_dir(to).unwrap().flatten() {
+        if !from.join(entry.file_name()).exists() {
+            let _ = std::fs::remove_file(entry.path())
+                .or_else(|_| std::fs::remove_dir_all(entry.path()));
         }
     }
 }
