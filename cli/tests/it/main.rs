@@ -2,6 +2,7 @@
 //! `cargo build --workspace` to have run (the README's test command does it first): the
 //! libraries must sit next to the binary, where a user's install puts them.
 
+mod api;
 mod assessor;
 mod create;
 mod nni;

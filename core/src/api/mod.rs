@@ -253,3 +253,59 @@ impl IntoResponse for ApiError {
             .into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (method, path) of every operation in `openapi.yaml`, read from its layout: paths at
+    /// two spaces of indent, methods at four.
+    fn documented_routes() -> Vec<(String, String)> {
+        let mut routes = Vec::new();
+        let mut path = None;
+        for line in OPENAPI_YAML.lines() {
+            if let Some(p) = line.strip_prefix("  /").and_then(|p| p.strip_suffix(':')) {
+                path = Some(format!("/{p}"));
+            } else if !line.starts_with("  ") {
+                path = None;
+            } else if let (Some(path), Some(method)) = (
+                &path,
+                line.strip_prefix("    ").and_then(|m| m.strip_suffix(':')),
+            ) {
+                if ["get", "put", "post", "patch", "delete"].contains(&method) {
+                    routes.push((method.to_string(), path.clone()));
+                }
+            }
+        }
+        routes.sort();
+        routes
+    }
+
+    #[test]
+    fn every_route_is_documented_and_every_documented_route_exists() {
+        let mut served: Vec<(String, String)> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        served.sort();
+        assert_eq!(documented_routes(), served);
+    }
+
+    #[test]
+    fn a_non_loopback_address_needs_a_token() {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let everywhere: SocketAddr = "0.0.0.0:0".parse().unwrap();
+        assert!(check_bind(loopback, None).is_ok());
+        assert!(check_bind("[::1]:0".parse().unwrap(), None).is_ok());
+        assert!(check_bind(everywhere, None).is_err());
+        assert!(check_bind(everywhere, Some("")).is_err());
+        assert!(check_bind(everywhere, Some("s3cret")).is_ok());
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abd", b"abc"));
+        assert!(!same_secret(b"ab", b"abc"));
+    }
+}
