@@ -25,9 +25,9 @@ tuner:
 trainingService:
   platform: local"#;
 
-struct Experiment {
+pub(crate) struct Experiment {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Drop for Experiment {
@@ -38,7 +38,7 @@ impl Drop for Experiment {
 }
 
 /// Starts `knob <args>` and returns it with the URL it prints (within 30 s).
-fn start(mut command: std::process::Command, args: &[&str]) -> Experiment {
+pub(crate) fn start(mut command: std::process::Command, args: &[&str]) -> Experiment {
     let mut child = command
         .args(args)
         .stdout(Stdio::piped())

@@ -4,6 +4,7 @@
 
 mod api;
 mod assessor;
+mod browser;
 mod create;
 mod nni;
 mod plugin;
