@@ -54,8 +54,11 @@ use model::{GaussianProcess, Smoothness};
 const NAME: &str = "GPTuner";
 /// More observations than this are thinned before fitting: the fit costs O(n³) per step.
 const MAX_TRAINING_POINTS: usize = 256;
-/// Hyperparameter fits from random starts, besides the one from the prior's centre.
+/// Hyperparameter fits from random starts, besides the one from the prior's centre, while the
+/// data are small enough for them to be cheap; bigger data pin the likelihood's optimum down
+/// anyway.
 const FIT_RESTARTS: usize = 2;
+const FIT_RESTARTS_UP_TO_POINTS: usize = 128;
 /// Rounded candidates rescored before taking the best unseen one.
 const SNAPPED_CANDIDATES: usize = 32;
 
@@ -288,7 +291,11 @@ fn model_candidates(
         &categorical,
         s.smoothness,
         s.alpha,
-        FIT_RESTARTS,
+        if data.points.len() <= FIT_RESTARTS_UP_TO_POINTS {
+            FIT_RESTARTS
+        } else {
+            0
+        },
         rng,
     );
     log::debug(&format!("{NAME}: fitted {hyper:?}"));
