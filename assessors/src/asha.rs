@@ -11,6 +11,8 @@
 //! - `max_resource`: the last step a trial runs; there is no rung at or above it, since a trial
 //!   that reached it has done all its work. Unset: rungs continue without end.
 //! - A NaN result at a rung stops the trial (as Optuna does) and is not recorded.
+//! - A trial that starts over (a retry: a shorter history than last time) is judged again at
+//!   each rung, its new result replacing its old one.
 //! - `eta` is accepted as another name for `reduction_factor`, as Hyperband configs spell it.
 
 use std::collections::BTreeMap;
@@ -30,10 +32,13 @@ pub struct AshaAssessor {
     min_resource: u64,
     max_resource: Option<u64>,
     grace_period: u64,
-    /// Rung step → the results recorded there.
-    rungs: BTreeMap<u64, Vec<f64>>,
+    /// Rung step → each trial's result there (one per trial: a retried trial replaces its own).
+    rungs: BTreeMap<u64, BTreeMap<String, f64>>,
     /// Per trial, the highest rung it has been judged at.
     judged_up_to: BTreeMap<String, u64>,
+    /// Per trial, the length of the history last seen: a shorter one means the trial started
+    /// over (a retry), and its rungs are judged again.
+    last_step: BTreeMap<String, u64>,
 }
 
 impl Assessor for AshaAssessor {
@@ -80,11 +85,19 @@ impl Assessor for AshaAssessor {
                 .into(),
             rungs: BTreeMap::new(),
             judged_up_to: BTreeMap::new(),
+            last_step: BTreeMap::new(),
         })
     }
 
     fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
         let step = step_of(history) as u64;
+        if self
+            .last_step
+            .insert(trial_id.to_string(), step)
+            .is_some_and(|last| step <= last)
+        {
+            self.judged_up_to.remove(trial_id);
+        }
         let judged = self.judged_up_to.get(trial_id).copied().unwrap_or(0);
         // Every rung passed since the last call, lowest first (one per call when results
         // arrive one at a time, as they do).
@@ -94,7 +107,7 @@ impl Assessor for AshaAssessor {
                 self.judged_up_to.insert(trial_id.to_string(), rung);
                 if rung >= self.grace_period {
                     let value = history[rung as usize - 1];
-                    if let Some(reason) = self.judge_at_rung(rung, value) {
+                    if let Some(reason) = self.judge_at_rung(rung, trial_id, value) {
                         return Ok(Verdict::stop(reason));
                     }
                 }
@@ -111,24 +124,26 @@ impl Assessor for AshaAssessor {
         // Its results stay in the rungs: later trials are judged against every trial that got
         // there, stopped or not.
         self.judged_up_to.remove(trial_id);
+        self.last_step.remove(trial_id);
         Ok(())
     }
 }
 
 impl AshaAssessor {
     /// Records `value` at `rung`; the reason to stop, if it is not in the top 1/eta there.
-    fn judge_at_rung(&mut self, rung: u64, value: f64) -> Option<String> {
+    fn judge_at_rung(&mut self, rung: u64, trial_id: &str, value: f64) -> Option<String> {
+        let recorded = self.rungs.entry(rung).or_default();
         if value.is_nan() {
+            recorded.remove(trial_id);
             return Some(format!(
                 "step {rung}: result NaN at this rung (never in the top 1/{})",
                 self.reduction_factor
             ));
         }
-        let recorded = self.rungs.entry(rung).or_default();
-        recorded.push(value);
+        recorded.insert(trial_id.to_string(), value);
         let n = recorded.len();
         let kept = (n / self.reduction_factor as usize).max(1);
-        let mut ranked = recorded.clone();
+        let mut ranked: Vec<f64> = recorded.values().copied().collect();
         // Best first.
         ranked.sort_by(|a, b| match self.mode {
             OptimizeMode::Maximize => b.total_cmp(a),

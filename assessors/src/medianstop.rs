@@ -13,6 +13,7 @@
 //!   at all is stopped once there is a median to compare with; a completed trial with no
 //!   number up to S does not count at S.
 //! - A misspelt `optimize_mode` is an error (NNI warns and maximizes).
+//! - A trial that starts over (a retry) is judged on its new history alone.
 
 use std::collections::BTreeMap;
 

@@ -27,6 +27,8 @@
 //!   threshold × best for a positive best, and still "a little worse than the best" when the
 //!   best is negative.
 //! - NaN results are left out of the fit (the other points keep their epochs).
+//! - A trial that starts over (a retry: a history no longer than at its last judgment) is
+//!   judged again from `start_step` on.
 
 mod curves;
 mod fit;
@@ -92,8 +94,9 @@ impl Assessor for CurvefittingAssessor {
         if step < self.start_step || step == 0 {
             return Ok(Verdict::good());
         }
+        // A step at or before the last judged one means the trial started over (a retry).
         if let Some(&judged) = self.last_judged.get(trial_id) {
-            if step - judged < self.gap {
+            if step > judged && step - judged < self.gap {
                 return Ok(Verdict::good());
             }
         }

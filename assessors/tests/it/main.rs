@@ -8,6 +8,7 @@ mod asha;
 mod curvefitting;
 mod medianstop;
 mod patience;
+mod retries;
 mod threshold;
 
 use knob_plugin_api::{status, Assessor};
