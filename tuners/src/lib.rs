@@ -3,14 +3,20 @@
 //! Each tuner lives in its own module; what several tuners share (the grid walk, the record of
 //! points already tried, the normal quantile, common classArgs) lives in `common`.
 
+mod anneal;
+mod batch;
 mod cmaes;
 mod common;
+mod evolution;
 mod gp;
 mod grid_search;
 mod random;
 mod tpe;
 
+pub use anneal::AnnealTuner;
+pub use batch::BatchTuner;
 pub use cmaes::CmaEsTuner;
+pub use evolution::EvolutionTuner;
 pub use gp::GpTuner;
 pub use grid_search::GridSearchTuner;
 pub use random::RandomTuner;
@@ -20,6 +26,9 @@ knob_plugin_api::export_plugin! {
     tuner "CMAES": CmaEsTuner = "CMA-ES with IPOP restarts over the numeric parameters (choices drawn from the best results so far)";
     tuner "GPTuner": GpTuner = "Bayesian optimization with a Gaussian process (NNI's GPTuner): Matérn kernel with fitted length scales, EI/UCB/PI, every search-space type";
     tuner "TPE": TpeTuner = "Tree-structured Parzen Estimator (NNI's TPE; multivariate by default, variant: nni for NNI 3.0's): seeded, constant liar for parallel trials, resumes exactly";
+    tuner "Anneal": AnnealTuner = "annealing (NNI's Anneal, hyperopt's algorithm): samples ever closer to the best trials; seeded, no repeats, resumes exactly";
+    tuner "Batch": BatchTuner = "the parameter sets listed in one choice, in order, each once (NNI's BatchTuner)";
+    tuner "Evolution": EvolutionTuner = "naive evolution (NNI's Evolution): random first generation, then tournaments and one-parameter mutations; defers while no parent is ready";
     tuner "Random": RandomTuner = "random search (NNI's Random): seeded, never repeats a point, ends when a finite space is used up";
     tuner "GridSearch": GridSearchTuner = "grid search (NNI's GridSearch): every combination of choices and integers, continuous ranges refined in rounds";
 }

@@ -5,12 +5,15 @@
 //! - `variant: "nni"` is NNI 3.0's `TpeTuner` (see `nni.rs`): parameters modelled one at a
 //!   time, `n_below = min(ceil(gamma √n), linear_forgetting)`, 20 random start-up trials;
 //! - `variant: "knob"`, the default (see `joint.rs`), models whole points (multivariate TPE,
-//!   Falkner et al. 2018; Optuna 4+), splits off the best `ceil(good_fraction n)` trials
-//!   (capped at `linear_forgetting`; Watanabe 2023 finds a linear split better than √n), treats
-//!   `randint` as ordered, and starts after 10 random trials.
+//!   Falkner et al. 2018; Optuna 4+), counts the best `ceil(good_fraction n)` trials as good
+//!   (`good_fraction` 0.2, capped at `linear_forgetting`; Watanabe 2023 finds a linear split
+//!   better than √n), weighs them by rank (`good_weights: rank`: the best few shape the good
+//!   density most), treats `randint` as ordered, and starts after 10 random trials. On the
+//!   quality harness, see `benches/README.md` for how both variants compare with Optuna 5.0.
 //!
 //! Every NNI `tpe_args` key keeps its NNI meaning in both variants; giving `gamma` selects NNI's
-//! √n split. knob adds `multivariate` and `good_fraction`.
+//! √n split. knob adds `multivariate`, `good_fraction` and `good_weights` (`age`: NNI's and
+//! Optuna's equal weights with linear forgetting; `rank`).
 //!
 //! Parallel trials: each running trial enters the model with a made-up loss (the constant
 //! liar: best, worst or mean loss so far), so concurrent suggestions spread out. No point is
@@ -62,6 +65,19 @@ pub(crate) struct Settings {
     prior_weight: f64,
     split: Split,
     multivariate: bool,
+    good_weights: GoodWeights,
+}
+
+/// How the good trials are weighted in the good density.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum GoodWeights {
+    /// NNI's and Optuna's: equal, except that with more than `linear_forgetting` good trials the
+    /// oldest get less.
+    Age,
+    /// knob's: the k-th best of m good trials weighs `(m - k)^2` (k from 0), so the best few
+    /// shape where candidates are drawn, like the recombination weights of CMA-ES.
+    Rank,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -151,6 +167,7 @@ struct TpeArgs {
     gamma: Option<f64>,
     multivariate: Option<bool>,
     good_fraction: Option<f64>,
+    good_weights: Option<GoodWeights>,
 }
 
 /// `constant_liar_type`: "best", "worst", "mean", or null / "none" for no liar (NNI's `None`).
@@ -183,6 +200,7 @@ impl Settings {
                 prior_weight: 1.0,
                 split: Split::Sqrt(0.25),
                 multivariate: false,
+                good_weights: GoodWeights::Age,
             },
             Variant::Knob => Settings {
                 liar: Some(Liar::Worst),
@@ -190,8 +208,9 @@ impl Settings {
                 n_ei_candidates: 24,
                 linear_forgetting: 25,
                 prior_weight: 1.0,
-                split: Split::Linear(0.1),
+                split: Split::Linear(0.2),
                 multivariate: true,
+                good_weights: GoodWeights::Rank,
             },
         };
         let bad = |what: String| PluginError::new(format!("classArgs of {NAME}: tpe_args.{what}"));
@@ -241,6 +260,14 @@ impl Settings {
         }
         if let Some(multivariate) = args.multivariate {
             settings.multivariate = multivariate;
+        }
+        if let Some(good_weights) = args.good_weights {
+            if !settings.multivariate {
+                return Err(bad(
+                    "good_weights applies to the multivariate model only; set multivariate: true or leave it out".into(),
+                ));
+            }
+            settings.good_weights = good_weights;
         }
         Ok(settings)
     }
@@ -308,7 +335,21 @@ impl TpeTuner {
         };
         let (below, above) = (group(true), group(false));
         let weights = |n| nni::linear_forgetting_weights(self.settings.linear_forgetting, n);
-        let good = joint::Mixture::fit(model, &self.settings, &below, &weights(below.len()));
+        let below_weights = match self.settings.good_weights {
+            GoodWeights::Age => weights(below.len()),
+            GoodWeights::Rank => {
+                // Ranks among the good trials, which `group` lists in arrival order.
+                let mut rank = vec![0; history.len()];
+                for (r, &i) in order[..n_below].iter().enumerate() {
+                    rank[i] = r;
+                }
+                (0..history.len())
+                    .filter(|&i| is_below[i])
+                    .map(|i| ((n_below - rank[i]) as f64).powi(2))
+                    .collect()
+            }
+        };
+        let good = joint::Mixture::fit(model, &self.settings, &below, &below_weights);
         let bad = joint::Mixture::fit(model, &self.settings, &above, &weights(above.len()));
         let samples = good.sample(model, rng, self.settings.n_ei_candidates);
         let mut scratch = Vec::new();

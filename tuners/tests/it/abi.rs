@@ -33,7 +33,14 @@ fn the_library_exports_both_tuners_and_they_behave_as_through_the_rlib() {
     assert!(registry.problems().is_empty(), "{:?}", registry.problems());
     // Other tuners join the library over time; these must be there.
     let names = registry.names(ComponentKind::Tuner);
-    for name in ["GridSearch", "Random", "TPE"] {
+    for name in [
+        "Anneal",
+        "Batch",
+        "Evolution",
+        "GridSearch",
+        "Random",
+        "TPE",
+    ] {
         assert!(
             names.iter().any(|n| n == name),
             "{name} missing from {names:?}"

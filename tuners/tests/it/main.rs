@@ -2,8 +2,11 @@
 //! adaptor calls them.
 
 mod abi;
+mod anneal;
+mod batch;
 mod cmaes;
 mod drive;
+mod evolution;
 mod gp;
 mod grid;
 mod random;

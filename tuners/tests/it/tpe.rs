@@ -31,6 +31,7 @@ fn every_class_arg_is_accepted() {
             "prior_weight": 0.5,
             "gamma": 0.4,
             "multivariate": true,
+            "good_weights": "age",
         }
     });
     let mut t: TpeTuner = tuner(&args.to_string(), PLANE);
@@ -54,7 +55,7 @@ fn every_class_arg_is_accepted() {
 fn unknown_and_invalid_class_args_are_clear_errors() {
     expect![[r#"classArgs of TPE: unknown field `sed`, expected one of `optimize_mode`, `seed`, `variant`, `tpe_args`"#]]
         .assert_eq(&class_args_error::<TpeTuner>(r#"{"sed": 1}"#));
-    expect![[r#"classArgs of TPE: unknown field `gama`, expected one of `constant_liar_type`, `n_startup_jobs`, `n_ei_candidates`, `linear_forgetting`, `prior_weight`, `gamma`, `multivariate`, `good_fraction`"#]]
+    expect![[r#"classArgs of TPE: unknown field `gama`, expected one of `constant_liar_type`, `n_startup_jobs`, `n_ei_candidates`, `linear_forgetting`, `prior_weight`, `gamma`, `multivariate`, `good_fraction`, `good_weights`"#]]
         .assert_eq(&class_args_error::<TpeTuner>(r#"{"tpe_args": {"gama": 0.3}}"#));
     expect![[
         r#"classArgs of TPE: constant_liar_type must be "best", "worst", "mean" or null, got "min""#
@@ -68,6 +69,13 @@ fn unknown_and_invalid_class_args_are_clear_errors() {
         .assert_eq(&class_args_error::<TpeTuner>(
             r#"{"tpe_args": {"gamma": 0.2, "good_fraction": 0.1}}"#,
         ));
+    expect!["classArgs of TPE: tpe_args.good_weights applies to the multivariate model only; set multivariate: true or leave it out"]
+        .assert_eq(&class_args_error::<TpeTuner>(
+            r#"{"variant": "nni", "tpe_args": {"good_weights": "rank"}}"#,
+        ));
+    expect![[r#"classArgs of TPE: unknown variant `best`, expected `age` or `rank`"#]].assert_eq(
+        &class_args_error::<TpeTuner>(r#"{"tpe_args": {"good_weights": "best"}}"#),
+    );
     expect!["classArgs of TPE: tpe_args.n_ei_candidates must be at least 1, got 0"].assert_eq(
         &class_args_error::<TpeTuner>(r#"{"tpe_args": {"n_ei_candidates": 0}}"#),
     );

@@ -1,0 +1,358 @@
+//! Evolution, NNI's naive evolution (`nni/algorithms/hpo/evolution_tuner.py`, after Real et al.
+//! 2017, "Large-Scale Evolution of Image Classifiers").
+//!
+//! The first `population_size` suggestions are random. After that each suggestion is a child:
+//! two members of the population (the trials with results) meet in a tournament, the loser
+//! leaves the population, and the winner is copied with one of its parameters drawn anew from
+//! the prior (a nested choice is drawn anew with everything under it). A trial that fails
+//! without a result is replaced by a new random suggestion, as in NNI.
+//!
+//! When no suggestion can be made yet (every random one is out and no result has come back, or
+//! `population_size` trials are running), `generate_parameters` answers
+//! [`Generated::Deferred`]; the suggestion is made when a result or a trial's end arrives and
+//! handed over through `take_suggestions`, in the order the ids were deferred. NNI 3.0 does the
+//! same through its `send_trial_callback`, but only while more than one request is waiting (its
+//! `credit > 1`), which leaves the last request unanswered; here every deferred id is answered.
+//!
+//! Each suggestion draws from its own random stream and the population is a function of the
+//! history, so `import_data` (trials in the order they ran, one at a time) rebuilds the state an
+//! uninterrupted run would have.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use knob_plugin_api::space::{standard_normal, DimKind, Encoding, SearchSpace, SeededRng};
+use knob_plugin_api::{
+    log, parse_class_args, status, Generated, ImportedTrial, PluginError, Suggestion, Tuner,
+};
+use rand::Rng;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::common::args::{optimize_mode, OptimizeMode};
+use crate::common::observed::{encode_imported, loss, reencode, Observation};
+use crate::common::seed::{seed, seed_or_entropy, step_rng};
+use crate::common::unseen::Unseen;
+
+const NAME: &str = "Evolution";
+/// Mutations of the tournament's winner tried before `Unseen` falls back to random draws.
+const MUTATIONS: usize = 8;
+
+#[derive(Debug)]
+pub struct EvolutionTuner {
+    seed: u64,
+    mode: OptimizeMode,
+    population_size: usize,
+    model: Option<(SearchSpace, Encoding)>,
+    /// Trials with results that have not lost a tournament, oldest first.
+    population: Vec<Observation>,
+    /// Random suggestions still to make: the first generation, plus one per failed trial.
+    random_owed: usize,
+    running: BTreeMap<u64, Observation>,
+    deferred: VecDeque<u64>,
+    ready: Vec<Suggestion>,
+    pending_import: Vec<ImportedTrial>,
+    steps: u64,
+    unseen: Unseen,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvolutionArgs {
+    #[serde(default, deserialize_with = "optimize_mode")]
+    optimize_mode: Option<OptimizeMode>,
+    #[serde(default, deserialize_with = "seed")]
+    seed: Option<u64>,
+    population_size: Option<u64>,
+}
+
+/// What the tuner can do for the next id.
+enum Next {
+    Point(Value),
+    /// Not until a result arrives.
+    Wait,
+    /// Every point of a finite space has been handed out.
+    Exhausted,
+}
+
+impl EvolutionTuner {
+    /// The seed in use, given or drawn.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The tournament of step `step`'s stream: the winner's index. The loser leaves the
+    /// population. Shared by suggestions and by the replay of imported trials, so both consume
+    /// the stream alike.
+    fn tournament(&mut self, rng: &mut SeededRng) -> usize {
+        let n = self.population.len();
+        if n < 2 {
+            return 0;
+        }
+        let a = rng.gen_range(0..n as u64) as usize;
+        let b = (a + 1 + rng.gen_range(0..n as u64 - 1) as usize) % n;
+        let (winner, loser) = if self.population[b].loss < self.population[a].loss {
+            (b, a)
+        } else {
+            (a, b)
+        };
+        self.population.remove(loser);
+        if winner > loser {
+            winner - 1
+        } else {
+            winner
+        }
+    }
+
+    fn next(&mut self) -> Result<Next, PluginError> {
+        let Some((space, encoding)) = self.model.clone() else {
+            return Err(PluginError::new(format!(
+                "{NAME}: asked for parameters before it was given a search space"
+            )));
+        };
+        let mut rng = step_rng(self.seed, self.steps);
+        let candidates: Vec<Value> = if self.random_owed > 0 {
+            // `Unseen` draws random points when given no candidate.
+            Vec::new()
+        } else if !self.population.is_empty() && self.running.len() < self.population_size {
+            let parent = self.tournament(&mut rng);
+            let parent = self.population[parent].vector.clone();
+            (0..MUTATIONS)
+                .filter_map(|_| encoding.decode(&mutate(&encoding, &parent, &mut rng)).ok())
+                .collect()
+        } else {
+            return Ok(Next::Wait);
+        };
+        let Some(parameters) = self.unseen.pick(NAME, &space, &mut rng, candidates) else {
+            return Ok(Next::Exhausted);
+        };
+        self.random_owed = self.random_owed.saturating_sub(1);
+        self.steps += 1;
+        Ok(Next::Point(parameters))
+    }
+
+    fn start(&mut self, parameter_id: u64, parameters: &Value) -> Result<(), PluginError> {
+        let Some((_, encoding)) = &self.model else {
+            return Ok(());
+        };
+        let vector = encoding.encode(parameters).map_err(|e| {
+            PluginError::new(format!(
+                "{NAME}: produced parameters outside the space: {e}"
+            ))
+        })?;
+        self.running.insert(
+            parameter_id,
+            Observation {
+                parameters: parameters.clone(),
+                vector,
+                loss: f64::NAN,
+            },
+        );
+        Ok(())
+    }
+
+    /// Answers deferred ids, oldest first, while suggestions can be made.
+    fn serve_deferred(&mut self) -> Result<(), PluginError> {
+        while let Some(&id) = self.deferred.front() {
+            match self.next()? {
+                Next::Point(parameters) => {
+                    self.deferred.pop_front();
+                    self.start(id, &parameters)?;
+                    self.ready.push(Suggestion {
+                        parameter_id: id,
+                        parameters,
+                    });
+                }
+                Next::Wait => break,
+                Next::Exhausted => {
+                    log::info(&format!(
+                        "{NAME}: the search space is used up; {} deferred requests stay unanswered",
+                        self.deferred.len()
+                    ));
+                    self.deferred.clear();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The parent with one active parameter, chosen uniformly, drawn anew from its prior; under a
+/// nested choice drawn anew, every parameter of the chosen option is drawn anew too.
+fn mutate(encoding: &Encoding, parent: &[f64], rng: &mut SeededRng) -> Vec<f64> {
+    let dims = encoding.dims();
+    let active: Vec<usize> = (0..dims.len()).filter(|&d| !parent[d].is_nan()).collect();
+    if active.is_empty() {
+        return parent.to_vec();
+    }
+    let target = active[rng.gen_range(0..active.len() as u64) as usize];
+    let below_target = |mut d: usize| {
+        while let Some(c) = dims[d].condition() {
+            if c.dim == target {
+                return true;
+            }
+            d = c.dim;
+        }
+        false
+    };
+    let mut child: Vec<f64> = Vec::with_capacity(dims.len());
+    for (d, dim) in dims.iter().enumerate() {
+        let on = dim
+            .condition()
+            .is_none_or(|c| child[c.dim] == c.option as f64);
+        let x = if !on {
+            f64::NAN
+        } else if d == target || below_target(d) {
+            match dim.kind() {
+                DimKind::Categorical { size } | DimKind::Integer { size } => {
+                    rng.gen_range(0..size) as f64
+                }
+                DimKind::Unit => rng.gen(),
+                DimKind::Gaussian => standard_normal(rng),
+            }
+        } else {
+            parent[d]
+        };
+        child.push(x);
+    }
+    child
+}
+
+impl Tuner for EvolutionTuner {
+    fn new(class_args: &Value) -> Result<Self, PluginError> {
+        let args: EvolutionArgs = parse_class_args(NAME, class_args)?;
+        let population_size = args.population_size.unwrap_or(32);
+        if population_size == 0 {
+            return Err(PluginError::new(format!(
+                "classArgs of {NAME}: population_size must be at least 1, got 0"
+            )));
+        }
+        Ok(EvolutionTuner {
+            seed: seed_or_entropy(NAME, args.seed),
+            // NNI's Evolution maximizes unless told otherwise.
+            mode: args.optimize_mode.unwrap_or(OptimizeMode::Maximize),
+            population_size: population_size as usize,
+            model: None,
+            population: Vec::new(),
+            random_owed: population_size as usize,
+            running: BTreeMap::new(),
+            deferred: VecDeque::new(),
+            ready: Vec::new(),
+            pending_import: Vec::new(),
+            steps: 0,
+            unseen: Unseen::default(),
+        })
+    }
+
+    fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError> {
+        let encoding = space.encoding();
+        reencode(NAME, &encoding, &mut self.population);
+        self.running
+            .retain(|_, o| match encoding.encode(&o.parameters) {
+                Ok(v) => {
+                    o.vector = v;
+                    true
+                }
+                Err(_) => false,
+            });
+        self.model = Some((space.clone(), encoding));
+        self.unseen.reset_grid();
+        let pending = std::mem::take(&mut self.pending_import);
+        self.import_data(&pending)?;
+        self.serve_deferred()
+    }
+
+    fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        if !self.deferred.is_empty() {
+            self.deferred.push_back(parameter_id);
+            return Ok(Generated::Deferred);
+        }
+        match self.next()? {
+            Next::Point(parameters) => {
+                self.start(parameter_id, &parameters)?;
+                Ok(Generated::Parameters(parameters))
+            }
+            Next::Wait => {
+                if self.running.len() >= self.population_size {
+                    log::warn(&format!(
+                        "{NAME}: {} trials are running, as many as population_size; make population_size larger than trialConcurrency",
+                        self.running.len()
+                    ));
+                }
+                self.deferred.push_back(parameter_id);
+                Ok(Generated::Deferred)
+            }
+            Next::Exhausted => Ok(Generated::NoMore),
+        }
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        value: f64,
+    ) -> Result<(), PluginError> {
+        let observation = match (self.running.remove(&parameter_id), &self.model) {
+            (Some(o), _) => o,
+            (None, Some((_, encoding))) => match encoding.encode(parameters) {
+                Ok(vector) => Observation {
+                    parameters: parameters.clone(),
+                    vector,
+                    loss: f64::NAN,
+                },
+                Err(e) => {
+                    log::warn(&format!(
+                        "{NAME}: ignored the result of parameters {parameter_id}: not in the search space: {e}"
+                    ));
+                    return Ok(());
+                }
+            },
+            (None, None) => return Ok(()),
+        };
+        self.population.push(Observation {
+            loss: loss(value, self.mode),
+            ..observation
+        });
+        self.serve_deferred()
+    }
+
+    fn trial_end(&mut self, parameter_id: u64, status: &str) -> Result<(), PluginError> {
+        // Still running means no result came: NNI replaces such a trial with a random one.
+        if self.running.remove(&parameter_id).is_some() && status != status::SUCCEEDED {
+            self.random_owed += 1;
+        }
+        self.serve_deferred()
+    }
+
+    fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), PluginError> {
+        let Some((_, encoding)) = &self.model else {
+            self.pending_import.extend_from_slice(trials);
+            return Ok(());
+        };
+        let observations = encode_imported(NAME, encoding, trials, self.mode);
+        let imported = observations.len();
+        for o in observations {
+            // Replays the step that produced this trial: a random one, or a tournament whose
+            // loser left the population (the mutation's draws come after, so they do not matter).
+            if self.random_owed > 0 {
+                self.random_owed -= 1;
+            } else {
+                let mut rng = step_rng(self.seed, self.steps);
+                self.tournament(&mut rng);
+            }
+            self.steps += 1;
+            self.unseen.insert(&o.parameters);
+            self.population.push(o);
+        }
+        if !trials.is_empty() {
+            log::info(&format!(
+                "{NAME}: imported {imported} of {} trials",
+                trials.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn take_suggestions(&mut self) -> Vec<Suggestion> {
+        std::mem::take(&mut self.ready)
+    }
+}
