@@ -203,10 +203,25 @@ fn humanize(duration: Duration) -> String {
 fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
     let count =
         |f: &dyn Fn(&manager::TrialSummary) -> bool| outcome.trials.iter().filter(|t| f(t)).count();
-    let succeeded = count(&|t| t.status == knob_core::store::TrialStatus::Succeeded);
-    let failed = count(&|t| t.status == knob_core::store::TrialStatus::Failed);
+    use knob_core::store::TrialStatus;
+    let succeeded = count(&|t| t.status == TrialStatus::Succeeded);
+    let failed = count(&|t| t.status == TrialStatus::Failed);
+    let early_stopped = count(&|t| t.status == TrialStatus::EarlyStopped);
+    let canceled = count(&|t| {
+        matches!(
+            t.status,
+            TrialStatus::UserCanceled | TrialStatus::SysCanceled
+        )
+    });
+    let mut counts = format!("{succeeded} succeeded, {failed} failed");
+    if early_stopped > 0 {
+        counts.push_str(&format!(", {early_stopped} early-stopped"));
+    }
+    if canceled > 0 {
+        counts.push_str(&format!(", {canceled} canceled"));
+    }
     println!(
-        "experiment {id} {}: {} trials ({succeeded} succeeded, {failed} failed)",
+        "experiment {id} {}: {} trials ({counts})",
         outcome.status.as_str(),
         outcome.trials.len()
     );

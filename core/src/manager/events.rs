@@ -211,15 +211,23 @@ impl Manager {
         match kind {
             MetricKind::Intermediate => {
                 trial.intermediate.push(value);
+                // A trial already being stopped needs no more verdicts.
+                if trial.kill.is_some() {
+                    return Ok(());
+                }
                 let history = trial.intermediate.clone();
                 if let Some(assessor) = &self.assessor {
-                    let verdict = assessor
-                        .assess_trial(trial_id.clone(), history)
-                        .get()
-                        .await?;
-                    if !verdict.keep_going {
-                        self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason)
-                            .await?;
+                    // An assessor that fails (or panics) costs its verdict, not the experiment.
+                    match assessor.assess_trial(trial_id.clone(), history).get().await {
+                        Ok(verdict) if !verdict.keep_going => {
+                            self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason)
+                                .await?;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            self.warn(Some(trial_id.clone()), format!("assessor: {e}"))
+                                .await?
+                        }
                     }
                 }
             }

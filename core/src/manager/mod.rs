@@ -547,10 +547,14 @@ impl Manager {
             .get()
             .await?;
         if let Some(assessor) = &self.assessor {
-            assessor
+            if let Err(e) = assessor
                 .trial_end(trial_id.to_string(), status.as_str().into())
                 .get()
-                .await?;
+                .await
+            {
+                self.warn(Some(trial_id.to_string()), format!("assessor: {e}"))
+                    .await?;
+            }
         }
         self.accept_suggestions(suggestions);
         self.publish(None);

@@ -92,6 +92,43 @@ impl Manager {
         if !imported.is_empty() {
             self.tuner.import_data(imported).get().await?;
         }
+        self.replay_to_assessor(state).await
+    }
+
+    /// Rebuilds the assessor's knowledge of ended trials (what Medianstop compares with, ASHA's
+    /// rungs): each ended trial's history is assessed, the verdict ignored, then its end told,
+    /// in the order the trials ended.
+    async fn replay_to_assessor(&mut self, state: &ExperimentState) -> Result<(), ManagerError> {
+        let Some(assessor) = &self.assessor else {
+            return Ok(());
+        };
+        let mut ended: Vec<_> = state
+            .trials
+            .iter()
+            .filter(|t| t.status.is_final())
+            .collect();
+        ended.sort_by_key(|t| t.end.as_ref().map_or(i64::MAX, |end| end.time_ms));
+        let mut failures = Vec::new();
+        for stored in ended {
+            let history = self.trials[&stored.trial_id].intermediate.clone();
+            let id = stored.trial_id.clone();
+            if !history.is_empty() {
+                if let Err(e) = assessor.assess_trial(id.clone(), history).get().await {
+                    failures.push((id.clone(), e.to_string()));
+                }
+            }
+            if let Err(e) = assessor
+                .trial_end(id.clone(), stored.status.as_str().into())
+                .get()
+                .await
+            {
+                failures.push((id, e.to_string()));
+            }
+        }
+        for (trial_id, message) in failures {
+            self.warn(Some(trial_id), format!("assessor: {message}"))
+                .await?;
+        }
         Ok(())
     }
 
