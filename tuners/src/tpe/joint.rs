@@ -17,7 +17,7 @@ use knob_plugin_api::space::{standard_normal, DimKind, SeededRng};
 use rand::Rng;
 
 use super::{Model, Settings};
-use crate::common::numeric::{encoded_step, log_sum_exp, normal_cdf, snap, LN_SQRT_2PI};
+use crate::common::numeric::{encoded_step, log_sum_exp, normal_mass, snap, LN_SQRT_2PI};
 
 /// A fitted mixture: log weights per component (trials in the order given, then the prior),
 /// and per dimension the kernels of every component.
@@ -227,9 +227,7 @@ fn fit_dim(
                 .iter()
                 .zip(&sigmas)
                 .map(|(&mu, &sigma)| {
-                    let mass = bounds.map_or(1.0, |(lo, hi)| {
-                        normal_cdf((hi - mu) / sigma) - normal_cdf((lo - mu) / sigma)
-                    });
+                    let mass = bounds.map_or(1.0, |(lo, hi)| normal_mass(mu, sigma, lo, hi));
                     -sigma.ln() - LN_SQRT_2PI - mass.max(1e-300).ln()
                 })
                 .collect();
