@@ -1,0 +1,75 @@
+//! The experiment config parser, `knob_core::config::load_str`, as YAML and as JSON.
+//!
+//! Any text gives a config or errors, never a panic or a hang. A config that loads also keeps
+//! the documented promises of its canonical form: the canonical YAML is itself a valid config
+//! that reads back to the same config (unless it holds a secret, which it prints as `***`),
+//! and the serde form reads back to the same config.
+#![no_main]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use knob_core::config::{self, ExperimentConfig, REDACTED};
+use libfuzzer_sys::fuzz_target;
+
+/// A folder for relative paths: the files and folders the seed configs name exist there, so
+/// inputs get past "does not exist" into the search-space file reader.
+fn project() -> &'static Path {
+    static PROJECT: OnceLock<PathBuf> = OnceLock::new();
+    PROJECT.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("knob-fuzz-config-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("code")).unwrap();
+        std::fs::write(
+            dir.join("search_space.json"),
+            r#"{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]},
+               "opt": {"_type": "choice", "_value": [{"_name": "sgd", "m": {"_type": "uniform", "_value": [0, 1]}}, {"_name": "adam"}]}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("search_space.yml"),
+            "x: {_type: randint, _value: [0, 10]}\n",
+        )
+        .unwrap();
+        dir
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    for name in ["exp.yml", "exp.json"] {
+        let path = project().join(name);
+        match config::load_str(&text, &path) {
+            Ok(loaded) => check_loaded(&loaded.config, &path),
+            Err(errors) => {
+                assert!(!errors.0.is_empty(), "an Err with no error");
+                let _ = errors.lines();
+            }
+        }
+    }
+});
+
+fn check_loaded(config: &ExperimentConfig, path: &Path) {
+    let canonical = config.to_canonical_yaml();
+    let reloaded = config::load_str(&canonical, &path.with_file_name("canonical.yml"))
+        .unwrap_or_else(|errors| {
+            panic!(
+                "the canonical form does not load:\n{canonical}\n{}",
+                errors.lines().join("\n")
+            )
+        });
+    // Secrets are written as `***` in both forms, so they cannot read back the same.
+    if canonical.contains(REDACTED) {
+        return;
+    }
+    assert_eq!(
+        &reloaded.config, config,
+        "the canonical form reads back differently:\n{canonical}"
+    );
+    let stored = serde_json::to_string(config).unwrap();
+    let back: ExperimentConfig = serde_json::from_str(&stored)
+        .unwrap_or_else(|error| panic!("the serde form does not read back ({error}): {stored}"));
+    assert_eq!(
+        &back, config,
+        "the serde form reads back differently: {stored}"
+    );
+}
