@@ -84,7 +84,10 @@ fn medianstop_stops_the_bad_trials_with_a_reason_and_lets_the_good_ones_finish()
         .arg(&config)
         .args(["--id", "median"]));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    assert!(stdout.contains("6 trials (3 succeeded, 0 failed, 3 early-stopped)"), "{stdout}");
+    assert!(
+        stdout.contains("6 trials (3 succeeded, 0 failed, 3 early-stopped)"),
+        "{stdout}"
+    );
 
     let (code, export, stderr) =
         run(sandbox
