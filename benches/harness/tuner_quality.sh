@@ -5,8 +5,8 @@
 #
 # Sets up .ci-cache/optuna (Optuna 5.0.0 and its dependencies, pinned, binary wheels only) if it
 # is missing or its pins changed, builds the release plugin library, then runs the harness
-# (benches/harness/tuner_quality.rs). 20 seeds take about 5 minutes on two cores, most of it
-# Optuna's TPE and knob's GPTuner; --quick (5 seeds) about a quarter of that.
+# (benches/harness/tuner_quality.rs). 20 seeds take about 9 minutes on two cores, most of it
+# knob's GPTuner (7.5 min) and Optuna's TPE; --quick (5 seeds) about a quarter of that.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

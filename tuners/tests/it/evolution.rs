@@ -20,13 +20,21 @@ fn evolution(args: &str, space: &str) -> EvolutionTuner {
 
 #[test]
 fn every_class_arg_is_accepted_and_bad_ones_are_clear_errors() {
-    let args = json!({"optimize_mode": "minimize", "seed": 5, "population_size": 4});
-    let mut t: EvolutionTuner = tuner(&args.to_string(), PLANE);
-    assert_eq!(t.seed(), 5);
-    let trials = run_sequential(&mut t, 0, 20, bowl);
-    assert_valid_and_distinct(PLANE, trials.into_iter().map(|t| t.0));
-    expect![[r#"classArgs of Evolution: unknown field `population`, expected one of `optimize_mode`, `seed`, `population_size`"#]]
+    for mutation in ["perturb", "resample"] {
+        let args = json!({"optimize_mode": "minimize", "seed": 5, "population_size": 4, "mutation": mutation});
+        let mut t: EvolutionTuner = tuner(&args.to_string(), EVERY_TYPE);
+        assert_eq!(t.seed(), 5);
+        let trials = run_sequential(&mut t, 0, 30, every_type_objective);
+        assert_valid_and_distinct(EVERY_TYPE, trials.into_iter().map(|t| t.0));
+    }
+    expect![[r#"classArgs of Evolution: unknown field `population`, expected one of `optimize_mode`, `seed`, `population_size`, `mutation`"#]]
         .assert_eq(&class_args_error::<EvolutionTuner>(r#"{"population": 4}"#));
+    expect![[
+        r#"classArgs of Evolution: unknown variant `swap`, expected `resample` or `perturb`"#
+    ]]
+    .assert_eq(&class_args_error::<EvolutionTuner>(
+        r#"{"mutation": "swap"}"#,
+    ));
     expect!["classArgs of Evolution: population_size must be at least 1, got 0"].assert_eq(
         &class_args_error::<EvolutionTuner>(r#"{"population_size": 0}"#),
     );
@@ -60,19 +68,21 @@ fn a_seed_replays_the_same_run_and_another_seed_does_not() {
 
 #[test]
 fn a_resumed_run_continues_as_the_uninterrupted_one() {
-    let args = r#"{"seed": 21, "population_size": 6, "optimize_mode": "minimize"}"#;
-    let all = run_sequential(
-        &mut evolution(args, EVERY_TYPE),
-        0,
-        45,
-        every_type_objective,
-    );
-    let mut resumed = evolution(args, EVERY_TYPE);
-    resumed.import_data(&as_imported(&all[..30])).unwrap();
-    assert_eq!(
-        run_sequential(&mut resumed, 1000, 15, every_type_objective),
-        all[30..]
-    );
+    for mutation in ["perturb", "resample"] {
+        let args = format!(
+            r#"{{"seed": 21, "population_size": 6, "optimize_mode": "minimize", "mutation": "{mutation}"}}"#
+        );
+        let all = run_sequential(
+            &mut evolution(&args, EVERY_TYPE),
+            0,
+            45,
+            every_type_objective,
+        );
+        let mut resumed = evolution(&args, EVERY_TYPE);
+        resumed.import_data(&as_imported(&all[..30])).unwrap();
+        let rest = run_sequential(&mut resumed, 1000, 15, every_type_objective);
+        assert_eq!(rest, all[30..], "{mutation}");
+    }
 }
 
 #[test]
