@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::{generate, tuner};
 
 /// The cdylib cargo built beside this test binary (in `target/<profile>/deps`).
-fn plugin_file() -> PathBuf {
+pub(crate) fn plugin_file() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("test binary has a folder");
     let name = format!(

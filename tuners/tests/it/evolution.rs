@@ -182,3 +182,27 @@ fn evolution_finds_better_points_than_random_search() {
     let (e, r) = (median(mine), median(random));
     assert!(e < r, "Evolution median best {e}, random {r}");
 }
+
+#[test]
+fn deferred_ids_are_answered_through_the_abi() {
+    use knob_plugin_api::host::PluginRegistry;
+
+    let registry = PluginRegistry::load_from(&[crate::abi::plugin_file()]);
+    let args = json!({"seed": 3, "population_size": 2, "optimize_mode": "minimize"});
+    let mut t = registry.tuner_object("Evolution", &args).unwrap();
+    t.update_search_space(&serde_json::from_str(PLANE).unwrap())
+        .unwrap();
+    let first = match t.generate_parameters(0).unwrap() {
+        Generated::Parameters(p) => p,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        t.generate_parameters(1).unwrap(),
+        Generated::Parameters(_)
+    ));
+    assert_eq!(t.generate_parameters(2).unwrap(), Generated::Deferred);
+    let emitted = t.receive_trial_result(0, &first, bowl(&first)).unwrap();
+    assert_eq!(emitted.len(), 1);
+    assert_eq!(emitted[0].parameter_id, 2);
+    assert_valid_and_distinct(PLANE, [first, emitted[0].parameters.clone()]);
+}
