@@ -16,7 +16,8 @@
 //! Optuna's equal weights with linear forgetting; `rank`).
 //!
 //! Parallel trials: each running trial enters the model with a made-up loss (the constant
-//! liar: best, worst or mean loss so far), so concurrent suggestions spread out. No point is
+//! liar: best, worst or mean loss so far; `worst` by default, NNI's `best` under `variant:
+//! nni`), so concurrent suggestions spread out. No point is
 //! handed out twice (`Unseen`). Each suggestion draws from its own stream `step_rng(seed,
 //! step)`, so a run resumed with `import_data` continues exactly as the uninterrupted run would.
 
