@@ -56,6 +56,8 @@ pub struct AnnealTuner {
     pending_import: Vec<ImportedTrial>,
     steps: u64,
     unseen: Unseen,
+    /// Parameter ids whose result has arrived: a second result for one is ignored.
+    reported: std::collections::BTreeSet<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -237,6 +239,7 @@ impl Tuner for AnnealTuner {
             pending_import: Vec::new(),
             steps: 0,
             unseen: Unseen::default(),
+            reported: std::collections::BTreeSet::new(),
         })
     }
 
@@ -311,6 +314,12 @@ impl Tuner for AnnealTuner {
         parameters: &Value,
         value: f64,
     ) -> Result<(), PluginError> {
+        if !self.reported.insert(parameter_id) {
+            log::warn(&format!(
+                "{NAME}: ignored a second result for parameters {parameter_id}"
+            ));
+            return Ok(());
+        }
         let vector = match (self.running.remove(&parameter_id), &self.model) {
             (Some(o), _) => o.vector,
             (None, Some((_, encoding, _))) => match encoding.encode(parameters) {

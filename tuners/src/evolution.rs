@@ -65,6 +65,8 @@ pub struct EvolutionTuner {
     pending_import: Vec<ImportedTrial>,
     steps: u64,
     unseen: Unseen,
+    /// Parameter ids whose result has arrived: a second result for one is ignored.
+    reported: std::collections::BTreeSet<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -342,6 +344,7 @@ impl Tuner for EvolutionTuner {
             pending_import: Vec::new(),
             steps: 0,
             unseen: Unseen::default(),
+            reported: std::collections::BTreeSet::new(),
         })
     }
 
@@ -398,6 +401,12 @@ impl Tuner for EvolutionTuner {
         parameters: &Value,
         value: f64,
     ) -> Result<(), PluginError> {
+        if !self.reported.insert(parameter_id) {
+            log::warn(&format!(
+                "{NAME}: ignored a second result for parameters {parameter_id}"
+            ));
+            return Ok(());
+        }
         let observation = match (self.running.remove(&parameter_id), &self.model) {
             (Some(o), _) => o,
             (None, Some((_, encoding))) => match encoding.encode(parameters) {

@@ -54,6 +54,8 @@ pub struct TpeTuner {
     /// Points handed out or imported so far: the index of the next suggestion's random stream.
     steps: u64,
     unseen: Unseen,
+    /// Parameter ids whose result has arrived: a second result for one is ignored.
+    reported: std::collections::BTreeSet<u64>,
 }
 
 /// The algorithm's settings after the variant's defaults and the user's `tpe_args`.
@@ -401,6 +403,7 @@ impl Tuner for TpeTuner {
             pending_import: Vec::new(),
             steps: 0,
             unseen: Unseen::default(),
+            reported: std::collections::BTreeSet::new(),
         })
     }
 
@@ -459,6 +462,12 @@ impl Tuner for TpeTuner {
         parameters: &Value,
         value: f64,
     ) -> Result<(), PluginError> {
+        if !self.reported.insert(parameter_id) {
+            log::warn(&format!(
+                "{NAME}: ignored a second result for parameters {parameter_id}"
+            ));
+            return Ok(());
+        }
         let loss = loss(value, self.mode);
         let observation = match self.running.remove(&parameter_id) {
             Some(o) => o,

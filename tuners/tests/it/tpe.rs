@@ -260,3 +260,17 @@ fn asking_before_a_search_space_is_an_error() {
     expect!["TPE: asked for parameters before it was given a search space"]
         .assert_eq(t.generate_parameters(0).unwrap_err().message());
 }
+
+#[test]
+fn a_second_result_for_the_same_trial_is_ignored() {
+    let mut once = tpe(r#"{"seed": 2}"#, PLANE);
+    let mut twice = tpe(r#"{"seed": 2}"#, PLANE);
+    for id in 0..15 {
+        let p = ask(&mut once, id).unwrap();
+        assert_eq!(ask(&mut twice, id).as_ref(), Some(&p));
+        once.receive_trial_result(id, &p, bowl(&p)).unwrap();
+        twice.receive_trial_result(id, &p, bowl(&p)).unwrap();
+        twice.receive_trial_result(id, &p, -100.0).unwrap();
+    }
+    assert_eq!(ask(&mut once, 15), ask(&mut twice, 15));
+}
