@@ -79,8 +79,11 @@ for ((i = 0; i < ${#targets[@]}; i += jobs)); do
       echo "fuzz $target: ok, ${runs:-?} inputs in ${seconds}s"
     else
       failed+=("$target")
-      echo "fuzz $target: FAILED; the end of its log:"
-      grep -v '^#[0-9]' "$scratch/$target/log" | tail -n 60
+      echo "fuzz $target: FAILED:"
+      # From the panic (or libFuzzer's error) on, without progress lines and backtrace frames.
+      grep -v '^#[0-9]' "$scratch/$target/log" |
+        sed -n '/panicked at\|ERROR: libFuzzer/,$p' |
+        grep -v '^ *[0-9]*: \|^ *at ' | head -n 60 || true
       for artifact in "$scratch/$target/artifacts/"*; do
         [ -f "$artifact" ] || continue
         echo "input $(basename "$artifact") (base64; save it and run" \
