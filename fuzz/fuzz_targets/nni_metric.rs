@@ -5,7 +5,8 @@
 //!
 //! Any bytes give records or errors, never a panic or a hang. The file arrives in pieces of any
 //! size, so the input is fed whole and in chunks (sizes from the first byte): both must find
-//! the same metric records and the same number of corrupt ones.
+//! the same metric records and the same number of corrupt ones. And records framed as nni
+//! frames them (the input's lines as bodies, whatever bytes they hold) read back exactly.
 #![no_main]
 
 use knob_plugin_api::metric::default_value;
@@ -59,6 +60,25 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(
             chunked, whole_rest,
             "fed in chunks of {size} bytes, the file reads differently"
+        );
+
+        // nni's `send_metric`: b'ME%06d%b' % (len(data), data) with data = metric + '\n'.
+        // (nni asserts a record is under 1 000 000 bytes; its length has 6 digits.)
+        let bodies: Vec<&[u8]> = rest
+            .split(|&b| b == b'\n')
+            .filter(|body| body.len() < 999_999)
+            .collect();
+        let mut file = Vec::new();
+        for body in &bodies {
+            file.extend_from_slice(format!("ME{:06}", body.len() + 1).as_bytes());
+            file.extend_from_slice(body);
+            file.push(b'\n');
+        }
+        let read = records(file.chunks(size).map(<[u8]>::to_vec));
+        let expected: Vec<Option<Vec<u8>>> = bodies.iter().map(|b| Some(b.to_vec())).collect();
+        assert_eq!(
+            read, expected,
+            "nni's records, fed in chunks of {size} bytes"
         );
     }
 });
