@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes knob's parsers of untrusted input (the cargo-fuzz crate in fuzz/) for a bounded time per
-# target, starting from the committed seed corpora in fuzz/corpus/<target>/. Fails on any crash
-# (a panic), timeout (one input running longer than KNOB_FUZZ_INPUT_TIMEOUT seconds: a hang) or
-# out-of-memory, and prints the input that did it.
+# target, starting from the committed seed corpora in fuzz/corpus/<target>/ (with the libFuzzer
+# dictionary fuzz/dict/<target>.dict where there is one). Fails on any crash (a panic), timeout
+# (one input running longer than KNOB_FUZZ_INPUT_TIMEOUT seconds: a hang) or out-of-memory, and
+# prints the input that did it.
 #
 #   KNOB_FUZZ_SECONDS        fuzzing time per target (default 30)
 #   KNOB_FUZZ_INPUT_TIMEOUT  seconds one input may take before it counts as a hang (default 20)
@@ -57,10 +58,14 @@ fuzz_one() {
   local target=$1 dir="$scratch/$1"
   mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/tmp"
   cp -R "fuzz/corpus/$target/." "$dir/corpus/"
+  local dict=()
+  if [ -f "fuzz/dict/$target.dict" ]; then
+    dict=(-dict="$root/fuzz/dict/$target.dict")
+  fi
   # TMPDIR: the config target's project folder goes to the scratch folder too.
   TMPDIR="$dir/tmp" cargo fuzz run "${build_flags[@]}" "$target" "$dir/corpus" -- \
     -max_total_time="$seconds" -timeout="$input_timeout" -rss_limit_mb=2048 \
-    -artifact_prefix="$dir/artifacts/" -print_final_stats=1 >"$dir/log" 2>&1
+    -artifact_prefix="$dir/artifacts/" -print_final_stats=1 "${dict[@]}" >"$dir/log" 2>&1
 }
 
 step_start=$SECONDS
