@@ -304,6 +304,18 @@ fn read_search_space(
         }
         (None, Some(file)) => {
             let path = reader.path(&file)?;
+            // Only a regular file of sane size: /dev/zero or a FIFO would never end.
+            const MAX_SEARCH_SPACE_BYTES: u64 = 16 * 1024 * 1024;
+            let too_big = match std::fs::metadata(&path) {
+                Ok(meta) if !meta.is_file() => Some("it is not a regular file"),
+                Ok(meta) if meta.len() > MAX_SEARCH_SPACE_BYTES => Some("it is over 16 MiB"),
+                _ => None,
+            };
+            if let Some(why) = too_big {
+                let message = format!("cannot read search space file {}: {why}", quoted(&path));
+                reader.error(file.node.pos, &file.path, message);
+                return None;
+            }
             let text = match std::fs::read_to_string(&path) {
                 Ok(text) => text,
                 Err(error) => {
