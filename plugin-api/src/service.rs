@@ -95,6 +95,11 @@ pub enum ServiceEvent {
         killed_reason: Option<String>,
         /// The last lines of its stderr, for a failed trial's message.
         stderr_tail: String,
+        /// Set when the trial did not end by itself or on request but because its environment
+        /// was lost (a remote host unreachable for too long): why, in one line naming the host.
+        /// The core records such a trial as failed and runs it again elsewhere.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        environment_lost: Option<String>,
     },
     /// Something a user should know that is not fatal (a garbage metric line, say).
     Warning {

@@ -6,8 +6,11 @@
 //! - The trial protocols: [`nni_http`] (NNI v3 HTTP channel), [`nni_file`] (NNI 2.x
 //!   `parameter.cfg` and `.nni/metrics`), [`knob_protocol`] (env var, file and stdout lines).
 //!
+//! - [`agent_protocol`]: the framed messages between the `remote` service and `knob-agent`.
+//!
 //! See `ARCHITECTURE-section.md` beside this crate's manifest for the invariants.
 
+pub mod agent_protocol;
 pub mod knob_protocol;
 pub mod local;
 pub mod metrics;

@@ -434,6 +434,7 @@ impl Supervision {
             signal: signal_number,
             killed_reason,
             stderr_tail,
+            environment_lost: None,
         });
         for path in &self.metric_files {
             self.host.watcher.unwatch(path);

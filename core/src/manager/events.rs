@@ -60,6 +60,9 @@ impl Manager {
                 stderr_tail,
                 // The manager knows why it asked for a kill; see `Trial::kill`.
                 killed_reason: _,
+                // Handled by the remote-environment work (#7): until then a lost trial is a
+                // failed one, with the loss as its message.
+                environment_lost: _,
             } => {
                 let Some(trial) = self.trials.get(&trial_id) else {
                     return self

@@ -1,0 +1,271 @@
+//! The messages between the `remote` training service (on the manager's machine) and a
+//! `knob-agent` (on a remote host), and how they are framed on the SSH channel.
+//!
+//! The channel is the stdin/stdout of `knob-agent attach` run over SSH: nothing on the host
+//! listens on a port, and the host never connects back to the manager. `attach` bridges the
+//! channel to the host's long-lived agent daemon (`knob-agent serve`, one per experiment and
+//! environment), which keeps running trials while the SSH connection is down.
+//!
+//! Framing: a 4-byte big-endian length, then that many bytes of JSON (one message). A frame
+//! longer than [`MAX_FRAME_BYTES`] is a protocol error that ends the connection.
+//!
+//! Conversation:
+//! 1. The service sends [`ToAgent::Hello`]; the agent answers [`FromAgent::Welcome`] (or
+//!    [`FromAgent::Refused`] and closes).
+//! 2. The agent then sends every buffered [`FromAgent::Event`] whose `seq` is greater than the
+//!    hello's `last_seq`, in order, and goes on sending new ones as they happen. `seq` numbers
+//!    the agent's events 1, 2, 3, ... for the daemon's whole life, across connections.
+//! 3. The service acknowledges with [`ToAgent::Ack`] (events up to `seq` may be dropped from the
+//!    agent's buffer). Unacknowledged events are kept, so a dropped connection loses nothing: the
+//!    next hello's `last_seq` says where to resume.
+//! 4. [`ToAgent::Ping`] every [`HEARTBEAT_INTERVAL`]; the agent answers [`FromAgent::Pong`]. A
+//!    side that hears nothing (no message of any kind) for [`HEARTBEAT_TIMEOUT`] treats the
+//!    connection as dropped.
+//! 5. Requests carrying an `id` ([`ToAgent::Start`], [`ToAgent::Kill`]) get exactly one
+//!    [`FromAgent::Reply`] with the same id.
+//!
+//! Versioning: [`PROTOCOL_VERSION`] is compared in the hello; a mismatch is refused with a
+//! message naming both versions. Fields may be added with serde defaults; none is removed.
+
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use knob_plugin_api::service::{ServiceEvent, TrialRequest};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Bumped when a message changes incompatibly.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The largest frame either side accepts.
+pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+/// How often the service pings.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// Silence after which a connection counts as dropped.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// From the service to the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToAgent {
+    Hello {
+        protocol: u32,
+        experiment_id: String,
+        /// The environment id the service gave this host ("remote:user@host:22").
+        environment_id: String,
+        /// The highest event `seq` the service has received from this daemon, 0 if none.
+        last_seq: u64,
+        /// True on the service's first connection in this manager process: trials a previous
+        /// manager left running are killed (the core re-queues them, as it does locally) and
+        /// the event buffer is cleared.
+        fresh_start: bool,
+    },
+    /// Start one trial. `request.code_dir` and `request.trial_dir` are paths on the host.
+    Start {
+        id: u64,
+        request: TrialRequest,
+        /// `reuseMode: false`: copy `request.code_dir` into the trial's own directory and run
+        /// there, so that no trial sees another's files.
+        #[serde(default)]
+        fresh_code_copy: bool,
+    },
+    Kill {
+        id: u64,
+        trial_id: String,
+        reason: String,
+    },
+    Ack {
+        seq: u64,
+    },
+    Ping {
+        nonce: u64,
+    },
+    /// Kill every trial (reason "experiment stopped"), send their ends, then exit the daemon.
+    Shutdown,
+}
+
+/// From the agent to the service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FromAgent {
+    Welcome {
+        protocol: u32,
+        /// `knob-agent --version`'s version.
+        agent_version: String,
+        /// `uname -n` of the host.
+        hostname: String,
+        /// The daemon's pid, for the log.
+        pid: u32,
+        /// The host's environment as `knob_gpu_sched::Environment` JSON (GPUs, CPUs, memory),
+        /// from gpu-sched's probe on the host, with the environment id of the hello.
+        inventory: Value,
+        /// Trials the daemon is running now.
+        running: Vec<String>,
+    },
+    Refused {
+        message: String,
+    },
+    Event {
+        seq: u64,
+        event: ServiceEvent,
+    },
+    /// The host probed again (every few seconds while trials run, and after each trial ends).
+    Inventory {
+        inventory: Value,
+    },
+    Reply {
+        id: u64,
+        /// `None`: done. `Some`: why not, one line.
+        error: Option<String>,
+    },
+    Pong {
+        nonce: u64,
+    },
+}
+
+/// Where things live on a host, under the agent's root directory (default `~/.knob`).
+pub struct HostLayout {
+    pub root: PathBuf,
+}
+
+impl HostLayout {
+    /// Agent binaries, named by content hash: `bin/knob-agent-<hash>`.
+    pub fn agent_binary(&self, hash: &str) -> PathBuf {
+        self.root.join("bin").join(format!("knob-agent-{hash}"))
+    }
+    /// An unpacked trial code archive, named by content hash; complete once
+    /// [`CODE_COMPLETE_MARKER`] exists in it.
+    pub fn code_dir(&self, hash: &str) -> PathBuf {
+        self.root.join("code").join(hash)
+    }
+    /// The daemon of one experiment's environment: its socket, log and trials.
+    pub fn environment_dir(&self, experiment_id: &str, environment_id: &str) -> PathBuf {
+        let safe: String = environment_id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.root.join("experiments").join(experiment_id).join(safe)
+    }
+}
+
+/// Written last when a code archive is unpacked.
+pub const CODE_COMPLETE_MARKER: &str = ".knob-code-complete";
+
+/// What can go wrong reading a frame.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("connection closed")]
+    Closed,
+    #[error("frame of {0} bytes is over the limit of {MAX_FRAME_BYTES}")]
+    TooLarge(usize),
+    #[error("malformed message: {0}")]
+    Malformed(serde_json::Error),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Encodes one message as a frame.
+pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
+    let body = serde_json::to_vec(message).expect("protocol messages always serialize");
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Writes one frame and flushes.
+pub fn write_frame<T: Serialize>(out: &mut impl Write, message: &T) -> io::Result<()> {
+    out.write_all(&encode(message))?;
+    out.flush()
+}
+
+/// Reads one frame; `Closed` on a clean end of stream before a frame starts.
+pub fn read_frame<T: for<'de> Deserialize<'de>>(input: &mut impl Read) -> Result<T, FrameError> {
+    let mut header = [0u8; 4];
+    match input.read_exact(&mut header) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(header) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    input.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map_err(FrameError::Malformed)
+}
+
+/// The async twin of [`read_frame`].
+pub async fn read_frame_async<T: for<'de> Deserialize<'de>>(
+    input: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Result<T, FrameError> {
+    use tokio::io::AsyncReadExt;
+    let mut header = [0u8; 4];
+    match input.read_exact(&mut header).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(header) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    input.read_exact(&mut body).await?;
+    serde_json::from_slice(&body).map_err(FrameError::Malformed)
+}
+
+/// The async twin of [`write_frame`].
+pub async fn write_frame_async<T: Serialize>(
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    message: &T,
+) -> io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    out.write_all(&encode(message)).await?;
+    out.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_limits_hold() {
+        let messages = vec![
+            ToAgent::Ping { nonce: 7 },
+            ToAgent::Ack { seq: 3 },
+            ToAgent::Shutdown,
+        ];
+        let mut bytes = Vec::new();
+        for m in &messages {
+            write_frame(&mut bytes, m).unwrap();
+        }
+        let mut input = bytes.as_slice();
+        for m in &messages {
+            assert_eq!(&read_frame::<ToAgent>(&mut input).unwrap(), m);
+        }
+        assert!(matches!(
+            read_frame::<ToAgent>(&mut input),
+            Err(FrameError::Closed)
+        ));
+
+        let huge = ((MAX_FRAME_BYTES + 1) as u32).to_be_bytes();
+        assert!(matches!(
+            read_frame::<ToAgent>(&mut huge.as_slice()),
+            Err(FrameError::TooLarge(_))
+        ));
+        let mut garbage = 3u32.to_be_bytes().to_vec();
+        garbage.extend_from_slice(b"{x}");
+        assert!(matches!(
+            read_frame::<ToAgent>(&mut garbage.as_slice()),
+            Err(FrameError::Malformed(_))
+        ));
+    }
+}
