@@ -63,7 +63,7 @@ pub enum ToAgent {
     /// Start one trial. `request.code_dir` and `request.trial_dir` are paths on the host.
     Start {
         id: u64,
-        request: TrialRequest,
+        request: Box<TrialRequest>,
         /// `reuseMode: false`: copy `request.code_dir` into the trial's own directory and run
         /// there, so that no trial sees another's files.
         #[serde(default)]
