@@ -11,6 +11,7 @@
 //! See `ARCHITECTURE-section.md` beside this crate's manifest for the invariants.
 
 pub mod agent_protocol;
+pub mod code_archive;
 pub mod knob_protocol;
 pub mod local;
 pub mod metrics;

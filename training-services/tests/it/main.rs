@@ -1,6 +1,7 @@
 //! Integration tests of knob-training-services: real processes, real sockets, bounded waits.
 
 mod bad_input;
+mod code_archive;
 mod lifecycle;
 mod nni_file;
 mod nni_v3;
