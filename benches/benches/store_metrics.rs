@@ -53,6 +53,7 @@ impl Experiment {
             trial_id: trial_id.clone(),
             sequence: self.trials,
             parameter_id: self.trials,
+            parameter_label: None,
             parameters: json!({"lr": 0.1}),
         };
         let started = StoreEvent::TrialStarted {

@@ -52,7 +52,7 @@ fn tuner_with_history(variant: &str, n: usize) -> TpeTuner {
         .map(|_| {
             let parameters = space.sample(&mut rng);
             let value = objective(&parameters);
-            ImportedTrial { parameters, value }
+            ImportedTrial::new(parameters, value)
         })
         .collect();
     let mut tuner = TpeTuner::new(&json!({"seed": 1, "variant": variant})).expect("TPE classArgs");

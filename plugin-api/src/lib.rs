@@ -9,6 +9,7 @@
 
 mod abi;
 pub mod host;
+mod labeled;
 pub mod metric;
 mod sdk;
 pub mod service;

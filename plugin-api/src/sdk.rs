@@ -69,6 +69,9 @@ pub fn parse_class_args<T: DeserializeOwned>(
 pub enum Generated {
     /// A JSON object of parameters, as the trial will receive them.
     Parameters(Value),
+    /// Parameters with the parameter id the trial sees in place of the host's number: NNI's
+    /// Hyperband and BOHB give trials string ids such as `"0-4_0_3"` (see [`Suggestion::label`]).
+    Labeled { parameters: Value, label: String },
     /// Nothing more to try: the experiment ends once running trials finish.
     NoMore,
     /// Not now; the tuner will hand out parameters for this id later via
@@ -81,15 +84,78 @@ pub enum Generated {
 pub struct Suggestion {
     pub parameter_id: u64,
     pub parameters: Value,
+    /// The parameter id the trial sees (`parameter_id` of NNI's `parameter.cfg` and v3 channel)
+    /// when it is not the host's number: NNI's Hyperband and BOHB name a trial by bracket, round
+    /// and configuration (`"0-4_0_3"`). The host stores it with the trial and hands it back in
+    /// [`ImportedTrial::label`] on resume; the tuner's calls keep using `parameter_id`.
+    pub label: Option<String>,
 }
 
-/// A finished trial handed to [`Tuner::import_data`] when an experiment resumes
-/// (NNI's import format: `{"parameter": {...}, "value": ...}`).
+/// A trial of an earlier run of the experiment, handed to [`Tuner::import_data`] on resume
+/// (NNI's import format: `{"parameter": {...}, "value": ...}`, plus what knob knows).
+///
+/// The host imports every trial that finished with a result. A trial whose tuner gave it a
+/// [`Suggestion::label`] is imported whatever its state, so that a tuner that names trials can
+/// rebuild what it was waiting for: one that ended without a result has a NaN `value` and its
+/// final `status`; one that will run again (it was waiting or running when the manager
+/// stopped) has status `WAITING` or `RUNNING`, and its result will arrive under
+/// `parameter_id`. Tuners that never label anything only ever see finished trials.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ImportedTrial {
     #[serde(rename = "parameter")]
     pub parameters: Value,
+    /// The final result; NaN (JSON `null`) when there is none.
+    #[serde(with = "nan_as_null")]
     pub value: f64,
+    /// The host's parameter id of the trial (absent in imports from elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter_id: Option<u64>,
+    /// The label the tuner gave the trial's parameters, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// The trial's status (see [`status`]); absent in imports from elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+impl ImportedTrial {
+    /// A finished trial with a result, as NNI imports it.
+    pub fn new(parameters: Value, value: f64) -> ImportedTrial {
+        ImportedTrial {
+            parameters,
+            value,
+            parameter_id: None,
+            label: None,
+            status: None,
+        }
+    }
+
+    /// Whether the trial has ended (its status is final, or unknown because it was imported
+    /// with a result from elsewhere).
+    pub fn has_ended(&self) -> bool {
+        !matches!(
+            self.status.as_deref(),
+            Some(status::WAITING | status::RUNNING)
+        )
+    }
+}
+
+/// JSON has no NaN: serde_json writes it as `null`, which a plain `f64` refuses to read back.
+mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+        if value.is_finite() {
+            serializer.serialize_f64(*value)
+        } else {
+            // Infinities too: serde_json would write them as null anyway.
+            serializer.serialize_none()
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
+    }
 }
 
 /// Trial statuses as strings, as they cross to `trial_end` (the set may grow; match loosely).
@@ -99,6 +165,10 @@ pub mod status {
     pub const USER_CANCELED: &str = "USER_CANCELED";
     pub const SYS_CANCELED: &str = "SYS_CANCELED";
     pub const EARLY_STOPPED: &str = "EARLY_STOPPED";
+    /// Only in [`super::ImportedTrial::status`]: the trial has not ended and will run again.
+    pub const WAITING: &str = "WAITING";
+    /// Only in [`super::ImportedTrial::status`]: the trial has not ended and will run again.
+    pub const RUNNING: &str = "RUNNING";
 }
 
 /// A tuner, after NNI's dispatcher semantics. Every call is made from one thread, in order.
@@ -294,6 +364,9 @@ impl<T: Tuner> TunerAbi for TunerAdaptor<T> {
             || {
                 Ok(match inner.generate_parameters(parameter_id)? {
                     Generated::Parameters(p) => AbiGenerated::Parameters(p.to_string().into()),
+                    Generated::Labeled { parameters, label } => {
+                        AbiGenerated::Parameters(crate::labeled::wrap(parameters, label).into())
+                    }
                     Generated::NoMore => AbiGenerated::NoMore,
                     Generated::Deferred => AbiGenerated::Deferred,
                 })
@@ -340,7 +413,11 @@ impl<T: Tuner> TunerAbi for TunerAdaptor<T> {
                 .into_iter()
                 .map(|s| AbiSuggestion {
                     parameter_id: s.parameter_id,
-                    parameters: s.parameters.to_string().into(),
+                    parameters: match s.label {
+                        None => s.parameters.to_string(),
+                        Some(label) => crate::labeled::wrap(s.parameters, label),
+                    }
+                    .into(),
                 })
                 .collect())
         })

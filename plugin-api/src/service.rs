@@ -34,6 +34,10 @@ pub struct TrialRequest {
     /// NNI's `NNI_TRIAL_SEQ_ID`: 0, 1, 2, ... in submission order.
     pub sequence: u64,
     pub parameter_id: u64,
+    /// The parameter id the trial sees when its tuner labeled the parameters (NNI Hyperband's
+    /// `"0-4_0_3"`; see `Suggestion::label`); else the trial sees `parameter_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter_label: Option<String>,
     /// The parameters object the trial receives.
     pub parameters: Value,
     /// Which environment (an id from [`Environment`]) runs it.

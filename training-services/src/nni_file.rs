@@ -22,8 +22,13 @@ pub const METRICS_FILE_NAME: &str = "metrics";
 
 /// NNI's parameter record: what `parameter.cfg` holds and what the v3 channel hands out as
 /// `"parameter"`. `nni.get_next_parameter()` returns its `"parameters"`, and the trial sends
-/// `"parameter_id"` back with each metric.
-pub fn parameter_record(parameter_id: u64, parameters: &Value) -> String {
+/// `"parameter_id"` back with each metric. The id is the tuner's label when it gave one (NNI's
+/// Hyperband and BOHB use strings like `"0-4_0_3"`), else the number.
+pub fn parameter_record(parameter_id: u64, label: Option<&str>, parameters: &Value) -> String {
+    let parameter_id = match label {
+        Some(label) => Value::from(label),
+        None => Value::from(parameter_id),
+    };
     serde_json::json!({
         "parameter_id": parameter_id,
         "parameter_source": "algorithm",
@@ -263,6 +268,12 @@ mod tests {
             decode_nni_metric(metric, "Zz9"),
             Err("metric names trial \"Ab1\" but came on trial Zz9's channel; not recorded".into())
         );
+        // NNI's Hyperband and BOHB give trials string parameter ids; they come back as sent.
+        let labeled = br#"{"parameter_id": "0-4_0_3", "trial_job_id": "Ab1", "type": "FINAL", "sequence": 0, "value": "0.5"}"#;
+        assert_eq!(
+            decode_nni_metric(labeled, "Ab1"),
+            Ok(Some((MetricKind::Final, "0.5".to_string())))
+        );
         let request = br#"{"trial_job_id": "Ab1", "type": "REQUEST_PARAMETER", "sequence": 0}"#;
         assert_eq!(decode_nni_metric(request, "Ab1"), Ok(None));
         let bad = br#"{"type": "FINAL", "value": "{oops"}"#;
@@ -275,8 +286,12 @@ mod tests {
     fn parameter_record_is_nni_s_format() {
         let parameters = serde_json::json!({"lr": 0.1, "act": "relu"});
         assert_eq!(
-            parameter_record(7, &parameters),
+            parameter_record(7, None, &parameters),
             r#"{"parameter_id":7,"parameter_source":"algorithm","parameters":{"lr":0.1,"act":"relu"},"parameter_index":0}"#
+        );
+        assert_eq!(
+            parameter_record(7, Some("0-2_1_5"), &parameters),
+            r#"{"parameter_id":"0-2_1_5","parameter_source":"algorithm","parameters":{"lr":0.1,"act":"relu"},"parameter_index":0}"#
         );
     }
 }

@@ -140,7 +140,11 @@ pub fn start_trial(
             code_dir: paths.code_dir,
         });
     }
-    let parameter_record = nni_file::parameter_record(request.parameter_id, &request.parameters);
+    let parameter_record = nni_file::parameter_record(
+        request.parameter_id,
+        request.parameter_label.as_deref(),
+        &request.parameters,
+    );
     let stderr = prepare_directory(&paths, request, &parameter_record)?;
     let stdout_file = File::create(&paths.stdout).map_err(|e| dir_error(&paths.stdout, e))?;
 

@@ -193,6 +193,7 @@ impl EvolutionTuner {
                     self.ready.push(Suggestion {
                         parameter_id: id,
                         parameters,
+                        label: None,
                     });
                 }
                 Next::Wait => break,

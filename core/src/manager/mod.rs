@@ -438,8 +438,12 @@ impl Manager {
             if self.closed() || self.by_parameter.contains_key(&suggestion.parameter_id) {
                 continue;
             }
-            self.submit(suggestion.parameter_id, suggestion.parameters)
-                .await?;
+            self.submit(
+                suggestion.parameter_id,
+                suggestion.parameters,
+                suggestion.label,
+            )
+            .await?;
         }
         let concurrency = u64::from(self.config.trial_concurrency);
         while !self.closed() && self.running_count() + self.deferred < concurrency {
@@ -447,7 +451,10 @@ impl Manager {
             self.next_parameter_id += 1;
             match self.tuner.generate_parameters(parameter_id).get().await? {
                 Generated::Parameters(parameters) => {
-                    self.submit(parameter_id, parameters).await?;
+                    self.submit(parameter_id, parameters, None).await?;
+                }
+                Generated::Labeled { parameters, label } => {
+                    self.submit(parameter_id, parameters, Some(label)).await?;
                 }
                 Generated::Deferred => self.deferred += 1,
                 Generated::NoMore => {
@@ -479,6 +486,7 @@ impl Manager {
         &mut self,
         parameter_id: u64,
         parameters: Value,
+        parameter_label: Option<String>,
     ) -> Result<String, ManagerError> {
         let sequence = self.next_sequence;
         self.next_sequence += 1;
@@ -488,11 +496,12 @@ impl Manager {
                 trial_id: trial_id.clone(),
                 sequence,
                 parameter_id,
+                parameter_label: parameter_label.clone(),
                 parameters: parameters.clone(),
             })
             .await?;
         let now = Instant::now();
-        let trial = Trial::new(
+        let mut trial = Trial::new(
             trial_id.clone(),
             sequence,
             parameter_id,
@@ -500,6 +509,7 @@ impl Manager {
             now,
             self.config.max_trial_duration,
         );
+        trial.parameter_label = parameter_label;
         self.trials.insert(trial_id.clone(), trial);
         self.active.insert(sequence, trial_id.clone());
         *self.counts.entry(TrialStatus::Waiting).or_default() += 1;

@@ -165,6 +165,7 @@ impl Manager {
             trial_id: trial_id.to_string(),
             sequence: trial.sequence,
             parameter_id: trial.parameter_id,
+            parameter_label: trial.parameter_label.clone(),
             parameters: trial.parameters.clone(),
             environment_id: "local".into(),
             command: self.config.trial_command.clone(),

@@ -42,6 +42,7 @@ impl Manager {
                 self.config.max_trial_duration,
             );
             trial.attempt = attempt;
+            trial.parameter_label = stored.parameter_label.clone();
             let this_attempt = |kind| {
                 stored
                     .metrics
@@ -63,10 +64,7 @@ impl Manager {
             if stored.status.is_final() {
                 self.set_status(&id, stored.status);
                 if let Some(value) = self.trials[&id].final_value {
-                    imported.push(ImportedTrial {
-                        parameters: stored.parameters.clone(),
-                        value,
-                    });
+                    imported.push(import_record(stored, value));
                     if !value.is_nan()
                         && self
                             .best
@@ -76,7 +74,14 @@ impl Manager {
                         self.best = Some((id.clone(), value));
                     }
                 }
+                if self.trials[&id].final_value.is_none() && stored.parameter_label.is_some() {
+                    // A tuner that labels its trials rebuilds its rounds from every trial.
+                    imported.push(import_record(stored, f64::NAN));
+                }
                 continue;
+            }
+            if stored.parameter_label.is_some() {
+                imported.push(import_record(stored, f64::NAN));
             }
             // Not finished: make sure nothing of it still runs, then run it again.
             kill_leftovers(&self.id, &id);
@@ -169,6 +174,16 @@ impl Manager {
     pub(super) fn closed_for_retries(&self) -> bool {
         self.stop_requested || self.deadline_passed
     }
+}
+
+/// What the tuner is told about a trial of the earlier run (see `ImportedTrial`: trials without
+/// a result are imported only when the tuner labeled them, so other tuners see what NNI's do).
+fn import_record(stored: &crate::store::TrialState, value: f64) -> ImportedTrial {
+    let mut record = ImportedTrial::new(stored.parameters.clone(), value);
+    record.parameter_id = Some(stored.parameter_id);
+    record.label = stored.parameter_label.clone();
+    record.status = Some(stored.status.as_str().to_string());
+    record
 }
 
 /// Kills what is left of a trial from an earlier run of this experiment: the processes whose

@@ -24,6 +24,8 @@ pub(super) struct Trial {
     pub id: String,
     pub sequence: u64,
     pub parameter_id: u64,
+    /// The id the trial sees when the tuner labeled its parameters (NNI Hyperband's "0-4_0_3").
+    pub parameter_label: Option<String>,
     pub parameters: Value,
     pub status: TrialStatus,
     /// 0 until the service reports the start, then 1 (retries will count on).
@@ -57,6 +59,7 @@ impl Trial {
             id,
             sequence,
             parameter_id,
+            parameter_label: None,
             parameters,
             status: TrialStatus::Waiting,
             attempt: 0,

@@ -58,7 +58,7 @@ impl Manager {
                 }
                 let parameter_id = self.next_parameter_id;
                 self.next_parameter_id += 1;
-                let trial_id = self.submit(parameter_id, parameters.clone()).await?;
+                let trial_id = self.submit(parameter_id, parameters.clone(), None).await?;
                 return Ok(Ok(UpdateOutcome::TrialAdded(trial_id)));
             }
         };

@@ -177,6 +177,10 @@ pub enum StoreEvent {
         trial_id: String,
         sequence: u64,
         parameter_id: u64,
+        /// The parameter id the trial sees when the tuner labeled its parameters (NNI
+        /// Hyperband's `"0-4_0_3"`); absent otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parameter_label: Option<String>,
         parameters: Value,
     },
     TrialStarted {

@@ -67,6 +67,8 @@ pub struct TrialState {
     pub trial_id: String,
     pub sequence: u64,
     pub parameter_id: u64,
+    /// The tuner's label for the parameters, the id the trial sees (see `StoreEvent::TrialCreated`).
+    pub parameter_label: Option<String>,
     pub parameters: Value,
     pub status: TrialStatus,
     pub created_ms: i64,
@@ -380,6 +382,7 @@ impl Replayer {
                 trial_id,
                 sequence,
                 parameter_id,
+                parameter_label,
                 parameters,
             } => {
                 if self.trial_index.contains_key(&trial_id) {
@@ -391,6 +394,7 @@ impl Replayer {
                     trial_id: trial_id.clone(),
                     sequence,
                     parameter_id,
+                    parameter_label,
                     parameters,
                     status: TrialStatus::Waiting,
                     created_ms: time_ms,

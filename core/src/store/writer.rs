@@ -388,6 +388,8 @@ impl Writer {
                 sequence,
                 parameter_id,
                 parameters,
+                // Kept in the event log only (the state replays it from there).
+                parameter_label: _,
             } => {
                 self.require_experiment()?;
                 let counters = &mut self.position.counters;

@@ -27,6 +27,7 @@ fn trial(trial_id: &str, sequence: u64) -> StoreEvent {
         trial_id: trial_id.to_string(),
         sequence,
         parameter_id: sequence,
+        parameter_label: None,
         parameters: json!({"lr": 0.01 * (sequence + 1) as f64, "optimizer": "adam"}),
     }
 }
@@ -388,6 +389,7 @@ fn counters_never_go_back_across_reopen() {
         trial_id: "e".to_string(),
         sequence: 8,
         parameter_id: 1,
+        parameter_label: None,
         parameters: json!({}),
     };
     let error = store.append(reused_parameter).wait().unwrap_err();
@@ -556,6 +558,7 @@ fn unacked_events_are_written_and_their_failures_reported_by_flush() {
         trial_id: "t".to_string(),
         sequence: 5,
         parameter_id: 5,
+        parameter_label: None,
         parameters: json!({}),
     });
     let error = store.flush().wait().unwrap_err();

@@ -42,14 +42,13 @@ impl TunerObject {
     pub fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, HostError> {
         Ok(match called(self.raw.generate_parameters(parameter_id))? {
             AbiGenerated::Parameters(json) => {
-                Generated::Parameters(serde_json::from_str(json.as_str()).map_err(|e| {
-                    HostError::Call {
-                        message: format!(
-                            "{} returned parameters that are not JSON: {e}",
-                            self.label
-                        ),
-                    }
-                })?)
+                let value = serde_json::from_str(json.as_str()).map_err(|e| HostError::Call {
+                    message: format!("{} returned parameters that are not JSON: {e}", self.label),
+                })?;
+                match crate::labeled::unwrap(value) {
+                    (parameters, None) => Generated::Parameters(parameters),
+                    (parameters, Some(label)) => Generated::Labeled { parameters, label },
+                }
             }
             AbiGenerated::NoMore => Generated::NoMore,
             AbiGenerated::Deferred => Generated::Deferred,
@@ -99,9 +98,11 @@ impl TunerObject {
                             self.label
                         ),
                     })?;
+                let (parameters, label) = crate::labeled::unwrap(parameters);
                 Ok(Suggestion {
                     parameter_id: s.parameter_id,
                     parameters,
+                    label,
                 })
             })
             .collect()

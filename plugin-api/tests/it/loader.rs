@@ -232,7 +232,8 @@ fn lists_and_runs_every_kind_of_component() {
         emitted,
         vec![Suggestion {
             parameter_id: 0,
-            parameters: json!({"n": 0, "best": 0.5})
+            parameters: json!({"n": 0, "best": 0.5}),
+            label: None,
         }]
     );
     assert_eq!(
@@ -273,6 +274,7 @@ fn lists_and_runs_every_kind_of_component() {
             trial_id: "t1".into(),
             sequence: 0,
             parameter_id: 0,
+            parameter_label: None,
             parameters: json!({"n": 1}),
             environment_id: "echo".into(),
             command: "true".into(),

@@ -189,6 +189,7 @@ pub fn request(code_dir: &Path, trial_dir: &Path, trial_id: &str, command: &str)
         trial_id: trial_id.into(),
         sequence: 7,
         parameter_id: 42,
+        parameter_label: None,
         parameters: json!({"lr": 0.01, "layers": 3, "act": "relu"}),
         environment_id: "local".into(),
         command: command.into(),

@@ -59,7 +59,9 @@ fn the_library_exports_both_tuners_and_they_behave_as_through_the_rlib() {
         {
             Generated::Parameters(p) => abi_points.push(p),
             Generated::NoMore => break,
-            Generated::Deferred => panic!("GridSearch does not defer"),
+            Generated::Deferred | Generated::Labeled { .. } => {
+                panic!("GridSearch neither defers nor labels")
+            }
         }
     }
     let (rlib_points, _) = generate(&mut tuner::<GridSearchTuner>("{}", SPACE), 100);

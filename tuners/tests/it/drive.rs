@@ -70,6 +70,7 @@ pub fn ask(tuner: &mut impl Tuner, id: u64) -> Option<Value> {
         Generated::Parameters(p) => Some(p),
         Generated::NoMore => None,
         Generated::Deferred => panic!("parameter id {id} was deferred"),
+        Generated::Labeled { .. } => panic!("parameter id {id} was labeled"),
     }
 }
 
@@ -97,10 +98,7 @@ pub fn run_sequential(
 pub fn as_imported(trials: &[(Value, f64)]) -> Vec<ImportedTrial> {
     trials
         .iter()
-        .map(|(p, v)| ImportedTrial {
-            parameters: p.clone(),
-            value: *v,
-        })
+        .map(|(p, v)| ImportedTrial::new(p.clone(), *v))
         .collect()
 }
 

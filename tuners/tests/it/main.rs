@@ -37,7 +37,9 @@ fn generate(tuner: &mut impl Tuner, limit: usize) -> (Vec<Value>, bool) {
         match tuner.generate_parameters(id).expect("generate_parameters") {
             Generated::Parameters(params) => out.push(params),
             Generated::NoMore => return (out, true),
-            Generated::Deferred => panic!("neither Random nor GridSearch defers"),
+            Generated::Deferred | Generated::Labeled { .. } => {
+                panic!("neither Random nor GridSearch defers or labels")
+            }
         }
     }
     (out, false)
@@ -62,10 +64,7 @@ fn class_args_error<T: Tuner + std::fmt::Debug>(class_args: &str) -> String {
 fn imported(params: &[Value]) -> Vec<ImportedTrial> {
     params
         .iter()
-        .map(|p| ImportedTrial {
-            parameters: p.clone(),
-            value: 0.5,
-        })
+        .map(|p| ImportedTrial::new(p.clone(), 0.5))
         .collect()
 }
 
