@@ -97,6 +97,7 @@ pub fn run_in_foreground(
             id.clone(),
             dir.clone(),
             Some(commands.clone()),
+            Some(store.commits()),
             serve.token(),
         )?;
         tokio::spawn(forward_ctrl_c(commands));

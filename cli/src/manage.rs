@@ -146,6 +146,7 @@ pub fn view(args: ViewArgs) -> anyhow::Result<ExitCode> {
             entry.id.clone(),
             entry.dir.clone(),
             None,
+            None,
             args.serve.token(),
         )?;
         println!(

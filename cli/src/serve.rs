@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use knob_core::api::{self, ApiConfig, ApiState};
 use knob_core::manager::Command;
-use tokio::sync::mpsc;
+use knob_core::store::EventSeq;
+use tokio::sync::{mpsc, watch};
 
 #[derive(clap::Args, Clone, Default)]
 pub struct ServeArgs {
@@ -77,12 +78,14 @@ pub fn dashboard_url(address: SocketAddr) -> String {
     format!("http://{}/", SocketAddr::new(host, address.port()))
 }
 
-/// Starts serving on the current tokio runtime; the task ends with the runtime.
+/// Starts serving on the current tokio runtime; the task ends with the runtime. `commits` is
+/// the store's commit watch when this process writes the store (see `ApiConfig::commits`).
 pub fn spawn_api(
     listener: std::net::TcpListener,
     experiment_id: String,
     dir: PathBuf,
     commands: Option<mpsc::UnboundedSender<Command>>,
+    commits: Option<watch::Receiver<EventSeq>>,
     token: Option<String>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -91,7 +94,11 @@ pub fn spawn_api(
         dir,
         commands,
         token,
+        commits,
     });
+    if let Some(reason) = state.live_unavailable() {
+        eprintln!("warning: the dashboard will not update live: {reason}");
+    }
     Ok(tokio::spawn(async move {
         if let Err(e) = api::serve(listener, state).await {
             eprintln!("error: {e}");

@@ -9,7 +9,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{ApiError, ApiState};
-use crate::store::{Direction, StoreReader, TrialQuery, TrialRow, TrialStatus};
+use crate::store::{Direction, MetricKind, StoreReader, TrialQuery, TrialRow, TrialStatus};
 
 /// The most rows one request returns; larger `limit`s are cut to this.
 const MAX_PAGE: u64 = 10_000;
@@ -211,7 +211,11 @@ pub(super) async fn trial_metrics(
     Ok(Json(json!({ "trial_id": trial_id, "metrics": metrics })))
 }
 
-/// `GET /metrics?since=SEQ&limit=N`: metrics logged after `since`, oldest first.
+/// The most trials one `/metrics?trial_ids=` request names.
+const MAX_TRIAL_IDS: usize = 1_000;
+
+/// `GET /metrics?since=SEQ&limit=N[&trial_ids=a,b&kind=intermediate]`: metrics logged after
+/// `since`, oldest first; of the named trials only, and of one kind, when asked.
 pub(super) async fn metrics(
     State(state): State<ApiState>,
     query: QueryParams,
@@ -219,8 +223,34 @@ pub(super) async fn metrics(
     let params = params(query)?;
     let since = number_param(&params, "since")?.unwrap_or(0);
     let limit = page_limit(&params, DEFAULT_LOG_PAGE)?;
+    let kind = match params.get("kind").map(|k| k.trim()) {
+        None | Some("") => None,
+        Some(text) => Some(MetricKind::parse(text).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "query parameter kind must be intermediate or final, got {text:?}"
+            ))
+        })?),
+    };
+    let trial_ids: Option<Vec<String>> = params.get("trial_ids").map(|text| {
+        text.split(',')
+            .map(str::trim)
+            .filter(|id| !id.is_empty())
+            .map(String::from)
+            .collect()
+    });
+    if trial_ids
+        .as_ref()
+        .is_some_and(|ids| ids.len() > MAX_TRIAL_IDS)
+    {
+        return Err(ApiError::bad_request(format!(
+            "query parameter trial_ids names more than {MAX_TRIAL_IDS} trials; ask in several requests"
+        )));
+    }
     let metrics = state
-        .read(move |reader| reader.metrics_since(since, limit))
+        .read(move |reader| match (&trial_ids, kind) {
+            (None, None) => reader.metrics_since(since, limit),
+            (ids, kind) => reader.metrics_matching(ids.as_deref(), kind, since, limit),
+        })
         .await?;
     let last_seq = metrics.last().map_or(since, |m| m.seq);
     Ok(Json(json!({ "metrics": metrics, "last_seq": last_seq })))

@@ -1,28 +1,44 @@
 //! `GET /stream`: the event log as Server-Sent Events, from a sequence number on, so a client
 //! that reconnects (`Last-Event-ID`) or starts from a snapshot never re-downloads everything.
+//!
+//! Pushed, not polled: an idle stream waits on the store's change signal (the writer's commit
+//! watch, or file notifications for a store another process writes) and reads the log only
+//! when it changed.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::{self, Stream};
+use tokio::sync::watch;
 
 use super::reads::{number_param, params, QueryParams};
 use super::{ApiError, ApiState};
+use crate::store::EventSeq;
 
-/// How often an idle stream looks at the store for new events. The store has no change
-/// notification that crosses processes (`knob view` reads another process's store), and one
-/// indexed query per client per tick is cheap.
-const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// Most events read from the store at once.
 const BATCH: u64 = 1_000;
 
 struct Cursor {
     state: ApiState,
     after: u64,
     pending: VecDeque<Event>,
+    /// Changes when the store may hold new events (see `ApiConfig::commits`).
+    changes: watch::Receiver<EventSeq>,
+    /// The last read failed: read again only after the store's next change.
+    failed: bool,
+}
+
+impl Cursor {
+    /// Waits for the store's next change. When nothing can change any more (the writer is gone),
+    /// waits forever: the response stays open with keep-alives until the client leaves.
+    async fn next_change(&mut self) {
+        if self.changes.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 pub(super) async fn stream(
@@ -40,15 +56,23 @@ pub(super) async fn stream(
         None => number_param(&params, "since")?.unwrap_or(0),
     };
     let cursor = Cursor {
+        changes: state.changes(),
         state,
         after,
         pending: VecDeque::new(),
+        failed: false,
     };
     let events = stream::unfold(cursor, |mut cursor| async move {
         loop {
             if let Some(event) = cursor.pending.pop_front() {
                 return Some((Ok(event), cursor));
             }
+            if std::mem::take(&mut cursor.failed) {
+                cursor.next_change().await;
+            }
+            // Marked seen before the read: a commit that lands during the read changes it
+            // again, so the wait below cannot miss it.
+            cursor.changes.borrow_and_update();
             let after = cursor.after;
             match cursor
                 .state
@@ -67,13 +91,11 @@ pub(super) async fn stream(
                         );
                     }
                 }
-                Ok(_) => tokio::time::sleep(POLL_INTERVAL).await,
+                Ok(_) => cursor.next_change().await,
                 Err(error) => {
-                    tokio::time::sleep(POLL_INTERVAL * 4).await;
-                    return Some((
-                        Ok(Event::default().event("error").data(error.message)),
-                        cursor,
-                    ));
+                    cursor.failed = true;
+                    let event = Event::default().event("error").data(error.message);
+                    return Some((Ok(event), cursor));
                 }
             }
         }

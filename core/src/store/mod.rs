@@ -31,6 +31,9 @@
 //! event survives a kill -9 or crash of knob; a power loss keeps the database consistent but
 //! may lose its last events.
 //!
+//! Subscribers learn of commits without polling: [`Store::commits`] is a watch of the last
+//! committed sequence number, updated after each commit and before that commit's acks.
+//!
 //! One writer per experiment: a second [`Store::open`] of the same directory, from this process
 //! or another, fails with [`StoreError::Locked`] until the first store is dropped or its process
 //! dies.
@@ -52,7 +55,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 pub use error::{Rejection, StoreError};
 pub use event::{
@@ -103,6 +106,7 @@ pub struct Store {
     dir: PathBuf,
     opened_counters: Counters,
     stats: Arc<SharedStats>,
+    commits: watch::Receiver<EventSeq>,
     writer: Option<JoinHandle<()>>,
 }
 
@@ -153,7 +157,15 @@ impl Store {
             message: error::one_line(&e),
         })?;
         let stats = Arc::new(SharedStats::default());
-        let writer = Writer::new(connection, lock, path_text(&path), counters, stats.clone())?;
+        let (committed, commits) = watch::channel(counters.next_event_seq.saturating_sub(1));
+        let writer = Writer::new(
+            connection,
+            lock,
+            path_text(&path),
+            counters,
+            stats.clone(),
+            committed,
+        )?;
         let (commands, receiver) = mpsc::channel();
         let writer = std::thread::Builder::new()
             .name("knob-store-writer".to_string())
@@ -170,6 +182,7 @@ impl Store {
             dir: experiment_dir.to_path_buf(),
             opened_counters: counters,
             stats,
+            commits,
             writer: Some(writer),
         })
     }
@@ -202,6 +215,13 @@ impl Store {
     /// See [`StoreHandle::flush`].
     pub fn flush(&self) -> Ack<()> {
         self.handle.flush()
+    }
+
+    /// The last committed event's sequence number (0 before the first), changing after each
+    /// commit: what a live reader waits on instead of polling. By the time an event's [`Ack`]
+    /// resolves, this holds its sequence number or a later one.
+    pub fn commits(&self) -> watch::Receiver<EventSeq> {
+        self.commits.clone()
     }
 
     /// A new read-only connection to this store.

@@ -277,6 +277,38 @@ impl StoreReader {
         )
     }
 
+    /// Metrics with a sequence number above `after`, oldest first, of the given trials only
+    /// (all attempts) and of one kind, when asked: what a dashboard needs to draw a few trials'
+    /// curves without downloading every metric of the experiment.
+    pub fn metrics_matching(
+        &self,
+        trial_ids: Option<&[String]>,
+        kind: Option<MetricKind>,
+        after: EventSeq,
+        limit: u64,
+    ) -> Result<Vec<MetricRecord>, StoreError> {
+        let mut sql = format!("SELECT {METRIC_COLUMNS} FROM metrics WHERE seq > {after}");
+        if let Some(ids) = trial_ids {
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let marks = vec!["?"; ids.len()].join(", ");
+            sql.push_str(&format!(" AND trial_id IN ({marks})"));
+        }
+        if let Some(kind) = kind {
+            sql.push_str(&format!(" AND kind = '{}'", kind.as_str()));
+        }
+        sql.push_str(&format!(
+            " ORDER BY seq LIMIT {}",
+            limit.min(i64::MAX as u64)
+        ));
+        self.collect(
+            &sql,
+            params_from_iter(trial_ids.unwrap_or_default()),
+            metric_from_row,
+        )
+    }
+
     /// The log above `after`, metrics included, oldest first.
     pub fn events_since(
         &self,

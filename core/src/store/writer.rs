@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use super::error::{one_line, Rejection, StoreError};
 use super::event::{Counters, EventSeq, MetricKind, StoreEvent, TrialStatus};
@@ -51,6 +51,8 @@ pub(crate) struct Writer {
     stats: Arc<SharedStats>,
     /// The first failure of a fire-and-forget event since the last flush, which reports it.
     unreported: Option<StoreError>,
+    /// The last committed sequence number, updated after each commit and before its acks.
+    committed: watch::Sender<EventSeq>,
 }
 
 enum Failure {
@@ -84,6 +86,7 @@ impl Writer {
         path: String,
         counters: Counters,
         stats: Arc<SharedStats>,
+        committed: watch::Sender<EventSeq>,
     ) -> Result<Writer, StoreError> {
         let last_time_ms: i64 = connection
             .query_row(
@@ -106,6 +109,7 @@ impl Writer {
             },
             stats,
             unreported: None,
+            committed,
         })
     }
 
@@ -175,6 +179,8 @@ impl Writer {
                     self.stats
                         .events
                         .fetch_add(applied as u64, Ordering::Relaxed);
+                    let last = self.position.counters.next_event_seq.saturating_sub(1);
+                    self.committed.send_replace(last);
                 }
                 outcomes
                     .into_iter()

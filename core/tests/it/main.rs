@@ -1,4 +1,5 @@
 //! knob-core's integration tests: one binary, one module per area.
 
+mod api_stream;
 mod config;
 mod store;

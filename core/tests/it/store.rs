@@ -845,3 +845,29 @@ fn acknowledged_metrics_survive_sigkill() {
     let next = put(&store, metric("t", MetricKind::Final, 0, "1.0"));
     assert_eq!(next, state.last_event_seq + 1);
 }
+
+#[test]
+fn the_commit_watch_holds_an_event_by_the_time_its_ack_resolves() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let commits = store.commits();
+    assert_eq!(*commits.borrow(), 0);
+    let first = put(&store, created());
+    assert_eq!(*commits.borrow(), first);
+    let acks: Vec<_> = (0..50)
+        .map(|n| store.append(trial(&format!("t{n}"), n)))
+        .collect();
+    let last = acks
+        .into_iter()
+        .map(|ack| ack.wait().unwrap())
+        .max()
+        .unwrap();
+    assert!(commits.has_changed().unwrap());
+    assert_eq!(*commits.borrow(), last);
+    // A rejected event commits nothing and moves nothing.
+    assert!(store.append(created()).wait().is_err());
+    assert_eq!(*commits.borrow(), last);
+    drop(store);
+    let reopened = Store::open(dir.path()).unwrap();
+    assert_eq!(*reopened.commits().borrow(), last);
+}
