@@ -48,7 +48,27 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     preflight(&config, &plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let registry = Registry::open_default()?;
     let (experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
+    remember_config_source(&experiment.dir, &args.config);
     run_in_foreground(experiment, store, &plugins, &registry, &args.serve)
+}
+
+/// The file in an experiment's directory that names the config file it was created from:
+/// `knob resume` reads SSH passwords and passphrases from there again, since knob never stores
+/// them.
+pub const CONFIG_SOURCE_FILE: &str = "config-source";
+
+fn remember_config_source(dir: &Path, config: &Path) {
+    let absolute = std::fs::canonicalize(config).unwrap_or_else(|_| config.to_path_buf());
+    if let Err(e) = std::fs::write(
+        dir.join(CONFIG_SOURCE_FILE),
+        absolute.as_os_str().as_encoded_bytes(),
+    ) {
+        // Only a resume that needs a password again depends on it, and it says what to do.
+        eprintln!(
+            "warning: cannot write {}: {e}",
+            dir.join(CONFIG_SOURCE_FILE).display()
+        );
+    }
 }
 
 /// Checks what can be checked before an experiment starts: every plugin component it names
@@ -58,7 +78,7 @@ pub fn preflight(config: &ExperimentConfig, plugins: &PluginRegistry) -> anyhow:
     for (kind, name) in manager::required_components(config)? {
         plugins.find(kind, &name)?;
     }
-    manager::Placer::for_local(config)
+    manager::Placer::new(config)
         .map_err(|reason| anyhow::anyhow!("cannot place trials: {reason}"))?;
     Ok(())
 }
@@ -151,8 +171,13 @@ async fn show_progress(mut progress: watch::Receiver<Progress>, maximize: bool) 
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
+    let mut notices_shown = 0;
     loop {
         let snapshot = progress.borrow_and_update().clone();
+        for notice in snapshot.notices.iter().skip(notices_shown) {
+            bar.suspend(|| eprintln!("warning: {notice}"));
+        }
+        notices_shown = snapshot.notices.len();
         let done = snapshot.succeeded + snapshot.failed + snapshot.other_ended;
         bar.set_length(
             snapshot

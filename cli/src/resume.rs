@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use knob_core::config::ExperimentConfig;
-use knob_core::manager::Experiment;
+use knob_core::manager::{self, Experiment};
 use knob_core::registry::{process_alive, Registry};
 use knob_core::store::{Store, StoreEvent};
 use knob_plugin_api::host::PluginRegistry;
@@ -73,6 +73,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
             .wait()?;
         config.max_experiment_duration = Some(Duration::from_secs(duration.as_secs()));
     }
+    restore_secrets(&mut config, &entry.dir);
     let plugins = PluginRegistry::load(&config.plugin_paths);
     for problem in plugins.problems() {
         eprintln!("warning: {problem}");
@@ -91,6 +92,39 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         history: Some(state),
     };
     run_in_foreground(experiment, store, &plugins, &registry, &args.serve)
+}
+
+/// Gives back the SSH passwords and passphrases the store does not keep: from the config file
+/// the experiment was created from (if it is still there and names the same machines), else
+/// from `KNOB_SSH_PASSWORD` / `KNOB_SSH_PASSPHRASE`. A secret still missing makes the manager's
+/// start fail with a line saying which machine and what to do.
+fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path) {
+    let needs_secret = config.training_service.iter().any(|service| match service {
+        knob_core::config::TrainingServiceConfig::Remote(remote) => {
+            remote.machine_list.iter().any(|machine| {
+                [&machine.password, &machine.ssh_passphrase]
+                    .into_iter()
+                    .flatten()
+                    .any(knob_core::config::Secret::is_redacted)
+            })
+        }
+        knob_core::config::TrainingServiceConfig::Local(_) => false,
+    });
+    if !needs_secret {
+        return;
+    }
+    let original = std::fs::read_to_string(dir.join(crate::create::CONFIG_SOURCE_FILE))
+        .ok()
+        .and_then(|path| knob_core::config::load_file(std::path::Path::new(path.trim())).ok())
+        .map(|loaded| loaded.config);
+    let password = std::env::var(manager::PASSWORD_VARIABLE).ok();
+    let passphrase = std::env::var(manager::PASSPHRASE_VARIABLE).ok();
+    manager::restore_secrets(
+        config,
+        original.as_ref(),
+        password.as_deref(),
+        passphrase.as_deref(),
+    );
 }
 
 /// Asks the process running an experiment to stop, as Ctrl-C would, and waits for it.

@@ -142,6 +142,26 @@ pub struct RemoteConfig {
     pub machine_list: Vec<MachineConfig>,
     /// Default `true`, as in NNI.
     pub reuse_mode: bool,
+    /// knob extension: the OpenSSH `known_hosts` file host keys are checked against. Absolute;
+    /// `None` is `~/.ssh/known_hosts`.
+    #[serde(default)]
+    pub known_hosts_file: Option<PathBuf>,
+    /// knob extension: how long a host whose connection dropped may take to come back before its
+    /// running trials are declared lost and run again elsewhere, in whole seconds (default 60).
+    #[serde(default = "default_host_loss_timeout", with = "seconds")]
+    pub host_loss_timeout: Duration,
+    /// knob extension: the folder on each host where the agent keeps its binary, the trial code
+    /// and the trials (a path on the host; `~` is the login user's home there). `None` is
+    /// `~/.knob`.
+    #[serde(default)]
+    pub agent_root: Option<String>,
+}
+
+/// [`RemoteConfig::host_loss_timeout`] when the config does not set it.
+pub const DEFAULT_HOST_LOSS_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn default_host_loss_timeout() -> Duration {
+    DEFAULT_HOST_LOSS_TIMEOUT
 }
 
 /// One entry of a remote `machineList`.
@@ -164,6 +184,11 @@ pub struct MachineConfig {
     pub gpu_indices: Option<Vec<u32>>,
     /// Put in front of `PATH` for trials on this machine.
     pub python_path: Option<String>,
+    /// knob extension: accept this machine's host key when `knownHostsFile` has no entry for it
+    /// yet (and add it there), as `ssh -o StrictHostKeyChecking=accept-new` does. A key that
+    /// differs from a known one is always refused. Default `false`.
+    #[serde(default)]
+    pub accept_new_host_key: bool,
 }
 
 /// NNI's log levels, lowercase.
@@ -200,6 +225,21 @@ pub const PLACEMENT_POLICY_NAMES: [(&str, PlacementPolicy); 4] = [
     ("spread", PlacementPolicy::Spread),
     ("round-robin", PlacementPolicy::RoundRobin),
 ];
+
+/// `Duration` as whole seconds, the canonical form of NNI durations.
+mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(value.as_secs())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_secs(u64::deserialize(deserializer)?))
+    }
+}
 
 /// `Option<Duration>` as whole seconds (or null), the canonical form of NNI durations.
 mod optional_seconds {

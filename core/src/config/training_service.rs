@@ -62,8 +62,14 @@ const LOCAL_FIELDS: [&str; 4] = [
     "gpuIndices",
     "reuseMode",
 ];
-const REMOTE_FIELDS: [&str; 2] = ["machineList", "reuseMode"];
-const MACHINE_FIELDS: [&str; 10] = [
+const REMOTE_FIELDS: [&str; 5] = [
+    "machineList",
+    "reuseMode",
+    "knownHostsFile",
+    "hostLossTimeout",
+    "agentRoot",
+];
+const MACHINE_FIELDS: [&str; 11] = [
     "host",
     "port",
     "user",
@@ -74,6 +80,7 @@ const MACHINE_FIELDS: [&str; 10] = [
     "maxTrialNumberPerGpu",
     "gpuIndices",
     "pythonPath",
+    "acceptNewHostKey",
 ];
 
 /// Reads the `trainingService` field: each service, and the trial settings each one carries.
@@ -253,6 +260,23 @@ fn read_remote(
     let reuse_mode = fields
         .take("reuseMode")
         .and_then(|field| reader.boolean(&field));
+    let known_hosts_file = fields
+        .take("knownHostsFile")
+        .and_then(|field| known_hosts_file(reader, &field));
+    let host_loss_timeout = fields.take("hostLossTimeout").and_then(|field| {
+        let seconds = reader.parse(&field, units::duration_seconds)?;
+        if seconds == 0 {
+            let message =
+                "must be at least 1 second (a host whose connection drops needs time to come back)";
+            reader.error(field.node.pos, &field.path, message);
+            return None;
+        }
+        Some(std::time::Duration::from_secs(seconds))
+    });
+    // A path on the hosts, so it is not resolved against the config's folder here.
+    let agent_root = fields
+        .take("agentRoot")
+        .and_then(|field| reader.non_empty_string(&field));
     let mut machine_list = Vec::new();
     match fields.take("machineList") {
         None => {
@@ -282,7 +306,36 @@ fn read_remote(
     (reader.errors.len() == errors_before).then(|| RemoteConfig {
         machine_list,
         reuse_mode: reuse_mode.or(shortcuts.reuse_mode).unwrap_or(true),
+        known_hosts_file,
+        host_loss_timeout: host_loss_timeout.unwrap_or(super::model::DEFAULT_HOST_LOSS_TIMEOUT),
+        agent_root,
     })
+}
+
+/// `knownHostsFile`: a file, or a path in an existing folder where `acceptNewHostKey` may
+/// create it.
+fn known_hosts_file(reader: &mut Reader, field: &Field<'_>) -> Option<std::path::PathBuf> {
+    let path = reader.path(field)?;
+    let problem = if path.is_dir() {
+        Some(format!(
+            "{} is a folder; name the known_hosts file itself",
+            quoted(&path)
+        ))
+    } else if !path.exists() && !path.parent().is_some_and(std::path::Path::is_dir) {
+        Some(format!(
+            "the folder of {} does not exist; create it or fix the path",
+            quoted(&path)
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(message) => {
+            reader.error(field.node.pos, &field.path, message);
+            None
+        }
+        None => Some(path),
+    }
 }
 
 fn read_machine(
@@ -340,6 +393,9 @@ fn read_machine(
     let python_path = fields
         .take("pythonPath")
         .and_then(|field| reader.non_empty_string(&field));
+    let accept_new_host_key = fields
+        .take("acceptNewHostKey")
+        .and_then(|field| reader.boolean(&field));
     fields.finish(reader, &MACHINE_FIELDS);
     if reader.errors.len() != errors_before {
         return None;
@@ -357,6 +413,7 @@ fn read_machine(
             .unwrap_or(1),
         gpu_indices: gpu_indices.or_else(|| shortcuts.gpu_indices.clone()),
         python_path,
+        accept_new_host_key: accept_new_host_key.unwrap_or(false),
     })
 }
 

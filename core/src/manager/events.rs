@@ -3,6 +3,7 @@
 use knob_plugin_api::metric::default_value;
 use knob_plugin_api::service::{MetricKind, ServiceEvent};
 
+use super::services::{TaggedEvent, MAX_HOST_LOSS_REQUEUES};
 use super::{retry_backoff, trial, Manager, ManagerError};
 use crate::store::{
     MetricKind as StoredMetricKind, Rejection, StoreError, StoreEvent, TrialStatus,
@@ -11,17 +12,12 @@ use crate::store::{
 impl Manager {
     pub(super) async fn on_service_event(
         &mut self,
+        service: usize,
         event: ServiceEvent,
     ) -> Result<(), ManagerError> {
         match event {
             ServiceEvent::Environment { environment } => {
-                if !environment.ready {
-                    self.warn(
-                        None,
-                        format!("environment {} is no longer ready", environment.id),
-                    )
-                    .await?;
-                }
+                self.on_environment(service, environment).await?
             }
             ServiceEvent::TrialStarted { trial_id, pid } => {
                 let Some(trial) = self.trials.get_mut(&trial_id) else {
@@ -29,16 +25,27 @@ impl Manager {
                         .warn(Some(trial_id), "start reported for an unknown trial".into())
                         .await;
                 };
-                if trial.status == TrialStatus::Waiting {
+                if trial.service != Some(service) {
+                    let platform = self.services[service].platform;
+                    return self
+                        .warn(
+                            Some(trial_id),
+                            format!("start reported by training service {platform}, which was not asked to run it; ignored"),
+                        )
+                        .await;
+                }
+                if trial.status == TrialStatus::Waiting && trial.launched {
                     trial.attempt += 1;
                     trial.pid = pid;
                     let attempt = trial.attempt;
+                    let environment_id = trial.environment.clone().unwrap_or_default();
+                    let gpu_indices = trial.gpu_indices.clone().unwrap_or_default();
                     self.set_status(&trial_id, TrialStatus::Running);
                     let event = StoreEvent::TrialStarted {
                         trial_id,
                         attempt,
-                        environment_id: "local".into(),
-                        gpu_indices: Vec::new(),
+                        environment_id,
+                        gpu_indices,
                         pid,
                     };
                     self.store.append(event).await?;
@@ -60,9 +67,7 @@ impl Manager {
                 stderr_tail,
                 // The manager knows why it asked for a kill; see `Trial::kill`.
                 killed_reason: _,
-                // Handled by the remote-environment work (#7): until then a lost trial is a
-                // failed one, with the loss as its message.
-                environment_lost: _,
+                environment_lost,
             } => {
                 let Some(trial) = self.trials.get(&trial_id) else {
                     return self
@@ -71,6 +76,18 @@ impl Manager {
                 };
                 if trial.status.is_final() {
                     return Ok(());
+                }
+                if trial.service != Some(service) {
+                    let platform = self.services[service].platform;
+                    return self
+                        .warn(
+                            Some(trial_id),
+                            format!("end reported by training service {platform}, which was not asked to run it; ignored"),
+                        )
+                        .await;
+                }
+                if let Some(lost) = environment_lost {
+                    return self.on_environment_lost(&trial_id, lost).await;
                 }
                 let (status, reason) = match (&trial.kill, exit_code) {
                     (Some((status, reason)), _) => (*status, Some(reason.clone())),
@@ -101,19 +118,112 @@ impl Manager {
                 self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail)
                     .await?;
             }
+            // A service's own warnings (a host unreachable, a connection restored) concern
+            // environments, which the console shows; a trial's stay in the store.
+            ServiceEvent::Warning {
+                trial_id: None,
+                message,
+            } => {
+                let platform = self.services[service].platform;
+                self.notice(format!("training service {platform}: {message}"))
+                    .await?
+            }
             ServiceEvent::Warning { trial_id, message } => self.warn(trial_id, message).await?,
         }
         Ok(())
+    }
+
+    /// A trial ended because its environment was lost: that attempt is recorded FAILED with the
+    /// reason, the environment is forgotten, and the trial runs again elsewhere as a new attempt
+    /// (at most [`MAX_HOST_LOSS_REQUEUES`] times; these do not count against
+    /// `maxTrialRetries`). A trial the manager was killing anyway ends as it asked.
+    async fn on_environment_lost(
+        &mut self,
+        trial_id: &str,
+        lost: String,
+    ) -> Result<(), ManagerError> {
+        let trial = &self.trials[trial_id];
+        let environment = trial.environment.clone();
+        let kill = trial.kill.clone();
+        let losses = trial.host_losses;
+        if let Some(environment) = &environment {
+            self.lose_environment(environment, &lost).await?;
+        }
+        if let Some((status, reason)) = kill {
+            return self
+                .end_trial(trial_id, status, Some(reason), None, None, String::new())
+                .await;
+        }
+        let message = format!("environment lost: {lost}");
+        if losses >= MAX_HOST_LOSS_REQUEUES || self.closed_for_retries() {
+            let message = if losses >= MAX_HOST_LOSS_REQUEUES {
+                format!(
+                    "{message} (its host was lost {} times; not run again)",
+                    losses + 1
+                )
+            } else {
+                message
+            };
+            return self
+                .end_trial(
+                    trial_id,
+                    TrialStatus::Failed,
+                    Some(message),
+                    None,
+                    None,
+                    String::new(),
+                )
+                .await;
+        }
+        self.trials
+            .get_mut(trial_id)
+            .expect("known trial")
+            .host_losses += 1;
+        if self.trials[trial_id].status != TrialStatus::Running {
+            // Handed to the service but never started: nothing to record; place it again.
+            self.placer.release(trial_id);
+            self.trials.get_mut(trial_id).expect("known trial").launched = false;
+            return self
+                .warn(
+                    Some(trial_id.to_string()),
+                    format!("{message}; placing it again"),
+                )
+                .await;
+        }
+        {
+            // The attempt's own record: FAILED, with why. The trial itself goes on.
+            self.store
+                .append(StoreEvent::TrialEnded {
+                    trial_id: trial_id.to_string(),
+                    attempt: self.trials[trial_id].attempt,
+                    status: TrialStatus::Failed,
+                    exit_code: None,
+                    signal: None,
+                    message: Some(message.clone()),
+                    stderr_tail: None,
+                })
+                .await?;
+        }
+        self.requeue(
+            trial_id,
+            format!(
+                "attempt {} failed: {message}; running it again elsewhere (host loss {} of at most {MAX_HOST_LOSS_REQUEUES})",
+                self.trials[trial_id].attempt,
+                losses + 1
+            ),
+            std::time::Duration::ZERO,
+        )
+        .await
     }
 
     /// Handles a batch of service events in order; each run of consecutive metrics is
     /// recorded with one group commit before any of them is acted on.
     pub(super) async fn on_service_events(
         &mut self,
-        batch: Vec<Result<ServiceEvent, String>>,
+        batch: Vec<TaggedEvent>,
     ) -> Result<(), ManagerError> {
         let mut metrics = Vec::new();
-        for event in batch {
+        for (service, event) in batch {
             match event {
                 Ok(ServiceEvent::Metric {
                     trial_id,
@@ -126,7 +236,7 @@ impl Manager {
                 }
                 Ok(other) => {
                     self.on_metrics(std::mem::take(&mut metrics)).await?;
-                    self.on_service_event(other).await?;
+                    self.on_service_event(service, other).await?;
                 }
                 Err(message) => self.warn(None, message).await?,
             }

@@ -11,26 +11,26 @@
 mod events;
 mod placement;
 mod resume;
+mod services;
 mod trial;
 mod update;
 
 pub use placement::Placer;
 use resume::retry_backoff;
+pub use services::{remote_class_args, restore_secrets, PASSPHRASE_VARIABLE, PASSWORD_VARIABLE};
+use services::{EnvironmentRecord, ServiceSlot, TaggedEvent};
 pub use trial::TrialSummary;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use knob_plugin_api::host::{
-    AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle,
-};
-use knob_plugin_api::service::ServiceEvent;
+use knob_plugin_api::host::{AssessorHandle, HostError, PluginRegistry, TunerHandle};
 use knob_plugin_api::{ComponentKind, Generated, Suggestion};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::config::{ExperimentConfig, TrainingServiceConfig};
+use crate::config::ExperimentConfig;
 use crate::store::{
     ExperimentState, ExperimentStatus, Store, StoreError, StoreEvent, StoreHandle, TrialStatus,
 };
@@ -49,6 +49,13 @@ pub enum ManagerError {
     Placement(String),
     #[error("training service {service}: {message}")]
     Service { service: String, message: String },
+    /// A password or passphrase a remote machine needs is not known (a resumed experiment whose
+    /// config file is gone).
+    #[error("{0}")]
+    MissingSecret(String),
+    /// Every environment is gone (hosts unreachable or lost) while trials wait.
+    #[error("{0}")]
+    NoEnvironment(String),
 }
 
 /// A snapshot for progress displays, published after every change.
@@ -65,6 +72,9 @@ pub struct Progress {
     pub elapsed: Duration,
     pub max_trial_number: Option<u64>,
     pub max_duration: Option<Duration>,
+    /// Warnings about environments (a host unreachable, lost, back), oldest first: what a
+    /// console shows as they come.
+    pub notices: std::sync::Arc<Vec<String>>,
 }
 
 /// Commands from outside the loop (Ctrl-C, the CLI, the HTTP API).
@@ -181,27 +191,10 @@ pub fn required_components(
     if let Some(assessor) = &config.assessor {
         components.push((ComponentKind::Assessor, assessor_name(assessor)?));
     }
-    components.push((
-        ComponentKind::TrainingService,
-        service_plugin(config)?.0.to_string(),
-    ));
-    Ok(components)
-}
-
-/// The training service to use for a config, or why there is none yet.
-fn service_plugin(config: &ExperimentConfig) -> Result<(&'static str, Value), ManagerError> {
-    match config.training_service.as_slice() {
-        // Local trials always run on the one local environment, so reuseMode changes nothing.
-        [TrainingServiceConfig::Local(_)] => Ok(("local", Value::Object(Default::default()))),
-        [other] => Err(ManagerError::Unsupported(format!(
-            "trainingService platform {} is not supported yet (only local is)",
-            other.platform()
-        ))),
-        _ => Err(ManagerError::Unsupported(
-            "a list of training services (hybrid mode) is not supported yet; use one local service"
-                .into(),
-        )),
+    for name in services::service_names(config) {
+        components.push((ComponentKind::TrainingService, name.to_string()));
     }
+    Ok(components)
 }
 
 struct Manager {
@@ -212,9 +205,14 @@ struct Manager {
     store: StoreHandle,
     tuner: TunerHandle,
     assessor: Option<AssessorHandle>,
-    service: TrainingServiceHandle,
+    /// One per configured platform, in config order; trials name theirs by index.
+    services: Vec<ServiceSlot>,
+    /// Every environment a service reported, by id, with its owner.
+    environments: BTreeMap<String, EnvironmentRecord>,
+    /// Environment warnings so far (see [`Progress::notices`]).
+    notices: std::sync::Arc<Vec<String>>,
     placer: Placer,
-    service_events: mpsc::UnboundedReceiver<Result<ServiceEvent, String>>,
+    service_events: mpsc::UnboundedReceiver<TaggedEvent>,
     /// Trials the service could not start: (trial id, why).
     start_failures: mpsc::UnboundedReceiver<(String, String)>,
     start_failures_tx: mpsc::UnboundedSender<(String, String)>,
@@ -274,28 +272,11 @@ impl Manager {
             )?),
             None => None,
         };
-        let (service_name, service_args) = service_plugin(&config)?;
-        let placer = Placer::for_local(&config).map_err(ManagerError::Placement)?;
+        let placer = Placer::new(&config).map_err(ManagerError::Placement)?;
         let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
-        let service = registry.training_service(service_name, &service_args, move |event| {
-            let _ = events_tx.send(event);
-        })?;
-        let service_error = |e: HostError| ManagerError::Service {
-            service: service_name.to_string(),
-            message: e.to_string(),
-        };
-        let environments = service.environments().get().await.map_err(service_error)?;
-        if !environments.iter().any(|e| e.ready) {
-            return Err(ManagerError::Service {
-                service: service_name.to_string(),
-                message: "no environment is ready to run trials".into(),
-            });
-        }
-        tuner
-            .update_search_space(config.search_space.clone())
-            .get()
-            .await?;
+        let services = services::start_services(&id, &config, registry, &events_tx).await?;
+        drop(events_tx);
 
         let started = Instant::now();
         let deadline = config.max_experiment_duration.map(|d| started + d);
@@ -307,7 +288,9 @@ impl Manager {
             store,
             tuner,
             assessor,
-            service,
+            services,
+            environments: BTreeMap::new(),
+            notices: Default::default(),
             placer,
             service_events,
             start_failures,
@@ -333,6 +316,15 @@ impl Manager {
             best: None,
             config,
         };
+        if let Err(e) = manager.register_environments().await {
+            services::shut_down(&manager.services).await;
+            return Err(e);
+        }
+        manager
+            .tuner
+            .update_search_space(manager.config.search_space.clone())
+            .get()
+            .await?;
         if let Some(history) = history {
             manager.restore(&history).await?;
         }
@@ -407,7 +399,7 @@ impl Manager {
                         self.on_service_events(batch).await?
                     }
                     None => return Err(ManagerError::Service {
-                        service: self.service.label().to_string(),
+                        service: self.services.iter().map(|slot| slot.platform).collect::<Vec<_>>().join(", "),
                         message: "stopped reporting events".into(),
                     }),
                 },
@@ -585,9 +577,15 @@ impl Manager {
         if trial.status.is_final() || trial.kill.is_some() {
             return Ok(());
         }
+        let Some(service) = trial.service.filter(|_| trial.launched) else {
+            // Never handed to a service: nothing runs, so it ends here.
+            return self
+                .end_trial(trial_id, status, Some(reason), None, None, String::new())
+                .await;
+        };
         trial.kill = Some((status, reason.clone()));
-        if let Err(e) = self
-            .service
+        if let Err(e) = self.services[service]
+            .handle
             .kill_trial(trial_id.to_string(), reason)
             .get()
             .await
@@ -700,6 +698,7 @@ impl Manager {
             other_ended: count(TrialStatus::UserCanceled)
                 + count(TrialStatus::SysCanceled)
                 + count(TrialStatus::EarlyStopped),
+            notices: self.notices.clone(),
         };
         self.progress.send_replace(progress);
     }
@@ -719,7 +718,7 @@ impl Manager {
                 .stop_all("the experiment failed", TrialStatus::SysCanceled)
                 .await;
         }
-        let _ = self.service.shutdown().get().await;
+        services::shut_down(&self.services).await;
         // Trials the service ended during shutdown without telling us are recorded as such.
         for trial_id in self.active_ids() {
             let (status, reason) = self.trials[&trial_id]

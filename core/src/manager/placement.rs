@@ -1,9 +1,11 @@
-//! GPU and resource placement for the manager: the local machine probed once at start, and
-//! gpu-sched deciding which waiting trial runs where.
+//! GPU and resource placement for the manager: the local machine probed by the core, remote
+//! environments as their services report them, and gpu-sched deciding which waiting trial runs
+//! where (and so which service starts it).
 
 use knob_gpu_sched::probe::LocalProbe;
 use knob_gpu_sched::{
-    ByteSize, EnvironmentLimits, Placement, Scheduler, SchedulerConfig, TrialId, TrialRequest,
+    ByteSize, Environment, EnvironmentId, EnvironmentLimits, EnvironmentStatus, Placement,
+    Scheduler, SchedulerConfig, TrialId, TrialRequest,
 };
 
 use std::time::Instant;
@@ -19,25 +21,29 @@ const MIB: u64 = 1024 * 1024;
 /// Owns the scheduler for one experiment.
 pub struct Placer {
     scheduler: Scheduler,
-    probe: LocalProbe,
-    limits: EnvironmentLimits,
+    /// This machine's probe and limits, when the config has a local service.
+    local: Option<(LocalProbe, EnvironmentLimits)>,
     request_template: TrialRequest,
 }
 
 impl Placer {
-    /// Probes this machine (NVML, or `KNOB_SIMULATE_GPUS`) and checks that a trial of this
-    /// config could ever be placed. The error is one line saying why not (for example that
-    /// there is no NVIDIA driver while `trialGpuNumber` is 1).
-    pub fn for_local(config: &ExperimentConfig) -> Result<Placer, String> {
-        let limits = match config.training_service.as_slice() {
-            [TrainingServiceConfig::Local(local)] => EnvironmentLimits {
-                gpu_indices: local.gpu_indices.clone(),
-                max_trial_number_per_gpu: local.max_trial_number_per_gpu.max(1),
-                use_active_gpu: local.use_active_gpu,
-                ..EnvironmentLimits::default()
-            },
-            _ => EnvironmentLimits::default(),
-        };
+    /// Probes this machine (NVML, or `KNOB_SIMULATE_GPUS`) when the config has a local service,
+    /// and checks that a trial of this config could ever be placed there. The error is one line
+    /// saying why not (for example that there is no NVIDIA driver while `trialGpuNumber` is 1).
+    /// Remote environments are added as their services report them ([`Placer::upsert`]).
+    pub fn new(config: &ExperimentConfig) -> Result<Placer, String> {
+        let local_limits = config
+            .training_service
+            .iter()
+            .find_map(|service| match service {
+                TrainingServiceConfig::Local(local) => Some(EnvironmentLimits {
+                    gpu_indices: local.gpu_indices.clone(),
+                    max_trial_number_per_gpu: local.max_trial_number_per_gpu.max(1),
+                    use_active_gpu: local.use_active_gpu,
+                    ..EnvironmentLimits::default()
+                }),
+                TrainingServiceConfig::Remote(_) => None,
+            });
         let scheduler = Scheduler::new(SchedulerConfig {
             trial_gpu_number: config.trial_gpu_number,
             trial_gpu_memory: config.trial_gpu_memory_mib.map(|mib| ByteSize(mib * MIB)),
@@ -45,28 +51,80 @@ impl Placer {
             trial_cpu_number: config.trial_cpu_number,
             policy: config.placement_policy,
         });
-        let probe = LocalProbe::new("local").map_err(|e| e.to_string())?;
+        let local = match local_limits {
+            Some(limits) => Some((
+                LocalProbe::new(LOCAL_ENVIRONMENT).map_err(|e| e.to_string())?,
+                limits,
+            )),
+            None => None,
+        };
         let request_template = TrialRequest::new("template");
         let mut placer = Placer {
             scheduler,
-            probe,
-            limits,
+            local,
             request_template,
         };
         placer.refresh(&|_| false)?;
-        placer.scheduler.check_request(&placer.request_template)?;
+        placer.check()?;
         Ok(placer)
     }
 
-    /// Probes the machine again (GPU memory and processes, CPU, memory). `is_trial_process`
-    /// tells which GPU processes belong to this experiment's trials, which are not foreign.
+    /// `Err(reason)` when no registered environment could ever take a trial of this config.
+    pub fn check(&self) -> Result<(), String> {
+        self.scheduler.check_request(&self.request_template)
+    }
+
+    /// Probes this machine again (GPU memory and processes, CPU, memory), if trials run on it.
+    /// `is_trial_process` tells which GPU processes belong to this experiment's trials, which
+    /// are not foreign.
     pub fn refresh(&mut self, is_trial_process: &dyn Fn(u32) -> bool) -> Result<(), String> {
-        for environment in self.probe.sample(is_trial_process) {
+        let Some((probe, limits)) = &mut self.local else {
+            return Ok(());
+        };
+        for environment in probe.sample(is_trial_process) {
             self.scheduler
-                .upsert_environment(environment.with_limits(self.limits.clone()))
+                .upsert_environment(environment.with_limits(limits.clone()))
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    /// Registers a remote environment as its service probed it (limits applied), or takes a
+    /// fresh probe of one; trials placed there keep what they hold.
+    pub fn upsert(&mut self, environment: Environment) -> Result<(), String> {
+        self.scheduler
+            .upsert_environment(environment)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Takes no new trial there until it is registered again; it still counts for whether a
+    /// trial could ever fit (it may come back).
+    pub fn set_unavailable(&mut self, environment: &str, reason: &str) {
+        // An environment never registered (unreachable from the start) has nothing to mark.
+        let _ = self.scheduler.set_environment_status(
+            &EnvironmentId::from(environment),
+            EnvironmentStatus::Unavailable(reason.to_string()),
+        );
+    }
+
+    /// Forgets an environment that is gone; what its trials held is released.
+    pub fn remove(&mut self, environment: &str) {
+        let _ = self
+            .scheduler
+            .remove_environment(&EnvironmentId::from(environment));
+    }
+
+    pub fn knows(&self, environment: &str) -> bool {
+        self.scheduler
+            .environment(&EnvironmentId::from(environment))
+            .is_some()
+    }
+
+    /// Whether any environment takes trials now or may again (registered and not draining).
+    pub fn has_environment(&self) -> bool {
+        self.scheduler
+            .environments()
+            .any(|environment| environment.status != EnvironmentStatus::Draining)
     }
 
     /// Places waiting trials, oldest first; returns each one's placement.
@@ -104,11 +162,20 @@ impl Manager {
         if waiting.is_empty() {
             return Ok(());
         }
+        if !self.placer.has_environment() {
+            return Err(ManagerError::NoEnvironment(self.no_environment_reason()));
+        }
         let placements = self.placer.place(&waiting);
         self.reprobe_at = None;
         for (trial_id, placement) in waiting.into_iter().zip(placements) {
             match placement {
-                Placement::Succeed { gpu_indices, .. } => self.launch(&trial_id, gpu_indices),
+                Placement::Succeed {
+                    environment,
+                    gpu_indices,
+                } => {
+                    self.launch(&trial_id, environment.as_str(), gpu_indices)
+                        .await?
+                }
                 Placement::RequireExceedTotal { reason } => {
                     self.end_trial(
                         &trial_id,
@@ -138,12 +205,33 @@ impl Manager {
         Ok(())
     }
 
-    pub(super) fn launch(&mut self, trial_id: &str, gpu_indices: Option<Vec<u32>>) {
+    /// Hands a placed trial to the service that owns its environment.
+    pub(super) async fn launch(
+        &mut self,
+        trial_id: &str,
+        environment: &str,
+        gpu_indices: Option<Vec<u32>>,
+    ) -> Result<(), ManagerError> {
+        let Some(service) = self.owner_of(environment) else {
+            // The scheduler only knows environments a service reported, so this is a bug; the
+            // trial waits for the next placement rather than the experiment failing.
+            self.placer.release(trial_id);
+            self.placer.remove(environment);
+            return self
+                .warn(
+                    Some(trial_id.to_string()),
+                    format!("placed on environment {environment}, which no training service owns; placing it again"),
+                )
+                .await;
+        };
         let trial = self
             .trials
             .get_mut(trial_id)
             .expect("placed trial is known");
         trial.launched = true;
+        trial.service = Some(service);
+        trial.environment = Some(environment.to_string());
+        trial.gpu_indices = gpu_indices.clone();
         // Each attempt writes its own files: a retried or resumed trial keeps the earlier
         // attempt's output apart.
         let attempt = trial.attempt + 1;
@@ -167,7 +255,7 @@ impl Manager {
             parameter_id: trial.parameter_id,
             parameter_label: trial.parameter_label.clone(),
             parameters: trial.parameters.clone(),
-            environment_id: "local".into(),
+            environment_id: environment.to_string(),
             command: self.config.trial_command.clone(),
             code_dir: self.config.trial_code_directory.clone(),
             trial_dir,
@@ -176,7 +264,7 @@ impl Manager {
         };
         // The loop does not wait for the process to be spawned (milliseconds on a busy machine):
         // its start arrives as a service event, a failure to start as a `StartFailed`.
-        let reply = self.service.start_trial(request);
+        let reply = self.services[service].handle.start_trial(request);
         let start_failures = self.start_failures_tx.clone();
         let trial_id = trial_id.to_string();
         tokio::spawn(async move {
@@ -185,5 +273,9 @@ impl Manager {
             }
         });
         self.publish(None);
+        Ok(())
     }
 }
+
+/// The id of this machine's environment (the local service's only one).
+pub(super) const LOCAL_ENVIRONMENT: &str = "local";

@@ -34,6 +34,14 @@ pub(super) struct Trial {
     pub pid: Option<u32>,
     /// Placed and handed to the training service (its start may not be reported yet).
     pub launched: bool,
+    /// The service (index into `Manager::services`), environment and GPUs of the attempt
+    /// launched last.
+    pub service: Option<usize>,
+    pub environment: Option<String>,
+    pub gpu_indices: Option<Vec<u32>>,
+    /// How many attempts were lost with their host and run again (bounded by
+    /// `MAX_HOST_LOSS_REQUEUES`).
+    pub host_losses: u32,
     /// A retry waits until then (backoff).
     pub not_before: Option<Instant>,
     /// Why it waits for resources, as last recorded.
@@ -64,6 +72,10 @@ impl Trial {
             status: TrialStatus::Waiting,
             attempt: 0,
             launched: false,
+            service: None,
+            environment: None,
+            gpu_indices: None,
+            host_losses: 0,
             pid: None,
             waiting_reason: None,
             not_before: None,

@@ -430,41 +430,46 @@ trainingService:
         text,
         &["trainingService"],
         expect![[r#"
-        trainingService:
-          - platform: local
-            useActiveGpu: true
-            maxTrialNumberPerGpu: 2
-            gpuIndices:
-              - 0
-              - 1
-            reuseMode: true
-          - platform: remote
-            machineList:
-              - host: a.example
-                port: 22
-                user: alice
-                password: null
-                sshKeyFile: null
-                sshPassphrase: null
+            trainingService:
+              - platform: local
                 useActiveGpu: true
                 maxTrialNumberPerGpu: 2
                 gpuIndices:
                   - 0
                   - 1
-                pythonPath: null
-              - host: b.example
-                port: 22
-                user: bob
-                password: null
-                sshKeyFile: null
-                sshPassphrase: null
-                useActiveGpu: false
-                maxTrialNumberPerGpu: 2
-                gpuIndices:
-                  - 3
-                pythonPath: null
-            reuseMode: true
-    "#]],
+                reuseMode: true
+              - platform: remote
+                machineList:
+                  - host: a.example
+                    port: 22
+                    user: alice
+                    password: null
+                    sshKeyFile: null
+                    sshPassphrase: null
+                    useActiveGpu: true
+                    maxTrialNumberPerGpu: 2
+                    gpuIndices:
+                      - 0
+                      - 1
+                    pythonPath: null
+                    acceptNewHostKey: false
+                  - host: b.example
+                    port: 22
+                    user: bob
+                    password: null
+                    sshKeyFile: null
+                    sshPassphrase: null
+                    useActiveGpu: false
+                    maxTrialNumberPerGpu: 2
+                    gpuIndices:
+                      - 3
+                    pythonPath: null
+                    acceptNewHostKey: false
+                reuseMode: true
+                knownHostsFile: null
+                hostLossTimeout: 60
+                agentRoot: null
+        "#]],
     );
 }
 
@@ -589,6 +594,7 @@ trainingService:
                 maxTrialNumberPerGpu: 1
                 gpuIndices: null
                 pythonPath: null
+                acceptNewHostKey: false
               - host: gpu.example.org
                 port: 2222
                 user: bob
@@ -599,7 +605,11 @@ trainingService:
                 maxTrialNumberPerGpu: 2
                 gpuIndices: null
                 pythonPath: /opt/py/bin
+                acceptNewHostKey: false
             reuseMode: true
+            knownHostsFile: null
+            hostLossTimeout: 60
+            agentRoot: null
     "#]]
     .assert_eq(&canonical);
 
@@ -635,26 +645,30 @@ trainingService:
         text,
         &["trainingService"],
         expect![[r#"
-        trainingService:
-          - platform: local
-            useActiveGpu: true
-            maxTrialNumberPerGpu: 1
-            gpuIndices: null
-            reuseMode: false
-          - platform: remote
-            machineList:
-              - host: h1
-                port: 22
-                user: u
-                password: null
-                sshKeyFile: null
-                sshPassphrase: null
-                useActiveGpu: false
+            trainingService:
+              - platform: local
+                useActiveGpu: true
                 maxTrialNumberPerGpu: 1
                 gpuIndices: null
-                pythonPath: null
-            reuseMode: false
-    "#]],
+                reuseMode: false
+              - platform: remote
+                machineList:
+                  - host: h1
+                    port: 22
+                    user: u
+                    password: null
+                    sshKeyFile: null
+                    sshPassphrase: null
+                    useActiveGpu: false
+                    maxTrialNumberPerGpu: 1
+                    gpuIndices: null
+                    pythonPath: null
+                    acceptNewHostKey: false
+                reuseMode: false
+                knownHostsFile: null
+                hostLossTimeout: 60
+                agentRoot: null
+        "#]],
     );
 }
 
@@ -1154,4 +1168,160 @@ fn truncated_configs_never_panic() {
         }
     }
     assert!(outcomes[0] > 100, "{outcomes:?}");
+}
+
+#[test]
+fn remote_knob_extensions_and_their_bad_values() {
+    let project = Project::new(&[("ssh/known_hosts", ""), ("ssh-folder/", "")]);
+    let good = "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 2
+tuner: {name: Random}
+trainingService:
+  platform: remote
+  knownHostsFile: ssh/known_hosts
+  hostLossTimeout: 2m
+  agentRoot: /scratch/knob
+  machineList:
+    - {host: h1, user: u, acceptNewHostKey: true}
+";
+    expect![[r#"
+        trainingService:
+          - platform: remote
+            machineList:
+              - host: h1
+                port: 22
+                user: u
+                password: null
+                sshKeyFile: null
+                sshPassphrase: null
+                useActiveGpu: false
+                maxTrialNumberPerGpu: 1
+                gpuIndices: null
+                pythonPath: null
+                acceptNewHostKey: true
+            reuseMode: true
+            knownHostsFile: $DIR/ssh/known_hosts
+            hostLossTimeout: 120
+            agentRoot: /scratch/knob
+    "#]]
+    .assert_eq(&only_fields(
+        &project.check("exp.yml", good),
+        &["trainingService"],
+    ));
+    // A known_hosts file that does not exist yet is fine when its folder does (acceptNewHostKey
+    // may create it).
+    let new_file = good.replace("ssh/known_hosts", "ssh/new_known_hosts");
+    assert!(project
+        .check("exp.yml", &new_file)
+        .contains("knownHostsFile: $DIR/ssh/new_known_hosts"));
+
+    let bad = "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 2
+tuner: {name: Random}
+trainingService:
+  - platform: remote
+    knownHostsFile: ssh-folder
+    hostLossTimeout: 0
+    agentRoot: ''
+    machineList:
+      - {host: h1, user: u, acceptNewHostKey: maybe}
+  - platform: local
+";
+    let bad_folder = bad.replace("ssh-folder", "missing/known_hosts");
+    expect![[r#"
+        $DIR/exp.yml:7:21: trainingService[0].knownHostsFile: "$DIR/ssh-folder" is a folder; name the known_hosts file itself
+        $DIR/exp.yml:8:22: trainingService[0].hostLossTimeout: must be positive, got 0
+        $DIR/exp.yml:9:16: trainingService[0].agentRoot: expected a non-empty string, got ""
+        $DIR/exp.yml:11:47: trainingService[0].machineList[0].acceptNewHostKey: expected true or false, got "maybe"
+    "#]]
+    .assert_eq(&project.check("exp.yml", bad));
+    expect![[r#"
+        $DIR/exp.yml:7:21: trainingService[0].knownHostsFile: the folder of "$DIR/missing/known_hosts" does not exist; create it or fix the path
+        $DIR/exp.yml:8:22: trainingService[0].hostLossTimeout: must be positive, got 0
+        $DIR/exp.yml:9:16: trainingService[0].agentRoot: expected a non-empty string, got ""
+        $DIR/exp.yml:11:47: trainingService[0].machineList[0].acceptNewHostKey: expected true or false, got "maybe"
+    "#]]
+    .assert_eq(&project.check("exp.yml", &bad_folder));
+}
+
+#[test]
+fn remote_class_args_reveal_secrets_only_in_memory_and_resume_restores_them() {
+    use knob_core::manager::{remote_class_args, restore_secrets};
+    let project = Project::new(&[("keys/id_ed25519", "not really a key")]);
+    let text = "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 2
+tuner: {name: Random}
+trainingService:
+  platform: remote
+  reuseMode: false
+  hostLossTimeout: 5s
+  machineList:
+    - {host: 10.0.0.2, user: alice, password: hunter2, gpuIndices: 1, pythonPath: /opt/py/bin}
+    - {host: gpu.example.org, port: 2222, user: bob, sshKeyFile: keys/id_ed25519, sshPassphrase: open sesame}
+    - {host: plain.example.org, user: carol, sshKeyFile: keys/id_ed25519}
+";
+    let config = project.load("exp.yml", text);
+    let TrainingServiceConfig::Remote(remote) = &config.training_service[0] else {
+        panic!("a remote service");
+    };
+    let args = remote_class_args("exp1", remote).unwrap();
+    assert_eq!(args["experimentId"], "exp1");
+    assert_eq!(args["reuseMode"], false);
+    assert_eq!(args["hostLossTimeoutSecs"], 5);
+    let machines = &args["machineList"];
+    assert_eq!(machines[0]["password"], "hunter2");
+    assert_eq!(machines[0]["gpuIndices"], serde_json::json!([1]));
+    assert_eq!(machines[0]["pythonPath"], "/opt/py/bin");
+    assert_eq!(machines[1]["sshPassphrase"], "open sesame");
+    assert_eq!(machines[1]["port"], 2222);
+    assert!(machines[2].get("password").is_none());
+
+    // What the store keeps, read back: the secrets are placeholders, and the service cannot be
+    // started until they are supplied again.
+    let stored: ExperimentConfig =
+        serde_json::from_value(serde_json::to_value(&config).unwrap()).unwrap();
+    let stored_text = serde_json::to_string(&stored).unwrap();
+    assert!(!stored_text.contains("hunter2") && !stored_text.contains("open sesame"));
+    let TrainingServiceConfig::Remote(stored_remote) = &stored.training_service[0] else {
+        panic!("a remote service");
+    };
+    let error = remote_class_args("exp1", stored_remote)
+        .unwrap_err()
+        .to_string();
+    expect![[r#"machineList[0] (alice@10.0.0.2:22): its SSH password is not known (knob never stores it); keep the original config file beside the experiment, or set KNOB_SSH_PASSWORD"#]]
+    .assert_eq(&error);
+
+    // From the original file: every secret comes back.
+    let mut from_file = stored.clone();
+    restore_secrets(&mut from_file, Some(&config), None, None);
+    assert_eq!(from_file, config);
+
+    // From the environment variables, when the file is gone.
+    let mut from_variables = stored.clone();
+    restore_secrets(&mut from_variables, None, Some("pw"), Some("phrase"));
+    let TrainingServiceConfig::Remote(restored) = &from_variables.training_service[0] else {
+        panic!("a remote service");
+    };
+    let args = remote_class_args("exp1", restored).unwrap();
+    assert_eq!(args["machineList"][0]["password"], "pw");
+    assert_eq!(args["machineList"][1]["sshPassphrase"], "phrase");
+    assert!(args["machineList"][2].get("password").is_none());
+
+    // A file that no longer names the machine gives nothing; the error names the machine.
+    let other = project.load("other.yml", &text.replace("10.0.0.2", "10.0.0.9"));
+    let mut partial = stored.clone();
+    restore_secrets(&mut partial, Some(&other), None, None);
+    let TrainingServiceConfig::Remote(partial) = &partial.training_service[0] else {
+        panic!("a remote service");
+    };
+    assert!(remote_class_args("exp1", partial)
+        .unwrap_err()
+        .to_string()
+        .starts_with("machineList[0] (alice@10.0.0.2:22)"));
 }
