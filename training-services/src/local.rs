@@ -8,23 +8,21 @@
 //! - `gracePeriodSecs` (number, default 5, at most 3600): how long a killed trial's process
 //!   group has between SIGTERM and SIGKILL.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest};
 use knob_plugin_api::{EventSink, PluginError, TrainingService};
 use serde_json::Value;
 
 use crate::metrics::Emit;
-use crate::nni_http::ChannelServer;
-use crate::runner::{start_trial, TrialError, TrialHandle, TrialHost};
-use crate::tail::FileWatcher;
+use crate::runner::TrialError;
+use crate::trial_pool::{PoolError, TrialPool};
 
 /// The id of the one environment.
 pub const ENVIRONMENT_ID: &str = "local";
 /// `NNI_PLATFORM` of local trials (it makes `nni` 2.x use the file channel).
-pub const PLATFORM: &str = "local";
+pub const PLATFORM: &str = crate::trial_pool::PLATFORM;
 
 const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
 const MAX_GRACE_PERIOD_SECS: f64 = 3600.0;
@@ -103,150 +101,94 @@ impl LocalArgs {
     }
 }
 
-type RunningTrials = Arc<(Mutex<HashMap<String, TrialHandle>>, Condvar)>;
-
-/// Runs trials on this machine. All work happens on its own tokio runtime; the trait methods
-/// only hand work to it, and return at once (except `shutdown`, which waits for the trials).
+/// Runs trials on this machine through a [`TrialPool`]. All work happens on the pool's tokio
+/// runtime; the trait methods only hand work to it, and return at once (except `shutdown`,
+/// which waits for the trials).
 pub struct LocalService {
-    runtime: Option<tokio::runtime::Runtime>,
-    host: Arc<TrialHost>,
+    pool: TrialPool,
     hostname: String,
-    running: RunningTrials,
-    shut_down: bool,
+    emit: Emit,
 }
 
 impl LocalService {
     /// Builds the service with events going to `emit` (what `TrainingService::new` does with
-    /// the host's event sink; tests and the knob-agent pass their own).
+    /// the host's event sink; tests pass their own).
     pub fn with_emitter(class_args: &Value, emit: Emit) -> Result<LocalService, LocalError> {
         let args = LocalArgs::parse(class_args)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("knob-local")
-            .enable_all()
-            .build()
-            .map_err(|source| LocalError::Startup {
-                what: "no async runtime",
-                source,
+        let pool = TrialPool::new("training service local", args.grace_period, emit.clone())
+            .map_err(|e| match e {
+                PoolError::Startup { what, source } => LocalError::Startup { what, source },
+                other => LocalError::Startup {
+                    what: "cannot start",
+                    source: std::io::Error::other(other.to_string()),
+                },
             })?;
-        let channels =
-            ChannelServer::start(runtime.handle()).map_err(|source| LocalError::Startup {
-                what: "cannot listen on 127.0.0.1 for the NNI trial channel",
-                source,
-            })?;
-        let watcher = FileWatcher::new();
-        if let Some(why) = watcher.unavailable() {
-            knob_plugin_api::log::warn(&format!(
-                "training service local: metric files are polled every {} ms, not watched ({why})",
-                crate::tail::POLL_INTERVAL.as_millis()
-            ));
-        }
         let hostname = nix::unistd::gethostname()
             .map(|name| name.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "localhost".to_string());
         Ok(LocalService {
-            runtime: Some(runtime),
-            host: Arc::new(TrialHost {
-                platform: PLATFORM.to_string(),
-                grace_period: args.grace_period,
-                channels: Arc::new(channels),
-                watcher: Arc::new(watcher),
-                emit,
-            }),
+            pool,
             hostname,
-            running: Arc::default(),
-            shut_down: false,
+            emit,
         })
     }
 
     /// Where the NNI v3 channel listens (127.0.0.1 and an ephemeral port).
     pub fn channel_address(&self) -> std::net::SocketAddr {
-        self.host.channels.address()
+        self.pool.channel_address()
     }
 
     pub fn environment(&self) -> Environment {
         Environment {
             id: ENVIRONMENT_ID.to_string(),
             host: self.hostname.clone(),
-            ready: !self.shut_down,
+            ready: !self.pool.is_shut_down(),
             inventory: Value::Null,
         }
     }
 
     /// Starts a trial. On `Err` nothing was started and no event follows for it.
     pub fn start(&mut self, request: &TrialRequest) -> Result<(), LocalError> {
-        let runtime = match &self.runtime {
-            Some(runtime) if !self.shut_down => runtime,
-            _ => return Err(LocalError::ShutDown),
-        };
+        if self.pool.is_shut_down() {
+            return Err(LocalError::ShutDown);
+        }
         if request.environment_id != ENVIRONMENT_ID {
             return Err(LocalError::UnknownEnvironment(
                 request.environment_id.clone(),
             ));
         }
-        let mut trials = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
-        if trials.contains_key(&request.trial_id) {
-            return Err(LocalError::DuplicateTrial(request.trial_id.clone()));
-        }
-        let running = self.running.clone();
-        let trial_id = request.trial_id.clone();
-        let on_finished = Box::new(move || {
-            let (trials, ended) = &*running;
-            trials
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&trial_id);
-            ended.notify_all();
-        });
-        // The map stays locked until the handle is in it, so `on_finished` cannot run first.
-        let handle = start_trial(&self.host, runtime.handle(), request, on_finished)?;
-        trials.insert(request.trial_id.clone(), handle);
-        Ok(())
+        self.pool.start(request).map_err(|e| match e {
+            PoolError::DuplicateTrial(id) => LocalError::DuplicateTrial(id),
+            PoolError::ShutDown => LocalError::ShutDown,
+            PoolError::Trial(e) => LocalError::Trial(e),
+            PoolError::Startup { what, source } => LocalError::Startup { what, source },
+        })
     }
 
     /// Stops a running trial; a trial that is not running (already ended) is left alone.
     pub fn kill(&mut self, trial_id: &str, reason: &str) {
-        let trials = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
-        match trials.get(trial_id) {
-            Some(handle) => handle.kill(reason),
-            None => knob_plugin_api::log::debug(&format!(
+        if !self.pool.kill(trial_id, reason) {
+            knob_plugin_api::log::debug(&format!(
                 "training service local: kill of trial {trial_id} ignored, it is not running"
-            )),
+            ));
         }
     }
 
     /// Kills every running trial and waits until each has ended (its `TrialEnded` emitted),
     /// at most the grace period and a few seconds more; then closes the HTTP channel.
     pub fn stop(&mut self) {
-        if self.shut_down {
+        if self.pool.is_shut_down() {
             return;
         }
-        self.shut_down = true;
-        let (trials, ended) = &*self.running;
-        let mut trials = trials.lock().unwrap_or_else(|p| p.into_inner());
-        for handle in trials.values() {
-            handle.kill("the training service is shutting down");
+        let left = self.pool.stop("the training service is shutting down");
+        if !left.is_empty() {
+            (self.emit)(ServiceEvent::Warning {
+                trial_id: None,
+                message: format!(
+                    "training service local stopped before these trials were seen to end: {left:?}"
+                ),
+            });
         }
-        let deadline = Instant::now() + self.host.grace_period * 2 + Duration::from_secs(5);
-        while !trials.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                let ids: Vec<&String> = trials.keys().collect();
-                (self.host.emit)(ServiceEvent::Warning {
-                    trial_id: None,
-                    message: format!(
-                        "training service local stopped before these trials were seen to end: {ids:?}"
-                    ),
-                });
-                break;
-            }
-            trials = ended
-                .wait_timeout(trials, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        drop(trials);
-        self.host.channels.close();
     }
 }
 
@@ -277,11 +219,9 @@ impl TrainingService for LocalService {
 
 impl Drop for LocalService {
     fn drop(&mut self) {
-        // Trials never outlive the service that started them.
+        // Trials never outlive the service that started them (the pool's drop shuts its
+        // runtime down after this).
         self.stop();
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(Duration::from_secs(1));
-        }
     }
 }
 

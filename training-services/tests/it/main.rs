@@ -1,5 +1,6 @@
 //! Integration tests of knob-training-services: real processes, real sockets, bounded waits.
 
+mod agent;
 mod bad_input;
 mod code_archive;
 mod lifecycle;

@@ -1,0 +1,695 @@
+//! `knob-agent serve --dir D`: the long-lived daemon of one experiment's environment on a host.
+//!
+//! One task owns all the state (the event log, the current client, the probe) and reacts to
+//! inputs: a new connection, a message or the loss of a client, an event from a trial, the end
+//! of blocking work (a start, a probe, killing trials), and deadlines (heartbeat, orphan
+//! timeout, the next probe). Blocking work runs on tokio's blocking pool and reports back.
+//!
+//! Architecture invariant: every `ServiceEvent` gets the next `seq` and enters the log before
+//! it is sent; a client that has been welcomed gets the log's events after its `last_seq` and
+//! then every new one, in order, each exactly once per connection.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use knob_gpu_sched::probe::{process_group_of, LocalProbe};
+use knob_plugin_api::service::{ServiceEvent, TrialRequest};
+use serde_json::Value;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixListener;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::event_log::EventLog;
+use super::{socket_path, AgentError, AGENT_VERSION, INVENTORY_INTERVAL, LOCK_FILE_NAME};
+use crate::agent_protocol::{
+    read_frame_async, write_frame_async, FrameError, FromAgent, ToAgent, HEARTBEAT_TIMEOUT,
+    PROTOCOL_VERSION,
+};
+use crate::metrics::Emit;
+use crate::trial_pool::{PoolError, TrialPool};
+
+/// How the daemon behaves; the defaults are the protocol's, tests shorten them.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub dir: PathBuf,
+    /// No client for this long: kill every trial and exit.
+    pub orphan_timeout: Duration,
+    /// A client silent for this long is dropped (its trials keep running).
+    pub heartbeat_timeout: Duration,
+    /// SIGTERM to SIGKILL for a killed trial.
+    pub grace_period: Duration,
+}
+
+impl ServeOptions {
+    pub fn new(dir: PathBuf) -> ServeOptions {
+        ServeOptions {
+            dir,
+            orphan_timeout: super::DEFAULT_ORPHAN_TIMEOUT,
+            heartbeat_timeout: HEARTBEAT_TIMEOUT,
+            grace_period: Duration::from_secs(5),
+        }
+    }
+}
+
+macro_rules! say {
+    ($($arg:tt)*) => {
+        eprintln!("knob-agent[{}] {}", std::process::id(), format_args!($($arg)*))
+    };
+}
+
+/// Runs the daemon until it is told to shut down or its manager is gone.
+pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
+    let dir = &options.dir;
+    std::fs::create_dir_all(dir).map_err(AgentError::io("cannot create", dir))?;
+    let lock_path = dir.join(LOCK_FILE_NAME);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(AgentError::io("cannot open", &lock_path))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(AgentError::AlreadyServing { dir: dir.clone() })
+        }
+        Err(std::fs::TryLockError::Error(source)) => {
+            return Err(AgentError::Io {
+                what: "cannot lock",
+                path: lock_path,
+                source,
+            })
+        }
+    }
+    let _ = std::fs::write(&lock_path, format!("{}\n", std::process::id()));
+
+    let (event_sender, events) = unbounded_channel();
+    let emit: Emit = Arc::new(move |event: ServiceEvent| {
+        let _ = event_sender.send(event);
+    });
+    let pool = Arc::new(TrialPool::new("knob-agent", options.grace_period, emit)?);
+    let socket = socket_path(dir);
+    // The lock is ours, so a socket file left here belongs to a daemon that is gone.
+    let _ = std::fs::remove_file(&socket);
+    let listener = {
+        let _runtime = pool.runtime().enter();
+        UnixListener::bind(&socket).map_err(AgentError::io("cannot listen on", &socket))?
+    };
+    say!(
+        "serving {} (protocol {PROTOCOL_VERSION}, orphan timeout {} s)",
+        socket.display(),
+        options.orphan_timeout.as_secs()
+    );
+    let runtime = pool.runtime().clone();
+    let (inputs_sender, inputs) = unbounded_channel();
+    let daemon = Daemon {
+        options: options.clone(),
+        pool: pool.clone(),
+        log: EventLog::default(),
+        client: None,
+        next_client_id: 1,
+        environment_id: None,
+        probe: Arc::new(Mutex::new(None)),
+        probing: false,
+        inputs_sender,
+        no_client_since: Some(Instant::now()),
+        next_probe_at: None,
+    };
+    runtime.block_on(daemon.run(listener, inputs, events));
+    let _ = std::fs::remove_file(&socket);
+    drop(pool);
+    drop(lock);
+    say!("exited");
+    Ok(())
+}
+
+/// What the daemon's task reacts to, besides connections and trial events.
+enum Input {
+    Message(u64, ToAgent),
+    Gone(u64, String),
+    /// A hello's blocking part is done (leftover trials killed for a fresh start, host probed).
+    HelloReady {
+        client: u64,
+        last_seq: u64,
+        inventory: Result<Value, String>,
+    },
+    Replied {
+        id: u64,
+        error: Option<String>,
+    },
+    Probed(Result<Value, String>),
+    /// Every trial was killed for a shutdown.
+    ShutdownDone,
+}
+
+struct Client {
+    id: u64,
+    outgoing: UnboundedSender<FromAgent>,
+    reader: JoinHandle<()>,
+    /// Runs until the sender is dropped and the queue is written out.
+    writer: Option<JoinHandle<()>>,
+    /// Welcomed: events stream to it.
+    welcomed: bool,
+    /// A hello is being answered.
+    greeting: bool,
+    /// Messages that came after the hello but before the welcome, handled after it.
+    held: Vec<ToAgent>,
+    last_heard: Instant,
+}
+
+impl Client {
+    fn send(&self, message: FromAgent) {
+        let _ = self.outgoing.send(message);
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // The writer ends once the sender is gone (after what was queued), which closes the
+        // write half; the reader is stopped here, which closes the read half.
+        self.reader.abort();
+    }
+}
+
+struct Daemon {
+    options: ServeOptions,
+    pool: Arc<TrialPool>,
+    log: EventLog,
+    client: Option<Client>,
+    next_client_id: u64,
+    environment_id: Option<String>,
+    probe: Arc<Mutex<Option<LocalProbe>>>,
+    probing: bool,
+    inputs_sender: UnboundedSender<Input>,
+    no_client_since: Option<Instant>,
+    next_probe_at: Option<Instant>,
+}
+
+enum Step {
+    Continue,
+    Exit,
+}
+
+impl Daemon {
+    async fn run(
+        mut self,
+        listener: UnixListener,
+        mut inputs: UnboundedReceiver<Input>,
+        mut events: UnboundedReceiver<ServiceEvent>,
+    ) {
+        loop {
+            let deadline = self.next_deadline();
+            let step = tokio::select! {
+                accepted = listener.accept() => {
+                    match accepted {
+                        Ok((stream, _)) => {
+                            let (read, write) = stream.into_split();
+                            self.connect(read, write);
+                        }
+                        Err(e) => say!("accept failed: {e}"),
+                    }
+                    Step::Continue
+                }
+                Some(input) = inputs.recv() => self.on_input(input, &mut events).await,
+                Some(event) = events.recv() => {
+                    self.on_event(event);
+                    Step::Continue
+                }
+                _ = tokio::time::sleep_until(deadline) => self.on_deadline(),
+            };
+            if let Step::Exit = step {
+                return;
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Instant {
+        let mut deadline = Instant::now() + Duration::from_secs(3600);
+        if let Some(since) = self.no_client_since {
+            deadline = deadline.min(since + self.options.orphan_timeout);
+        }
+        if let Some(client) = &self.client {
+            deadline = deadline.min(client.last_heard + self.options.heartbeat_timeout);
+        }
+        if let Some(at) = self.next_probe_at {
+            deadline = deadline.min(at);
+        }
+        deadline
+    }
+
+    fn connect(&mut self, read: OwnedReadHalf, write: OwnedWriteHalf) {
+        let id = self.next_client_id;
+        self.next_client_id += 1;
+        if let Some(old) = self.client.take() {
+            say!("client {} replaced by client {id}", old.id);
+        } else {
+            say!("client {id} connected");
+        }
+        let (outgoing, queued) = unbounded_channel();
+        let reader = tokio::spawn(read_client(id, read, self.inputs_sender.clone()));
+        let writer = tokio::spawn(write_client(write, queued));
+        self.client = Some(Client {
+            id,
+            outgoing,
+            reader,
+            writer: Some(writer),
+            welcomed: false,
+            greeting: false,
+            held: Vec::new(),
+            last_heard: Instant::now(),
+        });
+        self.no_client_since = None;
+    }
+
+    fn drop_client(&mut self, why: &str) {
+        if let Some(client) = self.client.take() {
+            say!("client {} dropped: {why}", client.id);
+            self.no_client_since = Some(Instant::now());
+        }
+    }
+
+    fn current(&mut self, id: u64) -> Option<&mut Client> {
+        self.client.as_mut().filter(|c| c.id == id)
+    }
+
+    async fn on_input(
+        &mut self,
+        input: Input,
+        events: &mut UnboundedReceiver<ServiceEvent>,
+    ) -> Step {
+        match input {
+            Input::Message(id, message) => {
+                let Some(client) = self.current(id) else {
+                    return Step::Continue;
+                };
+                client.last_heard = Instant::now();
+                if client.welcomed {
+                    return self.on_message(message);
+                }
+                match message {
+                    ToAgent::Hello { .. } if !client.greeting => self.on_hello(id, message),
+                    ToAgent::Ping { nonce } => client.send(FromAgent::Pong { nonce }),
+                    other if client.greeting => client.held.push(other),
+                    _ => {
+                        client.send(FromAgent::Refused {
+                            message: "the first message must be a hello".to_string(),
+                        });
+                        self.drop_client("its first message was not a hello");
+                    }
+                }
+            }
+            Input::Gone(id, why) => {
+                if self.current(id).is_some() {
+                    self.drop_client(&why);
+                }
+            }
+            Input::HelloReady {
+                client,
+                last_seq,
+                inventory,
+            } => return self.welcome(client, last_seq, inventory, events),
+            Input::Replied { id, error } => {
+                if let Some(client) = &self.client {
+                    client.send(FromAgent::Reply { id, error });
+                }
+            }
+            Input::Probed(inventory) => {
+                self.probing = false;
+                match inventory {
+                    Ok(inventory) => {
+                        if let Some(client) = self.client.as_ref().filter(|c| c.welcomed) {
+                            client.send(FromAgent::Inventory { inventory });
+                        }
+                    }
+                    Err(why) => say!("probing the host failed: {why}"),
+                }
+            }
+            Input::ShutdownDone => {
+                while let Ok(event) = events.try_recv() {
+                    self.on_event(event);
+                }
+                if let Some(mut client) = self.client.take() {
+                    let writer = client.writer.take();
+                    // Dropping the client drops its sender: the writer writes what is queued
+                    // (the trials' ends), closes the connection and ends.
+                    drop(client);
+                    if let Some(writer) = writer {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+                    }
+                }
+                say!("shut down on request");
+                return Step::Exit;
+            }
+        }
+        Step::Continue
+    }
+
+    /// Starts answering a hello: the version check now, the rest (killing leftovers for a fresh
+    /// start, probing the host) off the task.
+    fn on_hello(&mut self, id: u64, hello: ToAgent) {
+        let ToAgent::Hello {
+            protocol,
+            experiment_id,
+            environment_id,
+            last_seq,
+            fresh_start,
+        } = hello
+        else {
+            return;
+        };
+        if protocol != PROTOCOL_VERSION {
+            if let Some(client) = self.current(id) {
+                client.send(FromAgent::Refused {
+                    message: format!(
+                        "knob-agent {AGENT_VERSION} on this host speaks agent protocol {PROTOCOL_VERSION}, the service speaks {protocol}; upload the knob-agent built with this knob"
+                    ),
+                });
+            }
+            self.drop_client("protocol version mismatch");
+            return;
+        }
+        say!(
+            "hello from client {id}: experiment {experiment_id}, environment {environment_id}, last seq {last_seq}{}",
+            if fresh_start { ", fresh start" } else { "" }
+        );
+        if let Some(client) = self.current(id) {
+            client.greeting = true;
+        }
+        let probe_again = self.environment_id.as_deref() != Some(environment_id.as_str());
+        self.environment_id = Some(environment_id.clone());
+        let pool = self.pool.clone();
+        let probe = self.probe.clone();
+        let inputs = self.inputs_sender.clone();
+        tokio::task::spawn_blocking(move || {
+            if fresh_start {
+                let left = pool.kill_all_and_wait(
+                    "a new manager started the experiment's service again; trials of the previous one are stopped",
+                );
+                if !left.is_empty() {
+                    say!("trials not seen to end after a fresh-start kill: {left:?}");
+                }
+            }
+            if probe_again {
+                *probe.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+            let inventory = probe_host(&probe, &environment_id, &pool);
+            let _ = inputs.send(Input::HelloReady {
+                client: id,
+                last_seq: if fresh_start { u64::MAX } else { last_seq },
+                inventory,
+            });
+        });
+    }
+
+    fn welcome(
+        &mut self,
+        id: u64,
+        last_seq: u64,
+        inventory: Result<Value, String>,
+        events: &mut UnboundedReceiver<ServiceEvent>,
+    ) -> Step {
+        // Everything the trials reported so far is in the log before the replay is cut.
+        while let Ok(event) = events.try_recv() {
+            self.on_event(event);
+        }
+        let fresh_start = last_seq == u64::MAX;
+        if fresh_start {
+            self.log.clear();
+        }
+        let inventory = match inventory {
+            Ok(inventory) => inventory,
+            Err(why) => {
+                if let Some(client) = self.current(id) {
+                    client.send(FromAgent::Refused {
+                        message: format!("knob-agent cannot describe this host: {why}"),
+                    });
+                }
+                self.drop_client("the host could not be probed");
+                return Step::Continue;
+            }
+        };
+        let dropped = self.log.take_dropped();
+        if dropped > 0 {
+            self.log.push(ServiceEvent::Warning {
+                trial_id: None,
+                message: format!(
+                    "knob-agent dropped the {dropped} oldest events it held for the service while it was away (at most {} are kept)",
+                    super::event_log::MAX_BUFFERED_EVENTS
+                ),
+            });
+        }
+        let replay = self
+            .log
+            .resume_after(if fresh_start { 0 } else { last_seq });
+        let running: Vec<String> = self.pool.running().into_iter().map(|(id, _)| id).collect();
+        let hostname = hostname();
+        let Some(client) = self.current(id) else {
+            return Step::Continue;
+        };
+        client.send(FromAgent::Welcome {
+            protocol: PROTOCOL_VERSION,
+            agent_version: AGENT_VERSION.to_string(),
+            hostname,
+            pid: std::process::id(),
+            inventory,
+            running,
+        });
+        say!("client {id} welcomed; replaying {} events", replay.len());
+        for (seq, event) in replay {
+            client.send(FromAgent::Event { seq, event });
+        }
+        client.welcomed = true;
+        client.greeting = false;
+        let held = std::mem::take(&mut client.held);
+        self.schedule_probe();
+        for message in held {
+            if let Step::Exit = self.on_message(message) {
+                return Step::Exit;
+            }
+        }
+        Step::Continue
+    }
+
+    /// A message from the welcomed client.
+    fn on_message(&mut self, message: ToAgent) -> Step {
+        let Some(client) = &self.client else {
+            return Step::Continue;
+        };
+        match message {
+            ToAgent::Hello { .. } => {
+                client.send(FromAgent::Refused {
+                    message: "a second hello on the same connection; reconnect instead".to_string(),
+                });
+                self.drop_client("a second hello");
+            }
+            ToAgent::Ping { nonce } => client.send(FromAgent::Pong { nonce }),
+            ToAgent::Ack { seq } => self.log.ack(seq),
+            ToAgent::Start {
+                id,
+                request,
+                fresh_code_copy,
+            } => {
+                let pool = self.pool.clone();
+                let inputs = self.inputs_sender.clone();
+                tokio::task::spawn_blocking(move || {
+                    let error = start(&pool, *request, fresh_code_copy).err();
+                    let _ = inputs.send(Input::Replied { id, error });
+                });
+                self.schedule_probe();
+            }
+            ToAgent::Kill {
+                id,
+                trial_id,
+                reason,
+            } => {
+                let error = (!self.pool.kill(&trial_id, &reason)).then(|| {
+                    format!("trial {trial_id} is not running on this host (it may have just ended)")
+                });
+                client.send(FromAgent::Reply { id, error });
+            }
+            ToAgent::Shutdown => {
+                say!("shutdown requested: killing every trial");
+                let pool = self.pool.clone();
+                let inputs = self.inputs_sender.clone();
+                tokio::task::spawn_blocking(move || {
+                    let left = pool.stop("experiment stopped");
+                    if !left.is_empty() {
+                        say!("trials not seen to end at shutdown: {left:?}");
+                    }
+                    let _ = inputs.send(Input::ShutdownDone);
+                });
+            }
+        }
+        Step::Continue
+    }
+
+    fn on_event(&mut self, event: ServiceEvent) {
+        let ended = matches!(event, ServiceEvent::TrialEnded { .. });
+        let seq = self.log.push(event.clone());
+        if let Some(client) = self.client.as_ref().filter(|c| c.welcomed) {
+            client.send(FromAgent::Event { seq, event });
+        }
+        if ended {
+            // The host changed (a GPU was freed): the service hears of it at once.
+            self.next_probe_at = Some(Instant::now());
+        }
+    }
+
+    fn on_deadline(&mut self) -> Step {
+        let now = Instant::now();
+        if let Some(since) = self.no_client_since {
+            if now >= since + self.options.orphan_timeout {
+                say!(
+                    "no service connected for {} s: the manager is gone; killing every trial",
+                    self.options.orphan_timeout.as_secs()
+                );
+                let left = self.pool.stop(&format!(
+                    "knob-agent: no manager connected for {} s",
+                    self.options.orphan_timeout.as_secs()
+                ));
+                if !left.is_empty() {
+                    say!("trials not seen to end: {left:?}");
+                }
+                return Step::Exit;
+            }
+        }
+        if let Some(client) = &self.client {
+            if now >= client.last_heard + self.options.heartbeat_timeout {
+                let secs = self.options.heartbeat_timeout.as_secs();
+                self.drop_client(&format!("silent for {secs} s"));
+            }
+        }
+        if self.next_probe_at.is_some_and(|at| now >= at) {
+            self.next_probe_at = None;
+            self.probe_now();
+        }
+        Step::Continue
+    }
+
+    /// Probes again within [`INVENTORY_INTERVAL`] (sooner if already due).
+    fn schedule_probe(&mut self) {
+        let at = Instant::now() + INVENTORY_INTERVAL;
+        self.next_probe_at = Some(self.next_probe_at.map_or(at, |t| t.min(at)));
+    }
+
+    fn probe_now(&mut self) {
+        let Some(environment_id) = self.environment_id.clone() else {
+            return;
+        };
+        if !self.pool.running().is_empty() {
+            self.schedule_probe();
+        }
+        if self.probing || !self.client.as_ref().is_some_and(|c| c.welcomed) {
+            return;
+        }
+        self.probing = true;
+        let pool = self.pool.clone();
+        let probe = self.probe.clone();
+        let inputs = self.inputs_sender.clone();
+        tokio::task::spawn_blocking(move || {
+            let inventory = probe_host(&probe, &environment_id, &pool);
+            let _ = inputs.send(Input::Probed(inventory));
+        });
+    }
+}
+
+/// Starts a trial; the reply's error on failure.
+fn start(pool: &TrialPool, mut request: TrialRequest, fresh_code_copy: bool) -> Result<(), String> {
+    if fresh_code_copy {
+        if !request.code_dir.is_dir() {
+            return Err(format!(
+                "trial {}: code directory {} does not exist on this host; upload the code first",
+                request.trial_id,
+                request.code_dir.display()
+            ));
+        }
+        let copy = request.trial_dir.join("code");
+        if copy.exists() {
+            std::fs::remove_dir_all(&copy).map_err(|e| {
+                format!(
+                    "trial {}: cannot clear {}: {e}",
+                    request.trial_id,
+                    copy.display()
+                )
+            })?;
+        }
+        super::copy_tree(&request.code_dir, &copy).map_err(|e| {
+            format!(
+                "trial {}: cannot copy its code into its own directory: {e}",
+                request.trial_id
+            )
+        })?;
+        request.code_dir = copy;
+    }
+    pool.start(&request).map_err(|e| match e {
+        PoolError::ShutDown => "knob-agent is shutting down; no trial can start".to_string(),
+        other => other.to_string(),
+    })
+}
+
+/// The host as gpu-sched describes it, under the service's environment id.
+fn probe_host(
+    probe: &Mutex<Option<LocalProbe>>,
+    environment_id: &str,
+    pool: &TrialPool,
+) -> Result<Value, String> {
+    let mut probe = probe.lock().unwrap_or_else(|p| p.into_inner());
+    if probe.is_none() {
+        *probe = Some(LocalProbe::new(environment_id).map_err(|e| e.to_string())?);
+    }
+    let probe = probe.as_mut().expect("set just above");
+    let groups: Vec<u32> = pool
+        .running()
+        .into_iter()
+        .filter_map(|(_, pid)| pid)
+        .collect();
+    let is_trial = |pid: u32| process_group_of(pid).is_some_and(|group| groups.contains(&group));
+    let mut environments = probe.sample(&is_trial);
+    if environments.is_empty() {
+        return Err("the probe found no environment".to_string());
+    }
+    // A simulated spec may name several environments; a host is one.
+    let mut environment = environments.swap_remove(0);
+    environment.id = environment_id.into();
+    environment.host = hostname();
+    serde_json::to_value(&environment).map_err(|e| e.to_string())
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
+async fn read_client(id: u64, mut read: OwnedReadHalf, inputs: UnboundedSender<Input>) {
+    loop {
+        match read_frame_async::<ToAgent>(&mut read).await {
+            Ok(message) => {
+                if inputs.send(Input::Message(id, message)).is_err() {
+                    return;
+                }
+            }
+            Err(error) => {
+                let why = match error {
+                    FrameError::Closed => "it closed the connection".to_string(),
+                    other => format!("{other}; connection closed"),
+                };
+                let _ = inputs.send(Input::Gone(id, why));
+                return;
+            }
+        }
+    }
+}
+
+async fn write_client(mut write: OwnedWriteHalf, mut queued: UnboundedReceiver<FromAgent>) {
+    use tokio::io::AsyncWriteExt;
+    while let Some(message) = queued.recv().await {
+        if write_frame_async(&mut write, &message).await.is_err() {
+            return;
+        }
+    }
+    let _ = write.shutdown().await;
+}

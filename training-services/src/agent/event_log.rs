@@ -1,0 +1,136 @@
+//! The daemon's numbered, unacknowledged events: what a re-attaching service gets replayed.
+
+use std::collections::VecDeque;
+
+use knob_plugin_api::service::ServiceEvent;
+
+/// Unacknowledged events kept at most; beyond this the oldest are dropped (and the next
+/// client is told how many), so a manager that never comes back cannot exhaust the host's
+/// memory before the orphan timeout ends the daemon.
+pub const MAX_BUFFERED_EVENTS: usize = 200_000;
+
+/// Events numbered 1, 2, 3, ... for the daemon's life; kept until acknowledged.
+#[derive(Debug)]
+pub struct EventLog {
+    next_seq: u64,
+    buffer: VecDeque<(u64, ServiceEvent)>,
+    capacity: usize,
+    dropped: u64,
+}
+
+impl Default for EventLog {
+    fn default() -> Self {
+        EventLog::with_capacity(MAX_BUFFERED_EVENTS)
+    }
+}
+
+impl EventLog {
+    pub fn with_capacity(capacity: usize) -> EventLog {
+        EventLog {
+            next_seq: 1,
+            buffer: VecDeque::new(),
+            capacity: capacity.max(1),
+            dropped: 0,
+        }
+    }
+
+    /// Numbers and keeps an event; returns its seq.
+    pub fn push(&mut self, event: ServiceEvent) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if self.buffer.len() == self.capacity {
+            self.buffer.pop_front();
+            self.dropped += 1;
+        }
+        self.buffer.push_back((seq, event));
+        seq
+    }
+
+    /// Drops events up to and including `seq`: the service has them.
+    pub fn ack(&mut self, seq: u64) {
+        while self.buffer.front().is_some_and(|(s, _)| *s <= seq) {
+            self.buffer.pop_front();
+        }
+    }
+
+    /// Forgets every buffered event (a fresh start); numbering goes on.
+    pub fn clear(&mut self) {
+        self.buffer.clear();
+        self.dropped = 0;
+    }
+
+    /// Prepares a replay for a service that has seen events up to `last_seq`: returns the
+    /// buffered events after it. A `last_seq` at or beyond this daemon's numbering means the
+    /// service numbered events of an earlier daemon (this one was restarted): numbering then
+    /// continues after `last_seq`, so the service never sees a seq twice.
+    pub fn resume_after(&mut self, last_seq: u64) -> Vec<(u64, ServiceEvent)> {
+        if last_seq >= self.next_seq {
+            // The buffered events are the ones the service lacks: they follow `last_seq`.
+            let first = self.buffer.front().map_or(self.next_seq, |(seq, _)| *seq);
+            let shift = last_seq + 1 - first;
+            for (seq, _) in &mut self.buffer {
+                *seq += shift;
+            }
+            self.next_seq += shift;
+            return self.buffer.iter().cloned().collect();
+        }
+        self.buffer
+            .iter()
+            .filter(|(seq, _)| *seq > last_seq)
+            .cloned()
+            .collect()
+    }
+
+    /// How many events were dropped since the last call (the buffer was full).
+    pub fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
+
+    pub fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn warning(text: &str) -> ServiceEvent {
+        ServiceEvent::Warning {
+            trial_id: None,
+            message: text.to_string(),
+        }
+    }
+
+    fn seqs(events: &[(u64, ServiceEvent)]) -> Vec<u64> {
+        events.iter().map(|(s, _)| *s).collect()
+    }
+
+    #[test]
+    fn replay_ack_and_restarted_numbering() {
+        let mut log = EventLog::with_capacity(3);
+        for name in ["a", "b", "c"] {
+            log.push(warning(name));
+        }
+        assert_eq!(seqs(&log.resume_after(1)), [2, 3]);
+        log.ack(2);
+        assert_eq!(seqs(&log.resume_after(0)), [3]);
+        // Full: the oldest goes, and is counted.
+        log.push(warning("d"));
+        log.push(warning("e"));
+        log.push(warning("f"));
+        assert_eq!(seqs(&log.resume_after(0)), [4, 5, 6]);
+        assert_eq!(log.take_dropped(), 1);
+        assert_eq!(log.take_dropped(), 0);
+        // A service that saw seq 40 from an earlier daemon: numbering moves past it.
+        assert_eq!(seqs(&log.resume_after(40)), [41, 42, 43]);
+        assert_eq!(log.push(warning("g")), 44);
+        log.clear();
+        assert!(log.is_empty());
+        assert_eq!(log.push(warning("h")), 45);
+    }
+}

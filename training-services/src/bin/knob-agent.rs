@@ -1,0 +1,143 @@
+//! knob-agent: runs knob's trials on a remote host, reached over SSH only. See
+//! `knob_training_services::agent`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use knob_training_services::agent::attach::{attach, AttachOptions};
+use knob_training_services::agent::daemon::{serve, ServeOptions};
+use knob_training_services::agent::{receive_code, version_line, DEFAULT_ORPHAN_TIMEOUT};
+use knob_training_services::agent_protocol::HEARTBEAT_TIMEOUT;
+use knob_training_services::code_archive::Unpacked;
+
+#[derive(Parser)]
+#[command(
+    name = "knob-agent",
+    about = "Runs knob trials on this host for a knob manager connected over SSH",
+    disable_version_flag = true
+)]
+struct Cli {
+    /// Print "knob-agent <version> protocol <n> <arch>" and exit.
+    #[arg(long)]
+    version: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The daemon of one experiment's environment: runs trials, listens on DIR/agent.sock.
+    Serve {
+        #[arg(long)]
+        dir: PathBuf,
+        #[command(flatten)]
+        timing: Timing,
+    },
+    /// Bridges stdin/stdout to the daemon of DIR, starting it if none runs.
+    Attach {
+        #[arg(long)]
+        dir: PathBuf,
+        #[command(flatten)]
+        timing: Timing,
+    },
+    /// Unpacks a trial code archive from stdin into DEST (atomically).
+    ReceiveCode {
+        #[arg(long)]
+        dest: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct Timing {
+    /// With no manager connected for this long, kill every trial and exit.
+    #[arg(long, default_value_t = DEFAULT_ORPHAN_TIMEOUT.as_secs_f64())]
+    orphan_timeout_secs: f64,
+    /// Drop a connection that sends nothing for this long (trials keep running).
+    #[arg(long, default_value_t = HEARTBEAT_TIMEOUT.as_secs_f64(), hide = true)]
+    heartbeat_timeout_secs: f64,
+    /// SIGTERM to SIGKILL for a killed trial.
+    #[arg(long, default_value_t = 5.0)]
+    grace_period_secs: f64,
+}
+
+impl Timing {
+    fn durations(&self) -> anyhow::Result<[Duration; 3]> {
+        let secs = |name: &str, value: f64| {
+            Duration::try_from_secs_f64(value)
+                .ok()
+                .filter(|d| *d <= Duration::from_secs(7 * 24 * 3600))
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--{name} must be a number of seconds from 0 to 604800, got {value}"
+                    )
+                })
+        };
+        Ok([
+            secs("orphan-timeout-secs", self.orphan_timeout_secs)?,
+            secs("heartbeat-timeout-secs", self.heartbeat_timeout_secs)?,
+            secs("grace-period-secs", self.grace_period_secs)?,
+        ])
+    }
+
+    fn as_args(&self) -> Vec<String> {
+        vec![
+            format!("--orphan-timeout-secs={}", self.orphan_timeout_secs),
+            format!("--heartbeat-timeout-secs={}", self.heartbeat_timeout_secs),
+            format!("--grace-period-secs={}", self.grace_period_secs),
+        ]
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if cli.version {
+        println!("{}", version_line());
+        return Ok(ExitCode::SUCCESS);
+    }
+    match cli.command {
+        None => anyhow::bail!(
+            "knob-agent: name a command (serve, attach, receive-code) or --version; see --help"
+        ),
+        Some(Command::Serve { dir, timing }) => {
+            let [orphan_timeout, heartbeat_timeout, grace_period] = timing.durations()?;
+            let mut options = ServeOptions::new(dir);
+            options.orphan_timeout = orphan_timeout;
+            options.heartbeat_timeout = heartbeat_timeout;
+            options.grace_period = grace_period;
+            serve(options)?;
+        }
+        Some(Command::Attach { dir, timing }) => {
+            timing.durations()?;
+            attach(&AttachOptions {
+                dir,
+                serve_args: timing.as_args(),
+            })?;
+            // The stdin thread may still be blocked on a read; it must not keep us alive.
+            std::process::exit(0);
+        }
+        Some(Command::ReceiveCode { dest }) => {
+            match receive_code(std::io::stdin().lock(), &dest)? {
+                Unpacked::Written { files, bytes } => {
+                    println!(
+                        "unpacked {files} files ({bytes} bytes) into {}",
+                        dest.display()
+                    )
+                }
+                Unpacked::AlreadyThere => println!("{} is already complete", dest.display()),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

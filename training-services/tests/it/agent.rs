@@ -1,0 +1,697 @@
+//! knob-agent, the real binary, driven over the pipes of `knob-agent attach` as the remote
+//! service drives it over SSH (no SSH here: the pipes are what SSH would carry).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
+use knob_training_services::agent_protocol::{
+    read_frame, write_frame, FromAgent, ToAgent, CODE_COMPLETE_MARKER, PROTOCOL_VERSION,
+};
+
+use crate::support::{metrics, process_runs, request, wait_for_file, WAIT};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_knob-agent");
+const ENVIRONMENT: &str = "remote:root@127.0.0.1:2222";
+
+/// One `knob-agent attach` with its stdin for messages and a thread reading its stdout.
+struct Attached {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    incoming: mpsc::Receiver<FromAgent>,
+    /// Every event received on this connection, in order.
+    events: Vec<(u64, ServiceEvent)>,
+    replies: Vec<(u64, Option<String>)>,
+    /// `Inventory` messages (the host probed again); `next` skips them.
+    inventories: Vec<knob_gpu_sched::Environment>,
+}
+
+impl Attached {
+    fn start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Attached {
+        let mut command = Command::new(AGENT);
+        command
+            .arg("attach")
+            .arg("--dir")
+            .arg(dir)
+            .args(["--grace-period-secs", "0.5"])
+            .args(if args.is_empty() {
+                &["--orphan-timeout-secs", "30"][..]
+            } else {
+                args
+            })
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let (sender, incoming) = mpsc::channel();
+        std::thread::spawn(move || {
+            while let Ok(message) = read_frame::<FromAgent>(&mut stdout) {
+                if sender.send(message).is_err() {
+                    return;
+                }
+            }
+        });
+        Attached {
+            stdin: child.stdin.take(),
+            child,
+            incoming,
+            events: Vec::new(),
+            replies: Vec::new(),
+            inventories: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, message: &ToAgent) {
+        write_frame(self.stdin.as_mut().unwrap(), message).unwrap();
+    }
+
+    fn hello(&mut self, last_seq: u64, fresh_start: bool) -> FromAgent {
+        self.send(&ToAgent::Hello {
+            protocol: PROTOCOL_VERSION,
+            experiment_id: "exp1".into(),
+            environment_id: ENVIRONMENT.into(),
+            last_seq,
+            fresh_start,
+        });
+        self.next()
+    }
+
+    /// The next message other than `Inventory`; panics after [`WAIT`].
+    fn next(&mut self) -> FromAgent {
+        loop {
+            if let Some(message) = self.next_any() {
+                return message;
+            }
+        }
+    }
+
+    /// The next message; `None` for an `Inventory` (recorded).
+    fn next_any(&mut self) -> Option<FromAgent> {
+        let message = self
+            .incoming
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("no message from the agent within {WAIT:?}"));
+        match &message {
+            FromAgent::Event { seq, event } => self.events.push((*seq, event.clone())),
+            FromAgent::Reply { id, error } => self.replies.push((*id, error.clone())),
+            FromAgent::Inventory { inventory } => {
+                self.inventories
+                    .push(serde_json::from_value(inventory.clone()).unwrap());
+                return None;
+            }
+            _ => {}
+        }
+        Some(message)
+    }
+
+    /// Reads messages until `done` holds for the events so far.
+    fn until(&mut self, what: &str, done: impl Fn(&[(u64, ServiceEvent)]) -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !done(&self.events) {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; events: {:#?}",
+                self.events
+            );
+            self.next();
+        }
+    }
+
+    fn until_ended(&mut self, trial_id: &str) {
+        self.until(&format!("trial {trial_id} to end"), |events| {
+            events.iter().any(|(_, e)| is_end_of(e, trial_id))
+        });
+    }
+
+    fn reply_to(&mut self, id: u64) -> Option<String> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some((_, error)) = self.replies.iter().find(|(i, _)| *i == id) {
+                return error.clone();
+            }
+            assert!(Instant::now() < deadline, "no reply to request {id}");
+            self.next();
+        }
+    }
+
+    fn start_trial(&mut self, id: u64, request: TrialRequest, fresh_code_copy: bool) {
+        self.send(&ToAgent::Start {
+            id,
+            request: Box::new(request),
+            fresh_code_copy,
+        });
+        assert_eq!(self.reply_to(id), None);
+    }
+
+    /// Waits (bounded) for the attach process to exit; its status.
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "attach did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the attach process, as a dropped SSH connection does.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn is_end_of(event: &ServiceEvent, trial_id: &str) -> bool {
+    matches!(event, ServiceEvent::TrialEnded { trial_id: t, .. } if t == trial_id)
+}
+
+fn of_trial(events: &[(u64, ServiceEvent)], trial_id: &str) -> Vec<ServiceEvent> {
+    events
+        .iter()
+        .map(|(_, e)| e.clone())
+        .filter(|e| crate::support::trial_of(e) == Some(trial_id))
+        .collect()
+}
+
+/// A daemon directory and a code directory in a temporary directory.
+struct Host {
+    root: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Host {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("code")).unwrap();
+        Host { root }
+    }
+    fn dir(&self) -> PathBuf {
+        self.root.path().join("env")
+    }
+    fn code(&self) -> PathBuf {
+        self.root.path().join("code")
+    }
+    fn trial_dir(&self, trial_id: &str) -> PathBuf {
+        self.dir().join("trials").join(trial_id)
+    }
+    fn request(&self, trial_id: &str, command: &str) -> TrialRequest {
+        TrialRequest {
+            environment_id: ENVIRONMENT.into(),
+            ..request(&self.code(), &self.trial_dir(trial_id), trial_id, command)
+        }
+    }
+    fn attach(&self) -> Attached {
+        Attached::start(&self.dir(), &[], &[])
+    }
+}
+
+fn welcome_pid(welcome: &FromAgent) -> u32 {
+    match welcome {
+        FromAgent::Welcome { pid, .. } => *pid,
+        other => panic!("expected a welcome, got {other:?}"),
+    }
+}
+
+fn wait_gone(pid: i32, what: &str) {
+    let deadline = Instant::now() + WAIT;
+    while process_runs(pid) {
+        assert!(Instant::now() < deadline, "{what} (pid {pid}) still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_pid(path: &Path) -> i32 {
+    wait_for_file(path);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok(pid) = std::fs::read_to_string(path).unwrap().trim().parse() {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no pid in {}", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn version_line_names_version_protocol_and_architecture() {
+    let output = Command::new(AGENT).arg("--version").output().unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap().trim(),
+        format!(
+            "knob-agent {} protocol {PROTOCOL_VERSION} {}",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::ARCH
+        )
+    );
+}
+
+#[test]
+fn hello_is_welcomed_with_the_hosts_inventory() {
+    let host = Host::new();
+    let mut agent = Attached::start(&host.dir(), &[], &[("KNOB_SIMULATE_GPUS", "2x16GiB")]);
+    let welcome = agent.hello(0, true);
+    let FromAgent::Welcome {
+        protocol,
+        inventory,
+        running,
+        agent_version,
+        ..
+    } = &welcome
+    else {
+        panic!("expected a welcome, got {welcome:?}");
+    };
+    assert_eq!(*protocol, PROTOCOL_VERSION);
+    assert_eq!(agent_version, env!("CARGO_PKG_VERSION"));
+    assert!(running.is_empty());
+    let environment: knob_gpu_sched::Environment =
+        serde_json::from_value(inventory.clone()).unwrap();
+    assert_eq!(environment.id.0, ENVIRONMENT);
+    assert_eq!(environment.gpus.len(), 2);
+    assert!(environment.host_resources.cpu_count > 0);
+
+    agent.send(&ToAgent::Ping { nonce: 9 });
+    assert_eq!(agent.next(), FromAgent::Pong { nonce: 9 });
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+    wait_gone(welcome_pid(&welcome) as i32, "the daemon");
+    assert!(!host.dir().join("agent.sock").exists());
+}
+
+#[test]
+fn trials_report_metrics_over_knob_and_nni_protocols_then_end() {
+    let host = Host::new();
+    let mut agent = host.attach();
+    agent.hello(0, true);
+    let knob = "echo KNOB_INTERMEDIATE 0.5; echo KNOB_FINAL '{\"default\": 0.9}'; echo oops >&2";
+    agent.start_trial(1, host.request("knob", knob), false);
+    let nni = r#"rec='{"parameter_id": 42, "trial_job_id": "nni", "type": "FINAL", "sequence": 0, "value": "0.75"}'; printf 'ME%06d%s\n' $((${#rec} + 1)) "$rec" >> "$NNI_SYS_DIR/.nni/metrics"; test "$NNI_PLATFORM" = local"#;
+    agent.start_trial(2, host.request("nni", nni), false);
+    agent.until_ended("knob");
+    agent.until_ended("nni");
+
+    let knob_events = of_trial(&agent.events, "knob");
+    assert!(matches!(knob_events[0], ServiceEvent::TrialStarted { .. }));
+    assert_eq!(
+        metrics(&knob_events),
+        [
+            (MetricKind::Intermediate, 0, "0.5".to_string()),
+            (MetricKind::Final, 0, r#"{"default": 0.9}"#.to_string()),
+        ]
+    );
+    let (exit_code, _, killed, stderr) = crate::support::ending(&knob_events);
+    assert_eq!(
+        (exit_code, killed, stderr.as_str()),
+        (Some(0), None, "oops")
+    );
+    let nni_events = of_trial(&agent.events, "nni");
+    assert_eq!(
+        metrics(&nni_events),
+        [(MetricKind::Final, 0, "0.75".to_string())]
+    );
+    assert_eq!(crate::support::ending(&nni_events).0, Some(0));
+    // Numbered 1, 2, 3, ... without gaps.
+    let seqs: Vec<u64> = agent.events.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert!(host.trial_dir("knob").join("stdout").exists());
+    // The host is probed again after trials end.
+    let deadline = Instant::now() + WAIT;
+    while agent.inventories.is_empty() {
+        assert!(Instant::now() < deadline, "no inventory after trials ended");
+        agent.next_any();
+    }
+    assert_eq!(agent.inventories[0].id.0, ENVIRONMENT);
+
+    // Errors are one-line replies: a duplicate id, a missing code directory, an unknown kill.
+    let sleeper = host.request("dup", "sleep 30");
+    agent.start_trial(3, sleeper.clone(), false);
+    agent.send(&ToAgent::Start {
+        id: 4,
+        request: Box::new(sleeper),
+        fresh_code_copy: false,
+    });
+    assert_eq!(
+        agent.reply_to(4).unwrap(),
+        "trial dup is already running; trial ids must be unique"
+    );
+    let mut missing = host.request("missing", "true");
+    missing.code_dir = host.root.path().join("nowhere");
+    agent.send(&ToAgent::Start {
+        id: 5,
+        request: Box::new(missing),
+        fresh_code_copy: false,
+    });
+    let error = agent.reply_to(5).unwrap();
+    assert!(error.contains("nowhere does not exist"), "{error}");
+    agent.send(&ToAgent::Kill {
+        id: 6,
+        trial_id: "ghost".into(),
+        reason: "x".into(),
+    });
+    assert_eq!(
+        agent.reply_to(6).unwrap(),
+        "trial ghost is not running on this host (it may have just ended)"
+    );
+    agent.send(&ToAgent::Kill {
+        id: 7,
+        trial_id: "dup".into(),
+        reason: "early stop at step 3".into(),
+    });
+    assert_eq!(agent.reply_to(7), None);
+    agent.until_ended("dup");
+    let (_, signal, killed, _) = crate::support::ending(&of_trial(&agent.events, "dup"));
+    assert_eq!(killed.as_deref(), Some("early stop at step 3"));
+    assert_eq!(signal, Some(15));
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+}
+
+#[test]
+fn reattach_replays_missed_events_exactly_once_and_the_trial_keeps_running() {
+    let host = Host::new();
+    let mut first = host.attach();
+    let daemon = welcome_pid(&first.hello(0, true));
+    let go = host.root.path().join("go");
+    let command = format!(
+        "echo $$ > \"$KNOB_TRIAL_DIR/pid\"; echo KNOB_INTERMEDIATE 1; while [ ! -e {go} ]; do sleep 0.05; done; echo KNOB_FINAL 2",
+        go = go.display()
+    );
+    first.start_trial(1, host.request("t", &command), false);
+    first.until("the first metric", |events| {
+        events
+            .iter()
+            .any(|(_, e)| matches!(e, ServiceEvent::Metric { .. }))
+    });
+    let seen = first.events.last().unwrap().0;
+    first.send(&ToAgent::Ack { seq: seen });
+    let trial_pid = read_pid(&host.trial_dir("t").join("pid"));
+    // The SSH connection drops: attach dies, the trial goes on and reports while no one listens.
+    first.kill();
+    std::fs::write(&go, "").unwrap();
+    let deadline = Instant::now() + WAIT;
+    while process_runs(trial_pid) {
+        assert!(Instant::now() < deadline, "the trial never finished");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let mut second = host.attach();
+    let welcome = second.hello(seen, false);
+    assert_eq!(welcome_pid(&welcome), daemon, "the same daemon answers");
+    second.until_ended("t");
+    let replayed: Vec<ServiceEvent> = second.events.iter().map(|(_, e)| e.clone()).collect();
+    assert_eq!(
+        metrics(&replayed),
+        [(MetricKind::Final, 0, "2".to_string())],
+        "{replayed:#?}"
+    );
+    assert_eq!(second.events.first().unwrap().0, seen + 1);
+    let (exit_code, _, killed, _) = crate::support::ending(&replayed);
+    assert_eq!((exit_code, killed), (Some(0), None));
+    assert_eq!(replayed.len(), 2, "{replayed:#?}");
+
+    // Acknowledged: a third connection gets nothing again.
+    let last = second.events.last().unwrap().0;
+    second.send(&ToAgent::Ack { seq: last });
+    second.send(&ToAgent::Ping { nonce: 1 });
+    assert_eq!(second.next(), FromAgent::Pong { nonce: 1 });
+    second.kill();
+    let mut third = host.attach();
+    third.hello(last, false);
+    third.send(&ToAgent::Ping { nonce: 2 });
+    assert_eq!(third.next(), FromAgent::Pong { nonce: 2 });
+    assert!(third.events.is_empty(), "{:#?}", third.events);
+    third.send(&ToAgent::Shutdown);
+    assert!(third.wait_exit().success());
+}
+
+#[test]
+fn fresh_start_kills_what_a_previous_manager_left_running() {
+    let host = Host::new();
+    let mut first = host.attach();
+    first.hello(0, true);
+    first.start_trial(
+        1,
+        host.request("old", "echo $$ > \"$KNOB_TRIAL_DIR/pid\"; sleep 60"),
+        false,
+    );
+    let pid = read_pid(&host.trial_dir("old").join("pid"));
+    first.kill();
+
+    let mut second = host.attach();
+    let welcome = second.hello(0, true);
+    let FromAgent::Welcome { running, .. } = &welcome else {
+        panic!("{welcome:?}");
+    };
+    assert!(running.is_empty(), "{running:?}");
+    assert!(!process_runs(pid));
+    // The old trial's events were dropped with the rest of the buffer.
+    second.send(&ToAgent::Ping { nonce: 3 });
+    assert_eq!(second.next(), FromAgent::Pong { nonce: 3 });
+    assert!(second.events.is_empty(), "{:#?}", second.events);
+    second.send(&ToAgent::Shutdown);
+    assert!(second.wait_exit().success());
+}
+
+#[test]
+fn shutdown_kills_whole_process_groups_reports_their_ends_and_exits() {
+    let host = Host::new();
+    let mut agent = host.attach();
+    let daemon = welcome_pid(&agent.hello(0, true));
+    agent.start_trial(
+        1,
+        host.request(
+            "t",
+            "sleep 60 & echo $! > \"$KNOB_TRIAL_DIR/child\"; sleep 60",
+        ),
+        false,
+    );
+    let child = read_pid(&host.trial_dir("t").join("child"));
+    agent.send(&ToAgent::Shutdown);
+    agent.until_ended("t");
+    let (_, _, killed, _) = crate::support::ending(&of_trial(&agent.events, "t"));
+    assert_eq!(killed.as_deref(), Some("experiment stopped"));
+    assert!(agent.wait_exit().success());
+    wait_gone(daemon as i32, "the daemon");
+    assert!(
+        !process_runs(child),
+        "the trial's background child survived"
+    );
+}
+
+#[test]
+fn a_protocol_mismatch_is_refused_naming_both_versions() {
+    let host = Host::new();
+    let mut agent = host.attach();
+    agent.send(&ToAgent::Hello {
+        protocol: 999,
+        experiment_id: "exp1".into(),
+        environment_id: ENVIRONMENT.into(),
+        last_seq: 0,
+        fresh_start: true,
+    });
+    match agent.next() {
+        FromAgent::Refused { message } => assert_eq!(
+            message,
+            format!("knob-agent {} on this host speaks agent protocol {PROTOCOL_VERSION}, the service speaks 999; upload the knob-agent built with this knob", env!("CARGO_PKG_VERSION"))
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(agent.wait_exit().success());
+    let mut again = host.attach();
+    again.send(&ToAgent::Ack { seq: 1 });
+    assert!(matches!(
+        again.next(),
+        FromAgent::Refused { message } if message == "the first message must be a hello"
+    ));
+    let mut last = host.attach();
+    last.hello(0, true);
+    last.send(&ToAgent::Shutdown);
+    assert!(last.wait_exit().success());
+}
+
+#[test]
+fn a_garbage_frame_closes_that_connection_but_not_the_daemon() {
+    let host = Host::new();
+    let mut agent = host.attach();
+    let daemon = welcome_pid(&agent.hello(0, true));
+    agent.start_trial(
+        1,
+        host.request("t", "echo $$ > \"$KNOB_TRIAL_DIR/pid\"; sleep 60"),
+        false,
+    );
+    let trial = read_pid(&host.trial_dir("t").join("pid"));
+    let stdin = agent.stdin.as_mut().unwrap();
+    stdin.write_all(&5u32.to_be_bytes()).unwrap();
+    stdin.write_all(b"{oops").unwrap();
+    stdin.flush().unwrap();
+    assert!(agent.wait_exit().success());
+    assert!(process_runs(daemon as i32));
+    assert!(process_runs(trial));
+
+    let mut again = host.attach();
+    let welcome = again.hello(0, false);
+    assert_eq!(welcome_pid(&welcome), daemon);
+    let FromAgent::Welcome { running, .. } = &welcome else {
+        unreachable!()
+    };
+    assert_eq!(running, &["t".to_string()]);
+    again.send(&ToAgent::Shutdown);
+    again.until_ended("t");
+    assert!(again.wait_exit().success());
+}
+
+#[test]
+fn with_no_manager_for_the_orphan_timeout_trials_are_killed_and_the_daemon_exits() {
+    let host = Host::new();
+    let mut agent = Attached::start(&host.dir(), &["--orphan-timeout-secs", "1"], &[]);
+    let daemon = welcome_pid(&agent.hello(0, true));
+    agent.start_trial(
+        1,
+        host.request("t", "echo $$ > \"$KNOB_TRIAL_DIR/pid\"; sleep 60"),
+        false,
+    );
+    let trial = read_pid(&host.trial_dir("t").join("pid"));
+    agent.kill();
+    wait_gone(daemon as i32, "the orphaned daemon");
+    assert!(!process_runs(trial));
+    let log = std::fs::read_to_string(host.dir().join("agent.log")).unwrap();
+    assert!(log.contains("no service connected for 1 s"), "{log}");
+}
+
+#[test]
+fn fresh_code_copy_runs_each_trial_in_its_own_copy() {
+    let host = Host::new();
+    std::fs::write(host.code().join("data.txt"), "shared\n").unwrap();
+    std::fs::write(host.code().join(CODE_COMPLETE_MARKER), "").unwrap();
+    let mut agent = host.attach();
+    agent.hello(0, true);
+    let command = "echo mine >> data.txt; echo KNOB_FINAL $(wc -l < data.txt); pwd > where";
+    agent.start_trial(1, host.request("a", command), true);
+    agent.start_trial(2, host.request("b", command), true);
+    agent.until_ended("a");
+    agent.until_ended("b");
+    for trial in ["a", "b"] {
+        let events = of_trial(&agent.events, trial);
+        assert_eq!(metrics(&events), [(MetricKind::Final, 0, "2".to_string())]);
+        let copy = host.trial_dir(trial).join("code");
+        assert_eq!(
+            std::fs::read_to_string(copy.join("where")).unwrap().trim(),
+            copy.to_str().unwrap()
+        );
+        assert!(!copy.join(CODE_COMPLETE_MARKER).exists());
+    }
+    assert_eq!(
+        std::fs::read_to_string(host.code().join("data.txt")).unwrap(),
+        "shared\n"
+    );
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+}
+
+#[test]
+fn a_second_daemon_for_the_same_directory_refuses_and_bad_directories_fail_clearly() {
+    let host = Host::new();
+    let mut agent = host.attach();
+    agent.hello(0, true);
+    let second = Command::new(AGENT)
+        .args(["serve", "--dir"])
+        .arg(host.dir())
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8(second.stderr).unwrap();
+    assert_eq!(
+        stderr.trim(),
+        format!(
+            "knob-agent: another daemon already serves {} (it holds {}/agent.lock); attach to it instead",
+            host.dir().display(),
+            host.dir().display()
+        )
+    );
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+
+    let file = host.root.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let output = Command::new(AGENT)
+        .arg("attach")
+        .arg("--dir")
+        .arg(file.join("env"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with(&format!(
+            "knob-agent: cannot create {}",
+            file.join("env").display()
+        )) && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    let output = Command::new(AGENT)
+        .args(["serve", "--dir", "/tmp", "--orphan-timeout-secs=-1"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8(output.stderr)
+        .unwrap()
+        .contains("--orphan-timeout-secs must be a number of seconds from 0 to 604800, got -1"));
+}
+
+#[test]
+fn receive_code_unpacks_an_archive_from_stdin() {
+    use knob_training_services::code_archive::{create, ArchiveLimits};
+    let source = tempfile::tempdir().unwrap();
+    std::fs::write(source.path().join("train.py"), "print(1)").unwrap();
+    let archive = create(source.path(), &ArchiveLimits::default()).unwrap();
+    let hosts = tempfile::tempdir().unwrap();
+    let dest = hosts.path().join("code").join(&archive.hash);
+    let receive = |bytes: &[u8]| {
+        let mut child = Command::new(AGENT)
+            .arg("receive-code")
+            .arg("--dest")
+            .arg(&dest)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(bytes).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let output = receive(&archive.bytes);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        std::fs::read_to_string(dest.join("train.py")).unwrap(),
+        "print(1)"
+    );
+    assert!(dest.join(CODE_COMPLETE_MARKER).exists());
+    let again = receive(&archive.bytes);
+    assert!(String::from_utf8(again.stdout)
+        .unwrap()
+        .contains("already complete"));
+
+    std::fs::remove_dir_all(&dest).unwrap();
+    let output = receive(b"garbage");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with("knob-agent receive-code: code archive is not a valid gzip tar"),
+        "{stderr}"
+    );
+    assert!(!dest.exists());
+}
