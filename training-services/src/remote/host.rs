@@ -1,0 +1,852 @@
+//! One remote host: its SSH connection, its agent, and the trials it runs.
+//!
+//! A driver task per host owns the connection's life: connect, set up (architecture check,
+//! agent upload), attach to the agent daemon, then read the agent's messages until the
+//! connection drops; reconnect within `hostLossTimeoutSecs`, or declare the host lost. The
+//! service's calls (start, kill, shutdown) reach the agent through [`Link::outgoing`], and wait
+//! for replies through [`Link::pending`].
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+use super::args::{Machine, RemoteArgs};
+use super::setup::{prepare_host, AgentBinary, HostPaths};
+use super::ssh::{self, Connection, SshError};
+use crate::agent_protocol::{
+    read_frame_async, write_frame_async, FromAgent, HostLayout, ToAgent, CODE_COMPLETE_MARKER,
+    HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, PROTOCOL_VERSION,
+};
+use crate::code_archive::CodeArchive;
+use crate::metrics::Emit;
+
+/// How long the agent may take to answer a start or kill.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long uploading one code archive may take.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
+/// After a host is declared lost, reconnection is still tried this many times (with a growing
+/// pause of at most [`MAX_BACKOFF`]), so that a host that comes back can take trials again.
+const RECOVERY_ATTEMPTS: u32 = 120;
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What every host shares.
+pub struct Context {
+    pub args: RemoteArgs,
+    pub emit: Emit,
+    pub agent_binary: Option<Arc<AgentBinary>>,
+    next_request: AtomicU64,
+}
+
+impl Context {
+    pub fn new(args: RemoteArgs, emit: Emit, agent_binary: Option<Arc<AgentBinary>>) -> Context {
+        Context {
+            args,
+            emit,
+            agent_binary,
+            next_request: AtomicU64::new(1),
+        }
+    }
+    fn request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// The live connection to a host's agent.
+struct Link {
+    ssh: Arc<Connection>,
+    outgoing: mpsc::UnboundedSender<ToAgent>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Option<String>>>>,
+    paths: HostPaths,
+}
+
+impl Link {
+    fn fail_pending(&self, why: &str) {
+        let pending: Vec<_> = lock(&self.pending).drain().collect();
+        for (_, reply) in pending {
+            let _ = reply.send(Some(why.to_string()));
+        }
+    }
+}
+
+#[derive(Default)]
+struct HostState {
+    ready: bool,
+    /// Declared lost: its trials were reported ended.
+    lost: bool,
+    link: Option<Arc<Link>>,
+    /// Why it is not ready, for errors and the inventory's status.
+    failure: Option<String>,
+    /// Trials started here and not yet seen to end.
+    running: BTreeSet<String>,
+    /// Trials whose end was already reported (host lost, start abandoned): their further
+    /// events are dropped, and the agent is told to kill them.
+    disowned: HashSet<String>,
+    /// The highest event `seq` delivered from the current daemon.
+    last_seq: u64,
+    /// The daemon's pid: a different one after a reconnect is a new daemon.
+    daemon_pid: Option<u32>,
+    connected_once: bool,
+    inventory: Value,
+    uploaded_code: HashSet<String>,
+    kills_to_send: Vec<(String, String)>,
+    /// `Shutdown` was sent: the agent's exit is expected, not reconnected to.
+    shutting_down: bool,
+}
+
+/// One machine of `machineList`.
+pub struct Host {
+    pub machine: Machine,
+    pub environment_id: String,
+    state: Mutex<HostState>,
+    /// Notified whenever a trial ends here, for `shutdown`'s wait.
+    trial_ended: Notify,
+    upload_lock: tokio::sync::Mutex<()>,
+    /// Code archives actually sent (not found on the host already).
+    code_uploads: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Host {
+    pub fn new(machine: Machine) -> Arc<Host> {
+        Arc::new(Host {
+            environment_id: machine.environment_id(),
+            machine,
+            state: Mutex::default(),
+            trial_ended: Notify::new(),
+            upload_lock: tokio::sync::Mutex::new(()),
+            code_uploads: AtomicU64::new(0),
+        })
+    }
+
+    /// The environment as the core sees it now.
+    pub fn environment(&self) -> Environment {
+        let state = lock(&self.state);
+        Environment {
+            id: self.environment_id.clone(),
+            host: self.machine.host_port(),
+            ready: state.ready,
+            inventory: state.inventory.clone(),
+        }
+    }
+
+    /// Code archives sent to this host so far (skipped ones not counted).
+    pub fn code_uploads(&self) -> u64 {
+        self.code_uploads.load(Ordering::Relaxed)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        lock(&self.state).ready
+    }
+
+    /// Why the host is not ready (its last connection error).
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.state).failure.clone()
+    }
+
+    pub fn running_trials(&self) -> Vec<String> {
+        lock(&self.state).running.iter().cloned().collect()
+    }
+
+    pub fn runs(&self, trial_id: &str) -> bool {
+        lock(&self.state).running.contains(trial_id)
+    }
+
+    fn emit_environment(&self, ctx: &Context) {
+        (ctx.emit)(ServiceEvent::Environment {
+            environment: self.environment(),
+        });
+    }
+
+    /// The inventory the agent probed, with this machine's limits and readiness applied.
+    fn apply_limits(&self, inventory: &Value, ready: bool, why: Option<&str>) -> Value {
+        let mut environment: knob_gpu_sched::Environment = match serde_json::from_value(
+            inventory.clone(),
+        ) {
+            Ok(environment) => environment,
+            Err(e) => {
+                knob_plugin_api::log::warn(&format!(
+                        "training service remote: {}: the agent's inventory is not a gpu-sched environment ({e}); GPUs there are not scheduled",
+                        self.machine.target()
+                    ));
+                return Value::Null;
+            }
+        };
+        environment.id = knob_gpu_sched::EnvironmentId(self.environment_id.clone());
+        environment.host = self.machine.host.clone();
+        environment.limits.gpu_indices = self.machine.gpu_indices.clone();
+        environment.limits.max_trial_number_per_gpu = self.machine.max_trial_number_per_gpu;
+        environment.limits.use_active_gpu = self.machine.use_active_gpu;
+        environment.status = if ready {
+            knob_gpu_sched::EnvironmentStatus::Ready
+        } else {
+            knob_gpu_sched::EnvironmentStatus::Unavailable(
+                why.unwrap_or("not connected").to_string(),
+            )
+        };
+        serde_json::to_value(environment).unwrap_or(Value::Null)
+    }
+
+    fn set_not_ready(&self, ctx: &Context, why: &str) {
+        {
+            let mut state = lock(&self.state);
+            state.ready = false;
+            state.link = None;
+            state.failure = Some(why.to_string());
+            let raw = state.inventory.clone();
+            if !raw.is_null() {
+                state.inventory = self.apply_limits(&raw, false, Some(why));
+            }
+        }
+        self.emit_environment(ctx);
+    }
+
+    /// Reports every trial running here as ended because the host is gone.
+    fn declare_lost(&self, ctx: &Context, why: &str) {
+        let lost_trials: Vec<String> = {
+            let mut state = lock(&self.state);
+            state.lost = true;
+            let trials: Vec<String> = std::mem::take(&mut state.running).into_iter().collect();
+            state.disowned.extend(trials.iter().cloned());
+            trials
+        };
+        let reason = format!("host {} lost: {why}", self.machine.host_port());
+        (ctx.emit)(ServiceEvent::Warning {
+            trial_id: None,
+            message: format!(
+                "training service remote: {reason}; {} running trial(s) marked failed",
+                lost_trials.len()
+            ),
+        });
+        for trial_id in lost_trials {
+            (ctx.emit)(ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code: None,
+                signal: None,
+                killed_reason: None,
+                stderr_tail: String::new(),
+                environment_lost: Some(reason.clone()),
+            });
+        }
+        self.trial_ended.notify_waiters();
+    }
+
+    /// Connects, sets up and attaches; on success the host is ready.
+    async fn establish(
+        self: &Arc<Self>,
+        ctx: &Arc<Context>,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<mpsc::UnboundedReceiver<Result<FromAgent, String>>, SshError> {
+        let target = self.machine.target();
+        let keepalive = HEARTBEAT_INTERVAL;
+        let connection =
+            Arc::new(ssh::connect(&self.machine, &ctx.args.known_hosts_file, keepalive).await?);
+        let paths = prepare_host(
+            &connection,
+            &self.machine,
+            &ctx.args,
+            ctx.agent_binary.as_deref(),
+        )
+        .await?;
+        let command = format!(
+            "{} attach --dir {}",
+            ssh::shell_quote(&paths.agent),
+            ssh::shell_quote(&paths.environment_dir)
+        );
+        let stream = connection.open_stream(&command).await?;
+        let (mut reader, mut writer) = tokio::io::split(stream);
+
+        let (last_seq, fresh_start) = {
+            let state = lock(&self.state);
+            (state.last_seq, !state.connected_once)
+        };
+        let hello = ToAgent::Hello {
+            protocol: PROTOCOL_VERSION,
+            experiment_id: ctx.args.experiment_id.clone(),
+            environment_id: self.environment_id.clone(),
+            last_seq,
+            fresh_start,
+        };
+        let agent_error = |what: String| SshError::Session {
+            target: target.clone(),
+            what,
+        };
+        write_frame_async(&mut writer, &hello)
+            .await
+            .map_err(|e| agent_error(format!("cannot talk to the agent: {e}")))?;
+        let welcome = tokio::time::timeout(ssh::CONNECT_TIMEOUT, read_frame_async(&mut reader))
+            .await
+            .map_err(|_| agent_error("the agent did not answer the hello in time".to_string()))?
+            .map_err(|e| agent_error(format!("the agent did not answer the hello: {e}")))?;
+        let (pid, inventory, agent_running) = match welcome {
+            FromAgent::Welcome {
+                protocol,
+                pid,
+                inventory,
+                running,
+                ..
+            } if protocol == PROTOCOL_VERSION => (pid, inventory, running),
+            FromAgent::Welcome { protocol, .. } => {
+                return Err(SshError::Setup {
+                    target,
+                    what: format!(
+                        "the agent speaks protocol {protocol}, this knob speaks {PROTOCOL_VERSION}; put the matching knob-agent on the host"
+                    ),
+                })
+            }
+            FromAgent::Refused { message } => {
+                return Err(SshError::Setup {
+                    target,
+                    what: format!("the agent refused: {message}"),
+                })
+            }
+            other => {
+                return Err(agent_error(format!(
+                    "the agent's first message was not a welcome: {other:?}"
+                )))
+            }
+        };
+
+        // The writer task: frames from the service's calls and the session loop, in order.
+        let (outgoing, mut to_write) = mpsc::unbounded_channel::<ToAgent>();
+        tokio::spawn(async move {
+            while let Some(message) = to_write.recv().await {
+                if write_frame_async(&mut writer, &message).await.is_err() {
+                    break;
+                }
+            }
+        });
+        // The reader task: read_frame_async is not cancel-safe, so it runs alone and forwards.
+        let (incoming_tx, incoming) = mpsc::unbounded_channel();
+        let mut stop_reader = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    frame = read_frame_async::<FromAgent>(&mut reader) => {
+                        let end = frame.is_err();
+                        if incoming_tx.send(frame.map_err(|e| e.to_string())).is_err() || end {
+                            break;
+                        }
+                    }
+                    _ = stop_reader.changed() => break,
+                }
+            }
+        });
+
+        let link = Arc::new(Link {
+            ssh: connection,
+            outgoing,
+            pending: Mutex::default(),
+            paths,
+        });
+        let mut orphans_ended = Vec::new();
+        {
+            let mut state = lock(&self.state);
+            if state.daemon_pid.is_some_and(|known| known != pid) {
+                // A new daemon: its events are numbered from 1 again, and the trials the old
+                // one ran are gone with it.
+                state.last_seq = 0;
+                let gone: Vec<String> = state
+                    .running
+                    .iter()
+                    .filter(|t| !agent_running.contains(t))
+                    .cloned()
+                    .collect();
+                for trial in gone {
+                    state.running.remove(&trial);
+                    state.disowned.insert(trial.clone());
+                    orphans_ended.push(trial);
+                }
+            }
+            state.daemon_pid = Some(pid);
+            state.connected_once = true;
+            for trial in &agent_running {
+                if state.disowned.contains(trial) {
+                    state.kills_to_send.push((
+                        trial.clone(),
+                        "its host was declared lost and the trial was run elsewhere".to_string(),
+                    ));
+                }
+            }
+            for (trial_id, reason) in state.kills_to_send.drain(..) {
+                let _ = link.outgoing.send(ToAgent::Kill {
+                    id: ctx.request_id(),
+                    trial_id,
+                    reason,
+                });
+            }
+            state.inventory = self.apply_limits(&inventory, true, None);
+            state.ready = true;
+            state.lost = false;
+            state.failure = None;
+            state.link = Some(link);
+        }
+        for trial_id in orphans_ended {
+            (ctx.emit)(ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code: None,
+                signal: None,
+                killed_reason: None,
+                stderr_tail: String::new(),
+                environment_lost: Some(format!(
+                    "host {} lost: the agent there restarted and the trial is gone",
+                    self.machine.host_port()
+                )),
+            });
+        }
+        self.emit_environment(ctx);
+        Ok(incoming)
+    }
+
+    /// Reads the agent's messages until the connection drops (returns why) or `stop` is set.
+    async fn session(
+        self: &Arc<Self>,
+        ctx: &Arc<Context>,
+        mut incoming: mpsc::UnboundedReceiver<Result<FromAgent, String>>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> String {
+        let Some(link) = lock(&self.state).link.clone() else {
+            return "not connected".to_string();
+        };
+        let mut heartbeat = tokio::time::interval(HEARTBEAT_INTERVAL);
+        let mut last_heard = Instant::now();
+        let mut nonce = 0u64;
+        loop {
+            tokio::select! {
+                message = incoming.recv() => match message {
+                    Some(Ok(message)) => {
+                        last_heard = Instant::now();
+                        self.handle(ctx, &link, message);
+                    }
+                    Some(Err(e)) => return format!("the SSH connection closed ({e})"),
+                    None => return "the SSH connection closed".to_string(),
+                },
+                _ = heartbeat.tick() => {
+                    if last_heard.elapsed() > HEARTBEAT_TIMEOUT {
+                        return format!("no answer from the agent for {} s", HEARTBEAT_TIMEOUT.as_secs());
+                    }
+                    if link.ssh.is_closed() {
+                        return "the SSH connection closed".to_string();
+                    }
+                    nonce += 1;
+                    let _ = link.outgoing.send(ToAgent::Ping { nonce });
+                }
+                _ = stop.changed() => return "the service stopped".to_string(),
+            }
+        }
+    }
+
+    fn handle(&self, ctx: &Context, link: &Link, message: FromAgent) {
+        match message {
+            FromAgent::Event { seq, event } => {
+                let deliver = {
+                    let mut state = lock(&self.state);
+                    if seq <= state.last_seq {
+                        false
+                    } else {
+                        state.last_seq = seq;
+                        match trial_of(&event) {
+                            Some(trial) if state.disowned.contains(trial) => {
+                                if matches!(event, ServiceEvent::TrialEnded { .. }) {
+                                    state.disowned.remove(trial);
+                                }
+                                false
+                            }
+                            Some(trial) => {
+                                if matches!(event, ServiceEvent::TrialEnded { .. }) {
+                                    state.running.remove(trial);
+                                }
+                                true
+                            }
+                            None => !matches!(event, ServiceEvent::Environment { .. }),
+                        }
+                    }
+                };
+                let ended = matches!(event, ServiceEvent::TrialEnded { .. });
+                if deliver {
+                    (ctx.emit)(match event {
+                        ServiceEvent::Warning {
+                            trial_id: None,
+                            message,
+                        } => ServiceEvent::Warning {
+                            trial_id: None,
+                            message: format!("{}: {message}", self.machine.target()),
+                        },
+                        other => other,
+                    });
+                }
+                if ended {
+                    self.trial_ended.notify_waiters();
+                }
+                let _ = link.outgoing.send(ToAgent::Ack { seq });
+            }
+            FromAgent::Inventory { inventory } => {
+                {
+                    let mut state = lock(&self.state);
+                    let ready = state.ready;
+                    state.inventory = self.apply_limits(&inventory, ready, None);
+                }
+                self.emit_environment(ctx);
+            }
+            FromAgent::Reply { id, error } => {
+                if let Some(reply) = lock(&link.pending).remove(&id) {
+                    let _ = reply.send(error);
+                }
+            }
+            FromAgent::Pong { .. } => {}
+            FromAgent::Welcome { .. } | FromAgent::Refused { .. } => {
+                knob_plugin_api::log::debug(&format!(
+                    "training service remote: {}: unexpected handshake message ignored",
+                    self.machine.target()
+                ))
+            }
+        }
+    }
+
+    /// The host's life: connect, serve, reconnect or declare it lost. Signals `first_attempt`
+    /// once the first connection succeeded or failed.
+    pub async fn drive(
+        self: Arc<Self>,
+        ctx: Arc<Context>,
+        mut stop: watch::Receiver<bool>,
+        first_attempt: oneshot::Sender<()>,
+    ) {
+        let target = self.machine.target();
+        let mut incoming = match self.establish(&ctx, &stop).await {
+            Ok(incoming) => {
+                let _ = first_attempt.send(());
+                incoming
+            }
+            Err(e) => {
+                let message = e.to_string();
+                self.set_not_ready(&ctx, &message);
+                (ctx.emit)(ServiceEvent::Warning {
+                    trial_id: None,
+                    message: format!(
+                        "training service remote: host {} is unreachable and takes no trials: {message}",
+                        self.machine.host_port()
+                    ),
+                });
+                let _ = first_attempt.send(());
+                return;
+            }
+        };
+        loop {
+            let why = self.session(&ctx, incoming, &mut stop).await;
+            let link = lock(&self.state).link.clone();
+            if let Some(link) = &link {
+                link.fail_pending(&format!("{target}: {why}"));
+            }
+            if *stop.borrow() || lock(&self.state).shutting_down {
+                self.set_not_ready(&ctx, "the service stopped");
+                if let Some(link) = link {
+                    link.ssh.close().await;
+                }
+                return;
+            }
+            knob_plugin_api::log::warn(&format!(
+                "training service remote: {target}: {why}; reconnecting for up to {} s",
+                ctx.args.host_loss_timeout.as_secs_f64()
+            ));
+            self.set_not_ready(&ctx, &format!("{target}: {why}"));
+            let deadline = Instant::now() + ctx.args.host_loss_timeout;
+            match self
+                .reconnect(&ctx, &mut stop, Some(deadline), u32::MAX)
+                .await
+            {
+                Reconnect::Back(next) => incoming = next,
+                Reconnect::Stopped => return,
+                Reconnect::GaveUp(last_error) => {
+                    let why = last_error.unwrap_or(why);
+                    self.declare_lost(&ctx, &why);
+                    self.set_not_ready(&ctx, &format!("lost: {why}"));
+                    match self
+                        .reconnect(&ctx, &mut stop, None, RECOVERY_ATTEMPTS)
+                        .await
+                    {
+                        Reconnect::Back(next) => {
+                            (ctx.emit)(ServiceEvent::Warning {
+                                trial_id: None,
+                                message: format!(
+                                    "training service remote: host {} is back and takes trials again",
+                                    self.machine.host_port()
+                                ),
+                            });
+                            incoming = next;
+                        }
+                        Reconnect::Stopped | Reconnect::GaveUp(_) => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tries to reconnect with a growing pause, until `deadline` or `attempts` run out.
+    async fn reconnect(
+        self: &Arc<Self>,
+        ctx: &Arc<Context>,
+        stop: &mut watch::Receiver<bool>,
+        deadline: Option<Instant>,
+        attempts: u32,
+    ) -> Reconnect {
+        let mut pause = Duration::from_millis(200);
+        let mut last_error = None;
+        for _ in 0..attempts {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|left| left.is_zero()) {
+                break;
+            }
+            let wait = left.map_or(pause, |left| left.min(pause));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => return Reconnect::Stopped,
+            }
+            // An attempt may end a little after the deadline: the connect bound holds it.
+            match self.establish(ctx, stop).await {
+                Ok(incoming) => return Reconnect::Back(incoming),
+                Err(e) => {
+                    let permanent = e.is_permanent();
+                    last_error = Some(e.to_string());
+                    if permanent {
+                        break;
+                    }
+                }
+            }
+            pause = (pause * 2).min(MAX_BACKOFF);
+        }
+        Reconnect::GaveUp(last_error)
+    }
+
+    /// Uploads the code archive unless the host has it, then starts the trial.
+    pub async fn start(
+        &self,
+        ctx: &Context,
+        request: &TrialRequest,
+        archive: &CodeArchive,
+        fresh_code_copy: bool,
+    ) -> Result<(), String> {
+        let target = self.machine.target();
+        let link = {
+            let state = lock(&self.state);
+            match (&state.link, state.ready) {
+                (Some(link), true) => link.clone(),
+                _ => {
+                    return Err(format!(
+                        "{target} is not connected ({}); the trial was not started",
+                        state.failure.as_deref().unwrap_or("connecting")
+                    ))
+                }
+            }
+        };
+        self.ensure_code(&link, archive).await?;
+        let layout = HostLayout {
+            root: link.paths.root.clone().into(),
+        };
+        let mut remote = request.clone();
+        remote.code_dir = layout.code_dir(&archive.hash);
+        let mut trial_dir = Path::new(&link.paths.environment_dir)
+            .join("trials")
+            .join(&request.trial_id);
+        if let Some(attempt) = request
+            .trial_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|n| n.starts_with("attempt-"))
+        {
+            trial_dir.push(attempt);
+        }
+        remote.trial_dir = trial_dir;
+        if let Some(python) = &self.machine.python_path {
+            let base = remote
+                .env
+                .get("PATH")
+                .cloned()
+                .unwrap_or_else(|| link.paths.path_variable.clone());
+            remote
+                .env
+                .insert("PATH".to_string(), format!("{python}:{base}"));
+        }
+
+        let id = ctx.request_id();
+        let (reply_tx, reply_rx) = oneshot::channel();
+        lock(&link.pending).insert(id, reply_tx);
+        lock(&self.state).running.insert(request.trial_id.clone());
+        let sent = link.outgoing.send(ToAgent::Start {
+            id,
+            request: Box::new(remote),
+            fresh_code_copy,
+        });
+        let outcome = match sent {
+            Err(_) => Err((format!("{target}: the connection closed"), false)),
+            Ok(()) => match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
+                Ok(Ok(None)) => Ok(()),
+                // The agent refused: nothing was started.
+                Ok(Ok(Some(why))) => Err((why, true)),
+                Ok(Err(_)) => Err((format!("{target}: the connection closed"), false)),
+                Err(_) => Err((
+                    format!(
+                        "{target}: the agent did not answer the start within {} s",
+                        REPLY_TIMEOUT.as_secs()
+                    ),
+                    false,
+                )),
+            },
+        };
+        match outcome {
+            Ok(()) => Ok(()),
+            Err((why, refused)) => {
+                lock(&link.pending).remove(&id);
+                let mut state = lock(&self.state);
+                state.running.remove(&request.trial_id);
+                if !refused {
+                    // It may have started: its events are dropped and it is killed when the
+                    // agent is reached again, because the caller is told it did not start.
+                    state.disowned.insert(request.trial_id.clone());
+                    state.kills_to_send.push((
+                        request.trial_id.clone(),
+                        "its start was not confirmed".to_string(),
+                    ));
+                }
+                Err(why)
+            }
+        }
+    }
+
+    async fn ensure_code(&self, link: &Link, archive: &CodeArchive) -> Result<(), String> {
+        let _one_upload_at_a_time = self.upload_lock.lock().await;
+        if lock(&self.state).uploaded_code.contains(&archive.hash) {
+            return Ok(());
+        }
+        let layout = HostLayout {
+            root: link.paths.root.clone().into(),
+        };
+        let code_dir = layout
+            .code_dir(&archive.hash)
+            .to_string_lossy()
+            .into_owned();
+        let marker = format!("{code_dir}/{CODE_COMPLETE_MARKER}");
+        let command = format!(
+            "if test -e {marker}; then echo present; else {agent} receive-code --dest {dest} && echo uploaded; fi",
+            marker = ssh::shell_quote(&marker),
+            agent = ssh::shell_quote(&link.paths.agent),
+            dest = ssh::shell_quote(&code_dir),
+        );
+        // The archive goes on stdin either way; `test` ignores it when the code is present.
+        let output = link
+            .ssh
+            .run(&command, Some(&archive.bytes), UPLOAD_TIMEOUT)
+            .await
+            .map_err(|e| format!("uploading the trial code: {e}"))?;
+        let said = output.stdout_text();
+        if output.status != Some(0) || !(said.contains("present") || said.contains("uploaded")) {
+            return Err(format!(
+                "{}: uploading the trial code to {code_dir} failed: {}",
+                self.machine.target(),
+                output.failure_summary()
+            ));
+        }
+        if said.contains("uploaded") {
+            self.code_uploads.fetch_add(1, Ordering::Relaxed);
+        }
+        knob_plugin_api::log::debug(&format!(
+            "training service remote: {}: code {} {}",
+            self.machine.target(),
+            archive.hash,
+            if said.contains("uploaded") {
+                "uploaded"
+            } else {
+                "already there"
+            }
+        ));
+        lock(&self.state).uploaded_code.insert(archive.hash.clone());
+        Ok(())
+    }
+
+    /// Asks the agent to kill a trial; queued until the host is reached again if it is down.
+    pub async fn kill(&self, ctx: &Context, trial_id: &str, reason: &str) -> Result<(), String> {
+        let link = {
+            let mut state = lock(&self.state);
+            if !state.running.contains(trial_id) {
+                return Ok(());
+            }
+            match (&state.link, state.ready) {
+                (Some(link), true) => link.clone(),
+                _ => {
+                    state
+                        .kills_to_send
+                        .push((trial_id.to_string(), reason.to_string()));
+                    return Ok(());
+                }
+            }
+        };
+        let id = ctx.request_id();
+        let (reply_tx, reply_rx) = oneshot::channel();
+        lock(&link.pending).insert(id, reply_tx);
+        let _ = link.outgoing.send(ToAgent::Kill {
+            id,
+            trial_id: trial_id.to_string(),
+            reason: reason.to_string(),
+        });
+        match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
+            Ok(Ok(None)) => Ok(()),
+            Ok(Ok(Some(why))) => Err(why),
+            Ok(Err(_)) | Err(_) => {
+                lock(&link.pending).remove(&id);
+                lock(&self.state)
+                    .kills_to_send
+                    .push((trial_id.to_string(), reason.to_string()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Tells the agent to kill every trial and exit, and waits (at most `limit`) for the
+    /// trials' ends. Returns the trials not seen to end.
+    pub async fn shut_down(&self, limit: Duration) -> Vec<String> {
+        let link = {
+            let mut state = lock(&self.state);
+            state.shutting_down = true;
+            state.link.clone()
+        };
+        if let Some(link) = &link {
+            let _ = link.outgoing.send(ToAgent::Shutdown);
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let ended = self.trial_ended.notified();
+            let running = self.running_trials();
+            if running.is_empty() || link.is_none() || !self.is_ready() {
+                return running;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return running;
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(500)), ended).await;
+        }
+    }
+}
+
+enum Reconnect {
+    Back(mpsc::UnboundedReceiver<Result<FromAgent, String>>),
+    Stopped,
+    GaveUp(Option<String>),
+}
+
+fn trial_of(event: &ServiceEvent) -> Option<&str> {
+    match event {
+        ServiceEvent::TrialStarted { trial_id, .. }
+        | ServiceEvent::Metric { trial_id, .. }
+        | ServiceEvent::TrialEnded { trial_id, .. } => Some(trial_id),
+        ServiceEvent::Warning { trial_id, .. } => trial_id.as_deref(),
+        ServiceEvent::Environment { .. } => None,
+    }
+}

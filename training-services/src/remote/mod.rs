@@ -1,0 +1,284 @@
+//! The `remote` training service: each machine of `machineList` is one environment, reached
+//! over SSH only; a `knob-agent` on the host runs the trials (see `agent_protocol`).
+//!
+//! - [`args`]: the class args (NNI's `machineList`, `reuseMode`, knob's extension fields).
+//! - [`ssh`]: one SSH connection: host key against known_hosts, authentication, commands.
+//! - [`setup`]: platform check and agent upload.
+//! - [`host`]: one host's life (connect, attach, heartbeats, reconnect, loss) and its trials.
+//!
+//! All network work runs on the service's own tokio runtime; the trait methods block on it,
+//! each bounded in time.
+//!
+//! A host lost for good (unreachable for `hostLossTimeoutSecs`) has each of its running trials
+//! ended with `environment_lost` set, and the core runs them elsewhere. Reconnection is still
+//! tried afterwards; a host that comes back is ready again, but empty: trials the daemon there
+//! still runs were already reported ended, so they are killed and their events dropped. (Its
+//! daemon is not restarted with `fresh_start`: that is only for a new manager process.)
+
+pub mod args;
+pub mod host;
+pub mod setup;
+pub mod ssh;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest};
+use knob_plugin_api::{EventSink, PluginError, TrainingService};
+use serde_json::Value;
+use tokio::sync::watch;
+
+pub use args::{ArgsError, Machine, RemoteArgs};
+use host::{Context, Host};
+use setup::AgentBinary;
+
+use crate::code_archive::{self, ArchiveLimits, CodeArchive};
+use crate::metrics::Emit;
+
+/// How long `new` waits for the first connection to every host (they connect concurrently).
+const FIRST_CONNECT_LIMIT: Duration = Duration::from_secs(60);
+/// How long `shutdown` waits for the trials' ends.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
+/// How long a start may take in all, code upload included.
+const START_LIMIT: Duration = Duration::from_secs(900);
+
+/// What can go wrong in the remote service, one line each.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    #[error("training service remote cannot start: {0}")]
+    Startup(String),
+    #[error("training service remote has no environment {0:?}; its environments are remote:<user>@<host>:<port> of machineList")]
+    UnknownEnvironment(String),
+    #[error("trial {0} is already running on training service remote; trial ids must be unique")]
+    DuplicateTrial(String),
+    #[error("training service remote: no machine of machineList is reachable: {0}")]
+    NoHostReady(String),
+    #[error("training service remote: trial {trial}: {why}")]
+    Start { trial: String, why: String },
+    #[error("training service remote is shut down; no trial can start")]
+    ShutDown,
+}
+
+impl From<RemoteError> for PluginError {
+    fn from(e: RemoteError) -> PluginError {
+        PluginError::new(e.to_string())
+    }
+}
+
+/// Runs trials on SSH hosts through their knob-agents.
+pub struct RemoteService {
+    runtime: Option<tokio::runtime::Runtime>,
+    context: Arc<Context>,
+    hosts: Vec<Arc<Host>>,
+    stop: watch::Sender<bool>,
+    /// One archive per local code directory for the experiment's life.
+    archives: Mutex<HashMap<PathBuf, Arc<CodeArchive>>>,
+    shut_down: bool,
+}
+
+impl RemoteService {
+    /// Builds the service and connects to every host (concurrently, bounded); unreachable
+    /// hosts are reported as warnings and stay not ready.
+    pub fn with_emitter(class_args: &Value, emit: Emit) -> Result<RemoteService, RemoteError> {
+        let args = RemoteArgs::parse(class_args)?;
+        let agent_binary = AgentBinary::locate(args.agent_binary.as_deref())
+            .map_err(RemoteError::Startup)?
+            .map(Arc::new);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("knob-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| RemoteError::Startup(format!("no async runtime: {e}")))?;
+        let hosts: Vec<Arc<Host>> = args.machines.iter().cloned().map(Host::new).collect();
+        let context = Arc::new(Context::new(args, emit, agent_binary));
+        let (stop, stop_rx) = watch::channel(false);
+        let mut first_attempts = Vec::new();
+        for host in &hosts {
+            let (done, done_rx) = tokio::sync::oneshot::channel();
+            runtime.spawn(host.clone().drive(context.clone(), stop_rx.clone(), done));
+            first_attempts.push(done_rx);
+        }
+        runtime.block_on(async {
+            let all = futures_join(first_attempts);
+            let _ = tokio::time::timeout(FIRST_CONNECT_LIMIT, all).await;
+        });
+        Ok(RemoteService {
+            runtime: Some(runtime),
+            context,
+            hosts,
+            stop,
+            archives: Mutex::default(),
+            shut_down: false,
+        })
+    }
+
+    pub fn environments_now(&self) -> Result<Vec<Environment>, RemoteError> {
+        if !self.hosts.iter().any(|h| h.is_ready()) {
+            let reasons: Vec<String> = self
+                .hosts
+                .iter()
+                .map(|h| {
+                    h.failure()
+                        .unwrap_or_else(|| format!("{}: still connecting", h.machine.target()))
+                })
+                .collect();
+            return Err(RemoteError::NoHostReady(reasons.join("; ")));
+        }
+        Ok(self.hosts.iter().map(|h| h.environment()).collect())
+    }
+
+    /// Code archives sent to hosts so far (not counting those a host already had).
+    pub fn code_uploads(&self) -> u64 {
+        self.hosts.iter().map(|h| h.code_uploads()).sum()
+    }
+
+    fn archive(&self, code_dir: &std::path::Path) -> Result<Arc<CodeArchive>, String> {
+        let mut archives = self.archives.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(archive) = archives.get(code_dir) {
+            return Ok(archive.clone());
+        }
+        let archive = Arc::new(
+            code_archive::create(code_dir, &ArchiveLimits::default()).map_err(|e| e.to_string())?,
+        );
+        knob_plugin_api::log::info(&format!(
+            "training service remote: trial code {} archived: {} files, {} bytes, {} bytes compressed",
+            code_dir.display(),
+            archive.file_count,
+            archive.total_bytes,
+            archive.bytes.len()
+        ));
+        archives.insert(code_dir.to_path_buf(), archive.clone());
+        Ok(archive)
+    }
+
+    pub fn start(&mut self, request: &TrialRequest) -> Result<(), RemoteError> {
+        let runtime = match &self.runtime {
+            Some(runtime) if !self.shut_down => runtime,
+            _ => return Err(RemoteError::ShutDown),
+        };
+        let host = self
+            .hosts
+            .iter()
+            .find(|h| h.environment_id == request.environment_id)
+            .ok_or_else(|| RemoteError::UnknownEnvironment(request.environment_id.clone()))?;
+        if self.hosts.iter().any(|h| h.runs(&request.trial_id)) {
+            return Err(RemoteError::DuplicateTrial(request.trial_id.clone()));
+        }
+        let start_error = |why: String| RemoteError::Start {
+            trial: request.trial_id.clone(),
+            why,
+        };
+        let archive = self.archive(&request.code_dir).map_err(start_error)?;
+        let fresh_code_copy = !self.context.args.reuse_mode;
+        let context = &self.context;
+        runtime
+            .block_on(async {
+                tokio::time::timeout(
+                    START_LIMIT,
+                    host.start(context, request, &archive, fresh_code_copy),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "{}: the start did not finish within {} s",
+                        host.machine.target(),
+                        START_LIMIT.as_secs()
+                    ))
+                })
+            })
+            .map_err(start_error)
+    }
+
+    pub fn kill(&mut self, trial_id: &str, reason: &str) {
+        let Some(runtime) = &self.runtime else { return };
+        let Some(host) = self.hosts.iter().find(|h| h.runs(trial_id)) else {
+            knob_plugin_api::log::debug(&format!(
+                "training service remote: kill of trial {trial_id} ignored, it is not running"
+            ));
+            return;
+        };
+        if let Err(why) = runtime.block_on(host.kill(&self.context, trial_id, reason)) {
+            knob_plugin_api::log::debug(&format!(
+                "training service remote: kill of trial {trial_id}: {why}"
+            ));
+        }
+    }
+
+    /// Stops every agent (its trials killed and their ends reported), then disconnects.
+    pub fn stop(&mut self) {
+        if self.shut_down {
+            return;
+        }
+        self.shut_down = true;
+        let Some(runtime) = &self.runtime else { return };
+        let hosts = self.hosts.clone();
+        let unfinished: Vec<String> = runtime.block_on(async move {
+            let waits: Vec<_> = hosts
+                .into_iter()
+                .map(|host| tokio::spawn(async move { host.shut_down(SHUTDOWN_LIMIT).await }))
+                .collect();
+            let mut left = Vec::new();
+            for wait in waits {
+                left.extend(wait.await.unwrap_or_default());
+            }
+            left
+        });
+        if !unfinished.is_empty() {
+            (self.context.emit)(ServiceEvent::Warning {
+                trial_id: None,
+                message: format!(
+                    "training service remote stopped before these trials were seen to end: {unfinished:?}"
+                ),
+            });
+        }
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Waits for every receiver (a sender dropped counts as done).
+async fn futures_join(receivers: Vec<tokio::sync::oneshot::Receiver<()>>) {
+    for receiver in receivers {
+        let _ = receiver.await;
+    }
+}
+
+impl TrainingService for RemoteService {
+    fn new(class_args: &Value, events: EventSink) -> Result<Self, PluginError> {
+        let emit: Emit = Arc::new(move |event: ServiceEvent| events.emit(&event));
+        Ok(RemoteService::with_emitter(class_args, emit)?)
+    }
+
+    fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
+        Ok(self.environments_now()?)
+    }
+
+    fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
+        Ok(self.start(&request)?)
+    }
+
+    fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), PluginError> {
+        self.kill(trial_id, reason);
+        Ok(())
+    }
+
+    fn shutdown(&mut self) -> Result<(), PluginError> {
+        self.stop();
+        Ok(())
+    }
+}
+
+impl Drop for RemoteService {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(runtime) = self.runtime.take() {
+            // The drivers close their connections once they see the stop.
+            runtime.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Getting a host ready for its agent: where things go, whether this knob's agent binary can
+//! run there, and uploading it once (named by its content hash).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::args::{Machine, RemoteArgs};
+use super::ssh::{shell_quote, Connection, SshError};
+use crate::agent_protocol::HostLayout;
+
+/// The agent binary's name, on the host's PATH and beside the `knob` executable.
+pub const AGENT_NAME: &str = "knob-agent";
+/// Set to the agent binary to upload when it is not beside the running executable.
+pub const AGENT_BINARY_VARIABLE: &str = "KNOB_AGENT_BINARY";
+const SETUP_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+const AGENT_UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// This machine's agent binary, to upload to hosts of the same platform.
+pub struct AgentBinary {
+    pub path: PathBuf,
+    pub bytes: Vec<u8>,
+    /// Hex sha256 of `bytes`.
+    pub hash: String,
+}
+
+impl AgentBinary {
+    pub fn load(path: &Path) -> Result<AgentBinary, String> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| format!("cannot read the agent binary {}: {e}", path.display()))?;
+        let hash = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(AgentBinary {
+            path: path.to_path_buf(),
+            bytes,
+            hash,
+        })
+    }
+
+    /// `agentBinary` if given (it must exist); else `knob-agent` beside the running executable;
+    /// else `$KNOB_AGENT_BINARY`; else none (hosts must have knob-agent on their PATH).
+    pub fn locate(configured: Option<&Path>) -> Result<Option<AgentBinary>, String> {
+        if let Some(path) = configured {
+            return AgentBinary::load(path)
+                .map(Some)
+                .map_err(|e| format!("agentBinary: {e}"));
+        }
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join(AGENT_NAME)))
+            .filter(|path| path.is_file());
+        let from_variable = std::env::var_os(AGENT_BINARY_VARIABLE)
+            .map(PathBuf::from)
+            .filter(|path| path.is_file());
+        match beside.or(from_variable) {
+            Some(path) => AgentBinary::load(&path).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Where things are on one host, as absolute paths there.
+#[derive(Debug, Clone)]
+pub struct HostPaths {
+    pub root: String,
+    pub agent: String,
+    pub environment_dir: String,
+    /// `PATH` of a command run over SSH there, for `pythonPath` to go in front of.
+    pub path_variable: String,
+}
+
+/// "Linux x86_64", as `uname -sm` prints it, for this machine.
+pub fn local_platform() -> String {
+    let os = match std::env::consts::OS {
+        "linux" => "Linux",
+        "macos" => "Darwin",
+        "freebsd" => "FreeBSD",
+        other => other,
+    };
+    format!("{os} {}", std::env::consts::ARCH)
+}
+
+/// `uname -sm` output in a form comparable with [`local_platform`].
+fn normalize_platform(uname: &str) -> String {
+    let mut parts = uname.split_whitespace();
+    let os = parts.next().unwrap_or("");
+    let arch = match parts.next().unwrap_or("") {
+        "arm64" => "aarch64",
+        "amd64" => "x86_64",
+        other => other,
+    };
+    format!("{os} {arch}")
+}
+
+fn resolve_root(agent_root: &str, home: &str) -> String {
+    if agent_root == "~" {
+        home.to_string()
+    } else if let Some(rest) = agent_root.strip_prefix("~/") {
+        format!("{}/{rest}", home.trim_end_matches('/'))
+    } else if agent_root.starts_with('/') {
+        agent_root.to_string()
+    } else {
+        format!("{}/{agent_root}", home.trim_end_matches('/'))
+    }
+}
+
+/// Finds out the host's platform and home, and makes sure a compatible agent is there.
+pub async fn prepare_host(
+    connection: &Connection,
+    machine: &Machine,
+    args: &RemoteArgs,
+    binary: Option<&AgentBinary>,
+) -> Result<HostPaths, SshError> {
+    let target = machine.target();
+    let setup_error = |what: String| SshError::Setup {
+        target: target.clone(),
+        what,
+    };
+    let probe = connection
+        .run(
+            r#"uname -sm; printf '%s\n' "$HOME"; printf '%s\n' "$PATH""#,
+            None,
+            SETUP_COMMAND_TIMEOUT,
+        )
+        .await?;
+    let text = probe.stdout_text();
+    let mut lines = text.lines();
+    let (Some(uname), Some(home), path_variable) = (lines.next(), lines.next(), lines.next())
+    else {
+        return Err(SshError::Session {
+            target,
+            what: format!("`uname -sm` failed there: {}", probe.failure_summary()),
+        });
+    };
+    let root = resolve_root(&args.agent_root, home.trim());
+    let layout = HostLayout {
+        root: PathBuf::from(&root),
+    };
+    let environment_dir = layout
+        .environment_dir(&args.experiment_id, &machine.environment_id())
+        .to_string_lossy()
+        .into_owned();
+    let remote_platform = normalize_platform(uname);
+    let here = local_platform();
+    let version = env!("CARGO_PKG_VERSION");
+
+    let agent = match binary {
+        Some(binary) if remote_platform == here => {
+            upload_agent(connection, &layout, binary).await?
+        }
+        _ => match agent_on_path(connection, version).await? {
+            Some(path) => path,
+            None if remote_platform != here => {
+                return Err(setup_error(format!(
+                    "host {} is {}, this knob is {here}: put {AGENT_NAME} {version} for it on the host's PATH",
+                    machine.host_port(),
+                    uname.trim()
+                )))
+            }
+            None => {
+                return Err(setup_error(format!(
+                    "no {AGENT_NAME} binary to upload (not beside this executable, agentBinary and ${AGENT_BINARY_VARIABLE} unset) and none of version {version} on the host's PATH; build it with `cargo build -p knob-training-services --bin {AGENT_NAME}` or set agentBinary"
+                )))
+            }
+        },
+    };
+    Ok(HostPaths {
+        root,
+        agent,
+        environment_dir,
+        path_variable: path_variable
+            .unwrap_or("/usr/local/bin:/usr/bin:/bin")
+            .to_string(),
+    })
+}
+
+/// Uploads the agent to `bin/knob-agent-<hash>` unless it is there; returns its path.
+async fn upload_agent(
+    connection: &Connection,
+    layout: &HostLayout,
+    binary: &AgentBinary,
+) -> Result<String, SshError> {
+    let destination = layout.agent_binary(&binary.hash);
+    let destination_text = destination.to_string_lossy().into_owned();
+    let quoted = shell_quote(&destination_text);
+    let present = connection
+        .run(
+            &format!("test -x {quoted} && echo present"),
+            None,
+            SETUP_COMMAND_TIMEOUT,
+        )
+        .await?;
+    if present.stdout_text().trim() == "present" {
+        return Ok(destination_text);
+    }
+    let directory = destination
+        .parent()
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Written to a temporary name and renamed, so that a broken upload never leaves a
+    // truncated binary under the final name.
+    let command = format!(
+        "mkdir -p {dir} && tmp={quoted}.part.$$ && cat > \"$tmp\" && chmod 755 \"$tmp\" && mv -f \"$tmp\" {quoted} && echo uploaded",
+        dir = shell_quote(&directory)
+    );
+    let output = connection
+        .run(&command, Some(&binary.bytes), AGENT_UPLOAD_TIMEOUT)
+        .await?;
+    if output.status != Some(0) || output.stdout_text().trim() != "uploaded" {
+        return Err(SshError::Session {
+            target: connection.target.clone(),
+            what: format!(
+                "uploading {} to {destination_text} failed: {}",
+                binary.path.display(),
+                output.failure_summary()
+            ),
+        });
+    }
+    knob_plugin_api::log::info(&format!(
+        "training service remote: {}: uploaded {} ({} bytes) to {destination_text}",
+        connection.target,
+        binary.path.display(),
+        binary.bytes.len()
+    ));
+    Ok(destination_text)
+}
+
+/// `knob-agent` on the host's PATH if its `--version` names this knob's version.
+async fn agent_on_path(connection: &Connection, version: &str) -> Result<Option<String>, SshError> {
+    let output = connection
+        .run(
+            &format!("path=$(command -v {AGENT_NAME}) && printf '%s\\n' \"$path\" && \"$path\" --version"),
+            None,
+            SETUP_COMMAND_TIMEOUT,
+        )
+        .await?;
+    let text = output.stdout_text();
+    let mut lines = text.lines();
+    let (Some(path), Some(reported)) = (lines.next(), lines.next()) else {
+        return Ok(None);
+    };
+    let compatible = reported
+        .split_whitespace()
+        .any(|word| word.trim_start_matches('v') == version);
+    Ok(compatible.then(|| path.trim().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots_and_platforms() {
+        assert_eq!(resolve_root("~/.knob", "/home/me"), "/home/me/.knob");
+        assert_eq!(resolve_root("/srv/knob", "/home/me"), "/srv/knob");
+        assert_eq!(resolve_root("knob", "/home/me/"), "/home/me/knob");
+        assert_eq!(normalize_platform("Darwin arm64\n"), "Darwin aarch64");
+        assert_eq!(normalize_platform("Linux x86_64"), "Linux x86_64");
+    }
+}

@@ -1,0 +1,480 @@
+//! One SSH connection to one host: connect, check the host key against a known_hosts file,
+//! authenticate, and run commands (with stdin, bounded in time and output).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use russh::client::{self, Handle};
+use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
+use russh::ChannelMsg;
+
+use super::args::Machine;
+
+/// How long one TCP connect, key exchange and authentication may take together.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+/// The most output a helper command may print before it is cut off.
+const MAX_COMMAND_OUTPUT: usize = 1024 * 1024;
+
+/// Why a connection could not be made, one line naming the host (never a password).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SshError {
+    #[error("{target}: cannot connect: {why}")]
+    Connect { target: String, why: String },
+    #[error("{target}: {message}")]
+    HostKey { target: String, message: String },
+    #[error("{target}: authentication rejected ({tried}); check the user, the key or the password in machineList")]
+    AuthRejected { target: String, tried: String },
+    #[error("{target}: {what}")]
+    Session { target: String, what: String },
+    /// The host cannot run knob's agent as it is (architecture, version, no binary).
+    #[error("{target}: {what}")]
+    Setup { target: String, what: String },
+}
+
+impl SshError {
+    /// Host-key and authentication failures do not heal by retrying.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            SshError::HostKey { .. } | SshError::AuthRejected { .. } | SshError::Setup { .. }
+        )
+    }
+}
+
+/// What a host-key check concluded, carried out of the russh handler.
+#[derive(Debug)]
+enum HandlerError {
+    HostKey(String),
+    Russh(russh::Error),
+}
+
+impl From<russh::Error> for HandlerError {
+    fn from(e: russh::Error) -> Self {
+        HandlerError::Russh(e)
+    }
+}
+
+/// Checks the server's key against the known_hosts file.
+struct HostKeyCheck {
+    host: String,
+    port: u16,
+    known_hosts: PathBuf,
+    accept_new: bool,
+}
+
+impl HostKeyCheck {
+    fn check(&self, key: &russh::keys::PublicKey) -> Result<(), String> {
+        let fingerprint = key.fingerprint(HashAlg::Sha256);
+        let file = self.known_hosts.display();
+        let recorded = russh::keys::known_hosts::known_host_keys_path(
+            &self.host,
+            self.port,
+            &self.known_hosts,
+        )
+        .map_err(|e| format!("cannot read known hosts file {file}: {e}"))?;
+        if recorded.iter().any(|(_, known)| known == key) {
+            return Ok(());
+        }
+        if let Some((line, _)) = recorded.first() {
+            // A host with any recorded key that does not match has a changed key: refused,
+            // whatever acceptNewHostKey says (it only accepts hosts never seen before).
+            return Err(format!(
+                "host key changed: the server offers {} key {fingerprint}, but {file} line {line} records another key for this host; if the change is expected, remove that line and connect again",
+                key.algorithm()
+            ));
+        }
+        if self.accept_new {
+            russh::keys::known_hosts::learn_known_hosts_path(
+                &self.host,
+                self.port,
+                key,
+                &self.known_hosts,
+            )
+            .map_err(|e| format!("cannot add the host key to {file}: {e}"))?;
+            knob_plugin_api::log::info(&format!(
+                "training service remote: added {} host key {fingerprint} of [{}]:{} to {file} (acceptNewHostKey)",
+                key.algorithm(),
+                self.host,
+                self.port
+            ));
+            return Ok(());
+        }
+        Err(format!(
+            "unknown host key {} {fingerprint}, not in {file}; if it is this host's key, run `ssh-keyscan -p {} {} >> {file}` or set acceptNewHostKey: true for this machine",
+            key.algorithm(),
+            self.port,
+            self.host
+        ))
+    }
+}
+
+impl client::Handler for HostKeyCheck {
+    type Error = HandlerError;
+
+    async fn check_server_key(
+        &mut self,
+        server_public_key: &PublicKeyOrCertificate,
+    ) -> Result<bool, HandlerError> {
+        let key = match server_public_key {
+            PublicKeyOrCertificate::PublicKey { key, .. } => key,
+            PublicKeyOrCertificate::Certificate(_) => {
+                return Err(HandlerError::HostKey(
+                    "the server offers a host certificate; knob checks plain host keys against known_hosts only".to_string(),
+                ))
+            }
+        };
+        self.check(key)
+            .map(|()| true)
+            .map_err(HandlerError::HostKey)
+    }
+}
+
+/// An authenticated SSH connection.
+pub struct Connection {
+    handle: Handle<HostKeyCheck>,
+    pub target: String,
+}
+
+/// The output of a finished command.
+#[derive(Debug)]
+pub struct CommandOutput {
+    pub status: Option<u32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl CommandOutput {
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    /// The last line of stderr, or the exit status, for an error message.
+    pub fn failure_summary(&self) -> String {
+        let stderr = String::from_utf8_lossy(&self.stderr);
+        match stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(line) => line.trim().to_string(),
+            None => match self.status {
+                Some(code) => format!("exit status {code}"),
+                None => "no exit status".to_string(),
+            },
+        }
+    }
+}
+
+/// Connects and authenticates, all within [`CONNECT_TIMEOUT`].
+pub async fn connect(
+    machine: &Machine,
+    known_hosts: &Path,
+    keepalive: Duration,
+) -> Result<Connection, SshError> {
+    let target = machine.target();
+    match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        connect_unbounded(machine, known_hosts, keepalive),
+    )
+    .await
+    {
+        Ok(result) => result,
+        Err(_) => Err(SshError::Connect {
+            target,
+            why: format!(
+                "no answer within {} s (is the host up and sshd listening on port {}?)",
+                CONNECT_TIMEOUT.as_secs(),
+                machine.port
+            ),
+        }),
+    }
+}
+
+async fn connect_unbounded(
+    machine: &Machine,
+    known_hosts: &Path,
+    keepalive: Duration,
+) -> Result<Connection, SshError> {
+    let target = machine.target();
+    let config = Arc::new(client::Config {
+        keepalive_interval: Some(keepalive),
+        keepalive_max: 3,
+        nodelay: true,
+        ..Default::default()
+    });
+    let check = HostKeyCheck {
+        host: machine.host.clone(),
+        port: machine.port,
+        known_hosts: known_hosts.to_path_buf(),
+        accept_new: machine.accept_new_host_key,
+    };
+    let mut handle = client::connect(config, (machine.host.as_str(), machine.port), check)
+        .await
+        .map_err(|e| match e {
+            HandlerError::HostKey(message) => SshError::HostKey {
+                target: target.clone(),
+                message,
+            },
+            HandlerError::Russh(e) => SshError::Connect {
+                target: target.clone(),
+                why: describe_russh(&e),
+            },
+        })?;
+    authenticate(&mut handle, machine).await?;
+    Ok(Connection { handle, target })
+}
+
+fn describe_russh(e: &russh::Error) -> String {
+    match e {
+        russh::Error::IO(io) => match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => {
+                "connection refused (is sshd running on that port?)".to_string()
+            }
+            _ => io.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+async fn authenticate(
+    handle: &mut Handle<HostKeyCheck>,
+    machine: &Machine,
+) -> Result<(), SshError> {
+    let target = machine.target();
+    let session_error = |e: russh::Error| SshError::Session {
+        target: target.clone(),
+        what: format!("authentication failed: {}", describe_russh(&e)),
+    };
+    let mut tried: Vec<String> = Vec::new();
+
+    if let Some(key_file) = &machine.ssh_key_file {
+        let passphrase = machine.ssh_passphrase.as_ref().map(|p| p.expose());
+        let key = russh::keys::load_secret_key(key_file, passphrase.as_deref())
+            .map_err(|e| SshError::Session {
+                target: target.clone(),
+                what: match e {
+                    russh::keys::Error::KeyIsEncrypted => format!(
+                        "sshKeyFile {} is encrypted: give its sshPassphrase",
+                        key_file.display()
+                    ),
+                    other => format!(
+                        "cannot load sshKeyFile {}: {other} (a wrong sshPassphrase reads as a corrupt key)",
+                        key_file.display()
+                    ),
+                },
+            })?;
+        if try_key(handle, &machine.user, key)
+            .await
+            .map_err(session_error)?
+        {
+            return Ok(());
+        }
+        tried.push(format!("key {}", key_file.display()));
+        // An explicit key that is rejected is the answer: no password or default key is tried
+        // behind the user's back.
+        return Err(SshError::AuthRejected {
+            target,
+            tried: tried.join(", "),
+        });
+    }
+
+    if let Some(password) = &machine.password {
+        let result = handle
+            .authenticate_password(machine.user.clone(), password.expose())
+            .await
+            .map_err(session_error)?;
+        if result.success() {
+            return Ok(());
+        }
+        return Err(SshError::AuthRejected {
+            target,
+            tried: "password".to_string(),
+        });
+    }
+
+    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
+        for name in ["id_ed25519", "id_ecdsa", "id_rsa"] {
+            let path = home.join(".ssh").join(name);
+            if !path.is_file() {
+                continue;
+            }
+            match russh::keys::load_secret_key(&path, None) {
+                Ok(key) => {
+                    if try_key(handle, &machine.user, key)
+                        .await
+                        .map_err(session_error)?
+                    {
+                        return Ok(());
+                    }
+                    tried.push(format!("key {}", path.display()));
+                }
+                Err(e) => knob_plugin_api::log::debug(&format!(
+                    "training service remote: default key {} skipped: {e}",
+                    path.display()
+                )),
+            }
+        }
+    }
+
+    if std::env::var_os("SSH_AUTH_SOCK").is_some() {
+        match russh::keys::agent::client::AgentClient::connect_env().await {
+            Ok(mut agent) => {
+                let identities = agent.request_identities().await.unwrap_or_default();
+                for identity in identities {
+                    let russh::keys::agent::AgentIdentity::PublicKey { key, .. } = identity else {
+                        continue;
+                    };
+                    let hash = handle
+                        .best_supported_rsa_hash()
+                        .await
+                        .ok()
+                        .flatten()
+                        .flatten();
+                    if let Ok(result) = handle
+                        .authenticate_publickey_with(machine.user.clone(), key, hash, &mut agent)
+                        .await
+                    {
+                        if result.success() {
+                            return Ok(());
+                        }
+                    }
+                    tried.push("an ssh-agent key".to_string());
+                }
+            }
+            Err(e) => knob_plugin_api::log::debug(&format!(
+                "training service remote: SSH_AUTH_SOCK set but the agent is unusable: {e}"
+            )),
+        }
+    }
+
+    if tried.is_empty() {
+        return Err(SshError::AuthRejected {
+            target,
+            tried: "no credentials: give sshKeyFile or password in machineList, or have ~/.ssh/id_ed25519 or an ssh-agent".to_string(),
+        });
+    }
+    Err(SshError::AuthRejected {
+        target,
+        tried: tried.join(", "),
+    })
+}
+
+async fn try_key(
+    handle: &mut Handle<HostKeyCheck>,
+    user: &str,
+    key: russh::keys::PrivateKey,
+) -> Result<bool, russh::Error> {
+    let hash = if key.algorithm().is_rsa() {
+        handle.best_supported_rsa_hash().await?.flatten()
+    } else {
+        None
+    };
+    let key = PrivateKeyWithHashAlg::new(Arc::new(key), hash);
+    Ok(handle
+        .authenticate_publickey(user.to_string(), key)
+        .await?
+        .success())
+}
+
+impl Connection {
+    pub fn is_closed(&self) -> bool {
+        self.handle.is_closed()
+    }
+
+    /// Runs `command` through the remote user's shell, writes `stdin` to it, and collects its
+    /// output, all within `limit`.
+    pub async fn run(
+        &self,
+        command: &str,
+        stdin: Option<&[u8]>,
+        limit: Duration,
+    ) -> Result<CommandOutput, SshError> {
+        let target = self.target.clone();
+        let short: String = command.chars().take(80).collect();
+        match tokio::time::timeout(limit, self.run_unbounded(command, stdin)).await {
+            Ok(result) => result.map_err(|e| SshError::Session {
+                target,
+                what: format!("running `{short}`: {e}"),
+            }),
+            Err(_) => Err(SshError::Session {
+                target,
+                what: format!("`{short}` did not finish within {} s", limit.as_secs()),
+            }),
+        }
+    }
+
+    async fn run_unbounded(
+        &self,
+        command: &str,
+        stdin: Option<&[u8]>,
+    ) -> Result<CommandOutput, String> {
+        let mut channel = self
+            .handle
+            .channel_open_session()
+            .await
+            .map_err(|e| describe_russh(&e))?;
+        channel
+            .exec(true, command)
+            .await
+            .map_err(|e| describe_russh(&e))?;
+        if let Some(bytes) = stdin {
+            channel
+                .data_bytes(bytes.to_vec())
+                .await
+                .map_err(|e| describe_russh(&e))?;
+        }
+        channel.eof().await.map_err(|e| describe_russh(&e))?;
+        let mut output = CommandOutput {
+            status: None,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+        while let Some(message) = channel.wait().await {
+            match message {
+                ChannelMsg::Data { data } => append_bounded(&mut output.stdout, &data),
+                ChannelMsg::ExtendedData { data, .. } => append_bounded(&mut output.stderr, &data),
+                ChannelMsg::ExitStatus { exit_status } => output.status = Some(exit_status),
+                ChannelMsg::Close => break,
+                _ => {}
+            }
+        }
+        Ok(output)
+    }
+
+    /// Opens a channel running `command` and returns it as a byte stream (its stdin and stdout).
+    pub async fn open_stream(
+        &self,
+        command: &str,
+    ) -> Result<russh::ChannelStream<client::Msg>, SshError> {
+        let target = self.target.clone();
+        let open = async {
+            let channel = self.handle.channel_open_session().await?;
+            channel.exec(true, command).await?;
+            Ok::<_, russh::Error>(channel.into_stream())
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, open).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(e)) => Err(SshError::Session {
+                target,
+                what: format!("cannot start the agent: {}", describe_russh(&e)),
+            }),
+            Err(_) => Err(SshError::Session {
+                target,
+                what: "the agent channel did not open in time".to_string(),
+            }),
+        }
+    }
+
+    pub async fn close(&self) {
+        let _ = self
+            .handle
+            .disconnect(russh::Disconnect::ByApplication, "knob is done", "en")
+            .await;
+    }
+}
+
+fn append_bounded(buffer: &mut Vec<u8>, data: &[u8]) {
+    let room = MAX_COMMAND_OUTPUT.saturating_sub(buffer.len());
+    buffer.extend_from_slice(&data[..data.len().min(room)]);
+}
+
+/// Quotes `text` for a POSIX shell.
+pub fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
