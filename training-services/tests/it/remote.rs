@@ -1,0 +1,520 @@
+//! The `remote` service against real sshd servers on 127.0.0.1 (see `sshd.rs`), with the real
+//! knob-agent uploaded over SSH. Gated by `KNOB_TEST_SSHD`.
+
+use std::path::{Path, PathBuf};
+
+use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
+use knob_training_services::remote::RemoteService;
+use serde_json::{json, Value};
+
+use crate::sshd::{generate_key, sshd_binary, Sshd, SshdOptions};
+use crate::support::{ending, metrics, of_trial, request, warnings, Events};
+
+/// The agent binary the service uploads (built with this test binary).
+fn agent_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_knob-agent"))
+}
+
+/// A test's world: a temp dir with known_hosts, trial code and local trial dirs.
+struct World {
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("code")).unwrap();
+        std::fs::write(dir.path().join("known_hosts"), "").unwrap();
+        World { dir }
+    }
+    fn known_hosts(&self) -> PathBuf {
+        self.dir.path().join("known_hosts")
+    }
+    fn trust(&self, sshd: &Sshd) {
+        let mut text = std::fs::read_to_string(self.known_hosts()).unwrap();
+        text.push_str(&sshd.known_hosts_line());
+        text.push('\n');
+        std::fs::write(self.known_hosts(), text).unwrap();
+    }
+    fn code_dir(&self) -> PathBuf {
+        self.dir.path().join("code")
+    }
+    fn args(&self, machines: Vec<Value>) -> Value {
+        json!({
+            "experimentId": "exp1",
+            "reuseMode": true,
+            "knownHostsFile": self.known_hosts(),
+            "agentBinary": agent_binary(),
+            "hostLossTimeoutSecs": 3,
+            "machineList": machines,
+        })
+    }
+    fn request(&self, sshd: &Sshd, trial_id: &str, command: &str) -> TrialRequest {
+        let mut request = request(
+            &self.code_dir(),
+            &self.dir.path().join("trials").join(trial_id),
+            trial_id,
+            command,
+        );
+        request.environment_id = environment_id(sshd);
+        request
+    }
+}
+
+fn environment_id(sshd: &Sshd) -> String {
+    format!("remote:{}@127.0.0.1:{}", sshd.user(), sshd.port())
+}
+
+/// A machineList entry logging in with the fixture's key; the agent lives in its directory.
+fn key_machine(sshd: &Sshd) -> Value {
+    json!({
+        "host": "127.0.0.1",
+        "port": sshd.port(),
+        "user": sshd.user(),
+        "sshKeyFile": sshd.client_key_path(),
+    })
+}
+
+fn agent_root(sshd: &Sshd) -> PathBuf {
+    sshd.dir().join("agent-root")
+}
+
+fn start_sshd(test: &str, options: SshdOptions) -> Option<Sshd> {
+    let binary = sshd_binary(test)?;
+    Some(Sshd::start(&binary, options).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn key_options() -> SshdOptions {
+    SshdOptions {
+        key_auth: true,
+        ..SshdOptions::default()
+    }
+}
+
+fn connect(args: Value, events: &Events, root: &Path) -> RemoteService {
+    let mut args = args;
+    args["agentRoot"] = json!(root);
+    RemoteService::with_emitter(&args, events.emitter()).unwrap()
+}
+
+fn not_ready_reason(service: &RemoteService) -> String {
+    match service.environments_now() {
+        Ok(envs) => panic!("expected no ready host, got {envs:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn key_auth_runs_a_trial_with_its_metrics_and_end() {
+    let Some(sshd) = start_sshd("key_auth_runs_a_trial", key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let environments = service.environments_now().unwrap();
+    assert_eq!(environments.len(), 1);
+    assert!(environments[0].ready, "{environments:?}");
+    assert_eq!(environments[0].id, environment_id(&sshd));
+    assert_eq!(environments[0].host, format!("127.0.0.1:{}", sshd.port()));
+    assert_eq!(
+        environments[0].inventory["id"],
+        json!(environment_id(&sshd)),
+        "the inventory carries the environment id: {:?}",
+        environments[0].inventory
+    );
+
+    service
+        .start(&world.request(&sshd, "t1", "echo KNOB_INTERMEDIATE 0.5; echo KNOB_INTERMEDIATE 0.7; echo KNOB_FINAL 0.9; pwd >&2; exit 0"))
+        .unwrap();
+    let trial = events.wait_ended("t1");
+    assert!(
+        matches!(trial[0], ServiceEvent::TrialStarted { .. }),
+        "{trial:?}"
+    );
+    assert_eq!(
+        metrics(&trial),
+        vec![
+            (MetricKind::Intermediate, 0, "0.5".to_string()),
+            (MetricKind::Intermediate, 1, "0.7".to_string()),
+            (MetricKind::Final, 0, "0.9".to_string()),
+        ]
+    );
+    let (exit_code, _, killed, stderr) = ending(&trial);
+    assert_eq!((exit_code, killed), (Some(0), None));
+    // The trial ran in the uploaded code directory on the host, not the local one.
+    let code_root = agent_root(&sshd).join("code");
+    assert!(stderr.contains(code_root.to_str().unwrap()), "{stderr}");
+    service.stop();
+}
+
+#[test]
+fn password_auth_works_and_a_wrong_password_is_named_without_it() {
+    let password = "s3cret-Pw-42";
+    let Some(sshd) = start_sshd(
+        "password_auth",
+        SshdOptions {
+            password: Some(password.to_string()),
+            ..SshdOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let machine = |password: &str| json!({"host": "127.0.0.1", "port": sshd.port(), "user": sshd.user(), "password": password});
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![machine(password)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    assert!(
+        service.environments_now().unwrap()[0].ready,
+        "sshd log: {}",
+        sshd.log()
+    );
+    service
+        .start(&world.request(&sshd, "p1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    let trial = events.wait_ended("p1");
+    assert_eq!(ending(&trial).0, Some(0), "{trial:?}");
+    service.stop();
+
+    let events = Events::default();
+    let wrong = "wrong-Pw-99";
+    let service = service_expecting_failure(world.args(vec![machine(wrong)]), &events, &sshd);
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains(&format!("{}@127.0.0.1:{}", sshd.user(), sshd.port()))
+            && reason.contains("authentication rejected (password)"),
+        "{reason}"
+    );
+    let everything = format!("{reason} {:?}", events.all());
+    assert!(
+        !everything.contains(wrong) && !everything.contains(password),
+        "{everything}"
+    );
+}
+
+fn service_expecting_failure(args: Value, events: &Events, sshd: &Sshd) -> RemoteService {
+    connect(args, events, &agent_root(sshd))
+}
+
+#[test]
+fn an_unknown_host_key_is_refused_with_how_to_accept_it() {
+    let Some(sshd) = start_sshd("unknown_host_key", key_options()) else {
+        return;
+    };
+    let world = World::new();
+    let events = Events::default();
+    let service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let reason = not_ready_reason(&service);
+    let port = sshd.port();
+    for expected in [
+        format!("{}@127.0.0.1:{port}", sshd.user()),
+        "unknown host key ssh-ed25519 SHA256:".to_string(),
+        world.known_hosts().display().to_string(),
+        format!(
+            "ssh-keyscan -p {port} 127.0.0.1 >> {}",
+            world.known_hosts().display()
+        ),
+        "acceptNewHostKey: true".to_string(),
+    ] {
+        assert!(reason.contains(&expected), "{expected:?} not in: {reason}");
+    }
+    // The unreachable host was reported as a warning naming it.
+    assert!(
+        warnings(&events.all())
+            .iter()
+            .any(|w| w.contains(&format!("host 127.0.0.1:{port} is unreachable"))),
+        "{:?}",
+        events.all()
+    );
+    assert_eq!(std::fs::read_to_string(world.known_hosts()).unwrap(), "");
+}
+
+#[test]
+fn accept_new_host_key_appends_it_but_a_changed_key_is_refused() {
+    let Some(sshd) = start_sshd("accept_new_host_key", key_options()) else {
+        return;
+    };
+    let world = World::new();
+    let mut machine = key_machine(&sshd);
+    machine["acceptNewHostKey"] = json!(true);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![machine.clone()]),
+        &events,
+        &agent_root(&sshd),
+    );
+    assert!(service.environments_now().unwrap()[0].ready);
+    service.stop();
+    let learned = std::fs::read_to_string(world.known_hosts()).unwrap();
+    let key = sshd.known_hosts_line();
+    let key_blob = key.split_whitespace().nth(2).unwrap();
+    assert!(
+        learned.contains(&format!("[127.0.0.1]:{}", sshd.port())) && learned.contains(key_blob),
+        "{learned}"
+    );
+
+    // Another key recorded for the host: refused, even with acceptNewHostKey.
+    let other = world.dir.path().join("other_host_key");
+    let other_line = generate_key(&other, "").unwrap();
+    let other_blob = other_line.split_whitespace().nth(1).unwrap();
+    let changed = format!("[127.0.0.1]:{} ssh-ed25519 {other_blob}\n", sshd.port());
+    std::fs::write(world.known_hosts(), &changed).unwrap();
+    let events = Events::default();
+    let service = connect(world.args(vec![machine]), &events, &agent_root(&sshd));
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("host key changed") && reason.contains("line 1"),
+        "{reason}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(world.known_hosts()).unwrap(),
+        changed
+    );
+}
+
+#[test]
+fn code_upload_honours_nniignore_and_happens_once_per_host() {
+    let Some(sshd) = start_sshd("code_upload", key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    std::fs::write(world.code_dir().join("train.sh"), "echo KNOB_FINAL 3\n").unwrap();
+    std::fs::create_dir(world.code_dir().join("data")).unwrap();
+    std::fs::write(world.code_dir().join("data/big.bin"), vec![0u8; 4096]).unwrap();
+    std::fs::write(world.code_dir().join(".nniignore"), "data/\n").unwrap();
+
+    let check = "test -f train.sh && test ! -e data && sh train.sh";
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    service.start(&world.request(&sshd, "c1", check)).unwrap();
+    service.start(&world.request(&sshd, "c2", check)).unwrap();
+    for trial in ["c1", "c2"] {
+        let events = events.wait_ended(trial);
+        assert_eq!(ending(&events).0, Some(0), "{events:?}");
+        assert_eq!(metrics(&events).len(), 1);
+    }
+    assert_eq!(service.code_uploads(), 1, "one upload for two trials");
+    service.stop();
+    drop(service);
+
+    // A new service (a new manager) finds the code on the host and uploads nothing.
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    service.start(&world.request(&sshd, "c3", check)).unwrap();
+    assert_eq!(ending(&events.wait_ended("c3")).0, Some(0));
+    assert_eq!(service.code_uploads(), 0, "the host already had this code");
+    service.stop();
+}
+
+/// Events of `trial` delivered more than once (same kind and sequence).
+fn duplicates(events: &[ServiceEvent]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    events
+        .iter()
+        .map(|e| match e {
+            ServiceEvent::Metric { kind, sequence, .. } => format!("metric {kind:?} {sequence}"),
+            ServiceEvent::TrialStarted { .. } => "started".to_string(),
+            ServiceEvent::TrialEnded { .. } => "ended".to_string(),
+            other => format!("{other:?}"),
+        })
+        .filter(|key| !seen.insert(key.clone()))
+        .collect()
+}
+
+#[test]
+fn a_dropped_connection_is_restored_and_nothing_is_lost_or_doubled() {
+    let Some(sshd) = start_sshd("dropped_connection", key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    // Reports a metric, waits for a file the test creates after the drop, reports the rest.
+    let gate = world.dir.path().join("gate");
+    let command = format!(
+        "echo KNOB_INTERMEDIATE 1; n=0; while [ ! -e {gate} ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done; echo KNOB_INTERMEDIATE 2; echo KNOB_FINAL 3",
+        gate = gate.display()
+    );
+    service
+        .start(&world.request(&sshd, "d1", &command))
+        .unwrap();
+    events.wait_until("the first metric", |all| {
+        metrics(&of_trial(all, "d1")).len() == 1
+    });
+
+    sshd.drop_connections();
+    events.wait_until("the environment to go not ready", |all| {
+        all.iter()
+            .any(|e| matches!(e, ServiceEvent::Environment { environment } if !environment.ready))
+    });
+    // The trial keeps running on the host while the connection is down.
+    std::fs::write(&gate, "").unwrap();
+    let trial = events.wait_ended("d1");
+    assert_eq!(
+        metrics(&trial),
+        vec![
+            (MetricKind::Intermediate, 0, "1".to_string()),
+            (MetricKind::Intermediate, 1, "2".to_string()),
+            (MetricKind::Final, 0, "3".to_string()),
+        ],
+        "{trial:?}"
+    );
+    assert!(duplicates(&trial).is_empty(), "{trial:?}");
+    let (exit_code, _, _, _) = ending(&trial);
+    assert_eq!(exit_code, Some(0));
+    assert!(
+        !trial.iter().any(|e| matches!(
+            e,
+            ServiceEvent::TrialEnded {
+                environment_lost: Some(_),
+                ..
+            }
+        )),
+        "{trial:?}"
+    );
+    events.wait_until("the environment to be ready again", |all| {
+        matches!(all.iter().rev().find(|e| matches!(e, ServiceEvent::Environment { .. })),
+            Some(ServiceEvent::Environment { environment }) if environment.ready)
+    });
+    // And the host takes new trials.
+    service
+        .start(&world.request(&sshd, "d2", "echo KNOB_FINAL 4"))
+        .unwrap();
+    assert_eq!(ending(&events.wait_ended("d2")).0, Some(0));
+    service.stop();
+}
+
+#[test]
+fn a_killed_host_ends_its_trials_as_lost() {
+    let Some(mut sshd) = start_sshd("killed_host", key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    service
+        .start(&world.request(&sshd, "k1", "echo KNOB_INTERMEDIATE 1; sleep 60"))
+        .unwrap();
+    events.wait_until("the first metric", |all| {
+        metrics(&of_trial(all, "k1")).len() == 1
+    });
+    sshd.kill_host();
+    let trial = events.wait_ended("k1");
+    match trial.last() {
+        Some(ServiceEvent::TrialEnded {
+            environment_lost: Some(why),
+            ..
+        }) => assert!(
+            why.starts_with(&format!("host 127.0.0.1:{} lost: ", sshd.port())),
+            "{why}"
+        ),
+        other => panic!("expected a lost end, got {other:?}; all: {trial:?}"),
+    }
+    assert!(duplicates(&trial).is_empty(), "{trial:?}");
+    assert!(!service.environments_now().is_ok_and(|e| e[0].ready));
+    let err = service
+        .start(&world.request(&sshd, "k2", "true"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is not connected"), "{err}");
+    service.stop();
+}
+
+#[test]
+fn two_hosts_with_one_unreachable_run_on_the_other() {
+    let Some(sshd) = start_sshd("two_hosts", key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    // A port nothing listens on.
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = json!({
+        "host": "127.0.0.1", "port": dead_port, "user": sshd.user(),
+        "sshKeyFile": sshd.client_key_path(),
+    });
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![dead, key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let warned = warnings(&events.all());
+    assert!(
+        warned.iter().any(
+            |w| w.contains(&format!("host 127.0.0.1:{dead_port} is unreachable"))
+                && w.contains("connection refused")
+        ),
+        "{warned:?}"
+    );
+    let environments = service.environments_now().unwrap();
+    assert_eq!(
+        environments.iter().map(|e| e.ready).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+    service
+        .start(&world.request(&sshd, "h1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    assert_eq!(ending(&events.wait_ended("h1")).0, Some(0));
+    let mut on_dead = world.request(&sshd, "h2", "true");
+    on_dead.environment_id = format!("remote:{}@127.0.0.1:{dead_port}", sshd.user());
+    let err = service.start(&on_dead).unwrap_err().to_string();
+    assert!(err.contains("is not connected"), "{err}");
+    service.stop();
+}
+
+#[test]
+fn bad_class_args_are_one_line_errors() {
+    let events = Events::default();
+    let err = |args: Value| {
+        RemoteService::with_emitter(&args, events.emitter())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        err(json!({"experimentId": "e", "machineList": [{"host": "h", "user": "u", "sshKeyFile": "/nonexistent/key"}]})),
+        "classArgs of training service remote: machineList[0].sshKeyFile /nonexistent/key of u@h:22 is not a readable file"
+    );
+    assert_eq!(
+        err(json!({"experimentId": "e", "agentBinary": "/nonexistent/knob-agent", "machineList": [{"host": "h", "user": "u"}]})),
+        "training service remote cannot start: agentBinary: cannot read the agent binary /nonexistent/knob-agent: No such file or directory (os error 2)"
+    );
+}

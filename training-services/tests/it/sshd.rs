@@ -1,0 +1,378 @@
+//! A real OpenSSH server on 127.0.0.1 for tests: its own port, host key, authorized keys and
+//! config, run in the foreground (`sshd -D -e`) by the test itself.
+//!
+//! Self-contained (std only) so that other crates' tests can include it with
+//! `#[path = "../../../training-services/tests/it/sshd.rs"] mod sshd;`.
+//!
+//! Password login as root without touching the real `/etc/shadow`: sshd runs inside
+//! `unshare --mount`, with a generated shadow file (root's password hashed by
+//! `openssl passwd -6`) bind-mounted over `/etc/shadow` in that mount namespace only, and
+//! `UsePAM no` so that sshd checks the shadow file itself.
+//!
+//! Every session started through a fixture's sshd carries `KNOB_TEST_SSHD_MARK=<its dir>` in
+//! its environment (sshd's `SetEnv`); processes that outlive their session (knob-agent
+//! daemons, their trials) keep it, which is how [`Sshd::kill_host`] finds them.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The variable naming the sshd binary; tests that need sshd skip when it is unset.
+pub const SSHD_VARIABLE: &str = "KNOB_TEST_SSHD";
+const MARK_VARIABLE: &str = "KNOB_TEST_SSHD_MARK";
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The sshd binary, or `None` with the reason printed (the test should return).
+pub fn sshd_binary(test: &str) -> Option<PathBuf> {
+    match std::env::var_os(SSHD_VARIABLE) {
+        Some(path) if Path::new(&path).is_file() => Some(PathBuf::from(path)),
+        Some(path) => {
+            eprintln!("skipping {test}: {SSHD_VARIABLE}={path:?} is not a file");
+            None
+        }
+        None => {
+            eprintln!(
+                "skipping {test}: set {SSHD_VARIABLE}=/usr/sbin/sshd to run tests against a real sshd"
+            );
+            None
+        }
+    }
+}
+
+/// How a fixture's sshd lets users in.
+#[derive(Debug, Clone, Default)]
+pub struct SshdOptions {
+    /// Accept the fixture's client key.
+    pub key_auth: bool,
+    /// Accept this password for root (needs `unshare` and root).
+    pub password: Option<String>,
+    /// Variables every session gets (sshd's `SetEnv`), e.g. `KNOB_SIMULATE_GPUS`.
+    pub env: Vec<(String, String)>,
+}
+
+/// A running sshd; stopped (with everything started through it) on drop.
+pub struct Sshd {
+    dir: PathBuf,
+    port: u16,
+    listener: Option<Child>,
+    host_public_key: String,
+    client_key: PathBuf,
+    password: Option<String>,
+}
+
+fn run(command: &mut Command) -> Result<String, String> {
+    let output = command
+        .output()
+        .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{command:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener =
+        TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port on 127.0.0.1: {e}"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Generates an ed25519 key pair at `path` (and `path.pub`); returns the public key line.
+pub fn generate_key(path: &Path, passphrase: &str) -> Result<String, String> {
+    run(Command::new("ssh-keygen")
+        .args([
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            passphrase,
+            "-C",
+            "knob-test",
+            "-f",
+        ])
+        .arg(path))?;
+    std::fs::read_to_string(path.with_extension("pub"))
+        .map(|line| line.trim().to_string())
+        .map_err(|e| format!("cannot read {}.pub: {e}", path.display()))
+}
+
+/// A fresh directory under the system temp dir, unique to this process and call.
+fn fresh_dir() -> Result<PathBuf, String> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "knob-sshd-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+impl Sshd {
+    pub fn start(sshd: &Path, options: SshdOptions) -> Result<Sshd, String> {
+        let dir = fresh_dir()?;
+        // sshd refuses to start without its privilege separation directory.
+        std::fs::create_dir_all("/run/sshd")
+            .map_err(|e| format!("cannot create /run/sshd (sshd needs it): {e}"))?;
+
+        let host_key = dir.join("host_key");
+        let host_public_key = generate_key(&host_key, "")?;
+        let client_key = dir.join("client_key");
+        let client_public_key = generate_key(&client_key, "")?;
+        let authorized_keys = dir.join("authorized_keys");
+        let authorized = if options.key_auth {
+            client_public_key + "\n"
+        } else {
+            String::new()
+        };
+        std::fs::write(&authorized_keys, authorized).map_err(|e| e.to_string())?;
+
+        let port = free_port()?;
+        let mut set_env = format!("{MARK_VARIABLE}={}", dir.display());
+        for (name, value) in &options.env {
+            set_env.push_str(&format!(" {name}={value}"));
+        }
+        let config = format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nAuthorizedKeysFile {authorized_keys}\n\
+             StrictModes no\nUsePAM no\nPermitRootLogin yes\nPubkeyAuthentication {pubkey}\n\
+             PasswordAuthentication {password}\nKbdInteractiveAuthentication no\n\
+             PidFile {pid_file}\nSetEnv {set_env}\nMaxStartups 50\nMaxSessions 50\nLogLevel INFO\n",
+            host_key = host_key.display(),
+            authorized_keys = authorized_keys.display(),
+            pubkey = if options.key_auth { "yes" } else { "no" },
+            password = if options.password.is_some() { "yes" } else { "no" },
+            pid_file = dir.join("sshd.pid").display(),
+        );
+        let config_path = dir.join("sshd_config");
+        std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(dir.join("sshd.log")).map_err(|e| e.to_string())?;
+
+        let mut command = match &options.password {
+            None => {
+                let mut command = Command::new(sshd);
+                command.arg("-D").arg("-e").arg("-f").arg(&config_path);
+                command
+            }
+            Some(password) => {
+                let hash = run(Command::new("openssl").args(["passwd", "-6", password]))?;
+                let current = std::fs::read_to_string("/etc/shadow").map_err(|e| {
+                    format!("cannot read /etc/shadow (password tests need root): {e}")
+                })?;
+                let mut shadow: String = current
+                    .lines()
+                    .filter(|line| !line.starts_with("root:"))
+                    .map(|line| format!("{line}\n"))
+                    .collect();
+                shadow.push_str(&format!("root:{}:19000:0:99999:7:::\n", hash.trim()));
+                let shadow_path = dir.join("shadow");
+                std::fs::write(&shadow_path, shadow).map_err(|e| e.to_string())?;
+                let script = format!(
+                    "mount --bind '{}' /etc/shadow && exec '{}' -D -e -f '{}'",
+                    shadow_path.display(),
+                    sshd.display(),
+                    config_path.display()
+                );
+                let mut command = Command::new("unshare");
+                command.args(["--mount", "sh", "-c", &script]);
+                command
+            }
+        };
+        let listener = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", sshd.display()))?;
+        let mut fixture = Sshd {
+            dir,
+            port,
+            listener: Some(listener),
+            host_public_key,
+            client_key,
+            password: options.password,
+        };
+        fixture.wait_listening()?;
+        Ok(fixture)
+    }
+
+    fn wait_listening(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let address = SocketAddr::from(([127, 0, 0, 1], self.port));
+        while Instant::now() < deadline {
+            if let Some(child) = self.listener.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("sshd exited at start ({status}): {}", self.log()));
+                }
+            }
+            if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!(
+            "sshd did not listen on {address} within {} s: {}",
+            START_TIMEOUT.as_secs(),
+            self.log()
+        ))
+    }
+
+    /// sshd's log so far.
+    pub fn log(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = std::fs::File::open(self.dir.join("sshd.log")) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The fixture's own directory (a good `agentRoot`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The user to log in as: the one running the tests.
+    pub fn user(&self) -> String {
+        std::env::var("USER")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "root".to_string())
+    }
+
+    /// A known_hosts line for this server.
+    pub fn known_hosts_line(&self) -> String {
+        let mut fields = self.host_public_key.split_whitespace();
+        let algorithm = fields.next().unwrap_or_default();
+        let key = fields.next().unwrap_or_default();
+        format!("[127.0.0.1]:{} {algorithm} {key}", self.port)
+    }
+
+    pub fn client_key_path(&self) -> &Path {
+        &self.client_key
+    }
+
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    fn listener_pid(&self) -> Option<u32> {
+        self.listener.as_ref().map(|c| c.id())
+    }
+
+    /// Kills the per-connection sshd processes only: every SSH connection drops, while the
+    /// listener and the agent daemons stay (a dropped and restorable connection).
+    pub fn drop_connections(&self) {
+        let Some(listener) = self.listener_pid() else {
+            return;
+        };
+        for pid in descendants(listener) {
+            if process_name(pid).as_deref() == Some("sshd") {
+                kill(pid);
+            }
+        }
+    }
+
+    /// The host is gone: the listener, its sessions, and every process started through it
+    /// (agent daemons and their trials) are killed.
+    pub fn kill_host(&mut self) {
+        let session_processes = self.listener_pid().map(descendants).unwrap_or_default();
+        if let Some(mut child) = self.listener.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for pid in session_processes {
+            kill(pid);
+        }
+        let mark = format!("{MARK_VARIABLE}={}", self.dir.display());
+        // Two passes: a daemon may fork a trial while the first pass runs.
+        for _ in 0..2 {
+            for pid in processes_with_environment(&mark) {
+                kill(pid);
+            }
+        }
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        self.kill_host();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name in parentheses may hold spaces: the fields after its closing parenthesis.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn process_name(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|name| name.trim().to_string())
+}
+
+fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = all_pids()
+        .into_iter()
+        .filter_map(|pid| Some((pid, parent_of(pid)?)))
+        .collect();
+    let mut found = vec![root];
+    let mut index = 0;
+    while index < found.len() && found.len() < 10_000 {
+        let parent = found[index];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(pid, _)| *pid),
+        );
+        index += 1;
+    }
+    found.remove(0);
+    found
+}
+
+fn processes_with_environment(entry: &str) -> Vec<u32> {
+    let own = std::process::id();
+    all_pids()
+        .into_iter()
+        .filter(|pid| *pid != own)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|environ| environ.split(|b| *b == 0).any(|v| v == entry.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn kill(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
