@@ -237,6 +237,19 @@ fn export_json(state: &ExperimentState) -> Value {
                 "started_ms": last_attempt.map(|a| a.started_ms),
                 "ended_ms": t.end.as_ref().map(|e| e.time_ms),
                 "attempts": t.attempts.len(),
+                // Where each attempt ran and how it ended: a retried trial, or one whose host
+                // was lost and that ran again elsewhere, shows every attempt.
+                "attempt_history": t.attempts.iter().map(|a| json!({
+                    "number": a.number,
+                    "environment_id": a.environment_id,
+                    "gpu_indices": a.gpu_indices,
+                    "started_ms": a.started_ms,
+                    "ended_ms": a.end.as_ref().map(|e| e.time_ms)
+                        .or_else(|| a.requeued.as_ref().map(|r| r.time_ms)),
+                    "status": a.end.as_ref().map(|e| e.status.as_str()),
+                    "message": a.end.as_ref().and_then(|e| e.message.clone()),
+                    "requeued": a.requeued.as_ref().map(|r| r.reason.clone()),
+                })).collect::<Vec<_>>(),
                 "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
                 "message": t.end.as_ref().and_then(|e| e.message.clone()),
             })

@@ -123,11 +123,7 @@ impl Manager {
             ServiceEvent::Warning {
                 trial_id: None,
                 message,
-            } => {
-                let platform = self.services[service].platform;
-                self.notice(format!("training service {platform}: {message}"))
-                    .await?
-            }
+            } => self.notice(message).await?,
             ServiceEvent::Warning { trial_id, message } => self.warn(trial_id, message).await?,
         }
         Ok(())

@@ -177,17 +177,20 @@ impl Manager {
     pub(super) async fn register_environments(&mut self) -> Result<(), ManagerError> {
         for index in 0..self.services.len() {
             let platform = self.services[index].platform;
-            let environments = self.services[index]
-                .handle
-                .environments()
-                .get()
-                .await
-                .map_err(|e| ManagerError::Service {
-                    service: platform.to_string(),
-                    message: e.to_string(),
-                })?;
-            for environment in environments {
-                self.on_environment(index, environment).await?;
+            match self.services[index].handle.environments().get().await {
+                Ok(environments) => {
+                    for environment in environments {
+                        self.on_environment(index, environment).await?;
+                    }
+                }
+                // In hybrid mode the other services may still run the experiment; whether any
+                // environment is left is decided below, with this reason in the error.
+                Err(e) => {
+                    self.notice(format!(
+                        "training service {platform} has no environment: {e}"
+                    ))
+                    .await?
+                }
             }
         }
         let mut pending = Vec::new();
