@@ -8,5 +8,7 @@ mod nni_file;
 mod nni_v3;
 mod plugin;
 mod real_nni;
+mod remote;
 mod runner;
+mod sshd;
 mod support;

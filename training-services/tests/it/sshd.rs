@@ -42,6 +42,25 @@ pub fn sshd_binary(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// Why password login cannot be set up here (it needs root, `unshare` and `openssl`), if so.
+pub fn password_login_unavailable() -> Option<String> {
+    let uid = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Some("password login needs root (a shadow file is bind-mounted in a private mount namespace)".to_string());
+    }
+    for tool in ["unshare", "openssl"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            return Some(format!("password login needs {tool} on the PATH"));
+        }
+    }
+    None
+}
+
 /// How a fixture's sshd lets users in.
 #[derive(Debug, Clone, Default)]
 pub struct SshdOptions {
