@@ -117,6 +117,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         inputs_sender,
         no_client_since: Some(Instant::now()),
         next_probe_at: None,
+        stopping: false,
     };
     runtime.block_on(daemon.run(listener, inputs, events));
     let _ = std::fs::remove_file(&socket);
@@ -186,6 +187,8 @@ struct Daemon {
     inputs_sender: UnboundedSender<Input>,
     no_client_since: Option<Instant>,
     next_probe_at: Option<Instant>,
+    /// Every trial is being killed; the daemon exits once they have ended.
+    stopping: bool,
 }
 
 enum Step {
@@ -200,9 +203,19 @@ impl Daemon {
         mut inputs: UnboundedReceiver<Input>,
         mut events: UnboundedReceiver<ServiceEvent>,
     ) {
+        use tokio::signal::unix::{signal, SignalKind};
+        // Stopped by the host (an admin, a reboot): trials must not outlive the daemon.
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
         loop {
             let deadline = self.next_deadline();
             let step = tokio::select! {
+                Some(()) = recv_signal(&mut terminate), if !self.stopping => {
+                    self.stop_on_signal("SIGTERM")
+                }
+                Some(()) = recv_signal(&mut interrupt), if !self.stopping => {
+                    self.stop_on_signal("SIGINT")
+                }
                 accepted = listener.accept() => {
                     match accepted {
                         Ok((stream, _)) => {
@@ -226,12 +239,35 @@ impl Daemon {
         }
     }
 
+    /// Kills every trial (their ends go to the client, if one is connected), then exits.
+    fn stop_on_signal(&mut self, name: &str) -> Step {
+        say!("{name} received: killing every trial");
+        self.stop_all(format!("knob-agent on this host was stopped ({name})"));
+        Step::Continue
+    }
+
+    /// Kills every trial off the task; `Input::ShutdownDone` follows, and the daemon exits.
+    fn stop_all(&mut self, reason: String) {
+        if std::mem::replace(&mut self.stopping, true) {
+            return;
+        }
+        let pool = self.pool.clone();
+        let inputs = self.inputs_sender.clone();
+        tokio::task::spawn_blocking(move || {
+            let left = pool.stop(&reason);
+            if !left.is_empty() {
+                say!("trials not seen to end: {left:?}");
+            }
+            let _ = inputs.send(Input::ShutdownDone);
+        });
+    }
+
     fn next_deadline(&self) -> Instant {
         let mut deadline = Instant::now() + Duration::from_secs(3600);
-        if let Some(since) = self.no_client_since {
+        if let Some(since) = self.no_client_since.filter(|_| !self.stopping) {
             deadline = deadline.min(since + self.options.orphan_timeout);
         }
-        if let Some(client) = &self.client {
+        if let Some(client) = self.client.as_ref().filter(|_| !self.stopping) {
             deadline = deadline.min(client.last_heard + self.options.heartbeat_timeout);
         }
         if let Some(at) = self.next_probe_at {
@@ -340,7 +376,7 @@ impl Daemon {
                         let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
                     }
                 }
-                say!("shut down on request");
+                say!("every trial stopped; exiting");
                 return Step::Exit;
             }
         }
@@ -512,15 +548,7 @@ impl Daemon {
             }
             ToAgent::Shutdown => {
                 say!("shutdown requested: killing every trial");
-                let pool = self.pool.clone();
-                let inputs = self.inputs_sender.clone();
-                tokio::task::spawn_blocking(move || {
-                    let left = pool.stop("experiment stopped");
-                    if !left.is_empty() {
-                        say!("trials not seen to end at shutdown: {left:?}");
-                    }
-                    let _ = inputs.send(Input::ShutdownDone);
-                });
+                self.stop_all("experiment stopped".to_string());
             }
         }
         Step::Continue
@@ -540,23 +568,15 @@ impl Daemon {
 
     fn on_deadline(&mut self) -> Step {
         let now = Instant::now();
-        if let Some(since) = self.no_client_since {
+        if let Some(since) = self.no_client_since.filter(|_| !self.stopping) {
             if now >= since + self.options.orphan_timeout {
-                say!(
-                    "no service connected for {} s: the manager is gone; killing every trial",
-                    self.options.orphan_timeout.as_secs()
-                );
-                let left = self.pool.stop(&format!(
-                    "knob-agent: no manager connected for {} s",
-                    self.options.orphan_timeout.as_secs()
-                ));
-                if !left.is_empty() {
-                    say!("trials not seen to end: {left:?}");
-                }
-                return Step::Exit;
+                let secs = self.options.orphan_timeout.as_secs();
+                say!("no service connected for {secs} s: the manager is gone; killing every trial");
+                self.stop_all(format!("knob-agent: no manager connected for {secs} s"));
             }
         }
-        if let Some(client) = &self.client {
+        // While stopping, the client waits for the trials' ends; it is not expected to ping.
+        if let Some(client) = self.client.as_ref().filter(|_| !self.stopping) {
             if now >= client.last_heard + self.options.heartbeat_timeout {
                 let secs = self.options.heartbeat_timeout.as_secs();
                 self.drop_client(&format!("silent for {secs} s"));
@@ -662,6 +682,14 @@ fn hostname() -> String {
     nix::unistd::gethostname()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".to_string())
+}
+
+/// The next delivery of a signal, or never when it could not be installed.
+async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn read_client(id: u64, mut read: OwnedReadHalf, inputs: UnboundedSender<Input>) {

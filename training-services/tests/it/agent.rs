@@ -695,3 +695,74 @@ fn receive_code_unpacks_an_archive_from_stdin() {
     );
     assert!(!dest.exists());
 }
+
+#[test]
+fn sigterm_to_the_daemon_kills_its_trials_first() {
+    let host = Host::new();
+    let mut agent = host.attach();
+    let daemon = welcome_pid(&agent.hello(0, true));
+    agent.start_trial(
+        1,
+        host.request("t", "echo $$ > \"$KNOB_TRIAL_DIR/pid\"; sleep 60"),
+        false,
+    );
+    let trial = read_pid(&host.trial_dir("t").join("pid"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    agent.until_ended("t");
+    let (_, _, killed, _) = crate::support::ending(&of_trial(&agent.events, "t"));
+    assert_eq!(
+        killed.as_deref(),
+        Some("knob-agent on this host was stopped (SIGTERM)")
+    );
+    assert!(agent.wait_exit().success());
+    wait_gone(daemon as i32, "the daemon");
+    assert!(!process_runs(trial));
+}
+
+#[test]
+fn a_silent_client_is_dropped_and_a_new_client_replaces_the_old_one() {
+    let host = Host::new();
+    let args = [
+        "--orphan-timeout-secs",
+        "30",
+        "--heartbeat-timeout-secs",
+        "1",
+    ];
+    let mut silent = Attached::start(&host.dir(), &args, &[]);
+    let daemon = welcome_pid(&silent.hello(0, true));
+    silent.start_trial(
+        1,
+        host.request("t", "echo $$ > \"$KNOB_TRIAL_DIR/pid\"; sleep 60"),
+        false,
+    );
+    let trial = read_pid(&host.trial_dir("t").join("pid"));
+    // Nothing sent for the heartbeat timeout: the daemon closes the connection, attach exits,
+    // the trial runs on.
+    assert!(silent.wait_exit().success());
+    assert!(process_runs(trial));
+
+    let mut first = host.attach();
+    first.hello(0, false);
+    let mut second = host.attach();
+    let welcome = second.hello(0, false);
+    assert_eq!(welcome_pid(&welcome), daemon);
+    // The first connection was closed when the second arrived.
+    assert!(first.wait_exit().success());
+    let FromAgent::Welcome { running, .. } = &welcome else {
+        unreachable!()
+    };
+    assert_eq!(running, &["t".to_string()]);
+    second.send(&ToAgent::Shutdown);
+    second.until_ended("t");
+    // The trial's whole history, replayed once to the connection that asked from seq 0.
+    let events = of_trial(&second.events, "t");
+    assert!(
+        matches!(events[0], ServiceEvent::TrialStarted { .. }),
+        "{events:#?}"
+    );
+    assert!(second.wait_exit().success());
+}
