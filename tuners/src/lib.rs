@@ -5,20 +5,24 @@
 
 mod anneal;
 mod batch;
+mod bohb;
 mod cmaes;
 mod common;
 mod evolution;
 mod gp;
 mod grid_search;
+mod hyperband;
 mod random;
 mod tpe;
 
 pub use anneal::AnnealTuner;
 pub use batch::BatchTuner;
+pub use bohb::BohbTuner;
 pub use cmaes::CmaEsTuner;
 pub use evolution::EvolutionTuner;
 pub use gp::GpTuner;
 pub use grid_search::GridSearchTuner;
+pub use hyperband::HyperbandTuner;
 pub use random::RandomTuner;
 pub use tpe::TpeTuner;
 
@@ -30,5 +34,7 @@ knob_plugin_api::export_plugin! {
     tuner "Batch": BatchTuner = "the parameter sets listed in one choice, in order, each once (NNI's BatchTuner)";
     tuner "Evolution": EvolutionTuner = "naive evolution (NNI's Evolution): random first generation, then tournaments and one-parameter mutations; defers while no parent is ready";
     tuner "Random": RandomTuner = "random search (NNI's Random): seeded, never repeats a point, ends when a finite space is used up";
+    tuner "Hyperband": HyperbandTuner = "Hyperband (NNI's): brackets of successive halving over random configurations, TRIAL_BUDGET in the parameters, NNI's string trial ids; exec_mode parallelism or serial";
+    tuner "BOHB": BohbTuner = "BOHB (NNI's, in Rust): Hyperband's brackets with configurations from per-budget good/bad kernel densities";
     tuner "GridSearch": GridSearchTuner = "grid search (NNI's GridSearch): every combination of choices and integers, continuous ranges refined in rounds";
 }

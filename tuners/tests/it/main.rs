@@ -9,6 +9,7 @@ mod drive;
 mod evolution;
 mod gp;
 mod grid;
+mod hyperband;
 mod random;
 mod tpe;
 
