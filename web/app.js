@@ -275,7 +275,7 @@ function renderCharts() {
     tooltip: { trigger: "item" },
     xAxis: { type: "value", name: "report", minInterval: 1 },
     yAxis: { type: "value", scale: true },
-    series: recent.map((t) => ({ name: t.trial_id, type: "line", showSymbol: false, data: state.intermediate.get(t.trial_id).map((v, i) => [i + 1, v]) })),
+    series: recent.map((t) => { const values = state.intermediate.get(t.trial_id); return { name: t.trial_id, type: "line", showSymbol: values.length < 2, data: values.map((v, i) => [i + 1, v]) }; }),
   }, true);
 
   chart("chart-duration").setOption({
