@@ -6,6 +6,7 @@ mod api;
 mod assessor;
 mod browser;
 mod create;
+mod hyperband;
 mod nni;
 mod plugin;
 mod resume;
