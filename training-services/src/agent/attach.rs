@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{log_tail, socket_path, AgentError, LOG_FILE_NAME};
+use super::{log_tail, AgentError, LOG_FILE_NAME, SOCKET_FILE_NAME};
 
 /// How long `attach` waits for a daemon it started to listen.
 pub const DAEMON_START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,17 +34,27 @@ pub fn attach(options: &AttachOptions) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// A connection to the daemon of `options.dir`, started first if nothing listens.
+/// A connection to the daemon of `options.dir`, started first if nothing listens. Changes the
+/// working directory to `options.dir` (created if missing), whose socket is reached by its
+/// relative name (a Unix socket path is limited to 107 bytes).
 pub fn connect_or_start(options: &AttachOptions) -> Result<UnixStream, AgentError> {
-    let socket = socket_path(&options.dir);
-    if let Ok(stream) = UnixStream::connect(&socket) {
+    let dir = std::path::absolute(&options.dir)
+        .map_err(AgentError::io("cannot resolve", &options.dir))?;
+    std::fs::create_dir_all(&dir).map_err(AgentError::io("cannot create", &dir))?;
+    std::env::set_current_dir(&dir).map_err(AgentError::io("cannot enter", &dir))?;
+    let options = &AttachOptions {
+        dir,
+        serve_args: options.serve_args.clone(),
+    };
+    let socket = Path::new(SOCKET_FILE_NAME);
+    if let Ok(stream) = UnixStream::connect(socket) {
         return Ok(stream);
     }
     let mut daemon = start_daemon(options)?;
     let started = Instant::now();
     let mut exited_at: Option<Instant> = None;
     loop {
-        if let Ok(stream) = UnixStream::connect(&socket) {
+        if let Ok(stream) = UnixStream::connect(socket) {
             reap_in_background(daemon);
             return Ok(stream);
         }

@@ -23,7 +23,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::event_log::EventLog;
-use super::{socket_path, AgentError, AGENT_VERSION, INVENTORY_INTERVAL, LOCK_FILE_NAME};
+use super::{
+    socket_path, AgentError, AGENT_VERSION, INVENTORY_INTERVAL, LOCK_FILE_NAME, SOCKET_FILE_NAME,
+};
 use crate::agent_protocol::{
     read_frame_async, write_frame_async, FrameError, FromAgent, ToAgent, HEARTBEAT_TIMEOUT,
     PROTOCOL_VERSION,
@@ -62,8 +64,12 @@ macro_rules! say {
 
 /// Runs the daemon until it is told to shut down or its manager is gone.
 pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
-    let dir = &options.dir;
+    let dir = &std::path::absolute(&options.dir)
+        .map_err(AgentError::io("cannot resolve", &options.dir))?;
     std::fs::create_dir_all(dir).map_err(AgentError::io("cannot create", dir))?;
+    // The socket is bound by a relative name from inside the directory: a Unix socket path
+    // is limited to 107 bytes, which a deep home directory would exceed.
+    std::env::set_current_dir(dir).map_err(AgentError::io("cannot enter", dir))?;
     let lock_path = dir.join(LOCK_FILE_NAME);
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -96,7 +102,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
     let _ = std::fs::remove_file(&socket);
     let listener = {
         let _runtime = pool.runtime().enter();
-        UnixListener::bind(&socket).map_err(AgentError::io("cannot listen on", &socket))?
+        UnixListener::bind(SOCKET_FILE_NAME).map_err(AgentError::io("cannot listen on", &socket))?
     };
     say!(
         "serving {} (protocol {PROTOCOL_VERSION}, orphan timeout {} s)",
@@ -120,7 +126,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         stopping: false,
     };
     runtime.block_on(daemon.run(listener, inputs, events));
-    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(dir.join(SOCKET_FILE_NAME));
     drop(pool);
     drop(lock);
     say!("exited");

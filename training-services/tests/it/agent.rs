@@ -766,3 +766,45 @@ fn a_silent_client_is_dropped_and_a_new_client_replaces_the_old_one() {
     );
     assert!(second.wait_exit().success());
 }
+
+#[test]
+fn a_directory_deeper_than_a_socket_path_allows_still_works() {
+    let host = Host::new();
+    let deep = host.dir().join("d".repeat(60)).join("e".repeat(60));
+    assert!(deep.join("agent.sock").as_os_str().len() > 108);
+    let mut agent = Attached::start(&deep, &[], &[]);
+    agent.hello(0, true);
+    let request = TrialRequest {
+        trial_dir: deep.join("trials").join("t"),
+        ..host.request("t", "echo KNOB_FINAL 1")
+    };
+    agent.start_trial(1, request, false);
+    agent.until_ended("t");
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+}
+
+#[test]
+fn a_daemon_that_cannot_start_is_reported_in_one_line_with_its_log() {
+    let host = Host::new();
+    // The lock file cannot be opened when a directory has its name.
+    std::fs::create_dir_all(host.dir().join("agent.lock")).unwrap();
+    let output = Command::new(AGENT)
+        .arg("attach")
+        .arg("--dir")
+        .arg(host.dir())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "knob-agent: the daemon for {} did not start within",
+            host.dir().display()
+        )) && stderr.contains("cannot open")
+            && stderr.contains("agent.lock"),
+        "{stderr}"
+    );
+}
