@@ -808,3 +808,45 @@ fn a_daemon_that_cannot_start_is_reported_in_one_line_with_its_log() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_nni_v3_channel_is_served_on_the_host_under_the_remote_environment_id() {
+    let host = Host::new();
+    let mut agent = host.attach();
+    agent.hello(0, true);
+    // An HTTP client in plain bash (/dev/tcp), talking as nni 3's trial command channel does.
+    let script = r#"
+url=$NNI_TRIAL_COMMAND_CHANNEL; rest=${url#http://}; hostport=${rest%%/*}; path=/${rest#*/}
+send() {
+  exec 3<>/dev/tcp/${hostport%:*}/${hostport##*:}
+  printf '%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' "$1" "$path" "$hostport" "${#2}" "$2" >&3
+  cat <&3; exec 3<&-
+}
+echo "$NNI_TRIAL_COMMAND_CHANNEL" > "$KNOB_TRIAL_DIR/url"
+send PUT '{"type":"request_parameter"}' > /dev/null
+send GET '' > "$KNOB_TRIAL_DIR/parameter"
+send PUT '{"type":"metric","metric":"{\"parameter_id\": 42, \"trial_job_id\": \"v3\", \"type\": \"FINAL\", \"sequence\": 0, \"value\": \"0.5\"}"}' > /dev/null
+"#;
+    agent.start_trial(1, host.request("v3", script), false);
+    agent.until_ended("v3");
+    let events = of_trial(&agent.events, "v3");
+    assert_eq!(
+        metrics(&events),
+        [(MetricKind::Final, 0, "0.5".to_string())],
+        "{events:#?}"
+    );
+    let url = std::fs::read_to_string(host.trial_dir("v3").join("url")).unwrap();
+    assert!(
+        url.trim()
+            .ends_with("/env/remote%3Aroot%40127.0.0.1%3A2222/v3"),
+        "{url}"
+    );
+    let parameter = std::fs::read_to_string(host.trial_dir("v3").join("parameter")).unwrap();
+    assert!(
+        parameter.starts_with("HTTP/1.1 200")
+            && parameter.contains(r#"\"parameters\":{\"lr\":0.01,"#),
+        "{parameter}"
+    );
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+}
