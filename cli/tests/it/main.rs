@@ -9,6 +9,7 @@ mod create;
 mod hyperband;
 mod nni;
 mod plugin;
+mod remote;
 mod resume;
 mod space;
 

@@ -1,0 +1,720 @@
+//! `knob create` over SSH end to end: real `sshd` servers on 127.0.0.1 (each with its own port,
+//! host key and client key; one with password login), the real `remote` training service and
+//! the real `knob-agent` (built by `cargo build --workspace` beside `knob`).
+//!
+//! Gated by `KNOB_TEST_SSHD` (the sshd binary): without it every test here says why it skips.
+
+#[path = "../../../training-services/tests/it/sshd.rs"]
+mod sshd;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sshd::{Sshd, SshdOptions};
+
+use crate::create::Sandbox;
+use crate::run;
+
+/// The password of the password-login host: a string that appears nowhere else, so that finding
+/// it in a file means it leaked.
+const PASSWORD: &str = "pw-9f3c1e7a-knob-leak-check";
+
+/// How long a whole experiment of a test may take.
+const EXPERIMENT_LIMIT: Duration = Duration::from_secs(180);
+
+fn sshd_or_skip(test: &str) -> Option<PathBuf> {
+    sshd::sshd_binary(test)
+}
+
+fn key_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
+    Sshd::start(
+        sshd,
+        SshdOptions {
+            key_auth: true,
+            password: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        },
+    )
+    .expect("start sshd")
+}
+
+fn password_host(sshd: &Path) -> Sshd {
+    Sshd::start(
+        sshd,
+        SshdOptions {
+            key_auth: false,
+            password: Some(PASSWORD.to_string()),
+            env: Vec::new(),
+        },
+    )
+    .expect("start sshd with password login")
+}
+
+fn environment_id(host: &Sshd) -> String {
+    format!("remote:{}@127.0.0.1:{}", host.user(), host.port())
+}
+
+fn machine(host: &Sshd) -> String {
+    match host.password() {
+        Some(password) => format!(
+            "{{host: 127.0.0.1, port: {}, user: {}, password: '{password}'}}",
+            host.port(),
+            host.user()
+        ),
+        None => format!(
+            "{{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
+            host.port(),
+            host.user(),
+            host.client_key_path().display()
+        ),
+    }
+}
+
+/// Writes a known_hosts file naming `hosts` and returns its path.
+fn known_hosts(sandbox: &Sandbox, hosts: &[&Sshd]) -> PathBuf {
+    let path = sandbox.path().join("known_hosts");
+    let lines: String = hosts
+        .iter()
+        .map(|host| host.known_hosts_line() + "\n")
+        .collect();
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
+/// The config of a remote (or hybrid) experiment. `machines` are machineList entries; `extra`
+/// more top-level lines.
+/// What a test's experiment looks like.
+struct Spec<'a> {
+    trial_command: &'a str,
+    concurrency: u32,
+    trials: u32,
+    /// machineList entries.
+    machines: &'a [String],
+    known_hosts: &'a Path,
+    /// A local service too.
+    hybrid: bool,
+    /// More top-level config lines.
+    extra: &'a str,
+}
+
+fn remote_config(sandbox: &Sandbox, spec: Spec<'_>) -> PathBuf {
+    let Spec {
+        trial_command,
+        concurrency,
+        trials,
+        machines,
+        known_hosts,
+        hybrid,
+        extra,
+    } = spec;
+    let local = if hybrid { "  - platform: local\n" } else { "" };
+    let trial_command = format!("'{}'", trial_command.replace('\'', "''"));
+    let machine_list: String = machines
+        .iter()
+        .map(|m| format!("        - {m}\n"))
+        .collect();
+    let yaml = format!(
+        "searchSpace:
+  x: {{_type: randint, _value: [0, 1000000]}}
+tuner:
+  name: Random
+  classArgs: {{seed: 3}}
+trialCommand: {trial_command}
+trialConcurrency: {concurrency}
+maxTrialNumber: {trials}
+{extra}
+trainingService:
+{local}  - platform: remote
+    knownHostsFile: {known_hosts}
+    agentRoot: {agent_root}
+    hostLossTimeout: 3s
+    machineList:
+{machine_list}",
+        known_hosts = known_hosts.display(),
+        agent_root = sandbox.path().join("agent").display(),
+    );
+    sandbox.config(&yaml, &[])
+}
+
+/// Where each trial's attempts ran: (trial id, [(environment, status, message)]).
+/// One attempt: (environment, status, message).
+type Attempt = (String, Option<String>, Option<String>);
+
+fn attempts(export: &Value) -> Vec<(String, Vec<Attempt>)> {
+    export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|trial| {
+            let history = trial["attempt_history"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| {
+                    (
+                        a["environment_id"].as_str().unwrap().to_string(),
+                        a["status"].as_str().map(str::to_string),
+                        a["message"].as_str().map(str::to_string),
+                    )
+                })
+                .collect();
+            (trial["id"].as_str().unwrap().to_string(), history)
+        })
+        .collect()
+}
+
+/// Every file under `dir`, read as bytes.
+fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                found.push((path, bytes));
+            }
+        }
+    }
+    found
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle.as_bytes())
+}
+
+/// `knob create` in the background, for tests that act while it runs.
+fn spawn_create(sandbox: &Sandbox, config: &Path, id: &str) -> Child {
+    sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(config)
+        .args(["--id", id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start knob create")
+}
+
+/// Waits (bounded) for the experiment to finish; returns (exit code, stdout, stderr).
+fn wait_create(mut child: Child) -> (i32, String, String) {
+    let deadline = Instant::now() + EXPERIMENT_LIMIT;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Polls the store (through `knob experiment export`) until `ready` holds for it, bounded.
+fn wait_for(sandbox: &Sandbox, id: &str, what: &str, ready: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < deadline {
+        let (code, stdout, _) =
+            run(sandbox
+                .knob()
+                .args(["experiment", "export", id, "--format", "json"]));
+        if code == 0 {
+            if let Ok(export) = serde_json::from_str::<Value>(&stdout) {
+                if ready(&export) {
+                    return;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn running_on(export: &Value, environment: &str) -> usize {
+    export["trials"]
+        .as_array()
+        .map(|trials| {
+            trials
+                .iter()
+                .filter(|t| t["status"] == "RUNNING")
+                .filter(|t| {
+                    t["attempt_history"]
+                        .as_array()
+                        .and_then(|h| h.last())
+                        .is_some_and(|a| a["environment_id"] == environment)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_no_password() {
+    let Some(sshd) = sshd_or_skip("remote spread") else {
+        return;
+    };
+    let hosts = [
+        key_host(&sshd, &[]),
+        key_host(&sshd, &[]),
+        password_host(&sshd),
+    ];
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &hosts.iter().collect::<Vec<_>>());
+    let machines: Vec<String> = hosts.iter().map(machine).collect();
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "sleep 1; echo KNOB_FINAL 1",
+            concurrency: 3,
+            trials: 9,
+            machines: &machines,
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "spread");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment spread DONE: 9 trials (9 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let export = sandbox.export("spread");
+    let history = attempts(&export);
+    for host in &hosts {
+        let environment = environment_id(host);
+        assert!(
+            history
+                .iter()
+                .any(|(_, attempts)| attempts.iter().any(|(env, _, _)| *env == environment)),
+            "no trial ran on {environment}: {history:?}"
+        );
+    }
+    for (trial, attempts) in &history {
+        assert_eq!(attempts.len(), 1, "{trial}: {attempts:?}");
+    }
+
+    // The password is nowhere: not in the store, logs or any file of the experiment, nor in
+    // what `knob experiment show` and `export` print.
+    let experiment_dir = sandbox.path().join("experiments").join("spread");
+    for (path, bytes) in files_under(&experiment_dir) {
+        assert!(
+            !contains(&bytes, PASSWORD),
+            "{} holds the password",
+            path.display()
+        );
+    }
+    for (path, bytes) in files_under(&sandbox.path().join("home")) {
+        assert!(
+            !contains(&bytes, PASSWORD),
+            "{} holds the password",
+            path.display()
+        );
+    }
+    assert!(!export.to_string().contains(PASSWORD));
+    let (_, shown, _) = run(sandbox.knob().args(["experiment", "show", "spread"]));
+    assert!(shown.contains("\"password\":\"***\""), "{shown}");
+    assert!(!shown.contains(PASSWORD));
+    assert!(!stdout.contains(PASSWORD) && !stderr.contains(PASSWORD));
+    assert_api_never_serves(&sandbox, "spread", PASSWORD);
+}
+
+/// Serves the finished experiment read-only (`knob view`) and reads every route that returns
+/// the experiment or its config; none may hold `secret`.
+fn assert_api_never_serves(sandbox: &Sandbox, id: &str, secret: &str) {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let mut view = sandbox
+        .knob()
+        .args(["view", id, "--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}/api/v1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut bodies = Vec::new();
+    for route in ["/experiment", "/trials", "/events"] {
+        loop {
+            match ureq::get(&format!("{base}{route}")).call() {
+                Ok(mut response) => {
+                    bodies.push((route, response.body_mut().read_to_string().unwrap()));
+                    break;
+                }
+                Err(ureq::Error::StatusCode(_)) => break,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                Err(e) => panic!("knob view did not answer {route}: {e}"),
+            }
+        }
+    }
+    let _ = view.kill();
+    let _ = view.wait();
+    assert!(
+        bodies.iter().any(|(_, body)| body.contains("machineList")),
+        "no route served the config: {bodies:?}"
+    );
+    for (route, body) in bodies {
+        assert!(
+            !body.contains(secret),
+            "{route} serves the password: {body}"
+        );
+    }
+}
+
+#[test]
+fn a_hybrid_experiment_runs_trials_locally_and_remotely() {
+    let Some(sshd) = sshd_or_skip("remote hybrid") else {
+        return;
+    };
+    let host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "sleep 1; echo KNOB_FINAL 2",
+            concurrency: 4,
+            trials: 8,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: true,
+            extra: "",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "hybrid");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment hybrid DONE: 8 trials (8 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let history = attempts(&sandbox.export("hybrid"));
+    for environment in ["local".to_string(), environment_id(&host)] {
+        assert!(
+            history
+                .iter()
+                .any(|(_, attempts)| attempts.iter().any(|(env, _, _)| *env == environment)),
+            "no trial ran on {environment}: {history:?}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_host_key_is_refused_with_a_clear_message() {
+    let Some(sshd) = sshd_or_skip("remote unknown host key") else {
+        return;
+    };
+    let host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "echo KNOB_FINAL 1",
+            concurrency: 1,
+            trials: 1,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "unknownkey");
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let error = stderr
+        .lines()
+        .find(|line| line.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(error.contains("unknown host key"), "{error}");
+    assert!(
+        error.contains(&format!("127.0.0.1:{}", host.port())),
+        "{error}"
+    );
+    assert!(error.contains("acceptNewHostKey"), "{error}");
+
+    // With acceptNewHostKey the same host is accepted and its key recorded.
+    let accepting = machine(&host).replace('}', ", acceptNewHostKey: true}");
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "echo KNOB_FINAL 1",
+            concurrency: 1,
+            trials: 1,
+            machines: &[accepting],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "acceptkey");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let recorded = std::fs::read_to_string(&known).unwrap();
+    let key = host.known_hosts_line();
+    let key_material = key.split_whitespace().nth(2).unwrap();
+    assert!(recorded.contains(key_material), "{recorded}");
+}
+
+#[test]
+fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
+    let Some(sshd) = sshd_or_skip("remote unreachable host") else {
+        return;
+    };
+    let host = key_host(&sshd, &[]);
+    let mut gone = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host, &gone]);
+    let machines = [machine(&host), machine(&gone)];
+    gone.kill_host();
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "echo KNOB_FINAL 1",
+            concurrency: 2,
+            trials: 4,
+            machines: &machines,
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "onegone");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment onegone DONE: 4 trials (4 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let gone_address = format!("127.0.0.1:{}", gone.port());
+    assert!(
+        stderr
+            .lines()
+            .any(|line| line.starts_with("warning:") && line.contains(&gone_address)),
+        "no warning names {gone_address}: {stderr}"
+    );
+    let history = attempts(&sandbox.export("onegone"));
+    assert!(history
+        .iter()
+        .all(|(_, a)| a.iter().all(|(env, _, _)| *env == environment_id(&host))));
+
+    // With no host left, the experiment fails at once and says why.
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "echo KNOB_FINAL 1",
+            concurrency: 1,
+            trials: 1,
+            machines: &[machine(&gone)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "allgone");
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let error = stderr
+        .lines()
+        .find(|line| line.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(error.contains(&gone_address), "{error}");
+}
+
+#[test]
+fn a_host_killed_mid_experiment_has_its_trials_run_again_elsewhere() {
+    let Some(sshd) = sshd_or_skip("remote host killed") else {
+        return;
+    };
+    let survivor = key_host(&sshd, &[]);
+    let mut victim = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&survivor, &victim]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "sleep 4; echo KNOB_FINAL 1",
+            concurrency: 4,
+            trials: 8,
+            machines: &[machine(&survivor), machine(&victim)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let child = spawn_create(&sandbox, &config, "killed");
+    let victim_env = environment_id(&victim);
+    wait_for(&sandbox, "killed", "a trial running on the victim", |e| {
+        running_on(e, &victim_env) > 0
+    });
+    victim.kill_host();
+    let (code, stdout, stderr) = wait_create(child);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment killed DONE: 8 trials (8 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let history = attempts(&sandbox.export("killed"));
+    assert_eq!(history.len(), 8);
+    let mut moved = 0;
+    for (trial, attempts) in &history {
+        let (last_env, last_status, _) = attempts.last().unwrap();
+        assert_eq!(
+            last_status.as_deref(),
+            Some("SUCCEEDED"),
+            "{trial}: {attempts:?}"
+        );
+        for (env, status, message) in &attempts[..attempts.len() - 1] {
+            assert_eq!(env, &victim_env, "{trial}: {attempts:?}");
+            assert_eq!(status.as_deref(), Some("FAILED"), "{trial}: {attempts:?}");
+            assert!(
+                message.as_deref().is_some_and(|m| m.contains("lost")),
+                "{trial}: {attempts:?}"
+            );
+        }
+        if attempts.len() > 1 {
+            moved += 1;
+            assert_eq!(
+                last_env,
+                &environment_id(&survivor),
+                "{trial}: {attempts:?}"
+            );
+        }
+    }
+    assert!(
+        moved > 0,
+        "no trial was moved off the killed host: {history:?}"
+    );
+}
+
+#[test]
+fn dropped_connections_lose_and_duplicate_no_trial() {
+    let Some(sshd) = sshd_or_skip("remote dropped connections") else {
+        return;
+    };
+    let first = key_host(&sshd, &[]);
+    let second = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&first, &second]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "sleep 3; echo KNOB_FINAL 1",
+            concurrency: 4,
+            trials: 8,
+            machines: &[machine(&first), machine(&second)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    // Long enough that the hosts are never declared lost while their connections recover.
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("hostLossTimeout: 3s", "hostLossTimeout: 60s");
+    std::fs::write(&config, text).unwrap();
+    let child = spawn_create(&sandbox, &config, "dropped");
+    let (first_env, second_env) = (environment_id(&first), environment_id(&second));
+    wait_for(&sandbox, "dropped", "trials running on both hosts", |e| {
+        running_on(e, &first_env) > 0 && running_on(e, &second_env) > 0
+    });
+    first.drop_connections();
+    second.drop_connections();
+    let (code, stdout, stderr) = wait_create(child);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment dropped DONE: 8 trials (8 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    for (trial, attempts) in attempts(&sandbox.export("dropped")) {
+        assert_eq!(
+            attempts.len(),
+            1,
+            "{trial} ran more than once: {attempts:?}"
+        );
+        assert_eq!(attempts[0].1.as_deref(), Some("SUCCEEDED"), "{trial}");
+    }
+}
+
+#[test]
+fn simulated_gpus_on_two_hosts_are_never_shared_by_concurrent_trials() {
+    let Some(sshd) = sshd_or_skip("remote simulated GPUs") else {
+        return;
+    };
+    let gpus = [("KNOB_SIMULATE_GPUS", "2x16GiB")];
+    let hosts = [key_host(&sshd, &gpus), key_host(&sshd, &gpus)];
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &hosts.iter().collect::<Vec<_>>());
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: r#"sleep 2; echo "KNOB_FINAL {\"default\": 1, \"gpus\": \"$CUDA_VISIBLE_DEVICES\"}""#,
+            concurrency: 4,
+            trials: 8,
+            machines: &hosts.iter().map(machine).collect::<Vec<_>>(),
+            known_hosts: &known,
+            hybrid: false,
+            extra: "trialGpuNumber: 1",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "gpus");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment gpus DONE: 8 trials (8 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let export = sandbox.export("gpus");
+    // (environment, gpu, started, ended) of every attempt.
+    let mut slots = Vec::new();
+    for trial in export["trials"].as_array().unwrap() {
+        let attempt = &trial["attempt_history"][0];
+        let gpu_indices = attempt["gpu_indices"].as_array().unwrap();
+        assert_eq!(gpu_indices.len(), 1, "{trial}");
+        let gpu = gpu_indices[0].as_u64().unwrap();
+        // The trial saw the GPU it was given.
+        let raw: Value = serde_json::from_str(trial["final_raw"].as_str().unwrap()).unwrap();
+        assert_eq!(raw["gpus"], gpu.to_string(), "{trial}");
+        slots.push((
+            attempt["environment_id"].as_str().unwrap().to_string(),
+            gpu,
+            attempt["started_ms"].as_i64().unwrap(),
+            attempt["ended_ms"].as_i64().unwrap(),
+        ));
+    }
+    for (i, a) in slots.iter().enumerate() {
+        for b in &slots[i + 1..] {
+            let overlap = a.2 < b.3 && b.2 < a.3;
+            assert!(
+                !(overlap && a.0 == b.0 && a.1 == b.1),
+                "two trials at once on {} GPU {}: {slots:?}",
+                a.0,
+                a.1
+            );
+        }
+    }
+    for host in &hosts {
+        let environment = environment_id(host);
+        assert!(
+            slots.iter().any(|slot| slot.0 == environment),
+            "no trial ran on {environment}: {slots:?}"
+        );
+    }
+}
