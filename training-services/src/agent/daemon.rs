@@ -273,13 +273,19 @@ impl Daemon {
         if let Some(since) = self.no_client_since.filter(|_| !self.stopping) {
             deadline = deadline.min(since + self.options.orphan_timeout);
         }
-        if let Some(client) = self.client.as_ref().filter(|_| !self.stopping) {
+        if let Some(client) = self.client.as_ref().filter(|c| self.expects_pings(c)) {
             deadline = deadline.min(client.last_heard + self.options.heartbeat_timeout);
         }
         if let Some(at) = self.next_probe_at {
             deadline = deadline.min(at);
         }
         deadline
+    }
+
+    /// Whether the client's silence means it is gone: not while it waits for the daemon (its
+    /// hello being answered, or the trials' ends after a shutdown).
+    fn expects_pings(&self, client: &Client) -> bool {
+        !self.stopping && !client.greeting
     }
 
     fn connect(&mut self, read: OwnedReadHalf, write: OwnedWriteHalf) {
@@ -581,8 +587,7 @@ impl Daemon {
                 self.stop_all(format!("knob-agent: no manager connected for {secs} s"));
             }
         }
-        // While stopping, the client waits for the trials' ends; it is not expected to ping.
-        if let Some(client) = self.client.as_ref().filter(|_| !self.stopping) {
+        if let Some(client) = self.client.as_ref().filter(|c| self.expects_pings(c)) {
             if now >= client.last_heard + self.options.heartbeat_timeout {
                 let secs = self.options.heartbeat_timeout.as_secs();
                 self.drop_client(&format!("silent for {secs} s"));

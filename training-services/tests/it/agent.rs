@@ -670,7 +670,8 @@ fn receive_code_unpacks_an_archive_from_stdin() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(bytes).unwrap();
+        // The agent may refuse garbage before reading all of it.
+        let _ = child.stdin.take().unwrap().write_all(bytes);
         child.wait_with_output().unwrap()
     };
     let output = receive(&archive.bytes);
@@ -730,7 +731,7 @@ fn a_silent_client_is_dropped_and_a_new_client_replaces_the_old_one() {
         "--orphan-timeout-secs",
         "30",
         "--heartbeat-timeout-secs",
-        "1",
+        "2",
     ];
     let mut silent = Attached::start(&host.dir(), &args, &[]);
     let daemon = welcome_pid(&silent.hello(0, true));
