@@ -718,3 +718,74 @@ fn simulated_gpus_on_two_hosts_are_never_shared_by_concurrent_trials() {
         );
     }
 }
+
+#[test]
+fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cannot() {
+    let Some(sshd) = sshd_or_skip("remote resume") else {
+        return;
+    };
+    let host = password_host(&sshd);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "echo KNOB_FINAL 1",
+            concurrency: 2,
+            trials: 2,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "again");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let resume = |max: &str, password: Option<&str>| {
+        let mut command = sandbox.knob();
+        command.args(["resume", "again", "--max-trial-number", max]);
+        command.env_remove("KNOB_SSH_PASSWORD");
+        if let Some(password) = password {
+            command.env("KNOB_SSH_PASSWORD", password);
+        }
+        run(&mut command)
+    };
+
+    // The config file is still there: the password comes from it.
+    let (code, stdout, stderr) = resume("3", None);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("3 trials (3 succeeded"),
+        "{stdout}\n{stderr}"
+    );
+
+    // Gone: the error names the machine and what to do.
+    std::fs::remove_file(&config).unwrap();
+    let (code, stdout, stderr) = resume("4", None);
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let error = stderr
+        .lines()
+        .find(|line| line.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(
+        error.contains(&format!("@127.0.0.1:{}", host.port()))
+            && error.contains("KNOB_SSH_PASSWORD"),
+        "{error}"
+    );
+
+    // From the environment.
+    let (code, stdout, stderr) = resume("4", Some(PASSWORD));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("4 trials (4 succeeded"),
+        "{stdout}\n{stderr}"
+    );
+    let experiment_dir = sandbox.path().join("experiments").join("again");
+    for (path, bytes) in files_under(&experiment_dir) {
+        assert!(
+            !contains(&bytes, PASSWORD),
+            "{} holds the password",
+            path.display()
+        );
+    }
+}
