@@ -98,6 +98,8 @@ pub enum CodeArchiveError {
     UnsafePath { path: String },
     #[error("code archive entry {path:?} is a link to {target:?}, which leaves the code directory; refused")]
     UnsafeLink { path: String, target: String },
+    #[error("code archive entry {path:?} goes through or replaces the link {link:?} it made earlier; refused")]
+    UnderLink { path: String, link: String },
     #[error("code archive entry {path:?} is a {kind}; only files, directories and symbolic links are unpacked")]
     UnsupportedEntry { path: String, kind: String },
     #[error("code archive holds more than {limit} files or directories; refused")]
@@ -433,6 +435,15 @@ fn unpack_entries(
         if relative.as_os_str().is_empty() {
             continue;
         }
+        // Nothing is written through a link the archive made (a link to `.` would shift every
+        // later path, and a link below it that looks inside could then point outside), and
+        // nothing replaces a link.
+        if let Some(link) = first_link_on_path(root, &relative) {
+            return Err(CodeArchiveError::UnderLink {
+                path: shown,
+                link: link.to_string_lossy().into_owned(),
+            });
+        }
         let path = root.join(&relative);
         let entry_type = entry.header().entry_type();
         let mode = entry.header().mode().unwrap_or(0o644);
@@ -492,6 +503,21 @@ fn unpack_entries(
         }
     }
     Ok(Unpacked::Written { files, bytes })
+}
+
+/// The first prefix of `relative` (itself included) that is a symbolic link under `root`.
+fn first_link_on_path(root: &Path, relative: &Path) -> Option<PathBuf> {
+    let mut prefix = PathBuf::new();
+    for component in relative.components() {
+        prefix.push(component);
+        match std::fs::symlink_metadata(root.join(&prefix)) {
+            Ok(metadata) if metadata.file_type().is_symlink() => return Some(prefix),
+            Ok(_) => {}
+            // Nothing there yet, so nothing deeper either.
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 fn write_error_at(path: &Path) -> impl FnOnce(io::Error) -> CodeArchiveError {

@@ -251,20 +251,64 @@ fn links_out_of_the_tree_and_special_files_are_refused_by_create() {
 
 /// A gzip tar holding one entry whose name is written raw (tar's builder refuses `..`).
 fn raw_archive(name: &str, kind: tar::EntryType, link: Option<&str>, data: &[u8]) -> Vec<u8> {
-    let mut header = tar::Header::new_gnu();
-    let bytes = name.as_bytes();
-    header.as_old_mut().name[..bytes.len()].copy_from_slice(bytes);
-    if let Some(link) = link {
-        header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
-    }
-    header.set_entry_type(kind);
-    header.set_mode(0o644);
-    header.set_size(data.len() as u64);
-    header.set_cksum();
+    raw_entries(&[(name, kind, link, data)])
+}
+
+type RawEntry<'a> = (&'a str, tar::EntryType, Option<&'a str>, &'a [u8]);
+
+/// A gzip tar of entries written raw, in order.
+fn raw_entries(entries: &[RawEntry<'_>]) -> Vec<u8> {
     let encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut builder = tar::Builder::new(encoder);
-    builder.append(&header, data).unwrap();
+    for (name, kind, link, data) in entries {
+        let mut header = tar::Header::new_gnu();
+        let bytes = name.as_bytes();
+        header.as_old_mut().name[..bytes.len()].copy_from_slice(bytes);
+        if let Some(link) = link {
+            header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        }
+        header.set_entry_type(*kind);
+        header.set_mode(0o644);
+        header.set_size(data.len() as u64);
+        header.set_cksum();
+        builder.append(&header, *data).unwrap();
+    }
     builder.into_inner().unwrap().finish().unwrap()
+}
+
+#[test]
+fn unpack_never_writes_through_a_link_it_made() {
+    use tar::EntryType::{Regular, Symlink};
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("code").join("h");
+    let limits = ArchiveLimits::default();
+    // `a -> .` makes `a/b` the same as `b`, so `a/b/l -> ../..` (inside, read as a path) would
+    // point out of the tree, and `a/b/l/evil` would land outside it.
+    let escape = raw_entries(&[
+        ("a", Symlink, Some("."), b""),
+        ("a/b/l", Symlink, Some("../.."), b""),
+        ("a/b/l/evil", Regular, None, b"x"),
+    ]);
+    let error = unpack(escape.as_slice(), &dest, &limits).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "code archive entry \"a/b/l\" goes through or replaces the link \"a\" it made earlier; refused"
+    );
+    let replace = raw_entries(&[
+        ("target.txt", Regular, None, b"keep"),
+        ("l", Symlink, Some("target.txt"), b""),
+        ("l", Regular, None, b"overwrite"),
+    ]);
+    let error = unpack(replace.as_slice(), &dest, &limits).unwrap_err();
+    assert!(
+        error.to_string().contains("replaces the link \"l\""),
+        "{error}"
+    );
+    assert!(!out.path().join("evil").exists() && !out.path().join("code/evil").exists());
+    assert_eq!(
+        std::fs::read_dir(out.path().join("code")).unwrap().count(),
+        0
+    );
 }
 
 #[test]
