@@ -270,11 +270,11 @@ impl RemoteArgs {
                 "hostlosstimeoutsecs" => {
                     args.host_loss_timeout = value
                         .as_f64()
-                        .filter(|secs| *secs > 0.0 && *secs <= MAX_HOST_LOSS_TIMEOUT_SECS)
+                        .filter(|secs| (0.0..=MAX_HOST_LOSS_TIMEOUT_SECS).contains(secs))
                         .map(Duration::from_secs_f64)
                         .ok_or_else(|| {
                             ArgsError(format!(
-                                "{key} must be a number of seconds above 0 and at most {MAX_HOST_LOSS_TIMEOUT_SECS}, got {value}"
+                                "{key} must be a number of seconds from 0 to {MAX_HOST_LOSS_TIMEOUT_SECS}, got {value}"
                             ))
                         })?
                 }

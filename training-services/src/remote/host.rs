@@ -673,6 +673,13 @@ impl Host {
             remote
                 .env
                 .insert("PATH".to_string(), format!("{python}:{base}"));
+            // Also in the command, as NNI does: bash started under sshd sources ~/.bashrc,
+            // which often puts other interpreters first.
+            remote.command = format!(
+                "export PATH={}:\"$PATH\"; {}",
+                ssh::shell_quote(python),
+                request.command
+            );
         }
 
         let id = ctx.request_id();

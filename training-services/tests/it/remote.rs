@@ -522,3 +522,48 @@ fn bad_class_args_are_one_line_errors() {
         "training service remote cannot start: agentBinary: cannot read the agent binary /nonexistent/knob-agent: No such file or directory (os error 2)"
     );
 }
+
+#[test]
+fn without_reuse_each_trial_gets_its_own_code_copy_and_python_path_leads_path() {
+    let Some(sshd) = start_sshd("no_reuse", key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    std::fs::write(world.code_dir().join("train.sh"), "echo KNOB_FINAL 5\n").unwrap();
+    let mut args = world.args(vec![key_machine(&sshd)]);
+    args["reuseMode"] = json!(false);
+    args["machineList"][0]["pythonPath"] = json!("/opt/knob-test-python/bin");
+    let events = Events::default();
+    let mut service = connect(args, &events, &agent_root(&sshd));
+    let command = "touch scribble; sh train.sh; pwd >&2; echo \"PATH=$PATH\" >&2";
+    service.start(&world.request(&sshd, "r1", command)).unwrap();
+    service.start(&world.request(&sshd, "r2", command)).unwrap();
+    for trial in ["r1", "r2"] {
+        let events = events.wait_ended(trial);
+        let (exit_code, _, _, stderr) = ending(&events);
+        assert_eq!(exit_code, Some(0), "{events:?}");
+        assert_eq!(metrics(&events).len(), 1);
+        let code_root = agent_root(&sshd).join("code");
+        let cwd = stderr
+            .lines()
+            .find(|l| l.starts_with('/'))
+            .unwrap_or_default();
+        assert!(
+            !cwd.starts_with(code_root.to_str().unwrap()) && cwd.contains(trial),
+            "{trial} ran in {cwd:?}, not a copy of its own: {stderr}"
+        );
+        assert!(
+            stderr.contains("PATH=/opt/knob-test-python/bin:"),
+            "{stderr}"
+        );
+    }
+    // The shared code directory was never written to.
+    let shared: Vec<_> = std::fs::read_dir(agent_root(&sshd).join("code"))
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(!shared.iter().any(|n| n == "scribble"), "{shared:?}");
+    service.stop();
+}
