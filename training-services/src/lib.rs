@@ -1,8 +1,12 @@
 //! knob's training services, built as a plugin library (`cdylib`) and as an `rlib`.
 //!
 //! - [`local`]: the `local` service, this machine as one environment.
-//! - [`runner`]: runs one trial as a process group and feeds its protocols into events; shared
-//!   with the knob-agent that will run trials on remote environments.
+//! - [`runner`]: runs one trial as a process group and feeds its protocols into events.
+//! - [`trial_pool`]: the running trials of this machine (runtime, HTTP channel, file watcher);
+//!   what both the local service and the knob-agent daemon run trials with.
+//! - [`agent`]: the knob-agent (`src/bin/knob-agent.rs`): its daemon, attach bridge and code
+//!   receiving, on a remote host.
+//! - [`code_archive`]: the trial code directory as a gzip tar for remote hosts.
 //! - The trial protocols: [`nni_http`] (NNI v3 HTTP channel), [`nni_file`] (NNI 2.x
 //!   `parameter.cfg` and `.nni/metrics`), [`knob_protocol`] (env var, file and stdout lines).
 //!
@@ -11,6 +15,7 @@
 //!
 //! See `ARCHITECTURE-section.md` beside this crate's manifest for the invariants.
 
+pub mod agent;
 pub mod agent_protocol;
 pub mod code_archive;
 pub mod knob_protocol;
@@ -22,6 +27,7 @@ pub mod process;
 pub mod remote;
 pub mod runner;
 pub mod tail;
+pub mod trial_pool;
 
 pub use local::{LocalArgs, LocalError, LocalService};
 pub use metrics::Emit;
