@@ -789,3 +789,63 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
         );
     }
 }
+
+#[test]
+fn a_hybrid_gpu_experiment_runs_on_remote_gpus_when_this_machine_has_none() {
+    let Some(sshd) = sshd_or_skip("remote hybrid GPUs") else {
+        return;
+    };
+    let host = key_host(&sshd, &[("KNOB_SIMULATE_GPUS", "2x16GiB")]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "echo KNOB_FINAL 1",
+            concurrency: 2,
+            trials: 4,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: true,
+            extra: "trialGpuNumber: 1",
+        },
+    );
+    // This machine: CPUs and memory, no GPU.
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "cpu=4")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "hybridgpu"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment hybridgpu DONE: 4 trials (4 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    for (trial, attempts) in attempts(&sandbox.export("hybridgpu")) {
+        assert_eq!(
+            attempts[0].0,
+            environment_id(&host),
+            "{trial}: {attempts:?}"
+        );
+    }
+
+    // Without the remote host, the same config is refused before it starts, with the reason.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let working_directory = text
+        .lines()
+        .find(|line| line.starts_with("experimentWorkingDirectory"))
+        .unwrap();
+    let local_only = text.split("  - platform: remote").next().unwrap();
+    std::fs::write(&config, format!("{local_only}{working_directory}\n")).unwrap();
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "cpu=4")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "localgpu"]));
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    assert!(stderr.contains("cannot place trials"), "{stderr}");
+}

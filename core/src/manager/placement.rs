@@ -28,8 +28,9 @@ pub struct Placer {
 
 impl Placer {
     /// Probes this machine (NVML, or `KNOB_SIMULATE_GPUS`) when the config has a local service,
-    /// and checks that a trial of this config could ever be placed there. The error is one line
-    /// saying why not (for example that there is no NVIDIA driver while `trialGpuNumber` is 1).
+    /// and, when it is the only environment, checks that a trial of this config could ever be
+    /// placed there. The error is one line saying why not (for example that there is no NVIDIA
+    /// driver while `trialGpuNumber` is 1).
     /// Remote environments are added as their services report them ([`Placer::upsert`]).
     pub fn new(config: &ExperimentConfig) -> Result<Placer, String> {
         let local_limits = config
@@ -65,7 +66,15 @@ impl Placer {
             request_template,
         };
         placer.refresh(&|_| false)?;
-        placer.check()?;
+        // With remote hosts too, this machine alone need not fit a trial (a GPU trial in a
+        // hybrid experiment on a laptop): the check waits until every environment is known.
+        let remote = config
+            .training_service
+            .iter()
+            .any(|service| matches!(service, TrainingServiceConfig::Remote(_)));
+        if !remote {
+            placer.check()?;
+        }
         Ok(placer)
     }
 
