@@ -141,6 +141,7 @@ enum Input {
     HelloReady {
         client: u64,
         last_seq: u64,
+        fresh_start: bool,
         inventory: Result<Value, String>,
     },
     Replied {
@@ -357,8 +358,9 @@ impl Daemon {
             Input::HelloReady {
                 client,
                 last_seq,
+                fresh_start,
                 inventory,
-            } => return self.welcome(client, last_seq, inventory, events),
+            } => return self.welcome(client, last_seq, fresh_start, inventory, events),
             Input::Replied { id, error } => {
                 if let Some(client) = &self.client {
                     client.send(FromAgent::Reply { id, error });
@@ -446,7 +448,8 @@ impl Daemon {
             let inventory = probe_host(&probe, &environment_id, &pool);
             let _ = inputs.send(Input::HelloReady {
                 client: id,
-                last_seq: if fresh_start { u64::MAX } else { last_seq },
+                last_seq,
+                fresh_start,
                 inventory,
             });
         });
@@ -456,6 +459,7 @@ impl Daemon {
         &mut self,
         id: u64,
         last_seq: u64,
+        fresh_start: bool,
         inventory: Result<Value, String>,
         events: &mut UnboundedReceiver<ServiceEvent>,
     ) -> Step {
@@ -463,7 +467,6 @@ impl Daemon {
         while let Ok(event) = events.try_recv() {
             self.on_event(event);
         }
-        let fresh_start = last_seq == u64::MAX;
         if fresh_start {
             self.log.clear();
         }
