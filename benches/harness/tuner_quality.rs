@@ -30,8 +30,9 @@ use serde_json::{json, Value};
 
 const BUDGETS: [usize; 2] = [50, 100];
 const TRIALS: usize = 100;
-/// Tuners whose search space is not a space of parameters (Batch lists parameter sets).
-const NOT_SEARCHERS: [&str; 1] = ["Batch"];
+/// Tuners whose search space is not a space of parameters (Batch lists parameter sets), and
+/// the multi-fidelity ones, which `multi_fidelity.rs` compares at equal total budget.
+const NOT_SEARCHERS: [&str; 3] = ["Batch", "Hyperband", "BOHB"];
 
 struct Options {
     seeds: u64,
