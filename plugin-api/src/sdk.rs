@@ -770,3 +770,35 @@ macro_rules! __knob_ctor {
         $crate::__private::Ctor::TrainingService($crate::__private::service_ctor::<$ty>)
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn imported_trials_read_nni_s_format_and_carry_knob_s_fields_only_when_set() {
+        // NNI's import format, and what hosts before labels sent, still reads.
+        let old: ImportedTrial =
+            serde_json::from_value(json!({"parameter": {"x": 1}, "value": 0.5})).unwrap();
+        assert_eq!(old, ImportedTrial::new(json!({"x": 1}), 0.5));
+        assert!(old.has_ended());
+        assert_eq!(
+            serde_json::to_value(&old).unwrap(),
+            json!({"parameter": {"x": 1}, "value": 0.5})
+        );
+        // A labeled trial without a result: NaN crosses as null and comes back NaN.
+        let mut running = ImportedTrial::new(json!({"x": 2}), f64::NAN);
+        running.parameter_id = Some(7);
+        running.label = Some("0-1_0_2".into());
+        running.status = Some(status::RUNNING.into());
+        let text = serde_json::to_string(&running).unwrap();
+        assert_eq!(
+            text,
+            r#"{"parameter":{"x":2},"value":null,"parameter_id":7,"label":"0-1_0_2","status":"RUNNING"}"#
+        );
+        let back: ImportedTrial = serde_json::from_str(&text).unwrap();
+        assert!(back.value.is_nan() && !back.has_ended());
+        assert_eq!(back.label.as_deref(), Some("0-1_0_2"));
+    }
+}

@@ -397,6 +397,59 @@ fn resume_continues_the_right_bracket() {
 }
 
 #[test]
+fn resume_counts_failed_trials_as_ended_and_keeps_what_was_promoted() {
+    let args = r#"{"R": 9, "eta": 3, "seed": 8, "exec_mode": "serial"}"#;
+    let mut t = tuner::<HyperbandTuner>(args, SPACE);
+    let round0: Vec<Handed> = (0..9).map(|id| ask(&mut t, id).unwrap()).collect();
+    // An earlier run: eight results, one trial failed without one.
+    let mut trials: Vec<ImportedTrial> = round0
+        .iter()
+        .map(|h| {
+            let failed = h.id == 4;
+            let mut trial = ImportedTrial::new(
+                h.parameters.clone(),
+                if failed {
+                    f64::NAN
+                } else {
+                    x_of(&h.parameters)
+                },
+            );
+            trial.parameter_id = Some(h.id);
+            trial.label = Some(h.label.clone());
+            trial.status = Some(
+                if failed {
+                    status::FAILED
+                } else {
+                    status::SUCCEEDED
+                }
+                .into(),
+            );
+            trial
+        })
+        .collect();
+    // A trial not labeled by this tuner (added by hand) and one from another schedule are
+    // left out of the brackets.
+    trials.push(ImportedTrial::new(json!({"x": 0.5, "act": "relu"}), 0.1));
+    let mut alien = ImportedTrial::new(json!({"x": 0.5, "act": "relu", "TRIAL_BUDGET": 1}), 0.2);
+    alien.label = Some("7-3_0_999".into());
+    trials.push(alien);
+    let mut resumed = tuner::<HyperbandTuner>(args, SPACE);
+    resumed.import_data(&trials).unwrap();
+    let next: Vec<Handed> = (20..23).map(|id| ask(&mut resumed, id).unwrap()).collect();
+    let mut expected: Vec<&Handed> = round0.iter().filter(|h| h.id != 4).collect();
+    expected.sort_by(|a, b| x_of(&b.parameters).total_cmp(&x_of(&a.parameters)));
+    let k = |label: &str| label.rsplit('_').next().unwrap().to_string();
+    assert_eq!(
+        next.iter().map(|h| h.label.clone()).collect::<Vec<_>>(),
+        expected[..3]
+            .iter()
+            .map(|h| format!("0-2_1_{}", k(&h.label)))
+            .collect::<Vec<_>>()
+    );
+    assert!(next.iter().all(|h| budget(h) == 3));
+}
+
+#[test]
 fn bohb_runs_brackets_one_at_a_time_and_its_model_finds_the_good_region() {
     // Budgets 1, 3, 9: the first bracket runs 9, 3, 1 trials; BOHB waits for each round.
     let mut t = tuner::<BohbTuner>(
