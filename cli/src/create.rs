@@ -41,6 +41,9 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
+    if let Some(warning) = secret_upload_warning(&config, &args.config) {
+        eprintln!("warning: {warning}");
+    }
     let plugins = PluginRegistry::load(&config.plugin_paths);
     for problem in plugins.problems() {
         eprintln!("warning: {problem}");
@@ -69,6 +72,46 @@ fn remember_config_source(dir: &Path, config: &Path) {
             dir.join(CONFIG_SOURCE_FILE).display()
         );
     }
+}
+
+/// A config holding an SSH password or passphrase that sits inside `trialCodeDirectory` would be
+/// uploaded, in clear, to every remote host with the trial code, unless `.nniignore` or
+/// `.knobignore` leaves it out: say so. (Only a line naming the file is recognised; a pattern
+/// that happens to match it still gets the warning.)
+fn secret_upload_warning(config: &ExperimentConfig, config_path: &Path) -> Option<String> {
+    use knob_core::config::TrainingServiceConfig;
+    let has_secret = config.training_service.iter().any(|service| match service {
+        TrainingServiceConfig::Remote(remote) => remote
+            .machine_list
+            .iter()
+            .any(|machine| machine.password.is_some() || machine.ssh_passphrase.is_some()),
+        TrainingServiceConfig::Local(_) => false,
+    });
+    if !has_secret {
+        return None;
+    }
+    let code_dir = std::fs::canonicalize(&config.trial_code_directory).ok()?;
+    let file = std::fs::canonicalize(config_path).ok()?;
+    let relative = file
+        .strip_prefix(&code_dir)
+        .ok()?
+        .to_string_lossy()
+        .into_owned();
+    let ignored = [".nniignore", ".knobignore"].iter().any(|name| {
+        std::fs::read_to_string(code_dir.join(name)).is_ok_and(|text| {
+            text.lines()
+                .map(str::trim)
+                .any(|line| line.trim_start_matches('/') == relative)
+        })
+    });
+    (!ignored).then(|| {
+        format!(
+            "{} holds an SSH password or passphrase and lies in trialCodeDirectory {}, which is uploaded to every remote host: add a line {relative} to {}/.knobignore (or .nniignore), move the config out, or use sshKeyFile",
+            config_path.display(),
+            code_dir.display(),
+            code_dir.display()
+        )
+    })
 }
 
 /// Checks what can be checked before an experiment starts: every plugin component it names

@@ -280,6 +280,9 @@ fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &hosts.iter().collect::<Vec<_>>());
     let machines: Vec<String> = hosts.iter().map(machine).collect();
+    // The config (with the password) sits in the trial code directory: left out of the upload.
+    std::fs::create_dir_all(sandbox.path().join("code")).unwrap();
+    std::fs::write(sandbox.path().join("code/.knobignore"), "config.yml\n").unwrap();
     let config = remote_config(
         &sandbox,
         Spec {
@@ -330,6 +333,23 @@ fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_
             path.display()
         );
     }
+    // Nor on the hosts: the agent's folder holds the uploaded code, daemons' logs and trials.
+    let on_hosts = files_under(&sandbox.path().join("agent"));
+    assert!(
+        on_hosts.len() > 3,
+        "nothing under the agent root? {on_hosts:?}"
+    );
+    for (path, bytes) in on_hosts {
+        assert!(
+            !contains(&bytes, PASSWORD),
+            "{} holds the password",
+            path.display()
+        );
+    }
+    assert!(
+        !stderr.contains("uploaded to every remote host"),
+        "{stderr}"
+    );
     assert!(!export.to_string().contains(PASSWORD));
     let (_, shown, _) = run(sandbox.knob().args(["experiment", "show", "spread"]));
     assert!(shown.contains("\"password\":\"***\""), "{shown}");
@@ -741,6 +761,13 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
     );
     let (code, stdout, stderr) = sandbox.create(&config, "again");
     assert_eq!(code, 0, "{stdout}\n{stderr}");
+    // Nothing leaves the config out of the trial code here: the user is told.
+    assert!(
+        stderr.lines().any(|line| line.starts_with("warning:")
+            && line.contains("holds an SSH password")
+            && line.contains(".knobignore")),
+        "{stderr}"
+    );
     let resume = |max: &str, password: Option<&str>| {
         let mut command = sandbox.knob();
         command.args(["resume", "again", "--max-trial-number", max]);
@@ -848,4 +875,71 @@ fn a_hybrid_gpu_experiment_runs_on_remote_gpus_when_this_machine_has_none() {
         .args(["--id", "localgpu"]));
     assert_ne!(code, 0, "{stdout}\n{stderr}");
     assert!(stderr.contains("cannot place trials"), "{stderr}");
+}
+
+/// A trial that takes its host down with it: the sshd listener and the host's agent processes
+/// (the trial's own daemon among them), then itself. Only knob-agent processes are killed, not
+/// everything started through the host: a login shell killed halfway through its start-up
+/// files can leave their locks behind for every later login (pyenv's rehash lock, say).
+const KILL_OWN_HOST: &str = r#"set -u
+mark="$KNOB_TEST_SSHD_MARK"
+kill -KILL "$(cat "$mark/sshd.pid")"
+for process in /proc/[0-9]*; do
+  case "$(cat "$process/comm" 2>/dev/null)" in knob-agent*) ;; *) continue ;; esac
+  if tr '\0' '\n' < "$process/environ" 2>/dev/null | grep -qx "KNOB_TEST_SSHD_MARK=$mark"; then
+    kill -KILL "${process#/proc/}" 2>/dev/null
+  fi
+done
+kill -KILL $$
+"#;
+
+#[test]
+fn a_trial_whose_host_is_lost_again_and_again_is_failed_after_three_requeues() {
+    let Some(sshd) = sshd_or_skip("remote host-loss bound") else {
+        return;
+    };
+    let hosts: Vec<Sshd> = (0..4).map(|_| key_host(&sshd, &[])).collect();
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &hosts.iter().collect::<Vec<_>>());
+    std::fs::create_dir_all(sandbox.path().join("code")).unwrap();
+    std::fs::write(sandbox.path().join("code/kill_own_host.sh"), KILL_OWN_HOST).unwrap();
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "bash kill_own_host.sh",
+            concurrency: 1,
+            trials: 1,
+            machines: &hosts.iter().map(machine).collect::<Vec<_>>(),
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let child = spawn_create(&sandbox, &config, "cursed");
+    let (code, stdout, stderr) = wait_create(child);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment cursed DONE: 1 trials (0 succeeded, 1 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let history = attempts(&sandbox.export("cursed"));
+    let (trial, attempts) = &history[0];
+    assert_eq!(attempts.len(), 4, "{trial}: {attempts:?}");
+    let mut environments: Vec<&String> = attempts.iter().map(|(env, _, _)| env).collect();
+    environments.sort();
+    environments.dedup();
+    assert_eq!(
+        environments.len(),
+        4,
+        "each attempt on another host: {attempts:?}"
+    );
+    for (_, status, message) in attempts {
+        assert_eq!(status.as_deref(), Some("FAILED"), "{attempts:?}");
+        assert!(
+            message.as_deref().is_some_and(|m| m.contains("lost")),
+            "{attempts:?}"
+        );
+    }
+    let last = attempts.last().unwrap().2.as_deref().unwrap();
+    assert!(last.contains("not run again"), "{last}");
 }
