@@ -387,14 +387,20 @@ impl Connection {
     ) -> Result<CommandOutput, SshError> {
         let target = self.target.clone();
         let short: String = command.chars().take(80).collect();
-        match tokio::time::timeout(limit, self.run_unbounded(command, stdin)).await {
+        // Where the command got to, for the message if it does not finish in time.
+        let progress = std::sync::Mutex::new("opening a channel");
+        match tokio::time::timeout(limit, self.run_unbounded(command, stdin, &progress)).await {
             Ok(result) => result.map_err(|e| SshError::Session {
                 target,
                 what: format!("running `{short}`: {e}"),
             }),
             Err(_) => Err(SshError::Session {
                 target,
-                what: format!("`{short}` did not finish within {} s", limit.as_secs()),
+                what: format!(
+                    "`{short}` did not finish within {} s (stuck {})",
+                    limit.as_secs(),
+                    progress.lock().map(|p| *p).unwrap_or("somewhere")
+                ),
             }),
         }
     }
@@ -403,23 +409,32 @@ impl Connection {
         &self,
         command: &str,
         stdin: Option<&[u8]>,
+        progress: &std::sync::Mutex<&'static str>,
     ) -> Result<CommandOutput, String> {
+        let step = |what: &'static str| {
+            if let Ok(mut progress) = progress.lock() {
+                *progress = what;
+            }
+        };
         let mut channel = self
             .handle
             .channel_open_session()
             .await
             .map_err(|e| describe_russh(&e))?;
+        step("starting the command");
         channel
             .exec(true, command)
             .await
             .map_err(|e| describe_russh(&e))?;
         if let Some(bytes) = stdin {
+            step("sending its input");
             channel
                 .data_bytes(bytes.to_vec())
                 .await
                 .map_err(|e| describe_russh(&e))?;
         }
         channel.eof().await.map_err(|e| describe_russh(&e))?;
+        step("waiting for its output");
         let mut output = CommandOutput {
             status: None,
             stdout: Vec::new(),
@@ -429,7 +444,11 @@ impl Connection {
             match message {
                 ChannelMsg::Data { data } => append_bounded(&mut output.stdout, &data),
                 ChannelMsg::ExtendedData { data, .. } => append_bounded(&mut output.stderr, &data),
-                ChannelMsg::ExitStatus { exit_status } => output.status = Some(exit_status),
+                ChannelMsg::ExitStatus { exit_status } => {
+                    step("waiting for the channel to close after the exit status");
+                    output.status = Some(exit_status)
+                }
+                ChannelMsg::Failure => return Err("the server refused to run it".to_string()),
                 ChannelMsg::Close => break,
                 _ => {}
             }
