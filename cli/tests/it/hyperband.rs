@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -145,6 +147,66 @@ fn a_resumed_hyperband_experiment_continues_its_brackets() {
     // run would, rather than starting over.
     assert_eq!(
         schedule(&export, &seen),
+        [
+            "0-1_0_0@1",
+            "0-1_0_1@1",
+            "0-1_0_2@1",
+            "0-1_1_k@3",
+            "0-0_0_3@3",
+            "0-0_0_4@3"
+        ]
+    );
+}
+
+#[test]
+fn hyperband_survives_a_sigkill_of_the_manager_mid_bracket() {
+    let sandbox = Sandbox::new();
+    // Trials say when they start, then train for a while (0.3 s per budget unit).
+    let trial = TRIAL.replace(
+        "for epoch in range(budget):",
+        "import time\nopen(\"started-%d\" % budget, \"a\").close()\ntime.sleep(0.3 * budget)\nfor epoch in range(budget):",
+    );
+    let yaml = format!(
+        "trialCommand: python3 trial.py\ntrialConcurrency: 2\nmaxTrialNumber: 6\n{HYPERBAND}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.py", &trial)]);
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let mut child = sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "hbk"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill as soon as a trial at budget 3 runs: round 0 of the first bracket is done, round 1
+    // (and maybe the next bracket) under way.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !code_dir.join("started-3").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the experiment did not get going"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "hbk"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("hbk");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    // The trial running at the kill ran again, and the same trials ran as in an uninterrupted
+    // run: the resumed tuner knew which were running and took their results under their old ids.
+    let trials = export["trials"].as_array().unwrap();
+    assert!(
+        trials.iter().any(|t| t["attempts"].as_u64() > Some(1)),
+        "no trial was running at the kill: {export:#}"
+    );
+    assert_eq!(
+        schedule(&export, &seen(&code_dir)),
         [
             "0-1_0_0@1",
             "0-1_0_1@1",
