@@ -40,7 +40,10 @@ fn plugin_library() -> PathBuf {
 fn local_service_runs_a_trial_through_the_plugin_abi() {
     let registry = PluginRegistry::load_from(&[plugin_library()]);
     assert!(registry.problems().is_empty(), "{:?}", registry.problems());
-    assert_eq!(registry.names(ComponentKind::TrainingService), ["local", "remote"]);
+    assert_eq!(
+        registry.names(ComponentKind::TrainingService),
+        ["local", "remote"]
+    );
 
     let events = Events::default();
     let sink = events.clone();
