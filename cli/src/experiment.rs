@@ -226,6 +226,8 @@ fn export_json(state: &ExperimentState) -> Value {
                 "id": t.trial_id,
                 "sequence": t.sequence,
                 "parameter_id": t.parameter_id,
+                // The id the trial saw when its tuner labeled it (Hyperband's "0-4_0_3").
+                "parameter_label": t.parameter_label,
                 "parameters": t.parameters,
                 "status": t.status.as_str(),
                 "final": final_metric.and_then(|m| m.value),

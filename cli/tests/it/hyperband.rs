@@ -67,6 +67,8 @@ fn schedule(export: &Value, seen: &BTreeMap<String, Value>) -> Vec<String> {
             let label = record["parameter_id"]
                 .as_str()
                 .unwrap_or_else(|| panic!("{record}"));
+            // The store recorded the id the trial saw.
+            assert_eq!(trial["parameter_label"], label, "{trial:#}");
             assert_eq!(
                 trial["parameters"]["TRIAL_BUDGET"], record["budget"],
                 "{trial:#}"
