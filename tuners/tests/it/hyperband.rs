@@ -553,3 +553,32 @@ fn labels_cross_the_abi_of_the_built_library() {
         }
     }
 }
+
+#[test]
+fn bohb_proposes_valid_points_in_a_space_of_every_type_with_nested_choices() {
+    let space = crate::parse(crate::drive::EVERY_TYPE);
+    let mut t = tuner::<BohbTuner>(
+        r#"{"min_budget": 1, "max_budget": 3, "eta": 3, "seed": 6, "optimize_mode": "minimize", "min_points_in_model": 1}"#,
+        crate::drive::EVERY_TYPE,
+    );
+    // Budgets 1 and 3 only: results pile up quickly, so the model proposes most points.
+    let handed = run(&mut t, 2, 400, 0, |p| {
+        Some(crate::drive::every_type_objective(p))
+    });
+    for h in &handed {
+        let mut parameters = h.parameters.clone();
+        parameters.as_object_mut().unwrap().remove("TRIAL_BUDGET");
+        space
+            .validate_parameters(&parameters)
+            .unwrap_or_else(|e| panic!("{}: {e}", h.parameters));
+    }
+    // The model's points score better than the first, random bracket's.
+    let score = |hs: &[Handed]| {
+        hs.iter()
+            .map(|h| crate::drive::every_type_objective(&h.parameters))
+            .sum::<f64>()
+            / hs.len() as f64
+    };
+    let (early, late) = (score(&handed[..4]), score(&handed[300..]));
+    assert!(late < early, "late mean {late} vs first bracket {early}");
+}
