@@ -11,7 +11,9 @@ const state = {
   sort: { key: "sequence", desc: false },
   dirtyTrials: new Set(),
   detail: null,
+  tableRows: 200,           // rows drawn; "show more" adds TABLE_STEP (a DOM of 10 000 rows is slow)
 };
+const TABLE_STEP = 500;
 const token = (() => {
   const match = location.hash.match(/token=([^&]+)/);
   if (match) sessionStorage.setItem("knob-token", decodeURIComponent(match[1]));
@@ -33,6 +35,14 @@ async function api(path, options = {}) {
 function showError(error) {
   $("error").hidden = !error;
   $("error").textContent = error ? String(error.message || error) : "";
+}
+
+// Parameters flattened once per trial row (a row is replaced, never changed, when it updates).
+const flatCache = new WeakMap();
+function flatOf(trial) {
+  let flat = flatCache.get(trial);
+  if (!flat) flatCache.set(trial, (flat = flatParams(trial.parameters)));
+  return flat;
 }
 
 function flatParams(value, prefix = "", out = {}) {
@@ -195,8 +205,11 @@ function sortedFilteredTrials() {
 function renderTable() {
   const rows = sortedFilteredTrials();
   $("trial-count").textContent = `${rows.length} of ${state.trials.size}`;
+  const hidden = rows.length - state.tableRows;
+  $("more-rows").hidden = hidden <= 0;
+  $("more-rows").textContent = `show ${Math.min(TABLE_STEP, hidden)} more (${hidden} not shown)`;
   const body = document.createElement("tbody");
-  for (const t of rows.slice(0, 2000)) {
+  for (const t of rows.slice(0, state.tableRows)) {
     const row = body.insertRow();
     row.dataset.trial = t.trial_id;
     row.insertCell().textContent = t.sequence;
@@ -246,15 +259,15 @@ function renderCharts() {
     xAxis: { type: "value", name: "trial #" },
     yAxis: { type: "value", scale: true },
     series: [
-      { name: "final", type: "scatter", symbolSize: 6, data: finished.map((t) => ({ value: [t.sequence, t.final_value], name: t.trial_id })) },
+      { name: "final", type: "scatter", symbolSize: 6, large: true, data: finished.map((t) => ({ value: [t.sequence, t.final_value], name: t.trial_id })) },
       { name: "best so far", type: "line", step: "end", showSymbol: false, data: bestLine },
     ],
   });
 
-  const names = [...new Set(finished.flatMap((t) => Object.keys(flatParams(t.parameters))))].slice(0, 30);
-  const categorical = names.map((n) => finished.some((t) => typeof flatParams(t.parameters)[n] !== "number"));
+  const names = [...new Set(finished.flatMap((t) => Object.keys(flatOf(t))))].slice(0, 30);
+  const categorical = names.map((n) => finished.some((t) => typeof flatOf(t)[n] !== "number"));
   const axes = names.map((name, i) => categorical[i]
-    ? { dim: i, name, type: "category", data: [...new Set(finished.map((t) => String(flatParams(t.parameters)[name])))] }
+    ? { dim: i, name, type: "category", data: [...new Set(finished.map((t) => String(flatOf(t)[name])))] }
     : { dim: i, name, type: "value", scale: true });
   axes.push({ dim: names.length, name: "metric", type: "value", scale: true });
   const values = finished.map((t) => t.final_value);
@@ -264,7 +277,7 @@ function renderCharts() {
     parallel: { left: 40, right: 60, bottom: 30, top: 40 },
     visualMap: { show: true, min: values.length ? Math.min(...values) : 0, max: values.length ? Math.max(...values) : 1, dimension: names.length, inRange: { color: maximize() ? ["#d73027", "#fee090", "#4575b4"] : ["#4575b4", "#fee090", "#d73027"] }, right: 0, top: "middle", calculable: true, itemHeight: 120 },
     series: [{ type: "parallel", lineStyle: { width: 1, opacity: 0.6 }, data: finished.map((t) => {
-      const p = flatParams(t.parameters);
+      const p = flatOf(t);
       return names.map((n, i) => (categorical[i] ? String(p[n]) : p[n])).concat([t.final_value]);
     }) }],
   }, true);
@@ -283,7 +296,7 @@ function renderCharts() {
     tooltip: { trigger: "item" },
     xAxis: { type: "value", name: "trial #" },
     yAxis: { type: "value", name: "seconds" },
-    series: [{ type: "bar", data: trials.filter((t) => t.duration_ms !== null).map((t) => ({ value: [t.sequence, t.duration_ms / 1000], name: t.trial_id })) }],
+    series: [{ type: "bar", large: true, data: trials.filter((t) => t.duration_ms !== null).map((t) => ({ value: [t.sequence, t.duration_ms / 1000], name: t.trial_id })) }],
   });
 }
 
@@ -332,6 +345,7 @@ async function killTrial(trialId) {
 function wire() {
   for (const s of STATUSES) $("status-filter").add(new Option(s, s));
   $("filter").oninput = renderTable;
+  $("more-rows").onclick = () => { state.tableRows += TABLE_STEP; renderTable(); };
   $("status-filter").onchange = renderTable;
   for (const th of $("trials").tHead.rows[0].cells) {
     if (!th.dataset.key) continue;
@@ -367,6 +381,7 @@ async function main() {
   wire();
   try {
     await loadSnapshot();
+    performance.mark("knob-snapshot-loaded");
     render();
     state.rendered = true;
     // The first frame after the table and the charts were built: what benches/ measures.

@@ -1,0 +1,440 @@
+//! Dashboard load check: an experiment store with 10 000 trials and 200 000 intermediate results
+//! (built through the store's own API), served by the real `knob view --port`, measured as a
+//! user meets it: the API's first trial page, the requests the dashboard's first paint needs,
+//! and the first paint itself in headless Chromium over WebDriver, with the bytes transferred.
+//! Baseline, in the same run: what the dashboard used to download before its first paint (every
+//! trial and every metric of the experiment).
+//!
+//! Run: `cargo build --release -p knob-cli && cargo bench -p knob-benches --bench dashboard_load`
+//! Environment: `KNOB_BIN` (default `target/release/knob`), `KNOB_BENCH_CHROMIUM` and
+//! `KNOB_BENCH_CHROMEDRIVER` (default `/usr/bin/chromium`, `/usr/bin/chromedriver`; without them
+//! the browser part is skipped with a note). Targets: the first trial page under 100 ms, the
+//! first paint under 3 s.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder};
+use knob_core::registry::{Registry, RegistryEntry};
+use knob_core::store::{MetricKind, Store, StoreEvent, TrialStatus};
+use serde_json::{json, Value};
+
+const TRIALS: u64 = 10_000;
+const INTERMEDIATE_PER_TRIAL: u64 = 20;
+const REPETITIONS: usize = 5;
+const PAGE_LOADS: usize = 3;
+const PATIENCE: Duration = Duration::from_secs(120);
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument is a criterion-style filter we ignore.
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let knob = std::env::var_os("KNOB_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target/release/knob"));
+    if !knob.is_file() {
+        eprintln!(
+            "error: {} is missing: build it first with `cargo build --release -p knob-cli` \
+             (or point KNOB_BIN at a knob binary)",
+            knob.display()
+        );
+        std::process::exit(2);
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let home = scratch.path().join("home");
+    let dir = scratch.path().join("experiments/load");
+
+    let started = Instant::now();
+    build_store(&dir);
+    println!(
+        "store: {TRIALS} trials, {} intermediate results, built in {:.1} s ({} MB)",
+        TRIALS * INTERMEDIATE_PER_TRIAL,
+        started.elapsed().as_secs_f64(),
+        std::fs::metadata(dir.join(knob_core::store::DB_FILE_NAME)).map_or(0, |m| m.len())
+            / 1_000_000
+    );
+    Registry::open(&home.join("registry.db"))
+        .unwrap()
+        .insert(&RegistryEntry {
+            id: "load".to_string(),
+            name: None,
+            dir: dir.clone(),
+            status: "DONE".to_string(),
+            pid: None,
+            port: None,
+            created_ms: 0,
+        })
+        .unwrap();
+    let view = View::start(&knob, &home);
+    let base = view.base.clone();
+    println!("served by: knob view load --port 0 at {base}/\n");
+
+    println!("API (uncompressed, median of {REPETITIONS}):");
+    let first_page = measure(&base, "/api/v1/trials?limit=100");
+    report("first trial page, 100 trials", &first_page, Some(0.1));
+    let experiment = measure(&base, "/api/v1/experiment");
+    report("experiment summary", &experiment, None);
+    let all_trials = measure(&base, "/api/v1/trials?offset=0&limit=10000");
+    report("every trial (the dashboard's table)", &all_trials, None);
+    let latest: Vec<String> = (TRIALS - 50..TRIALS).map(trial_id).collect();
+    let curves = measure(
+        &base,
+        &format!(
+            "/api/v1/metrics?trial_ids={}&kind=intermediate&since=0&limit=10000",
+            latest.join(",")
+        ),
+    );
+    report(
+        "intermediate results of the 50 latest trials",
+        &curves,
+        None,
+    );
+    let first_paint_api = Timing {
+        seconds: experiment.seconds + all_trials.seconds + curves.seconds,
+        bytes: experiment.bytes + all_trials.bytes + curves.bytes,
+    };
+    report("first paint's requests, together", &first_paint_api, None);
+    let old = old_snapshot(&base);
+    report(
+        "baseline: every trial and every metric (the old first paint)",
+        &old,
+        None,
+    );
+    println!(
+        "  first paint's requests / baseline: {:.3}× the time, {:.3}× the bytes\n",
+        first_paint_api.seconds / old.seconds,
+        first_paint_api.bytes as f64 / old.bytes as f64
+    );
+
+    let chromium = std::env::var("KNOB_BENCH_CHROMIUM").unwrap_or("/usr/bin/chromium".into());
+    let chromedriver =
+        std::env::var("KNOB_BENCH_CHROMEDRIVER").unwrap_or("/usr/bin/chromedriver".into());
+    if !Path::new(&chromium).is_file() || !Path::new(&chromedriver).is_file() {
+        println!(
+            "browser: skipped ({chromium} or {chromedriver} is missing; apt-get install chromium \
+             chromium-driver, or set KNOB_BENCH_CHROMIUM / KNOB_BENCH_CHROMEDRIVER)"
+        );
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(browser(&base, &chromium, &chromedriver));
+}
+
+fn trial_id(sequence: u64) -> String {
+    format!("t{sequence:05}")
+}
+
+/// Every event goes through `Store::append_unacked` and one final flush: the writer's group
+/// commit makes this a few seconds.
+fn build_store(dir: &Path) {
+    let store = Store::open(dir).unwrap();
+    store.append_unacked(StoreEvent::ExperimentCreated {
+        experiment_id: "load".to_string(),
+        config: json!({
+            "trialConcurrency": 8,
+            "maxTrialNumber": TRIALS,
+            "trialCommand": "python3 train.py",
+            "searchSpace": {
+                "lr": {"_type": "loguniform", "_value": [1e-5, 0.1]},
+                "batch": {"_type": "choice", "_value": [16, 32, 64, 128]},
+                "dropout": {"_type": "uniform", "_value": [0.0, 0.5]},
+                "optimizer": {"_type": "choice", "_value": ["adam", "sgd", "rmsprop"]},
+            },
+            "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+            "trainingService": {"platform": "local"},
+        }),
+        start_time_ms: 1_700_000_000_000,
+    });
+    for sequence in 0..TRIALS {
+        let id = trial_id(sequence);
+        let x = (sequence as f64 * 0.618_033_988_75).fract();
+        let batch = [16, 32, 64, 128][(sequence % 4) as usize];
+        let optimizer = ["adam", "sgd", "rmsprop"][(sequence % 3) as usize];
+        store.append_unacked(StoreEvent::TrialCreated {
+            trial_id: id.clone(),
+            sequence,
+            parameter_id: sequence,
+            parameter_label: None,
+            parameters: json!({
+                "lr": 1e-5 * (1e4f64).powf(x),
+                "batch": batch,
+                "dropout": 0.5 * (1.0 - x),
+                "optimizer": optimizer,
+            }),
+        });
+        store.append_unacked(StoreEvent::TrialStarted {
+            trial_id: id.clone(),
+            attempt: 1,
+            environment_id: "local".to_string(),
+            gpu_indices: vec![],
+            pid: Some(10_000 + sequence as u32),
+        });
+        let mut value = 0.0;
+        for step in 0..INTERMEDIATE_PER_TRIAL {
+            value = (1.0 - (-(step as f64 + 1.0) / 6.0).exp()) * (0.6 + 0.35 * x);
+            store.append_unacked(StoreEvent::Metric {
+                trial_id: id.clone(),
+                attempt: 1,
+                kind: MetricKind::Intermediate,
+                trial_sequence: step,
+                raw: value.to_string(),
+                value: Some(value),
+            });
+        }
+        store.append_unacked(StoreEvent::Metric {
+            trial_id: id.clone(),
+            attempt: 1,
+            kind: MetricKind::Final,
+            trial_sequence: INTERMEDIATE_PER_TRIAL,
+            raw: value.to_string(),
+            value: Some(value),
+        });
+        store.append_unacked(StoreEvent::TrialEnded {
+            trial_id: id,
+            attempt: 1,
+            status: TrialStatus::Succeeded,
+            exit_code: Some(0),
+            signal: None,
+            message: None,
+            stderr_tail: None,
+        });
+    }
+    store.close().unwrap();
+}
+
+struct View {
+    child: Child,
+    base: String,
+}
+
+impl View {
+    fn start(knob: &Path, home: &Path) -> View {
+        let mut child = Command::new(knob)
+            .args(["view", "load", "--port", "0"])
+            .env("KNOB_HOME", home)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (found, url) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if let Some(at) = line.find("http://") {
+                    let url = line[at..].split_whitespace().next().unwrap_or_default();
+                    let _ = found.send(url.trim_end_matches('/').to_string());
+                }
+            }
+        });
+        let base = url
+            .recv_timeout(Duration::from_secs(30))
+            .expect("knob view printed no URL within 30 s");
+        View { child, base }
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Timing {
+    seconds: f64,
+    bytes: usize,
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(PATIENCE))
+        .build()
+        .into()
+}
+
+/// One GET: (seconds, body bytes).
+fn fetch(agent: &ureq::Agent, url: &str) -> (f64, Vec<u8>) {
+    let started = Instant::now();
+    let body = agent
+        .get(url)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_vec()
+        .unwrap();
+    (started.elapsed().as_secs_f64(), body)
+}
+
+/// The median of `REPETITIONS` GETs of `path`.
+fn measure(base: &str, path: &str) -> Timing {
+    let agent = agent();
+    let url = format!("{base}{path}");
+    let mut runs: Vec<(f64, usize)> = (0..REPETITIONS)
+        .map(|_| {
+            let (seconds, body) = fetch(&agent, &url);
+            (seconds, body.len())
+        })
+        .collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (seconds, bytes) = runs[REPETITIONS / 2];
+    Timing { seconds, bytes }
+}
+
+/// What the dashboard used to fetch before its first paint: every trial, then every metric in
+/// pages of 10 000. Timed once (it is the slow side).
+fn old_snapshot(base: &str) -> Timing {
+    let agent = agent();
+    let started = Instant::now();
+    let mut bytes = fetch(
+        &agent,
+        &format!("{base}/api/v1/trials?offset=0&limit=10000"),
+    )
+    .1
+    .len();
+    let mut since = 0;
+    for _ in 0..1_000 {
+        let (_, body) = fetch(
+            &agent,
+            &format!("{base}/api/v1/metrics?since={since}&limit=10000"),
+        );
+        bytes += body.len();
+        let page: Value = serde_json::from_slice(&body).unwrap();
+        if page["metrics"].as_array().is_none_or(|m| m.is_empty()) {
+            break;
+        }
+        since = page["last_seq"].as_u64().unwrap();
+    }
+    Timing {
+        seconds: started.elapsed().as_secs_f64(),
+        bytes,
+    }
+}
+
+fn report(what: &str, timing: &Timing, target_seconds: Option<f64>) {
+    let verdict = match target_seconds {
+        Some(target) if timing.seconds <= target => {
+            format!("  (target < {} ms: met)", target * 1e3)
+        }
+        Some(target) => format!("  (target < {} ms: MISSED)", target * 1e3),
+        None => String::new(),
+    };
+    println!(
+        "  {what:<62} {:>9.1} ms {:>12} bytes{verdict}",
+        timing.seconds * 1e3,
+        timing.bytes
+    );
+}
+
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const PAINT: &str = r##"
+    if (window.__knobFirstPaint === undefined) return null;
+    const resources = performance.getEntriesByType("resource");
+    const navigation = performance.getEntriesByType("navigation")[0];
+    const sum = (key) => resources.reduce((n, r) => n + r[key], navigation[key]);
+    const mark = (name) => performance.getEntriesByName(name)[0].startTime;
+    return {
+        first_paint_ms: window.__knobFirstPaint,
+        snapshot_ms: mark("knob-snapshot-loaded"),
+        transferred: sum("transferSize"),
+        decoded: sum("decodedBodySize"),
+        requests: resources.length + 1,
+        rows: document.querySelectorAll("#trials tbody tr").length,
+        parallel_lines: echarts.getInstanceByDom(document.getElementById("chart-parallel"))
+            .getOption().series[0].data.length,
+    };"##;
+
+async fn browser(base: &str, chromium: &str, chromedriver: &str) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _driver = Driver(
+        Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "chromedriver did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let profile = tempfile::tempdir().unwrap();
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".to_string(),
+        json!({
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--window-size=1400,1800",
+                format!("--user-data-dir={}", profile.path().display()),
+            ],
+        }),
+    );
+    let page: Client =
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("cannot open a WebDriver session");
+    println!(
+        "dashboard in headless Chromium ({PAGE_LOADS} fresh loads, gzip as the browser asks):"
+    );
+    let mut loads = Vec::new();
+    for load in 0..PAGE_LOADS {
+        // A blank page between loads, so each load starts from nothing in memory.
+        page.goto("about:blank").await.unwrap();
+        page.goto(&format!("{base}/")).await.unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        let paint = loop {
+            let value = page.execute(PAINT, vec![]).await.unwrap();
+            if !value.is_null() {
+                break value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no first paint within {PATIENCE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        println!(
+            "  load {}: first paint {:>5.0} ms (data in at {:>5.0} ms), {:>8} bytes transferred ({} decoded) in {} requests; {} table rows, {} parallel lines",
+            load + 1,
+            paint["first_paint_ms"].as_f64().unwrap_or(f64::NAN),
+            paint["snapshot_ms"].as_f64().unwrap_or(f64::NAN),
+            paint["transferred"],
+            paint["decoded"],
+            paint["requests"],
+            paint["rows"],
+            paint["parallel_lines"]
+        );
+        loads.push(paint["first_paint_ms"].as_f64().unwrap_or(f64::NAN));
+    }
+    loads.sort_by(f64::total_cmp);
+    let median = loads[PAGE_LOADS / 2];
+    println!(
+        "  median first paint: {median:.0} ms (target < 3000 ms: {})",
+        if median < 3000.0 { "met" } else { "MISSED" }
+    );
+    let _ = page.close().await;
+}
