@@ -531,15 +531,37 @@ impl Host {
             Err(e) => {
                 let message = e.to_string();
                 self.set_not_ready(&ctx, &message);
+                let permanent = e.is_permanent();
                 (ctx.emit)(ServiceEvent::Warning {
                     trial_id: None,
                     message: format!(
-                        "training service remote: host {} is unreachable and takes no trials: {message}",
-                        self.machine.host_port()
+                        "training service remote: host {} is unreachable and takes no trials{}: {message}",
+                        self.machine.host_port(),
+                        if permanent { "" } else { " until it answers" }
                     ),
                 });
                 let _ = first_attempt.send(());
-                return;
+                // A host that is down now may come up later; a refused key or password will
+                // not change by itself.
+                if permanent {
+                    return;
+                }
+                match self
+                    .reconnect(&ctx, &mut stop, None, RECOVERY_ATTEMPTS)
+                    .await
+                {
+                    Reconnect::Back(incoming) => {
+                        (ctx.emit)(ServiceEvent::Warning {
+                            trial_id: None,
+                            message: format!(
+                                "training service remote: host {} is reachable now and takes trials",
+                                self.machine.host_port()
+                            ),
+                        });
+                        incoming
+                    }
+                    Reconnect::Stopped | Reconnect::GaveUp(_) => return,
+                }
             }
         };
         loop {

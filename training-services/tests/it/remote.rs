@@ -111,6 +111,17 @@ fn key_auth_runs_a_trial_with_its_metrics_and_end() {
     };
     let world = World::new();
     world.trust(&sshd);
+    // Hashed entries, as `HashKnownHosts yes` writes them, are matched too.
+    let hashed = std::process::Command::new("ssh-keygen")
+        .arg("-H")
+        .arg("-f")
+        .arg(world.known_hosts())
+        .output()
+        .unwrap();
+    assert!(hashed.status.success(), "{hashed:?}");
+    assert!(std::fs::read_to_string(world.known_hosts())
+        .unwrap()
+        .starts_with("|1|"));
     let events = Events::default();
     let mut service = connect(
         world.args(vec![key_machine(&sshd)]),

@@ -157,7 +157,10 @@ impl Sshd {
         std::fs::write(&authorized_keys, authorized).map_err(|e| e.to_string())?;
 
         let port = free_port()?;
-        let mut set_env = format!("{MARK_VARIABLE}={}", dir.display());
+        // HOME is the fixture's own folder: login shells then skip the real user's start-up
+        // files (root's .bashrc may run `pyenv rehash`, whose lock, left behind by a session
+        // killed mid-start, stalls every later login), and `~` on the "host" is per fixture.
+        let mut set_env = format!("{MARK_VARIABLE}={} HOME={}", dir.display(), dir.display());
         for (name, value) in &options.env {
             set_env.push_str(&format!(" {name}={value}"));
         }
