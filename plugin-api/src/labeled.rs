@@ -4,15 +4,14 @@
 //! Parameters cross as JSON text (`AbiGenerated::Parameters`, `AbiSuggestion::parameters`). A
 //! labeled answer is the object `{"$knob_labeled": {"label": "<label>", "parameters": {...}}}`
 //! instead of the parameters object. It cannot be a trial's parameters: a parameters object's
-//! keys are search-space names, and a search space whose only parameter is named
-//! `$knob_labeled` with exactly those two sub-keys and no `_name` cannot be written (an object
-//! value is a nested choice, which always carries `_name`). Plugins built before labels existed
+//! keys are search-space names, and `SearchSpace::parse` refuses a top-level parameter named
+//! `$knob_labeled`. Plugins built before labels existed
 //! never send it, so they load and behave as before; a host that predates labels would hand the
 //! envelope to the trial, which is why only the built-in tuners, shipped with their host, label.
 
 use serde_json::{Map, Value};
 
-const ENVELOPE_KEY: &str = "$knob_labeled";
+pub(crate) const ENVELOPE_KEY: &str = "$knob_labeled";
 
 /// The JSON text of labeled parameters.
 pub(crate) fn wrap(parameters: Value, label: String) -> String {
@@ -75,5 +74,17 @@ mod tests {
         ] {
             assert_eq!(unwrap(plain.clone()), (plain, None));
         }
+    }
+
+    #[test]
+    fn no_search_space_produces_the_envelope() {
+        let space = r#"{"$knob_labeled": {"_type": "choice", "_value": [{"label": "a", "parameters": {}}]}}"#;
+        assert_eq!(
+            crate::space::SearchSpace::parse(space).unwrap_err().to_string(),
+            "search space parameter \"$knob_labeled\": this name is reserved by knob; rename the parameter"
+        );
+        // Nested, the name is an ordinary one: it never reaches the top level of parameters.
+        let nested = r#"{"opt": {"_type": "choice", "_value": [{"_name": "a", "$knob_labeled": {"_type": "uniform", "_value": [0, 1]}}]}}"#;
+        assert!(crate::space::SearchSpace::parse(nested).is_ok());
     }
 }

@@ -39,6 +39,13 @@ fn parse_space(
         } else {
             format!("{prefix}/{name}")
         };
+        if depth == 0 && name == crate::labeled::ENVELOPE_KEY {
+            // The name marks labeled parameters crossing the ABI (`crate::labeled`).
+            return Err(SpaceError::param(
+                &path,
+                "this name is reserved by knob; rename the parameter".to_string(),
+            ));
+        }
         let ty = parse_param(&path, spec, depth)?;
         params.push(Parameter {
             name: name.clone(),
