@@ -115,6 +115,8 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         t.status.as_str().to_string(),
                         metric(t.final_value),
                         duration,
+                        t.attempts.to_string(),
+                        t.environment_id.clone().unwrap_or_else(|| "-".into()),
                         t.parameters.to_string(),
                         t.end_message.clone().unwrap_or_default(),
                     ]
@@ -129,6 +131,8 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         "status",
                         "final",
                         "duration",
+                        "attempts",
+                        "environment",
                         "parameters",
                         "reason"
                     ],

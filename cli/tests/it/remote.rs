@@ -623,6 +623,22 @@ fn a_host_killed_mid_experiment_has_its_trials_run_again_elsewhere() {
         moved > 0,
         "no trial was moved off the killed host: {history:?}"
     );
+    // `knob trial ls` shows the attempts and where the last one ran.
+    let (_, listing, _) = run(sandbox.knob().args(["trial", "ls", "killed"]));
+    assert!(
+        listing.lines().next().unwrap().contains("attempts"),
+        "{listing}"
+    );
+    let survivor_env = environment_id(&survivor);
+    assert!(
+        listing
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .any(|cells| cells.get(2) == Some(&"SUCCEEDED")
+                && cells.get(5) == Some(&"2")
+                && cells.get(6) == Some(&survivor_env.as_str())),
+        "{listing}"
+    );
 }
 
 #[test]

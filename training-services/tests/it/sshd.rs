@@ -286,6 +286,14 @@ impl Sshd {
         &self.client_key
     }
 
+    /// Encrypts the client key file with `passphrase` (the key itself stays the same).
+    pub fn encrypt_client_key(&self, passphrase: &str) -> Result<(), String> {
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-p", "-P", "", "-N", passphrase, "-f"])
+            .arg(&self.client_key))
+        .map(|_| ())
+    }
+
     pub fn password(&self) -> Option<&str> {
         self.password.as_deref()
     }
