@@ -578,3 +578,45 @@ fn without_reuse_each_trial_gets_its_own_code_copy_and_python_path_leads_path() 
     assert!(!shared.iter().any(|n| n == "scribble"), "{shared:?}");
     service.stop();
 }
+
+#[test]
+fn an_encrypted_key_needs_its_passphrase_and_errors_never_show_it() {
+    let passphrase = "key-Phrase-77";
+    let Some(sshd) = start_sshd("encrypted_key", key_options()) else {
+        return;
+    };
+    sshd.encrypt_client_key(passphrase).unwrap();
+    let world = World::new();
+    world.trust(&sshd);
+    let with = |phrase: Option<&str>| {
+        let mut machine = key_machine(&sshd);
+        if let Some(phrase) = phrase {
+            machine["sshPassphrase"] = json!(phrase);
+        }
+        world.args(vec![machine])
+    };
+
+    let events = Events::default();
+    let mut service = connect(with(Some(passphrase)), &events, &agent_root(&sshd));
+    assert!(service.environments_now().unwrap()[0].ready);
+    service.stop();
+
+    let events = Events::default();
+    let service = connect(with(None), &events, &agent_root(&sshd));
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("is encrypted: give its sshPassphrase"),
+        "{reason}"
+    );
+
+    let events = Events::default();
+    let wrong = "wrong-Phrase-13";
+    let service = connect(with(Some(wrong)), &events, &agent_root(&sshd));
+    let reason = not_ready_reason(&service);
+    assert!(reason.contains("cannot load sshKeyFile"), "{reason}");
+    let everything = format!("{reason} {:?}", events.all());
+    assert!(
+        !everything.contains(wrong) && !everything.contains(passphrase),
+        "{everything}"
+    );
+}
