@@ -620,3 +620,82 @@ fn an_encrypted_key_needs_its_passphrase_and_errors_never_show_it() {
         "{everything}"
     );
 }
+
+#[test]
+fn trials_spread_over_two_hosts_with_their_own_keys() {
+    let Some(first) = start_sshd("two_real_hosts", key_options()) else {
+        return;
+    };
+    let second = start_sshd("two_real_hosts", key_options()).unwrap();
+    let world = World::new();
+    world.trust(&first);
+    world.trust(&second);
+    let events = Events::default();
+    // One agent root for both: each host's environment directory is its own.
+    let mut service = connect(
+        world.args(vec![key_machine(&first), key_machine(&second)]),
+        &events,
+        &agent_root(&first),
+    );
+    let environments = service.environments_now().unwrap();
+    assert!(environments.iter().all(|e| e.ready), "{environments:?}");
+    let mut trials = Vec::new();
+    for index in 0..6 {
+        let host = if index % 2 == 0 { &first } else { &second };
+        let trial = format!("s{index}");
+        service
+            .start(&world.request(host, &trial, "echo KNOB_FINAL 1"))
+            .unwrap();
+        trials.push(trial);
+    }
+    for trial in &trials {
+        assert_eq!(ending(&events.wait_ended(trial)).0, Some(0));
+    }
+    service.stop();
+}
+
+#[test]
+fn without_an_agent_to_upload_the_one_on_the_hosts_path_is_used() {
+    let Some(binary) = sshd_binary("agent_on_path") else {
+        return;
+    };
+    let bin = tempfile::tempdir().unwrap();
+    std::fs::copy(agent_binary(), bin.path().join("knob-agent")).unwrap();
+    let sshd = Sshd::start(
+        &binary,
+        SshdOptions {
+            key_auth: true,
+            password: None,
+            env: vec![(
+                "PATH".to_string(),
+                format!("{}:/usr/local/bin:/usr/bin:/bin", bin.path().display()),
+            )],
+        },
+    )
+    .unwrap();
+    let world = World::new();
+    world.trust(&sshd);
+    let mut args = world.args(vec![key_machine(&sshd)]);
+    args.as_object_mut().unwrap().remove("agentBinary");
+    let events = Events::default();
+    let mut service = connect(args.clone(), &events, &agent_root(&sshd));
+    service
+        .start(&world.request(&sshd, "a1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    assert_eq!(ending(&events.wait_ended("a1")).0, Some(0));
+    service.stop();
+    assert!(
+        !agent_root(&sshd).join("bin").exists(),
+        "nothing was uploaded"
+    );
+
+    // And none there: the error says what to do.
+    std::fs::remove_file(bin.path().join("knob-agent")).unwrap();
+    let events = Events::default();
+    let service = connect(args, &events, &agent_root(&sshd));
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("no knob-agent binary to upload") && reason.contains("set agentBinary"),
+        "{reason}"
+    );
+}
