@@ -220,13 +220,23 @@ fn hyperband_survives_a_sigkill_of_the_manager_mid_bracket() {
     );
 }
 
-/// An unmodified `import nni` 3.0 trial under Hyperband (gated like `nni.rs`).
+/// An unmodified `import nni` 3.0 trial under Hyperband (gated like `nni.rs`): it talks over the
+/// v3 HTTP channel.
 #[test]
 fn an_nni_3_trial_gets_its_string_id_and_budget_and_its_metrics_are_recorded() {
-    let Some(python) = std::env::var_os("KNOB_TEST_NNI3_PYTHON").filter(|p| !p.is_empty()) else {
-        eprintln!(
-            "skipped: KNOB_TEST_NNI3_PYTHON is not set (a python with nni 3.0; .ci/nni-venvs.sh prints it)"
-        );
+    check_nni_under_hyperband("KNOB_TEST_NNI3_PYTHON");
+}
+
+/// The same with nni 2.x, which reads `parameter.cfg` and writes `.nni/metrics`, where its
+/// records carry the string id back.
+#[test]
+fn an_nni_2_trial_gets_its_string_id_and_budget_and_its_metrics_are_recorded() {
+    check_nni_under_hyperband("KNOB_TEST_NNI2_PYTHON");
+}
+
+fn check_nni_under_hyperband(variable: &str) {
+    let Some(python) = std::env::var_os(variable).filter(|p| !p.is_empty()) else {
+        eprintln!("skipped: {variable} is not set (a python with nni; .ci/nni-venvs.sh prints it)");
         return;
     };
     let script = r#"import json, os
@@ -238,7 +248,7 @@ for epoch in range(p["TRIAL_BUDGET"]):
 nni.report_final_result(p["x"])
 with open("seen-%s.json" % nni.get_trial_id(), "w") as out:
     json.dump({"parameter_id": nni.trial._params["parameter_id"], "budget": p["TRIAL_BUDGET"],
-               "x": p["x"], "channel": os.environ.get("NNI_TRIAL_COMMAND_CHANNEL")}, out)
+               "x": p["x"], "version": nni.__version__, "sys_dir": os.environ["NNI_SYS_DIR"]}, out)
 "#;
     let python = Path::new(&python)
         .display()
@@ -252,17 +262,30 @@ with open("seen-%s.json" % nni.get_trial_id(), "w") as out:
     let (code, stdout, stderr) = sandbox.create(&config, "nnihb");
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let export = sandbox.export("nnihb");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
     let seen = seen(config.parent().unwrap());
     let trials = export["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 4, "{export:#}");
     for trial in trials {
         let record = &seen[trial["id"].as_str().unwrap()];
-        assert!(
-            record["channel"]
-                .as_str()
-                .is_some_and(|c| c.starts_with("http://")),
-            "{record}"
-        );
+        let metrics = Path::new(record["sys_dir"].as_str().unwrap()).join(".nni/metrics");
+        let written = std::fs::read_to_string(&metrics).unwrap_or_default();
+        if record["version"].as_str().unwrap().starts_with('2') {
+            // nni 2.x sent each metric back with the string id: `ME` + length + JSON.
+            let ids: Vec<Value> = written
+                .split("ME")
+                .filter(|r| r.len() > 6)
+                .map(|r| serde_json::from_str::<Value>(&r[6..]).unwrap()["parameter_id"].clone())
+                .collect();
+            assert!(!ids.is_empty(), "{record}");
+            assert!(
+                ids.iter().all(|id| *id == record["parameter_id"]),
+                "{ids:?} {record}"
+            );
+        } else {
+            // nni 3 talks over the v3 channel and writes no metrics file.
+            assert!(written.is_empty(), "{written}");
+        }
         let budget = trial["parameters"]["TRIAL_BUDGET"].as_u64().unwrap();
         // Every epoch's metric reached the store, sent with the string id.
         let intermediate: Vec<f64> = trial["intermediate"]
