@@ -877,6 +877,16 @@ trainingService: {platform: local}
     expect![[r#"
         $DIR/exp.yml:1:18: searchSpaceFile: cannot read search space file "$DIR/missing.json": No such file or directory
     "#]].assert_eq(&project.check("exp.yml", &with_file("missing.json")));
+    // Found by fuzzing: reading /dev/zero never ended. Not a regular file, or too big, is an
+    // error before anything is read.
+    expect![[r#"
+        $DIR/exp.yml:1:18: searchSpaceFile: cannot read search space file "/dev/zero": it is not a regular file
+    "#]].assert_eq(&project.check("exp.yml", &with_file("/dev/zero")));
+    let huge = std::fs::File::create(project.path("huge.json")).unwrap();
+    huge.set_len(16 * 1024 * 1024 + 1).unwrap();
+    expect![[r#"
+        $DIR/exp.yml:1:18: searchSpaceFile: cannot read search space file "$DIR/huge.json": it is over 16 MiB
+    "#]].assert_eq(&project.check("exp.yml", &with_file("huge.json")));
 }
 
 #[test]
