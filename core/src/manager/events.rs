@@ -123,7 +123,7 @@ impl Manager {
             ServiceEvent::Warning {
                 trial_id: None,
                 message,
-            } => self.notice(message).await?,
+            } => self.service_problem(message).await?,
             ServiceEvent::Warning { trial_id, message } => self.warn(trial_id, message).await?,
         }
         Ok(())

@@ -211,6 +211,9 @@ struct Manager {
     environments: BTreeMap<String, EnvironmentRecord>,
     /// Environment warnings so far (see [`Progress::notices`]).
     notices: std::sync::Arc<Vec<String>>,
+    /// What services said about their environments (warnings without a trial, failed
+    /// `environments()` calls): the reason given when no environment is left.
+    service_problems: Vec<String>,
     placer: Placer,
     service_events: mpsc::UnboundedReceiver<TaggedEvent>,
     /// Trials the service could not start: (trial id, why).
@@ -291,6 +294,7 @@ impl Manager {
             services,
             environments: BTreeMap::new(),
             notices: Default::default(),
+            service_problems: Vec::new(),
             placer,
             service_events,
             start_failures,

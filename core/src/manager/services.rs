@@ -186,10 +186,14 @@ impl Manager {
                 // In hybrid mode the other services may still run the experiment; whether any
                 // environment is left is decided below, with this reason in the error.
                 Err(e) => {
-                    self.notice(format!(
-                        "training service {platform} has no environment: {e}"
-                    ))
-                    .await?
+                    let message = e.to_string();
+                    // A service's own errors usually name it already.
+                    let message = if message.contains(&format!("training service {platform}")) {
+                        message
+                    } else {
+                        format!("training service {platform} has no environment: {message}")
+                    };
+                    self.service_problem(message).await?
                 }
             }
         }
@@ -317,6 +321,17 @@ impl Manager {
             .await
     }
 
+    /// A service's own word about its environments: a notice, and kept (the latest few) for the
+    /// error if no environment is left.
+    pub(super) async fn service_problem(&mut self, message: String) -> Result<(), ManagerError> {
+        const KEPT: usize = 16;
+        if self.service_problems.len() == KEPT {
+            self.service_problems.remove(0);
+        }
+        self.service_problems.push(message.clone());
+        self.notice(message).await
+    }
+
     /// A warning about environments: recorded like every warning, and shown on the console.
     pub(super) async fn notice(&mut self, message: String) -> Result<(), ManagerError> {
         std::sync::Arc::make_mut(&mut self.notices).push(message.clone());
@@ -327,17 +342,24 @@ impl Manager {
 
     /// Why no environment can take trials, for the experiment's error.
     pub(super) fn no_environment_reason(&self) -> String {
-        if self.environments.is_empty() {
-            return "no training service reported an environment".into();
-        }
         let names: Vec<String> = self
             .environments
             .iter()
             .map(|(id, record)| format!("{id} ({})", record.host))
             .collect();
-        let mut reason = format!("no environment can run trials: {}", names.join(", "));
-        if !self.notices.is_empty() {
-            reason.push_str(&format!(" — {}", self.notices.join("; ")));
+        let mut reason = if names.is_empty() {
+            "no training service reported an environment".to_string()
+        } else {
+            format!("no environment can run trials: {}", names.join(", "))
+        };
+        // What the services said about it, the latest few (a flapping host repeats itself).
+        let skip = self.service_problems.len().saturating_sub(3);
+        let problems: Vec<&str> = self.service_problems[skip..]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        if !problems.is_empty() {
+            reason.push_str(&format!(" — {}", problems.join("; ")));
         }
         reason
     }
