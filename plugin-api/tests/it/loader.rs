@@ -144,7 +144,14 @@ serde_json.workspace = true
         )
         .as_bytes(),
     );
-    let target = tmp.join("fixture-target");
+    // Cargo names a workspace's path packages by their path relative to the workspace, so the
+    // unmodified and the layout-changed copy of this crate (same name, version and relative
+    // path) would share one rlib in a shared target dir, and whichever was built last would be
+    // linked into both fixtures. The layout variant builds in its own.
+    let target = tmp.join(match variant {
+        Variant::LayoutChanged => "fixture-target-layout",
+        _ => "fixture-target",
+    });
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args(["build", "--quiet", "-p", &package, "--target-dir"])
