@@ -41,8 +41,8 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
-    if let Some(warning) = secret_upload_warning(&config, &args.config) {
-        eprintln!("warning: {warning}");
+    if let Some(notice) = secret_config_left_out_notice(&config, &args.config) {
+        eprintln!("note: {notice}");
     }
     let plugins = PluginRegistry::load(&config.plugin_paths);
     for problem in plugins.problems() {
@@ -50,8 +50,8 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     }
     preflight(&config, &plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let registry = Registry::open_default()?;
-    let (experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
-    remember_config_source(&experiment.dir, &args.config);
+    let (mut experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
+    experiment.config_file = Some(remember_config_source(&experiment.dir, &args.config));
     run_in_foreground(experiment, store, &plugins, &registry, &args.serve)
 }
 
@@ -60,7 +60,8 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
 /// them.
 pub const CONFIG_SOURCE_FILE: &str = "config-source";
 
-fn remember_config_source(dir: &Path, config: &Path) {
+/// Writes [`CONFIG_SOURCE_FILE`]; returns the config's canonical path.
+fn remember_config_source(dir: &Path, config: &Path) -> PathBuf {
     let absolute = std::fs::canonicalize(config).unwrap_or_else(|_| config.to_path_buf());
     if let Err(e) = std::fs::write(
         dir.join(CONFIG_SOURCE_FILE),
@@ -72,13 +73,21 @@ fn remember_config_source(dir: &Path, config: &Path) {
             dir.join(CONFIG_SOURCE_FILE).display()
         );
     }
+    absolute
 }
 
-/// A config holding an SSH password or passphrase that sits inside `trialCodeDirectory` would be
-/// uploaded, in clear, to every remote host with the trial code, unless `.nniignore` or
-/// `.knobignore` leaves it out: say so. (Only a line naming the file is recognised; a pattern
-/// that happens to match it still gets the warning.)
-fn secret_upload_warning(config: &ExperimentConfig, config_path: &Path) -> Option<String> {
+/// The config file named in an experiment's [`CONFIG_SOURCE_FILE`], if it was written.
+pub fn config_source(dir: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(dir.join(CONFIG_SOURCE_FILE)).ok()?;
+    let path = text.trim();
+    (!path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// The remote service leaves the experiment's config file out of the trial code it uploads to
+/// the hosts (the core names it in the service's `excludeFiles`), whatever it holds. When it
+/// holds an SSH password or passphrase and lies inside `trialCodeDirectory`, say so once, since
+/// that is the case where it matters: NNI would have uploaded the password in clear.
+fn secret_config_left_out_notice(config: &ExperimentConfig, config_path: &Path) -> Option<String> {
     use knob_core::config::TrainingServiceConfig;
     let has_secret = config.training_service.iter().any(|service| match service {
         TrainingServiceConfig::Remote(remote) => remote
@@ -92,23 +101,10 @@ fn secret_upload_warning(config: &ExperimentConfig, config_path: &Path) -> Optio
     }
     let code_dir = std::fs::canonicalize(&config.trial_code_directory).ok()?;
     let file = std::fs::canonicalize(config_path).ok()?;
-    let relative = file
-        .strip_prefix(&code_dir)
-        .ok()?
-        .to_string_lossy()
-        .into_owned();
-    let ignored = [".nniignore", ".knobignore"].iter().any(|name| {
-        std::fs::read_to_string(code_dir.join(name)).is_ok_and(|text| {
-            text.lines()
-                .map(str::trim)
-                .any(|line| line.trim_start_matches('/') == relative)
-        })
-    });
-    (!ignored).then(|| {
+    file.starts_with(&code_dir).then(|| {
         format!(
-            "{} holds an SSH password or passphrase and lies in trialCodeDirectory {}, which is uploaded to every remote host: add a line {relative} to {}/.knobignore (or .nniignore), move the config out, or use sshKeyFile",
+            "{} holds an SSH password or passphrase; it lies in trialCodeDirectory {} but is left out of the code uploaded to the remote hosts",
             config_path.display(),
-            code_dir.display(),
             code_dir.display()
         )
     })

@@ -87,6 +87,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     );
     let experiment = Experiment {
         id: args.id,
+        config_file: crate::create::config_source(&entry.dir),
         dir: entry.dir,
         config,
         history: Some(state),
@@ -113,9 +114,8 @@ fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path) {
     if !needs_secret {
         return;
     }
-    let original = std::fs::read_to_string(dir.join(crate::create::CONFIG_SOURCE_FILE))
-        .ok()
-        .and_then(|path| knob_core::config::load_file(std::path::Path::new(path.trim())).ok())
+    let original = crate::create::config_source(dir)
+        .and_then(|path| knob_core::config::load_file(&path).ok())
         .map(|loaded| loaded.config);
     let password = std::env::var(manager::PASSWORD_VARIABLE).ok();
     let passphrase = std::env::var(manager::PASSPHRASE_VARIABLE).ok();

@@ -114,6 +114,7 @@ pub fn create(
             dir,
             config,
             history: None,
+            config_file: None,
         },
         store,
     ))

@@ -6,6 +6,11 @@
 //!   always gives the same bytes; the archive's name is the hex sha256 of those bytes.
 //! - `.nniignore` and `.knobignore` files (gitignore syntax, in any directory of the tree) leave
 //!   files out, as NNI's `.nniignore` does. `.gitignore` is not applied: NNI does not apply it.
+//! - The caller's `exclude` paths (the experiment's config file, SSH key files: what may hold a
+//!   secret) are left out too when they resolve inside the tree, matched by canonical path so
+//!   that `./config.yml`, a symlinked spelling or an absolute path all name the same file; a
+//!   folder leaves out everything under it. Being left out, they are not in the bytes, so the
+//!   hash differs from the unexcluded tree's and is the same for the same tree and exclusions.
 //! - Limits ([`ArchiveLimits`]): NNI's, at most 2000 files and 300 MiB before compression; an
 //!   error names the directory, the limit, and says to add a `.nniignore`.
 //! - Symbolic links are kept as links when they point inside the tree; a link that leads
@@ -62,6 +67,9 @@ pub struct CodeArchive {
     pub file_count: usize,
     /// Their total size before compression.
     pub total_bytes: u64,
+    /// The `exclude` paths that lie inside the code directory, relative to it and sorted: not
+    /// in the archive.
+    pub left_out: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for CodeArchive {
@@ -71,6 +79,7 @@ impl std::fmt::Debug for CodeArchive {
             .field("hash", &self.hash)
             .field("file_count", &self.file_count)
             .field("total_bytes", &self.total_bytes)
+            .field("left_out", &self.left_out)
             .finish()
     }
 }
@@ -134,8 +143,13 @@ enum ItemKind {
     Link { target: PathBuf },
 }
 
-/// Archives `dir` within `limits`, honouring `.nniignore` and `.knobignore`.
-pub fn create(dir: &Path, limits: &ArchiveLimits) -> Result<CodeArchive, CodeArchiveError> {
+/// Archives `dir` within `limits`, honouring `.nniignore` and `.knobignore`, and leaving out
+/// every `exclude` path that resolves inside `dir` (paths elsewhere, or missing, change nothing).
+pub fn create(
+    dir: &Path,
+    limits: &ArchiveLimits,
+    exclude: &[PathBuf],
+) -> Result<CodeArchive, CodeArchiveError> {
     let metadata = std::fs::metadata(dir).map_err(|source| CodeArchiveError::Directory {
         dir: dir.to_path_buf(),
         source,
@@ -146,7 +160,8 @@ pub fn create(dir: &Path, limits: &ArchiveLimits) -> Result<CodeArchive, CodeArc
             source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
         });
     }
-    let items = list(dir, limits)?;
+    let left_out = inside(dir, exclude);
+    let items = list(dir, limits, &left_out)?;
     let file_count = items
         .iter()
         .filter(|item| !matches!(item.kind, ItemKind::Directory))
@@ -178,7 +193,32 @@ pub fn create(dir: &Path, limits: &ArchiveLimits) -> Result<CodeArchive, CodeArc
         hash,
         file_count,
         total_bytes,
+        left_out,
     })
+}
+
+/// The `paths` that resolve to something inside `dir` (not `dir` itself), relative to it, sorted
+/// and without repeats.
+fn inside(dir: &Path, paths: &[PathBuf]) -> Vec<PathBuf> {
+    if paths.is_empty() {
+        return Vec::new();
+    }
+    let Ok(root) = std::fs::canonicalize(dir) else {
+        return Vec::new();
+    };
+    let mut relative: Vec<PathBuf> = paths
+        .iter()
+        .filter_map(|path| std::fs::canonicalize(path).ok())
+        .filter_map(|path| {
+            path.strip_prefix(&root)
+                .ok()
+                .filter(|rest| !rest.as_os_str().is_empty())
+                .map(Path::to_path_buf)
+        })
+        .collect();
+    relative.sort();
+    relative.dedup();
+    relative
 }
 
 /// Hex sha256 of `bytes`, as code archives and agent binaries are named.
@@ -189,13 +229,25 @@ pub fn hex_sha256(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Every item under `dir` that the ignore files leave in, sorted by path, within the limits.
-fn list(dir: &Path, limits: &ArchiveLimits) -> Result<Vec<Item>, CodeArchiveError> {
+/// Every item under `dir` that the ignore files and `left_out` (relative paths) leave in, sorted
+/// by path, within the limits.
+fn list(
+    dir: &Path,
+    limits: &ArchiveLimits,
+    left_out: &[PathBuf],
+) -> Result<Vec<Item>, CodeArchiveError> {
     let mut walk = ignore::WalkBuilder::new(dir);
     // Only knob's and NNI's ignore files: no .gitignore, .ignore, hidden-file or parent rules.
     walk.standard_filters(false).follow_links(false);
     for name in IGNORE_FILE_NAMES {
         walk.add_custom_ignore_filename(name);
+    }
+    if !left_out.is_empty() {
+        // Paths as the walk spells them (`dir` joined with the relative path); a folder left out
+        // is not entered, so nothing under it counts against the limits either.
+        let skipped: std::collections::HashSet<PathBuf> =
+            left_out.iter().map(|relative| dir.join(relative)).collect();
+        walk.filter_entry(move |entry| !skipped.contains(entry.path()));
     }
     let mut items = Vec::new();
     let mut files = 0usize;

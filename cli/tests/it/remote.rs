@@ -280,13 +280,16 @@ fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &hosts.iter().collect::<Vec<_>>());
     let machines: Vec<String> = hosts.iter().map(machine).collect();
-    // The config (with the password) sits in the trial code directory: left out of the upload.
+    // The config (with the password) sits in the trial code directory, as NNI users keep it,
+    // with no ignore file: it is left out of the upload all the same. The trials check that the
+    // rest of the code is there and the config is not.
     std::fs::create_dir_all(sandbox.path().join("code")).unwrap();
-    std::fs::write(sandbox.path().join("code/.knobignore"), "config.yml\n").unwrap();
+    std::fs::write(sandbox.path().join("code/helper.txt"), "trial code\n").unwrap();
     let config = remote_config(
         &sandbox,
         Spec {
-            trial_command: "sleep 1; echo KNOB_FINAL 1",
+            trial_command:
+                "test -f helper.txt && test ! -e config.yml && sleep 1 && echo KNOB_FINAL 1",
             concurrency: 3,
             trials: 9,
             machines: &machines,
@@ -339,6 +342,14 @@ fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_
         on_hosts.len() > 3,
         "nothing under the agent root? {on_hosts:?}"
     );
+    let names = |name: &str| {
+        on_hosts
+            .iter()
+            .filter(|(path, _)| path.file_name().is_some_and(|n| n == name))
+            .count()
+    };
+    assert!(names("helper.txt") > 0, "no trial code on the hosts");
+    assert_eq!(names("config.yml"), 0, "the config was uploaded");
     for (path, bytes) in on_hosts {
         assert!(
             !contains(&bytes, PASSWORD),
@@ -346,8 +357,15 @@ fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_
             path.display()
         );
     }
+    // Said once, as a note: nothing is asked of the user.
+    let notes: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("holds an SSH password"))
+        .collect();
     assert!(
-        !stderr.contains("uploaded to every remote host"),
+        notes.len() == 1
+            && notes[0].starts_with("note: ")
+            && notes[0].contains("left out of the code uploaded to the remote hosts"),
         "{stderr}"
     );
     assert!(!export.to_string().contains(PASSWORD));
@@ -777,11 +795,11 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
     );
     let (code, stdout, stderr) = sandbox.create(&config, "again");
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    // Nothing leaves the config out of the trial code here: the user is told.
+    // The config lies in the trial code directory: the user is told it stays here.
     assert!(
-        stderr.lines().any(|line| line.starts_with("warning:")
+        stderr.lines().any(|line| line.starts_with("note:")
             && line.contains("holds an SSH password")
-            && line.contains(".knobignore")),
+            && line.contains("left out of the code uploaded")),
         "{stderr}"
     );
     let resume = |max: &str, password: Option<&str>| {
@@ -823,8 +841,11 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
         stdout.contains("4 trials (4 succeeded"),
         "{stdout}\n{stderr}"
     );
+    // Neither here nor on the host, after a create and three resumes.
     let experiment_dir = sandbox.path().join("experiments").join("again");
-    for (path, bytes) in files_under(&experiment_dir) {
+    let on_host = files_under(&sandbox.path().join("agent"));
+    assert!(!on_host.is_empty(), "nothing under the agent root");
+    for (path, bytes) in files_under(&experiment_dir).into_iter().chain(on_host) {
         assert!(
             !contains(&bytes, PASSWORD),
             "{} holds the password",

@@ -124,6 +124,9 @@ pub struct Experiment {
     pub config: ExperimentConfig,
     /// For `knob resume`: the experiment as its store recorded it.
     pub history: Option<ExperimentState>,
+    /// The config file the experiment was read from, when there is one. It may hold SSH
+    /// passwords in clear, so the remote service never uploads it with the trial code.
+    pub config_file: Option<PathBuf>,
 }
 
 /// Whether larger metric values are better, read from the tuner's classArgs as NNI does.
@@ -263,6 +266,7 @@ impl Manager {
             dir,
             config,
             history,
+            config_file,
         } = experiment;
         let tuner = registry.tuner(
             &tuner_name(&config)?,
@@ -278,7 +282,9 @@ impl Manager {
         let placer = Placer::new(&config).map_err(ManagerError::Placement)?;
         let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
-        let services = services::start_services(&id, &config, registry, &events_tx).await?;
+        let services =
+            services::start_services(&id, &config, config_file.as_deref(), registry, &events_tx)
+                .await?;
         drop(events_tx);
 
         let started = Instant::now();

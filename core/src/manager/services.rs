@@ -6,6 +6,8 @@
 //! inventory as gpu-sched JSON (limits already applied), which is registered with the scheduler
 //! as is. A placement's environment decides which service starts the trial.
 
+use std::path::{Path, PathBuf};
+
 use knob_plugin_api::host::{PluginRegistry, TrainingServiceHandle};
 use knob_plugin_api::service::{Environment, ServiceEvent};
 use serde_json::{json, Value};
@@ -47,24 +49,34 @@ pub(super) fn service_names(config: &ExperimentConfig) -> Vec<&'static str> {
         .collect()
 }
 
-/// The class args a service is constructed with.
+/// The class args a service is constructed with. `config_file` is the file the experiment was
+/// read from, if any.
 pub(super) fn class_args(
     experiment_id: &str,
     service: &TrainingServiceConfig,
+    config_file: Option<&Path>,
 ) -> Result<Value, ManagerError> {
     match service {
         // Local trials always run on the one local environment, so reuseMode changes nothing,
         // and the GPU limits are the core's (it probes this machine itself).
         TrainingServiceConfig::Local(_) => Ok(Value::Object(Default::default())),
-        TrainingServiceConfig::Remote(remote) => remote_class_args(experiment_id, remote),
+        TrainingServiceConfig::Remote(remote) => {
+            remote_class_args(experiment_id, remote, config_file)
+        }
     }
 }
 
 /// The remote service's class args. Passwords and passphrases are revealed here, into this
 /// in-memory JSON only: it goes to the plugin and nowhere else (never to the store or a log).
+///
+/// `excludeFiles` names the files that may hold a secret in clear: `config_file` (the
+/// experiment's config, which NNI users keep in the trial code directory) and every machine's
+/// `sshKeyFile`. The service leaves those that lie in the trial code directory out of the code
+/// it uploads to the hosts; trials never need them.
 pub fn remote_class_args(
     experiment_id: &str,
     remote: &RemoteConfig,
+    config_file: Option<&Path>,
 ) -> Result<Value, ManagerError> {
     let mut machines = Vec::with_capacity(remote.machine_list.len());
     for (index, machine) in remote.machine_list.iter().enumerate() {
@@ -120,6 +132,25 @@ pub fn remote_class_args(
     if let Some(root) = &remote.agent_root {
         fields.insert("agentRoot".into(), json!(root));
     }
+    let mut exclude: Vec<PathBuf> = config_file
+        .into_iter()
+        .map(Path::to_path_buf)
+        .chain(
+            remote
+                .machine_list
+                .iter()
+                .filter_map(|machine| machine.ssh_key_file.clone()),
+        )
+        // The service wants absolute paths; the config's are already, a relative command-line
+        // path is made absolute here (it is this process's working directory that it means).
+        .filter_map(|path| std::path::absolute(path).ok())
+        .collect();
+    exclude.sort();
+    exclude.dedup();
+    // JSON holds only UTF-8 paths. Those from the config's text always are; a config file whose
+    // own path is not UTF-8 cannot be named, and is then left out only by an ignore file.
+    let exclude: Vec<&str> = exclude.iter().filter_map(|path| path.to_str()).collect();
+    fields.insert("excludeFiles".into(), json!(exclude));
     Ok(args)
 }
 
@@ -134,13 +165,14 @@ pub const PASSPHRASE_VARIABLE: &str = "KNOB_SSH_PASSPHRASE";
 pub(super) async fn start_services(
     experiment_id: &str,
     config: &ExperimentConfig,
+    config_file: Option<&Path>,
     registry: &PluginRegistry,
     events: &mpsc::UnboundedSender<TaggedEvent>,
 ) -> Result<Vec<ServiceSlot>, ManagerError> {
     let mut slots = Vec::new();
     for (index, service) in config.training_service.iter().enumerate() {
         let platform = service.platform();
-        let args = class_args(experiment_id, service)?;
+        let args = class_args(experiment_id, service, config_file)?;
         let events = events.clone();
         let handle = registry
             .training_service(platform, &args, move |event| {

@@ -1280,7 +1280,17 @@ trainingService:
     let TrainingServiceConfig::Remote(remote) = &config.training_service[0] else {
         panic!("a remote service");
     };
-    let args = remote_class_args("exp1", remote).unwrap();
+    let config_file = project.path("exp.yml");
+    let args = remote_class_args("exp1", remote, Some(&config_file)).unwrap();
+    // What may hold a secret in clear is named for the service to leave out of the trial code
+    // it uploads: the config file and the key file (once, though two machines use it).
+    assert_eq!(
+        args["excludeFiles"],
+        serde_json::json!([
+            config_file.display().to_string(),
+            project.path("keys/id_ed25519").display().to_string()
+        ])
+    );
     assert_eq!(args["experimentId"], "exp1");
     assert_eq!(args["reuseMode"], false);
     assert_eq!(args["hostLossTimeoutSecs"], 5);
@@ -1301,7 +1311,7 @@ trainingService:
     let TrainingServiceConfig::Remote(stored_remote) = &stored.training_service[0] else {
         panic!("a remote service");
     };
-    let error = remote_class_args("exp1", stored_remote)
+    let error = remote_class_args("exp1", stored_remote, None)
         .unwrap_err()
         .to_string();
     expect![[r#"machineList[0] (alice@10.0.0.2:22): its SSH password is not known (knob never stores it); keep the original config file beside the experiment, or set KNOB_SSH_PASSWORD"#]]
@@ -1318,7 +1328,7 @@ trainingService:
     let TrainingServiceConfig::Remote(restored) = &from_variables.training_service[0] else {
         panic!("a remote service");
     };
-    let args = remote_class_args("exp1", restored).unwrap();
+    let args = remote_class_args("exp1", restored, None).unwrap();
     assert_eq!(args["machineList"][0]["password"], "pw");
     assert_eq!(args["machineList"][1]["sshPassphrase"], "phrase");
     assert!(args["machineList"][2].get("password").is_none());
@@ -1330,7 +1340,7 @@ trainingService:
     let TrainingServiceConfig::Remote(partial) = &partial.training_service[0] else {
         panic!("a remote service");
     };
-    assert!(remote_class_args("exp1", partial)
+    assert!(remote_class_args("exp1", partial, None)
         .unwrap_err()
         .to_string()
         .starts_with("machineList[0] (alice@10.0.0.2:22)"));

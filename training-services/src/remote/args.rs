@@ -3,7 +3,7 @@
 //! Keys are matched ignoring case and underscores, as NNI does. Passwords and passphrases are
 //! held as [`Secret`], whose `Debug` and `Display` never show them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -72,6 +72,9 @@ pub struct RemoteArgs {
     pub agent_binary: Option<PathBuf>,
     pub host_loss_timeout: Duration,
     pub machines: Vec<Machine>,
+    /// knob's extension, set by the core: absolute paths of files that may hold secrets (the
+    /// experiment's config file, SSH keys), never uploaded with the trial code.
+    pub exclude_files: Vec<PathBuf>,
 }
 
 /// What is wrong with the class args, one line.
@@ -128,6 +131,30 @@ fn gpu_indices(where_: &str, key: &str, value: &Value) -> Result<Option<Vec<u32>
         Value::Number(_) => Ok(Some(vec![one(value)?])),
         _ => Err(bad()),
     }
+}
+
+/// `excludeFiles`: a list of absolute paths (relative ones would depend on this process's working
+/// directory, which the core does not promise).
+fn absolute_paths(key: &str, value: &Value) -> Result<Vec<PathBuf>, ArgsError> {
+    let items = match value {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(items) => items,
+        other => {
+            return Err(ArgsError(format!(
+                "{key} must be a list of absolute paths, got {other}"
+            )))
+        }
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| match item.as_str() {
+            Some(path) if Path::new(path).is_absolute() => Ok(PathBuf::from(path)),
+            _ => Err(ArgsError(format!(
+                "{key}[{index}] must be an absolute path, got {item}"
+            ))),
+        })
+        .collect()
 }
 
 fn expand_home(path: &str) -> PathBuf {
@@ -254,6 +281,7 @@ impl RemoteArgs {
             agent_binary: None,
             host_loss_timeout: DEFAULT_HOST_LOSS_TIMEOUT,
             machines: Vec::new(),
+            exclude_files: Vec::new(),
         };
         let mut machine_list = None;
         for (key, value) in fields {
@@ -279,6 +307,7 @@ impl RemoteArgs {
                         })?
                 }
                 "machinelist" => machine_list = Some(value),
+                "excludefiles" => args.exclude_files = absolute_paths(key, value)?,
                 // The core's fields (platform, trialGpuNumber, ...) are not the service's.
                 _ => {}
             }
@@ -369,5 +398,48 @@ mod tests {
             ),
             "classArgs of training service remote: machineList[1] repeats u@h:22"
         );
+    }
+
+    #[test]
+    fn exclude_files_are_absolute_paths() {
+        let parse = |exclude: Value| {
+            RemoteArgs::parse(&json!({
+                "experimentId": "e",
+                "machineList": [{"host": "h", "user": "u"}],
+                "exclude_files": exclude,
+            }))
+        };
+        let args = parse(json!(["/work/code/config.yml", "/home/me/.ssh/id_ed25519"])).unwrap();
+        assert_eq!(
+            args.exclude_files,
+            [
+                PathBuf::from("/work/code/config.yml"),
+                PathBuf::from("/home/me/.ssh/id_ed25519")
+            ]
+        );
+        assert!(parse(Value::Null).unwrap().exclude_files.is_empty());
+        let absent = RemoteArgs::parse(&json!({
+            "experimentId": "e",
+            "machineList": [{"host": "h", "user": "u"}],
+        }))
+        .unwrap();
+        assert!(absent.exclude_files.is_empty());
+
+        let err = |exclude: Value| parse(exclude).unwrap_err().to_string();
+        assert_eq!(
+            err(json!("/work/code/config.yml")),
+            "classArgs of training service remote: exclude_files must be a list of absolute paths, got \"/work/code/config.yml\""
+        );
+        assert_eq!(
+            err(json!(["/a", "config.yml"])),
+            "classArgs of training service remote: exclude_files[1] must be an absolute path, got \"config.yml\""
+        );
+        assert_eq!(
+            err(json!([7])),
+            "classArgs of training service remote: exclude_files[0] must be an absolute path, got 7"
+        );
+        for bad in [json!(["config.yml"]), json!({"a": 1}), json!(true)] {
+            assert!(!err(bad).contains('\n'));
+        }
     }
 }

@@ -143,10 +143,25 @@ impl RemoteService {
             return Ok(archive.clone());
         }
         let archive = Arc::new(
-            code_archive::create(code_dir, &ArchiveLimits::default()).map_err(|e| e.to_string())?,
+            code_archive::create(
+                code_dir,
+                &ArchiveLimits::default(),
+                &self.context.args.exclude_files,
+            )
+            .map_err(|e| e.to_string())?,
         );
+        let left_out: Vec<String> = archive
+            .left_out
+            .iter()
+            .map(|path| path.display().to_string())
+            .collect();
+        let left_out = if left_out.is_empty() {
+            String::new()
+        } else {
+            format!(" (left out: {})", left_out.join(", "))
+        };
         knob_plugin_api::log::info(&format!(
-            "training service remote: trial code {} archived: {} files, {} bytes, {} bytes compressed",
+            "training service remote: trial code {} archived: {} files, {} bytes, {} bytes compressed{left_out}",
             code_dir.display(),
             archive.file_count,
             archive.total_bytes,

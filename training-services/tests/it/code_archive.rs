@@ -54,7 +54,7 @@ fn sample_tree(dir: &Path) {
 fn round_trip_keeps_files_modes_and_links() {
     let source = tempfile::tempdir().unwrap();
     sample_tree(source.path());
-    let archive = create(source.path(), &ArchiveLimits::default()).unwrap();
+    let archive = create(source.path(), &ArchiveLimits::default(), &[]).unwrap();
     assert_eq!(archive.file_count, 5);
     assert_eq!(archive.total_bytes, (11 + 9 + 1 + 18) as u64);
     assert_eq!(archive.hash.len(), 64);
@@ -117,12 +117,12 @@ fn same_tree_same_bytes_and_any_change_changes_the_hash() {
     write(&b.path().join("lib/model.py"), "MODEL = 1");
     write(&b.path().join("train.py"), "print('hi')");
     let limits = ArchiveLimits::default();
-    let first = create(a.path(), &limits).unwrap();
-    assert_eq!(first, create(b.path(), &limits).unwrap());
-    assert_eq!(first, create(a.path(), &limits).unwrap());
+    let first = create(a.path(), &limits, &[]).unwrap();
+    assert_eq!(first, create(b.path(), &limits, &[]).unwrap());
+    assert_eq!(first, create(a.path(), &limits, &[]).unwrap());
 
     write(&b.path().join("train.py"), "print('ho')");
-    assert_ne!(first.hash, create(b.path(), &limits).unwrap().hash);
+    assert_ne!(first.hash, create(b.path(), &limits, &[]).unwrap().hash);
 }
 
 #[test]
@@ -137,7 +137,7 @@ fn nniignore_and_knobignore_leave_files_out_but_gitignore_does_not() {
     write(&dir.path().join(".nniignore"), "data/\n*.log\n");
     write(&dir.path().join("sub/.knobignore"), "*.pt\n!keep.pt\n");
     write(&dir.path().join(".gitignore"), "kept_by_git.txt\n");
-    let archive = create(dir.path(), &ArchiveLimits::default()).unwrap();
+    let archive = create(dir.path(), &ArchiveLimits::default(), &[]).unwrap();
     let out = tempfile::tempdir().unwrap();
     let dest = out.path().join("c");
     unpack(archive.bytes.as_slice(), &dest, &ArchiveLimits::default()).unwrap();
@@ -158,6 +158,85 @@ fn nniignore_and_knobignore_leave_files_out_but_gitignore_does_not() {
     );
 }
 
+/// The files (not folders or the marker) an archive unpacks to, as `listing` lines.
+fn unpacked_files(archive: &knob_training_services::code_archive::CodeArchive) -> Vec<String> {
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("c");
+    unpack(archive.bytes.as_slice(), &dest, &ArchiveLimits::default()).unwrap();
+    listing(&dest)
+        .into_iter()
+        .filter(|l| !l.ends_with('/') && !l.starts_with(CODE_COMPLETE_MARKER))
+        .collect()
+}
+
+#[test]
+fn excluded_paths_inside_the_tree_are_left_out_by_canonical_path_and_change_the_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = dir.path().join("code");
+    write(&code.join("train.py"), "code");
+    write(&code.join("config.yml"), "password: hunter2");
+    write(&code.join("keys/id_ed25519"), "private key");
+    write(&code.join("keys/README"), "keys");
+    write(&code.join("sub/config.yml"), "another config, kept");
+    write(&dir.path().join("elsewhere.yml"), "outside the tree");
+    // Another spelling of the code directory: the exclusions still match.
+    let spelled = dir.path().join("code-link");
+    std::os::unix::fs::symlink(&code, &spelled).unwrap();
+    let limits = ArchiveLimits::default();
+    let whole = create(&code, &limits, &[]).unwrap();
+    assert_eq!(whole.file_count, 5);
+    assert!(whole.left_out.is_empty());
+
+    let exclude = [
+        // Not canonical: `..` and the symlinked folder.
+        spelled.join("sub/../config.yml"),
+        code.join("keys/id_ed25519"),
+        // Outside the tree, missing, and the tree itself: nothing is left out for them.
+        dir.path().join("elsewhere.yml"),
+        code.join("missing.yml"),
+        code.clone(),
+    ];
+    let archive = create(&code, &limits, &exclude).unwrap();
+    assert_eq!(
+        archive.left_out,
+        [
+            std::path::PathBuf::from("config.yml"),
+            std::path::PathBuf::from("keys/id_ed25519")
+        ]
+    );
+    assert_eq!(archive.file_count, 3);
+    assert_eq!(
+        unpacked_files(&archive),
+        [
+            "keys/README: keys",
+            "sub/config.yml: another config, kept",
+            "train.py: code",
+        ]
+    );
+    assert!(!archive.bytes.is_empty() && archive.hash != whole.hash);
+    // Deterministic: the same exclusions, however spelled, give the same bytes.
+    let again = create(
+        &spelled,
+        &limits,
+        &[code.join("keys/id_ed25519"), code.join("config.yml")],
+    )
+    .unwrap();
+    assert_eq!(again.bytes, archive.bytes);
+    assert_eq!(again.hash, archive.hash);
+
+    // A folder leaves out everything under it, also from the limits.
+    let few = ArchiveLimits {
+        max_files: 3,
+        max_bytes: 1 << 20,
+    };
+    create(&code, &few, &[]).unwrap_err();
+    let archive = create(&code, &few, &[code.join("keys"), code.join("sub")]).unwrap();
+    assert_eq!(
+        unpacked_files(&archive),
+        ["config.yml: password: hunter2", "train.py: code"]
+    );
+}
+
 #[test]
 fn limits_name_the_directory_and_say_to_add_a_nniignore() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,7 +247,7 @@ fn limits_name_the_directory_and_say_to_add_a_nniignore() {
         max_files: 4,
         max_bytes: 1 << 20,
     };
-    let error = create(dir.path(), &few).unwrap_err().to_string();
+    let error = create(dir.path(), &few, &[]).unwrap_err().to_string();
     assert!(
         error.starts_with(&format!(
             "trial code directory {} holds more than 4 files",
@@ -182,16 +261,16 @@ fn limits_name_the_directory_and_say_to_add_a_nniignore() {
         max_bytes: 2 * 1024 * 1024,
     };
     write(&dir.path().join("big.bin"), &"x".repeat(3 * 1024 * 1024));
-    let error = create(dir.path(), &small).unwrap_err().to_string();
+    let error = create(dir.path(), &small, &[]).unwrap_err().to_string();
     assert!(
         error.contains("holds more than 2 MiB of files") && error.contains("add a .nniignore"),
         "{error}"
     );
     write(&dir.path().join(".nniignore"), "big.bin\n");
-    create(dir.path(), &small).unwrap();
+    create(dir.path(), &small, &[]).unwrap();
 
     // The same limits hold when unpacking an archive made with larger ones.
-    let archive = create(dir.path(), &ArchiveLimits::default()).unwrap();
+    let archive = create(dir.path(), &ArchiveLimits::default(), &[]).unwrap();
     let out = tempfile::tempdir().unwrap();
     let error = unpack(archive.bytes.as_slice(), &out.path().join("c"), &few).unwrap_err();
     assert!(
@@ -216,7 +295,7 @@ fn links_out_of_the_tree_and_special_files_are_refused_by_create() {
     let dir = tempfile::tempdir().unwrap();
     write(&dir.path().join("a.py"), "");
     std::os::unix::fs::symlink("/etc", dir.path().join("data")).unwrap();
-    let error = create(dir.path(), &ArchiveLimits::default())
+    let error = create(dir.path(), &ArchiveLimits::default(), &[])
         .unwrap_err()
         .to_string();
     assert!(
@@ -224,14 +303,14 @@ fn links_out_of_the_tree_and_special_files_are_refused_by_create() {
         "{error}"
     );
     write(&dir.path().join(".nniignore"), "data\n");
-    create(dir.path(), &ArchiveLimits::default()).unwrap();
+    create(dir.path(), &ArchiveLimits::default(), &[]).unwrap();
 
     let made = std::process::Command::new("mkfifo")
         .arg(dir.path().join("pipe"))
         .status()
         .unwrap();
     assert!(made.success());
-    let error = create(dir.path(), &ArchiveLimits::default())
+    let error = create(dir.path(), &ArchiveLimits::default(), &[])
         .unwrap_err()
         .to_string();
     assert!(
@@ -240,7 +319,7 @@ fn links_out_of_the_tree_and_special_files_are_refused_by_create() {
     );
 
     let missing = dir.path().join("missing");
-    let error = create(&missing, &ArchiveLimits::default())
+    let error = create(&missing, &ArchiveLimits::default(), &[])
         .unwrap_err()
         .to_string();
     assert!(
@@ -370,7 +449,7 @@ fn concurrent_unpacks_of_the_same_archive_both_succeed() {
             &"y".repeat(i * 10),
         );
     }
-    let archive = create(source.path(), &ArchiveLimits::default()).unwrap();
+    let archive = create(source.path(), &ArchiveLimits::default(), &[]).unwrap();
     let out = tempfile::tempdir().unwrap();
     let dest = out.path().join("code").join(&archive.hash);
     let results: Vec<Unpacked> = std::thread::scope(|scope| {

@@ -427,7 +427,7 @@ fn receive_code_unpacks_an_archive_from_stdin() {
     use knob_training_services::code_archive::{create, ArchiveLimits};
     let source = tempfile::tempdir().unwrap();
     std::fs::write(source.path().join("train.py"), "print(1)").unwrap();
-    let archive = create(source.path(), &ArchiveLimits::default()).unwrap();
+    let archive = create(source.path(), &ArchiveLimits::default(), &[]).unwrap();
     let hosts = tempfile::tempdir().unwrap();
     let dest = hosts.path().join("code").join(&archive.hash);
     let receive = |bytes: &[u8]| {
