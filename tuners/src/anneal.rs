@@ -20,8 +20,6 @@
 //! any case, no point is handed out twice. Each suggestion draws from its own random stream, so
 //! a resumed run continues as the uninterrupted one.
 
-use std::collections::BTreeMap;
-
 use knob_plugin_api::space::{
     standard_normal, DimKind, Encoding, ParamType, SearchSpace, SeededRng,
 };
@@ -33,6 +31,7 @@ use serde_json::Value;
 use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::numeric::snap;
 use crate::common::observed::{encode_imported, loss, reencode, Observation};
+use crate::common::running::RunningTrials;
 use crate::common::seed::{seed, seed_or_entropy, step_rng};
 use crate::common::unseen::Unseen;
 
@@ -52,12 +51,10 @@ pub struct AnnealTuner {
     model: Option<(SearchSpace, Encoding, Vec<ParamType>)>,
     finished: Vec<Observation>,
     /// Handed out, no result yet; the metric value is what the liar says.
-    running: BTreeMap<u64, Observation>,
+    running: RunningTrials,
     pending_import: Vec<ImportedTrial>,
     steps: u64,
     unseen: Unseen,
-    /// Parameter ids whose result has arrived: a second result for one is ignored.
-    reported: std::collections::BTreeSet<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -235,25 +232,17 @@ impl Tuner for AnnealTuner {
                 .then(|| args.constant_liar_type.unwrap_or(Liar::Min)),
             model: None,
             finished: Vec::new(),
-            running: BTreeMap::new(),
+            running: RunningTrials::default(),
             pending_import: Vec::new(),
             steps: 0,
             unseen: Unseen::default(),
-            reported: std::collections::BTreeSet::new(),
         })
     }
 
     fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError> {
         let encoding = space.encoding();
         reencode(NAME, &encoding, &mut self.finished);
-        self.running
-            .retain(|_, o| match encoding.encode(&o.parameters) {
-                Ok(v) => {
-                    o.vector = v;
-                    true
-                }
-                Err(_) => false,
-            });
+        self.running.reencode(&encoding);
         let types = space
             .all_parameters()
             .into_iter()
@@ -272,15 +261,8 @@ impl Tuner for AnnealTuner {
             )));
         };
         let mut rng = step_rng(self.seed, self.steps);
-        let mut trials: Vec<(&[f64], f64)> = self
-            .finished
-            .iter()
-            .map(|o| (o.vector.as_slice(), o.loss))
-            .collect();
-        if let Some(lie) = self.lie() {
-            let lie = loss(lie, self.mode);
-            trials.extend(self.running.values().map(|o| (o.vector.as_slice(), lie)));
-        }
+        let lie = self.lie().map(|lie| loss(lie, self.mode));
+        let trials = self.running.with_finished(&self.finished, lie);
         let candidates: Vec<Value> = (0..DRAWS)
             .filter_map(|_| {
                 encoding
@@ -291,20 +273,9 @@ impl Tuner for AnnealTuner {
         let Some(parameters) = self.unseen.pick(NAME, space, &mut rng, candidates) else {
             return Ok(Generated::NoMore);
         };
-        let vector = encoding.encode(&parameters).map_err(|e| {
-            PluginError::new(format!(
-                "{NAME}: produced parameters outside the space: {e}"
-            ))
-        })?;
+        self.running
+            .start(NAME, encoding, parameter_id, &parameters)?;
         self.steps += 1;
-        self.running.insert(
-            parameter_id,
-            Observation {
-                parameters: parameters.clone(),
-                vector,
-                loss: f64::NAN,
-            },
-        );
         Ok(Generated::Parameters(parameters))
     }
 
@@ -314,35 +285,24 @@ impl Tuner for AnnealTuner {
         parameters: &Value,
         value: f64,
     ) -> Result<(), PluginError> {
-        if !self.reported.insert(parameter_id) {
-            log::warn(&format!(
-                "{NAME}: ignored a second result for parameters {parameter_id}"
-            ));
-            return Ok(());
+        let encoding = self.model.as_ref().map(|(_, encoding, _)| encoding);
+        let loss = loss(value, self.mode);
+        if let Some(observation) =
+            self.running
+                .finish(NAME, encoding, parameter_id, parameters, loss)
+        {
+            // Anneal keeps the parameters as the result names them (the same as handed out,
+            // unless the host says otherwise), with the handed-out encoding.
+            self.finished.push(Observation {
+                parameters: parameters.clone(),
+                ..observation
+            });
         }
-        let vector = match (self.running.remove(&parameter_id), &self.model) {
-            (Some(o), _) => o.vector,
-            (None, Some((_, encoding, _))) => match encoding.encode(parameters) {
-                Ok(v) => v,
-                Err(e) => {
-                    log::warn(&format!(
-                        "{NAME}: ignored the result of parameters {parameter_id}: not in the search space: {e}"
-                    ));
-                    return Ok(());
-                }
-            },
-            (None, None) => return Ok(()),
-        };
-        self.finished.push(Observation {
-            parameters: parameters.clone(),
-            vector,
-            loss: loss(value, self.mode),
-        });
         Ok(())
     }
 
     fn trial_end(&mut self, parameter_id: u64, _status: &str) -> Result<(), PluginError> {
-        self.running.remove(&parameter_id);
+        self.running.end(parameter_id);
         Ok(())
     }
 

@@ -24,7 +24,7 @@
 //! history, so `import_data` (trials in the order they ran, one at a time) rebuilds the state an
 //! uninterrupted run would have.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use knob_plugin_api::space::{
     standard_normal, DimKind, Encoding, ParamType, SearchSpace, SeededRng,
@@ -39,6 +39,7 @@ use serde_json::Value;
 use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::numeric::snap;
 use crate::common::observed::{encode_imported, loss, reencode, Observation};
+use crate::common::running::RunningTrials;
 use crate::common::seed::{seed, seed_or_entropy, step_rng};
 use crate::common::unseen::Unseen;
 
@@ -59,14 +60,12 @@ pub struct EvolutionTuner {
     population: Vec<Observation>,
     /// Random suggestions still to make: the first generation, plus one per failed trial.
     random_owed: usize,
-    running: BTreeMap<u64, Observation>,
+    running: RunningTrials,
     deferred: VecDeque<u64>,
     ready: Vec<Suggestion>,
     pending_import: Vec<ImportedTrial>,
     steps: u64,
     unseen: Unseen,
-    /// Parameter ids whose result has arrived: a second result for one is ignored.
-    reported: std::collections::BTreeSet<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -167,20 +166,7 @@ impl EvolutionTuner {
         let Some((_, encoding)) = &self.model else {
             return Ok(());
         };
-        let vector = encoding.encode(parameters).map_err(|e| {
-            PluginError::new(format!(
-                "{NAME}: produced parameters outside the space: {e}"
-            ))
-        })?;
-        self.running.insert(
-            parameter_id,
-            Observation {
-                parameters: parameters.clone(),
-                vector,
-                loss: f64::NAN,
-            },
-        );
-        Ok(())
+        self.running.start(NAME, encoding, parameter_id, parameters)
     }
 
     /// Answers deferred ids, oldest first, while suggestions can be made.
@@ -339,27 +325,19 @@ impl Tuner for EvolutionTuner {
             types: Vec::new(),
             population: Vec::new(),
             random_owed: population_size as usize,
-            running: BTreeMap::new(),
+            running: RunningTrials::default(),
             deferred: VecDeque::new(),
             ready: Vec::new(),
             pending_import: Vec::new(),
             steps: 0,
             unseen: Unseen::default(),
-            reported: std::collections::BTreeSet::new(),
         })
     }
 
     fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError> {
         let encoding = space.encoding();
         reencode(NAME, &encoding, &mut self.population);
-        self.running
-            .retain(|_, o| match encoding.encode(&o.parameters) {
-                Ok(v) => {
-                    o.vector = v;
-                    true
-                }
-                Err(_) => false,
-            });
+        self.running.reencode(&encoding);
         self.types = space
             .all_parameters()
             .into_iter()
@@ -402,39 +380,23 @@ impl Tuner for EvolutionTuner {
         parameters: &Value,
         value: f64,
     ) -> Result<(), PluginError> {
-        if !self.reported.insert(parameter_id) {
-            log::warn(&format!(
-                "{NAME}: ignored a second result for parameters {parameter_id}"
-            ));
-            return Ok(());
+        let encoding = self.model.as_ref().map(|(_, encoding)| encoding);
+        let loss = loss(value, self.mode);
+        match self
+            .running
+            .finish(NAME, encoding, parameter_id, parameters, loss)
+        {
+            Some(observation) => {
+                self.population.push(observation);
+                self.serve_deferred()
+            }
+            None => Ok(()),
         }
-        let observation = match (self.running.remove(&parameter_id), &self.model) {
-            (Some(o), _) => o,
-            (None, Some((_, encoding))) => match encoding.encode(parameters) {
-                Ok(vector) => Observation {
-                    parameters: parameters.clone(),
-                    vector,
-                    loss: f64::NAN,
-                },
-                Err(e) => {
-                    log::warn(&format!(
-                        "{NAME}: ignored the result of parameters {parameter_id}: not in the search space: {e}"
-                    ));
-                    return Ok(());
-                }
-            },
-            (None, None) => return Ok(()),
-        };
-        self.population.push(Observation {
-            loss: loss(value, self.mode),
-            ..observation
-        });
-        self.serve_deferred()
     }
 
     fn trial_end(&mut self, parameter_id: u64, status: &str) -> Result<(), PluginError> {
         // Still running means no result came: NNI replaces such a trial with a random one.
-        if self.running.remove(&parameter_id).is_some() && status != status::SUCCEEDED {
+        if self.running.end(parameter_id) && status != status::SUCCEEDED {
             self.random_owed += 1;
         }
         self.serve_deferred()

@@ -9,6 +9,7 @@ pub(crate) mod normal_tail;
 pub(crate) mod numeric;
 pub(crate) mod observed;
 pub(crate) mod quantile;
+pub(crate) mod running;
 pub(crate) mod seed;
 pub(crate) mod unit_cube;
 pub(crate) mod unseen;

@@ -24,8 +24,6 @@
 mod joint;
 mod nni;
 
-use std::collections::BTreeMap;
-
 use knob_plugin_api::space::{Encoding, ParamType, SearchSpace};
 use knob_plugin_api::{log, parse_class_args, Generated, ImportedTrial, PluginError, Tuner};
 use serde::{Deserialize, Deserializer};
@@ -33,6 +31,7 @@ use serde_json::Value;
 
 use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::observed::{encode_imported, loss, reencode, Observation};
+use crate::common::running::RunningTrials;
 use crate::common::seed::{seed, seed_or_entropy, step_rng};
 use crate::common::unseen::Unseen;
 
@@ -47,15 +46,12 @@ pub struct TpeTuner {
     model: Option<Model>,
     /// Finished trials in the order their results arrived.
     finished: Vec<Observation>,
-    /// Trials handed out and still without a result, by parameter id.
-    running: BTreeMap<u64, Observation>,
+    running: RunningTrials,
     /// Imported before a search space arrived; encoded once one does.
     pending_import: Vec<ImportedTrial>,
     /// Points handed out or imported so far: the index of the next suggestion's random stream.
     steps: u64,
     unseen: Unseen,
-    /// Parameter ids whose result has arrived: a second result for one is ignored.
-    reported: std::collections::BTreeSet<u64>,
 }
 
 /// The algorithm's settings after the variant's defaults and the user's `tpe_args`.
@@ -307,14 +303,7 @@ impl TpeTuner {
         model: &Model,
         rng: &mut knob_plugin_api::space::SeededRng,
     ) -> Vec<Vec<f64>> {
-        let mut history: Vec<(&[f64], f64)> = self
-            .finished
-            .iter()
-            .map(|o| (o.vector.as_slice(), o.loss))
-            .collect();
-        if let Some(lie) = self.lie() {
-            history.extend(self.running.values().map(|o| (o.vector.as_slice(), lie)));
-        }
+        let history = self.running.with_finished(&self.finished, self.lie());
         if !self.settings.multivariate {
             return vec![nni::suggest(model, &self.settings, rng, &history)];
         }
@@ -399,25 +388,17 @@ impl Tuner for TpeTuner {
             settings,
             model: None,
             finished: Vec::new(),
-            running: BTreeMap::new(),
+            running: RunningTrials::default(),
             pending_import: Vec::new(),
             steps: 0,
             unseen: Unseen::default(),
-            reported: std::collections::BTreeSet::new(),
         })
     }
 
     fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError> {
         let model = Model::new(space);
         reencode(NAME, &model.encoding, &mut self.finished);
-        self.running
-            .retain(|_, o| match model.encoding.encode(&o.parameters) {
-                Ok(v) => {
-                    o.vector = v;
-                    true
-                }
-                Err(_) => false,
-            });
+        self.running.reencode(&model.encoding);
         self.unseen.reset_grid();
         self.model = Some(model);
         self.take_pending_import();
@@ -439,20 +420,9 @@ impl Tuner for TpeTuner {
         let Some(parameters) = self.unseen.pick(NAME, &model.space, &mut rng, decoded) else {
             return Ok(Generated::NoMore);
         };
-        let vector = model.encoding.encode(&parameters).map_err(|e| {
-            PluginError::new(format!(
-                "{NAME}: produced parameters outside the space: {e}"
-            ))
-        })?;
+        self.running
+            .start(NAME, &model.encoding, parameter_id, &parameters)?;
         self.steps += 1;
-        self.running.insert(
-            parameter_id,
-            Observation {
-                parameters: parameters.clone(),
-                vector,
-                loss: f64::NAN,
-            },
-        );
         Ok(Generated::Parameters(parameters))
     }
 
@@ -462,44 +432,20 @@ impl Tuner for TpeTuner {
         parameters: &Value,
         value: f64,
     ) -> Result<(), PluginError> {
-        if !self.reported.insert(parameter_id) {
-            log::warn(&format!(
-                "{NAME}: ignored a second result for parameters {parameter_id}"
-            ));
-            return Ok(());
-        }
+        let encoding = self.model.as_ref().map(|model| &model.encoding);
         let loss = loss(value, self.mode);
-        let observation = match self.running.remove(&parameter_id) {
-            Some(o) => o,
-            None => {
-                let Some(model) = &self.model else {
-                    return Ok(());
-                };
-                match model.encoding.encode(parameters) {
-                    Ok(vector) => Observation {
-                        parameters: parameters.clone(),
-                        vector,
-                        loss,
-                    },
-                    Err(e) => {
-                        log::warn(&format!(
-                            "{NAME}: ignored the result of parameters {parameter_id}: not in the search space: {e}"
-                        ));
-                        return Ok(());
-                    }
-                }
-            }
-        };
-        self.finished.push(Observation {
-            loss,
-            ..observation
-        });
+        if let Some(observation) =
+            self.running
+                .finish(NAME, encoding, parameter_id, parameters, loss)
+        {
+            self.finished.push(observation);
+        }
         Ok(())
     }
 
     fn trial_end(&mut self, parameter_id: u64, _status: &str) -> Result<(), PluginError> {
         // A trial that ended without a result leaves the liar's set.
-        self.running.remove(&parameter_id);
+        self.running.end(parameter_id);
         Ok(())
     }
 
