@@ -547,20 +547,11 @@ impl Host {
                     return;
                 }
                 match self
-                    .reconnect(&ctx, &mut stop, None, RECOVERY_ATTEMPTS)
+                    .recover(&ctx, &mut stop, "is reachable now and takes trials")
                     .await
                 {
-                    Reconnect::Back(incoming) => {
-                        (ctx.emit)(ServiceEvent::Warning {
-                            trial_id: None,
-                            message: format!(
-                                "training service remote: host {} is reachable now and takes trials",
-                                self.machine.host_port()
-                            ),
-                        });
-                        incoming
-                    }
-                    Reconnect::Stopped | Reconnect::GaveUp(_) => return,
+                    Some(incoming) => incoming,
+                    None => return,
                 }
             }
         };
@@ -594,23 +585,37 @@ impl Host {
                     self.declare_lost(&ctx, &why);
                     self.set_not_ready(&ctx, &format!("lost: {why}"));
                     match self
-                        .reconnect(&ctx, &mut stop, None, RECOVERY_ATTEMPTS)
+                        .recover(&ctx, &mut stop, "is back and takes trials again")
                         .await
                     {
-                        Reconnect::Back(next) => {
-                            (ctx.emit)(ServiceEvent::Warning {
-                                trial_id: None,
-                                message: format!(
-                                    "training service remote: host {} is back and takes trials again",
-                                    self.machine.host_port()
-                                ),
-                            });
-                            incoming = next;
-                        }
-                        Reconnect::Stopped | Reconnect::GaveUp(_) => return,
+                        Some(next) => incoming = next,
+                        None => return,
                     }
                 }
             }
+        }
+    }
+
+    /// Keeps trying, at a slow pace, to bring back a host that is down or lost; says so once it
+    /// is back (`back` completes "host H:P ..."). `None`: the service stopped or gave up.
+    async fn recover(
+        self: &Arc<Self>,
+        ctx: &Arc<Context>,
+        stop: &mut watch::Receiver<bool>,
+        back: &str,
+    ) -> Option<mpsc::UnboundedReceiver<Result<FromAgent, String>>> {
+        match self.reconnect(ctx, stop, None, RECOVERY_ATTEMPTS).await {
+            Reconnect::Back(incoming) => {
+                (ctx.emit)(ServiceEvent::Warning {
+                    trial_id: None,
+                    message: format!(
+                        "training service remote: host {} {back}",
+                        self.machine.host_port()
+                    ),
+                });
+                Some(incoming)
+            }
+            Reconnect::Stopped | Reconnect::GaveUp(_) => None,
         }
     }
 
