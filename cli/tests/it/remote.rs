@@ -102,6 +102,29 @@ struct Spec<'a> {
     extra: &'a str,
 }
 
+impl<'a> Spec<'a> {
+    /// One trivial trial on `machines`: for tests about connecting, not about running.
+    fn one_trial(machines: &'a [String], known_hosts: &'a Path) -> Spec<'a> {
+        Spec {
+            trial_command: "echo KNOB_FINAL 1",
+            concurrency: 1,
+            trials: 1,
+            machines,
+            known_hosts,
+            hybrid: false,
+            extra: "",
+        }
+    }
+}
+
+/// The `error:` line `knob create` printed on stderr.
+fn error_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|line| line.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"))
+}
+
 fn remote_config(sandbox: &Sandbox, spec: Spec<'_>) -> PathBuf {
     let Spec {
         trial_command,
@@ -467,24 +490,10 @@ fn an_unknown_host_key_is_refused_with_a_clear_message() {
     let host = key_host(&sshd, &[]);
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[]);
-    let config = remote_config(
-        &sandbox,
-        Spec {
-            trial_command: "echo KNOB_FINAL 1",
-            concurrency: 1,
-            trials: 1,
-            machines: &[machine(&host)],
-            known_hosts: &known,
-            hybrid: false,
-            extra: "",
-        },
-    );
+    let config = remote_config(&sandbox, Spec::one_trial(&[machine(&host)], &known));
     let (code, stdout, stderr) = sandbox.create(&config, "unknownkey");
     assert_ne!(code, 0, "{stdout}\n{stderr}");
-    let error = stderr
-        .lines()
-        .find(|line| line.starts_with("error:"))
-        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    let error = error_line(&stderr);
     assert!(error.contains("unknown host key"), "{error}");
     assert!(
         error.contains(&format!("127.0.0.1:{}", host.port())),
@@ -494,18 +503,7 @@ fn an_unknown_host_key_is_refused_with_a_clear_message() {
 
     // With acceptNewHostKey the same host is accepted and its key recorded.
     let accepting = machine(&host).replace('}', ", acceptNewHostKey: true}");
-    let config = remote_config(
-        &sandbox,
-        Spec {
-            trial_command: "echo KNOB_FINAL 1",
-            concurrency: 1,
-            trials: 1,
-            machines: &[accepting],
-            known_hosts: &known,
-            hybrid: false,
-            extra: "",
-        },
-    );
+    let config = remote_config(&sandbox, Spec::one_trial(&[accepting], &known));
     let (code, stdout, stderr) = sandbox.create(&config, "acceptkey");
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let recorded = std::fs::read_to_string(&known).unwrap();
@@ -556,24 +554,10 @@ fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
         .all(|(_, a)| a.iter().all(|(env, _, _)| *env == environment_id(&host))));
 
     // With no host left, the experiment fails at once and says why.
-    let config = remote_config(
-        &sandbox,
-        Spec {
-            trial_command: "echo KNOB_FINAL 1",
-            concurrency: 1,
-            trials: 1,
-            machines: &[machine(&gone)],
-            known_hosts: &known,
-            hybrid: false,
-            extra: "",
-        },
-    );
+    let config = remote_config(&sandbox, Spec::one_trial(&[machine(&gone)], &known));
     let (code, stdout, stderr) = sandbox.create(&config, "allgone");
     assert_ne!(code, 0, "{stdout}\n{stderr}");
-    let error = stderr
-        .lines()
-        .find(|line| line.starts_with("error:"))
-        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    let error = error_line(&stderr);
     assert!(error.contains(&gone_address), "{error}");
 }
 
@@ -824,10 +808,7 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
     std::fs::remove_file(&config).unwrap();
     let (code, stdout, stderr) = resume("4", None);
     assert_ne!(code, 0, "{stdout}\n{stderr}");
-    let error = stderr
-        .lines()
-        .find(|line| line.starts_with("error:"))
-        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    let error = error_line(&stderr);
     assert!(
         error.contains(&format!("@127.0.0.1:{}", host.port()))
             && error.contains("KNOB_SSH_PASSWORD"),
