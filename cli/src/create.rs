@@ -303,6 +303,15 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
             );
             ExitCode::FAILURE
         }
+        // A run in which no trial got anywhere is a failure a script must notice, even though
+        // the experiment itself ended normally.
+        _ if failed > 0 && succeeded == 0 && early_stopped == 0 => {
+            eprintln!(
+                "error: experiment {id}: every trial that ended failed ({failed} failed{}); see `knob trial ls {id} --status failed`",
+                if canceled > 0 { format!(", {canceled} canceled") } else { String::new() }
+            );
+            ExitCode::FAILURE
+        }
         _ => ExitCode::SUCCESS,
     }
 }

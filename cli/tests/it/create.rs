@@ -219,10 +219,15 @@ fn failing_trials_are_recorded_with_their_stderr_and_the_experiment_goes_on() {
     );
     let config = sandbox.config(&yaml, &[]);
     let (code, stdout, stderr) = sandbox.create(&config, "fails");
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    // Every trial failed: the run is a failure for a script, and one line says why.
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(
         stdout.contains("3 trials (0 succeeded, 3 failed)"),
         "{stdout}"
+    );
+    assert!(
+        stderr.contains("error: experiment fails: every trial that ended failed (3 failed)"),
+        "{stderr}"
     );
     let (_, listing, _) = run(sandbox
         .knob()

@@ -935,7 +935,8 @@ fn a_trial_whose_host_is_lost_again_and_again_is_failed_after_three_requeues() {
     );
     let child = spawn_create(&sandbox, &config, "cursed");
     let (code, stdout, stderr) = wait_create(child);
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    // Its only trial failed, so `knob create` exits non-zero.
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(
         stdout.starts_with("experiment cursed DONE: 1 trials (0 succeeded, 1 failed)"),
         "{stdout}\n{stderr}"

@@ -110,7 +110,8 @@ fn an_out_of_memory_kill_is_named_as_such() {
     let sandbox = Sandbox::new();
     let yaml = format!("trialCommand: kill -9 $$\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
     let config = sandbox.config(&yaml, &[]);
-    assert_eq!(sandbox.create(&config, "oom").0, 0);
+    // Its only trial failed: non-zero exit.
+    assert_eq!(sandbox.create(&config, "oom").0, 1);
     let trial = &sandbox.export("oom")["trials"][0];
     assert_eq!(trial["status"], "FAILED");
     let message = trial["message"].as_str().unwrap();
@@ -289,7 +290,7 @@ fn out_of_memory_failures_have_their_own_retry_limit() {
         "trialCommand: exit 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\nmaxOomRetries: 2\n{SPACE}"
     );
     let config = sandbox.config(&yaml, &[]);
-    assert_eq!(sandbox.create(&config, "plainfail").0, 0);
+    assert_eq!(sandbox.create(&config, "plainfail").0, 1);
     let trial = &sandbox.export("plainfail")["trials"][0];
     assert_eq!(
         (trial["status"].as_str(), trial["attempts"].as_u64()),
