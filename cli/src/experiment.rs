@@ -13,7 +13,7 @@ use knob_core::store::{
 };
 use serde_json::{json, Value};
 
-use crate::table::{metric, render};
+use crate::table::{final_cell, render};
 
 #[derive(Subcommand)]
 pub enum ExperimentCommand {
@@ -113,7 +113,7 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         t.trial_id.clone(),
                         t.sequence.to_string(),
                         t.status.as_str().to_string(),
-                        metric(t.final_value),
+                        final_cell(t.final_value, t.final_raw.as_deref()),
                         duration,
                         t.attempts.to_string(),
                         t.environment_id.clone().unwrap_or_else(|| "-".into()),
@@ -211,12 +211,7 @@ fn show(entry: &RegistryEntry) -> anyhow::Result<ExitCode> {
 }
 
 fn final_metric(trial: &TrialState) -> Option<&knob_core::store::MetricRecord> {
-    let attempt = trial.attempts.len() as u32;
-    trial
-        .metrics
-        .iter()
-        .rev()
-        .find(|m| m.kind == MetricKind::Final && m.attempt == attempt)
+    trial.final_metric()
 }
 
 fn export_json(state: &ExperimentState) -> Value {

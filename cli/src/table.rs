@@ -38,6 +38,22 @@ pub fn metric(value: Option<f64>) -> String {
     }
 }
 
+/// A final result as `knob trial ls` shows it: the number, or, for one reported without a usable
+/// value (NaN, ±Infinity, unreadable), `-` and what the trial sent.
+pub fn final_cell(value: Option<f64>, raw: Option<&str>) -> String {
+    match (value, raw) {
+        (Some(v), _) => metric(Some(v)),
+        (None, Some(raw)) => {
+            const MAX: usize = 24;
+            let raw = raw.trim();
+            let shown: String = raw.chars().take(MAX).collect();
+            let more = if raw.chars().count() > MAX { "…" } else { "" };
+            format!("- ({shown}{more})")
+        }
+        (None, None) => "-".into(),
+    }
+}
+
 /// The best `limit` trials with a final result, best first.
 pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) -> String {
     let mut ranked: Vec<&TrialSummary> = trials
@@ -56,6 +72,15 @@ pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) 
         }
     });
     if ranked.is_empty() {
+        let unusable = trials
+            .iter()
+            .filter(|t| t.final_value.is_some_and(f64::is_nan))
+            .count();
+        if unusable > 0 {
+            return format!(
+                "no trial reported a usable final result ({unusable} reported one that is NaN, infinite or unreadable: see `knob trial ls`)"
+            );
+        }
         return "no trial reported a final result".into();
     }
     let rows: Vec<Vec<String>> = ranked

@@ -134,12 +134,32 @@ pub fn handle_line(recorder: &TrialRecorder, source: LineSource, line: &[u8]) {
                 ));
             }
         }
-        KnobLine::Bad(why) => recorder.warn(format_args!(
-            "metric line {} on {} ignored: {why}",
-            excerpt(line),
-            source.describe()
-        )),
+        KnobLine::Bad(why) => {
+            // A trial's first final is its answer: one the core cannot read goes on as sent,
+            // so that it is stored, shown to the user and made the trial's end message,
+            // instead of the trial ending as if it had reported nothing. Later bad finals
+            // would be ignored by the core anyway, so they stay (bounded) warnings.
+            let passed_on = unusable_final_value(line)
+                .is_some_and(|value| recorder.record_unusable_final(value.to_string()));
+            if !passed_on {
+                recorder.warn(format_args!(
+                    "metric line {} on {} ignored: {why}",
+                    excerpt(line),
+                    source.describe()
+                ));
+            }
+        }
     }
+}
+
+/// The value text of a `KNOB_FINAL` line in UTF-8 (what [`parse_line`] found unusable).
+fn unusable_final_value(line: &[u8]) -> Option<&str> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let text = std::str::from_utf8(line).ok()?.trim();
+    let (token, rest) = text
+        .split_once(|c: char| c.is_ascii_whitespace())
+        .unwrap_or((text, ""));
+    (token == FINAL_TOKEN).then(|| rest.trim())
 }
 
 /// A line over the bound was skipped.
@@ -195,5 +215,13 @@ mod tests {
             read(r#"KNOB_FINAL "0.5""#),
             r#"bad: value \"0.5\" is not a number or an object with "default""#
         );
+    }
+
+    #[test]
+    fn an_unusable_final_is_passed_on_as_sent_and_nothing_else() {
+        assert_eq!(unusable_final_value(b"KNOB_FINAL hello\r"), Some("hello"));
+        assert_eq!(unusable_final_value(b"KNOB_FINAL"), Some(""));
+        assert_eq!(unusable_final_value(b"KNOB_INTERMEDIATE hello"), None);
+        assert_eq!(unusable_final_value(b"KNOB_FINAL \xff"), None);
     }
 }

@@ -125,6 +125,15 @@ impl TrialRecorder {
         Ok(())
     }
 
+    /// Records a final result the core will not be able to read, if it is the trial's first
+    /// final (the one that counts); returns false, recording nothing, after another final.
+    pub fn record_unusable_final(&self, value: String) -> bool {
+        if self.lock().next_final > 0 {
+            return false;
+        }
+        self.record(MetricKind::Final, value).is_ok()
+    }
+
     /// Reports something wrong with what the trial sent; `message` says what, and the trial
     /// is named in front of it.
     pub fn warn(&self, message: impl std::fmt::Display) {

@@ -476,3 +476,120 @@ fn garbage_and_nan_metrics_are_tolerated_and_nothing_else_is_lost() {
     assert_eq!(intermediate[0]["value"], Value::Null);
     assert_eq!(intermediate[1]["value"], 2.0);
 }
+
+/// `knob trial ls ID` as (header, rows), each row the line of one trial.
+fn trial_ls(sandbox: &Sandbox, id: &str) -> Vec<String> {
+    let (code, stdout, stderr) = run(sandbox.knob().args(["trial", "ls", id]));
+    assert_eq!(code, 0, "{stderr}");
+    stdout.lines().skip(1).map(String::from).collect()
+}
+
+#[test]
+fn an_infinite_final_is_never_the_best_live_in_the_store_or_after_resume() {
+    let sandbox = Sandbox::new();
+    // Maximised: trial 0 reports +Infinity, the others their sequence number (trial 1 then
+    // reports 100 as a second final, which is ignored: the first counts, live and stored).
+    let script = "if [ \"$NNI_TRIAL_SEQ_ID\" = 0 ]; then echo 'KNOB_FINAL Infinity'; \
+                  else echo \"KNOB_FINAL $NNI_TRIAL_SEQ_ID\"; fi\n\
+                  if [ \"$NNI_TRIAL_SEQ_ID\" = 1 ]; then echo 'KNOB_FINAL 100'; fi\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 3\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "inf");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let best_row = |stdout: &str| {
+        let table: Vec<&str> = stdout.lines().skip_while(|l| !l.starts_with('#')).collect();
+        assert!(table.len() > 1, "{stdout}");
+        table[1].to_string()
+    };
+    let export = sandbox.export("inf");
+    let trials = export["trials"].as_array().unwrap();
+    let infinite = trials.iter().find(|t| t["sequence"] == 0).unwrap();
+    let infinite_id = infinite["id"].as_str().unwrap();
+    assert_eq!(infinite["status"], "SUCCEEDED", "{infinite}");
+    assert_eq!(infinite["final"], Value::Null, "{infinite}");
+    assert_eq!(infinite["final_raw"], "Infinity", "{infinite}");
+    let second = trials.iter().find(|t| t["sequence"] == 1).unwrap();
+    assert_eq!(second["final"], 1.0, "{second}");
+    // Live: the best is trial 2's 2, and the infinite trial is not ranked at all.
+    assert!(best_row(&stdout).contains("2.000000"), "{stdout}");
+    assert!(!stdout.contains(infinite_id), "{stdout}");
+    let listing = trial_ls(&sandbox, "inf");
+    let row = listing.iter().find(|l| l.starts_with(infinite_id)).unwrap();
+    assert!(row.contains("- (Infinity)"), "{row}");
+
+    // After a resume (one more trial) the summary says the same.
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["resume", "inf", "--max-trial-number", "4"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("4 trials (4 succeeded"), "{stdout}");
+    assert!(best_row(&stdout).contains("3.000000"), "{stdout}");
+    assert!(!stdout.contains(infinite_id), "{stdout}");
+}
+
+#[test]
+fn unreadable_finals_are_shown_on_the_console_in_trial_ls_and_as_the_trials_message() {
+    let sandbox = Sandbox::new();
+    let script = "case $NNI_TRIAL_SEQ_ID in\n\
+                  0) echo 'KNOB_FINAL hello' ;;\n\
+                  1) echo 'KNOB_FINAL 1e400' ;;\n\
+                  2) echo 'KNOB_FINAL {\"acc\":0.5}' ;;\n\
+                  *) echo 'KNOB_FINAL {\"default\":\"abc\"}' ;;\n\
+                  esac\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 4\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "garbled");
+    // Documented choice: the trial keeps the status of its exit, SUCCEEDED, without a final.
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("4 trials (4 succeeded, 0 failed)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("no trial reported a usable final result (4 reported one that is NaN, infinite or unreadable"),
+        "{stdout}"
+    );
+    let expected = [
+        (0, r#"metric "hello" is not JSON"#, "- (hello)"),
+        (
+            1,
+            r#"metric "1e400" is not JSON: number out of range"#,
+            "- (1e400)",
+        ),
+        (2, r#"has no "default" entry"#, r#"- ({"acc":0.5})"#),
+        (3, r#"is not a number"#, r#"- ({"default":"abc"})"#),
+    ];
+    let export = sandbox.export("garbled");
+    let listing = trial_ls(&sandbox, "garbled");
+    for (sequence, reason, cell) in expected {
+        let trial = export["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["sequence"] == sequence)
+            .unwrap();
+        let id = trial["id"].as_str().unwrap();
+        assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+        assert_eq!(trial["final"], Value::Null, "{trial}");
+        let message = trial["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("final result unreadable: ") && message.contains(reason),
+            "{trial}"
+        );
+        let notice = format!("warning: trial {id}: final result unreadable: ");
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&notice) && l.contains(reason)),
+            "{notice}\n{stderr}"
+        );
+        let row = listing.iter().find(|l| l.starts_with(id)).unwrap();
+        assert!(
+            row.contains(cell) && row.contains("final result unreadable"),
+            "{row}"
+        );
+    }
+}

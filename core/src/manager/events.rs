@@ -91,7 +91,7 @@ impl Manager {
                 }
                 let (status, reason) = match (&trial.kill, exit_code) {
                     (Some((status, reason)), _) => (*status, Some(reason.clone())),
-                    (None, Some(0)) => (TrialStatus::Succeeded, None),
+                    (None, Some(0)) => (TrialStatus::Succeeded, trial.final_problem.clone()),
                     (None, _) => (
                         TrialStatus::Failed,
                         Some(trial::failure_reason(exit_code, signal, &stderr_tail)),
@@ -290,18 +290,49 @@ impl Manager {
             }
         }
         for (trial_id, kind, decoded) in durable {
-            match decoded {
-                Ok(value) => self.act_on_metric(trial_id, kind, value).await?,
-                Err(reason) => {
+            match (kind, decoded) {
+                (_, Ok(value)) => self.act_on_metric(trial_id, kind, value).await?,
+                (MetricKind::Final, Err(reason)) => {
+                    self.on_unreadable_final(trial_id, reason).await?
+                }
+                (MetricKind::Intermediate, Err(reason)) => {
                     self.warn(
                         Some(trial_id),
-                        format!("{reason}; the tuner does not see it"),
+                        format!("{reason}; the assessor does not see it"),
                     )
                     .await?
                 }
             }
         }
         Ok(())
+    }
+
+    /// A final result that cannot be read as a number is still the trial's final (the first
+    /// one counts, as for any final): kept as sent, shown on the console, given as the trial's
+    /// end message, and handed to the tuner as NaN, the worst, as a resume will import it. The
+    /// trial's status still comes from its exit: retrying a script that prints the same line
+    /// would only spend the budget.
+    async fn on_unreadable_final(
+        &mut self,
+        trial_id: String,
+        reason: String,
+    ) -> Result<(), ManagerError> {
+        let Some(trial) = self.trials.get_mut(&trial_id) else {
+            return Ok(());
+        };
+        if trial.final_value.is_none() && !trial.status.is_final() {
+            let problem = unreadable_final_message(&reason);
+            trial.final_problem = Some(problem.clone());
+            std::sync::Arc::make_mut(&mut self.notices)
+                .push(format!("trial {trial_id}: {problem}"));
+        }
+        self.warn(
+            Some(trial_id.clone()),
+            format!("{reason}; the tuner sees it as NaN (the worst)"),
+        )
+        .await?;
+        self.act_on_metric(trial_id, MetricKind::Final, f64::NAN)
+            .await
     }
 
     /// Hands a recorded metric to the assessor (intermediate) or the tuner (final).
@@ -346,6 +377,9 @@ impl Manager {
                         .warn(Some(trial_id), "second final result ignored".into())
                         .await;
                 }
+                // NaN and ±Infinity are reported values but no result: the store keeps them as
+                // text without a value, so the live run, the tuner and a resume all see NaN.
+                let value = if value.is_finite() { value } else { f64::NAN };
                 trial.final_value = Some(value);
                 let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
                 if !value.is_nan()
@@ -367,4 +401,10 @@ impl Manager {
         self.publish(None);
         Ok(())
     }
+}
+
+/// The end message of a trial whose final result could not be read (see
+/// `Manager::on_unreadable_final`); `reason` is [`default_value`]'s.
+pub(super) fn unreadable_final_message(reason: &str) -> String {
+    format!("final result unreadable: {reason}; recorded as sent, no value (the tuner sees NaN)")
 }

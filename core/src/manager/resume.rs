@@ -49,9 +49,11 @@ impl Manager {
                     .iter()
                     .filter(move |m| m.attempt == attempt && m.kind == kind)
             };
+            // A final stored without a value (NaN, ±Infinity, unreadable) is imported as NaN,
+            // the worst, as the live run handed it to the tuner.
             trial.final_value = this_attempt(MetricKind::Final)
-                .next_back()
-                .and_then(|m| m.value);
+                .next()
+                .map(|m| m.value.unwrap_or(f64::NAN));
             trial.intermediate = this_attempt(MetricKind::Intermediate)
                 .filter_map(|m| m.value)
                 .collect();
@@ -163,6 +165,7 @@ impl Manager {
         trial.pid = None;
         trial.intermediate.clear();
         trial.final_value = None;
+        trial.final_problem = None;
         trial.waiting_reason = None;
         trial.not_before = (!backoff.is_zero()).then(|| now + backoff);
         trial.deadline = max_duration.map(|d| now + backoff + d);

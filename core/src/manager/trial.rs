@@ -49,6 +49,9 @@ pub(super) struct Trial {
     pub deadline: Option<Instant>,
     pub intermediate: Vec<f64>,
     pub final_value: Option<f64>,
+    /// Why the final result this attempt reported could not be read; the end message of a
+    /// trial that otherwise succeeds.
+    pub final_problem: Option<String>,
     /// Set when the manager asked for the trial to be killed: how to record its end, and why.
     pub kill: Option<(TrialStatus, String)>,
     pub reason: Option<String>,
@@ -82,6 +85,7 @@ impl Trial {
             deadline: max_duration.map(|d| submitted + d),
             intermediate: Vec::new(),
             final_value: None,
+            final_problem: None,
             kill: None,
             reason: None,
         }

@@ -75,7 +75,7 @@ pub struct TrialRow {
     pub signal: Option<i32>,
     pub end_message: Option<String>,
     pub stderr_tail: Option<String>,
-    /// The latest final metric of the current attempt: decoded, and as sent.
+    /// The first final metric of the current attempt: decoded, and as sent.
     pub final_value: Option<f64>,
     pub final_raw: Option<String>,
 }

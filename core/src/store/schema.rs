@@ -80,7 +80,7 @@ CREATE TABLE trials (
     signal         INTEGER,
     end_message    TEXT,
     stderr_tail    TEXT,
-    -- The latest final metric of the current attempt.
+    -- The first final metric of the current attempt.
     final_value    REAL,
     final_raw      TEXT
 );

@@ -137,12 +137,12 @@ impl TrialState {
         self.attempts.last().map_or(0, |attempt| attempt.number)
     }
 
-    /// The latest final metric of the current attempt.
+    /// The first final metric of the current attempt: the trial's final (a later one is
+    /// recorded but ignored, live as here).
     pub fn final_metric(&self) -> Option<&MetricRecord> {
         let current = self.current_attempt();
         self.metrics
             .iter()
-            .rev()
             .find(|metric| metric.kind == MetricKind::Final && metric.attempt == current)
     }
 

@@ -569,7 +569,10 @@ impl Writer {
                 if *kind == MetricKind::Final && *attempt == attempts {
                     self.connection
                         .prepare_cached(
-                            "UPDATE trials SET final_value = ?2, final_raw = ?3 WHERE id = ?1",
+                            // The attempt's first final is the trial's (as in the manager);
+                            // `final_raw` is cleared when a new attempt starts.
+                            "UPDATE trials SET final_value = ?2, final_raw = ?3
+                             WHERE id = ?1 AND final_raw IS NULL",
                         )?
                         .execute(params![trial_id, value, raw])?;
                 }
