@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
-use knob_core::registry::{process_alive, Registry, RegistryEntry};
+use knob_core::registry::{Registry, RegistryEntry, CRASHED};
 use knob_core::store::{
     ExperimentState, MetricKind, StoreReader, TrialQuery, TrialState, TrialStatus,
 };
@@ -148,13 +148,6 @@ fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
     StoreReader::open(&entry.dir).map_err(|e| anyhow::anyhow!("experiment {}: {e}", entry.id))
 }
 
-fn shown_status(entry: &RegistryEntry) -> String {
-    match entry.pid {
-        Some(pid) if !process_alive(pid) => format!("{} (process {pid} gone)", entry.status),
-        _ => entry.status.clone(),
-    }
-}
-
 fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
     let rows: Vec<Vec<String>> = registry
         .list()?
@@ -167,7 +160,7 @@ fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
             vec![
                 e.id.clone(),
                 e.name.clone().unwrap_or_default(),
-                shown_status(e),
+                e.shown_status(),
                 trials,
                 e.dir.display().to_string(),
             ]
@@ -188,7 +181,16 @@ fn show(entry: &RegistryEntry) -> anyhow::Result<ExitCode> {
     let reader = open(entry)?;
     let state = reader.replay()?;
     println!("id:        {}", entry.id);
-    println!("status:    {}", state.status.as_str());
+    if entry.crashed() {
+        println!(
+            "status:    {CRASHED}: its process {} is gone; `knob resume {}` continues it (last recorded {})",
+            entry.pid.unwrap_or_default(),
+            entry.id,
+            state.status.as_str()
+        );
+    } else {
+        println!("status:    {}", state.status.as_str());
+    }
     if let Some(message) = &state.status_message {
         println!("message:   {message}");
     }

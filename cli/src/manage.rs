@@ -91,7 +91,7 @@ fn running_api(id: &str) -> anyhow::Result<ApiClient> {
     ApiClient::for_running(&entry).ok_or_else(|| {
         anyhow::anyhow!(
             "experiment {id} is not running ({}); `knob resume {id}` continues it",
-            entry.status
+            entry.shown_status()
         )
     })
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use knob_core::config::ExperimentConfig;
 use knob_core::manager::{self, Experiment};
-use knob_core::registry::{process_alive, Registry};
-use knob_core::store::{Store, StoreEvent};
+use knob_core::registry::{process_alive, Registry, CRASHED};
+use knob_core::store::{ExperimentState, Store, StoreEvent};
 use knob_plugin_api::host::PluginRegistry;
 use serde_json::Value;
 
@@ -54,6 +54,14 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
                 args.id
             )
         })?;
+    let trials_so_far = state.trials.len() as u64;
+    if let Some(max) = args.max_trial_number.filter(|&max| max < trials_so_far) {
+        anyhow::bail!(
+            "--max-trial-number {max} is below the {trials_so_far} trials experiment {} already has; give at least {} to run more, or leave it out",
+            args.id,
+            trials_so_far + 1
+        );
+    }
     if let Some(max) = args.max_trial_number {
         store
             .append(StoreEvent::ConfigUpdated {
@@ -72,6 +80,9 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
             })
             .wait()?;
         config.max_experiment_duration = Some(Duration::from_secs(duration.as_secs()));
+    }
+    if let Some(note) = budget_note(&args.id, &config, &state) {
+        eprintln!("note: {note}");
     }
     restore_secrets(&mut config, &entry.dir);
     let plugins = PluginRegistry::load(&config.plugin_paths);
@@ -93,6 +104,37 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         history: Some(state),
     };
     run_in_foreground(experiment, store, &plugins, &registry, &args.serve)
+}
+
+/// One line when the budget is used up, so that a resume that will start no new trial says so
+/// (it still runs again what was unfinished, and serves the dashboard).
+fn budget_note(id: &str, config: &ExperimentConfig, state: &ExperimentState) -> Option<String> {
+    let unfinished = state
+        .trials
+        .iter()
+        .filter(|t| {
+            !t.status.is_final() || t.end.as_ref().is_some_and(|e| e.stopped_with_experiment())
+        })
+        .count();
+    let rerun = if unfinished > 0 {
+        format!("only the {unfinished} unfinished trials run again")
+    } else {
+        "nothing is left to run".to_string()
+    };
+    let trials = state.trials.len() as u64;
+    if let Some(max) = config.max_trial_number.filter(|&max| trials >= max) {
+        return Some(format!(
+            "experiment {id} has used its trial budget ({trials} of maxTrialNumber {max}): {rerun}; raise it with `knob resume {id} --max-trial-number N`"
+        ));
+    }
+    let spent =
+        Duration::from_millis(u64::try_from(state.active_time_ms(state.last_event_time_ms)).ok()?);
+    let max = config.max_experiment_duration.filter(|&max| spent >= max)?;
+    Some(format!(
+        "experiment {id} has used its time budget ({}s of maxExperimentDuration {}s): no trial starts; raise it with `knob resume {id} --max-experiment-duration D`",
+        spent.as_secs(),
+        max.as_secs()
+    ))
 }
 
 /// Gives back the SSH passwords and passphrases the store does not keep: from the config file
@@ -131,6 +173,12 @@ fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path) {
 pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry = registry.get(id)?;
+    if entry.crashed() {
+        anyhow::bail!(
+            "experiment {id} {CRASHED}: its process {} is gone, so there is nothing to stop; `knob resume {id}` continues it",
+            entry.pid.unwrap_or_default()
+        );
+    }
     let Some(pid) = entry.pid.filter(|&pid| process_alive(pid)) else {
         println!("experiment {id} is not running ({})", entry.status);
         return Ok(ExitCode::SUCCESS);

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use knob_core::registry::Registry;
+use knob_core::registry::{Registry, CRASHED};
 use knob_core::store::{Direction, StoreReader};
 use serde_json::{json, Value};
 
@@ -35,7 +35,13 @@ pub fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
                 client.get("/experiment")?,
                 client.get("/trials?status=RUNNING,WAITING&limit=20")?,
             ),
-            None => (from_store(&entry.dir)?, json!({ "trials": [] })),
+            None => {
+                let mut snapshot = from_store(&entry.dir)?;
+                if entry.crashed() {
+                    snapshot["status"] = json!(CRASHED);
+                }
+                (snapshot, json!({ "trials": [] }))
+            }
         };
         let live = ApiClient::for_running(&entry).is_some();
         let frame = render_frame(&args.id, &snapshot, &running, live);

@@ -37,6 +37,29 @@ pub struct RegistryEntry {
     pub created_ms: i64,
 }
 
+/// How an experiment is shown whose process is gone without recording how it ended (killed,
+/// crashed, the machine rebooted): its store still says RUNNING. `knob experiment list/show`,
+/// `knob stop`, `knob top` and the API of `knob view` all say this.
+pub const CRASHED: &str = "crashed (resume it)";
+
+impl RegistryEntry {
+    /// Whether the process that ran this experiment is gone without recording how it ended.
+    /// The runner clears `pid` when it records the end, so a recorded pid that is not alive
+    /// means it never got there.
+    pub fn crashed(&self) -> bool {
+        self.pid.is_some_and(|pid| !process_alive(pid))
+    }
+
+    /// The status as users see it: the recorded one, or [`CRASHED`].
+    pub fn shown_status(&self) -> String {
+        if self.crashed() {
+            CRASHED.to_string()
+        } else {
+            self.status.clone()
+        }
+    }
+}
+
 /// knob's per-user home directory.
 pub fn knob_home() -> PathBuf {
     if let Some(home) = std::env::var_os("KNOB_HOME").filter(|v| !v.is_empty()) {

@@ -92,7 +92,7 @@ fn call(method: &str, url: &str, body: Option<&str>, token: Option<&str>) -> (u1
     (status, value)
 }
 
-fn get(base: &str, path: &str) -> (u16, Value) {
+pub(crate) fn get(base: &str, path: &str) -> (u16, Value) {
     call("GET", &format!("{base}/api/v1{path}"), None, None)
 }
 

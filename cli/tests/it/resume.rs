@@ -298,3 +298,199 @@ fn out_of_memory_failures_have_their_own_retry_limit() {
         "{trial}"
     );
 }
+
+/// Waits (bounded) until `file` holds at least `lines` lines; returns them.
+fn wait_for_lines(file: &std::path::Path, lines: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let found: Vec<String> = text.lines().map(String::from).collect();
+        if found.len() >= lines {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} has {} of {lines} lines",
+            file.display(),
+            found.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn resume_runs_again_what_a_stop_cancelled_but_not_what_the_user_killed() {
+    let sandbox = Sandbox::new();
+    // Each trial notes its id, then waits (bounded) for `go` before it reports.
+    let script = "echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
+                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 2\nmaxTrialNumber: 4\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let started = sandbox.path().join("code/started");
+    let mut command = sandbox.knob();
+    command
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "halted"]);
+    let mut child = spawn(command);
+    let first_two = wait_for_lines(&started, 2);
+    let killed = first_two[0].clone();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["trial", "kill", "halted", &killed]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    // The killed trial's place is taken by a third; then the whole experiment is stopped.
+    wait_for_lines(&started, 3);
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "halted"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(wait_bounded(&mut child, Duration::from_secs(20)), Some(0));
+    let stopped = sandbox.export("halted");
+    let trials = stopped["trials"].as_array().unwrap();
+    let message = |t: &serde_json::Value| t["message"].as_str().unwrap_or_default().to_string();
+    for trial in trials {
+        assert_eq!(trial["status"], "USER_CANCELED", "{trial}");
+        let expected = if trial["id"] == killed.as_str() {
+            "killed by the user"
+        } else {
+            "stopped with the experiment; `knob resume` runs it again"
+        };
+        assert_eq!(message(trial), expected, "{trial}");
+    }
+    let stopped_ids: Vec<String> = trials
+        .iter()
+        .filter(|t| t["id"] != killed.as_str())
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!stopped_ids.is_empty(), "{stopped}");
+
+    std::fs::write(sandbox.path().join("code/go"), "").unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "halted"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let done = sandbox.export("halted");
+    let trials = done["trials"].as_array().unwrap();
+    assert_eq!(
+        trials.len(),
+        4,
+        "the budget is not spent on stopped trials: {done}"
+    );
+    for trial in trials {
+        let id = trial["id"].as_str().unwrap();
+        if id == killed {
+            assert_eq!(trial["status"], "USER_CANCELED", "{trial}");
+            assert_eq!(trial["attempts"], 1, "{trial}");
+        } else {
+            assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+            assert_eq!(trial["final"], 1.0, "{trial}");
+        }
+    }
+    // The two trials running at the stop ran again as a second attempt; the stopped attempt
+    // stays in their history.
+    let all_started = wait_for_lines(&started, 3);
+    for id in &all_started[1..3] {
+        let trial = trials.iter().find(|t| t["id"] == id.as_str()).unwrap();
+        assert_eq!(trial["attempts"], 2, "{trial}");
+        let stopped_attempt = &trial["attempt_history"][0];
+        assert_eq!(stopped_attempt["status"], "USER_CANCELED", "{trial}");
+        assert_eq!(
+            stopped_attempt["message"], "stopped with the experiment; `knob resume` runs it again",
+            "{trial}"
+        );
+    }
+}
+
+#[test]
+fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
+    let sandbox = Sandbox::new();
+    let script = "echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
+                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let mut command = sandbox.knob();
+    command
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "wreck"]);
+    let mut child = spawn(command);
+    wait_for_lines(&sandbox.path().join("code/started"), 1);
+    sigkill(&mut child);
+
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "wreck"]));
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("experiment wreck crashed (resume it)")
+            && stderr.contains("`knob resume wreck`"),
+        "{stderr}"
+    );
+    let (_, stdout, _) = run(sandbox.knob().args(["experiment", "list"]));
+    let row = stdout.lines().find(|l| l.starts_with("wreck")).unwrap();
+    assert!(row.contains("crashed (resume it)"), "{stdout}");
+    let (_, stdout, _) = run(sandbox.knob().args(["experiment", "show", "wreck"]));
+    assert!(
+        stdout.contains("status:    crashed (resume it)") && stdout.contains("knob resume wreck"),
+        "{stdout}"
+    );
+    let (_, stdout, _) = run(sandbox.knob().args(["top", "wreck", "--iterations", "1"]));
+    assert!(stdout.contains("crashed (resume it)"), "{stdout}");
+    let mut command = sandbox.knob();
+    command.args(["view", "wreck", "--port", "0"]);
+    let view = crate::api::start(command, &[]);
+    let (status, summary) = crate::api::get(&view.base, "/experiment");
+    assert_eq!(
+        (status, &summary["status"]),
+        (200, &serde_json::json!("CRASHED"))
+    );
+    assert!(
+        summary["status_message"]
+            .as_str()
+            .is_some_and(|m| m.contains("knob resume wreck")),
+        "{summary}"
+    );
+    drop(view);
+
+    // Resumed, it is an ordinary experiment again.
+    std::fs::write(sandbox.path().join("code/go"), "").unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "wreck"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (_, stdout, _) = run(sandbox.knob().args(["experiment", "list"]));
+    let row = stdout.lines().find(|l| l.starts_with("wreck")).unwrap();
+    assert!(row.contains("DONE"), "{stdout}");
+}
+
+#[test]
+fn resume_says_when_the_budget_is_used_up_and_refuses_a_budget_below_what_is_done() {
+    let sandbox = Sandbox::new();
+    let yaml =
+        format!("trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    assert_eq!(sandbox.create(&config, "spent").0, 0);
+
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["resume", "spent", "--max-trial-number", "1"]));
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert!(
+        stderr.lines().any(|l| l == "error: --max-trial-number 1 is below the 2 trials experiment spent already has; give at least 3 to run more, or leave it out"),
+        "{stderr}"
+    );
+    assert_eq!(
+        sandbox.export("spent")["experiment"]["config"]["maxTrialNumber"],
+        2,
+        "a refused resume changes nothing"
+    );
+
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "spent"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("note: experiment spent has used its trial budget (2 of maxTrialNumber 2): nothing is left to run; raise it with `knob resume spent --max-trial-number N`"),
+        "{stderr}"
+    );
+    assert_eq!(
+        sandbox.export("spent")["trials"].as_array().unwrap().len(),
+        2
+    );
+}

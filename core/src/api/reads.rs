@@ -9,7 +9,9 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{ApiError, ApiState};
-use crate::store::{Direction, MetricKind, StoreReader, TrialQuery, TrialRow, TrialStatus};
+use crate::store::{
+    Direction, ExperimentStatus, MetricKind, StoreReader, TrialQuery, TrialRow, TrialStatus,
+};
 
 /// The most rows one request returns; larger `limit`s are cut to this.
 const MAX_PAGE: u64 = 10_000;
@@ -87,6 +89,30 @@ pub(super) async fn experiment(State(state): State<ApiState>) -> Result<Json<Val
         .await??;
     let mut summary = summary;
     summary["writable"] = json!(writable);
+    let recorded_active = summary["status"]
+        .as_str()
+        .and_then(ExperimentStatus::parse)
+        .is_some_and(ExperimentStatus::is_active);
+    if state.config().commands.is_none() && recorded_active {
+        // Read-only (`knob view`): the store says it runs; whether its process is still there
+        // is the registry's to say, as for `knob experiment list`.
+        let id = state.config().experiment_id.clone();
+        let crashed = tokio::task::spawn_blocking(move || {
+            crate::registry::Registry::open_default()
+                .and_then(|registry| registry.get(&id))
+                .is_ok_and(|entry| entry.crashed())
+        })
+        .await
+        .unwrap_or(false);
+        if crashed {
+            summary["status"] = json!("CRASHED");
+            summary["status_message"] = json!(format!(
+                "{}: the process running it is gone; `knob resume {}` continues it",
+                crate::registry::CRASHED,
+                state.config().experiment_id
+            ));
+        }
+    }
     Ok(Json(summary))
 }
 

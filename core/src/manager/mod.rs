@@ -414,7 +414,7 @@ impl Manager {
                     }),
                 },
                 command = self.commands.recv(), if self.commands_open => match command {
-                    Some(Command::Stop) => self.stop_all("stopped by the user", TrialStatus::UserCanceled).await?,
+                    Some(Command::Stop) => self.stop_all(crate::store::STOPPED_WITH_EXPERIMENT, TrialStatus::UserCanceled).await?,
                     Some(Command::Update(update, reply)) => {
                         let outcome = self.apply(update).await?;
                         let _ = reply.send(outcome);

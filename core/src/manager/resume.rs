@@ -63,7 +63,13 @@ impl Manager {
             self.trials.insert(id.clone(), trial);
             *self.counts.entry(TrialStatus::Waiting).or_default() += 1;
             self.active.insert(stored.sequence, id.clone());
-            if stored.status.is_final() {
+            // A trial cancelled by a stop of the experiment did not end on its own: like one
+            // that was running at a crash, it runs again (the user's own kills stay ended).
+            let stopped_with_experiment = stored
+                .end
+                .as_ref()
+                .is_some_and(|end| end.stopped_with_experiment());
+            if stored.status.is_final() && !stopped_with_experiment {
                 self.set_status(&id, stored.status);
                 if let Some(value) = self.trials[&id].final_value {
                     imported.push(import_record(stored, value));
@@ -91,6 +97,13 @@ impl Manager {
                 self.requeue(
                     &id,
                     "the manager stopped while it ran".into(),
+                    Duration::ZERO,
+                )
+                .await?;
+            } else if stopped_with_experiment {
+                self.requeue(
+                    &id,
+                    "the experiment was stopped before it ended".into(),
                     Duration::ZERO,
                 )
                 .await?;

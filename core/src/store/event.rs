@@ -150,8 +150,9 @@ impl MetricKind {
 /// - Attempts are numbered from 1. `TrialStarted` takes a `WAITING` trial to `RUNNING` and must
 ///   name the next attempt; `TrialEnded` names the current attempt (0 for a trial that never
 ///   started) of a `WAITING` or `RUNNING` trial and a final status; `TrialRequeued` takes a
-///   started trial back to `WAITING` for a new attempt (a retry, or a resume that cannot
-///   re-attach to a running process).
+///   started or ended trial back to `WAITING` for a new attempt (a retry, a resume that cannot
+///   re-attach to a running process, or a resume of a trial a stop of the experiment
+///   cancelled, which may never have started).
 /// - `Metric`: the trial exists, `attempt` is one it started, and (trial, attempt, kind,
 ///   trial_sequence) is new, so a metric delivered twice is stored once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -65,7 +65,7 @@ pub use event::{
 pub use reader::{ExperimentSummary, StoreReader, TrialQuery, TrialRow};
 pub use state::{
     ConfigUpdate, ExperimentState, Requeue, StatusChange, TrialAttempt, TrialEnd, TrialState,
-    WarningRecord,
+    WarningRecord, STOPPED_WITH_EXPERIMENT,
 };
 
 use schema::path_text;

@@ -102,6 +102,28 @@ pub struct TrialEnd {
     pub stderr_tail: Option<String>,
 }
 
+/// The end message of a trial that was cancelled because the whole experiment was stopped
+/// (`knob stop`, Ctrl-C, the API's stop), unlike one the user killed (`knob trial kill`): the
+/// status is USER_CANCELED for both, and this message is what lets `knob resume` run the former
+/// again as a new attempt, as after a crash.
+pub const STOPPED_WITH_EXPERIMENT: &str =
+    "stopped with the experiment; `knob resume` runs it again";
+
+/// What earlier versions recorded for the same (nothing else wrote it).
+const STOPPED_WITH_EXPERIMENT_BEFORE: &str = "stopped by the user";
+
+impl TrialEnd {
+    /// Whether the trial was cancelled by a stop of the whole experiment
+    /// ([`STOPPED_WITH_EXPERIMENT`]).
+    pub fn stopped_with_experiment(&self) -> bool {
+        self.status == TrialStatus::UserCanceled
+            && matches!(
+                self.message.as_deref(),
+                Some(STOPPED_WITH_EXPERIMENT | STOPPED_WITH_EXPERIMENT_BEFORE)
+            )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Requeue {
     pub time_ms: i64,

@@ -513,7 +513,9 @@ impl Writer {
             }
             StoreEvent::TrialRequeued { trial_id, .. } => {
                 let (status, attempts) = self.trial_status(trial_id)?;
-                if status == TrialStatus::Waiting || attempts == 0 {
+                // A started trial, or one that ended before it started (cancelled by a stop of
+                // the experiment, which a resume runs after all).
+                if status == TrialStatus::Waiting {
                     return wrong_status(trial_id, status, "trial_requeued");
                 }
                 self.connection
@@ -522,6 +524,16 @@ impl Writer {
                          WHERE id = ?1",
                     )?
                     .execute([trial_id])?;
+                if attempts == 0 {
+                    // No attempt keeps that end: the trial is as if never ended.
+                    self.connection
+                        .prepare_cached(
+                            "UPDATE trials SET ended_ms = NULL, exit_code = NULL, signal = NULL,
+                                end_message = NULL, stderr_tail = NULL
+                             WHERE id = ?1",
+                        )?
+                        .execute([trial_id])?;
+                }
             }
             StoreEvent::Metric {
                 trial_id,

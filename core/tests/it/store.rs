@@ -360,6 +360,82 @@ fn nan_and_infinity_keep_their_raw_text() {
 }
 
 #[test]
+fn the_first_final_of_an_attempt_is_the_trials_final_in_the_tables_and_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    put(&store, started("t", 1));
+    put(&store, metric("t", MetricKind::Final, 0, "Infinity"));
+    put(&store, metric("t", MetricKind::Final, 1, "0.5"));
+    let row = &store
+        .reader()
+        .unwrap()
+        .trials(&TrialQuery::default())
+        .unwrap()[0];
+    assert_eq!(
+        (row.final_value, row.final_raw.as_deref()),
+        (None, Some("Infinity"))
+    );
+    let state = store.replay().unwrap();
+    let first = state.trials[0].final_metric().unwrap();
+    assert_eq!((first.raw.as_str(), first.value), ("Infinity", None));
+}
+
+#[test]
+fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    put(
+        &store,
+        StoreEvent::TrialEnded {
+            trial_id: "t".to_string(),
+            attempt: 0,
+            status: TrialStatus::UserCanceled,
+            exit_code: None,
+            signal: None,
+            message: Some(knob_core::store::STOPPED_WITH_EXPERIMENT.to_string()),
+            stderr_tail: None,
+        },
+    );
+    let state = store.replay().unwrap();
+    assert!(state.trials[0]
+        .end
+        .as_ref()
+        .unwrap()
+        .stopped_with_experiment());
+    put(
+        &store,
+        StoreEvent::TrialRequeued {
+            trial_id: "t".to_string(),
+            reason: "the experiment was stopped before it ended".to_string(),
+        },
+    );
+    let row = &store
+        .reader()
+        .unwrap()
+        .trials(&TrialQuery::default())
+        .unwrap()[0];
+    assert_eq!(
+        (row.status, row.ended_ms, row.end_message.as_deref()),
+        (TrialStatus::Waiting, None, None)
+    );
+    let state = store.replay().unwrap();
+    assert_eq!(state.trials[0].status, TrialStatus::Waiting);
+    assert!(state.trials[0].end.is_none());
+    // A waiting trial cannot be requeued.
+    let refused = store
+        .append(StoreEvent::TrialRequeued {
+            trial_id: "t".to_string(),
+            reason: "again".to_string(),
+        })
+        .wait();
+    assert!(refused.is_err(), "{refused:?}");
+}
+
+#[test]
 fn counters_never_go_back_across_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
