@@ -178,7 +178,9 @@ fn knob_stop_stops_a_running_experiment_and_resume_finishes_it() {
 fn sigkill_at_random_moments_loses_nothing() {
     let sandbox = Sandbox::new();
     // Each attempt records what it reported, in its own directory, and marks when it is done.
-    let script = "for i in 1 2 3 4 5; do\n  v=$((RANDOM % 1000))\n  echo \"KNOB_INTERMEDIATE $v\"\n  echo \"$v\" >> \"$NNI_OUTPUT_DIR/own.log\"\n  sleep 0.05\ndone\n\
+    // A process whose start the manager never recorded (killed between spawn and record) runs
+    // in the directory of the attempt that follows; each process marks where its lines begin.
+    let script = "echo start >> \"$NNI_OUTPUT_DIR/own.log\"\nfor i in 1 2 3 4 5; do\n  v=$((RANDOM % 1000))\n  echo \"KNOB_INTERMEDIATE $v\"\n  echo \"$v\" >> \"$NNI_OUTPUT_DIR/own.log\"\n  sleep 0.05\ndone\n\
                   echo \"KNOB_FINAL $v\"\necho done >> \"$NNI_OUTPUT_DIR/own.log\"\n";
     let yaml =
         format!("trialCommand: bash trial.sh\ntrialConcurrency: 3\nmaxTrialNumber: 30\n{SPACE}");
@@ -251,6 +253,8 @@ fn sigkill_at_random_moments_loses_nothing() {
         };
         let own = std::fs::read_to_string(dir.join("own.log")).unwrap();
         let own: Vec<&str> = own.lines().collect();
+        let last_start = own.iter().rposition(|l| *l == "start").unwrap();
+        let own = &own[last_start + 1..];
         assert_eq!(own.last(), Some(&"done"), "{}: {own:?}", dir.display());
         let reported: Vec<f64> = own[..own.len() - 1]
             .iter()
