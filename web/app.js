@@ -81,10 +81,16 @@ async function loadSnapshot() {
   }
 }
 
+// A trial's curve is that of its latest attempt: a new attempt (a retry, a re-run after a
+// crash or a stop) starts it again, and an older attempt's late metric is not drawn.
 function addMetric(m) {
   if (m.kind !== "intermediate") return;
-  if (!state.intermediate.has(m.trial_id)) state.intermediate.set(m.trial_id, []);
-  state.intermediate.get(m.trial_id).push(m.value);
+  const curve = state.intermediate.get(m.trial_id);
+  if (!curve || m.attempt > curve.attempt) {
+    state.intermediate.set(m.trial_id, Object.assign([m.value], { attempt: m.attempt }));
+  } else if (m.attempt === curve.attempt) {
+    curve.push(m.value);
+  }
 }
 
 // Events name what changed; changed trials are fetched again, at most once a second.

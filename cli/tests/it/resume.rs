@@ -498,3 +498,82 @@ fn resume_says_when_the_budget_is_used_up_and_refuses_a_budget_below_what_is_don
         2
     );
 }
+
+#[test]
+fn the_api_shows_the_metrics_of_a_trials_latest_attempt_unless_asked_for_all() {
+    let sandbox = Sandbox::new();
+    // Attempt 1 reports and then fails; attempt 2 reports and succeeds.
+    let script = "n=$(cat count 2>/dev/null || echo 0)\necho $((n + 1)) > count\n\
+                  echo \"KNOB_INTERMEDIATE $((n + 1))\"\necho \"KNOB_FINAL $((n + 1))\"\n\
+                  [ $n -ge 1 ]\n";
+    let yaml = format!(
+        "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\nmaxTrialRetries: 1\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "twice");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let trial = &sandbox.export("twice")["trials"][0];
+    assert_eq!(
+        (&trial["attempts"], &trial["final"]),
+        (&serde_json::json!(2), &serde_json::json!(2.0)),
+        "{trial}"
+    );
+    let id = trial["id"].as_str().unwrap();
+
+    let mut command = sandbox.knob();
+    command.args(["view", "twice", "--port", "0"]);
+    let view = crate::api::start(command, &[]);
+    let attempts_of = |path: &str| -> Vec<(u64, String, String)> {
+        let (status, body) = crate::api::get(&view.base, path);
+        assert_eq!(status, 200, "{path}: {body}");
+        body["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["attempt"].as_u64().unwrap(),
+                    m["kind"].as_str().unwrap().to_string(),
+                    m["raw"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let latest = [
+        (2, "intermediate".to_string(), "2".to_string()),
+        (2, "final".to_string(), "2".to_string()),
+    ];
+    let every = [
+        (1, "intermediate".to_string(), "1".to_string()),
+        (1, "final".to_string(), "1".to_string()),
+        latest[0].clone(),
+        latest[1].clone(),
+    ];
+    for path in [
+        format!("/trials/{id}/metrics"),
+        format!("/trials/{id}"),
+        "/metrics".to_string(),
+    ] {
+        let joiner = if path.contains('?') { '&' } else { '?' };
+        assert_eq!(attempts_of(&path), latest, "{path}");
+        assert_eq!(
+            attempts_of(&format!("{path}{joiner}attempt=all")),
+            every,
+            "{path}"
+        );
+        assert_eq!(
+            attempts_of(&format!("{path}{joiner}attempt=1")),
+            every[..2],
+            "{path}"
+        );
+    }
+    let (status, body) = crate::api::get(&view.base, &format!("/trials/{id}/metrics?attempt=0"));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("query parameter attempt must be all, latest or an attempt number"),
+        "{body}"
+    );
+}

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 
 use super::{ApiError, ApiState};
 use crate::store::{
-    Direction, ExperimentStatus, MetricKind, StoreReader, TrialQuery, TrialRow, TrialStatus,
+    Attempts, Direction, ExperimentStatus, MetricKind, StoreReader, TrialQuery, TrialRow,
+    TrialStatus,
 };
 
 /// The most rows one request returns; larger `limit`s are cut to this.
@@ -211,15 +212,46 @@ fn unknown_trial(trial_id: &str) -> ApiError {
     ApiError::not_found(format!("no trial {trial_id} in this experiment"))
 }
 
-pub(super) async fn trial(
-    State(state): State<ApiState>,
-    Path(trial_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let id = trial_id.clone();
+/// `?attempt=`: absent for each trial's latest attempt, `all`, or a number.
+fn attempts_param(params: &HashMap<String, String>) -> Result<Attempts, ApiError> {
+    match params.get("attempt").map(|text| text.trim()) {
+        None | Some("") | Some("latest") => Ok(Attempts::Latest),
+        Some("all") => Ok(Attempts::All),
+        Some(text) => match text.parse::<u32>() {
+            Ok(number) if number >= 1 => Ok(Attempts::Only(number)),
+            _ => Err(ApiError::bad_request(format!(
+                "query parameter attempt must be all, latest or an attempt number (1, 2, ...), got {text:?}"
+            ))),
+        },
+    }
+}
+
+/// A trial's row and its metrics of the attempts asked for (by default its latest attempt, so
+/// a trial run again after a crash shows one final, not one per attempt).
+async fn trial_with_metrics(
+    state: &ApiState,
+    trial_id: &str,
+    query: QueryParams,
+) -> Result<(TrialRow, Vec<crate::store::MetricRecord>), ApiError> {
+    let attempts = attempts_param(&params(query)?)?;
+    let id = trial_id.to_string();
     let (row, metrics) = state
         .read(move |reader| Ok((reader.trial(&id)?, reader.metrics_of_trial(&id)?)))
         .await?;
-    let row = row.ok_or_else(|| unknown_trial(&trial_id))?;
+    let row = row.ok_or_else(|| unknown_trial(trial_id))?;
+    let metrics = metrics
+        .into_iter()
+        .filter(|m| attempts.includes(m.attempt, row.attempts))
+        .collect();
+    Ok((row, metrics))
+}
+
+pub(super) async fn trial(
+    State(state): State<ApiState>,
+    Path(trial_id): Path<String>,
+    query: QueryParams,
+) -> Result<Json<Value>, ApiError> {
+    let (row, metrics) = trial_with_metrics(&state, &trial_id, query).await?;
     let mut value = trial_json(&row, now_ms());
     value["metrics"] = json!(metrics);
     Ok(Json(value))
@@ -228,20 +260,18 @@ pub(super) async fn trial(
 pub(super) async fn trial_metrics(
     State(state): State<ApiState>,
     Path(trial_id): Path<String>,
+    query: QueryParams,
 ) -> Result<Json<Value>, ApiError> {
-    let id = trial_id.clone();
-    let (row, metrics) = state
-        .read(move |reader| Ok((reader.trial(&id)?, reader.metrics_of_trial(&id)?)))
-        .await?;
-    row.ok_or_else(|| unknown_trial(&trial_id))?;
+    let (_, metrics) = trial_with_metrics(&state, &trial_id, query).await?;
     Ok(Json(json!({ "trial_id": trial_id, "metrics": metrics })))
 }
 
 /// The most trials one `/metrics?trial_ids=` request names.
 const MAX_TRIAL_IDS: usize = 1_000;
 
-/// `GET /metrics?since=SEQ&limit=N[&trial_ids=a,b&kind=intermediate]`: metrics logged after
-/// `since`, oldest first; of the named trials only, and of one kind, when asked.
+/// `GET /metrics?since=SEQ&limit=N[&trial_ids=a,b&kind=intermediate&attempt=all]`: metrics
+/// logged after `since`, oldest first, of each trial's latest attempt (or the attempts asked
+/// for); of the named trials only, and of one kind, when asked.
 pub(super) async fn metrics(
     State(state): State<ApiState>,
     query: QueryParams,
@@ -272,10 +302,13 @@ pub(super) async fn metrics(
             "query parameter trial_ids names more than {MAX_TRIAL_IDS} trials; ask in several requests"
         )));
     }
+    let attempts = attempts_param(&params)?;
     let metrics = state
-        .read(move |reader| match (&trial_ids, kind) {
-            (None, None) => reader.metrics_since(since, limit),
-            (ids, kind) => reader.metrics_matching(ids.as_deref(), kind, since, limit),
+        .read(move |reader| match (&trial_ids, kind, attempts) {
+            (None, None, Attempts::All) => reader.metrics_since(since, limit),
+            (ids, kind, attempts) => {
+                reader.metrics_matching(ids.as_deref(), kind, attempts, since, limit)
+            }
         })
         .await?;
     let last_seq = metrics.last().map_or(since, |m| m.seq);

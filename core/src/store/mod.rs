@@ -62,7 +62,7 @@ pub use event::{
     Counters, Direction, EventRecord, EventSeq, ExperimentStatus, MetricKind, MetricRecord,
     StoreEvent, TrialStatus,
 };
-pub use reader::{ExperimentSummary, StoreReader, TrialQuery, TrialRow};
+pub use reader::{Attempts, ExperimentSummary, StoreReader, TrialQuery, TrialRow};
 pub use state::{
     ConfigUpdate, ExperimentState, Requeue, StatusChange, TrialAttempt, TrialEnd, TrialState,
     WarningRecord, STOPPED_WITH_EXPERIMENT,

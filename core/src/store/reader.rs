@@ -122,6 +122,28 @@ pub struct ExperimentSummary {
 }
 
 /// Which trials [`StoreReader::trials`] lists, by trial sequence.
+/// Which attempts' metrics a query returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Attempts {
+    /// Each trial's latest attempt (what the trial's final and status describe).
+    #[default]
+    Latest,
+    /// Every attempt.
+    All,
+    /// Attempt number N of each trial.
+    Only(u32),
+}
+
+impl Attempts {
+    pub fn includes(self, attempt: u32, latest: u32) -> bool {
+        match self {
+            Attempts::Latest => attempt == latest,
+            Attempts::All => true,
+            Attempts::Only(number) => attempt == number,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrialQuery {
     /// Empty: every status.
@@ -277,17 +299,25 @@ impl StoreReader {
         )
     }
 
-    /// Metrics with a sequence number above `after`, oldest first, of the given trials only
-    /// (all attempts) and of one kind, when asked: what a dashboard needs to draw a few trials'
-    /// curves without downloading every metric of the experiment.
+    /// Metrics with a sequence number above `after`, oldest first, of the given trials only, of
+    /// the given attempts and of one kind, when asked: what a dashboard needs to draw a few
+    /// trials' curves without downloading every metric of the experiment.
     pub fn metrics_matching(
         &self,
         trial_ids: Option<&[String]>,
         kind: Option<MetricKind>,
+        attempts: Attempts,
         after: EventSeq,
         limit: u64,
     ) -> Result<Vec<MetricRecord>, StoreError> {
         let mut sql = format!("SELECT {METRIC_COLUMNS} FROM metrics WHERE seq > {after}");
+        match attempts {
+            Attempts::All => {}
+            Attempts::Latest => sql.push_str(
+                " AND attempt = (SELECT attempts FROM trials WHERE trials.id = metrics.trial_id)",
+            ),
+            Attempts::Only(number) => sql.push_str(&format!(" AND attempt = {number}")),
+        }
         if let Some(ids) = trial_ids {
             if ids.is_empty() {
                 return Ok(Vec::new());
