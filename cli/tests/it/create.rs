@@ -593,3 +593,42 @@ fn unreadable_finals_are_shown_on_the_console_in_trial_ls_and_as_the_trials_mess
         );
     }
 }
+
+#[test]
+fn the_tuner_sees_an_infinite_final_as_a_resume_does() {
+    // Evolution breeds from the best results it was given. The uninterrupted run and a run
+    // resumed halfway must suggest the same: both hand the +Infinity of trial 0 over as NaN.
+    let script = "x=$(echo \"$KNOB_PARAMETERS\" | tr -dc 0-9)\n\
+                  if [ \"$NNI_TRIAL_SEQ_ID\" = 0 ]; then echo 'KNOB_FINAL Infinity'; else echo \"KNOB_FINAL $x\"; fi\n";
+    let space = "searchSpace:\n  x: {_type: randint, _value: [0, 1000000]}\n\
+                 tuner:\n  name: Evolution\n  classArgs: {seed: 7, optimize_mode: maximize, population_size: 3}\n\
+                 trainingService:\n  platform: local";
+    let parameters = |sandbox: &Sandbox, id: &str| -> Vec<Value> {
+        sandbox.export(id)["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["parameters"].clone())
+            .collect()
+    };
+    let whole = Sandbox::new();
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 8\n{space}");
+    let config = whole.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = whole.create(&config, "whole");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+
+    let halves = Sandbox::new();
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 4\n{space}");
+    let config = halves.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = halves.create(&config, "halves");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (code, stdout, stderr) =
+        run(halves
+            .knob()
+            .args(["resume", "halves", "--max-trial-number", "8"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+
+    assert_eq!(parameters(&whole, "whole"), parameters(&halves, "halves"));
+}
