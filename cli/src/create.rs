@@ -58,7 +58,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
 /// The file in an experiment's directory that names the config file it was created from:
 /// `knob resume` reads SSH passwords and passphrases from there again, since knob never stores
 /// them.
-pub const CONFIG_SOURCE_FILE: &str = "config-source";
+pub const CONFIG_SOURCE_FILE: &str = knob_core::experiment::CONFIG_SOURCE_FILE;
 
 /// Writes [`CONFIG_SOURCE_FILE`]; returns the config's canonical path.
 fn remember_config_source(dir: &Path, config: &Path) -> PathBuf {

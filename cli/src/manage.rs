@@ -171,7 +171,7 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
     }
     if !yes {
         eprint!(
-            "delete experiment {id} and everything in {}? [y/N] ",
+            "delete experiment {id} and what knob made in {}? [y/N] ",
             entry.dir.display()
         );
         let mut answer = String::new();
@@ -181,12 +181,22 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     }
-    match std::fs::remove_dir_all(&entry.dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => anyhow::bail!("cannot delete {}: {e}", entry.dir.display()),
-    }
+    let left = knob_core::experiment::remove_experiment_folder(&entry.dir)
+        .map_err(|e| anyhow::anyhow!("cannot delete {}: {e}", entry.dir.display()))?;
     registry.remove(id)?;
-    println!("experiment {id} deleted ({})", entry.dir.display());
+    if left.is_empty() {
+        println!("experiment {id} deleted ({})", entry.dir.display());
+    } else {
+        let names: Vec<String> = left
+            .iter()
+            .filter_map(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        println!(
+            "experiment {id} deleted; {} is kept with what knob did not make in it: {}",
+            entry.dir.display(),
+            names.join(", ")
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

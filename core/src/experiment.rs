@@ -19,6 +19,10 @@ pub enum CreateError {
     BadId(String),
     #[error("experiment {id} already exists (in {dir}); continue it with `knob resume {id}` or choose another --id")]
     IdTaken { id: String, dir: String },
+    #[error("{dir} holds an experiment that this knob's registry does not list (a copied folder, or one made with another KNOB_HOME), so `knob resume` cannot find it; run knob with the KNOB_HOME that made it, or move the folder away or choose another --id to start anew")]
+    Unregistered { dir: String },
+    #[error("the experiment folder {dir} already exists and holds files knob did not make; move them away, or choose another --id or experimentWorkingDirectory")]
+    FolderNotEmpty { dir: String },
     #[error("cannot create the experiment directory {dir}: {message}")]
     Directory { dir: String, message: String },
     #[error("{0}")]
@@ -26,6 +30,28 @@ pub enum CreateError {
     #[error("{0}")]
     Store(#[from] StoreError),
 }
+
+/// The file that marks a folder as made by knob for an experiment. `knob experiment delete`
+/// removes a folder only when nothing but knob's own entries ([`OWNED_ENTRIES`]) is left in it,
+/// and `create` never adopts a folder that holds anything else.
+pub const MARKER_FILE_NAME: &str = ".knob-experiment";
+
+/// The file in an experiment's folder that names the config file it was created from.
+pub const CONFIG_SOURCE_FILE: &str = "config-source";
+
+/// What knob makes at the top of an experiment's folder, and so all that `delete` removes:
+/// anything else was put there by someone else and is left (and listed). Trials write only
+/// inside `trials/<trial id>/`.
+pub const OWNED_ENTRIES: &[&str] = &[
+    MARKER_FILE_NAME,
+    crate::store::DB_FILE_NAME,
+    "experiment.db-wal",
+    "experiment.db-shm",
+    "experiment.db-journal",
+    "experiment.db.writer-lock",
+    CONFIG_SOURCE_FILE,
+    "trials",
+];
 
 /// A new experiment id: 8 lowercase letters and digits, as NNI makes them.
 pub fn new_experiment_id() -> String {
@@ -79,8 +105,9 @@ pub fn create(
         port: None,
         created_ms: now_ms(),
     };
-    // The registry decides who owns an id; a leftover directory of the same name (from a
-    // deleted registry, say) is not reused either, so nothing is ever overwritten.
+    // The registry decides who owns an id. It is claimed before the folder is made, so of two
+    // creates of one id the loser has made nothing; a leftover folder of the same name (a copy,
+    // or one of a deleted registry) is never reused unless it is empty.
     let taken = |dir: &Path| CreateError::IdTaken {
         id: id.clone(),
         dir: dir.display().to_string(),
@@ -88,15 +115,18 @@ pub fn create(
     if let Ok(existing) = registry.get(&id) {
         return Err(taken(&existing.dir));
     }
-    if dir.join(crate::store::DB_FILE_NAME).exists() {
-        return Err(taken(&dir));
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| CreateError::Directory {
-        dir: dir.display().to_string(),
-        message: e.to_string(),
-    })?;
+    check_folder(&dir)?;
     if !registry.insert(&entry)? {
-        return Err(taken(&dir));
+        let winner = registry
+            .get(&id)
+            .map(|e| e.dir)
+            .unwrap_or_else(|_| dir.clone());
+        return Err(taken(&winner));
+    }
+    if let Err(e) = make_folder(&dir) {
+        // Nothing else refers to the entry yet: undo the claim so the id stays free.
+        let _ = registry.remove(&id);
+        return Err(e);
     }
     let store = Store::open(&dir)?;
     // Secrets serialize as "***": the stored config never holds a password in clear.
@@ -118,4 +148,85 @@ pub fn create(
         },
         store,
     ))
+}
+
+/// Refuses a folder that holds anything besides knob's marker.
+fn check_folder(dir: &Path) -> Result<(), CreateError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        // Missing (the usual case), or unreadable: make_folder reports the latter.
+        return Ok(());
+    };
+    let mut foreign = false;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name == crate::store::DB_FILE_NAME {
+            return Err(CreateError::Unregistered {
+                dir: dir.display().to_string(),
+            });
+        }
+        foreign |= name != MARKER_FILE_NAME;
+    }
+    if foreign {
+        return Err(CreateError::FolderNotEmpty {
+            dir: dir.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Makes the experiment's folder (or takes an empty one) and marks it as knob's.
+fn make_folder(dir: &Path) -> Result<(), CreateError> {
+    let failed = |e: std::io::Error| CreateError::Directory {
+        dir: dir.display().to_string(),
+        message: e.to_string(),
+    };
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(failed)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        // Checked again: something may have been put there since check_folder.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => check_folder(dir)?,
+        Err(e) => return Err(failed(e)),
+    }
+    std::fs::write(
+        dir.join(MARKER_FILE_NAME),
+        "This folder was made by knob for an experiment. `knob experiment delete` removes only \
+         what knob made here and leaves anything else.\n",
+    )
+    .map_err(failed)
+}
+
+/// Removes what knob made in an experiment's folder ([`OWNED_ENTRIES`]) and then the folder if
+/// that emptied it. Returns what was left: entries knob did not make, which are never touched.
+/// A missing folder is not an error (there is nothing to remove).
+pub fn remove_experiment_folder(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut left = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let path = entry.path();
+        if !OWNED_ENTRIES
+            .iter()
+            .any(|owned| entry.file_name() == *owned)
+        {
+            left.push(path);
+            continue;
+        }
+        // symlink_metadata: a link in knob's place is removed as a link, never followed.
+        if std::fs::symlink_metadata(&path)?.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    if left.is_empty() {
+        std::fs::remove_dir(dir)?;
+    }
+    left.sort();
+    Ok(left)
 }

@@ -179,6 +179,55 @@ fn an_existing_id_is_refused_with_a_hint_to_resume() {
 }
 
 #[test]
+fn create_refuses_a_folder_of_user_files_and_delete_keeps_what_knob_did_not_make() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    let dir = sandbox.path().join("experiments/mine");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("data.csv"), "1,2,3").unwrap();
+    let (code, _, stderr) = sandbox.create(&config, "mine");
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the experiment folder {} already exists and holds files knob did not make",
+            dir.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("data.csv")).unwrap(),
+        "1,2,3"
+    );
+
+    // A file put into a folder knob made survives `delete`, which names it.
+    let (code, _, stderr) = sandbox.create(&config, "ours");
+    assert_eq!(code, 0, "{stderr}");
+    let dir = sandbox.path().join("experiments/ours");
+    assert!(dir.join(".knob-experiment").is_file());
+    std::fs::write(dir.join("analysis.ipynb"), "{}").unwrap();
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "delete", "ours", "--yes"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("what knob did not make in it: analysis.ipynb"),
+        "{stdout}"
+    );
+    let mut left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["analysis.ipynb"]);
+}
+
+#[test]
 fn an_unknown_tuner_is_refused_before_anything_is_created() {
     let sandbox = Sandbox::new();
     let yaml = format!(

@@ -2,4 +2,5 @@
 
 mod api_stream;
 mod config;
+mod experiment;
 mod store;
