@@ -211,12 +211,7 @@ fn kill_stops_the_whole_group_with_sigterm_then_sigkill() {
     let request = h.request("stubborn", command);
     h.service.start(&request).unwrap();
     let child_pid_file = h.trial_dir("stubborn").join("child.pid");
-    wait_for_file(&child_pid_file);
-    let child_pid: i32 = std::fs::read_to_string(&child_pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let child_pid: i32 = wait_for_line(&child_pid_file).parse().unwrap();
     let leader_pid = match &h.events.all()[0] {
         ServiceEvent::TrialStarted { pid: Some(pid), .. } => *pid as i32,
         other => panic!("{other:?}"),

@@ -213,6 +213,26 @@ pub fn wait_for_file(path: &Path) {
     }
 }
 
+/// Waits (bounded) until `path` holds a whole line and returns it, trimmed. A file a shell
+/// writes with `echo X > file` exists, empty, before X is in it: reading as soon as it exists
+/// reads nothing one run in a few hundred on a loaded machine.
+pub fn wait_for_line(path: &Path) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return text.trim().to_string();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never held a whole line",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether process `pid` still runs (a zombie does not).
 pub fn process_runs(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -269,4 +289,32 @@ pub fn nni_metric_command(trial_id: &str, kind: &str, sequence: u64, value: &str
         Value::String(value.to_string())
     );
     json!({"type": "metric", "metric": metric})
+}
+
+#[test]
+fn wait_for_line_returns_what_is_written_after_the_file_appears() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("child.pid");
+    let mut file = std::fs::File::create(&path).unwrap();
+    // The file exists and is empty, then partly written, as a shell leaves it in between.
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let writer = std::thread::spawn(move || {
+        file.write_all(b"12").unwrap();
+        wait.recv().unwrap();
+        file.write_all(b"34\n").unwrap();
+    });
+    let reader = {
+        let path = path.clone();
+        std::thread::spawn(move || wait_for_line(&path))
+    };
+    // Let the reader see the partial content before the rest arrives (bounded).
+    let deadline = Instant::now() + WAIT;
+    while std::fs::read_to_string(&path).unwrap() != "12" {
+        assert!(Instant::now() < deadline);
+        std::thread::yield_now();
+    }
+    go.send(()).unwrap();
+    writer.join().unwrap();
+    assert_eq!(reader.join().unwrap(), "1234");
 }

@@ -11,7 +11,7 @@ use knob_training_services::agent_protocol::{
     read_frame, write_frame, FromAgent, ToAgent, PROTOCOL_VERSION,
 };
 
-use crate::support::{process_runs, request, wait_for_file, WAIT};
+use crate::support::{process_runs, request, wait_for_line, WAIT};
 
 pub const AGENT: &str = env!("CARGO_BIN_EXE_knob-agent");
 pub const ENVIRONMENT: &str = "remote:root@127.0.0.1:2222";
@@ -233,13 +233,5 @@ pub fn wait_gone(pid: i32, what: &str) {
 }
 
 pub fn read_pid(path: &Path) -> i32 {
-    wait_for_file(path);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Ok(pid) = std::fs::read_to_string(path).unwrap().trim().parse() {
-            return pid;
-        }
-        assert!(Instant::now() < deadline, "no pid in {}", path.display());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_line(path).parse().unwrap()
 }
