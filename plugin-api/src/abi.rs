@@ -10,6 +10,11 @@
 //! - the root module and the trait vtables are prefix types: a newer minor version of the API
 //!   appends fields/methods after the last prefix field, and an older host simply does not see
 //!   them. That is why a host accepts plugins built against the same or a newer plugin-api.
+//! - a library built before a field was appended to the root module lacks it: each appended
+//!   field is `missing_field(option)` and the host falls back to what plugins did before it
+//!   existed. New training-service calls are root-module functions taking the service's name
+//!   and JSON, never new methods of `TrainingServiceAbi`, whose vtable stays as first released
+//!   (an absent `#[sabi_trait]` method can only be found out by calling it).
 
 // abi_stable 0.11's `#[sabi_trait]` expands to impls inside a const block, which newer rustc lints.
 #![allow(non_local_definitions)]
@@ -155,6 +160,62 @@ pub struct PluginModule {
     #[sabi(last_prefix_field)]
     pub new_training_service:
         extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+    // ---- appended-fields: begin ----
+    // Fields appended after the first 0.1 release. A library built before has none of them; the
+    // host checks it against its own layout (`earlier_layouts`), the accessors answer `None`, and
+    // the host supplies the old behaviour (see `host::PluginRegistry::check_training_service`).
+    // Append new fields after the last one, each `missing_field(option)`, freeze the layout
+    // before them in `earlier_layouts`, and never reorder, remove or retype one.
+    /// Checks a service's config: (name, config JSON, `ServiceContext` JSON) to a
+    /// `service::ConfigCheck` as JSON.
+    #[sabi(missing_field(option))]
+    pub check_training_service: extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+    /// Constructs a service with its context: (name, checked config JSON, context JSON, sink).
+    #[sabi(missing_field(option))]
+    pub create_training_service:
+        extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+    /// Ends what an earlier run of the experiment left running: (name, config JSON, context
+    /// JSON, JSON list of trial ids) to a JSON list of one-line reports.
+    #[sabi(missing_field(option))]
+    pub clean_up_training_service:
+        extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+    // ---- appended-fields: end ----
+}
+
+/// The root module's earlier layouts, frozen, oldest first. abi_stable's check refuses a library
+/// whose root module has fewer fields than the host's (it lets only newer libraries into older
+/// hosts), so the host checks a library built before the latest appended fields against the
+/// layout it was built with, and then reads the appended fields as absent. Appending fields
+/// means adding the layout before them here.
+pub mod earlier_layouts {
+    use super::*;
+    use abi_stable::type_layout::TypeLayout;
+
+    /// The first 0.1 release: the five fields up to `new_training_service`.
+    // Only its layout is used, never its accessors.
+    #[allow(dead_code)]
+    pub mod first_release {
+        use super::*;
+
+        #[repr(C)]
+        #[derive(StableAbi)]
+        #[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
+        #[sabi(missing_field(panic))]
+        pub struct PluginModule {
+            pub components: extern "C" fn() -> RVec<AbiComponentInfo>,
+            pub set_host_logger: extern "C" fn(HostLoggerBox),
+            pub new_tuner: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<TunerBox>,
+            pub new_assessor: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<AssessorBox>,
+            #[sabi(last_prefix_field)]
+            pub new_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+        }
+    }
+
+    /// Newest first: the layouts a library may have been built with, besides the current one.
+    pub fn newest_first() -> [&'static TypeLayout; 1] {
+        [<first_release::PluginModuleRef as StableAbi>::LAYOUT]
+    }
 }
 
 impl RootModule for PluginModuleRef {

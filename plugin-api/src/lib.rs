@@ -8,6 +8,7 @@
 //! appears in its public API.
 
 mod abi;
+pub mod config;
 pub mod host;
 mod labeled;
 pub mod metric;
@@ -16,8 +17,8 @@ pub mod service;
 pub mod space;
 
 pub use sdk::{
-    log, parse_class_args, status, Assessor, EventSink, Generated, ImportedTrial, PluginError,
-    Suggestion, TrainingService, Tuner, Verdict,
+    accept_as_written, log, parse_class_args, status, Assessor, EventSink, Generated,
+    ImportedTrial, PluginError, Suggestion, TrainingService, Tuner, Verdict,
 };
 
 #[doc(hidden)]

@@ -18,7 +18,10 @@ use crate::abi::{
     AssessorAbi_TO, EventSinkBox, HostLoggerBox, TrainingServiceAbi, TrainingServiceAbi_TO,
     TunerAbi, TunerAbi_TO,
 };
-use crate::service::{ServiceEvent, TrialRequest};
+use crate::service::{
+    CheckedConfig, ConfigCheck, ConfigProblem, FieldPath, ServiceContext, ServiceEvent,
+    TrialRequest,
+};
 use crate::space::SearchSpace;
 use crate::ComponentKind;
 
@@ -254,11 +257,69 @@ impl EventSink {
 
 /// A training service: it owns environments (machines, allocations) and runs trials on them.
 /// It reports everything that happens through the [`EventSink`] it was built with.
+///
+/// A service is chosen by a config's `platform` (its name in [`export_plugin!`]) and gets that
+/// `trainingService` mapping as its config. The associated functions without `self`
+/// ([`check_config`](TrainingService::check_config),
+/// [`clean_up_leftovers`](TrainingService::clean_up_leftovers)) run before any object exists.
 pub trait TrainingService: Send + 'static {
-    fn new(class_args: &Value, events: EventSink) -> Result<Self, PluginError>
+    /// Builds the service from its config alone: what services written before
+    /// [`TrainingService::create`] implement. Implement `create` instead.
+    fn new(config: &Value, events: EventSink) -> Result<Self, PluginError>
     where
-        Self: Sized;
-    /// The environments as they are now (a JSON array; see `crate::service::Environment`).
+        Self: Sized,
+    {
+        let _ = (config, events);
+        Err(PluginError::new(
+            "this training service needs its experiment context (TrainingService::create), which this knob does not give; upgrade knob",
+        ))
+    }
+    /// Builds the service from its config, as [`TrainingService::check_config`] made it
+    /// canonical (secrets in clear), and what the host says about the experiment. The default
+    /// calls [`TrainingService::new`].
+    fn create(
+        config: &Value,
+        context: &ServiceContext,
+        events: EventSink,
+    ) -> Result<Self, PluginError>
+    where
+        Self: Sized,
+    {
+        let _ = context;
+        Self::new(config, events)
+    }
+    /// Checks the service's own config (the `trainingService` mapping as the user wrote it,
+    /// without `platform`, `trialCommand`, `trialCodeDirectory`, `trialGpuNumber` and
+    /// `nniManagerIp`, which the host reads) and returns its canonical form and secret fields, or
+    /// every problem found. [`crate::config::ConfigReader`] does the usual work. The default
+    /// accepts any mapping as written, with no secrets.
+    fn check_config(
+        config: &Value,
+        context: &ServiceContext,
+    ) -> Result<CheckedConfig, Vec<ConfigProblem>>
+    where
+        Self: Sized,
+    {
+        let _ = context;
+        accept_as_written(config)
+    }
+    /// On resume, before anything starts: ends whatever an earlier run of this experiment left
+    /// running for these trials (`context.experiment_id` names the experiment) wherever this
+    /// service runs them, so that a trial run again never runs twice. Returns one line per thing
+    /// ended, for the log. The default has nothing to end.
+    fn clean_up_leftovers(
+        config: &Value,
+        context: &ServiceContext,
+        trial_ids: &[String],
+    ) -> Result<Vec<String>, PluginError>
+    where
+        Self: Sized,
+    {
+        let _ = (config, context, trial_ids);
+        Ok(Vec::new())
+    }
+    /// The environments as they are now, each with its inventory (gpu-sched JSON); the host asks
+    /// again while trials wait for resources, so report fresh numbers.
     fn environments(&mut self) -> Result<Vec<crate::service::Environment>, PluginError>;
     /// Starts a trial; its start, metrics and end arrive later as events.
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError>;
@@ -266,6 +327,22 @@ pub trait TrainingService: Send + 'static {
     fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), PluginError>;
     /// Stops every trial and releases every environment.
     fn shutdown(&mut self) -> Result<(), PluginError>;
+}
+
+/// What a service that does not check its config accepts: any mapping, as written (and what the
+/// host assumes of a plugin built before configs were checked by their service).
+pub fn accept_as_written(config: &Value) -> Result<CheckedConfig, Vec<ConfigProblem>> {
+    match config {
+        Value::Object(map) => Ok(CheckedConfig {
+            config: map.clone(),
+            ..CheckedConfig::default()
+        }),
+        Value::Null => Ok(CheckedConfig::default()),
+        other => Err(vec![ConfigProblem {
+            path: FieldPath::root(),
+            message: format!("expected a mapping, got {}", crate::config::describe(other)),
+        }]),
+    }
 }
 
 /// Log through the host's logger (a plugin's own `tracing`/`log` setup cannot reach the host).
@@ -512,12 +589,24 @@ pub mod __private {
 
     pub type TunerCtor = fn(&str, &Value) -> Result<TunerBox, PluginError>;
     pub type AssessorCtor = fn(&str, &Value) -> Result<AssessorBox, PluginError>;
-    pub type ServiceCtor = fn(&str, &Value, EventSink) -> Result<TrainingServiceBox, PluginError>;
+    pub type ServiceCtor =
+        fn(&str, &Value, &ServiceContext, EventSink) -> Result<TrainingServiceBox, PluginError>;
+    pub type ServiceCheck =
+        fn(&Value, &ServiceContext) -> Result<CheckedConfig, Vec<ConfigProblem>>;
+    pub type ServiceCleanUp =
+        fn(&Value, &ServiceContext, &[String]) -> Result<Vec<String>, PluginError>;
+
+    /// A training service's functions: its constructor and the calls made without an object.
+    pub struct ServiceFns {
+        pub create: ServiceCtor,
+        pub check: ServiceCheck,
+        pub clean_up: ServiceCleanUp,
+    }
 
     pub enum Ctor {
         Tuner(TunerCtor),
         Assessor(AssessorCtor),
-        TrainingService(ServiceCtor),
+        TrainingService(ServiceFns),
     }
 
     pub struct Entry {
@@ -562,10 +651,11 @@ pub mod __private {
 
     pub fn service_ctor<S: TrainingService>(
         name: &str,
-        class_args: &Value,
+        config: &Value,
+        context: &ServiceContext,
         events: EventSink,
     ) -> Result<TrainingServiceBox, PluginError> {
-        let inner = S::new(class_args, events)?;
+        let inner = S::create(config, context, events)?;
         let adaptor = TrainingServiceAdaptor {
             inner,
             label: format!("training service {name}"),
@@ -648,10 +738,21 @@ pub mod __private {
         )
     }
 
+    /// The old constructor: config only, an empty context (what hosts before contexts called).
     pub fn new_training_service(
         entries: &[Entry],
         name: RStr<'_>,
         args: RStr<'_>,
+        events: EventSinkBox,
+    ) -> AbiResult<TrainingServiceBox> {
+        create_training_service(entries, name, args, RStr::from_str("{}"), events)
+    }
+
+    pub fn create_training_service(
+        entries: &[Entry],
+        name: RStr<'_>,
+        config: RStr<'_>,
+        context: RStr<'_>,
         events: EventSinkBox,
     ) -> AbiResult<TrainingServiceBox> {
         let sink = EventSink(Arc::new(events));
@@ -659,10 +760,102 @@ pub mod __private {
             entries,
             ComponentKind::TrainingService,
             name,
-            args,
-            |e, a| match e.ctor {
-                Ctor::TrainingService(ctor) => Some(ctor(e.name, a, sink)),
+            config,
+            |e, a| match &e.ctor {
+                Ctor::TrainingService(fns) => Some(
+                    read_context(e.name, context).and_then(|c| (fns.create)(e.name, a, &c, sink)),
+                ),
                 _ => None,
+            },
+        )
+    }
+
+    fn read_context(name: &str, context: RStr<'_>) -> Result<ServiceContext, PluginError> {
+        serde_json::from_str(context.as_str()).map_err(|e| {
+            PluginError::new(format!(
+                "training service {name}: invalid context from host: {e}"
+            ))
+        })
+    }
+
+    /// Runs one of a service's object-less calls, found by name, catching panics.
+    fn service_call(
+        entries: &[Entry],
+        name: RStr<'_>,
+        method: &str,
+        config: RStr<'_>,
+        context: RStr<'_>,
+        call: impl FnOnce(&ServiceFns, &Value, &ServiceContext) -> Result<String, PluginError>,
+    ) -> AbiResult<RString> {
+        let Some(entry) = entries
+            .iter()
+            .find(|e| e.kind() == ComponentKind::TrainingService && e.name == name.as_str())
+        else {
+            return RResult::RErr(
+                format!("this library has no training service named {name}").into(),
+            );
+        };
+        let Ctor::TrainingService(fns) = &entry.ctor else {
+            unreachable!("the kind was checked")
+        };
+        let mut poisoned = false;
+        guarded(
+            &format!("training service {name}"),
+            method,
+            &mut poisoned,
+            || {
+                let config: Value = serde_json::from_str(config.as_str()).map_err(|e| {
+                    PluginError::new(format!(
+                        "training service {name}: invalid config from host: {e}"
+                    ))
+                })?;
+                let context = read_context(entry.name, context)?;
+                call(fns, &config, &context)
+            },
+        )
+        .map(RString::from)
+    }
+
+    pub fn check_training_service(
+        entries: &[Entry],
+        name: RStr<'_>,
+        config: RStr<'_>,
+        context: RStr<'_>,
+    ) -> AbiResult<RString> {
+        service_call(
+            entries,
+            name,
+            "check_config",
+            config,
+            context,
+            |fns, config, context| {
+                let answer = match (fns.check)(config, context) {
+                    Ok(checked) => ConfigCheck::Checked(checked),
+                    Err(problems) => ConfigCheck::Problems(problems),
+                };
+                serde_json::to_string(&answer).map_err(|e| PluginError::new(e.to_string()))
+            },
+        )
+    }
+
+    pub fn clean_up_training_service(
+        entries: &[Entry],
+        name: RStr<'_>,
+        config: RStr<'_>,
+        context: RStr<'_>,
+        trial_ids: RStr<'_>,
+    ) -> AbiResult<RString> {
+        service_call(
+            entries,
+            name,
+            "clean_up_leftovers",
+            config,
+            context,
+            |fns, config, context| {
+                let trial_ids: Vec<String> = serde_json::from_str(trial_ids.as_str())
+                    .map_err(|e| PluginError::new(format!("invalid trial ids from host: {e}")))?;
+                let reports = (fns.clean_up)(config, context, &trial_ids)?;
+                serde_json::to_string(&reports).map_err(|e| PluginError::new(e.to_string()))
             },
         )
     }
@@ -681,7 +874,7 @@ pub mod __private {
         TrainingServiceBox, TunerBox,
     };
     pub use abi_stable::prefix_type::PrefixTypeTrait;
-    pub use abi_stable::std_types::{RStr, RVec};
+    pub use abi_stable::std_types::{RStr, RString, RVec};
 }
 
 /// Exports a plugin library's components. Use it once, at the root of a `cdylib` crate:
@@ -738,6 +931,31 @@ macro_rules! export_plugin {
             ) -> p::AbiResult<p::TrainingServiceBox> {
                 p::new_training_service(__KNOB_PLUGIN_ENTRIES, name, args, events)
             }
+            // ---- appended-fields: begin ----
+            extern "C" fn check_training_service(
+                name: p::RStr<'_>,
+                config: p::RStr<'_>,
+                context: p::RStr<'_>,
+            ) -> p::AbiResult<p::RString> {
+                p::check_training_service(__KNOB_PLUGIN_ENTRIES, name, config, context)
+            }
+            extern "C" fn create_training_service(
+                name: p::RStr<'_>,
+                config: p::RStr<'_>,
+                context: p::RStr<'_>,
+                events: p::EventSinkBox,
+            ) -> p::AbiResult<p::TrainingServiceBox> {
+                p::create_training_service(__KNOB_PLUGIN_ENTRIES, name, config, context, events)
+            }
+            extern "C" fn clean_up_training_service(
+                name: p::RStr<'_>,
+                config: p::RStr<'_>,
+                context: p::RStr<'_>,
+                trial_ids: p::RStr<'_>,
+            ) -> p::AbiResult<p::RString> {
+                p::clean_up_training_service(__KNOB_PLUGIN_ENTRIES, name, config, context, trial_ids)
+            }
+            // ---- appended-fields: end ----
             fn root_module() -> p::PluginModuleRef {
                 <p::PluginModule as p::PrefixTypeTrait>::leak_into_prefix(p::PluginModule {
                     components,
@@ -745,6 +963,11 @@ macro_rules! export_plugin {
                     new_tuner,
                     new_assessor,
                     new_training_service,
+                    // ---- appended-fields: begin ----
+                    check_training_service,
+                    create_training_service,
+                    clean_up_training_service,
+                    // ---- appended-fields: end ----
                 })
             }
             extern "C" fn erased_root_module() -> p::RootModuleResult {
@@ -767,7 +990,11 @@ macro_rules! __knob_ctor {
         $crate::__private::Ctor::Assessor($crate::__private::assessor_ctor::<$ty>)
     };
     (training_service, $ty:ty) => {
-        $crate::__private::Ctor::TrainingService($crate::__private::service_ctor::<$ty>)
+        $crate::__private::Ctor::TrainingService($crate::__private::ServiceFns {
+            create: $crate::__private::service_ctor::<$ty>,
+            check: <$ty as $crate::TrainingService>::check_config,
+            clean_up: <$ty as $crate::TrainingService>::clean_up_leftovers,
+        })
     };
 }
 

@@ -111,3 +111,190 @@ pub enum ServiceEvent {
         message: String,
     },
 }
+
+// ---------------------------------------------------------------------------------------------
+// A service's own config: checked by the service, positioned and redacted by the host.
+
+/// One step of a path into a service's config: a field (canonical name) or a list index.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PathStep {
+    Index(usize),
+    Field(String),
+}
+
+/// Where a field is in a service's config, from the service's mapping down:
+/// `["machineList", 0, "password"]`, shown as `machineList[0].password`. The host maps it back to
+/// the line and column the user wrote it at (matching keys as NNI does, ignoring case and
+/// underscores), so a service names fields and never needs positions.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FieldPath(pub Vec<PathStep>);
+
+impl FieldPath {
+    /// The service's mapping itself.
+    pub fn root() -> FieldPath {
+        FieldPath::default()
+    }
+    /// The field `name` of the mapping at this path.
+    pub fn field(&self, name: impl Into<String>) -> FieldPath {
+        let mut steps = self.0.clone();
+        steps.push(PathStep::Field(name.into()));
+        FieldPath(steps)
+    }
+    /// Item `index` of the list at this path.
+    pub fn index(&self, index: usize) -> FieldPath {
+        let mut steps = self.0.clone();
+        steps.push(PathStep::Index(index));
+        FieldPath(steps)
+    }
+    pub fn is_root(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// The value at this path in a JSON tree (fields matched exactly).
+    pub fn find<'v>(&self, mut value: &'v Value) -> Option<&'v Value> {
+        for step in &self.0 {
+            value = match step {
+                PathStep::Field(name) => value.as_object()?.get(name)?,
+                PathStep::Index(index) => value.as_array()?.get(*index)?,
+            };
+        }
+        Some(value)
+    }
+    /// Like [`FieldPath::find`], for changing the value.
+    pub fn find_mut<'v>(&self, mut value: &'v mut Value) -> Option<&'v mut Value> {
+        for step in &self.0 {
+            value = match step {
+                PathStep::Field(name) => value.as_object_mut()?.get_mut(name)?,
+                PathStep::Index(index) => value.as_array_mut()?.get_mut(*index)?,
+            };
+        }
+        Some(value)
+    }
+    /// The path of the mapping or list that holds this field (the root holds itself).
+    pub fn parent(&self) -> FieldPath {
+        let mut steps = self.0.clone();
+        steps.pop();
+        FieldPath(steps)
+    }
+}
+
+impl std::fmt::Display for FieldPath {
+    /// `machineList[0].password`; the root is the empty string.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, step) in self.0.iter().enumerate() {
+            match step {
+                PathStep::Field(name) if i == 0 => write!(f, "{name}")?,
+                PathStep::Field(name) => write!(f, ".{name}")?,
+                PathStep::Index(index) => write!(f, "[{index}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Something wrong (or worth a warning) in a service's config: where, and what to do, in one
+/// line. The host shows it as `file:line:column: trainingService.<path>: <message>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigProblem {
+    pub path: FieldPath,
+    pub message: String,
+}
+
+/// A field of a service's config that holds a secret (a password, a token). The host never
+/// stores, logs or serves its value (it shows `***`), hands it only to the service, and on
+/// resume reads it again: from the config file the experiment was created from, else from
+/// `env_var`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretField {
+    pub path: FieldPath,
+    /// The environment variable `knob resume` reads the secret from when the original config
+    /// file is gone (one variable may serve several fields, e.g. every machine's password).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_var: Option<String>,
+}
+
+/// A service's config after its service checked it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckedConfig {
+    /// The canonical form: canonical field names, every default filled in, paths absolute,
+    /// durations in seconds; without `platform` and the trial settings, which the host keeps.
+    /// It is what `knob config check` prints, what the store keeps (secrets as `***`) and what
+    /// the service is constructed with (secrets in clear). Checking it again gives it back.
+    pub config: serde_json::Map<String, Value>,
+    /// The fields of `config` that hold secrets.
+    #[serde(default)]
+    pub secrets: Vec<SecretField>,
+    /// Accepted, but worth telling the user.
+    #[serde(default)]
+    pub warnings: Vec<ConfigProblem>,
+    /// The environments this config gives, with their inventories, when the service knows them
+    /// without starting (this machine, probed); `None` when only a started service can tell
+    /// (remote hosts, cluster allocations). When every service of a config knows them, the host
+    /// checks before it creates the experiment that a trial could ever be placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environments: Option<Vec<Environment>>,
+}
+
+/// A service's answer to a config check, as it crosses the ABI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfigCheck {
+    Checked(CheckedConfig),
+    Problems(Vec<ConfigProblem>),
+}
+
+/// What the host tells a training service about the experiment, next to its config: when the
+/// config is checked, when the service is constructed, and when it cleans up after an earlier
+/// run. Fields may be added (with serde defaults).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceContext {
+    /// Empty while a config is only being checked (`knob config check`).
+    #[serde(default)]
+    pub experiment_id: String,
+    /// The experiment's own folder (store, trial folders); `None` while only checking.
+    #[serde(default)]
+    pub experiment_dir: Option<PathBuf>,
+    /// The folder relative paths in the config are relative to (the config file's).
+    #[serde(default)]
+    pub config_dir: PathBuf,
+    /// The experiment's config file, when it came from one. It may hold secrets in clear: a
+    /// service that copies the trial code elsewhere leaves this file out.
+    #[serde(default)]
+    pub config_file: Option<PathBuf>,
+    /// NNI's top-level shortcut fields the user wrote (`useActiveGpu`, `maxTrialNumberPerGpu`,
+    /// `gpuIndices`, `reuseMode`), already in canonical form. A service applies those that mean
+    /// something to it where its own config leaves them unset.
+    #[serde(default)]
+    pub shortcuts: serde_json::Map<String, Value>,
+    /// The experiment's trial settings, for services that size or place jobs themselves.
+    #[serde(default)]
+    pub trial: TrialSettings,
+}
+
+/// The experiment-wide trial settings a service may need (a cluster service asks its scheduler
+/// for these resources). Unset while a config is only being checked and they did not parse.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrialSettings {
+    #[serde(default)]
+    pub trial_command: String,
+    #[serde(default)]
+    pub trial_code_directory: PathBuf,
+    #[serde(default)]
+    pub trial_concurrency: u32,
+    #[serde(default)]
+    pub trial_gpu_number: Option<u32>,
+    #[serde(default)]
+    pub trial_cpu_number: Option<u32>,
+    /// MiB.
+    #[serde(default)]
+    pub trial_memory_size_mib: Option<u64>,
+    /// MiB per GPU.
+    #[serde(default)]
+    pub trial_gpu_memory_mib: Option<u64>,
+    /// Whole seconds.
+    #[serde(default)]
+    pub max_trial_duration_secs: Option<u64>,
+}

@@ -31,7 +31,7 @@ use crate::abi::{
     AbiComponentKind, AbiLogLevel, EventSinkAbi, EventSinkAbi_TO, HostLoggerAbi, HostLoggerAbi_TO,
     PluginModuleRef, API_VERSION_SYMBOL,
 };
-use crate::service::ServiceEvent;
+use crate::service::{ConfigCheck, ServiceContext, ServiceEvent};
 use crate::ComponentKind;
 
 /// Everything that can go wrong between the host and a plugin, one line each.
@@ -259,9 +259,17 @@ fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
 
     let header =
         lib_header_from_path(path).map_err(|e| describe_library_error(&e, &api_version))?;
-    let module = header
-        .init_root_module::<PluginModuleRef>()
-        .map_err(|e| describe_library_error(&e, &api_version))?;
+    let module = match header.init_root_module::<PluginModuleRef>() {
+        Ok(module) => module,
+        Err(error) => match built_with_earlier_layout(header) {
+            // SAFETY: the library's root module has the layout of an earlier release, a prefix
+            // of the current one; the accessors of the fields appended since read the library's
+            // own field count and answer `None` for each.
+            true => unsafe { header.init_root_module_with_unchecked_layout::<PluginModuleRef>() }
+                .map_err(|e| describe_library_error(&e, &api_version))?,
+            false => return Err(describe_library_error(&error, &api_version)),
+        },
+    };
 
     let logger = HostLoggerAbi_TO::from_value(HostLogger, TD_Opaque);
     (module.set_host_logger())(logger);
@@ -284,6 +292,21 @@ fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
         components,
         module,
     })
+}
+
+/// Whether the library's root module has exactly the layout of an earlier release (one without
+/// the root-module fields appended since): such a library loads, and the host gives it the old
+/// behaviour (see `abi::earlier_layouts`).
+fn built_with_earlier_layout(header: &abi_stable::library::LibHeader) -> bool {
+    let Some(layout) = header.layout() else {
+        return false;
+    };
+    crate::abi::earlier_layouts::newest_first()
+        .into_iter()
+        .any(|earlier| {
+            abi_stable::abi_stability::abi_checking::check_layout_compatibility(earlier, layout)
+                .is_ok()
+        })
 }
 
 /// Reads the plain C version symbol. This dlopens the file; the handle is kept for the life of
@@ -578,8 +601,8 @@ impl PluginRegistry {
         )))
     }
 
-    /// Builds a training service on its own thread. Its events are handed to `on_event`, from
-    /// whichever thread the service reports on; keep it short (e.g. send into a channel).
+    /// Builds a training service on its own thread from its config alone, as hosts did before
+    /// contexts (tests and tools; the core uses [`PluginRegistry::create_training_service`]).
     pub fn training_service(
         &self,
         name: &str,
@@ -594,14 +617,124 @@ impl PluginRegistry {
             RStr::from_str(&args),
             sink,
         );
-        let raw = constructed(ComponentKind::TrainingService, &exact, raw)?;
-        let label = format!("training service {exact}");
-        let object = TrainingServiceObject {
-            raw,
-            label: label.clone(),
-        };
-        Ok(TrainingServiceHandle(PluginThread::spawn(label, object)))
+        service_handle(&exact, raw)
     }
+
+    // ---- appended-fields: begin ----
+    // (The host's use of the appended root-module fields; the loader tests strip it with them.)
+    /// Builds a training service on its own thread from its checked config (secrets in clear)
+    /// and the experiment's context. Its events are handed to `on_event`, from whichever thread
+    /// the service reports on; keep it short (e.g. send into a channel). A library built before
+    /// contexts is constructed from the config alone.
+    pub fn create_training_service(
+        &self,
+        name: &str,
+        config: &Value,
+        context: &ServiceContext,
+        on_event: impl Fn(Result<ServiceEvent, String>) + Send + Sync + 'static,
+    ) -> Result<TrainingServiceHandle, HostError> {
+        let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
+        let config = config.to_string();
+        let sink = EventSinkAbi_TO::from_value(EventForwarder(Box::new(on_event)), TD_Opaque);
+        let raw = match library.module.create_training_service() {
+            Some(create) => create(
+                RStr::from_str(&exact),
+                RStr::from_str(&config),
+                RStr::from_str(&json_text(context)),
+                sink,
+            ),
+            None => (library.module.new_training_service())(
+                RStr::from_str(&exact),
+                RStr::from_str(&config),
+                sink,
+            ),
+        };
+        service_handle(&exact, raw)
+    }
+
+    /// Asks the service `name` to check its config (see
+    /// [`TrainingService::check_config`](crate::TrainingService::check_config)), on this thread.
+    /// `Err` is a failure of the call itself (unknown service, a panic); the service's verdict,
+    /// good or bad, is the `Ok`. A library built before services checked their configs accepts
+    /// any mapping as written, with no secrets.
+    pub fn check_training_service(
+        &self,
+        name: &str,
+        config: &Value,
+        context: &ServiceContext,
+    ) -> Result<ConfigCheck, HostError> {
+        let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
+        let Some(check) = library.module.check_training_service() else {
+            return Ok(match crate::sdk::accept_as_written(config) {
+                Ok(checked) => ConfigCheck::Checked(checked),
+                Err(problems) => ConfigCheck::Problems(problems),
+            });
+        };
+        let answer = check(
+            RStr::from_str(&exact),
+            RStr::from_str(&config.to_string()),
+            RStr::from_str(&json_text(context)),
+        )
+        .into_result()
+        .map_err(|message| HostError::Call {
+            message: message.into_string(),
+        })?;
+        serde_json::from_str(answer.as_str()).map_err(|e| HostError::Call {
+            message: format!("training service {exact} answered a config check in bad JSON: {e}"),
+        })
+    }
+
+    /// Asks the service `name` to end what an earlier run of the experiment left running for
+    /// `trial_ids` (see
+    /// [`TrainingService::clean_up_leftovers`](crate::TrainingService::clean_up_leftovers)), on
+    /// this thread (it may block: call it where blocking is fine). Returns the service's
+    /// one-line reports. A library built before this call has nothing to clean up.
+    pub fn clean_up_training_service(
+        &self,
+        name: &str,
+        config: &Value,
+        context: &ServiceContext,
+        trial_ids: &[String],
+    ) -> Result<Vec<String>, HostError> {
+        let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
+        let Some(clean_up) = library.module.clean_up_training_service() else {
+            return Ok(Vec::new());
+        };
+        let answer = clean_up(
+            RStr::from_str(&exact),
+            RStr::from_str(&config.to_string()),
+            RStr::from_str(&json_text(context)),
+            RStr::from_str(&json_text(&trial_ids)),
+        )
+        .into_result()
+        .map_err(|message| HostError::Call {
+            message: message.into_string(),
+        })?;
+        serde_json::from_str(answer.as_str()).map_err(|e| HostError::Call {
+            message: format!("training service {exact} reported its clean-up in bad JSON: {e}"),
+        })
+    }
+    // ---- appended-fields: end ----
+}
+
+// ---- appended-fields: begin ----
+/// Our own serializable types as JSON text (their serialization cannot fail).
+fn json_text(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
+}
+// ---- appended-fields: end ----
+
+fn service_handle(
+    exact: &str,
+    raw: RResult<crate::abi::TrainingServiceBox, RString>,
+) -> Result<TrainingServiceHandle, HostError> {
+    let raw = constructed(ComponentKind::TrainingService, exact, raw)?;
+    let label = format!("training service {exact}");
+    let object = TrainingServiceObject {
+        raw,
+        label: label.clone(),
+    };
+    Ok(TrainingServiceHandle(PluginThread::spawn(label, object)))
 }
 
 fn constructed<T>(

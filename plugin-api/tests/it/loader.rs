@@ -8,7 +8,9 @@ use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::Duration;
 
 use knob_plugin_api::host::{load_library, HostError, PluginRegistry};
-use knob_plugin_api::service::{ServiceEvent, TrialRequest};
+use knob_plugin_api::service::{
+    ConfigCheck, FieldPath, SecretField, ServiceContext, ServiceEvent, TrialRequest,
+};
 use knob_plugin_api::{ComponentKind, Generated, Suggestion};
 use serde_json::json;
 
@@ -19,6 +21,9 @@ enum Variant {
     Version(&'static str),
     /// Swaps the fields of `AbiVerdict`: same version, different layout.
     LayoutChanged,
+    /// Without the root-module fields appended since the first 0.1 release (between the
+    /// `appended-fields` markers): a plugin built before them.
+    BeforeAppendedFields,
 }
 
 impl Variant {
@@ -27,6 +32,7 @@ impl Variant {
             Variant::Same => "same".into(),
             Variant::Version(v) => format!("v{}", v.replace('.', "_")),
             Variant::LayoutChanged => "layout".into(),
+            Variant::BeforeAppendedFields => "before".into(),
         }
     }
 }
@@ -64,6 +70,21 @@ fn copy_dir(from: &Path, to: &Path) {
                 .or_else(|_| std::fs::remove_dir_all(entry.path()));
         }
     }
+}
+
+/// Removes every block between `// ---- appended-fields: begin ----` and its `end` line.
+fn strip_appended_fields(path: &Path) {
+    const BEGIN: &str = "// ---- appended-fields: begin ----";
+    const END: &str = "// ---- appended-fields: end ----";
+    let mut text = std::fs::read_to_string(path).unwrap();
+    let mut stripped = 0;
+    while let Some(begin) = text.find(BEGIN) {
+        let end = begin + text[begin..].find(END).expect("an end marker") + END.len();
+        text.replace_range(begin..end, "");
+        stripped += 1;
+    }
+    assert!(stripped > 0, "{} has no appended fields", path.display());
+    write_if_changed(path, text.as_bytes());
 }
 
 fn replace_once(path: &Path, from: &str, to: &str) {
@@ -107,6 +128,11 @@ fn fixture(variant: Variant) -> PathBuf {
             "pub struct AbiVerdict {\n    pub keep_going: bool,\n    pub reason: RString,\n}",
             "pub struct AbiVerdict {\n    pub reason: RString,\n    pub keep_going: bool,\n}",
         ),
+        Variant::BeforeAppendedFields => {
+            strip_appended_fields(&api.join("src/abi.rs"));
+            strip_appended_fields(&api.join("src/sdk.rs"));
+            strip_appended_fields(&api.join("src/host/mod.rs"));
+        }
     }
     let root_manifest = std::fs::read_to_string(crate_dir().join("../Cargo.toml")).unwrap();
     let members_start = root_manifest.find("members = [").unwrap();
@@ -150,6 +176,7 @@ serde_json.workspace = true
     // linked into both fixtures. The layout variant builds in its own.
     let target = tmp.join(match variant {
         Variant::LayoutChanged => "fixture-target-layout",
+        Variant::BeforeAppendedFields => "fixture-target-before",
         _ => "fixture-target",
     });
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -204,6 +231,7 @@ fn lists_and_runs_every_kind_of_component() {
             "tuner Panicky 0.0.0: panics in generate_parameters (test fixture)",
             "assessor Ceiling 0.0.0: stops trials above a limit (test fixture)",
             "training service Echo 0.0.0: pretends to run trials (test fixture)",
+            "training service Checked 0.0.0: checks its config (test fixture)",
         ]
     "#]]
     .assert_debug_eq(&listing);
@@ -398,7 +426,7 @@ fn duplicate_names_are_an_error_naming_both_files() {
     std::fs::copy(&so, b.join("libsecond.so")).unwrap();
     let registry = PluginRegistry::load_from(&[a.clone(), b.clone()]);
     assert_eq!(registry.libraries().len(), 2);
-    assert_eq!(registry.problems().len(), 4, "{:?}", registry.problems());
+    assert_eq!(registry.problems().len(), 5, "{:?}", registry.problems());
     let err = registry
         .tuner("Counting", &json!({}))
         .err()
@@ -513,4 +541,110 @@ fn a_layout_mismatch_names_the_type() {
         "{err}"
     );
     assert!(!err.contains('\n'), "{err}");
+}
+
+/// What a service's config check, construction with context and clean-up give through the ABI.
+fn check_service_calls(
+    registry: &PluginRegistry,
+) -> (ConfigCheck, ConfigCheck, Vec<String>, String) {
+    let context = ServiceContext {
+        experiment_id: "exp1".into(),
+        ..ServiceContext::default()
+    };
+    let good = registry
+        .check_training_service("Checked", &json!({"LEVEL": 5, "token": "s3cret"}), &context)
+        .unwrap();
+    let bad = registry
+        .check_training_service("checked", &json!({"level": 30, "levle": 1}), &context)
+        .unwrap();
+    let cleaned = registry
+        .clean_up_training_service(
+            "Checked",
+            &json!({"level": 5}),
+            &context,
+            &["t1".into(), "t2".into()],
+        )
+        .unwrap();
+    let service = registry
+        .create_training_service("Checked", &json!({"level": 5}), &context, |_| {})
+        .unwrap();
+    let environment = service.environments().wait().unwrap().remove(0).id;
+    service.shutdown().wait().unwrap();
+    (good, bad, cleaned, environment)
+}
+
+#[test]
+fn a_training_service_checks_its_config_declares_secrets_and_cleans_up() {
+    let registry = registry_with(&[fixture(Variant::Same)]);
+    let (good, bad, cleaned, environment) = check_service_calls(&registry);
+    let ConfigCheck::Checked(checked) = good else {
+        panic!("{good:?}")
+    };
+    assert_eq!(
+        checked.config,
+        *json!({"level": 5, "token": "s3cret"}).as_object().unwrap()
+    );
+    assert_eq!(
+        checked.secrets,
+        [SecretField {
+            path: FieldPath::root().field("token"),
+            env_var: Some("CHECKED_TOKEN".into())
+        }]
+    );
+    let ConfigCheck::Problems(problems) = bad else {
+        panic!("{bad:?}")
+    };
+    let lines: Vec<String> = problems
+        .iter()
+        .map(|p| format!("{}: {}", p.path, p.message))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "level: must be at most 19, got 30",
+            r#"levle: unknown field "levle" (did you mean "level"?)"#
+        ]
+    );
+    assert_eq!(cleaned, ["ended t1 of exp1", "ended t2 of exp1"]);
+    assert_eq!(environment, "exp1-5", "constructed with its context");
+    // A service that checks nothing accepts its mapping as written.
+    let echo = registry
+        .check_training_service(
+            "Echo",
+            &json!({"anything": [1]}),
+            &ServiceContext::default(),
+        )
+        .unwrap();
+    assert!(
+        matches!(echo, ConfigCheck::Checked(c) if c.config["anything"] == json!([1]) && c.secrets.is_empty())
+    );
+}
+
+#[test]
+fn a_plugin_built_before_the_appended_fields_loads_and_gets_the_old_behaviour() {
+    let registry = registry_with(&[fixture(Variant::BeforeAppendedFields)]);
+    assert_eq!(
+        registry.names(ComponentKind::TrainingService),
+        ["Checked", "Echo"]
+    );
+    let (good, bad, cleaned, environment) = check_service_calls(&registry);
+    // The host cannot ask it to check: the mapping is taken as written, without secrets.
+    assert!(
+        matches!(&good, ConfigCheck::Checked(c) if c.secrets.is_empty() && c.config["LEVEL"] == 5),
+        "{good:?}"
+    );
+    assert!(
+        matches!(&bad, ConfigCheck::Checked(c) if c.config["levle"] == 1),
+        "{bad:?}"
+    );
+    assert!(cleaned.is_empty());
+    // Constructed through the old entry point, without the experiment's context.
+    assert_eq!(environment, "-5");
+    // The tuners of such a library work as before.
+    let mut tuner = registry
+        .tuner_object("Counting", &json!({"step": 2}))
+        .unwrap();
+    assert!(
+        matches!(tuner.generate_parameters(3).unwrap(), Generated::Parameters(p) if p == json!({"n": 6}))
+    );
 }
