@@ -8,6 +8,7 @@ mod browser;
 mod create;
 mod hyperband;
 mod nni;
+mod nni_names;
 mod plugin;
 mod remote;
 mod resume;

@@ -8,8 +8,10 @@
 //! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
 //! async core awaits replies on channels and is never blocked by a slow or stuck plugin.
 
+mod nni_names;
 mod objects;
 
+pub use nni_names::{nni_algorithm, NniAlgorithm, NNI_ALGORITHMS};
 use objects::PluginThread;
 pub use objects::{
     AssessorHandle, AssessorObject, Reply, TrainingServiceHandle, TrainingServiceObject,
@@ -46,10 +48,12 @@ pub enum HostError {
         first: PathBuf,
         second: PathBuf,
     },
-    #[error("unknown {kind} {name}; available: {available}")]
+    #[error("unknown {kind} {name}{nni_note}; available: {available}")]
     Unknown {
         kind: ComponentKind,
         name: String,
+        /// Empty, or why a name NNI knows is not available here.
+        nni_note: String,
         available: String,
     },
     #[error("{kind} {name}: constructor failed: {message}")]
@@ -512,23 +516,42 @@ impl PluginRegistry {
     }
 
     /// The library exporting `kind` `name` (matched case-insensitively, as NNI does), and the
-    /// exact name it exports it under.
+    /// exact name it exports it under. A name no plugin exports but NNI 3.0 knows for an
+    /// algorithm knob has natively (`GP`, `BatchTuner`) is the native one ([`NNI_ALGORITHMS`]).
     pub fn find(
         &self,
         kind: ComponentKind,
         name: &str,
     ) -> Result<(&PluginLibrary, String), HostError> {
-        let providers = self
-            .providers
-            .get(&(kind, name.to_lowercase()))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let providers_of = |name: &str| {
+            self.providers
+                .get(&(kind, name.to_lowercase()))
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+        };
+        let nni = nni_algorithm(kind, name);
+        // `lookup` is the name a plugin exports; `name` stays what the user wrote, for messages.
+        let mut lookup = name;
+        let mut providers = providers_of(name);
+        if let (true, Some(native)) = (providers.is_empty(), nni.and_then(|nni| nni.native)) {
+            providers = providers_of(native);
+            lookup = native;
+        }
         match providers {
             [] => {
                 let names = self.names(kind);
+                let nni_note = match nni {
+                    Some(NniAlgorithm { native: None, .. }) => {
+                        " (an NNI 3.0 algorithm that knob does not have natively; NNI's Python \
+                         algorithms cannot run in knob yet)"
+                            .to_owned()
+                    }
+                    _ => String::new(),
+                };
                 Err(HostError::Unknown {
                     kind,
                     name: name.to_string(),
+                    nni_note,
                     available: if names.is_empty() {
                         "none (no plugin on the plugin path provides one; see `knob plugin list`)"
                             .into()
@@ -542,9 +565,9 @@ impl PluginRegistry {
                 let exact = library
                     .components
                     .iter()
-                    .find(|c| c.kind == kind && c.name.eq_ignore_ascii_case(name))
+                    .find(|c| c.kind == kind && c.name.eq_ignore_ascii_case(lookup))
                     .map(|c| c.name.clone())
-                    .unwrap_or_else(|| name.to_string());
+                    .unwrap_or_else(|| lookup.to_string());
                 Ok((library, exact))
             }
             [first, second, ..] => Err(HostError::Duplicate {
