@@ -12,6 +12,7 @@
 //!
 //! - [`agent_protocol`]: the framed messages between the `remote` service and `knob-agent`.
 //! - [`remote`]: the `remote` service, SSH hosts as environments, each running a knob-agent.
+//! - [`slurm`]: the `slurm` service, Slurm jobs as environments, each running a knob-agent.
 //!
 //! See `ARCHITECTURE-section.md` beside this crate's manifest for the invariants.
 
@@ -26,6 +27,7 @@ pub mod nni_http;
 pub mod process;
 pub mod remote;
 pub mod runner;
+pub mod slurm;
 pub mod tail;
 pub mod trial_pool;
 
@@ -35,4 +37,5 @@ pub use metrics::Emit;
 knob_plugin_api::export_plugin! {
     training_service "local": LocalService = "runs trials as process groups on this machine, over the NNI v3, NNI 2.x and knob trial protocols";
     training_service "remote": remote::RemoteService = "runs trials on machines reached over SSH, through a knob-agent uploaded to each";
+    training_service "slurm": slurm::SlurmService = "runs trials in Slurm jobs (one allocation for many trials, or one job per trial), through a knob-agent in each job";
 }

@@ -10,5 +10,6 @@ mod plugin;
 mod real_nni;
 mod remote;
 mod runner;
+mod slurm;
 mod sshd;
 mod support;

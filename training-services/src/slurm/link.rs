@@ -1,0 +1,263 @@
+//! The connection to the knob-agent inside one Slurm job.
+//!
+//! The agent runs on a compute node; a Unix socket is only reachable on its own node, so the
+//! service reaches it the way the `remote` service does over SSH: `srun --jobid=J --overlap
+//! knob-agent attach --dir D` runs the attach bridge as a step of the job itself (no SSH, no
+//! open port, works wherever `srun` does) and its stdin/stdout carry `agent_protocol` frames.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::agent_protocol::{
+    read_frame_async, write_frame_async, FromAgent, ToAgent, HEARTBEAT_INTERVAL, PROTOCOL_VERSION,
+};
+
+/// How long the agent may take to welcome us.
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the agent may take to answer a start or kill.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A live connection; dropping the last handle ends the `srun` step.
+pub struct Link {
+    outgoing: mpsc::UnboundedSender<ToAgent>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Option<String>>>>,
+    next_id: Mutex<u64>,
+    child: Mutex<Option<Child>>,
+}
+
+/// What the agent said when it welcomed us.
+pub struct Welcome {
+    pub inventory: Value,
+    pub running: Vec<String>,
+}
+
+/// What the reader hands the service, in order; `Closed` is last.
+pub enum Incoming {
+    Message(FromAgent),
+    Closed(String),
+}
+
+impl Link {
+    /// Starts the bridge in job `job_id`, says hello and waits for the welcome.
+    pub async fn connect(
+        job_id: u64,
+        agent: &Path,
+        dir: &Path,
+        experiment_id: &str,
+        environment_id: &str,
+        fresh_start: bool,
+    ) -> Result<(Arc<Link>, Welcome, mpsc::UnboundedReceiver<Incoming>), String> {
+        let mut child = Command::new("srun")
+            .arg(format!("--jobid={job_id}"))
+            .args(["--overlap", "--ntasks=1", "--nodes=1", "--quiet"])
+            .arg(agent)
+            .arg("attach")
+            .arg("--dir")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot run srun: {e} (is Slurm installed and on PATH?)"))?;
+        let mut writer = child.stdin.take().expect("piped");
+        let mut reader = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        let stderr_text = Arc::new(Mutex::new(String::new()));
+        {
+            let stderr_text = stderr_text.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let mut text = lock(&stderr_text);
+                    if text.len() < 4096 {
+                        text.push_str(line.trim());
+                        text.push(' ');
+                    }
+                }
+            });
+        }
+        let said = |what: String| {
+            let stderr = lock(&stderr_text).trim().to_string();
+            if stderr.is_empty() {
+                what
+            } else {
+                format!("{what}; srun said: {stderr}")
+            }
+        };
+        let hello = ToAgent::Hello {
+            protocol: PROTOCOL_VERSION,
+            experiment_id: experiment_id.to_string(),
+            environment_id: environment_id.to_string(),
+            last_seq: 0,
+            fresh_start,
+        };
+        write_frame_async(&mut writer, &hello)
+            .await
+            .map_err(|e| said(format!("cannot talk to the agent of job {job_id}: {e}")))?;
+        let welcome = tokio::time::timeout(WELCOME_TIMEOUT, read_frame_async(&mut reader))
+            .await
+            .map_err(|_| said(format!("the agent of job {job_id} did not answer in time")))?
+            .map_err(|e| said(format!("the agent of job {job_id} did not answer: {e}")))?;
+        let welcome = match welcome {
+            FromAgent::Welcome {
+                protocol,
+                inventory,
+                running,
+                ..
+            } if protocol == PROTOCOL_VERSION => Welcome { inventory, running },
+            FromAgent::Welcome { protocol, .. } => {
+                return Err(format!(
+                    "the agent of job {job_id} speaks protocol {protocol}, this knob speaks {PROTOCOL_VERSION}"
+                ))
+            }
+            FromAgent::Refused { message } => {
+                return Err(format!("the agent of job {job_id} refused: {message}"))
+            }
+            other => {
+                return Err(format!(
+                    "the agent of job {job_id} did not welcome us: {other:?}"
+                ))
+            }
+        };
+
+        let (outgoing, mut to_write) = mpsc::unbounded_channel::<ToAgent>();
+        tokio::spawn(async move {
+            while let Some(message) = to_write.recv().await {
+                if write_frame_async(&mut writer, &message).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let link = Arc::new(Link {
+            outgoing,
+            pending: Mutex::default(),
+            next_id: Mutex::new(1),
+            child: Mutex::new(Some(child)),
+        });
+        // The daemon drops a client that is silent for its heartbeat timeout.
+        {
+            let link = Arc::downgrade(&link);
+            tokio::spawn(async move {
+                let mut nonce = 0;
+                loop {
+                    tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+                    let Some(link) = link.upgrade() else { return };
+                    nonce += 1;
+                    if link.outgoing.send(ToAgent::Ping { nonce }).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let (incoming_tx, incoming) = mpsc::unbounded_channel();
+        {
+            let link = Arc::downgrade(&link);
+            tokio::spawn(async move {
+                loop {
+                    match read_frame_async::<FromAgent>(&mut reader).await {
+                        Ok(FromAgent::Reply { id, error }) => {
+                            if let Some(link) = link.upgrade() {
+                                if let Some(reply) = lock(&link.pending).remove(&id) {
+                                    let _ = reply.send(error);
+                                }
+                            }
+                        }
+                        Ok(FromAgent::Event { seq, event }) => {
+                            if let Some(link) = link.upgrade() {
+                                let _ = link.outgoing.send(ToAgent::Ack { seq });
+                            }
+                            let message = FromAgent::Event { seq, event };
+                            if incoming_tx.send(Incoming::Message(message)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(FromAgent::Pong { .. }) => {}
+                        Ok(message) => {
+                            if incoming_tx.send(Incoming::Message(message)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(link) = link.upgrade() {
+                                link.fail_pending("the connection to the agent closed");
+                            }
+                            let _ = incoming_tx.send(Incoming::Closed(e.to_string()));
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+        Ok((link, welcome, incoming))
+    }
+
+    fn fail_pending(&self, why: &str) {
+        let pending: Vec<_> = lock(&self.pending).drain().collect();
+        for (_, reply) in pending {
+            let _ = reply.send(Some(why.to_string()));
+        }
+    }
+
+    /// Sends a request and waits for its reply; `Err` is the agent's refusal or a lost link.
+    pub async fn request(&self, make: impl FnOnce(u64) -> ToAgent) -> Result<(), String> {
+        let id = {
+            let mut next = lock(&self.next_id);
+            *next += 1;
+            *next
+        };
+        let (reply_tx, reply_rx) = oneshot::channel();
+        lock(&self.pending).insert(id, reply_tx);
+        if self.outgoing.send(make(id)).is_err() {
+            lock(&self.pending).remove(&id);
+            return Err("the connection to the agent closed".to_string());
+        }
+        match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
+            Ok(Ok(None)) => Ok(()),
+            Ok(Ok(Some(why))) => Err(why),
+            Ok(Err(_)) => Err("the connection to the agent closed".to_string()),
+            Err(_) => {
+                lock(&self.pending).remove(&id);
+                Err(format!(
+                    "the agent did not answer within {} s",
+                    REPLY_TIMEOUT.as_secs()
+                ))
+            }
+        }
+    }
+
+    /// Sends a message that has no reply (shutdown).
+    pub fn send(&self, message: ToAgent) {
+        let _ = self.outgoing.send(message);
+    }
+
+    /// Ends the `srun` step (the agent keeps running in its job).
+    pub fn close(&self) {
+        if let Some(mut child) = lock(&self.child).take() {
+            let _ = child.start_kill();
+            tokio::spawn(async move {
+                let _ = child.wait().await;
+            });
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if let Some(mut child) = lock(&self.child).take() {
+            let _ = child.start_kill();
+        }
+    }
+}

@@ -1,0 +1,1258 @@
+//! The `slurm` training service: trials run in Slurm jobs, each job running a `knob-agent`
+//! (the same daemon as on remote hosts, `crate::agent`), reached through `srun --overlap`.
+//!
+//! - `reuseMode: true` (default): each environment (`slurm:env<N>`) is one allocation, a job
+//!   that runs many trials, up to `maxEnvironments` at once. An allocation whose time left is
+//!   below `maxTrialDuration` stops taking trials (gpu-sched `Draining`) and a new one is
+//!   requested; its running trials go on until they end or the allocation does.
+//! - `reuseMode: false`: one job per trial (at most `trialConcurrency` in the queue), all in the
+//!   one environment `slurm:queue`, whose inventory is what `trialConcurrency` jobs request; the
+//!   job's agent runs that one trial and exits.
+//!
+//! - [`args`]: the class args. [`script`]: the job script. [`commands`]: `sbatch`, `squeue`,
+//!   `scancel`, `scontrol`. [`link`]: the connection to a job's agent.
+//!
+//! One monitor task asks `squeue` once per `pollIntervalSecs` about every job (back-off on
+//! failure) and moves each job along; see [`commands`] for where job state comes from when
+//! `squeue` no longer lists a job. A job is the experiment's when its id *and* its name match
+//! (ids are reused after a slurmctld restart); a later knob finds the experiment's jobs by
+//! their comment `knob:<experiment>:...`, and cancels them (their trials are run again by the
+//! core, as it does for local leftovers).
+//!
+//! How a job's end reaches its trials (each trial's own end comes from the agent):
+//! TIMEOUT, PREEMPTED, NODE_FAIL, any other end not asked for, and a `scancel` from outside are
+//! `environment_lost` (the core runs the trial again, outside `maxTrialRetries`);
+//! OUT_OF_MEMORY is a SIGKILL with "OUT_OF_MEMORY" in the trial's stderr tail, which the core
+//! counts as an out-of-memory failure (`maxOomRetries`).
+
+pub mod args;
+pub mod commands;
+pub mod link;
+pub mod script;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest};
+use knob_plugin_api::{EventSink, PluginError, TrainingService};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch, Notify};
+
+pub use args::{ArgsError, SlurmArgs};
+use commands::{JobRow, JobState, Submitter};
+use link::{Incoming, Link};
+
+use crate::agent_protocol::{FromAgent, ToAgent};
+use crate::metrics::Emit;
+
+/// How long `shutdown` waits for trials to end after telling the agents, then for the
+/// cancelled jobs to leave the queue.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
+/// Polls after which a job neither `squeue`, `scontrol` nor its exit-code file knows is gone.
+const MISSING_POLLS: u32 = 3;
+/// Connection attempts to a running job's agent before the job is given up (and cancelled).
+const CONNECT_ATTEMPTS: u32 = 5;
+/// Allocations in a row that end without ever running a trial before no more are requested:
+/// a job that cannot start (bad option, agent missing on the nodes) must not loop forever.
+const MAX_FAILED_ALLOCATIONS: u32 = 3;
+/// The longest pause between two `squeue` calls while they fail.
+const MAX_POLL_BACKOFF: Duration = Duration::from_secs(30);
+/// The environment of `reuseMode: false`.
+pub const QUEUE_ENVIRONMENT: &str = "slurm:queue";
+
+/// What can go wrong in the slurm service, one line each.
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    #[error("training service slurm cannot start: {0}")]
+    Startup(String),
+    #[error("training service slurm: sbatch refused the job{options}: \"{said}\"")]
+    Submit { options: String, said: String },
+    #[error("training service slurm has no environment {0:?} that takes trials now")]
+    UnknownEnvironment(String),
+    #[error("training service slurm: trial {trial}: {why}")]
+    Start { trial: String, why: String },
+    #[error("training service slurm is shut down; no trial can start")]
+    ShutDown,
+}
+
+impl From<SlurmError> for PluginError {
+    fn from(e: SlurmError) -> PluginError {
+        PluginError::new(e.to_string())
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where a job is in its life, as knob sees it.
+#[derive(Debug, Clone, PartialEq)]
+enum Phase {
+    /// Submitted; waiting for Slurm (the reason) or for its agent's socket.
+    Queued(String),
+    Connecting,
+    /// Connected; takes trials.
+    Ready,
+    /// Connected; near its time limit, takes no new trial.
+    Draining,
+    Ended,
+}
+
+/// One Slurm job running an agent.
+struct Job {
+    /// `env3` (an allocation) or the trial id (`reuseMode: false`).
+    key: String,
+    environment_id: String,
+    name: String,
+    dir: PathBuf,
+    id: u64,
+    phase: Phase,
+    state: Option<JobState>,
+    time_left: Option<Duration>,
+    link: Option<Arc<Link>>,
+    connect_failures: u32,
+    missing_polls: u32,
+    /// Trials started here and not yet seen to end.
+    running: BTreeSet<String>,
+    /// `reuseMode: false`: the trial to start once the agent is up.
+    waiting_trial: Option<TrialRequest>,
+    /// Why knob cancelled it (`kill_trial`, shutdown), for its trials' ends.
+    cancelled: Option<String>,
+    /// Ran at least one trial (else its end counts toward `MAX_FAILED_ALLOCATIONS`).
+    ran_trials: bool,
+    inventory: Value,
+}
+
+#[derive(Default)]
+struct Shared {
+    jobs: Vec<Job>,
+    next_allocation: u32,
+    failed_allocations: u32,
+    stopping: bool,
+}
+
+struct Context {
+    args: SlurmArgs,
+    emit: Emit,
+    agent: PathBuf,
+    /// This service's own directory for jobs: `<experimentDir>/slurm/<start time>`, so that
+    /// no file of an earlier run (a socket, an exit code) is mistaken for one of this run.
+    run_dir: PathBuf,
+    submitter: Submitter,
+    shared: Mutex<Shared>,
+    /// Notified whenever a trial ends or a job ends.
+    changed: Notify,
+    /// Wakes the monitor at once (a new job, a shutdown).
+    poke: Notify,
+}
+
+/// Runs trials in Slurm jobs.
+pub struct SlurmService {
+    runtime: Option<tokio::runtime::Runtime>,
+    context: Arc<Context>,
+    stop: watch::Sender<bool>,
+    shut_down: bool,
+}
+
+/// The `knob-agent` jobs run: `agentBinary`, else the one beside this library's executable,
+/// else the first on `PATH`.
+fn locate_agent(configured: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(path) = configured {
+        return if path.is_file() {
+            Ok(path.to_path_buf())
+        } else {
+            Err(format!("agentBinary {} is not a file", path.display()))
+        };
+    }
+    let beside_exe = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("knob-agent")));
+    // Tests run from target/debug/deps; the agent is one folder up.
+    let beside_parent = std::env::current_exe().ok().and_then(|exe| {
+        exe.parent()
+            .and_then(|dir| dir.parent())
+            .map(|dir| dir.join("knob-agent"))
+    });
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("knob-agent"))
+            .find(|p| p.is_file())
+    });
+    [beside_exe, beside_parent, on_path]
+        .into_iter()
+        .flatten()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "no knob-agent found beside the knob executable or on PATH; set agentBinary to one on the cluster's shared filesystem".to_string()
+        })
+}
+
+impl SlurmService {
+    pub fn with_emitter(class_args: &Value, emit: Emit) -> Result<SlurmService, SlurmError> {
+        let args = SlurmArgs::parse(class_args)?;
+        let agent = locate_agent(args.agent_binary.as_deref()).map_err(SlurmError::Startup)?;
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        let run_dir = args
+            .experiment_dir
+            .join("slurm")
+            .join(format!("run-{started}"));
+        std::fs::create_dir_all(&run_dir).map_err(|e| {
+            SlurmError::Startup(format!("cannot create {}: {e}", run_dir.display()))
+        })?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("knob-slurm")
+            .enable_all()
+            .build()
+            .map_err(|e| SlurmError::Startup(format!("no async runtime: {e}")))?;
+        let context = Arc::new(Context {
+            submitter: Submitter::new(args.submit_interval),
+            args,
+            emit,
+            agent,
+            run_dir,
+            shared: Mutex::default(),
+            changed: Notify::new(),
+            poke: Notify::new(),
+        });
+        runtime
+            .block_on(cancel_leftovers(&context))
+            .map_err(SlurmError::Startup)?;
+        if context.args.reuse_mode {
+            // The first allocation is submitted here, so that a job sbatch refuses (a bad
+            // partition, account, ...) fails the start with sbatch's words.
+            runtime.block_on(submit_allocation(&context))?;
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        runtime.spawn(monitor(context.clone(), stop_rx));
+        Ok(SlurmService {
+            runtime: Some(runtime),
+            context,
+            stop,
+            shut_down: false,
+        })
+    }
+
+    /// The Slurm job ids of the jobs now in the queue for this service.
+    pub fn job_ids(&self) -> Vec<u64> {
+        let shared = lock(&self.context.shared);
+        shared
+            .jobs
+            .iter()
+            .filter(|j| j.phase != Phase::Ended)
+            .map(|j| j.id)
+            .collect()
+    }
+
+    pub fn environments_now(&self) -> Vec<Environment> {
+        let ctx = &self.context;
+        if !ctx.args.reuse_mode {
+            return vec![queue_environment(&ctx.args)];
+        }
+        let shared = lock(&ctx.shared);
+        shared
+            .jobs
+            .iter()
+            .filter(|j| j.phase != Phase::Ended)
+            .map(|j| job_environment(ctx, j))
+            .collect()
+    }
+
+    pub fn start(&mut self, request: TrialRequest) -> Result<(), SlurmError> {
+        let runtime = match &self.runtime {
+            Some(runtime) if !self.shut_down => runtime,
+            _ => return Err(SlurmError::ShutDown),
+        };
+        let ctx = self.context.clone();
+        if ctx.args.reuse_mode {
+            runtime.block_on(start_in_allocation(&ctx, request))
+        } else {
+            runtime.block_on(submit_trial_job(&ctx, request))
+        }
+    }
+
+    pub fn kill(&mut self, trial_id: &str, reason: &str) {
+        let Some(runtime) = &self.runtime else { return };
+        let ctx = self.context.clone();
+        runtime.block_on(kill_trial(&ctx, trial_id, reason));
+    }
+
+    /// Drops the service as a crash of the manager would: no shutdown, no `scancel`; the
+    /// jobs stay in the queue (their agents exit after `orphanTimeoutSecs`). For tests of the
+    /// next run's clean-up.
+    pub fn abandon(mut self) {
+        self.shut_down = true;
+        let _ = self.stop.send(true);
+        for job in &mut lock(&self.context.shared).jobs {
+            job.phase = Phase::Ended;
+            job.link = None;
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+
+    /// Tells every agent to stop its trials and exit, waits (bounded) for the trials' ends,
+    /// cancels every job of the service and waits (bounded) until the queue holds none.
+    pub fn stop(&mut self) {
+        if self.shut_down {
+            return;
+        }
+        self.shut_down = true;
+        let Some(runtime) = &self.runtime else { return };
+        let ctx = self.context.clone();
+        runtime.block_on(shut_down(&ctx));
+        let _ = self.stop.send(true);
+    }
+}
+
+/// The environment of `reuseMode: false`: room for `trialConcurrency` jobs, each with what it
+/// asks Slurm for (GPUs declared so that gpu-sched lets GPU trials through; the job's own
+/// `CUDA_VISIBLE_DEVICES` is Slurm's).
+fn queue_environment(args: &SlurmArgs) -> Environment {
+    let jobs = args.trial_concurrency;
+    let gpus = (0..args.job.gpu_number * jobs)
+        .map(|index| {
+            knob_gpu_sched::Gpu::idle(
+                index,
+                "GPU requested from Slurm",
+                knob_gpu_sched::ByteSize(80 * 1024 * 1024 * 1024),
+            )
+        })
+        .collect();
+    let cpus = args.job.cpu_number.unwrap_or(1) * jobs;
+    let memory = args
+        .job
+        .memory
+        .map(|m| m.0 * u64::from(jobs))
+        .unwrap_or(u64::MAX / 2);
+    let inventory = knob_gpu_sched::Environment::new(
+        QUEUE_ENVIRONMENT,
+        "slurm",
+        gpus,
+        knob_gpu_sched::HostResources {
+            cpu_count: cpus,
+            cpu_utilization_percent: None,
+            memory_total: knob_gpu_sched::ByteSize(memory),
+            memory_available: knob_gpu_sched::ByteSize(memory),
+        },
+    );
+    Environment {
+        id: QUEUE_ENVIRONMENT.to_string(),
+        host: "slurm".to_string(),
+        ready: true,
+        inventory: serde_json::to_value(inventory).unwrap_or(Value::Null),
+    }
+}
+
+/// An allocation as the core sees it: the agent's probe of the node with the allocation's
+/// GPUs and CPUs, and its phase as gpu-sched's status.
+fn job_environment(ctx: &Context, job: &Job) -> Environment {
+    let status = match &job.phase {
+        Phase::Ready => knob_gpu_sched::EnvironmentStatus::Ready,
+        Phase::Draining => knob_gpu_sched::EnvironmentStatus::Draining,
+        Phase::Queued(why) => knob_gpu_sched::EnvironmentStatus::Unavailable(why.clone()),
+        Phase::Connecting => knob_gpu_sched::EnvironmentStatus::Starting,
+        Phase::Ended => {
+            knob_gpu_sched::EnvironmentStatus::Unavailable(format!("Slurm job {} ended", job.id))
+        }
+    };
+    let inventory =
+        match serde_json::from_value::<knob_gpu_sched::Environment>(job.inventory.clone()) {
+            Ok(mut environment) => {
+                environment.id = knob_gpu_sched::EnvironmentId(job.environment_id.clone());
+                environment.status = status;
+                let (gpus, cpus) = allocation_resources(&job.dir, job.id);
+                if let Some(gpus) = gpus {
+                    environment.limits.gpu_indices = Some(gpus);
+                }
+                if let Some(cpus) = cpus {
+                    environment.host_resources.cpu_count = cpus;
+                }
+                serde_json::to_value(environment).unwrap_or(Value::Null)
+            }
+            Err(_) => Value::Null,
+        };
+    let _ = ctx;
+    Environment {
+        id: job.environment_id.clone(),
+        host: format!("slurm job {}", job.id),
+        ready: job.phase == Phase::Ready,
+        inventory,
+    }
+}
+
+/// The GPUs (`SLURM_JOB_GPUS`) and CPUs of an allocation, from the file its script wrote.
+fn allocation_resources(dir: &Path, job_id: u64) -> (Option<Vec<u32>>, Option<u32>) {
+    let Ok(text) = std::fs::read_to_string(script::job_env_file(dir, job_id)) else {
+        return (None, None);
+    };
+    let mut gpus = None;
+    let mut cpus = None;
+    for line in text.lines() {
+        if let Some(list) = line.strip_prefix("SLURM_JOB_GPUS=") {
+            let parsed: Option<Vec<u32>> = list.split(',').map(|g| g.trim().parse().ok()).collect();
+            gpus = parsed.filter(|g| !g.is_empty());
+        } else if let Some(count) = line.strip_prefix("SLURM_CPUS_ON_NODE=") {
+            cpus = count.trim().parse().ok();
+        }
+    }
+    (gpus, cpus)
+}
+
+fn emit_environment(ctx: &Context, job: &Job) {
+    if ctx.args.reuse_mode {
+        (ctx.emit)(ServiceEvent::Environment {
+            environment: job_environment(ctx, job),
+        });
+    }
+}
+
+fn warn(ctx: &Context, trial_id: Option<String>, message: String) {
+    (ctx.emit)(ServiceEvent::Warning { trial_id, message });
+}
+
+fn job_name(args: &SlurmArgs, key: &str) -> String {
+    format!("{}-{}-{key}", args.job.job_name, args.experiment_id)
+}
+
+fn comment_prefix(args: &SlurmArgs) -> String {
+    format!("knob:{}:", args.experiment_id)
+}
+
+/// A later knob's start: the experiment's jobs still in the queue (from a run that crashed or
+/// was killed) are cancelled; the core runs their trials again.
+async fn cancel_leftovers(ctx: &Context) -> Result<(), String> {
+    let rows = commands::squeue()
+        .await
+        .map_err(|e| format!("squeue does not answer: {e}"))?;
+    let prefix = comment_prefix(&ctx.args);
+    let leftovers: Vec<u64> = rows
+        .iter()
+        .filter(|row| row.comment.starts_with(&prefix) && !row.state.has_ended())
+        .map(|row| row.id)
+        .collect();
+    if !leftovers.is_empty() {
+        commands::scancel(&leftovers).await.map_err(|e| {
+            format!("cannot cancel the jobs {leftovers:?} an earlier run left: {e}")
+        })?;
+        warn(
+            ctx,
+            None,
+            format!(
+                "training service slurm: cancelled {} job(s) an earlier run of experiment {} left in the queue: {leftovers:?}",
+                leftovers.len(),
+                ctx.args.experiment_id
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Writes a job script and submits it; the job is recorded before `sbatch` returns its id.
+async fn submit(
+    ctx: &Context,
+    key: &str,
+    environment_id: &str,
+    waiting_trial: Option<TrialRequest>,
+) -> Result<u64, SlurmError> {
+    let dir = ctx.run_dir.join(key);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| SlurmError::Startup(format!("cannot create {}: {e}", dir.display())))?;
+    let name = job_name(&ctx.args, key);
+    let comment = format!("{}{key}", comment_prefix(&ctx.args));
+    let text = script::batch_script(&script::JobSpec {
+        options: &ctx.args.job,
+        name: &name,
+        comment: &comment,
+        dir: &dir,
+        agent: &ctx.agent,
+        orphan_timeout: ctx.args.orphan_timeout,
+    });
+    let script_path = dir.join("job.sh");
+    std::fs::write(&script_path, text)
+        .map_err(|e| SlurmError::Startup(format!("cannot write {}: {e}", script_path.display())))?;
+    let id = ctx
+        .submitter
+        .submit(&script_path)
+        .await
+        .map_err(|said| SlurmError::Submit {
+            options: submit_options(&ctx.args),
+            said,
+        })?;
+    knob_plugin_api::log::info(&format!(
+        "training service slurm: submitted job {id} ({name}) for {environment_id}"
+    ));
+    let job = Job {
+        key: key.to_string(),
+        environment_id: environment_id.to_string(),
+        name,
+        dir,
+        id,
+        phase: Phase::Queued(format!("Slurm job {id} submitted")),
+        state: None,
+        time_left: None,
+        link: None,
+        connect_failures: 0,
+        missing_polls: 0,
+        running: BTreeSet::new(),
+        waiting_trial,
+        cancelled: None,
+        ran_trials: false,
+        inventory: Value::Null,
+    };
+    lock(&ctx.shared).jobs.push(job);
+    ctx.poke.notify_one();
+    Ok(id)
+}
+
+/// The job options a refusal is most likely about, for its message.
+fn submit_options(args: &SlurmArgs) -> String {
+    let o = &args.job;
+    let named: Vec<String> = [
+        ("partition", &o.partition),
+        ("account", &o.account),
+        ("qos", &o.qos),
+        ("constraint", &o.constraint),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| value.as_ref().map(|v| format!("{key} {v:?}")))
+    .collect();
+    if named.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", named.join(", "))
+    }
+}
+
+async fn submit_allocation(ctx: &Context) -> Result<(), SlurmError> {
+    let key = {
+        let mut shared = lock(&ctx.shared);
+        shared.next_allocation += 1;
+        format!("env{}", shared.next_allocation)
+    };
+    let environment_id = format!("slurm:{key}");
+    submit(ctx, &key, &environment_id, None).await?;
+    if let Some(job) = lock(&ctx.shared).jobs.last() {
+        emit_environment(ctx, job);
+    }
+    Ok(())
+}
+
+async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Result<(), SlurmError> {
+    let start_error = |why: String| SlurmError::Start {
+        trial: request.trial_id.clone(),
+        why,
+    };
+    let link = {
+        let mut shared = lock(&ctx.shared);
+        if shared.stopping {
+            return Err(SlurmError::ShutDown);
+        }
+        if shared
+            .jobs
+            .iter()
+            .any(|j| j.running.contains(&request.trial_id))
+        {
+            return Err(start_error("it is already running".to_string()));
+        }
+        let job = shared
+            .jobs
+            .iter_mut()
+            .find(|j| j.environment_id == request.environment_id && j.phase != Phase::Ended)
+            .ok_or_else(|| SlurmError::UnknownEnvironment(request.environment_id.clone()))?;
+        if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, job.time_left) {
+            if left < limit {
+                return Err(start_error(format!(
+                    "allocation {} (Slurm job {}) ends in {} s, before maxTrialDuration ({} s)",
+                    job.environment_id,
+                    job.id,
+                    left.as_secs(),
+                    limit.as_secs()
+                )));
+            }
+        }
+        match (&job.phase, &job.link) {
+            (Phase::Ready, Some(link)) => {
+                job.running.insert(request.trial_id.clone());
+                job.ran_trials = true;
+                link.clone()
+            }
+            (phase, _) => {
+                return Err(start_error(format!(
+                    "allocation {} (Slurm job {}) takes no trials now ({phase:?})",
+                    job.environment_id, job.id
+                )))
+            }
+        }
+    };
+    let trial_id = request.trial_id.clone();
+    let outcome = link
+        .request(|id| ToAgent::Start {
+            id,
+            request: Box::new(request),
+            fresh_code_copy: false,
+        })
+        .await;
+    if let Err(why) = outcome {
+        let mut shared = lock(&ctx.shared);
+        for job in &mut shared.jobs {
+            job.running.remove(&trial_id);
+        }
+        return Err(SlurmError::Start {
+            trial: trial_id,
+            why,
+        });
+    }
+    Ok(())
+}
+
+async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(), SlurmError> {
+    let trial_id = request.trial_id.clone();
+    {
+        let shared = lock(&ctx.shared);
+        if shared.stopping {
+            return Err(SlurmError::ShutDown);
+        }
+        let queued = shared
+            .jobs
+            .iter()
+            .filter(|j| j.phase != Phase::Ended)
+            .count();
+        if shared
+            .jobs
+            .iter()
+            .any(|j| j.phase != Phase::Ended && j.key == trial_id)
+        {
+            return Err(SlurmError::Start {
+                trial: trial_id,
+                why: "it already has a job in the queue".to_string(),
+            });
+        }
+        if queued >= ctx.args.trial_concurrency as usize {
+            return Err(SlurmError::Start {
+                trial: trial_id,
+                why: format!(
+                    "{queued} jobs are in the queue already (trialConcurrency {})",
+                    ctx.args.trial_concurrency
+                ),
+            });
+        }
+    }
+    // The trial's attempt gets its own job directory (and job), named after the trial.
+    let key = match request
+        .trial_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| n.starts_with("attempt-"))
+    {
+        Some(attempt) => format!("{trial_id}-{attempt}"),
+        None => trial_id.clone(),
+    };
+    submit(ctx, &key, QUEUE_ENVIRONMENT, Some(request)).await?;
+    // The key names the job; the trial it runs is named by `waiting_trial`.
+    let mut shared = lock(&ctx.shared);
+    if let Some(job) = shared.jobs.last_mut() {
+        job.key = trial_id;
+    }
+    Ok(())
+}
+
+async fn kill_trial(ctx: &Arc<Context>, trial_id: &str, reason: &str) {
+    enum Action {
+        Agent(Arc<Link>),
+        Cancel(u64),
+        Nothing,
+    }
+    let action = {
+        let mut shared = lock(&ctx.shared);
+        let job = shared.jobs.iter_mut().find(|j| {
+            j.phase != Phase::Ended
+                && (j.running.contains(trial_id)
+                    || j.waiting_trial
+                        .as_ref()
+                        .is_some_and(|t| t.trial_id == trial_id))
+        });
+        match job {
+            None => Action::Nothing,
+            Some(job) if job.running.contains(trial_id) => match &job.link {
+                Some(link) => Action::Agent(link.clone()),
+                None => {
+                    job.cancelled = Some(reason.to_string());
+                    Action::Cancel(job.id)
+                }
+            },
+            // Not started yet: the whole job goes, and its trial ends with the kill's reason.
+            Some(job) => {
+                job.cancelled = Some(reason.to_string());
+                Action::Cancel(job.id)
+            }
+        }
+    };
+    match action {
+        Action::Nothing => knob_plugin_api::log::debug(&format!(
+            "training service slurm: kill of trial {trial_id} ignored, it is not running"
+        )),
+        Action::Agent(link) => {
+            let outcome = link
+                .request(|id| ToAgent::Kill {
+                    id,
+                    trial_id: trial_id.to_string(),
+                    reason: reason.to_string(),
+                })
+                .await;
+            if let Err(why) = outcome {
+                knob_plugin_api::log::debug(&format!(
+                    "training service slurm: kill of trial {trial_id}: {why}"
+                ));
+            }
+        }
+        Action::Cancel(job_id) => {
+            if let Err(why) = commands::scancel(&[job_id]).await {
+                warn(
+                    ctx,
+                    Some(trial_id.to_string()),
+                    format!("training service slurm: scancel {job_id}: {why}"),
+                );
+            }
+            ctx.poke.notify_one();
+        }
+    }
+}
+
+async fn shut_down(ctx: &Arc<Context>) {
+    let links: Vec<Arc<Link>> = {
+        let mut shared = lock(&ctx.shared);
+        shared.stopping = true;
+        for job in &mut shared.jobs {
+            if job.phase != Phase::Ended && job.cancelled.is_none() {
+                job.cancelled = Some("the experiment stopped".to_string());
+            }
+        }
+        shared.jobs.iter().filter_map(|j| j.link.clone()).collect()
+    };
+    for link in &links {
+        link.send(ToAgent::Shutdown);
+    }
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_LIMIT;
+    // The agents' trial ends arrive through the monitor's readers.
+    loop {
+        let changed = ctx.changed.notified();
+        let running = lock(&ctx.shared)
+            .jobs
+            .iter()
+            .any(|j| j.phase != Phase::Ended && j.link.is_some() && !j.running.is_empty());
+        if !running || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        let _ = tokio::time::timeout_at(
+            deadline.min(tokio::time::Instant::now() + Duration::from_millis(500)),
+            changed,
+        )
+        .await;
+    }
+    let ids: Vec<u64> = lock(&ctx.shared)
+        .jobs
+        .iter()
+        .filter(|j| j.phase != Phase::Ended)
+        .map(|j| j.id)
+        .collect();
+    if let Err(why) = commands::scancel(&ids).await {
+        warn(
+            ctx,
+            None,
+            format!("training service slurm: scancel {ids:?}: {why}"),
+        );
+    }
+    ctx.poke.notify_one();
+    // The monitor sees the jobs end and reports what still ran in them.
+    loop {
+        let changed = ctx.changed.notified();
+        let left = lock(&ctx.shared)
+            .jobs
+            .iter()
+            .filter(|j| j.phase != Phase::Ended)
+            .count();
+        if left == 0 || tokio::time::Instant::now() >= deadline + SHUTDOWN_LIMIT {
+            if left > 0 {
+                warn(
+                    ctx,
+                    None,
+                    format!("training service slurm stopped before {left} cancelled job(s) were seen to leave the queue"),
+                );
+            }
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(500), changed).await;
+    }
+}
+
+/// The monitor: one `squeue` per poll for every job, then each job moved along.
+async fn monitor(ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
+    let mut pause = ctx.args.poll_interval;
+    let (incoming_tx, mut incoming) = mpsc::unbounded_channel::<(u64, Incoming)>();
+    loop {
+        match commands::squeue().await {
+            Ok(rows) => {
+                pause = ctx.args.poll_interval;
+                update_jobs(&ctx, &rows, &incoming_tx).await;
+            }
+            Err(why) => {
+                pause = (pause * 2).min(MAX_POLL_BACKOFF);
+                knob_plugin_api::log::warn(&format!(
+                    "training service slurm: squeue failed ({why}); asking again in {} s",
+                    pause.as_secs_f64()
+                ));
+            }
+        }
+        if ctx.args.reuse_mode {
+            top_up_allocations(&ctx).await;
+        }
+        let wake = tokio::time::sleep(pause);
+        tokio::pin!(wake);
+        loop {
+            tokio::select! {
+                _ = &mut wake => break,
+                _ = ctx.poke.notified() => break,
+                message = incoming.recv() => {
+                    if let Some((job_id, message)) = message {
+                        on_incoming(&ctx, job_id, message);
+                    }
+                }
+                _ = stop.changed() => {
+                    if *stop.borrow() && lock(&ctx.shared).jobs.iter().all(|j| j.phase == Phase::Ended) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Requests allocations up to `maxEnvironments` (draining ones not counted).
+async fn top_up_allocations(ctx: &Context) {
+    loop {
+        let wanted = {
+            let shared = lock(&ctx.shared);
+            let live = shared
+                .jobs
+                .iter()
+                .filter(|j| !matches!(j.phase, Phase::Ended | Phase::Draining))
+                .count();
+            !shared.stopping
+                && shared.failed_allocations < MAX_FAILED_ALLOCATIONS
+                && live < ctx.args.max_environments as usize
+        };
+        if !wanted {
+            return;
+        }
+        if let Err(e) = submit_allocation(ctx).await {
+            lock(&ctx.shared).failed_allocations += 1;
+            warn(ctx, None, e.to_string());
+            return;
+        }
+    }
+}
+
+/// Moves every job along by what `squeue` (or, for a job it no longer lists, the exit-code
+/// file or `scontrol`) says.
+async fn update_jobs(
+    ctx: &Arc<Context>,
+    rows: &[JobRow],
+    incoming: &mpsc::UnboundedSender<(u64, Incoming)>,
+) {
+    let jobs: Vec<(u64, String, PathBuf)> = lock(&ctx.shared)
+        .jobs
+        .iter()
+        .filter(|j| j.phase != Phase::Ended)
+        .map(|j| (j.id, j.name.clone(), j.dir.clone()))
+        .collect();
+    for (id, name, dir) in jobs {
+        // Id and name: a reused id of another job is not ours.
+        let row = rows.iter().find(|r| r.id == id && r.name == name);
+        let (state, reason, time_left) = match row {
+            Some(row) => (Some(row.state.clone()), row.reason.clone(), row.time_left),
+            None => (ended_state(id, &name, &dir).await, None, None),
+        };
+        let Some(state) = state else {
+            let gone = {
+                let mut shared = lock(&ctx.shared);
+                let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+                    continue;
+                };
+                job.missing_polls += 1;
+                job.missing_polls >= MISSING_POLLS
+            };
+            if gone {
+                end_job(
+                    ctx,
+                    id,
+                    "vanished from squeue and scontrol without an exit code",
+                );
+            }
+            continue;
+        };
+        if state.has_ended() {
+            end_job(ctx, id, state.name());
+            continue;
+        }
+        let connect = {
+            let mut shared = lock(&ctx.shared);
+            let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+                continue;
+            };
+            job.missing_polls = 0;
+            job.state = Some(state.clone());
+            job.time_left = time_left;
+            match (&state, &job.phase) {
+                (JobState::Pending, Phase::Queued(old)) => {
+                    let why = format!(
+                        "Slurm job {id} pending ({})",
+                        reason.as_deref().unwrap_or("no reason given")
+                    );
+                    if *old != why {
+                        job.phase = Phase::Queued(why.clone());
+                        emit_environment(ctx, job);
+                        if let Some(trial) = &job.waiting_trial {
+                            warn(ctx, Some(trial.trial_id.clone()), format!("waiting: {why}"));
+                        }
+                    }
+                    false
+                }
+                (JobState::Running(_), Phase::Queued(_)) => {
+                    // The agent is up once its socket exists (the shared filesystem shows it).
+                    crate::agent::socket_path(&dir).exists()
+                }
+                (JobState::Running(_), Phase::Ready) => {
+                    if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, time_left) {
+                        if left < limit {
+                            job.phase = Phase::Draining;
+                            emit_environment(ctx, job);
+                            knob_plugin_api::log::info(&format!(
+                                "training service slurm: {} (job {id}) has {} s left, less than maxTrialDuration; it takes no more trials and a new allocation is requested",
+                                job.environment_id,
+                                left.as_secs()
+                            ));
+                        }
+                    }
+                    false
+                }
+                _ => false,
+            }
+        };
+        if connect {
+            connect_job(ctx, id, incoming.clone()).await;
+        }
+    }
+}
+
+/// For a job `squeue` no longer lists: its end, from the exit-code file or `scontrol`.
+async fn ended_state(id: u64, name: &str, dir: &Path) -> Option<JobState> {
+    // The exit-code file first: the job script wrote it after its agent exited, so the job
+    // ended by itself, whatever slurmctld remembers.
+    if let Ok(code) = std::fs::read_to_string(script::exit_code_file(dir, id)) {
+        return Some(match code.trim() {
+            "0" => JobState::Completed,
+            _ => JobState::Failed,
+        });
+    }
+    let fields = commands::show_job(id).await?;
+    if fields.get("JobName").map(String::as_str) != Some(name) {
+        return None;
+    }
+    fields.get("JobState").map(|state| JobState::parse(state))
+}
+
+async fn connect_job(
+    ctx: &Arc<Context>,
+    id: u64,
+    incoming: mpsc::UnboundedSender<(u64, Incoming)>,
+) {
+    let (dir, environment_id, fresh) = {
+        let mut shared = lock(&ctx.shared);
+        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+            return;
+        };
+        job.phase = Phase::Connecting;
+        (
+            job.dir.clone(),
+            job.environment_id.clone(),
+            job.connect_failures == 0,
+        )
+    };
+    let outcome = Link::connect(
+        id,
+        &ctx.agent,
+        &dir,
+        &ctx.args.experiment_id,
+        &environment_id,
+        fresh,
+    )
+    .await;
+    let mut start = None;
+    let cancel = {
+        let mut shared = lock(&ctx.shared);
+        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+            return;
+        };
+        match outcome {
+            Ok((link, welcome, mut messages)) => {
+                job.inventory = welcome.inventory;
+                job.link = Some(link.clone());
+                job.phase = Phase::Ready;
+                job.connect_failures = 0;
+                emit_environment(ctx, job);
+                if let Some(request) = job.waiting_trial.take() {
+                    job.running.insert(request.trial_id.clone());
+                    job.ran_trials = true;
+                    start = Some((link, request));
+                }
+                tokio::spawn(async move {
+                    while let Some(message) = messages.recv().await {
+                        let closed = matches!(message, Incoming::Closed(_));
+                        if incoming.send((id, message)).is_err() || closed {
+                            return;
+                        }
+                    }
+                });
+                false
+            }
+            Err(why) => {
+                job.connect_failures += 1;
+                job.phase = Phase::Queued(format!("connecting to its agent: {why}"));
+                knob_plugin_api::log::warn(&format!(
+                    "training service slurm: job {id}: {why} (attempt {} of {CONNECT_ATTEMPTS})",
+                    job.connect_failures
+                ));
+                job.connect_failures >= CONNECT_ATTEMPTS
+            }
+        }
+    };
+    if cancel {
+        warn(
+            ctx,
+            None,
+            format!("training service slurm: the agent of Slurm job {id} cannot be reached; the job is cancelled"),
+        );
+        let _ = commands::scancel(&[id]).await;
+    }
+    if let Some((link, request)) = start {
+        let trial_id = request.trial_id.clone();
+        let outcome = link
+            .request(|rid| ToAgent::Start {
+                id: rid,
+                request: Box::new(request),
+                fresh_code_copy: false,
+            })
+            .await;
+        if let Err(why) = outcome {
+            // The trial was accepted by start_trial, so its end is reported.
+            {
+                let mut shared = lock(&ctx.shared);
+                if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) {
+                    job.running.remove(&trial_id);
+                }
+            }
+            (ctx.emit)(ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code: None,
+                signal: None,
+                killed_reason: None,
+                stderr_tail: String::new(),
+                environment_lost: Some(format!(
+                    "Slurm job {id}: the agent refused the start: {why}"
+                )),
+            });
+            link.send(ToAgent::Shutdown);
+        }
+    }
+}
+
+/// A message from a job's agent.
+fn on_incoming(ctx: &Arc<Context>, job_id: u64, message: Incoming) {
+    match message {
+        Incoming::Message(FromAgent::Event { event, .. }) => {
+            let mut shutdown = None;
+            if let ServiceEvent::TrialEnded { trial_id, .. } = &event {
+                let mut shared = lock(&ctx.shared);
+                if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
+                    if !job.running.remove(trial_id) {
+                        // Already reported ended (its job was declared gone): not again.
+                        return;
+                    }
+                    if !ctx.args.reuse_mode {
+                        shutdown = job.link.clone();
+                    }
+                }
+            }
+            (ctx.emit)(event);
+            if let Some(link) = shutdown {
+                // One trial per job: the agent exits and the job completes.
+                link.send(ToAgent::Shutdown);
+            }
+            ctx.changed.notify_waiters();
+        }
+        Incoming::Message(FromAgent::Inventory { inventory }) => {
+            let mut shared = lock(&ctx.shared);
+            if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
+                job.inventory = inventory;
+                if job.phase == Phase::Ready {
+                    emit_environment(ctx, job);
+                }
+            }
+        }
+        Incoming::Message(_) => {}
+        Incoming::Closed(why) => {
+            let mut shared = lock(&ctx.shared);
+            if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
+                if job.phase == Phase::Ended {
+                    return;
+                }
+                knob_plugin_api::log::debug(&format!(
+                    "training service slurm: connection to the agent of job {job_id} closed ({why})"
+                ));
+                if let Some(link) = job.link.take() {
+                    link.close();
+                }
+                // Connected again at the next poll if the job still runs.
+                job.phase = Phase::Queued(format!("Slurm job {job_id}: reconnecting to its agent"));
+                job.connect_failures += 1;
+                emit_environment(ctx, job);
+            }
+        }
+    }
+}
+
+/// A job has ended (`how`: its Slurm state, or why it is considered gone): every trial still
+/// running in it, or waiting for it, ends with what that means.
+fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
+    let (ended, job_snapshot) = {
+        let mut shared = lock(&ctx.shared);
+        let reuse = ctx.args.reuse_mode;
+        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+            return;
+        };
+        if job.phase == Phase::Ended {
+            return;
+        }
+        job.phase = Phase::Ended;
+        if let Some(link) = job.link.take() {
+            link.close();
+        }
+        let mut trials: Vec<String> = std::mem::take(&mut job.running).into_iter().collect();
+        if let Some(waiting) = job.waiting_trial.take() {
+            trials.push(waiting.trial_id);
+        }
+        let cancelled = job.cancelled.clone();
+        let ran = job.ran_trials;
+        emit_environment(ctx, job);
+        let snapshot = (job.environment_id.clone(), job.key.clone());
+        if reuse && !ran && cancelled.is_none() && !shared.stopping {
+            shared.failed_allocations += 1;
+        }
+        ((trials, cancelled), snapshot)
+    };
+    let (trials, cancelled) = ended;
+    let (environment_id, _key) = job_snapshot;
+    let state = JobState::parse(how);
+    for trial_id in trials {
+        let mut end = ServiceEvent::TrialEnded {
+            trial_id: trial_id.clone(),
+            exit_code: None,
+            signal: None,
+            killed_reason: None,
+            stderr_tail: String::new(),
+            environment_lost: None,
+        };
+        let ServiceEvent::TrialEnded {
+            killed_reason,
+            environment_lost,
+            signal,
+            stderr_tail,
+            ..
+        } = &mut end
+        else {
+            unreachable!()
+        };
+        match (&cancelled, &state) {
+            (Some(reason), _) => *killed_reason = Some(reason.clone()),
+            (None, JobState::OutOfMemory) => {
+                // What the kernel's OOM killer would have done; the core counts it as OOM.
+                *signal = Some(9);
+                *stderr_tail = format!(
+                    "OUT_OF_MEMORY: Slurm job {id} ({environment_id}) exceeded its memory (--mem); Killed"
+                );
+            }
+            (None, JobState::Cancelled) => {
+                *environment_lost = Some(format!(
+                    "Slurm job {id} ({environment_id}) was cancelled outside knob (scancel)"
+                ))
+            }
+            (None, _) => {
+                *environment_lost = Some(format!("Slurm job {id} ({environment_id}) ended: {how}"))
+            }
+        }
+        (ctx.emit)(end);
+    }
+    if let Some(message) = match (&cancelled, &state) {
+        (None, JobState::Completed) | (Some(_), _) => None,
+        (None, _) => Some(format!(
+            "training service slurm: Slurm job {id} ({environment_id}) ended: {how}; its log: {}",
+            script::job_log_pattern(
+                &lock(&ctx.shared)
+                    .jobs
+                    .iter()
+                    .find(|j| j.id == id)
+                    .map(|j| j.dir.clone())
+                    .unwrap_or_default()
+            )
+            .to_string_lossy()
+            .replace("%j", &id.to_string())
+        )),
+    } {
+        warn(ctx, None, message);
+    }
+    ctx.changed.notify_waiters();
+    ctx.poke.notify_one();
+}
+
+impl TrainingService for SlurmService {
+    fn new(class_args: &Value, events: EventSink) -> Result<Self, PluginError> {
+        let emit: Emit = Arc::new(move |event: ServiceEvent| events.emit(&event));
+        Ok(SlurmService::with_emitter(class_args, emit)?)
+    }
+
+    fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
+        Ok(self.environments_now())
+    }
+
+    fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
+        Ok(self.start(request)?)
+    }
+
+    fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), PluginError> {
+        self.kill(trial_id, reason);
+        Ok(())
+    }
+
+    fn shutdown(&mut self) -> Result<(), PluginError> {
+        self.stop();
+        Ok(())
+    }
+}
+
+impl Drop for SlurmService {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The batch script of a job: `#SBATCH` lines from the job options, the setup commands, then
+//! `knob-agent serve` for the job's directory, whose exit status the script writes to the
+//! exit-code file.
+//!
+//! The script, its directory, the agent binary and the trial code are read on the compute node
+//! at the paths they have here: a filesystem shared by this machine and the nodes is assumed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::args::JobOptions;
+
+/// What one job is.
+pub struct JobSpec<'a> {
+    pub options: &'a JobOptions,
+    /// Slurm's job name: `<jobName>-<experiment>-<key>`.
+    pub name: &'a str,
+    /// `knob:<experiment>:<key>`, how a later knob finds the experiment's jobs.
+    pub comment: &'a str,
+    /// The agent's directory (socket, log, trials of an allocation).
+    pub dir: &'a Path,
+    pub agent: &'a Path,
+    pub orphan_timeout: Duration,
+}
+
+/// The file the job script writes the agent's exit status to, named by the job id so that a
+/// reused id never reads an earlier job's file.
+pub fn exit_code_file(dir: &Path, job_id: u64) -> PathBuf {
+    dir.join(format!("job-{job_id}.exit"))
+}
+
+/// What the job script records about its allocation (`SLURM_JOB_GPUS`, CPUs on the node).
+pub fn job_env_file(dir: &Path, job_id: u64) -> PathBuf {
+    dir.join(format!("job-{job_id}.env"))
+}
+
+/// Slurm's own log of the job (stdout and stderr of the script).
+pub fn job_log_pattern(dir: &Path) -> PathBuf {
+    dir.join("slurm-%j.out")
+}
+
+/// Single-quotes a word for bash.
+pub fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// `--mem` in whole megabytes (Slurm's default unit), at least 1.
+fn mem_megabytes(bytes: u64) -> u64 {
+    bytes.div_ceil(1024 * 1024).max(1)
+}
+
+pub fn batch_script(spec: &JobSpec<'_>) -> String {
+    let o = spec.options;
+    let mut lines = vec!["#!/bin/bash".to_string()];
+    let mut sbatch = |flag: &str, value: &str| {
+        lines.push(format!("#SBATCH --{flag}={value}"));
+    };
+    sbatch("job-name", spec.name);
+    sbatch("comment", spec.comment);
+    let log = job_log_pattern(spec.dir);
+    sbatch("output", &log.to_string_lossy());
+    sbatch("error", &log.to_string_lossy());
+    sbatch("ntasks", "1");
+    for (flag, value) in [
+        ("partition", &o.partition),
+        ("account", &o.account),
+        ("qos", &o.qos),
+        ("time", &o.time),
+        ("constraint", &o.constraint),
+        ("nodes", &o.nodes),
+        ("exclude", &o.exclude),
+    ] {
+        if let Some(value) = value {
+            sbatch(flag, value);
+        }
+    }
+    if o.gpu_number > 0 {
+        sbatch("gpus", &o.gpu_number.to_string());
+    }
+    if let Some(cpus) = o.cpu_number {
+        sbatch("cpus-per-task", &cpus.to_string());
+    }
+    if let Some(memory) = o.memory {
+        sbatch("mem", &format!("{}M", mem_megabytes(memory.0)));
+    }
+    for extra in &o.sbatch_args {
+        let extra = extra.trim();
+        if extra.is_empty() {
+            continue;
+        }
+        lines.push(if extra.starts_with("#SBATCH") {
+            extra.to_string()
+        } else {
+            format!("#SBATCH {extra}")
+        });
+    }
+    let dir = spec.dir.to_string_lossy();
+    lines.push(format!("cd {}", quote(&dir)));
+    // Written before the setup commands, which may change the directory.
+    lines.push(format!(
+        "printf 'SLURM_JOB_GPUS=%s\\nSLURM_CPUS_ON_NODE=%s\\nHOST=%s\\n' \"$SLURM_JOB_GPUS\" \"$SLURM_CPUS_ON_NODE\" \"$(hostname)\" > {}/\"job-$SLURM_JOB_ID.env\"",
+        quote(&dir)
+    ));
+    lines.extend(o.setup_commands.iter().cloned());
+    lines.push(format!(
+        "{} serve --dir {} --orphan-timeout-secs={}",
+        quote(&spec.agent.to_string_lossy()),
+        quote(&dir),
+        spec.orphan_timeout.as_secs_f64()
+    ));
+    lines.push("code=$?".to_string());
+    lines.push(format!(
+        "echo \"$code\" > {}/\"job-$SLURM_JOB_ID.exit\"",
+        quote(&dir)
+    ));
+    lines.push("exit \"$code\"".to_string());
+    lines.join("\n") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knob_gpu_sched::ByteSize;
+
+    #[test]
+    fn options_become_sbatch_lines() {
+        let options = JobOptions {
+            partition: Some("gpu".into()),
+            time: Some("1:00:00".into()),
+            sbatch_args: vec!["--exclusive".into(), "#SBATCH --signal=USR1@60".into()],
+            setup_commands: vec!["module load cuda".into()],
+            job_name: "knob".into(),
+            gpu_number: 2,
+            cpu_number: Some(4),
+            memory: Some(ByteSize(1536 * 1024 * 1024)),
+            ..JobOptions::default()
+        };
+        let script = batch_script(&JobSpec {
+            options: &options,
+            name: "knob-ab-env1",
+            comment: "knob:ab:env1",
+            dir: Path::new("/shared/exp/slurm/env1"),
+            agent: Path::new("/shared/bin/knob-agent"),
+            orphan_timeout: Duration::from_secs(600),
+        });
+        for line in [
+            "#SBATCH --job-name=knob-ab-env1",
+            "#SBATCH --comment=knob:ab:env1",
+            "#SBATCH --partition=gpu",
+            "#SBATCH --time=1:00:00",
+            "#SBATCH --gpus=2",
+            "#SBATCH --cpus-per-task=4",
+            "#SBATCH --mem=1536M",
+            "#SBATCH --exclusive",
+            "#SBATCH --signal=USR1@60",
+            "module load cuda",
+            "'/shared/bin/knob-agent' serve --dir '/shared/exp/slurm/env1' --orphan-timeout-secs=600",
+        ] {
+            assert!(script.lines().any(|l| l == line), "{line} missing:\n{script}");
+        }
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+}

@@ -1,0 +1,603 @@
+//! The `slurm` service against a real single-node Slurm cluster (`.ci/slurm.sh`), with the
+//! real knob-agent in each job. Gated by `KNOB_TEST_SLURM=1`; a visible skip otherwise, a
+//! failure under `KNOB_TEST_REQUIRE_ALL=1`.
+//!
+//! The tests share the one cluster (2 CPUs), so they run one at a time ([`cluster`]), each
+//! under its own experiment id, and leave the queue empty and the node undrained.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use knob_plugin_api::service::{Environment, MetricKind, ServiceEvent, TrialRequest};
+use knob_training_services::slurm::{SlurmService, QUEUE_ENVIRONMENT};
+use serde_json::{json, Value};
+
+use crate::support::{ending, metrics, of_trial, request, warnings, Events};
+
+static CLUSTER: Mutex<()> = Mutex::new(());
+
+/// The cluster for one test at a time, or `None` (after a visible skip) when there is none.
+fn cluster(test: &str) -> Option<MutexGuard<'static, ()>> {
+    if std::env::var("KNOB_TEST_SLURM").as_deref() != Ok("1") {
+        let message = format!(
+            "skipping {test}: set KNOB_TEST_SLURM=1 with a Slurm cluster up (.ci/slurm.sh starts one)"
+        );
+        if std::env::var("KNOB_TEST_REQUIRE_ALL").as_deref() == Ok("1") {
+            panic!("{message} (KNOB_TEST_REQUIRE_ALL=1)");
+        }
+        eprintln!("{message}");
+        return None;
+    }
+    Some(CLUSTER.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+fn agent_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_knob-agent"))
+}
+
+fn node() -> String {
+    let out = Command::new("hostname").arg("-s").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The Slurm job ids of the queue (any state but ended) whose name contains `needle`.
+fn queued_jobs(needle: &str) -> Vec<u64> {
+    let out = Command::new("squeue")
+        .args(["--noheader", "--format=%i|%j"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_once('|'))
+        .filter(|(_, name)| name.contains(needle))
+        .filter_map(|(id, _)| id.trim().parse().ok())
+        .collect()
+}
+
+fn scontrol_job(id: u64) -> String {
+    let out = Command::new("scontrol")
+        .args(["show", "job", &id.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Polls `check` (bounded by `limit`), panicking with `what` if it never holds.
+fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A test's world: its experiment id (unique, so job names never collide), directory and events.
+struct World {
+    experiment_id: String,
+    dir: tempfile::TempDir,
+    events: Events,
+}
+
+impl World {
+    fn new(test: &str) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("code")).unwrap();
+        World {
+            experiment_id: format!("{test}{}", std::process::id()),
+            dir,
+            events: Events::default(),
+        }
+    }
+
+    fn args(&self, extra: Value) -> Value {
+        let mut args = json!({
+            "platform": "slurm",
+            "experimentId": self.experiment_id,
+            "experimentDir": self.dir.path(),
+            "agentBinary": agent_binary(),
+            "trialCpuNumber": 1,
+            "pollIntervalSecs": 0.2,
+            "orphanTimeoutSecs": 60,
+        });
+        for (key, value) in extra.as_object().unwrap() {
+            args.as_object_mut()
+                .unwrap()
+                .insert(key.clone(), value.clone());
+        }
+        args
+    }
+
+    fn service(&self, extra: Value) -> SlurmService {
+        SlurmService::with_emitter(&self.args(extra), self.events.emitter()).unwrap()
+    }
+
+    fn request(&self, environment_id: &str, trial_id: &str, command: &str) -> TrialRequest {
+        let mut request = request(
+            &self.dir.path().join("code"),
+            &self.dir.path().join("trials").join(trial_id),
+            trial_id,
+            command,
+        );
+        request.experiment_id = self.experiment_id.clone();
+        request.environment_id = environment_id.to_string();
+        request
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// The ready environments the service reports now.
+fn ready(service: &SlurmService) -> Vec<Environment> {
+    service
+        .environments_now()
+        .into_iter()
+        .filter(|e| e.ready)
+        .collect()
+}
+
+fn wait_ready(service: &SlurmService, count: usize) -> Vec<String> {
+    wait_for(
+        &format!("{count} allocation(s) ready"),
+        Duration::from_secs(60),
+        || {
+            let ready = ready(service);
+            (ready.len() >= count).then(|| ready.into_iter().map(|e| e.id).collect())
+        },
+    )
+}
+
+fn lost_reason(events: &[ServiceEvent]) -> Option<String> {
+    match events.last() {
+        Some(ServiceEvent::TrialEnded {
+            environment_lost, ..
+        }) => environment_lost.clone(),
+        _ => None,
+    }
+}
+
+#[test]
+fn reuse_mode_runs_trials_in_one_allocation_and_stop_leaves_no_job() {
+    let Some(_cluster) = cluster("reuse_mode_runs_trials_in_one_allocation_and_stop_leaves_no_job")
+    else {
+        return;
+    };
+    let world = World::new("reuse");
+    let mut service = world.service(json!({}));
+    let environments = wait_ready(&service, 1);
+    assert_eq!(environments, vec!["slurm:env1".to_string()]);
+    let job_ids = service.job_ids();
+    assert_eq!(job_ids.len(), 1);
+
+    for trial in ["t1", "t2"] {
+        let command = "echo \"KNOB_INTERMEDIATE 1\"; echo \"KNOB_FINAL $(echo $KNOB_PARAMETERS | wc -c)\"; echo \"job $SLURM_JOB_ID\" >&2; exit 3";
+        service
+            .start(world.request("slurm:env1", trial, command))
+            .unwrap();
+        let events = world.events.wait_ended(trial);
+        assert!(
+            matches!(events[0], ServiceEvent::TrialStarted { .. }),
+            "{events:#?}"
+        );
+        let finals: Vec<_> = metrics(&events)
+            .into_iter()
+            .filter(|(kind, ..)| *kind == MetricKind::Final)
+            .collect();
+        assert_eq!(finals.len(), 1, "{events:#?}");
+        let (exit_code, _, killed, stderr) = ending(&events);
+        assert_eq!((exit_code, killed), (Some(3), None));
+        // The trial ran inside the allocation.
+        assert!(stderr.contains(&format!("job {}", job_ids[0])), "{stderr}");
+    }
+
+    // A trial still running when the experiment stops is killed, and nothing stays queued.
+    let marker = world.file("long-started");
+    service
+        .start(world.request(
+            "slurm:env1",
+            "t3",
+            &format!("touch {}; sleep 300", marker.display()),
+        ))
+        .unwrap();
+    wait_for("the long trial to start", Duration::from_secs(30), || {
+        marker.exists().then_some(())
+    });
+    service.stop();
+    let events = of_trial(&world.events.all(), "t3");
+    let (_, _, killed, _) = ending(&events);
+    assert!(killed.is_some(), "{events:#?}");
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
+fn fifty_trials_through_two_allocations() {
+    let Some(_cluster) = cluster("fifty_trials_through_two_allocations") else {
+        return;
+    };
+    let world = World::new("fifty");
+    let mut service = world.service(json!({"maxEnvironments": 2}));
+    let environments = wait_ready(&service, 2);
+    let jobs = service.job_ids();
+    assert_eq!(jobs.len(), 2);
+    // Two at a time, one per allocation, as gpu-sched would place them (one CPU each).
+    for pair in 0..25 {
+        let mut started = Vec::new();
+        for (slot, environment) in environments.iter().enumerate() {
+            let trial = format!("n{}", pair * 2 + slot);
+            service
+                .start(world.request(
+                    environment,
+                    &trial,
+                    &format!("echo KNOB_FINAL {}", pair * 2 + slot),
+                ))
+                .unwrap();
+            started.push(trial);
+        }
+        for trial in started {
+            let events = world.events.wait_ended(&trial);
+            assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+        }
+    }
+    let all = world.events.all();
+    let finals = metrics(&all)
+        .into_iter()
+        .filter(|(kind, ..)| *kind == MetricKind::Final)
+        .count();
+    assert_eq!(finals, 50);
+    // Still the same two allocations.
+    assert_eq!(service.job_ids(), jobs);
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
+fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory() {
+    let Some(_cluster) = cluster("per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory")
+    else {
+        return;
+    };
+    let world = World::new("perjob");
+    let mut service = world.service(json!({
+        "reuseMode": false,
+        "trialConcurrency": 2,
+        "trialCpuNumber": 1,
+        "trialMemorySize": "100m",
+    }));
+    let environments = service.environments_now();
+    assert_eq!(environments.len(), 1);
+    assert_eq!(environments[0].id, QUEUE_ENVIRONMENT);
+    let release = world.file("release");
+    for trial in ["a", "b"] {
+        let started = world.file(&format!("{trial}-started"));
+        service
+            .start(world.request(
+                QUEUE_ENVIRONMENT,
+                trial,
+                &format!(
+                    "echo $SLURM_JOB_ID > {}; while [ ! -e {} ]; do sleep 0.1; done; echo KNOB_FINAL 1",
+                    started.display(),
+                    release.display()
+                ),
+            ))
+            .unwrap();
+    }
+    // A third is refused while two jobs are queued (trialConcurrency).
+    let refused = service
+        .start(world.request(QUEUE_ENVIRONMENT, "c", "true"))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("trialConcurrency 2"), "{refused}");
+
+    let mut job_ids = BTreeSet::new();
+    for trial in ["a", "b"] {
+        let started = world.file(&format!("{trial}-started"));
+        let id: u64 = wait_for(
+            &format!("trial {trial} running in its job"),
+            Duration::from_secs(60),
+            || {
+                std::fs::read_to_string(&started)
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+            },
+        );
+        let shown = scontrol_job(id);
+        assert!(shown.contains("NumCPUs=1"), "{shown}");
+        assert!(shown.contains("MinMemoryNode=100M"), "{shown}");
+        assert!(
+            shown.contains(&format!("JobName=knob-{}-{trial}", world.experiment_id)),
+            "{shown}"
+        );
+        job_ids.insert(id);
+    }
+    assert_eq!(job_ids.len(), 2, "one job per trial");
+    std::fs::write(&release, "").unwrap();
+    for trial in ["a", "b"] {
+        let events = world.events.wait_ended(trial);
+        assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    }
+    // Each job ends with its trial.
+    wait_for(
+        "the trials' jobs to leave the queue",
+        Duration::from_secs(30),
+        || queued_jobs(&world.experiment_id).is_empty().then_some(()),
+    );
+    service.stop();
+}
+
+#[test]
+fn a_job_cancelled_outside_knob_loses_its_trial_and_is_replaced() {
+    let Some(_cluster) = cluster("a_job_cancelled_outside_knob_loses_its_trial_and_is_replaced")
+    else {
+        return;
+    };
+    let world = World::new("scancel");
+    let mut service = world.service(json!({}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    let marker = world.file("started");
+    service
+        .start(world.request(
+            "slurm:env1",
+            "x1",
+            &format!("touch {}; sleep 300", marker.display()),
+        ))
+        .unwrap();
+    wait_for("the trial to start", Duration::from_secs(30), || {
+        marker.exists().then_some(())
+    });
+    let status = Command::new("scancel")
+        .arg(job.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let events = world.events.wait_ended("x1");
+    let lost = lost_reason(&events).unwrap_or_else(|| panic!("{events:#?}"));
+    assert!(
+        lost.contains(&format!(
+            "Slurm job {job} (slurm:env1) was cancelled outside knob (scancel)"
+        )),
+        "{lost}"
+    );
+    // The core runs the trial again elsewhere: a new allocation takes it.
+    let environments = wait_ready(&service, 1);
+    assert_eq!(environments, vec!["slurm:env2".to_string()]);
+    service
+        .start(world.request("slurm:env2", "x1", "echo KNOB_FINAL 2"))
+        .unwrap();
+    wait_for(
+        "the re-queued trial to end",
+        Duration::from_secs(30),
+        || {
+            let all = world.events.all();
+            (of_trial(&all, "x1")
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e,
+                        ServiceEvent::TrialEnded {
+                            exit_code: Some(0),
+                            ..
+                        }
+                    )
+                })
+                .count()
+                == 1)
+                .then_some(())
+        },
+    );
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
+fn a_bad_partition_is_one_line_naming_it_and_quoting_sbatch() {
+    let Some(_cluster) = cluster("a_bad_partition_is_one_line_naming_it_and_quoting_sbatch") else {
+        return;
+    };
+    let world = World::new("badpart");
+    let error = SlurmService::with_emitter(
+        &world.args(json!({"partition": "nosuchpartition"})),
+        world.events.emitter(),
+    )
+    .err()
+    .expect("a bad partition must fail the start")
+    .to_string();
+    assert!(!error.contains('\n'), "{error}");
+    assert!(error.contains("partition \"nosuchpartition\""), "{error}");
+    assert!(error.contains("sbatch: error:"), "{error}");
+    assert!(error.contains("invalid partition"), "{error}");
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+/// Drains the node for its life, and resumes it on drop whatever happens.
+struct Drained(String);
+
+impl Drained {
+    fn new() -> Drained {
+        let node = node();
+        let status = Command::new("scontrol")
+            .args([
+                "update",
+                &format!("nodename={node}"),
+                "state=drain",
+                "reason=knob-test",
+            ])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        Drained(node)
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("nodename={}", self.0), "state=resume"])
+            .status();
+    }
+}
+
+#[test]
+fn on_a_drained_node_trials_wait_with_slurms_reason() {
+    let Some(_cluster) = cluster("on_a_drained_node_trials_wait_with_slurms_reason") else {
+        return;
+    };
+    let world = World::new("drain");
+    let drained = Drained::new();
+    let mut service = world.service(json!({"reuseMode": false}));
+    service
+        .start(world.request(QUEUE_ENVIRONMENT, "w1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    let all = world
+        .events
+        .wait_until("the trial to wait with Slurm's reason", |events| {
+            warnings(events).iter().any(|w| {
+                w.starts_with("waiting: Slurm job")
+                    && w.contains("pending (")
+                    && !w.contains("(None)")
+            })
+        });
+    let waiting = warnings(&all)
+        .into_iter()
+        .find(|w| w.starts_with("waiting:"))
+        .unwrap();
+    // Slurm says why: the node is not available (drained).
+    assert!(
+        waiting.contains("ReqNodeNotAvail")
+            || waiting.contains("Resources")
+            || waiting.contains("Nodes_required"),
+        "{waiting}"
+    );
+    assert!(!all
+        .iter()
+        .any(|e| matches!(e, ServiceEvent::TrialStarted { .. })));
+    drop(drained);
+    let events = world.events.wait_ended("w1");
+    assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    service.stop();
+}
+
+#[test]
+fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
+    let Some(_cluster) = cluster("a_new_run_cancels_the_jobs_an_earlier_run_left") else {
+        return;
+    };
+    let world = World::new("resume");
+    // What a knob killed with -9 leaves: its allocation still running, found by its comment.
+    let mut earlier = world.service(json!({}));
+    wait_ready(&earlier, 1);
+    let marker = world.file("started");
+    earlier
+        .start(world.request(
+            "slurm:env1",
+            "r1",
+            &format!("touch {}; sleep 300", marker.display()),
+        ))
+        .unwrap();
+    wait_for("the trial to start", Duration::from_secs(30), || {
+        marker.exists().then_some(())
+    });
+    let left = earlier.job_ids();
+    // Forget the service without its shutdown: its job stays in the queue as after a crash.
+    earlier.abandon();
+    assert_eq!(queued_jobs(&world.experiment_id), left);
+
+    let later_events = Events::default();
+    let mut later =
+        SlurmService::with_emitter(&world.args(json!({})), later_events.emitter()).unwrap();
+    let said = warnings(&later_events.all()).join("\n");
+    assert!(
+        said.contains(&format!(
+            "cancelled 1 job(s) an earlier run of experiment {} left in the queue: {left:?}",
+            world.experiment_id
+        )),
+        "{said}"
+    );
+    wait_for(
+        "the earlier job to leave the queue",
+        Duration::from_secs(30),
+        || {
+            let now = queued_jobs(&world.experiment_id);
+            (!now.iter().any(|id| left.contains(id))).then_some(())
+        },
+    );
+    wait_ready(&later, 1);
+    later.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
+fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
+    let Some(_cluster) =
+        cluster("an_allocation_reaching_its_time_limit_drains_and_loses_its_trial")
+    else {
+        return;
+    };
+    let world = World::new("timelimit");
+    // Slurm's smallest time limit is a minute; maxTrialDuration 50 s makes the allocation stop
+    // taking trials after about 10 s.
+    let mut service = world.service(json!({"time": "1", "maxTrialDuration": "50s"}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    let marker = world.file("started");
+    service
+        .start(world.request(
+            "slurm:env1",
+            "tl",
+            &format!("touch {}; sleep 600", marker.display()),
+        ))
+        .unwrap();
+    wait_for("the trial to start", Duration::from_secs(30), || {
+        marker.exists().then_some(())
+    });
+    // The allocation drains: no new trial, and a new allocation is requested.
+    wait_for("the allocation to drain", Duration::from_secs(40), || {
+        service
+            .environments_now()
+            .iter()
+            .any(|e| {
+                e.id == "slurm:env1" && !e.ready && e.inventory["status"]["state"] == "draining"
+            })
+            .then_some(())
+    });
+    let refused = service
+        .start(world.request("slurm:env1", "late", "true"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("takes no trials now") || refused.contains("before maxTrialDuration"),
+        "{refused}"
+    );
+    wait_for("a second allocation", Duration::from_secs(30), || {
+        service
+            .environments_now()
+            .iter()
+            .any(|e| e.id == "slurm:env2")
+            .then_some(())
+    });
+    let all = wait_for(
+        "the trial to end with its allocation",
+        Duration::from_secs(150),
+        || {
+            let all = world.events.all();
+            all.iter()
+                .any(|e| crate::support::is_end_of(e, "tl"))
+                .then_some(all)
+        },
+    );
+    let events = of_trial(&all, "tl");
+    let lost = lost_reason(&events).unwrap_or_else(|| panic!("{events:#?}"));
+    assert!(
+        lost.contains(&format!("Slurm job {job} (slurm:env1) ended: TIMEOUT")),
+        "{lost}"
+    );
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
