@@ -57,6 +57,10 @@ fi
 
 # --- slurm.conf
 H=$(hostname -s)
+# The node's memory as slurmd itself measures it: without RealMemory a node has 1 MB and any
+# `--mem` (trialMemorySize) is refused; a figure above slurmd's own would drain the node.
+real_memory=$(/usr/sbin/slurmd -C 2>/dev/null | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n 1)
+[ -n "$real_memory" ] || fail "slurmd -C did not report the node's RealMemory"
 conf=$(cat <<EOF
 ClusterName=knobtest
 SlurmctldHost=$H
@@ -71,7 +75,7 @@ StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
-NodeName=$H CPUs=2 State=UNKNOWN
+NodeName=$H CPUs=2 RealMemory=$real_memory State=UNKNOWN
 PartitionName=debug Nodes=$H Default=YES MaxTime=INFINITE State=UP
 EOF
 )
@@ -85,12 +89,22 @@ fi
 running() { pgrep -x "$1" >/dev/null 2>&1; }
 
 # --- the daemons, root-started and detached (they daemonize themselves).
+if $conf_changed && { running slurmctld || running slurmd; }; then
+  # A changed node line needs both daemons restarted (scontrol reconfigure does not do it
+  # before Slurm 23.11); `scontrol shutdown` stops them both.
+  say "slurm.conf changed: restarting slurmctld and slurmd"
+  $sudo_if_needed scontrol shutdown >&2 || true
+  for _ in $(seq 1 100); do
+    running slurmctld || running slurmd || break
+    sleep 0.1
+  done
+  if running slurmctld || running slurmd; then
+    fail "slurmctld/slurmd still running 10 s after scontrol shutdown"
+  fi
+fi
 if ! running slurmctld; then
   say "starting slurmctld"
   $sudo_if_needed /usr/sbin/slurmctld -L /var/log/slurm/slurmctld.log
-elif $conf_changed; then
-  say "slurm.conf changed: scontrol reconfigure"
-  $sudo_if_needed scontrol reconfigure >&2 || true
 fi
 if ! running slurmd; then
   say "starting slurmd"

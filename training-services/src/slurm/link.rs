@@ -60,7 +60,15 @@ impl Link {
     ) -> Result<(Arc<Link>, Welcome, mpsc::UnboundedReceiver<Incoming>), String> {
         let mut child = Command::new("srun")
             .arg(format!("--jobid={job_id}"))
-            .args(["--overlap", "--ntasks=1", "--nodes=1", "--quiet"])
+            // --unbuffered: slurmstepd otherwise holds a task's output until a newline, and
+            // the protocol's frames are binary (a reply waited for the next heartbeat).
+            .args([
+                "--overlap",
+                "--unbuffered",
+                "--ntasks=1",
+                "--nodes=1",
+                "--quiet",
+            ])
             .arg(agent)
             .arg("attach")
             .arg("--dir")
