@@ -1,12 +1,22 @@
-//! The `slurm` service's class args: the experiment's `trainingService` mapping (keys matched
-//! ignoring case and underscores, as NNI does) plus what the core adds (`experimentId`,
-//! `experimentDir`).
+//! The `slurm` service's config: its own `trainingService` mapping, checked here
+//! ([`check_config`], through `knob_plugin_api::config::ConfigReader`, so every problem reaches
+//! the user with its file:line:column), plus what the host says about the experiment
+//! (`ServiceContext`: its id and folder, and the trial settings `trialConcurrency`,
+//! `trialGpuNumber`, `trialCpuNumber`, `trialMemorySize` and `maxTrialDuration`, which the
+//! experiment config holds at top level).
+//!
+//! Canonical form: every field below with its default filled in; `agentBinary` absolute; the
+//! intervals in seconds. The service has no secret fields.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use knob_gpu_sched::ByteSize;
-use serde_json::{Map, Value};
+use knob_plugin_api::config::{describe, quoted, ConfigReader, Field};
+use knob_plugin_api::service::{CheckedConfig, ConfigProblem, FieldPath, ServiceContext};
+use serde_json::{json, Map, Value};
+
+use super::commands::parse_slurm_time;
 
 /// How long the agent in an allocation runs on with no knob connected (the manager died)
 /// before it kills its trials and exits, which ends the Slurm job.
@@ -16,8 +26,40 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// The least time between two `sbatch` calls: submitting many jobs at once is what times out
 /// slurmctld's RPCs on busy clusters.
 pub const DEFAULT_SUBMIT_INTERVAL: Duration = Duration::from_millis(200);
+/// `pollIntervalSecs` below this would make `squeue` the cluster's load.
+const LEAST_POLL_INTERVAL: f64 = 0.1;
 
-/// Everything the class args say.
+/// The fields of `trainingService` for `platform: slurm`.
+pub const SLURM_FIELDS: [&str; 16] = [
+    "reuseMode",
+    "maxEnvironments",
+    "partition",
+    "account",
+    "qos",
+    "time",
+    "constraint",
+    "nodes",
+    "exclude",
+    "sbatchArgs",
+    "setupCommands",
+    "jobName",
+    "agentBinary",
+    "orphanTimeoutSecs",
+    "pollIntervalSecs",
+    "submitIntervalSecs",
+];
+
+/// The job options passed through to `#SBATCH` lines as written.
+const PASSED_THROUGH: [&str; 6] = [
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "nodes",
+    "exclude",
+];
+
+/// Everything the service runs by.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlurmArgs {
     pub experiment_id: String,
@@ -25,7 +67,7 @@ pub struct SlurmArgs {
     pub experiment_dir: PathBuf,
     /// `true`: each environment is one allocation running many trials; `false`: one job per trial.
     pub reuse_mode: bool,
-    /// Allocations at once (`reuseMode: true`).
+    /// Allocations at once (`reuseMode: true`); default `trialConcurrency`.
     pub max_environments: u32,
     /// Jobs in the queue at once (`reuseMode: false`).
     pub trial_concurrency: u32,
@@ -61,300 +103,394 @@ pub struct JobOptions {
     pub memory: Option<ByteSize>,
 }
 
-/// What is wrong with the class args, one line.
+/// What is wrong with the config or context the service was built with, one line.
 #[derive(Debug, thiserror::Error)]
-#[error("trainingService (platform slurm): {0}")]
+#[error("training service slurm: {0}")]
 pub struct ArgsError(pub String);
 
-/// The keys this service reads, as the user writes them.
-pub const KNOWN_KEYS: &[&str] = &[
-    "platform",
-    "reuseMode",
-    "maxEnvironments",
-    "trialConcurrency",
-    "maxTrialDuration",
-    "partition",
-    "account",
-    "qos",
-    "time",
-    "constraint",
-    "nodes",
-    "exclude",
-    "sbatchArgs",
-    "setupCommands",
-    "jobName",
-    "trialGpuNumber",
-    "trialCpuNumber",
-    "trialMemorySize",
-    "agentBinary",
-    "orphanTimeoutSecs",
-    "pollIntervalSecs",
-    "submitIntervalSecs",
-    "experimentId",
-    "experimentDir",
-];
-
-fn normalize(key: &str) -> String {
-    key.chars()
-        .filter(|c| *c != '_')
-        .map(|c| c.to_ascii_lowercase())
-        .collect()
-}
-
-fn string(key: &str, value: &Value) -> Result<String, ArgsError> {
-    match value {
-        Value::String(text) if !text.trim().is_empty() => Ok(text.clone()),
-        Value::Number(n) => Ok(n.to_string()),
-        _ => Err(ArgsError(format!(
-            "{key} must be a non-empty string, got {value}"
-        ))),
-    }
-}
-
-/// A list of strings, or one string (one line).
-fn lines(key: &str, value: &Value) -> Result<Vec<String>, ArgsError> {
-    match value {
-        Value::Null => Ok(Vec::new()),
+/// A list of strings, or one string (one line each).
+fn lines(reader: &mut ConfigReader<'_>, field: &Field<'_>) -> Option<Vec<String>> {
+    reader.parse(field, |value| match value {
         Value::String(text) => Ok(text.lines().map(str::to_string).collect()),
         Value::Array(items) => items
             .iter()
             .map(|item| {
                 item.as_str().map(str::to_string).ok_or_else(|| {
-                    ArgsError(format!("{key} must be a list of strings, got {item} in it"))
+                    format!("expected a list of strings, got {} in it", describe(item))
                 })
             })
             .collect(),
-        _ => Err(ArgsError(format!(
-            "{key} must be a list of strings, got {value}"
-        ))),
+        other => Err(format!(
+            "expected a list of strings, got {}",
+            describe(other)
+        )),
+    })
+}
+
+/// A number of seconds (fractions allowed) from `least` to a week.
+fn seconds(reader: &mut ConfigReader<'_>, field: &Field<'_>, least: f64) -> Option<f64> {
+    reader.parse(field, |value| {
+        value
+            .as_f64()
+            .filter(|s| (least..=7.0 * 86_400.0).contains(s))
+            .ok_or_else(|| {
+                format!(
+                    "expected a number of seconds from {least} to 604800, got {}",
+                    describe(value)
+                )
+            })
+    })
+}
+
+/// A word for an `#SBATCH --flag=word` line: no whitespace (it would end the option).
+fn sbatch_word(reader: &mut ConfigReader<'_>, field: &Field<'_>) -> Option<String> {
+    reader.parse(field, |value| {
+        let text = match value {
+            Value::String(text) => text.trim().to_string(),
+            Value::Number(n) => n.to_string(),
+            other => return Err(format!("expected a string, got {}", describe(other))),
+        };
+        if text.is_empty() || text.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "expected one word without spaces, got {}",
+                describe(value)
+            ));
+        }
+        Ok(text)
+    })
+}
+
+/// Slurm's `--time`: `minutes`, `minutes:seconds`, `hours:minutes:seconds`, `days-hours[:minutes[:seconds]]`,
+/// or `UNLIMITED`/`INFINITE`. Returns the text and the duration it means (`None`: unlimited).
+fn slurm_time(value: &Value) -> Result<(String, Option<Duration>), String> {
+    let text = match value {
+        Value::String(text) => text.trim().to_string(),
+        Value::Number(n) if n.as_u64().is_some() => n.to_string(),
+        other => {
+            return Err(format!(
+                "expected Slurm's time format (minutes, \"1:00:00\", \"2-00:00:00\"), got {}",
+                describe(other)
+            ))
+        }
+    };
+    if matches!(text.to_ascii_uppercase().as_str(), "UNLIMITED" | "INFINITE") {
+        return Ok((text, None));
+    }
+    match parse_slurm_time(&text) {
+        Some(duration) if !duration.is_zero() => Ok((text, Some(duration))),
+        _ => Err(format!(
+            "expected Slurm's time format (minutes, \"1:00:00\", \"2-00:00:00\"), got {}",
+            describe(value)
+        )),
     }
 }
 
-fn count(key: &str, value: &Value, least: u64) -> Result<u32, ArgsError> {
-    value
-        .as_u64()
-        .filter(|n| *n >= least)
-        .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| {
-            ArgsError(format!(
-                "{key} must be a whole number >= {least}, got {value}"
-            ))
-        })
-}
-
-fn seconds(key: &str, value: &Value) -> Result<Duration, ArgsError> {
-    value
-        .as_f64()
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .filter(|d| *d <= Duration::from_secs(7 * 24 * 3600))
-        .ok_or_else(|| {
-            ArgsError(format!(
-                "{key} must be a number of seconds from 0 to 604800, got {value}"
-            ))
-        })
-}
-
-/// NNI's durations: a number of seconds, or `30s`, `10m`, `2h`, `1d`.
-pub fn parse_duration(key: &str, value: &Value) -> Result<Duration, ArgsError> {
-    let bad = || {
-        ArgsError(format!(
-            "{key} must be a duration such as 30s, 10m, 2h or 1d, got {value}"
-        ))
+/// Checks a `slurm` config and gives its canonical form.
+pub fn check_config(
+    config: &Value,
+    context: &ServiceContext,
+) -> Result<CheckedConfig, Vec<ConfigProblem>> {
+    let mut reader = ConfigReader::new(context);
+    let Some(mut fields) = reader.mapping(config, FieldPath::root()) else {
+        return reader.finish(Map::new());
     };
-    if value.is_number() {
-        return seconds(key, value);
+    let mut canonical = Map::new();
+    let reuse_mode = fields
+        .take("reuseMode")
+        .and_then(|field| reader.boolean(&field))
+        .or_else(|| context.shortcuts.get("reuseMode").and_then(Value::as_bool))
+        .unwrap_or(true);
+    canonical.insert("reuseMode".into(), json!(reuse_mode));
+    // Unset: as many allocations as trials may run at once (each is sized for one trial).
+    let max_environments = fields
+        .take("maxEnvironments")
+        .and_then(|field| reader.integer::<u32>(&field, 1));
+    canonical.insert("maxEnvironments".into(), json!(max_environments));
+    for name in PASSED_THROUGH {
+        let value = fields
+            .take(name)
+            .and_then(|field| sbatch_word(&mut reader, &field));
+        canonical.insert(name.into(), json!(value));
     }
-    let text = value.as_str().ok_or_else(bad)?.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| bad())?;
-    let unit = match unit.trim() {
-        "" | "s" | "sec" | "secs" => 1.0,
-        "m" | "min" | "mins" => 60.0,
-        "h" | "hour" | "hours" => 3600.0,
-        "d" | "day" | "days" => 86400.0,
-        _ => return Err(bad()),
-    };
-    Duration::try_from_secs_f64(number * unit).map_err(|_| bad())
+    let time = fields.take("time").and_then(|field| {
+        let (text, duration) = reader.parse(&field, slurm_time)?;
+        let longest_trial = context.trial.max_trial_duration_secs.map(Duration::from_secs);
+        if let (true, Some(duration), Some(trial)) = (reuse_mode, duration, longest_trial) {
+            if duration <= trial {
+                reader.error(
+                    &field.path,
+                    format!(
+                        "an allocation of {} s is not longer than maxTrialDuration ({} s), so it could never take a trial; raise time or lower maxTrialDuration",
+                        duration.as_secs(),
+                        trial.as_secs()
+                    ),
+                );
+            }
+        }
+        Some(text)
+    });
+    canonical.insert("time".into(), json!(time));
+    let sbatch_args = fields
+        .take("sbatchArgs")
+        .and_then(|field| lines(&mut reader, &field))
+        .unwrap_or_default();
+    canonical.insert("sbatchArgs".into(), json!(sbatch_args));
+    let setup_commands = fields
+        .take("setupCommands")
+        .and_then(|field| lines(&mut reader, &field))
+        .unwrap_or_default();
+    canonical.insert("setupCommands".into(), json!(setup_commands));
+    let job_name = fields
+        .take("jobName")
+        .and_then(|field| {
+            let name = sbatch_word(&mut reader, &field)?;
+            if name.contains('|') {
+                reader.error(
+                    &field.path,
+                    format!("expected a name without '|', got {name:?}"),
+                );
+                return None;
+            }
+            Some(name)
+        })
+        .unwrap_or_else(|| "knob".to_string());
+    canonical.insert("jobName".into(), json!(job_name));
+    let agent_binary = fields.take("agentBinary").and_then(|field| {
+        let path = reader.path(&field)?;
+        if path.is_file() {
+            Some(path)
+        } else {
+            reader.error(
+                &field.path,
+                format!(
+                    "{} is not a file; name a knob-agent the compute nodes can run (on the shared filesystem)",
+                    quoted(&path)
+                ),
+            );
+            None
+        }
+    });
+    canonical.insert("agentBinary".into(), json!(agent_binary));
+    for (name, default, least) in [
+        ("orphanTimeoutSecs", DEFAULT_ORPHAN_TIMEOUT, 1.0),
+        (
+            "pollIntervalSecs",
+            DEFAULT_POLL_INTERVAL,
+            LEAST_POLL_INTERVAL,
+        ),
+        ("submitIntervalSecs", DEFAULT_SUBMIT_INTERVAL, 0.0),
+    ] {
+        let value = fields
+            .take(name)
+            .and_then(|field| seconds(&mut reader, &field, least))
+            .unwrap_or(default.as_secs_f64());
+        canonical.insert(name.into(), json!(value));
+    }
+    fields.finish(&mut reader, &SLURM_FIELDS);
+    reader.finish(canonical)
 }
 
 impl SlurmArgs {
-    pub fn parse(class_args: &Value) -> Result<SlurmArgs, ArgsError> {
-        let empty = Map::new();
-        let fields = match class_args {
-            Value::Object(fields) => fields,
-            Value::Null => &empty,
+    /// The service's settings from its config (checked again here: a canonical config gives
+    /// itself back) and the experiment's context.
+    pub fn new(config: &Value, context: &ServiceContext) -> Result<SlurmArgs, ArgsError> {
+        let checked = check_config(config, context).map_err(|problems| {
+            ArgsError(
+                problems
+                    .iter()
+                    .map(|p| match p.path.is_root() {
+                        true => p.message.clone(),
+                        false => format!("{}: {}", p.path, p.message),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
+        })?;
+        let c = &checked.config;
+        let text = |name: &str| c.get(name).and_then(Value::as_str).map(str::to_string);
+        let list = |name: &str| -> Vec<String> {
+            c.get(name)
+                .and_then(Value::as_array)
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter_map(|i| i.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let secs = |name: &str, default: Duration| {
+            c.get(name)
+                .and_then(Value::as_f64)
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .unwrap_or(default)
+        };
+        if context.experiment_id.is_empty() {
+            return Err(ArgsError(
+                "no experiment id in its context (the host gives it)".to_string(),
+            ));
+        }
+        let experiment_dir = match &context.experiment_dir {
+            Some(dir) if dir.is_absolute() => dir.clone(),
             other => {
                 return Err(ArgsError(format!(
-                    "expected a mapping of fields, got {other}"
+                    "the experiment folder must be an absolute path on the cluster's shared filesystem, got {other:?}"
                 )))
             }
         };
-        let mut args = SlurmArgs {
-            experiment_id: String::new(),
-            experiment_dir: PathBuf::new(),
-            reuse_mode: true,
-            max_environments: 1,
-            trial_concurrency: 1,
-            max_trial_duration: None,
+        let trial = &context.trial;
+        Ok(SlurmArgs {
+            experiment_id: context.experiment_id.clone(),
+            experiment_dir,
+            reuse_mode: c.get("reuseMode").and_then(Value::as_bool).unwrap_or(true),
+            max_environments: c
+                .get("maxEnvironments")
+                .and_then(Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(trial.trial_concurrency.max(1)),
+            trial_concurrency: trial.trial_concurrency.max(1),
+            max_trial_duration: trial.max_trial_duration_secs.map(Duration::from_secs),
             job: JobOptions {
-                job_name: "knob".to_string(),
-                ..JobOptions::default()
+                partition: text("partition"),
+                account: text("account"),
+                qos: text("qos"),
+                time: text("time"),
+                constraint: text("constraint"),
+                nodes: text("nodes"),
+                exclude: text("exclude"),
+                sbatch_args: list("sbatchArgs"),
+                setup_commands: list("setupCommands"),
+                job_name: text("jobName").unwrap_or_else(|| "knob".to_string()),
+                gpu_number: trial.trial_gpu_number.unwrap_or(0),
+                cpu_number: trial.trial_cpu_number,
+                memory: trial
+                    .trial_memory_size_mib
+                    .filter(|mib| *mib > 0)
+                    .map(|mib| ByteSize(mib * 1024 * 1024)),
             },
-            agent_binary: None,
-            orphan_timeout: DEFAULT_ORPHAN_TIMEOUT,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            submit_interval: DEFAULT_SUBMIT_INTERVAL,
-        };
-        for (key, value) in fields {
-            let Some(known) = KNOWN_KEYS.iter().find(|k| normalize(k) == normalize(key)) else {
-                return Err(ArgsError(format!(
-                    "unknown field {key}; the fields of platform slurm are {}",
-                    KNOWN_KEYS[..KNOWN_KEYS.len() - 2].join(", ")
-                )));
-            };
-            let key = *known;
-            if value.is_null() {
-                continue;
-            }
-            let job = &mut args.job;
-            match key {
-                "platform" => {
-                    if value.as_str() != Some("slurm") {
-                        return Err(ArgsError(format!(
-                            "platform must be slurm here, got {value}"
-                        )));
-                    }
-                }
-                "reuseMode" => {
-                    args.reuse_mode = value.as_bool().ok_or_else(|| {
-                        ArgsError(format!("reuseMode must be true or false, got {value}"))
-                    })?
-                }
-                "maxEnvironments" => args.max_environments = count(key, value, 1)?,
-                "trialConcurrency" => args.trial_concurrency = count(key, value, 1)?,
-                "maxTrialDuration" => args.max_trial_duration = Some(parse_duration(key, value)?),
-                "partition" => job.partition = Some(string(key, value)?),
-                "account" => job.account = Some(string(key, value)?),
-                "qos" => job.qos = Some(string(key, value)?),
-                "time" => job.time = Some(string(key, value)?),
-                "constraint" => job.constraint = Some(string(key, value)?),
-                "nodes" => job.nodes = Some(string(key, value)?),
-                "exclude" => job.exclude = Some(string(key, value)?),
-                "sbatchArgs" => job.sbatch_args = lines(key, value)?,
-                "setupCommands" => job.setup_commands = lines(key, value)?,
-                "jobName" => {
-                    let name = string(key, value)?;
-                    if name.chars().any(|c| c.is_whitespace() || c == '|') {
-                        return Err(ArgsError(format!(
-                            "jobName must have no spaces or '|', got {name:?}"
-                        )));
-                    }
-                    job.job_name = name;
-                }
-                "trialGpuNumber" => job.gpu_number = count(key, value, 0)?,
-                "trialCpuNumber" => job.cpu_number = Some(count(key, value, 1)?),
-                "trialMemorySize" => {
-                    let size = match value {
-                        // NNI: a bare number is megabytes.
-                        Value::Number(_) => value.as_u64().map(|mb| ByteSize(mb * 1024 * 1024)),
-                        Value::String(text) => text.parse::<ByteSize>().ok(),
-                        _ => None,
-                    };
-                    job.memory = Some(size.filter(|s| s.0 > 0).ok_or_else(|| {
-                        ArgsError(format!(
-                            "trialMemorySize must be a size such as 4g or 512m, got {value}"
-                        ))
-                    })?);
-                }
-                "agentBinary" => args.agent_binary = Some(PathBuf::from(string(key, value)?)),
-                "orphanTimeoutSecs" => args.orphan_timeout = seconds(key, value)?,
-                "pollIntervalSecs" => {
-                    args.poll_interval = seconds(key, value)?.max(Duration::from_millis(100))
-                }
-                "submitIntervalSecs" => args.submit_interval = seconds(key, value)?,
-                "experimentId" => args.experiment_id = string(key, value)?,
-                "experimentDir" => args.experiment_dir = PathBuf::from(string(key, value)?),
-                _ => unreachable!("every known key is matched"),
-            }
-        }
-        if args.experiment_id.is_empty() {
-            return Err(ArgsError(
-                "experimentId is missing (the core sets it)".to_string(),
-            ));
-        }
-        if !args.experiment_dir.is_absolute() {
-            return Err(ArgsError(format!(
-                "experimentDir must be an absolute path on the cluster's shared filesystem (the core sets it), got {:?}",
-                args.experiment_dir
-            )));
-        }
-        Ok(args)
+            agent_binary: text("agentBinary").map(PathBuf::from),
+            orphan_timeout: secs("orphanTimeoutSecs", DEFAULT_ORPHAN_TIMEOUT),
+            poll_interval: secs("pollIntervalSecs", DEFAULT_POLL_INTERVAL),
+            submit_interval: secs("submitIntervalSecs", DEFAULT_SUBMIT_INTERVAL),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use knob_plugin_api::service::TrialSettings;
 
-    fn base() -> Value {
-        json!({"experimentId": "abc", "experimentDir": "/tmp/x"})
+    fn context() -> ServiceContext {
+        ServiceContext {
+            experiment_id: "abc".into(),
+            experiment_dir: Some(PathBuf::from("/tmp/x")),
+            trial: TrialSettings {
+                trial_concurrency: 3,
+                trial_cpu_number: Some(2),
+                trial_memory_size_mib: Some(2048),
+                max_trial_duration_secs: Some(600),
+                ..TrialSettings::default()
+            },
+            ..ServiceContext::default()
+        }
+    }
+
+    fn problems(config: Value) -> String {
+        check_config(&config, &context())
+            .unwrap_err()
+            .iter()
+            .map(|p| format!("{}: {}", p.path, p.message))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     #[test]
-    fn fields_parse_with_nni_spellings() {
-        let mut v = base();
-        let o = v.as_object_mut().unwrap();
-        o.insert("reuse_mode".into(), json!(false));
-        o.insert("Partition".into(), json!("debug"));
-        o.insert("trialMemorySize".into(), json!("2g"));
-        o.insert("trial_cpu_number".into(), json!(2));
-        o.insert("setupCommands".into(), json!(["module load x", "echo hi"]));
-        o.insert("maxTrialDuration".into(), json!("10m"));
-        let args = SlurmArgs::parse(&v).unwrap();
+    fn fields_parse_with_nni_spellings_and_the_trial_settings() {
+        let config = json!({
+            "reuse_mode": false,
+            "Partition": "debug",
+            "setupCommands": ["module load x", "echo hi"],
+            "time": "1:00:00",
+        });
+        let args = SlurmArgs::new(&config, &context()).unwrap();
         assert!(!args.reuse_mode);
         assert_eq!(args.job.partition.as_deref(), Some("debug"));
         assert_eq!(args.job.memory, Some(ByteSize(2 * 1024 * 1024 * 1024)));
         assert_eq!(args.job.cpu_number, Some(2));
+        assert_eq!(args.trial_concurrency, 3);
         assert_eq!(args.job.setup_commands.len(), 2);
         assert_eq!(args.max_trial_duration, Some(Duration::from_secs(600)));
+        assert_eq!(args.poll_interval, DEFAULT_POLL_INTERVAL);
+        // One allocation per trial that may run at once, unless said otherwise.
+        assert_eq!(args.max_environments, 3);
+        let args = SlurmArgs::new(&json!({"maxEnvironments": 1}), &context()).unwrap();
+        assert_eq!(args.max_environments, 1);
+    }
+
+    #[test]
+    fn the_canonical_form_checks_to_itself() {
+        let checked = check_config(&json!({"partition": "gpu", "time": 120}), &context()).unwrap();
+        let again = check_config(&Value::Object(checked.config.clone()), &context()).unwrap();
+        assert_eq!(checked.config, again.config);
+        assert!(checked.secrets.is_empty());
+        assert_eq!(checked.config["reuseMode"], json!(true));
+        assert_eq!(checked.config["jobName"], json!("knob"));
+        assert_eq!(checked.config["time"], json!("120"));
+    }
+
+    #[test]
+    fn the_reuse_mode_shortcut_applies_when_unset() {
+        let mut context = context();
+        context.shortcuts.insert("reuseMode".into(), json!(false));
+        let checked = check_config(&json!({}), &context).unwrap();
+        assert_eq!(checked.config["reuseMode"], json!(false));
+        let checked = check_config(&json!({"reuseMode": true}), &context).unwrap();
+        assert_eq!(checked.config["reuseMode"], json!(true));
     }
 
     #[test]
     fn bad_fields_are_named() {
-        let check = |key: &str, value: Value, expect: &str| {
-            let mut v = base();
-            v.as_object_mut().unwrap().insert(key.into(), value);
-            let e = SlurmArgs::parse(&v).unwrap_err().to_string();
-            assert!(e.contains(expect), "{e}");
-        };
-        check(
-            "partiton",
-            json!("x"),
-            "unknown field partiton; the fields of platform slurm are platform, reuseMode",
+        let said = problems(json!({
+            "partiton": "x",
+            "maxEnvironments": 0,
+            "jobName": "a b",
+            "time": "5 fortnights",
+            "sbatchArgs": [1],
+            "agentBinary": "/no/such/knob-agent",
+        }));
+        for expected in [
+            "partiton: unknown field \"partiton\" (did you mean \"partition\"?)",
+            "maxEnvironments: expected a positive integer, got 0",
+            "jobName: expected one word without spaces, got \"a b\"",
+            "time: expected Slurm's time format",
+            "sbatchArgs: expected a list of strings, got 1 in it",
+            "agentBinary: \"/no/such/knob-agent\" is not a file",
+        ] {
+            assert!(said.contains(expected), "{expected} missing from:\n{said}");
+        }
+    }
+
+    #[test]
+    fn an_allocation_shorter_than_a_trial_is_refused_in_reuse_mode() {
+        let said = problems(json!({"time": "5"}));
+        assert!(
+            said.contains(
+                "time: an allocation of 300 s is not longer than maxTrialDuration (600 s)"
+            ),
+            "{said}"
         );
-        check(
-            "trialMemorySize",
-            json!("lots"),
-            "trialMemorySize must be a size",
-        );
-        check(
-            "maxEnvironments",
-            json!(0),
-            "maxEnvironments must be a whole number >= 1",
-        );
-        check("jobName", json!("a b"), "jobName must have no spaces");
-        check(
-            "maxTrialDuration",
-            json!("5 fortnights"),
-            "maxTrialDuration must be a duration",
-        );
-        let e = SlurmArgs::parse(&json!({"experimentId": "a"}))
+        // One job per trial: Slurm's time limit is the trial's own.
+        check_config(&json!({"time": "5", "reuseMode": false}), &context()).unwrap();
+    }
+
+    #[test]
+    fn the_context_must_name_the_experiment_and_its_folder() {
+        let mut context = context();
+        context.experiment_dir = Some(PathBuf::from("relative"));
+        let e = SlurmArgs::new(&json!({}), &context)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("experimentDir must be an absolute path"), "{e}");
+        assert!(e.contains("must be an absolute path"), "{e}");
     }
 }

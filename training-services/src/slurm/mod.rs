@@ -35,12 +35,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest};
+use knob_plugin_api::service::{
+    CheckedConfig, ConfigProblem, Environment, ServiceContext, ServiceEvent, TrialRequest,
+};
 use knob_plugin_api::{EventSink, PluginError, TrainingService};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch, Notify};
 
-pub use args::{ArgsError, SlurmArgs};
+pub use args::{check_config, ArgsError, SlurmArgs};
 use commands::{JobRow, JobState, Submitter};
 use link::{Incoming, Link};
 
@@ -192,8 +194,14 @@ fn locate_agent(configured: Option<&Path>) -> Result<PathBuf, String> {
 }
 
 impl SlurmService {
-    pub fn with_emitter(class_args: &Value, emit: Emit) -> Result<SlurmService, SlurmError> {
-        let args = SlurmArgs::parse(class_args)?;
+    /// The service for a config (as [`args::check_config`] made it canonical) and its
+    /// experiment's context, reporting through `emit`.
+    pub fn with_emitter(
+        config: &Value,
+        context: &ServiceContext,
+        emit: Emit,
+    ) -> Result<SlurmService, SlurmError> {
+        let args = SlurmArgs::new(config, context)?;
         let agent = locate_agent(args.agent_binary.as_deref()).map_err(SlurmError::Startup)?;
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -423,17 +431,16 @@ fn job_name(args: &SlurmArgs, key: &str) -> String {
     format!("{}-{}-{key}", args.job.job_name, args.experiment_id)
 }
 
-fn comment_prefix(args: &SlurmArgs) -> String {
-    format!("knob:{}:", args.experiment_id)
+fn comment_prefix(experiment_id: &str) -> String {
+    format!("knob:{experiment_id}:")
 }
 
-/// A later knob's start: the experiment's jobs still in the queue (from a run that crashed or
-/// was killed) are cancelled; the core runs their trials again.
-async fn cancel_leftovers(ctx: &Context) -> Result<(), String> {
+/// Cancels the jobs of `experiment_id` still in the queue (found by their comment); their ids.
+async fn cancel_experiment_jobs(experiment_id: &str) -> Result<Vec<u64>, String> {
     let rows = commands::squeue()
         .await
         .map_err(|e| format!("squeue does not answer: {e}"))?;
-    let prefix = comment_prefix(&ctx.args);
+    let prefix = comment_prefix(experiment_id);
     let leftovers: Vec<u64> = rows
         .iter()
         .filter(|row| row.comment.starts_with(&prefix) && !row.state.has_ended())
@@ -443,6 +450,15 @@ async fn cancel_leftovers(ctx: &Context) -> Result<(), String> {
         commands::scancel(&leftovers).await.map_err(|e| {
             format!("cannot cancel the jobs {leftovers:?} an earlier run left: {e}")
         })?;
+    }
+    Ok(leftovers)
+}
+
+/// A later knob's start: the experiment's jobs still in the queue (from a run that crashed or
+/// was killed) are cancelled; the core runs their trials again.
+async fn cancel_leftovers(ctx: &Context) -> Result<(), String> {
+    let leftovers = cancel_experiment_jobs(&ctx.args.experiment_id).await?;
+    if !leftovers.is_empty() {
         warn(
             ctx,
             None,
@@ -467,7 +483,7 @@ async fn submit(
     std::fs::create_dir_all(&dir)
         .map_err(|e| SlurmError::Startup(format!("cannot create {}: {e}", dir.display())))?;
     let name = job_name(&ctx.args, key);
-    let comment = format!("{}{key}", comment_prefix(&ctx.args));
+    let comment = format!("{}{key}", comment_prefix(&ctx.args.experiment_id));
     let text = script::batch_script(&script::JobSpec {
         options: &ctx.args.job,
         name: &name,
@@ -1224,9 +1240,43 @@ fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
 }
 
 impl TrainingService for SlurmService {
-    fn new(class_args: &Value, events: EventSink) -> Result<Self, PluginError> {
+    fn create(
+        config: &Value,
+        context: &ServiceContext,
+        events: EventSink,
+    ) -> Result<Self, PluginError> {
         let emit: Emit = Arc::new(move |event: ServiceEvent| events.emit(&event));
-        Ok(SlurmService::with_emitter(class_args, emit)?)
+        Ok(SlurmService::with_emitter(config, context, emit)?)
+    }
+
+    fn check_config(
+        config: &Value,
+        context: &ServiceContext,
+    ) -> Result<CheckedConfig, Vec<ConfigProblem>> {
+        args::check_config(config, context)
+    }
+
+    /// The experiment's jobs still in the queue (found by their comment) are cancelled: their
+    /// trials are run again, and a job's agent cannot be told apart from a stale one.
+    fn clean_up_leftovers(
+        config: &Value,
+        context: &ServiceContext,
+        _trial_ids: &[String],
+    ) -> Result<Vec<String>, PluginError> {
+        let _ = config;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                PluginError::new(format!("training service slurm: no async runtime: {e}"))
+            })?;
+        let cancelled = runtime
+            .block_on(cancel_experiment_jobs(&context.experiment_id))
+            .map_err(|e| PluginError::new(format!("training service slurm: {e}")))?;
+        Ok(cancelled
+            .iter()
+            .map(|id| format!("cancelled Slurm job {id}, left in the queue by an earlier run"))
+            .collect())
     }
 
     fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {

@@ -42,7 +42,7 @@ fn local_service_runs_a_trial_through_the_plugin_abi() {
     assert!(registry.problems().is_empty(), "{:?}", registry.problems());
     assert_eq!(
         registry.names(ComponentKind::TrainingService),
-        ["local", "remote"]
+        ["local", "remote", "slurm"]
     );
 
     let events = Events::default();

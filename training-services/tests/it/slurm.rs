@@ -11,8 +11,11 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use knob_plugin_api::service::{Environment, MetricKind, ServiceEvent, TrialRequest};
-use knob_training_services::slurm::{SlurmService, QUEUE_ENVIRONMENT};
+use knob_plugin_api::service::{
+    Environment, MetricKind, ServiceContext, ServiceEvent, TrialRequest, TrialSettings,
+};
+use knob_plugin_api::TrainingService;
+use knob_training_services::slurm::{check_config, SlurmService, QUEUE_ENVIRONMENT};
 use serde_json::{json, Value};
 
 use crate::support::{ending, metrics, of_trial, request, warnings, Events};
@@ -95,26 +98,53 @@ impl World {
         }
     }
 
-    fn args(&self, extra: Value) -> Value {
-        let mut args = json!({
-            "platform": "slurm",
-            "experimentId": self.experiment_id,
-            "experimentDir": self.dir.path(),
+    /// The service's config and its experiment's context: `extra` holds fields of either (the
+    /// trial settings, as an experiment config has them at top level, go to the context).
+    fn args(&self, extra: Value) -> (Value, ServiceContext) {
+        let mut config = json!({
             "agentBinary": agent_binary(),
-            "trialCpuNumber": 1,
             "pollIntervalSecs": 0.2,
             "orphanTimeoutSecs": 60,
         });
+        let mut trial = TrialSettings {
+            trial_concurrency: 1,
+            trial_cpu_number: Some(1),
+            ..TrialSettings::default()
+        };
         for (key, value) in extra.as_object().unwrap() {
-            args.as_object_mut()
-                .unwrap()
-                .insert(key.clone(), value.clone());
+            match key.as_str() {
+                "trialConcurrency" => trial.trial_concurrency = value.as_u64().unwrap() as u32,
+                "trialCpuNumber" => trial.trial_cpu_number = value.as_u64().map(|n| n as u32),
+                "trialMemorySizeMib" => trial.trial_memory_size_mib = value.as_u64(),
+                "maxTrialDurationSecs" => trial.max_trial_duration_secs = value.as_u64(),
+                _ => {
+                    config
+                        .as_object_mut()
+                        .unwrap()
+                        .insert(key.clone(), value.clone());
+                }
+            }
         }
-        args
+        let context = ServiceContext {
+            experiment_id: self.experiment_id.clone(),
+            experiment_dir: Some(self.dir.path().to_path_buf()),
+            config_dir: self.dir.path().to_path_buf(),
+            trial,
+            ..ServiceContext::default()
+        };
+        (config, context)
+    }
+
+    fn service_with(&self, extra: Value, events: &Events) -> Result<SlurmService, String> {
+        let (config, context) = self.args(extra);
+        let checked =
+            check_config(&config, &context).map_err(|problems| format!("{problems:?}"))?;
+        SlurmService::with_emitter(&Value::Object(checked.config), &context, events.emitter())
+            .map_err(|e| e.to_string())
     }
 
     fn service(&self, extra: Value) -> SlurmService {
-        SlurmService::with_emitter(&self.args(extra), self.events.emitter()).unwrap()
+        self.service_with(extra, &self.events).unwrap()
     }
 
     fn request(&self, environment_id: &str, trial_id: &str, command: &str) -> TrialRequest {
@@ -268,7 +298,7 @@ fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory() {
         "reuseMode": false,
         "trialConcurrency": 2,
         "trialCpuNumber": 1,
-        "trialMemorySize": "100m",
+        "trialMemorySizeMib": 100,
     }));
     let environments = service.environments_now();
     assert_eq!(environments.len(), 1);
@@ -402,13 +432,10 @@ fn a_bad_partition_is_one_line_naming_it_and_quoting_sbatch() {
         return;
     };
     let world = World::new("badpart");
-    let error = SlurmService::with_emitter(
-        &world.args(json!({"partition": "nosuchpartition"})),
-        world.events.emitter(),
-    )
-    .err()
-    .expect("a bad partition must fail the start")
-    .to_string();
+    let error = world
+        .service_with(json!({"partition": "nosuchpartition"}), &world.events)
+        .err()
+        .expect("a bad partition must fail the start");
     assert!(!error.contains('\n'), "{error}");
     assert!(error.contains("partition \"nosuchpartition\""), "{error}");
     assert!(error.contains("sbatch: error:"), "{error}");
@@ -502,9 +529,32 @@ fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
     earlier.abandon();
     assert_eq!(queued_jobs(&world.experiment_id), left);
 
+    // What `knob resume` does first: the service's clean-up finds the job by its comment.
+    let ended = <SlurmService as TrainingService>::clean_up_leftovers(
+        &json!({}),
+        &world.args(json!({})).1,
+        &["r1".to_string()],
+    )
+    .unwrap();
+    assert_eq!(
+        ended,
+        vec![format!(
+            "cancelled Slurm job {}, left in the queue by an earlier run",
+            left[0]
+        )]
+    );
+    wait_for(
+        "the earlier job to leave the queue",
+        Duration::from_secs(30),
+        || queued_jobs(&world.experiment_id).is_empty().then_some(()),
+    );
+
+    // A service started while an earlier run's job is still queued cancels it itself.
+    let again = world.service_with(json!({}), &Events::default()).unwrap();
+    let left = again.job_ids();
+    again.abandon();
     let later_events = Events::default();
-    let mut later =
-        SlurmService::with_emitter(&world.args(json!({})), later_events.emitter()).unwrap();
+    let mut later = world.service_with(json!({}), &later_events).unwrap();
     let said = warnings(&later_events.all()).join("\n");
     assert!(
         said.contains(&format!(
@@ -536,7 +586,7 @@ fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
     let world = World::new("timelimit");
     // Slurm's smallest time limit is a minute; maxTrialDuration 50 s makes the allocation stop
     // taking trials after about 10 s.
-    let mut service = world.service(json!({"time": "1", "maxTrialDuration": "50s"}));
+    let mut service = world.service(json!({"time": "1", "maxTrialDurationSecs": 50}));
     wait_ready(&service, 1);
     let job = service.job_ids()[0];
     let marker = world.file("started");
