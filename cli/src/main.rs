@@ -69,7 +69,13 @@ enum Command {
 #[derive(Subcommand)]
 enum ConfigCommand {
     /// Validate a config: print its canonical form, or every error found (exit 1).
-    Check { file: std::path::PathBuf },
+    Check {
+        file: std::path::PathBuf,
+        /// Print the config as an NNI v2 document instead (an NNI v1 config converted, as NNI
+        /// 2.x and 3.0 do; passwords as ***).
+        #[arg(long)]
+        v2: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -89,8 +95,13 @@ fn main() -> ExitCode {
         Command::Update(command) => manage::update(command),
         Command::View(args) => manage::view(args),
         Command::Top(args) => top::top(args),
-        Command::Config(ConfigCommand::Check { file }) => {
-            match knob_core::config::check_file(&file) {
+        Command::Config(ConfigCommand::Check { file, v2 }) => {
+            let checked = if v2 {
+                knob_core::config::check_file_v2(&file)
+            } else {
+                knob_core::config::check_file(&file)
+            };
+            match checked {
                 Ok(canonical) => {
                     print!("{canonical}");
                     Ok(ExitCode::SUCCESS)

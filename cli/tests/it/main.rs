@@ -9,6 +9,7 @@ mod create;
 mod hyperband;
 mod nni;
 mod nni_names;
+mod nni_v1;
 mod plugin;
 mod remote;
 mod resume;

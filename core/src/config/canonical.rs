@@ -3,6 +3,12 @@
 use saphyr::{LoadableYamlNode, Yaml, YamlEmitter};
 
 use super::model::{ExperimentConfig, TrainingServiceConfig};
+use super::reader::normalize_key;
+use super::yaml::{Node, Value};
+use super::REDACTED;
+
+/// Keys whose values are secrets wherever they appear in a document (NNI's remote machines).
+const SECRET_KEYS: [&str; 2] = ["password", "sshpassphrase"];
 
 impl ExperimentConfig {
     /// The canonical form as YAML: camelCase names, absolute paths, durations in seconds, sizes
@@ -45,6 +51,55 @@ impl ExperimentConfig {
         }
         json
     }
+}
+
+/// A config document as YAML, keys in the order written, secrets as `***`: what
+/// `knob config check --v2` prints.
+pub(super) fn document_yaml(document: &Node) -> String {
+    let mut json = String::new();
+    match write_json(document, false, &mut json).and_then(|()| json_to_yaml(&json)) {
+        Ok(yaml) => yaml,
+        Err(error) => format!("# knob could not render this config: {error}\n"),
+    }
+}
+
+/// JSON text of `node`, mapping order kept (a `serde_json::Value` would sort the keys).
+fn write_json(node: &Node, secret: bool, out: &mut String) -> Result<(), String> {
+    if secret && !node.is_null() {
+        out.push_str(&format!("{REDACTED:?}"));
+        return Ok(());
+    }
+    match &node.value {
+        Value::Seq(items) => {
+            out.push('[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                write_json(item, false, out)?;
+            }
+            out.push(']');
+        }
+        Value::Map(entries) => {
+            out.push('{');
+            for (index, (key, value)) in entries.iter().enumerate() {
+                if index > 0 {
+                    out.push(',');
+                }
+                let key_text = key.key_text();
+                out.push_str(&serde_json::Value::String(key_text.clone()).to_string());
+                out.push(':');
+                let secret = SECRET_KEYS.contains(&normalize_key(&key_text).as_str());
+                write_json(value, secret, out)?;
+            }
+            out.push('}');
+        }
+        _ => {
+            let scalar = node.to_json().map_err(|(_, message)| message)?;
+            out.push_str(&scalar.to_string());
+        }
+    }
+    Ok(())
 }
 
 fn json_to_yaml(json: &str) -> Result<String, String> {

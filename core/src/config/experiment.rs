@@ -11,7 +11,7 @@ use super::units;
 use super::yaml::{self, Node, Value};
 
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
-const TOP_FIELDS: [&str; 33] = [
+pub(super) const TOP_FIELDS: [&str; 33] = [
     "experimentName",
     "experimentType",
     "searchSpaceFile",

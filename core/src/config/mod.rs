@@ -31,6 +31,11 @@
 //!   files or folders to load, relative to the config).
 //! - `experimentWorkingDirectory` defaults to `~/knob-experiments`.
 //!
+//! # NNI v1
+//!
+//! A config with `trainingServicePlatform` is NNI v1: [`v1`] converts it to a v2 document first,
+//! as NNI 2.x and 3.0 do, and a warning says so. Errors keep the v1 field names and positions.
+//!
 //! Tuner, assessor and training-service *names* are checked against the loaded plugins by the
 //! caller, not here.
 
@@ -42,6 +47,7 @@ mod reader;
 mod secret;
 mod training_service;
 mod units;
+mod v1;
 
 pub use units::duration_text_seconds;
 mod yaml;
@@ -82,10 +88,16 @@ pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
 /// Like [`load_file`] for text already read: `path` only names the file in messages, picks the
 /// format by its extension, and anchors relative paths at its folder.
 pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
+    load_document(text, path).map(|(loaded, _)| loaded)
+}
+
+/// Reads and checks the config, and returns it with the v2 document it was read from: the
+/// document itself, or for an NNI v1 config its conversion (see [`v1`]).
+fn load_document(text: &str, path: &Path) -> Result<(LoadedConfig, yaml::Node), ConfigErrors> {
     let file = path.display().to_string();
     let base_dir = config_folder(path);
     let mut reader = reader::Reader {
-        file,
+        file: file.clone(),
         base_dir,
         home: units::home_dir(),
         errors: Vec::new(),
@@ -99,9 +111,54 @@ pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
     } else {
         yaml::parse(text)
     };
+    let mut document = None;
     let config = match parsed {
+        Ok(Some(root)) if v1::is_v1(&root) => {
+            let note = format!(
+                "an NNI v1 config, converted to v2 as NNI 2.x and 3.0 do; `knob config check \
+                 --v2 {file}` prints the v2 config"
+            );
+            reader.warn(None, "", note);
+            let converting_from = reader.errors.len();
+            let v1 = v1::convert(&mut reader, &root);
+            // Read the v2 document even after a conversion error, so that one run lists them all.
+            let (errors_before, warnings_before) = (reader.errors.len(), reader.warnings.len());
+            let config = experiment::read_experiment(&mut reader, &v1.root);
+            // What the v2 reader found, under the names the user wrote.
+            for problem in reader.errors[errors_before..]
+                .iter_mut()
+                .chain(reader.warnings[warnings_before..].iter_mut())
+            {
+                problem.field = v1.v1_field(&problem.field);
+            }
+            // What the conversion refused is not reported again by the v2 reader, which saw it
+            // missing (trainingServicePlatform: pai leaves no trainingService behind).
+            let refused: Vec<String> = reader.errors[converting_from..errors_before]
+                .iter()
+                .map(|error| error.field.clone())
+                .filter(|field| !field.is_empty())
+                .collect();
+            let mut index = errors_before;
+            while index < reader.errors.len() {
+                let field = &reader.errors[index].field;
+                let under = |refused: &String| {
+                    field.strip_prefix(refused.as_str()).is_some_and(|rest| {
+                        rest.is_empty() || rest.starts_with('.') || rest.starts_with('[')
+                    })
+                };
+                if refused.iter().any(under) {
+                    reader.errors.remove(index);
+                } else {
+                    index += 1;
+                }
+            }
+            document = Some(v1.root);
+            config
+        }
         Ok(Some(root)) if matches!(root.value, yaml::Value::Map(_)) => {
-            experiment::read_experiment(&mut reader, &root)
+            let config = experiment::read_experiment(&mut reader, &root);
+            document = Some(root);
+            config
         }
         Ok(Some(root)) => {
             let message = format!(
@@ -125,11 +182,14 @@ pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
             None
         }
     };
-    match config {
-        Some(config) if reader.errors.is_empty() => Ok(LoadedConfig {
-            config,
-            warnings: reader.warnings,
-        }),
+    match (config, document) {
+        (Some(config), Some(document)) if reader.errors.is_empty() => Ok((
+            LoadedConfig {
+                config,
+                warnings: reader.warnings,
+            },
+            document,
+        )),
         _ => {
             let mut errors = reader.errors;
             // File order; errors with no place (a missing field) last. The sort is stable.
@@ -149,6 +209,26 @@ pub fn check_file(path: &Path) -> Result<String, Vec<String>> {
     }
     text.push_str(&loaded.config.to_canonical_yaml());
     Ok(text)
+}
+
+/// `knob config check --v2 FILE`: the config as an NNI v2 document (an NNI v1 config converted,
+/// values as written, passwords and passphrases as `***`), once it passed every check; or every
+/// error as one line each.
+pub fn check_file_v2(path: &Path) -> Result<String, Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        vec![format!(
+            "{}: cannot read config file: {}",
+            path.display(),
+            reader::plain_io(&error)
+        )]
+    })?;
+    let (loaded, document) = load_document(&text, path).map_err(|errors| errors.lines())?;
+    let mut out = String::new();
+    for warning in &loaded.warnings {
+        out.push_str(&format!("# warning: {warning}\n"));
+    }
+    out.push_str(&canonical::document_yaml(&document));
+    Ok(out)
 }
 
 /// The absolute folder of the config file, which relative paths in it are relative to.

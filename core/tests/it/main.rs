@@ -2,5 +2,6 @@
 
 mod api_stream;
 mod config;
+mod config_v1;
 mod experiment;
 mod store;
