@@ -464,3 +464,47 @@ fn an_advisor_becomes_the_tuner_and_a_custom_class_its_v2_name() {
         "#]],
     );
 }
+
+#[test]
+fn check_v2_of_a_v2_config_is_the_document_as_written_with_secrets_hidden() {
+    check_v2(
+        "\
+searchSpaceFile: search_space.json
+trialCommand: python3 mnist.py
+trialConcurrency: 1
+tuner: {name: GP}
+trainingService:
+  platform: remote
+  machineList:
+    - {host: 10.0.0.1, user: bob, password: hunter2-secret}
+",
+        expect![[r#"
+            searchSpaceFile: search_space.json
+            trialCommand: python3 mnist.py
+            trialConcurrency: 1
+            tuner:
+              name: GP
+            trainingService:
+              platform: remote
+              machineList:
+                - host: 10.0.0.1
+                  user: bob
+                  password: "***"
+        "#]],
+    );
+}
+
+#[test]
+fn a_v1_json_config_is_converted_too() {
+    let project = Project::new(&[("exp/search_space.json", SPACE)]);
+    let path = project.path("exp/config.json");
+    let json = r#"{"authorName": "default", "trainingServicePlatform": "local",
+        "trialConcurrency": 1, "searchSpacePath": "search_space.json",
+        "tuner": {"builtinTunerName": "BatchTuner"},
+        "trial": {"command": "python3 mnist.py", "codeDir": "."}}"#;
+    std::fs::write(&path, json).unwrap();
+    let loaded = config::load_file(&path).unwrap();
+    assert_eq!(loaded.config.tuner.name.as_deref(), Some("BatchTuner"));
+    assert_eq!(loaded.config.trial_command, "python3 mnist.py");
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+}
