@@ -324,16 +324,13 @@ impl<'a> Fields<'a> {
 /// "did you mean ..." for a misspelt key, or how to write an NNI v1 key in v2.
 fn suggestion(written: &str, known: &[&str]) -> Option<String> {
     let normalized = normalize_key(written);
-    // NNI v1 configs (`authorName`, `trial:`...) are the most common source of unknown keys.
-    const V1_KEYS: [(&str, &str); 12] = [
+    // NNI v1 fields in a config without `trainingServicePlatform` (with it, the config is v1 and
+    // converted, see `v1.rs`).
+    const V1_KEYS: [(&str, &str); 11] = [
         ("authorname", "an NNI v1 field; drop it"),
         ("maxexecduration", "NNI v1; write maxExperimentDuration"),
         ("maxtrialnum", "NNI v1; write maxTrialNumber"),
         ("searchspacepath", "NNI v1; write searchSpaceFile"),
-        (
-            "trainingserviceplatform",
-            "NNI v1; write trainingService: {platform: ...}",
-        ),
         (
             "trial",
             "NNI v1; write trialCommand and trialCodeDirectory at top level",
