@@ -50,6 +50,8 @@ impl ApiClient {
         if let Some(token) = &self.token {
             request = request.header("Authorization", format!("Bearer {token}"));
         }
+        // The API takes writes only as JSON, bodiless ones included (see `core::api::guard`).
+        let request = request.header("Content-Type", "application/json");
         let response = match body {
             Some(body) => request.send_json(body),
             None => request.send_empty(),

@@ -157,7 +157,7 @@ pub fn run_in_foreground(
             dir.clone(),
             Some(commands.clone()),
             Some(store.commits()),
-            serve.token(),
+            serve,
         )?;
         tokio::spawn(forward_ctrl_c(commands));
         let display = tokio::spawn(show_progress(progress_rx, maximize));
@@ -338,6 +338,9 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
         .arg("--id")
         .arg(&id)
         .args(args.serve.to_args());
+    if let Some(token) = args.serve.token() {
+        child.env("KNOB_API_TOKEN", token);
+    }
     child
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)

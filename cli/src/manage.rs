@@ -147,7 +147,7 @@ pub fn view(args: ViewArgs) -> anyhow::Result<ExitCode> {
             entry.dir.clone(),
             None,
             None,
-            args.serve.token(),
+            &args.serve,
         )?;
         println!(
             "experiment {} (read-only): {} — Ctrl-C to quit",

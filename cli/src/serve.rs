@@ -21,6 +21,10 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on every API request (also $KNOB_API_TOKEN).
     #[arg(long)]
     pub token: Option<String>,
+    /// Also answer requests whose Host is NAME (besides localhost and the bound address);
+    /// repeatable. Other names are refused, which stops DNS rebinding.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allow_host: Vec<String>,
 }
 
 impl ServeArgs {
@@ -38,8 +42,22 @@ impl ServeArgs {
             .filter(|t| !t.is_empty())
     }
 
-    /// Refuses a non-loopback address without a token, before anything starts.
+    /// Refuses a blank token, a blank or malformed `--allow-host`, and a non-loopback address
+    /// without a token, before anything starts.
     pub fn check(&self) -> anyhow::Result<()> {
+        if self.token.as_ref().is_some_and(|t| t.trim().is_empty()) {
+            anyhow::bail!("--token is blank: give a non-empty token, or leave --token out");
+        }
+        if std::env::var("KNOB_API_TOKEN").is_ok_and(|t| !t.is_empty() && t.trim().is_empty()) {
+            anyhow::bail!("$KNOB_API_TOKEN is blank: set a non-empty token, or unset it");
+        }
+        for name in &self.allow_host {
+            if name.is_empty() || name.contains([':', '/', ' ', '[', ']']) {
+                anyhow::bail!(
+                    "--allow-host {name:?}: give a host name alone, without scheme or port (e.g. --allow-host knob.lab)"
+                );
+            }
+        }
         api::check_bind(self.address(), self.token().as_deref())?;
         Ok(())
     }
@@ -53,6 +71,9 @@ impl ServeArgs {
         }
         if let Some(bind) = self.bind {
             args.extend(["--bind".to_string(), bind.to_string()]);
+        }
+        for name in &self.allow_host {
+            args.extend(["--allow-host".to_string(), name.clone()]);
         }
         args
     }
@@ -86,14 +107,15 @@ pub fn spawn_api(
     dir: PathBuf,
     commands: Option<mpsc::UnboundedSender<Command>>,
     commits: Option<watch::Receiver<EventSeq>>,
-    token: Option<String>,
+    serve: &ServeArgs,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let state = ApiState::new(ApiConfig {
         experiment_id,
         dir,
         commands,
-        token,
+        token: serve.token(),
+        allowed_hosts: serve.allow_host.clone(),
         commits,
     });
     if let Some(reason) = state.live_unavailable() {

@@ -3,6 +3,7 @@
 //! libraries must sit next to the binary, where a user's install puts them.
 
 mod api;
+mod api_security;
 mod assessor;
 mod browser;
 mod create;

@@ -6,6 +6,7 @@
 //! was applied. `openapi.yaml` documents every route; a test checks it against the router's
 //! own table, [`api_routes`].
 
+mod guard;
 mod logs;
 mod reads;
 mod stream;
@@ -55,10 +56,18 @@ where
         "patch" => MethodFilter::PATCH,
         _ => MethodFilter::DELETE,
     };
+    let handler = on(filter, handler);
+    // On the routed method only, so a method the path does not serve gets its 405 (with what is
+    // allowed) rather than a refusal of its content type.
+    let handler = if method == "get" {
+        handler
+    } else {
+        handler.route_layer(middleware::from_fn(guard::check_write))
+    };
     ApiRoute {
         method,
         path,
-        handler: on(filter, handler),
+        handler,
     }
 }
 
@@ -91,7 +100,7 @@ pub fn api_routes() -> Vec<ApiRoute> {
         operation("get", "/api/v1/metrics", reads::metrics),
         operation("get", "/api/v1/events", reads::events),
         operation("get", "/api/v1/stream", stream::stream),
-        operation("get", "/api/v1/openapi.yaml", openapi),
+        operation("get", PUBLIC_API_PATH, openapi),
     ]
 }
 
@@ -101,8 +110,11 @@ pub struct ApiConfig {
     pub dir: PathBuf,
     /// The running manager; `None` serves the store read-only (writes answer 409).
     pub commands: Option<mpsc::UnboundedSender<Command>>,
-    /// When set, every `/api/` request needs `Authorization: Bearer <token>`.
+    /// When set, every `/api/` request but `openapi.yaml` needs `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// Names a request's `Host` may carry besides `localhost` and the bound address
+    /// (`--allow-host`; see [`guard::host_allowed`]).
+    pub allowed_hosts: Vec<String>,
     /// The store's commit watch ([`Store::commits`](crate::store::Store::commits)) when this
     /// process writes the store. `None` (`knob view`): another process or none writes it, so
     /// the store's files are watched instead (inotify); either way the live stream waits on a
@@ -227,14 +239,25 @@ pub fn check_bind(address: SocketAddr, token: Option<&str>) -> Result<(), ServeE
     }
 }
 
-/// Serves the API and the dashboard on `listener` until the task is dropped.
+pub use guard::host_allowed;
+
+/// Serves the API and the dashboard on `listener` until the task is dropped. Every request must
+/// name this server as its `Host` ([`host_allowed`]), which [`router`] alone does not check
+/// because it does not know the address.
 pub async fn serve(listener: TcpListener, state: ApiState) -> Result<(), ServeError> {
-    check_bind(listener.local_addr()?, state.config().token.as_deref())?;
-    axum::serve(listener, router(state)).await?;
+    let bound = listener.local_addr()?;
+    check_bind(bound, state.config().token.as_deref())?;
+    let rule = Arc::new(guard::HostRule {
+        bound,
+        names: state.config().allowed_hosts.clone(),
+    });
+    let app = router(state).layer(middleware::from_fn_with_state(rule, guard::check_host));
+    axum::serve(listener, app).await?;
     Ok(())
 }
 
-/// The whole application: API routes (token-checked), the dashboard, JSON 404s.
+/// The whole application: API routes (token-checked; writes only as JSON from the dashboard's
+/// own origin, see `guard`), the dashboard, JSON 404s and 405s.
 pub fn router(state: ApiState) -> Router {
     let api = api_routes()
         .into_iter()
@@ -247,6 +270,7 @@ pub fn router(state: ApiState) -> Router {
     // times over; tower-http's default predicate leaves the event stream uncompressed.
     web::routes()
         .merge(api)
+        .layer(middleware::from_fn(guard::explain_method_not_allowed))
         .layer(tower_http::compression::CompressionLayer::new())
         .with_state(state)
 }
@@ -255,15 +279,24 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/yaml")], OPENAPI_YAML).into_response()
 }
 
+/// The one API route served without the token, as `openapi.yaml` marks it (`security: []`).
+const PUBLIC_API_PATH: &str = "/api/v1/openapi.yaml";
+
 /// With a token configured, an API request without `Authorization: Bearer <token>` gets 401.
-/// The dashboard's static files hold no data and are served to anyone who can connect.
+/// The dashboard's static files and the API's description hold no data and are served to anyone
+/// who can connect.
 async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    if let Some(token) = &state.config().token {
+    if let Some(token) = state
+        .config()
+        .token
+        .as_ref()
+        .filter(|_| request.uri().path() != PUBLIC_API_PATH)
+    {
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(guard::bearer_token);
         if !given.is_some_and(|g| same_secret(g.as_bytes(), token.as_bytes())) {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -413,6 +446,7 @@ mod tests {
             dir: dir.path().to_path_buf(),
             commands: None,
             token: None,
+            allowed_hosts: Vec::new(),
             commits: Some(store.commits()),
         }));
         let documented = documented_routes();

@@ -32,11 +32,14 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The dashboard's paths, all served with GET only.
+pub(super) const ROUTES: [&str; 2] = ["/", "/assets/{name}"];
+
 pub(super) fn routes() -> Router<ApiState> {
     Router::new()
-        .route("/", get(|| async { asset("index.html") }))
+        .route(ROUTES[0], get(|| async { asset("index.html") }))
         .route(
-            "/assets/{name}",
+            ROUTES[1],
             get(|Path(name): Path<String>| async move { asset(&name) }),
         )
 }

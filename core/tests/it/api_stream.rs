@@ -78,6 +78,7 @@ fn state(dir: &std::path::Path, commits: Option<watch::Receiver<EventSeq>>) -> A
         dir: dir.to_path_buf(),
         commands: None,
         token: None,
+        allowed_hosts: Vec::new(),
         commits,
     })
 }

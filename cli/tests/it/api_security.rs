@@ -1,0 +1,386 @@
+//! What a web page in the user's browser could do to the loopback API, tried over real HTTP on
+//! 127.0.0.1 against a real `knob create`: requests with a foreign `Host` (DNS rebinding),
+//! writes as a form or `text/plain` (no CORS preflight) or from another `Origin`, the token's
+//! `Bearer` scheme in any case, a blank `--token`. Requests are written by hand on a socket, so
+//! every header is exactly what a browser could send.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::api::start;
+use crate::create::Sandbox;
+use crate::run;
+
+/// Every trial sleeps, so the experiment keeps running while the test sends its requests.
+const SLEEPING: &str = r#"trialCommand: 'sleep 60'
+trialConcurrency: 1
+maxTrialNumber: 1000
+searchSpace:
+  x: {_type: randint, _value: [0, 1000]}
+tuner:
+  name: Random
+trainingService:
+  platform: local"#;
+
+/// One trial that ends at once.
+const QUICK: &str = r#"trialCommand: 'echo KNOB_FINAL 1'
+trialConcurrency: 1
+maxTrialNumber: 1
+searchSpace:
+  x: {_type: randint, _value: [0, 1000]}
+tuner:
+  name: Random
+trainingService:
+  platform: local"#;
+
+/// A raw HTTP/1.1 exchange: `method path` with `headers` (Host among them when the caller
+/// wants one) and `body`; the status and the body (JSON, or a string when not JSON).
+fn raw(base: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
+    let address = base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    let value = serde_json::from_str(&body).unwrap_or(Value::String(body));
+    (status, value)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A refusal: `code` and a one-line `{"error"}` containing `needle`.
+#[track_caller]
+fn assert_refused((status, body): (u16, Value), code: u16, needle: &str) {
+    assert_eq!(status, code, "{body}");
+    let message = body["error"].as_str().unwrap_or_else(|| panic!("{body}"));
+    assert!(!message.contains('\n'), "{message}");
+    assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+}
+
+fn trial_count(base: &str, host: &str) -> usize {
+    let (status, trials) = raw(base, "GET", "/api/v1/trials", &[("Host", host)], "");
+    assert_eq!(status, 200, "{trials}");
+    trials["total"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{trials}")) as usize
+}
+
+#[test]
+fn foreign_hosts_cross_site_writes_and_non_json_writes_are_refused() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(SLEEPING, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let experiment = start(
+        command,
+        &["--id", "guarded", "--port", "0", "--allow-host", "knob.lab"],
+    );
+    let base = experiment.base.clone();
+    let own = base.trim_start_matches("http://").to_string();
+    let port = own.rsplit_once(':').unwrap().1.to_string();
+
+    // DNS rebinding: a page on evil.example that resolves to 127.0.0.1 sends its own name.
+    for path in ["/api/v1/experiment", "/api/v1/trials", "/"] {
+        for host in ["evil.example", &format!("evil.example:{port}")] {
+            assert_refused(
+                raw(&base, "GET", path, &[("Host", host)], ""),
+                403,
+                "--allow-host",
+            );
+        }
+    }
+    for host in [
+        own.clone(),
+        format!("localhost:{port}"),
+        "localhost".to_string(),
+        format!("knob.lab:{port}"),
+    ] {
+        let (status, body) = raw(&base, "GET", "/api/v1/experiment", &[("Host", &host)], "");
+        assert_eq!(
+            (status, &body["id"]),
+            (200, &Value::from("guarded")),
+            "{host}"
+        );
+    }
+
+    // Writes a page can send without a CORS preflight: a form, text/plain, no type at all.
+    let before = trial_count(&base, &own);
+    let trial = r#"{"parameters": {"x": 5}}"#;
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        None,
+    ] {
+        let mut headers = vec![("Host", own.as_str())];
+        headers.extend(content_type.map(|t| ("Content-Type", t)));
+        assert_refused(
+            raw(&base, "POST", "/api/v1/trials", &headers, trial),
+            415,
+            "application/json",
+        );
+        assert_refused(
+            raw(&base, "POST", "/api/v1/experiment/stop", &headers, ""),
+            415,
+            "application/json",
+        );
+        assert_refused(
+            raw(
+                &base,
+                "PATCH",
+                "/api/v1/experiment",
+                &headers,
+                r#"{"trialConcurrency": 2}"#,
+            ),
+            415,
+            "application/json",
+        );
+    }
+    // JSON with another site's Origin (a preflight would have failed, but say so plainly).
+    let json = [("Host", own.as_str()), ("Content-Type", "application/json")];
+    for origin in [
+        "http://evil.example",
+        "null",
+        &format!("http://localhost.evil.example:{port}"),
+    ] {
+        let mut headers = json.to_vec();
+        headers.push(("Origin", origin));
+        assert_refused(
+            raw(&base, "POST", "/api/v1/trials", &headers, trial),
+            403,
+            "Origin",
+        );
+        assert_refused(
+            raw(&base, "POST", "/api/v1/experiment/stop", &headers, ""),
+            403,
+            "Origin",
+        );
+    }
+    assert_eq!(
+        trial_count(&base, &own),
+        before,
+        "a refused write added a trial"
+    );
+    let (status, summary) = raw(&base, "GET", "/api/v1/experiment", &[("Host", &own)], "");
+    assert_eq!(
+        (status, &summary["status"]),
+        (200, &Value::from("RUNNING")),
+        "{summary}"
+    );
+
+    // The dashboard's own writes: JSON, from its own origin (or from a client that sends none).
+    let dashboard = format!("http://{own}");
+    let mut headers = json.to_vec();
+    headers.push(("Origin", &dashboard));
+    let (status, added) = raw(&base, "POST", "/api/v1/trials", &headers, trial);
+    assert_eq!(status, 201, "{added}");
+    let (status, added) = raw(&base, "POST", "/api/v1/trials", &json, trial);
+    assert_eq!(status, 201, "{added}");
+    assert_eq!(trial_count(&base, &own), before + 2);
+    let (status, stopped) = raw(&base, "POST", "/api/v1/experiment/stop", &headers, "");
+    assert_eq!(status, 202, "{stopped}");
+}
+
+#[test]
+fn the_bearer_scheme_is_case_insensitive_and_the_api_description_is_public() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(SLEEPING, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let experiment = start(
+        command,
+        &["--id", "tokened", "--port", "0", "--token", "s3cret"],
+    );
+    let base = experiment.base.clone();
+    let own = base.trim_start_matches("http://").to_string();
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let authorization = format!("{scheme} s3cret");
+        let headers = [("Host", own.as_str()), ("Authorization", &authorization)];
+        let (status, body) = raw(&base, "GET", "/api/v1/experiment", &headers, "");
+        assert_eq!(
+            (status, &body["id"]),
+            (200, &Value::from("tokened")),
+            "{scheme}"
+        );
+    }
+    let headers = [("Host", own.as_str()), ("Authorization", "Basic s3cret")];
+    assert_refused(
+        raw(&base, "GET", "/api/v1/experiment", &headers, ""),
+        401,
+        "Bearer",
+    );
+    assert_refused(
+        raw(&base, "GET", "/api/v1/trials", &[("Host", &own)], ""),
+        401,
+        "Bearer",
+    );
+    // openapi.yaml says `security: []` for itself.
+    let (status, yaml) = raw(&base, "GET", "/api/v1/openapi.yaml", &[("Host", &own)], "");
+    assert_eq!(status, 200, "{yaml}");
+    assert!(yaml.as_str().unwrap().contains("openapi: 3"), "{yaml}");
+}
+
+#[test]
+fn a_method_a_route_does_not_serve_is_answered_with_what_it_does() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(SLEEPING, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let experiment = start(command, &["--id", "methods", "--port", "0"]);
+    let base = experiment.base.clone();
+    let own = base.trim_start_matches("http://").to_string();
+    let json = [("Host", own.as_str()), ("Content-Type", "application/json")];
+    for (method, path, allowed) in [
+        ("DELETE", "/api/v1/experiment", "GET,HEAD,PATCH,PUT"),
+        ("DELETE", "/api/v1/trials/0", "GET,HEAD"),
+        ("GET", "/api/v1/experiment/stop", "POST"),
+        ("POST", "/", "GET,HEAD"),
+    ] {
+        let (status, body) = raw(&base, method, path, &json, "");
+        assert_eq!(status, 405, "{method} {path}: {body}");
+        let message = body["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{method} {path}: {body:?}"));
+        let listed: String = message
+            .split("allowed: ")
+            .nth(1)
+            .unwrap_or("")
+            .replace(' ', "");
+        let mut listed: Vec<&str> = listed.split(',').collect();
+        listed.sort();
+        assert_eq!(listed.join(","), allowed, "{method} {path}: {message}");
+        assert!(
+            message.starts_with(&format!("{method} is not allowed on {path}")),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn a_blank_token_is_refused_in_one_line() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(QUICK, &[]);
+    for token in ["", "   "] {
+        let (code, _, stderr) = run(sandbox
+            .knob()
+            .arg("create")
+            .arg("--config")
+            .arg(&config)
+            .args(["--port", "0", "--token", token]));
+        assert_eq!(code, 1, "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("--token is blank"), "{stderr}");
+    }
+    assert!(run(sandbox.knob().args(["experiment", "list"]))
+        .1
+        .contains("no experiments yet"));
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .env("KNOB_API_TOKEN", " ")
+        .args(["--port", "0"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("KNOB_API_TOKEN is blank"), "{stderr}");
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--port", "0", "--allow-host", "http://knob.lab:80"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("--allow-host"), "{stderr}");
+}
+
+/// Kills the background experiment when the test ends, however it ends.
+struct Background(u32);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &self.0.to_string()])
+            .status();
+    }
+}
+
+#[test]
+fn a_detached_experiment_keeps_its_token() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(SLEEPING, &[]);
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--detach", "--id", "bg", "--port", "0", "--token", "s3cret"]));
+    assert_eq!(code, 0, "{stderr}");
+    let pid: u32 = stdout
+        .split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {stdout:?}"));
+    let _background = Background(pid);
+    let log = sandbox.path().join("home/logs/bg.log");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let base = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(url) = text
+            .lines()
+            .find_map(|line| line.split_whitespace().find(|w| w.starts_with("http://")))
+        {
+            break url.trim_end_matches('/').to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "no URL in {text:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let own = base.trim_start_matches("http://").to_string();
+    assert_refused(
+        raw(&base, "GET", "/api/v1/experiment", &[("Host", &own)], ""),
+        401,
+        "token",
+    );
+    let headers = [("Host", own.as_str()), ("Authorization", "Bearer s3cret")];
+    let (status, body) = raw(&base, "GET", "/api/v1/experiment", &headers, "");
+    assert_eq!((status, &body["id"]), (200, &Value::from("bg")), "{body}");
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_API_TOKEN", "s3cret")
+        .args(["stop", "bg"]));
+    assert_eq!(code, 0, "{stderr}");
+}
