@@ -134,3 +134,75 @@ fn knob_gpu_shows_a_simulated_machine_and_says_why_there_are_no_real_gpus() {
         assert_eq!(environment["gpus"].as_array().unwrap().len(), 0);
     }
 }
+
+/// A plugin file cut short on the plugin path (a copy interrupted) is refused in one line by
+/// `plugin check`, `plugin list` and `create`, which go on with the other plugins; `dlopen`
+/// of such a file died of SIGBUS (exit 135, no message).
+#[test]
+fn a_truncated_plugin_on_the_plugin_path_is_refused_and_the_others_still_load() {
+    let whole = std::fs::read(built_in_library("knob_tuners")).unwrap();
+    let plugin_dir = tempfile::tempdir().unwrap();
+    let sizes = [1 << 10, 16 << 10, 256 << 10, 1 << 20];
+    for size in sizes {
+        assert!(
+            size < whole.len(),
+            "libknob_tuners.so is {} bytes",
+            whole.len()
+        );
+        let cut = plugin_dir.path().join(format!("libcut{size}.so"));
+        std::fs::write(&cut, &whole[..size]).unwrap();
+        let (code, stdout, stderr) = run(knob().arg("plugin").arg("check").arg(&cut));
+        assert_eq!((code, stdout.as_str()), (1, ""), "{size} bytes: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "error: {}: not a loadable shared library (",
+                cut.display()
+            )) && stderr.contains("truncated or damaged"),
+            "{stderr}"
+        );
+    }
+
+    let (code, stdout, stderr) = run(knob()
+        .args(["plugin", "list"])
+        .env("KNOB_PLUGIN_PATH", plugin_dir.path()));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        normalize(&stdout).contains("$BIN/libknob_tuners.so (knob-plugin-api"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("warning: ") && l.contains("not a loadable shared library"))
+            .count(),
+        sizes.len(),
+        "{stderr}"
+    );
+
+    let sandbox = crate::create::Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{}",
+            crate::create::SPACE
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "cut"])
+        .env("KNOB_PLUGIN_PATH", plugin_dir.path()));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("not a loadable shared library"))
+            .count(),
+        sizes.len(),
+        "{stderr}"
+    );
+    assert_eq!(sandbox.export("cut")["trials"].as_array().unwrap().len(), 1);
+}

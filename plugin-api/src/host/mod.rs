@@ -1,8 +1,10 @@
 //! The host side: find plugin libraries, load them, and run their components.
 //!
-//! Loading is three checks, each with its own one-line error: the file is a shared library; it
-//! exports `knob_plugin_api_version` (else it is not a knob plugin) with a compatible version;
-//! abi_stable finds the root module's layout identical to ours. The full abi_stable report of a
+//! Loading is four checks, each with its own one-line error: the file's ELF headers, program
+//! headers and dynamic section lie within it ([`precheck`], before `dlopen`, which would die of
+//! SIGBUS on a truncated file); `dlopen` takes it; it exports `knob_plugin_api_version` (else it
+//! is not a knob plugin) with a compatible version; abi_stable finds the root module's layout
+//! identical to ours. The full abi_stable report of a
 //! layout mismatch goes to the debug log, the one line names the type.
 //!
 //! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
@@ -10,6 +12,7 @@
 
 mod nni_names;
 mod objects;
+pub mod precheck;
 
 pub use nni_names::{nni_algorithm, NniAlgorithm, NNI_ALGORITHMS};
 use objects::PluginThread;
@@ -258,6 +261,9 @@ pub fn load_library(path: &Path) -> Result<PluginLibrary, HostError> {
 }
 
 fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
+    precheck::check_file(path).map_err(|reason| {
+        format!("not a loadable shared library ({reason}); remove it from the plugin path")
+    })?;
     let api_version = read_api_version(path)?;
     check_version_compatible(&api_version)?;
 

@@ -648,3 +648,98 @@ fn a_plugin_built_before_the_appended_fields_loads_and_gets_the_old_behaviour() 
         matches!(tuner.generate_parameters(3).unwrap(), Generated::Parameters(p) if p == json!({"n": 6}))
     );
 }
+
+/// A plugin file cut short (1 KB to 1 MB of a real plugin, short of its loadable segments) is
+/// refused in one line before `dlopen`, which would die of SIGBUS mapping it, and the
+/// whole plugin beside it still loads.
+#[test]
+fn a_truncated_plugin_is_refused_before_dlopen_and_the_others_load() {
+    let whole = fixture(Variant::Same);
+    let bytes = std::fs::read(&whole).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cut = Vec::new();
+    for size in [1 << 10, 4 << 10, 64 << 10, 256 << 10, 1 << 20] {
+        assert!(
+            size < bytes.len(),
+            "the fixture is only {} bytes",
+            bytes.len()
+        );
+        let path = tmp.path().join(format!("libcut_{size}.so"));
+        std::fs::write(&path, &bytes[..size]).unwrap();
+        let err = load_error(&path);
+        assert!(
+            err.starts_with(&format!(
+                "{}: not a loadable shared library (",
+                path.display()
+            )) && err.contains("past the end of the file")
+                && err.ends_with("); remove it from the plugin path"),
+            "{size} bytes: {err}"
+        );
+        cut.push(path);
+    }
+    let mut places = cut.clone();
+    places.push(whole.clone());
+    let registry = PluginRegistry::load_from(&places);
+    assert_eq!(
+        registry.problems().len(),
+        cut.len(),
+        "{:?}",
+        registry.problems()
+    );
+    assert_eq!(registry.libraries().len(), 1);
+    assert_eq!(registry.libraries()[0].path, whole.canonicalize().unwrap());
+}
+
+#[test]
+fn the_precheck_passes_real_libraries_and_names_what_is_wrong_with_others() {
+    use knob_plugin_api::host::precheck::check_bytes;
+    let bytes = std::fs::read(fixture(Variant::Same)).unwrap();
+    let summary = check_bytes(&bytes).unwrap();
+    assert!(
+        summary.load_segments >= 2 && summary.dynamic_entries > 0,
+        "{summary:?}"
+    );
+    assert_eq!(
+        check_bytes(b"").unwrap_err(),
+        "not a 64-bit ELF file: its header is missing or damaged"
+    );
+    assert_eq!(
+        check_bytes(&bytes[..64]).unwrap_err(),
+        "its program headers lie past the end of the file: it is truncated or damaged"
+    );
+    // Damaged rather than cut short: the dynamic segment moved out of every loadable one
+    // (`dlopen` would read it there and crash).
+    let mut damaged = bytes.clone();
+    let dynamic = program_header_offsets(&bytes)
+        .into_iter()
+        .find(|&at| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) == 2)
+        .expect("a PT_DYNAMIC segment");
+    damaged[dynamic + 16..dynamic + 24].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    assert_eq!(
+        check_bytes(&damaged).unwrap_err(),
+        "its dynamic section lies outside what is loaded: it is damaged"
+    );
+    // A file whose last segment ends one byte short.
+    let last_end = program_header_offsets(&bytes)
+        .into_iter()
+        .map(|at| {
+            let field =
+                |i: usize| u64::from_le_bytes(bytes[at + i..at + i + 8].try_into().unwrap());
+            field(8) + field(32)
+        })
+        .max()
+        .unwrap() as usize;
+    assert!(check_bytes(&bytes[..last_end]).is_ok());
+    assert!(check_bytes(&bytes[..last_end - 1])
+        .unwrap_err()
+        .ends_with("past the end of the file: it is truncated or damaged"),);
+}
+
+/// Where each program header of a little-endian 64-bit ELF file starts (e_phoff, e_phentsize,
+/// e_phnum of its header).
+fn program_header_offsets(elf: &[u8]) -> Vec<usize> {
+    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
+    let entsize = u16::from_le_bytes(elf[0x36..0x38].try_into().unwrap()) as usize;
+    let count = u16::from_le_bytes(elf[0x38..0x3a].try_into().unwrap()) as usize;
+    (0..count).map(|i| phoff + i * entsize).collect()
+}
