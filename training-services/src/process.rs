@@ -1,5 +1,5 @@
 //! Trial processes: `/bin/bash -c <command>` as the leader of a new process group, signals to
-//! the whole group, and the tail of its stderr.
+//! the whole tree it started ([`TrialTree`]), and the tail of its stderr.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -48,40 +48,122 @@ pub fn spawn_in_own_group(
     bash.spawn()
 }
 
+/// The variable every process of one run of a trial inherits, with a value no other run on
+/// this host has (see [`TrialTree`]).
+pub const TRIAL_RUN_ENV: &str = "KNOB_TRIAL_RUN";
+
+/// A fresh value for [`TRIAL_RUN_ENV`]: this process's pid, when it started (a later process
+/// with the same pid has a later start), and a count of the runs it started.
+pub fn new_trial_run_mark() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static STARTED: OnceLock<u128> = OnceLock::new();
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let started = STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    });
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    format!("{}.{started}.{run}", std::process::id())
+}
+
+/// Every process one run of a trial started: the members of its process group, and the
+/// processes that carry its [`TRIAL_RUN_ENV`] mark. A process that left the group (a `setsid`
+/// child, a double-forked daemon, re-parented to init) keeps the environment it was started
+/// with, so it is found by the mark; the group alone would miss it and it would outlive the
+/// trial. A mark unique to the run, not the experiment and trial ids, keeps an identical id of
+/// another experiment on the same host (or another attempt) out of it. Only a process that
+/// cleared its environment and left the group escapes.
+#[derive(Debug, Clone)]
+pub struct TrialTree {
+    /// The group is the leader's pid; `None` only if the OS gave no pid.
+    pgid: Option<u32>,
+    /// `KNOB_TRIAL_RUN=<mark>`, as the entry appears in `/proc/<pid>/environ`.
+    entry: Vec<u8>,
+}
+
+impl TrialTree {
+    pub fn new(pgid: Option<u32>, mark: &str) -> TrialTree {
+        TrialTree {
+            pgid,
+            entry: format!("{TRIAL_RUN_ENV}={mark}").into_bytes(),
+        }
+    }
+
+    /// The pids of the live processes (zombies are finished) that carry the mark but are not
+    /// in the group, and whether the group has a live member. Without `/proc` (not Linux),
+    /// none, and a group that answers signals counts as alive.
+    fn scan(&self) -> (Vec<i32>, bool) {
+        let group_answers = self.pgid.is_some_and(|pgid| {
+            i32::try_from(pgid).is_ok_and(|raw| killpg(Pid::from_raw(raw), None).is_ok())
+        });
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return (Vec::new(), group_answers);
+        };
+        let me = std::process::id();
+        let mut marked = Vec::new();
+        let mut group_alive = false;
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse::<u32>().ok())
+                .filter(|&pid| pid != me)
+            else {
+                continue;
+            };
+            let Some((state, group)) = std::fs::read_to_string(entry.path().join("stat"))
+                .ok()
+                .and_then(|stat| parse_state_and_group(&stat))
+            else {
+                continue;
+            };
+            if state == 'Z' || state == 'X' {
+                continue;
+            }
+            if Some(group) == self.pgid {
+                group_alive = true;
+                continue;
+            }
+            let carries_mark = std::fs::read(entry.path().join("environ"))
+                .is_ok_and(|environ| environ.split(|&b| b == 0).any(|v| v == self.entry));
+            if carries_mark {
+                if let Ok(pid) = i32::try_from(pid) {
+                    marked.push(pid);
+                }
+            }
+        }
+        (marked, group_alive && group_answers)
+    }
+
+    /// Whether any process of the trial still runs.
+    pub fn alive(&self) -> bool {
+        let (marked, group_alive) = self.scan();
+        group_alive || !marked.is_empty()
+    }
+
+    /// Sends `signal` to the group and to each marked process outside it; false when there was
+    /// nothing to signal.
+    pub fn signal(&self, signal: Signal) -> bool {
+        let (marked, _) = self.scan();
+        let mut any = self.pgid.is_some_and(|pgid| signal_group(pgid, signal));
+        for pid in marked {
+            // A marked process is this trial's. One that exited since the scan makes this fail;
+            // its pid reused by another process within these microseconds is the same window
+            // `kill(1)` of a pid read from `ps` has.
+            any |= nix::sys::signal::kill(Pid::from_raw(pid), signal).is_ok();
+        }
+        any
+    }
+}
+
 /// Sends `signal` to every process of group `pgid`; false when the group is gone.
 pub fn signal_group(pgid: u32, signal: Signal) -> bool {
     let Ok(pgid) = i32::try_from(pgid) else {
         return false;
     };
     killpg(Pid::from_raw(pgid), signal).is_ok()
-}
-
-/// Whether a process of group `pgid` still runs. Zombies do not count: an orphan that init
-/// has not reaped yet (or never will, in a container without a real init) is finished.
-pub fn group_has_live_members(pgid: u32) -> bool {
-    let Ok(raw) = i32::try_from(pgid) else {
-        return false;
-    };
-    if killpg(Pid::from_raw(raw), None).is_err() {
-        return false;
-    }
-    match std::fs::read_dir("/proc") {
-        Ok(entries) => entries.flatten().any(|entry| {
-            let name = entry.file_name();
-            let Some(pid) = name
-                .to_str()
-                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            else {
-                return false;
-            };
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| parse_state_and_group(&stat))
-                .is_some_and(|(state, group)| group == pgid && state != 'Z' && state != 'X')
-        }),
-        // Without /proc (not Linux), a group that answers signals is taken as alive.
-        Err(_) => true,
-    }
 }
 
 /// State and process group from a `/proc/<pid>/stat` line. The command name in parentheses

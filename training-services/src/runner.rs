@@ -27,15 +27,17 @@ use crate::knob_protocol::{self as knob, LineSource};
 use crate::metrics::{Emit, LineScanner, ScannedLine, TrialRecorder, MAX_METRIC_BYTES};
 use crate::nni_file;
 use crate::nni_http::ChannelServer;
-use crate::process::{group_has_live_members, signal_group, spawn_in_own_group, stderr_tail};
+use crate::process::{
+    new_trial_run_mark, spawn_in_own_group, stderr_tail, TrialTree, TRIAL_RUN_ENV,
+};
 use crate::tail::{tail_files, FileTail, FileWatcher};
 
 /// Files in a trial's directory that the runner writes.
 pub const STDOUT_FILE_NAME: &str = "stdout";
 pub const STDERR_FILE_NAME: &str = "stderr";
 
-/// How often, while a finished trial's leftover processes are given their grace period, the
-/// group is looked at again: no event says when a process that is not our child exits.
+/// How often, while a finished trial's leftover processes are given their grace period, its
+/// processes are looked at again: no event says when a process that is not our child exits.
 const LEFTOVER_RECHECK: Duration = Duration::from_millis(50);
 
 /// What the trials of one service share.
@@ -165,7 +167,9 @@ pub fn start_trial(
         }
     }
     let channel_url = host.channels.url_for(&env_id, &trial_id);
-    let env = trial_environment(host, request, &paths, channel_url);
+    let mark = new_trial_run_mark();
+    let mut env = trial_environment(host, request, &paths, channel_url);
+    env.push((TRIAL_RUN_ENV.to_string(), mark.clone().into()));
 
     let close_channels = || {
         host.channels.unregister(&env_id, &trial_id);
@@ -213,7 +217,7 @@ pub fn start_trial(
     let supervision = Supervision {
         host: host.clone(),
         child,
-        pgid: pid,
+        tree: TrialTree::new(pid, &mark),
         recorder,
         stdout_task,
         tail_task,
@@ -332,8 +336,8 @@ async fn pump_stdout(
 struct Supervision {
     host: Arc<TrialHost>,
     child: Child,
-    /// The group is the leader's pid; `None` only if the OS gave no pid.
-    pgid: Option<u32>,
+    /// The trial's process group and the processes that left it.
+    tree: TrialTree,
     recorder: Arc<TrialRecorder>,
     stdout_task: JoinHandle<()>,
     tail_task: JoinHandle<()>,
@@ -348,13 +352,11 @@ struct Supervision {
 impl Supervision {
     async fn run(mut self) {
         let grace = self.host.grace_period;
-        let pgid = self.pgid;
+        let tree = self.tree.clone();
         let signal = |signal: Signal| {
-            if let Some(pgid) = pgid {
-                signal_group(pgid, signal);
-            }
+            tree.signal(signal);
         };
-        let group_alive = || pgid.is_some_and(group_has_live_members);
+        let group_alive = || tree.alive();
 
         let mut leader = None;
         let mut stdout_open = true;
@@ -413,6 +415,21 @@ impl Supervision {
                 _ = tokio::time::sleep(LEFTOVER_RECHECK),
                     if leader.is_some() && !stdout_open && !hard_killed => {}
             }
+        }
+
+        // Nothing the trial started outlives its end: what is still alive after the signals
+        // above (after SIGKILL they are not looked at again; a marked process may have forked
+        // while they were sent) gets SIGKILL until none is left, for a bounded time.
+        let sweep_until = Instant::now() + grace.max(Duration::from_secs(1));
+        while self.tree.alive() {
+            if Instant::now() >= sweep_until {
+                self.recorder.warn(
+                    "a process the trial started is still alive after SIGKILL (stuck in the kernel?)",
+                );
+                break;
+            }
+            self.tree.signal(Signal::SIGKILL);
+            tokio::time::sleep(LEFTOVER_RECHECK).await;
         }
 
         let (exit_code, signal_number) = match leader {

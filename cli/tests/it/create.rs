@@ -681,3 +681,50 @@ fn the_tuner_sees_an_infinite_final_as_a_resume_does() {
 
     assert_eq!(parameters(&whole, "whole"), parameters(&halves, "halves"));
 }
+
+/// A trial's `setsid` child and double-forked daemon leave its process group; neither outlives
+/// the experiment, whether their trial finished (sequence 0) or was still running when
+/// maxExperimentDuration ended the experiment (sequence 1) (issue 20 item 3).
+#[test]
+fn processes_that_left_a_trials_group_do_not_outlive_the_experiment() {
+    let sandbox = Sandbox::new();
+    let script = r#"setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > "$NNI_OUTPUT_DIR/setsid.pid"
+( setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > "$NNI_OUTPUT_DIR/daemon.pid" )
+if [ "$NNI_TRIAL_SEQ_ID" = 0 ]; then echo KNOB_FINAL 1; else sleep 60; fi
+"#;
+    let yaml = format!(
+        "trialCommand: bash leave.sh\ntrialConcurrency: 2\nmaxTrialNumber: 2\nmaxExperimentDuration: 3s\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[("leave.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "escape");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let trials = sandbox.export("escape")["trials"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let statuses: Vec<&str> = trials
+        .iter()
+        .map(|t| t["status"].as_str().unwrap())
+        .collect();
+    assert!(
+        statuses.contains(&"SUCCEEDED") && statuses.contains(&"SYS_CANCELED"),
+        "{statuses:?}"
+    );
+    let trials_dir = sandbox.path().join("experiments/escape/trials");
+    let mut checked = 0;
+    for trial in std::fs::read_dir(&trials_dir).unwrap() {
+        for name in ["setsid.pid", "daemon.pid"] {
+            let text = std::fs::read_to_string(trial.as_ref().unwrap().path().join(name)).unwrap();
+            let pid: i32 = text.trim().parse().unwrap();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rfind(')').map(|end| &stat[end + 2..end + 3]);
+            assert!(
+                matches!(state, None | Some("Z" | "X")),
+                "{name} {pid} of {} outlived the experiment: {stat}",
+                trial.unwrap().path().display()
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 4);
+}

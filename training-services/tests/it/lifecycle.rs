@@ -314,3 +314,60 @@ fn duplicate_trial_ids_are_refused() {
     h.service.kill("dup", "done");
     h.events.wait_ended("dup");
 }
+
+/// A `setsid` child and a double-forked daemon leave the trial's process group; they end with
+/// the trial all the same (issue 20 item 3).
+#[test]
+fn processes_that_left_the_group_do_not_outlive_a_finished_trial() {
+    let mut h = Harness::new();
+    let events = h.run(h.request("escapes", &leaves_its_group_then("echo KNOB_FINAL 1")));
+    assert_eq!(ending(&events).0, Some(0));
+    for pid in escaped_pids(&h.trial_dir("escapes")) {
+        assert!(!process_runs(pid), "{pid} outlived its trial");
+    }
+}
+
+#[test]
+fn killing_a_trial_kills_the_processes_that_left_its_group() {
+    let mut h = Harness::with_args(json!({"gracePeriodSecs": 0.3}));
+    let request = h.request(
+        "killed",
+        &leaves_its_group_then("echo $$ > \"$KNOB_TRIAL_DIR/leader.pid\"; sleep 1000"),
+    );
+    h.service.start(&request).unwrap();
+    let dir = h.trial_dir("killed");
+    let escaped = escaped_pids(&dir);
+    let leader: i32 = wait_for_line(&dir.join("leader.pid")).parse().unwrap();
+    assert_left_the_group(leader, escaped);
+    h.service.kill("killed", "user canceled");
+    let (_, _, killed, _) = ending(&h.events.wait_ended("killed"));
+    assert_eq!(killed.as_deref(), Some("user canceled"));
+    for pid in escaped {
+        assert!(!process_runs(pid), "{pid} outlived its killed trial");
+    }
+}
+
+/// The end of an experiment (the service shut down) ends them too, and an identical trial id
+/// of another service on this host (another experiment) is left alone.
+#[test]
+fn shutdown_kills_the_processes_that_left_the_group_and_nothing_of_another_service() {
+    let mut h = Harness::new();
+    let mut other = Harness::new();
+    let command = leaves_its_group_then("echo ready > \"$KNOB_TRIAL_DIR/ready\"; sleep 1000");
+    h.service.start(&h.request("t", &command)).unwrap();
+    other.service.start(&other.request("t", &command)).unwrap();
+    let escaped = escaped_pids(&h.trial_dir("t"));
+    let others = escaped_pids(&other.trial_dir("t"));
+    wait_for_file(&h.trial_dir("t").join("ready"));
+    h.service.stop();
+    for pid in escaped {
+        assert!(!process_runs(pid), "{pid} outlived the service");
+    }
+    for pid in others {
+        assert!(process_runs(pid), "{pid} of the other service was killed");
+    }
+    other.service.stop();
+    for pid in others {
+        assert!(!process_runs(pid), "{pid} outlived the other service");
+    }
+}

@@ -318,3 +318,45 @@ fn wait_for_line_returns_what_is_written_after_the_file_appears() {
     writer.join().unwrap();
     assert_eq!(reader.join().unwrap(), "1234");
 }
+
+/// A trial command that leaves its process group in two ways and writes each pid to a file in
+/// the trial directory: `setsid.pid`, a `setsid` child of the trial's shell; `daemon.pid`, a
+/// double-forked daemon (a subshell starts it in a session of its own and exits, so it is
+/// re-parented away from the trial). Both hold no pipe of the trial. `then` runs after.
+pub fn leaves_its_group_then(then: &str) -> String {
+    format!(
+        r#"setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > "$KNOB_TRIAL_DIR/setsid.pid"
+( setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > "$KNOB_TRIAL_DIR/daemon.pid" )
+{then}"#
+    )
+}
+
+/// The pids [`leaves_its_group_then`] wrote, once both files hold them.
+pub fn escaped_pids(trial_dir: &Path) -> [i32; 2] {
+    ["setsid.pid", "daemon.pid"].map(|name| wait_for_line(&trial_dir.join(name)).parse().unwrap())
+}
+
+/// Process group and parent of a live process, from `/proc/<pid>/stat`.
+pub fn group_and_parent(pid: i32) -> (i32, i32) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    (fields[2].parse().unwrap(), fields[1].parse().unwrap())
+}
+
+/// Asserts that the processes of [`leaves_its_group_then`] did leave the trial's group (led by
+/// `leader`), and the daemon its parent: the test is about those shapes.
+pub fn assert_left_the_group(leader: i32, [setsid, daemon]: [i32; 2]) {
+    for pid in [setsid, daemon] {
+        assert!(process_runs(pid), "{pid} does not run");
+        assert_ne!(
+            group_and_parent(pid).0,
+            leader,
+            "{pid} is still in the group"
+        );
+    }
+    assert_ne!(
+        group_and_parent(daemon).1,
+        leader,
+        "the daemon was not re-parented"
+    );
+}

@@ -621,3 +621,35 @@ send PUT '{"type":"metric","metric":"{\"parameter_id\": 42, \"trial_job_id\": \"
     agent.send(&ToAgent::Shutdown);
     assert!(agent.wait_exit().success());
 }
+
+/// A `setsid` child and a double-forked daemon of a trial run by the agent end with the trial,
+/// and with the agent's shutdown at the end of the experiment (issue 20 item 3).
+#[test]
+fn processes_that_left_a_trials_group_end_with_the_trial_and_with_the_daemon() {
+    use crate::support::{assert_left_the_group, escaped_pids, leaves_its_group_then};
+    let host = Host::new();
+    let mut agent = host.attach();
+    let daemon = welcome_pid(&agent.hello(0, true));
+    agent.start_trial(
+        1,
+        host.request("done", &leaves_its_group_then("echo KNOB_FINAL 1")),
+        false,
+    );
+    agent.until_ended("done");
+    for pid in escaped_pids(&host.trial_dir("done")) {
+        assert!(!process_runs(pid), "{pid} outlived its trial");
+    }
+
+    let command = leaves_its_group_then("echo $$ > \"$KNOB_TRIAL_DIR/leader.pid\"; sleep 60");
+    agent.start_trial(2, host.request("running", &command), false);
+    let escaped = escaped_pids(&host.trial_dir("running"));
+    let leader = read_pid(&host.trial_dir("running").join("leader.pid"));
+    assert_left_the_group(leader, escaped);
+    agent.send(&ToAgent::Shutdown);
+    agent.until_ended("running");
+    assert!(agent.wait_exit().success());
+    wait_gone(daemon as i32, "the daemon");
+    for pid in escaped {
+        assert!(!process_runs(pid), "{pid} outlived the agent's shutdown");
+    }
+}
