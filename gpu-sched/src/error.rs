@@ -90,6 +90,14 @@ pub struct HostProbeError {
 pub enum ProbeError {
     #[error(transparent)]
     Host(#[from] HostProbeError),
+    /// Not a `source`: the message already holds the spec's error, and a reporter that prints
+    /// the chain (anyhow's `{:#}`) would print it twice.
     #[error("KNOB_SIMULATE_GPUS: {0}")]
-    Simulation(#[from] SimulationSpecError),
+    Simulation(SimulationSpecError),
+}
+
+impl From<SimulationSpecError> for ProbeError {
+    fn from(error: SimulationSpecError) -> ProbeError {
+        ProbeError::Simulation(error)
+    }
 }

@@ -206,3 +206,29 @@ fn a_truncated_plugin_on_the_plugin_path_is_refused_and_the_others_still_load() 
     );
     assert_eq!(sandbox.export("cut")["trials"].as_array().unwrap().len(), 1);
 }
+
+/// A simulated machine far beyond any real one is refused at once, in one line that gives the
+/// spec's error once (a million GPUs took 30 s and 570 MB; the error was printed twice).
+#[test]
+fn an_oversized_or_bad_simulated_gpu_spec_is_one_line_printed_once() {
+    for spec in ["1000000x1GiB", "bad"] {
+        let started = std::time::Instant::now();
+        let (code, stdout, stderr) = run(knob().arg("gpu").env("KNOB_SIMULATE_GPUS", spec));
+        assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "error: KNOB_SIMULATE_GPUS: cannot read simulated GPU spec `{spec}`: "
+            )),
+            "{stderr}"
+        );
+        assert_eq!(stderr.matches("cannot read").count(), 1, "{stderr}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{spec}: {:?}",
+            started.elapsed()
+        );
+    }
+    let (_, _, stderr) = run(knob().arg("gpu").env("KNOB_SIMULATE_GPUS", "1000000x1GiB"));
+    assert!(stderr.contains("past 4096 GPUs"), "{stderr}");
+}

@@ -7,7 +7,7 @@ mod simulated;
 
 pub use host::{HostProbe, CPU_SAMPLE_INTERVAL};
 pub use nvml::{NvmlProbe, NvmlReading, NVML_LIBRARY};
-pub use simulated::{SimulatedInventory, SIMULATE_GPUS_VAR};
+pub use simulated::{SimulatedInventory, MAX_SIMULATED_GPUS, SIMULATE_GPUS_VAR};
 
 use crate::error::{GpuProbeError, ProbeError};
 use crate::inventory::{

@@ -12,6 +12,11 @@ use crate::inventory::{
 /// The environment variable that replaces NVML with a simulated inventory.
 pub const SIMULATE_GPUS_VAR: &str = "KNOB_SIMULATE_GPUS";
 
+/// The most GPUs one spec may simulate, over all its environments: far more than any real
+/// cluster knob schedules on, while a typo such as `1000000x80GiB` is refused in one line
+/// instead of taking most of a minute and 700 MB to build and then to schedule over.
+pub const MAX_SIMULATED_GPUS: usize = 4096;
+
 /// Host figures for a simulated environment when neither the spec nor a real probe gives them.
 const DEFAULT_CPU_COUNT: u32 = 16;
 const DEFAULT_MEMORY: ByteSize = ByteSize::gib(64);
@@ -50,10 +55,13 @@ impl SimulatedInventory {
         if parts.is_empty() {
             return Err(fail("it is empty".to_owned()));
         }
-        let environments = parts
-            .iter()
-            .map(|part| parse_environment(part).map_err(&fail))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut environments = Vec::new();
+        let mut gpus = 0;
+        for part in &parts {
+            let environment = parse_environment(part, MAX_SIMULATED_GPUS - gpus).map_err(&fail)?;
+            gpus += environment.gpu_memory.len();
+            environments.push(environment);
+        }
         if environments.len() > 1 {
             let mut names = BTreeSet::new();
             for env in &environments {
@@ -140,7 +148,9 @@ impl SimulatedInventory {
     }
 }
 
-fn parse_environment(text: &str) -> Result<SimulatedEnvironment, String> {
+/// Parses one environment of at most `gpus_left` GPUs (what [`MAX_SIMULATED_GPUS`] leaves
+/// after the environments before it).
+fn parse_environment(text: &str, gpus_left: usize) -> Result<SimulatedEnvironment, String> {
     let (name, items) = match text.split_once('=') {
         Some((name, rest)) if !name.contains(',') && !matches!(name.trim(), "cpu" | "mem") => {
             let name = name.trim();
@@ -180,6 +190,12 @@ fn parse_environment(text: &str) -> Result<SimulatedEnvironment, String> {
                 .map_err(|_| format!("`{item}` needs a memory size after the x"))?;
             if memory.bytes() == 0 {
                 return Err(format!("`{item}` gives GPUs no memory"));
+            }
+            // Checked before anything is allocated for them.
+            if count as usize > gpus_left - env.gpu_memory.len() {
+                return Err(format!(
+                    "`{item}` takes the spec past {MAX_SIMULATED_GPUS} GPUs, the most that can be simulated"
+                ));
             }
             env.gpu_memory
                 .extend(std::iter::repeat_n(memory, count as usize));

@@ -99,11 +99,35 @@ fn errors_say_what_to_write() {
         "#]],
     );
     check(
+        "1000000x80GiB",
+        expect![[r#"
+            cannot read simulated GPU spec `1000000x80GiB`: `1000000x80GiB` takes the spec past 4096 GPUs, the most that can be simulated; write e.g. `4x80GiB` or `node1=8x80GiB,cpu=64,mem=512GiB;node2=2x24GiB`
+        "#]],
+    );
+    // The bound is over the whole spec, groups and environments together.
+    check(
+        "a=4000x8GiB;b=90x8GiB,7x8GiB",
+        expect![[r#"
+            cannot read simulated GPU spec `a=4000x8GiB;b=90x8GiB,7x8GiB`: `7x8GiB` takes the spec past 4096 GPUs, the most that can be simulated; write e.g. `4x80GiB` or `node1=8x80GiB,cpu=64,mem=512GiB;node2=2x24GiB`
+        "#]],
+    );
+    check(
         "cpu=lots",
         expect![[r#"
             cannot read simulated GPU spec `cpu=lots`: `cpu=lots` needs a whole number of cores above 0; write e.g. `4x80GiB` or `node1=8x80GiB,cpu=64,mem=512GiB;node2=2x24GiB`
         "#]],
     );
+}
+
+#[test]
+fn the_most_gpus_that_can_be_simulated_are_simulated() {
+    use knob_gpu_sched::probe::MAX_SIMULATED_GPUS;
+    let spec = format!("a={}x8GiB;b=1x8GiB,cpu=2", MAX_SIMULATED_GPUS - 1);
+    let environments = SimulatedInventory::parse(&spec)
+        .unwrap()
+        .environments("local", None);
+    let gpus: usize = environments.iter().map(|e| e.gpus.len()).sum();
+    assert_eq!(gpus, MAX_SIMULATED_GPUS);
 }
 
 #[test]
