@@ -49,10 +49,20 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
         eprintln!("warning: {problem}");
     }
     preflight(&config, &plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    // Bound before the id is registered: a busy --port or an address this machine does not
+    // have fails here, leaving no registry entry or folder that would block the id.
+    let listener = args.serve.bind()?;
     let registry = Registry::open_default()?;
     let (mut experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
     experiment.config_file = Some(remember_config_source(&experiment.dir, &args.config));
-    run_in_foreground(experiment, store, &plugins, &registry, &args.serve)
+    run_in_foreground(
+        experiment,
+        store,
+        &plugins,
+        &registry,
+        listener,
+        &args.serve,
+    )
 }
 
 /// The file in an experiment's directory that names the config file it was created from:
@@ -122,20 +132,21 @@ pub fn preflight(config: &ExperimentConfig, plugins: &PluginRegistry) -> anyhow:
     Ok(())
 }
 
-/// Runs the manager with a progress bar, and its HTTP API and dashboard, until the experiment
+/// Runs the manager with a progress bar, and its HTTP API and dashboard on `listener` (bound
+/// by the caller before it changed anything, with [`ServeArgs::bind`]), until the experiment
 /// ends; Ctrl-C stops it.
 pub fn run_in_foreground(
     experiment: Experiment,
     store: Store,
     plugins: &PluginRegistry,
     registry: &Registry,
+    listener: std::net::TcpListener,
     serve: &ServeArgs,
 ) -> anyhow::Result<ExitCode> {
     let id = experiment.id.clone();
     let dir = experiment.dir.clone();
     let maximize = optimize_maximize(&experiment.config);
     eprintln!("experiment {id}: {}", dir.display());
-    let listener = serve.bind()?;
     let api_address = listener.local_addr()?;
     registry.set_port(&id, Some(api_address.port()))?;
     eprintln!("dashboard and API: {}", dashboard_url(api_address));

@@ -45,6 +45,9 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
             args.id
         );
     }
+    // Bound before the store is changed (--max-trial-number, --max-experiment-duration): a
+    // busy --port fails with the experiment as it was.
+    let listener = args.serve.bind()?;
     let store = Store::open(&entry.dir)?;
     let state = store.replay()?;
     let mut config: ExperimentConfig =
@@ -103,7 +106,14 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         config,
         history: Some(state),
     };
-    run_in_foreground(experiment, store, &plugins, &registry, &args.serve)
+    run_in_foreground(
+        experiment,
+        store,
+        &plugins,
+        &registry,
+        listener,
+        &args.serve,
+    )
 }
 
 /// One line when the budget is used up, so that a resume that will start no new trial says so

@@ -728,3 +728,76 @@ if [ "$NNI_TRIAL_SEQ_ID" = 0 ]; then echo KNOB_FINAL 1; else sleep 60; fi
     }
     assert_eq!(checked, 4);
 }
+
+/// A busy --port, or a --bind address this machine does not have, fails before the experiment
+/// is registered: nothing is left that would block the id, which then runs (issue 20 item 11).
+#[test]
+fn a_busy_port_or_a_foreign_bind_address_registers_nothing() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    // 192.0.2.1 is TEST-NET-1 (RFC 5737): no machine has it.
+    let attempts: [&[&str]; 3] = [
+        &["--port", &port],
+        &["--port", &port, "--detach"],
+        &["--bind", "192.0.2.1", "--token", "s3cret"],
+    ];
+    for extra in attempts {
+        let (code, stdout, stderr) = run(sandbox
+            .knob()
+            .arg("create")
+            .arg("--config")
+            .arg(&config)
+            .args(["--id", "blocked"])
+            .args(extra));
+        assert_eq!(code, 1, "{extra:?}: {stdout}\n{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{extra:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot serve the API on ")
+                && (stderr.contains(&format!("127.0.0.1:{port}"))
+                    || stderr.contains("192.0.2.1:0")),
+            "{extra:?}: {stderr}"
+        );
+        let (code, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+        assert_eq!(code, 0);
+        assert!(
+            !list.contains("blocked"),
+            "{extra:?} registered it:\n{list}"
+        );
+        assert!(
+            !sandbox.path().join("experiments/blocked").exists(),
+            "{extra:?} made its folder"
+        );
+    }
+    let (code, stdout, stderr) = sandbox.create(&config, "blocked");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+
+    // A resume on the busy port fails before it raises the stored maxTrialNumber: the next
+    // plain resume still has a budget of one trial, used up.
+    let (code, _, stderr) = run(sandbox.knob().args([
+        "resume",
+        "blocked",
+        "--max-trial-number",
+        "3",
+        "--port",
+        &port,
+    ]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("cannot serve the API on "), "{stderr}");
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "blocked"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(
+        sandbox.export("blocked")["trials"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    drop(taken);
+}
