@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use knob_core::config::ExperimentConfig;
+use knob_core::config::{ExperimentConfig, ServicePlugins};
 use knob_core::experiment;
 use knob_core::manager::{self, Command, Experiment, Outcome, Progress};
 use knob_core::registry::{knob_home, Registry};
@@ -37,32 +37,26 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     if args.detach {
         return detach(&args);
     }
-    let (config, warnings) = experiment::load_config(&args.config)?;
+    let services = ServicePlugins::new();
+    let (config, warnings) = experiment::load_config(&args.config, &services)?;
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
     if let Some(notice) = secret_config_left_out_notice(&config, &args.config) {
         eprintln!("note: {notice}");
     }
-    let plugins = PluginRegistry::load(&config.plugin_paths);
+    let plugins = services.registry(&config.plugin_paths);
     for problem in plugins.problems() {
         eprintln!("warning: {problem}");
     }
-    preflight(&config, &plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    preflight(&config, plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     // Bound before the id is registered: a busy --port or an address this machine does not
     // have fails here, leaving no registry entry or folder that would block the id.
     let listener = args.serve.bind()?;
     let registry = Registry::open_default()?;
     let (mut experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
     experiment.config_file = Some(remember_config_source(&experiment.dir, &args.config));
-    run_in_foreground(
-        experiment,
-        store,
-        &plugins,
-        &registry,
-        listener,
-        &args.serve,
-    )
+    run_in_foreground(experiment, store, plugins, &registry, listener, &args.serve)
 }
 
 /// The file in an experiment's directory that names the config file it was created from:
@@ -93,28 +87,30 @@ pub fn config_source(dir: &Path) -> Option<PathBuf> {
     (!path.is_empty()).then(|| PathBuf::from(path))
 }
 
-/// The remote service leaves the experiment's config file out of the trial code it uploads to
-/// the hosts (the core names it in the service's `excludeFiles`), whatever it holds. When it
-/// holds an SSH password or passphrase and lies inside `trialCodeDirectory`, say so once, since
-/// that is the case where it matters: NNI would have uploaded the password in clear.
+/// The experiment's config file is named to the training services (`ServiceContext::config_file`)
+/// so that those that copy the trial code elsewhere (to SSH hosts, say) leave it out, whatever it
+/// holds. When it holds a secret and lies inside `trialCodeDirectory`, say so once, since that
+/// is the case where it matters: NNI would have copied the password in clear.
 fn secret_config_left_out_notice(config: &ExperimentConfig, config_path: &Path) -> Option<String> {
-    use knob_core::config::TrainingServiceConfig;
-    let has_secret = config.training_service.iter().any(|service| match service {
-        TrainingServiceConfig::Remote(remote) => remote
-            .machine_list
+    let (index, secret) =
+        config
+            .training_service
             .iter()
-            .any(|machine| machine.password.is_some() || machine.ssh_passphrase.is_some()),
-        TrainingServiceConfig::Local(_) => false,
-    });
-    if !has_secret {
-        return None;
-    }
+            .enumerate()
+            .find_map(|(index, service)| {
+                service
+                    .secrets
+                    .iter()
+                    .find(|secret| service.secret(&secret.path).is_some())
+                    .map(|secret| (index, secret))
+            })?;
     let code_dir = std::fs::canonicalize(&config.trial_code_directory).ok()?;
     let file = std::fs::canonicalize(config_path).ok()?;
     file.starts_with(&code_dir).then(|| {
         format!(
-            "{} holds an SSH password or passphrase; it lies in trialCodeDirectory {} but is left out of the code uploaded to the remote hosts",
+            "{} holds a secret (trainingService[{index}].{}); it lies in trialCodeDirectory {} but is left out of the code that training services copy to other machines",
             config_path.display(),
+            secret.path,
             code_dir.display()
         )
     })
@@ -127,7 +123,7 @@ pub fn preflight(config: &ExperimentConfig, plugins: &PluginRegistry) -> anyhow:
     for (kind, name) in manager::required_components(config)? {
         plugins.find(kind, &name)?;
     }
-    manager::Placer::new(config)
+    manager::Placer::preflight(config)
         .map_err(|reason| anyhow::anyhow!("cannot place trials: {reason}"))?;
     Ok(())
 }

@@ -9,7 +9,9 @@ use knob_gpu_sched::{GpuSource, Inventory};
 use crate::table::render;
 
 pub fn run(json: bool) -> anyhow::Result<ExitCode> {
-    let mut probe = LocalProbe::new("local")?;
+    // Named for what it is: the training service that runs trials here reports it under its
+    // own environment id.
+    let mut probe = LocalProbe::new("this-machine")?;
     // Nothing of knob's runs from here, so every GPU process is foreign.
     let inventory = Inventory {
         environments: probe.sample_blocking(&|_pid| false),

@@ -97,9 +97,9 @@ fn main() -> ExitCode {
         Command::Top(args) => top::top(args),
         Command::Config(ConfigCommand::Check { file, v2 }) => {
             let checked = if v2 {
-                knob_core::config::check_file_v2(&file)
+                knob_core::config::check_file_v2(&file, &knob_core::config::ServicePlugins::new())
             } else {
-                knob_core::config::check_file(&file)
+                knob_core::config::check_file(&file, &knob_core::config::ServicePlugins::new())
             };
             match checked {
                 Ok(canonical) => {

@@ -87,11 +87,26 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     if let Some(note) = budget_note(&args.id, &config, &state) {
         eprintln!("note: {note}");
     }
-    restore_secrets(&mut config, &entry.dir);
     let plugins = PluginRegistry::load(&config.plugin_paths);
     for problem in plugins.problems() {
         eprintln!("warning: {problem}");
     }
+    // Each service declares its secrets again (the store keeps them as `***`) and says what it
+    // knows of its environments.
+    let context = manager::service_context(
+        &args.id,
+        &entry.dir,
+        &config,
+        crate::create::config_source(&entry.dir).as_deref(),
+    );
+    knob_core::config::recheck_services(&mut config, &plugins, &context).map_err(|problems| {
+        anyhow::anyhow!(
+            "the stored config of experiment {} no longer passes its training services' checks: {}",
+            args.id,
+            problems.join("; ")
+        )
+    })?;
+    restore_secrets(&mut config, &entry.dir, &plugins);
     preflight(&config, &plugins)?;
     eprintln!(
         "resuming experiment {} ({}, {} trials so far)",
@@ -147,36 +162,24 @@ fn budget_note(id: &str, config: &ExperimentConfig, state: &ExperimentState) -> 
     ))
 }
 
-/// Gives back the SSH passwords and passphrases the store does not keep: from the config file
-/// the experiment was created from (if it is still there and names the same machines), else
-/// from `KNOB_SSH_PASSWORD` / `KNOB_SSH_PASSPHRASE`. A secret still missing makes the manager's
-/// start fail with a line saying which machine and what to do.
-fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path) {
-    let needs_secret = config.training_service.iter().any(|service| match service {
-        knob_core::config::TrainingServiceConfig::Remote(remote) => {
-            remote.machine_list.iter().any(|machine| {
-                [&machine.password, &machine.ssh_passphrase]
-                    .into_iter()
-                    .flatten()
-                    .any(knob_core::config::Secret::is_redacted)
-            })
-        }
-        knob_core::config::TrainingServiceConfig::Local(_) => false,
-    });
+/// Gives back the secrets the store does not keep (each training service declared its own):
+/// from the config file the experiment was created from (if it is still there and has the same
+/// mapping around each secret), else from the environment variable the service named. A secret
+/// still missing makes the manager's start fail with a line saying which and what to do.
+fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path, plugins: &PluginRegistry) {
+    let needs_secret = config
+        .training_service
+        .iter()
+        .any(|service| !service.missing_secrets().is_empty());
     if !needs_secret {
         return;
     }
     let original = crate::create::config_source(dir)
-        .and_then(|path| knob_core::config::load_file(&path).ok())
+        .and_then(|path| knob_core::config::load_file(&path, plugins).ok())
         .map(|loaded| loaded.config);
-    let password = std::env::var(manager::PASSWORD_VARIABLE).ok();
-    let passphrase = std::env::var(manager::PASSPHRASE_VARIABLE).ok();
-    manager::restore_secrets(
-        config,
-        original.as_ref(),
-        password.as_deref(),
-        passphrase.as_deref(),
-    );
+    manager::restore_secrets(config, original.as_ref(), &|variable| {
+        std::env::var(variable).ok()
+    });
 }
 
 /// Asks the process running an experiment to stop, as Ctrl-C would, and waits for it.

@@ -76,9 +76,13 @@ fn now_ms() -> i64 {
     i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Reads and validates a config; returns it with its warnings (one line each).
-pub fn load_config(config_path: &Path) -> Result<(ExperimentConfig, Vec<String>), CreateError> {
-    let loaded = config::load_file(config_path).map_err(CreateError::Config)?;
+/// Reads and validates a config (its training services checked by their plugins, from
+/// `services`); returns it with its warnings (one line each).
+pub fn load_config(
+    config_path: &Path,
+    services: &dyn config::ServiceSource,
+) -> Result<(ExperimentConfig, Vec<String>), CreateError> {
+    let loaded = config::load_file(config_path, services).map_err(CreateError::Config)?;
     let warnings = loaded.warnings.iter().map(ToString::to_string).collect();
     Ok((loaded.config, warnings))
 }

@@ -9,8 +9,41 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use knob_core::config::{self, ExperimentConfig, REDACTED};
+use knob_core::config::{self, ExperimentConfig, ServiceChecker, ServiceSource, REDACTED};
+use knob_plugin_api::service::{ConfigCheck, ServiceContext};
 use libfuzzer_sys::fuzz_target;
+
+/// The built-in training services' own config checks, linked in (knob reaches them through the
+/// plugin ABI; the parser under test is the same).
+struct BuiltIn;
+
+impl ServiceChecker for BuiltIn {
+    fn platforms(&self) -> Vec<String> {
+        knob_training_services::BUILT_IN
+            .iter()
+            .map(|name| name.to_string())
+            .collect()
+    }
+
+    fn check(
+        &self,
+        platform: &str,
+        config: &serde_json::Value,
+        context: &ServiceContext,
+    ) -> Result<ConfigCheck, String> {
+        match knob_training_services::check_built_in(platform, config, context) {
+            Some(Ok(checked)) => Ok(ConfigCheck::Checked(checked)),
+            Some(Err(problems)) => Ok(ConfigCheck::Problems(problems)),
+            None => Err(format!("{platform} is not built in")),
+        }
+    }
+}
+
+impl ServiceSource for BuiltIn {
+    fn checker(&self, _plugin_paths: &[PathBuf]) -> &dyn ServiceChecker {
+        self
+    }
+}
 
 /// A folder for relative paths: the files and folders the seed configs name exist there, so
 /// inputs get past "does not exist" into the search-space file reader.
@@ -38,7 +71,7 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     for name in ["exp.yml", "exp.json"] {
         let path = project().join(name);
-        match config::load_str(&text, &path) {
+        match config::load_str(&text, &path, &BuiltIn) {
             Ok(loaded) => check_loaded(&loaded.config, &path),
             Err(errors) => {
                 assert!(!errors.0.is_empty(), "an Err with no error");
@@ -50,7 +83,7 @@ fuzz_target!(|data: &[u8]| {
 
 fn check_loaded(config: &ExperimentConfig, path: &Path) {
     let canonical = config.to_canonical_yaml();
-    let reloaded = config::load_str(&canonical, &path.with_file_name("canonical.yml"))
+    let reloaded = config::load_str(&canonical, &path.with_file_name("canonical.yml"), &BuiltIn)
         .unwrap_or_else(|errors| {
             panic!(
                 "the canonical form does not load:\n{canonical}\n{}",

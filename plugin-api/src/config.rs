@@ -221,11 +221,18 @@ impl<'c> ConfigReader<'c> {
 
     /// A secret string (a password, a token): read like a string, and declared to the host, which
     /// never stores or shows it. `env_var` is where `knob resume` finds it when the config file
-    /// the experiment was created from is gone. The placeholder `***` is refused here only when
-    /// the host says the value came from the user (it also checks configs it stored itself, whose
-    /// secrets are `***` until it fills them in again).
+    /// the experiment was created from is gone. The placeholder `***` is refused in a config the
+    /// user wrote, not in one the host stored (`ServiceContext::stored`), whose secrets are `***`
+    /// until it fills them in again.
     pub fn secret(&mut self, field: &Field<'_>, env_var: Option<&str>) -> Option<String> {
         let value = self.string(field)?;
+        if value == REDACTED && !self.context.stored {
+            self.error(
+                &field.path,
+                format!("{REDACTED:?} is the placeholder knob prints instead of a secret; write the real value"),
+            );
+            return None;
+        }
         self.secrets.push(SecretField {
             path: field.path.clone(),
             env_var: env_var.map(str::to_owned),

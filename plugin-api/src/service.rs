@@ -271,6 +271,10 @@ pub struct ServiceContext {
     /// The experiment's trial settings, for services that size or place jobs themselves.
     #[serde(default)]
     pub trial: TrialSettings,
+    /// The config being checked is one the host stored (on resume), whose secrets are `***`
+    /// until the host fills them in again; a config the user wrote is `false`.
+    #[serde(default)]
+    pub stored: bool,
 }
 
 /// The experiment-wide trial settings a service may need (a cluster service asks its scheduler

@@ -34,6 +34,27 @@ pub mod trial_pool;
 pub use local::{LocalArgs, LocalError, LocalService};
 pub use metrics::Emit;
 
+use knob_plugin_api::service::{CheckedConfig, ConfigProblem, ServiceContext};
+
+/// The built-in services' names, as exported below.
+pub const BUILT_IN: [&str; 3] = ["local", "remote", "slurm"];
+
+/// The config check of a built-in service, called directly (the core reaches it through the
+/// plugin ABI; tests and fuzz targets that link this crate call it here). `None` for a name that
+/// is not built in.
+pub fn check_built_in(
+    platform: &str,
+    config: &serde_json::Value,
+    context: &ServiceContext,
+) -> Option<Result<CheckedConfig, Vec<ConfigProblem>>> {
+    match platform {
+        "local" => Some(local::check_config(config, context)),
+        "remote" => Some(remote::config::check_config(config, context)),
+        "slurm" => Some(slurm::args::check_config(config, context)),
+        _ => None,
+    }
+}
+
 knob_plugin_api::export_plugin! {
     training_service "local": LocalService = "runs trials as process groups on this machine, over the NNI v3, NNI 2.x and knob trial protocols";
     training_service "remote": remote::RemoteService = "runs trials on machines reached over SSH, through a knob-agent uploaded to each";

@@ -1,9 +1,14 @@
 //! The `local` training service: this machine is one environment, and trials run on it as
 //! process groups (see `runner`).
 //!
-//! Class args (the config's `trainingService` object; keys are matched ignoring case and
-//! underscores, as NNI does; fields that belong to the core, such as `platform`,
-//! `useActiveGpu`, `gpuIndices` or `maxTrialNumberPerGpu`, are accepted and ignored here):
+//! Its config (`trainingService: {platform: local, ...}`, checked by [`check_config`]): NNI's
+//! `useActiveGpu`, `maxTrialNumberPerGpu`, `gpuIndices` (which limit what the service reports of
+//! this machine's GPUs, probed with NVML or `KNOB_SIMULATE_GPUS`) and `reuseMode` (which changes
+//! nothing here: every trial runs in the one environment). Local is the platform NNI's top-level
+//! shortcut fields are meant for; they apply where the config does not set a field.
+//!
+//! Class args (the checked config; keys are matched ignoring case and underscores, as NNI does;
+//! unknown keys are ignored) may also hold, for tests and tools:
 //!
 //! - `gracePeriodSecs` (number, default 5, at most 3600): how long a killed trial's process
 //!   group has between SIGTERM and SIGKILL.
@@ -11,9 +16,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest};
+use knob_gpu_sched::probe::{process_group_of, LocalProbe};
+use knob_gpu_sched::EnvironmentLimits;
+use knob_plugin_api::config::ConfigReader;
+use knob_plugin_api::service::{
+    CheckedConfig, ConfigProblem, Environment, FieldPath, ServiceContext, ServiceEvent,
+    TrialRequest,
+};
 use knob_plugin_api::{EventSink, PluginError, TrainingService};
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
 use crate::metrics::Emit;
 use crate::runner::TrialError;
@@ -39,6 +50,8 @@ pub enum LocalError {
     },
     #[error("training service local has no environment {0:?}; its only environment is \"local\"")]
     UnknownEnvironment(String),
+    #[error("training service local cannot probe this machine: {0}")]
+    Probe(String),
     #[error("trial {0} is already running on training service local; trial ids must be unique")]
     DuplicateTrial(String),
     #[error("training service local is shut down; no trial can start")]
@@ -57,12 +70,15 @@ impl From<LocalError> for PluginError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalArgs {
     pub grace_period: Duration,
+    /// What trials may use of this machine's GPUs.
+    pub limits: EnvironmentLimits,
 }
 
 impl Default for LocalArgs {
     fn default() -> Self {
         LocalArgs {
             grace_period: DEFAULT_GRACE_PERIOD,
+            limits: EnvironmentLimits::default(),
         }
     }
 }
@@ -85,6 +101,28 @@ impl LocalArgs {
                 .filter(|c| *c != '_')
                 .map(|c| c.to_ascii_lowercase())
                 .collect();
+            let bad =
+                |what: &str| LocalError::ClassArgs(format!("{key} must be {what}, got {value}"));
+            match normalized.as_str() {
+                "useactivegpu" => {
+                    args.limits.use_active_gpu =
+                        value.as_bool().ok_or_else(|| bad("true or false"))?
+                }
+                "maxtrialnumberpergpu" => {
+                    args.limits.max_trial_number_per_gpu = value
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|n| *n >= 1)
+                        .ok_or_else(|| bad("an integer of at least 1"))?
+                }
+                "gpuindices" if !value.is_null() => {
+                    args.limits.gpu_indices = Some(
+                        knob_plugin_api::config::gpu_indices(value)
+                            .map_err(|e| LocalError::ClassArgs(format!("{key}: {e}")))?,
+                    )
+                }
+                _ => {}
+            }
             if normalized == "graceperiodsecs" {
                 args.grace_period = value
                     .as_f64()
@@ -108,6 +146,10 @@ pub struct LocalService {
     pool: TrialPool,
     hostname: String,
     emit: Emit,
+    limits: EnvironmentLimits,
+    /// This machine's probe, made at the first `environments` call (NVML starts in
+    /// milliseconds to seconds; a service that never reports environments never pays it).
+    probe: Option<LocalProbe>,
 }
 
 impl LocalService {
@@ -123,13 +165,12 @@ impl LocalService {
                     source: std::io::Error::other(other.to_string()),
                 },
             })?;
-        let hostname = nix::unistd::gethostname()
-            .map(|name| name.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "localhost".to_string());
         Ok(LocalService {
             pool,
-            hostname,
+            hostname: hostname(),
             emit,
+            limits: args.limits,
+            probe: None,
         })
     }
 
@@ -138,13 +179,31 @@ impl LocalService {
         self.pool.channel_address()
     }
 
-    pub fn environment(&self) -> Environment {
-        Environment {
+    /// This machine as the one environment, with what it has now (GPUs, their memory and the
+    /// processes on them, CPU and memory; this experiment's own trials are not foreign to it),
+    /// limited by the config.
+    pub fn environment(&mut self) -> Result<Environment, LocalError> {
+        if self.probe.is_none() {
+            self.probe = Some(
+                LocalProbe::new(ENVIRONMENT_ID).map_err(|e| LocalError::Probe(e.to_string()))?,
+            );
+        }
+        let probe = self.probe.as_mut().expect("set just above");
+        let groups: Vec<u32> = self
+            .pool
+            .running()
+            .into_iter()
+            .filter_map(|(_, pid)| pid)
+            .collect();
+        let is_trial =
+            |pid: u32| process_group_of(pid).is_some_and(|group| groups.contains(&group));
+        let inventory = probe_inventory(probe, &is_trial, &self.limits)?;
+        Ok(Environment {
             id: ENVIRONMENT_ID.to_string(),
             host: self.hostname.clone(),
             ready: !self.pool.is_shut_down(),
-            inventory: Value::Null,
-        }
+            inventory,
+        })
     }
 
     /// Starts a trial. On `Err` nothing was started and no event follows for it.
@@ -198,8 +257,23 @@ impl TrainingService for LocalService {
         Ok(LocalService::with_emitter(class_args, emit)?)
     }
 
+    fn check_config(
+        config: &Value,
+        context: &ServiceContext,
+    ) -> Result<CheckedConfig, Vec<ConfigProblem>> {
+        check_config(config, context)
+    }
+
+    fn clean_up_leftovers(
+        _config: &Value,
+        context: &ServiceContext,
+        trial_ids: &[String],
+    ) -> Result<Vec<String>, PluginError> {
+        Ok(kill_leftovers(&context.experiment_id, trial_ids))
+    }
+
     fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
-        Ok(vec![self.environment()])
+        Ok(vec![self.environment()?])
     }
 
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
@@ -215,6 +289,152 @@ impl TrainingService for LocalService {
         self.stop();
         Ok(())
     }
+}
+
+/// The probe's view of this machine as gpu-sched JSON, limits applied. A simulated spec may
+/// name several environments; this machine is one, the first.
+fn probe_inventory(
+    probe: &mut LocalProbe,
+    is_trial: &dyn Fn(u32) -> bool,
+    limits: &EnvironmentLimits,
+) -> Result<Value, LocalError> {
+    let mut environments = probe.sample(is_trial);
+    if environments.is_empty() {
+        return Err(LocalError::Probe("the probe found nothing".into()));
+    }
+    let mut environment = environments.swap_remove(0).with_limits(EnvironmentLimits {
+        max_trial_number_per_gpu: limits.max_trial_number_per_gpu.max(1),
+        ..limits.clone()
+    });
+    environment.id = ENVIRONMENT_ID.into();
+    serde_json::to_value(&environment).map_err(|e| LocalError::Probe(e.to_string()))
+}
+
+const LOCAL_FIELDS: [&str; 4] = [
+    "useActiveGpu",
+    "maxTrialNumberPerGpu",
+    "gpuIndices",
+    "reuseMode",
+];
+
+/// Checks a `local` config: NNI's four fields, each defaulting to the top-level shortcut the user
+/// wrote, else NNI's default. The canonical form also carries this machine as probed (limits
+/// applied), so that a trial that could never fit here fails before the experiment is created.
+pub fn check_config(
+    config: &Value,
+    context: &ServiceContext,
+) -> Result<CheckedConfig, Vec<ConfigProblem>> {
+    let mut reader = ConfigReader::new(context);
+    let Some(mut fields) = reader.mapping(config, FieldPath::root()) else {
+        return reader.finish(Map::new());
+    };
+    let shortcut = |name: &str| {
+        context
+            .shortcuts
+            .get(name)
+            .filter(|v| !v.is_null())
+            .cloned()
+    };
+    let use_active_gpu = fields
+        .take("useActiveGpu")
+        .and_then(|field| reader.boolean(&field))
+        .map(Value::from)
+        .or_else(|| shortcut("useActiveGpu"))
+        .unwrap_or(json!(false));
+    let max_trial_number_per_gpu = fields
+        .take("maxTrialNumberPerGpu")
+        .and_then(|field| reader.integer::<u32>(&field, 1))
+        .map(Value::from)
+        .or_else(|| shortcut("maxTrialNumberPerGpu"))
+        .unwrap_or(json!(1));
+    let gpu_indices = fields
+        .take("gpuIndices")
+        .and_then(|field| reader.gpu_indices(&field))
+        .map(|indices| json!(indices))
+        .or_else(|| shortcut("gpuIndices"))
+        .unwrap_or(Value::Null);
+    let reuse_mode = fields
+        .take("reuseMode")
+        .and_then(|field| reader.boolean(&field))
+        .map(Value::from)
+        .or_else(|| shortcut("reuseMode"))
+        .unwrap_or(json!(false));
+    fields.finish(&mut reader, &LOCAL_FIELDS);
+    let mut canonical = Map::new();
+    canonical.insert("useActiveGpu".into(), use_active_gpu);
+    canonical.insert("maxTrialNumberPerGpu".into(), max_trial_number_per_gpu);
+    canonical.insert("gpuIndices".into(), gpu_indices);
+    canonical.insert("reuseMode".into(), reuse_mode);
+    let mut checked = reader.finish(canonical)?;
+    // A probe that fails here fails again, with its reason, when the service starts.
+    if let Ok(args) = LocalArgs::parse(&Value::Object(checked.config.clone())) {
+        if let Ok(mut probe) = LocalProbe::new(ENVIRONMENT_ID) {
+            if let Ok(inventory) = probe_inventory(&mut probe, &|_| false, &args.limits) {
+                checked.environments = Some(vec![Environment {
+                    id: ENVIRONMENT_ID.into(),
+                    host: hostname(),
+                    ready: true,
+                    inventory,
+                }]);
+            }
+        }
+    }
+    Ok(checked)
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
+/// Kills what is left of these trials from an earlier run of the experiment: the processes whose
+/// environment names this experiment and one of the trials (every trial gets both), found in
+/// `/proc`. Identifying them by environment, not by a recorded pid, cannot hit an unrelated
+/// process that reused the pid. Returns one line per trial that had processes left.
+pub fn kill_leftovers(experiment_id: &str, trial_ids: &[String]) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let wanted_experiment = format!("NNI_EXP_ID={experiment_id}");
+    let mut killed: std::collections::BTreeMap<&str, usize> = Default::default();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let mut has_experiment = false;
+        let mut trial = None;
+        for variable in environ.split(|&b| b == 0) {
+            has_experiment |= variable == wanted_experiment.as_bytes();
+            if let Some(id) = variable.strip_prefix(b"NNI_TRIAL_JOB_ID=") {
+                trial = trial_ids.iter().find(|wanted| wanted.as_bytes() == id);
+            }
+        }
+        if let (true, Some(trial)) = (has_experiment, trial) {
+            // A process of ours, identified above; it may already be gone.
+            if nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+            {
+                *killed.entry(trial.as_str()).or_default() += 1;
+            }
+        }
+    }
+    killed
+        .into_iter()
+        .map(|(trial, count)| {
+            format!("killed {count} process(es) of trial {trial} left from an earlier run")
+        })
+        .collect()
 }
 
 impl Drop for LocalService {

@@ -383,12 +383,13 @@ fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_
     // Said once, as a note: nothing is asked of the user.
     let notes: Vec<&str> = stderr
         .lines()
-        .filter(|line| line.contains("holds an SSH password"))
+        .filter(|line| line.contains("holds a secret (trainingService[0].machineList["))
         .collect();
     assert!(
         notes.len() == 1
             && notes[0].starts_with("note: ")
-            && notes[0].contains("left out of the code uploaded to the remote hosts"),
+            && notes[0]
+                .contains("left out of the code that training services copy to other machines"),
         "{stderr}"
     );
     assert!(!export.to_string().contains(PASSWORD));
@@ -782,8 +783,8 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
     // The config lies in the trial code directory: the user is told it stays here.
     assert!(
         stderr.lines().any(|line| line.starts_with("note:")
-            && line.contains("holds an SSH password")
-            && line.contains("left out of the code uploaded")),
+            && line.contains("holds a secret")
+            && line.contains("left out of the code that training services copy")),
         "{stderr}"
     );
     let resume = |max: &str, password: Option<&str>| {
@@ -804,13 +805,13 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
         "{stdout}\n{stderr}"
     );
 
-    // Gone: the error names the machine and what to do.
+    // Gone: the error names the secret's field and what to do.
     std::fs::remove_file(&config).unwrap();
     let (code, stdout, stderr) = resume("4", None);
     assert_ne!(code, 0, "{stdout}\n{stderr}");
     let error = error_line(&stderr);
     assert!(
-        error.contains(&format!("@127.0.0.1:{}", host.port()))
+        error.contains("trainingService[0].machineList[0].password: this secret is not known")
             && error.contains("KNOB_SSH_PASSWORD"),
         "{error}"
     );

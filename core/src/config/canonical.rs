@@ -2,7 +2,7 @@
 
 use saphyr::{LoadableYamlNode, Yaml, YamlEmitter};
 
-use super::model::{ExperimentConfig, TrainingServiceConfig};
+use super::model::ExperimentConfig;
 use super::reader::normalize_key;
 use super::yaml::{Node, Value};
 use super::REDACTED;
@@ -26,27 +26,20 @@ impl ExperimentConfig {
         }
     }
 
-    /// The config as JSON *with* passwords and passphrases in clear text: the only way to get
-    /// them out of the model besides [`super::Secret::expose`]. Whoever stores this value owns
-    /// keeping it out of plain sight; everything else should use serde, which writes `***`.
+    /// The config as JSON *with* every secret the training services declared in clear: the only
+    /// way to get them out of the model besides
+    /// [`TrainingServiceConfig::config_with_secrets`]. Whoever stores this value owns keeping it
+    /// out of plain sight; everything else should use serde, which writes `***`.
     pub fn to_json_with_secrets(&self) -> serde_json::Value {
         let mut json = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
-        for (service_index, service) in self.training_service.iter().enumerate() {
-            let TrainingServiceConfig::Remote(remote) = service else {
-                continue;
-            };
-            for (machine_index, machine) in remote.machine_list.iter().enumerate() {
-                let pointer =
-                    format!("/trainingService/{service_index}/machineList/{machine_index}");
-                let Some(serde_json::Value::Object(stored)) = json.pointer_mut(&pointer) else {
-                    continue;
-                };
-                if let Some(password) = &machine.password {
-                    stored.insert("password".to_owned(), password.expose().into());
+        if let Some(serde_json::Value::Array(stored)) = json.get_mut("trainingService") {
+            for (stored, service) in stored.iter_mut().zip(&self.training_service) {
+                let mut clear = serde_json::Map::new();
+                clear.insert("platform".into(), service.platform.clone().into());
+                if let serde_json::Value::Object(fields) = service.config_with_secrets() {
+                    clear.extend(fields);
                 }
-                if let Some(passphrase) = &machine.ssh_passphrase {
-                    stored.insert("sshPassphrase".to_owned(), passphrase.expose().into());
-                }
+                *stored = serde_json::Value::Object(clear);
             }
         }
         json

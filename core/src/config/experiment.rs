@@ -4,9 +4,12 @@ use std::path::{Path, PathBuf};
 
 use knob_plugin_api::space::{SearchSpace, SpaceError};
 
+use super::model::TrainingServiceConfig;
 use super::model::{AlgorithmConfig, ExperimentConfig, LogLevel, PLACEMENT_POLICY_NAMES};
 use super::reader::{plain_io, quoted, Field, Fields, Reader};
-use super::training_service::{read_training_services, Located, Shortcuts, NNI_MANAGER_IP_IGNORED};
+use super::training_service::{
+    read_training_services, Located, NNI_MANAGER_IP_IGNORED, SHORTCUT_PLATFORM,
+};
 use super::units;
 use super::yaml::{self, Node, Value};
 
@@ -131,25 +134,38 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
             "NNI's shared storage is not supported by knob",
         );
     }
-    let shortcuts = Shortcuts {
-        use_active_gpu: take("useActiveGpu").and_then(|field| reader.boolean(&field)),
-        max_trial_number_per_gpu: take("maxTrialNumberPerGpu")
-            .and_then(|field| reader.integer(&field, 1)),
-        gpu_indices: take("gpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices)),
-        reuse_mode: take("reuseMode").and_then(|field| reader.boolean(&field)),
-    };
+    // NNI's top-level shortcuts, canonical, for the training services (see `SHORTCUT_PLATFORM`).
+    let mut shortcuts = serde_json::Map::new();
+    if let Some(value) = take("useActiveGpu").and_then(|field| reader.boolean(&field)) {
+        shortcuts.insert("useActiveGpu".into(), value.into());
+    }
+    if let Some(value) =
+        take("maxTrialNumberPerGpu").and_then(|field| reader.integer::<u32>(&field, 1))
+    {
+        shortcuts.insert("maxTrialNumberPerGpu".into(), value.into());
+    }
+    if let Some(value) =
+        take("gpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices))
+    {
+        shortcuts.insert("gpuIndices".into(), value.into());
+    }
+    if let Some(value) = take("reuseMode").and_then(|field| reader.boolean(&field)) {
+        shortcuts.insert("reuseMode".into(), value.into());
+    }
+    reader.shortcuts = shortcuts;
     let plugin_paths = take("pluginPaths")
         .map(|field| read_plugin_paths(reader, &field))
         .unwrap_or_default();
+    reader.plugin_paths = plugin_paths.clone();
     let placement_policy =
         take("placementPolicy").and_then(|field| reader.choice(&field, &PLACEMENT_POLICY_NAMES));
     let training_services = match take("trainingService") {
-        Some(field) => read_training_services(reader, &field, &shortcuts),
+        Some(field) => read_training_services(reader, &field),
         None => {
             reader.error(
                 None,
                 "trainingService",
-                "required: where trials run, e.g. {platform: local}",
+                format!("required: where trials run, e.g. {{platform: {SHORTCUT_PLATFORM}}}"),
             );
             None
         }
@@ -158,7 +174,17 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
 
     // NNI lets a training service carry trial settings; knob keeps one of each per experiment.
     let (training_services, service_settings) = match training_services {
-        Some((services, settings)) => (Some(services), settings),
+        Some((services, settings)) => {
+            let entries: Vec<TrainingServiceConfig> = services
+                .iter()
+                .map(|service| {
+                    let fields = service.config.as_object().cloned().unwrap_or_default();
+                    TrainingServiceConfig::new(service.platform.clone(), fields)
+                })
+                .collect();
+            reader.pending = services;
+            (Some(entries), settings)
+        }
         None => (None, Vec::new()),
     };
     let (mut commands, mut directories, mut gpu_numbers) = (Vec::new(), Vec::new(), Vec::new());

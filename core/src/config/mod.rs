@@ -16,15 +16,17 @@
 //! - `searchSpaceFile` (JSON or YAML) or an inline `searchSpace`: exactly one.
 //! - `trialCommand`, `trialCodeDirectory` and `trialGpuNumber` may be written inside a training
 //!   service; they must then agree with the top level, since knob runs one of each.
-//! - `trainingService` is a mapping with `platform: local` or `platform: remote`, or a list of
-//!   them (hybrid). `advisor` is read as `tuner`. `nniManagerIp` is accepted and ignored (knob needs
-//!   no route back from training machines). `useAnnotation: true`, `sharedStorage` and platforms
-//!   other than local and remote are refused with a message.
+//! - `trainingService` is a mapping with a `platform`, or a list of them (hybrid). The platform
+//!   names a training-service plugin (built-in or third-party), which checks the rest of the
+//!   mapping itself (see `training_service`). `advisor` is read as `tuner`. `nniManagerIp` is
+//!   accepted and ignored (knob needs no route back from training machines). `useAnnotation:
+//!   true` and `sharedStorage` are refused with a message.
 //!
 //! # knob's extensions
 //!
 //! - Shortcuts: `useActiveGpu`, `maxTrialNumberPerGpu`, `gpuIndices` and `reuseMode` written at top
-//!   level are copied into every training service (and remote machine) that does not set them.
+//!   level go to every training service, which applies them where its own config does not set
+//!   them (`ServiceContext::shortcuts`).
 //! - `trialGpuMemory` (GPU memory per trial, e.g. `10GiB`), `trialMemorySize` (host memory per
 //!   trial), `trialCpuNumber` (CPU cores per trial), `placementPolicy` (`recently-idle`, the
 //!   default, `pack`, `spread`, `round-robin`), `maxTrialRetries` and `maxOomRetries` (default 0), `pluginPaths` (plugin
@@ -36,8 +38,8 @@
 //! A config with `trainingServicePlatform` is NNI v1: [`v1`] converts it to a v2 document first,
 //! as NNI 2.x and 3.0 do, and a warning says so. Errors keep the v1 field names and positions.
 //!
-//! Tuner, assessor and training-service *names* are checked against the loaded plugins by the
-//! caller, not here.
+//! Tuner and assessor *names* are checked against the loaded plugins by the caller, not here;
+//! training services are checked here, by their plugins ([`ServiceSource`]).
 
 mod canonical;
 mod error;
@@ -56,10 +58,50 @@ use std::path::{Path, PathBuf};
 
 pub use error::{ConfigError, ConfigErrors};
 pub use model::{
-    AlgorithmConfig, ExperimentConfig, LocalConfig, LogLevel, MachineConfig, PlacementPolicy,
-    RemoteConfig, TrainingServiceConfig,
+    AlgorithmConfig, ExperimentConfig, LogLevel, PlacementPolicy, TrainingServiceConfig,
 };
 pub use secret::{Secret, REDACTED};
+pub use training_service::{recheck_services, trial_settings, ServiceChecker, SHORTCUT_PLATFORM};
+
+use knob_plugin_api::host::PluginRegistry;
+
+/// Where the training services that check a config's entries come from, given the config's
+/// `pluginPaths`.
+pub trait ServiceSource {
+    fn checker(&self, plugin_paths: &[PathBuf]) -> &dyn ServiceChecker;
+}
+
+impl ServiceSource for PluginRegistry {
+    /// A registry already loaded (the config's `pluginPaths` were loaded into it, or not needed).
+    fn checker(&self, _plugin_paths: &[PathBuf]) -> &dyn ServiceChecker {
+        self
+    }
+}
+
+/// The plugins of a config, loaded the first time a config asks (from the usual places and its
+/// `pluginPaths`), and kept for what follows (the experiment's run).
+#[derive(Default)]
+pub struct ServicePlugins {
+    registry: std::sync::OnceLock<PluginRegistry>,
+}
+
+impl ServicePlugins {
+    pub fn new() -> ServicePlugins {
+        ServicePlugins::default()
+    }
+
+    /// The registry, loaded now from `plugin_paths` if no config asked before.
+    pub fn registry(&self, plugin_paths: &[PathBuf]) -> &PluginRegistry {
+        self.registry
+            .get_or_init(|| PluginRegistry::load(plugin_paths))
+    }
+}
+
+impl ServiceSource for ServicePlugins {
+    fn checker(&self, plugin_paths: &[PathBuf]) -> &dyn ServiceChecker {
+        self.registry(plugin_paths)
+    }
+}
 
 /// A config that passed every check, with what deserves a warning.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,11 +112,11 @@ pub struct LoadedConfig {
 }
 
 /// Reads, validates and canonicalizes the config file at `path`. YAML, or JSON when the file name
-/// ends in `.json`.
-pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
+/// ends in `.json`. Each training service's entry is checked by its plugin, from `services`.
+pub fn load_file(path: &Path, services: &dyn ServiceSource) -> Result<LoadedConfig, ConfigErrors> {
     let display_name = path.display().to_string();
     match std::fs::read_to_string(path) {
-        Ok(text) => load_str(&text, path),
+        Ok(text) => load_str(&text, path, services),
         Err(error) => Err(ConfigErrors(vec![ConfigError {
             file: display_name,
             line: None,
@@ -87,13 +129,21 @@ pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
 
 /// Like [`load_file`] for text already read: `path` only names the file in messages, picks the
 /// format by its extension, and anchors relative paths at its folder.
-pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
-    load_document(text, path).map(|(loaded, _)| loaded)
+pub fn load_str(
+    text: &str,
+    path: &Path,
+    services: &dyn ServiceSource,
+) -> Result<LoadedConfig, ConfigErrors> {
+    load_document(text, path, services).map(|(loaded, _)| loaded)
 }
 
 /// Reads and checks the config, and returns it with the v2 document it was read from: the
 /// document itself, or for an NNI v1 config its conversion (see [`v1`]).
-fn load_document(text: &str, path: &Path) -> Result<(LoadedConfig, yaml::Node), ConfigErrors> {
+fn load_document(
+    text: &str,
+    path: &Path,
+    services: &dyn ServiceSource,
+) -> Result<(LoadedConfig, yaml::Node), ConfigErrors> {
     let file = path.display().to_string();
     let base_dir = config_folder(path);
     let mut reader = reader::Reader {
@@ -102,6 +152,10 @@ fn load_document(text: &str, path: &Path) -> Result<(LoadedConfig, yaml::Node), 
         home: units::home_dir(),
         errors: Vec::new(),
         warnings: Vec::new(),
+        config_file: std::path::absolute(path).ok(),
+        shortcuts: Default::default(),
+        plugin_paths: Vec::new(),
+        pending: Vec::new(),
     };
     let is_json = path
         .extension()
@@ -112,7 +166,11 @@ fn load_document(text: &str, path: &Path) -> Result<(LoadedConfig, yaml::Node), 
         yaml::parse(text)
     };
     let mut document = None;
-    let config = match parsed {
+    // For an NNI v1 config: how to name its v2 fields as the user wrote them.
+    let mut converted: Option<v1::Converted> = None;
+    // And the v1 fields its conversion refused, whose v2 problems are not reported again.
+    let mut refused: Vec<String> = Vec::new();
+    let mut config = match parsed {
         Ok(Some(root)) if v1::is_v1(&root) => {
             let note = format!(
                 "an NNI v1 config, converted to v2 as NNI 2.x and 3.0 do; `knob config check \
@@ -133,26 +191,14 @@ fn load_document(text: &str, path: &Path) -> Result<(LoadedConfig, yaml::Node), 
             }
             // What the conversion refused is not reported again by the v2 reader, which saw it
             // missing (trainingServicePlatform: pai leaves no trainingService behind).
-            let refused: Vec<String> = reader.errors[converting_from..errors_before]
+            refused = reader.errors[converting_from..errors_before]
                 .iter()
                 .map(|error| error.field.clone())
                 .filter(|field| !field.is_empty())
                 .collect();
-            let mut index = errors_before;
-            while index < reader.errors.len() {
-                let field = &reader.errors[index].field;
-                let under = |refused: &String| {
-                    field.strip_prefix(refused.as_str()).is_some_and(|rest| {
-                        rest.is_empty() || rest.starts_with('.') || rest.starts_with('[')
-                    })
-                };
-                if refused.iter().any(under) {
-                    reader.errors.remove(index);
-                } else {
-                    index += 1;
-                }
-            }
-            document = Some(v1.root);
+            drop_refused(&mut reader.errors, errors_before, &refused);
+            document = Some(v1.root.clone());
+            converted = Some(v1);
             config
         }
         Ok(Some(root)) if matches!(root.value, yaml::Value::Map(_)) => {
@@ -182,6 +228,29 @@ fn load_document(text: &str, path: &Path) -> Result<(LoadedConfig, yaml::Node), 
             None
         }
     };
+    // The training services check their own entries, even when the rest had errors: the user
+    // sees every problem at once.
+    let pending = std::mem::take(&mut reader.pending);
+    if !pending.is_empty() {
+        let (errors_before, warnings_before) = (reader.errors.len(), reader.warnings.len());
+        let checker = services.checker(&reader.plugin_paths);
+        let context = training_service::check_context(
+            &reader.base_dir,
+            reader.config_file.clone(),
+            &reader.shortcuts,
+            config.as_ref(),
+        );
+        training_service::check_services(&mut reader, checker, &pending, &context, config.as_mut());
+        if let Some(v1) = &converted {
+            for problem in reader.errors[errors_before..]
+                .iter_mut()
+                .chain(reader.warnings[warnings_before..].iter_mut())
+            {
+                problem.field = v1.v1_field(&problem.field);
+            }
+            drop_refused(&mut reader.errors, errors_before, &refused);
+        }
+    }
     match (config, document) {
         (Some(config), Some(document)) if reader.errors.is_empty() => Ok((
             LoadedConfig {
@@ -199,10 +268,29 @@ fn load_document(text: &str, path: &Path) -> Result<(LoadedConfig, yaml::Node), 
     }
 }
 
+/// Drops the errors from `from` on that lie under a field the v1 conversion refused (it said
+/// so already; the v2 document saw the field missing).
+fn drop_refused(errors: &mut Vec<ConfigError>, from: usize, refused: &[String]) {
+    let mut index = from;
+    while index < errors.len() {
+        let field = &errors[index].field;
+        let under = |refused: &String| {
+            field.strip_prefix(refused.as_str()).is_some_and(|rest| {
+                rest.is_empty() || rest.starts_with('.') || rest.starts_with('[')
+            })
+        };
+        if refused.iter().any(under) {
+            errors.remove(index);
+        } else {
+            index += 1;
+        }
+    }
+}
+
 /// `knob config check FILE`: the canonical YAML (warnings first, as comments), or every error as
 /// one line each.
-pub fn check_file(path: &Path) -> Result<String, Vec<String>> {
-    let loaded = load_file(path).map_err(|errors| errors.lines())?;
+pub fn check_file(path: &Path, services: &dyn ServiceSource) -> Result<String, Vec<String>> {
+    let loaded = load_file(path, services).map_err(|errors| errors.lines())?;
     let mut text = String::new();
     for warning in &loaded.warnings {
         text.push_str(&format!("# warning: {warning}\n"));
@@ -214,7 +302,7 @@ pub fn check_file(path: &Path) -> Result<String, Vec<String>> {
 /// `knob config check --v2 FILE`: the config as an NNI v2 document (an NNI v1 config converted,
 /// values as written, passwords and passphrases as `***`), once it passed every check; or every
 /// error as one line each.
-pub fn check_file_v2(path: &Path) -> Result<String, Vec<String>> {
+pub fn check_file_v2(path: &Path, services: &dyn ServiceSource) -> Result<String, Vec<String>> {
     let text = std::fs::read_to_string(path).map_err(|error| {
         vec![format!(
             "{}: cannot read config file: {}",
@@ -222,7 +310,8 @@ pub fn check_file_v2(path: &Path) -> Result<String, Vec<String>> {
             reader::plain_io(&error)
         )]
     })?;
-    let (loaded, document) = load_document(&text, path).map_err(|errors| errors.lines())?;
+    let (loaded, document) =
+        load_document(&text, path, services).map_err(|errors| errors.lines())?;
     let mut out = String::new();
     for warning in &loaded.warnings {
         out.push_str(&format!("# warning: {warning}\n"));

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::Secret;
+use knob_plugin_api::service::{FieldPath, SecretField};
+
+use super::secret::{Secret, REDACTED};
 
 /// One experiment, as described by an NNI v2 config (plus knob's extensions).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,7 +34,8 @@ pub struct ExperimentConfig {
     /// `10GiB`, `500MB` or a plain number of MiB.
     #[serde(rename = "trialGpuMemory")]
     pub trial_gpu_memory_mib: Option<u64>,
-    /// knob extension (name from NNI's OpenPAI config): host memory each trial needs, in MiB.
+    /// knob extension (the name NNI gave this field on a cluster platform): host memory each
+    /// trial needs, in MiB.
     #[serde(rename = "trialMemorySize")]
     pub trial_memory_size_mib: Option<u64>,
     /// knob extension: CPU cores each trial needs, so CPU-heavy trials do not oversubscribe a host.
@@ -100,95 +103,154 @@ impl AlgorithmConfig {
     }
 }
 
-/// Where trials run. Serialized with its `platform` tag, as NNI writes it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "platform", rename_all = "lowercase")]
-pub enum TrainingServiceConfig {
-    Local(LocalConfig),
-    Remote(RemoteConfig),
+/// Where trials run: one `trainingService` entry, for the training-service plugin named by its
+/// `platform`. The core does not know what a platform's fields mean: the plugin checked them
+/// and made them canonical (see `knob_plugin_api::TrainingService::check_config`).
+///
+/// Serialized as NNI writes it, `{platform: ..., <the service's fields>}`, with every secret
+/// field the plugin declared shown as `***`: that is the form `knob config check` prints and the
+/// store keeps. The secrets' clear text lives only in memory ([`Self::config_with_secrets`]); a
+/// config read back from the store has them as `***` until they are filled in again
+/// ([`Self::fill_secret`]).
+#[derive(Debug, Clone)]
+pub struct TrainingServiceConfig {
+    /// The name of the training-service plugin, as the plugin spells it.
+    pub platform: String,
+    /// The service's canonical config, without `platform` and the trial settings the core reads;
+    /// secrets as `***`.
+    pub config: serde_json::Map<String, serde_json::Value>,
+    /// The fields of `config` the plugin declared secret.
+    pub secrets: Vec<SecretField>,
+    /// The clear text of the secrets that are known, by path.
+    revealed: Vec<(FieldPath, Secret)>,
+    /// This service's environments with their inventories, when its plugin knew them while it
+    /// checked the config (this machine, probed); not stored.
+    pub environments: Option<Vec<knob_plugin_api::service::Environment>>,
 }
 
-impl TrainingServiceConfig {
-    /// The `platform` value: `local`, `remote`.
-    pub fn platform(&self) -> &'static str {
-        match self {
-            TrainingServiceConfig::Local(_) => "local",
-            TrainingServiceConfig::Remote(_) => "remote",
-        }
+impl PartialEq for TrainingServiceConfig {
+    /// The config as stored and what the plugin declared; probed inventories change by the
+    /// second and are not part of a config.
+    fn eq(&self, other: &Self) -> bool {
+        self.platform == other.platform
+            && self.config == other.config
+            && self.secrets == other.secrets
+            && self.revealed == other.revealed
     }
 }
 
-/// `platform: local`: the machine knob runs on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LocalConfig {
-    /// Place trials on GPUs that other processes already use. NNI refuses a config with
-    /// `trialGpuNumber > 0` that leaves this unset; knob defaults it to `false` (NNI's documented
-    /// default) because it sees those processes itself.
-    pub use_active_gpu: bool,
-    /// How many trials may share one GPU (default 1).
-    pub max_trial_number_per_gpu: u32,
-    /// The GPUs trials may use; `None` is all of them.
-    pub gpu_indices: Option<Vec<u32>>,
-    /// Default `false`, as in NNI.
-    pub reuse_mode: bool,
+impl TrainingServiceConfig {
+    /// A service entry as written or as stored: no secrets declared yet.
+    pub fn new(
+        platform: impl Into<String>,
+        config: serde_json::Map<String, serde_json::Value>,
+    ) -> TrainingServiceConfig {
+        TrainingServiceConfig {
+            platform: platform.into(),
+            config,
+            secrets: Vec::new(),
+            revealed: Vec::new(),
+            environments: None,
+        }
+    }
+
+    /// The `platform` value: the training-service plugin's name.
+    pub fn platform(&self) -> &str {
+        &self.platform
+    }
+
+    /// Takes the plugin's canonical config and secret fields: each secret's value moves into
+    /// memory, and `***` takes its place in [`Self::config`]. A secret already `***` (a config
+    /// read back from the store) stays unknown.
+    pub(crate) fn set_checked(
+        &mut self,
+        mut config: serde_json::Map<String, serde_json::Value>,
+        secrets: Vec<SecretField>,
+    ) {
+        let mut revealed = Vec::new();
+        let mut root = serde_json::Value::Object(std::mem::take(&mut config));
+        for secret in &secrets {
+            if let Some(value) = secret.path.find_mut(&mut root) {
+                if let Some(text) = value.as_str().filter(|text| *text != REDACTED) {
+                    revealed.push((secret.path.clone(), Secret::new(text)));
+                }
+                if value.is_string() {
+                    *value = serde_json::Value::from(REDACTED);
+                }
+            }
+        }
+        if let serde_json::Value::Object(map) = root {
+            config = map;
+        }
+        self.config = config;
+        self.secrets = secrets;
+        self.revealed = revealed;
+    }
+
+    /// The service's config with the known secrets in clear: what its plugin is built with, and
+    /// nothing else. Whoever keeps this value owns keeping it out of plain sight.
+    pub fn config_with_secrets(&self) -> serde_json::Value {
+        let mut root = serde_json::Value::Object(self.config.clone());
+        for (path, secret) in &self.revealed {
+            if let Some(value) = path.find_mut(&mut root) {
+                *value = serde_json::Value::from(secret.expose());
+            }
+        }
+        root
+    }
+
+    /// The secret fields that hold a value knob does not know (`***` in a stored config).
+    pub fn missing_secrets(&self) -> Vec<&SecretField> {
+        let root = serde_json::Value::Object(self.config.clone());
+        self.secrets
+            .iter()
+            .filter(|secret| {
+                secret.path.find(&root).and_then(serde_json::Value::as_str) == Some(REDACTED)
+                    && !self.revealed.iter().any(|(path, _)| *path == secret.path)
+            })
+            .collect()
+    }
+
+    /// The known clear text of a secret field.
+    pub fn secret(&self, path: &FieldPath) -> Option<&Secret> {
+        self.revealed
+            .iter()
+            .find(|(known, _)| known == path)
+            .map(|(_, secret)| secret)
+    }
+
+    /// Gives back the clear text of a secret field knob did not store.
+    pub fn fill_secret(&mut self, path: &FieldPath, secret: Secret) {
+        self.revealed.retain(|(known, _)| known != path);
+        self.revealed.push((path.clone(), secret));
+    }
 }
 
-/// `platform: remote`: machines reached over SSH.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RemoteConfig {
-    /// At least one machine.
-    pub machine_list: Vec<MachineConfig>,
-    /// Default `true`, as in NNI.
-    pub reuse_mode: bool,
-    /// knob extension: the OpenSSH `known_hosts` file host keys are checked against. Absolute;
-    /// `None` is `~/.ssh/known_hosts`.
-    #[serde(default)]
-    pub known_hosts_file: Option<PathBuf>,
-    /// knob extension: how long a host whose connection dropped may take to come back before its
-    /// running trials are declared lost and run again elsewhere, in whole seconds (default 60).
-    #[serde(default = "default_host_loss_timeout", with = "seconds")]
-    pub host_loss_timeout: Duration,
-    /// knob extension: the folder on each host where the agent keeps its binary, the trial code
-    /// and the trials (a path on the host; `~` is the login user's home there). `None` is
-    /// `~/.knob`.
-    #[serde(default)]
-    pub agent_root: Option<String>,
+impl Serialize for TrainingServiceConfig {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.config.len() + 1))?;
+        map.serialize_entry("platform", &self.platform)?;
+        for (key, value) in &self.config {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
 }
 
-/// [`RemoteConfig::host_loss_timeout`] when the config does not set it.
-pub const DEFAULT_HOST_LOSS_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn default_host_loss_timeout() -> Duration {
-    DEFAULT_HOST_LOSS_TIMEOUT
-}
-
-/// One entry of a remote `machineList`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct MachineConfig {
-    pub host: String,
-    /// Default 22.
-    pub port: u16,
-    pub user: String,
-    pub password: Option<Secret>,
-    /// Absolute. NNI defaults it to `~/.ssh/id_rsa`; knob leaves it `None`, meaning "the usual
-    /// keys and the SSH agent", so that ed25519 keys work without a line of config.
-    pub ssh_key_file: Option<PathBuf>,
-    pub ssh_passphrase: Option<Secret>,
-    /// Default `false`.
-    pub use_active_gpu: bool,
-    /// Default 1.
-    pub max_trial_number_per_gpu: u32,
-    pub gpu_indices: Option<Vec<u32>>,
-    /// Put in front of `PATH` for trials on this machine.
-    pub python_path: Option<String>,
-    /// knob extension: accept this machine's host key when `knownHostsFile` has no entry for it
-    /// yet (and add it there), as `ssh -o StrictHostKeyChecking=accept-new` does. A key that
-    /// differs from a known one is always refused. Default `false`.
-    #[serde(default)]
-    pub accept_new_host_key: bool,
+impl<'de> Deserialize<'de> for TrainingServiceConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut config = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
+        let platform = match config.remove("platform") {
+            Some(serde_json::Value::String(platform)) => platform,
+            _ => {
+                return Err(serde::de::Error::custom(
+                    "a training service without platform",
+                ))
+            }
+        };
+        Ok(TrainingServiceConfig::new(platform, config))
+    }
 }
 
 /// NNI's log levels, lowercase.
@@ -225,21 +287,6 @@ pub const PLACEMENT_POLICY_NAMES: [(&str, PlacementPolicy); 4] = [
     ("spread", PlacementPolicy::Spread),
     ("round-robin", PlacementPolicy::RoundRobin),
 ];
-
-/// `Duration` as whole seconds, the canonical form of NNI durations.
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u64(value.as_secs())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_secs(u64::deserialize(deserializer)?))
-    }
-}
 
 /// `Option<Duration>` as whole seconds (or null), the canonical form of NNI durations.
 mod optional_seconds {

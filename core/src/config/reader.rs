@@ -18,6 +18,14 @@ pub(crate) struct Reader {
     pub home: Option<PathBuf>,
     pub errors: Vec<ConfigError>,
     pub warnings: Vec<ConfigError>,
+    /// The config file, absolute (services are told, see `ServiceContext::config_file`).
+    pub config_file: Option<PathBuf>,
+    /// NNI's top-level shortcut fields, canonical.
+    pub shortcuts: serde_json::Map<String, serde_json::Value>,
+    /// `pluginPaths`, where the training services may come from.
+    pub plugin_paths: Vec<PathBuf>,
+    /// The training-service entries, for their plugins to check.
+    pub pending: Vec<super::training_service::PendingService>,
 }
 
 impl Reader {
@@ -305,6 +313,19 @@ impl<'a> Fields<'a> {
         (!node.is_null()).then_some(Field { node, path })
     }
 
+    /// The keys not taken, as written, with their values (null ones too), all marked as known:
+    /// what a mapping hands on to someone else to read.
+    pub fn rest(mut self) -> Vec<(String, &'a Node)> {
+        self.entries
+            .iter_mut()
+            .filter(|entry| !entry.taken)
+            .map(|entry| {
+                entry.taken = true;
+                (entry.key.key_text(), entry.value)
+            })
+            .collect()
+    }
+
     /// Reports every key not taken as unknown, suggesting the closest of `known`.
     pub fn finish(self, reader: &mut Reader, known: &[&str]) {
         for entry in self.entries.iter().filter(|entry| !entry.taken) {
@@ -341,7 +362,7 @@ fn suggestion(written: &str, known: &[&str]) -> Option<String> {
         ),
         (
             "machinelist",
-            "write machineList under trainingService: {platform: remote}",
+            "write machineList under the trainingService entry whose platform takes it",
         ),
         ("builtintunername", "NNI v1; write name"),
         ("builtinassessorname", "NNI v1; write name"),

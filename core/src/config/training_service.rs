@@ -1,24 +1,63 @@
 //! Reading `trainingService`: one mapping, or a list of them (NNI's hybrid mode).
+//!
+//! The core reads only what every entry shares: `platform`, which names the training-service
+//! plugin, and the trial settings NNI lets an entry carry (`trialCommand`, `trialCodeDirectory`,
+//! `trialGpuNumber`, `nniManagerIp`). The rest of the mapping goes to that plugin, which checks
+//! it (`TrainingService::check_config`) and answers with the canonical form and its secret
+//! fields, or with problems that name a field path. The core keeps the YAML tree, so each
+//! problem still reaches the user as `file:line:column: trainingService[i].<path>: message`.
 
-use super::model::{LocalConfig, MachineConfig, RemoteConfig, TrainingServiceConfig};
-use super::reader::{quoted, Field, Fields, Reader};
-use super::secret::{Secret, REDACTED};
-use super::units;
+use std::path::{Path, PathBuf};
+
+use knob_plugin_api::host::PluginRegistry;
+use knob_plugin_api::service::{
+    ConfigCheck, ConfigProblem, FieldPath, PathStep, ServiceContext, TrialSettings,
+};
+use knob_plugin_api::ComponentKind;
+use serde_json::Map;
+
+use super::model::ExperimentConfig;
+use super::reader::{normalize_key, Field, Fields, Reader};
+use super::secret::REDACTED;
 use super::yaml::{Node, Pos, Value};
 
-/// Training-service fields that may be written at the top level and are copied into every
-/// training service (and, for remote, every machine) that does not set them itself.
-///
-/// NNI's own shortcuts go the other way (`trialCommand` & co. written at top level); these are
-/// knob's: a one-machine config can say `useActiveGpu: true` without a `trainingService` block of
-/// its own.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Shortcuts {
-    pub use_active_gpu: Option<bool>,
-    pub max_trial_number_per_gpu: Option<u32>,
-    pub gpu_indices: Option<Vec<u32>>,
-    pub reuse_mode: Option<bool>,
+/// What checks a training service's config: the plugins. The core's own checker is
+/// [`PluginRegistry`]; tests may check with the services' code linked in.
+pub trait ServiceChecker {
+    /// The names of the training services there are (the `platform` values a config may use).
+    fn platforms(&self) -> Vec<String>;
+    /// Asks the service `platform` (one of [`ServiceChecker::platforms`]) to check its config.
+    /// `Err` is a failure of the call itself, one line.
+    fn check(
+        &self,
+        platform: &str,
+        config: &serde_json::Value,
+        context: &ServiceContext,
+    ) -> Result<ConfigCheck, String>;
 }
+
+impl ServiceChecker for PluginRegistry {
+    fn platforms(&self) -> Vec<String> {
+        self.names(ComponentKind::TrainingService)
+    }
+
+    fn check(
+        &self,
+        platform: &str,
+        config: &serde_json::Value,
+        context: &ServiceContext,
+    ) -> Result<ConfigCheck, String> {
+        self.check_training_service(platform, config, context)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The platform NNI's top-level shortcut fields (`useActiveGpu`, `maxTrialNumberPerGpu`,
+/// `gpuIndices`, `reuseMode`) were made for, and the one error messages give as the example.
+/// The shortcuts go to every training service in its context (`ServiceContext::shortcuts`,
+/// canonical JSON); each applies those that mean something to it where its own config leaves
+/// them unset.
+pub const SHORTCUT_PLATFORM: &str = "local";
 
 /// A value with the place it was written, to compare per-service settings with top-level ones.
 pub(crate) struct Located<T> {
@@ -37,58 +76,26 @@ pub(crate) struct ServiceTrialSettings {
     pub trial_gpu_number: Option<Located<u32>>,
 }
 
-const SUPPORTED: &str = r#""local", "remote""#;
-/// NNI platforms knob recognises but does not run.
-const NNI_ONLY_PLATFORMS: [&str; 8] = [
-    "openpai",
-    "aml",
-    "dlc",
-    "kubeflow",
-    "frameworkcontroller",
-    "adl",
-    "dlts",
-    "hybrid",
-];
-const COMMON_FIELDS: [&str; 5] = [
-    "platform",
-    "trialCommand",
-    "trialCodeDirectory",
-    "trialGpuNumber",
-    "nniManagerIp",
-];
-const LOCAL_FIELDS: [&str; 4] = [
-    "useActiveGpu",
-    "maxTrialNumberPerGpu",
-    "gpuIndices",
-    "reuseMode",
-];
-const REMOTE_FIELDS: [&str; 5] = [
-    "machineList",
-    "reuseMode",
-    "knownHostsFile",
-    "hostLossTimeout",
-    "agentRoot",
-];
-const MACHINE_FIELDS: [&str; 11] = [
-    "host",
-    "port",
-    "user",
-    "password",
-    "sshKeyFile",
-    "sshPassphrase",
-    "useActiveGpu",
-    "maxTrialNumberPerGpu",
-    "gpuIndices",
-    "pythonPath",
-    "acceptNewHostKey",
-];
+/// A service entry read up to its plugin: checked once the plugins are known.
+pub(crate) struct PendingService {
+    /// `platform` as written.
+    pub platform: String,
+    pub platform_pos: Option<Pos>,
+    pub platform_path: String,
+    /// `trainingService` or `trainingService[i]`.
+    pub path: String,
+    /// The entry's tree, for positions.
+    pub node: Node,
+    /// The service's own fields, as JSON.
+    pub config: serde_json::Value,
+}
 
-/// Reads the `trainingService` field: each service, and the trial settings each one carries.
+/// Reads the `trainingService` field: each service (its own fields still unchecked, see
+/// [`check_services`]), and the trial settings each one carries.
 pub(crate) fn read_training_services(
     reader: &mut Reader,
     field: &Field<'_>,
-    shortcuts: &Shortcuts,
-) -> Option<(Vec<TrainingServiceConfig>, Vec<ServiceTrialSettings>)> {
+) -> Option<(Vec<PendingService>, Vec<ServiceTrialSettings>)> {
     let items: Vec<(&Node, String)> = match &field.node.value {
         Value::Map(_) => vec![(field.node, field.path.clone())],
         Value::Seq(items) if !items.is_empty() => items
@@ -106,88 +113,67 @@ pub(crate) fn read_training_services(
         }
         _ => {
             let message = format!(
-                "expected a mapping like {{platform: local}} or a list of them, got {}",
+                "expected a mapping like {{platform: {SHORTCUT_PLATFORM}}} or a list of them, got {}",
                 field.node.describe()
             );
             reader.error(field.node.pos, &field.path, message);
             return None;
         }
     };
-    let errors_before = reader.errors.len();
-    let mut services: Vec<TrainingServiceConfig> = Vec::new();
+    // Entries that fail here are left out; the others are still checked by their services, so
+    // that every problem is reported at once.
+    let mut services: Vec<PendingService> = Vec::new();
     let mut settings = Vec::new();
     for (node, path) in items {
-        let Some((service, service_settings)) = read_service(reader, node, &path, shortcuts) else {
+        let Some((service, service_settings)) = read_service(reader, node, &path) else {
             continue;
         };
-        if services
-            .iter()
-            .any(|other| other.platform() == service.platform())
-        {
-            let message = format!(
-                "platform {:?} is listed twice; list each platform once (put every remote host in one machineList)",
-                service.platform()
-            );
-            reader.error(node.pos, &path, message);
-            continue;
-        }
         services.push(service);
         settings.push(service_settings);
     }
-    (reader.errors.len() == errors_before).then_some((services, settings))
+    Some((services, settings))
 }
 
 fn read_service(
     reader: &mut Reader,
     node: &Node,
     path: &str,
-    shortcuts: &Shortcuts,
-) -> Option<(TrainingServiceConfig, ServiceTrialSettings)> {
+) -> Option<(PendingService, ServiceTrialSettings)> {
     let mut fields = Fields::open(reader, node, path)?;
     let platform = match fields.take("platform") {
         Some(field) => reader
             .non_empty_string(&field)
-            .map(|name| (name.to_ascii_lowercase(), field)),
+            .map(|name| (name, field.node.pos, field.path.clone())),
         None => {
             let platform_path = fields.child_path("platform");
             reader.error(
                 fields.pos,
                 &platform_path,
-                format!("required: one of {SUPPORTED}"),
+                "required: the training service that runs the trials, e.g. local",
             );
             None
         }
     };
     let settings = read_trial_settings(reader, &mut fields);
-    let (platform, platform_field) = platform?;
-    let service = match platform.as_str() {
-        "local" => {
-            let local = read_local(reader, &mut fields, shortcuts);
-            fields.finish(reader, &[&COMMON_FIELDS[..], &LOCAL_FIELDS[..]].concat());
-            TrainingServiceConfig::Local(local?)
-        }
-        "remote" => {
-            let remote = read_remote(reader, &mut fields, shortcuts);
-            fields.finish(reader, &[&COMMON_FIELDS[..], &REMOTE_FIELDS[..]].concat());
-            TrainingServiceConfig::Remote(remote?)
-        }
-        other => {
-            // The remaining fields belong to a platform we do not read: no point reporting them.
-            let message = if NNI_ONLY_PLATFORMS.contains(&other) {
-                format!("NNI's {other:?} platform is not supported by knob; supported: {SUPPORTED}")
-            } else {
-                let hint = ["local", "remote"]
-                    .into_iter()
-                    .find(|known| strsim::damerau_levenshtein(known, other) <= 2)
-                    .map(|known| format!(" (did you mean {known:?}?)"))
-                    .unwrap_or_default();
-                format!("unknown platform {other:?}{hint}; supported: {SUPPORTED}")
-            };
-            reader.error(platform_field.node.pos, &platform_field.path, message);
-            return None;
-        }
-    };
-    Some((service, settings))
+    let config = serde_json::Value::Object(
+        fields
+            .rest()
+            .into_iter()
+            .map(|(key, value)| (key, to_json(value)))
+            .collect(),
+    );
+    let (platform, platform_pos, platform_path) = platform?;
+    Some((
+        PendingService {
+            platform,
+            platform_pos,
+            platform_path,
+            path: path.to_owned(),
+            node: node.clone(),
+            config,
+        },
+        settings,
+    ))
 }
 
 fn read_trial_settings(reader: &mut Reader, fields: &mut Fields<'_>) -> ServiceTrialSettings {
@@ -223,225 +209,281 @@ fn read_trial_settings(reader: &mut Reader, fields: &mut Fields<'_>) -> ServiceT
 pub(crate) const NNI_MANAGER_IP_IGNORED: &str =
     "ignored: knob reaches training machines over SSH and needs no route back to the manager";
 
-fn read_local(
-    reader: &mut Reader,
-    fields: &mut Fields<'_>,
-    shortcuts: &Shortcuts,
-) -> Option<LocalConfig> {
-    let errors_before = reader.errors.len();
-    let use_active_gpu = fields
-        .take("useActiveGpu")
-        .and_then(|field| reader.boolean(&field));
-    let max_trial_number_per_gpu = fields
-        .take("maxTrialNumberPerGpu")
-        .and_then(|field| reader.integer(&field, 1));
-    let gpu_indices = fields
-        .take("gpuIndices")
-        .and_then(|field| reader.parse(&field, units::gpu_indices));
-    let reuse_mode = fields
-        .take("reuseMode")
-        .and_then(|field| reader.boolean(&field));
-    (reader.errors.len() == errors_before).then(|| LocalConfig {
-        use_active_gpu: use_active_gpu.or(shortcuts.use_active_gpu).unwrap_or(false),
-        max_trial_number_per_gpu: max_trial_number_per_gpu
-            .or(shortcuts.max_trial_number_per_gpu)
-            .unwrap_or(1),
-        gpu_indices: gpu_indices.or_else(|| shortcuts.gpu_indices.clone()),
-        reuse_mode: reuse_mode.or(shortcuts.reuse_mode).unwrap_or(false),
-    })
-}
-
-fn read_remote(
-    reader: &mut Reader,
-    fields: &mut Fields<'_>,
-    shortcuts: &Shortcuts,
-) -> Option<RemoteConfig> {
-    let errors_before = reader.errors.len();
-    let reuse_mode = fields
-        .take("reuseMode")
-        .and_then(|field| reader.boolean(&field));
-    let known_hosts_file = fields
-        .take("knownHostsFile")
-        .and_then(|field| known_hosts_file(reader, &field));
-    let host_loss_timeout = fields.take("hostLossTimeout").and_then(|field| {
-        let seconds = reader.parse(&field, units::duration_seconds)?;
-        if seconds == 0 {
-            let message =
-                "must be at least 1 second (a host whose connection drops needs time to come back)";
-            reader.error(field.node.pos, &field.path, message);
-            return None;
-        }
-        Some(std::time::Duration::from_secs(seconds))
-    });
-    // A path on the hosts, so it is not resolved against the config's folder here.
-    let agent_root = fields
-        .take("agentRoot")
-        .and_then(|field| reader.non_empty_string(&field));
-    let mut machine_list = Vec::new();
-    match fields.take("machineList") {
-        None => {
-            let path = fields.child_path("machineList");
-            reader.error(
-                fields.pos,
-                &path,
-                "required: a list of machines, each with at least host and user",
-            );
-        }
-        Some(field) => match &field.node.value {
-            Value::Seq(items) if !items.is_empty() => {
-                for (index, item) in items.iter().enumerate() {
-                    let path = format!("{}[{index}]", field.path);
-                    machine_list.extend(read_machine(reader, item, &path, shortcuts));
-                }
+/// A YAML tree as JSON (keys as written).
+fn to_json(node: &Node) -> serde_json::Value {
+    match &node.value {
+        Value::Null => serde_json::Value::Null,
+        Value::Bool(b) => serde_json::Value::Bool(*b),
+        Value::Int(i) => serde_json::Value::from(*i),
+        Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(serde_json::Value::Number)
+            .unwrap_or(serde_json::Value::Null),
+        Value::Str(text) => serde_json::Value::String(text.clone()),
+        Value::Seq(items) => serde_json::Value::Array(items.iter().map(to_json).collect()),
+        Value::Map(pairs) => {
+            let mut map = Map::new();
+            for (key, value) in pairs {
+                // A key written twice the same way: the first is kept (the service then
+                // reports keys that differ only in spelling).
+                map.entry(key.key_text()).or_insert_with(|| to_json(value));
             }
-            _ => {
-                let message = format!(
-                    "expected a non-empty list of machines like [{{host: 10.0.0.2, user: alice}}], got {}",
-                    field.node.describe()
-                );
-                reader.error(field.node.pos, &field.path, message);
-            }
-        },
+            serde_json::Value::Object(map)
+        }
     }
-    (reader.errors.len() == errors_before).then(|| RemoteConfig {
-        machine_list,
-        reuse_mode: reuse_mode.or(shortcuts.reuse_mode).unwrap_or(true),
-        known_hosts_file,
-        host_loss_timeout: host_loss_timeout.unwrap_or(super::model::DEFAULT_HOST_LOSS_TIMEOUT),
-        agent_root,
-    })
 }
 
-/// `knownHostsFile`: a file, or a path in an existing folder where `acceptNewHostKey` may
-/// create it.
-fn known_hosts_file(reader: &mut Reader, field: &Field<'_>) -> Option<std::path::PathBuf> {
-    let path = reader.path(field)?;
-    let problem = if path.is_dir() {
-        Some(format!(
-            "{} is a folder; name the known_hosts file itself",
-            quoted(&path)
-        ))
-    } else if !path.exists() && !path.parent().is_some_and(std::path::Path::is_dir) {
-        Some(format!(
-            "the folder of {} does not exist; create it or fix the path",
-            quoted(&path)
-        ))
+/// Where a field path of a service's config was written: the value's position, or that of the
+/// nearest mapping or list above it that was written (a missing field is reported at its
+/// mapping). Keys match as NNI matches them.
+fn position(node: &Node, path: &FieldPath) -> Option<Pos> {
+    let mut current = node;
+    for step in &path.0 {
+        let next = match (step, &current.value) {
+            (PathStep::Field(name), Value::Map(pairs)) => {
+                let wanted = normalize_key(name);
+                pairs
+                    .iter()
+                    .find(|(key, _)| normalize_key(&key.key_text()) == wanted)
+                    .map(|(_, value)| value)
+            }
+            (PathStep::Index(index), Value::Seq(items)) => items.get(*index),
+            _ => None,
+        };
+        match next {
+            Some(next) => current = next,
+            None => break,
+        }
+    }
+    current.pos
+}
+
+/// The value at a field path in a config as written (keys matched as NNI matches them).
+fn written<'v>(value: &'v serde_json::Value, path: &FieldPath) -> Option<&'v serde_json::Value> {
+    let mut current = value;
+    for step in &path.0 {
+        current = match step {
+            PathStep::Field(name) => {
+                let wanted = normalize_key(name);
+                current
+                    .as_object()?
+                    .iter()
+                    .find(|(key, _)| normalize_key(key) == wanted)
+                    .map(|(_, value)| value)?
+            }
+            PathStep::Index(index) => current.as_array()?.get(*index)?,
+        };
+    }
+    Some(current)
+}
+
+fn field_text(service_path: &str, path: &FieldPath) -> String {
+    if path.is_root() {
+        service_path.to_owned()
+    } else if matches!(path.0.first(), Some(PathStep::Index(_))) {
+        format!("{service_path}{path}")
     } else {
-        None
+        format!("{service_path}.{path}")
+    }
+}
+
+/// The experiment as a service sees it while its config is checked: no experiment yet.
+pub(crate) fn check_context(
+    config_dir: &Path,
+    config_file: Option<PathBuf>,
+    shortcuts: &Map<String, serde_json::Value>,
+    config: Option<&ExperimentConfig>,
+) -> ServiceContext {
+    ServiceContext {
+        config_dir: config_dir.to_path_buf(),
+        config_file,
+        shortcuts: shortcuts.clone(),
+        trial: config.map(trial_settings).unwrap_or_default(),
+        ..ServiceContext::default()
+    }
+}
+
+/// The experiment-wide trial settings a service may need.
+pub fn trial_settings(config: &ExperimentConfig) -> TrialSettings {
+    TrialSettings {
+        trial_command: config.trial_command.clone(),
+        trial_code_directory: config.trial_code_directory.clone(),
+        trial_concurrency: config.trial_concurrency,
+        trial_gpu_number: config.trial_gpu_number,
+        trial_cpu_number: config.trial_cpu_number,
+        trial_memory_size_mib: config.trial_memory_size_mib,
+        trial_gpu_memory_mib: config.trial_gpu_memory_mib,
+        max_trial_duration_secs: config.max_trial_duration.map(|d| d.as_secs()),
+    }
+}
+
+/// The installed platform that `written` names (matched ignoring case), or the error for it.
+pub(crate) fn resolve_platform(
+    checker: &dyn ServiceChecker,
+    written: &str,
+) -> Result<String, String> {
+    let platforms = checker.platforms();
+    if let Some(found) = platforms
+        .iter()
+        .find(|name| name.eq_ignore_ascii_case(written))
+    {
+        return Ok(found.clone());
+    }
+    let lower = written.to_ascii_lowercase();
+    let hint = platforms
+        .iter()
+        .find(|known| strsim::damerau_levenshtein(&known.to_ascii_lowercase(), &lower) <= 2)
+        .map(|known| format!(" (did you mean {known:?}?)"))
+        .unwrap_or_default();
+    let installed: Vec<String> = platforms.iter().map(|name| format!("{name:?}")).collect();
+    let installed = if installed.is_empty() {
+        "none is installed".to_owned()
+    } else {
+        format!("installed: {}", installed.join(", "))
     };
-    match problem {
-        Some(message) => {
-            reader.error(field.node.pos, &field.path, message);
-            None
-        }
-        None => Some(path),
-    }
+    Err(format!(
+        "unknown platform {written:?}{hint}; {installed} (a third-party training service is a plugin: name its file or folder in pluginPaths)"
+    ))
 }
 
-fn read_machine(
+/// Has each service's plugin check its entry: the entries of `config` (when the rest of the
+/// config was good) become canonical, with their secrets; every problem becomes a config error
+/// at the place it was written.
+pub(crate) fn check_services(
     reader: &mut Reader,
-    node: &Node,
-    path: &str,
-    shortcuts: &Shortcuts,
-) -> Option<MachineConfig> {
-    let errors_before = reader.errors.len();
-    let mut fields = Fields::open(reader, node, path)?;
-    let host = required_string(
-        reader,
-        &mut fields,
-        "host",
-        "the machine's IP address or host name",
-    );
-    let user = required_string(reader, &mut fields, "user", "the login user name");
-    let port = fields.take("port").and_then(|field| {
-        reader.parse(&field, |node| match node.value {
-            Value::Int(port) if (1..=65535).contains(&port) => Ok(port as u16),
-            _ => Err(format!(
-                "expected a port number from 1 to 65535, got {}",
-                node.describe()
-            )),
-        })
-    });
-    let password = fields
-        .take("password")
-        .and_then(|field| secret(reader, &field));
-    let ssh_passphrase = fields
-        .take("sshPassphrase")
-        .and_then(|field| secret(reader, &field));
-    let ssh_key_file = fields.take("sshKeyFile").and_then(|field| {
-        let path = reader.path(&field)?;
-        if path.is_file() {
-            Some(path)
-        } else {
-            reader.error(
-                field.node.pos,
-                &field.path,
-                format!("SSH key file {} does not exist", quoted(&path)),
+    checker: &dyn ServiceChecker,
+    pending: &[PendingService],
+    context: &ServiceContext,
+    mut config: Option<&mut ExperimentConfig>,
+) {
+    let mut good: Vec<&str> = Vec::new();
+    for (index, service) in pending.iter().enumerate() {
+        let platform = match resolve_platform(checker, &service.platform) {
+            Ok(platform) => platform,
+            Err(message) => {
+                reader.error(service.platform_pos, &service.platform_path, message);
+                continue;
+            }
+        };
+        let checked = match checker.check(&platform, &service.config, context) {
+            Ok(ConfigCheck::Checked(checked)) => checked,
+            Ok(ConfigCheck::Problems(problems)) => {
+                report(reader, service, &problems, true);
+                continue;
+            }
+            Err(message) => {
+                reader.error(
+                    service.platform_pos,
+                    &service.platform_path,
+                    format!("training service {platform} could not check its config: {message}"),
+                );
+                continue;
+            }
+        };
+        report(reader, service, &checked.warnings, false);
+        // The placeholder knob prints is never a secret a user meant (`ConfigReader::secret`
+        // says so too; this catches a service that declares secrets without it).
+        let placeholders: Vec<ConfigProblem> = checked
+            .secrets
+            .iter()
+            .filter(|secret| {
+                written(&service.config, &secret.path).and_then(serde_json::Value::as_str)
+                    == Some(REDACTED)
+            })
+            .map(|secret| ConfigProblem {
+                path: secret.path.clone(),
+                message: format!(
+                    "{REDACTED:?} is the placeholder knob prints instead of a secret; write the real value"
+                ),
+            })
+            .collect();
+        report(reader, service, &placeholders, true);
+        // Each service runs once per experiment, with all its environments in its one entry.
+        if good
+            .iter()
+            .any(|other| other.eq_ignore_ascii_case(&platform))
+        {
+            let message = format!(
+                "platform {:?} is listed twice; list each platform once, with all its machines in one entry",
+                service.platform
             );
-            None
+            reader.error(service.node.pos, &service.path, message);
+            continue;
         }
-    });
-    let use_active_gpu = fields
-        .take("useActiveGpu")
-        .and_then(|field| reader.boolean(&field));
-    let max_trial_number_per_gpu = fields
-        .take("maxTrialNumberPerGpu")
-        .and_then(|field| reader.integer(&field, 1));
-    let gpu_indices = fields
-        .take("gpuIndices")
-        .and_then(|field| reader.parse(&field, units::gpu_indices));
-    let python_path = fields
-        .take("pythonPath")
-        .and_then(|field| reader.non_empty_string(&field));
-    let accept_new_host_key = fields
-        .take("acceptNewHostKey")
-        .and_then(|field| reader.boolean(&field));
-    fields.finish(reader, &MACHINE_FIELDS);
-    if reader.errors.len() != errors_before {
-        return None;
-    }
-    Some(MachineConfig {
-        host: host?,
-        port: port.unwrap_or(22),
-        user: user?,
-        password,
-        ssh_key_file,
-        ssh_passphrase,
-        use_active_gpu: use_active_gpu.or(shortcuts.use_active_gpu).unwrap_or(false),
-        max_trial_number_per_gpu: max_trial_number_per_gpu
-            .or(shortcuts.max_trial_number_per_gpu)
-            .unwrap_or(1),
-        gpu_indices: gpu_indices.or_else(|| shortcuts.gpu_indices.clone()),
-        python_path,
-        accept_new_host_key: accept_new_host_key.unwrap_or(false),
-    })
-}
-
-/// A required string field; a missing or null one is reported at its mapping.
-pub(crate) fn required_string(
-    reader: &mut Reader,
-    fields: &mut Fields<'_>,
-    name: &str,
-    what: &str,
-) -> Option<String> {
-    match fields.take(name) {
-        Some(field) => reader.non_empty_string(&field),
-        None => {
-            let path = fields.child_path(name);
-            reader.error(fields.pos, &path, format!("required: {what}"));
-            None
+        good.push(pending[index].platform.as_str());
+        if let Some(entry) = config
+            .as_deref_mut()
+            .and_then(|config| config.training_service.get_mut(index))
+        {
+            entry.platform = platform;
+            entry.set_checked(checked.config, checked.secrets);
+            entry.environments = checked.environments;
         }
     }
 }
 
-fn secret(reader: &mut Reader, field: &Field<'_>) -> Option<Secret> {
-    let value = reader.string(field)?;
-    if value == REDACTED {
-        let message = format!(
-            "{REDACTED:?} is the placeholder knob prints instead of a secret; write the real value (or use sshKeyFile)"
-        );
-        reader.error(field.node.pos, &field.path, message);
-        return None;
+fn report(reader: &mut Reader, service: &PendingService, problems: &[ConfigProblem], errors: bool) {
+    for problem in problems {
+        let pos = position(&service.node, &problem.path);
+        let field = field_text(&service.path, &problem.path);
+        if errors {
+            reader.error(pos, &field, problem.message.clone());
+        } else {
+            reader.warn(pos, &field, problem.message.clone());
+        }
     }
-    Some(Secret::new(value))
+}
+
+/// Checks again the training services of a config read back from the store (canonical, secrets
+/// as `***`), so that each plugin declares its secrets again and reports what it knows of its
+/// environments. One line per problem.
+pub fn recheck_services(
+    config: &mut ExperimentConfig,
+    checker: &dyn ServiceChecker,
+    context: &ServiceContext,
+) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    let mut context = context.clone();
+    context.trial = trial_settings(config);
+    context.stored = true;
+    for (index, service) in config.training_service.iter_mut().enumerate() {
+        let path = format!("trainingService[{index}]");
+        let platform = match resolve_platform(checker, &service.platform) {
+            Ok(platform) => platform,
+            Err(message) => {
+                problems.push(format!("{path}.platform: {message}"));
+                continue;
+            }
+        };
+        let written = serde_json::Value::Object(service.config.clone());
+        match checker.check(&platform, &written, &context) {
+            Ok(ConfigCheck::Checked(checked)) => {
+                let known: Vec<_> = service
+                    .secrets
+                    .iter()
+                    .filter_map(|secret| {
+                        service
+                            .secret(&secret.path)
+                            .map(|value| (secret.path.clone(), value.clone()))
+                    })
+                    .collect();
+                service.platform = platform;
+                service.set_checked(checked.config, checked.secrets);
+                for (path, value) in known {
+                    service.fill_secret(&path, value);
+                }
+                service.environments = checked.environments;
+            }
+            Ok(ConfigCheck::Problems(found)) => problems.extend(found.iter().map(|problem| {
+                format!("{}: {}", field_text(&path, &problem.path), problem.message)
+            })),
+            Err(message) => problems.push(format!(
+                "{path}: training service {platform} could not check its config: {message}"
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
 }

@@ -26,7 +26,7 @@ impl Manager {
                         .await;
                 };
                 if trial.service != Some(service) {
-                    let platform = self.services[service].platform;
+                    let platform = self.services[service].platform.clone();
                     return self
                         .warn(
                             Some(trial_id),
@@ -78,7 +78,7 @@ impl Manager {
                     return Ok(());
                 }
                 if trial.service != Some(service) {
-                    let platform = self.services[service].platform;
+                    let platform = self.services[service].platform.clone();
                     return self
                         .warn(
                             Some(trial_id),

@@ -17,7 +17,7 @@ mod update;
 
 pub use placement::Placer;
 use resume::retry_backoff;
-pub use services::{remote_class_args, restore_secrets, PASSPHRASE_VARIABLE, PASSWORD_VARIABLE};
+pub use services::{clean_up_leftovers, restore_secrets, service_context};
 use services::{EnvironmentRecord, ServiceSlot, TaggedEvent};
 pub use trial::TrialSummary;
 
@@ -49,8 +49,8 @@ pub enum ManagerError {
     Placement(String),
     #[error("training service {service}: {message}")]
     Service { service: String, message: String },
-    /// A password or passphrase a remote machine needs is not known (a resumed experiment whose
-    /// config file is gone).
+    /// A secret a training service needs is not known (a resumed experiment whose config file
+    /// is gone).
     #[error("{0}")]
     MissingSecret(String),
     /// Every environment is gone (hosts unreachable or lost) while trials wait.
@@ -124,8 +124,9 @@ pub struct Experiment {
     pub config: ExperimentConfig,
     /// For `knob resume`: the experiment as its store recorded it.
     pub history: Option<ExperimentState>,
-    /// The config file the experiment was read from, when there is one. It may hold SSH
-    /// passwords in clear, so the remote service never uploads it with the trial code.
+    /// The config file the experiment was read from, when there is one. It may hold secrets
+    /// in clear, so it goes to the services (`ServiceContext::config_file`), and those that
+    /// copy the trial code elsewhere leave it out.
     pub config_file: Option<PathBuf>,
 }
 
@@ -279,12 +280,22 @@ impl Manager {
             )?),
             None => None,
         };
-        let placer = Placer::new(&config).map_err(ManagerError::Placement)?;
+        let placer = Placer::new(&config);
         let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
-        let services =
-            services::start_services(&id, &config, config_file.as_deref(), registry, &events_tx)
-                .await?;
+        let context = services::service_context(&id, &dir, &config, config_file.as_deref());
+        // Before a trial of the earlier run is started again, nothing of it may still run: each
+        // service ends what is left of those trials wherever it runs them.
+        let leftovers = match &history {
+            Some(history) => services::clean_up_leftovers(
+                &context,
+                &config,
+                registry,
+                &resume::unfinished_trials(history),
+            ),
+            None => Vec::new(),
+        };
+        let services = services::start_services(&context, &config, registry, &events_tx).await?;
         drop(events_tx);
 
         let started = Instant::now();
@@ -335,6 +346,9 @@ impl Manager {
             .update_search_space(manager.config.search_space.clone())
             .get()
             .await?;
+        for report in leftovers {
+            manager.warn(None, report).await?;
+        }
         if let Some(history) = history {
             manager.restore(&history).await?;
         }
@@ -409,7 +423,7 @@ impl Manager {
                         self.on_service_events(batch).await?
                     }
                     None => return Err(ManagerError::Service {
-                        service: self.services.iter().map(|slot| slot.platform).collect::<Vec<_>>().join(", "),
+                        service: self.services.iter().map(|slot| slot.platform.as_str()).collect::<Vec<_>>().join(", "),
                         message: "stopped reporting events".into(),
                     }),
                 },
@@ -642,19 +656,7 @@ impl Manager {
         let now = Instant::now();
         if self.reprobe_at.is_some_and(|at| at <= now) {
             self.reprobe_at = None;
-            let pids: Vec<u32> = self
-                .active
-                .values()
-                .filter_map(|id| self.trials[id].pid)
-                .collect();
-            let is_trial_process = |pid: u32| {
-                knob_gpu_sched::probe::process_group_of(pid)
-                    .is_some_and(|group| pids.contains(&group))
-            };
-            if let Err(reason) = self.placer.refresh(&is_trial_process) {
-                self.warn(None, format!("probing this machine failed: {reason}"))
-                    .await?;
-            }
+            self.refresh_environments().await?;
             // `fill`, first thing in the next turn, places the waiting trials again.
         }
         if self.deadline.is_some_and(|d| d <= now) && !self.deadline_passed {

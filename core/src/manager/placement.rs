@@ -1,11 +1,10 @@
-//! GPU and resource placement for the manager: the local machine probed by the core, remote
-//! environments as their services report them, and gpu-sched deciding which waiting trial runs
-//! where (and so which service starts it).
+//! GPU and resource placement for the manager: environments as their services report them
+//! (inventories as gpu-sched JSON, the local machine's too), and gpu-sched deciding which
+//! waiting trial runs where (and so which service starts it).
 
-use knob_gpu_sched::probe::LocalProbe;
 use knob_gpu_sched::{
-    ByteSize, Environment, EnvironmentId, EnvironmentLimits, EnvironmentStatus, Placement,
-    Scheduler, SchedulerConfig, TrialId, TrialRequest,
+    ByteSize, Environment, EnvironmentId, EnvironmentStatus, Placement, Scheduler, SchedulerConfig,
+    TrialId, TrialRequest,
 };
 
 use std::time::Instant;
@@ -13,7 +12,7 @@ use std::time::Instant;
 use knob_plugin_api::service::TrialRequest as ServiceTrialRequest;
 
 use super::{Manager, ManagerError, REPROBE_INTERVAL};
-use crate::config::{ExperimentConfig, TrainingServiceConfig};
+use crate::config::ExperimentConfig;
 use crate::store::TrialStatus;
 
 const MIB: u64 = 1024 * 1024;
@@ -21,30 +20,13 @@ const MIB: u64 = 1024 * 1024;
 /// Owns the scheduler for one experiment.
 pub struct Placer {
     scheduler: Scheduler,
-    /// This machine's probe and limits, when the config has a local service.
-    local: Option<(LocalProbe, EnvironmentLimits)>,
     request_template: TrialRequest,
 }
 
 impl Placer {
-    /// Probes this machine (NVML, or `KNOB_SIMULATE_GPUS`) when the config has a local service,
-    /// and, when it is the only environment, checks that a trial of this config could ever be
-    /// placed there. The error is one line saying why not (for example that there is no NVIDIA
-    /// driver while `trialGpuNumber` is 1).
-    /// Remote environments are added as their services report them ([`Placer::upsert`]).
-    pub fn new(config: &ExperimentConfig) -> Result<Placer, String> {
-        let local_limits = config
-            .training_service
-            .iter()
-            .find_map(|service| match service {
-                TrainingServiceConfig::Local(local) => Some(EnvironmentLimits {
-                    gpu_indices: local.gpu_indices.clone(),
-                    max_trial_number_per_gpu: local.max_trial_number_per_gpu.max(1),
-                    use_active_gpu: local.use_active_gpu,
-                    ..EnvironmentLimits::default()
-                }),
-                TrainingServiceConfig::Remote(_) => None,
-            });
+    /// An empty scheduler for this config's trials; environments are added as their services
+    /// report them ([`Placer::upsert`]).
+    pub fn new(config: &ExperimentConfig) -> Placer {
         let scheduler = Scheduler::new(SchedulerConfig {
             trial_gpu_number: config.trial_gpu_number,
             trial_gpu_memory: config.trial_gpu_memory_mib.map(|mib| ByteSize(mib * MIB)),
@@ -52,30 +34,37 @@ impl Placer {
             trial_cpu_number: config.trial_cpu_number,
             policy: config.placement_policy,
         });
-        let local = match local_limits {
-            Some(limits) => Some((
-                LocalProbe::new(LOCAL_ENVIRONMENT).map_err(|e| e.to_string())?,
-                limits,
-            )),
-            None => None,
-        };
-        let request_template = TrialRequest::new("template");
-        let mut placer = Placer {
+        Placer {
             scheduler,
-            local,
-            request_template,
-        };
-        placer.refresh(&|_| false)?;
-        // With remote hosts too, this machine alone need not fit a trial (a GPU trial in a
-        // hybrid experiment on a laptop): the check waits until every environment is known.
-        let remote = config
-            .training_service
-            .iter()
-            .any(|service| matches!(service, TrainingServiceConfig::Remote(_)));
-        if !remote {
-            placer.check()?;
+            request_template: TrialRequest::new("template"),
         }
-        Ok(placer)
+    }
+
+    /// Before anything starts: when every training service knew its environments while it
+    /// checked the config (this machine, probed), whether a trial of this config could ever be
+    /// placed on one of them. The error is one line saying why not (for example that there is no
+    /// NVIDIA driver while `trialGpuNumber` is 1). With a service that knows its environments
+    /// only once started (hosts it connects to), the check waits until they are reported.
+    pub fn preflight(config: &ExperimentConfig) -> Result<(), String> {
+        let mut placer = Placer::new(config);
+        for service in &config.training_service {
+            let Some(environments) = &service.environments else {
+                return Ok(());
+            };
+            for environment in environments {
+                let mut inventory: Environment =
+                    serde_json::from_value(environment.inventory.clone()).map_err(|e| {
+                        format!(
+                            "training service {} reported environment {} with an inventory that cannot be read: {e}",
+                            service.platform(),
+                            environment.id
+                        )
+                    })?;
+                inventory.id = environment.id.as_str().into();
+                placer.upsert(inventory)?;
+            }
+        }
+        placer.check()
     }
 
     /// `Err(reason)` when no registered environment could ever take a trial of this config.
@@ -83,23 +72,8 @@ impl Placer {
         self.scheduler.check_request(&self.request_template)
     }
 
-    /// Probes this machine again (GPU memory and processes, CPU, memory), if trials run on it.
-    /// `is_trial_process` tells which GPU processes belong to this experiment's trials, which
-    /// are not foreign.
-    pub fn refresh(&mut self, is_trial_process: &dyn Fn(u32) -> bool) -> Result<(), String> {
-        let Some((probe, limits)) = &mut self.local else {
-            return Ok(());
-        };
-        for environment in probe.sample(is_trial_process) {
-            self.scheduler
-                .upsert_environment(environment.with_limits(limits.clone()))
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    /// Registers a remote environment as its service probed it (limits applied), or takes a
-    /// fresh probe of one; trials placed there keep what they hold.
+    /// Registers an environment as its service probed it (limits applied), or takes a fresh
+    /// probe of one; trials placed there keep what they hold.
     pub fn upsert(&mut self, environment: Environment) -> Result<(), String> {
         self.scheduler
             .upsert_environment(environment)
@@ -285,6 +259,3 @@ impl Manager {
         Ok(())
     }
 }
-
-/// The id of this machine's environment (the local service's only one).
-pub(super) const LOCAL_ENVIRONMENT: &str = "local";

@@ -91,8 +91,8 @@ impl Manager {
             if stored.parameter_label.is_some() {
                 imported.push(import_record(stored, f64::NAN));
             }
-            // Not finished: make sure nothing of it still runs, then run it again.
-            kill_leftovers(&self.id, &id);
+            // Not finished: run it again (its services ended what was left of it, see
+            // `unfinished_trials`).
             if stored.status == TrialStatus::Running {
                 self.requeue(
                     &id,
@@ -202,38 +202,20 @@ fn import_record(stored: &crate::store::TrialState, value: f64) -> ImportedTrial
     record
 }
 
-/// Kills what is left of a trial from an earlier run of this experiment: the processes whose
-/// environment names this experiment and trial (knob sets both for every trial), found in
-/// `/proc`. Identifying them by environment, not by a recorded pid, cannot hit an unrelated
-/// process that reused the pid.
-fn kill_leftovers(experiment_id: &str, trial_id: &str) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let wanted_experiment = format!("NNI_EXP_ID={experiment_id}");
-    let wanted_trial = format!("NNI_TRIAL_JOB_ID={trial_id}");
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        let mut has_experiment = false;
-        let mut has_trial = false;
-        for variable in environ.split(|&b| b == 0) {
-            has_experiment |= variable == wanted_experiment.as_bytes();
-            has_trial |= variable == wanted_trial.as_bytes();
-        }
-        if has_experiment && has_trial {
-            // SAFETY: plain kill(2) on a process we identified as this trial's.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
-    }
+/// The trials of an earlier run that run again on resume: those not ended, and those a stop of
+/// the experiment cancelled. Their services end what is left of them first
+/// (`TrainingService::clean_up_leftovers`), so that none runs twice.
+pub(super) fn unfinished_trials(state: &ExperimentState) -> Vec<String> {
+    state
+        .trials
+        .iter()
+        .filter(|stored| {
+            !stored.status.is_final()
+                || stored
+                    .end
+                    .as_ref()
+                    .is_some_and(|end| end.stopped_with_experiment())
+        })
+        .map(|stored| stored.trial_id.clone())
+        .collect()
 }

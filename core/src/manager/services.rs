@@ -1,20 +1,20 @@
-//! The experiment's training services (one per configured platform: local, remote, or both in
-//! NNI's hybrid mode) and the environments each one owns.
+//! The experiment's training services (one per `trainingService` entry: each is the plugin its
+//! `platform` names) and the environments each one owns.
 //!
-//! Environments come from the services: the one `local` environment is probed by the core itself
-//! (see `placement.rs`); a remote service reports one environment per host, with the host's
-//! inventory as gpu-sched JSON (limits already applied), which is registered with the scheduler
-//! as is. A placement's environment decides which service starts the trial.
+//! The core does not know what a platform is. Each service is built from its checked config
+//! (secrets in clear, in memory only) and the experiment's context, and reports its
+//! environments, each with its inventory as gpu-sched JSON (limits already applied), which is
+//! registered with the scheduler as is. A placement's environment decides which service starts
+//! the trial.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use knob_plugin_api::host::{PluginRegistry, TrainingServiceHandle};
-use knob_plugin_api::service::{Environment, ServiceEvent};
-use serde_json::{json, Value};
+use knob_plugin_api::service::{Environment, ServiceContext, ServiceEvent};
 use tokio::sync::mpsc;
 
 use super::{Manager, ManagerError};
-use crate::config::{ExperimentConfig, RemoteConfig, Secret, TrainingServiceConfig};
+use crate::config::{ExperimentConfig, Secret, TrainingServiceConfig};
 
 /// How many times one trial is run again because the host running it was lost. Host losses are
 /// not the trial's fault, so they do not use up `maxTrialRetries`; the bound keeps a trial that
@@ -23,8 +23,8 @@ pub(super) const MAX_HOST_LOSS_REQUEUES: u32 = 3;
 
 /// One running training service.
 pub(super) struct ServiceSlot {
-    /// The platform, which is also the plugin's name: `local`, `remote`.
-    pub platform: &'static str,
+    /// The platform, which is also the plugin's name.
+    pub platform: String,
     pub handle: TrainingServiceHandle,
 }
 
@@ -41,145 +41,77 @@ pub(super) struct EnvironmentRecord {
 pub(super) type TaggedEvent = (usize, Result<ServiceEvent, String>);
 
 /// The training-service plugins a config needs, in config order.
-pub(super) fn service_names(config: &ExperimentConfig) -> Vec<&'static str> {
+pub(super) fn service_names(config: &ExperimentConfig) -> Vec<String> {
     config
         .training_service
         .iter()
-        .map(TrainingServiceConfig::platform)
+        .map(|service| service.platform().to_owned())
         .collect()
 }
 
-/// The class args a service is constructed with. `config_file` is the file the experiment was
-/// read from, if any.
-pub(super) fn class_args(
+/// What a service is told about the experiment.
+pub fn service_context(
     experiment_id: &str,
-    service: &TrainingServiceConfig,
+    experiment_dir: &Path,
+    config: &ExperimentConfig,
     config_file: Option<&Path>,
-) -> Result<Value, ManagerError> {
-    match service {
-        // Local trials always run on the one local environment, so reuseMode changes nothing,
-        // and the GPU limits are the core's (it probes this machine itself).
-        TrainingServiceConfig::Local(_) => Ok(Value::Object(Default::default())),
-        TrainingServiceConfig::Remote(remote) => {
-            remote_class_args(experiment_id, remote, config_file)
-        }
+) -> ServiceContext {
+    ServiceContext {
+        experiment_id: experiment_id.to_owned(),
+        experiment_dir: Some(experiment_dir.to_path_buf()),
+        config_dir: config_file
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| config.trial_code_directory.clone()),
+        config_file: config_file.map(Path::to_path_buf),
+        // The stored config is canonical: the shortcuts are already applied.
+        shortcuts: Default::default(),
+        trial: crate::config::trial_settings(config),
+        stored: false,
     }
 }
 
-/// The remote service's class args. Passwords and passphrases are revealed here, into this
-/// in-memory JSON only: it goes to the plugin and nowhere else (never to the store or a log).
-///
-/// `excludeFiles` names the files that may hold a secret in clear: `config_file` (the
-/// experiment's config, which NNI users keep in the trial code directory) and every machine's
-/// `sshKeyFile`. The service leaves those that lie in the trial code directory out of the code
-/// it uploads to the hosts; trials never need them.
-pub fn remote_class_args(
-    experiment_id: &str,
-    remote: &RemoteConfig,
-    config_file: Option<&Path>,
-) -> Result<Value, ManagerError> {
-    let mut machines = Vec::with_capacity(remote.machine_list.len());
-    for (index, machine) in remote.machine_list.iter().enumerate() {
-        let name = format!(
-            "machineList[{index}] ({}@{}:{})",
-            machine.user, machine.host, machine.port
-        );
-        let reveal = |secret: &Option<Secret>, what: &str, variable: &str| {
-            match secret {
-            Some(secret) if secret.is_redacted() => Err(ManagerError::MissingSecret(format!(
-                "{name}: its SSH {what} is not known (knob never stores it); keep the original config file beside the experiment, or set {variable}"
-            ))),
-            Some(secret) => Ok(Value::from(secret.expose())),
-            None => Ok(Value::Null),
-        }
-        };
-        let mut entry = json!({
-            "host": machine.host,
-            "port": machine.port,
-            "user": machine.user,
-            "useActiveGpu": machine.use_active_gpu,
-            "maxTrialNumberPerGpu": machine.max_trial_number_per_gpu,
-            "gpuIndices": machine.gpu_indices,
-            "pythonPath": machine.python_path,
-            "acceptNewHostKey": machine.accept_new_host_key,
-            "sshKeyFile": machine.ssh_key_file,
-        });
-        let fields = entry.as_object_mut().expect("a JSON object");
-        let password = reveal(&machine.password, "password", PASSWORD_VARIABLE)?;
-        if !password.is_null() {
-            fields.insert("password".into(), password);
-        }
-        let passphrase = reveal(
-            &machine.ssh_passphrase,
-            "key passphrase",
-            PASSPHRASE_VARIABLE,
-        )?;
-        if !passphrase.is_null() {
-            fields.insert("sshPassphrase".into(), passphrase);
-        }
-        machines.push(entry);
-    }
-    let mut args = json!({
-        "experimentId": experiment_id,
-        "reuseMode": remote.reuse_mode,
-        "hostLossTimeoutSecs": remote.host_loss_timeout.as_secs(),
-        "machineList": machines,
-    });
-    let fields = args.as_object_mut().expect("a JSON object");
-    if let Some(file) = &remote.known_hosts_file {
-        fields.insert("knownHostsFile".into(), json!(file));
-    }
-    if let Some(root) = &remote.agent_root {
-        fields.insert("agentRoot".into(), json!(root));
-    }
-    let mut exclude: Vec<PathBuf> = config_file
-        .into_iter()
-        .map(Path::to_path_buf)
-        .chain(
-            remote
-                .machine_list
-                .iter()
-                .filter_map(|machine| machine.ssh_key_file.clone()),
-        )
-        // The service wants absolute paths; the config's are already, a relative command-line
-        // path is made absolute here (it is this process's working directory that it means).
-        .filter_map(|path| std::path::absolute(path).ok())
-        .collect();
-    exclude.sort();
-    exclude.dedup();
-    // JSON holds only UTF-8 paths. Those from the config's text always are; a config file whose
-    // own path is not UTF-8 cannot be named, and is then left out only by an ignore file.
-    let exclude: Vec<&str> = exclude.iter().filter_map(|path| path.to_str()).collect();
-    fields.insert("excludeFiles".into(), json!(exclude));
-    Ok(args)
+/// The one line for a secret knob does not know (it never stores them).
+fn missing_secret(index: usize, service: &TrainingServiceConfig) -> Option<ManagerError> {
+    let secret = service.missing_secrets().into_iter().next()?;
+    let path = format!("trainingService[{index}].{}", secret.path);
+    let variable = match &secret.env_var {
+        Some(variable) => format!(", or set {variable}"),
+        None => String::new(),
+    };
+    Some(ManagerError::MissingSecret(format!(
+        "{path}: this secret is not known (knob never stores it); keep the original config file beside the experiment{variable}"
+    )))
 }
-
-/// The environment variable `knob resume` reads an SSH password from when the original config
-/// file is gone.
-pub const PASSWORD_VARIABLE: &str = "KNOB_SSH_PASSWORD";
-/// Same, for an SSH key's passphrase.
-pub const PASSPHRASE_VARIABLE: &str = "KNOB_SSH_PASSPHRASE";
 
 /// Constructs every service of the config; each one's events arrive on `events` tagged with its
 /// index.
 pub(super) async fn start_services(
-    experiment_id: &str,
+    context: &ServiceContext,
     config: &ExperimentConfig,
-    config_file: Option<&Path>,
     registry: &PluginRegistry,
     events: &mpsc::UnboundedSender<TaggedEvent>,
 ) -> Result<Vec<ServiceSlot>, ManagerError> {
+    for (index, service) in config.training_service.iter().enumerate() {
+        if let Some(error) = missing_secret(index, service) {
+            return Err(error);
+        }
+    }
     let mut slots = Vec::new();
     for (index, service) in config.training_service.iter().enumerate() {
-        let platform = service.platform();
-        let args = class_args(experiment_id, service, config_file)?;
+        let platform = service.platform().to_owned();
         let events = events.clone();
         let handle = registry
-            .training_service(platform, &args, move |event| {
-                let _ = events.send((index, event));
-            })
+            .create_training_service(
+                &platform,
+                &service.config_with_secrets(),
+                context,
+                move |event| {
+                    let _ = events.send((index, event));
+                },
+            )
             .map_err(|e| ManagerError::Service {
-                service: platform.to_string(),
+                service: platform.clone(),
                 message: e.to_string(),
             });
         match handle {
@@ -191,6 +123,36 @@ pub(super) async fn start_services(
         }
     }
     Ok(slots)
+}
+
+/// On resume, before any trial starts: each service ends what the earlier run left of these
+/// trials wherever it runs them. Returns the services' one-line reports; a service that cannot
+/// clean up is reported too (the trials still run again).
+pub fn clean_up_leftovers(
+    context: &ServiceContext,
+    config: &ExperimentConfig,
+    registry: &PluginRegistry,
+    trial_ids: &[String],
+) -> Vec<String> {
+    if trial_ids.is_empty() {
+        return Vec::new();
+    }
+    let mut reports = Vec::new();
+    for service in &config.training_service {
+        match registry.clean_up_training_service(
+            service.platform(),
+            &service.config_with_secrets(),
+            context,
+            trial_ids,
+        ) {
+            Ok(lines) => reports.extend(lines),
+            Err(e) => reports.push(format!(
+                "training service {} could not clean up after the earlier run: {e}",
+                service.platform()
+            )),
+        }
+    }
+    reports
 }
 
 /// Asks every service to shut down (all at once: each may wait for its trials) and waits for
@@ -208,7 +170,7 @@ impl Manager {
     /// trials, or when no environment could ever take a trial of this config.
     pub(super) async fn register_environments(&mut self) -> Result<(), ManagerError> {
         for index in 0..self.services.len() {
-            let platform = self.services[index].platform;
+            let platform = self.services[index].platform.clone();
             match self.services[index].handle.environments().get().await {
                 Ok(environments) => {
                     for environment in environments {
@@ -240,17 +202,42 @@ impl Manager {
         self.placer.check().map_err(ManagerError::Placement)
     }
 
+    /// Asks every service again for its environments and their inventories (GPU memory and
+    /// processes, CPU, memory as they are now), for trials that wait for resources.
+    pub(super) async fn refresh_environments(&mut self) -> Result<(), ManagerError> {
+        for index in 0..self.services.len() {
+            match self.services[index].handle.environments().get().await {
+                Ok(environments) => {
+                    for environment in environments {
+                        self.on_environment(index, environment).await?;
+                    }
+                }
+                Err(e) => {
+                    let platform = self.services[index].platform.clone();
+                    self.warn(
+                        None,
+                        format!(
+                            "training service {platform} could not report its environments: {e}"
+                        ),
+                    )
+                    .await?
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Registers what a service says about one of its environments: the owner, whether it takes
-    /// trials, and (for remote environments) its inventory in the scheduler.
+    /// trials, and its inventory in the scheduler.
     pub(super) async fn on_environment(
         &mut self,
         service: usize,
         environment: Environment,
     ) -> Result<(), ManagerError> {
-        let platform = self.services[service].platform;
+        let platform = self.services[service].platform.clone();
         if let Some(record) = self.environments.get(&environment.id) {
             if record.service != service {
-                let owner = self.services[record.service].platform;
+                let owner = &self.services[record.service].platform;
                 return self
                     .warn(
                         None,
@@ -265,13 +252,7 @@ impl Manager {
         let id = environment.id.clone();
         let was_ready = self.environments.get(&id).map(|record| record.ready);
         let mut ready = environment.ready;
-        if platform == "local" {
-            // The core probes this machine itself; the service's word only says whether it runs.
-            if !ready {
-                self.placer
-                    .set_unavailable(&id, "its training service says it is not ready");
-            }
-        } else if ready {
+        if ready {
             match serde_json::from_value::<knob_gpu_sched::Environment>(environment.inventory) {
                 Ok(mut inventory) => {
                     inventory.id = id.as_str().into();
@@ -404,60 +385,48 @@ impl Manager {
     }
 }
 
-/// Fills the secrets that a stored config lost (they are stored as `***`) from the config file
-/// the experiment was created from, if it still names the same machines, or else from
-/// [`PASSWORD_VARIABLE`] / [`PASSPHRASE_VARIABLE`]. Machines without secrets need nothing. Any
-/// secret still missing is left redacted; the manager's start then says which and what to do.
+/// Fills the secrets that a stored config lost (they are stored as `***`): from the config the
+/// experiment was created from (`original`, read again and checked), where its entry of the same
+/// platform has the same mapping around the secret (the same machine, say), else from the
+/// environment variable the service named for the field. Any secret still missing is left
+/// redacted; the manager's start then says which and what to do.
 pub fn restore_secrets(
     config: &mut ExperimentConfig,
     original: Option<&ExperimentConfig>,
-    password_variable: Option<&str>,
-    passphrase_variable: Option<&str>,
+    variable: &dyn Fn(&str) -> Option<String>,
 ) {
-    let original_machines: Vec<&crate::config::MachineConfig> = original
-        .into_iter()
-        .flat_map(|config| &config.training_service)
-        .filter_map(|service| match service {
-            TrainingServiceConfig::Remote(remote) => Some(&remote.machine_list),
-            TrainingServiceConfig::Local(_) => None,
-        })
-        .flatten()
-        .collect();
     for service in &mut config.training_service {
-        let TrainingServiceConfig::Remote(remote) = service else {
+        let missing: Vec<_> = service.missing_secrets().into_iter().cloned().collect();
+        if missing.is_empty() {
             continue;
-        };
-        for machine in &mut remote.machine_list {
-            let same = original_machines.iter().find(|other| {
-                other.host == machine.host
-                    && other.port == machine.port
-                    && other.user == machine.user
+        }
+        let stored = serde_json::Value::Object(service.config.clone());
+        let same_platform = original.and_then(|original| {
+            original
+                .training_service
+                .iter()
+                .find(|other| other.platform() == service.platform())
+        });
+        for secret in missing {
+            let from_file = same_platform.and_then(|other| {
+                let theirs = serde_json::Value::Object(other.config.clone());
+                // The mapping that holds the secret must be the same one (secrets redacted in
+                // both, so they compare as equal).
+                let parent = secret.path.parent();
+                (parent.find(&theirs)? == parent.find(&stored)?)
+                    .then(|| other.secret(&secret.path).cloned())
+                    .flatten()
             });
-            let refill = |secret: &mut Option<Secret>,
-                          from_file: Option<&Option<Secret>>,
-                          variable: Option<&str>| {
-                if !secret.as_ref().is_some_and(Secret::is_redacted) {
-                    return;
-                }
-                let found = from_file
-                    .and_then(Option::as_ref)
-                    .filter(|s| !s.is_redacted())
-                    .cloned()
-                    .or_else(|| variable.map(Secret::new));
-                if let Some(found) = found {
-                    *secret = Some(found);
-                }
-            };
-            refill(
-                &mut machine.password,
-                same.map(|m| &m.password),
-                password_variable,
-            );
-            refill(
-                &mut machine.ssh_passphrase,
-                same.map(|m| &m.ssh_passphrase),
-                passphrase_variable,
-            );
+            let found = from_file.or_else(|| {
+                secret
+                    .env_var
+                    .as_deref()
+                    .and_then(variable)
+                    .map(Secret::new)
+            });
+            if let Some(found) = found {
+                service.fill_secret(&secret.path, found);
+            }
         }
     }
 }

@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use expect_test::{expect, Expect};
-use knob_core::config::{self, ExperimentConfig, TrainingServiceConfig};
+use knob_core::config::{self, ExperimentConfig};
+
+use crate::BuiltInServices;
 
 /// A temporary folder holding a config and the files it names.
 pub(crate) struct Project {
@@ -51,7 +53,7 @@ impl Project {
         let path = self.path(name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, text).unwrap();
-        let rendered = match config::check_file(&path) {
+        let rendered = match config::check_file(&path, &BuiltInServices) {
             Ok(canonical) => canonical,
             Err(errors) => errors.join("\n") + "\n",
         };
@@ -61,7 +63,7 @@ impl Project {
     pub(crate) fn load(&self, name: &str, text: &str) -> ExperimentConfig {
         let path = self.path(name);
         std::fs::write(&path, text).unwrap();
-        match config::load_file(&path) {
+        match config::load_file(&path, &BuiltInServices) {
             Ok(loaded) => loaded.config,
             Err(errors) => panic!("config did not load:\n{errors}"),
         }
@@ -371,19 +373,17 @@ fn gpu_indices_in_every_form() {
                 "gpuIndices: {written}\ntunerGpuIndices: {written}\n"
             )),
         );
-        let TrainingServiceConfig::Local(local) = &config.training_service[0] else {
-            panic!("not local")
-        };
-        assert_eq!(local.gpu_indices, config.tuner_gpu_indices);
-        rendered.push_str(&format!(
-            "{written} -> {:?}\n",
-            local.gpu_indices.as_ref().unwrap()
-        ));
+        let gpu_indices = &config.training_service[0].config["gpuIndices"];
+        assert_eq!(
+            *gpu_indices,
+            serde_json::to_value(&config.tuner_gpu_indices).unwrap()
+        );
+        rendered.push_str(&format!("{written} -> {gpu_indices}\n"));
     }
     expect![[r#"
-        [0, 1] -> [0, 1]
-        "0,1" -> [0, 1]
-        "2, 3" -> [2, 3]
+        [0, 1] -> [0,1]
+        "0,1" -> [0,1]
+        "2, 3" -> [2,3]
         3 -> [3]
         [] -> []
     "#]]
@@ -623,8 +623,12 @@ trainingService:
     let machines = &stored["trainingService"][0]["machineList"];
     assert_eq!(machines[0]["password"], "hunter2");
     assert_eq!(machines[1]["sshPassphrase"], "open sesame");
+    // Read back, the secrets are plain fields until the service declares them again.
     let restored: ExperimentConfig = serde_json::from_value(stored).unwrap();
-    assert_eq!(restored, config);
+    assert_eq!(
+        serde_json::Value::Object(restored.training_service[0].config.clone()),
+        config.training_service[0].config_with_secrets()
+    );
 }
 
 #[test]
@@ -773,7 +777,7 @@ trainingService: {platform: local, useActiveGPUs: true}
 ",
         expect![[r#"
             $DIR/exp.yml:4:20: tuner: unknown field "clasArgs" (did you mean "classArgs"?)
-            $DIR/exp.yml:5:36: trainingService: unknown field "useActiveGPUs" (did you mean "useActiveGpu"?)
+            $DIR/exp.yml:5:51: trainingService.useActiveGPUs: unknown field "useActiveGPUs" (did you mean "useActiveGpu"?)
         "#]],
     );
 }
@@ -978,14 +982,14 @@ trainingService:
     machineList: []
 ",
         expect![[r#"
-            $DIR/exp.yml:6:15: trainingService[0].platform: NNI's "openpai" platform is not supported by knob; supported: "local", "remote"
-            $DIR/exp.yml:8:15: trainingService[1].platform: unknown platform "lcoal" (did you mean "local"?); supported: "local", "remote"
+            $DIR/exp.yml:6:15: trainingService[0].platform: unknown platform "openpai"; installed: "local", "remote", "slurm" (a third-party training service is a plugin: name its file or folder in pluginPaths)
+            $DIR/exp.yml:8:15: trainingService[1].platform: unknown platform "lcoal" (did you mean "local"?); installed: "local", "remote", "slurm" (a third-party training service is a plugin: name its file or folder in pluginPaths)
             $DIR/exp.yml:11:9: trainingService[2].machineList[0].user: required: the login user name
             $DIR/exp.yml:11:25: trainingService[2].machineList[0].port: expected a port number from 1 to 65535, got 70000
-            $DIR/exp.yml:11:42: trainingService[2].machineList[0].password: "***" is the placeholder knob prints instead of a secret; write the real value (or use sshKeyFile)
+            $DIR/exp.yml:11:42: trainingService[2].machineList[0].password: "***" is the placeholder knob prints instead of a secret; write the real value
             $DIR/exp.yml:12:9: trainingService[2].machineList[1].host: required: the machine's IP address or host name
             $DIR/exp.yml:12:31: trainingService[2].machineList[1].sshKeyFile: SSH key file "$DIR/nokey" does not exist
-            $DIR/exp.yml:13:5: trainingService[3].platform: required: one of "local", "remote"
+            $DIR/exp.yml:13:5: trainingService[3].platform: required: the training service that runs the trials, e.g. local
             $DIR/exp.yml:15:18: trainingService[4].machineList: expected a non-empty list of machines like [{host: 10.0.0.2, user: alice}], got a list
         "#]],
     );
@@ -1066,7 +1070,7 @@ fn documents_that_are_not_configs() {
     "#]],
     );
     let project = Project::new(&[]);
-    let missing = config::check_file(&project.path("nope.yml")).unwrap_err();
+    let missing = config::check_file(&project.path("nope.yml"), &BuiltInServices).unwrap_err();
     expect!["$DIR/nope.yml: cannot read config file: No such file or directory"]
         .assert_eq(&project.redact(&missing.join("\n")));
 }
@@ -1113,8 +1117,8 @@ fn example_configs_load() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config/examples");
     let mut rendered = String::new();
     for name in ["reference.yml", "hybrid.yml"] {
-        let loaded =
-            config::load_file(&examples.join(name)).unwrap_or_else(|errors| panic!("{errors}"));
+        let loaded = config::load_file(&examples.join(name), &BuiltInServices)
+            .unwrap_or_else(|errors| panic!("{errors}"));
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
         let platforms: Vec<_> = loaded
             .config
@@ -1155,7 +1159,7 @@ fn truncated_configs_never_panic() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config/examples");
     let text = std::fs::read_to_string(examples.join("reference.yml")).unwrap();
     let json = serde_json::to_string_pretty(
-        &config::load_file(&examples.join("reference.yml"))
+        &config::load_file(&examples.join("reference.yml"), &BuiltInServices)
             .unwrap()
             .config,
     )
@@ -1163,7 +1167,7 @@ fn truncated_configs_never_panic() {
     let mut outcomes = [0usize; 2];
     for (source, name) in [(&text, "exp.yml"), (&json, "exp.json")] {
         for end in (0..=source.len()).filter(|end| source.is_char_boundary(*end)) {
-            let result = config::load_str(&source[..end], &examples.join(name));
+            let result = config::load_str(&source[..end], &examples.join(name), &BuiltInServices);
             if let Err(errors) = &result {
                 assert!(!errors.0.is_empty());
                 assert!(
@@ -1259,8 +1263,10 @@ trainingService:
 }
 
 #[test]
-fn remote_class_args_reveal_secrets_only_in_memory_and_resume_restores_them() {
-    use knob_core::manager::{remote_class_args, restore_secrets};
+fn secrets_stay_in_memory_and_resume_restores_them() {
+    use knob_core::config::recheck_services;
+    use knob_core::manager::restore_secrets;
+    use knob_plugin_api::service::ServiceContext;
     let project = Project::new(&[("keys/id_ed25519", "not really a key")]);
     let text = "\
 searchSpace: {}
@@ -1277,71 +1283,54 @@ trainingService:
     - {host: plain.example.org, user: carol, sshKeyFile: keys/id_ed25519}
 ";
     let config = project.load("exp.yml", text);
-    let TrainingServiceConfig::Remote(remote) = &config.training_service[0] else {
-        panic!("a remote service");
+    let service = &config.training_service[0];
+    // The service declared its secrets; the model keeps them only in memory.
+    assert_eq!(service.config["machineList"][0]["password"], "***");
+    let clear = service.config_with_secrets();
+    assert_eq!(clear["machineList"][0]["password"], "hunter2");
+    assert_eq!(clear["machineList"][1]["sshPassphrase"], "open sesame");
+    assert!(clear["machineList"][2]["password"].is_null());
+    let missing = |config: &ExperimentConfig| -> Vec<String> {
+        config.training_service[0]
+            .missing_secrets()
+            .iter()
+            .map(|secret| secret.path.to_string())
+            .collect()
     };
-    let config_file = project.path("exp.yml");
-    let args = remote_class_args("exp1", remote, Some(&config_file)).unwrap();
-    // What may hold a secret in clear is named for the service to leave out of the trial code
-    // it uploads: the config file and the key file (once, though two machines use it).
-    assert_eq!(
-        args["excludeFiles"],
-        serde_json::json!([
-            config_file.display().to_string(),
-            project.path("keys/id_ed25519").display().to_string()
-        ])
-    );
-    assert_eq!(args["experimentId"], "exp1");
-    assert_eq!(args["reuseMode"], false);
-    assert_eq!(args["hostLossTimeoutSecs"], 5);
-    let machines = &args["machineList"];
-    assert_eq!(machines[0]["password"], "hunter2");
-    assert_eq!(machines[0]["gpuIndices"], serde_json::json!([1]));
-    assert_eq!(machines[0]["pythonPath"], "/opt/py/bin");
-    assert_eq!(machines[1]["sshPassphrase"], "open sesame");
-    assert_eq!(machines[1]["port"], 2222);
-    assert!(machines[2].get("password").is_none());
+    assert!(missing(&config).is_empty());
 
-    // What the store keeps, read back: the secrets are placeholders, and the service cannot be
-    // started until they are supplied again.
-    let stored: ExperimentConfig =
+    // What the store keeps, read back and checked again by its service: the secrets are
+    // placeholders, and known missing until they are supplied again.
+    let mut stored: ExperimentConfig =
         serde_json::from_value(serde_json::to_value(&config).unwrap()).unwrap();
     let stored_text = serde_json::to_string(&stored).unwrap();
     assert!(!stored_text.contains("hunter2") && !stored_text.contains("open sesame"));
-    let TrainingServiceConfig::Remote(stored_remote) = &stored.training_service[0] else {
-        panic!("a remote service");
-    };
-    let error = remote_class_args("exp1", stored_remote, None)
-        .unwrap_err()
-        .to_string();
-    expect![[r#"machineList[0] (alice@10.0.0.2:22): its SSH password is not known (knob never stores it); keep the original config file beside the experiment, or set KNOB_SSH_PASSWORD"#]]
-    .assert_eq(&error);
+    recheck_services(&mut stored, &BuiltInServices, &ServiceContext::default()).unwrap();
+    assert_eq!(
+        missing(&stored),
+        ["machineList[0].password", "machineList[1].sshPassphrase"]
+    );
 
     // From the original file: every secret comes back.
     let mut from_file = stored.clone();
-    restore_secrets(&mut from_file, Some(&config), None, None);
+    restore_secrets(&mut from_file, Some(&config), &|_| None);
     assert_eq!(from_file, config);
 
-    // From the environment variables, when the file is gone.
+    // From the environment variables the service named, when the file is gone.
     let mut from_variables = stored.clone();
-    restore_secrets(&mut from_variables, None, Some("pw"), Some("phrase"));
-    let TrainingServiceConfig::Remote(restored) = &from_variables.training_service[0] else {
-        panic!("a remote service");
-    };
-    let args = remote_class_args("exp1", restored, None).unwrap();
-    assert_eq!(args["machineList"][0]["password"], "pw");
-    assert_eq!(args["machineList"][1]["sshPassphrase"], "phrase");
-    assert!(args["machineList"][2].get("password").is_none());
+    restore_secrets(&mut from_variables, None, &|name| match name {
+        "KNOB_SSH_PASSWORD" => Some("pw".into()),
+        "KNOB_SSH_PASSPHRASE" => Some("phrase".into()),
+        _ => None,
+    });
+    let clear = from_variables.training_service[0].config_with_secrets();
+    assert_eq!(clear["machineList"][0]["password"], "pw");
+    assert_eq!(clear["machineList"][1]["sshPassphrase"], "phrase");
+    assert!(clear["machineList"][2]["password"].is_null());
 
-    // A file that no longer names the machine gives nothing; the error names the machine.
+    // A file that no longer has the same machine around a secret gives nothing for it.
     let other = project.load("other.yml", &text.replace("10.0.0.2", "10.0.0.9"));
     let mut partial = stored.clone();
-    restore_secrets(&mut partial, Some(&other), None, None);
-    let TrainingServiceConfig::Remote(partial) = &partial.training_service[0] else {
-        panic!("a remote service");
-    };
-    assert!(remote_class_args("exp1", partial, None)
-        .unwrap_err()
-        .to_string()
-        .starts_with("machineList[0] (alice@10.0.0.2:22)"));
+    restore_secrets(&mut partial, Some(&other), &|_| None);
+    assert_eq!(missing(&partial), ["machineList[0].password"]);
 }

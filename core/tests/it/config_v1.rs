@@ -3,7 +3,9 @@
 //! v1 name of the field. `cli/tests/it/nni_v1.rs` compares the conversion with NNI's own.
 
 use expect_test::{expect, Expect};
-use knob_core::config::{self, TrainingServiceConfig};
+use knob_core::config;
+
+use crate::BuiltInServices;
 
 use crate::config::{only_fields, Project};
 
@@ -38,7 +40,7 @@ fn check_v2(text: &str, expect: Expect) {
     let project = Project::new(&[("exp/search_space.json", SPACE)]);
     let path = project.path("exp/config.yml");
     std::fs::write(&path, text).unwrap();
-    let rendered = match config::check_file_v2(&path) {
+    let rendered = match config::check_file_v2(&path, &BuiltInServices) {
         Ok(document) => document,
         Err(errors) => errors.join("\n") + "\n",
     };
@@ -230,7 +232,7 @@ fn a_remote_machine_list_converts_and_its_password_stays_secret() {
     ]);
     let path = project.path("exp/config.yml");
     std::fs::write(&path, REMOTE_V1).unwrap();
-    let v2 = config::check_file_v2(&path).unwrap();
+    let v2 = config::check_file_v2(&path, &BuiltInServices).unwrap();
     expect![[r#"
         # warning: $DIR/exp/config.yml: an NNI v1 config, converted to v2 as NNI 2.x and 3.0 do; `knob config check --v2 $DIR/exp/config.yml` prints the v2 config
         experimentName: example_mnist_remote
@@ -265,7 +267,7 @@ fn a_remote_machine_list_converts_and_its_password_stays_secret() {
     "#]]
     .assert_eq(&project.redact(&v2));
 
-    let canonical = config::check_file(&path).unwrap();
+    let canonical = config::check_file(&path, &BuiltInServices).unwrap();
     for secret in ["bob-secret-123", "alice-passphrase-456"] {
         assert!(
             !v2.contains(secret) && !canonical.contains(secret),
@@ -274,35 +276,31 @@ fn a_remote_machine_list_converts_and_its_password_stays_secret() {
     }
     // In memory, for the SSH connection, the secrets are whole; the key file is found relative
     // to the config file.
-    let loaded = config::load_file(&path).unwrap().config;
-    let TrainingServiceConfig::Remote(remote) = &loaded.training_service[0] else {
-        panic!("{loaded:?}");
+    let loaded = config::load_file(&path, &BuiltInServices).unwrap().config;
+    // The service's config with its secrets in clear, as the service is built with it.
+    let remote = loaded.training_service[0].config_with_secrets();
+    assert_eq!(remote["reuseMode"], true);
+    let machines = remote["machineList"].as_array().unwrap();
+    let [bob, alice] = &machines[..] else {
+        panic!("{remote}");
     };
-    assert!(remote.reuse_mode);
-    let [bob, alice] = &remote.machine_list[..] else {
-        panic!("{remote:?}");
-    };
+    assert_eq!(bob["password"], "bob-secret-123");
+    assert_eq!(bob["gpuIndices"], serde_json::json!([0, 1]));
+    assert_eq!(bob["maxTrialNumberPerGpu"], 2);
     assert_eq!(
-        bob.password.as_ref().map(|p| p.expose()),
-        Some("bob-secret-123")
+        (&alice["port"], &alice["user"]),
+        (&serde_json::json!(2222), &serde_json::json!("alice"))
     );
-    assert_eq!(bob.gpu_indices, Some(vec![0, 1]));
-    assert_eq!(bob.max_trial_number_per_gpu, 2);
-    assert_eq!((alice.port, alice.user.as_str()), (2222, "alice"));
+    assert_eq!(alice["sshPassphrase"], "alice-passphrase-456");
     assert_eq!(
-        alice.ssh_passphrase.as_ref().map(|p| p.expose()),
-        Some("alice-passphrase-456")
-    );
-    assert_eq!(
-        alice.ssh_key_file.as_deref(),
+        alice["sshKeyFile"].as_str().map(std::path::PathBuf::from),
         Some(
             std::fs::canonicalize(project.path("exp"))
                 .unwrap()
                 .join("keys/id_rsa")
-                .as_path()
         )
     );
-    assert_eq!(alice.python_path.as_deref(), Some("/opt/conda/bin"));
+    assert_eq!(alice["pythonPath"], "/opt/conda/bin");
 }
 
 #[test]
@@ -503,7 +501,7 @@ fn a_v1_json_config_is_converted_too() {
         "tuner": {"builtinTunerName": "BatchTuner"},
         "trial": {"command": "python3 mnist.py", "codeDir": "."}}"#;
     std::fs::write(&path, json).unwrap();
-    let loaded = config::load_file(&path).unwrap();
+    let loaded = config::load_file(&path, &BuiltInServices).unwrap();
     assert_eq!(loaded.config.tuner.name.as_deref(), Some("BatchTuner"));
     assert_eq!(loaded.config.trial_command, "python3 mnist.py");
     assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);

@@ -14,7 +14,7 @@ fn config_in(working_directory: &Path) -> ExperimentConfig {
          tuner:\n  name: Random\ntrainingService:\n  platform: local\nexperimentWorkingDirectory: {}\n",
         working_directory.display()
     );
-    config::load_str(&yaml, Path::new("config.yml"))
+    config::load_str(&yaml, Path::new("config.yml"), &crate::BuiltInServices)
         .unwrap()
         .config
 }

@@ -1,6 +1,8 @@
 //! The `remote` training service: each machine of `machineList` is one environment, reached
 //! over SSH only; a `knob-agent` on the host runs the trials (see `agent_protocol`).
 //!
+//! - [`config`]: the service's config as the user writes it, checked and made canonical here
+//!   (the core keeps only positions and secrets), and the class args made from it.
 //! - [`args`]: the class args (NNI's `machineList`, `reuseMode`, knob's extension fields).
 //! - [`ssh`]: one SSH connection: host key against known_hosts, authentication, commands.
 //! - [`setup`]: platform check and agent upload.
@@ -16,6 +18,7 @@
 //! daemon is not restarted with `fresh_start`: that is only for a new manager process.)
 
 pub mod args;
+pub mod config;
 pub mod host;
 pub mod setup;
 pub mod ssh;
@@ -25,7 +28,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest};
+use knob_plugin_api::service::{
+    CheckedConfig, ConfigProblem, Environment, ServiceContext, ServiceEvent, TrialRequest,
+};
 use knob_plugin_api::{EventSink, PluginError, TrainingService};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -267,6 +272,24 @@ impl TrainingService for RemoteService {
         let emit: Emit = Arc::new(move |event: ServiceEvent| events.emit(&event));
         Ok(RemoteService::with_emitter(class_args, emit)?)
     }
+
+    fn check_config(
+        config: &Value,
+        context: &ServiceContext,
+    ) -> Result<CheckedConfig, Vec<ConfigProblem>> {
+        config::check_config(config, context)
+    }
+
+    fn create(
+        config: &Value,
+        context: &ServiceContext,
+        events: EventSink,
+    ) -> Result<Self, PluginError> {
+        Self::new(&config::class_args(config, context), events)
+    }
+
+    // Leftovers on the hosts need no call here: a new manager process attaches to each host's
+    // daemon with `fresh_start`, which ends every trial the daemon still runs.
 
     fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
         Ok(self.environments_now()?)

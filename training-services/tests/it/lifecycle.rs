@@ -6,13 +6,18 @@ use serde_json::json;
 use crate::support::*;
 
 #[test]
-fn environment_is_this_machine() {
-    let h = Harness::new();
-    let env = h.service.environment();
+fn environment_is_this_machine_with_its_inventory() {
+    let mut h = Harness::new();
+    let env = h.service.environment().unwrap();
     assert_eq!(env.id, "local");
     assert!(env.ready);
     assert!(!env.host.is_empty());
-    assert!(env.inventory.is_null());
+    // The service probes this machine itself (the core no longer does): gpu-sched's JSON, under
+    // the environment's id, with CPUs counted.
+    let inventory: knob_gpu_sched::Environment =
+        serde_json::from_value(env.inventory).expect("a gpu-sched inventory");
+    assert_eq!(inventory.id.as_str(), "local");
+    assert!(inventory.host_resources.cpu_count > 0, "{inventory:?}");
 }
 
 #[test]
@@ -294,7 +299,7 @@ fn shutdown_kills_running_trials_and_refuses_new_ones() {
         err.to_string(),
         "training service local is shut down; no trial can start"
     );
-    assert!(!h.service.environment().ready);
+    assert!(!h.service.environment().unwrap().ready);
 }
 
 #[test]

@@ -10,6 +10,7 @@ mod plugin;
 mod real_nni;
 mod remote;
 mod runner;
+mod service_config;
 mod slurm;
 mod sshd;
 mod support;

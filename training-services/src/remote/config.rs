@@ -1,0 +1,272 @@
+//! The remote service's own config (`trainingService: {platform: remote, ...}`): checked here,
+//! not in the core, which only keeps the positions and the secrets (see
+//! `knob_plugin_api::config`).
+//!
+//! Canonical form: `machineList` (each machine with every field, defaults filled in and the
+//! experiment's top-level shortcuts applied), `reuseMode` (default `true`, as in NNI),
+//! `knownHostsFile` (absolute, `null` is `~/.ssh/known_hosts`), `hostLossTimeout` (whole seconds,
+//! default 60) and `agentRoot` (a path on the hosts, `null` is `~/.knob`). `password` and
+//! `sshPassphrase` are secrets.
+
+use std::path::{Path, PathBuf};
+
+use knob_plugin_api::config::{quoted, ConfigReader, Field, Fields};
+use knob_plugin_api::service::{CheckedConfig, ConfigProblem, FieldPath, ServiceContext};
+use serde_json::{json, Map, Value};
+
+use super::args::DEFAULT_HOST_LOSS_TIMEOUT;
+
+/// Where `knob resume` reads an SSH password from when the original config file is gone.
+pub const PASSWORD_VARIABLE: &str = "KNOB_SSH_PASSWORD";
+/// Same, for an SSH key's passphrase.
+pub const PASSPHRASE_VARIABLE: &str = "KNOB_SSH_PASSPHRASE";
+
+const REMOTE_FIELDS: [&str; 5] = [
+    "machineList",
+    "reuseMode",
+    "knownHostsFile",
+    "hostLossTimeout",
+    "agentRoot",
+];
+const MACHINE_FIELDS: [&str; 11] = [
+    "host",
+    "port",
+    "user",
+    "password",
+    "sshKeyFile",
+    "sshPassphrase",
+    "useActiveGpu",
+    "maxTrialNumberPerGpu",
+    "gpuIndices",
+    "pythonPath",
+    "acceptNewHostKey",
+];
+
+/// Checks a `remote` config and gives its canonical form.
+pub fn check_config(
+    config: &Value,
+    context: &ServiceContext,
+) -> Result<CheckedConfig, Vec<ConfigProblem>> {
+    let mut reader = ConfigReader::new(context);
+    let Some(mut fields) = reader.mapping(config, FieldPath::root()) else {
+        return reader.finish(Map::new());
+    };
+    let shortcut = |name: &str| {
+        context
+            .shortcuts
+            .get(name)
+            .filter(|v| !v.is_null())
+            .cloned()
+    };
+    let reuse_mode = fields
+        .take("reuseMode")
+        .and_then(|field| reader.boolean(&field))
+        .map(Value::from)
+        .or_else(|| shortcut("reuseMode"))
+        .unwrap_or(json!(true));
+    let known_hosts_file = fields
+        .take("knownHostsFile")
+        .and_then(|field| known_hosts_file(&mut reader, &field));
+    let host_loss_timeout = fields
+        .take("hostLossTimeout")
+        .and_then(|field| reader.duration_seconds(&field))
+        .unwrap_or(DEFAULT_HOST_LOSS_TIMEOUT.as_secs());
+    // A path on the hosts, so it is not resolved against the config's folder here.
+    let agent_root = fields
+        .take("agentRoot")
+        .and_then(|field| reader.non_empty_string(&field));
+    let mut machines = Vec::new();
+    if let Some(field) = fields.require(
+        &mut reader,
+        "machineList",
+        "a list of machines, each with at least host and user",
+    ) {
+        match field.value {
+            Value::Array(items) if !items.is_empty() => {
+                for (index, item) in items.iter().enumerate() {
+                    let path = field.path.index(index);
+                    machines.extend(read_machine(&mut reader, item, path));
+                }
+            }
+            other => reader.error(
+                &field.path,
+                format!(
+                    "expected a non-empty list of machines like [{{host: 10.0.0.2, user: alice}}], got {}",
+                    knob_plugin_api::config::describe(other)
+                ),
+            ),
+        }
+    }
+    fields.finish(&mut reader, &REMOTE_FIELDS);
+    let mut canonical = Map::new();
+    canonical.insert("machineList".into(), Value::Array(machines));
+    canonical.insert("reuseMode".into(), reuse_mode);
+    canonical.insert("knownHostsFile".into(), json!(known_hosts_file));
+    canonical.insert("hostLossTimeout".into(), json!(host_loss_timeout));
+    canonical.insert("agentRoot".into(), json!(agent_root));
+    reader.finish(canonical)
+}
+
+/// `knownHostsFile`: a file, or a path in an existing folder where `acceptNewHostKey` may
+/// create it.
+fn known_hosts_file(reader: &mut ConfigReader<'_>, field: &Field<'_>) -> Option<PathBuf> {
+    let path = reader.path(field)?;
+    let problem = if path.is_dir() {
+        Some(format!(
+            "{} is a folder; name the known_hosts file itself",
+            quoted(&path)
+        ))
+    } else if !path.exists() && !path.parent().is_some_and(Path::is_dir) {
+        Some(format!(
+            "the folder of {} does not exist; create it or fix the path",
+            quoted(&path)
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(message) => {
+            reader.error(&field.path, message);
+            None
+        }
+        None => Some(path),
+    }
+}
+
+fn read_machine(reader: &mut ConfigReader<'_>, item: &Value, path: FieldPath) -> Option<Value> {
+    let before = reader.problem_count();
+    let mut fields: Fields<'_> = reader.mapping(item, path)?;
+    let host = fields
+        .require(reader, "host", "the machine's IP address or host name")
+        .and_then(|field| reader.non_empty_string(&field));
+    let user = fields
+        .require(reader, "user", "the login user name")
+        .and_then(|field| reader.non_empty_string(&field));
+    let port = fields.take("port").and_then(|field| {
+        reader.parse(&field, |value| match value.as_u64() {
+            Some(port) if (1..=65535).contains(&port) => Ok(port),
+            _ => Err(format!(
+                "expected a port number from 1 to 65535, got {}",
+                knob_plugin_api::config::describe(value)
+            )),
+        })
+    });
+    let password = fields
+        .take("password")
+        .and_then(|field| reader.secret(&field, Some(PASSWORD_VARIABLE)));
+    let ssh_passphrase = fields
+        .take("sshPassphrase")
+        .and_then(|field| reader.secret(&field, Some(PASSPHRASE_VARIABLE)));
+    let ssh_key_file = fields.take("sshKeyFile").and_then(|field| {
+        let key = reader.path(&field)?;
+        if key.is_file() {
+            Some(key)
+        } else {
+            reader.error(
+                &field.path,
+                format!("SSH key file {} does not exist", quoted(&key)),
+            );
+            None
+        }
+    });
+    let shortcut = |name: &str| {
+        reader
+            .context
+            .shortcuts
+            .get(name)
+            .filter(|v| !v.is_null())
+            .cloned()
+    };
+    let use_active_gpu_shortcut = shortcut("useActiveGpu");
+    let per_gpu_shortcut = shortcut("maxTrialNumberPerGpu");
+    let gpu_indices_shortcut = shortcut("gpuIndices");
+    let use_active_gpu = fields
+        .take("useActiveGpu")
+        .and_then(|field| reader.boolean(&field))
+        .map(Value::from)
+        .or(use_active_gpu_shortcut)
+        .unwrap_or(json!(false));
+    let max_trial_number_per_gpu = fields
+        .take("maxTrialNumberPerGpu")
+        .and_then(|field| reader.integer::<u32>(&field, 1))
+        .map(Value::from)
+        .or(per_gpu_shortcut)
+        .unwrap_or(json!(1));
+    let gpu_indices = fields
+        .take("gpuIndices")
+        .and_then(|field| reader.gpu_indices(&field))
+        .map(|indices| json!(indices))
+        .or(gpu_indices_shortcut)
+        .unwrap_or(Value::Null);
+    let python_path = fields
+        .take("pythonPath")
+        .and_then(|field| reader.non_empty_string(&field));
+    let accept_new_host_key = fields
+        .take("acceptNewHostKey")
+        .and_then(|field| reader.boolean(&field))
+        .unwrap_or(false);
+    fields.finish(reader, &MACHINE_FIELDS);
+    if reader.problem_count() != before {
+        return None;
+    }
+    Some(json!({
+        "host": host?,
+        "port": port.unwrap_or(22),
+        "user": user?,
+        "password": password,
+        "sshKeyFile": ssh_key_file,
+        "sshPassphrase": ssh_passphrase,
+        "useActiveGpu": use_active_gpu,
+        "maxTrialNumberPerGpu": max_trial_number_per_gpu,
+        "gpuIndices": gpu_indices,
+        "pythonPath": python_path,
+        "acceptNewHostKey": accept_new_host_key,
+    }))
+}
+
+/// The service's class args (what [`super::args::RemoteArgs::parse`] reads) from its checked
+/// config (secrets in clear) and the experiment's context.
+///
+/// `excludeFiles` names the files that may hold a secret in clear: the experiment's config file
+/// (which NNI users keep in the trial code directory) and every machine's `sshKeyFile`. They are
+/// left out of the code uploaded to the hosts; trials never need them.
+pub fn class_args(config: &Value, context: &ServiceContext) -> Value {
+    let mut args = Map::new();
+    args.insert("experimentId".into(), json!(context.experiment_id));
+    let empty = Map::new();
+    let fields = config.as_object().unwrap_or(&empty);
+    for (key, value) in fields {
+        match key.as_str() {
+            "hostLossTimeout" => {
+                args.insert("hostLossTimeoutSecs".into(), value.clone());
+            }
+            _ if value.is_null() => {}
+            _ => {
+                args.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    let key_files = fields
+        .get("machineList")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|machine| machine.get("sshKeyFile").and_then(Value::as_str))
+        .map(PathBuf::from);
+    let mut exclude: Vec<PathBuf> = context
+        .config_file
+        .clone()
+        .into_iter()
+        .chain(key_files)
+        // The service wants absolute paths; the config's are already, a relative command-line
+        // path is made absolute here (it is this process's working directory that it means).
+        .filter_map(|path| std::path::absolute(path).ok())
+        .collect();
+    exclude.sort();
+    exclude.dedup();
+    // JSON holds only UTF-8 paths; a config file whose own path is not UTF-8 is then left out
+    // only by an ignore file.
+    let exclude: Vec<&str> = exclude.iter().filter_map(|path| path.to_str()).collect();
+    args.insert("excludeFiles".into(), json!(exclude));
+    Value::Object(args)
+}

@@ -1,0 +1,177 @@
+//! The services' own configs (checked by the services, not the core), and the clean-up a service
+//! does for its own trials on resume.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use knob_plugin_api::service::{ConfigProblem, ServiceContext};
+use knob_training_services::check_built_in;
+use serde_json::{json, Value};
+
+fn problems(platform: &str, config: Value, context: &ServiceContext) -> Vec<String> {
+    let found: Vec<ConfigProblem> = check_built_in(platform, &config, context)
+        .unwrap()
+        .expect_err("a bad config");
+    found
+        .iter()
+        .map(|problem| format!("{}: {}", problem.path, problem.message))
+        .collect()
+}
+
+#[test]
+fn local_applies_the_top_level_shortcuts_where_its_own_fields_are_unset() {
+    let context = ServiceContext {
+        shortcuts: json!({"useActiveGpu": true, "gpuIndices": [0, 1]})
+            .as_object()
+            .cloned()
+            .unwrap(),
+        ..ServiceContext::default()
+    };
+    let checked = check_built_in("local", &json!({"gpu_indices": "2"}), &context)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        Value::Object(checked.config),
+        json!({"useActiveGpu": true, "maxTrialNumberPerGpu": 1, "gpuIndices": [2], "reuseMode": false})
+    );
+    assert!(checked.secrets.is_empty());
+    // It knows its one environment without starting: this machine, probed.
+    let environments = checked.environments.expect("the local machine");
+    assert_eq!(environments.len(), 1);
+    assert_eq!(environments[0].id, "local");
+
+    assert_eq!(
+        problems(
+            "local",
+            json!({"useActiveGpus": true, "maxTrialNumberPerGpu": 0}),
+            &ServiceContext::default()
+        ),
+        [
+            "maxTrialNumberPerGpu: expected a positive integer, got 0",
+            r#"useActiveGpus: unknown field "useActiveGpus" (did you mean "useActiveGpu"?)"#,
+        ]
+    );
+}
+
+#[test]
+fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("id_ed25519");
+    std::fs::write(&key, "not really a key").unwrap();
+    let config_file = dir.path().join("exp.yml");
+    let context = ServiceContext {
+        experiment_id: "exp1".into(),
+        config_dir: dir.path().to_path_buf(),
+        config_file: Some(config_file.clone()),
+        ..ServiceContext::default()
+    };
+    let written = json!({
+        "hostLossTimeout": "5s",
+        "machineList": [
+            {"host": "h1", "user": "alice", "password": "hunter2"},
+            {"host": "h2", "user": "bob", "ssh_key_file": "id_ed25519", "sshPassphrase": "phrase"},
+        ]
+    });
+    let checked = check_built_in("remote", &written, &context)
+        .unwrap()
+        .unwrap();
+    let secrets: Vec<(String, Option<String>)> = checked
+        .secrets
+        .iter()
+        .map(|secret| (secret.path.to_string(), secret.env_var.clone()))
+        .collect();
+    assert_eq!(
+        secrets,
+        [
+            (
+                "machineList[0].password".to_string(),
+                Some("KNOB_SSH_PASSWORD".to_string())
+            ),
+            (
+                "machineList[1].sshPassphrase".to_string(),
+                Some("KNOB_SSH_PASSPHRASE".to_string())
+            ),
+        ]
+    );
+    let config = Value::Object(checked.config);
+    assert_eq!(config["hostLossTimeout"], 5);
+    let args = knob_training_services::remote::config::class_args(&config, &context);
+    assert_eq!(args["experimentId"], "exp1");
+    assert_eq!(args["hostLossTimeoutSecs"], 5);
+    assert_eq!(args["machineList"][0]["password"], "hunter2");
+    // What may hold a secret in clear is left out of the code uploaded to the hosts.
+    assert_eq!(
+        args["excludeFiles"],
+        json!([config_file.display().to_string(), key.display().to_string()])
+    );
+    knob_training_services::remote::args::RemoteArgs::parse(&args).expect("args the service reads");
+
+    // The placeholder knob prints is refused in a config the user wrote, not in a stored one.
+    let placeholder = json!({"machineList": [{"host": "h1", "user": "alice", "password": "***"}]});
+    assert_eq!(
+        problems("remote", placeholder.clone(), &ServiceContext::default()),
+        [
+            r#"machineList[0].password: "***" is the placeholder knob prints instead of a secret; write the real value"#
+        ]
+    );
+    let stored = ServiceContext {
+        stored: true,
+        ..ServiceContext::default()
+    };
+    assert!(check_built_in("remote", &placeholder, &stored)
+        .unwrap()
+        .is_ok());
+}
+
+/// A process that looks like a trial of `experiment` (the environment every trial gets).
+fn fake_trial(experiment: &str, trial: &str) -> std::process::Child {
+    Command::new("sleep")
+        .arg("60")
+        .env("NNI_EXP_ID", experiment)
+        .env("NNI_TRIAL_JOB_ID", trial)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_exited(child: &mut std::process::Child) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn local_clean_up_ends_only_the_named_trials_of_its_experiment() {
+    let mut mine = fake_trial("exp-clean", "t1");
+    let mut other_trial = fake_trial("exp-clean", "t2");
+    let mut other_experiment = fake_trial("exp-other", "t1");
+    // The children's environment is set at exec; wait until /proc shows it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for child in [&mine, &other_trial, &other_experiment] {
+        let environ = format!("/proc/{}/environ", child.id());
+        while !std::fs::read(&environ)
+            .map(|bytes| bytes.windows(10).any(|w| w == b"NNI_EXP_ID"))
+            .unwrap_or(false)
+        {
+            assert!(Instant::now() < deadline, "no environment in {environ}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let reports = knob_training_services::local::kill_leftovers("exp-clean", &["t1".into()]);
+    assert_eq!(
+        reports,
+        ["killed 1 process(es) of trial t1 left from an earlier run"]
+    );
+    assert!(wait_exited(&mut mine), "the leftover trial still runs");
+    assert!(other_trial.try_wait().unwrap().is_none());
+    assert!(other_experiment.try_wait().unwrap().is_none());
+    for child in [&mut other_trial, &mut other_experiment] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
