@@ -15,6 +15,7 @@ mod plugin;
 mod remote;
 mod resume;
 mod space;
+mod third_party_service;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
