@@ -3,13 +3,8 @@
 use saphyr::{LoadableYamlNode, Yaml, YamlEmitter};
 
 use super::model::ExperimentConfig;
-use super::reader::normalize_key;
 use super::yaml::{Node, Value};
 use super::REDACTED;
-
-/// Keys whose values are secrets wherever they appear in a document (those of NNI's SSH
-/// machines, which a v1 config converted here may hold).
-const SECRET_KEYS: [&str; 2] = ["password", "sshpassphrase"];
 
 impl ExperimentConfig {
     /// The canonical form as YAML: camelCase names, absolute paths, durations in seconds, sizes
@@ -47,18 +42,20 @@ impl ExperimentConfig {
     }
 }
 
-/// A config document as YAML, keys in the order written, secrets as `***`: what
+/// A config document as YAML, keys in the order written, the values of `secrets` (nodes of
+/// `document`: the fields its training services declared secret) as `***`: what
 /// `knob config check --v2` prints.
-pub(super) fn document_yaml(document: &Node) -> String {
+pub(super) fn document_yaml(document: &Node, secrets: &[&Node]) -> String {
     let mut json = String::new();
-    match write_json(document, false, &mut json).and_then(|()| json_to_yaml(&json)) {
+    match write_json(document, secrets, &mut json).and_then(|()| json_to_yaml(&json)) {
         Ok(yaml) => yaml,
         Err(error) => format!("# knob could not render this config: {error}\n"),
     }
 }
 
 /// JSON text of `node`, mapping order kept (a `serde_json::Value` would sort the keys).
-fn write_json(node: &Node, secret: bool, out: &mut String) -> Result<(), String> {
+fn write_json(node: &Node, secrets: &[&Node], out: &mut String) -> Result<(), String> {
+    let secret = secrets.iter().any(|secret| std::ptr::eq(*secret, node));
     if secret && !node.is_null() {
         out.push_str(&format!("{REDACTED:?}"));
         return Ok(());
@@ -70,7 +67,7 @@ fn write_json(node: &Node, secret: bool, out: &mut String) -> Result<(), String>
                 if index > 0 {
                     out.push(',');
                 }
-                write_json(item, false, out)?;
+                write_json(item, secrets, out)?;
             }
             out.push(']');
         }
@@ -83,8 +80,7 @@ fn write_json(node: &Node, secret: bool, out: &mut String) -> Result<(), String>
                 let key_text = key.key_text();
                 out.push_str(&serde_json::Value::String(key_text.clone()).to_string());
                 out.push(':');
-                let secret = SECRET_KEYS.contains(&normalize_key(&key_text).as_str());
-                write_json(value, secret, out)?;
+                write_json(value, secrets, out)?;
             }
             out.push('}');
         }

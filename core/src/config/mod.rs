@@ -316,7 +316,8 @@ pub fn check_file_v2(path: &Path, services: &dyn ServiceSource) -> Result<String
     for warning in &loaded.warnings {
         out.push_str(&format!("# warning: {warning}\n"));
     }
-    out.push_str(&canonical::document_yaml(&document));
+    let secrets = training_service::secret_nodes(&document, &loaded.config);
+    out.push_str(&canonical::document_yaml(&document, &secrets));
     Ok(out)
 }
 

@@ -232,10 +232,9 @@ fn to_json(node: &Node) -> serde_json::Value {
     }
 }
 
-/// Where a field path of a service's config was written: the value's position, or that of the
-/// nearest mapping or list above it that was written (a missing field is reported at its
-/// mapping). Keys match as NNI matches them.
-fn position(node: &Node, path: &FieldPath) -> Option<Pos> {
+/// The node at a field path of a service's config as written, or the nearest mapping or list
+/// above it that was written, and whether it is the node itself. Keys match as NNI matches them.
+fn walk<'n>(node: &'n Node, path: &FieldPath) -> (&'n Node, bool) {
     let mut current = node;
     for step in &path.0 {
         let next = match (step, &current.value) {
@@ -251,10 +250,44 @@ fn position(node: &Node, path: &FieldPath) -> Option<Pos> {
         };
         match next {
             Some(next) => current = next,
-            None => break,
+            None => return (current, false),
         }
     }
-    current.pos
+    (current, true)
+}
+
+/// Where a field path of a service's config was written: the value's position, or that of the
+/// nearest mapping or list above it that was written (a missing field is reported at its
+/// mapping).
+fn position(node: &Node, path: &FieldPath) -> Option<Pos> {
+    walk(node, path).0.pos
+}
+
+/// The nodes of a config document that hold a field its training services declared secret
+/// (`config` is what the document was read into).
+pub(crate) fn secret_nodes<'d>(document: &'d Node, config: &ExperimentConfig) -> Vec<&'d Node> {
+    let Value::Map(pairs) = &document.value else {
+        return Vec::new();
+    };
+    let Some((_, services)) = pairs
+        .iter()
+        .find(|(key, _)| normalize_key(&key.key_text()) == "trainingservice")
+    else {
+        return Vec::new();
+    };
+    let entries: Vec<&Node> = match &services.value {
+        Value::Seq(items) => items.iter().collect(),
+        _ => vec![services],
+    };
+    let mut found = Vec::new();
+    for (entry, service) in entries.into_iter().zip(&config.training_service) {
+        for secret in &service.secrets {
+            if let (node, true) = walk(entry, &secret.path) {
+                found.push(node);
+            }
+        }
+    }
+    found
 }
 
 /// The value at a field path in a config as written (keys matched as NNI matches them).
