@@ -87,7 +87,7 @@ fn a_third_party_service_runs_an_experiment_from_its_config() {
     let config = sandbox.config(
         &format!(
             r#"searchSpace:
-  x: {{_type: choice, _value: [1, 2, 3]}}
+  x: {{_type: choice, _value: [1, 2, 3, 4, 5]}}
 trialCommand: 'test "$(printf %s "$NICE_API_TOKEN" | sha256sum | cut -c1-16)" = {digest} && echo "KNOB_FINAL $(nice)"'
 trialConcurrency: 2
 maxTrialNumber: 3
@@ -137,9 +137,51 @@ pluginPaths: [{}]"#,
         );
     }
 
+    // On resume knob asks for the secret again, as the service declared it: from the config
+    // file the experiment was created from, else from the variable the service named.
+    let resume = |max: &str, token: Option<&str>| {
+        let mut command = sandbox.knob();
+        command.args(["resume", "nice", "--max-trial-number", max]);
+        command.env_remove("NICE_API_TOKEN");
+        if let Some(token) = token {
+            command.env("NICE_API_TOKEN", token);
+        }
+        run(&mut command)
+    };
+    let (code, stdout, stderr) = resume("4", None);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("4 trials (4 succeeded"),
+        "{stdout}\n{stderr}"
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::remove_file(&config).unwrap();
+    let (code, stdout, stderr) = resume("5", None);
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.lines().any(|line| line.starts_with("error: ")
+            && line.contains(
+                "trainingService[0].apiToken: this secret is not known (knob never stores it)"
+            )
+            && line.ends_with("or set NICE_API_TOKEN")),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = resume("5", Some(TOKEN));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("5 trials (5 succeeded"),
+        "{stdout}\n{stderr}"
+    );
+    for dir in ["experiments", "home"] {
+        let found = files_containing(&sandbox.path().join(dir), TOKEN);
+        assert!(
+            found.is_empty(),
+            "the secret is stored in clear in {found:?}"
+        );
+    }
+
     // The service's own errors reach the user as one line, with file, line, column and the
     // field's path.
-    let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, text.replace("niceLevel: 7", "niceLevel: 30")).unwrap();
     let (code, _, stderr) = run(sandbox.knob().args(["config", "check"]).arg(&config));
     assert_ne!(code, 0);
