@@ -24,7 +24,7 @@ impl ExperimentConfig {
 
     /// The config as JSON *with* every secret the training services declared in clear: the only
     /// way to get them out of the model besides
-    /// [`TrainingServiceConfig::config_with_secrets`]. Whoever stores this value owns keeping it
+    /// [`TrainingServiceConfig::config_with_secrets`](super::TrainingServiceConfig::config_with_secrets). Whoever stores this value owns keeping it
     /// out of plain sight; everything else should use serde, which writes `***`.
     pub fn to_json_with_secrets(&self) -> serde_json::Value {
         let mut json = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);

@@ -1,4 +1,5 @@
-//! A string that must not leak: SSH passwords and key passphrases.
+//! A string that must not leak: the value of a field a training service declared secret (an SSH
+//! password, an API token).
 
 use std::fmt;
 
@@ -7,19 +8,19 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// What a [`Secret`] shows instead of its value.
 pub const REDACTED: &str = "***";
 
-/// A password or passphrase from the config.
+/// The clear text of a secret field of a training service's config.
 ///
 /// Decision: `Debug`, `Display` and `Serialize` all print [`REDACTED`], so a secret cannot reach a
 /// log line, the canonical text of `knob config check`, the HTTP API or any other serde output by
 /// accident. The clear text is reachable only through [`Secret::expose`], and a config with its
 /// secrets in clear only through the explicitly named
-/// [`ExperimentConfig::to_json_with_secrets`](super::ExperimentConfig::to_json_with_secrets) — the
+/// [`ExperimentConfig::to_json_with_secrets`](super::ExperimentConfig::to_json_with_secrets) and
+/// [`TrainingServiceConfig::config_with_secrets`](super::TrainingServiceConfig::config_with_secrets) — the
 /// caller that persists that value owns keeping it out of plain sight (issue: "a password is never
 /// stored in clear").
 ///
-/// Deserializing reads the string as is, so a config stored through plain `Serialize` comes back
-/// with [`Secret::is_redacted`] true: the secret must then be supplied again (for instance from
-/// the original config file).
+/// A stored config holds `***` where a secret was ([`REDACTED`]): the secret must then be
+/// supplied again (from the original config file, or the variable its service named).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
