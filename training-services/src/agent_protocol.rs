@@ -23,6 +23,10 @@
 //!    connection as dropped.
 //! 5. Requests carrying an `id` ([`ToAgent::Start`], [`ToAgent::Kill`]) get exactly one
 //!    [`FromAgent::Reply`] with the same id.
+//! 6. [`ToAgent::Shutdown`] is confirmed by [`FromAgent::ShutDown`], after the trials' ends; the
+//!    daemon then closes the connection and exits. The service keeps the connection open until
+//!    it has the confirmation (or gives up after a bound): closing right after sending the
+//!    request could lose it, and leave the daemon running until its orphan timeout.
 //!
 //! Versioning: [`PROTOCOL_VERSION`] is compared in the hello; a mismatch is refused with a
 //! message naming both versions. Fields may be added with serde defaults; none is removed.
@@ -121,6 +125,11 @@ pub enum FromAgent {
     Pong {
         nonce: u64,
     },
+    /// Every trial was stopped and its end sent, after a [`ToAgent::Shutdown`] (or a signal or
+    /// the orphan timeout): the daemon closes the connection and exits. Added in protocol 1
+    /// without a bump: an agent that does not send it leaves the service waiting for the
+    /// connection to close, which ends the wait too.
+    ShutDown,
 }
 
 /// Where things live on a host, under the agent's root directory (default `~/.knob`).

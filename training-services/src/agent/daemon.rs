@@ -382,6 +382,11 @@ impl Daemon {
                     self.on_event(event);
                 }
                 if let Some(mut client) = self.client.take() {
+                    // The confirmation the service waits for before it closes the connection
+                    // (a client still in its hello expects a welcome first: it gets the close).
+                    if client.welcomed {
+                        client.send(FromAgent::ShutDown);
+                    }
                     let writer = client.writer.take();
                     // Dropping the client drops its sender: the writer writes what is queued
                     // (the trials' ends), closes the connection and ends.

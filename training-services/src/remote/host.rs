@@ -97,6 +97,18 @@ struct HostState {
     kills_to_send: Vec<(String, String)>,
     /// `Shutdown` was sent: the agent's exit is expected, not reconnected to.
     shutting_down: bool,
+    /// The agent confirmed the shutdown (`FromAgent::ShutDown`): its trials are stopped and
+    /// it exits.
+    shutdown_confirmed: bool,
+}
+
+/// How a host's agent took the end of the experiment.
+#[derive(Debug, Default)]
+pub struct ShutdownOutcome {
+    /// Trials not seen to end.
+    pub unfinished: Vec<String>,
+    /// Why the agent's shutdown was not confirmed, when it was connected and was not.
+    pub unconfirmed: Option<String>,
 }
 
 /// One machine of `machineList`.
@@ -104,7 +116,8 @@ pub struct Host {
     pub machine: Machine,
     pub environment_id: String,
     state: Mutex<HostState>,
-    /// Notified whenever a trial ends here, for `shutdown`'s wait.
+    /// Notified whenever a trial ends here or the agent confirms its shutdown, for
+    /// `shut_down`'s wait.
     trial_ended: Notify,
     upload_lock: tokio::sync::Mutex<()>,
     /// Code archives actually sent (not found on the host already).
@@ -505,6 +518,10 @@ impl Host {
                 }
             }
             FromAgent::Pong { .. } => {}
+            FromAgent::ShutDown => {
+                lock(&self.state).shutdown_confirmed = true;
+                self.trial_ended.notify_waiters();
+            }
             FromAgent::Welcome { .. } | FromAgent::Refused { .. } => {
                 knob_plugin_api::log::debug(&format!(
                     "training service remote: {}: unexpected handshake message ignored",
@@ -845,29 +862,50 @@ impl Host {
         }
     }
 
-    /// Tells the agent to kill every trial and exit, and waits (at most `limit`) for the
-    /// trials' ends. Returns the trials not seen to end.
-    pub async fn shut_down(&self, limit: Duration) -> Vec<String> {
+    /// Tells the agent to kill every trial and exit, and waits (at most `limit`) for it to
+    /// confirm, which it does after the trials' ends. The connection stays open until then:
+    /// closed right after the request, it could lose it, and the daemon would run on until
+    /// its orphan timeout. A host not connected now has nothing to confirm.
+    pub async fn shut_down(&self, limit: Duration) -> ShutdownOutcome {
         let link = {
             let mut state = lock(&self.state);
             state.shutting_down = true;
             state.link.clone()
         };
-        if let Some(link) = &link {
-            let _ = link.outgoing.send(ToAgent::Shutdown);
-        }
+        let Some(link) = link else {
+            return ShutdownOutcome {
+                unfinished: self.running_trials(),
+                unconfirmed: None,
+            };
+        };
+        let _ = link.outgoing.send(ToAgent::Shutdown);
         let deadline = Instant::now() + limit;
         loop {
-            let ended = self.trial_ended.notified();
-            let running = self.running_trials();
-            if running.is_empty() || link.is_none() || !self.is_ready() {
-                return running;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return running;
-            }
-            let _ = tokio::time::timeout(left.min(Duration::from_millis(500)), ended).await;
+            let changed = self.trial_ended.notified();
+            let (confirmed, connected) = {
+                let state = lock(&self.state);
+                (
+                    state.shutdown_confirmed,
+                    state.ready && state.link.is_some(),
+                )
+            };
+            let unconfirmed = if confirmed {
+                None
+            } else if !connected {
+                // The confirmation comes before the agent closes the connection, so a closed
+                // one without it was lost.
+                Some("the connection closed before it confirmed".to_string())
+            } else if Instant::now() >= deadline {
+                Some(format!("no confirmation within {} s", limit.as_secs()))
+            } else {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let _ = tokio::time::timeout(left.min(Duration::from_millis(500)), changed).await;
+                continue;
+            };
+            return ShutdownOutcome {
+                unfinished: self.running_trials(),
+                unconfirmed,
+            };
         }
     }
 }

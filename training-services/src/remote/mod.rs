@@ -229,7 +229,8 @@ impl RemoteService {
         }
     }
 
-    /// Stops every agent (its trials killed and their ends reported), then disconnects.
+    /// Stops every agent (its trials killed and their ends reported) and waits for each to
+    /// confirm, then disconnects. An agent that does not confirm is named in a warning.
     pub fn stop(&mut self) {
         if self.shut_down {
             return;
@@ -237,17 +238,39 @@ impl RemoteService {
         self.shut_down = true;
         let Some(runtime) = &self.runtime else { return };
         let hosts = self.hosts.clone();
-        let unfinished: Vec<String> = runtime.block_on(async move {
+        let (unfinished, unconfirmed) = runtime.block_on(async move {
             let waits: Vec<_> = hosts
                 .into_iter()
-                .map(|host| tokio::spawn(async move { host.shut_down(SHUTDOWN_LIMIT).await }))
+                .map(|host| {
+                    tokio::spawn(async move {
+                        let outcome = host.shut_down(SHUTDOWN_LIMIT).await;
+                        (host.machine.target(), outcome)
+                    })
+                })
                 .collect();
             let mut left = Vec::new();
+            let mut unconfirmed = Vec::new();
             for wait in waits {
-                left.extend(wait.await.unwrap_or_default());
+                let Ok((target, outcome)) = wait.await else {
+                    continue;
+                };
+                left.extend(outcome.unfinished);
+                if let Some(why) = outcome.unconfirmed {
+                    unconfirmed.push(format!("{target} ({why})"));
+                }
             }
-            left
+            (left, unconfirmed)
         });
+        if !unconfirmed.is_empty() {
+            (self.context.emit)(ServiceEvent::Warning {
+                trial_id: None,
+                message: format!(
+                    "training service remote: the agent on {} did not confirm its shutdown; it stops its trials and exits by itself {} s after it last heard from knob",
+                    unconfirmed.join(", "),
+                    crate::agent::DEFAULT_ORPHAN_TIMEOUT.as_secs()
+                ),
+            });
+        }
         if !unfinished.is_empty() {
             (self.context.emit)(ServiceEvent::Warning {
                 trial_id: None,

@@ -699,3 +699,77 @@ fn without_an_agent_to_upload_the_one_on_the_hosts_path_is_used() {
         "{reason}"
     );
 }
+
+/// The end of an experiment shuts the agent down, confirmed: in every round the daemon's log
+/// ends with its shutdown and the daemon is gone. The rounds stop with no trial, after a trial
+/// ended, and through drop as well as `stop`; the shutdown message used to be lost when the
+/// connection closed right after it (2 of 8 real runs left the daemon running, its log ending
+/// with "client dropped") (issue 20 item 13).
+#[test]
+fn the_end_of_the_experiment_shuts_the_agent_down_every_time() {
+    use knob_training_services::agent_protocol::HostLayout;
+    let Some(sshd) = start_sshd(
+        "the_end_of_the_experiment_shuts_the_agent_down",
+        key_options(),
+    ) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    const ROUNDS: usize = 8;
+    for round in 0..ROUNDS {
+        let experiment = format!("stop{round}");
+        let events = Events::default();
+        let mut args = world.args(vec![key_machine(&sshd)]);
+        args["experimentId"] = json!(experiment);
+        let mut service = connect(args, &events, &agent_root(&sshd));
+        if round % 4 == 1 {
+            service
+                .start(&world.request(&sshd, "t", "echo KNOB_FINAL 1"))
+                .unwrap();
+            events.wait_ended("t");
+        }
+        if round % 2 == 0 {
+            service.stop();
+        }
+        drop(service);
+
+        let log_path = HostLayout {
+            root: agent_root(&sshd),
+        }
+        .environment_dir(&experiment, &environment_id(&sshd))
+        .join("agent.log");
+        let deadline = std::time::Instant::now() + crate::support::WAIT;
+        let log = loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if log.trim_end().ends_with("] exited") {
+                break log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: the agent did not exit after the experiment ended; {}:\n{log}",
+                log_path.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert!(
+            log.contains("shutdown requested"),
+            "round {round}: the agent exited without being told to shut down:\n{log}"
+        );
+        let pid: i32 = log
+            .lines()
+            .last()
+            .and_then(|line| line.strip_prefix("knob-agent["))
+            .and_then(|rest| rest.split(']').next())
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("no pid in the log:\n{log}"));
+        let gone_by = std::time::Instant::now() + crate::support::WAIT;
+        while crate::support::process_runs(pid) {
+            assert!(
+                std::time::Instant::now() < gone_by,
+                "round {round}: {pid} runs"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
