@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use knob_gpu_sched::probe::{process_group_of, LocalProbe};
+use knob_gpu_sched::probe::{process_group_of, LocalProbe, SimulatedInventory, SIMULATE_GPUS_VAR};
 use knob_gpu_sched::EnvironmentLimits;
 use knob_plugin_api::config::ConfigReader;
 use knob_plugin_api::service::{
@@ -360,6 +360,15 @@ pub fn check_config(
         .or_else(|| shortcut("reuseMode"))
         .unwrap_or(json!(false));
     fields.finish(&mut reader, &LOCAL_FIELDS);
+    // A bad KNOB_SIMULATE_GPUS is refused here, before the experiment is registered: found
+    // only when the service probes, it ended a registered experiment in ERROR and its line
+    // was printed twice (the service's warning, then the experiment's error).
+    if let Err(e) = SimulatedInventory::from_env() {
+        reader.error(
+            &FieldPath::root(),
+            format!("{SIMULATE_GPUS_VAR} is set and cannot be used for this machine: {e}"),
+        );
+    }
     let mut canonical = Map::new();
     canonical.insert("useActiveGpu".into(), use_active_gpu);
     canonical.insert("maxTrialNumberPerGpu".into(), max_trial_number_per_gpu);

@@ -801,3 +801,39 @@ fn a_busy_port_or_a_foreign_bind_address_registers_nothing() {
     );
     drop(taken);
 }
+
+/// A bad or oversized KNOB_SIMULATE_GPUS is refused by create before anything is registered,
+/// in one line printed once (it used to end a registered experiment in ERROR, its line printed
+/// as a warning and again in the error) (issue 20 item 14 part).
+#[test]
+fn a_bad_simulated_gpu_spec_is_refused_before_anything_is_registered() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\ntrialGpuNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    for spec in ["1000000x1GiB", "lots"] {
+        let (code, stdout, stderr) = run(sandbox
+            .knob()
+            .env("KNOB_SIMULATE_GPUS", spec)
+            .arg("create")
+            .arg("--config")
+            .arg(&config)
+            .args(["--id", "simulated"]));
+        assert_eq!(code, 1, "{spec}: {stdout}\n{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{spec}: {stderr}");
+        assert_eq!(
+            stderr.matches("cannot read simulated GPU spec").count(),
+            1,
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("KNOB_SIMULATE_GPUS is set and cannot be used for this machine: cannot read simulated GPU spec `{spec}`")),
+            "{stderr}"
+        );
+        let (_, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+        assert!(!list.contains("simulated"), "{spec} registered it:\n{list}");
+    }
+}
