@@ -24,6 +24,10 @@ pub struct AttachOptions {
     pub dir: PathBuf,
     /// Arguments passed on to `serve` (the orphan timeout and the like).
     pub serve_args: Vec<String>,
+    /// Start a daemon when none listens. Off for a Slurm job, whose daemon is the job script's:
+    /// a socket file left by an earlier run of a requeued job must not make `attach` start a
+    /// second one inside its own job step.
+    pub start: bool,
 }
 
 /// Connects (starting the daemon if needed) and bridges stdin/stdout to it; returns when either
@@ -45,10 +49,16 @@ pub fn connect_or_start(options: &AttachOptions) -> Result<UnixStream, AgentErro
     let options = &AttachOptions {
         dir,
         serve_args: options.serve_args.clone(),
+        start: options.start,
     };
     let socket = Path::new(SOCKET_FILE_NAME);
     if let Ok(stream) = UnixStream::connect(socket) {
         return Ok(stream);
+    }
+    if !options.start {
+        return Err(AgentError::NoDaemon {
+            dir: options.dir.clone(),
+        });
     }
     let mut daemon = start_daemon(options)?;
     let started = Instant::now();

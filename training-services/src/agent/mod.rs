@@ -73,6 +73,8 @@ pub enum AgentError {
         waited: Duration,
         log_tail: String,
     },
+    #[error("knob-agent: no daemon listens on {} (attach --no-start starts none)", dir.join(SOCKET_FILE_NAME).display())]
+    NoDaemon { dir: PathBuf },
     #[error("knob-agent receive-code: {0}")]
     Code(#[from] CodeArchiveError),
 }

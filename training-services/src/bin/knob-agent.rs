@@ -39,6 +39,10 @@ enum Command {
     Attach {
         #[arg(long)]
         dir: PathBuf,
+        /// Fail instead of starting a daemon when none listens (a Slurm job's daemon is the
+        /// job script's).
+        #[arg(long)]
+        no_start: bool,
         #[command(flatten)]
         timing: Timing,
     },
@@ -118,11 +122,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             options.grace_period = grace_period;
             serve(options)?;
         }
-        Some(Command::Attach { dir, timing }) => {
+        Some(Command::Attach {
+            dir,
+            no_start,
+            timing,
+        }) => {
             timing.durations()?;
             attach(&AttachOptions {
                 dir,
                 serve_args: timing.as_args(),
+                start: !no_start,
             })?;
             // The stdin thread may still be blocked on a read; it must not keep us alive.
             std::process::exit(0);

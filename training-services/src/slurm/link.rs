@@ -40,6 +40,9 @@ pub struct Link {
 pub struct Welcome {
     pub inventory: Value,
     pub running: Vec<String>,
+    /// The daemon's host and pid: a different one after a reconnect is a new agent (the job
+    /// was requeued and ran again), which knows nothing of the trials the old one ran.
+    pub agent: (String, u32),
 }
 
 /// What the reader hands the service, in order; `Closed` is last.
@@ -71,6 +74,7 @@ impl Link {
             ])
             .arg(agent)
             .arg("attach")
+            .arg("--no-start")
             .arg("--dir")
             .arg(dir)
             .stdin(Stdio::piped())
@@ -124,8 +128,14 @@ impl Link {
                 protocol,
                 inventory,
                 running,
+                hostname,
+                pid,
                 ..
-            } if protocol == PROTOCOL_VERSION => Welcome { inventory, running },
+            } if protocol == PROTOCOL_VERSION => Welcome {
+                inventory,
+                running,
+                agent: (hostname, pid),
+            },
             FromAgent::Welcome { protocol, .. } => {
                 return Err(format!(
                     "the agent of job {job_id} speaks protocol {protocol}, this knob speaks {PROTOCOL_VERSION}"

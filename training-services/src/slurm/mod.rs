@@ -27,7 +27,9 @@
 
 pub mod args;
 pub mod commands;
+mod environment;
 pub mod link;
+mod monitor;
 pub mod script;
 
 use std::collections::BTreeSet;
@@ -40,13 +42,15 @@ use knob_plugin_api::service::{
 };
 use knob_plugin_api::{EventSink, PluginError, TrainingService};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{watch, Notify};
 
 pub use args::{check_config, ArgsError, SlurmArgs};
-use commands::{JobRow, JobState, Submitter};
-use link::{Incoming, Link};
+use commands::{JobState, Submitter};
+use environment::{job_environment, queue_environment};
+use link::Link;
+use monitor::monitor;
 
-use crate::agent_protocol::{FromAgent, ToAgent};
+use crate::agent_protocol::ToAgent;
 use crate::metrics::Emit;
 
 /// How long `shutdown` waits for trials to end after telling the agents, then for the
@@ -116,10 +120,17 @@ struct Job {
     state: Option<JobState>,
     time_left: Option<Duration>,
     link: Option<Arc<Link>>,
+    /// The host and pid of the agent last connected to.
+    agent: Option<(String, u32)>,
     connect_failures: u32,
     missing_polls: u32,
     /// Trials started here and not yet seen to end.
     running: BTreeSet<String>,
+    /// Trials knob asked the agent to kill (their signalled ends are knob's own).
+    kills: BTreeSet<String>,
+    /// Ends the agent reported of trials signalled without knob asking, held until the job's
+    /// state says whether Slurm is ending the job (see `monitor::on_incoming`).
+    held: Vec<(ServiceEvent, std::time::Instant)>,
     /// `reuseMode: false`: the trial to start once the agent is up.
     waiting_trial: Option<TrialRequest>,
     /// Why knob cancelled it (`kill_trial`, shutdown), for its trials' ends.
@@ -269,7 +280,7 @@ impl SlurmService {
             .jobs
             .iter()
             .filter(|j| j.phase != Phase::Ended)
-            .map(|j| job_environment(ctx, j))
+            .map(job_environment)
             .collect()
     }
 
@@ -321,104 +332,10 @@ impl SlurmService {
     }
 }
 
-/// The environment of `reuseMode: false`: room for `trialConcurrency` jobs, each with what it
-/// asks Slurm for (GPUs declared so that gpu-sched lets GPU trials through; the job's own
-/// `CUDA_VISIBLE_DEVICES` is Slurm's).
-fn queue_environment(args: &SlurmArgs) -> Environment {
-    let jobs = args.trial_concurrency;
-    let gpus = (0..args.job.gpu_number * jobs)
-        .map(|index| {
-            knob_gpu_sched::Gpu::idle(
-                index,
-                "GPU requested from Slurm",
-                knob_gpu_sched::ByteSize(80 * 1024 * 1024 * 1024),
-            )
-        })
-        .collect();
-    let cpus = args.job.cpu_number.unwrap_or(1) * jobs;
-    let memory = args
-        .job
-        .memory
-        .map(|m| m.0 * u64::from(jobs))
-        .unwrap_or(u64::MAX / 2);
-    let inventory = knob_gpu_sched::Environment::new(
-        QUEUE_ENVIRONMENT,
-        "slurm",
-        gpus,
-        knob_gpu_sched::HostResources {
-            cpu_count: cpus,
-            cpu_utilization_percent: None,
-            memory_total: knob_gpu_sched::ByteSize(memory),
-            memory_available: knob_gpu_sched::ByteSize(memory),
-        },
-    );
-    Environment {
-        id: QUEUE_ENVIRONMENT.to_string(),
-        host: "slurm".to_string(),
-        ready: true,
-        inventory: serde_json::to_value(inventory).unwrap_or(Value::Null),
-    }
-}
-
-/// An allocation as the core sees it: the agent's probe of the node with the allocation's
-/// GPUs and CPUs, and its phase as gpu-sched's status.
-fn job_environment(ctx: &Context, job: &Job) -> Environment {
-    let status = match &job.phase {
-        Phase::Ready => knob_gpu_sched::EnvironmentStatus::Ready,
-        Phase::Draining => knob_gpu_sched::EnvironmentStatus::Draining,
-        Phase::Queued(why) => knob_gpu_sched::EnvironmentStatus::Unavailable(why.clone()),
-        Phase::Connecting => knob_gpu_sched::EnvironmentStatus::Starting,
-        Phase::Ended => {
-            knob_gpu_sched::EnvironmentStatus::Unavailable(format!("Slurm job {} ended", job.id))
-        }
-    };
-    let inventory =
-        match serde_json::from_value::<knob_gpu_sched::Environment>(job.inventory.clone()) {
-            Ok(mut environment) => {
-                environment.id = knob_gpu_sched::EnvironmentId(job.environment_id.clone());
-                environment.status = status;
-                let (gpus, cpus) = allocation_resources(&job.dir, job.id);
-                if let Some(gpus) = gpus {
-                    environment.limits.gpu_indices = Some(gpus);
-                }
-                if let Some(cpus) = cpus {
-                    environment.host_resources.cpu_count = cpus;
-                }
-                serde_json::to_value(environment).unwrap_or(Value::Null)
-            }
-            Err(_) => Value::Null,
-        };
-    let _ = ctx;
-    Environment {
-        id: job.environment_id.clone(),
-        host: format!("slurm job {}", job.id),
-        ready: job.phase == Phase::Ready,
-        inventory,
-    }
-}
-
-/// The GPUs (`SLURM_JOB_GPUS`) and CPUs of an allocation, from the file its script wrote.
-fn allocation_resources(dir: &Path, job_id: u64) -> (Option<Vec<u32>>, Option<u32>) {
-    let Ok(text) = std::fs::read_to_string(script::job_env_file(dir, job_id)) else {
-        return (None, None);
-    };
-    let mut gpus = None;
-    let mut cpus = None;
-    for line in text.lines() {
-        if let Some(list) = line.strip_prefix("SLURM_JOB_GPUS=") {
-            let parsed: Option<Vec<u32>> = list.split(',').map(|g| g.trim().parse().ok()).collect();
-            gpus = parsed.filter(|g| !g.is_empty());
-        } else if let Some(count) = line.strip_prefix("SLURM_CPUS_ON_NODE=") {
-            cpus = count.trim().parse().ok();
-        }
-    }
-    (gpus, cpus)
-}
-
 fn emit_environment(ctx: &Context, job: &Job) {
     if ctx.args.reuse_mode {
         (ctx.emit)(ServiceEvent::Environment {
-            environment: job_environment(ctx, job),
+            environment: job_environment(job),
         });
     }
 }
@@ -516,9 +433,12 @@ async fn submit(
         state: None,
         time_left: None,
         link: None,
+        agent: None,
         connect_failures: 0,
         missing_polls: 0,
         running: BTreeSet::new(),
+        kills: BTreeSet::new(),
+        held: Vec::new(),
         waiting_trial,
         cancelled: None,
         ran_trials: false,
@@ -699,7 +619,10 @@ async fn kill_trial(ctx: &Arc<Context>, trial_id: &str, reason: &str) {
         match job {
             None => Action::Nothing,
             Some(job) if job.running.contains(trial_id) => match &job.link {
-                Some(link) => Action::Agent(link.clone()),
+                Some(link) => {
+                    job.kills.insert(trial_id.to_string());
+                    Action::Agent(link.clone())
+                }
                 None => {
                     job.cancelled = Some(reason.to_string());
                     Action::Cancel(job.id)
@@ -808,435 +731,6 @@ async fn shut_down(ctx: &Arc<Context>) {
         }
         let _ = tokio::time::timeout(Duration::from_millis(500), changed).await;
     }
-}
-
-/// The monitor: one `squeue` per poll for every job, then each job moved along.
-async fn monitor(ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
-    let mut pause = ctx.args.poll_interval;
-    let (incoming_tx, mut incoming) = mpsc::unbounded_channel::<(u64, Incoming)>();
-    loop {
-        match commands::squeue().await {
-            Ok(rows) => {
-                pause = ctx.args.poll_interval;
-                update_jobs(&ctx, &rows, &incoming_tx).await;
-            }
-            Err(why) => {
-                pause = (pause * 2).min(MAX_POLL_BACKOFF);
-                knob_plugin_api::log::warn(&format!(
-                    "training service slurm: squeue failed ({why}); asking again in {} s",
-                    pause.as_secs_f64()
-                ));
-            }
-        }
-        if ctx.args.reuse_mode {
-            top_up_allocations(&ctx).await;
-        }
-        let wake = tokio::time::sleep(pause);
-        tokio::pin!(wake);
-        loop {
-            tokio::select! {
-                _ = &mut wake => break,
-                _ = ctx.poke.notified() => break,
-                message = incoming.recv() => {
-                    if let Some((job_id, message)) = message {
-                        on_incoming(&ctx, job_id, message);
-                    }
-                }
-                _ = stop.changed() => {
-                    if *stop.borrow() && lock(&ctx.shared).jobs.iter().all(|j| j.phase == Phase::Ended) {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Requests allocations up to `maxEnvironments` (draining ones not counted).
-async fn top_up_allocations(ctx: &Context) {
-    loop {
-        let wanted = {
-            let shared = lock(&ctx.shared);
-            let live = shared
-                .jobs
-                .iter()
-                .filter(|j| !matches!(j.phase, Phase::Ended | Phase::Draining))
-                .count();
-            !shared.stopping
-                && shared.failed_allocations < MAX_FAILED_ALLOCATIONS
-                && live < ctx.args.max_environments as usize
-        };
-        if !wanted {
-            return;
-        }
-        if let Err(e) = submit_allocation(ctx).await {
-            lock(&ctx.shared).failed_allocations += 1;
-            warn(ctx, None, e.to_string());
-            return;
-        }
-    }
-}
-
-/// Moves every job along by what `squeue` (or, for a job it no longer lists, the exit-code
-/// file or `scontrol`) says.
-async fn update_jobs(
-    ctx: &Arc<Context>,
-    rows: &[JobRow],
-    incoming: &mpsc::UnboundedSender<(u64, Incoming)>,
-) {
-    let jobs: Vec<(u64, String, PathBuf)> = lock(&ctx.shared)
-        .jobs
-        .iter()
-        .filter(|j| j.phase != Phase::Ended)
-        .map(|j| (j.id, j.name.clone(), j.dir.clone()))
-        .collect();
-    for (id, name, dir) in jobs {
-        // Id and name: a reused id of another job is not ours.
-        let row = rows.iter().find(|r| r.id == id && r.name == name);
-        let (state, reason, time_left) = match row {
-            Some(row) => (Some(row.state.clone()), row.reason.clone(), row.time_left),
-            None => (ended_state(id, &name, &dir).await, None, None),
-        };
-        let Some(state) = state else {
-            let gone = {
-                let mut shared = lock(&ctx.shared);
-                let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
-                    continue;
-                };
-                job.missing_polls += 1;
-                job.missing_polls >= MISSING_POLLS
-            };
-            if gone {
-                end_job(
-                    ctx,
-                    id,
-                    "vanished from squeue and scontrol without an exit code",
-                );
-            }
-            continue;
-        };
-        if state.has_ended() {
-            end_job(ctx, id, state.name());
-            continue;
-        }
-        let connect = {
-            let mut shared = lock(&ctx.shared);
-            let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
-                continue;
-            };
-            job.missing_polls = 0;
-            job.state = Some(state.clone());
-            job.time_left = time_left;
-            match (&state, &job.phase) {
-                (JobState::Pending, Phase::Queued(old)) => {
-                    let why = format!(
-                        "Slurm job {id} pending ({})",
-                        reason.as_deref().unwrap_or("no reason given")
-                    );
-                    if *old != why {
-                        job.phase = Phase::Queued(why.clone());
-                        emit_environment(ctx, job);
-                        if let Some(trial) = &job.waiting_trial {
-                            warn(ctx, Some(trial.trial_id.clone()), format!("waiting: {why}"));
-                        }
-                    }
-                    false
-                }
-                (JobState::Running(_), Phase::Queued(_)) => {
-                    // The agent is up once its socket exists (the shared filesystem shows it).
-                    crate::agent::socket_path(&dir).exists()
-                }
-                (JobState::Running(_), Phase::Ready) => {
-                    if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, time_left) {
-                        if left < limit {
-                            job.phase = Phase::Draining;
-                            emit_environment(ctx, job);
-                            knob_plugin_api::log::info(&format!(
-                                "training service slurm: {} (job {id}) has {} s left, less than maxTrialDuration; it takes no more trials and a new allocation is requested",
-                                job.environment_id,
-                                left.as_secs()
-                            ));
-                        }
-                    }
-                    false
-                }
-                _ => false,
-            }
-        };
-        if connect {
-            connect_job(ctx, id, incoming.clone()).await;
-        }
-    }
-}
-
-/// For a job `squeue` no longer lists: its end, from the exit-code file or `scontrol`.
-async fn ended_state(id: u64, name: &str, dir: &Path) -> Option<JobState> {
-    // The exit-code file first: the job script wrote it after its agent exited, so the job
-    // ended by itself, whatever slurmctld remembers.
-    if let Ok(code) = std::fs::read_to_string(script::exit_code_file(dir, id)) {
-        return Some(match code.trim() {
-            "0" => JobState::Completed,
-            _ => JobState::Failed,
-        });
-    }
-    let fields = commands::show_job(id).await?;
-    if fields.get("JobName").map(String::as_str) != Some(name) {
-        return None;
-    }
-    fields.get("JobState").map(|state| JobState::parse(state))
-}
-
-async fn connect_job(
-    ctx: &Arc<Context>,
-    id: u64,
-    incoming: mpsc::UnboundedSender<(u64, Incoming)>,
-) {
-    let (dir, environment_id, fresh) = {
-        let mut shared = lock(&ctx.shared);
-        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
-            return;
-        };
-        job.phase = Phase::Connecting;
-        (
-            job.dir.clone(),
-            job.environment_id.clone(),
-            job.connect_failures == 0,
-        )
-    };
-    let outcome = Link::connect(
-        id,
-        &ctx.agent,
-        &dir,
-        &ctx.args.experiment_id,
-        &environment_id,
-        fresh,
-    )
-    .await;
-    let mut start = None;
-    let cancel = {
-        let mut shared = lock(&ctx.shared);
-        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
-            return;
-        };
-        match outcome {
-            Ok((link, welcome, mut messages)) => {
-                job.inventory = welcome.inventory;
-                job.link = Some(link.clone());
-                job.phase = Phase::Ready;
-                job.connect_failures = 0;
-                emit_environment(ctx, job);
-                if let Some(request) = job.waiting_trial.take() {
-                    job.running.insert(request.trial_id.clone());
-                    job.ran_trials = true;
-                    start = Some((link, request));
-                }
-                tokio::spawn(async move {
-                    while let Some(message) = messages.recv().await {
-                        let closed = matches!(message, Incoming::Closed(_));
-                        if incoming.send((id, message)).is_err() || closed {
-                            return;
-                        }
-                    }
-                });
-                false
-            }
-            Err(why) => {
-                job.connect_failures += 1;
-                job.phase = Phase::Queued(format!("connecting to its agent: {why}"));
-                knob_plugin_api::log::warn(&format!(
-                    "training service slurm: job {id}: {why} (attempt {} of {CONNECT_ATTEMPTS})",
-                    job.connect_failures
-                ));
-                job.connect_failures >= CONNECT_ATTEMPTS
-            }
-        }
-    };
-    if cancel {
-        warn(
-            ctx,
-            None,
-            format!("training service slurm: the agent of Slurm job {id} cannot be reached; the job is cancelled"),
-        );
-        let _ = commands::scancel(&[id]).await;
-    }
-    if let Some((link, request)) = start {
-        let trial_id = request.trial_id.clone();
-        let outcome = link
-            .request(|rid| ToAgent::Start {
-                id: rid,
-                request: Box::new(request),
-                fresh_code_copy: false,
-            })
-            .await;
-        if let Err(why) = outcome {
-            // The trial was accepted by start_trial, so its end is reported.
-            {
-                let mut shared = lock(&ctx.shared);
-                if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) {
-                    job.running.remove(&trial_id);
-                }
-            }
-            (ctx.emit)(ServiceEvent::TrialEnded {
-                trial_id,
-                exit_code: None,
-                signal: None,
-                killed_reason: None,
-                stderr_tail: String::new(),
-                environment_lost: Some(format!(
-                    "Slurm job {id}: the agent refused the start: {why}"
-                )),
-            });
-            link.send(ToAgent::Shutdown);
-        }
-    }
-}
-
-/// A message from a job's agent.
-fn on_incoming(ctx: &Arc<Context>, job_id: u64, message: Incoming) {
-    match message {
-        Incoming::Message(FromAgent::Event { event, .. }) => {
-            let mut shutdown = None;
-            if let ServiceEvent::TrialEnded { trial_id, .. } = &event {
-                let mut shared = lock(&ctx.shared);
-                if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
-                    if !job.running.remove(trial_id) {
-                        // Already reported ended (its job was declared gone): not again.
-                        return;
-                    }
-                    if !ctx.args.reuse_mode {
-                        shutdown = job.link.clone();
-                    }
-                }
-            }
-            (ctx.emit)(event);
-            if let Some(link) = shutdown {
-                // One trial per job: the agent exits and the job completes.
-                link.send(ToAgent::Shutdown);
-            }
-            ctx.changed.notify_waiters();
-        }
-        Incoming::Message(FromAgent::Inventory { inventory }) => {
-            let mut shared = lock(&ctx.shared);
-            if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
-                job.inventory = inventory;
-                if job.phase == Phase::Ready {
-                    emit_environment(ctx, job);
-                }
-            }
-        }
-        Incoming::Message(_) => {}
-        Incoming::Closed(why) => {
-            let mut shared = lock(&ctx.shared);
-            if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
-                if job.phase == Phase::Ended {
-                    return;
-                }
-                knob_plugin_api::log::debug(&format!(
-                    "training service slurm: connection to the agent of job {job_id} closed ({why})"
-                ));
-                if let Some(link) = job.link.take() {
-                    link.close();
-                }
-                // Connected again at the next poll if the job still runs.
-                job.phase = Phase::Queued(format!("Slurm job {job_id}: reconnecting to its agent"));
-                job.connect_failures += 1;
-                emit_environment(ctx, job);
-            }
-        }
-    }
-}
-
-/// A job has ended (`how`: its Slurm state, or why it is considered gone): every trial still
-/// running in it, or waiting for it, ends with what that means.
-fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
-    let (ended, job_snapshot) = {
-        let mut shared = lock(&ctx.shared);
-        let reuse = ctx.args.reuse_mode;
-        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
-            return;
-        };
-        if job.phase == Phase::Ended {
-            return;
-        }
-        job.phase = Phase::Ended;
-        if let Some(link) = job.link.take() {
-            link.close();
-        }
-        let mut trials: Vec<String> = std::mem::take(&mut job.running).into_iter().collect();
-        if let Some(waiting) = job.waiting_trial.take() {
-            trials.push(waiting.trial_id);
-        }
-        let cancelled = job.cancelled.clone();
-        let ran = job.ran_trials;
-        emit_environment(ctx, job);
-        let snapshot = (job.environment_id.clone(), job.key.clone());
-        if reuse && !ran && cancelled.is_none() && !shared.stopping {
-            shared.failed_allocations += 1;
-        }
-        ((trials, cancelled), snapshot)
-    };
-    let (trials, cancelled) = ended;
-    let (environment_id, _key) = job_snapshot;
-    let state = JobState::parse(how);
-    for trial_id in trials {
-        let mut end = ServiceEvent::TrialEnded {
-            trial_id: trial_id.clone(),
-            exit_code: None,
-            signal: None,
-            killed_reason: None,
-            stderr_tail: String::new(),
-            environment_lost: None,
-        };
-        let ServiceEvent::TrialEnded {
-            killed_reason,
-            environment_lost,
-            signal,
-            stderr_tail,
-            ..
-        } = &mut end
-        else {
-            unreachable!()
-        };
-        match (&cancelled, &state) {
-            (Some(reason), _) => *killed_reason = Some(reason.clone()),
-            (None, JobState::OutOfMemory) => {
-                // What the kernel's OOM killer would have done; the core counts it as OOM.
-                *signal = Some(9);
-                *stderr_tail = format!(
-                    "OUT_OF_MEMORY: Slurm job {id} ({environment_id}) exceeded its memory (--mem); Killed"
-                );
-            }
-            (None, JobState::Cancelled) => {
-                *environment_lost = Some(format!(
-                    "Slurm job {id} ({environment_id}) was cancelled outside knob (scancel)"
-                ))
-            }
-            (None, _) => {
-                *environment_lost = Some(format!("Slurm job {id} ({environment_id}) ended: {how}"))
-            }
-        }
-        (ctx.emit)(end);
-    }
-    if let Some(message) = match (&cancelled, &state) {
-        (None, JobState::Completed) | (Some(_), _) => None,
-        (None, _) => Some(format!(
-            "training service slurm: Slurm job {id} ({environment_id}) ended: {how}; its log: {}",
-            script::job_log_pattern(
-                &lock(&ctx.shared)
-                    .jobs
-                    .iter()
-                    .find(|j| j.id == id)
-                    .map(|j| j.dir.clone())
-                    .unwrap_or_default()
-            )
-            .to_string_lossy()
-            .replace("%j", &id.to_string())
-        )),
-    } {
-        warn(ctx, None, message);
-    }
-    ctx.changed.notify_waiters();
-    ctx.poke.notify_one();
 }
 
 impl TrainingService for SlurmService {

@@ -83,6 +83,10 @@ pub fn batch_script(spec: &JobSpec<'_>) -> String {
     if let Some(memory) = o.memory {
         sbatch("mem", &format!("{}M", mem_megabytes(memory.0)));
     }
+    // A requeued job comes back as a fresh agent with none of its trials: knob runs them
+    // elsewhere and asks for a new allocation instead (`sbatchArgs: [--requeue]` overrides,
+    // the later line wins).
+    lines.push("#SBATCH --no-requeue".to_string());
     for extra in &o.sbatch_args {
         let extra = extra.trim();
         if extra.is_empty() {
@@ -151,6 +155,7 @@ mod tests {
             "#SBATCH --gpus=2",
             "#SBATCH --cpus-per-task=4",
             "#SBATCH --mem=1536M",
+            "#SBATCH --no-requeue",
             "#SBATCH --exclusive",
             "#SBATCH --signal=USR1@60",
             "module load cuda",

@@ -644,3 +644,82 @@ fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
     service.stop();
     assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
 }
+
+#[test]
+fn a_requeued_allocation_loses_its_trials_once_and_takes_new_ones() {
+    let Some(_cluster) = cluster("a_requeued_allocation_loses_its_trials_once_and_takes_new_ones")
+    else {
+        return;
+    };
+    let world = World::new("requeue");
+    // knob submits with --no-requeue; a user who wants requeues (preemption) says so.
+    let mut service = world.service(json!({"sbatchArgs": ["--requeue"]}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    let marker = world.file("started");
+    service
+        .start(world.request(
+            "slurm:env1",
+            "q1",
+            &format!("touch {}; sleep 300", marker.display()),
+        ))
+        .unwrap();
+    wait_for("the trial to start", Duration::from_secs(30), || {
+        marker.exists().then_some(())
+    });
+    let status = Command::new("scontrol")
+        .args(["requeue", &job.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Slurm signals the job's processes and waits for them (KillWait) before it requeues.
+    let events = wait_for("q1 to end", Duration::from_secs(90), || {
+        let events = of_trial(&world.events.all(), "q1");
+        events
+            .iter()
+            .any(|e| crate::support::is_end_of(e, "q1"))
+            .then_some(events)
+    });
+    let lost = lost_reason(&events).unwrap_or_else(|| panic!("{events:#?}"));
+    assert!(
+        lost.starts_with(&format!("Slurm job {job} (slurm:env1) "))
+            && (lost.contains("was requeued by Slurm") || lost.contains("new agent")),
+        "{lost}"
+    );
+    // Slurm holds a requeued job back for a while (its begin time); not in a test.
+    wait_for(
+        "the job to be pending again",
+        Duration::from_secs(60),
+        || {
+            let shown = scontrol_job(job);
+            shown.contains("JobState=PENDING").then_some(())
+        },
+    );
+    let status = Command::new("scontrol")
+        .args(["update", &format!("jobid={job}"), "StartTime=now"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The same job runs again, with a new agent that takes trials.
+    wait_for(
+        "the requeued allocation to be ready again",
+        Duration::from_secs(60),
+        || (ready(&service).len() == 1).then_some(()),
+    );
+    assert_eq!(service.job_ids(), vec![job]);
+    service
+        .start(world.request("slurm:env1", "q2", "echo KNOB_FINAL 2"))
+        .unwrap();
+    let events = world.events.wait_ended("q2");
+    assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    // q1 ended once.
+    let all = world.events.all();
+    assert_eq!(
+        all.iter()
+            .filter(|e| crate::support::is_end_of(e, "q1"))
+            .count(),
+        1
+    );
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}

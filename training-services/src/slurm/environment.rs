@@ -1,0 +1,101 @@
+//! What the core sees of the service's jobs: gpu-sched environments with their inventories.
+
+use std::path::Path;
+
+use knob_plugin_api::service::Environment;
+use serde_json::Value;
+
+use super::{script, Job, Phase, SlurmArgs, QUEUE_ENVIRONMENT};
+
+/// The environment of `reuseMode: false`: room for `trialConcurrency` jobs, each with what it
+/// asks Slurm for (GPUs declared so that gpu-sched lets GPU trials through; the job's own
+/// `CUDA_VISIBLE_DEVICES` is Slurm's).
+pub(super) fn queue_environment(args: &SlurmArgs) -> Environment {
+    let jobs = args.trial_concurrency;
+    let gpus = (0..args.job.gpu_number * jobs)
+        .map(|index| {
+            knob_gpu_sched::Gpu::idle(
+                index,
+                "GPU requested from Slurm",
+                knob_gpu_sched::ByteSize(80 * 1024 * 1024 * 1024),
+            )
+        })
+        .collect();
+    let cpus = args.job.cpu_number.unwrap_or(1) * jobs;
+    let memory = args
+        .job
+        .memory
+        .map(|m| m.0 * u64::from(jobs))
+        .unwrap_or(u64::MAX / 2);
+    let inventory = knob_gpu_sched::Environment::new(
+        QUEUE_ENVIRONMENT,
+        "slurm",
+        gpus,
+        knob_gpu_sched::HostResources {
+            cpu_count: cpus,
+            cpu_utilization_percent: None,
+            memory_total: knob_gpu_sched::ByteSize(memory),
+            memory_available: knob_gpu_sched::ByteSize(memory),
+        },
+    );
+    Environment {
+        id: QUEUE_ENVIRONMENT.to_string(),
+        host: "slurm".to_string(),
+        ready: true,
+        inventory: serde_json::to_value(inventory).unwrap_or(Value::Null),
+    }
+}
+
+/// An allocation as the core sees it: the agent's probe of the node with the allocation's
+/// GPUs and CPUs, and its phase as gpu-sched's status.
+pub(super) fn job_environment(job: &Job) -> Environment {
+    let status = match &job.phase {
+        Phase::Ready => knob_gpu_sched::EnvironmentStatus::Ready,
+        Phase::Draining => knob_gpu_sched::EnvironmentStatus::Draining,
+        Phase::Queued(why) => knob_gpu_sched::EnvironmentStatus::Unavailable(why.clone()),
+        Phase::Connecting => knob_gpu_sched::EnvironmentStatus::Starting,
+        Phase::Ended => {
+            knob_gpu_sched::EnvironmentStatus::Unavailable(format!("Slurm job {} ended", job.id))
+        }
+    };
+    let inventory =
+        match serde_json::from_value::<knob_gpu_sched::Environment>(job.inventory.clone()) {
+            Ok(mut environment) => {
+                environment.id = knob_gpu_sched::EnvironmentId(job.environment_id.clone());
+                environment.status = status;
+                let (gpus, cpus) = allocation_resources(&job.dir, job.id);
+                if let Some(gpus) = gpus {
+                    environment.limits.gpu_indices = Some(gpus);
+                }
+                if let Some(cpus) = cpus {
+                    environment.host_resources.cpu_count = cpus;
+                }
+                serde_json::to_value(environment).unwrap_or(Value::Null)
+            }
+            Err(_) => Value::Null,
+        };
+    Environment {
+        id: job.environment_id.clone(),
+        host: format!("slurm job {}", job.id),
+        ready: job.phase == Phase::Ready,
+        inventory,
+    }
+}
+
+/// The GPUs (`SLURM_JOB_GPUS`) and CPUs of an allocation, from the file its script wrote.
+fn allocation_resources(dir: &Path, job_id: u64) -> (Option<Vec<u32>>, Option<u32>) {
+    let Ok(text) = std::fs::read_to_string(script::job_env_file(dir, job_id)) else {
+        return (None, None);
+    };
+    let mut gpus = None;
+    let mut cpus = None;
+    for line in text.lines() {
+        if let Some(list) = line.strip_prefix("SLURM_JOB_GPUS=") {
+            let parsed: Option<Vec<u32>> = list.split(',').map(|g| g.trim().parse().ok()).collect();
+            gpus = parsed.filter(|g| !g.is_empty());
+        } else if let Some(count) = line.strip_prefix("SLURM_CPUS_ON_NODE=") {
+            cpus = count.trim().parse().ok();
+        }
+    }
+    (gpus, cpus)
+}

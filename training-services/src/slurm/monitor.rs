@@ -1,0 +1,678 @@
+//! The monitor: one task per service that asks `squeue` about every job at once, moves each
+//! job along (pending with its reason, running, connected, draining, ended), connects to the
+//! agents, and turns a job's end into its trials' ends.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use knob_plugin_api::service::ServiceEvent;
+use tokio::sync::{mpsc, watch};
+
+use super::commands::{self, JobRow, JobState};
+use super::link::{Incoming, Link};
+use super::{
+    emit_environment, lock, script, submit_allocation, warn, Context, Phase, CONNECT_ATTEMPTS,
+    MAX_FAILED_ALLOCATIONS, MAX_POLL_BACKOFF, MISSING_POLLS,
+};
+use crate::agent_protocol::{FromAgent, ToAgent};
+
+const SIGKILL: i32 = 9;
+const SIGTERM: i32 = 15;
+/// How long an end held by `on_incoming` waits, at least, while the job is still plainly
+/// RUNNING, before it is taken as the trial's own (slurmctld marks a job it ends before it
+/// signals it, so its state has changed by then).
+const HOLD_AT_LEAST: Duration = Duration::from_secs(3);
+
+/// The monitor: one `squeue` per poll for every job, then each job moved along.
+pub(super) async fn monitor(ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
+    let mut pause = ctx.args.poll_interval;
+    let (incoming_tx, mut incoming) = mpsc::unbounded_channel::<(u64, Incoming)>();
+    loop {
+        match commands::squeue().await {
+            Ok(rows) => {
+                pause = ctx.args.poll_interval;
+                update_jobs(&ctx, &rows, &incoming_tx).await;
+            }
+            Err(why) => {
+                pause = (pause * 2).min(MAX_POLL_BACKOFF);
+                knob_plugin_api::log::warn(&format!(
+                    "training service slurm: squeue failed ({why}); asking again in {} s",
+                    pause.as_secs_f64()
+                ));
+            }
+        }
+        if ctx.args.reuse_mode {
+            top_up_allocations(&ctx).await;
+        }
+        let wake = tokio::time::sleep(pause);
+        tokio::pin!(wake);
+        loop {
+            tokio::select! {
+                _ = &mut wake => break,
+                _ = ctx.poke.notified() => break,
+                message = incoming.recv() => {
+                    if let Some((job_id, message)) = message {
+                        on_incoming(&ctx, job_id, message);
+                    }
+                }
+                _ = stop.changed() => {
+                    if *stop.borrow() && lock(&ctx.shared).jobs.iter().all(|j| j.phase == Phase::Ended) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Requests allocations up to `maxEnvironments` (draining ones not counted).
+async fn top_up_allocations(ctx: &Context) {
+    loop {
+        let wanted = {
+            let shared = lock(&ctx.shared);
+            let live = shared
+                .jobs
+                .iter()
+                .filter(|j| !matches!(j.phase, Phase::Ended | Phase::Draining))
+                .count();
+            !shared.stopping
+                && shared.failed_allocations < MAX_FAILED_ALLOCATIONS
+                && live < ctx.args.max_environments as usize
+        };
+        if !wanted {
+            return;
+        }
+        if let Err(e) = submit_allocation(ctx).await {
+            lock(&ctx.shared).failed_allocations += 1;
+            warn(ctx, None, e.to_string());
+            return;
+        }
+    }
+}
+
+/// Moves every job along by what `squeue` (or, for a job it no longer lists, the exit-code
+/// file or `scontrol`) says.
+async fn update_jobs(
+    ctx: &Arc<Context>,
+    rows: &[JobRow],
+    incoming: &mpsc::UnboundedSender<(u64, Incoming)>,
+) {
+    let jobs: Vec<(u64, String, PathBuf)> = lock(&ctx.shared)
+        .jobs
+        .iter()
+        .filter(|j| j.phase != Phase::Ended)
+        .map(|j| (j.id, j.name.clone(), j.dir.clone()))
+        .collect();
+    for (id, name, dir) in jobs {
+        // Id and name: a reused id of another job is not ours.
+        let row = rows.iter().find(|r| r.id == id && r.name == name);
+        let (state, reason, time_left) = match row {
+            Some(row) => (Some(row.state.clone()), row.reason.clone(), row.time_left),
+            None => (ended_state(id, &name, &dir).await, None, None),
+        };
+        let Some(state) = state else {
+            let gone = {
+                let mut shared = lock(&ctx.shared);
+                let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+                    continue;
+                };
+                job.missing_polls += 1;
+                job.missing_polls >= MISSING_POLLS
+            };
+            if gone {
+                end_job(
+                    ctx,
+                    id,
+                    "vanished from squeue and scontrol without an exit code",
+                );
+            }
+            continue;
+        };
+        if state.has_ended() {
+            end_job(ctx, id, state.name());
+            continue;
+        }
+        let mut requeued = None;
+        let mut released = Vec::new();
+        let mut shutdown = None;
+        let connect = {
+            let mut shared = lock(&ctx.shared);
+            let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+                continue;
+            };
+            job.missing_polls = 0;
+            job.state = Some(state.clone());
+            job.time_left = time_left;
+            if state == JobState::Running("RUNNING".to_string()) && !job.held.is_empty() {
+                let hold = HOLD_AT_LEAST.max(ctx.args.poll_interval * 3);
+                let (old, young): (Vec<_>, Vec<_>) = std::mem::take(&mut job.held)
+                    .into_iter()
+                    .partition(|(_, at)| at.elapsed() >= hold);
+                job.held = young;
+                if !old.is_empty() && !ctx.args.reuse_mode {
+                    shutdown = job.link.clone();
+                }
+                released.extend(old.into_iter().map(|(event, _)| event));
+            }
+            let had_run = job.link.is_some()
+                || !job.running.is_empty()
+                || matches!(
+                    job.phase,
+                    Phase::Ready | Phase::Draining | Phase::Connecting
+                );
+            match (&state, &job.phase) {
+                // Pending again after it ran: Slurm requeued it (preemption, a node failure
+                // with --requeue, `scontrol requeue`); its agent and trials are gone.
+                (JobState::Pending, _) if had_run => {
+                    requeued = Some(format!(
+                        "was requeued by Slurm ({})",
+                        reason.as_deref().unwrap_or("no reason given")
+                    ));
+                    false
+                }
+                (JobState::Pending, Phase::Queued(old)) => {
+                    let why = format!(
+                        "Slurm job {id} pending ({})",
+                        reason.as_deref().unwrap_or("no reason given")
+                    );
+                    if *old != why {
+                        job.phase = Phase::Queued(why.clone());
+                        emit_environment(ctx, job);
+                        if let Some(trial) = &job.waiting_trial {
+                            warn(ctx, Some(trial.trial_id.clone()), format!("waiting: {why}"));
+                        }
+                    }
+                    false
+                }
+                (JobState::Running(_), Phase::Queued(_)) => {
+                    // The agent is up once its socket exists (the shared filesystem shows it).
+                    crate::agent::socket_path(&dir).exists()
+                }
+                (JobState::Running(_), Phase::Ready) => {
+                    if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, time_left) {
+                        if left < limit {
+                            job.phase = Phase::Draining;
+                            emit_environment(ctx, job);
+                            knob_plugin_api::log::info(&format!(
+                                "training service slurm: {} (job {id}) has {} s left, less than maxTrialDuration; it takes no more trials and a new allocation is requested",
+                                job.environment_id,
+                                left.as_secs()
+                            ));
+                        }
+                    }
+                    false
+                }
+                _ => false,
+            }
+        };
+        // The job runs on: those trials ended by themselves (or their agent was stopped by
+        // someone other than Slurm).
+        for event in released {
+            (ctx.emit)(event);
+            ctx.changed.notify_waiters();
+        }
+        if let Some(link) = shutdown {
+            link.send(ToAgent::Shutdown);
+        }
+        if let Some(why) = requeued {
+            lose_trials(ctx, id, &why).await;
+        }
+        if connect {
+            connect_job(ctx, id, incoming.clone()).await;
+        }
+    }
+}
+
+/// For a job `squeue` no longer lists: its end, from the exit-code file or `scontrol`.
+async fn ended_state(id: u64, name: &str, dir: &Path) -> Option<JobState> {
+    // The exit-code file first: the job script wrote it after its agent exited, so the job
+    // ended by itself, whatever slurmctld remembers.
+    if let Ok(code) = std::fs::read_to_string(script::exit_code_file(dir, id)) {
+        return Some(match code.trim() {
+            "0" => JobState::Completed,
+            _ => JobState::Failed,
+        });
+    }
+    let fields = commands::show_job(id).await?;
+    if fields.get("JobName").map(String::as_str) != Some(name) {
+        return None;
+    }
+    fields.get("JobState").map(|state| JobState::parse(state))
+}
+
+async fn connect_job(
+    ctx: &Arc<Context>,
+    id: u64,
+    incoming: mpsc::UnboundedSender<(u64, Incoming)>,
+) {
+    let (dir, environment_id, fresh) = {
+        let mut shared = lock(&ctx.shared);
+        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+            return;
+        };
+        job.phase = Phase::Connecting;
+        (
+            job.dir.clone(),
+            job.environment_id.clone(),
+            job.connect_failures == 0,
+        )
+    };
+    let outcome = Link::connect(
+        id,
+        &ctx.agent,
+        &dir,
+        &ctx.args.experiment_id,
+        &environment_id,
+        fresh,
+    )
+    .await;
+    let mut start = None;
+    let mut replaced = false;
+    let cancel = {
+        let mut shared = lock(&ctx.shared);
+        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+            return;
+        };
+        match outcome {
+            Ok((link, welcome, mut messages)) => {
+                replaced = job.agent.as_ref().is_some_and(|old| *old != welcome.agent)
+                    && job.running.iter().any(|t| !welcome.running.contains(t));
+                job.agent = Some(welcome.agent);
+                job.inventory = welcome.inventory;
+                job.link = Some(link.clone());
+                job.phase = Phase::Ready;
+                job.connect_failures = 0;
+                emit_environment(ctx, job);
+                if let Some(request) = job.waiting_trial.take() {
+                    job.running.insert(request.trial_id.clone());
+                    job.ran_trials = true;
+                    start = Some((link, request));
+                }
+                tokio::spawn(async move {
+                    while let Some(message) = messages.recv().await {
+                        let closed = matches!(message, Incoming::Closed(_));
+                        if incoming.send((id, message)).is_err() || closed {
+                            return;
+                        }
+                    }
+                });
+                false
+            }
+            Err(why) => {
+                job.connect_failures += 1;
+                job.phase = Phase::Queued(format!("connecting to its agent: {why}"));
+                knob_plugin_api::log::warn(&format!(
+                    "training service slurm: job {id}: {why} (attempt {} of {CONNECT_ATTEMPTS})",
+                    job.connect_failures
+                ));
+                job.connect_failures >= CONNECT_ATTEMPTS
+            }
+        }
+    };
+    if replaced {
+        lose_trials(ctx, id, "ran again with a new agent (requeued by Slurm)").await;
+        // The new agent takes trials; lose_trials marked the job as waiting.
+        let mut shared = lock(&ctx.shared);
+        if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) {
+            if job.link.is_some() && job.cancelled.is_none() {
+                job.phase = Phase::Ready;
+                emit_environment(ctx, job);
+            }
+        }
+    }
+    if cancel {
+        warn(
+            ctx,
+            None,
+            format!("training service slurm: the agent of Slurm job {id} cannot be reached; the job is cancelled"),
+        );
+        let _ = commands::scancel(&[id]).await;
+    }
+    if let Some((link, request)) = start {
+        let trial_id = request.trial_id.clone();
+        let outcome = link
+            .request(|rid| ToAgent::Start {
+                id: rid,
+                request: Box::new(request),
+                fresh_code_copy: false,
+            })
+            .await;
+        if let Err(why) = outcome {
+            // The trial was accepted by start_trial, so its end is reported.
+            {
+                let mut shared = lock(&ctx.shared);
+                if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) {
+                    job.running.remove(&trial_id);
+                }
+            }
+            (ctx.emit)(ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code: None,
+                signal: None,
+                killed_reason: None,
+                stderr_tail: String::new(),
+                environment_lost: Some(format!(
+                    "Slurm job {id}: the agent refused the start: {why}"
+                )),
+            });
+            link.send(ToAgent::Shutdown);
+        }
+    }
+}
+
+/// The job's trials are gone though the job is not (Slurm requeued it): each ends as an
+/// environment lost, once. In `reuseMode: true` the allocation is used again once it runs; a
+/// job of one trial is cancelled, since its trial will run elsewhere.
+async fn lose_trials(ctx: &Arc<Context>, id: u64, why: &str) {
+    let (trials, environment_id, cancel) = {
+        let mut shared = lock(&ctx.shared);
+        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+            return;
+        };
+        let mut trials: Vec<String> = std::mem::take(&mut job.running).into_iter().collect();
+        trials.extend(held_trials(job));
+        if let Some(link) = job.link.take() {
+            link.close();
+        }
+        job.phase = Phase::Queued(format!("Slurm job {id} {why}"));
+        emit_environment(ctx, job);
+        // Slurm killed the old agent; its socket file would look like the new one's.
+        let _ = std::fs::remove_file(crate::agent::socket_path(&job.dir));
+        let cancel = !ctx.args.reuse_mode && job.cancelled.is_none();
+        if cancel {
+            job.cancelled = Some(format!("Slurm job {id} {why}; its trial runs again"));
+        }
+        (trials, job.environment_id.clone(), cancel)
+    };
+    for trial_id in &trials {
+        (ctx.emit)(ServiceEvent::TrialEnded {
+            trial_id: trial_id.clone(),
+            exit_code: None,
+            signal: None,
+            killed_reason: None,
+            stderr_tail: String::new(),
+            environment_lost: Some(format!("Slurm job {id} ({environment_id}) {why}")),
+        });
+    }
+    warn(
+        ctx,
+        None,
+        format!(
+            "training service slurm: Slurm job {id} ({environment_id}) {why}; {} trial(s) in it will run again",
+            trials.len()
+        ),
+    );
+    if cancel {
+        if let Err(e) = commands::scancel(&[id]).await {
+            warn(
+                ctx,
+                None,
+                format!("training service slurm: scancel {id}: {e}"),
+            );
+        }
+    }
+    ctx.changed.notify_waiters();
+}
+
+/// A message from a job's agent.
+pub(super) fn on_incoming(ctx: &Arc<Context>, job_id: u64, message: Incoming) {
+    match message {
+        Incoming::Message(FromAgent::Event { event, .. }) => {
+            let mut shutdown = None;
+            if let ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code,
+                signal,
+                killed_reason,
+                ..
+            } = &event
+            {
+                let mut shared = lock(&ctx.shared);
+                let stopping = shared.stopping;
+                if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
+                    if !job.running.remove(trial_id) {
+                        // Already reported ended (its job was declared gone): not again.
+                        return;
+                    }
+                    let asked = job.kills.remove(trial_id) || stopping || job.cancelled.is_some();
+                    let signalled = killed_reason.is_some()
+                        || matches!(signal, Some(SIGKILL | SIGTERM))
+                        || matches!(exit_code, Some(137 | 143));
+                    if signalled && !asked {
+                        // Slurm signals every process of a job it ends (time limit, scancel,
+                        // preemption, requeue): the agent stops its trials, or they die of
+                        // the signal, before squeue shows why. The job's state decides.
+                        job.held.push((event, Instant::now()));
+                        return;
+                    }
+                    if !ctx.args.reuse_mode {
+                        shutdown = job.link.clone();
+                    }
+                }
+            }
+            (ctx.emit)(event);
+            if let Some(link) = shutdown {
+                // One trial per job: the agent exits and the job completes.
+                link.send(ToAgent::Shutdown);
+            }
+            ctx.changed.notify_waiters();
+        }
+        Incoming::Message(FromAgent::Inventory { inventory }) => {
+            let mut shared = lock(&ctx.shared);
+            if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
+                job.inventory = inventory;
+                if job.phase == Phase::Ready {
+                    emit_environment(ctx, job);
+                }
+            }
+        }
+        Incoming::Message(_) => {}
+        Incoming::Closed(why) => {
+            let mut shared = lock(&ctx.shared);
+            if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == job_id) {
+                if job.phase == Phase::Ended {
+                    return;
+                }
+                knob_plugin_api::log::debug(&format!(
+                    "training service slurm: connection to the agent of job {job_id} closed ({why})"
+                ));
+                if let Some(link) = job.link.take() {
+                    link.close();
+                }
+                // Connected again at the next poll if the job still runs.
+                job.phase = Phase::Queued(format!("Slurm job {job_id}: reconnecting to its agent"));
+                job.connect_failures += 1;
+                emit_environment(ctx, job);
+            }
+        }
+    }
+}
+
+/// A job has ended (`how`: its Slurm state, or why it is considered gone): every trial still
+/// running in it, or waiting for it, ends with what that means.
+pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
+    let (ended, job_snapshot) = {
+        let mut shared = lock(&ctx.shared);
+        let reuse = ctx.args.reuse_mode;
+        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+            return;
+        };
+        if job.phase == Phase::Ended {
+            return;
+        }
+        job.phase = Phase::Ended;
+        if let Some(link) = job.link.take() {
+            link.close();
+        }
+        let mut trials: Vec<String> = std::mem::take(&mut job.running).into_iter().collect();
+        trials.extend(held_trials(job));
+        if let Some(waiting) = job.waiting_trial.take() {
+            trials.push(waiting.trial_id);
+        }
+        let cancelled = job.cancelled.clone();
+        let ran = job.ran_trials;
+        emit_environment(ctx, job);
+        let snapshot = (job.environment_id.clone(), job.key.clone());
+        if reuse && !ran && cancelled.is_none() && !shared.stopping {
+            shared.failed_allocations += 1;
+        }
+        ((trials, cancelled), snapshot)
+    };
+    let (trials, cancelled) = ended;
+    let (environment_id, _key) = job_snapshot;
+    let state = JobState::parse(how);
+    for trial_id in trials {
+        (ctx.emit)(trial_end(
+            trial_id,
+            id,
+            &environment_id,
+            &state,
+            how,
+            cancelled.as_deref(),
+        ));
+    }
+    if let Some(message) = match (&cancelled, &state) {
+        (None, JobState::Completed) | (Some(_), _) => None,
+        (None, _) => Some(format!(
+            "training service slurm: Slurm job {id} ({environment_id}) ended: {how}; its log: {}",
+            script::job_log_pattern(
+                &lock(&ctx.shared)
+                    .jobs
+                    .iter()
+                    .find(|j| j.id == id)
+                    .map(|j| j.dir.clone())
+                    .unwrap_or_default()
+            )
+            .to_string_lossy()
+            .replace("%j", &id.to_string())
+        )),
+    } {
+        warn(ctx, None, message);
+    }
+    ctx.changed.notify_waiters();
+    ctx.poke.notify_one();
+}
+
+/// The trials whose ends `on_incoming` held: the job's fate decides how they end.
+fn held_trials(job: &mut super::Job) -> Vec<String> {
+    std::mem::take(&mut job.held)
+        .into_iter()
+        .filter_map(|(event, _)| match event {
+            ServiceEvent::TrialEnded { trial_id, .. } => Some(trial_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How a trial still in a job ends when the job ends (`state`, read from `how`); `cancelled`
+/// is knob's own reason when knob cancelled the job.
+pub(super) fn trial_end(
+    trial_id: String,
+    job_id: u64,
+    environment_id: &str,
+    state: &JobState,
+    how: &str,
+    cancelled: Option<&str>,
+) -> ServiceEvent {
+    let mut signal = None;
+    let mut stderr_tail = String::new();
+    let mut killed_reason = None;
+    let mut environment_lost = None;
+    match (cancelled, state) {
+        (Some(reason), _) => killed_reason = Some(reason.to_string()),
+        (None, JobState::OutOfMemory) => {
+            // What the kernel's OOM killer would have done: the core counts it toward
+            // maxOomRetries, not as an environment lost.
+            signal = Some(9);
+            stderr_tail = format!(
+                "OUT_OF_MEMORY: Slurm job {job_id} ({environment_id}) exceeded its memory (--mem); Killed"
+            );
+        }
+        (None, JobState::Cancelled) => {
+            environment_lost = Some(format!(
+                "Slurm job {job_id} ({environment_id}) was cancelled outside knob (scancel)"
+            ))
+        }
+        // TIMEOUT, PREEMPTED, NODE_FAIL, a requeue, an agent gone: the trial did not fail,
+        // its environment did.
+        (None, _) => {
+            environment_lost = Some(format!(
+                "Slurm job {job_id} ({environment_id}) ended: {how}"
+            ))
+        }
+    }
+    ServiceEvent::TrialEnded {
+        trial_id,
+        exit_code: None,
+        signal,
+        killed_reason,
+        stderr_tail,
+        environment_lost,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end(state: &str, cancelled: Option<&str>) -> ServiceEvent {
+        trial_end(
+            "t".into(),
+            7,
+            "slurm:env1",
+            &JobState::parse(state),
+            state,
+            cancelled,
+        )
+    }
+
+    fn lost(event: &ServiceEvent) -> Option<&str> {
+        match event {
+            ServiceEvent::TrialEnded {
+                environment_lost, ..
+            } => environment_lost.as_deref(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_job_lost_to_slurm_is_an_environment_lost() {
+        for state in ["TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"] {
+            let event = end(state, None);
+            assert_eq!(
+                lost(&event),
+                Some(format!("Slurm job 7 (slurm:env1) ended: {state}").as_str())
+            );
+        }
+        assert_eq!(
+            lost(&end("CANCELLED by 0", None)),
+            Some("Slurm job 7 (slurm:env1) was cancelled outside knob (scancel)")
+        );
+    }
+
+    #[test]
+    fn out_of_memory_reads_as_the_oom_killer_and_knobs_cancel_as_a_kill() {
+        let ServiceEvent::TrialEnded {
+            signal,
+            stderr_tail,
+            environment_lost,
+            ..
+        } = end("OUT_OF_MEMORY", None)
+        else {
+            panic!()
+        };
+        assert_eq!((signal, environment_lost), (Some(9), None));
+        assert!(stderr_tail.contains("OUT_OF_MEMORY"), "{stderr_tail}");
+        let ServiceEvent::TrialEnded {
+            killed_reason,
+            environment_lost,
+            ..
+        } = end("CANCELLED", Some("the experiment stopped"))
+        else {
+            panic!()
+        };
+        assert_eq!(killed_reason.as_deref(), Some("the experiment stopped"));
+        assert_eq!(environment_lost, None);
+    }
+}
