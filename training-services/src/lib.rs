@@ -8,7 +8,8 @@
 //!   receiving, on a remote host.
 //! - [`code_archive`]: the trial code directory as a gzip tar for remote hosts.
 //! - The trial protocols: [`nni_http`] (NNI v3 HTTP channel), [`nni_file`] (NNI 2.x
-//!   `parameter.cfg` and `.nni/metrics`), [`knob_protocol`] (env var, file and stdout lines).
+//!   `parameter.cfg` and `.nni/metrics`), [`knob_protocol`] (env var, file and stdout lines);
+//!   [`trial_python`]: `knob_trial` and the `nni` shim on every trial's PYTHONPATH.
 //!
 //! - [`agent_protocol`]: the framed messages between the `remote` service and `knob-agent`.
 //! - [`remote`]: the `remote` service, SSH hosts as environments, each running a knob-agent.
@@ -30,6 +31,7 @@ pub mod runner;
 pub mod slurm;
 pub mod tail;
 pub mod trial_pool;
+pub mod trial_python;
 
 pub use local::{LocalArgs, LocalError, LocalService};
 pub use metrics::Emit;

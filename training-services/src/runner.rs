@@ -31,6 +31,7 @@ use crate::process::{
     new_trial_run_mark, spawn_in_own_group, stderr_tail, TrialTree, TRIAL_RUN_ENV,
 };
 use crate::tail::{tail_files, FileTail, FileWatcher};
+use crate::trial_python;
 
 /// Files in a trial's directory that the runner writes.
 pub const STDOUT_FILE_NAME: &str = "stdout";
@@ -255,6 +256,8 @@ fn prepare_directory(
     // Created empty before the trial starts so that they can be watched from its first write.
     write(&paths.knob_metrics, "")?;
     write(&paths.nni_metrics, "")?;
+    trial_python::write_folder(&paths.dir, trial_python::shim_wanted(&request.env))
+        .map_err(|e| fail(&paths.dir.join(trial_python::FOLDER_NAME), e))?;
     File::create(&paths.stderr).map_err(|e| fail(&paths.stderr, e))
 }
 
@@ -291,6 +294,22 @@ fn trial_environment(
         paths.knob_parameters.clone().into(),
     );
     set(knob::METRICS_FILE_ENV, paths.knob_metrics.clone().into());
+    set(
+        trial_python::CHECKPOINT_DIR_ENV,
+        trial_python::checkpoint_dir(&paths.dir).into(),
+    );
+    let inherited_python_path = request
+        .env
+        .get("PYTHONPATH")
+        .map(OsString::from)
+        .or_else(|| std::env::var_os("PYTHONPATH"));
+    set(
+        "PYTHONPATH",
+        trial_python::python_path(
+            &paths.dir.join(trial_python::FOLDER_NAME),
+            inherited_python_path,
+        ),
+    );
     if let Some(gpus) = &request.gpu_indices {
         let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
         // An empty list hides every GPU, which is what a trial given none should see.

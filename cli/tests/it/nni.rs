@@ -7,6 +7,9 @@
 //! gated: `KNOB_TEST_NNI3_PYTHON` / `KNOB_TEST_NNI2_PYTHON` name the venv pythons, as
 //! `.ci/nni-venvs.sh` prints them (`eval "$(.ci/nni-venvs.sh)"`). Unset: the test skips.
 //!
+//! The same scripts also run without nni, on knob's `nni` shim (`python/shim/nni.py`): with the
+//! `python3` on PATH, which must not have nni, and with `nniShim: true` in the nni 3.0 venv.
+//!
 //! The trial command is `record_trial.py mnist_like.py`: it runs the example script unchanged
 //! and writes `seen-<trial id>.json` with what nni handed the script, what the script
 //! reported, and which channel nni used, to hold the export against.
@@ -31,19 +34,45 @@ enum Channel {
     V3Http,
     /// nni 2.x: `parameter.cfg` in, `.nni/metrics` out.
     File,
+    /// knob's `nni` shim (`python/shim/nni.py`), on knob's own protocol: `$KNOB_PARAMETERS` in,
+    /// `$KNOB_METRICS_FILE` out.
+    KnobShim,
 }
 
 #[test]
 fn nni_3_trials_use_the_v3_http_channel_and_their_metrics_reach_the_store() {
     if let Some(python) = python_from("KNOB_TEST_NNI3_PYTHON") {
-        check_nni_experiment(&python, Channel::V3Http);
+        check_nni_experiment(&python, Channel::V3Http, None);
     }
 }
 
 #[test]
 fn nni_2_trials_use_the_file_channel_and_their_metrics_reach_the_store() {
     if let Some(python) = python_from("KNOB_TEST_NNI2_PYTHON") {
-        check_nni_experiment(&python, Channel::File);
+        check_nni_experiment(&python, Channel::File, None);
+    }
+}
+
+/// The same scripts with no nni installed: the `python3` on PATH, which must not have nni (the
+/// test fails if it does, since it would then test nothing of the fallback).
+#[test]
+fn without_nni_installed_the_shim_runs_the_nni_trials_on_knobs_protocol() {
+    let (code, _, stderr) = run(Command::new("python3").args([
+        "-c",
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('nni') is not None)",
+    ]));
+    assert_eq!(
+        code, 0,
+        "the python3 on PATH has nni installed; this test needs one without it\n{stderr}"
+    );
+    check_nni_experiment(Path::new("python3"), Channel::KnobShim, None);
+}
+
+/// `nniShim: true` gives the shim even to a Python that has the real nni.
+#[test]
+fn nni_shim_true_replaces_an_installed_nni() {
+    if let Some(python) = python_from("KNOB_TEST_NNI3_PYTHON") {
+        check_nni_experiment(&python, Channel::KnobShim, Some(true));
     }
 }
 
@@ -59,13 +88,16 @@ fn python_from(var: &str) -> Option<PathBuf> {
     }
 }
 
-fn check_nni_experiment(python: &Path, channel: Channel) {
-    let id = match channel {
-        Channel::V3Http => "nni3",
-        Channel::File => "nni2",
+/// `nni_shim`: the config's `nniShim`, left out when `None`.
+fn check_nni_experiment(python: &Path, channel: Channel, nni_shim: Option<bool>) {
+    let id = match (channel, nni_shim) {
+        (Channel::V3Http, _) => "nni3",
+        (Channel::File, _) => "nni2",
+        (Channel::KnobShim, None) => "shim",
+        (Channel::KnobShim, Some(_)) => "forcedshim",
     };
     let sandbox = tempfile::tempdir().unwrap();
-    let config = write_experiment(sandbox.path(), python);
+    let config = write_experiment(sandbox.path(), python, nni_shim);
     let code_dir = config.parent().unwrap();
     let home = sandbox.path().join("home");
 
@@ -162,6 +194,29 @@ fn check_channel(channel: Channel, seen: &Value, intermediate: &[f64], context: 
                 String::from_utf8_lossy(&written)
             );
         }
+        Channel::KnobShim => {
+            assert_eq!(version, "knob-shim", "{context}");
+            assert_eq!(seen["channel"], "knob shim", "{context}");
+            assert!(written.is_empty(), "{context}");
+            // Every epoch, then the final, as knob protocol lines in `$KNOB_METRICS_FILE`.
+            let knob_metrics = std::fs::read_to_string(
+                Path::new(seen["env"]["NNI_SYS_DIR"].as_str().unwrap()).join("metrics.knob"),
+            )
+            .unwrap();
+            let lines: Vec<(&str, f64)> = knob_metrics
+                .lines()
+                .map(|line| {
+                    let (kind, value) = line.split_once(' ').unwrap();
+                    (kind, value.parse().unwrap())
+                })
+                .collect();
+            let mut expected: Vec<(&str, f64)> = intermediate
+                .iter()
+                .map(|value| ("KNOB_INTERMEDIATE", *value))
+                .collect();
+            expected.push(("KNOB_FINAL", *intermediate.last().unwrap()));
+            assert_eq!(lines, expected, "{context}");
+        }
         Channel::File => {
             assert!(version.starts_with("2."), "{context}");
             assert_eq!(seen["channel"], "nni.runtime.platform.local", "{context}");
@@ -208,7 +263,7 @@ fn floats(list: &Value) -> Vec<f64> {
 
 /// Copies the example into `root/code` and writes its config with the recording wrapper as the
 /// trial command, `TRIALS` trials, time limits, and experiments under `root`.
-fn write_experiment(root: &Path, python: &Path) -> PathBuf {
+fn write_experiment(root: &Path, python: &Path, nni_shim: Option<bool>) -> PathBuf {
     let example = repo_root().join("examples/nni-mnist-like");
     let code = root.join("code");
     std::fs::create_dir_all(&code).unwrap();
@@ -250,6 +305,9 @@ fn write_experiment(root: &Path, python: &Path) -> PathBuf {
         "maxTrialDuration: 2m\nexperimentWorkingDirectory: {}\n",
         Value::from(root.join("experiments").display().to_string())
     ));
+    if let Some(shim) = nni_shim {
+        yaml.push_str(&format!("nniShim: {shim}\n"));
+    }
     let config = code.join("config.yml");
     std::fs::write(&config, yaml).unwrap();
     config

@@ -14,7 +14,7 @@ use super::units;
 use super::yaml::{self, Node, Value};
 
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
-pub(super) const TOP_FIELDS: [&str; 33] = [
+pub(super) const TOP_FIELDS: [&str; 34] = [
     "experimentName",
     "experimentType",
     "searchSpaceFile",
@@ -48,6 +48,7 @@ pub(super) const TOP_FIELDS: [&str; 33] = [
     "placementPolicy",
     "maxTrialRetries",
     "maxOomRetries",
+    "nniShim",
 ];
 const ALGORITHM_FIELDS: [&str; 4] = ["name", "className", "codeDirectory", "classArgs"];
 const DEFAULT_WORKING_DIRECTORY: &str = "~/knob-experiments";
@@ -88,6 +89,7 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         take("maxTrialDuration").and_then(|field| reader.parse(&field, units::duration_seconds));
     let max_trial_retries = take("maxTrialRetries").and_then(|field| reader.integer(&field, 0));
     let max_oom_retries = take("maxOomRetries").and_then(|field| reader.integer(&field, 0));
+    let nni_shim = take("nniShim").and_then(|field| reader.boolean(&field));
     if let Some(field) = take("nniManagerIp") {
         reader.string(&field);
         reader.warn(field.node.pos, &field.path, NNI_MANAGER_IP_IGNORED);
@@ -242,6 +244,7 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         max_trial_duration: max_trial_duration.map(std::time::Duration::from_secs),
         max_trial_retries: max_trial_retries.unwrap_or(0),
         max_oom_retries: max_oom_retries.unwrap_or(0),
+        nni_shim,
         debug,
         log_level: log_level.unwrap_or(if debug {
             LogLevel::Debug

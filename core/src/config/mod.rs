@@ -29,7 +29,7 @@
 //!   them (`ServiceContext::shortcuts`).
 //! - `trialGpuMemory` (GPU memory per trial, e.g. `10GiB`), `trialMemorySize` (host memory per
 //!   trial), `trialCpuNumber` (CPU cores per trial), `placementPolicy` (`recently-idle`, the
-//!   default, `pack`, `spread`, `round-robin`), `maxTrialRetries` and `maxOomRetries` (default 0), `pluginPaths` (plugin
+//!   default, `pack`, `spread`, `round-robin`), `maxTrialRetries` and `maxOomRetries` (default 0), `nniShim`, `pluginPaths` (plugin
 //!   files or folders to load, relative to the config).
 //! - `experimentWorkingDirectory` defaults to `~/knob-experiments`.
 //!

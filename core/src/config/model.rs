@@ -55,6 +55,10 @@ pub struct ExperimentConfig {
     /// `maxTrialRetries` (default 0). Memory pressure often passes; a bug does not.
     #[serde(default)]
     pub max_oom_retries: u32,
+    /// knob extension: whether trials get knob's `nni` shim (`python/shim/nni.py`): `None` (the
+    /// default) gives it only to a Python without nni, `Some(true)` always, `Some(false)` never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nni_shim: Option<bool>,
     pub debug: bool,
     /// Defaults to `debug` when [`Self::debug`] is set, `info` otherwise.
     pub log_level: LogLevel,

@@ -231,6 +231,13 @@ impl Manager {
             // NVML (which placed the trial) numbers GPUs in PCI bus order; make CUDA agree.
             env.insert("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string());
         }
+        if let Some(shim) = self.config.nni_shim {
+            // Read by the trial runner (training-services' `trial_python`) and by the shim.
+            env.insert(
+                "KNOB_NNI_SHIM".to_string(),
+                if shim { "1" } else { "0" }.to_string(),
+            );
+        }
         let request = ServiceTrialRequest {
             experiment_id: self.id.clone(),
             trial_id: trial_id.to_string(),

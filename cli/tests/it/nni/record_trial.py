@@ -2,6 +2,8 @@
 reported, for cli/tests/it/nni.rs: writes `seen-<trial id>.json` in the working directory.
 
 Usage: python record_trial.py mnist_like.py
+
+Also run without nni installed, by knob's `nni` shim (cli/tests/it/nni.rs).
 """
 import json
 import os
@@ -50,6 +52,8 @@ runpy.run_path(sys.argv[1], run_name="__main__")
 
 def channel_in_use():
     """The module (and class) through which this nni sent its metrics."""
+    if getattr(nni, "__knob_shim__", False):  # knob's shim (python/shim/nni.py): knob's protocol.
+        return "knob shim"
     try:  # nni 3.x: one trial command channel object, chosen from the environment.
         from nni.runtime.trial_command_channel import get_default_trial_command_channel
     except ImportError:  # nni 2.x: `nni.runtime.platform` re-exports one platform module.

@@ -1,0 +1,188 @@
+"""knob's trial API: parameters in, metrics out, over knob's own protocol (README, "Trial
+protocols"; training-services/PROTOCOLS.md). Nothing to import but the standard library's `os`,
+so that importing it costs next to nothing (`benches/harness/trial_import.sh`).
+
+    import knob_trial
+    params = knob_trial.get_parameters()
+    for epoch in range(10):
+        knob_trial.report_intermediate(train_one_epoch(params["lr"]))
+    knob_trial.report_final({"default": evaluate(), "epochs": 10})
+
+knob writes this same file into every trial's `.knob-python/` folder and puts that folder on the
+trial's PYTHONPATH, so `import knob_trial` works in a trial whether or not the wheel is installed
+in the trial's Python, and always matches the knob that runs the trial.
+
+Outside a knob trial (a script run by hand), `get_parameters()` returns `{}` and the reports go
+to stdout as knob's lines, each with one warning on stderr the first time.
+"""
+
+import os
+import sys
+
+__all__ = [
+    "get_parameters",
+    "report_intermediate",
+    "report_final",
+    "checkpoint_dir",
+    "get_trial_id",
+    "get_experiment_id",
+    "get_sequence_id",
+]
+
+_parameters: "dict[str, object] | None" = None
+_warned_outside = False
+
+
+def _warn_outside(what: str) -> None:
+    global _warned_outside
+    if not _warned_outside:
+        _warned_outside = True
+        sys.stderr.write(
+            f"knob_trial: {what}: not running as a knob trial (KNOB_TRIAL_ID is not set); "
+            "parameters are {} and reports go to stdout\n"
+        )
+
+
+def get_parameters() -> "dict[str, object]":
+    """The trial's parameters (a dict, the same object on every call)."""
+    global _parameters
+    if _parameters is None:
+        text = os.environ.get("KNOB_PARAMETERS")
+        if text is None:
+            # Left out of the environment when large (over 100 KiB): the file always has them.
+            path = os.environ.get("KNOB_PARAMETERS_FILE")
+            if path is None:
+                _warn_outside("get_parameters()")
+                _parameters = {}
+                return _parameters
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+        _parameters = _loads(text)
+    return _parameters
+
+
+class _ScannerContext:
+    """What `_json.make_scanner` reads from a `json.JSONDecoder`."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}.__getitem__
+
+
+def _loads(text: str) -> "dict[str, object]":
+    """`json.loads(text)` for a JSON object, without importing `json`: `json.decoder` imports
+    `re`, which costs more than all the rest of a trial's first report. CPython's C scanner does
+    the work; anything it does not take (or another Python) goes to `json` for its error."""
+    try:
+        from _json import make_scanner as scanner_of
+    except ImportError:
+        scanner_of = None  # type: ignore[misc, assignment]
+    if scanner_of is not None:
+        start = len(text) - len(text.lstrip(" \t\n\r"))
+        try:
+            value, end = scanner_of(_ScannerContext())(text, start)  # type: ignore[arg-type]
+        except Exception:  # StopIteration, ValueError; SystemError on some errors
+            value, end = None, -1
+        if end >= 0 and not text[end:].strip(" \t\n\r") and isinstance(value, dict):
+            return value
+    import json
+
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"knob_trial: the parameters are not a JSON object: {text[:100]!r}")
+    return value
+
+
+def _metric_text(value: object, what: str) -> str:
+    # A plain number needs no json module: its repr is JSON (importing json is most of the cost
+    # of a first report).
+    if type(value) is int:
+        return str(value)
+    if type(value) is float:
+        text = repr(value)
+        return _SPECIAL_FLOATS.get(text, text)
+    import json
+
+    # bool is an int to Python, but never a metric a tuner can use.
+    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+        raise TypeError(
+            f"knob_trial.{what}: a metric is a number or a dict with a numeric 'default', "
+            f"not {type(value).__name__}"
+        )
+    if isinstance(value, dict):
+        default = value.get("default")
+        if isinstance(default, bool) or not isinstance(default, (int, float)):
+            raise ValueError(
+                f"knob_trial.{what}: a dict metric needs a numeric 'default' (the value tuners "
+                f"optimise), got {default!r}"
+            )
+    # allow_nan: NaN and Infinity are accepted by knob as "no result" (README).
+    return json.dumps(value, allow_nan=True, separators=(",", ":"))
+
+
+# JSON's spelling of the floats that repr() writes otherwise.
+_SPECIAL_FLOATS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _send(kind: str, value: object, what: str) -> None:
+    line = f"{kind} {_metric_text(value, what)}\n"
+    path = os.environ.get("KNOB_METRICS_FILE")
+    if path is None:
+        _warn_outside(f"{what}")
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        return
+    # One write of a whole line with O_APPEND: knob reads the file as it grows, and a line is
+    # never split by another writer (a second thread, the same trial's stdout lines go elsewhere).
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        data = line.encode("utf-8")
+        written = os.write(fd, data)
+        while written < len(data):
+            written += os.write(fd, data[written:])
+    finally:
+        os.close(fd)
+
+
+def report_intermediate(value: "float | dict[str, object]") -> None:
+    """Reports one intermediate result (a number, or a dict with a numeric "default")."""
+    _send("KNOB_INTERMEDIATE", value, "report_intermediate")
+
+
+def report_final(value: "float | dict[str, object]") -> None:
+    """Reports the trial's final result; knob keeps the first one of an attempt."""
+    _send("KNOB_FINAL", value, "report_final")
+
+
+def checkpoint_dir() -> str:
+    """A folder for this trial's checkpoints, created if missing. It is the same for every attempt
+    of the trial (a retry, or a run again after `knob resume`), so a script can continue from what
+    an earlier attempt saved; `$KNOB_CHECKPOINT_DIR`, else `checkpoint/` in the trial's folder."""
+    path = os.environ.get("KNOB_CHECKPOINT_DIR")
+    if path is None:
+        trial_dir = os.environ.get("KNOB_TRIAL_DIR")
+        if trial_dir is None:
+            _warn_outside("checkpoint_dir()")
+            trial_dir = os.getcwd()
+        path = os.path.join(trial_dir, "checkpoint")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def get_trial_id() -> "str | None":
+    """The trial's id (`KNOB_TRIAL_ID`), or None outside a trial."""
+    return os.environ.get("KNOB_TRIAL_ID")
+
+
+def get_experiment_id() -> "str | None":
+    """The experiment's id, or None outside a trial."""
+    return os.environ.get("NNI_EXP_ID")
+
+
+def get_sequence_id() -> "int | None":
+    """The trial's sequence number in its experiment (0, 1, …), or None outside a trial."""
+    sequence = os.environ.get("NNI_TRIAL_SEQ_ID")
+    return None if sequence is None else int(sequence)

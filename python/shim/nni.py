@@ -1,0 +1,77 @@
+"""knob's `nni` shim: an unchanged `import nni` trial script runs without nni installed.
+
+knob writes this file, with `knob_trial.py` beside it, into every trial's `.knob-python/` folder
+and puts that folder first on the trial's PYTHONPATH (unless the config says `nniShim: false`).
+With `nniShim: true` (`KNOB_NNI_SHIM=1`) `import nni` always gives this module. Otherwise it gives
+the real nni wherever the trial's Python has one (the real module is loaded in this one's place,
+so nni 3.0 and 2.x keep their own channels), and this module only where it has none.
+
+It implements the trial calls of nni's API on knob's own protocol (`knob_trial`).
+"""
+
+import os
+import sys
+
+if False:  # for type checkers only: importing typing would cost every trial's import
+    from importlib.machinery import ModuleSpec
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _real_nni() -> "ModuleSpec | None":
+    """The spec of an `nni` found on sys.path other than in this folder, or None."""
+    from importlib.machinery import PathFinder
+
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    return PathFinder.find_spec(__name__, path)
+
+
+_real_spec = None if os.environ.get("KNOB_NNI_SHIM") == "1" else _real_nni()
+
+if _real_spec is not None and _real_spec.loader is not None:
+    import importlib.util
+
+    # `import nni` returns whatever sys.modules["nni"] is once this file has run, so the real
+    # package loaded here is what the script gets.
+    _real = importlib.util.module_from_spec(_real_spec)
+    sys.modules[__name__] = _real
+    try:
+        _real_spec.loader.exec_module(_real)
+    except BaseException:
+        del sys.modules[__name__]
+        raise
+else:
+    import knob_trial
+
+    __version__ = "knob-shim"
+    # A marker for code that needs to know which nni it has (knob's own tests do).
+    __knob_shim__ = True
+
+    def get_next_parameter() -> "dict[str, object]":
+        """The trial's parameters."""
+        return knob_trial.get_parameters()
+
+    def get_current_parameter(tag: "str | None" = None) -> object:
+        """The trial's parameters, or one of them by name, as nni's function."""
+        parameters = knob_trial.get_parameters()
+        return parameters if tag is None else parameters[tag]
+
+    def report_intermediate_result(metric: "float | dict[str, object]") -> None:
+        """One intermediate result: a number, or a dict with a numeric "default"."""
+        knob_trial.report_intermediate(metric)
+
+    def report_final_result(metric: "float | dict[str, object]") -> None:
+        """The trial's final result: a number, or a dict with a numeric "default"."""
+        knob_trial.report_final(metric)
+
+    def get_trial_id() -> str:
+        """nni's trial id: `NNI_TRIAL_JOB_ID` (knob's trial id), else "STANDALONE" as nni."""
+        return os.environ.get("NNI_TRIAL_JOB_ID", "STANDALONE")
+
+    def get_experiment_id() -> str:
+        """The experiment's id, else "STANDALONE" as nni."""
+        return os.environ.get("NNI_EXP_ID", "STANDALONE")
+
+    def get_sequence_id() -> int:
+        """The trial's sequence number, else 0 as nni."""
+        return int(os.environ.get("NNI_TRIAL_SEQ_ID", "0"))

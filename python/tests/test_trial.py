@@ -1,0 +1,236 @@
+"""knob_trial and the nni shim, each run in a fresh interpreter with the variables a knob trial
+gets (training-services/PROTOCOLS.md), against real files in a temporary trial folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import knob_trial
+
+PYTHON_DIR = Path(__file__).resolve().parent.parent
+SHIM = PYTHON_DIR / "shim" / "nni.py"
+
+
+def trial_env(trial_dir: Path, parameters: dict, *, in_env: bool = True) -> dict[str, str]:
+    """What knob's runner sets (runner.rs `trial_environment`), for one trial in `trial_dir`."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "parameters.json").write_text(json.dumps(parameters))
+    (trial_dir / "metrics.knob").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KNOB_", "NNI_"))}
+    env.update(
+        KNOB_TRIAL_ID="abcde",
+        KNOB_TRIAL_DIR=str(trial_dir),
+        KNOB_PARAMETERS_FILE=str(trial_dir / "parameters.json"),
+        KNOB_METRICS_FILE=str(trial_dir / "metrics.knob"),
+        KNOB_CHECKPOINT_DIR=str(trial_dir / "checkpoint"),
+        NNI_EXP_ID="exp1",
+        NNI_TRIAL_JOB_ID="abcde",
+        NNI_TRIAL_SEQ_ID="7",
+    )
+    if in_env:
+        env["KNOB_PARAMETERS"] = json.dumps(parameters)
+    return env
+
+
+def run_python(code: str, env: dict[str, str], path: list[Path]) -> subprocess.CompletedProcess[str]:
+    env = dict(env, PYTHONPATH=os.pathsep.join(str(p) for p in path))
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def metric_lines(trial_dir: Path) -> list[str]:
+    return (trial_dir / "metrics.knob").read_text().splitlines()
+
+
+@pytest.fixture
+def knob_trial_dir() -> Path:
+    """The folder that holds the knob_trial package under test."""
+    return Path(knob_trial.__file__).resolve().parent.parent
+
+
+def test_parameters_in_and_metrics_out(tmp_path: Path, knob_trial_dir: Path) -> None:
+    env = trial_env(tmp_path / "t", {"lr": 0.01, "layers": 3})
+    result = run_python(
+        "import knob_trial as k\n"
+        "p = k.get_parameters()\n"
+        "assert p == {'lr': 0.01, 'layers': 3}, p\n"
+        "k.report_intermediate(0.5)\n"
+        "k.report_intermediate({'default': 0.25, 'loss': 2})\n"
+        "k.report_final(float('nan'))\n"
+        "print(k.get_trial_id(), k.get_experiment_id(), k.get_sequence_id())\n",
+        env,
+        [knob_trial_dir],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "abcde exp1 7\n"
+    assert result.stderr == ""
+    assert metric_lines(tmp_path / "t") == [
+        "KNOB_INTERMEDIATE 0.5",
+        'KNOB_INTERMEDIATE {"default":0.25,"loss":2}',
+        "KNOB_FINAL NaN",
+    ]
+
+
+def test_large_parameters_come_from_the_file(tmp_path: Path, knob_trial_dir: Path) -> None:
+    env = trial_env(tmp_path / "t", {"x": "y" * 1000}, in_env=False)
+    result = run_python(
+        "import knob_trial as k; print(len(k.get_parameters()['x']))", env, [knob_trial_dir]
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "1000\n"
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        ("'high'", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
+        ("True", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
+        ("{'loss': 1}", "ValueError: knob_trial.report_final: a dict metric needs a numeric 'default'"),
+    ],
+)
+def test_a_bad_metric_is_refused_and_nothing_is_sent(
+    tmp_path: Path, knob_trial_dir: Path, value: str, error: str
+) -> None:
+    env = trial_env(tmp_path / "t", {})
+    result = run_python(f"import knob_trial as k; k.report_final({value})", env, [knob_trial_dir])
+    assert result.returncode == 1
+    assert error in result.stderr
+    assert metric_lines(tmp_path / "t") == []
+
+
+def test_checkpoint_dir_is_created(tmp_path: Path, knob_trial_dir: Path) -> None:
+    env = trial_env(tmp_path / "t", {})
+    result = run_python("import knob_trial as k; print(k.checkpoint_dir())", env, [knob_trial_dir])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{tmp_path / 't' / 'checkpoint'}\n"
+    assert (tmp_path / "t" / "checkpoint").is_dir()
+
+
+def test_outside_a_trial_it_warns_once_and_prints(tmp_path: Path, knob_trial_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KNOB_", "NNI_"))}
+    result = run_python(
+        "import knob_trial as k\n"
+        "print(k.get_parameters())\n"
+        "k.report_intermediate(1)\n"
+        "k.report_final(2.5)\n",
+        env,
+        [knob_trial_dir],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "{}\nKNOB_INTERMEDIATE 1\nKNOB_FINAL 2.5\n"
+    assert result.stderr.count("not running as a knob trial") == 1
+
+
+def shim_folder(tmp_path: Path, knob_trial_dir: Path) -> Path:
+    """The folder knob's runner writes into a trial (trial_python.rs): nni.py and knob_trial.py."""
+    folder = tmp_path / ".knob-python"
+    folder.mkdir()
+    (folder / "nni.py").write_text(SHIM.read_text())
+    (folder / "knob_trial.py").write_text((knob_trial_dir / "knob_trial" / "__init__.py").read_text())
+    return folder
+
+
+NNI_SCRIPT = (
+    "import nni\n"
+    "p = nni.get_next_parameter()\n"
+    "for epoch in range(3):\n"
+    "    nni.report_intermediate_result(p['lr'] * epoch)\n"
+    "nni.report_final_result({'default': 0.9, 'loss': 0.1})\n"
+    "print(nni.__version__, nni.get_trial_id(), nni.get_experiment_id(), nni.get_sequence_id())\n"
+)
+
+
+def test_the_shim_runs_an_nni_script_without_nni(tmp_path: Path, knob_trial_dir: Path) -> None:
+    folder = shim_folder(tmp_path, knob_trial_dir)
+    env = trial_env(tmp_path / "t", {"lr": 0.5})
+    result = run_python(NNI_SCRIPT, env, [folder])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "knob-shim abcde exp1 7\n"
+    assert metric_lines(tmp_path / "t") == [
+        "KNOB_INTERMEDIATE 0.0",
+        "KNOB_INTERMEDIATE 0.5",
+        "KNOB_INTERMEDIATE 1.0",
+        'KNOB_FINAL {"default":0.9,"loss":0.1}',
+    ]
+
+
+def fake_nni(tmp_path: Path) -> Path:
+    """An installed `nni` package (a stand-in with its own version) in a folder of its own."""
+    site = tmp_path / "site"
+    (site / "nni").mkdir(parents=True)
+    (site / "nni" / "__init__.py").write_text("__version__ = 'installed'\nfrom . import sub\n")
+    (site / "nni" / "sub.py").write_text("")
+    return site
+
+
+def test_an_installed_nni_is_used_in_the_shims_place(tmp_path: Path, knob_trial_dir: Path) -> None:
+    folder = shim_folder(tmp_path, knob_trial_dir)
+    env = trial_env(tmp_path / "t", {})
+    code = "import nni, sys; print(nni.__version__, sys.modules['nni'] is nni, nni.sub.__name__)"
+    result = run_python(code, env, [folder, fake_nni(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "installed True nni.sub\n"
+
+
+def test_nni_shim_1_replaces_an_installed_nni(tmp_path: Path, knob_trial_dir: Path) -> None:
+    folder = shim_folder(tmp_path, knob_trial_dir)
+    env = dict(trial_env(tmp_path / "t", {}), KNOB_NNI_SHIM="1")
+    result = run_python("import nni; print(nni.__version__)", env, [folder, fake_nni(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "knob-shim\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"lr": 0.01, "layers": 3, "name": "a\\"b\\u00e9\\n", "on": true, "off": false, "none": null}',
+        ' \n{"nested": {"_name": "conv", "k": [1, 2.5e-3, -7, {"x": []}]}}\t',
+        '{"big": 12345678901234567890, "tiny": 1e-300, "neg": -0.0}',
+        '{"emoji": "\\ud83d\\ude00", "raw": "ü"}',
+        "{}",
+    ],
+)
+def test_parameters_are_read_as_json_reads_them(tmp_path: Path, knob_trial_dir: Path, text: str) -> None:
+    env = dict(trial_env(tmp_path / "t", {}), KNOB_PARAMETERS=text)
+    result = run_python(
+        "import json, os, sys, knob_trial\n"
+        "got = knob_trial.get_parameters()\n"
+        "assert got == json.loads(os.environ['KNOB_PARAMETERS']), got\n"
+        "assert 'json' not in sys.modules or 're' in sys.modules\n"
+        "print('ok')\n",
+        env,
+        [knob_trial_dir],
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("text", ['{"a": 1', '{"a": 1} x', "[1, 2]", ""])
+def test_unreadable_parameters_fail_with_json_s_error(
+    tmp_path: Path, knob_trial_dir: Path, text: str
+) -> None:
+    env = dict(trial_env(tmp_path / "t", {}), KNOB_PARAMETERS=text)
+    result = run_python("import knob_trial; knob_trial.get_parameters()", env, [knob_trial_dir])
+    assert result.returncode == 1
+    assert "JSONDecodeError" in result.stderr or "not a JSON object" in result.stderr
+
+
+def test_the_first_report_imports_neither_json_nor_re(tmp_path: Path, knob_trial_dir: Path) -> None:
+    env = trial_env(tmp_path / "t", {"lr": 0.1})
+    result = run_python(
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import knob_trial\n"
+        "knob_trial.get_parameters(); knob_trial.report_intermediate(1); knob_trial.report_final(0.5)\n"
+        "print(sorted({'json', 're'} & (set(sys.modules) - before)))\n",
+        env,
+        [knob_trial_dir],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[]\n"
