@@ -17,7 +17,7 @@ PYTHON_DIR = Path(__file__).resolve().parent.parent
 SHIM = PYTHON_DIR / "shim" / "nni.py"
 
 
-def trial_env(trial_dir: Path, parameters: dict, *, in_env: bool = True) -> dict[str, str]:
+def trial_env(trial_dir: Path, parameters: "dict[str, object]", *, in_env: bool = True) -> dict[str, str]:
     """What knob's runner sets (runner.rs `trial_environment`), for one trial in `trial_dir`."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     (trial_dir / "parameters.json").write_text(json.dumps(parameters))

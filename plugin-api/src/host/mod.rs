@@ -106,16 +106,21 @@ impl std::fmt::Debug for PluginLibrary {
 // ---------------------------------------------------------------------------------------------
 // Discovery
 
-/// The places plugins are looked for, in order: the directory of the running executable, each
-/// entry of `$KNOB_PLUGIN_PATH`, the user plugin directory (`$XDG_DATA_HOME/knob/plugins`, by
-/// default `~/.local/share/knob/plugins`), then `extra` (files or directories a config names).
+/// The places plugins are looked for, in order: the directory of the running executable and
+/// `../lib/knob/plugins` beside it (where an installed knob keeps its built-in plugins: a
+/// virtualenv from the wheel, `/usr/local`), each entry of `$KNOB_PLUGIN_PATH`, the user plugin
+/// directory (`$XDG_DATA_HOME/knob/plugins`, by default `~/.local/share/knob/plugins`), then
+/// `extra` (files or directories a config names).
 pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
     let mut places = Vec::new();
     if let Some(dir) = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(Path::to_path_buf))
     {
+        // Only where it exists: a cargo build's `target/lib` is not a place to mention.
+        let installed = dir.parent().map(|prefix| prefix.join(INSTALLED_PLUGIN_DIR));
         places.push(dir);
+        places.extend(installed.filter(|d| d.is_dir()));
     }
     if let Some(paths) = std::env::var_os("KNOB_PLUGIN_PATH") {
         places.extend(std::env::split_paths(&paths).filter(|p| !p.as_os_str().is_empty()));
@@ -126,6 +131,10 @@ pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
     places.extend(extra.iter().cloned());
     places
 }
+
+/// Where an installed knob's built-in plugins are, relative to the prefix above the folder of its
+/// executable (`<prefix>/bin/knob`), as the wheel installs them (`python/build-wheel.sh`).
+pub const INSTALLED_PLUGIN_DIR: &str = "lib/knob/plugins";
 
 /// `$XDG_DATA_HOME/knob/plugins`, falling back to `~/.local/share/knob/plugins`.
 pub fn user_plugin_dir() -> Option<PathBuf> {

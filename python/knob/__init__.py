@@ -1,0 +1,282 @@
+"""knob's launcher, for notebooks and scripts: run an experiment and get its trials back as plain
+Python objects, through the `knob` command (the one this package was installed with).
+
+    import knob
+    trials = knob.Experiment("config.yml").run()           # or a dict: the config itself
+    best = min((t for t in trials if t.final is not None), key=lambda t: t.final)
+    trials = knob.load("a1b2c3d4").trials                  # a finished experiment, read back
+
+`run()` starts `knob create`, shows its progress, and returns the trials once it ends. A
+KeyboardInterrupt (Ctrl-C, or a notebook's interrupt) stops the experiment as Ctrl-C stops
+`knob create` (running trials are killed and recorded USER_CANCELED; `knob resume` continues it),
+waits for knob to finish stopping, and is raised again. Nothing beyond the standard library.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Union
+
+__all__ = ["Experiment", "ExperimentResult", "KnobError", "Metric", "Trial", "load", "knob_command"]
+
+# How long a stopping knob gets after the first interrupt before a second one (knob then exits at
+# once, as on a second Ctrl-C), and after that before it is killed.
+STOP_GRACE_SECONDS = 120.0
+EXIT_GRACE_SECONDS = 15.0
+
+
+class KnobError(Exception):
+    """`knob` failed: the message is what it said (its `error:` lines), or why it could not run."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One intermediate result: its place in the trial's sequence and its value (None when the
+    trial sent NaN, Infinity or something unreadable; `raw` is the text it sent)."""
+
+    sequence: int
+    value: Optional[float]
+    raw: Optional[str]
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial as `knob experiment export` has it (its latest attempt's outcome)."""
+
+    id: str
+    sequence: int
+    parameters: Dict[str, Any]
+    status: str
+    final: Optional[float]
+    # The text the trial sent as its final result (None if it sent none).
+    final_raw: Optional[str]
+    intermediate: List[Metric]
+    attempts: int
+    message: Optional[str]
+    exit_code: Optional[int]
+    # Everything the export holds for the trial (times, attempt history, …).
+    export: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_export(cls, trial: Mapping[str, Any]) -> "Trial":
+        return cls(
+            id=trial["id"],
+            sequence=trial["sequence"],
+            parameters=trial["parameters"],
+            status=trial["status"],
+            final=trial.get("final"),
+            final_raw=trial.get("final_raw"),
+            intermediate=[
+                Metric(m["sequence"], m.get("value"), m.get("raw"), m.get("attempt", 1))
+                for m in trial.get("intermediate", [])
+            ],
+            attempts=trial.get("attempts", 0),
+            message=trial.get("message"),
+            exit_code=trial.get("exit_code"),
+            export=dict(trial),
+        )
+
+
+@dataclass(frozen=True)
+class ExperimentResult:
+    """An experiment's status and trials, from `knob experiment export ID --format json`."""
+
+    id: str
+    status: str
+    message: Optional[str]
+    config: Dict[str, Any]
+    trials: List[Trial]
+
+    @classmethod
+    def from_export(cls, export: Mapping[str, Any]) -> "ExperimentResult":
+        experiment = export["experiment"]
+        return cls(
+            id=experiment["id"],
+            status=experiment["status"],
+            message=experiment.get("message"),
+            config=experiment.get("config") or {},
+            trials=[Trial.from_export(t) for t in export["trials"]],
+        )
+
+
+def knob_command() -> str:
+    """The `knob` to run: `$KNOB_BIN`, else the one installed with this package (the scripts
+    folder of this Python's environment), else `knob` on PATH."""
+    explicit = os.environ.get("KNOB_BIN")
+    if explicit:
+        return explicit
+    installed = Path(sysconfig.get_path("scripts")) / "knob"
+    if installed.is_file() and os.access(installed, os.X_OK):
+        return str(installed)
+    found = shutil.which("knob")
+    if found is None:
+        raise KnobError(
+            f"no knob command: not in {installed.parent} (this Python's scripts folder) nor on "
+            "PATH; pip install the knob wheel, or set KNOB_BIN to a knob binary"
+        )
+    return found
+
+
+def _run_knob(args: Sequence[str], home: Optional[str]) -> str:
+    """Runs `knob ARGS` to its end and returns its stdout; KnobError with its stderr otherwise."""
+    env = _knob_env(home)
+    done = subprocess.run(
+        [knob_command(), *args], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    if done.returncode != 0:
+        raise KnobError(f"knob {' '.join(args)}: {_error_text(done.stderr, done.returncode)}")
+    return done.stdout
+
+
+def _knob_env(home: Optional[str]) -> Dict[str, str]:
+    env = dict(os.environ)
+    if home is not None:
+        env["KNOB_HOME"] = home
+    return env
+
+
+def _error_text(output: str, code: int) -> str:
+    errors = [line for line in output.splitlines() if line.startswith("error")]
+    lines = errors or output.strip().splitlines()[-5:]
+    return "\n".join(lines) or f"exit status {code}"
+
+
+def load(experiment_id: str, *, home: Optional[str] = None) -> ExperimentResult:
+    """A known experiment (running, stopped or finished) as `knob experiment export` has it.
+    `home`: knob's registry folder (`$KNOB_HOME`), when not the default."""
+    export = json.loads(_run_knob(["experiment", "export", experiment_id, "--format", "json"], home))
+    return ExperimentResult.from_export(export)
+
+
+ConfigSource = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+class Experiment:
+    """An experiment to run: a config file's path, or the config itself as a dict (the same
+    fields as the YAML file; relative paths in it are relative to `base_dir`, by default the
+    current directory)."""
+
+    def __init__(
+        self,
+        config: ConfigSource,
+        *,
+        id: Optional[str] = None,
+        base_dir: Union[str, "os.PathLike[str]", None] = None,
+        home: Optional[str] = None,
+    ) -> None:
+        if isinstance(config, Mapping):
+            self._config_dict: Optional[Dict[str, Any]] = dict(config)
+            self._config_path: Optional[Path] = None
+        else:
+            self._config_dict = None
+            self._config_path = Path(config)
+            if not self._config_path.is_file():
+                raise KnobError(f"config file {self._config_path} does not exist")
+        # An id of our own, so that the result can be read back whatever knob prints.
+        self.id = id or "py" + uuid.uuid4().hex[:10]
+        self._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
+        self._home = home
+
+    def run(self, *, progress: bool = True, output: Optional[IO[str]] = None) -> List[Trial]:
+        """Runs the experiment to its end and returns its trials. knob's output (its progress and
+        its table of best trials) is copied to `output` (default: sys.stdout) unless `progress`
+        is false. Raises KnobError when knob fails (a bad config, an experiment that errors or
+        whose every trial failed: knob's own non-zero exits), KeyboardInterrupt after stopping
+        the experiment."""
+        if self._config_dict is None:
+            assert self._config_path is not None
+            return self._run_file(self._config_path, progress, output)
+        # In base_dir, since knob resolves relative paths against the config file's folder;
+        # removed when run() returns (the store keeps the config).
+        handle, name = tempfile.mkstemp(prefix=".knob-config-", suffix=".json", dir=self._base_dir)
+        with os.fdopen(handle, "w") as file:
+            json.dump(self._config_dict, file)
+        try:
+            return self._run_file(Path(name), progress, output)
+        finally:
+            os.unlink(name)
+
+    def _run_file(self, config: Path, progress: bool, output: Optional[IO[str]]) -> List[Trial]:
+        out = output if output is not None else sys.stdout
+        command = [knob_command(), "create", "--config", str(config), "--id", self.id]
+        # Its own session: a terminal's Ctrl-C reaches only Python, which passes exactly one on
+        # (two would make knob exit at once without stopping its trials).
+        process = subprocess.Popen(
+            command,
+            env=_knob_env(self._home),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        tail: List[str] = []
+        assert process.stdout is not None
+        reader = threading.Thread(
+            target=_copy_lines, args=(process.stdout, out if progress else None, tail), daemon=True
+        )
+        reader.start()
+        try:
+            # A bounded wait in a loop keeps the main thread in Python code, so a
+            # KeyboardInterrupt is raised here promptly however knob's output flows.
+            while True:
+                try:
+                    code = process.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except KeyboardInterrupt:
+            _stop(process)
+            reader.join(timeout=EXIT_GRACE_SECONDS)
+            raise
+        reader.join(timeout=EXIT_GRACE_SECONDS)
+        if code != 0:
+            raise KnobError(f"knob create (experiment {self.id}): {_error_text(''.join(tail), code)}")
+        return load(self.id, home=self._home).trials
+
+
+def _copy_lines(stream: IO[str], out: Optional[IO[str]], tail: List[str]) -> None:
+    for line in stream:
+        tail.append(line)
+        # The last lines are kept for the error message; knob's own output is bounded by the
+        # experiment's length, not this list, which keeps at most 200.
+        del tail[:-200]
+        if out is not None:
+            out.write(line)
+            out.flush()
+
+
+def _stop(process: "subprocess.Popen[str]") -> None:
+    """Ctrl-C for knob: SIGINT, a second one if it has not stopped in STOP_GRACE_SECONDS, then
+    SIGKILL. Interrupts meanwhile are ignored: the experiment is already being stopped."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+    try:
+        for sig, grace in ((signal.SIGINT, STOP_GRACE_SECONDS), (signal.SIGINT, EXIT_GRACE_SECONDS)):
+            if process.poll() is not None:
+                return
+            process.send_signal(sig)
+            try:
+                process.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+        process.kill()
+        process.wait()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,153 @@
+"""knob.Experiment / knob.load against the real `knob` (the wheel's, in CI: `.ci/run`'s wheel
+step): real experiments, real trial processes, real stores in temporary folders."""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+import pytest
+
+import knob
+
+
+def _knob_or_skip() -> str:
+    try:
+        return knob.knob_command()
+    except knob.KnobError as error:
+        if os.environ.get("KNOB_TEST_REQUIRE_ALL") == "1":
+            raise
+        pytest.skip(f"skipped: {error}")
+        raise
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[str]:
+    """A registry of our own and a `knob` to run (skips visibly without one)."""
+    _knob_or_skip()
+    yield str(tmp_path / "home")
+
+
+BRANIN = """\
+import math, knob_trial
+p = knob_trial.get_parameters()
+x1, x2 = p["x1"], p["x2"]
+value = (x2 - 5.1 / (4 * math.pi ** 2) * x1 ** 2 + 5 / math.pi * x1 - 6) ** 2 + 10 * (1 - 1 / (8 * math.pi)) * math.cos(x1) + 10
+for epoch in range(1, 4):
+    knob_trial.report_intermediate(value * (1 + 1 / epoch))
+knob_trial.report_final({"default": value, "epochs": 3})
+"""
+
+
+def branin_config(code: Path, trials: int) -> Dict[str, Any]:
+    code.mkdir(parents=True, exist_ok=True)
+    (code / "branin.py").write_text(BRANIN)
+    return {
+        "experimentName": "launcher-test",
+        "searchSpace": {
+            "x1": {"_type": "uniform", "_value": [-5, 10]},
+            "x2": {"_type": "uniform", "_value": [0, 15]},
+        },
+        "trialCommand": f"{sys.executable} branin.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": 2,
+        "maxTrialNumber": trials,
+        "maxExperimentDuration": "5m",
+        "experimentWorkingDirectory": str(code.parent / "experiments"),
+        "tuner": {"name": "Random", "classArgs": {"optimize_mode": "minimize", "seed": 3}},
+        "trainingService": {"platform": "local"},
+    }
+
+
+def test_the_installed_package_and_knob_are_used_when_testing_the_wheel() -> None:
+    """CI's wheel step sets KNOB_TEST_INSTALLED=1: these tests must then exercise what pip
+    installed, not the repository's python/ folder or a cargo build."""
+    if os.environ.get("KNOB_TEST_INSTALLED") != "1":
+        pytest.skip("skipped: KNOB_TEST_INSTALLED is not set (only CI's wheel step tests an install)")
+    prefix = Path(sys.prefix).resolve()
+    assert prefix in Path(knob.__file__).resolve().parents
+    assert Path(knob.knob_command()).resolve() == prefix / "bin" / "knob"
+
+
+def test_a_dict_config_runs_and_returns_its_trials(tmp_path: Path, home: str) -> None:
+    config = branin_config(tmp_path / "code", trials=4)
+    output = tmp_path / "progress.txt"
+    with output.open("w") as out:
+        trials = knob.Experiment(config, id="dict1", home=home, base_dir=tmp_path).run(output=out)
+    assert len(trials) == 4
+    for trial in trials:
+        assert trial.status == "SUCCEEDED", trial
+        assert set(trial.parameters) == {"x1", "x2"}
+        assert trial.final is not None and trial.final > 0.39
+        assert json.loads(trial.final_raw or "") == {"default": trial.final, "epochs": 3}
+        assert [m.sequence for m in trial.intermediate] == [0, 1, 2]
+        first = trial.intermediate[0].value
+        assert first is not None and abs(first - 2 * trial.final) < 1e-9
+    assert "experiment dict1 DONE: 4 trials (4 succeeded, 0 failed)" in output.read_text()
+    # The temporary config file is gone; the experiment reads back the same.
+    assert not list(tmp_path.glob(".knob-config-*"))
+    result = knob.load("dict1", home=home)
+    assert result.status == "DONE"
+    assert result.trials == trials
+
+
+def test_a_config_file_runs_quietly(tmp_path: Path, home: str) -> None:
+    config = tmp_path / "code" / "config.json"
+    data = branin_config(tmp_path / "code", trials=2)
+    del data["trialCodeDirectory"]  # the config file's folder, as in NNI
+    config.write_text(json.dumps(data))
+    experiment = knob.Experiment(config, home=home)
+    trials = experiment.run(progress=False)
+    assert experiment.id.startswith("py")
+    assert [t.status for t in trials] == ["SUCCEEDED", "SUCCEEDED"]
+
+
+def test_a_bad_config_is_knobs_one_line_error(tmp_path: Path, home: str) -> None:
+    config = branin_config(tmp_path / "code", trials=2)
+    config["trialConcurrency"] = 0
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, home=home, base_dir=tmp_path).run(progress=False)
+    assert "trialConcurrency" in str(raised.value)
+    assert "error" in str(raised.value)
+
+
+def test_loading_an_unknown_experiment_says_so(home: str) -> None:
+    with pytest.raises(knob.KnobError) as raised:
+        knob.load("nosuchexperiment", home=home)
+    assert "nosuchexperiment" in str(raised.value)
+
+
+def test_keyboard_interrupt_stops_the_experiment_as_ctrl_c(tmp_path: Path, home: str) -> None:
+    code = tmp_path / "code"
+    config = branin_config(code, trials=4)
+    started = tmp_path / "started"
+    (code / "slow.py").write_text(
+        "import pathlib, sys, time\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
+        "time.sleep(120)\n"
+    )
+    config["trialCommand"] = f"{sys.executable} slow.py"
+    config["trialConcurrency"] = 1
+
+    def interrupt_once_a_trial_runs() -> None:
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_once_a_trial_runs, daemon=True)
+    interrupter.start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        knob.Experiment(config, id="ctrlc", home=home, base_dir=tmp_path).run(progress=False)
+    interrupter.join()
+    assert started.exists(), "no trial started within 120 s"
+    # Stopped, not waited out: the trial sleeps 120 s.
+    assert time.monotonic() - began < 100
+    result = knob.load("ctrlc", home=home)
+    assert result.status == "STOPPED", result
+    assert [t.status for t in result.trials] == ["USER_CANCELED"]
