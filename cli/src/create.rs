@@ -56,7 +56,23 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let (mut experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
     experiment.config_file = Some(remember_config_source(&experiment.dir, &args.config));
-    run_in_foreground(experiment, store, plugins, &registry, listener, &args.serve)
+    run_in_foreground(
+        experiment,
+        store,
+        plugins,
+        &registry,
+        listener,
+        &args.serve,
+        Started::Created,
+    )
+}
+
+/// Whether `run_in_foreground` runs an experiment made by this process, which it takes back
+/// if it never starts, or one resumed, which stays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    Created,
+    Resumed,
 }
 
 /// The file in an experiment's directory that names the config file it was created from:
@@ -138,6 +154,7 @@ pub fn run_in_foreground(
     registry: &Registry,
     listener: std::net::TcpListener,
     serve: &ServeArgs,
+    started: Started,
 ) -> anyhow::Result<ExitCode> {
     let id = experiment.id.clone();
     let dir = experiment.dir.clone();
@@ -174,6 +191,11 @@ pub fn run_in_foreground(
         anyhow::Ok(result)
     })?;
     registry.set_port(&id, None)?;
+    if let (Err(manager::ManagerError::NotStarted(e)), Started::Created) = (&result, started) {
+        // Nothing ran: the experiment is taken back, so that a failure to build what it needs
+        // (a training service, its environments) leaves no dead entry blocking the id.
+        return Err(take_back(&id, &dir, registry, e));
+    }
     let status = match &result {
         Ok(outcome) => outcome.status,
         Err(_) => ExperimentStatus::Error,
@@ -185,6 +207,33 @@ pub fn run_in_foreground(
             eprintln!("error: experiment {id}: {e}");
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+/// Unregisters an experiment that never started and removes what knob made of its folder;
+/// the error says so.
+fn take_back(
+    id: &str,
+    dir: &Path,
+    registry: &Registry,
+    error: &manager::ManagerError,
+) -> anyhow::Error {
+    // The folder first: while the entry exists, `knob experiment delete` can still finish.
+    let removed = experiment::remove_experiment_folder(dir)
+        .map_err(anyhow::Error::from)
+        .and_then(|left| Ok(registry.remove(id).map(|()| left)?));
+    match removed {
+        Ok(left) if left.is_empty() => {
+            anyhow::anyhow!("experiment {id} did not start, and was not kept: {error}")
+        }
+        Ok(left) => anyhow::anyhow!(
+            "experiment {id} did not start, and was not kept (left in {}: {}, which knob did not make): {error}",
+            dir.display(),
+            left.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        ),
+        Err(removing) => anyhow::anyhow!(
+            "experiment {id} did not start: {error}; removing it failed too ({removing:#}): `knob experiment delete {id}`"
+        ),
     }
 }
 

@@ -128,6 +128,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         &registry,
         listener,
         &args.serve,
+        crate::create::Started::Resumed,
     )
 }
 

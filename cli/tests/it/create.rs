@@ -437,22 +437,18 @@ fn trials_get_their_own_gpu_on_a_simulated_machine() {
     }
 }
 
+/// A tuner that refuses the search space is refused by create at the search space's line,
+/// before anything is registered (it used to end a registered experiment in ERROR).
 #[test]
-fn a_tuner_error_ends_the_experiment_with_the_tuners_message() {
+fn a_tuner_that_refuses_the_search_space_is_refused_before_anything_is_created() {
     let sandbox = Sandbox::new();
     let yaml = "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nsearchSpace: {}\ntuner:\n  name: GridSearch\ntrainingService:\n  platform: local";
     let config = sandbox.config(yaml, &[]);
     let (code, _, stderr) = sandbox.create(&config, "broken");
     assert_eq!(code, 1);
-    let expected =
-        "GridSearch: the search space is empty; give it at least one parameter to search over";
-    assert!(
-        stderr.contains(&format!("error: experiment broken: {expected}")),
-        "{stderr}"
-    );
-    let export = sandbox.export("broken");
-    assert_eq!(export["experiment"]["status"], "ERROR");
-    assert_eq!(export["experiment"]["message"], expected);
+    let expected = "config.yml:3:14: searchSpace: tuner GridSearch refuses this search space: the search space is empty; give it at least one parameter to search over";
+    assert!(stderr.contains(expected), "{stderr}");
+    assert!(!sandbox.path().join("experiments/broken").exists());
 }
 
 #[test]

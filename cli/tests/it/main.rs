@@ -12,6 +12,7 @@ mod nni;
 mod nni_names;
 mod nni_v1;
 mod plugin;
+mod plugin_checks;
 mod remote;
 mod resume;
 mod space;

@@ -56,9 +56,8 @@ fn plugin_check_loads_one_file_or_fails_with_one_line() {
 }
 
 /// Builds `examples/third-party-tuner` the way its author would (its own workspace, depending
-/// on knob-plugin-api by path) and loads it from `$KNOB_PLUGIN_PATH`.
-#[test]
-fn a_third_party_tuner_dropped_on_the_plugin_path_is_listed_and_runs() {
+/// on knob-plugin-api by path); returns its library.
+pub(crate) fn build_third_party_tuner() -> std::path::PathBuf {
     let target = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("third-party");
     let manifest = repo_root().join("examples/third-party-tuner/Cargo.toml");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -75,13 +74,15 @@ fn a_third_party_tuner_dropped_on_the_plugin_path_is_listed_and_runs() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    target.join("debug/libknob_example_tuner.so")
+}
 
+/// The third-party example, loaded from `$KNOB_PLUGIN_PATH`.
+#[test]
+fn a_third_party_tuner_dropped_on_the_plugin_path_is_listed_and_runs() {
+    let library = build_third_party_tuner();
     let plugin_dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        target.join("debug/libknob_example_tuner.so"),
-        plugin_dir.path().join("libsweep.so"),
-    )
-    .unwrap();
+    std::fs::copy(&library, plugin_dir.path().join("libsweep.so")).unwrap();
     let (code, stdout, stderr) = run(knob()
         .args(["plugin", "list"])
         .env("KNOB_PLUGIN_PATH", plugin_dir.path()));

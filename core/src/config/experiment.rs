@@ -4,6 +4,9 @@ use std::path::{Path, PathBuf};
 
 use knob_plugin_api::space::{SearchSpace, SpaceError};
 
+use knob_plugin_api::ComponentKind;
+
+use super::algorithm::PendingAlgorithm;
 use super::model::TrainingServiceConfig;
 use super::model::{AlgorithmConfig, ExperimentConfig, LogLevel, PLACEMENT_POLICY_NAMES};
 use super::reader::{plain_io, quoted, Field, Fields, Reader};
@@ -128,7 +131,8 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
     let tuner_field = take("tuner");
     let advisor_field = take("advisor");
     let tuner = read_tuner(reader, tuner_field, advisor_field);
-    let assessor = take("assessor").and_then(|field| read_algorithm(reader, &field));
+    let assessor =
+        take("assessor").and_then(|field| read_algorithm(reader, &field, ComponentKind::Assessor));
     if let Some(field) = take("sharedStorage") {
         reader.error(
             field.node.pos,
@@ -429,17 +433,17 @@ fn read_tuner(
     advisor: Option<Field<'_>>,
 ) -> Option<AlgorithmConfig> {
     match (tuner, advisor) {
-        (Some(tuner), None) => read_algorithm(reader, &tuner),
+        (Some(tuner), None) => read_algorithm(reader, &tuner, ComponentKind::Tuner),
         (None, Some(advisor)) => {
             reader.warn(
                 advisor.node.pos,
                 &advisor.path,
                 "deprecated in NNI; read as tuner",
             );
-            read_algorithm(reader, &advisor)
+            read_algorithm(reader, &advisor, ComponentKind::Tuner)
         }
         (Some(tuner), Some(advisor)) => {
-            read_algorithm(reader, &tuner);
+            read_algorithm(reader, &tuner, ComponentKind::Tuner);
             reader.error(
                 advisor.node.pos,
                 &advisor.path,
@@ -454,7 +458,11 @@ fn read_tuner(
     }
 }
 
-fn read_algorithm(reader: &mut Reader, field: &Field<'_>) -> Option<AlgorithmConfig> {
+fn read_algorithm(
+    reader: &mut Reader,
+    field: &Field<'_>,
+    kind: ComponentKind,
+) -> Option<AlgorithmConfig> {
     let errors_before = reader.errors.len();
     let mut fields = Fields::open(reader, field.node, &field.path)?;
     let name_field = fields.take("name");
@@ -499,12 +507,22 @@ fn read_algorithm(reader: &mut Reader, field: &Field<'_>) -> Option<AlgorithmCon
         }
     }
     fields.finish(reader, &ALGORITHM_FIELDS);
-    (reader.errors.len() == errors_before).then_some(AlgorithmConfig {
+    let algorithm = (reader.errors.len() == errors_before).then_some(AlgorithmConfig {
         name,
         class_name,
         code_directory,
         class_args,
-    })
+    })?;
+    // Built by its plugin once the plugins are known (`algorithm::check_algorithms`).
+    reader.pending_algorithms.push(PendingAlgorithm {
+        kind,
+        path: field.path.clone(),
+        node: field.node.clone(),
+        name: algorithm.name.clone(),
+        class_name: algorithm.class_name.clone(),
+        class_args: algorithm.class_args.clone(),
+    });
+    Some(algorithm)
 }
 
 fn read_plugin_paths(reader: &mut Reader, field: &Field<'_>) -> Vec<PathBuf> {

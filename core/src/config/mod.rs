@@ -41,6 +41,7 @@
 //! Tuner and assessor *names* are checked against the loaded plugins by the caller, not here;
 //! training services are checked here, by their plugins ([`ServiceSource`]).
 
+mod algorithm;
 mod canonical;
 mod error;
 mod experiment;
@@ -56,6 +57,7 @@ mod yaml;
 
 use std::path::{Path, PathBuf};
 
+pub use algorithm::AlgorithmProblem;
 pub use error::{ConfigError, ConfigErrors};
 pub use model::{
     AlgorithmConfig, ExperimentConfig, LogLevel, PlacementPolicy, TrainingServiceConfig,
@@ -156,6 +158,7 @@ fn load_document(
         shortcuts: Default::default(),
         plugin_paths: Vec::new(),
         pending: Vec::new(),
+        pending_algorithms: Vec::new(),
     };
     let is_json = path
         .extension()
@@ -228,19 +231,37 @@ fn load_document(
             None
         }
     };
-    // The training services check their own entries, even when the rest had errors: the user
-    // sees every problem at once.
+    // The training services check their own entries, and the tuner and assessor are built by
+    // their plugins, even when the rest had errors: the user sees every problem at once.
     let pending = std::mem::take(&mut reader.pending);
-    if !pending.is_empty() {
+    let algorithms = std::mem::take(&mut reader.pending_algorithms);
+    if !pending.is_empty() || !algorithms.is_empty() {
         let (errors_before, warnings_before) = (reader.errors.len(), reader.warnings.len());
         let checker = services.checker(&reader.plugin_paths);
-        let context = training_service::check_context(
-            &reader.base_dir,
-            reader.config_file.clone(),
-            &reader.shortcuts,
-            config.as_ref(),
+        if !pending.is_empty() {
+            let context = training_service::check_context(
+                &reader.base_dir,
+                reader.config_file.clone(),
+                &reader.shortcuts,
+                config.as_ref(),
+            );
+            training_service::check_services(
+                &mut reader,
+                checker,
+                &pending,
+                &context,
+                config.as_mut(),
+            );
+        }
+        // A tuner is given the search space only once it was read without error.
+        let search_space = config.as_ref().map(|config| &config.search_space);
+        algorithm::check_algorithms(
+            &mut reader,
+            checker,
+            &algorithms,
+            search_space,
+            document.as_ref(),
         );
-        training_service::check_services(&mut reader, checker, &pending, &context, config.as_mut());
         if let Some(v1) = &converted {
             for problem in reader.errors[errors_before..]
                 .iter_mut()

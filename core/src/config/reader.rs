@@ -26,6 +26,8 @@ pub(crate) struct Reader {
     pub plugin_paths: Vec<PathBuf>,
     /// The training-service entries, for their plugins to check.
     pub pending: Vec<super::training_service::PendingService>,
+    /// The tuner and assessor, for their plugins to build.
+    pub pending_algorithms: Vec<super::algorithm::PendingAlgorithm>,
 }
 
 impl Reader {

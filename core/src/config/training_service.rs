@@ -9,13 +9,14 @@
 
 use std::path::{Path, PathBuf};
 
-use knob_plugin_api::host::PluginRegistry;
+use knob_plugin_api::host::{HostError, PluginRegistry};
 use knob_plugin_api::service::{
     ConfigCheck, ConfigProblem, FieldPath, PathStep, ServiceContext, TrialSettings,
 };
 use knob_plugin_api::ComponentKind;
 use serde_json::Map;
 
+use super::algorithm::AlgorithmProblem;
 use super::model::ExperimentConfig;
 use super::reader::{normalize_key, Field, Fields, Reader};
 use super::secret::REDACTED;
@@ -34,6 +35,18 @@ pub trait ServiceChecker {
         config: &serde_json::Value,
         context: &ServiceContext,
     ) -> Result<ConfigCheck, String>;
+    /// Builds the tuner or assessor `name` from `class_args` and, given a search space, hands
+    /// it over (a tuner), then drops it: nothing runs. `None` when this checker does not build
+    /// algorithms (tests that link the services in).
+    fn check_algorithm(
+        &self,
+        _kind: ComponentKind,
+        _name: &str,
+        _class_args: &serde_json::Value,
+        _search_space: Option<&serde_json::Value>,
+    ) -> Option<Result<(), AlgorithmProblem>> {
+        None
+    }
 }
 
 impl ServiceChecker for PluginRegistry {
@@ -49,6 +62,38 @@ impl ServiceChecker for PluginRegistry {
     ) -> Result<ConfigCheck, String> {
         self.check_training_service(platform, config, context)
             .map_err(|e| e.to_string())
+    }
+
+    fn check_algorithm(
+        &self,
+        kind: ComponentKind,
+        name: &str,
+        class_args: &serde_json::Value,
+        search_space: Option<&serde_json::Value>,
+    ) -> Option<Result<(), AlgorithmProblem>> {
+        let built = |error: HostError| match error {
+            HostError::Unknown { .. } | HostError::Duplicate { .. } => {
+                AlgorithmProblem::Name(error.to_string())
+            }
+            other => AlgorithmProblem::Constructor(other.to_string()),
+        };
+        Some(match kind {
+            ComponentKind::Tuner => {
+                self.tuner_object(name, class_args)
+                    .map_err(built)
+                    .and_then(|mut tuner| match search_space {
+                        Some(space) => tuner
+                            .update_search_space(space)
+                            .map_err(|e| AlgorithmProblem::SearchSpace(e.to_string())),
+                        None => Ok(()),
+                    })
+            }
+            ComponentKind::Assessor => self
+                .assessor_object(name, class_args)
+                .map(drop)
+                .map_err(built),
+            ComponentKind::TrainingService => Ok(()),
+        })
     }
 }
 

@@ -56,6 +56,10 @@ pub enum ManagerError {
     /// Every environment is gone (hosts unreachable or lost) while trials wait.
     #[error("{0}")]
     NoEnvironment(String),
+    /// The experiment never started (a component could not be built, no environment came up):
+    /// no trial ran. A caller that just created it may take it back.
+    #[error("{0}")]
+    NotStarted(Box<ManagerError>),
 }
 
 /// A snapshot for progress displays, published after every change.
@@ -162,7 +166,7 @@ pub async fn run(
                     message: Some(e.to_string()),
                 })
                 .await?;
-            return Err(e);
+            return Err(ManagerError::NotStarted(Box::new(e)));
         }
     };
     let result = manager.run_loop().await;

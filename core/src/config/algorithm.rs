@@ -1,0 +1,240 @@
+//! Checking `tuner` (or `advisor`) and `assessor` by building them: the plugin that exports the
+//! name is found, the component is constructed with its `classArgs` and, for a tuner, given the
+//! search space; then it is dropped. Nothing runs (no trial, no service), but every refusal
+//! `knob create` would meet later is found here, at the place in the file it is about:
+//!
+//! - an unknown name, at `name` (the message says where knob looked);
+//! - `className` (NNI's Python algorithms), at `className`;
+//! - a constructor's refusal, at the `classArgs` key its message names (`unknown field
+//!   "stesp"`, `optimize_mode must be ...`), else at `classArgs`, else at `name`;
+//! - a tuner's refusal of the search space, at `searchSpace` or `searchSpaceFile`.
+
+use knob_plugin_api::ComponentKind;
+use serde_json::Value as Json;
+
+use super::reader::{normalize_key, Reader};
+use super::yaml::{Node, Pos, Value};
+
+/// An algorithm read up to its plugin: checked once the plugins are known.
+pub(crate) struct PendingAlgorithm {
+    pub kind: ComponentKind,
+    /// `tuner`, `advisor` or `assessor`.
+    pub path: String,
+    /// The algorithm's mapping as written, for positions.
+    pub node: Node,
+    pub name: Option<String>,
+    pub class_name: Option<String>,
+    pub class_args: serde_json::Map<String, Json>,
+}
+
+/// Why building an algorithm failed, one line each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AlgorithmProblem {
+    /// No plugin exports the name (or two do).
+    Name(String),
+    /// The constructor refused its classArgs (or failed otherwise).
+    Constructor(String),
+    /// The tuner refused the search space.
+    SearchSpace(String),
+}
+
+/// Checks each pending algorithm with `build` (see `ServiceChecker::check_algorithm`);
+/// `search_space` (the config's, once it was read without error) goes to tuners.
+pub(crate) fn check_algorithms(
+    reader: &mut Reader,
+    checker: &dyn super::ServiceChecker,
+    pending: &[PendingAlgorithm],
+    search_space: Option<&Json>,
+    document: Option<&Node>,
+) {
+    for algorithm in pending {
+        let field = |name: &str| child(&algorithm.node, name);
+        if let Some(class_name) = &algorithm.class_name {
+            let (pos, path) = located(&algorithm.path, field("className"), "className", None);
+            let what = match algorithm.kind {
+                ComponentKind::Tuner => "tuner",
+                _ => "assessor",
+            };
+            let message = format!(
+                "{class_name} names a Python {what} class (NNI's custom algorithms), which knob cannot run yet; \
+                 use the name of a built-in or plugin {what} (`knob plugin list`), or write it as a plugin"
+            );
+            reader.error(pos, &path, message);
+            continue;
+        }
+        let Some(name) = &algorithm.name else {
+            continue;
+        };
+        let space = match algorithm.kind {
+            ComponentKind::Tuner => search_space,
+            _ => None,
+        };
+        let args = Json::Object(algorithm.class_args.clone());
+        let Some(Err(problem)) = checker.check_algorithm(algorithm.kind, name, &args, space) else {
+            continue;
+        };
+        match problem {
+            AlgorithmProblem::Name(message) => {
+                let (pos, path) = located(&algorithm.path, field("name"), "name", None);
+                reader.error(pos, &path, message);
+            }
+            AlgorithmProblem::Constructor(message) => {
+                let class_args = field("classArgs");
+                let named = class_args.and_then(|(_, node)| named_argument(node, &message));
+                let (pos, path) = match (named, class_args) {
+                    (Some((key, key_node)), _) => {
+                        (key_node.pos, format!("{}.classArgs.{key}", algorithm.path))
+                    }
+                    (None, Some(_)) => located(&algorithm.path, class_args, "classArgs", None),
+                    (None, None) => located(&algorithm.path, field("name"), "name", None),
+                };
+                reader.error(pos, &path, message);
+            }
+            AlgorithmProblem::SearchSpace(message) => {
+                let written = document.and_then(|root| {
+                    child(root, "searchSpace").or_else(|| child(root, "searchSpaceFile"))
+                });
+                let (pos, path) = match written {
+                    Some((key, node)) => (node.pos.or(key.pos), key.key_text()),
+                    None => (None, "searchSpace".to_owned()),
+                };
+                // Tuners often start their messages with their own name; say it once.
+                let own = message
+                    .strip_prefix(name.as_str())
+                    .and_then(|rest| rest.strip_prefix(": "))
+                    .unwrap_or(&message);
+                let message = format!("tuner {name} refuses this search space: {own}");
+                reader.error(pos, &path, message);
+            }
+        }
+    }
+}
+
+/// The position and field path of `field` (a child of the algorithm at `parent`), falling back
+/// to the algorithm's own place.
+fn located(
+    parent: &str,
+    field: Option<(&Node, &Node)>,
+    name: &str,
+    fallback: Option<Pos>,
+) -> (Option<Pos>, String) {
+    match field {
+        Some((key, value)) => (
+            value.pos.or(key.pos).or(fallback),
+            format!("{parent}.{}", key.key_text()),
+        ),
+        None => (fallback, format!("{parent}.{name}")),
+    }
+}
+
+/// The key and value of `name` in a mapping, keys matched as NNI matches them.
+fn child<'n>(node: &'n Node, name: &str) -> Option<(&'n Node, &'n Node)> {
+    let Value::Map(pairs) = &node.value else {
+        return None;
+    };
+    let wanted = normalize_key(name);
+    pairs
+        .iter()
+        .find(|(key, _)| normalize_key(&key.key_text()) == wanted)
+        .map(|(key, value)| (key, value))
+}
+
+/// The classArgs key a constructor's message is about, with its key node: the first one it
+/// quotes (`"stesp"`, `` `stesp` ``, `'stesp'`), else the first it names as a whole word.
+/// Plugin errors are free text; this is how `classArgs of Sweep: unknown field `stesp`,
+/// expected `steps`` reaches the line of `stesp` (named first; `steps` is what is allowed).
+fn named_argument<'n>(class_args: &'n Node, message: &str) -> Option<(String, &'n Node)> {
+    let Value::Map(pairs) = &class_args.value else {
+        return None;
+    };
+    let first = |at: &dyn Fn(&str) -> Option<usize>| {
+        pairs
+            .iter()
+            .filter_map(|(key, _)| {
+                let text = key.key_text();
+                at(&text).map(|index| (index, text, key))
+            })
+            .min_by_key(|(index, text, _)| (*index, std::cmp::Reverse(text.len())))
+            .map(|(_, text, key)| (text, key))
+    };
+    let quoted = |key: &str| {
+        ['"', '`', '\'']
+            .iter()
+            .filter_map(|q| message.find(&format!("{q}{key}{q}")))
+            .min()
+    };
+    first(&quoted).or_else(|| first(&|key: &str| word_at(message, key)))
+}
+
+/// Where `word` first occurs in `text` not as part of a longer identifier.
+fn word_at(text: &str, word: &str) -> Option<usize> {
+    if word.is_empty() {
+        return None;
+    }
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word).map(|(at, _)| at).find(|&at| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(keys: &[&str]) -> Node {
+        let pairs = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let pos = Some(Pos {
+                    line: i + 1,
+                    column: 3,
+                });
+                (
+                    Node {
+                        value: Value::Str((*key).into()),
+                        pos,
+                    },
+                    Node {
+                        value: Value::Int(1),
+                        pos,
+                    },
+                )
+            })
+            .collect();
+        Node {
+            value: Value::Map(pairs),
+            pos: None,
+        }
+    }
+
+    fn named(keys: &[&str], message: &str) -> Option<String> {
+        named_argument(&args(keys), message).map(|(key, _)| key)
+    }
+
+    #[test]
+    fn the_argument_a_message_names_is_found() {
+        let keys = ["seed", "steps", "optimze_mode"];
+        // serde's deny_unknown_fields, and the built-in tuners' own wording.
+        assert_eq!(
+            named(
+                &keys,
+                "classArgs of Sweep: unknown field `optimze_mode`, expected `steps`"
+            ),
+            Some("optimze_mode".into())
+        );
+        assert_eq!(
+            named(&keys, "classArgs of TPE: unknown argument \"optimze_mode\"; TPE takes seed, optimize_mode"),
+            Some("optimze_mode".into())
+        );
+        assert_eq!(
+            named(&keys, "classArgs of Sweep: steps must be at least 2"),
+            Some("steps".into())
+        );
+        // `seed` inside `seeds` is not the argument `seed`.
+        assert_eq!(named(&["seed"], "seeds must differ"), None);
+        assert_eq!(named(&keys, "something else broke"), None);
+    }
+}
