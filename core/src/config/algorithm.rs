@@ -47,6 +47,9 @@ pub(crate) fn check_algorithms(
     search_space: Option<&Json>,
     document: Option<&Node>,
 ) {
+    if !checker.checks_algorithms() {
+        return;
+    }
     for algorithm in pending {
         let field = |name: &str| child(&algorithm.node, name);
         if let Some(class_name) = &algorithm.class_name {

@@ -38,8 +38,9 @@
 //! A config with `trainingServicePlatform` is NNI v1: [`v1`] converts it to a v2 document first,
 //! as NNI 2.x and 3.0 do, and a warning says so. Errors keep the v1 field names and positions.
 //!
-//! Tuner and assessor *names* are checked against the loaded plugins by the caller, not here;
-//! training services are checked here, by their plugins ([`ServiceSource`]).
+//! The plugins check the rest, here ([`ServiceSource`]): each training service its own entry,
+//! and the tuner and assessor are built with their classArgs (a tuner also given the search
+//! space) and dropped, nothing run (see `algorithm`).
 
 mod algorithm;
 mod canonical;

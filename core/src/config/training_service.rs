@@ -35,9 +35,14 @@ pub trait ServiceChecker {
         config: &serde_json::Value,
         context: &ServiceContext,
     ) -> Result<ConfigCheck, String>;
+    /// Whether this checker builds tuners and assessors ([`ServiceChecker::check_algorithm`]);
+    /// not the tests that link the services in, which check the config's reading alone.
+    fn checks_algorithms(&self) -> bool {
+        false
+    }
     /// Builds the tuner or assessor `name` from `class_args` and, given a search space, hands
     /// it over (a tuner), then drops it: nothing runs. `None` when this checker does not build
-    /// algorithms (tests that link the services in).
+    /// algorithms.
     fn check_algorithm(
         &self,
         _kind: ComponentKind,
@@ -62,6 +67,10 @@ impl ServiceChecker for PluginRegistry {
     ) -> Result<ConfigCheck, String> {
         self.check_training_service(platform, config, context)
             .map_err(|e| e.to_string())
+    }
+
+    fn checks_algorithms(&self) -> bool {
+        true
     }
 
     fn check_algorithm(
