@@ -4,7 +4,7 @@
 //! work from the page. Screenshots go to `target/browser-screenshots/`.
 //!
 //! Gated by `KNOB_TEST_CHROMIUM` and `KNOB_TEST_CHROMEDRIVER` (the two binaries; `.ci/run`
-//! installs Debian's `chromium` and `chromium-driver` and sets both).
+//! installs Debian's `chromium` and `chromium-driver` and sets both; see `prerequisite.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use crate::api::start;
 use crate::create::Sandbox;
+use crate::prerequisite;
 
 /// Each trial waits (at most 60 s) for a file named after its sequence number in the gate
 /// folder, then reports one intermediate and one final result.
@@ -54,14 +55,14 @@ fn free_port() -> u16 {
 }
 
 /// Starts chromedriver and waits (bounded) until it accepts connections.
-fn start_driver(chromedriver: &str) -> Driver {
+fn start_driver(chromedriver: &Path) -> Driver {
     let port = free_port();
     let child = Command::new(chromedriver)
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {chromedriver}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", chromedriver.display()));
     let driver = Driver { child, port };
     let deadline = Instant::now() + PATIENCE;
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -74,7 +75,7 @@ fn start_driver(chromedriver: &str) -> Driver {
     driver
 }
 
-async fn open_browser(driver: &Driver, chromium: &str, profile: &Path) -> Client {
+async fn open_browser(driver: &Driver, chromium: &Path, profile: &Path) -> Client {
     let mut capabilities = serde_json::Map::new();
     capabilities.insert(
         "goog:chromeOptions".to_string(),
@@ -155,14 +156,10 @@ fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
-    let (Ok(chromium), Ok(chromedriver)) = (
-        std::env::var("KNOB_TEST_CHROMIUM"),
-        std::env::var("KNOB_TEST_CHROMEDRIVER"),
+    let (Some(chromium), Some(chromedriver)) = (
+        prerequisite::CHROMIUM.path(),
+        prerequisite::CHROMEDRIVER.path(),
     ) else {
-        eprintln!(
-            "skipped: set KNOB_TEST_CHROMIUM=/usr/bin/chromium and \
-             KNOB_TEST_CHROMEDRIVER=/usr/bin/chromedriver to run the browser test"
-        );
         return;
     };
     let sandbox = Sandbox::new();

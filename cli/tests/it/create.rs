@@ -365,7 +365,7 @@ fn a_gpu_experiment_without_gpus_fails_at_create_with_the_reason() {
         &[],
     );
     if std::path::Path::new("/dev/nvidia0").exists() {
-        eprintln!("skipped: this machine has an NVIDIA GPU");
+        crate::prerequisite::not_applicable("this machine has an NVIDIA GPU");
         return;
     }
     let mut command = sandbox.knob();

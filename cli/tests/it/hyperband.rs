@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::create::Sandbox;
+use crate::prerequisite::{self, Prerequisite};
 use crate::run;
 
 /// R=3, eta=3, serial: bracket 0-1 runs three configurations at budget 1, then the best at 3;
@@ -224,19 +225,18 @@ fn hyperband_survives_a_sigkill_of_the_manager_mid_bracket() {
 /// v3 HTTP channel.
 #[test]
 fn an_nni_3_trial_gets_its_string_id_and_budget_and_its_metrics_are_recorded() {
-    check_nni_under_hyperband("KNOB_TEST_NNI3_PYTHON");
+    check_nni_under_hyperband(&prerequisite::NNI3_PYTHON);
 }
 
 /// The same with nni 2.x, which reads `parameter.cfg` and writes `.nni/metrics`, where its
 /// records carry the string id back.
 #[test]
 fn an_nni_2_trial_gets_its_string_id_and_budget_and_its_metrics_are_recorded() {
-    check_nni_under_hyperband("KNOB_TEST_NNI2_PYTHON");
+    check_nni_under_hyperband(&prerequisite::NNI2_PYTHON);
 }
 
-fn check_nni_under_hyperband(variable: &str) {
-    let Some(python) = std::env::var_os(variable).filter(|p| !p.is_empty()) else {
-        eprintln!("skipped: {variable} is not set (a python with nni; .ci/nni-venvs.sh prints it)");
+fn check_nni_under_hyperband(nni_python: &Prerequisite) {
+    let Some(python) = nni_python.path() else {
         return;
     };
     let script = r#"import json, os

@@ -13,6 +13,8 @@ mod nni_names;
 mod nni_v1;
 mod plugin;
 mod plugin_checks;
+#[path = "../../../training-services/tests/it/prerequisite.rs"]
+mod prerequisite;
 mod remote;
 mod resume;
 mod space;

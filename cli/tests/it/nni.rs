@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::prerequisite;
 use crate::{knob, repo_root, run};
 
 /// How long one experiment may take before the test stops it (4 trials, 2 at a time; nni
@@ -41,14 +42,14 @@ enum Channel {
 
 #[test]
 fn nni_3_trials_use_the_v3_http_channel_and_their_metrics_reach_the_store() {
-    if let Some(python) = python_from("KNOB_TEST_NNI3_PYTHON") {
+    if let Some(python) = prerequisite::NNI3_PYTHON.path() {
         check_nni_experiment(&python, Channel::V3Http, None);
     }
 }
 
 #[test]
 fn nni_2_trials_use_the_file_channel_and_their_metrics_reach_the_store() {
-    if let Some(python) = python_from("KNOB_TEST_NNI2_PYTHON") {
+    if let Some(python) = prerequisite::NNI2_PYTHON.path() {
         check_nni_experiment(&python, Channel::File, None);
     }
 }
@@ -71,20 +72,8 @@ fn without_nni_installed_the_shim_runs_the_nni_trials_on_knobs_protocol() {
 /// `nniShim: true` gives the shim even to a Python that has the real nni.
 #[test]
 fn nni_shim_true_replaces_an_installed_nni() {
-    if let Some(python) = python_from("KNOB_TEST_NNI3_PYTHON") {
+    if let Some(python) = prerequisite::NNI3_PYTHON.path() {
         check_nni_experiment(&python, Channel::KnobShim, Some(true));
-    }
-}
-
-fn python_from(var: &str) -> Option<PathBuf> {
-    match std::env::var_os(var) {
-        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            eprintln!(
-                "skipped: {var} is not set (a python with nni installed; .ci/nni-venvs.sh prints it)"
-            );
-            None
-        }
     }
 }
 

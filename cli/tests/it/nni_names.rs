@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::bin_dir;
 use crate::create::Sandbox;
+use crate::prerequisite;
 
 fn built_in_registry() -> PluginRegistry {
     for library in ["knob_tuners", "knob_assessors"] {
@@ -166,16 +167,5 @@ fn the_table_matches_the_installed_nni_3_0_file() {
 }
 
 fn nni3_python() -> Option<PathBuf> {
-    match std::env::var_os("KNOB_TEST_NNI3_PYTHON") {
-        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            let why = "KNOB_TEST_NNI3_PYTHON is not set (a python with nni 3.0; .ci/nni-venvs.sh prints it)";
-            assert!(
-                std::env::var_os("KNOB_TEST_REQUIRE_ALL").is_none_or(|v| v != "1"),
-                "{why}, and KNOB_TEST_REQUIRE_ALL=1"
-            );
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    prerequisite::NNI3_PYTHON.path()
 }

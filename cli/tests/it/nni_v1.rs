@@ -10,6 +10,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::create::Sandbox;
+use crate::prerequisite;
 use crate::run;
 
 const TRIAL: &str = r#"import json, os
@@ -242,16 +243,5 @@ fn compare(python: &Path, script: &Path, v1: &Path, v2: &Path) -> Value {
 }
 
 fn nni3_python() -> Option<PathBuf> {
-    match std::env::var_os("KNOB_TEST_NNI3_PYTHON") {
-        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            let why = "KNOB_TEST_NNI3_PYTHON is not set (a python with nni 3.0; .ci/nni-venvs.sh prints it)";
-            assert!(
-                std::env::var_os("KNOB_TEST_REQUIRE_ALL").is_none_or(|v| v != "1"),
-                "{why}, and KNOB_TEST_REQUIRE_ALL=1"
-            );
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    prerequisite::NNI3_PYTHON.path()
 }

@@ -2,7 +2,9 @@
 //! host key and client key; one with password login), the real `remote` training service and
 //! the real `knob-agent` (built by `cargo build --workspace` beside `knob`).
 //!
-//! Gated by `KNOB_TEST_SSHD` (the sshd binary): without it every test here says why it skips.
+//! Gated by `KNOB_TEST_SSHD` (the sshd binary; see `prerequisite.rs`), the password tests also by
+//! root, `unshare` and `openssl`: without them a test says it skips, or fails under
+//! `KNOB_TEST_REQUIRE_ALL=1`.
 
 #[path = "../../../training-services/tests/it/sshd.rs"]
 mod sshd;
@@ -23,10 +25,6 @@ const PASSWORD: &str = "pw-9f3c1e7a-knob-leak-check";
 
 /// How long a whole experiment of a test may take.
 const EXPERIMENT_LIMIT: Duration = Duration::from_secs(180);
-
-fn sshd_or_skip(test: &str) -> Option<PathBuf> {
-    sshd::sshd_binary(test)
-}
 
 fn key_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
     Sshd::start(
@@ -292,9 +290,12 @@ fn running_on(export: &Value, environment: &str) -> usize {
 
 #[test]
 fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_no_password() {
-    let Some(sshd) = sshd_or_skip("remote spread") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
+    if !sshd::password_login() {
+        return;
+    }
     let hosts = [
         key_host(&sshd, &[]),
         key_host(&sshd, &[]),
@@ -448,7 +449,7 @@ fn assert_api_never_serves(sandbox: &Sandbox, id: &str, secret: &str) {
 
 #[test]
 fn a_hybrid_experiment_runs_trials_locally_and_remotely() {
-    let Some(sshd) = sshd_or_skip("remote hybrid") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
     let host = key_host(&sshd, &[]);
@@ -485,7 +486,7 @@ fn a_hybrid_experiment_runs_trials_locally_and_remotely() {
 
 #[test]
 fn an_unknown_host_key_is_refused_with_a_clear_message() {
-    let Some(sshd) = sshd_or_skip("remote unknown host key") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
     let host = key_host(&sshd, &[]);
@@ -515,7 +516,7 @@ fn an_unknown_host_key_is_refused_with_a_clear_message() {
 
 #[test]
 fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
-    let Some(sshd) = sshd_or_skip("remote unreachable host") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
     let host = key_host(&sshd, &[]);
@@ -564,7 +565,7 @@ fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
 
 #[test]
 fn a_host_killed_mid_experiment_has_its_trials_run_again_elsewhere() {
-    let Some(sshd) = sshd_or_skip("remote host killed") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
     let survivor = key_host(&sshd, &[]);
@@ -646,7 +647,7 @@ fn a_host_killed_mid_experiment_has_its_trials_run_again_elsewhere() {
 
 #[test]
 fn dropped_connections_lose_and_duplicate_no_trial() {
-    let Some(sshd) = sshd_or_skip("remote dropped connections") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
     let first = key_host(&sshd, &[]);
@@ -695,7 +696,7 @@ fn dropped_connections_lose_and_duplicate_no_trial() {
 
 #[test]
 fn simulated_gpus_on_two_hosts_are_never_shared_by_concurrent_trials() {
-    let Some(sshd) = sshd_or_skip("remote simulated GPUs") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
     let gpus = [("KNOB_SIMULATE_GPUS", "2x16GiB")];
@@ -760,9 +761,12 @@ fn simulated_gpus_on_two_hosts_are_never_shared_by_concurrent_trials() {
 
 #[test]
 fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cannot() {
-    let Some(sshd) = sshd_or_skip("remote resume") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
+    if !sshd::password_login() {
+        return;
+    }
     let host = password_host(&sshd);
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[&host]);
@@ -838,7 +842,7 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
 
 #[test]
 fn a_hybrid_gpu_experiment_runs_on_remote_gpus_when_this_machine_has_none() {
-    let Some(sshd) = sshd_or_skip("remote hybrid GPUs") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
     let host = key_host(&sshd, &[("KNOB_SIMULATE_GPUS", "2x16GiB")]);
@@ -914,7 +918,7 @@ kill -KILL $$
 
 #[test]
 fn a_trial_whose_host_is_lost_again_and_again_is_failed_after_three_requeues() {
-    let Some(sshd) = sshd_or_skip("remote host-loss bound") else {
+    let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
     let hosts: Vec<Sshd> = (0..4).map(|_| key_host(&sshd, &[])).collect();

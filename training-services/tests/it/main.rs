@@ -7,6 +7,7 @@ mod lifecycle;
 mod nni_file;
 mod nni_v3;
 mod plugin;
+mod prerequisite;
 mod real_nni;
 mod remote;
 mod runner;

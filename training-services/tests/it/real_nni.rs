@@ -1,5 +1,6 @@
 //! A real `import nni` script against the service, over both NNI channels. Runs only when
-//! `KNOB_TEST_NNI_PYTHON` names a Python that has `nni` installed (CI sets it up).
+//! `KNOB_TEST_NNI_PYTHON` names a Python that has `nni` installed (CI sets it up); see
+//! `prerequisite.rs`.
 
 use knob_plugin_api::metric::parse_lenient;
 use knob_plugin_api::service::MetricKind;
@@ -9,10 +10,10 @@ use crate::support::*;
 
 #[test]
 fn unmodified_nni_script_works_over_the_v3_and_the_file_channel() {
-    let Ok(python) = std::env::var("KNOB_TEST_NNI_PYTHON") else {
-        eprintln!("skipped: set KNOB_TEST_NNI_PYTHON=/path/to/venv/bin/python (with nni) to run");
+    let Some(python) = crate::prerequisite::NNI_PYTHON.path() else {
         return;
     };
+    let python = python.display().to_string();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/nni_trial.py");
     let version = std::process::Command::new(&python)
         .args(["-c", "import nni; print(nni.__version__)"])

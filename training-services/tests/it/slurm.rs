@@ -23,15 +23,8 @@ use crate::support::{ending, metrics, of_trial, request, warnings, Events};
 static CLUSTER: Mutex<()> = Mutex::new(());
 
 /// The cluster for one test at a time, or `None` (after a visible skip) when there is none.
-fn cluster(test: &str) -> Option<MutexGuard<'static, ()>> {
-    if std::env::var("KNOB_TEST_SLURM").as_deref() != Ok("1") {
-        let message = format!(
-            "skipping {test}: set KNOB_TEST_SLURM=1 with a Slurm cluster up (.ci/slurm.sh starts one)"
-        );
-        if std::env::var("KNOB_TEST_REQUIRE_ALL").as_deref() == Ok("1") {
-            panic!("{message} (KNOB_TEST_REQUIRE_ALL=1)");
-        }
-        eprintln!("{message}");
+fn cluster() -> Option<MutexGuard<'static, ()>> {
+    if !crate::prerequisite::SLURM.enabled() {
         return None;
     }
     Some(CLUSTER.lock().unwrap_or_else(|p| p.into_inner()))
@@ -195,8 +188,7 @@ fn lost_reason(events: &[ServiceEvent]) -> Option<String> {
 
 #[test]
 fn reuse_mode_runs_trials_in_one_allocation_and_stop_leaves_no_job() {
-    let Some(_cluster) = cluster("reuse_mode_runs_trials_in_one_allocation_and_stop_leaves_no_job")
-    else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("reuse");
@@ -248,7 +240,7 @@ fn reuse_mode_runs_trials_in_one_allocation_and_stop_leaves_no_job() {
 
 #[test]
 fn fifty_trials_through_two_allocations() {
-    let Some(_cluster) = cluster("fifty_trials_through_two_allocations") else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("fifty");
@@ -289,8 +281,7 @@ fn fifty_trials_through_two_allocations() {
 
 #[test]
 fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory() {
-    let Some(_cluster) = cluster("per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory")
-    else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("perjob");
@@ -363,8 +354,7 @@ fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory() {
 
 #[test]
 fn a_job_cancelled_outside_knob_loses_its_trial_and_is_replaced() {
-    let Some(_cluster) = cluster("a_job_cancelled_outside_knob_loses_its_trial_and_is_replaced")
-    else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("scancel");
@@ -428,7 +418,7 @@ fn a_job_cancelled_outside_knob_loses_its_trial_and_is_replaced() {
 
 #[test]
 fn a_bad_partition_is_one_line_naming_it_and_quoting_sbatch() {
-    let Some(_cluster) = cluster("a_bad_partition_is_one_line_naming_it_and_quoting_sbatch") else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("badpart");
@@ -473,7 +463,7 @@ impl Drop for Drained {
 
 #[test]
 fn on_a_drained_node_trials_wait_with_slurms_reason() {
-    let Some(_cluster) = cluster("on_a_drained_node_trials_wait_with_slurms_reason") else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("drain");
@@ -506,7 +496,7 @@ fn on_a_drained_node_trials_wait_with_slurms_reason() {
 
 #[test]
 fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
-    let Some(_cluster) = cluster("a_new_run_cancels_the_jobs_an_earlier_run_left") else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("resume");
@@ -578,9 +568,7 @@ fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
 
 #[test]
 fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
-    let Some(_cluster) =
-        cluster("an_allocation_reaching_its_time_limit_drains_and_loses_its_trial")
-    else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("timelimit");
@@ -647,8 +635,7 @@ fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
 
 #[test]
 fn a_requeued_allocation_loses_its_trials_once_and_takes_new_ones() {
-    let Some(_cluster) = cluster("a_requeued_allocation_loses_its_trials_once_and_takes_new_ones")
-    else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let world = World::new("requeue");

@@ -1,8 +1,8 @@
 //! A real OpenSSH server on 127.0.0.1 for tests: its own port, host key, authorized keys and
 //! config, run in the foreground (`sshd -D -e`) by the test itself.
 //!
-//! Self-contained (std only) so that other crates' tests can include it with
-//! `#[path = "../../../training-services/tests/it/sshd.rs"] mod sshd;`.
+//! Self-contained (std only, and `prerequisite.rs` beside it) so that other crates' tests can
+//! include it with `#[path = "../../../training-services/tests/it/sshd.rs"] mod sshd;`.
 //!
 //! Password login as root without touching the real `/etc/shadow`: sshd runs inside
 //! `unshare --mount`, with a generated shadow file (root's password hashed by
@@ -20,30 +20,29 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The variable naming the sshd binary; tests that need sshd skip when it is unset.
-pub const SSHD_VARIABLE: &str = "KNOB_TEST_SSHD";
 const MARK_VARIABLE: &str = "KNOB_TEST_SSHD_MARK";
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The sshd binary, or `None` with the reason printed (the test should return).
-pub fn sshd_binary(test: &str) -> Option<PathBuf> {
-    match std::env::var_os(SSHD_VARIABLE) {
-        Some(path) if Path::new(&path).is_file() => Some(PathBuf::from(path)),
-        Some(path) => {
-            eprintln!("skipping {test}: {SSHD_VARIABLE}={path:?} is not a file");
-            None
+/// The sshd binary ([`crate::prerequisite::SSHD`]), or `None` after the test said it skips:
+/// the test returns.
+pub fn sshd_binary() -> Option<PathBuf> {
+    crate::prerequisite::SSHD.path()
+}
+
+/// Whether password login can be set up here (root, `unshare` and `openssl`); when it cannot,
+/// the test was reported skipped (or failed under `KNOB_TEST_REQUIRE_ALL=1`) and returns.
+pub fn password_login() -> bool {
+    match password_login_unavailable() {
+        Some(why) => {
+            crate::prerequisite::missing(&why);
+            false
         }
-        None => {
-            eprintln!(
-                "skipping {test}: set {SSHD_VARIABLE}=/usr/sbin/sshd to run tests against a real sshd"
-            );
-            None
-        }
+        None => true,
     }
 }
 
 /// Why password login cannot be set up here (it needs root, `unshare` and `openssl`), if so.
-pub fn password_login_unavailable() -> Option<String> {
+fn password_login_unavailable() -> Option<String> {
     let uid = Command::new("id").arg("-u").output().ok()?;
     if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
         return Some("password login needs root (a shadow file is bind-mounted in a private mount namespace)".to_string());
