@@ -71,6 +71,11 @@ for library in libknob_tuners.so libknob_assessors.so libknob_training_services.
   fi
 done
 echo "wheel: knob-agent: $(as_user knob-agent --version)"
+# The man page the wheel installed is the one this knob prints.
+if ! as_user knob man | cmp -s - "$venv/share/man/man1/knob.1"; then
+  echo "wheel: $venv/share/man/man1/knob.1 is missing or not what \`knob man\` prints" >&2
+  exit 1
+fi
 
 "$tools/bin/mypy" --strict --no-incremental --cache-dir=/dev/null python/knob python/knob_trial python/shim/nni.py python/tests
 

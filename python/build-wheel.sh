@@ -42,6 +42,15 @@ for plugin in "${plugins[@]}"; do
     cp "$built/$plugin" "$stage/data/lib/knob/plugins/"
 done
 
+# `man knob` in an activated virtualenv finds <venv>/share/man; the completion scripts go where
+# a system install keeps them, for a user to source or link.
+mkdir -p "$stage/data/share/man/man1" "$stage/data/share/bash-completion/completions" \
+    "$stage/data/share/zsh/site-functions" "$stage/data/share/fish/vendor_completions.d"
+"$built/knob" man >"$stage/data/share/man/man1/knob.1"
+"$built/knob" completions bash >"$stage/data/share/bash-completion/completions/knob"
+"$built/knob" completions zsh >"$stage/data/share/zsh/site-functions/_knob"
+"$built/knob" completions fish >"$stage/data/share/fish/vendor_completions.d/knob.fish"
+
 echo "build-wheel: maturin build --profile $profile" >&2
 rm -rf "$root/target/wheels"
 (cd "$root/python" && "$maturin" build --quiet --profile "$profile" --out "$root/target/wheels") >&2
@@ -53,7 +62,7 @@ fi
 # What must be inside, by name: a wheel without its plugins would install and then fail to run.
 listing=$(python3 -m zipfile -l "${wheels[0]}")
 for member in scripts/knob scripts/knob-agent "${plugins[@]/#/data/lib/knob/plugins/}" \
-    knob/__init__.py knob_trial/__init__.py; do
+    data/share/man/man1/knob.1 knob/__init__.py knob_trial/__init__.py; do
     if ! grep -q "$member" <<<"$listing"; then
         echo "error: ${wheels[0]} lacks $member" >&2
         exit 1

@@ -237,7 +237,7 @@ fn take_back(
     }
 }
 
-fn optimize_maximize(config: &ExperimentConfig) -> bool {
+pub(crate) fn optimize_maximize(config: &ExperimentConfig) -> bool {
     let mode = config
         .tuner
         .class_args

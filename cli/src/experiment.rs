@@ -18,7 +18,12 @@ use crate::table::{final_cell, render};
 #[derive(Subcommand)]
 pub enum ExperimentCommand {
     /// Every experiment knob knows, oldest first.
-    List,
+    List {
+        /// Accepted for nnictl's `experiment list --all`: knob always lists every experiment,
+        /// running or not.
+        #[arg(long)]
+        all: bool,
+    },
     /// One experiment's status, config and trial counts.
     Show { id: String },
     /// Every trial with its parameters, status, times and metrics.
@@ -46,13 +51,20 @@ pub enum TrialCommand {
         /// Only trials with this status (e.g. FAILED); repeat for several.
         #[arg(long)]
         status: Vec<String>,
+        /// Only the N best trials by final result (by the tuner's optimize_mode), best first,
+        /// as nnictl's `trial ls --head N`.
+        #[arg(long, value_name = "N", conflicts_with = "tail")]
+        head: Option<usize>,
+        /// Only the N worst trials by final result, worst first (nnictl's `--tail N`).
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
     },
 }
 
 pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     match command {
-        ExperimentCommand::List => list(&registry),
+        ExperimentCommand::List { all: _ } => list(&registry),
         ExperimentCommand::Show { id } => show(&registry.get(&id)?),
         ExperimentCommand::Export { id, format, output } => {
             let entry = registry.get(&id)?;
@@ -80,7 +92,12 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
 pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     match command {
-        TrialCommand::Ls { id, status } => {
+        TrialCommand::Ls {
+            id,
+            status,
+            head,
+            tail,
+        } => {
             let statuses = status
                 .iter()
                 .map(|s| {
@@ -95,11 +112,23 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let reader = open(&registry.get(&id)?)?;
-            let trials = reader.trials(&TrialQuery {
+            let mut trials = reader.trials(&TrialQuery {
                 statuses,
                 offset: 0,
                 limit: None,
             })?;
+            if let Some((count, best_first)) = head.map(|n| (n, true)).or(tail.map(|n| (n, false)))
+            {
+                let maximize = match reader.experiment()? {
+                    Some(summary) => crate::create::optimize_maximize(
+                        &serde_json::from_value(summary.config).with_context(|| {
+                            format!("experiment {id}: its stored config cannot be read")
+                        })?,
+                    ),
+                    None => true,
+                };
+                trials = ranked(trials, maximize, best_first, count);
+            }
             let rows: Vec<Vec<String>> = trials
                 .iter()
                 .map(|t| {
@@ -142,6 +171,31 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// The `count` trials with a final value that rank first: best first when `best_first`
+/// (highest when `maximize`), worst first otherwise. Ties keep submission order.
+fn ranked(
+    trials: Vec<knob_core::store::TrialRow>,
+    maximize: bool,
+    best_first: bool,
+    count: usize,
+) -> Vec<knob_core::store::TrialRow> {
+    let mut valued: Vec<_> = trials
+        .into_iter()
+        .filter(|t| t.final_value.is_some_and(f64::is_finite))
+        .collect();
+    let descending = maximize == best_first;
+    valued.sort_by(|a, b| {
+        let (a, b) = (a.final_value.unwrap(), b.final_value.unwrap());
+        if descending {
+            b.total_cmp(&a)
+        } else {
+            a.total_cmp(&b)
+        }
+    });
+    valued.truncate(count);
+    valued
 }
 
 fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {

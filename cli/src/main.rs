@@ -15,7 +15,7 @@ mod top;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -64,6 +64,13 @@ enum Command {
     /// Validate and sample NNI search-space files.
     #[command(subcommand)]
     Space(space::SpaceCommand),
+    /// Print a shell completion script: `knob completions bash > ~/.local/share/bash-completion/completions/knob`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print knob's man page (roff): `knob man > ~/.local/share/man/man1/knob.1`.
+    Man,
 }
 
 #[derive(Subcommand)]
@@ -117,6 +124,14 @@ fn main() -> ExitCode {
         Command::Gpu { json } => gpu::run(json),
         Command::Plugin(command) => plugin::run(command),
         Command::Space(command) => space::run(command),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "knob", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(anyhow::Error::from),
     };
     match result {
         Ok(code) => code,

@@ -11,6 +11,7 @@ mod hyperband;
 mod nni;
 mod nni_names;
 mod nni_v1;
+mod nnictl;
 mod plugin;
 mod plugin_checks;
 #[path = "../../../training-services/tests/it/prerequisite.rs"]

@@ -1,0 +1,128 @@
+//! nnictl's habits that cost nothing: `knob experiment list --all`, `knob trial ls --head N` /
+//! `--tail N`, shell completions and the man page.
+
+use crate::create::Sandbox;
+use crate::{knob, run};
+
+/// Five trials whose finals are known: GridSearch over x in 0..5, each trial reporting
+/// (x - 2)², and x = 4 reporting NaN (no result, so never ranked).
+fn graded_experiment(sandbox: &Sandbox, mode: &str) {
+    let script = r#"x=$(python3 -c 'import json, os; print(json.loads(os.environ["KNOB_PARAMETERS"])["x"])')
+if [ "$x" = 4 ]; then echo "KNOB_FINAL NaN"; else echo "KNOB_FINAL $(( (x - 2) * (x - 2) ))"; fi
+"#;
+    let yaml = format!(
+        "trialCommand: bash trial.sh\ntrialConcurrency: 2\nsearchSpace:\n  x: {{_type: choice, _value: [0, 1, 2, 3, 4]}}\ntuner:\n  name: GridSearch\n  classArgs: {{optimize_mode: {mode}}}\ntrainingService:\n  platform: local"
+    );
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "graded");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+}
+
+/// The `x` of each trial `knob trial ls graded ARGS` lists, in its order.
+fn listed_xs(sandbox: &Sandbox, args: &[&str]) -> Vec<i64> {
+    let (code, stdout, stderr) = run(sandbox.knob().args(["trial", "ls", "graded"]).args(args));
+    assert_eq!(code, 0, "{stderr}");
+    stdout
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let start = line.find("{\"x\":").unwrap_or_else(|| panic!("{stdout}")) + 5;
+            let end = start + line[start..].find('}').unwrap();
+            line[start..end].parse().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn trial_ls_head_and_tail_rank_by_the_optimize_mode() {
+    let sandbox = Sandbox::new();
+    graded_experiment(&sandbox, "minimize");
+    // finals: x=0: 4, x=1: 1, x=2: 0, x=3: 1, x=4: NaN (never ranked).
+    assert_eq!(listed_xs(&sandbox, &["--head", "2"]), [2, 1]);
+    assert_eq!(listed_xs(&sandbox, &["--head", "9"]), [2, 1, 3, 0]);
+    assert_eq!(listed_xs(&sandbox, &["--tail", "1"]), [0]);
+    assert_eq!(listed_xs(&sandbox, &["--head", "0"]), Vec::<i64>::new());
+    assert_eq!(listed_xs(&sandbox, &[]).len(), 5);
+
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["trial", "ls", "graded", "--head", "1", "--tail", "1"]));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+#[test]
+fn trial_ls_head_is_the_highest_when_maximizing() {
+    let sandbox = Sandbox::new();
+    graded_experiment(&sandbox, "maximize");
+    assert_eq!(listed_xs(&sandbox, &["--head", "1"]), [0]);
+    assert_eq!(listed_xs(&sandbox, &["--tail", "1"]), [2]);
+}
+
+#[test]
+fn experiment_list_all_is_experiment_list() {
+    let sandbox = Sandbox::new();
+    graded_experiment(&sandbox, "minimize");
+    let plain = run(sandbox.knob().args(["experiment", "list"]));
+    let all = run(sandbox.knob().args(["experiment", "list", "--all"]));
+    assert_eq!(plain.0, 0, "{}", plain.2);
+    assert_eq!(all, plain);
+    assert!(all.1.contains("graded"), "{}", all.1);
+}
+
+#[test]
+fn completions_are_scripts_each_shell_accepts() {
+    for (shell, first_line_has) in [
+        ("bash", "_knob()"),
+        ("zsh", "#compdef knob"),
+        ("fish", "complete -c knob"),
+    ] {
+        let (code, script, stderr) = run(knob().args(["completions", shell]));
+        assert_eq!(code, 0, "{shell}: {stderr}");
+        assert!(script.contains(first_line_has), "{shell}:\n{script}");
+        for subcommand in ["create", "resume", "experiment", "completions", "man"] {
+            assert!(script.contains(subcommand), "{shell} lacks {subcommand}");
+        }
+    }
+    // bash parses its script (zsh and fish are checked where installed).
+    let (code, script, _) = run(knob().args(["completions", "bash"]));
+    assert_eq!(code, 0);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), script).unwrap();
+    let (code, _, stderr) = run(std::process::Command::new("bash")
+        .arg("-n")
+        .arg(file.path()));
+    assert_eq!(code, 0, "{stderr}");
+
+    let (code, _, stderr) = run(knob().args(["completions", "tcsh"]));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("possible values: bash"), "{stderr}");
+}
+
+#[test]
+fn the_man_page_is_roff_naming_every_command() {
+    let (code, page, stderr) = run(knob().arg("man"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(page.contains(".TH knob 1"), "{page}");
+    for subcommand in [
+        "create",
+        "resume",
+        "stop",
+        "experiment",
+        "trial",
+        "update",
+        "view",
+        "top",
+        "config",
+        "gpu",
+        "plugin",
+        "space",
+        "completions",
+        "man",
+    ] {
+        assert!(
+            page.contains(&format!("knob\\-{subcommand}(1)")),
+            "the man page lacks {subcommand}:\n{page}"
+        );
+    }
+}
