@@ -6,10 +6,16 @@ const STATUSES = ["WAITING", "RUNNING", "SUCCEEDED", "FAILED", "USER_CANCELED", 
 const state = {
   experiment: null,
   trials: new Map(),        // trial_id -> trial row
-  intermediate: new Map(),  // trial_id -> [value]
+  curves: new Map(),        // trial_id -> {attempt, points: [[seq, value]], seqs: Set}
+  complete: new Set(),      // trials whose whole curve is loaded (the rest: only what streamed in)
   lastSeq: 0,
+  connection: "connecting", // connecting | connected | reconnecting | gone
+  lastSeen: null,           // when the server last answered (ms)
   sort: { key: "sequence", desc: false },
   dirtyTrials: new Set(),
+  curveMode: "latest",      // latest | best
+  curveCount: null,         // 0 = all; null until the snapshot decides
+  curveLog: false,
   detail: null,
   tableRows: 200,           // rows drawn; "show more" adds TABLE_STEP (a DOM of 10 000 rows is slow)
 };
@@ -54,13 +60,17 @@ function flatParams(value, prefix = "", out = {}) {
   return out;
 }
 
-const fmt = (v) => (v === null || v === undefined ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(6)) : String(v));
+const fmt = (v) => (v === null || v === undefined ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(6)))) : String(v));
 const fmtDuration = (ms) => (ms === null || ms === undefined ? "–" : ms < 60000 ? (ms / 1000).toFixed(1) + "s" : (ms / 60000).toFixed(1) + "m");
 const maximize = () => !state.experiment || state.experiment.optimize_mode !== "minimize";
 
-// How many trials' intermediate curves the chart shows (the latest ones): a dashboard of an
-// experiment with 200 000 intermediate results downloads only these trials' metrics.
-const CURVES = 50;
+// The intermediate chart draws every trial's curve while there are at most ALL_CURVES_UP_TO
+// trials; beyond that it starts with the latest DEFAULT_CURVES (an experiment with 200 000
+// intermediate results would otherwise download all of them before its first paint) and says
+// so ("50 of 10000"), with a control to draw more, all of them included.
+const ALL_CURVES_UP_TO = 200;
+const DEFAULT_CURVES = 50;
+const CURVE_COUNTS = [10, 50, 200, 1000];
 
 async function loadSnapshot() {
   state.experiment = await api("/experiment");
@@ -70,14 +80,28 @@ async function loadSnapshot() {
     for (const t of page.trials) state.trials.set(t.trial_id, t);
     if (page.trials.length < 10000) break;
   }
-  const latest = [...state.trials.values()].filter((t) => t.started_ms !== null).sort((a, b) => b.sequence - a.sequence).slice(0, CURVES);
-  if (latest.length === 0) return;
-  const ids = latest.map((t) => encodeURIComponent(t.trial_id)).join(",");
-  for (let since = 0; since < state.lastSeq; ) {
-    const page = await api(`/metrics?trial_ids=${ids}&kind=intermediate&since=${since}&limit=10000`);
-    page.metrics.filter((m) => m.seq <= state.lastSeq).forEach(addMetric);
-    if (page.metrics.length < 10000) break;
-    since = page.last_seq;
+  state.snapshotTrials = new Set(state.trials.keys());
+  if (state.curveCount === null) state.curveCount = startedTrials().length <= ALL_CURVES_UP_TO ? 0 : DEFAULT_CURVES;
+  renderCurveControls();
+  await loadCurves(curveTrials().map((t) => t.trial_id));
+}
+
+const startedTrials = () => [...state.trials.values()].filter((t) => t.started_ms !== null && t.started_ms !== undefined);
+
+// Loads the whole curves of these trials (those not loaded yet), 500 trials a request. The
+// stream adds what comes later; a metric seen both ways is kept once (by its sequence number).
+async function loadCurves(trialIds) {
+  const missing = trialIds.filter((id) => !state.complete.has(id) && state.snapshotTrials.has(id));
+  for (let i = 0; i < missing.length; i += 500) {
+    const chunk = missing.slice(i, i + 500);
+    const ids = chunk.map(encodeURIComponent).join(",");
+    for (let since = 0, pages = 0; pages < 1000; pages++) {
+      const page = await api(`/metrics?trial_ids=${ids}&kind=intermediate&since=${since}&limit=10000`);
+      page.metrics.forEach(addMetric);
+      if (page.metrics.length < 10000) break;
+      since = page.last_seq;
+    }
+    chunk.forEach((id) => state.complete.add(id));
   }
 }
 
@@ -85,12 +109,28 @@ async function loadSnapshot() {
 // crash or a stop) starts it again, and an older attempt's late metric is not drawn.
 function addMetric(m) {
   if (m.kind !== "intermediate") return;
-  const curve = state.intermediate.get(m.trial_id);
+  let curve = state.curves.get(m.trial_id);
   if (!curve || m.attempt > curve.attempt) {
-    state.intermediate.set(m.trial_id, Object.assign([m.value], { attempt: m.attempt }));
-  } else if (m.attempt === curve.attempt) {
-    curve.push(m.value);
+    curve = { attempt: m.attempt, points: [], seqs: new Set() };
+    state.curves.set(m.trial_id, curve);
   }
+  if (m.attempt !== curve.attempt || curve.seqs.has(m.seq)) return;
+  curve.seqs.add(m.seq);
+  const last = curve.points[curve.points.length - 1];
+  curve.points.push([m.seq, m.value]);
+  if (last && last[0] > m.seq) curve.points.sort((a, b) => a[0] - b[0]);
+}
+
+// The trials whose curves the chart draws, as the controls ask.
+function curveTrials() {
+  let trials = startedTrials();
+  if (state.curveMode === "best") {
+    const sign = maximize() ? -1 : 1;
+    trials = trials.filter((t) => typeof t.final_value === "number").sort((a, b) => sign * (a.final_value - b.final_value) || a.sequence - b.sequence);
+  } else {
+    trials.sort((a, b) => b.sequence - a.sequence);
+  }
+  return state.curveCount ? trials.slice(0, state.curveCount) : trials;
 }
 
 // Events name what changed; changed trials are fetched again, at most once a second.
@@ -108,7 +148,7 @@ async function follow() {
       const headers = token ? { Authorization: "Bearer " + token } : {};
       const response = await fetch(`/api/v1/stream?since=${state.lastSeq}`, { headers });
       if (!response.ok) throw new Error("stream: " + response.status);
-      $("live").textContent = "● live";
+      setConnection("connected");
       const reader = response.body.getReader();
       const decoder = new TextDecoder();
       let buffer = "";
@@ -124,14 +164,79 @@ async function follow() {
           if (data && !block.includes("event: error")) onEvent(JSON.parse(data));
         }
       }
-    } catch (error) {
-      $("live").textContent = "○ reconnecting";
+    } catch (_) {
+      // The stream broke: the connection dropped, or the process serving the page is gone.
     }
-    await new Promise((r) => setTimeout(r, 1000));
+    setConnection(await serverAnswers() ? "reconnecting" : "gone");
+    await new Promise((r) => setTimeout(r, state.connection === "gone" ? 2000 : 1000));
   }
 }
 
+// Whether the server answers at all (any HTTP answer counts), within 3 seconds.
+async function serverAnswers() {
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), 3000);
+  try {
+    const headers = token ? { Authorization: "Bearer " + token } : {};
+    await fetch("/api/v1/experiment", { headers, signal: abort.signal, cache: "no-store" });
+    return true;
+  } catch (_) {
+    return false;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function setConnection(connection) {
+  const was = state.connection;
+  state.connection = connection;
+  if (connection !== "gone") state.lastSeen = Date.now();
+  if (was === "gone" && connection !== "gone") {
+    state.experimentDirty = true;
+    state.wasGone = true;
+  }
+  if (was !== connection && state.experiment) {
+    renderOverview();
+    renderConnection();
+  }
+}
+
+// Whether the page may change the experiment now, and if not, why.
+function writeRefusal() {
+  const e = state.experiment;
+  if (!e) return "loading";
+  if (state.connection === "gone") return "the server of this page is gone";
+  if (!e.writable) return ACTIVE.includes(e.status) ? "this page is read-only (knob view); the process running the experiment serves its own dashboard" : `the experiment is ${e.status}, not running`;
+  if (!ACTIVE.includes(e.status)) return `the experiment is ${e.status}, not running`;
+  return null;
+}
+const ACTIVE = ["INITIALIZED", "RUNNING", "NO_MORE_TRIAL", "TUNER_NO_MORE_TRIAL", "STOPPING"];
+
+// The live badge only while the experiment can still change; a finished one shows none.
+function renderConnection() {
+  const e = state.experiment;
+  const live = $("live");
+  const active = e && ACTIVE.includes(e.status);
+  live.hidden = !active || state.connection === "gone";
+  live.className = "live " + state.connection;
+  live.textContent = state.connection === "connected" ? "● live" : state.connection === "reconnecting" ? "○ reconnecting…" : "";
+  live.title = state.connection === "connected" ? "following the experiment as it runs" : "the event stream broke; trying again";
+  const gone = $("gone");
+  gone.hidden = state.connection !== "gone";
+  if (state.connection === "gone" && e) {
+    const when = state.lastSeen ? new Date(state.lastSeen).toLocaleTimeString() : "?";
+    gone.innerHTML = "";
+    gone.append(
+      `The server of this page is gone (the knob process serving it exited or cannot be reached; last answer at ${when}). ` +
+      `Last known state of experiment ${e.id}: ${e.status}. To look again, run `,
+      Object.assign(document.createElement("code"), { textContent: `knob view ${e.id}` }),
+      " and open the address it prints.");
+  }
+  if (e) renderWriteControls();
+}
+
 async function refresh() {
+  if (state.connection === "gone" || !state.experiment) return;
   try {
     if (state.experimentDirty) {
       state.experimentDirty = false;
@@ -149,7 +254,8 @@ async function refresh() {
         state.trials.set(id, t);
       }));
     }
-    if (dirty.length || state.rendered !== true) render();
+    if (dirty.length || state.rendered !== true || state.wasGone) render();
+    state.wasGone = false;
     state.rendered = true;
     showError(null);
   } catch (error) {
@@ -161,16 +267,21 @@ function render() {
   renderOverview();
   renderTable();
   renderCharts();
+  renderConnection();
   if (state.detail) renderDetail(state.detail, false);
 }
 
 function renderOverview() {
   const e = state.experiment;
-  $("experiment-id").textContent = e.id;
-  $("status").textContent = e.status;
-  $("status").className = "badge " + e.status;
-  $("stop").hidden = !e.writable;
-  $("add-trial-open").hidden = !e.writable;
+  $("experiment-name").textContent = e.name || "";
+  $("experiment-id").textContent = e.name ? `(${e.id})` : e.id;
+  document.title = `knob · ${e.name || e.id}`;
+  const gone = state.connection === "gone";
+  $("status").textContent = gone ? `${e.status} (last known)` : e.status;
+  $("status").className = "badge " + e.status + (gone ? " last-known" : "");
+  $("status").title = e.status_message || "";
+  $("read-only").hidden = e.writable;
+  $("read-only").textContent = "read-only";
   $("counts").textContent = Object.entries(e.trial_counts).map(([s, n]) => `${s} ${n}`).join(" · ") || "no trials yet";
   const maxTrials = e.config.maxTrialNumber;
   $("trial-budget").max = maxTrials || 1;
@@ -193,6 +304,22 @@ function renderOverview() {
   }
 }
 
+// Enables or disables every control that changes the experiment, saying why when disabled.
+function renderWriteControls() {
+  const refusal = writeRefusal();
+  const e = state.experiment;
+  $("stop").hidden = !e.writable;
+  $("stop").disabled = !!refusal;
+  $("stop").title = refusal || "stop the experiment (it can be resumed)";
+  $("add-trial-open").hidden = !e.writable;
+  $("add-trial-open").disabled = !!refusal;
+  $("add-trial-open").title = refusal || "run a trial with parameters you give";
+  for (const button of document.querySelectorAll("button.kill, #detail-kill")) {
+    button.disabled = !!refusal;
+    button.title = refusal || "kill this trial";
+  }
+}
+
 function sortedFilteredTrials() {
   const text = $("filter").value.trim().toLowerCase();
   const status = $("status-filter").value;
@@ -207,6 +334,8 @@ function sortedFilteredTrials() {
       return desc ? -order : order;
     });
 }
+
+const isRunning = (t) => t.status === "RUNNING" || t.status === "WAITING";
 
 function renderTable() {
   const rows = sortedFilteredTrials();
@@ -224,13 +353,15 @@ function renderTable() {
     status.className = "badge " + t.status;
     status.textContent = t.status;
     row.insertCell().textContent = fmt(t.final_value);
-    row.insertCell().textContent = fmtDuration(t.duration_ms);
+    const duration = row.insertCell();
+    duration.textContent = fmtDuration(t.duration_ms) + (isRunning(t) && t.duration_ms !== null ? " so far" : "");
+    if (isRunning(t)) duration.className = "running-duration";
     const params = row.insertCell();
     params.className = "params";
     params.textContent = JSON.stringify(t.parameters);
     row.insertCell().textContent = t.end_message || "";
     const actions = row.insertCell();
-    if (state.experiment.writable && (t.status === "RUNNING" || t.status === "WAITING")) {
+    if (state.experiment.writable && isRunning(t)) {
       const kill = actions.appendChild(document.createElement("button"));
       kill.textContent = "kill";
       kill.className = "danger kill";
@@ -242,33 +373,64 @@ function renderTable() {
   for (const th of $("trials").tHead.rows[0].cells) {
     th.className = th.dataset.key === state.sort.key ? (state.sort.desc ? "desc" : "asc") : "";
   }
+  renderWriteControls();
 }
 
 const charts = {};
 function chart(id) {
-  if (!charts[id]) charts[id] = echarts.init($(id));
+  if (!charts[id]) {
+    charts[id] = echarts.init($(id), darkMode() ? "dark" : null);
+    // Clicking a point, a bar or a curve opens its trial (each data item or series is named by
+    // its trial id).
+    if (id !== "chart-detail") charts[id].on("click", (params) => {
+      const trialId = (params.data && params.data.name) || (params.seriesType === "line" && state.trials.has(params.seriesName) ? params.seriesName : null);
+      if (trialId && state.trials.has(trialId)) openDetail(trialId);
+    });
+  }
   return charts[id];
 }
+
+// An axis of trial numbers: whole numbers only, with a trial's width of room at both ends so
+// that a point or a bar at the first or last trial stays inside the plot (the labels of that
+// room, trial -1 and one past the last, are not drawn).
+const trialAxis = () => ({
+  type: "value", name: "trial #", nameLocation: "middle", nameGap: 24, minInterval: 1,
+  min: (v) => Math.floor(v.min) - 1, max: (v) => Math.ceil(v.max) + 1,
+  axisLabel: { showMinLabel: false, showMaxLabel: false },
+});
+// A value axis that stays at the plot's left edge (not at trial 0).
+const valueAxis = (extra) => Object.assign({ type: "value", axisLine: { onZero: false } }, extra);
+const GRID = { left: 12, right: 24, top: 40, bottom: 32, containLabel: true };
+const chartBackground = () => (darkMode() ? "transparent" : null);
 
 function renderCharts() {
   const trials = [...state.trials.values()].sort((a, b) => a.sequence - b.sequence);
   const finished = trials.filter((t) => t.final_value !== null && t.final_value !== undefined);
   let best = null;
+  let bestTrial = null;
   const bestLine = finished.map((t) => {
-    best = best === null ? t.final_value : maximize() ? Math.max(best, t.final_value) : Math.min(best, t.final_value);
+    if (best === null || (maximize() ? t.final_value > best : t.final_value < best)) {
+      best = t.final_value;
+      bestTrial = t;
+    }
     return [t.sequence, best];
   });
   chart("chart-final").setOption({
     animation: false,
-    tooltip: { trigger: "item" },
-    legend: { data: ["final", "best so far"] },
-    xAxis: { type: "value", name: "trial #" },
-    yAxis: { type: "value", scale: true },
+    backgroundColor: chartBackground(),
+    tooltip: { trigger: "item", formatter: (p) => p.data && p.data.name ? `${p.data.name}<br>trial #${p.value[0]}: ${fmt(p.value[1])}` : "" },
+    legend: { data: ["final", "best so far", "best"] },
+    grid: GRID,
+    xAxis: trialAxis(),
+    yAxis: valueAxis({ scale: true }),
+    // The line first and the best point last, so the point is drawn over the line.
     series: [
-      { name: "final", type: "scatter", symbolSize: 6, large: true, data: finished.map((t) => ({ value: [t.sequence, t.final_value], name: t.trial_id })) },
-      { name: "best so far", type: "line", step: "end", showSymbol: false, data: bestLine },
+      { name: "best so far", type: "line", step: "end", showSymbol: false, z: 1, data: bestLine, silent: true },
+      { name: "final", type: "scatter", symbolSize: 6, large: finished.length > 2000, z: 2, data: finished.map((t) => ({ value: [t.sequence, t.final_value], name: t.trial_id })) },
+      { name: "best", type: "scatter", symbol: "diamond", symbolSize: 13, z: 3, itemStyle: { color: "#f59e0b", borderColor: "#1d2330", borderWidth: 1 },
+        data: bestTrial ? [{ value: [bestTrial.sequence, bestTrial.final_value], name: bestTrial.trial_id }] : [] },
     ],
-  });
+  }, true);
 
   const names = [...new Set(finished.flatMap((t) => Object.keys(flatOf(t))))].slice(0, 30);
   const categorical = names.map((n) => finished.some((t) => typeof flatOf(t)[n] !== "number"));
@@ -277,39 +439,108 @@ function renderCharts() {
     : { dim: i, name, type: "value", scale: true });
   axes.push({ dim: names.length, name: "metric", type: "value", scale: true });
   const values = finished.map((t) => t.final_value);
+  const low = values.length ? Math.min(...values) : 0;
+  const high = values.length ? Math.max(...values) : 1;
   chart("chart-parallel").setOption({
     animation: false,
+    backgroundColor: chartBackground(),
     parallelAxis: axes,
-    parallel: { left: 40, right: 60, bottom: 30, top: 40 },
-    visualMap: { show: true, min: values.length ? Math.min(...values) : 0, max: values.length ? Math.max(...values) : 1, dimension: names.length, inRange: { color: maximize() ? ["#d73027", "#fee090", "#4575b4"] : ["#4575b4", "#fee090", "#d73027"] }, right: 0, top: "middle", calculable: true, itemHeight: 120 },
+    // Room on the right for the colour scale, which sits apart from the metric axis's labels.
+    parallel: { left: 40, right: 130, bottom: 30, top: 40 },
+    visualMap: { show: true, min: low, max: high === low ? low + 1 : high, dimension: names.length, precision: 6,
+      formatter: (v) => fmt(Number(v)), text: [maximize() ? "best" : "worst", maximize() ? "worst" : "best"], textGap: 6,
+      inRange: { color: maximize() ? ["#d73027", "#fee090", "#4575b4"] : ["#4575b4", "#fee090", "#d73027"] }, right: 8, align: "left", top: "middle", calculable: true, itemHeight: 120 },
     series: [{ type: "parallel", lineStyle: { width: 1, opacity: 0.6 }, data: finished.map((t) => {
       const p = flatOf(t);
-      return names.map((n, i) => (categorical[i] ? String(p[n]) : p[n])).concat([t.final_value]);
+      return { name: t.trial_id, value: names.map((n, i) => (categorical[i] ? String(p[n]) : p[n])).concat([t.final_value]) };
     }) }],
   }, true);
 
-  const recent = trials.filter((t) => state.intermediate.has(t.trial_id)).slice(-CURVES);
-  chart("chart-intermediate").setOption({
-    animation: false,
-    tooltip: { trigger: "item" },
-    xAxis: { type: "value", name: "report", minInterval: 1 },
-    yAxis: { type: "value", scale: true },
-    series: recent.map((t) => { const values = state.intermediate.get(t.trial_id); return { name: t.trial_id, type: "line", showSymbol: values.length < 2, data: values.map((v, i) => [i + 1, v]) }; }),
-  }, true);
+  renderIntermediate();
 
+  const timed = trials.filter((t) => t.duration_ms !== null && t.duration_ms !== undefined);
+  const bar = (t) => ({ value: [t.sequence, t.duration_ms / 1000], name: t.trial_id });
   chart("chart-duration").setOption({
     animation: false,
-    tooltip: { trigger: "item" },
-    xAxis: { type: "value", name: "trial #" },
-    yAxis: { type: "value", name: "seconds" },
-    series: [{ type: "bar", large: true, data: trials.filter((t) => t.duration_ms !== null).map((t) => ({ value: [t.sequence, t.duration_ms / 1000], name: t.trial_id })) }],
-  });
+    backgroundColor: chartBackground(),
+    tooltip: { trigger: "item", formatter: (p) => `${p.data.name}<br>${fmtDuration(p.value[1] * 1000)}${p.seriesName === "running (so far)" ? " so far" : ""}` },
+    legend: { data: ["finished", "running (so far)"] },
+    grid: GRID,
+    xAxis: trialAxis(),
+    yAxis: valueAxis({ name: "seconds" }),
+    series: [
+      { name: "finished", type: "bar", large: timed.length > 2000, barMaxWidth: 14, data: timed.filter((t) => !isRunning(t)).map(bar) },
+      { name: "running (so far)", type: "bar", barMaxWidth: 14, barGap: "-100%", itemStyle: { color: "rgba(245, 158, 11, 0.45)", borderColor: "#d97706", borderType: "dashed", borderWidth: 1 }, data: timed.filter(isRunning).map(bar) },
+    ],
+  }, true);
+}
+
+function renderCurveControls() {
+  const total = startedTrials().length;
+  const select = $("curve-count");
+  const options = CURVE_COUNTS.filter((n) => n < total).map((n) => [n, `${n}`]).concat([[0, `all (${total})`]]);
+  if (state.curveCount && !CURVE_COUNTS.includes(state.curveCount)) state.curveCount = 0;
+  select.innerHTML = "";
+  for (const [value, text] of options) select.add(new Option(text, String(value)));
+  select.value = String(state.curveCount && state.curveCount < total ? state.curveCount : 0);
+}
+
+function renderIntermediate() {
+  const total = startedTrials().length;
+  if ($("curve-count").options.length === 0 || !$("curve-count").options[$("curve-count").options.length - 1].text.endsWith(`(${total})`)) renderCurveControls();
+  const shown = curveTrials().filter((t) => state.complete.has(t.trial_id) || !state.snapshotTrials.has(t.trial_id));
+  const drawn = shown.filter((t) => state.curves.has(t.trial_id));
+  $("curve-shown").textContent = `${shown.length} of ${total} trials` + (state.curveMode === "best" ? " (best by final)" : "");
+  const values = drawn.flatMap((t) => state.curves.get(t.trial_id).points.map((p) => p[1])).filter((v) => typeof v === "number");
+  const logPossible = values.length > 0 && values.every((v) => v > 0);
+  $("curve-log").disabled = !logPossible;
+  $("curve-log").parentElement.title = logPossible ? "a logarithmic value axis" : "a log scale needs every value above 0";
+  const log = state.curveLog && logPossible;
+  chart("chart-intermediate").setOption({
+    animation: false,
+    backgroundColor: chartBackground(),
+    tooltip: { trigger: "item", formatter: (p) => `${p.seriesName}${isRunning(state.trials.get(p.seriesName) || {}) ? " (running)" : ""}<br>report ${p.value[0]}: ${fmt(p.value[1])}` },
+    grid: GRID,
+    xAxis: { type: "value", name: "report", nameLocation: "middle", nameGap: 24, minInterval: 1, min: 1, max: (v) => Math.max(2, v.max) },
+    yAxis: log ? { type: "log", name: "value (log)" } : { type: "value", name: "value", scale: true },
+    // Hovering a curve dims the others; running trials are dashed.
+    series: drawn.map((t) => {
+      const running = isRunning(t);
+      return {
+        name: t.trial_id, type: "line", showSymbol: state.curves.get(t.trial_id).points.length < 2, symbolSize: 4,
+        lineStyle: { width: running ? 2 : 1.2, type: running ? "dashed" : "solid" },
+        emphasis: { focus: "series", lineStyle: { width: 3 } }, blur: { lineStyle: { opacity: 0.15 } },
+        triggerLineEvent: true,
+        data: state.curves.get(t.trial_id).points.map((p, i) => [i + 1, p[1]]),
+      };
+    }),
+  }, true);
+}
+
+// Draws the curves the controls ask for, loading those not loaded yet first.
+async function changeCurves() {
+  state.curveMode = $("curve-mode").value;
+  state.curveCount = Number($("curve-count").value);
+  state.curveLog = $("curve-log").checked;
+  try {
+    $("curve-shown").textContent = "loading…";
+    await loadCurves(curveTrials().map((t) => t.trial_id));
+  } catch (error) {
+    showError(error);
+  }
+  renderIntermediate();
 }
 
 async function openDetail(trialId) {
   state.detail = trialId;
-  $("detail").showModal ? $("detail").open || $("detail").showModal() : ($("detail").open = true);
+  if (!$("detail").open) $("detail").showModal();
   await renderDetail(trialId, true);
+}
+
+function infoRow(table, name, value) {
+  const row = table.insertRow();
+  row.appendChild(document.createElement("th")).textContent = name;
+  row.insertCell().textContent = value;
 }
 
 async function renderDetail(trialId, withLog) {
@@ -318,17 +549,37 @@ async function renderDetail(trialId, withLog) {
     $("detail-id").textContent = t.trial_id;
     $("detail-status").textContent = t.status;
     $("detail-status").className = "badge " + t.status;
-    $("detail-kill").hidden = !(state.experiment.writable && (t.status === "RUNNING" || t.status === "WAITING"));
-    $("detail-info").textContent = JSON.stringify({ parameters: t.parameters, final: t.final_raw, duration: fmtDuration(t.duration_ms), attempts: t.attempts, exit_code: t.exit_code, signal: t.signal, stop_reason: t.end_message, gpus: t.gpu_indices }, null, 2);
+    $("detail-kill").hidden = !(state.experiment.writable && isRunning(t));
+    const info = $("detail-info");
+    info.innerHTML = "";
+    for (const [name, value] of Object.entries(flatParams(t.parameters))) infoRow(info, name, typeof value === "string" ? value : JSON.stringify(value));
+    const final = t.metrics.find((m) => m.kind === "final");
+    infoRow(info, "final", final ? (typeof final.value === "number" ? fmt(final.value) : final.raw) : isRunning(t) ? "– (running)" : "–");
+    infoRow(info, "duration", fmtDuration(t.duration_ms) + (isRunning(t) && t.duration_ms !== null ? " so far" : ""));
+    infoRow(info, "attempts", String(t.attempts));
+    if (t.exit_code !== null && t.exit_code !== undefined) infoRow(info, "exit code", String(t.exit_code));
+    if (t.signal !== null && t.signal !== undefined) infoRow(info, "signal", String(t.signal));
+    if (t.end_message) infoRow(info, "stop reason", t.end_message);
+    if (t.gpu_indices && t.gpu_indices.length) infoRow(info, "GPUs", t.gpu_indices.join(", "));
     const intermediate = t.metrics.filter((m) => m.kind === "intermediate");
-    chart("chart-detail").setOption({ animation: false, xAxis: { type: "value", minInterval: 1 }, yAxis: { type: "value", scale: true }, tooltip: { trigger: "axis" }, series: [{ type: "line", data: intermediate.map((m, i) => [i + 1, m.value]) }] }, true);
+    chart("chart-detail").setOption({
+      animation: false, backgroundColor: chartBackground(), grid: GRID,
+      xAxis: { type: "value", name: "report", nameLocation: "middle", nameGap: 24, minInterval: 1, min: 1, max: (v) => Math.max(2, v.max) },
+      yAxis: { type: "value", name: "intermediate result", scale: true },
+      tooltip: { trigger: "axis" },
+      series: [{ type: "line", name: t.trial_id, data: intermediate.map((m, i) => [i + 1, m.value]) }],
+    }, true);
     if (withLog) await showLog(trialId, "stdout");
+    renderWriteControls();
   } catch (error) {
     showError(error);
   }
 }
 
 async function showLog(trialId, name) {
+  const trial = state.trials.get(trialId);
+  $("detail-log-name").textContent = `${name} of trial ${trialId}` + (trial && trial.attempts > 1 ? `, attempt ${trial.attempts}` : "");
+  for (const button of document.querySelectorAll("[data-log]")) button.classList.toggle("active", button.dataset.log === name);
   try {
     const headers = token ? { Authorization: "Bearer " + token } : {};
     const response = await fetch(`/api/v1/trials/${encodeURIComponent(trialId)}/logs/${name}?tail=200000`, { headers });
@@ -381,6 +632,35 @@ function wire() {
   $("detail-kill").onclick = () => killTrial(state.detail);
   $("detail").addEventListener("close", () => { state.detail = null; });
   window.addEventListener("resize", () => Object.values(charts).forEach((c) => c.resize()));
+  $("curve-mode").onchange = changeCurves;
+  $("curve-count").onchange = changeCurves;
+  $("curve-log").onchange = changeCurves;
+  $("theme").onclick = () => {
+    localStorage.setItem("knob-theme", darkMode() ? "light" : "dark");
+    applyTheme();
+  };
+  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", applyTheme);
+  applyTheme();
+}
+
+// Dark mode: the system's setting until the toggle chooses (remembered in this browser).
+function darkMode() {
+  const chosen = localStorage.getItem("knob-theme");
+  return chosen ? chosen === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+}
+
+function applyTheme() {
+  const chosen = localStorage.getItem("knob-theme");
+  if (chosen) document.documentElement.dataset.theme = chosen;
+  else delete document.documentElement.dataset.theme;
+  $("theme").textContent = darkMode() ? "☀ light" : "☾ dark";
+  // ECharts takes its theme at creation: charts are made again in the new one.
+  const redraw = Object.keys(charts).length > 0;
+  for (const id of Object.keys(charts)) {
+    charts[id].dispose();
+    delete charts[id];
+  }
+  if (redraw && state.experiment) render();
 }
 
 async function main() {

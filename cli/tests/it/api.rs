@@ -30,6 +30,14 @@ pub(crate) struct Experiment {
     pub(crate) base: String,
 }
 
+impl Experiment {
+    /// Kills the knob process (SIGKILL), as a crash would, and reaps it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Experiment {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -19,7 +19,8 @@ use crate::prerequisite;
 
 /// Each trial waits (at most 60 s) for a file named after its sequence number in the gate
 /// folder, then reports one intermediate and one final result.
-const CONFIG: &str = r#"trialCommand: 'i=0; while [ ! -e "GATE/$NNI_TRIAL_SEQ_ID" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo KNOB_INTERMEDIATE $((NNI_TRIAL_SEQ_ID * 3)); echo KNOB_FINAL $((NNI_TRIAL_SEQ_ID * 37 % 100))'
+const CONFIG: &str = r#"experimentName: browser demo
+trialCommand: 'i=0; while [ ! -e "GATE/$NNI_TRIAL_SEQ_ID" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo KNOB_INTERMEDIATE $((NNI_TRIAL_SEQ_ID * 3)); echo KNOB_FINAL $((NNI_TRIAL_SEQ_ID * 37 % 100))'
 trialConcurrency: 2
 maxTrialNumber: 20
 searchSpace:
@@ -154,12 +155,23 @@ fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> Value {
     serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
-    let (Some(chromium), Some(chromedriver)) = (
+/// The (chromium, chromedriver) binaries, or `None` after `prerequisite` said why the test
+/// skips (a skip fails under `KNOB_TEST_REQUIRE_ALL=1`).
+fn browser_or_skip(_test: &str) -> Option<(PathBuf, PathBuf)> {
+    match (
         prerequisite::CHROMIUM.path(),
         prerequisite::CHROMEDRIVER.path(),
-    ) else {
+    ) {
+        (Some(chromium), Some(chromedriver)) => Some((chromium, chromedriver)),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
+    let Some((chromium, chromedriver)) =
+        browser_or_skip("the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials")
+    else {
         return;
     };
     let sandbox = Sandbox::new();
@@ -168,7 +180,7 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
     let config = sandbox.config(&CONFIG.replace("GATE", &gate.display().to_string()), &[]);
     let mut command = sandbox.knob();
     command.arg("create").arg("--config").arg(&config);
-    let experiment = start(command, &["--id", "shown", "--port", "0"]);
+    let mut experiment = start(command, &["--id", "shown", "--port", "0"]);
     let base = experiment.base.trim_end_matches("/api/v1").to_string();
 
     let driver = start_driver(&chromedriver);
@@ -187,12 +199,24 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
     .await;
     let title = page
         .execute(
-            "return document.getElementById('experiment-id').textContent",
+            "return [document.getElementById('experiment-name').textContent, \
+                     document.getElementById('experiment-id').textContent, document.title]",
             vec![],
         )
         .await
         .unwrap();
-    assert_eq!(title, json!("shown"));
+    assert_eq!(
+        title,
+        json!(["browser demo", "(shown)", "knob · browser demo"])
+    );
+    let live = page
+        .execute(
+            "const l = document.getElementById('live'); return [l.hidden, l.textContent, l.className]",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(live, json!([false, "● live", "live connected"]));
     screenshot(&page, "1-running").await;
 
     // Trials finish one by one; each end starts the next trial, and the table grows.
@@ -232,7 +256,7 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
            const series = chart.getOption().series[0];
            const canvas = document.querySelector("#chart-parallel canvas");
            if (!series || series.data.length < 3 || !canvas) return null;
-           return {type: series.type, lines: series.data.length, width: series.data[0].length,
+           return {type: series.type, lines: series.data.length, width: series.data[0].value.length,
                    axes: chart.getOption().parallelAxis.map((a) => a.name)};"##,
     )
     .await;
@@ -319,10 +343,224 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
         .unwrap();
     assert_eq!(same_load, json!(true), "the page reloaded");
     screenshot(&page, "4-added").await;
-    // Let every trial finish so the experiment ends cleanly when it is dropped.
+
+    // The process serving the page dies while the experiment runs: within a few seconds the
+    // page says the server is gone, shows RUNNING as the last known state, says how to look
+    // again, and disables what would change the experiment.
+    experiment.kill();
+    let killed = Instant::now();
+    let gone = wait_in_page(
+        &page,
+        "the server-gone state",
+        r##"const gone = document.getElementById("gone");
+           if (gone.hidden) return null;
+           return {text: gone.textContent, status: document.getElementById("status").textContent,
+                   live: document.getElementById("live").hidden,
+                   stop: document.getElementById("stop").disabled,
+                   kills: [...document.querySelectorAll("button.kill")].map((b) => b.disabled)};"##,
+    )
+    .await;
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(6), "took {took:?}: {gone}");
+    let text = gone["text"].as_str().unwrap();
+    assert!(text.contains("server of this page is gone"), "{text}");
+    assert!(
+        text.contains("Last known state of experiment shown: RUNNING"),
+        "{text}"
+    );
+    assert!(text.contains("knob view shown"), "{text}");
+    assert_eq!(gone["status"], json!("RUNNING (last known)"), "{gone}");
+    assert_eq!(gone["live"], json!(true), "{gone}");
+    assert_eq!(gone["stop"], json!(true), "{gone}");
+    let kills = gone["kills"].as_array().unwrap();
+    assert!(
+        !kills.is_empty() && kills.iter().all(|k| k == true),
+        "{gone}"
+    );
+    screenshot(&page, "5-server-gone").await;
+    // The trials the dead process left wait for their gates: release them so they end.
     for sequence in 0..40 {
         release(&gate, sequence);
     }
-    let _ = api(&base, "POST", "/experiment/stop", Some(json!({})));
+    page.close().await.unwrap();
+}
+
+/// 60 quick trials, each reporting 5 intermediate results (x, 2x, … 5x) and a final one.
+const SIXTY: &str = r#"experimentName: sixty curves
+trialCommand: 'x=$(echo "$KNOB_PARAMETERS" | sed "s/.*\"x\": *\([0-9.e-]*\).*/\1/"); for i in 1 2 3 4 5; do echo KNOB_INTERMEDIATE $(awk "BEGIN{print $x*$i}"); done; echo KNOB_FINAL $x'
+trialConcurrency: 6
+maxTrialNumber: 60
+searchSpace:
+  x: {_type: uniform, _value: [0.001, 1]}
+tuner:
+  name: Random
+  classArgs: {seed: 8}
+trainingService:
+  platform: local"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_the_server_gone() {
+    let test =
+        "a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_the_server_gone";
+    let Some((chromium, chromedriver)) = browser_or_skip(test) else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(SIXTY, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "sixty");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut command = sandbox.knob();
+    command.args(["view", "sixty", "--port", "0"]);
+    let mut view = start(command, &[]);
+    let base = view.base.trim_end_matches("/api/v1").to_string();
+
+    let driver = start_driver(&chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let page = open_browser(&driver, &chromium, profile.path()).await;
+    page.goto(&format!("{base}/")).await.unwrap();
+    let shown = wait_in_page(
+        &page,
+        "the intermediate chart",
+        r##"const chart = echarts.getInstanceByDom(document.getElementById("chart-intermediate"));
+           if (!chart || chart.getOption().series.length === 0) return null;
+           const select = document.getElementById("curve-count");
+           const option = chart.getOption();
+           return {curves: option.series.length,
+                   points: option.series.map((s) => s.data.length),
+                   first_x: option.series[0].data[0][0], x_min: option.xAxis[0].min,
+                   chosen: select.options[select.selectedIndex].text,
+                   offered: [...select.options].map((o) => o.text),
+                   label: document.getElementById("curve-shown").textContent,
+                   status: document.getElementById("status").textContent,
+                   live_hidden: document.getElementById("live").hidden,
+                   live_text: document.getElementById("live").textContent,
+                   read_only: !document.getElementById("read-only").hidden,
+                   name: document.getElementById("experiment-name").textContent};"##,
+    )
+    .await;
+    assert_eq!(shown["curves"], json!(60), "{shown}");
+    assert!(
+        shown["points"].as_array().unwrap().iter().all(|p| p == 5),
+        "{shown}"
+    );
+    assert_eq!(shown["first_x"], json!(1), "reports start at 1: {shown}");
+    assert_eq!(shown["x_min"], json!(1), "{shown}");
+    assert_eq!(shown["chosen"], json!("all (60)"), "{shown}");
+    assert_eq!(shown["offered"], json!(["10", "50", "all (60)"]), "{shown}");
+    assert_eq!(shown["label"], json!("60 of 60 trials"), "{shown}");
+    assert_eq!(shown["status"], json!("DONE"), "{shown}");
+    assert_eq!(shown["live_hidden"], json!(true), "{shown}");
+    assert_eq!(shown["read_only"], json!(true), "{shown}");
+    assert_eq!(shown["name"], json!("sixty curves"), "{shown}");
+    screenshot(&page, "view-1-done").await;
+
+    // Best 10 by final: the 10 highest finals (the tuner maximizes), with their 5 reports.
+    page.execute(
+        r##"const mode = document.getElementById("curve-mode"); mode.value = "best";
+           mode.dispatchEvent(new Event("change"));
+           const count = document.getElementById("curve-count"); count.value = "10";
+           count.dispatchEvent(new Event("change")); return true;"##,
+        vec![],
+    )
+    .await
+    .unwrap();
+    let best = wait_in_page(
+        &page,
+        "the 10 best curves",
+        r##"const option = echarts.getInstanceByDom(document.getElementById("chart-intermediate")).getOption();
+           return option.series.length === 10 ? option.series.map((s) => s.name) : null;"##,
+    )
+    .await;
+    let trials = api(&base, "GET", "/trials?limit=100", None);
+    let mut finals: Vec<(f64, String)> = trials["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["final_value"].as_f64().unwrap(),
+                t["trial_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(finals.len(), 60);
+    finals.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut want: Vec<String> = finals[..10].iter().map(|(_, id)| id.clone()).collect();
+    let mut got: Vec<String> = serde_json::from_value(best).unwrap();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+
+    // A trial's dialog: the final as a number, which log is open, and a finished trial's
+    // missing trial.log said as such.
+    let first = &finals[0].1;
+    page.find(Locator::Css(&format!(
+        "#trials tbody tr[data-trial='{first}']"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    let detail = wait_in_page(
+        &page,
+        "the trial dialog",
+        r##"const rows = [...document.querySelectorAll("#detail-info tr")].map((r) => [r.cells[0].textContent, r.cells[1].textContent]);
+           const name = document.getElementById("detail-log-name").textContent;
+           return rows.length && name ? {rows, name} : null;"##,
+    )
+    .await;
+    let rows: Vec<(String, String)> = serde_json::from_value(detail["rows"].clone()).unwrap();
+    let final_row = rows.iter().find(|(name, _)| name == "final").unwrap();
+    assert!(
+        final_row.1.parse::<f64>().is_ok(),
+        "the final is not shown as a number: {rows:?}"
+    );
+    assert_eq!(detail["name"], json!(format!("stdout of trial {first}")));
+    page.find(Locator::Css("[data-log='trial.log']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let log = wait_in_page(
+        &page,
+        "the trial.log answer",
+        r##"const text = document.getElementById("detail-log").textContent;
+           return document.getElementById("detail-log-name").textContent.startsWith("trial.log") && text.startsWith("(") ? text : null;"##,
+    )
+    .await;
+    assert!(
+        log.as_str().unwrap().contains("wrote no trial.log")
+            && !log.as_str().unwrap().contains("yet"),
+        "{log}"
+    );
+    screenshot(&page, "view-2-trial").await;
+    page.execute(
+        "document.getElementById('detail').close(); return true;",
+        vec![],
+    )
+    .await
+    .unwrap();
+
+    // `knob view` exits: the page says so within a few seconds, with the last known state.
+    view.kill();
+    let killed = Instant::now();
+    let gone = wait_in_page(
+        &page,
+        "the server-gone state",
+        r##"const gone = document.getElementById("gone");
+           return gone.hidden ? null : gone.textContent;"##,
+    )
+    .await;
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    let gone = gone.as_str().unwrap();
+    assert!(
+        gone.contains("Last known state of experiment sixty: DONE"),
+        "{gone}"
+    );
+    assert!(gone.contains("knob view sixty"), "{gone}");
+    screenshot(&page, "view-3-server-gone").await;
     page.close().await.unwrap();
 }

@@ -49,13 +49,24 @@ pub(super) async fn trial_log(
         path.push(format!("attempt-{attempt}"));
     }
     path.push(&name);
+    // "(yet)" only while the attempt can still write it: a finished trial that never wrote
+    // trial.log (only NNI's trial library writes one) will not have one.
+    let still_running = row.ended_ms.is_none() && attempt == u64::from(row.attempts.max(1));
     let text = tokio::task::spawn_blocking(move || read_tail(&path, tail))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => {
-                ApiError::not_found(format!("trial {trial_id} has no {name} (yet)"))
+            std::io::ErrorKind::NotFound if still_running => {
+                ApiError::not_found(format!("trial {trial_id} has written no {name} yet"))
             }
+            std::io::ErrorKind::NotFound => ApiError::not_found(format!(
+                "trial {trial_id} wrote no {name}{}",
+                if name == "trial.log" {
+                    " (only trials that use NNI's trial library write one)"
+                } else {
+                    ""
+                }
+            )),
             _ => ApiError::internal(format!("cannot read {name} of trial {trial_id}: {e}")),
         })?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())

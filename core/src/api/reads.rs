@@ -143,6 +143,7 @@ fn experiment_json(
         .collect();
     Ok(Ok(json!({
         "id": experiment.experiment_id,
+        "name": experiment.config.get("experimentName").cloned().unwrap_or(Value::Null),
         "status": experiment.status,
         "status_message": experiment.status_message,
         "start_time_ms": experiment.start_time_ms,
