@@ -13,6 +13,7 @@ const state = {
   lastSeen: null,           // when the server last answered (ms)
   sort: { key: "sequence", desc: false },
   dirtyTrials: new Set(),
+  selected: new Set(),      // trials ticked for comparison
   curveMode: "latest",      // latest | best
   curveCount: null,         // 0 = all; null until the snapshot decides
   curveLog: false,
@@ -25,6 +26,38 @@ const token = (() => {
   if (match) sessionStorage.setItem("knob-token", decodeURIComponent(match[1]));
   return sessionStorage.getItem("knob-token");
 })();
+
+// Views have URLs: `#trial=ID` opens a trial, `#compare=ID,ID,...` a comparison (a token in
+// the URL is kept in this tab's session storage and left out of the URLs the page writes).
+function hashParams() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  params.delete("token");
+  return params;
+}
+function setHash(key, value) {
+  const url = location.pathname + location.search + (key ? "#" + key + "=" + value.split(",").map(encodeURIComponent).join(",") : "");
+  if (url !== location.pathname + location.search + location.hash) history.pushState(null, "", url);
+}
+async function applyHash() {
+  const params = hashParams();
+  const trial = params.get("trial");
+  const compare = params.get("compare");
+  if (trial && state.trials.has(trial)) {
+    if ($("compare").open) $("compare").close();
+    if (state.detail !== trial) await openDetail(trial);
+  } else if (compare) {
+    const ids = compare.split(",").filter((id) => state.trials.has(id));
+    if ($("detail").open) $("detail").close();
+    if (ids.length >= 1) {
+      state.selected = new Set(ids);
+      renderTable();
+      await openCompare();
+    }
+  } else {
+    if ($("detail").open) $("detail").close();
+    if ($("compare").open) $("compare").close();
+  }
+}
 const $ = (id) => document.getElementById(id);
 
 async function api(path, options = {}) {
@@ -241,6 +274,7 @@ async function refresh() {
     if (state.experimentDirty) {
       state.experimentDirty = false;
       state.experiment = await api("/experiment");
+      state.panelDirty = true;
     }
     const dirty = [...state.dirtyTrials];
     state.dirtyTrials.clear();
@@ -255,6 +289,12 @@ async function refresh() {
       }));
     }
     if (dirty.length || state.rendered !== true || state.wasGone) render();
+    else if (state.panelDirty) {
+      renderOverview();
+      renderPanel();
+      renderWriteControls();
+    }
+    state.panelDirty = false;
     state.wasGone = false;
     state.rendered = true;
     showError(null);
@@ -265,6 +305,7 @@ async function refresh() {
 
 function render() {
   renderOverview();
+  renderPanel();
   renderTable();
   renderCharts();
   renderConnection();
@@ -304,10 +345,112 @@ function renderOverview() {
   }
 }
 
+const fmtTime = (ms) => (ms ? new Date(ms).toLocaleString() : "–");
+
+function renderPanel() {
+  const e = state.experiment;
+  const config = e.config || {};
+  const info = $("experiment-info");
+  info.innerHTML = "";
+  infoRow(info, "name", e.name || "–");
+  infoRow(info, "id", e.id);
+  infoRow(info, "status", e.status + (e.status_message ? ` (${e.status_message})` : ""));
+  const tuner = config.tuner || {};
+  infoRow(info, "tuner", (tuner.name || tuner.className || "–") + (tuner.classArgs ? " " + JSON.stringify(tuner.classArgs) : ""));
+  if (config.assessor) infoRow(info, "assessor", (config.assessor.name || config.assessor.className) + (config.assessor.classArgs ? " " + JSON.stringify(config.assessor.classArgs) : ""));
+  const services = Array.isArray(config.trainingService) ? config.trainingService : [config.trainingService || {}];
+  infoRow(info, "platform", services.map((s) => s.platform || "?").join(", "));
+  for (const service of services) {
+    const rest = Object.fromEntries(Object.entries(service).filter(([k]) => k !== "platform"));
+    if (Object.keys(rest).length) infoRow(info, service.platform + " settings", JSON.stringify(rest));
+  }
+  const environments = new Map();
+  for (const t of state.trials.values()) if (t.environment_id) environments.set(t.environment_id, (environments.get(t.environment_id) || 0) + 1);
+  infoRow(info, "environments", environments.size ? [...environments].map(([id, n]) => `${id} (${n} trial${n === 1 ? "" : "s"})`).join(", ") : "–");
+  infoRow(info, "trial command", config.trialCommand || "–");
+  infoRow(info, "started", fmtTime(e.start_time_ms));
+  infoRow(info, "ended", ACTIVE.includes(e.status) ? "– (running)" : fmtTime(e.updated_ms));
+  $("experiment-config").textContent = JSON.stringify(config, null, 2);
+  // The control fields show the current settings, except one the user is editing.
+  const fields = [["set-concurrency", config.trialConcurrency], ["set-max-trials", config.maxTrialNumber], ["set-max-duration", config.maxExperimentDuration]];
+  for (const [id, value] of fields) if (document.activeElement !== $(id) && !$(id).dataset.edited) $(id).value = value === undefined || value === null ? "" : value;
+  if (!$("set-search-space").dataset.edited) $("set-search-space").value = JSON.stringify(config.searchSpace || {}, null, 2);
+}
+
+// The downloads go through fetch, so that a token travels in the header as for every request.
+async function exportText(format) {
+  const headers = token ? { Authorization: "Bearer " + token } : {};
+  const response = await fetch(`/api/v1/export?format=${format}`, { headers });
+  const text = await response.text();
+  if (!response.ok) throw new Error(JSON.parse(text).error);
+  return text;
+}
+
+async function download(format) {
+  try {
+    const text = await exportText(format);
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(new Blob([text], { type: format === "csv" ? "text/csv" : "application/json" }));
+    link.download = `${state.experiment.id}.${format}`;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+  } catch (error) {
+    showError(error);
+  }
+}
+
+// One PATCH /experiment per control; the answer (or the refusal) is shown beside it.
+async function applyControl(field) {
+  const shown = document.querySelector(`[data-error="${field}"]`);
+  shown.className = "field-error";
+  shown.textContent = "";
+  let value;
+  try {
+    if (field === "trialConcurrency") value = Number($("set-concurrency").value);
+    else if (field === "maxTrialNumber") value = Number($("set-max-trials").value);
+    else if (field === "maxExperimentDuration") value = /^\s*\d+(\.\d+)?\s*$/.test($("set-max-duration").value) ? Number($("set-max-duration").value) : $("set-max-duration").value.trim();
+    else value = parseSearchSpace($("set-search-space").value);
+  } catch (error) {
+    shown.textContent = error.message;
+    return;
+  }
+  try {
+    await api("/experiment", { method: "PATCH", body: JSON.stringify({ [field]: value }) });
+    shown.className = "field-ok";
+    shown.textContent = "applied";
+    for (const id of ["set-concurrency", "set-max-trials", "set-max-duration", "set-search-space"]) delete $(id).dataset.edited;
+    state.experimentDirty = true;
+    state.panelDirty = true;
+  } catch (error) {
+    shown.textContent = error.message;
+  }
+}
+
+// JSON.parse's message, with the line and column of its position.
+function parseSearchSpace(text) {
+  try {
+    const value = JSON.parse(text);
+    if (!value || typeof value !== "object" || Array.isArray(value)) throw new Error("the search space must be a JSON object of parameters");
+    return value;
+  } catch (error) {
+    const at = /position (\d+)/.exec(error.message);
+    if (!at) throw error;
+    const before = text.slice(0, Number(at[1]));
+    const line = before.split("\n").length;
+    const column = before.length - before.lastIndexOf("\n");
+    throw new Error(`line ${line}, column ${column}: ${error.message}`);
+  }
+}
+
 // Enables or disables every control that changes the experiment, saying why when disabled.
 function renderWriteControls() {
   const refusal = writeRefusal();
   const e = state.experiment;
+  for (const control of document.querySelectorAll("#controls input, #controls button, #set-search-space, #apply-search-space")) {
+    control.disabled = !!refusal;
+    if (control.tagName === "BUTTON") control.title = refusal || "apply through PATCH /api/v1/experiment";
+  }
+  $("controls-reason").textContent = refusal ? `(disabled: ${refusal})` : "";
   $("stop").hidden = !e.writable;
   $("stop").disabled = !!refusal;
   $("stop").title = refusal || "stop the experiment (it can be resumed)";
@@ -320,17 +463,63 @@ function renderWriteControls() {
   }
 }
 
+// The table's columns: the fixed ones and one per parameter (at most MAX_PARAM_COLUMNS; the
+// rest stay in a "more parameters" column).
+const MAX_PARAM_COLUMNS = 24;
+function paramNames() {
+  const names = new Set();
+  for (const t of state.trials.values()) for (const name of Object.keys(flatOf(t))) names.add(name);
+  return [...names];
+}
+
+function renderTableHead(names) {
+  const shown = names.slice(0, MAX_PARAM_COLUMNS);
+  const key = JSON.stringify(names);
+  if (state.headKey === key) return shown;
+  state.headKey = key;
+  const columns = [["", null], ["#", "sequence"], ["trial", "trial_id"], ["status", "status"], ["final", "final_value"], ["duration", "duration_ms"]]
+    .concat(shown.map((n) => [n, "param:" + n]))
+    .concat(names.length > shown.length ? [["more parameters", "parameters"]] : [])
+    .concat([["stop reason", "end_message"], ["", null]]);
+  const row = $("trials").tHead.rows[0];
+  row.innerHTML = "";
+  for (const [text, sortKey] of columns) {
+    const th = row.appendChild(document.createElement("th"));
+    th.textContent = text;
+    if (!sortKey) { if (!text && row.cells.length === 1) th.className = "select"; continue; }
+    th.dataset.key = sortKey;
+    if (sortKey.startsWith("param:")) th.classList.add("param");
+    th.onclick = () => {
+      state.sort = { key: sortKey, desc: state.sort.key === sortKey ? !state.sort.desc : false };
+      renderTable();
+    };
+  }
+  return shown;
+}
+
+// Numbers sort as numbers, everything else as text; missing values last either way.
+function compareValues(x, y) {
+  const missing = (v) => v === null || v === undefined;
+  if (missing(x) || missing(y)) return missing(x) === missing(y) ? 0 : missing(x) ? 1 : -1;
+  if (typeof x === "number" && typeof y === "number") return x - y;
+  const a = typeof x === "string" ? x : JSON.stringify(x), b = typeof y === "string" ? y : JSON.stringify(y);
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
 function sortedFilteredTrials() {
   const text = $("filter").value.trim().toLowerCase();
   const status = $("status-filter").value;
   const { key, desc } = state.sort;
-  const value = (t) => (key === "parameters" ? JSON.stringify(t.parameters) : t[key]);
+  const value = key.startsWith("param:") ? (t) => flatOf(t)[key.slice(6)] : key === "parameters" ? (t) => JSON.stringify(t.parameters) : (t) => t[key];
+  const missing = (v) => v === null || v === undefined;
   return [...state.trials.values()]
     .filter((t) => !status || t.status === status)
     .filter((t) => !text || (t.trial_id + " " + JSON.stringify(t.parameters) + " " + (t.end_message || "")).toLowerCase().includes(text))
     .sort((a, b) => {
       const x = value(a), y = value(b);
-      const order = x === y ? a.sequence - b.sequence : x === null || x === undefined ? 1 : y === null || y === undefined ? -1 : x < y ? -1 : 1;
+      // Missing values stay last in both directions.
+      if (missing(x) !== missing(y)) return missing(x) ? 1 : -1;
+      const order = compareValues(x, y) || a.sequence - b.sequence;
       return desc ? -order : order;
     });
 }
@@ -338,6 +527,9 @@ function sortedFilteredTrials() {
 const isRunning = (t) => t.status === "RUNNING" || t.status === "WAITING";
 
 function renderTable() {
+  const allNames = paramNames();
+  const names = renderTableHead(allNames);
+  const rest = allNames.slice(names.length);
   const rows = sortedFilteredTrials();
   $("trial-count").textContent = `${rows.length} of ${state.trials.size}`;
   const hidden = rows.length - state.tableRows;
@@ -347,6 +539,13 @@ function renderTable() {
   for (const t of rows.slice(0, state.tableRows)) {
     const row = body.insertRow();
     row.dataset.trial = t.trial_id;
+    const tick = row.insertCell();
+    tick.className = "select";
+    const box = tick.appendChild(document.createElement("input"));
+    box.type = "checkbox";
+    box.checked = state.selected.has(t.trial_id);
+    box.title = "select for comparison";
+    box.onclick = (event) => { event.stopPropagation(); toggleSelected(t.trial_id, box.checked); };
     row.insertCell().textContent = t.sequence;
     row.insertCell().textContent = t.trial_id;
     const status = row.insertCell().appendChild(document.createElement("span"));
@@ -356,9 +555,17 @@ function renderTable() {
     const duration = row.insertCell();
     duration.textContent = fmtDuration(t.duration_ms) + (isRunning(t) && t.duration_ms !== null ? " so far" : "");
     if (isRunning(t)) duration.className = "running-duration";
-    const params = row.insertCell();
-    params.className = "params";
-    params.textContent = JSON.stringify(t.parameters);
+    const flat = flatOf(t);
+    for (const name of names) {
+      const cell = row.insertCell();
+      cell.className = "param";
+      cell.textContent = fmt(flat[name]);
+    }
+    if (rest.length) {
+      const params = row.insertCell();
+      params.className = "params";
+      params.textContent = JSON.stringify(Object.fromEntries(rest.filter((n) => n in flat).map((n) => [n, flat[n]])));
+    }
     row.insertCell().textContent = t.end_message || "";
     const actions = row.insertCell();
     if (state.experiment.writable && isRunning(t)) {
@@ -371,9 +578,72 @@ function renderTable() {
   }
   $("trials").replaceChild(body, $("trials").tBodies[0]);
   for (const th of $("trials").tHead.rows[0].cells) {
-    th.className = th.dataset.key === state.sort.key ? (state.sort.desc ? "desc" : "asc") : "";
+    if (!th.dataset.key) continue;
+    th.classList.toggle("asc", th.dataset.key === state.sort.key && !state.sort.desc);
+    th.classList.toggle("desc", th.dataset.key === state.sort.key && state.sort.desc);
   }
   renderWriteControls();
+  renderSelection();
+}
+
+function toggleSelected(trialId, on) {
+  if (on) state.selected.add(trialId);
+  else state.selected.delete(trialId);
+  for (const box of document.querySelectorAll(`#trials tr[data-trial="${CSS.escape(trialId)}"] td.select input`)) box.checked = on;
+  renderSelection();
+}
+
+function renderSelection() {
+  const n = state.selected.size;
+  $("compare-open").disabled = n < 2;
+  $("compare-open").textContent = n ? `Compare ${n}` : "Compare";
+  $("compare-clear").hidden = n === 0;
+  if (state.detail) $("detail-select").textContent = state.selected.has(state.detail) ? "Remove from comparison" : "Add to comparison";
+}
+
+async function openCompare() {
+  const ids = [...state.selected].filter((id) => state.trials.has(id));
+  if (ids.length === 0) return;
+  setHash("compare", ids.join(","));
+  if (!$("compare").open) $("compare").showModal();
+  $("compare-count").textContent = String(ids.length);
+  try {
+    const trials = await Promise.all(ids.map((id) => api(`/trials/${encodeURIComponent(id)}`)));
+    const rows = [["status", (t) => t.status], ["final", (t) => fmt(t.final_value)], ["duration", (t) => fmtDuration(t.duration_ms) + (isRunning(t) ? " so far" : "")]];
+    const names = [...new Set(trials.flatMap((t) => Object.keys(flatParams(t.parameters))))];
+    for (const name of names) rows.push([name, (t) => { const v = flatParams(t.parameters)[name]; return v === undefined ? "–" : typeof v === "string" ? v : JSON.stringify(v); }]);
+    rows.push(["stop reason", (t) => t.end_message || ""]);
+    const table = $("compare-table");
+    table.innerHTML = "";
+    const head = table.createTHead().insertRow();
+    head.appendChild(document.createElement("th")).textContent = "trial";
+    for (const t of trials) {
+      const th = head.appendChild(document.createElement("th"));
+      const link = th.appendChild(document.createElement("a"));
+      link.href = "#trial=" + encodeURIComponent(t.trial_id);
+      link.textContent = t.trial_id;
+    }
+    const body = table.createTBody();
+    for (const [name, value] of rows) {
+      const cells = trials.map(value);
+      const row = body.insertRow();
+      row.dataset.row = name;
+      if (new Set(cells).size > 1) row.className = "diff";
+      row.appendChild(document.createElement("th")).textContent = name;
+      for (const cell of cells) row.insertCell().textContent = cell;
+    }
+    chart("chart-compare").setOption({
+      animation: false, backgroundColor: chartBackground(), grid: GRID,
+      tooltip: { trigger: "item", formatter: (p) => `${p.seriesName}<br>report ${p.value[0]}: ${fmt(p.value[1])}` },
+      legend: { data: ids, type: "scroll" },
+      xAxis: { type: "value", name: "report", nameLocation: "middle", nameGap: 24, minInterval: 1, min: 1, max: (v) => Math.max(2, v.max) },
+      yAxis: { type: "value", name: "intermediate result", scale: true },
+      series: trials.map((t) => ({ name: t.trial_id, type: "line", emphasis: { focus: "series" },
+        data: t.metrics.filter((m) => m.kind === "intermediate").map((m, i) => [i + 1, m.value]) })),
+    }, true);
+  } catch (error) {
+    showError(error);
+  }
 }
 
 const charts = {};
@@ -382,9 +652,13 @@ function chart(id) {
     charts[id] = echarts.init($(id), darkMode() ? "dark" : null);
     // Clicking a point, a bar or a curve opens its trial (each data item or series is named by
     // its trial id).
-    if (id !== "chart-detail") charts[id].on("click", (params) => {
+    if (id !== "chart-detail" && id !== "chart-compare") charts[id].on("click", (params) => {
       const trialId = (params.data && params.data.name) || (params.seriesType === "line" && state.trials.has(params.seriesName) ? params.seriesName : null);
-      if (trialId && state.trials.has(trialId)) openDetail(trialId);
+      if (!trialId || !state.trials.has(trialId)) return;
+      const event = params.event && params.event.event;
+      // Shift- (or Ctrl-, Cmd-) click ticks the trial for comparison instead of opening it.
+      if (event && (event.shiftKey || event.ctrlKey || event.metaKey)) toggleSelected(trialId, !state.selected.has(trialId));
+      else openDetail(trialId);
     });
   }
   return charts[id];
@@ -533,7 +807,10 @@ async function changeCurves() {
 
 async function openDetail(trialId) {
   state.detail = trialId;
+  setHash("trial", trialId);
+  if ($("compare").open) $("compare").close();
   if (!$("detail").open) $("detail").showModal();
+  renderSelection();
   await renderDetail(trialId, true);
 }
 
@@ -604,13 +881,6 @@ function wire() {
   $("filter").oninput = renderTable;
   $("more-rows").onclick = () => { state.tableRows += TABLE_STEP; renderTable(); };
   $("status-filter").onchange = renderTable;
-  for (const th of $("trials").tHead.rows[0].cells) {
-    if (!th.dataset.key) continue;
-    th.onclick = () => {
-      state.sort = { key: th.dataset.key, desc: state.sort.key === th.dataset.key ? !state.sort.desc : false };
-      renderTable();
-    };
-  }
   $("stop").onclick = async () => {
     if (!confirm("Stop the experiment? Running trials are killed; it can be resumed.")) return;
     try { await api("/experiment/stop", { method: "POST" }); } catch (error) { showError(error); }
@@ -630,7 +900,27 @@ function wire() {
     button.onclick = () => showLog(state.detail, button.dataset.log);
   }
   $("detail-kill").onclick = () => killTrial(state.detail);
-  $("detail").addEventListener("close", () => { state.detail = null; });
+  $("detail").addEventListener("close", () => {
+    state.detail = null;
+    if (hashParams().has("trial")) setHash(null);
+  });
+  $("compare").addEventListener("close", () => { if (hashParams().has("compare")) setHash(null); });
+  $("compare-open").onclick = openCompare;
+  $("download-csv").onclick = (event) => { event.preventDefault(); download("csv"); };
+  $("download-json").onclick = (event) => { event.preventDefault(); download("json"); };
+  $("download-csv").href = "/api/v1/export?format=csv";
+  $("download-json").href = "/api/v1/export?format=json";
+  $("controls").onsubmit = (event) => event.preventDefault();
+  for (const button of document.querySelectorAll("[data-field]")) {
+    button.onclick = (event) => { event.preventDefault(); applyControl(button.dataset.field); };
+  }
+  for (const id of ["set-concurrency", "set-max-trials", "set-max-duration", "set-search-space"]) {
+    $(id).addEventListener("input", () => { $(id).dataset.edited = "1"; });
+  }
+  $("compare-clear").onclick = () => { state.selected.clear(); renderTable(); };
+  $("detail-select").onclick = () => toggleSelected(state.detail, !state.selected.has(state.detail));
+  window.addEventListener("popstate", applyHash);
+  window.addEventListener("hashchange", applyHash);
   window.addEventListener("resize", () => Object.values(charts).forEach((c) => c.resize()));
   $("curve-mode").onchange = changeCurves;
   $("curve-count").onchange = changeCurves;
@@ -675,6 +965,7 @@ async function main() {
       performance.mark("knob-first-paint");
       window.__knobFirstPaint = performance.now();
     });
+    await applyHash();
   } catch (error) {
     showError(error);
   }

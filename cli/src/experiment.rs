@@ -8,10 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 use knob_core::registry::{Registry, RegistryEntry, CRASHED};
-use knob_core::store::{
-    ExperimentState, MetricKind, StoreReader, TrialQuery, TrialState, TrialStatus,
-};
-use serde_json::{json, Value};
+use knob_core::store::{StoreReader, TrialQuery, TrialStatus};
 
 use crate::table::{final_cell, render};
 
@@ -80,9 +77,9 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
                 ExportFormat::Json => writeln!(
                     out,
                     "{}",
-                    serde_json::to_string_pretty(&export_json(&state))?
+                    serde_json::to_string_pretty(&knob_core::export::to_json(&state))?
                 )?,
-                ExportFormat::Csv => export_csv(&state, &mut out)?,
+                ExportFormat::Csv => knob_core::export::write_csv(&state, &mut out)?,
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -264,160 +261,4 @@ fn show(entry: &RegistryEntry) -> anyhow::Result<ExitCode> {
     );
     println!("config:    {}", serde_json::to_string(&state.config)?);
     Ok(ExitCode::SUCCESS)
-}
-
-fn final_metric(trial: &TrialState) -> Option<&knob_core::store::MetricRecord> {
-    trial.final_metric()
-}
-
-fn export_json(state: &ExperimentState) -> Value {
-    let trials: Vec<Value> = state
-        .trials
-        .iter()
-        .map(|t| {
-            let last_attempt = t.attempts.last();
-            let final_metric = final_metric(t);
-            json!({
-                "id": t.trial_id,
-                "sequence": t.sequence,
-                "parameter_id": t.parameter_id,
-                // The id the trial saw when its tuner labeled it (Hyperband's "0-4_0_3").
-                "parameter_label": t.parameter_label,
-                "parameters": t.parameters,
-                "status": t.status.as_str(),
-                "final": final_metric.and_then(|m| m.value),
-                "final_raw": final_metric.map(|m| &m.raw),
-                "intermediate": t.metrics.iter().filter(|m| m.kind == MetricKind::Intermediate)
-                    .map(|m| json!({"attempt": m.attempt, "sequence": m.trial_sequence, "value": m.value, "raw": m.raw, "time_ms": m.time_ms}))
-                    .collect::<Vec<_>>(),
-                "created_ms": t.created_ms,
-                "started_ms": last_attempt.map(|a| a.started_ms),
-                "ended_ms": t.end.as_ref().map(|e| e.time_ms),
-                "attempts": t.attempts.len(),
-                // Where each attempt ran and how it ended: a retried trial, or one whose host
-                // was lost and that ran again elsewhere, shows every attempt.
-                "attempt_history": t.attempts.iter().map(|a| json!({
-                    "number": a.number,
-                    "environment_id": a.environment_id,
-                    "gpu_indices": a.gpu_indices,
-                    "started_ms": a.started_ms,
-                    "ended_ms": a.end.as_ref().map(|e| e.time_ms)
-                        .or_else(|| a.requeued.as_ref().map(|r| r.time_ms)),
-                    "status": a.end.as_ref().map(|e| e.status.as_str()),
-                    "message": a.end.as_ref().and_then(|e| e.message.clone()),
-                    "requeued": a.requeued.as_ref().map(|r| r.reason.clone()),
-                })).collect::<Vec<_>>(),
-                "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
-                "message": t.end.as_ref().and_then(|e| e.message.clone()),
-            })
-        })
-        .collect();
-    json!({
-        "experiment": {
-            "id": state.experiment_id,
-            "status": state.status.as_str(),
-            "message": state.status_message,
-            "start_time_ms": state.start_time_ms,
-            "config": state.config,
-        },
-        "trials": trials,
-    })
-}
-
-/// One row per trial; parameters flattened into one column each (nested choices as `a/b`),
-/// intermediate results as a JSON list in one column.
-fn export_csv(state: &ExperimentState, out: &mut dyn Write) -> anyhow::Result<()> {
-    let mut parameter_columns: Vec<String> = Vec::new();
-    let flat: Vec<Vec<(String, String)>> = state
-        .trials
-        .iter()
-        .map(|t| {
-            let mut cells = Vec::new();
-            flatten("", &t.parameters, &mut cells);
-            for (name, _) in &cells {
-                if !parameter_columns.contains(name) {
-                    parameter_columns.push(name.clone());
-                }
-            }
-            cells
-        })
-        .collect();
-    let mut writer = csv::Writer::from_writer(out);
-    let mut header: Vec<String> = [
-        "trial_id",
-        "sequence",
-        "status",
-        "final",
-        "started_ms",
-        "ended_ms",
-        "duration_s",
-        "message",
-        "intermediate",
-    ]
-    .map(String::from)
-    .to_vec();
-    header.extend(parameter_columns.iter().map(|c| format!("param:{c}")));
-    writer.write_record(&header)?;
-    for (trial, cells) in state.trials.iter().zip(flat) {
-        let started = trial.attempts.last().map(|a| a.started_ms);
-        let ended = trial.end.as_ref().map(|e| e.time_ms);
-        let intermediate: Vec<Value> = trial
-            .metrics
-            .iter()
-            .filter(|m| m.kind == MetricKind::Intermediate)
-            .map(|m| {
-                m.value
-                    .map(Value::from)
-                    .unwrap_or_else(|| Value::String(m.raw.clone()))
-            })
-            .collect();
-        let mut record = vec![
-            trial.trial_id.clone(),
-            trial.sequence.to_string(),
-            trial.status.as_str().to_string(),
-            final_metric(trial)
-                .and_then(|m| m.value)
-                .map(|v| v.to_string())
-                .unwrap_or_default(),
-            started.map(|v| v.to_string()).unwrap_or_default(),
-            ended.map(|v| v.to_string()).unwrap_or_default(),
-            match (started, ended) {
-                (Some(s), Some(e)) => format!("{:.3}", (e - s) as f64 / 1000.0),
-                _ => String::new(),
-            },
-            trial
-                .end
-                .as_ref()
-                .and_then(|e| e.message.clone())
-                .unwrap_or_default(),
-            Value::from(intermediate).to_string(),
-        ];
-        record.extend(parameter_columns.iter().map(|c| {
-            cells
-                .iter()
-                .find(|(name, _)| name == c)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default()
-        }));
-        writer.write_record(&record)?;
-    }
-    writer.flush()?;
-    Ok(())
-}
-
-fn flatten(prefix: &str, value: &Value, cells: &mut Vec<(String, String)>) {
-    match value {
-        Value::Object(map) => {
-            for (key, value) in map {
-                let name = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}/{key}")
-                };
-                flatten(&name, value, cells);
-            }
-        }
-        Value::String(s) => cells.push((prefix.to_string(), s.clone())),
-        other => cells.push((prefix.to_string(), other.to_string())),
-    }
 }

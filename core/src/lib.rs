@@ -3,6 +3,7 @@
 pub mod api;
 pub mod config;
 pub mod experiment;
+pub mod export;
 pub mod manager;
 pub mod registry;
 pub mod store;

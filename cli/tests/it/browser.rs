@@ -129,6 +129,26 @@ async fn table(page: &Client) -> Vec<(String, String)> {
     serde_json::from_value(rows).unwrap()
 }
 
+/// Replaces the text of the field `id` as a user typing would (an `input` event).
+async fn set_field(page: &Client, id: &str, text: &str) {
+    page.execute(
+        "const field = document.getElementById(arguments[0]); field.value = arguments[1];
+         field.dispatchEvent(new Event('input')); return true;",
+        vec![json!(id), json!(text)],
+    )
+    .await
+    .unwrap();
+}
+
+async fn click(page: &Client, css: &str) {
+    page.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 fn release(gate: &Path, sequence: u64) {
     std::fs::write(gate.join(sequence.to_string()), "").unwrap();
 }
@@ -337,12 +357,67 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
     )
     .await;
 
+    // Run controls: trial concurrency 2 -> 3 from the page; the API then says 3 and a third
+    // trial runs. A search space that is not JSON, and one the experiment refuses, are
+    // answered beside the editor.
+    set_field(&page, "set-concurrency", "3").await;
+    click(&page, "[data-field='trialConcurrency']").await;
+    wait_in_page(
+        &page,
+        "the page to confirm the concurrency",
+        r##"return document.querySelector("[data-error='trialConcurrency']").textContent === "applied""##,
+    )
+    .await;
+    assert_eq!(
+        api(&base, "GET", "/experiment", None)["config"]["trialConcurrency"],
+        json!(3)
+    );
+    wait_in_page(
+        &page,
+        "three running trials",
+        "return document.querySelectorAll('#trials tbody tr .badge.RUNNING').length === 3",
+    )
+    .await;
+    set_field(
+        &page,
+        "set-search-space",
+        "{\"lr\": {\"_type\": \"uniform\",",
+    )
+    .await;
+    click(&page, "#apply-search-space").await;
+    let not_json = wait_in_page(
+        &page,
+        "the search space's JSON error",
+        r##"return document.querySelector("[data-error='searchSpace']").textContent || null"##,
+    )
+    .await;
+    assert!(
+        not_json.as_str().unwrap().starts_with("line 1, column "),
+        "{not_json}"
+    );
+    set_field(
+        &page,
+        "set-search-space",
+        r#"{"lr": {"_type": "uniform", "_value": [1, 0]}}"#,
+    )
+    .await;
+    click(&page, "#apply-search-space").await;
+    let refused = wait_in_page(
+        &page,
+        "the search space's refusal",
+        r##"const text = document.querySelector("[data-error='searchSpace']").textContent;
+           return text && !text.startsWith("line 1") ? text : null;"##,
+    )
+    .await;
+    assert!(refused.as_str().unwrap().contains("lr"), "{refused}");
+    screenshot(&page, "4-controls").await;
+
     let same_load = page
         .execute("return window.__sameLoad === true", vec![])
         .await
         .unwrap();
     assert_eq!(same_load, json!(true), "the page reloaded");
-    screenshot(&page, "4-added").await;
+    screenshot(&page, "5-added").await;
 
     // The process serving the page dies while the experiment runs: within a few seconds the
     // page says the server is gone, shows RUNNING as the last known state, says how to look
@@ -357,6 +432,7 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
            return {text: gone.textContent, status: document.getElementById("status").textContent,
                    live: document.getElementById("live").hidden,
                    stop: document.getElementById("stop").disabled,
+                   concurrency: document.getElementById("set-concurrency").disabled,
                    kills: [...document.querySelectorAll("button.kill")].map((b) => b.disabled)};"##,
     )
     .await;
@@ -372,12 +448,13 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
     assert_eq!(gone["status"], json!("RUNNING (last known)"), "{gone}");
     assert_eq!(gone["live"], json!(true), "{gone}");
     assert_eq!(gone["stop"], json!(true), "{gone}");
+    assert_eq!(gone["concurrency"], json!(true), "{gone}");
     let kills = gone["kills"].as_array().unwrap();
     assert!(
         !kills.is_empty() && kills.iter().all(|k| k == true),
         "{gone}"
     );
-    screenshot(&page, "5-server-gone").await;
+    screenshot(&page, "6-server-gone").await;
     // The trials the dead process left wait for their gates: release them so they end.
     for sequence in 0..40 {
         release(&gate, sequence);
@@ -453,6 +530,59 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     assert_eq!(shown["read_only"], json!(true), "{shown}");
     assert_eq!(shown["name"], json!("sixty curves"), "{shown}");
     screenshot(&page, "view-1-done").await;
+
+    // Read-only and DONE: the run controls are disabled and say why.
+    let controls = page
+        .execute(
+            r##"return [document.getElementById("set-concurrency").disabled,
+                        document.getElementById("apply-search-space").disabled,
+                        document.getElementById("controls-reason").textContent];"##,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        controls,
+        json!([
+            true,
+            true,
+            "(disabled: the experiment is DONE, not running)"
+        ])
+    );
+    // The downloads are what `knob experiment export` writes.
+    for format in ["csv", "json"] {
+        let downloaded = page
+            .execute_async(
+                "exportText(arguments[0]).then(arguments[1], (e) => arguments[1]('ERROR ' + e));",
+                vec![json!(format)],
+            )
+            .await
+            .unwrap();
+        let (code, exported, stderr) =
+            crate::run(
+                sandbox
+                    .knob()
+                    .args(["experiment", "export", "sixty", "--format", format]),
+            );
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(downloaded.as_str().unwrap(), exported, "{format}");
+    }
+    // One column per parameter, sorted as numbers.
+    click(&page, "#trials th[data-key='param:x']").await;
+    let column = page
+        .execute(
+            r##"const index = [...document.querySelectorAll("#trials thead th")].findIndex((th) => th.dataset.key === "param:x");
+               return [...document.querySelectorAll("#trials tbody tr")].map((r) => Number(r.cells[index].textContent));"##,
+            vec![],
+        )
+        .await
+        .unwrap();
+    let column: Vec<f64> = serde_json::from_value(column).unwrap();
+    assert_eq!(column.len(), 60);
+    assert!(
+        column.windows(2).all(|w| w[0] <= w[1]),
+        "not sorted by x: {column:?}"
+    );
 
     // Best 10 by final: the 10 highest finals (the tuner maximizes), with their 5 reports.
     page.execute(
@@ -543,6 +673,79 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     .await
     .unwrap();
 
+    // Compare the two best trials: ticked in the table, shown side by side with the rows that
+    // differ marked and their curves overlaid; the comparison has its own URL.
+    let second = &finals[1].1;
+    for id in [first, second] {
+        page.find(Locator::Css(&format!(
+            "#trials tbody tr[data-trial='{id}'] td.select input"
+        )))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    }
+    page.find(Locator::Id("compare-open"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let compared = wait_in_page(
+        &page,
+        "the comparison",
+        r##"const table = document.getElementById("compare-table");
+           const chart = echarts.getInstanceByDom(document.getElementById("chart-compare"));
+           if (!table.tHead || !chart) return null;
+           return {trials: [...table.tHead.rows[0].cells].slice(1).map((c) => c.textContent),
+                   rows: [...table.tBodies[0].rows].map((r) => [r.dataset.row, r.className === "diff", [...r.cells].slice(1).map((c) => c.textContent)]),
+                   curves: chart.getOption().series.map((s) => [s.name, s.data.length]),
+                   hash: location.hash};"##,
+    )
+    .await;
+    assert_eq!(compared["trials"], json!([first, second]), "{compared}");
+    let rows: Vec<(String, bool, Vec<String>)> =
+        serde_json::from_value(compared["rows"].clone()).unwrap();
+    let row = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().clone();
+    assert_eq!(
+        row("status"),
+        (
+            "status".to_string(),
+            false,
+            vec!["SUCCEEDED".to_string(), "SUCCEEDED".to_string()]
+        )
+    );
+    assert!(row("x").1 && row("final").1, "{compared}");
+    assert_eq!(
+        compared["curves"],
+        json!([[first, 5], [second, 5]]),
+        "{compared}"
+    );
+    assert_eq!(
+        compared["hash"],
+        json!(format!("#compare={first},{second}")),
+        "{compared}"
+    );
+    screenshot(&page, "view-3-compare").await;
+
+    // A trial's URL opens it in a fresh page.
+    page.goto(&format!("{base}/#trial={second}")).await.unwrap();
+    page.refresh().await.unwrap();
+    let opened = wait_in_page(
+        &page,
+        "the trial of the URL",
+        r##"return document.getElementById("detail").open && document.getElementById("detail-id").textContent || null;"##,
+    )
+    .await;
+    assert_eq!(opened, json!(second));
+    page.execute(
+        "document.getElementById('detail').close(); return true;",
+        vec![],
+    )
+    .await
+    .unwrap();
+
     // `knob view` exits: the page says so within a few seconds, with the last known state.
     view.kill();
     let killed = Instant::now();
@@ -561,6 +764,6 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
         "{gone}"
     );
     assert!(gone.contains("knob view sixty"), "{gone}");
-    screenshot(&page, "view-3-server-gone").await;
+    screenshot(&page, "view-4-server-gone").await;
     page.close().await.unwrap();
 }

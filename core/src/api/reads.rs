@@ -330,3 +330,57 @@ pub(super) async fn events(
     let last_seq = events.last().map_or(since, |e| e.seq);
     Ok(Json(json!({ "events": events, "last_seq": last_seq })))
 }
+
+/// `GET /export?format=json|csv`: the experiment as `knob experiment export` writes it (the same
+/// code), as a download.
+pub(super) async fn export(
+    State(state): State<ApiState>,
+    query: QueryParams,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    let params = params(query)?;
+    let csv = match params.get("format").map(|f| f.trim()) {
+        None | Some("") | Some("json") => false,
+        Some("csv") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "query parameter format must be json or csv, got {other:?}"
+            )))
+        }
+    };
+    let experiment_state = state.read(|reader| reader.replay()).await?;
+    // Only the characters a file name and a header carry safely.
+    let id: String = state
+        .config()
+        .experiment_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let (content_type, extension, body) = if csv {
+        let mut bytes = Vec::new();
+        crate::export::write_csv(&experiment_state, &mut bytes)
+            .map_err(|e| ApiError::internal(format!("cannot write the CSV: {e}")))?;
+        ("text/csv; charset=utf-8", "csv", bytes)
+    } else {
+        let mut text = serde_json::to_string_pretty(&crate::export::to_json(&experiment_state))
+            .map_err(|e| ApiError::internal(format!("cannot write the JSON: {e}")))?;
+        text.push('\n');
+        ("application/json", "json", text.into_bytes())
+    };
+    let disposition = format!("attachment; filename=\"{id}.{extension}\"");
+    Ok((
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        body,
+    )
+        .into_response())
+}
