@@ -59,11 +59,13 @@ async function applyHash() {
   }
 }
 const $ = (id) => document.getElementById(id);
+// Relative to the page: `knob view` of every experiment serves each dashboard under /e/ID/.
+const API = new URL("api/v1", location.href.replace(/#.*$/, "")).pathname;
 
 async function api(path, options = {}) {
   const headers = Object.assign({ "Content-Type": "application/json" }, options.headers || {});
   if (token) headers.Authorization = "Bearer " + token;
-  const response = await fetch("/api/v1" + path, Object.assign({}, options, { headers }));
+  const response = await fetch(API + path, Object.assign({}, options, { headers }));
   const text = await response.text();
   let body;
   try { body = JSON.parse(text); } catch (_) { body = text; }
@@ -179,7 +181,7 @@ async function follow() {
   for (;;) {
     try {
       const headers = token ? { Authorization: "Bearer " + token } : {};
-      const response = await fetch(`/api/v1/stream?since=${state.lastSeq}`, { headers });
+      const response = await fetch(`${API}/stream?since=${state.lastSeq}`, { headers });
       if (!response.ok) throw new Error("stream: " + response.status);
       setConnection("connected");
       const reader = response.body.getReader();
@@ -211,7 +213,7 @@ async function serverAnswers() {
   const timer = setTimeout(() => abort.abort(), 3000);
   try {
     const headers = token ? { Authorization: "Bearer " + token } : {};
-    await fetch("/api/v1/experiment", { headers, signal: abort.signal, cache: "no-store" });
+    await fetch(API + "/experiment", { headers, signal: abort.signal, cache: "no-store" });
     return true;
   } catch (_) {
     return false;
@@ -380,7 +382,7 @@ function renderPanel() {
 // The downloads go through fetch, so that a token travels in the header as for every request.
 async function exportText(format) {
   const headers = token ? { Authorization: "Bearer " + token } : {};
-  const response = await fetch(`/api/v1/export?format=${format}`, { headers });
+  const response = await fetch(`${API}/export?format=${format}`, { headers });
   const text = await response.text();
   if (!response.ok) throw new Error(JSON.parse(text).error);
   return text;
@@ -720,7 +722,7 @@ function renderCharts() {
     backgroundColor: chartBackground(),
     parallelAxis: axes,
     // Room on the right for the colour scale, which sits apart from the metric axis's labels.
-    parallel: { left: 40, right: 130, bottom: 30, top: 40 },
+    parallel: { left: 40, right: 175, bottom: 30, top: 40 },
     visualMap: { show: true, min: low, max: high === low ? low + 1 : high, dimension: names.length, precision: 6,
       formatter: (v) => fmt(Number(v)), text: [maximize() ? "best" : "worst", maximize() ? "worst" : "best"], textGap: 6,
       inRange: { color: maximize() ? ["#d73027", "#fee090", "#4575b4"] : ["#4575b4", "#fee090", "#d73027"] }, right: 8, align: "left", top: "middle", calculable: true, itemHeight: 120 },
@@ -859,7 +861,7 @@ async function showLog(trialId, name) {
   for (const button of document.querySelectorAll("[data-log]")) button.classList.toggle("active", button.dataset.log === name);
   try {
     const headers = token ? { Authorization: "Bearer " + token } : {};
-    const response = await fetch(`/api/v1/trials/${encodeURIComponent(trialId)}/logs/${name}?tail=200000`, { headers });
+    const response = await fetch(`${API}/trials/${encodeURIComponent(trialId)}/logs/${name}?tail=200000`, { headers });
     const text = await response.text();
     $("detail-log").textContent = response.ok ? text || "(empty)" : `(${JSON.parse(text).error})`;
   } catch (error) {
@@ -908,8 +910,8 @@ function wire() {
   $("compare-open").onclick = openCompare;
   $("download-csv").onclick = (event) => { event.preventDefault(); download("csv"); };
   $("download-json").onclick = (event) => { event.preventDefault(); download("json"); };
-  $("download-csv").href = "/api/v1/export?format=csv";
-  $("download-json").href = "/api/v1/export?format=json";
+  $("download-csv").href = API + "/export?format=csv";
+  $("download-json").href = API + "/export?format=json";
   $("controls").onsubmit = (event) => event.preventDefault();
   for (const button of document.querySelectorAll("[data-field]")) {
     button.onclick = (event) => { event.preventDefault(); applyControl(button.dataset.field); };

@@ -61,7 +61,9 @@ pub enum UpdateCommand {
 
 #[derive(clap::Args)]
 pub struct ViewArgs {
-    id: String,
+    /// The experiment; without one, every experiment of the registry is listed, each opening
+    /// its own (read-only) dashboard.
+    id: Option<String>,
     #[command(flatten)]
     serve: ServeArgs,
 }
@@ -125,13 +127,15 @@ pub fn update(command: UpdateCommand) -> anyhow::Result<ExitCode> {
 
 /// `knob view`: serves the dashboard and a read-only API from the store until Ctrl-C.
 pub fn view(args: ViewArgs) -> anyhow::Result<ExitCode> {
-    let entry = Registry::open_default()?.get(&args.id)?;
+    let Some(id) = args.id.clone() else {
+        return view_every_experiment(args);
+    };
+    let entry = Registry::open_default()?.get(&id)?;
     knob_core::store::StoreReader::open(&entry.dir)
-        .map_err(|e| anyhow::anyhow!("experiment {}: {e}", args.id))?;
+        .map_err(|e| anyhow::anyhow!("experiment {id}: {e}"))?;
     if ApiClient::for_running(&entry).is_some() {
         eprintln!(
-            "note: experiment {} is running and serves its own dashboard on port {}",
-            args.id,
+            "note: experiment {id} is running and serves its own dashboard on port {}",
             entry.port.unwrap_or_default()
         );
     }
@@ -152,6 +156,36 @@ pub fn view(args: ViewArgs) -> anyhow::Result<ExitCode> {
         println!(
             "experiment {} (read-only): {} — Ctrl-C to quit",
             entry.id,
+            dashboard_url(address)
+        );
+        let _ = std::io::stdout().flush();
+        tokio::signal::ctrl_c().await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `knob view` with no id: a list of every experiment, each opening its read-only dashboard.
+fn view_every_experiment(args: ViewArgs) -> anyhow::Result<ExitCode> {
+    let registry = Registry::open_default()?;
+    let listener = args.serve.bind()?;
+    let address = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let config = knob_core::api::CatalogConfig {
+            token: args.serve.token(),
+            allowed_hosts: args.serve.allow_host.clone(),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = knob_core::api::serve_catalog(listener, registry, config).await {
+                eprintln!("error: {e}");
+            }
+        });
+        println!(
+            "every experiment (read-only): {} — Ctrl-C to quit",
             dashboard_url(address)
         );
         let _ = std::io::stdout().flush();

@@ -531,6 +531,28 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     assert_eq!(shown["name"], json!("sixty curves"), "{shown}");
     screenshot(&page, "view-1-done").await;
 
+    // Dark mode from the toggle: the page's colours and the charts (made again in ECharts'
+    // dark theme, every curve still there) follow.
+    click(&page, "#theme").await;
+    let dark = wait_in_page(
+        &page,
+        "dark mode",
+        r##"const chart = echarts.getInstanceByDom(document.getElementById("chart-intermediate"));
+           if (document.documentElement.dataset.theme !== "dark" || !chart) return null;
+           return [getComputedStyle(document.body).backgroundColor, chart.getOption().series.length,
+                   localStorage.getItem("knob-theme")];"##,
+    )
+    .await;
+    assert_eq!(dark, json!(["rgb(17, 20, 24)", 60, "dark"]));
+    screenshot(&page, "view-1-dark").await;
+    click(&page, "#theme").await;
+    wait_in_page(
+        &page,
+        "light mode again",
+        r##"return document.documentElement.dataset.theme === "light" && getComputedStyle(document.body).backgroundColor === "rgb(247, 248, 250)""##,
+    )
+    .await;
+
     // Read-only and DONE: the run controls are disabled and say why.
     let controls = page
         .execute(
@@ -765,5 +787,64 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     );
     assert!(gone.contains("knob view sixty"), "{gone}");
     screenshot(&page, "view-4-server-gone").await;
+    page.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn knob_view_without_an_id_lists_every_experiment_and_opens_each() {
+    let test = "knob_view_without_an_id_lists_every_experiment_and_opens_each";
+    let Some((chromium, chromedriver)) = browser_or_skip(test) else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    for (id, name, trials) in [("first", "the first", 3), ("second", "the second", 4)] {
+        let yaml = SIXTY
+            .replace("sixty curves", name)
+            .replace("maxTrialNumber: 60", &format!("maxTrialNumber: {trials}"));
+        let config = sandbox.config(&yaml, &[]);
+        let (code, stdout, stderr) = sandbox.create(&config, id);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+    }
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0"]);
+    let view = start(command, &[]);
+    let base = view.base.clone();
+
+    let driver = start_driver(&chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let page = open_browser(&driver, &chromium, profile.path()).await;
+    page.goto(&format!("{base}/")).await.unwrap();
+    let rows = wait_in_page(
+        &page,
+        "the experiment list",
+        r##"const rows = [...document.querySelectorAll("#experiments tbody tr")];
+           return rows.length === 2 ? rows.map((r) => [...r.cells].slice(0, 5).map((c) => c.textContent)) : null;"##,
+    )
+    .await;
+    let rows: Vec<Vec<String>> = serde_json::from_value(rows).unwrap();
+    // Newest first.
+    assert_eq!(rows[0][..3], ["the second", "second", "DONE"], "{rows:?}");
+    assert_eq!(rows[1][..3], ["the first", "first", "DONE"], "{rows:?}");
+    assert!(rows[0][3].ends_with("maximize)"), "{rows:?}");
+    assert!(rows[0][4].starts_with("4 (SUCCEEDED 4)"), "{rows:?}");
+    assert!(rows[1][4].starts_with("3 (SUCCEEDED 3)"), "{rows:?}");
+    screenshot(&page, "list-1-experiments").await;
+
+    click(&page, "#experiments tr[data-experiment='first'] a").await;
+    let opened = wait_in_page(
+        &page,
+        "the first experiment's dashboard",
+        r##"const rows = document.querySelectorAll("#trials tbody tr");
+           return rows.length === 3 ? [location.pathname, document.getElementById("experiment-name").textContent,
+                   document.getElementById("status").textContent, document.getElementById("read-only").hidden] : null;"##,
+    )
+    .await;
+    assert_eq!(opened, json!(["/e/first/", "the first", "DONE", false]));
+    screenshot(&page, "list-2-opened").await;
+    let missing = api(&format!("{base}/e/nope"), "GET", "/experiment", None);
+    assert!(
+        missing["error"].as_str().unwrap().contains("nope"),
+        "{missing}"
+    );
     page.close().await.unwrap();
 }

@@ -6,6 +6,7 @@
 //! was applied. `openapi.yaml` documents every route; a test checks it against the router's
 //! own table, [`api_routes`].
 
+mod catalog;
 mod guard;
 mod logs;
 mod reads;
@@ -240,6 +241,7 @@ pub fn check_bind(address: SocketAddr, token: Option<&str>) -> Result<(), ServeE
     }
 }
 
+pub use catalog::{serve_catalog, CatalogConfig};
 pub use guard::host_allowed;
 
 /// Serves the API and the dashboard on `listener` until the task is dropped. Every request must

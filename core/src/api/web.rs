@@ -21,6 +21,16 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../../../web/app.js"),
     ),
     (
+        "list.html",
+        "text/html; charset=utf-8",
+        include_str!("../../../web/list.html"),
+    ),
+    (
+        "list.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../../web/list.js"),
+    ),
+    (
         "style.css",
         "text/css; charset=utf-8",
         include_str!("../../../web/style.css"),
@@ -44,7 +54,7 @@ pub(super) fn routes() -> Router<ApiState> {
         )
 }
 
-fn asset(name: &str) -> Response {
+pub(super) fn asset(name: &str) -> Response {
     match ASSETS.iter().find(|(n, _, _)| *n == name) {
         Some((_, content_type, content)) => (
             [

@@ -1,0 +1,232 @@
+//! `knob view` with no id: one server for every experiment of the registry. `/` lists them
+//! (web/list.html, from `GET /api/v1/experiments`), and `/e/{id}/` serves each one's dashboard
+//! and read-only API, the same router `knob view ID` serves, mounted under its prefix (the
+//! dashboard asks for `api/v1/…` relative to its own address).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, Request, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+use super::{guard, router, same_secret, ApiConfig, ApiError, ApiState, ServeError};
+use crate::registry::{Registry, RegistryEntry};
+use crate::store::StoreReader;
+
+/// What the catalog server needs: the registry, and the API options of `knob view`.
+pub struct CatalogConfig {
+    pub token: Option<String>,
+    pub allowed_hosts: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Catalog {
+    inner: Arc<CatalogInner>,
+}
+
+struct CatalogInner {
+    config: CatalogConfig,
+    /// The registry's connection, one request at a time (a SQLite connection is not `Sync`).
+    registry: Mutex<Registry>,
+    /// Each experiment's router, made when first asked for (each watches its store's files).
+    experiments: Mutex<HashMap<String, Router>>,
+}
+
+/// The catalog's own routes (besides the dashboards under `/e/{id}/`).
+pub const ROUTES: [&str; 2] = ["/", "/api/v1/experiments"];
+
+/// Serves the catalog on `listener` until the task is dropped.
+pub async fn serve_catalog(
+    listener: TcpListener,
+    registry: Registry,
+    config: CatalogConfig,
+) -> Result<(), ServeError> {
+    let bound = listener.local_addr()?;
+    super::check_bind(bound, config.token.as_deref())?;
+    let rule = Arc::new(guard::HostRule {
+        bound,
+        names: config.allowed_hosts.clone(),
+    });
+    let catalog = Catalog {
+        inner: Arc::new(CatalogInner {
+            config,
+            registry: Mutex::new(registry),
+            experiments: Mutex::new(HashMap::new()),
+        }),
+    };
+    let app = Router::new()
+        .route(ROUTES[0], get(|| async { super::web::asset("list.html") }))
+        .route(
+            "/assets/{name}",
+            get(|Path(name): Path<String>| async move { super::web::asset(&name) }),
+        )
+        .route(
+            ROUTES[1],
+            get(experiments).layer(middleware::from_fn_with_state(
+                catalog.clone(),
+                require_token,
+            )),
+        )
+        .route(
+            "/e/{id}",
+            get(|Path(id): Path<String>| async move { Redirect::permanent(&format!("/e/{id}/")) }),
+        )
+        .route("/e/{id}/", axum::routing::any(experiment))
+        .route("/e/{id}/{*rest}", axum::routing::any(experiment))
+        .layer(tower_http::compression::CompressionLayer::new())
+        .with_state(catalog)
+        .layer(middleware::from_fn_with_state(rule, guard::check_host));
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+async fn require_token(State(catalog): State<Catalog>, request: Request, next: Next) -> Response {
+    if let Some(token) = &catalog.inner.config.token {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(guard::bearer_token);
+        if !given.is_some_and(|g| same_secret(g.as_bytes(), token.as_bytes())) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong token: send Authorization: Bearer <token>",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// `GET /api/v1/experiments`: every experiment of the registry, oldest first, with its status
+/// (CRASHED when its process is gone without recording an end), name, start, trial counts and
+/// best final; one whose store cannot be read says why in `error`.
+async fn experiments(State(catalog): State<Catalog>) -> Result<Json<Value>, ApiError> {
+    let catalog = catalog.clone();
+    let list = tokio::task::spawn_blocking(move || -> Result<Vec<Value>, ApiError> {
+        let entries = catalog
+            .inner
+            .registry
+            .lock()
+            .map_err(|_| ApiError::internal("the registry's lock is poisoned"))?
+            .list()
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(entries.iter().map(summary).collect())
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(json!({ "experiments": list })))
+}
+
+fn summary(entry: &RegistryEntry) -> Value {
+    let mut value = json!({
+        "id": entry.id,
+        "name": entry.name,
+        "status": if entry.crashed() { "CRASHED" } else { entry.status.as_str() },
+        "created_ms": entry.created_ms,
+        "port": entry.pid.and(entry.port),
+        "dir": entry.dir,
+    });
+    let read = || -> Result<Value, crate::store::StoreError> {
+        let reader = StoreReader::open(&entry.dir)?;
+        let Some(experiment) = reader.experiment()? else {
+            return Ok(json!({}));
+        };
+        let counts = reader.trial_counts()?;
+        let direction = super::reads::direction(&experiment.config);
+        let best = reader.best_trials(direction, 1)?;
+        Ok(json!({
+            "start_time_ms": experiment.start_time_ms,
+            "trial_total": counts.values().sum::<u64>(),
+            "trial_counts": counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "best": best.first().map(|t| json!({"trial_id": t.trial_id, "final_value": t.final_value})),
+            "optimize_mode": match direction {
+                crate::store::Direction::Maximize => "maximize",
+                crate::store::Direction::Minimize => "minimize",
+            },
+            "recorded_status": experiment.status,
+        }))
+    };
+    match read() {
+        Ok(Value::Object(extra)) => value.as_object_mut().unwrap().extend(extra),
+        Ok(_) => {}
+        Err(error) => value["error"] = json!(format!("cannot read its store: {error}")),
+    }
+    value
+}
+
+/// Everything under `/e/{id}/`: that experiment's own router (read-only), with the prefix taken
+/// off the path.
+async fn experiment(
+    State(catalog): State<Catalog>,
+    Path(params): Path<HashMap<String, String>>,
+    mut request: Request,
+) -> Response {
+    let Some(id) = params.get("id").cloned() else {
+        return ApiError::not_found("no experiment id").into_response();
+    };
+    let router = {
+        let cached = catalog
+            .inner
+            .experiments
+            .lock()
+            .ok()
+            .and_then(|map| map.get(&id).cloned());
+        match cached {
+            Some(router) => router,
+            None => {
+                let config = &catalog.inner.config;
+                let found = match catalog.inner.registry.lock() {
+                    Ok(registry) => registry.get(&id),
+                    Err(_) => {
+                        return ApiError::internal("the registry's lock is poisoned")
+                            .into_response()
+                    }
+                };
+                let entry = match found {
+                    Ok(entry) => entry,
+                    Err(error) => return ApiError::not_found(error.to_string()).into_response(),
+                };
+                let state = ApiState::new(ApiConfig {
+                    experiment_id: entry.id.clone(),
+                    dir: entry.dir.clone(),
+                    commands: None,
+                    token: config.token.clone(),
+                    allowed_hosts: config.allowed_hosts.clone(),
+                    commits: None,
+                });
+                let router = router(state);
+                if let Ok(mut map) = catalog.inner.experiments.lock() {
+                    map.insert(id.clone(), router.clone());
+                }
+                router
+            }
+        }
+    };
+    let prefix = format!("/e/{id}");
+    let path_and_query = request
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    let inner = path_and_query
+        .strip_prefix(&prefix)
+        .filter(|rest| rest.starts_with('/'))
+        .unwrap_or("/")
+        .to_string();
+    match inner.parse::<Uri>() {
+        Ok(uri) => *request.uri_mut() = uri,
+        Err(_) => return ApiError::bad_request("malformed path").into_response(),
+    }
+    match router.oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
