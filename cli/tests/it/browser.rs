@@ -177,7 +177,7 @@ fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> Value {
 
 /// The (chromium, chromedriver) binaries, or `None` after `prerequisite` said why the test
 /// skips (a skip fails under `KNOB_TEST_REQUIRE_ALL=1`).
-fn browser_or_skip(_test: &str) -> Option<(PathBuf, PathBuf)> {
+fn browser_or_skip() -> Option<(PathBuf, PathBuf)> {
     match (
         prerequisite::CHROMIUM.path(),
         prerequisite::CHROMEDRIVER.path(),
@@ -189,9 +189,7 @@ fn browser_or_skip(_test: &str) -> Option<(PathBuf, PathBuf)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
-    let Some((chromium, chromedriver)) =
-        browser_or_skip("the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials")
-    else {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
         return;
     };
     let sandbox = Sandbox::new();
@@ -477,9 +475,7 @@ trainingService:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_the_server_gone() {
-    let test =
-        "a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_the_server_gone";
-    let Some((chromium, chromedriver)) = browser_or_skip(test) else {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
         return;
     };
     let sandbox = Sandbox::new();
@@ -792,8 +788,7 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn knob_view_without_an_id_lists_every_experiment_and_opens_each() {
-    let test = "knob_view_without_an_id_lists_every_experiment_and_opens_each";
-    let Some((chromium, chromedriver)) = browser_or_skip(test) else {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
         return;
     };
     let sandbox = Sandbox::new();
