@@ -10,7 +10,8 @@ use knob_plugin_api::space::{seeded_rng, SearchSpace};
 
 #[derive(Subcommand)]
 pub enum SpaceCommand {
-    /// Check an NNI search-space JSON file; print its parameters, or every problem (exit 1).
+    /// Check an NNI search-space file (JSON, or YAML as `searchSpaceFile` takes); print its
+    /// parameters, or its problem with file:line:column (exit 1).
     Validate { file: PathBuf },
     /// Draw parameter sets from a search space, one JSON object per line.
     Sample {
@@ -64,8 +65,17 @@ pub fn run(command: SpaceCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Reads a search-space file as a config's `searchSpaceFile` does (JSON, or YAML), so a space that
+/// `knob create` accepts validates here too; a problem is one line with file:line:column.
 fn read_space(file: &Path) -> anyhow::Result<SearchSpace> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    SearchSpace::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
+    let value = knob_core::config::parse_search_space(file, &text).map_err(|error| {
+        let place = match error.pos {
+            Some(pos) => format!("{}:{}:{}", file.display(), pos.line, pos.column),
+            None => file.display().to_string(),
+        };
+        anyhow::anyhow!("{place}: {}", error.message)
+    })?;
+    SearchSpace::from_value(&value).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
 }

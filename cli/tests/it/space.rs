@@ -32,8 +32,9 @@ fn space_validate_lists_parameters_or_names_the_problem() {
     let (code, _, stderr) = run(knob().arg("space").arg("validate").arg(&bad));
     assert_eq!(code, 1);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // The parameter's line and column, as in a config's searchSpaceFile error.
     assert!(
-        stderr.starts_with(&format!("error: {}: ", bad.display())),
+        stderr.starts_with(&format!("error: {}:1:2: ", bad.display())),
         "{stderr}"
     );
 }
@@ -66,4 +67,69 @@ fn space_sample_prints_reproducible_json_lines() {
     }
     assert_eq!(sample("7").1, first);
     assert_ne!(sample("8").1, first);
+}
+
+/// `knob space validate` reads what `searchSpaceFile` reads: a YAML space (it refused them), and
+/// a problem in one names the file, line and column.
+#[test]
+fn space_validate_takes_the_yaml_spaces_a_config_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("space.yml");
+    std::fs::write(
+        &yaml,
+        "lr:\n  _type: loguniform\n  _value: [0.0001, 0.1]\nbatch:\n  _type: choice\n  _value: [16, 32]\n",
+    )
+    .unwrap();
+    let config = dir.path().join("config.yml");
+    std::fs::write(
+        &config,
+        "searchSpaceFile: space.yml\ntrialCommand: 'true'\ntrialConcurrency: 1\n\
+         tuner:\n  name: Random\ntrainingService:\n  platform: local\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = run(knob().args(["config", "check"]).arg(&config));
+    assert_eq!(code, 0, "the config takes the YAML space: {stderr}");
+
+    let (code, stdout, stderr) = run(knob().arg("space").arg("validate").arg(&yaml));
+    assert_eq!(code, 0, "{stderr}");
+    let stdout = stdout.replace(&yaml.display().to_string(), "space.yml");
+    expect_test::expect![[r#"
+        space.yml: valid search space with 2 parameters
+          lr                       loguniform
+          batch                    choice
+    "#]]
+    .assert_eq(&stdout);
+    let (code, stdout, stderr) = run(knob()
+        .arg("space")
+        .arg("sample")
+        .arg(&yaml)
+        .args(["-n", "2", "--seed", "1"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "lr:\n  _type: loguniform\n  _value: [0.0001, 0.1]\nmomentum:\n  _type: uniform\n  _value: [1, 0]\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = run(knob().arg("space").arg("validate").arg(&bad));
+    assert_eq!(code, 1);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: {}:4:1: ", bad.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("momentum"), "{stderr}");
+
+    let malformed = dir.path().join("malformed.yml");
+    std::fs::write(&malformed, "lr: [unclosed\n").unwrap();
+    let (code, _, stderr) = run(knob().arg("space").arg("validate").arg(&malformed));
+    assert_eq!(code, 1);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: {}:", malformed.display()))
+            && stderr.contains("malformed YAML"),
+        "{stderr}"
+    );
 }

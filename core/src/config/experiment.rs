@@ -14,7 +14,7 @@ use super::training_service::{
     read_training_services, Located, NNI_MANAGER_IP_IGNORED, SHORTCUT_PLATFORM,
 };
 use super::units;
-use super::yaml::{self, Node, Value};
+use super::yaml::{self, Node, Pos, Value};
 
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
 pub(super) const TOP_FIELDS: [&str; 34] = [
@@ -361,53 +361,65 @@ fn read_search_space(
                     return None;
                 }
             };
-            let is_json = path
-                .extension()
-                .is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
-            let parsed = if is_json {
-                yaml::parse_json(&text)
-            } else {
-                yaml::parse(&text)
-            };
-            let node = match parsed {
-                Ok(Some(node)) => node,
-                Ok(None) => {
-                    reader.error_in(
-                        &path,
-                        None,
-                        &file.path,
-                        "the search space file is empty; an empty space is written {}",
-                    );
-                    return None;
-                }
+            match parse_search_space(&path, &text) {
+                Ok(value) => Some(value),
                 Err(error) => {
-                    let kind = if is_json { "JSON" } else { "YAML" };
-                    reader.error_in(
-                        &path,
-                        error.pos,
-                        &file.path,
-                        format!("malformed {kind}: {}", error.message),
-                    );
-                    return None;
-                }
-            };
-            let value = match node.to_json() {
-                Ok(value) => value,
-                Err((pos, message)) => {
-                    reader.error_in(&path, pos, &file.path, message);
-                    return None;
-                }
-            };
-            match SearchSpace::from_value(&value) {
-                Ok(_) => Some(value),
-                Err(error) => {
-                    let pos = parameter_node(&node, &error)
-                        .and_then(|node| node.pos)
-                        .or(node.pos);
-                    reader.error_in(&path, pos, &file.path, error.to_string());
+                    reader.error_in(&path, error.pos, &file.path, error.message);
                     None
                 }
             }
+        }
+    }
+}
+
+/// A problem of a search-space file, at a line and column of that file where known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpaceFileError {
+    pub pos: Option<Pos>,
+    pub message: String,
+}
+
+/// Reads the text of a search-space file as `searchSpaceFile` does: JSON when the name ends in
+/// `.json`, YAML otherwise (YAML is a superset of JSON, so a JSON file by another name reads too),
+/// checked as an NNI search space. `knob space` uses it, so it accepts what a config accepts.
+pub fn parse_search_space(path: &Path, text: &str) -> Result<serde_json::Value, SpaceFileError> {
+    let is_json = path
+        .extension()
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
+    let parsed = if is_json {
+        yaml::parse_json(text)
+    } else {
+        yaml::parse(text)
+    };
+    let node = match parsed {
+        Ok(Some(node)) => node,
+        Ok(None) => {
+            return Err(SpaceFileError {
+                pos: None,
+                message: "the search space file is empty; an empty space is written {}".into(),
+            })
+        }
+        Err(error) => {
+            let kind = if is_json { "JSON" } else { "YAML" };
+            return Err(SpaceFileError {
+                pos: error.pos,
+                message: format!("malformed {kind}: {}", error.message),
+            });
+        }
+    };
+    let value = node
+        .to_json()
+        .map_err(|(pos, message)| SpaceFileError { pos, message })?;
+    match SearchSpace::from_value(&value) {
+        Ok(_) => Ok(value),
+        Err(error) => {
+            let pos = parameter_node(&node, &error)
+                .and_then(|node| node.pos)
+                .or(node.pos);
+            Err(SpaceFileError {
+                pos,
+                message: error.to_string(),
+            })
         }
     }
 }

@@ -60,11 +60,13 @@ use std::path::{Path, PathBuf};
 
 pub use algorithm::AlgorithmProblem;
 pub use error::{ConfigError, ConfigErrors};
+pub use experiment::{parse_search_space, SpaceFileError};
 pub use model::{
     AlgorithmConfig, ExperimentConfig, LogLevel, PlacementPolicy, TrainingServiceConfig,
 };
 pub use secret::{Secret, REDACTED};
 pub use training_service::{recheck_services, trial_settings, ServiceChecker, SHORTCUT_PLATFORM};
+pub use yaml::Pos;
 
 use knob_plugin_api::host::PluginRegistry;
 
