@@ -482,7 +482,7 @@ function renderTableHead(names) {
   const columns = [["", null], ["#", "sequence"], ["trial", "trial_id"], ["status", "status"], ["final", "final_value"], ["duration", "duration_ms"]]
     .concat(shown.map((n) => [n, "param:" + n]))
     .concat(names.length > shown.length ? [["more parameters", "parameters"]] : [])
-    .concat([["stop reason", "end_message"], ["", null]]);
+    .concat([["reason", "end_message"], ["", null]]);
   const row = $("trials").tHead.rows[0];
   row.innerHTML = "";
   for (const [text, sortKey] of columns) {
@@ -516,7 +516,7 @@ function sortedFilteredTrials() {
   const missing = (v) => v === null || v === undefined;
   return [...state.trials.values()]
     .filter((t) => !status || t.status === status)
-    .filter((t) => !text || (t.trial_id + " " + JSON.stringify(t.parameters) + " " + (t.end_message || "")).toLowerCase().includes(text))
+    .filter((t) => !text || (t.trial_id + " " + JSON.stringify(t.parameters) + " " + (t.waiting_reason || t.end_message || "")).toLowerCase().includes(text))
     .sort((a, b) => {
       const x = value(a), y = value(b);
       // Missing values stay last in both directions.
@@ -568,7 +568,8 @@ function renderTable() {
       params.className = "params";
       params.textContent = JSON.stringify(Object.fromEntries(rest.filter((n) => n in flat).map((n) => [n, flat[n]])));
     }
-    row.insertCell().textContent = t.end_message || "";
+    // A waiting trial shows why it has not started (a cluster job's pending reason, say).
+    row.insertCell().textContent = t.waiting_reason || t.end_message || "";
     const actions = row.insertCell();
     if (state.experiment.writable && isRunning(t)) {
       const kill = actions.appendChild(document.createElement("button"));
@@ -838,6 +839,7 @@ async function renderDetail(trialId, withLog) {
     infoRow(info, "attempts", String(t.attempts));
     if (t.exit_code !== null && t.exit_code !== undefined) infoRow(info, "exit code", String(t.exit_code));
     if (t.signal !== null && t.signal !== undefined) infoRow(info, "signal", String(t.signal));
+    if (t.waiting_reason) infoRow(info, "waiting", t.waiting_reason);
     if (t.end_message) infoRow(info, "stop reason", t.end_message);
     if (t.gpu_indices && t.gpu_indices.length) infoRow(info, "GPUs", t.gpu_indices.join(", "));
     const intermediate = t.metrics.filter((m) => m.kind === "intermediate");

@@ -144,7 +144,12 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         t.attempts.to_string(),
                         t.environment_id.clone().unwrap_or_else(|| "-".into()),
                         t.parameters.to_string(),
-                        t.end_message.clone().unwrap_or_default(),
+                        // A waiting trial: why it has not started (a Slurm job's pending
+                        // reason, no free GPU); else why it ended (or its last attempt did).
+                        t.waiting_reason
+                            .clone()
+                            .or_else(|| t.end_message.clone())
+                            .unwrap_or_default(),
                     ]
                 })
                 .collect();

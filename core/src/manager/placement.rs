@@ -90,6 +90,15 @@ impl Placer {
         );
     }
 
+    /// Takes no new trial there until it is ready; being set up, it counts for whether a trial
+    /// could ever fit whatever its inventory says (its resources are not known yet).
+    pub fn set_starting(&mut self, environment: &str) {
+        let _ = self.scheduler.set_environment_status(
+            &EnvironmentId::from(environment),
+            EnvironmentStatus::Starting,
+        );
+    }
+
     /// Forgets an environment that is gone; what its trials held is released.
     pub fn remove(&mut self, environment: &str) {
         let _ = self

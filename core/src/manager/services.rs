@@ -35,6 +35,10 @@ pub(super) struct EnvironmentRecord {
     pub service: usize,
     pub host: String,
     pub ready: bool,
+    /// Why it is not ready, when its service said.
+    pub why: Option<String>,
+    /// It was ready at some time (a queued allocation is not, until its job runs).
+    pub seen_ready: bool,
 }
 
 /// An event with the index of the service that reported it.
@@ -196,7 +200,9 @@ impl Manager {
             pending.push(event);
         }
         self.on_service_events(pending).await?;
-        if !self.environments.values().any(|record| record.ready) {
+        // An environment on its way (a queued cluster job) will take trials: they wait for it.
+        if !self.environments.values().any(|record| record.ready) && !self.placer.has_environment()
+        {
             return Err(ManagerError::NoEnvironment(self.no_environment_reason()));
         }
         self.placer.check().map_err(ManagerError::Placement)
@@ -252,6 +258,9 @@ impl Manager {
         let id = environment.id.clone();
         let was_ready = self.environments.get(&id).map(|record| record.ready);
         let mut ready = environment.ready;
+        // Why a not-ready environment is so, when its service said (its inventory's status):
+        // a cluster job pending in its queue, a host that dropped.
+        let mut why = None;
         if ready {
             match serde_json::from_value::<knob_gpu_sched::Environment>(environment.inventory) {
                 Ok(mut inventory) => {
@@ -276,27 +285,86 @@ impl Manager {
                 }
             }
         } else {
-            self.placer
-                .set_unavailable(&id, &format!("host {} is not reachable", environment.host));
+            let inventory = serde_json::from_value::<knob_gpu_sched::Environment>(
+                environment.inventory.clone(),
+            )
+            .ok();
+            let status = inventory.as_ref().map(|i| i.status.clone());
+            why = match &status {
+                Some(knob_gpu_sched::EnvironmentStatus::Unavailable(reason)) => {
+                    Some(reason.clone())
+                }
+                Some(knob_gpu_sched::EnvironmentStatus::Starting) => Some("starting".to_string()),
+                _ => None,
+            };
+            match (inventory, status) {
+                // Reported first as on its way (a queued allocation, with what it asked for as
+                // its inventory): it counts as an environment that will take trials, so trials
+                // wait for it with its reason instead of the experiment failing for want of
+                // one. A lost environment (known before, gone from the scheduler) is not taken
+                // back until it is ready again.
+                (
+                    Some(mut inventory),
+                    Some(
+                        knob_gpu_sched::EnvironmentStatus::Starting
+                        | knob_gpu_sched::EnvironmentStatus::Unavailable(_),
+                    ),
+                ) if was_ready.is_none() && !self.placer.knows(&id) => {
+                    inventory.id = id.as_str().into();
+                    if let Err(reason) = self.placer.upsert(inventory) {
+                        self.notice(format!(
+                            "environment {id} ({}): its inventory is not usable ({reason}); no trial runs there",
+                            environment.host
+                        ))
+                        .await?;
+                    }
+                }
+                (_, Some(knob_gpu_sched::EnvironmentStatus::Starting)) => {
+                    self.placer.set_starting(&id)
+                }
+                _ => self.placer.set_unavailable(
+                    &id,
+                    &why.clone()
+                        .unwrap_or_else(|| format!("host {} is not reachable", environment.host)),
+                ),
+            }
         }
+        let shown_why = why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
+        let was_why = self
+            .environments
+            .get(&id)
+            .and_then(|record| record.why.clone());
+        let seen_ready = self
+            .environments
+            .get(&id)
+            .is_some_and(|record| record.seen_ready);
         match (was_ready, ready) {
             (Some(true), false) => {
                 self.notice(format!(
-                    "environment {id} ({}) is not ready; no new trial starts there until it is back",
+                    "environment {id} ({}) is not ready{shown_why}; no new trial starts there until it is back",
                     environment.host
                 ))
                 .await?
             }
             (None, false) => {
                 self.notice(format!(
-                    "environment {id} ({}) is not ready; no trial starts there until it is",
+                    "environment {id} ({}) is not ready{shown_why}; no trial starts there until it is",
                     environment.host
                 ))
                 .await?
             }
             (Some(false), true) => {
+                let again = if seen_ready { " again" } else { "" };
                 self.notice(format!(
-                    "environment {id} ({}) is ready again",
+                    "environment {id} ({}) is ready{again}",
+                    environment.host
+                ))
+                .await?
+            }
+            // Still not ready, for another reason (Slurm's pending reason changed, say).
+            (Some(false), false) if why.is_some() && why != was_why => {
+                self.notice(format!(
+                    "environment {id} ({}) is not ready{shown_why}",
                     environment.host
                 ))
                 .await?
@@ -309,6 +377,8 @@ impl Manager {
                 service,
                 host: environment.host,
                 ready,
+                why,
+                seen_ready: seen_ready || ready,
             },
         );
         Ok(())

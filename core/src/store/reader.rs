@@ -20,9 +20,18 @@ use super::state::{replay, ExperimentState};
 pub(crate) const METRIC_COLUMNS: &str =
     "seq, time_ms, trial_id, attempt, kind, trial_sequence, raw, value";
 
+/// The last column is a waiting trial's latest `waiting: ...` warning since it last went back to
+/// waiting (from the log, by the `events_by_trial` index): why it has not started.
 const TRIAL_COLUMNS: &str = "id, sequence, parameter_id, parameters, status, attempts, created_ms,
     started_ms, ended_ms, environment_id, gpu_indices, pid, exit_code, signal, end_message,
-    stderr_tail, final_value, final_raw";
+    stderr_tail, final_value, final_raw,
+    CASE WHEN status = 'WAITING' THEN (
+        SELECT substr(json_extract(w.payload, '$.message'), 10) FROM events w
+        WHERE w.trial_id = trials.id AND w.kind = 'warning'
+          AND json_extract(w.payload, '$.message') LIKE 'waiting: %'
+          AND w.seq > coalesce((SELECT max(r.seq) FROM events r
+                                WHERE r.trial_id = trials.id AND r.kind = 'trial_requeued'), 0)
+        ORDER BY w.seq DESC LIMIT 1) END";
 
 fn bad_column(index: usize, what: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(index, Type::Text, what.into())
@@ -78,6 +87,9 @@ pub struct TrialRow {
     /// The first final metric of the current attempt: decoded, and as sent.
     pub final_value: Option<f64>,
     pub final_raw: Option<String>,
+    /// For a waiting trial, why it has not started, when the manager or its training service
+    /// said (no free GPU, a Slurm job pending with Slurm's reason).
+    pub waiting_reason: Option<String>,
 }
 
 fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
@@ -106,6 +118,7 @@ fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
         stderr_tail: row.get(15)?,
         final_value: row.get(16)?,
         final_raw: row.get(17)?,
+        waiting_reason: row.get(18)?,
     })
 }
 

@@ -11,7 +11,27 @@ use super::{script, Job, Phase, SlurmArgs, QUEUE_ENVIRONMENT};
 /// asks Slurm for (GPUs declared so that gpu-sched lets GPU trials through; the job's own
 /// `CUDA_VISIBLE_DEVICES` is Slurm's).
 pub(super) fn queue_environment(args: &SlurmArgs) -> Environment {
-    let jobs = args.trial_concurrency;
+    let inventory = requested(
+        args,
+        QUEUE_ENVIRONMENT,
+        args.trial_concurrency,
+        knob_gpu_sched::EnvironmentStatus::Ready,
+    );
+    Environment {
+        id: QUEUE_ENVIRONMENT.to_string(),
+        host: "slurm".to_string(),
+        ready: true,
+        inventory: serde_json::to_value(inventory).unwrap_or(Value::Null),
+    }
+}
+
+/// What `jobs` jobs ask Slurm for, as a gpu-sched inventory with `status`.
+fn requested(
+    args: &SlurmArgs,
+    id: &str,
+    jobs: u32,
+    status: knob_gpu_sched::EnvironmentStatus,
+) -> knob_gpu_sched::Environment {
     let gpus = (0..args.job.gpu_number * jobs)
         .map(|index| {
             knob_gpu_sched::Gpu::idle(
@@ -27,8 +47,8 @@ pub(super) fn queue_environment(args: &SlurmArgs) -> Environment {
         .memory
         .map(|m| m.0 * u64::from(jobs))
         .unwrap_or(u64::MAX / 2);
-    let inventory = knob_gpu_sched::Environment::new(
-        QUEUE_ENVIRONMENT,
+    let mut inventory = knob_gpu_sched::Environment::new(
+        id,
         "slurm",
         gpus,
         knob_gpu_sched::HostResources {
@@ -38,17 +58,17 @@ pub(super) fn queue_environment(args: &SlurmArgs) -> Environment {
             memory_available: knob_gpu_sched::ByteSize(memory),
         },
     );
-    Environment {
-        id: QUEUE_ENVIRONMENT.to_string(),
-        host: "slurm".to_string(),
-        ready: true,
-        inventory: serde_json::to_value(inventory).unwrap_or(Value::Null),
-    }
+    inventory.status = status;
+    inventory
 }
 
 /// An allocation as the core sees it: the agent's probe of the node with the allocation's
 /// GPUs and CPUs, and its phase as gpu-sched's status.
-pub(super) fn job_environment(job: &Job) -> Environment {
+///
+/// Before its agent has probed the node (the job pending, or starting), the inventory is what
+/// the job asks Slurm for, with the phase as its status: the core then counts the allocation as
+/// one that will take trials, and a trial waiting for it says why (Slurm's pending reason).
+pub(super) fn job_environment(args: &SlurmArgs, job: &Job) -> Environment {
     let status = match &job.phase {
         Phase::Ready => knob_gpu_sched::EnvironmentStatus::Ready,
         Phase::Draining => knob_gpu_sched::EnvironmentStatus::Draining,
@@ -71,6 +91,10 @@ pub(super) fn job_environment(job: &Job) -> Environment {
                     environment.host_resources.cpu_count = cpus;
                 }
                 serde_json::to_value(environment).unwrap_or(Value::Null)
+            }
+            Err(_) if matches!(job.phase, Phase::Queued(_) | Phase::Connecting) => {
+                serde_json::to_value(requested(args, &job.environment_id, 1, status))
+                    .unwrap_or(Value::Null)
             }
             Err(_) => Value::Null,
         };

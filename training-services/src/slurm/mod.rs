@@ -140,6 +140,14 @@ struct Job {
     inventory: Value,
 }
 
+impl Job {
+    /// Whether a trial of the core's still waits for, runs in or has its end held by this job.
+    fn holds_trial(&self) -> bool {
+        self.phase != Phase::Ended
+            && (self.waiting_trial.is_some() || !self.running.is_empty() || !self.held.is_empty())
+    }
+}
+
 #[derive(Default)]
 struct Shared {
     jobs: Vec<Job>,
@@ -280,7 +288,7 @@ impl SlurmService {
             .jobs
             .iter()
             .filter(|j| j.phase != Phase::Ended)
-            .map(job_environment)
+            .map(|job| job_environment(&ctx.args, job))
             .collect()
     }
 
@@ -335,7 +343,7 @@ impl SlurmService {
 fn emit_environment(ctx: &Context, job: &Job) {
     if ctx.args.reuse_mode {
         (ctx.emit)(ServiceEvent::Environment {
-            environment: job_environment(job),
+            environment: job_environment(&ctx.args, job),
         });
     }
 }
@@ -557,15 +565,13 @@ async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(
         if shared.stopping {
             return Err(SlurmError::ShutDown);
         }
-        let queued = shared
-            .jobs
-            .iter()
-            .filter(|j| j.phase != Phase::Ended)
-            .count();
+        // A job whose trial has ended is on its way out of the queue: it holds no slot, and the
+        // core may start the next trial (or the next attempt of the same one) at once.
+        let queued = shared.jobs.iter().filter(|j| j.holds_trial()).count();
         if shared
             .jobs
             .iter()
-            .any(|j| j.phase != Phase::Ended && j.key == trial_id)
+            .any(|j| j.holds_trial() && j.key == trial_id)
         {
             return Err(SlurmError::Start {
                 trial: trial_id,
