@@ -144,7 +144,7 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         t.attempts.to_string(),
                         t.environment_id.clone().unwrap_or_else(|| "-".into()),
                         t.parameters.to_string(),
-                        // A waiting trial: why it has not started (a Slurm job's pending
+                        // A waiting trial: why it has not started (a cluster job's pending
                         // reason, no free GPU); else why it ended (or its last attempt did).
                         t.waiting_reason
                             .clone()

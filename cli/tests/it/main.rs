@@ -18,6 +18,7 @@ mod plugin_checks;
 mod prerequisite;
 mod remote;
 mod resume;
+mod slurm;
 mod space;
 mod third_party_service;
 

@@ -361,7 +361,7 @@ impl Manager {
                 ))
                 .await?
             }
-            // Still not ready, for another reason (Slurm's pending reason changed, say).
+            // Still not ready, for another reason (a queued job's reason changed, say).
             (Some(false), false) if why.is_some() && why != was_why => {
                 self.notice(format!(
                     "environment {id} ({}) is not ready{shown_why}",

@@ -88,7 +88,7 @@ pub struct TrialRow {
     pub final_value: Option<f64>,
     pub final_raw: Option<String>,
     /// For a waiting trial, why it has not started, when the manager or its training service
-    /// said (no free GPU, a Slurm job pending with Slurm's reason).
+    /// said (no free GPU, a cluster job pending with the scheduler's reason).
     pub waiting_reason: Option<String>,
 }
 

@@ -1,0 +1,501 @@
+//! `platform: slurm` end to end through the `knob` binary, from config files, against the real
+//! single-node Slurm cluster `.ci/slurm.sh` starts (with the real knob-agent in each job).
+//!
+//! Gated by `KNOB_TEST_SLURM=1` like the service's own tests
+//! (`training-services/tests/it/slurm.rs`): a visible skip otherwise, a failure under
+//! `KNOB_TEST_REQUIRE_ALL=1`. The cluster has 2 CPUs, so the tests take it one at a time (in
+//! this process and, by a lock file, against other test processes on the machine), each under
+//! experiment ids of its own, and leave the queue empty and the node as they found it.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::create::Sandbox;
+use crate::{repo_root, run};
+
+static CLUSTER: Mutex<()> = Mutex::new(());
+
+/// The cluster, held for one test: this process's lock and an exclusive `flock` on a file that
+/// every knob Slurm test process on the machine may take.
+struct Cluster {
+    _file: File,
+    _guard: MutexGuard<'static, ()>,
+}
+
+fn cluster(test: &str) -> Option<Cluster> {
+    if std::env::var("KNOB_TEST_SLURM").as_deref() != Ok("1") {
+        let message = format!(
+            "skipping {test}: set KNOB_TEST_SLURM=1 with a Slurm cluster up (.ci/slurm.sh starts one)"
+        );
+        if std::env::var("KNOB_TEST_REQUIRE_ALL").as_deref() == Ok("1") {
+            panic!("{message} (KNOB_TEST_REQUIRE_ALL=1)");
+        }
+        eprintln!("{message}");
+        return None;
+    }
+    let guard = CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
+    let path = std::env::temp_dir().join("knob-slurm-tests.lock");
+    let file = File::create(&path).unwrap();
+    // SAFETY: flock on a file descriptor this function owns; released when `file` closes.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
+    assert_eq!(locked, 0, "cannot lock {}", path.display());
+    Some(Cluster {
+        _file: file,
+        _guard: guard,
+    })
+}
+
+/// An experiment id no other run of these tests uses (job names carry it).
+fn unique(name: &str) -> String {
+    format!("{name}{}", std::process::id())
+}
+
+/// (job id, state, reason) of each job in the queue whose name contains `needle`.
+fn queue(needle: &str) -> Vec<(u64, String, String)> {
+    let out = Command::new("squeue")
+        .args(["--noheader", "--format=%i|%j|%T|%r"])
+        .output()
+        .expect("cannot run squeue");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').collect();
+            match cells.as_slice() {
+                [id, name, state, reason] if name.contains(needle) => Some((
+                    id.trim().parse().ok()?,
+                    state.to_string(),
+                    reason.to_string(),
+                )),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn job_ids(needle: &str) -> BTreeSet<u64> {
+    queue(needle).into_iter().map(|(id, ..)| id).collect()
+}
+
+/// Polls `check` every 200 ms (bounded by `limit`), panicking with `what` if it never holds.
+fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A `knob` process the test started: killed (SIGKILL) when dropped, and whatever job of the
+/// experiment is still queued then is cancelled, so a failing test leaves nothing behind.
+struct Running {
+    child: Option<Child>,
+    needle: String,
+}
+
+impl Running {
+    fn spawn(mut command: Command, needle: &str) -> Running {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start knob");
+        Running {
+            child: Some(child),
+            needle: needle.to_string(),
+        }
+    }
+
+    /// SIGKILL, as a crash would: nothing of knob's shutdown runs.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Its exit code, waiting at most `limit`.
+    fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(status.code().unwrap_or(-1));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+        let left: Vec<String> = job_ids(&self.needle)
+            .iter()
+            .map(|id| id.to_string())
+            .collect();
+        if !left.is_empty() {
+            let _ = Command::new("scancel").args(&left).status();
+        }
+    }
+}
+
+/// Drains the node for its life, and resumes it on drop whatever happens.
+struct Drained(String);
+
+impl Drained {
+    fn new() -> Drained {
+        let out = Command::new("hostname").arg("-s").output().unwrap();
+        let node = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let status = Command::new("scontrol")
+            .args([
+                "update",
+                &format!("nodename={node}"),
+                "state=drain",
+                "reason=knob-cli-test",
+            ])
+            .status()
+            .unwrap();
+        assert!(status.success(), "cannot drain node {node}");
+        Drained(node)
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("nodename={}", self.0), "state=resume"])
+            .status();
+    }
+}
+
+/// A Slurm experiment's config: `top` more top-level lines, `service` more lines of its
+/// trainingService mapping.
+fn slurm_config(sandbox: &Sandbox, top: &str, service: &str) -> PathBuf {
+    sandbox.config(
+        &format!(
+            "searchSpace:
+  x: {{_type: randint, _value: [0, 1000000]}}
+tuner:
+  name: Random
+  classArgs: {{seed: 3}}
+{top}
+trainingService:
+  platform: slurm
+  pollIntervalSecs: 0.2
+{service}"
+        ),
+        &[],
+    )
+}
+
+/// `knob trial ls ID` rows, split into cells on runs of two spaces or more (the parameters and
+/// the reason hold single spaces).
+fn trial_rows(sandbox: &Sandbox, id: &str) -> Vec<Vec<String>> {
+    let (code, stdout, stderr) = run(sandbox.knob().args(["trial", "ls", id]));
+    assert_eq!(code, 0, "{stderr}");
+    stdout
+        .lines()
+        .skip(1)
+        .map(|line| {
+            line.split("  ")
+                .map(str::trim)
+                .filter(|cell| !cell.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .collect()
+}
+
+/// `Key=value` of `scontrol show job` output.
+fn field<'a>(shown: &'a str, key: &str) -> &'a str {
+    shown
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {shown}"))
+}
+
+#[test]
+fn both_reuse_modes_run_an_experiment_and_each_job_gets_the_trials_cpus_and_memory() {
+    let Some(_cluster) = cluster("slurm create in both reuse modes") else {
+        return;
+    };
+    for reuse in [true, false] {
+        let id = unique(if reuse { "reuse" } else { "perjob" });
+        let sandbox = Sandbox::new();
+        let jobs = sandbox.path().join("jobs");
+        std::fs::create_dir(&jobs).unwrap();
+        // Each trial records what Slurm says of the job it runs in.
+        let config = slurm_config(
+            &sandbox,
+            &format!(
+                "trialCommand: scontrol show job $SLURM_JOB_ID > {}/$NNI_TRIAL_JOB_ID && echo KNOB_FINAL 1
+trialConcurrency: 2
+maxTrialNumber: 3
+trialCpuNumber: 1
+trialMemorySize: 100mb",
+                jobs.display()
+            ),
+            &format!("  reuseMode: {reuse}\n"),
+        );
+        let _cleanup = Running {
+            child: None,
+            needle: format!("-{id}-"),
+        };
+        let (code, stdout, stderr) = sandbox.create(&config, &id);
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!(
+                "experiment {id} DONE: 3 trials (3 succeeded, 0 failed)"
+            )),
+            "{stdout}\n{stderr}"
+        );
+        let export = sandbox.export(&id);
+        let trials = export["trials"].as_array().unwrap();
+        let mut job_ids = BTreeSet::new();
+        for trial in trials {
+            let trial_id = trial["id"].as_str().unwrap();
+            let environment = trial["attempt_history"][0]["environment_id"]
+                .as_str()
+                .unwrap();
+            let shown = std::fs::read_to_string(jobs.join(trial_id)).unwrap();
+            // trialCpuNumber and trialMemorySize reached the job.
+            assert_eq!(field(&shown, "NumCPUs"), "1", "{shown}");
+            assert_eq!(field(&shown, "MinMemoryNode"), "100M", "{shown}");
+            let name = field(&shown, "JobName");
+            if reuse {
+                assert!(environment.starts_with("slurm:env"), "{trial}");
+                assert!(name.starts_with(&format!("knob-{id}-env")), "{shown}");
+            } else {
+                assert_eq!(environment, "slurm:queue", "{trial}");
+                assert_eq!(name, format!("knob-{id}-{trial_id}"), "{shown}");
+            }
+            job_ids.insert(field(&shown, "JobId").to_string());
+        }
+        if reuse {
+            // Allocations run many trials: at most trialConcurrency of them for 3 trials.
+            assert!(job_ids.len() <= 2, "{job_ids:?}");
+        } else {
+            assert_eq!(job_ids.len(), 3, "one job per trial: {job_ids:?}");
+        }
+        // Nothing of the experiment stays in the queue once it is over.
+        wait_for(
+            &format!("experiment {id}'s jobs to leave the queue"),
+            Duration::from_secs(30),
+            || queue(&format!("-{id}-")).is_empty().then_some(()),
+        );
+    }
+}
+
+#[test]
+fn waiting_trials_show_slurms_reason_and_resume_and_stop_leave_no_job() {
+    let Some(_cluster) = cluster("slurm waiting reason, resume and stop") else {
+        return;
+    };
+    let id = unique("drain");
+    let needle = format!("-{id}-");
+    let sandbox = Sandbox::new();
+    let started = sandbox.path().join("started");
+    // Each run of a trial appends a line; it then runs until it is stopped.
+    let config = slurm_config(
+        &sandbox,
+        &format!(
+            "trialCommand: echo run >> {}/$NNI_TRIAL_JOB_ID; exec sleep 600
+trialConcurrency: 1
+maxTrialNumber: 2
+trialCpuNumber: 1",
+            started.display()
+        ),
+        "",
+    );
+    std::fs::create_dir(&started).unwrap();
+    let runs = || -> usize {
+        std::fs::read_dir(&started)
+            .unwrap()
+            .flatten()
+            .map(|entry| {
+                std::fs::read_to_string(entry.path())
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+            })
+            .sum()
+    };
+
+    // With the node drained the allocation stays pending, and its trial waits with Slurm's
+    // reason, in `knob trial ls` and in the API the dashboard reads.
+    let drained = Drained::new();
+    let experiment = crate::api::start(
+        {
+            let mut command = sandbox.knob();
+            command
+                .arg("create")
+                .arg("--config")
+                .arg(&config)
+                .args(["--id", &id, "--port", "0"]);
+            command
+        },
+        &[],
+    );
+    let _cleanup = Running {
+        child: None,
+        needle: needle.clone(),
+    };
+    let slurm_reason = |reason: &str| {
+        reason.contains("Slurm job")
+            && ["ReqNodeNotAvail", "Resources", "Nodes_required", "Priority"]
+                .iter()
+                .any(|why| reason.contains(why))
+    };
+    let row = wait_for(
+        "a trial WAITING with Slurm's reason in knob trial ls",
+        Duration::from_secs(60),
+        || {
+            trial_rows(&sandbox, &id)
+                .into_iter()
+                .find(|cells| cells.get(2).map(String::as_str) == Some("WAITING"))
+                .filter(|cells| cells.last().is_some_and(|reason| slurm_reason(reason)))
+        },
+    );
+    let pending = queue(&needle);
+    assert!(
+        pending.iter().all(|(_, state, _)| state == "PENDING") && !pending.is_empty(),
+        "{pending:?}"
+    );
+    let (status, body) = crate::api::get(&experiment.base, "/trials?status=WAITING");
+    assert_eq!(status, 200, "{body}");
+    let waiting = body["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["trial_id"] == row[0].as_str())
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(
+        waiting["waiting_reason"]
+            .as_str()
+            .is_some_and(|reason| slurm_reason(reason)),
+        "{waiting}"
+    );
+    assert_eq!(runs(), 0);
+
+    // Resumed, the node runs the allocation, and the trial starts in it.
+    drop(drained);
+    wait_for("the trial to run", Duration::from_secs(60), || {
+        (runs() == 1).then_some(())
+    });
+    let earlier = job_ids(&needle);
+    assert_eq!(earlier.len(), 1, "{:?}", queue(&needle));
+
+    // knob killed (-9): its allocation is still in the queue. `knob resume` cancels it and runs
+    // the trial again in a new one; no job of the earlier run is left.
+    drop(experiment);
+    assert_eq!(job_ids(&needle), earlier);
+    let mut resumed = {
+        let mut command = sandbox.knob();
+        command.args(["resume", &id]);
+        Running::spawn(command, &needle)
+    };
+    wait_for(
+        "the resumed run's trial to run in a new allocation",
+        Duration::from_secs(90),
+        || {
+            let now = job_ids(&needle);
+            (runs() == 2 && now.is_disjoint(&earlier) && !now.is_empty()).then_some(())
+        },
+    );
+
+    // `knob stop`: the run ends, its trial is cancelled, and the queue holds nothing of it.
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", &id]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(resumed.wait(Duration::from_secs(60)), Some(0));
+    assert_eq!(queue(&needle), Vec::new());
+    let export = sandbox.export(&id);
+    assert_eq!(export["experiment"]["status"], "STOPPED", "{export}");
+}
+
+/// The README's complete `platform: slurm` config runs here, with only what is particular to a
+/// site changed for this one-node cluster without GPUs, features or environment modules.
+#[test]
+fn the_readmes_slurm_config_runs() {
+    let Some(_cluster) = cluster("the README's slurm config") else {
+        return;
+    };
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let section = &readme[readme
+        .find("## Clusters (Slurm)")
+        .expect("README has a Clusters (Slurm) section")..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let mut yaml = section[start..][..section[start..].find("```").unwrap()].to_string();
+    let id = unique("readme");
+    let sandbox = Sandbox::new();
+    let space = (
+        "search_space.json",
+        r#"{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}"#,
+    );
+    // As written, every field is valid (with a knob-agent where it names one).
+    let agent = crate::bin_dir().join("knob-agent").display().to_string();
+    assert!(yaml.contains("/shared/me/bin/knob-agent"), "{yaml}");
+    yaml = yaml.replace("/shared/me/bin/knob-agent", &agent);
+    let as_written = sandbox.path().join("as-written");
+    std::fs::create_dir(&as_written).unwrap();
+    std::fs::write(as_written.join(space.0), space.1).unwrap();
+    std::fs::write(as_written.join("config.yml"), &yaml).unwrap();
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["config", "check"])
+        .arg(as_written.join("config.yml")));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    // What differs from a GPU cluster's login node: no GPU, 2 CPUs, no `a100` feature, no
+    // node07, no environment modules; the trial prints its job id as its result. The
+    // experiment folder is the sandbox's (Sandbox::config appends it).
+    let replacements: [(&str, String); 10] = [
+        ("python3 mnist.py", "echo KNOB_FINAL $SLURM_JOB_ID".into()),
+        ("maxTrialNumber: 100", "maxTrialNumber: 3".into()),
+        ("trialGpuNumber: 1 ", "trialGpuNumber: 0 ".into()),
+        ("trialCpuNumber: 4 ", "trialCpuNumber: 1 ".into()),
+        ("trialMemorySize: 16gb", "trialMemorySize: 100mb".into()),
+        (
+            "experimentWorkingDirectory: /shared/me/knob-experiments",
+            String::new(),
+        ),
+        ("partition: gpu", "partition: debug".into()),
+        ("  constraint: a100\n", String::new()),
+        ("  exclude: node[07-08]\n", String::new()),
+        (
+            "    - module load cuda/12.2\n    - source /shared/me/venv/bin/activate\n",
+            "    - 'true'\n".into(),
+        ),
+    ];
+    for (from, to) in &replacements {
+        assert!(yaml.contains(from), "the README's config has no {from:?}");
+        yaml = yaml.replace(from, to);
+    }
+    let config = sandbox.config(&yaml, &[space]);
+    let _cleanup = Running {
+        child: None,
+        needle: format!("-{id}-"),
+    };
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "experiment {id} DONE: 3 trials (3 succeeded, 0 failed)"
+        )),
+        "{stdout}\n{stderr}"
+    );
+    let export = sandbox.export(&id);
+    for trial in export["trials"].as_array().unwrap() {
+        assert!(
+            trial["final"].as_f64().is_some_and(|job| job > 0.0),
+            "{trial}"
+        );
+    }
+}
