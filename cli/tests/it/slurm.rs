@@ -120,18 +120,20 @@ impl Running {
         }
     }
 
-    /// Its exit code, waiting at most `limit`.
+    /// Its exit code, waiting at most `limit`; `None` while it runs.
     fn wait(&mut self, limit: Duration) -> Option<i32> {
         let child = self.child.as_mut()?;
         let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
+        loop {
             if let Some(status) = child.try_wait().unwrap() {
                 self.child = None;
                 return Some(status.code().unwrap_or(-1));
             }
+            if Instant::now() >= deadline {
+                return None;
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
-        None
     }
 }
 
@@ -379,9 +381,7 @@ trialCpuNumber: 1",
         .find(|t| t["trial_id"] == row[0].as_str())
         .unwrap_or_else(|| panic!("{body}"));
     assert!(
-        waiting["waiting_reason"]
-            .as_str()
-            .is_some_and(|reason| slurm_reason(reason)),
+        waiting["waiting_reason"].as_str().is_some_and(slurm_reason),
         "{waiting}"
     );
     assert_eq!(runs(), 0);
@@ -403,14 +403,33 @@ trialCpuNumber: 1",
         command.args(["resume", &id]);
         Running::spawn(command, &needle)
     };
-    wait_for(
+    let resumed_jobs = wait_for(
         "the resumed run's trial to run in a new allocation",
         Duration::from_secs(90),
         || {
             let now = job_ids(&needle);
-            (runs() == 2 && now.is_disjoint(&earlier) && !now.is_empty()).then_some(())
+            (runs() == 2 && now.is_disjoint(&earlier) && !now.is_empty()).then_some(now)
         },
     );
+
+    // Its only allocation cancelled from outside: the trial is run again in the allocation
+    // that replaces it, and the experiment goes on (it used to end in ERROR, with no
+    // environment left for a moment).
+    let ids: Vec<String> = resumed_jobs.iter().map(u64::to_string).collect();
+    assert!(Command::new("scancel")
+        .args(&ids)
+        .status()
+        .unwrap()
+        .success());
+    wait_for(
+        "the trial to run again in a replacement allocation",
+        Duration::from_secs(90),
+        || {
+            let now = job_ids(&needle);
+            (runs() == 3 && now.is_disjoint(&resumed_jobs) && !now.is_empty()).then_some(())
+        },
+    );
+    assert_eq!(resumed.wait(Duration::ZERO), None, "the experiment ended");
 
     // `knob stop`: the run ends, its trial is cancelled, and the queue holds nothing of it.
     let (code, stdout, stderr) = run(sandbox.knob().args(["stop", &id]));

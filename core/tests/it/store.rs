@@ -435,6 +435,71 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
     assert!(refused.is_err(), "{refused:?}");
 }
 
+fn warning(trial_id: &str, message: &str) -> StoreEvent {
+    StoreEvent::Warning {
+        trial_id: Some(trial_id.to_string()),
+        message: message.to_string(),
+    }
+}
+
+/// Each trial's `waiting_reason`, in sequence order.
+fn waiting_reasons(store: &Store) -> Vec<Option<String>> {
+    store
+        .reader()
+        .unwrap()
+        .trials(&TrialQuery::default())
+        .unwrap()
+        .into_iter()
+        .map(|row| row.waiting_reason)
+        .collect()
+}
+
+#[test]
+fn a_waiting_trial_shows_its_latest_waiting_warning_until_it_starts_and_after_a_requeue() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("a", 0));
+    put(&store, trial("b", 1));
+    assert_eq!(waiting_reasons(&store), vec![None, None]);
+    put(
+        &store,
+        warning("a", "waiting: waiting for 1 GPU: local: GPU 0 runs b"),
+    );
+    put(&store, warning("a", "garbage metric line ignored"));
+    put(
+        &store,
+        warning(
+            "a",
+            "waiting: env1: unavailable (job 7 pending (Resources))",
+        ),
+    );
+    assert_eq!(
+        waiting_reasons(&store),
+        vec![
+            Some("env1: unavailable (job 7 pending (Resources))".to_string()),
+            None
+        ]
+    );
+    // Running, it waits no more; requeued, an earlier attempt's reason is not shown.
+    put(&store, started("a", 1));
+    assert_eq!(waiting_reasons(&store), vec![None, None]);
+    put(&store, ended("a", 1, TrialStatus::Failed));
+    put(
+        &store,
+        StoreEvent::TrialRequeued {
+            trial_id: "a".to_string(),
+            reason: "attempt 1 failed".to_string(),
+        },
+    );
+    assert_eq!(waiting_reasons(&store), vec![None, None]);
+    put(&store, warning("a", "waiting: again"));
+    assert_eq!(
+        waiting_reasons(&store),
+        vec![Some("again".to_string()), None]
+    );
+}
+
 #[test]
 fn counters_never_go_back_across_reopen() {
     let dir = tempfile::tempdir().unwrap();

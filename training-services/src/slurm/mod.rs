@@ -154,6 +154,8 @@ struct Shared {
     next_allocation: u32,
     failed_allocations: u32,
     stopping: bool,
+    /// Ends of trials whose job ended, for the monitor to emit after the poll's top-up.
+    ended_trials: Vec<ServiceEvent>,
 }
 
 struct Context {
@@ -720,12 +722,21 @@ async fn shut_down(ctx: &Arc<Context>) {
     // The monitor sees the jobs end and reports what still ran in them.
     loop {
         let changed = ctx.changed.notified();
-        let left = lock(&ctx.shared)
-            .jobs
-            .iter()
-            .filter(|j| j.phase != Phase::Ended)
-            .count();
-        if left == 0 || tokio::time::Instant::now() >= deadline + SHUTDOWN_LIMIT {
+        let (left, unreported) = {
+            let shared = lock(&ctx.shared);
+            let left = shared
+                .jobs
+                .iter()
+                .filter(|j| j.phase != Phase::Ended)
+                .count();
+            (left, !shared.ended_trials.is_empty())
+        };
+        if (left == 0 && !unreported) || tokio::time::Instant::now() >= deadline + SHUTDOWN_LIMIT {
+            // Whatever trial end the monitor has not emitted yet is emitted now.
+            let ended = std::mem::take(&mut lock(&ctx.shared).ended_trials);
+            for event in ended {
+                (ctx.emit)(event);
+            }
             if left > 0 {
                 warn(
                     ctx,

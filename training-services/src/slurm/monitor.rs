@@ -45,6 +45,17 @@ pub(super) async fn monitor(ctx: Arc<Context>, mut stop: watch::Receiver<bool>) 
         if ctx.args.reuse_mode {
             top_up_allocations(&ctx).await;
         }
+        // The ends of the trials of jobs that ended in this poll, after the allocations that
+        // replace those jobs were requested (and reported): the core, told a trial's
+        // environment is lost, then already knows one on its way, and the trial waits for it
+        // instead of the experiment ending for want of an environment.
+        let ended = std::mem::take(&mut lock(&ctx.shared).ended_trials);
+        if !ended.is_empty() {
+            for event in ended {
+                (ctx.emit)(event);
+            }
+            ctx.changed.notify_waiters();
+        }
         let wake = tokio::time::sleep(pause);
         tokio::pin!(wake);
         loop {
@@ -490,7 +501,8 @@ pub(super) fn on_incoming(ctx: &Arc<Context>, job_id: u64, message: Incoming) {
 }
 
 /// A job has ended (`how`: its Slurm state, or why it is considered gone): every trial still
-/// running in it, or waiting for it, ends with what that means.
+/// running in it, or waiting for it, ends with what that means (queued in
+/// `Shared::ended_trials` for the monitor to emit).
 pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
     let (ended, job_snapshot) = {
         let mut shared = lock(&ctx.shared);
@@ -522,16 +534,21 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
     let (trials, cancelled) = ended;
     let (environment_id, _key) = job_snapshot;
     let state = JobState::parse(how);
-    for trial_id in trials {
-        (ctx.emit)(trial_end(
-            trial_id,
-            id,
-            &environment_id,
-            &state,
-            how,
-            cancelled.as_deref(),
-        ));
-    }
+    let ends: Vec<ServiceEvent> = trials
+        .into_iter()
+        .map(|trial_id| {
+            trial_end(
+                trial_id,
+                id,
+                &environment_id,
+                &state,
+                how,
+                cancelled.as_deref(),
+            )
+        })
+        .collect();
+    // Emitted by the monitor once it has requested what replaces the job.
+    lock(&ctx.shared).ended_trials.extend(ends);
     if let Some(message) = match (&cancelled, &state) {
         (None, JobState::Completed) | (Some(_), _) => None,
         (None, _) => Some(format!(
