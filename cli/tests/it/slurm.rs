@@ -2,8 +2,8 @@
 //! single-node Slurm cluster `.ci/slurm.sh` starts (with the real knob-agent in each job).
 //!
 //! Gated by `KNOB_TEST_SLURM=1` like the service's own tests
-//! (`training-services/tests/it/slurm.rs`): a visible skip otherwise, a failure under
-//! `KNOB_TEST_REQUIRE_ALL=1`. The cluster has 2 CPUs, so the tests take it one at a time (in
+//! (`training-services/tests/it/slurm.rs`, through the shared `prerequisite` helper): a
+//! visible skip otherwise, a failure under `KNOB_TEST_REQUIRE_ALL=1`. The cluster has 2 CPUs, so the tests take it one at a time (in
 //! this process and, by a lock file, against other test processes on the machine), each under
 //! experiment ids of its own, and leave the queue empty and the node as they found it.
 
@@ -26,15 +26,8 @@ struct Cluster {
     _guard: MutexGuard<'static, ()>,
 }
 
-fn cluster(test: &str) -> Option<Cluster> {
-    if std::env::var("KNOB_TEST_SLURM").as_deref() != Ok("1") {
-        let message = format!(
-            "skipping {test}: set KNOB_TEST_SLURM=1 with a Slurm cluster up (.ci/slurm.sh starts one)"
-        );
-        if std::env::var("KNOB_TEST_REQUIRE_ALL").as_deref() == Ok("1") {
-            panic!("{message} (KNOB_TEST_REQUIRE_ALL=1)");
-        }
-        eprintln!("{message}");
+fn cluster() -> Option<Cluster> {
+    if !crate::prerequisite::SLURM.enabled() {
         return None;
     }
     let guard = CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
@@ -227,7 +220,7 @@ fn field<'a>(shown: &'a str, key: &str) -> &'a str {
 
 #[test]
 fn both_reuse_modes_run_an_experiment_and_each_job_gets_the_trials_cpus_and_memory() {
-    let Some(_cluster) = cluster("slurm create in both reuse modes") else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     for reuse in [true, false] {
@@ -299,7 +292,7 @@ trialMemorySize: 100mb",
 
 #[test]
 fn waiting_trials_show_slurms_reason_and_resume_and_stop_leave_no_job() {
-    let Some(_cluster) = cluster("slurm waiting reason, resume and stop") else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let id = unique("drain");
@@ -444,7 +437,7 @@ trialCpuNumber: 1",
 /// site changed for this one-node cluster without GPUs, features or environment modules.
 #[test]
 fn the_readmes_slurm_config_runs() {
-    let Some(_cluster) = cluster("the README's slurm config") else {
+    let Some(_cluster) = cluster() else {
         return;
     };
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
