@@ -259,7 +259,66 @@ async fn forward_ctrl_c(commands: mpsc::UnboundedSender<Command>) {
     }
 }
 
-async fn show_progress(mut progress: watch::Receiver<Progress>, maximize: bool) {
+/// `KNOB_PROGRESS=lines`: progress as plain lines on stderr, at most one a second, for a reader
+/// that is not a terminal (the Python launcher, `python/knob`), where the bar draws nothing.
+const PROGRESS_LINES_ENV: &str = "KNOB_PROGRESS";
+
+async fn show_progress(progress: watch::Receiver<Progress>, maximize: bool) {
+    if std::env::var(PROGRESS_LINES_ENV).as_deref() == Ok("lines") {
+        show_progress_lines(progress, maximize).await;
+    } else {
+        show_progress_bar(progress, maximize).await;
+    }
+}
+
+async fn show_progress_lines(mut progress: watch::Receiver<Progress>, maximize: bool) {
+    let mut notices_shown = 0;
+    let mut last_line = String::new();
+    let mut last_time: Option<tokio::time::Instant> = None;
+    loop {
+        let snapshot = progress.borrow_and_update().clone();
+        for notice in snapshot.notices.iter().skip(notices_shown) {
+            eprintln!("warning: {notice}");
+        }
+        notices_shown = snapshot.notices.len();
+        let done = snapshot.succeeded + snapshot.failed + snapshot.other_ended;
+        let total = match snapshot.max_trial_number {
+            Some(max) => max.max(done).to_string(),
+            None => "?".to_string(),
+        };
+        let line = format!(
+            "progress: {done}/{total} {}",
+            progress_message(&snapshot, maximize)
+        );
+        let finished = matches!(
+            snapshot.status,
+            Some(ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error)
+        );
+        let due = last_time.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        let held = line != last_line && !(due || finished);
+        if line != last_line && !held {
+            eprintln!("{line}");
+            last_line = line;
+            last_time = Some(tokio::time::Instant::now());
+        }
+        if finished {
+            break;
+        }
+        if held {
+            // Held back by the one-second limit: printed when the second is up, if nothing
+            // newer came first.
+            match tokio::time::timeout(Duration::from_secs(1), progress.changed()).await {
+                Ok(Err(_)) => break,
+                Ok(Ok(())) | Err(_) => continue,
+            }
+        }
+        if progress.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
+async fn show_progress_bar(mut progress: watch::Receiver<Progress>, maximize: bool) {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")

@@ -211,9 +211,12 @@ class Experiment:
         command = [knob_command(), "create", "--config", str(config), "--id", self.id]
         # Its own session: a terminal's Ctrl-C reaches only Python, which passes exactly one on
         # (two would make knob exit at once without stopping its trials).
+        env = _knob_env(self._home)
+        # Plain progress lines: the bar knob draws on a terminal shows nothing through a pipe.
+        env.setdefault("KNOB_PROGRESS", "lines")
         process = subprocess.Popen(
             command,
-            env=_knob_env(self._home),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -87,7 +87,11 @@ def test_a_dict_config_runs_and_returns_its_trials(tmp_path: Path, home: str) ->
         assert [m.sequence for m in trial.intermediate] == [0, 1, 2]
         first = trial.intermediate[0].value
         assert first is not None and abs(first - 2 * trial.final) < 1e-9
-    assert "experiment dict1 DONE: 4 trials (4 succeeded, 0 failed)" in output.read_text()
+    shown = output.read_text()
+    assert "experiment dict1 DONE: 4 trials (4 succeeded, 0 failed)" in shown
+    # knob's progress, as lines: the last one counts every trial.
+    progress = [line for line in shown.splitlines() if line.startswith("progress: ")]
+    assert progress and progress[-1].startswith("progress: 4/4 done 4 · running 0 · failed 0"), shown
     # The temporary config file is gone; the experiment reads back the same.
     assert not list(tmp_path.glob(".knob-config-*"))
     result = knob.load("dict1", home=home)
