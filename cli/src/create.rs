@@ -360,6 +360,9 @@ fn progress_message(p: &Progress, maximize: bool) -> String {
     if p.other_ended > 0 {
         message.push_str(&format!(" · stopped {}", p.other_ended));
     }
+    if p.dropped_suggestions > 0 {
+        message.push_str(&format!(" · dropped {}", p.dropped_suggestions));
+    }
     if let Some((trial, value)) = &p.best {
         let word = if maximize { "max" } else { "min" };
         message.push_str(&format!(" · best ({word}) {value:.6} ({trial})"));

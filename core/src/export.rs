@@ -60,6 +60,13 @@ pub fn to_json(state: &ExperimentState) -> Value {
             "config": state.config,
         },
         "trials": trials,
+        // The experiment's log of warnings (a tuner's dropped parameters, environments lost
+        // and back, a service's reports), oldest first.
+        "warnings": state.warnings.iter().map(|w| json!({
+            "time_ms": w.time_ms,
+            "trial_id": w.trial_id,
+            "message": w.message,
+        })).collect::<Vec<_>>(),
     })
 }
 

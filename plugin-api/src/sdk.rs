@@ -387,16 +387,64 @@ fn guarded<R>(
             format!("{label} is unusable: it panicked in an earlier call").into(),
         );
     }
-    match catch_unwind(AssertUnwindSafe(call)) {
+    let outer = IN_GUARDED_CALL.replace(true);
+    let result = catch_unwind(AssertUnwindSafe(call));
+    IN_GUARDED_CALL.set(outer);
+    match result {
         Ok(Ok(value)) => RResult::ROk(value),
         Ok(Err(e)) => RResult::RErr(e.0.into()),
         Err(payload) => {
             *poisoned = true;
+            let place = PANIC_PLACE
+                .take()
+                .map(|place| format!(" (at {place})"))
+                .unwrap_or_default();
             RResult::RErr(
-                format!("{label} panicked in {method}: {}", panic_message(&*payload)).into(),
+                format!(
+                    "{label} panicked in {method}: {}{place}",
+                    panic_message(&*payload)
+                )
+                .into(),
             )
         }
     }
+}
+
+thread_local! {
+    /// Whether this thread is inside a [`guarded`] call, whose error will carry the panic.
+    static IN_GUARDED_CALL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Where the last panic of a guarded call happened, for its error.
+    static PANIC_PLACE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Replaces the default panic hook of this library's copy of std (a plugin `.so` links its own,
+/// so the host's hook and other plugins are untouched). The default hook prints the panic and a
+/// backtrace note on stderr, over the host's progress display; here a panic in a guarded call
+/// is only remembered (its error says "<component> panicked in <method>: <message> (at
+/// <file:line:col>)", and the host records that in the experiment's log) and logged at debug
+/// level, and a panic outside any call (a plugin's own thread) is logged through the host at
+/// error level, since nothing else will report it.
+fn install_panic_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let place = info
+                .location()
+                .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()))
+                .unwrap_or_else(|| "an unknown place".into());
+            let message = panic_message(info.payload());
+            if IN_GUARDED_CALL.get() {
+                log::debug(&format!("panic at {place}: {message}"));
+                PANIC_PLACE.set(Some(place));
+            } else {
+                let thread = std::thread::current();
+                let thread = thread.name().unwrap_or("unnamed");
+                log::error(&format!(
+                    "thread {thread} of a plugin panicked at {place}: {message}"
+                ));
+            }
+        }));
+    });
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
@@ -863,6 +911,7 @@ pub mod __private {
     pub fn set_host_logger(logger: HostLoggerBox) {
         // A library is initialised once; a second logger (a second host?) is ignored.
         let _ = log::HOST_LOGGER.set(logger);
+        super::install_panic_hook();
     }
 
     pub fn api_version_ptr() -> *const std::ffi::c_char {

@@ -21,6 +21,7 @@ mod resume;
 mod slurm;
 mod space;
 mod third_party_service;
+mod tuner_output;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -101,10 +101,14 @@ pub(crate) fn check_algorithms(
                     Some((key, node)) => (node.pos.or(key.pos), key.key_text()),
                     None => (None, "searchSpace".to_owned()),
                 };
-                // Tuners often start their messages with their own name; say it once.
+                // The call's error names the tuner and the call; say the tuner once.
                 let own = message
-                    .strip_prefix(name.as_str())
-                    .and_then(|rest| rest.strip_prefix(": "))
+                    .strip_prefix(&format!("tuner {name} failed in update_search_space: "))
+                    .or_else(|| {
+                        message
+                            .strip_prefix(name.as_str())
+                            .and_then(|rest| rest.strip_prefix(": "))
+                    })
                     .unwrap_or(&message);
                 let message = format!("tuner {name} refuses this search space: {own}");
                 reader.error(pos, &path, message);

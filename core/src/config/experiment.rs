@@ -8,7 +8,9 @@ use knob_plugin_api::ComponentKind;
 
 use super::algorithm::PendingAlgorithm;
 use super::model::TrainingServiceConfig;
-use super::model::{AlgorithmConfig, ExperimentConfig, LogLevel, PLACEMENT_POLICY_NAMES};
+use super::model::{
+    AlgorithmConfig, ExperimentConfig, LogLevel, TunerErrorPolicy, PLACEMENT_POLICY_NAMES,
+};
 use super::reader::{plain_io, quoted, Field, Fields, Reader};
 use super::training_service::{
     read_training_services, Located, NNI_MANAGER_IP_IGNORED, SHORTCUT_PLATFORM,
@@ -17,7 +19,7 @@ use super::units;
 use super::yaml::{self, Node, Pos, Value};
 
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
-pub(super) const TOP_FIELDS: [&str; 34] = [
+pub(super) const TOP_FIELDS: [&str; 35] = [
     "experimentName",
     "experimentType",
     "searchSpaceFile",
@@ -52,6 +54,7 @@ pub(super) const TOP_FIELDS: [&str; 34] = [
     "maxTrialRetries",
     "maxOomRetries",
     "nniShim",
+    "tunerErrorPolicy",
 ];
 const ALGORITHM_FIELDS: [&str; 4] = ["name", "className", "codeDirectory", "classArgs"];
 const DEFAULT_WORKING_DIRECTORY: &str = "~/knob-experiments";
@@ -165,6 +168,8 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
     reader.plugin_paths = plugin_paths.clone();
     let placement_policy =
         take("placementPolicy").and_then(|field| reader.choice(&field, &PLACEMENT_POLICY_NAMES));
+    let tuner_error_policy =
+        take("tunerErrorPolicy").and_then(|field| reader.choice(&field, &TunerErrorPolicy::NAMES));
     let training_services = match take("trainingService") {
         Some(field) => read_training_services(reader, &field),
         None => {
@@ -261,6 +266,7 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         assessor,
         training_service: training_services?,
         placement_policy: placement_policy.unwrap_or_default(),
+        tuner_error_policy: tuner_error_policy.unwrap_or_default(),
         plugin_paths,
         search_space: search_space?,
     })

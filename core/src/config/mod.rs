@@ -63,6 +63,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use experiment::{parse_search_space, SpaceFileError};
 pub use model::{
     AlgorithmConfig, ExperimentConfig, LogLevel, PlacementPolicy, TrainingServiceConfig,
+    TunerErrorPolicy,
 };
 pub use secret::{Secret, REDACTED};
 pub use training_service::{recheck_services, trial_settings, ServiceChecker, SHORTCUT_PLATFORM};

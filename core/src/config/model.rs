@@ -74,6 +74,10 @@ pub struct ExperimentConfig {
     pub training_service: Vec<TrainingServiceConfig>,
     /// knob extension: how trials are placed on GPUs.
     pub placement_policy: PlacementPolicy,
+    /// knob extension: what a parameter set the tuner hands out that is not in the search
+    /// space does (see [`TunerErrorPolicy`]).
+    #[serde(default)]
+    pub tuner_error_policy: TunerErrorPolicy,
     /// knob extension: extra plugin files or folders to load, absolute (written relative to the
     /// config file).
     pub plugin_paths: Vec<PathBuf>,
@@ -283,6 +287,32 @@ impl LogLevel {
 /// knob extension (`placementPolicy`): which free GPUs a waiting trial gets; gpu-sched's own
 /// type, so that the config and the scheduler cannot disagree on the set of policies.
 pub use knob_gpu_sched::Policy as PlacementPolicy;
+
+/// What the manager does with a parameter set a tuner hands out that the search space refuses
+/// (a value out of range, a key missing or extra, not an object): checked before any trial sees
+/// it. A tuner *call* that fails or panics ends the experiment whatever the policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TunerErrorPolicy {
+    /// The experiment ends in ERROR with the one-line refusal (the default: a tuner that hands
+    /// out bad parameters is broken, and its other suggestions cannot be trusted either).
+    #[default]
+    Error,
+    /// The parameter set is dropped (the tuner is told it ended `SYS_CANCELED`), a warning is
+    /// logged, and the drops are counted; the experiment goes on. Many drops in a row still end
+    /// it ([`TunerErrorPolicy::MAX_DROPS_IN_A_ROW`]).
+    Skip,
+}
+
+impl TunerErrorPolicy {
+    pub const NAMES: [(&'static str, TunerErrorPolicy); 2] = [
+        ("error", TunerErrorPolicy::Error),
+        ("skip", TunerErrorPolicy::Skip),
+    ];
+    /// Under `skip`, this many refused parameter sets in a row end the experiment: a tuner that
+    /// only hands out bad ones would otherwise be asked forever.
+    pub const MAX_DROPS_IN_A_ROW: u64 = 100;
+}
 
 /// The names `placementPolicy` accepts (the aliases gpu-sched also parses are not offered).
 pub const PLACEMENT_POLICY_NAMES: [(&str, PlacementPolicy); 4] = [

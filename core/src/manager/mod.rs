@@ -13,6 +13,7 @@ mod placement;
 mod resume;
 mod services;
 mod trial;
+mod tuner_output;
 mod update;
 
 pub use placement::Placer;
@@ -26,11 +27,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use knob_plugin_api::host::{AssessorHandle, HostError, PluginRegistry, TunerHandle};
+use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{ComponentKind, Generated, Suggestion};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::config::ExperimentConfig;
+use crate::config::{ExperimentConfig, TunerErrorPolicy};
 use crate::store::{
     ExperimentState, ExperimentStatus, Store, StoreError, StoreEvent, StoreHandle, TrialStatus,
 };
@@ -60,6 +62,9 @@ pub enum ManagerError {
     /// no trial ran. A caller that just created it may take it back.
     #[error("{0}")]
     NotStarted(Box<ManagerError>),
+    /// The tuner handed out parameters the search space does not hold (`tunerErrorPolicy`).
+    #[error("{0}")]
+    TunerOutput(String),
 }
 
 /// A snapshot for progress displays, published after every change.
@@ -76,6 +81,9 @@ pub struct Progress {
     pub elapsed: Duration,
     pub max_trial_number: Option<u64>,
     pub max_duration: Option<Duration>,
+    /// Parameter sets the tuner handed out that the search space refused and that were dropped
+    /// (`tunerErrorPolicy: skip`).
+    pub dropped_suggestions: u64,
     /// Warnings about environments (a host unreachable, lost, back), oldest first: what a
     /// console shows as they come.
     pub notices: std::sync::Arc<Vec<String>>,
@@ -256,6 +264,12 @@ struct Manager {
     reprobe_at: Option<Instant>,
     stop_requested: bool,
     best: Option<(String, f64)>,
+    /// The search space the tuner was last given, which every parameter set it hands out must
+    /// belong to.
+    space: SearchSpace,
+    /// Parameter sets refused and dropped (`tunerErrorPolicy: skip`), in all and in a row.
+    dropped_suggestions: u64,
+    drops_in_a_row: u64,
 }
 
 impl Manager {
@@ -284,6 +298,8 @@ impl Manager {
             )?),
             None => None,
         };
+        let space = SearchSpace::from_value(&config.search_space)
+            .map_err(|e| ManagerError::Unsupported(format!("searchSpace: {e}")))?;
         let placer = Placer::new(&config);
         let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
@@ -339,6 +355,9 @@ impl Manager {
             reprobe_at: None,
             stop_requested: false,
             best: None,
+            space,
+            dropped_suggestions: 0,
+            drops_in_a_row: 0,
             config,
         };
         if let Err(e) = manager.register_environments().await {
@@ -458,6 +477,12 @@ impl Manager {
             if self.closed() || self.by_parameter.contains_key(&suggestion.parameter_id) {
                 continue;
             }
+            if !self
+                .accept_output(suggestion.parameter_id, &suggestion.parameters)
+                .await?
+            {
+                continue;
+            }
             self.submit(
                 suggestion.parameter_id,
                 suggestion.parameters,
@@ -471,10 +496,14 @@ impl Manager {
             self.next_parameter_id += 1;
             match self.tuner.generate_parameters(parameter_id).get().await? {
                 Generated::Parameters(parameters) => {
-                    self.submit(parameter_id, parameters, None).await?;
+                    if self.accept_output(parameter_id, &parameters).await? {
+                        self.submit(parameter_id, parameters, None).await?;
+                    }
                 }
                 Generated::Labeled { parameters, label } => {
-                    self.submit(parameter_id, parameters, Some(label)).await?;
+                    if self.accept_output(parameter_id, &parameters).await? {
+                        self.submit(parameter_id, parameters, Some(label)).await?;
+                    }
                 }
                 Generated::Deferred => self.deferred += 1,
                 Generated::NoMore => {
@@ -494,6 +523,53 @@ impl Manager {
             ExperimentStatus::Running
         }));
         Ok(())
+    }
+
+    /// Whether a parameter set the tuner handed out may become a trial: one the search space
+    /// does not hold ends the experiment (`tunerErrorPolicy: error`) or is dropped, counted and
+    /// logged, and the tuner told it ended SYS_CANCELED (`skip`), so that it stops waiting for it.
+    async fn accept_output(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+    ) -> Result<bool, ManagerError> {
+        let label = self.tuner.label().to_owned();
+        let Some(refusal) = tuner_output::refusal(&label, parameter_id, &self.space, parameters)
+        else {
+            self.drops_in_a_row = 0;
+            return Ok(true);
+        };
+        match self.config.tuner_error_policy {
+            TunerErrorPolicy::Error => Err(ManagerError::TunerOutput(format!(
+                "{refusal} (tunerErrorPolicy: skip drops such parameters instead)"
+            ))),
+            TunerErrorPolicy::Skip => {
+                self.dropped_suggestions += 1;
+                self.drops_in_a_row += 1;
+                if self.drops_in_a_row >= TunerErrorPolicy::MAX_DROPS_IN_A_ROW {
+                    return Err(ManagerError::TunerOutput(format!(
+                        "{refusal}; {} parameter sets in a row were refused, so the experiment ends (tunerErrorPolicy: skip)",
+                        self.drops_in_a_row
+                    )));
+                }
+                self.warn(
+                    None,
+                    format!(
+                        "{refusal}; dropped (tunerErrorPolicy: skip), {} so far",
+                        self.dropped_suggestions
+                    ),
+                )
+                .await?;
+                let suggestions = self
+                    .tuner
+                    .trial_end(parameter_id, TrialStatus::SysCanceled.as_str().into())
+                    .get()
+                    .await?;
+                self.accept_suggestions(suggestions);
+                self.publish(None);
+                Ok(false)
+            }
+        }
     }
 
     /// Queues what the tuner emitted unprompted; `fill` submits it first thing.
@@ -708,6 +784,7 @@ impl Manager {
             elapsed: self.started.elapsed(),
             max_trial_number: self.config.max_trial_number,
             max_duration: self.config.max_experiment_duration,
+            dropped_suggestions: self.dropped_suggestions,
             running: self.active.len() as u64,
             succeeded: count(TrialStatus::Succeeded),
             failed: count(TrialStatus::Failed),

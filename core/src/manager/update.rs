@@ -78,6 +78,11 @@ impl Manager {
             }
             Update::SearchSpace(space) => {
                 self.tuner.update_search_space(space.clone()).get().await?;
+                // Checked when the update was accepted; what the tuner hands out from now on
+                // must belong to the new space.
+                if let Ok(parsed) = SearchSpace::from_value(&space) {
+                    self.space = parsed;
+                }
                 self.config.search_space = space;
                 // A tuner that had run out may have more to try in the new space.
                 self.tuner_exhausted = false;

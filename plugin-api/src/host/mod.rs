@@ -51,13 +51,17 @@ pub enum HostError {
         first: PathBuf,
         second: PathBuf,
     },
-    #[error("unknown {kind} {name}{nni_note}; available: {available}")]
+    #[error("unknown {kind} {name}{nni_note}; available: {available}{searched}")]
     Unknown {
         kind: ComponentKind,
         name: String,
         /// Empty, or why a name NNI knows is not available here.
         nni_note: String,
         available: String,
+        /// Where the plugins were looked for and which files were refused, and why: "; looked
+        /// in A, B (no such folder); refused F (reason)" (empty for a registry not loaded from
+        /// places).
+        searched: String,
     },
     #[error("{kind} {name}: constructor failed: {message}")]
     Constructor {
@@ -464,6 +468,8 @@ pub struct PluginRegistry {
     problems: Vec<HostError>,
     /// (kind, lowercased name) -> indexes into `libraries`; more than one is a duplicate.
     providers: BTreeMap<(ComponentKind, String), Vec<usize>>,
+    /// The places the plugins were looked for, in order.
+    searched: Vec<PathBuf>,
 }
 
 impl PluginRegistry {
@@ -476,7 +482,10 @@ impl PluginRegistry {
     /// Loads the plugins in exactly these places.
     pub fn load_from(places: &[PathBuf]) -> PluginRegistry {
         let (files, mut problems) = discover_plugin_files(places);
-        let mut registry = PluginRegistry::default();
+        let mut registry = PluginRegistry {
+            searched: places.to_vec(),
+            ..PluginRegistry::default()
+        };
         for file in files {
             match load_library(&file) {
                 Ok(library) => registry.add(library),
@@ -566,6 +575,7 @@ impl PluginRegistry {
                 Err(HostError::Unknown {
                     kind,
                     name: name.to_string(),
+                    searched: self.where_looked(),
                     nni_note,
                     available: if names.is_empty() {
                         "none (no plugin on the plugin path provides one; see `knob plugin list`)"
@@ -592,6 +602,38 @@ impl PluginRegistry {
                 second: self.libraries[*second].path.clone(),
             }),
         }
+    }
+
+    /// "; looked in A, B (no such folder); refused F (reason), G (reason)": what an unknown
+    /// name's error adds, so that a user sees where knob looked and which files it did not take.
+    fn where_looked(&self) -> String {
+        let mut text = String::new();
+        if !self.searched.is_empty() {
+            let places: Vec<String> = self
+                .searched
+                .iter()
+                .map(|place| {
+                    if place.exists() {
+                        place.display().to_string()
+                    } else {
+                        format!("{} (no such folder)", place.display())
+                    }
+                })
+                .collect();
+            text.push_str(&format!("; looked in {}", places.join(", ")));
+        }
+        let refused: Vec<String> = self
+            .problems
+            .iter()
+            .filter_map(|problem| match problem {
+                HostError::Load { path, reason } => Some(format!("{} ({reason})", path.display())),
+                _ => None,
+            })
+            .collect();
+        if !refused.is_empty() {
+            text.push_str(&format!("; refused {}", refused.join(", ")));
+        }
+        text
     }
 
     /// Builds a tuner object, to be called on the current thread (see [`TunerHandle`] for the

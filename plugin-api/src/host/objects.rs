@@ -12,10 +12,25 @@ use crate::abi::{AbiGenerated, AssessorBox, TrainingServiceBox, TunerBox};
 use crate::service::{Environment, TrialRequest};
 use crate::{Generated, ImportedTrial, Suggestion, Verdict};
 
-fn called<T>(raw: RResult<T, RString>) -> Result<T, HostError> {
+/// A call's answer; an error becomes "<label> failed in <method>: <message>" (a panic's message
+/// already says "<label> panicked in <method>", and is kept as it is). A leading "<name>: " of
+/// the plugin's own message is dropped, so the name is said once.
+fn called<T>(label: &str, method: &str, raw: RResult<T, RString>) -> Result<T, HostError> {
     raw.into_result().map_err(|message| HostError::Call {
-        message: message.into_string(),
+        message: failed_in(label, method, message.as_str()),
     })
+}
+
+pub(crate) fn failed_in(label: &str, method: &str, message: &str) -> String {
+    if message.starts_with(label) {
+        return message.to_owned();
+    }
+    let name = label.rsplit_once(' ').map_or(label, |(_, name)| name);
+    let own = message
+        .strip_prefix(name)
+        .and_then(|rest| rest.strip_prefix(": "))
+        .unwrap_or(message);
+    format!("{label} failed in {method}: {own}")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -34,25 +49,37 @@ impl TunerObject {
 
     pub fn update_search_space(&mut self, search_space: &Value) -> Result<(), HostError> {
         called(
+            &self.label,
+            "update_search_space",
             self.raw
                 .update_search_space(RStr::from_str(&search_space.to_string())),
         )
     }
 
     pub fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, HostError> {
-        Ok(match called(self.raw.generate_parameters(parameter_id))? {
-            AbiGenerated::Parameters(json) => {
-                let value = serde_json::from_str(json.as_str()).map_err(|e| HostError::Call {
-                    message: format!("{} returned parameters that are not JSON: {e}", self.label),
-                })?;
-                match crate::labeled::unwrap(value) {
-                    (parameters, None) => Generated::Parameters(parameters),
-                    (parameters, Some(label)) => Generated::Labeled { parameters, label },
+        Ok(
+            match called(
+                &self.label,
+                "generate_parameters",
+                self.raw.generate_parameters(parameter_id),
+            )? {
+                AbiGenerated::Parameters(json) => {
+                    let value =
+                        serde_json::from_str(json.as_str()).map_err(|e| HostError::Call {
+                            message: format!(
+                                "{} returned parameters that are not JSON: {e}",
+                                self.label
+                            ),
+                        })?;
+                    match crate::labeled::unwrap(value) {
+                        (parameters, None) => Generated::Parameters(parameters),
+                        (parameters, Some(label)) => Generated::Labeled { parameters, label },
+                    }
                 }
-            }
-            AbiGenerated::NoMore => Generated::NoMore,
-            AbiGenerated::Deferred => Generated::Deferred,
-        })
+                AbiGenerated::NoMore => Generated::NoMore,
+                AbiGenerated::Deferred => Generated::Deferred,
+            },
+        )
     }
 
     /// Hands over a final result; returns what the tuner emitted unprompted in response.
@@ -64,6 +91,8 @@ impl TunerObject {
     ) -> Result<Vec<Suggestion>, HostError> {
         let parameters = parameters.to_string();
         called(
+            &self.label,
+            "receive_trial_result",
             self.raw
                 .receive_trial_result(parameter_id, RStr::from_str(&parameters), value),
         )?;
@@ -76,7 +105,11 @@ impl TunerObject {
         parameter_id: u64,
         status: &str,
     ) -> Result<Vec<Suggestion>, HostError> {
-        called(self.raw.trial_end(parameter_id, RStr::from_str(status)))?;
+        called(
+            &self.label,
+            "trial_end",
+            self.raw.trial_end(parameter_id, RStr::from_str(status)),
+        )?;
         self.take_suggestions()
     }
 
@@ -84,11 +117,15 @@ impl TunerObject {
         let json = serde_json::to_string(trials).map_err(|e| HostError::Call {
             message: e.to_string(),
         })?;
-        called(self.raw.import_data(RStr::from_str(&json)))
+        called(
+            &self.label,
+            "import_data",
+            self.raw.import_data(RStr::from_str(&json)),
+        )
     }
 
     fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, HostError> {
-        let raw = called(self.raw.take_suggestions())?;
+        let raw = called(&self.label, "take_suggestions", self.raw.take_suggestions())?;
         raw.into_iter()
             .map(|s| {
                 let parameters =
@@ -118,6 +155,8 @@ pub struct AssessorObject {
 impl AssessorObject {
     pub fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, HostError> {
         let verdict = called(
+            &self.label,
+            "assess_trial",
             self.raw
                 .assess_trial(RStr::from_str(trial_id), RSlice::from_slice(history)),
         )?;
@@ -129,6 +168,8 @@ impl AssessorObject {
 
     pub fn trial_end(&mut self, trial_id: &str, status: &str) -> Result<(), HostError> {
         called(
+            &self.label,
+            "trial_end",
             self.raw
                 .trial_end(RStr::from_str(trial_id), RStr::from_str(status)),
         )
@@ -143,7 +184,7 @@ pub struct TrainingServiceObject {
 
 impl TrainingServiceObject {
     pub fn environments(&mut self) -> Result<Vec<Environment>, HostError> {
-        let json = called(self.raw.environments())?;
+        let json = called(&self.label, "environments", self.raw.environments())?;
         serde_json::from_str(json.as_str()).map_err(|e| HostError::Call {
             message: format!("{} described its environments in bad JSON: {e}", self.label),
         })
@@ -153,18 +194,24 @@ impl TrainingServiceObject {
         let json = serde_json::to_string(request).map_err(|e| HostError::Call {
             message: e.to_string(),
         })?;
-        called(self.raw.start_trial(RStr::from_str(&json)))
+        called(
+            &self.label,
+            "start_trial",
+            self.raw.start_trial(RStr::from_str(&json)),
+        )
     }
 
     pub fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), HostError> {
         called(
+            &self.label,
+            "kill_trial",
             self.raw
                 .kill_trial(RStr::from_str(trial_id), RStr::from_str(reason)),
         )
     }
 
     pub fn shutdown(&mut self) -> Result<(), HostError> {
-        called(self.raw.shutdown())
+        called(&self.label, "shutdown", self.raw.shutdown())
     }
 }
 

@@ -336,7 +336,11 @@ fn lists_and_runs_every_kind_of_component() {
         .kill_trial("t9".into(), "test".into())
         .wait()
         .unwrap_err();
-    assert_eq!(err.to_string(), "trial t9 is not running");
+    // An error says which component failed in which call (issue 19).
+    assert_eq!(
+        err.to_string(),
+        "training service Echo failed in kill_trial: trial t9 is not running"
+    );
 }
 
 #[test]
@@ -373,7 +377,76 @@ fn constructor_errors_are_one_line_and_name_the_component() {
         .err()
         .unwrap()
         .to_string();
-    assert_eq!(err, "tuner Panicky: constructor failed: tuner Panicky panicked in its constructor: constructor exploded");
+    let expected = "tuner Panicky: constructor failed: tuner Panicky panicked in its constructor: constructor exploded (at ";
+    assert!(err.starts_with(expected), "{err}");
+    assert!(at_fixture_line(&err), "{err}");
+}
+
+/// Whether a panic's message ends with its place in the fixture's source: `(at
+/// .../test_plugin.rs:LINE:COLUMN)`.
+fn at_fixture_line(message: &str) -> bool {
+    let Some(place) = message
+        .rsplit_once("test_plugin.rs:")
+        .and_then(|(_, place)| place.strip_suffix(')'))
+    else {
+        return false;
+    };
+    let numbers: Vec<&str> = place.split(':').collect();
+    numbers.len() == 2 && numbers.iter().all(|n| n.parse::<u32>().is_ok())
+}
+
+/// The panic of a plugin call reaches the host as the call's error and, at debug level, as a
+/// log line through the host's logger; the plugin's std prints nothing on stderr (where it would
+/// land over the CLI's progress bar). Run in a child process, whose stderr is its own.
+#[test]
+fn a_plugin_panic_prints_nothing_on_stderr_and_is_logged_at_debug_level() {
+    const CHILD: &str = "KNOB_TEST_PANIC_CHILD";
+    let library = fixture(Variant::Same);
+    if std::env::var_os(CHILD).is_some() {
+        let logged = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let sink = logged.clone();
+        knob_plugin_api::host::set_plugin_logger(Box::new(move |level, _target, message| {
+            sink.lock().unwrap().push(format!("{level:?}: {message}"));
+        }));
+        let registry = registry_with(&[library]);
+        let tuner = registry.tuner("Panicky", &json!({})).unwrap();
+        let err = tuner.generate_parameters(3).wait().unwrap_err();
+        println!("CALL ERROR: {err}");
+        for line in logged.lock().unwrap().iter() {
+            println!("LOGGED {line}");
+        }
+        return;
+    }
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "loader::a_plugin_panic_prints_nothing_on_stderr_and_is_logged_at_debug_level",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("CALL ERROR: tuner Panicky panicked in generate_parameters: no parameters for 3, ever (at "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("LOGGED Debug: panic at ")
+            && stdout.contains(": no parameters for 3, ever"),
+        "{stdout}"
+    );
+    assert!(
+        !stderr.contains("no parameters for 3"),
+        "on stderr:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "on stderr:\n{stderr}");
 }
 
 #[test]
@@ -381,10 +454,13 @@ fn a_panicking_tuner_fails_its_call_and_the_host_keeps_working() {
     let registry = registry_with(&[fixture(Variant::Same)]);
     let tuner = registry.tuner("Panicky", &json!({})).unwrap();
     let err = tuner.generate_parameters(7).wait().unwrap_err().to_string();
-    assert_eq!(
-        err,
-        "tuner Panicky panicked in generate_parameters: no parameters for 7, ever"
+    assert!(
+        err.starts_with(
+            "tuner Panicky panicked in generate_parameters: no parameters for 7, ever (at "
+        ),
+        "{err}"
     );
+    assert!(at_fixture_line(&err), "{err}");
     // Its state is unknown after a panic: it refuses further calls rather than misbehave.
     let err = tuner.generate_parameters(8).wait().unwrap_err().to_string();
     assert_eq!(
@@ -401,18 +477,53 @@ fn a_panicking_tuner_fails_its_call_and_the_host_keeps_working() {
 
 #[test]
 fn unknown_names_list_what_is_available() {
-    let registry = registry_with(&[fixture(Variant::Same)]);
+    let library = fixture(Variant::Same);
+    let registry = registry_with(std::slice::from_ref(&library));
     let err = registry.tuner("TPE", &json!({})).err().unwrap().to_string();
-    assert_eq!(err, "unknown tuner TPE; available: Counting, Panicky");
+    assert_eq!(
+        err,
+        format!(
+            "unknown tuner TPE; available: Counting, Panicky; looked in {}",
+            library.display()
+        )
+    );
     let err = registry
         .assessor("Counting", &json!({}))
         .err()
         .unwrap()
         .to_string();
-    assert_eq!(err, "unknown assessor Counting; available: Ceiling");
+    assert!(
+        err.starts_with("unknown assessor Counting; available: Ceiling; looked in "),
+        "{err}"
+    );
     let empty = PluginRegistry::load_from(&[]);
     let err = empty.tuner("TPE", &json!({})).err().unwrap().to_string();
     assert_eq!(err, "unknown tuner TPE; available: none (no plugin on the plugin path provides one; see `knob plugin list`)");
+}
+
+/// "unknown tuner X" says where knob looked (a missing folder says so) and which files it
+/// refused, each with its reason (issue 19).
+#[test]
+fn an_unknown_name_says_where_knob_looked_and_which_files_it_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = fixture(Variant::Same);
+    std::fs::copy(&library, dir.path().join("libgood.so")).unwrap();
+    std::fs::write(dir.path().join("libbroken.so"), "not elf").unwrap();
+    let missing = dir.path().join("not-there");
+    let registry = PluginRegistry::load_from(&[dir.path().to_path_buf(), missing.clone()]);
+    let err = registry
+        .tuner("Halton", &json!({}))
+        .err()
+        .unwrap()
+        .to_string();
+    let expected = format!(
+        "unknown tuner Halton; available: Counting, Panicky; looked in {}, {} (no such folder); refused {}/libbroken.so (not a loadable shared library (",
+        dir.path().display(),
+        missing.display(),
+        dir.path().display()
+    );
+    assert!(err.starts_with(&expected), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 #[test]
