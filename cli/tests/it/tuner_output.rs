@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::create::Sandbox;
-use crate::{repo_root, run};
+use crate::repo_root;
 
 /// Builds the fixture plugin (in the target dir the third-party example uses, sharing its
 /// dependencies) and returns its library.
