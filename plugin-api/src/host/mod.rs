@@ -365,10 +365,78 @@ fn read_api_version(path: &Path) -> Result<String, String> {
     Ok(version)
 }
 
-fn parse_version(text: &str) -> Option<(u64, u64, u64)> {
-    let core = text.split(['-', '+']).next()?;
-    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
-    Some((parts.next()??, parts.next()??, parts.next()??))
+/// A semver version: the core numbers and the pre-release identifiers (build metadata is
+/// ignored, as semver says). `0.1.0-alpha.1` is *below* `0.1.0`: a plugin built against a
+/// pre-release of the host's version is older than it, not the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Version {
+    core: (u64, u64, u64),
+    pre: Vec<PreRelease>,
+}
+
+/// One dot-separated pre-release identifier: numeric ones sort numerically and below
+/// alphanumeric ones, which sort as ASCII (semver 2.0.0, rule 11).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum PreRelease {
+    Numeric(u64),
+    Alphanumeric(String),
+}
+
+impl Version {
+    fn parse(text: &str) -> Option<Version> {
+        let without_build = text.split('+').next()?;
+        let (core, pre) = match without_build.split_once('-') {
+            Some((core, pre)) => (core, Some(pre)),
+            None => (without_build, None),
+        };
+        let numbers: Vec<u64> = core
+            .split('.')
+            .map(|part| part.parse::<u64>().ok())
+            .collect::<Option<_>>()?;
+        let [major, minor, patch] = numbers[..] else {
+            return None;
+        };
+        let pre = match pre {
+            None => Vec::new(),
+            Some(pre) => pre
+                .split('.')
+                .map(|id| {
+                    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+                        None
+                    } else if id.chars().all(|c| c.is_ascii_digit()) {
+                        id.parse().ok().map(PreRelease::Numeric)
+                    } else {
+                        Some(PreRelease::Alphanumeric(id.to_owned()))
+                    }
+                })
+                .collect::<Option<_>>()?,
+        };
+        Some(Version {
+            core: (major, minor, patch),
+            pre,
+        })
+    }
+}
+
+impl PartialOrd for Version {
+    fn partial_cmp(&self, other: &Version) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Version {
+    fn cmp(&self, other: &Version) -> std::cmp::Ordering {
+        // A release sorts above its pre-releases; pre-releases compare field by field, a longer
+        // list above its prefix.
+        self.core
+            .cmp(&other.core)
+            .then_with(|| match (self.pre.is_empty(), other.pre.is_empty()) {
+                (true, true) => std::cmp::Ordering::Equal,
+                (true, false) => std::cmp::Ordering::Greater,
+                (false, true) => std::cmp::Ordering::Less,
+                (false, false) => self.pre.cmp(&other.pre),
+            })
+    }
 }
 
 /// The compatibility rule, stated once: a plugin must be built against the host's plugin-api
@@ -376,9 +444,11 @@ fn parse_version(text: &str) -> Option<(u64, u64, u64)> {
 /// newer APIs only append to the ABI.
 fn check_version_compatible(plugin_version: &str) -> Result<(), String> {
     let host = crate::API_VERSION;
-    let (Some(p), Some(h)) = (parse_version(plugin_version), parse_version(host)) else {
+    let (Some(plugin), Some(host_version)) = (Version::parse(plugin_version), Version::parse(host))
+    else {
         return Err(format!("built against knob-plugin-api \"{plugin_version}\", which is not a version number; rebuild it against {host}"));
     };
+    let (p, h) = (plugin.core, host_version.core);
     let same_line = if h.0 == 0 {
         p.0 == 0 && p.1 == h.1
     } else {
@@ -395,7 +465,7 @@ fn check_version_compatible(plugin_version: &str) -> Result<(), String> {
             }
         ));
     }
-    if p < h {
+    if plugin < host_version {
         return Err(format!(
             "built against knob-plugin-api {plugin_version}, older than the host's {host}: rebuild the plugin against knob-plugin-api {host}"
         ));
@@ -853,7 +923,7 @@ mod tests {
     #[test]
     fn version_rule_follows_cargo_semver_for_0x() {
         // The host is this crate's version; build versions around it.
-        let (major, minor, patch) = parse_version(crate::API_VERSION).unwrap();
+        let (major, minor, patch) = Version::parse(crate::API_VERSION).unwrap().core;
         assert!(check_version_compatible(crate::API_VERSION).is_ok());
         assert!(check_version_compatible(&format!("{major}.{minor}.{}", patch + 1)).is_ok());
         let next_line = if major == 0 {
@@ -869,5 +939,38 @@ mod tests {
             "{err}"
         );
         assert!(check_version_compatible("banana").is_err());
+    }
+
+    /// Pre-release and build-metadata versions are judged by semver: the suffix used to be
+    /// dropped, so a plugin built against `X.Y.Z-alpha.1` passed as `X.Y.Z` (issue 19).
+    #[test]
+    fn pre_releases_and_build_metadata_follow_semver() {
+        let (major, minor, patch) = Version::parse(crate::API_VERSION).unwrap().core;
+        let host = format!("{major}.{minor}.{patch}");
+        // A pre-release of the host's own version is older than it.
+        let err = check_version_compatible(&format!("{host}-alpha.1")).unwrap_err();
+        assert!(err.contains("older than the host's"), "{err}");
+        // A pre-release of a newer patch is newer; build metadata changes nothing.
+        assert!(check_version_compatible(&format!("{major}.{minor}.{}-rc.1", patch + 1)).is_ok());
+        assert!(check_version_compatible(&format!("{host}+build.7")).is_ok());
+        assert!(check_version_compatible(&format!("{host}-")).is_err());
+        assert!(check_version_compatible(&format!("{host}-a..b")).is_err());
+
+        let v = |text: &str| Version::parse(text).unwrap();
+        // semver.org's own example order.
+        let ordered = [
+            "1.0.0-alpha",
+            "1.0.0-alpha.1",
+            "1.0.0-alpha.beta",
+            "1.0.0-beta",
+            "1.0.0-beta.2",
+            "1.0.0-beta.11",
+            "1.0.0-rc.1",
+            "1.0.0",
+        ];
+        for pair in ordered.windows(2) {
+            assert!(v(pair[0]) < v(pair[1]), "{} < {}", pair[0], pair[1]);
+        }
+        assert_eq!(v("1.0.0+a").cmp(&v("1.0.0+b")), std::cmp::Ordering::Equal);
     }
 }
