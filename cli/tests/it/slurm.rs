@@ -19,8 +19,9 @@ use crate::{repo_root, run};
 
 static CLUSTER: Mutex<()> = Mutex::new(());
 
-/// The cluster, held for one test: this process's lock and an exclusive `flock` on a file that
-/// every knob Slurm test process on the machine may take.
+/// The cluster, held for one test: this process's lock and an exclusive lock on a file that
+/// every knob Slurm test process on the machine takes (`training-services/tests/it/slurm.rs`
+/// too).
 struct Cluster {
     _file: File,
     _guard: MutexGuard<'static, ()>,
@@ -33,9 +34,9 @@ fn cluster() -> Option<Cluster> {
     let guard = CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
     let path = std::env::temp_dir().join("knob-slurm-tests.lock");
     let file = File::create(&path).unwrap();
-    // SAFETY: flock on a file descriptor this function owns; released when `file` closes.
-    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
-    assert_eq!(locked, 0, "cannot lock {}", path.display());
+    // Released when `file` closes.
+    file.lock()
+        .unwrap_or_else(|e| panic!("cannot lock {}: {e}", path.display()));
     Some(Cluster {
         _file: file,
         _guard: guard,

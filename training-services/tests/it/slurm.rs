@@ -22,12 +22,28 @@ use crate::support::{ending, metrics, of_trial, request, warnings, Events};
 
 static CLUSTER: Mutex<()> = Mutex::new(());
 
+/// The cluster, held for one test: this process's lock and an exclusive lock on a file that
+/// every knob Slurm test process on the machine takes (`cli/tests/it/slurm.rs` too), so test
+/// runs side by side do not fill the 2 CPUs or drain the node under each other.
+struct Cluster {
+    _file: std::fs::File,
+    _guard: MutexGuard<'static, ()>,
+}
+
 /// The cluster for one test at a time, or `None` (after a visible skip) when there is none.
-fn cluster() -> Option<MutexGuard<'static, ()>> {
+fn cluster() -> Option<Cluster> {
     if !crate::prerequisite::SLURM.enabled() {
         return None;
     }
-    Some(CLUSTER.lock().unwrap_or_else(|p| p.into_inner()))
+    let guard = CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
+    let path = std::env::temp_dir().join("knob-slurm-tests.lock");
+    let file = std::fs::File::create(&path).unwrap();
+    file.lock()
+        .unwrap_or_else(|e| panic!("cannot lock {}: {e}", path.display()));
+    Some(Cluster {
+        _file: file,
+        _guard: guard,
+    })
 }
 
 fn agent_binary() -> PathBuf {
