@@ -29,10 +29,12 @@ pub enum InventoryError {
     #[error("environment {environment} has maxTrialNumberPerGpu 0: set it to 1 or more")]
     ZeroTrialsPerGpu { environment: EnvironmentId },
     #[error(
-        "environment {environment} has maxCpuUtilization {percent}: give a percentage above 0 and at most 100"
+        "environment {environment} has {limit} {percent}: give a percentage above 0 and at most 100"
     )]
-    CpuUtilizationLimitOutOfRange {
+    UtilizationLimitOutOfRange {
         environment: EnvironmentId,
+        /// The config name of the limit.
+        limit: &'static str,
         percent: f32,
     },
     #[error(

@@ -159,7 +159,9 @@ pub struct HostResources {
 }
 
 /// How knob may use an environment: NNI's per-machine `gpuIndices`, `maxTrialNumberPerGpu` and
-/// `useActiveGpu`, plus host admission limits in the style of FedFlow.
+/// `useActiveGpu`, plus admission limits in the style of FedFlow's group scheduler, for machines
+/// that other people use too. Each limit is checked against the latest probe plus everything
+/// knob holds there; the config names are in the field docs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct EnvironmentLimits {
@@ -169,11 +171,20 @@ pub struct EnvironmentLimits {
     pub max_trial_number_per_gpu: u32,
     /// Whether a GPU running foreign processes may take trials.
     pub use_active_gpu: bool,
-    /// No trial starts while the host's CPU use is at or above this percentage.
+    /// `maxCpuUtilization`: no trial starts while the host's CPU use is at or above this
+    /// percentage.
     pub max_cpu_utilization: Option<f32>,
-    /// Host memory kept free: a trial starts only if this much stays available after its own
-    /// host-memory request.
+    /// `memoryReserve`: host memory kept free: a trial starts only if this much stays available
+    /// after its own host-memory request.
     pub min_available_memory: Option<ByteSize>,
+    /// `maxMemoryUtilization`: a trial starts only if the host's memory in use, with its own
+    /// host-memory request added, stays at or below this percentage of the total.
+    pub max_memory_utilization: Option<f32>,
+    /// `maxGpuMemoryUtilization`: a GPU takes a trial only if its memory in use, with the
+    /// trial's GPU-memory request added, stays at or below this percentage of its total.
+    pub max_gpu_memory_utilization: Option<f32>,
+    /// `gpuMemoryReserve`: GPU memory kept free on each GPU after the trial's GPU-memory request.
+    pub gpu_memory_reserve: Option<ByteSize>,
 }
 
 impl Default for EnvironmentLimits {
@@ -184,6 +195,9 @@ impl Default for EnvironmentLimits {
             use_active_gpu: false,
             max_cpu_utilization: None,
             min_available_memory: None,
+            max_memory_utilization: None,
+            max_gpu_memory_utilization: None,
+            gpu_memory_reserve: None,
         }
     }
 }
@@ -254,12 +268,23 @@ impl Environment {
                 environment: self.id.clone(),
             });
         }
-        if let Some(percent) = self.limits.max_cpu_utilization {
-            if !(percent > 0.0 && percent <= 100.0) {
-                return Err(InventoryError::CpuUtilizationLimitOutOfRange {
-                    environment: self.id.clone(),
-                    percent,
-                });
+        let percents = [
+            ("maxCpuUtilization", self.limits.max_cpu_utilization),
+            ("maxMemoryUtilization", self.limits.max_memory_utilization),
+            (
+                "maxGpuMemoryUtilization",
+                self.limits.max_gpu_memory_utilization,
+            ),
+        ];
+        for (limit, percent) in percents {
+            if let Some(percent) = percent {
+                if !(percent > 0.0 && percent <= 100.0) {
+                    return Err(InventoryError::UtilizationLimitOutOfRange {
+                        environment: self.id.clone(),
+                        limit,
+                        percent,
+                    });
+                }
             }
         }
         Ok(())

@@ -10,7 +10,7 @@ use crate::request::TrialRequest;
 use crate::scheduler::fit::{
     fitting_gpu_count, permanent_blocker, Demand, GpuDemand, Holds, Permanent,
 };
-use crate::scheduler::state::EnvState;
+use crate::scheduler::state::{share, EnvState};
 
 /// Environments described in a waiting reason before the rest are only counted.
 const SHOWN_ENVIRONMENTS: usize = 3;
@@ -164,34 +164,58 @@ fn permanent_text(env: &EnvState, demand: &Demand, blocker: Permanent, subject: 
             format!("{subject} {has}: {change}")
         }
         Permanent::GpuMemory => {
-            let mut totals: Vec<u64> = env
+            let mut capacities: Vec<u64> = env
+                .loads
+                .iter()
+                .filter(|load| load.allowed)
+                .map(|load| load.capacity_memory)
+                .collect();
+            capacities.sort_unstable_by(|a, b| b.cmp(a));
+            let large_enough = capacities
+                .iter()
+                .filter(|&&capacity| capacity >= demand.gpu_memory)
+                .count();
+            // The most each of `count` GPUs could be promised.
+            let feasible = ByteSize(capacities[count as usize - 1]);
+            let largest_total = env
                 .loads
                 .iter()
                 .filter(|load| load.allowed)
                 .map(|load| load.total_memory)
-                .collect();
-            totals.sort_unstable_by(|a, b| b.cmp(a));
-            let large_enough = totals.iter().filter(|&&total| total >= demand.gpu_memory).count();
-            // The most each of `count` GPUs could be promised.
-            let feasible = ByteSize(totals[count as usize - 1]);
+                .max()
+                .unwrap_or(0);
+            let up_to = match gpu_limits_text(env) {
+                Some(limits) => format!(
+                    "its GPUs have up to {}, of which {limits} leave up to {}",
+                    ByteSize(largest_total),
+                    ByteSize(capacities[0])
+                ),
+                None => format!("its GPUs have up to {}", ByteSize(capacities[0])),
+            };
             format!(
-                "{subject} has {} with {} or more (its GPUs have up to {}): lower trialGpuMemory to {feasible} or less",
+                "{subject} has {} with {} or more ({up_to}): lower trialGpuMemory to {feasible} or less",
                 plural(large_enough as u64, "GPU", "GPUs"),
                 ByteSize(demand.gpu_memory),
-                ByteSize(totals[0]),
             )
         }
         Permanent::HostMemory => {
+            let mut kept = Vec::new();
             let reserve = env.memory_reserve();
-            let kept = if reserve > 0 {
-                format!(" and keeps {} free", ByteSize(reserve))
-            } else {
+            if reserve > 0 {
+                kept.push(format!("keeps {} free (memoryReserve)", ByteSize(reserve)));
+            }
+            if let Some(percent) = env.env.limits.max_memory_utilization {
+                kept.push(format!("lets {percent}% be used (maxMemoryUtilization)"));
+            }
+            let kept = if kept.is_empty() {
                 String::new()
+            } else {
+                format!(" and {}", join_and(&kept))
             };
             format!(
                 "{subject} has {} of memory{kept}: lower trialMemorySize to {} or less",
                 host.memory_total,
-                ByteSize(host.memory_total.bytes().saturating_sub(reserve))
+                ByteSize(env.host_memory_capacity())
             )
         }
         Permanent::CpuCores => format!(
@@ -208,17 +232,36 @@ fn permanent_text(env: &EnvState, demand: &Demand, blocker: Permanent, subject: 
             describe_indices(env.loads.iter().filter(|load| load.allowed).map(|load| load.index))
         ),
         Permanent::DeviceMemory(index) => {
-            let total = env
-                .position_of(index)
-                .map_or(0, |position| env.loads[position].total_memory);
+            let load = env.position_of(index).map(|position| &env.loads[position]);
+            let total = load.map_or(0, |load| load.total_memory);
+            let capacity = load.map_or(0, |load| load.capacity_memory);
+            let limits = match gpu_limits_text(env) {
+                Some(limits) if capacity < total => {
+                    format!(", of which {limits} leave {}", ByteSize(capacity))
+                }
+                _ => String::new(),
+            };
             format!(
-                "GPU {index} on {subject} has {}: lower trialGpuMemory to {} or less",
+                "GPU {index} on {subject} has {}{limits}: lower trialGpuMemory to {} or less",
                 ByteSize(total),
-                ByteSize(total)
+                ByteSize(capacity)
             )
         }
         Permanent::OtherHost => format!("{subject} is not host {}", env.env.host),
     }
+}
+
+/// "gpuMemoryReserve 2 GiB and maxGpuMemoryUtilization 80%", or `None` without GPU limits.
+fn gpu_limits_text(env: &EnvState) -> Option<String> {
+    let limits = &env.env.limits;
+    let mut parts = Vec::new();
+    if let Some(reserve) = limits.gpu_memory_reserve {
+        parts.push(format!("gpuMemoryReserve {reserve}"));
+    }
+    if let Some(percent) = limits.max_gpu_memory_utilization {
+        parts.push(format!("maxGpuMemoryUtilization {percent}%"));
+    }
+    (!parts.is_empty()).then(|| join_and(&parts))
 }
 
 /// Why a request that could fit some day does not fit now: "waiting for 2 GPUs: node1: 1 of
@@ -310,7 +353,7 @@ fn busy_environment(
     }
     if env.cpu_too_busy() {
         issues.push(format!(
-            "CPU at {:.0}% (limit {:.0}%)",
+            "CPU at {:.0}% (maxCpuUtilization {}%)",
             host.cpu_utilization_percent.unwrap_or(0.0),
             env.env.limits.max_cpu_utilization.unwrap_or(0.0)
         ));
@@ -318,14 +361,14 @@ fn busy_environment(
     let reserve = env.memory_reserve();
     let held_memory = hold.map_or(0, |hold| hold.host_memory);
     let available = env.unclaimed_host_memory().saturating_sub(held_memory);
+    let note = if held_memory > 0 {
+        held_note(ByteSize(held_memory).to_string())
+    } else {
+        String::new()
+    };
     if (demand.host_memory > 0 || reserve > 0) && available < demand.host_memory + reserve {
         let kept = if reserve > 0 {
-            format!(" ({} kept free)", ByteSize(reserve))
-        } else {
-            String::new()
-        };
-        let note = if held_memory > 0 {
-            held_note(ByteSize(held_memory).to_string())
+            format!(" (memoryReserve {} kept free)", ByteSize(reserve))
         } else {
             String::new()
         };
@@ -333,6 +376,25 @@ fn busy_environment(
             "{} of memory available{kept}{note}",
             ByteSize(available)
         ));
+    } else if let Some(ceiling) = env.memory_use_ceiling() {
+        let total = host.memory_total.bytes();
+        let in_use = total.saturating_sub(available);
+        if in_use + demand.host_memory > ceiling {
+            let with = if demand.host_memory > 0 {
+                format!(
+                    ", {:.0}% with the trial's {}",
+                    percent_of(in_use + demand.host_memory, total),
+                    ByteSize(demand.host_memory)
+                )
+            } else {
+                String::new()
+            };
+            issues.push(format!(
+                "host memory {:.0}% used{with} (maxMemoryUtilization {}%){note}",
+                percent_of(in_use, total),
+                env.env.limits.max_memory_utilization.unwrap_or(0.0)
+            ));
+        }
     }
     let count = demand.gpu_count();
     if count > 0 {
@@ -422,9 +484,9 @@ fn gpu_blocker(
             pids.join(", ")
         ));
     }
-    if !load.has_room {
+    let max = env.env.limits.max_trial_number_per_gpu;
+    if load.trials >= max {
         let trials: Vec<&str> = gpu.trials.iter().map(|trial| trial.as_str()).collect();
-        let max = env.env.limits.max_trial_number_per_gpu;
         let sharing = if max > 1 {
             format!(" ({max} per GPU)")
         } else {
@@ -436,12 +498,52 @@ fn gpu_blocker(
             trials.join(", ")
         ));
     }
-    if load.available_memory < demand.gpu_memory {
-        return Some(format!(
-            "GPU {} has {} free",
-            load.index,
-            ByteSize(load.available_memory)
-        ));
+    if load.over_limit || load.admissible_memory < demand.gpu_memory {
+        return Some(gpu_memory_blocker(env, position, demand));
     }
     None
+}
+
+/// Why a GPU's memory does not admit the request: its free memory, and the limit that holds it
+/// back when one does.
+fn gpu_memory_blocker(env: &EnvState, position: usize, demand: &Demand) -> String {
+    let load = &env.loads[position];
+    let limits = &env.env.limits;
+    let free = ByteSize(load.available_memory);
+    if let Some(reserve) = limits.gpu_memory_reserve {
+        if load.available_memory < reserve.bytes() + demand.gpu_memory {
+            return format!(
+                "GPU {} has {free} free (gpuMemoryReserve {reserve} kept free)",
+                load.index
+            );
+        }
+    }
+    if let Some(percent) = limits.max_gpu_memory_utilization {
+        let in_use = load.total_memory - load.available_memory;
+        if in_use + demand.gpu_memory > share(load.total_memory, percent) {
+            let with = if demand.gpu_memory > 0 {
+                format!(
+                    ", {:.0}% with the trial's {}",
+                    percent_of(in_use + demand.gpu_memory, load.total_memory),
+                    ByteSize(demand.gpu_memory)
+                )
+            } else {
+                String::new()
+            };
+            return format!(
+                "GPU {} memory {:.0}% used{with} (maxGpuMemoryUtilization {percent}%)",
+                load.index,
+                percent_of(in_use, load.total_memory)
+            );
+        }
+    }
+    format!("GPU {} has {free} free", load.index)
+}
+
+fn percent_of(part: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / total as f64
+    }
 }

@@ -128,7 +128,7 @@ pub(crate) fn permanent_blocker(env: &EnvState, demand: &Demand) -> Option<Perma
                 let large_enough = env
                     .loads
                     .iter()
-                    .filter(|load| load.allowed && load.total_memory >= demand.gpu_memory)
+                    .filter(|load| load.allowed && load.capacity_memory >= demand.gpu_memory)
                     .count();
                 if (large_enough as u32) < *count {
                     return Some(Permanent::GpuMemory);
@@ -147,14 +147,14 @@ pub(crate) fn permanent_blocker(env: &EnvState, demand: &Demand) -> Option<Perma
                 if !load.allowed {
                     return Some(Permanent::DeviceNotAllowed(index));
                 }
-                if load.total_memory < demand.gpu_memory {
+                if load.capacity_memory < demand.gpu_memory {
                     return Some(Permanent::DeviceMemory(index));
                 }
             }
         }
     }
     let host = &env.env.host_resources;
-    if demand.host_memory + env.memory_reserve() > host.memory_total.bytes() {
+    if demand.host_memory > env.host_memory_capacity() {
         return Some(Permanent::HostMemory);
     }
     if demand.cpu_cores > host.cpu_count {
@@ -263,7 +263,7 @@ pub(crate) struct Plan {
 }
 
 fn gpu_fits(load: &GpuLoad, holder: Option<u32>, gpu_memory: u64) -> bool {
-    load.has_room && holder.is_none() && load.available_memory >= gpu_memory
+    load.has_room && holder.is_none() && load.admissible_memory >= gpu_memory
 }
 
 /// CPU cores, CPU use and host memory admit the request now.
@@ -275,10 +275,14 @@ pub(crate) fn host_fits(env: &EnvState, hold: Option<&EnvHold>, demand: &Demand)
     if env.cpu_too_busy() {
         return false;
     }
-    let reserve = env.memory_reserve();
-    if demand.host_memory > 0 || reserve > 0 {
-        let available = env.unclaimed_host_memory().saturating_sub(held_memory);
-        if available < demand.host_memory + reserve {
+    let limited = env.memory_reserve() > 0 || env.memory_use_ceiling().is_some();
+    if demand.host_memory > 0 || limited {
+        let available = if limited {
+            env.admissible_host_memory(held_memory)
+        } else {
+            Some(env.unclaimed_host_memory().saturating_sub(held_memory))
+        };
+        if available.is_none_or(|available| available < demand.host_memory) {
             return false;
         }
     }
@@ -521,7 +525,7 @@ pub(crate) fn hold_for_waiting(
                     let load = &env.loads[*position];
                     unheld(position)
                         && load.allowed
-                        && load.total_memory >= demand.gpu_memory
+                        && load.capacity_memory >= demand.gpu_memory
                         && !free.contains(position)
                 })
                 .collect();

@@ -26,7 +26,16 @@ pub(crate) struct GpuLoad {
     /// smaller.
     pub available_memory: u64,
     pub total_memory: u64,
-    /// Allowed, not foreign-blocked, and below `maxTrialNumberPerGpu`.
+    /// The most GPU memory a new trial may be promised here now under `gpuMemoryReserve` and
+    /// `maxGpuMemoryUtilization` (`available_memory` when neither is set); 0 when `over_limit`.
+    pub admissible_memory: u64,
+    /// What the limits would let a trial have on this GPU were it empty: a request above it
+    /// can never run here.
+    pub capacity_memory: u64,
+    /// The memory in use already breaks `gpuMemoryReserve` or `maxGpuMemoryUtilization`, so
+    /// the GPU takes no trial, not even one that asks for no memory.
+    pub over_limit: bool,
+    /// Allowed, not foreign-blocked, below `maxTrialNumberPerGpu` and within the memory limits.
     pub has_room: bool,
 }
 
@@ -94,6 +103,40 @@ impl EnvState {
             .limits
             .min_available_memory
             .map_or(0, |reserve| reserve.bytes())
+    }
+
+    /// The most host memory `maxMemoryUtilization` lets be in use, or `None` without the limit.
+    pub fn memory_use_ceiling(&self) -> Option<u64> {
+        self.env
+            .limits
+            .max_memory_utilization
+            .map(|percent| share(self.env.host_resources.memory_total.bytes(), percent))
+    }
+
+    /// The most host memory a new trial may ask for now, `held` being what waiting trials hold
+    /// in this pass: under `memoryReserve` and `maxMemoryUtilization`. `None` when memory in use
+    /// already breaks a limit.
+    pub fn admissible_host_memory(&self, held: u64) -> Option<u64> {
+        let available = self.unclaimed_host_memory().saturating_sub(held);
+        let mut admissible = available.checked_sub(self.memory_reserve())?;
+        if let Some(ceiling) = self.memory_use_ceiling() {
+            let in_use = self
+                .env
+                .host_resources
+                .memory_total
+                .bytes()
+                .saturating_sub(available);
+            admissible = admissible.min(ceiling.checked_sub(in_use)?);
+        }
+        Some(admissible)
+    }
+
+    /// The most host memory a trial could get here with nothing else running.
+    pub fn host_memory_capacity(&self) -> u64 {
+        let total = self.env.host_resources.memory_total.bytes();
+        let capacity = total.saturating_sub(self.memory_reserve());
+        self.memory_use_ceiling()
+            .map_or(capacity, |ceiling| capacity.min(ceiling))
     }
 
     pub fn free_cpu_cores(&self) -> u32 {
@@ -196,11 +239,34 @@ impl EnvState {
             .memory_free
             .bytes()
             .min(load.total_memory.saturating_sub(promised));
-        load.has_room = load.allowed && !load.foreign_blocked && load.trials < max_trials;
+        let limits = &self.env.limits;
+        let reserve = limits
+            .gpu_memory_reserve
+            .map_or(0, |reserve| reserve.bytes());
+        let ceiling = limits
+            .max_gpu_memory_utilization
+            .map(|percent| share(load.total_memory, percent));
+        let mut admissible = load.available_memory.checked_sub(reserve);
+        let mut capacity = load.total_memory.saturating_sub(reserve);
+        if let Some(ceiling) = ceiling {
+            let in_use = load.total_memory - load.available_memory;
+            admissible = admissible.and_then(|free| Some(free.min(ceiling.checked_sub(in_use)?)));
+            capacity = capacity.min(ceiling);
+        }
+        load.over_limit = admissible.is_none();
+        load.admissible_memory = admissible.unwrap_or(0);
+        load.capacity_memory = capacity;
+        load.has_room =
+            load.allowed && !load.foreign_blocked && load.trials < max_trials && !load.over_limit;
         match (had_room, load.has_room) {
             (false, true) => self.free_gpus += 1,
             (true, false) => self.free_gpus -= 1,
             _ => {}
         }
     }
+}
+
+/// `percent` of `total`, rounded down.
+pub(crate) fn share(total: u64, percent: f32) -> u64 {
+    (total as f64 * f64::from(percent) / 100.0) as u64
 }

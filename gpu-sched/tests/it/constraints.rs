@@ -215,7 +215,7 @@ fn host_memory_admission_keeps_a_reserve() {
     expect![[r#"
         a: local []
         b: local []
-        c: wait: waiting for 20 GiB of host memory: local: 24 GiB of memory available (8 GiB kept free)
+        c: wait: waiting for 20 GiB of host memory: local: 24 GiB of memory available (memoryReserve 8 GiB kept free)
     "#]]
     .assert_eq(&place(&mut scheduler, &requests));
 }
@@ -263,7 +263,7 @@ fn cpu_utilization_limit_holds_new_trials() {
     hot.limits.max_cpu_utilization = Some(90.0);
     let mut scheduler = scheduler(Policy::Pack, vec![hot]);
     expect![[r#"
-        a: wait: waiting for 1 GPU: local: CPU at 95% (limit 90%)
+        a: wait: waiting for 1 GPU: local: CPU at 95% (maxCpuUtilization 90%)
     "#]]
     .assert_eq(&place(&mut scheduler, &[trial("a")]));
 }

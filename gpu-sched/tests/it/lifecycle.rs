@@ -174,7 +174,10 @@ fn the_inventory_shows_trials_on_their_gpus_as_json() {
                 "maxTrialNumberPerGpu": 1,
                 "useActiveGpu": false,
                 "maxCpuUtilization": null,
-                "minAvailableMemory": null
+                "minAvailableMemory": null,
+                "maxMemoryUtilization": null,
+                "maxGpuMemoryUtilization": null,
+                "gpuMemoryReserve": null
               }
             }
           ]

@@ -5,6 +5,7 @@ mod constraints;
 mod end_to_end;
 mod fairness;
 mod lifecycle;
+mod limits;
 mod policies;
 mod probe;
 mod results;

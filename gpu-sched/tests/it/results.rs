@@ -76,7 +76,7 @@ fn the_memory_reserve_counts_against_the_largest_request() {
     };
     let mut scheduler = scheduler(Policy::Pack, vec![env("local", &[80]).with_limits(reserve)]);
     expect![[r#"
-        a: reject: the trial asks for 1 GPU and 50 GiB of host memory, but the largest environment, local, has 64 GiB of memory and keeps 16 GiB free: lower trialMemorySize to 48 GiB or less
+        a: reject: the trial asks for 1 GPU and 50 GiB of host memory, but the largest environment, local, has 64 GiB of memory and keeps 16 GiB free (memoryReserve): lower trialMemorySize to 48 GiB or less
     "#]]
     .assert_eq(&place(&mut scheduler, &[trial("a").host_memory(ByteSize::gib(50))]));
 }

@@ -1,0 +1,245 @@
+//! The admission limits of a shared machine (`maxCpuUtilization`, `maxMemoryUtilization`,
+//! `memoryReserve`, `maxGpuMemoryUtilization`, `gpuMemoryReserve`, `maxTrialNumberPerGpu`):
+//! each one holds a trial back from the live probe plus what knob holds, and the waiting or
+//! rejection reason names the limit.
+
+use expect_test::expect;
+use knob_gpu_sched::{ByteSize, EnvironmentLimits, Placement, SchedulerConfig, TrialId};
+
+use crate::support::{env, host, limits, place, scheduler_with, trial, with_foreign};
+
+fn gpu_config(gpu_memory_gib: Option<u64>) -> SchedulerConfig {
+    SchedulerConfig {
+        trial_gpu_number: Some(1),
+        trial_gpu_memory: gpu_memory_gib.map(ByteSize::gib),
+        ..SchedulerConfig::default()
+    }
+}
+
+fn host_config(memory_gib: u64) -> SchedulerConfig {
+    SchedulerConfig {
+        trial_gpu_number: Some(0),
+        trial_memory_size: Some(ByteSize::gib(memory_gib)),
+        ..SchedulerConfig::default()
+    }
+}
+
+#[test]
+fn max_cpu_utilization_holds_trials_while_the_host_is_busy_and_admits_them_once_it_calms() {
+    let mut busy = env("local", &[80]);
+    busy.limits.max_cpu_utilization = Some(80.0);
+    busy.host_resources.cpu_utilization_percent = Some(85.0);
+    let mut scheduler = scheduler_with(gpu_config(None), vec![busy.clone()]);
+    expect![[r#"
+        a: wait: waiting for 1 GPU: local: CPU at 85% (maxCpuUtilization 80%)
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+    busy.host_resources.cpu_utilization_percent = Some(40.0);
+    scheduler.upsert_environment(busy).unwrap();
+    expect![[r#"
+        a: local [0]
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+}
+
+#[test]
+fn max_memory_utilization_counts_the_requests_held() {
+    // 64 GiB host at most 75% used (48 GiB): two 20 GiB trials fit, a third would make 60 GiB.
+    let mut shared = env("local", &[]);
+    shared.host_resources = host(16, 64);
+    shared.limits.max_memory_utilization = Some(75.0);
+    let mut scheduler = scheduler_with(host_config(20), vec![shared]);
+    expect![[r#"
+        a: local []
+        b: local []
+        c: wait: waiting for 20 GiB of host memory: local: host memory 62% used, 94% with the trial's 20 GiB (maxMemoryUtilization 75%)
+    "#]]
+    .assert_eq(&place(
+        &mut scheduler,
+        &[trial("a"), trial("b"), trial("c")],
+    ));
+    scheduler.release(&TrialId::from("a"));
+    expect![[r#"
+        c: local []
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("c")]));
+}
+
+#[test]
+fn max_memory_utilization_holds_even_trials_that_ask_for_no_memory() {
+    let mut full = env("local", &[80]);
+    full.host_resources.memory_available = ByteSize::gib(4);
+    full.limits.max_memory_utilization = Some(90.0);
+    let mut scheduler = scheduler_with(gpu_config(None), vec![full]);
+    expect![[r#"
+        a: wait: waiting for 1 GPU: local: host memory 94% used (maxMemoryUtilization 90%)
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+}
+
+#[test]
+fn max_memory_utilization_too_low_for_any_trial_is_a_rejection_naming_it() {
+    let mut small = env("local", &[]);
+    small.limits.max_memory_utilization = Some(25.0);
+    let mut scheduler = scheduler_with(host_config(20), vec![small]);
+    expect![[r#"
+        a: reject: the trial asks for 20 GiB of host memory, but the largest environment, local, has 64 GiB of memory and lets 25% be used (maxMemoryUtilization): lower trialMemorySize to 16 GiB or less
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+}
+
+#[test]
+fn memory_reserve_keeps_host_memory_free_after_the_request() {
+    let mut reserved = env("local", &[]);
+    reserved.limits.min_available_memory = Some(ByteSize::gib(10));
+    let mut scheduler = scheduler_with(host_config(20), vec![reserved]);
+    expect![[r#"
+        a: local []
+        b: local []
+        c: wait: waiting for 20 GiB of host memory: local: 24 GiB of memory available (memoryReserve 10 GiB kept free)
+    "#]]
+    .assert_eq(&place(
+        &mut scheduler,
+        &[trial("a"), trial("b"), trial("c")],
+    ));
+}
+
+#[test]
+fn memory_reserve_larger_than_what_a_trial_could_get_is_a_rejection_naming_it() {
+    let mut reserved = env("local", &[]);
+    reserved.limits.min_available_memory = Some(ByteSize::gib(60));
+    let mut scheduler = scheduler_with(host_config(8), vec![reserved]);
+    expect![[r#"
+        a: reject: the trial asks for 8 GiB of host memory, but the largest environment, local, has 64 GiB of memory and keeps 60 GiB free (memoryReserve): lower trialMemorySize to 4 GiB or less
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+}
+
+#[test]
+fn max_gpu_memory_utilization_counts_what_is_used_and_what_trials_hold() {
+    // 80 GiB GPUs at most 50% used: a 30 GiB trial fits an idle one; a second would make 60 GiB
+    // on the same GPU, so with two trials allowed per GPU it goes to the other one, and a third
+    // waits. GPU 1 also has 10 GiB used by a process knob did not start.
+    let mut shared = with_foreign(env("local", &[80, 80]), 1, 4242, 10);
+    shared.limits = EnvironmentLimits {
+        max_trial_number_per_gpu: 2,
+        max_gpu_memory_utilization: Some(50.0),
+        use_active_gpu: true,
+        ..limits()
+    };
+    let mut scheduler = scheduler_with(gpu_config(Some(30)), vec![shared]);
+    expect![[r#"
+        a: local [0]
+        b: local [1]
+        c: wait: waiting for 1 GPU with 30 GiB: local: no GPU free (GPU 0 memory 38% used, 75% with the trial's 30 GiB (maxGpuMemoryUtilization 50%), GPU 1 memory 50% used, 88% with the trial's 30 GiB (maxGpuMemoryUtilization 50%))
+    "#]]
+    .assert_eq(&place(
+        &mut scheduler,
+        &[trial("a"), trial("b"), trial("c")],
+    ));
+}
+
+#[test]
+fn a_gpu_over_its_memory_utilization_takes_no_trial_even_one_asking_for_no_memory() {
+    let mut hot = env("local", &[80, 80]);
+    hot.gpus[0].memory_used = ByteSize::gib(70);
+    hot.gpus[0].memory_free = ByteSize::gib(10);
+    hot.limits.max_gpu_memory_utilization = Some(80.0);
+    let mut scheduler = scheduler_with(gpu_config(None), vec![hot]);
+    expect![[r#"
+        a: local [1]
+        b: wait: waiting for 1 GPU: local: no GPU free (GPU 0 memory 88% used (maxGpuMemoryUtilization 80%), GPU 1 runs a)
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a"), trial("b")]));
+}
+
+#[test]
+fn gpu_memory_reserve_keeps_memory_free_on_each_gpu() {
+    // 24 GiB GPUs keeping 4 GiB free: two 10 GiB trials share one, a third does not fit.
+    let mut shared = env("local", &[24]);
+    shared.limits = EnvironmentLimits {
+        max_trial_number_per_gpu: 3,
+        gpu_memory_reserve: Some(ByteSize::gib(4)),
+        ..limits()
+    };
+    let mut scheduler = scheduler_with(gpu_config(Some(10)), vec![shared]);
+    expect![[r#"
+        a: local [0]
+        b: local [0]
+        c: wait: waiting for 1 GPU with 10 GiB: local: no GPU free (GPU 0 has 4 GiB free (gpuMemoryReserve 4 GiB kept free))
+    "#]]
+    .assert_eq(&place(
+        &mut scheduler,
+        &[trial("a"), trial("b"), trial("c")],
+    ));
+}
+
+#[test]
+fn gpu_memory_limits_that_leave_too_little_are_a_rejection_naming_them() {
+    let mut small = env("local", &[24, 24]);
+    small.limits.gpu_memory_reserve = Some(ByteSize::gib(8));
+    small.limits.max_gpu_memory_utilization = Some(50.0);
+    let mut scheduler = scheduler_with(gpu_config(Some(16)), vec![small]);
+    expect![[r#"
+        a: reject: the trial asks for 1 GPU with 16 GiB, but the largest environment, local, has 0 GPUs with 16 GiB or more (its GPUs have up to 24 GiB, of which gpuMemoryReserve 8 GiB and maxGpuMemoryUtilization 50% leave up to 12 GiB): lower trialGpuMemory to 12 GiB or less
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+}
+
+#[test]
+fn max_trial_number_per_gpu_bounds_the_trials_sharing_a_gpu() {
+    let mut shared = env("local", &[80]);
+    shared.limits.max_trial_number_per_gpu = 2;
+    let mut scheduler = scheduler_with(gpu_config(None), vec![shared]);
+    expect![[r#"
+        a: local [0]
+        b: local [0]
+        c: wait: waiting for 1 GPU: local: no GPU free (GPU 0 runs a, b (2 per GPU))
+    "#]]
+    .assert_eq(&place(
+        &mut scheduler,
+        &[trial("a"), trial("b"), trial("c")],
+    ));
+}
+
+#[test]
+fn a_utilization_limit_out_of_range_is_refused_naming_the_limit() {
+    for (name, set) in [
+        (
+            "maxMemoryUtilization",
+            (|limits: &mut EnvironmentLimits| limits.max_memory_utilization = Some(0.0))
+                as fn(&mut EnvironmentLimits),
+        ),
+        ("maxGpuMemoryUtilization", |limits| {
+            limits.max_gpu_memory_utilization = Some(120.0)
+        }),
+    ] {
+        let mut bad = env("local", &[80]);
+        set(&mut bad.limits);
+        let mut scheduler = scheduler_with(gpu_config(None), Vec::new());
+        let error = scheduler.upsert_environment(bad).unwrap_err().to_string();
+        assert!(error.contains(name), "{error}");
+    }
+}
+
+#[test]
+fn limits_survive_a_reprobe_with_trials_placed() {
+    // The reserve is checked against the new probe plus the held assignment: after a probe
+    // shows the first trial really using its memory, the second still does not fit.
+    let mut reserved = env("local", &[24]);
+    reserved.limits = EnvironmentLimits {
+        max_trial_number_per_gpu: 2,
+        gpu_memory_reserve: Some(ByteSize::gib(8)),
+        ..limits()
+    };
+    let mut scheduler = scheduler_with(gpu_config(Some(10)), vec![reserved.clone()]);
+    assert!(scheduler.place(&trial("a")).is_succeed());
+    reserved.gpus[0].memory_used = ByteSize::gib(10);
+    reserved.gpus[0].memory_free = ByteSize::gib(14);
+    scheduler.upsert_environment(reserved).unwrap();
+    let placement = scheduler.place(&trial("b"));
+    assert!(
+        matches!(&placement, Placement::TmpNoAvailableGpu { reason } if reason.contains("gpuMemoryReserve")),
+        "{placement:?}"
+    );
+}
