@@ -841,6 +841,7 @@ async function renderDetail(trialId, withLog) {
     if (t.signal !== null && t.signal !== undefined) infoRow(info, "signal", String(t.signal));
     if (t.waiting_reason) infoRow(info, "waiting", t.waiting_reason);
     if (t.end_message) infoRow(info, "stop reason", t.end_message);
+    else if (t.waiting_reason) infoRow(info, "waiting", t.waiting_reason);
     if (t.gpu_indices && t.gpu_indices.length) infoRow(info, "GPUs", t.gpu_indices.join(", "));
     const intermediate = t.metrics.filter((m) => m.kind === "intermediate");
     chart("chart-detail").setOption({

@@ -209,6 +209,16 @@ impl<'c> ConfigReader<'c> {
         self.parse(field, gpu_indices)
     }
 
+    /// A percentage above 0 and at most 100 (see [`percent`]).
+    pub fn percent(&mut self, field: &Field<'_>) -> Option<f64> {
+        self.parse(field, percent)
+    }
+
+    /// NNI's memory sizes, in MiB (see [`size_mib`]).
+    pub fn size_mib(&mut self, field: &Field<'_>) -> Option<u64> {
+        self.parse(field, size_mib)
+    }
+
     /// A path on this machine: `~` expanded, relative to the config's folder, made canonical.
     pub fn path(&mut self, field: &Field<'_>) -> Option<PathBuf> {
         let raw = self.non_empty_string(field)?;
@@ -396,6 +406,67 @@ pub fn duration_seconds(value: &Value) -> Result<u64, String> {
         return Err(format!("must be positive, got {}", describe(value)));
     }
     Ok(seconds as u64)
+}
+
+/// A percentage above 0 and at most 100: a number (`90`, `87.5`) or the same with `%` (`"90%"`).
+pub fn percent(value: &Value) -> Result<f64, String> {
+    const ALLOWED: &str = r#"expected a percentage above 0 and at most 100, like 90 or "90%""#;
+    let number = match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(text) => text
+            .trim()
+            .strip_suffix('%')
+            .unwrap_or(text.trim())
+            .trim()
+            .parse::<f64>()
+            .ok(),
+        _ => None,
+    };
+    match number {
+        Some(percent) if percent > 0.0 && percent <= 100.0 => Ok(percent),
+        _ => Err(format!("{ALLOWED}, got {}", describe(value))),
+    }
+}
+
+/// NNI's `parse_memory_size`, in MiB: a number of MiB, or a number followed by `b`, `kb`, `mb`,
+/// `gb`, `tb` (binary multiples, as in NNI: `1GB` is 1024 MiB) or `kib`, `mib`, `gib`, `tib`.
+/// Rounded up to whole MiB; must be positive.
+pub fn size_mib(value: &Value) -> Result<u64, String> {
+    const ALLOWED: &str = r#"expected a size like "10GiB", "500MB" or a number of MiB"#;
+    const KIB: f64 = 1.0 / 1024.0;
+    // Longest suffixes first, so that "gib" is not read as "ib" after "g".
+    const UNITS: [(&str, f64); 9] = [
+        ("tib", 1024.0 * 1024.0),
+        ("gib", 1024.0),
+        ("mib", 1.0),
+        ("kib", KIB),
+        ("tb", 1024.0 * 1024.0),
+        ("gb", 1024.0),
+        ("mb", 1.0),
+        ("kb", KIB),
+        ("b", KIB * KIB),
+    ];
+    let mib = match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(text) => {
+            let lower = text.trim().to_ascii_lowercase();
+            UNITS.iter().find_map(|(unit, factor)| {
+                let number = lower.strip_suffix(unit)?.trim();
+                number.parse::<f64>().ok().map(|value| value * factor)
+            })
+        }
+        _ => None,
+    }
+    .ok_or_else(|| format!("{ALLOWED}, got {}", describe(value)))?
+    .ceil();
+    // `u64::MAX as f64` rounds up, hence the strict bound.
+    if mib.is_nan() || mib < 1.0 {
+        Err(format!("must be positive, got {}", describe(value)))
+    } else if mib >= (u64::MAX / (1024 * 1024)) as f64 {
+        Err(format!("too large, got {}", describe(value)))
+    } else {
+        Ok(mib as u64)
+    }
 }
 
 /// NNI's `canonical_gpu_indices`: a list of ints, an int, or a comma-separated string (`"0,1"`);

@@ -5,7 +5,9 @@
 //! `useActiveGpu`, `maxTrialNumberPerGpu`, `gpuIndices` (which limit what the service reports of
 //! this machine's GPUs, probed with NVML or `KNOB_SIMULATE_GPUS`) and `reuseMode` (which changes
 //! nothing here: every trial runs in the one environment). Local is the platform NNI's top-level
-//! shortcut fields are meant for; they apply where the config does not set a field.
+//! shortcut fields are meant for; they apply where the config does not set a field. The limits
+//! of a shared machine (`maxCpuUtilization`, `maxMemoryUtilization`, `memoryReserve`,
+//! `maxGpuMemoryUtilization`, `gpuMemoryReserve`, see [`crate::limits`]) apply to this machine.
 //!
 //! Class args (the checked config; keys are matched ignoring case and underscores, as NNI does;
 //! unknown keys are ignored) may also hold, for tests and tools:
@@ -121,7 +123,10 @@ impl LocalArgs {
                             .map_err(|e| LocalError::ClassArgs(format!("{key}: {e}")))?,
                     )
                 }
-                _ => {}
+                _ => {
+                    crate::limits::set(&mut args.limits, key, value)
+                        .map_err(LocalError::ClassArgs)?;
+                }
             }
             if normalized == "graceperiodsecs" {
                 args.grace_period = value
@@ -310,14 +315,19 @@ fn probe_inventory(
     serde_json::to_value(&environment).map_err(|e| LocalError::Probe(e.to_string()))
 }
 
-const LOCAL_FIELDS: [&str; 4] = [
+const LOCAL_FIELDS: [&str; 9] = [
     "useActiveGpu",
     "maxTrialNumberPerGpu",
     "gpuIndices",
     "reuseMode",
+    crate::limits::LIMIT_FIELDS[0],
+    crate::limits::LIMIT_FIELDS[1],
+    crate::limits::LIMIT_FIELDS[2],
+    crate::limits::LIMIT_FIELDS[3],
+    crate::limits::LIMIT_FIELDS[4],
 ];
 
-/// Checks a `local` config: NNI's four fields, each defaulting to the top-level shortcut the user
+/// Checks a `local` config: NNI's four fields and the shared-machine limits, each defaulting to the top-level shortcut the user
 /// wrote, else NNI's default. The canonical form also carries this machine as probed (limits
 /// applied), so that a trial that could never fit here fails before the experiment is created.
 pub fn check_config(
@@ -359,6 +369,8 @@ pub fn check_config(
         .map(Value::from)
         .or_else(|| shortcut("reuseMode"))
         .unwrap_or(json!(false));
+    let mut limits = Map::new();
+    crate::limits::read(&mut reader, &mut fields, &mut limits);
     fields.finish(&mut reader, &LOCAL_FIELDS);
     // A bad KNOB_SIMULATE_GPUS is refused here, before the experiment is registered: found
     // only when the service probes, it ended a registered experiment in ERROR and its line
@@ -374,6 +386,7 @@ pub fn check_config(
     canonical.insert("maxTrialNumberPerGpu".into(), max_trial_number_per_gpu);
     canonical.insert("gpuIndices".into(), gpu_indices);
     canonical.insert("reuseMode".into(), reuse_mode);
+    canonical.extend(limits);
     let mut checked = reader.finish(canonical)?;
     // A probe that fails here fails again, with its reason, when the service starts.
     if let Ok(args) = LocalArgs::parse(&Value::Object(checked.config.clone())) {

@@ -19,6 +19,7 @@ mod prerequisite;
 mod remote;
 mod resume;
 mod slurm;
+mod shared_machine;
 mod space;
 mod third_party_service;
 mod tuner_output;

@@ -19,7 +19,7 @@ use super::units;
 use super::yaml::{self, Node, Pos, Value};
 
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
-pub(super) const TOP_FIELDS: [&str; 35] = [
+pub(super) const TOP_FIELDS: [&str; 40] = [
     "experimentName",
     "experimentType",
     "searchSpaceFile",
@@ -46,6 +46,11 @@ pub(super) const TOP_FIELDS: [&str; 35] = [
     "maxTrialNumberPerGpu",
     "gpuIndices",
     "reuseMode",
+    "maxCpuUtilization",
+    "maxMemoryUtilization",
+    "memoryReserve",
+    "maxGpuMemoryUtilization",
+    "gpuMemoryReserve",
     "pluginPaths",
     "trialGpuMemory",
     "trialMemorySize",
@@ -160,6 +165,18 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
     }
     if let Some(value) = take("reuseMode").and_then(|field| reader.boolean(&field)) {
         shortcuts.insert("reuseMode".into(), value.into());
+    }
+    // The limits of a shared machine (knob extension): for every environment of every service
+    // that does not set its own.
+    for name in units::PERCENT_LIMITS {
+        if let Some(value) = take(name).and_then(|field| reader.parse(&field, units::percent)) {
+            shortcuts.insert(name.into(), value.into());
+        }
+    }
+    for name in units::SIZE_LIMITS {
+        if let Some(value) = take(name).and_then(|field| reader.parse(&field, units::size_mib)) {
+            shortcuts.insert(name.into(), value.into());
+        }
     }
     reader.shortcuts = shortcuts;
     let plugin_paths = take("pluginPaths")

@@ -49,6 +49,22 @@ pub fn duration_text_seconds(text: &str) -> Result<u64, String> {
     duration_seconds(as_number.as_ref().unwrap_or(&node))
 }
 
+/// The shared-machine limits given in percent (knob extension), each a top-level shortcut and a
+/// field of every environment.
+pub(crate) const PERCENT_LIMITS: [&str; 3] = [
+    "maxCpuUtilization",
+    "maxMemoryUtilization",
+    "maxGpuMemoryUtilization",
+];
+/// The shared-machine limits given as memory sizes (canonical: MiB).
+pub(crate) const SIZE_LIMITS: [&str; 2] = ["memoryReserve", "gpuMemoryReserve"];
+
+/// A percentage above 0 and at most 100 (`90`, `"90%"`), as the training services read it.
+pub(crate) fn percent(node: &Node) -> Result<f64, String> {
+    let value = node.to_json().map_err(|(_, message)| message)?;
+    knob_plugin_api::config::percent(&value)
+}
+
 /// NNI's `parse_memory_size`, returning MiB: a number of MiB, or a number followed by `b`, `kb`,
 /// `mb`, `gb`, `tb` (binary multiples, as in NNI: `1GB` is 1024 MiB) or the explicit `kib`, `mib`,
 /// `gib`, `tib`. Rounded up to whole MiB; must be positive.

@@ -474,6 +474,74 @@ trainingService:
 }
 
 #[test]
+fn shared_machine_limits_at_top_level_reach_every_environment_unless_it_sets_its_own() {
+    let text = "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 4
+tuner: {name: Random}
+maxCpuUtilization: 90%
+maxMemoryUtilization: 85
+memoryReserve: 4GiB
+maxGpuMemoryUtilization: 80
+gpuMemoryReserve: 512MB
+trainingService:
+  - platform: local
+    maxCpuUtilization: 70
+  - platform: remote
+    machineList:
+      - {host: a.example, user: alice, gpuMemoryReserve: 2GiB}
+";
+    check_fields(
+        text,
+        &["trainingService"],
+        expect![[r#"
+            trainingService:
+              - platform: local
+                useActiveGpu: false
+                maxTrialNumberPerGpu: 1
+                gpuIndices: null
+                reuseMode: false
+                maxCpuUtilization: 70.0
+                maxMemoryUtilization: 85.0
+                memoryReserve: 4096
+                maxGpuMemoryUtilization: 80.0
+                gpuMemoryReserve: 512
+              - platform: remote
+                machineList:
+                  - host: a.example
+                    port: 22
+                    user: alice
+                    password: null
+                    sshKeyFile: null
+                    sshPassphrase: null
+                    useActiveGpu: false
+                    maxTrialNumberPerGpu: 1
+                    gpuIndices: null
+                    pythonPath: null
+                    acceptNewHostKey: false
+                    maxCpuUtilization: 90.0
+                    maxMemoryUtilization: 85.0
+                    memoryReserve: 4096
+                    maxGpuMemoryUtilization: 80.0
+                    gpuMemoryReserve: 2048
+                reuseMode: true
+                knownHostsFile: null
+                hostLossTimeout: 60
+                agentRoot: null
+        "#]],
+    );
+    check(
+        &minimal_with("maxCpuUtilization: 0\nmemoryReserve: lots\nmaxGpuMemoryUtilization: 101%\n"),
+        expect![[r#"
+            $DIR/exp.yml:6:20: maxCpuUtilization: expected a percentage above 0 and at most 100, like 90 or "90%", got 0
+            $DIR/exp.yml:7:16: memoryReserve: expected a size like "10GiB", "500MB" or a number of MiB, got "lots"
+            $DIR/exp.yml:8:26: maxGpuMemoryUtilization: expected a percentage above 0 and at most 100, like 90 or "90%", got "101%"
+        "#]],
+    );
+}
+
+#[test]
 fn inline_search_space_and_search_space_file_give_the_same_config() {
     let space = r#"{"optimizer": {"_type": "choice", "_value": ["sgd", "adam"]}, "lr": {"_type": "uniform", "_value": [0.01, 0.1]}}"#;
     let project = Project::new(&[("space.json", space)]);

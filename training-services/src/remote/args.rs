@@ -44,6 +44,9 @@ pub struct Machine {
     pub python_path: Option<String>,
     /// knob's extension: add an unknown host key to the known hosts file.
     pub accept_new_host_key: bool,
+    /// The shared-machine limits of this host (see [`crate::limits`]); the other fields of
+    /// `EnvironmentLimits` come from the fields above.
+    pub limits: knob_gpu_sched::EnvironmentLimits,
 }
 
 impl Machine {
@@ -183,6 +186,7 @@ fn parse_machine(index: usize, value: &Value) -> Result<Machine, ArgsError> {
         gpu_indices: None,
         python_path: None,
         accept_new_host_key: false,
+        limits: knob_gpu_sched::EnvironmentLimits::default(),
     };
     for (key, value) in fields {
         match normalize(key).as_str() {
@@ -237,9 +241,11 @@ fn parse_machine(index: usize, value: &Value) -> Result<Machine, ArgsError> {
                 }
             }
             "acceptnewhostkey" => machine.accept_new_host_key = bool_field(&where_, key, value)?,
+            _ if crate::limits::set(&mut machine.limits, key, value)
+                .map_err(|e| ArgsError(format!("{where_}{e}")))? => {}
             _ => {
                 return Err(ArgsError(format!(
-                    "{where_}{key} is not a machine field (host, port, user, password, sshKeyFile, sshPassphrase, useActiveGpu, maxTrialNumberPerGpu, gpuIndices, pythonPath, acceptNewHostKey)"
+                    "{where_}{key} is not a machine field (host, port, user, password, sshKeyFile, sshPassphrase, useActiveGpu, maxTrialNumberPerGpu, gpuIndices, pythonPath, acceptNewHostKey, maxCpuUtilization, maxMemoryUtilization, memoryReserve, maxGpuMemoryUtilization, gpuMemoryReserve)"
                 )))
             }
         }

@@ -28,7 +28,7 @@ const REMOTE_FIELDS: [&str; 5] = [
     "hostLossTimeout",
     "agentRoot",
 ];
-const MACHINE_FIELDS: [&str; 11] = [
+const MACHINE_FIELDS: [&str; 16] = [
     "host",
     "port",
     "user",
@@ -40,6 +40,11 @@ const MACHINE_FIELDS: [&str; 11] = [
     "gpuIndices",
     "pythonPath",
     "acceptNewHostKey",
+    crate::limits::LIMIT_FIELDS[0],
+    crate::limits::LIMIT_FIELDS[1],
+    crate::limits::LIMIT_FIELDS[2],
+    crate::limits::LIMIT_FIELDS[3],
+    crate::limits::LIMIT_FIELDS[4],
 ];
 
 /// Checks a `remote` config and gives its canonical form.
@@ -205,11 +210,13 @@ fn read_machine(reader: &mut ConfigReader<'_>, item: &Value, path: FieldPath) ->
         .take("acceptNewHostKey")
         .and_then(|field| reader.boolean(&field))
         .unwrap_or(false);
+    let mut limits = Map::new();
+    crate::limits::read(reader, &mut fields, &mut limits);
     fields.finish(reader, &MACHINE_FIELDS);
     if reader.problem_count() != before {
         return None;
     }
-    Some(json!({
+    let mut machine = json!({
         "host": host?,
         "port": port.unwrap_or(22),
         "user": user?,
@@ -221,7 +228,12 @@ fn read_machine(reader: &mut ConfigReader<'_>, item: &Value, path: FieldPath) ->
         "gpuIndices": gpu_indices,
         "pythonPath": python_path,
         "acceptNewHostKey": accept_new_host_key,
-    }))
+    });
+    machine
+        .as_object_mut()
+        .expect("a machine is an object")
+        .extend(limits);
+    Some(machine)
 }
 
 /// The service's class args (what [`super::args::RemoteArgs::parse`] reads) from its checked

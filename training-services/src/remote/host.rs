@@ -198,6 +198,7 @@ impl Host {
         environment.limits.gpu_indices = self.machine.gpu_indices.clone();
         environment.limits.max_trial_number_per_gpu = self.machine.max_trial_number_per_gpu;
         environment.limits.use_active_gpu = self.machine.use_active_gpu;
+        crate::limits::copy(&self.machine.limits, &mut environment.limits);
         environment.status = if ready {
             knob_gpu_sched::EnvironmentStatus::Ready
         } else {

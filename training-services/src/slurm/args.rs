@@ -30,7 +30,7 @@ pub const DEFAULT_SUBMIT_INTERVAL: Duration = Duration::from_millis(200);
 const LEAST_POLL_INTERVAL: f64 = 0.1;
 
 /// The fields of `trainingService` for `platform: slurm`.
-pub const SLURM_FIELDS: [&str; 16] = [
+pub const SLURM_FIELDS: [&str; 21] = [
     "reuseMode",
     "maxEnvironments",
     "partition",
@@ -47,6 +47,11 @@ pub const SLURM_FIELDS: [&str; 16] = [
     "orphanTimeoutSecs",
     "pollIntervalSecs",
     "submitIntervalSecs",
+    crate::limits::LIMIT_FIELDS[0],
+    crate::limits::LIMIT_FIELDS[1],
+    crate::limits::LIMIT_FIELDS[2],
+    crate::limits::LIMIT_FIELDS[3],
+    crate::limits::LIMIT_FIELDS[4],
 ];
 
 /// The job options passed through to `#SBATCH` lines as written.
@@ -79,6 +84,9 @@ pub struct SlurmArgs {
     pub orphan_timeout: Duration,
     pub poll_interval: Duration,
     pub submit_interval: Duration,
+    /// The shared-machine limits applied to each allocation (`reuseMode: true`), see
+    /// [`crate::limits`].
+    pub limits: knob_gpu_sched::EnvironmentLimits,
 }
 
 /// What goes into every job's `#SBATCH` lines.
@@ -286,6 +294,7 @@ pub fn check_config(
             .unwrap_or(default.as_secs_f64());
         canonical.insert(name.into(), json!(value));
     }
+    crate::limits::read(&mut reader, &mut fields, &mut canonical);
     fields.finish(&mut reader, &SLURM_FIELDS);
     reader.finish(canonical)
 }
@@ -339,6 +348,12 @@ impl SlurmArgs {
             }
         };
         let trial = &context.trial;
+        let mut limits = knob_gpu_sched::EnvironmentLimits::default();
+        for name in crate::limits::LIMIT_FIELDS {
+            if let Some(value) = c.get(name) {
+                crate::limits::set(&mut limits, name, value).map_err(ArgsError)?;
+            }
+        }
         Ok(SlurmArgs {
             experiment_id: context.experiment_id.clone(),
             experiment_dir,
@@ -372,6 +387,7 @@ impl SlurmArgs {
             orphan_timeout: secs("orphanTimeoutSecs", DEFAULT_ORPHAN_TIMEOUT),
             poll_interval: secs("pollIntervalSecs", DEFAULT_POLL_INTERVAL),
             submit_interval: secs("submitIntervalSecs", DEFAULT_SUBMIT_INTERVAL),
+            limits,
         })
     }
 }

@@ -83,6 +83,7 @@ pub(super) fn job_environment(args: &SlurmArgs, job: &Job) -> Environment {
             Ok(mut environment) => {
                 environment.id = knob_gpu_sched::EnvironmentId(job.environment_id.clone());
                 environment.status = status;
+                crate::limits::copy(&args.limits, &mut environment.limits);
                 let (gpus, cpus) = allocation_resources(&job.dir, job.id);
                 if let Some(gpus) = gpus {
                     environment.limits.gpu_indices = Some(gpus);

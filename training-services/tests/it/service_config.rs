@@ -123,6 +123,92 @@ fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
         .is_ok());
 }
 
+#[test]
+fn shared_machine_limits_apply_per_environment_with_the_top_level_fields_as_defaults() {
+    // The core hands the top-level limits on canonical (percent numbers, MiB).
+    let context = ServiceContext {
+        experiment_id: "exp1".into(),
+        shortcuts: json!({"maxCpuUtilization": 90.0, "gpuMemoryReserve": 1024})
+            .as_object()
+            .cloned()
+            .unwrap(),
+        ..ServiceContext::default()
+    };
+    let checked = check_built_in(
+        "local",
+        &json!({"maxMemoryUtilization": "80%", "memory_reserve": "2GiB", "maxCpuUtilization": 50}),
+        &context,
+    )
+    .unwrap()
+    .unwrap();
+    let config = Value::Object(checked.config);
+    assert_eq!(config["maxCpuUtilization"], 50.0);
+    assert_eq!(config["maxMemoryUtilization"], 80.0);
+    assert_eq!(config["memoryReserve"], 2048);
+    assert_eq!(config.get("maxGpuMemoryUtilization"), None);
+    assert_eq!(config["gpuMemoryReserve"], 1024);
+    // What the service reports of this machine carries them, for gpu-sched to enforce.
+    let inventory = &checked.environments.expect("the local machine")[0].inventory;
+    assert_eq!(
+        inventory["limits"],
+        json!({
+            "gpuIndices": null, "maxTrialNumberPerGpu": 1, "useActiveGpu": false,
+            "maxCpuUtilization": 50.0, "minAvailableMemory": 2147483648u64,
+            "maxMemoryUtilization": 80.0, "maxGpuMemoryUtilization": null,
+            "gpuMemoryReserve": 1073741824u64,
+        })
+    );
+
+    // Each remote machine has its own, defaulting to the top-level ones.
+    let written = json!({"machineList": [
+        {"host": "h1", "user": "alice", "maxGpuMemoryUtilization": 75},
+        {"host": "h2", "user": "bob"},
+    ]});
+    let checked = check_built_in("remote", &written, &context)
+        .unwrap()
+        .unwrap();
+    let machines = &checked.config["machineList"];
+    assert_eq!(machines[0]["maxGpuMemoryUtilization"], 75.0);
+    assert_eq!(machines[0]["maxCpuUtilization"], 90.0);
+    assert_eq!(machines[1].get("maxGpuMemoryUtilization"), None);
+    let args = knob_training_services::remote::config::class_args(
+        &Value::Object(checked.config.clone()),
+        &context,
+    );
+    let parsed = knob_training_services::remote::args::RemoteArgs::parse(&args).unwrap();
+    assert_eq!(
+        parsed.machines[0].limits.max_gpu_memory_utilization,
+        Some(75.0)
+    );
+    assert_eq!(
+        parsed.machines[1].limits.gpu_memory_reserve,
+        Some(knob_gpu_sched::ByteSize::gib(1))
+    );
+
+    // Bad values name the field and what to write.
+    assert_eq!(
+        problems(
+            "local",
+            json!({"maxCpuUtilization": 150, "gpuMemoryReserve": "lots"}),
+            &ServiceContext::default()
+        ),
+        [
+            r#"maxCpuUtilization: expected a percentage above 0 and at most 100, like 90 or "90%", got 150"#,
+            r#"gpuMemoryReserve: expected a size like "10GiB", "500MB" or a number of MiB, got "lots""#,
+        ]
+    );
+    assert_eq!(
+        problems(
+            "remote",
+            json!({"machineList": [{"host": "h1", "user": "a", "maxMemoryUtilization": 0}]}),
+            &ServiceContext::default()
+        ),
+        [
+            "machineList[0].maxMemoryUtilization: expected a percentage above 0 and at most 100, like 90 or \"90%\", got 0"
+        ]
+    );
+}
+
 /// A process that looks like a trial of `experiment` (the environment every trial gets).
 fn fake_trial(experiment: &str, trial: &str) -> std::process::Child {
     Command::new("sleep")
