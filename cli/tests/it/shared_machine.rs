@@ -33,7 +33,7 @@ fn a_trial_held_by_gpu_memory_reserve_says_so_in_trial_ls_then_runs() {
     );
     let config = sandbox.config(&yaml, &[("trial.sh", script)]);
     let code_dir = config.parent().unwrap().to_path_buf();
-    let mut child = sandbox
+    let child = sandbox
         .knob()
         .env("KNOB_SIMULATE_GPUS", "1x16GiB")
         .arg("create")
