@@ -734,6 +734,8 @@ function renderCharts() {
   }, true);
 
   renderIntermediate();
+  renderSlice();
+  if (finished.length !== state.importanceFinished) loadImportance(finished.length);
 
   const timed = trials.filter((t) => t.duration_ms !== null && t.duration_ms !== undefined);
   const bar = (t) => ({ value: [t.sequence, t.duration_ms / 1000], name: t.trial_id });
@@ -749,6 +751,72 @@ function renderCharts() {
       { name: "finished", type: "bar", large: timed.length > 2000, barMaxWidth: 14, data: timed.filter((t) => !isRunning(t)).map(bar) },
       { name: "running (so far)", type: "bar", barMaxWidth: 14, barGap: "-100%", itemStyle: { color: "rgba(245, 158, 11, 0.45)", borderColor: "#d97706", borderType: "dashed", borderWidth: 1 }, data: timed.filter(isRunning).map(bar) },
     ],
+  }, true);
+}
+
+// Importance comes from the server (GET /importance, fANOVA in Rust); asked again when the
+// number of finished trials changed, at most every 10 seconds.
+async function loadImportance(finishedCount) {
+  const now = Date.now();
+  if (state.importanceLoading || (state.importanceAt && now - state.importanceAt < 10000)) return;
+  state.importanceLoading = true;
+  try {
+    const answer = await api("/importance");
+    state.importance = answer;
+    state.importanceFinished = finishedCount;
+    state.importanceAt = now;
+    renderImportance();
+    renderSlice();
+  } catch (error) {
+    $("importance-note").textContent = `(${error.message})`;
+  } finally {
+    state.importanceLoading = false;
+  }
+}
+
+function renderImportance() {
+  const answer = state.importance;
+  if (!answer) return;
+  const params = [...answer.parameters].reverse(); // the most important at the top
+  $("importance-note").textContent = answer.note ? `(${answer.note})` : `(${answer.trials} trials)`;
+  $("importance-method").textContent = answer.method + (answer.skipped.length ? ". Left out: " + answer.skipped.map((s) => `${s.name} (${s.reason})`).join("; ") : "");
+  chart("chart-importance").setOption({
+    animation: false, backgroundColor: chartBackground(),
+    grid: Object.assign({}, GRID, { top: 10, right: 64 }),
+    tooltip: { trigger: "item", formatter: (p) => `${p.name}: ${(p.value * 100).toFixed(1)}%` },
+    xAxis: { type: "value", min: 0, max: 1, name: "share of the final's variance", nameLocation: "middle", nameGap: 24 },
+    yAxis: { type: "category", data: params.map((p) => p.name) },
+    series: [{ type: "bar", barMaxWidth: 22, data: params.map((p) => p.importance),
+      label: { show: true, position: "right", formatter: (p) => `${(p.value * 100).toFixed(1)}%` } }],
+  }, true);
+}
+
+// One parameter against the final result, one point per finished trial (the most important
+// parameter first until the user picks another).
+function renderSlice() {
+  const names = paramNames();
+  const select = $("slice-param");
+  if (select.options.length !== names.length || [...select.options].some((o, i) => o.value !== names[i])) {
+    const chosen = select.value;
+    select.innerHTML = "";
+    for (const name of names) select.add(new Option(name, name));
+    select.value = names.includes(chosen) ? chosen : names[0] || "";
+  }
+  if (!state.sliceChosen && state.importance && state.importance.parameters.length) select.value = state.importance.parameters[0].name;
+  const name = select.value;
+  const finished = [...state.trials.values()].filter((t) => typeof t.final_value === "number" && name in flatOf(t));
+  const numeric = finished.every((t) => typeof flatOf(t)[name] === "number");
+  const space = (state.experiment.config.searchSpace || {})[name] || {};
+  const log = numeric && /log/.test(space._type || "") && finished.every((t) => flatOf(t)[name] > 0);
+  chart("chart-slice").setOption({
+    animation: false, backgroundColor: chartBackground(), grid: GRID,
+    tooltip: { trigger: "item", formatter: (p) => `${p.data.name}<br>${name} = ${fmt(p.value[0])}<br>final ${fmt(p.value[1])}` },
+    xAxis: numeric ? { type: log ? "log" : "value", name, nameLocation: "middle", nameGap: 24, scale: true }
+      : { type: "category", name, nameLocation: "middle", nameGap: 24, data: [...new Set(finished.map((t) => String(flatOf(t)[name])))] },
+    yAxis: valueAxis({ name: "final", scale: true }),
+    visualMap: { show: false, dimension: 2, min: 0, max: Math.max(1, ...finished.map((t) => t.sequence)), inRange: { colorLightness: [0.75, 0.35] } },
+    series: [{ type: "scatter", symbolSize: 7, large: finished.length > 2000,
+      data: finished.map((t) => ({ value: [numeric ? flatOf(t)[name] : String(flatOf(t)[name]), t.final_value, t.sequence], name: t.trial_id })) }],
   }, true);
 }
 
@@ -928,6 +996,7 @@ function wire() {
   window.addEventListener("hashchange", applyHash);
   window.addEventListener("resize", () => Object.values(charts).forEach((c) => c.resize()));
   $("curve-mode").onchange = changeCurves;
+  $("slice-param").onchange = () => { state.sliceChosen = true; renderSlice(); };
   $("curve-count").onchange = changeCurves;
   $("curve-log").onchange = changeCurves;
   $("theme").onclick = () => {
@@ -955,7 +1024,10 @@ function applyTheme() {
     charts[id].dispose();
     delete charts[id];
   }
-  if (redraw && state.experiment) render();
+  if (redraw && state.experiment) {
+    render();
+    renderImportance();
+  }
 }
 
 async function main() {

@@ -4,6 +4,7 @@ pub mod api;
 pub mod config;
 pub mod experiment;
 pub mod export;
+pub mod importance;
 pub mod manager;
 pub mod registry;
 pub mod store;

@@ -460,18 +460,28 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
     page.close().await.unwrap();
 }
 
-/// 60 quick trials, each reporting 5 intermediate results (x, 2x, … 5x) and a final one.
+/// 60 quick trials, each reporting 5 intermediate results (x, 2x, … 5x) and a final one,
+/// x + y/10: x dominates the final, y matters a little, z not at all.
 const SIXTY: &str = r#"experimentName: sixty curves
-trialCommand: 'x=$(echo "$KNOB_PARAMETERS" | sed "s/.*\"x\": *\([0-9.e-]*\).*/\1/"); for i in 1 2 3 4 5; do echo KNOB_INTERMEDIATE $(awk "BEGIN{print $x*$i}"); done; echo KNOB_FINAL $x'
+trialCommand: python3 trial.py
 trialConcurrency: 6
 maxTrialNumber: 60
 searchSpace:
   x: {_type: uniform, _value: [0.001, 1]}
+  y: {_type: uniform, _value: [0, 1]}
+  z: {_type: choice, _value: [red, green, blue]}
 tuner:
   name: Random
   classArgs: {seed: 8}
 trainingService:
   platform: local"#;
+
+const SIXTY_TRIAL: &str = r#"import json, os
+p = json.loads(os.environ["KNOB_PARAMETERS"])
+for i in range(1, 6):
+    print(f"KNOB_INTERMEDIATE {p['x'] * i}", flush=True)
+print(f"KNOB_FINAL {p['x'] + p['y'] / 10}", flush=True)
+"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_the_server_gone() {
@@ -479,7 +489,7 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
         return;
     };
     let sandbox = Sandbox::new();
-    let config = sandbox.config(SIXTY, &[]);
+    let config = sandbox.config(SIXTY, &[("trial.py", SIXTY_TRIAL)]);
     let (code, stdout, stderr) = sandbox.create(&config, "sixty");
     assert_eq!(code, 0, "{stdout}{stderr}");
     let mut command = sandbox.knob();
@@ -526,6 +536,32 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     assert_eq!(shown["read_only"], json!(true), "{shown}");
     assert_eq!(shown["name"], json!("sixty curves"), "{shown}");
     screenshot(&page, "view-1-done").await;
+
+    // Importance (fANOVA on the server): x first, z last, as the objective says; the chart
+    // draws the most important at the top.
+    let importance = api(&base, "GET", "/importance", None);
+    let order: Vec<&str> = importance["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["x", "y", "z"], "{importance}");
+    assert_eq!(importance["trials"], json!(60), "{importance}");
+    let drawn = wait_in_page(
+        &page,
+        "the importance chart",
+        r##"const chart = echarts.getInstanceByDom(document.getElementById("chart-importance"));
+           if (!chart || !chart.getOption().yAxis) return null;
+           const slice = echarts.getInstanceByDom(document.getElementById("chart-slice")).getOption();
+           return {names: chart.getOption().yAxis[0].data, slice: slice.xAxis[0].name,
+                   points: slice.series[0].data.length};"##,
+    )
+    .await;
+    assert_eq!(
+        drawn,
+        json!({"names": ["z", "y", "x"], "slice": "x", "points": 60})
+    );
 
     // Dark mode from the toggle: the page's colours and the charts (made again in ECharts'
     // dark theme, every curve still there) follow.
@@ -796,7 +832,7 @@ async fn knob_view_without_an_id_lists_every_experiment_and_opens_each() {
         let yaml = SIXTY
             .replace("sixty curves", name)
             .replace("maxTrialNumber: 60", &format!("maxTrialNumber: {trials}"));
-        let config = sandbox.config(&yaml, &[]);
+        let config = sandbox.config(&yaml, &[("trial.py", SIXTY_TRIAL)]);
         let (code, stdout, stderr) = sandbox.create(&config, id);
         assert_eq!(code, 0, "{stdout}{stderr}");
     }

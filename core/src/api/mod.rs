@@ -8,6 +8,7 @@
 
 mod catalog;
 mod guard;
+mod importance;
 mod logs;
 mod reads;
 mod stream;
@@ -101,6 +102,7 @@ pub fn api_routes() -> Vec<ApiRoute> {
         operation("get", "/api/v1/metrics", reads::metrics),
         operation("get", "/api/v1/events", reads::events),
         operation("get", "/api/v1/export", reads::export),
+        operation("get", "/api/v1/importance", importance::importance),
         operation("get", "/api/v1/stream", stream::stream),
         operation("get", PUBLIC_API_PATH, openapi),
     ]

@@ -4,6 +4,9 @@ mod api_stream;
 mod config;
 mod config_v1;
 mod experiment;
+mod importance;
+#[path = "../../../training-services/tests/it/prerequisite.rs"]
+mod prerequisite;
 mod store;
 
 /// The built-in training services' config checks, linked in (the core reaches them through the

@@ -55,8 +55,13 @@ pub const SLURM: Prerequisite = Prerequisite {
     how: "a Slurm cluster up on this machine; .ci/slurm.sh (as root) starts one and prints the export",
 };
 
+pub const OPTUNA_PYTHON: Prerequisite = Prerequisite {
+    variable: "KNOB_TEST_OPTUNA_PYTHON",
+    how: "a python with optuna 5.0 and scikit-learn; .ci/optuna-fanova.sh makes one and prints the export",
+};
+
 /// Every prerequisite variable, as the README lists them.
-pub const ALL: [&Prerequisite; 7] = [
+pub const ALL: [&Prerequisite; 8] = [
     &SSHD,
     &NNI3_PYTHON,
     &NNI2_PYTHON,
@@ -64,6 +69,7 @@ pub const ALL: [&Prerequisite; 7] = [
     &CHROMIUM,
     &CHROMEDRIVER,
     &SLURM,
+    &OPTUNA_PYTHON,
 ];
 
 impl Prerequisite {
