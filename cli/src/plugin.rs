@@ -1,4 +1,4 @@
-//! `knob plugin list|check`.
+//! `knob plugin list|check|try`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,13 +18,142 @@ pub enum PluginCommand {
     },
     /// Load one plugin file and print its components, or why it does not load (exit 1).
     Check { file: PathBuf },
+    /// Run a tuner of one plugin file outside any experiment: print its suggestions as JSON
+    /// lines, each checked against the search space (a bad one ends the run, exit 1).
+    Try(TryArgs),
+}
+
+#[derive(clap::Args)]
+pub struct TryArgs {
+    /// The plugin file.
+    file: PathBuf,
+    /// The search space (JSON or YAML, as a config's searchSpaceFile).
+    #[arg(long)]
+    space: PathBuf,
+    /// How many parameter sets to ask for.
+    #[arg(short = 'n', default_value_t = 10)]
+    n: u64,
+    /// The tuner's classArgs, as JSON.
+    #[arg(long, default_value = "{}")]
+    class_args: String,
+    /// Which tuner of the file (needed when it exports several).
+    #[arg(long)]
+    tuner: Option<String>,
+    /// A file of final results, one number a line, given to the tuner in order as the result of
+    /// each suggestion (then its trial_end SUCCEEDED); without it no result is given.
+    #[arg(long)]
+    results: Option<PathBuf>,
 }
 
 pub fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
     match command {
         PluginCommand::List { json } => list(json),
         PluginCommand::Check { file } => check(file),
+        PluginCommand::Try(args) => try_tuner(args),
     }
+}
+
+/// `knob plugin try`: a plugin author's loop without an experiment. Suggestions are printed as
+/// `{"parameter_id": N, "parameters": {...}}` lines (`"deferred": true` for an id answered
+/// later, `"no_more": true` when the tuner is done); each is checked as the manager checks it.
+fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
+    use knob_plugin_api::{ComponentKind, Generated};
+    let library = load_library(&args.file)?;
+    let registry = PluginRegistry::load_from(std::slice::from_ref(&args.file));
+    let tuners: Vec<&str> = library
+        .components
+        .iter()
+        .filter(|c| c.kind == ComponentKind::Tuner)
+        .map(|c| c.name.as_str())
+        .collect();
+    let name = match (&args.tuner, tuners.as_slice()) {
+        (Some(name), _) => name.clone(),
+        (None, [only]) => only.to_string(),
+        (None, []) => anyhow::bail!("{}: exports no tuner", args.file.display()),
+        (None, several) => anyhow::bail!(
+            "{} exports several tuners ({}); pick one with --tuner",
+            args.file.display(),
+            several.join(", ")
+        ),
+    };
+    let class_args: serde_json::Value = serde_json::from_str(&args.class_args)
+        .map_err(|e| anyhow::anyhow!("--class-args is not JSON: {e}"))?;
+    let (space, space_json) = crate::space::read_space_value(&args.space)?;
+    let results: Vec<f64> = match &args.results {
+        None => Vec::new(),
+        Some(file) => std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(index, line)| {
+                line.trim().parse::<f64>().map_err(|_| {
+                    anyhow::anyhow!(
+                        "{}:{}: expected a number, got {:?}",
+                        file.display(),
+                        index + 1,
+                        line.trim()
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let mut tuner = registry.tuner_object(&name, &class_args)?;
+    tuner.update_search_space(&space_json)?;
+    let mut out = std::io::stdout().lock();
+    let label = tuner.label().to_owned();
+    let mut results = results.into_iter();
+    let mut pending = std::collections::VecDeque::new();
+    let emit = |out: &mut dyn Write,
+                id: u64,
+                parameters: &serde_json::Value|
+     -> anyhow::Result<()> {
+        if let Err(e) = space.validate_parameters(parameters) {
+            anyhow::bail!(
+                "{label} handed out parameters the search space does not hold (parameter id {id}): {e}"
+            );
+        }
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"parameter_id": id, "parameters": parameters})
+        )?;
+        Ok(())
+    };
+    for id in 0..args.n {
+        match tuner.generate_parameters(id)? {
+            Generated::Parameters(parameters) | Generated::Labeled { parameters, .. } => {
+                emit(&mut out, id, &parameters)?;
+                pending.push_back((id, parameters));
+            }
+            Generated::Deferred => writeln!(
+                out,
+                "{}",
+                serde_json::json!({"parameter_id": id, "deferred": true})
+            )?,
+            Generated::NoMore => {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"parameter_id": id, "no_more": true})
+                )?;
+                break;
+            }
+        }
+        // One result per suggestion, in order, while the file lasts.
+        while let Some((done, parameters)) = pending.pop_front() {
+            let Some(value) = results.next() else {
+                break;
+            };
+            let mut suggestions = tuner.receive_trial_result(done, &parameters, value)?;
+            suggestions.extend(tuner.trial_end(done, knob_plugin_api::status::SUCCEEDED)?);
+            for suggestion in suggestions {
+                emit(&mut out, suggestion.parameter_id, &suggestion.parameters)?;
+                pending.push_back((suggestion.parameter_id, suggestion.parameters));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn list(json: bool) -> anyhow::Result<ExitCode> {

@@ -68,6 +68,11 @@ pub fn run(command: SpaceCommand) -> anyhow::Result<ExitCode> {
 /// Reads a search-space file as a config's `searchSpaceFile` does (JSON, or YAML), so a space that
 /// `knob create` accepts validates here too; a problem is one line with file:line:column.
 fn read_space(file: &Path) -> anyhow::Result<SearchSpace> {
+    read_space_value(file).map(|(space, _)| space)
+}
+
+/// [`read_space`], with the space's JSON as well.
+pub fn read_space_value(file: &Path) -> anyhow::Result<(SearchSpace, serde_json::Value)> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let value = knob_core::config::parse_search_space(file, &text).map_err(|error| {
@@ -77,5 +82,7 @@ fn read_space(file: &Path) -> anyhow::Result<SearchSpace> {
         };
         anyhow::anyhow!("{place}: {}", error.message)
     })?;
-    SearchSpace::from_value(&value).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
+    let space =
+        SearchSpace::from_value(&value).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    Ok((space, value))
 }

@@ -233,3 +233,69 @@ fn an_oversized_or_bad_simulated_gpu_spec_is_one_line_printed_once() {
     let (_, _, stderr) = run(knob().arg("gpu").env("KNOB_SIMULATE_GPUS", "1000000x1GiB"));
     assert!(stderr.contains("past 4096 GPUs"), "{stderr}");
 }
+
+/// `knob plugin try` runs a tuner outside any experiment: suggestions as JSON lines, results fed
+/// from a file, every suggestion checked against the space (issue 19).
+#[test]
+fn plugin_try_runs_the_third_party_tuner_and_checks_what_it_hands_out() {
+    let library = build_third_party_tuner();
+    let dir = tempfile::tempdir().unwrap();
+    let space = dir.path().join("space.json");
+    std::fs::write(
+        &space,
+        r#"{"x": {"_type": "uniform", "_value": [0, 1]}, "k": {"_type": "choice", "_value": [1, 2, 3]}}"#,
+    )
+    .unwrap();
+    let results = dir.path().join("results.txt");
+    std::fs::write(&results, "0.5\n0.25\n").unwrap();
+    let (code, stdout, stderr) = run(knob()
+        .args(["plugin", "try"])
+        .arg(&library)
+        .arg("--space")
+        .arg(&space)
+        .args(["-n", "5", "--class-args", r#"{"steps": 3}"#, "--results"])
+        .arg(&results));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        concat!(
+            r#"{"parameter_id":0,"parameters":{"x":0.0,"k":1}}"#,
+            "\n",
+            r#"{"parameter_id":1,"parameters":{"x":0.5,"k":2}}"#,
+            "\n",
+            r#"{"parameter_id":2,"parameters":{"x":1.0,"k":3}}"#,
+            "\n",
+            r#"{"parameter_id":3,"no_more":true}"#,
+            "\n",
+        )
+    );
+
+    // A misspelled classArg is the constructor's one line.
+    let (code, _, stderr) = run(knob()
+        .args(["plugin", "try"])
+        .arg(&library)
+        .arg("--space")
+        .arg(&space)
+        .args(["--class-args", r#"{"stesp": 3}"#]));
+    assert_eq!(code, 1);
+    assert!(
+        stderr
+            .contains("tuner Sweep: constructor failed: classArgs of Sweep: unknown field `stesp`"),
+        "{stderr}"
+    );
+
+    // What the space does not hold is refused, naming the parameter and the rule.
+    let misbehaving = crate::tuner_output::misbehaving_tuner();
+    let (code, stdout, stderr) = run(knob()
+        .args(["plugin", "try"])
+        .arg(&misbehaving)
+        .args(["--tuner", "Misbehaving", "--space"])
+        .arg(&space)
+        .args(["--class-args", r#"{"output": "out_of_range"}"#]));
+    assert_eq!(code, 1, "{stdout}");
+    assert_eq!(stdout, "");
+    assert_eq!(
+        stderr.trim(),
+        r#"error: tuner Misbehaving handed out parameters the search space does not hold (parameter id 0): trial parameter "x": 7.5 is outside uniform [0, 1]"#
+    );
+}

@@ -11,7 +11,7 @@ use crate::repo_root;
 
 /// Builds the fixture plugin (in the target dir the third-party example uses, sharing its
 /// dependencies) and returns its library.
-fn misbehaving_tuner() -> PathBuf {
+pub(crate) fn misbehaving_tuner() -> PathBuf {
     let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("third-party");
     let manifest = repo_root().join("cli/tests/fixtures/misbehaving-tuner/Cargo.toml");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
