@@ -10,7 +10,7 @@ use knob_core::config::{ExperimentConfig, ServicePlugins};
 use knob_core::experiment;
 use knob_core::manager::{self, Command, Experiment, Outcome, Progress};
 use knob_core::registry::{knob_home, Registry};
-use knob_core::store::{ExperimentStatus, Store};
+use knob_core::store::{Direction, ExperimentStatus, Store};
 use knob_plugin_api::host::PluginRegistry;
 use tokio::sync::{mpsc, watch};
 
@@ -158,7 +158,7 @@ pub fn run_in_foreground(
 ) -> anyhow::Result<ExitCode> {
     let id = experiment.id.clone();
     let dir = experiment.dir.clone();
-    let maximize = optimize_maximize(&experiment.config);
+    let maximize = experiment.config.direction() == Direction::Maximize;
     eprintln!("experiment {id}: {}", dir.display());
     let api_address = listener.local_addr()?;
     registry.set_port(&id, Some(api_address.port()))?;
@@ -235,15 +235,6 @@ fn take_back(
             "experiment {id} did not start: {error}; removing it failed too ({removing:#}): `knob experiment delete {id}`"
         ),
     }
-}
-
-pub(crate) fn optimize_maximize(config: &ExperimentConfig) -> bool {
-    let mode = config
-        .tuner
-        .class_args
-        .get("optimize_mode")
-        .and_then(serde_json::Value::as_str);
-    mode.is_none_or(|m| m.eq_ignore_ascii_case("maximize"))
 }
 
 /// First Ctrl-C: stop gracefully (trials are killed and recorded). Second: exit at once.

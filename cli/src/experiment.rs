@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 use knob_core::registry::{Registry, RegistryEntry, CRASHED};
-use knob_core::store::{StoreReader, TrialQuery, TrialStatus};
+use knob_core::store::{Direction, StoreReader, TrialQuery, TrialStatus};
 
 use crate::table::{final_cell, render};
 
@@ -116,14 +116,9 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
             })?;
             if let Some((count, best_first)) = head.map(|n| (n, true)).or(tail.map(|n| (n, false)))
             {
-                let maximize = match reader.experiment()? {
-                    Some(summary) => crate::create::optimize_maximize(
-                        &serde_json::from_value(summary.config).with_context(|| {
-                            format!("experiment {id}: its stored config cannot be read")
-                        })?,
-                    ),
-                    None => true,
-                };
+                let maximize = reader.experiment()?.is_none_or(|summary| {
+                    Direction::of_config(&summary.config) == Direction::Maximize
+                });
                 trials = ranked(trials, maximize, best_first, count);
             }
             let rows: Vec<Vec<String>> = trials

@@ -5,8 +5,9 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use knob_core::api::experiment_snapshot;
 use knob_core::registry::{Registry, CRASHED};
-use knob_core::store::{Direction, StoreReader};
+use knob_core::store::StoreReader;
 use serde_json::{json, Value};
 
 use crate::client::ApiClient;
@@ -65,37 +66,11 @@ pub fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The same shape as `GET /api/v1/experiment`, from the store of a stopped experiment.
+/// What `GET /api/v1/experiment` gives, from the store of an experiment not running.
 fn from_store(dir: &std::path::Path) -> anyhow::Result<Value> {
     let reader = StoreReader::open(dir)?;
-    let Some(experiment) = reader.experiment()? else {
-        anyhow::bail!("the store in {} has no experiment yet", dir.display());
-    };
-    let mode = experiment
-        .config
-        .pointer("/tuner/classArgs/optimize_mode")
-        .and_then(Value::as_str)
-        .unwrap_or("maximize")
-        .to_ascii_lowercase();
-    let direction = if mode == "minimize" {
-        Direction::Minimize
-    } else {
-        Direction::Maximize
-    };
-    let counts: serde_json::Map<String, Value> = reader
-        .trial_counts()?
-        .into_iter()
-        .map(|(s, n)| (s.as_str().to_string(), json!(n)))
-        .collect();
-    Ok(json!({
-        "status": experiment.status,
-        "optimize_mode": mode,
-        "trial_counts": counts,
-        "trial_total": counts.values().filter_map(Value::as_u64).sum::<u64>(),
-        "elapsed_ms": experiment.updated_ms - experiment.start_time_ms,
-        "best_trials": reader.best_trials(direction, 5)?,
-        "config": experiment.config,
-    }))
+    experiment_snapshot(&reader)?
+        .ok_or_else(|| anyhow::anyhow!("the store in {} has no experiment yet", dir.display()))
 }
 
 fn render_frame(id: &str, snapshot: &Value, running: &Value, live: bool) -> String {

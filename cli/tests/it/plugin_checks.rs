@@ -156,17 +156,17 @@ trialConcurrency: 1
 searchSpace: {x: {_type: uniform, _value: [0, 1]}}
 tuner:
   name: TPE
-  classArgs: {optimize_mode: sideways}
+  classArgs: {seed: sideways}
 trainingService:
   platform: local";
     let config = sandbox.config(yaml, &[]);
     let text = std::fs::read_to_string(&config).unwrap();
     let (code, stdout, stderr) = sandbox.create(&config, "ctor");
     assert_eq!(code, 1, "{stdout}\n{stderr}");
-    let (line, column) = line_column(&text, "optimize_mode");
+    let (line, column) = line_column(&text, "seed");
     assert!(
         stderr.contains(&format!(
-            "config.yml:{line}:{column}: tuner.classArgs.optimize_mode: tuner TPE: constructor failed: "
+            "config.yml:{line}:{column}: tuner.classArgs.seed: tuner TPE: constructor failed: "
         )),
         "{stderr}"
     );
@@ -178,7 +178,7 @@ trainingService:
     // The id is free: the same config, fixed, creates it.
     std::fs::write(
         &config,
-        text.replace("sideways", "maximize").replace(
+        text.replace("sideways", "1").replace(
             "trialConcurrency: 1",
             "trialConcurrency: 1\nmaxTrialNumber: 1",
         ),

@@ -140,17 +140,14 @@ fn summary(entry: &RegistryEntry) -> Value {
             return Ok(json!({}));
         };
         let counts = reader.trial_counts()?;
-        let direction = super::reads::direction(&experiment.config);
+        let direction = crate::store::Direction::of_config(&experiment.config);
         let best = reader.best_trials(direction, 1)?;
         Ok(json!({
             "start_time_ms": experiment.start_time_ms,
             "trial_total": counts.values().sum::<u64>(),
             "trial_counts": counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "best": best.first().map(|t| json!({"trial_id": t.trial_id, "final_value": t.final_value})),
-            "optimize_mode": match direction {
-                crate::store::Direction::Maximize => "maximize",
-                crate::store::Direction::Minimize => "minimize",
-            },
+            "optimize_mode": direction.as_str(),
             "recorded_status": experiment.status,
         }))
     };

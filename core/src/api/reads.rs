@@ -57,17 +57,6 @@ pub(super) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// Whether the tuner maximizes, read from its classArgs as NNI does (default: maximize).
-pub(super) fn direction(config: &Value) -> Direction {
-    let mode = config
-        .pointer("/tuner/classArgs/optimize_mode")
-        .and_then(Value::as_str);
-    match mode {
-        Some(m) if m.eq_ignore_ascii_case("minimize") => Direction::Minimize,
-        _ => Direction::Maximize,
-    }
-}
-
 /// A trial as the API shows it: the stored row plus its duration so far.
 pub(super) fn trial_json(trial: &TrialRow, now: i64) -> Value {
     let mut value = serde_json::to_value(trial).unwrap_or(Value::Null);
@@ -85,10 +74,9 @@ pub(super) async fn experiment(State(state): State<ApiState>) -> Result<Json<Val
         .commands
         .as_ref()
         .is_some_and(|c| !c.is_closed());
-    let summary = state
-        .read(move |reader| experiment_json(reader, &id))
-        .await??;
-    let mut summary = summary;
+    let mut summary = state.read(experiment_snapshot).await?.ok_or_else(|| {
+        ApiError::not_found(format!("experiment {id} has no record in its store yet"))
+    })?;
     summary["writable"] = json!(writable);
     let recorded_active = summary["status"]
         .as_str()
@@ -117,19 +105,23 @@ pub(super) async fn experiment(State(state): State<ApiState>) -> Result<Json<Val
     Ok(Json(summary))
 }
 
-fn experiment_json(
+/// How many best trials a snapshot lists.
+const SNAPSHOT_BEST: u64 = 10;
+
+/// The experiment as `GET /api/v1/experiment` shows it, from its store: status, times, the
+/// tuner's direction, trial counts, the best trials, the last event's sequence and the config;
+/// `None` while the store holds no experiment. The one form of it: the route adds `writable`
+/// (and `CRASHED` under `knob view`), `knob top` reads it for an experiment not running.
+pub fn experiment_snapshot(
     reader: &StoreReader,
-    id: &str,
-) -> Result<Result<Value, ApiError>, crate::store::StoreError> {
+) -> Result<Option<Value>, crate::store::StoreError> {
     let Some(experiment) = reader.experiment()? else {
-        return Ok(Err(ApiError::not_found(format!(
-            "experiment {id} has no record in its store yet"
-        ))));
+        return Ok(None);
     };
     let counts = reader.trial_counts()?;
     let total: u64 = counts.values().sum();
-    let direction = direction(&experiment.config);
-    let best = reader.best_trials(direction, 10)?;
+    let direction = Direction::of_config(&experiment.config);
+    let best = reader.best_trials(direction, SNAPSHOT_BEST)?;
     let last_seq = reader.counters()?.next_event_seq.saturating_sub(1);
     let now = now_ms();
     let end = if experiment.status.is_active() {
@@ -141,7 +133,7 @@ fn experiment_json(
         .into_iter()
         .map(|(status, n)| (status.as_str().to_string(), json!(n)))
         .collect();
-    Ok(Ok(json!({
+    Ok(Some(json!({
         "id": experiment.experiment_id,
         "name": experiment.config.get("experimentName").cloned().unwrap_or(Value::Null),
         "status": experiment.status,
@@ -149,10 +141,7 @@ fn experiment_json(
         "start_time_ms": experiment.start_time_ms,
         "updated_ms": experiment.updated_ms,
         "elapsed_ms": end.saturating_sub(experiment.start_time_ms),
-        "optimize_mode": match direction {
-            Direction::Maximize => "maximize",
-            Direction::Minimize => "minimize",
-        },
+        "optimize_mode": direction.as_str(),
         "trial_counts": counts,
         "trial_total": total,
         "best_trials": best.iter().map(|t| trial_json(t, now)).collect::<Vec<_>>(),

@@ -9,7 +9,8 @@ use knob_plugin_api::ComponentKind;
 use super::algorithm::PendingAlgorithm;
 use super::model::TrainingServiceConfig;
 use super::model::{
-    AlgorithmConfig, ExperimentConfig, LogLevel, TunerErrorPolicy, PLACEMENT_POLICY_NAMES,
+    AlgorithmConfig, ExperimentConfig, LogLevel, TunerErrorPolicy, OPTIMIZE_MODE,
+    PLACEMENT_POLICY_NAMES,
 };
 use super::reader::{plain_io, quoted, Field, Fields, Reader};
 use super::training_service::{
@@ -17,6 +18,7 @@ use super::training_service::{
 };
 use super::units;
 use super::yaml::{self, Node, Pos, Value};
+use crate::store::Direction;
 
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
 pub(super) const TOP_FIELDS: [&str; 40] = [
@@ -447,6 +449,18 @@ pub fn parse_search_space(path: &Path, text: &str) -> Result<serde_json::Value, 
     }
 }
 
+/// The key `key` of the mapping `node`, if it is one and has it: where an error about its value
+/// points, as the plugins' classArgs errors do.
+fn map_key<'a>(node: &'a Node, key: &str) -> Option<&'a Node> {
+    let Value::Map(entries) = &node.value else {
+        return None;
+    };
+    entries
+        .iter()
+        .map(|(entry, _)| entry)
+        .find(|entry| entry.key_text() == key)
+}
+
 /// The key of the top-level parameter a search-space error is about, to point at its line.
 fn parameter_node<'a>(space: &'a Node, error: &SpaceError) -> Option<&'a Node> {
     let SpaceError::Parameter { path, .. } = error else {
@@ -509,10 +523,22 @@ fn read_algorithm(
     let class_name = class_name_field
         .as_ref()
         .and_then(|field| reader.non_empty_string(field));
-    let class_args = fields
-        .take("classArgs")
-        .and_then(|field| reader.json_object(&field))
+    let class_args_field = fields.take("classArgs");
+    let class_args = class_args_field
+        .as_ref()
+        .and_then(|field| reader.json_object(field))
         .unwrap_or_default();
+    // A tuner's optimize_mode is knob's too (it says which trials are best), so knob checks it
+    // for any tuner, a custom or third-party one included; an assessor's is its own to check.
+    if let (ComponentKind::Tuner, Some(field), Err(message)) = (
+        kind,
+        &class_args_field,
+        Direction::from_optimize_mode(class_args.get(OPTIMIZE_MODE)),
+    ) {
+        let node = map_key(field.node, OPTIMIZE_MODE).unwrap_or(field.node);
+        let path = format!("{}.{OPTIMIZE_MODE}", field.path);
+        reader.error(node.pos, &path, message);
+    }
     let mut code_directory = None;
     match (&name_field, &class_name_field) {
         (Some(_), Some(class_name)) => {

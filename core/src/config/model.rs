@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use knob_plugin_api::service::{FieldPath, SecretField};
 
 use super::secret::{Secret, REDACTED};
+use crate::store::Direction;
 
 /// One experiment, as described by an NNI v2 config (plus knob's extensions).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,6 +101,18 @@ pub struct AlgorithmConfig {
     /// Passed to the algorithm's constructor, as JSON.
     pub class_args: serde_json::Map<String, serde_json::Value>,
 }
+
+impl ExperimentConfig {
+    /// Which way the tuner optimizes: its `classArgs.optimize_mode`, read as
+    /// [`Direction::from_optimize_mode`] reads it (the reader refused any value it refuses).
+    pub fn direction(&self) -> Direction {
+        Direction::from_optimize_mode(self.tuner.class_args.get(OPTIMIZE_MODE))
+            .unwrap_or(Direction::Maximize)
+    }
+}
+
+/// The tuner's classArgs key knob itself reads: which way "best" goes.
+pub const OPTIMIZE_MODE: &str = "optimize_mode";
 
 impl AlgorithmConfig {
     /// The name to show a user: `name`, or `className` for a custom algorithm.

@@ -34,7 +34,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::{ExperimentConfig, TunerErrorPolicy};
 use crate::store::{
-    ExperimentState, ExperimentStatus, Store, StoreError, StoreEvent, StoreHandle, TrialStatus,
+    Direction, ExperimentState, ExperimentStatus, Store, StoreError, StoreEvent, StoreHandle,
+    TrialStatus,
 };
 use trial::Trial;
 
@@ -140,17 +141,6 @@ pub struct Experiment {
     /// in clear, so it goes to the services (`ServiceContext::config_file`), and those that
     /// copy the trial code elsewhere leave it out.
     pub config_file: Option<PathBuf>,
-}
-
-/// Whether larger metric values are better, read from the tuner's classArgs as NNI does.
-fn maximize(config: &ExperimentConfig) -> bool {
-    let mode = config
-        .tuner
-        .class_args
-        .get("optimize_mode")
-        .and_then(Value::as_str);
-    mode.map(|m| m.eq_ignore_ascii_case("maximize"))
-        .unwrap_or(true)
 }
 
 /// Runs an experiment to its end. `commands` lets the caller stop it; `progress` is updated
@@ -320,7 +310,7 @@ impl Manager {
 
         let started = Instant::now();
         let deadline = config.max_experiment_duration.map(|d| started + d);
-        let maximize = maximize(&config);
+        let maximize = config.direction() == Direction::Maximize;
         let mut manager = Manager {
             id,
             dir,

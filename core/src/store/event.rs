@@ -315,3 +315,35 @@ pub enum Direction {
     Maximize,
     Minimize,
 }
+
+impl Direction {
+    /// NNI's `optimize_mode`, as its tuners read it: `"maximize"` or `"minimize"`, spelled so;
+    /// absent or null, maximize. Anything else is an error, the message saying what is allowed.
+    /// The one reading of it: the config reader refuses a config with any other value, and
+    /// every other reader goes through [`Direction::of_config`].
+    pub fn from_optimize_mode(value: Option<&Value>) -> Result<Direction, String> {
+        match value {
+            None | Some(Value::Null) => Ok(Direction::Maximize),
+            Some(Value::String(mode)) if mode == "maximize" => Ok(Direction::Maximize),
+            Some(Value::String(mode)) if mode == "minimize" => Ok(Direction::Minimize),
+            Some(other) => Err(format!("must be \"maximize\" or \"minimize\", got {other}")),
+        }
+    }
+
+    /// The direction of an experiment from its config (the JSON form, as the store keeps it):
+    /// `tuner.classArgs.optimize_mode`. A value [`Direction::from_optimize_mode`] refuses
+    /// never passes the config reader; one in a store written before it checked reads as
+    /// maximize, the default.
+    pub fn of_config(config: &Value) -> Direction {
+        Direction::from_optimize_mode(config.pointer("/tuner/classArgs/optimize_mode"))
+            .unwrap_or(Direction::Maximize)
+    }
+
+    /// As `optimize_mode` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Maximize => "maximize",
+            Direction::Minimize => "minimize",
+        }
+    }
+}

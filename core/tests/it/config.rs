@@ -1402,3 +1402,55 @@ trainingService:
     restore_secrets(&mut partial, Some(&other), &|_| None);
     assert_eq!(missing(&partial), ["machineList[0].password"]);
 }
+
+/// `tuner.classArgs.optimize_mode` is knob's too (which trials are best): a value NNI's tuners
+/// refuse is refused at load, naming the field; the loaded config and its stored JSON form read
+/// the same direction (the manager reads the one, the API and `knob top` the other).
+#[test]
+fn optimize_mode_is_read_one_way() {
+    use knob_core::store::Direction;
+    let with_mode = |mode: &str| {
+        MINIMAL.replace(
+            "tuner: {name: Random}",
+            &format!("tuner: {{name: TPE, classArgs: {{optimize_mode: {mode}}}}}"),
+        )
+    };
+    check(
+        &format!(
+            "{}{}",
+            with_mode("max"),
+            "assessor: {name: Medianstop, classArgs: {optimize_mode: whatever}}\n"
+        ),
+        expect![[r#"
+            $DIR/exp.yml:4:32: tuner.classArgs.optimize_mode: must be "maximize" or "minimize", got "max"
+        "#]],
+    );
+    check(
+        &with_mode("Minimize"),
+        expect![[r#"
+            $DIR/exp.yml:4:32: tuner.classArgs.optimize_mode: must be "maximize" or "minimize", got "Minimize"
+        "#]],
+    );
+    check(
+        &with_mode("1"),
+        expect![[r#"
+            $DIR/exp.yml:4:32: tuner.classArgs.optimize_mode: must be "maximize" or "minimize", got 1
+        "#]],
+    );
+    let project = Project::new(&[]);
+    for (text, direction) in [
+        (MINIMAL.to_string(), Direction::Maximize),
+        (with_mode("null"), Direction::Maximize),
+        (with_mode("maximize"), Direction::Maximize),
+        (with_mode("minimize"), Direction::Minimize),
+    ] {
+        let config = project.load("exp.yml", &text);
+        assert_eq!(config.direction(), direction, "{text}");
+        let stored = serde_json::to_value(&config).unwrap();
+        assert_eq!(Direction::of_config(&stored), direction, "{text}");
+    }
+    // A store written before the check may hold anything: read as the default.
+    let stored =
+        serde_json::json!({"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "max"}}});
+    assert_eq!(Direction::of_config(&stored), Direction::Maximize);
+}

@@ -1012,3 +1012,43 @@ fn the_commit_watch_holds_an_event_by_the_time_its_ack_resolves() {
     let reopened = Store::open(dir.path()).unwrap();
     assert_eq!(*reopened.commits().borrow(), last);
 }
+
+/// The snapshot `GET /api/v1/experiment` and `knob top` show: best trials in the tuner's
+/// direction, each with its duration; none before the experiment is recorded.
+#[test]
+fn the_experiment_snapshot_ranks_by_the_tuners_direction() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let reader = StoreReader::open(dir.path()).unwrap();
+    assert_eq!(knob_core::api::experiment_snapshot(&reader).unwrap(), None);
+    put(
+        &store,
+        StoreEvent::ExperimentCreated {
+            experiment_id: "exp1".to_string(),
+            config: json!({"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "minimize"}}}),
+            start_time_ms: 1_700_000_000_000,
+        },
+    );
+    for (sequence, (id, value)) in [("a", "0.5"), ("b", "0.2"), ("c", "0.9")]
+        .into_iter()
+        .enumerate()
+    {
+        put(&store, trial(id, sequence as u64));
+        put(&store, started(id, 1));
+        put(&store, metric(id, MetricKind::Final, 0, value));
+        put(&store, ended(id, 1, TrialStatus::Succeeded));
+    }
+    let snapshot = knob_core::api::experiment_snapshot(&reader)
+        .unwrap()
+        .unwrap();
+    assert_eq!(snapshot["id"], "exp1");
+    assert_eq!(snapshot["optimize_mode"], "minimize");
+    assert_eq!(snapshot["trial_total"], 3);
+    let best: Vec<_> = snapshot["best_trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["trial_id"].as_str().unwrap(), t["duration_ms"].is_i64()))
+        .collect();
+    assert_eq!(best, [("b", true), ("a", true), ("c", true)], "{snapshot}");
+}
