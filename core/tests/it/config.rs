@@ -178,6 +178,7 @@ trainingService:
             gpuIndices: null
             reuseMode: false
         placementPolicy: recently-idle
+        tunerErrorPolicy: error
         pluginPaths: []
         searchSpace:
           lr:
@@ -603,6 +604,7 @@ fn json_config() {
             gpuIndices: null
             reuseMode: false
         placementPolicy: recently-idle
+        tunerErrorPolicy: error
         pluginPaths: []
         searchSpace:
           x:
