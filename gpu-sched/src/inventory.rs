@@ -116,6 +116,32 @@ pub struct Gpu {
     /// probe or caller puts here is replaced on registration.
     #[serde(default)]
     pub trials: Vec<TrialId>,
+    /// Trials of other knob experiments on this machine that hold this GPU, from the machine's
+    /// lease ledger (see [`crate::ledger`]): each counts against `maxTrialNumberPerGpu`, and
+    /// its GPU memory as promised.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_elsewhere: Vec<HeldElsewhere>,
+}
+
+/// A trial of another experiment holding a GPU or host resources here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldElsewhere {
+    pub experiment: String,
+    pub trial: String,
+    pub gpu_memory: ByteSize,
+}
+
+/// What other experiments' trials hold of the host, from the lease ledger.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostHeldElsewhere {
+    pub host_memory: ByteSize,
+    pub cpu_cores: u32,
+}
+
+impl HostHeldElsewhere {
+    pub fn is_empty(&self) -> bool {
+        *self == HostHeldElsewhere::default()
+    }
 }
 
 impl Gpu {
@@ -131,6 +157,7 @@ impl Gpu {
             utilization_percent: Some(0),
             foreign_processes: Vec::new(),
             trials: Vec::new(),
+            held_elsewhere: Vec::new(),
         }
     }
 
@@ -222,6 +249,9 @@ pub struct Environment {
     pub gpu_source: GpuSource,
     pub host_resources: HostResources,
     pub limits: EnvironmentLimits,
+    /// Host memory and cores that other experiments' trials hold here (lease ledger).
+    #[serde(default, skip_serializing_if = "HostHeldElsewhere::is_empty")]
+    pub host_held_elsewhere: HostHeldElsewhere,
 }
 
 impl Environment {
@@ -240,6 +270,7 @@ impl Environment {
             gpu_source: GpuSource::Declared,
             host_resources,
             limits: EnvironmentLimits::default(),
+            host_held_elsewhere: HostHeldElsewhere::default(),
         }
     }
 

@@ -9,6 +9,7 @@
 //!   [`Placement::TmpNoAvailableGpu`] under a [`Policy`], serves the waiting queue in order
 //!   without starving large requests, and explains every refusal in one line.
 //! - [`probe`]: NVML, sysinfo and `KNOB_SIMULATE_GPUS` inventories.
+//! - [`ledger`]: the machine-wide lease file every experiment here shares.
 //!
 //! The scheduler is pure and synchronous: no I/O, no clock, no randomness. Probes do I/O and are
 //! kept apart so that the core decides when to pay for them.
@@ -16,6 +17,7 @@
 pub mod bytes;
 pub mod error;
 pub mod inventory;
+pub mod ledger;
 mod placement;
 pub mod probe;
 mod request;
@@ -28,7 +30,7 @@ pub use error::{
 };
 pub use inventory::{
     Environment, EnvironmentId, EnvironmentLimits, EnvironmentStatus, Gpu, GpuProcess, GpuSource,
-    HostResources, Inventory, TrialId,
+    HeldElsewhere, HostHeldElsewhere, HostResources, Inventory, TrialId,
 };
 pub use placement::{Assignment, Placement};
 pub use request::{DeviceRef, GpuRequest, Policy, SchedulerConfig, TrialRequest};

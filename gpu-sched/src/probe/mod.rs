@@ -106,6 +106,7 @@ impl LocalProbe {
             gpu_source,
             host_resources,
             limits: EnvironmentLimits::default(),
+            host_held_elsewhere: Default::default(),
         }]
     }
 }

@@ -153,6 +153,7 @@ impl NvmlProbe {
             utilization_percent,
             foreign_processes,
             trials: Vec::new(),
+            held_elsewhere: Vec::new(),
         })
     }
 }

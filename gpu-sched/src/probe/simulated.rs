@@ -142,6 +142,7 @@ impl SimulatedInventory {
                     },
                     host_resources,
                     limits: EnvironmentLimits::default(),
+                    host_held_elsewhere: Default::default(),
                 }
             })
             .collect()

@@ -485,8 +485,17 @@ fn gpu_blocker(
         ));
     }
     let max = env.env.limits.max_trial_number_per_gpu;
-    if load.trials >= max {
-        let trials: Vec<&str> = gpu.trials.iter().map(|trial| trial.as_str()).collect();
+    if load.trials + load.elsewhere >= max {
+        let trials: Vec<String> = gpu
+            .trials
+            .iter()
+            .map(|trial| trial.to_string())
+            .chain(
+                gpu.held_elsewhere
+                    .iter()
+                    .map(|held| format!("trial {} of experiment {}", held.trial, held.experiment)),
+            )
+            .collect();
         let sharing = if max > 1 {
             format!(" ({max} per GPU)")
         } else {

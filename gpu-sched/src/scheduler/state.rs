@@ -19,6 +19,8 @@ pub(crate) struct GpuLoad {
     /// Runs foreign processes while `useActiveGpu` is off.
     pub foreign_blocked: bool,
     pub trials: u32,
+    /// Trials of other experiments holding this GPU (the lease ledger).
+    pub elsewhere: u32,
     /// GPU memory declared by the knob trials on this GPU.
     pub declared_memory: u64,
     /// What a new trial can count on: the measured free memory, or the total less foreign use
@@ -87,14 +89,14 @@ impl EnvState {
         self.loads.iter().position(|load| load.index == index)
     }
 
-    /// Host memory not yet promised to knob trials and measured available, whichever is
-    /// smaller (the reserve the limits keep free is not subtracted).
+    /// Host memory not yet promised to knob trials (this experiment's and, from the lease
+    /// ledger, others') and measured available, whichever is smaller (the reserve the limits
+    /// keep free is not subtracted).
     pub fn unclaimed_host_memory(&self) -> u64 {
         let host = &self.env.host_resources;
-        let unpromised = host
-            .memory_total
-            .bytes()
-            .saturating_sub(self.declared_host_memory);
+        let unpromised = host.memory_total.bytes().saturating_sub(
+            self.declared_host_memory + self.env.host_held_elsewhere.host_memory.bytes(),
+        );
         host.memory_available.bytes().min(unpromised)
     }
 
@@ -143,7 +145,7 @@ impl EnvState {
         self.env
             .host_resources
             .cpu_count
-            .saturating_sub(self.declared_cpu_cores)
+            .saturating_sub(self.declared_cpu_cores + self.env.host_held_elsewhere.cpu_cores)
     }
 
     /// CPU use at or above the environment's limit.
@@ -234,7 +236,13 @@ impl EnvState {
         let max_trials = self.env.limits.max_trial_number_per_gpu;
         let load = &mut self.loads[position];
         let had_room = load.has_room;
-        let promised = gpu.foreign_memory().bytes() + load.declared_memory;
+        load.elsewhere = gpu.held_elsewhere.len() as u32;
+        let elsewhere_memory: u64 = gpu
+            .held_elsewhere
+            .iter()
+            .map(|held| held.gpu_memory.bytes())
+            .sum();
+        let promised = gpu.foreign_memory().bytes() + load.declared_memory + elsewhere_memory;
         load.available_memory = gpu
             .memory_free
             .bytes()
@@ -256,8 +264,10 @@ impl EnvState {
         load.over_limit = admissible.is_none();
         load.admissible_memory = admissible.unwrap_or(0);
         load.capacity_memory = capacity;
-        load.has_room =
-            load.allowed && !load.foreign_blocked && load.trials < max_trials && !load.over_limit;
+        load.has_room = load.allowed
+            && !load.foreign_blocked
+            && load.trials + load.elsewhere < max_trials
+            && !load.over_limit;
         match (had_room, load.has_room) {
             (false, true) => self.free_gpus += 1,
             (true, false) => self.free_gpus -= 1,

@@ -4,6 +4,7 @@ mod bytes;
 mod constraints;
 mod end_to_end;
 mod fairness;
+mod ledger;
 mod lifecycle;
 mod limits;
 mod policies;

@@ -1,0 +1,430 @@
+//! The machine's lease ledger: what every knob experiment on this machine (and every agent on a
+//! remote host) holds of its GPUs, CPU cores and memory, so that two experiments never put more
+//! trials on a GPU than `maxTrialNumberPerGpu` allows.
+//!
+//! One JSON file, `$KNOB_HOME/gpu-ledger.json`, read and rewritten (temp file, then rename)
+//! under an exclusive `flock` of `gpu-ledger.lock`. The kernel drops the lock of a process that
+//! dies, SIGKILL included, so a dead holder never blocks the others; its leases are reclaimed by
+//! the next operation of anyone, which checks every holder's process (pid and start time, so a
+//! reused pid is not taken for the holder). Every grant, release and reclaim is also appended to
+//! `gpu-ledger.journal` (one JSON line each), which lets a test or a person replay who held what.
+//!
+//! Fairness: each request gets a ticket when it is first made. A request is granted only if
+//! every GPU it names has room and no older request still waiting names one of them, so
+//! requests are served first come, first served per GPU, and a large request cannot be starved
+//! by a stream of small ones. A waiting request must be renewed (asked again) within
+//! [`REQUEST_TTL`]; one its holder stopped asking for is dropped.
+//!
+//! Like the probes, this does I/O; the [`Scheduler`](crate::Scheduler) never calls it.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::bytes::ByteSize;
+
+/// A waiting request not asked for again within this long is dropped.
+pub const REQUEST_TTL: Duration = Duration::from_secs(30);
+
+const LEDGER_FILE: &str = "gpu-ledger.json";
+const LOCK_FILE: &str = "gpu-ledger.lock";
+const JOURNAL_FILE: &str = "gpu-ledger.journal";
+
+/// Why the ledger could not be used, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("GPU lease ledger {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("GPU lease ledger {path} is not a ledger knob wrote ({message}); move it away and every running experiment writes a new one")]
+    Corrupt { path: String, message: String },
+}
+
+/// Who holds a lease: an experiment, in the process that runs its trials here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    pub experiment: String,
+    pub pid: u32,
+    /// The process's start time in clock ticks since boot (`/proc/PID/stat` field 22), so that
+    /// a pid reused by another process is not taken for the holder.
+    pub started: u64,
+}
+
+impl Holder {
+    /// This process, holding for `experiment`.
+    pub fn this_process(experiment: impl Into<String>) -> Holder {
+        let pid = std::process::id();
+        Holder {
+            experiment: experiment.into(),
+            pid,
+            started: process_start_time(pid).unwrap_or(0),
+        }
+    }
+
+    /// Whether the process is still there (the same process, not one that reused its pid).
+    pub fn is_alive(&self) -> bool {
+        process_start_time(self.pid).is_some_and(|started| started == self.started)
+    }
+}
+
+/// What one trial holds on one machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub holder: Holder,
+    pub trial: String,
+    /// The machine within the ledger's host (`local`, or the environment an agent serves).
+    pub machine: String,
+    pub gpus: Vec<u32>,
+    /// The holder's `maxTrialNumberPerGpu`: nobody adds a trial to these GPUs beyond it.
+    pub max_per_gpu: u32,
+    pub gpu_memory: ByteSize,
+    pub host_memory: ByteSize,
+    pub cpu_cores: u32,
+    pub ticket: u64,
+    /// Milliseconds since the Unix epoch.
+    pub granted_ms: u64,
+}
+
+/// A request waiting for its GPUs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub lease: Lease,
+    /// When it was last asked for (milliseconds since the Unix epoch).
+    pub renewed_ms: u64,
+}
+
+/// The whole ledger as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerState {
+    pub next_ticket: u64,
+    pub leases: Vec<Lease>,
+    pub requests: Vec<Request>,
+}
+
+impl LedgerState {
+    /// The leases on `machine`'s GPU `index`.
+    pub fn on_gpu<'a>(&'a self, machine: &'a str, index: u32) -> impl Iterator<Item = &'a Lease> {
+        self.leases
+            .iter()
+            .filter(move |lease| lease.machine == machine && lease.gpus.contains(&index))
+    }
+}
+
+/// What [`Ledger::acquire`] answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// The lease is held (now, or already).
+    Granted,
+    /// Not yet: one line naming what holds it (the other experiment and its trial, or an older
+    /// request).
+    Waiting(String),
+}
+
+/// One machine-wide ledger.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    dir: PathBuf,
+}
+
+impl Ledger {
+    /// The ledger in `dir` (usually [`default_dir`]); the folder is made if missing.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Ledger, LedgerError> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).map_err(|source| LedgerError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        Ok(Ledger { dir })
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(LEDGER_FILE)
+    }
+
+    pub fn journal_path(&self) -> PathBuf {
+        self.dir.join(JOURNAL_FILE)
+    }
+
+    /// Asks for `want` (its `ticket` and `granted_ms` are filled in here). Granted when every
+    /// GPU it names has room under every holder's `maxTrialNumberPerGpu` and no older waiting
+    /// request names one of them; otherwise the request waits, keeping its ticket, and must be
+    /// asked for again (within [`REQUEST_TTL`]) until granted or [`withdrawn`](Self::withdraw).
+    pub fn acquire(&self, want: &Lease) -> Result<Acquired, LedgerError> {
+        self.update(|state, journal| {
+            let same = |lease: &Lease| lease.holder == want.holder && lease.trial == want.trial;
+            if state.leases.iter().any(same) {
+                return Acquired::Granted;
+            }
+            let now = now_ms();
+            let position = state.requests.iter().position(|r| same(&r.lease));
+            let ticket = match position {
+                Some(at) => {
+                    state.requests[at].renewed_ms = now;
+                    state.requests[at].lease.ticket
+                }
+                None => {
+                    state.next_ticket += 1;
+                    state.next_ticket
+                }
+            };
+            if let Some(reason) = blocker(state, want, ticket) {
+                if position.is_none() {
+                    let mut lease = want.clone();
+                    lease.ticket = ticket;
+                    state.requests.push(Request {
+                        lease,
+                        renewed_ms: now,
+                    });
+                }
+                return Acquired::Waiting(reason);
+            }
+            if let Some(at) = position {
+                state.requests.remove(at);
+            }
+            let mut lease = want.clone();
+            lease.ticket = ticket;
+            lease.granted_ms = now;
+            journal.push(JournalEntry::new("grant", &lease));
+            state.leases.push(lease);
+            Acquired::Granted
+        })
+    }
+
+    /// Gives back what a trial held (nothing if it held nothing), and drops its request.
+    pub fn release(&self, holder: &Holder, trial: &str) -> Result<(), LedgerError> {
+        self.update(|state, journal| {
+            let same = |lease: &Lease| lease.holder == *holder && lease.trial == trial;
+            for lease in state.leases.iter().filter(|lease| same(lease)) {
+                journal.push(JournalEntry::new("release", lease));
+            }
+            state.leases.retain(|lease| !same(lease));
+            state.requests.retain(|request| !same(&request.lease));
+        })
+    }
+
+    /// Drops a waiting request (its trial was killed before it got its GPUs).
+    pub fn withdraw(&self, holder: &Holder, trial: &str) -> Result<(), LedgerError> {
+        self.release(holder, trial)
+    }
+
+    /// Gives back everything `holder` holds or asks for (its experiment ends).
+    pub fn release_all(&self, holder: &Holder) -> Result<(), LedgerError> {
+        self.update(|state, journal| {
+            for lease in state.leases.iter().filter(|lease| lease.holder == *holder) {
+                journal.push(JournalEntry::new("release", lease));
+            }
+            state.leases.retain(|lease| lease.holder != *holder);
+            state
+                .requests
+                .retain(|request| request.lease.holder != *holder);
+        })
+    }
+
+    /// The ledger now, dead holders' leases reclaimed.
+    pub fn snapshot(&self) -> Result<LedgerState, LedgerError> {
+        self.update(|state, _| state.clone())
+    }
+
+    /// Runs `change` on the ledger under the lock, after reclaiming what dead holders and
+    /// expired requests hold, and writes the result back.
+    fn update<T>(
+        &self,
+        change: impl FnOnce(&mut LedgerState, &mut Vec<JournalEntry>) -> T,
+    ) -> Result<T, LedgerError> {
+        let _lock = self.lock()?;
+        let path = self.path();
+        let mut state = match std::fs::read(&path) {
+            Ok(bytes) if bytes.is_empty() => LedgerState::default(),
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| LedgerError::Corrupt {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => LedgerState::default(),
+            Err(source) => return Err(self.io(&path, source)),
+        };
+        let before = state.clone();
+        let mut journal = Vec::new();
+        reclaim(&mut state, &mut journal);
+        let result = change(&mut state, &mut journal);
+        if state != before {
+            let temp = self
+                .dir
+                .join(format!("{LEDGER_FILE}.{}.tmp", std::process::id()));
+            let text = serde_json::to_vec_pretty(&state).expect("the ledger serializes");
+            std::fs::write(&temp, text).map_err(|source| self.io(&temp, source))?;
+            std::fs::rename(&temp, &path).map_err(|source| self.io(&path, source))?;
+        }
+        if !journal.is_empty() {
+            let journal_path = self.journal_path();
+            let mut file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&journal_path)
+                .map_err(|source| self.io(&journal_path, source))?;
+            let mut text = String::new();
+            for entry in &journal {
+                text.push_str(&serde_json::to_string(entry).expect("an entry serializes"));
+                text.push('\n');
+            }
+            file.write_all(text.as_bytes())
+                .map_err(|source| self.io(&journal_path, source))?;
+        }
+        Ok(result)
+    }
+
+    fn lock(&self) -> Result<Flock<File>, LedgerError> {
+        let path = self.dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|source| self.io(&path, source))?;
+        Flock::lock(file, FlockArg::LockExclusive)
+            .map_err(|(_, errno)| self.io(&path, std::io::Error::from(errno)))
+    }
+
+    fn io(&self, path: &Path, source: std::io::Error) -> LedgerError {
+        LedgerError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// One line of the journal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    /// `grant`, `release` or `reclaim` (its holder died).
+    pub op: String,
+    pub at_ms: u64,
+    pub experiment: String,
+    pub pid: u32,
+    pub trial: String,
+    pub machine: String,
+    pub gpus: Vec<u32>,
+}
+
+impl JournalEntry {
+    fn new(op: &str, lease: &Lease) -> JournalEntry {
+        JournalEntry {
+            op: op.to_owned(),
+            at_ms: now_ms(),
+            experiment: lease.holder.experiment.clone(),
+            pid: lease.holder.pid,
+            trial: lease.trial.clone(),
+            machine: lease.machine.clone(),
+            gpus: lease.gpus.clone(),
+        }
+    }
+}
+
+/// Drops the leases and requests of dead holders, and requests nobody renewed.
+fn reclaim(state: &mut LedgerState, journal: &mut Vec<JournalEntry>) {
+    let mut alive: Vec<(u32, bool)> = Vec::new();
+    let mut is_alive = |holder: &Holder| match alive.iter().find(|(pid, _)| *pid == holder.pid) {
+        Some((_, known)) => *known,
+        None => {
+            let known = holder.is_alive();
+            alive.push((holder.pid, known));
+            known
+        }
+    };
+    state.leases.retain(|lease| {
+        let keep = is_alive(&lease.holder);
+        if !keep {
+            journal.push(JournalEntry::new("reclaim", lease));
+        }
+        keep
+    });
+    let now = now_ms();
+    let ttl = REQUEST_TTL.as_millis() as u64;
+    state.requests.retain(|request| {
+        is_alive(&request.lease.holder) && now.saturating_sub(request.renewed_ms) <= ttl
+    });
+}
+
+/// Why `want` (with `ticket`) cannot be granted now, or `None` if it can.
+fn blocker(state: &LedgerState, want: &Lease, ticket: u64) -> Option<String> {
+    for &gpu in &want.gpus {
+        let held: Vec<&Lease> = state.on_gpu(&want.machine, gpu).collect();
+        let limit = held
+            .iter()
+            .map(|lease| lease.max_per_gpu)
+            .chain([want.max_per_gpu])
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        if held.len() as u32 >= limit {
+            let holders: Vec<String> = held.iter().map(|lease| describe(lease, want)).collect();
+            return Some(format!("GPU {gpu} held by {}", holders.join(", ")));
+        }
+        let older = state.requests.iter().find(|request| {
+            request.lease.ticket < ticket
+                && request.lease.machine == want.machine
+                && request.lease.gpus.contains(&gpu)
+                && !(request.lease.holder == want.holder && request.lease.trial == want.trial)
+        });
+        if let Some(older) = older {
+            return Some(format!(
+                "GPU {gpu} promised first to {} (asked earlier)",
+                describe(&older.lease, want)
+            ));
+        }
+    }
+    None
+}
+
+/// "trial abc of experiment exp2 (pid 123)", or "trial abc" for the asker's own experiment.
+fn describe(lease: &Lease, asker: &Lease) -> String {
+    if lease.holder == asker.holder {
+        format!("trial {}", lease.trial)
+    } else {
+        format!(
+            "trial {} of experiment {} (pid {})",
+            lease.trial, lease.holder.experiment, lease.holder.pid
+        )
+    }
+}
+
+/// knob's per-user home (`$KNOB_HOME`, else `$XDG_DATA_HOME/knob`, else
+/// `~/.local/share/knob`), where the ledger lives.
+pub fn default_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("KNOB_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(home);
+    }
+    std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("knob")
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Field 22 of `/proc/PID/stat`; `None` when the process is gone (or is a zombie, which holds
+/// nothing any more).
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses; the fields after it start
+    // after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    // `rest` starts at field 3 (state), so field 22 is the 20th from here.
+    fields.nth(18)?.parse().ok()
+}

@@ -1,0 +1,196 @@
+//! The machine-wide lease ledger: limits across experiments, first come first served, and a
+//! dead holder's leases reclaimed (a real process killed with SIGKILL).
+
+use std::process::Command;
+
+use knob_gpu_sched::ledger::{Acquired, Holder, Lease, Ledger};
+use knob_gpu_sched::ByteSize;
+
+fn lease(holder: &Holder, trial: &str, gpus: &[u32], max_per_gpu: u32) -> Lease {
+    Lease {
+        holder: holder.clone(),
+        trial: trial.into(),
+        machine: "local".into(),
+        gpus: gpus.to_vec(),
+        max_per_gpu,
+        gpu_memory: ByteSize::ZERO,
+        host_memory: ByteSize::ZERO,
+        cpu_cores: 0,
+        ticket: 0,
+        granted_ms: 0,
+    }
+}
+
+/// A holder in a child process that is alive until killed.
+fn child_holder(experiment: &str) -> (std::process::Child, Holder) {
+    let child = Command::new("sleep").arg("600").spawn().unwrap();
+    let pid = child.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 1..];
+    let started = rest.split_whitespace().nth(19).unwrap().parse().unwrap();
+    let holder = Holder {
+        experiment: experiment.into(),
+        pid,
+        started,
+    };
+    assert!(holder.is_alive());
+    (child, holder)
+}
+
+#[test]
+fn a_gpu_never_takes_more_trials_than_any_holder_allows_and_waiters_name_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut other, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    // B allows two per GPU, but A's trial there allows one: B waits, naming A.
+    let Acquired::Waiting(reason) = ledger.acquire(&lease(&b, "b1", &[0], 2)).unwrap() else {
+        panic!("GPU 0 is A's");
+    };
+    assert_eq!(
+        reason,
+        format!(
+            "GPU 0 held by trial a1 of experiment expA (pid {})",
+            std::process::id()
+        )
+    );
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b2", &[1], 1)).unwrap(),
+        Acquired::Granted
+    );
+    // Asking again is idempotent for a granted lease.
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    ledger.release(&a, "a1").unwrap();
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b1", &[0], 2)).unwrap(),
+        Acquired::Granted
+    );
+    let state = ledger.snapshot().unwrap();
+    assert_eq!(state.leases.len(), 2);
+    assert!(state.requests.is_empty());
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
+
+#[test]
+fn requests_are_served_first_come_first_served_per_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut other, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    // B asks for GPUs 0 and 1 first; A's later request for GPU 1 (free) must not jump it.
+    assert!(matches!(
+        ledger.acquire(&lease(&b, "b1", &[0, 1], 1)).unwrap(),
+        Acquired::Waiting(_)
+    ));
+    let Acquired::Waiting(reason) = ledger.acquire(&lease(&a, "a2", &[1], 1)).unwrap() else {
+        panic!("an older request waits for GPU 1");
+    };
+    assert!(
+        reason.contains("promised first to trial b1 of experiment expB"),
+        "{reason}"
+    );
+    ledger.release(&a, "a1").unwrap();
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b1", &[0, 1], 1)).unwrap(),
+        Acquired::Granted
+    );
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
+
+#[test]
+fn a_holder_killed_with_sigkill_loses_its_leases_and_requests_to_the_next_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut dead, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    assert!(matches!(
+        ledger.acquire(&lease(&b, "b2", &[1], 1)).unwrap(),
+        Acquired::Granted
+    ));
+    assert!(matches!(
+        ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap(),
+        Acquired::Waiting(_)
+    ));
+    dead.kill().unwrap(); // SIGKILL
+    dead.wait().unwrap();
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    let state = ledger.snapshot().unwrap();
+    assert_eq!(state.leases.len(), 1, "{state:?}");
+    assert_eq!(state.leases[0].holder, a);
+    let journal = std::fs::read_to_string(ledger.journal_path()).unwrap();
+    let ops: Vec<(String, String)> = journal
+        .lines()
+        .map(|line| {
+            let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+            (
+                entry["op"].as_str().unwrap().to_owned(),
+                entry["trial"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let ops: Vec<(&str, &str)> = ops.iter().map(|(o, t)| (o.as_str(), t.as_str())).collect();
+    assert_eq!(
+        ops,
+        [
+            ("grant", "b1"),
+            ("grant", "b2"),
+            ("reclaim", "b1"),
+            ("reclaim", "b2"),
+            ("grant", "a1")
+        ]
+    );
+}
+
+#[test]
+fn a_damaged_ledger_is_one_line_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gpu-ledger.json"), "{not json").unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let error = ledger.snapshot().unwrap_err().to_string();
+    assert!(
+        error.contains("gpu-ledger.json is not a ledger knob wrote"),
+        "{error}"
+    );
+    assert_eq!(error.lines().count(), 1);
+}
+
+#[test]
+fn trials_of_other_experiments_count_against_max_trial_number_per_gpu_and_are_named() {
+    use crate::support::{env, place, scheduler};
+    use knob_gpu_sched::{HeldElsewhere, Policy};
+    let mut shared = env("local", &[80, 80]);
+    shared.gpus[0].held_elsewhere.push(HeldElsewhere {
+        experiment: "expB".into(),
+        trial: "b1".into(),
+        gpu_memory: ByteSize::gib(10),
+    });
+    let mut scheduler = scheduler(Policy::Pack, vec![shared]);
+    expect_test::expect![[r#"
+        a: local [1]
+        c: wait: waiting for 1 GPU: local: no GPU free (GPU 0 runs trial b1 of experiment expB, GPU 1 runs a)
+    "#]]
+    .assert_eq(&place(
+        &mut scheduler,
+        &[crate::support::trial("a"), crate::support::trial("c")],
+    ));
+}
