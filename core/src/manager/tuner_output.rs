@@ -2,8 +2,12 @@
 //! member of the current search space (`SearchSpace::validate_parameters`: an object with every
 //! parameter and no other, each value of its type and in its range). What a refusal does is the
 //! experiment's `tunerErrorPolicy` (see `TunerErrorPolicy`).
+//!
+//! One form of space is read differently: NNI's BatchTuner space, a single `choice` whose values
+//! are all parameters objects. Its tuner hands out one of those objects whole (NNI's trials get
+//! `{"lr": 0.1}`, not `{"combine_params": {"lr": 0.1}}`), so a listed object is a member too.
 
-use knob_plugin_api::space::SearchSpace;
+use knob_plugin_api::space::{ParamType, SearchSpace};
 use serde_json::Value;
 
 /// The key NNI's multi-fidelity tuners (Hyperband, BOHB) add to a trial's parameters: the budget
@@ -33,11 +37,26 @@ pub(crate) fn refusal(
         }
         _ => std::borrow::Cow::Borrowed(parameters),
     };
+    if is_listed_parameter_set(space, &checked) {
+        return None;
+    }
     space.validate_parameters(&checked).err().map(|error| {
         format!(
             "{tuner} handed out parameters the search space does not hold (parameter id {parameter_id}): {error}"
         )
     })
+}
+
+/// Whether `parameters` is one of the objects a BatchTuner-form space lists (a single choice
+/// whose values are all objects).
+fn is_listed_parameter_set(space: &SearchSpace, parameters: &Value) -> bool {
+    let [param] = space.parameters() else {
+        return false;
+    };
+    let ParamType::Choice { values } = param.param_type() else {
+        return false;
+    };
+    values.iter().all(Value::is_object) && values.contains(parameters)
 }
 
 #[cfg(test)]
@@ -100,5 +119,25 @@ mod tests {
                 r#"tuner Halton handed out parameters the search space does not hold (parameter id 7): TRIAL_BUDGET must be a number, got "all""#
             ]],
         );
+    }
+
+    #[test]
+    fn a_batch_space_lists_whole_parameter_sets() {
+        let space = SearchSpace::from_value(&json!({
+            "combine_params": {"_type": "choice", "_value": [{"lr": 0.1, "bs": 16}, {"lr": 0.01}]},
+        }))
+        .unwrap();
+        let check = |parameters: Value| refusal("tuner Batch", 0, &space, &parameters);
+        assert_eq!(check(json!({"lr": 0.01})), None);
+        assert_eq!(check(json!({"lr": 0.1, "bs": 16})), None);
+        assert_eq!(check(json!({"combine_params": {"lr": 0.01}})), None);
+        expect![[r#"tuner Batch handed out parameters the search space does not hold (parameter id 0): trial parameter "combine_params": missing; the search space has it as choice [{"lr":0.1,"bs":16}, {"lr":0.01}]"#]]
+        .assert_eq(&check(json!({"lr": 0.5})).unwrap());
+        // A choice of plain values is no list of sets: its value alone is not a member.
+        let space = SearchSpace::from_value(
+            &json!({"act": {"_type": "choice", "_value": ["relu", "tanh"]}}),
+        )
+        .unwrap();
+        assert!(refusal("tuner Batch", 0, &space, &json!("relu")).is_some());
     }
 }
