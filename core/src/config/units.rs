@@ -65,41 +65,11 @@ pub(crate) fn percent(node: &Node) -> Result<f64, String> {
     knob_plugin_api::config::percent(&value)
 }
 
-/// NNI's `parse_memory_size`, returning MiB: a number of MiB, or a number followed by `b`, `kb`,
-/// `mb`, `gb`, `tb` (binary multiples, as in NNI: `1GB` is 1024 MiB) or the explicit `kib`, `mib`,
-/// `gib`, `tib`. Rounded up to whole MiB; must be positive.
+/// NNI's `parse_memory_size`, returning MiB (`knob_plugin_api::config::size_mib`, which the
+/// training services read their own sizes with, so both accept the same spellings).
 pub(crate) fn size_mib(node: &Node) -> Result<u64, String> {
-    const ALLOWED: &str = r#"expected a size like "10GiB", "500MB" or a number of MiB"#;
-    const KIB: f64 = 1.0 / 1024.0;
-    // Longest suffixes first, so that "gib" is not read as "ib" after "g".
-    const UNITS: [(&str, f64); 9] = [
-        ("tib", 1024.0 * 1024.0),
-        ("gib", 1024.0),
-        ("mib", 1.0),
-        ("kib", KIB),
-        ("tb", 1024.0 * 1024.0),
-        ("gb", 1024.0),
-        ("mb", 1.0),
-        ("kb", KIB),
-        ("b", KIB * KIB),
-    ];
-    let mib = match &node.value {
-        Value::Int(i) => *i as f64,
-        Value::Float(f) => *f,
-        Value::Str(text) => {
-            let lower = text.trim().to_ascii_lowercase();
-            let parsed = UNITS.iter().find_map(|(unit, factor)| {
-                let number = lower.strip_suffix(unit)?.trim();
-                Some(number.parse::<f64>().ok().map(|value| value * factor))
-            });
-            match parsed {
-                Some(Some(mib)) => mib,
-                _ => return Err(format!("{ALLOWED}, got {}", node.describe())),
-            }
-        }
-        _ => return Err(format!("{ALLOWED}, got {}", node.describe())),
-    };
-    positive_whole(mib.ceil(), node)
+    let value = node.to_json().map_err(|(_, message)| message)?;
+    knob_plugin_api::config::size_mib(&value)
 }
 
 fn positive_whole(value: f64, node: &Node) -> Result<u64, String> {
