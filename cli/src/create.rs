@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -9,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use knob_core::config::{ExperimentConfig, ServicePlugins};
 use knob_core::experiment;
 use knob_core::manager::{self, Command, Experiment, Outcome, Progress};
+use knob_core::notify;
 use knob_core::registry::{knob_home, Registry};
 use knob_core::store::{Direction, ExperimentStatus, Store};
 use knob_plugin_api::host::PluginRegistry;
@@ -162,7 +164,8 @@ pub fn run_in_foreground(
     eprintln!("experiment {id}: {}", dir.display());
     let api_address = listener.local_addr()?;
     registry.set_port(&id, Some(api_address.port()))?;
-    eprintln!("dashboard and API: {}", dashboard_url(api_address));
+    let dashboard = dashboard_url(api_address);
+    eprintln!("dashboard and API: {dashboard}");
     registry.set_status(
         &id,
         ExperimentStatus::Running.as_str(),
@@ -172,6 +175,17 @@ pub fn run_in_foreground(
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // Started before the manager, so that it sees everything the manager records.
+    let notifier = experiment.config.notifications.as_ref().map(|config| {
+        let context = notify::ExperimentContext {
+            experiment_id: id.clone(),
+            dir: dir.clone(),
+            direction: experiment.config.direction(),
+            dashboard_url: Some(dashboard.clone()),
+        };
+        let log: notify::Log = Arc::new(|line| eprintln!("warning: {line}"));
+        notify::Notifier::start(config, context, store.commits(), notify::Retry::default(), log)
+    });
     let result = runtime.block_on(async {
         let (commands, command_inbox) = mpsc::unbounded_channel();
         let (progress_tx, progress_rx) = watch::channel(Progress::default());
@@ -191,6 +205,15 @@ pub fn run_in_foreground(
         anyhow::Ok(result)
     })?;
     registry.set_port(&id, None)?;
+    if let Some(notifier) = notifier {
+        // The manager closed the store: what is left to send is the end of the experiment.
+        if !notifier.finish(NOTIFY_AT_EXIT) {
+            eprintln!(
+                "warning: notifications: not all sent within {}s of the end; giving up",
+                NOTIFY_AT_EXIT.as_secs()
+            );
+        }
+    }
     if let (Err(manager::ManagerError::NotStarted(e)), Started::Created) = (&result, started) {
         // Nothing ran: the experiment is taken back, so that a failure to build what it needs
         // (a training service, its environments) leaves no dead entry blocking the id.
@@ -209,6 +232,10 @@ pub fn run_in_foreground(
         }
     }
 }
+
+/// How long `knob create`/`resume` waits, once the experiment ended, for its last notifications
+/// (each sink's retries take about 7 s plus a 15 s timeout per try at worst).
+const NOTIFY_AT_EXIT: Duration = Duration::from_secs(90);
 
 /// Unregisters an experiment that never started and removes what knob made of its folder;
 /// the error says so.

@@ -6,6 +6,7 @@ mod create;
 mod experiment;
 mod gpu;
 mod manage;
+mod notify;
 mod plugin;
 mod resume;
 mod serve;
@@ -58,6 +59,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Try the notifications of a config (`notifications:`).
+    #[command(subcommand)]
+    Notify(notify::NotifyCommand),
     /// Inspect tuner, assessor and training-service plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
@@ -122,6 +126,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Gpu { json } => gpu::run(json),
+        Command::Notify(command) => notify::run(command),
         Command::Plugin(command) => plugin::run(command),
         Command::Space(command) => space::run(command),
         Command::Completions { shell } => {

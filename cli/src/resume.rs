@@ -163,24 +163,44 @@ fn budget_note(id: &str, config: &ExperimentConfig, state: &ExperimentState) -> 
     ))
 }
 
-/// Gives back the secrets the store does not keep (each training service declared its own):
-/// from the config file the experiment was created from (if it is still there and has the same
-/// mapping around each secret), else from the environment variable the service named. A secret
-/// still missing makes the manager's start fail with a line saying which and what to do.
+/// Gives back the secrets the store does not keep (each training service declared its own, and
+/// the notifications' password and webhook secret): from the config file the experiment was
+/// created from (if it is still there and has the same mapping around each secret), else from
+/// the environment variable named for it. A training service's secret still missing makes the
+/// manager's start fail with a line saying which and what to do; a notification sink's turns
+/// that sink off with a warning (notifications never stop an experiment).
 fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path, plugins: &PluginRegistry) {
     let needs_secret = config
         .training_service
         .iter()
         .any(|service| !service.missing_secrets().is_empty());
-    if !needs_secret {
+    let notifications_need_secret = config.notifications.as_ref().is_some_and(|n| {
+        let redacted = |secret: &Option<knob_core::config::Secret>| {
+            secret.as_ref().is_some_and(|secret| secret.is_redacted())
+        };
+        n.webhook.as_ref().is_some_and(|w| redacted(&w.secret))
+            || n.email.as_ref().is_some_and(|e| redacted(&e.password))
+    });
+    if !needs_secret && !notifications_need_secret {
         return;
     }
     let original = crate::create::config_source(dir)
         .and_then(|path| knob_core::config::load_file(&path, plugins).ok())
         .map(|loaded| loaded.config);
-    manager::restore_secrets(config, original.as_ref(), &|variable| {
-        std::env::var(variable).ok()
-    });
+    let variable = |name: &str| std::env::var(name).ok();
+    manager::restore_secrets(config, original.as_ref(), &variable);
+    if let Some(notifications) = &mut config.notifications {
+        let theirs = original
+            .as_ref()
+            .and_then(|original| original.notifications.as_ref());
+        for unknown in notifications.restore_secrets(theirs, &variable) {
+            eprintln!("warning: notifications: {unknown}; that sink is off for this run");
+        }
+        notifications.drop_sinks_without_secrets();
+        if notifications.webhook.is_none() && notifications.email.is_none() {
+            config.notifications = None;
+        }
+    }
 }
 
 /// Asks the process running an experiment to stop, as Ctrl-C would, and waits for it.

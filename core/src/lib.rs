@@ -6,5 +6,6 @@ pub mod experiment;
 pub mod export;
 pub mod importance;
 pub mod manager;
+pub mod notify;
 pub mod registry;
 pub mod store;

@@ -21,7 +21,7 @@ use super::yaml::{self, Node, Pos, Value};
 use crate::store::Direction;
 
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
-pub(super) const TOP_FIELDS: [&str; 40] = [
+pub(super) const TOP_FIELDS: [&str; 41] = [
     "experimentName",
     "experimentType",
     "searchSpaceFile",
@@ -62,6 +62,7 @@ pub(super) const TOP_FIELDS: [&str; 40] = [
     "maxOomRetries",
     "nniShim",
     "tunerErrorPolicy",
+    "notifications",
 ];
 const ALGORITHM_FIELDS: [&str; 4] = ["name", "className", "codeDirectory", "classArgs"];
 const DEFAULT_WORKING_DIRECTORY: &str = "~/knob-experiments";
@@ -189,6 +190,8 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         take("placementPolicy").and_then(|field| reader.choice(&field, &PLACEMENT_POLICY_NAMES));
     let tuner_error_policy =
         take("tunerErrorPolicy").and_then(|field| reader.choice(&field, &TunerErrorPolicy::NAMES));
+    let notifications = take("notifications")
+        .and_then(|field| super::notifications::read_notifications(reader, &field));
     let training_services = match take("trainingService") {
         Some(field) => read_training_services(reader, &field),
         None => {
@@ -286,6 +289,7 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         training_service: training_services?,
         placement_policy: placement_policy.unwrap_or_default(),
         tuner_error_policy: tuner_error_policy.unwrap_or_default(),
+        notifications,
         plugin_paths,
         search_space: search_space?,
     })

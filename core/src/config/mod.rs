@@ -32,6 +32,9 @@
 //!   default, `pack`, `spread`, `round-robin`), `maxTrialRetries` and `maxOomRetries` (default 0), `nniShim`, `pluginPaths` (plugin
 //!   files or folders to load, relative to the config).
 //! - `experimentWorkingDirectory` defaults to `~/knob-experiments`.
+//! - `notifications`: a webhook and/or mail when the experiment ends, and optionally on a new
+//!   best or failures in a row (see `notifications`); the SMTP password and the webhook secret
+//!   are secrets, never stored or shown.
 //!
 //! # NNI v1
 //!
@@ -47,6 +50,7 @@ mod canonical;
 mod error;
 mod experiment;
 mod model;
+mod notifications;
 mod reader;
 mod secret;
 mod training_service;
@@ -64,6 +68,10 @@ pub use experiment::{parse_search_space, SpaceFileError};
 pub use model::{
     AlgorithmConfig, ExperimentConfig, LogLevel, PlacementPolicy, TrainingServiceConfig,
     TunerErrorPolicy,
+};
+pub use notifications::{
+    EmailConfig, NotificationsConfig, SmtpSecurity, WebhookConfig, DEFAULT_SECRET_HEADER,
+    PASSWORD_VARIABLE as SMTP_PASSWORD_VARIABLE, WEBHOOK_SECRET_VARIABLE,
 };
 pub use secret::{Secret, REDACTED};
 pub use training_service::{recheck_services, trial_settings, ServiceChecker, SHORTCUT_PLATFORM};

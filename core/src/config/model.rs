@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use knob_plugin_api::service::{FieldPath, SecretField};
 
+use super::notifications::NotificationsConfig;
 use super::secret::{Secret, REDACTED};
 use crate::store::Direction;
 
@@ -79,6 +80,10 @@ pub struct ExperimentConfig {
     /// space does (see [`TunerErrorPolicy`]).
     #[serde(default)]
     pub tuner_error_policy: TunerErrorPolicy,
+    /// knob extension: who is told when the experiment ends (and, if asked, of a new best or
+    /// failures in a row), and how (see `notifications`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<NotificationsConfig>,
     /// knob extension: extra plugin files or folders to load, absolute (written relative to the
     /// config file).
     pub plugin_paths: Vec<PathBuf>,

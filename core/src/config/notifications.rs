@@ -1,0 +1,501 @@
+//! `notifications:` (knob extension): where knob tells people about an experiment — a webhook
+//! (Slack-compatible JSON) and mail over SMTP — and what it tells them.
+//!
+//! ```yaml
+//! notifications:
+//!   newBest: true            # also when a trial's final result is the best so far
+//!   failuresInARow: 3        # also when this many trials in a row failed (0: never)
+//!   webhook:
+//!     url: https://hooks.slack.com/services/T000/B000/XXXX
+//!     secret: s3cr3t         # optional, sent as the header below; a secret
+//!     secretHeader: X-Knob-Secret
+//!   email:
+//!     host: smtp.example.com
+//!     port: 587              # default: 587 starttls, 465 tls, 25 none
+//!     security: starttls     # starttls (default), tls or none
+//!     user: me@example.com
+//!     password: app-password # a secret
+//!     from: knob <me@example.com>   # default: user, when it is an address
+//!     to: [me@example.com, team@example.com]
+//!     caFile: ca.pem         # optional: a private CA that signed the server's certificate
+//! ```
+//!
+//! The password and the webhook secret are secrets as an SSH password is: [`Secret`], stored and
+//! shown as `***`; `knob resume` reads them again from the config file the experiment was created
+//! from, else from [`PASSWORD_VARIABLE`] / [`WEBHOOK_SECRET_VARIABLE`]
+//! ([`NotificationsConfig::restore_secrets`]).
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::reader::{plain_io, quoted, Field, Fields, Reader};
+use super::secret::{Secret, REDACTED};
+use super::yaml::Value;
+
+/// Where `knob resume` finds the SMTP password when the config file no longer has it.
+pub const PASSWORD_VARIABLE: &str = "KNOB_SMTP_PASSWORD";
+/// Where `knob resume` finds the webhook's secret when the config file no longer has it.
+pub const WEBHOOK_SECRET_VARIABLE: &str = "KNOB_WEBHOOK_SECRET";
+/// The header that carries the webhook's secret unless `secretHeader` names another.
+pub const DEFAULT_SECRET_HEADER: &str = "X-Knob-Secret";
+
+const FIELDS: [&str; 4] = ["webhook", "email", "newBest", "failuresInARow"];
+const WEBHOOK_FIELDS: [&str; 3] = ["url", "secret", "secretHeader"];
+const EMAIL_FIELDS: [&str; 8] = [
+    "host", "port", "security", "user", "password", "from", "to", "caFile",
+];
+
+/// `notifications:` as read: at least one sink.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NotificationsConfig {
+    pub webhook: Option<WebhookConfig>,
+    pub email: Option<EmailConfig>,
+    /// Also notify each time a trial's final result is the best so far.
+    pub new_best: bool,
+    /// Also notify when this many trials in a row ended FAILED (0: never). Once per run of
+    /// failures: the count starts again after a trial that did not fail.
+    pub failures_in_a_row: u32,
+}
+
+/// A URL that gets a Slack-compatible JSON body (`{"text": …}`, plus knob's own fields).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// `http://` or `https://`.
+    pub url: String,
+    /// Sent as the value of [`Self::secret_header`], so the receiver can tell knob from others.
+    pub secret: Option<Secret>,
+    pub secret_header: String,
+}
+
+/// Mail through an SMTP server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EmailConfig {
+    pub host: String,
+    pub port: u16,
+    pub security: SmtpSecurity,
+    pub user: Option<String>,
+    /// Set exactly when `user` is.
+    pub password: Option<Secret>,
+    pub from: String,
+    /// At least one.
+    pub to: Vec<String>,
+    /// Absolute; PEM certificates trusted besides the public roots.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// How the SMTP connection is protected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpSecurity {
+    /// Plain connection upgraded with STARTTLS, which the server must offer (submission, 587).
+    Starttls,
+    /// TLS from the first byte (SMTPS, 465).
+    Tls,
+    /// No encryption: only for a relay on this machine or a trusted network.
+    None,
+}
+
+impl SmtpSecurity {
+    pub const NAMES: [(&'static str, SmtpSecurity); 3] = [
+        ("starttls", SmtpSecurity::Starttls),
+        ("tls", SmtpSecurity::Tls),
+        ("none", SmtpSecurity::None),
+    ];
+
+    pub fn default_port(self) -> u16 {
+        match self {
+            SmtpSecurity::Starttls => 587,
+            SmtpSecurity::Tls => 465,
+            SmtpSecurity::None => 25,
+        }
+    }
+}
+
+impl NotificationsConfig {
+    /// Fills the secrets a stored config lost (`***`): from `original` (the config the
+    /// experiment was created from, read again) when it has the same sink around the secret,
+    /// else from the secret's variable. Returns one line for each secret still unknown, naming
+    /// its field and variable; the caller turns that sink off
+    /// ([`Self::drop_sinks_without_secrets`]).
+    pub fn restore_secrets(
+        &mut self,
+        original: Option<&NotificationsConfig>,
+        variable: &dyn Fn(&str) -> Option<String>,
+    ) -> Vec<String> {
+        let mut unknown = Vec::new();
+        if let Some(webhook) = &mut self.webhook {
+            let theirs = original
+                .and_then(|original| original.webhook.as_ref())
+                .filter(|theirs| {
+                    theirs.url == webhook.url && theirs.secret_header == webhook.secret_header
+                })
+                .and_then(|theirs| theirs.secret.as_ref());
+            let field = "notifications.webhook.secret";
+            fill(&mut webhook.secret, theirs, field, WEBHOOK_SECRET_VARIABLE, variable, &mut unknown);
+        }
+        if let Some(email) = &mut self.email {
+            let strip = |email: &EmailConfig| EmailConfig {
+                password: None,
+                ..email.clone()
+            };
+            let theirs = original
+                .and_then(|original| original.email.as_ref())
+                .filter(|theirs| strip(theirs) == strip(email))
+                .and_then(|theirs| theirs.password.as_ref());
+            let field = "notifications.email.password";
+            fill(&mut email.password, theirs, field, PASSWORD_VARIABLE, variable, &mut unknown);
+        }
+        unknown
+    }
+
+    /// Turns off each sink whose secret is still `***` (see [`Self::restore_secrets`]).
+    pub fn drop_sinks_without_secrets(&mut self) {
+        if self
+            .webhook
+            .as_ref()
+            .is_some_and(|w| w.secret.as_ref().is_some_and(Secret::is_redacted))
+        {
+            self.webhook = None;
+        }
+        if self
+            .email
+            .as_ref()
+            .is_some_and(|e| e.password.as_ref().is_some_and(Secret::is_redacted))
+        {
+            self.email = None;
+        }
+    }
+}
+
+/// One secret of [`NotificationsConfig::restore_secrets`]: kept if known, else the same sink's
+/// in the original config, else the variable's value.
+fn fill(
+    secret: &mut Option<Secret>,
+    theirs: Option<&Secret>,
+    field: &str,
+    name: &str,
+    variable: &dyn Fn(&str) -> Option<String>,
+    unknown: &mut Vec<String>,
+) {
+    let Some(stored) = secret.as_mut().filter(|secret| secret.is_redacted()) else {
+        return;
+    };
+    let found = theirs
+        .filter(|theirs| !theirs.is_redacted())
+        .cloned()
+        .or_else(|| variable(name).filter(|value| !value.is_empty()).map(Secret::new));
+    match found {
+        Some(found) => *stored = found,
+        None => unknown.push(format!(
+            "{field} is not stored, and the config file the experiment was created from no longer has it; set {name}"
+        )),
+    }
+}
+
+/// Reads `notifications:`; `None` after recording its errors.
+pub(crate) fn read_notifications(
+    reader: &mut Reader,
+    field: &Field<'_>,
+) -> Option<NotificationsConfig> {
+    let errors_before = reader.errors.len();
+    let mut fields = Fields::open(reader, field.node, &field.path)?;
+    let webhook = fields
+        .take("webhook")
+        .and_then(|field| read_webhook(reader, &field));
+    let email = fields
+        .take("email")
+        .and_then(|field| read_email(reader, &field));
+    let new_best = fields
+        .take("newBest")
+        .and_then(|field| reader.boolean(&field))
+        .unwrap_or(false);
+    let failures_in_a_row = fields
+        .take("failuresInARow")
+        .and_then(|field| reader.integer::<u32>(&field, 0))
+        .unwrap_or(0);
+    let pos = fields.pos;
+    fields.finish(reader, &FIELDS);
+    if reader.errors.len() != errors_before {
+        return None;
+    }
+    if webhook.is_none() && email.is_none() {
+        reader.error(
+            pos,
+            &field.path,
+            "says where to send nothing: add webhook: {url: ...} or email: {host: ..., to: [...]}, or remove notifications",
+        );
+        return None;
+    }
+    Some(NotificationsConfig {
+        webhook,
+        email,
+        new_best,
+        failures_in_a_row,
+    })
+}
+
+fn read_webhook(reader: &mut Reader, field: &Field<'_>) -> Option<WebhookConfig> {
+    let errors_before = reader.errors.len();
+    let mut fields = Fields::open(reader, field.node, &field.path)?;
+    let url_field = fields.take("url");
+    let url = match &url_field {
+        Some(url) => reader.parse(url, |node| match node.as_str() {
+            Some(text) => check_url(text.trim()).map(|()| text.trim().to_owned()),
+            None => Err(format!(
+                "expected an http:// or https:// URL, got {}",
+                node.describe()
+            )),
+        }),
+        None => {
+            let path = fields.child_path("url");
+            reader.error(
+                fields.pos,
+                &path,
+                "required: the URL to POST to, e.g. https://hooks.slack.com/services/...",
+            );
+            None
+        }
+    };
+    let secret = fields
+        .take("secret")
+        .and_then(|field| read_secret(reader, &field));
+    let secret_header = match fields.take("secretHeader") {
+        Some(field) => reader.parse(&field, |node| {
+            let name = node.as_str().unwrap_or_default().trim();
+            match axum::http::HeaderName::from_str(name) {
+                Ok(_) if !name.is_empty() => Ok(name.to_owned()),
+                _ => Err(format!(
+                    "expected an HTTP header name like {DEFAULT_SECRET_HEADER:?}, got {}",
+                    node.describe()
+                )),
+            }
+        }),
+        None => Some(DEFAULT_SECRET_HEADER.to_owned()),
+    };
+    fields.finish(reader, &WEBHOOK_FIELDS);
+    if reader.errors.len() != errors_before {
+        return None;
+    }
+    Some(WebhookConfig {
+        url: url?,
+        secret,
+        secret_header: secret_header?,
+    })
+}
+
+/// An absolute `http`/`https` URL with a host.
+fn check_url(text: &str) -> Result<(), String> {
+    let uri = axum::http::Uri::from_str(text)
+        .map_err(|error| format!("{text:?} is not a URL ({error}); write http://... or https://..."))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        Some(other) => {
+            return Err(format!(
+                "{text:?}: scheme {other:?} is not supported; write http://... or https://..."
+            ))
+        }
+        None => {
+            return Err(format!(
+                "{text:?} is not an absolute URL; write http://... or https://..."
+            ))
+        }
+    }
+    match uri.host() {
+        Some(host) if !host.is_empty() => Ok(()),
+        _ => Err(format!("{text:?} names no host")),
+    }
+}
+
+/// A secret string: not empty, and not the `***` knob prints in its place.
+fn read_secret(reader: &mut Reader, field: &Field<'_>) -> Option<Secret> {
+    let text = reader.non_empty_string(field)?;
+    if text == REDACTED {
+        reader.error(
+            field.node.pos,
+            &field.path,
+            format!("{REDACTED:?} is the placeholder knob prints instead of a secret; write the real value"),
+        );
+        return None;
+    }
+    Some(Secret::new(text))
+}
+
+fn read_email(reader: &mut Reader, field: &Field<'_>) -> Option<EmailConfig> {
+    let errors_before = reader.errors.len();
+    let mut fields = Fields::open(reader, field.node, &field.path)?;
+    let host = match fields.take("host") {
+        Some(field) => reader.non_empty_string(&field).map(|h| h.trim().to_owned()),
+        None => {
+            let path = fields.child_path("host");
+            reader.error(
+                fields.pos,
+                &path,
+                "required: the SMTP server, e.g. smtp.example.com",
+            );
+            None
+        }
+    };
+    let security = match fields.take("security") {
+        Some(field) => reader.choice(&field, &SmtpSecurity::NAMES),
+        None => Some(SmtpSecurity::Starttls),
+    };
+    let port = fields
+        .take("port")
+        .and_then(|field| reader.integer::<u16>(&field, 1));
+    let user_field = fields.take("user");
+    let user = user_field
+        .as_ref()
+        .and_then(|field| reader.non_empty_string(field));
+    let password_field = fields.take("password");
+    let password = password_field
+        .as_ref()
+        .and_then(|field| read_secret(reader, field));
+    match (&user_field, &password_field) {
+        (Some(user), None) => {
+            reader.error(
+                user.node.pos,
+                &fields.child_path("password"),
+                "required with user: the SMTP password (a secret: never stored or shown)",
+            );
+        }
+        (None, Some(password)) => {
+            reader.error(
+                password.node.pos,
+                &password.path,
+                "a password without user; add user, or remove password",
+            );
+        }
+        _ => {}
+    }
+    let from_field = fields.take("from");
+    let from = match &from_field {
+        Some(field) => reader.parse(field, |node| match node.as_str() {
+            Some(text) => mailbox(text),
+            None => Err(format!("expected a mail address, got {}", node.describe())),
+        }),
+        None => match &user {
+            Some(user) if mailbox(user).is_ok() => Some(user.clone()),
+            _ => {
+                let path = fields.child_path("from");
+                reader.error(
+                    fields.pos,
+                    &path,
+                    "required (user is not a mail address): the sender, e.g. knob <me@example.com>",
+                );
+                None
+            }
+        },
+    };
+    let to = match fields.take("to") {
+        Some(field) => read_recipients(reader, &field),
+        None => {
+            let path = fields.child_path("to");
+            reader.error(
+                fields.pos,
+                &path,
+                "required: the recipients, e.g. [me@example.com]",
+            );
+            None
+        }
+    };
+    let ca_file = fields.take("caFile").and_then(|field| {
+        let path = reader.path(&field)?;
+        match std::fs::read(&path) {
+            Ok(pem) => match lettre::transport::smtp::client::Certificate::from_pem(&pem) {
+                Ok(_) => Some(path),
+                Err(_) => {
+                    let message = format!(
+                        "{} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                        quoted(&path)
+                    );
+                    reader.error(field.node.pos, &field.path, message);
+                    None
+                }
+            },
+            Err(error) => {
+                let message = format!("cannot read {}: {}", quoted(&path), plain_io(&error));
+                reader.error(field.node.pos, &field.path, message);
+                None
+            }
+        }
+    });
+    fields.finish(reader, &EMAIL_FIELDS);
+    if reader.errors.len() != errors_before {
+        return None;
+    }
+    let security = security?;
+    if security == SmtpSecurity::None && password.is_some() && !is_loopback(host.as_deref()?) {
+        reader.warn(
+            password_field.as_ref().and_then(|field| field.node.pos),
+            "notifications.email.security",
+            "none: the password crosses the network in clear; use starttls or tls",
+        );
+    }
+    Some(EmailConfig {
+        port: port.unwrap_or(security.default_port()),
+        host: host?,
+        security,
+        user,
+        password,
+        from: from?,
+        to: to?,
+        ca_file,
+    })
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A mailbox as lettre reads it (`me@example.com`, `Me <me@example.com>`), kept as written.
+fn mailbox(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    lettre::message::Mailbox::from_str(text)
+        .map(|_| text.to_owned())
+        .map_err(|error| format!("{text:?} is not a mail address ({error})"))
+}
+
+/// `to`: one address or a list of them, at least one.
+fn read_recipients(reader: &mut Reader, field: &Field<'_>) -> Option<Vec<String>> {
+    let items: Vec<Field<'_>> = match &field.node.value {
+        Value::Str(_) => vec![Field {
+            node: field.node,
+            path: field.path.clone(),
+        }],
+        Value::Seq(items) if !items.is_empty() => items
+            .iter()
+            .enumerate()
+            .map(|(index, node)| Field {
+                node,
+                path: format!("{}[{index}]", field.path),
+            })
+            .collect(),
+        _ => {
+            let message = format!(
+                "expected one or more mail addresses, e.g. [me@example.com], got {}",
+                field.node.describe()
+            );
+            reader.error(field.node.pos, &field.path, message);
+            return None;
+        }
+    };
+    let errors_before = reader.errors.len();
+    let recipients: Vec<String> = items
+        .iter()
+        .filter_map(|item| {
+            reader.parse(item, |node| match node.as_str() {
+                Some(text) => mailbox(text),
+                None => Err(format!("expected a mail address, got {}", node.describe())),
+            })
+        })
+        .collect();
+    (reader.errors.len() == errors_before).then_some(recipients)
+}

@@ -1,0 +1,348 @@
+//! Notifications (`notifications:` in the config): a webhook and mail when an experiment ends
+//! DONE, ERROR or STOPPED (with a summary: trial counts, the best trials and their parameters,
+//! the duration, the dashboard's URL), and if asked on each new best and after N failed trials
+//! in a row.
+//!
+//! Decision: the notifier follows the store, not the manager. It reads the committed event log
+//! on a thread of its own, woken by [`Store::commits`](crate::store::Store::commits), as the
+//! API's event stream does, so the manager's loop neither waits for it nor knows it exists, and
+//! what it reports is what was recorded (the bests are `StoreReader::best_trials`, the same query
+//! as every other view). Each sink has its own sending thread and queue: a slow mail server does
+//! not hold up the webhook, and a failed send is retried with back-off ([`Retry`]), then logged;
+//! it never touches the experiment.
+
+mod message;
+pub mod sinks;
+
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+pub use message::Notification;
+use message::Summary;
+pub use sinks::{Sink, SEND_TIMEOUT};
+
+use crate::config::NotificationsConfig;
+use crate::store::{
+    Direction, EventSeq, ExperimentStatus, MetricKind, StoreEvent, StoreReader, TrialStatus,
+};
+
+/// Where the notifier's own problems go (a send that failed for good, a store it cannot read):
+/// the CLI prints them as warnings, to the terminal or the detached run's log.
+pub type Log = Arc<dyn Fn(String) + Send + Sync>;
+
+/// How often a failed send is tried again, and how long the waits between tries are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Tries in all, the first included (at least 1).
+    pub attempts: u32,
+    /// The wait after the first failure; each later wait doubles it.
+    pub first_delay: Duration,
+}
+
+impl Default for Retry {
+    /// 4 tries over about 7 s (1 s, 2 s, 4 s between them): enough for a server that restarts
+    /// or a network that blinks, short enough that the DONE message of an ending `knob create`
+    /// is not held for long by a server that is gone.
+    fn default() -> Retry {
+        Retry {
+            attempts: 4,
+            first_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What the notifier knows about the experiment besides its store.
+#[derive(Debug, Clone)]
+pub struct ExperimentContext {
+    pub experiment_id: String,
+    pub dir: PathBuf,
+    pub direction: Direction,
+    /// Where the dashboard of the running experiment is served.
+    pub dashboard_url: Option<String>,
+}
+
+/// The running notifier of one experiment: a thread following the store and one sending thread
+/// per sink.
+pub struct Notifier {
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("threads", &self.threads.len())
+            .finish()
+    }
+}
+
+impl Notifier {
+    /// Starts following the experiment's store from its last committed event (`commits`, from
+    /// the store the manager writes), on threads of its own; `runtime` is the runtime the store's
+    /// commits are signalled on. A sink that cannot be built is logged and left out.
+    pub fn start(
+        config: &NotificationsConfig,
+        context: ExperimentContext,
+        mut commits: watch::Receiver<EventSeq>,
+        retry: Retry,
+        log: Log,
+    ) -> Notifier {
+        let mut queues = Vec::new();
+        let mut threads = Vec::new();
+        for sink in sinks::sinks(config) {
+            let sink = match sink {
+                Ok(sink) => sink,
+                Err((name, error)) => {
+                    log(format!("notifications: {name} is off: {error}"));
+                    continue;
+                }
+            };
+            let (queue, inbox) = mpsc::channel::<Notification>();
+            let sender_log = log.clone();
+            let spawned = std::thread::Builder::new()
+                .name("knob-notify-send".into())
+                .spawn(move || {
+                    for notification in inbox {
+                        if let Err(error) = send_with_retry(&sink, &notification, retry) {
+                            sender_log(format!(
+                                "notifications: {:?} to {} not sent after {} tries: {error}",
+                                notification.subject,
+                                sink.name(),
+                                retry.attempts
+                            ));
+                        }
+                    }
+                });
+            match spawned {
+                Ok(thread) => {
+                    queues.push(queue);
+                    threads.push(thread);
+                }
+                Err(error) => log(format!("notifications: cannot start a sending thread: {error}")),
+            }
+        }
+        // Read here, not on the thread: what the manager commits from now on is news.
+        let from = *commits.borrow_and_update();
+        let follower = Follower {
+            rules: Rules {
+                new_best: config.new_best,
+                failures_in_a_row: config.failures_in_a_row,
+            },
+            context,
+            queues,
+            log: log.clone(),
+            failed_in_a_row: Vec::new(),
+            best: None,
+            ended: false,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("knob-notify-follow".into())
+            .spawn(move || follower.follow(commits, from));
+        match spawned {
+            Ok(thread) => threads.insert(0, thread),
+            Err(error) => log(format!("notifications: cannot start following the experiment: {error}")),
+        }
+        Notifier { threads }
+    }
+
+    /// Waits until every notification of the experiment went out (or failed for good), at most
+    /// `within`: after the store was closed, which ends the following. Returns whether all
+    /// threads ended in time; those that did not are left to the process's exit.
+    pub fn finish(self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut threads = self.threads;
+        // The follower first: its end drops the queues, which ends the sending threads.
+        while !threads.is_empty() {
+            if threads[0].is_finished() {
+                let _ = threads.remove(0).join();
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+}
+
+/// Sends one notification to one sink, trying again on failure; the last error if every try
+/// failed.
+pub fn send_with_retry(
+    sink: &Sink,
+    notification: &Notification,
+    retry: Retry,
+) -> Result<(), String> {
+    let mut delay = retry.first_delay;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match sink.send(notification) {
+            Ok(()) => return Ok(()),
+            Err(error) if tries >= retry.attempts.max(1) => return Err(error),
+            Err(_) => {
+                std::thread::sleep(delay);
+                delay = delay.saturating_mul(2);
+            }
+        }
+    }
+}
+
+/// `knob notify test`: one test message to each sink of `config`, one try each; each sink's name
+/// with `Ok` or its error.
+pub fn send_test(config: &NotificationsConfig, source: &str) -> Vec<(String, Result<(), String>)> {
+    let notification = Notification::test(source);
+    sinks::sinks(config)
+        .into_iter()
+        .map(|sink| match sink {
+            Ok(sink) => (sink.name(), sink.send(&notification)),
+            Err((name, error)) => (name, Err(error)),
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Rules {
+    new_best: bool,
+    failures_in_a_row: u32,
+}
+
+struct Follower {
+    rules: Rules,
+    context: ExperimentContext,
+    queues: Vec<mpsc::Sender<Notification>>,
+    log: Log,
+    /// The trials (id, end message) that failed since the last trial that did not fail.
+    failed_in_a_row: Vec<(String, Option<String>)>,
+    /// The best trial and its value, as last seen.
+    best: Option<(String, f64)>,
+    ended: bool,
+}
+
+/// Events read from the log per query: bounded reads on a long log.
+const EVENTS_PER_READ: u64 = 1000;
+
+impl Follower {
+    fn follow(mut self, mut commits: watch::Receiver<EventSeq>, from: EventSeq) {
+        // Only to wait on the watch channel, which needs no driver.
+        let runtime = match tokio::runtime::Builder::new_current_thread().build() {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                (self.log)(format!("notifications are off: cannot wait for the store: {error}"));
+                return;
+            }
+        };
+        let reader = match StoreReader::open(&self.context.dir) {
+            Ok(reader) => reader,
+            Err(error) => {
+                (self.log)(format!("notifications are off: {error}"));
+                return;
+            }
+        };
+        let mut last = from;
+        // A resumed experiment's best so far is not news.
+        self.best = reader
+            .best_trials(self.context.direction, 1)
+            .ok()
+            .and_then(|best| best.into_iter().next())
+            .and_then(|trial| Some((trial.trial_id, trial.final_value?)));
+        loop {
+            // The store's writer drops its end after the last commit: then read what is left.
+            let closed = runtime.block_on(commits.changed()).is_err();
+            loop {
+                let records = match reader.events_since(last, EVENTS_PER_READ) {
+                    Ok(records) => records,
+                    Err(error) => {
+                        (self.log)(format!("notifications stopped: {error}"));
+                        return;
+                    }
+                };
+                let Some(newest) = records.last().map(|record| record.seq) else {
+                    break;
+                };
+                for record in records {
+                    self.on_event(&reader, record.time_ms, &record.event);
+                }
+                last = newest;
+            }
+            if closed || self.ended {
+                return;
+            }
+        }
+    }
+
+    fn send(&self, notification: Notification) {
+        for queue in &self.queues {
+            let _ = queue.send(notification.clone());
+        }
+    }
+
+    fn on_event(&mut self, reader: &StoreReader, time_ms: i64, event: &StoreEvent) {
+        match event {
+            StoreEvent::TrialEnded {
+                trial_id,
+                status,
+                message,
+                ..
+            } => match status {
+                TrialStatus::Failed => {
+                    self.failed_in_a_row.push((trial_id.clone(), message.clone()));
+                    let wanted = self.rules.failures_in_a_row as usize;
+                    // Once per run of failures, when it reaches the number.
+                    if wanted > 0 && self.failed_in_a_row.len() == wanted {
+                        let notification = Notification::failures_in_a_row(
+                            &self.context,
+                            &self.failed_in_a_row,
+                        );
+                        self.send(notification);
+                    }
+                }
+                TrialStatus::Succeeded | TrialStatus::EarlyStopped => {
+                    self.failed_in_a_row.clear();
+                }
+                // A trial killed by the user or the system says nothing about the trial code.
+                _ => {}
+            },
+            StoreEvent::Metric {
+                kind: MetricKind::Final,
+                value: Some(_),
+                ..
+            } if self.rules.new_best => {
+                let best = reader
+                    .best_trials(self.context.direction, 1)
+                    .ok()
+                    .and_then(|best| best.into_iter().next());
+                let Some(trial) = best else { return };
+                let Some(value) = trial.final_value else {
+                    return;
+                };
+                let known = self
+                    .best
+                    .as_ref()
+                    .is_some_and(|(id, known)| *id == trial.trial_id && *known == value);
+                if !known {
+                    self.best = Some((trial.trial_id.clone(), value));
+                    self.send(Notification::new_best(&self.context, &trial));
+                }
+            }
+            StoreEvent::ExperimentStatusChanged { status, message }
+                if matches!(
+                    status,
+                    ExperimentStatus::Done | ExperimentStatus::Error | ExperimentStatus::Stopped
+                ) =>
+            {
+                self.ended = true;
+                match Summary::read(reader, &self.context, *status, message.clone(), time_ms) {
+                    Ok(summary) => self.send(Notification::ended(&self.context, &summary)),
+                    Err(error) => (self.log)(format!(
+                        "notifications: cannot read the experiment's summary: {error}"
+                    )),
+                }
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Where notifications go: a webhook (an HTTP POST of Slack-compatible JSON) and mail (SMTP).
+//! Each send is blocking and bounded by [`SEND_TIMEOUT`]; the caller runs them off the manager's
+//! loop (see `super::Notifier`).
+
+use std::time::Duration;
+
+use lettre::message::{header::ContentType, Mailbox};
+use lettre::transport::smtp::authentication::Credentials;
+use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
+use lettre::{Message, SmtpTransport, Transport};
+
+use super::Notification;
+use crate::config::{EmailConfig, NotificationsConfig, SmtpSecurity, WebhookConfig};
+
+/// How long one attempt at one sink may take (connect, TLS, request, answer).
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// One place a notification goes, ready to send.
+pub enum Sink {
+    Webhook {
+        config: WebhookConfig,
+        agent: ureq::Agent,
+    },
+    Email {
+        config: EmailConfig,
+        transport: Box<SmtpTransport>,
+    },
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// The sinks of a config, each built or refused with a line naming it.
+pub fn sinks(config: &NotificationsConfig) -> Vec<Result<Sink, (String, String)>> {
+    let mut sinks = Vec::new();
+    if let Some(webhook) = &config.webhook {
+        sinks.push(Ok(Sink::webhook(webhook.clone())));
+    }
+    if let Some(email) = &config.email {
+        let name = email_name(email);
+        sinks.push(Sink::email(email.clone()).map_err(|error| (name, error)));
+    }
+    sinks
+}
+
+impl Sink {
+    fn webhook(config: WebhookConfig) -> Sink {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(SEND_TIMEOUT))
+            // A 4xx/5xx is read as an answer, so its status can be reported.
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Sink::Webhook { config, agent }
+    }
+
+    fn email(config: EmailConfig) -> Result<Sink, String> {
+        let tls_parameters = || -> Result<TlsParameters, String> {
+            let mut builder = TlsParameters::builder(config.host.clone());
+            if let Some(ca_file) = &config.ca_file {
+                let pem = std::fs::read(ca_file)
+                    .map_err(|error| format!("cannot read caFile {}: {error}", ca_file.display()))?;
+                let certificate = Certificate::from_pem(&pem).map_err(|error| {
+                    format!("caFile {}: no PEM certificate ({error})", ca_file.display())
+                })?;
+                builder = builder.add_root_certificate(certificate);
+            }
+            builder
+                .build_rustls()
+                .map_err(|error| format!("TLS set-up failed: {error}"))
+        };
+        let tls = match config.security {
+            SmtpSecurity::Starttls => Tls::Required(tls_parameters()?),
+            SmtpSecurity::Tls => Tls::Wrapper(tls_parameters()?),
+            SmtpSecurity::None => Tls::None,
+        };
+        let mut builder = SmtpTransport::builder_dangerous(config.host.clone())
+            .port(config.port)
+            .tls(tls)
+            .timeout(Some(SEND_TIMEOUT));
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            builder = builder.credentials(Credentials::new(
+                user.clone(),
+                password.expose().to_owned(),
+            ));
+        }
+        Ok(Sink::Email {
+            transport: Box::new(builder.build()),
+            config,
+        })
+    }
+
+    /// How the sink is named in messages: a webhook by its scheme and host only (a Slack
+    /// webhook's path is its key), mail by its server and recipients.
+    pub fn name(&self) -> String {
+        match self {
+            Sink::Webhook { config, .. } => webhook_name(config),
+            Sink::Email { config, .. } => email_name(config),
+        }
+    }
+
+    /// One attempt; the error is one line.
+    pub fn send(&self, notification: &Notification) -> Result<(), String> {
+        match self {
+            Sink::Webhook { config, agent } => send_webhook(config, agent, notification),
+            Sink::Email { config, transport } => send_email(config, transport, notification),
+        }
+    }
+}
+
+fn webhook_name(config: &WebhookConfig) -> String {
+    let shown = config
+        .url
+        .parse::<axum::http::Uri>()
+        .ok()
+        .and_then(|uri| {
+            let scheme = uri.scheme_str()?.to_owned();
+            let authority = uri.authority()?.as_str();
+            // user:password@ in a URL is not shown either.
+            let host = authority.rsplit('@').next().unwrap_or(authority);
+            Some(format!("{scheme}://{host}/…"))
+        })
+        .unwrap_or_else(|| "(URL)".to_owned());
+    format!("webhook {shown}")
+}
+
+fn email_name(config: &EmailConfig) -> String {
+    format!(
+        "email to {} via {}:{}",
+        config.to.join(", "),
+        config.host,
+        config.port
+    )
+}
+
+fn send_webhook(
+    config: &WebhookConfig,
+    agent: &ureq::Agent,
+    notification: &Notification,
+) -> Result<(), String> {
+    let body = notification.webhook_body();
+    let mut request = agent.post(&config.url);
+    if let Some(secret) = &config.secret {
+        request = request.header(config.secret_header.as_str(), secret.expose());
+    }
+    let response = request
+        .send_json(&body)
+        .map_err(|error| one_line(&error.to_string()))?;
+    let status = response.status();
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("the server answered {status}"))
+    }
+}
+
+fn send_email(
+    config: &EmailConfig,
+    transport: &SmtpTransport,
+    notification: &Notification,
+) -> Result<(), String> {
+    let parse = |text: &str| {
+        text.parse::<Mailbox>()
+            .map_err(|error| format!("{text:?} is not a mail address ({error})"))
+    };
+    let mut message = Message::builder()
+        .from(parse(&config.from)?)
+        .subject(notification.subject.clone())
+        .header(ContentType::TEXT_PLAIN);
+    for recipient in &config.to {
+        message = message.to(parse(recipient)?);
+    }
+    let message = message
+        .body(notification.body.clone())
+        .map_err(|error| format!("cannot build the message: {error}"))?;
+    transport
+        .send(&message)
+        .map(|_| ())
+        .map_err(|error| one_line(&smtp_error(&error)))
+}
+
+/// lettre's error with its source chain (its own text alone says "Connection error" without the
+/// reason).
+fn smtp_error(error: &lettre::transport::smtp::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(&format!(": {cause_text}"));
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
