@@ -184,7 +184,13 @@ pub fn run_in_foreground(
             dashboard_url: Some(dashboard.clone()),
         };
         let log: notify::Log = Arc::new(|line| eprintln!("warning: {line}"));
-        notify::Notifier::start(config, context, store.commits(), notify::Retry::default(), log)
+        notify::Notifier::start(
+            config,
+            context,
+            store.commits(),
+            notify::Retry::default(),
+            log,
+        )
     });
     let result = runtime.block_on(async {
         let (commands, command_inbox) = mpsc::unbounded_channel();

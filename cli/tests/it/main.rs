@@ -12,6 +12,7 @@ mod nni;
 mod nni_names;
 mod nni_v1;
 mod nnictl;
+mod notify;
 mod plugin;
 mod plugin_checks;
 #[path = "../../../training-services/tests/it/prerequisite.rs"]

@@ -136,7 +136,14 @@ impl NotificationsConfig {
                 })
                 .and_then(|theirs| theirs.secret.as_ref());
             let field = "notifications.webhook.secret";
-            fill(&mut webhook.secret, theirs, field, WEBHOOK_SECRET_VARIABLE, variable, &mut unknown);
+            fill(
+                &mut webhook.secret,
+                theirs,
+                field,
+                WEBHOOK_SECRET_VARIABLE,
+                variable,
+                &mut unknown,
+            );
         }
         if let Some(email) = &mut self.email {
             let strip = |email: &EmailConfig| EmailConfig {
@@ -148,7 +155,14 @@ impl NotificationsConfig {
                 .filter(|theirs| strip(theirs) == strip(email))
                 .and_then(|theirs| theirs.password.as_ref());
             let field = "notifications.email.password";
-            fill(&mut email.password, theirs, field, PASSWORD_VARIABLE, variable, &mut unknown);
+            fill(
+                &mut email.password,
+                theirs,
+                field,
+                PASSWORD_VARIABLE,
+                variable,
+                &mut unknown,
+            );
         }
         unknown
     }
@@ -188,7 +202,11 @@ fn fill(
     let found = theirs
         .filter(|theirs| !theirs.is_redacted())
         .cloned()
-        .or_else(|| variable(name).filter(|value| !value.is_empty()).map(Secret::new));
+        .or_else(|| {
+            variable(name)
+                .filter(|value| !value.is_empty())
+                .map(Secret::new)
+        });
     match found {
         Some(found) => *stored = found,
         None => unknown.push(format!(
@@ -290,8 +308,9 @@ fn read_webhook(reader: &mut Reader, field: &Field<'_>) -> Option<WebhookConfig>
 
 /// An absolute `http`/`https` URL with a host.
 fn check_url(text: &str) -> Result<(), String> {
-    let uri = axum::http::Uri::from_str(text)
-        .map_err(|error| format!("{text:?} is not a URL ({error}); write http://... or https://..."))?;
+    let uri = axum::http::Uri::from_str(text).map_err(|error| {
+        format!("{text:?} is not a URL ({error}); write http://... or https://...")
+    })?;
     match uri.scheme_str() {
         Some("http" | "https") => {}
         Some(other) => {
@@ -478,11 +497,13 @@ fn read_recipients(reader: &mut Reader, field: &Field<'_>) -> Option<Vec<String>
                 path: format!("{}[{index}]", field.path),
             })
             .collect(),
-        _ => {
-            let message = format!(
-                "expected one or more mail addresses, e.g. [me@example.com], got {}",
-                field.node.describe()
-            );
+        other => {
+            let got = match other {
+                Value::Seq(_) => "an empty list".to_owned(),
+                _ => field.node.describe(),
+            };
+            let message =
+                format!("expected one or more mail addresses, e.g. [me@example.com], got {got}");
             reader.error(field.node.pos, &field.path, message);
             return None;
         }

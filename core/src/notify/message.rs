@@ -11,6 +11,9 @@ use crate::store::{Direction, ExperimentStatus, StoreError, StoreReader, TrialRo
 /// How many of the best trials an end-of-experiment summary lists.
 pub const BEST_TRIALS_SHOWN: u64 = 3;
 
+/// [`Notification::event`] of a new best.
+pub const NEW_BEST: &str = "new_best";
+
 /// One message, the same for every sink.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notification {
@@ -49,7 +52,7 @@ impl Notification {
         let mut subject = format!("knob: experiment {id} {status}");
         if let Some(best) = summary.best.first() {
             if let Some(value) = best.final_value {
-                subject.push_str(&format!(" — best {value} (trial {})", best.trial_id));
+                subject.push_str(&format!(", best {value} (trial {})", best.trial_id));
             }
         }
         let mut body = format!("Experiment {id}");
@@ -67,7 +70,10 @@ impl Notification {
         if summary.best.is_empty() {
             body.push_str("No trial reported a final result.\n");
         } else {
-            body.push_str(&format!("Best trials ({}):\n", direction_word(context.direction)));
+            body.push_str(&format!(
+                "Best trials ({}):\n",
+                direction_word(context.direction)
+            ));
             for (rank, trial) in summary.best.iter().enumerate() {
                 body.push_str(&format!("  {}. {}\n", rank + 1, trial_line(trial)));
             }
@@ -100,7 +106,7 @@ impl Notification {
         let id = &context.experiment_id;
         let value = trial.final_value.unwrap_or(f64::NAN);
         Notification {
-            event: "new_best",
+            event: NEW_BEST,
             subject: format!(
                 "knob: experiment {id}: new best {value} (trial {})",
                 trial.trial_id
@@ -197,7 +203,7 @@ fn trial_line(trial: &TrialRow) -> String {
     let value = trial
         .final_value
         .map_or_else(|| "-".to_owned(), |value| value.to_string());
-    format!("trial {} = {value}  {}", trial.trial_id, trial.parameters)
+    format!("trial {}: {value}  {}", trial.trial_id, trial.parameters)
 }
 
 fn trial_json(trial: &TrialRow) -> Value {

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-pub use message::Notification;
 use message::Summary;
+pub use message::{Notification, NEW_BEST};
 pub use sinks::{Sink, SEND_TIMEOUT};
 
 use crate::config::NotificationsConfig;
@@ -104,24 +104,15 @@ impl Notifier {
             let sender_log = log.clone();
             let spawned = std::thread::Builder::new()
                 .name("knob-notify-send".into())
-                .spawn(move || {
-                    for notification in inbox {
-                        if let Err(error) = send_with_retry(&sink, &notification, retry) {
-                            sender_log(format!(
-                                "notifications: {:?} to {} not sent after {} tries: {error}",
-                                notification.subject,
-                                sink.name(),
-                                retry.attempts
-                            ));
-                        }
-                    }
-                });
+                .spawn(move || send_all(&sink, &inbox, retry, &sender_log));
             match spawned {
                 Ok(thread) => {
                     queues.push(queue);
                     threads.push(thread);
                 }
-                Err(error) => log(format!("notifications: cannot start a sending thread: {error}")),
+                Err(error) => log(format!(
+                    "notifications: cannot start a sending thread: {error}"
+                )),
             }
         }
         // Read here, not on the thread: what the manager commits from now on is news.
@@ -143,7 +134,9 @@ impl Notifier {
             .spawn(move || follower.follow(commits, from));
         match spawned {
             Ok(thread) => threads.insert(0, thread),
-            Err(error) => log(format!("notifications: cannot start following the experiment: {error}")),
+            Err(error) => log(format!(
+                "notifications: cannot start following the experiment: {error}"
+            )),
         }
         Notifier { threads }
     }
@@ -166,6 +159,53 @@ impl Notifier {
             std::thread::sleep(Duration::from_millis(20));
         }
         true
+    }
+}
+
+/// The sending thread of one sink: everything queued, in order, until the queue closes.
+///
+/// Two rules keep a sink that is down from holding the end of the experiment for long: a new
+/// best followed by a newer one still queued is not sent (it is stale), and after a message
+/// failed every try, the next ones get one try each until one goes through — except the end of
+/// the experiment, the message that matters most, which always gets every try.
+fn send_all(sink: &Sink, inbox: &mpsc::Receiver<Notification>, retry: Retry, log: &Log) {
+    let mut queued = std::collections::VecDeque::new();
+    let mut down = false;
+    while let Some(notification) = queued.pop_front().or_else(|| inbox.recv().ok()) {
+        queued.extend(inbox.try_iter());
+        let stale = notification.event == NEW_BEST
+            && queued
+                .iter()
+                .any(|later: &Notification| later.event == NEW_BEST);
+        if stale {
+            continue;
+        }
+        let ends_experiment = matches!(notification.event, "done" | "error" | "stopped");
+        let this_time = if down && !ends_experiment {
+            Retry {
+                attempts: 1,
+                ..retry
+            }
+        } else {
+            retry
+        };
+        match send_with_retry(sink, &notification, this_time) {
+            Ok(()) => down = false,
+            Err(error) => {
+                down = true;
+                log(format!(
+                    "notifications: {:?} to {} not sent ({} {}): {error}",
+                    notification.subject,
+                    sink.name(),
+                    this_time.attempts,
+                    if this_time.attempts == 1 {
+                        "try"
+                    } else {
+                        "tries"
+                    },
+                ));
+            }
+        }
     }
 }
 
@@ -231,7 +271,9 @@ impl Follower {
         let runtime = match tokio::runtime::Builder::new_current_thread().build() {
             Ok(runtime) => runtime,
             Err(error) => {
-                (self.log)(format!("notifications are off: cannot wait for the store: {error}"));
+                (self.log)(format!(
+                    "notifications are off: cannot wait for the store: {error}"
+                ));
                 return;
             }
         };
@@ -289,14 +331,13 @@ impl Follower {
                 ..
             } => match status {
                 TrialStatus::Failed => {
-                    self.failed_in_a_row.push((trial_id.clone(), message.clone()));
+                    self.failed_in_a_row
+                        .push((trial_id.clone(), message.clone()));
                     let wanted = self.rules.failures_in_a_row as usize;
                     // Once per run of failures, when it reaches the number.
                     if wanted > 0 && self.failed_in_a_row.len() == wanted {
-                        let notification = Notification::failures_in_a_row(
-                            &self.context,
-                            &self.failed_in_a_row,
-                        );
+                        let notification =
+                            Notification::failures_in_a_row(&self.context, &self.failed_in_a_row);
                         self.send(notification);
                     }
                 }

@@ -61,8 +61,9 @@ impl Sink {
         let tls_parameters = || -> Result<TlsParameters, String> {
             let mut builder = TlsParameters::builder(config.host.clone());
             if let Some(ca_file) = &config.ca_file {
-                let pem = std::fs::read(ca_file)
-                    .map_err(|error| format!("cannot read caFile {}: {error}", ca_file.display()))?;
+                let pem = std::fs::read(ca_file).map_err(|error| {
+                    format!("cannot read caFile {}: {error}", ca_file.display())
+                })?;
                 let certificate = Certificate::from_pem(&pem).map_err(|error| {
                     format!("caFile {}: no PEM certificate ({error})", ca_file.display())
                 })?;
@@ -82,10 +83,8 @@ impl Sink {
             .tls(tls)
             .timeout(Some(SEND_TIMEOUT));
         if let (Some(user), Some(password)) = (&config.user, &config.password) {
-            builder = builder.credentials(Credentials::new(
-                user.clone(),
-                password.expose().to_owned(),
-            ));
+            builder =
+                builder.credentials(Credentials::new(user.clone(), password.expose().to_owned()));
         }
         Ok(Sink::Email {
             transport: Box::new(builder.build()),
@@ -173,6 +172,8 @@ fn send_email(
     for recipient in &config.to {
         message = message.to(parse(recipient)?);
     }
+    // lettre picks the transfer encoding: 7bit while every line is short, else
+    // quoted-printable.
     let message = message
         .body(notification.body.clone())
         .map_err(|error| format!("cannot build the message: {error}"))?;

@@ -60,8 +60,13 @@ pub const OPTUNA_PYTHON: Prerequisite = Prerequisite {
     how: "a python with optuna 5.0 and scikit-learn; .ci/optuna-fanova.sh makes one and prints the export",
 };
 
+pub const SMTPD_PYTHON: Prerequisite = Prerequisite {
+    variable: "KNOB_TEST_SMTPD_PYTHON",
+    how: "a python with aiosmtpd 1.4; .ci/smtpd-venv.sh makes one and prints the export",
+};
+
 /// Every prerequisite variable, as the README lists them.
-pub const ALL: [&Prerequisite; 8] = [
+pub const ALL: [&Prerequisite; 9] = [
     &SSHD,
     &NNI3_PYTHON,
     &NNI2_PYTHON,
@@ -70,6 +75,7 @@ pub const ALL: [&Prerequisite; 8] = [
     &CHROMEDRIVER,
     &SLURM,
     &OPTUNA_PYTHON,
+    &SMTPD_PYTHON,
 ];
 
 impl Prerequisite {

@@ -1,0 +1,837 @@
+//! Notifications end to end: a real SMTP server (aiosmtpd from PyPI, `notify/smtpd.py`, with
+//! STARTTLS under a test CA and AUTH) and an HTTP receiver in this test, both on 127.0.0.1; the
+//! real `knob create`, `knob resume` and `knob notify test`. The SMTP password and the webhook
+//! secret must reach the servers and nothing else: no file of the experiment or of `$KNOB_HOME`,
+//! no output, no API answer.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use expect_test::expect;
+use serde_json::Value;
+
+use crate::create::Sandbox;
+use crate::prerequisite;
+use crate::run;
+
+const PASSWORD: &str = "pw-Wq7c-never-stored";
+const WEBHOOK_SECRET: &str = "hook-Zr2k-never-stored";
+
+/// Trials report their `x` as final result; Random with a seed, so the best differs per trial.
+const EXPERIMENT: &str = r#"experimentName: notified
+trialCommand: 'x=$(echo "$KNOB_PARAMETERS" | tr -dc 0-9); echo KNOB_FINAL $x'
+trialConcurrency: 2
+maxTrialNumber: 4
+searchSpace:
+  x: {_type: randint, _value: [0, 1000]}
+tuner:
+  name: Random
+  classArgs: {seed: 5, optimize_mode: maximize}
+trainingService:
+  platform: local"#;
+
+/// aiosmtpd on 127.0.0.1, saving each mail as `<dir>/mail-N.eml`; ends with the test.
+struct Smtpd {
+    child: Child,
+    _stdin: ChildStdin,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Smtpd {
+    fn start(python: &Path, dir: &Path, args: &[&str]) -> Smtpd {
+        std::fs::create_dir_all(dir).unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/notify/smtpd.py");
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(dir)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut line = String::new();
+        // The server prints its port once it listens (or dies, closing stdout).
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .strip_prefix("PORT ")
+            .and_then(|port| port.trim().parse().ok())
+            .unwrap_or_else(|| panic!("smtpd.py did not start: {line:?}"));
+        Smtpd {
+            child,
+            _stdin: stdin,
+            port,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Every mail received so far, as text, oldest first.
+    fn mails(&self) -> Vec<String> {
+        let mut mails: Vec<(u32, String)> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name().into_string().ok()?;
+                let number = name
+                    .strip_prefix("mail-")?
+                    .strip_suffix(".eml")?
+                    .parse()
+                    .ok()?;
+                Some((number, std::fs::read_to_string(self.dir.join(&name)).ok()?))
+            })
+            .collect();
+        mails.sort();
+        mails.into_iter().map(|(_, text)| text).collect()
+    }
+
+    fn auth_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("auth.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Smtpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One request the receiver got: header lines (names lowercase) and the body.
+#[derive(Debug, Clone)]
+struct Received {
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Received {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+}
+
+/// A webhook receiver on 127.0.0.1: answers every POST with `status`, keeps what it got.
+struct Receiver {
+    url: String,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    fn start(status: u16) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hooks/knob", listener.local_addr().unwrap());
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let keep = received.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut headers = Vec::new();
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line); // the request line
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((key, value)) = line.trim_end().split_once(':') {
+                        headers.push((key.to_ascii_lowercase(), value.trim().to_owned()));
+                    }
+                }
+                let length: usize = headers
+                    .iter()
+                    .find(|(key, _)| key == "content-length")
+                    .and_then(|(_, value)| value.parse().ok())
+                    .unwrap_or(0);
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                keep.lock().unwrap().push(Received {
+                    headers,
+                    body: String::from_utf8_lossy(&body).into_owned(),
+                });
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+                );
+            }
+        });
+        Receiver { url, received }
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+/// A test CA and a certificate for localhost/127.0.0.1 signed by it, made with openssl:
+/// (ca.pem, server.pem, server.key). `None` (after saying so) without openssl.
+fn certificates(dir: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let openssl = |args: &[&str]| {
+        Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    if openssl(&["version"]).is_err() {
+        prerequisite::missing("needs openssl on PATH (Debian: apt-get install openssl)");
+        return None;
+    }
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let steps: [Vec<&str>; 3] = [
+        [
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=knob test CA",
+            ],
+        ]
+        .concat(),
+        [
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+        ]
+        .concat(),
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    ];
+    for step in steps {
+        let output = openssl(&step).unwrap();
+        assert!(
+            output.status.success(),
+            "openssl {step:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Some((
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    ))
+}
+
+/// Waits (at most 30 s) until `done` holds.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "not within 30 s: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every file under `dir` whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_containing(&path, needle));
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            if bytes
+                .windows(needle.len())
+                .any(|window| window == needle.as_bytes())
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// The body of a mail: what follows the first blank line, decoded from quoted-printable when
+/// the mail says so (lettre chooses it for lines over 76 characters), with `\n` line ends.
+fn mail_body(mail: &str) -> String {
+    let mail = mail.replace("\r\n", "\n");
+    let (head, body) = mail.split_once("\n\n").unwrap_or(("", &mail));
+    if !head.contains("Content-Transfer-Encoding: quoted-printable") {
+        return body.to_owned();
+    }
+    let joined = body.replace("=\n", "");
+    let bytes = joined.as_bytes();
+    let mut decoded = Vec::new();
+    let mut index = 0;
+    while index < bytes.len() {
+        let hex = (bytes[index] == b'=')
+            .then(|| joined.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match hex {
+            Some(byte) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            None => {
+                decoded.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8(decoded).unwrap().replace("\r\n", "\n")
+}
+
+fn subject(mail: &str) -> String {
+    mail.lines()
+        .find_map(|line| line.strip_prefix("Subject: "))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn the_end_of_an_experiment_is_mailed_and_posted_and_its_secrets_are_stored_nowhere() {
+    let Some(python) = prerequisite::SMTPD_PYTHON.path() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let Some((ca, cert, key)) = certificates(&sandbox.path().join("tls")) else {
+        return;
+    };
+    let smtpd = Smtpd::start(
+        &python,
+        &sandbox.path().join("smtpd"),
+        &[
+            "--user",
+            "me",
+            "--password",
+            PASSWORD,
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let receiver = Receiver::start(200);
+    let config = sandbox.config(
+        &format!(
+            "{EXPERIMENT}
+notifications:
+  webhook:
+    url: {url}
+    secret: {WEBHOOK_SECRET}
+  email:
+    host: localhost
+    port: {port}
+    security: starttls
+    caFile: {ca}
+    user: me
+    password: {PASSWORD}
+    from: knob <knob@example.com>
+    to: [me@example.com, team@example.com]",
+            url = receiver.url,
+            port = smtpd.port,
+            ca = ca.display()
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "mailed");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(!stderr.contains("notifications:"), "{stderr}");
+
+    // The best trial, as knob recorded it.
+    let export = sandbox.export("mailed");
+    let best = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by(|a, b| {
+            a["final"]
+                .as_f64()
+                .partial_cmp(&b["final"].as_f64())
+                .unwrap()
+        })
+        .unwrap()
+        .clone();
+    let best_id = best["id"].as_str().unwrap().to_owned();
+    let best_x = best["parameters"]["x"].as_i64().unwrap();
+
+    // The mail: sent over STARTTLS (the server requires it before AUTH), logged in, to both.
+    wait_for("the DONE mail", || {
+        smtpd
+            .mails()
+            .iter()
+            .any(|mail| subject(mail).contains("DONE"))
+    });
+    let mails = smtpd.mails();
+    assert_eq!(mails.len(), 1, "{mails:#?}");
+    let mail = &mails[0];
+    assert!(
+        mail.contains("X-Envelope-To: me@example.com, team@example.com"),
+        "{mail}"
+    );
+    assert!(smtpd.auth_log().contains("me ok"), "{}", smtpd.auth_log());
+    assert!(
+        subject(mail).starts_with("knob: experiment mailed DONE, best"),
+        "{mail}"
+    );
+    let body = &mail_body(mail);
+    assert!(
+        body.contains("Experiment mailed (notified) is DONE after"),
+        "{body}"
+    );
+    assert!(body.contains("Trials: 4 (4 succeeded)"), "{body}");
+    assert!(
+        body.contains(&format!(
+            "  1. trial {best_id}: {best_x}  {{\"x\":{best_x}}}"
+        )),
+        "{best_id} {best_x}: {body}"
+    );
+    assert!(body.contains("Dashboard: http://127.0.0.1:"), "{body}");
+
+    // The webhook: Slack's `text`, knob's fields, and the secret in its header.
+    wait_for("the webhook", || !receiver.received().is_empty());
+    let posts = receiver.received();
+    assert_eq!(posts.len(), 1, "{posts:#?}");
+    let post = &posts[0];
+    assert_eq!(
+        post.header("x-knob-secret"),
+        Some(WEBHOOK_SECRET),
+        "{post:?}"
+    );
+    assert!(
+        post.header("content-type")
+            .is_some_and(|kind| kind.starts_with("application/json")),
+        "{post:?}"
+    );
+    let json = post.json();
+    assert!(
+        json["text"].as_str().unwrap().contains("is DONE after"),
+        "{json}"
+    );
+    assert_eq!(json["knob"]["status"], "DONE", "{json}");
+    assert_eq!(
+        json["knob"]["best"][0]["trialId"],
+        best_id.as_str(),
+        "{json}"
+    );
+    assert_eq!(json["knob"]["best"][0]["parameters"]["x"], best_x, "{json}");
+    assert_eq!(json["knob"]["trials"]["SUCCEEDED"], 4, "{json}");
+
+    // The secrets: in no file of the experiment or of KNOB_HOME, and in no output.
+    let mut outputs = vec![stdout, stderr];
+    for args in [
+        vec!["experiment", "show", "mailed"],
+        vec!["experiment", "export", "mailed", "--format", "json"],
+        vec!["experiment", "export", "mailed", "--format", "csv"],
+        vec!["trial", "ls", "mailed"],
+    ] {
+        let (code, stdout, stderr) = run(sandbox.knob().args(&args));
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        outputs.push(stdout + &stderr);
+    }
+    let (_, stdout, stderr) = run(sandbox.knob().arg("config").arg("check").arg(&config));
+    assert!(stdout.contains("password: \"***\""), "{stdout}");
+    outputs.push(stdout + &stderr);
+    let mut command = sandbox.knob();
+    command.args(["view", "mailed", "--port", "0"]);
+    let view = crate::api::start(command, &[]);
+    for path in ["/experiment", "/export?format=json", "/trials"] {
+        let (status, body) = crate::api::get(&view.base, path);
+        assert_eq!(status, 200, "{path}: {body}");
+        outputs.push(body.to_string());
+    }
+    drop(view);
+    for secret in [PASSWORD, WEBHOOK_SECRET] {
+        for output in &outputs {
+            assert!(!output.contains(secret), "{secret} shown: {output}");
+        }
+        for dir in [
+            sandbox.path().join("experiments"),
+            sandbox.path().join("home"),
+        ] {
+            assert_eq!(
+                files_containing(&dir, secret),
+                Vec::<PathBuf>::new(),
+                "{secret}"
+            );
+        }
+    }
+}
+
+#[test]
+fn new_bests_and_failures_in_a_row_are_posted_when_asked() {
+    let sandbox = Sandbox::new();
+    let receiver = Receiver::start(200);
+    // Trial x fails when x is odd: the seeded draws give runs of failures and successes.
+    let config = sandbox.config(
+        &format!(
+            r#"trialCommand: 'x=$(echo "$KNOB_PARAMETERS" | tr -dc 0-9); if [ $((x % 2)) = 1 ]; then echo odd >&2; exit 3; fi; echo KNOB_FINAL $x'
+trialConcurrency: 1
+maxTrialNumber: 12
+searchSpace:
+  x: {{_type: randint, _value: [0, 1000]}}
+tuner:
+  name: Random
+  classArgs: {{seed: 11, optimize_mode: minimize}}
+trainingService:
+  platform: local
+notifications:
+  newBest: true
+  failuresInARow: 2
+  webhook: {{url: "{url}"}}"#,
+            url = receiver.url
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "bests");
+    assert!(code == 0 || code == 1, "{stdout}\n{stderr}");
+    let export = sandbox.export("bests");
+    let trials = export["trials"].as_array().unwrap().clone();
+    wait_for("the end", || {
+        receiver
+            .received()
+            .iter()
+            .any(|post| post.json()["knob"]["event"] == "done")
+    });
+    let posts: Vec<Value> = receiver.received().iter().map(Received::json).collect();
+    assert!(
+        posts.iter().all(|post| post.get("text").is_some()),
+        "{posts:#?}"
+    );
+
+    // What the trials did, in order: each new minimum was a new best; every second failure in a
+    // run of failures was reported once.
+    let mut expected_bests = Vec::new();
+    let mut expected_runs = Vec::new();
+    let (mut best, mut run): (Option<f64>, Vec<String>) = (None, Vec::new());
+    let mut ordered = trials.clone();
+    ordered.sort_by_key(|trial| trial["sequence"].as_u64());
+    for trial in &ordered {
+        let id = trial["id"].as_str().unwrap().to_owned();
+        match trial["status"].as_str().unwrap() {
+            "FAILED" => {
+                run.push(id);
+                if run.len() == 2 {
+                    expected_runs.push(run.clone());
+                }
+            }
+            _ => {
+                run.clear();
+                let value = trial["final"].as_f64().unwrap();
+                if best.is_none_or(|best| value < best) {
+                    best = Some(value);
+                    expected_bests.push(id);
+                }
+            }
+        }
+    }
+    assert!(
+        !expected_runs.is_empty() && expected_bests.len() >= 2,
+        "the seed no longer gives both cases: {ordered:#?}"
+    );
+    let bests: Vec<&str> = posts
+        .iter()
+        .filter(|post| post["knob"]["event"] == "new_best")
+        .map(|post| post["knob"]["best"][0]["trialId"].as_str().unwrap())
+        .collect();
+    assert_eq!(bests, expected_bests, "{posts:#?}");
+    let runs: Vec<Vec<&str>> = posts
+        .iter()
+        .filter(|post| post["knob"]["event"] == "failures_in_a_row")
+        .map(|post| {
+            post["knob"]["failed"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|failed| failed["trialId"].as_str().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(runs, expected_runs, "{posts:#?}");
+    let failures_text = posts
+        .iter()
+        .find(|post| post["knob"]["event"] == "failures_in_a_row")
+        .unwrap()["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        failures_text.contains("2 trials failed in a row"),
+        "{failures_text}"
+    );
+    assert!(failures_text.contains("exit code 3"), "{failures_text}");
+    assert_eq!(posts.last().unwrap()["knob"]["event"], "done", "{posts:#?}");
+}
+
+#[test]
+fn a_sink_that_is_down_is_retried_then_logged_and_the_experiment_still_ends_done() {
+    let sandbox = Sandbox::new();
+    // A port nothing listens on: taken, then freed.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let failing = Receiver::start(500);
+    let config = sandbox.config(
+        &format!(
+            "{EXPERIMENT}
+notifications:
+  webhook: {{url: \"{url}\"}}
+  email: {{host: 127.0.0.1, port: {closed}, security: none, from: knob@example.com, to: me@example.com}}",
+            url = failing.url
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "down");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment down DONE: 4 trials (4 succeeded, 0 failed)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "warning: notifications: \"knob: experiment down DONE, best"
+        )) && stderr.contains(&format!(
+            "to email to me@example.com via 127.0.0.1:{closed} not sent (4 tries): "
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("to webhook http://127.0.0.1:"), "{stderr}");
+    assert!(
+        stderr.contains("not sent (4 tries): the server answered 500"),
+        "{stderr}"
+    );
+    // Every try reached the receiver.
+    assert_eq!(failing.received().len(), 4);
+    assert_eq!(sandbox.export("down")["experiment"]["status"], "DONE");
+}
+
+#[test]
+fn notify_test_reports_each_sink_in_one_line() {
+    let Some(python) = prerequisite::SMTPD_PYTHON.path() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let smtpd = Smtpd::start(
+        &python,
+        &sandbox.path().join("smtpd"),
+        &["--user", "me", "--password", PASSWORD],
+    );
+    let receiver = Receiver::start(200);
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let notify_test = |email: &str, webhook_url: &str| {
+        let config = sandbox.config(
+            &format!(
+                "{EXPERIMENT}
+notifications:
+  webhook: {{url: \"{webhook_url}\", secret: {WEBHOOK_SECRET}, secretHeader: X-Hook-Token}}
+  email: {email}"
+            ),
+            &[],
+        );
+        let (code, stdout, stderr) = run(sandbox
+            .knob()
+            .args(["notify", "test", "--config"])
+            .arg(&config));
+        for secret in [PASSWORD, WEBHOOK_SECRET] {
+            assert!(
+                !stdout.contains(secret) && !stderr.contains(secret),
+                "{stdout}{stderr}"
+            );
+        }
+        (
+            code,
+            stdout
+                .replace(&smtpd.port.to_string(), "PORT")
+                .replace(&closed.to_string(), "CLOSED"),
+            stderr,
+        )
+    };
+
+    let (code, stdout, stderr) = notify_test(
+        &format!("{{host: 127.0.0.1, port: {}, security: none, user: me, password: {PASSWORD}, to: [me@example.com], from: knob@example.com}}", smtpd.port),
+        &receiver.url,
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let port = receiver
+        .url
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    expect![[r#"
+        webhook http://127.0.0.1:HOOK/…: sent
+        email to me@example.com via 127.0.0.1:PORT: sent
+    "#]]
+    .assert_eq(&stdout.replace(&port, "HOOK"));
+    assert_eq!(
+        receiver.received()[0].header("x-hook-token"),
+        Some(WEBHOOK_SECRET)
+    );
+    assert_eq!(receiver.received()[0].json()["knob"]["event"], "test");
+    wait_for("the test mail", || smtpd.mails().len() == 1);
+    assert!(subject(&smtpd.mails()[0]).contains("knob: test notification"));
+
+    // A wrong password, a server that is not there, a webhook that refuses: each one line.
+    let (code, stdout, _) = notify_test(
+        &format!("{{host: 127.0.0.1, port: {}, security: none, user: me, password: wrong, to: [me@example.com], from: knob@example.com}}", smtpd.port),
+        "http://127.0.0.1:1/nothing-listens",
+    );
+    assert_eq!(code, 1, "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].starts_with("webhook http://127.0.0.1:1/…: failed: "),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("email to me@example.com via 127.0.0.1:PORT: failed: ")
+            && lines[1].contains("535"),
+        "{stdout}"
+    );
+    assert!(
+        smtpd.auth_log().contains("me refused"),
+        "{}",
+        smtpd.auth_log()
+    );
+
+    let (code, stdout, _) = notify_test(
+        &format!("{{host: 127.0.0.1, port: {closed}, security: starttls, to: me@example.com, from: knob@example.com}}"),
+        &receiver.url.replace("/hooks/knob", "/x"),
+    );
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("email to me@example.com via 127.0.0.1:CLOSED: failed: ")
+            && stdout.contains("onnection refused"),
+        "{stdout}"
+    );
+
+    // A config without notifications.
+    let plain = sandbox.config(EXPERIMENT, &[]);
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["notify", "test", "--config"])
+        .arg(&plain));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("no notifications to test"), "{stderr}");
+}
+
+#[test]
+fn bad_notifications_are_refused_naming_the_field() {
+    let sandbox = Sandbox::new();
+    let check = |notifications: &str| {
+        let config = sandbox.config(
+            &format!("{EXPERIMENT}\nnotifications:\n{notifications}"),
+            &[],
+        );
+        let (code, stdout, stderr) = run(sandbox.knob().arg("config").arg("check").arg(&config));
+        assert_eq!(code, 1, "{stdout}");
+        stderr
+            .replace(&config.display().to_string(), "CONFIG")
+            .replace(&sandbox.path().display().to_string(), "SANDBOX")
+    };
+    expect![[r#"
+        error: CONFIG:13:18: notifications.webhook.url: "ftp://example.com/x": scheme "ftp" is not supported; write http://... or https://...
+    "#]]
+    .assert_eq(&check("  webhook: {url: ftp://example.com/x}"));
+    expect![[r#"
+        error: CONFIG:13:18: notifications.webhook.url: "not a url" is not a URL (invalid uri character); write http://... or https://...
+        error: CONFIG:13:43: notifications.webhook.secretHeader: expected an HTTP header name like "X-Knob-Secret", got "a b"
+    "#]]
+    .assert_eq(&check("  webhook: {url: not a url, secretHeader: a b}"));
+    expect![[r#"
+        error: CONFIG:13:10: notifications.email.to: required: the recipients, e.g. [me@example.com]
+    "#]]
+    .assert_eq(&check(
+        "  email: {host: smtp.example.com, from: me@example.com}",
+    ));
+    expect![[r#"
+        error: CONFIG:13:74: notifications.email.to: expected one or more mail addresses, e.g. [me@example.com], got an empty list
+    "#]]
+    .assert_eq(&check("  email: {host: smtp.example.com, user: me@example.com, password: x, to: []}"));
+    expect![[r#"
+        error: CONFIG:13:41: notifications.email.password: required with user: the SMTP password (a secret: never stored or shown)
+        error: CONFIG:13:69: notifications.email.to[1]: "nobody" is not a mail address (Invalid input)
+    "#]]
+    .assert_eq(&check("  email: {host: smtp.example.com, user: me@example.com, to: [a@b.c, nobody]}"));
+    expect![[r#"
+        error: CONFIG:13:45: notifications.email.security: expected one of "starttls", "tls", "none", got "ssl"
+        error: CONFIG:13:70: notifications.email.password: "***" is the placeholder knob prints instead of a secret; write the real value
+    "#]]
+    .assert_eq(&check("  email: {host: smtp.example.com, security: ssl, user: me, password: '***', from: a@b.c, to: a@b.c}"));
+    expect![[r#"
+        error: CONFIG:13:17: notifications.email.host: expected a non-empty string, got ""
+        error: CONFIG:13:27: notifications.email.port: expected a positive integer, got 0
+        error: CONFIG:13:40: notifications.email.password: a password without user; add user, or remove password
+        error: CONFIG:13:51: notifications.email.caFile: cannot read "SANDBOX/code/missing.pem": No such file or directory
+    "#]]
+    .assert_eq(&check("  email: {host: '', port: 0, password: x, caFile: missing.pem, from: a@b.c, to: a@b.c}"));
+    expect![[r#"
+        error: CONFIG:13:3: notifications: says where to send nothing: add webhook: {url: ...} or email: {host: ..., to: [...]}, or remove notifications
+    "#]]
+    .assert_eq(&check("  newBest: true"));
+    expect![[r#"
+        error: CONFIG:13:3: notifications: unknown field "failuresInRow" (did you mean "failuresInARow"?)
+    "#]]
+    .assert_eq(&check("  failuresInRow: 3\n  webhook: {url: http://127.0.0.1:9/}"));
+}
