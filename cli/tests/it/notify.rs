@@ -638,11 +638,10 @@ notifications:
         "{stdout}"
     );
     assert!(
-        stderr.contains(&format!(
-            "warning: notifications: \"knob: experiment down DONE, best"
-        )) && stderr.contains(&format!(
-            "to email to me@example.com via 127.0.0.1:{closed} not sent (4 tries): "
-        )),
+        stderr.contains("warning: notifications: \"knob: experiment down DONE, best")
+            && stderr.contains(&format!(
+                "to email to me@example.com via 127.0.0.1:{closed} not sent (4 tries): "
+            )),
         "{stderr}"
     );
     assert!(stderr.contains("to webhook http://127.0.0.1:"), "{stderr}");
@@ -834,4 +833,76 @@ fn bad_notifications_are_refused_naming_the_field() {
         error: CONFIG:13:3: notifications: unknown field "failuresInRow" (did you mean "failuresInARow"?)
     "#]]
     .assert_eq(&check("  failuresInRow: 3\n  webhook: {url: http://127.0.0.1:9/}"));
+}
+
+#[test]
+fn resume_gets_the_password_from_the_config_file_or_its_variable_else_runs_without_mail() {
+    let Some(python) = prerequisite::SMTPD_PYTHON.path() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let smtpd = Smtpd::start(
+        &python,
+        &sandbox.path().join("smtpd"),
+        &["--user", "me", "--password", PASSWORD],
+    );
+    let config = sandbox.config(
+        &format!(
+            "{}
+notifications:
+  email: {{host: 127.0.0.1, port: {}, security: none, user: me, password: {PASSWORD}, from: knob@example.com, to: me@example.com}}",
+            EXPERIMENT.replace("maxTrialNumber: 4", "maxTrialNumber: 2"),
+            smtpd.port
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "again");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    wait_for("the first DONE mail", || smtpd.mails().len() == 1);
+    let resume = |max: u32, password_variable: Option<&str>| {
+        let mut command = sandbox.knob();
+        command
+            .args(["resume", "again", "--max-trial-number", &max.to_string()])
+            .env_remove("KNOB_SMTP_PASSWORD");
+        if let Some(password) = password_variable {
+            command.env("KNOB_SMTP_PASSWORD", password);
+        }
+        let (code, stdout, stderr) = run(&mut command);
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        assert!(
+            !stdout.contains(PASSWORD) && !stderr.contains(PASSWORD),
+            "{stderr}"
+        );
+        stderr
+    };
+
+    // From the config file the experiment was created from (its path is in config-source).
+    resume(3, None);
+    wait_for("the second DONE mail", || smtpd.mails().len() == 2);
+    assert!(subject(&smtpd.mails()[1]).contains("knob: experiment again DONE"));
+    assert!(mail_body(&smtpd.mails()[1]).contains("Trials: 3 (3 succeeded)"));
+
+    // The file is gone: from KNOB_SMTP_PASSWORD.
+    std::fs::remove_file(&config).unwrap();
+    resume(4, Some(PASSWORD));
+    wait_for("the third DONE mail", || smtpd.mails().len() == 3);
+    assert_eq!(smtpd.auth_log(), "me ok\nme ok\nme ok\n");
+
+    // Neither: the experiment runs, without mail, and says why.
+    let stderr = resume(5, None);
+    assert!(
+        stderr.contains("warning: notifications: notifications.email.password is not stored, and the config file the experiment was created from no longer has it; set KNOB_SMTP_PASSWORD; that sink is off for this run"),
+        "{stderr}"
+    );
+    assert_eq!(
+        sandbox.export("again")["trials"].as_array().unwrap().len(),
+        5
+    );
+    assert_eq!(smtpd.mails().len(), 3);
+    for dir in [
+        sandbox.path().join("experiments"),
+        sandbox.path().join("home"),
+    ] {
+        assert_eq!(files_containing(&dir, PASSWORD), Vec::<PathBuf>::new());
+    }
 }
