@@ -40,9 +40,70 @@ pub struct TryArgs {
     #[arg(long)]
     tuner: Option<String>,
     /// A file of final results, one number a line, given to the tuner in order as the result of
-    /// each suggestion (then its trial_end SUCCEEDED); without it no result is given.
-    #[arg(long)]
+    /// each suggestion (then its trial_end SUCCEEDED); without it (or --results-expr) no result
+    /// is given.
+    #[arg(long, conflicts_with = "results_expr")]
     results: Option<PathBuf>,
+    /// A Python expression computing each suggestion's final result from its parameters, `x`
+    /// (a dict; `math` is imported), evaluated by python3: e.g. `-(x["a"] - 3) ** 2`.
+    #[arg(long, value_name = "EXPR")]
+    results_expr: Option<String>,
+}
+
+/// Where `knob plugin try` takes final results from.
+enum Results {
+    None,
+    /// A file's numbers, in order, while they last.
+    Listed(std::vec::IntoIter<f64>),
+    /// A Python expression of the parameters.
+    Expr(String),
+}
+
+/// Evaluates `--results-expr` for one parameter set: the expression is compiled once per call
+/// (one short-lived python3 a suggestion: `plugin try` asks for a handful).
+const RESULTS_EXPR_PY: &str = r#"
+import json, math, sys
+try:
+    value = float(eval(compile(sys.argv[1], "--results-expr", "eval"), {"math": math, "x": json.loads(sys.argv[2])}))
+except Exception as e:
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(1)
+print(repr(value))
+"#;
+
+impl Results {
+    fn next(&mut self, id: u64, parameters: &serde_json::Value) -> anyhow::Result<Option<f64>> {
+        match self {
+            Results::None => Ok(None),
+            Results::Listed(values) => Ok(values.next()),
+            Results::Expr(expr) => {
+                let output = std::process::Command::new("python3")
+                    .args([
+                        "-c",
+                        RESULTS_EXPR_PY,
+                        expr.as_str(),
+                        &parameters.to_string(),
+                    ])
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .map_err(|e| anyhow::anyhow!("--results-expr needs python3 on PATH: {e}"))?;
+                let stdout = String::from_utf8_lossy(&output.stdout);
+                if !output.status.success() {
+                    let stderr = String::from_utf8_lossy(&output.stderr);
+                    anyhow::bail!(
+                        "--results-expr {expr:?} failed for parameter id {id} ({parameters}): {}",
+                        stderr.trim().lines().last().unwrap_or("python3 failed")
+                    );
+                }
+                stdout.trim().parse::<f64>().map(Some).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--results-expr {expr:?} gave {:?} for parameter id {id}, not a number",
+                        stdout.trim()
+                    )
+                })
+            }
+        }
+    }
 }
 
 pub fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
@@ -79,30 +140,15 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
     let class_args: serde_json::Value = serde_json::from_str(&args.class_args)
         .map_err(|e| anyhow::anyhow!("--class-args is not JSON: {e}"))?;
     let (space, space_json) = crate::space::read_space_value(&args.space)?;
-    let results: Vec<f64> = match &args.results {
-        None => Vec::new(),
-        Some(file) => std::fs::read_to_string(file)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?
-            .lines()
-            .enumerate()
-            .filter(|(_, line)| !line.trim().is_empty())
-            .map(|(index, line)| {
-                line.trim().parse::<f64>().map_err(|_| {
-                    anyhow::anyhow!(
-                        "{}:{}: expected a number, got {:?}",
-                        file.display(),
-                        index + 1,
-                        line.trim()
-                    )
-                })
-            })
-            .collect::<anyhow::Result<_>>()?,
+    let mut results = match (&args.results, &args.results_expr) {
+        (None, None) => Results::None,
+        (None, Some(expr)) => Results::Expr(expr.clone()),
+        (Some(file), _) => Results::Listed(read_results(file)?.into_iter()),
     };
     let mut tuner = registry.tuner_object(&name, &class_args)?;
     tuner.update_search_space(&space_json)?;
     let mut out = std::io::stdout().lock();
     let label = tuner.label().to_owned();
-    let mut results = results.into_iter();
     let mut pending = std::collections::VecDeque::new();
     let emit = |out: &mut dyn Write,
                 id: u64,
@@ -140,9 +186,10 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
                 break;
             }
         }
-        // One result per suggestion, in order, while the file lasts.
+        // One result per suggestion, in order, while there are results.
         while let Some((done, parameters)) = pending.pop_front() {
-            let Some(value) = results.next() else {
+            let Some(value) = results.next(done, &parameters)? else {
+                pending.push_front((done, parameters));
                 break;
             };
             let mut suggestions = tuner.receive_trial_result(done, &parameters, value)?;
@@ -156,6 +203,26 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A `--results` file: one number a line (blank lines skipped).
+fn read_results(file: &std::path::Path) -> anyhow::Result<Vec<f64>> {
+    std::fs::read_to_string(file)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, line)| {
+            line.trim().parse::<f64>().map_err(|_| {
+                anyhow::anyhow!(
+                    "{}:{}: expected a number, got {:?}",
+                    file.display(),
+                    index + 1,
+                    line.trim()
+                )
+            })
+        })
+        .collect::<anyhow::Result<_>>()
+}
+
 fn list(json: bool) -> anyhow::Result<ExitCode> {
     let places = plugin_search_path(&[]);
     let registry = PluginRegistry::load_from(&places);
@@ -164,7 +231,7 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
         let libraries: Vec<_> = registry
             .libraries()
             .iter()
-            .map(|l| serde_json::json!({"file": l.path, "api_version": l.api_version, "components": l.components}))
+            .map(|l| serde_json::json!({"file": l.path, "api_version": l.api_version, "abi_version": l.abi_version, "components": l.components}))
             .collect();
         let problems: Vec<String> = registry
             .problems()
@@ -206,9 +273,10 @@ fn check(file: PathBuf) -> anyhow::Result<ExitCode> {
 fn write_library(out: &mut impl Write, library: &PluginLibrary) -> std::io::Result<()> {
     writeln!(
         out,
-        "{} (knob-plugin-api {})",
+        "{} (knob-plugin-api {}, ABI {})",
         library.path.display(),
-        library.api_version
+        library.api_version,
+        library.abi_version
     )?;
     let name_width = library
         .components

@@ -7,9 +7,14 @@
 //!
 //! Evolution rules:
 //! - payloads that will grow (class args, search spaces, parameters, events) cross as JSON text;
-//! - the root module and the trait vtables are prefix types: a newer minor version of the API
+//! - the ABI has a version of its own, [`ABI_VERSION`], separate from the crate's: a release of
+//!   knob-plugin-api that leaves the binary interface alone keeps it, so plugins built against
+//!   any earlier release with the same ABI keep loading. Appending fields to the root module
+//!   raises its minor (plugins built for an older minor load, and get the old behaviour for what
+//!   they lack); any other change raises its major (older plugins are refused, with "rebuild").
+//! - the root module and the trait vtables are prefix types: a newer minor version of the ABI
 //!   appends fields/methods after the last prefix field, and an older host simply does not see
-//!   them. That is why a host accepts plugins built against the same or a newer plugin-api.
+//!   them. That is why a host accepts plugins built for the same or a newer minor.
 //! - a library built before a field was appended to the root module lacks it: each appended
 //!   field is `missing_field(option)` and the host falls back to what plugins did before it
 //!   existed. New training-service calls are root-module functions taking the service's name
@@ -22,7 +27,7 @@
 use abi_stable::{
     declare_root_module_statics,
     library::RootModule,
-    package_version_strings, sabi_trait,
+    sabi_trait,
     sabi_types::VersionStrings,
     std_types::{RBox, RResult, RSlice, RStr, RString, RVec},
     StableAbi,
@@ -212,9 +217,13 @@ pub mod earlier_layouts {
         }
     }
 
-    /// Newest first: the layouts a library may have been built with, besides the current one.
-    pub fn newest_first() -> [&'static TypeLayout; 1] {
-        [<first_release::PluginModuleRef as StableAbi>::LAYOUT]
+    /// Newest first: the layouts a library may have been built with, besides the current one,
+    /// each with the ABI version that had it.
+    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 1] {
+        [(
+            "1.0.0",
+            <first_release::PluginModuleRef as StableAbi>::LAYOUT,
+        )]
     }
 }
 
@@ -222,9 +231,38 @@ impl RootModule for PluginModuleRef {
     declare_root_module_statics! {PluginModuleRef}
     const BASE_NAME: &'static str = "knob_plugin";
     const NAME: &'static str = "knob_plugin";
-    // Expanded here, so the version is knob-plugin-api's own, whichever crate exports the module.
-    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+    // abi_stable's own version check (same major; for 0.x, a minor at least the host's) is
+    // replaced by ours on `ABI_VERSION`, made before it: held at the first release's crate
+    // version, which every plugin built so far declares, it never refuses a library ours takes.
+    // (It used to be the crate version, which made every plugin-api release an ABI break.)
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new("0.1.0");
 }
+
+/// The ABI version as a literal, for `concat!`.
+macro_rules! abi_version {
+    () => {
+        "1.1.0"
+    };
+}
+
+/// The version of the binary interface between knob and its plugins (semver), separate from
+/// knob-plugin-api's crate version and raised only when the interface changes: the minor when
+/// fields are appended to the root module (a plugin built for an older minor still loads and
+/// gets the old behaviour for what it lacks), the major for anything else. History:
+/// - 1.0.0: the first release's root module (up to `new_training_service`);
+/// - 1.1.0: `check_training_service`, `create_training_service`, `clean_up_training_service`.
+///
+/// Plugins built before ABI versions existed export only [`API_VERSION_SYMBOL`] (0.1.x); the
+/// host takes them as ABI 1.0.0 or 1.1.0, whichever layout their root module has.
+pub const ABI_VERSION: &str = abi_version!();
+
+/// A plain C symbol every knob plugin exports: the ABI version it was built for,
+/// NUL-terminated. The host reads it before abi_stable checks anything, which lets it tell "not
+/// a knob plugin" and "built for another ABI" apart from a layout mismatch.
+pub const ABI_VERSION_SYMBOL: &str = "knob_plugin_abi_version";
+
+/// [`ABI_VERSION`], NUL-terminated, as exported under [`ABI_VERSION_SYMBOL`].
+pub const ABI_VERSION_NUL: &str = concat!(abi_version!(), "\0");
 
 /// The symbol under which abi_stable looks for a library's root module. `export_plugin!` has to
 /// spell it as a literal (an `#[export_name]` cannot take a path), so this checks the literal.
@@ -235,9 +273,8 @@ const _: () = assert!(const_str_eq(
 ));
 
 /// A plain C symbol every knob plugin exports next to the abi_stable root module: the
-/// plugin-api version it was built against, NUL-terminated. The host reads it before abi_stable
-/// checks anything, which lets it tell "not a knob plugin" and "built against another version"
-/// apart from a layout mismatch.
+/// knob-plugin-api crate version it was built against, NUL-terminated (shown by `knob plugin
+/// list`; compatibility is judged by [`ABI_VERSION_SYMBOL`]).
 pub const API_VERSION_SYMBOL: &str = "knob_plugin_api_version";
 
 /// This crate's version, NUL-terminated, as exported under [`API_VERSION_SYMBOL`].

@@ -2,14 +2,19 @@
 //!
 //! - Plugin authors implement [`Tuner`], [`Assessor`] or [`TrainingService`] and list them in
 //!   [`export_plugin!`]; [`space`] gives them NNI's search-space model.
-//! - The host (knob itself) discovers and loads plugin libraries with [`host`].
+//! - The host (knob itself) discovers and loads plugin libraries with `host` (the `host`
+//!   feature, on by default; plugins depend with `default-features = false`).
 //!
 //! abi_stable and libloading are implementation details of this crate: no type of theirs
 //! appears in its public API.
 
+// Without the host, what only the loader reads is unused.
+#[cfg_attr(not(feature = "host"), allow(dead_code))]
 mod abi;
 pub mod config;
+#[cfg(feature = "host")]
 pub mod host;
+#[cfg_attr(not(feature = "host"), allow(dead_code))]
 mod labeled;
 pub mod metric;
 mod sdk;
@@ -24,9 +29,14 @@ pub use sdk::{
 #[doc(hidden)]
 pub use sdk::__private;
 
-/// The version of this crate, which is the plugin ABI version. A host accepts a plugin built
-/// against the same or a newer patch of the same `0.x` line (cargo's semver rule for 0.x).
+/// The version of this crate. It says nothing about compatibility: see [`ABI_VERSION`].
 pub const API_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The version of the binary interface between knob and its plugins, separate from the crate's
+/// and raised only when that interface changes. A host loads a plugin built for the same major
+/// ABI version (an older minor gets the old behaviour for what it lacks); a pre-release ABI only
+/// matches itself (semver: it promises no compatibility).
+pub const ABI_VERSION: &str = abi::ABI_VERSION;
 
 /// What a plugin component is.
 #[derive(

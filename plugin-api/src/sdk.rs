@@ -918,6 +918,10 @@ pub mod __private {
         crate::abi::API_VERSION_NUL.as_ptr().cast()
     }
 
+    pub fn abi_version_ptr() -> *const std::ffi::c_char {
+        crate::abi::ABI_VERSION_NUL.as_ptr().cast()
+    }
+
     pub use crate::abi::{
         AbiComponentInfo, AbiResult, AssessorBox, EventSinkBox, HostLoggerBox, PluginModule,
         TrainingServiceBox, TunerBox,
@@ -955,6 +959,12 @@ macro_rules! export_plugin {
         #[export_name = "knob_plugin_api_version"]
         pub extern "C" fn __knob_plugin_api_version() -> *const ::std::ffi::c_char {
             $crate::__private::api_version_ptr()
+        }
+
+        #[doc(hidden)]
+        #[export_name = "knob_plugin_abi_version"]
+        pub extern "C" fn __knob_plugin_abi_version() -> *const ::std::ffi::c_char {
+            $crate::__private::abi_version_ptr()
         }
 
         #[doc(hidden)]

@@ -19,7 +19,10 @@ fn plugin_list_shows_the_built_in_tuners() {
     assert_eq!(code, 0, "{stderr}");
     let stdout = normalize(&stdout);
     assert!(
-        stdout.contains("$BIN/libknob_tuners.so (knob-plugin-api 0.1.0)"),
+        stdout.contains(&format!(
+            "$BIN/libknob_tuners.so (knob-plugin-api 0.1.0, ABI {})",
+            knob_plugin_api::ABI_VERSION
+        )),
         "{stdout}"
     );
     for name in ["Random", "GridSearch"] {
@@ -89,8 +92,9 @@ fn a_third_party_tuner_dropped_on_the_plugin_path_is_listed_and_runs() {
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stdout.contains(&format!(
-            "{}/libsweep.so (knob-plugin-api 0.1.0)",
-            plugin_dir.path().display()
+            "{}/libsweep.so (knob-plugin-api 0.1.0, ABI {})",
+            plugin_dir.path().display(),
+            knob_plugin_api::ABI_VERSION
         )),
         "{stdout}"
     );

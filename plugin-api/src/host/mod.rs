@@ -3,8 +3,9 @@
 //! Loading is four checks, each with its own one-line error: the file's ELF headers, program
 //! headers and dynamic section lie within it ([`precheck`], before `dlopen`, which would die of
 //! SIGBUS on a truncated file); `dlopen` takes it; it exports `knob_plugin_api_version` (else it
-//! is not a knob plugin) with a compatible version; abi_stable finds the root module's layout
-//! identical to ours. The full abi_stable report of a
+//! is not a knob plugin) and `knob_plugin_abi_version` with a compatible ABI version (see
+//! [`check_abi_compatible`]); abi_stable finds the root module's layout identical to ours, or to
+//! an earlier one of the same major ABI version (`abi::earlier_layouts`). The full abi_stable report of a
 //! layout mismatch goes to the debug log, the one line names the type.
 //!
 //! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
@@ -34,7 +35,7 @@ use serde_json::Value;
 
 use crate::abi::{
     AbiComponentKind, AbiLogLevel, EventSinkAbi, EventSinkAbi_TO, HostLoggerAbi, HostLoggerAbi_TO,
-    PluginModuleRef, API_VERSION_SYMBOL,
+    PluginModuleRef, ABI_VERSION_SYMBOL, API_VERSION_SYMBOL,
 };
 use crate::service::{ConfigCheck, ServiceContext, ServiceEvent};
 use crate::ComponentKind;
@@ -91,8 +92,10 @@ pub struct ComponentInfo {
 #[derive(Clone)]
 pub struct PluginLibrary {
     pub path: PathBuf,
-    /// The knob-plugin-api version the library was built against.
+    /// The knob-plugin-api crate version the library was built against.
     pub api_version: String,
+    /// The plugin ABI version it was built for (see [`crate::ABI_VERSION`]).
+    pub abi_version: String,
     pub components: Vec<ComponentInfo>,
     module: PluginModuleRef,
 }
@@ -102,6 +105,7 @@ impl std::fmt::Debug for PluginLibrary {
         f.debug_struct("PluginLibrary")
             .field("path", &self.path)
             .field("api_version", &self.api_version)
+            .field("abi_version", &self.abi_version)
             .field("components", &self.components)
             .finish()
     }
@@ -277,22 +281,30 @@ fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
     precheck::check_file(path).map_err(|reason| {
         format!("not a loadable shared library ({reason}); remove it from the plugin path")
     })?;
-    let api_version = read_api_version(path)?;
-    check_version_compatible(&api_version)?;
+    let (api_version, declared_abi) = read_versions(path)?;
+    if let Some(abi) = &declared_abi {
+        check_abi_compatible(abi)?;
+    }
+    check_release_line(&api_version)?;
 
     let header =
         lib_header_from_path(path).map_err(|e| describe_library_error(&e, &api_version))?;
-    let module = match header.init_root_module::<PluginModuleRef>() {
-        Ok(module) => module,
+    let (module, layout_abi) = match header.init_root_module::<PluginModuleRef>() {
+        Ok(module) => (module, crate::ABI_VERSION),
         Err(error) => match built_with_earlier_layout(header) {
             // SAFETY: the library's root module has the layout of an earlier release, a prefix
             // of the current one; the accessors of the fields appended since read the library's
             // own field count and answer `None` for each.
-            true => unsafe { header.init_root_module_with_unchecked_layout::<PluginModuleRef>() }
-                .map_err(|e| describe_library_error(&e, &api_version))?,
-            false => return Err(describe_library_error(&error, &api_version)),
+            Some(earlier) => (
+                unsafe { header.init_root_module_with_unchecked_layout::<PluginModuleRef>() }
+                    .map_err(|e| describe_library_error(&e, &api_version))?,
+                earlier,
+            ),
+            None => return Err(describe_library_error(&error, &api_version)),
         },
     };
+    // A library from before ABI versions is the version whose layout it has.
+    let abi_version = declared_abi.unwrap_or_else(|| layout_abi.to_owned());
 
     let logger = HostLoggerAbi_TO::from_value(HostLogger, TD_Opaque);
     (module.set_host_logger())(logger);
@@ -312,29 +324,31 @@ fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
     Ok(PluginLibrary {
         path: path.to_path_buf(),
         api_version,
+        abi_version,
         components,
         module,
     })
 }
 
-/// Whether the library's root module has exactly the layout of an earlier release (one without
-/// the root-module fields appended since): such a library loads, and the host gives it the old
+/// The ABI version of the earlier release whose root-module layout (one without the fields
+/// appended since) the library has exactly: such a library loads, and the host gives it the old
 /// behaviour (see `abi::earlier_layouts`).
-fn built_with_earlier_layout(header: &abi_stable::library::LibHeader) -> bool {
-    let Some(layout) = header.layout() else {
-        return false;
-    };
+fn built_with_earlier_layout(header: &abi_stable::library::LibHeader) -> Option<&'static str> {
+    let layout = header.layout()?;
     crate::abi::earlier_layouts::newest_first()
         .into_iter()
-        .any(|earlier| {
+        .find(|(_, earlier)| {
             abi_stable::abi_stability::abi_checking::check_layout_compatibility(earlier, layout)
                 .is_ok()
         })
+        .map(|(version, _)| version)
 }
 
-/// Reads the plain C version symbol. This dlopens the file; the handle is kept for the life of
+/// Reads the plain C version symbols: the crate version the library was built against, and the
+/// ABI version it was built for (absent in libraries from before ABI versions, which are taken
+/// as the ABI whose layout they have). This dlopens the file; the handle is kept for the life of
 /// the process, as abi_stable does with the same file right after.
-fn read_api_version(path: &Path) -> Result<String, String> {
+fn read_versions(path: &Path) -> Result<(String, Option<String>), String> {
     // SAFETY: loading a library runs its initialisers; that is what loading a plugin means, and
     // the user put the file on the plugin path.
     let library = unsafe { libloading::Library::new(path) }.map_err(|e| {
@@ -343,26 +357,36 @@ fn read_api_version(path: &Path) -> Result<String, String> {
             first_line(&e.to_string())
         )
     })?;
-    let version = {
-        // SAFETY: every knob plugin exports this symbol with exactly this signature.
+    let read = |symbol: &str| -> Option<Result<String, String>> {
+        // SAFETY: every knob plugin exports these symbols with exactly this signature.
         let symbol = unsafe {
-            library.get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(API_VERSION_SYMBOL.as_bytes())
+            library.get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(symbol.as_bytes())
         }
-        .map_err(|_| {
-            "not a knob plugin (it does not export knob_plugin_api_version; plugins are built with knob_plugin_api::export_plugin!)".to_string()
-        })?;
+        .ok()?;
         // SAFETY: the symbol returns a pointer to a NUL-terminated static string.
         let ptr = unsafe { symbol() };
         if ptr.is_null() {
-            return Err("not a knob plugin (knob_plugin_api_version returned null)".into());
+            return Some(Err(
+                "not a knob plugin (its version symbol returned null)".into()
+            ));
         }
         // SAFETY: non-null, NUL-terminated, static in the library, which stays loaded.
-        unsafe { CStr::from_ptr(ptr) }
+        Some(Ok(unsafe { CStr::from_ptr(ptr) }
             .to_string_lossy()
-            .into_owned()
+            .into_owned()))
     };
+    let api_version = read(API_VERSION_SYMBOL).ok_or_else(|| {
+        "not a knob plugin (it does not export knob_plugin_api_version; plugins are built with knob_plugin_api::export_plugin!)".to_string()
+    })??;
+    let abi_version = read(ABI_VERSION_SYMBOL).transpose()?;
+    if abi_version.is_none() && !api_version.starts_with("0.1.") {
+        return Err(format!(
+            "built against knob-plugin-api {api_version}, which declares no plugin ABI version: rebuild the plugin against knob-plugin-api {}",
+            crate::API_VERSION
+        ));
+    }
     std::mem::forget(library);
-    Ok(version)
+    Ok((api_version, abi_version))
 }
 
 /// A semver version: the core numbers and the pre-release identifiers (build metadata is
@@ -439,15 +463,24 @@ impl Ord for Version {
     }
 }
 
-/// The compatibility rule, stated once: a plugin must be built against the host's plugin-api
-/// or a newer one that cargo considers compatible (same major, or same minor for `0.x`), because
-/// newer APIs only append to the ABI.
-fn check_version_compatible(plugin_version: &str) -> Result<(), String> {
-    let host = crate::API_VERSION;
-    let (Some(plugin), Some(host_version)) = (Version::parse(plugin_version), Version::parse(host))
+/// The compatibility rule, stated once, on ABI versions (the crate version plays no part): a
+/// plugin must be built for the host's major ABI version (its minor for `0.x`). An older minor
+/// lacks fields appended since, and the host gives it the old behaviour; a newer minor only
+/// appended fields the host does not read. A pre-release ABI promises no compatibility (semver
+/// item 9): a plugin built for one loads only into a host of exactly that pre-release. Build
+/// metadata is ignored.
+pub fn check_abi_compatible(plugin_abi: &str) -> Result<(), String> {
+    let host = crate::ABI_VERSION;
+    let api = crate::API_VERSION;
+    let (Some(plugin), Some(host_version)) = (Version::parse(plugin_abi), Version::parse(host))
     else {
-        return Err(format!("built against knob-plugin-api \"{plugin_version}\", which is not a version number; rebuild it against {host}"));
+        return Err(format!("built for plugin ABI \"{plugin_abi}\", which is not a version number; rebuild it against knob-plugin-api {api} (ABI {host})"));
     };
+    if !plugin.pre.is_empty() && plugin != host_version {
+        return Err(format!(
+            "built for the pre-release plugin ABI {plugin_abi}, knob's is {host}: a pre-release ABI is compatible only with itself; rebuild the plugin against knob-plugin-api {api} (ABI {host})"
+        ));
+    }
     let (p, h) = (plugin.core, host_version.core);
     let same_line = if h.0 == 0 {
         p.0 == 0 && p.1 == h.1
@@ -455,22 +488,37 @@ fn check_version_compatible(plugin_version: &str) -> Result<(), String> {
         p.0 == h.0
     };
     if !same_line {
-        let newer = p > h;
-        return Err(format!(
-            "built against knob-plugin-api {plugin_version}, host is {host}: {}",
-            if newer {
-                format!("upgrade knob, or rebuild the plugin against knob-plugin-api {host}")
-            } else {
-                format!("rebuild the plugin against knob-plugin-api {host}")
-            }
-        ));
-    }
-    if plugin < host_version {
-        return Err(format!(
-            "built against knob-plugin-api {plugin_version}, older than the host's {host}: rebuild the plugin against knob-plugin-api {host}"
-        ));
+        return Err(if plugin > host_version {
+            format!("built for plugin ABI {plugin_abi}, knob's is {host}: upgrade knob, or rebuild the plugin against knob-plugin-api {api}")
+        } else {
+            format!("built for plugin ABI {plugin_abi}, which knob's {host} no longer supports: rebuild the plugin against knob-plugin-api {api}")
+        });
     }
     Ok(())
+}
+
+/// abi_stable's layout check also compares the crate version each type was built with, by
+/// cargo's rule (same major; same minor for `0.x`): a plugin built against a knob-plugin-api of
+/// another release line fails it whatever its ABI version. Said here first, in words. (So a
+/// knob-plugin-api release that keeps the ABI's major is a semver-compatible one, and one that
+/// raises it is semver-major: the two move together.)
+fn check_release_line(plugin_api: &str) -> Result<(), String> {
+    let host = crate::API_VERSION;
+    let (Some(plugin), Some(host_version)) = (Version::parse(plugin_api), Version::parse(host))
+    else {
+        return Err(format!("built against knob-plugin-api \"{plugin_api}\", which is not a version number; rebuild it against {host}"));
+    };
+    let (p, h) = (plugin.core, host_version.core);
+    let same_line = if h.0 == 0 {
+        p.0 == 0 && p.1 == h.1
+    } else {
+        p.0 == h.0
+    };
+    match (same_line, p > h) {
+        (true, _) => Ok(()),
+        (false, true) => Err(format!("built against knob-plugin-api {plugin_api}, a newer release line than knob's {host}: upgrade knob, or rebuild the plugin against knob-plugin-api {host}")),
+        (false, false) => Err(format!("built against knob-plugin-api {plugin_api}, an older release line than knob's {host}: rebuild the plugin against knob-plugin-api {host}")),
+    }
 }
 
 fn first_line(text: &str) -> &str {
@@ -487,7 +535,7 @@ fn describe_library_error(error: &LibraryError, api_version: &str) -> String {
             mismatched_type(&report).unwrap_or_else(|| "PluginModule".into())
         ),
         LibraryError::IncompatibleVersionNumber { expected_version, actual_version, .. } => format!(
-            "built against knob-plugin-api {actual_version}, host is {expected_version}: rebuild the plugin against knob-plugin-api {expected_version}"
+            "its root module declares version {actual_version}, knob expects {expected_version}: rebuild the plugin against knob-plugin-api {}", crate::API_VERSION
         ),
         LibraryError::InvalidAbiHeader(_) => {
             "built with an incompatible abi_stable version; rebuild it against this knob's knob-plugin-api".into()
@@ -498,7 +546,9 @@ fn describe_library_error(error: &LibraryError, api_version: &str) -> String {
     }
 }
 
-/// Finds the type abi_stable complains about in its layout report, and what is wrong with it.
+/// Finds the innermost type abi_stable complains about in its layout report, the field that
+/// differs, and what is wrong with it (never the wrapper the mismatch sits in, such as
+/// `RResult`).
 ///
 /// The report walks the type tree; every step prints "<n> error(s)inside:" followed by the
 /// path so far and the "Layout of expected type:" of the step's type. The first step with a
@@ -516,16 +566,36 @@ fn mismatched_type(report: &str) -> Option<String> {
             (count.parse::<u32>().ok()? > 0).then_some(step)
         })?;
     let expected = &failing_step[failing_step.find("Layout of expected type:")?..];
-    let type_line = expected
+    let type_name = expected
         .lines()
-        .find_map(|line| line.trim().strip_prefix("type:"))?;
-    let problem = failing_step
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("Error:"));
-    Some(match problem {
-        Some(problem) => format!("{} ({})", type_line.trim(), problem.trim()),
-        None => type_line.trim().to_string(),
-    })
+        .find_map(|line| line.trim().strip_prefix("type:"))?
+        .trim();
+    // The step's first error: "Error:<what>", then "Expected:" and "Found:", each followed by
+    // what differs (a field's layout starts with its "field_name:").
+    let Some(error) = failing_step.split("\nError:").nth(1) else {
+        return Some(type_name.to_string());
+    };
+    let problem = error.lines().next().unwrap_or("").trim();
+    let first_line_after = |label: &str| {
+        error
+            .split_once(label)
+            .and_then(|(_, rest)| rest.lines().map(str::trim).find(|l| !l.is_empty()))
+            .unwrap_or("")
+    };
+    let (expected, found) = (first_line_after("Expected:"), first_line_after("Found:"));
+    Some(
+        match (
+            expected.strip_prefix("field_name:"),
+            found.strip_prefix("field_name:"),
+        ) {
+            (Some(ours), Some(theirs)) if ours != theirs => {
+                format!("{type_name}, field {ours} ({problem}; the plugin has {theirs} there)")
+            }
+            (Some(ours), _) => format!("{type_name}, field {ours} ({problem})"),
+            _ if expected.is_empty() => format!("{type_name} ({problem})"),
+            _ => format!("{type_name} ({problem}: knob has {expected}, the plugin {found})"),
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -921,40 +991,52 @@ mod tests {
     use super::*;
 
     #[test]
-    fn version_rule_follows_cargo_semver_for_0x() {
-        // The host is this crate's version; build versions around it.
-        let (major, minor, patch) = Version::parse(crate::API_VERSION).unwrap().core;
-        assert!(check_version_compatible(crate::API_VERSION).is_ok());
-        assert!(check_version_compatible(&format!("{major}.{minor}.{}", patch + 1)).is_ok());
-        let next_line = if major == 0 {
-            format!("0.{}.0", minor + 1)
-        } else {
-            format!("{}.0.0", major + 1)
-        };
-        let err = check_version_compatible(&next_line).unwrap_err();
+    fn the_abi_version_rule_is_semver_on_the_abi_alone() {
+        let (major, minor, patch) = Version::parse(crate::ABI_VERSION).unwrap().core;
+        assert!(check_abi_compatible(crate::ABI_VERSION).is_ok());
+        // Older and newer minors and patches of the same major load.
+        assert!(check_abi_compatible(&format!("{major}.{minor}.{}", patch + 1)).is_ok());
+        assert!(check_abi_compatible(&format!("{major}.{}.0", minor + 1)).is_ok());
+        assert!(check_abi_compatible(&format!("{major}.0.0")).is_ok());
+        let err = check_abi_compatible(&format!("{}.0.0", major + 1)).unwrap_err();
         assert!(err.contains("upgrade knob"), "{err}");
-        let err = check_version_compatible("0.0.1").unwrap_err();
+        let err = check_abi_compatible("0.9.0").unwrap_err();
+        assert!(err.contains("no longer supports"), "{err}");
         assert!(
             err.contains("rebuild the plugin against knob-plugin-api"),
             "{err}"
         );
-        assert!(check_version_compatible("banana").is_err());
+        assert!(check_abi_compatible("banana").is_err());
+        // The crate's release line (abi_stable's rule), not its patch, must match.
+        assert!(check_release_line(crate::API_VERSION).is_ok());
+        assert!(check_release_line("0.1.99").is_ok());
+        assert!(check_release_line("0.1.0-alpha.1").is_ok());
+        assert!(check_release_line("0.2.0")
+            .unwrap_err()
+            .contains("newer release line"));
+        assert!(check_release_line("0.0.9")
+            .unwrap_err()
+            .contains("older release line"));
     }
 
     /// Pre-release and build-metadata versions are judged by semver: the suffix used to be
     /// dropped, so a plugin built against `X.Y.Z-alpha.1` passed as `X.Y.Z` (issue 19).
     #[test]
     fn pre_releases_and_build_metadata_follow_semver() {
-        let (major, minor, patch) = Version::parse(crate::API_VERSION).unwrap().core;
+        let (major, minor, patch) = Version::parse(crate::ABI_VERSION).unwrap().core;
         let host = format!("{major}.{minor}.{patch}");
-        // A pre-release of the host's own version is older than it.
-        let err = check_version_compatible(&format!("{host}-alpha.1")).unwrap_err();
-        assert!(err.contains("older than the host's"), "{err}");
-        // A pre-release of a newer patch is newer; build metadata changes nothing.
-        assert!(check_version_compatible(&format!("{major}.{minor}.{}-rc.1", patch + 1)).is_ok());
-        assert!(check_version_compatible(&format!("{host}+build.7")).is_ok());
-        assert!(check_version_compatible(&format!("{host}-")).is_err());
-        assert!(check_version_compatible(&format!("{host}-a..b")).is_err());
+        // A pre-release ABI is compatible with nothing but itself, even in the same major.
+        for pre in [
+            format!("{host}-alpha.1"),
+            format!("{major}.{}.0-rc.1", minor + 1),
+        ] {
+            let err = check_abi_compatible(&pre).unwrap_err();
+            assert!(err.contains("pre-release plugin ABI"), "{err}");
+        }
+        // Build metadata changes nothing.
+        assert!(check_abi_compatible(&format!("{host}+build.7")).is_ok());
+        assert!(check_abi_compatible(&format!("{host}-")).is_err());
+        assert!(check_abi_compatible(&format!("{host}-a..b")).is_err());
 
         let v = |text: &str| Version::parse(text).unwrap();
         // semver.org's own example order.

@@ -18,7 +18,13 @@ use serde_json::json;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Variant {
     Same,
+    /// Another crate version, the same ABI.
     Version(&'static str),
+    /// Another ABI version (`abi_version!` in abi.rs).
+    Abi(&'static str),
+    /// Built from the frozen copy of an earlier release in `tests/fixtures/abi-X.Y` (crate
+    /// and fixture plugin as they were), never edited since.
+    Frozen(&'static str),
     /// Swaps the fields of `AbiVerdict`: same version, different layout.
     LayoutChanged,
     /// Without the root-module fields appended since the first 0.1 release (between the
@@ -31,6 +37,8 @@ impl Variant {
         match self {
             Variant::Same => "same".into(),
             Variant::Version(v) => format!("v{}", v.replace('.', "_")),
+            Variant::Abi(v) => format!("abi{}", v.replace(['.', '-'], "_")),
+            Variant::Frozen(v) => format!("frozen{}", v.replace('.', "_")),
             Variant::LayoutChanged => "layout".into(),
             Variant::BeforeAppendedFields => "before".into(),
         }
@@ -150,13 +158,39 @@ fn fixture(variant: Variant) -> PathBuf {
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let ws = tmp.join(format!("fixture-ws-{}", variant.slug()));
     let api = ws.join("plugin-api");
-    copy_dir(&crate_dir().join("src"), &api.join("src"));
-    write_if_changed(
-        &api.join("Cargo.toml"),
-        &std::fs::read(crate_dir().join("Cargo.toml")).unwrap(),
-    );
+    let (api_source, plugin_source) = match variant {
+        Variant::Frozen(v) => {
+            let frozen = crate_dir().join(format!("tests/fixtures/abi-{v}"));
+            (frozen.join("plugin-api"), frozen.join("test_plugin.rs"))
+        }
+        _ => (
+            crate_dir(),
+            crate_dir().join("tests/fixtures/test_plugin.rs"),
+        ),
+    };
+    copy_dir(&api_source.join("src"), &api.join("src"));
+    for file in ["Cargo.toml", "README.md"] {
+        write_if_changed(
+            &api.join(file),
+            &std::fs::read(api_source.join(file)).unwrap(),
+        );
+    }
     match variant {
-        Variant::Same => {}
+        Variant::Same | Variant::Frozen(_) => {}
+        Variant::Abi(v) => {
+            replace_once(
+                &api.join("src/abi.rs"),
+                &format!("() => {{\n        \"{}\"", knob_plugin_api::ABI_VERSION),
+                &format!("() => {{\n        \"{v}\""),
+            );
+            // A crate version of its own, so that its rlib is not shared with `Same`'s (see
+            // the target dirs below).
+            replace_once(
+                &api.join("Cargo.toml"),
+                "version = \"0.1.0\"",
+                &format!("version = \"0.1.0-{}\"", variant.slug().replace('_', "-")),
+            );
+        }
         Variant::Version(v) => replace_once(
             &api.join("Cargo.toml"),
             "version = \"0.1.0\"",
@@ -201,11 +235,11 @@ path = "{}"
 crate-type = ["cdylib"]
 
 [dependencies]
-knob-plugin-api = {{ path = "../plugin-api" }}
+knob-plugin-api = {{ path = "../plugin-api", default-features = false }}
 serde.workspace = true
 serde_json.workspace = true
 "#,
-            crate_dir().join("tests/fixtures/test_plugin.rs").display()
+            plugin_source.display()
         )
         .as_bytes(),
     );
@@ -213,11 +247,12 @@ serde_json.workspace = true
     // unmodified and the layout-changed copy of this crate (same name, version and relative
     // path) would share one rlib in a shared target dir, and whichever was built last would be
     // linked into both fixtures. The layout variant builds in its own.
-    let target = tmp.join(match variant {
-        Variant::LayoutChanged => "fixture-target-layout",
-        Variant::BeforeAppendedFields => "fixture-target-before",
-        _ => "fixture-target",
-    });
+    let target = match variant {
+        Variant::LayoutChanged => tmp.join("fixture-target-layout"),
+        Variant::BeforeAppendedFields => tmp.join("fixture-target-before"),
+        Variant::Frozen(_) => tmp.join(format!("fixture-target-{}", variant.slug())),
+        _ => tmp.join("fixture-target"),
+    };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args(["build", "--quiet", "-p", &package, "--target-dir"])
@@ -670,48 +705,117 @@ fn a_file_that_is_not_a_plugin_is_reported_as_such() {
     );
 }
 
+/// Within a release line the crate version plays no part: a plugin built against an older
+/// (here a pre-release) or a newer knob-plugin-api 0.1 with the same ABI loads (every patch
+/// release used to break every plugin, issue 19).
 #[test]
-fn a_plugin_built_against_an_older_api_must_be_rebuilt() {
-    if in_own_process("loader::a_plugin_built_against_an_older_api_must_be_rebuilt") {
+fn a_plugin_built_against_another_crate_version_with_the_same_abi_loads() {
+    if in_own_process(
+        "loader::a_plugin_built_against_another_crate_version_with_the_same_abi_loads",
+    ) {
         return;
     }
+    for version in ["0.1.0-alpha.1", "0.1.7"] {
+        let so = fixture(Variant::Version(version));
+        let library = load_library(&so).unwrap();
+        assert_eq!(
+            (library.api_version.as_str(), library.abi_version.as_str()),
+            (version, knob_plugin_api::ABI_VERSION)
+        );
+        let mut tuner = registry_with(&[so])
+            .tuner_object("Counting", &json!({"step": 3}))
+            .unwrap();
+        assert_eq!(
+            tuner.generate_parameters(2).unwrap(),
+            Generated::Parameters(json!({"n": 6}))
+        );
+    }
+}
+
+/// abi_stable compares the crate versions of the types too (cargo's rule): another release line
+/// is refused, in words, whatever the ABI.
+#[test]
+fn a_plugin_built_against_another_release_line_is_refused_with_what_to_do() {
+    if in_own_process(
+        "loader::a_plugin_built_against_another_release_line_is_refused_with_what_to_do",
+    ) {
+        return;
+    }
+    let api = knob_plugin_api::API_VERSION;
     let so = fixture(Variant::Version("0.0.9"));
     assert_eq!(
         load_error(&so),
         format!(
-            "{}: built against knob-plugin-api 0.0.9, host is {v}: rebuild the plugin against knob-plugin-api {v}",
+            "{}: built against knob-plugin-api 0.0.9, an older release line than knob's {api}: rebuild the plugin against knob-plugin-api {api}",
             so.display(),
-            v = knob_plugin_api::API_VERSION
         )
     );
-}
-
-#[test]
-fn a_plugin_built_against_a_newer_incompatible_api_asks_for_a_newer_knob() {
-    if in_own_process(
-        "loader::a_plugin_built_against_a_newer_incompatible_api_asks_for_a_newer_knob",
-    ) {
-        return;
-    }
     let so = fixture(Variant::Version("0.2.0"));
     assert_eq!(
         load_error(&so),
         format!(
-            "{}: built against knob-plugin-api 0.2.0, host is {v}: upgrade knob, or rebuild the plugin against knob-plugin-api {v}",
+            "{}: built against knob-plugin-api 0.2.0, a newer release line than knob's {api}: upgrade knob, or rebuild the plugin against knob-plugin-api {api}",
             so.display(),
-            v = knob_plugin_api::API_VERSION
         )
     );
 }
 
+/// The major ABI version decides; an older one asks for a rebuild, a newer one for a newer knob.
 #[test]
-fn a_plugin_built_against_a_newer_compatible_api_loads() {
-    if in_own_process("loader::a_plugin_built_against_a_newer_compatible_api_loads") {
+fn a_plugin_built_for_another_major_abi_is_refused_with_what_to_do() {
+    if in_own_process("loader::a_plugin_built_for_another_major_abi_is_refused_with_what_to_do") {
         return;
     }
-    let so = fixture(Variant::Version("0.1.7"));
+    let (host, api) = (knob_plugin_api::ABI_VERSION, knob_plugin_api::API_VERSION);
+    let so = fixture(Variant::Abi("0.9.0"));
+    assert_eq!(
+        load_error(&so),
+        format!(
+            "{}: built for plugin ABI 0.9.0, which knob's {host} no longer supports: rebuild the plugin against knob-plugin-api {api}",
+            so.display(),
+        )
+    );
+    let so = fixture(Variant::Abi("2.0.0"));
+    assert_eq!(
+        load_error(&so),
+        format!(
+            "{}: built for plugin ABI 2.0.0, knob's is {host}: upgrade knob, or rebuild the plugin against knob-plugin-api {api}",
+            so.display(),
+        )
+    );
+}
+
+/// A pre-release ABI is judged by semver: it promises no compatibility, so a plugin built for
+/// one is refused by every other ABI, even a release of the same version (the suffix used to be
+/// dropped, and `0.1.0-alpha.1` passed as `0.1.0`).
+#[test]
+fn a_pre_release_abi_is_judged_by_semver() {
+    if in_own_process("loader::a_pre_release_abi_is_judged_by_semver") {
+        return;
+    }
+    let host = knob_plugin_api::ABI_VERSION;
+    let pre = format!("{host}-alpha.1");
+    let so = fixture(Variant::Abi(Box::leak(pre.clone().into_boxed_str())));
+    assert_eq!(
+        load_error(&so),
+        format!(
+            "{}: built for the pre-release plugin ABI {pre}, knob's is {host}: a pre-release ABI is compatible only with itself; rebuild the plugin against knob-plugin-api {} (ABI {host})",
+            so.display(),
+            knob_plugin_api::API_VERSION
+        )
+    );
+}
+
+/// A plugin built for a newer minor ABI (same layout here: what it appended the host ignores)
+/// loads.
+#[test]
+fn a_plugin_built_for_a_newer_minor_abi_loads() {
+    if in_own_process("loader::a_plugin_built_for_a_newer_minor_abi_loads") {
+        return;
+    }
+    let so = fixture(Variant::Abi("1.9.0"));
     let library = load_library(&so).unwrap();
-    assert_eq!(library.api_version, "0.1.7");
+    assert_eq!(library.abi_version, "1.9.0");
     let registry = registry_with(&[so]);
     assert_eq!(
         registry.names(ComponentKind::Tuner),
@@ -719,16 +823,40 @@ fn a_plugin_built_against_a_newer_compatible_api_loads() {
     );
 }
 
+/// A plugin built from a frozen copy of the plugin-api of ABI 1.1 (crate and fixture as they
+/// were when it was frozen) loads into this host and runs.
 #[test]
-fn a_layout_mismatch_names_the_type() {
-    if in_own_process("loader::a_layout_mismatch_names_the_type") {
+fn a_plugin_built_from_the_frozen_abi_1_1_copy_loads() {
+    if in_own_process("loader::a_plugin_built_from_the_frozen_abi_1_1_copy_loads") {
+        return;
+    }
+    let so = fixture(Variant::Frozen("1.1"));
+    let library = load_library(&so).unwrap();
+    assert_eq!(library.abi_version, "1.1.0");
+    let registry = registry_with(&[so]);
+    let mut tuner = registry
+        .tuner_object("Counting", &json!({"step": 2}))
+        .unwrap();
+    assert_eq!(
+        tuner.generate_parameters(3).unwrap(),
+        Generated::Parameters(json!({"n": 6}))
+    );
+    let (_, _, cleaned, environment) = check_service_calls(&registry);
+    assert_eq!(cleaned, ["ended t1 of exp1", "ended t2 of exp1"]);
+    assert_eq!(environment, "exp1-5");
+}
+
+#[test]
+fn a_layout_mismatch_names_the_innermost_type_and_field() {
+    if in_own_process("loader::a_layout_mismatch_names_the_innermost_type_and_field") {
         return;
     }
     let so = fixture(Variant::LayoutChanged);
     let err = load_error(&so);
+    // The innermost type and its field, not the wrapper (`RResult`) around it (issue 19).
     assert!(
         err.starts_with(&format!(
-            "{}: layout mismatch in type AbiVerdict",
+            "{}: layout mismatch in type AbiVerdict, field keep_going (unexpected field; the plugin has reason there): ",
             so.display()
         )),
         "{err}"

@@ -1,2 +1,3 @@
 mod loader;
 mod space;
+mod standalone;
