@@ -480,6 +480,13 @@ notifications:
     let (_, stdout, stderr) = run(sandbox.knob().arg("config").arg("check").arg(&config));
     assert!(stdout.contains("password: \"***\""), "{stdout}");
     outputs.push(stdout + &stderr);
+    let (_, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["config", "check", "--v2"])
+        .arg(&config));
+    assert!(stdout.contains("password: \"***\""), "{stdout}");
+    assert!(stdout.contains("secret: \"***\""), "{stdout}");
+    outputs.push(stdout + &stderr);
     let mut command = sandbox.knob();
     command.args(["view", "mailed", "--port", "0"]);
     let view = crate::api::start(command, &[]);

@@ -349,7 +349,8 @@ pub fn check_file_v2(path: &Path, services: &dyn ServiceSource) -> Result<String
     for warning in &loaded.warnings {
         out.push_str(&format!("# warning: {warning}\n"));
     }
-    let secrets = training_service::secret_nodes(&document, &loaded.config);
+    let mut secrets = training_service::secret_nodes(&document, &loaded.config);
+    secrets.extend(notifications::secret_nodes(&document));
     out.push_str(&canonical::document_yaml(&document, &secrets));
     Ok(out)
 }

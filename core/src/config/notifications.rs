@@ -30,9 +30,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::reader::{plain_io, quoted, Field, Fields, Reader};
+use super::reader::{normalize_key, plain_io, quoted, Field, Fields, Reader};
 use super::secret::{Secret, REDACTED};
-use super::yaml::Value;
+use super::yaml::{Node, Value};
 
 /// Where `knob resume` finds the SMTP password when the config file no longer has it.
 pub const PASSWORD_VARIABLE: &str = "KNOB_SMTP_PASSWORD";
@@ -213,6 +213,28 @@ fn fill(
             "{field} is not stored, and the config file the experiment was created from no longer has it; set {name}"
         )),
     }
+}
+
+/// The nodes of a config document that hold the notifications' secrets (the webhook's `secret`,
+/// the mail `password`): what `knob config check --v2` prints as `***`.
+pub(crate) fn secret_nodes(document: &Node) -> Vec<&Node> {
+    fn child<'d>(node: &'d Node, name: &str) -> Option<&'d Node> {
+        let Value::Map(pairs) = &node.value else {
+            return None;
+        };
+        let wanted = normalize_key(name);
+        pairs
+            .iter()
+            .find(|(key, _)| normalize_key(&key.key_text()) == wanted)
+            .map(|(_, value)| value)
+    }
+    let Some(notifications) = child(document, "notifications") else {
+        return Vec::new();
+    };
+    [("webhook", "secret"), ("email", "password")]
+        .into_iter()
+        .filter_map(|(sink, secret)| child(child(notifications, sink)?, secret))
+        .collect()
 }
 
 /// Reads `notifications:`; `None` after recording its errors.
