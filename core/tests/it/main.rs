@@ -5,6 +5,7 @@ mod config;
 mod config_v1;
 mod experiment;
 mod importance;
+mod notifications;
 #[path = "../../../training-services/tests/it/prerequisite.rs"]
 mod prerequisite;
 mod store;
