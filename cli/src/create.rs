@@ -138,7 +138,7 @@ fn secret_config_left_out_notice(config: &ExperimentConfig, config_path: &Path) 
 /// exists, and this machine can place its trials (a GPU experiment without usable GPUs fails
 /// here, with the probe's reason).
 pub fn preflight(config: &ExperimentConfig, plugins: &PluginRegistry) -> anyhow::Result<()> {
-    for (kind, name) in manager::required_components(config)? {
+    for (kind, name) in manager::required_components(config, plugins)? {
         plugins.find(kind, &name)?;
     }
     manager::Placer::preflight(config)

@@ -51,6 +51,10 @@ pub const OWNED_ENTRIES: &[&str] = &[
     "experiment.db.writer-lock",
     CONFIG_SOURCE_FILE,
     "trials",
+    // NNI's dispatcher (`nni_dispatch`): its logs and its algorithm's checkpoints, as NNI lays
+    // them out.
+    "log",
+    "checkpoint",
 ];
 
 /// A new experiment id: 8 lowercase letters and digits, as NNI makes them.

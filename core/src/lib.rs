@@ -6,6 +6,7 @@ pub mod experiment;
 pub mod export;
 pub mod importance;
 pub mod manager;
+pub mod nni_dispatch;
 pub mod notify;
 pub mod registry;
 pub mod store;

@@ -4,7 +4,9 @@
 //! `knob create` would meet later is found here, at the place in the file it is about:
 //!
 //! - an unknown name, at `name` (the message says where knob looked);
-//! - `className` (NNI's Python algorithms), at `className`;
+//! - `className`, and NNI names knob has no native version of, are built as NNI's dispatcher
+//!   plugin (`crate::nni_dispatch`), which checks that its Python can import nni; its refusal
+//!   goes at `className` (or `name`);
 //! - a constructor's refusal, at the `classArgs` key its message names (`unknown field
 //!   "stesp"`, `optimize_mode must be ...`), else at `classArgs`, else at `name`;
 //! - a tuner's refusal of the search space, at `searchSpace` or `searchSpaceFile`.
@@ -25,6 +27,8 @@ pub(crate) struct PendingAlgorithm {
     pub name: Option<String>,
     pub class_name: Option<String>,
     pub class_args: serde_json::Map<String, Json>,
+    /// The whole algorithm, for the choice of NNI's dispatcher.
+    pub config: super::AlgorithmConfig,
 }
 
 /// Why building an algorithm failed, one line each.
@@ -52,30 +56,53 @@ pub(crate) fn check_algorithms(
     }
     for algorithm in pending {
         let field = |name: &str| child(&algorithm.node, name);
-        if let Some(class_name) = &algorithm.class_name {
-            let (pos, path) = located(&algorithm.path, field("className"), "className", None);
-            let what = match algorithm.kind {
-                ComponentKind::Tuner => "tuner",
-                _ => "assessor",
-            };
-            let message = format!(
-                "{class_name} names a Python {what} class (NNI's custom algorithms), which knob cannot run yet; \
-                 use the name of a built-in or plugin {what} (`knob plugin list`), or write it as a plugin"
-            );
-            reader.error(pos, &path, message);
-            continue;
-        }
-        let Some(name) = &algorithm.name else {
-            continue;
-        };
         let space = match algorithm.kind {
             ComponentKind::Tuner => search_space,
             _ => None,
         };
-        let args = Json::Object(algorithm.class_args.clone());
-        let Some(Err(problem)) = checker.check_algorithm(algorithm.kind, name, &args, space) else {
+        let through_nni = || {
+            let name = crate::nni_dispatch::dispatcher_name(algorithm.kind);
+            let args =
+                crate::nni_dispatch::class_args(&algorithm.config, super::LogLevel::Info, None);
+            checker.check_algorithm(algorithm.kind, name, &args, space)
+        };
+        let nni_name = algorithm
+            .name
+            .as_deref()
+            .and_then(|name| knob_plugin_api::host::nni_algorithm(algorithm.kind, name));
+        let outcome = if algorithm.class_name.is_some()
+            || (algorithm.config.use_nni_implementation && nni_name.is_some())
+        {
+            through_nni()
+        } else {
+            let Some(name) = &algorithm.name else {
+                continue;
+            };
+            let args = Json::Object(algorithm.class_args.clone());
+            match checker.check_algorithm(algorithm.kind, name, &args, space) {
+                // No plugin exports an NNI name knob lacks natively: NNI's own runs it.
+                Some(Err(AlgorithmProblem::Name(_)))
+                    if nni_name.is_some_and(|nni| nni.native.is_none()) =>
+                {
+                    through_nni()
+                }
+                other => other,
+            }
+        };
+        let Some(Err(problem)) = outcome else {
             continue;
         };
+        let name = algorithm.config.display_name().to_owned();
+        if algorithm.class_name.is_some() {
+            let (pos, path) = located(&algorithm.path, field("className"), "className", None);
+            let message = match problem {
+                AlgorithmProblem::Name(m)
+                | AlgorithmProblem::Constructor(m)
+                | AlgorithmProblem::SearchSpace(m) => m,
+            };
+            reader.error(pos, &path, message);
+            continue;
+        }
         match problem {
             AlgorithmProblem::Name(message) => {
                 let (pos, path) = located(&algorithm.path, field("name"), "name", None);

@@ -64,7 +64,16 @@ pub(super) const TOP_FIELDS: [&str; 41] = [
     "tunerErrorPolicy",
     "notifications",
 ];
-const ALGORITHM_FIELDS: [&str; 4] = ["name", "className", "codeDirectory", "classArgs"];
+const ALGORITHM_FIELDS: [&str; 7] = [
+    "name",
+    "className",
+    "codeDirectory",
+    "classArgs",
+    // knob extensions for algorithms run by NNI's dispatcher (`nni_dispatch`).
+    "pythonInterpreter",
+    "useNniImplementation",
+    "dispatcherConnectTimeout",
+];
 const DEFAULT_WORKING_DIRECTORY: &str = "~/knob-experiments";
 
 /// Reads the whole document; `None` when any error was recorded.
@@ -528,6 +537,27 @@ fn read_algorithm(
         .as_ref()
         .and_then(|field| reader.non_empty_string(field));
     let class_args_field = fields.take("classArgs");
+    let python_interpreter = fields.take("pythonInterpreter").and_then(|field| {
+        let text = reader.non_empty_string(&field)?;
+        // A bare command (`python3.11`) is looked up on PATH, a path taken against the config's
+        // folder but never resolved further: a virtualenv's python is a symlink to the base
+        // interpreter, which does not see the venv's packages.
+        let path = std::path::PathBuf::from(&text);
+        Some(
+            if text.contains(std::path::MAIN_SEPARATOR) && path.is_relative() {
+                reader.base_dir.join(path)
+            } else {
+                path
+            },
+        )
+    });
+    let use_nni_implementation = fields
+        .take("useNniImplementation")
+        .and_then(|field| reader.boolean(&field))
+        .unwrap_or(false);
+    let dispatcher_connect_timeout = fields
+        .take("dispatcherConnectTimeout")
+        .and_then(|field| reader.parse(&field, super::units::duration_seconds));
     let class_args = class_args_field
         .as_ref()
         .and_then(|field| reader.json_object(field))
@@ -577,6 +607,9 @@ fn read_algorithm(
         class_name,
         code_directory,
         class_args,
+        python_interpreter,
+        use_nni_implementation,
+        dispatcher_connect_timeout,
     })?;
     // Built by its plugin once the plugins are known (`algorithm::check_algorithms`).
     reader.pending_algorithms.push(PendingAlgorithm {
@@ -586,6 +619,7 @@ fn read_algorithm(
         name: algorithm.name.clone(),
         class_name: algorithm.class_name.clone(),
         class_args: algorithm.class_args.clone(),
+        config: algorithm.clone(),
     });
     Some(algorithm)
 }

@@ -105,6 +105,18 @@ pub struct AlgorithmConfig {
     pub code_directory: Option<PathBuf>,
     /// Passed to the algorithm's constructor, as JSON.
     pub class_args: serde_json::Map<String, serde_json::Value>,
+    /// knob extension: the Python that runs NNI's dispatcher for this algorithm (a path, or a
+    /// command looked up on PATH); NNI's algorithms otherwise use the first `python3` on PATH.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_interpreter: Option<PathBuf>,
+    /// knob extension: run NNI's own Python version of a name knob also has natively (`TPE`,
+    /// `Hyperband`, ...), through NNI's dispatcher.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub use_nni_implementation: bool,
+    /// knob extension: how long NNI's dispatcher may take to connect after its start, in
+    /// seconds (default 120).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatcher_connect_timeout: Option<u64>,
 }
 
 impl ExperimentConfig {

@@ -173,29 +173,33 @@ pub async fn run(
     outcome
 }
 
-fn tuner_name(config: &ExperimentConfig) -> Result<String, ManagerError> {
-    match (&config.tuner.name, &config.tuner.class_name) {
-        (Some(name), _) => Ok(name.clone()),
-        (None, Some(class)) => Err(ManagerError::Unsupported(format!(
-            "tuner className {class} (a Python tuner) is not supported yet; use a built-in or plugin tuner name"
-        ))),
-        (None, None) => Err(ManagerError::Unsupported("the config names no tuner".into())),
-    }
-}
-
-fn assessor_name(assessor: &crate::config::AlgorithmConfig) -> Result<String, ManagerError> {
-    assessor.name.clone().ok_or_else(|| {
-        ManagerError::Unsupported("assessor className (a Python assessor) is not supported yet; use a plugin assessor name".into())
+/// The plugin component that runs `algorithm` and its class args: NNI's dispatcher plugin for
+/// what runs through NNI (`crate::nni_dispatch`), else the algorithm's own name.
+fn algorithm_component(
+    kind: ComponentKind,
+    algorithm: &crate::config::AlgorithmConfig,
+    config: &ExperimentConfig,
+    registry: &PluginRegistry,
+    run: Option<crate::nni_dispatch::Run<'_>>,
+) -> Result<(String, Value), ManagerError> {
+    crate::nni_dispatch::component(kind, algorithm, config.log_level, run, |name| {
+        registry.find(kind, name).is_ok()
     })
+    .ok_or_else(|| ManagerError::Unsupported(format!("the config names no {kind}")))
 }
 
 /// The plugin components an experiment needs, so a caller can check them before creating it.
 pub fn required_components(
     config: &ExperimentConfig,
+    registry: &PluginRegistry,
 ) -> Result<Vec<(ComponentKind, String)>, ManagerError> {
-    let mut components = vec![(ComponentKind::Tuner, tuner_name(config)?)];
+    let (tuner, _) =
+        algorithm_component(ComponentKind::Tuner, &config.tuner, config, registry, None)?;
+    let mut components = vec![(ComponentKind::Tuner, tuner)];
     if let Some(assessor) = &config.assessor {
-        components.push((ComponentKind::Assessor, assessor_name(assessor)?));
+        let (assessor, _) =
+            algorithm_component(ComponentKind::Assessor, assessor, config, registry, None)?;
+        components.push((ComponentKind::Assessor, assessor));
     }
     for name in services::service_names(config) {
         components.push((ComponentKind::TrainingService, name.to_string()));
@@ -277,15 +281,29 @@ impl Manager {
             history,
             config_file,
         } = experiment;
-        let tuner = registry.tuner(
-            &tuner_name(&config)?,
-            &Value::Object(config.tuner.class_args.clone()),
+        let run = crate::nni_dispatch::Run {
+            dir: &dir,
+            resume: history.is_some(),
+        };
+        let (tuner_name, tuner_args) = algorithm_component(
+            ComponentKind::Tuner,
+            &config.tuner,
+            &config,
+            registry,
+            Some(run),
         )?;
+        let tuner = registry.tuner(&tuner_name, &tuner_args)?;
         let assessor = match &config.assessor {
-            Some(assessor) => Some(registry.assessor(
-                &assessor_name(assessor)?,
-                &Value::Object(assessor.class_args.clone()),
-            )?),
+            Some(assessor) => {
+                let (name, args) = algorithm_component(
+                    ComponentKind::Assessor,
+                    assessor,
+                    &config,
+                    registry,
+                    Some(run),
+                )?;
+                Some(registry.assessor(&name, &args)?)
+            }
             None => None,
         };
         let space = SearchSpace::from_value(&config.search_space)

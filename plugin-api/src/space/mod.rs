@@ -46,6 +46,9 @@ pub const MAX_Z: f64 = 10.0;
 #[derive(Debug, Clone, PartialEq)]
 pub struct SearchSpace {
     params: Vec<Parameter>,
+    /// The JSON it was read from, for plugins that hand the space on as written (NNI's
+    /// dispatcher gets it in `IN` and `SS`).
+    json: Value,
 }
 
 /// One parameter of a space: its name, its path and its type with arguments.
@@ -104,6 +107,11 @@ impl SearchSpace {
     /// Validates an already parsed JSON value (e.g. the `searchSpace` of a YAML config).
     pub fn from_value(value: &Value) -> Result<SearchSpace, SpaceError> {
         parse::space_from_value(value)
+    }
+
+    /// The JSON the space was read from, as written.
+    pub fn json(&self) -> &Value {
+        &self.json
     }
 
     /// The top-level parameters, in JSON key order.

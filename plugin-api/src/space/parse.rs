@@ -53,7 +53,10 @@ fn parse_space(
             ty,
         });
     }
-    Ok(SearchSpace { params })
+    Ok(SearchSpace {
+        params,
+        json: Value::Object(map.clone()),
+    })
 }
 
 /// The argument list each `_type` takes, for messages.

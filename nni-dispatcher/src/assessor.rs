@@ -1,0 +1,155 @@
+//! An NNI assessor (built-in by name, or the user's `className`) as a knob assessor: each
+//! intermediate result goes to NNI's dispatcher as `ME` (type `PERIODICAL`, with its sequence
+//! number), and the dispatcher answers a bad trial with `KI` and a good one with nothing.
+//!
+//! Because "good" has no answer, a verdict cannot wait for one: `assess_trial` waits a short,
+//! bounded time for a `KI` of that trial and otherwise lets it go on; a `KI` that comes later
+//! stops the trial at its next intermediate result. The stop's reason names the assessor.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use knob_plugin_api::{log, Assessor, PluginError, Verdict};
+use serde_json::{json, Value};
+
+use crate::args::{DispatcherArgs, Role};
+use crate::process::{parse_payload, python_number, Dispatcher, Python};
+
+/// How long a verdict waits for the dispatcher's `KI`. NNI's assessors decide in microseconds
+/// (Medianstop, Curvefitting's fit of a few points in milliseconds); a slower one's kill lands
+/// at the trial's next result.
+const VERDICT_WAIT: Duration = Duration::from_millis(150);
+
+const INITIALIZE_WAIT: Duration = Duration::from_secs(600);
+
+pub struct DispatcherAssessor {
+    args: DispatcherArgs,
+    what: String,
+    python: Python,
+    dispatcher: Option<Dispatcher>,
+    /// Intermediate results already sent, per trial.
+    sent: BTreeMap<String, usize>,
+    /// Trials the dispatcher asked to kill.
+    killed: BTreeSet<String>,
+}
+
+impl DispatcherAssessor {
+    fn ensure_started(&mut self) -> Result<&mut Dispatcher, PluginError> {
+        if self.dispatcher.is_none() {
+            let launch = self
+                .args
+                .launch(Role::Assessor, self.python.clone())
+                .ok_or_else(|| {
+                    PluginError::new(format!(
+                        "{}: no experiment folder was given, so NNI's dispatcher cannot start",
+                        self.what
+                    ))
+                })?;
+            let mut dispatcher = Dispatcher::start(launch)?;
+            dispatcher.send("IN", "{}")?;
+            let initialized = dispatcher.wait_for(INITIALIZE_WAIT, |pending| {
+                pending.iter().any(|(code, _)| code == "ID")
+            })?;
+            if !initialized {
+                return Err(PluginError::new(format!(
+                    "{}: NNI's dispatcher did not initialize within {} s",
+                    self.what,
+                    INITIALIZE_WAIT.as_secs()
+                )));
+            }
+            self.dispatcher = Some(dispatcher);
+        }
+        Ok(self.dispatcher.as_mut().expect("started above"))
+    }
+
+    fn absorb(&mut self) -> Result<(), PluginError> {
+        let Some(dispatcher) = self.dispatcher.as_mut() else {
+            return Ok(());
+        };
+        dispatcher.drain()?;
+        let pending: Vec<(String, String)> = dispatcher.pending().drain(..).collect();
+        for (code, content) in pending {
+            match code.as_str() {
+                "KI" => {
+                    let trial = match parse_payload(&content) {
+                        Ok(Value::String(id)) => id,
+                        _ => content.trim().trim_matches('"').to_owned(),
+                    };
+                    self.killed.insert(trial);
+                }
+                "ID" | "NO" => {}
+                other => log::warn(&format!(
+                    "{}: ignored command {other:?} from NNI's dispatcher",
+                    self.what
+                )),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Assessor for DispatcherAssessor {
+    fn new(class_args: &Value) -> Result<Self, PluginError> {
+        let args = DispatcherArgs::parse("NniDispatcherAssessor", class_args)?;
+        let what = args.describe(Role::Assessor);
+        let python = args.python(Role::Assessor)?;
+        Ok(DispatcherAssessor {
+            args,
+            what,
+            python,
+            dispatcher: None,
+            sent: BTreeMap::new(),
+            killed: BTreeSet::new(),
+        })
+    }
+
+    fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
+        self.ensure_started()?;
+        let from = self.sent.get(trial_id).copied().unwrap_or(0);
+        let dispatcher = self.dispatcher.as_mut().expect("started");
+        for (sequence, value) in history.iter().enumerate().skip(from) {
+            let metric = json!({
+                "parameter_id": null,
+                "trial_job_id": trial_id,
+                "type": "PERIODICAL",
+                "sequence": sequence,
+                "value": python_number(*value),
+            });
+            dispatcher.send("ME", &metric.to_string())?;
+        }
+        self.sent.insert(trial_id.to_owned(), history.len());
+        let quoted = serde_json::to_string(trial_id).unwrap_or_default();
+        dispatcher.wait_for(VERDICT_WAIT, |pending| {
+            pending
+                .iter()
+                .any(|(code, content)| code == "KI" && content.trim() == quoted)
+        })?;
+        self.absorb()?;
+        if self.killed.contains(trial_id) {
+            return Ok(Verdict::stop(format!(
+                "{} (through NNI's dispatcher) stopped the trial after {} intermediate results",
+                self.what,
+                history.len()
+            )));
+        }
+        Ok(Verdict::good())
+    }
+
+    fn trial_end(&mut self, trial_id: &str, status: &str) -> Result<(), PluginError> {
+        if self.dispatcher.is_none() {
+            return Ok(());
+        }
+        self.sent.remove(trial_id);
+        self.killed.remove(trial_id);
+        let end = json!({
+            "trial_job_id": trial_id,
+            "event": status,
+            "hyper_params": json!({"parameter_id": null, "parameters": {}}).to_string(),
+        });
+        self.dispatcher
+            .as_mut()
+            .expect("started")
+            .send("EN", &end.to_string())?;
+        self.absorb()
+    }
+}

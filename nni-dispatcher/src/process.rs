@@ -1,0 +1,633 @@
+//! NNI's dispatcher as a child process: the Python that runs it, its launch (as NNI 3.0's
+//! manager starts it), the WebSocket it connects back to, and the commands in both directions.
+
+use std::collections::VecDeque;
+use std::io::{BufReader, Read};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use knob_plugin_api::PluginError;
+use serde_json::{json, Value};
+
+use crate::websocket::{self, Message, Writer};
+
+/// How the installed nni frames a command on the tuner command channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// nni 3.0: `{"type": "XX", "content": "<payload>"}` text messages, the payload itself a
+    /// JSON string (so encoded twice), plus the `_nop_` and `_bye_` control messages.
+    Json,
+    /// nni 2.8 to 2.10: `XX<payload>` text messages.
+    Prefixed,
+}
+
+/// The Python that runs the dispatcher and what it has.
+#[derive(Debug, Clone)]
+pub struct Python {
+    pub program: PathBuf,
+    pub nni_version: String,
+    pub framing: Framing,
+}
+
+/// How long asking the Python for its nni version may take (a cold start of a big venv).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Finds out whether `program` can run NNI's dispatcher, in one line a user can act on if not.
+pub fn probe_python(program: &Path, what: &str) -> Result<Python, PluginError> {
+    let script = "import importlib.metadata as m, importlib.util as u, sys\n\
+                  sys.stdout.write(m.version('nni') if u.find_spec('nni') else '')";
+    let mut child = Command::new(program)
+        .args(["-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            PluginError::new(format!(
+                "{what} runs through NNI's Python dispatcher, but {} cannot be started ({e}); \
+                 set pythonInterpreter to a Python with nni, or install one (`pip install nni`)",
+                program.display()
+            ))
+        })?;
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < PROBE_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(PluginError::new(format!(
+                    "{what}: {} did not say which nni it has within {} s",
+                    program.display(),
+                    PROBE_TIMEOUT.as_secs()
+                )));
+            }
+        }
+    };
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        let _ = stdout.read_to_string(&mut out);
+    }
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = stderr.read_to_string(&mut err);
+    }
+    let version = out.trim().to_owned();
+    if !status.success() || version.is_empty() {
+        let detail = last_line(&err)
+            .map(|l| format!(" ({l})"))
+            .unwrap_or_default();
+        return Err(PluginError::new(format!(
+            "{what} runs through NNI's Python dispatcher, but {} cannot import nni{detail}; \
+             run `{} -m pip install nni`, or set pythonInterpreter to a Python that has it",
+            program.display(),
+            program.display()
+        )));
+    }
+    let framing = framing_of(&version).ok_or_else(|| {
+        PluginError::new(format!(
+            "{what}: {} has nni {version}, whose dispatcher talks over pipes (before 2.8), which \
+             knob does not speak; `pip install 'nni>=2.8'` (3.0 is tested)",
+            program.display()
+        ))
+    })?;
+    Ok(Python {
+        program: program.to_path_buf(),
+        nni_version: version,
+        framing,
+    })
+}
+
+/// The framing of an nni version: 3.x JSON, 2.8 to 2.x prefixed, `None` before 2.8 (pipes).
+pub fn framing_of(version: &str) -> Option<Framing> {
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next()?.parse().ok()?;
+    let minor: u32 = parts.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    match (major, minor) {
+        (0..=1, _) => None,
+        (2, 0..=7) => None,
+        (2, _) => Some(Framing::Prefixed),
+        _ => Some(Framing::Json),
+    }
+}
+
+/// The first `python3` on PATH, as NNI 3.0 picks its dispatcher's Python.
+pub fn default_python() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("python3"))
+                .find(|candidate| candidate.is_file())
+        })
+        .unwrap_or_else(|| PathBuf::from("python3"))
+}
+
+fn last_line(text: &str) -> Option<&str> {
+    text.lines().rev().map(str::trim).find(|l| !l.is_empty())
+}
+
+/// What a launch needs.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// "tuner SMAC", "assessor my_assessor.MyAssessor": how messages name the algorithm.
+    pub what: String,
+    pub python: Python,
+    /// NNI's experiment config (v2, camelCase); `tuner` and `assessor` are what it reads.
+    pub exp_params: Value,
+    /// The dispatcher's working directory and `NNI_LOG_DIRECTORY` (it writes dispatcher.log).
+    pub log_dir: PathBuf,
+    pub checkpoint_dir: PathBuf,
+    pub resume: bool,
+    pub log_level: String,
+    pub include_intermediate_results: bool,
+    /// How long the dispatcher may take to connect.
+    pub connect_timeout: Duration,
+}
+
+/// A command from the dispatcher, or the end of the connection.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Incoming {
+    Command { code: String, content: String },
+    Closed(String),
+}
+
+/// A running dispatcher and its connection.
+pub struct Dispatcher {
+    pub launch: Launch,
+    child: Child,
+    writer: Arc<Writer>,
+    incoming: mpsc::Receiver<Incoming>,
+    /// Commands read but not yet consumed by the caller.
+    pending: VecDeque<(String, String)>,
+    closed: Option<String>,
+}
+
+/// How many lines of dispatcher.log an error quotes.
+const LOG_LINES: usize = 5;
+
+impl Dispatcher {
+    /// Starts `python -m nni --exp_params ...` and waits (bounded) for it to connect.
+    pub fn start(launch: Launch) -> Result<Dispatcher, PluginError> {
+        let what = launch.what.clone();
+        std::fs::create_dir_all(&launch.log_dir)
+            .and_then(|()| std::fs::create_dir_all(&launch.checkpoint_dir))
+            .map_err(|e| {
+                PluginError::new(format!(
+                    "{what}: cannot make {} for NNI's dispatcher: {e}",
+                    launch.log_dir.display()
+                ))
+            })?;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| {
+                PluginError::new(format!(
+                    "{what}: cannot listen on 127.0.0.1 for NNI's dispatcher: {e}"
+                ))
+            })?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| PluginError::new(format!("{what}: {e}")))?
+            .port();
+        let params = base64::engine::general_purpose::STANDARD
+            .encode(serde_json::to_string(&launch.exp_params).unwrap_or_default());
+        let output = std::fs::File::create(launch.log_dir.join(OUTPUT_FILE)).map_err(|e| {
+            PluginError::new(format!(
+                "{what}: cannot write {}: {e}",
+                launch.log_dir.join(OUTPUT_FILE).display()
+            ))
+        })?;
+        let output_err = output
+            .try_clone()
+            .map_err(|e| PluginError::new(format!("{what}: {e}")))?;
+        let mut child = Command::new(&launch.python.program)
+            .args(["-m", "nni", "--exp_params", &params])
+            .current_dir(&launch.log_dir)
+            .env("SDK_PROCESS", "dispatcher")
+            .env("NNI_MODE", if launch.resume { "resume" } else { "start" })
+            .env("NNI_CHECKPOINT_DIRECTORY", &launch.checkpoint_dir)
+            .env("NNI_LOG_DIRECTORY", &launch.log_dir)
+            .env("NNI_LOG_LEVEL", &launch.log_level)
+            .env(
+                "NNI_INCLUDE_INTERMEDIATE_RESULTS",
+                if launch.include_intermediate_results {
+                    "true"
+                } else {
+                    "false"
+                },
+            )
+            .env(
+                "NNI_TUNER_COMMAND_CHANNEL",
+                format!("ws://127.0.0.1:{port}/tuner"),
+            )
+            // A trial's variables must not leak in: `import nni` would act as a trial.
+            .env_remove("NNI_PLATFORM")
+            .stdin(Stdio::null())
+            .stdout(output)
+            .stderr(output_err)
+            .spawn()
+            .map_err(|e| {
+                PluginError::new(format!(
+                    "{what}: cannot start {} -m nni: {e}",
+                    launch.python.program.display()
+                ))
+            })?;
+        let started = Instant::now();
+        let stream = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(PluginError::new(format!(
+                        "{what}: accepting NNI's dispatcher: {e}"
+                    )));
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(PluginError::new(format!(
+                    "{what}: NNI's dispatcher exited ({status}) before connecting{}",
+                    log_tail(&launch.log_dir)
+                )));
+            }
+            if started.elapsed() > launch.connect_timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(PluginError::new(format!(
+                    "{what}: NNI's dispatcher did not connect within {} s (dispatcherConnectTimeout); \
+                     see {}{}",
+                    launch.connect_timeout.as_secs(),
+                    launch.log_dir.join("dispatcher.log").display(),
+                    log_tail(&launch.log_dir)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let connected = (|| -> Result<(Arc<Writer>, TcpStream), websocket::WsError> {
+            let mut stream = stream;
+            stream.set_nonblocking(false)?;
+            stream.set_nodelay(true)?;
+            websocket::accept(&mut stream)?;
+            Ok((Arc::new(Writer::new(stream.try_clone()?)), stream))
+        })();
+        let (writer, stream) = match connected {
+            Ok(pair) => pair,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(PluginError::new(format!(
+                    "{what}: NNI's dispatcher's WebSocket handshake failed: {e}"
+                )));
+            }
+        };
+        let (tx, incoming) = mpsc::channel();
+        let framing = launch.python.framing;
+        let reader_writer = writer.clone();
+        std::thread::Builder::new()
+            .name("nni-dispatcher-reader".into())
+            .spawn(move || read_loop(stream, &reader_writer, framing, &tx))
+            .map_err(|e| PluginError::new(format!("{what}: {e}")))?;
+        Ok(Dispatcher {
+            launch,
+            child,
+            writer,
+            incoming,
+            pending: VecDeque::new(),
+            closed: None,
+        })
+    }
+
+    /// Sends one command.
+    pub fn send(&mut self, code: &str, content: &str) -> Result<(), PluginError> {
+        self.check_alive()?;
+        let text = match self.launch.python.framing {
+            Framing::Json => json!({"type": code, "content": content}).to_string(),
+            Framing::Prefixed => format!("{code}{content}"),
+        };
+        self.writer.text(&text).map_err(|e| {
+            let tail = log_tail(&self.launch.log_dir);
+            PluginError::new(format!(
+                "{}: NNI's dispatcher is gone ({e}){tail}",
+                self.launch.what
+            ))
+        })
+    }
+
+    /// Takes what has arrived, without waiting.
+    pub fn drain(&mut self) -> Result<(), PluginError> {
+        while let Ok(message) = self.incoming.try_recv() {
+            self.accept(message);
+        }
+        self.failure()
+    }
+
+    /// Waits until `done` holds for the commands read so far, the dispatcher fails, or `timeout`
+    /// passes (then `Ok(false)`).
+    pub fn wait_for(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&VecDeque<(String, String)>) -> bool,
+    ) -> Result<bool, PluginError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.drain()?;
+            if done(&self.pending) {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            // Short slices, so that a dispatcher that dies without closing its socket is seen.
+            match self
+                .incoming
+                .recv_timeout(left.min(Duration::from_millis(200)))
+            {
+                Ok(message) => self.accept(message),
+                Err(mpsc::RecvTimeoutError::Timeout) => self.check_alive()?,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    if self.closed.is_none() {
+                        self.closed = Some("the connection ended".into());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The commands read and not consumed yet.
+    pub fn pending(&mut self) -> &mut VecDeque<(String, String)> {
+        &mut self.pending
+    }
+
+    fn accept(&mut self, message: Incoming) {
+        match message {
+            Incoming::Command { code, content } => self.pending.push_back((code, content)),
+            Incoming::Closed(reason) => {
+                if self.closed.is_none() {
+                    self.closed = Some(reason);
+                }
+            }
+        }
+    }
+
+    /// An error once the dispatcher has reported one, closed the channel or exited.
+    fn failure(&mut self) -> Result<(), PluginError> {
+        if let Some(index) = self.pending.iter().position(|(code, _)| code == "ER") {
+            let (_, content) = self.pending.remove(index).unwrap_or_default();
+            let reason = last_line(&content).unwrap_or("(no message)").to_owned();
+            return Err(PluginError::new(format!(
+                "{}: NNI's dispatcher failed: {reason}{}",
+                self.launch.what,
+                log_tail(&self.launch.log_dir)
+            )));
+        }
+        if let Some(reason) = self.closed.clone() {
+            // Commands sent before the close still count.
+            if self.pending.is_empty() {
+                let status = self.wait_exit(Duration::from_secs(2));
+                return Err(PluginError::new(format!(
+                    "{}: NNI's dispatcher stopped ({reason}{status}){}",
+                    self.launch.what,
+                    log_tail(&self.launch.log_dir)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_alive(&mut self) -> Result<(), PluginError> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Err(PluginError::new(format!(
+                "{}: NNI's dispatcher exited ({status}){}",
+                self.launch.what,
+                log_tail(&self.launch.log_dir)
+            )));
+        }
+        self.failure()
+    }
+
+    fn wait_exit(&mut self, grace: Duration) -> String {
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return format!(", {status}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        String::new()
+    }
+
+    /// Tells the dispatcher to terminate, then makes sure it is gone (bounded).
+    pub fn stop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.send("TE", "");
+            if self.launch.python.framing == Framing::Json {
+                let _ = self.writer.text(&json!({"type": "_bye_"}).to_string());
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if self.child.try_wait().ok().flatten().is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+        self.writer.close();
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Where the dispatcher's stdout and stderr go (a traceback before its logging is set up).
+pub const OUTPUT_FILE: &str = "dispatcher-output.log";
+
+/// " (last lines of dispatcher.log: ...)" or of its output, "" when there is nothing.
+pub fn log_tail(log_dir: &Path) -> String {
+    for name in ["dispatcher.log", OUTPUT_FILE] {
+        let Ok(text) = std::fs::read_to_string(log_dir.join(name)) else {
+            continue;
+        };
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        if lines.is_empty() {
+            continue;
+        }
+        let tail = lines[lines.len().saturating_sub(LOG_LINES)..].join(" | ");
+        return format!("; last lines of {}: {tail}", log_dir.join(name).display());
+    }
+    String::new()
+}
+
+fn read_loop(stream: TcpStream, writer: &Writer, framing: Framing, tx: &mpsc::Sender<Incoming>) {
+    let mut reader = BufReader::new(stream);
+    loop {
+        let text = match websocket::read_message(&mut reader, writer) {
+            Ok(Message::Text(text)) => text,
+            Ok(Message::Closed(reason)) => {
+                let _ = tx.send(Incoming::Closed(reason));
+                return;
+            }
+            Err(e) => {
+                let _ = tx.send(Incoming::Closed(format!("the channel broke: {e}")));
+                return;
+            }
+        };
+        let command = match framing {
+            Framing::Json => match serde_json::from_str::<Value>(&text) {
+                Ok(Value::Object(map)) => {
+                    let code = map
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned();
+                    let content = match map.get("content") {
+                        Some(Value::String(s)) => s.clone(),
+                        Some(other) => other.to_string(),
+                        None => String::new(),
+                    };
+                    match code.as_str() {
+                        "_nop_" => continue,
+                        "_bye_" => {
+                            let reason = map.get("reason").and_then(Value::as_str).unwrap_or("bye");
+                            let _ = tx.send(Incoming::Closed(format!("it said goodbye: {reason}")));
+                            return;
+                        }
+                        _ => Incoming::Command { code, content },
+                    }
+                }
+                _ => Incoming::Command {
+                    code: String::new(),
+                    content: text,
+                },
+            },
+            Framing::Prefixed => {
+                let split = text.char_indices().nth(2).map_or(text.len(), |(i, _)| i);
+                Incoming::Command {
+                    code: text[..split].to_owned(),
+                    content: text[split..].to_owned(),
+                }
+            }
+        };
+        if tx.send(command).is_err() {
+            return;
+        }
+    }
+}
+
+/// Parses a payload as Python's `json` writes it: NaN, Infinity and -Infinity allowed (read
+/// as null: knob's JSON has no such numbers).
+pub fn parse_payload(text: &str) -> Result<Value, serde_json::Error> {
+    match serde_json::from_str(text) {
+        Ok(value) => Ok(value),
+        Err(first) => {
+            let replaced = replace_non_finite(text);
+            if replaced == text {
+                return Err(first);
+            }
+            serde_json::from_str(&replaced)
+        }
+    }
+}
+
+/// `NaN`, `Infinity` and `-Infinity` outside strings, as `null`.
+fn replace_non_finite(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        if c == '"' {
+            in_string = true;
+        }
+        let token = ["-Infinity", "Infinity", "NaN"]
+            .into_iter()
+            .find(|t| rest.starts_with(t));
+        match token {
+            Some(token) => {
+                out.push_str("null");
+                rest = &rest[token.len()..];
+            }
+            None => {
+                out.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    out
+}
+
+/// A number as Python's `json.dumps` writes it (NaN and the infinities included), the form
+/// NNI's trials give metric values in.
+pub fn python_number(value: f64) -> String {
+    if value.is_nan() {
+        "NaN".into()
+    } else if value == f64::INFINITY {
+        "Infinity".into()
+    } else if value == f64::NEG_INFINITY {
+        "-Infinity".into()
+    } else {
+        serde_json::to_string(&value).unwrap_or_else(|_| "NaN".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_follows_the_nni_version() {
+        assert_eq!(framing_of("3.0"), Some(Framing::Json));
+        assert_eq!(framing_of("3.1rc1"), Some(Framing::Json));
+        assert_eq!(framing_of("2.10.1"), Some(Framing::Prefixed));
+        assert_eq!(framing_of("2.8"), Some(Framing::Prefixed));
+        assert_eq!(framing_of("2.7"), None);
+        assert_eq!(framing_of("1.9"), None);
+        assert_eq!(framing_of("garbage"), None);
+    }
+
+    #[test]
+    fn python_s_non_finite_numbers_are_read_as_null() {
+        let value =
+            parse_payload(r#"{"a": NaN, "b": [Infinity, -Infinity], "s": "NaN \" Infinity"}"#)
+                .unwrap();
+        assert_eq!(
+            value,
+            json!({"a": null, "b": [null, null], "s": "NaN \" Infinity"})
+        );
+        assert!(parse_payload("{nope").is_err());
+        assert_eq!(python_number(f64::NAN), "NaN");
+        assert_eq!(python_number(f64::NEG_INFINITY), "-Infinity");
+        assert_eq!(python_number(0.5), "0.5");
+    }
+}

@@ -1,0 +1,351 @@
+//! An NNI tuner or advisor (built-in by name, or the user's `className`) as a knob tuner: each
+//! call becomes the command NNI's manager would send its dispatcher.
+//!
+//! Parameter ids: the dispatcher numbers its own (`_create_parameter_id`, or an advisor's
+//! string ids such as `"0-4_0_3"`), so every trial is labeled with the dispatcher's id, the id
+//! an NNI trial would see, and the host's numbers map to it. Labels also bring every trial of
+//! an earlier run back on resume, finished or not: what `FD` and `AD` need.
+//!
+//! Suggestions: `GE 1` is answered by `TR` (parameters) or `NO` (none now). A tuner may answer
+//! later (advisors and PBT keep a credit and send `TR` when a result frees one; a slow tuner
+//! may take longer than the wait): such ids are deferred, and every `TR` is given, in order, to
+//! the oldest id still owed one (`take_suggestions`). A `TR` after `NO` is accepted the same way.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use knob_plugin_api::space::SearchSpace;
+use knob_plugin_api::{log, Generated, ImportedTrial, PluginError, Suggestion, Tuner};
+use serde_json::{json, Value};
+
+use crate::args::{DispatcherArgs, Role};
+use crate::process::{parse_payload, python_number, Dispatcher, Python};
+
+/// How long a `GE` may go unanswered before its id is deferred (a late `TR` still counts).
+const SUGGESTION_WAIT: Duration = Duration::from_secs(600);
+
+/// How long the dispatcher may take to answer `IN` with `ID`.
+const INITIALIZE_WAIT: Duration = Duration::from_secs(600);
+
+/// What the trial of a host parameter id was given.
+#[derive(Debug, Clone)]
+struct Issued {
+    /// The dispatcher's parameter id (a number, or an advisor's string).
+    dispatcher_id: Value,
+    /// The `TR` payload: `EN` hands it back as `hyper_params`.
+    hyper_params: String,
+}
+
+pub struct DispatcherTuner {
+    args: DispatcherArgs,
+    what: String,
+    python: Python,
+    space: Option<Value>,
+    dispatcher: Option<Dispatcher>,
+    issued: BTreeMap<u64, Issued>,
+    /// Host ids deferred and still owed parameters, oldest first.
+    owed: VecDeque<u64>,
+    ready: Vec<Suggestion>,
+    /// An earlier run's trials, sent once the dispatcher is up (resume).
+    imported: Vec<ImportedTrial>,
+}
+
+impl DispatcherTuner {
+    fn ensure_started(&mut self) -> Result<&mut Dispatcher, PluginError> {
+        if self.dispatcher.is_none() {
+            let launch = self.args.launch(Role::Tuner, self.python.clone()).ok_or_else(|| {
+                PluginError::new(format!(
+                    "{}: no experiment folder was given, so NNI's dispatcher cannot start (configs are only checked)",
+                    self.what
+                ))
+            })?;
+            let mut dispatcher = Dispatcher::start(launch)?;
+            let space = self.space.clone().unwrap_or_else(|| json!({}));
+            dispatcher.send("IN", &space.to_string())?;
+            let initialized = dispatcher.wait_for(INITIALIZE_WAIT, |pending| {
+                pending.iter().any(|(code, _)| code == "ID")
+            })?;
+            if !initialized {
+                return Err(PluginError::new(format!(
+                    "{}: NNI's dispatcher did not answer its search space within {} s",
+                    self.what,
+                    INITIALIZE_WAIT.as_secs()
+                )));
+            }
+            dispatcher.pending().retain(|(code, _)| code != "ID");
+            // Resume, as NNI's manager does right after `ID`: the finished trials to learn from
+            // (`FD`), then every trial of the earlier run (`AD`): the dispatcher continues its
+            // ids after theirs, and the final results of those that run again are imported.
+            let finished: Vec<Value> = self
+                .imported
+                .iter()
+                .filter(|t| t.has_ended() && t.value.is_finite())
+                .map(|t| json!({"parameter": t.parameters, "value": t.value}))
+                .collect();
+            if !finished.is_empty() {
+                dispatcher.send("FD", &Value::Array(finished).to_string())?;
+            }
+            let earlier: Vec<Value> = self
+                .imported
+                .iter()
+                .filter_map(|t| {
+                    let id = dispatcher_id_of(t.label.as_deref()?);
+                    id.is_u64().then(|| {
+                        json!({"parameter_id": id, "parameter_source": "resumed", "parameters": t.parameters})
+                    })
+                })
+                .collect();
+            if !earlier.is_empty() {
+                dispatcher.send("AD", &Value::Array(earlier).to_string())?;
+            }
+            self.dispatcher = Some(dispatcher);
+        }
+        Ok(self.dispatcher.as_mut().expect("started above"))
+    }
+
+    /// Turns what the dispatcher sent into suggestions; warns about what knob does not act on.
+    fn absorb(&mut self) -> Result<(), PluginError> {
+        let Some(dispatcher) = self.dispatcher.as_mut() else {
+            return Ok(());
+        };
+        dispatcher.drain()?;
+        let pending: Vec<(String, String)> = dispatcher.pending().drain(..).collect();
+        for (code, content) in pending {
+            match code.as_str() {
+                "TR" => self.new_trial(&content)?,
+                // Nothing more now: the ids stay owed; a later TR may still pay them.
+                "NO" => {}
+                "KI" => log::warn(&format!(
+                    "{}: the tuner asked to kill trial {content}; only an assessor's kill is acted on",
+                    self.what
+                )),
+                "SP" => log::warn(&format!(
+                    "{}: ignored a multi-phase parameter (SP), which knob does not support",
+                    self.what
+                )),
+                "ID" => {}
+                other => log::warn(&format!(
+                    "{}: ignored an unknown command {other:?} from NNI's dispatcher",
+                    self.what
+                )),
+            }
+        }
+        Ok(())
+    }
+
+    fn new_trial(&mut self, content: &str) -> Result<(), PluginError> {
+        let payload = parse_payload(content).map_err(|e| {
+            PluginError::new(format!(
+                "{}: unreadable parameters from NNI's dispatcher ({e}): {content}",
+                self.what
+            ))
+        })?;
+        let parameters = payload.get("parameters").cloned().unwrap_or(Value::Null);
+        let dispatcher_id = payload.get("parameter_id").cloned().unwrap_or(Value::Null);
+        let Some(host_id) = self.owed.pop_front() else {
+            log::warn(&format!(
+                "{}: NNI's dispatcher sent parameters nobody asked for (parameter id {dispatcher_id}); dropped",
+                self.what
+            ));
+            return Ok(());
+        };
+        let label = label_of(&dispatcher_id);
+        self.issued.insert(
+            host_id,
+            Issued {
+                dispatcher_id,
+                hyper_params: content.to_owned(),
+            },
+        );
+        self.ready.push(Suggestion {
+            parameter_id: host_id,
+            parameters,
+            label: Some(label),
+        });
+        Ok(())
+    }
+
+    fn issued(&self, host_id: u64) -> Result<&Issued, PluginError> {
+        self.issued.get(&host_id).ok_or_else(|| {
+            PluginError::new(format!(
+                "{}: parameter id {host_id} was not handed out by NNI's dispatcher",
+                self.what
+            ))
+        })
+    }
+}
+
+/// The label a trial carries: the dispatcher's id as text.
+fn label_of(id: &Value) -> String {
+    match id {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The dispatcher's id back from a label: a number where it reads as one.
+fn dispatcher_id_of(label: &str) -> Value {
+    label
+        .parse::<u64>()
+        .map(Value::from)
+        .unwrap_or_else(|_| Value::String(label.to_owned()))
+}
+
+/// The trial id NNI's manager would give: knob binds results by its own ids, and the dispatcher
+/// only needs a stable one per parameter id (advisors map it back).
+fn trial_job_id(host_id: u64) -> String {
+    format!("knob{host_id}")
+}
+
+impl Tuner for DispatcherTuner {
+    fn new(class_args: &Value) -> Result<Self, PluginError> {
+        let args = DispatcherArgs::parse("NniDispatcher", class_args)?;
+        let what = args.describe(Role::Tuner);
+        let python = args.python(Role::Tuner)?;
+        Ok(DispatcherTuner {
+            args,
+            what,
+            python,
+            space: None,
+            dispatcher: None,
+            issued: BTreeMap::new(),
+            owed: VecDeque::new(),
+            ready: Vec::new(),
+            imported: Vec::new(),
+        })
+    }
+
+    fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError> {
+        let json = space.json().clone();
+        if let Some(dispatcher) = self.dispatcher.as_mut() {
+            dispatcher.send("SS", &json.to_string())?;
+        }
+        self.space = Some(json);
+        Ok(())
+    }
+
+    fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.ensure_started()?;
+        self.owed.push_back(parameter_id);
+        let dispatcher = self.dispatcher.as_mut().expect("started");
+        dispatcher.send("GE", "1")?;
+        dispatcher.wait_for(SUGGESTION_WAIT, |pending| {
+            pending.iter().any(|(code, _)| code == "TR" || code == "NO")
+        })?;
+        self.absorb()?;
+        // A TR pays the oldest owed id first, which may be an earlier deferred one.
+        while !self.ready.iter().any(|s| s.parameter_id == parameter_id)
+            && self.owed.contains(&parameter_id)
+        {
+            let dispatcher = self.dispatcher.as_mut().expect("started");
+            let answered = dispatcher.wait_for(SUGGESTION_WAIT, |pending| {
+                pending.iter().any(|(code, _)| code == "TR" || code == "NO")
+            })?;
+            let no_more = dispatcher.pending().iter().any(|(code, _)| code == "NO");
+            self.absorb()?;
+            if !answered || no_more {
+                break;
+            }
+        }
+        match self
+            .ready
+            .iter()
+            .position(|s| s.parameter_id == parameter_id)
+        {
+            Some(index) => {
+                let suggestion = self.ready.remove(index);
+                Ok(Generated::Labeled {
+                    parameters: suggestion.parameters,
+                    label: suggestion.label.unwrap_or_default(),
+                })
+            }
+            None => Ok(Generated::Deferred),
+        }
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        parameter_id: u64,
+        _parameters: &Value,
+        value: f64,
+    ) -> Result<(), PluginError> {
+        self.ensure_started()?;
+        let issued = self.issued(parameter_id)?.clone();
+        let metric = json!({
+            "parameter_id": issued.dispatcher_id,
+            "trial_job_id": trial_job_id(parameter_id),
+            "type": "FINAL",
+            "sequence": 0,
+            "value": python_number(value),
+        });
+        self.dispatcher
+            .as_mut()
+            .expect("started")
+            .send("ME", &metric.to_string())?;
+        self.absorb()
+    }
+
+    fn trial_end(&mut self, parameter_id: u64, status: &str) -> Result<(), PluginError> {
+        self.ensure_started()?;
+        // An id deferred and never paid (the host gave up on it) is no longer owed.
+        if let Some(index) = self.owed.iter().position(|id| *id == parameter_id) {
+            self.owed.remove(index);
+            return self.absorb();
+        }
+        let issued = self.issued(parameter_id)?.clone();
+        let end = json!({
+            "trial_job_id": trial_job_id(parameter_id),
+            "event": status,
+            "hyper_params": issued.hyper_params,
+        });
+        self.dispatcher
+            .as_mut()
+            .expect("started")
+            .send("EN", &end.to_string())?;
+        self.absorb()
+    }
+
+    fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), PluginError> {
+        for trial in trials {
+            if let (Some(host_id), Some(label)) = (trial.parameter_id, &trial.label) {
+                let dispatcher_id = dispatcher_id_of(label);
+                let hyper_params = json!({
+                    "parameter_id": dispatcher_id,
+                    "parameter_source": "algorithm",
+                    "parameters": trial.parameters,
+                    "parameter_index": 0,
+                })
+                .to_string();
+                self.issued.insert(
+                    host_id,
+                    Issued {
+                        dispatcher_id,
+                        hyper_params,
+                    },
+                );
+            }
+        }
+        match self.dispatcher.as_mut() {
+            // Imported while running (NNI's `nnictl experiment import`): FD only.
+            Some(dispatcher) => {
+                let finished: Vec<Value> = trials
+                    .iter()
+                    .filter(|t| t.has_ended() && t.value.is_finite())
+                    .map(|t| json!({"parameter": t.parameters, "value": t.value}))
+                    .collect();
+                if !finished.is_empty() {
+                    dispatcher.send("FD", &Value::Array(finished).to_string())?;
+                }
+            }
+            None => self.imported.extend_from_slice(trials),
+        }
+        Ok(())
+    }
+
+    fn take_suggestions(&mut self) -> Vec<Suggestion> {
+        if let Err(e) = self.absorb() {
+            log::error(&e.to_string());
+        }
+        std::mem::take(&mut self.ready)
+    }
+}

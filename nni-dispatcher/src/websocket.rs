@@ -1,0 +1,213 @@
+//! The server side of one WebSocket connection (RFC 6455), as much as NNI's dispatcher uses:
+//! the opening handshake, text and binary messages (fragmented or not), ping/pong and close.
+//! NNI's client is Python's `websockets`, which pings every 20 s and masks its frames; no
+//! extension is negotiated (the handshake answers none), so frames are plain.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+
+use base64::Engine;
+use sha1::Digest;
+
+/// The GUID every WebSocket server appends to the client's key (RFC 6455 section 1.3).
+const ACCEPT_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// The longest message accepted: NNI's own payloads are a few kilobytes (it refuses parameters
+/// over 64 KiB), so a larger one is a broken peer, not a big search space.
+const MAX_MESSAGE: u64 = 64 * 1024 * 1024;
+
+/// The longest handshake request accepted, in bytes.
+const MAX_REQUEST: usize = 64 * 1024;
+
+#[derive(Debug)]
+pub enum WsError {
+    Io(std::io::Error),
+    Protocol(String),
+}
+
+impl std::fmt::Display for WsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WsError::Io(e) => write!(f, "{e}"),
+            WsError::Protocol(message) => f.write_str(message),
+        }
+    }
+}
+
+impl From<std::io::Error> for WsError {
+    fn from(e: std::io::Error) -> WsError {
+        WsError::Io(e)
+    }
+}
+
+/// Reads the client's opening handshake from `stream` and answers it; returns the request path.
+pub fn accept(stream: &mut TcpStream) -> Result<String, WsError> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .ok_or_else(|| WsError::Protocol(format!("not an HTTP request: {request_line:?}")))?
+        .to_owned();
+    let mut key = None;
+    let mut read = request_line.len();
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line)?;
+        read += n;
+        if n == 0 || read > MAX_REQUEST {
+            return Err(WsError::Protocol(
+                "the handshake request ended early".into(),
+            ));
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.trim().eq_ignore_ascii_case("sec-websocket-key") {
+                key = Some(value.trim().to_owned());
+            }
+        }
+    }
+    // The handshake is exactly one request; nothing follows it before our answer.
+    if !reader.buffer().is_empty() {
+        return Err(WsError::Protocol("data after the handshake request".into()));
+    }
+    let key = key.ok_or_else(|| WsError::Protocol("no Sec-WebSocket-Key".into()))?;
+    let mut sha = sha1::Sha1::new();
+    sha.update(key.as_bytes());
+    sha.update(ACCEPT_GUID.as_bytes());
+    let accept = base64::engine::general_purpose::STANDARD.encode(sha.finalize());
+    let response = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    );
+    stream.write_all(response.as_bytes())?;
+    Ok(path)
+}
+
+/// What the peer sent.
+#[derive(Debug, PartialEq)]
+pub enum Message {
+    Text(String),
+    /// The peer closed the connection (a close frame, or the socket ended).
+    Closed(String),
+}
+
+/// Reads the next message; answers pings (through `writer`) on the way.
+pub fn read_message(reader: &mut impl Read, writer: &Writer) -> Result<Message, WsError> {
+    let mut message = Vec::new();
+    let mut fragmented = false;
+    loop {
+        let mut head = [0u8; 2];
+        if let Err(e) = reader.read_exact(&mut head) {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                return Ok(Message::Closed("the connection ended".into()));
+            }
+            return Err(e.into());
+        }
+        let fin = head[0] & 0x80 != 0;
+        let opcode = head[0] & 0x0f;
+        let masked = head[1] & 0x80 != 0;
+        let mut len = u64::from(head[1] & 0x7f);
+        if len == 126 {
+            let mut ext = [0u8; 2];
+            reader.read_exact(&mut ext)?;
+            len = u64::from(u16::from_be_bytes(ext));
+        } else if len == 127 {
+            let mut ext = [0u8; 8];
+            reader.read_exact(&mut ext)?;
+            len = u64::from_be_bytes(ext);
+        }
+        if len + message.len() as u64 > MAX_MESSAGE {
+            return Err(WsError::Protocol(format!(
+                "a message of more than {MAX_MESSAGE} bytes"
+            )));
+        }
+        let mut mask = [0u8; 4];
+        if masked {
+            reader.read_exact(&mut mask)?;
+        }
+        let mut payload = vec![0u8; len as usize];
+        reader.read_exact(&mut payload)?;
+        if masked {
+            for (i, byte) in payload.iter_mut().enumerate() {
+                *byte ^= mask[i % 4];
+            }
+        }
+        match opcode {
+            // Continuation, text, binary: the dispatcher's JSON either way.
+            0x0 | 0x1 | 0x2 => {
+                if opcode != 0 && fragmented {
+                    return Err(WsError::Protocol(
+                        "a new message inside a fragmented one".into(),
+                    ));
+                }
+                message.extend_from_slice(&payload);
+                if fin {
+                    return String::from_utf8(message)
+                        .map(Message::Text)
+                        .map_err(|_| WsError::Protocol("a message that is not UTF-8".into()));
+                }
+                fragmented = true;
+            }
+            0x8 => {
+                let reason = String::from_utf8_lossy(payload.get(2..).unwrap_or_default());
+                // Answer the close; the peer may already be gone.
+                let _ = writer.frame(0x8, payload.get(..2).unwrap_or_default());
+                return Ok(Message::Closed(if reason.is_empty() {
+                    "closed by the dispatcher".into()
+                } else {
+                    format!("closed by the dispatcher: {reason}")
+                }));
+            }
+            0x9 => writer.frame(0xA, &payload)?,
+            0xA => {}
+            other => return Err(WsError::Protocol(format!("unknown frame opcode {other}"))),
+        }
+    }
+}
+
+/// The writing half, shared by the threads that send.
+#[derive(Debug)]
+pub struct Writer(std::sync::Mutex<TcpStream>);
+
+impl Writer {
+    pub fn new(stream: TcpStream) -> Writer {
+        Writer(std::sync::Mutex::new(stream))
+    }
+
+    pub fn text(&self, text: &str) -> Result<(), WsError> {
+        self.frame(0x1, text.as_bytes())
+    }
+
+    /// Sends one unfragmented, unmasked frame (a server never masks).
+    fn frame(&self, opcode: u8, payload: &[u8]) -> Result<(), WsError> {
+        let mut frame = Vec::with_capacity(payload.len() + 10);
+        frame.push(0x80 | opcode);
+        match payload.len() {
+            n if n < 126 => frame.push(n as u8),
+            n if n <= usize::from(u16::MAX) => {
+                frame.push(126);
+                frame.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                frame.push(127);
+                frame.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        frame.extend_from_slice(payload);
+        let mut stream = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        stream.write_all(&frame)?;
+        stream.flush()?;
+        Ok(())
+    }
+
+    /// Sends a close frame and shuts the socket down.
+    pub fn close(&self) {
+        let _ = self.frame(0x8, &1000u16.to_be_bytes());
+        let stream = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+}
