@@ -33,7 +33,7 @@ stage=$root/target/wheel-data
 rm -rf "$stage"
 mkdir -p "$stage/scripts" "$stage/data/lib/knob/plugins"
 cp "$built/knob-agent" "$stage/scripts/"
-plugins=(libknob_tuners.so libknob_assessors.so libknob_training_services.so)
+plugins=(libknob_tuners.so libknob_assessors.so libknob_training_services.so libknob_nni_dispatcher.so)
 for plugin in "${plugins[@]}"; do
     if [[ ! -f $built/$plugin ]]; then
         echo "error: $built/$plugin was not built" >&2

@@ -138,7 +138,7 @@ pub fn read_message(reader: &mut impl Read, writer: &Writer) -> Result<Message, 
         }
         match opcode {
             // Continuation, text, binary: the dispatcher's JSON either way.
-            0x0 | 0x1 | 0x2 => {
+            0x0..=0x2 => {
                 if opcode != 0 && fragmented {
                     return Err(WsError::Protocol(
                         "a new message inside a fragmented one".into(),

@@ -9,6 +9,7 @@ mod browser;
 mod create;
 mod hyperband;
 mod nni;
+mod nni_dispatcher;
 mod nni_names;
 mod nni_v1;
 mod nnictl;

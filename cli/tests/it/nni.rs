@@ -304,7 +304,7 @@ fn write_experiment(root: &Path, python: &Path, nni_shim: Option<bool>) -> PathB
 
 /// Runs `knob create` to its end, at most [`EXPERIMENT_DEADLINE`]: past it, Ctrl-C (knob stops
 /// its trials), then a kill; the test fails with what knob printed.
-fn create_bounded(command: &mut Command, dir: &Path) -> (ExitStatus, String, String) {
+pub(crate) fn create_bounded(command: &mut Command, dir: &Path) -> (ExitStatus, String, String) {
     let (stdout_path, stderr_path) = (dir.join("create.stdout"), dir.join("create.stderr"));
     let mut child = command
         .stdin(Stdio::null())

@@ -83,7 +83,7 @@ fn an_nni_algorithm_knob_does_not_have_says_so() {
     assert!(
         error.starts_with(
             "unknown tuner SMAC (an NNI 3.0 algorithm that knob does not have natively; \
-             NNI's Python algorithms cannot run in knob yet); available: "
+             knob's core runs it through NNI's own dispatcher, the NniDispatcher plugin); available: "
         ),
         "{error}"
     );

@@ -70,7 +70,8 @@ fn config_check_refuses_unknown_names_python_classes_and_a_space_the_tuner_refus
         (
             "tuner:\n  className: my_tuner.MyTuner",
             "my_tuner.MyTuner",
-            "tuner.className: my_tuner.MyTuner names a Python tuner class",
+            // Through NNI's dispatcher, with the python3 on PATH, which has no nni.
+            "tuner.className: NNI tuner my_tuner.MyTuner runs through NNI's Python dispatcher, but ",
         ),
         (
             "tuner: {name: Random}\nassessor:\n  name: Medianstopp",

@@ -92,6 +92,23 @@ pub(crate) fn check_algorithms(
         let Some(Err(problem)) = outcome else {
             continue;
         };
+        // The dispatcher's own messages name the NNI algorithm; the plugin's name adds nothing.
+        let problem = match problem {
+            AlgorithmProblem::Constructor(message) => {
+                let prefix = format!(
+                    "{} {}: constructor failed: ",
+                    algorithm.kind,
+                    crate::nni_dispatch::dispatcher_name(algorithm.kind)
+                );
+                AlgorithmProblem::Constructor(
+                    message
+                        .strip_prefix(&prefix)
+                        .map(str::to_owned)
+                        .unwrap_or(message),
+                )
+            }
+            other => other,
+        };
         let name = algorithm.config.display_name().to_owned();
         if algorithm.class_name.is_some() {
             let (pos, path) = located(&algorithm.path, field("className"), "className", None);

@@ -706,8 +706,8 @@ impl PluginRegistry {
                 let names = self.names(kind);
                 let nni_note = match nni {
                     Some(NniAlgorithm { native: None, .. }) => {
-                        " (an NNI 3.0 algorithm that knob does not have natively; NNI's Python \
-                         algorithms cannot run in knob yet)"
+                        " (an NNI 3.0 algorithm that knob does not have natively; knob's core \
+                         runs it through NNI's own dispatcher, the NniDispatcher plugin)"
                             .to_owned()
                     }
                     _ => String::new(),

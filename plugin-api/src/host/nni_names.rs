@@ -19,7 +19,8 @@ pub struct NniAlgorithm {
     /// `alias`, where the file has one.
     pub alias: Option<&'static str>,
     /// The name knob's built-in plugin exports for the same algorithm; `None` where knob has no
-    /// native version (NNI's Python tuners are not run yet).
+    /// native version (knob's core then runs NNI's own through the dispatcher plugin,
+    /// `knob_core::nni_dispatch`).
     pub native: Option<&'static str>,
 }
 

@@ -1,0 +1,282 @@
+//! NNI's own Python algorithms under knob, through NNI's real dispatcher (`python -m nni` of the
+//! nni 3.0 and 2.10.1 virtualenvs `.ci/nni-venvs.sh` makes): a user's tuner and assessor by
+//! `className` (`nni_dispatcher/`), a dispatcher that dies mid-run, and a Python without nni.
+//! Gated like `nni.rs` by `KNOB_TEST_NNI3_PYTHON` / `KNOB_TEST_NNI2_PYTHON`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::nni::create_bounded;
+use crate::prerequisite;
+use crate::{knob, repo_root, run};
+
+/// The fixtures beside this file: a tuner, an assessor and a trial, copied into `root/code`.
+fn code_dir(root: &Path) -> PathBuf {
+    let fixtures = repo_root().join("cli/tests/it/nni_dispatcher");
+    let code = root.join("code");
+    std::fs::create_dir_all(&code).unwrap();
+    for file in ["walk_tuner.py", "stop_assessor.py", "trial.py"] {
+        std::fs::copy(fixtures.join(file), code.join(file)).unwrap();
+    }
+    code
+}
+
+/// Writes `code/config.yml`: `trial.py STEPS PAUSE` on the local machine, the `x` space, and
+/// `algorithms` (YAML, indented at top level) for the tuner and assessor.
+fn write_config(
+    code: &Path,
+    python: &Path,
+    trials: u32,
+    trial_args: &str,
+    algorithms: &str,
+) -> PathBuf {
+    let config = format!(
+        "searchSpace:\n  x: {{_type: uniform, _value: [0, 1]}}\n\
+         trialCommand: {python} trial.py {trial_args}\n\
+         trialCodeDirectory: .\n\
+         trialConcurrency: 2\n\
+         maxTrialNumber: {trials}\n\
+         maxExperimentDuration: 4m\n\
+         experimentWorkingDirectory: {root}\n\
+         {algorithms}\n\
+         trainingService:\n  platform: local\n",
+        python = python.display(),
+        root = code.parent().unwrap().join("experiments").display(),
+    );
+    let path = code.join("config.yml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+/// Runs `knob create` to its end and returns its export (JSON) and stderr.
+fn create_and_export(root: &Path, config: &Path, id: &str) -> (Value, String) {
+    let home = root.join("home");
+    let (status, stdout, stderr) = create_bounded(
+        knob()
+            .env("KNOB_HOME", &home)
+            .arg("create")
+            .arg("--config")
+            .arg(config)
+            .args(["--id", id]),
+        root,
+    );
+    let (code, export, export_err) =
+        run(knob()
+            .env("KNOB_HOME", &home)
+            .args(["experiment", "export", id, "--format", "json"]));
+    assert_eq!(
+        code, 0,
+        "export: {export_err}\ncreate: {status}\n{stdout}\n{stderr}"
+    );
+    (
+        serde_json::from_str(&export).unwrap(),
+        format!("{stdout}\n{stderr}"),
+    )
+}
+
+/// The tuner's record: one JSON object a line.
+fn record(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn check_custom_tuner(python: &Path, id: &str) {
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, optimize_mode: maximize, seed: 7}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, python, 5, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, id);
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 5, "{context}");
+
+    let events = record(&record_file);
+    let context = format!("{context}\nrecord: {events:#?}");
+    assert_eq!(events[0]["event"], "space", "{context}");
+    assert_eq!(
+        events[0]["space"],
+        serde_json::json!({"x": {"_type": "uniform", "_value": [0, 1]}})
+    );
+    let generated: Vec<&Value> = events.iter().filter(|e| e["event"] == "generate").collect();
+    assert_eq!(generated.len(), 5, "{context}");
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{context}");
+        // The trial ran with parameters the tuner generated, under the dispatcher's id.
+        let made = generated
+            .iter()
+            .find(|g| g["parameters"] == trial["parameters"])
+            .unwrap_or_else(|| {
+                panic!(
+                    "trial {} has parameters the tuner never made\n{context}",
+                    trial["id"]
+                )
+            });
+        let x = trial["parameters"]["x"].as_f64().unwrap();
+        let final_value = trial["final"].as_f64().unwrap();
+        assert_eq!(final_value, -(x - 0.3) * (x - 0.3), "{context}");
+        // The dispatcher's tuner got that final for that parameter id, and the trial's end.
+        let result = events
+            .iter()
+            .find(|e| e["event"] == "result" && e["parameter_id"] == made["parameter_id"])
+            .unwrap_or_else(|| panic!("no result for {}\n{context}", made["parameter_id"]));
+        assert_eq!(result["value"].as_f64(), Some(final_value), "{context}");
+        assert_eq!(result["parameters"], trial["parameters"], "{context}");
+        assert!(
+            events.iter().any(|e| e["event"] == "end"
+                && e["parameter_id"] == made["parameter_id"]
+                && e["success"] == true),
+            "{context}"
+        );
+    }
+}
+
+#[test]
+fn a_users_nni_tuner_by_class_name_runs_under_nni_3() {
+    if let Some(python) = prerequisite::NNI3_PYTHON.path() {
+        check_custom_tuner(&python, "ctuner3");
+    }
+}
+
+#[test]
+fn a_users_nni_tuner_by_class_name_runs_under_nni_2_10() {
+    if let Some(python) = prerequisite::NNI2_PYTHON.path() {
+        check_custom_tuner(&python, "ctuner2");
+    }
+}
+
+/// A user's assessor by className stops the trials below its threshold, early-stopped with the
+/// assessor named as the reason; the others run to the end.
+#[test]
+fn a_users_nni_assessor_by_class_name_stops_trials() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let algorithms = format!(
+        "tuner:\n  name: Random\n  classArgs: {{seed: 5}}\n\
+         assessor:\n  className: stop_assessor.ThresholdStop\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{threshold: 0.5, after: 2}}",
+        python.display()
+    );
+    // Six steps a second apart.
+    let config = write_config(&code, &python, 6, "6 1", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "cassess");
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 6, "{context}");
+    let mut stopped = 0;
+    for trial in trials {
+        let x = trial["parameters"]["x"].as_f64().unwrap();
+        if x < 0.5 {
+            stopped += 1;
+            assert_eq!(trial["status"], "EARLY_STOPPED", "{context}");
+            let why = trial.to_string();
+            assert!(
+                why.contains("NNI assessor stop_assessor.ThresholdStop"),
+                "the stop names the assessor\n{context}"
+            );
+            // Its verdict came at its second result (or, the kill being asynchronous in NNI's
+            // protocol, at a later one); how many results reached the store before the kill
+            // depends on timing, so it is not checked.
+            let message = trial["message"].as_str().unwrap_or_default();
+            let after: usize = message
+                .rsplit("stopped the trial after ")
+                .next()
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{message}\n{context}"));
+            assert!(after >= 2, "{message}\n{context}");
+        } else {
+            assert_eq!(trial["status"], "SUCCEEDED", "{context}");
+        }
+    }
+    assert!(
+        stopped > 0,
+        "Random with seed 5 should draw some x < 0.5\n{context}"
+    );
+}
+
+/// A dispatcher that dies mid-run (its tuner SIGKILLs its own process at the third request)
+/// ends the experiment in ERROR, and the reason says so with the last lines of dispatcher.log.
+#[test]
+fn a_dispatcher_killed_mid_run_ends_the_experiment_in_error_with_the_reason() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, die_at: 3}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 6, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "ckilled");
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["experiment"]["status"], "ERROR", "{context}");
+    let message = export["experiment"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let message = if message.is_empty() {
+        output.clone()
+    } else {
+        message
+    };
+    assert!(
+        message.contains("NNI tuner walk_tuner.WalkTuner") && message.contains("NNI's dispatcher"),
+        "{message}\n{context}"
+    );
+    assert!(
+        message.contains("killing my own dispatcher"),
+        "the reason quotes dispatcher.log\n{message}\n{context}"
+    );
+}
+
+/// A Python without nni: `knob config check` refuses the className at its line, naming the
+/// Python and `pip install nni`. Runs everywhere: the python3 on PATH must not have nni.
+#[test]
+fn a_python_without_nni_is_refused_at_the_class_name() {
+    let (code, _, _) = run(Command::new("python3").args([
+        "-c",
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('nni') is not None)",
+    ]));
+    assert_eq!(
+        code, 0,
+        "the python3 on PATH has nni; this test needs one without it"
+    );
+    let sandbox = tempfile::tempdir().unwrap();
+    let code_path = code_dir(sandbox.path());
+    let algorithms = "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: python3\n  classArgs: {record: r.jsonl}";
+    let config = write_config(&code_path, Path::new("python3"), 2, "1 0", algorithms);
+    let (status, stdout, stderr) = run(knob()
+        .env("KNOB_HOME", sandbox.path().join("home"))
+        .args(["config", "check"])
+        .arg(&config));
+    assert_ne!(status, 0, "{stdout}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("tuner.className"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        line.contains(
+            "config.yml:10:14: tuner.className: NNI tuner walk_tuner.WalkTuner runs through"
+        ),
+        "{line}"
+    );
+    assert!(line.contains("python3 cannot import nni"), "{line}");
+    assert!(line.contains("-m pip install nni"), "{line}");
+}

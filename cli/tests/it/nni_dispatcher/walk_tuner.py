@@ -1,0 +1,54 @@
+"""A user's own NNI tuner, loaded by className: draws each parameter uniformly from a seeded
+stream and writes what it hands out and what it is told to `record` (a JSON lines file), so a
+test can hold knob's store against what the dispatcher saw. `die_at`: the tuner's process kills
+itself (SIGKILL) when asked for that many parameter sets, as a crashing dispatcher would."""
+
+import json
+import logging
+import os
+import random
+import signal
+
+from nni.tuner import Tuner
+
+logger = logging.getLogger('walk_tuner')
+
+
+class WalkTuner(Tuner):
+    def __init__(self, record, optimize_mode='maximize', seed=0, die_at=None):
+        self.record = record
+        self.optimize_mode = optimize_mode
+        self.rng = random.Random(seed)
+        self.die_at = die_at
+        self.generated = 0
+        self.space = {}
+
+    def _write(self, **entry):
+        with open(self.record, 'a') as f:
+            f.write(json.dumps(entry) + '\n')
+
+    def update_search_space(self, search_space):
+        self.space = search_space
+        self._write(event='space', space=search_space)
+
+    def generate_parameters(self, parameter_id, **kwargs):
+        self.generated += 1
+        if self.die_at is not None and self.generated >= self.die_at:
+            logger.info('walk_tuner: killing my own dispatcher at parameter %s', parameter_id)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+        params = {}
+        for name, spec in self.space.items():
+            low, high = spec['_value']
+            params[name] = self.rng.uniform(low, high)
+        self._write(event='generate', parameter_id=parameter_id, parameters=params)
+        return params
+
+    def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
+        self._write(event='result', parameter_id=parameter_id, parameters=parameters, value=value)
+
+    def trial_end(self, parameter_id, success, **kwargs):
+        self._write(event='end', parameter_id=parameter_id, success=success)
+
+    def import_data(self, data):
+        self._write(event='import', data=data)
