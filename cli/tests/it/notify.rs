@@ -913,3 +913,56 @@ notifications:
         assert_eq!(files_containing(&dir, PASSWORD), Vec::<PathBuf>::new());
     }
 }
+
+#[test]
+fn a_stopped_experiment_posts_its_summary() {
+    let sandbox = Sandbox::new();
+    let receiver = Receiver::start(200);
+    // The first trial ends at once, the others run until the stop.
+    let config = sandbox.config(
+        &format!(
+            r#"trialCommand: 'x=$(echo "$KNOB_PARAMETERS" | tr -dc 0-9); echo KNOB_FINAL $x; if [ -e started ]; then sleep 60; fi; touch started'
+trialConcurrency: 1
+maxTrialNumber: 10
+searchSpace:
+  x: {{_type: randint, _value: [0, 1000]}}
+tuner: {{name: Random, classArgs: {{seed: 2}}}}
+trainingService: {{platform: local}}
+notifications:
+  webhook: {{url: "{url}"}}"#,
+            url = receiver.url
+        ),
+        &[],
+    );
+    let mut command = sandbox.knob();
+    command
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "halted"]);
+    let experiment = crate::api::start(command, &[]);
+    wait_for("a second trial running", || {
+        let (_, trials) = crate::api::get(&experiment.base, "/trials");
+        trials.to_string().matches("RUNNING").count() == 1
+            && trials.to_string().contains("SUCCEEDED")
+    });
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "halted"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    wait_for("the STOPPED post", || !receiver.received().is_empty());
+    let posts = receiver.received();
+    assert_eq!(posts.len(), 1, "{posts:#?}");
+    let json = posts[0].json();
+    assert_eq!(json["knob"]["event"], "stopped", "{json}");
+    assert_eq!(json["knob"]["trials"]["SUCCEEDED"], 1, "{json}");
+    assert_eq!(json["knob"]["trials"]["USER_CANCELED"], 1, "{json}");
+    let text = json["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("knob: experiment halted STOPPED, best "),
+        "{text}"
+    );
+    assert!(
+        text.contains("Trials: 2 (1 succeeded, 1 user_canceled)"),
+        "{text}"
+    );
+    drop(experiment);
+}
