@@ -122,6 +122,23 @@ pub trait AssessorAbi: Send {
     fn trial_end(&mut self, trial_id: RStr<'_>, status: RStr<'_>) -> AbiResult<()>;
 }
 
+/// An assessor built with the experiment's context (ABI 1.2): `AssessorAbi`'s calls and each
+/// trial's final result. A new trait rather than methods appended to `AssessorAbi`: abi_stable
+/// refuses a vtable shorter than the host's, so a host cannot call an appended method of an
+/// older plugin's object; an older plugin lacks `new_assessor_in_context` instead, which the host
+/// can see.
+#[sabi_trait]
+pub trait AssessorInContextAbi: Send {
+    fn assess_trial(
+        &mut self,
+        trial_id: RStr<'_>,
+        history: RSlice<'_, f64>,
+    ) -> AbiResult<AbiVerdict>;
+    fn trial_end(&mut self, trial_id: RStr<'_>, status: RStr<'_>) -> AbiResult<()>;
+    #[sabi(last_prefix_field)]
+    fn trial_final(&mut self, trial_id: RStr<'_>, value: f64) -> AbiResult<()>;
+}
+
 /// Where a training service sends what happens to its environments and trials (JSON events).
 /// Called from any of the plugin's threads.
 #[sabi_trait]
@@ -148,6 +165,7 @@ pub trait HostLoggerAbi: Send + Sync {
 
 pub type TunerBox = TunerAbi_TO<'static, RBox<()>>;
 pub type AssessorBox = AssessorAbi_TO<'static, RBox<()>>;
+pub type AssessorInContextBox = AssessorInContextAbi_TO<'static, RBox<()>>;
 pub type EventSinkBox = EventSinkAbi_TO<'static, RBox<()>>;
 pub type TrainingServiceBox = TrainingServiceAbi_TO<'static, RBox<()>>;
 pub type HostLoggerBox = HostLoggerAbi_TO<'static, RBox<()>>;
@@ -170,7 +188,8 @@ pub struct PluginModule {
     // host checks it against its own layout (`earlier_layouts`), the accessors answer `None`, and
     // the host supplies the old behaviour (see `host::PluginRegistry::check_training_service`).
     // Append new fields after the last one, each `missing_field(option)`, freeze the layout
-    // before them in `earlier_layouts`, and never reorder, remove or retype one.
+    // before them in `earlier_layouts` under the ABI version that had it, raise the minor of
+    // `ABI_VERSION` (and its history below), and never reorder, remove or retype one.
     /// Checks a service's config: (name, config JSON, `ServiceContext` JSON) to a
     /// `service::ConfigCheck` as JSON.
     #[sabi(missing_field(option))]
@@ -184,6 +203,11 @@ pub struct PluginModule {
     #[sabi(missing_field(option))]
     pub clean_up_training_service:
         extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+    /// Constructs an assessor with the experiment's context (ABI 1.2): (name, class args JSON,
+    /// `AssessorContext` JSON).
+    #[sabi(missing_field(option))]
+    pub new_assessor_in_context:
+        extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<AssessorInContextBox>,
     // ---- appended-fields: end ----
 }
 
@@ -217,13 +241,51 @@ pub mod earlier_layouts {
         }
     }
 
+    /// ABI 1.1: the three training-service fields appended.
+    // Only its layout is used, never its accessors.
+    #[allow(dead_code)]
+    pub mod abi_1_1 {
+        use super::*;
+
+        #[repr(C)]
+        #[derive(StableAbi)]
+        #[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
+        #[sabi(missing_field(panic))]
+        pub struct PluginModule {
+            pub components: extern "C" fn() -> RVec<AbiComponentInfo>,
+            pub set_host_logger: extern "C" fn(HostLoggerBox),
+            pub new_tuner: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<TunerBox>,
+            pub new_assessor: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<AssessorBox>,
+            #[sabi(last_prefix_field)]
+            pub new_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub check_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub create_training_service: extern "C" fn(
+                RStr<'_>,
+                RStr<'_>,
+                RStr<'_>,
+                EventSinkBox,
+            )
+                -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub clean_up_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+        }
+    }
+
     /// Newest first: the layouts a library may have been built with, besides the current one,
     /// each with the ABI version that had it.
-    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 1] {
-        [(
-            "1.0.0",
-            <first_release::PluginModuleRef as StableAbi>::LAYOUT,
-        )]
+    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 2] {
+        [
+            ("1.1.0", <abi_1_1::PluginModuleRef as StableAbi>::LAYOUT),
+            (
+                "1.0.0",
+                <first_release::PluginModuleRef as StableAbi>::LAYOUT,
+            ),
+        ]
     }
 }
 
@@ -241,7 +303,7 @@ impl RootModule for PluginModuleRef {
 /// The ABI version as a literal, for `concat!`.
 macro_rules! abi_version {
     () => {
-        "1.1.0"
+        "1.2.0"
     };
 }
 
@@ -250,7 +312,9 @@ macro_rules! abi_version {
 /// fields are appended to the root module (a plugin built for an older minor still loads and
 /// gets the old behaviour for what it lacks), the major for anything else. History:
 /// - 1.0.0: the first release's root module (up to `new_training_service`);
-/// - 1.1.0: `check_training_service`, `create_training_service`, `clean_up_training_service`.
+/// - 1.1.0: `check_training_service`, `create_training_service`, `clean_up_training_service`;
+/// - 1.2.0: `new_assessor_in_context` ([`AssessorInContextAbi`]: the experiment's optimize_mode
+///   and the trials' final results reach assessors).
 ///
 /// Plugins built before ABI versions existed export only [`API_VERSION_SYMBOL`] (0.1.x); the
 /// host takes them as ABI 1.0.0 or 1.1.0, whichever layout their root module has.

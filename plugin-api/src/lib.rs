@@ -22,8 +22,9 @@ pub mod service;
 pub mod space;
 
 pub use sdk::{
-    accept_as_written, log, parse_class_args, status, Assessor, EventSink, Generated,
-    ImportedTrial, PluginError, Suggestion, TrainingService, Tuner, Verdict,
+    accept_as_written, log, parse_class_args, status, Assessor, AssessorContext, EventSink,
+    Generated, ImportedTrial, OptimizeMode, PluginError, Suggestion, TrainingService, Tuner,
+    Verdict,
 };
 
 #[doc(hidden)]

@@ -15,8 +15,8 @@ use serde_json::Value;
 
 use crate::abi::{
     AbiComponentKind, AbiGenerated, AbiLogLevel, AbiResult, AbiSuggestion, AbiVerdict, AssessorAbi,
-    AssessorAbi_TO, EventSinkBox, HostLoggerBox, TrainingServiceAbi, TrainingServiceAbi_TO,
-    TunerAbi, TunerAbi_TO,
+    AssessorAbi_TO, AssessorInContextAbi, AssessorInContextAbi_TO, EventSinkBox, HostLoggerBox,
+    TrainingServiceAbi, TrainingServiceAbi_TO, TunerAbi, TunerAbi_TO,
 };
 use crate::service::{
     CheckedConfig, ConfigCheck, ConfigProblem, FieldPath, ServiceContext, ServiceEvent,
@@ -229,13 +229,67 @@ impl Verdict {
     }
 }
 
-/// An early-stopping rule, after NNI's assessor semantics.
+/// Which way a metric is better: NNI's `optimize_mode`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizeMode {
+    /// Larger is better (NNI's default).
+    #[default]
+    Maximize,
+    Minimize,
+}
+
+impl OptimizeMode {
+    /// As `optimize_mode` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OptimizeMode::Maximize => "maximize",
+            OptimizeMode::Minimize => "minimize",
+        }
+    }
+}
+
+/// What an assessor is told about its experiment, once, right after it is built
+/// ([`Assessor::set_context`]). Fields may be added (it crosses as JSON; a field a plugin does
+/// not know is ignored, one a host does not send takes its default).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct AssessorContext {
+    /// The experiment's optimization direction (`tuner.classArgs.optimize_mode`; maximize when
+    /// the config does not say). Intermediate and final results are raw, as trials report them:
+    /// which way is better is for the assessor to read here.
+    pub optimize_mode: OptimizeMode,
+}
+
+impl AssessorContext {
+    pub fn new(optimize_mode: OptimizeMode) -> AssessorContext {
+        AssessorContext { optimize_mode }
+    }
+}
+
+/// An early-stopping rule, after NNI's assessor semantics. Every call is made from one thread,
+/// in order.
 pub trait Assessor: Send + 'static {
     fn new(class_args: &Value) -> Result<Self, PluginError>
     where
         Self: Sized;
+    /// The experiment's context (its optimization direction), once, right after `new` and
+    /// before any other call. A host older than contexts (plugin ABI 1.1 and before) never
+    /// calls it: keep a default (NNI's is maximize).
+    fn set_context(&mut self, _context: &AssessorContext) -> Result<(), PluginError> {
+        Ok(())
+    }
     /// Judges a running trial from its intermediate results so far (oldest first).
     fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError>;
+    /// A trial's final result (raw, as reported; NaN when it was not a finite number), when it
+    /// arrives: before the trial's `trial_end`. Trials of an earlier run get theirs on resume.
+    fn trial_final(&mut self, _trial_id: &str, _value: f64) -> Result<(), PluginError> {
+        Ok(())
+    }
+    /// A trial ended with `status` (see [`status`]).
     fn trial_end(&mut self, _trial_id: &str, _status: &str) -> Result<(), PluginError> {
         Ok(())
     }
@@ -579,6 +633,27 @@ impl<A: Assessor> AssessorAbi for AssessorAdaptor<A> {
     }
 }
 
+impl<A: Assessor> AssessorInContextAbi for AssessorAdaptor<A> {
+    fn assess_trial(
+        &mut self,
+        trial_id: RStr<'_>,
+        history: RSlice<'_, f64>,
+    ) -> AbiResult<AbiVerdict> {
+        AssessorAbi::assess_trial(self, trial_id, history)
+    }
+
+    fn trial_end(&mut self, trial_id: RStr<'_>, status: RStr<'_>) -> AbiResult<()> {
+        AssessorAbi::trial_end(self, trial_id, status)
+    }
+
+    fn trial_final(&mut self, trial_id: RStr<'_>, value: f64) -> AbiResult<()> {
+        let inner = &mut self.inner;
+        guarded(&self.label, "trial_final", &mut self.poisoned, || {
+            inner.trial_final(trial_id.as_str(), value)
+        })
+    }
+}
+
 struct TrainingServiceAdaptor<S> {
     inner: S,
     label: String,
@@ -637,6 +712,14 @@ pub mod __private {
 
     pub type TunerCtor = fn(&str, &Value) -> Result<TunerBox, PluginError>;
     pub type AssessorCtor = fn(&str, &Value) -> Result<AssessorBox, PluginError>;
+    pub type AssessorInContextCtor =
+        fn(&str, &Value, &AssessorContext) -> Result<AssessorInContextBox, PluginError>;
+
+    /// An assessor's constructors: without a context (hosts before ABI 1.2) and with one.
+    pub struct AssessorFns {
+        pub plain: AssessorCtor,
+        pub in_context: AssessorInContextCtor,
+    }
     pub type ServiceCtor =
         fn(&str, &Value, &ServiceContext, EventSink) -> Result<TrainingServiceBox, PluginError>;
     pub type ServiceCheck =
@@ -653,7 +736,7 @@ pub mod __private {
 
     pub enum Ctor {
         Tuner(TunerCtor),
-        Assessor(AssessorCtor),
+        Assessor(AssessorFns),
         TrainingService(ServiceFns),
     }
 
@@ -695,6 +778,21 @@ pub mod __private {
             poisoned: false,
         };
         Ok(AssessorAbi_TO::from_value(adaptor, TD_Opaque))
+    }
+
+    pub fn assessor_in_context_ctor<A: Assessor>(
+        name: &str,
+        class_args: &Value,
+        context: &AssessorContext,
+    ) -> Result<AssessorInContextBox, PluginError> {
+        let mut inner = A::new(class_args)?;
+        inner.set_context(context)?;
+        let adaptor = AssessorAdaptor {
+            inner,
+            label: format!("assessor {name}"),
+            poisoned: false,
+        };
+        Ok(AssessorInContextAbi_TO::from_value(adaptor, TD_Opaque))
     }
 
     pub fn service_ctor<S: TrainingService>(
@@ -779,8 +877,35 @@ pub mod __private {
             ComponentKind::Assessor,
             name,
             args,
-            |e, a| match e.ctor {
-                Ctor::Assessor(ctor) => Some(ctor(e.name, a)),
+            |e, a| match &e.ctor {
+                Ctor::Assessor(fns) => Some((fns.plain)(e.name, a)),
+                _ => None,
+            },
+        )
+    }
+
+    pub fn new_assessor_in_context(
+        entries: &[Entry],
+        name: RStr<'_>,
+        args: RStr<'_>,
+        context: RStr<'_>,
+    ) -> AbiResult<AssessorInContextBox> {
+        construct(
+            entries,
+            ComponentKind::Assessor,
+            name,
+            args,
+            |e, a| match &e.ctor {
+                Ctor::Assessor(fns) => Some(
+                    serde_json::from_str::<AssessorContext>(context.as_str())
+                        .map_err(|err| {
+                            PluginError::new(format!(
+                                "assessor {}: invalid context from host: {err}",
+                                e.name
+                            ))
+                        })
+                        .and_then(|c| (fns.in_context)(e.name, a, &c)),
+                ),
                 _ => None,
             },
         )
@@ -923,8 +1048,8 @@ pub mod __private {
     }
 
     pub use crate::abi::{
-        AbiComponentInfo, AbiResult, AssessorBox, EventSinkBox, HostLoggerBox, PluginModule,
-        TrainingServiceBox, TunerBox,
+        AbiComponentInfo, AbiResult, AssessorBox, AssessorInContextBox, EventSinkBox,
+        HostLoggerBox, PluginModule, TrainingServiceBox, TunerBox,
     };
     pub use abi_stable::prefix_type::PrefixTypeTrait;
     pub use abi_stable::std_types::{RStr, RString, RVec};
@@ -1014,6 +1139,13 @@ macro_rules! export_plugin {
             ) -> p::AbiResult<p::RString> {
                 p::clean_up_training_service(__KNOB_PLUGIN_ENTRIES, name, config, context, trial_ids)
             }
+            extern "C" fn new_assessor_in_context(
+                name: p::RStr<'_>,
+                args: p::RStr<'_>,
+                context: p::RStr<'_>,
+            ) -> p::AbiResult<p::AssessorInContextBox> {
+                p::new_assessor_in_context(__KNOB_PLUGIN_ENTRIES, name, args, context)
+            }
             // ---- appended-fields: end ----
             fn root_module() -> p::PluginModuleRef {
                 <p::PluginModule as p::PrefixTypeTrait>::leak_into_prefix(p::PluginModule {
@@ -1026,6 +1158,7 @@ macro_rules! export_plugin {
                     check_training_service,
                     create_training_service,
                     clean_up_training_service,
+                    new_assessor_in_context,
                     // ---- appended-fields: end ----
                 })
             }
@@ -1046,7 +1179,10 @@ macro_rules! __knob_ctor {
         $crate::__private::Ctor::Tuner($crate::__private::tuner_ctor::<$ty>)
     };
     (assessor, $ty:ty) => {
-        $crate::__private::Ctor::Assessor($crate::__private::assessor_ctor::<$ty>)
+        $crate::__private::Ctor::Assessor($crate::__private::AssessorFns {
+            plain: $crate::__private::assessor_ctor::<$ty>,
+            in_context: $crate::__private::assessor_in_context_ctor::<$ty>,
+        })
     };
     (training_service, $ty:ty) => {
         $crate::__private::Ctor::TrainingService($crate::__private::ServiceFns {

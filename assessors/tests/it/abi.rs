@@ -37,7 +37,11 @@ fn the_library_exports_every_rule_and_they_judge_as_through_the_rlib() {
     );
 
     let mut medianstop = registry
-        .assessor_object("Medianstop", &json!({"start_step": 2}))
+        .assessor_object(
+            "Medianstop",
+            &json!({"start_step": 2}),
+            &knob_plugin_api::AssessorContext::default(),
+        )
         .unwrap();
     for step in 1..=3 {
         let history = &[0.5, 0.6, 0.7][..step];
@@ -51,7 +55,11 @@ fn the_library_exports_every_rule_and_they_judge_as_through_the_rlib() {
 
     // The threaded handle the manager uses.
     let threshold = registry
-        .assessor("Threshold", &json!({"lower": 0.3}))
+        .assessor(
+            "Threshold",
+            &json!({"lower": 0.3}),
+            &knob_plugin_api::AssessorContext::default(),
+        )
         .unwrap();
     let verdict = threshold
         .assess_trial("t".into(), vec![0.5, 0.2])
@@ -59,7 +67,11 @@ fn the_library_exports_every_rule_and_they_judge_as_through_the_rlib() {
         .unwrap();
     expect!["step 2: result 0.2 below the lower threshold 0.3"].assert_eq(&verdict.reason);
 
-    let Err(error) = registry.assessor_object("ASHA", &json!({"max_t": 100})) else {
+    let Err(error) = registry.assessor_object(
+        "ASHA",
+        &json!({"max_t": 100}),
+        &knob_plugin_api::AssessorContext::default(),
+    ) else {
         panic!("an unknown classArg should fail the constructor");
     };
     expect!["assessor ASHA: constructor failed: classArgs of ASHA: unknown argument `max_t`; known: optimize_mode, reduction_factor, eta, min_resource, max_resource, grace_period"]

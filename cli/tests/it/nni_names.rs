@@ -58,7 +58,11 @@ fn every_nni_name_and_alias_of_a_native_algorithm_constructs_knob_s_plugin() {
                         .map(|_| ())
                         .map_err(|e| e.to_string()),
                     _ => registry
-                        .assessor_object(&spelling, &class_args)
+                        .assessor_object(
+                            &spelling,
+                            &class_args,
+                            &knob_plugin_api::AssessorContext::default(),
+                        )
                         .map(|_| ())
                         .map_err(|e| e.to_string()),
                 };

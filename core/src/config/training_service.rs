@@ -13,7 +13,7 @@ use knob_plugin_api::host::{HostError, PluginRegistry};
 use knob_plugin_api::service::{
     ConfigCheck, ConfigProblem, FieldPath, PathStep, ServiceContext, TrialSettings,
 };
-use knob_plugin_api::ComponentKind;
+use knob_plugin_api::{AssessorContext, ComponentKind};
 use serde_json::Map;
 
 use super::algorithm::AlgorithmProblem;
@@ -97,8 +97,9 @@ impl ServiceChecker for PluginRegistry {
                         None => Ok(()),
                     })
             }
+            // Built to check its classArgs only: the direction it is told changes nothing here.
             ComponentKind::Assessor => self
-                .assessor_object(name, class_args)
+                .assessor_object(name, class_args, &AssessorContext::default())
                 .map(drop)
                 .map_err(built),
             ComponentKind::TrainingService => Ok(()),

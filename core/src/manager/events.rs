@@ -396,6 +396,12 @@ impl Manager {
                     .get()
                     .await?;
                 self.accept_suggestions(suggestions);
+                if let Some(assessor) = &self.assessor {
+                    // As a verdict: an assessor that fails costs what it would have learnt.
+                    if let Err(e) = assessor.trial_final(trial_id.clone(), value).get().await {
+                        self.warn(Some(trial_id), format!("assessor: {e}")).await?;
+                    }
+                }
             }
         }
         self.publish(None);

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use knob_plugin_api::host::{AssessorHandle, HostError, PluginRegistry, TunerHandle};
 use knob_plugin_api::space::SearchSpace;
-use knob_plugin_api::{ComponentKind, Generated, Suggestion};
+use knob_plugin_api::{AssessorContext, ComponentKind, Generated, OptimizeMode, Suggestion};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -302,7 +302,11 @@ impl Manager {
                     registry,
                     Some(run),
                 )?;
-                Some(registry.assessor(&name, &args)?)
+                let context = AssessorContext::new(match config.direction() {
+                    Direction::Maximize => OptimizeMode::Maximize,
+                    Direction::Minimize => OptimizeMode::Minimize,
+                });
+                Some(registry.assessor(&name, &args, &context)?)
             }
             None => None,
         };

@@ -137,6 +137,11 @@ impl Manager {
                     failures.push((id.clone(), e.to_string()));
                 }
             }
+            if let Some(value) = self.trials[&stored.trial_id].final_value {
+                if let Err(e) = assessor.trial_final(id.clone(), value).get().await {
+                    failures.push((id.clone(), e.to_string()));
+                }
+            }
             if let Err(e) = assessor
                 .trial_end(id.clone(), stored.status.as_str().into())
                 .get()

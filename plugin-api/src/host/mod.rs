@@ -798,23 +798,43 @@ impl PluginRegistry {
         )))
     }
 
+    /// Builds an assessor, on the current thread, with the experiment's context. A library
+    /// built before contexts (ABI 1.1 and before) builds it without: its assessor keeps its own
+    /// default direction and never hears of finals ([`AssessorObject::trial_final`] does nothing).
     pub fn assessor_object(
         &self,
         name: &str,
         class_args: &Value,
+        context: &crate::AssessorContext,
     ) -> Result<AssessorObject, HostError> {
         let (library, exact) = self.find(ComponentKind::Assessor, name)?;
         let args = class_args.to_string();
-        let raw = (library.module.new_assessor())(RStr::from_str(&exact), RStr::from_str(&args));
-        let raw = constructed(ComponentKind::Assessor, &exact, raw)?;
+        let (name_arg, args_arg) = (RStr::from_str(&exact), RStr::from_str(&args));
+        let raw = match library.module.new_assessor_in_context() {
+            Some(new) => objects::AssessorRaw::InContext(constructed(
+                ComponentKind::Assessor,
+                &exact,
+                new(name_arg, args_arg, RStr::from_str(&json_text(context))),
+            )?),
+            None => objects::AssessorRaw::Plain(constructed(
+                ComponentKind::Assessor,
+                &exact,
+                (library.module.new_assessor())(name_arg, args_arg),
+            )?),
+        };
         Ok(AssessorObject {
             raw,
             label: format!("assessor {exact}"),
         })
     }
 
-    pub fn assessor(&self, name: &str, class_args: &Value) -> Result<AssessorHandle, HostError> {
-        let object = self.assessor_object(name, class_args)?;
+    pub fn assessor(
+        &self,
+        name: &str,
+        class_args: &Value,
+        context: &crate::AssessorContext,
+    ) -> Result<AssessorHandle, HostError> {
+        let object = self.assessor_object(name, class_args, context)?;
         Ok(AssessorHandle(PluginThread::spawn(
             object.label.clone(),
             object,
@@ -937,12 +957,10 @@ impl PluginRegistry {
     // ---- appended-fields: end ----
 }
 
-// ---- appended-fields: begin ----
 /// Our own serializable types as JSON text (their serialization cannot fail).
 fn json_text(value: &impl serde::Serialize) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
 }
-// ---- appended-fields: end ----
 
 fn service_handle(
     exact: &str,

@@ -8,7 +8,7 @@ use abi_stable::std_types::{RResult, RSlice, RStr, RString};
 use serde_json::Value;
 
 use super::HostError;
-use crate::abi::{AbiGenerated, AssessorBox, TrainingServiceBox, TunerBox};
+use crate::abi::{AbiGenerated, AssessorBox, AssessorInContextBox, TrainingServiceBox, TunerBox};
 use crate::service::{Environment, TrialRequest};
 use crate::{Generated, ImportedTrial, Suggestion, Verdict};
 
@@ -146,33 +146,54 @@ impl TunerObject {
     }
 }
 
+/// An assessor object as its library made it.
+pub(super) enum AssessorRaw {
+    /// Built by a library for ABI 1.1 or before: no context, no finals.
+    Plain(AssessorBox),
+    /// Built with the experiment's context (ABI 1.2).
+    InContext(AssessorInContextBox),
+}
+
 /// An assessor from a plugin, called on the current thread.
 pub struct AssessorObject {
-    pub(super) raw: AssessorBox,
+    pub(super) raw: AssessorRaw,
     pub(super) label: String,
 }
 
 impl AssessorObject {
     pub fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, HostError> {
-        let verdict = called(
-            &self.label,
-            "assess_trial",
-            self.raw
-                .assess_trial(RStr::from_str(trial_id), RSlice::from_slice(history)),
-        )?;
+        let (trial_id, history) = (RStr::from_str(trial_id), RSlice::from_slice(history));
+        let raw = match &mut self.raw {
+            AssessorRaw::Plain(raw) => raw.assess_trial(trial_id, history),
+            AssessorRaw::InContext(raw) => raw.assess_trial(trial_id, history),
+        };
+        let verdict = called(&self.label, "assess_trial", raw)?;
         Ok(Verdict {
             keep_going: verdict.keep_going,
             reason: verdict.reason.into_string(),
         })
     }
 
+    /// A trial's final result. An assessor of a library built before ABI 1.2 has no such
+    /// call: it does not learn finals, as before.
+    pub fn trial_final(&mut self, trial_id: &str, value: f64) -> Result<(), HostError> {
+        match &mut self.raw {
+            AssessorRaw::Plain(_) => Ok(()),
+            AssessorRaw::InContext(raw) => called(
+                &self.label,
+                "trial_final",
+                raw.trial_final(RStr::from_str(trial_id), value),
+            ),
+        }
+    }
+
     pub fn trial_end(&mut self, trial_id: &str, status: &str) -> Result<(), HostError> {
-        called(
-            &self.label,
-            "trial_end",
-            self.raw
-                .trial_end(RStr::from_str(trial_id), RStr::from_str(status)),
-        )
+        let (trial_id, status) = (RStr::from_str(trial_id), RStr::from_str(status));
+        let raw = match &mut self.raw {
+            AssessorRaw::Plain(raw) => raw.trial_end(trial_id, status),
+            AssessorRaw::InContext(raw) => raw.trial_end(trial_id, status),
+        };
+        called(&self.label, "trial_end", raw)
     }
 }
 
@@ -335,6 +356,9 @@ impl AssessorHandle {
     }
     pub fn assess_trial(&self, trial_id: String, history: Vec<f64>) -> Reply<Verdict> {
         self.0.call(move |a| a.assess_trial(&trial_id, &history))
+    }
+    pub fn trial_final(&self, trial_id: String, value: f64) -> Reply<()> {
+        self.0.call(move |a| a.trial_final(&trial_id, value))
     }
     pub fn trial_end(&self, trial_id: String, status: String) -> Reply<()> {
         self.0.call(move |a| a.trial_end(&trial_id, &status))

@@ -11,7 +11,7 @@ use knob_plugin_api::host::{load_library, HostError, PluginRegistry};
 use knob_plugin_api::service::{
     ConfigCheck, FieldPath, SecretField, ServiceContext, ServiceEvent, TrialRequest,
 };
-use knob_plugin_api::{ComponentKind, Generated, Suggestion};
+use knob_plugin_api::{AssessorContext, ComponentKind, Generated, OptimizeMode, Suggestion};
 use serde_json::json;
 
 /// How the copy of knob-plugin-api the fixture is built against differs from this one.
@@ -270,7 +270,12 @@ serde_json.workspace = true
     std::fs::create_dir_all(&out_dir).unwrap();
     let so = out_dir.join(format!("libknob_test_plugin_{}.so", variant.slug()));
     let built_so = target.join(format!("debug/lib{}.so", package.replace('-', "_")));
-    std::fs::copy(built_so, &so).unwrap();
+    // Never rewritten in place: each loader test runs in a process of its own, and several run
+    // at once, each with this file mapped. `fs::copy` truncates and rewrites the same inode,
+    // which changes (or cuts short, SIGBUS) the pages another process is executing; a rename
+    // gives the new bytes a new inode and leaves the mapped one alone (and an unchanged
+    // library is not written at all).
+    write_if_changed(&so, &std::fs::read(built_so).unwrap());
     built.insert(variant, so.clone());
     so
 }
@@ -354,7 +359,11 @@ fn lists_and_runs_every_kind_of_component() {
     );
 
     let assessor = registry
-        .assessor("Ceiling", &json!({"limit": 2.0}))
+        .assessor(
+            "Ceiling",
+            &json!({"limit": 2.0}),
+            &AssessorContext::default(),
+        )
         .unwrap();
     assert!(
         assessor
@@ -582,7 +591,7 @@ fn unknown_names_list_what_is_available() {
         )
     );
     let err = registry
-        .assessor("Counting", &json!({}))
+        .assessor("Counting", &json!({}), &AssessorContext::default())
         .err()
         .unwrap()
         .to_string();
@@ -844,6 +853,63 @@ fn a_plugin_built_from_the_frozen_abi_1_1_copy_loads() {
     let (_, _, cleaned, environment) = check_service_calls(&registry);
     assert_eq!(cleaned, ["ended t1 of exp1", "ended t2 of exp1"]);
     assert_eq!(environment, "exp1-5");
+
+    // Its assessor predates assessor contexts (ABI 1.2): the host builds it the old way, and
+    // what it lacks takes the defaults: it keeps its own direction (maximize, where the
+    // experiment minimizes) and never hears of finals (the host's trial_final does nothing).
+    let mut assessor = registry
+        .assessor_object(
+            "Ceiling",
+            &json!({"limit": 2.0}),
+            &AssessorContext::new(OptimizeMode::Minimize),
+        )
+        .unwrap();
+    assessor.trial_final("t0", 0.5).unwrap();
+    let verdict = assessor.assess_trial("t1", &[3.0]).unwrap();
+    assert_eq!(
+        (verdict.keep_going, verdict.reason.as_str()),
+        (false, "step 1: 3 above 2")
+    );
+}
+
+/// An assessor (ABI 1.2) is told the experiment's direction once, and each trial's final
+/// result; a failed trial_final is one line naming it (issue 19).
+#[test]
+fn an_assessor_gets_the_direction_and_the_finals() {
+    if in_own_process("loader::an_assessor_gets_the_direction_and_the_finals") {
+        return;
+    }
+    let registry = registry_with(&[fixture(Variant::Same)]);
+    let mut assessor = registry
+        .assessor_object(
+            "Ceiling",
+            &json!({"limit": 2.0}),
+            &AssessorContext::new(OptimizeMode::Minimize),
+        )
+        .unwrap();
+    assert!(assessor.assess_trial("t1", &[3.0]).unwrap().keep_going);
+    assessor.trial_final("t0", 0.5).unwrap();
+    let verdict = assessor.assess_trial("t1", &[3.0, 1.0]).unwrap();
+    assert_eq!(
+        (verdict.keep_going, verdict.reason.as_str()),
+        (false, "step 2: 1 below 2 (finals so far: [0.5])")
+    );
+    assert_eq!(
+        assessor.trial_final("bad", 1.0).unwrap_err().to_string(),
+        "assessor Ceiling failed in trial_final: no finals for bad"
+    );
+
+    // The same through the threaded handle the core uses, maximizing.
+    let handle = registry
+        .assessor(
+            "Ceiling",
+            &json!({"limit": 2.0}),
+            &AssessorContext::default(),
+        )
+        .unwrap();
+    handle.trial_final("t0".into(), 7.0).wait().unwrap();
+    let verdict = handle.assess_trial("t1".into(), vec![3.0]).wait().unwrap();
+    assert_eq!(verdict.reason, "step 1: 3 above 2 (finals so far: [7.0])");
 }
 
 #[test]
@@ -1080,4 +1146,59 @@ fn program_header_offsets(elf: &[u8]) -> Vec<usize> {
     let entsize = u16::from_le_bytes(elf[0x36..0x38].try_into().unwrap()) as usize;
     let count = u16::from_le_bytes(elf[0x38..0x3a].try_into().unwrap()) as usize;
     (0..count).map(|i| phoff + i * entsize).collect()
+}
+
+/// Plugins built for different ABI minors and crate versions load side by side in one process,
+/// as they may sit on one plugin path, and each runs: the frozen ABI 1.1 copy, one from before
+/// the appended fields (1.0 layout), one of crate 0.1.7, and the current one. (The crash that
+/// made each loader test run in a process of its own needed deleted copies whose inodes were
+/// reused, see `library_dir`; nothing here is deleted.)
+#[test]
+fn plugins_of_different_abi_versions_run_side_by_side_in_one_process() {
+    if in_own_process("loader::plugins_of_different_abi_versions_run_side_by_side_in_one_process") {
+        return;
+    }
+    let variants = [
+        Variant::Frozen("1.1"),
+        Variant::BeforeAppendedFields,
+        Variant::Version("0.1.7"),
+        Variant::Same,
+    ];
+    let registries: Vec<PluginRegistry> = variants
+        .iter()
+        .map(|&variant| registry_with(&[fixture(variant)]))
+        .collect();
+    // Twice round, so that every library is called after all were loaded.
+    for _ in 0..2 {
+        for (variant, registry) in variants.iter().zip(&registries) {
+            let mut tuner = registry
+                .tuner_object("Counting", &json!({"step": 2}))
+                .unwrap();
+            assert_eq!(
+                tuner.generate_parameters(3).unwrap(),
+                Generated::Parameters(json!({"n": 6})),
+                "{variant:?}"
+            );
+            let mut assessor = registry
+                .assessor_object(
+                    "Ceiling",
+                    &json!({"limit": 2.0}),
+                    &AssessorContext::default(),
+                )
+                .unwrap();
+            assessor.trial_final("t0", 1.0).unwrap();
+            assert!(
+                !assessor.assess_trial("t1", &[3.0]).unwrap().keep_going,
+                "{variant:?}"
+            );
+            let service = registry
+                .training_service("Echo", &json!(null), |_| {})
+                .unwrap();
+            assert_eq!(
+                service.environments().wait().unwrap()[0].id,
+                "echo",
+                "{variant:?}"
+            );
+        }
+    }
 }
