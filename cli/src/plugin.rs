@@ -46,7 +46,7 @@ pub struct TryArgs {
     results: Option<PathBuf>,
     /// A Python expression computing each suggestion's final result from its parameters, `x`
     /// (a dict; `math` is imported), evaluated by python3: e.g. `-(x["a"] - 3) ** 2`.
-    #[arg(long, value_name = "EXPR")]
+    #[arg(long, value_name = "EXPR", allow_hyphen_values = true)]
     results_expr: Option<String>,
 }
 

@@ -61,8 +61,18 @@ fn plugin_check_loads_one_file_or_fails_with_one_line() {
 /// Builds `examples/third-party-tuner` the way its author would (its own workspace, depending
 /// on knob-plugin-api by path); returns its library.
 pub(crate) fn build_third_party_tuner() -> std::path::PathBuf {
-    let target = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("third-party");
-    let manifest = repo_root().join("examples/third-party-tuner/Cargo.toml");
+    build_example("third-party-tuner", "knob_example_tuner")
+}
+
+/// Builds `examples/NAME` as its author would (its own workspace, knob-plugin-api by path);
+/// returns its library, `lib<LIB>.so`.
+pub(crate) fn build_example(name: &str, lib: &str) -> std::path::PathBuf {
+    let target = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(match name {
+        // Where it has always been built (other tests reuse that build).
+        "third-party-tuner" => "third-party".to_string(),
+        other => other.to_string(),
+    });
+    let manifest = repo_root().join(format!("examples/{name}/Cargo.toml"));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
         .args(["build", "--quiet", "--manifest-path"])
@@ -77,7 +87,7 @@ pub(crate) fn build_third_party_tuner() -> std::path::PathBuf {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    target.join("debug/libknob_example_tuner.so")
+    target.join(format!("debug/lib{lib}.so"))
 }
 
 /// The third-party example, loaded from `$KNOB_PLUGIN_PATH`.
@@ -301,5 +311,173 @@ fn plugin_try_runs_the_third_party_tuner_and_checks_what_it_hands_out() {
     assert_eq!(
         stderr.trim(),
         r#"error: tuner Misbehaving handed out parameters the search space does not hold (parameter id 0): trial parameter "x": 7.5 is outside uniform [0, 1]"#
+    );
+}
+
+/// The Halton example (a tuner and an assessor written from docs/writing-a-plugin.md) under
+/// `knob plugin try`, its results computed by a Python expression of the parameters (issue 19).
+#[test]
+fn plugin_try_runs_the_halton_example_with_results_from_a_python_expression() {
+    let library = build_example("halton-tuner", "knob_example_halton");
+    let dir = tempfile::tempdir().unwrap();
+    let space = dir.path().join("space.json");
+    std::fs::write(
+        &space,
+        r#"{"a": {"_type": "uniform", "_value": [0, 4]}, "k": {"_type": "choice", "_value": [1, 2, 3]}}"#,
+    )
+    .unwrap();
+    let try_with = |expr: &str| {
+        run(knob()
+            .args(["plugin", "try"])
+            .arg(&library)
+            .args(["--tuner", "Halton", "--space"])
+            .arg(&space)
+            .args(["-n", "4", "--results-expr", expr]))
+    };
+    // Halton points 1..4: a = 4 * (1/2, 1/4, 3/4, 1/8), k = choice index floor(3 * (1/3, 2/3,
+    // 1/9, 4/9)).
+    let (code, stdout, stderr) = try_with(r#"-(x["a"] - 3) ** 2 + math.log(x["k"])"#);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        concat!(
+            r#"{"parameter_id":0,"parameters":{"a":2.0,"k":2}}"#,
+            "\n",
+            r#"{"parameter_id":1,"parameters":{"a":1.0,"k":3}}"#,
+            "\n",
+            r#"{"parameter_id":2,"parameters":{"a":3.0,"k":1}}"#,
+            "\n",
+            r#"{"parameter_id":3,"parameters":{"a":0.5,"k":2}}"#,
+            "\n",
+        )
+    );
+    // The expression is evaluated for each suggestion: its errors are one line naming it.
+    let (code, stdout, stderr) = try_with(r#"x["b"]"#);
+    assert_eq!(code, 1);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert_eq!(
+        stderr.trim(),
+        r#"error: --results-expr "x[\"b\"]" failed for parameter id 0 ({"a":2.0,"k":2}): KeyError: 'b'"#
+    );
+    let (code, _, stderr) = try_with(r#""big" if x["a"] > 1 else 0"#);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("failed for parameter id 0") && stderr.contains("ValueError"),
+        "{stderr}"
+    );
+    // --results and --results-expr do not mix.
+    let (code, _, stderr) = run(knob()
+        .args(["plugin", "try"])
+        .arg(&library)
+        .arg("--space")
+        .arg(&space)
+        .args(["--results", "r.txt", "--results-expr", "1"]));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+/// The Halton example's FinalMedian assessor in a real experiment that minimizes: the core tells
+/// it the direction and each trial's final, and it stops exactly the trials whose loss at step
+/// 5 is above the median final of the trials finished so far (issue 19). Told nothing, it would
+/// stop none: it has no median without finals, and maximizing, a high loss is good.
+#[test]
+fn an_assessor_plugin_learns_the_direction_and_the_finals_in_an_experiment() {
+    let library = build_example("halton-tuner", "knob_example_halton");
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(&library, plugins.join("libhalton.so")).unwrap();
+    // A loss falling from 1 towards the trial's quality (lower is better), 0.1 s a step.
+    std::fs::write(
+        dir.path().join("trial.py"),
+        r#"import json, os, time
+quality = json.loads(os.environ["KNOB_PARAMETERS"])["quality"]
+for step in range(1, 21):
+    print(f"KNOB_INTERMEDIATE {quality + (1 - quality) * 0.5 ** step}", flush=True)
+    time.sleep(0.1)
+print(f"KNOB_FINAL {quality}", flush=True)
+"#,
+    )
+    .unwrap();
+    // Halton's first five choices of four: indices 2, 1, 3, 0, 2 (qualities 0.8, 0.2, 0.9, 0.1,
+    // 0.8). Finals 0.8 and 0.2 make the median 0.5: the 0.9 trial is above it at step 5; 0.1
+    // finishes; then the median of 0.8, 0.2, 0.1 is 0.2 and the second 0.8 trial is stopped.
+    let config = dir.path().join("config.yml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"trialCommand: python3 trial.py
+trialCodeDirectory: {code}
+trialConcurrency: 1
+maxTrialNumber: 5
+searchSpace:
+  quality: {{_type: choice, _value: [0.1, 0.2, 0.8, 0.9]}}
+tuner:
+  name: Halton
+  classArgs: {{optimize_mode: minimize}}
+assessor:
+  name: FinalMedian
+  classArgs: {{min_steps: 5, min_trials: 2}}
+trainingService:
+  platform: local
+experimentWorkingDirectory: {work}
+"#,
+            code = dir.path().display(),
+            work = dir.path().join("experiments").display()
+        ),
+    )
+    .unwrap();
+    let knob_in_sandbox = || {
+        let mut command = knob();
+        command
+            .env("KNOB_HOME", dir.path().join("home"))
+            .env("KNOB_PLUGIN_PATH", &plugins);
+        command
+    };
+    let (code, stdout, stderr) = run(knob_in_sandbox()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "halton"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("5 trials (3 succeeded, 0 failed, 2 early-stopped)"),
+        "{stdout}"
+    );
+    let (code, export, stderr) =
+        run(knob_in_sandbox().args(["experiment", "export", "halton", "--format", "json"]));
+    assert_eq!(code, 0, "{stderr}");
+    let export: serde_json::Value = serde_json::from_str(&export).unwrap();
+    let outcome: Vec<(f64, String, String)> = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["parameters"]["quality"].as_f64().unwrap(),
+                t["status"].as_str().unwrap().to_owned(),
+                t["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let stopped: Vec<&(f64, String, String)> = outcome
+        .iter()
+        .filter(|(_, status, _)| status == "EARLY_STOPPED")
+        .collect();
+    assert_eq!(stopped.len(), 2, "{outcome:?}");
+    assert_eq!(stopped[0].0, 0.9, "{outcome:?}");
+    assert!(
+        stopped[0].2.starts_with("step 5: ")
+            && stopped[0]
+                .2
+                .ends_with("is worse than the median final 0.5 (2 trials, minimize)"),
+        "{outcome:?}"
+    );
+    assert_eq!(stopped[1].0, 0.8, "{outcome:?}");
+    assert!(
+        stopped[1]
+            .2
+            .ends_with("is worse than the median final 0.2 (3 trials, minimize)"),
+        "{outcome:?}"
     );
 }
