@@ -41,13 +41,16 @@ fn key_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
     .expect("start sshd")
 }
 
-fn password_host(sshd: &Path) -> Sshd {
+fn password_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
     Sshd::start(
         sshd,
         SshdOptions {
             key_auth: false,
             password: Some(PASSWORD.to_string()),
-            env: Vec::new(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         },
     )
     .expect("start sshd with password login")
@@ -82,6 +85,32 @@ fn known_hosts(sandbox: &Sandbox, hosts: &[&Sshd]) -> PathBuf {
         .collect();
     std::fs::write(&path, lines).unwrap();
     path
+}
+
+/// How long a trial waits at [`barrier`] at most.
+const BARRIER_LIMIT_SECS: u32 = 120;
+
+/// A trial-command prefix that holds each trial until trials have started on `environments`
+/// different environments, at most [`BARRIER_LIMIT_SECS`] (then it goes on, and the test's own
+/// check that every environment ran a trial fails). Tests that check each host ran a trial use
+/// it so that the hosts ready first cannot run every trial while a slower one (a password
+/// login on a loaded machine) still sets up: with a per-environment limit (`cpu=N` hosts and
+/// `trialCpuNumber: 1`, or simulated GPUs) and `trialConcurrency` above what all but one
+/// environment can take, a trial is always left waiting for the last one.
+///
+/// The "hosts" are sshd servers on this machine, so they share the sandbox: each trial marks
+/// its environment there, named by its host's `KNOB_TEST_SSHD_MARK` folder (`local` on this
+/// machine, where the variable is not set).
+fn barrier(sandbox: &Sandbox, environments: usize) -> String {
+    let dir = sandbox.path().join("barrier");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dir.display();
+    format!(
+        "touch \"{dir}/$(basename \"${{KNOB_TEST_SSHD_MARK:-local}}\")\" && \
+         end=$(($(date +%s) + {BARRIER_LIMIT_SECS})) && \
+         while [ \"$(ls \"{dir}\" | wc -l)\" -lt {environments} ] && [ \"$(date +%s)\" -lt \"$end\" ]; \
+         do sleep 0.1; done; "
+    )
 }
 
 /// The config of a remote (or hybrid) experiment. `machines` are machineList entries; `extra`
@@ -296,10 +325,13 @@ fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_
     if !sshd::password_login() {
         return;
     }
+    // One trial at a time per host (one CPU each, one per trial), three at once: see
+    // [`barrier`].
+    let one_cpu = [("KNOB_SIMULATE_GPUS", "cpu=1")];
     let hosts = [
-        key_host(&sshd, &[]),
-        key_host(&sshd, &[]),
-        password_host(&sshd),
+        key_host(&sshd, &one_cpu),
+        key_host(&sshd, &one_cpu),
+        password_host(&sshd, &one_cpu),
     ];
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &hosts.iter().collect::<Vec<_>>());
@@ -312,14 +344,16 @@ fn an_experiment_spreads_over_three_hosts_with_key_and_password_login_and_keeps_
     let config = remote_config(
         &sandbox,
         Spec {
-            trial_command:
-                "test -f helper.txt && test ! -e config.yml && sleep 1 && echo KNOB_FINAL 1",
+            trial_command: &format!(
+                "{}test -f helper.txt && test ! -e config.yml && echo KNOB_FINAL 1",
+                barrier(&sandbox, hosts.len())
+            ),
             concurrency: 3,
             trials: 9,
             machines: &machines,
             known_hosts: &known,
             hybrid: false,
-            extra: "",
+            extra: "trialCpuNumber: 1",
         },
     );
     let (code, stdout, stderr) = sandbox.create(&config, "spread");
@@ -452,22 +486,30 @@ fn a_hybrid_experiment_runs_trials_locally_and_remotely() {
     let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
-    let host = key_host(&sshd, &[]);
+    // One trial at a time on each side (one CPU each, one per trial), two at once: see
+    // [`barrier`].
+    let host = key_host(&sshd, &[("KNOB_SIMULATE_GPUS", "cpu=1")]);
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[&host]);
     let config = remote_config(
         &sandbox,
         Spec {
-            trial_command: "sleep 1; echo KNOB_FINAL 2",
-            concurrency: 4,
+            trial_command: &format!("{}echo KNOB_FINAL 2", barrier(&sandbox, 2)),
+            concurrency: 2,
             trials: 8,
             machines: &[machine(&host)],
             known_hosts: &known,
             hybrid: true,
-            extra: "",
+            extra: "trialCpuNumber: 1",
         },
     );
-    let (code, stdout, stderr) = sandbox.create(&config, "hybrid");
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "cpu=1")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "hybrid"]));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(
         stdout.starts_with("experiment hybrid DONE: 8 trials (8 succeeded, 0 failed)"),
@@ -568,20 +610,23 @@ fn a_host_killed_mid_experiment_has_its_trials_run_again_elsewhere() {
     let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
-    let survivor = key_host(&sshd, &[]);
-    let mut victim = key_host(&sshd, &[]);
+    // At most two trials at a time per host (two CPUs, one per trial), four at once: the
+    // victim gets trials however late it is ready (see [`barrier`]).
+    let two_cpus = [("KNOB_SIMULATE_GPUS", "cpu=2")];
+    let survivor = key_host(&sshd, &two_cpus);
+    let mut victim = key_host(&sshd, &two_cpus);
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[&survivor, &victim]);
     let config = remote_config(
         &sandbox,
         Spec {
-            trial_command: "sleep 4; echo KNOB_FINAL 1",
+            trial_command: &format!("{}sleep 4; echo KNOB_FINAL 1", barrier(&sandbox, 2)),
             concurrency: 4,
             trials: 8,
             machines: &[machine(&survivor), machine(&victim)],
             known_hosts: &known,
             hybrid: false,
-            extra: "",
+            extra: "trialCpuNumber: 1",
         },
     );
     let child = spawn_create(&sandbox, &config, "killed");
@@ -650,20 +695,23 @@ fn dropped_connections_lose_and_duplicate_no_trial() {
     let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
-    let first = key_host(&sshd, &[]);
-    let second = key_host(&sshd, &[]);
+    // At most two trials at a time per host (two CPUs, one per trial), four at once: both
+    // hosts get trials however late one is ready (see [`barrier`]).
+    let two_cpus = [("KNOB_SIMULATE_GPUS", "cpu=2")];
+    let first = key_host(&sshd, &two_cpus);
+    let second = key_host(&sshd, &two_cpus);
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[&first, &second]);
     let config = remote_config(
         &sandbox,
         Spec {
-            trial_command: "sleep 3; echo KNOB_FINAL 1",
+            trial_command: &format!("{}sleep 3; echo KNOB_FINAL 1", barrier(&sandbox, 2)),
             concurrency: 4,
             trials: 8,
             machines: &[machine(&first), machine(&second)],
             known_hosts: &known,
             hybrid: false,
-            extra: "",
+            extra: "trialCpuNumber: 1",
         },
     );
     // Long enough that the hosts are never declared lost while their connections recover.
@@ -706,7 +754,12 @@ fn simulated_gpus_on_two_hosts_are_never_shared_by_concurrent_trials() {
     let config = remote_config(
         &sandbox,
         Spec {
-            trial_command: r#"sleep 2; echo "KNOB_FINAL {\"default\": 1, \"gpus\": \"$CUDA_VISIBLE_DEVICES\"}""#,
+            // Two GPUs per host, four trials at once: both hosts get trials however late one is
+            // ready (see [`barrier`]).
+            trial_command: &format!(
+                r#"{}sleep 2; echo "KNOB_FINAL {{\"default\": 1, \"gpus\": \"$CUDA_VISIBLE_DEVICES\"}}""#,
+                barrier(&sandbox, 2)
+            ),
             concurrency: 4,
             trials: 8,
             machines: &hosts.iter().map(machine).collect::<Vec<_>>(),
@@ -767,7 +820,7 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
     if !sshd::password_login() {
         return;
     }
-    let host = password_host(&sshd);
+    let host = password_host(&sshd, &[]);
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[&host]);
     let config = remote_config(

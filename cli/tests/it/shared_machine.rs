@@ -59,12 +59,30 @@ fn a_trial_held_by_gpu_memory_reserve_says_so_in_trial_ls_then_runs() {
         row.contains("GPU 0 has 10 GiB free (gpuMemoryReserve 8 GiB kept free)"),
         "{row}"
     );
-    let started = std::fs::read_dir(&code_dir)
-        .unwrap()
-        .flatten()
-        .filter(|entry| entry.file_name().to_string_lossy().starts_with("started-"))
-        .count();
-    assert_eq!(started, 1, "only one trial may run under the reserve");
+    let started = || {
+        std::fs::read_dir(&code_dir)
+            .unwrap()
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("started-"))
+            .count()
+    };
+    // The placed trial's script may not have touched its file yet when the WAITING row shows
+    // (a loaded machine starts bash late): wait for it, then watch that the second one stays out
+    // for as long as it is reported waiting.
+    wait_for(Duration::from_secs(60), "the placed trial to start", || {
+        (started() >= 1).then_some(())
+    });
+    let watch_until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < watch_until {
+        assert_eq!(started(), 1, "only one trial may run under the reserve");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, stdout, _) = run(sandbox.knob().args(["trial", "ls", "reserve"]));
+    assert!(
+        stdout.contains("WAITING") && stdout.contains("gpuMemoryReserve"),
+        "the second trial still waits for the reserve: {stdout}"
+    );
+    assert_eq!(started(), 1, "only one trial may run under the reserve");
     std::fs::write(code_dir.join("release"), "").unwrap();
     let output = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
