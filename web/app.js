@@ -17,6 +17,7 @@ const state = {
   curveMode: "latest",      // latest | best
   curveCount: null,         // 0 = all; null until the snapshot decides
   curveLog: false,
+  curveBetter: null,        // draw only curves whose final (or latest report) is better than this
   detail: null,
   tableRows: 200,           // rows drawn; "show more" adds TABLE_STEP (a DOM of 10 000 rows is slow)
 };
@@ -107,14 +108,50 @@ const ALL_CURVES_UP_TO = 200;
 const DEFAULT_CURVES = 50;
 const CURVE_COUNTS = [10, 50, 200, 1000];
 
-async function loadSnapshot() {
-  state.experiment = await api("/experiment");
-  state.lastSeq = state.experiment.last_seq;
-  for (let offset = 0; ; offset += 10000) {
-    const page = await api(`/trials?offset=${offset}&limit=10000`);
-    for (const t of page.trials) state.trials.set(t.trial_id, t);
-    if (page.trials.length < 10000) break;
+// The experiment and the first page of the trial list are asked for at once, as soon as this
+// script runs (before ECharts is even parsed); the page follows the stream from the trial list's
+// `last_seq`, which the server reads before the trials, so no change in between is missed.
+const early = { experiment: api("/experiment"), trials: api("/trial-columns?offset=0&limit=10000") };
+early.experiment.catch(() => {});
+early.trials.catch(() => {});
+
+// Trial rows from `/trial-columns` (one array per field): parameters arrive flattened, so they
+// are their own flattened form.
+function trialsFromColumns(page) {
+  const c = page.columns;
+  const names = Object.keys(page.parameters);
+  const rows = [];
+  for (let i = 0; i < page.count; i++) {
+    const parameters = {};
+    for (const name of names) {
+      const v = page.parameters[name][i];
+      if (v !== null) parameters[name] = v;
+    }
+    const t = { trial_id: c.trial_id[i], sequence: c.sequence[i], status: c.status[i], attempts: c.attempts[i],
+      started_ms: c.started_ms[i], ended_ms: c.ended_ms[i], duration_ms: c.duration_ms[i], final_value: c.final_value[i],
+      environment_id: c.environment_id[i], end_message: c.end_message[i], waiting_reason: c.waiting_reason[i], parameters };
+    flatCache.set(t, parameters);
+    rows.push(t);
   }
+  return rows;
+}
+
+// Every trial, in pages of 10 000; returns the `last_seq` of the first page.
+async function loadTrialColumns(first) {
+  let lastSeq = null;
+  for (let offset = 0, pages = 0; pages < 1000; offset += 10000, pages++) {
+    const page = offset === 0 && first ? await first : await api(`/trial-columns?offset=${offset}&limit=10000`);
+    if (lastSeq === null) lastSeq = page.last_seq;
+    for (const t of trialsFromColumns(page)) state.trials.set(t.trial_id, t);
+    if (page.count < 10000) break;
+  }
+  return lastSeq;
+}
+
+async function loadSnapshot() {
+  const [experiment, lastSeq] = await Promise.all([early.experiment, loadTrialColumns(early.trials)]);
+  state.experiment = experiment;
+  state.lastSeq = Math.min(experiment.last_seq, lastSeq);
   state.snapshotTrials = new Set(state.trials.keys());
   if (state.curveCount === null) state.curveCount = startedTrials().length <= ALL_CURVES_UP_TO ? 0 : DEFAULT_CURVES;
   renderCurveControls();
@@ -156,9 +193,23 @@ function addMetric(m) {
   if (last && last[0] > m.seq) curve.points.sort((a, b) => a[0] - b[0]);
 }
 
+const better = (a, b) => (maximize() ? a > b : a < b);
+
+// The threshold filter: a trial's final result, or while it has none its latest report, must be
+// at least as good as the threshold. A running trial whose curve is not loaded yet stays in (it
+// is judged once its reports are in).
+function passesThreshold(t) {
+  if (state.curveBetter === null) return true;
+  let value = typeof t.final_value === "number" ? t.final_value : null;
+  const curve = state.curves.get(t.trial_id);
+  if (value === null && curve && curve.points.length) value = curve.points[curve.points.length - 1][1];
+  if (typeof value !== "number") return isRunning(t) && !state.complete.has(t.trial_id);
+  return value === state.curveBetter || better(value, state.curveBetter);
+}
+
 // The trials whose curves the chart draws, as the controls ask.
 function curveTrials() {
-  let trials = startedTrials();
+  let trials = startedTrials().filter(passesThreshold);
   if (state.curveMode === "best") {
     const sign = maximize() ? -1 : 1;
     trials = trials.filter((t) => typeof t.final_value === "number").sort((a, b) => sign * (a.final_value - b.final_value) || a.sequence - b.sequence);
@@ -281,8 +332,7 @@ async function refresh() {
     const dirty = [...state.dirtyTrials];
     state.dirtyTrials.clear();
     if (dirty.length > 200) {
-      const page = await api(`/trials?limit=10000`);
-      for (const t of page.trials) state.trials.set(t.trial_id, t);
+      await loadTrialColumns(null);
     } else {
       await Promise.all(dirty.map(async (id) => {
         const t = await api(`/trials/${encodeURIComponent(id)}`);
@@ -296,6 +346,7 @@ async function refresh() {
       renderPanel();
       renderWriteControls();
     }
+    if ((dirty.length || state.panelDirty) && state.firstPainted) loadEnvironments();
     state.panelDirty = false;
     state.wasGone = false;
     state.rendered = true;
@@ -305,11 +356,18 @@ async function refresh() {
   }
 }
 
+// The first render's parts are timed (User Timing measures `knob-…`, which benches/ prints).
+function timed(name, draw) {
+  const start = performance.now();
+  draw();
+  if (!state.rendered) performance.measure("knob-" + name, { start });
+}
+
 function render() {
-  renderOverview();
-  renderPanel();
-  renderTable();
-  renderCharts();
+  timed("overview", renderOverview);
+  timed("panel", renderPanel);
+  timed("table", renderTable);
+  timed("charts", renderCharts);
   renderConnection();
   if (state.detail) renderDetail(state.detail, false);
 }
@@ -366,17 +424,55 @@ function renderPanel() {
     const rest = Object.fromEntries(Object.entries(service).filter(([k]) => k !== "platform"));
     if (Object.keys(rest).length) infoRow(info, service.platform + " settings", JSON.stringify(rest));
   }
-  const environments = new Map();
-  for (const t of state.trials.values()) if (t.environment_id) environments.set(t.environment_id, (environments.get(t.environment_id) || 0) + 1);
-  infoRow(info, "environments", environments.size ? [...environments].map(([id, n]) => `${id} (${n} trial${n === 1 ? "" : "s"})`).join(", ") : "–");
   infoRow(info, "trial command", config.trialCommand || "–");
   infoRow(info, "started", fmtTime(e.start_time_ms));
   infoRow(info, "ended", ACTIVE.includes(e.status) ? "– (running)" : fmtTime(e.updated_ms));
+  renderEnvironments();
   $("experiment-config").textContent = JSON.stringify(config, null, 2);
   // The control fields show the current settings, except one the user is editing.
   const fields = [["set-concurrency", config.trialConcurrency], ["set-max-trials", config.maxTrialNumber], ["set-max-duration", config.maxExperimentDuration]];
   for (const [id, value] of fields) if (document.activeElement !== $(id) && !$(id).dataset.edited) $(id).value = value === undefined || value === null ? "" : value;
   if (!$("set-search-space").dataset.edited) $("set-search-space").value = JSON.stringify(config.searchSpace || {}, null, 2);
+}
+
+// The platform's environments (GET /environments: as the running experiment sees them, or as
+// the trials recorded them); asked for after the first paint, and again when the panel changes,
+// at most every 5 seconds.
+async function loadEnvironments() {
+  if (state.environmentsLoading || (state.environmentsAt && Date.now() - state.environmentsAt < 5000)) return;
+  state.environmentsLoading = true;
+  try {
+    state.environments = await api("/environments");
+    state.environmentsAt = Date.now();
+    renderEnvironments();
+  } catch (error) {
+    $("environments-note").textContent = `(${error.message})`;
+  } finally {
+    state.environmentsLoading = false;
+  }
+}
+
+function renderEnvironments() {
+  const answer = state.environments;
+  const body = $("experiment-environments").tBodies[0];
+  body.innerHTML = "";
+  if (!answer) {
+    $("environments-note").textContent = "(loading…)";
+    return;
+  }
+  $("environments-note").textContent = answer.note ? `(${answer.note})` : "(live)";
+  for (const env of answer.environments) {
+    const row = body.insertRow();
+    row.dataset.environment = env.id;
+    row.insertCell().textContent = env.id;
+    row.insertCell().textContent = env.platform || "–";
+    row.insertCell().textContent = env.host || "–";
+    const ready = row.insertCell();
+    ready.textContent = env.ready === null ? "–" : env.ready ? "ready" : "not ready" + (env.why ? ": " + env.why : "");
+    if (env.ready === false) ready.className = "not-ready";
+    row.insertCell().textContent = `${env.trials}` + (env.running ? ` (${env.running} running)` : "");
+  }
+  if (!answer.environments.length) body.insertRow().insertCell().textContent = "none yet";
 }
 
 // The downloads go through fetch, so that a token travels in the header as for every request.
@@ -692,6 +788,11 @@ function renderCharts() {
     }
     return [t.sequence, best];
   });
+  let start = performance.now();
+  const measure = (name) => {
+    if (!state.rendered) performance.measure("knob-chart-" + name, { start });
+    start = performance.now();
+  };
   chart("chart-final").setOption({
     animation: false,
     backgroundColor: chartBackground(),
@@ -709,6 +810,7 @@ function renderCharts() {
     ],
   }, true);
 
+  measure("final");
   const names = [...new Set(finished.flatMap((t) => Object.keys(flatOf(t))))].slice(0, 30);
   const categorical = names.map((n) => finished.some((t) => typeof flatOf(t)[n] !== "number"));
   const axes = names.map((name, i) => categorical[i]
@@ -733,9 +835,15 @@ function renderCharts() {
     }) }],
   }, true);
 
+  measure("parallel");
   renderIntermediate();
-  renderSlice();
-  if (finished.length !== state.importanceFinished) loadImportance(finished.length);
+  measure("intermediate");
+  // After the first paint only: importance (a forest fitted on the server) and the slice plot
+  // (one point per finished trial) are not part of it.
+  if (state.firstPainted) {
+    if (state.sliceVisible) renderSlice();
+    if (finished.length !== state.importanceFinished) loadImportance(finished.length);
+  }
 
   const timed = trials.filter((t) => t.duration_ms !== null && t.duration_ms !== undefined);
   const bar = (t) => ({ value: [t.sequence, t.duration_ms / 1000], name: t.trial_id });
@@ -752,6 +860,7 @@ function renderCharts() {
       { name: "running (so far)", type: "bar", barMaxWidth: 14, barGap: "-100%", itemStyle: { color: "rgba(245, 158, 11, 0.45)", borderColor: "#d97706", borderType: "dashed", borderWidth: 1 }, data: timed.filter(isRunning).map(bar) },
     ],
   }, true);
+  measure("duration");
 }
 
 // Importance comes from the server (GET /importance, fANOVA in Rust); asked again when the
@@ -766,7 +875,7 @@ async function loadImportance(finishedCount) {
     state.importanceFinished = finishedCount;
     state.importanceAt = now;
     renderImportance();
-    renderSlice();
+    if (state.sliceVisible) renderSlice();
   } catch (error) {
     $("importance-note").textContent = `(${error.message})`;
   } finally {
@@ -828,6 +937,7 @@ function renderCurveControls() {
   select.innerHTML = "";
   for (const [value, text] of options) select.add(new Option(text, String(value)));
   select.value = String(state.curveCount && state.curveCount < total ? state.curveCount : 0);
+  $("curve-better-text").textContent = maximize() ? "final ≥" : "final ≤";
 }
 
 function renderIntermediate() {
@@ -835,7 +945,8 @@ function renderIntermediate() {
   if ($("curve-count").options.length === 0 || !$("curve-count").options[$("curve-count").options.length - 1].text.endsWith(`(${total})`)) renderCurveControls();
   const shown = curveTrials().filter((t) => state.complete.has(t.trial_id) || !state.snapshotTrials.has(t.trial_id));
   const drawn = shown.filter((t) => state.curves.has(t.trial_id));
-  $("curve-shown").textContent = `${shown.length} of ${total} trials` + (state.curveMode === "best" ? " (best by final)" : "");
+  const threshold = state.curveBetter === null ? "" : `, final ${maximize() ? "≥" : "≤"} ${fmt(state.curveBetter)}`;
+  $("curve-shown").textContent = `${shown.length} of ${total} trials` + (state.curveMode === "best" ? " (best by final)" : "") + threshold;
   const values = drawn.flatMap((t) => state.curves.get(t.trial_id).points.map((p) => p[1])).filter((v) => typeof v === "number");
   const logPossible = values.length > 0 && values.every((v) => v > 0);
   $("curve-log").disabled = !logPossible;
@@ -867,6 +978,9 @@ async function changeCurves() {
   state.curveMode = $("curve-mode").value;
   state.curveCount = Number($("curve-count").value);
   state.curveLog = $("curve-log").checked;
+  const threshold = $("curve-better").value.trim();
+  state.curveBetter = threshold === "" || !Number.isFinite(Number(threshold)) ? null : Number(threshold);
+  $("curve-better").classList.toggle("invalid", threshold !== "" && state.curveBetter === null);
   try {
     $("curve-shown").textContent = "loading…";
     await loadCurves(curveTrials().map((t) => t.trial_id));
@@ -999,6 +1113,7 @@ function wire() {
   $("slice-param").onchange = () => { state.sliceChosen = true; renderSlice(); };
   $("curve-count").onchange = changeCurves;
   $("curve-log").onchange = changeCurves;
+  $("curve-better").onchange = changeCurves;
   $("theme").onclick = () => {
     localStorage.setItem("knob-theme", darkMode() ? "light" : "dark");
     applyTheme();
@@ -1030,17 +1145,44 @@ function applyTheme() {
   }
 }
 
+// ECharts loads after this script (both deferred): drawing waits for it.
+const echartsReady = new Promise((resolve, reject) => {
+  const script = $("echarts-script");
+  if (window.echarts || !script) return resolve();
+  script.addEventListener("load", resolve);
+  script.addEventListener("error", () => reject(new Error("cannot load the chart library (/assets/echarts.min.js): reload the page")));
+});
+
+// What waits until the first paint: importance, the environments, and the slice plot, which is
+// drawn when its card is on screen.
+function afterFirstPaint() {
+  state.firstPainted = true;
+  const finished = [...state.trials.values()].filter((t) => typeof t.final_value === "number").length;
+  loadImportance(finished);
+  loadEnvironments();
+  new IntersectionObserver((entries) => {
+    const visible = entries.some((e) => e.isIntersecting);
+    if (visible && !state.sliceVisible) {
+      state.sliceVisible = true;
+      renderSlice();
+    }
+  }).observe($("chart-slice"));
+}
+
 async function main() {
   wire();
   try {
     await loadSnapshot();
     performance.mark("knob-snapshot-loaded");
+    await echartsReady;
     render();
     state.rendered = true;
-    // The first frame after the table and the charts were built: what benches/ measures.
+    // The first frame after the overview, the table and the four main charts were built: what
+    // benches/ measures. Importance and the slice plot come after it.
     requestAnimationFrame(() => {
       performance.mark("knob-first-paint");
       window.__knobFirstPaint = performance.now();
+      setTimeout(afterFirstPaint, 0);
     });
     await applyHash();
   } catch (error) {

@@ -169,6 +169,75 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
     assert_refused(get(&base, "/trials?offset=-1"), 400, "offset");
     assert_refused(get(&base, "/trials?limit=ten"), 400, "limit");
 
+    // The same trials as columns (what the dashboard loads): one array per field and one per
+    // parameter, row for row the trials of `/trials`, with the log's position read before them.
+    let (status, columns) = get(&base, "/trial-columns?offset=0&limit=2");
+    assert_eq!(status, 200, "{columns}");
+    let objects = trials(&base, "?offset=0&limit=2")["trials"].clone();
+    assert_eq!(columns["count"], 2, "{columns}");
+    for (i, trial) in objects.as_array().unwrap().iter().enumerate() {
+        for field in [
+            "trial_id",
+            "sequence",
+            "attempts",
+            "started_ms",
+            "environment_id",
+        ] {
+            assert_eq!(
+                columns["columns"][field][i], trial[field],
+                "{field}: {columns}"
+            );
+        }
+        assert_eq!(
+            columns["parameters"]["x"][i], trial["parameters"]["x"],
+            "{columns}"
+        );
+    }
+    assert!(columns["last_seq"].as_u64().unwrap() > 0, "{columns}");
+    assert!(columns["total"].as_u64().unwrap() >= 2, "{columns}");
+    assert_refused(
+        get(&base, "/trial-columns?status=DONE"),
+        400,
+        "unknown trial status",
+    );
+    assert_refused(get(&base, "/trial-columns?offset=x"), 400, "offset");
+
+    // The platform with its environments, as the running experiment sees them: the local
+    // machine, ready, with the trials it ran.
+    let (status, environments) = get(&base, "/environments");
+    assert_eq!(status, 200, "{environments}");
+    assert_eq!(environments["live"], true, "{environments}");
+    assert_eq!(
+        environments["platforms"][0]["platform"], "local",
+        "{environments}"
+    );
+    let local = &environments["environments"][0];
+    assert_eq!(
+        (&local["id"], &local["platform"], &local["ready"]),
+        (&json!("local"), &json!("local"), &json!(true)),
+        "{environments}"
+    );
+    assert!(local["trials"].as_u64().unwrap() >= 2, "{environments}");
+
+    // Importance is computed once per set of finished trials: asked again before another trial
+    // ends, the answer is the cached one; after one ends, it is computed again.
+    let ended = |base: &str| -> u64 {
+        let (_, summary) = get(base, "/experiment");
+        summary["trial_counts"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(status, _)| !["WAITING", "RUNNING"].contains(&status.as_str()))
+            .map(|(_, n)| n.as_u64().unwrap())
+            .sum()
+    };
+    let (status, first_answer) = get(&base, "/importance");
+    assert_eq!(status, 200, "{first_answer}");
+    let seen = ended(&base);
+    wait_for("one more trial to end", || ended(&base) > seen);
+    let (_, after_an_end) = get(&base, "/importance");
+    assert_eq!(after_an_end["cached"], false, "{after_an_end}");
+
     // One trial, its metrics (intermediate and final), its logs.
     let (status, trial) = get(&base, &format!("/trials/{first_id}"));
     assert_eq!(status, 200, "{trial}");
@@ -466,6 +535,35 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
         "already ended",
     );
     every_documented_route_is_served(&base);
+
+    // Read-only, the environments are those the trials recorded; importance, asked twice of a
+    // stopped experiment, is computed once.
+    let (status, environments) = get(&base, "/environments");
+    assert_eq!(status, 200, "{environments}");
+    assert_eq!(environments["live"], false, "{environments}");
+    assert!(
+        environments["note"]
+            .as_str()
+            .unwrap()
+            .contains("not running"),
+        "{environments}"
+    );
+    assert_eq!(
+        environments["environments"][0]["id"], "local",
+        "{environments}"
+    );
+    assert_eq!(
+        environments["environments"][0]["running"], 0,
+        "{environments}"
+    );
+    let (_, once) = get(&base, "/importance");
+    let (_, twice) = get(&base, "/importance");
+    assert_eq!(twice["cached"], true, "{twice}");
+    let without_flag = |mut answer: Value| {
+        answer.as_object_mut().unwrap().remove("cached");
+        answer
+    };
+    assert_eq!(without_flag(once), without_flag(twice));
     drop(view);
 
     let (code, stdout, _) = knob(&["top", "live"]);

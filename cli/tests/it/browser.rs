@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fantoccini::actions::InputSource;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -235,6 +236,38 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
         .await
         .unwrap();
     assert_eq!(live, json!([false, "● live", "live connected"]));
+    // Running trials are drawn apart: their partial durations in a series of their own, and
+    // "so far" in the table.
+    let running = wait_in_page(
+        &page,
+        "the running trials' partial durations",
+        r##"const option = echarts.getInstanceByDom(document.getElementById("chart-duration")).getOption();
+           const running = option.series.find((s) => s.name === "running (so far)");
+           return running.data.length === 2 ? {finished: option.series.find((s) => s.name === "finished").data.length,
+                   cells: [...document.querySelectorAll("#trials td.running-duration")].map((c) => c.textContent.endsWith(" so far"))} : null;"##,
+    )
+    .await;
+    assert_eq!(running, json!({"finished": 0, "cells": [true, true]}));
+    // The platform with its environments, live: the local machine, ready, running both.
+    let environments = wait_in_page(
+        &page,
+        "the live environments",
+        r##"const row = document.querySelector("#experiment-environments tbody tr[data-environment]");
+           return row && row.cells[4].textContent.includes("running") ? [...row.cells].map((c) => c.textContent).concat([document.getElementById("environments-note").textContent]) : null;"##,
+    )
+    .await;
+    let environments: Vec<String> = serde_json::from_value(environments).unwrap();
+    assert_eq!(
+        (
+            environments[0].as_str(),
+            environments[1].as_str(),
+            environments[3].as_str(),
+            environments[4].as_str(),
+            environments[5].as_str()
+        ),
+        ("local", "local", "ready", "2 (2 running)", "(live)"),
+        "{environments:?}"
+    );
     screenshot(&page, "1-running").await;
 
     // Trials finish one by one; each end starts the next trial, and the table grows.
@@ -548,12 +581,35 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
         .collect();
     assert_eq!(order, ["x", "y", "z"], "{importance}");
     assert_eq!(importance["trials"], json!(60), "{importance}");
+    // The page asked for importance only after its first paint, and draws the slice plot when
+    // its card is on screen.
+    let asked = page
+        .execute(
+            r##"const paint = performance.getEntriesByName("knob-first-paint")[0].startTime;
+               const asks = performance.getEntriesByType("resource").filter((r) => r.name.includes("/api/v1/importance"));
+               return asks.length ? asks.every((r) => r.startTime >= paint) : "not asked";"##,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        asked,
+        json!(true),
+        "importance asked before the first paint"
+    );
+    page.execute(
+        "document.getElementById('chart-slice').scrollIntoView(); return true;",
+        vec![],
+    )
+    .await
+    .unwrap();
     let drawn = wait_in_page(
         &page,
         "the importance chart",
         r##"const chart = echarts.getInstanceByDom(document.getElementById("chart-importance"));
-           if (!chart || !chart.getOption().yAxis) return null;
-           const slice = echarts.getInstanceByDom(document.getElementById("chart-slice")).getOption();
+           const sliceChart = echarts.getInstanceByDom(document.getElementById("chart-slice"));
+           if (!chart || !chart.getOption().yAxis || !sliceChart) return null;
+           const slice = sliceChart.getOption();
            return {names: chart.getOption().yAxis[0].data, slice: slice.xAxis[0].name,
                    points: slice.series[0].data.length};"##,
     )
@@ -561,6 +617,72 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     assert_eq!(
         drawn,
         json!({"names": ["z", "y", "x"], "slice": "x", "points": 60})
+    );
+    screenshot(&page, "view-1-importance").await;
+
+    // The experiment panel: the platform with its environments, as the trials recorded them
+    // (the experiment is not running).
+    let environments = wait_in_page(
+        &page,
+        "the environments in the panel",
+        r##"const rows = [...document.querySelectorAll("#experiment-environments tbody tr")];
+           return rows.length && rows[0].cells.length === 5 ? {rows: rows.map((r) => [...r.cells].map((c) => c.textContent)),
+                   note: document.getElementById("environments-note").textContent,
+                   info: [...document.querySelectorAll("#experiment-info tr")].map((r) => r.cells[0].textContent)} : null;"##,
+    )
+    .await;
+    assert_eq!(
+        environments["rows"],
+        json!([["local", "–", "–", "–", "60"]]),
+        "{environments}"
+    );
+    assert!(
+        environments["note"]
+            .as_str()
+            .unwrap()
+            .contains("not running"),
+        "{environments}"
+    );
+    for field in ["name", "tuner", "platform", "started", "ended"] {
+        assert!(
+            environments["info"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(field)),
+            "{field}: {environments}"
+        );
+    }
+
+    // The parallel-coordinates colour scale spans the finals (its minimum is the lowest final,
+    // not 0), and the trial axes take whole numbers only.
+    let (low, high) = {
+        let trials = api(&base, "GET", "/trials?limit=100", None);
+        let finals: Vec<f64> = trials["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["final_value"].as_f64().unwrap())
+            .collect();
+        (
+            finals.iter().cloned().fold(f64::INFINITY, f64::min),
+            finals.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
+    let scales = page
+        .execute(
+            r##"const parallel = echarts.getInstanceByDom(document.getElementById("chart-parallel")).getOption();
+               const final = echarts.getInstanceByDom(document.getElementById("chart-final")).getOption();
+               const duration = echarts.getInstanceByDom(document.getElementById("chart-duration")).getOption();
+               return {min: parallel.visualMap[0].min, max: parallel.visualMap[0].max,
+                       final_ticks: final.xAxis[0].minInterval, duration_ticks: duration.xAxis[0].minInterval,
+                       best_over_line: final.series.find((s) => s.name === "best").z > final.series.find((s) => s.name === "best so far").z};"##,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        scales,
+        json!({"min": low, "max": high, "final_ticks": 1, "duration_ticks": 1, "best_over_line": true})
     );
 
     // Dark mode from the toggle: the page's colours and the charts (made again in ECharts'
@@ -675,6 +797,108 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     got.sort();
     assert_eq!(got, want);
 
+    // The threshold filter: every trial (all 60 allowed) whose final is at least the 20th best
+    // final; and a log value axis.
+    let threshold = finals[19].0;
+    page.execute(
+        r##"const count = document.getElementById("curve-count"); count.value = "0";
+           const better = document.getElementById("curve-better"); better.value = String(arguments[0]);
+           document.getElementById("curve-log").checked = true;
+           better.dispatchEvent(new Event("change")); return true;"##,
+        vec![json!(threshold)],
+    )
+    .await
+    .unwrap();
+    let filtered = wait_in_page(
+        &page,
+        "the curves above the threshold",
+        r##"const option = echarts.getInstanceByDom(document.getElementById("chart-intermediate")).getOption();
+           return option.yAxis[0].type === "log" ? {names: option.series.map((s) => s.name),
+                   label: document.getElementById("curve-shown").textContent,
+                   hover: option.series.every((s) => s.emphasis.focus === "series")} : null;"##,
+    )
+    .await;
+    let mut got: Vec<String> = serde_json::from_value(filtered["names"].clone()).unwrap();
+    let mut want: Vec<String> = finals[..20].iter().map(|(_, id)| id.clone()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "{filtered}");
+    assert!(
+        filtered["label"]
+            .as_str()
+            .unwrap()
+            .starts_with("20 of 60 trials (best by final), final ≥ "),
+        "{filtered}"
+    );
+    assert_eq!(filtered["hover"], json!(true), "{filtered}");
+    screenshot(&page, "view-1-threshold").await;
+    page.execute(
+        r##"const better = document.getElementById("curve-better"); better.value = "";
+           document.getElementById("curve-log").checked = false;
+           better.dispatchEvent(new Event("change")); return true;"##,
+        vec![],
+    )
+    .await
+    .unwrap();
+    wait_in_page(
+        &page,
+        "every curve again",
+        r##"return echarts.getInstanceByDom(document.getElementById("chart-intermediate")).getOption().series.length === 60"##,
+    )
+    .await;
+
+    // Clicking a point of the final-metric chart opens that trial (a real mouse click on the
+    // canvas, where ECharts draws the point).
+    let clicked = &finals[5].1;
+    let at = page
+        .execute(
+            r##"const chart = echarts.getInstanceByDom(document.getElementById("chart-final"));
+               const series = chart.getOption().series.findIndex((s) => s.name === "final");
+               const point = chart.getOption().series[series].data.find((d) => d.name === arguments[0]);
+               const [x, y] = chart.convertToPixel({seriesIndex: series}, point.value);
+               document.getElementById("chart-final").scrollIntoView();
+               const after = document.getElementById("chart-final").getBoundingClientRect();
+               return [x - after.width / 2, y - after.height / 2];"##,
+            vec![json!(clicked)],
+        )
+        .await
+        .unwrap();
+    let (dx, dy) = (at[0].as_f64().unwrap(), at[1].as_f64().unwrap());
+    let canvas = page
+        .find(Locator::Css("#chart-final canvas"))
+        .await
+        .unwrap();
+    page.perform_actions(
+        fantoccini::actions::MouseActions::new("mouse".to_string())
+            .then(fantoccini::actions::PointerAction::MoveToElement {
+                element: canvas,
+                duration: None,
+                x: dx,
+                y: dy,
+            })
+            .then(fantoccini::actions::PointerAction::Down {
+                button: fantoccini::actions::MOUSE_BUTTON_LEFT,
+            })
+            .then(fantoccini::actions::PointerAction::Up {
+                button: fantoccini::actions::MOUSE_BUTTON_LEFT,
+            }),
+    )
+    .await
+    .unwrap();
+    let opened = wait_in_page(
+        &page,
+        "the clicked trial's dialog",
+        r##"return document.getElementById("detail").open && document.getElementById("detail-id").textContent || null;"##,
+    )
+    .await;
+    assert_eq!(opened, json!(clicked));
+    page.execute(
+        "document.getElementById('detail').close(); return true;",
+        vec![],
+    )
+    .await
+    .unwrap();
+
     // A trial's dialog: the final as a number, which log is open, and a finished trial's
     // missing trial.log said as such.
     let first = &finals[0].1;
@@ -694,6 +918,15 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
            return rows.length && name ? {rows, name} : null;"##,
     )
     .await;
+    let axes = page
+        .execute(
+            r##"const option = echarts.getInstanceByDom(document.getElementById("chart-detail")).getOption();
+               return [option.xAxis[0].name, option.yAxis[0].name];"##,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(axes, json!(["report", "intermediate result"]));
     let rows: Vec<(String, String)> = serde_json::from_value(detail["rows"].clone()).unwrap();
     let final_row = rows.iter().find(|(name, _)| name == "final").unwrap();
     assert!(

@@ -19,13 +19,47 @@ pub(super) const METHOD: &str = "fANOVA (Hutter et al. 2014) over a random fores
     variance of the final result it explains alone; shares sum to 1";
 
 pub(super) async fn importance(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
-    let (experiment, trials) = state
-        .read(|reader| Ok((reader.experiment()?, reader.trials(&TrialQuery::default())?)))
+    // One computation at a time: a second page asking meanwhile waits and gets the cached answer.
+    let mut cache = state.inner.importance.lock().await;
+    let cached_key = cache_key(&cache).map(String::from);
+    let (key, experiment, trials) = state
+        .read(move |reader| {
+            // The answer changes when a trial finishes (or the search space does): the counts of
+            // trials in final states key the cache, so new, waiting and running trials do not
+            // cost a forest each.
+            let ended: Vec<String> = reader
+                .trial_counts()?
+                .into_iter()
+                .filter(|(status, _)| status.is_final())
+                .map(|(status, n)| format!("{}={n}", status.as_str()))
+                .collect();
+            let experiment = reader.experiment()?;
+            let space = experiment
+                .as_ref()
+                .and_then(|e| e.config.get("searchSpace"))
+                .map_or(String::new(), Value::to_string);
+            let key = format!("{} {space}", ended.join(","));
+            let stale = cached_key.as_deref() != Some(key.as_str());
+            let trials = if stale {
+                Some(reader.trials(&TrialQuery::default())?)
+            } else {
+                None
+            };
+            Ok((key, experiment, trials))
+        })
         .await?;
     let Some(experiment) = experiment else {
         return Err(ApiError::not_found(
             "the experiment has no record in its store yet",
         ));
+    };
+    let Some(trials) = trials else {
+        if let Some((_, answer)) = cache.as_ref() {
+            let mut answer = answer.clone();
+            answer["cached"] = json!(true);
+            return Ok(Json(answer));
+        }
+        return Err(ApiError::internal("importance cache emptied while in use"));
     };
     let space = experiment
         .config
@@ -40,10 +74,17 @@ pub(super) async fn importance(State(state): State<ApiState>) -> Result<Json<Val
                 .map(|v| (t.parameters, v))
         })
         .collect();
-    let answer = tokio::task::spawn_blocking(move || compute(&space, &finished))
+    let mut answer = tokio::task::spawn_blocking(move || compute(&space, &finished))
         .await
         .map_err(|e| ApiError::internal(format!("importance failed: {e}")))?;
+    answer["cached"] = json!(false);
+    *cache = Some((key, answer.clone()));
     Ok(Json(answer))
+}
+
+/// The key of the cached answer, if any.
+fn cache_key(cache: &Option<(String, Value)>) -> Option<&str> {
+    cache.as_ref().map(|(key, _)| key.as_str())
 }
 
 /// How each top-level parameter of the search space maps to fANOVA's cube; a parameter of

@@ -7,6 +7,7 @@
 //! own table, [`api_routes`].
 
 mod catalog;
+mod environments;
 mod guard;
 mod importance;
 mod logs;
@@ -86,6 +87,7 @@ pub fn api_routes() -> Vec<ApiRoute> {
         ),
         operation("post", "/api/v1/experiment/stop", writes::stop),
         operation("get", "/api/v1/trials", reads::trials),
+        operation("get", "/api/v1/trial-columns", reads::trial_columns),
         operation("post", "/api/v1/trials", writes::add_trial),
         operation("get", "/api/v1/trials/{trial_id}", reads::trial),
         operation("post", "/api/v1/trials/{trial_id}/kill", writes::kill_trial),
@@ -103,6 +105,7 @@ pub fn api_routes() -> Vec<ApiRoute> {
         operation("get", "/api/v1/events", reads::events),
         operation("get", "/api/v1/export", reads::export),
         operation("get", "/api/v1/importance", importance::importance),
+        operation("get", "/api/v1/environments", environments::environments),
         operation("get", "/api/v1/stream", stream::stream),
         operation("get", PUBLIC_API_PATH, openapi),
     ]
@@ -142,6 +145,8 @@ struct Shared {
     _file_watcher: Option<RecommendedWatcher>,
     /// Why the stream cannot be live, when it cannot.
     live_unavailable: Option<String>,
+    /// The last `/importance` answer and the key it was computed for (see `importance`).
+    importance: tokio::sync::Mutex<Option<(String, serde_json::Value)>>,
 }
 
 impl ApiState {
@@ -160,6 +165,7 @@ impl ApiState {
                 changes,
                 _file_watcher: file_watcher,
                 live_unavailable,
+                importance: tokio::sync::Mutex::new(None),
             }),
         }
     }

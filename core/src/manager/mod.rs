@@ -97,6 +97,21 @@ pub enum Command {
     Stop,
     /// A change while the experiment runs; the answer says whether it was applied, or why not.
     Update(Update, oneshot::Sender<Result<UpdateOutcome, String>>),
+    /// The environments the training services reported, as the manager sees them now (the
+    /// store does not record them; the dashboard's experiment panel asks).
+    Environments(oneshot::Sender<Vec<EnvironmentView>>),
+}
+
+/// One environment (a host, a cluster allocation, the local machine) as the manager sees it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EnvironmentView {
+    pub id: String,
+    /// The training service that reported it.
+    pub platform: String,
+    pub host: String,
+    pub ready: bool,
+    /// Why it is not ready, when its service said.
+    pub why: Option<String>,
 }
 
 /// What can change while an experiment runs. Each change is recorded in the store
@@ -467,6 +482,9 @@ impl Manager {
                     Some(Command::Update(update, reply)) => {
                         let outcome = self.apply(update).await?;
                         let _ = reply.send(outcome);
+                    }
+                    Some(Command::Environments(reply)) => {
+                        let _ = reply.send(self.environment_views());
                     }
                     // Nobody can send commands any more; keep running without listening.
                     None => self.commands_open = false,

@@ -384,6 +384,23 @@ impl Manager {
         Ok(())
     }
 
+    /// Every environment registered, for `Command::Environments`.
+    pub(super) fn environment_views(&self) -> Vec<super::EnvironmentView> {
+        self.environments
+            .iter()
+            .map(|(id, record)| super::EnvironmentView {
+                id: id.clone(),
+                platform: self
+                    .services
+                    .get(record.service)
+                    .map_or_else(String::new, |slot| slot.platform.clone()),
+                host: record.host.clone(),
+                ready: record.ready,
+                why: record.why.clone(),
+            })
+            .collect()
+    }
+
     /// A host is gone for good (its service said so with a trial's `environment_lost`): the
     /// scheduler forgets it, so waiting trials go elsewhere. If it comes back, its service
     /// reports it again and it is registered anew.

@@ -273,6 +273,23 @@ impl StoreReader {
             .collect())
     }
 
+    /// (environment id, trials whose current attempt ran there, of them still running) for every
+    /// environment a trial was placed on, by id.
+    pub fn environment_trial_counts(&self) -> Result<Vec<(String, u64, u64)>, StoreError> {
+        self.collect(
+            "SELECT environment_id, count(*), sum(status = 'RUNNING') FROM trials
+             WHERE environment_id IS NOT NULL GROUP BY environment_id ORDER BY environment_id",
+            [],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    u64_column(row, 1)?,
+                    u64_column(row, 2)?,
+                ))
+            },
+        )
+    }
+
     /// Trials with a finite final value, best first; ties go to the earlier trial.
     pub fn best_trials(
         &self,
