@@ -18,10 +18,10 @@ use crate::api::start;
 use crate::create::Sandbox;
 use crate::prerequisite;
 
-/// Each trial waits (at most 60 s) for a file named after its sequence number in the gate
-/// folder, then reports one intermediate and one final result.
+/// Each trial reports one intermediate result, waits (at most 60 s) for a file named after its
+/// sequence number in the gate folder, then reports its final result.
 const CONFIG: &str = r#"experimentName: browser demo
-trialCommand: 'i=0; while [ ! -e "GATE/$NNI_TRIAL_SEQ_ID" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo KNOB_INTERMEDIATE $((NNI_TRIAL_SEQ_ID * 3)); echo KNOB_FINAL $((NNI_TRIAL_SEQ_ID * 37 % 100))'
+trialCommand: 'echo KNOB_INTERMEDIATE $((NNI_TRIAL_SEQ_ID * 3 + 1)); i=0; while [ ! -e "GATE/$NNI_TRIAL_SEQ_ID" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo KNOB_FINAL $((NNI_TRIAL_SEQ_ID * 37 % 100))'
 trialConcurrency: 2
 maxTrialNumber: 20
 searchSpace:
@@ -248,6 +248,16 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
     )
     .await;
     assert_eq!(running, json!({"finished": 0, "cells": [true, true]}));
+    // ... and their curves dashed, each with its one report so far.
+    let curves = wait_in_page(
+        &page,
+        "the running trials' curves",
+        r##"const option = echarts.getInstanceByDom(document.getElementById("chart-intermediate")).getOption();
+           return option.series.length === 2 && option.series.every((s) => s.data.length === 1)
+               ? option.series.map((s) => s.lineStyle.type) : null;"##,
+    )
+    .await;
+    assert_eq!(curves, json!(["dashed", "dashed"]));
     // The platform with its environments, live: the local machine, ready, running both.
     let environments = wait_in_page(
         &page,
@@ -409,6 +419,42 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
         "return document.querySelectorAll('#trials tbody tr .badge.RUNNING').length === 3",
     )
     .await;
+    // Max trials and max duration the same way; a duration that does not parse is refused
+    // beside its field.
+    set_field(&page, "set-max-trials", "30").await;
+    click(&page, "[data-field='maxTrialNumber']").await;
+    wait_in_page(
+        &page,
+        "the page to confirm max trials",
+        r##"return document.querySelector("[data-error='maxTrialNumber']").textContent === "applied""##,
+    )
+    .await;
+    set_field(&page, "set-max-duration", "2h").await;
+    click(&page, "[data-field='maxExperimentDuration']").await;
+    wait_in_page(
+        &page,
+        "the page to confirm max duration",
+        r##"return document.querySelector("[data-error='maxExperimentDuration']").textContent === "applied""##,
+    )
+    .await;
+    let config = api(&base, "GET", "/experiment", None)["config"].clone();
+    assert_eq!(
+        (&config["maxTrialNumber"], &config["maxExperimentDuration"]),
+        (&json!(30), &json!(7200))
+    );
+    set_field(&page, "set-max-duration", "soon").await;
+    click(&page, "[data-field='maxExperimentDuration']").await;
+    let refused = wait_in_page(
+        &page,
+        "the max duration's refusal",
+        r##"const text = document.querySelector("[data-error='maxExperimentDuration']").textContent;
+           return text && text !== "applied" ? text : null;"##,
+    )
+    .await;
+    assert!(
+        refused.as_str().unwrap().contains("maxExperimentDuration"),
+        "{refused}"
+    );
     set_field(
         &page,
         "set-search-space",
