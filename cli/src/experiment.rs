@@ -141,10 +141,11 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         t.parameters.to_string(),
                         // A waiting trial: why it has not started (a cluster job's pending
                         // reason, no free GPU); else why it ended (or its last attempt did).
-                        t.waiting_reason
-                            .clone()
-                            .or_else(|| t.end_message.clone())
-                            .unwrap_or_default(),
+                        // A memory request raised after running out of memory is said too.
+                        reason_cell(
+                            t.waiting_reason.clone().or_else(|| t.end_message.clone()),
+                            t.memory_request_mib,
+                        ),
                     ]
                 })
                 .collect();
@@ -167,6 +168,16 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `knob trial ls`'s reason column: the reason, and the memory request when it was raised.
+fn reason_cell(reason: Option<String>, memory_request_mib: Option<u64>) -> String {
+    let memory =
+        memory_request_mib.map(|mib| format!("memory request {mib} MiB after out of memory"));
+    match (reason, memory) {
+        (Some(reason), Some(memory)) => format!("{reason} ({memory})"),
+        (reason, memory) => reason.or(memory).unwrap_or_default(),
     }
 }
 

@@ -1,8 +1,10 @@
 //! `knob gpu`: what knob sees on this machine — GPUs through NVML (or `KNOB_SIMULATE_GPUS`),
-//! CPUs and memory — and, without a usable driver, why there are no GPUs.
+//! CPUs and memory — and, without a usable driver, why there are no GPUs; and from the
+//! machine's lease ledger, which experiment's trials hold (or wait for) each GPU.
 
 use std::process::ExitCode;
 
+use knob_gpu_sched::ledger::{self, Ledger, LedgerState, THIS_MACHINE};
 use knob_gpu_sched::probe::LocalProbe;
 use knob_gpu_sched::{GpuSource, Inventory};
 
@@ -13,9 +15,14 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     // own environment id.
     let mut probe = LocalProbe::new("this-machine")?;
     // Nothing of knob's runs from here, so every GPU process is foreign.
-    let inventory = Inventory {
+    let mut inventory = Inventory {
         environments: probe.sample_blocking(&|_pid| false),
     };
+    let leases = read_ledger()?;
+    if let (Some(state), Some(environment)) = (&leases, inventory.environments.first_mut()) {
+        // This process holds nothing: every lease is another process's.
+        state.annotate(environment, THIS_MACHINE, std::process::id(), None);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&inventory)?);
         return Ok(ExitCode::SUCCESS);
@@ -62,6 +69,11 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             .gpus
             .iter()
             .map(|gpu| {
+                let held: Vec<String> = gpu
+                    .held_elsewhere
+                    .iter()
+                    .map(|held| format!("{} trial {}", held.experiment, held.trial))
+                    .collect();
                 let processes: Vec<String> = gpu
                     .foreign_processes
                     .iter()
@@ -82,12 +94,50 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
                     } else {
                         processes.join(", ")
                     },
+                    if held.is_empty() {
+                        "-".into()
+                    } else {
+                        held.join(", ")
+                    },
                 ]
             })
             .collect();
-        for line in render(&["gpu", "name", "memory used", "util", "processes"], &rows).lines() {
+        let header = ["gpu", "name", "memory used", "util", "processes", "held by"];
+        for line in render(&header, &rows).lines() {
             println!("  {line}");
+        }
+        let host = &environment.host_held_elsewhere;
+        if !host.is_empty() {
+            println!(
+                "  knob trials hold {} of memory and {} CPU cores",
+                host.host_memory, host.cpu_cores
+            );
+        }
+    }
+    if let Some(state) = &leases {
+        let experiments: std::collections::BTreeSet<String> = state
+            .leases
+            .iter()
+            .map(|lease| format!("{} (pid {})", lease.holder.experiment, lease.holder.pid))
+            .collect();
+        if !experiments.is_empty() {
+            let list: Vec<String> = experiments.into_iter().collect();
+            println!("experiments holding leases here: {}", list.join(", "));
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The machine's lease ledger (dead holders' leases reclaimed), if any experiment ever used one
+/// here.
+fn read_ledger() -> anyhow::Result<Option<LedgerState>> {
+    let dir = ledger::default_dir();
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let ledger = Ledger::open(dir)?;
+    if !ledger.path().exists() {
+        return Ok(None);
+    }
+    Ok(Some(ledger.snapshot()?))
 }

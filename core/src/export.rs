@@ -45,7 +45,12 @@ pub fn to_json(state: &ExperimentState) -> Value {
                     "status": a.end.as_ref().map(|e| e.status.as_str()),
                     "message": a.end.as_ref().and_then(|e| e.message.clone()),
                     "requeued": a.requeued.as_ref().map(|r| r.reason.clone()),
+                    // Raised for the next attempt after this one ran out of memory.
+                    "memory_request_mib": a.requeued.as_ref().and_then(|r| r.memory_request_mib),
                 })).collect::<Vec<_>>(),
+                // The host memory its attempts ask for since it ran out of memory (absent:
+                // trialMemorySize).
+                "memory_request_mib": t.memory_request_mib,
                 "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
                 "message": t.end.as_ref().and_then(|e| e.message.clone()),
             })

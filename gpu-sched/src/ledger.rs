@@ -10,10 +10,19 @@
 //! `gpu-ledger.journal` (one JSON line each), which lets a test or a person replay who held what.
 //!
 //! Fairness: each request gets a ticket when it is first made. A request is granted only if
-//! every GPU it names has room and no older request still waiting names one of them, so
-//! requests are served first come, first served per GPU, and a large request cannot be starved
-//! by a stream of small ones. A waiting request must be renewed (asked again) within
-//! [`REQUEST_TTL`]; one its holder stopped asking for is dropped.
+//! every GPU it names has room and no older request of another holder still waiting names one
+//! of them, so requests are served first come, first served per GPU, and a large request cannot
+//! be starved by a stream of small ones. A waiting request must be renewed (asked again) within
+//! [`REQUEST_TTL`]; one its holder stopped asking for is dropped. A holder's own requests never
+//! hold each other back: the order among one experiment's trials is its scheduler's.
+//!
+//! A trial that waits in its experiment's scheduler (every GPU it could use is held by another
+//! experiment) has not asked for particular GPUs yet, so it would have no ticket, and an
+//! experiment that refills a GPU in the same instant it frees it would starve it. Its holder
+//! therefore [stands in line](Ledger::stand_in_line) for the GPUs others hold: a standing
+//! request (trial [`STANDING`]) with a ticket, renewed while its trials wait (within
+//! [`STANDING_TTL`]). It blocks newer requests of others for those GPUs like any request, and
+//! the holder's next request for one of them takes its ticket.
 //!
 //! Like the probes, this does I/O; the [`Scheduler`](crate::Scheduler) never calls it.
 
@@ -26,9 +35,18 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::bytes::ByteSize;
+use crate::inventory::{Environment, HeldElsewhere};
 
 /// A waiting request not asked for again within this long is dropped.
 pub const REQUEST_TTL: Duration = Duration::from_secs(30);
+/// A standing request not renewed within this long is dropped: its holder's trials stopped
+/// waiting (its scheduler asks again every 5 s while one waits).
+pub const STANDING_TTL: Duration = Duration::from_secs(12);
+/// The ledger's name for the machine it is on: the local service, `knob gpu` and a remote
+/// host's agents all use it, so they see each other.
+pub const THIS_MACHINE: &str = "local";
+/// The trial name of a holder's standing request (see [`Ledger::stand_in_line`]).
+pub const STANDING: &str = "(waiting trials)";
 
 const LEDGER_FILE: &str = "gpu-ledger.json";
 const LOCK_FILE: &str = "gpu-ledger.lock";
@@ -116,6 +134,65 @@ impl LedgerState {
     }
 }
 
+impl LedgerState {
+    /// Adds to `environment` (`machine` as probed) what the trials of processes other than `me`
+    /// hold there (`Gpu::held_elsewhere`, `Environment::host_held_elsewhere`), and the GPUs
+    /// promised to their requests older than `my_ticket` (all of them when `me` is not in
+    /// line), named "(waiting, asked earlier)".
+    pub fn annotate(
+        &self,
+        environment: &mut Environment,
+        machine: &str,
+        me: u32,
+        my_ticket: Option<u64>,
+    ) {
+        let others = self
+            .leases
+            .iter()
+            .filter(|lease| lease.machine == machine && lease.holder.pid != me);
+        for lease in others {
+            let held = &mut environment.host_held_elsewhere;
+            held.host_memory = ByteSize(held.host_memory.0 + lease.host_memory.0);
+            held.cpu_cores += lease.cpu_cores;
+            for gpu in environment
+                .gpus
+                .iter_mut()
+                .filter(|gpu| lease.gpus.contains(&gpu.index))
+            {
+                gpu.held_elsewhere.push(HeldElsewhere {
+                    experiment: lease.holder.experiment.clone(),
+                    trial: lease.trial.clone(),
+                    gpu_memory: lease.gpu_memory,
+                });
+            }
+        }
+        let promised = self.requests.iter().filter(|request| {
+            request.lease.machine == machine
+                && request.lease.holder.pid != me
+                && my_ticket.is_none_or(|mine| request.lease.ticket < mine)
+        });
+        for request in promised {
+            let lease = &request.lease;
+            let trial = if lease.trial == STANDING {
+                "(waiting, asked earlier)".to_string()
+            } else {
+                format!("{} (waiting, asked earlier)", lease.trial)
+            };
+            for gpu in environment
+                .gpus
+                .iter_mut()
+                .filter(|gpu| lease.gpus.contains(&gpu.index))
+            {
+                gpu.held_elsewhere.push(HeldElsewhere {
+                    experiment: lease.holder.experiment.clone(),
+                    trial: trial.clone(),
+                    gpu_memory: lease.gpu_memory,
+                });
+            }
+        }
+    }
+}
+
 /// What [`Ledger::acquire`] answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {
@@ -163,12 +240,20 @@ impl Ledger {
             }
             let now = now_ms();
             let position = state.requests.iter().position(|r| same(&r.lease));
-            let ticket = match position {
-                Some(at) => {
+            let standing = state.requests.iter().find(|r| {
+                r.lease.trial == STANDING
+                    && r.lease.holder == want.holder
+                    && r.lease.machine == want.machine
+                    && r.lease.gpus.iter().any(|gpu| want.gpus.contains(gpu))
+            });
+            let ticket = match (position, standing) {
+                (Some(at), _) => {
                     state.requests[at].renewed_ms = now;
                     state.requests[at].lease.ticket
                 }
-                None => {
+                // The trial's place in line is the one its holder took while it waited.
+                (None, Some(standing)) => standing.lease.ticket,
+                (None, None) => {
                     state.next_ticket += 1;
                     state.next_ticket
                 }
@@ -193,6 +278,56 @@ impl Ledger {
             journal.push(JournalEntry::new("grant", &lease));
             state.leases.push(lease);
             Acquired::Granted
+        })
+    }
+
+    /// Takes (or renews) `holder`'s place in line for `gpus` of `machine`, for its trials that
+    /// wait until another experiment frees one of them; `gpus` empty leaves the line. Returns
+    /// the ticket. See the module documentation.
+    pub fn stand_in_line(
+        &self,
+        holder: &Holder,
+        machine: &str,
+        gpus: &[u32],
+    ) -> Result<Option<u64>, LedgerError> {
+        self.update(|state, _| {
+            let at = state.requests.iter().position(|r| {
+                r.lease.trial == STANDING && r.lease.holder == *holder && r.lease.machine == machine
+            });
+            if gpus.is_empty() {
+                if let Some(at) = at {
+                    state.requests.remove(at);
+                }
+                return None;
+            }
+            let now = now_ms();
+            match at {
+                Some(at) => {
+                    let request = &mut state.requests[at];
+                    request.renewed_ms = now;
+                    request.lease.gpus = gpus.to_vec();
+                    Some(request.lease.ticket)
+                }
+                None => {
+                    state.next_ticket += 1;
+                    state.requests.push(Request {
+                        lease: Lease {
+                            holder: holder.clone(),
+                            trial: STANDING.into(),
+                            machine: machine.into(),
+                            gpus: gpus.to_vec(),
+                            max_per_gpu: 1,
+                            gpu_memory: ByteSize::ZERO,
+                            host_memory: ByteSize::ZERO,
+                            cpu_cores: 0,
+                            ticket: state.next_ticket,
+                            granted_ms: 0,
+                        },
+                        renewed_ms: now,
+                    });
+                    Some(state.next_ticket)
+                }
+            }
         })
     }
 
@@ -344,9 +479,14 @@ fn reclaim(state: &mut LedgerState, journal: &mut Vec<JournalEntry>) {
         keep
     });
     let now = now_ms();
-    let ttl = REQUEST_TTL.as_millis() as u64;
     state.requests.retain(|request| {
-        is_alive(&request.lease.holder) && now.saturating_sub(request.renewed_ms) <= ttl
+        let ttl = if request.lease.trial == STANDING {
+            STANDING_TTL
+        } else {
+            REQUEST_TTL
+        };
+        is_alive(&request.lease.holder)
+            && now.saturating_sub(request.renewed_ms) <= ttl.as_millis() as u64
     });
 }
 
@@ -369,7 +509,7 @@ fn blocker(state: &LedgerState, want: &Lease, ticket: u64) -> Option<String> {
             request.lease.ticket < ticket
                 && request.lease.machine == want.machine
                 && request.lease.gpus.contains(&gpu)
-                && !(request.lease.holder == want.holder && request.lease.trial == want.trial)
+                && request.lease.holder != want.holder
         });
         if let Some(older) = older {
             return Some(format!(
@@ -383,7 +523,12 @@ fn blocker(state: &LedgerState, want: &Lease, ticket: u64) -> Option<String> {
 
 /// "trial abc of experiment exp2 (pid 123)", or "trial abc" for the asker's own experiment.
 fn describe(lease: &Lease, asker: &Lease) -> String {
-    if lease.holder == asker.holder {
+    if lease.trial == STANDING {
+        format!(
+            "the waiting trials of experiment {} (pid {})",
+            lease.holder.experiment, lease.holder.pid
+        )
+    } else if lease.holder == asker.holder {
         format!("trial {}", lease.trial)
     } else {
         format!(

@@ -55,6 +55,37 @@ pub struct TrialRequest {
     /// Extra environment variables for the trial.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// What the trial was placed with (knob extension): a service that runs trials on a machine
+    /// other experiments share records it in the machine's lease ledger, and one that samples
+    /// memory kills a trial that uses more host memory than `memory_mib`.
+    #[serde(default, skip_serializing_if = "TrialResources::is_empty")]
+    pub resources: TrialResources,
+}
+
+/// The resources a trial was placed with; `None` where the experiment asks for none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrialResources {
+    /// Host memory in MiB: `trialMemorySize`, or more after the trial ran out of memory
+    /// (`maxOomRetries`). The trial is killed (SIGKILL, as the kernel's OOM killer would) when
+    /// its processes' resident memory exceeds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// GPU memory in MiB on each of its GPUs (`trialGpuMemory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_mib: Option<u64>,
+    /// CPU cores (`trialCpuNumber`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cores: Option<u32>,
+    /// The environment's `maxTrialNumberPerGpu`, filled in by the service that owns the
+    /// environment: no experiment adds a trial to these GPUs beyond it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_trials_per_gpu: Option<u32>,
+}
+
+impl TrialResources {
+    pub fn is_empty(&self) -> bool {
+        *self == TrialResources::default()
+    }
 }
 
 /// Whether a metric is an intermediate result or the final one (NNI's PERIODICAL / FINAL).
@@ -104,6 +135,17 @@ pub enum ServiceEvent {
         /// The core records such a trial as failed and runs it again elsewhere.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         environment_lost: Option<String>,
+    },
+    /// What the trial's processes used at most (knob extension), sent just before its
+    /// `TrialEnded`: the peak resident memory of its processes, sampled by the service, and the
+    /// peak GPU memory of its processes where NVML reports it. The core learns a larger memory
+    /// request from it when the trial ran out of memory (`maxOomRetries`).
+    TrialUsage {
+        trial_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_memory_mib: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_gpu_memory_mib: Option<u64>,
     },
     /// Something a user should know that is not fatal (a garbage metric line, say).
     Warning {

@@ -21,6 +21,7 @@ pub mod agent;
 pub mod agent_protocol;
 pub mod code_archive;
 pub mod knob_protocol;
+pub mod lease;
 pub mod limits;
 pub mod local;
 pub mod metrics;

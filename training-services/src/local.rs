@@ -28,6 +28,7 @@ use knob_plugin_api::service::{
 use knob_plugin_api::{EventSink, PluginError, TrainingService};
 use serde_json::{json, Map, Value};
 
+use crate::lease::MachineLeases;
 use crate::metrics::Emit;
 use crate::runner::TrialError;
 use crate::trial_pool::{PoolError, TrialPool};
@@ -155,6 +156,9 @@ pub struct LocalService {
     /// This machine's probe, made at the first `environments` call (NVML starts in
     /// milliseconds to seconds; a service that never reports environments never pays it).
     probe: Option<LocalProbe>,
+    /// The experiment (from the context it was created with, else its first trial), under which
+    /// the service stands in the ledger's line.
+    experiment: Option<String>,
 }
 
 impl LocalService {
@@ -162,7 +166,7 @@ impl LocalService {
     /// the host's event sink; tests pass their own).
     pub fn with_emitter(class_args: &Value, emit: Emit) -> Result<LocalService, LocalError> {
         let args = LocalArgs::parse(class_args)?;
-        let pool = TrialPool::new("training service local", args.grace_period, emit.clone())
+        let mut pool = TrialPool::new("training service local", args.grace_period, emit.clone())
             .map_err(|e| match e {
                 PoolError::Startup { what, source } => LocalError::Startup { what, source },
                 other => LocalError::Startup {
@@ -170,12 +174,20 @@ impl LocalService {
                     source: std::io::Error::other(other.to_string()),
                 },
             })?;
+        let leases = MachineLeases::open_default().map_err(|e| LocalError::Startup {
+            what: "cannot open this machine's lease ledger",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        if let Some(leases) = leases {
+            pool.use_leases(leases);
+        }
         Ok(LocalService {
             pool,
             hostname: hostname(),
             emit,
             limits: args.limits,
             probe: None,
+            experiment: None,
         })
     }
 
@@ -202,7 +214,16 @@ impl LocalService {
             .collect();
         let is_trial =
             |pid: u32| process_group_of(pid).is_some_and(|group| groups.contains(&group));
-        let inventory = probe_inventory(probe, &is_trial, &self.limits)?;
+        let mut inventory = probe_inventory(probe, &is_trial, &self.limits)?;
+        if let Some(leases) = self.pool.leases() {
+            leases
+                .annotate(&mut inventory, self.experiment.as_deref())
+                .map_err(|e| {
+                    LocalError::Probe(format!("cannot read this machine's lease ledger: {e}"))
+                })?;
+        }
+        let inventory =
+            serde_json::to_value(&inventory).map_err(|e| LocalError::Probe(e.to_string()))?;
         Ok(Environment {
             id: ENVIRONMENT_ID.to_string(),
             host: self.hostname.clone(),
@@ -221,7 +242,10 @@ impl LocalService {
                 request.environment_id.clone(),
             ));
         }
-        self.pool.start(request).map_err(|e| match e {
+        self.experiment = Some(request.experiment_id.clone());
+        let mut request = request.clone();
+        request.resources.max_trials_per_gpu = Some(self.limits.max_trial_number_per_gpu.max(1));
+        self.pool.start(&request).map_err(|e| match e {
             PoolError::DuplicateTrial(id) => LocalError::DuplicateTrial(id),
             PoolError::ShutDown => LocalError::ShutDown,
             PoolError::Trial(e) => LocalError::Trial(e),
@@ -260,6 +284,16 @@ impl TrainingService for LocalService {
     fn new(class_args: &Value, events: EventSink) -> Result<Self, PluginError> {
         let emit: Emit = Arc::new(move |event: ServiceEvent| events.emit(&event));
         Ok(LocalService::with_emitter(class_args, emit)?)
+    }
+
+    fn create(
+        config: &Value,
+        context: &ServiceContext,
+        events: EventSink,
+    ) -> Result<Self, PluginError> {
+        let mut service = Self::new(config, events)?;
+        service.experiment = Some(context.experiment_id.clone());
+        Ok(service)
     }
 
     fn check_config(
@@ -302,7 +336,7 @@ fn probe_inventory(
     probe: &mut LocalProbe,
     is_trial: &dyn Fn(u32) -> bool,
     limits: &EnvironmentLimits,
-) -> Result<Value, LocalError> {
+) -> Result<knob_gpu_sched::Environment, LocalError> {
     let mut environments = probe.sample(is_trial);
     if environments.is_empty() {
         return Err(LocalError::Probe("the probe found nothing".into()));
@@ -312,7 +346,7 @@ fn probe_inventory(
         ..limits.clone()
     });
     environment.id = ENVIRONMENT_ID.into();
-    serde_json::to_value(&environment).map_err(|e| LocalError::Probe(e.to_string()))
+    Ok(environment)
 }
 
 const LOCAL_FIELDS: [&str; 9] = [
@@ -391,7 +425,10 @@ pub fn check_config(
     // A probe that fails here fails again, with its reason, when the service starts.
     if let Ok(args) = LocalArgs::parse(&Value::Object(checked.config.clone())) {
         if let Ok(mut probe) = LocalProbe::new(ENVIRONMENT_ID) {
-            if let Ok(inventory) = probe_inventory(&mut probe, &|_| false, &args.limits) {
+            let inventory = probe_inventory(&mut probe, &|_| false, &args.limits)
+                .ok()
+                .and_then(|inventory| serde_json::to_value(&inventory).ok());
+            if let Some(inventory) = inventory {
                 checked.environments = Some(vec![Environment {
                     id: ENVIRONMENT_ID.into(),
                     host: hostname(),

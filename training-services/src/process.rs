@@ -158,6 +158,51 @@ impl TrialTree {
     }
 }
 
+impl TrialTree {
+    /// The resident memory of the group's live processes now, in bytes (`VmRSS` of each
+    /// member; processes that left the group are not counted, which would need every
+    /// process's environment read). 0 without `/proc`.
+    pub fn resident_bytes(&self) -> u64 {
+        let Some(pgid) = self.pgid else { return 0 };
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        let mut kib = 0;
+        for entry in entries.flatten() {
+            if !entry
+                .file_name()
+                .as_encoded_bytes()
+                .iter()
+                .all(u8::is_ascii_digit)
+            {
+                continue;
+            }
+            let member = std::fs::read_to_string(entry.path().join("stat"))
+                .ok()
+                .and_then(|stat| parse_state_and_group(&stat))
+                .is_some_and(|(state, group)| group == pgid && state != 'Z' && state != 'X');
+            if member {
+                kib += std::fs::read_to_string(entry.path().join("status"))
+                    .ok()
+                    .and_then(|status| vm_rss_kib(&status))
+                    .unwrap_or(0);
+            }
+        }
+        kib * 1024
+    }
+}
+
+/// `VmRSS` of a `/proc/<pid>/status` text, in KiB.
+fn vm_rss_kib(status: &str) -> Option<u64> {
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    line["VmRSS:".len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Sends `signal` to every process of group `pgid`; false when the group is gone.
 pub fn signal_group(pgid: u32, signal: Signal) -> bool {
     let Ok(pgid) = i32::try_from(pgid) else {
@@ -216,6 +261,11 @@ mod tests {
         assert_eq!(parse_state_and_group(stat), Some(('S', 4200)));
         assert_eq!(parse_state_and_group("1 (x) Z 0 7 7"), Some(('Z', 7)));
         assert_eq!(parse_state_and_group("garbage"), None);
+        assert_eq!(
+            vm_rss_kib("Name:\tx\nVmPeak:\t  10 kB\nVmRSS:\t    2048 kB\n"),
+            Some(2048)
+        );
+        assert_eq!(vm_rss_kib("Name:\tkthreadd\n"), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,6 +41,14 @@ pub const STDERR_FILE_NAME: &str = "stderr";
 /// How often, while a finished trial's leftover processes are given their grace period, its
 /// processes are looked at again: no event says when a process that is not our child exits.
 const LEFTOVER_RECHECK: Duration = Duration::from_millis(50);
+
+/// How often a running trial's resident memory is sampled: its peak is reported at its end
+/// (`TrialUsage`), and a trial over its memory request (`TrialResources::memory_mib`) is killed.
+/// One scan of `/proc` per trial and interval; an allocation that rises and falls between two
+/// samples is not seen.
+pub const MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
+
+const MIB: u64 = 1024 * 1024;
 
 /// What the trials of one service share.
 pub struct TrialHost {
@@ -215,10 +224,20 @@ pub fn start_trial(
         tails_finish,
     ));
     let (kill, kill_requests) = oneshot::channel();
+    let tree = TrialTree::new(pid, &mark);
+    let peak_memory = Arc::new(AtomicU64::new(0));
+    let memory_task = runtime.spawn(watch_memory(
+        tree.clone(),
+        request.resources.memory_mib,
+        paths.stderr.clone(),
+        peak_memory.clone(),
+    ));
     let supervision = Supervision {
         host: host.clone(),
         child,
-        tree: TrialTree::new(pid, &mark),
+        tree,
+        memory_task,
+        peak_memory,
         recorder,
         stdout_task,
         tail_task,
@@ -351,12 +370,47 @@ async fn pump_stdout(
     let _ = file.flush().await;
 }
 
+/// Samples the trial's resident memory into `peak` until aborted; past `limit_mib` it notes why
+/// in the trial's stderr and kills the whole trial with SIGKILL, as the kernel's OOM killer
+/// would (the core then counts it as out of memory, `maxOomRetries`).
+async fn watch_memory(
+    tree: TrialTree,
+    limit_mib: Option<u64>,
+    stderr: PathBuf,
+    peak: Arc<AtomicU64>,
+) {
+    let mut tick = tokio::time::interval(MEMORY_SAMPLE_INTERVAL);
+    loop {
+        tick.tick().await;
+        let sampled = tree.clone();
+        let Ok(used) = tokio::task::spawn_blocking(move || sampled.resident_bytes()).await else {
+            return;
+        };
+        peak.fetch_max(used, Ordering::Relaxed);
+        let Some(limit) = limit_mib else { continue };
+        if used > limit * MIB {
+            let note = format!(
+                "knob: the trial used {} MiB of memory, more than its {limit} MiB request (trialMemorySize); killed as out of memory\n",
+                used.div_ceil(MIB)
+            );
+            if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(&stderr) {
+                let _ = std::io::Write::write_all(&mut file, note.as_bytes());
+            }
+            tree.signal(Signal::SIGKILL);
+            return;
+        }
+    }
+}
+
 /// Everything the task that watches over one trial owns.
 struct Supervision {
     host: Arc<TrialHost>,
     child: Child,
     /// The trial's process group and the processes that left it.
     tree: TrialTree,
+    memory_task: JoinHandle<()>,
+    /// Bytes, the largest resident memory sampled.
+    peak_memory: Arc<AtomicU64>,
     recorder: Arc<TrialRecorder>,
     stdout_task: JoinHandle<()>,
     tail_task: JoinHandle<()>,
@@ -462,7 +516,14 @@ impl Supervision {
         };
         let _ = self.finish_tails.send(());
         let _ = (&mut self.tail_task).await;
+        self.memory_task.abort();
         let stderr_tail = stderr_tail(&self.stderr_path);
+        let peak = self.peak_memory.load(Ordering::Relaxed);
+        (self.host.emit)(ServiceEvent::TrialUsage {
+            trial_id: self.recorder.trial_id().to_string(),
+            peak_memory_mib: (peak > 0).then(|| peak.div_ceil(MIB)),
+            peak_gpu_memory_mib: None,
+        });
         // Closed before the end is emitted, so that once the core has seen the end, the
         // channel answers "not running" to anything more.
         self.host

@@ -2,14 +2,22 @@
 //! metric-file watcher and the map of running trials. The `local` service and the knob-agent
 //! daemon on a remote host both run their trials through a `TrialPool`, so a trial runs the same
 //! way wherever it runs.
+//!
+//! With the machine's lease ledger ([`MachineLeases`]), a trial takes its lease before it
+//! starts. One that must wait (another experiment's trial holds its GPU, or an older request
+//! of another experiment is first in line) is *pending*: it stays WAITING in the core with the
+//! ledger's reason as a `waiting: …` warning, its request is renewed every
+//! [`LEASE_RETRY_INTERVAL`], and it starts as soon as it is granted. Its lease is given back
+//! when it ends.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use knob_plugin_api::service::TrialRequest;
+use knob_plugin_api::service::{ServiceEvent, TrialRequest};
 
+use crate::lease::{waiting_reason, MachineLeases};
 use crate::metrics::Emit;
 use crate::nni_http::ChannelServer;
 use crate::runner::{start_trial, TrialError, TrialHandle, TrialHost};
@@ -17,6 +25,10 @@ use crate::tail::FileWatcher;
 
 /// `NNI_PLATFORM` of the trials (it makes `nni` 2.x use the file channel, which the pool reads).
 pub const PLATFORM: &str = "local";
+
+/// How often a pending trial asks the ledger again: well within the ledger's request lifetime,
+/// and what another experiment's freed GPU waits at most before this one takes it.
+pub const LEASE_RETRY_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Why the pool could not start or could not start a trial.
 #[derive(Debug, thiserror::Error)]
@@ -36,13 +48,18 @@ pub enum PoolError {
 
 type RunningTrials = Arc<(Mutex<HashMap<String, TrialHandle>>, Condvar)>;
 
+/// Trials waiting for their lease, with the last reason told to the core.
+type PendingTrials = Arc<Mutex<BTreeMap<String, (TrialRequest, String)>>>;
+
 /// Runs trials on this machine on its own runtime; methods hand work to it and return at once,
 /// except the ones that wait for trials to end.
 pub struct TrialPool {
     runtime: Option<tokio::runtime::Runtime>,
     host: Arc<TrialHost>,
     running: RunningTrials,
-    shut_down: AtomicBool,
+    shut_down: Arc<AtomicBool>,
+    leases: Option<Arc<MachineLeases>>,
+    pending: PendingTrials,
 }
 
 impl TrialPool {
@@ -79,8 +96,61 @@ impl TrialPool {
                 emit,
             }),
             running: Arc::default(),
-            shut_down: AtomicBool::new(false),
+            shut_down: Arc::default(),
+            leases: None,
+            pending: Arc::default(),
         })
+    }
+
+    /// Makes the pool take a lease in the machine's ledger for each trial (before any starts).
+    pub fn use_leases(&mut self, leases: MachineLeases) {
+        let leases = Arc::new(leases);
+        self.leases = Some(leases.clone());
+        let pool = PoolCore {
+            host: self.host.clone(),
+            runtime: self.runtime().clone(),
+            running: self.running.clone(),
+            leases: Some(leases),
+            pending: self.pending.clone(),
+            shut_down: self.shut_down.clone(),
+        };
+        let shut_down = self.shut_down.clone();
+        let pending = self.pending.clone();
+        self.runtime().spawn(async move {
+            let mut tick = tokio::time::interval(LEASE_RETRY_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !shut_down.load(Ordering::SeqCst) {
+                tick.tick().await;
+                let waiting: Vec<String> = lock(&pending).keys().cloned().collect();
+                if waiting.is_empty() {
+                    continue;
+                }
+                let pool = pool.clone();
+                // Ledger calls take a file lock: off the async workers.
+                let _ = tokio::task::spawn_blocking(move || {
+                    for trial_id in waiting {
+                        pool.retry_pending(&trial_id);
+                    }
+                })
+                .await;
+            }
+        });
+    }
+
+    /// The machine's ledger, when the pool uses one.
+    pub fn leases(&self) -> Option<&MachineLeases> {
+        self.leases.as_deref()
+    }
+
+    fn core(&self) -> PoolCore {
+        PoolCore {
+            host: self.host.clone(),
+            runtime: self.runtime().clone(),
+            running: self.running.clone(),
+            leases: self.leases.clone(),
+            pending: self.pending.clone(),
+            shut_down: self.shut_down.clone(),
+        }
     }
 
     /// The runtime the trials run on, for callers that want to run their own tasks beside them.
@@ -104,33 +174,37 @@ impl TrialPool {
         self.shut_down.load(Ordering::SeqCst)
     }
 
-    /// Starts a trial. On `Err` nothing was started and no event follows for it.
+    /// Starts a trial, or, when its lease must wait, keeps it pending until granted. On `Err`
+    /// nothing was started and no event follows for it.
     pub fn start(&self, request: &TrialRequest) -> Result<(), PoolError> {
         if self.is_shut_down() {
             return Err(PoolError::ShutDown);
         }
-        let mut trials = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
-        if trials.contains_key(&request.trial_id) {
+        if lock(&self.pending).contains_key(&request.trial_id)
+            || lock(&self.running.0).contains_key(&request.trial_id)
+        {
             return Err(PoolError::DuplicateTrial(request.trial_id.clone()));
         }
-        let running = self.running.clone();
-        let trial_id = request.trial_id.clone();
-        let on_finished = Box::new(move || {
-            let (trials, ended) = &*running;
-            trials
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&trial_id);
-            ended.notify_all();
-        });
-        // The map stays locked until the handle is in it, so `on_finished` cannot run first.
-        let handle = start_trial(&self.host, self.runtime(), request, on_finished)?;
-        trials.insert(request.trial_id.clone(), handle);
-        Ok(())
+        let core = self.core();
+        match core.ask_lease(request) {
+            Some(reason) => {
+                core.tell_waiting(&request.trial_id, &reason);
+                lock(&self.pending).insert(request.trial_id.clone(), (request.clone(), reason));
+                Ok(())
+            }
+            None => core.start_now(request).inspect_err(|_| {
+                core.give_back(request);
+            }),
+        }
     }
 
-    /// Asks a running trial to stop; false when it is not running (already ended).
+    /// Asks a running trial to stop; a pending one ends at once without having started.
+    /// False when it is neither (already ended).
     pub fn kill(&self, trial_id: &str, reason: &str) -> bool {
+        if let Some((request, _)) = lock(&self.pending).remove(trial_id) {
+            self.core().end_pending(&request, reason);
+            return true;
+        }
         let trials = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
         match trials.get(trial_id) {
             Some(handle) => {
@@ -139,6 +213,11 @@ impl TrialPool {
             }
             None => false,
         }
+    }
+
+    /// The trials waiting for their lease, sorted by id.
+    pub fn pending(&self) -> Vec<String> {
+        lock(&self.pending).keys().cloned().collect()
     }
 
     /// The running trials and the pids of their process-group leaders, sorted by id.
@@ -155,6 +234,10 @@ impl TrialPool {
     /// Kills every running trial and waits until each has ended (its `TrialEnded` emitted), at
     /// most twice the grace period and five seconds more. Returns the trials not seen to end.
     pub fn kill_all_and_wait(&self, reason: &str) -> Vec<String> {
+        let pending = std::mem::take(&mut *lock(&self.pending));
+        for (request, _) in pending.into_values() {
+            self.core().end_pending(&request, reason);
+        }
         let (trials, ended) = &*self.running;
         let mut trials = trials.lock().unwrap_or_else(|p| p.into_inner());
         for handle in trials.values() {
@@ -186,6 +269,141 @@ impl TrialPool {
         let left = self.kill_all_and_wait(reason);
         self.host.channels.close();
         left
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What starting a trial needs, shared with the task that retries pending trials.
+#[derive(Clone)]
+struct PoolCore {
+    host: Arc<TrialHost>,
+    runtime: tokio::runtime::Handle,
+    running: RunningTrials,
+    leases: Option<Arc<MachineLeases>>,
+    pending: PendingTrials,
+    shut_down: Arc<AtomicBool>,
+}
+
+impl PoolCore {
+    /// `Some(reason)` when the trial must wait for its lease. A ledger that cannot be used
+    /// holds nothing back: the trial runs as if it were alone on the machine, with a warning.
+    fn ask_lease(&self, request: &TrialRequest) -> Option<String> {
+        let leases = self.leases.as_ref()?;
+        if !MachineLeases::wants_lease(request) {
+            return None;
+        }
+        match leases.acquire(request) {
+            Ok(acquired) => waiting_reason(acquired),
+            Err(e) => {
+                (self.host.emit)(ServiceEvent::Warning {
+                    trial_id: Some(request.trial_id.clone()),
+                    message: format!(
+                        "started without a lease, other experiments on this machine do not see it: {e}"
+                    ),
+                });
+                None
+            }
+        }
+    }
+
+    fn give_back(&self, request: &TrialRequest) {
+        if let Some(leases) = &self.leases {
+            if let Err(e) = leases.release(&request.experiment_id, &request.trial_id) {
+                knob_plugin_api::log::warn(&format!(
+                    "trial {}: its lease stays until this process ends: {e}",
+                    request.trial_id
+                ));
+            }
+        }
+    }
+
+    fn tell_waiting(&self, trial_id: &str, reason: &str) {
+        (self.host.emit)(ServiceEvent::Warning {
+            trial_id: Some(trial_id.to_string()),
+            message: format!("waiting: {reason}"),
+        });
+    }
+
+    fn start_now(&self, request: &TrialRequest) -> Result<(), PoolError> {
+        let mut trials = lock(&self.running.0);
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(PoolError::ShutDown);
+        }
+        if trials.contains_key(&request.trial_id) {
+            return Err(PoolError::DuplicateTrial(request.trial_id.clone()));
+        }
+        let running = self.running.clone();
+        let leased = self
+            .leases
+            .is_some()
+            .then(|| (self.clone(), request.clone()));
+        let trial_id = request.trial_id.clone();
+        let on_finished = Box::new(move || {
+            if let Some((core, request)) = leased {
+                core.give_back(&request);
+            }
+            let (trials, ended) = &*running;
+            lock(trials).remove(&trial_id);
+            ended.notify_all();
+        });
+        // The map stays locked until the handle is in it, so `on_finished` cannot run first.
+        let handle = start_trial(&self.host, &self.runtime, request, on_finished)?;
+        trials.insert(request.trial_id.clone(), handle);
+        Ok(())
+    }
+
+    /// Asks the ledger again for a pending trial; starts it once granted.
+    fn retry_pending(&self, trial_id: &str) {
+        let Some((request, told)) = lock(&self.pending).get(trial_id).cloned() else {
+            return;
+        };
+        let answer = self.ask_lease(&request);
+        let mut pending = lock(&self.pending);
+        if !pending.contains_key(trial_id) {
+            // Killed while the ledger was asked: what it may have granted goes back.
+            drop(pending);
+            self.give_back(&request);
+            return;
+        }
+        match answer {
+            Some(reason) => {
+                if reason != told {
+                    self.tell_waiting(trial_id, &reason);
+                    pending.insert(trial_id.to_string(), (request, reason));
+                }
+            }
+            None => {
+                pending.remove(trial_id);
+                drop(pending);
+                if let Err(e) = self.start_now(&request) {
+                    self.give_back(&request);
+                    (self.host.emit)(ServiceEvent::TrialEnded {
+                        trial_id: request.trial_id.clone(),
+                        exit_code: None,
+                        signal: None,
+                        killed_reason: None,
+                        stderr_tail: format!("could not start once its GPUs were free: {e}"),
+                        environment_lost: None,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Ends a pending trial that never started (killed, or its service stops).
+    fn end_pending(&self, request: &TrialRequest, reason: &str) {
+        self.give_back(request);
+        (self.host.emit)(ServiceEvent::TrialEnded {
+            trial_id: request.trial_id.clone(),
+            exit_code: None,
+            signal: None,
+            killed_reason: Some(reason.to_string()),
+            stderr_tail: String::new(),
+            environment_lost: None,
+        });
     }
 }
 

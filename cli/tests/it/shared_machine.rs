@@ -100,3 +100,227 @@ fn a_trial_held_by_gpu_memory_reserve_says_so_in_trial_ls_then_runs() {
     let (_, stdout, _) = run(sandbox.knob().args(["trial", "ls", "reserve"]));
     assert!(!stdout.contains("gpuMemoryReserve"), "{stdout}");
 }
+
+/// A trial that takes one simulated GPU and holds it until `release` appears in the code
+/// folder. Each GPU it is given is claimed with an exclusive file (`set -C`), so two trials on
+/// one GPU at once leave an `overlap` file, whatever the ledger says.
+const GPU_TRIAL: &str = "set -C\n\
+    gpu=$CUDA_VISIBLE_DEVICES\n\
+    if ! echo \"$NNI_EXP_ID/$NNI_TRIAL_JOB_ID\" > busy-gpu-$gpu 2>/dev/null; then\n\
+      echo \"$NNI_EXP_ID/$NNI_TRIAL_JOB_ID on GPU $gpu with $(cat busy-gpu-$gpu)\" >> overlap\n\
+    fi\n\
+    echo \"$NNI_EXP_ID $NNI_TRIAL_JOB_ID $gpu\" >> started\n\
+    for i in $(seq 1200); do [ -e release ] && break; sleep 0.05; done\n\
+    rm -f busy-gpu-$gpu\n\
+    echo KNOB_FINAL 1\n";
+
+fn two_gpu_config(sandbox: &Sandbox) -> std::path::PathBuf {
+    let yaml = format!(
+        "trialCommand: bash trial.sh\ntrialConcurrency: 2\nmaxTrialNumber: 2\ntrialGpuNumber: 1\n\
+         maxTrialNumberPerGpu: 1\n{SPACE}"
+    );
+    sandbox.config(&yaml, &[("trial.sh", GPU_TRIAL)])
+}
+
+fn start_experiment(sandbox: &Sandbox, config: &std::path::Path, id: &str) -> std::process::Child {
+    sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "2x16GiB")
+        .arg("create")
+        .arg("--config")
+        .arg(config)
+        .args(["--id", id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The `started` lines (`experiment trial gpu`) the trials wrote.
+fn started(code_dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(code_dir.join("started"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Replays the ledger's journal (grants, releases, reclaims in the order they were made under
+/// its lock) and returns the most trials any GPU held at once, and how many grants there were.
+fn most_trials_on_one_gpu(home: &std::path::Path) -> (usize, usize) {
+    let journal = std::fs::read_to_string(home.join("gpu-ledger.journal")).unwrap_or_default();
+    let mut held: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    let (mut most, mut grants) = (0, 0);
+    for line in journal.lines() {
+        let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+        let who = format!("{}/{}", entry["experiment"], entry["trial"]);
+        for gpu in entry["gpus"].as_array().unwrap() {
+            let on = held.entry(gpu.as_u64().unwrap()).or_default();
+            match entry["op"].as_str().unwrap() {
+                "grant" => on.push(who.clone()),
+                _ => on.retain(|holder| *holder != who),
+            }
+            most = most.max(on.len());
+        }
+        grants += usize::from(entry["op"] == "grant");
+    }
+    (most, grants)
+}
+
+fn finish(child: std::process::Child) -> String {
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn two_experiments_never_share_a_gpu_and_the_waiting_one_names_the_holder() {
+    let sandbox = Sandbox::new();
+    let config = two_gpu_config(&sandbox);
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let first = start_experiment(&sandbox, &config, "first");
+    wait_for(
+        Duration::from_secs(60),
+        "both trials of `first` running",
+        || (started(&code_dir).len() == 2).then_some(()),
+    );
+    let second = start_experiment(&sandbox, &config, "second");
+    // Both GPUs are first's: second's trials wait, naming it.
+    let row = wait_for(
+        Duration::from_secs(60),
+        "a trial of `second` waiting",
+        || {
+            let (_, stdout, _) = run(sandbox.knob().args(["trial", "ls", "second"]));
+            stdout
+                .lines()
+                .find(|line| line.contains("WAITING") && line.contains("of experiment first"))
+                .map(str::to_owned)
+        },
+    );
+    assert!(row.contains("GPU"), "{row}");
+    let (code, gpu_table, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "2x16GiB")
+        .arg("gpu"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(gpu_table.contains("held by"), "{gpu_table}");
+    assert_eq!(
+        gpu_table.matches("first trial").count(),
+        2,
+        "`knob gpu` names first's trial on each GPU:\n{gpu_table}"
+    );
+    assert_eq!(started(&code_dir).len(), 2, "second started on a held GPU");
+    std::fs::write(code_dir.join("release"), "").unwrap();
+    assert!(finish(first).contains("2 trials (2 succeeded, 0 failed)"));
+    assert!(finish(second).contains("2 trials (2 succeeded, 0 failed)"));
+    assert!(
+        !code_dir.join("overlap").exists(),
+        "two trials ran on one GPU: {}",
+        std::fs::read_to_string(code_dir.join("overlap")).unwrap_or_default()
+    );
+    let (most, grants) = most_trials_on_one_gpu(&sandbox.path().join("home"));
+    assert_eq!(grants, 4, "every trial took a lease");
+    assert_eq!(most, 1, "the ledger's history has a GPU held twice");
+    // The waiting reason is in the log (the export's warnings) too.
+    let export = sandbox.export("second");
+    let named = export["warnings"].as_array().unwrap().iter().any(|w| {
+        w["message"]
+            .as_str()
+            .unwrap()
+            .contains("of experiment first")
+    });
+    assert!(named, "{:#}", export["warnings"]);
+}
+
+#[test]
+fn when_an_experiment_is_killed_the_other_takes_its_gpus_within_a_probe_interval() {
+    let sandbox = Sandbox::new();
+    let config = two_gpu_config(&sandbox);
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let mut first = start_experiment(&sandbox, &config, "first");
+    wait_for(
+        Duration::from_secs(60),
+        "both trials of `first` running",
+        || (started(&code_dir).len() == 2).then_some(()),
+    );
+    let second = start_experiment(&sandbox, &config, "second");
+    wait_for(
+        Duration::from_secs(60),
+        "a trial of `second` waiting",
+        || {
+            let (_, stdout, _) = run(sandbox.knob().args(["trial", "ls", "second"]));
+            stdout.contains("of experiment first").then_some(())
+        },
+    );
+    // SIGKILL: first's leases stay in the ledger with a dead holder. (Its trials, in process
+    // groups of their own, live on until `release`; with simulated GPUs that harms nothing.)
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let killed_at = Instant::now();
+    // The manager asks for environments every 5 s while a trial waits (REPROBE_INTERVAL);
+    // within one such interval (plus start-up slack on a loaded machine) second runs both.
+    wait_for(Duration::from_secs(15), "second's trials running", || {
+        let second_started = started(&code_dir)
+            .iter()
+            .filter(|line| line.starts_with("second "))
+            .count();
+        (second_started == 2).then_some(())
+    });
+    let took = killed_at.elapsed();
+    std::fs::write(code_dir.join("release"), "").unwrap();
+    assert!(finish(second).contains("2 trials (2 succeeded, 0 failed)"));
+    assert!(
+        took < Duration::from_secs(10),
+        "second took {took:?} to get the GPUs of a killed experiment"
+    );
+    let journal =
+        std::fs::read_to_string(sandbox.path().join("home").join("gpu-ledger.journal")).unwrap();
+    assert_eq!(
+        journal.matches("\"op\":\"reclaim\"").count(),
+        2,
+        "both of first's leases reclaimed:\n{journal}"
+    );
+}
+
+#[test]
+fn a_trial_over_its_memory_request_is_killed_and_runs_again_with_more() {
+    let sandbox = Sandbox::new();
+    // 150 MiB touched, against a 64 MiB request: killed, then asked again with twice what it
+    // used (or asked), at most three times.
+    let script = "import time\n\
+                  block = b'x' * (150 * 1024 * 1024)\n\
+                  time.sleep(1.5)\n\
+                  print('KNOB_FINAL 1', flush=True)\n";
+    let yaml = format!(
+        "trialCommand: python3 alloc.py\ntrialConcurrency: 1\nmaxTrialNumber: 1\n\
+         trialMemorySize: 64MiB\nmaxOomRetries: 3\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[("alloc.py", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "oom");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("(1 succeeded, 0 failed)"), "{stdout}");
+    let export = sandbox.export("oom");
+    let trial = &export["trials"][0];
+    assert_eq!(trial["status"], "SUCCEEDED", "{trial:#}");
+    let attempts = trial["attempt_history"].as_array().unwrap();
+    assert!(attempts.len() >= 2, "{trial:#}");
+    let first_requeue = attempts[0]["requeued"].as_str().unwrap();
+    assert!(
+        first_requeue.contains("more than its 64 MiB request (trialMemorySize)")
+            && first_requeue.contains("the next attempt asks for"),
+        "{first_requeue}"
+    );
+    let raised = trial["memory_request_mib"].as_u64().unwrap();
+    assert!(raised >= 150, "raised to {raised} MiB: {trial:#}");
+    let (_, ls, _) = run(sandbox.knob().args(["trial", "ls", "oom"]));
+    assert!(
+        ls.contains(&format!("memory request {raised} MiB after out of memory")),
+        "{ls}"
+    );
+}

@@ -20,6 +20,10 @@ use super::units;
 use super::yaml::{self, Node, Pos, Value};
 use crate::store::Direction;
 
+/// The most `maxOomRetries` allowed: each such retry at least doubles a trial's memory request,
+/// so ten already ask for a thousand times the first.
+pub const MAX_OOM_RETRIES: u32 = 10;
+
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
 pub(super) const TOP_FIELDS: [&str; 41] = [
     "experimentName",
@@ -111,7 +115,15 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
     let max_trial_duration =
         take("maxTrialDuration").and_then(|field| reader.parse(&field, units::duration_seconds));
     let max_trial_retries = take("maxTrialRetries").and_then(|field| reader.integer(&field, 0));
-    let max_oom_retries = take("maxOomRetries").and_then(|field| reader.integer(&field, 0));
+    let max_oom_retries = take("maxOomRetries").and_then(|field| {
+        reader.parse(&field, |node| match node.value {
+            Value::Int(i) if (0..=i64::from(MAX_OOM_RETRIES)).contains(&i) => Ok(i as u32),
+            _ => Err(format!(
+                "expected an integer from 0 to {MAX_OOM_RETRIES} (each retry after running out of memory doubles the trial's memory request), got {}",
+                node.describe()
+            )),
+        })
+    });
     let nni_shim = take("nniShim").and_then(|field| reader.boolean(&field));
     if let Some(field) = take("nniManagerIp") {
         reader.string(&field);

@@ -106,17 +106,41 @@ impl Manager {
                     && !self.closed_for_retries()
                 {
                     let backoff = retry_backoff(trial.attempt);
-                    let reason = reason.unwrap_or_default();
-                    return self
-                        .requeue(
-                            &trial_id,
-                            format!("attempt {} failed: {reason}", trial.attempt),
-                            backoff,
-                        )
-                        .await;
+                    let mut reason = format!(
+                        "attempt {} failed: {}",
+                        trial.attempt,
+                        reason.unwrap_or_default()
+                    );
+                    if oom && self.config.max_oom_retries > 0 {
+                        let asked = trial
+                            .memory_request_mib
+                            .or(self.config.trial_memory_size_mib);
+                        let raised = trial::raised_memory_request(asked, trial.peak_memory_mib);
+                        if let Some(raised) = raised {
+                            reason.push_str(&trial::raised_memory_note(
+                                asked,
+                                trial.peak_memory_mib,
+                                raised,
+                            ));
+                            self.trials
+                                .get_mut(&trial_id)
+                                .expect("known trial")
+                                .memory_request_mib = Some(raised);
+                        }
+                    }
+                    return self.requeue(&trial_id, reason, backoff).await;
                 }
                 self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail)
                     .await?;
+            }
+            ServiceEvent::TrialUsage {
+                trial_id,
+                peak_memory_mib,
+                peak_gpu_memory_mib: _,
+            } => {
+                if let Some(trial) = self.trials.get_mut(&trial_id) {
+                    trial.peak_memory_mib = peak_memory_mib;
+                }
             }
             // A service's own warnings (a host unreachable, a connection restored) concern
             // environments, which the console shows; a trial's stay in the store.

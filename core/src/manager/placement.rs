@@ -9,7 +9,7 @@ use knob_gpu_sched::{
 
 use std::time::Instant;
 
-use knob_plugin_api::service::TrialRequest as ServiceTrialRequest;
+use knob_plugin_api::service::{TrialRequest as ServiceTrialRequest, TrialResources};
 
 use super::{Manager, ManagerError, REPROBE_INTERVAL};
 use crate::config::ExperimentConfig;
@@ -119,12 +119,17 @@ impl Placer {
             .any(|environment| environment.status != EnvironmentStatus::Draining)
     }
 
-    /// Places waiting trials, oldest first; returns each one's placement.
-    pub fn place(&mut self, waiting: &[String]) -> Vec<Placement> {
+    /// Places waiting trials, oldest first, each with the host memory (MiB) it asks for when
+    /// that is not `trialMemorySize` (raised after it ran out of memory); returns each one's
+    /// placement.
+    pub fn place(&mut self, waiting: &[(String, Option<u64>)]) -> Vec<Placement> {
         let requests: Vec<TrialRequest> = waiting
             .iter()
-            .map(|id| TrialRequest {
+            .map(|(id, memory_mib)| TrialRequest {
                 trial: id.as_str().into(),
+                host_memory: memory_mib
+                    .map(|mib| ByteSize(mib * MIB))
+                    .or(self.request_template.host_memory),
                 ..self.request_template.clone()
             })
             .collect();
@@ -157,7 +162,11 @@ impl Manager {
         if !self.placer.has_environment() {
             return Err(ManagerError::NoEnvironment(self.no_environment_reason()));
         }
-        let placements = self.placer.place(&waiting);
+        let requests: Vec<(String, Option<u64>)> = waiting
+            .iter()
+            .map(|id| (id.clone(), self.trials[id].memory_request_mib))
+            .collect();
+        let placements = self.placer.place(&requests);
         self.reprobe_at = None;
         for (trial_id, placement) in waiting.into_iter().zip(placements) {
             match placement {
@@ -260,6 +269,14 @@ impl Manager {
             trial_dir,
             gpu_indices,
             env,
+            resources: TrialResources {
+                memory_mib: trial
+                    .memory_request_mib
+                    .or(self.config.trial_memory_size_mib),
+                gpu_memory_mib: self.config.trial_gpu_memory_mib,
+                cpu_cores: self.config.trial_cpu_number,
+                max_trials_per_gpu: None,
+            },
         };
         // The loop does not wait for the process to be spawned (milliseconds on a busy machine):
         // its start arrives as a service event, a failure to start as a `StartFailed`.

@@ -43,6 +43,7 @@ impl Manager {
             );
             trial.attempt = attempt;
             trial.parameter_label = stored.parameter_label.clone();
+            trial.memory_request_mib = stored.memory_request_mib;
             let this_attempt = |kind| {
                 stored
                     .metrics
@@ -168,6 +169,7 @@ impl Manager {
             .append(StoreEvent::TrialRequeued {
                 trial_id: trial_id.to_string(),
                 reason,
+                memory_request_mib: self.trials[trial_id].memory_request_mib,
             })
             .await?;
         self.placer.release(trial_id);

@@ -55,6 +55,11 @@ pub(super) struct Trial {
     /// Set when the manager asked for the trial to be killed: how to record its end, and why.
     pub kill: Option<(TrialStatus, String)>,
     pub reason: Option<String>,
+    /// Host memory (MiB) its attempts ask for, once raised after it ran out of memory; `None`:
+    /// `trialMemorySize`.
+    pub memory_request_mib: Option<u64>,
+    /// The peak resident memory (MiB) of its last attempt, as its service sampled it.
+    pub peak_memory_mib: Option<u64>,
 }
 
 impl Trial {
@@ -88,6 +93,8 @@ impl Trial {
             final_problem: None,
             kill: None,
             reason: None,
+            memory_request_mib: None,
+            peak_memory_mib: None,
         }
     }
 
@@ -142,6 +149,25 @@ pub(super) fn failure_reason(
         Some(last) => format!("{how}: {last}"),
         None => how,
     }
+}
+
+/// The host memory (MiB) a trial that ran out of memory asks for next: twice the larger of
+/// what it asked for and the peak its service sampled (a trial killed at its limit used at
+/// least its request; one the kernel killed may have used more), so that a trial that needs
+/// several times its request gets there in a few attempts within `maxOomRetries`. `None` when
+/// neither is known: nothing to learn from.
+pub(super) fn raised_memory_request(asked: Option<u64>, peak: Option<u64>) -> Option<u64> {
+    let base = asked.unwrap_or(0).max(peak.unwrap_or(0));
+    (base > 0).then(|| base.saturating_mul(2))
+}
+
+/// "; next attempt asks for 512 MiB of memory (asked 128 MiB, used at least 250 MiB)".
+pub(super) fn raised_memory_note(asked: Option<u64>, peak: Option<u64>, raised: u64) -> String {
+    let asked = asked.map_or("no trialMemorySize".to_string(), |mib| {
+        format!("asked {mib} MiB")
+    });
+    let used = peak.map_or(String::new(), |mib| format!(", used at least {mib} MiB"));
+    format!("; out of memory: the next attempt asks for {raised} MiB of memory ({asked}{used})")
 }
 
 /// Whether a failure looks like running out of memory: the kernel's OOM killer (SIGKILL, or

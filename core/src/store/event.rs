@@ -170,10 +170,7 @@ pub enum StoreEvent {
     },
     /// A live edit of the config (e.g. `trialConcurrency`, `maxTrialNumber`). `field` is a
     /// dotted path of camelCase keys into the config object; objects on the way are created.
-    ConfigUpdated {
-        field: String,
-        value: Value,
-    },
+    ConfigUpdated { field: String, value: Value },
     TrialCreated {
         trial_id: String,
         sequence: u64,
@@ -204,6 +201,10 @@ pub enum StoreEvent {
     TrialRequeued {
         trial_id: String,
         reason: String,
+        /// The host memory (MiB) the next attempt asks for, when the manager raised it after
+        /// the trial ran out of memory (`maxOomRetries`); absent otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        memory_request_mib: Option<u64>,
     },
     Metric {
         trial_id: String,

@@ -31,7 +31,11 @@ const TRIAL_COLUMNS: &str = "id, sequence, parameter_id, parameters, status, att
           AND json_extract(w.payload, '$.message') LIKE 'waiting: %'
           AND w.seq > coalesce((SELECT max(r.seq) FROM events r
                                 WHERE r.trial_id = trials.id AND r.kind = 'trial_requeued'), 0)
-        ORDER BY w.seq DESC LIMIT 1) END";
+        ORDER BY w.seq DESC LIMIT 1) END,
+    (SELECT json_extract(m.payload, '$.memory_request_mib') FROM events m
+        WHERE m.trial_id = trials.id AND m.kind = 'trial_requeued'
+          AND json_extract(m.payload, '$.memory_request_mib') IS NOT NULL
+        ORDER BY m.seq DESC LIMIT 1)";
 
 fn bad_column(index: usize, what: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(index, Type::Text, what.into())
@@ -90,6 +94,9 @@ pub struct TrialRow {
     /// For a waiting trial, why it has not started, when the manager or its training service
     /// said (no free GPU, a cluster job pending with the scheduler's reason).
     pub waiting_reason: Option<String>,
+    /// The host memory (MiB) its attempts ask for since it ran out of memory, when the manager
+    /// raised it (`maxOomRetries`); `None` while it asks for `trialMemorySize`.
+    pub memory_request_mib: Option<u64>,
 }
 
 fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
@@ -119,6 +126,9 @@ fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
         final_value: row.get(16)?,
         final_raw: row.get(17)?,
         waiting_reason: row.get(18)?,
+        memory_request_mib: row
+            .get::<_, Option<i64>>(19)?
+            .and_then(|mib| u64::try_from(mib).ok()),
     })
 }
 

@@ -78,6 +78,9 @@ pub struct TrialState {
     pub end: Option<TrialEnd>,
     /// Every attempt's metrics, in log order; each names its attempt.
     pub metrics: Vec<MetricRecord>,
+    /// The host memory (MiB) its attempts ask for since it ran out of memory, when the manager
+    /// raised it (`maxOomRetries`); `None` while it asks for `trialMemorySize`.
+    pub memory_request_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -128,6 +131,8 @@ impl TrialEnd {
 pub struct Requeue {
     pub time_ms: i64,
     pub reason: String,
+    /// The memory request of the next attempt, when raised (see `StoreEvent::TrialRequeued`).
+    pub memory_request_mib: Option<u64>,
 }
 
 impl ExperimentState {
@@ -423,6 +428,7 @@ impl Replayer {
                     attempts: Vec::new(),
                     end: None,
                     metrics: Vec::new(),
+                    memory_request_mib: None,
                 });
                 self.trial_index.insert(trial_id, index);
             }
@@ -474,12 +480,23 @@ impl Replayer {
                 trial.status = status;
                 trial.end = Some(end);
             }
-            StoreEvent::TrialRequeued { trial_id, reason } => {
+            StoreEvent::TrialRequeued {
+                trial_id,
+                reason,
+                memory_request_mib,
+            } => {
                 let trial = self.trial(seq, &trial_id)?;
                 trial.status = TrialStatus::Waiting;
                 trial.end = None;
+                if memory_request_mib.is_some() {
+                    trial.memory_request_mib = memory_request_mib;
+                }
                 if let Some(attempt) = trial.attempts.last_mut() {
-                    attempt.requeued = Some(Requeue { time_ms, reason });
+                    attempt.requeued = Some(Requeue {
+                        time_ms,
+                        reason,
+                        memory_request_mib,
+                    });
                 }
             }
             StoreEvent::Metric { .. } => {

@@ -115,6 +115,7 @@ fn every_event_type_round_trips_through_the_log() {
         StoreEvent::TrialRequeued {
             trial_id: "FgHiJ".to_string(),
             reason: "retry 1 of 2 after exit code 1".to_string(),
+            memory_request_mib: None,
         },
         started("FgHiJ", 2),
         StoreEvent::Metric {
@@ -411,6 +412,7 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
         StoreEvent::TrialRequeued {
             trial_id: "t".to_string(),
             reason: "the experiment was stopped before it ended".to_string(),
+            memory_request_mib: None,
         },
     );
     let row = &store
@@ -430,6 +432,7 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
         .append(StoreEvent::TrialRequeued {
             trial_id: "t".to_string(),
             reason: "again".to_string(),
+            memory_request_mib: None,
         })
         .wait();
     assert!(refused.is_err(), "{refused:?}");
@@ -490,6 +493,7 @@ fn a_waiting_trial_shows_its_latest_waiting_warning_until_it_starts_and_after_a_
         StoreEvent::TrialRequeued {
             trial_id: "a".to_string(),
             reason: "attempt 1 failed".to_string(),
+            memory_request_mib: None,
         },
     );
     assert_eq!(waiting_reasons(&store), vec![None, None]);

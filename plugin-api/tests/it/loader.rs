@@ -413,6 +413,7 @@ fn lists_and_runs_every_kind_of_component() {
             trial_dir: ".".into(),
             gpu_indices: None,
             env: Default::default(),
+            resources: Default::default(),
         })
         .wait()
         .unwrap();

@@ -30,6 +30,7 @@ use crate::agent_protocol::{
     read_frame_async, write_frame_async, FrameError, FromAgent, ToAgent, HEARTBEAT_TIMEOUT,
     PROTOCOL_VERSION,
 };
+use crate::lease::MachineLeases;
 use crate::metrics::Emit;
 use crate::trial_pool::{PoolError, TrialPool};
 
@@ -96,7 +97,19 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
     let emit: Emit = Arc::new(move |event: ServiceEvent| {
         let _ = event_sender.send(event);
     });
-    let pool = Arc::new(TrialPool::new("knob-agent", options.grace_period, emit)?);
+    let mut pool = TrialPool::new("knob-agent", options.grace_period, emit)?;
+    // In a Slurm job the GPUs are the job's own (Slurm keeps jobs apart), and their indices
+    // are the job's: another job's agent on the node must not read them as the same GPUs.
+    if std::env::var_os("SLURM_JOB_ID").is_none() {
+        match MachineLeases::open_default() {
+            Ok(Some(leases)) => pool.use_leases(leases),
+            Ok(None) => {}
+            Err(e) => say!(
+                "trials run without leases, other experiments on this host do not see them: {e}"
+            ),
+        }
+    }
+    let pool = Arc::new(pool);
     let socket = socket_path(dir);
     // The lock is ours, so a socket file left here belongs to a daemon that is gone.
     let _ = std::fs::remove_file(&socket);
@@ -694,6 +707,13 @@ fn probe_host(
     let mut environment = environments.swap_remove(0);
     environment.id = environment_id.into();
     environment.host = hostname();
+    if let Some(leases) = pool.leases() {
+        // The agent probes on its own schedule, not when the manager's trials wait, so it
+        // does not stand in the ledger's line (see `crate::lease`).
+        leases
+            .annotate(&mut environment, None)
+            .map_err(|e| format!("cannot read this host's lease ledger: {e}"))?;
+    }
     serde_json::to_value(&environment).map_err(|e| e.to_string())
 }
 

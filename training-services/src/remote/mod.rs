@@ -193,6 +193,10 @@ impl RemoteService {
             trial: request.trial_id.clone(),
             why,
         };
+        // The agent leases the trial's GPUs on the host under this machine's limit.
+        let mut request = request.clone();
+        request.resources.max_trials_per_gpu = Some(host.machine.max_trial_number_per_gpu.max(1));
+        let request = &request;
         let archive = self.archive(&request.code_dir).map_err(start_error)?;
         let fresh_code_copy = !self.context.args.reuse_mode;
         let context = &self.context;

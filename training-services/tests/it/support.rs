@@ -197,6 +197,7 @@ pub fn request(code_dir: &Path, trial_dir: &Path, trial_id: &str, command: &str)
         trial_dir: trial_dir.to_path_buf(),
         gpu_indices: None,
         env: BTreeMap::new(),
+        resources: Default::default(),
     }
 }
 

@@ -1,0 +1,135 @@
+//! The machine's lease ledger (`knob_gpu_sched::ledger`) as the trial pools use it: every knob
+//! experiment on this machine (the `local` service in its `knob` process, each `knob-agent`
+//! daemon on a remote host) records there what its trials hold, so that two experiments never
+//! put more trials on a GPU than `maxTrialNumberPerGpu` allows.
+//!
+//! - A trial placed on GPUs (or with a memory or CPU request) takes a lease before it starts;
+//!   one that must wait keeps its ticket in the ledger and starts when granted (see
+//!   `TrialPool`), and gives it back when it ends.
+//! - What other experiments hold, and the GPUs promised to their older requests, go into the
+//!   inventory the service reports ([`MachineLeases::annotate`]), so the core's gpu-sched places
+//!   around them and a trial that waits names the other experiment as the holder.
+//! - While the core's trials wait for GPUs other experiments hold, the service stands in line
+//!   for those GPUs (the core asks for environments again only while a trial waits), so that an
+//!   experiment that refills a GPU the moment it frees it cannot starve this one.
+
+use std::path::PathBuf;
+
+use knob_gpu_sched::ledger::{
+    Acquired, Holder, Lease, Ledger, LedgerError, STANDING, THIS_MACHINE,
+};
+use knob_gpu_sched::{ByteSize, Environment};
+use knob_plugin_api::service::TrialRequest;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Set to `0` to keep a service out of the machine's ledger (it then sees only its own trials,
+/// as knob did before the ledger).
+pub const LEDGER_VAR: &str = "KNOB_GPU_LEDGER";
+
+/// One process's view of the machine's ledger.
+#[derive(Debug)]
+pub struct MachineLeases {
+    ledger: Ledger,
+    /// The machine within the ledger: every service on this host uses the same name.
+    machine: String,
+}
+
+impl MachineLeases {
+    /// The ledger under `$KNOB_HOME` (see `knob_gpu_sched::ledger::default_dir`); `None` when
+    /// [`LEDGER_VAR`] is `0`.
+    pub fn open_default() -> Result<Option<MachineLeases>, LedgerError> {
+        if std::env::var(LEDGER_VAR).is_ok_and(|v| v == "0") {
+            return Ok(None);
+        }
+        MachineLeases::open(knob_gpu_sched::ledger::default_dir()).map(Some)
+    }
+
+    pub fn open(dir: impl Into<PathBuf>) -> Result<MachineLeases, LedgerError> {
+        Ok(MachineLeases {
+            ledger: Ledger::open(dir)?,
+            machine: THIS_MACHINE.to_string(),
+        })
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    fn holder(experiment: &str) -> Holder {
+        Holder::this_process(experiment)
+    }
+
+    /// Whether a trial takes a lease: it was placed on GPUs or asks for memory or CPU cores.
+    pub fn wants_lease(request: &TrialRequest) -> bool {
+        let resources = &request.resources;
+        request.gpu_indices.as_ref().is_some_and(|g| !g.is_empty())
+            || resources.memory_mib.is_some()
+            || resources.cpu_cores.is_some()
+            || resources.gpu_memory_mib.is_some()
+    }
+
+    fn lease(&self, request: &TrialRequest) -> Lease {
+        let resources = &request.resources;
+        Lease {
+            holder: Self::holder(&request.experiment_id),
+            trial: request.trial_id.clone(),
+            machine: self.machine.clone(),
+            gpus: request.gpu_indices.clone().unwrap_or_default(),
+            max_per_gpu: resources.max_trials_per_gpu.unwrap_or(1).max(1),
+            gpu_memory: ByteSize(resources.gpu_memory_mib.unwrap_or(0) * MIB),
+            host_memory: ByteSize(resources.memory_mib.unwrap_or(0) * MIB),
+            cpu_cores: resources.cpu_cores.unwrap_or(0),
+            ticket: 0,
+            granted_ms: 0,
+        }
+    }
+
+    /// Asks for the trial's lease (again, while it waits).
+    pub fn acquire(&self, request: &TrialRequest) -> Result<Acquired, LedgerError> {
+        self.ledger.acquire(&self.lease(request))
+    }
+
+    /// Gives back what the trial held or asked for.
+    pub fn release(&self, experiment: &str, trial: &str) -> Result<(), LedgerError> {
+        self.ledger.release(&Self::holder(experiment), trial)
+    }
+
+    /// Adds to `environment` (this machine as probed) what other processes' trials hold here,
+    /// and the GPUs promised to their requests older than this process's place in line; then,
+    /// when some GPU is held elsewhere, stands in line for those GPUs for `experiment` (when
+    /// known).
+    pub fn annotate(
+        &self,
+        environment: &mut Environment,
+        experiment: Option<&str>,
+    ) -> Result<(), LedgerError> {
+        let me = std::process::id();
+        let state = self.ledger.snapshot()?;
+        let mine = state
+            .requests
+            .iter()
+            .find(|r| r.lease.trial == STANDING && r.lease.holder.pid == me)
+            .map(|r| r.lease.ticket);
+        state.annotate(environment, &self.machine, me, mine);
+        let held: Vec<u32> = environment
+            .gpus
+            .iter()
+            .filter(|gpu| !gpu.held_elsewhere.is_empty())
+            .map(|gpu| gpu.index)
+            .collect();
+        if let Some(experiment) = experiment {
+            self.ledger
+                .stand_in_line(&Self::holder(experiment), &self.machine, &held)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether an answer lets the trial start now, else why not.
+pub fn waiting_reason(acquired: Acquired) -> Option<String> {
+    match acquired {
+        Acquired::Granted => None,
+        Acquired::Waiting(reason) => Some(reason),
+    }
+}
