@@ -14,6 +14,8 @@
 //!
 //! - `gracePeriodSecs` (number, default 5, at most 3600): how long a killed trial's process
 //!   group has between SIGTERM and SIGKILL.
+//! - `ledgerDir` (path): the folder of the machine's lease ledger, instead of `$KNOB_HOME`
+//!   (see [`crate::lease`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +75,8 @@ impl From<LocalError> for PluginError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalArgs {
     pub grace_period: Duration,
+    /// The lease ledger's folder, when not the default.
+    pub ledger_dir: Option<std::path::PathBuf>,
     /// What trials may use of this machine's GPUs.
     pub limits: EnvironmentLimits,
 }
@@ -81,6 +85,7 @@ impl Default for LocalArgs {
     fn default() -> Self {
         LocalArgs {
             grace_period: DEFAULT_GRACE_PERIOD,
+            ledger_dir: None,
             limits: EnvironmentLimits::default(),
         }
     }
@@ -117,6 +122,15 @@ impl LocalArgs {
                         .and_then(|n| u32::try_from(n).ok())
                         .filter(|n| *n >= 1)
                         .ok_or_else(|| bad("an integer of at least 1"))?
+                }
+                "ledgerdir" => {
+                    args.ledger_dir = Some(
+                        value
+                            .as_str()
+                            .filter(|path| !path.is_empty())
+                            .ok_or_else(|| bad("a folder's path"))?
+                            .into(),
+                    )
                 }
                 "gpuindices" if !value.is_null() => {
                     args.limits.gpu_indices = Some(
@@ -174,7 +188,11 @@ impl LocalService {
                     source: std::io::Error::other(other.to_string()),
                 },
             })?;
-        let leases = MachineLeases::open_default().map_err(|e| LocalError::Startup {
+        let leases = match &args.ledger_dir {
+            Some(dir) => MachineLeases::open(dir).map(Some),
+            None => MachineLeases::open_default(),
+        };
+        let leases = leases.map_err(|e| LocalError::Startup {
             what: "cannot open this machine's lease ledger",
             source: std::io::Error::other(e.to_string()),
         })?;

@@ -132,11 +132,14 @@ impl TrialPaths {
 }
 
 /// Writes the trial's directory, opens its channels and starts its process; the rest runs on
-/// `runtime`. `on_finished` runs after its `TrialEnded` has been emitted.
+/// `runtime`. `before_end` runs once its processes are gone, just before its `TrialEnded` is
+/// emitted (what it held is free by the time the core hears of the end); `on_finished` runs
+/// after.
 pub fn start_trial(
     host: &Arc<TrialHost>,
     runtime: &tokio::runtime::Handle,
     request: &TrialRequest,
+    before_end: Box<dyn FnOnce() + Send>,
     on_finished: Box<dyn FnOnce() + Send>,
 ) -> Result<TrialHandle, TrialError> {
     let trial_id = request.trial_id.clone();
@@ -246,6 +249,7 @@ pub fn start_trial(
         env_id,
         metric_files,
         stderr_path: paths.stderr,
+        before_end,
         on_finished,
     };
     runtime.spawn(supervision.run());
@@ -419,6 +423,7 @@ struct Supervision {
     env_id: String,
     metric_files: [PathBuf; 2],
     stderr_path: PathBuf,
+    before_end: Box<dyn FnOnce() + Send>,
     on_finished: Box<dyn FnOnce() + Send>,
 }
 
@@ -524,6 +529,7 @@ impl Supervision {
             peak_memory_mib: (peak > 0).then(|| peak.div_ceil(MIB)),
             peak_gpu_memory_mib: None,
         });
+        (self.before_end)();
         // Closed before the end is emitted, so that once the core has seen the end, the
         // channel answers "not running" to anything more.
         self.host

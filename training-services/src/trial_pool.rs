@@ -341,16 +341,19 @@ impl PoolCore {
             .is_some()
             .then(|| (self.clone(), request.clone()));
         let trial_id = request.trial_id.clone();
-        let on_finished = Box::new(move || {
+        // Given back before the end is told, so the core's next trial finds the GPU free.
+        let before_end = Box::new(move || {
             if let Some((core, request)) = leased {
                 core.give_back(&request);
             }
+        });
+        let on_finished = Box::new(move || {
             let (trials, ended) = &*running;
             lock(trials).remove(&trial_id);
             ended.notify_all();
         });
         // The map stays locked until the handle is in it, so `on_finished` cannot run first.
-        let handle = start_trial(&self.host, &self.runtime, request, on_finished)?;
+        let handle = start_trial(&self.host, &self.runtime, request, before_end, on_finished)?;
         trials.insert(request.trial_id.clone(), handle);
         Ok(())
     }

@@ -3,6 +3,7 @@
 mod agent;
 mod bad_input;
 mod code_archive;
+mod leases;
 mod lifecycle;
 mod nni_file;
 mod nni_v3;

@@ -38,6 +38,7 @@ fn runner_reads_metric_files_live_without_change_notification() {
         &host,
         runtime.handle(),
         &request,
+        Box::new(|| {}),
         Box::new(move || finished_tx.send(()).unwrap()),
     )
     .unwrap();

@@ -72,8 +72,22 @@ pub fn trial_of(event: &ServiceEvent) -> Option<&str> {
         | ServiceEvent::Metric { trial_id, .. }
         | ServiceEvent::TrialEnded { trial_id, .. } => Some(trial_id),
         ServiceEvent::Warning { trial_id, .. } => trial_id.as_deref(),
-        ServiceEvent::Environment { .. } => None,
+        // Resource use, not the trial's protocol: the sequences the tests compare leave it out
+        // (`usage_of` finds it).
+        ServiceEvent::TrialUsage { .. } | ServiceEvent::Environment { .. } => None,
     }
+}
+
+/// The peak memory (MiB) reported for a trial, once it has ended.
+pub fn usage_of(events: &[ServiceEvent], trial_id: &str) -> Option<Option<u64>> {
+    events.iter().find_map(|event| match event {
+        ServiceEvent::TrialUsage {
+            trial_id: t,
+            peak_memory_mib,
+            ..
+        } if t == trial_id => Some(*peak_memory_mib),
+        _ => None,
+    })
 }
 
 pub fn is_end_of(event: &ServiceEvent, trial_id: &str) -> bool {
@@ -147,9 +161,20 @@ impl Harness {
     }
 
     pub fn with_args(args: Value) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        Harness::in_dir(args, dir, "home")
+    }
+
+    /// A service whose lease ledger is `dir/<ledger>` (several harnesses may share one).
+    pub fn in_dir(mut args: Value, dir: tempfile::TempDir, ledger: &str) -> Harness {
+        let ledger_dir = dir.path().join(ledger);
+        if let Value::Object(fields) = &mut args {
+            fields
+                .entry("ledgerDir")
+                .or_insert_with(|| json!(ledger_dir));
+        }
         let events = Events::default();
         let service = LocalService::with_emitter(&args, events.emitter()).unwrap();
-        let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("code")).unwrap();
         Harness {
             service,

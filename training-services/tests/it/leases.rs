@@ -1,0 +1,132 @@
+//! The machine's lease ledger as the local service uses it (two services, one ledger, as two
+//! experiments on one machine), and the memory a trial uses: sampled, reported, enforced.
+
+use knob_plugin_api::service::ServiceEvent;
+use serde_json::json;
+
+use crate::support::*;
+
+/// A harness whose service uses the ledger in `ledger` (a folder another harness may share).
+fn sharing(ledger: &std::path::Path) -> Harness {
+    Harness::with_args(
+        json!({"gracePeriodSecs": 0.5, "ledgerDir": ledger, "maxTrialNumberPerGpu": 1}),
+    )
+}
+
+#[test]
+fn a_trial_whose_gpu_another_experiment_holds_waits_naming_it_then_starts() {
+    let ledger = tempfile::tempdir().unwrap();
+    let mut first = sharing(ledger.path());
+    let mut second = sharing(ledger.path());
+    let hold = first.code_dir().join("release");
+    let mut holding = first.request(
+        "a1",
+        &format!("while [ ! -e {} ]; do sleep 0.05; done", hold.display()),
+    );
+    holding.experiment_id = "first".into();
+    holding.gpu_indices = Some(vec![0]);
+    first.service.start(&holding).unwrap();
+    first
+        .events
+        .wait_until("a1 started", |events| !events.is_empty());
+
+    let mut waiting = second.request("b1", "echo KNOB_FINAL 1");
+    waiting.experiment_id = "second".into();
+    waiting.gpu_indices = Some(vec![0]);
+    second.service.start(&waiting).unwrap();
+    let events = second
+        .events
+        .wait_until("b1's waiting reason", |events| !warnings(events).is_empty());
+    let reason = &warnings(&events)[0];
+    assert!(
+        reason.starts_with("waiting: GPU 0 held by trial a1 of experiment first (pid "),
+        "{reason}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::TrialStarted { .. })),
+        "b1 started on a held GPU: {events:#?}"
+    );
+    std::fs::write(&hold, "").unwrap();
+    first.events.wait_ended("a1");
+    // Granted at its next retry, then it runs to its end.
+    let events = second.events.wait_ended("b1");
+    assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    let state = knob_gpu_sched::ledger::Ledger::open(ledger.path())
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    assert!(state.leases.is_empty(), "{state:?}");
+    assert!(state.requests.is_empty(), "{state:?}");
+}
+
+#[test]
+fn a_pending_trial_killed_ends_without_starting_and_gives_its_place_back() {
+    let ledger = tempfile::tempdir().unwrap();
+    let mut first = sharing(ledger.path());
+    let mut second = sharing(ledger.path());
+    let mut holding = first.request("a1", "sleep 30");
+    holding.experiment_id = "first".into();
+    holding.gpu_indices = Some(vec![1]);
+    first.service.start(&holding).unwrap();
+    let mut waiting = second.request("b1", "echo never");
+    waiting.experiment_id = "second".into();
+    waiting.gpu_indices = Some(vec![1]);
+    second.service.start(&waiting).unwrap();
+    second.service.kill("b1", "user asked");
+    let events = second.events.wait_ended("b1");
+    assert!(
+        matches!(events.last(), Some(ServiceEvent::TrialEnded { killed_reason: Some(r), exit_code: None, .. }) if r == "user asked"),
+        "{events:#?}"
+    );
+    let state = knob_gpu_sched::ledger::Ledger::open(ledger.path())
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    assert_eq!(state.leases.len(), 1, "first's lease stays: {state:?}");
+    assert!(state.requests.is_empty(), "b1's request is gone: {state:?}");
+    first.service.kill("a1", "done");
+    first.events.wait_ended("a1");
+}
+
+#[test]
+fn a_trial_over_its_memory_request_is_killed_and_its_peak_reported() {
+    let mut h = Harness::new();
+    let mut request = h.request(
+        "big",
+        "python3 -c \"import time; block = b'x' * (120 << 20); time.sleep(5)\"",
+    );
+    request.resources.memory_mib = Some(40);
+    let trial_dir = h.trial_dir("big");
+    let events = h.run(request);
+    let (exit_code, signal, _, stderr_tail) = ending(&events);
+    assert!(
+        signal == Some(9) || exit_code == Some(137),
+        "killed with SIGKILL: {events:#?}"
+    );
+    assert!(
+        stderr_tail
+            .contains("more than its 40 MiB request (trialMemorySize); killed as out of memory"),
+        "{stderr_tail}"
+    );
+    let all = h.events.all();
+    let peak = usage_of(&all, "big")
+        .expect("a usage report")
+        .expect("a peak");
+    assert!(peak > 40, "peak {peak} MiB");
+    assert!(std::fs::read_to_string(trial_dir.join("stderr"))
+        .unwrap()
+        .contains("killed as out of memory"));
+
+    // Within its request it runs to its end, and its peak is reported too.
+    let mut small = h.request(
+        "small",
+        "python3 -c \"import time; block = b'x' * (20 << 20); time.sleep(0.6)\"",
+    );
+    small.resources.memory_mib = Some(200);
+    let events = h.run(small);
+    assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    let peak = usage_of(&h.events.all(), "small").unwrap().unwrap();
+    assert!((20..200).contains(&peak), "peak {peak} MiB");
+}
