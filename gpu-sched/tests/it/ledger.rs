@@ -194,3 +194,68 @@ fn trials_of_other_experiments_count_against_max_trial_number_per_gpu_and_are_na
         &[crate::support::trial("a"), crate::support::trial("c")],
     ));
 }
+
+#[test]
+fn a_holder_standing_in_line_is_served_before_a_newer_request_and_its_trial_takes_its_ticket() {
+    use crate::support::env;
+    use knob_gpu_sched::ledger::STANDING;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut other, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    // A's trials wait in A's scheduler for GPU 0: A stands in line for it.
+    let ticket = ledger.stand_in_line(&a, "local", &[0]).unwrap().unwrap();
+    assert_eq!(
+        ledger.stand_in_line(&a, "local", &[0]).unwrap(),
+        Some(ticket)
+    );
+    // B frees GPU 0 and asks for it again at once: A asked first.
+    ledger.release(&b, "b1").unwrap();
+    let Acquired::Waiting(reason) = ledger.acquire(&lease(&b, "b2", &[0], 1)).unwrap() else {
+        panic!("B's new request jumped A's place in line");
+    };
+    assert_eq!(
+        reason,
+        format!(
+            "GPU 0 promised first to the waiting trials of experiment expA (pid {}) (asked earlier)",
+            std::process::id()
+        )
+    );
+    // What A's scheduler sees: GPU 0 free of B's newer request; what B's would see: promised.
+    let state = ledger.snapshot().unwrap();
+    let mut seen_by_a = env("local", &[80]);
+    state.annotate(&mut seen_by_a, "local", a.pid, Some(ticket));
+    assert!(seen_by_a.gpus[0].held_elsewhere.is_empty(), "{seen_by_a:?}");
+    let mut seen_by_b = env("local", &[80]);
+    let b_ticket = state
+        .requests
+        .iter()
+        .find(|r| r.lease.trial == "b2")
+        .unwrap()
+        .lease
+        .ticket;
+    state.annotate(&mut seen_by_b, "local", b.pid, Some(b_ticket));
+    assert_eq!(seen_by_b.gpus[0].held_elsewhere[0].experiment, "expA");
+    // A's trial takes its holder's place (the older ticket), so B's waiting request does not
+    // hold it back.
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    let granted = ledger.snapshot().unwrap();
+    assert_eq!(granted.leases[0].ticket, ticket);
+    // Leaving the line drops the standing request.
+    assert_eq!(ledger.stand_in_line(&a, "local", &[]).unwrap(), None);
+    assert!(!ledger
+        .snapshot()
+        .unwrap()
+        .requests
+        .iter()
+        .any(|r| r.lease.trial == STANDING));
+    other.kill().unwrap();
+    other.wait().unwrap();
+}

@@ -190,7 +190,12 @@ fn reattach_replays_missed_events_exactly_once_and_the_trial_keeps_running() {
     assert_eq!(second.events.first().unwrap().0, seen + 1);
     let (exit_code, _, killed, _) = crate::support::ending(&replayed);
     assert_eq!((exit_code, killed), (Some(0), None));
-    assert_eq!(replayed.len(), 2, "{replayed:#?}");
+    // The final, the trial's memory use, its end.
+    assert_eq!(replayed.len(), 3, "{replayed:#?}");
+    assert!(
+        matches!(replayed[1], ServiceEvent::TrialUsage { .. }),
+        "{replayed:#?}"
+    );
 
     // Acknowledged: a third connection gets nothing again.
     let last = second.events.last().unwrap().0;
