@@ -173,6 +173,8 @@ pub struct LocalService {
     /// The experiment (from the context it was created with, else its first trial), under which
     /// the service stands in the ledger's line.
     experiment: Option<String>,
+    /// Whether `environments` was called before (see [`LocalService::environment`]).
+    asked_before: bool,
 }
 
 impl LocalService {
@@ -206,6 +208,7 @@ impl LocalService {
             limits: args.limits,
             probe: None,
             experiment: None,
+            asked_before: false,
         })
     }
 
@@ -234,11 +237,14 @@ impl LocalService {
             |pid: u32| process_group_of(pid).is_some_and(|group| groups.contains(&group));
         let mut inventory = probe_inventory(probe, &is_trial, &self.limits)?;
         if let Some(leases) = self.pool.leases() {
-            leases
-                .annotate(&mut inventory, self.experiment.as_deref())
-                .map_err(|e| {
-                    LocalError::Probe(format!("cannot read this machine's lease ledger: {e}"))
-                })?;
+            // The core asks once at its start, then only while one of its trials waits for
+            // resources: from the second call on, this experiment has trials waiting, and
+            // stands in line for the GPUs others hold.
+            let waiting = std::mem::replace(&mut self.asked_before, true);
+            let experiment = self.experiment.as_deref().filter(|_| waiting);
+            leases.annotate(&mut inventory, experiment).map_err(|e| {
+                LocalError::Probe(format!("cannot read this machine's lease ledger: {e}"))
+            })?;
         }
         let inventory =
             serde_json::to_value(&inventory).map_err(|e| LocalError::Probe(e.to_string()))?;

@@ -42,11 +42,13 @@ pub const STDERR_FILE_NAME: &str = "stderr";
 /// processes are looked at again: no event says when a process that is not our child exits.
 const LEFTOVER_RECHECK: Duration = Duration::from_millis(50);
 
-/// How often a running trial's resident memory is sampled: its peak is reported at its end
-/// (`TrialUsage`), and a trial over its memory request (`TrialResources::memory_mib`) is killed.
-/// One scan of `/proc` per trial and interval; an allocation that rises and falls between two
-/// samples is not seen.
+/// How often a running trial's resident memory is sampled when it has a memory request
+/// (`TrialResources::memory_mib`), over which it is killed: one scan of `/proc` per trial and
+/// interval; an allocation that rises and falls between two samples is not seen.
 pub const MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
+/// Without a request, only its peak is learned (reported at its end as `TrialUsage`, for a
+/// larger request after the kernel's OOM killer ended it): a slower pace costs less.
+pub const PEAK_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 const MIB: u64 = 1024 * 1024;
 
@@ -383,7 +385,11 @@ async fn watch_memory(
     stderr: PathBuf,
     peak: Arc<AtomicU64>,
 ) {
-    let mut tick = tokio::time::interval(MEMORY_SAMPLE_INTERVAL);
+    let mut tick = tokio::time::interval(if limit_mib.is_some() {
+        MEMORY_SAMPLE_INTERVAL
+    } else {
+        PEAK_SAMPLE_INTERVAL
+    });
     loop {
         tick.tick().await;
         let sampled = tree.clone();
