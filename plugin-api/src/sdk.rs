@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::abi::{
     AbiComponentKind, AbiGenerated, AbiLogLevel, AbiResult, AbiSuggestion, AbiVerdict, AssessorAbi,
     AssessorAbi_TO, AssessorInContextAbi, AssessorInContextAbi_TO, EventSinkBox, HostLoggerBox,
-    TrainingServiceAbi, TrainingServiceAbi_TO, TunerAbi, TunerAbi_TO,
+    TrainingServiceAbi, TrainingServiceAbi_TO, TrainingServiceBox, TunerAbi, TunerAbi_TO, TunerBox,
 };
 use crate::service::{
     CheckedConfig, ConfigCheck, ConfigProblem, FieldPath, ServiceContext, ServiceEvent,
@@ -695,6 +695,48 @@ impl<S: TrainingService> TrainingServiceAbi for TrainingServiceAdaptor<S> {
             inner.shutdown()
         })
     }
+}
+
+/// The ABI object of a tuner built in this process: the same adaptor `export_plugin!` puts
+/// around a plugin's tuner (errors and panics become one-line errors), without a library.
+pub(crate) fn in_process_tuner<T: Tuner>(inner: T, name: &str) -> TunerBox {
+    let adaptor = TunerAdaptor {
+        inner,
+        label: format!("tuner {name}"),
+        poisoned: false,
+    };
+    TunerAbi_TO::from_value(adaptor, TD_Opaque)
+}
+
+/// Like [`in_process_tuner`], for an assessor told the experiment's context (as ABI 1.2 builds
+/// them).
+pub(crate) fn in_process_assessor<A: Assessor>(
+    mut inner: A,
+    name: &str,
+    context: &AssessorContext,
+) -> Result<crate::abi::AssessorInContextBox, PluginError> {
+    inner.set_context(context)?;
+    let adaptor = AssessorAdaptor {
+        inner,
+        label: format!("assessor {name}"),
+        poisoned: false,
+    };
+    Ok(AssessorInContextAbi_TO::from_value(adaptor, TD_Opaque))
+}
+
+/// Like [`in_process_tuner`], for a training service; `build` gets the sink its events go to.
+pub(crate) fn in_process_training_service<S: TrainingService>(
+    name: &str,
+    events: EventSinkBox,
+    build: impl FnOnce(EventSink) -> Result<S, PluginError>,
+) -> Result<TrainingServiceBox, PluginError> {
+    let inner = build(EventSink(Arc::new(events)))?;
+    let adaptor = TrainingServiceAdaptor {
+        inner,
+        label: format!("training service {name}"),
+        poisoned: false,
+    };
+    Ok(TrainingServiceAbi_TO::from_value(adaptor, TD_Opaque))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 //! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
 //! async core awaits replies on channels and is never blocked by a slow or stuck plugin.
 
+pub mod in_process;
 mod nni_names;
 mod objects;
 pub mod precheck;

@@ -241,10 +241,17 @@ impl TrainingServiceObject {
 
 type Job<T> = Box<dyn FnOnce(&mut T) + Send>;
 
-/// Owns a component object on a dedicated thread and runs calls on it in order.
+/// Owns a component object and runs calls on it in order: on a dedicated thread (plugins), or
+/// inline on the caller's thread (components built in this process, see
+/// [`super::in_process`]), where a call has finished when it returns.
 pub(super) struct PluginThread<T> {
-    jobs: mpsc::Sender<Job<T>>,
+    runner: Runner<T>,
     pub(super) label: Arc<str>,
+}
+
+enum Runner<T> {
+    Thread(mpsc::Sender<Job<T>>),
+    Inline(Arc<std::sync::Mutex<T>>),
 }
 
 impl<T: Send + 'static> PluginThread<T> {
@@ -261,7 +268,16 @@ impl<T: Send + 'static> PluginThread<T> {
                 }
             });
         PluginThread {
-            jobs,
+            runner: Runner::Thread(jobs),
+            label: label.into(),
+        }
+    }
+
+    /// Calls run on the caller's thread before `call` returns: no thread hop, so a caller on a
+    /// paused tokio clock sees every call finished before time moves (the simulator).
+    pub(super) fn inline(label: String, object: T) -> PluginThread<T> {
+        PluginThread {
+            runner: Runner::Inline(Arc::new(std::sync::Mutex::new(object))),
             label: label.into(),
         }
     }
@@ -280,7 +296,17 @@ impl<T: Send + 'static> PluginThread<T> {
             });
             let _ = reply.send(result);
         });
-        let sent = self.jobs.send(job).is_ok();
+        let sent = match &self.runner {
+            Runner::Thread(jobs) => jobs.send(job).is_ok(),
+            Runner::Inline(object) => match object.lock() {
+                Ok(mut object) => {
+                    job(&mut object);
+                    true
+                }
+                // A panic while it was held; the job's own catch_unwind makes this unreachable.
+                Err(_) => false,
+            },
+        };
         Reply {
             answer: sent.then_some(answer),
             label: self.label.clone(),
