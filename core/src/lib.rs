@@ -9,4 +9,6 @@ pub mod manager;
 pub mod nni_dispatch;
 pub mod notify;
 pub mod registry;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod store;

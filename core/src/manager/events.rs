@@ -37,6 +37,10 @@ impl Manager {
                 if trial.status == TrialStatus::Waiting && trial.launched {
                     trial.attempt += 1;
                     trial.pid = pid;
+                    trial.deadline = self
+                        .config
+                        .max_trial_duration
+                        .map(|d| tokio::time::Instant::now() + d);
                     let attempt = trial.attempt;
                     let environment_id = trial.environment.clone().unwrap_or_default();
                     let gpu_indices = trial.gpu_indices.clone().unwrap_or_default();
@@ -102,7 +106,7 @@ impl Manager {
                     + if oom { self.config.max_oom_retries } else { 0 };
                 if status == TrialStatus::Failed
                     && trial.kill.is_none()
-                    && trial.attempt <= retries
+                    && trial.attempt - trial.lost_attempts <= retries
                     && !self.closed_for_retries()
                 {
                     let backoff = retry_backoff(trial.attempt);
@@ -210,6 +214,10 @@ impl Manager {
                 )
                 .await;
         }
+        self.trials
+            .get_mut(trial_id)
+            .expect("known trial")
+            .lost_attempts += 1;
         {
             // The attempt's own record: FAILED, with why. The trial itself goes on.
             self.store

@@ -8,6 +8,7 @@
 //! Architecture invariant: every state change is appended to the store, and acknowledged by it,
 //! before the loop acts on it (starts a trial, tells the tuner, reports progress).
 
+mod components;
 mod events;
 mod placement;
 mod resume;
@@ -16,6 +17,7 @@ mod trial;
 mod tuner_output;
 mod update;
 
+pub use components::{Components, EventCallback};
 pub use placement::Placer;
 use resume::retry_backoff;
 pub use services::{clean_up_leftovers, restore_secrets, service_context};
@@ -24,7 +26,9 @@ pub use trial::TrialSummary;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use knob_plugin_api::host::{AssessorHandle, HostError, PluginRegistry, TunerHandle};
 use knob_plugin_api::space::SearchSpace;
@@ -163,11 +167,27 @@ pub struct Experiment {
 pub async fn run(
     experiment: Experiment,
     store: Store,
-    registry: &PluginRegistry,
+    components: &dyn Components,
     commands: mpsc::UnboundedReceiver<Command>,
     progress: watch::Sender<Progress>,
 ) -> Result<Outcome, ManagerError> {
-    let started = Manager::start(experiment, store.handle(), registry, commands, progress).await;
+    run_observed(experiment, store, components, commands, progress, None).await
+}
+
+/// [`run`], telling `observer` each time the loop starts or stops waiting (see [`LoopState`]).
+pub async fn run_observed(
+    experiment: Experiment,
+    store: Store,
+    components: &dyn Components,
+    commands: mpsc::UnboundedReceiver<Command>,
+    progress: watch::Sender<Progress>,
+    observer: Option<watch::Sender<LoopState>>,
+) -> Result<Outcome, ManagerError> {
+    let started = Manager::start(experiment, store.handle(), components, commands, progress).await;
+    let started = started.map(|mut manager| {
+        manager.observer = observer;
+        manager
+    });
     let mut manager = match started {
         Ok(manager) => manager,
         Err(e) => {
@@ -194,11 +214,11 @@ fn algorithm_component(
     kind: ComponentKind,
     algorithm: &crate::config::AlgorithmConfig,
     config: &ExperimentConfig,
-    registry: &PluginRegistry,
+    components: &dyn Components,
     run: Option<crate::nni_dispatch::Run<'_>>,
 ) -> Result<(String, Value), ManagerError> {
     crate::nni_dispatch::component(kind, algorithm, config.log_level, run, |name| {
-        registry.find(kind, name).is_ok()
+        components.provides(kind, name)
     })
     .ok_or_else(|| ManagerError::Unsupported(format!("the config names no {kind}")))
 }
@@ -279,13 +299,16 @@ struct Manager {
     /// Parameter sets refused and dropped (`tunerErrorPolicy: skip`), in all and in a row.
     dropped_suggestions: u64,
     drops_in_a_row: u64,
+    /// Told when the loop starts and stops waiting (the simulator); `turns` counts the waits.
+    observer: Option<watch::Sender<LoopState>>,
+    turns: u64,
 }
 
 impl Manager {
     async fn start(
         experiment: Experiment,
         store: StoreHandle,
-        registry: &PluginRegistry,
+        components: &dyn Components,
         commands: mpsc::UnboundedReceiver<Command>,
         progress: watch::Sender<Progress>,
     ) -> Result<Manager, ManagerError> {
@@ -304,24 +327,24 @@ impl Manager {
             ComponentKind::Tuner,
             &config.tuner,
             &config,
-            registry,
+            components,
             Some(run),
         )?;
-        let tuner = registry.tuner(&tuner_name, &tuner_args)?;
+        let tuner = components.tuner(&tuner_name, &tuner_args)?;
         let assessor = match &config.assessor {
             Some(assessor) => {
                 let (name, args) = algorithm_component(
                     ComponentKind::Assessor,
                     assessor,
                     &config,
-                    registry,
+                    components,
                     Some(run),
                 )?;
                 let context = AssessorContext::new(match config.direction() {
                     Direction::Maximize => OptimizeMode::Maximize,
                     Direction::Minimize => OptimizeMode::Minimize,
                 });
-                Some(registry.assessor(&name, &args, &context)?)
+                Some(components.assessor(&name, &args, &context)?)
             }
             None => None,
         };
@@ -337,12 +360,12 @@ impl Manager {
             Some(history) => services::clean_up_leftovers(
                 &context,
                 &config,
-                registry,
+                components,
                 &resume::unfinished_trials(history),
             ),
             None => Vec::new(),
         };
-        let services = services::start_services(&context, &config, registry, &events_tx).await?;
+        let services = services::start_services(&context, &config, components, &events_tx).await?;
         drop(events_tx);
 
         let started = Instant::now();
@@ -385,6 +408,8 @@ impl Manager {
             space,
             dropped_suggestions: 0,
             drops_in_a_row: 0,
+            observer: None,
+            turns: 0,
             config,
         };
         if let Err(e) = manager.register_environments().await {
@@ -459,7 +484,8 @@ impl Manager {
                 return Ok(());
             }
             let next_deadline = self.next_deadline();
-            tokio::select! {
+            self.observe(true, next_deadline);
+            let wake = tokio::select! {
                 event = self.service_events.recv() => match event {
                     Some(first) => {
                         // Take whatever else has arrived too: its metrics then share one commit.
@@ -470,32 +496,77 @@ impl Manager {
                                 Err(_) => break,
                             }
                         }
-                        self.on_service_events(batch).await?
+                        Wake::ServiceEvents(batch)
                     }
-                    None => return Err(ManagerError::Service {
-                        service: self.services.iter().map(|slot| slot.platform.as_str()).collect::<Vec<_>>().join(", "),
+                    None => Wake::ServicesGone,
+                },
+                command = self.commands.recv(), if self.commands_open => Wake::Command(command),
+                Some((trial_id, message)) = self.start_failures.recv() => Wake::StartFailed(trial_id, message),
+                _ = sleep_until(next_deadline) => Wake::Deadline,
+            };
+            self.observe(false, next_deadline);
+            match wake {
+                Wake::ServiceEvents(batch) => self.on_service_events(batch).await?,
+                Wake::ServicesGone => {
+                    return Err(ManagerError::Service {
+                        service: self
+                            .services
+                            .iter()
+                            .map(|slot| slot.platform.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         message: "stopped reporting events".into(),
-                    }),
-                },
-                command = self.commands.recv(), if self.commands_open => match command {
-                    Some(Command::Stop) => self.stop_all(crate::store::STOPPED_WITH_EXPERIMENT, TrialStatus::UserCanceled).await?,
-                    Some(Command::Update(update, reply)) => {
-                        let outcome = self.apply(update).await?;
-                        let _ = reply.send(outcome);
-                    }
-                    Some(Command::Environments(reply)) => {
-                        let _ = reply.send(self.environment_views());
-                    }
-                    // Nobody can send commands any more; keep running without listening.
-                    None => self.commands_open = false,
-                },
-                Some((trial_id, message)) = self.start_failures.recv() => {
-                    if self.trials.get(&trial_id).is_some_and(|t| !t.status.is_final()) {
-                        self.end_trial(&trial_id, TrialStatus::Failed, Some(message), None, None, String::new()).await?;
+                    })
+                }
+                Wake::Command(Some(Command::Stop)) => {
+                    self.stop_all(
+                        crate::store::STOPPED_WITH_EXPERIMENT,
+                        TrialStatus::UserCanceled,
+                    )
+                    .await?
+                }
+                Wake::Command(Some(Command::Update(update, reply))) => {
+                    let outcome = self.apply(update).await?;
+                    let _ = reply.send(outcome);
+                }
+                Wake::Command(Some(Command::Environments(reply))) => {
+                    let _ = reply.send(self.environment_views());
+                }
+                // Nobody can send commands any more; keep running without listening.
+                Wake::Command(None) => self.commands_open = false,
+                Wake::StartFailed(trial_id, message) => {
+                    if self
+                        .trials
+                        .get(&trial_id)
+                        .is_some_and(|t| !t.status.is_final())
+                    {
+                        self.end_trial(
+                            &trial_id,
+                            TrialStatus::Failed,
+                            Some(message),
+                            None,
+                            None,
+                            String::new(),
+                        )
+                        .await?;
                     }
                 }
-                _ = sleep_until(next_deadline) => self.on_deadline().await?,
+                Wake::Deadline => self.on_deadline().await?,
             }
+        }
+    }
+
+    /// Tells an observer (see [`LoopState`]) whether the loop now waits.
+    fn observe(&mut self, waiting: bool, next_deadline: Option<Instant>) {
+        if let Some(observer) = &self.observer {
+            if waiting {
+                self.turns += 1;
+            }
+            observer.send_replace(LoopState {
+                turn: self.turns,
+                waiting,
+                next_deadline,
+            });
         }
     }
 
@@ -626,15 +697,7 @@ impl Manager {
                 parameters: parameters.clone(),
             })
             .await?;
-        let now = Instant::now();
-        let mut trial = Trial::new(
-            trial_id.clone(),
-            sequence,
-            parameter_id,
-            parameters.clone(),
-            now,
-            self.config.max_trial_duration,
-        );
+        let mut trial = Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone());
         trial.parameter_label = parameter_label;
         self.trials.insert(trial_id.clone(), trial);
         self.active.insert(sequence, trial_id.clone());
@@ -750,10 +813,14 @@ impl Manager {
             .map(|id| &self.trials[id])
             .filter(|t| t.kill.is_none())
             .filter_map(|t| t.deadline);
+        // A backoff that has passed is no deadline: the trial may be placed now, and if it
+        // waits for resources, the loop must not wake at once again and again for it.
+        let now = Instant::now();
         let retries = self
             .active
             .values()
-            .filter_map(|id| self.trials[id].not_before);
+            .filter_map(|id| self.trials[id].not_before)
+            .filter(|at| *at > now);
         experiment
             .into_iter()
             .chain(trials)
@@ -879,6 +946,27 @@ impl Manager {
     }
 }
 
+/// What woke the loop.
+enum Wake {
+    ServiceEvents(Vec<TaggedEvent>),
+    ServicesGone,
+    Command(Option<Command>),
+    StartFailed(String, String),
+    Deadline,
+}
+
+/// What the loop is doing, for a caller that moves time itself (the simulator, on tokio's paused
+/// clock): it may let time pass only while the loop waits with nothing left to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoopState {
+    /// How many times the loop has started to wait.
+    pub turn: u64,
+    /// Waiting for a service event, a command or `next_deadline`; false while it works.
+    pub waiting: bool,
+    /// When it wakes by itself if nothing else happens first.
+    pub next_deadline: Option<Instant>,
+}
+
 /// At most this many service events are taken from the channel at once.
 const MAX_EVENT_BATCH: usize = 4096;
 
@@ -887,7 +975,7 @@ pub(super) const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }

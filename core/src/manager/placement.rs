@@ -7,7 +7,7 @@ use knob_gpu_sched::{
     TrialId, TrialRequest,
 };
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use knob_plugin_api::service::{TrialRequest as ServiceTrialRequest, TrialResources};
 

@@ -1,7 +1,9 @@
 //! Continuing an experiment from its store (`knob resume`), and new attempts of a trial
 //! (retries, and trials that were running when the manager stopped).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use knob_plugin_api::ImportedTrial;
 
@@ -38,8 +40,6 @@ impl Manager {
                 stored.sequence,
                 stored.parameter_id,
                 stored.parameters.clone(),
-                self.started,
-                self.config.max_trial_duration,
             );
             trial.attempt = attempt;
             trial.parameter_label = stored.parameter_label.clone();
@@ -175,7 +175,6 @@ impl Manager {
         self.placer.release(trial_id);
         self.set_status(trial_id, TrialStatus::Waiting);
         let now = Instant::now();
-        let max_duration = self.config.max_trial_duration;
         let trial = self
             .trials
             .get_mut(trial_id)
@@ -188,7 +187,7 @@ impl Manager {
         trial.final_problem = None;
         trial.waiting_reason = None;
         trial.not_before = (!backoff.is_zero()).then(|| now + backoff);
-        trial.deadline = max_duration.map(|d| now + backoff + d);
+        trial.deadline = None;
         self.publish(None);
         Ok(())
     }

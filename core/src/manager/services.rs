@@ -9,11 +9,11 @@
 
 use std::path::Path;
 
-use knob_plugin_api::host::{PluginRegistry, TrainingServiceHandle};
+use knob_plugin_api::host::TrainingServiceHandle;
 use knob_plugin_api::service::{Environment, ServiceContext, ServiceEvent};
 use tokio::sync::mpsc;
 
-use super::{Manager, ManagerError};
+use super::{Components, Manager, ManagerError};
 use crate::config::{ExperimentConfig, Secret, TrainingServiceConfig};
 
 /// How many times one trial is run again because the host running it was lost. Host losses are
@@ -93,7 +93,7 @@ fn missing_secret(index: usize, service: &TrainingServiceConfig) -> Option<Manag
 pub(super) async fn start_services(
     context: &ServiceContext,
     config: &ExperimentConfig,
-    registry: &PluginRegistry,
+    components: &dyn Components,
     events: &mpsc::UnboundedSender<TaggedEvent>,
 ) -> Result<Vec<ServiceSlot>, ManagerError> {
     for (index, service) in config.training_service.iter().enumerate() {
@@ -105,14 +105,14 @@ pub(super) async fn start_services(
     for (index, service) in config.training_service.iter().enumerate() {
         let platform = service.platform().to_owned();
         let events = events.clone();
-        let handle = registry
-            .create_training_service(
+        let handle = components
+            .training_service(
                 &platform,
                 &service.config_with_secrets(),
                 context,
-                move |event| {
+                Box::new(move |event| {
                     let _ = events.send((index, event));
-                },
+                }),
             )
             .map_err(|e| ManagerError::Service {
                 service: platform.clone(),
@@ -135,7 +135,7 @@ pub(super) async fn start_services(
 pub fn clean_up_leftovers(
     context: &ServiceContext,
     config: &ExperimentConfig,
-    registry: &PluginRegistry,
+    components: &dyn Components,
     trial_ids: &[String],
 ) -> Vec<String> {
     if trial_ids.is_empty() {
@@ -143,7 +143,7 @@ pub fn clean_up_leftovers(
     }
     let mut reports = Vec::new();
     for service in &config.training_service {
-        match registry.clean_up_training_service(
+        match components.clean_up_leftovers(
             service.platform(),
             &service.config_with_secrets(),
             context,

@@ -1,7 +1,7 @@
 //! A trial as the manager tracks it while the experiment runs.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use tokio::time::Instant;
 
 use rand::Rng;
 use serde_json::Value;
@@ -42,10 +42,14 @@ pub(super) struct Trial {
     /// How many attempts were lost with their host and run again (bounded by
     /// `MAX_HOST_LOSS_REQUEUES`).
     pub host_losses: u32,
+    /// Started attempts lost with their host: they do not count against `maxTrialRetries`.
+    pub lost_attempts: u32,
     /// A retry waits until then (backoff).
     pub not_before: Option<Instant>,
     /// Why it waits for resources, as last recorded.
     pub waiting_reason: Option<String>,
+    /// When `maxTrialDuration` runs out for the running attempt: set when it starts, so that
+    /// time spent waiting for resources does not count.
     pub deadline: Option<Instant>,
     pub intermediate: Vec<f64>,
     pub final_value: Option<f64>,
@@ -63,14 +67,7 @@ pub(super) struct Trial {
 }
 
 impl Trial {
-    pub fn new(
-        id: String,
-        sequence: u64,
-        parameter_id: u64,
-        parameters: Value,
-        submitted: Instant,
-        max_duration: Option<Duration>,
-    ) -> Trial {
+    pub fn new(id: String, sequence: u64, parameter_id: u64, parameters: Value) -> Trial {
         Trial {
             id,
             sequence,
@@ -84,10 +81,11 @@ impl Trial {
             environment: None,
             gpu_indices: None,
             host_losses: 0,
+            lost_attempts: 0,
             pid: None,
             waiting_reason: None,
             not_before: None,
-            deadline: max_duration.map(|d| submitted + d),
+            deadline: None,
             intermediate: Vec::new(),
             final_value: None,
             final_problem: None,

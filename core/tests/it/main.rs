@@ -8,6 +8,7 @@ mod importance;
 mod notifications;
 #[path = "../../../training-services/tests/it/prerequisite.rs"]
 mod prerequisite;
+mod sim;
 mod store;
 
 /// The built-in training services' config checks, linked in (the core reaches them through the

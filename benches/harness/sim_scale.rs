@@ -1,0 +1,204 @@
+//! The manager at cluster scale, in the simulator (`knob_core::sim`): 1 000, 10 000 and 100 000
+//! trials over 1 000 environments of 8 GPUs (every GPU busy), the real manager, store and
+//! gpu-sched on tokio's paused clock. Each size runs in a child process of its own, so that its
+//! peak memory is its own.
+//!
+//! Per size it prints: CPU per trial (the manager's thread, which also runs the simulated world,
+//! and the whole process, which adds the store's writer and SQLite), peak resident memory, store
+//! bytes and events per trial, the store's replay time, the longest batch of service events the
+//! manager took at once (the event queue), loop turns, and one placement decision over the same
+//! 1 000 × 8 inventory at full occupancy. Then the per-trial cost side by side against 1 000.
+//!
+//! `cargo bench -p knob-benches --bench sim_scale [-- SIZES...]` (default 1000 10000 100000;
+//! release build; ≈ a few minutes on the 2-CPU VM).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use knob_core::sim::{self, Scenario};
+
+const ENVIRONMENTS: u32 = 1000;
+const GPUS: u32 = 8;
+/// Targets from issue 16.
+const FLAT_WITHIN: f64 = 1.5;
+const MEMORY_LIMIT_MIB: f64 = 1024.0;
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if let Ok(size) = std::env::var("KNOB_SIM_SCALE_ONE") {
+        let size = size.parse().expect("KNOB_SIM_SCALE_ONE is a trial count");
+        one(size);
+        return;
+    }
+    let sizes: Vec<u64> = if args.is_empty() {
+        vec![1_000, 10_000, 100_000]
+    } else {
+        args.iter()
+            .map(|a| a.parse().expect("sizes are trial counts"))
+            .collect()
+    };
+    let me = std::env::current_exe().expect("the bench's own path");
+    let mut rows = Vec::new();
+    for size in sizes {
+        let output = Command::new(&me)
+            .env("KNOB_SIM_SCALE_ONE", size.to_string())
+            .output()
+            .expect("the bench runs itself");
+        let text = String::from_utf8_lossy(&output.stdout);
+        eprint!("{}", String::from_utf8_lossy(&output.stderr));
+        print!("{text}");
+        if !output.status.success() {
+            panic!("the run of {size} trials failed");
+        }
+        let row: Vec<f64> = text
+            .lines()
+            .find_map(|line| line.strip_prefix("ROW "))
+            .expect("a result line")
+            .split_whitespace()
+            .map(|v| v.parse().expect("numbers"))
+            .collect();
+        rows.push((size, row));
+    }
+    println!();
+    println!("| trials | manager thread CPU µs/trial | process CPU µs/trial | × first | peak RSS MiB | store bytes/trial | store events/trial | replay s | max event batch | placement µs/decision |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let base = rows.first().map(|(_, row)| row[0]).unwrap_or(1.0);
+    let mut worst: f64 = 1.0;
+    let mut peak: f64 = 0.0;
+    for (size, row) in &rows {
+        let ratio = row[0] / base;
+        worst = worst.max(ratio);
+        peak = peak.max(row[2]);
+        println!(
+            "| {size} | {:.0} | {:.0} | {ratio:.2} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.1} |",
+            row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]
+        );
+    }
+    println!();
+    println!(
+        "manager cost per trial: at most {worst:.2}x the smallest size (target: within {FLAT_WITHIN}x): {}",
+        if worst <= FLAT_WITHIN { "met" } else { "MISSED" }
+    );
+    println!(
+        "peak memory: {peak:.0} MiB (target: under {MEMORY_LIMIT_MIB} MiB at 100 000): {}",
+        if peak < MEMORY_LIMIT_MIB {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+}
+
+/// One size, in this process.
+fn one(trials: u64) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let scenario = Scenario::large(1, trials, ENVIRONMENTS, GPUS);
+    let (thread_before, process_before) = (thread_cpu(), process_cpu());
+    let wall = Instant::now();
+    let report = sim::run(&scenario, dir.path());
+    let wall = wall.elapsed();
+    let (thread_cpu, process_cpu) = (thread_cpu() - thread_before, process_cpu() - process_before);
+    if !report.violations.is_empty() {
+        eprintln!("violations:\n  {}", report.violations.join("\n  "));
+        std::process::exit(1);
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / report.trials.max(1) as f64;
+    let placement = placement_decision();
+    println!(
+        "{trials} trials: {} attempts, {:.1} simulated days in {:.1} s; manager thread {:.1} s CPU, process {:.1} s; peak {} MiB; store {} MiB, {} events; replay {:.2} s; {} loop turns; event batches up to {}; peak {} running",
+        report.attempts,
+        report.simulated.as_secs_f64() / 86_400.0,
+        wall.as_secs_f64(),
+        thread_cpu.as_secs_f64(),
+        process_cpu.as_secs_f64(),
+        peak_rss_mib() as u64,
+        report.store_bytes / (1 << 20),
+        report.store_events,
+        report.replay_time.as_secs_f64(),
+        report.loop_turns,
+        report.max_event_batch,
+        report.peak_running,
+    );
+    println!(
+        "ROW {} {} {} {} {} {} {} {}",
+        per(thread_cpu),
+        per(process_cpu),
+        peak_rss_mib(),
+        report.store_bytes as f64 / report.trials.max(1) as f64,
+        report.store_events as f64 / report.trials.max(1) as f64,
+        report.replay_time.as_secs_f64(),
+        report.max_event_batch,
+        placement.as_secs_f64() * 1e6,
+    );
+}
+
+/// One 1-GPU placement over 1 000 × 8 GPUs with one GPU left free (the manager's case at full
+/// occupancy): the median of 201.
+fn placement_decision() -> Duration {
+    use knob_gpu_sched::{Policy, TrialRequest};
+    let mut scheduler = knob_benches::gpu_sched::idle_scheduler(
+        ENVIRONMENTS as usize,
+        GPUS as usize,
+        Policy::default(),
+    );
+    let total = ENVIRONMENTS * GPUS;
+    for n in 0..total - 1 {
+        assert!(scheduler
+            .place(&TrialRequest::new(format!("busy{n}")))
+            .is_succeed());
+    }
+    let mut times: Vec<Duration> = (0..201)
+        .map(|n| {
+            let request = TrialRequest::new(format!("probe{n}"));
+            let started = Instant::now();
+            let placed = scheduler.place(&request);
+            let took = started.elapsed();
+            assert!(placed.is_succeed());
+            scheduler.release(&request.trial);
+            took
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn thread_cpu() -> Duration {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn process_cpu() -> Duration {
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+fn cpu_clock(clock: libc::clockid_t) -> Duration {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(clock, &mut time) };
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
+}
+
+/// The process's peak resident set (`VmHWM`), in MiB.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                })
+        })
+        .map(|kib| kib / 1024.0)
+        .unwrap_or(f64::NAN)
+}

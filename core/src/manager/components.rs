@@ -1,0 +1,84 @@
+//! Where the manager gets its tuner, assessor and training services.
+//!
+//! A real experiment takes them from the plugin libraries ([`PluginRegistry`]); the simulator
+//! (`crate::sim`) builds its own in this process (`knob_plugin_api::host::in_process`), behind
+//! the same handles and the same ABI adaptors, so the manager cannot tell them apart.
+
+use knob_plugin_api::host::{
+    AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle,
+};
+use knob_plugin_api::service::{ServiceContext, ServiceEvent};
+use knob_plugin_api::{AssessorContext, ComponentKind};
+use serde_json::Value;
+
+/// Where a service's events go: called from whichever thread the service reports on.
+pub type EventCallback = Box<dyn Fn(Result<ServiceEvent, String>) + Send + Sync>;
+
+/// The components of an experiment, by the names its config gives.
+pub trait Components {
+    /// Whether a component of this kind and name can be built.
+    fn provides(&self, kind: ComponentKind, name: &str) -> bool;
+    fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError>;
+    fn assessor(
+        &self,
+        name: &str,
+        class_args: &Value,
+        context: &AssessorContext,
+    ) -> Result<AssessorHandle, HostError>;
+    /// Builds the training service `platform` from its config (secrets in clear) and the
+    /// experiment's context; its events go to `on_event`.
+    fn training_service(
+        &self,
+        platform: &str,
+        config: &Value,
+        context: &ServiceContext,
+        on_event: EventCallback,
+    ) -> Result<TrainingServiceHandle, HostError>;
+    /// On resume: has the service `platform` end what an earlier run left of these trials.
+    fn clean_up_leftovers(
+        &self,
+        platform: &str,
+        config: &Value,
+        context: &ServiceContext,
+        trial_ids: &[String],
+    ) -> Result<Vec<String>, HostError>;
+}
+
+impl Components for PluginRegistry {
+    fn provides(&self, kind: ComponentKind, name: &str) -> bool {
+        self.find(kind, name).is_ok()
+    }
+
+    fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError> {
+        PluginRegistry::tuner(self, name, class_args)
+    }
+
+    fn assessor(
+        &self,
+        name: &str,
+        class_args: &Value,
+        context: &AssessorContext,
+    ) -> Result<AssessorHandle, HostError> {
+        PluginRegistry::assessor(self, name, class_args, context)
+    }
+
+    fn training_service(
+        &self,
+        platform: &str,
+        config: &Value,
+        context: &ServiceContext,
+        on_event: EventCallback,
+    ) -> Result<TrainingServiceHandle, HostError> {
+        self.create_training_service(platform, config, context, on_event)
+    }
+
+    fn clean_up_leftovers(
+        &self,
+        platform: &str,
+        config: &Value,
+        context: &ServiceContext,
+        trial_ids: &[String],
+    ) -> Result<Vec<String>, HostError> {
+        self.clean_up_training_service(platform, config, context, trial_ids)
+    }
+}

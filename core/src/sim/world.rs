@@ -1,0 +1,828 @@
+//! The simulated world: environments with GPUs, trials that run for a while and then succeed,
+//! fail, run out of memory or lose their host, and the components the manager sees (a training
+//! service, a tuner, an assessor) built on the SDK's traits.
+//!
+//! Nothing here happens by itself: the training service only records what the manager asks, and
+//! the driver (`super::drive`) delivers the world's timed events (a trial's start, metrics and
+//! end, a host lost or back) while the manager waits, so that every run of a seed is the same.
+
+use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use knob_gpu_sched::{ByteSize, EnvironmentStatus, Gpu, HostResources};
+use knob_plugin_api::host::{
+    in_process, AssessorHandle, HostError, TrainingServiceHandle, TunerHandle,
+};
+use knob_plugin_api::service::{
+    Environment, MetricKind, ServiceContext, ServiceEvent, TrialRequest,
+};
+use knob_plugin_api::space::SearchSpace;
+use knob_plugin_api::{
+    Assessor, AssessorContext, ComponentKind, EventSink, Generated, PluginError, TrainingService,
+    Tuner, Verdict,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::Scenario;
+use crate::manager::{Components, EventCallback};
+
+/// The world shared by the simulated components and the driver.
+#[derive(Clone)]
+pub(super) struct Shared(Arc<Mutex<World>>);
+
+impl Shared {
+    pub fn new(world: World) -> Shared {
+        Shared(Arc::new(Mutex::new(world)))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, World> {
+        // A panic while it was held already failed the run; what is left is still readable.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One run of a trial on an environment: what the service was asked to start. Runs are
+/// numbered in the world, so that the events of one killed or lost are dropped.
+#[derive(Debug, Clone)]
+pub(super) struct Run {
+    pub trial_id: String,
+    pub environment: usize,
+    pub gpus: Vec<u32>,
+    /// When its start was delivered.
+    pub started_at: Option<Duration>,
+    /// Asked to die; only its kill's end is delivered.
+    pub killing: bool,
+}
+
+/// What happens at a time.
+#[derive(Debug, Clone)]
+enum Happening {
+    Started {
+        run: u64,
+    },
+    Metric {
+        run: u64,
+        kind: MetricKind,
+        sequence: u64,
+        value: f64,
+    },
+    Ended {
+        run: u64,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        stderr_tail: String,
+        killed: bool,
+    },
+    HostDown {
+        environment: usize,
+    },
+    HostBack {
+        environment: usize,
+    },
+    /// The user stops the experiment.
+    Stop,
+}
+
+/// A happening at a time, in the order it was scheduled among those at the same time.
+#[derive(Debug, Clone)]
+struct Timed {
+    at: Duration,
+    order: u64,
+    what: Happening,
+}
+
+impl PartialEq for Timed {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.order) == (other.at, other.order)
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Timed {
+    /// Reversed: `BinaryHeap` pops the earliest first.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.at, other.order).cmp(&(self.at, self.order))
+    }
+}
+
+/// What the world saw of one trial, for the invariants.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TrialRecord {
+    pub sequence: u64,
+    /// Start requests (placements handed to the service).
+    pub requests: u32,
+    /// Starts delivered (attempts the manager should have recorded).
+    pub starts: u32,
+    pub ooms: u32,
+    pub host_losses: u32,
+    /// Host losses of runs that had started (each an attempt the store records as requeued).
+    pub lost_after_start: u32,
+    /// When it was first asked for, and the longest it waited for a start after a younger
+    /// trial's start had been asked for (see `Invariants`).
+    pub first_request: Option<Duration>,
+}
+
+pub(super) struct World {
+    pub scenario: Scenario,
+    pub started: Instant,
+    queue: BinaryHeap<Timed>,
+    order: u64,
+    pub environment_up: Vec<bool>,
+    pub down_since: Vec<Option<Duration>>,
+    /// (environment, GPU) -> the run holding it.
+    holders: BTreeMap<(usize, u32), u64>,
+    pub runs: BTreeMap<u64, Run>,
+    /// Trial id -> its live run.
+    live: BTreeMap<String, u64>,
+    next_run: u64,
+    pub trials: BTreeMap<String, TrialRecord>,
+    /// Trial sequence -> first time a start was asked for it; for the starvation check.
+    pub first_request_by_sequence: BTreeMap<u64, Duration>,
+    sink: Option<EventSink>,
+    pub violations: Vec<String>,
+    pub peak_running: usize,
+    pub events_delivered: u64,
+    /// The most service events delivered at once (the manager's event queue at its longest).
+    pub max_batch: u64,
+    pub stop_sent: bool,
+    pub shut_down: bool,
+}
+
+impl World {
+    pub fn new(scenario: Scenario) -> World {
+        let environments = scenario.environments as usize;
+        let mut world = World {
+            started: Instant::now(),
+            queue: BinaryHeap::new(),
+            order: 0,
+            environment_up: vec![true; environments],
+            down_since: vec![None; environments],
+            holders: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            live: BTreeMap::new(),
+            next_run: 0,
+            trials: BTreeMap::new(),
+            first_request_by_sequence: BTreeMap::new(),
+            sink: None,
+            violations: Vec::new(),
+            peak_running: 0,
+            events_delivered: 0,
+            max_batch: 0,
+            stop_sent: false,
+            shut_down: false,
+            scenario,
+        };
+        world.schedule_host_losses();
+        if let Some(at) = world.scenario.stop_at {
+            world.schedule(at, Happening::Stop);
+        }
+        world
+    }
+
+    pub fn now(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.started)
+    }
+
+    fn schedule(&mut self, at: Duration, what: Happening) {
+        self.order += 1;
+        self.queue.push(Timed {
+            at,
+            order: self.order,
+            what,
+        });
+    }
+
+    fn violation(&mut self, message: String) {
+        // The first few say what went wrong; hundreds of the same say nothing more.
+        if self.violations.len() < 20 {
+            let now = self.now();
+            self.violations
+                .push(format!("at {}: {message}", seconds(now)));
+        }
+    }
+
+    fn schedule_host_losses(&mut self) {
+        let mut rng = StdRng::seed_from_u64(mix(self.scenario.seed, 0x4057, 0));
+        for _ in 0..self.scenario.host_losses {
+            let environment = rng.gen_range(0..self.scenario.environments as usize);
+            let at = rng.gen_range(Duration::ZERO..self.scenario.horizon());
+            let down = rng.gen_range(self.scenario.host_down.0..=self.scenario.host_down.1);
+            self.schedule(at, Happening::HostDown { environment });
+            self.schedule(at + down, Happening::HostBack { environment });
+        }
+    }
+
+    /// When the next happening is due.
+    pub fn next_time(&self) -> Option<Duration> {
+        self.queue.peek().map(|timed| timed.at)
+    }
+
+    /// Delivers everything due by now; returns how many happenings it handled, and whether the
+    /// user's stop is due.
+    pub fn deliver_due(&mut self) -> (usize, bool) {
+        let now = self.now();
+        let mut handled = 0;
+        let mut stop = false;
+        let delivered_before = self.events_delivered;
+        while self.queue.peek().is_some_and(|timed| timed.at <= now) {
+            let timed = self.queue.pop().expect("peeked");
+            handled += 1;
+            match timed.what {
+                Happening::Stop => stop = true,
+                what => self.happen(what),
+            }
+        }
+        self.max_batch = self.max_batch.max(self.events_delivered - delivered_before);
+        (handled, stop)
+    }
+
+    fn emit(&mut self, event: ServiceEvent) {
+        self.events_delivered += 1;
+        if let Some(sink) = &self.sink {
+            sink.emit(&event);
+        }
+    }
+
+    fn happen(&mut self, what: Happening) {
+        match what {
+            Happening::Started { run } => {
+                let now = self.now();
+                let Some(record) = self.runs.get_mut(&run) else {
+                    return;
+                };
+                if record.killing || self.live.get(&record.trial_id) != Some(&run) {
+                    return;
+                }
+                record.started_at = Some(now);
+                let trial_id = record.trial_id.clone();
+                self.trials.entry(trial_id.clone()).or_default().starts += 1;
+                self.emit(ServiceEvent::TrialStarted {
+                    trial_id,
+                    pid: Some(10_000 + run as u32),
+                });
+            }
+            Happening::Metric {
+                run,
+                kind,
+                sequence,
+                value,
+            } => {
+                let Some(record) = self.runs.get(&run) else {
+                    return;
+                };
+                if record.killing || self.live.get(&record.trial_id) != Some(&run) {
+                    return;
+                }
+                let trial_id = record.trial_id.clone();
+                self.emit(ServiceEvent::Metric {
+                    trial_id,
+                    kind,
+                    sequence,
+                    value: format!("{value}"),
+                });
+            }
+            Happening::Ended {
+                run,
+                exit_code,
+                signal,
+                stderr_tail,
+                killed,
+            } => {
+                let Some(record) = self.runs.get(&run) else {
+                    return;
+                };
+                if record.killing != killed || self.live.get(&record.trial_id) != Some(&run) {
+                    return;
+                }
+                let trial_id = record.trial_id.clone();
+                self.end_run(run);
+                self.emit(ServiceEvent::TrialEnded {
+                    trial_id,
+                    exit_code,
+                    signal,
+                    killed_reason: killed.then(|| "killed".to_string()),
+                    stderr_tail,
+                    environment_lost: None,
+                });
+            }
+            Happening::HostDown { environment } => {
+                if !self.environment_up[environment] {
+                    return;
+                }
+                self.environment_up[environment] = false;
+                self.down_since[environment] = Some(self.now());
+                let lost: Vec<u64> = self
+                    .live
+                    .values()
+                    .copied()
+                    .filter(|run| self.runs[run].environment == environment)
+                    .collect();
+                for run in lost {
+                    let trial_id = self.runs[&run].trial_id.clone();
+                    let had_started = self.runs[&run].started_at.is_some();
+                    let record = self.trials.entry(trial_id.clone()).or_default();
+                    record.host_losses += 1;
+                    record.lost_after_start += u32::from(had_started);
+                    self.end_run(run);
+                    self.emit(ServiceEvent::TrialEnded {
+                        trial_id,
+                        exit_code: None,
+                        signal: None,
+                        killed_reason: None,
+                        stderr_tail: String::new(),
+                        environment_lost: Some(format!(
+                            "host {} unreachable (simulated)",
+                            host_name(environment)
+                        )),
+                    });
+                }
+                let environment = self.environment(environment);
+                self.emit(ServiceEvent::Environment { environment });
+            }
+            Happening::HostBack { environment } => {
+                if self.environment_up[environment] {
+                    return;
+                }
+                self.environment_up[environment] = true;
+                self.down_since[environment] = None;
+                let environment = self.environment(environment);
+                self.emit(ServiceEvent::Environment { environment });
+            }
+            Happening::Stop => {}
+        }
+    }
+
+    /// The run is over: its GPUs are free.
+    fn end_run(&mut self, run: u64) {
+        let record = &self.runs[&run];
+        if let Some(limit) = self.scenario.max_trial_duration {
+            // The manager's deadline counts from the start it was told of; its kill takes at
+            // most 3 s here.
+            let ran = record
+                .started_at
+                .map_or(Duration::ZERO, |started| self.now().saturating_sub(started));
+            if !self.shut_down && ran > limit + Duration::from_millis(3100) {
+                let trial_id = record.trial_id.clone();
+                self.violation(format!(
+                    "trial {trial_id} ran {} of maxTrialDuration {}",
+                    seconds(ran),
+                    seconds(limit)
+                ));
+            }
+        }
+        let record = &self.runs[&run];
+        let (trial_id, environment, gpus) = (
+            record.trial_id.clone(),
+            record.environment,
+            record.gpus.clone(),
+        );
+        for gpu in gpus {
+            if self.holders.get(&(environment, gpu)) == Some(&run) {
+                self.holders.remove(&(environment, gpu));
+            }
+        }
+        if self.live.get(&trial_id) == Some(&run) {
+            self.live.remove(&trial_id);
+        }
+    }
+
+    pub fn environment(&self, index: usize) -> Environment {
+        let up = self.environment_up[index];
+        let gpus = (0..self.scenario.gpus_per_environment)
+            .map(|gpu| Gpu::idle(gpu, "Simulated GPU", ByteSize::gib(80)))
+            .collect();
+        let host = HostResources {
+            cpu_count: 64,
+            cpu_utilization_percent: Some(10.0),
+            memory_total: ByteSize::gib(512),
+            memory_available: ByteSize::gib(512),
+        };
+        let mut inventory =
+            knob_gpu_sched::Environment::new(env_id(index), host_name(index), gpus, host);
+        if !up {
+            inventory.status = EnvironmentStatus::Unavailable("host lost (simulated)".into());
+        }
+        Environment {
+            id: env_id(index),
+            host: host_name(index),
+            ready: up,
+            inventory: serde_json::to_value(inventory).unwrap_or_default(),
+        }
+    }
+
+    fn start(&mut self, request: TrialRequest) {
+        let now = self.now();
+        let Some(environment) = env_index(&request.environment_id)
+            .filter(|&index| index < self.scenario.environments as usize)
+        else {
+            self.violation(format!(
+                "trial {} started on unknown environment {}",
+                request.trial_id, request.environment_id
+            ));
+            return;
+        };
+        if let Some(deadline) = self.scenario.max_experiment_duration {
+            if now > deadline {
+                self.violation(format!(
+                    "trial {} started after maxExperimentDuration ({})",
+                    request.trial_id,
+                    seconds(deadline)
+                ));
+            }
+        }
+        if let Some(&run) = self.live.get(&request.trial_id) {
+            self.violation(format!(
+                "trial {} started again while its run {run} still runs",
+                request.trial_id
+            ));
+        }
+        let gpus = request.gpu_indices.clone().unwrap_or_default();
+        if gpus.len() != self.scenario.trial_gpu_number as usize {
+            self.violation(format!(
+                "trial {} got GPUs {gpus:?}, not {} of them",
+                request.trial_id, self.scenario.trial_gpu_number
+            ));
+        }
+        let run = self.next_run;
+        self.next_run += 1;
+        for &gpu in &gpus {
+            if gpu >= self.scenario.gpus_per_environment {
+                self.violation(format!(
+                    "trial {} placed on GPU {gpu} of {}, which has {} GPUs",
+                    request.trial_id,
+                    env_id(environment),
+                    self.scenario.gpus_per_environment
+                ));
+            }
+            if let Some(holder) = self.holders.insert((environment, gpu), run) {
+                let holder = self.runs[&holder].trial_id.clone();
+                self.violation(format!(
+                    "GPU {gpu} of {} held twice: by trial {holder} and trial {}",
+                    env_id(environment),
+                    request.trial_id
+                ));
+            }
+        }
+        self.live.insert(request.trial_id.clone(), run);
+        let running = self.live.len();
+        self.peak_running = self.peak_running.max(running);
+        if running > self.scenario.trial_concurrency as usize {
+            self.violation(format!(
+                "{running} trials run at once, over trialConcurrency {}",
+                self.scenario.trial_concurrency
+            ));
+        }
+        let record = self.trials.entry(request.trial_id.clone()).or_default();
+        record.sequence = request.sequence;
+        record.requests += 1;
+        record.first_request.get_or_insert(now);
+        let requests = record.requests;
+        self.first_request_by_sequence
+            .entry(request.sequence)
+            .or_insert(now);
+        self.runs.insert(
+            run,
+            Run {
+                trial_id: request.trial_id.clone(),
+                environment,
+                gpus,
+                started_at: None,
+                killing: false,
+            },
+        );
+        if !self.environment_up[environment] {
+            self.violation(format!(
+                "trial {} started on {}, which is down",
+                request.trial_id,
+                env_id(environment)
+            ));
+        }
+        self.plan(run, &request, requests);
+    }
+
+    /// Schedules what this run will do: its start (perhaps slow), its metrics, and its end.
+    fn plan(&mut self, run: u64, request: &TrialRequest, attempt: u32) {
+        let scenario = &self.scenario;
+        let mut rng = StdRng::seed_from_u64(mix(scenario.seed, request.sequence, attempt as u64));
+        let now = self.now();
+        let slow = rng.gen_bool(scenario.p_slow_start);
+        let start = now
+            + if slow {
+                rng.gen_range(Duration::ZERO..=scenario.slow_start)
+            } else {
+                Duration::from_millis(rng.gen_range(5..200))
+            };
+        // Log-uniform between the bounds: many short trials, a few long ones.
+        let (low, high) = (
+            scenario.duration.0.as_secs_f64().max(1.0),
+            scenario.duration.1.as_secs_f64().max(1.0),
+        );
+        let length =
+            Duration::from_secs_f64((low.ln() + rng.gen::<f64>() * (high.ln() - low.ln())).exp());
+        let outcome = rng.gen::<f64>();
+        let quality = quality(&request.parameters);
+        let every = scenario.intermediate_every;
+        let (p_fail, p_oom) = (scenario.p_fail, scenario.p_oom);
+        self.schedule(start, Happening::Started { run });
+        let (end_after, exit_code, signal, stderr_tail, finishes) = if outcome < p_fail {
+            let at = length.mul_f64(rng.gen::<f64>());
+            (
+                at,
+                Some(1),
+                None,
+                "Traceback (most recent call last):\nValueError: simulated failure".to_string(),
+                false,
+            )
+        } else if outcome < p_fail + p_oom {
+            let at = length.mul_f64(rng.gen::<f64>());
+            (
+                at,
+                None,
+                Some(9),
+                "RuntimeError: CUDA out of memory (simulated)".to_string(),
+                false,
+            )
+        } else {
+            (length, Some(0), None, String::new(), true)
+        };
+        if signal == Some(9) {
+            self.trials
+                .entry(request.trial_id.clone())
+                .or_default()
+                .ooms += 1;
+        }
+        let mut step = 0u64;
+        while !every.is_zero() && every * (step as u32 + 1) < end_after && step < 1000 {
+            step += 1;
+            let value = quality * (1.0 - 0.5f64.powi(step as i32));
+            self.schedule(
+                start + every * step as u32,
+                Happening::Metric {
+                    run,
+                    kind: MetricKind::Intermediate,
+                    sequence: step - 1,
+                    value,
+                },
+            );
+        }
+        if finishes {
+            self.schedule(
+                start + end_after,
+                Happening::Metric {
+                    run,
+                    kind: MetricKind::Final,
+                    sequence: 0,
+                    value: quality,
+                },
+            );
+        }
+        self.schedule(
+            start + end_after,
+            Happening::Ended {
+                run,
+                exit_code,
+                signal,
+                stderr_tail,
+                killed: false,
+            },
+        );
+    }
+
+    fn kill(&mut self, trial_id: &str) {
+        let Some(&run) = self.live.get(trial_id) else {
+            // Already over: a real service answers the same.
+            return;
+        };
+        let record = self.runs.get_mut(&run).expect("live run is known");
+        if record.killing {
+            return;
+        }
+        record.killing = true;
+        let mut rng = StdRng::seed_from_u64(mix(self.scenario.seed, run, 0x6b11));
+        let after = Duration::from_millis(rng.gen_range(10..3000));
+        let at = self.now() + after;
+        self.schedule(
+            at,
+            Happening::Ended {
+                run,
+                exit_code: None,
+                signal: Some(15),
+                stderr_tail: String::new(),
+                killed: true,
+            },
+        );
+    }
+
+    /// Trials still running when the service shuts down are killed; their ends are not reported
+    /// (the manager records them itself).
+    fn shut_down(&mut self) {
+        self.shut_down = true;
+        let live: Vec<u64> = self.live.values().copied().collect();
+        for run in live {
+            self.end_run(run);
+        }
+        self.queue.clear();
+    }
+
+    /// Runs that are asked for, not yet over.
+    pub fn live_runs(&self) -> usize {
+        self.live.len()
+    }
+}
+
+/// The simulated training service: what the manager asks goes into the world.
+struct SimService {
+    world: Shared,
+}
+
+impl TrainingService for SimService {
+    fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
+        let world = self.world.lock();
+        Ok((0..world.scenario.environments as usize)
+            .map(|index| world.environment(index))
+            .collect())
+    }
+
+    fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
+        self.world.lock().start(request);
+        Ok(())
+    }
+
+    fn kill_trial(&mut self, trial_id: &str, _reason: &str) -> Result<(), PluginError> {
+        self.world.lock().kill(trial_id);
+        Ok(())
+    }
+
+    fn shutdown(&mut self) -> Result<(), PluginError> {
+        self.world.lock().shut_down();
+        Ok(())
+    }
+}
+
+/// Hands out `{"x": u}` with `u` drawn from the parameter id's own stream, until its budget.
+struct SimTuner {
+    seed: u64,
+    budget: Option<u64>,
+    handed_out: u64,
+}
+
+impl Tuner for SimTuner {
+    fn new(class_args: &Value) -> Result<Self, PluginError> {
+        Ok(SimTuner {
+            seed: class_args.get("seed").and_then(Value::as_u64).unwrap_or(0),
+            budget: class_args.get("budget").and_then(Value::as_u64),
+            handed_out: 0,
+        })
+    }
+
+    fn update_search_space(&mut self, _space: &SearchSpace) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        if self.budget.is_some_and(|budget| self.handed_out >= budget) {
+            return Ok(Generated::NoMore);
+        }
+        self.handed_out += 1;
+        let mut rng = StdRng::seed_from_u64(mix(self.seed, parameter_id, 0x7a3e));
+        Ok(Generated::Parameters(json!({ "x": rng.gen::<f64>() })))
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        _parameter_id: u64,
+        _parameters: &Value,
+        _value: f64,
+    ) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// Stops a trial whose third or later intermediate result is below `threshold`.
+struct SimAssessor {
+    threshold: f64,
+}
+
+impl Assessor for SimAssessor {
+    fn new(class_args: &Value) -> Result<Self, PluginError> {
+        Ok(SimAssessor {
+            threshold: class_args
+                .get("threshold")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0),
+        })
+    }
+
+    fn assess_trial(&mut self, _trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
+        match history.last() {
+            Some(&last) if history.len() >= 3 && last < self.threshold => Ok(Verdict::stop(
+                format!("step {}: {last} below {}", history.len(), self.threshold),
+            )),
+            _ => Ok(Verdict::good()),
+        }
+    }
+}
+
+/// The simulator's components, by the names its config gives.
+pub(super) struct SimComponents {
+    pub world: Shared,
+}
+
+pub(super) const TUNER: &str = "SimTuner";
+pub(super) const ASSESSOR: &str = "SimAssessor";
+pub(super) const PLATFORM: &str = "sim";
+
+impl Components for SimComponents {
+    fn provides(&self, kind: ComponentKind, name: &str) -> bool {
+        match kind {
+            ComponentKind::Tuner => name == TUNER,
+            ComponentKind::Assessor => name == ASSESSOR,
+            ComponentKind::TrainingService => name == PLATFORM,
+        }
+    }
+
+    fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError> {
+        let tuner = SimTuner::new(class_args).map_err(|e| HostError::Call {
+            message: e.message().to_string(),
+        })?;
+        Ok(in_process::tuner(name, tuner))
+    }
+
+    fn assessor(
+        &self,
+        name: &str,
+        class_args: &Value,
+        context: &AssessorContext,
+    ) -> Result<AssessorHandle, HostError> {
+        let assessor = SimAssessor::new(class_args).map_err(|e| HostError::Call {
+            message: e.message().to_string(),
+        })?;
+        in_process::assessor(name, assessor, context)
+    }
+
+    fn training_service(
+        &self,
+        platform: &str,
+        _config: &Value,
+        _context: &ServiceContext,
+        on_event: EventCallback,
+    ) -> Result<TrainingServiceHandle, HostError> {
+        let world = self.world.clone();
+        in_process::training_service(platform, on_event, move |sink| {
+            world.lock().sink = Some(sink);
+            Ok(SimService { world })
+        })
+    }
+
+    fn clean_up_leftovers(
+        &self,
+        _platform: &str,
+        _config: &Value,
+        _context: &ServiceContext,
+        _trial_ids: &[String],
+    ) -> Result<Vec<String>, HostError> {
+        Ok(Vec::new())
+    }
+}
+
+/// How good a parameter set is, in (0.5, 1]: best at x = 0.3.
+pub(super) fn quality(parameters: &Value) -> f64 {
+    let x = parameters.get("x").and_then(Value::as_f64).unwrap_or(0.0);
+    1.0 - (x - 0.3) * (x - 0.3) * 0.5
+}
+
+pub(super) fn env_id(index: usize) -> String {
+    format!("sim:node{index}")
+}
+
+fn host_name(index: usize) -> String {
+    format!("node{index}")
+}
+
+fn env_index(id: &str) -> Option<usize> {
+    id.strip_prefix("sim:node")?.parse().ok()
+}
+
+pub(super) fn seconds(duration: Duration) -> String {
+    format!("{:.3}s", duration.as_secs_f64())
+}
+
+/// One seed per (seed, a, b), well mixed (SplitMix64's finaliser).
+pub(super) fn mix(seed: u64, a: u64, b: u64) -> u64 {
+    let mut z = seed
+        .wrapping_add(a.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .wrapping_add(b.wrapping_mul(0xBF58_476D_1CE4_E5B9));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,77 @@
+//! The deterministic simulator (`knob_core::sim`): the real manager, store and gpu-sched on
+//! tokio's paused clock, with an in-process tuner, assessor and training service. Each seed is a
+//! small random scenario whose invariants are checked; a failing one prints the line that runs it
+//! again alone (`KNOB_SIM_SEED=<seed>`).
+
+use knob_core::sim::{self, Report, Scenario};
+
+/// How many seeded scenarios a plain `cargo test` runs (`KNOB_SIM_SEEDS` changes it).
+const SEEDS: u64 = 200;
+
+fn play(scenario: &Scenario) -> Report {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    sim::run(scenario, dir.path())
+}
+
+fn explain(report: &Report) -> String {
+    format!(
+        "seed {} broke {} invariant(s):\n  {}\nscenario: {:?}\noutcome: {:?}\nrun it alone: {}",
+        report.scenario.seed,
+        report.violations.len(),
+        report.violations.join("\n  "),
+        report.scenario,
+        report
+            .outcome
+            .as_ref()
+            .map(|o| (o.status, o.message.clone())),
+        report.rerun_hint()
+    )
+}
+
+#[test]
+fn seeded_scenarios_keep_the_invariants() {
+    let seeds: Vec<u64> = match std::env::var("KNOB_SIM_SEED") {
+        Ok(seed) => vec![seed.parse().expect("KNOB_SIM_SEED is a seed number (u64)")],
+        Err(_) => {
+            let count = std::env::var("KNOB_SIM_SEEDS")
+                .ok()
+                .map(|n| n.parse().expect("KNOB_SIM_SEEDS is a number of seeds"))
+                .unwrap_or(SEEDS);
+            (0..count).collect()
+        }
+    };
+    let mut failures = Vec::new();
+    let (mut trials, mut attempts) = (0, 0);
+    for seed in seeds {
+        let report = play(&Scenario::small(seed));
+        trials += report.trials;
+        attempts += report.attempts;
+        if !report.violations.is_empty() {
+            failures.push(explain(&report));
+        }
+    }
+    eprintln!("simulator: {trials} trials, {attempts} attempts");
+    assert!(
+        failures.is_empty(),
+        "{} scenario(s) failed:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn a_seed_replays_the_same_run() {
+    let scenario = Scenario::small(7);
+    let (first, second) = (play(&scenario), play(&scenario));
+    let summary = |report: &Report| {
+        let outcome = report.outcome.as_ref().expect("the run ends");
+        let mut trials: Vec<_> = outcome
+            .trials
+            .iter()
+            .map(|t| (t.sequence, t.status, t.final_value.map(f64::to_bits)))
+            .collect();
+        trials.sort();
+        (outcome.status, trials, report.simulated, report.attempts)
+    };
+    assert_eq!(summary(&first), summary(&second));
+}
