@@ -208,6 +208,12 @@ pub struct PluginModule {
     #[sabi(missing_field(option))]
     pub new_assessor_in_context:
         extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<AssessorInContextBox>,
+    /// Whether the tuner of this name takes vector objectives: its `receive_trial_result` then
+    /// gets, in an experiment with `objectives`, the parameters wrapped with the trial's
+    /// `Outcome` (`crate::objectives::wrap`). A library without this field never does, and
+    /// such a tuner keeps receiving a scalar.
+    #[sabi(missing_field(option))]
+    pub tuner_takes_objectives: extern "C" fn(RStr<'_>) -> bool,
     // ---- appended-fields: end ----
 }
 
@@ -276,10 +282,48 @@ pub mod earlier_layouts {
         }
     }
 
+    /// ABI 1.2: `new_assessor_in_context` appended (before `tuner_takes_objectives`).
+    #[allow(dead_code)]
+    pub mod abi_1_2 {
+        use super::*;
+
+        #[repr(C)]
+        #[derive(StableAbi)]
+        #[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
+        #[sabi(missing_field(panic))]
+        pub struct PluginModule {
+            pub components: extern "C" fn() -> RVec<AbiComponentInfo>,
+            pub set_host_logger: extern "C" fn(HostLoggerBox),
+            pub new_tuner: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<TunerBox>,
+            pub new_assessor: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<AssessorBox>,
+            #[sabi(last_prefix_field)]
+            pub new_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub check_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub create_training_service: extern "C" fn(
+                RStr<'_>,
+                RStr<'_>,
+                RStr<'_>,
+                EventSinkBox,
+            )
+                -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub clean_up_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub new_assessor_in_context:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<AssessorInContextBox>,
+        }
+    }
+
     /// Newest first: the layouts a library may have been built with, besides the current one,
     /// each with the ABI version that had it.
-    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 2] {
+    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 3] {
         [
+            ("1.2.0", <abi_1_2::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.1.0", <abi_1_1::PluginModuleRef as StableAbi>::LAYOUT),
             (
                 "1.0.0",
@@ -303,7 +347,7 @@ impl RootModule for PluginModuleRef {
 /// The ABI version as a literal, for `concat!`.
 macro_rules! abi_version {
     () => {
-        "1.2.0"
+        "1.3.0"
     };
 }
 
@@ -314,7 +358,8 @@ macro_rules! abi_version {
 /// - 1.0.0: the first release's root module (up to `new_training_service`);
 /// - 1.1.0: `check_training_service`, `create_training_service`, `clean_up_training_service`;
 /// - 1.2.0: `new_assessor_in_context` ([`AssessorInContextAbi`]: the experiment's optimize_mode
-///   and the trials' final results reach assessors).
+///   and the trials' final results reach assessors);
+/// - 1.3.0: `tuner_takes_objectives` (vector objectives, issue 15).
 ///
 /// Plugins built before ABI versions existed export only [`API_VERSION_SYMBOL`] (0.1.x); the
 /// host takes them as ABI 1.0.0 or 1.1.0, whichever layout their root module has.

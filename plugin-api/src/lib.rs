@@ -17,10 +17,12 @@ pub mod host;
 #[cfg_attr(not(feature = "host"), allow(dead_code))]
 mod labeled;
 pub mod metric;
+pub mod objectives;
 mod sdk;
 pub mod service;
 pub mod space;
 
+pub use objectives::Outcome;
 pub use sdk::{
     accept_as_written, log, parse_class_args, status, Assessor, AssessorContext, EventSink,
     Generated, ImportedTrial, OptimizeMode, PluginError, Suggestion, TrainingService, Tuner,

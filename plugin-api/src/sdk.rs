@@ -119,6 +119,10 @@ pub struct ImportedTrial {
     /// The trial's status (see [`status`]); absent in imports from elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// In an experiment with `objectives`, for a tuner that takes them ([`Tuner::takes_objectives`]):
+    /// the trial's outcome (`value` is then its first value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objectives: Option<crate::Outcome>,
 }
 
 impl ImportedTrial {
@@ -130,6 +134,7 @@ impl ImportedTrial {
             parameter_id: None,
             label: None,
             status: None,
+            objectives: None,
         }
     }
 
@@ -191,6 +196,32 @@ pub trait Tuner: Send + 'static {
         parameters: &Value,
         value: f64,
     ) -> Result<(), PluginError>;
+    /// Whether this tuner takes vector objectives. In an experiment with `objectives` (a
+    /// knob extension), the host refuses a tuner that does not ("tuner X optimises one
+    /// objective"), and gives one that does each final result through
+    /// [`Tuner::receive_trial_outcome`], and each imported trial's outcome in
+    /// [`ImportedTrial::objectives`].
+    // An associated function, not a const: a trait with an associated const cannot be a
+    // `dyn Tuner`, which benches and hosts use.
+    fn takes_objectives() -> bool
+    where
+        Self: Sized,
+    {
+        false
+    }
+    /// The final result of a trial in an experiment with `objectives`, for a tuner that
+    /// [takes them](Tuner::takes_objectives): every listed metric, the objectives as losses to
+    /// minimise and the constraints' violations (see [`crate::objectives`]). The default hands
+    /// the first value to [`Tuner::receive_trial_result`].
+    fn receive_trial_outcome(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        outcome: &crate::Outcome,
+    ) -> Result<(), PluginError> {
+        let value = outcome.values.first().copied().unwrap_or(f64::NAN);
+        self.receive_trial_result(parameter_id, parameters, value)
+    }
     /// A trial ended with `status` (see [`status`]), whether or not it reported a result.
     fn trial_end(&mut self, _parameter_id: u64, _status: &str) -> Result<(), PluginError> {
         Ok(())
@@ -562,7 +593,15 @@ impl<T: Tuner> TunerAbi for TunerAdaptor<T> {
         let (inner, label) = (&mut self.inner, &self.label);
         guarded(label, "receive_trial_result", &mut self.poisoned, || {
             let parameters = parse_json(label, "parameters", parameters_json)?;
-            inner.receive_trial_result(parameter_id, &parameters, value)
+            // Only a tuner that takes objectives is sent an outcome (`tuner_takes_objectives`).
+            match crate::objectives::unwrap(parameters)
+                .map_err(|e| PluginError::new(format!("{label}: invalid outcome from host: {e}")))?
+            {
+                (parameters, Some(outcome)) => {
+                    inner.receive_trial_outcome(parameter_id, &parameters, &outcome)
+                }
+                (parameters, None) => inner.receive_trial_result(parameter_id, &parameters, value),
+            }
         })
     }
 
@@ -776,8 +815,14 @@ pub mod __private {
         pub clean_up: ServiceCleanUp,
     }
 
+    /// A tuner's constructor and whether it takes vector objectives.
+    pub struct TunerFns {
+        pub create: TunerCtor,
+        pub takes_objectives: fn() -> bool,
+    }
+
     pub enum Ctor {
-        Tuner(TunerCtor),
+        Tuner(TunerFns),
         Assessor(AssessorFns),
         TrainingService(ServiceFns),
     }
@@ -902,10 +947,17 @@ pub mod __private {
 
     pub fn new_tuner(entries: &[Entry], name: RStr<'_>, args: RStr<'_>) -> AbiResult<TunerBox> {
         construct(entries, ComponentKind::Tuner, name, args, |e, a| {
-            match e.ctor {
-                Ctor::Tuner(ctor) => Some(ctor(e.name, a)),
+            match &e.ctor {
+                Ctor::Tuner(fns) => Some((fns.create)(e.name, a)),
                 _ => None,
             }
+        })
+    }
+
+    pub fn tuner_takes_objectives(entries: &[Entry], name: RStr<'_>) -> bool {
+        entries.iter().any(|e| {
+            e.name == name.as_str()
+                && matches!(&e.ctor, Ctor::Tuner(fns) if (fns.takes_objectives)())
         })
     }
 
@@ -1188,6 +1240,9 @@ macro_rules! export_plugin {
             ) -> p::AbiResult<p::AssessorInContextBox> {
                 p::new_assessor_in_context(__KNOB_PLUGIN_ENTRIES, name, args, context)
             }
+            extern "C" fn tuner_takes_objectives(name: p::RStr<'_>) -> bool {
+                p::tuner_takes_objectives(__KNOB_PLUGIN_ENTRIES, name)
+            }
             // ---- appended-fields: end ----
             fn root_module() -> p::PluginModuleRef {
                 <p::PluginModule as p::PrefixTypeTrait>::leak_into_prefix(p::PluginModule {
@@ -1201,6 +1256,7 @@ macro_rules! export_plugin {
                     create_training_service,
                     clean_up_training_service,
                     new_assessor_in_context,
+                    tuner_takes_objectives,
                     // ---- appended-fields: end ----
                 })
             }
@@ -1218,7 +1274,10 @@ macro_rules! export_plugin {
 #[macro_export]
 macro_rules! __knob_ctor {
     (tuner, $ty:ty) => {
-        $crate::__private::Ctor::Tuner($crate::__private::tuner_ctor::<$ty>)
+        $crate::__private::Ctor::Tuner($crate::__private::TunerFns {
+            create: $crate::__private::tuner_ctor::<$ty>,
+            takes_objectives: <$ty as $crate::Tuner>::takes_objectives,
+        })
     };
     (assessor, $ty:ty) => {
         $crate::__private::Ctor::Assessor($crate::__private::AssessorFns {

@@ -784,19 +784,30 @@ impl PluginRegistry {
         let args = class_args.to_string();
         let raw = (library.module.new_tuner())(RStr::from_str(&exact), RStr::from_str(&args));
         let raw = constructed(ComponentKind::Tuner, &exact, raw)?;
+        // A library built before objectives cannot say; its tuners take a scalar.
+        #[allow(unused_assignments, unused_mut)]
+        let mut takes_objectives = false;
+        // ---- appended-fields: begin ----
+        takes_objectives = library
+            .module
+            .tuner_takes_objectives()
+            .is_some_and(|takes| takes(RStr::from_str(&exact)));
+        // ---- appended-fields: end ----
         Ok(TunerObject {
             raw,
             label: format!("tuner {exact}"),
+            takes_objectives,
         })
     }
 
     /// Builds a tuner running on its own thread.
     pub fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError> {
         let object = self.tuner_object(name, class_args)?;
-        Ok(TunerHandle(PluginThread::spawn(
-            object.label.clone(),
-            object,
-        )))
+        let takes_objectives = object.takes_objectives;
+        Ok(TunerHandle(
+            PluginThread::spawn(object.label.clone(), object),
+            takes_objectives,
+        ))
     }
 
     /// Builds an assessor, on the current thread, with the experiment's context. A library

@@ -40,11 +40,41 @@ pub(crate) fn failed_in(label: &str, method: &str, message: &str) -> String {
 pub struct TunerObject {
     pub(super) raw: TunerBox,
     pub(super) label: String,
+    /// Whether its library says it takes vector objectives (`Tuner::takes_objectives`); a
+    /// library built before objectives does not.
+    pub(super) takes_objectives: bool,
 }
 
 impl TunerObject {
     pub fn label(&self) -> &str {
         &self.label
+    }
+
+    /// Whether the tuner takes vector objectives ([`crate::Tuner::takes_objectives`]).
+    pub fn takes_objectives(&self) -> bool {
+        self.takes_objectives
+    }
+
+    /// Hands over the final result of a trial in an experiment with `objectives`: the whole
+    /// outcome to a tuner that takes objectives, its first value to any other.
+    pub fn receive_trial_outcome(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        outcome: &crate::Outcome,
+    ) -> Result<Vec<Suggestion>, HostError> {
+        let first = outcome.values.first().copied().unwrap_or(f64::NAN);
+        if !self.takes_objectives {
+            return self.receive_trial_result(parameter_id, parameters, first);
+        }
+        let wrapped = crate::objectives::wrap(parameters, outcome);
+        called(
+            &self.label,
+            "receive_trial_result",
+            self.raw
+                .receive_trial_result(parameter_id, RStr::from_str(&wrapped), first),
+        )?;
+        self.take_suggestions()
     }
 
     pub fn update_search_space(&mut self, search_space: &Value) -> Result<(), HostError> {
@@ -114,6 +144,20 @@ impl TunerObject {
     }
 
     pub fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), HostError> {
+        // Outcomes go only to a tuner that takes them; any other keeps NNI's import format.
+        let stripped: Vec<ImportedTrial>;
+        let trials = if self.takes_objectives || trials.iter().all(|t| t.objectives.is_none()) {
+            trials
+        } else {
+            stripped = trials
+                .iter()
+                .map(|t| ImportedTrial {
+                    objectives: None,
+                    ..t.clone()
+                })
+                .collect();
+            &stripped
+        };
         let json = serde_json::to_string(trials).map_err(|e| HostError::Call {
             message: e.to_string(),
         })?;
@@ -344,11 +388,24 @@ impl<R> Reply<R> {
 }
 
 /// A tuner running on its own thread.
-pub struct TunerHandle(pub(super) PluginThread<TunerObject>);
+pub struct TunerHandle(pub(super) PluginThread<TunerObject>, pub(super) bool);
 
 impl TunerHandle {
     pub fn label(&self) -> &str {
         &self.0.label
+    }
+    /// Whether the tuner takes vector objectives ([`crate::Tuner::takes_objectives`]).
+    pub fn takes_objectives(&self) -> bool {
+        self.1
+    }
+    pub fn receive_trial_outcome(
+        &self,
+        parameter_id: u64,
+        parameters: Value,
+        outcome: crate::Outcome,
+    ) -> Reply<Vec<Suggestion>> {
+        self.0
+            .call(move |t| t.receive_trial_outcome(parameter_id, &parameters, &outcome))
     }
     pub fn update_search_space(&self, search_space: Value) -> Reply<()> {
         self.0.call(move |t| t.update_search_space(&search_space))

@@ -39,8 +39,11 @@ fn parse_space(
         } else {
             format!("{prefix}/{name}")
         };
-        if depth == 0 && name == crate::labeled::ENVELOPE_KEY {
-            // The name marks labeled parameters crossing the ABI (`crate::labeled`).
+        if depth == 0
+            && (name == crate::labeled::ENVELOPE_KEY || name == crate::objectives::ENVELOPE_KEY)
+        {
+            // The names mark labeled parameters and outcomes crossing the ABI
+            // (`crate::labeled`, `crate::objectives`).
             return Err(SpaceError::param(
                 &path,
                 "this name is reserved by knob; rename the parameter".to_string(),

@@ -321,6 +321,7 @@ fn lists_and_runs_every_kind_of_component() {
         [
             "tuner Counting 0.0.0: counts parameter ids (test fixture)",
             "tuner Panicky 0.0.0: panics in generate_parameters (test fixture)",
+            "tuner Objectives 0.0.0: takes vector objectives (test fixture)",
             "assessor Ceiling 0.0.0: stops trials above a limit (test fixture)",
             "training service Echo 0.0.0: pretends to run trials (test fixture)",
             "training service Checked 0.0.0: checks its config (test fixture)",
@@ -597,7 +598,7 @@ fn unknown_names_list_what_is_available() {
     assert_eq!(
         err,
         format!(
-            "unknown tuner TPE; available: Counting, Panicky; looked in {}",
+            "unknown tuner TPE; available: Counting, Objectives, Panicky; looked in {}",
             library.display()
         )
     );
@@ -634,7 +635,7 @@ fn an_unknown_name_says_where_knob_looked_and_which_files_it_refused() {
         .unwrap()
         .to_string();
     let expected = format!(
-        "unknown tuner Halton; available: Counting, Panicky; looked in {}, {} (no such folder); refused {}/libbroken.so (not a loadable shared library (",
+        "unknown tuner Halton; available: Counting, Objectives, Panicky; looked in {}, {} (no such folder); refused {}/libbroken.so (not a loadable shared library (",
         dir.path().display(),
         missing.display(),
         dir.path().display()
@@ -657,7 +658,7 @@ fn duplicate_names_are_an_error_naming_both_files() {
     std::fs::copy(&so, b.join("libsecond.so")).unwrap();
     let registry = PluginRegistry::load_from(&[a.clone(), b.clone()]);
     assert_eq!(registry.libraries().len(), 2);
-    assert_eq!(registry.problems().len(), 5, "{:?}", registry.problems());
+    assert_eq!(registry.problems().len(), 6, "{:?}", registry.problems());
     let err = registry
         .tuner("Counting", &json!({}))
         .err()
@@ -839,7 +840,7 @@ fn a_plugin_built_for_a_newer_minor_abi_loads() {
     let registry = registry_with(&[so]);
     assert_eq!(
         registry.names(ComponentKind::Tuner),
-        ["Counting", "Panicky"]
+        ["Counting", "Objectives", "Panicky"]
     );
 }
 
@@ -857,6 +858,8 @@ fn a_plugin_built_from_the_frozen_abi_1_1_copy_loads() {
     let mut tuner = registry
         .tuner_object("Counting", &json!({"step": 2}))
         .unwrap();
+    // ABI 1.1 had no `tuner_takes_objectives`: its tuners take a scalar.
+    assert!(!tuner.takes_objectives());
     assert_eq!(
         tuner.generate_parameters(3).unwrap(),
         Generated::Parameters(json!({"n": 6}))
@@ -1054,6 +1057,49 @@ fn a_plugin_built_before_the_appended_fields_loads_and_gets_the_old_behaviour() 
     assert!(
         matches!(tuner.generate_parameters(3).unwrap(), Generated::Parameters(p) if p == json!({"n": 6}))
     );
+    // Its library cannot say that a tuner takes objectives: the tuner gets the first value.
+    let mut objectives = registry.tuner_object("Objectives", &json!({})).unwrap();
+    assert!(!objectives.takes_objectives());
+    objectives
+        .receive_trial_outcome(0, &json!({"x": 1}), &outcome())
+        .unwrap();
+    assert!(
+        matches!(objectives.generate_parameters(1).unwrap(), Generated::Parameters(p) if p == json!({"seen": [{"value": 0.9}]}))
+    );
+}
+
+fn outcome() -> knob_plugin_api::Outcome {
+    knob_plugin_api::Outcome {
+        values: vec![0.9, 12.0, 3.0],
+        losses: vec![-0.9, 12.0],
+        violations: vec![1.0],
+    }
+}
+
+/// A tuner that takes objectives gets the whole outcome (and its parameters, unwrapped), one
+/// that does not gets the first value as before, and imports carry outcomes only to the first.
+#[test]
+fn vector_objectives_reach_only_the_tuners_that_take_them() {
+    if in_own_process("loader::vector_objectives_reach_only_the_tuners_that_take_them") {
+        return;
+    }
+    let registry = registry_with(&[fixture(Variant::Same)]);
+    let mut objectives = registry.tuner_object("Objectives", &json!({})).unwrap();
+    assert!(objectives.takes_objectives());
+    objectives
+        .receive_trial_outcome(0, &json!({"x": 1}), &outcome())
+        .unwrap();
+    assert_eq!(
+        objectives.generate_parameters(1).unwrap(),
+        Generated::Parameters(
+            json!({"seen": [{"parameters": {"x": 1}, "losses": [-0.9, 12.0], "violations": [1.0]}]})
+        )
+    );
+    let mut counting = registry.tuner_object("Counting", &json!({})).unwrap();
+    assert!(!counting.takes_objectives());
+    counting
+        .receive_trial_outcome(0, &json!({"n": 0}), &outcome())
+        .unwrap();
 }
 
 /// A plugin file cut short (1 KB to 1 MB of a real plugin, short of its loadable segments) is
