@@ -32,6 +32,14 @@ pub enum ExperimentCommand {
         #[arg(long, short = 'o')]
         output: Option<PathBuf>,
     },
+    /// The Pareto front of a multi-objective experiment (`objectives`): its feasible,
+    /// non-dominated trials with each listed metric, best of the first objective first.
+    Pareto {
+        id: String,
+        /// Every succeeded trial with a final result, with `front` and `feasible` columns.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -83,7 +91,72 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        ExperimentCommand::Pareto { id, all } => {
+            let entry = registry.get(&id)?;
+            let state = open(&entry)?.replay()?;
+            println!("{}", pareto_table(&id, &state, all)?);
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+fn pareto_table(
+    id: &str,
+    state: &knob_core::store::ExperimentState,
+    all: bool,
+) -> anyhow::Result<String> {
+    let (objectives, mut entries) = knob_core::objectives::of_state(state);
+    if objectives.is_empty() {
+        anyhow::bail!(
+            "experiment {id} lists no objectives, so it has no Pareto front; `knob trial ls {id} --head 10` shows its best trials"
+        );
+    }
+    if !all {
+        entries.retain(|e| e.pareto);
+    }
+    // Best of the first objective first, so the front reads as a curve.
+    let first = objectives
+        .iter()
+        .position(|o| o.constraint.is_none())
+        .unwrap_or(0);
+    let maximize = objectives[first].direction() == Direction::Maximize;
+    entries.sort_by(|a, b| {
+        let key = |e: &knob_core::objectives::ParetoEntry| e.values[first].unwrap_or(f64::NAN);
+        let order = key(a).total_cmp(&key(b));
+        if maximize {
+            order.reverse()
+        } else {
+            order
+        }
+    });
+    let mut header: Vec<String> = vec!["trial".into()];
+    for objective in &objectives {
+        header.push(match (&objective.mode, &objective.constraint) {
+            (_, Some(constraint)) => {
+                format!("{} ({})", objective.metric, String::from(*constraint))
+            }
+            (Some(mode), None) => format!("{} ({mode})", objective.metric),
+            (None, None) => objective.metric.clone(),
+        });
+    }
+    if all {
+        header.push("feasible".into());
+        header.push("front".into());
+    }
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            let mut row = vec![e.trial_id.clone()];
+            row.extend(e.values.iter().map(|v| crate::table::metric(*v)));
+            if all {
+                row.push(if e.feasible { "yes" } else { "no" }.into());
+                row.push(if e.pareto { "yes" } else { "no" }.into());
+            }
+            row
+        })
+        .collect();
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    Ok(render(&header, &rows))
 }
 
 pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {

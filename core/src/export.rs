@@ -10,6 +10,14 @@ use crate::store::{ExperimentState, MetricKind};
 /// The whole experiment as JSON: its status and config, and every trial with its parameters,
 /// final and intermediate results and each attempt.
 pub fn to_json(state: &ExperimentState) -> Value {
+    // With `objectives`: whether each trial is on the Pareto front (null without objectives).
+    let (objectives, entries) = crate::objectives::of_state(state);
+    let pareto = |id: &str| -> Value {
+        if objectives.is_empty() {
+            return Value::Null;
+        }
+        Value::Bool(entries.iter().any(|e| e.trial_id == id && e.pareto))
+    };
     let trials: Vec<Value> = state
         .trials
         .iter()
@@ -53,6 +61,7 @@ pub fn to_json(state: &ExperimentState) -> Value {
                 "memory_request_mib": t.memory_request_mib,
                 "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
                 "message": t.end.as_ref().and_then(|e| e.message.clone()),
+                "pareto": pareto(&t.trial_id),
             })
         })
         .collect();

@@ -8,6 +8,7 @@ pub mod importance;
 pub mod manager;
 pub mod nni_dispatch;
 pub mod notify;
+pub mod objectives;
 pub mod registry;
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -52,6 +52,12 @@ impl RandomTuner {
 }
 
 impl Tuner for RandomTuner {
+    /// Random search never looks at results, so it runs a multi-objective experiment as it runs
+    /// any other.
+    fn takes_objectives() -> bool {
+        true
+    }
+
     fn new(class_args: &Value) -> Result<Self, PluginError> {
         let args: RandomArgs = parse_class_args("Random", class_args)?;
         if let Some(mode) = args.optimize_mode {

@@ -8,6 +8,7 @@ mod assessor;
 mod browser;
 mod create;
 mod hyperband;
+mod multi_objective;
 mod nni;
 mod nni_dispatcher;
 mod nni_names;

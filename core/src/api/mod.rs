@@ -11,6 +11,7 @@ mod environments;
 mod guard;
 mod importance;
 mod logs;
+mod pareto;
 mod reads;
 mod stream;
 mod web;
@@ -106,6 +107,7 @@ pub fn api_routes() -> Vec<ApiRoute> {
         operation("get", "/api/v1/export", reads::export),
         operation("get", "/api/v1/importance", importance::importance),
         operation("get", "/api/v1/environments", environments::environments),
+        operation("get", "/api/v1/pareto", pareto::pareto),
         operation("get", "/api/v1/stream", stream::stream),
         operation("get", PUBLIC_API_PATH, openapi),
     ]

@@ -50,6 +50,7 @@ pub(crate) fn check_algorithms(
     pending: &[PendingAlgorithm],
     search_space: Option<&Json>,
     document: Option<&Node>,
+    objectives: &[super::ObjectiveConfig],
 ) {
     if !checker.checks_algorithms() {
         return;
@@ -90,6 +91,19 @@ pub(crate) fn check_algorithms(
             }
         };
         let Some(Err(problem)) = outcome else {
+            let multi_objective_tuner = algorithm.kind == ComponentKind::Tuner
+                && crate::objectives::is_multi_objective(objectives);
+            if let Some(name) = algorithm.name.as_deref().filter(|_| multi_objective_tuner) {
+                let args = Json::Object(algorithm.class_args.clone());
+                if checker.tuner_takes_objectives(name, &args) == Some(false) {
+                    let (pos, path) = located(&algorithm.path, field("name"), "name", None);
+                    reader.error(
+                        pos,
+                        &path,
+                        crate::objectives::single_objective_refusal(name, objectives),
+                    );
+                }
+            }
             continue;
         };
         // The dispatcher's own messages name the NNI algorithm; the plugin's name adds nothing.

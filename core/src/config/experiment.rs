@@ -9,8 +9,8 @@ use knob_plugin_api::ComponentKind;
 use super::algorithm::PendingAlgorithm;
 use super::model::TrainingServiceConfig;
 use super::model::{
-    AlgorithmConfig, ExperimentConfig, LogLevel, TunerErrorPolicy, OPTIMIZE_MODE,
-    PLACEMENT_POLICY_NAMES,
+    AlgorithmConfig, Constraint, ExperimentConfig, LogLevel, ObjectiveConfig, TunerErrorPolicy,
+    OPTIMIZE_MODE, PLACEMENT_POLICY_NAMES,
 };
 use super::reader::{plain_io, quoted, Field, Fields, Reader};
 use super::training_service::{
@@ -25,7 +25,7 @@ use crate::store::Direction;
 pub const MAX_OOM_RETRIES: u32 = 10;
 
 /// Every top-level field knob reads: NNI v2's, the shortcuts, and knob's extensions.
-pub(super) const TOP_FIELDS: [&str; 41] = [
+pub(super) const TOP_FIELDS: [&str; 42] = [
     "experimentName",
     "experimentType",
     "searchSpaceFile",
@@ -67,6 +67,7 @@ pub(super) const TOP_FIELDS: [&str; 41] = [
     "nniShim",
     "tunerErrorPolicy",
     "notifications",
+    "objectives",
 ];
 const ALGORITHM_FIELDS: [&str; 7] = [
     "name",
@@ -213,6 +214,7 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         take("tunerErrorPolicy").and_then(|field| reader.choice(&field, &TunerErrorPolicy::NAMES));
     let notifications = take("notifications")
         .and_then(|field| super::notifications::read_notifications(reader, &field));
+    let objectives = take("objectives").map(|field| read_objectives(reader, &field));
     let training_services = match take("trainingService") {
         Some(field) => read_training_services(reader, &field),
         None => {
@@ -312,6 +314,7 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         tuner_error_policy: tuner_error_policy.unwrap_or_default(),
         notifications,
         plugin_paths,
+        objectives: objectives.unwrap_or_default(),
         search_space: search_space?,
     })
 }
@@ -634,6 +637,106 @@ fn read_algorithm(
         config: algorithm.clone(),
     });
     Some(algorithm)
+}
+
+/// `objectives` (knob extension): a list of `{metric, mode}` objectives and `{metric,
+/// constraint}` constraints, each metric once, at least one objective.
+fn read_objectives(reader: &mut Reader, field: &Field<'_>) -> Vec<ObjectiveConfig> {
+    const OBJECTIVE_FIELDS: [&str; 4] = ["metric", "mode", "constraint", "reference"];
+    const MODES: [(&str, &str); 2] = [("maximize", "maximize"), ("minimize", "minimize")];
+    let Value::Seq(items) = &field.node.value else {
+        let message = format!(
+            "expected a list such as [{{metric: accuracy, mode: maximize}}, {{metric: latency_ms, mode: minimize}}], got {}",
+            field.node.describe()
+        );
+        reader.error(field.node.pos, &field.path, message);
+        return Vec::new();
+    };
+    if items.is_empty() {
+        let message = "an empty list; list at least one {metric, mode}, or leave objectives out";
+        reader.error(field.node.pos, &field.path, message);
+        return Vec::new();
+    }
+    let mut objectives: Vec<ObjectiveConfig> = Vec::new();
+    for (index, node) in items.iter().enumerate() {
+        let path = format!("{}[{index}]", field.path);
+        let Some(mut fields) = Fields::open(reader, node, &path) else {
+            continue;
+        };
+        let metric = match fields.take("metric") {
+            Some(metric) => reader
+                .non_empty_string(&metric)
+                .map(|m| (m, metric.node.pos)),
+            None => {
+                reader.error(
+                    node.pos,
+                    &format!("{path}.metric"),
+                    "required: a key of the dict the trial reports as its final result",
+                );
+                None
+            }
+        };
+        let mode_field = fields.take("mode");
+        let mode = mode_field
+            .as_ref()
+            .and_then(|mode| reader.choice(mode, &MODES));
+        let constraint_field = fields.take("constraint");
+        let constraint = constraint_field.as_ref().and_then(|c| {
+            reader.parse(c, |node| match &node.value {
+                Value::Str(text) => text.parse::<Constraint>(),
+                _ => Err(format!(
+                    "expected a string such as \"<= 0\", got {}",
+                    node.describe()
+                )),
+            })
+        });
+        let reference = fields.take("reference").and_then(|r| {
+            reader.parse(&r, |node| match node.value {
+                Value::Int(i) => Ok(i as f64),
+                Value::Float(x) if x.is_finite() => Ok(x),
+                _ => Err(format!("expected a number, got {}", node.describe())),
+            })
+        });
+        fields.finish(reader, &OBJECTIVE_FIELDS);
+        match (&mode_field, &constraint_field) {
+            (Some(mode), Some(_)) => reader.error(
+                mode.node.pos,
+                &mode.path,
+                "a constraint has no mode; leave mode out, or constraint out for an objective",
+            ),
+            (None, None) => reader.error(
+                node.pos,
+                &format!("{path}.mode"),
+                "required: maximize or minimize (or a constraint such as \"<= 0\")",
+            ),
+            _ => {}
+        }
+        let Some((metric, pos)) = metric else {
+            continue;
+        };
+        if objectives.iter().any(|o| o.metric == metric) {
+            reader.error(
+                pos,
+                &format!("{path}.metric"),
+                format!("{metric:?} is listed twice; list each metric once"),
+            );
+            continue;
+        }
+        objectives.push(ObjectiveConfig {
+            metric,
+            mode: mode.map(String::from),
+            constraint,
+            reference,
+        });
+    }
+    if !objectives.is_empty() && objectives.iter().all(|o| o.constraint.is_some()) {
+        reader.error(
+            field.node.pos,
+            &field.path,
+            "only constraints are listed; add an objective such as {metric: accuracy, mode: maximize}",
+        );
+    }
+    objectives
 }
 
 fn read_plugin_paths(reader: &mut Reader, field: &Field<'_>) -> Vec<PathBuf> {

@@ -66,8 +66,8 @@ pub use algorithm::AlgorithmProblem;
 pub use error::{ConfigError, ConfigErrors};
 pub use experiment::{parse_search_space, SpaceFileError};
 pub use model::{
-    AlgorithmConfig, ExperimentConfig, LogLevel, PlacementPolicy, TrainingServiceConfig,
-    TunerErrorPolicy,
+    AlgorithmConfig, Constraint, ConstraintOp, ExperimentConfig, LogLevel, ObjectiveConfig,
+    PlacementPolicy, TrainingServiceConfig, TunerErrorPolicy,
 };
 pub use notifications::{
     EmailConfig, NotificationsConfig, SmtpSecurity, WebhookConfig, DEFAULT_SECRET_HEADER,
@@ -267,12 +267,16 @@ fn load_document(
         }
         // A tuner is given the search space only once it was read without error.
         let search_space = config.as_ref().map(|config| &config.search_space);
+        let objectives = config
+            .as_ref()
+            .map_or(&[][..], |config| &config.objectives[..]);
         algorithm::check_algorithms(
             &mut reader,
             checker,
             &algorithms,
             search_space,
             document.as_ref(),
+            objectives,
         );
         if let Some(v1) = &converted {
             for problem in reader.errors[errors_before..]

@@ -87,6 +87,11 @@ pub struct ExperimentConfig {
     /// knob extension: extra plugin files or folders to load, absolute (written relative to the
     /// config file).
     pub plugin_paths: Vec<PathBuf>,
+    /// knob extension: the metrics of a multi-objective experiment, each a key of the dict a
+    /// trial reports as its final result (see [`ObjectiveConfig`] and `crate::objectives`).
+    /// Empty: NNI's single `default` metric, as without the field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objectives: Vec<ObjectiveConfig>,
     /// The search space JSON, inline even when the config named a `searchSpaceFile`: a resumed
     /// experiment keeps the space it started with even if the file changed since.
     pub search_space: serde_json::Value,
@@ -120,11 +125,113 @@ pub struct AlgorithmConfig {
 }
 
 impl ExperimentConfig {
-    /// Which way the tuner optimizes: its `classArgs.optimize_mode`, read as
-    /// [`Direction::from_optimize_mode`] reads it (the reader refused any value it refuses).
+    /// Which way "best" goes: the first objective's `mode` when `objectives` lists any, else the
+    /// tuner's `classArgs.optimize_mode`, read as [`Direction::from_optimize_mode`] reads it (the
+    /// reader refused any value it refuses).
     pub fn direction(&self) -> Direction {
+        if let Some(first) = self.objectives.iter().find(|o| o.constraint.is_none()) {
+            return first.direction();
+        }
         Direction::from_optimize_mode(self.tuner.class_args.get(OPTIMIZE_MODE))
             .unwrap_or(Direction::Maximize)
+    }
+}
+
+/// knob extension: one entry of `objectives`. Without `constraint` it is an objective
+/// (`mode` required); with one it is a constraint a feasible trial satisfies (no `mode`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectiveConfig {
+    /// A key of the trial's final result dict.
+    pub metric: String,
+    /// `maximize` or `minimize`; `None` exactly for a constraint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<Constraint>,
+    /// The reference value of this objective for the dashboard's hypervolume (default: the
+    /// worst value seen, pushed out by a tenth of the range).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<f64>,
+}
+
+impl ObjectiveConfig {
+    pub fn new(
+        metric: &str,
+        mode: Option<Direction>,
+        constraint: Option<Constraint>,
+    ) -> ObjectiveConfig {
+        ObjectiveConfig {
+            metric: metric.into(),
+            mode: mode.map(|m| m.as_str().into()),
+            constraint,
+            reference: None,
+        }
+    }
+
+    /// The objective's direction (a constraint's is meaningless and reads as minimize).
+    pub fn direction(&self) -> Direction {
+        match self.mode.as_deref() {
+            Some("maximize") => Direction::Maximize,
+            _ => Direction::Minimize,
+        }
+    }
+}
+
+/// A constraint on a metric: `"<= 0"` or `">= 0.5"` (Optuna's convention is `<= 0`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Constraint {
+    pub op: ConstraintOp,
+    pub bound: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConstraintOp {
+    /// `<=`: feasible while the metric is at most the bound.
+    AtMost,
+    /// `>=`: feasible while the metric is at least the bound.
+    AtLeast,
+}
+
+impl std::str::FromStr for Constraint {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Constraint, String> {
+        let text = text.trim();
+        let (op, rest) = if let Some(rest) = text.strip_prefix("<=") {
+            (ConstraintOp::AtMost, rest)
+        } else if let Some(rest) = text.strip_prefix(">=") {
+            (ConstraintOp::AtLeast, rest)
+        } else {
+            return Err(format!(
+                "constraint {text:?} must be \"<= NUMBER\" or \">= NUMBER\", e.g. \"<= 0\""
+            ));
+        };
+        match rest.trim().parse::<f64>() {
+            Ok(bound) if bound.is_finite() => Ok(Constraint { op, bound }),
+            _ => Err(format!(
+                "constraint {text:?}: {:?} is not a finite number; write e.g. \"<= 0\"",
+                rest.trim()
+            )),
+        }
+    }
+}
+
+impl TryFrom<String> for Constraint {
+    type Error = String;
+    fn try_from(text: String) -> Result<Constraint, String> {
+        text.parse()
+    }
+}
+
+impl From<Constraint> for String {
+    fn from(c: Constraint) -> String {
+        let op = match c.op {
+            ConstraintOp::AtMost => "<=",
+            ConstraintOp::AtLeast => ">=",
+        };
+        format!("{op} {}", c.bound)
     }
 }
 

@@ -52,6 +52,12 @@ pub trait ServiceChecker {
     ) -> Option<Result<(), AlgorithmProblem>> {
         None
     }
+    /// Whether the tuner `name` (built from `class_args`) takes vector objectives
+    /// (`Tuner::takes_objectives`); `None` when this checker does not build algorithms or the
+    /// tuner cannot be built (that error is [`ServiceChecker::check_algorithm`]'s).
+    fn tuner_takes_objectives(&self, _name: &str, _class_args: &serde_json::Value) -> Option<bool> {
+        None
+    }
 }
 
 impl ServiceChecker for PluginRegistry {
@@ -104,6 +110,12 @@ impl ServiceChecker for PluginRegistry {
                 .map_err(built),
             ComponentKind::TrainingService => Ok(()),
         })
+    }
+
+    fn tuner_takes_objectives(&self, name: &str, class_args: &serde_json::Value) -> Option<bool> {
+        self.tuner_object(name, class_args)
+            .ok()
+            .map(|tuner| tuner.takes_objectives())
     }
 }
 

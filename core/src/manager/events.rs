@@ -95,6 +95,9 @@ impl Manager {
                 }
                 let (status, reason) = match (&trial.kill, exit_code) {
                     (Some((status, reason)), _) => (*status, Some(reason.clone())),
+                    (None, Some(0)) if trial.objective_problem.is_some() => {
+                        (TrialStatus::Failed, trial.objective_problem.clone())
+                    }
                     (None, Some(0)) => (TrialStatus::Succeeded, trial.final_problem.clone()),
                     (None, _) => (
                         TrialStatus::Failed,
@@ -106,6 +109,7 @@ impl Manager {
                     + if oom { self.config.max_oom_retries } else { 0 };
                 if status == TrialStatus::Failed
                     && trial.kill.is_none()
+                    && trial.objective_problem.is_none()
                     && trial.attempt - trial.lost_attempts <= retries
                     && !self.closed_for_retries()
                 {
@@ -292,7 +296,16 @@ impl Manager {
                 .await?;
                 continue;
             }
-            let decoded = default_value(&raw);
+            let decoded = match kind {
+                MetricKind::Final if !self.config.objectives.is_empty() => {
+                    let read = crate::objectives::outcome(&self.config.objectives, &raw);
+                    self.stash_outcome(&trial_id, read)
+                }
+                _ => default_value(&raw),
+            };
+            let Some(trial) = self.trials.get(&trial_id) else {
+                continue;
+            };
             let ack = self.store.append(StoreEvent::Metric {
                 trial_id: trial_id.clone(),
                 attempt: trial.attempt.max(1),
@@ -324,6 +337,18 @@ impl Manager {
         for (trial_id, kind, decoded) in durable {
             match (kind, decoded) {
                 (_, Ok(value)) => self.act_on_metric(trial_id, kind, value).await?,
+                (MetricKind::Final, Err(reason))
+                    if self
+                        .trials
+                        .get(&trial_id)
+                        .is_some_and(|t| t.objective_problem.is_some()) =>
+                {
+                    self.warn(Some(trial_id.clone()), format!("{reason}; the trial fails"))
+                        .await?;
+                    if let Some(trial) = self.trials.get_mut(&trial_id) {
+                        trial.final_value.get_or_insert(f64::NAN);
+                    }
+                }
                 (MetricKind::Final, Err(reason)) => {
                     self.on_unreadable_final(trial_id, reason).await?
                 }
@@ -337,6 +362,47 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// Keeps a final's outcome for the tuner (`act_on_metric`) and gives the number the store
+    /// records with it: the first objective's value. A final that lacks a listed metric (or
+    /// has one that is not a number) makes the trial fail with the metric named; the tuner is
+    /// not given it and learns of the trial through its end.
+    fn stash_outcome(
+        &mut self,
+        trial_id: &str,
+        read: Result<knob_plugin_api::Outcome, crate::objectives::OutcomeProblem>,
+    ) -> Result<f64, String> {
+        let Some(trial) = self.trials.get_mut(trial_id) else {
+            return Err("unknown trial".into());
+        };
+        // Only the first final of an attempt counts (a second is recorded and ignored).
+        if trial.final_value.is_some()
+            || trial.outcome.is_some()
+            || trial.objective_problem.is_some()
+        {
+            return Ok(f64::NAN);
+        }
+        match read {
+            Ok(outcome) => {
+                let first = self
+                    .config
+                    .objectives
+                    .iter()
+                    .zip(&outcome.values)
+                    .find(|(o, _)| o.constraint.is_none())
+                    .map_or(f64::NAN, |(_, v)| *v);
+                trial.outcome = Some(outcome);
+                Ok(first)
+            }
+            Err(problem) => {
+                let message = problem.to_string();
+                trial.objective_problem = Some(message.clone());
+                std::sync::Arc::make_mut(&mut self.notices)
+                    .push(format!("trial {trial_id}: {message}"));
+                Err(message)
+            }
+        }
     }
 
     /// A final result that cannot be read as a number is still the trial's final (the first
@@ -414,6 +480,7 @@ impl Manager {
                 let value = if value.is_finite() { value } else { f64::NAN };
                 trial.final_value = Some(value);
                 let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
+                let outcome = trial.outcome.take();
                 if !value.is_nan()
                     && self
                         .best
@@ -422,11 +489,20 @@ impl Manager {
                 {
                     self.best = Some((trial_id.clone(), value));
                 }
-                let suggestions = self
-                    .tuner
-                    .receive_trial_result(parameter_id, parameters, value)
-                    .get()
-                    .await?;
+                let suggestions = match outcome {
+                    Some(outcome) => {
+                        self.tuner
+                            .receive_trial_outcome(parameter_id, parameters, outcome)
+                            .get()
+                            .await?
+                    }
+                    None => {
+                        self.tuner
+                            .receive_trial_result(parameter_id, parameters, value)
+                            .get()
+                            .await?
+                    }
+                };
                 self.accept_suggestions(suggestions);
                 if let Some(assessor) = &self.assessor {
                     // As a verdict: an assessor that fails costs what it would have learnt.

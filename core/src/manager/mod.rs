@@ -331,6 +331,14 @@ impl Manager {
             Some(run),
         )?;
         let tuner = components.tuner(&tuner_name, &tuner_args)?;
+        if crate::objectives::is_multi_objective(&config.objectives) && !tuner.takes_objectives() {
+            return Err(ManagerError::Unsupported(
+                crate::objectives::single_objective_refusal(
+                    config.tuner.display_name(),
+                    &config.objectives,
+                ),
+            ));
+        }
         let assessor = match &config.assessor {
             Some(assessor) => {
                 let (name, args) = algorithm_component(

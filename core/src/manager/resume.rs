@@ -73,7 +73,7 @@ impl Manager {
             if stored.status.is_final() && !stopped_with_experiment {
                 self.set_status(&id, stored.status);
                 if let Some(value) = self.trials[&id].final_value {
-                    imported.push(import_record(stored, value));
+                    imported.push(import_record(&self.config.objectives, stored, value));
                     if !value.is_nan()
                         && self
                             .best
@@ -85,12 +85,12 @@ impl Manager {
                 }
                 if self.trials[&id].final_value.is_none() && stored.parameter_label.is_some() {
                     // A tuner that labels its trials rebuilds its rounds from every trial.
-                    imported.push(import_record(stored, f64::NAN));
+                    imported.push(import_record(&self.config.objectives, stored, f64::NAN));
                 }
                 continue;
             }
             if stored.parameter_label.is_some() {
-                imported.push(import_record(stored, f64::NAN));
+                imported.push(import_record(&self.config.objectives, stored, f64::NAN));
             }
             // Not finished: run it again (its services ended what was left of it, see
             // `unfinished_trials`).
@@ -185,6 +185,8 @@ impl Manager {
         trial.intermediate.clear();
         trial.final_value = None;
         trial.final_problem = None;
+        trial.outcome = None;
+        trial.objective_problem = None;
         trial.waiting_reason = None;
         trial.not_before = (!backoff.is_zero()).then(|| now + backoff);
         trial.deadline = None;
@@ -200,8 +202,19 @@ impl Manager {
 
 /// What the tuner is told about a trial of the earlier run (see `ImportedTrial`: trials without
 /// a result are imported only when the tuner labeled them, so other tuners see what NNI's do).
-fn import_record(stored: &crate::store::TrialState, value: f64) -> ImportedTrial {
+fn import_record(
+    objectives: &[crate::config::ObjectiveConfig],
+    stored: &crate::store::TrialState,
+    value: f64,
+) -> ImportedTrial {
     let mut record = ImportedTrial::new(stored.parameters.clone(), value);
+    // With `objectives`, the outcome is read again from the final as sent (a tuner that takes
+    // objectives gets it; the host strips it for any other).
+    if !objectives.is_empty() && !value.is_nan() {
+        record.objectives = stored
+            .final_metric()
+            .and_then(|m| crate::objectives::outcome(objectives, &m.raw).ok());
+    }
     record.parameter_id = Some(stored.parameter_id);
     record.label = stored.parameter_label.clone();
     record.status = Some(stored.status.as_str().to_string());

@@ -56,6 +56,13 @@ pub(super) struct Trial {
     /// Why the final result this attempt reported could not be read; the end message of a
     /// trial that otherwise succeeds.
     pub final_problem: Option<String>,
+    /// In an experiment with `objectives`: the outcome of the final result, read when it was
+    /// recorded and handed to the tuner with it.
+    pub outcome: Option<knob_plugin_api::Outcome>,
+    /// In an experiment with `objectives`: the final result lacked a listed metric (or one was
+    /// not a number), so the trial ends FAILED with this message, without a retry (the script
+    /// would report the same dict again).
+    pub objective_problem: Option<String>,
     /// Set when the manager asked for the trial to be killed: how to record its end, and why.
     pub kill: Option<(TrialStatus, String)>,
     pub reason: Option<String>,
@@ -89,6 +96,8 @@ impl Trial {
             intermediate: Vec::new(),
             final_value: None,
             final_problem: None,
+            outcome: None,
+            objective_problem: None,
             kill: None,
             reason: None,
             memory_request_mib: None,

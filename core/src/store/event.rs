@@ -336,6 +336,14 @@ impl Direction {
     /// never passes the config reader; one in a store written before it checked reads as
     /// maximize, the default.
     pub fn of_config(config: &Value) -> Direction {
+        // With `objectives`, the first objective's mode (see `ExperimentConfig::direction`).
+        let first_objective = config
+            .get("objectives")
+            .and_then(Value::as_array)
+            .and_then(|list| list.iter().find(|o| o.get("constraint").is_none()));
+        if let Some(mode) = first_objective.and_then(|o| o.get("mode")) {
+            return Direction::from_optimize_mode(Some(mode)).unwrap_or(Direction::Maximize);
+        }
         Direction::from_optimize_mode(config.pointer("/tuner/classArgs/optimize_mode"))
             .unwrap_or(Direction::Maximize)
     }

@@ -25,8 +25,12 @@ pub fn tuner<T: Tuner>(name: &str, tuner: T) -> TunerHandle {
     let object = TunerObject {
         raw: crate::sdk::in_process_tuner(tuner, name),
         label: format!("tuner {name}"),
+        takes_objectives: T::takes_objectives(),
     };
-    TunerHandle(PluginThread::inline(object.label.clone(), object))
+    TunerHandle(
+        PluginThread::inline(object.label.clone(), object),
+        T::takes_objectives(),
+    )
 }
 
 /// An assessor handle over `assessor`, told the experiment's context, labelled

@@ -47,6 +47,17 @@ fn the_library_exports_both_tuners_and_they_behave_as_through_the_rlib() {
         );
     }
 
+    // Multi-objective experiments: NSGA2 and Random take vector objectives, the others a scalar.
+    for (name, takes) in [
+        ("NSGA2", true),
+        ("Random", true),
+        ("GridSearch", false),
+        ("TPE", false),
+    ] {
+        let tuner = registry.tuner_object(name, &Value::Null).unwrap();
+        assert_eq!(tuner.takes_objectives(), takes, "{name}");
+    }
+
     let mut through_abi = registry.tuner_object("GridSearch", &Value::Null).unwrap();
     through_abi
         .update_search_space(&serde_json::from_str(SPACE).unwrap())

@@ -10,6 +10,7 @@ mod evolution;
 mod gp;
 mod grid;
 mod hyperband;
+mod multi_objective;
 mod random;
 mod tpe;
 

@@ -1,0 +1,235 @@
+//! Multi-objective experiments end to end (issue 15): `objectives` in the config, dict finals
+//! through knob's protocol and through a real nni's `report_final_result(dict)`, constraints,
+//! the `pareto` field of the export, `knob experiment pareto`, a trial whose final lacks a
+//! listed metric, and a single-objective tuner refused.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::create::Sandbox;
+use crate::prerequisite;
+use crate::run;
+
+/// Two objectives (accuracy up, latency down, traded off by x) and a constraint (memory_over
+/// <= 0, violated for y > 0.7).
+const OBJECTIVES: &str = r#"searchSpace:
+  x: {_type: uniform, _value: [0, 1]}
+  y: {_type: uniform, _value: [0, 1]}
+objectives:
+  - {metric: accuracy, mode: maximize}
+  - {metric: latency_ms, mode: minimize}
+  - {metric: memory_over, constraint: "<= 0"}
+trainingService:
+  platform: local"#;
+
+const KNOB_TRIAL: &str = r#"import json, os
+p = json.loads(os.environ["KNOB_PARAMETERS"]) if "KNOB_PARAMETERS" in os.environ else None
+if p is None:
+    with open(os.path.join(os.environ["NNI_SYS_DIR"], "parameter.cfg")) as f:
+        p = json.loads(f.readline())["parameters"]
+x, y = p["x"], p["y"]
+result = {"accuracy": x * (1 - 0.3 * y), "latency_ms": 10 + 90 * x * x + 20 * y, "memory_over": y - 0.7}
+print("KNOB_FINAL", json.dumps(result))
+"#;
+
+fn values(trial: &Value) -> Option<(f64, f64, f64)> {
+    let raw: Value = serde_json::from_str(trial["final_raw"].as_str()?).ok()?;
+    Some((
+        raw["accuracy"].as_f64()?,
+        raw["latency_ms"].as_f64()?,
+        raw["memory_over"].as_f64()?,
+    ))
+}
+
+/// Checks the export's `pareto` field against the definition: feasible, and no feasible trial
+/// at least as good in both objectives and better in one. Returns the front's trial ids.
+fn check_front(export: &Value) -> Vec<String> {
+    let trials = export["trials"].as_array().unwrap();
+    let feasible: Vec<(&str, (f64, f64, f64))> = trials
+        .iter()
+        .filter(|t| t["status"] == "SUCCEEDED")
+        .filter_map(|t| Some((t["id"].as_str()?, values(t)?)))
+        .filter(|(_, v)| v.2 <= 0.0)
+        .collect();
+    let mut front = Vec::new();
+    for trial in trials {
+        let id = trial["id"].as_str().unwrap();
+        let expected = feasible
+            .iter()
+            .find(|(f, _)| *f == id)
+            .is_some_and(|(_, v)| {
+                !feasible
+                    .iter()
+                    .any(|(_, w)| w.0 >= v.0 && w.1 <= v.1 && (w.0 > v.0 || w.1 < v.1))
+            });
+        assert_eq!(trial["pareto"], expected, "{trial:#}");
+        if expected {
+            front.push(id.to_string());
+        }
+    }
+    front
+}
+
+#[test]
+fn a_two_objective_experiment_with_a_constraint_has_a_pareto_front() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: python3 trial.py\ntrialConcurrency: 2\nmaxTrialNumber: 12\ntuner:\n  name: NSGA2\n  classArgs: {{seed: 1, population_size: 4}}\n{OBJECTIVES}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.py", KNOB_TRIAL)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "mo");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("mo");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 12);
+    assert!(
+        trials.iter().all(|t| t["status"] == "SUCCEEDED"),
+        "{export:#}"
+    );
+    let front = check_front(&export);
+    assert!(!front.is_empty(), "{export:#}");
+    // The table lists exactly the front, best accuracy first, each metric in a column.
+    let (code, table, stderr) = run(sandbox.knob().args(["experiment", "pareto", "mo"]));
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "trial",
+            "accuracy",
+            "(maximize)",
+            "latency_ms",
+            "(minimize)",
+            "memory_over",
+            "(<=",
+            "0)"
+        ]
+    );
+    let mut listed: Vec<String> = lines[1..]
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    let accuracies: Vec<f64> = lines[1..]
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(accuracies.windows(2).all(|w| w[0] >= w[1]), "{table}");
+    listed.sort();
+    let mut expected = front.clone();
+    expected.sort();
+    assert_eq!(listed, expected, "{table}");
+    // --all shows every trial, infeasible ones marked.
+    let (code, all, _) = run(sandbox.knob().args(["experiment", "pareto", "mo", "--all"]));
+    assert_eq!(code, 0);
+    assert_eq!(all.lines().count(), 13, "{all}");
+    for trial in trials {
+        let (_, _, memory_over) = values(trial).unwrap();
+        let line = all
+            .lines()
+            .find(|l| l.starts_with(trial["id"].as_str().unwrap()))
+            .unwrap();
+        let feasible = line.split_whitespace().rev().nth(1).unwrap();
+        assert_eq!(feasible == "yes", memory_over <= 0.0, "{line}");
+    }
+}
+
+#[test]
+fn a_final_without_a_listed_metric_fails_the_trial_naming_it() {
+    let sandbox = Sandbox::new();
+    let trial = r#"print('KNOB_FINAL {"accuracy": 0.5, "memory_over": -1}')"#;
+    let yaml = format!(
+        "trialCommand: python3 trial.py\ntrialConcurrency: 1\nmaxTrialNumber: 2\nmaxTrialRetries: 2\ntuner:\n  name: Random\n  classArgs: {{seed: 1}}\n{OBJECTIVES}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.py", trial)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "missing");
+    // `knob create` says no trial gave a usable result, and exits non-zero for it.
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("2 trials (0 succeeded, 2 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let export = sandbox.export("missing");
+    for trial in export["trials"].as_array().unwrap() {
+        assert_eq!(trial["status"], "FAILED", "{trial:#}");
+        // Not retried: the script would report the same dict again.
+        assert_eq!(trial["attempts"], 1, "{trial:#}");
+        let message = trial["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(r#"final result has no "latency_ms" entry (objectives lists accuracy, latency_ms, memory_over)"#),
+            "{message}"
+        );
+        assert_eq!(trial["pareto"], false);
+    }
+}
+
+#[test]
+fn a_single_objective_tuner_refuses_a_multi_objective_experiment_in_one_line() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: python3 trial.py\ntrialConcurrency: 1\ntuner:\n  name: Anneal\n{OBJECTIVES}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.py", KNOB_TRIAL)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "anneal");
+    assert_ne!(code, 0, "{stdout}");
+    assert!(
+        stderr.contains("tuner.name: tuner Anneal optimises a single objective, and objectives lists 2 objectives and 1 constraint; use NSGA2, TPE or Random, or a tuner that takes objectives"),
+        "{stderr}"
+    );
+    // Bad objectives: each problem on its own line, at its field.
+    let bad = r#"searchSpace: {x: {_type: uniform, _value: [0, 1]}}
+objectives:
+  - {metric: accuracy}
+  - {metric: accuracy, mode: up}
+  - {metric: mem, constraint: "< 0", mode: minimize}
+trainingService: {platform: local}"#;
+    let yaml = format!(
+        "trialCommand: python3 trial.py\ntrialConcurrency: 1\ntuner: {{name: Random}}\n{bad}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let (code, _, stderr) = run(sandbox.knob().args(["config", "check"]).arg(&config));
+    assert_ne!(code, 0);
+    for expected in [
+        "objectives[0].mode: required: maximize or minimize",
+        r#"objectives[1].mode: expected one of "maximize", "minimize", got"#,
+        r#"objectives[1].metric: "accuracy" is listed twice"#,
+        r#"objectives[2].constraint: constraint "< 0" must be "<= NUMBER" or ">= NUMBER""#,
+        "objectives[2].mode: a constraint has no mode",
+    ] {
+        assert!(stderr.contains(expected), "{expected}\n{stderr}");
+    }
+}
+
+/// An unmodified `import nni` trial reports a dict with `nni.report_final_result`.
+#[test]
+fn nni_report_final_result_of_a_dict_feeds_the_objectives() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let script = r#"import nni
+p = nni.get_next_parameter()
+x, y = p["x"], p["y"]
+nni.report_final_result({"default": x, "accuracy": x * (1 - 0.3 * y), "latency_ms": 10 + 90 * x * x + 20 * y, "memory_over": y - 0.7})
+"#;
+    let python = Path::new(&python)
+        .display()
+        .to_string()
+        .replace('\'', r"'\''");
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: \"'{python}' trial.py\"\ntrialConcurrency: 2\nmaxTrialNumber: 6\nmaxTrialDuration: 2m\ntuner:\n  name: NSGA2\n  classArgs: {{seed: 2, population_size: 4}}\n{OBJECTIVES}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.py", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "nnimo");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("nnimo");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 6);
+    assert!(
+        trials.iter().all(|t| t["status"] == "SUCCEEDED"),
+        "{export:#}"
+    );
+    assert!(!check_front(&export).is_empty(), "{export:#}");
+}

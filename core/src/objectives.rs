@@ -1,0 +1,379 @@
+//! Multi-objective experiments (knob extension `objectives`): reading each listed metric from a
+//! trial's final result, and the Pareto front of an experiment's trials.
+//!
+//! A trial reports its final result as a dict (`nni.report_final_result({"accuracy": 0.9,
+//! "latency_ms": 12})`, `KNOB_FINAL {...}`, any protocol); each entry of `objectives` names one
+//! of its keys. An entry with a `constraint` (`"<= 0"`, `">= 0.5"`) is a constraint, not an
+//! objective: a trial that violates it is infeasible and never on the front. The arithmetic
+//! (dominance, hypervolume) is `knob_plugin_api::objectives`, shared with the tuners.
+
+use knob_plugin_api::metric::parse_lenient;
+use knob_plugin_api::objectives::{default_reference, hypervolume, pareto_front};
+use knob_plugin_api::Outcome;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::{ConstraintOp, ObjectiveConfig};
+use crate::store::Direction;
+
+/// Why a final result gives no outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutcomeProblem {
+    /// The result is an object without this key (or not an object at all when several
+    /// objectives are listed).
+    Missing { metric: String, listed: Vec<String> },
+    /// The result or one of its entries cannot be read as a number.
+    Unreadable(String),
+}
+
+impl std::fmt::Display for OutcomeProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OutcomeProblem::Missing { metric, listed } => write!(
+                f,
+                "final result has no {metric:?} entry (objectives lists {}); report a dict with every listed metric, e.g. nni.report_final_result({{{}}})",
+                listed.join(", "),
+                listed
+                    .iter()
+                    .map(|m| format!("{m:?}: ..."))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            OutcomeProblem::Unreadable(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// Whether these objectives make a multi-objective experiment: several objectives, or any
+/// constraint. One plain objective is a single-objective experiment on that metric.
+pub fn is_multi_objective(objectives: &[ObjectiveConfig]) -> bool {
+    objectives.iter().filter(|o| o.constraint.is_none()).count() > 1
+        || objectives.iter().any(|o| o.constraint.is_some())
+}
+
+/// Why a tuner that takes one objective cannot run an experiment with `objectives`.
+pub fn single_objective_refusal(name: &str, objectives: &[ObjectiveConfig]) -> String {
+    let count = |constraints: bool| {
+        objectives
+            .iter()
+            .filter(|o| o.constraint.is_some() == constraints)
+            .count()
+    };
+    let (goals, constraints) = (count(false), count(true));
+    let plural = |n: usize, noun: &str| match n {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    };
+    let listed = match constraints {
+        0 => plural(goals, "objective"),
+        n => format!(
+            "{} and {}",
+            plural(goals, "objective"),
+            plural(n, "constraint")
+        ),
+    };
+    format!(
+        "tuner {name} optimises a single objective, and objectives lists {listed}; use NSGA2, TPE or Random, or a tuner that takes objectives"
+    )
+}
+
+/// Reads every listed metric from a final result as sent (`raw`, NNI's JSON with NaN allowed).
+/// A plain number is accepted only when a single metric is listed.
+pub fn outcome(objectives: &[ObjectiveConfig], raw: &str) -> Result<Outcome, OutcomeProblem> {
+    let value = parse_lenient(raw).map_err(OutcomeProblem::Unreadable)?;
+    let listed = || objectives.iter().map(|o| o.metric.clone()).collect();
+    let mut values = Vec::with_capacity(objectives.len());
+    for objective in objectives {
+        let entry = match &value {
+            Value::Object(map) => map.get(&objective.metric),
+            scalar if objectives.len() == 1 => Some(scalar),
+            _ => None,
+        };
+        let Some(entry) = entry else {
+            return Err(OutcomeProblem::Missing {
+                metric: objective.metric.clone(),
+                listed: listed(),
+            });
+        };
+        let number = knob_plugin_api::metric::default_value(&entry.to_string()).map_err(|_| {
+            OutcomeProblem::Unreadable(format!(
+                "final result's {:?} entry is not a number: {entry}",
+                objective.metric
+            ))
+        })?;
+        values.push(number);
+    }
+    Ok(outcome_of_values(objectives, values))
+}
+
+/// The outcome of values already read, one per listed objective, in order.
+pub fn outcome_of_values(objectives: &[ObjectiveConfig], values: Vec<f64>) -> Outcome {
+    let values: Vec<f64> = values
+        .into_iter()
+        .map(|v| if v.is_finite() { v } else { f64::NAN })
+        .collect();
+    let mut losses = Vec::new();
+    let mut violations = Vec::new();
+    for (objective, &value) in objectives.iter().zip(&values) {
+        match &objective.constraint {
+            Some(constraint) => violations.push(match constraint.op {
+                ConstraintOp::AtMost => value - constraint.bound,
+                ConstraintOp::AtLeast => constraint.bound - value,
+            }),
+            None => losses.push(match objective.direction() {
+                Direction::Minimize => value,
+                Direction::Maximize => -value,
+            }),
+        }
+    }
+    Outcome {
+        values,
+        losses,
+        violations,
+    }
+}
+
+/// One trial's place in the experiment's results, for export, `knob experiment pareto` and the
+/// API.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ParetoEntry {
+    pub trial_id: String,
+    /// Each listed metric as reported (null when absent or not a number), in config order.
+    pub values: Vec<Option<f64>>,
+    pub feasible: bool,
+    pub pareto: bool,
+}
+
+/// The Pareto front of finished trials: `(trial id, final result as sent)` for each trial with
+/// a final. Trials whose result lacks a metric have `values` of what could be read and are
+/// neither feasible nor on the front.
+pub fn pareto_entries(
+    objectives: &[ObjectiveConfig],
+    finals: &[(String, String)],
+) -> Vec<ParetoEntry> {
+    let outcomes: Vec<Option<Outcome>> = finals
+        .iter()
+        .map(|(_, raw)| outcome(objectives, raw).ok())
+        .collect();
+    let complete: Vec<(usize, &Outcome)> = outcomes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| o.as_ref().map(|o| (i, o)))
+        .collect();
+    let points: Vec<&Outcome> = complete.iter().map(|(_, o)| *o).collect();
+    let front: Vec<usize> = pareto_front(&points)
+        .into_iter()
+        .map(|k| complete[k].0)
+        .collect();
+    finals
+        .iter()
+        .zip(&outcomes)
+        .enumerate()
+        .map(|(i, ((trial_id, raw), outcome))| ParetoEntry {
+            trial_id: trial_id.clone(),
+            values: match outcome {
+                Some(o) => o
+                    .values
+                    .iter()
+                    .map(|v| v.is_finite().then_some(*v))
+                    .collect(),
+                None => partial_values(objectives, raw),
+            },
+            feasible: outcome
+                .as_ref()
+                .is_some_and(|o| o.is_complete() && o.is_feasible()),
+            pareto: front.contains(&i),
+        })
+        .collect()
+}
+
+fn partial_values(objectives: &[ObjectiveConfig], raw: &str) -> Vec<Option<f64>> {
+    let value = parse_lenient(raw).ok();
+    objectives
+        .iter()
+        .map(|o| {
+            let entry = value.as_ref()?.as_object()?.get(&o.metric)?;
+            knob_plugin_api::metric::default_value(&entry.to_string())
+                .ok()
+                .filter(|v| v.is_finite())
+        })
+        .collect()
+}
+
+/// The `objectives` of a stored config (the JSON form the store keeps); empty without them.
+pub fn of_config(config: &Value) -> Vec<ObjectiveConfig> {
+    config
+        .get("objectives")
+        .and_then(|list| serde_json::from_value(list.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// The Pareto entries of an experiment's succeeded trials with a final result, in the order
+/// they ended
+/// (empty without `objectives`).
+pub fn of_state(state: &crate::store::ExperimentState) -> (Vec<ObjectiveConfig>, Vec<ParetoEntry>) {
+    let objectives = of_config(&state.config);
+    if objectives.is_empty() {
+        return (objectives, Vec::new());
+    }
+    // In the order they ended, so that the hypervolume history reads as time goes.
+    let mut succeeded: Vec<&crate::store::TrialState> = state
+        .trials
+        .iter()
+        .filter(|t| t.status == crate::store::TrialStatus::Succeeded)
+        .collect();
+    succeeded.sort_by_key(|t| (t.ended_ms(), t.sequence));
+    let finals: Vec<(String, String)> = succeeded
+        .iter()
+        .filter_map(|t| Some((t.trial_id.clone(), t.final_metric()?.raw.clone())))
+        .collect();
+    let entries = pareto_entries(&objectives, &finals);
+    (objectives, entries)
+}
+
+/// The hypervolume of the feasible trials' objectives (constraints left out) after each trial,
+/// in the order given, against the objectives' `reference` values, or else the worst value of
+/// each objective among the feasible trials (pushed out by a tenth of its range). In the
+/// objectives' own units: each value is the volume of the region of objective space the trials
+/// so far dominate, bounded by the reference point.
+pub fn hypervolume_history(
+    objectives: &[ObjectiveConfig],
+    entries: &[ParetoEntry],
+) -> (Option<Vec<f64>>, Vec<f64>) {
+    let losses = |entry: &ParetoEntry| -> Option<Vec<f64>> {
+        if !entry.feasible {
+            return None;
+        }
+        let values: Vec<f64> = entry.values.iter().map(|v| v.unwrap_or(f64::NAN)).collect();
+        Some(outcome_of_values(objectives, values).losses)
+    };
+    let points: Vec<Option<Vec<f64>>> = entries.iter().map(losses).collect();
+    let seen: Vec<Vec<f64>> = points.iter().flatten().cloned().collect();
+    let configured: Option<Vec<f64>> = objectives
+        .iter()
+        .filter(|o| o.constraint.is_none())
+        .map(|o| {
+            o.reference.map(|r| match o.direction() {
+                Direction::Minimize => r,
+                Direction::Maximize => -r,
+            })
+        })
+        .collect();
+    let Some(reference) = configured.or_else(|| default_reference(&seen)) else {
+        return (None, vec![0.0; entries.len()]);
+    };
+    let mut so_far = Vec::new();
+    let history = points
+        .into_iter()
+        .map(|point| {
+            if let Some(point) = point {
+                so_far.push(point);
+            }
+            hypervolume(&so_far, &reference)
+        })
+        .collect();
+    // The reference point in the objectives' own units, as a user would write it.
+    let shown = objectives
+        .iter()
+        .filter(|o| o.constraint.is_none())
+        .zip(&reference)
+        .map(|(o, &r)| match o.direction() {
+            Direction::Minimize => r,
+            Direction::Maximize => -r,
+        })
+        .collect();
+    (Some(shown), history)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Constraint;
+
+    fn objectives() -> Vec<ObjectiveConfig> {
+        vec![
+            ObjectiveConfig::new("accuracy", Some(Direction::Maximize), None),
+            ObjectiveConfig::new("latency_ms", Some(Direction::Minimize), None),
+            ObjectiveConfig::new(
+                "memory_over",
+                None,
+                Some(Constraint {
+                    op: ConstraintOp::AtMost,
+                    bound: 0.0,
+                }),
+            ),
+        ]
+    }
+
+    #[test]
+    fn an_outcome_reads_every_listed_key_and_names_a_missing_one() {
+        let o = outcome(
+            &objectives(),
+            r#"{"accuracy": 0.9, "latency_ms": 12, "memory_over": -1, "other": "x"}"#,
+        )
+        .unwrap();
+        assert_eq!(o.values, vec![0.9, 12.0, -1.0]);
+        assert_eq!(o.losses, vec![-0.9, 12.0]);
+        assert_eq!(o.violations, vec![-1.0]);
+        let missing = outcome(&objectives(), r#"{"accuracy": 0.9, "memory_over": 0}"#)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            missing,
+            r#"final result has no "latency_ms" entry (objectives lists accuracy, latency_ms, memory_over); report a dict with every listed metric, e.g. nni.report_final_result({"accuracy": ..., "latency_ms": ..., "memory_over": ...})"#
+        );
+        assert!(matches!(
+            outcome(&objectives(), "0.5"),
+            Err(OutcomeProblem::Missing { .. })
+        ));
+        assert!(matches!(
+            outcome(
+                &objectives(),
+                r#"{"accuracy": "high", "latency_ms": 1, "memory_over": 0}"#
+            ),
+            Err(OutcomeProblem::Unreadable(_))
+        ));
+    }
+
+    #[test]
+    fn the_front_holds_feasible_non_dominated_trials_only() {
+        let finals = [
+            (
+                "a",
+                r#"{"accuracy": 0.9, "latency_ms": 20, "memory_over": 0}"#,
+            ),
+            (
+                "b",
+                r#"{"accuracy": 0.8, "latency_ms": 10, "memory_over": -5}"#,
+            ),
+            (
+                "c",
+                r#"{"accuracy": 0.7, "latency_ms": 15, "memory_over": -5}"#,
+            ), // dominated by b
+            (
+                "d",
+                r#"{"accuracy": 0.99, "latency_ms": 1, "memory_over": 3}"#,
+            ), // infeasible
+            ("e", r#"{"accuracy": 0.95}"#), // incomplete
+        ];
+        let finals: Vec<(String, String)> = finals
+            .iter()
+            .map(|(id, raw)| (id.to_string(), raw.to_string()))
+            .collect();
+        let entries = pareto_entries(&objectives(), &finals);
+        let front: Vec<&str> = entries
+            .iter()
+            .filter(|e| e.pareto)
+            .map(|e| e.trial_id.as_str())
+            .collect();
+        assert_eq!(front, ["a", "b"]);
+        assert!(!entries[3].feasible && !entries[4].feasible);
+        assert_eq!(entries[4].values, vec![Some(0.95), None, None]);
+        let (reference, history) = hypervolume_history(&objectives(), &entries);
+        let reference = reference.unwrap();
+        // Worst feasible: accuracy 0.7, latency 20, pushed out by a tenth of the range.
+        assert!((reference[0] - 0.68).abs() < 1e-9 && (reference[1] - 21.0).abs() < 1e-9);
+        assert!(history.windows(2).all(|w| w[0] <= w[1]), "{history:?}");
+        assert!(history[0] > 0.0);
+    }
+}
