@@ -207,6 +207,7 @@ impl Scenario {
             placement_policy: PlacementPolicy::default(),
             tuner_error_policy: TunerErrorPolicy::default(),
             plugin_paths: Vec::new(),
+            objectives: Vec::new(),
             search_space: json!({"x": {"_type": "uniform", "_value": [0.0, 1.0]}}),
             notifications: None,
         }
