@@ -11,12 +11,18 @@ use super::{script, Job, Phase, SlurmArgs, QUEUE_ENVIRONMENT};
 /// asks Slurm for (GPUs declared so that gpu-sched lets GPU trials through; the job's own
 /// `CUDA_VISIBLE_DEVICES` is Slurm's).
 pub(super) fn queue_environment(args: &SlurmArgs) -> Environment {
-    let inventory = requested(
+    let mut inventory = requested(
         args,
         QUEUE_ENVIRONMENT,
         args.trial_concurrency,
         knob_gpu_sched::EnvironmentStatus::Ready,
     );
+    // Each job asks Slurm for its own trial's memory (`--mem`, raised after an out-of-memory
+    // end), so the queue holds no fixed amount: `trialConcurrency` bounds the jobs, and Slurm
+    // whether a job's memory fits a node. A fixed total would hold a raised request back forever.
+    let unbounded = knob_gpu_sched::ByteSize(u64::MAX / 2);
+    inventory.host_resources.memory_total = unbounded;
+    inventory.host_resources.memory_available = unbounded;
     Environment {
         id: QUEUE_ENVIRONMENT.to_string(),
         host: "slurm".to_string(),

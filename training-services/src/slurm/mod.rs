@@ -411,8 +411,14 @@ async fn submit(
         .map_err(|e| SlurmError::Startup(format!("cannot create {}: {e}", dir.display())))?;
     let name = job_name(&ctx.args, key);
     let comment = format!("{}{key}", comment_prefix(&ctx.args.experiment_id));
+    // A trial's own job asks Slurm for the trial's memory request (raised after it ran out of
+    // memory); an allocation asks for the job options' (`trialMemorySize`).
+    let options = match &waiting_trial {
+        Some(request) => script::trial_job_options(&ctx.args.job, &request.resources),
+        None => ctx.args.job.clone(),
+    };
     let text = script::batch_script(&script::JobSpec {
-        options: &ctx.args.job,
+        options: &options,
         name: &name,
         comment: &comment,
         dir: &dir,

@@ -49,6 +49,21 @@ fn mem_megabytes(bytes: u64) -> u64 {
     bytes.div_ceil(1024 * 1024).max(1)
 }
 
+/// The options of the job that runs one trial (`reuseMode: false`): the job options with
+/// `--mem` from the trial's request, which is `trialMemorySize` or, after the trial ran out of
+/// memory, the raised request (`maxOomRetries`) that Slurm must grant too, or the retry would
+/// hit the same limit.
+pub fn trial_job_options(
+    options: &JobOptions,
+    resources: &knob_plugin_api::service::TrialResources,
+) -> JobOptions {
+    let mut options = options.clone();
+    if let Some(mib) = resources.memory_mib.filter(|mib| *mib > 0) {
+        options.memory = Some(knob_gpu_sched::ByteSize(mib.saturating_mul(1024 * 1024)));
+    }
+    options
+}
+
 pub fn batch_script(spec: &JobSpec<'_>) -> String {
     let o = spec.options;
     let mut lines = vec!["#!/bin/bash".to_string()];
@@ -164,5 +179,53 @@ mod tests {
             assert!(script.lines().any(|l| l == line), "{line} missing:\n{script}");
         }
         assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn a_trial_job_asks_slurm_for_the_trials_memory_request() {
+        use knob_plugin_api::service::TrialResources;
+        let options = JobOptions {
+            memory: Some(ByteSize(1024 * 1024 * 1024)),
+            ..JobOptions::default()
+        };
+        let script = |resources: TrialResources| {
+            batch_script(&JobSpec {
+                options: &trial_job_options(&options, &resources),
+                name: "knob-ab-t1",
+                comment: "knob:ab:t1",
+                dir: Path::new("/shared/exp/slurm/t1"),
+                agent: Path::new("/shared/bin/knob-agent"),
+                orphan_timeout: Duration::from_secs(600),
+            })
+        };
+        let mem = |script: String| -> Vec<String> {
+            script
+                .lines()
+                .filter(|l| l.starts_with("#SBATCH --mem="))
+                .map(str::to_string)
+                .collect()
+        };
+        // Raised after an out-of-memory end: Slurm is asked for the new request.
+        let raised = TrialResources {
+            memory_mib: Some(3000),
+            ..TrialResources::default()
+        };
+        assert_eq!(mem(script(raised)), ["#SBATCH --mem=3000M"]);
+        // No request (none configured, or a core that sends none): the job options' own.
+        assert_eq!(
+            mem(script(TrialResources::default())),
+            ["#SBATCH --mem=1024M"]
+        );
+        // A request without a configured trialMemorySize still reaches Slurm.
+        let bare = JobOptions::default();
+        let resources = TrialResources {
+            memory_mib: Some(512),
+            ..TrialResources::default()
+        };
+        assert_eq!(
+            trial_job_options(&bare, &resources).memory,
+            Some(ByteSize(512 * 1024 * 1024))
+        );
+        assert_eq!(trial_job_options(&bare, &TrialResources::default()), bare);
     }
 }
