@@ -296,7 +296,7 @@ fn fifty_trials_through_two_allocations() {
 }
 
 #[test]
-fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory() {
+fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory_request() {
     let Some(_cluster) = cluster() else {
         return;
     };
@@ -313,17 +313,21 @@ fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory() {
     let release = world.file("release");
     for trial in ["a", "b"] {
         let started = world.file(&format!("{trial}-started"));
-        service
-            .start(world.request(
-                QUEUE_ENVIRONMENT,
-                trial,
-                &format!(
-                    "echo $SLURM_JOB_ID > {}; while [ ! -e {} ]; do sleep 0.1; done; echo KNOB_FINAL 1",
-                    started.display(),
-                    release.display()
-                ),
-            ))
-            .unwrap();
+        let mut request = world.request(
+            QUEUE_ENVIRONMENT,
+            trial,
+            &format!(
+                "echo $SLURM_JOB_ID > {}; while [ ! -e {} ]; do sleep 0.1; done; echo KNOB_FINAL 1",
+                started.display(),
+                release.display()
+            ),
+        );
+        if trial == "b" {
+            // An attempt after an out-of-memory end, with the request the core raised: its
+            // job must ask Slurm for that, not trialMemorySize, or it hits the same limit.
+            request.resources.memory_mib = Some(250);
+        }
+        service.start(request).unwrap();
     }
     // A third is refused while two jobs are queued (trialConcurrency).
     let refused = service
@@ -346,7 +350,11 @@ fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory() {
         );
         let shown = scontrol_job(id);
         assert!(shown.contains("NumCPUs=1"), "{shown}");
-        assert!(shown.contains("MinMemoryNode=100M"), "{shown}");
+        let memory = if trial == "b" { "250M" } else { "100M" };
+        assert!(
+            shown.contains(&format!("MinMemoryNode={memory}")),
+            "{shown}"
+        );
         assert!(
             shown.contains(&format!("JobName=knob-{}-{trial}", world.experiment_id)),
             "{shown}"
