@@ -192,6 +192,29 @@ impl TrialTree {
     }
 }
 
+impl TrialTree {
+    /// The pids of the group's live processes now (as [`TrialTree::resident_bytes`] counts
+    /// them), for matching against the GPUs' compute processes. None without `/proc`.
+    pub fn group_pids(&self) -> Vec<u32> {
+        let Some(pgid) = self.pgid else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+                let (state, group) = std::fs::read_to_string(entry.path().join("stat"))
+                    .ok()
+                    .and_then(|stat| parse_state_and_group(&stat))?;
+                (group == pgid && state != 'Z' && state != 'X').then_some(pid)
+            })
+            .collect()
+    }
+}
+
 /// `VmRSS` of a `/proc/<pid>/status` text, in KiB.
 fn vm_rss_kib(status: &str) -> Option<u64> {
     let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;

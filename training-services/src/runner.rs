@@ -52,6 +52,26 @@ pub const PEAK_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 const MIB: u64 = 1024 * 1024;
 
+/// NVML, opened once for every trial of the process; `None` where there is no NVIDIA driver
+/// (or it cannot be read): a trial's GPU memory is then unknown, silently.
+fn nvml() -> Option<&'static knob_gpu_sched::probe::NvmlProbe> {
+    static NVML: std::sync::OnceLock<Option<knob_gpu_sched::probe::NvmlProbe>> =
+        std::sync::OnceLock::new();
+    NVML.get_or_init(|| knob_gpu_sched::probe::NvmlProbe::init().ok())
+        .as_ref()
+}
+
+/// The GPU memory (bytes) the trial's processes use now on its fullest GPU, from NVML's
+/// compute processes; `None` without NVML or when none of them is listed.
+fn sample_gpu_memory(tree: &TrialTree) -> Option<u64> {
+    let probe = nvml()?;
+    let processes = probe.compute_processes_by_gpu();
+    if processes.is_empty() {
+        return None;
+    }
+    knob_gpu_sched::probe::trial_gpu_memory(&tree.group_pids(), &processes).map(|b| b.0)
+}
+
 /// What the trials of one service share.
 pub struct TrialHost {
     /// `NNI_PLATFORM` for the trials ("local").
@@ -231,11 +251,13 @@ pub fn start_trial(
     let (kill, kill_requests) = oneshot::channel();
     let tree = TrialTree::new(pid, &mark);
     let peak_memory = Arc::new(AtomicU64::new(0));
+    let peak_gpu_memory = Arc::new(AtomicU64::new(0));
     let memory_task = runtime.spawn(watch_memory(
         tree.clone(),
         request.resources.memory_mib,
         paths.stderr.clone(),
         peak_memory.clone(),
+        peak_gpu_memory.clone(),
     ));
     let supervision = Supervision {
         host: host.clone(),
@@ -243,6 +265,7 @@ pub fn start_trial(
         tree,
         memory_task,
         peak_memory,
+        peak_gpu_memory,
         recorder,
         stdout_task,
         tail_task,
@@ -384,6 +407,7 @@ async fn watch_memory(
     limit_mib: Option<u64>,
     stderr: PathBuf,
     peak: Arc<AtomicU64>,
+    peak_gpu: Arc<AtomicU64>,
 ) {
     let mut tick = tokio::time::interval(if limit_mib.is_some() {
         MEMORY_SAMPLE_INTERVAL
@@ -393,10 +417,17 @@ async fn watch_memory(
     loop {
         tick.tick().await;
         let sampled = tree.clone();
-        let Ok(used) = tokio::task::spawn_blocking(move || sampled.resident_bytes()).await else {
+        let Ok((used, gpu_used)) = tokio::task::spawn_blocking(move || {
+            (sampled.resident_bytes(), sample_gpu_memory(&sampled))
+        })
+        .await
+        else {
             return;
         };
         peak.fetch_max(used, Ordering::Relaxed);
+        if let Some(gpu_used) = gpu_used {
+            peak_gpu.fetch_max(gpu_used, Ordering::Relaxed);
+        }
         let Some(limit) = limit_mib else { continue };
         if used > limit * MIB {
             let note = format!(
@@ -421,6 +452,8 @@ struct Supervision {
     memory_task: JoinHandle<()>,
     /// Bytes, the largest resident memory sampled.
     peak_memory: Arc<AtomicU64>,
+    /// Bytes, the largest GPU memory sampled on one GPU (NVML); 0: unknown or none.
+    peak_gpu_memory: Arc<AtomicU64>,
     recorder: Arc<TrialRecorder>,
     stdout_task: JoinHandle<()>,
     tail_task: JoinHandle<()>,
@@ -530,10 +563,11 @@ impl Supervision {
         self.memory_task.abort();
         let stderr_tail = stderr_tail(&self.stderr_path);
         let peak = self.peak_memory.load(Ordering::Relaxed);
+        let peak_gpu = self.peak_gpu_memory.load(Ordering::Relaxed);
         (self.host.emit)(ServiceEvent::TrialUsage {
             trial_id: self.recorder.trial_id().to_string(),
             peak_memory_mib: (peak > 0).then(|| peak.div_ceil(MIB)),
-            peak_gpu_memory_mib: None,
+            peak_gpu_memory_mib: (peak_gpu > 0).then(|| peak_gpu.div_ceil(MIB)),
         });
         (self.before_end)();
         // Closed before the end is emitted, so that once the core has seen the end, the

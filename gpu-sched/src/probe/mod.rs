@@ -6,7 +6,7 @@ mod nvml;
 mod simulated;
 
 pub use host::{HostProbe, CPU_SAMPLE_INTERVAL};
-pub use nvml::{NvmlProbe, NvmlReading, NVML_LIBRARY};
+pub use nvml::{trial_gpu_memory, NvmlProbe, NvmlReading, NVML_LIBRARY};
 pub use simulated::{SimulatedInventory, MAX_SIMULATED_GPUS, SIMULATE_GPUS_VAR};
 
 use crate::error::{GpuProbeError, ProbeError};

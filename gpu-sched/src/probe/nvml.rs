@@ -158,6 +158,52 @@ impl NvmlProbe {
     }
 }
 
+impl NvmlProbe {
+    /// Every compute process NVML lists now, with the index of its GPU (a process on two GPUs
+    /// is listed once for each). A GPU or list that cannot be read is left out: what a trial
+    /// used there is then unknown, which is no reason to fail it.
+    pub fn compute_processes_by_gpu(&self) -> Vec<(u32, GpuProcess)> {
+        let count = self.nvml.device_count().unwrap_or(0);
+        let mut listed = Vec::new();
+        for index in 0..count {
+            let Ok(device) = self.nvml.device_by_index(index) else {
+                continue;
+            };
+            let Ok(processes) = compute_processes(&device) else {
+                continue;
+            };
+            listed.extend(processes.into_iter().map(|process| {
+                (
+                    index,
+                    GpuProcess {
+                        pid: process.pid,
+                        used_memory: match process.used_gpu_memory {
+                            UsedGpuMemory::Used(bytes) => Some(ByteSize(bytes)),
+                            UsedGpuMemory::Unavailable => None,
+                        },
+                    },
+                )
+            }));
+        }
+        listed
+    }
+}
+
+/// The GPU memory a trial whose processes are `pids` uses now, from the compute processes of
+/// [`NvmlProbe::compute_processes_by_gpu`]: per GPU the sum of its processes' memory, and of
+/// its GPUs the largest (a request, `trialGpuMemory`, is per GPU). `None` when none of its
+/// processes is listed with a known amount: not using a GPU and NVML not saying (in a container
+/// NVML may list host pids, which match none of the trial's) read alike, as unknown.
+pub fn trial_gpu_memory(pids: &[u32], processes: &[(u32, GpuProcess)]) -> Option<ByteSize> {
+    let mut per_gpu: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    for (gpu, process) in processes {
+        if let (true, Some(used)) = (pids.contains(&process.pid), process.used_memory) {
+            *per_gpu.entry(*gpu).or_default() += used.0;
+        }
+    }
+    per_gpu.into_values().max().map(ByteSize)
+}
+
 /// The current call first, then the pre-510-driver one, which lacks newer fields but lists the
 /// same processes.
 fn compute_processes(device: &Device) -> Result<Vec<ProcessInfo>, NvmlError> {
@@ -188,5 +234,53 @@ fn classify(error: NvmlError, what: &str) -> GpuProbeError {
             what: what.to_owned(),
             detail: other.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn process(gpu: u32, pid: u32, mib: Option<u64>) -> (u32, GpuProcess) {
+        (
+            gpu,
+            GpuProcess {
+                pid,
+                used_memory: mib.map(|m| ByteSize(m * MIB)),
+            },
+        )
+    }
+
+    #[test]
+    fn a_trials_gpu_memory_is_its_processes_sum_on_its_fullest_gpu() {
+        let listed = [
+            process(0, 10, Some(300)),
+            process(0, 11, Some(200)),
+            process(1, 10, Some(700)),
+            // Another experiment's process on the same GPU is not the trial's.
+            process(0, 99, Some(5000)),
+        ];
+        // GPU 0: 300 + 200; GPU 1: 700.
+        assert_eq!(
+            trial_gpu_memory(&[10, 11], &listed),
+            Some(ByteSize(700 * MIB))
+        );
+        assert_eq!(trial_gpu_memory(&[11], &listed), Some(ByteSize(200 * MIB)));
+    }
+
+    #[test]
+    fn no_listed_process_or_no_amount_is_unknown() {
+        assert_eq!(trial_gpu_memory(&[10], &[]), None);
+        assert_eq!(trial_gpu_memory(&[], &[process(0, 10, Some(1))]), None);
+        assert_eq!(trial_gpu_memory(&[10], &[process(0, 11, Some(1))]), None);
+        // The driver does not say (some containers): unknown, not 0.
+        assert_eq!(trial_gpu_memory(&[10], &[process(0, 10, None)]), None);
+        // A known amount on one GPU is enough.
+        assert_eq!(
+            trial_gpu_memory(&[10], &[process(0, 10, None), process(1, 10, Some(64))]),
+            Some(ByteSize(64 * MIB))
+        );
     }
 }
