@@ -128,6 +128,7 @@ impl Manager {
                             reason.push_str(&trial::raised_memory_note(
                                 asked,
                                 trial.peak_memory_mib,
+                                trial.peak_gpu_memory_mib,
                                 raised,
                             ));
                             self.trials
@@ -144,10 +145,11 @@ impl Manager {
             ServiceEvent::TrialUsage {
                 trial_id,
                 peak_memory_mib,
-                peak_gpu_memory_mib: _,
+                peak_gpu_memory_mib,
             } => {
                 if let Some(trial) = self.trials.get_mut(&trial_id) {
                     trial.peak_memory_mib = peak_memory_mib;
+                    trial.peak_gpu_memory_mib = peak_gpu_memory_mib;
                 }
             }
             // A service's own warnings (a host unreachable, a connection restored) concern

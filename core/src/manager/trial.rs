@@ -71,6 +71,9 @@ pub(super) struct Trial {
     pub memory_request_mib: Option<u64>,
     /// The peak resident memory (MiB) of its last attempt, as its service sampled it.
     pub peak_memory_mib: Option<u64>,
+    /// The peak GPU memory (MiB, on its fullest GPU) of its last attempt, where its service
+    /// could read NVML; shown in an out-of-memory requeue's reason.
+    pub peak_gpu_memory_mib: Option<u64>,
 }
 
 impl Trial {
@@ -102,6 +105,7 @@ impl Trial {
             reason: None,
             memory_request_mib: None,
             peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
         }
     }
 
@@ -168,13 +172,23 @@ pub(super) fn raised_memory_request(asked: Option<u64>, peak: Option<u64>) -> Op
     (base > 0).then(|| base.saturating_mul(2))
 }
 
-/// "; next attempt asks for 512 MiB of memory (asked 128 MiB, used at least 250 MiB)".
-pub(super) fn raised_memory_note(asked: Option<u64>, peak: Option<u64>, raised: u64) -> String {
+/// "; next attempt asks for 512 MiB of memory (asked 128 MiB, used at least 250 MiB)", with
+/// ", GPU memory peak 900 MiB" where the service read it (`trialGpuMemory` is not raised: the
+/// peak tells the user what to ask for).
+pub(super) fn raised_memory_note(
+    asked: Option<u64>,
+    peak: Option<u64>,
+    peak_gpu: Option<u64>,
+    raised: u64,
+) -> String {
     let asked = asked.map_or("no trialMemorySize".to_string(), |mib| {
         format!("asked {mib} MiB")
     });
     let used = peak.map_or(String::new(), |mib| format!(", used at least {mib} MiB"));
-    format!("; out of memory: the next attempt asks for {raised} MiB of memory ({asked}{used})")
+    let gpu = peak_gpu.map_or(String::new(), |mib| format!(", GPU memory peak {mib} MiB"));
+    format!(
+        "; out of memory: the next attempt asks for {raised} MiB of memory ({asked}{used}{gpu})"
+    )
 }
 
 /// Whether a failure looks like running out of memory: the kernel's OOM killer (SIGKILL, or
@@ -196,4 +210,21 @@ pub(super) fn looks_like_oom(
     .iter()
     .any(|needle| stderr_tail.contains(needle));
     killed || said_so
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_requeue_note_names_the_gpu_peak_where_known() {
+        assert_eq!(
+            raised_memory_note(Some(64), Some(151), Some(900), 302),
+            "; out of memory: the next attempt asks for 302 MiB of memory (asked 64 MiB, used at least 151 MiB, GPU memory peak 900 MiB)"
+        );
+        assert_eq!(
+            raised_memory_note(None, Some(151), None, 302),
+            "; out of memory: the next attempt asks for 302 MiB of memory (no trialMemorySize, used at least 151 MiB)"
+        );
+    }
 }
