@@ -374,6 +374,12 @@ pub fn group_and_parent(pid: i32) -> (i32, i32) {
 pub fn assert_left_the_group(leader: i32, [setsid, daemon]: [i32; 2]) {
     for pid in [setsid, daemon] {
         assert!(process_runs(pid), "{pid} does not run");
+        // `$!` is written as soon as the shell forks: the child may not have called setsid(2)
+        // yet, so its leaving the group is waited for (bounded).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while group_and_parent(pid).0 == leader && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert_ne!(
             group_and_parent(pid).0,
             leader,
