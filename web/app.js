@@ -746,13 +746,21 @@ async function openCompare() {
 }
 
 const charts = {};
+// The trial id of each data item, by chart and then by series index: the big charts take plain
+// arrays (one object per point costs ECharts several times more at 10 000 trials, most of the
+// first paint), so a click or a tooltip finds its trial by the item's index.
+const itemIds = {};
+const itemId = (id, params) => {
+  const ids = itemIds[id] && itemIds[id][params.seriesIndex];
+  return ids ? ids[params.dataIndex] : (params.data && params.data.name);
+};
 function chart(id) {
   if (!charts[id]) {
     charts[id] = echarts.init($(id), darkMode() ? "dark" : null);
-    // Clicking a point, a bar or a curve opens its trial (each data item or series is named by
-    // its trial id).
+    // Clicking a point, a bar or a curve opens its trial (a data item's trial is in itemIds or
+    // its name; a curve's series is named by its trial id).
     if (id !== "chart-detail" && id !== "chart-compare") charts[id].on("click", (params) => {
-      const trialId = (params.data && params.data.name) || (params.seriesType === "line" && state.trials.has(params.seriesName) ? params.seriesName : null);
+      const trialId = itemId(id, params) || (params.seriesType === "line" && state.trials.has(params.seriesName) ? params.seriesName : null);
       if (!trialId || !state.trials.has(trialId)) return;
       const event = params.event && params.event.event;
       // Shift- (or Ctrl-, Cmd-) click ticks the trial for comparison instead of opening it.
@@ -793,10 +801,11 @@ function renderCharts() {
     if (!state.rendered) performance.measure("knob-chart-" + name, { start });
     start = performance.now();
   };
+  itemIds["chart-final"] = [null, finished.map((t) => t.trial_id), bestTrial ? [bestTrial.trial_id] : []];
   chart("chart-final").setOption({
     animation: false,
     backgroundColor: chartBackground(),
-    tooltip: { trigger: "item", formatter: (p) => p.data && p.data.name ? `${p.data.name}<br>trial #${p.value[0]}: ${fmt(p.value[1])}` : "" },
+    tooltip: { trigger: "item", formatter: (p) => itemId("chart-final", p) ? `${itemId("chart-final", p)}<br>trial #${p.value[0]}: ${fmt(p.value[1])}` : "" },
     legend: { data: ["final", "best so far", "best"] },
     grid: GRID,
     xAxis: trialAxis(),
@@ -804,9 +813,9 @@ function renderCharts() {
     // The line first and the best point last, so the point is drawn over the line.
     series: [
       { name: "best so far", type: "line", step: "end", showSymbol: false, z: 1, data: bestLine, silent: true },
-      { name: "final", type: "scatter", symbolSize: 6, large: finished.length > 2000, z: 2, data: finished.map((t) => ({ value: [t.sequence, t.final_value], name: t.trial_id })) },
+      { name: "final", type: "scatter", symbolSize: 6, large: finished.length > 2000, z: 2, data: finished.map((t) => [t.sequence, t.final_value]) },
       { name: "best", type: "scatter", symbol: "diamond", symbolSize: 13, z: 3, itemStyle: { color: "#f59e0b", borderColor: "#1d2330", borderWidth: 1 },
-        data: bestTrial ? [{ value: [bestTrial.sequence, bestTrial.final_value], name: bestTrial.trial_id }] : [] },
+        data: bestTrial ? [[bestTrial.sequence, bestTrial.final_value]] : [] },
     ],
   }, true);
 
@@ -820,6 +829,7 @@ function renderCharts() {
   const values = finished.map((t) => t.final_value);
   const low = values.length ? Math.min(...values) : 0;
   const high = values.length ? Math.max(...values) : 1;
+  itemIds["chart-parallel"] = [finished.map((t) => t.trial_id)];
   chart("chart-parallel").setOption({
     animation: false,
     backgroundColor: chartBackground(),
@@ -831,7 +841,7 @@ function renderCharts() {
       inRange: { color: maximize() ? ["#d73027", "#fee090", "#4575b4"] : ["#4575b4", "#fee090", "#d73027"] }, right: 8, align: "left", top: "middle", calculable: true, itemHeight: 120 },
     series: [{ type: "parallel", lineStyle: { width: 1, opacity: 0.6 }, data: finished.map((t) => {
       const p = flatOf(t);
-      return { name: t.trial_id, value: names.map((n, i) => (categorical[i] ? String(p[n]) : p[n])).concat([t.final_value]) };
+      return names.map((n, i) => (categorical[i] ? String(p[n]) : p[n])).concat([t.final_value]);
     }) }],
   }, true);
 
@@ -846,18 +856,21 @@ function renderCharts() {
   }
 
   const timed = trials.filter((t) => t.duration_ms !== null && t.duration_ms !== undefined);
-  const bar = (t) => ({ value: [t.sequence, t.duration_ms / 1000], name: t.trial_id });
+  const bar = (t) => [t.sequence, t.duration_ms / 1000];
+  const done = timed.filter((t) => !isRunning(t));
+  const running = timed.filter(isRunning);
+  itemIds["chart-duration"] = [done.map((t) => t.trial_id), running.map((t) => t.trial_id)];
   chart("chart-duration").setOption({
     animation: false,
     backgroundColor: chartBackground(),
-    tooltip: { trigger: "item", formatter: (p) => `${p.data.name}<br>${fmtDuration(p.value[1] * 1000)}${p.seriesName === "running (so far)" ? " so far" : ""}` },
+    tooltip: { trigger: "item", formatter: (p) => `${itemId("chart-duration", p)}<br>${fmtDuration(p.value[1] * 1000)}${p.seriesName === "running (so far)" ? " so far" : ""}` },
     legend: { data: ["finished", "running (so far)"] },
     grid: GRID,
     xAxis: trialAxis(),
     yAxis: valueAxis({ name: "seconds" }),
     series: [
-      { name: "finished", type: "bar", large: timed.length > 2000, barMaxWidth: 14, data: timed.filter((t) => !isRunning(t)).map(bar) },
-      { name: "running (so far)", type: "bar", barMaxWidth: 14, barGap: "-100%", itemStyle: { color: "rgba(245, 158, 11, 0.45)", borderColor: "#d97706", borderType: "dashed", borderWidth: 1 }, data: timed.filter(isRunning).map(bar) },
+      { name: "finished", type: "bar", large: timed.length > 2000, barMaxWidth: 14, data: done.map(bar) },
+      { name: "running (so far)", type: "bar", barMaxWidth: 14, barGap: "-100%", itemStyle: { color: "rgba(245, 158, 11, 0.45)", borderColor: "#d97706", borderType: "dashed", borderWidth: 1 }, data: running.map(bar) },
     ],
   }, true);
   measure("duration");

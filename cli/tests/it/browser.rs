@@ -317,7 +317,7 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
            const series = chart.getOption().series[0];
            const canvas = document.querySelector("#chart-parallel canvas");
            if (!series || series.data.length < 3 || !canvas) return null;
-           return {type: series.type, lines: series.data.length, width: series.data[0].value.length,
+           return {type: series.type, lines: series.data.length, width: series.data[0].length,
                    axes: chart.getOption().parallelAxis.map((a) => a.name)};"##,
     )
     .await;
@@ -900,8 +900,9 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
         .execute(
             r##"const chart = echarts.getInstanceByDom(document.getElementById("chart-final"));
                const series = chart.getOption().series.findIndex((s) => s.name === "final");
-               const point = chart.getOption().series[series].data.find((d) => d.name === arguments[0]);
-               const [x, y] = chart.convertToPixel({seriesIndex: series}, point.value);
+               // Points are plain [trial #, final] arrays; the page's itemIds names each one's trial.
+               const point = chart.getOption().series[series].data[itemIds["chart-final"][series].indexOf(arguments[0])];
+               const [x, y] = chart.convertToPixel({seriesIndex: series}, point);
                document.getElementById("chart-final").scrollIntoView();
                const after = document.getElementById("chart-final").getBoundingClientRect();
                return [x - after.width / 2, y - after.height / 2];"##,
