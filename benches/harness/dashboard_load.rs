@@ -517,7 +517,8 @@ async fn load_once(page: &Client, base: &str) -> Value {
     };
     while page
         .execute(
-            "return document.getElementById('importance-note').textContent !== ''",
+            // Builds from before the importance chart (67ba24f) have no note to wait for.
+            "const note = document.getElementById('importance-note'); return !note || note.textContent !== ''",
             vec![],
         )
         .await
