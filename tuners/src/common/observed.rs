@@ -1,7 +1,7 @@
 //! Finished trials as model-based tuners see them: the encoded point and a loss to minimize.
 
 use knob_plugin_api::space::Encoding;
-use knob_plugin_api::{log, ImportedTrial};
+use knob_plugin_api::{log, ImportedTrial, Outcome};
 use serde_json::Value;
 
 use super::args::OptimizeMode;
@@ -13,6 +13,8 @@ pub(crate) struct Observation {
     pub(crate) parameters: Value,
     pub(crate) vector: Vec<f64>,
     pub(crate) loss: f64,
+    /// In an experiment with `objectives`, for a tuner that takes them (TPE): the whole result.
+    pub(crate) outcome: Option<Outcome>,
 }
 
 /// The value a tuner minimizes: the metric, negated under `maximize`. A NaN metric (a trial that
@@ -40,6 +42,7 @@ pub(crate) fn encode_imported(
                 parameters: trial.parameters.clone(),
                 vector,
                 loss: loss(trial.value, mode),
+                outcome: trial.objectives.clone(),
             }),
             Err(e) => log::warn(&format!(
                 "{tuner}: skipped imported trial {}: not in the search space: {e}",

@@ -38,6 +38,7 @@ impl RunningTrials {
                 parameters: parameters.clone(),
                 vector,
                 loss: f64::NAN,
+                outcome: None,
             },
         );
         Ok(())
@@ -73,6 +74,7 @@ impl RunningTrials {
                 parameters: parameters.clone(),
                 vector,
                 loss,
+                outcome: None,
             }),
             Err(e) => {
                 log::warn(&format!(

@@ -15,6 +15,13 @@
 //! √n split. knob adds `multivariate`, `good_fraction` and `good_weights` (`age`: NNI's and
 //! Optuna's equal weights with linear forgetting; `rank`).
 //!
+//! Multi-objective (an experiment with `objectives`; see `multi.rs`): the multivariate model with
+//! Optuna 4's split: good trials by non-dominated rank, the rank that does not fit cut by
+//! hypervolume subset selection, infeasible trials good only when too few are feasible, and the
+//! good ones weighed by hypervolume contribution. Running trials count as bad (Optuna's constant
+//! liar) unless `constant_liar_type` is null. `variant: nni` models one objective and refuses
+//! such an experiment.
+//!
 //! Parallel trials: each running trial enters the model with a made-up loss (the constant
 //! liar: best, worst or mean loss so far; `worst` by default, NNI's `best` under `variant:
 //! nni`), so concurrent suggestions spread out. No point is
@@ -22,10 +29,13 @@
 //! step)`, so a run resumed with `import_data` continues exactly as the uninterrupted run would.
 
 mod joint;
+mod multi;
 mod nni;
 
 use knob_plugin_api::space::{Encoding, ParamType, SearchSpace};
-use knob_plugin_api::{log, parse_class_args, Generated, ImportedTrial, PluginError, Tuner};
+use knob_plugin_api::{
+    log, parse_class_args, Generated, ImportedTrial, Outcome, PluginError, Tuner,
+};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -104,6 +114,9 @@ impl Settings {
         (below.max(0.0) as usize).min(self.linear_forgetting)
     }
 }
+
+/// The good points, their weights in the good density, and the bad points.
+type Groups<'a> = (Vec<&'a [f64]>, Vec<f64>, Vec<&'a [f64]>);
 
 /// The search space with what the algorithms look up per dimension.
 #[derive(Debug)]
@@ -302,16 +315,56 @@ impl TpeTuner {
         &self,
         model: &Model,
         rng: &mut knob_plugin_api::space::SeededRng,
-    ) -> Vec<Vec<f64>> {
+    ) -> Result<Vec<Vec<f64>>, PluginError> {
+        let multi_objective = self.finished.iter().any(|o| o.outcome.is_some());
+        if multi_objective && !self.settings.multivariate {
+            return Err(PluginError::new(format!(
+                "{NAME}: variant nni (or multivariate: false) models one objective, and this experiment lists objectives; leave out variant and multivariate for multi-objective TPE"
+            )));
+        }
         let history = self.running.with_finished(&self.finished, self.lie());
         if !self.settings.multivariate {
-            return vec![nni::suggest(model, &self.settings, rng, &history)];
+            return Ok(vec![nni::suggest(model, &self.settings, rng, &history)]);
         }
         if self.finished.len() < self.settings.n_startup_jobs {
             // Unseen's random draws from the space are the start-up trials.
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let n_below = self.settings.n_below(history.len()).min(history.len());
+        let (below, below_weights, above) = if multi_objective {
+            self.split_by_outcomes(&history, n_below)
+        } else {
+            self.split_by_loss(&history, n_below)
+        };
+        let weights = |n| nni::linear_forgetting_weights(self.settings.linear_forgetting, n);
+        let good = joint::Mixture::fit(model, &self.settings, &below, &below_weights);
+        let bad = joint::Mixture::fit(model, &self.settings, &above, &weights(above.len()));
+        let samples = good.sample(model, rng, self.settings.n_ei_candidates);
+        let mut scratch = Vec::new();
+        let mut scored: Vec<(f64, Vec<f64>)> = samples
+            .into_iter()
+            .map(|x| {
+                let score = good.log_pdf(&x, &mut scratch) - bad.log_pdf(&x, &mut scratch);
+                (
+                    if score.is_nan() {
+                        f64::NEG_INFINITY
+                    } else {
+                        score
+                    },
+                    x,
+                )
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        Ok(scored.into_iter().map(|(_, x)| x).collect())
+    }
+
+    /// The good points with their weights and the bad points, by loss (single objective).
+    fn split_by_loss<'a>(
+        &self,
+        history: &[(&'a [f64], f64)],
+        n_below: usize,
+    ) -> Groups<'a> {
         let mut order: Vec<usize> = (0..history.len()).collect();
         order.sort_by(|&a, &b| history[a].1.total_cmp(&history[b].1));
         let mut is_below = vec![false; history.len()];
@@ -341,26 +394,66 @@ impl TpeTuner {
                     .collect()
             }
         };
-        let good = joint::Mixture::fit(model, &self.settings, &below, &below_weights);
-        let bad = joint::Mixture::fit(model, &self.settings, &above, &weights(above.len()));
-        let samples = good.sample(model, rng, self.settings.n_ei_candidates);
-        let mut scratch = Vec::new();
-        let mut scored: Vec<(f64, Vec<f64>)> = samples
-            .into_iter()
-            .map(|x| {
-                let score = good.log_pdf(&x, &mut scratch) - bad.log_pdf(&x, &mut scratch);
-                (
-                    if score.is_nan() {
-                        f64::NEG_INFINITY
-                    } else {
-                        score
-                    },
-                    x,
-                )
-            })
+        (below, below_weights, above)
+    }
+
+    /// The good points with their weights and the bad points when the finished trials have
+    /// outcomes (`multi.rs`); running trials, at the end of `history`, are bad under a liar.
+    fn split_by_outcomes<'a>(
+        &self,
+        history: &[(&'a [f64], f64)],
+        n_below: usize,
+    ) -> Groups<'a> {
+        // A finished trial without an outcome (a scalar result reaching a multi-objective
+        // experiment's tuner, which the host does not send) counts as incomplete: bad.
+        let incomplete = Outcome {
+            values: vec![],
+            losses: vec![f64::NAN],
+            violations: vec![],
+        };
+        let outcomes: Vec<&Outcome> = self
+            .finished
+            .iter()
+            .map(|o| o.outcome.as_ref().unwrap_or(&incomplete))
             .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-        scored.into_iter().map(|(_, x)| x).collect()
+        let best_first = multi::split(&outcomes, n_below);
+        let mut is_below = vec![false; history.len()];
+        for &i in &best_first {
+            is_below[i] = true;
+        }
+        // Arrival order, as the single-objective split, with weights to match.
+        let below_ids: Vec<usize> = (0..outcomes.len()).filter(|&i| is_below[i]).collect();
+        let one_objective = outcomes
+            .iter()
+            .find(|o| o.is_complete())
+            .is_some_and(|o| o.losses.len() == 1);
+        let below_weights = if !one_objective {
+            multi::below_weights(&outcomes, &below_ids)
+        } else {
+            // One objective with constraints: the single-objective weights over the
+            // constrained order.
+            match self.settings.good_weights {
+                GoodWeights::Age => {
+                    nni::linear_forgetting_weights(self.settings.linear_forgetting, below_ids.len())
+                }
+                GoodWeights::Rank => {
+                    let mut rank = vec![0; history.len()];
+                    for (r, &i) in best_first.iter().enumerate() {
+                        rank[i] = r;
+                    }
+                    below_ids
+                        .iter()
+                        .map(|&i| ((best_first.len() - rank[i]) as f64).powi(2))
+                        .collect()
+                }
+            }
+        };
+        let below = below_ids.iter().map(|&i| history[i].0).collect();
+        let above = (0..history.len())
+            .filter(|&i| !is_below[i])
+            .map(|i| history[i].0)
+            .collect();
+        (below, below_weights, above)
     }
 
     fn take_pending_import(&mut self) {
@@ -376,6 +469,11 @@ impl TpeTuner {
 }
 
 impl Tuner for TpeTuner {
+    /// Multi-objective with the multivariate model (the default); see the module docs.
+    fn takes_objectives() -> bool {
+        true
+    }
+
     fn new(class_args: &Value) -> Result<Self, PluginError> {
         let args: TpeClassArgs = parse_class_args(NAME, class_args)?;
         let settings = Settings::from_args(
@@ -412,7 +510,7 @@ impl Tuner for TpeTuner {
             )));
         };
         let mut rng = step_rng(self.seed, self.steps);
-        let candidates = self.candidates(model, &mut rng);
+        let candidates = self.candidates(model, &mut rng)?;
         let decoded = candidates
             .iter()
             .filter_map(|x| model.encoding.decode(x).ok())
@@ -438,6 +536,26 @@ impl Tuner for TpeTuner {
             self.running
                 .finish(NAME, encoding, parameter_id, parameters, loss)
         {
+            self.finished.push(observation);
+        }
+        Ok(())
+    }
+
+    fn receive_trial_outcome(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        outcome: &Outcome,
+    ) -> Result<(), PluginError> {
+        let encoding = self.model.as_ref().map(|model| &model.encoding);
+        // The first objective's loss, for the liar's statistics only.
+        let first = outcome.losses.first().copied().unwrap_or(f64::NAN);
+        let loss = if first.is_nan() { f64::INFINITY } else { first };
+        if let Some(mut observation) =
+            self.running
+                .finish(NAME, encoding, parameter_id, parameters, loss)
+        {
+            observation.outcome = Some(outcome.clone());
             self.finished.push(observation);
         }
         Ok(())

@@ -47,12 +47,14 @@ fn the_library_exports_both_tuners_and_they_behave_as_through_the_rlib() {
         );
     }
 
-    // Multi-objective experiments: NSGA2 and Random take vector objectives, the others a scalar.
+    // Multi-objective experiments: NSGA2, TPE and Random take vector objectives, the others a
+    // scalar.
     for (name, takes) in [
         ("NSGA2", true),
         ("Random", true),
+        ("TPE", true),
         ("GridSearch", false),
-        ("TPE", false),
+        ("Anneal", false),
     ] {
         let tuner = registry.tuner_object(name, &Value::Null).unwrap();
         assert_eq!(tuner.takes_objectives(), takes, "{name}");

@@ -1,6 +1,7 @@
 //! Multi-objective tuners against ZDT1 and a constrained problem, at a reduced size that CI runs
-//! (the full comparison with Optuna is `benches/harness/multi_objective.sh`): NSGA2 must beat
-//! random search by a margin over seeds, and keep to the constraints.
+//! (the full comparison with Optuna is `benches/harness/multi_objective.sh`): NSGA2 and
+//! multi-objective TPE must beat random search by a margin over seeds, and keep to the
+//! constraints.
 
 use knob_plugin_api::objectives::hypervolume;
 use knob_plugin_api::{Outcome, Tuner};
@@ -8,7 +9,7 @@ use serde_json::Value;
 
 use crate::drive::ask;
 use crate::tuner;
-use knob_tuners::{Nsga2Tuner, RandomTuner};
+use knob_tuners::{Nsga2Tuner, RandomTuner, TpeTuner};
 
 const DIMS: usize = 10;
 
@@ -63,8 +64,8 @@ fn run(
     all
 }
 
-fn zdt1_hypervolume(tuner: &mut impl Tuner) -> f64 {
-    let points: Vec<Vec<f64>> = run(tuner, 300, 4, |p| (zdt1(p), vec![]))
+fn zdt1_hypervolume(tuner: &mut impl Tuner, trials: u64) -> f64 {
+    let points: Vec<Vec<f64>> = run(tuner, trials, 4, |p| (zdt1(p), vec![]))
         .into_iter()
         .map(|(l, _)| l)
         .collect();
@@ -78,11 +79,11 @@ fn nsga2_beats_random_search_on_zdt1_over_seeds() {
     let (mut nsga2_total, mut random_total) = (0.0, 0.0);
     for seed in 0..5 {
         let args = format!(r#"{{"seed": {seed}, "population_size": 30}}"#);
-        let nsga2 = zdt1_hypervolume(&mut tuner::<Nsga2Tuner>(&args, &space));
-        let random = zdt1_hypervolume(&mut tuner::<RandomTuner>(
-            &format!(r#"{{"seed": {seed}}}"#),
-            &space,
-        ));
+        let nsga2 = zdt1_hypervolume(&mut tuner::<Nsga2Tuner>(&args, &space), 300);
+        let random = zdt1_hypervolume(
+            &mut tuner::<RandomTuner>(&format!(r#"{{"seed": {seed}}}"#), &space),
+            300,
+        );
         nsga2_total += nsga2;
         random_total += random;
         if nsga2 > random {
@@ -137,5 +138,84 @@ fn nsga2_honours_constraints() {
     assert!(
         wins >= 2,
         "NSGA2 beat random search on feasible hypervolume for {wins} of 3 seeds"
+    );
+}
+
+/// Multi-objective TPE at a small budget (100 trials, 4 at a time, so the liar is exercised):
+/// it must beat random search on ZDT1 for most seeds and on average.
+#[test]
+fn tpe_beats_random_search_on_zdt1_over_seeds() {
+    let space = space();
+    let mut wins = 0;
+    let (mut tpe_total, mut random_total) = (0.0, 0.0);
+    for seed in 0..5 {
+        let seeded = format!(r#"{{"seed": {seed}}}"#);
+        let tpe = zdt1_hypervolume(&mut tuner::<TpeTuner>(&seeded, &space), 100);
+        let random = zdt1_hypervolume(&mut tuner::<RandomTuner>(&seeded, &space), 100);
+        tpe_total += tpe;
+        random_total += random;
+        if tpe > random {
+            wins += 1;
+        }
+    }
+    assert!(
+        wins >= 4 && tpe_total > random_total * 1.05,
+        "TPE won {wins} of 5; mean hypervolume {} vs random {}",
+        tpe_total / 5.0,
+        random_total / 5.0
+    );
+}
+
+/// Constrained ZDT1 (x0 >= 0.3) for multi-objective TPE: infeasible trials only count as good
+/// while too few are feasible, so most late trials are feasible and the feasible front beats
+/// random search's.
+#[test]
+fn tpe_honours_constraints() {
+    let space = space();
+    let problem = |p: &Value| (zdt1(p), vec![0.3 - p["x0"].as_f64().unwrap()]);
+    let feasible = |results: &[(Vec<f64>, Vec<f64>)]| -> Vec<Vec<f64>> {
+        results
+            .iter()
+            .filter(|(_, v)| v[0] <= 0.0)
+            .map(|(l, _)| l.clone())
+            .collect()
+    };
+    let mut wins = 0;
+    for seed in 0..3 {
+        let seeded = format!(r#"{{"seed": {seed}}}"#);
+        let tpe = run(&mut tuner::<TpeTuner>(&seeded, &space), 100, 4, problem);
+        let random = run(&mut tuner::<RandomTuner>(&seeded, &space), 100, 4, problem);
+        // Random search keeps about 70% feasible; TPE's good density sits on feasible points.
+        let late_feasible = feasible(&tpe[50..]).len();
+        assert!(
+            late_feasible >= 40,
+            "seed {seed}: {late_feasible} of the last 50 feasible"
+        );
+        let reference = [1.1, 11.0];
+        if hypervolume(&feasible(&tpe), &reference) > hypervolume(&feasible(&random), &reference) {
+            wins += 1;
+        }
+    }
+    assert!(
+        wins >= 2,
+        "TPE beat random search on feasible hypervolume for {wins} of 3 seeds"
+    );
+}
+
+/// `variant: nni` models one objective: a multi-objective result makes its next suggestion
+/// fail with a line that says what to change.
+#[test]
+fn tpe_variant_nni_refuses_objectives() {
+    let space = space();
+    let mut tpe = tuner::<TpeTuner>(r#"{"seed": 1, "variant": "nni"}"#, &space);
+    let params = ask(&mut tpe, 0).expect("a point");
+    tpe.receive_trial_outcome(0, &params, &outcome(zdt1(&params), vec![]))
+        .unwrap();
+    let err = tpe.generate_parameters(1).unwrap_err();
+    assert!(
+        err.message()
+            .contains("variant nni (or multivariate: false) models one objective"),
+        "{}",
+        err.message()
     );
 }
