@@ -360,11 +360,7 @@ impl TpeTuner {
     }
 
     /// The good points with their weights and the bad points, by loss (single objective).
-    fn split_by_loss<'a>(
-        &self,
-        history: &[(&'a [f64], f64)],
-        n_below: usize,
-    ) -> Groups<'a> {
+    fn split_by_loss<'a>(&self, history: &[(&'a [f64], f64)], n_below: usize) -> Groups<'a> {
         let mut order: Vec<usize> = (0..history.len()).collect();
         order.sort_by(|&a, &b| history[a].1.total_cmp(&history[b].1));
         let mut is_below = vec![false; history.len()];
@@ -399,11 +395,7 @@ impl TpeTuner {
 
     /// The good points with their weights and the bad points when the finished trials have
     /// outcomes (`multi.rs`); running trials, at the end of `history`, are bad under a liar.
-    fn split_by_outcomes<'a>(
-        &self,
-        history: &[(&'a [f64], f64)],
-        n_below: usize,
-    ) -> Groups<'a> {
+    fn split_by_outcomes<'a>(&self, history: &[(&'a [f64], f64)], n_below: usize) -> Groups<'a> {
         // A finished trial without an outcome (a scalar result reaching a multi-objective
         // experiment's tuner, which the host does not send) counts as incomplete: bad.
         let incomplete = Outcome {
