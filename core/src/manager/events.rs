@@ -4,7 +4,8 @@ use knob_plugin_api::metric::default_value;
 use knob_plugin_api::service::{MetricKind, ServiceEvent};
 
 use super::services::{TaggedEvent, MAX_HOST_LOSS_REQUEUES};
-use super::{retry_backoff, trial, Manager, ManagerError};
+use super::timers::retry_backoff;
+use super::{trial, Manager, ManagerError};
 use crate::store::{
     MetricKind as StoredMetricKind, Rejection, StoreError, StoreEvent, TrialStatus,
 };
@@ -20,7 +21,7 @@ impl Manager {
                 self.on_environment(service, environment).await?
             }
             ServiceEvent::TrialStarted { trial_id, pid } => {
-                let Some(trial) = self.trials.get_mut(&trial_id) else {
+                let Some(trial) = self.book.get(&trial_id) else {
                     return self
                         .warn(Some(trial_id), "start reported for an unknown trial".into())
                         .await;
@@ -34,17 +35,14 @@ impl Manager {
                         )
                         .await;
                 }
-                if trial.status == TrialStatus::Waiting && trial.launched {
-                    trial.attempt += 1;
-                    trial.pid = pid;
-                    trial.deadline = self
-                        .config
-                        .max_trial_duration
-                        .map(|d| tokio::time::Instant::now() + d);
+                let deadline = self
+                    .config
+                    .max_trial_duration
+                    .map(|d| tokio::time::Instant::now() + d);
+                if let Some(trial) = self.book.start_attempt(&trial_id, pid, deadline) {
                     let attempt = trial.attempt;
                     let environment_id = trial.environment.clone().unwrap_or_default();
                     let gpu_indices = trial.gpu_indices.clone().unwrap_or_default();
-                    self.set_status(&trial_id, TrialStatus::Running);
                     let event = StoreEvent::TrialStarted {
                         trial_id,
                         attempt,
@@ -73,7 +71,7 @@ impl Manager {
                 killed_reason: _,
                 environment_lost,
             } => {
-                let Some(trial) = self.trials.get(&trial_id) else {
+                let Some(trial) = self.book.get(&trial_id) else {
                     return self
                         .warn(Some(trial_id), "end reported for an unknown trial".into())
                         .await;
@@ -108,9 +106,7 @@ impl Manager {
                 let retries = self.config.max_trial_retries
                     + if oom { self.config.max_oom_retries } else { 0 };
                 if status == TrialStatus::Failed
-                    && trial.kill.is_none()
-                    && trial.objective_problem.is_none()
-                    && trial.attempt - trial.lost_attempts <= retries
+                    && self.book.may_retry(&trial_id, retries)
                     && !self.closed_for_retries()
                 {
                     let backoff = retry_backoff(trial.attempt);
@@ -131,7 +127,7 @@ impl Manager {
                                 trial.peak_gpu_memory_mib,
                                 raised,
                             ));
-                            self.trials
+                            self.book
                                 .get_mut(&trial_id)
                                 .expect("known trial")
                                 .memory_request_mib = Some(raised);
@@ -147,7 +143,7 @@ impl Manager {
                 peak_memory_mib,
                 peak_gpu_memory_mib,
             } => {
-                if let Some(trial) = self.trials.get_mut(&trial_id) {
+                if let Some(trial) = self.book.get_mut(&trial_id) {
                     trial.peak_memory_mib = peak_memory_mib;
                     trial.peak_gpu_memory_mib = peak_gpu_memory_mib;
                 }
@@ -172,7 +168,7 @@ impl Manager {
         trial_id: &str,
         lost: String,
     ) -> Result<(), ManagerError> {
-        let trial = &self.trials[trial_id];
+        let trial = &self.book[trial_id];
         let environment = trial.environment.clone();
         let kill = trial.kill.clone();
         let losses = trial.host_losses;
@@ -205,14 +201,14 @@ impl Manager {
                 )
                 .await;
         }
-        self.trials
+        self.book
             .get_mut(trial_id)
             .expect("known trial")
             .host_losses += 1;
-        if self.trials[trial_id].status != TrialStatus::Running {
+        if self.book[trial_id].status != TrialStatus::Running {
             // Handed to the service but never started: nothing to record; place it again.
-            self.placer.release(trial_id);
-            self.trials.get_mut(trial_id).expect("known trial").launched = false;
+            self.environments.release(trial_id);
+            self.book.get_mut(trial_id).expect("known trial").launched = false;
             return self
                 .warn(
                     Some(trial_id.to_string()),
@@ -220,7 +216,7 @@ impl Manager {
                 )
                 .await;
         }
-        self.trials
+        self.book
             .get_mut(trial_id)
             .expect("known trial")
             .lost_attempts += 1;
@@ -229,7 +225,7 @@ impl Manager {
             self.store
                 .append(StoreEvent::TrialEnded {
                     trial_id: trial_id.to_string(),
-                    attempt: self.trials[trial_id].attempt,
+                    attempt: self.book[trial_id].attempt,
                     status: TrialStatus::Failed,
                     exit_code: None,
                     signal: None,
@@ -242,7 +238,7 @@ impl Manager {
             trial_id,
             format!(
                 "attempt {} failed: {message}; running it again elsewhere (host loss {} of at most {MAX_HOST_LOSS_REQUEUES})",
-                self.trials[trial_id].attempt,
+                self.book[trial_id].attempt,
                 losses + 1
             ),
             std::time::Duration::ZERO,
@@ -285,7 +281,7 @@ impl Manager {
     ) -> Result<(), ManagerError> {
         let mut recorded = Vec::with_capacity(metrics.len());
         for (trial_id, kind, sequence, raw) in metrics {
-            let Some(trial) = self.trials.get(&trial_id) else {
+            let Some(trial) = self.book.get(&trial_id) else {
                 self.warn(Some(trial_id), "metric for an unknown trial ignored".into())
                     .await?;
                 continue;
@@ -305,7 +301,7 @@ impl Manager {
                 }
                 _ => default_value(&raw),
             };
-            let Some(trial) = self.trials.get(&trial_id) else {
+            let Some(trial) = self.book.get(&trial_id) else {
                 continue;
             };
             let ack = self.store.append(StoreEvent::Metric {
@@ -341,13 +337,13 @@ impl Manager {
                 (_, Ok(value)) => self.act_on_metric(trial_id, kind, value).await?,
                 (MetricKind::Final, Err(reason))
                     if self
-                        .trials
+                        .book
                         .get(&trial_id)
                         .is_some_and(|t| t.objective_problem.is_some()) =>
                 {
                     self.warn(Some(trial_id.clone()), format!("{reason}; the trial fails"))
                         .await?;
-                    if let Some(trial) = self.trials.get_mut(&trial_id) {
+                    if let Some(trial) = self.book.get_mut(&trial_id) {
                         trial.final_value.get_or_insert(f64::NAN);
                     }
                 }
@@ -375,7 +371,7 @@ impl Manager {
         trial_id: &str,
         read: Result<knob_plugin_api::Outcome, crate::objectives::OutcomeProblem>,
     ) -> Result<f64, String> {
-        let Some(trial) = self.trials.get_mut(trial_id) else {
+        let Some(trial) = self.book.get_mut(trial_id) else {
             return Err("unknown trial".into());
         };
         // Only the first final of an attempt counts (a second is recorded and ignored).
@@ -417,7 +413,7 @@ impl Manager {
         trial_id: String,
         reason: String,
     ) -> Result<(), ManagerError> {
-        let Some(trial) = self.trials.get_mut(&trial_id) else {
+        let Some(trial) = self.book.get_mut(&trial_id) else {
             return Ok(());
         };
         if trial.final_value.is_none() && !trial.status.is_final() {
@@ -442,7 +438,7 @@ impl Manager {
         kind: MetricKind,
         value: f64,
     ) -> Result<(), ManagerError> {
-        let Some(trial) = self.trials.get_mut(&trial_id) else {
+        let Some(trial) = self.book.get_mut(&trial_id) else {
             return Ok(());
         };
         if trial.status.is_final() {
@@ -483,29 +479,10 @@ impl Manager {
                 trial.final_value = Some(value);
                 let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
                 let outcome = trial.outcome.take();
-                if !value.is_nan()
-                    && self
-                        .best
-                        .as_ref()
-                        .is_none_or(|(_, best)| self.better(value, *best))
-                {
-                    self.best = Some((trial_id.clone(), value));
-                }
-                let suggestions = match outcome {
-                    Some(outcome) => {
-                        self.tuner
-                            .receive_trial_outcome(parameter_id, parameters, outcome)
-                            .get()
-                            .await?
-                    }
-                    None => {
-                        self.tuner
-                            .receive_trial_result(parameter_id, parameters, value)
-                            .get()
-                            .await?
-                    }
-                };
-                self.accept_suggestions(suggestions);
+                self.book.offer_best(&trial_id, value);
+                self.tuner
+                    .final_result(parameter_id, parameters, value, outcome)
+                    .await?;
                 if let Some(assessor) = &self.assessor {
                     // As a verdict: an assessor that fails costs what it would have learnt.
                     if let Err(e) = assessor.trial_final(trial_id.clone(), value).get().await {

@@ -8,40 +8,45 @@
 //! Architecture invariant: every state change is appended to the store, and acknowledged by it,
 //! before the loop acts on it (starts a trial, tells the tuner, reports progress).
 
+mod book;
 mod components;
+mod environments;
 mod events;
 mod placement;
 mod resume;
 mod services;
+mod timers;
 mod trial;
+mod tuner_driver;
 mod tuner_output;
 mod update;
 
+use book::TrialBook;
 pub use components::{Components, EventCallback};
+use environments::Environments;
 pub use placement::Placer;
-use resume::retry_backoff;
 pub use services::{clean_up_leftovers, restore_secrets, service_context};
-use services::{EnvironmentRecord, ServiceSlot, TaggedEvent};
+use services::{ServiceSlot, TaggedEvent};
+use timers::Timers;
 pub use trial::TrialSummary;
+use tuner_driver::{Check, Handout, TunerDriver};
 
-use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use knob_plugin_api::host::{AssessorHandle, HostError, PluginRegistry, TunerHandle};
+use knob_plugin_api::host::{AssessorHandle, HostError, PluginRegistry};
 use knob_plugin_api::space::SearchSpace;
-use knob_plugin_api::{AssessorContext, ComponentKind, Generated, OptimizeMode, Suggestion};
+use knob_plugin_api::{AssessorContext, ComponentKind, OptimizeMode};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::config::{ExperimentConfig, TunerErrorPolicy};
+use crate::config::ExperimentConfig;
 use crate::store::{
     Direction, ExperimentState, ExperimentStatus, Store, StoreError, StoreEvent, StoreHandle,
     TrialStatus,
 };
-use trial::Trial;
 
 /// Why the manager could not run or had to stop an experiment.
 #[derive(Debug, thiserror::Error)]
@@ -246,59 +251,28 @@ struct Manager {
     id: String,
     dir: PathBuf,
     config: ExperimentConfig,
-    maximize: bool,
     store: StoreHandle,
-    tuner: TunerHandle,
+    /// Asks the tuner for parameters and tells it what happened.
+    tuner: TunerDriver,
     assessor: Option<AssessorHandle>,
     /// One per configured platform, in config order; trials name theirs by index.
     services: Vec<ServiceSlot>,
-    /// Every environment a service reported, by id, with its owner.
-    environments: BTreeMap<String, EnvironmentRecord>,
+    /// Every environment a service reported, and where trials go.
+    environments: Environments,
     /// Environment warnings so far (see [`Progress::notices`]).
     notices: std::sync::Arc<Vec<String>>,
-    /// What services said about their environments (warnings without a trial, failed
-    /// `environments()` calls): the reason given when no environment is left.
-    service_problems: Vec<String>,
-    placer: Placer,
     service_events: mpsc::UnboundedReceiver<TaggedEvent>,
     /// Trials the service could not start: (trial id, why).
     start_failures: mpsc::UnboundedReceiver<(String, String)>,
     start_failures_tx: mpsc::UnboundedSender<(String, String)>,
     commands: mpsc::UnboundedReceiver<Command>,
     progress: watch::Sender<Progress>,
-    trials: BTreeMap<String, Trial>,
-    /// Trials not yet ended (waiting or running), by sequence: what the loop iterates often,
-    /// so that its cost follows `trialConcurrency`, not the experiment's length.
-    active: BTreeMap<u64, String>,
-    /// How many trials have each status.
-    counts: BTreeMap<TrialStatus, u64>,
+    /// Every trial, its attempts and status.
+    book: TrialBook,
     /// False once every command sender is gone.
     commands_open: bool,
-    /// trial id by parameter id, for results and suggestions.
-    by_parameter: BTreeMap<u64, String>,
-    next_parameter_id: u64,
-    next_sequence: u64,
-    /// Parameter ids the tuner deferred and still owes parameters for.
-    deferred: u64,
-    /// Parameters the tuner emitted unprompted, not yet submitted.
-    suggested: VecDeque<Suggestion>,
-    tuner_exhausted: bool,
-    started: Instant,
-    deadline: Option<Instant>,
-    deadline_passed: bool,
-    /// Experiment time spent before this run (a resumed experiment's earlier runs).
-    time_before: Duration,
-    /// While trials wait for resources, when to probe the machine again (foreign processes
-    /// come and go without telling us).
-    reprobe_at: Option<Instant>,
+    timers: Timers,
     stop_requested: bool,
-    best: Option<(String, f64)>,
-    /// The search space the tuner was last given, which every parameter set it hands out must
-    /// belong to.
-    space: SearchSpace,
-    /// Parameter sets refused and dropped (`tunerErrorPolicy: skip`), in all and in a row.
-    dropped_suggestions: u64,
-    drops_in_a_row: u64,
     /// Told when the loop starts and stops waiting (the simulator); `turns` counts the waits.
     observer: Option<watch::Sender<LoopState>>,
     turns: u64,
@@ -358,6 +332,7 @@ impl Manager {
         };
         let space = SearchSpace::from_value(&config.search_space)
             .map_err(|e| ManagerError::Unsupported(format!("searchSpace: {e}")))?;
+        let tuner = TunerDriver::new(tuner, space, config.tuner_error_policy);
         let placer = Placer::new(&config);
         let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
@@ -374,48 +349,29 @@ impl Manager {
             None => Vec::new(),
         };
         let services = services::start_services(&context, &config, components, &events_tx).await?;
+        let platforms = services.iter().map(|slot| slot.platform.clone()).collect();
+        let environments = Environments::new(platforms, placer);
         drop(events_tx);
 
-        let started = Instant::now();
-        let deadline = config.max_experiment_duration.map(|d| started + d);
-        let maximize = config.direction() == Direction::Maximize;
+        let timers = Timers::new(Instant::now(), config.max_experiment_duration);
         let mut manager = Manager {
             id,
             dir,
-            maximize,
             store,
             tuner,
             assessor,
             services,
-            environments: BTreeMap::new(),
+            environments,
             notices: Default::default(),
-            service_problems: Vec::new(),
-            placer,
             service_events,
             start_failures,
             start_failures_tx,
             commands,
             progress,
-            trials: BTreeMap::new(),
-            active: BTreeMap::new(),
-            counts: BTreeMap::new(),
+            book: TrialBook::new(config.direction() == Direction::Maximize),
             commands_open: true,
-            by_parameter: BTreeMap::new(),
-            next_parameter_id: 0,
-            next_sequence: 0,
-            deferred: 0,
-            suggested: VecDeque::new(),
-            tuner_exhausted: false,
-            started,
-            deadline,
-            deadline_passed: false,
-            time_before: Duration::ZERO,
-            reprobe_at: None,
+            timers,
             stop_requested: false,
-            best: None,
-            space,
-            dropped_suggestions: 0,
-            drops_in_a_row: 0,
             observer: None,
             turns: 0,
             config,
@@ -426,8 +382,7 @@ impl Manager {
         }
         manager
             .tuner
-            .update_search_space(manager.config.search_space.clone())
-            .get()
+            .set_space(&manager.config.search_space)
             .await?;
         for report in leftovers {
             manager.warn(None, report).await?;
@@ -446,48 +401,18 @@ impl Manager {
         Ok(manager)
     }
 
-    fn running_count(&self) -> u64 {
-        self.active.len() as u64
-    }
-
-    /// Moves a trial to `status`, keeping `active` and `counts` in step.
-    fn set_status(&mut self, trial_id: &str, status: TrialStatus) {
-        let trial = self
-            .trials
-            .get_mut(trial_id)
-            .expect("status of a known trial");
-        if let Some(count) = self.counts.get_mut(&trial.status) {
-            *count = count.saturating_sub(1);
-        }
-        *self.counts.entry(status).or_default() += 1;
-        trial.status = status;
-        if status.is_final() {
-            self.active.remove(&trial.sequence);
-        }
-    }
-
-    fn active_ids(&self) -> Vec<String> {
-        self.active.values().cloned().collect()
-    }
-
-    fn trial_budget_spent(&self) -> bool {
-        self.config
-            .max_trial_number
-            .is_some_and(|max| self.next_sequence >= max)
-    }
-
     /// Whether no new trial may start.
     fn closed(&self) -> bool {
         self.stop_requested
-            || self.deadline_passed
-            || self.trial_budget_spent()
-            || self.tuner_exhausted
+            || self.timers.deadline_passed()
+            || self.book.budget_spent(self.config.max_trial_number)
+            || self.tuner.exhausted()
     }
 
     async fn run_loop(&mut self) -> Result<(), ManagerError> {
         loop {
             self.fill().await?;
-            if self.running_count() == 0 && (self.closed() || self.deferred > 0) {
+            if self.book.active_count() == 0 && (self.closed() || self.tuner.in_flight() > 0) {
                 // With nothing running, a deferring tuner will never be given the result it waits for.
                 return Ok(());
             }
@@ -538,13 +463,13 @@ impl Manager {
                     let _ = reply.send(outcome);
                 }
                 Wake::Command(Some(Command::Environments(reply))) => {
-                    let _ = reply.send(self.environment_views());
+                    let _ = reply.send(self.environments.views());
                 }
                 // Nobody can send commands any more; keep running without listening.
                 Wake::Command(None) => self.commands_open = false,
                 Wake::StartFailed(trial_id, message) => {
                     if self
-                        .trials
+                        .book
                         .get(&trial_id)
                         .is_some_and(|t| !t.status.is_final())
                     {
@@ -581,9 +506,8 @@ impl Manager {
     /// Submits trials until `trialConcurrency` are running or no more may start.
     async fn fill(&mut self) -> Result<(), ManagerError> {
         self.place_waiting().await?;
-        while let Some(suggestion) = self.suggested.pop_front() {
-            self.deferred = self.deferred.saturating_sub(1);
-            if self.closed() || self.by_parameter.contains_key(&suggestion.parameter_id) {
+        while let Some(suggestion) = self.tuner.take_suggestion() {
+            if self.closed() || self.book.has_parameter(suggestion.parameter_id) {
                 continue;
             }
             if !self
@@ -600,23 +524,19 @@ impl Manager {
             .await?;
         }
         let concurrency = u64::from(self.config.trial_concurrency);
-        while !self.closed() && self.running_count() + self.deferred < concurrency {
-            let parameter_id = self.next_parameter_id;
-            self.next_parameter_id += 1;
-            match self.tuner.generate_parameters(parameter_id).get().await? {
-                Generated::Parameters(parameters) => {
+        while !self.closed() && self.book.active_count() + self.tuner.in_flight() < concurrency {
+            match self.tuner.generate().await? {
+                Handout::Parameters {
+                    parameter_id,
+                    parameters,
+                    label,
+                } => {
                     if self.accept_output(parameter_id, &parameters).await? {
-                        self.submit(parameter_id, parameters, None).await?;
+                        self.submit(parameter_id, parameters, label).await?;
                     }
                 }
-                Generated::Labeled { parameters, label } => {
-                    if self.accept_output(parameter_id, &parameters).await? {
-                        self.submit(parameter_id, parameters, Some(label)).await?;
-                    }
-                }
-                Generated::Deferred => self.deferred += 1,
-                Generated::NoMore => {
-                    self.tuner_exhausted = true;
+                Handout::Deferred => {}
+                Handout::NoMore => {
                     self.store
                         .append(StoreEvent::ExperimentStatusChanged {
                             status: ExperimentStatus::NoMoreTrial,
@@ -626,7 +546,7 @@ impl Manager {
                 }
             }
         }
-        self.publish(Some(if self.tuner_exhausted {
+        self.publish(Some(if self.tuner.exhausted() {
             ExperimentStatus::NoMoreTrial
         } else {
             ExperimentStatus::Running
@@ -642,48 +562,16 @@ impl Manager {
         parameter_id: u64,
         parameters: &Value,
     ) -> Result<bool, ManagerError> {
-        let label = self.tuner.label().to_owned();
-        let Some(refusal) = tuner_output::refusal(&label, parameter_id, &self.space, parameters)
-        else {
-            self.drops_in_a_row = 0;
-            return Ok(true);
-        };
-        match self.config.tuner_error_policy {
-            TunerErrorPolicy::Error => Err(ManagerError::TunerOutput(format!(
-                "{refusal} (tunerErrorPolicy: skip drops such parameters instead)"
-            ))),
-            TunerErrorPolicy::Skip => {
-                self.dropped_suggestions += 1;
-                self.drops_in_a_row += 1;
-                if self.drops_in_a_row >= TunerErrorPolicy::MAX_DROPS_IN_A_ROW {
-                    return Err(ManagerError::TunerOutput(format!(
-                        "{refusal}; {} parameter sets in a row were refused, so the experiment ends (tunerErrorPolicy: skip)",
-                        self.drops_in_a_row
-                    )));
-                }
-                self.warn(
-                    None,
-                    format!(
-                        "{refusal}; dropped (tunerErrorPolicy: skip), {} so far",
-                        self.dropped_suggestions
-                    ),
-                )
-                .await?;
-                let suggestions = self
-                    .tuner
-                    .trial_end(parameter_id, TrialStatus::SysCanceled.as_str().into())
-                    .get()
-                    .await?;
-                self.accept_suggestions(suggestions);
+        match self.tuner.check(parameter_id, parameters) {
+            Check::Accepted => Ok(true),
+            Check::Fatal(message) => Err(ManagerError::TunerOutput(message)),
+            Check::Dropped(warning) => {
+                self.warn(None, warning).await?;
+                self.tuner.tell_dropped(parameter_id).await?;
                 self.publish(None);
                 Ok(false)
             }
         }
-    }
-
-    /// Queues what the tuner emitted unprompted; `fill` submits it first thing.
-    fn accept_suggestions(&mut self, suggestions: Vec<Suggestion>) {
-        self.suggested.extend(suggestions);
     }
 
     /// Creates a trial (recorded WAITING) and places it if it can run now; returns its id.
@@ -693,9 +581,7 @@ impl Manager {
         parameters: Value,
         parameter_label: Option<String>,
     ) -> Result<String, ManagerError> {
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        let trial_id = trial::new_trial_id(&self.trials);
+        let (sequence, trial_id) = self.book.next_trial();
         self.store
             .append(StoreEvent::TrialCreated {
                 trial_id: trial_id.clone(),
@@ -705,22 +591,12 @@ impl Manager {
                 parameters: parameters.clone(),
             })
             .await?;
-        let mut trial = Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone());
+        let mut trial =
+            trial::Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone());
         trial.parameter_label = parameter_label;
-        self.trials.insert(trial_id.clone(), trial);
-        self.active.insert(sequence, trial_id.clone());
-        *self.counts.entry(TrialStatus::Waiting).or_default() += 1;
-        self.by_parameter.insert(parameter_id, trial_id.clone());
+        self.book.insert(trial);
         self.place_waiting().await?;
         Ok(trial_id)
-    }
-
-    fn better(&self, value: f64, than: f64) -> bool {
-        if self.maximize {
-            value > than
-        } else {
-            value < than
-        }
     }
 
     async fn end_trial(
@@ -735,7 +611,7 @@ impl Manager {
         self.store
             .append(StoreEvent::TrialEnded {
                 trial_id: trial_id.to_string(),
-                attempt: self.trials[trial_id].attempt,
+                attempt: self.book[trial_id].attempt,
                 status,
                 exit_code,
                 signal,
@@ -743,16 +619,12 @@ impl Manager {
                 stderr_tail: (!stderr_tail.is_empty()).then_some(stderr_tail),
             })
             .await?;
-        self.placer.release(trial_id);
-        self.set_status(trial_id, status);
-        let trial = self.trials.get_mut(trial_id).expect("ending a known trial");
+        self.environments.release(trial_id);
+        self.book.set_status(trial_id, status);
+        let trial = self.book.get_mut(trial_id).expect("ending a known trial");
         trial.reason = reason;
         let parameter_id = trial.parameter_id;
-        let suggestions = self
-            .tuner
-            .trial_end(parameter_id, status.as_str().into())
-            .get()
-            .await?;
+        self.tuner.trial_ended(parameter_id, status).await?;
         if let Some(assessor) = &self.assessor {
             if let Err(e) = assessor
                 .trial_end(trial_id.to_string(), status.as_str().into())
@@ -763,7 +635,6 @@ impl Manager {
                     .await?;
             }
         }
-        self.accept_suggestions(suggestions);
         self.publish(None);
         Ok(())
     }
@@ -776,7 +647,7 @@ impl Manager {
         status: TrialStatus,
         reason: String,
     ) -> Result<(), ManagerError> {
-        let Some(trial) = self.trials.get_mut(trial_id) else {
+        let Some(trial) = self.book.get_mut(trial_id) else {
             return Ok(());
         };
         if trial.status.is_final() || trial.kill.is_some() {
@@ -803,62 +674,31 @@ impl Manager {
 
     async fn stop_all(&mut self, reason: &str, status: TrialStatus) -> Result<(), ManagerError> {
         self.stop_requested = true;
-        for trial_id in self.active_ids() {
+        for trial_id in self.book.active_ids() {
             self.kill(&trial_id, status, reason.to_string()).await?;
         }
         Ok(())
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let experiment = if self.deadline_passed {
-            None
-        } else {
-            self.deadline
-        };
-        let trials = self
-            .active
-            .values()
-            .map(|id| &self.trials[id])
-            .filter(|t| t.kill.is_none())
-            .filter_map(|t| t.deadline);
-        // A backoff that has passed is no deadline: the trial may be placed now, and if it
-        // waits for resources, the loop must not wake at once again and again for it.
-        let now = Instant::now();
-        let retries = self
-            .active
-            .values()
-            .filter_map(|id| self.trials[id].not_before)
-            .filter(|at| *at > now);
-        experiment
-            .into_iter()
-            .chain(trials)
-            .chain(retries)
-            .chain(self.reprobe_at)
-            .min()
+        self.timers.next(
+            Instant::now(),
+            self.book.attempt_deadlines(),
+            self.book.retry_times(),
+        )
     }
 
     async fn on_deadline(&mut self) -> Result<(), ManagerError> {
         let now = Instant::now();
-        if self.reprobe_at.is_some_and(|at| at <= now) {
-            self.reprobe_at = None;
+        if self.timers.take_reprobe(now) {
             self.refresh_environments().await?;
             // `fill`, first thing in the next turn, places the waiting trials again.
         }
-        if self.deadline.is_some_and(|d| d <= now) && !self.deadline_passed {
-            self.deadline_passed = true;
+        if self.timers.take_experiment_deadline(now) {
             self.stop_all("maxExperimentDuration reached", TrialStatus::SysCanceled)
                 .await?;
         }
-        let overdue: Vec<String> = self
-            .active
-            .values()
-            .filter(|id| {
-                let trial = &self.trials[*id];
-                trial.kill.is_none() && trial.deadline.is_some_and(|d| d <= now)
-            })
-            .cloned()
-            .collect();
-        for trial_id in overdue {
+        for trial_id in self.book.overdue(now) {
             self.kill(
                 &trial_id,
                 TrialStatus::SysCanceled,
@@ -881,16 +721,16 @@ impl Manager {
     }
 
     fn publish(&self, status: Option<ExperimentStatus>) {
-        let count = |status| self.counts.get(&status).copied().unwrap_or(0);
+        let count = |status| self.book.count(status);
         let progress = Progress {
             status: status.or(self.progress.borrow().status),
-            submitted: self.trials.len() as u64,
-            best: self.best.clone(),
-            elapsed: self.started.elapsed(),
+            submitted: self.book.len(),
+            best: self.book.best().cloned(),
+            elapsed: self.timers.elapsed(),
             max_trial_number: self.config.max_trial_number,
             max_duration: self.config.max_experiment_duration,
-            dropped_suggestions: self.dropped_suggestions,
-            running: self.active.len() as u64,
+            dropped_suggestions: self.tuner.dropped(),
+            running: self.book.active_count(),
             succeeded: count(TrialStatus::Succeeded),
             failed: count(TrialStatus::Failed),
             other_ended: count(TrialStatus::UserCanceled)
@@ -904,7 +744,7 @@ impl Manager {
     /// Records how the experiment ended and shuts the service down.
     async fn finish(mut self, result: Result<(), ManagerError>) -> Result<Outcome, ManagerError> {
         let (status, message) = match &result {
-            Ok(()) if self.stop_requested && !self.deadline_passed => {
+            Ok(()) if self.stop_requested && !self.timers.deadline_passed() => {
                 (ExperimentStatus::Stopped, None)
             }
             Ok(()) => (ExperimentStatus::Done, None),
@@ -918,15 +758,15 @@ impl Manager {
         }
         services::shut_down(&self.services).await;
         // Trials the service ended during shutdown without telling us are recorded as such.
-        for trial_id in self.active_ids() {
-            let (status, reason) = self.trials[&trial_id]
+        for trial_id in self.book.active_ids() {
+            let (status, reason) = self.book[&trial_id]
                 .kill
                 .clone()
                 .unwrap_or((TrialStatus::SysCanceled, "the experiment ended".into()));
             self.store
                 .append(StoreEvent::TrialEnded {
                     trial_id: trial_id.clone(),
-                    attempt: self.trials[&trial_id].attempt,
+                    attempt: self.book[&trial_id].attempt,
                     status,
                     exit_code: None,
                     signal: None,
@@ -934,8 +774,8 @@ impl Manager {
                     stderr_tail: None,
                 })
                 .await?;
-            self.set_status(&trial_id, status);
-            self.trials.get_mut(&trial_id).expect("known trial").reason = Some(reason);
+            self.book.set_status(&trial_id, status);
+            self.book.get_mut(&trial_id).expect("known trial").reason = Some(reason);
         }
         self.store
             .append(StoreEvent::ExperimentStatusChanged {
@@ -945,7 +785,7 @@ impl Manager {
             .await?;
         self.store.flush().await?;
         self.publish(Some(status));
-        let trials = self.trials.values().map(Trial::summary).collect();
+        let trials = self.book.summaries();
         Ok(Outcome {
             status,
             message,
@@ -977,9 +817,6 @@ pub struct LoopState {
 
 /// At most this many service events are taken from the channel at once.
 const MAX_EVENT_BATCH: usize = 4096;
-
-/// How often the machine is probed again while trials wait for GPUs or memory.
-pub(super) const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {

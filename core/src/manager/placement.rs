@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use knob_plugin_api::service::{TrialRequest as ServiceTrialRequest, TrialResources};
 
-use super::{Manager, ManagerError, REPROBE_INTERVAL};
+use super::{Manager, ManagerError};
 use crate::config::ExperimentConfig;
 use crate::store::TrialStatus;
 
@@ -27,13 +27,18 @@ impl Placer {
     /// An empty scheduler for this config's trials; environments are added as their services
     /// report them ([`Placer::upsert`]).
     pub fn new(config: &ExperimentConfig) -> Placer {
-        let scheduler = Scheduler::new(SchedulerConfig {
+        Placer::with_settings(SchedulerConfig {
             trial_gpu_number: config.trial_gpu_number,
             trial_gpu_memory: config.trial_gpu_memory_mib.map(|mib| ByteSize(mib * MIB)),
             trial_memory_size: config.trial_memory_size_mib.map(|mib| ByteSize(mib * MIB)),
             trial_cpu_number: config.trial_cpu_number,
             policy: config.placement_policy,
-        });
+        })
+    }
+
+    /// An empty scheduler with these settings.
+    pub(super) fn with_settings(settings: SchedulerConfig) -> Placer {
+        let scheduler = Scheduler::new(settings);
         Placer {
             scheduler,
             request_template: TrialRequest::new("template"),
@@ -145,29 +150,21 @@ impl Placer {
 impl Manager {
     /// Asks gpu-sched where waiting trials go, oldest first, and starts those it placed.
     pub(super) async fn place_waiting(&mut self) -> Result<(), ManagerError> {
-        let waiting: Vec<String> = self
-            .active
-            .values()
-            .filter(|id| {
-                let trial = &self.trials[*id];
-                trial.status == TrialStatus::Waiting
-                    && !trial.launched
-                    && trial.not_before.is_none_or(|at| at <= Instant::now())
-            })
-            .cloned()
-            .collect();
+        let waiting = self.book.placeable(Instant::now());
         if waiting.is_empty() {
             return Ok(());
         }
-        if !self.placer.has_environment() {
-            return Err(ManagerError::NoEnvironment(self.no_environment_reason()));
+        if !self.environments.can_place() {
+            return Err(ManagerError::NoEnvironment(
+                self.environments.no_environment_reason(),
+            ));
         }
         let requests: Vec<(String, Option<u64>)> = waiting
             .iter()
-            .map(|id| (id.clone(), self.trials[id].memory_request_mib))
+            .map(|id| (id.clone(), self.book[id].memory_request_mib))
             .collect();
-        let placements = self.placer.place(&requests);
-        self.reprobe_at = None;
+        let placements = self.environments.place(&requests);
+        self.timers.cancel_reprobe();
         for (trial_id, placement) in waiting.into_iter().zip(placements) {
             match placement {
                 Placement::Succeed {
@@ -189,10 +186,9 @@ impl Manager {
                     .await?
                 }
                 Placement::TmpNoAvailableGpu { reason } => {
-                    self.reprobe_at
-                        .get_or_insert(Instant::now() + REPROBE_INTERVAL);
+                    self.timers.reprobe_later(Instant::now());
                     let trial = self
-                        .trials
+                        .book
                         .get_mut(&trial_id)
                         .expect("waiting trial is known");
                     if trial.waiting_reason.as_deref() != Some(reason.as_str()) {
@@ -213,11 +209,11 @@ impl Manager {
         environment: &str,
         gpu_indices: Option<Vec<u32>>,
     ) -> Result<(), ManagerError> {
-        let Some(service) = self.owner_of(environment) else {
+        let Some(service) = self.environments.owner_of(environment) else {
             // The scheduler only knows environments a service reported, so this is a bug; the
             // trial waits for the next placement rather than the experiment failing.
-            self.placer.release(trial_id);
-            self.placer.remove(environment);
+            self.environments.release(trial_id);
+            self.environments.forget(environment);
             return self
                 .warn(
                     Some(trial_id.to_string()),
@@ -225,10 +221,7 @@ impl Manager {
                 )
                 .await;
         };
-        let trial = self
-            .trials
-            .get_mut(trial_id)
-            .expect("placed trial is known");
+        let trial = self.book.get_mut(trial_id).expect("placed trial is known");
         trial.launched = true;
         trial.service = Some(service);
         trial.environment = Some(environment.to_string());

@@ -11,27 +11,19 @@ use super::trial::Trial;
 use super::{Manager, ManagerError};
 use crate::store::{ExperimentState, MetricKind, StoreEvent, TrialStatus};
 
-/// How long a failed trial waits before its next attempt: 1 s, 2 s, 4 s, … at most a minute.
-pub(super) fn retry_backoff(failed_attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << failed_attempt.saturating_sub(1).min(6))
-        .min(Duration::from_secs(60))
-}
-
 impl Manager {
     /// Rebuilds the loop's state from the store: finished trials stay as they are (and are
     /// handed to the tuner), trials that were waiting wait again, trials that were running get
     /// a new attempt (whatever is left of their processes is killed first), id counters and the
     /// duration budget continue where they stopped.
     pub(super) async fn restore(&mut self, state: &ExperimentState) -> Result<(), ManagerError> {
-        self.next_sequence = state.counters.next_trial_sequence;
-        self.next_parameter_id = state.counters.next_parameter_id;
-        if let Some(max) = self.config.max_experiment_duration {
-            let spent = Duration::from_millis(
-                u64::try_from(state.active_time_ms(state.last_event_time_ms)).unwrap_or(0),
-            );
-            self.deadline = Some(self.started + max.saturating_sub(spent));
-            self.time_before = spent;
-        }
+        self.book.continue_from(state.counters.next_trial_sequence);
+        self.tuner.continue_from(state.counters.next_parameter_id);
+        let spent = Duration::from_millis(
+            u64::try_from(state.active_time_ms(state.last_event_time_ms)).unwrap_or(0),
+        );
+        self.timers
+            .resume(spent, self.config.max_experiment_duration);
         let mut imported = Vec::new();
         for stored in &state.trials {
             let attempt = stored.current_attempt();
@@ -60,10 +52,7 @@ impl Manager {
                 .collect();
             trial.reason = stored.end.as_ref().and_then(|end| end.message.clone());
             let id = trial.id.clone();
-            self.by_parameter.insert(trial.parameter_id, id.clone());
-            self.trials.insert(id.clone(), trial);
-            *self.counts.entry(TrialStatus::Waiting).or_default() += 1;
-            self.active.insert(stored.sequence, id.clone());
+            self.book.insert(trial);
             // A trial cancelled by a stop of the experiment did not end on its own: like one
             // that was running at a crash, it runs again (the user's own kills stay ended).
             let stopped_with_experiment = stored
@@ -71,19 +60,12 @@ impl Manager {
                 .as_ref()
                 .is_some_and(|end| end.stopped_with_experiment());
             if stored.status.is_final() && !stopped_with_experiment {
-                self.set_status(&id, stored.status);
-                if let Some(value) = self.trials[&id].final_value {
+                self.book.set_status(&id, stored.status);
+                if let Some(value) = self.book[&id].final_value {
                     imported.push(import_record(&self.config.objectives, stored, value));
-                    if !value.is_nan()
-                        && self
-                            .best
-                            .as_ref()
-                            .is_none_or(|(_, best)| self.better(value, *best))
-                    {
-                        self.best = Some((id.clone(), value));
-                    }
+                    self.book.offer_best(&id, value);
                 }
-                if self.trials[&id].final_value.is_none() && stored.parameter_label.is_some() {
+                if self.book[&id].final_value.is_none() && stored.parameter_label.is_some() {
                     // A tuner that labels its trials rebuilds its rounds from every trial.
                     imported.push(import_record(&self.config.objectives, stored, f64::NAN));
                 }
@@ -111,7 +93,7 @@ impl Manager {
             }
         }
         if !imported.is_empty() {
-            self.tuner.import_data(imported).get().await?;
+            self.tuner.import(imported).await?;
         }
         self.replay_to_assessor(state).await
     }
@@ -131,14 +113,14 @@ impl Manager {
         ended.sort_by_key(|t| t.end.as_ref().map_or(i64::MAX, |end| end.time_ms));
         let mut failures = Vec::new();
         for stored in ended {
-            let history = self.trials[&stored.trial_id].intermediate.clone();
+            let history = self.book[&stored.trial_id].intermediate.clone();
             let id = stored.trial_id.clone();
             if !history.is_empty() {
                 if let Err(e) = assessor.assess_trial(id.clone(), history).get().await {
                     failures.push((id.clone(), e.to_string()));
                 }
             }
-            if let Some(value) = self.trials[&stored.trial_id].final_value {
+            if let Some(value) = self.book[&stored.trial_id].final_value {
                 if let Err(e) = assessor.trial_final(id.clone(), value).get().await {
                     failures.push((id.clone(), e.to_string()));
                 }
@@ -169,34 +151,19 @@ impl Manager {
             .append(StoreEvent::TrialRequeued {
                 trial_id: trial_id.to_string(),
                 reason,
-                memory_request_mib: self.trials[trial_id].memory_request_mib,
+                memory_request_mib: self.book[trial_id].memory_request_mib,
             })
             .await?;
-        self.placer.release(trial_id);
-        self.set_status(trial_id, TrialStatus::Waiting);
-        let now = Instant::now();
-        let trial = self
-            .trials
-            .get_mut(trial_id)
-            .expect("requeued trial is known");
-        trial.launched = false;
-        trial.kill = None;
-        trial.pid = None;
-        trial.intermediate.clear();
-        trial.final_value = None;
-        trial.final_problem = None;
-        trial.outcome = None;
-        trial.objective_problem = None;
-        trial.waiting_reason = None;
-        trial.not_before = (!backoff.is_zero()).then(|| now + backoff);
-        trial.deadline = None;
+        self.environments.release(trial_id);
+        let not_before = (!backoff.is_zero()).then(|| Instant::now() + backoff);
+        self.book.new_attempt(trial_id, not_before);
         self.publish(None);
         Ok(())
     }
 
     /// Once the experiment is stopping, failed trials end instead of trying again.
     pub(super) fn closed_for_retries(&self) -> bool {
-        self.stop_requested || self.deadline_passed
+        self.stop_requested || self.timers.deadline_passed()
     }
 }
 

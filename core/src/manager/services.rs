@@ -13,6 +13,7 @@ use knob_plugin_api::host::TrainingServiceHandle;
 use knob_plugin_api::service::{Environment, ServiceContext, ServiceEvent};
 use tokio::sync::mpsc;
 
+use super::environments::Said;
 use super::{Components, Manager, ManagerError};
 use crate::config::{ExperimentConfig, Secret, TrainingServiceConfig};
 
@@ -26,19 +27,6 @@ pub(super) struct ServiceSlot {
     /// The platform, which is also the plugin's name.
     pub platform: String,
     pub handle: TrainingServiceHandle,
-}
-
-/// What the manager knows about one environment.
-#[derive(Debug, Clone)]
-pub(super) struct EnvironmentRecord {
-    /// Index into `Manager::services`.
-    pub service: usize,
-    pub host: String,
-    pub ready: bool,
-    /// Why it is not ready, when its service said.
-    pub why: Option<String>,
-    /// It was ready at some time (a queued allocation is not, until its job runs).
-    pub seen_ready: bool,
 }
 
 /// An event with the index of the service that reported it.
@@ -201,11 +189,12 @@ impl Manager {
         }
         self.on_service_events(pending).await?;
         // An environment on its way (a queued cluster job) will take trials: they wait for it.
-        if !self.environments.values().any(|record| record.ready) && !self.placer.has_environment()
-        {
-            return Err(ManagerError::NoEnvironment(self.no_environment_reason()));
+        if !self.environments.any() {
+            return Err(ManagerError::NoEnvironment(
+                self.environments.no_environment_reason(),
+            ));
         }
-        self.placer.check().map_err(ManagerError::Placement)
+        self.environments.check().map_err(ManagerError::Placement)
     }
 
     /// Asks every service again for its environments and their inventories (GPU memory and
@@ -233,202 +222,38 @@ impl Manager {
         Ok(())
     }
 
-    /// Registers what a service says about one of its environments: the owner, whether it takes
-    /// trials, and its inventory in the scheduler.
+    /// Registers what a service says about one of its environments, and records and shows
+    /// what changed.
     pub(super) async fn on_environment(
         &mut self,
         service: usize,
         environment: Environment,
     ) -> Result<(), ManagerError> {
-        let platform = self.services[service].platform.clone();
-        if let Some(record) = self.environments.get(&environment.id) {
-            if record.service != service {
-                let owner = &self.services[record.service].platform;
-                return self
-                    .warn(
-                        None,
-                        format!(
-                            "training service {platform} reported environment {}, which belongs to training service {owner}; ignored",
-                            environment.id
-                        ),
-                    )
-                    .await;
+        for said in self.environments.report(service, environment) {
+            match said {
+                Said::Notice(message) => self.notice(message).await?,
+                Said::Warning(message) => self.warn(None, message).await?,
             }
         }
-        let id = environment.id.clone();
-        let was_ready = self.environments.get(&id).map(|record| record.ready);
-        let mut ready = environment.ready;
-        // Why a not-ready environment is so, when its service said (its inventory's status):
-        // a cluster job pending in its queue, a host that dropped.
-        let mut why = None;
-        if ready {
-            match serde_json::from_value::<knob_gpu_sched::Environment>(environment.inventory) {
-                Ok(mut inventory) => {
-                    inventory.id = id.as_str().into();
-                    inventory.status = knob_gpu_sched::EnvironmentStatus::Ready;
-                    if let Err(reason) = self.placer.upsert(inventory) {
-                        ready = false;
-                        self.notice(format!(
-                            "environment {id} ({}): its inventory is not usable ({reason}); no trial runs there",
-                            environment.host
-                        ))
-                        .await?;
-                    }
-                }
-                Err(e) => {
-                    ready = false;
-                    self.notice(format!(
-                        "environment {id} ({}): its inventory cannot be read ({e}); no trial runs there",
-                        environment.host
-                    ))
-                    .await?;
-                }
-            }
-        } else {
-            let inventory = serde_json::from_value::<knob_gpu_sched::Environment>(
-                environment.inventory.clone(),
-            )
-            .ok();
-            let status = inventory.as_ref().map(|i| i.status.clone());
-            why = match &status {
-                Some(knob_gpu_sched::EnvironmentStatus::Unavailable(reason)) => {
-                    Some(reason.clone())
-                }
-                Some(knob_gpu_sched::EnvironmentStatus::Starting) => Some("starting".to_string()),
-                _ => None,
-            };
-            match (inventory, status) {
-                // Reported first as on its way (a queued allocation, with what it asked for as
-                // its inventory): it counts as an environment that will take trials, so trials
-                // wait for it with its reason instead of the experiment failing for want of
-                // one. A lost environment (known before, gone from the scheduler) is not taken
-                // back until it is ready again.
-                (
-                    Some(mut inventory),
-                    Some(
-                        knob_gpu_sched::EnvironmentStatus::Starting
-                        | knob_gpu_sched::EnvironmentStatus::Unavailable(_),
-                    ),
-                ) if was_ready.is_none() && !self.placer.knows(&id) => {
-                    inventory.id = id.as_str().into();
-                    if let Err(reason) = self.placer.upsert(inventory) {
-                        self.notice(format!(
-                            "environment {id} ({}): its inventory is not usable ({reason}); no trial runs there",
-                            environment.host
-                        ))
-                        .await?;
-                    }
-                }
-                (_, Some(knob_gpu_sched::EnvironmentStatus::Starting)) => {
-                    self.placer.set_starting(&id)
-                }
-                _ => self.placer.set_unavailable(
-                    &id,
-                    &why.clone()
-                        .unwrap_or_else(|| format!("host {} is not reachable", environment.host)),
-                ),
-            }
-        }
-        let shown_why = why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
-        let was_why = self
-            .environments
-            .get(&id)
-            .and_then(|record| record.why.clone());
-        let seen_ready = self
-            .environments
-            .get(&id)
-            .is_some_and(|record| record.seen_ready);
-        match (was_ready, ready) {
-            (Some(true), false) => {
-                self.notice(format!(
-                    "environment {id} ({}) is not ready{shown_why}; no new trial starts there until it is back",
-                    environment.host
-                ))
-                .await?
-            }
-            (None, false) => {
-                self.notice(format!(
-                    "environment {id} ({}) is not ready{shown_why}; no trial starts there until it is",
-                    environment.host
-                ))
-                .await?
-            }
-            (Some(false), true) => {
-                let again = if seen_ready { " again" } else { "" };
-                self.notice(format!(
-                    "environment {id} ({}) is ready{again}",
-                    environment.host
-                ))
-                .await?
-            }
-            // Still not ready, for another reason (a queued job's reason changed, say).
-            (Some(false), false) if why.is_some() && why != was_why => {
-                self.notice(format!(
-                    "environment {id} ({}) is not ready{shown_why}",
-                    environment.host
-                ))
-                .await?
-            }
-            _ => {}
-        }
-        self.environments.insert(
-            id,
-            EnvironmentRecord {
-                service,
-                host: environment.host,
-                ready,
-                why,
-                seen_ready: seen_ready || ready,
-            },
-        );
         Ok(())
     }
 
-    /// Every environment registered, for `Command::Environments`.
-    pub(super) fn environment_views(&self) -> Vec<super::EnvironmentView> {
-        self.environments
-            .iter()
-            .map(|(id, record)| super::EnvironmentView {
-                id: id.clone(),
-                platform: self
-                    .services
-                    .get(record.service)
-                    .map_or_else(String::new, |slot| slot.platform.clone()),
-                host: record.host.clone(),
-                ready: record.ready,
-                why: record.why.clone(),
-            })
-            .collect()
-    }
-
-    /// A host is gone for good (its service said so with a trial's `environment_lost`): the
-    /// scheduler forgets it, so waiting trials go elsewhere. If it comes back, its service
-    /// reports it again and it is registered anew.
+    /// A host is gone for good (see [`super::environments::Environments::lose`]).
     pub(super) async fn lose_environment(
         &mut self,
         environment_id: &str,
         reason: &str,
     ) -> Result<(), ManagerError> {
-        let Some(record) = self.environments.get_mut(environment_id) else {
-            return Ok(());
-        };
-        if !record.ready && !self.placer.knows(environment_id) {
-            return Ok(());
+        match self.environments.lose(environment_id, reason) {
+            Some(message) => self.notice(message).await,
+            None => Ok(()),
         }
-        record.ready = false;
-        self.placer.remove(environment_id);
-        self.notice(format!("environment {environment_id} lost: {reason}"))
-            .await
     }
 
     /// A service's own word about its environments: a notice, and kept (the latest few) for the
     /// error if no environment is left.
     pub(super) async fn service_problem(&mut self, message: String) -> Result<(), ManagerError> {
-        const KEPT: usize = 16;
-        if self.service_problems.len() == KEPT {
-            self.service_problems.remove(0);
-        }
-        self.service_problems.push(message.clone());
+        self.environments.problem(message.clone());
         self.notice(message).await
     }
 
@@ -438,37 +263,6 @@ impl Manager {
         self.warn(None, message).await?;
         self.publish(None);
         Ok(())
-    }
-
-    /// Why no environment can take trials, for the experiment's error.
-    pub(super) fn no_environment_reason(&self) -> String {
-        let names: Vec<String> = self
-            .environments
-            .iter()
-            .map(|(id, record)| format!("{id} ({})", record.host))
-            .collect();
-        let mut reason = if names.is_empty() {
-            "no training service reported an environment".to_string()
-        } else {
-            format!("no environment can run trials: {}", names.join(", "))
-        };
-        // What the services said about it, the latest few (a flapping host repeats itself).
-        let skip = self.service_problems.len().saturating_sub(3);
-        let problems: Vec<&str> = self.service_problems[skip..]
-            .iter()
-            .map(String::as_str)
-            .collect();
-        if !problems.is_empty() {
-            reason.push_str(&format!(" — {}", problems.join("; ")));
-        }
-        reason
-    }
-
-    /// The service that owns an environment.
-    pub(super) fn owner_of(&self, environment_id: &str) -> Option<usize> {
-        self.environments
-            .get(environment_id)
-            .map(|record| record.service)
     }
 }
 

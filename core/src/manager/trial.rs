@@ -1,9 +1,7 @@
 //! A trial as the manager tracks it while the experiment runs.
 
-use std::collections::BTreeMap;
 use tokio::time::Instant;
 
-use rand::Rng;
 use serde_json::Value;
 
 use crate::store::TrialStatus;
@@ -117,20 +115,6 @@ impl Trial {
             status: self.status,
             final_value: self.final_value,
             reason: self.reason.clone(),
-        }
-    }
-}
-
-/// A fresh NNI-style trial id (five letters and digits) not used by any trial so far.
-pub(super) fn new_trial_id(existing: &BTreeMap<String, Trial>) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    let mut rng = rand::thread_rng();
-    loop {
-        let id: String = (0..5)
-            .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
-            .collect();
-        if !existing.contains_key(&id) {
-            return id;
         }
     }
 }

@@ -33,7 +33,7 @@ impl Manager {
                 ("searchSpace", space.clone())
             }
             Update::KillTrial(trial_id) => {
-                return Ok(match self.trials.get(trial_id) {
+                return Ok(match self.book.get(trial_id) {
                     None => Err(format!("no trial {trial_id} in this experiment")),
                     Some(trial) if trial.status.is_final() => Err(format!(
                         "trial {trial_id} already ended ({})",
@@ -56,8 +56,7 @@ impl Manager {
                 if let Err(e) = space.validate_parameters(parameters) {
                     return Ok(Err(e.to_string()));
                 }
-                let parameter_id = self.next_parameter_id;
-                self.next_parameter_id += 1;
+                let parameter_id = self.tuner.reserve_parameter_id();
                 let trial_id = self.submit(parameter_id, parameters.clone(), None).await?;
                 return Ok(Ok(UpdateOutcome::TrialAdded(trial_id)));
             }
@@ -73,19 +72,14 @@ impl Manager {
             Update::MaxTrialNumber(n) => self.config.max_trial_number = Some(n),
             Update::MaxExperimentDuration(d) => {
                 self.config.max_experiment_duration = Some(d);
-                self.deadline = Some(self.started + d.saturating_sub(self.time_before));
-                self.deadline_passed = false;
+                self.timers.set_max_duration(d);
             }
             Update::SearchSpace(space) => {
-                self.tuner.update_search_space(space.clone()).get().await?;
                 // Checked when the update was accepted; what the tuner hands out from now on
-                // must belong to the new space.
-                if let Ok(parsed) = SearchSpace::from_value(&space) {
-                    self.space = parsed;
-                }
+                // must belong to the new space, and a tuner that had run out may have more to
+                // try in it.
+                self.tuner.set_space(&space).await?;
                 self.config.search_space = space;
-                // A tuner that had run out may have more to try in the new space.
-                self.tuner_exhausted = false;
             }
             Update::KillTrial(_) | Update::AddTrial(_) => unreachable!("answered above"),
         }

@@ -1,0 +1,409 @@
+//! The trial book: every trial of the experiment, its attempts and status, and the budgets that
+//! follow from them (`maxTrialNumber`, `maxTrialRetries`, the best result so far).
+//!
+//! It does no I/O and knows no tuner or service: the loop records each change in the store
+//! first, then writes it here. The loop's cost follows `trialConcurrency`, not the experiment's
+//! length, because everything it asks often goes through `active`.
+
+use std::collections::BTreeMap;
+use std::ops::Index;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::trial::{Trial, TrialSummary};
+use crate::store::TrialStatus;
+
+#[derive(Debug)]
+pub(super) struct TrialBook {
+    trials: BTreeMap<String, Trial>,
+    /// Trials not yet ended (waiting or running), by sequence: what the loop iterates often,
+    /// so that its cost follows `trialConcurrency`, not the experiment's length.
+    active: BTreeMap<u64, String>,
+    /// How many trials have each status.
+    counts: BTreeMap<TrialStatus, u64>,
+    /// Trial id by parameter id, for results and suggestions.
+    by_parameter: BTreeMap<u64, String>,
+    next_sequence: u64,
+    maximize: bool,
+    /// (trial id, value) of the best final result so far.
+    best: Option<(String, f64)>,
+}
+
+impl<K: AsRef<str>> Index<K> for TrialBook {
+    type Output = Trial;
+
+    fn index(&self, trial_id: K) -> &Trial {
+        &self.trials[trial_id.as_ref()]
+    }
+}
+
+impl TrialBook {
+    /// An empty book; `maximize` says which way the best result goes.
+    pub fn new(maximize: bool) -> TrialBook {
+        TrialBook {
+            trials: BTreeMap::new(),
+            active: BTreeMap::new(),
+            counts: BTreeMap::new(),
+            by_parameter: BTreeMap::new(),
+            next_sequence: 0,
+            maximize,
+            best: None,
+        }
+    }
+
+    pub fn get(&self, trial_id: &str) -> Option<&Trial> {
+        self.trials.get(trial_id)
+    }
+
+    pub fn get_mut(&mut self, trial_id: &str) -> Option<&mut Trial> {
+        self.trials.get_mut(trial_id)
+    }
+
+    /// A trial the caller knows is in the book.
+    pub fn known(&mut self, trial_id: &str) -> &mut Trial {
+        self.trials.get_mut(trial_id).expect("a known trial")
+    }
+
+    /// How many trials were created (every status).
+    pub fn len(&self) -> u64 {
+        self.trials.len() as u64
+    }
+
+    /// How many trials are not yet ended (waiting or running).
+    pub fn active_count(&self) -> u64 {
+        self.active.len() as u64
+    }
+
+    /// The ids of the trials not yet ended, oldest first.
+    pub fn active_ids(&self) -> Vec<String> {
+        self.active.values().cloned().collect()
+    }
+
+    fn active(&self) -> impl Iterator<Item = &Trial> {
+        self.active.values().map(|id| &self.trials[id])
+    }
+
+    /// How many trials have `status` now.
+    pub fn count(&self, status: TrialStatus) -> u64 {
+        self.counts.get(&status).copied().unwrap_or(0)
+    }
+
+    /// Whether a trial runs (or ran) these parameters already.
+    pub fn has_parameter(&self, parameter_id: u64) -> bool {
+        self.by_parameter.contains_key(&parameter_id)
+    }
+
+    /// A resumed experiment: sequences go on from the store's counter.
+    pub fn continue_from(&mut self, next_sequence: u64) {
+        self.next_sequence = next_sequence;
+    }
+
+    /// Whether `maxTrialNumber` trials were created.
+    pub fn budget_spent(&self, max_trial_number: Option<u64>) -> bool {
+        max_trial_number.is_some_and(|max| self.next_sequence >= max)
+    }
+
+    /// The sequence and a fresh id (NNI-style: five letters and digits) of the next trial. It
+    /// is counted against `maxTrialNumber` from now, whether or not it is inserted.
+    pub fn next_trial(&mut self) -> (u64, String) {
+        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        let mut rng = rand::thread_rng();
+        loop {
+            let id: String = (0..5)
+                .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+                .collect();
+            if !self.trials.contains_key(&id) {
+                return (sequence, id);
+            }
+        }
+    }
+
+    /// Adds a trial, WAITING (a resumed one that ended is then moved to its status).
+    pub fn insert(&mut self, trial: Trial) {
+        debug_assert_eq!(trial.status, TrialStatus::Waiting);
+        *self.counts.entry(TrialStatus::Waiting).or_default() += 1;
+        self.active.insert(trial.sequence, trial.id.clone());
+        self.by_parameter
+            .insert(trial.parameter_id, trial.id.clone());
+        self.trials.insert(trial.id.clone(), trial);
+    }
+
+    /// Moves a trial to `status`, keeping `active` and the counts in step.
+    pub fn set_status(&mut self, trial_id: &str, status: TrialStatus) {
+        let trial = self
+            .trials
+            .get_mut(trial_id)
+            .expect("status of a known trial");
+        if let Some(count) = self.counts.get_mut(&trial.status) {
+            *count = count.saturating_sub(1);
+        }
+        *self.counts.entry(status).or_default() += 1;
+        trial.status = status;
+        if status.is_final() {
+            self.active.remove(&trial.sequence);
+        }
+    }
+
+    /// The service reported the start of a launched trial's attempt: it is RUNNING, its next
+    /// attempt counted, and its `maxTrialDuration` runs from now. `None` when it is not waiting
+    /// for such a start (a late or repeated report).
+    pub fn start_attempt(
+        &mut self,
+        trial_id: &str,
+        pid: Option<u32>,
+        deadline: Option<Instant>,
+    ) -> Option<&Trial> {
+        let trial = self.trials.get_mut(trial_id)?;
+        if trial.status != TrialStatus::Waiting || !trial.launched {
+            return None;
+        }
+        trial.attempt += 1;
+        trial.pid = pid;
+        trial.deadline = deadline;
+        self.set_status(trial_id, TrialStatus::Running);
+        self.trials.get(trial_id)
+    }
+
+    /// Takes a trial back to WAITING for a new attempt, not placed before `not_before`: what
+    /// belonged to the last attempt (its kill, its results, its deadline) is forgotten; its
+    /// attempt count, host losses and memory request stay.
+    pub fn new_attempt(&mut self, trial_id: &str, not_before: Option<Instant>) {
+        self.set_status(trial_id, TrialStatus::Waiting);
+        let trial = self.known(trial_id);
+        trial.launched = false;
+        trial.kill = None;
+        trial.pid = None;
+        trial.intermediate.clear();
+        trial.final_value = None;
+        trial.final_problem = None;
+        trial.outcome = None;
+        trial.objective_problem = None;
+        trial.waiting_reason = None;
+        trial.not_before = not_before;
+        trial.deadline = None;
+    }
+
+    /// Whether a trial that failed on its own may run again under `retries`
+    /// (`maxTrialRetries`, plus `maxOomRetries` for an out-of-memory end). Attempts lost with
+    /// their host do not count; a trial being killed, or whose final lacked an objective (the
+    /// script would report the same again), does not run again.
+    pub fn may_retry(&self, trial_id: &str, retries: u32) -> bool {
+        let trial = &self.trials[trial_id];
+        trial.kill.is_none()
+            && trial.objective_problem.is_none()
+            && trial.attempt - trial.lost_attempts <= retries
+    }
+
+    /// The waiting trials that may be placed at `now` (not handed to a service yet, backoff
+    /// over), oldest first.
+    pub fn placeable(&self, now: Instant) -> Vec<String> {
+        self.active()
+            .filter(|trial| {
+                trial.status == TrialStatus::Waiting
+                    && !trial.launched
+                    && trial.not_before.is_none_or(|at| at <= now)
+            })
+            .map(|trial| trial.id.clone())
+            .collect()
+    }
+
+    /// The trials past their `maxTrialDuration` at `now` that are not being killed already.
+    pub fn overdue(&self, now: Instant) -> Vec<String> {
+        self.active()
+            .filter(|trial| trial.kill.is_none() && trial.deadline.is_some_and(|d| d <= now))
+            .map(|trial| trial.id.clone())
+            .collect()
+    }
+
+    /// The `maxTrialDuration` deadlines of running attempts not being killed.
+    pub fn attempt_deadlines(&self) -> impl Iterator<Item = Instant> + '_ {
+        self.active()
+            .filter(|trial| trial.kill.is_none())
+            .filter_map(|trial| trial.deadline)
+    }
+
+    /// When retries waiting out their backoff may be placed.
+    pub fn retry_times(&self) -> impl Iterator<Item = Instant> + '_ {
+        self.active().filter_map(|trial| trial.not_before)
+    }
+
+    /// Whether `value` is a better result than `than`.
+    pub fn better(&self, value: f64, than: f64) -> bool {
+        if self.maximize {
+            value > than
+        } else {
+            value < than
+        }
+    }
+
+    /// A final result: the best so far if it beats it (NaN never does).
+    pub fn offer_best(&mut self, trial_id: &str, value: f64) {
+        if !value.is_nan()
+            && self
+                .best
+                .as_ref()
+                .is_none_or(|(_, best)| self.better(value, *best))
+        {
+            self.best = Some((trial_id.to_string(), value));
+        }
+    }
+
+    /// (trial id, value) of the best final result so far.
+    pub fn best(&self) -> Option<&(String, f64)> {
+        self.best.as_ref()
+    }
+
+    /// What the caller of `run` learns of each trial, by id.
+    pub fn summaries(&self) -> Vec<TrialSummary> {
+        self.trials.values().map(Trial::summary).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn book_with(n: u64, maximize: bool) -> (TrialBook, Vec<String>) {
+        let mut book = TrialBook::new(maximize);
+        let ids = (0..n)
+            .map(|p| {
+                let (sequence, id) = book.next_trial();
+                book.insert(Trial::new(id.clone(), sequence, p, json!({ "x": p })));
+                id
+            })
+            .collect();
+        (book, ids)
+    }
+
+    #[test]
+    fn ids_are_fresh_and_sequences_count_against_the_budget() {
+        let (mut book, ids) = book_with(50, true);
+        let unique: std::collections::BTreeSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), 50);
+        assert!(ids.iter().all(|id| id.len() == 5));
+        assert!(book.budget_spent(Some(50)));
+        assert!(!book.budget_spent(Some(51)));
+        assert!(!book.budget_spent(None));
+        // A reserved sequence counts even if its trial never made it into the book.
+        let _ = book.next_trial();
+        assert!(book.budget_spent(Some(51)));
+        assert_eq!(book.len(), 50);
+        book.continue_from(7);
+        assert_eq!(book.next_trial().0, 7);
+        assert!(book.has_parameter(3) && !book.has_parameter(50));
+    }
+
+    #[test]
+    fn counts_and_active_follow_every_transition() {
+        let (mut book, ids) = book_with(3, true);
+        assert_eq!(
+            (book.count(TrialStatus::Waiting), book.active_count()),
+            (3, 3)
+        );
+        // Not launched: no start is taken.
+        assert!(book.start_attempt(&ids[0], Some(1), None).is_none());
+        book.known(&ids[0]).launched = true;
+        let started = book.start_attempt(&ids[0], Some(42), None).unwrap();
+        assert_eq!((started.attempt, started.pid), (1, Some(42)));
+        // A repeated start report is not a second attempt.
+        assert!(book.start_attempt(&ids[0], Some(43), None).is_none());
+        assert_eq!(book.count(TrialStatus::Running), 1);
+        book.set_status(&ids[0], TrialStatus::Succeeded);
+        book.set_status(&ids[1], TrialStatus::UserCanceled);
+        assert_eq!(book.count(TrialStatus::Running), 0);
+        assert_eq!(book.count(TrialStatus::Waiting), 1);
+        assert_eq!(book.count(TrialStatus::Succeeded), 1);
+        assert_eq!(book.active_ids(), vec![ids[2].clone()]);
+        assert_eq!(book.len(), 3);
+        let summaries = book.summaries();
+        assert_eq!(summaries.len(), 3);
+        assert!(summaries
+            .iter()
+            .any(|s| s.id == ids[1] && s.status == TrialStatus::UserCanceled));
+    }
+
+    #[test]
+    fn a_new_attempt_forgets_the_last_one_but_not_its_count() {
+        let (mut book, ids) = book_with(1, true);
+        let id = &ids[0];
+        book.known(id).launched = true;
+        book.start_attempt(id, Some(1), Some(Instant::now()))
+            .unwrap();
+        let trial = book.known(id);
+        trial.intermediate.push(0.5);
+        trial.final_value = Some(1.0);
+        trial.kill = Some((TrialStatus::SysCanceled, "why".into()));
+        trial.host_losses = 1;
+        trial.memory_request_mib = Some(512);
+        let at = Instant::now() + Duration::from_secs(2);
+        book.new_attempt(id, Some(at));
+        let trial = &book[id.as_str()];
+        assert_eq!(trial.status, TrialStatus::Waiting);
+        assert!(!trial.launched && trial.kill.is_none() && trial.pid.is_none());
+        assert!(trial.intermediate.is_empty() && trial.final_value.is_none());
+        assert_eq!(trial.deadline, None);
+        assert_eq!(trial.not_before, Some(at));
+        assert_eq!(
+            (trial.attempt, trial.host_losses, trial.memory_request_mib),
+            (1, 1, Some(512))
+        );
+        assert_eq!(book.count(TrialStatus::Running), 0);
+        assert_eq!(book.count(TrialStatus::Waiting), 1);
+    }
+
+    #[test]
+    fn retries_do_not_count_attempts_lost_with_their_host() {
+        let (mut book, ids) = book_with(1, true);
+        let id = ids[0].as_str();
+        book.known(id).attempt = 3;
+        assert!(!book.may_retry(id, 2));
+        book.known(id).lost_attempts = 1;
+        assert!(book.may_retry(id, 2));
+        book.known(id).objective_problem = Some("no metric loss".into());
+        assert!(!book.may_retry(id, 2));
+        book.known(id).objective_problem = None;
+        book.known(id).kill = Some((TrialStatus::UserCanceled, "killed".into()));
+        assert!(!book.may_retry(id, 2));
+    }
+
+    #[test]
+    fn placeable_overdue_and_wake_times_look_at_active_trials_only() {
+        let (mut book, ids) = book_with(4, true);
+        let now = Instant::now();
+        let s = Duration::from_secs(1);
+        book.known(&ids[0]).launched = true;
+        book.known(&ids[1]).not_before = Some(now + s);
+        book.known(&ids[2]).not_before = Some(now - s);
+        assert_eq!(book.placeable(now), vec![ids[2].clone(), ids[3].clone()]);
+        assert_eq!(book.placeable(now + s).len(), 3);
+        // Deadlines: one overdue, one being killed already, one ended.
+        book.known(&ids[0]).deadline = Some(now - s);
+        book.known(&ids[2]).deadline = Some(now - s);
+        book.known(&ids[2]).kill = Some((TrialStatus::SysCanceled, "x".into()));
+        book.known(&ids[3]).deadline = Some(now - s);
+        book.set_status(&ids[3], TrialStatus::Failed);
+        assert_eq!(book.overdue(now), vec![ids[0].clone()]);
+        assert_eq!(book.attempt_deadlines().collect::<Vec<_>>(), vec![now - s]);
+        assert_eq!(book.retry_times().count(), 2);
+    }
+
+    #[test]
+    fn the_best_follows_the_direction_and_ignores_nan() {
+        for (maximize, expected) in [(true, 3.0), (false, 1.0)] {
+            let (mut book, ids) = book_with(3, maximize);
+            book.offer_best(&ids[0], 2.0);
+            book.offer_best(&ids[1], f64::NAN);
+            book.offer_best(&ids[1], 3.0);
+            book.offer_best(&ids[2], 1.0);
+            assert_eq!(book.best().map(|(_, v)| *v), Some(expected));
+        }
+        let (mut book, ids) = book_with(1, true);
+        book.offer_best(&ids[0], f64::NAN);
+        assert_eq!(book.best(), None);
+    }
+}

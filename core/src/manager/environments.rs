@@ -1,0 +1,432 @@
+//! Environments and placement: every environment the training services reported (which service
+//! owns it, whether it takes trials, why not), and the scheduler that decides where waiting
+//! trials go ([`Placer`]).
+//!
+//! It does no I/O: what it has to say (a host not ready, back, lost) comes back as [`Said`]
+//! lines, which the loop records and shows; the services' handles stay with the loop.
+
+use std::collections::BTreeMap;
+
+use knob_gpu_sched::{EnvironmentStatus, Placement};
+use knob_plugin_api::service::Environment;
+
+use super::placement::Placer;
+use super::EnvironmentView;
+
+/// What the manager knows about one environment.
+#[derive(Debug, Clone)]
+struct EnvironmentRecord {
+    /// Index of the service that reported it.
+    service: usize,
+    host: String,
+    ready: bool,
+    /// Why it is not ready, when its service said.
+    why: Option<String>,
+    /// It was ready at some time (a queued allocation is not, until its job runs).
+    seen_ready: bool,
+}
+
+/// A line about environments for the loop to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Said {
+    /// Recorded and shown on the console (`Progress::notices`).
+    Notice(String),
+    /// Recorded only.
+    Warning(String),
+}
+
+/// How many of the services' own problems are kept for the error when no environment is left.
+const KEPT_PROBLEMS: usize = 16;
+
+pub(super) struct Environments {
+    /// Each service's platform, by index.
+    platforms: Vec<String>,
+    records: BTreeMap<String, EnvironmentRecord>,
+    /// What services said about their environments (warnings without a trial, failed
+    /// `environments()` calls), the latest [`KEPT_PROBLEMS`]: the reason given when no
+    /// environment is left.
+    problems: Vec<String>,
+    placer: Placer,
+}
+
+impl Environments {
+    /// No environment yet, for services of these platforms (by index), placing with `placer`.
+    pub fn new(platforms: Vec<String>, placer: Placer) -> Environments {
+        Environments {
+            platforms,
+            records: BTreeMap::new(),
+            problems: Vec::new(),
+            placer,
+        }
+    }
+
+    /// The platform of the service at `index`.
+    pub fn platform(&self, service: usize) -> &str {
+        self.platforms.get(service).map_or("", String::as_str)
+    }
+
+    /// Registers what a service says about one of its environments: the owner, whether it
+    /// takes trials, and its inventory in the scheduler.
+    pub fn report(&mut self, service: usize, environment: Environment) -> Vec<Said> {
+        let mut said = Vec::new();
+        let platform = self.platform(service).to_string();
+        if let Some(record) = self.records.get(&environment.id) {
+            if record.service != service {
+                let owner = self.platform(record.service);
+                return vec![Said::Warning(format!(
+                    "training service {platform} reported environment {}, which belongs to training service {owner}; ignored",
+                    environment.id
+                ))];
+            }
+        }
+        let id = environment.id.clone();
+        let was_ready = self.records.get(&id).map(|record| record.ready);
+        let mut ready = environment.ready;
+        let unusable = |reason: String| {
+            Said::Notice(format!(
+                "environment {id} ({}): its inventory is not usable ({reason}); no trial runs there",
+                environment.host
+            ))
+        };
+        // Why a not-ready environment is so, when its service said (its inventory's status):
+        // a cluster job pending in its queue, a host that dropped.
+        let mut why = None;
+        if ready {
+            match serde_json::from_value::<knob_gpu_sched::Environment>(
+                environment.inventory.clone(),
+            ) {
+                Ok(mut inventory) => {
+                    inventory.id = id.as_str().into();
+                    inventory.status = EnvironmentStatus::Ready;
+                    if let Err(reason) = self.placer.upsert(inventory) {
+                        ready = false;
+                        said.push(unusable(reason));
+                    }
+                }
+                Err(e) => {
+                    ready = false;
+                    said.push(Said::Notice(format!(
+                        "environment {id} ({}): its inventory cannot be read ({e}); no trial runs there",
+                        environment.host
+                    )));
+                }
+            }
+        } else {
+            let inventory = serde_json::from_value::<knob_gpu_sched::Environment>(
+                environment.inventory.clone(),
+            )
+            .ok();
+            let status = inventory.as_ref().map(|i| i.status.clone());
+            why = match &status {
+                Some(EnvironmentStatus::Unavailable(reason)) => Some(reason.clone()),
+                Some(EnvironmentStatus::Starting) => Some("starting".to_string()),
+                _ => None,
+            };
+            match (inventory, status) {
+                // Reported first as on its way (a queued allocation, with what it asked for as
+                // its inventory): it counts as an environment that will take trials, so trials
+                // wait for it with its reason instead of the experiment failing for want of
+                // one. A lost environment (known before, gone from the scheduler) is not taken
+                // back until it is ready again.
+                (
+                    Some(mut inventory),
+                    Some(EnvironmentStatus::Starting | EnvironmentStatus::Unavailable(_)),
+                ) if was_ready.is_none() && !self.placer.knows(&id) => {
+                    inventory.id = id.as_str().into();
+                    if let Err(reason) = self.placer.upsert(inventory) {
+                        said.push(unusable(reason));
+                    }
+                }
+                (_, Some(EnvironmentStatus::Starting)) => self.placer.set_starting(&id),
+                _ => self.placer.set_unavailable(
+                    &id,
+                    &why.clone()
+                        .unwrap_or_else(|| format!("host {} is not reachable", environment.host)),
+                ),
+            }
+        }
+        let shown_why = why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
+        let was_why = self.records.get(&id).and_then(|record| record.why.clone());
+        let seen_ready = self
+            .records
+            .get(&id)
+            .is_some_and(|record| record.seen_ready);
+        let host = &environment.host;
+        match (was_ready, ready) {
+            (Some(true), false) => said.push(Said::Notice(format!(
+                "environment {id} ({host}) is not ready{shown_why}; no new trial starts there until it is back"
+            ))),
+            (None, false) => said.push(Said::Notice(format!(
+                "environment {id} ({host}) is not ready{shown_why}; no trial starts there until it is"
+            ))),
+            (Some(false), true) => {
+                let again = if seen_ready { " again" } else { "" };
+                said.push(Said::Notice(format!(
+                    "environment {id} ({host}) is ready{again}"
+                )))
+            }
+            // Still not ready, for another reason (a queued job's reason changed, say).
+            (Some(false), false) if why.is_some() && why != was_why => said.push(Said::Notice(
+                format!("environment {id} ({host}) is not ready{shown_why}"),
+            )),
+            _ => {}
+        }
+        self.records.insert(
+            id,
+            EnvironmentRecord {
+                service,
+                host: environment.host,
+                ready,
+                why,
+                seen_ready: seen_ready || ready,
+            },
+        );
+        said
+    }
+
+    /// Every environment registered, for `Command::Environments`.
+    pub fn views(&self) -> Vec<EnvironmentView> {
+        self.records
+            .iter()
+            .map(|(id, record)| EnvironmentView {
+                id: id.clone(),
+                platform: self.platform(record.service).to_string(),
+                host: record.host.clone(),
+                ready: record.ready,
+                why: record.why.clone(),
+            })
+            .collect()
+    }
+
+    /// A host is gone for good (its service said so with a trial's `environment_lost`): the
+    /// scheduler forgets it, so waiting trials go elsewhere. If it comes back, its service
+    /// reports it again and it is registered anew. The notice, unless it was gone already.
+    pub fn lose(&mut self, environment_id: &str, reason: &str) -> Option<String> {
+        let record = self.records.get_mut(environment_id)?;
+        if !record.ready && !self.placer.knows(environment_id) {
+            return None;
+        }
+        record.ready = false;
+        self.placer.remove(environment_id);
+        Some(format!("environment {environment_id} lost: {reason}"))
+    }
+
+    /// A service's own word about its environments, kept (the latest few) for the error if no
+    /// environment is left.
+    pub fn problem(&mut self, message: String) {
+        if self.problems.len() == KEPT_PROBLEMS {
+            self.problems.remove(0);
+        }
+        self.problems.push(message);
+    }
+
+    /// Whether trials can run or wait for an environment: one is ready, or one the scheduler
+    /// knows may take them (an allocation on its way).
+    pub fn any(&self) -> bool {
+        self.records.values().any(|record| record.ready) || self.placer.has_environment()
+    }
+
+    /// Whether the scheduler has an environment that takes trials now or may again.
+    pub fn can_place(&self) -> bool {
+        self.placer.has_environment()
+    }
+
+    /// `Err(reason)` when no registered environment could ever take a trial of this config.
+    pub fn check(&self) -> Result<(), String> {
+        self.placer.check()
+    }
+
+    /// Why no environment can take trials, for the experiment's error.
+    pub fn no_environment_reason(&self) -> String {
+        let names: Vec<String> = self
+            .records
+            .iter()
+            .map(|(id, record)| format!("{id} ({})", record.host))
+            .collect();
+        let mut reason = if names.is_empty() {
+            "no training service reported an environment".to_string()
+        } else {
+            format!("no environment can run trials: {}", names.join(", "))
+        };
+        // What the services said about it, the latest few (a flapping host repeats itself).
+        let skip = self.problems.len().saturating_sub(3);
+        let problems: Vec<&str> = self.problems[skip..].iter().map(String::as_str).collect();
+        if !problems.is_empty() {
+            reason.push_str(&format!(" — {}", problems.join("; ")));
+        }
+        reason
+    }
+
+    /// The service that owns an environment.
+    pub fn owner_of(&self, environment_id: &str) -> Option<usize> {
+        self.records
+            .get(environment_id)
+            .map(|record| record.service)
+    }
+
+    /// Places waiting trials, oldest first (see [`Placer::place`]).
+    pub fn place(&mut self, waiting: &[(String, Option<u64>)]) -> Vec<Placement> {
+        self.placer.place(waiting)
+    }
+
+    /// Frees what a trial held; call once its process group is gone.
+    pub fn release(&mut self, trial_id: &str) {
+        self.placer.release(trial_id);
+    }
+
+    /// The scheduler forgets an environment no service owns.
+    pub fn forget(&mut self, environment_id: &str) {
+        self.placer.remove(environment_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knob_gpu_sched::{ByteSize, Gpu, HostResources, SchedulerConfig};
+    use serde_json::Value;
+
+    fn inventory(id: &str, gpus: u32, status: Option<EnvironmentStatus>) -> Value {
+        let gpus = (0..gpus)
+            .map(|index| Gpu::idle(index, "Test GPU", ByteSize::gib(16)))
+            .collect();
+        let host = HostResources {
+            cpu_count: 8,
+            cpu_utilization_percent: Some(0.0),
+            memory_total: ByteSize::gib(32),
+            memory_available: ByteSize::gib(32),
+        };
+        let mut environment = knob_gpu_sched::Environment::new(id, "box", gpus, host);
+        if let Some(status) = status {
+            environment.status = status;
+        }
+        serde_json::to_value(environment).unwrap()
+    }
+
+    fn reported(id: &str, ready: bool, inventory: Value) -> Environment {
+        Environment {
+            id: id.into(),
+            host: "box".into(),
+            ready,
+            inventory,
+        }
+    }
+
+    fn environments(trial_gpu_number: u32) -> Environments {
+        let placer = Placer::with_settings(SchedulerConfig {
+            trial_gpu_number: Some(trial_gpu_number),
+            ..Default::default()
+        });
+        Environments::new(vec!["remote".into(), "slurm".into()], placer)
+    }
+
+    fn notices(said: Vec<Said>) -> Vec<String> {
+        said.into_iter()
+            .map(|s| match s {
+                Said::Notice(m) => format!("notice: {m}"),
+                Said::Warning(m) => format!("warning: {m}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_host_that_drops_and_comes_back_is_announced_each_time() {
+        let mut envs = environments(1);
+        assert!(!envs.any());
+        assert_eq!(
+            envs.report(0, reported("a", true, inventory("a", 2, None))),
+            vec![]
+        );
+        assert!(envs.any() && envs.check().is_ok());
+        let placed = envs.place(&[("t1".into(), None)]);
+        assert!(matches!(placed[0], Placement::Succeed { .. }));
+        let down = inventory(
+            "a",
+            2,
+            Some(EnvironmentStatus::Unavailable("ssh: timed out".into())),
+        );
+        assert_eq!(
+            notices(envs.report(0, reported("a", false, down.clone()))),
+            ["notice: environment a (box) is not ready: ssh: timed out; no new trial starts there until it is back"]
+        );
+        // The same state again says nothing.
+        assert_eq!(envs.report(0, reported("a", false, down)), vec![]);
+        assert_eq!(
+            notices(envs.report(0, reported("a", true, inventory("a", 2, None)))),
+            ["notice: environment a (box) is ready again"]
+        );
+        let views = envs.views();
+        assert_eq!(views.len(), 1);
+        assert_eq!(
+            (views[0].platform.as_str(), views[0].ready),
+            ("remote", true)
+        );
+    }
+
+    #[test]
+    fn another_services_environment_is_not_taken_over() {
+        let mut envs = environments(1);
+        envs.report(0, reported("a", true, inventory("a", 1, None)));
+        assert_eq!(
+            notices(envs.report(1, reported("a", true, inventory("a", 1, None)))),
+            ["warning: training service slurm reported environment a, which belongs to training service remote; ignored"]
+        );
+        assert_eq!(envs.owner_of("a"), Some(0));
+        assert_eq!(envs.owner_of("b"), None);
+    }
+
+    #[test]
+    fn an_allocation_on_its_way_is_waited_for_and_a_bad_inventory_refused() {
+        let mut envs = environments(1);
+        let queued = inventory(
+            "job",
+            1,
+            Some(EnvironmentStatus::Unavailable("Priority".into())),
+        );
+        assert_eq!(
+            notices(envs.report(1, reported("job", false, queued))),
+            ["notice: environment job (box) is not ready: Priority; no trial starts there until it is"]
+        );
+        // Not ready, but trials wait for it rather than the experiment failing.
+        assert!(envs.any() && envs.can_place());
+        assert_eq!(
+            notices(envs.report(1, reported("job", true, inventory("job", 1, None)))),
+            ["notice: environment job (box) is ready"]
+        );
+        assert_eq!(
+            notices(envs.report(0, reported("odd", true, Value::from(3)))),
+            ["notice: environment odd (box): its inventory cannot be read (invalid type: integer `3`, expected struct Environment); no trial runs there", "notice: environment odd (box) is not ready; no trial starts there until it is"]
+        );
+    }
+
+    #[test]
+    fn a_lost_host_is_forgotten_once_and_the_error_says_why() {
+        let mut envs = environments(1);
+        assert_eq!(
+            envs.no_environment_reason(),
+            "no training service reported an environment"
+        );
+        envs.report(0, reported("a", true, inventory("a", 1, None)));
+        assert_eq!(
+            envs.lose("a", "host rebooted").as_deref(),
+            Some("environment a lost: host rebooted")
+        );
+        assert_eq!(envs.lose("a", "host rebooted"), None);
+        assert_eq!(envs.lose("never", "x"), None);
+        assert!(!envs.any() && !envs.can_place());
+        for n in 0..20 {
+            envs.problem(format!("problem {n}"));
+        }
+        assert_eq!(
+            envs.no_environment_reason(),
+            "no environment can run trials: a (box) — problem 17; problem 18; problem 19"
+        );
+    }
+
+    #[test]
+    fn a_trial_that_fits_nowhere_is_refused_by_check() {
+        let mut envs = environments(4);
+        envs.report(0, reported("a", true, inventory("a", 2, None)));
+        assert!(envs.check().is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! Deadlines and timers: when the loop wakes by itself when nothing else happens.
+//!
+//! The experiment's own deadline (`maxExperimentDuration`, counting the time of earlier runs of
+//! a resumed experiment), the machine's re-probe while trials wait for resources, and the
+//! earliest of those with the trials' own times (their `maxTrialDuration` deadlines and retry
+//! backoffs, which the trial book keeps). Pure: the caller passes `now`, so each rule is tested
+//! without a clock.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How often the machine is probed again while trials wait for GPUs or memory (foreign
+/// processes come and go without telling us).
+pub(super) const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long a failed trial waits before its next attempt: 1 s, 2 s, 4 s, … at most a minute.
+pub(super) fn retry_backoff(failed_attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << failed_attempt.saturating_sub(1).min(6))
+        .min(Duration::from_secs(60))
+}
+
+/// The experiment's timers.
+#[derive(Debug)]
+pub(super) struct Timers {
+    started: Instant,
+    /// When `maxExperimentDuration` runs out.
+    deadline: Option<Instant>,
+    deadline_passed: bool,
+    /// Experiment time spent before this run (a resumed experiment's earlier runs).
+    time_before: Duration,
+    /// While trials wait for resources, when to probe the machine again.
+    reprobe_at: Option<Instant>,
+}
+
+impl Timers {
+    /// Timers of a run that starts at `started`, with `maxExperimentDuration` if set.
+    pub fn new(started: Instant, max_duration: Option<Duration>) -> Timers {
+        Timers {
+            started,
+            deadline: max_duration.map(|d| started + d),
+            deadline_passed: false,
+            time_before: Duration::ZERO,
+            reprobe_at: None,
+        }
+    }
+
+    /// How long this run has lasted (what progress displays show).
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// A resumed experiment: `spent` in earlier runs counts against `max_duration`. Without a
+    /// maximum nothing is counted (as before the split: a maximum set later by an update counts
+    /// from this run's start).
+    pub fn resume(&mut self, spent: Duration, max_duration: Option<Duration>) {
+        if let Some(max) = max_duration {
+            self.deadline = Some(self.started + max.saturating_sub(spent));
+            self.time_before = spent;
+        }
+    }
+
+    /// A new `maxExperimentDuration` (an update): the deadline moves, and an experiment that had
+    /// reached the old one may start trials again.
+    pub fn set_max_duration(&mut self, max: Duration) {
+        self.deadline = Some(self.started + max.saturating_sub(self.time_before));
+        self.deadline_passed = false;
+    }
+
+    /// Whether `maxExperimentDuration` was reached (no new trial starts, none is retried).
+    pub fn deadline_passed(&self) -> bool {
+        self.deadline_passed
+    }
+
+    /// True once, when `now` first reaches the experiment's deadline.
+    pub fn take_experiment_deadline(&mut self, now: Instant) -> bool {
+        if self.deadline.is_some_and(|d| d <= now) && !self.deadline_passed {
+            self.deadline_passed = true;
+            return true;
+        }
+        false
+    }
+
+    /// Trials wait for resources: probe again in [`REPROBE_INTERVAL`] unless a probe is due
+    /// sooner already.
+    pub fn reprobe_later(&mut self, now: Instant) {
+        self.reprobe_at.get_or_insert(now + REPROBE_INTERVAL);
+    }
+
+    /// A placement is being decided now: no probe is owed until a trial waits again.
+    pub fn cancel_reprobe(&mut self) {
+        self.reprobe_at = None;
+    }
+
+    /// True once, when a re-probe is due at `now`.
+    pub fn take_reprobe(&mut self, now: Instant) -> bool {
+        if self.reprobe_at.is_some_and(|at| at <= now) {
+            self.reprobe_at = None;
+            return true;
+        }
+        false
+    }
+
+    /// When the loop must wake by itself: the earliest of the experiment's deadline (until it
+    /// passed), the running attempts' deadlines, the retry backoffs still ahead of `now`, and a
+    /// re-probe.
+    pub fn next(
+        &self,
+        now: Instant,
+        attempt_deadlines: impl IntoIterator<Item = Instant>,
+        retries: impl IntoIterator<Item = Instant>,
+    ) -> Option<Instant> {
+        let experiment = if self.deadline_passed {
+            None
+        } else {
+            self.deadline
+        };
+        // A backoff that has passed is no deadline: the trial may be placed now, and if it
+        // waits for resources, the loop must not wake at once again and again for it.
+        let retries = retries.into_iter().filter(|at| *at > now);
+        experiment
+            .into_iter()
+            .chain(attempt_deadlines)
+            .chain(retries)
+            .chain(self.reprobe_at)
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn backoff_doubles_to_a_minute() {
+        let waits: Vec<u64> = (1..=9).map(|a| retry_backoff(a).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(retry_backoff(0), S);
+    }
+
+    #[test]
+    fn the_experiment_deadline_fires_once_and_an_update_moves_it() {
+        let t0 = Instant::now();
+        let mut timers = Timers::new(t0, Some(10 * S));
+        assert_eq!(timers.next(t0, [], []), Some(t0 + 10 * S));
+        assert!(!timers.take_experiment_deadline(t0 + 9 * S));
+        assert!(timers.take_experiment_deadline(t0 + 10 * S));
+        assert!(timers.deadline_passed());
+        assert!(!timers.take_experiment_deadline(t0 + 11 * S));
+        // Passed, it is no reason to wake any more.
+        assert_eq!(timers.next(t0 + 11 * S, [], []), None);
+        timers.set_max_duration(20 * S);
+        assert!(!timers.deadline_passed());
+        assert_eq!(timers.next(t0 + 11 * S, [], []), Some(t0 + 20 * S));
+    }
+
+    #[test]
+    fn a_resumed_run_counts_the_time_spent_before() {
+        let t0 = Instant::now();
+        let mut timers = Timers::new(t0, Some(10 * S));
+        timers.resume(4 * S, Some(10 * S));
+        assert_eq!(timers.next(t0, [], []), Some(t0 + 6 * S));
+        // An update's new maximum counts it too, and never goes before the start.
+        timers.set_max_duration(5 * S);
+        assert_eq!(timers.next(t0, [], []), Some(t0 + S));
+        timers.set_max_duration(2 * S);
+        assert_eq!(timers.next(t0, [], []), Some(t0));
+        // Without a maximum at the resume, nothing is counted.
+        let mut unbounded = Timers::new(t0, None);
+        unbounded.resume(4 * S, None);
+        assert_eq!(unbounded.next(t0, [], []), None);
+        unbounded.set_max_duration(10 * S);
+        assert_eq!(unbounded.next(t0, [], []), Some(t0 + 10 * S));
+    }
+
+    #[test]
+    fn the_next_wake_is_the_earliest_and_skips_passed_backoffs() {
+        let t0 = Instant::now();
+        let timers = Timers::new(t0, Some(100 * S));
+        let now = t0 + 5 * S;
+        // A backoff already over is no deadline (the loop would spin on it).
+        assert_eq!(
+            timers.next(now, [t0 + 50 * S], [t0 + 2 * S]),
+            Some(t0 + 50 * S)
+        );
+        assert_eq!(
+            timers.next(now, [t0 + 50 * S], [t0 + 2 * S, t0 + 7 * S]),
+            Some(t0 + 7 * S)
+        );
+        assert_eq!(timers.next(now, [t0 + 3 * S], []), Some(t0 + 3 * S));
+    }
+
+    #[test]
+    fn a_reprobe_is_kept_until_due_or_cancelled() {
+        let t0 = Instant::now();
+        let mut timers = Timers::new(t0, None);
+        assert_eq!(timers.next(t0, [], []), None);
+        timers.reprobe_later(t0);
+        // Asking again does not push it back.
+        timers.reprobe_later(t0 + 3 * S);
+        assert_eq!(timers.next(t0, [], []), Some(t0 + REPROBE_INTERVAL));
+        assert!(!timers.take_reprobe(t0 + 4 * S));
+        assert!(timers.take_reprobe(t0 + REPROBE_INTERVAL));
+        assert!(!timers.take_reprobe(t0 + REPROBE_INTERVAL));
+        timers.reprobe_later(t0);
+        timers.cancel_reprobe();
+        assert_eq!(timers.next(t0, [], []), None);
+    }
+}

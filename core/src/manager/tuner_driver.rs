@@ -1,0 +1,412 @@
+//! The tuner driver: what the manager asks of the tuner and what it owes it.
+//!
+//! It hands out parameter ids, counts the ids the tuner deferred (it still owes parameters for
+//! them, which count as in flight against `trialConcurrency`), queues what the tuner emits
+//! unprompted, remembers that it said NoMore (until a new search space), and checks each
+//! parameter set against the current search space under `tunerErrorPolicy`. It tells the tuner
+//! every trial's end, so that a tuner's constant liar (TPE's, GP's: a running trial pretends
+//! to have returned a made-up loss) forgets the trial once it is over.
+//!
+//! It knows no store and no trial: the loop records what the driver reports, and creates the
+//! trials.
+
+use std::collections::VecDeque;
+
+use knob_plugin_api::host::{HostError, TunerHandle};
+use knob_plugin_api::space::SearchSpace;
+use knob_plugin_api::{Generated, ImportedTrial, Outcome, Suggestion};
+use serde_json::Value;
+
+use super::tuner_output;
+use crate::config::TunerErrorPolicy;
+use crate::store::TrialStatus;
+
+/// What the tuner answered when asked for parameters.
+#[derive(Debug, PartialEq)]
+pub(super) enum Handout {
+    /// Parameters for `parameter_id` (with the id the trial sees, when the tuner labels).
+    Parameters {
+        parameter_id: u64,
+        parameters: Value,
+        label: Option<String>,
+    },
+    /// Later, unprompted (counted as in flight until then).
+    Deferred,
+    /// Nothing more to try (first time only; the driver remembers it).
+    NoMore,
+}
+
+/// Whether a parameter set may become a trial.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Check {
+    Accepted,
+    /// Refused and dropped (`tunerErrorPolicy: skip`): the warning to record. The tuner must be
+    /// told with [`TunerDriver::dropped`].
+    Dropped(String),
+    /// Refused, and the experiment ends with this message.
+    Fatal(String),
+}
+
+pub(super) struct TunerDriver {
+    tuner: TunerHandle,
+    policy: TunerErrorPolicy,
+    next_parameter_id: u64,
+    /// Parameter ids the tuner deferred and still owes parameters for.
+    deferred: u64,
+    /// Parameters the tuner emitted unprompted, not yet taken.
+    suggested: VecDeque<Suggestion>,
+    exhausted: bool,
+    /// The search space the tuner was last given, which every parameter set it hands out must
+    /// belong to.
+    space: SearchSpace,
+    /// Parameter sets refused and dropped (`tunerErrorPolicy: skip`), in all and in a row.
+    dropped: u64,
+    drops_in_a_row: u64,
+}
+
+impl TunerDriver {
+    /// Drives `tuner`, whose output must belong to `space`.
+    pub fn new(tuner: TunerHandle, space: SearchSpace, policy: TunerErrorPolicy) -> TunerDriver {
+        TunerDriver {
+            tuner,
+            policy,
+            next_parameter_id: 0,
+            deferred: 0,
+            suggested: VecDeque::new(),
+            exhausted: false,
+            space,
+            dropped: 0,
+            drops_in_a_row: 0,
+        }
+    }
+
+    /// A resumed experiment: parameter ids go on from the store's counter.
+    pub fn continue_from(&mut self, next_parameter_id: u64) {
+        self.next_parameter_id = next_parameter_id;
+    }
+
+    /// A parameter id for parameters that do not come from the tuner (a trial the user adds).
+    pub fn reserve_parameter_id(&mut self) -> u64 {
+        let id = self.next_parameter_id;
+        self.next_parameter_id += 1;
+        id
+    }
+
+    /// How many parameter sets the tuner still owes (deferred ids): they count as trials in
+    /// flight.
+    pub fn in_flight(&self) -> u64 {
+        self.deferred
+    }
+
+    /// Whether the tuner said NoMore for the current search space.
+    pub fn exhausted(&self) -> bool {
+        self.exhausted
+    }
+
+    /// Parameter sets refused and dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The next parameters the tuner emitted unprompted; each settles one deferred id.
+    pub fn take_suggestion(&mut self) -> Option<Suggestion> {
+        let suggestion = self.suggested.pop_front()?;
+        self.deferred = self.deferred.saturating_sub(1);
+        Some(suggestion)
+    }
+
+    /// Asks the tuner for the parameters of a fresh parameter id.
+    pub async fn generate(&mut self) -> Result<Handout, HostError> {
+        let parameter_id = self.reserve_parameter_id();
+        Ok(
+            match self.tuner.generate_parameters(parameter_id).get().await? {
+                Generated::Parameters(parameters) => Handout::Parameters {
+                    parameter_id,
+                    parameters,
+                    label: None,
+                },
+                Generated::Labeled { parameters, label } => Handout::Parameters {
+                    parameter_id,
+                    parameters,
+                    label: Some(label),
+                },
+                Generated::Deferred => {
+                    self.deferred += 1;
+                    Handout::Deferred
+                }
+                Generated::NoMore => {
+                    self.exhausted = true;
+                    Handout::NoMore
+                }
+            },
+        )
+    }
+
+    /// Whether a parameter set the tuner handed out may become a trial: one the search space
+    /// does not hold ends the experiment (`tunerErrorPolicy: error`) or is dropped and counted
+    /// (`skip`; too many in a row end it too).
+    pub fn check(&mut self, parameter_id: u64, parameters: &Value) -> Check {
+        let Some(refusal) =
+            tuner_output::refusal(self.tuner.label(), parameter_id, &self.space, parameters)
+        else {
+            self.drops_in_a_row = 0;
+            return Check::Accepted;
+        };
+        match self.policy {
+            TunerErrorPolicy::Error => Check::Fatal(format!(
+                "{refusal} (tunerErrorPolicy: skip drops such parameters instead)"
+            )),
+            TunerErrorPolicy::Skip => {
+                self.dropped += 1;
+                self.drops_in_a_row += 1;
+                if self.drops_in_a_row >= TunerErrorPolicy::MAX_DROPS_IN_A_ROW {
+                    return Check::Fatal(format!(
+                        "{refusal}; {} parameter sets in a row were refused, so the experiment ends (tunerErrorPolicy: skip)",
+                        self.drops_in_a_row
+                    ));
+                }
+                Check::Dropped(format!(
+                    "{refusal}; dropped (tunerErrorPolicy: skip), {} so far",
+                    self.dropped
+                ))
+            }
+        }
+    }
+
+    /// Tells the tuner a dropped parameter set ended SYS_CANCELED, so that it stops waiting
+    /// for it.
+    pub async fn tell_dropped(&mut self, parameter_id: u64) -> Result<(), HostError> {
+        self.trial_ended(parameter_id, TrialStatus::SysCanceled)
+            .await
+    }
+
+    /// Tells the tuner a trial of `parameter_id` ended with `status`.
+    pub async fn trial_ended(
+        &mut self,
+        parameter_id: u64,
+        status: TrialStatus,
+    ) -> Result<(), HostError> {
+        let suggestions = self
+            .tuner
+            .trial_end(parameter_id, status.as_str().into())
+            .get()
+            .await?;
+        self.suggested.extend(suggestions);
+        Ok(())
+    }
+
+    /// Hands the tuner a trial's final result: its outcome, in an experiment with objectives
+    /// whose final could be read, else the value.
+    pub async fn final_result(
+        &mut self,
+        parameter_id: u64,
+        parameters: Value,
+        value: f64,
+        outcome: Option<Outcome>,
+    ) -> Result<(), HostError> {
+        let suggestions = match outcome {
+            Some(outcome) => {
+                self.tuner
+                    .receive_trial_outcome(parameter_id, parameters, outcome)
+                    .get()
+                    .await?
+            }
+            None => {
+                self.tuner
+                    .receive_trial_result(parameter_id, parameters, value)
+                    .get()
+                    .await?
+            }
+        };
+        self.suggested.extend(suggestions);
+        Ok(())
+    }
+
+    /// Gives the tuner a search space (at the start, and on an update, which was checked when
+    /// it was accepted); what it hands out from now on must belong to it, and a tuner that had
+    /// run out may have more to try.
+    pub async fn set_space(&mut self, space: &Value) -> Result<(), HostError> {
+        self.tuner.update_search_space(space.clone()).get().await?;
+        if let Ok(parsed) = SearchSpace::from_value(space) {
+            self.space = parsed;
+        }
+        self.exhausted = false;
+        Ok(())
+    }
+
+    /// A resumed experiment's earlier trials.
+    pub async fn import(&mut self, trials: Vec<ImportedTrial>) -> Result<(), HostError> {
+        self.tuner.import_data(trials).get().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knob_plugin_api::host::in_process;
+    use knob_plugin_api::{PluginError, Tuner};
+    use serde_json::json;
+    use std::sync::{Arc, Mutex};
+
+    /// Answers `generate_parameters` from a script, and emits the parameters it deferred when
+    /// told of a trial's end. Every call is written to `calls`.
+    struct Scripted {
+        script: VecDeque<Generated>,
+        owed: Vec<u64>,
+        calls: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Tuner for Scripted {
+        fn new(_: &Value) -> Result<Self, PluginError> {
+            unreachable!("built directly")
+        }
+        fn update_search_space(&mut self, _: &SearchSpace) -> Result<(), PluginError> {
+            self.calls.lock().unwrap().push("space".into());
+            Ok(())
+        }
+        fn generate_parameters(&mut self, id: u64) -> Result<Generated, PluginError> {
+            let answer = self.script.pop_front().unwrap_or(Generated::NoMore);
+            if answer == Generated::Deferred {
+                self.owed.push(id);
+            }
+            Ok(answer)
+        }
+        fn receive_trial_result(&mut self, id: u64, _: &Value, v: f64) -> Result<(), PluginError> {
+            self.calls.lock().unwrap().push(format!("result {id} {v}"));
+            Ok(())
+        }
+        fn trial_end(&mut self, id: u64, status: &str) -> Result<(), PluginError> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("end {id} {status}"));
+            Ok(())
+        }
+        fn take_suggestions(&mut self) -> Vec<Suggestion> {
+            self.owed
+                .drain(..)
+                .map(|parameter_id| Suggestion {
+                    parameter_id,
+                    parameters: json!({"x": 0.5}),
+                    label: None,
+                })
+                .collect()
+        }
+    }
+
+    fn driver(
+        script: Vec<Generated>,
+        policy: TunerErrorPolicy,
+    ) -> (TunerDriver, Arc<Mutex<Vec<String>>>) {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let tuner = Scripted {
+            script: script.into(),
+            owed: Vec::new(),
+            calls: calls.clone(),
+        };
+        let space =
+            SearchSpace::from_value(&json!({"x": {"_type": "uniform", "_value": [0, 1]}})).unwrap();
+        let handle = in_process::tuner("Scripted", tuner);
+        (TunerDriver::new(handle, space, policy), calls)
+    }
+
+    fn parameters(x: f64) -> Generated {
+        Generated::Parameters(json!({ "x": x }))
+    }
+
+    #[tokio::test]
+    async fn ids_count_on_and_deferred_ids_are_in_flight_until_suggested() {
+        let (mut driver, calls) = driver(
+            vec![parameters(0.1), Generated::Deferred, parameters(0.2)],
+            TunerErrorPolicy::Error,
+        );
+        driver.continue_from(10);
+        assert!(matches!(
+            driver.generate().await.unwrap(),
+            Handout::Parameters {
+                parameter_id: 10,
+                ..
+            }
+        ));
+        assert_eq!(driver.generate().await.unwrap(), Handout::Deferred);
+        assert_eq!(driver.in_flight(), 1);
+        assert_eq!(driver.reserve_parameter_id(), 12);
+        assert!(matches!(
+            driver.generate().await.unwrap(),
+            Handout::Parameters {
+                parameter_id: 13,
+                ..
+            }
+        ));
+        assert!(driver.take_suggestion().is_none());
+        // A trial's end lets the tuner hand out what it owed for id 11.
+        driver
+            .trial_ended(10, TrialStatus::Succeeded)
+            .await
+            .unwrap();
+        let suggestion = driver.take_suggestion().unwrap();
+        assert_eq!(suggestion.parameter_id, 11);
+        assert_eq!(driver.in_flight(), 0);
+        driver
+            .final_result(13, json!({"x": 0.2}), 0.75, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            *calls.lock().unwrap(),
+            ["end 10 SUCCEEDED", "result 13 0.75"]
+        );
+    }
+
+    #[tokio::test]
+    async fn no_more_is_remembered_until_a_new_space() {
+        let (mut driver, calls) = driver(vec![Generated::NoMore], TunerErrorPolicy::Error);
+        assert!(!driver.exhausted());
+        assert_eq!(driver.generate().await.unwrap(), Handout::NoMore);
+        assert!(driver.exhausted());
+        driver
+            .set_space(&json!({"x": {"_type": "uniform", "_value": [0, 10]}}))
+            .await
+            .unwrap();
+        assert!(!driver.exhausted());
+        assert_eq!(*calls.lock().unwrap(), ["space"]);
+        // The new space is the one parameter sets are checked against.
+        assert_eq!(driver.check(0, &json!({"x": 5.0})), Check::Accepted);
+    }
+
+    #[tokio::test]
+    async fn refused_parameters_end_the_experiment_or_are_dropped_and_counted() {
+        let (mut strict, _) = driver(vec![], TunerErrorPolicy::Error);
+        assert_eq!(strict.check(0, &json!({"x": 0.5})), Check::Accepted);
+        let Check::Fatal(message) = strict.check(1, &json!({"x": 2.0})) else {
+            panic!("an out-of-range value must be refused");
+        };
+        assert!(
+            message.starts_with("tuner Scripted handed out parameters the search space does not hold (parameter id 1)")
+                && message.ends_with("(tunerErrorPolicy: skip drops such parameters instead)"),
+            "{message}"
+        );
+
+        let (mut lenient, calls) = driver(vec![], TunerErrorPolicy::Skip);
+        let Check::Dropped(warning) = lenient.check(4, &json!({"y": 1})) else {
+            panic!("dropped under skip");
+        };
+        assert!(
+            warning.ends_with("; dropped (tunerErrorPolicy: skip), 1 so far"),
+            "{warning}"
+        );
+        lenient.tell_dropped(4).await.unwrap();
+        assert_eq!(*calls.lock().unwrap(), ["end 4 SYS_CANCELED"]);
+        // An accepted set resets the run of drops, not the count.
+        assert_eq!(lenient.check(5, &json!({"x": 0.5})), Check::Accepted);
+        for n in 1..TunerErrorPolicy::MAX_DROPS_IN_A_ROW {
+            assert!(matches!(lenient.check(n, &json!({})), Check::Dropped(_)));
+        }
+        let Check::Fatal(message) = lenient.check(0, &json!({})) else {
+            panic!("too many drops in a row end the experiment");
+        };
+        assert!(message.ends_with(
+            "; 100 parameter sets in a row were refused, so the experiment ends (tunerErrorPolicy: skip)"
+        ), "{message}");
+        assert_eq!(lenient.dropped(), 101);
+    }
+}
