@@ -129,6 +129,20 @@ pub struct HeldElsewhere {
     pub experiment: String,
     pub trial: String,
     pub gpu_memory: ByteSize,
+    /// The holder's `maxTrialNumberPerGpu`, which limits this GPU for everyone
+    /// ([`trials_per_gpu`]); `None` from a service that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_gpu: Option<u32>,
+}
+
+/// How many trials, of every experiment together, a GPU may take: the smallest
+/// `maxTrialNumberPerGpu` among the experiments that hold it (`holders`) and the one that asks
+/// (`own`), at least 1, so that no experiment finds more trials on a GPU than its own limit
+/// allows. The one rule both the [`Scheduler`](crate::Scheduler) (what it places, from
+/// [`Gpu::held_elsewhere`]) and the [`ledger`](crate::ledger) (what it grants) apply, so that
+/// the ledger does not refuse what the scheduler placed.
+pub fn trials_per_gpu(holders: impl IntoIterator<Item = u32>, own: u32) -> u32 {
+    holders.into_iter().fold(own, u32::min).max(1)
 }
 
 /// What other experiments' trials hold of the host, from the lease ledger.
@@ -159,6 +173,17 @@ impl Gpu {
             trials: Vec::new(),
             held_elsewhere: Vec::new(),
         }
+    }
+
+    /// How many trials this GPU may take for an experiment whose `maxTrialNumberPerGpu` is
+    /// `own`, given who else holds it ([`trials_per_gpu`]).
+    pub fn trial_limit(&self, own: u32) -> u32 {
+        trials_per_gpu(
+            self.held_elsewhere
+                .iter()
+                .filter_map(|held| held.max_per_gpu),
+            own,
+        )
     }
 
     /// Memory used by foreign processes, as far as the driver reports it.

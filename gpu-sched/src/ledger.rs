@@ -35,7 +35,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::bytes::ByteSize;
-use crate::inventory::{Environment, HeldElsewhere};
+use crate::inventory::{trials_per_gpu, Environment, HeldElsewhere};
 
 /// A waiting request not asked for again within this long is dropped.
 pub const REQUEST_TTL: Duration = Duration::from_secs(30);
@@ -154,17 +154,7 @@ impl LedgerState {
             let held = &mut environment.host_held_elsewhere;
             held.host_memory = ByteSize(held.host_memory.0 + lease.host_memory.0);
             held.cpu_cores += lease.cpu_cores;
-            for gpu in environment
-                .gpus
-                .iter_mut()
-                .filter(|gpu| lease.gpus.contains(&gpu.index))
-            {
-                gpu.held_elsewhere.push(HeldElsewhere {
-                    experiment: lease.holder.experiment.clone(),
-                    trial: lease.trial.clone(),
-                    gpu_memory: lease.gpu_memory,
-                });
-            }
+            mark_held(environment, lease, &lease.trial, lease.max_per_gpu);
         }
         let promised = self.requests.iter().filter(|request| {
             request.lease.machine == machine
@@ -178,18 +168,27 @@ impl LedgerState {
             } else {
                 format!("{} (waiting, asked earlier)", lease.trial)
             };
-            for gpu in environment
-                .gpus
-                .iter_mut()
-                .filter(|gpu| lease.gpus.contains(&gpu.index))
-            {
-                gpu.held_elsewhere.push(HeldElsewhere {
-                    experiment: lease.holder.experiment.clone(),
-                    trial: trial.clone(),
-                    gpu_memory: lease.gpu_memory,
-                });
-            }
+            // A limit of 1: the request blocks every newer one of others for these GPUs
+            // (`blocker`), however many trials its holder allows per GPU.
+            mark_held(environment, lease, &trial, 1);
         }
+    }
+}
+
+/// Records on each of `environment`'s GPUs that `lease` names that it is held elsewhere, by
+/// `trial` (as it is to be shown), which limits the GPU to `max_per_gpu` trials.
+fn mark_held(environment: &mut Environment, lease: &Lease, trial: &str, max_per_gpu: u32) {
+    for gpu in environment
+        .gpus
+        .iter_mut()
+        .filter(|gpu| lease.gpus.contains(&gpu.index))
+    {
+        gpu.held_elsewhere.push(HeldElsewhere {
+            experiment: lease.holder.experiment.clone(),
+            trial: trial.to_owned(),
+            gpu_memory: lease.gpu_memory,
+            max_per_gpu: Some(max_per_gpu),
+        });
     }
 }
 
@@ -231,7 +230,7 @@ impl Ledger {
     /// Asks for `want` (its `ticket` and `granted_ms` are filled in here). Granted when every
     /// GPU it names has room under every holder's `maxTrialNumberPerGpu` and no older waiting
     /// request names one of them; otherwise the request waits, keeping its ticket, and must be
-    /// asked for again (within [`REQUEST_TTL`]) until granted or [`withdrawn`](Self::withdraw).
+    /// asked for again (within [`REQUEST_TTL`]) until granted or [`released`](Self::release).
     pub fn acquire(&self, want: &Lease) -> Result<Acquired, LedgerError> {
         self.update(|state, journal| {
             let same = |lease: &Lease| lease.holder == want.holder && lease.trial == want.trial;
@@ -341,11 +340,6 @@ impl Ledger {
             state.leases.retain(|lease| !same(lease));
             state.requests.retain(|request| !same(&request.lease));
         })
-    }
-
-    /// Drops a waiting request (its trial was killed before it got its GPUs).
-    pub fn withdraw(&self, holder: &Holder, trial: &str) -> Result<(), LedgerError> {
-        self.release(holder, trial)
     }
 
     /// Gives back everything `holder` holds or asks for (its experiment ends).
@@ -494,13 +488,7 @@ fn reclaim(state: &mut LedgerState, journal: &mut Vec<JournalEntry>) {
 fn blocker(state: &LedgerState, want: &Lease, ticket: u64) -> Option<String> {
     for &gpu in &want.gpus {
         let held: Vec<&Lease> = state.on_gpu(&want.machine, gpu).collect();
-        let limit = held
-            .iter()
-            .map(|lease| lease.max_per_gpu)
-            .chain([want.max_per_gpu])
-            .min()
-            .unwrap_or(1)
-            .max(1);
+        let limit = trials_per_gpu(held.iter().map(|lease| lease.max_per_gpu), want.max_per_gpu);
         if held.len() as u32 >= limit {
             let holders: Vec<String> = held.iter().map(|lease| describe(lease, want)).collect();
             return Some(format!("GPU {gpu} held by {}", holders.join(", ")));

@@ -29,8 +29,8 @@ pub use error::{
     SimulationSpecError,
 };
 pub use inventory::{
-    Environment, EnvironmentId, EnvironmentLimits, EnvironmentStatus, Gpu, GpuProcess, GpuSource,
-    HeldElsewhere, HostHeldElsewhere, HostResources, Inventory, TrialId,
+    trials_per_gpu, Environment, EnvironmentId, EnvironmentLimits, EnvironmentStatus, Gpu,
+    GpuProcess, GpuSource, HeldElsewhere, HostHeldElsewhere, HostResources, Inventory, TrialId,
 };
 pub use placement::{Assignment, Placement};
 pub use request::{DeviceRef, GpuRequest, Policy, SchedulerConfig, TrialRequest};

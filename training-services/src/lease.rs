@@ -52,10 +52,6 @@ impl MachineLeases {
         })
     }
 
-    pub fn ledger(&self) -> &Ledger {
-        &self.ledger
-    }
-
     fn holder(experiment: &str) -> Holder {
         Holder::this_process(experiment)
     }

@@ -484,7 +484,7 @@ fn gpu_blocker(
             pids.join(", ")
         ));
     }
-    let max = env.env.limits.max_trial_number_per_gpu;
+    let max = gpu.trial_limit(env.env.limits.max_trial_number_per_gpu);
     if load.trials + load.elsewhere >= max {
         let trials: Vec<String> = gpu
             .trials

@@ -233,7 +233,7 @@ impl EnvState {
     /// Recomputes one GPU's derived figures and keeps `free_gpus` in step.
     fn refresh_gpu(&mut self, position: usize) {
         let gpu = &self.env.gpus[position];
-        let max_trials = self.env.limits.max_trial_number_per_gpu;
+        let max_trials = gpu.trial_limit(self.env.limits.max_trial_number_per_gpu);
         let load = &mut self.loads[position];
         let had_room = load.has_room;
         load.elsewhere = gpu.held_elsewhere.len() as u32;

@@ -183,6 +183,7 @@ fn trials_of_other_experiments_count_against_max_trial_number_per_gpu_and_are_na
         experiment: "expB".into(),
         trial: "b1".into(),
         gpu_memory: ByteSize::gib(10),
+        max_per_gpu: None,
     });
     let mut scheduler = scheduler(Policy::Pack, vec![shared]);
     expect_test::expect![[r#"
@@ -193,6 +194,70 @@ fn trials_of_other_experiments_count_against_max_trial_number_per_gpu_and_are_na
         &mut scheduler,
         &[crate::support::trial("a"), crate::support::trial("c")],
     ));
+}
+
+/// The scheduler applies the ledger's rule (`trials_per_gpu`): a GPU that another experiment
+/// holds with `maxTrialNumberPerGpu: 1` takes no trial of an experiment that allows two, which
+/// the scheduler then places on the free GPU instead of a GPU the ledger would refuse.
+#[test]
+fn the_scheduler_places_only_where_the_ledger_grants() {
+    use crate::support::{env, place};
+    use knob_gpu_sched::{EnvironmentLimits, Policy, SchedulerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut other, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    // B allows one trial per GPU and holds GPU 0; A allows two.
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    let mut seen_by_a = env("local", &[80, 80]);
+    seen_by_a.limits = EnvironmentLimits {
+        max_trial_number_per_gpu: 2,
+        ..EnvironmentLimits::default()
+    };
+    ledger
+        .snapshot()
+        .unwrap()
+        .annotate(&mut seen_by_a, "local", a.pid, None);
+    assert_eq!(seen_by_a.gpus[0].held_elsewhere[0].max_per_gpu, Some(1));
+    assert_eq!(seen_by_a.gpus[0].trial_limit(2), 1);
+    let mut scheduler = crate::support::scheduler_with(
+        SchedulerConfig {
+            trial_gpu_number: Some(1),
+            policy: Policy::Pack,
+            ..SchedulerConfig::default()
+        },
+        vec![seen_by_a],
+    );
+    // Packing would put a1 beside b1 on GPU 0 if only A's own limit counted.
+    expect_test::expect![[r#"
+        a1: local [1]
+        a2: local [1]
+        a3: wait: waiting for 1 GPU: local: no GPU free (GPU 0 runs trial b1 of experiment expB, GPU 1 runs a1, a2 (2 per GPU))
+    "#]]
+    .assert_eq(&place(
+        &mut scheduler,
+        &[
+            crate::support::trial("a1"),
+            crate::support::trial("a2"),
+            crate::support::trial("a3"),
+        ],
+    ));
+    // And the ledger grants what the scheduler placed.
+    for trial in ["a1", "a2"] {
+        assert_eq!(
+            ledger.acquire(&lease(&a, trial, &[1], 2)).unwrap(),
+            Acquired::Granted
+        );
+    }
+    assert!(matches!(
+        ledger.acquire(&lease(&a, "a3", &[0], 2)).unwrap(),
+        Acquired::Waiting(_)
+    ));
+    other.kill().unwrap();
+    other.wait().unwrap();
 }
 
 #[test]
