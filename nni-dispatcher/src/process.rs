@@ -275,7 +275,12 @@ impl Dispatcher {
             let mut stream = stream;
             stream.set_nonblocking(false)?;
             stream.set_nodelay(true)?;
+            // The handshake is bounded by what is left of the connect timeout: a peer that
+            // connects and sends nothing must not hold the tuner forever.
+            let left = launch.connect_timeout.saturating_sub(started.elapsed());
+            stream.set_read_timeout(Some(left.max(Duration::from_secs(1))))?;
             websocket::accept(&mut stream)?;
+            stream.set_read_timeout(None)?;
             Ok((Arc::new(Writer::new(stream.try_clone()?)), stream))
         })();
         let (writer, stream) = match connected {

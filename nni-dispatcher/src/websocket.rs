@@ -42,7 +42,8 @@ impl From<std::io::Error> for WsError {
 
 /// Reads the client's opening handshake from `stream` and answers it; returns the request path.
 pub fn accept(stream: &mut TcpStream) -> Result<String, WsError> {
-    let mut reader = BufReader::new(stream.try_clone()?);
+    // `take`: a line that never ends must not grow without bound either.
+    let mut reader = BufReader::new(stream.try_clone()?.take(MAX_REQUEST as u64 + 1));
     let mut request_line = String::new();
     reader.read_line(&mut request_line)?;
     let path = request_line
@@ -56,7 +57,12 @@ pub fn accept(stream: &mut TcpStream) -> Result<String, WsError> {
         let mut line = String::new();
         let n = reader.read_line(&mut line)?;
         read += n;
-        if n == 0 || read > MAX_REQUEST {
+        if read > MAX_REQUEST {
+            return Err(WsError::Protocol(format!(
+                "a handshake request of more than {MAX_REQUEST} bytes"
+            )));
+        }
+        if n == 0 {
             return Err(WsError::Protocol(
                 "the handshake request ended early".into(),
             ));
@@ -120,7 +126,8 @@ pub fn read_message(reader: &mut impl Read, writer: &Writer) -> Result<Message, 
             reader.read_exact(&mut ext)?;
             len = u64::from_be_bytes(ext);
         }
-        if len + message.len() as u64 > MAX_MESSAGE {
+        // Saturating: a 64-bit length from the peer must not wrap past the bound.
+        if len.saturating_add(message.len() as u64) > MAX_MESSAGE {
             return Err(WsError::Protocol(format!(
                 "a message of more than {MAX_MESSAGE} bytes"
             )));
@@ -209,5 +216,63 @@ impl Writer {
         let _ = self.frame(0x8, &1000u16.to_be_bytes());
         let stream = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A writer for `read_message`'s pings and closes: one end of a real socket pair.
+    fn writer() -> (Writer, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        (Writer::new(ours), peer)
+    }
+
+    #[test]
+    fn a_frame_longer_than_any_message_is_refused_before_it_is_read() {
+        let (writer, _peer) = writer();
+        for len in [u64::MAX, MAX_MESSAGE + 1] {
+            let mut frame = vec![0x81, 127];
+            frame.extend_from_slice(&len.to_be_bytes());
+            let error = read_message(&mut frame.as_slice(), &writer).unwrap_err();
+            assert!(
+                error.to_string().contains("a message of more than"),
+                "{len}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_handshake_line_that_never_ends_is_refused_at_the_bound() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut ours, _) = listener.accept().unwrap();
+        let sender = std::thread::spawn(move || {
+            let _ = peer.write_all(format!("GET /{}", "x".repeat(2 * MAX_REQUEST)).as_bytes());
+            peer
+        });
+        let error = accept(&mut ours).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("a handshake request of more than"),
+            "{error}"
+        );
+        drop(sender.join());
+    }
+
+    #[test]
+    fn a_masked_text_frame_is_read() {
+        let (writer, _peer) = writer();
+        let mask = [1u8, 2, 3, 4];
+        let mut frame = vec![0x81, 0x80 | 2];
+        frame.extend_from_slice(&mask);
+        frame.extend(b"hi".iter().zip(mask).map(|(b, m)| b ^ m));
+        let message = read_message(&mut frame.as_slice(), &writer).unwrap();
+        assert_eq!(message, Message::Text("hi".into()));
     }
 }
