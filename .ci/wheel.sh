@@ -53,11 +53,7 @@ as_user() {
 }
 mkdir -p "$work/home"
 
-quickstart=$(awk '/<!-- ci:pip-quickstart -->/{f=1; next} f && /^```/{ if (inside) exit; inside=1; next } f && inside {print}' README.md)
-if [ -z "$quickstart" ]; then
-  echo "README.md has no pip quickstart between the ci:pip-quickstart markers" >&2
-  exit 1
-fi
+quickstart=$(.ci/readme-block.sh pip-quickstart)
 # The wheel is already installed; the README's `pip install` of it must be a no-op that works.
 echo "wheel: $quickstart"
 (cd "$root" && as_user bash -c "set -e; shopt -s nullglob; $quickstart")
