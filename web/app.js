@@ -853,6 +853,7 @@ function renderCharts() {
   if (state.firstPainted) {
     if (state.sliceVisible) renderSlice();
     if (finished.length !== state.importanceFinished) loadImportance(finished.length);
+    if (hasObjectives() && finished.length !== state.paretoFinished) loadPareto(finished.length);
   }
 
   const timed = trials.filter((t) => t.duration_ms !== null && t.duration_ms !== undefined);
@@ -940,6 +941,108 @@ function renderSlice() {
     series: [{ type: "scatter", symbolSize: 7, large: finished.length > 2000,
       data: finished.map((t) => ({ value: [numeric ? flatOf(t)[name] : String(flatOf(t)[name]), t.final_value, t.sequence], name: t.trial_id })) }],
   }, true);
+}
+
+// Multi-objective experiments (the knob extension `objectives`): GET /pareto gives each succeeded
+// trial's listed metrics, feasibility and place on the front, the reference point and the
+// hypervolume after each trial. Asked after the first paint, again when the number of finished
+// trials changed, at most every 2 seconds (a change inside that window is fetched at its end).
+const hasObjectives = () => !!state.experiment && ((state.experiment.config || {}).objectives || []).length > 0;
+const PARETO_EVERY_MS = 2000;
+async function loadPareto(finishedCount) {
+  if (!hasObjectives()) return;
+  const wait = state.paretoAt ? state.paretoAt + PARETO_EVERY_MS - Date.now() : 0;
+  if (state.paretoLoading || wait > 0) {
+    if (!state.paretoRetry) state.paretoRetry = setTimeout(() => {
+      state.paretoRetry = null;
+      loadPareto(state.paretoWanted);
+    }, Math.max(wait, 200));
+    state.paretoWanted = finishedCount;
+    return;
+  }
+  state.paretoLoading = true;
+  try {
+    state.paretoAt = Date.now();
+    state.pareto = await api("/pareto");
+    state.paretoFinished = finishedCount;
+    renderPareto();
+  } catch (error) {
+    $("pareto-note").textContent = `(${error.message})`;
+  } finally {
+    state.paretoLoading = false;
+  }
+}
+
+// A metric's label on an axis: its name and what is better.
+function objectiveLabel(o) {
+  if (o.constraint) return `${o.metric} (constraint ${o.constraint})`;
+  return `${o.metric} (${o.mode === "maximize" ? "max" : "min"})`;
+}
+
+// Two chosen metrics against each other, the feasible non-dominated trials highlighted (the
+// front is over every objective: with three or more, a front point may look dominated in the
+// two drawn), and the hypervolume after each trial in the order they ended.
+function renderPareto() {
+  const answer = state.pareto;
+  if (!answer || !answer.objectives.length) return;
+  $("pareto-card").hidden = false;
+  $("hypervolume-card").hidden = false;
+  const objectives = answer.objectives;
+  for (const [id, fallback] of [["pareto-x", 0], ["pareto-y", 1]]) {
+    const select = $(id);
+    if (select.options.length !== objectives.length) {
+      select.innerHTML = "";
+      objectives.forEach((o, i) => select.add(new Option(objectiveLabel(o), String(i))));
+      // The first two objectives (constraints only when there are not two).
+      const goals = objectives.map((o, i) => (o.constraint ? null : i)).filter((i) => i !== null);
+      const others = objectives.map((o, i) => i).filter((i) => !goals.includes(i));
+      select.value = String([...goals, ...others][fallback] ?? 0);
+    }
+  }
+  const x = Number($("pareto-x").value);
+  const y = Number($("pareto-y").value);
+  const drawn = answer.trials.filter((t) => typeof t.values[x] === "number" && typeof t.values[y] === "number");
+  const front = drawn.filter((t) => t.pareto);
+  const feasible = drawn.filter((t) => t.feasible && !t.pareto);
+  const infeasible = drawn.filter((t) => !t.feasible);
+  const point = (t) => [t.values[x], t.values[y]];
+  const goals = objectives.filter((o) => !o.constraint).length;
+  $("pareto-note").textContent = `(${front.length} of ${answer.trials.length} on the front` + (infeasible.length ? `, ${infeasible.length} infeasible` : "") + (goals > 2 ? `; front over all ${goals} objectives` : "") + ")";
+  // With exactly two objectives on the axes the front is a staircase: drawn as one.
+  const staircase = goals === 2 && !objectives[x].constraint && !objectives[y].constraint && x !== y;
+  const sortedFront = [...front].sort((a, b) => a.values[x] - b.values[x]);
+  itemIds["chart-pareto"] = [feasible.map((t) => t.trial_id), infeasible.map((t) => t.trial_id), front.map((t) => t.trial_id)];
+  chart("chart-pareto").setOption({
+    animation: false, backgroundColor: chartBackground(), grid: GRID,
+    legend: { data: ["trials", "infeasible", "Pareto front"] },
+    tooltip: { trigger: "item", formatter: (p) => {
+      const id = itemId("chart-pareto", p);
+      return id ? `${id}<br>${objectives[x].metric} = ${fmt(p.value[0])}<br>${objectives[y].metric} = ${fmt(p.value[1])}` : "";
+    } },
+    xAxis: valueAxis({ name: objectiveLabel(objectives[x]), nameLocation: "middle", nameGap: 24, scale: true }),
+    yAxis: valueAxis({ name: objectiveLabel(objectives[y]), scale: true }),
+    series: [
+      { name: "trials", type: "scatter", symbolSize: 6, z: 2, large: feasible.length > 2000, data: feasible.map(point) },
+      { name: "infeasible", type: "scatter", symbol: "triangle", symbolSize: 6, z: 1, itemStyle: { color: "#9ca3af" }, data: infeasible.map(point) },
+      { name: "Pareto front", type: "scatter", symbol: "diamond", symbolSize: 12, z: 4, itemStyle: { color: "#f59e0b", borderColor: "#1d2330", borderWidth: 1 }, data: front.map(point) },
+      { name: "front line", type: "line", step: objectives[x].mode === objectives[y].mode ? "end" : "start", silent: true, showSymbol: false, z: 3,
+        lineStyle: { color: "#f59e0b", width: 1.5 }, data: staircase ? sortedFront.map(point) : [] },
+    ],
+  }, true);
+  const history = answer.hypervolume;
+  itemIds["chart-hypervolume"] = [history.map((h) => h.trial_id)];
+  chart("chart-hypervolume").setOption({
+    animation: false, backgroundColor: chartBackground(), grid: GRID,
+    tooltip: { trigger: "item", formatter: (p) => `${itemId("chart-hypervolume", p)}<br>after ${p.value[0]} trials: ${fmt(p.value[1])}` },
+    xAxis: { type: "value", name: "succeeded trials, in the order they ended", nameLocation: "middle", nameGap: 24, minInterval: 1, min: 1, max: (v) => Math.max(2, v.max) },
+    yAxis: valueAxis({ name: "hypervolume", scale: true }),
+    series: [{ name: "hypervolume", type: "line", step: "end", symbolSize: 4, showSymbol: history.length <= 200, data: history.map((h, i) => [i + 1, h.hypervolume]) }],
+  }, true);
+  const configured = objectives.filter((o) => !o.constraint).every((o) => typeof o.reference === "number");
+  $("hypervolume-reference").textContent = answer.reference
+    ? "reference point: " + objectives.filter((o) => !o.constraint).map((o, i) => `${o.metric} = ${fmt(answer.reference[i])}`).join(", ") +
+      (configured ? " (from the config's objectives)" : " (the worst values seen, pushed out by a tenth of the range; set each objective's reference in the config to fix it)")
+    : "no feasible trial yet";
 }
 
 function renderCurveControls() {
@@ -1124,6 +1227,8 @@ function wire() {
   window.addEventListener("resize", () => Object.values(charts).forEach((c) => c.resize()));
   $("curve-mode").onchange = changeCurves;
   $("slice-param").onchange = () => { state.sliceChosen = true; renderSlice(); };
+  $("pareto-x").onchange = renderPareto;
+  $("pareto-y").onchange = renderPareto;
   $("curve-count").onchange = changeCurves;
   $("curve-log").onchange = changeCurves;
   $("curve-better").onchange = changeCurves;
@@ -1155,6 +1260,7 @@ function applyTheme() {
   if (redraw && state.experiment) {
     render();
     renderImportance();
+    renderPareto();
   }
 }
 
@@ -1172,6 +1278,7 @@ function afterFirstPaint() {
   state.firstPainted = true;
   const finished = [...state.trials.values()].filter((t) => typeof t.final_value === "number").length;
   loadImportance(finished);
+  loadPareto(finished);
   loadEnvironments();
   new IntersectionObserver((entries) => {
     const visible = entries.some((e) => e.isIntersecting);

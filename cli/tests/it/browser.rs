@@ -1159,3 +1159,169 @@ async fn knob_view_without_an_id_lists_every_experiment_and_opens_each() {
     );
     page.close().await.unwrap();
 }
+
+/// A finished multi-objective experiment (issue 15): error down against cost down, traded off
+/// by x, and a constraint that y > 0.8 violates; reference values given in the config.
+const PARETO: &str = r#"experimentName: two objectives
+trialCommand: python3 trial.py
+trialConcurrency: 4
+maxTrialNumber: 30
+searchSpace:
+  x: {_type: uniform, _value: [0, 1]}
+  y: {_type: uniform, _value: [0, 1]}
+objectives:
+  - {metric: error, mode: minimize, reference: 1.5}
+  - {metric: cost, mode: minimize, reference: 2.5}
+  - {metric: over, constraint: "<= 0"}
+tuner:
+  name: Random
+  classArgs: {seed: 3}
+trainingService:
+  platform: local"#;
+
+const PARETO_TRIAL: &str = r#"import json, os
+p = json.loads(os.environ["KNOB_PARAMETERS"])
+x, y = p["x"], p["y"]
+print("KNOB_FINAL", json.dumps({"error": x, "cost": 1 - x ** 0.5 + y, "over": y - 0.8}))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pareto_chart_highlights_the_front_and_the_hypervolume_grows() {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(PARETO, &[("trial.py", PARETO_TRIAL)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "pareto");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut command = sandbox.knob();
+    command.args(["view", "pareto", "--port", "0"]);
+    let view = start(command, &[]);
+    let base = view.base.trim_end_matches("/api/v1").to_string();
+
+    // What the page must show, from the API.
+    let pareto = api(&base, "GET", "/pareto", None);
+    let entries = pareto["trials"].as_array().unwrap();
+    let point = |t: &Value| json!([t["values"][0], t["values"][1]]);
+    let sorted = |mut points: Vec<Value>| {
+        points.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+        points
+    };
+    let front = sorted(
+        entries
+            .iter()
+            .filter(|t| t["pareto"] == true)
+            .map(point)
+            .collect(),
+    );
+    let infeasible = entries.iter().filter(|t| t["feasible"] == false).count();
+    assert!(
+        front.len() >= 2 && infeasible >= 1,
+        "the experiment should have a front and an infeasible trial: {pareto}"
+    );
+
+    let driver = start_driver(&chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let page = open_browser(&driver, &chromium, profile.path()).await;
+    page.goto(&format!("{base}/")).await.unwrap();
+    page.execute(
+        "document.getElementById('pareto-card').scrollIntoView(); return true;",
+        vec![],
+    )
+    .await
+    .unwrap();
+    // The front's points are drawn in the highlight colour: the canvas pixel at each one's
+    // centre is amber (#f59e0b), not just an option set.
+    let shown = wait_in_page(
+        &page,
+        "the Pareto chart",
+        r##"const card = document.getElementById("pareto-card");
+           const chart = echarts.getInstanceByDom(document.getElementById("chart-pareto"));
+           const hv = echarts.getInstanceByDom(document.getElementById("chart-hypervolume"));
+           if (card.hidden || !chart || !hv) return null;
+           const option = chart.getOption();
+           const byName = Object.fromEntries(option.series.map((s) => [s.name, s]));
+           const canvas = document.querySelector("#chart-pareto canvas");
+           const ratio = canvas.width / canvas.clientWidth;
+           const pixels = byName["Pareto front"].data.map((p) => {
+             const [x, y] = chart.convertToPixel({seriesName: "Pareto front"}, p);
+             return [...canvas.getContext("2d").getImageData(Math.round(x * ratio), Math.round(y * ratio), 1, 1).data].slice(0, 3);
+           });
+           return {front: byName["Pareto front"].data, symbol: byName["Pareto front"].symbol,
+                   trials: byName["trials"].data.length, infeasible: byName["infeasible"].data.length,
+                   line: byName["front line"].data.length, pixels,
+                   x: option.xAxis[0].name, y: option.yAxis[0].name,
+                   note: document.getElementById("pareto-note").textContent,
+                   hv: hv.getOption().series[0].data,
+                   reference: document.getElementById("hypervolume-reference").textContent};"##,
+    )
+    .await;
+    let drawn: Vec<Value> = serde_json::from_value(shown["front"].clone()).unwrap();
+    assert_eq!(sorted(drawn), front, "{shown}");
+    assert_eq!(shown["symbol"], json!("diamond"), "{shown}");
+    assert_eq!(shown["infeasible"], json!(infeasible), "{shown}");
+    assert_eq!(
+        shown["trials"].as_u64().unwrap() as usize + front.len() + infeasible,
+        entries.len(),
+        "{shown}"
+    );
+    assert_eq!(shown["line"], json!(front.len()), "the staircase: {shown}");
+    for pixel in shown["pixels"].as_array().unwrap() {
+        let rgb: Vec<i64> = serde_json::from_value(pixel.clone()).unwrap();
+        let amber = [245, 158, 11];
+        assert!(
+            rgb.iter().zip(amber).all(|(c, a)| (c - a).abs() <= 40),
+            "a front point is not drawn amber: {pixel} in {shown}"
+        );
+    }
+    assert_eq!(shown["x"], json!("error (min)"), "{shown}");
+    assert_eq!(shown["y"], json!("cost (min)"), "{shown}");
+    assert!(
+        shown["note"].as_str().unwrap().starts_with(&format!(
+            "({} of {} on the front",
+            front.len(),
+            entries.len()
+        )),
+        "{shown}"
+    );
+    // Hypervolume after each succeeded trial, never falling, ending at the API's last value,
+    // against the reference point the config gives.
+    let hv: Vec<(f64, f64)> = serde_json::from_value(shown["hv"].clone()).unwrap();
+    assert_eq!(hv.len(), entries.len(), "{shown}");
+    assert!(hv.windows(2).all(|w| w[1].1 >= w[0].1), "{shown}");
+    let last = pareto["hypervolume"].as_array().unwrap().last().unwrap()["hypervolume"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        last > 0.0 && (hv.last().unwrap().1 - last).abs() < 1e-12,
+        "{shown}"
+    );
+    assert_eq!(
+        shown["reference"],
+        json!("reference point: error = 1.5, cost = 2.5 (from the config's objectives)")
+    );
+    screenshot(&page, "pareto-1-front").await;
+
+    // Choosing the constraint for the y axis redraws the scatter without the staircase.
+    page.execute(
+        "const s = document.getElementById('pareto-y'); s.value = '2'; s.dispatchEvent(new Event('change')); return true;",
+        vec![],
+    )
+    .await
+    .unwrap();
+    let switched = wait_in_page(
+        &page,
+        "the scatter against the constraint",
+        r##"const option = echarts.getInstanceByDom(document.getElementById("chart-pareto")).getOption();
+           return option.yAxis[0].name.startsWith("over") ? {y: option.yAxis[0].name,
+             line: option.series.find((s) => s.name === "front line").data.length,
+             front: option.series.find((s) => s.name === "Pareto front").data.length} : null;"##,
+    )
+    .await;
+    assert_eq!(
+        switched,
+        json!({"y": "over (constraint <= 0)", "line": 0, "front": front.len()})
+    );
+    screenshot(&page, "pareto-2-constraint").await;
+    page.close().await.unwrap();
+}
