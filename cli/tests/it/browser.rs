@@ -1204,7 +1204,7 @@ async fn the_pareto_chart_highlights_the_front_and_the_hypervolume_grows() {
     let entries = pareto["trials"].as_array().unwrap();
     let point = |t: &Value| json!([t["values"][0], t["values"][1]]);
     let sorted = |mut points: Vec<Value>| {
-        points.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+        points.sort_by_key(|p| p.to_string());
         points
     };
     let front = sorted(
