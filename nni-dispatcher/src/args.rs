@@ -45,7 +45,8 @@ impl DispatcherArgs {
     pub fn parse(component: &str, class_args: &Value) -> Result<DispatcherArgs, PluginError> {
         let args: DispatcherArgs = knob_plugin_api::parse_class_args(component, class_args)?;
         if let Some(timeout) = args.dispatcher_connect_timeout {
-            if !(timeout.is_finite() && timeout > 0.0) {
+            // `try_from`: `launch` turns it into a Duration, which panics past ~584 billion years.
+            if !(timeout > 0.0 && Duration::try_from_secs_f64(timeout).is_ok()) {
                 return Err(PluginError::new(format!(
                     "dispatcherConnectTimeout must be a positive number of seconds, not {timeout}"
                 )));
@@ -106,5 +107,28 @@ impl DispatcherArgs {
                     .unwrap_or(DEFAULT_CONNECT_TIMEOUT_SECS),
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connect_timeout_is_a_positive_number_of_seconds_a_duration_holds() {
+        let args = |timeout: Value| {
+            DispatcherArgs::parse(
+                "NniDispatcher",
+                &json!({"algorithm": {"name": "SMAC"}, "dispatcherConnectTimeout": timeout}),
+            )
+        };
+        assert!(args(json!(30)).is_ok());
+        for bad in [json!(0), json!(-1), json!(1e300)] {
+            let error = args(bad.clone()).unwrap_err().to_string();
+            assert!(
+                error.contains("dispatcherConnectTimeout must be a positive number of seconds"),
+                "{bad}: {error}"
+            );
+        }
     }
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use knob_plugin_api::metric;
 use knob_plugin_api::PluginError;
 use serde_json::{json, Value};
 
@@ -539,57 +540,24 @@ fn read_loop(stream: TcpStream, writer: &Writer, framing: Framing, tx: &mpsc::Se
 }
 
 /// Parses a payload as Python's `json` writes it: NaN, Infinity and -Infinity allowed (read
-/// as null: knob's JSON has no such numbers).
+/// as null: knob's JSON has no such numbers). The scanning is plugin-api's, which metric values
+/// go through too.
 pub fn parse_payload(text: &str) -> Result<Value, serde_json::Error> {
-    match serde_json::from_str(text) {
-        Ok(value) => Ok(value),
-        Err(first) => {
-            let replaced = replace_non_finite(text);
-            if replaced == text {
-                return Err(first);
-            }
-            serde_json::from_str(&replaced)
-        }
-    }
+    let mut value = metric::parse_json_lenient(text)?;
+    null_non_finite(&mut value);
+    Ok(value)
 }
 
-/// `NaN`, `Infinity` and `-Infinity` outside strings, as `null`.
-fn replace_non_finite(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut in_string = false;
-    let mut escaped = false;
-    let mut rest = text;
-    while let Some(c) = rest.chars().next() {
-        if in_string {
-            out.push(c);
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
-            rest = &rest[c.len_utf8()..];
-            continue;
+/// The strings `parse_json_lenient` reads NaN and the infinities as, made null.
+fn null_non_finite(value: &mut Value) {
+    match value {
+        Value::String(text) if [metric::NAN, metric::INF, metric::NEG_INF].contains(&&**text) => {
+            *value = Value::Null
         }
-        if c == '"' {
-            in_string = true;
-        }
-        let token = ["-Infinity", "Infinity", "NaN"]
-            .into_iter()
-            .find(|t| rest.starts_with(t));
-        match token {
-            Some(token) => {
-                out.push_str("null");
-                rest = &rest[token.len()..];
-            }
-            None => {
-                out.push(c);
-                rest = &rest[c.len_utf8()..];
-            }
-        }
+        Value::Array(items) => items.iter_mut().for_each(null_non_finite),
+        Value::Object(map) => map.values_mut().for_each(null_non_finite),
+        _ => {}
     }
-    out
 }
 
 /// A number as Python's `json.dumps` writes it (NaN and the infinities included), the form
