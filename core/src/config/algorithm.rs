@@ -14,7 +14,7 @@
 use knob_plugin_api::ComponentKind;
 use serde_json::Value as Json;
 
-use super::reader::{normalize_key, Reader};
+use super::reader::{map_entry, normalize_key, Reader};
 use super::yaml::{Node, Pos, Value};
 
 /// An algorithm read up to its plugin: checked once the plugins are known.
@@ -56,7 +56,7 @@ pub(crate) fn check_algorithms(
         return;
     }
     for algorithm in pending {
-        let field = |name: &str| child(&algorithm.node, name);
+        let field = |name: &str| map_entry(&algorithm.node, name);
         let space = match algorithm.kind {
             ComponentKind::Tuner => search_space,
             _ => None,
@@ -153,7 +153,7 @@ pub(crate) fn check_algorithms(
             }
             AlgorithmProblem::SearchSpace(message) => {
                 let written = document.and_then(|root| {
-                    child(root, "searchSpace").or_else(|| child(root, "searchSpaceFile"))
+                    map_entry(root, "searchSpace").or_else(|| map_entry(root, "searchSpaceFile"))
                 });
                 let (pos, path) = match written {
                     Some((key, node)) => (node.pos.or(key.pos), key.key_text()),
@@ -190,18 +190,6 @@ fn located(
         ),
         None => (fallback, format!("{parent}.{name}")),
     }
-}
-
-/// The key and value of `name` in a mapping, keys matched as NNI matches them.
-fn child<'n>(node: &'n Node, name: &str) -> Option<(&'n Node, &'n Node)> {
-    let Value::Map(pairs) = &node.value else {
-        return None;
-    };
-    let wanted = normalize_key(name);
-    pairs
-        .iter()
-        .find(|(key, _)| normalize_key(&key.key_text()) == wanted)
-        .map(|(key, value)| (key, value))
 }
 
 /// The classArgs key a constructor's message is about, with its key node: the first one it

@@ -12,7 +12,7 @@ use super::model::{
     AlgorithmConfig, Constraint, ExperimentConfig, LogLevel, ObjectiveConfig, TunerErrorPolicy,
     OPTIMIZE_MODE, PLACEMENT_POLICY_NAMES,
 };
-use super::reader::{plain_io, quoted, Field, Fields, Reader};
+use super::reader::{one_or_list, plain_io, quoted, Field, Fields, Reader};
 use super::training_service::{
     read_training_services, Located, NNI_MANAGER_IP_IGNORED, SHORTCUT_PLATFORM,
 };
@@ -436,14 +436,7 @@ pub struct SpaceFileError {
 /// `.json`, YAML otherwise (YAML is a superset of JSON, so a JSON file by another name reads too),
 /// checked as an NNI search space. `knob space` uses it, so it accepts what a config accepts.
 pub fn parse_search_space(path: &Path, text: &str) -> Result<serde_json::Value, SpaceFileError> {
-    let is_json = path
-        .extension()
-        .is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
-    let parsed = if is_json {
-        yaml::parse_json(text)
-    } else {
-        yaml::parse(text)
-    };
+    let parsed = yaml::parse_file(path, text);
     let node = match parsed {
         Ok(Some(node)) => node,
         Ok(None) => {
@@ -453,7 +446,11 @@ pub fn parse_search_space(path: &Path, text: &str) -> Result<serde_json::Value, 
             })
         }
         Err(error) => {
-            let kind = if is_json { "JSON" } else { "YAML" };
+            let kind = if yaml::is_json_file(path) {
+                "JSON"
+            } else {
+                "YAML"
+            };
             return Err(SpaceFileError {
                 pos: error.pos,
                 message: format!("malformed {kind}: {}", error.message),
@@ -740,27 +737,13 @@ fn read_objectives(reader: &mut Reader, field: &Field<'_>) -> Vec<ObjectiveConfi
 }
 
 fn read_plugin_paths(reader: &mut Reader, field: &Field<'_>) -> Vec<PathBuf> {
-    let items: Vec<Field<'_>> = match &field.node.value {
-        Value::Str(_) => vec![Field {
-            node: field.node,
-            path: field.path.clone(),
-        }],
-        Value::Seq(items) => items
-            .iter()
-            .enumerate()
-            .map(|(index, node)| Field {
-                node,
-                path: format!("{}[{index}]", field.path),
-            })
-            .collect(),
-        _ => {
-            let message = format!(
-                "expected a list of plugin files or folders, got {}",
-                field.node.describe()
-            );
-            reader.error(field.node.pos, &field.path, message);
-            return Vec::new();
-        }
+    let Some(items) = one_or_list(field) else {
+        let message = format!(
+            "expected a list of plugin files or folders, got {}",
+            field.node.describe()
+        );
+        reader.error(field.node.pos, &field.path, message);
+        return Vec::new();
     };
     let mut paths = Vec::new();
     for item in items {

@@ -172,14 +172,7 @@ fn load_document(
         pending: Vec::new(),
         pending_algorithms: Vec::new(),
     };
-    let is_json = path
-        .extension()
-        .is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
-    let parsed = if is_json {
-        yaml::parse_json(text)
-    } else {
-        yaml::parse(text)
-    };
+    let parsed = yaml::parse_file(path, text);
     let mut document = None;
     // For an NNI v1 config: how to name its v2 fields as the user wrote them.
     let mut converted: Option<v1::Converted> = None;
@@ -234,7 +227,11 @@ fn load_document(
             None
         }
         Err(error) => {
-            let kind = if is_json { "JSON" } else { "YAML" };
+            let kind = if yaml::is_json_file(path) {
+                "JSON"
+            } else {
+                "YAML"
+            };
             reader.error(
                 error.pos,
                 "",

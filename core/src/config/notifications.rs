@@ -30,7 +30,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::reader::{normalize_key, plain_io, quoted, Field, Fields, Reader};
+use super::reader::{map_entry, one_or_list, plain_io, quoted, Field, Fields, Reader};
 use super::secret::{Secret, REDACTED};
 use super::yaml::{Node, Value};
 
@@ -218,16 +218,7 @@ fn fill(
 /// The nodes of a config document that hold the notifications' secrets (the webhook's `secret`,
 /// the mail `password`): what `knob config check --v2` prints as `***`.
 pub(crate) fn secret_nodes(document: &Node) -> Vec<&Node> {
-    fn child<'d>(node: &'d Node, name: &str) -> Option<&'d Node> {
-        let Value::Map(pairs) = &node.value else {
-            return None;
-        };
-        let wanted = normalize_key(name);
-        pairs
-            .iter()
-            .find(|(key, _)| normalize_key(&key.key_text()) == wanted)
-            .map(|(_, value)| value)
-    }
+    let child = |node, name| map_entry(node, name).map(|(_, value)| value);
     let Some(notifications) = child(document, "notifications") else {
         return Vec::new();
     };
@@ -506,23 +497,12 @@ fn mailbox(text: &str) -> Result<String, String> {
 
 /// `to`: one address or a list of them, at least one.
 fn read_recipients(reader: &mut Reader, field: &Field<'_>) -> Option<Vec<String>> {
-    let items: Vec<Field<'_>> = match &field.node.value {
-        Value::Str(_) => vec![Field {
-            node: field.node,
-            path: field.path.clone(),
-        }],
-        Value::Seq(items) if !items.is_empty() => items
-            .iter()
-            .enumerate()
-            .map(|(index, node)| Field {
-                node,
-                path: format!("{}[{index}]", field.path),
-            })
-            .collect(),
-        other => {
-            let got = match other {
-                Value::Seq(_) => "an empty list".to_owned(),
-                _ => field.node.describe(),
+    let items = match one_or_list(field) {
+        Some(items) if !items.is_empty() => items,
+        items => {
+            let got = match items {
+                Some(_) => "an empty list".to_owned(),
+                None => field.node.describe(),
             };
             let message =
                 format!("expected one or more mail addresses, e.g. [me@example.com], got {got}");

@@ -231,6 +231,41 @@ pub(crate) struct Field<'a> {
     pub path: String,
 }
 
+/// The key and value of `name` in a mapping (`None` for anything else), keys matched as NNI
+/// matches them ([`normalize_key`]).
+pub(crate) fn map_entry<'n>(node: &'n Node, name: &str) -> Option<(&'n Node, &'n Node)> {
+    let Value::Map(pairs) = &node.value else {
+        return None;
+    };
+    let wanted = normalize_key(name);
+    pairs
+        .iter()
+        .find(|(key, _)| normalize_key(&key.key_text()) == wanted)
+        .map(|(key, value)| (key, value))
+}
+
+/// The items of a field written as one value or as a list of them, each with its path
+/// (`field[i]` in a list); `None` when the value is neither a string nor a list.
+pub(crate) fn one_or_list<'a>(field: &Field<'a>) -> Option<Vec<Field<'a>>> {
+    match &field.node.value {
+        Value::Str(_) => Some(vec![Field {
+            node: field.node,
+            path: field.path.clone(),
+        }]),
+        Value::Seq(items) => Some(
+            items
+                .iter()
+                .enumerate()
+                .map(|(index, node)| Field {
+                    node,
+                    path: format!("{}[{index}]", field.path),
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 /// NNI's `case_insensitive`: lowercase, underscores dropped.
 pub(crate) fn normalize_key(key: &str) -> String {
     key.chars()

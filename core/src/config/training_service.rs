@@ -18,7 +18,7 @@ use serde_json::Map;
 
 use super::algorithm::AlgorithmProblem;
 use super::model::ExperimentConfig;
-use super::reader::{normalize_key, Field, Fields, Reader};
+use super::reader::{map_entry, normalize_key, Field, Fields, Reader};
 use super::secret::REDACTED;
 use super::yaml::{Node, Pos, Value};
 
@@ -305,13 +305,7 @@ fn walk<'n>(node: &'n Node, path: &FieldPath) -> (&'n Node, bool) {
     let mut current = node;
     for step in &path.0 {
         let next = match (step, &current.value) {
-            (PathStep::Field(name), Value::Map(pairs)) => {
-                let wanted = normalize_key(name);
-                pairs
-                    .iter()
-                    .find(|(key, _)| normalize_key(&key.key_text()) == wanted)
-                    .map(|(_, value)| value)
-            }
+            (PathStep::Field(name), _) => map_entry(current, name).map(|(_, value)| value),
             (PathStep::Index(index), Value::Seq(items)) => items.get(*index),
             _ => None,
         };
@@ -333,13 +327,7 @@ fn position(node: &Node, path: &FieldPath) -> Option<Pos> {
 /// The nodes of a config document that hold a field its training services declared secret
 /// (`config` is what the document was read into).
 pub(crate) fn secret_nodes<'d>(document: &'d Node, config: &ExperimentConfig) -> Vec<&'d Node> {
-    let Value::Map(pairs) = &document.value else {
-        return Vec::new();
-    };
-    let Some((_, services)) = pairs
-        .iter()
-        .find(|(key, _)| normalize_key(&key.key_text()) == "trainingservice")
-    else {
+    let Some((_, services)) = map_entry(document, "trainingService") else {
         return Vec::new();
     };
     let entries: Vec<&Node> = match &services.value {

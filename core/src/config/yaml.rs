@@ -412,6 +412,23 @@ fn resolve_scalar(
     )
 }
 
+/// Parses the text of the file at `path`: as JSON ([`parse_json`]) when its name ends in
+/// `.json`, as YAML otherwise (YAML is a superset of JSON, so a JSON file by another name reads
+/// too).
+pub(crate) fn parse_file(path: &std::path::Path, text: &str) -> Result<Option<Node>, SyntaxError> {
+    if is_json_file(path) {
+        parse_json(text)
+    } else {
+        parse(text)
+    }
+}
+
+/// Whether [`parse_file`] reads the file at `path` as JSON.
+pub(crate) fn is_json_file(path: &std::path::Path) -> bool {
+    path.extension()
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("json"))
+}
+
 /// Parses a JSON file: as YAML first, for positions; if the YAML parser refuses something JSON
 /// allows (tabs used as indentation, say), falls back to serde_json without positions.
 pub(crate) fn parse_json(text: &str) -> Result<Option<Node>, SyntaxError> {
