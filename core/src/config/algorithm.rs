@@ -14,7 +14,7 @@
 use knob_plugin_api::ComponentKind;
 use serde_json::Value as Json;
 
-use super::reader::{map_entry, normalize_key, Reader};
+use super::reader::{map_entry, Reader};
 use super::yaml::{Node, Pos, Value};
 
 /// An algorithm read up to its plugin: checked once the plugins are known.

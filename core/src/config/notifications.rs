@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::reader::{map_entry, one_or_list, plain_io, quoted, Field, Fields, Reader};
 use super::secret::{Secret, REDACTED};
-use super::yaml::{Node, Value};
+use super::yaml::Node;
 
 /// Where `knob resume` finds the SMTP password when the config file no longer has it.
 pub const PASSWORD_VARIABLE: &str = "KNOB_SMTP_PASSWORD";
