@@ -1,0 +1,601 @@
+//! The event loop that ties the manager's parts together: it waits on the services' events,
+//! commands and its next deadline, records every change in the store, then writes it into the
+//! trial book, the tuner driver, the environments and the timers, and acts on it (submits,
+//! places, kills, tells the tuner and the assessor). It owns what does I/O: the store, the
+//! services' handles, the assessor, the command and progress channels.
+
+use std::path::PathBuf;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use knob_plugin_api::host::AssessorHandle;
+use knob_plugin_api::space::SearchSpace;
+use knob_plugin_api::{AssessorContext, ComponentKind, OptimizeMode};
+use serde_json::Value;
+
+use super::book::TrialBook;
+use super::environments::Environments;
+use super::placement::Placer;
+use super::services::{self, ServiceSlot, TaggedEvent};
+use super::timers::Timers;
+use super::tuner_driver::{Check, Handout, TunerDriver};
+use super::{
+    algorithm_component, resume, trial, Command, Components, Experiment, LoopState, ManagerError,
+    Outcome, Progress,
+};
+use crate::config::ExperimentConfig;
+use crate::store::{Direction, ExperimentStatus, StoreEvent, StoreHandle, TrialStatus};
+
+pub(super) struct Manager {
+    pub(super) id: String,
+    pub(super) dir: PathBuf,
+    pub(super) config: ExperimentConfig,
+    pub(super) store: StoreHandle,
+    /// Asks the tuner for parameters and tells it what happened.
+    pub(super) tuner: TunerDriver,
+    pub(super) assessor: Option<AssessorHandle>,
+    /// One per configured platform, in config order; trials name theirs by index.
+    pub(super) services: Vec<ServiceSlot>,
+    /// Every environment a service reported, and where trials go.
+    pub(super) environments: Environments,
+    /// Environment warnings so far (see [`Progress::notices`]).
+    pub(super) notices: std::sync::Arc<Vec<String>>,
+    pub(super) service_events: mpsc::UnboundedReceiver<TaggedEvent>,
+    /// Trials the service could not start: (trial id, why).
+    pub(super) start_failures: mpsc::UnboundedReceiver<(String, String)>,
+    pub(super) start_failures_tx: mpsc::UnboundedSender<(String, String)>,
+    pub(super) commands: mpsc::UnboundedReceiver<Command>,
+    pub(super) progress: watch::Sender<Progress>,
+    /// Every trial, its attempts and status.
+    pub(super) book: TrialBook,
+    /// False once every command sender is gone.
+    pub(super) commands_open: bool,
+    pub(super) timers: Timers,
+    pub(super) stop_requested: bool,
+    /// Told when the loop starts and stops waiting (the simulator); `turns` counts the waits.
+    pub(super) observer: Option<watch::Sender<LoopState>>,
+    pub(super) turns: u64,
+}
+
+impl Manager {
+    pub(super) async fn start(
+        experiment: Experiment,
+        store: StoreHandle,
+        components: &dyn Components,
+        commands: mpsc::UnboundedReceiver<Command>,
+        progress: watch::Sender<Progress>,
+    ) -> Result<Manager, ManagerError> {
+        let Experiment {
+            id,
+            dir,
+            config,
+            history,
+            config_file,
+        } = experiment;
+        let run = crate::nni_dispatch::Run {
+            dir: &dir,
+            resume: history.is_some(),
+        };
+        let (tuner_name, tuner_args) = algorithm_component(
+            ComponentKind::Tuner,
+            &config.tuner,
+            &config,
+            components,
+            Some(run),
+        )?;
+        let tuner = components.tuner(&tuner_name, &tuner_args)?;
+        if crate::objectives::is_multi_objective(&config.objectives) && !tuner.takes_objectives() {
+            return Err(ManagerError::Unsupported(
+                crate::objectives::single_objective_refusal(
+                    config.tuner.display_name(),
+                    &config.objectives,
+                ),
+            ));
+        }
+        let assessor = match &config.assessor {
+            Some(assessor) => {
+                let (name, args) = algorithm_component(
+                    ComponentKind::Assessor,
+                    assessor,
+                    &config,
+                    components,
+                    Some(run),
+                )?;
+                let context = AssessorContext::new(match config.direction() {
+                    Direction::Maximize => OptimizeMode::Maximize,
+                    Direction::Minimize => OptimizeMode::Minimize,
+                });
+                Some(components.assessor(&name, &args, &context)?)
+            }
+            None => None,
+        };
+        let space = SearchSpace::from_value(&config.search_space)
+            .map_err(|e| ManagerError::Unsupported(format!("searchSpace: {e}")))?;
+        let tuner = TunerDriver::new(tuner, space, config.tuner_error_policy);
+        let placer = Placer::new(&config);
+        let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
+        let (events_tx, service_events) = mpsc::unbounded_channel();
+        let context = services::service_context(&id, &dir, &config, config_file.as_deref());
+        // Before a trial of the earlier run is started again, nothing of it may still run: each
+        // service ends what is left of those trials wherever it runs them.
+        let leftovers = match &history {
+            Some(history) => services::clean_up_leftovers(
+                &context,
+                &config,
+                components,
+                &resume::unfinished_trials(history),
+            ),
+            None => Vec::new(),
+        };
+        let services = services::start_services(&context, &config, components, &events_tx).await?;
+        let platforms = services.iter().map(|slot| slot.platform.clone()).collect();
+        let environments = Environments::new(platforms, placer);
+        drop(events_tx);
+
+        let timers = Timers::new(Instant::now(), config.max_experiment_duration);
+        let mut manager = Manager {
+            id,
+            dir,
+            store,
+            tuner,
+            assessor,
+            services,
+            environments,
+            notices: Default::default(),
+            service_events,
+            start_failures,
+            start_failures_tx,
+            commands,
+            progress,
+            book: TrialBook::new(config.direction() == Direction::Maximize),
+            commands_open: true,
+            timers,
+            stop_requested: false,
+            observer: None,
+            turns: 0,
+            config,
+        };
+        if let Err(e) = manager.register_environments().await {
+            services::shut_down(&manager.services).await;
+            return Err(e);
+        }
+        manager
+            .tuner
+            .set_space(&manager.config.search_space)
+            .await?;
+        for report in leftovers {
+            manager.warn(None, report).await?;
+        }
+        if let Some(history) = history {
+            manager.restore(&history).await?;
+        }
+        manager
+            .store
+            .append(StoreEvent::ExperimentStatusChanged {
+                status: ExperimentStatus::Running,
+                message: None,
+            })
+            .await?;
+        manager.publish(Some(ExperimentStatus::Running));
+        Ok(manager)
+    }
+
+    /// Whether no new trial may start.
+    pub(super) fn closed(&self) -> bool {
+        self.stop_requested
+            || self.timers.deadline_passed()
+            || self.book.budget_spent(self.config.max_trial_number)
+            || self.tuner.exhausted()
+    }
+
+    pub(super) async fn run_loop(&mut self) -> Result<(), ManagerError> {
+        loop {
+            self.fill().await?;
+            if self.book.active_count() == 0 && (self.closed() || self.tuner.in_flight() > 0) {
+                // With nothing running, a deferring tuner will never be given the result it waits for.
+                return Ok(());
+            }
+            let next_deadline = self.next_deadline();
+            self.observe(true, next_deadline);
+            let wake = tokio::select! {
+                event = self.service_events.recv() => match event {
+                    Some(first) => {
+                        // Take whatever else has arrived too: its metrics then share one commit.
+                        let mut batch = vec![first];
+                        while batch.len() < MAX_EVENT_BATCH {
+                            match self.service_events.try_recv() {
+                                Ok(event) => batch.push(event),
+                                Err(_) => break,
+                            }
+                        }
+                        Wake::ServiceEvents(batch)
+                    }
+                    None => Wake::ServicesGone,
+                },
+                command = self.commands.recv(), if self.commands_open => Wake::Command(command),
+                Some((trial_id, message)) = self.start_failures.recv() => Wake::StartFailed(trial_id, message),
+                _ = sleep_until(next_deadline) => Wake::Deadline,
+            };
+            self.observe(false, next_deadline);
+            match wake {
+                Wake::ServiceEvents(batch) => self.on_service_events(batch).await?,
+                Wake::ServicesGone => {
+                    return Err(ManagerError::Service {
+                        service: self
+                            .services
+                            .iter()
+                            .map(|slot| slot.platform.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        message: "stopped reporting events".into(),
+                    })
+                }
+                Wake::Command(Some(Command::Stop)) => {
+                    self.stop_all(
+                        crate::store::STOPPED_WITH_EXPERIMENT,
+                        TrialStatus::UserCanceled,
+                    )
+                    .await?
+                }
+                Wake::Command(Some(Command::Update(update, reply))) => {
+                    let outcome = self.apply(update).await?;
+                    let _ = reply.send(outcome);
+                }
+                Wake::Command(Some(Command::Environments(reply))) => {
+                    let _ = reply.send(self.environments.views());
+                }
+                // Nobody can send commands any more; keep running without listening.
+                Wake::Command(None) => self.commands_open = false,
+                Wake::StartFailed(trial_id, message) => {
+                    if self
+                        .book
+                        .get(&trial_id)
+                        .is_some_and(|t| !t.status.is_final())
+                    {
+                        self.end_trial(
+                            &trial_id,
+                            TrialStatus::Failed,
+                            Some(message),
+                            None,
+                            None,
+                            String::new(),
+                        )
+                        .await?;
+                    }
+                }
+                Wake::Deadline => self.on_deadline().await?,
+            }
+        }
+    }
+
+    /// Tells an observer (see [`LoopState`]) whether the loop now waits.
+    pub(super) fn observe(&mut self, waiting: bool, next_deadline: Option<Instant>) {
+        if let Some(observer) = &self.observer {
+            if waiting {
+                self.turns += 1;
+            }
+            observer.send_replace(LoopState {
+                turn: self.turns,
+                waiting,
+                next_deadline,
+            });
+        }
+    }
+
+    /// Submits trials until `trialConcurrency` are running or no more may start.
+    pub(super) async fn fill(&mut self) -> Result<(), ManagerError> {
+        self.place_waiting().await?;
+        while let Some(suggestion) = self.tuner.take_suggestion() {
+            if self.closed() || self.book.has_parameter(suggestion.parameter_id) {
+                continue;
+            }
+            if !self
+                .accept_output(suggestion.parameter_id, &suggestion.parameters)
+                .await?
+            {
+                continue;
+            }
+            self.submit(
+                suggestion.parameter_id,
+                suggestion.parameters,
+                suggestion.label,
+            )
+            .await?;
+        }
+        let concurrency = u64::from(self.config.trial_concurrency);
+        while !self.closed() && self.book.active_count() + self.tuner.in_flight() < concurrency {
+            match self.tuner.generate().await? {
+                Handout::Parameters {
+                    parameter_id,
+                    parameters,
+                    label,
+                } => {
+                    if self.accept_output(parameter_id, &parameters).await? {
+                        self.submit(parameter_id, parameters, label).await?;
+                    }
+                }
+                Handout::Deferred => {}
+                Handout::NoMore => {
+                    self.store
+                        .append(StoreEvent::ExperimentStatusChanged {
+                            status: ExperimentStatus::NoMoreTrial,
+                            message: Some("the tuner has no more parameters to try".into()),
+                        })
+                        .await?;
+                }
+            }
+        }
+        self.publish(Some(if self.tuner.exhausted() {
+            ExperimentStatus::NoMoreTrial
+        } else {
+            ExperimentStatus::Running
+        }));
+        Ok(())
+    }
+
+    /// Whether a parameter set the tuner handed out may become a trial: one the search space
+    /// does not hold ends the experiment (`tunerErrorPolicy: error`) or is dropped, counted and
+    /// logged, and the tuner told it ended SYS_CANCELED (`skip`), so that it stops waiting for it.
+    pub(super) async fn accept_output(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+    ) -> Result<bool, ManagerError> {
+        match self.tuner.check(parameter_id, parameters) {
+            Check::Accepted => Ok(true),
+            Check::Fatal(message) => Err(ManagerError::TunerOutput(message)),
+            Check::Dropped(warning) => {
+                self.warn(None, warning).await?;
+                self.tuner.tell_dropped(parameter_id).await?;
+                self.publish(None);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Creates a trial (recorded WAITING) and places it if it can run now; returns its id.
+    pub(super) async fn submit(
+        &mut self,
+        parameter_id: u64,
+        parameters: Value,
+        parameter_label: Option<String>,
+    ) -> Result<String, ManagerError> {
+        let (sequence, trial_id) = self.book.next_trial();
+        self.store
+            .append(StoreEvent::TrialCreated {
+                trial_id: trial_id.clone(),
+                sequence,
+                parameter_id,
+                parameter_label: parameter_label.clone(),
+                parameters: parameters.clone(),
+            })
+            .await?;
+        let mut trial =
+            trial::Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone());
+        trial.parameter_label = parameter_label;
+        self.book.insert(trial);
+        self.place_waiting().await?;
+        Ok(trial_id)
+    }
+
+    pub(super) async fn end_trial(
+        &mut self,
+        trial_id: &str,
+        status: TrialStatus,
+        reason: Option<String>,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        stderr_tail: String,
+    ) -> Result<(), ManagerError> {
+        self.store
+            .append(StoreEvent::TrialEnded {
+                trial_id: trial_id.to_string(),
+                attempt: self.book[trial_id].attempt,
+                status,
+                exit_code,
+                signal,
+                message: reason.clone(),
+                stderr_tail: (!stderr_tail.is_empty()).then_some(stderr_tail),
+            })
+            .await?;
+        self.environments.release(trial_id);
+        self.book.set_status(trial_id, status);
+        let trial = self.book.get_mut(trial_id).expect("ending a known trial");
+        trial.reason = reason;
+        let parameter_id = trial.parameter_id;
+        self.tuner.trial_ended(parameter_id, status).await?;
+        if let Some(assessor) = &self.assessor {
+            if let Err(e) = assessor
+                .trial_end(trial_id.to_string(), status.as_str().into())
+                .get()
+                .await
+            {
+                self.warn(Some(trial_id.to_string()), format!("assessor: {e}"))
+                    .await?;
+            }
+        }
+        self.publish(None);
+        Ok(())
+    }
+
+    /// Asks the service to kill a trial; its end arrives later as an event and is recorded
+    /// with `status` and `reason`.
+    pub(super) async fn kill(
+        &mut self,
+        trial_id: &str,
+        status: TrialStatus,
+        reason: String,
+    ) -> Result<(), ManagerError> {
+        let Some(trial) = self.book.get_mut(trial_id) else {
+            return Ok(());
+        };
+        if trial.status.is_final() || trial.kill.is_some() {
+            return Ok(());
+        }
+        let Some(service) = trial.service.filter(|_| trial.launched) else {
+            // Never handed to a service: nothing runs, so it ends here.
+            return self
+                .end_trial(trial_id, status, Some(reason), None, None, String::new())
+                .await;
+        };
+        trial.kill = Some((status, reason.clone()));
+        if let Err(e) = self.services[service]
+            .handle
+            .kill_trial(trial_id.to_string(), reason)
+            .get()
+            .await
+        {
+            self.warn(Some(trial_id.to_string()), format!("could not kill: {e}"))
+                .await?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn stop_all(
+        &mut self,
+        reason: &str,
+        status: TrialStatus,
+    ) -> Result<(), ManagerError> {
+        self.stop_requested = true;
+        for trial_id in self.book.active_ids() {
+            self.kill(&trial_id, status, reason.to_string()).await?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.timers.next(
+            Instant::now(),
+            self.book.attempt_deadlines(),
+            self.book.retry_times(),
+        )
+    }
+
+    pub(super) async fn on_deadline(&mut self) -> Result<(), ManagerError> {
+        let now = Instant::now();
+        if self.timers.take_reprobe(now) {
+            self.refresh_environments().await?;
+            // `fill`, first thing in the next turn, places the waiting trials again.
+        }
+        if self.timers.take_experiment_deadline(now) {
+            self.stop_all("maxExperimentDuration reached", TrialStatus::SysCanceled)
+                .await?;
+        }
+        for trial_id in self.book.overdue(now) {
+            self.kill(
+                &trial_id,
+                TrialStatus::SysCanceled,
+                "maxTrialDuration reached".into(),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn warn(
+        &mut self,
+        trial_id: Option<String>,
+        message: String,
+    ) -> Result<(), ManagerError> {
+        // Nothing waits on a warning, so it rides along with the next commit; `finish` flushes.
+        self.store
+            .append_unacked(StoreEvent::Warning { trial_id, message });
+        Ok(())
+    }
+
+    pub(super) fn publish(&self, status: Option<ExperimentStatus>) {
+        let count = |status| self.book.count(status);
+        let progress = Progress {
+            status: status.or(self.progress.borrow().status),
+            submitted: self.book.len(),
+            best: self.book.best().cloned(),
+            elapsed: self.timers.elapsed(),
+            max_trial_number: self.config.max_trial_number,
+            max_duration: self.config.max_experiment_duration,
+            dropped_suggestions: self.tuner.dropped(),
+            running: self.book.active_count(),
+            succeeded: count(TrialStatus::Succeeded),
+            failed: count(TrialStatus::Failed),
+            other_ended: count(TrialStatus::UserCanceled)
+                + count(TrialStatus::SysCanceled)
+                + count(TrialStatus::EarlyStopped),
+            notices: self.notices.clone(),
+        };
+        self.progress.send_replace(progress);
+    }
+
+    /// Records how the experiment ended and shuts the service down.
+    pub(super) async fn finish(
+        mut self,
+        result: Result<(), ManagerError>,
+    ) -> Result<Outcome, ManagerError> {
+        let (status, message) = match &result {
+            Ok(()) if self.stop_requested && !self.timers.deadline_passed() => {
+                (ExperimentStatus::Stopped, None)
+            }
+            Ok(()) => (ExperimentStatus::Done, None),
+            Err(e) => (ExperimentStatus::Error, Some(e.to_string())),
+        };
+        if result.is_err() {
+            // Best effort: the experiment failed; do not leave its trials running.
+            let _ = self
+                .stop_all("the experiment failed", TrialStatus::SysCanceled)
+                .await;
+        }
+        services::shut_down(&self.services).await;
+        // Trials the service ended during shutdown without telling us are recorded as such.
+        for trial_id in self.book.active_ids() {
+            let (status, reason) = self.book[&trial_id]
+                .kill
+                .clone()
+                .unwrap_or((TrialStatus::SysCanceled, "the experiment ended".into()));
+            self.store
+                .append(StoreEvent::TrialEnded {
+                    trial_id: trial_id.clone(),
+                    attempt: self.book[&trial_id].attempt,
+                    status,
+                    exit_code: None,
+                    signal: None,
+                    message: Some(reason.clone()),
+                    stderr_tail: None,
+                })
+                .await?;
+            self.book.set_status(&trial_id, status);
+            self.book.get_mut(&trial_id).expect("known trial").reason = Some(reason);
+        }
+        self.store
+            .append(StoreEvent::ExperimentStatusChanged {
+                status,
+                message: message.clone(),
+            })
+            .await?;
+        self.store.flush().await?;
+        self.publish(Some(status));
+        let trials = self.book.summaries();
+        Ok(Outcome {
+            status,
+            message,
+            trials,
+        })
+    }
+}
+
+/// What woke the loop.
+enum Wake {
+    ServiceEvents(Vec<TaggedEvent>),
+    ServicesGone,
+    Command(Option<Command>),
+    StartFailed(String, String),
+    Deadline,
+}
+
+/// At most this many service events are taken from the channel at once.
+const MAX_EVENT_BATCH: usize = 4096;
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
