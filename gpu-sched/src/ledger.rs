@@ -342,19 +342,6 @@ impl Ledger {
         })
     }
 
-    /// Gives back everything `holder` holds or asks for (its experiment ends).
-    pub fn release_all(&self, holder: &Holder) -> Result<(), LedgerError> {
-        self.update(|state, journal| {
-            for lease in state.leases.iter().filter(|lease| lease.holder == *holder) {
-                journal.push(JournalEntry::new("release", lease));
-            }
-            state.leases.retain(|lease| lease.holder != *holder);
-            state
-                .requests
-                .retain(|request| request.lease.holder != *holder);
-        })
-    }
-
     /// The ledger now, dead holders' leases reclaimed.
     pub fn snapshot(&self) -> Result<LedgerState, LedgerError> {
         self.update(|state, _| state.clone())
