@@ -1,0 +1,425 @@
+//! Multi-objective quality: knob's NSGA2, multi-objective TPE and Random, through the plugin ABI,
+//! against Optuna's NSGAIISampler and TPESampler (each with its defaults), on ZDT1, ZDT2 and ZDT3
+//! in 30 dimensions (as defined by Zitzler, Deb and Thiele 2000) and on DTLZ2 with 3 objectives
+//! in 12 dimensions (Deb et al. 2002, k = 10).
+//!
+//! Every run is sequential (one trial at a time, its result reported before the next is asked
+//! for), 200 trials by default. A run's score is the hypervolume of all its trials against a fixed
+//! reference point per problem: 1.1 times the worst value each objective can take ((1.1, 11) for
+//! the ZDTs, (3.85, 3.85, 3.85) for DTLZ2), so every trial counts and the score does not depend on
+//! which other runs were made. Per problem it prints each tuner's median hypervolume over seeds
+//! with the interquartile range, and the ratio of medians to Optuna's best (the better of its two
+//! samplers); then the target of issue 15: knob's best >= Optuna's best on every problem.
+//!
+//! Run: `benches/harness/multi_objective.sh`, which sets up Optuna's virtualenv and builds the
+//! plugin. Arguments after `--` of `cargo bench -p knob-benches --bench multi_objective`:
+//! `--seeds N` (10), `--trials N` (200), `--python PATH` (an interpreter with optuna; without it
+//! Optuna is left out), `--problems a,b`, `--tuners A,B` (knob's: NSGA2, TPE, Random).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use knob_plugin_api::host::PluginRegistry;
+use knob_plugin_api::objectives::hypervolume;
+use knob_plugin_api::{Generated, Outcome};
+use serde_json::{json, Value};
+
+struct Problem {
+    name: &'static str,
+    dims: usize,
+    objectives: usize,
+    reference: Vec<f64>,
+    evaluate: fn(&[f64]) -> Vec<f64>,
+}
+
+fn zdt_g(x: &[f64]) -> f64 {
+    1.0 + 9.0 * x[1..].iter().sum::<f64>() / (x.len() - 1) as f64
+}
+
+fn zdt1(x: &[f64]) -> Vec<f64> {
+    let g = zdt_g(x);
+    vec![x[0], g * (1.0 - (x[0] / g).sqrt())]
+}
+
+fn zdt2(x: &[f64]) -> Vec<f64> {
+    let g = zdt_g(x);
+    vec![x[0], g * (1.0 - (x[0] / g).powi(2))]
+}
+
+fn zdt3(x: &[f64]) -> Vec<f64> {
+    let g = zdt_g(x);
+    let r = x[0] / g;
+    vec![
+        x[0],
+        g * (1.0 - r.sqrt() - r * (10.0 * std::f64::consts::PI * x[0]).sin()),
+    ]
+}
+
+fn dtlz2(x: &[f64]) -> Vec<f64> {
+    use std::f64::consts::FRAC_PI_2;
+    let g: f64 = x[2..].iter().map(|v| (v - 0.5).powi(2)).sum();
+    let (a, b) = (x[0] * FRAC_PI_2, x[1] * FRAC_PI_2);
+    vec![
+        (1.0 + g) * a.cos() * b.cos(),
+        (1.0 + g) * a.cos() * b.sin(),
+        (1.0 + g) * a.sin(),
+    ]
+}
+
+fn problems() -> Vec<Problem> {
+    let zdt = |name, evaluate| Problem {
+        name,
+        dims: 30,
+        objectives: 2,
+        reference: vec![1.1, 11.0],
+        evaluate,
+    };
+    vec![
+        zdt("zdt1", zdt1),
+        zdt("zdt2", zdt2),
+        zdt("zdt3", zdt3),
+        Problem {
+            name: "dtlz2",
+            dims: 12,
+            objectives: 3,
+            // 1 + g <= 1 + 10 * 0.25.
+            reference: vec![3.85; 3],
+            evaluate: dtlz2,
+        },
+    ]
+}
+
+impl Problem {
+    fn space(&self) -> Value {
+        let mut space = serde_json::Map::new();
+        for i in 0..self.dims {
+            space.insert(
+                format!("x{i}"),
+                json!({"_type": "uniform", "_value": [0, 1]}),
+            );
+        }
+        Value::Object(space)
+    }
+
+    fn point(&self, params: &Value) -> Vec<f64> {
+        (0..self.dims)
+            .map(|i| {
+                params[format!("x{i}")]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("parameters without a number x{i}: {params}"))
+            })
+            .collect()
+    }
+}
+
+struct Options {
+    seeds: u64,
+    trials: usize,
+    python: Option<PathBuf>,
+    problems: Option<Vec<String>>,
+    tuners: Vec<String>,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        seeds: 10,
+        trials: 200,
+        python: None,
+        problems: None,
+        tuners: vec!["NSGA2".into(), "TPE".into(), "Random".into()],
+    };
+    let mut args = std::env::args().skip(1);
+    let list = |v: Option<String>| -> Option<Vec<String>> {
+        v.map(|v| v.split(',').map(str::to_owned).collect())
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seeds" => {
+                options.seeds = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--seeds takes a number")
+            }
+            "--trials" => {
+                options.trials = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--trials takes a number")
+            }
+            "--python" => options.python = args.next().map(PathBuf::from),
+            "--problems" => options.problems = list(args.next()),
+            "--tuners" => options.tuners = list(args.next()).expect("--tuners takes A,B"),
+            // cargo bench passes --bench to every bench binary.
+            "--bench" => {}
+            other => panic!("unknown argument {other}; see the header of multi_objective.rs"),
+        }
+    }
+    options
+}
+
+/// `libknob_tuners.so` beside the bench executable or one folder up.
+fn plugin_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the bench executable");
+    let deps = exe.parent().expect("bench executable has a folder");
+    let file = format!(
+        "{}knob_tuners{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    [deps.to_path_buf(), deps.join("..")]
+        .iter()
+        .map(|dir| dir.join(&file))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{file} not found in {} or its parent; run `cargo build --release -p knob-tuners` first",
+                deps.display()
+            )
+        })
+}
+
+/// One sequential run of a knob tuner through the ABI: the objective vectors of its trials.
+fn run_knob(
+    registry: &PluginRegistry,
+    tuner: &str,
+    problem: &Problem,
+    seed: u64,
+    trials: usize,
+) -> Result<Vec<Vec<f64>>, String> {
+    let mut object = registry
+        .tuner_object(tuner, &json!({"seed": seed}))
+        .map_err(|e| e.to_string())?;
+    if !object.takes_objectives() {
+        return Err(format!("{tuner} does not take objectives"));
+    }
+    object
+        .update_search_space(&problem.space())
+        .map_err(|e| e.to_string())?;
+    let mut points = Vec::with_capacity(trials);
+    for id in 0..trials as u64 {
+        let params = match object.generate_parameters(id).map_err(|e| e.to_string())? {
+            Generated::Parameters(p) | Generated::Labeled { parameters: p, .. } => p,
+            Generated::NoMore => break,
+            Generated::Deferred => return Err("deferred with no trial running".into()),
+        };
+        let losses = (problem.evaluate)(&problem.point(&params));
+        let outcome = Outcome {
+            values: losses.clone(),
+            losses: losses.clone(),
+            violations: Vec::new(),
+        };
+        object
+            .receive_trial_outcome(id, &params, &outcome)
+            .map_err(|e| e.to_string())?;
+        object
+            .trial_end(id, "SUCCEEDED")
+            .map_err(|e| e.to_string())?;
+        points.push(losses);
+    }
+    Ok(points)
+}
+
+/// Every (problem, seed) study of one Optuna sampler, in one Python process.
+fn run_optuna(
+    python: &PathBuf,
+    sampler: &str,
+    problems: &[Problem],
+    seeds: u64,
+    trials: usize,
+) -> Vec<Vec<f64>> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("harness/multi_objective.py");
+    let mut child = Command::new(python)
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut scores = Vec::new();
+    for problem in problems {
+        let mut per_seed = Vec::new();
+        for seed in 0..seeds {
+            let study = json!({"sampler": sampler, "seed": seed, "dims": problem.dims,
+                               "objectives": problem.objectives, "trials": trials});
+            writeln!(stdin, "{study}").expect("write to the Optuna driver");
+            let mut points = Vec::with_capacity(trials);
+            for _ in 0..trials {
+                let mut line = String::new();
+                stdout
+                    .read_line(&mut line)
+                    .expect("read from the Optuna driver");
+                let params: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("the Optuna driver wrote {line:?}: {e}"));
+                let losses = (problem.evaluate)(&problem.point(&params));
+                writeln!(stdin, "{}", json!(losses)).expect("write to the Optuna driver");
+                points.push(losses);
+            }
+            per_seed.push(hypervolume(&points, &problem.reference));
+        }
+        scores.push(per_seed);
+    }
+    drop(stdin);
+    let _ = child.wait();
+    scores
+}
+
+/// `(median, q25, q75)` with linear interpolation, as numpy's default.
+fn quartiles(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let pos = q * (v.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+    };
+    (at(0.5), at(0.25), at(0.75))
+}
+
+struct Row {
+    label: String,
+    /// Per problem: the hypervolume of every seed's run, or why it could not run.
+    per_problem: Vec<Result<Vec<f64>, String>>,
+    seconds: f64,
+}
+
+impl Row {
+    fn median(&self, problem: usize) -> Option<f64> {
+        self.per_problem[problem]
+            .as_ref()
+            .ok()
+            .map(|v| quartiles(v).0)
+    }
+}
+
+fn main() {
+    let options = options();
+    let problems: Vec<Problem> = problems()
+        .into_iter()
+        .filter(|p| {
+            options
+                .problems
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| n == p.name))
+        })
+        .collect();
+    knob_plugin_api::host::set_plugin_logger(Box::new(|level, _, message| {
+        if level <= knob_plugin_api::host::LogLevel::Warn {
+            eprintln!("[{level:?}] {message}");
+        }
+    }));
+    let registry = PluginRegistry::load_from(&[plugin_path()]);
+    assert!(registry.problems().is_empty(), "{:?}", registry.problems());
+    println!(
+        "multi-objective quality: {} problems x {} seeds, {} trials a run, one at a time; hypervolume of all trials against a fixed reference point",
+        problems.len(),
+        options.seeds,
+        options.trials
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    std::thread::scope(|scope| {
+        // Optuna runs in its own processes beside knob's tuners.
+        let optuna = options.python.as_ref().map(|python| {
+            let problems = &problems;
+            scope.spawn(move || {
+                ["nsga2", "tpe"].map(|sampler| {
+                    let started = Instant::now();
+                    let scores =
+                        run_optuna(python, sampler, problems, options.seeds, options.trials);
+                    let row = Row {
+                        label: format!("optuna {sampler}"),
+                        per_problem: scores.into_iter().map(Ok).collect(),
+                        seconds: started.elapsed().as_secs_f64(),
+                    };
+                    eprintln!("{} done in {:.1} s", row.label, row.seconds);
+                    row
+                })
+            })
+        });
+        for tuner in &options.tuners {
+            let started = Instant::now();
+            let per_problem = problems
+                .iter()
+                .map(|problem| {
+                    (0..options.seeds)
+                        .map(|seed| {
+                            run_knob(&registry, tuner, problem, seed, options.trials)
+                                .map(|points| hypervolume(&points, &problem.reference))
+                        })
+                        .collect::<Result<Vec<f64>, String>>()
+                })
+                .collect();
+            let row = Row {
+                label: format!("knob {tuner}"),
+                per_problem,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            eprintln!("{} done in {:.1} s", row.label, row.seconds);
+            rows.push(row);
+        }
+        if let Some(handle) = optuna {
+            rows.extend(handle.join().expect("Optuna thread"));
+        }
+    });
+    report(&problems, &rows, options.seeds);
+}
+
+fn report(problems: &[Problem], rows: &[Row], seeds: u64) {
+    let optuna_best = |p: usize| -> Option<f64> {
+        rows.iter()
+            .filter(|r| r.label.starts_with("optuna "))
+            .filter_map(|r| r.median(p))
+            .reduce(f64::max)
+    };
+    for (p, problem) in problems.iter().enumerate() {
+        println!(
+            "\n{} ({}-D, {} objectives, reference {:?}), {seeds} seeds: hypervolume median [q25, q75], ratio to Optuna's best median",
+            problem.name, problem.dims, problem.objectives, problem.reference
+        );
+        for row in rows {
+            match &row.per_problem[p] {
+                Err(why) => println!("  {:<14} n/a: {why}", row.label),
+                Ok(scores) => {
+                    let (m, q25, q75) = quartiles(scores);
+                    let ratio = optuna_best(p).map_or("-".to_owned(), |b| format!("{:.3}", m / b));
+                    println!(
+                        "  {:<14} {m:>9.4} [{q25:.4}, {q75:.4}] {ratio:>7}",
+                        row.label
+                    );
+                }
+            }
+        }
+    }
+    println!("\nseconds per tuner (all problems and seeds):");
+    for row in rows {
+        println!("  {:<14} {:.1}", row.label, row.seconds);
+    }
+    println!("\ntarget: knob's best median >= Optuna's best median on every problem");
+    let mut met = 0;
+    for (p, problem) in problems.iter().enumerate() {
+        let knob = rows
+            .iter()
+            .filter(|r| r.label.starts_with("knob ") && r.label != "knob Random")
+            .filter_map(|r| r.median(p).map(|m| (m, &r.label)))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        match (knob, optuna_best(p)) {
+            (Some((mine, label)), Some(theirs)) => {
+                let ok = mine >= theirs;
+                met += usize::from(ok);
+                println!(
+                    "  {}: {label} {mine:.4} vs Optuna {theirs:.4} ({:.3}x): {}",
+                    problem.name,
+                    mine / theirs,
+                    if ok { "met" } else { "MISSED" }
+                );
+            }
+            _ => println!(
+                "  {}: not measured (no knob or no Optuna row)",
+                problem.name
+            ),
+        }
+    }
+    println!("  met on {met} of {} problems", problems.len());
+}
