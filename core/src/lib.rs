@@ -1,6 +1,7 @@
 //! knob-core: the experiment model (config, trials, metrics), the trial-management loop,
 //! the store and the HTTP API.
 pub mod api;
+pub mod backoff;
 pub mod config;
 pub mod experiment;
 pub mod export;

@@ -16,8 +16,11 @@ pub(super) const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How long a failed trial waits before its next attempt: 1 s, 2 s, 4 s, … at most a minute.
 pub(super) fn retry_backoff(failed_attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << failed_attempt.saturating_sub(1).min(6))
-        .min(Duration::from_secs(60))
+    crate::backoff::doubling(
+        Duration::from_secs(1),
+        failed_attempt,
+        Duration::from_secs(60),
+    )
 }
 
 /// The experiment's timers.

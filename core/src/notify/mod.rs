@@ -39,7 +39,7 @@ pub type Log = Arc<dyn Fn(String) + Send + Sync>;
 pub struct Retry {
     /// Tries in all, the first included (at least 1).
     pub attempts: u32,
-    /// The wait after the first failure; each later wait doubles it.
+    /// The wait after the first failure; each later wait doubles it ([`crate::backoff`]).
     pub first_delay: Duration,
 }
 
@@ -216,17 +216,17 @@ pub fn send_with_retry(
     notification: &Notification,
     retry: Retry,
 ) -> Result<(), String> {
-    let mut delay = retry.first_delay;
     let mut tries = 0;
     loop {
         tries += 1;
         match sink.send(notification) {
             Ok(()) => return Ok(()),
             Err(error) if tries >= retry.attempts.max(1) => return Err(error),
-            Err(_) => {
-                std::thread::sleep(delay);
-                delay = delay.saturating_mul(2);
-            }
+            Err(_) => std::thread::sleep(crate::backoff::doubling(
+                retry.first_delay,
+                tries,
+                Duration::MAX,
+            )),
         }
     }
 }
