@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, Request, State};
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
@@ -61,11 +61,17 @@ pub async fn serve_catalog(
             experiments: Mutex::new(HashMap::new()),
         }),
     };
+    super::web::prepare_in_background();
     let app = Router::new()
-        .route(ROUTES[0], get(|| async { super::web::asset("list.html") }))
+        .route(
+            ROUTES[0],
+            get(|headers: HeaderMap| async move { super::web::asset("list.html", &headers) }),
+        )
         .route(
             "/assets/{name}",
-            get(|Path(name): Path<String>| async move { super::web::asset(&name) }),
+            get(|Path(name): Path<String>, headers: HeaderMap| async move {
+                super::web::asset(&name, &headers)
+            }),
         )
         .route(
             ROUTES[1],
