@@ -149,6 +149,9 @@ struct Shared {
     live_unavailable: Option<String>,
     /// The last `/importance` answer and the key it was computed for (see `importance`).
     importance: tokio::sync::Mutex<Option<(String, serde_json::Value)>>,
+    /// The last `/trial-columns` answer that does not depend on the time of asking, and the key
+    /// it answers (the store's last event and the query; see `reads::trial_columns`).
+    trial_columns: Mutex<Option<(String, axum::body::Bytes)>>,
 }
 
 impl ApiState {
@@ -168,6 +171,7 @@ impl ApiState {
                 _file_watcher: file_watcher,
                 live_unavailable,
                 importance: tokio::sync::Mutex::new(None),
+                trial_columns: Mutex::new(None),
             }),
         }
     }
@@ -184,6 +188,20 @@ impl ApiState {
 
     fn config(&self) -> &ApiConfig {
         &self.inner.config
+    }
+
+    /// The kept `/trial-columns` answer for `key`, if it is the one kept.
+    fn cached_trial_columns(&self, key: &str) -> Option<axum::body::Bytes> {
+        let kept = self.inner.trial_columns.lock().ok()?;
+        kept.as_ref()
+            .filter(|(kept_key, _)| kept_key == key)
+            .map(|(_, body)| body.clone())
+    }
+
+    fn keep_trial_columns(&self, key: String, body: axum::body::Bytes) {
+        if let Ok(mut kept) = self.inner.trial_columns.lock() {
+            *kept = Some((key, body));
+        }
     }
 
     /// Runs a store query on a blocking thread with a pooled read-only connection.
@@ -489,6 +507,94 @@ mod tests {
         let (status, body) = ask(&router, "get", "/api/v1/undocumented").await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
         assert!(body.contains("no such API route"), "{body}");
+    }
+
+    /// `/trial-columns` of a finished list is kept while the store has no new event; a list
+    /// with a running trial (whose duration grows) is never kept.
+    #[tokio::test]
+    async fn a_finished_trial_list_is_kept_until_the_store_changes() {
+        use crate::store::{StoreEvent, TrialStatus};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path()).unwrap();
+        let created = |id: &str, sequence: u64| StoreEvent::TrialCreated {
+            trial_id: id.to_string(),
+            sequence,
+            parameter_id: sequence,
+            parameter_label: None,
+            parameters: serde_json::json!({"x": sequence}),
+        };
+        let started = |id: &str| StoreEvent::TrialStarted {
+            trial_id: id.to_string(),
+            attempt: 1,
+            environment_id: "local".to_string(),
+            gpu_indices: vec![],
+            pid: None,
+        };
+        let ended = |id: &str| StoreEvent::TrialEnded {
+            trial_id: id.to_string(),
+            attempt: 1,
+            status: TrialStatus::Succeeded,
+            exit_code: Some(0),
+            signal: None,
+            message: None,
+            stderr_tail: None,
+        };
+        let events = [
+            StoreEvent::ExperimentCreated {
+                experiment_id: "kept".to_string(),
+                config: serde_json::json!({"trialConcurrency": 1}),
+                start_time_ms: 0,
+            },
+            created("a", 0),
+            started("a"),
+            ended("a"),
+        ];
+        for event in events {
+            store.append(event).await.unwrap();
+        }
+        let state = ApiState::new(ApiConfig {
+            experiment_id: "kept".to_string(),
+            dir: dir.path().to_path_buf(),
+            commands: None,
+            token: None,
+            allowed_hosts: Vec::new(),
+            commits: Some(store.commits()),
+        });
+        let router = router(state.clone());
+        let columns = || async {
+            let (status, body) = ask(&router, "get", "/api/v1/trial-columns").await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()
+        };
+        let kept_at = || {
+            state
+                .inner
+                .trial_columns
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|(key, _)| key.split(' ').next().unwrap().parse::<u64>().unwrap())
+        };
+        let first = columns().await;
+        assert_eq!(first["count"], 1, "{first}");
+        assert_eq!(kept_at(), first["last_seq"].as_u64(), "{first}");
+        assert_eq!(columns().await, first);
+
+        // A new trial, running: the answer has it, and is not kept.
+        store.append(created("b", 1)).await.unwrap();
+        store.append(started("b")).await.unwrap();
+        let running = columns().await;
+        assert_eq!(running["count"], 2, "{running}");
+        assert_eq!(running["columns"]["status"][1], "RUNNING", "{running}");
+        assert!(running["last_seq"].as_u64() > first["last_seq"].as_u64());
+        assert_eq!(kept_at(), first["last_seq"].as_u64());
+
+        // It ends: the new answer is kept.
+        store.append(ended("b")).await.unwrap();
+        let done = columns().await;
+        assert_eq!(done["columns"]["status"][1], "SUCCEEDED", "{done}");
+        assert_eq!(kept_at(), done["last_seq"].as_u64(), "{done}");
+        assert_eq!(columns().await, done);
     }
 
     #[test]

@@ -3,8 +3,11 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
@@ -203,10 +206,14 @@ pub(super) async fn trials(
 /// of its own. At 10 000 trials this is a third of `/trials`' bytes and far less to parse: the
 /// field names are written once, not once a trial. `last_seq` is read before the trials, so a
 /// page that follows `/stream` from it misses no change made after the list.
+///
+/// The answer is kept (the last one, in the server's memory) while the store has no new event
+/// and no trial in it is still running, whose duration would grow: a finished experiment's list,
+/// asked again by every page load, is then served without reading and encoding 10 000 trials.
 pub(super) async fn trial_columns(
     State(state): State<ApiState>,
     query: QueryParams,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let params = params(query)?;
     let statuses = status_filter(&params)?;
     let offset = number_param(&params, "offset")?.unwrap_or(0);
@@ -216,12 +223,17 @@ pub(super) async fn trial_columns(
         offset,
         limit: Some(limit),
     };
-    let (last_seq, rows, counts) = state
-        .read(move |reader| {
+    let (last_seq, counts) = state
+        .read(|reader| {
             let last_seq = reader.counters()?.next_event_seq.saturating_sub(1);
-            Ok((last_seq, reader.trials(&query)?, reader.trial_counts()?))
+            Ok((last_seq, reader.trial_counts()?))
         })
         .await?;
+    let key = format!("{last_seq} {offset} {limit} {statuses:?}");
+    if let Some(body) = state.cached_trial_columns(&key) {
+        return Ok(json_body(body));
+    }
+    let rows = state.read(move |reader| reader.trials(&query)).await?;
     let total: u64 = counts
         .iter()
         .filter(|(status, _)| statuses.is_empty() || statuses.contains(status))
@@ -232,7 +244,20 @@ pub(super) async fn trial_columns(
     answer["offset"] = json!(offset);
     answer["limit"] = json!(limit);
     answer["last_seq"] = json!(last_seq);
-    Ok(Json(answer))
+    let body = Bytes::from(answer.to_string());
+    // A trial that started and has not ended has a duration that depends on the time of asking.
+    if rows
+        .iter()
+        .all(|t| t.started_ms.is_none() || t.ended_ms.is_some())
+    {
+        state.keep_trial_columns(key, body.clone());
+    }
+    Ok(json_body(body))
+}
+
+/// A JSON answer already encoded.
+fn json_body(body: Bytes) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// `{count, columns: {field: [...]}, parameters: {name: [...]}}`; a parameter a trial lacks is
