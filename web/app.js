@@ -22,6 +22,7 @@ const state = {
   tableRows: 200,           // rows drawn; "show more" adds TABLE_STEP (a DOM of 10 000 rows is slow)
 };
 const TABLE_STEP = 500;
+const TABLE_FIRST = 50;
 const token = (() => {
   const match = location.hash.match(/token=([^&]+)/);
   if (match) sessionStorage.setItem("knob-token", decodeURIComponent(match[1]));
@@ -630,11 +631,14 @@ function renderTable() {
   const rest = allNames.slice(names.length);
   const rows = sortedFilteredTrials();
   $("trial-count").textContent = `${rows.length} of ${state.trials.size}`;
-  const hidden = rows.length - state.tableRows;
+  // Until the first paint only the table's first TABLE_FIRST rows (it sits below the charts);
+  // afterFirstPaint draws the rest of its first page.
+  const limit = state.firstPainted ? state.tableRows : Math.min(state.tableRows, TABLE_FIRST);
+  const hidden = rows.length - limit;
   $("more-rows").hidden = hidden <= 0;
   $("more-rows").textContent = `show ${Math.min(TABLE_STEP, hidden)} more (${hidden} not shown)`;
   const body = document.createElement("tbody");
-  for (const t of rows.slice(0, state.tableRows)) {
+  for (const t of rows.slice(0, limit)) {
     const row = body.insertRow();
     row.dataset.trial = t.trial_id;
     const tick = row.insertCell();
@@ -787,15 +791,23 @@ const chartBackground = () => (darkMode() ? "transparent" : null);
 function renderCharts() {
   const trials = [...state.trials.values()].sort((a, b) => a.sequence - b.sequence);
   const finished = trials.filter((t) => t.final_value !== null && t.final_value !== undefined);
+  // The best-so-far line holds a point only where the best changes, and one at the last trial
+  // (a step line through those draws the same as one point per trial, at a few dozen points
+  // instead of 10 000).
   let best = null;
   let bestTrial = null;
-  const bestLine = finished.map((t) => {
-    if (best === null || (maximize() ? t.final_value > best : t.final_value < best)) {
+  const bestLine = [];
+  const max = maximize();
+  for (const t of finished) {
+    if (best === null || (max ? t.final_value > best : t.final_value < best)) {
       best = t.final_value;
       bestTrial = t;
+      bestLine.push([t.sequence, best]);
     }
-    return [t.sequence, best];
-  });
+  }
+  if (finished.length && bestLine[bestLine.length - 1][0] !== finished[finished.length - 1].sequence) {
+    bestLine.push([finished[finished.length - 1].sequence, best]);
+  }
   let start = performance.now();
   const measure = (name) => {
     if (!state.rendered) performance.measure("knob-chart-" + name, { start });
@@ -1272,10 +1284,11 @@ const echartsReady = new Promise((resolve, reject) => {
   script.addEventListener("error", () => reject(new Error("cannot load the chart library (/assets/echarts.min.js): reload the page")));
 });
 
-// What waits until the first paint: importance, the environments, and the slice plot, which is
-// drawn when its card is on screen.
+// What waits until the first paint: the table past its first rows, importance, the
+// environments, and the slice plot, which is drawn when its card is on screen.
 function afterFirstPaint() {
   state.firstPainted = true;
+  if (state.trials.size > TABLE_FIRST) renderTable();
   const finished = [...state.trials.values()].filter((t) => typeof t.final_value === "number").length;
   loadImportance(finished);
   loadPareto(finished);
