@@ -46,19 +46,28 @@ fn main() {
         );
         std::process::exit(2);
     }
+    // KNOB_BENCH_STORE keeps the store (and its KNOB_HOME) in a folder of one's choosing and
+    // reuses it on the next run, to serve it by hand (`KNOB_HOME=DIR/home knob view load`) while
+    // profiling the page.
     let scratch = tempfile::tempdir().unwrap();
-    let home = scratch.path().join("home");
-    let dir = scratch.path().join("experiments/load");
+    let kept = std::env::var_os("KNOB_BENCH_STORE").map(PathBuf::from);
+    let root = kept.as_deref().unwrap_or(scratch.path());
+    let home = root.join("home");
+    let dir = root.join("experiments/load");
+    let database = dir.join(knob_core::store::DB_FILE_NAME);
 
     let started = Instant::now();
-    build_store(&dir);
-    println!(
-        "store: {TRIALS} trials, {} intermediate results, built in {:.1} s ({} MB)",
-        TRIALS * INTERMEDIATE_PER_TRIAL,
-        started.elapsed().as_secs_f64(),
-        std::fs::metadata(dir.join(knob_core::store::DB_FILE_NAME)).map_or(0, |m| m.len())
-            / 1_000_000
-    );
+    if kept.is_some() && database.is_file() {
+        println!("store: reusing {}", dir.display());
+    } else {
+        build_store(&dir);
+        println!(
+            "store: {TRIALS} trials, {} intermediate results, built in {:.1} s ({} MB)",
+            TRIALS * INTERMEDIATE_PER_TRIAL,
+            started.elapsed().as_secs_f64(),
+            std::fs::metadata(&database).map_or(0, |m| m.len()) / 1_000_000
+        );
+    }
     Registry::open(&home.join("registry.db"))
         .unwrap()
         .insert(&RegistryEntry {
@@ -402,10 +411,19 @@ const PAINT: &str = r##"
         decoded: sum("decodedBodySize"),
         requests: resources.length + 1,
         rows: document.querySelectorAll("#trials tbody tr").length,
-        parallel_lines: echarts.getInstanceByDom(document.getElementById("chart-parallel"))
-            .getOption().series[0].data.length,
+        parallel_lines: (() => {
+            const chart = window.echarts && echarts.getInstanceByDom(document.getElementById("chart-parallel"));
+            const series = chart && chart.getOption().series;
+            return series && series[0] ? series[0].data.length : null;
+        })(),
         parts: performance.getEntriesByType("measure").filter((m) => m.name.startsWith("knob-"))
             .map((m) => m.name.slice(5) + " " + m.duration.toFixed(0)).join(", "),
+        // Each request: when it was asked (ms after navigation), the server's wait (request
+        // sent to first byte), when its body was in, and what was transferred.
+        requests_detail: resources.filter((r) => r.startTime <= window.__knobFirstPaint).map((r) => {
+            const name = new URL(r.name).pathname.replace(/^.*\/(api\/v1|assets)\//, "").split("?")[0];
+            return `${name} at ${r.startTime.toFixed(0)}, wait ${(r.responseStart - r.requestStart).toFixed(0)}, in at ${r.responseEnd.toFixed(0)}, ${r.transferSize} B`;
+        }).join("; "),
     };"##;
 
 async fn browser(servers: &[(&str, String)], loads: usize, chromium: &str, chromedriver: &str) {
@@ -427,33 +445,53 @@ async fn browser(servers: &[(&str, String)], loads: usize, chromium: &str, chrom
         assert!(Instant::now() < deadline, "chromedriver did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let profile = tempfile::tempdir().unwrap();
-    let mut capabilities = serde_json::Map::new();
-    capabilities.insert(
-        "goog:chromeOptions".to_string(),
-        json!({
-            "binary": chromium,
-            "args": [
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1400,1800",
-                format!("--user-data-dir={}", profile.path().display()),
-            ],
-        }),
-    );
-    let page: Client =
-        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-            .capabilities(capabilities)
-            .connect(&format!("http://127.0.0.1:{port}"))
-            .await
-            .expect("cannot open a WebDriver session");
+    // KNOB_BENCH_COLD=1: every load in a browser of its own with an empty profile, as a first
+    // visit (no HTTP cache, no compiled scripts kept); otherwise one browser for every load, so
+    // that a server's first load is a first visit and the next ones are visits again.
+    let cold = std::env::var("KNOB_BENCH_COLD").is_ok_and(|v| v == "1");
+    let open = move || async move {
+        let profile = tempfile::tempdir().unwrap();
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".to_string(),
+            json!({
+                "binary": chromium,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    "--window-size=1400,1800",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let page: Client =
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(capabilities)
+                .connect(&format!("http://127.0.0.1:{port}"))
+                .await
+                .expect("cannot open a WebDriver session");
+        (page, profile)
+    };
+    let mut browser = if cold { None } else { Some(open().await) };
     println!(
-        "dashboard in headless Chromium ({loads} fresh loads of each, alternating, gzip as the browser asks):"
+        "dashboard in headless Chromium ({loads} fresh loads of each, alternating, gzip as the browser asks; {}):",
+        if cold {
+            "each load in a new browser with an empty profile (KNOB_BENCH_COLD=1)"
+        } else {
+            "one browser, so each server's load 1 is a first visit and the later ones visits again"
+        }
     );
     let mut firsts: Vec<Vec<f64>> = vec![Vec::new(); servers.len()];
     for load in 0..loads {
         for (server, (name, base)) in servers.iter().enumerate() {
-            let paint = load_once(&page, base).await;
+            if cold {
+                if let Some((page, _profile)) = browser.take() {
+                    let _ = page.close().await;
+                }
+                browser = Some(open().await);
+            }
+            let (page, _) = browser.as_ref().expect("a browser is open");
+            let paint = load_once(page, base).await;
             println!(
                 "  {name} load {}: first paint {:>5.0} ms (data in at {:>5.0} ms), {:>8} bytes transferred ({} decoded) in {} requests; {} table rows, {} parallel lines",
                 load + 1,
@@ -465,6 +503,9 @@ async fn browser(servers: &[(&str, String)], loads: usize, chromium: &str, chrom
                 paint["rows"],
                 paint["parallel_lines"]
             );
+            if let Some(requests) = paint["requests_detail"].as_str() {
+                println!("    its requests before the first paint: {requests}");
+            }
             if paint["parts"].as_str().is_some_and(|p| !p.is_empty()) {
                 println!(
                     "    its first render, ms: {}",
@@ -493,7 +534,9 @@ async fn browser(servers: &[(&str, String)], loads: usize, chromium: &str, chrom
             medians[1] / medians[0]
         );
     }
-    let _ = page.close().await;
+    if let Some((page, _profile)) = browser {
+        let _ = page.close().await;
+    }
 }
 
 /// One fresh load of the dashboard at `base`: its first paint's figures, once the page has also
