@@ -137,14 +137,16 @@ function trialsFromColumns(page) {
   return rows;
 }
 
-// Every trial, in pages of 10 000; returns the `last_seq` of the first page.
+// Every trial, in pages of 10 000; returns the `last_seq` of the first page. The first page's
+// `total` says whether there is another (at exactly 10 000 trials, asking for an empty second
+// page cost a round trip before the first paint).
 async function loadTrialColumns(first) {
   let lastSeq = null;
   for (let offset = 0, pages = 0; pages < 1000; offset += 10000, pages++) {
     const page = offset === 0 && first ? await first : await api(`/trial-columns?offset=${offset}&limit=10000`);
     if (lastSeq === null) lastSeq = page.last_seq;
     for (const t of trialsFromColumns(page)) state.trials.set(t.trial_id, t);
-    if (page.count < 10000) break;
+    if (page.count < 10000 || offset + page.count >= page.total) break;
   }
   return lastSeq;
 }
