@@ -560,9 +560,9 @@ mod tests {
             allowed_hosts: Vec::new(),
             commits: Some(store.commits()),
         });
-        let router = router(state.clone());
-        let columns = || async {
-            let (status, body) = ask(&router, "get", "/api/v1/trial-columns").await;
+        let router = &router(state.clone());
+        let columns = move || async move {
+            let (status, body) = ask(router, "get", "/api/v1/trial-columns").await;
             assert_eq!(status, StatusCode::OK, "{body}");
             serde_json::from_str::<serde_json::Value>(&body).unwrap()
         };
