@@ -81,13 +81,49 @@ pub struct TrialTree {
     pgid: Option<u32>,
     /// `KNOB_TRIAL_RUN=<mark>`, as the entry appears in `/proc/<pid>/environ`.
     entry: Vec<u8>,
+    /// Taken before the leader was spawned: no process of the run started earlier.
+    not_before: StartTicks,
+}
+
+/// A process start time as `/proc/<pid>/stat` gives it (field 22: clock ticks since boot).
+///
+/// A scan reads the environment only of processes that started after the trial's leader was
+/// spawned: reading another process's environment costs a look into its memory, and on a busy
+/// machine every other process was there before the trial (scanning each one's environment
+/// three times a trial was most of the local service's cost a trial in `trial_overhead.sh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StartTicks(u64);
+
+impl StartTicks {
+    /// Now, less one tick for the rounding of both clocks: at or before the start of any
+    /// process created from now on. Zero (every process looked at) when the clock cannot be
+    /// read.
+    pub fn now() -> StartTicks {
+        use nix::time::{clock_gettime, ClockId};
+        use nix::unistd::{sysconf, SysconfVar};
+        // The kernel's start times count CLOCK_BOOTTIME in USER_HZ ticks.
+        let hz = sysconf(SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .and_then(|hz| u64::try_from(hz).ok())
+            .filter(|&hz| hz > 0);
+        let (Some(hz), Ok(now)) = (hz, clock_gettime(ClockId::CLOCK_BOOTTIME)) else {
+            return StartTicks(0);
+        };
+        let nanos = u128::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
+            + u128::try_from(now.tv_nsec()).unwrap_or(0);
+        let ticks = nanos * u128::from(hz) / 1_000_000_000;
+        StartTicks(u64::try_from(ticks).unwrap_or(u64::MAX).saturating_sub(1))
+    }
 }
 
 impl TrialTree {
-    pub fn new(pgid: Option<u32>, mark: &str) -> TrialTree {
+    /// `not_before`: [`StartTicks::now`] taken before the leader was spawned.
+    pub fn new(pgid: Option<u32>, mark: &str, not_before: StartTicks) -> TrialTree {
         TrialTree {
             pgid,
             entry: format!("{TRIAL_RUN_ENV}={mark}").into_bytes(),
+            not_before,
         }
     }
 
@@ -113,10 +149,10 @@ impl TrialTree {
             else {
                 continue;
             };
-            let Some((state, group)) = std::fs::read_to_string(entry.path().join("stat"))
-                .ok()
-                .and_then(|stat| parse_state_and_group(&stat))
-            else {
+            let Some(stat) = std::fs::read_to_string(entry.path().join("stat")).ok() else {
+                continue;
+            };
+            let Some((state, group)) = parse_state_and_group(&stat) else {
                 continue;
             };
             if state == 'Z' || state == 'X' {
@@ -124,6 +160,10 @@ impl TrialTree {
             }
             if Some(group) == self.pgid {
                 group_alive = true;
+                continue;
+            }
+            // Older than the run: not one of its processes (an unreadable start time is looked at).
+            if parse_start(&stat).is_some_and(|start| start < self.not_before) {
                 continue;
             }
             let carries_mark = std::fs::read(entry.path().join("environ"))
@@ -215,6 +255,14 @@ impl TrialTree {
     }
 }
 
+/// The start time (field 22) of a `/proc/<pid>/stat` line.
+fn parse_start(stat: &str) -> Option<StartTicks> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Fields from 3 (state) on; the start time is field 22.
+    let start = after_name.split_ascii_whitespace().nth(22 - 3)?;
+    start.parse().ok().map(StartTicks)
+}
+
 /// `VmRSS` of a `/proc/<pid>/status` text, in KiB.
 fn vm_rss_kib(status: &str) -> Option<u64> {
     let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
@@ -284,11 +332,29 @@ mod tests {
         assert_eq!(parse_state_and_group(stat), Some(('S', 4200)));
         assert_eq!(parse_state_and_group("1 (x) Z 0 7 7"), Some(('Z', 7)));
         assert_eq!(parse_state_and_group("garbage"), None);
+        let full = "4242 (a b) S 1 4200 4200 0 -1 4194560 10 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(parse_start(full), Some(StartTicks(98765)));
+        assert_eq!(parse_start(stat), None);
         assert_eq!(
             vm_rss_kib("Name:\tx\nVmPeak:\t  10 kB\nVmRSS:\t    2048 kB\n"),
             Some(2048)
         );
         assert_eq!(vm_rss_kib("Name:\tkthreadd\n"), None);
+    }
+
+    #[test]
+    fn a_process_started_after_start_ticks_now_is_not_older() {
+        let before = StartTicks::now();
+        assert!(before > StartTicks(0), "CLOCK_BOOTTIME and CLK_TCK read");
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let started = parse_start(&stat).expect("a start time");
+        assert!(started >= before, "{started:?} before {before:?}");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::metrics::{Emit, LineScanner, ScannedLine, TrialRecorder, MAX_METRIC_B
 use crate::nni_file;
 use crate::nni_http::ChannelServer;
 use crate::process::{
-    new_trial_run_mark, spawn_in_own_group, stderr_tail, TrialTree, TRIAL_RUN_ENV,
+    new_trial_run_mark, spawn_in_own_group, stderr_tail, StartTicks, TrialTree, TRIAL_RUN_ENV,
 };
 use crate::tail::{tail_files, FileTail, FileWatcher};
 use crate::trial_python;
@@ -212,6 +212,7 @@ pub fn start_trial(
             host.watcher.unwatch(path);
         }
     };
+    let not_before = StartTicks::now();
     let spawned = {
         let _in_runtime = runtime.enter();
         spawn_in_own_group(&request.command, &paths.code_dir, &env, stderr)
@@ -249,7 +250,7 @@ pub fn start_trial(
         tails_finish,
     ));
     let (kill, kill_requests) = oneshot::channel();
-    let tree = TrialTree::new(pid, &mark);
+    let tree = TrialTree::new(pid, &mark, not_before);
     let peak_memory = Arc::new(AtomicU64::new(0));
     let peak_gpu_memory = Arc::new(AtomicU64::new(0));
     let memory_task = runtime.spawn(watch_memory(
@@ -485,11 +486,15 @@ impl Supervision {
         let mut hard_killed = false;
         // After SIGKILL, how long stdout may stay open (held by a process that left the group).
         let mut stdout_give_up_at: Option<Instant> = None;
+        // Set once a scan after the leader's exit found none of the trial's processes: none
+        // can appear again (only a live process starts others), so it is not scanned again.
+        let mut gone = false;
         loop {
             if leader.is_some() {
                 // The trial is over when its leader has exited: processes it left behind are
                 // stopped like a killed trial's, then the trial ends.
-                let alive = !hard_killed && group_alive();
+                let alive = !hard_killed && !gone && group_alive();
+                gone |= !hard_killed && !alive;
                 if !stdout_open && !alive {
                     break;
                 }
@@ -538,7 +543,7 @@ impl Supervision {
         // above (after SIGKILL they are not looked at again; a marked process may have forked
         // while they were sent) gets SIGKILL until none is left, for a bounded time.
         let sweep_until = Instant::now() + grace.max(Duration::from_secs(1));
-        while self.tree.alive() {
+        while !gone && self.tree.alive() {
             if Instant::now() >= sweep_until {
                 self.recorder.warn(
                     "a process the trial started is still alive after SIGKILL (stuck in the kernel?)",
