@@ -37,6 +37,7 @@ pub(super) fn check(
         store_bytes: store_bytes(dir),
         store_events: 0,
         replay_time: Duration::ZERO,
+        run_peak_rss: None,
     };
     drop(seen);
     let outcome = match outcome {

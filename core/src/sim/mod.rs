@@ -239,6 +239,9 @@ pub struct Report {
     pub store_events: u64,
     /// Wall time to replay the store.
     pub replay_time: Duration,
+    /// The process's peak resident memory (bytes, Linux `VmHWM`) when the run ended, before
+    /// the checks, which read the whole log and replay it; `None` where it cannot be read.
+    pub run_peak_rss: Option<u64>,
 }
 
 impl Report {
@@ -277,6 +280,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         store_bytes: 0,
         store_events: 0,
         replay_time: Duration::ZERO,
+        run_peak_rss: None,
     };
     let experiment_dir = dir.join("sim");
     if let Err(e) = std::fs::create_dir_all(&experiment_dir) {
@@ -333,9 +337,25 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     };
     drop(hold_tx);
     let _ = hold.await;
+    let run_peak_rss = peak_rss();
     let mut report = check::check(&scenario, &experiment_dir, &world, outcome);
     report.loop_turns = turns.borrow().turn;
+    report.run_peak_rss = run_peak_rss;
     report
+}
+
+/// This process's peak resident memory so far (`VmHWM` of `/proc/self/status`), in bytes.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// Moves the simulation on while the manager waits. Returns only when the run hangs: the
