@@ -14,6 +14,10 @@
 #
 # Environment: KNOB_SKIP_BUILD=1 skips `cargo build --release --workspace` (then the release
 # `knob` must already be built); KNOB_BENCH_KEEP=1 keeps the temporary folder for a look inside.
+# KNOB_BENCH_KNOB_DIR: a folder holding the `knob` to time and its plugins (default
+# target/release; no build then). KNOB_BENCH_BEFORE_DIR: the same for an older build; both are
+# then timed in KNOB_BENCH_ROUNDS rounds (default 3), each round knob, xargs, the older knob, so
+# that both ratios come from the same moments of a loaded machine.
 set -euo pipefail
 
 trials=${1:-500}
@@ -29,13 +33,26 @@ for tool in python3 xargs date; do
 done
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-knob=$root/target/release/knob
-if [[ -z ${KNOB_SKIP_BUILD:-} ]]; then
+knob=${KNOB_BENCH_KNOB_DIR:-$root/target/release}/knob
+before_dir=${KNOB_BENCH_BEFORE_DIR:-}
+rounds=${KNOB_BENCH_ROUNDS:-3}
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: KNOB_BENCH_ROUNDS must be a number of rounds, got $rounds" >&2
+    exit 2
+fi
+if [[ -z $before_dir ]]; then
+    rounds=1
+fi
+if [[ -z ${KNOB_SKIP_BUILD:-} && -z ${KNOB_BENCH_KNOB_DIR:-} ]]; then
     echo "building: cargo build --release --workspace" >&2
     (cd "$root" && cargo build --release --workspace --quiet)
 fi
 if [[ ! -x $knob ]]; then
     echo "error: $knob not found; run \`cargo build --release --workspace\` first" >&2
+    exit 2
+fi
+if [[ -n $before_dir && ! -x $before_dir/knob ]]; then
+    echo "error: KNOB_BENCH_BEFORE_DIR=$before_dir holds no knob executable" >&2
     exit 2
 fi
 
@@ -78,47 +95,84 @@ EOF
 
 now() { date +%s.%N; }
 
-echo "running $trials trials at concurrency $concurrency: knob, then xargs -P $concurrency" >&2
+# One `knob create` of the experiment with its own id, timed, then its export; prints
+# "start end".
+run_knob() {
+    local bin=$1 id=$2
+    local start end
+    start=$(now)
+    if ! "$bin" create --config "$work/config.yml" --id "$id" \
+            >"$work/$id.out" 2>"$work/$id.err" </dev/null; then
+        echo "error: $bin create failed; its output:" >&2
+        tail -n 20 "$work/$id.out" "$work/$id.err" >&2
+        exit 1
+    fi
+    end=$(now)
+    "$bin" experiment export "$id" --format json --output "$work/$id.json"
+    echo "$start $end"
+}
 
-knob_start=$(now)
-if ! "$knob" create --config "$work/config.yml" --id "$experiment_id" \
-        >"$work/knob-create.out" 2>"$work/knob-create.err" </dev/null; then
-    echo "error: knob create failed; its output:" >&2
-    tail -n 20 "$work/knob-create.out" "$work/knob-create.err" >&2
-    exit 1
-fi
-knob_end=$(now)
+run_xargs() {
+    local start end
+    start=$(now)
+    (cd "$work/xargs" && seq "$trials" | xargs -n 1 -P "$concurrency" /bin/bash -c "$trial_command" >/dev/null)
+    end=$(now)
+    echo "$start $end"
+}
 
-xargs_start=$(now)
-(cd "$work/xargs" && seq "$trials" | xargs -n 1 -P "$concurrency" /bin/bash -c "$trial_command" >/dev/null)
-xargs_end=$(now)
+echo "running $trials trials at concurrency $concurrency, $rounds round(s): knob, xargs -P $concurrency${before_dir:+, the older knob}" >&2
+: >"$work/times"
+for round in $(seq "$rounds"); do
+    id=${experiment_id}r$round
+    echo "knob $(run_knob "$knob" "$id") $work/$id.json" >>"$work/times"
+    echo "xargs $(run_xargs) -" >>"$work/times"
+    if [[ -n $before_dir ]]; then
+        id=${experiment_id}b$round
+        echo "before $(run_knob "$before_dir/knob" "$id") $work/$id.json" >>"$work/times"
+    fi
+done
 
-"$knob" experiment export "$experiment_id" --format json --output "$work/export.json"
-
-python3 - "$work/export.json" "$trials" "$concurrency" "$knob_start" "$knob_end" "$xargs_start" "$xargs_end" "$target_ratio" <<'EOF'
-import json, sys
+python3 - "$work/times" "$trials" "$concurrency" "$target_ratio" <<'EOF'
+import json, statistics, sys
 from collections import Counter
 
-path, trials, concurrency = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-knob_start, knob_end, xargs_start, xargs_end, target = map(float, sys.argv[4:])
+times, trials, concurrency, target = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+runs = {"knob": [], "xargs": [], "before": []}
+failed = False
+with open(times) as f:
+    for line in f:
+        what, start, end, export = line.split()
+        runs[what].append(float(end) - float(start))
+        if export == "-":
+            continue
+        with open(export) as e:
+            exported = json.load(e)
+        rows = exported["trials"] if isinstance(exported, dict) else exported
+        statuses = Counter(str(t.get("status")) for t in rows)
+        finals = sum(1 for t in rows if t.get("status") == "SUCCEEDED" and t.get("final") is not None)
+        if statuses.get("SUCCEEDED", 0) != trials or len(rows) != trials or finals != trials:
+            print(f"error: {what}: expected {trials} SUCCEEDED trials each with a final metric; "
+                  f"the export has {len(rows)} trials: {dict(statuses)}, {finals} final metrics", file=sys.stderr)
+            failed = True
 
-with open(path) as f:
-    exported = json.load(f)
-rows = exported["trials"] if isinstance(exported, dict) else exported
-statuses = Counter(str(t.get("status")) for t in rows)
-succeeded = statuses.get("SUCCEEDED", 0)
-finals = sum(1 for t in rows if t.get("status") == "SUCCEEDED" and t.get("final") is not None)
-
-knob_s, xargs_s = knob_end - knob_start, xargs_end - xargs_start
-ratio = knob_s / xargs_s
-print(f"trial overhead: {trials} trials of `echo \"KNOB_FINAL 1\"` at concurrency {concurrency}")
+print(f"trial overhead: {trials} trials of `echo \"KNOB_FINAL 1\"` at concurrency {concurrency}, {len(runs['xargs'])} round(s)")
+for i, xargs_s in enumerate(runs["xargs"]):
+    line = f"  round {i + 1}: knob {runs['knob'][i]:.3f} s ({runs['knob'][i] / xargs_s:.2f}x)  xargs {xargs_s:.3f} s"
+    if runs["before"]:
+        line += f"  older knob {runs['before'][i]:.3f} s ({runs['before'][i] / xargs_s:.2f}x)"
+    print(line)
+knob_s, xargs_s = statistics.median(runs["knob"]), statistics.median(runs["xargs"])
+ratio = statistics.median(k / x for k, x in zip(runs["knob"], runs["xargs"]))
 print(f"  knob create   {knob_s:8.3f} s  ({knob_s / trials * 1e3:6.2f} ms a trial)")
 print(f"  xargs -P {concurrency:<4} {xargs_s:8.3f} s  ({xargs_s / trials * 1e3:6.2f} ms a trial)")
 print(f"  knob / xargs  {ratio:8.2f}x   target ≤ {target}x: {'met' if ratio <= target else 'MISSED'}")
 print(f"  knob's overhead {(knob_s - xargs_s) / trials * 1e3:.2f} ms a trial "
       f"(≈ {(knob_s - xargs_s) / trials * concurrency * 1e3:.2f} ms of each slot's time per trial)")
-if succeeded != trials or len(rows) != trials or finals != trials:
-    print(f"error: expected {trials} SUCCEEDED trials each with a final metric; "
-          f"the export has {len(rows)} trials: {dict(statuses)}, {finals} final metrics", file=sys.stderr)
+if runs["before"]:
+    before_s = statistics.median(runs["before"])
+    before_ratio = statistics.median(b / x for b, x in zip(runs["before"], runs["xargs"]))
+    print(f"  older knob    {before_s:8.3f} s  ({before_ratio:.2f}x xargs); knob / older knob "
+          f"{statistics.median(k / b for k, b in zip(runs['knob'], runs['before'])):.2f}x")
+if failed:
     sys.exit(1)
 EOF
