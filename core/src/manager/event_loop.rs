@@ -464,12 +464,9 @@ impl Manager {
         Ok(())
     }
 
-    pub(super) fn next_deadline(&self) -> Option<Instant> {
-        self.timers.next(
-            Instant::now(),
-            self.book.attempt_deadlines(),
-            self.book.retry_times(),
-        )
+    pub(super) fn next_deadline(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        self.timers.next(now, self.book.next_trial_timer(now), [])
     }
 
     pub(super) async fn on_deadline(&mut self) -> Result<(), ManagerError> {

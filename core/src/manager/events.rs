@@ -208,7 +208,7 @@ impl Manager {
         if self.book[trial_id].status != TrialStatus::Running {
             // Handed to the service but never started: nothing to record; place it again.
             self.environments.release(trial_id);
-            self.book.get_mut(trial_id).expect("known trial").launched = false;
+            self.book.unlaunch(trial_id);
             return self
                 .warn(
                     Some(trial_id.to_string()),
