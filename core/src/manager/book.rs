@@ -93,10 +93,6 @@ impl TrialBook {
         self.active.values().cloned().collect()
     }
 
-    fn active(&self) -> impl Iterator<Item = &Trial> {
-        self.active.values().map(|id| &self.trials[id])
-    }
-
     /// How many trials have `status` now.
     pub fn count(&self, status: TrialStatus) -> u64 {
         self.counts.get(&status).copied().unwrap_or(0)
