@@ -218,6 +218,7 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         reason_cell(
                             t.waiting_reason.clone().or_else(|| t.end_message.clone()),
                             t.memory_request_mib,
+                            t.gpu_memory_request_mib,
                         ),
                     ]
                 })
@@ -244,13 +245,24 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `knob trial ls`'s reason column: the reason, and the memory request when it was raised.
-fn reason_cell(reason: Option<String>, memory_request_mib: Option<u64>) -> String {
-    let memory =
-        memory_request_mib.map(|mib| format!("memory request {mib} MiB after out of memory"));
-    match (reason, memory) {
-        (Some(reason), Some(memory)) => format!("{reason} ({memory})"),
-        (reason, memory) => reason.or(memory).unwrap_or_default(),
+/// `knob trial ls`'s reason column: the reason, and the memory requests that were raised.
+fn reason_cell(
+    reason: Option<String>,
+    memory_request_mib: Option<u64>,
+    gpu_memory_request_mib: Option<u64>,
+) -> String {
+    let raised: Vec<String> = [
+        memory_request_mib.map(|mib| format!("memory request {mib} MiB after out of memory")),
+        gpu_memory_request_mib
+            .map(|mib| format!("GPU memory request {mib} MiB after out of GPU memory")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    match (reason, raised.is_empty()) {
+        (reason, true) => reason.unwrap_or_default(),
+        (Some(reason), false) => format!("{reason} ({})", raised.join(", ")),
+        (None, false) => raised.join(", "),
     }
 }
 

@@ -55,10 +55,14 @@ pub fn to_json(state: &ExperimentState) -> Value {
                     "requeued": a.requeued.as_ref().map(|r| r.reason.clone()),
                     // Raised for the next attempt after this one ran out of memory.
                     "memory_request_mib": a.requeued.as_ref().and_then(|r| r.memory_request_mib),
+                    "gpu_memory_request_mib": a.requeued.as_ref().and_then(|r| r.gpu_memory_request_mib),
                 })).collect::<Vec<_>>(),
                 // The host memory its attempts ask for since it ran out of memory (absent:
                 // trialMemorySize).
                 "memory_request_mib": t.memory_request_mib,
+                // The GPU memory per GPU its attempts ask for since it ran out of GPU memory
+                // (absent: trialGpuMemory).
+                "gpu_memory_request_mib": t.gpu_memory_request_mib,
                 "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
                 "message": t.end.as_ref().and_then(|e| e.message.clone()),
                 "pareto": pareto(&t.trial_id),

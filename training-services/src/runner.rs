@@ -61,9 +61,44 @@ fn nvml() -> Option<&'static knob_gpu_sched::probe::NvmlProbe> {
         .as_ref()
 }
 
+/// Simulation only (`KNOB_SIMULATE_GPUS`): the variable naming the file in which a trial on
+/// simulated GPUs writes how much GPU memory it uses now, in MiB (`echo 3000 >
+/// "$KNOB_SIMULATED_GPU_MEMORY_FILE"`). Simulated GPUs have no processes for NVML to list, so
+/// this file stands in for NVML's per-process figures: the runner samples it as it would
+/// sample NVML, for the trial's GPU memory peak and its `trialGpuMemory` kill. Set only for a
+/// trial given GPUs while the service simulates them; never read on real GPUs.
+pub const SIMULATED_GPU_MEMORY_FILE_ENV: &str = "KNOB_SIMULATED_GPU_MEMORY_FILE";
+const SIMULATED_GPU_MEMORY_FILE_NAME: &str = "simulated-gpu-memory-mib";
+
+/// Whether this process's GPUs are simulated (`KNOB_SIMULATE_GPUS`, read once, as the probe
+/// reads it).
+fn simulating_gpus() -> bool {
+    static SIMULATING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SIMULATING.get_or_init(|| {
+        matches!(
+            knob_gpu_sched::probe::SimulatedInventory::from_env(),
+            Ok(Some(_))
+        )
+    })
+}
+
+/// Where a trial's GPU memory is read from.
+#[derive(Clone, Debug)]
+enum GpuUsageSource {
+    /// NVML's compute processes, matched against the trial's process group.
+    Nvml,
+    /// Simulated GPUs: the file the trial writes (see [`SIMULATED_GPU_MEMORY_FILE_ENV`]).
+    SimulatedFile(PathBuf),
+}
+
 /// The GPU memory (bytes) the trial's processes use now on its fullest GPU, from NVML's
-/// compute processes; `None` without NVML or when none of them is listed.
-fn sample_gpu_memory(tree: &TrialTree) -> Option<u64> {
+/// compute processes (or, on simulated GPUs, from the trial's file); `None` without NVML or
+/// when none of them is listed.
+fn sample_gpu_memory(tree: &TrialTree, source: &GpuUsageSource) -> Option<u64> {
+    if let GpuUsageSource::SimulatedFile(path) = source {
+        let mib: u64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+        return (mib > 0).then(|| mib * MIB);
+    }
     let probe = nvml()?;
     let processes = probe.compute_processes_by_gpu();
     if processes.is_empty() {
@@ -205,6 +240,20 @@ pub fn start_trial(
     let mark = new_trial_run_mark();
     let mut env = trial_environment(host, request, &paths, channel_url);
     env.push((TRIAL_RUN_ENV.to_string(), mark.clone().into()));
+    let has_gpus = request
+        .gpu_indices
+        .as_ref()
+        .is_some_and(|gpus| !gpus.is_empty());
+    let gpu_usage = if has_gpus && simulating_gpus() {
+        let file = paths.dir.join(SIMULATED_GPU_MEMORY_FILE_NAME);
+        env.push((
+            SIMULATED_GPU_MEMORY_FILE_ENV.to_string(),
+            file.clone().into(),
+        ));
+        GpuUsageSource::SimulatedFile(file)
+    } else {
+        GpuUsageSource::Nvml
+    };
 
     let close_channels = || {
         host.channels.unregister(&env_id, &trial_id);
@@ -255,7 +304,12 @@ pub fn start_trial(
     let peak_gpu_memory = Arc::new(AtomicU64::new(0));
     let memory_task = runtime.spawn(watch_memory(
         tree.clone(),
-        request.resources.memory_mib,
+        MemoryLimits {
+            host_mib: request.resources.memory_mib,
+            // A GPU memory request binds only a trial that has GPUs.
+            gpu_mib: request.resources.gpu_memory_mib.filter(|_| has_gpus),
+        },
+        gpu_usage,
         paths.stderr.clone(),
         peak_memory.clone(),
         peak_gpu_memory.clone(),
@@ -400,26 +454,45 @@ async fn pump_stdout(
     let _ = file.flush().await;
 }
 
-/// Samples the trial's resident memory into `peak` until aborted; past `limit_mib` it notes why
-/// in the trial's stderr and kills the whole trial with SIGKILL, as the kernel's OOM killer
-/// would (the core then counts it as out of memory, `maxOomRetries`).
+/// The memory a trial asked for, beyond which it is killed as out of memory.
+#[derive(Clone, Copy, Debug)]
+struct MemoryLimits {
+    /// Host memory (MiB): `trialMemorySize`, or more after an out-of-memory end.
+    host_mib: Option<u64>,
+    /// GPU memory (MiB) on its fullest GPU: `trialGpuMemory`, or more after an out-of-GPU-memory
+    /// end; only for a trial given GPUs.
+    gpu_mib: Option<u64>,
+}
+
+/// Samples the trial's resident memory into `peak` (and its GPU memory into `peak_gpu`) until
+/// aborted; past a limit it notes why in the trial's stderr and kills the whole trial with
+/// SIGKILL, as the kernel's OOM killer would (the core then counts it as out of memory, or out
+/// of GPU memory, `maxOomRetries`). A trial over its GPU memory request is killed because on a
+/// GPU shared by several trials (`maxTrialNumberPerGpu`, other experiments) it would take
+/// memory promised to them, and they, not it, would fail.
 async fn watch_memory(
     tree: TrialTree,
-    limit_mib: Option<u64>,
+    limits: MemoryLimits,
+    gpu_usage: GpuUsageSource,
     stderr: PathBuf,
     peak: Arc<AtomicU64>,
     peak_gpu: Arc<AtomicU64>,
 ) {
-    let mut tick = tokio::time::interval(if limit_mib.is_some() {
-        MEMORY_SAMPLE_INTERVAL
-    } else {
-        PEAK_SAMPLE_INTERVAL
-    });
+    let mut tick =
+        tokio::time::interval(if limits.host_mib.is_some() || limits.gpu_mib.is_some() {
+            MEMORY_SAMPLE_INTERVAL
+        } else {
+            PEAK_SAMPLE_INTERVAL
+        });
     loop {
         tick.tick().await;
         let sampled = tree.clone();
+        let source = gpu_usage.clone();
         let Ok((used, gpu_used)) = tokio::task::spawn_blocking(move || {
-            (sampled.resident_bytes(), sample_gpu_memory(&sampled))
+            (
+                sampled.resident_bytes(),
+                sample_gpu_memory(&sampled, &source),
+            )
         })
         .await
         else {
@@ -429,12 +502,18 @@ async fn watch_memory(
         if let Some(gpu_used) = gpu_used {
             peak_gpu.fetch_max(gpu_used, Ordering::Relaxed);
         }
-        let Some(limit) = limit_mib else { continue };
-        if used > limit * MIB {
-            let note = format!(
+        let over = match (limits.host_mib, limits.gpu_mib, gpu_used) {
+            (Some(limit), _, _) if used > limit * MIB => Some(format!(
                 "knob: the trial used {} MiB of memory, more than its {limit} MiB request (trialMemorySize); killed as out of memory\n",
                 used.div_ceil(MIB)
-            );
+            )),
+            (_, Some(limit), Some(gpu_used)) if gpu_used > limit * MIB => Some(format!(
+                "knob: the trial used {} MiB of GPU memory, more than its {limit} MiB request (trialGpuMemory); killed as out of GPU memory\n",
+                gpu_used.div_ceil(MIB)
+            )),
+            _ => None,
+        };
+        if let Some(note) = over {
             if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(&stderr) {
                 let _ = std::io::Write::write_all(&mut file, note.as_bytes());
             }

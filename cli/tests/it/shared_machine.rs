@@ -324,3 +324,122 @@ fn a_trial_over_its_memory_request_is_killed_and_runs_again_with_more() {
         "{ls}"
     );
 }
+
+/// A simulated-GPU experiment's trial: each attempt counts itself, says on the simulated GPU
+/// it uses `$GPU_MIB` MiB (the simulation's stand-in for NVML, `KNOB_SIMULATED_GPU_MEMORY_FILE`)
+/// and notes its attempt in `attempts`.
+const GPU_MEMORY_TRIAL: &str =
+    "n=$(cat count-$NNI_TRIAL_JOB_ID 2>/dev/null || echo 0); n=$((n + 1))\n\
+    echo $n > count-$NNI_TRIAL_JOB_ID\n\
+    echo $GPU_MIB > \"$KNOB_SIMULATED_GPU_MEMORY_FILE\"\n\
+    echo \"attempt $n\" >> attempts\n";
+
+#[test]
+fn a_trial_over_its_gpu_memory_request_runs_again_with_more_and_keeps_it_across_a_resume() {
+    let sandbox = Sandbox::new();
+    // 3000 MiB used against a 1 GiB trialGpuMemory: killed; asked again with twice the peak
+    // (6000 MiB). Attempt 2 waits until the manager is SIGKILLed; the resume's attempt 3 uses
+    // 3000 MiB again and, with only one OOM retry allowed, succeeds only if the raised request
+    // came back from the store.
+    let script = format!(
+        "GPU_MIB=3000\n{GPU_MEMORY_TRIAL}\
+         if [ $n -eq 1 ]; then for i in $(seq 600); do sleep 0.05; done; echo KNOB_FINAL 0; exit 0; fi\n\
+         if [ $n -eq 2 ]; then for i in $(seq 1200); do sleep 0.05; done; fi\n\
+         sleep 0.6\necho KNOB_FINAL 1\n"
+    );
+    let yaml = format!(
+        "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\ntrialGpuNumber: 1\n\
+         trialGpuMemory: 1GiB\nmaxOomRetries: 1\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.sh", &script)]);
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let mut first = sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "1x16GiB")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "gpuoom"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(60), "attempt 2 running", || {
+        let attempts = std::fs::read_to_string(code_dir.join("attempts")).unwrap_or_default();
+        attempts.contains("attempt 2").then_some(())
+    });
+    let (_, ls, _) = run(sandbox.knob().args(["trial", "ls", "gpuoom"]));
+    assert!(
+        ls.contains("GPU memory request 6000 MiB after out of GPU memory"),
+        "{ls}"
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "1x16GiB")
+        .args(["resume", "gpuoom"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("gpuoom");
+    let trial = &export["trials"][0];
+    assert_eq!(trial["status"], "SUCCEEDED", "{trial:#}");
+    assert_eq!(trial["gpu_memory_request_mib"], 6000, "{trial:#}");
+    assert_eq!(
+        trial["memory_request_mib"],
+        serde_json::Value::Null,
+        "{trial:#}"
+    );
+    let first_requeue = trial["attempt_history"][0]["requeued"].as_str().unwrap();
+    assert!(
+        first_requeue.contains(
+            "knob: the trial used 3000 MiB of GPU memory, more than its 1024 MiB request (trialGpuMemory); killed as out of GPU memory"
+        ) && first_requeue.contains(
+            "out of GPU memory: the next attempt asks for 6000 MiB of GPU memory (asked 1024 MiB, GPU memory peak 3000 MiB)"
+        ),
+        "{first_requeue}"
+    );
+    let attempts = std::fs::read_to_string(code_dir.join("attempts")).unwrap();
+    assert_eq!(attempts, "attempt 1\nattempt 2\nattempt 3\n");
+}
+
+#[test]
+fn a_cuda_out_of_memory_error_raises_the_gpu_memory_request_from_the_sampled_peak() {
+    let sandbox = Sandbox::new();
+    // No trialGpuMemory: attempt 1 is seen using 1500 MiB, then fails as PyTorch does; attempt 2
+    // asks for twice its peak.
+    let script = format!(
+        "GPU_MIB=1500\n{GPU_MEMORY_TRIAL}\
+         if [ $n -eq 1 ]; then sleep 2.5\n\
+         echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 16.00 GiB' >&2; exit 1; fi\n\
+         echo KNOB_FINAL 1\n"
+    );
+    let yaml = format!(
+        "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\ntrialGpuNumber: 1\n\
+         maxOomRetries: 1\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.sh", &script)]);
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "1x16GiB")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "cudaoom"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let trial = &sandbox.export("cudaoom")["trials"][0];
+    assert_eq!(trial["status"], "SUCCEEDED", "{trial:#}");
+    assert_eq!(trial["gpu_memory_request_mib"], 3000, "{trial:#}");
+    let requeue = trial["attempt_history"][0]["requeued"].as_str().unwrap();
+    assert!(
+        requeue.contains("torch.OutOfMemoryError: CUDA out of memory")
+            && requeue.contains(
+                "out of GPU memory: the next attempt asks for 3000 MiB of GPU memory (no trialGpuMemory, GPU memory peak 1500 MiB)"
+            ),
+        "{requeue}"
+    );
+    let (_, ls, _) = run(sandbox.knob().args(["trial", "ls", "cudaoom"]));
+    assert!(
+        ls.contains("GPU memory request 3000 MiB after out of GPU memory"),
+        "{ls}"
+    );
+}

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use knob_gpu_sched::{EnvironmentStatus, Placement};
 use knob_plugin_api::service::Environment;
 
-use super::placement::Placer;
+use super::placement::{OwnRequest, Placer};
 use super::EnvironmentView;
 
 /// What the manager knows about one environment.
@@ -265,8 +265,13 @@ impl Environments {
     }
 
     /// Places waiting trials, oldest first (see [`Placer::place`]).
-    pub fn place(&mut self, waiting: &[(String, Option<u64>)]) -> Vec<Placement> {
+    pub fn place(&mut self, waiting: &[OwnRequest]) -> Vec<Placement> {
         self.placer.place(waiting)
+    }
+
+    /// See [`Placer::largest_gpu_capacity_mib`].
+    pub fn largest_gpu_capacity_mib(&self) -> Option<u64> {
+        self.placer.largest_gpu_capacity_mib()
     }
 
     /// Frees what a trial held; call once its process group is gone.

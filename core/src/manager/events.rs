@@ -102,9 +102,13 @@ impl Manager {
                         Some(trial::failure_reason(exit_code, signal, &stderr_tail)),
                     ),
                 };
-                let oom = trial::looks_like_oom(exit_code, signal, &stderr_tail);
+                let oom = trial::out_of_memory(exit_code, signal, &stderr_tail);
                 let retries = self.config.max_trial_retries
-                    + if oom { self.config.max_oom_retries } else { 0 };
+                    + if oom.is_some() {
+                        self.config.max_oom_retries
+                    } else {
+                        0
+                    };
                 if status == TrialStatus::Failed
                     && self.book.may_retry(&trial_id, retries)
                     && !self.closed_for_retries()
@@ -115,23 +119,8 @@ impl Manager {
                         trial.attempt,
                         reason.unwrap_or_default()
                     );
-                    if oom && self.config.max_oom_retries > 0 {
-                        let asked = trial
-                            .memory_request_mib
-                            .or(self.config.trial_memory_size_mib);
-                        let raised = trial::raised_memory_request(asked, trial.peak_memory_mib);
-                        if let Some(raised) = raised {
-                            reason.push_str(&trial::raised_memory_note(
-                                asked,
-                                trial.peak_memory_mib,
-                                trial.peak_gpu_memory_mib,
-                                raised,
-                            ));
-                            self.book
-                                .get_mut(&trial_id)
-                                .expect("known trial")
-                                .memory_request_mib = Some(raised);
-                        }
+                    if let (Some(oom), true) = (oom, self.config.max_oom_retries > 0) {
+                        reason.push_str(&self.raise_memory_request(&trial_id, oom));
                     }
                     return self.requeue(&trial_id, reason, backoff).await;
                 }
@@ -157,6 +146,43 @@ impl Manager {
             ServiceEvent::Warning { trial_id, message } => self.warn(trial_id, message).await?,
         }
         Ok(())
+    }
+
+    /// Raises the memory request of a trial that ran out of memory (host memory, or GPU memory
+    /// for a trial placed on GPUs that ran out of it) from what it asked for and what its
+    /// service saw it use; returns the note for its requeue reason ("" when nothing is known
+    /// to learn from).
+    fn raise_memory_request(&mut self, trial_id: &str, oom: trial::OutOfMemory) -> String {
+        let largest_gpu = self.environments.largest_gpu_capacity_mib();
+        let trial = self.book.get_mut(trial_id).expect("known trial");
+        let on_gpus = trial
+            .gpu_indices
+            .as_ref()
+            .is_some_and(|gpus| !gpus.is_empty());
+        if oom == trial::OutOfMemory::Gpu && on_gpus {
+            let asked = trial
+                .gpu_memory_request_mib
+                .or(self.config.trial_gpu_memory_mib);
+            let peak = trial.peak_gpu_memory_mib;
+            let Some(raised) = trial::raised_gpu_memory_request(asked, peak, largest_gpu) else {
+                return String::new();
+            };
+            trial.gpu_memory_request_mib = Some(raised);
+            return trial::raised_gpu_memory_note(asked, peak, raised);
+        }
+        let asked = trial
+            .memory_request_mib
+            .or(self.config.trial_memory_size_mib);
+        let Some(raised) = trial::raised_memory_request(asked, trial.peak_memory_mib) else {
+            return String::new();
+        };
+        trial.memory_request_mib = Some(raised);
+        trial::raised_memory_note(
+            asked,
+            trial.peak_memory_mib,
+            trial.peak_gpu_memory_mib,
+            raised,
+        )
     }
 
     /// A trial ended because its environment was lost: that attempt is recorded FAILED with the

@@ -17,6 +17,16 @@ use crate::store::TrialStatus;
 
 const MIB: u64 = 1024 * 1024;
 
+/// A waiting trial's own requests: `None` takes the experiment's (`trialMemorySize`,
+/// `trialGpuMemory`).
+pub struct OwnRequest {
+    pub trial_id: String,
+    /// Host memory (MiB).
+    pub memory_mib: Option<u64>,
+    /// GPU memory (MiB) on each of its GPUs.
+    pub gpu_memory_mib: Option<u64>,
+}
+
 /// Owns the scheduler for one experiment.
 pub struct Placer {
     scheduler: Scheduler,
@@ -124,21 +134,33 @@ impl Placer {
             .any(|environment| environment.status != EnvironmentStatus::Draining)
     }
 
-    /// Places waiting trials, oldest first, each with the host memory (MiB) it asks for when
-    /// that is not `trialMemorySize` (raised after it ran out of memory); returns each one's
-    /// placement.
-    pub fn place(&mut self, waiting: &[(String, Option<u64>)]) -> Vec<Placement> {
+    /// Places waiting trials, oldest first, each with its own memory requests where they are
+    /// not the experiment's (raised after it ran out of memory); returns each one's placement.
+    pub fn place(&mut self, waiting: &[OwnRequest]) -> Vec<Placement> {
         let requests: Vec<TrialRequest> = waiting
             .iter()
-            .map(|(id, memory_mib)| TrialRequest {
-                trial: id.as_str().into(),
-                host_memory: memory_mib
+            .map(|own| TrialRequest {
+                trial: own.trial_id.as_str().into(),
+                host_memory: own
+                    .memory_mib
                     .map(|mib| ByteSize(mib * MIB))
                     .or(self.request_template.host_memory),
+                gpu_memory: own
+                    .gpu_memory_mib
+                    .map(|mib| ByteSize(mib * MIB))
+                    .or(self.request_template.gpu_memory),
                 ..self.request_template.clone()
             })
             .collect();
         self.scheduler.place_queue(&requests)
+    }
+
+    /// What the largest GPU could ever give one trial (MiB), see
+    /// [`Scheduler::largest_gpu_capacity`].
+    pub fn largest_gpu_capacity_mib(&self) -> Option<u64> {
+        self.scheduler
+            .largest_gpu_capacity()
+            .map(|bytes| bytes.0 / MIB)
     }
 
     /// Frees what a trial held; call once its process group is gone.
@@ -159,9 +181,13 @@ impl Manager {
                 self.environments.no_environment_reason(),
             ));
         }
-        let requests: Vec<(String, Option<u64>)> = waiting
+        let requests: Vec<OwnRequest> = waiting
             .iter()
-            .map(|id| (id.clone(), self.book[id].memory_request_mib))
+            .map(|id| OwnRequest {
+                trial_id: id.clone(),
+                memory_mib: self.book[id].memory_request_mib,
+                gpu_memory_mib: self.book[id].gpu_memory_request_mib,
+            })
             .collect();
         let placements = self.environments.place(&requests);
         self.timers.cancel_reprobe();
@@ -266,7 +292,9 @@ impl Manager {
                 memory_mib: trial
                     .memory_request_mib
                     .or(self.config.trial_memory_size_mib),
-                gpu_memory_mib: self.config.trial_gpu_memory_mib,
+                gpu_memory_mib: trial
+                    .gpu_memory_request_mib
+                    .or(self.config.trial_gpu_memory_mib),
                 cpu_cores: self.config.trial_cpu_number,
                 max_trials_per_gpu: None,
             },

@@ -36,6 +36,7 @@ impl Manager {
             trial.attempt = attempt;
             trial.parameter_label = stored.parameter_label.clone();
             trial.memory_request_mib = stored.memory_request_mib;
+            trial.gpu_memory_request_mib = stored.gpu_memory_request_mib;
             let this_attempt = |kind| {
                 stored
                     .metrics
@@ -152,6 +153,7 @@ impl Manager {
                 trial_id: trial_id.to_string(),
                 reason,
                 memory_request_mib: self.book[trial_id].memory_request_mib,
+                gpu_memory_request_mib: self.book[trial_id].gpu_memory_request_mib,
             })
             .await?;
         self.environments.release(trial_id);

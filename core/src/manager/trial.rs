@@ -67,6 +67,9 @@ pub(super) struct Trial {
     /// Host memory (MiB) its attempts ask for, once raised after it ran out of memory; `None`:
     /// `trialMemorySize`.
     pub memory_request_mib: Option<u64>,
+    /// GPU memory (MiB, on each of its GPUs) its attempts ask for, once raised after it ran out
+    /// of GPU memory; `None`: `trialGpuMemory`.
+    pub gpu_memory_request_mib: Option<u64>,
     /// The peak resident memory (MiB) of its last attempt, as its service sampled it.
     pub peak_memory_mib: Option<u64>,
     /// The peak GPU memory (MiB, on its fullest GPU) of its last attempt, where its service
@@ -102,6 +105,7 @@ impl Trial {
             kill: None,
             reason: None,
             memory_request_mib: None,
+            gpu_memory_request_mib: None,
             peak_memory_mib: None,
             peak_gpu_memory_mib: None,
         }
@@ -156,9 +160,8 @@ pub(super) fn raised_memory_request(asked: Option<u64>, peak: Option<u64>) -> Op
     (base > 0).then(|| base.saturating_mul(2))
 }
 
-/// "; next attempt asks for 512 MiB of memory (asked 128 MiB, used at least 250 MiB)", with
-/// ", GPU memory peak 900 MiB" where the service read it (`trialGpuMemory` is not raised: the
-/// peak tells the user what to ask for).
+/// "; out of memory: the next attempt asks for 512 MiB of memory (asked 128 MiB, used at least
+/// 250 MiB)", with ", GPU memory peak 900 MiB" where the service read it.
 pub(super) fn raised_memory_note(
     asked: Option<u64>,
     peak: Option<u64>,
@@ -175,17 +178,71 @@ pub(super) fn raised_memory_note(
     )
 }
 
-/// Whether a failure looks like running out of memory: the kernel's OOM killer (SIGKILL, or
-/// bash reporting 137), or an out-of-memory error in the trial's last words.
-pub(super) fn looks_like_oom(
+/// The GPU memory (MiB per GPU) a trial that ran out of GPU memory asks for next: as
+/// [`raised_memory_request`] from its GPU request and GPU peak, capped at `largest_gpu` (what
+/// the largest GPU could ever give one trial), since a request above it could never be placed
+/// while a trial at it gets a GPU to itself. `None` when there is nothing to learn from.
+pub(super) fn raised_gpu_memory_request(
+    asked: Option<u64>,
+    peak: Option<u64>,
+    largest_gpu: Option<u64>,
+) -> Option<u64> {
+    let raised = raised_memory_request(asked, peak)?;
+    Some(largest_gpu.map_or(raised, |cap| raised.min(cap.max(asked.unwrap_or(0)))))
+}
+
+/// "; out of GPU memory: the next attempt asks for 3000 MiB of GPU memory (asked 1024 MiB,
+/// GPU memory peak 1500 MiB)".
+pub(super) fn raised_gpu_memory_note(asked: Option<u64>, peak: Option<u64>, raised: u64) -> String {
+    let asked = asked.map_or("no trialGpuMemory".to_string(), |mib| {
+        format!("asked {mib} MiB")
+    });
+    let used = peak.map_or(String::new(), |mib| format!(", GPU memory peak {mib} MiB"));
+    format!(
+        "; out of GPU memory: the next attempt asks for {raised} MiB of GPU memory ({asked}{used})"
+    )
+}
+
+/// Which memory a failure ran out of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OutOfMemory {
+    /// Host memory: the kernel's OOM killer, knob's `trialMemorySize` kill, `MemoryError`…
+    Host,
+    /// GPU memory: CUDA's or a framework's out-of-memory error, or knob's `trialGpuMemory` kill.
+    Gpu,
+}
+
+/// Words in a trial's last lines that mean it ran out of GPU memory: PyTorch (`torch.
+/// OutOfMemoryError: CUDA out of memory`, older `RuntimeError: CUDA out of memory`), the CUDA
+/// runtime and cuBLAS, TensorFlow and JAX/XLA, and the runner's own note for a trial over its
+/// `trialGpuMemory`.
+const GPU_OOM_WORDS: [&str; 7] = [
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "torch.OutOfMemoryError",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "OOM when allocating tensor",
+    "RESOURCE_EXHAUSTED: Out of memory",
+    "(trialGpuMemory); killed as out of GPU memory",
+];
+
+/// Whether a failure looks like running out of memory, and of which: GPU memory when its last
+/// words say so (checked first: a CUDA error ends the process normally), else host memory for
+/// the kernel's OOM killer (SIGKILL, or bash reporting 137) or an out-of-memory error.
+pub(super) fn out_of_memory(
     exit_code: Option<i32>,
     signal: Option<i32>,
     stderr_tail: &str,
-) -> bool {
+) -> Option<OutOfMemory> {
+    if GPU_OOM_WORDS
+        .iter()
+        .any(|words| stderr_tail.contains(words))
+    {
+        return Some(OutOfMemory::Gpu);
+    }
     const SIGKILL: i32 = 9;
     let killed = exit_code == Some(128 + SIGKILL) || signal == Some(SIGKILL);
     let said_so = [
-        "CUDA out of memory",
         "OutOfMemoryError",
         "MemoryError",
         "std::bad_alloc",
@@ -193,12 +250,73 @@ pub(super) fn looks_like_oom(
     ]
     .iter()
     .any(|needle| stderr_tail.contains(needle));
-    killed || said_so
+    (killed || said_so).then_some(OutOfMemory::Host)
+}
+
+/// Whether a failure looks like running out of memory, host or GPU.
+pub(super) fn looks_like_oom(
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    stderr_tail: &str,
+) -> bool {
+    out_of_memory(exit_code, signal, stderr_tail).is_some()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_out_of_memory_is_told_from_host_out_of_memory_by_the_last_words() {
+        let torch = "Traceback (most recent call last):\n  File \"t.py\", line 3\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB\n";
+        assert_eq!(out_of_memory(Some(1), None, torch), Some(OutOfMemory::Gpu));
+        let old_torch = "RuntimeError: CUDA error: out of memory\n";
+        assert_eq!(
+            out_of_memory(Some(1), None, old_torch),
+            Some(OutOfMemory::Gpu)
+        );
+        let knob = "knob: the trial used 3000 MiB of GPU memory, more than its 1024 MiB request (trialGpuMemory); killed as out of GPU memory\n";
+        assert_eq!(out_of_memory(None, Some(9), knob), Some(OutOfMemory::Gpu));
+        let tensorflow = "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with shape[8192,8192]\n";
+        assert_eq!(
+            out_of_memory(Some(1), None, tensorflow),
+            Some(OutOfMemory::Gpu)
+        );
+        assert_eq!(out_of_memory(None, Some(9), ""), Some(OutOfMemory::Host));
+        assert_eq!(out_of_memory(Some(137), None, ""), Some(OutOfMemory::Host));
+        assert_eq!(
+            out_of_memory(Some(1), None, "MemoryError\n"),
+            Some(OutOfMemory::Host)
+        );
+        assert_eq!(out_of_memory(Some(1), None, "ValueError: x\n"), None);
+    }
+
+    #[test]
+    fn a_raised_gpu_request_is_twice_the_larger_of_request_and_peak_capped_at_the_largest_gpu() {
+        assert_eq!(
+            raised_gpu_memory_request(Some(1024), Some(1500), None),
+            Some(3000)
+        );
+        assert_eq!(
+            raised_gpu_memory_request(Some(1024), None, Some(81920)),
+            Some(2048)
+        );
+        // Capped: a raise alone never makes a trial unplaceable.
+        assert_eq!(
+            raised_gpu_memory_request(Some(30000), Some(50000), Some(81920)),
+            Some(81920)
+        );
+        // A request the user set above the cap (refused at placement anyway) is not lowered.
+        assert_eq!(
+            raised_gpu_memory_request(Some(90000), None, Some(81920)),
+            Some(90000)
+        );
+        assert_eq!(raised_gpu_memory_request(None, None, Some(81920)), None);
+        assert_eq!(
+            raised_gpu_memory_note(Some(1024), Some(1500), 3000),
+            "; out of GPU memory: the next attempt asks for 3000 MiB of GPU memory (asked 1024 MiB, GPU memory peak 1500 MiB)"
+        );
+    }
 
     #[test]
     fn the_requeue_note_names_the_gpu_peak_where_known() {

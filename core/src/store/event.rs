@@ -205,6 +205,10 @@ pub enum StoreEvent {
         /// the trial ran out of memory (`maxOomRetries`); absent otherwise.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         memory_request_mib: Option<u64>,
+        /// The GPU memory (MiB per GPU) the next attempt asks for, when the manager raised it
+        /// after the trial ran out of GPU memory; absent otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu_memory_request_mib: Option<u64>,
     },
     Metric {
         trial_id: String,

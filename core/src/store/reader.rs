@@ -35,7 +35,11 @@ const TRIAL_COLUMNS: &str = "id, sequence, parameter_id, parameters, status, att
     (SELECT json_extract(m.payload, '$.memory_request_mib') FROM events m
         WHERE m.trial_id = trials.id AND m.kind = 'trial_requeued'
           AND json_extract(m.payload, '$.memory_request_mib') IS NOT NULL
-        ORDER BY m.seq DESC LIMIT 1)";
+        ORDER BY m.seq DESC LIMIT 1),
+    (SELECT json_extract(g.payload, '$.gpu_memory_request_mib') FROM events g
+        WHERE g.trial_id = trials.id AND g.kind = 'trial_requeued'
+          AND json_extract(g.payload, '$.gpu_memory_request_mib') IS NOT NULL
+        ORDER BY g.seq DESC LIMIT 1)";
 
 fn bad_column(index: usize, what: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(index, Type::Text, what.into())
@@ -97,6 +101,9 @@ pub struct TrialRow {
     /// The host memory (MiB) its attempts ask for since it ran out of memory, when the manager
     /// raised it (`maxOomRetries`); `None` while it asks for `trialMemorySize`.
     pub memory_request_mib: Option<u64>,
+    /// The GPU memory (MiB per GPU) its attempts ask for since it ran out of GPU memory, when
+    /// the manager raised it; `None` while it asks for `trialGpuMemory`.
+    pub gpu_memory_request_mib: Option<u64>,
 }
 
 fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
@@ -128,6 +135,9 @@ fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
         waiting_reason: row.get(18)?,
         memory_request_mib: row
             .get::<_, Option<i64>>(19)?
+            .and_then(|mib| u64::try_from(mib).ok()),
+        gpu_memory_request_mib: row
+            .get::<_, Option<i64>>(20)?
             .and_then(|mib| u64::try_from(mib).ok()),
     })
 }

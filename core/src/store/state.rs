@@ -81,6 +81,9 @@ pub struct TrialState {
     /// The host memory (MiB) its attempts ask for since it ran out of memory, when the manager
     /// raised it (`maxOomRetries`); `None` while it asks for `trialMemorySize`.
     pub memory_request_mib: Option<u64>,
+    /// The GPU memory (MiB per GPU) its attempts ask for since it ran out of GPU memory, when
+    /// the manager raised it; `None` while it asks for `trialGpuMemory`.
+    pub gpu_memory_request_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -133,6 +136,8 @@ pub struct Requeue {
     pub reason: String,
     /// The memory request of the next attempt, when raised (see `StoreEvent::TrialRequeued`).
     pub memory_request_mib: Option<u64>,
+    /// The GPU memory request of the next attempt, when raised.
+    pub gpu_memory_request_mib: Option<u64>,
 }
 
 impl ExperimentState {
@@ -429,6 +434,7 @@ impl Replayer {
                     end: None,
                     metrics: Vec::new(),
                     memory_request_mib: None,
+                    gpu_memory_request_mib: None,
                 });
                 self.trial_index.insert(trial_id, index);
             }
@@ -484,6 +490,7 @@ impl Replayer {
                 trial_id,
                 reason,
                 memory_request_mib,
+                gpu_memory_request_mib,
             } => {
                 let trial = self.trial(seq, &trial_id)?;
                 trial.status = TrialStatus::Waiting;
@@ -491,11 +498,15 @@ impl Replayer {
                 if memory_request_mib.is_some() {
                     trial.memory_request_mib = memory_request_mib;
                 }
+                if gpu_memory_request_mib.is_some() {
+                    trial.gpu_memory_request_mib = gpu_memory_request_mib;
+                }
                 if let Some(attempt) = trial.attempts.last_mut() {
                     attempt.requeued = Some(Requeue {
                         time_ms,
                         reason,
                         memory_request_mib,
+                        gpu_memory_request_mib,
                     });
                 }
             }

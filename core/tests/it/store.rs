@@ -115,7 +115,8 @@ fn every_event_type_round_trips_through_the_log() {
         StoreEvent::TrialRequeued {
             trial_id: "FgHiJ".to_string(),
             reason: "retry 1 of 2 after exit code 1".to_string(),
-            memory_request_mib: None,
+            memory_request_mib: Some(512),
+            gpu_memory_request_mib: Some(6000),
         },
         started("FgHiJ", 2),
         StoreEvent::Metric {
@@ -154,6 +155,12 @@ fn every_event_type_round_trips_through_the_log() {
         .map(|record| record.event)
         .collect();
     assert_eq!(logged, events);
+    // The raised requests as the trial rows (`knob trial ls`, the API) show them.
+    let row = reader.trial("FgHiJ").unwrap().unwrap();
+    assert_eq!(
+        (row.memory_request_mib, row.gpu_memory_request_mib),
+        (Some(512), Some(6000))
+    );
     let tail = reader.events_since(20, 2).unwrap();
     assert_eq!(tail.iter().map(|r| r.seq).collect::<Vec<_>>(), [21, 22]);
 
@@ -218,6 +225,11 @@ fn every_event_type_round_trips_through_the_log() {
     assert_eq!(
         retried.attempts[0].requeued.as_ref().unwrap().reason,
         "retry 1 of 2 after exit code 1"
+    );
+    // What a resume starts the trial's next attempts with.
+    assert_eq!(
+        (retried.memory_request_mib, retried.gpu_memory_request_mib),
+        (Some(512), Some(6000))
     );
     assert_eq!(
         retried.attempts[1].end.as_ref().unwrap().status,
@@ -413,6 +425,7 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
             trial_id: "t".to_string(),
             reason: "the experiment was stopped before it ended".to_string(),
             memory_request_mib: None,
+            gpu_memory_request_mib: None,
         },
     );
     let row = &store
@@ -433,6 +446,7 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
             trial_id: "t".to_string(),
             reason: "again".to_string(),
             memory_request_mib: None,
+            gpu_memory_request_mib: None,
         })
         .wait();
     assert!(refused.is_err(), "{refused:?}");
@@ -494,6 +508,7 @@ fn a_waiting_trial_shows_its_latest_waiting_warning_until_it_starts_and_after_a_
             trial_id: "a".to_string(),
             reason: "attempt 1 failed".to_string(),
             memory_request_mib: None,
+            gpu_memory_request_mib: None,
         },
     );
     assert_eq!(waiting_reasons(&store), vec![None, None]);

@@ -121,6 +121,21 @@ impl Scheduler {
         }
     }
 
+    /// The most GPU memory one trial could ever be promised on one GPU of a registered
+    /// environment (an allowed GPU, emptied, under its environment's `gpuMemoryReserve` and
+    /// `maxGpuMemoryUtilization`); `None` without a GPU. The core caps a GPU memory request it
+    /// raises after an out-of-memory end here, so that the raise cannot by itself make a trial
+    /// that ran impossible to place.
+    pub fn largest_gpu_capacity(&self) -> Option<ByteSize> {
+        self.envs
+            .iter()
+            .flat_map(|state| state.loads.iter())
+            .filter(|load| load.allowed)
+            .map(|load| load.capacity_memory)
+            .max()
+            .map(ByteSize)
+    }
+
     pub fn assignment(&self, trial: &TrialId) -> Option<&Assignment> {
         self.assignments.get(trial)
     }

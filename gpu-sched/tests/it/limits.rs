@@ -187,6 +187,22 @@ fn gpu_memory_limits_that_leave_too_little_are_a_rejection_naming_them() {
 }
 
 #[test]
+fn the_largest_gpu_capacity_is_what_the_limits_leave_of_the_largest_allowed_gpu() {
+    let mut limited = env("limited", &[24, 80]);
+    limited.limits.gpu_memory_reserve = Some(ByteSize::gib(8));
+    limited.limits.gpu_indices = Some(vec![0]);
+    let other = env("other", &[16]);
+    let mut scheduler = scheduler_with(gpu_config(Some(1)), vec![limited, other]);
+    // GPU 1 (80 GiB) is not in gpuIndices; GPU 0 keeps 8 of its 24 GiB free.
+    assert_eq!(scheduler.largest_gpu_capacity(), Some(ByteSize::gib(16)));
+    // Trials placed do not change what a GPU could ever be promised.
+    place(&mut scheduler, &[trial("a")]);
+    assert_eq!(scheduler.largest_gpu_capacity(), Some(ByteSize::gib(16)));
+    let none = scheduler_with(host_config(1), vec![env("cpu", &[])]);
+    assert_eq!(none.largest_gpu_capacity(), None);
+}
+
+#[test]
 fn max_trial_number_per_gpu_bounds_the_trials_sharing_a_gpu() {
     let mut shared = env("local", &[80]);
     shared.limits.max_trial_number_per_gpu = 2;
