@@ -343,7 +343,11 @@ mod tests {
             vec![]
         );
         assert!(envs.any() && envs.check().is_ok());
-        let placed = envs.place(&[("t1".into(), None)]);
+        let placed = envs.place(&[OwnRequest {
+            trial_id: "t1".into(),
+            memory_mib: None,
+            gpu_memory_mib: None,
+        }]);
         assert!(matches!(placed[0], Placement::Succeed { .. }));
         let down = inventory(
             "a",
