@@ -292,6 +292,53 @@ trialMemorySize: 100mb",
 }
 
 #[test]
+fn in_reuse_mode_a_request_raised_beyond_the_allocations_memory_is_refused_saying_so() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let id = unique("reuseoom");
+    let sandbox = Sandbox::new();
+    // 150 MiB touched against trialMemorySize 64 MiB: knob kills it in its allocation, and the
+    // retry would ask for twice what it used, more than any allocation (--mem=64M) holds.
+    let config = slurm_config(
+        &sandbox,
+        "trialCommand: python3 -c \"import time; b = b'x' * (150 << 20); time.sleep(1.5); print('KNOB_FINAL 1')\"
+trialConcurrency: 1
+maxTrialNumber: 1
+trialCpuNumber: 1
+trialMemorySize: 64mb
+maxOomRetries: 2",
+        "  reuseMode: true\n",
+    );
+    let _cleanup = Running {
+        child: None,
+        needle: format!("-{id}-"),
+    };
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export(&id);
+    let trial = &export["trials"][0];
+    assert_eq!(trial["status"], "FAILED", "{trial:#}");
+    let attempts = trial["attempt_history"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "never placed again: {trial:#}");
+    let raised = trial["memory_request_mib"].as_u64().unwrap();
+    assert!(raised >= 300, "{trial:#}");
+    let message = trial["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!(
+            "after it ran out of memory its request was raised to {raised} MiB of memory (maxOomRetries), which no environment can give: "
+        )) && message.contains("slurm:env")
+            && message.contains("64 MiB of memory"),
+        "{message}"
+    );
+    wait_for(
+        &format!("experiment {id}'s jobs to leave the queue"),
+        Duration::from_secs(30),
+        || queue(&format!("-{id}-")).is_empty().then_some(()),
+    );
+}
+
+#[test]
 fn waiting_trials_show_slurms_reason_and_resume_and_stop_leave_no_job() {
     let Some(_cluster) = cluster() else {
         return;

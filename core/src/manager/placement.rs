@@ -201,6 +201,12 @@ impl Manager {
                         .await?
                 }
                 Placement::RequireExceedTotal { reason } => {
+                    let reason = match raised_request(&self.book[&trial_id]) {
+                        Some(raised) => format!(
+                            "after it ran out of memory its request was raised to {raised} (maxOomRetries), which no environment can give: {reason}"
+                        ),
+                        None => reason,
+                    };
                     self.end_trial(
                         &trial_id,
                         TrialStatus::Failed,
@@ -312,4 +318,21 @@ impl Manager {
         self.publish(None);
         Ok(())
     }
+}
+
+/// "3000 MiB of memory" / "6000 MiB of GPU memory" / both, for a trial whose requests were
+/// raised after it ran out of memory; `None` when it asks for the experiment's.
+fn raised_request(trial: &super::trial::Trial) -> Option<String> {
+    let raised: Vec<String> = [
+        trial
+            .memory_request_mib
+            .map(|mib| format!("{mib} MiB of memory")),
+        trial
+            .gpu_memory_request_mib
+            .map(|mib| format!("{mib} MiB of GPU memory")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!raised.is_empty()).then(|| raised.join(" and "))
 }

@@ -97,6 +97,15 @@ pub(super) fn job_environment(args: &SlurmArgs, job: &Job) -> Environment {
                 if let Some(cpus) = cpus {
                     environment.host_resources.cpu_count = cpus;
                 }
+                // The allocation has the node's memory only up to its `--mem`
+                // (`trialMemorySize`): a trial whose request was raised beyond it after running
+                // out of memory must not be placed here, where Slurm (or knob) would kill it
+                // again at the allocation's limit; gpu-sched refuses it, naming the limit.
+                if let Some(limit) = args.job.memory {
+                    let host = &mut environment.host_resources;
+                    host.memory_total = host.memory_total.min(limit);
+                    host.memory_available = host.memory_available.min(limit);
+                }
                 serde_json::to_value(environment).unwrap_or(Value::Null)
             }
             Err(_) if matches!(job.phase, Phase::Queued(_) | Phase::Connecting) => {
