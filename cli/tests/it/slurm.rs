@@ -299,7 +299,7 @@ fn in_reuse_mode_a_request_raised_beyond_the_allocations_memory_is_refused_sayin
     let id = unique("reuseoom");
     let sandbox = Sandbox::new();
     // 150 MiB touched against trialMemorySize 64 MiB: knob kills it in its allocation, and the
-    // retry would ask for twice what it used, more than any allocation (--mem=64M) holds.
+    // retry would ask for twice what it was seen using, more than any allocation (--mem=64M) holds.
     let config = slurm_config(
         &sandbox,
         "trialCommand: python3 -c \"import time; b = b'x' * (150 << 20); time.sleep(1.5); print('KNOB_FINAL 1')\"
@@ -322,7 +322,7 @@ maxOomRetries: 2",
     let attempts = trial["attempt_history"].as_array().unwrap();
     assert_eq!(attempts.len(), 1, "never placed again: {trial:#}");
     let raised = trial["memory_request_mib"].as_u64().unwrap();
-    assert!(raised >= 300, "{trial:#}");
+    assert!(raised > 64, "{trial:#}");
     let message = trial["message"].as_str().unwrap();
     assert!(
         message.starts_with(&format!(
