@@ -22,6 +22,12 @@ const VERDICT_WAIT: Duration = Duration::from_millis(150);
 
 const INITIALIZE_WAIT: Duration = Duration::from_secs(600);
 
+/// The parameter id of the assessor's `ME` and `EN` (an assessor is told trials, not parameter
+/// ids). An integer, not null: nni 2.10.1's dispatcher compares it with the largest id of an
+/// earlier run (`Recoverable.is_created_in_previous_exp`, `None <= -1` raises TypeError), which
+/// is -1 in an assessor's dispatcher (it never gets `AD`), so 0 is never taken as resumed.
+const ASSESSOR_PARAMETER_ID: u64 = 0;
+
 pub struct DispatcherAssessor {
     args: DispatcherArgs,
     what: String,
@@ -109,7 +115,7 @@ impl Assessor for DispatcherAssessor {
         let dispatcher = self.dispatcher.as_mut().expect("started");
         for (sequence, value) in history.iter().enumerate().skip(from) {
             let metric = json!({
-                "parameter_id": null,
+                "parameter_id": ASSESSOR_PARAMETER_ID,
                 "trial_job_id": trial_id,
                 "type": "PERIODICAL",
                 "sequence": sequence,
@@ -144,7 +150,7 @@ impl Assessor for DispatcherAssessor {
         let end = json!({
             "trial_job_id": trial_id,
             "event": status,
-            "hyper_params": json!({"parameter_id": null, "parameters": {}}).to_string(),
+            "hyper_params": json!({"parameter_id": ASSESSOR_PARAMETER_ID, "parameters": {}}).to_string(),
         });
         self.dispatcher
             .as_mut()

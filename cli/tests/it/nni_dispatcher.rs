@@ -108,6 +108,11 @@ fn check_custom_tuner(python: &Path, id: &str) {
         events[0]["space"],
         serde_json::json!({"x": {"_type": "uniform", "_value": [0, 1]}})
     );
+    // As nni 3.0's and 2.10.1's managers set it: their configs cannot turn it on.
+    assert_eq!(
+        events[0]["include_intermediate_results"], "false",
+        "{context}"
+    );
     let generated: Vec<&Value> = events.iter().filter(|e| e["event"] == "generate").collect();
     assert_eq!(generated.len(), 5, "{context}");
     for trial in trials {
@@ -159,9 +164,19 @@ fn a_users_nni_tuner_by_class_name_runs_under_nni_2_10() {
 /// assessor named as the reason; the others run to the end.
 #[test]
 fn a_users_nni_assessor_by_class_name_stops_trials() {
-    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
-        return;
-    };
+    if let Some(python) = prerequisite::NNI3_PYTHON.path() {
+        check_custom_assessor(&python, "cassess");
+    }
+}
+
+#[test]
+fn a_users_nni_assessor_by_class_name_stops_trials_under_nni_2_10() {
+    if let Some(python) = prerequisite::NNI2_PYTHON.path() {
+        check_custom_assessor(&python, "cassess2");
+    }
+}
+
+fn check_custom_assessor(python: &Path, id: &str) {
     let sandbox = tempfile::tempdir().unwrap();
     let code = code_dir(sandbox.path());
     let algorithms = format!(
@@ -170,8 +185,8 @@ fn a_users_nni_assessor_by_class_name_stops_trials() {
         python.display()
     );
     // Six steps a second apart.
-    let config = write_config(&code, &python, 6, "6 1", &algorithms);
-    let (export, output) = create_and_export(sandbox.path(), &config, "cassess");
+    let config = write_config(&code, python, 6, "6 1", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, id);
     let context = format!("{export:#}\n{output}");
     assert_eq!(export["experiment"]["status"], "DONE", "{context}");
     let trials = export["trials"].as_array().unwrap();

@@ -29,7 +29,8 @@ class WalkTuner(Tuner):
 
     def update_search_space(self, search_space):
         self.space = search_space
-        self._write(event='space', space=search_space)
+        self._write(event='space', space=search_space,
+                    include_intermediate_results=os.environ.get('NNI_INCLUDE_INTERMEDIATE_RESULTS'))
 
     def generate_parameters(self, parameter_id, **kwargs):
         self.generated += 1
