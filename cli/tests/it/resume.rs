@@ -200,6 +200,17 @@ fn sigkill_at_random_moments_loses_nothing() {
         .arg(&config)
         .args(["--id", "crashy"]);
     let mut child = spawn(command);
+    // The first kill comes only once the experiment is registered: killed before that, `create`
+    // made nothing to resume (right, but not what this test is about), and under load a debug
+    // build can take longer than the shortest delay to get there.
+    let registered_by = Instant::now() + Duration::from_secs(60);
+    while run(sandbox.knob().args(["experiment", "show", "crashy"])).0 != 0 {
+        assert!(
+            Instant::now() < registered_by,
+            "knob create did not register the experiment within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     std::thread::sleep(next_delay());
     sigkill(&mut child);
     for _round in 1..20 {
