@@ -5,6 +5,10 @@ use knob_plugin_api::service::{MetricKind, ServiceEvent};
 
 use super::services::{TaggedEvent, MAX_HOST_LOSS_REQUEUES};
 use super::timers::retry_backoff;
+
+/// How the end message of an attempt lost with its host begins: `knob resume` reads it back to
+/// count such attempts again (they do not count against `maxTrialRetries`).
+pub(super) const ENVIRONMENT_LOST: &str = "environment lost: ";
 use super::{trial, Manager, ManagerError};
 use crate::store::{
     MetricKind as StoredMetricKind, Rejection, StoreError, StoreEvent, TrialStatus,
@@ -206,7 +210,7 @@ impl Manager {
                 .end_trial(trial_id, status, Some(reason), None, None, String::new())
                 .await;
         }
-        let message = format!("environment lost: {lost}");
+        let message = format!("{ENVIRONMENT_LOST}{lost}");
         if losses >= MAX_HOST_LOSS_REQUEUES || self.closed_for_retries() {
             let message = if losses >= MAX_HOST_LOSS_REQUEUES {
                 format!(

@@ -37,6 +37,11 @@ impl Manager {
             trial.parameter_label = stored.parameter_label.clone();
             trial.memory_request_mib = stored.memory_request_mib;
             trial.gpu_memory_request_mib = stored.gpu_memory_request_mib;
+            // Attempts lost with their host still do not count against `maxTrialRetries`
+            // (attempts handed to a lost host but never started left no record: the bound of
+            // host-loss requeues counts only the recorded ones).
+            trial.lost_attempts = host_lost_attempts(stored);
+            trial.host_losses = trial.lost_attempts;
             let this_attempt = |kind| {
                 stored
                     .metrics
@@ -190,6 +195,26 @@ fn import_record(
     record
 }
 
+/// How many attempts of a stored trial were lost with their host and run again: ended FAILED
+/// with the message `on_environment_lost` records, then requeued.
+fn host_lost_attempts(stored: &crate::store::TrialState) -> u32 {
+    let lost = stored
+        .attempts
+        .iter()
+        .filter(|attempt| {
+            attempt.requeued.is_some()
+                && attempt.end.as_ref().is_some_and(|end| {
+                    end.status == TrialStatus::Failed
+                        && end
+                            .message
+                            .as_deref()
+                            .is_some_and(|m| m.starts_with(super::events::ENVIRONMENT_LOST))
+                })
+        })
+        .count();
+    u32::try_from(lost).unwrap_or(u32::MAX)
+}
+
 /// The trials of an earlier run that run again on resume: those not ended, and those a stop of
 /// the experiment cancelled. Their services end what is left of them first
 /// (`TrainingService::clean_up_leftovers`), so that none runs twice.
@@ -206,4 +231,84 @@ pub(super) fn unfinished_trials(state: &ExperimentState) -> Vec<String> {
         })
         .map(|stored| stored.trial_id.clone())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Requeue, TrialAttempt, TrialEnd, TrialState};
+    use serde_json::json;
+
+    fn attempt(number: u32, end: Option<(TrialStatus, &str)>, requeued: bool) -> TrialAttempt {
+        TrialAttempt {
+            number,
+            environment_id: format!("env-{number}"),
+            gpu_indices: Vec::new(),
+            pid: Some(100 + number),
+            started_ms: i64::from(number) * 1000,
+            end: end.map(|(status, message)| TrialEnd {
+                time_ms: i64::from(number) * 1000 + 500,
+                status,
+                exit_code: None,
+                signal: None,
+                message: Some(message.to_string()),
+                stderr_tail: None,
+            }),
+            requeued: requeued.then(|| Requeue {
+                time_ms: i64::from(number) * 1000 + 600,
+                reason: "running it again".into(),
+                memory_request_mib: None,
+                gpu_memory_request_mib: None,
+            }),
+        }
+    }
+
+    /// After `knob resume`, an attempt lost with its host still does not count against
+    /// `maxTrialRetries`: the lost attempt is read back from the store as the manager
+    /// recorded it.
+    #[test]
+    fn attempts_lost_with_their_host_are_counted_again_on_resume() {
+        let lost = format!(
+            "{}ssh to node-3 failed",
+            super::super::events::ENVIRONMENT_LOST
+        );
+        let stored = TrialState {
+            trial_id: "abcde".into(),
+            sequence: 0,
+            parameter_id: 0,
+            parameter_label: None,
+            parameters: json!({ "x": 1 }),
+            status: TrialStatus::Running,
+            created_ms: 0,
+            attempts: vec![
+                attempt(1, Some((TrialStatus::Failed, &lost)), true),
+                attempt(2, Some((TrialStatus::Failed, "exit code 1")), true),
+                // A message that merely mentions a lost environment, not the manager's record.
+                attempt(
+                    3,
+                    Some((TrialStatus::Failed, "the environment lost: x")),
+                    true,
+                ),
+                // Lost with its host but the trial was not run again (its end).
+                attempt(4, Some((TrialStatus::Failed, &lost)), false),
+                attempt(5, None, false),
+            ],
+            end: None,
+            metrics: Vec::new(),
+            memory_request_mib: None,
+            gpu_memory_request_mib: None,
+        };
+        assert_eq!(host_lost_attempts(&stored), 1);
+
+        // What `restore` builds from it: attempt 5, of which one was lost, so four count and
+        // with `maxTrialRetries: 4` it may run once more if this attempt fails (counting the
+        // lost attempt, it could not).
+        let mut book = super::super::book::TrialBook::new(true);
+        let mut trial = Trial::new("abcde".into(), 0, 0, json!({ "x": 1 }));
+        trial.attempt = stored.current_attempt();
+        trial.lost_attempts = host_lost_attempts(&stored);
+        book.insert(trial);
+        assert!(book.may_retry("abcde", 4));
+        assert!(!book.may_retry("abcde", 3));
+    }
 }
