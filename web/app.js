@@ -1155,6 +1155,7 @@ async function renderDetail(trialId, withLog) {
     if (t.end_message) infoRow(info, "stop reason", t.end_message);
     else if (t.waiting_reason) infoRow(info, "waiting", t.waiting_reason);
     if (t.gpu_indices && t.gpu_indices.length) infoRow(info, "GPUs", t.gpu_indices.join(", "));
+    if (t.lineage) renderLineage(info, t);
     const intermediate = t.metrics.filter((m) => m.kind === "intermediate");
     chart("chart-detail").setOption({
       animation: false, backgroundColor: chartBackground(), grid: GRID,
@@ -1167,6 +1168,39 @@ async function renderDetail(trialId, withLog) {
     renderWriteControls();
   } catch (error) {
     showError(error);
+  }
+}
+
+// A population member (PBT): links to the member it was cloned from and the one it replaced, and
+// the schedule of its parameters over time (each ancestor from the step it took over).
+function renderLineage(info, t) {
+  const link = (name, id, note) => {
+    const row = info.insertRow();
+    row.appendChild(document.createElement("th")).textContent = name;
+    const cell = row.insertCell();
+    const a = cell.appendChild(document.createElement("a"));
+    a.href = "#";
+    a.className = "lineage-link";
+    a.textContent = id;
+    a.onclick = (event) => { event.preventDefault(); openDetail(id); };
+    if (note) cell.append(note);
+  };
+  if (t.lineage.parent) link("cloned from", t.lineage.parent, t.lineage.parent_step != null ? ` at step ${t.lineage.parent_step}` : "");
+  if (t.lineage.replaces) link("replaces", t.lineage.replaces, "");
+  if (!t.schedule || t.schedule.length < 1) return;
+  const row = info.insertRow();
+  row.appendChild(document.createElement("th")).textContent = "schedule";
+  const table = row.insertCell().appendChild(document.createElement("table"));
+  table.className = "schedule";
+  const names = Object.keys(flatParams(t.schedule[t.schedule.length - 1].parameters || {}));
+  const head = table.createTHead().insertRow();
+  for (const name of ["from step", "trial", ...names]) head.appendChild(document.createElement("th")).textContent = name;
+  for (const stage of t.schedule) {
+    const r = table.insertRow();
+    r.insertCell().textContent = String(stage.from_step);
+    r.insertCell().textContent = stage.trial_id;
+    const flat = flatParams(stage.parameters || {});
+    for (const name of names) r.insertCell().textContent = typeof flat[name] === "number" ? fmt(flat[name]) : String(flat[name] ?? "–");
   }
 }
 

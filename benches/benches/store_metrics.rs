@@ -55,6 +55,7 @@ impl Experiment {
             parameter_id: self.trials,
             parameter_label: None,
             parameters: json!({"lr": 0.1}),
+            lineage: None,
         };
         let started = StoreEvent::TrialStarted {
             trial_id: trial_id.clone(),

@@ -222,6 +222,7 @@ fn build_store(dir: &Path) {
                 "dropout": 0.5 * (1.0 - x),
                 "optimizer": optimizer,
             }),
+            lineage: None,
         });
         store.append_unacked(StoreEvent::TrialStarted {
             trial_id: id.clone(),

@@ -102,9 +102,9 @@ fn run(mut tuner: Box<dyn Tuner>, total: u64, seed: u64) -> f64 {
             None => {
                 next_id += 1;
                 match tuner.generate_parameters(next_id).expect("generate") {
-                    Generated::Parameters(p) | Generated::Labeled { parameters: p, .. } => {
-                        (next_id, p)
-                    }
+                    Generated::Parameters(p)
+                    | Generated::Labeled { parameters: p, .. }
+                    | Generated::Member { parameters: p, .. } => (next_id, p),
                     Generated::NoMore => break,
                     Generated::Deferred => panic!("deferred with no trial running"),
                 }

@@ -164,9 +164,9 @@ fn run_knob(
                     .generate_parameters(next_id)
                     .map_err(|e| e.to_string())?
                 {
-                    Generated::Parameters(p) | Generated::Labeled { parameters: p, .. } => {
-                        (next_id, p)
-                    }
+                    Generated::Parameters(p)
+                    | Generated::Labeled { parameters: p, .. }
+                    | Generated::Member { parameters: p, .. } => (next_id, p),
                     Generated::NoMore => break,
                     Generated::Deferred => {
                         return Err("deferred with no trial running (one at a time)".into())

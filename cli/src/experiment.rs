@@ -194,6 +194,9 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                 });
                 trials = ranked(trials, maximize, best_first, count);
             }
+            // Population members (PBT) show where they come from; other experiments have no
+            // such column.
+            let lineages = reader.lineages()?;
             let rows: Vec<Vec<String>> = trials
                 .iter()
                 .map(|t| {
@@ -203,7 +206,7 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         }
                         _ => "-".into(),
                     };
-                    vec![
+                    let mut row = vec![
                         t.trial_id.clone(),
                         t.sequence.to_string(),
                         t.status.as_str().to_string(),
@@ -220,28 +223,53 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                             t.memory_request_mib,
                             t.gpu_memory_request_mib,
                         ),
-                    ]
+                    ];
+                    if !lineages.is_empty() {
+                        row.insert(7, lineage_cell(lineages.get(&t.trial_id)));
+                    }
+                    row
                 })
                 .collect();
-            println!(
-                "{}",
-                render(
-                    &[
-                        "trial",
-                        "seq",
-                        "status",
-                        "final",
-                        "duration",
-                        "attempts",
-                        "environment",
-                        "parameters",
-                        "reason"
-                    ],
-                    &rows
-                )
-            );
+            let mut header = vec![
+                "trial",
+                "seq",
+                "status",
+                "final",
+                "duration",
+                "attempts",
+                "environment",
+                "parameters",
+                "reason",
+            ];
+            if !lineages.is_empty() {
+                header.insert(7, "lineage");
+            }
+            println!("{}", render(&header, &rows));
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `knob trial ls`'s lineage column for a population member: `from <parent>@<step>, replaces
+/// <trial>`, or `-` for one of the first generation.
+fn lineage_cell(lineage: Option<&knob_core::store::Lineage>) -> String {
+    let Some(lineage) = lineage else {
+        return "-".into();
+    };
+    let mut parts = Vec::new();
+    if let Some(parent) = &lineage.parent {
+        match lineage.parent_step {
+            Some(step) => parts.push(format!("from {parent}@{step}")),
+            None => parts.push(format!("from {parent}")),
+        }
+    }
+    if let Some(replaced) = &lineage.replaces {
+        parts.push(format!("replaces {replaced}"));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
     }
 }
 

@@ -168,7 +168,9 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
     };
     for id in 0..args.n {
         match tuner.generate_parameters(id)? {
-            Generated::Parameters(parameters) | Generated::Labeled { parameters, .. } => {
+            Generated::Parameters(parameters)
+            | Generated::Labeled { parameters, .. }
+            | Generated::Member { parameters, .. } => {
                 emit(&mut out, id, &parameters)?;
                 pending.push_back((id, parameters));
             }

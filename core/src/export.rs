@@ -66,6 +66,9 @@ pub fn to_json(state: &ExperimentState) -> Value {
                 "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
                 "message": t.end.as_ref().and_then(|e| e.message.clone()),
                 "pareto": pareto(&t.trial_id),
+                // A population member's origin (PBT): the trial whose checkpoint it started
+                // from, the one it replaced, and the parent's step; null for other trials.
+                "lineage": t.lineage,
             })
         })
         .collect();

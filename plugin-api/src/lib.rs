@@ -18,6 +18,7 @@ pub mod host;
 mod labeled;
 pub mod metric;
 pub mod objectives;
+pub mod population;
 mod sdk;
 pub mod service;
 pub mod space;

@@ -75,6 +75,15 @@ pub enum Generated {
     /// Parameters with the parameter id the trial sees in place of the host's number: NNI's
     /// Hyperband and BOHB give trials string ids such as `"0-4_0_3"` (see [`Suggestion::label`]).
     Labeled { parameters: Value, label: String },
+    /// A member of a population (population-based training, `crate::population`): parameters,
+    /// the id the trial sees (as [`Generated::Labeled`]) and where it comes from. The host then
+    /// hands the tuner each of the trial's intermediate results
+    /// ([`Tuner::receive_intermediate_result`]) and starts it from its parent's checkpoint.
+    Member {
+        parameters: Value,
+        label: String,
+        lineage: crate::population::Lineage,
+    },
     /// Nothing more to try: the experiment ends once running trials finish.
     NoMore,
     /// Not now; the tuner will hand out parameters for this id later via
@@ -92,6 +101,34 @@ pub struct Suggestion {
     /// and configuration (`"0-4_0_3"`). The host stores it with the trial and hands it back in
     /// [`ImportedTrial::label`] on resume; the tuner's calls keep using `parameter_id`.
     pub label: Option<String>,
+}
+
+impl Suggestion {
+    /// A population member for a deferred id (see [`Generated::Member`]).
+    pub fn member(
+        parameter_id: u64,
+        parameters: Value,
+        label: String,
+        lineage: &crate::population::Lineage,
+    ) -> Suggestion {
+        let text = crate::population::wrap_member(parameters, label, lineage);
+        Suggestion {
+            parameter_id,
+            parameters: serde_json::from_str(&text).expect("our own JSON"),
+            label: None,
+        }
+    }
+
+    /// Asks the host to stop the running member with this parameter id: it is killed and
+    /// recorded EARLY_STOPPED with `reason`. Only members ([`Generated::Member`]) can be stopped.
+    pub fn stop(parameter_id: u64, reason: &str) -> Suggestion {
+        Suggestion {
+            parameter_id,
+            parameters: serde_json::from_str(&crate::population::wrap_stop(reason))
+                .expect("our own JSON"),
+            label: None,
+        }
+    }
 }
 
 /// A trial of an earlier run of the experiment, handed to [`Tuner::import_data`] on resume
@@ -221,6 +258,17 @@ pub trait Tuner: Send + 'static {
     ) -> Result<(), PluginError> {
         let value = outcome.values.first().copied().unwrap_or(f64::NAN);
         self.receive_trial_result(parameter_id, parameters, value)
+    }
+    /// An intermediate result of a population member ([`Generated::Member`]), with its number
+    /// and whether the member had saved a checkpoint by then. Only members' results come here;
+    /// answer through [`Tuner::take_suggestions`] ([`Suggestion::stop`], [`Suggestion::member`]).
+    fn receive_intermediate_result(
+        &mut self,
+        _parameter_id: u64,
+        _intermediate: crate::population::Intermediate,
+        _value: f64,
+    ) -> Result<(), PluginError> {
+        Ok(())
     }
     /// A trial ended with `status` (see [`status`]), whether or not it reported a result.
     fn trial_end(&mut self, _parameter_id: u64, _status: &str) -> Result<(), PluginError> {
@@ -577,6 +625,13 @@ impl<T: Tuner> TunerAbi for TunerAdaptor<T> {
                     Generated::Labeled { parameters, label } => {
                         AbiGenerated::Parameters(crate::labeled::wrap(parameters, label).into())
                     }
+                    Generated::Member {
+                        parameters,
+                        label,
+                        lineage,
+                    } => AbiGenerated::Parameters(
+                        crate::population::wrap_member(parameters, label, &lineage).into(),
+                    ),
                     Generated::NoMore => AbiGenerated::NoMore,
                     Generated::Deferred => AbiGenerated::Deferred,
                 })
@@ -593,6 +648,13 @@ impl<T: Tuner> TunerAbi for TunerAdaptor<T> {
         let (inner, label) = (&mut self.inner, &self.label);
         guarded(label, "receive_trial_result", &mut self.poisoned, || {
             let parameters = parse_json(label, "parameters", parameters_json)?;
+            // Only a tuner that made members is sent their intermediate results.
+            let parameters = match crate::population::unwrap_intermediate(parameters) {
+                Ok(intermediate) => {
+                    return inner.receive_intermediate_result(parameter_id, intermediate, value)
+                }
+                Err(parameters) => parameters,
+            };
             // Only a tuner that takes objectives is sent an outcome (`tuner_takes_objectives`).
             match crate::objectives::unwrap(parameters)
                 .map_err(|e| PluginError::new(format!("{label}: invalid outcome from host: {e}")))?

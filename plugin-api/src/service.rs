@@ -147,6 +147,12 @@ pub enum ServiceEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peak_gpu_memory_mib: Option<u64>,
     },
+    /// The trial's checkpoint folder (`KNOB_CHECKPOINT_DIR`) holds something for the first time
+    /// (knob extension, the checkpoint protocol of population-based training): a trial saves,
+    /// then reports, so a service checks the folder when it records an intermediate result and
+    /// sends this once, just before that result's `Metric`. A population member that never
+    /// sent it is never cloned.
+    CheckpointSaved { trial_id: String },
     /// Something a user should know that is not fatal (a garbage metric line, say).
     Warning {
         trial_id: Option<String>,

@@ -37,6 +37,7 @@ struct RecorderState {
     next_intermediate: u64,
     next_final: u64,
     warnings: u32,
+    checkpoint_seen: bool,
 }
 
 /// One trial's event stream. Every protocol (stdout, metric files, HTTP) records through it.
@@ -47,19 +48,33 @@ struct RecorderState {
 pub struct TrialRecorder {
     trial_id: String,
     emit: Emit,
+    /// The trial's `KNOB_CHECKPOINT_DIR`, looked at with each intermediate result until it holds
+    /// something (`ServiceEvent::CheckpointSaved`).
+    checkpoint_dir: Option<std::path::PathBuf>,
     state: Mutex<RecorderState>,
 }
 
 impl TrialRecorder {
     pub fn new(trial_id: &str, emit: Emit) -> Arc<TrialRecorder> {
+        Self::watching_checkpoints(trial_id, emit, None)
+    }
+
+    /// A recorder that also tells when `checkpoint_dir` first holds something.
+    pub fn watching_checkpoints(
+        trial_id: &str,
+        emit: Emit,
+        checkpoint_dir: Option<std::path::PathBuf>,
+    ) -> Arc<TrialRecorder> {
         Arc::new(TrialRecorder {
             trial_id: trial_id.to_string(),
             emit,
+            checkpoint_dir,
             state: Mutex::new(RecorderState {
                 phase: Phase::Starting(Vec::new()),
                 next_intermediate: 0,
                 next_final: 0,
                 warnings: 0,
+                checkpoint_seen: false,
             }),
         })
     }
@@ -115,6 +130,18 @@ impl TrialRecorder {
         };
         let sequence = *counter;
         *counter += 1;
+        if kind == MetricKind::Intermediate && !state.checkpoint_seen {
+            let saved = self.checkpoint_dir.as_deref().is_some_and(|dir| {
+                std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some())
+            });
+            if saved {
+                state.checkpoint_seen = true;
+                let event = ServiceEvent::CheckpointSaved {
+                    trial_id: self.trial_id.clone(),
+                };
+                self.send(&mut state, event);
+            }
+        }
         let event = ServiceEvent::Metric {
             trial_id: self.trial_id.clone(),
             kind,

@@ -220,7 +220,11 @@ pub fn start_trial(
     let stderr = prepare_directory(&paths, request, &parameter_record)?;
     let stdout_file = File::create(&paths.stdout).map_err(|e| dir_error(&paths.stdout, e))?;
 
-    let recorder = TrialRecorder::new(&trial_id, host.emit.clone());
+    let recorder = TrialRecorder::watching_checkpoints(
+        &trial_id,
+        host.emit.clone(),
+        Some(trial_python::checkpoint_dir(&paths.dir)),
+    );
     let env_id = request.environment_id.clone();
     host.channels
         .register(&env_id, recorder.clone(), parameter_record);
@@ -401,6 +405,11 @@ fn trial_environment(
         trial_python::CHECKPOINT_DIR_ENV,
         trial_python::checkpoint_dir(&paths.dir).into(),
     );
+    if let Some(donor) = request.env.get(trial_python::RESTORE_TRIAL_ENV) {
+        if let Some(path) = trial_python::restore_dir(&paths.dir, donor) {
+            set(trial_python::RESTORE_FROM_ENV, path.into());
+        }
+    }
     let inherited_python_path = request
         .env
         .get("PYTHONPATH")

@@ -20,6 +20,14 @@ pub const NNI_SHIM_ENV: &str = "KNOB_NNI_SHIM";
 /// The folder `knob_trial.checkpoint_dir()` returns.
 pub const CHECKPOINT_DIR_ENV: &str = "KNOB_CHECKPOINT_DIR";
 
+/// Set by the core for a population member that starts from another member's checkpoint: that
+/// member's trial id. The runner turns it into [`RESTORE_FROM_ENV`] on the host that runs the
+/// trial, where the trial folders are.
+pub const RESTORE_TRIAL_ENV: &str = "KNOB_RESTORE_TRIAL";
+
+/// The checkpoint folder a population member starts from: the parent's `KNOB_CHECKPOINT_DIR`.
+pub const RESTORE_FROM_ENV: &str = "KNOB_RESTORE_FROM";
+
 const KNOB_TRIAL_SOURCE: &str = include_str!("../../python/knob_trial/__init__.py");
 const NNI_SHIM_SOURCE: &str = include_str!("../../python/shim/nni.py");
 
@@ -61,6 +69,21 @@ pub fn checkpoint_dir(trial_dir: &Path) -> PathBuf {
     first_attempt.join("checkpoint")
 }
 
+/// The checkpoint folder of trial `donor` of the same experiment, seen from `trial_dir` (any
+/// attempt's folder): trial folders are siblings (`<experiment>/trials/<id>`, or the
+/// environment's folder on a remote host). `None` for a `donor` that is no plain trial id.
+pub fn restore_dir(trial_dir: &Path, donor: &str) -> Option<PathBuf> {
+    let plain = !donor.is_empty()
+        && donor
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !plain {
+        return None;
+    }
+    let trials = checkpoint_dir(trial_dir).parent()?.parent()?.to_path_buf();
+    Some(checkpoint_dir(&trials.join(donor)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +98,20 @@ mod tests {
             checkpoint_dir(Path::new("/e/trials/abc/attempt-3")),
             Path::new("/e/trials/abc/checkpoint")
         );
+    }
+
+    #[test]
+    fn a_member_restores_from_its_siblings_checkpoint_folder() {
+        assert_eq!(
+            restore_dir(Path::new("/e/trials/abc"), "xyz"),
+            Some(PathBuf::from("/e/trials/xyz/checkpoint"))
+        );
+        assert_eq!(
+            restore_dir(Path::new("/e/trials/abc/attempt-2"), "xyz"),
+            Some(PathBuf::from("/e/trials/xyz/checkpoint"))
+        );
+        assert_eq!(restore_dir(Path::new("/e/trials/abc"), "../x"), None);
+        assert_eq!(restore_dir(Path::new("/e/trials/abc"), ""), None);
     }
 
     #[test]

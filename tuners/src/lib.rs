@@ -13,6 +13,7 @@ mod gp;
 mod grid_search;
 mod hyperband;
 mod nsga2;
+mod pbt;
 mod random;
 mod tpe;
 
@@ -25,6 +26,7 @@ pub use gp::GpTuner;
 pub use grid_search::GridSearchTuner;
 pub use hyperband::HyperbandTuner;
 pub use nsga2::Nsga2Tuner;
+pub use pbt::PbtTuner;
 pub use random::RandomTuner;
 pub use tpe::TpeTuner;
 
@@ -36,6 +38,7 @@ knob_plugin_api::export_plugin! {
     tuner "Batch": BatchTuner = "the parameter sets listed in one choice, in order, each once (NNI's BatchTuner)";
     tuner "Evolution": EvolutionTuner = "naive evolution (NNI's Evolution): random first generation, then tournaments and one-parameter mutations; defers while no parent is ready";
     tuner "NSGA2": Nsga2Tuner = "multi-objective evolution (Optuna's NSGA-II defaults: population 50, uniform crossover 0.9 with swapping 0.5, mutation 1/#params), constrained domination, takes objectives";
+    tuner "PBT": PbtTuner = "population-based training (Ray Tune's semantics and names): members stopped at their interval in the bottom quantile are replaced by clones of top members with a checkpoint, parameters explored; lineage and checkpoints through KNOB_CHECKPOINT_DIR / KNOB_RESTORE_FROM";
     tuner "Random": RandomTuner = "random search (NNI's Random): seeded, never repeats a point, ends when a finite space is used up";
     tuner "Hyperband": HyperbandTuner = "Hyperband (NNI's): brackets of successive halving over random configurations, TRIAL_BUDGET in the parameters, NNI's string trial ids; exec_mode parallelism or serial";
     tuner "BOHB": BohbTuner = "BOHB (NNI's, in Rust): Hyperband's brackets with configurations from per-budget good/bad kernel densities";

@@ -15,6 +15,7 @@ mod nni_names;
 mod nni_v1;
 mod nnictl;
 mod notify;
+mod pbt;
 mod plugin;
 mod plugin_checks;
 #[path = "../../../training-services/tests/it/prerequisite.rs"]

@@ -98,6 +98,16 @@ impl TrialBook {
         self.counts.get(&status).copied().unwrap_or(0)
     }
 
+    /// The trial of a parameter id.
+    pub fn trial_of_parameter(&self, parameter_id: u64) -> Option<&str> {
+        self.by_parameter.get(&parameter_id).map(String::as_str)
+    }
+
+    /// Every trial, in no particular order.
+    pub fn all(&self) -> impl Iterator<Item = &Trial> + Clone {
+        self.trials.values()
+    }
+
     /// Whether a trial runs (or ran) these parameters already.
     pub fn has_parameter(&self, parameter_id: u64) -> bool {
         self.by_parameter.contains_key(&parameter_id)

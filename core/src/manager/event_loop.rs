@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use knob_plugin_api::host::AssessorHandle;
+use knob_plugin_api::population::Emitted;
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{AssessorContext, ComponentKind, OptimizeMode};
 use serde_json::Value;
@@ -53,6 +54,9 @@ pub(super) struct Manager {
     pub(super) commands_open: bool,
     pub(super) timers: Timers,
     pub(super) stop_requested: bool,
+    /// Population members whose checkpoint folder was deleted
+    /// (`population::collect_checkpoints`).
+    pub(super) collected: std::collections::HashSet<String>,
     /// Told when the loop starts and stops waiting (the simulator); `turns` counts the waits.
     pub(super) observer: Option<watch::Sender<LoopState>>,
     pub(super) turns: u64,
@@ -152,6 +156,7 @@ impl Manager {
             commands_open: true,
             timers,
             stop_requested: false,
+            collected: Default::default(),
             observer: None,
             turns: 0,
             config,
@@ -286,22 +291,29 @@ impl Manager {
     /// Submits trials until `trialConcurrency` are running or no more may start.
     pub(super) async fn fill(&mut self) -> Result<(), ManagerError> {
         self.place_waiting().await?;
-        while let Some(suggestion) = self.tuner.take_suggestion() {
-            if self.closed() || self.book.has_parameter(suggestion.parameter_id) {
+        while let Some(emitted) = self.tuner.take_suggestion() {
+            let (parameter_id, parameters, label, lineage) = match emitted {
+                Emitted::Stop(stop) => {
+                    self.stop_member(stop).await?;
+                    continue;
+                }
+                Emitted::Member {
+                    parameter_id,
+                    parameters,
+                    label,
+                    lineage,
+                } => (parameter_id, parameters, Some(label), Some(lineage)),
+                Emitted::Parameters(s) => (s.parameter_id, s.parameters, s.label, None),
+            };
+            if self.closed() || self.book.has_parameter(parameter_id) {
                 continue;
             }
-            if !self
-                .accept_output(suggestion.parameter_id, &suggestion.parameters)
-                .await?
-            {
+            if !self.accept_output(parameter_id, &parameters).await? {
                 continue;
             }
-            self.submit(
-                suggestion.parameter_id,
-                suggestion.parameters,
-                suggestion.label,
-            )
-            .await?;
+            let lineage = lineage.map(|l| self.member_lineage(l));
+            self.submit(parameter_id, parameters, label, lineage)
+                .await?;
         }
         let concurrency = u64::from(self.config.trial_concurrency);
         while !self.closed() && self.book.active_count() + self.tuner.in_flight() < concurrency {
@@ -310,9 +322,12 @@ impl Manager {
                     parameter_id,
                     parameters,
                     label,
+                    lineage,
                 } => {
                     if self.accept_output(parameter_id, &parameters).await? {
-                        self.submit(parameter_id, parameters, label).await?;
+                        let lineage = lineage.map(|l| self.member_lineage(l));
+                        self.submit(parameter_id, parameters, label, lineage)
+                            .await?;
                     }
                 }
                 Handout::Deferred => {}
@@ -360,6 +375,7 @@ impl Manager {
         parameter_id: u64,
         parameters: Value,
         parameter_label: Option<String>,
+        lineage: Option<crate::store::Lineage>,
     ) -> Result<String, ManagerError> {
         let (sequence, trial_id) = self.book.next_trial();
         self.store
@@ -369,11 +385,13 @@ impl Manager {
                 parameter_id,
                 parameter_label: parameter_label.clone(),
                 parameters: parameters.clone(),
+                lineage: lineage.clone().map(Box::new),
             })
             .await?;
         let mut trial =
             trial::Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone());
         trial.parameter_label = parameter_label;
+        trial.lineage = lineage;
         self.book.insert(trial);
         self.place_waiting().await?;
         Ok(trial_id)
@@ -414,6 +432,9 @@ impl Manager {
                 self.warn(Some(trial_id.to_string()), format!("assessor: {e}"))
                     .await?;
             }
+        }
+        if self.book[trial_id].lineage.is_some() {
+            self.collect_checkpoints().await;
         }
         self.publish(None);
         Ok(())

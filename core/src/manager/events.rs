@@ -131,6 +131,11 @@ impl Manager {
                 self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail)
                     .await?;
             }
+            ServiceEvent::CheckpointSaved { trial_id } => {
+                if let Some(trial) = self.book.get_mut(&trial_id) {
+                    trial.has_checkpoint = true;
+                }
+            }
             ServiceEvent::TrialUsage {
                 trial_id,
                 peak_memory_mib,
@@ -482,6 +487,16 @@ impl Manager {
                     return Ok(());
                 }
                 let history = trial.intermediate.clone();
+                if trial.lineage.is_some() {
+                    let intermediate = knob_plugin_api::population::Intermediate {
+                        step: history.len() as u64 - 1,
+                        checkpoint: trial.has_checkpoint,
+                    };
+                    let parameter_id = trial.parameter_id;
+                    self.tuner
+                        .intermediate_result(parameter_id, intermediate, value)
+                        .await?;
+                }
                 if let Some(assessor) = &self.assessor {
                     // An assessor that fails (or panics) costs its verdict, not the experiment.
                     match assessor.assess_trial(trial_id.clone(), history).get().await {

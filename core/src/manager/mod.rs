@@ -14,6 +14,7 @@ mod environments;
 mod event_loop;
 mod events;
 mod placement;
+mod population;
 mod resume;
 mod services;
 mod timers;

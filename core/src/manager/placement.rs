@@ -281,6 +281,9 @@ impl Manager {
                 if shim { "1" } else { "0" }.to_string(),
             );
         }
+        if let Some(parent) = trial.lineage.as_ref().and_then(|l| l.parent.clone()) {
+            env.insert(super::population::RESTORE_TRIAL_ENV.to_string(), parent);
+        }
         let request = ServiceTrialRequest {
             experiment_id: self.id.clone(),
             trial_id: trial_id.to_string(),

@@ -35,6 +35,7 @@ impl Manager {
             );
             trial.attempt = attempt;
             trial.parameter_label = stored.parameter_label.clone();
+            trial.lineage = stored.lineage.clone();
             trial.memory_request_mib = stored.memory_request_mib;
             trial.gpu_memory_request_mib = stored.gpu_memory_request_mib;
             // Attempts lost with their host still do not count against `maxTrialRetries`
@@ -101,6 +102,8 @@ impl Manager {
         if !imported.is_empty() {
             self.tuner.import(imported).await?;
         }
+        // What the run before the crash ended but did not get to delete.
+        self.collect_checkpoints().await;
         self.replay_to_assessor(state).await
     }
 

@@ -75,6 +75,11 @@ pub(super) struct Trial {
     /// The peak GPU memory (MiB, on its fullest GPU) of its last attempt, where its service
     /// could read NVML; shown in an out-of-memory requeue's reason.
     pub peak_gpu_memory_mib: Option<u64>,
+    /// For a population member (population-based training): where it comes from.
+    pub lineage: Option<crate::store::Lineage>,
+    /// Whether its service reported that its checkpoint folder holds something (this run of
+    /// the manager; a resumed member's next attempt reports it again).
+    pub has_checkpoint: bool,
 }
 
 impl Trial {
@@ -108,6 +113,8 @@ impl Trial {
             gpu_memory_request_mib: None,
             peak_memory_mib: None,
             peak_gpu_memory_mib: None,
+            lineage: None,
+            has_checkpoint: false,
         }
     }
 

@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 
 use knob_plugin_api::host::{HostError, TunerHandle};
+use knob_plugin_api::population::{read_suggestion, Emitted, Intermediate, Lineage};
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{Generated, ImportedTrial, Outcome, Suggestion};
 use serde_json::Value;
@@ -29,6 +30,8 @@ pub(super) enum Handout {
         parameter_id: u64,
         parameters: Value,
         label: Option<String>,
+        /// A population member's origin (PBT, `Generated::Member`).
+        lineage: Option<Lineage>,
     },
     /// Later, unprompted (counted as in flight until then).
     Deferred,
@@ -53,8 +56,9 @@ pub(super) struct TunerDriver {
     next_parameter_id: u64,
     /// Parameter ids the tuner deferred and still owes parameters for.
     deferred: u64,
-    /// Parameters the tuner emitted unprompted, not yet taken.
-    suggested: VecDeque<Suggestion>,
+    /// What the tuner emitted unprompted (parameters, population members, stops), not yet
+    /// taken.
+    suggested: VecDeque<Emitted>,
     exhausted: bool,
     /// The search space the tuner was last given, which every parameter set it hands out must
     /// belong to.
@@ -108,11 +112,39 @@ impl TunerDriver {
         self.dropped
     }
 
-    /// The next parameters the tuner emitted unprompted; each settles one deferred id.
-    pub fn take_suggestion(&mut self) -> Option<Suggestion> {
-        let suggestion = self.suggested.pop_front()?;
-        self.deferred = self.deferred.saturating_sub(1);
-        Some(suggestion)
+    /// The next thing the tuner emitted unprompted; parameters (a member's too) settle one
+    /// deferred id, a stop of a population member settles none.
+    pub fn take_suggestion(&mut self) -> Option<Emitted> {
+        let emitted = self.suggested.pop_front()?;
+        if !matches!(emitted, Emitted::Stop(_)) {
+            self.deferred = self.deferred.saturating_sub(1);
+        }
+        Some(emitted)
+    }
+
+    fn absorb(&mut self, suggestions: Vec<Suggestion>) {
+        self.suggested
+            .extend(suggestions.into_iter().map(read_suggestion));
+    }
+
+    /// Hands the tuner an intermediate result of a population member.
+    pub async fn intermediate_result(
+        &mut self,
+        parameter_id: u64,
+        intermediate: Intermediate,
+        value: f64,
+    ) -> Result<(), HostError> {
+        let suggestions = self
+            .tuner
+            .receive_intermediate_result(parameter_id, intermediate, value)
+            .get()
+            .await?;
+        self.absorb(suggestions);
+        Ok(())
+    }
+
+    pub fn label(&self) -> &str {
+        self.tuner.label()
     }
 
     /// Asks the tuner for the parameters of a fresh parameter id.
@@ -124,11 +156,23 @@ impl TunerDriver {
                     parameter_id,
                     parameters,
                     label: None,
+                    lineage: None,
                 },
                 Generated::Labeled { parameters, label } => Handout::Parameters {
                     parameter_id,
                     parameters,
                     label: Some(label),
+                    lineage: None,
+                },
+                Generated::Member {
+                    parameters,
+                    label,
+                    lineage,
+                } => Handout::Parameters {
+                    parameter_id,
+                    parameters,
+                    label: Some(label),
+                    lineage: Some(lineage),
                 },
                 Generated::Deferred => {
                     self.deferred += 1;
@@ -191,7 +235,7 @@ impl TunerDriver {
             .trial_end(parameter_id, status.as_str().into())
             .get()
             .await?;
-        self.suggested.extend(suggestions);
+        self.absorb(suggestions);
         Ok(())
     }
 
@@ -218,7 +262,7 @@ impl TunerDriver {
                     .await?
             }
         };
-        self.suggested.extend(suggestions);
+        self.absorb(suggestions);
         Ok(())
     }
 
@@ -344,7 +388,9 @@ mod tests {
             .trial_ended(10, TrialStatus::Succeeded)
             .await
             .unwrap();
-        let suggestion = driver.take_suggestion().unwrap();
+        let Some(Emitted::Parameters(suggestion)) = driver.take_suggestion() else {
+            panic!("parameters for the deferred id");
+        };
         assert_eq!(suggestion.parameter_id, 11);
         assert_eq!(driver.in_flight(), 0);
         driver

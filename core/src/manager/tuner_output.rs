@@ -14,6 +14,11 @@ use serde_json::Value;
 /// the trial runs with. It is no parameter of the space, and trials read it, so it passes.
 pub(crate) const TRIAL_BUDGET: &str = "TRIAL_BUDGET";
 
+/// The keys NNI's PBTTuner adds to a trial's parameters: the folders its trial saves its
+/// checkpoint to and loads one from. No parameters of the space; they pass as strings.
+pub(crate) const NNI_PBT_CHECKPOINT_KEYS: [&str; 2] =
+    ["save_checkpoint_dir", "load_checkpoint_dir"];
+
 /// The one-line refusal of `parameters` handed out by `tuner` (its label, "tuner TPE") for
 /// `parameter_id`, naming the parameter and the rule; `None` when the space holds them.
 pub(crate) fn refusal(
@@ -23,6 +28,24 @@ pub(crate) fn refusal(
     parameters: &Value,
 ) -> Option<String> {
     let budget_allowed = !space.parameters().iter().any(|p| p.name() == TRIAL_BUDGET);
+    let in_space = |key: &str| space.parameters().iter().any(|p| p.name() == key);
+    let pbt_keys: Vec<&str> = NNI_PBT_CHECKPOINT_KEYS
+        .into_iter()
+        .filter(|key| !in_space(key))
+        .filter(|key| parameters.get(*key).is_some_and(Value::is_string))
+        .collect();
+    let without_pbt_keys;
+    let parameters = match parameters {
+        Value::Object(map) if !pbt_keys.is_empty() => {
+            let mut map = map.clone();
+            for key in &pbt_keys {
+                map.shift_remove(*key);
+            }
+            without_pbt_keys = Value::Object(map);
+            &without_pbt_keys
+        }
+        _ => parameters,
+    };
     let checked = match parameters {
         Value::Object(map) if budget_allowed && map.contains_key(TRIAL_BUDGET) => {
             if !map[TRIAL_BUDGET].is_number() {
@@ -104,6 +127,21 @@ mod tests {
         check(
             json!([1, 2, 3]),
             expect!["tuner Halton handed out parameters the search space does not hold (parameter id 7): trial parameters: must be a JSON object of parameter values, got [1,2,3]"],
+        );
+    }
+
+    #[test]
+    fn nni_pbt_checkpoint_folders_pass_as_strings() {
+        check(
+            json!({"lr": 0.01, "layers": 2, "act": "relu",
+                   "save_checkpoint_dir": "/c/1", "load_checkpoint_dir": "/c/0"}),
+            expect!["accepted"],
+        );
+        check(
+            json!({"lr": 0.01, "layers": 2, "act": "relu", "save_checkpoint_dir": 3}),
+            expect![[
+                r#"tuner Halton handed out parameters the search space does not hold (parameter id 7): trial parameter "save_checkpoint_dir": not in the search space; expected only [lr, layers, act]"#
+            ]],
         );
     }
 

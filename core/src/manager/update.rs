@@ -57,7 +57,9 @@ impl Manager {
                     return Ok(Err(e.to_string()));
                 }
                 let parameter_id = self.tuner.reserve_parameter_id();
-                let trial_id = self.submit(parameter_id, parameters.clone(), None).await?;
+                let trial_id = self
+                    .submit(parameter_id, parameters.clone(), None, None)
+                    .await?;
                 return Ok(Ok(UpdateOutcome::TrialAdded(trial_id)));
             }
         };

@@ -7,6 +7,21 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Where a population member comes from (population-based training, issue 15): the trials are
+/// named by id. A member of the first generation has neither.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    /// The member whose checkpoint it starts from (`KNOB_RESTORE_FROM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The member it replaces, which the tuner stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
+    /// How many intermediate results the parent had reported when it was cloned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_step: Option<u64>,
+}
+
 /// Position of an event in the log: 1 for the first event, +1 for each one after, with no gaps
 /// and never reused. Metrics and the other events share this one sequence.
 pub type EventSeq = u64;
@@ -180,6 +195,10 @@ pub enum StoreEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         parameter_label: Option<String>,
         parameters: Value,
+        /// For a population member (population-based training): where it comes from. Boxed:
+        /// most trials have none, and every event crosses the writer's queue.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lineage: Option<Box<Lineage>>,
     },
     TrialStarted {
         trial_id: String,

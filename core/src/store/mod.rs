@@ -59,8 +59,8 @@ use tokio::sync::{oneshot, watch};
 
 pub use error::{Rejection, StoreError};
 pub use event::{
-    Counters, Direction, EventRecord, EventSeq, ExperimentStatus, MetricKind, MetricRecord,
-    StoreEvent, TrialStatus,
+    Counters, Direction, EventRecord, EventSeq, ExperimentStatus, Lineage, MetricKind,
+    MetricRecord, StoreEvent, TrialStatus,
 };
 pub use reader::{Attempts, ExperimentSummary, StoreReader, TrialQuery, TrialRow};
 pub use state::{

@@ -327,6 +327,32 @@ impl StoreReader {
         self.collect(&sql, [limit.min(i64::MAX as u64) as i64], trial_from_row)
     }
 
+    /// The lineage of every population member (PBT), by trial id. It is kept in the log only
+    /// (`StoreEvent::TrialCreated`), so this reads the creation events that carry one.
+    pub fn lineages(
+        &self,
+    ) -> Result<std::collections::HashMap<String, super::Lineage>, StoreError> {
+        let rows = self.collect(
+            "SELECT trial_id, payload FROM events
+             WHERE kind = 'trial_created' AND payload LIKE '%\"lineage\"%'",
+            [],
+            |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+        )?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(trial_id, payload)| {
+                let event: super::StoreEvent = serde_json::from_str(&payload).ok()?;
+                match event {
+                    super::StoreEvent::TrialCreated {
+                        lineage: Some(lineage),
+                        ..
+                    } => Some((trial_id, *lineage)),
+                    _ => None,
+                }
+            })
+            .collect())
+    }
+
     /// Every metric of a trial, all attempts, in log order.
     pub fn metrics_of_trial(&self, trial_id: &str) -> Result<Vec<MetricRecord>, StoreError> {
         let sql = format!("SELECT {METRIC_COLUMNS} FROM metrics WHERE trial_id = ?1 ORDER BY seq");

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::error::{one_line, StoreError};
 use super::event::{
-    Counters, EventRecord, EventSeq, ExperimentStatus, MetricKind, MetricRecord, StoreEvent,
-    TrialStatus,
+    Counters, EventRecord, EventSeq, ExperimentStatus, Lineage, MetricKind, MetricRecord,
+    StoreEvent, TrialStatus,
 };
 use super::reader::{metric_from_row, METRIC_COLUMNS};
 use super::schema::read_counters;
@@ -70,6 +70,8 @@ pub struct TrialState {
     /// The tuner's label for the parameters, the id the trial sees (see `StoreEvent::TrialCreated`).
     pub parameter_label: Option<String>,
     pub parameters: Value,
+    /// For a population member: where it comes from (see `StoreEvent::TrialCreated`).
+    pub lineage: Option<Lineage>,
     pub status: TrialStatus,
     pub created_ms: i64,
     /// Attempt `n` is `attempts[n - 1]`.
@@ -416,6 +418,7 @@ impl Replayer {
                 parameter_id,
                 parameter_label,
                 parameters,
+                lineage,
             } => {
                 if self.trial_index.contains_key(&trial_id) {
                     return Err(self.corrupt(seq, format!("trial {trial_id:?} is created twice")));
@@ -428,6 +431,7 @@ impl Replayer {
                     parameter_id,
                     parameter_label,
                     parameters,
+                    lineage: lineage.map(|l| *l),
                     status: TrialStatus::Waiting,
                     created_ms: time_ms,
                     attempts: Vec::new(),

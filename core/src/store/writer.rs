@@ -396,6 +396,7 @@ impl Writer {
                 parameters,
                 // Kept in the event log only (the state replays it from there).
                 parameter_label: _,
+                lineage: _,
             } => {
                 self.require_experiment()?;
                 let counters = &mut self.position.counters;

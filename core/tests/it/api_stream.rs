@@ -55,6 +55,7 @@ fn trial_created(trial_id: &str, sequence: u64) -> StoreEvent {
         parameter_id: sequence,
         parameter_label: None,
         parameters: json!({"x": sequence}),
+        lineage: None,
     }
 }
 

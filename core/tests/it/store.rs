@@ -29,6 +29,7 @@ fn trial(trial_id: &str, sequence: u64) -> StoreEvent {
         parameter_id: sequence,
         parameter_label: None,
         parameters: json!({"lr": 0.01 * (sequence + 1) as f64, "optimizer": "adam"}),
+        lineage: None,
     }
 }
 
@@ -551,6 +552,7 @@ fn counters_never_go_back_across_reopen() {
         parameter_id: 1,
         parameter_label: None,
         parameters: json!({}),
+        lineage: None,
     };
     let error = store.append(reused_parameter).wait().unwrap_err();
     assert!(matches!(
@@ -720,6 +722,7 @@ fn unacked_events_are_written_and_their_failures_reported_by_flush() {
         parameter_id: 5,
         parameter_label: None,
         parameters: json!({}),
+        lineage: None,
     });
     let error = store.flush().wait().unwrap_err();
     check_error(

@@ -101,9 +101,16 @@ impl TunerObject {
                                 self.label
                             ),
                         })?;
-                    match crate::labeled::unwrap(value) {
-                        (parameters, None) => Generated::Parameters(parameters),
-                        (parameters, Some(label)) => Generated::Labeled { parameters, label },
+                    match crate::population::unwrap_member(value) {
+                        Ok((parameters, label, lineage)) => Generated::Member {
+                            parameters,
+                            label,
+                            lineage,
+                        },
+                        Err(value) => match crate::labeled::unwrap(value) {
+                            (parameters, None) => Generated::Parameters(parameters),
+                            (parameters, Some(label)) => Generated::Labeled { parameters, label },
+                        },
                     }
                 }
                 AbiGenerated::NoMore => Generated::NoMore,
@@ -125,6 +132,24 @@ impl TunerObject {
             "receive_trial_result",
             self.raw
                 .receive_trial_result(parameter_id, RStr::from_str(&parameters), value),
+        )?;
+        self.take_suggestions()
+    }
+
+    /// Hands over an intermediate result of a population member; returns what the tuner emitted
+    /// in response (stops and members: read them with [`crate::population::read_suggestion`]).
+    pub fn receive_intermediate_result(
+        &mut self,
+        parameter_id: u64,
+        intermediate: crate::population::Intermediate,
+        value: f64,
+    ) -> Result<Vec<Suggestion>, HostError> {
+        let text = crate::population::wrap_intermediate(intermediate);
+        called(
+            &self.label,
+            "receive_trial_result",
+            self.raw
+                .receive_trial_result(parameter_id, RStr::from_str(&text), value),
         )?;
         self.take_suggestions()
     }
@@ -424,6 +449,15 @@ impl TunerHandle {
     }
     pub fn trial_end(&self, parameter_id: u64, status: String) -> Reply<Vec<Suggestion>> {
         self.0.call(move |t| t.trial_end(parameter_id, &status))
+    }
+    pub fn receive_intermediate_result(
+        &self,
+        parameter_id: u64,
+        intermediate: crate::population::Intermediate,
+        value: f64,
+    ) -> Reply<Vec<Suggestion>> {
+        self.0
+            .call(move |t| t.receive_intermediate_result(parameter_id, intermediate, value))
     }
     pub fn import_data(&self, trials: Vec<ImportedTrial>) -> Reply<()> {
         self.0.call(move |t| t.import_data(&trials))

@@ -40,7 +40,9 @@ fn parse_space(
             format!("{prefix}/{name}")
         };
         if depth == 0
-            && (name == crate::labeled::ENVELOPE_KEY || name == crate::objectives::ENVELOPE_KEY)
+            && (name == crate::labeled::ENVELOPE_KEY
+                || name == crate::objectives::ENVELOPE_KEY
+                || crate::population::is_reserved(name))
         {
             // The names mark labeled parameters and outcomes crossing the ABI
             // (`crate::labeled`, `crate::objectives`).

@@ -74,7 +74,9 @@ pub fn trial_of(event: &ServiceEvent) -> Option<&str> {
         ServiceEvent::Warning { trial_id, .. } => trial_id.as_deref(),
         // Resource use, not the trial's protocol: the sequences the tests compare leave it out
         // (`usage_of` finds it).
-        ServiceEvent::TrialUsage { .. } | ServiceEvent::Environment { .. } => None,
+        ServiceEvent::TrialUsage { .. }
+        | ServiceEvent::CheckpointSaved { .. }
+        | ServiceEvent::Environment { .. } => None,
     }
 }
 

@@ -72,7 +72,7 @@ fn the_library_exports_both_tuners_and_they_behave_as_through_the_rlib() {
         {
             Generated::Parameters(p) => abi_points.push(p),
             Generated::NoMore => break,
-            Generated::Deferred | Generated::Labeled { .. } => {
+            Generated::Deferred | Generated::Labeled { .. } | Generated::Member { .. } => {
                 panic!("GridSearch neither defers nor labels")
             }
         }

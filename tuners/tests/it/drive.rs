@@ -70,7 +70,9 @@ pub fn ask(tuner: &mut impl Tuner, id: u64) -> Option<Value> {
         Generated::Parameters(p) => Some(p),
         Generated::NoMore => None,
         Generated::Deferred => panic!("parameter id {id} was deferred"),
-        Generated::Labeled { .. } => panic!("parameter id {id} was labeled"),
+        Generated::Labeled { .. } | Generated::Member { .. } => {
+            panic!("parameter id {id} was labeled")
+        }
     }
 }
 

@@ -11,6 +11,7 @@ mod gp;
 mod grid;
 mod hyperband;
 mod multi_objective;
+mod pbt;
 mod random;
 mod tpe;
 
@@ -39,7 +40,7 @@ fn generate(tuner: &mut impl Tuner, limit: usize) -> (Vec<Value>, bool) {
         match tuner.generate_parameters(id).expect("generate_parameters") {
             Generated::Parameters(params) => out.push(params),
             Generated::NoMore => return (out, true),
-            Generated::Deferred | Generated::Labeled { .. } => {
+            Generated::Deferred | Generated::Labeled { .. } | Generated::Member { .. } => {
                 panic!("neither Random nor GridSearch defers or labels")
             }
         }

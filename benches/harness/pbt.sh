@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Population-based training: knob's PBT against random search (and Ray Tune's PBT, when `ray`
+# installs here) at equal total steps, on two problems (benches/harness/pbt_problems.py): the PBT
+# paper's toy and a logistic regression whose best learning rate falls during training.
+#
+#   benches/harness/pbt.sh [SEEDS] [--no-ray]     # SEEDS: default 10
+#
+# Each method runs 8 members (PBT) or 8 trials (random search) of 40 steps each, all side by
+# side (trialConcurrency 8): 320 steps per run. It prints, per problem and method, the median
+# over the seeds of the best final result (larger is better), and the ratio of PBT's margin over
+# random search. The virtualenv .ci-cache/pbt (numpy; ray[tune] 2.60.0 unless --no-ray) is made
+# on first use. knob runs with the debug build next to the workspace's target (cargo build).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+seeds=${1:-10}
+use_ray=1
+[ "${2:-}" = "--no-ray" ] && use_ray=0
+
+venv=.ci-cache/pbt
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import numpy" 2>/dev/null; then
+  echo "pbt: creating $venv (numpy)" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --no-input --only-binary=:all: numpy==2.4.6 >&2
+fi
+ray_note=""
+if [ "$use_ray" = 1 ] && ! "$venv/bin/python" -c "import ray.tune" 2>/dev/null; then
+  if ! "$venv/bin/python" -m pip install --quiet --no-input --only-binary=:all: 'ray[tune]==2.60.0' >&2; then
+    ray_note="ray[tune] 2.60.0 did not install here; Ray Tune's PBT not compared"
+  fi
+fi
+python=$PWD/$venv/bin/python
+
+cargo build -q -p knob-cli -p knob-tuners -p knob-training-services
+knob=$root/target/debug/knob
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export KNOB_HOME=$work/home
+
+run_knob() { # problem method seed -> best final
+  local problem=$1 method=$2 seed=$3 dir=$work/$1-$2-$3
+  mkdir -p "$dir"
+  cp benches/harness/pbt_problems.py "$dir/"
+  local space tuner
+  if [ "$problem" = toy ]; then
+    space='{h0: {_type: uniform, _value: [0, 1]}, h1: {_type: uniform, _value: [0, 1]}}'
+  else
+    space='{lr: {_type: loguniform, _value: [0.001, 10]}}'
+  fi
+  if [ "$method" = pbt ]; then
+    tuner="{name: PBT, classArgs: {population_size: 8, perturbation_interval: 4, seed: $seed}}"
+  else
+    tuner="{name: Random, classArgs: {seed: $seed}}"
+  fi
+  cat >"$dir/config.yml" <<YAML
+searchSpace: $space
+trialCommand: PBT_PROBLEM=$problem '$python' pbt_problems.py knob
+trialConcurrency: 8
+maxTrialNumber: $([ "$method" = pbt ] && echo 1000 || echo 8)
+tuner: $tuner
+trainingService: {platform: local}
+experimentWorkingDirectory: $work/experiments
+YAML
+  "$knob" create --config "$dir/config.yml" --id "$problem-$method-$seed" >/dev/null 2>"$dir/err" ||
+    { cat "$dir/err" >&2; exit 1; }
+  "$knob" experiment export "$problem-$method-$seed" |
+    "$python" -c 'import json,sys; t=json.load(sys.stdin)["trials"]; print(max(x["final"] for x in t if x["final"] is not None))'
+}
+
+results=$work/results.jsonl
+for seed in $(seq 1 "$seeds"); do
+  for problem in toy logreg; do
+    for method in random pbt; do
+      best=$(run_knob $problem $method $seed)
+      echo "{\"method\": \"knob-$method\", \"problem\": \"$problem\", \"seed\": $seed, \"best\": $best}" | tee -a "$results" >&2
+    done
+  done
+done
+if [ "$use_ray" = 1 ] && [ -z "$ray_note" ]; then
+  (cd "$work" && "$python" "$root/benches/harness/pbt_problems.py" ray $(seq 1 "$seeds")) 2>"$work/ray.err" |
+    tee -a "$results" >&2 || ray_note="Ray Tune's PBT failed: $(tail -1 "$work/ray.err")"
+elif [ "$use_ray" = 0 ]; then
+  ray_note="Ray Tune's PBT not run (--no-ray)"
+fi
+
+"$python" - "$results" "$seeds" "$ray_note" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+seeds, note = sys.argv[2], sys.argv[3]
+print(f"pbt: median best final over {seeds} seeds, 8 members x 40 steps (320 steps per run); larger is better")
+for problem in ("toy", "logreg"):
+    medians = {}
+    for method in ("knob-random", "knob-pbt", "ray-pbt"):
+        values = [r["best"] for r in rows if r["problem"] == problem and r["method"] == method]
+        if values:
+            medians[method] = statistics.median(values)
+    line = "  ".join(f"{m} {v:.4f}" for m, v in medians.items())
+    verdict = "PBT beats random" if medians["knob-pbt"] > medians["knob-random"] else "PBT does NOT beat random"
+    print(f"{problem:7} {line}  ({verdict}: {medians['knob-pbt'] - medians['knob-random']:+.4f})")
+if note:
+    print(note)
+PY

@@ -1,0 +1,230 @@
+//! Population-based training end to end (issue 15): `examples/pbt` (8 members, 40 steps each)
+//! under the real local service; lineage and checkpoints are checked against what each trial
+//! itself wrote about where it started from (`$KNOB_TRIAL_DIR/pbt.json`), then the same after a
+//! SIGKILL of the manager and `knob resume`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::create::Sandbox;
+use crate::{repo_root, run};
+
+const STEPS: u64 = 40;
+
+fn example(sandbox: &Sandbox) -> PathBuf {
+    let root = repo_root().join("examples/pbt");
+    let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
+    let yaml = std::fs::read_to_string(root.join("config.yml"))
+        .unwrap()
+        .replace("maxExperimentDuration: 10m", "maxExperimentDuration: 3m");
+    sandbox.config(&yaml, &[("trial.py", &trial)])
+}
+
+/// `knob create` of the example; its trials sleep `step_seconds` after each step.
+fn create(sandbox: &Sandbox, config: &Path, id: &str, step_seconds: &str) -> Command {
+    let mut command = sandbox.knob();
+    command
+        .env("PBT_STEP_SECONDS", step_seconds)
+        .arg("create")
+        .arg("--config")
+        .arg(config)
+        .args(["--id", id]);
+    command
+}
+
+/// Every attempt's `pbt.json`, by trial id (an attempt run again after the kill writes its own).
+fn trial_logs(experiment_dir: &Path) -> BTreeMap<String, Vec<Value>> {
+    let mut logs = BTreeMap::new();
+    for entry in std::fs::read_dir(experiment_dir.join("trials"))
+        .unwrap()
+        .flatten()
+    {
+        let id = entry.file_name().into_string().unwrap();
+        let mut attempts = Vec::new();
+        let mut dirs = vec![entry.path()];
+        dirs.extend(
+            std::fs::read_dir(entry.path())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("attempt-"))
+                .map(|e| e.path()),
+        );
+        for dir in dirs {
+            if let Ok(text) = std::fs::read_to_string(dir.join("pbt.json")) {
+                attempts.push(serde_json::from_str(&text).unwrap());
+            }
+        }
+        logs.insert(id, attempts);
+    }
+    logs
+}
+
+/// Checks lineage, checkpoints and the population against the trials' own logs.
+fn check_population(sandbox: &Sandbox, id: &str) -> Value {
+    let export = sandbox.export(id);
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    let experiment_dir = sandbox.path().join("experiments").join(id);
+    let logs = trial_logs(&experiment_dir);
+    let trials = export["trials"].as_array().unwrap();
+    let by_id: BTreeMap<&str, &Value> = trials
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t))
+        .collect();
+    let mut slots_done: BTreeMap<String, u32> = BTreeMap::new();
+    let mut first_generation = 0;
+    let mut successors = 0;
+    for trial in trials {
+        let tid = trial["id"].as_str().unwrap();
+        let lineage = &trial["lineage"];
+        assert!(lineage.is_object(), "every trial is a member: {trial:#}");
+        let label = trial["parameter_label"].as_str().unwrap();
+        let slot = label.split('-').next().unwrap().to_string();
+        match trial["status"].as_str().unwrap() {
+            "SUCCEEDED" => {
+                *slots_done.entry(slot).or_default() += 1;
+                // It trained to the end, and wrote so itself.
+                let last = logs[tid]
+                    .last()
+                    .unwrap_or_else(|| panic!("{tid} wrote no log"));
+                assert_eq!(last["steps"], STEPS, "{tid}: {last}");
+                assert!(
+                    experiment_dir
+                        .join("trials")
+                        .join(tid)
+                        .join("checkpoint/state.json")
+                        .exists(),
+                    "a finished member keeps its checkpoint: {tid}"
+                );
+            }
+            "EARLY_STOPPED" => {
+                let message = trial["message"].as_str().unwrap();
+                assert!(message.starts_with("PBT: bottom 25% at step "), "{message}");
+            }
+            other => panic!("{tid} ended {other}: {trial:#}"),
+        }
+        let Some(parent) = lineage["parent"].as_str() else {
+            first_generation += 1;
+            // It started from scratch, or (run again after the kill) from its own checkpoint.
+            for log in &logs[tid] {
+                assert!(log["restored"].is_null(), "{tid}: {log}");
+                assert!(log["restore_from"].is_null(), "{tid}: {log}");
+            }
+            continue;
+        };
+        successors += 1;
+        let replaced = lineage["replaces"].as_str().unwrap();
+        assert_eq!(by_id[replaced]["status"], "EARLY_STOPPED", "{trial:#}");
+        assert_ne!(parent, replaced);
+        let parent_step = lineage["parent_step"].as_u64().unwrap();
+        // The trial's own record: it started from the parent's checkpoint folder, which held
+        // weights the parent wrote at or after the step it was cloned at.
+        let first = logs[tid]
+            .first()
+            .unwrap_or_else(|| panic!("{tid} wrote no log"));
+        let restore_from = first["restore_from"].as_str().unwrap();
+        assert!(
+            restore_from.ends_with(&format!("trials/{parent}/checkpoint")),
+            "{tid}: {first}"
+        );
+        if first["resumed"].is_null() {
+            let restored = &first["restored"];
+            assert_eq!(restored["written_by"], parent, "{tid}: {first}");
+            assert!(
+                restored["step"].as_u64().unwrap() >= parent_step,
+                "{tid}: {first}"
+            );
+        }
+    }
+    assert_eq!(first_generation, 8, "{export:#}");
+    assert!(
+        successors > 0,
+        "nobody was exploited in 40 steps: {export:#}"
+    );
+    // No member lost or duplicated: each of the 8 slots ends with exactly one member that
+    // trained to the end.
+    assert_eq!(slots_done.len(), 8, "{slots_done:?}");
+    assert!(slots_done.values().all(|n| *n == 1), "{slots_done:?}");
+    // Checkpoints of replaced members are deleted once no member starts from them.
+    for trial in trials.iter().filter(|t| t["status"] == "EARLY_STOPPED") {
+        let tid = trial["id"].as_str().unwrap();
+        let dir = experiment_dir.join("trials").join(tid).join("checkpoint");
+        assert!(!dir.exists(), "{} kept", dir.display());
+    }
+    export
+}
+
+#[test]
+fn pbt_replaces_bottom_members_with_clones_of_top_members_checked_from_the_trials_logs() {
+    let sandbox = Sandbox::new();
+    let config = example(&sandbox);
+    let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbt", "0.1"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = check_population(&sandbox, "pbt");
+    // `knob trial ls` shows where each member comes from.
+    let (code, stdout, stderr) = run(sandbox.knob().args(["trial", "ls", "pbt"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.lines().next().unwrap().contains("lineage"),
+        "{stdout}"
+    );
+    let successor = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["lineage"]["parent"].is_string())
+        .unwrap();
+    let cell = format!(
+        "from {}@{}, replaces {}",
+        successor["lineage"]["parent"].as_str().unwrap(),
+        successor["lineage"]["parent_step"],
+        successor["lineage"]["replaces"].as_str().unwrap()
+    );
+    assert!(stdout.contains(&cell), "{cell} not in\n{stdout}");
+}
+
+#[test]
+fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicated() {
+    let sandbox = Sandbox::new();
+    let config = example(&sandbox);
+    let mut child = create(&sandbox, &config, "pbtk", "0.1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill the manager once some member was replaced (a successor's trial folder exists next to
+    // the first eight) and members are mid-training.
+    let trials_dir = sandbox.path().join("experiments/pbtk/trials");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let count = std::fs::read_dir(&trials_dir).map_or(0, |d| d.count());
+        if count > 9 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no member was replaced in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("PBT_STEP_SECONDS", "0.05")
+        .args(["resume", "pbtk"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = check_population(&sandbox, "pbtk");
+    // Members running at the kill ran again from their own checkpoints.
+    let logs = trial_logs(&sandbox.path().join("experiments/pbtk"));
+    let resumed: BTreeSet<&String> = logs
+        .iter()
+        .filter(|(_, attempts)| attempts.iter().any(|a| !a["resumed"].is_null()))
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        !resumed.is_empty(),
+        "no member resumed from its checkpoint: {export:#}"
+    );
+}

@@ -1,0 +1,164 @@
+//! Population-based training on the manager's side (issue 15): members a tuner hands out
+//! (`Generated::Member`) are recorded with their lineage, started from their parent's checkpoint,
+//! stopped when the tuner asks, and their checkpoint folders are deleted once no living member
+//! can need them.
+//!
+//! The checkpoint protocol (what a trial sees; see `training-services`' `trial_python`):
+//! `KNOB_CHECKPOINT_DIR` is the trial's own folder (`<trial folder>/checkpoint`, shared by its
+//! attempts); a member started from another one's checkpoint also gets `KNOB_RESTORE_FROM`, that
+//! member's folder. The manager sends the parent's trial id as `KNOB_RESTORE_TRIAL`, and the
+//! service's runner turns it into the path on the host that runs the trial.
+
+use knob_plugin_api::population::{Lineage as TunerLineage, Stop};
+
+use super::{Manager, ManagerError};
+use crate::store::{Lineage, TrialStatus};
+
+/// The parent's trial id, for the runner (`training-services`' `trial_python::RESTORE_TRIAL_ENV`).
+pub(super) const RESTORE_TRIAL_ENV: &str = "KNOB_RESTORE_TRIAL";
+
+/// The folder a trial's checkpoints go to, as the runner makes it for a trial of this machine.
+fn checkpoint_dir(experiment_dir: &std::path::Path, trial_id: &str) -> std::path::PathBuf {
+    experiment_dir
+        .join("trials")
+        .join(trial_id)
+        .join("checkpoint")
+}
+
+/// Which of `members` (id, status, lineage) have a checkpoint no living member can need: those
+/// that ended EARLY_STOPPED or FAILED and that no member not ended starts from.
+fn unneeded_checkpoints<'a>(
+    members: impl Iterator<Item = (&'a str, TrialStatus, &'a Lineage)> + Clone,
+) -> Vec<String> {
+    let needed: std::collections::HashSet<&str> = members
+        .clone()
+        .filter(|(_, status, _)| !status.is_final())
+        .filter_map(|(_, _, lineage)| lineage.parent.as_deref())
+        .collect();
+    members
+        .filter(|(_, status, _)| matches!(status, TrialStatus::EarlyStopped | TrialStatus::Failed))
+        .filter(|(id, _, _)| !needed.contains(id))
+        .map(|(id, _, _)| id.to_string())
+        .collect()
+}
+
+impl Manager {
+    /// The tuner names members by parameter id; the store and the trials by trial id.
+    pub(super) fn member_lineage(&self, lineage: TunerLineage) -> Lineage {
+        let trial_of = |id: Option<u64>| {
+            id.and_then(|id| self.book.trial_of_parameter(id).map(str::to_string))
+        };
+        Lineage {
+            parent: trial_of(lineage.parent),
+            replaces: trial_of(lineage.replaces),
+            parent_step: lineage.parent_step,
+        }
+    }
+
+    /// The tuner asked to stop a member: it ends EARLY_STOPPED with the tuner's reason. A
+    /// request for a trial that is no member, or has ended, is ignored with a warning.
+    pub(super) async fn stop_member(&mut self, stop: Stop) -> Result<(), ManagerError> {
+        let Some(trial_id) = self
+            .book
+            .trial_of_parameter(stop.parameter_id)
+            .map(str::to_string)
+        else {
+            return self
+                .warn(
+                    None,
+                    format!(
+                        "{} asked to stop parameter id {}, which no trial has; ignored",
+                        self.tuner.label(),
+                        stop.parameter_id
+                    ),
+                )
+                .await;
+        };
+        let trial = &self.book[&trial_id];
+        if trial.lineage.is_none() {
+            let label = self.tuner.label().to_owned();
+            return self
+                .warn(
+                    Some(trial_id),
+                    format!("{label} asked to stop a trial that is no population member; ignored"),
+                )
+                .await;
+        }
+        if trial.status.is_final() {
+            return Ok(());
+        }
+        self.kill(&trial_id, TrialStatus::EarlyStopped, stop.reason)
+            .await
+    }
+
+    /// Deletes the checkpoint folders that no living member can need any more: those of members
+    /// that ended EARLY_STOPPED (replaced) or FAILED, once no member that has not ended starts
+    /// from them. Kept: a living member's own (it may be cloned, and its next attempt resumes
+    /// from it), the parent's of every member not ended, and those of members that SUCCEEDED or
+    /// were cancelled (the population's results, and members a stop of the experiment will run
+    /// again). Only folders on this machine are deleted (`<experiment>/trials/<id>/checkpoint`:
+    /// the local service, and Slurm on a shared file system); a remote host keeps its own.
+    pub(super) async fn collect_checkpoints(&mut self) {
+        let members = self
+            .book
+            .all()
+            .filter(|t| !self.collected.contains(&t.id))
+            .filter_map(|t| Some((t.id.as_str(), t.status, t.lineage.as_ref()?)));
+        let garbage = unneeded_checkpoints(members);
+        for trial_id in garbage {
+            let dir = checkpoint_dir(&self.dir, &trial_id);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    // A folder that cannot be deleted costs disk, never the experiment.
+                    let _ = self
+                        .warn(
+                            Some(trial_id.clone()),
+                            format!("cannot delete checkpoint folder {}: {e}", dir.display()),
+                        )
+                        .await;
+                }
+            }
+            self.collected.insert(trial_id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_is_kept_while_a_member_not_ended_starts_from_it() {
+        let from = |parent: &str| Lineage {
+            parent: Some(parent.into()),
+            ..Lineage::default()
+        };
+        let first = Lineage::default();
+        let (a, b) = (from("stopped-parent"), from("done"));
+        let members = [
+            // Replaced, but a waiting member starts from it: kept.
+            ("stopped-parent", TrialStatus::EarlyStopped, &first),
+            ("waiting", TrialStatus::Waiting, &a),
+            // Replaced and needed by nobody: deleted; so is a failed one.
+            ("replaced", TrialStatus::EarlyStopped, &first),
+            ("failed", TrialStatus::Failed, &first),
+            // Finished (a result), cancelled (runs again after a stop), running: kept.
+            ("done", TrialStatus::Succeeded, &first),
+            ("cancelled", TrialStatus::UserCanceled, &first),
+            ("running", TrialStatus::Running, &b),
+        ];
+        assert_eq!(
+            unneeded_checkpoints(members.iter().copied()),
+            ["replaced", "failed"]
+        );
+        // Once the member that starts from it has ended, the parent's goes too.
+        let mut later = members;
+        later[1].1 = TrialStatus::EarlyStopped;
+        assert_eq!(
+            unneeded_checkpoints(later.iter().copied()),
+            ["stopped-parent", "waiting", "replaced", "failed"]
+        );
+    }
+}

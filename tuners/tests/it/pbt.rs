@@ -1,0 +1,287 @@
+//! PBT driven as the manager drives it: members report steps, stopped ones end EARLY_STOPPED,
+//! and their ids are asked for again.
+
+use std::collections::BTreeMap;
+
+use knob_plugin_api::population::{read_suggestion, Emitted, Intermediate, Lineage};
+use knob_plugin_api::space::SearchSpace;
+use knob_plugin_api::{Generated, ImportedTrial, Tuner};
+use knob_tuners::PbtTuner;
+use serde_json::{json, Value};
+
+struct Running {
+    parameters: Value,
+    lineage: Lineage,
+    steps: u64,
+    saves_checkpoints: bool,
+}
+
+struct Drive {
+    tuner: PbtTuner,
+    next_id: u64,
+    running: BTreeMap<u64, Running>,
+    ended: Vec<(u64, Lineage)>,
+    stops: Vec<(u64, String)>,
+}
+
+fn space() -> SearchSpace {
+    SearchSpace::parse(
+        r#"{"lr": {"_type": "loguniform", "_value": [0.001, 1]},
+            "width": {"_type": "choice", "_value": [16, 32, 64, 128]},
+            "layers": {"_type": "randint", "_value": [1, 6]}}"#,
+    )
+    .unwrap()
+}
+
+impl Drive {
+    fn new(args: Value) -> Drive {
+        let mut tuner = PbtTuner::new(&args).unwrap();
+        tuner.update_search_space(&space()).unwrap();
+        Drive {
+            tuner,
+            next_id: 0,
+            running: BTreeMap::new(),
+            ended: Vec::new(),
+            stops: Vec::new(),
+        }
+    }
+
+    fn ask(&mut self) -> Option<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        match self.tuner.generate_parameters(id).unwrap() {
+            Generated::Member {
+                parameters,
+                label,
+                lineage,
+            } => {
+                assert!(label.starts_with('m') && label.ends_with(&format!("-{id}")));
+                space().validate_parameters(&parameters).unwrap();
+                self.running.insert(
+                    id,
+                    Running {
+                        parameters,
+                        lineage,
+                        steps: 0,
+                        saves_checkpoints: true,
+                    },
+                );
+                Some(id)
+            }
+            Generated::Deferred => None,
+            other => panic!("expected a member, got {other:?}"),
+        }
+    }
+
+    /// One step of every running member; `score` gives each member's result.
+    fn step(&mut self, score: impl Fn(&Value, u64) -> f64) {
+        let ids: Vec<u64> = self.running.keys().copied().collect();
+        for id in ids {
+            let Some(member) = self.running.get_mut(&id) else {
+                continue;
+            };
+            let value = score(&member.parameters, member.steps);
+            let intermediate = Intermediate {
+                step: member.steps,
+                checkpoint: member.saves_checkpoints,
+            };
+            member.steps += 1;
+            self.tuner
+                .receive_intermediate_result(id, intermediate, value)
+                .unwrap();
+            self.take();
+        }
+    }
+
+    /// Acts on what the tuner emitted, as the manager does: stops end the member (and its id
+    /// is asked for again), members start.
+    fn take(&mut self) {
+        for emitted in self.tuner.take_suggestions() {
+            match read_suggestion(emitted) {
+                Emitted::Stop(stop) => {
+                    let stopped = self.running.remove(&stop.parameter_id).expect("running");
+                    self.ended.push((stop.parameter_id, stopped.lineage));
+                    self.stops.push((stop.parameter_id, stop.reason));
+                    self.tuner
+                        .trial_end(stop.parameter_id, "EARLY_STOPPED")
+                        .unwrap();
+                    self.take();
+                    // The successor comes now, or came already for an id deferred earlier.
+                    self.ask();
+                }
+                Emitted::Member {
+                    parameter_id,
+                    parameters,
+                    lineage,
+                    ..
+                } => {
+                    space().validate_parameters(&parameters).unwrap();
+                    self.running.insert(
+                        parameter_id,
+                        Running {
+                            parameters,
+                            lineage,
+                            steps: 0,
+                            saves_checkpoints: true,
+                        },
+                    );
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn bottom_members_are_replaced_by_clones_of_top_members_at_their_interval() {
+    let mut drive =
+        Drive::new(json!({"population_size": 8, "perturbation_interval": 4, "seed": 3}));
+    for _ in 0..8 {
+        assert!(drive.ask().is_some());
+    }
+    assert_eq!(drive.ask(), None, "the population is complete: deferred");
+    let score = |p: &Value, _step: u64| -(p["lr"].as_f64().unwrap().ln() - 0.1f64.ln()).abs();
+    for _ in 0..3 {
+        drive.step(score);
+    }
+    assert!(
+        drive.stops.is_empty(),
+        "nobody is judged before its interval"
+    );
+    for _ in 0..37 {
+        drive.step(score);
+    }
+    assert_eq!(drive.running.len(), 8, "the population keeps its size");
+    assert!(!drive.stops.is_empty());
+    for (id, reason) in &drive.stops {
+        assert!(
+            reason.starts_with("PBT: bottom 25% at step "),
+            "{id}: {reason}"
+        );
+    }
+    // Every successor names its parent and the member it replaced, and the parent had saved.
+    let successors: Vec<&Lineage> = drive
+        .running
+        .values()
+        .map(|r| &r.lineage)
+        .chain(drive.ended.iter().map(|(_, l)| l))
+        .filter(|l| l.parent.is_some())
+        .collect();
+    assert_eq!(successors.len(), drive.stops.len());
+    let replaced: Vec<u64> = drive.stops.iter().map(|(id, _)| *id).collect();
+    for lineage in successors {
+        assert!(replaced.contains(&lineage.replaces.unwrap()));
+        assert_ne!(lineage.parent, lineage.replaces);
+        assert!(lineage.parent_step.unwrap() >= 4);
+    }
+}
+
+#[test]
+fn a_member_without_a_checkpoint_is_never_cloned() {
+    let mut drive =
+        Drive::new(json!({"population_size": 4, "perturbation_interval": 2, "seed": 1}));
+    for _ in 0..4 {
+        drive.ask();
+    }
+    for member in drive.running.values_mut() {
+        member.saves_checkpoints = false;
+    }
+    let score = |p: &Value, _| p["lr"].as_f64().unwrap();
+    for _ in 0..20 {
+        drive.step(score);
+    }
+    assert!(drive.stops.is_empty(), "{:?}", drive.stops);
+}
+
+#[test]
+fn synchronous_mode_judges_only_when_every_member_reached_the_interval() {
+    let mut drive = Drive::new(
+        json!({"population_size": 4, "perturbation_interval": 3, "synch": true, "seed": 5}),
+    );
+    for _ in 0..4 {
+        drive.ask();
+    }
+    let score = |p: &Value, _| p["lr"].as_f64().unwrap();
+    // Members 0..3 report three steps each, one after the other: the last one completes the
+    // barrier, and only then is the bottom member (of 4, one) replaced.
+    drive.step(score);
+    drive.step(score);
+    assert!(drive.stops.is_empty());
+    drive.step(score);
+    assert_eq!(drive.stops.len(), 1, "{:?}", drive.stops);
+}
+
+#[test]
+fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
+    let mut tuner =
+        PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
+            .unwrap();
+    tuner.update_search_space(&space()).unwrap();
+    let member = |id: u64, slot: u64, status: &str| ImportedTrial {
+        parameter_id: Some(id),
+        label: Some(format!("m{slot}-{id}")),
+        status: Some(status.into()),
+        ..ImportedTrial::new(
+            json!({"lr": 0.01 * (id + 1) as f64, "width": 32, "layers": 2}),
+            f64::NAN,
+        )
+    };
+    // Slot 1's member was stopped, and the manager died before its successor was created.
+    tuner
+        .import_data(&[
+            member(0, 0, "RUNNING"),
+            member(1, 1, "EARLY_STOPPED"),
+            member(2, 2, "RUNNING"),
+        ])
+        .unwrap();
+    assert_eq!(tuner.generate_parameters(3).unwrap(), Generated::Deferred);
+    let intermediate = |step| Intermediate {
+        step,
+        checkpoint: true,
+    };
+    tuner
+        .receive_intermediate_result(0, intermediate(0), 0.1)
+        .unwrap();
+    tuner
+        .receive_intermediate_result(2, intermediate(0), 0.9)
+        .unwrap();
+    let emitted: Vec<Emitted> = tuner
+        .take_suggestions()
+        .into_iter()
+        .map(read_suggestion)
+        .collect();
+    let member = emitted
+        .iter()
+        .find_map(|e| match e {
+            Emitted::Member {
+                parameter_id: 3,
+                label,
+                lineage,
+                ..
+            } => Some((label, lineage)),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("slot 1 is filled through id 3: {emitted:?}"));
+    assert_eq!(member.0, "m1-3");
+    assert_eq!(member.1.replaces, Some(1));
+    assert_eq!(member.1.parent, Some(2), "the top member with a checkpoint");
+}
+
+#[test]
+fn bad_class_args_are_one_line_errors() {
+    let error = |args: Value| PbtTuner::new(&args).unwrap_err().to_string();
+    assert_eq!(
+        error(json!({"quantile_fraction": 0.7})),
+        "classArgs of PBT: quantile_fraction must be a number from 0 to 0.5, got 0.7"
+    );
+    assert_eq!(
+        error(json!({"perturbation_factors": [1.2, -1]})),
+        "classArgs of PBT: perturbation_factors must be a list of numbers above 0, such as [1.2, 0.8], got [1.2,-1]"
+    );
+    assert!(error(json!({"all_checkpoint_dir": "/x"})).contains("write name: PBTTuner"));
+    assert!(error(json!({"population": 8})).contains("unknown argument \"population\""));
+    assert_eq!(
+        error(json!({"synch": "yes"})),
+        "classArgs of PBT: synch must be true or false, got \"yes\""
+    );
+}
