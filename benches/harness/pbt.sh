@@ -8,8 +8,8 @@
 # Each method runs 8 members (PBT) or 8 trials (random search) of 40 steps each, all side by
 # side (trialConcurrency 8): 320 steps per run. It prints, per problem and method, the median
 # over the seeds of the best final result (larger is better), and the ratio of PBT's margin over
-# random search. The virtualenv .ci-cache/pbt (numpy; ray[tune] 2.60.0 unless --no-ray) is made
-# on first use. knob runs with the debug build next to the workspace's target (cargo build).
+# random search. The virtualenv .ci-cache/pbt (or $KNOB_PBT_VENV; numpy, and ray[tune] 2.60.0
+# unless --no-ray) is made on first use. knob runs with the debug build next to the workspace's target (cargo build).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -17,7 +17,7 @@ seeds=${1:-10}
 use_ray=1
 [ "${2:-}" = "--no-ray" ] && use_ray=0
 
-venv=.ci-cache/pbt
+venv=${KNOB_PBT_VENV:-.ci-cache/pbt}
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import numpy" 2>/dev/null; then
   echo "pbt: creating $venv (numpy)" >&2
   rm -rf "$venv"
@@ -30,7 +30,7 @@ if [ "$use_ray" = 1 ] && ! "$venv/bin/python" -c "import ray.tune" 2>/dev/null; 
     ray_note="ray[tune] 2.60.0 did not install here; Ray Tune's PBT not compared"
   fi
 fi
-python=$PWD/$venv/bin/python
+python=$(cd "$venv" && pwd)/bin/python
 
 cargo build -q -p knob-cli -p knob-tuners -p knob-training-services
 knob=$root/target/debug/knob
