@@ -200,7 +200,9 @@ fn run_knob(
     let mut points = Vec::with_capacity(trials);
     for id in 0..trials as u64 {
         let params = match object.generate_parameters(id).map_err(|e| e.to_string())? {
-            Generated::Parameters(p) | Generated::Labeled { parameters: p, .. } => p,
+            Generated::Parameters(p)
+            | Generated::Labeled { parameters: p, .. }
+            | Generated::Member { parameters: p, .. } => p,
             Generated::NoMore => break,
             Generated::Deferred => return Err("deferred with no trial running".into()),
         };
