@@ -522,6 +522,7 @@ mod tests {
             parameter_id: sequence,
             parameter_label: None,
             parameters: serde_json::json!({"x": sequence}),
+            lineage: None,
         };
         let started = |id: &str| StoreEvent::TrialStarted {
             trial_id: id.to_string(),
