@@ -281,6 +281,7 @@ mod tests {
             parameter_id: 0,
             parameter_label: None,
             parameters: json!({ "x": 1 }),
+            lineage: None,
             status: TrialStatus::Running,
             created_ms: 0,
             attempts: vec![
