@@ -966,3 +966,66 @@ notifications:
     );
     drop(experiment);
 }
+
+#[test]
+fn an_experiment_ending_in_error_posts_the_reason_and_the_counts() {
+    // A tuner that hands out good parameters for two trials, then parameters outside the search
+    // space: with the default tunerErrorPolicy (error) the experiment ends in ERROR.
+    let library = crate::tuner_output::misbehaving_tuner();
+    let sandbox = Sandbox::new();
+    let receiver = Receiver::start(200);
+    let config = sandbox.config(
+        &format!(
+            "experimentName: failing
+trialCommand: echo KNOB_FINAL 1
+trialConcurrency: 1
+maxTrialNumber: 5
+searchSpace: {{x: {{_type: uniform, _value: [0, 1]}}}}
+pluginPaths: [{library}]
+tuner: {{name: Misbehaving, classArgs: {{output: bad_from_2}}}}
+trainingService: {{platform: local}}
+notifications:
+  webhook: {{url: \"{url}\"}}",
+            library = library.display(),
+            url = receiver.url
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "broken");
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let reason = r#"tuner Misbehaving handed out parameters the search space does not hold (parameter id 2): trial parameter "x": 7.5 is outside uniform [0, 1] (tunerErrorPolicy: skip drops such parameters instead)"#;
+    let export = sandbox.export("broken");
+    assert_eq!(export["experiment"]["status"], "ERROR");
+    assert_eq!(export["experiment"]["message"], reason);
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "{export}");
+
+    wait_for("the ERROR post", || !receiver.received().is_empty());
+    let posts = receiver.received();
+    assert_eq!(posts.len(), 1, "{posts:#?}");
+    let json = posts[0].json();
+    assert_eq!(json["knob"]["event"], "error", "{json}");
+    assert_eq!(json["knob"]["experimentId"], "broken", "{json}");
+    assert_eq!(json["knob"]["experimentName"], "failing", "{json}");
+    assert_eq!(json["knob"]["status"], "ERROR", "{json}");
+    assert_eq!(json["knob"]["message"], reason, "{json}");
+    assert_eq!(json["knob"]["trials"]["SUCCEEDED"], 2, "{json}");
+    // Both trials reported 1: the best is one of them, with its value.
+    let best = &json["knob"]["best"][0];
+    assert!(
+        trials.iter().any(|trial| trial["id"] == best["trialId"]),
+        "{json}"
+    );
+    assert_eq!(best["value"], 1.0, "{json}");
+    let text = json["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("knob: experiment broken ERROR, best 1 (trial "),
+        "{text}"
+    );
+    assert!(
+        text.contains("Experiment broken (failing) is ERROR after"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("Reason: {reason}\n")), "{text}");
+    assert!(text.contains("Trials: 2 (2 succeeded)"), "{text}");
+}
