@@ -94,7 +94,7 @@ modes = {}
 for t in export["trials"]:
     mode = t["parameters"]["mode"]
     modes[mode] = t
-    print(f"trial {t['trial_id']} {mode}: {t['status']}, {len(t['attempt_history'])} attempt(s), "
+    print(f"trial {t['id']} {mode}: {t['status']}, {len(t['attempt_history'])} attempt(s), "
           f"GPU memory request {t.get('gpu_memory_request_mib')} MiB")
     for a in t["attempt_history"]:
         requeued = a.get("requeued") or ""
