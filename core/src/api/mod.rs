@@ -527,7 +527,7 @@ mod tests {
         let started = |id: &str| StoreEvent::TrialStarted {
             trial_id: id.to_string(),
             attempt: 1,
-            environment_id: "local".to_string(),
+            environment_id: "box-1".to_string(),
             gpu_indices: vec![],
             pid: None,
         };

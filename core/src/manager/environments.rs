@@ -322,7 +322,7 @@ mod tests {
             trial_gpu_number: Some(trial_gpu_number),
             ..Default::default()
         });
-        Environments::new(vec!["remote".into(), "slurm".into()], placer)
+        Environments::new(vec!["ssh-boxes".into(), "batch-queue".into()], placer)
     }
 
     fn notices(said: Vec<Said>) -> Vec<String> {
@@ -368,7 +368,7 @@ mod tests {
         assert_eq!(views.len(), 1);
         assert_eq!(
             (views[0].platform.as_str(), views[0].ready),
-            ("remote", true)
+            ("ssh-boxes", true)
         );
     }
 
@@ -378,7 +378,7 @@ mod tests {
         envs.report(0, reported("a", true, inventory("a", 1, None)));
         assert_eq!(
             notices(envs.report(1, reported("a", true, inventory("a", 1, None)))),
-            ["warning: training service slurm reported environment a, which belongs to training service remote; ignored"]
+            ["warning: training service batch-queue reported environment a, which belongs to training service ssh-boxes; ignored"]
         );
         assert_eq!(envs.owner_of("a"), Some(0));
         assert_eq!(envs.owner_of("b"), None);

@@ -97,7 +97,8 @@ impl Manager {
     /// from it), the parent's of every member not ended, and those of members that SUCCEEDED or
     /// were cancelled (the population's results, and members a stop of the experiment will run
     /// again). Only folders on this machine are deleted (`<experiment>/trials/<id>/checkpoint`:
-    /// the local service, and Slurm on a shared file system); a remote host keeps its own.
+    /// services whose trials write to this machine's file system, directly or shared); a host
+    /// with its own file system keeps its own.
     pub(super) async fn collect_checkpoints(&mut self) {
         let members = self
             .book
