@@ -291,7 +291,8 @@ fn out_of_memory_failures_have_their_own_retry_limit() {
                   if [ $n -lt 2 ]; then kill -9 $$; fi\necho KNOB_FINAL 1\n";
     let yaml = format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\nmaxOomRetries: 2\n{SPACE}");
     let config = sandbox.config(&yaml, &[("trial.sh", script)]);
-    assert_eq!(sandbox.create(&config, "oomretry").0, 0);
+    let (code, stdout, stderr) = sandbox.create(&config, "oomretry");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
     let trial = &sandbox.export("oomretry")["trials"][0];
     assert_eq!(
         (trial["status"].as_str(), trial["attempts"].as_u64()),

@@ -182,7 +182,7 @@ impl Manager {
         let asked = trial
             .memory_request_mib
             .or(self.config.trial_memory_size_mib);
-        let Some(raised) = trial::raised_memory_request(asked, trial.peak_memory_mib) else {
+        let Some(raised) = trial::raised_host_memory_request(asked, trial.peak_memory_mib) else {
             return String::new();
         };
         trial.memory_request_mib = Some(raised);

@@ -167,6 +167,23 @@ pub(super) fn raised_memory_request(asked: Option<u64>, peak: Option<u64>) -> Op
     (base > 0).then(|| base.saturating_mul(2))
 }
 
+/// Headroom (MiB) a host memory request learned without `trialMemorySize` keeps above the
+/// sampled peak.
+const LEARNED_HEADROOM_MIB: u64 = 64;
+
+/// The host memory (MiB) a trial that ran out of memory asks for next, as
+/// [`raised_memory_request`], except that a request learned without `trialMemorySize` stays at
+/// least [`LEARNED_HEADROOM_MIB`] above the peak: the peak is then all there is, sampled every
+/// 200 ms from a trial that may have been killed just after it started, and twice a shell's few
+/// MiB is a limit its next attempt (enforced like `trialMemorySize`) could not keep.
+pub(super) fn raised_host_memory_request(asked: Option<u64>, peak: Option<u64>) -> Option<u64> {
+    let raised = raised_memory_request(asked, peak)?;
+    Some(match (asked, peak) {
+        (None, Some(peak)) => raised.max(peak.saturating_add(LEARNED_HEADROOM_MIB)),
+        _ => raised,
+    })
+}
+
 /// "; out of memory: the next attempt asks for 512 MiB of memory (asked 128 MiB, used at least
 /// 250 MiB)", with ", GPU memory peak 900 MiB" where the service read it.
 pub(super) fn raised_memory_note(
@@ -296,6 +313,16 @@ mod tests {
             Some(OutOfMemory::Host)
         );
         assert_eq!(out_of_memory(Some(1), None, "ValueError: x\n"), None);
+    }
+
+    #[test]
+    fn a_learned_host_request_keeps_headroom_above_a_small_peak() {
+        // Killed just after it started: twice 4 MiB would be a limit a shell cannot keep.
+        assert_eq!(raised_host_memory_request(None, Some(4)), Some(68));
+        assert_eq!(raised_host_memory_request(None, Some(151)), Some(302));
+        // With trialMemorySize the rule is twice the larger, as before.
+        assert_eq!(raised_host_memory_request(Some(16), Some(4)), Some(32));
+        assert_eq!(raised_host_memory_request(None, None), None);
     }
 
     #[test]
