@@ -22,7 +22,11 @@
 //! therefore [stands in line](Ledger::stand_in_line) for the GPUs others hold: a standing
 //! request (trial [`STANDING`]) with a ticket, renewed while its trials wait (within
 //! [`STANDING_TTL`]). It blocks newer requests of others for those GPUs like any request, and
-//! the holder's next request for one of them takes its ticket.
+//! the holder's next request for one of them takes its ticket. A GPU stays in it until one of
+//! the holder's trials is granted that GPU with the ticket, or the request lapses: when the
+//! other experiment frees the GPU, the holder's scheduler sees it free and places a trial there
+//! a moment later, and in that moment the GPU must stay promised to it, or the experiment that
+//! freed it takes it back at its next retry.
 //!
 //! Like the probes, this does I/O; the [`Scheduler`](crate::Scheduler) never calls it.
 
@@ -271,6 +275,19 @@ impl Ledger {
             if let Some(at) = position {
                 state.requests.remove(at);
             }
+            // A standing request whose place this grant took has these GPUs no more.
+            if let Some(at) = state.requests.iter().position(|r| {
+                r.lease.trial == STANDING
+                    && r.lease.holder == want.holder
+                    && r.lease.machine == want.machine
+                    && r.lease.ticket == ticket
+            }) {
+                let standing = &mut state.requests[at].lease;
+                standing.gpus.retain(|gpu| !want.gpus.contains(gpu));
+                if standing.gpus.is_empty() {
+                    state.requests.remove(at);
+                }
+            }
             let mut lease = want.clone();
             lease.ticket = ticket;
             lease.granted_ms = now;
@@ -281,8 +298,10 @@ impl Ledger {
     }
 
     /// Takes (or renews) `holder`'s place in line for `gpus` of `machine`, for its trials that
-    /// wait until another experiment frees one of them; `gpus` empty leaves the line. Returns
-    /// the ticket. See the module documentation.
+    /// wait until another experiment frees one of them. GPUs already in its request stay there
+    /// (until one of its trials is granted them, or the request lapses), so `gpus` empty only
+    /// renews a place already taken. Returns the ticket, `None` when not in line. See the
+    /// module documentation.
     pub fn stand_in_line(
         &self,
         holder: &Holder,
@@ -293,20 +312,19 @@ impl Ledger {
             let at = state.requests.iter().position(|r| {
                 r.lease.trial == STANDING && r.lease.holder == *holder && r.lease.machine == machine
             });
-            if gpus.is_empty() {
-                if let Some(at) = at {
-                    state.requests.remove(at);
-                }
-                return None;
-            }
             let now = now_ms();
             match at {
                 Some(at) => {
                     let request = &mut state.requests[at];
                     request.renewed_ms = now;
-                    request.lease.gpus = gpus.to_vec();
+                    for gpu in gpus {
+                        if !request.lease.gpus.contains(gpu) {
+                            request.lease.gpus.push(*gpu);
+                        }
+                    }
                     Some(request.lease.ticket)
                 }
+                None if gpus.is_empty() => None,
                 None => {
                     state.next_ticket += 1;
                     state.requests.push(Request {

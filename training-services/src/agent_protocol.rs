@@ -23,7 +23,10 @@
 //!    connection as dropped.
 //! 5. Requests carrying an `id` ([`ToAgent::Start`], [`ToAgent::Kill`]) get exactly one
 //!    [`FromAgent::Reply`] with the same id.
-//! 6. [`ToAgent::Shutdown`] is confirmed by [`FromAgent::ShutDown`], after the trials' ends; the
+//! 6. [`ToAgent::StandInLine`] (no reply): the manager's trials wait for resources; the agent
+//!    takes (or renews) the experiment's place in the host's lease ledger for the GPUs other
+//!    experiments hold there (see `crate::lease`), and sends a fresh [`FromAgent::Inventory`].
+//! 7. [`ToAgent::Shutdown`] is confirmed by [`FromAgent::ShutDown`], after the trials' ends; the
 //!    daemon then closes the connection and exits. The service keeps the connection open until
 //!    it has the confirmation (or gives up after a bound): closing right after sending the
 //!    request could lose it, and leave the daemon running until its orphan timeout.
@@ -40,7 +43,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Bumped when a message changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: [`ToAgent::StandInLine`].
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 /// How often the service pings.
@@ -86,6 +90,11 @@ pub enum ToAgent {
     },
     /// Kill every trial (reason "experiment stopped"), send their ends, then exit the daemon.
     Shutdown,
+    /// Trials of the experiment wait for resources in the manager (its scheduler found no
+    /// room): stand in the host ledger's line for the GPUs other experiments hold, so that one
+    /// that refills them the moment it frees them cannot starve this one. Sent again while
+    /// they wait (the standing request lapses after `ledger::STANDING_TTL` without it).
+    StandInLine,
 }
 
 /// From the agent to the service.

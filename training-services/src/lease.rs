@@ -11,7 +11,9 @@
 //!   around them and a trial that waits names the other experiment as the holder.
 //! - While the core's trials wait for GPUs other experiments hold, the service stands in line
 //!   for those GPUs (the core asks for environments again only while a trial waits), so that an
-//!   experiment that refills a GPU the moment it frees it cannot starve this one.
+//!   experiment that refills a GPU the moment it frees it cannot starve this one. The `local`
+//!   service does so in its `environments`; a `knob-agent` when its `remote` service tells it
+//!   (`ToAgent::StandInLine`, sent from the service's `environments`).
 
 use std::path::PathBuf;
 
@@ -93,8 +95,8 @@ impl MachineLeases {
 
     /// Adds to `environment` (this machine as probed) what other processes' trials hold here,
     /// and the GPUs promised to their requests older than this process's place in line; then,
-    /// when some GPU is held elsewhere, stands in line for those GPUs for `experiment` (when
-    /// known).
+    /// for `experiment` (when known), stands in line for the GPUs held elsewhere, or renews its
+    /// place (which keeps the GPUs it stood for, freed since, until its trial takes them).
     pub fn annotate(
         &self,
         environment: &mut Environment,

@@ -290,6 +290,16 @@ fn a_holder_standing_in_line_is_served_before_a_newer_request_and_its_trial_take
             std::process::id()
         )
     );
+    // A's next probe sees GPU 0 free (held by nobody): A keeps its place until its trial
+    // takes it, so B's retry in that moment still waits.
+    assert_eq!(
+        ledger.stand_in_line(&a, "local", &[]).unwrap(),
+        Some(ticket)
+    );
+    assert!(matches!(
+        ledger.acquire(&lease(&b, "b2", &[0], 1)).unwrap(),
+        Acquired::Waiting(_)
+    ));
     // What A's scheduler sees: GPU 0 free of B's newer request; what B's would see: promised.
     let state = ledger.snapshot().unwrap();
     let mut seen_by_a = env("local", &[80]);
@@ -313,14 +323,9 @@ fn a_holder_standing_in_line_is_served_before_a_newer_request_and_its_trial_take
     );
     let granted = ledger.snapshot().unwrap();
     assert_eq!(granted.leases[0].ticket, ticket);
-    // Leaving the line drops the standing request.
+    // The grant took the standing request's place: it is gone, and nothing renews it.
+    assert!(!granted.requests.iter().any(|r| r.lease.trial == STANDING));
     assert_eq!(ledger.stand_in_line(&a, "local", &[]).unwrap(), None);
-    assert!(!ledger
-        .snapshot()
-        .unwrap()
-        .requests
-        .iter()
-        .any(|r| r.lease.trial == STANDING));
     other.kill().unwrap();
     other.wait().unwrap();
 }

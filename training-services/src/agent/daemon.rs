@@ -131,6 +131,8 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         client: None,
         next_client_id: 1,
         environment_id: None,
+        experiment_id: None,
+        stand_in_line: false,
         probe: Arc::new(Mutex::new(None)),
         probing: false,
         inputs_sender,
@@ -202,6 +204,11 @@ struct Daemon {
     client: Option<Client>,
     next_client_id: u64,
     environment_id: Option<String>,
+    /// The experiment of the last hello: the holder of this daemon's leases.
+    experiment_id: Option<String>,
+    /// The service asked to stand in the ledger's line ([`ToAgent::StandInLine`]): the next
+    /// probe does.
+    stand_in_line: bool,
     probe: Arc<Mutex<Option<LocalProbe>>>,
     probing: bool,
     inputs_sender: UnboundedSender<Input>,
@@ -381,6 +388,10 @@ impl Daemon {
             }
             Input::Probed(inventory) => {
                 self.probing = false;
+                if self.stand_in_line {
+                    // Asked while that probe ran: the next one stands in line.
+                    self.next_probe_at = Some(Instant::now());
+                }
                 match inventory {
                     Ok(inventory) => {
                         if let Some(client) = self.client.as_ref().filter(|c| c.welcomed) {
@@ -448,6 +459,7 @@ impl Daemon {
         }
         let probe_again = self.environment_id.as_deref() != Some(environment_id.as_str());
         self.environment_id = Some(environment_id.clone());
+        self.experiment_id = Some(experiment_id);
         let pool = self.pool.clone();
         let probe = self.probe.clone();
         let inputs = self.inputs_sender.clone();
@@ -463,7 +475,7 @@ impl Daemon {
             if probe_again {
                 *probe.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
-            let inventory = probe_host(&probe, &environment_id, &pool);
+            let inventory = probe_host(&probe, &environment_id, &pool, None);
             let _ = inputs.send(Input::HelloReady {
                 client: id,
                 last_seq,
@@ -556,6 +568,10 @@ impl Daemon {
             }
             ToAgent::Ping { nonce } => client.send(FromAgent::Pong { nonce }),
             ToAgent::Ack { seq } => self.log.ack(seq),
+            ToAgent::StandInLine => {
+                self.stand_in_line = true;
+                self.next_probe_at = Some(Instant::now());
+            }
             ToAgent::Start {
                 id,
                 request,
@@ -638,11 +654,15 @@ impl Daemon {
             return;
         }
         self.probing = true;
+        let stand_for = self
+            .experiment_id
+            .clone()
+            .filter(|_| std::mem::take(&mut self.stand_in_line));
         let pool = self.pool.clone();
         let probe = self.probe.clone();
         let inputs = self.inputs_sender.clone();
         tokio::task::spawn_blocking(move || {
-            let inventory = probe_host(&probe, &environment_id, &pool);
+            let inventory = probe_host(&probe, &environment_id, &pool, stand_for.as_deref());
             let _ = inputs.send(Input::Probed(inventory));
         });
     }
@@ -682,11 +702,13 @@ fn start(pool: &TrialPool, mut request: TrialRequest, fresh_code_copy: bool) -> 
     })
 }
 
-/// The host as gpu-sched describes it, under the service's environment id.
+/// The host as gpu-sched describes it, under the service's environment id; with `stand_for`,
+/// that experiment also stands in the ledger's line for the GPUs others hold here.
 fn probe_host(
     probe: &Mutex<Option<LocalProbe>>,
     environment_id: &str,
     pool: &TrialPool,
+    stand_for: Option<&str>,
 ) -> Result<Value, String> {
     let mut probe = probe.lock().unwrap_or_else(|p| p.into_inner());
     if probe.is_none() {
@@ -708,10 +730,10 @@ fn probe_host(
     environment.id = environment_id.into();
     environment.host = hostname();
     if let Some(leases) = pool.leases() {
-        // The agent probes on its own schedule, not when the manager's trials wait, so it
-        // does not stand in the ledger's line (see `crate::lease`).
+        // The agent probes on its own schedule too; it stands in the ledger's line only when
+        // the service says the manager's trials wait (`ToAgent::StandInLine`).
         leases
-            .annotate(&mut environment, None)
+            .annotate(&mut environment, stand_for)
             .map_err(|e| format!("cannot read this host's lease ledger: {e}"))?;
     }
     serde_json::to_value(&environment).map_err(|e| e.to_string())

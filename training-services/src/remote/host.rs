@@ -173,6 +173,16 @@ impl Host {
         lock(&self.state).running.contains(trial_id)
     }
 
+    /// Tells the agent that the manager's trials wait for resources, so that it stands in the
+    /// host ledger's line for the GPUs other experiments hold (see `ToAgent::StandInLine`);
+    /// nothing when the host is not connected now (the next wait asks again).
+    pub fn stand_in_line(&self) {
+        let state = lock(&self.state);
+        if let (true, Some(link)) = (state.ready, &state.link) {
+            let _ = link.outgoing.send(ToAgent::StandInLine);
+        }
+    }
+
     fn emit_environment(&self, ctx: &Context) {
         (ctx.emit)(ServiceEvent::Environment {
             environment: self.environment(),

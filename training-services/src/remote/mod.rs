@@ -83,6 +83,8 @@ pub struct RemoteService {
     /// One archive per local code directory for the experiment's life.
     archives: Mutex<HashMap<PathBuf, Arc<CodeArchive>>>,
     shut_down: bool,
+    /// Whether `environments` was called before (see [`RemoteService::stand_in_line`]).
+    asked_before: bool,
 }
 
 impl RemoteService {
@@ -119,6 +121,7 @@ impl RemoteService {
             stop,
             archives: Mutex::default(),
             shut_down: false,
+            asked_before: false,
         })
     }
 
@@ -135,6 +138,18 @@ impl RemoteService {
             return Err(RemoteError::NoHostReady(reasons.join("; ")));
         }
         Ok(self.hosts.iter().map(|h| h.environment()).collect())
+    }
+
+    /// Tells every connected host's agent that the experiment's trials wait for resources: each
+    /// stands in its host ledger's line for the GPUs other experiments hold there, as the
+    /// `local` service does on this machine (see `crate::lease`), so that an experiment that
+    /// refills a shared host's GPUs the moment it frees them cannot starve this one's trials.
+    /// A trial that waits may take any host, so every host's line is joined; a place not
+    /// renewed lapses within `ledger::STANDING_TTL`.
+    pub fn stand_in_line(&self) {
+        for host in &self.hosts {
+            host.stand_in_line();
+        }
     }
 
     /// Code archives sent to hosts so far (not counting those a host already had).
@@ -319,6 +334,11 @@ impl TrainingService for RemoteService {
     // daemon with `fresh_start`, which ends every trial the daemon still runs.
 
     fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
+        // The core asks once at its start, then only while one of its trials waits for
+        // resources: from the second call on, this experiment has trials waiting.
+        if std::mem::replace(&mut self.asked_before, true) {
+            self.stand_in_line();
+        }
         Ok(self.environments_now()?)
     }
 

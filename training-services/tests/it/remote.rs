@@ -766,3 +766,174 @@ fn the_end_of_the_experiment_shuts_the_agent_down_every_time() {
         }
     }
 }
+
+/// The lease ledger of the fixture's "host" (the agents' `$KNOB_HOME` default under the
+/// fixture's `HOME`).
+fn host_ledger(sshd: &Sshd) -> knob_gpu_sched::ledger::Ledger {
+    knob_gpu_sched::ledger::Ledger::open(sshd.dir().join(".local/share/knob")).unwrap()
+}
+
+/// Calls `check` until it returns `Some` (at most [`crate::support::WAIT`], every 100 ms);
+/// panics naming `what` otherwise.
+fn poll<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + crate::support::WAIT;
+    loop {
+        if let Some(found) = check() {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Two experiments share one remote host (one simulated GPU, `maxTrialNumberPerGpu: 1`), each
+/// through its own agent, and both agents use the host's one ledger. The second one's trials
+/// wait in its manager while the first holds the GPU: its inventory names the holder, and its
+/// service (asked for environments again, as the core does while a trial waits) has its agent
+/// stand in the host ledger's line. The first frees the GPU and at once asks for it again (an
+/// experiment that refills): it waits behind the second, naming it, and the second's trial
+/// runs first. The ledger's journal shows the GPU never held twice.
+#[test]
+fn two_experiments_on_one_host_share_its_ledger_first_come_first_served() {
+    use knob_gpu_sched::ledger::{JournalEntry, STANDING};
+    use knob_plugin_api::TrainingService;
+    let Some(sshd) = start_sshd(SshdOptions {
+        env: vec![("KNOB_SIMULATE_GPUS".into(), "1x16GiB".into())],
+        ..key_options()
+    }) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let machine = || {
+        let mut machine = key_machine(&sshd);
+        machine["maxTrialNumberPerGpu"] = json!(1);
+        machine
+    };
+    let service_of = |experiment: &str, events: &Events| {
+        let mut args = world.args(vec![machine()]);
+        args["experimentId"] = json!(experiment);
+        connect(args, events, &agent_root(&sshd))
+    };
+    let on_gpu = |experiment: &str, trial: &str, command: &str| {
+        let mut request = world.request(&sshd, trial, command);
+        request.experiment_id = experiment.into();
+        request.gpu_indices = Some(vec![0]);
+        request
+    };
+    let first_events = Events::default();
+    let mut first = service_of("first", &first_events);
+    let second_events = Events::default();
+    let mut second = service_of("second", &second_events);
+
+    let release = world.dir.path().join("release-a1");
+    let hold = |path: &Path| {
+        format!(
+            "for i in $(seq 600); do [ -e {} ] && exit 0; sleep 0.05; done; exit 1",
+            path.display()
+        )
+    };
+    first
+        .start(&on_gpu("first", "a1", &hold(&release)))
+        .unwrap();
+    first_events.wait_until("a1 started", |events| {
+        events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::TrialStarted { trial_id, .. } if trial_id == "a1"))
+    });
+
+    // The second experiment's manager sees the GPU held by the first (its trial would wait,
+    // naming it), and asks again while it waits: its agent stands in the host's line.
+    let held_by = |service: &RemoteService| {
+        let inventory = &service.environments_now().unwrap()[0].inventory;
+        inventory["gpus"][0]["held_elsewhere"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    TrainingService::environments(&mut second).unwrap();
+    let holders = poll("the second's inventory to name a1 of first", || {
+        let holders = held_by(&second);
+        holders
+            .iter()
+            .any(|h| h["experiment"] == "first" && h["trial"] == "a1")
+            .then_some(holders)
+    });
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    let standing_ticket = poll("the second's agent to stand in line", || {
+        // Renewed as the core does while a trial waits.
+        TrainingService::environments(&mut second).unwrap();
+        let state = host_ledger(&sshd).snapshot().unwrap();
+        state
+            .requests
+            .iter()
+            .find(|r| r.lease.trial == STANDING && r.lease.holder.experiment == "second")
+            .map(|r| (r.lease.ticket, r.lease.gpus.clone()))
+    });
+    assert_eq!(standing_ticket.1, vec![0]);
+
+    // The first frees the GPU and refills it at once: its new trial waits behind the second.
+    std::fs::write(&release, "").unwrap();
+    first_events.wait_ended("a1");
+    first
+        .start(&on_gpu("first", "a2", "echo KNOB_FINAL 2"))
+        .unwrap();
+    let reason = poll("a2 to wait, naming the second experiment", || {
+        TrainingService::environments(&mut second).unwrap();
+        warnings(&of_trial(&first_events.all(), "a2"))
+            .into_iter()
+            .find(|w| w.starts_with("waiting: "))
+    });
+    assert!(
+        reason.contains("promised first to the waiting trials of experiment second (pid "),
+        "{reason}"
+    );
+    assert!(
+        !first_events
+            .all()
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::TrialStarted { trial_id, .. } if trial_id == "a2")),
+        "a2 started before the second experiment's waiting trial"
+    );
+    // The second's trial takes the place it stood in, and runs.
+    second
+        .start(&on_gpu("second", "b1", "sleep 0.5; echo KNOB_FINAL 1"))
+        .unwrap();
+    let b1 = second_events.wait_ended("b1");
+    assert_eq!(ending(&b1).0, Some(0), "{b1:#?}");
+    let a2 = first_events.wait_ended("a2");
+    assert_eq!(ending(&a2).0, Some(0), "{a2:#?}");
+
+    // Replayed, the journal never has two trials on the GPU, and b1 was granted before a2.
+    let journal = std::fs::read_to_string(host_ledger(&sshd).journal_path()).unwrap();
+    let entries: Vec<JournalEntry> = journal
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let mut holding: Vec<String> = Vec::new();
+    for entry in &entries {
+        let who = format!("{}/{}", entry.experiment, entry.trial);
+        match entry.op.as_str() {
+            "grant" => {
+                holding.push(who);
+                assert!(holding.len() <= 1, "GPU 0 held by {holding:?}:\n{journal}");
+            }
+            _ => holding.retain(|h| *h != who),
+        }
+    }
+    let grants: Vec<String> = entries
+        .iter()
+        .filter(|e| e.op == "grant")
+        .map(|e| format!("{}/{}", e.experiment, e.trial))
+        .collect();
+    assert_eq!(
+        grants,
+        ["first/a1", "second/b1", "first/a2"],
+        "served first come, first served:\n{journal}"
+    );
+    first.stop();
+    second.stop();
+}
