@@ -259,6 +259,8 @@ fn build_store(dir: &Path) {
             signal: None,
             message: None,
             stderr_tail: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
         });
     }
     store.close().unwrap();

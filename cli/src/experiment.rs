@@ -220,8 +220,8 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         // A memory request raised after running out of memory is said too.
                         reason_cell(
                             t.waiting_reason.clone().or_else(|| t.end_message.clone()),
-                            t.memory_request_mib,
-                            t.gpu_memory_request_mib,
+                            [t.memory_request_mib, t.memory_request_peak_mib],
+                            [t.gpu_memory_request_mib, t.gpu_memory_request_peak_mib],
                         ),
                     ];
                     if !lineages.is_empty() {
@@ -273,16 +273,28 @@ fn lineage_cell(lineage: Option<&knob_core::store::Lineage>) -> String {
     }
 }
 
-/// `knob trial ls`'s reason column: the reason, and the memory requests that were raised.
+/// `knob trial ls`'s reason column: the reason, and the memory requests that were raised,
+/// each `[request, peak of the attempt it was learned from]`.
 fn reason_cell(
     reason: Option<String>,
-    memory_request_mib: Option<u64>,
-    gpu_memory_request_mib: Option<u64>,
+    [memory_request_mib, memory_peak_mib]: [Option<u64>; 2],
+    [gpu_memory_request_mib, gpu_memory_peak_mib]: [Option<u64>; 2],
 ) -> String {
+    let used =
+        |peak: Option<u64>| peak.map_or(String::new(), |mib| format!(" at a {mib} MiB peak"));
     let raised: Vec<String> = [
-        memory_request_mib.map(|mib| format!("memory request {mib} MiB after out of memory")),
-        gpu_memory_request_mib
-            .map(|mib| format!("GPU memory request {mib} MiB after out of GPU memory")),
+        memory_request_mib.map(|mib| {
+            format!(
+                "memory request {mib} MiB after out of memory{}",
+                used(memory_peak_mib)
+            )
+        }),
+        gpu_memory_request_mib.map(|mib| {
+            format!(
+                "GPU memory request {mib} MiB after out of GPU memory{}",
+                used(gpu_memory_peak_mib)
+            )
+        }),
     ]
     .into_iter()
     .flatten()

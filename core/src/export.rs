@@ -56,6 +56,9 @@ pub fn to_json(state: &ExperimentState) -> Value {
                     // Raised for the next attempt after this one ran out of memory.
                     "memory_request_mib": a.requeued.as_ref().and_then(|r| r.memory_request_mib),
                     "gpu_memory_request_mib": a.requeued.as_ref().and_then(|r| r.gpu_memory_request_mib),
+                    // What this attempt used, as its service measured it (null: not reported).
+                    "peak_memory_mib": a.peak_memory_mib,
+                    "peak_gpu_memory_mib": a.peak_gpu_memory_mib,
                 })).collect::<Vec<_>>(),
                 // The host memory its attempts ask for since it ran out of memory (absent:
                 // trialMemorySize).

@@ -318,9 +318,27 @@ fn a_trial_over_its_memory_request_is_killed_and_runs_again_with_more() {
     );
     let raised = trial["memory_request_mib"].as_u64().unwrap();
     assert!(raised >= 150, "raised to {raised} MiB: {trial:#}");
-    let (_, ls, _) = run(sandbox.knob().args(["trial", "ls", "oom"]));
+    // Each attempt's measured peak, and the request the next one asked for.
+    let peak = attempts[0]["peak_memory_mib"].as_u64().unwrap();
+    assert!(peak > 64, "attempt 1's peak {peak} MiB: {trial:#}");
+    assert_eq!(
+        attempts[0]["memory_request_mib"],
+        2 * peak.max(64),
+        "twice the larger of its request and its peak: {trial:#}"
+    );
+    let last = attempts.last().unwrap();
     assert!(
-        ls.contains(&format!("memory request {raised} MiB after out of memory")),
+        last["peak_memory_mib"].as_u64().unwrap() >= 150,
+        "the succeeding attempt's peak: {trial:#}"
+    );
+    let (_, ls, _) = run(sandbox.knob().args(["trial", "ls", "oom"]));
+    let learned_from = attempts[attempts.len() - 2]["peak_memory_mib"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        ls.contains(&format!(
+            "memory request {raised} MiB after out of memory at a {learned_from} MiB peak"
+        )),
         "{ls}"
     );
 }
@@ -437,9 +455,13 @@ fn a_cuda_out_of_memory_error_raises_the_gpu_memory_request_from_the_sampled_pea
             ),
         "{requeue}"
     );
+    assert_eq!(
+        trial["attempt_history"][0]["peak_gpu_memory_mib"], 1500,
+        "{trial:#}"
+    );
     let (_, ls, _) = run(sandbox.knob().args(["trial", "ls", "cudaoom"]));
     assert!(
-        ls.contains("GPU memory request 3000 MiB after out of GPU memory"),
+        ls.contains("GPU memory request 3000 MiB after out of GPU memory at a 1500 MiB peak"),
         "{ls}"
     );
 }

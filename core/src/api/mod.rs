@@ -539,6 +539,8 @@ mod tests {
             signal: None,
             message: None,
             stderr_tail: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
         };
         let events = [
             StoreEvent::ExperimentCreated {

@@ -208,6 +208,9 @@ impl TrialBook {
         trial.outcome = None;
         trial.objective_problem = None;
         trial.waiting_reason = None;
+        // What the last attempt used is in its record; the next one reports its own.
+        trial.peak_memory_mib = None;
+        trial.peak_gpu_memory_mib = None;
         trial.not_before = not_before;
         trial.deadline = None;
         let sequence = trial.sequence;

@@ -415,6 +415,8 @@ impl Manager {
                 signal,
                 message: reason.clone(),
                 stderr_tail: (!stderr_tail.is_empty()).then_some(stderr_tail),
+                peak_memory_mib: self.book[trial_id].peak_memory_mib,
+                peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
             })
             .await?;
         self.environments.release(trial_id);
@@ -577,6 +579,8 @@ impl Manager {
                     signal: None,
                     message: Some(reason.clone()),
                     stderr_tail: None,
+                    peak_memory_mib: self.book[&trial_id].peak_memory_mib,
+                    peak_gpu_memory_mib: self.book[&trial_id].peak_gpu_memory_mib,
                 })
                 .await?;
             self.book.set_status(&trial_id, status);

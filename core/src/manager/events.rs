@@ -266,6 +266,8 @@ impl Manager {
                     signal: None,
                     message: Some(message.clone()),
                     stderr_tail: None,
+                    peak_memory_mib: None,
+                    peak_gpu_memory_mib: None,
                 })
                 .await?;
         }

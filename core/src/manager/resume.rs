@@ -162,6 +162,8 @@ impl Manager {
                 reason,
                 memory_request_mib: self.book[trial_id].memory_request_mib,
                 gpu_memory_request_mib: self.book[trial_id].gpu_memory_request_mib,
+                peak_memory_mib: self.book[trial_id].peak_memory_mib,
+                peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
             })
             .await?;
         self.environments.release(trial_id);
@@ -263,6 +265,8 @@ mod tests {
                 memory_request_mib: None,
                 gpu_memory_request_mib: None,
             }),
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
         }
     }
 

@@ -216,6 +216,13 @@ pub enum StoreEvent {
         signal: Option<i32>,
         message: Option<String>,
         stderr_tail: Option<String>,
+        /// The attempt's peak resident memory (MiB) as its service sampled it, where reported.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_memory_mib: Option<u64>,
+        /// The attempt's peak GPU memory (MiB, on its fullest GPU), where its service read it
+        /// (NVML).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_gpu_memory_mib: Option<u64>,
     },
     TrialRequeued {
         trial_id: String,
@@ -228,6 +235,13 @@ pub enum StoreEvent {
         /// after the trial ran out of GPU memory; absent otherwise.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gpu_memory_request_mib: Option<u64>,
+        /// What the attempt given up used (see `TrialEnded`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_memory_mib: Option<u64>,
+        /// The attempt's peak GPU memory (MiB, on its fullest GPU), where its service read it
+        /// (NVML).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak_gpu_memory_mib: Option<u64>,
     },
     Metric {
         trial_id: String,

@@ -39,6 +39,14 @@ const TRIAL_COLUMNS: &str = "id, sequence, parameter_id, parameters, status, att
     (SELECT json_extract(g.payload, '$.gpu_memory_request_mib') FROM events g
         WHERE g.trial_id = trials.id AND g.kind = 'trial_requeued'
           AND json_extract(g.payload, '$.gpu_memory_request_mib') IS NOT NULL
+        ORDER BY g.seq DESC LIMIT 1),
+    (SELECT json_extract(m.payload, '$.peak_memory_mib') FROM events m
+        WHERE m.trial_id = trials.id AND m.kind = 'trial_requeued'
+          AND json_extract(m.payload, '$.memory_request_mib') IS NOT NULL
+        ORDER BY m.seq DESC LIMIT 1),
+    (SELECT json_extract(g.payload, '$.peak_gpu_memory_mib') FROM events g
+        WHERE g.trial_id = trials.id AND g.kind = 'trial_requeued'
+          AND json_extract(g.payload, '$.gpu_memory_request_mib') IS NOT NULL
         ORDER BY g.seq DESC LIMIT 1)";
 
 fn bad_column(index: usize, what: String) -> rusqlite::Error {
@@ -104,6 +112,12 @@ pub struct TrialRow {
     /// The GPU memory (MiB per GPU) its attempts ask for since it ran out of GPU memory, when
     /// the manager raised it; `None` while it asks for `trialGpuMemory`.
     pub gpu_memory_request_mib: Option<u64>,
+    /// The peak resident memory (MiB) of the attempt that ran out of memory, which
+    /// `memory_request_mib` was learned from (where its service sampled it).
+    pub memory_request_peak_mib: Option<u64>,
+    /// The peak GPU memory (MiB) of the attempt that ran out of GPU memory, which
+    /// `gpu_memory_request_mib` was learned from (where NVML gave it).
+    pub gpu_memory_request_peak_mib: Option<u64>,
 }
 
 fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
@@ -138,6 +152,12 @@ fn trial_from_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
             .and_then(|mib| u64::try_from(mib).ok()),
         gpu_memory_request_mib: row
             .get::<_, Option<i64>>(20)?
+            .and_then(|mib| u64::try_from(mib).ok()),
+        memory_request_peak_mib: row
+            .get::<_, Option<i64>>(21)?
+            .and_then(|mib| u64::try_from(mib).ok()),
+        gpu_memory_request_peak_mib: row
+            .get::<_, Option<i64>>(22)?
             .and_then(|mib| u64::try_from(mib).ok()),
     })
 }

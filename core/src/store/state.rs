@@ -98,6 +98,10 @@ pub struct TrialAttempt {
     pub end: Option<TrialEnd>,
     /// Set when this attempt was given up for a new one.
     pub requeued: Option<Requeue>,
+    /// The peak resident memory (MiB) its service sampled, where reported (at its end).
+    pub peak_memory_mib: Option<u64>,
+    /// The peak GPU memory (MiB, on its fullest GPU) its service read from NVML, where known.
+    pub peak_gpu_memory_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -460,6 +464,8 @@ impl Replayer {
                     started_ms: time_ms,
                     end: None,
                     requeued: None,
+                    peak_memory_mib: None,
+                    peak_gpu_memory_mib: None,
                 });
             }
             StoreEvent::TrialEnded {
@@ -470,6 +476,8 @@ impl Replayer {
                 signal,
                 message,
                 stderr_tail,
+                peak_memory_mib,
+                peak_gpu_memory_mib,
             } => {
                 let trial = self.trial(seq, &trial_id)?;
                 let end = TrialEnd {
@@ -486,6 +494,8 @@ impl Replayer {
                     .find(|a| a.number == attempt && a.end.is_none())
                 {
                     ended.end = Some(end.clone());
+                    ended.peak_memory_mib = ended.peak_memory_mib.or(peak_memory_mib);
+                    ended.peak_gpu_memory_mib = ended.peak_gpu_memory_mib.or(peak_gpu_memory_mib);
                 }
                 trial.status = status;
                 trial.end = Some(end);
@@ -495,6 +505,8 @@ impl Replayer {
                 reason,
                 memory_request_mib,
                 gpu_memory_request_mib,
+                peak_memory_mib,
+                peak_gpu_memory_mib,
             } => {
                 let trial = self.trial(seq, &trial_id)?;
                 trial.status = TrialStatus::Waiting;
@@ -506,6 +518,9 @@ impl Replayer {
                     trial.gpu_memory_request_mib = gpu_memory_request_mib;
                 }
                 if let Some(attempt) = trial.attempts.last_mut() {
+                    attempt.peak_memory_mib = attempt.peak_memory_mib.or(peak_memory_mib);
+                    attempt.peak_gpu_memory_mib =
+                        attempt.peak_gpu_memory_mib.or(peak_gpu_memory_mib);
                     attempt.requeued = Some(Requeue {
                         time_ms,
                         reason,

@@ -479,6 +479,7 @@ impl Writer {
                 signal,
                 message,
                 stderr_tail,
+                ..
             } => {
                 if !end_status.is_final() {
                     return reject(Rejection::NotAFinalStatus {

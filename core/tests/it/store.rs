@@ -52,6 +52,8 @@ fn ended(trial_id: &str, attempt: u32, status: TrialStatus) -> StoreEvent {
         signal: None,
         message: Some("exit code 1".to_string()),
         stderr_tail: Some("Traceback ...\nValueError: boom\n".to_string()),
+        peak_memory_mib: None,
+        peak_gpu_memory_mib: None,
     }
 }
 
@@ -118,6 +120,8 @@ fn every_event_type_round_trips_through_the_log() {
             reason: "retry 1 of 2 after exit code 1".to_string(),
             memory_request_mib: Some(512),
             gpu_memory_request_mib: Some(6000),
+            peak_memory_mib: Some(700),
+            peak_gpu_memory_mib: Some(3000),
         },
         started("FgHiJ", 2),
         StoreEvent::Metric {
@@ -161,6 +165,11 @@ fn every_event_type_round_trips_through_the_log() {
     assert_eq!(
         (row.memory_request_mib, row.gpu_memory_request_mib),
         (Some(512), Some(6000))
+    );
+    // And what the attempt they were learned from used.
+    assert_eq!(
+        (row.memory_request_peak_mib, row.gpu_memory_request_peak_mib),
+        (Some(700), Some(3000))
     );
     let tail = reader.events_since(20, 2).unwrap();
     assert_eq!(tail.iter().map(|r| r.seq).collect::<Vec<_>>(), [21, 22]);
@@ -226,6 +235,13 @@ fn every_event_type_round_trips_through_the_log() {
     assert_eq!(
         retried.attempts[0].requeued.as_ref().unwrap().reason,
         "retry 1 of 2 after exit code 1"
+    );
+    assert_eq!(
+        (
+            retried.attempts[0].peak_memory_mib,
+            retried.attempts[0].peak_gpu_memory_mib
+        ),
+        (Some(700), Some(3000))
     );
     // What a resume starts the trial's next attempts with.
     assert_eq!(
@@ -412,6 +428,8 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
             signal: None,
             message: Some(knob_core::store::STOPPED_WITH_EXPERIMENT.to_string()),
             stderr_tail: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
         },
     );
     let state = store.replay().unwrap();
@@ -427,6 +445,8 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
             reason: "the experiment was stopped before it ended".to_string(),
             memory_request_mib: None,
             gpu_memory_request_mib: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
         },
     );
     let row = &store
@@ -448,6 +468,8 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
             reason: "again".to_string(),
             memory_request_mib: None,
             gpu_memory_request_mib: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
         })
         .wait();
     assert!(refused.is_err(), "{refused:?}");
@@ -510,6 +532,8 @@ fn a_waiting_trial_shows_its_latest_waiting_warning_until_it_starts_and_after_a_
             reason: "attempt 1 failed".to_string(),
             memory_request_mib: None,
             gpu_memory_request_mib: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
         },
     );
     assert_eq!(waiting_reasons(&store), vec![None, None]);
