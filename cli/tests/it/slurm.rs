@@ -328,7 +328,12 @@ maxOomRetries: 2",
         message.starts_with(&format!(
             "after it ran out of memory its request was raised to {raised} MiB of memory (maxOomRetries), which no environment can give: "
         )) && message.contains("slurm:env")
-            && message.contains("64 MiB of memory"),
+            && message.contains("64 MiB of memory")
+            && message.ends_with(&format!(
+                "; to run it, set trialMemorySize to {raised} MiB or more (an environment sized by trialMemorySize then holds it), or lower maxOomRetries to fail sooner"
+            ))
+            && !message.contains("lower trialMemorySize")
+            && !message.contains('\n'),
         "{message}"
     );
     wait_for(

@@ -202,8 +202,10 @@ impl Manager {
                 }
                 Placement::RequireExceedTotal { reason } => {
                     let reason = match raised_request(&self.book[&trial_id]) {
-                        Some(raised) => format!(
-                            "after it ran out of memory its request was raised to {raised} (maxOomRetries), which no environment can give: {reason}"
+                        Some(raised) => refused_after_raise(
+                            &raised,
+                            self.book[&trial_id].memory_request_mib,
+                            &reason,
                         ),
                         None => reason,
                     };
@@ -323,6 +325,29 @@ impl Manager {
     }
 }
 
+/// Why a trial whose request was raised after it ran out of memory (`raised`, as
+/// [`raised_request`] says it) can never be placed, in one line. The scheduler's own advice
+/// (lower trialMemorySize or trialGpuMemory) is for a request from the config, not one knob
+/// raised, so it is left out; in its place, for raised host memory, what would hold it: a
+/// `trialMemorySize` of at least the raised request, which environments sized by it (an
+/// allocation asked for with trialMemorySize) then offer.
+fn refused_after_raise(raised: &str, memory_request_mib: Option<u64>, reason: &str) -> String {
+    let why = [": lower trialMemorySize to ", ": lower trialGpuMemory to "]
+        .iter()
+        .filter_map(|advice| reason.find(advice))
+        .min()
+        .map_or(reason, |at| &reason[..at]);
+    let what_to_do = match memory_request_mib {
+        Some(mib) => format!(
+            "; to run it, set trialMemorySize to {mib} MiB or more (an environment sized by trialMemorySize then holds it), or lower maxOomRetries to fail sooner"
+        ),
+        None => "; lower maxOomRetries to fail sooner".to_string(),
+    };
+    format!(
+        "after it ran out of memory its request was raised to {raised} (maxOomRetries), which no environment can give: {why}{what_to_do}"
+    )
+}
+
 /// "3000 MiB of memory" / "6000 MiB of GPU memory" / both, for a trial whose requests were
 /// raised after it ran out of memory; `None` when it asks for the experiment's.
 fn raised_request(trial: &super::trial::Trial) -> Option<String> {
@@ -338,4 +363,34 @@ fn raised_request(trial: &super::trial::Trial) -> Option<String> {
     .flatten()
     .collect();
     (!raised.is_empty()).then(|| raised.join(" and "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_after_raise;
+
+    #[test]
+    fn a_raised_request_no_environment_holds_is_refused_in_one_line_saying_what_to_do() {
+        let message = refused_after_raise(
+            "302 MiB of memory",
+            Some(302),
+            "needs 302 MiB of memory; box-1 has 64 MiB of memory: lower trialMemorySize to 64 MiB or less",
+        );
+        assert_eq!(
+            message,
+            "after it ran out of memory its request was raised to 302 MiB of memory (maxOomRetries), which no environment can give: needs 302 MiB of memory; box-1 has 64 MiB of memory; to run it, set trialMemorySize to 302 MiB or more (an environment sized by trialMemorySize then holds it), or lower maxOomRetries to fail sooner"
+        );
+        assert!(!message.contains('\n'));
+        let gpu = refused_after_raise(
+            "6000 MiB of GPU memory",
+            None,
+            "box-1 has no GPU with 6000 MiB or more: lower trialGpuMemory to 4 GiB or less",
+        );
+        assert!(
+            gpu.ends_with(
+                "box-1 has no GPU with 6000 MiB or more; lower maxOomRetries to fail sooner"
+            ),
+            "{gpu}"
+        );
+    }
 }
