@@ -82,7 +82,64 @@ pub struct TrialTree {
     /// `KNOB_TRIAL_RUN=<mark>`, as the entry appears in `/proc/<pid>/environ`.
     entry: Vec<u8>,
     /// Taken before the leader was spawned: no process of the run started earlier.
-    not_before: StartTicks,
+    not_before: BeforeSpawn,
+}
+
+/// Where the clocks and the kernel's pid counter stood just before a trial's leader was
+/// spawned: every process of the run started later, and (until the counter wraps) got a larger
+/// pid than the counter's `last_pid` then.
+///
+/// A scan reads `/proc/<pid>/stat` (the kernel formats fifty fields: the dearest file of a
+/// process) only of processes whose pid the counter handed out after the spawn, while it can
+/// tell that it has not wrapped since: the counter's value now is not below `last_pid`, and
+/// too little time has passed for it to have gone all the way round (at most a million pids a
+/// second, far more than any machine forks). On a machine of a few hundred processes that
+/// turns each scan of a short trial from hundreds of reads into a handful (two scans a trial,
+/// a quarter of knob's CPU in `trial_overhead.sh`). Otherwise, or without the counter, every
+/// process is looked at.
+#[derive(Debug, Clone, Copy)]
+pub struct BeforeSpawn {
+    ticks: StartTicks,
+    /// `/proc/sys/kernel/ns_last_pid`: the last pid handed out in this pid namespace.
+    last_pid: Option<u32>,
+    at: std::time::Instant,
+    /// How long the counter surely takes to wrap (1 µs a pid of `pid_max`).
+    wrap_time: std::time::Duration,
+}
+
+impl BeforeSpawn {
+    pub fn now() -> BeforeSpawn {
+        let read =
+            |path: &str| -> Option<u32> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+        let pid_max = read("/proc/sys/kernel/pid_max");
+        let last_pid = read("/proc/sys/kernel/ns_last_pid").filter(|_| pid_max.is_some());
+        BeforeSpawn {
+            ticks: StartTicks::now(),
+            last_pid,
+            at: std::time::Instant::now(),
+            wrap_time: std::time::Duration::from_micros(u64::from(pid_max.unwrap_or(0))),
+        }
+    }
+
+    /// For a scan starting now: the pids at or below which no process of the run can be, when
+    /// the counter cannot have wrapped since; 0 (look at every process) otherwise.
+    fn older_pids(&self) -> u32 {
+        let Some(last_pid) = self.last_pid else {
+            return 0;
+        };
+        let counter_now: Option<u32> = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+            .ok()
+            .and_then(|text| text.trim().parse().ok());
+        match counter_now {
+            Some(now) if now >= last_pid && self.at.elapsed() < self.wrap_time => last_pid,
+            _ => 0,
+        }
+    }
+}
+
+/// The pid a `/proc` entry names, when it names a process.
+fn entry_pid(entry: &std::fs::DirEntry) -> Option<u32> {
+    entry.file_name().to_str()?.parse().ok()
 }
 
 /// A process start time as `/proc/<pid>/stat` gives it (field 22: clock ticks since boot).
@@ -118,8 +175,8 @@ impl StartTicks {
 }
 
 impl TrialTree {
-    /// `not_before`: [`StartTicks::now`] taken before the leader was spawned.
-    pub fn new(pgid: Option<u32>, mark: &str, not_before: StartTicks) -> TrialTree {
+    /// `not_before`: [`BeforeSpawn::now`] taken before the leader was spawned.
+    pub fn new(pgid: Option<u32>, mark: &str, not_before: BeforeSpawn) -> TrialTree {
         TrialTree {
             pgid,
             entry: format!("{TRIAL_RUN_ENV}={mark}").into_bytes(),
@@ -138,15 +195,11 @@ impl TrialTree {
             return (Vec::new(), group_answers);
         };
         let me = std::process::id();
+        let older = self.not_before.older_pids();
         let mut marked = Vec::new();
         let mut group_alive = false;
         for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|name| name.parse::<u32>().ok())
-                .filter(|&pid| pid != me)
-            else {
+            let Some(pid) = entry_pid(&entry).filter(|&pid| pid != me && pid > older) else {
                 continue;
             };
             let Some(stat) = std::fs::read_to_string(entry.path().join("stat")).ok() else {
@@ -163,7 +216,7 @@ impl TrialTree {
                 continue;
             }
             // Older than the run: not one of its processes (an unreadable start time is looked at).
-            if parse_start(&stat).is_some_and(|start| start < self.not_before) {
+            if parse_start(&stat).is_some_and(|start| start < self.not_before.ticks) {
                 continue;
             }
             let carries_mark = std::fs::read(entry.path().join("environ"))
@@ -207,14 +260,10 @@ impl TrialTree {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return 0;
         };
+        let older = self.not_before.older_pids();
         let mut kib = 0;
         for entry in entries.flatten() {
-            if !entry
-                .file_name()
-                .as_encoded_bytes()
-                .iter()
-                .all(u8::is_ascii_digit)
-            {
+            if entry_pid(&entry).is_none_or(|pid| pid <= older) {
                 continue;
             }
             let member = std::fs::read_to_string(entry.path().join("stat"))
@@ -242,10 +291,11 @@ impl TrialTree {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return Vec::new();
         };
+        let older = self.not_before.older_pids();
         entries
             .flatten()
             .filter_map(|entry| {
-                let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+                let pid = entry_pid(&entry).filter(|&pid| pid > older)?;
                 let (state, group) = std::fs::read_to_string(entry.path().join("stat"))
                     .ok()
                     .and_then(|stat| parse_state_and_group(&stat))?;
@@ -355,6 +405,31 @@ mod tests {
         let _ = child.wait();
         let started = parse_start(&stat).expect("a start time");
         assert!(started >= before, "{started:?} before {before:?}");
+    }
+
+    #[test]
+    fn a_process_spawned_after_before_spawn_is_scanned_and_found() {
+        use std::os::unix::process::CommandExt;
+        let before = BeforeSpawn::now();
+        let mark = new_trial_run_mark();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .env(TRIAL_RUN_ENV, &mark)
+            // Out of the group it names below: found by its mark alone.
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let older = before.older_pids();
+        let tree = TrialTree::new(Some(u32::MAX), &mark, before);
+        let (marked, _) = tree.scan();
+        let grouped = TrialTree::new(Some(pid), "other", before);
+        let alive = grouped.alive();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(pid > older, "pid {pid} at or below {older}");
+        assert_eq!(marked, vec![pid as i32]);
+        assert!(alive);
     }
 
     #[test]

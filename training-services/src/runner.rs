@@ -29,7 +29,7 @@ use crate::metrics::{Emit, LineScanner, ScannedLine, TrialRecorder, MAX_METRIC_B
 use crate::nni_file;
 use crate::nni_http::ChannelServer;
 use crate::process::{
-    new_trial_run_mark, spawn_in_own_group, stderr_tail, StartTicks, TrialTree, TRIAL_RUN_ENV,
+    new_trial_run_mark, spawn_in_own_group, stderr_tail, BeforeSpawn, TrialTree, TRIAL_RUN_ENV,
 };
 use crate::tail::{tail_files, FileTail, FileWatcher};
 use crate::trial_python;
@@ -265,7 +265,7 @@ pub fn start_trial(
             host.watcher.unwatch(path);
         }
     };
-    let not_before = StartTicks::now();
+    let not_before = BeforeSpawn::now();
     let spawned = {
         let _in_runtime = runtime.enter();
         spawn_in_own_group(&request.command, &paths.code_dir, &env, stderr)
