@@ -6,13 +6,12 @@
 //! exit is never lost. Where the OS watcher is unavailable, tails are read on a short timer.
 
 use std::collections::HashMap;
-use std::io::SeekFrom;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{oneshot, Notify};
 
 use crate::knob_protocol::{self, LineSource};
@@ -157,13 +156,14 @@ impl FileTail {
         &self.path
     }
 
-    /// Reads what was appended since the last call and records it.
-    pub async fn read_new(&mut self, recorder: &TrialRecorder) {
-        let Ok(mut file) = tokio::fs::File::open(&self.path).await else {
+    /// Reads what was appended since the last call and records it. Blocking file I/O: the
+    /// tail task runs it off the async workers, every file of one wake-up at once.
+    pub fn read_new(&mut self, recorder: &TrialRecorder) {
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
             // Not created (the trial removed it?): nothing to read.
             return;
         };
-        let length = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+        let length = file.metadata().map(|m| m.len()).unwrap_or(0);
         if length < self.offset {
             recorder.warn(format_args!(
                 "{} shrank from {} to {length} bytes; metric files must only be appended to, reading it again from the start",
@@ -178,12 +178,12 @@ impl FileTail {
                 TailFormat::NniRecords(_) => TailFormat::NniRecords(NniRecordDecoder::new()),
             };
         }
-        if length == self.offset || file.seek(SeekFrom::Start(self.offset)).await.is_err() {
+        if length == self.offset || file.seek(SeekFrom::Start(self.offset)).is_err() {
             return;
         }
         let mut buffer = vec![0u8; 64 * 1024];
         loop {
-            let read = match file.read(&mut buffer).await {
+            let read = match file.read(&mut buffer) {
                 Ok(0) => break,
                 Ok(read) => read,
                 Err(e) => {
@@ -247,27 +247,41 @@ fn on_nni_record(recorder: &TrialRecorder, record: NniRecord<'_>) {
 }
 
 /// Tails `files` until `finish` fires, then reads them to the end one last time.
+///
+/// Each wake-up reads every file in one blocking task: one hand-over to tokio's blocking pool
+/// rather than one for each open, `stat`, seek and read of each file (eight on a trial's
+/// last read, which its end waits for).
 pub async fn tail_files(
-    mut files: Vec<FileTail>,
+    files: Vec<FileTail>,
     recorder: Arc<TrialRecorder>,
     changed: Arc<Notify>,
     poll: bool,
     mut finish: oneshot::Receiver<()>,
 ) {
+    let mut files = Some(files);
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
-    loop {
+    let mut last = false;
+    while !last {
         tokio::select! {
             biased;
-            _ = &mut finish => break,
+            _ = &mut finish => last = true,
             _ = changed.notified() => {}
             _ = ticker.tick(), if poll => {}
         }
-        for file in &mut files {
-            file.read_new(&recorder).await;
-        }
-    }
-    for file in &mut files {
-        file.read_new(&recorder).await;
-        file.finish(&recorder);
+        let Some(mut taken) = files.take() else {
+            return;
+        };
+        let recorder = recorder.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            for file in &mut taken {
+                file.read_new(&recorder);
+                if last {
+                    file.finish(&recorder);
+                }
+            }
+            taken
+        });
+        // Gone only when the runtime shuts down: nothing is left to tell then.
+        files = read.await.ok();
     }
 }
