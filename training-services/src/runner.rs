@@ -229,17 +229,6 @@ pub fn start_trial(
     host.channels
         .register(&env_id, recorder.clone(), parameter_record);
     let metric_files = [paths.knob_metrics.clone(), paths.nni_metrics.clone()];
-    let files_changed = Arc::new(Notify::new());
-    let mut poll_files = false;
-    for path in &metric_files {
-        if let Err(why) = host.watcher.watch(path, files_changed.clone()) {
-            knob_plugin_api::log::debug(&format!(
-                "trial {trial_id}: polling {} ({why})",
-                path.display()
-            ));
-            poll_files = true;
-        }
-    }
     let channel_url = host.channels.url_for(&env_id, &trial_id);
     let mark = new_trial_run_mark();
     let mut env = trial_environment(host, request, &paths, channel_url);
@@ -259,12 +248,6 @@ pub fn start_trial(
         GpuUsageSource::Nvml
     };
 
-    let close_channels = || {
-        host.channels.unregister(&env_id, &trial_id);
-        for path in &metric_files {
-            host.watcher.unwatch(path);
-        }
-    };
     let not_before = BeforeSpawn::now();
     let spawned = {
         let _in_runtime = runtime.enter();
@@ -273,7 +256,7 @@ pub fn start_trial(
     let mut child = match spawned {
         Ok(child) => child,
         Err(source) => {
-            close_channels();
+            host.channels.unregister(&env_id, &trial_id);
             return Err(TrialError::Spawn {
                 trial_id,
                 code_dir: paths.code_dir,
@@ -283,6 +266,20 @@ pub fn start_trial(
     };
     let pid = child.id();
     recorder.started(pid);
+    // Watched once the trial runs (each watch is a round trip to the watcher's thread, which
+    // the spawn need not wait for); a first read then takes what it wrote before them.
+    let files_changed = Arc::new(Notify::new());
+    let mut poll_files = false;
+    for path in &metric_files {
+        if let Err(why) = host.watcher.watch(path, files_changed.clone()) {
+            knob_plugin_api::log::debug(&format!(
+                "trial {trial_id}: polling {} ({why})",
+                path.display()
+            ));
+            poll_files = true;
+        }
+    }
+    files_changed.notify_one();
 
     let stdout = child.stdout.take();
     let stdout_task = runtime.spawn(pump_stdout(
@@ -360,7 +357,7 @@ fn prepare_directory(
         |path: &Path, contents: &str| std::fs::write(path, contents).map_err(|e| fail(path, e));
     write(&paths.nni_parameters, parameter_record)?;
     write(&paths.knob_parameters, &request.parameters.to_string())?;
-    // Created empty before the trial starts so that they can be watched from its first write.
+    // Created empty before the trial starts, so that they exist to be watched once it runs.
     write(&paths.knob_metrics, "")?;
     write(&paths.nni_metrics, "")?;
     trial_python::write_folder(&paths.dir, trial_python::shim_wanted(&request.env))
