@@ -398,8 +398,11 @@ trialCpuNumber: 1",
         needle: needle.clone(),
     };
     let slurm_reason = |reason: &str| {
+        // Slurm spells a reason with underscores in `squeue` and with spaces elsewhere
+        // ("Nodes required for job are DOWN, DRAINED or reserved ...").
+        let reason = reason.replace('_', " ");
         reason.contains("Slurm job")
-            && ["ReqNodeNotAvail", "Resources", "Nodes_required", "Priority"]
+            && ["ReqNodeNotAvail", "Resources", "Nodes required", "Priority"]
                 .iter()
                 .any(|why| reason.contains(why))
     };

@@ -499,10 +499,12 @@ fn on_a_drained_node_trials_wait_with_slurms_reason() {
     // Slurm says why: the node is not available (drained). A job's first reason may be none
     // (the scheduler has not looked at it yet); the service reports each new one.
     let with_reason = |w: &String| {
+        // Slurm spells a reason with underscores in `squeue` and with spaces elsewhere.
+        let w = w.replace('_', " ");
         w.starts_with("waiting: Slurm job")
             && (w.contains("ReqNodeNotAvail")
                 || w.contains("Resources")
-                || w.contains("Nodes_required"))
+                || w.contains("Nodes required"))
     };
     let all = world
         .events
