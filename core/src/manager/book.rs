@@ -10,7 +10,7 @@
 //! 100 000-trial experiment cost several times one of a 1 000-trial one (`sim_scale`).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::ops::Index;
 
 use rand::Rng;
@@ -21,7 +21,11 @@ use crate::store::TrialStatus;
 
 #[derive(Debug)]
 pub(super) struct TrialBook {
-    trials: BTreeMap<String, Trial>,
+    /// Every trial by id. A hash map, not a B-tree: the loop looks trials up by id many times
+    /// an event, and in a B-tree of 100 000 trials each lookup compares string keys on six
+    /// levels of nodes that no longer fit in the caches, which made a trial cost 1.8 times as
+    /// much at 100 000 trials as at 10 000 (`sim_scale`).
+    trials: HashMap<String, Trial>,
     /// Trials not yet ended (waiting or running), by sequence: what the loop iterates often,
     /// so that its cost follows `trialConcurrency`, not the experiment's length.
     active: BTreeMap<u64, String>,
@@ -53,7 +57,7 @@ impl TrialBook {
     /// An empty book; `maximize` says which way the best result goes.
     pub fn new(maximize: bool) -> TrialBook {
         TrialBook {
-            trials: BTreeMap::new(),
+            trials: HashMap::new(),
             active: BTreeMap::new(),
             unplaced: BTreeSet::new(),
             timers: BinaryHeap::new(),
@@ -236,7 +240,7 @@ impl TrialBook {
         let trial = &self.trials[trial_id];
         trial.kill.is_none()
             && trial.objective_problem.is_none()
-            && trial.attempt - trial.lost_attempts <= retries
+            && trial.attempt.saturating_sub(trial.lost_attempts) <= retries
     }
 
     /// The waiting trials that may be placed at `now` (not handed to a service yet, backoff
@@ -329,7 +333,9 @@ impl TrialBook {
 
     /// What the caller of `run` learns of each trial, by id.
     pub fn summaries(&self) -> Vec<TrialSummary> {
-        self.trials.values().map(Trial::summary).collect()
+        let mut summaries: Vec<TrialSummary> = self.trials.values().map(Trial::summary).collect();
+        summaries.sort_by(|a, b| a.id.cmp(&b.id));
+        summaries
     }
 }
 

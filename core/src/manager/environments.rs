@@ -373,6 +373,49 @@ mod tests {
     }
 
     #[test]
+    fn a_round_that_placed_nothing_is_worked_out_again_only_after_a_change() {
+        let mut envs = environments(1);
+        envs.report(0, reported("a", true, inventory("a", 1, None)));
+        let request = |id: &str| OwnRequest {
+            trial_id: id.into(),
+            memory_mib: None,
+            gpu_memory_mib: None,
+        };
+        assert!(matches!(
+            envs.place(&[request("t1")])[0],
+            Placement::Succeed { .. }
+        ));
+        // The only GPU is taken: t2 waits, as often as it is asked (the answer is kept).
+        for _ in 0..3 {
+            assert!(matches!(
+                envs.place(&[request("t2")])[0],
+                Placement::TmpNoAvailableGpu { .. }
+            ));
+        }
+        // Another trial waiting too is a new question.
+        let both = envs.place(&[request("t2"), request("t3")]);
+        assert!(both
+            .iter()
+            .all(|p| matches!(p, Placement::TmpNoAvailableGpu { .. })));
+        // A release is a change: t2 gets the GPU.
+        envs.release("t1");
+        assert!(matches!(
+            envs.place(&[request("t2"), request("t3")])[0],
+            Placement::Succeed { .. }
+        ));
+        // So is an environment reported again (a new GPU).
+        assert!(matches!(
+            envs.place(&[request("t3")])[0],
+            Placement::TmpNoAvailableGpu { .. }
+        ));
+        envs.report(0, reported("a", true, inventory("a", 2, None)));
+        assert!(matches!(
+            envs.place(&[request("t3")])[0],
+            Placement::Succeed { .. }
+        ));
+    }
+
+    #[test]
     fn another_services_environment_is_not_taken_over() {
         let mut envs = environments(1);
         envs.report(0, reported("a", true, inventory("a", 1, None)));

@@ -19,6 +19,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// A waiting trial's own requests: `None` takes the experiment's (`trialMemorySize`,
 /// `trialGpuMemory`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnRequest {
     pub trial_id: String,
     /// Host memory (MiB).
@@ -31,6 +32,15 @@ pub struct OwnRequest {
 pub struct Placer {
     scheduler: Scheduler,
     request_template: TrialRequest,
+    /// Counts the changes to the scheduler's state (environments registered, marked, removed;
+    /// trials placed or released).
+    changes: u64,
+    /// The last round that placed nothing, every trial waiting for a GPU: `changes` then, its
+    /// requests and what it said. While trials wait for a GPU the loop asks again every turn;
+    /// with nothing changed the answer is the same, and working it out again (every waiting
+    /// trial against every GPU of every environment, and why it waits) made a turn cost grow
+    /// with the environments times the trials waiting (`sim_scale`, 1 000 environments).
+    blocked: Option<(u64, Vec<OwnRequest>, Vec<Placement>)>,
 }
 
 impl Placer {
@@ -52,6 +62,8 @@ impl Placer {
         Placer {
             scheduler,
             request_template: TrialRequest::new("template"),
+            changes: 0,
+            blocked: None,
         }
     }
 
@@ -90,6 +102,7 @@ impl Placer {
     /// Registers an environment as its service probed it (limits applied), or takes a fresh
     /// probe of one; trials placed there keep what they hold.
     pub fn upsert(&mut self, environment: Environment) -> Result<(), String> {
+        self.changes += 1;
         self.scheduler
             .upsert_environment(environment)
             .map_err(|e| e.to_string())
@@ -98,6 +111,7 @@ impl Placer {
     /// Takes no new trial there until it is registered again; it still counts for whether a
     /// trial could ever fit (it may come back).
     pub fn set_unavailable(&mut self, environment: &str, reason: &str) {
+        self.changes += 1;
         // An environment never registered (unreachable from the start) has nothing to mark.
         let _ = self.scheduler.set_environment_status(
             &EnvironmentId::from(environment),
@@ -108,6 +122,7 @@ impl Placer {
     /// Takes no new trial there until it is ready; being set up, it counts for whether a trial
     /// could ever fit whatever its inventory says (its resources are not known yet).
     pub fn set_starting(&mut self, environment: &str) {
+        self.changes += 1;
         let _ = self.scheduler.set_environment_status(
             &EnvironmentId::from(environment),
             EnvironmentStatus::Starting,
@@ -116,6 +131,7 @@ impl Placer {
 
     /// Forgets an environment that is gone; what its trials held is released.
     pub fn remove(&mut self, environment: &str) {
+        self.changes += 1;
         let _ = self
             .scheduler
             .remove_environment(&EnvironmentId::from(environment));
@@ -137,6 +153,11 @@ impl Placer {
     /// Places waiting trials, oldest first, each with its own memory requests where they are
     /// not the experiment's (raised after it ran out of memory); returns each one's placement.
     pub fn place(&mut self, waiting: &[OwnRequest]) -> Vec<Placement> {
+        if let Some((changes, requests, placements)) = &self.blocked {
+            if *changes == self.changes && requests.as_slice() == waiting {
+                return placements.clone();
+            }
+        }
         let requests: Vec<TrialRequest> = waiting
             .iter()
             .map(|own| TrialRequest {
@@ -152,7 +173,17 @@ impl Placer {
                 ..self.request_template.clone()
             })
             .collect();
-        self.scheduler.place_queue(&requests)
+        let placements = self.scheduler.place_queue(&requests);
+        if placements
+            .iter()
+            .all(|placement| matches!(placement, Placement::TmpNoAvailableGpu { .. }))
+        {
+            self.blocked = Some((self.changes, waiting.to_vec(), placements.clone()));
+        } else {
+            self.changes += 1;
+            self.blocked = None;
+        }
+        placements
     }
 
     /// What the largest GPU could ever give one trial (MiB), see
@@ -165,6 +196,7 @@ impl Placer {
 
     /// Frees what a trial held; call once its process group is gone.
     pub fn release(&mut self, trial_id: &str) {
+        self.changes += 1;
         self.scheduler.release(&TrialId::from(trial_id));
     }
 }
