@@ -40,9 +40,11 @@ impl Manager {
             trial.gpu_memory_request_mib = stored.gpu_memory_request_mib;
             // Attempts lost with their host still do not count against `maxTrialRetries`
             // (attempts handed to a lost host but never started left no record: the bound of
-            // host-loss requeues counts only the recorded ones).
-            trial.lost_attempts = host_lost_attempts(stored);
-            trial.host_losses = trial.lost_attempts;
+            // host-loss requeues counts only the recorded ones), nor do attempts cut short by
+            // the manager stopping or the experiment being stopped (found by the simulator:
+            // after a crash and `knob resume`, a trial had one retry less).
+            trial.host_losses = host_lost_attempts(stored);
+            trial.lost_attempts = trial.host_losses + interrupted_attempts(stored);
             let this_attempt = |kind| {
                 stored
                     .metrics
@@ -83,20 +85,20 @@ impl Manager {
             }
             // Not finished: run it again (its services ended what was left of it, see
             // `unfinished_trials`).
+            // The attempt given up here ran and was not given up before.
+            let cut_short = stored
+                .attempts
+                .last()
+                .is_some_and(|attempt| attempt.requeued.is_none());
+            if cut_short && (stored.status == TrialStatus::Running || stopped_with_experiment) {
+                self.book.known(&id).lost_attempts += 1;
+            }
             if stored.status == TrialStatus::Running {
-                self.requeue(
-                    &id,
-                    "the manager stopped while it ran".into(),
-                    Duration::ZERO,
-                )
-                .await?;
+                self.requeue(&id, MANAGER_STOPPED.into(), Duration::ZERO)
+                    .await?;
             } else if stopped_with_experiment {
-                self.requeue(
-                    &id,
-                    "the experiment was stopped before it ended".into(),
-                    Duration::ZERO,
-                )
-                .await?;
+                self.requeue(&id, EXPERIMENT_STOPPED.into(), Duration::ZERO)
+                    .await?;
             }
         }
         if !imported.is_empty() {
@@ -202,6 +204,27 @@ fn import_record(
 
 /// How many attempts of a stored trial were lost with their host and run again: ended FAILED
 /// with the message `on_environment_lost` records, then requeued.
+/// Why an attempt running when the manager stopped is given up on resume.
+const MANAGER_STOPPED: &str = "the manager stopped while it ran";
+/// Why an attempt cancelled by a stop of the experiment is given up on resume.
+const EXPERIMENT_STOPPED: &str = "the experiment was stopped before it ended";
+
+/// Attempts an earlier resume gave up because the manager or the experiment stopped while they
+/// ran: not the trial's failures.
+fn interrupted_attempts(stored: &crate::store::TrialState) -> u32 {
+    let interrupted = stored
+        .attempts
+        .iter()
+        .filter(|attempt| {
+            attempt
+                .requeued
+                .as_ref()
+                .is_some_and(|r| r.reason == MANAGER_STOPPED || r.reason == EXPERIMENT_STOPPED)
+        })
+        .count();
+    u32::try_from(interrupted).unwrap_or(u32::MAX)
+}
+
 fn host_lost_attempts(stored: &crate::store::TrialState) -> u32 {
     let lost = stored
         .attempts
