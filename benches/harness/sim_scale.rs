@@ -3,8 +3,10 @@
 //! gpu-sched on tokio's paused clock. Each size runs in a child process of its own, so that its
 //! peak memory is its own.
 //!
-//! Per size it prints: CPU per trial (the manager's thread, which also runs the simulated world,
-//! and the whole process, which adds the store's writer and SQLite), peak resident memory (when
+//! Per size it prints: CPU per trial until the run ended, before the checks (the manager's thread,
+//! which also runs the simulated world, and the whole process, which adds the store's writer and
+//! SQLite), the same with the checks (which read the whole log back and replay it; what the
+//! bench reported before 2026-11-26), the store events of each kind, peak resident memory (when
 //! the run ended, and with the checks, which read the whole log back and replay it), store
 //! bytes and events per trial, the store's replay time, the longest batch of service events the
 //! manager took at once (the event queue), loop turns, and one placement decision over the same
@@ -64,8 +66,8 @@ fn main() {
         rows.push((size, row));
     }
     println!();
-    println!("| trials | manager thread CPU µs/trial | process CPU µs/trial | × first | peak RSS MiB (run / with checks) | store bytes/trial | store events/trial | replay s | max event batch | placement µs/decision |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| trials | manager thread CPU µs/trial | process CPU µs/trial | × first | thread µs/trial with checks | peak RSS MiB (run / with checks) | store bytes/trial | store events/trial | replay s | max event batch | placement µs/decision |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let base = rows.first().map(|(_, row)| row[0]).unwrap_or(1.0);
     let mut worst: f64 = 1.0;
     let mut peak: f64 = 0.0;
@@ -74,8 +76,8 @@ fn main() {
         worst = worst.max(ratio);
         peak = peak.max(row[8]);
         println!(
-            "| {size} | {:.0} | {:.0} | {ratio:.2} | {:.0} / {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.1} |",
-            row[0], row[1], row[8], row[2], row[3], row[4], row[5], row[6], row[7]
+            "| {size} | {:.0} | {:.0} | {ratio:.2} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.1} |",
+            row[0], row[1], row[9], row[8], row[2], row[3], row[4], row[5], row[6], row[7]
         );
     }
     println!();
@@ -107,16 +109,25 @@ fn one(trials: u64) {
         std::process::exit(1);
     }
     let per = |d: Duration| d.as_secs_f64() * 1e6 / report.trials.max(1) as f64;
+    // The run alone, before the checks (falls back to the whole when the clock cannot be read).
+    let run_thread = report
+        .run_thread_cpu
+        .map_or(thread_cpu, |cpu| cpu.saturating_sub(thread_before));
+    let run_process = report
+        .run_process_cpu
+        .map_or(process_cpu, |cpu| cpu.saturating_sub(process_before));
     let run_peak_mib = report
         .run_peak_rss
         .map_or(f64::NAN, |bytes| bytes as f64 / f64::from(1 << 20));
     let placement = placement_decision();
     println!(
-        "{trials} trials: {} attempts, {:.1} simulated days in {:.1} s; manager thread {:.1} s CPU, process {:.1} s; peak {} MiB ({} MiB when the run ended, before the checks); store {} MiB, {} events; replay {:.2} s; {} loop turns; event batches up to {}; peak {} running",
+        "{trials} trials: {} attempts, {:.1} simulated days in {:.1} s; manager thread {:.1} s CPU ({:.1} s with the checks), process {:.1} s ({:.1} s); peak {} MiB ({} MiB when the run ended, before the checks); store {} MiB, {} events; replay {:.2} s; {} loop turns; event batches up to {}; peak {} running",
         report.attempts,
         report.simulated.as_secs_f64() / 86_400.0,
         wall.as_secs_f64(),
+        run_thread.as_secs_f64(),
         thread_cpu.as_secs_f64(),
+        run_process.as_secs_f64(),
         process_cpu.as_secs_f64(),
         peak_rss_mib() as u64,
         run_peak_mib as u64,
@@ -127,10 +138,19 @@ fn one(trials: u64) {
         report.max_event_batch,
         report.peak_running,
     );
+    let kinds: Vec<String> = report
+        .events_by_kind
+        .iter()
+        .map(|(kind, n)| format!("{kind} {:.2}", *n as f64 / report.trials.max(1) as f64))
+        .collect();
     println!(
-        "ROW {} {} {} {} {} {} {} {} {}",
-        per(thread_cpu),
-        per(process_cpu),
+        "{trials} trials: store events a trial by kind: {}",
+        kinds.join(", ")
+    );
+    println!(
+        "ROW {} {} {} {} {} {} {} {} {} {}",
+        per(run_thread),
+        per(run_process),
         peak_rss_mib(),
         report.store_bytes as f64 / report.trials.max(1) as f64,
         report.store_events as f64 / report.trials.max(1) as f64,
@@ -138,6 +158,7 @@ fn one(trials: u64) {
         report.max_event_batch,
         placement.as_secs_f64() * 1e6,
         run_peak_mib,
+        per(thread_cpu),
     );
 }
 

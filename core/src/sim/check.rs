@@ -38,6 +38,20 @@ pub(super) fn check(
         store_events: 0,
         replay_time: Duration::ZERO,
         run_peak_rss: None,
+        run_thread_cpu: None,
+        run_process_cpu: None,
+        events_by_kind: Default::default(),
+        resumed: 0,
+        start_failures: seen
+            .trials
+            .values()
+            .map(|t| u64::from(t.start_failures))
+            .sum(),
+        crash_losses: seen
+            .trials
+            .values()
+            .map(|t| u64::from(t.crash_losses))
+            .sum(),
     };
     drop(seen);
     let outcome = match outcome {
@@ -69,6 +83,10 @@ pub(super) fn check(
     report.trials = state.trials.len() as u64;
     report.attempts = state.trials.iter().map(|t| t.attempts.len() as u64).sum();
     report.store_events = state.last_event_seq;
+    report.events_by_kind.insert(
+        "metric",
+        state.trials.iter().map(|t| t.metrics.len() as u64).sum(),
+    );
 
     let all_down = world.lock().environment_up.iter().all(|up| !up);
     let ended_by_itself = match outcome.status {
@@ -104,7 +122,7 @@ pub(super) fn check(
     let stopped = world.lock().stop_sent;
     let retries_closed = stopped || deadline_passed;
 
-    accounted_once_per_attempt(&reader, &state, &mut violations);
+    accounted_once_per_attempt(&reader, &state, &mut report, &mut violations);
     replay_agrees(&reader, &state, &outcome, &mut violations);
     budgets(scenario, &state, world, retries_closed, &mut violations);
     if ended_by_itself && !deadline_passed {
@@ -136,6 +154,7 @@ fn store_bytes(dir: &Path) -> u64 {
 fn accounted_once_per_attempt(
     reader: &StoreReader,
     state: &ExperimentState,
+    report: &mut Report,
     violations: &mut Vec<String>,
 ) {
     let events = match reader.events_since(0, u64::MAX) {
@@ -154,6 +173,10 @@ fn accounted_once_per_attempt(
     }
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     for record in &events {
+        *report
+            .events_by_kind
+            .entry(record.event.kind())
+            .or_default() += 1;
         match &record.event {
             StoreEvent::TrialStarted {
                 trial_id, attempt, ..
@@ -356,20 +379,28 @@ fn budgets(
             } else {
                 0
             };
-        // Requeues for the trial's own failures, host losses aside.
-        let own = failures.saturating_sub(lost);
+        // Requeues for the trial's own failures, host losses and a crashed manager's aside.
+        let own = failures
+            .saturating_sub(lost)
+            .saturating_sub(seen.crash_lost_after_start);
         if own > allowed {
             violations.push(format!(
                 "trial {id} was run again {own} times for its own failures, over maxTrialRetries {} (+ maxOomRetries {} after an OOM)",
                 scenario.max_trial_retries, scenario.max_oom_retries
             ));
         }
-        if seen.requests > 1 + allowed + seen.host_losses {
+        let bound = 1 + allowed + seen.host_losses + seen.crash_losses;
+        if seen.requests > bound {
             violations.push(format!(
-                "trial {id}: started {} times with {} host losses, at most {} allowed",
-                seen.requests,
-                seen.host_losses,
-                1 + allowed + seen.host_losses
+                "trial {id}: started {} times with {} host losses and {} runs left by a crashed manager, at most {bound} allowed",
+                seen.requests, seen.host_losses, seen.crash_losses
+            ));
+        }
+        // A start the service refused ends the trial; it is not started again.
+        if seen.start_failures > 0 && trial.status != TrialStatus::Failed {
+            violations.push(format!(
+                "trial {id}: the service refused to start it, yet it ended {}",
+                trial.status.as_str()
             ));
         }
         // A plain failure (no OOM, not the host) is owed its retries.

@@ -39,6 +39,9 @@ use world::{mix, seconds, Shared, SimComponents, World};
 pub struct Scenario {
     pub seed: u64,
     pub environments: u32,
+    /// Training services (1 to 3, platforms `sim`, `sim2`, `sim3`), each owning every n-th
+    /// environment.
+    pub services: u32,
     pub gpus_per_environment: u32,
     /// GPUs each trial needs (at least 1).
     pub trial_gpu_number: u32,
@@ -57,6 +60,8 @@ pub struct Scenario {
     pub p_fail: f64,
     pub p_oom: f64,
     pub p_slow_start: f64,
+    /// The service refuses to start a trial (its `start_trial` fails).
+    pub p_start_fail: f64,
     /// A slow start takes up to this long.
     pub slow_start: Duration,
     /// How many times a host is lost, at random times, each for a time between these bounds.
@@ -66,6 +71,10 @@ pub struct Scenario {
     pub assessor_threshold: Option<f64>,
     /// The user stops the experiment then.
     pub stop_at: Option<Duration>,
+    /// The manager is killed at the first quiet moment from then (it waits, everything it was
+    /// told is recorded), and a new one resumes the experiment from its store, as `knob resume`
+    /// does: the services end what is left of the runs, and the run goes on.
+    pub crash_at: Option<Duration>,
 }
 
 impl Scenario {
@@ -83,7 +92,7 @@ impl Scenario {
         let slots = environments * gpus_per_environment / trial_gpu_number;
         let short = Duration::from_secs(rng.gen_range(5..60));
         let long = short * rng.gen_range(1..20);
-        Scenario {
+        let mut scenario = Scenario {
             seed,
             environments,
             gpus_per_environment,
@@ -116,7 +125,29 @@ impl Scenario {
             stop_at: rng
                 .gen_bool(0.1)
                 .then(|| Duration::from_secs(rng.gen_range(1..1200))),
+            services: 1,
+            p_start_fail: 0.0,
+            crash_at: None,
+        };
+        // Drawn last, so that the fields above are what they were before these existed.
+        if scenario.environments >= 2 && rng.gen_bool(0.3) {
+            scenario.services = rng.gen_range(2..=scenario.environments.min(3));
         }
+        if rng.gen_bool(0.25) {
+            scenario.p_start_fail = rng.gen_range(0.0..0.2);
+        }
+        // Within the first half of the rough length, so that most crash while trials run.
+        let crash_at =
+            Duration::from_secs(rng.gen_range(1..(scenario.horizon().as_secs() / 2).max(2)));
+        // A crash after a stop, or with a duration budget the resumed run counts on its own
+        // clock, is not what this checks.
+        if rng.gen_bool(0.25)
+            && scenario.stop_at.is_none()
+            && scenario.max_experiment_duration.is_none()
+        {
+            scenario.crash_at = Some(crash_at);
+        }
+        scenario
     }
 
     /// A large calm scenario for the bench: `environments` of `gpus` GPUs each, every GPU busy,
@@ -145,6 +176,9 @@ impl Scenario {
             host_down: (Duration::from_secs(60), Duration::from_secs(1800)),
             assessor_threshold: None,
             stop_at: None,
+            services: 1,
+            p_start_fail: 0.0,
+            crash_at: None,
         }
     }
 
@@ -200,10 +234,10 @@ impl Scenario {
             assessor: self
                 .assessor_threshold
                 .map(|threshold| algorithm(world::ASSESSOR, json!({ "threshold": threshold }))),
-            training_service: vec![TrainingServiceConfig::new(
-                world::PLATFORM,
-                Default::default(),
-            )],
+            training_service: world::PLATFORMS[..self.services.clamp(1, 3) as usize]
+                .iter()
+                .map(|platform| TrainingServiceConfig::new(*platform, Default::default()))
+                .collect(),
             placement_policy: PlacementPolicy::default(),
             tuner_error_policy: TunerErrorPolicy::default(),
             plugin_paths: Vec::new(),
@@ -242,6 +276,20 @@ pub struct Report {
     /// The process's peak resident memory (bytes, Linux `VmHWM`) when the run ended, before
     /// the checks, which read the whole log and replay it; `None` where it cannot be read.
     pub run_peak_rss: Option<u64>,
+    /// CPU time of the thread that ran the manager (and the simulated world) until the run
+    /// ended, before the checks; `None` where it cannot be read.
+    pub run_thread_cpu: Option<Duration>,
+    /// CPU time of the whole process (adding the store's writer and SQLite) until the run
+    /// ended, before the checks.
+    pub run_process_cpu: Option<Duration>,
+    /// How many store events of each kind the run recorded.
+    pub events_by_kind: std::collections::BTreeMap<&'static str, u64>,
+    /// How many times a new manager resumed the experiment after the one before crashed.
+    pub resumed: u32,
+    /// Starts the simulated services refused.
+    pub start_failures: u64,
+    /// Runs left by a crashed manager that the resumed one's clean-up ended.
+    pub crash_losses: u64,
 }
 
 impl Report {
@@ -281,41 +329,22 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         store_events: 0,
         replay_time: Duration::ZERO,
         run_peak_rss: None,
+        run_thread_cpu: None,
+        run_process_cpu: None,
+        events_by_kind: Default::default(),
+        resumed: 0,
+        start_failures: 0,
+        crash_losses: 0,
     };
     let experiment_dir = dir.join("sim");
     if let Err(e) = std::fs::create_dir_all(&experiment_dir) {
         return report(Err(format!("{}: {e}", experiment_dir.display())), vec![]);
     }
     let config = scenario.config(&experiment_dir);
-    let store = match Store::open(&experiment_dir) {
-        Ok(store) => store,
-        Err(e) => return report(Err(e.to_string()), vec![]),
-    };
-    let created = store
-        .append(StoreEvent::ExperimentCreated {
-            experiment_id: format!("sim{}", scenario.seed),
-            config: serde_json::to_value(&config).unwrap_or_default(),
-            start_time_ms: 0,
-        })
-        .await;
-    if let Err(e) = created {
-        return report(Err(e.to_string()), vec![]);
-    }
     let world = Shared::new(World::new(scenario.clone()));
     let components = SimComponents {
         world: world.clone(),
     };
-    let experiment = manager::Experiment {
-        id: format!("sim{}", scenario.seed),
-        dir: experiment_dir.clone(),
-        config,
-        history: None,
-        config_file: None,
-    };
-    let (commands_tx, commands) = mpsc::unbounded_channel();
-    let (progress, _progress_rx) = watch::channel(manager::Progress::default());
-    let (observer, loop_state) = watch::channel(LoopState::default());
-    let turns = loop_state.clone();
     // Time moves only when the driver says so: a blocking task parked for the whole run keeps
     // tokio from moving the paused clock by itself while the manager waits for the store's
     // writer thread.
@@ -323,25 +352,93 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     let hold = tokio::task::spawn_blocking(move || {
         let _ = hold_rx.recv();
     });
-    let run = manager::run_observed(
-        experiment,
-        store,
-        &components,
-        commands,
-        progress,
-        Some(observer),
-    );
-    let outcome = tokio::select! {
-        outcome = run => outcome.map_err(|e| e.to_string()),
-        hung = drive(world.clone(), loop_state, commands_tx) => Err(hung),
+    let mut crash_at = scenario.crash_at;
+    let mut resumed = 0;
+    let mut turns = 0;
+    let outcome = loop {
+        let store = match Store::open(&experiment_dir) {
+            Ok(store) => store,
+            Err(e) => break Err(format!("the store does not open: {e}")),
+        };
+        let history = if resumed == 0 {
+            let created = store
+                .append(StoreEvent::ExperimentCreated {
+                    experiment_id: format!("sim{}", scenario.seed),
+                    config: serde_json::to_value(&config).unwrap_or_default(),
+                    start_time_ms: 0,
+                })
+                .await;
+            if let Err(e) = created {
+                break Err(e.to_string());
+            }
+            None
+        } else {
+            // As `knob resume` does: the experiment as its store recorded it.
+            match store.replay() {
+                Ok(state) => Some(state),
+                Err(e) => break Err(format!("the store does not replay for the resume: {e}")),
+            }
+        };
+        let experiment = manager::Experiment {
+            id: format!("sim{}", scenario.seed),
+            dir: experiment_dir.clone(),
+            config: config.clone(),
+            history,
+            config_file: None,
+        };
+        let (commands_tx, commands) = mpsc::unbounded_channel();
+        let (progress, _progress_rx) = watch::channel(manager::Progress::default());
+        let (observer, loop_state) = watch::channel(LoopState::default());
+        let observed = loop_state.clone();
+        let run = manager::run_observed(
+            experiment,
+            store,
+            &components,
+            commands,
+            progress,
+            Some(observer),
+        );
+        let driven = tokio::select! {
+            outcome = run => Ok(outcome.map_err(|e| e.to_string())),
+            driven = drive(world.clone(), loop_state, commands_tx, crash_at) => Err(driven),
+        };
+        turns += observed.borrow().turn;
+        match driven {
+            Ok(outcome) => break outcome,
+            // The manager's future is dropped where it waited, its store with it (the writer
+            // commits what was queued and lets go of the database), as a killed process would.
+            Err(Driven::Crash) => {
+                crash_at = None;
+                resumed += 1;
+            }
+            Err(Driven::Hung(why)) => break Err(why),
+        }
     };
     drop(hold_tx);
     let _ = hold.await;
     let run_peak_rss = peak_rss();
+    let (run_thread_cpu, run_process_cpu) = (
+        cpu_time(libc::CLOCK_THREAD_CPUTIME_ID),
+        cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID),
+    );
     let mut report = check::check(&scenario, &experiment_dir, &world, outcome);
-    report.loop_turns = turns.borrow().turn;
+    report.loop_turns = turns;
     report.run_peak_rss = run_peak_rss;
+    report.run_thread_cpu = run_thread_cpu;
+    report.run_process_cpu = run_process_cpu;
+    report.resumed = resumed;
     report
+}
+
+/// A CPU clock's time since it started (the calling thread's or the process's).
+pub fn cpu_time(clock: libc::clockid_t) -> Option<Duration> {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    let rc = unsafe { libc::clock_gettime(clock, &mut time) };
+    (rc == 0).then(|| Duration::new(time.tv_sec as u64, time.tv_nsec as u32))
 }
 
 /// This process's peak resident memory so far (`VmHWM` of `/proc/self/status`), in bytes.
@@ -358,17 +455,30 @@ fn peak_rss() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Moves the simulation on while the manager waits. Returns only when the run hangs: the
-/// manager waits for nothing and the world has nothing more to say, or the time limit passed.
+/// Why the driver ended a manager's run.
+enum Driven {
+    /// The manager waits for nothing and the world has nothing more to say, or the time limit
+    /// passed.
+    Hung(String),
+    /// `crash_at` came: the manager is to be killed now, while it waits.
+    Crash,
+}
+
+/// Moves the simulation on while the manager waits. Returns only when the run hangs or the
+/// manager is to crash (at the first quiet moment from `crash_at`).
 async fn drive(
     world: Shared,
     mut loop_state: watch::Receiver<LoopState>,
     commands: mpsc::UnboundedSender<Command>,
-) -> String {
+    crash_at: Option<Duration>,
+) -> Driven {
     let limit = world.lock().scenario.time_limit();
     let trace = std::env::var_os("KNOB_SIM_TRACE").is_some();
     loop {
         let state = settle(&mut loop_state).await;
+        if crash_at.is_some_and(|at| world.lock().now() >= at) {
+            return Driven::Crash;
+        }
         let (delivered, stop) = world.lock().deliver_due();
         if trace {
             let world = world.lock();
@@ -401,17 +511,19 @@ async fn drive(
             (Some(a), None) | (None, Some(a)) => a,
             (None, None) => {
                 let running = world.lock().live_runs();
-                return format!(
+                return Driven::Hung(format!(
                     "hung at {}: the manager waits with no deadline, the world has nothing more to deliver ({running} runs live)",
                     seconds(now)
-                );
+                ));
             }
         };
+        // The crash comes at its time, whatever else is due later.
+        let next = crash_at.map_or(next, |at| next.min(at.max(now)));
         if next > limit {
-            return format!(
+            return Driven::Hung(format!(
                 "did not finish within the simulated time limit {}",
                 seconds(limit)
-            );
+            ));
         }
         // Timers have millisecond resolution: a deadline within the current millisecond fires
         // only once the clock has passed it.

@@ -6,7 +6,7 @@
 //! the driver (`super::drive`) delivers the world's timed events (a trial's start, metrics and
 //! end, a host lost or back) while the manager waits, so that every run of a seed is the same.
 
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -127,6 +127,12 @@ pub(super) struct TrialRecord {
     pub host_losses: u32,
     /// Host losses of runs that had started (each an attempt the store records as requeued).
     pub lost_after_start: u32,
+    /// Starts the service refused (the manager ends the trial FAILED).
+    pub start_failures: u32,
+    /// Runs left over from a manager that crashed, ended by the resumed one's clean-up.
+    pub crash_losses: u32,
+    /// Of those, runs that had started (each an attempt the resumed manager requeues).
+    pub crash_lost_after_start: u32,
     /// When it was first asked for, and the longest it waited for a start after a younger
     /// trial's start had been asked for (see `Invariants`).
     pub first_request: Option<Duration>,
@@ -141,14 +147,18 @@ pub(super) struct World {
     pub down_since: Vec<Option<Duration>>,
     /// (environment, GPU) -> the run holding it.
     holders: BTreeMap<(usize, u32), u64>,
+    /// Runs not yet over (an ended run is dropped: its late events are ignored either way).
     pub runs: BTreeMap<u64, Run>,
     /// Trial id -> its live run.
-    live: BTreeMap<String, u64>,
+    live: HashMap<String, u64>,
     next_run: u64,
-    pub trials: BTreeMap<String, TrialRecord>,
+    /// Hash maps: the world runs on the manager's thread, and what it costs counts in the
+    /// bench's manager CPU, so it must not grow with the experiment's length either.
+    pub trials: HashMap<String, TrialRecord>,
     /// Trial sequence -> first time a start was asked for it; for the starvation check.
     pub first_request_by_sequence: BTreeMap<u64, Duration>,
-    sink: Option<EventSink>,
+    /// Each training service's event sink, by service index (see [`World::service_of`]).
+    sinks: Vec<Option<EventSink>>,
     pub violations: Vec<String>,
     pub peak_running: usize,
     pub events_delivered: u64,
@@ -169,11 +179,11 @@ impl World {
             down_since: vec![None; environments],
             holders: BTreeMap::new(),
             runs: BTreeMap::new(),
-            live: BTreeMap::new(),
+            live: HashMap::new(),
             next_run: 0,
-            trials: BTreeMap::new(),
+            trials: HashMap::new(),
             first_request_by_sequence: BTreeMap::new(),
-            sink: None,
+            sinks: (0..scenario.services.max(1)).map(|_| None).collect(),
             violations: Vec::new(),
             peak_running: 0,
             events_delivered: 0,
@@ -246,9 +256,24 @@ impl World {
         (handled, stop)
     }
 
-    fn emit(&mut self, event: ServiceEvent) {
+    /// The service that owns an environment: environments are dealt out to the services in
+    /// turn.
+    pub fn service_of(&self, environment: usize) -> usize {
+        environment % self.scenario.services.max(1) as usize
+    }
+
+    /// Where `service`'s events go from now on (a resumed manager gives new sinks).
+    pub fn connect(&mut self, service: usize, sink: EventSink) {
+        if let Some(slot) = self.sinks.get_mut(service) {
+            *slot = Some(sink);
+        }
+    }
+
+    /// Emits an event about `environment` through the service that owns it.
+    fn emit(&mut self, environment: usize, event: ServiceEvent) {
         self.events_delivered += 1;
-        if let Some(sink) = &self.sink {
+        let service = self.service_of(environment);
+        if let Some(Some(sink)) = self.sinks.get(service) {
             sink.emit(&event);
         }
     }
@@ -264,12 +289,15 @@ impl World {
                     return;
                 }
                 record.started_at = Some(now);
-                let trial_id = record.trial_id.clone();
+                let (trial_id, environment) = (record.trial_id.clone(), record.environment);
                 self.trials.entry(trial_id.clone()).or_default().starts += 1;
-                self.emit(ServiceEvent::TrialStarted {
-                    trial_id,
-                    pid: Some(10_000 + run as u32),
-                });
+                self.emit(
+                    environment,
+                    ServiceEvent::TrialStarted {
+                        trial_id,
+                        pid: Some(10_000 + run as u32),
+                    },
+                );
             }
             Happening::Metric {
                 run,
@@ -283,13 +311,16 @@ impl World {
                 if record.killing || self.live.get(&record.trial_id) != Some(&run) {
                     return;
                 }
-                let trial_id = record.trial_id.clone();
-                self.emit(ServiceEvent::Metric {
-                    trial_id,
-                    kind,
-                    sequence,
-                    value: format!("{value}"),
-                });
+                let (trial_id, environment) = (record.trial_id.clone(), record.environment);
+                self.emit(
+                    environment,
+                    ServiceEvent::Metric {
+                        trial_id,
+                        kind,
+                        sequence,
+                        value: format!("{value}"),
+                    },
+                );
             }
             Happening::Ended {
                 run,
@@ -304,16 +335,19 @@ impl World {
                 if record.killing != killed || self.live.get(&record.trial_id) != Some(&run) {
                     return;
                 }
-                let trial_id = record.trial_id.clone();
+                let (trial_id, environment) = (record.trial_id.clone(), record.environment);
                 self.end_run(run);
-                self.emit(ServiceEvent::TrialEnded {
-                    trial_id,
-                    exit_code,
-                    signal,
-                    killed_reason: killed.then(|| "killed".to_string()),
-                    stderr_tail,
-                    environment_lost: None,
-                });
+                self.emit(
+                    environment,
+                    ServiceEvent::TrialEnded {
+                        trial_id,
+                        exit_code,
+                        signal,
+                        killed_reason: killed.then(|| "killed".to_string()),
+                        stderr_tail,
+                        environment_lost: None,
+                    },
+                );
             }
             Happening::HostDown { environment } => {
                 if !self.environment_up[environment] {
@@ -321,12 +355,14 @@ impl World {
                 }
                 self.environment_up[environment] = false;
                 self.down_since[environment] = Some(self.now());
-                let lost: Vec<u64> = self
+                let mut lost: Vec<u64> = self
                     .live
                     .values()
                     .copied()
                     .filter(|run| self.runs[run].environment == environment)
                     .collect();
+                // In the order they were started, whatever the hash map's order.
+                lost.sort_unstable();
                 for run in lost {
                     let trial_id = self.runs[&run].trial_id.clone();
                     let had_started = self.runs[&run].started_at.is_some();
@@ -334,20 +370,28 @@ impl World {
                     record.host_losses += 1;
                     record.lost_after_start += u32::from(had_started);
                     self.end_run(run);
-                    self.emit(ServiceEvent::TrialEnded {
-                        trial_id,
-                        exit_code: None,
-                        signal: None,
-                        killed_reason: None,
-                        stderr_tail: String::new(),
-                        environment_lost: Some(format!(
-                            "host {} unreachable (simulated)",
-                            host_name(environment)
-                        )),
-                    });
+                    self.emit(
+                        environment,
+                        ServiceEvent::TrialEnded {
+                            trial_id,
+                            exit_code: None,
+                            signal: None,
+                            killed_reason: None,
+                            stderr_tail: String::new(),
+                            environment_lost: Some(format!(
+                                "host {} unreachable (simulated)",
+                                host_name(environment)
+                            )),
+                        },
+                    );
                 }
-                let environment = self.environment(environment);
-                self.emit(ServiceEvent::Environment { environment });
+                let inventory = self.environment(environment);
+                self.emit(
+                    environment,
+                    ServiceEvent::Environment {
+                        environment: inventory,
+                    },
+                );
             }
             Happening::HostBack { environment } => {
                 if self.environment_up[environment] {
@@ -355,8 +399,13 @@ impl World {
                 }
                 self.environment_up[environment] = true;
                 self.down_since[environment] = None;
-                let environment = self.environment(environment);
-                self.emit(ServiceEvent::Environment { environment });
+                let inventory = self.environment(environment);
+                self.emit(
+                    environment,
+                    ServiceEvent::Environment {
+                        environment: inventory,
+                    },
+                );
             }
             Happening::Stop => {}
         }
@@ -394,6 +443,7 @@ impl World {
         if self.live.get(&trial_id) == Some(&run) {
             self.live.remove(&trial_id);
         }
+        self.runs.remove(&run);
     }
 
     pub fn environment(&self, index: usize) -> Environment {
@@ -420,7 +470,9 @@ impl World {
         }
     }
 
-    fn start(&mut self, request: TrialRequest) {
+    /// `service` is asked to start a trial: the run is planned, or (`p_start_fail`) the
+    /// service says it could not start it.
+    fn start(&mut self, service: usize, request: TrialRequest) -> Result<(), String> {
         let now = self.now();
         let Some(environment) = env_index(&request.environment_id)
             .filter(|&index| index < self.scenario.environments as usize)
@@ -429,8 +481,37 @@ impl World {
                 "trial {} started on unknown environment {}",
                 request.trial_id, request.environment_id
             ));
-            return;
+            return Ok(());
         };
+        if self.service_of(environment) != service {
+            self.violation(format!(
+                "trial {} handed to training service {} for {}, which service {} owns",
+                request.trial_id,
+                PLATFORMS[service],
+                env_id(environment),
+                PLATFORMS[self.service_of(environment)]
+            ));
+        }
+        let record = self.trials.entry(request.trial_id.clone()).or_default();
+        let attempt = record.requests + 1;
+        let mut rng = StdRng::seed_from_u64(mix(
+            self.scenario.seed,
+            request.sequence,
+            u64::from(attempt) ^ 0x57a7,
+        ));
+        if rng.gen_bool(self.scenario.p_start_fail) {
+            record.sequence = request.sequence;
+            record.requests += 1;
+            record.start_failures += 1;
+            record.first_request.get_or_insert(now);
+            self.first_request_by_sequence
+                .entry(request.sequence)
+                .or_insert(now);
+            return Err(format!(
+                "{}: could not create the trial's folder (simulated)",
+                host_name(environment)
+            ));
+        }
         if let Some(deadline) = self.scenario.max_experiment_duration {
             if now > deadline {
                 self.violation(format!(
@@ -465,7 +546,10 @@ impl World {
                 ));
             }
             if let Some(holder) = self.holders.insert((environment, gpu), run) {
-                let holder = self.runs[&holder].trial_id.clone();
+                let holder = self
+                    .runs
+                    .get(&holder)
+                    .map_or_else(|| format!("of run {holder}"), |r| r.trial_id.clone());
                 self.violation(format!(
                     "GPU {gpu} of {} held twice: by trial {holder} and trial {}",
                     env_id(environment),
@@ -508,6 +592,7 @@ impl World {
             ));
         }
         self.plan(run, &request, requests);
+        Ok(())
     }
 
     /// Schedules what this run will do: its start (perhaps slow), its metrics, and its end.
@@ -598,11 +683,18 @@ impl World {
         );
     }
 
-    fn kill(&mut self, trial_id: &str) {
+    fn kill(&mut self, service: usize, trial_id: &str) {
         let Some(&run) = self.live.get(trial_id) else {
             // Already over: a real service answers the same.
             return;
         };
+        let owner = self.service_of(self.runs[&run].environment);
+        if owner != service {
+            self.violation(format!(
+                "training service {} asked to kill trial {trial_id}, which runs on service {}",
+                PLATFORMS[service], PLATFORMS[owner]
+            ));
+        }
         let record = self.runs.get_mut(&run).expect("live run is known");
         if record.killing {
             return;
@@ -634,6 +726,27 @@ impl World {
         self.queue.clear();
     }
 
+    /// A resumed manager's clean-up (`clean_up_leftovers`): what is left of these trials on
+    /// `service`'s environments ends, without events (as a real service kills its leftovers).
+    fn clean_up(&mut self, service: usize, trial_ids: &[String]) {
+        let mut leftovers: Vec<u64> = trial_ids
+            .iter()
+            .filter_map(|id| self.live.get(id).copied())
+            .filter(|run| self.service_of(self.runs[run].environment) == service)
+            .collect();
+        leftovers.sort_unstable();
+        for run in leftovers {
+            let (trial_id, started) = {
+                let record = &self.runs[&run];
+                (record.trial_id.clone(), record.started_at.is_some())
+            };
+            let record = self.trials.entry(trial_id).or_default();
+            record.crash_losses += 1;
+            record.crash_lost_after_start += u32::from(started);
+            self.end_run(run);
+        }
+    }
+
     /// Runs that are asked for, not yet over.
     pub fn live_runs(&self) -> usize {
         self.live.len()
@@ -643,23 +756,28 @@ impl World {
 /// The simulated training service: what the manager asks goes into the world.
 struct SimService {
     world: Shared,
+    /// Its index: it owns the environments [`World::service_of`] gives it.
+    service: usize,
 }
 
 impl TrainingService for SimService {
     fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
         let world = self.world.lock();
         Ok((0..world.scenario.environments as usize)
+            .filter(|&index| world.service_of(index) == self.service)
             .map(|index| world.environment(index))
             .collect())
     }
 
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
-        self.world.lock().start(request);
-        Ok(())
+        self.world
+            .lock()
+            .start(self.service, request)
+            .map_err(PluginError::new)
     }
 
     fn kill_trial(&mut self, trial_id: &str, _reason: &str) -> Result<(), PluginError> {
-        self.world.lock().kill(trial_id);
+        self.world.lock().kill(self.service, trial_id);
         Ok(())
     }
 
@@ -690,7 +808,10 @@ impl Tuner for SimTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
-        if self.budget.is_some_and(|budget| self.handed_out >= budget) {
+        // Parameter ids go on from the store's counter when the experiment is resumed, so the
+        // budget holds across a crash (a new tuner's own count would start again).
+        let handed_out = self.handed_out.max(parameter_id);
+        if self.budget.is_some_and(|budget| handed_out >= budget) {
             return Ok(Generated::NoMore);
         }
         self.handed_out += 1;
@@ -740,14 +861,15 @@ pub(super) struct SimComponents {
 
 pub(super) const TUNER: &str = "SimTuner";
 pub(super) const ASSESSOR: &str = "SimAssessor";
-pub(super) const PLATFORM: &str = "sim";
+/// The simulated training services' platforms, by service index (a scenario has up to three).
+pub(super) const PLATFORMS: [&str; 3] = ["sim", "sim2", "sim3"];
 
 impl Components for SimComponents {
     fn provides(&self, kind: ComponentKind, name: &str) -> bool {
         match kind {
             ComponentKind::Tuner => name == TUNER,
             ComponentKind::Assessor => name == ASSESSOR,
-            ComponentKind::TrainingService => name == PLATFORM,
+            ComponentKind::TrainingService => PLATFORMS.contains(&name),
         }
     }
 
@@ -778,19 +900,23 @@ impl Components for SimComponents {
         on_event: EventCallback,
     ) -> Result<TrainingServiceHandle, HostError> {
         let world = self.world.clone();
+        let service = service_index(platform);
         in_process::training_service(platform, on_event, move |sink| {
-            world.lock().sink = Some(sink);
-            Ok(SimService { world })
+            world.lock().connect(service, sink);
+            Ok(SimService { world, service })
         })
     }
 
     fn clean_up_leftovers(
         &self,
-        _platform: &str,
+        platform: &str,
         _config: &Value,
         _context: &ServiceContext,
-        _trial_ids: &[String],
+        trial_ids: &[String],
     ) -> Result<Vec<String>, HostError> {
+        self.world
+            .lock()
+            .clean_up(service_index(platform), trial_ids);
         Ok(Vec::new())
     }
 }
@@ -799,6 +925,10 @@ impl Components for SimComponents {
 pub(super) fn quality(parameters: &Value) -> f64 {
     let x = parameters.get("x").and_then(Value::as_f64).unwrap_or(0.0);
     1.0 - (x - 0.3) * (x - 0.3) * 0.5
+}
+
+fn service_index(platform: &str) -> usize {
+    PLATFORMS.iter().position(|p| *p == platform).unwrap_or(0)
 }
 
 pub(super) fn env_id(index: usize) -> String {

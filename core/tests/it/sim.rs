@@ -75,3 +75,60 @@ fn a_seed_replays_the_same_run() {
     };
     assert_eq!(summary(&first), summary(&second));
 }
+
+/// Seeds whose scenario has what `what` picks, among the first `limit`.
+fn seeds_with(what: impl Fn(&Scenario) -> bool, count: usize, limit: u64) -> Vec<Scenario> {
+    (0..limit)
+        .map(Scenario::small)
+        .filter(|scenario| what(scenario))
+        .take(count)
+        .collect()
+}
+
+fn assert_sound(reports: &[Report]) {
+    let failures: Vec<String> = reports
+        .iter()
+        .filter(|report| !report.violations.is_empty())
+        .map(explain)
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} scenario(s) failed:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn a_manager_killed_mid_run_is_resumed_from_its_store_without_losing_or_repeating_an_attempt() {
+    // Each crashes at a seeded time; a new manager resumes from the store as `knob resume`
+    // does, the services end what was left of the runs, and every invariant still holds (the
+    // seeded test above has crashes among its scenarios too).
+    let scenarios = seeds_with(|s| s.crash_at.is_some(), 12, 400);
+    assert!(scenarios.len() >= 12, "few crash scenarios among the seeds");
+    let reports: Vec<Report> = scenarios.iter().map(play).collect();
+    assert_sound(&reports);
+    // A crash due after the run ended does not happen.
+    let resumed = reports.iter().filter(|report| report.resumed == 1).count();
+    assert!(
+        resumed >= 6,
+        "only {resumed} of 12 runs crashed and resumed"
+    );
+    // Some crashes left runs behind, which the resumed manager's services ended.
+    assert!(
+        reports.iter().map(|r| r.crash_losses).sum::<u64>() > 0,
+        "no crash caught a trial running"
+    );
+}
+
+#[test]
+fn start_failures_and_several_training_services_keep_the_invariants() {
+    let scenarios = seeds_with(|s| s.p_start_fail > 0.05 && s.services >= 2, 10, 2000);
+    assert!(scenarios.len() >= 5, "few such scenarios among the seeds");
+    let reports: Vec<Report> = scenarios.iter().map(play).collect();
+    assert_sound(&reports);
+    assert!(
+        reports.iter().map(|r| r.start_failures).sum::<u64>() > 0,
+        "no start was refused"
+    );
+}
