@@ -9,8 +9,8 @@ The checkpoint protocol (see the README's "Population-based training"):
 - save to `$KNOB_CHECKPOINT_DIR` (this member's own folder, the same for all its attempts)
   before reporting the step: knob clones only members that have saved;
 - start from your own checkpoint if there is one (an attempt run again after a resume), else
-  from `$KNOB_RESTORE_FROM` (the parent's folder, set when PBT started this member from another
-  one's weights), else from scratch.
+  from `$KNOB_RESTORE_FROM` (the parent's folder, or a copy of it taken when this member was
+  created, set when PBT started this member from another one's weights), else from scratch.
 Write checkpoints atomically (a temporary file, then a rename): a parent keeps training while its
 successor reads its folder.
 

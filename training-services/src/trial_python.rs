@@ -66,12 +66,17 @@ pub fn checkpoint_dir(trial_dir: &Path) -> PathBuf {
         Some(name) if name.starts_with("attempt-") => trial_dir.parent().unwrap_or(trial_dir),
         _ => trial_dir,
     };
-    first_attempt.join("checkpoint")
+    first_attempt.join(CHECKPOINT_FOLDER)
 }
+
+/// The name of a trial's checkpoint folder in its own folder.
+pub const CHECKPOINT_FOLDER: &str = "checkpoint";
 
 /// The checkpoint folder of trial `donor` of the same experiment, seen from `trial_dir` (any
 /// attempt's folder): trial folders are siblings (`<experiment>/trials/<id>`, or the
 /// environment's folder on a remote host). `None` for a `donor` that is no plain trial id.
+/// Where the trial's own `restore/` folder exists (the frozen copy of the donor's folder that the
+/// core makes as it creates the trial, when the donor's folder is on its machine), that folder.
 pub fn restore_dir(trial_dir: &Path, donor: &str) -> Option<PathBuf> {
     let plain = !donor.is_empty()
         && donor
@@ -80,9 +85,17 @@ pub fn restore_dir(trial_dir: &Path, donor: &str) -> Option<PathBuf> {
     if !plain {
         return None;
     }
-    let trials = checkpoint_dir(trial_dir).parent()?.parent()?.to_path_buf();
+    let own = checkpoint_dir(trial_dir).parent()?.to_path_buf();
+    let snapshot = own.join(RESTORE_SNAPSHOT_FOLDER);
+    if snapshot.is_dir() {
+        return Some(snapshot);
+    }
+    let trials = own.parent()?.to_path_buf();
     Some(checkpoint_dir(&trials.join(donor)))
 }
+
+/// The folder, in a trial's own folder, holding the copy of its donor's checkpoint folder.
+pub const RESTORE_SNAPSHOT_FOLDER: &str = "restore";
 
 #[cfg(test)]
 mod tests {
@@ -112,6 +125,20 @@ mod tests {
         );
         assert_eq!(restore_dir(Path::new("/e/trials/abc"), "../x"), None);
         assert_eq!(restore_dir(Path::new("/e/trials/abc"), ""), None);
+    }
+
+    #[test]
+    fn a_member_restores_from_its_own_copy_of_the_donors_folder_where_there_is_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let trial = dir.path().join("trials/abc");
+        let sibling = dir.path().join("trials/xyz/checkpoint");
+        assert_eq!(restore_dir(&trial, "xyz"), Some(sibling));
+        std::fs::create_dir_all(trial.join("restore")).unwrap();
+        assert_eq!(restore_dir(&trial, "xyz"), Some(trial.join("restore")));
+        assert_eq!(
+            restore_dir(&trial.join("attempt-2"), "xyz"),
+            Some(trial.join("restore"))
+        );
     }
 
     #[test]

@@ -63,8 +63,9 @@ fn trial_logs(experiment_dir: &Path) -> BTreeMap<String, Vec<Value>> {
     logs
 }
 
-/// Checks lineage, checkpoints and the population against the trials' own logs.
-fn check_population(sandbox: &Sandbox, id: &str) -> Value {
+/// Checks lineage, checkpoints and the population against the trials' own logs;
+/// `resumed_run`: the manager was killed and the experiment resumed.
+fn check_population(sandbox: &Sandbox, id: &str, resumed_run: bool) -> Value {
     let export = sandbox.export(id);
     assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
     let experiment_dir = sandbox.path().join("experiments").join(id);
@@ -120,16 +121,21 @@ fn check_population(sandbox: &Sandbox, id: &str) -> Value {
         assert_eq!(by_id[replaced]["status"], "EARLY_STOPPED", "{trial:#}");
         assert_ne!(parent, replaced);
         let parent_step = lineage["parent_step"].as_u64().unwrap();
-        // The trial's own record: it started from the parent's checkpoint folder, which held
-        // weights the parent wrote at or after the step it was cloned at.
+        // The trial's own record: it started from the copy of the parent's checkpoint folder
+        // made as it was created (its own `restore/`), or, when the manager was killed before
+        // the copy was done, from the parent's folder; either held weights the parent wrote at
+        // or after the step it was cloned at. The copy is gone once it ended.
         let first = logs[tid]
             .first()
             .unwrap_or_else(|| panic!("{tid} wrote no log"));
         let restore_from = first["restore_from"].as_str().unwrap();
         assert!(
-            restore_from.ends_with(&format!("trials/{parent}/checkpoint")),
+            restore_from.ends_with(&format!("trials/{tid}/restore"))
+                || (resumed_run && restore_from.ends_with(&format!("trials/{parent}/checkpoint"))),
             "{tid}: {first}"
         );
+        let snapshot = experiment_dir.join("trials").join(tid).join("restore");
+        assert!(!snapshot.exists(), "{} kept", snapshot.display());
         if first["resumed"].is_null() {
             let restored = &first["restored"];
             assert_eq!(restored["written_by"], parent, "{tid}: {first}");
@@ -163,7 +169,7 @@ fn pbt_replaces_bottom_members_with_clones_of_top_members_checked_from_the_trial
     let config = example(&sandbox);
     let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbt", "0.1"));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    let export = check_population(&sandbox, "pbt");
+    let export = check_population(&sandbox, "pbt", false);
     // `knob trial ls` shows where each member comes from.
     let (code, stdout, stderr) = run(sandbox.knob().args(["trial", "ls", "pbt"]));
     assert_eq!(code, 0, "{stderr}");
@@ -215,7 +221,7 @@ fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicate
         .env("PBT_STEP_SECONDS", "0.05")
         .args(["resume", "pbtk"]));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    let export = check_population(&sandbox, "pbtk");
+    let export = check_population(&sandbox, "pbtk", true);
     // Members running at the kill ran again from their own checkpoints.
     let logs = trial_logs(&sandbox.path().join("experiments/pbtk"));
     let resumed: BTreeSet<&String> = logs

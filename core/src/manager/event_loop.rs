@@ -388,6 +388,9 @@ impl Manager {
                 lineage: lineage.clone().map(Box::new),
             })
             .await?;
+        if let Some(parent) = lineage.as_ref().and_then(|l| l.parent.as_deref()) {
+            self.snapshot_parent_checkpoint(&trial_id, parent).await?;
+        }
         let mut trial =
             trial::Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone());
         trial.parameter_label = parameter_label;
@@ -436,6 +439,7 @@ impl Manager {
             }
         }
         if self.book[trial_id].lineage.is_some() {
+            self.drop_snapshot(trial_id, status);
             self.collect_checkpoints().await;
         }
         self.publish(None);

@@ -8,6 +8,14 @@
 //! attempts); a member started from another one's checkpoint also gets `KNOB_RESTORE_FROM`, that
 //! member's folder. The manager sends the parent's trial id as `KNOB_RESTORE_TRIAL`, and the
 //! service's runner turns it into the path on the host that runs the trial.
+//!
+//! The parent keeps running and keeps overwriting its folder, so when its folder is on this
+//! machine the manager copies it, as the successor is created, to the successor's `restore/`
+//! folder (`<trial folder>/restore`), which the runner then names in `KNOB_RESTORE_FROM`: the
+//! successor starts from the parent's state at the exploitation (or a step or two later: the
+//! time the bottom member takes to stop), not from wherever the parent has got to when the
+//! successor starts, which had been its final state when the members ran fast. The copy is
+//! deleted when the successor ends.
 
 use knob_plugin_api::population::{Lineage as TunerLineage, Stop};
 
@@ -23,6 +31,28 @@ fn checkpoint_dir(experiment_dir: &std::path::Path, trial_id: &str) -> std::path
         .join("trials")
         .join(trial_id)
         .join("checkpoint")
+}
+
+/// The frozen copy of the parent's checkpoint folder a successor starts from; the runner's
+/// `trial_python::restore_dir` prefers it to the parent's folder. Written as `restore.partial`,
+/// then renamed.
+fn snapshot_dir(experiment_dir: &std::path::Path, trial_id: &str) -> std::path::PathBuf {
+    experiment_dir.join("trials").join(trial_id).join("restore")
+}
+
+/// Copies the folder `from` to `to` (files and folders; a link is copied as what it points to).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if std::fs::metadata(entry.path())?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// Which of `members` (id, status, lineage) have a checkpoint no living member can need: those
@@ -89,6 +119,64 @@ impl Manager {
         }
         self.kill(&trial_id, TrialStatus::EarlyStopped, stop.reason)
             .await
+    }
+
+    /// A successor `trial_id` is being created from `parent`: copies the parent's checkpoint
+    /// folder, if it is on this machine, to the successor's `restore/` folder. A failed copy is
+    /// a warning, and the successor then starts from the parent's folder as it is when it starts.
+    pub(super) async fn snapshot_parent_checkpoint(
+        &mut self,
+        trial_id: &str,
+        parent: &str,
+    ) -> Result<(), ManagerError> {
+        let from = checkpoint_dir(&self.dir, parent);
+        let to = snapshot_dir(&self.dir, trial_id);
+        let copied = tokio::task::spawn_blocking({
+            let (from, to) = (from.clone(), to.clone());
+            move || {
+                if !from.is_dir() {
+                    return Ok(());
+                }
+                // Copied under another name, then renamed: a manager killed mid-copy leaves no
+                // partial `restore/` for the runner to name (the successor then starts from the
+                // parent's folder).
+                let partial = to.with_extension("partial");
+                let _ = std::fs::remove_dir_all(&partial);
+                copy_tree(&from, &partial)
+                    .and_then(|()| std::fs::rename(&partial, &to))
+                    .inspect_err(|_| {
+                        let _ = std::fs::remove_dir_all(&partial);
+                    })
+            }
+        })
+        .await;
+        let error = match copied {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        self.warn(
+            Some(trial_id.to_string()),
+            format!(
+                "cannot copy the checkpoint folder {} it starts from to {}: {error}; it starts from the folder as it is then",
+                from.display(),
+                to.display()
+            ),
+        )
+        .await
+    }
+
+    /// A successor ended: the copy of its parent's checkpoint it started from goes (kept for a
+    /// member that was cancelled: it runs again after a resume).
+    pub(super) fn drop_snapshot(&self, trial_id: &str, status: TrialStatus) {
+        if matches!(
+            status,
+            TrialStatus::Succeeded | TrialStatus::EarlyStopped | TrialStatus::Failed
+        ) {
+            let dir = snapshot_dir(&self.dir, trial_id);
+            let _ = std::fs::remove_dir_all(dir.with_extension("partial"));
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 
     /// Deletes the checkpoint folders that no living member can need any more: those of members
