@@ -14,6 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 seeds=${1:-10}
+# A step of a knob trial lasts this long (KNOB_PBT_STEP_SECONDS): members are processes that keep
+# running while the manager reads their reports, so a step much shorter than the manager's
+# reaction (tens of ms, more on a loaded machine) lets members run far past their interval before
+# they are judged, and finish before their successors start. Ray's trainables wait at each report.
+step_seconds=${KNOB_PBT_STEP_SECONDS:-0.2}
 use_ray=1
 [ "${2:-}" = "--no-ray" ] && use_ray=0
 
@@ -55,7 +60,7 @@ run_knob() { # problem method seed -> best final
   fi
   cat >"$dir/config.yml" <<YAML
 searchSpace: $space
-trialCommand: PBT_PROBLEM=$problem '$python' pbt_problems.py knob
+trialCommand: PBT_PROBLEM=$problem PBT_STEP_SECONDS=$step_seconds '$python' pbt_problems.py knob
 trialConcurrency: 8
 maxTrialNumber: $([ "$method" = pbt ] && echo 1000 || echo 8)
 tuner: $tuner
