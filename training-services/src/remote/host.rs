@@ -97,6 +97,9 @@ struct HostState {
     kills_to_send: Vec<(String, String)>,
     /// `Shutdown` was sent: the agent's exit is expected, not reconnected to.
     shutting_down: bool,
+    /// Successors here with a copy of their parent's checkpoint folder (`stage_restore`),
+    /// deleted when they end.
+    restore_copies: HashSet<String>,
     /// The agent confirmed the shutdown (`FromAgent::ShutDown`): its trials are stopped and
     /// it exits.
     shutdown_confirmed: bool,
@@ -498,6 +501,7 @@ impl Host {
                     }
                 };
                 let ended = matches!(event, ServiceEvent::TrialEnded { .. });
+                let trial_id_of_end = trial_of(&event).filter(|_| ended).map(str::to_string);
                 if deliver {
                     (ctx.emit)(match event {
                         ServiceEvent::Warning {
@@ -511,6 +515,9 @@ impl Host {
                     });
                 }
                 if ended {
+                    if let Some(trial) = trial_id_of_end {
+                        self.drop_restore_copy(link, &trial);
+                    }
                     self.trial_ended.notify_waiters();
                 }
                 let _ = link.outgoing.send(ToAgent::Ack { seq });
@@ -937,4 +944,156 @@ fn trial_of(event: &ServiceEvent) -> Option<&str> {
         ServiceEvent::Warning { trial_id, .. } => trial_id.as_deref(),
         ServiceEvent::Environment { .. } => None,
     }
+}
+
+/// How long copying a parent's checkpoint folder for a successor may take.
+const RESTORE_COPY_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl Host {
+    fn ready_link(&self) -> Option<Arc<Link>> {
+        let state = lock(&self.state);
+        state.link.clone().filter(|_| state.ready)
+    }
+
+    /// The host's trial folder of `trial_id`, once connected.
+    fn trial_dir(link: &Link, trial_id: &str) -> String {
+        format!("{}/trials/{trial_id}", link.paths.environment_dir)
+    }
+
+    /// A successor ended here: the copy of its parent's checkpoint folder it started from goes.
+    fn drop_restore_copy(&self, link: &Link, trial_id: &str) {
+        if !lock(&self.state).restore_copies.remove(trial_id) {
+            return;
+        }
+        let dest = format!(
+            "{}/{}",
+            Host::trial_dir(link, trial_id),
+            crate::trial_python::RESTORE_SNAPSHOT_FOLDER
+        );
+        let ssh = link.ssh.clone();
+        tokio::spawn(async move {
+            let command = format!("rm -rf {}", ssh::shell_quote(&dest));
+            if let Err(e) = ssh.run(&command, None, REPLY_TIMEOUT).await {
+                knob_plugin_api::log::debug(&format!(
+                    "training service remote: cannot delete {dest}: {e}"
+                ));
+            }
+        });
+    }
+}
+
+/// A population member `trial_id` is about to start on `target` from the checkpoint of trial
+/// `donor` (`KNOB_RESTORE_TRIAL`): the donor's checkpoint folder, from whichever host has it
+/// (`target` first, then the other `hosts`), is copied to the member's `restore/` folder on
+/// `target`, which the runner there names in `KNOB_RESTORE_FROM` (`trial_python::restore_dir`).
+/// Between hosts it goes as a tar stream through this machine. Nothing is copied when no host
+/// has the folder; the runner then names the donor's folder on `target`, as without a copy.
+pub async fn stage_restore(
+    target: &Host,
+    hosts: &[Arc<Host>],
+    trial_id: &str,
+    donor: &str,
+) -> Result<(), String> {
+    let plain = |id: &str| {
+        !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if !plain(donor) || !plain(trial_id) {
+        return Ok(());
+    }
+    let Some(link) = target.ready_link() else {
+        return Err(format!("{} is not connected", target.machine.target()));
+    };
+    let dest = format!(
+        "{}/{}",
+        Host::trial_dir(&link, trial_id),
+        crate::trial_python::RESTORE_SNAPSHOT_FOLDER
+    );
+    let prepare = format!("rm -rf {d} && mkdir -p {d}", d = ssh::shell_quote(&dest));
+    let source_on = |link: &Link| {
+        format!(
+            "{}/{}",
+            Host::trial_dir(link, donor),
+            crate::trial_python::CHECKPOINT_FOLDER
+        )
+    };
+    let failed = |what: &str, e: String| format!("copying the checkpoint of {donor}: {what}: {e}");
+    // On the target itself: a plain copy.
+    let source = source_on(&link);
+    let command = format!(
+        "if [ -d {s} ]; then {prepare} && cp -a {s}/. {d}/ && echo copied; fi",
+        s = ssh::shell_quote(&source),
+        d = ssh::shell_quote(&dest)
+    );
+    let output = link
+        .ssh
+        .run(&command, None, RESTORE_COPY_TIMEOUT)
+        .await
+        .map_err(|e| failed(&target.machine.target(), e.to_string()))?;
+    if output.stdout_text().contains("copied") {
+        lock(&target.state)
+            .restore_copies
+            .insert(trial_id.to_string());
+        return Ok(());
+    }
+    if output.status != Some(0) {
+        return Err(failed(&target.machine.target(), output.failure_summary()));
+    }
+    for other in hosts.iter().filter(|h| !std::ptr::eq(h.as_ref(), target)) {
+        let Some(other_link) = other.ready_link() else {
+            continue;
+        };
+        let source = source_on(&other_link);
+        let probe = format!("test -d {}", ssh::shell_quote(&source));
+        match other_link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
+            Ok(output) if output.status == Some(0) => {}
+            _ => continue,
+        }
+        let copy = async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut from = other_link
+                .ssh
+                .open_stream(&format!("tar -C {} -cf - .", ssh::shell_quote(&source)))
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut to = link
+                .ssh
+                .open_stream(&format!(
+                    "{prepare} && tar -C {} -xf - && echo copied",
+                    ssh::shell_quote(&dest)
+                ))
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::io::copy(&mut from, &mut to)
+                .await
+                .map_err(|e| e.to_string())?;
+            to.shutdown().await.map_err(|e| e.to_string())?;
+            let mut answer = String::new();
+            to.read_to_string(&mut answer)
+                .await
+                .map_err(|e| e.to_string())?;
+            if answer.contains("copied") {
+                Ok(())
+            } else {
+                Err("tar on the target did not finish".to_string())
+            }
+        };
+        let what = format!("{} to {}", other.machine.target(), target.machine.target());
+        return match tokio::time::timeout(RESTORE_COPY_TIMEOUT, copy).await {
+            Ok(Ok(())) => {
+                lock(&target.state)
+                    .restore_copies
+                    .insert(trial_id.to_string());
+                Ok(())
+            }
+            Ok(Err(e)) => Err(failed(&what, e)),
+            Err(_) => Err(failed(
+                &what,
+                format!("not done within {} s", RESTORE_COPY_TIMEOUT.as_secs()),
+            )),
+        };
+    }
+    Ok(())
 }

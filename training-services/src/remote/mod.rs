@@ -215,6 +215,18 @@ impl RemoteService {
         let archive = self.archive(&request.code_dir).map_err(start_error)?;
         let fresh_code_copy = !self.context.args.reuse_mode;
         let context = &self.context;
+        if let Some(donor) = request.env.get(crate::trial_python::RESTORE_TRIAL_ENV) {
+            // A population member: its parent's checkpoint folder is copied next to it first,
+            // from whichever host ran the parent. A failed copy fails the start.
+            runtime
+                .block_on(host::stage_restore(
+                    host,
+                    &self.hosts,
+                    &request.trial_id,
+                    donor,
+                ))
+                .map_err(start_error)?;
+        }
         runtime
             .block_on(async {
                 tokio::time::timeout(

@@ -937,3 +937,78 @@ fn two_experiments_on_one_host_share_its_ledger_first_come_first_served() {
     first.stop();
     second.stop();
 }
+
+/// The folder named after `from=` in a trial's stderr.
+fn restore_from(stderr: &str) -> PathBuf {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("from="))
+        .unwrap_or_else(|| panic!("no from= line: {stderr}"));
+    PathBuf::from(line)
+}
+
+#[test]
+fn a_successor_starts_from_a_copy_of_its_parents_checkpoint_on_either_host() {
+    let Some(first) = start_sshd(key_options()) else {
+        return;
+    };
+    let second = start_sshd(key_options()).unwrap();
+    let world = World::new();
+    world.trust(&first);
+    world.trust(&second);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&first), key_machine(&second)]),
+        &events,
+        &agent_root(&first),
+    );
+    // The parent saves a checkpoint on the first host.
+    service
+        .start(&world.request(
+            &first,
+            "parent",
+            "mkdir -p \"$KNOB_CHECKPOINT_DIR/sub\" && echo step-7 > \"$KNOB_CHECKPOINT_DIR/sub/state\" && echo KNOB_FINAL 1",
+        ))
+        .unwrap();
+    assert_eq!(ending(&events.wait_ended("parent")).0, Some(0));
+    // Its successors, on the other host (a copy through this machine) and on the same one.
+    let mut copies = Vec::new();
+    for (host, child) in [(&second, "child-there"), (&first, "child-here")] {
+        let mut request = world.request(
+            host,
+            child,
+            "echo \"from=$KNOB_RESTORE_FROM\" >&2; cat \"$KNOB_RESTORE_FROM/sub/state\" >&2; echo KNOB_FINAL 1",
+        );
+        request
+            .env
+            .insert("KNOB_RESTORE_TRIAL".to_string(), "parent".to_string());
+        service.start(&request).unwrap();
+        let (code, _, _, stderr) = ending(&events.wait_ended(child));
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(stderr.contains("step-7"), "{child}: {stderr}");
+        let from = restore_from(&stderr);
+        assert!(
+            from.ends_with(format!("trials/{child}/restore")),
+            "{child}: {stderr}"
+        );
+        copies.push(from);
+    }
+    // The copies are deleted on their hosts once the successors ended; the parent's folder stays.
+    for copy in &copies {
+        for _ in 0..100 {
+            if !copy.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(!copy.exists(), "{} kept", copy.display());
+    }
+    assert!(copies[1]
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("parent/checkpoint/sub/state")
+        .exists());
+    service.stop();
+}
