@@ -1,6 +1,7 @@
 // knob dashboard: one snapshot from the API, then live events from /api/v1/stream (SSE read
 // through fetch, so a token can travel in the Authorization header).
 "use strict";
+performance.mark("knob-script");
 
 const STATUSES = ["WAITING", "RUNNING", "SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"];
 const state = {
@@ -109,12 +110,32 @@ const ALL_CURVES_UP_TO = 200;
 const DEFAULT_CURVES = 50;
 const CURVE_COUNTS = [10, 50, 200, 1000];
 
-// The experiment and the first page of the trial list are asked for at once, as soon as this
-// script runs (before ECharts is even parsed); the page follows the stream from the trial list's
-// `last_seq`, which the server reads before the trials, so no change in between is missed.
-const early = { experiment: api("/experiment"), trials: api("/trial-columns?offset=0&limit=10000") };
-early.experiment.catch(() => {});
-early.trials.catch(() => {});
+// The first paint is the overview and the table's first rows: it needs `/experiment` and the
+// trial list's first TABLE_FIRST rows only, asked for as soon as this script runs. The whole list
+// (10 000 trials are 1.5 MB of JSON) is asked for at the same time, but read only after the
+// first paint; ECharts (1 MB of script) is loaded after it too. The page follows the stream from
+// the whole list's `last_seq`, which the server reads before the trials, so no change in between
+// is missed.
+const early = {
+  experiment: api("/experiment"),
+  firstPage: api(`/trial-columns?offset=0&limit=${TABLE_FIRST}`),
+  trials: fetchApi("/trial-columns?offset=0&limit=10000"),
+};
+for (const promise of Object.values(early)) promise.catch(() => {});
+
+// A GET whose body is read later: the response, its body left unread.
+function fetchApi(path) {
+  return fetch(API + path, { headers: token ? { Authorization: "Bearer " + token } : {} });
+}
+// The JSON body of a response from fetchApi, or its error.
+async function bodyOf(response) {
+  response = await response;
+  const text = await response.text();
+  let body;
+  try { body = JSON.parse(text); } catch (_) { body = text; }
+  if (!response.ok) throw new Error((body && body.error) || response.statusText);
+  return body;
+}
 
 // Trial rows from `/trial-columns` (one array per field): parameters arrive flattened, so they
 // are their own flattened form.
@@ -143,7 +164,7 @@ function trialsFromColumns(page) {
 async function loadTrialColumns(first) {
   let lastSeq = null;
   for (let offset = 0, pages = 0; pages < 1000; offset += 10000, pages++) {
-    const page = offset === 0 && first ? await first : await api(`/trial-columns?offset=${offset}&limit=10000`);
+    const page = offset === 0 && first ? await bodyOf(first) : await api(`/trial-columns?offset=${offset}&limit=10000`);
     if (lastSeq === null) lastSeq = page.last_seq;
     for (const t of trialsFromColumns(page)) state.trials.set(t.trial_id, t);
     if (page.count < 10000 || offset + page.count >= page.total) break;
@@ -632,11 +653,14 @@ function renderTable() {
   const names = renderTableHead(allNames);
   const rest = allNames.slice(names.length);
   const rows = sortedFilteredTrials();
-  $("trial-count").textContent = `${rows.length} of ${state.trials.size}`;
-  // Until the first paint only the table's first TABLE_FIRST rows (it sits below the charts);
-  // afterFirstPaint draws the rest of its first page.
+  // Until the whole list is in, the table holds the list's first page: the count says so.
+  $("trial-count").textContent = state.partialTotal !== undefined
+    ? `first ${rows.length} of ${state.partialTotal} (loading the rest…)`
+    : `${rows.length} of ${state.trials.size}`;
+  // Until the charts are drawn only the table's first TABLE_FIRST rows; afterCharts draws the
+  // rest of its first page.
   const limit = state.firstPainted ? state.tableRows : Math.min(state.tableRows, TABLE_FIRST);
-  const hidden = rows.length - limit;
+  const hidden = state.partialTotal !== undefined ? 0 : rows.length - limit;
   $("more-rows").hidden = hidden <= 0;
   $("more-rows").textContent = `show ${Math.min(TABLE_STEP, hidden)} more (${hidden} not shown)`;
   const body = document.createElement("tbody");
@@ -1312,17 +1336,28 @@ function applyTheme() {
   }
 }
 
-// ECharts loads after this script (both deferred): drawing waits for it.
-const echartsReady = new Promise((resolve, reject) => {
-  const script = $("echarts-script");
-  if (window.echarts || !script) return resolve();
-  script.addEventListener("load", resolve);
-  script.addEventListener("error", () => reject(new Error("cannot load the chart library (/assets/echarts.min.js): reload the page")));
-});
+// The chart library, loaded after the first paint (1 MB of script to parse and run); resolves
+// once `echarts` is defined.
+let echartsLoading = null;
+function loadEcharts() {
+  if (!echartsLoading) echartsLoading = new Promise((resolve, reject) => {
+    if (window.echarts) return resolve();
+    const script = document.createElement("script");
+    script.src = "/assets/echarts.min.js";
+    script.addEventListener("load", () => resolve());
+    script.addEventListener("error", () => reject(new Error("cannot load the chart library (/assets/echarts.min.js): reload the page")));
+    document.head.appendChild(script);
+  });
+  return echartsLoading;
+}
 
-// What waits until the first paint: the table past its first rows, importance, the
+// The frame after the DOM changes made so far: the rAF callback runs just before that frame is
+// painted.
+const nextFrame = () => new Promise((resolve) => requestAnimationFrame(() => resolve(performance.now())));
+
+// What waits until the charts are drawn: the table past its first rows, importance, the
 // environments, and the slice plot, which is drawn when its card is on screen.
-function afterFirstPaint() {
+function afterCharts() {
   state.firstPainted = true;
   if (state.trials.size > TABLE_FIRST) renderTable();
   const finished = [...state.trials.values()].filter((t) => typeof t.final_value === "number").length;
@@ -1338,21 +1373,45 @@ function afterFirstPaint() {
   }).observe($("chart-slice"));
 }
 
+// The first paint: the overview and the table's first rows, from `/experiment` and the trial
+// list's first page. What benches/ measures (`__knobFirstPaint`); it also notes what that frame
+// held. The experiment's panel comes right after it: its dates are the page's first
+// `toLocaleString`, whose locale data cost 0.1-0.3 s on a loaded machine.
+async function firstPaint() {
+  const [experiment, page] = await Promise.all([early.experiment, early.firstPage]);
+  state.experiment = experiment;
+  for (const t of trialsFromColumns(page)) state.trials.set(t.trial_id, t);
+  state.partialTotal = page.total;
+  timed("overview", renderOverview);
+  timed("table", renderTable);
+  renderConnection();
+  const at = await nextFrame();
+  performance.mark("knob-first-paint");
+  window.__knobFirstPaint = at;
+  window.__knobFirstPaintHeld = {
+    rows: document.querySelectorAll("#trials tbody tr").length,
+    counts: $("counts").textContent,
+    charts: Object.keys(charts).length,
+  };
+}
+
 async function main() {
   wire();
   try {
+    await firstPaint();
+    timed("panel", renderPanel);
+    // Then ECharts, the whole trial list and the latest curves, and every chart.
+    const library = loadEcharts();
+    library.catch(() => {});
     await loadSnapshot();
+    delete state.partialTotal;
     performance.mark("knob-snapshot-loaded");
-    await echartsReady;
+    await library;
     render();
     state.rendered = true;
-    // The first frame after the overview, the table and the four main charts were built: what
-    // benches/ measures. Importance and the slice plot come after it.
-    requestAnimationFrame(() => {
-      performance.mark("knob-first-paint");
-      window.__knobFirstPaint = performance.now();
-      setTimeout(afterFirstPaint, 0);
-    });
+    window.__knobChartsDrawn = await nextFrame();
+    performance.mark("knob-charts-drawn");
+    setTimeout(afterCharts, 0);
     await applyHash();
   } catch (error) {
     showError(error);

@@ -98,15 +98,25 @@ async fn open_browser(driver: &Driver, chromium: &Path, profile: &Path) -> Clien
         .expect("cannot open a WebDriver session in chromium")
 }
 
-/// Runs `script` in the page until it returns something other than `null` or `false`.
+/// Runs `script` in the page until it returns something other than `null` or `false`. A script
+/// that throws counts as not yet (the page loads ECharts after its first paint, so `echarts` is
+/// undefined for a while); its last error is named if the wait runs out.
 async fn wait_in_page(page: &Client, what: &str, script: &str) -> Value {
     let deadline = Instant::now() + PATIENCE;
+    let mut error: Option<String>;
     loop {
-        let value = page.execute(script, vec![]).await.unwrap();
-        if !value.is_null() && value != json!(false) {
-            return value;
+        match page.execute(script, vec![]).await {
+            Ok(value) if !value.is_null() && value != json!(false) => return value,
+            Ok(_) => error = None,
+            Err(e) => error = Some(e.to_string()),
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}{}",
+            error
+                .map(|e| format!(" (the script's last error: {e})"))
+                .unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -141,13 +151,22 @@ async fn set_field(page: &Client, id: &str, text: &str) {
     .unwrap();
 }
 
+/// Clicks the element `css` finds; found again if the page redrew it in between (a stale
+/// element), a few times at most.
 async fn click(page: &Client, css: &str) {
-    page.find(Locator::Css(css))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    for attempt in 1..=5 {
+        let clicked = page.find(Locator::Css(css)).await.unwrap().click().await;
+        match clicked {
+            Ok(_) => return,
+            Err(fantoccini::error::CmdError::Standard(e))
+                if e.error == fantoccini::error::ErrorStatus::StaleElementReference
+                    && attempt < 5 =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("clicking {css}: {e}"),
+        }
+    }
 }
 
 fn release(gate: &Path, sequence: u64) {
@@ -228,13 +247,14 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
         title,
         json!(["browser demo", "(shown)", "knob · browser demo"])
     );
-    let live = page
-        .execute(
-            "const l = document.getElementById('live'); return [l.hidden, l.textContent, l.className]",
-            vec![],
-        )
-        .await
-        .unwrap();
+    // The page follows the stream once its snapshot is in, which comes after the table's first
+    // rows are painted.
+    let live = wait_in_page(
+        &page,
+        "the live badge",
+        "const l = document.getElementById('live'); return l.className === 'live connecting' ? null : [l.hidden, l.textContent, l.className]",
+    )
+    .await;
     assert_eq!(live, json!([false, "● live", "live connected"]));
     // Running trials are drawn apart: their partial durations in a series of their own, and
     // "so far" in the table.
@@ -627,6 +647,24 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
         .collect();
     assert_eq!(order, ["x", "y", "z"], "{importance}");
     assert_eq!(importance["trials"], json!(60), "{importance}");
+    // The first paint held the overview and the table's first page (50 of the 60 trials) and no
+    // chart: the page asked for ECharts only after it, and the table now holds every trial.
+    let first = page
+        .execute(
+            r##"const paint = performance.getEntriesByName("knob-first-paint")[0].startTime;
+               const library = performance.getEntriesByType("resource").filter((r) => r.name.endsWith("/echarts.min.js"));
+               return {held: window.__knobFirstPaintHeld, library_after: library.length === 1 && library[0].startTime >= paint,
+                       rows: document.querySelectorAll("#trials tbody tr").length,
+                       count: document.getElementById("trial-count").textContent};"##,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        first,
+        json!({"held": {"rows": 50, "counts": "SUCCEEDED 60", "charts": 0}, "library_after": true,
+               "rows": 60, "count": "60 of 60"})
+    );
     // The page asked for importance only after its first paint, and draws the slice plot when
     // its card is on screen.
     let asked = page

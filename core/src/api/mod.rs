@@ -149,9 +149,11 @@ struct Shared {
     live_unavailable: Option<String>,
     /// The last `/importance` answer and the key it was computed for (see `importance`).
     importance: tokio::sync::Mutex<Option<(String, serde_json::Value)>>,
-    /// The last `/trial-columns` answer that does not depend on the time of asking, and the key
-    /// it answers (the store's last event and the query; see `reads::trial_columns`).
-    trial_columns: Mutex<Option<(String, axum::body::Bytes)>>,
+    /// The last few `/trial-columns` answers that do not depend on the time of asking, each
+    /// with the key it answers (the store's last event and the query; see
+    /// `reads::trial_columns`), its JSON and that JSON gzipped once. A page load asks for the
+    /// list's first page and then the whole list, so one slot would keep neither.
+    trial_columns: Mutex<Vec<(String, axum::body::Bytes, axum::body::Bytes)>>,
 }
 
 impl ApiState {
@@ -171,7 +173,7 @@ impl ApiState {
                 _file_watcher: file_watcher,
                 live_unavailable,
                 importance: tokio::sync::Mutex::new(None),
-                trial_columns: Mutex::new(None),
+                trial_columns: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -190,17 +192,26 @@ impl ApiState {
         &self.inner.config
     }
 
-    /// The kept `/trial-columns` answer for `key`, if it is the one kept.
-    fn cached_trial_columns(&self, key: &str) -> Option<axum::body::Bytes> {
+    /// The kept `/trial-columns` answer for `key` (its JSON and its gzip), if one is kept.
+    fn cached_trial_columns(&self, key: &str) -> Option<(axum::body::Bytes, axum::body::Bytes)> {
         let kept = self.inner.trial_columns.lock().ok()?;
-        kept.as_ref()
-            .filter(|(kept_key, _)| kept_key == key)
-            .map(|(_, body)| body.clone())
+        kept.iter()
+            .find(|(kept_key, ..)| kept_key == key)
+            .map(|(_, body, gzip)| (body.clone(), gzip.clone()))
     }
 
-    fn keep_trial_columns(&self, key: String, body: axum::body::Bytes) {
+    /// Keeps an answer; those of an older store state (the key's first word, the last event)
+    /// go, and at most `KEPT_TRIAL_COLUMNS` stay.
+    fn keep_trial_columns(&self, key: String, body: axum::body::Bytes, gzip: axum::body::Bytes) {
+        const KEPT_TRIAL_COLUMNS: usize = 4;
+        let state_of = |key: &str| key.split(' ').next().unwrap_or_default().to_string();
         if let Ok(mut kept) = self.inner.trial_columns.lock() {
-            *kept = Some((key, body));
+            let now = state_of(&key);
+            kept.retain(|(kept_key, ..)| state_of(kept_key) == now && *kept_key != key);
+            if kept.len() >= KEPT_TRIAL_COLUMNS {
+                kept.remove(0);
+            }
+            kept.push((key, body, gzip));
         }
     }
 
@@ -575,13 +586,38 @@ mod tests {
                 .trial_columns
                 .lock()
                 .unwrap()
-                .as_ref()
-                .map(|(key, _)| key.split(' ').next().unwrap().parse::<u64>().unwrap())
+                .last()
+                .map(|(key, ..)| key.split(' ').next().unwrap().parse::<u64>().unwrap())
         };
         let first = columns().await;
         assert_eq!(first["count"], 1, "{first}");
         assert_eq!(kept_at(), first["last_seq"].as_u64(), "{first}");
         assert_eq!(columns().await, first);
+        // A client that takes gzip gets the kept gzip, the same list.
+        {
+            use http_body_util::BodyExt;
+            use std::io::Read;
+            use tower::ServiceExt;
+            let request = axum::http::Request::get("/api/v1/trial-columns")
+                .header(header::ACCEPT_ENCODING, "gzip")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let response = router.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.headers()[header::CONTENT_ENCODING], "gzip");
+            let gzip = response.into_body().collect().await.unwrap().to_bytes();
+            let mut text = String::new();
+            flate2::read::GzDecoder::new(&gzip[..])
+                .read_to_string(&mut text)
+                .unwrap();
+            assert_eq!(
+                serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+                first
+            );
+        }
+        // The first page is kept beside the whole list, not instead of it.
+        let (status, page) = ask(router, "get", "/api/v1/trial-columns?offset=0&limit=50").await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert_eq!(state.inner.trial_columns.lock().unwrap().len(), 2);
 
         // A new trial, running: the answer has it, and is not kept.
         store.append(created("b", 1)).await.unwrap();

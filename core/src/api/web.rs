@@ -124,7 +124,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// Whether `Accept-Encoding` allows gzip (`gzip` or `*`, not refused with `q=0`).
-fn accepts_gzip(headers: &HeaderMap) -> bool {
+pub(super) fn accepts_gzip(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT_ENCODING)
         .iter()
