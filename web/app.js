@@ -738,6 +738,7 @@ async function openCompare() {
   $("compare-count").textContent = String(ids.length);
   try {
     const trials = await Promise.all(ids.map((id) => api(`/trials/${encodeURIComponent(id)}`)));
+    await loadEcharts();
     const rows = [["status", (t) => t.status], ["final", (t) => fmt(t.final_value)], ["duration", (t) => fmtDuration(t.duration_ms) + (isRunning(t) ? " so far" : "")]];
     const names = [...new Set(trials.flatMap((t) => Object.keys(flatParams(t.parameters))))];
     for (const name of names) rows.push([name, (t) => { const v = flatParams(t.parameters)[name]; return v === undefined ? "–" : typeof v === "string" ? v : JSON.stringify(v); }]);
@@ -1161,7 +1162,8 @@ function infoRow(table, name, value) {
 
 async function renderDetail(trialId, withLog) {
   try {
-    const t = await api(`/trials/${encodeURIComponent(trialId)}`);
+    // A trial opened from the table before the charts are drawn waits for the chart library.
+    const [t] = await Promise.all([api(`/trials/${encodeURIComponent(trialId)}`), loadEcharts()]);
     $("detail-id").textContent = t.trial_id;
     $("detail-status").textContent = t.status;
     $("detail-status").className = "badge " + t.status;

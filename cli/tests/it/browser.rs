@@ -995,12 +995,15 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     .click()
     .await
     .unwrap();
+    // The dialog still holds the trial opened before until this one's answers are in.
     let detail = wait_in_page(
         &page,
         "the trial dialog",
-        r##"const rows = [...document.querySelectorAll("#detail-info tr")].map((r) => [r.cells[0].textContent, r.cells[1].textContent]);
+        &format!(
+            r##"const rows = [...document.querySelectorAll("#detail-info tr")].map((r) => [r.cells[0].textContent, r.cells[1].textContent]);
            const name = document.getElementById("detail-log-name").textContent;
-           return rows.length && name ? {rows, name} : null;"##,
+           return rows.length && name.endsWith(" {first}") ? {{rows, name}} : null;"##
+        ),
     )
     .await;
     let axes = page
