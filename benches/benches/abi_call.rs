@@ -15,10 +15,10 @@
 //! (about 20 s). The bench loads `libknob_tuners.so` from the target directory it runs from.
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use knob_benches::harness::plugin_path;
 use knob_plugin_api::host::{PluginRegistry, TunerHandle, TunerObject};
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{Generated, Tuner};
@@ -51,28 +51,6 @@ fn search_space() -> Value {
 
 fn class_args() -> Value {
     json!({"seed": 20240601})
-}
-
-/// `libknob_tuners.so` beside the bench executable (`target/release/deps/`) or one folder up
-/// (`target/release/`).
-fn plugin_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the bench executable");
-    let deps = exe.parent().expect("bench executable has a folder");
-    let candidates = [deps.to_path_buf(), deps.join("..")];
-    for dir in &candidates {
-        let path = dir.join(format!(
-            "{}knob_tuners{}",
-            std::env::consts::DLL_PREFIX,
-            std::env::consts::DLL_SUFFIX
-        ));
-        if path.is_file() {
-            return path;
-        }
-    }
-    panic!(
-        "libknob_tuners.so not found in {} or its parent; run `cargo build --release -p knob-tuners` first",
-        deps.display()
-    );
 }
 
 /// Builds each of the three forms, ready to generate (search space set).

@@ -26,6 +26,7 @@
 //!
 //! Run: `cargo bench -p knob-benches --bench multi_fidelity` (`-- --seeds N`, default 20).
 
+use knob_benches::harness::quartiles;
 use knob_plugin_api::space::{seeded_rng, standard_normal, SearchSpace};
 use knob_plugin_api::{Generated, Tuner};
 use knob_tuners::{BohbTuner, HyperbandTuner, RandomTuner};
@@ -148,16 +149,6 @@ fn run(mut tuner: Box<dyn Tuner>, total: u64, seed: u64) -> f64 {
     truth - MINIMUM
 }
 
-fn quartiles(values: &mut [f64]) -> (f64, f64, f64) {
-    values.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let pos = q * (values.len() - 1) as f64;
-        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-        values[lo] + (values[hi] - values[lo]) * (pos - lo as f64)
-    };
-    (at(0.5), at(0.25), at(0.75))
-}
-
 fn main() {
     let mut seeds = 20u64;
     let mut args = std::env::args().skip(1);
@@ -197,10 +188,10 @@ fn main() {
         let mut random_median = f64::NAN;
         for (name, make) in &tuners {
             let started = std::time::Instant::now();
-            let mut regrets: Vec<f64> = (0..seeds)
+            let regrets: Vec<f64> = (0..seeds)
                 .map(|seed| run(make(seed), total * MAX_BUDGET, seed))
                 .collect();
-            let (median, q25, q75) = quartiles(&mut regrets);
+            let (median, q25, q75) = quartiles(&regrets);
             if *name == "random" {
                 random_median = median;
             }

@@ -14,13 +14,14 @@
 //! Run: `benches/harness/multi_objective.sh`, which sets up Optuna's virtualenv and builds the
 //! plugin. Arguments after `--` of `cargo bench -p knob-benches --bench multi_objective`:
 //! `--seeds N` (10), `--trials N` (200), `--python PATH` (an interpreter with optuna; without it
-//! Optuna is left out), `--problems a,b`, `--tuners A,B` (knob's: NSGA2, TPE, Random).
+//! Optuna is left out), `--problems a,b`, `--tuners A,B` (knob's: NSGA2, TPE, Random), and
+//! `--variant LABEL=TUNER:JSON` (repeatable) for one more row: TUNER with JSON merged into its
+//! classArgs, e.g. `--variant 'TPE-hv=TPE:{"tpe_args":{"good_weights":"hypervolume"}}'`.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use knob_benches::harness::{plugin_path, quartiles, OptunaDriver};
 use knob_plugin_api::host::PluginRegistry;
 use knob_plugin_api::objectives::hypervolume;
 use knob_plugin_api::{Generated, Outcome};
@@ -120,6 +121,8 @@ struct Options {
     python: Option<PathBuf>,
     problems: Option<Vec<String>>,
     tuners: Vec<String>,
+    /// More rows: (label, tuner, JSON merged into its classArgs).
+    variants: Vec<(String, String, Value)>,
 }
 
 fn options() -> Options {
@@ -129,6 +132,7 @@ fn options() -> Options {
         python: None,
         problems: None,
         tuners: vec!["NSGA2".into(), "TPE".into(), "Random".into()],
+        variants: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     let list = |v: Option<String>| -> Option<Vec<String>> {
@@ -151,6 +155,15 @@ fn options() -> Options {
             "--python" => options.python = args.next().map(PathBuf::from),
             "--problems" => options.problems = list(args.next()),
             "--tuners" => options.tuners = list(args.next()).expect("--tuners takes A,B"),
+            "--variant" => {
+                let spec = args.next().expect("--variant takes LABEL=TUNER:JSON");
+                let (label, rest) = spec.split_once('=').expect("--variant LABEL=TUNER:JSON");
+                let (tuner, json) = rest.split_once(':').expect("--variant LABEL=TUNER:JSON");
+                let class_args: Value = serde_json::from_str(json).expect("--variant JSON");
+                options
+                    .variants
+                    .push((label.to_owned(), tuner.to_owned(), class_args));
+            }
             // cargo bench passes --bench to every bench binary.
             "--bench" => {}
             other => panic!("unknown argument {other}; see the header of multi_objective.rs"),
@@ -159,37 +172,20 @@ fn options() -> Options {
     options
 }
 
-/// `libknob_tuners.so` beside the bench executable or one folder up.
-fn plugin_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the bench executable");
-    let deps = exe.parent().expect("bench executable has a folder");
-    let file = format!(
-        "{}knob_tuners{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    [deps.to_path_buf(), deps.join("..")]
-        .iter()
-        .map(|dir| dir.join(&file))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{file} not found in {} or its parent; run `cargo build --release -p knob-tuners` first",
-                deps.display()
-            )
-        })
-}
-
 /// One sequential run of a knob tuner through the ABI: the objective vectors of its trials.
 fn run_knob(
     registry: &PluginRegistry,
-    tuner: &str,
+    (tuner, extra_args): (&str, &Value),
     problem: &Problem,
     seed: u64,
     trials: usize,
 ) -> Result<Vec<Vec<f64>>, String> {
+    let mut class_args = json!({"seed": seed});
+    if let (Some(args), Some(extra)) = (class_args.as_object_mut(), extra_args.as_object()) {
+        args.extend(extra.clone());
+    }
     let mut object = registry
-        .tuner_object(tuner, &json!({"seed": seed}))
+        .tuner_object(tuner, &class_args)
         .map_err(|e| e.to_string())?;
     if !object.takes_objectives() {
         return Err(format!("{tuner} does not take objectives"));
@@ -207,11 +203,7 @@ fn run_knob(
             Generated::Deferred => return Err("deferred with no trial running".into()),
         };
         let losses = (problem.evaluate)(&problem.point(&params));
-        let outcome = Outcome {
-            values: losses.clone(),
-            losses: losses.clone(),
-            violations: Vec::new(),
-        };
+        let outcome = Outcome::minimised(&losses, &[]);
         object
             .receive_trial_outcome(id, &params, &outcome)
             .map_err(|e| e.to_string())?;
@@ -225,59 +217,32 @@ fn run_knob(
 
 /// Every (problem, seed) study of one Optuna sampler, in one Python process.
 fn run_optuna(
-    python: &PathBuf,
+    python: &Path,
     sampler: &str,
     problems: &[Problem],
     seeds: u64,
     trials: usize,
 ) -> Vec<Vec<f64>> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("harness/multi_objective.py");
-    let mut child = Command::new(python)
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut scores = Vec::new();
-    for problem in problems {
-        let mut per_seed = Vec::new();
-        for seed in 0..seeds {
-            let study = json!({"sampler": sampler, "seed": seed, "dims": problem.dims,
-                               "objectives": problem.objectives, "trials": trials});
-            writeln!(stdin, "{study}").expect("write to the Optuna driver");
-            let mut points = Vec::with_capacity(trials);
-            for _ in 0..trials {
-                let mut line = String::new();
-                stdout
-                    .read_line(&mut line)
-                    .expect("read from the Optuna driver");
-                let params: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("the Optuna driver wrote {line:?}: {e}"));
-                let losses = (problem.evaluate)(&problem.point(&params));
-                writeln!(stdin, "{}", json!(losses)).expect("write to the Optuna driver");
-                points.push(losses);
-            }
-            per_seed.push(hypervolume(&points, &problem.reference));
-        }
-        scores.push(per_seed);
-    }
-    drop(stdin);
-    let _ = child.wait();
-    scores
-}
-
-/// `(median, q25, q75)` with linear interpolation, as numpy's default.
-fn quartiles(values: &[f64]) -> (f64, f64, f64) {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let pos = q * (v.len() - 1) as f64;
-        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-        v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
-    };
-    (at(0.5), at(0.25), at(0.75))
+    let mut driver = OptunaDriver::spawn(python, "multi_objective.py");
+    problems
+        .iter()
+        .map(|problem| {
+            (0..seeds)
+                .map(|seed| {
+                    let study = json!({"sampler": sampler, "seed": seed, "dims": problem.dims,
+                                       "objectives": problem.objectives, "trials": trials});
+                    let mut points = Vec::with_capacity(trials);
+                    driver.study(&study, trials, |_, params| {
+                        let losses = (problem.evaluate)(&problem.point(params));
+                        let line = json!(losses).to_string();
+                        points.push(losses);
+                        line
+                    });
+                    hypervolume(&points, &problem.reference)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 struct Row {
@@ -340,21 +305,31 @@ fn main() {
                 })
             })
         });
-        for tuner in &options.tuners {
+        let plain = options
+            .tuners
+            .iter()
+            .map(|t| (t.clone(), t.clone(), json!({})));
+        for (label, tuner, extra_args) in plain.chain(options.variants.iter().cloned()) {
             let started = Instant::now();
             let per_problem = problems
                 .iter()
                 .map(|problem| {
                     (0..options.seeds)
                         .map(|seed| {
-                            run_knob(&registry, tuner, problem, seed, options.trials)
-                                .map(|points| hypervolume(&points, &problem.reference))
+                            run_knob(
+                                &registry,
+                                (&tuner, &extra_args),
+                                problem,
+                                seed,
+                                options.trials,
+                            )
+                            .map(|points| hypervolume(&points, &problem.reference))
                         })
                         .collect::<Result<Vec<f64>, String>>()
                 })
                 .collect();
             let row = Row {
-                label: format!("knob {tuner}"),
+                label: format!("knob {label}"),
                 per_problem,
                 seconds: started.elapsed().as_secs_f64(),
             };

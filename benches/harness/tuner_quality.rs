@@ -18,11 +18,10 @@
 #[path = "tuner_quality_problems.rs"]
 mod problems;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use knob_benches::harness::{plugin_path, quartiles, OptunaDriver};
 use knob_plugin_api::host::PluginRegistry;
 use knob_plugin_api::{ComponentKind, Generated};
 use problems::{problems, Problem};
@@ -99,27 +98,6 @@ fn workspace_path(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join(path)
-}
-
-/// `libknob_tuners.so` beside the bench executable or one folder up.
-fn plugin_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the bench executable");
-    let deps = exe.parent().expect("bench executable has a folder");
-    let file = format!(
-        "{}knob_tuners{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    [deps.to_path_buf(), deps.join("..")]
-        .iter()
-        .map(|dir| dir.join(&file))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{file} not found in {} or its parent; run `cargo build --release -p knob-tuners` first",
-                deps.display()
-            )
-        })
 }
 
 /// Best-so-far regret after each budget, or why the tuner could not run the problem.
@@ -201,65 +179,32 @@ fn run_knob(
 }
 
 /// Runs every (problem, seed) study of one Optuna sampler in one Python process.
-fn run_optuna(
-    python: &PathBuf,
-    sampler: &str,
-    problems: &[Problem],
-    seeds: u64,
-) -> Vec<Vec<Outcome>> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("harness/tuner_quality.py");
-    let mut child = Command::new(python)
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut results = Vec::new();
-    for problem in problems {
-        let mut per_seed = Vec::new();
-        for seed in 0..seeds {
-            let study =
-                json!({"sampler": sampler, "seed": seed, "space": problem.space, "trials": TRIALS});
-            writeln!(stdin, "{study}").expect("write to the Optuna driver");
-            let mut best = f64::INFINITY;
-            let mut regrets = [f64::NAN; 2];
-            for trial in 0..TRIALS {
-                let mut line = String::new();
-                stdout
-                    .read_line(&mut line)
-                    .expect("read from the Optuna driver");
-                let params: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("the Optuna driver wrote {line:?}: {e}"));
-                let value = (problem.objective)(&params);
-                best = best.min(value);
-                writeln!(stdin, "{value:?}").expect("write to the Optuna driver");
-                for (b, budget) in BUDGETS.iter().enumerate() {
-                    if trial + 1 == *budget {
-                        regrets[b] = best - problem.minimum;
-                    }
-                }
-            }
-            per_seed.push(Ok(regrets));
-        }
-        results.push(per_seed);
-    }
-    drop(stdin);
-    let _ = child.wait();
-    results
-}
-
-/// `(median, q25, q75)` with linear interpolation, as numpy's default.
-fn quartiles(values: &[f64]) -> (f64, f64, f64) {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let pos = q * (v.len() - 1) as f64;
-        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-        v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
-    };
-    (at(0.5), at(0.25), at(0.75))
+fn run_optuna(python: &Path, sampler: &str, problems: &[Problem], seeds: u64) -> Vec<Vec<Outcome>> {
+    let mut driver = OptunaDriver::spawn(python, "tuner_quality.py");
+    problems
+        .iter()
+        .map(|problem| {
+            (0..seeds)
+                .map(|seed| {
+                    let study = json!({"sampler": sampler, "seed": seed, "space": problem.space,
+                                       "trials": TRIALS});
+                    let mut best = f64::INFINITY;
+                    let mut regrets = [f64::NAN; 2];
+                    driver.study(&study, TRIALS, |trial, params| {
+                        let value = (problem.objective)(params);
+                        best = best.min(value);
+                        for (b, budget) in BUDGETS.iter().enumerate() {
+                            if trial + 1 == *budget {
+                                regrets[b] = best - problem.minimum;
+                            }
+                        }
+                        format!("{value:?}")
+                    });
+                    Ok(regrets)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 struct Row {

@@ -4,3 +4,4 @@
 //! same way and the fixtures themselves are compiled (and clippy-checked) as a library.
 
 pub mod gpu_sched;
+pub mod harness;

@@ -30,6 +30,16 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The outcome of objectives that are all minimised, `losses`, and constraints with these
+    /// `violations`: its values are the losses, then the violations (config order).
+    pub fn minimised(losses: &[f64], violations: &[f64]) -> Outcome {
+        Outcome {
+            values: losses.iter().chain(violations).copied().collect(),
+            losses: losses.to_vec(),
+            violations: violations.to_vec(),
+        }
+    }
+
     /// Whether every loss is a number (a trial that reported NaN is no point at all).
     pub fn is_complete(&self) -> bool {
         self.losses.iter().all(|v| v.is_finite()) && self.violations.iter().all(|v| !v.is_nan())
@@ -316,22 +326,14 @@ mod nan_vec {
 mod tests {
     use super::*;
 
-    fn point(losses: &[f64], violations: &[f64]) -> Outcome {
-        Outcome {
-            values: losses.to_vec(),
-            losses: losses.to_vec(),
-            violations: violations.to_vec(),
-        }
-    }
-
     #[test]
     fn the_front_is_the_feasible_non_dominated_points() {
         let points = [
-            point(&[1.0, 4.0], &[]),
-            point(&[2.0, 2.0], &[]),
-            point(&[3.0, 3.0], &[]), // dominated by [2, 2]
-            point(&[4.0, 1.0], &[]),
-            point(&[f64::NAN, 0.0], &[]), // incomplete
+            Outcome::minimised(&[1.0, 4.0], &[]),
+            Outcome::minimised(&[2.0, 2.0], &[]),
+            Outcome::minimised(&[3.0, 3.0], &[]), // dominated by [2, 2]
+            Outcome::minimised(&[4.0, 1.0], &[]),
+            Outcome::minimised(&[f64::NAN, 0.0], &[]), // incomplete
         ];
         let refs: Vec<&Outcome> = points.iter().collect();
         assert_eq!(pareto_front(&refs), vec![0, 1, 3]);
@@ -339,10 +341,10 @@ mod tests {
         // An infeasible point is never on the front, however good, and is ranked after every
         // feasible one; the less violated of two infeasible points ranks first.
         let points = [
-            point(&[0.0, 0.0], &[0.5]),
-            point(&[2.0, 2.0], &[0.0]),
-            point(&[3.0, 1.0], &[-1.0]),
-            point(&[0.0, 0.0], &[0.1]),
+            Outcome::minimised(&[0.0, 0.0], &[0.5]),
+            Outcome::minimised(&[2.0, 2.0], &[0.0]),
+            Outcome::minimised(&[3.0, 1.0], &[-1.0]),
+            Outcome::minimised(&[0.0, 0.0], &[0.1]),
         ];
         let refs: Vec<&Outcome> = points.iter().collect();
         assert_eq!(pareto_front(&refs), vec![1, 2]);
@@ -389,7 +391,7 @@ mod tests {
 
     #[test]
     fn an_outcome_crosses_in_the_parameters_text_and_nothing_else_is_mistaken_for_one() {
-        let outcome = point(&[1.0, f64::NAN], &[-0.5]);
+        let outcome = Outcome::minimised(&[1.0, f64::NAN], &[-0.5]);
         let text = wrap(&serde_json::json!({"x": 1}), &outcome);
         let (parameters, back) = unwrap(serde_json::from_str(&text).unwrap()).unwrap();
         assert_eq!(parameters, serde_json::json!({"x": 1}));

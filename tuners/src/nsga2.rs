@@ -325,11 +325,7 @@ mod tests {
     use super::*;
 
     fn outcome(losses: &[f64]) -> Outcome {
-        Outcome {
-            values: losses.to_vec(),
-            losses: losses.to_vec(),
-            violations: vec![],
-        }
+        Outcome::minimised(losses, &[])
     }
 
     #[test]

@@ -136,14 +136,6 @@ pub(super) fn below_weights(outcomes: &[&Outcome], below: &[usize]) -> Vec<f64> 
 mod tests {
     use super::*;
 
-    fn point(losses: &[f64], violations: &[f64]) -> Outcome {
-        Outcome {
-            values: losses.to_vec(),
-            losses: losses.to_vec(),
-            violations: violations.to_vec(),
-        }
-    }
-
     fn split_of(points: &[Outcome], n_below: usize) -> Vec<usize> {
         let refs: Vec<&Outcome> = points.iter().collect();
         split(&refs, n_below)
@@ -155,12 +147,12 @@ mod tests {
     #[test]
     fn the_rank_that_does_not_fit_is_cut_by_hypervolume_contribution() {
         let points = [
-            point(&[0.5, 1.5], &[]),
-            point(&[1.5, 0.5], &[]),
-            point(&[2.0, 2.0], &[]),
-            point(&[3.0, 2.1], &[]),
-            point(&[0.6, 6.0], &[]),
-            point(&[6.0, 0.6], &[]),
+            Outcome::minimised(&[0.5, 1.5], &[]),
+            Outcome::minimised(&[1.5, 0.5], &[]),
+            Outcome::minimised(&[2.0, 2.0], &[]),
+            Outcome::minimised(&[3.0, 2.1], &[]),
+            Outcome::minimised(&[0.6, 6.0], &[]),
+            Outcome::minimised(&[6.0, 0.6], &[]),
         ];
         // [3, 2.1] is dominated by [2, 2]: it is rank 2, not a candidate.
         assert!(!split_of(&points, 4).contains(&3));
@@ -185,7 +177,7 @@ mod tests {
         // the third good trial is taken far from the first two, not next to them.
         let points: Vec<Outcome> = [0.0, 0.1, 0.2, 0.5, 1.0]
             .iter()
-            .map(|&x| point(&[x, 1.0 - x], &[]))
+            .map(|&x| Outcome::minimised(&[x, 1.0 - x], &[]))
             .collect();
         assert_eq!(split_of(&points, 3), vec![3, 2, 4]);
     }
@@ -193,11 +185,11 @@ mod tests {
     #[test]
     fn infeasible_and_incomplete_trials_only_fill_what_is_left() {
         let points = [
-            point(&[0.0, 0.0], &[0.5]),       // best losses, infeasible
-            point(&[3.0, 3.0], &[0.0]),       // feasible (0 holds)
-            point(&[f64::NAN, 1.0], &[-1.0]), // incomplete
-            point(&[4.0, 1.0], &[-1.0]),
-            point(&[0.0, 0.0], &[0.1]), // infeasible, less violated
+            Outcome::minimised(&[0.0, 0.0], &[0.5]), // best losses, infeasible
+            Outcome::minimised(&[3.0, 3.0], &[0.0]), // feasible (0 holds)
+            Outcome::minimised(&[f64::NAN, 1.0], &[-1.0]), // incomplete
+            Outcome::minimised(&[4.0, 1.0], &[-1.0]),
+            Outcome::minimised(&[0.0, 0.0], &[0.1]), // infeasible, less violated
         ];
         assert_eq!(split_of(&points, 2), vec![1, 3]);
         // With room for more, the least violated comes next; the incomplete one never.
@@ -208,11 +200,11 @@ mod tests {
     #[test]
     fn weights_follow_hypervolume_contributions() {
         let points = [
-            point(&[1.0, 3.0], &[]),
-            point(&[2.0, 2.0], &[]),
-            point(&[3.0, 1.0], &[]),
-            point(&[3.0, 3.0], &[]),    // dominated: no contribution
-            point(&[0.0, 0.0], &[1.0]), // infeasible
+            Outcome::minimised(&[1.0, 3.0], &[]),
+            Outcome::minimised(&[2.0, 2.0], &[]),
+            Outcome::minimised(&[3.0, 1.0], &[]),
+            Outcome::minimised(&[3.0, 3.0], &[]), // dominated: no contribution
+            Outcome::minimised(&[0.0, 0.0], &[1.0]), // infeasible
         ];
         let refs: Vec<&Outcome> = points.iter().collect();
         let w = below_weights(&refs, &[0, 1, 2, 3, 4]);
