@@ -33,7 +33,7 @@ pub use tpe::TpeTuner;
 knob_plugin_api::export_plugin! {
     tuner "CMAES": CmaEsTuner = "CMA-ES with IPOP restarts over the numeric parameters (choices drawn from the best results so far)";
     tuner "GPTuner": GpTuner = "Bayesian optimization with a Gaussian process (NNI's GPTuner): Matérn kernel with fitted length scales, EI/UCB/PI, every search-space type";
-    tuner "TPE": TpeTuner = "Tree-structured Parzen Estimator (NNI's TPE; multivariate by default, variant: nni for NNI 3.0's): seeded, constant liar for parallel trials, resumes exactly; takes objectives (Optuna 4's multi-objective split)";
+    tuner "TPE": TpeTuner = "Tree-structured Parzen Estimator (NNI's TPE; multivariate by default, variant: nni for NNI 3.0's): seeded, constant liar for parallel trials, resumes exactly; takes objectives (Optuna 5's multi-objective TPE)";
     tuner "Anneal": AnnealTuner = "annealing (NNI's Anneal, hyperopt's algorithm): samples ever closer to the best trials; seeded, no repeats, resumes exactly";
     tuner "Batch": BatchTuner = "the parameter sets listed in one choice, in order, each once (NNI's BatchTuner)";
     tuner "Evolution": EvolutionTuner = "naive evolution (NNI's Evolution): random first generation, then tournaments and one-parameter mutations; defers while no parent is ready";

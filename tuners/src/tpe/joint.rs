@@ -1,5 +1,7 @@
 //! knob's TPE density: one Parzen mixture over whole points (multivariate TPE, as Optuna 4+),
-//! so that a good region's coordinates are proposed together rather than each on its own.
+//! so that a good region's coordinates are proposed together rather than each on its own; and
+//! the same kernels one dimension at a time ([`suggest_independent`], Optuna's independent TPE,
+//! its default with several objectives).
 //!
 //! Each finished trial is one component: a product, over the dimensions active in the point, of
 //! a kernel centred on the trial's value; the prior is one more component. A dimension the trial
@@ -54,10 +56,22 @@ impl Mixture {
         points: &[&[f64]],
         weights: &[f64],
     ) -> Mixture {
-        let n = points.len();
-        let kernels = n + 1;
+        let kernels = points.len() + 1;
+        let dims = (0..model.encoding.len())
+            .map(|d| fit_dim(model, settings, d, points, kernels))
+            .collect();
+        Mixture::with_weights(settings, weights, dims)
+    }
+
+    /// The components' weights (`weights`, then the prior's), normalised, around fitted kernels.
+    fn with_weights(settings: &Settings, weights: &[f64], dims: Vec<Kernels>) -> Mixture {
+        let kernels = weights.len() + 1;
         let mut w: Vec<f64> = weights.to_vec();
-        w.push(if n == 0 { 1.0 } else { settings.prior_weight });
+        w.push(if weights.is_empty() {
+            1.0
+        } else {
+            settings.prior_weight
+        });
         let total: f64 = w.iter().sum();
         let w: Vec<f64> = if total > 0.0 && total.is_finite() {
             w.iter().map(|x| x / total).collect()
@@ -70,14 +84,39 @@ impl Mixture {
             acc += x;
             cumulative.push(acc);
         }
-        let dims = (0..model.encoding.len())
-            .map(|d| fit_dim(model, settings, d, points, kernels))
-            .collect();
         Mixture {
             log_weights: w.iter().map(|x| x.ln()).collect(),
             cumulative,
             dims,
         }
+    }
+
+    /// The mixture of dimension `d` alone, over the `points` where `d` is active (with their
+    /// `weights`): Optuna's independent (univariate) Parzen estimator of one parameter.
+    fn fit_one(
+        model: &Model,
+        settings: &Settings,
+        d: usize,
+        points: &[&[f64]],
+        weights: &[f64],
+    ) -> Mixture {
+        let (active, active_weights): (Vec<&[f64]>, Vec<f64>) = points
+            .iter()
+            .zip(weights)
+            .filter(|(p, _)| !p[d].is_nan())
+            .map(|(p, w)| (*p, *w))
+            .unzip();
+        let kernels = fit_dim(model, settings, d, &active, active.len() + 1);
+        Mixture::with_weights(settings, &active_weights, vec![kernels])
+    }
+
+    /// The index of a component drawn by weight.
+    fn component(&self, rng: &mut SeededRng) -> usize {
+        let u: f64 = rng.gen::<f64>() * self.cumulative.last().copied().unwrap_or(1.0);
+        self.cumulative
+            .iter()
+            .position(|&c| u < c)
+            .unwrap_or(self.cumulative.len() - 1)
     }
 
     /// Draws `count` encoded points (already snapped to values trials can receive).
@@ -86,45 +125,14 @@ impl Mixture {
     }
 
     fn sample_one(&self, model: &Model, rng: &mut SeededRng) -> Vec<f64> {
-        let u: f64 = rng.gen::<f64>() * self.cumulative.last().copied().unwrap_or(1.0);
-        let component = self
-            .cumulative
-            .iter()
-            .position(|&c| u < c)
-            .unwrap_or(self.cumulative.len() - 1);
+        let component = self.component(rng);
         let mut point: Vec<f64> = Vec::with_capacity(self.dims.len());
         for (d, kernels) in self.dims.iter().enumerate() {
             if !model.is_active(d, &point) {
                 point.push(f64::NAN);
                 continue;
             }
-            let x = match kernels {
-                Kernels::Numeric {
-                    mus,
-                    sigmas,
-                    bounds,
-                    ..
-                } => {
-                    let (mu, sigma) = (mus[component], sigmas[component]);
-                    let raw = truncated_normal(rng, mu, sigma, *bounds);
-                    let dim = &model.encoding.dims()[d];
-                    snap(&model.types[d], dim.kind(), raw)
-                }
-                Kernels::Categorical { size, probs, .. } => {
-                    let row = &probs[component * size..(component + 1) * size];
-                    let mut u: f64 = rng.gen();
-                    let mut chosen = size - 1;
-                    for (k, p) in row.iter().enumerate() {
-                        if u < *p {
-                            chosen = k;
-                            break;
-                        }
-                        u -= p;
-                    }
-                    chosen as f64
-                }
-            };
-            point.push(x);
+            point.push(kernels.draw(model, d, component, rng));
         }
         point
     }
@@ -134,35 +142,117 @@ impl Mixture {
         scratch.clear();
         scratch.extend_from_slice(&self.log_weights);
         for (kernels, &x) in self.dims.iter().zip(point) {
-            if x.is_nan() {
-                continue;
-            }
-            match kernels {
-                Kernels::Numeric {
-                    mus,
-                    inv_sigmas,
-                    log_norms,
-                    ..
-                } => {
-                    for (((acc, mu), inv), norm) in
-                        scratch.iter_mut().zip(mus).zip(inv_sigmas).zip(log_norms)
-                    {
-                        let z = (x - mu) * inv;
-                        *acc += norm - 0.5 * z * z;
-                    }
-                }
-                Kernels::Categorical {
-                    size, log_probs, ..
-                } => {
-                    let k = x as usize;
-                    for (c, acc) in scratch.iter_mut().enumerate() {
-                        *acc += log_probs[c * size + k];
-                    }
-                }
+            if !x.is_nan() {
+                kernels.add_log_pdf(x, scratch);
             }
         }
         log_sum_exp(scratch)
     }
+}
+
+impl Kernels {
+    /// A value of dimension `d` from the kernel of `component`, snapped to what trials receive.
+    fn draw(&self, model: &Model, d: usize, component: usize, rng: &mut SeededRng) -> f64 {
+        match self {
+            Kernels::Numeric {
+                mus,
+                sigmas,
+                bounds,
+                ..
+            } => {
+                let (mu, sigma) = (mus[component], sigmas[component]);
+                let raw = truncated_normal(rng, mu, sigma, *bounds);
+                let dim = &model.encoding.dims()[d];
+                snap(&model.types[d], dim.kind(), raw)
+            }
+            Kernels::Categorical { size, probs, .. } => {
+                let row = &probs[component * size..(component + 1) * size];
+                let mut u: f64 = rng.gen();
+                let mut chosen = size - 1;
+                for (k, p) in row.iter().enumerate() {
+                    if u < *p {
+                        chosen = k;
+                        break;
+                    }
+                    u -= p;
+                }
+                chosen as f64
+            }
+        }
+    }
+
+    /// Adds each component's log density of `x` to `acc` (one entry per component).
+    fn add_log_pdf(&self, x: f64, acc: &mut [f64]) {
+        match self {
+            Kernels::Numeric {
+                mus,
+                inv_sigmas,
+                log_norms,
+                ..
+            } => {
+                for (((acc, mu), inv), norm) in
+                    acc.iter_mut().zip(mus).zip(inv_sigmas).zip(log_norms)
+                {
+                    let z = (x - mu) * inv;
+                    *acc += norm - 0.5 * z * z;
+                }
+            }
+            Kernels::Categorical {
+                size, log_probs, ..
+            } => {
+                let k = x as usize;
+                for (c, acc) in acc.iter_mut().enumerate() {
+                    *acc += log_probs[c * size + k];
+                }
+            }
+        }
+    }
+}
+
+/// Optuna's independent TPE (its default for several objectives): each active dimension in turn
+/// gets its own good and bad mixtures over the points that have it, `n_ei_candidates` draws from
+/// the good one, and the draw with the largest log ratio, so each coordinate is chosen on its
+/// own evidence. `below` and `above` come with their weights, as for [`Mixture::fit`].
+pub(super) fn suggest_independent(
+    model: &Model,
+    settings: &Settings,
+    rng: &mut SeededRng,
+    (below, below_weights): (&[&[f64]], &[f64]),
+    (above, above_weights): (&[&[f64]], &[f64]),
+) -> Vec<f64> {
+    let mut point: Vec<f64> = Vec::with_capacity(model.encoding.len());
+    let mut scratch = Vec::new();
+    let log_pdf = |mixture: &Mixture, x: f64, scratch: &mut Vec<f64>| {
+        scratch.clear();
+        scratch.extend_from_slice(&mixture.log_weights);
+        mixture.dims[0].add_log_pdf(x, scratch);
+        log_sum_exp(scratch)
+    };
+    for d in 0..model.encoding.len() {
+        if !model.is_active(d, &point) {
+            point.push(f64::NAN);
+            continue;
+        }
+        let good = Mixture::fit_one(model, settings, d, below, below_weights);
+        let bad = Mixture::fit_one(model, settings, d, above, above_weights);
+        // np.argmax: the first of equal maxima.
+        let mut best: Option<(f64, f64)> = None;
+        for _ in 0..settings.n_ei_candidates {
+            let component = good.component(rng);
+            let x = good.dims[0].draw(model, d, component, rng);
+            let score = log_pdf(&good, x, &mut scratch) - log_pdf(&bad, x, &mut scratch);
+            let score = if score.is_nan() {
+                f64::NEG_INFINITY
+            } else {
+                score
+            };
+            if best.is_none_or(|(s, _)| score > s) {
+                best = Some((score, x));
+            }
+        }
+        point.push(best.map_or(f64::NAN, |(_, x)| x));
+    }
+    point
 }
 
 /// The kernels of dimension `d`: one per point (the prior's where the point lacks `d`), then the

@@ -15,10 +15,14 @@
 //! √n split. knob adds `multivariate`, `good_fraction` and `good_weights` (`age`: NNI's and
 //! Optuna's equal weights with linear forgetting; `rank`).
 //!
-//! Multi-objective (an experiment with `objectives`; see `multi.rs`): the multivariate model with
-//! Optuna 4's split: good trials by non-dominated rank, the rank that does not fit cut by
-//! hypervolume subset selection, infeasible trials good only when too few are feasible, and the
-//! good ones weighed by hypervolume contribution. Running trials count as bad (Optuna's constant
+//! Multi-objective (an experiment with `objectives`; see `multi.rs`), as Optuna 5's `TPESampler`
+//! with several objectives: `ceil(0.1 n)` of the `n` finished trials are good (no cap), chosen by
+//! non-dominated rank, the rank that does not fit cut by hypervolume subset selection,
+//! infeasible trials good only when too few are feasible; the good ones weigh alike
+//! (`good_weights: hypervolume`: by hypervolume contribution, Optuna 3-4); and each parameter is
+//! chosen on its own (`joint::suggest_independent`, Optuna's independent TPE, its default with
+//! several objectives; `multivariate: true` for the joint model). One objective with constraints
+//! keeps the single-objective model and split. Running trials count as bad (Optuna's constant
 //! liar) unless `constant_liar_type` is null. `variant: nni` models one objective and refuses
 //! such an experiment.
 //!
@@ -75,11 +79,27 @@ pub(crate) struct Settings {
     split: Split,
     multivariate: bool,
     good_weights: GoodWeights,
+    /// With several objectives: the split (Optuna 5's `ceil(0.1 n)`, not capped), whether the
+    /// model is joint (`multivariate: true`) or one dimension at a time (Optuna 5's default),
+    /// and how the good trials are weighed.
+    front_split: Split,
+    front_multivariate: bool,
+    front_weights: FrontWeights,
+    /// NNI 3.0's TPE, which models one objective.
+    variant_nni: bool,
+}
+
+/// How the good trials of a multi-objective experiment are weighed in the good density.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FrontWeights {
+    /// Optuna 5's: all the same.
+    Equal,
+    /// Optuna 3.x-4.x's: by hypervolume contribution among the good trials (`multi.rs`).
+    Hypervolume,
 }
 
 /// How the good trials are weighted in the good density.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GoodWeights {
     /// NNI's and Optuna's: equal, except that with more than `linear_forgetting` good trials the
     /// oldest get less.
@@ -87,6 +107,17 @@ enum GoodWeights {
     /// knob's: the k-th best of m good trials weighs `(m - k)^2` (k from 0), so the best few
     /// shape where candidates are drawn, like the recombination weights of CMA-ES.
     Rank,
+}
+
+/// `tpe_args.good_weights`: `age` and `rank` for one objective, `equal` and `hypervolume` for
+/// several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum GoodWeightsArg {
+    Age,
+    Rank,
+    Equal,
+    Hypervolume,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -112,6 +143,15 @@ impl Settings {
             Split::Linear(fraction) => (fraction * n as f64).ceil(),
         };
         (below.max(0.0) as usize).min(self.linear_forgetting)
+    }
+
+    /// How many of `n` trials count as good with several objectives (no cap, as Optuna).
+    fn n_below_front(&self, n: usize) -> usize {
+        let below = match self.front_split {
+            Split::Sqrt(gamma) => (gamma * (n as f64).sqrt()).ceil(),
+            Split::Linear(fraction) => (fraction * n as f64).ceil(),
+        };
+        below.max(0.0) as usize
     }
 }
 
@@ -179,7 +219,7 @@ struct TpeArgs {
     gamma: Option<f64>,
     multivariate: Option<bool>,
     good_fraction: Option<f64>,
-    good_weights: Option<GoodWeights>,
+    good_weights: Option<GoodWeightsArg>,
 }
 
 /// `constant_liar_type`: "best", "worst", "mean", or null / "none" for no liar (NNI's `None`).
@@ -213,6 +253,10 @@ impl Settings {
                 split: Split::Sqrt(0.25),
                 multivariate: false,
                 good_weights: GoodWeights::Age,
+                front_split: Split::Linear(0.1),
+                front_multivariate: false,
+                front_weights: FrontWeights::Equal,
+                variant_nni: true,
             },
             Variant::Knob => Settings {
                 liar: Some(Liar::Worst),
@@ -223,6 +267,10 @@ impl Settings {
                 split: Split::Linear(0.2),
                 multivariate: true,
                 good_weights: GoodWeights::Rank,
+                front_split: Split::Linear(0.1),
+                front_multivariate: false,
+                front_weights: FrontWeights::Equal,
+                variant_nni: false,
             },
         };
         let bad = |what: String| PluginError::new(format!("classArgs of {NAME}: tpe_args.{what}"));
@@ -259,6 +307,7 @@ impl Settings {
                     return Err(bad(format!("gamma must be a number > 0, got {gamma}")));
                 }
                 settings.split = Split::Sqrt(gamma);
+                settings.front_split = Split::Sqrt(gamma);
             }
             (None, Some(fraction)) => {
                 if !(fraction > 0.0 && fraction <= 1.0) {
@@ -267,19 +316,30 @@ impl Settings {
                     )));
                 }
                 settings.split = Split::Linear(fraction);
+                settings.front_split = Split::Linear(fraction);
             }
             (None, None) => {}
         }
         if let Some(multivariate) = args.multivariate {
             settings.multivariate = multivariate;
+            settings.front_multivariate = multivariate;
         }
-        if let Some(good_weights) = args.good_weights {
-            if !settings.multivariate {
-                return Err(bad(
-                    "good_weights applies to the multivariate model only; set multivariate: true or leave it out".into(),
-                ));
+        match args.good_weights {
+            None => {}
+            Some(GoodWeightsArg::Equal) => settings.front_weights = FrontWeights::Equal,
+            Some(GoodWeightsArg::Hypervolume) => settings.front_weights = FrontWeights::Hypervolume,
+            Some(arg @ (GoodWeightsArg::Age | GoodWeightsArg::Rank)) => {
+                if !settings.multivariate {
+                    return Err(bad(
+                        "good_weights age and rank apply to the multivariate model only; set multivariate: true or leave it out".into(),
+                    ));
+                }
+                settings.good_weights = if arg == GoodWeightsArg::Age {
+                    GoodWeights::Age
+                } else {
+                    GoodWeights::Rank
+                };
             }
-            settings.good_weights = good_weights;
         }
         Ok(settings)
     }
@@ -317,26 +377,53 @@ impl TpeTuner {
         rng: &mut knob_plugin_api::space::SeededRng,
     ) -> Result<Vec<Vec<f64>>, PluginError> {
         let multi_objective = self.finished.iter().any(|o| o.outcome.is_some());
-        if multi_objective && !self.settings.multivariate {
+        if multi_objective && self.settings.variant_nni {
             return Err(PluginError::new(format!(
-                "{NAME}: variant nni (or multivariate: false) models one objective, and this experiment lists objectives; leave out variant and multivariate for multi-objective TPE"
+                "{NAME}: variant nni models one objective, and this experiment lists objectives; leave out variant for multi-objective TPE"
             )));
         }
         let history = self.running.with_finished(&self.finished, self.lie());
-        if !self.settings.multivariate {
+        if !self.settings.multivariate && !multi_objective {
             return Ok(vec![nni::suggest(model, &self.settings, rng, &history)]);
         }
         if self.finished.len() < self.settings.n_startup_jobs {
             // Unseen's random draws from the space are the start-up trials.
             return Ok(Vec::new());
         }
-        let n_below = self.settings.n_below(history.len()).min(history.len());
-        let (below, below_weights, above) = if multi_objective {
+        // Several objectives, rather than one with constraints.
+        let front = multi_objective
+            && self
+                .finished
+                .iter()
+                .filter_map(|o| o.outcome.as_ref())
+                .any(|o| o.losses.len() > 1);
+        let (below, below_weights, above) = if front {
+            // Optuna counts finished trials only; running ones are bad under the liar.
+            let n_below = self.settings.n_below_front(self.finished.len());
+            self.split_by_outcomes(&history, n_below.min(self.finished.len()))
+        } else if multi_objective {
+            let n_below = self.settings.n_below(history.len()).min(history.len());
             self.split_by_outcomes(&history, n_below)
         } else {
+            let n_below = self.settings.n_below(history.len()).min(history.len());
             self.split_by_loss(&history, n_below)
         };
         let weights = |n| nni::linear_forgetting_weights(self.settings.linear_forgetting, n);
+        let independent = if front {
+            !self.settings.front_multivariate
+        } else {
+            !self.settings.multivariate
+        };
+        if independent {
+            let above_weights = weights(above.len());
+            return Ok(vec![joint::suggest_independent(
+                model,
+                &self.settings,
+                rng,
+                (&below, &below_weights),
+                (&above, &above_weights),
+            )]);
+        }
         let good = joint::Mixture::fit(model, &self.settings, &below, &below_weights);
         let bad = joint::Mixture::fit(model, &self.settings, &above, &weights(above.len()));
         let samples = good.sample(model, rng, self.settings.n_ei_candidates);
@@ -420,7 +507,10 @@ impl TpeTuner {
             .find(|o| o.is_complete())
             .is_some_and(|o| o.losses.len() == 1);
         let below_weights = if !one_objective {
-            multi::below_weights(&outcomes, &below_ids)
+            match self.settings.front_weights {
+                FrontWeights::Equal => vec![1.0; below_ids.len()],
+                FrontWeights::Hypervolume => multi::below_weights(&outcomes, &below_ids),
+            }
         } else {
             // One objective with constraints: the single-objective weights over the
             // constrained order.

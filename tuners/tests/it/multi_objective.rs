@@ -30,14 +30,6 @@ fn zdt1(p: &Value) -> Vec<f64> {
     vec![f1, g * (1.0 - (f1 / g).sqrt())]
 }
 
-fn outcome(losses: Vec<f64>, violations: Vec<f64>) -> Outcome {
-    Outcome {
-        values: losses.iter().chain(&violations).copied().collect(),
-        losses,
-        violations,
-    }
-}
-
 /// Runs `trials` trials in batches of `batch` (results of a batch reported after it was all
 /// handed out, as with parallel trials) and returns every (losses, violations).
 fn run(
@@ -55,7 +47,7 @@ fn run(
         for (i, params) in asked {
             let (losses, violations) = problem(&params);
             tuner
-                .receive_trial_outcome(i, &params, &outcome(losses.clone(), violations.clone()))
+                .receive_trial_outcome(i, &params, &Outcome::minimised(&losses, &violations))
                 .unwrap();
             all.push((losses, violations));
             id += 1;
@@ -142,15 +134,30 @@ fn nsga2_honours_constraints() {
 }
 
 /// Multi-objective TPE at a small budget (100 trials, 4 at a time, so the liar is exercised):
-/// it must beat random search on ZDT1 for most seeds and on average.
+/// it must beat random search on ZDT1 for most seeds and on average. The default model is
+/// Optuna 5's (each parameter on its own, good trials weighed alike).
 #[test]
 fn tpe_beats_random_search_on_zdt1_over_seeds() {
+    tpe_beats_random_search_on_zdt1_with("");
+}
+
+/// The same with Optuna 4's model: whole points (multivariate), good trials weighed by their
+/// hypervolume contribution.
+#[test]
+fn multivariate_tpe_weighed_by_hypervolume_beats_random_search_on_zdt1() {
+    tpe_beats_random_search_on_zdt1_with(
+        r#", "tpe_args": {"multivariate": true, "good_weights": "hypervolume"}"#,
+    );
+}
+
+fn tpe_beats_random_search_on_zdt1_with(args: &str) {
     let space = space();
     let mut wins = 0;
     let (mut tpe_total, mut random_total) = (0.0, 0.0);
     for seed in 0..5 {
         let seeded = format!(r#"{{"seed": {seed}}}"#);
-        let tpe = zdt1_hypervolume(&mut tuner::<TpeTuner>(&seeded, &space), 100);
+        let with_args = format!(r#"{{"seed": {seed}{args}}}"#);
+        let tpe = zdt1_hypervolume(&mut tuner::<TpeTuner>(&with_args, &space), 100);
         let random = zdt1_hypervolume(&mut tuner::<RandomTuner>(&seeded, &space), 100);
         tpe_total += tpe;
         random_total += random;
@@ -181,21 +188,25 @@ fn tpe_honours_constraints() {
             .collect()
     };
     let mut wins = 0;
+    let (mut late_tpe, mut late_random) = (Vec::new(), Vec::new());
     for seed in 0..3 {
         let seeded = format!(r#"{{"seed": {seed}}}"#);
         let tpe = run(&mut tuner::<TpeTuner>(&seeded, &space), 100, 4, problem);
         let random = run(&mut tuner::<RandomTuner>(&seeded, &space), 100, 4, problem);
-        // Random search keeps about 70% feasible; TPE's good density sits on feasible points.
-        let late_feasible = feasible(&tpe[50..]).len();
-        assert!(
-            late_feasible >= 40,
-            "seed {seed}: {late_feasible} of the last 50 feasible"
-        );
+        late_tpe.push(feasible(&tpe[50..]).len());
+        late_random.push(feasible(&random[50..]).len());
         let reference = [1.1, 11.0];
         if hypervolume(&feasible(&tpe), &reference) > hypervolume(&feasible(&random), &reference) {
             wins += 1;
         }
     }
+    eprintln!("feasible of the last 50 trials: TPE {late_tpe:?}, random {late_random:?}");
+    // Random search keeps about 70% feasible (35 of 50); TPE's good density sits on feasible
+    // points, so over the three seeds at least 80% of its late trials are.
+    assert!(
+        late_tpe.iter().sum::<usize>() >= 120,
+        "feasible of the last 50 trials: TPE {late_tpe:?}, random {late_random:?}"
+    );
     assert!(
         wins >= 2,
         "TPE beat random search on feasible hypervolume for {wins} of 3 seeds"
@@ -209,12 +220,11 @@ fn tpe_variant_nni_refuses_objectives() {
     let space = space();
     let mut tpe = tuner::<TpeTuner>(r#"{"seed": 1, "variant": "nni"}"#, &space);
     let params = ask(&mut tpe, 0).expect("a point");
-    tpe.receive_trial_outcome(0, &params, &outcome(zdt1(&params), vec![]))
+    tpe.receive_trial_outcome(0, &params, &Outcome::minimised(&zdt1(&params), &[]))
         .unwrap();
     let err = tpe.generate_parameters(1).unwrap_err();
     assert!(
-        err.message()
-            .contains("variant nni (or multivariate: false) models one objective"),
+        err.message().contains("variant nni models one objective"),
         "{}",
         err.message()
     );

@@ -69,11 +69,11 @@ fn unknown_and_invalid_class_args_are_clear_errors() {
         .assert_eq(&class_args_error::<TpeTuner>(
             r#"{"tpe_args": {"gamma": 0.2, "good_fraction": 0.1}}"#,
         ));
-    expect!["classArgs of TPE: tpe_args.good_weights applies to the multivariate model only; set multivariate: true or leave it out"]
+    expect!["classArgs of TPE: tpe_args.good_weights age and rank apply to the multivariate model only; set multivariate: true or leave it out"]
         .assert_eq(&class_args_error::<TpeTuner>(
             r#"{"variant": "nni", "tpe_args": {"good_weights": "rank"}}"#,
         ));
-    expect![[r#"classArgs of TPE: unknown variant `best`, expected `age` or `rank`"#]].assert_eq(
+    expect![[r#"classArgs of TPE: unknown variant `best`, expected one of `age`, `rank`, `equal`, `hypervolume`"#]].assert_eq(
         &class_args_error::<TpeTuner>(r#"{"tpe_args": {"good_weights": "best"}}"#),
     );
     expect!["classArgs of TPE: tpe_args.n_ei_candidates must be at least 1, got 0"].assert_eq(
