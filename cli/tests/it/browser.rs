@@ -534,7 +534,9 @@ async fn the_dashboard_follows_the_experiment_live_and_kills_and_adds_trials() {
     )
     .await;
     let took = killed.elapsed();
-    assert!(took < Duration::from_secs(6), "took {took:?}: {gone}");
+    // The page notices within its reconnect attempts (a few seconds); the bound is loose
+    // because a loaded CI machine stretches them, and only tells "noticed" from "never".
+    assert!(took < Duration::from_secs(20), "took {took:?}: {gone}");
     let text = gone["text"].as_str().unwrap();
     assert!(text.contains("server of this page is gone"), "{text}");
     assert!(
@@ -1132,7 +1134,8 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
     )
     .await;
     let took = killed.elapsed();
-    assert!(took < Duration::from_secs(6), "took {took:?}");
+    // Loose for the same reason as the experiment page's server-gone check.
+    assert!(took < Duration::from_secs(20), "took {took:?}");
     let gone = gone.as_str().unwrap();
     assert!(
         gone.contains("Last known state of experiment sixty: DONE"),
