@@ -73,6 +73,16 @@ pub struct AbiSuggestion {
     pub parameters: RString,
 }
 
+/// A tuner built with a waker (ABI 1.4), and whether it will use it.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct AbiWakingTuner {
+    pub tuner: TunerBox,
+    /// Whether the tuner may answer a deferred id later on its own (and wake the host): the
+    /// host then waits for it even when no trial runs.
+    pub wakes: bool,
+}
+
 /// An assessor's answer for one trial.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
@@ -214,6 +224,24 @@ pub struct PluginModule {
     /// such a tuner keeps receiving a scalar.
     #[sabi(missing_field(option))]
     pub tuner_takes_objectives: extern "C" fn(RStr<'_>) -> bool,
+    /// Constructs a tuner with a waker (ABI 1.4): (name, class args JSON, sink). The tuner
+    /// emits on the sink, from any thread, when it has parameters ready that nobody asked for
+    /// at that moment (a late answer to a deferred id); the host then calls `take_suggestions`.
+    /// `wakes` in the answer says whether the tuner will ever do so.
+    #[sabi(missing_field(option))]
+    pub new_tuner_with_waker:
+        extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<AbiWakingTuner>,
+    /// Constructs an assessor with its context and a waker (ABI 1.4): (name, class args JSON,
+    /// `AssessorContext` JSON, sink). The assessor emits on the sink when it has decided about
+    /// a trial outside a call (a late kill); the host then asks it again about every running
+    /// trial.
+    #[sabi(missing_field(option))]
+    pub new_assessor_with_waker: extern "C" fn(
+        RStr<'_>,
+        RStr<'_>,
+        RStr<'_>,
+        EventSinkBox,
+    ) -> AbiResult<AssessorInContextBox>,
     // ---- appended-fields: end ----
 }
 
@@ -319,10 +347,50 @@ pub mod earlier_layouts {
         }
     }
 
+    /// ABI 1.3: `tuner_takes_objectives` appended (before the waker constructors).
+    #[allow(dead_code)]
+    pub mod abi_1_3 {
+        use super::*;
+
+        #[repr(C)]
+        #[derive(StableAbi)]
+        #[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
+        #[sabi(missing_field(panic))]
+        pub struct PluginModule {
+            pub components: extern "C" fn() -> RVec<AbiComponentInfo>,
+            pub set_host_logger: extern "C" fn(HostLoggerBox),
+            pub new_tuner: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<TunerBox>,
+            pub new_assessor: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<AssessorBox>,
+            #[sabi(last_prefix_field)]
+            pub new_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub check_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub create_training_service: extern "C" fn(
+                RStr<'_>,
+                RStr<'_>,
+                RStr<'_>,
+                EventSinkBox,
+            )
+                -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub clean_up_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub new_assessor_in_context:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<AssessorInContextBox>,
+            #[sabi(missing_field(option))]
+            pub tuner_takes_objectives: extern "C" fn(RStr<'_>) -> bool,
+        }
+    }
+
     /// Newest first: the layouts a library may have been built with, besides the current one,
     /// each with the ABI version that had it.
-    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 3] {
+    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 4] {
         [
+            ("1.3.0", <abi_1_3::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.2.0", <abi_1_2::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.1.0", <abi_1_1::PluginModuleRef as StableAbi>::LAYOUT),
             (
@@ -347,7 +415,7 @@ impl RootModule for PluginModuleRef {
 /// The ABI version as a literal, for `concat!`.
 macro_rules! abi_version {
     () => {
-        "1.3.0"
+        "1.4.0"
     };
 }
 
@@ -359,7 +427,9 @@ macro_rules! abi_version {
 /// - 1.1.0: `check_training_service`, `create_training_service`, `clean_up_training_service`;
 /// - 1.2.0: `new_assessor_in_context` ([`AssessorInContextAbi`]: the experiment's optimize_mode
 ///   and the trials' final results reach assessors);
-/// - 1.3.0: `tuner_takes_objectives` (vector objectives, issue 15).
+/// - 1.3.0: `tuner_takes_objectives` (vector objectives, issue 15);
+/// - 1.4.0: `new_tuner_with_waker`, `new_assessor_with_waker` (a tuner's late suggestions and an
+///   assessor's late kills wake the host at once, issue 14).
 ///
 /// Plugins built before ABI versions existed export only [`API_VERSION_SYMBOL`] (0.1.x); the
 /// host takes them as ABI 1.0.0 or 1.1.0, whichever layout their root module has.

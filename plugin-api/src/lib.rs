@@ -27,7 +27,7 @@ pub use objectives::Outcome;
 pub use sdk::{
     accept_as_written, log, parse_class_args, status, Assessor, AssessorContext, EventSink,
     Generated, ImportedTrial, OptimizeMode, PluginError, Suggestion, TrainingService, Tuner,
-    Verdict,
+    Verdict, Waker,
 };
 
 #[doc(hidden)]

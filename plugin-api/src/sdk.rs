@@ -279,9 +279,36 @@ pub trait Tuner: Send + 'static {
         Ok(())
     }
     /// Parameters produced since the last call for ids answered with [`Generated::Deferred`].
-    /// The host calls this after each `receive_trial_result` and `trial_end`.
+    /// The host calls this after each `receive_trial_result` and `trial_end`, and whenever the
+    /// tuner wakes it (see [`Tuner::set_waker`]).
     fn take_suggestions(&mut self) -> Vec<Suggestion> {
         Vec::new()
+    }
+    /// A [`Waker`], right after `new`, from hosts of plugin ABI 1.4 and later. A tuner whose
+    /// deferred ids may be answered outside any call (by another process, a thread, a timer)
+    /// keeps it, calls [`Waker::wake`] once such parameters are ready, and returns true: the
+    /// host then calls [`Tuner::take_suggestions`] at once, and keeps waiting for it while ids
+    /// are deferred even when no trial runs. The default drops it and returns false (the host
+    /// ends an experiment whose tuner defers with nothing running, as it always did).
+    fn set_waker(&mut self, _waker: Waker) -> bool {
+        false
+    }
+}
+
+/// Wakes the host from any thread of a plugin (plugin ABI 1.4): see [`Tuner::set_waker`] and
+/// [`Assessor::set_waker`]. Cheap to clone; waking costs one message to the host's loop.
+#[derive(Clone)]
+pub struct Waker(Arc<EventSinkBox>);
+
+impl Waker {
+    pub fn wake(&self) {
+        self.0.emit(RStr::from_str("{}"));
+    }
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
     }
 }
 
@@ -372,6 +399,12 @@ pub trait Assessor: Send + 'static {
     fn trial_end(&mut self, _trial_id: &str, _status: &str) -> Result<(), PluginError> {
         Ok(())
     }
+    /// A [`Waker`], right after `set_context`, from hosts of plugin ABI 1.4 and later. An
+    /// assessor that decides about a trial outside its calls (a verdict computed elsewhere)
+    /// calls [`Waker::wake`] then: the host asks it again at once about every running trial
+    /// that has intermediate results ([`Assessor::assess_trial`] with the history it already
+    /// had), so the trial stops without waiting for its next result. The default drops it.
+    fn set_waker(&mut self, _waker: Waker) {}
 }
 
 /// Where a training service reports what happens; cheap to clone, usable from any thread.
@@ -858,10 +891,12 @@ pub mod __private {
     pub type AssessorInContextCtor =
         fn(&str, &Value, &AssessorContext) -> Result<AssessorInContextBox, PluginError>;
 
-    /// An assessor's constructors: without a context (hosts before ABI 1.2) and with one.
+    /// An assessor's constructors: without a context (hosts before ABI 1.2), with one, and
+    /// with one and a waker (ABI 1.4).
     pub struct AssessorFns {
         pub plain: AssessorCtor,
         pub in_context: AssessorInContextCtor,
+        pub waking: AssessorWakingCtor,
     }
     pub type ServiceCtor =
         fn(&str, &Value, &ServiceContext, EventSink) -> Result<TrainingServiceBox, PluginError>;
@@ -877,9 +912,15 @@ pub mod __private {
         pub clean_up: ServiceCleanUp,
     }
 
-    /// A tuner's constructor and whether it takes vector objectives.
+    /// Builds a tuner and gives it a waker; says whether the tuner keeps it.
+    pub type TunerWakingCtor = fn(&str, &Value, Waker) -> Result<(TunerBox, bool), PluginError>;
+    pub type AssessorWakingCtor =
+        fn(&str, &Value, &AssessorContext, Waker) -> Result<AssessorInContextBox, PluginError>;
+
+    /// A tuner's constructors (without and with a waker) and whether it takes vector objectives.
     pub struct TunerFns {
         pub create: TunerCtor,
+        pub create_waking: TunerWakingCtor,
         pub takes_objectives: fn() -> bool,
     }
 
@@ -914,6 +955,38 @@ pub mod __private {
             poisoned: false,
         };
         Ok(TunerAbi_TO::from_value(adaptor, TD_Opaque))
+    }
+
+    pub fn tuner_waking_ctor<T: Tuner>(
+        name: &str,
+        class_args: &Value,
+        waker: Waker,
+    ) -> Result<(TunerBox, bool), PluginError> {
+        let mut inner = T::new(class_args)?;
+        let wakes = inner.set_waker(waker);
+        let adaptor = TunerAdaptor {
+            inner,
+            label: format!("tuner {name}"),
+            poisoned: false,
+        };
+        Ok((TunerAbi_TO::from_value(adaptor, TD_Opaque), wakes))
+    }
+
+    pub fn assessor_waking_ctor<A: Assessor>(
+        name: &str,
+        class_args: &Value,
+        context: &AssessorContext,
+        waker: Waker,
+    ) -> Result<AssessorInContextBox, PluginError> {
+        let mut inner = A::new(class_args)?;
+        inner.set_context(context)?;
+        inner.set_waker(waker);
+        let adaptor = AssessorAdaptor {
+            inner,
+            label: format!("assessor {name}"),
+            poisoned: false,
+        };
+        Ok(AssessorInContextAbi_TO::from_value(adaptor, TD_Opaque))
     }
 
     pub fn assessor_ctor<A: Assessor>(
@@ -1067,6 +1140,55 @@ pub mod __private {
         )
     }
 
+    // ---- appended-fields: begin ----
+    pub fn new_tuner_with_waker(
+        entries: &[Entry],
+        name: RStr<'_>,
+        args: RStr<'_>,
+        events: EventSinkBox,
+    ) -> AbiResult<crate::abi::AbiWakingTuner> {
+        let waker = Waker(Arc::new(events));
+        construct(entries, ComponentKind::Tuner, name, args, |e, a| {
+            match &e.ctor {
+                Ctor::Tuner(fns) => Some(
+                    (fns.create_waking)(e.name, a, waker)
+                        .map(|(tuner, wakes)| crate::abi::AbiWakingTuner { tuner, wakes }),
+                ),
+                _ => None,
+            }
+        })
+    }
+
+    pub fn new_assessor_with_waker(
+        entries: &[Entry],
+        name: RStr<'_>,
+        args: RStr<'_>,
+        context: RStr<'_>,
+        events: EventSinkBox,
+    ) -> AbiResult<AssessorInContextBox> {
+        let waker = Waker(Arc::new(events));
+        construct(
+            entries,
+            ComponentKind::Assessor,
+            name,
+            args,
+            |e, a| match &e.ctor {
+                Ctor::Assessor(fns) => Some(
+                    serde_json::from_str::<AssessorContext>(context.as_str())
+                        .map_err(|err| {
+                            PluginError::new(format!(
+                                "assessor {}: invalid context from host: {err}",
+                                e.name
+                            ))
+                        })
+                        .and_then(|c| (fns.waking)(e.name, a, &c, waker)),
+                ),
+                _ => None,
+            },
+        )
+    }
+    // ---- appended-fields: end ----
+
     /// The old constructor: config only, an empty context (what hosts before contexts called).
     pub fn new_training_service(
         entries: &[Entry],
@@ -1204,8 +1326,8 @@ pub mod __private {
     }
 
     pub use crate::abi::{
-        AbiComponentInfo, AbiResult, AssessorBox, AssessorInContextBox, EventSinkBox,
-        HostLoggerBox, PluginModule, TrainingServiceBox, TunerBox,
+        AbiComponentInfo, AbiResult, AbiWakingTuner, AssessorBox, AssessorInContextBox,
+        EventSinkBox, HostLoggerBox, PluginModule, TrainingServiceBox, TunerBox,
     };
     pub use abi_stable::prefix_type::PrefixTypeTrait;
     pub use abi_stable::std_types::{RStr, RString, RVec};
@@ -1305,6 +1427,21 @@ macro_rules! export_plugin {
             extern "C" fn tuner_takes_objectives(name: p::RStr<'_>) -> bool {
                 p::tuner_takes_objectives(__KNOB_PLUGIN_ENTRIES, name)
             }
+            extern "C" fn new_tuner_with_waker(
+                name: p::RStr<'_>,
+                args: p::RStr<'_>,
+                events: p::EventSinkBox,
+            ) -> p::AbiResult<p::AbiWakingTuner> {
+                p::new_tuner_with_waker(__KNOB_PLUGIN_ENTRIES, name, args, events)
+            }
+            extern "C" fn new_assessor_with_waker(
+                name: p::RStr<'_>,
+                args: p::RStr<'_>,
+                context: p::RStr<'_>,
+                events: p::EventSinkBox,
+            ) -> p::AbiResult<p::AssessorInContextBox> {
+                p::new_assessor_with_waker(__KNOB_PLUGIN_ENTRIES, name, args, context, events)
+            }
             // ---- appended-fields: end ----
             fn root_module() -> p::PluginModuleRef {
                 <p::PluginModule as p::PrefixTypeTrait>::leak_into_prefix(p::PluginModule {
@@ -1319,6 +1456,8 @@ macro_rules! export_plugin {
                     clean_up_training_service,
                     new_assessor_in_context,
                     tuner_takes_objectives,
+                    new_tuner_with_waker,
+                    new_assessor_with_waker,
                     // ---- appended-fields: end ----
                 })
             }
@@ -1338,6 +1477,7 @@ macro_rules! __knob_ctor {
     (tuner, $ty:ty) => {
         $crate::__private::Ctor::Tuner($crate::__private::TunerFns {
             create: $crate::__private::tuner_ctor::<$ty>,
+            create_waking: $crate::__private::tuner_waking_ctor::<$ty>,
             takes_objectives: <$ty as $crate::Tuner>::takes_objectives,
         })
     };
@@ -1345,6 +1485,7 @@ macro_rules! __knob_ctor {
         $crate::__private::Ctor::Assessor($crate::__private::AssessorFns {
             plain: $crate::__private::assessor_ctor::<$ty>,
             in_context: $crate::__private::assessor_in_context_ctor::<$ty>,
+            waking: $crate::__private::assessor_waking_ctor::<$ty>,
         })
     };
     (training_service, $ty:ty) => {

@@ -26,10 +26,12 @@ pub fn tuner<T: Tuner>(name: &str, tuner: T) -> TunerHandle {
         raw: crate::sdk::in_process_tuner(tuner, name),
         label: format!("tuner {name}"),
         takes_objectives: T::takes_objectives(),
+        wakes: false,
     };
     TunerHandle(
         PluginThread::inline(object.label.clone(), object),
         T::takes_objectives(),
+        false,
     )
 }
 

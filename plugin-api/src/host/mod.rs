@@ -797,17 +797,14 @@ impl PluginRegistry {
             raw,
             label: format!("tuner {exact}"),
             takes_objectives,
+            wakes: false,
         })
     }
 
     /// Builds a tuner running on its own thread.
     pub fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError> {
         let object = self.tuner_object(name, class_args)?;
-        let takes_objectives = object.takes_objectives;
-        Ok(TunerHandle(
-            PluginThread::spawn(object.label.clone(), object),
-            takes_objectives,
-        ))
+        Ok(tuner_handle(object))
     }
 
     /// Builds an assessor, on the current thread, with the experiment's context. A library
@@ -874,6 +871,88 @@ impl PluginRegistry {
 
     // ---- appended-fields: begin ----
     // (The host's use of the appended root-module fields; the loader tests strip it with them.)
+    /// Builds a tuner on the current thread with a waker (ABI 1.4): `on_wake` runs, on one of
+    /// the plugin's threads, whenever the tuner has parameters ready outside a call; keep it
+    /// short (send into a channel), then call [`TunerObject::take_suggestions`]. A library
+    /// built before wakers builds it without one ([`TunerObject::wakes`] is then false).
+    pub fn tuner_object_waking(
+        &self,
+        name: &str,
+        class_args: &Value,
+        on_wake: WakeCallback,
+    ) -> Result<TunerObject, HostError> {
+        let (library, exact) = self.find(ComponentKind::Tuner, name)?;
+        let Some(new) = library.module.new_tuner_with_waker() else {
+            return self.tuner_object(name, class_args);
+        };
+        let args = class_args.to_string();
+        let sink = EventSinkAbi_TO::from_value(WakeForwarder(on_wake), TD_Opaque);
+        let built = constructed(
+            ComponentKind::Tuner,
+            &exact,
+            new(RStr::from_str(&exact), RStr::from_str(&args), sink),
+        )?;
+        let takes_objectives = library
+            .module
+            .tuner_takes_objectives()
+            .is_some_and(|takes| takes(RStr::from_str(&exact)));
+        Ok(TunerObject {
+            raw: built.tuner,
+            label: format!("tuner {exact}"),
+            takes_objectives,
+            wakes: built.wakes,
+        })
+    }
+
+    /// [`PluginRegistry::tuner_object_waking`], running on its own thread.
+    pub fn tuner_waking(
+        &self,
+        name: &str,
+        class_args: &Value,
+        on_wake: WakeCallback,
+    ) -> Result<TunerHandle, HostError> {
+        Ok(tuner_handle(
+            self.tuner_object_waking(name, class_args, on_wake)?,
+        ))
+    }
+
+    /// Builds an assessor on its own thread with its context and a waker (ABI 1.4): `on_wake`
+    /// runs when the assessor has decided about a trial outside a call; the host then asks it
+    /// again about its running trials. A library built before wakers builds it as
+    /// [`PluginRegistry::assessor`] does.
+    pub fn assessor_waking(
+        &self,
+        name: &str,
+        class_args: &Value,
+        context: &crate::AssessorContext,
+        on_wake: WakeCallback,
+    ) -> Result<AssessorHandle, HostError> {
+        let (library, exact) = self.find(ComponentKind::Assessor, name)?;
+        let Some(new) = library.module.new_assessor_with_waker() else {
+            return self.assessor(name, class_args, context);
+        };
+        let args = class_args.to_string();
+        let sink = EventSinkAbi_TO::from_value(WakeForwarder(on_wake), TD_Opaque);
+        let raw = constructed(
+            ComponentKind::Assessor,
+            &exact,
+            new(
+                RStr::from_str(&exact),
+                RStr::from_str(&args),
+                RStr::from_str(&json_text(context)),
+                sink,
+            ),
+        )?;
+        let object = AssessorObject {
+            raw: objects::AssessorRaw::InContext(raw),
+            label: format!("assessor {exact}"),
+        };
+        Ok(AssessorHandle(PluginThread::spawn(
+            object.label.clone(),
+            object,
+        )))
+    }
+
     /// Builds a training service on its own thread from its checked config (secrets in clear)
     /// and the experiment's context. Its events are handed to `on_event`, from whichever thread
     /// the service reports on; keep it short (e.g. send into a channel). A library built before
@@ -1000,6 +1079,30 @@ fn constructed<T>(
 }
 
 type EventCallback = Box<dyn Fn(Result<ServiceEvent, String>) + Send + Sync>;
+
+/// What the host runs when a tuner or assessor wakes it (see [`PluginRegistry::tuner_waking`]).
+pub type WakeCallback = Box<dyn Fn() + Send + Sync>;
+
+fn tuner_handle(object: TunerObject) -> TunerHandle {
+    let (takes_objectives, wakes) = (object.takes_objectives, object.wakes);
+    TunerHandle(
+        PluginThread::spawn(object.label.clone(), object),
+        takes_objectives,
+        wakes,
+    )
+}
+
+// ---- appended-fields: begin ----
+/// A waker's sink: what a plugin emits on it only means "call me".
+struct WakeForwarder(WakeCallback);
+
+impl EventSinkAbi for WakeForwarder {
+    fn emit(&self, _event_json: RStr<'_>) {
+        // The callback is host code; a panic in it must not unwind into the plugin.
+        let _ = catch_unwind(AssertUnwindSafe(|| (self.0)()));
+    }
+}
+// ---- appended-fields: end ----
 
 struct EventForwarder(EventCallback);
 

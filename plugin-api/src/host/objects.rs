@@ -43,6 +43,9 @@ pub struct TunerObject {
     /// Whether its library says it takes vector objectives (`Tuner::takes_objectives`); a
     /// library built before objectives does not.
     pub(super) takes_objectives: bool,
+    /// Whether it was given a waker and keeps it (`Tuner::set_waker`, ABI 1.4): it may answer
+    /// deferred ids outside any call.
+    pub(super) wakes: bool,
 }
 
 impl TunerObject {
@@ -53,6 +56,12 @@ impl TunerObject {
     /// Whether the tuner takes vector objectives ([`crate::Tuner::takes_objectives`]).
     pub fn takes_objectives(&self) -> bool {
         self.takes_objectives
+    }
+
+    /// Whether the tuner may answer deferred ids on its own and wake the host
+    /// ([`crate::Tuner::set_waker`]).
+    pub fn wakes(&self) -> bool {
+        self.wakes
     }
 
     /// Hands over the final result of a trial in an experiment with `objectives`: the whole
@@ -193,7 +202,8 @@ impl TunerObject {
         )
     }
 
-    fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, HostError> {
+    /// What the tuner produced unprompted since the last call (for ids it deferred).
+    pub fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, HostError> {
         let raw = called(&self.label, "take_suggestions", self.raw.take_suggestions())?;
         raw.into_iter()
             .map(|s| {
@@ -413,11 +423,25 @@ impl<R> Reply<R> {
 }
 
 /// A tuner running on its own thread.
-pub struct TunerHandle(pub(super) PluginThread<TunerObject>, pub(super) bool);
+pub struct TunerHandle(
+    pub(super) PluginThread<TunerObject>,
+    pub(super) bool,
+    /// Whether it may wake the host ([`TunerObject::wakes`]).
+    pub(super) bool,
+);
 
 impl TunerHandle {
     pub fn label(&self) -> &str {
         &self.0.label
+    }
+    /// Whether the tuner may answer deferred ids on its own and wake the host
+    /// ([`crate::Tuner::set_waker`]).
+    pub fn wakes(&self) -> bool {
+        self.2
+    }
+    /// What the tuner produced unprompted since the last call (after it woke the host).
+    pub fn take_suggestions(&self) -> Reply<Vec<Suggestion>> {
+        self.0.call(|t| t.take_suggestions())
     }
     /// Whether the tuner takes vector objectives ([`crate::Tuner::takes_objectives`]).
     pub fn takes_objectives(&self) -> bool {

@@ -322,6 +322,7 @@ fn lists_and_runs_every_kind_of_component() {
             "tuner Counting 0.0.0: counts parameter ids (test fixture)",
             "tuner Panicky 0.0.0: panics in generate_parameters (test fixture)",
             "tuner Objectives 0.0.0: takes vector objectives (test fixture)",
+            "tuner Waking 0.0.0: pays deferred ids from its own thread and wakes the host (test fixture)",
             "assessor Ceiling 0.0.0: stops trials above a limit (test fixture)",
             "training service Echo 0.0.0: pretends to run trials (test fixture)",
             "training service Checked 0.0.0: checks its config (test fixture)",
@@ -598,7 +599,7 @@ fn unknown_names_list_what_is_available() {
     assert_eq!(
         err,
         format!(
-            "unknown tuner TPE; available: Counting, Objectives, Panicky; looked in {}",
+            "unknown tuner TPE; available: Counting, Objectives, Panicky, Waking; looked in {}",
             library.display()
         )
     );
@@ -635,7 +636,7 @@ fn an_unknown_name_says_where_knob_looked_and_which_files_it_refused() {
         .unwrap()
         .to_string();
     let expected = format!(
-        "unknown tuner Halton; available: Counting, Objectives, Panicky; looked in {}, {} (no such folder); refused {}/libbroken.so (not a loadable shared library (",
+        "unknown tuner Halton; available: Counting, Objectives, Panicky, Waking; looked in {}, {} (no such folder); refused {}/libbroken.so (not a loadable shared library (",
         dir.path().display(),
         missing.display(),
         dir.path().display()
@@ -658,7 +659,7 @@ fn duplicate_names_are_an_error_naming_both_files() {
     std::fs::copy(&so, b.join("libsecond.so")).unwrap();
     let registry = PluginRegistry::load_from(&[a.clone(), b.clone()]);
     assert_eq!(registry.libraries().len(), 2);
-    assert_eq!(registry.problems().len(), 6, "{:?}", registry.problems());
+    assert_eq!(registry.problems().len(), 7, "{:?}", registry.problems());
     let err = registry
         .tuner("Counting", &json!({}))
         .err()
@@ -840,7 +841,7 @@ fn a_plugin_built_for_a_newer_minor_abi_loads() {
     let registry = registry_with(&[so]);
     assert_eq!(
         registry.names(ComponentKind::Tuner),
-        ["Counting", "Objectives", "Panicky"]
+        ["Counting", "Objectives", "Panicky", "Waking"]
     );
 }
 
@@ -1066,6 +1067,49 @@ fn a_plugin_built_before_the_appended_fields_loads_and_gets_the_old_behaviour() 
     assert!(
         matches!(objectives.generate_parameters(1).unwrap(), Generated::Parameters(p) if p == json!({"seen": [{"value": 0.9}]}))
     );
+    // Nor build a tuner with a waker: it is built without one, and says it will not wake.
+    let waking = registry
+        .tuner_object_waking("Waking", &json!({}), Box::new(|| {}))
+        .unwrap();
+    assert!(!waking.wakes());
+}
+
+/// A tuner given a waker (ABI 1.4) wakes the host from a thread of its own once it has
+/// parameters for a deferred id, and `take_suggestions` then has them; a tuner that keeps no
+/// waker says it will not wake.
+#[test]
+fn a_tuner_with_a_waker_wakes_the_host_when_it_pays_a_deferred_id() {
+    if in_own_process("loader::a_tuner_with_a_waker_wakes_the_host_when_it_pays_a_deferred_id") {
+        return;
+    }
+    let registry = registry_with(&[fixture(Variant::Same)]);
+    let (woke, wakes) = mpsc::channel();
+    let mut tuner = registry
+        .tuner_object_waking(
+            "Waking",
+            &json!({}),
+            Box::new(move || {
+                let _ = woke.send(());
+            }),
+        )
+        .unwrap();
+    assert!(tuner.wakes());
+    assert_eq!(tuner.generate_parameters(4).unwrap(), Generated::Deferred);
+    wakes
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the tuner woke the host");
+    assert_eq!(
+        tuner.take_suggestions().unwrap(),
+        [Suggestion {
+            parameter_id: 4,
+            parameters: json!({"late": 4}),
+            label: None
+        }]
+    );
+    let counting = registry
+        .tuner_object_waking("Counting", &json!({}), Box::new(|| {}))
+        .unwrap();
+    assert!(!counting.wakes());
 }
 
 fn outcome() -> knob_plugin_api::Outcome {
