@@ -30,6 +30,10 @@ pub struct DispatcherArgs {
     pub dispatcher_connect_timeout: Option<f64>,
     #[serde(default)]
     pub log_level: Option<String>,
+    /// `NNI_INCLUDE_INTERMEDIATE_RESULTS`. Never set by knob's core, as under nni 3.0 and
+    /// 2.10.1: their manager reads `config.deprecated.includeIntermediateResults`, which their
+    /// Python config refuses (`ExperimentConfig does not have field(s) deprecated`) and their
+    /// v1 converter drops, so their dispatcher always gets `false`.
     #[serde(default)]
     pub include_intermediate_results: bool,
 }

@@ -4,16 +4,18 @@
 //!
 //! Because "good" has no answer, a verdict cannot wait for one: `assess_trial` waits a short,
 //! bounded time for a `KI` of that trial and otherwise lets it go on; a `KI` that comes later
-//! stops the trial at its next intermediate result. The stop's reason names the assessor.
+//! wakes the host (ABI 1.4's waker), which asks again at once: the trial stops then, not at its
+//! next intermediate result (a host without wakers: at the next result). The stop's reason
+//! names the assessor.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use knob_plugin_api::{log, Assessor, PluginError, Verdict};
+use knob_plugin_api::{log, Assessor, PluginError, Verdict, Waker};
 use serde_json::{json, Value};
 
 use crate::args::{DispatcherArgs, Role};
-use crate::process::{parse_payload, python_number, Dispatcher, Python};
+use crate::process::{parse_payload, python_number, Dispatcher, Python, WakeOn};
 
 /// How long a verdict waits for the dispatcher's `KI`. NNI's assessors decide in microseconds
 /// (Medianstop, Curvefitting's fit of a few points in milliseconds); a slower one's kill lands
@@ -37,6 +39,9 @@ pub struct DispatcherAssessor {
     sent: BTreeMap<String, usize>,
     /// Trials the dispatcher asked to kill.
     killed: BTreeSet<String>,
+    /// Woken by the reader on each `KI`: a late kill stops the trial at once (ABI 1.4 hosts),
+    /// not at its next intermediate result.
+    waker: Option<Waker>,
 }
 
 impl DispatcherAssessor {
@@ -51,7 +56,11 @@ impl DispatcherAssessor {
                         self.what
                     ))
                 })?;
-            let mut dispatcher = Dispatcher::start(launch)?;
+            let wake_on = self.waker.clone().map(|waker| WakeOn {
+                waker,
+                codes: &["KI"],
+            });
+            let mut dispatcher = Dispatcher::start(launch, wake_on)?;
             dispatcher.send("IN", "{}")?;
             let initialized = dispatcher.wait_for(INITIALIZE_WAIT, |pending| {
                 pending.iter().any(|(code, _)| code == "ID")
@@ -106,7 +115,12 @@ impl Assessor for DispatcherAssessor {
             dispatcher: None,
             sent: BTreeMap::new(),
             killed: BTreeSet::new(),
+            waker: None,
         })
+    }
+
+    fn set_waker(&mut self, waker: Waker) {
+        self.waker = Some(waker);
     }
 
     fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
@@ -124,12 +138,16 @@ impl Assessor for DispatcherAssessor {
             dispatcher.send("ME", &metric.to_string())?;
         }
         self.sent.insert(trial_id.to_owned(), history.len());
-        let quoted = serde_json::to_string(trial_id).unwrap_or_default();
-        dispatcher.wait_for(VERDICT_WAIT, |pending| {
-            pending
-                .iter()
-                .any(|(code, content)| code == "KI" && content.trim() == quoted)
-        })?;
+        // Asked again with nothing new (the host woke on a late `KI`): the answer is what has
+        // arrived, no wait.
+        if history.len() > from {
+            let quoted = serde_json::to_string(trial_id).unwrap_or_default();
+            dispatcher.wait_for(VERDICT_WAIT, |pending| {
+                pending
+                    .iter()
+                    .any(|(code, content)| code == "KI" && content.trim() == quoted)
+            })?;
+        }
         self.absorb()?;
         if self.killed.contains(trial_id) {
             return Ok(Verdict::stop(format!(

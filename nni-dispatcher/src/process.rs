@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use knob_plugin_api::metric;
-use knob_plugin_api::PluginError;
+use knob_plugin_api::{PluginError, Waker};
 use serde_json::{json, Value};
 
 use crate::websocket::{self, Message, Writer};
@@ -153,6 +153,14 @@ pub struct Launch {
     pub connect_timeout: Duration,
 }
 
+/// Whom to wake, and on which commands, when the dispatcher sends one outside a call (a late
+/// `TR` of an advisor or PBT, an assessor's `KI`): the host then asks at once.
+#[derive(Debug, Clone)]
+pub struct WakeOn {
+    pub waker: Waker,
+    pub codes: &'static [&'static str],
+}
+
 /// A command from the dispatcher, or the end of the connection.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Incoming {
@@ -176,7 +184,7 @@ const LOG_LINES: usize = 5;
 
 impl Dispatcher {
     /// Starts `python -m nni --exp_params ...` and waits (bounded) for it to connect.
-    pub fn start(launch: Launch) -> Result<Dispatcher, PluginError> {
+    pub fn start(launch: Launch, wake_on: Option<WakeOn>) -> Result<Dispatcher, PluginError> {
         let what = launch.what.clone();
         std::fs::create_dir_all(&launch.log_dir)
             .and_then(|()| std::fs::create_dir_all(&launch.checkpoint_dir))
@@ -299,7 +307,7 @@ impl Dispatcher {
         let reader_writer = writer.clone();
         std::thread::Builder::new()
             .name("nni-dispatcher-reader".into())
-            .spawn(move || read_loop(stream, &reader_writer, framing, &tx))
+            .spawn(move || read_loop(stream, &reader_writer, framing, &tx, wake_on))
             .map_err(|e| PluginError::new(format!("{what}: {e}")))?;
         Ok(Dispatcher {
             launch,
@@ -483,7 +491,13 @@ pub fn log_tail(log_dir: &Path) -> String {
     String::new()
 }
 
-fn read_loop(stream: TcpStream, writer: &Writer, framing: Framing, tx: &mpsc::Sender<Incoming>) {
+fn read_loop(
+    stream: TcpStream,
+    writer: &Writer,
+    framing: Framing,
+    tx: &mpsc::Sender<Incoming>,
+    wake_on: Option<WakeOn>,
+) {
     let mut reader = BufReader::new(stream);
     loop {
         let text = match websocket::read_message(&mut reader, writer) {
@@ -533,8 +547,19 @@ fn read_loop(stream: TcpStream, writer: &Writer, framing: Framing, tx: &mpsc::Se
                 }
             }
         };
+        let wake = match (&command, &wake_on) {
+            (Incoming::Command { code, .. }, Some(wake_on)) => wake_on
+                .codes
+                .contains(&code.as_str())
+                .then_some(&wake_on.waker),
+            _ => None,
+        };
         if tx.send(command).is_err() {
             return;
+        }
+        // After the send: the host's call that the wake causes finds the command there.
+        if let Some(waker) = wake {
+            waker.wake();
         }
     }
 }

@@ -10,16 +10,19 @@
 //! later (advisors and PBT keep a credit and send `TR` when a result frees one; a slow tuner
 //! may take longer than the wait): such ids are deferred, and every `TR` is given, in order, to
 //! the oldest id still owed one (`take_suggestions`). A `TR` after `NO` is accepted the same way.
+//! The reader thread wakes the host on every `TR` (ABI 1.4's waker), so a late one is taken at
+//! once, not at the host's next call; `set_waker` says so, and the host then waits for this
+//! tuner while it owes parameters even when no trial runs.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use knob_plugin_api::space::SearchSpace;
-use knob_plugin_api::{log, Generated, ImportedTrial, PluginError, Suggestion, Tuner};
+use knob_plugin_api::{log, Generated, ImportedTrial, PluginError, Suggestion, Tuner, Waker};
 use serde_json::{json, Value};
 
 use crate::args::{DispatcherArgs, Role};
-use crate::process::{parse_payload, python_number, Dispatcher, Python};
+use crate::process::{parse_payload, python_number, Dispatcher, Python, WakeOn};
 
 /// How long a `GE` may go unanswered before its id is deferred (a late `TR` still counts).
 const SUGGESTION_WAIT: Duration = Duration::from_secs(600);
@@ -48,6 +51,8 @@ pub struct DispatcherTuner {
     ready: Vec<Suggestion>,
     /// An earlier run's trials, sent once the dispatcher is up (resume).
     imported: Vec<ImportedTrial>,
+    /// Woken by the reader on each `TR`: a late one is taken at once (ABI 1.4 hosts).
+    waker: Option<Waker>,
 }
 
 impl DispatcherTuner {
@@ -59,7 +64,11 @@ impl DispatcherTuner {
                     self.what
                 ))
             })?;
-            let mut dispatcher = Dispatcher::start(launch)?;
+            let wake_on = self.waker.clone().map(|waker| WakeOn {
+                waker,
+                codes: &["TR"],
+            });
+            let mut dispatcher = Dispatcher::start(launch, wake_on)?;
             let space = self.space.clone().unwrap_or_else(|| json!({}));
             dispatcher.send("IN", &space.to_string())?;
             let initialized = dispatcher.wait_for(INITIALIZE_WAIT, |pending| {
@@ -212,7 +221,13 @@ impl Tuner for DispatcherTuner {
             owed: VecDeque::new(),
             ready: Vec::new(),
             imported: Vec::new(),
+            waker: None,
         })
+    }
+
+    fn set_waker(&mut self, waker: Waker) -> bool {
+        self.waker = Some(waker);
+        true
     }
 
     fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError> {

@@ -1,6 +1,8 @@
 //! NNI's own Python algorithms under knob, through NNI's real dispatcher (`python -m nni` of the
 //! nni 3.0 and 2.10.1 virtualenvs `.ci/nni-venvs.sh` makes): a user's tuner and assessor by
-//! `className` (`nni_dispatcher/`), a dispatcher that dies mid-run, and a Python without nni.
+//! `className` (`nni_dispatcher/`), a dispatcher that dies mid-run, a Python without nni, NNI's
+//! Metis and PBTTuner (checkpoints saved and loaded by a numpy trial), and late answers (a `TR`
+//! or a `KI` outside any call) that wake the manager at once.
 //! Gated like `nni.rs` by `KNOB_TEST_NNI3_PYTHON` / `KNOB_TEST_NNI2_PYTHON`.
 
 use std::path::{Path, PathBuf};
@@ -17,7 +19,14 @@ fn code_dir(root: &Path) -> PathBuf {
     let fixtures = repo_root().join("cli/tests/it/nni_dispatcher");
     let code = root.join("code");
     std::fs::create_dir_all(&code).unwrap();
-    for file in ["walk_tuner.py", "stop_assessor.py", "trial.py"] {
+    for file in [
+        "walk_tuner.py",
+        "stop_assessor.py",
+        "trial.py",
+        "pbt_trial.py",
+        "late_tuner.py",
+        "slow_assessor.py",
+    ] {
         std::fs::copy(fixtures.join(file), code.join(file)).unwrap();
     }
     code
@@ -32,9 +41,26 @@ fn write_config(
     trial_args: &str,
     algorithms: &str,
 ) -> PathBuf {
+    let trial = format!("trial.py {trial_args}");
+    write_config_with(code, python, X_SPACE, trials, &trial, algorithms)
+}
+
+/// The search space of `trial.py`.
+const X_SPACE: &str = "  x: {_type: uniform, _value: [0, 1]}";
+
+/// [`write_config`] with another search space (YAML lines under `searchSpace`) and trial
+/// (a script of `code/` and its arguments).
+fn write_config_with(
+    code: &Path,
+    python: &Path,
+    space: &str,
+    trials: u32,
+    trial: &str,
+    algorithms: &str,
+) -> PathBuf {
     let config = format!(
-        "searchSpace:\n  x: {{_type: uniform, _value: [0, 1]}}\n\
-         trialCommand: {python} trial.py {trial_args}\n\
+        "searchSpace:\n{space}\n\
+         trialCommand: {python} {trial}\n\
          trialCodeDirectory: .\n\
          trialConcurrency: 2\n\
          maxTrialNumber: {trials}\n\
@@ -412,4 +438,198 @@ fn nni_s_hyperband_advisor_gives_string_ids_and_budgets() {
                 .contains("TypeError: '<=' not supported between instances of 'str' and 'int'"),
         "{message}"
     );
+}
+
+/// NNI's Metis (scikit-learn's Gaussian process inside NNI) by name: its first trials are its
+/// cold start, the later ones come from its model; a few trials, since each of its answers
+/// fits the model again.
+#[test]
+fn nni_s_metis_runs_by_name() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let algorithms = format!(
+        "tuner:\n  name: Metis\n  pythonInterpreter: {}\n  classArgs: {{optimize_mode: maximize, cold_start_num: 2, selection_num_starting_points: 20}}",
+        python.display()
+    );
+    let config = write_config(&code, &python, 4, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "cmetis");
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "{context}");
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{context}");
+        let x = trial["parameters"]["x"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&x), "{context}");
+        assert_eq!(
+            trial["final"].as_f64(),
+            Some(-(x - 0.3) * (x - 0.3)),
+            "{context}"
+        );
+    }
+    // Past its cold start, Metis's model chose: dispatcher.log says so.
+    let log = std::fs::read_to_string(sandbox.path().join("experiments/cmetis/log/dispatcher.log"))
+        .unwrap_or_default();
+    assert!(
+        !log.contains("Traceback"),
+        "Metis failed inside NNI:\n{log}\n{context}"
+    );
+}
+
+/// NNI's PBTTuner by name on a numpy trial (`pbt_trial.py`) that loads `load_checkpoint_dir` and
+/// saves to `save_checkpoint_dir`: two generations of three (each numpy trial takes a minute on
+/// a loaded machine). The parameters reach the trials as PBT made them, and the trials' own
+/// files show that every trial of the second generation loaded exactly the weights a trial of
+/// the first had saved in that directory. PBT answers most
+/// requests late (its credit is paid when a generation's last result comes in), which the
+/// manager takes when the dispatcher's `TR` arrives.
+#[test]
+fn nni_s_pbt_tuner_hands_checkpoints_from_trial_to_trial() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let checkpoints = sandbox.path().join("checkpoints");
+    let algorithms = format!(
+        "tuner:\n  name: PBTTuner\n  pythonInterpreter: {}\n  classArgs: {{optimize_mode: maximize, all_checkpoint_dir: {}, population_size: 3}}",
+        python.display(),
+        checkpoints.display()
+    );
+    let config = write_config_with(
+        &code,
+        &python,
+        "  lr: {_type: uniform, _value: [0.05, 0.4]}",
+        6,
+        "pbt_trial.py",
+        &algorithms,
+    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("trialConcurrency: 2", "trialConcurrency: 3");
+    std::fs::write(&config, text).unwrap();
+    let (export, output) = create_and_export(sandbox.path(), &config, "cpbt");
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 6, "{context}");
+    let mut records = Vec::new();
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{context}");
+        let parameters = &trial["parameters"];
+        let save = parameters["save_checkpoint_dir"].as_str().unwrap();
+        let load = parameters["load_checkpoint_dir"].as_str().unwrap();
+        assert!(
+            Path::new(save).starts_with(&checkpoints) && Path::new(load).starts_with(&checkpoints),
+            "{context}"
+        );
+        // The trial's own record of what it loaded and saved.
+        let record: Value = serde_json::from_str(
+            &std::fs::read_to_string(Path::new(save).join("trial.json"))
+                .unwrap_or_else(|e| panic!("{save}/trial.json: {e}\n{context}")),
+        )
+        .unwrap();
+        assert_eq!(record["load_checkpoint_dir"], load, "{context}");
+        assert_eq!(record["save_checkpoint_dir"], save, "{context}");
+        records.push(record);
+    }
+    let loaded: Vec<&Value> = records.iter().filter(|r| r["loaded"] == true).collect();
+    assert_eq!(
+        loaded.len(),
+        3,
+        "every trial after the first generation loads a checkpoint\n{records:#?}\n{context}"
+    );
+    for record in loaded {
+        // What it loaded is what the trial that saved to that directory wrote there.
+        let saver = records
+            .iter()
+            .find(|r| r["save_checkpoint_dir"] == record["load_checkpoint_dir"])
+            .unwrap_or_else(|| {
+                panic!(
+                    "nobody saved to {}\n{records:#?}",
+                    record["load_checkpoint_dir"]
+                )
+            });
+        assert_eq!(saver["weights_out"], record["weights_in"], "{records:#?}");
+        assert_ne!(saver["save_checkpoint_dir"], record["save_checkpoint_dir"]);
+    }
+}
+
+/// A tuner that answers `GE` only later (NO first, then a `TR` from a timer, as NNI's advisors
+/// and PBT pay their credit): with nothing running and every id deferred, the manager waits,
+/// and the late `TR` wakes it at once. Before wakers, the experiment ended with no trial.
+#[test]
+fn a_late_answer_from_nni_s_dispatcher_wakes_the_manager() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("late-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: late_tuner.LateTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, delay: 2, seed: 3}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 3, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "clate");
+    let events = record(&record_file);
+    let context = format!("{export:#}\n{output}\nrecord: {events:#?}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 3, "{context}");
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{context}");
+        // Each ran with what the tuner handed out late, under its parameter id.
+        let late = events
+            .iter()
+            .find(|e| e["parameters"] == trial["parameters"])
+            .unwrap_or_else(|| panic!("parameters nobody handed out\n{context}"));
+        assert_eq!(
+            trial["parameter_label"].as_str(),
+            Some(late["parameter_id"].to_string().as_str()),
+            "{context}"
+        );
+    }
+}
+
+/// An assessor whose kill comes after its verdict was waited for (it thinks for a second, the
+/// trial then sleeps 200 s before its next result, long enough for the assessor's dispatcher to
+/// start on a loaded machine): the `KI` wakes the manager, which stops the trial at once, after
+/// its first result. Before wakers, it ran on to its second.
+#[test]
+fn a_late_kill_from_nni_s_dispatcher_stops_the_trial_at_once() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let algorithms = format!(
+        "tuner:\n  name: Random\n  classArgs: {{seed: 2}}\n\
+         assessor:\n  className: slow_assessor.SlowStop\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{think: 1.0}}",
+        python.display()
+    );
+    let config = write_config(&code, &python, 2, "2 200", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "clatekill");
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "{context}");
+    for trial in trials {
+        assert_eq!(trial["status"], "EARLY_STOPPED", "{context}");
+        let message = trial["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("NNI assessor slow_assessor.SlowStop")
+                && message.contains("stopped the trial after 1 intermediate results"),
+            "{message}\n{context}"
+        );
+        assert_eq!(
+            trial["intermediate"].as_array().map(Vec::len),
+            Some(1),
+            "{context}"
+        );
+    }
 }

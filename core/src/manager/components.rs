@@ -5,7 +5,7 @@
 //! the same handles and the same ABI adaptors, so the manager cannot tell them apart.
 
 use knob_plugin_api::host::{
-    AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle,
+    AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle, WakeCallback,
 };
 use knob_plugin_api::service::{ServiceContext, ServiceEvent};
 use knob_plugin_api::{AssessorContext, ComponentKind};
@@ -25,6 +25,29 @@ pub trait Components {
         class_args: &Value,
         context: &AssessorContext,
     ) -> Result<AssessorHandle, HostError>;
+    /// [`Components::tuner`] with a waker: `on_wake` runs when the tuner has parameters ready
+    /// outside a call (`Tuner::set_waker`). Components that cannot wake build it without.
+    fn tuner_waking(
+        &self,
+        name: &str,
+        class_args: &Value,
+        on_wake: WakeCallback,
+    ) -> Result<TunerHandle, HostError> {
+        let _ = on_wake;
+        self.tuner(name, class_args)
+    }
+    /// [`Components::assessor`] with a waker: `on_wake` runs when the assessor has decided about
+    /// a trial outside a call (`Assessor::set_waker`).
+    fn assessor_waking(
+        &self,
+        name: &str,
+        class_args: &Value,
+        context: &AssessorContext,
+        on_wake: WakeCallback,
+    ) -> Result<AssessorHandle, HostError> {
+        let _ = on_wake;
+        self.assessor(name, class_args, context)
+    }
     /// Builds the training service `platform` from its config (secrets in clear) and the
     /// experiment's context; its events go to `on_event`.
     fn training_service(
@@ -60,6 +83,25 @@ impl Components for PluginRegistry {
         context: &AssessorContext,
     ) -> Result<AssessorHandle, HostError> {
         PluginRegistry::assessor(self, name, class_args, context)
+    }
+
+    fn tuner_waking(
+        &self,
+        name: &str,
+        class_args: &Value,
+        on_wake: WakeCallback,
+    ) -> Result<TunerHandle, HostError> {
+        PluginRegistry::tuner_waking(self, name, class_args, on_wake)
+    }
+
+    fn assessor_waking(
+        &self,
+        name: &str,
+        class_args: &Value,
+        context: &AssessorContext,
+        on_wake: WakeCallback,
+    ) -> Result<AssessorHandle, HostError> {
+        PluginRegistry::assessor_waking(self, name, class_args, context, on_wake)
     }
 
     fn training_service(

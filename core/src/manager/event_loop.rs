@@ -46,6 +46,9 @@ pub(super) struct Manager {
     /// Trials the service could not start: (trial id, why).
     pub(super) start_failures: mpsc::UnboundedReceiver<(String, String)>,
     pub(super) start_failures_tx: mpsc::UnboundedSender<(String, String)>,
+    /// Which component woke the loop (a tuner's late suggestions, an assessor's late kill:
+    /// `Tuner::set_waker`, `Assessor::set_waker`).
+    pub(super) woken: mpsc::UnboundedReceiver<Woken>,
     pub(super) commands: mpsc::UnboundedReceiver<Command>,
     pub(super) progress: watch::Sender<Progress>,
     /// Every trial, its attempts and status.
@@ -88,7 +91,9 @@ impl Manager {
             components,
             Some(run),
         )?;
-        let tuner = components.tuner(&tuner_name, &tuner_args)?;
+        let (woken_tx, woken) = mpsc::unbounded_channel();
+        let tuner =
+            components.tuner_waking(&tuner_name, &tuner_args, waker(&woken_tx, Woken::Tuner))?;
         if crate::objectives::is_multi_objective(&config.objectives) && !tuner.takes_objectives() {
             return Err(ManagerError::Unsupported(
                 crate::objectives::single_objective_refusal(
@@ -110,7 +115,12 @@ impl Manager {
                     Direction::Maximize => OptimizeMode::Maximize,
                     Direction::Minimize => OptimizeMode::Minimize,
                 });
-                Some(components.assessor(&name, &args, &context)?)
+                Some(components.assessor_waking(
+                    &name,
+                    &args,
+                    &context,
+                    waker(&woken_tx, Woken::Assessor),
+                )?)
             }
             None => None,
         };
@@ -150,6 +160,7 @@ impl Manager {
             service_events,
             start_failures,
             start_failures_tx,
+            woken,
             commands,
             progress,
             book: TrialBook::new(config.direction() == Direction::Maximize),
@@ -197,8 +208,12 @@ impl Manager {
     pub(super) async fn run_loop(&mut self) -> Result<(), ManagerError> {
         loop {
             self.fill().await?;
-            if self.book.active_count() == 0 && (self.closed() || self.tuner.in_flight() > 0) {
-                // With nothing running, a deferring tuner will never be given the result it waits for.
+            // With nothing running, a deferring tuner will never be given the result it waits
+            // for, unless it answers on its own (it woke us before and may again).
+            let idle_deferred = self.book.active_count() == 0 && self.tuner.in_flight() > 0;
+            if self.book.active_count() == 0
+                && (self.closed() || (idle_deferred && !self.tuner.wakes()))
+            {
                 return Ok(());
             }
             let next_deadline = self.next_deadline();
@@ -221,6 +236,9 @@ impl Manager {
                 command = self.commands.recv(), if self.commands_open => Wake::Command(command),
                 Some((trial_id, message)) = self.start_failures.recv() => Wake::StartFailed(trial_id, message),
                 _ = sleep_until(next_deadline) => Wake::Deadline,
+                Some(woken) = self.woken.recv() => Wake::Woken(woken),
+                // A tuner that woke us before may never answer again: the wait is bounded.
+                _ = tokio::time::sleep(IDLE_DEFERRED_PATIENCE), if idle_deferred => Wake::GaveUpOnTuner,
             };
             self.observe(false, next_deadline);
             match wake {
@@ -270,6 +288,21 @@ impl Manager {
                     }
                 }
                 Wake::Deadline => self.on_deadline().await?,
+                Wake::Woken(Woken::Tuner) => self.tuner.take_woken().await?,
+                Wake::Woken(Woken::Assessor) => self.reassess().await?,
+                Wake::GaveUpOnTuner => {
+                    self.warn(
+                        None,
+                        format!(
+                            "{} owes parameters for {} trial(s) and nothing runs; it gave none in {} s, so the experiment ends",
+                            self.tuner.label(),
+                            self.tuner.in_flight(),
+                            IDLE_DEFERRED_PATIENCE.as_secs()
+                        ),
+                    )
+                    .await?;
+                    return Ok(());
+                }
             }
         }
     }
@@ -614,6 +647,33 @@ enum Wake {
     Command(Option<Command>),
     StartFailed(String, String),
     Deadline,
+    Woken(Woken),
+    GaveUpOnTuner,
+}
+
+/// Which component woke the loop outside a call.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Woken {
+    /// The tuner has parameters ready for ids it deferred: take them.
+    Tuner,
+    /// The assessor decided about a trial: ask it again about the running ones.
+    Assessor,
+}
+
+/// How long the loop waits, with nothing running, for a tuner that wakes on its own to pay the
+/// ids it deferred (NNI's advisors and PBT answer `GE` once a result frees a credit; one whose
+/// last result is in and that still owes parameters would otherwise be waited for forever).
+const IDLE_DEFERRED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The callback a component wakes the loop with.
+fn waker(
+    woken: &mpsc::UnboundedSender<Woken>,
+    which: Woken,
+) -> knob_plugin_api::host::WakeCallback {
+    let woken = woken.clone();
+    Box::new(move || {
+        let _ = woken.send(which);
+    })
 }
 
 /// At most this many service events are taken from the channel at once.

@@ -468,6 +468,37 @@ impl Manager {
             .await
     }
 
+    /// The assessor woke the loop: it decided about a trial outside a call (NNI's dispatcher
+    /// sends its kill when it is ready). Asks it again, with the history it already had, about
+    /// every running trial that has intermediate results, and stops those it gives up on.
+    pub(super) async fn reassess(&mut self) -> Result<(), ManagerError> {
+        let candidates: Vec<(String, Vec<f64>)> = self
+            .book
+            .active_ids()
+            .iter()
+            .filter_map(|id| self.book.get(id))
+            .filter(|t| !t.status.is_final() && t.kill.is_none() && !t.intermediate.is_empty())
+            .map(|t| (t.id.clone(), t.intermediate.clone()))
+            .collect();
+        for (trial_id, history) in candidates {
+            let Some(assessor) = &self.assessor else {
+                return Ok(());
+            };
+            match assessor.assess_trial(trial_id.clone(), history).get().await {
+                Ok(verdict) if !verdict.keep_going => {
+                    self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason)
+                        .await?;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.warn(Some(trial_id.clone()), format!("assessor: {e}"))
+                        .await?
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Hands a recorded metric to the assessor (intermediate) or the tuner (final).
     pub(super) async fn act_on_metric(
         &mut self,

@@ -147,6 +147,19 @@ impl TunerDriver {
         self.tuner.label()
     }
 
+    /// Whether the tuner keeps a waker: it may hand over parameters it deferred outside a call
+    /// (`Tuner::set_waker`), so the loop may wait for it with nothing running.
+    pub fn wakes(&self) -> bool {
+        self.tuner.wakes()
+    }
+
+    /// The tuner woke the loop: takes what it has ready (parameters for ids it deferred).
+    pub async fn take_woken(&mut self) -> Result<(), HostError> {
+        let suggestions = self.tuner.take_suggestions().get().await?;
+        self.absorb(suggestions);
+        Ok(())
+    }
+
     /// Asks the tuner for the parameters of a fresh parameter id.
     pub async fn generate(&mut self) -> Result<Handout, HostError> {
         let parameter_id = self.reserve_parameter_id();
