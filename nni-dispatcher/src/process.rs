@@ -216,7 +216,8 @@ impl Dispatcher {
         let output_err = output
             .try_clone()
             .map_err(|e| PluginError::new(format!("{what}: {e}")))?;
-        let mut child = Command::new(&launch.python.program)
+        let mut command = Command::new(&launch.python.program);
+        command
             .args(["-m", "nni", "--exp_params", &params])
             .current_dir(&launch.log_dir)
             .env("SDK_PROCESS", "dispatcher")
@@ -240,9 +241,8 @@ impl Dispatcher {
             .env_remove("NNI_PLATFORM")
             .stdin(Stdio::null())
             .stdout(output)
-            .stderr(output_err)
-            .spawn()
-            .map_err(|e| {
+            .stderr(output_err);
+        let mut child = spawn_tied_to_host(command).map_err(|e| {
                 PluginError::new(format!(
                     "{what}: cannot start {} -m nni: {e}",
                     launch.python.program.display()
@@ -468,6 +468,82 @@ impl Drop for Dispatcher {
     }
 }
 
+/// Starts `command` so that it does not outlive this process. [`Dispatcher`]'s drop ends the
+/// dispatcher when its tuner or assessor is dropped, but a host killed by a signal (SIGTERM,
+/// SIGKILL, a second Ctrl-C's exit) drops nothing, and `python -m nni` keeps running on its
+/// own, reconnecting to a channel nobody serves. On Linux the child asks the kernel for a
+/// SIGKILL when its parent dies (`PR_SET_PDEATHSIG`). The kernel ties that to the parent
+/// *thread*, not the process, so the child is started from a thread of this library that lives
+/// as long as the process: a dispatcher started from a short-lived thread (a pool thread of an
+/// in-process host) would otherwise die with that thread. Elsewhere the drop is all there is.
+pub fn spawn_tied_to_host(command: Command) -> std::io::Result<Child> {
+    #[cfg(target_os = "linux")]
+    {
+        tied::spawn(command)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut command = command;
+        command.spawn()
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod tied {
+    use std::io;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command};
+    use std::sync::{mpsc, OnceLock};
+
+    type Request = (Command, mpsc::Sender<io::Result<Child>>);
+
+    /// The thread every tied child is started from; it never ends, so its children's parent
+    /// thread dies only with the process.
+    static SPAWNER: OnceLock<Option<mpsc::Sender<Request>>> = OnceLock::new();
+
+    pub(super) fn spawn(mut command: Command) -> io::Result<Child> {
+        let host = std::process::id();
+        // SAFETY: prctl, getppid and kill are async-signal-safe and touch no memory of the
+        // parent; the closure captures a plain integer.
+        unsafe {
+            command.pre_exec(move || {
+                let signal = libc::SIGKILL as libc::c_ulong;
+                if libc::prctl(libc::PR_SET_PDEATHSIG, signal, 0, 0, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The host died between the fork and the prctl: nobody will signal us.
+                if u32::try_from(libc::getppid()).ok() != Some(host) {
+                    libc::kill(libc::getpid(), libc::SIGKILL);
+                }
+                Ok(())
+            });
+        }
+        let spawner = SPAWNER.get_or_init(|| {
+            let (requests, inbox) = mpsc::channel::<Request>();
+            std::thread::Builder::new()
+                .name("nni-dispatcher-spawner".into())
+                .spawn(move || {
+                    while let Ok((mut command, reply)) = inbox.recv() {
+                        let _ = reply.send(command.spawn());
+                    }
+                })
+                .ok()
+                .map(|_| requests)
+        });
+        let Some(spawner) = spawner else {
+            // No thread to spawn from: this one, whose end would end the child.
+            return command.spawn();
+        };
+        let (reply, answer) = mpsc::channel();
+        spawner
+            .send((command, reply))
+            .map_err(|_| io::Error::other("the dispatcher's spawner thread is gone"))?;
+        answer
+            .recv()
+            .map_err(|_| io::Error::other("the dispatcher's spawner thread is gone"))?
+    }
+}
+
 /// Where the dispatcher's stdout and stderr go (a traceback before its logging is set up).
 pub const OUTPUT_FILE: &str = "dispatcher-output.log";
 
@@ -602,6 +678,104 @@ pub fn python_number(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+    #[cfg(target_os = "linux")]
+    fn ended(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+            Err(_) => true,
+        }
+    }
+
+    /// Polls `done` every 50 ms, 400 times at most (20 s).
+    #[cfg(target_os = "linux")]
+    fn eventually(mut done: impl FnMut() -> bool) -> bool {
+        for _ in 0..400 {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        done()
+    }
+
+    /// The kernel ties PR_SET_PDEATHSIG to the parent thread: a child asked for from a thread
+    /// that ends must live on (it was started from the spawner thread).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_tied_child_outlives_the_thread_that_asked_for_it() {
+        let mut child = std::thread::spawn(|| {
+            let mut command = Command::new("sleep");
+            command.arg("60");
+            spawn_tied_to_host(command).unwrap()
+        })
+        .join()
+        .unwrap();
+        // The signal would come as the thread exits; give it ten chances to show.
+        let mut alive = true;
+        for _ in 0..10 {
+            alive &= child.try_wait().unwrap().is_none();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(alive, "the child died with the thread that asked for it");
+    }
+
+    /// What [`a_tied_child_dies_with_its_host_process`] runs as its host: starts a tied
+    /// `sleep`, prints its pid and waits to be killed. Does nothing unless asked to.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn tied_child_host() {
+        if std::env::var_os("KNOB_TEST_TIED_CHILD_HOST").is_none() {
+            return;
+        }
+        let mut command = Command::new("sleep");
+        command.arg("60");
+        let child = spawn_tied_to_host(command).unwrap();
+        println!("tied-child-pid {}", child.id());
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(Duration::from_secs(60));
+    }
+
+    /// A host killed by a signal drops nothing: its tied child (the dispatcher) must die with
+    /// it all the same, not linger as an orphan.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_tied_child_dies_with_its_host_process() {
+        use std::io::BufRead;
+        let mut host = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "process::tests::tied_child_host",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("KNOB_TEST_TIED_CHILD_HOST", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(host.stdout.take().unwrap());
+        let pid: Option<u32> = stdout
+            .lines()
+            .take(50)
+            .map_while(Result::ok)
+            .find_map(|line| line.strip_prefix("tied-child-pid ")?.trim().parse().ok());
+        host.kill().unwrap();
+        host.wait().unwrap();
+        let pid = pid.expect("the host printed its child's pid");
+        let gone = eventually(|| ended(pid));
+        if !gone {
+            // SAFETY: kill with a pid and a signal number touches no memory.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        assert!(gone, "the tied child {pid} outlived its SIGKILLed host");
+    }
 
     #[test]
     fn framing_follows_the_nni_version() {

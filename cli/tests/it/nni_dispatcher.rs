@@ -633,3 +633,108 @@ fn a_late_kill_from_nni_s_dispatcher_stops_the_trial_at_once() {
         );
     }
 }
+
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+#[cfg(target_os = "linux")]
+fn process_ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+/// Polls `done` every 100 ms, `times` times at most.
+#[cfg(target_os = "linux")]
+fn poll(times: u32, mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..times {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    done()
+}
+
+/// SIGTERM to a running `knob create` kills knob at once (it handles only SIGINT), dropping
+/// nothing: NNI's dispatcher must die with it all the same (the kernel's parent-death signal),
+/// not stay behind as an orphan `python -m nni` reconnecting forever.
+#[cfg(target_os = "linux")]
+#[test]
+fn nni_s_dispatcher_dies_with_a_sigtermed_knob() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, seed: 5}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 40, "2 0.5", &algorithms);
+    let (stdout_path, stderr_path) = (
+        sandbox.path().join("create.stdout"),
+        sandbox.path().join("create.stderr"),
+    );
+    let mut knob_create = knob()
+        .env("KNOB_HOME", sandbox.path().join("home"))
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "csigterm"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let output = || {
+        format!(
+            "{}\n{}\nrecord: {:#?}",
+            std::fs::read_to_string(&stdout_path).unwrap_or_default(),
+            std::fs::read_to_string(&stderr_path).unwrap_or_default(),
+            record(&record_file)
+        )
+    };
+    // The dispatcher's pid, once it handed out parameters (it is connected and working):
+    // 3 minutes at most, for a cold start of nni on a loaded machine.
+    let mut pid = None;
+    let working = poll(1800, || {
+        let events = record(&record_file);
+        pid = events
+            .iter()
+            .find(|e| e["event"] == "space")
+            .and_then(|e| e["pid"].as_u64());
+        pid.is_some() && events.iter().any(|e| e["event"] == "generate")
+            || knob_create.try_wait().unwrap().is_some()
+    });
+    let running = knob_create.try_wait().unwrap().is_none();
+    if !working || !running {
+        let _ = knob_create.kill();
+        let _ = knob_create.wait();
+        panic!("the dispatcher never handed out parameters while knob ran\n{}", output());
+    }
+    let pid = u32::try_from(pid.unwrap()).unwrap();
+    assert!(!process_ended(pid), "the dispatcher {pid} is not running\n{}", output());
+
+    // SAFETY: a signal to our own child, which has not been reaped.
+    unsafe { libc::kill(knob_create.id() as i32, libc::SIGTERM) };
+    let knob_ended = poll(300, || knob_create.try_wait().unwrap().is_some());
+    if !knob_ended {
+        let _ = knob_create.kill();
+        let _ = knob_create.wait();
+    }
+    let dispatcher_ended = poll(200, || process_ended(pid));
+    if !dispatcher_ended {
+        // SAFETY: kill with a pid and a signal number touches no memory.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    assert!(knob_ended, "knob create outlived SIGTERM\n{}", output());
+    assert!(
+        dispatcher_ended,
+        "NNI's dispatcher {pid} outlived the SIGTERMed knob create\n{}",
+        output()
+    );
+}

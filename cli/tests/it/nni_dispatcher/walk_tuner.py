@@ -1,6 +1,6 @@
 """A user's own NNI tuner, loaded by className: draws each parameter uniformly from a seeded
 stream and writes what it hands out and what it is told to `record` (a JSON lines file), so a
-test can hold knob's store against what the dispatcher saw. `die_at`: the tuner's process kills
+test can hold knob's store against what the dispatcher saw (and find the dispatcher's pid). `die_at`: the tuner's process kills
 itself (SIGKILL) when asked for that many parameter sets, as a crashing dispatcher would."""
 
 import json
@@ -29,7 +29,7 @@ class WalkTuner(Tuner):
 
     def update_search_space(self, search_space):
         self.space = search_space
-        self._write(event='space', space=search_space,
+        self._write(event='space', space=search_space, pid=os.getpid(),
                     include_intermediate_results=os.environ.get('NNI_INCLUDE_INTERMEDIATE_RESULTS'))
 
     def generate_parameters(self, parameter_id, **kwargs):
