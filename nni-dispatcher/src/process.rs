@@ -765,7 +765,8 @@ mod tests {
             .lines()
             .take(50)
             .map_while(Result::ok)
-            .find_map(|line| line.strip_prefix("tied-child-pid ")?.trim().parse().ok());
+            // libtest's "test NAME ... " may start the line.
+            .find_map(|line| line.split_once("tied-child-pid ")?.1.trim().parse().ok());
         host.kill().unwrap();
         host.wait().unwrap();
         let pid = pid.expect("the host printed its child's pid");
