@@ -243,11 +243,11 @@ impl Dispatcher {
             .stdout(output)
             .stderr(output_err);
         let mut child = spawn_tied_to_host(command).map_err(|e| {
-                PluginError::new(format!(
-                    "{what}: cannot start {} -m nni: {e}",
-                    launch.python.program.display()
-                ))
-            })?;
+            PluginError::new(format!(
+                "{what}: cannot start {} -m nni: {e}",
+                launch.python.program.display()
+            ))
+        })?;
         let started = Instant::now();
         let stream = loop {
             match listener.accept() {

@@ -714,10 +714,17 @@ fn nni_s_dispatcher_dies_with_a_sigtermed_knob() {
     if !working || !running {
         let _ = knob_create.kill();
         let _ = knob_create.wait();
-        panic!("the dispatcher never handed out parameters while knob ran\n{}", output());
+        panic!(
+            "the dispatcher never handed out parameters while knob ran\n{}",
+            output()
+        );
     }
     let pid = u32::try_from(pid.unwrap()).unwrap();
-    assert!(!process_ended(pid), "the dispatcher {pid} is not running\n{}", output());
+    assert!(
+        !process_ended(pid),
+        "the dispatcher {pid} is not running\n{}",
+        output()
+    );
 
     // SAFETY: a signal to our own child, which has not been reaped.
     unsafe { libc::kill(knob_create.id() as i32, libc::SIGTERM) };
