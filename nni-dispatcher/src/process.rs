@@ -735,11 +735,14 @@ mod tests {
         }
         let mut command = Command::new("sleep");
         command.arg("60");
-        let child = spawn_tied_to_host(command).unwrap();
+        let mut child = spawn_tied_to_host(command).unwrap();
         println!("tied-child-pid {}", child.id());
         use std::io::Write;
         std::io::stdout().flush().unwrap();
+        // Killed while it sleeps; if not, it ends its child itself.
         std::thread::sleep(Duration::from_secs(60));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// A host killed by a signal drops nothing: its tied child (the dispatcher) must die with
