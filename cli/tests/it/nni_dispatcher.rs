@@ -444,7 +444,7 @@ fn nni_s_hyperband_advisor_gives_string_ids_and_budgets() {
 /// cold start, the later ones come from its model; a few trials, since each of its answers
 /// fits the model again.
 #[test]
-#[ignore = "issue 14: knob create still ran after 300 s here (2026-11-26, loaded 2-core VM, twice, once alone); cause not found yet: run with --ignored"]
+#[ignore = "issue 14: NNI 3.0's Metis raises in generate_parameters after its cold start under the pinned scipy 1.17.1 (minimize: 'x0' must only have one dimension); its dispatcher stays up without ER, and knob waits for the owed parameters (10 min): run with --ignored once the pins give Metis a scipy it works with"]
 fn nni_s_metis_runs_by_name() {
     let Some(python) = prerequisite::NNI3_PYTHON.path() else {
         return;
