@@ -22,14 +22,25 @@ root=$(pwd)
 common_pins=(
   astor==0.8.1 certifi==2026.10.18 charset-normalizer==3.5.2 cloudpickle==3.1.2
   colorama==0.4.6 filelock==3.11.0 idna==3.20 joblib==1.6.0 json-tricks==3.17.3
-  narwhals==2.29.0 numpy==2.4.6 packaging==26.3 pandas==3.1.1 prettytable==3.18.0
-  psutil==7.2.2 python-dateutil==4.0.0 PythonWebHDFS==0.2.3 PyYAML==6.0.3 requests==2.34.2
-  responses==0.26.3 schema==0.7.8 scikit-learn==1.9.1 scipy==1.17.1 simplejson==4.3.0
+  packaging==26.3 prettytable==3.18.0
+  psutil==7.2.2 PythonWebHDFS==0.2.3 PyYAML==6.0.3 requests==2.34.2
+  responses==0.26.3 schema==0.7.8 simplejson==4.3.0
   threadpoolctl==3.8.0 tqdm==4.70.1 typing_extensions==4.16.0 tzdata==2026.6
   urllib3==2.8.0 wcwidth==0.9.4 websockets==17.4
 )
-nni3_pins=(nni==3.0 typeguard==4.1.2 nvidia-ml-py==13.615.71 "${common_pins[@]}")
-nni2_pins=(nni==2.10.1 typeguard==2.13.3 "${common_pins[@]}")
+# nni 3.0 gets the numeric stack of its own time (2023): its Metis passes a 2-D x0 to
+# scipy.optimize.minimize, which scipy >= 1.11 refuses ("'x0' must only have one dimension"),
+# so with today's scipy NNI's Metis fails on its first suggestion after the cold start.
+nni3_pins=(
+  nni==3.0 typeguard==4.1.2 nvidia-ml-py==13.615.71 "${common_pins[@]}"
+  numpy==1.26.4 scipy==1.10.1 scikit-learn==1.3.2 pandas==2.2.3 pytz==2025.2
+  python-dateutil==2.9.0.post0
+)
+nni2_pins=(
+  nni==2.10.1 typeguard==2.13.3 "${common_pins[@]}"
+  narwhals==2.29.0 numpy==2.4.6 pandas==3.1.1 python-dateutil==4.0.0 scikit-learn==1.9.1
+  scipy==1.17.1
+)
 
 # make_venv DIR NNI_VERSION PINS...
 make_venv() {

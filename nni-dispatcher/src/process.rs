@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use knob_plugin_api::metric;
-use knob_plugin_api::{PluginError, Waker};
+use knob_plugin_api::{log, PluginError, Waker};
 use serde_json::{json, Value};
 
 use crate::websocket::{self, Message, Writer};
@@ -304,6 +304,7 @@ impl Dispatcher {
         };
         let (tx, incoming) = mpsc::channel();
         let framing = launch.python.framing;
+        spawn_pinger(Arc::downgrade(&writer), framing);
         let reader_writer = writer.clone();
         std::thread::Builder::new()
             .name("nni-dispatcher-reader".into())
@@ -546,6 +547,38 @@ mod tied {
 
 /// Where the dispatcher's stdout and stderr go (a traceback before its logging is set up).
 pub const OUTPUT_FILE: &str = "dispatcher-output.log";
+
+/// How often the dispatcher is pinged, as NNI's manager does (`pingDispatcher`, every 5 s).
+const PING_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Pings the dispatcher every `PING_INTERVAL` while the connection lives. Besides keeping
+/// NNI's manager's habit, it is what makes a failed dispatcher exit: when a handler raises, the
+/// dispatcher's worker thread records the exception and ends, but its main loop only looks at
+/// it after the next command arrives; without one it would sit there, connected and silent,
+/// while knob waits for parameters. The ping ends with the connection (the writer dropped or
+/// closed).
+fn spawn_pinger(writer: std::sync::Weak<Writer>, framing: Framing) {
+    let ping = match framing {
+        Framing::Json => json!({"type": "PI", "content": ""}).to_string(),
+        Framing::Prefixed => "PI".to_owned(),
+    };
+    let spawned = std::thread::Builder::new()
+        .name("nni-dispatcher-pinger".into())
+        .spawn(move || loop {
+            std::thread::sleep(PING_INTERVAL);
+            let Some(writer) = writer.upgrade() else {
+                return;
+            };
+            if writer.text(&ping).is_err() {
+                return;
+            }
+        });
+    if let Err(e) = spawned {
+        log::warn(&format!(
+            "NNI's dispatcher will not be pinged (a failure inside it may then go unseen): {e}"
+        ));
+    }
+}
 
 /// " (last lines of dispatcher.log: ...)" or of its output, "" when there is nothing.
 pub fn log_tail(log_dir: &Path) -> String {

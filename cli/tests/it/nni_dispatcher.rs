@@ -287,6 +287,39 @@ fn a_dispatcher_killed_mid_run_ends_the_experiment_in_error_with_the_reason() {
     );
 }
 
+/// A tuner that raises inside the dispatcher (NNI's worker thread records the exception and
+/// ends; the dispatcher's main loop notices only at its next command, which knob's ping
+/// supplies) ends the experiment in ERROR with the exception from dispatcher.log, instead of
+/// knob waiting for parameters that never come.
+#[test]
+fn a_tuner_that_raises_ends_the_experiment_in_error_with_the_exception() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, raise_at: 3}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 6, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "craises");
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["experiment"]["status"], "ERROR", "{context}");
+    let message = export["experiment"]["message"]
+        .as_str()
+        .filter(|m| !m.is_empty())
+        .unwrap_or(&output)
+        .to_owned();
+    assert!(
+        message.contains("NNI tuner walk_tuner.WalkTuner")
+            && message.contains("walk_tuner: raising at parameter"),
+        "the reason quotes the exception from dispatcher.log\n{message}\n{context}"
+    );
+}
+
 /// A Python without nni: `knob config check` refuses the className at its line, naming the
 /// Python and `pip install nni`. Runs everywhere: the python3 on PATH must not have nni.
 #[test]
@@ -444,7 +477,6 @@ fn nni_s_hyperband_advisor_gives_string_ids_and_budgets() {
 /// cold start, the later ones come from its model; a few trials, since each of its answers
 /// fits the model again.
 #[test]
-#[ignore = "issue 14: NNI 3.0's Metis raises in generate_parameters after its cold start under the pinned scipy 1.17.1 (minimize: 'x0' must only have one dimension); its dispatcher stays up without ER, and knob waits for the owed parameters (10 min): run with --ignored once the pins give Metis a scipy it works with"]
 fn nni_s_metis_runs_by_name() {
     let Some(python) = prerequisite::NNI3_PYTHON.path() else {
         return;

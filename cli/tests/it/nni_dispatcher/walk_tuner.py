@@ -1,7 +1,9 @@
 """A user's own NNI tuner, loaded by className: draws each parameter uniformly from a seeded
 stream and writes what it hands out and what it is told to `record` (a JSON lines file), so a
 test can hold knob's store against what the dispatcher saw (and find the dispatcher's pid). `die_at`: the tuner's process kills
-itself (SIGKILL) when asked for that many parameter sets, as a crashing dispatcher would."""
+itself (SIGKILL) when asked for that many parameter sets, as a crashing dispatcher would;
+`raise_at`: generate_parameters raises then, as a broken tuner does (NNI's Metis under a newer
+scipy, for one)."""
 
 import json
 import logging
@@ -15,11 +17,12 @@ logger = logging.getLogger('walk_tuner')
 
 
 class WalkTuner(Tuner):
-    def __init__(self, record, optimize_mode='maximize', seed=0, die_at=None):
+    def __init__(self, record, optimize_mode='maximize', seed=0, die_at=None, raise_at=None):
         self.record = record
         self.optimize_mode = optimize_mode
         self.rng = random.Random(seed)
         self.die_at = die_at
+        self.raise_at = raise_at
         self.generated = 0
         self.space = {}
 
@@ -38,6 +41,8 @@ class WalkTuner(Tuner):
             logger.info('walk_tuner: killing my own dispatcher at parameter %s', parameter_id)
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.raise_at is not None and self.generated >= self.raise_at:
+            raise RuntimeError(f'walk_tuner: raising at parameter {parameter_id}')
         params = {}
         for name, spec in self.space.items():
             low, high = spec['_value']
