@@ -143,12 +143,18 @@ def test_keyboard_interrupt_stops_the_experiment_as_ctrl_c(tmp_path: Path, home:
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
+    # Python leaves SIGINT ignored when it started ignored (pytest run from a background job
+    # of a non-interactive shell, or under nohup): Ctrl-C must then raise as in a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupter = threading.Thread(target=interrupt_once_a_trial_runs, daemon=True)
     interrupter.start()
     began = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        knob.Experiment(config, id="ctrlc", home=home, base_dir=tmp_path).run(progress=False)
-    interrupter.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            knob.Experiment(config, id="ctrlc", home=home, base_dir=tmp_path).run(progress=False)
+        interrupter.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert started.exists(), "no trial started within 120 s"
     # Stopped, not waited out: the trial sleeps 120 s.
     assert time.monotonic() - began < 100
