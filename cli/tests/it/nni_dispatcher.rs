@@ -253,38 +253,7 @@ fn check_custom_assessor(python: &Path, id: &str) {
 /// ends the experiment in ERROR, and the reason says so with the last lines of dispatcher.log.
 #[test]
 fn a_dispatcher_killed_mid_run_ends_the_experiment_in_error_with_the_reason() {
-    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
-        return;
-    };
-    let sandbox = tempfile::tempdir().unwrap();
-    let code = code_dir(sandbox.path());
-    let record_file = sandbox.path().join("tuner-record.jsonl");
-    let algorithms = format!(
-        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, die_at: 3}}",
-        python.display(),
-        record_file.display()
-    );
-    let config = write_config(&code, &python, 6, "1 0", &algorithms);
-    let (export, output) = create_and_export(sandbox.path(), &config, "ckilled");
-    let context = format!("{export:#}\n{output}");
-    assert_eq!(export["experiment"]["status"], "ERROR", "{context}");
-    let message = export["experiment"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let message = if message.is_empty() {
-        output.clone()
-    } else {
-        message
-    };
-    assert!(
-        message.contains("NNI tuner walk_tuner.WalkTuner") && message.contains("NNI's dispatcher"),
-        "{message}\n{context}"
-    );
-    assert!(
-        message.contains("killing my own dispatcher"),
-        "the reason quotes dispatcher.log\n{message}\n{context}"
-    );
+    check_dispatcher_failure("die_at", "ckilled", "killing my own dispatcher");
 }
 
 /// A tuner that raises inside the dispatcher (NNI's worker thread records the exception and
@@ -293,6 +262,12 @@ fn a_dispatcher_killed_mid_run_ends_the_experiment_in_error_with_the_reason() {
 /// knob waiting for parameters that never come.
 #[test]
 fn a_tuner_that_raises_ends_the_experiment_in_error_with_the_exception() {
+    check_dispatcher_failure("raise_at", "craises", "walk_tuner: raising at parameter");
+}
+
+/// Runs `walk_tuner` with `fail_arg: 3` (its third request fails) and checks the experiment
+/// ends in ERROR naming the tuner and quoting `quote` from dispatcher.log.
+fn check_dispatcher_failure(fail_arg: &str, id: &str, quote: &str) {
     let Some(python) = prerequisite::NNI3_PYTHON.path() else {
         return;
     };
@@ -300,12 +275,12 @@ fn a_tuner_that_raises_ends_the_experiment_in_error_with_the_exception() {
     let code = code_dir(sandbox.path());
     let record_file = sandbox.path().join("tuner-record.jsonl");
     let algorithms = format!(
-        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, raise_at: 3}}",
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, {fail_arg}: 3}}",
         python.display(),
         record_file.display()
     );
     let config = write_config(&code, &python, 6, "1 0", &algorithms);
-    let (export, output) = create_and_export(sandbox.path(), &config, "craises");
+    let (export, output) = create_and_export(sandbox.path(), &config, id);
     let context = format!("{export:#}\n{output}");
     assert_eq!(export["experiment"]["status"], "ERROR", "{context}");
     let message = export["experiment"]["message"]
@@ -314,9 +289,12 @@ fn a_tuner_that_raises_ends_the_experiment_in_error_with_the_exception() {
         .unwrap_or(&output)
         .to_owned();
     assert!(
-        message.contains("NNI tuner walk_tuner.WalkTuner")
-            && message.contains("walk_tuner: raising at parameter"),
-        "the reason quotes the exception from dispatcher.log\n{message}\n{context}"
+        message.contains("NNI tuner walk_tuner.WalkTuner") && message.contains("NNI's dispatcher"),
+        "{message}\n{context}"
+    );
+    assert!(
+        message.contains(quote),
+        "the reason quotes dispatcher.log\n{message}\n{context}"
     );
 }
 
