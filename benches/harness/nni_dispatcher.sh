@@ -4,7 +4,10 @@
 # channel) and knob's native TPE, on Branin (minimize; global minimum 0.397887), TRIALS trials one
 # at a time, for each of SEEDS seeds.
 #
-# Usage: benches/harness/nni_dispatcher.sh [SEEDS] [TRIALS]     (defaults 10 and 100)
+# Usage: benches/harness/nni_dispatcher.sh [SEEDS] [TRIALS] [FIRST_SEED]   (defaults 10, 100, 1)
+#
+# FIRST_SEED lets a long run be finished in parts (seeds FIRST_SEED .. FIRST_SEED+SEEDS-1); each
+# seed's best result does not depend on the machine, its latency does.
 #
 # Prints, for each: the median over seeds of the best result found, and the suggestion latency,
 # the median over trials of the time from one trial's end to the next trial's creation (the
@@ -19,6 +22,7 @@ set -euo pipefail
 
 seeds=${1:-10}
 trials=${2:-100}
+first_seed=${3:-1}
 for n in "$seeds" "$trials"; do
     if ! [[ $n =~ ^[1-9][0-9]*$ ]]; then
         echo "usage: $0 [SEEDS, default 10] [TRIALS, default 100]" >&2
@@ -79,7 +83,7 @@ YML
 }
 
 exports=()
-for seed in $(seq 1 "$seeds"); do
+for seed in $(seq "$first_seed" $((first_seed + seeds - 1))); do
     for implementation in native nni; do
         exports+=("$(run_one "$implementation" "$seed")")
         echo "nni_dispatcher: $implementation seed $seed done" >&2
@@ -111,4 +115,6 @@ print(f"{'median best':24}{med(native['best']):12.4f}{med(nni['best']):22.4f}")
 print(f"{'suggestion latency ms':24}{med(native['latency']):12.1f}{med(nni['latency']):22.1f}")
 print(f"ratio best (nni/native): {med(nni['best']) / med(native['best']):.3f}")
 print(f"ratio latency (nni/native): {med(nni['latency']) / max(med(native['latency']), 0.1):.1f}x")
+print("best per seed, native:", ", ".join(f"{b:.4f}" for b in native["best"]))
+print("best per seed, NNI:   ", ", ".join(f"{b:.4f}" for b in nni["best"]))
 PY
