@@ -173,6 +173,8 @@ pub struct Dispatcher {
     pub launch: Launch,
     child: Child,
     writer: Arc<Writer>,
+    /// Frames to send at their instant, by the sender thread (`send_later`).
+    later: Later,
     incoming: mpsc::Receiver<Incoming>,
     /// Commands read but not yet consumed by the caller.
     pending: VecDeque<(String, String)>,
@@ -304,7 +306,8 @@ impl Dispatcher {
         };
         let (tx, incoming) = mpsc::channel();
         let framing = launch.python.framing;
-        spawn_pinger(Arc::downgrade(&writer), framing);
+        let later = Later::default();
+        spawn_sender(Arc::downgrade(&writer), framing, later.clone());
         let reader_writer = writer.clone();
         std::thread::Builder::new()
             .name("nni-dispatcher-reader".into())
@@ -317,16 +320,14 @@ impl Dispatcher {
             incoming,
             pending: VecDeque::new(),
             closed: None,
+            later,
         })
     }
 
     /// Sends one command.
     pub fn send(&mut self, code: &str, content: &str) -> Result<(), PluginError> {
         self.check_alive()?;
-        let text = match self.launch.python.framing {
-            Framing::Json => json!({"type": code, "content": content}).to_string(),
-            Framing::Prefixed => format!("{code}{content}"),
-        };
+        let text = frame(self.launch.python.framing, code, content);
         self.writer.text(&text).map_err(|e| {
             let tail = log_tail(&self.launch.log_dir);
             PluginError::new(format!(
@@ -334,6 +335,23 @@ impl Dispatcher {
                 self.launch.what
             ))
         })
+    }
+
+    /// Sends one command `delay` from now, from the sender thread (dropped if the connection
+    /// has ended by then).
+    pub fn send_later(
+        &mut self,
+        code: &str,
+        content: &str,
+        delay: Duration,
+    ) -> Result<(), PluginError> {
+        self.check_alive()?;
+        let text = frame(self.launch.python.framing, code, content);
+        self.later
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((Instant::now() + delay, text));
+        Ok(())
     }
 
     /// Takes what has arrived, without waiting.
@@ -443,6 +461,13 @@ impl Dispatcher {
     /// Tells the dispatcher to terminate, then makes sure it is gone (bounded).
     pub fn stop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
+            // What waits to be sent (a trial's delayed `EN`) goes first: the algorithm hears of
+            // every trial's end before the experiment's.
+            let waiting: Vec<(Instant, String)> =
+                std::mem::take(&mut *self.later.lock().unwrap_or_else(|e| e.into_inner()));
+            for (_, text) in waiting {
+                let _ = self.writer.text(&text);
+            }
             let _ = self.send("TE", "");
             if self.launch.python.framing == Framing::Json {
                 let _ = self.writer.text(&json!({"type": "_bye_"}).to_string());
@@ -548,29 +573,58 @@ mod tied {
 /// Where the dispatcher's stdout and stderr go (a traceback before its logging is set up).
 pub const OUTPUT_FILE: &str = "dispatcher-output.log";
 
+/// A command as the installed nni frames it.
+fn frame(framing: Framing, code: &str, content: &str) -> String {
+    match framing {
+        Framing::Json => json!({"type": code, "content": content}).to_string(),
+        Framing::Prefixed => format!("{code}{content}"),
+    }
+}
+
+/// Frames waiting for their instant (`Dispatcher::send_later`).
+type Later = Arc<std::sync::Mutex<Vec<(Instant, String)>>>;
+
 /// How often the dispatcher is pinged, as NNI's manager does (`pingDispatcher`, every 5 s).
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Pings the dispatcher every `PING_INTERVAL` while the connection lives. Besides keeping
-/// NNI's manager's habit, it is what makes a failed dispatcher exit: when a handler raises, the
-/// dispatcher's worker thread records the exception and ends, but its main loop only looks at
-/// it after the next command arrives; without one it would sit there, connected and silent,
-/// while knob waits for parameters. The ping ends with the connection (the writer dropped or
-/// closed).
-fn spawn_pinger(writer: std::sync::Weak<Writer>, framing: Framing) {
-    let ping = match framing {
-        Framing::Json => json!({"type": "PI", "content": ""}).to_string(),
-        Framing::Prefixed => "PI".to_owned(),
-    };
+/// How often the sender thread looks for frames due.
+const SENDER_TICK: Duration = Duration::from_millis(100);
+
+/// The sender thread: sends what `send_later` queued once it is due, and pings the dispatcher
+/// every `PING_INTERVAL` while the connection lives. Besides keeping NNI's manager's habit, the
+/// ping is what makes a failed dispatcher exit: when a handler raises, the dispatcher's worker
+/// thread records the exception and ends, but its main loop only looks at it after the next
+/// command arrives; without one it would sit there, connected and silent, while knob waits for
+/// parameters. The thread ends with the connection (the writer dropped or closed).
+fn spawn_sender(writer: std::sync::Weak<Writer>, framing: Framing, later: Later) {
+    let ping = frame(framing, "PI", "");
     let spawned = std::thread::Builder::new()
-        .name("nni-dispatcher-pinger".into())
-        .spawn(move || loop {
-            std::thread::sleep(PING_INTERVAL);
-            let Some(writer) = writer.upgrade() else {
-                return;
-            };
-            if writer.text(&ping).is_err() {
-                return;
+        .name("nni-dispatcher-sender".into())
+        .spawn(move || {
+            let mut last_ping = Instant::now();
+            loop {
+                std::thread::sleep(SENDER_TICK);
+                let Some(writer) = writer.upgrade() else {
+                    return;
+                };
+                let now = Instant::now();
+                let due: Vec<String> = {
+                    let mut later = later.lock().unwrap_or_else(|e| e.into_inner());
+                    let (due, waiting) = later.drain(..).partition(|(at, _)| *at <= now);
+                    *later = waiting;
+                    due.into_iter().map(|(_, text)| text).collect()
+                };
+                for text in due {
+                    if writer.text(&text).is_err() {
+                        return;
+                    }
+                }
+                if now.duration_since(last_ping) >= PING_INTERVAL {
+                    last_ping = now;
+                    if writer.text(&ping).is_err() {
+                        return;
+                    }
+                }
             }
         });
     if let Err(e) = spawned {

@@ -14,7 +14,7 @@
 //! once, not at the host's next call; `set_waker` says so, and the host then waits for this
 //! tuner while it owes parameters even when no trial runs.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use knob_plugin_api::space::SearchSpace;
@@ -26,6 +26,13 @@ use crate::process::{parse_payload, python_number, Dispatcher, Python, WakeOn};
 
 /// How long a `GE` may go unanswered before its id is deferred (a late `TR` still counts).
 const SUGGESTION_WAIT: Duration = Duration::from_secs(600);
+
+/// How long a trial's `EN` follows its final `ME`. NNI's dispatcher handles `ME` on one worker
+/// thread and `EN` on another (its assessor queue), so an `EN` sent right behind its `ME` can be
+/// handled first: NNI's TPE then drops the trial's parameters at `trial_end` and fails with a
+/// KeyError at `receive_trial_result`. NNI's own manager sends `EN` only when its training
+/// service next polls the trial's status, seconds later; knob waits this long.
+const END_AFTER_FINAL: Duration = Duration::from_secs(2);
 
 /// How long the dispatcher may take to answer `IN` with `ID`.
 const INITIALIZE_WAIT: Duration = Duration::from_secs(600);
@@ -53,6 +60,8 @@ pub struct DispatcherTuner {
     imported: Vec<ImportedTrial>,
     /// Woken by the reader on each `TR`: a late one is taken at once (ABI 1.4 hosts).
     waker: Option<Waker>,
+    /// Host ids whose final result went to the dispatcher as `ME` and whose `EN` has not.
+    finals_sent: BTreeSet<u64>,
 }
 
 impl DispatcherTuner {
@@ -222,6 +231,7 @@ impl Tuner for DispatcherTuner {
             ready: Vec::new(),
             imported: Vec::new(),
             waker: None,
+            finals_sent: Default::default(),
         })
     }
 
@@ -297,6 +307,7 @@ impl Tuner for DispatcherTuner {
             .as_mut()
             .expect("started")
             .send("ME", &metric.to_string())?;
+        self.finals_sent.insert(parameter_id);
         self.absorb()
     }
 
@@ -313,10 +324,12 @@ impl Tuner for DispatcherTuner {
             "event": status,
             "hyper_params": issued.hyper_params,
         });
-        self.dispatcher
-            .as_mut()
-            .expect("started")
-            .send("EN", &end.to_string())?;
+        let dispatcher = self.dispatcher.as_mut().expect("started");
+        if self.finals_sent.remove(&parameter_id) {
+            dispatcher.send_later("EN", &end.to_string(), END_AFTER_FINAL)?;
+        } else {
+            dispatcher.send("EN", &end.to_string())?;
+        }
         self.absorb()
     }
 

@@ -271,11 +271,31 @@ impl Manager {
                 // Nobody can send commands any more; keep running without listening.
                 Wake::Command(None) => self.commands_open = false,
                 Wake::StartFailed(trial_id, message) => {
-                    if self
+                    let closed = self.closed_for_retries();
+                    let retry = self
                         .book
-                        .get(&trial_id)
-                        .is_some_and(|t| !t.status.is_final())
-                    {
+                        .get_mut(&trial_id)
+                        .filter(|t| !t.status.is_final())
+                        .map(|t| {
+                            t.start_failures += 1;
+                            t.start_failures <= START_RETRIES && !closed
+                        });
+                    if retry == Some(true) {
+                        // Nothing ran, so nothing is stored but the warning: the trial is
+                        // still WAITING there, and waits for a placement again here.
+                        self.warn(
+                            Some(trial_id.clone()),
+                            format!(
+                                "{message}; trying again in {} s",
+                                START_RETRY_BACKOFF.as_secs()
+                            ),
+                        )
+                        .await?;
+                        self.environments.release(&trial_id);
+                        self.book
+                            .new_attempt(&trial_id, Some(Instant::now() + START_RETRY_BACKOFF));
+                        self.publish(None);
+                    } else if retry == Some(false) {
                         self.end_trial(
                             &trial_id,
                             TrialStatus::Failed,
@@ -664,6 +684,11 @@ pub(super) enum Woken {
 /// ids it deferred (NNI's advisors and PBT answer `GE` once a result frees a credit; one whose
 /// last result is in and that still owes parameters would otherwise be waited for forever).
 const IDLE_DEFERRED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How many times a trial whose start its service refused is tried again before it ends FAILED
+/// with the refusal (see `Trial::start_failures`), and how long each retry waits.
+const START_RETRIES: u32 = 3;
+const START_RETRY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The callback a component wakes the loop with.
 fn waker(

@@ -42,6 +42,10 @@ pub(super) struct Trial {
     pub host_losses: u32,
     /// Started attempts lost with their host: they do not count against `maxTrialRetries`.
     pub lost_attempts: u32,
+    /// Starts its service refused (no attempt ran): each is tried again, a second later, up
+    /// to `START_RETRIES` times, since a host whose connection just dropped refuses a start
+    /// before the manager knows it is gone.
+    pub start_failures: u32,
     /// A retry waits until then (backoff).
     pub not_before: Option<Instant>,
     /// Why it waits for resources, as last recorded.
@@ -98,6 +102,7 @@ impl Trial {
             gpu_indices: None,
             host_losses: 0,
             lost_attempts: 0,
+            start_failures: 0,
             pid: None,
             waiting_reason: None,
             not_before: None,

@@ -127,7 +127,7 @@ pub(super) struct TrialRecord {
     pub host_losses: u32,
     /// Host losses of runs that had started (each an attempt the store records as requeued).
     pub lost_after_start: u32,
-    /// Starts the service refused (the manager ends the trial FAILED).
+    /// Starts the service refused (the manager tries the trial again, a few times).
     pub start_failures: u32,
     /// Runs left over from a manager that crashed, ended by the resumed one's clean-up.
     pub crash_losses: u32,
