@@ -487,7 +487,10 @@ pub trait TrainingService: Send + 'static {
     /// The environments as they are now, each with its inventory (gpu-sched JSON); the host asks
     /// again while trials wait for resources, so report fresh numbers.
     fn environments(&mut self) -> Result<Vec<crate::service::Environment>, PluginError>;
-    /// Starts a trial; its start, metrics and end arrive later as events.
+    /// Starts a trial; its start, metrics and end arrive later as events. An error that
+    /// contains "the trial was not started" promises that nothing of it runs: the host then
+    /// tries it again a few times (a host whose connection just dropped); any other error ends
+    /// the trial FAILED.
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError>;
     /// Stops a trial's whole process group; `reason` is recorded with its end event.
     fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), PluginError>;

@@ -271,7 +271,10 @@ impl Manager {
                 // Nobody can send commands any more; keep running without listening.
                 Wake::Command(None) => self.commands_open = false,
                 Wake::StartFailed(trial_id, message) => {
-                    let closed = self.closed_for_retries();
+                    // Only a refusal that says nothing ran is tried again: a start that failed
+                    // half-way (a connection lost while the request was on its way) may have
+                    // started the trial, and a second start would run it twice.
+                    let closed = self.closed_for_retries() || !message.contains(NOT_STARTED);
                     let retry = self
                         .book
                         .get_mut(&trial_id)
@@ -283,17 +286,16 @@ impl Manager {
                     if retry == Some(true) {
                         // Nothing ran, so nothing is stored but the warning: the trial is
                         // still WAITING there, and waits for a placement again here.
+                        let failures = self.book[trial_id.as_str()].start_failures;
+                        let backoff = START_RETRY_BACKOFF * (1 << (failures - 1).min(5));
                         self.warn(
                             Some(trial_id.clone()),
-                            format!(
-                                "{message}; trying again in {} s",
-                                START_RETRY_BACKOFF.as_secs()
-                            ),
+                            format!("{message}; trying again in {} s", backoff.as_secs()),
                         )
                         .await?;
                         self.environments.release(&trial_id);
                         self.book
-                            .new_attempt(&trial_id, Some(Instant::now() + START_RETRY_BACKOFF));
+                            .new_attempt(&trial_id, Some(Instant::now() + backoff));
                         self.publish(None);
                     } else if retry == Some(false) {
                         self.end_trial(
@@ -686,9 +688,14 @@ pub(super) enum Woken {
 const IDLE_DEFERRED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// How many times a trial whose start its service refused is tried again before it ends FAILED
-/// with the refusal (see `Trial::start_failures`), and how long each retry waits.
-const START_RETRIES: u32 = 3;
+/// with the refusal (see `Trial::start_failures`). The n-th retry waits
+/// `START_RETRY_BACKOFF` × 2^(n-1): 1 s, 2 s, … 32 s, 63 s in all, which outlasts a dropped
+/// connection's default reconnect window (`hostLossTimeout`, 60 s).
+const START_RETRIES: u32 = 6;
 const START_RETRY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
+/// What a training service's refusal says when it is sure the trial did not start (the
+/// plugin-api's `TrainingService::start_trial` documents the wording).
+const NOT_STARTED: &str = "the trial was not started";
 
 /// The callback a component wakes the loop with.
 fn waker(

@@ -42,7 +42,7 @@ pub(super) struct Trial {
     pub host_losses: u32,
     /// Started attempts lost with their host: they do not count against `maxTrialRetries`.
     pub lost_attempts: u32,
-    /// Starts its service refused (no attempt ran): each is tried again, a second later, up
+    /// Starts its service refused (no attempt ran): each is tried again, after 1 s, 2 s, …, up
     /// to `START_RETRIES` times, since a host whose connection just dropped refuses a start
     /// before the manager knows it is gone.
     pub start_failures: u32,
