@@ -420,6 +420,15 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
+        // Until the child has exec'd, /proc shows the parent's environment,
+        // which has no mark: wait (bounded) for `sleep` to be running.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| !cmdline.starts_with(b"sleep"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let older = before.older_pids();
         let tree = TrialTree::new(Some(u32::MAX), &mark, before);
         let (marked, _) = tree.scan();
