@@ -16,16 +16,17 @@
 # PATH, so the trial side costs both the same.
 #
 # Environment: KNOB_BENCH_NNI3_PYTHON (default .ci-cache/nni3/bin/python, made by
-# .ci/nni-venvs.sh; KNOB_TEST_NNI3_PYTHON is used when set); knob from target/release, else
-# target/debug (`cargo build --workspace` first: the plugins sit beside it).
+# .ci/nni-venvs.sh; KNOB_TEST_NNI3_PYTHON is used when set); knob from release/, else debug/, of
+# $CARGO_TARGET_DIR when set, else of target/ (`cargo build --workspace` first: the plugins sit
+# beside it).
 set -euo pipefail
 
 seeds=${1:-10}
 trials=${2:-100}
 first_seed=${3:-1}
-for n in "$seeds" "$trials"; do
+for n in "$seeds" "$trials" "$first_seed"; do
     if ! [[ $n =~ ^[1-9][0-9]*$ ]]; then
-        echo "usage: $0 [SEEDS, default 10] [TRIALS, default 100]" >&2
+        echo "usage: $0 [SEEDS, default 10] [TRIALS, default 100] [FIRST_SEED, default 1]" >&2
         exit 2
     fi
 done
@@ -36,10 +37,11 @@ if [[ ! -x $python ]]; then
     echo "error: $python not found; run .ci/nni-venvs.sh (or set KNOB_BENCH_NNI3_PYTHON to a python with nni 3.0)" >&2
     exit 2
 fi
-knob=$root/target/release/knob
-[[ -x $knob ]] || knob=$root/target/debug/knob
+target=${CARGO_TARGET_DIR:-$root/target}
+knob=$target/release/knob
+[[ -x $knob ]] || knob=$target/debug/knob
 if [[ ! -x $knob || ! -f $(dirname "$knob")/libknob_nni_dispatcher.so ]]; then
-    echo "error: no knob with its plugins in target/; run cargo build --workspace" >&2
+    echo "error: no knob with its plugins in $target; run cargo build --workspace" >&2
     exit 2
 fi
 
@@ -94,7 +96,9 @@ python3 - "$trials" "${exports[@]}" <<'PY'
 import json, statistics, sys
 
 trials = int(sys.argv[1])
-results = {"native": {"best": [], "latency": []}, "nni": {"best": [], "latency": []}}
+results = {
+    implementation: {"best": [], "latency": [], "seed_latency": []} for implementation in ("native", "nni")
+}
 for path in sys.argv[2:]:
     export = json.load(open(path))
     implementation = "nni" if export["experiment"]["id"].startswith("nni") else "native"
@@ -104,8 +108,9 @@ for path in sys.argv[2:]:
     finals = [t["final"] for t in rows if isinstance(t.get("final"), (int, float))]
     assert len(finals) == trials, (path, len(finals))
     results[implementation]["best"].append(min(finals))
-    for before, after in zip(rows, rows[1:]):
-        results[implementation]["latency"].append(after["created_ms"] - before["ended_ms"])
+    gaps = [after["created_ms"] - before["ended_ms"] for before, after in zip(rows, rows[1:])]
+    results[implementation]["latency"].extend(gaps)
+    results[implementation]["seed_latency"].append(statistics.median(gaps))
 
 native, nni = results["native"], results["nni"]
 med = statistics.median
@@ -117,4 +122,6 @@ print(f"ratio best (nni/native): {med(nni['best']) / med(native['best']):.3f}")
 print(f"ratio latency (nni/native): {med(nni['latency']) / max(med(native['latency']), 0.1):.1f}x")
 print("best per seed, native:", ", ".join(f"{b:.4f}" for b in native["best"]))
 print("best per seed, NNI:   ", ", ".join(f"{b:.4f}" for b in nni["best"]))
+print("latency ms per seed, native:", ", ".join(f"{l:.1f}" for l in native["seed_latency"]))
+print("latency ms per seed, NNI:   ", ", ".join(f"{l:.1f}" for l in nni["seed_latency"]))
 PY
