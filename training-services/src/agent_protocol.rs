@@ -22,7 +22,10 @@
 //!    side that hears nothing (no message of any kind) for [`HEARTBEAT_TIMEOUT`] treats the
 //!    connection as dropped.
 //! 5. Requests carrying an `id` ([`ToAgent::Start`], [`ToAgent::Kill`]) get exactly one
-//!    [`FromAgent::Reply`] with the same id.
+//!    [`FromAgent::Reply`] with the same id. A start is idempotent per attempt (its
+//!    `request.trial_dir`): one the daemon started already since the last fresh start is
+//!    answered like the first, without running anything again. A start whose reply was lost
+//!    with the connection is sent again after the next hello, which settles whether it runs.
 //! 6. [`ToAgent::StandInLine`] (no reply): the manager's trials wait for resources; the agent
 //!    takes (or renews) the experiment's place in the host's lease ledger for the GPUs other
 //!    experiments hold there (see `crate::lease`), and sends a fresh [`FromAgent::Inventory`].
@@ -44,7 +47,10 @@ use serde_json::Value;
 
 /// Bumped when a message changes incompatibly.
 /// 2: [`ToAgent::StandInLine`].
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: a [`ToAgent::Start`] of an attempt (a trial folder) the daemon already started is
+///    answered without starting it again, so the service may send a start whose reply was lost
+///    once more; before, that ran the attempt twice.
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 /// How often the service pings.

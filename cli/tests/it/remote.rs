@@ -728,11 +728,12 @@ fn dropped_connections_lose_and_duplicate_no_trial() {
     second.drop_connections();
     let (code, stdout, stderr) = wait_create(child);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let history = attempts(&sandbox.export("dropped"));
     assert!(
         stdout.starts_with("experiment dropped DONE: 8 trials (8 succeeded, 0 failed)"),
-        "{stdout}\n{stderr}"
+        "{stdout}\n{stderr}\n{history:?}"
     );
-    for (trial, attempts) in attempts(&sandbox.export("dropped")) {
+    for (trial, attempts) in history {
         assert_eq!(
             attempts.len(),
             1,

@@ -9,6 +9,7 @@
 //! it is sent; a client that has been welcomed gets the log's events after its `last_seq` and
 //! then every new one, in order, each exactly once per connection.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -139,6 +140,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         no_client_since: Some(Instant::now()),
         next_probe_at: None,
         stopping: false,
+        starts: HashMap::new(),
     };
     runtime.block_on(daemon.run(listener, inputs, events));
     let _ = std::fs::remove_file(dir.join(SOCKET_FILE_NAME));
@@ -159,8 +161,10 @@ enum Input {
         fresh_start: bool,
         inventory: Result<Value, String>,
     },
-    Replied {
+    /// A start's blocking part is done: `error` is why nothing runs.
+    Started {
         id: u64,
+        trial_dir: PathBuf,
         error: Option<String>,
     },
     Probed(Result<Value, String>),
@@ -216,6 +220,16 @@ struct Daemon {
     next_probe_at: Option<Instant>,
     /// Every trial is being killed; the daemon exits once they have ended.
     stopping: bool,
+    /// The attempts started since the last fresh start, by trial folder (one per attempt):
+    /// a start sent again, because its reply was lost with the connection, is answered
+    /// without running the attempt twice.
+    starts: HashMap<PathBuf, StartState>,
+}
+
+enum StartState {
+    /// Being started; these request ids get its reply too.
+    Starting(Vec<u64>),
+    Started,
 }
 
 enum Step {
@@ -381,9 +395,26 @@ impl Daemon {
                 fresh_start,
                 inventory,
             } => return self.welcome(client, last_seq, fresh_start, inventory, events),
-            Input::Replied { id, error } => {
+            Input::Started {
+                id,
+                trial_dir,
+                error,
+            } => {
+                let waiting = match self.starts.remove(&trial_dir) {
+                    Some(StartState::Starting(ids)) => ids,
+                    _ => Vec::new(),
+                };
+                // A refused start ran nothing: the same attempt may be asked for again.
+                if error.is_none() {
+                    self.starts.insert(trial_dir, StartState::Started);
+                }
                 if let Some(client) = &self.client {
-                    client.send(FromAgent::Reply { id, error });
+                    for id in std::iter::once(id).chain(waiting) {
+                        client.send(FromAgent::Reply {
+                            id,
+                            error: error.clone(),
+                        });
+                    }
                 }
             }
             Input::Probed(inventory) => {
@@ -499,6 +530,7 @@ impl Daemon {
         }
         if fresh_start {
             self.log.clear();
+            self.starts.clear();
         }
         let inventory = match inventory {
             Ok(inventory) => inventory,
@@ -577,11 +609,30 @@ impl Daemon {
                 request,
                 fresh_code_copy,
             } => {
+                let trial_dir = request.trial_dir.clone();
+                match self.starts.get_mut(&trial_dir) {
+                    Some(StartState::Started) => {
+                        client.send(FromAgent::Reply { id, error: None });
+                        return Step::Continue;
+                    }
+                    Some(StartState::Starting(ids)) => {
+                        ids.push(id);
+                        return Step::Continue;
+                    }
+                    None => {
+                        self.starts
+                            .insert(trial_dir.clone(), StartState::Starting(Vec::new()));
+                    }
+                }
                 let pool = self.pool.clone();
                 let inputs = self.inputs_sender.clone();
                 tokio::task::spawn_blocking(move || {
                     let error = start(&pool, *request, fresh_code_copy).err();
-                    let _ = inputs.send(Input::Replied { id, error });
+                    let _ = inputs.send(Input::Started {
+                        id,
+                        trial_dir,
+                        error,
+                    });
                 });
                 self.schedule_probe();
             }

@@ -66,12 +66,23 @@ struct Link {
 }
 
 impl Link {
-    fn fail_pending(&self, why: &str) {
-        let pending: Vec<_> = lock(&self.pending).drain().collect();
-        for (_, reply) in pending {
-            let _ = reply.send(Some(why.to_string()));
-        }
+    /// The connection is gone: every request waiting for a reply learns that it got none (its
+    /// receiver sees the sender dropped), which is not the agent's refusal: a start sent may
+    /// have run.
+    fn drop_pending(&self) {
+        lock(&self.pending).clear();
     }
+}
+
+/// A start whose request went out but whose reply was lost with the connection: the agent may
+/// or may not have run it. The trial counts as running here; when the agent is reached again
+/// the same start is sent once more, which the agent answers without running an attempt twice
+/// (it remembers the attempts it started, by trial folder), and a kill asked for meanwhile
+/// follows the confirmation.
+struct UnconfirmedStart {
+    request: TrialRequest,
+    fresh_code_copy: bool,
+    kill_after: Option<String>,
 }
 
 #[derive(Default)]
@@ -95,6 +106,10 @@ struct HostState {
     inventory: Value,
     uploaded_code: HashSet<String>,
     kills_to_send: Vec<(String, String)>,
+    /// Started trials whose start the agent has not confirmed, by trial id.
+    unconfirmed_starts: HashMap<String, UnconfirmedStart>,
+    /// The request ids of unconfirmed starts sent again on the current connection, by id.
+    resent_starts: HashMap<u64, String>,
     /// `Shutdown` was sent: the agent's exit is expected, not reconnected to.
     shutting_down: bool,
     /// Successors here with a copy of their parent's checkpoint folder (`stage_restore`),
@@ -241,6 +256,7 @@ impl Host {
         let lost_trials: Vec<String> = {
             let mut state = lock(&self.state);
             state.lost = true;
+            state.unconfirmed_starts.clear();
             let trials: Vec<String> = std::mem::take(&mut state.running).into_iter().collect();
             state.disowned.extend(trials.iter().cloned());
             trials
@@ -392,6 +408,7 @@ impl Host {
                     .collect();
                 for trial in gone {
                     state.running.remove(&trial);
+                    state.unconfirmed_starts.remove(&trial);
                     state.disowned.insert(trial.clone());
                     orphans_ended.push(trial);
                 }
@@ -399,6 +416,13 @@ impl Host {
             state.daemon_pid = Some(pid);
             state.connected_once = true;
             for trial in &agent_running {
+                // A start the agent runs was confirmed, reply or not; a kill asked for
+                // meanwhile goes now. The other unconfirmed starts go again below.
+                if let Some(start) = state.unconfirmed_starts.remove(trial) {
+                    if let Some(reason) = start.kill_after {
+                        state.kills_to_send.push((trial.clone(), reason));
+                    }
+                }
                 if state.disowned.contains(trial) {
                     state.kills_to_send.push((
                         trial.clone(),
@@ -417,6 +441,7 @@ impl Host {
             state.ready = true;
             state.lost = false;
             state.failure = None;
+            Host::resend_unconfirmed_starts(&mut state, ctx, &link);
             state.link = Some(link);
         }
         for trial_id in orphans_ended {
@@ -531,7 +556,10 @@ impl Host {
                 self.emit_environment(ctx);
             }
             FromAgent::Reply { id, error } => {
-                if let Some(reply) = lock(&link.pending).remove(&id) {
+                let resent = lock(&self.state).resent_starts.remove(&id);
+                if let Some(trial_id) = resent {
+                    self.settle_resent_start(ctx, link, trial_id, error);
+                } else if let Some(reply) = lock(&link.pending).remove(&id) {
                     let _ = reply.send(error);
                 }
             }
@@ -593,12 +621,12 @@ impl Host {
         loop {
             let why = self.session(&ctx, incoming, &mut stop).await;
             let link = lock(&self.state).link.clone();
-            if let Some(link) = &link {
-                link.fail_pending(&format!("{target}: {why}"));
-            }
+            // Not ready first, then the waiting requests dropped: a start either sent its
+            // request before (it learns the reply is lost) or sees the host not ready.
             if *stop.borrow() || lock(&self.state).shutting_down {
                 self.set_not_ready(&ctx, "the service stopped");
                 if let Some(link) = link {
+                    link.drop_pending();
                     link.ssh.close().await;
                 }
                 return;
@@ -608,6 +636,9 @@ impl Host {
                 ctx.args.host_loss_timeout.as_secs_f64()
             ));
             self.set_not_ready(&ctx, &format!("{target}: {why}"));
+            if let Some(link) = &link {
+                link.drop_pending();
+            }
             let deadline = Instant::now() + ctx.args.host_loss_timeout;
             match self
                 .reconnect(&ctx, &mut stop, Some(deadline), u32::MAX)
@@ -749,28 +780,66 @@ impl Host {
 
         let id = ctx.request_id();
         let (reply_tx, reply_rx) = oneshot::channel();
-        lock(&link.pending).insert(id, reply_tx);
-        lock(&self.state).running.insert(request.trial_id.clone());
-        let sent = link.outgoing.send(ToAgent::Start {
-            id,
-            request: Box::new(remote),
-            fresh_code_copy,
-        });
-        let outcome = match sent {
-            Err(_) => Err((format!("{target}: the connection closed"), false)),
-            Ok(()) => match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
-                Ok(Ok(None)) => Ok(()),
-                // The agent refused: nothing was started.
-                Ok(Ok(Some(why))) => Err((why, true)),
-                Ok(Err(_)) => Err((format!("{target}: the connection closed"), false)),
-                Err(_) => Err((
-                    format!(
-                        "{target}: the agent did not answer the start within {} s",
-                        REPLY_TIMEOUT.as_secs()
-                    ),
-                    false,
-                )),
-            },
+        {
+            // Under the state's lock, so that the link cannot be dropped in between: a request
+            // sent here is either answered or learns (its sender dropped) that the reply is lost.
+            let mut state = lock(&self.state);
+            let current = state.ready && state.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, &link));
+            if !current {
+                return Err(format!(
+                    "{target} is not connected ({}); the trial was not started",
+                    state.failure.as_deref().unwrap_or("the connection closed")
+                ));
+            }
+            lock(&link.pending).insert(id, reply_tx);
+            let sent = link.outgoing.send(ToAgent::Start {
+                id,
+                request: Box::new(remote.clone()),
+                fresh_code_copy,
+            });
+            if sent.is_err() {
+                lock(&link.pending).remove(&id);
+                return Err(format!(
+                    "{target}: the connection closed; the trial was not started"
+                ));
+            }
+            state.running.insert(request.trial_id.clone());
+        }
+        let outcome = match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
+            Ok(Ok(None)) => Ok(()),
+            // The agent refused: nothing was started.
+            Ok(Ok(Some(why))) => Err((why, true)),
+            Ok(Err(_)) => {
+                // The connection closed before the reply: settled when the host is back.
+                knob_plugin_api::log::debug(&format!(
+                    "training service remote: {target}: the start of {} is unconfirmed (the connection closed); it is settled when the host is reached again",
+                    request.trial_id
+                ));
+                let mut state = lock(&self.state);
+                // Unless the host was declared lost meanwhile, which reported the trial ended.
+                if state.running.contains(&request.trial_id) {
+                    state.unconfirmed_starts.insert(
+                        request.trial_id.clone(),
+                        UnconfirmedStart {
+                            request: remote,
+                            fresh_code_copy,
+                            kill_after: None,
+                        },
+                    );
+                    // Back already: the new connection's resend missed it.
+                    if let Some(new_link) = state.link.clone().filter(|l| !Arc::ptr_eq(l, &link)) {
+                        Host::resend_unconfirmed_starts(&mut state, ctx, &new_link);
+                    }
+                }
+                return Ok(());
+            }
+            Err(_) => Err((
+                format!(
+                    "{target}: the agent did not answer the start within {} s",
+                    REPLY_TIMEOUT.as_secs()
+                ),
+                false,
+            )),
         };
         match outcome {
             Ok(()) => Ok(()),
@@ -847,6 +916,11 @@ impl Host {
         let link = {
             let mut state = lock(&self.state);
             if !state.running.contains(trial_id) {
+                return Ok(());
+            }
+            if let Some(start) = state.unconfirmed_starts.get_mut(trial_id) {
+                // Killing it before the agent has it could let a start sent again run it.
+                start.kill_after = Some(reason.to_string());
                 return Ok(());
             }
             match (&state.link, state.ready) {
@@ -950,6 +1024,66 @@ fn trial_of(event: &ServiceEvent) -> Option<&str> {
 const RESTORE_COPY_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl Host {
+    /// Sends every unconfirmed start again on `link` (see [`UnconfirmedStart`]); the replies
+    /// come to [`Host::settle_resent_start`].
+    fn resend_unconfirmed_starts(state: &mut HostState, ctx: &Context, link: &Link) {
+        state.resent_starts.clear();
+        let starts: Vec<(String, TrialRequest, bool)> = state
+            .unconfirmed_starts
+            .iter()
+            .map(|(trial, start)| (trial.clone(), start.request.clone(), start.fresh_code_copy))
+            .collect();
+        for (trial_id, request, fresh_code_copy) in starts {
+            let id = ctx.request_id();
+            state.resent_starts.insert(id, trial_id);
+            let _ = link.outgoing.send(ToAgent::Start {
+                id,
+                request: Box::new(request),
+                fresh_code_copy,
+            });
+        }
+    }
+
+    /// The agent answered a start sent again: it runs (or ran) the trial, and a kill asked
+    /// for meanwhile goes now; or it refused, and nothing ran: the trial ended without
+    /// starting.
+    fn settle_resent_start(
+        &self,
+        ctx: &Context,
+        link: &Link,
+        trial_id: String,
+        error: Option<String>,
+    ) {
+        let mut state = lock(&self.state);
+        let Some(start) = state.unconfirmed_starts.remove(&trial_id) else {
+            return;
+        };
+        match error {
+            None => {
+                if let Some(reason) = start.kill_after {
+                    let _ = link.outgoing.send(ToAgent::Kill {
+                        id: ctx.request_id(),
+                        trial_id,
+                        reason,
+                    });
+                }
+            }
+            Some(why) => {
+                state.running.remove(&trial_id);
+                drop(state);
+                (ctx.emit)(ServiceEvent::TrialEnded {
+                    trial_id,
+                    exit_code: None,
+                    signal: None,
+                    killed_reason: start.kill_after,
+                    stderr_tail: format!("{}: could not start: {why}", self.machine.target()),
+                    environment_lost: None,
+                });
+                self.trial_ended.notify_waiters();
+            }
+        }
+    }
+
     fn ready_link(&self) -> Option<Arc<Link>> {
         let state = lock(&self.state);
         state.link.clone().filter(|_| state.ready)

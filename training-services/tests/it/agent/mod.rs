@@ -105,12 +105,16 @@ fn trials_report_metrics_over_knob_and_nni_protocols_then_end() {
     }
     assert_eq!(agent.inventories[0].id.0, ENVIRONMENT);
 
-    // Errors are one-line replies: a duplicate id, a missing code directory, an unknown kill.
+    // Errors are one-line replies: a second attempt of a running trial, a missing code
+    // directory, an unknown kill. (The same attempt again is answered like the first: see
+    // `a_start_sent_again_runs_its_attempt_once_and_a_new_attempt_runs`.)
     let sleeper = host.request("dup", "sleep 30");
     agent.start_trial(3, sleeper.clone(), false);
+    let mut second_attempt = sleeper;
+    second_attempt.trial_dir = second_attempt.trial_dir.join("attempt-2");
     agent.send(&ToAgent::Start {
         id: 4,
-        request: Box::new(sleeper),
+        request: Box::new(second_attempt),
         fresh_code_copy: false,
     });
     assert_eq!(
@@ -210,6 +214,62 @@ fn reattach_replays_missed_events_exactly_once_and_the_trial_keeps_running() {
     assert!(third.events.is_empty(), "{:#?}", third.events);
     third.send(&ToAgent::Shutdown);
     assert!(third.wait_exit().success());
+}
+
+#[test]
+fn a_start_sent_again_runs_its_attempt_once_and_a_new_attempt_runs() {
+    let host = Host::new();
+    let runs = host.root.path().join("runs");
+    let go = host.root.path().join("go");
+    let command = format!(
+        "echo \"$KNOB_TRIAL_DIR\" >> {runs}; while [ ! -e {go} ]; do sleep 0.05; done; echo KNOB_FINAL 1",
+        runs = runs.display(),
+        go = go.display()
+    );
+    let request = host.request("t", &command);
+    let mut first = host.attach();
+    first.hello(0, true);
+    first.start_trial(1, request.clone(), false);
+    // The reply is lost with the connection: the service sends the same start again.
+    first.kill();
+    let mut second = host.attach();
+    second.hello(0, false);
+    second.start_trial(2, request.clone(), false);
+    // Twice at once on one connection, while it runs: both answered.
+    second.send(&ToAgent::Start {
+        id: 3,
+        request: Box::new(request.clone()),
+        fresh_code_copy: false,
+    });
+    second.start_trial(4, request.clone(), false);
+    assert_eq!(second.reply_to(3), None);
+    std::fs::write(&go, "").unwrap();
+    second.until_ended("t");
+    // After it ended too.
+    second.start_trial(5, request.clone(), false);
+    // Another attempt of the same trial (its own folder) is a new start.
+    let mut retry = request.clone();
+    retry.trial_dir = retry.trial_dir.join("attempt-2");
+    std::fs::create_dir_all(&retry.trial_dir).unwrap();
+    second.start_trial(6, retry.clone(), false);
+    second.until("the second attempt's end", |events| {
+        events
+            .iter()
+            .filter(|(_, e)| client::is_end_of(e, "t"))
+            .count()
+            == 2
+    });
+    let ran = std::fs::read_to_string(&runs).unwrap();
+    assert_eq!(
+        ran.lines().collect::<Vec<_>>(),
+        [
+            request.trial_dir.to_str().unwrap(),
+            retry.trial_dir.to_str().unwrap()
+        ],
+        "each attempt runs once"
+    );
+    second.send(&ToAgent::Shutdown);
+    assert!(second.wait_exit().success());
 }
 
 #[test]
