@@ -203,7 +203,7 @@ pub fn run_in_foreground(
             Some(store.commits()),
             serve,
         )?;
-        tokio::spawn(forward_ctrl_c(commands));
+        tokio::spawn(forward_stop_signals(commands));
         let display = tokio::spawn(show_progress(progress_rx, maximize));
         let result = manager::run(experiment, store, plugins, command_inbox, progress_tx).await;
         let _ = display.await;
@@ -270,17 +270,29 @@ fn take_back(
     }
 }
 
-/// First Ctrl-C: stop gracefully (trials are killed and recorded). Second: exit at once.
-async fn forward_ctrl_c(commands: mpsc::UnboundedSender<Command>) {
-    if tokio::signal::ctrl_c().await.is_err() {
+/// First Ctrl-C or SIGTERM (what a service manager, a batch scheduler or `kill` sends, with
+/// SIGKILL only after a wait): stop gracefully, so running trials are killed and recorded, not
+/// left behind. A second signal: exit at once.
+async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
         return;
-    }
-    eprintln!("stopping: killing running trials (Ctrl-C again to exit at once)");
+    };
+    let what = tokio::select! {
+        _ = interrupt.recv() => "Ctrl-C",
+        _ = terminate.recv() => "SIGTERM",
+    };
+    eprintln!("stopping ({what}): killing running trials (Ctrl-C again to exit at once)");
     let _ = commands.send(Command::Stop);
-    if tokio::signal::ctrl_c().await.is_ok() {
-        eprintln!("exiting without waiting for trials");
-        std::process::exit(130);
-    }
+    let code = tokio::select! {
+        _ = interrupt.recv() => 130,
+        _ = terminate.recv() => 143,
+    };
+    eprintln!("exiting without waiting for trials");
+    std::process::exit(code);
 }
 
 /// `KNOB_PROGRESS=lines`: progress as plain lines on stderr, at most one a second, for a reader

@@ -312,6 +312,16 @@ fn trials_over_max_trial_duration_are_killed_and_say_why() {
 
 #[test]
 fn ctrl_c_stops_the_experiment_and_records_running_trials_as_canceled() {
+    stop_signal_stops_the_experiment_and_records_running_trials_as_canceled(libc::SIGINT);
+}
+
+/// A service manager or batch scheduler stops knob with SIGTERM: the same graceful stop.
+#[test]
+fn sigterm_stops_the_experiment_and_records_running_trials_as_canceled() {
+    stop_signal_stops_the_experiment_and_records_running_trials_as_canceled(libc::SIGTERM);
+}
+
+fn stop_signal_stops_the_experiment_and_records_running_trials_as_canceled(signal: i32) {
     let sandbox = Sandbox::new();
     let yaml = format!("trialCommand: echo started > started-$NNI_TRIAL_JOB_ID; sleep 60\ntrialConcurrency: 2\n{SPACE}");
     let config = sandbox.config(&yaml, &[]);
@@ -339,7 +349,7 @@ fn ctrl_c_stops_the_experiment_and_records_running_trials_as_canceled() {
         std::thread::sleep(Duration::from_millis(50));
     }
     // SAFETY: sending a signal to our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    unsafe { libc::kill(child.id() as i32, signal) };
     let output = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(

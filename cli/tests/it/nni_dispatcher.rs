@@ -668,9 +668,9 @@ fn poll(times: u32, mut done: impl FnMut() -> bool) -> bool {
     done()
 }
 
-/// SIGTERM to a running `knob create` kills knob at once (it handles only SIGINT), dropping
-/// nothing: NNI's dispatcher must die with it all the same (the kernel's parent-death signal),
-/// not stay behind as an orphan `python -m nni` reconnecting forever.
+/// SIGTERM to a running `knob create` stops the experiment and knob exits: NNI's dispatcher
+/// must not stay behind as an orphan `python -m nni` reconnecting forever (the kernel's
+/// parent-death signal ends it even when knob is killed outright).
 #[cfg(target_os = "linux")]
 #[test]
 fn nni_s_dispatcher_dies_with_a_sigtermed_knob() {
