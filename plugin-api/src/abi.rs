@@ -166,6 +166,21 @@ pub trait TrainingServiceAbi: Send {
     fn shutdown(&mut self) -> AbiResult<()>;
 }
 
+/// A training service that also answers the host's requests (ABI 1.5): `TrainingServiceAbi`'s
+/// calls and `request`, which takes a `service::ServiceRequest` as JSON and answers JSON. A new
+/// trait rather than a method appended to `TrainingServiceAbi`, for the reason given at
+/// `AssessorInContextAbi`; an older plugin lacks `create_training_service_with_requests`, which
+/// the host can see. Later requests are new `ServiceRequest` kinds, not new methods.
+#[sabi_trait]
+pub trait TrainingServiceWithRequestsAbi: Send {
+    fn environments(&mut self) -> AbiResult<RString>;
+    fn start_trial(&mut self, request_json: RStr<'_>) -> AbiResult<()>;
+    fn kill_trial(&mut self, trial_id: RStr<'_>, reason: RStr<'_>) -> AbiResult<()>;
+    fn shutdown(&mut self) -> AbiResult<()>;
+    #[sabi(last_prefix_field)]
+    fn request(&mut self, request_json: RStr<'_>) -> AbiResult<RString>;
+}
+
 /// The host's logger, handed to each library once after loading.
 #[sabi_trait]
 pub trait HostLoggerAbi: Send + Sync {
@@ -179,6 +194,7 @@ pub type AssessorInContextBox = AssessorInContextAbi_TO<'static, RBox<()>>;
 pub type EventSinkBox = EventSinkAbi_TO<'static, RBox<()>>;
 pub type TrainingServiceBox = TrainingServiceAbi_TO<'static, RBox<()>>;
 pub type HostLoggerBox = HostLoggerAbi_TO<'static, RBox<()>>;
+pub type TrainingServiceWithRequestsBox = TrainingServiceWithRequestsAbi_TO<'static, RBox<()>>;
 
 /// The root module every knob plugin library exports.
 #[repr(C)]
@@ -242,6 +258,18 @@ pub struct PluginModule {
         RStr<'_>,
         EventSinkBox,
     ) -> AbiResult<AssessorInContextBox>,
+    /// Constructs a service that answers requests (ABI 1.5): (name, checked config JSON,
+    /// context JSON, sink), as `create_training_service`. The host prefers it; a library
+    /// without it builds its services with `create_training_service`, and the host then asks
+    /// them nothing beyond `TrainingServiceAbi`.
+    #[sabi(missing_field(option))]
+    pub create_training_service_with_requests:
+        extern "C" fn(
+            RStr<'_>,
+            RStr<'_>,
+            RStr<'_>,
+            EventSinkBox,
+        ) -> AbiResult<TrainingServiceWithRequestsBox>,
     // ---- appended-fields: end ----
 }
 
@@ -386,10 +414,62 @@ pub mod earlier_layouts {
         }
     }
 
+    /// ABI 1.4: the waker constructors appended (before
+    /// `create_training_service_with_requests`).
+    #[allow(dead_code)]
+    pub mod abi_1_4 {
+        use super::*;
+
+        #[repr(C)]
+        #[derive(StableAbi)]
+        #[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
+        #[sabi(missing_field(panic))]
+        pub struct PluginModule {
+            pub components: extern "C" fn() -> RVec<AbiComponentInfo>,
+            pub set_host_logger: extern "C" fn(HostLoggerBox),
+            pub new_tuner: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<TunerBox>,
+            pub new_assessor: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<AssessorBox>,
+            #[sabi(last_prefix_field)]
+            pub new_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub check_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub create_training_service: extern "C" fn(
+                RStr<'_>,
+                RStr<'_>,
+                RStr<'_>,
+                EventSinkBox,
+            )
+                -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub clean_up_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub new_assessor_in_context:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<AssessorInContextBox>,
+            #[sabi(missing_field(option))]
+            pub tuner_takes_objectives: extern "C" fn(RStr<'_>) -> bool,
+            #[sabi(missing_field(option))]
+            pub new_tuner_with_waker:
+                extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<AbiWakingTuner>,
+            #[sabi(missing_field(option))]
+            pub new_assessor_with_waker: extern "C" fn(
+                RStr<'_>,
+                RStr<'_>,
+                RStr<'_>,
+                EventSinkBox,
+            )
+                -> AbiResult<AssessorInContextBox>,
+        }
+    }
+
     /// Newest first: the layouts a library may have been built with, besides the current one,
     /// each with the ABI version that had it.
-    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 4] {
+    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 5] {
         [
+            ("1.4.0", <abi_1_4::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.3.0", <abi_1_3::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.2.0", <abi_1_2::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.1.0", <abi_1_1::PluginModuleRef as StableAbi>::LAYOUT),
@@ -415,7 +495,7 @@ impl RootModule for PluginModuleRef {
 /// The ABI version as a literal, for `concat!`.
 macro_rules! abi_version {
     () => {
-        "1.4.0"
+        "1.5.0"
     };
 }
 
@@ -429,7 +509,9 @@ macro_rules! abi_version {
 ///   and the trials' final results reach assessors);
 /// - 1.3.0: `tuner_takes_objectives` (vector objectives, issue 15);
 /// - 1.4.0: `new_tuner_with_waker`, `new_assessor_with_waker` (a tuner's late suggestions and an
-///   assessor's late kills wake the host at once, issue 14).
+///   assessor's late kills wake the host at once, issue 14);
+/// - 1.5.0: `create_training_service_with_requests` ([`TrainingServiceWithRequestsAbi`]: the host
+///   asks a running service to delete a replaced PBT member's checkpoint folder, issue 15).
 ///
 /// Plugins built before ABI versions existed export only [`API_VERSION_SYMBOL`] (0.1.x); the
 /// host takes them as ABI 1.0.0 or 1.1.0, whichever layout their root module has.

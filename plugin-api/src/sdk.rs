@@ -16,11 +16,13 @@ use serde_json::Value;
 use crate::abi::{
     AbiComponentKind, AbiGenerated, AbiLogLevel, AbiResult, AbiSuggestion, AbiVerdict, AssessorAbi,
     AssessorAbi_TO, AssessorInContextAbi, AssessorInContextAbi_TO, EventSinkBox, HostLoggerBox,
-    TrainingServiceAbi, TrainingServiceAbi_TO, TrainingServiceBox, TunerAbi, TunerAbi_TO, TunerBox,
+    TrainingServiceAbi, TrainingServiceAbi_TO, TrainingServiceWithRequestsAbi,
+    TrainingServiceWithRequestsAbi_TO, TrainingServiceWithRequestsBox, TunerAbi, TunerAbi_TO,
+    TunerBox,
 };
 use crate::service::{
     CheckedConfig, ConfigCheck, ConfigProblem, FieldPath, ServiceContext, ServiceEvent,
-    TrialRequest,
+    ServiceRequest, TrialRequest,
 };
 use crate::space::SearchSpace;
 use crate::ComponentKind;
@@ -496,6 +498,17 @@ pub trait TrainingService: Send + 'static {
     fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), PluginError>;
     /// Stops every trial and releases every environment.
     fn shutdown(&mut self) -> Result<(), PluginError>;
+    /// Population-based training: no living member needs the checkpoint folder of trial
+    /// `trial_id` (its `KNOB_CHECKPOINT_DIR`) any more. A service whose trials write to a file
+    /// system of their own (a remote host's) deletes the folder there; the host deletes
+    /// `<experiment>/trials/<trial_id>/checkpoint` on its own machine itself, so a service
+    /// whose trials write there needs nothing. Called once per trial, after it ended, on every
+    /// service of the experiment (hosts of plugin ABI 1.5 and later); keep it short (start the
+    /// deletion and return). An error is a warning. The default does nothing.
+    fn delete_checkpoint(&mut self, trial_id: &str) -> Result<(), PluginError> {
+        let _ = trial_id;
+        Ok(())
+    }
 }
 
 /// What a service that does not check its config accepts: any mapping, as written (and what the
@@ -834,6 +847,43 @@ impl<S: TrainingService> TrainingServiceAbi for TrainingServiceAdaptor<S> {
     }
 }
 
+impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdaptor<S> {
+    fn environments(&mut self) -> AbiResult<RString> {
+        TrainingServiceAbi::environments(self)
+    }
+
+    fn start_trial(&mut self, request_json: RStr<'_>) -> AbiResult<()> {
+        TrainingServiceAbi::start_trial(self, request_json)
+    }
+
+    fn kill_trial(&mut self, trial_id: RStr<'_>, reason: RStr<'_>) -> AbiResult<()> {
+        TrainingServiceAbi::kill_trial(self, trial_id, reason)
+    }
+
+    fn shutdown(&mut self) -> AbiResult<()> {
+        TrainingServiceAbi::shutdown(self)
+    }
+
+    fn request(&mut self, request_json: RStr<'_>) -> AbiResult<RString> {
+        let (inner, label) = (&mut self.inner, &self.label);
+        guarded(label, "request", &mut self.poisoned, || {
+            // A kind this build does not know (a newer host) is an error the host expects.
+            let request: ServiceRequest =
+                serde_json::from_str(request_json.as_str()).map_err(|e| {
+                    PluginError::new(format!(
+                        "{label}: unknown request from host ({e}); built against an older knob-plugin-api"
+                    ))
+                })?;
+            match request {
+                ServiceRequest::DeleteCheckpoint { trial_id } => {
+                    inner.delete_checkpoint(&trial_id)?
+                }
+            }
+            Ok(RString::from("null"))
+        })
+    }
+}
+
 /// The ABI object of a tuner built in this process: the same adaptor `export_plugin!` puts
 /// around a plugin's tuner (errors and panics become one-line errors), without a library.
 pub(crate) fn in_process_tuner<T: Tuner>(inner: T, name: &str) -> TunerBox {
@@ -866,14 +916,16 @@ pub(crate) fn in_process_training_service<S: TrainingService>(
     name: &str,
     events: EventSinkBox,
     build: impl FnOnce(EventSink) -> Result<S, PluginError>,
-) -> Result<TrainingServiceBox, PluginError> {
+) -> Result<TrainingServiceWithRequestsBox, PluginError> {
     let inner = build(EventSink(Arc::new(events)))?;
     let adaptor = TrainingServiceAdaptor {
         inner,
         label: format!("training service {name}"),
         poisoned: false,
     };
-    Ok(TrainingServiceAbi_TO::from_value(adaptor, TD_Opaque))
+    Ok(TrainingServiceWithRequestsAbi_TO::from_value(
+        adaptor, TD_Opaque,
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -908,9 +960,19 @@ pub mod __private {
     pub type ServiceCleanUp =
         fn(&Value, &ServiceContext, &[String]) -> Result<Vec<String>, PluginError>;
 
-    /// A training service's functions: its constructor and the calls made without an object.
+    pub type ServiceWithRequestsCtor = fn(
+        &str,
+        &Value,
+        &ServiceContext,
+        EventSink,
+    )
+        -> Result<TrainingServiceWithRequestsBox, PluginError>;
+
+    /// A training service's functions: its constructors (without and with requests, ABI 1.5)
+    /// and the calls made without an object.
     pub struct ServiceFns {
         pub create: ServiceCtor,
+        pub create_with_requests: ServiceWithRequestsCtor,
         pub check: ServiceCheck,
         pub clean_up: ServiceCleanUp,
     }
@@ -1033,6 +1095,23 @@ pub mod __private {
             poisoned: false,
         };
         Ok(TrainingServiceAbi_TO::from_value(adaptor, TD_Opaque))
+    }
+
+    pub fn service_with_requests_ctor<S: TrainingService>(
+        name: &str,
+        config: &Value,
+        context: &ServiceContext,
+        events: EventSink,
+    ) -> Result<TrainingServiceWithRequestsBox, PluginError> {
+        let inner = S::create(config, context, events)?;
+        let adaptor = TrainingServiceAdaptor {
+            inner,
+            label: format!("training service {name}"),
+            poisoned: false,
+        };
+        Ok(TrainingServiceWithRequestsAbi_TO::from_value(
+            adaptor, TD_Opaque,
+        ))
     }
 
     pub fn components(entries: &[Entry]) -> RVec<AbiComponentInfo> {
@@ -1224,6 +1303,31 @@ pub mod __private {
         )
     }
 
+    // ---- appended-fields: begin ----
+    pub fn create_training_service_with_requests(
+        entries: &[Entry],
+        name: RStr<'_>,
+        config: RStr<'_>,
+        context: RStr<'_>,
+        events: EventSinkBox,
+    ) -> AbiResult<TrainingServiceWithRequestsBox> {
+        let sink = EventSink(Arc::new(events));
+        construct(
+            entries,
+            ComponentKind::TrainingService,
+            name,
+            config,
+            |e, a| match &e.ctor {
+                Ctor::TrainingService(fns) => Some(
+                    read_context(e.name, context)
+                        .and_then(|c| (fns.create_with_requests)(e.name, a, &c, sink)),
+                ),
+                _ => None,
+            },
+        )
+    }
+    // ---- appended-fields: end ----
+
     fn read_context(name: &str, context: RStr<'_>) -> Result<ServiceContext, PluginError> {
         serde_json::from_str(context.as_str()).map_err(|e| {
             PluginError::new(format!(
@@ -1330,7 +1434,8 @@ pub mod __private {
 
     pub use crate::abi::{
         AbiComponentInfo, AbiResult, AbiWakingTuner, AssessorBox, AssessorInContextBox,
-        EventSinkBox, HostLoggerBox, PluginModule, TrainingServiceBox, TunerBox,
+        EventSinkBox, HostLoggerBox, PluginModule, TrainingServiceBox,
+        TrainingServiceWithRequestsBox, TunerBox,
     };
     pub use abi_stable::prefix_type::PrefixTypeTrait;
     pub use abi_stable::std_types::{RStr, RString, RVec};
@@ -1445,6 +1550,20 @@ macro_rules! export_plugin {
             ) -> p::AbiResult<p::AssessorInContextBox> {
                 p::new_assessor_with_waker(__KNOB_PLUGIN_ENTRIES, name, args, context, events)
             }
+            extern "C" fn create_training_service_with_requests(
+                name: p::RStr<'_>,
+                config: p::RStr<'_>,
+                context: p::RStr<'_>,
+                events: p::EventSinkBox,
+            ) -> p::AbiResult<p::TrainingServiceWithRequestsBox> {
+                p::create_training_service_with_requests(
+                    __KNOB_PLUGIN_ENTRIES,
+                    name,
+                    config,
+                    context,
+                    events,
+                )
+            }
             // ---- appended-fields: end ----
             fn root_module() -> p::PluginModuleRef {
                 <p::PluginModule as p::PrefixTypeTrait>::leak_into_prefix(p::PluginModule {
@@ -1461,6 +1580,7 @@ macro_rules! export_plugin {
                     tuner_takes_objectives,
                     new_tuner_with_waker,
                     new_assessor_with_waker,
+                    create_training_service_with_requests,
                     // ---- appended-fields: end ----
                 })
             }
@@ -1494,6 +1614,7 @@ macro_rules! __knob_ctor {
     (training_service, $ty:ty) => {
         $crate::__private::Ctor::TrainingService($crate::__private::ServiceFns {
             create: $crate::__private::service_ctor::<$ty>,
+            create_with_requests: $crate::__private::service_with_requests_ctor::<$ty>,
             check: <$ty as $crate::TrainingService>::check_config,
             clean_up: <$ty as $crate::TrainingService>::clean_up_leftovers,
         })

@@ -160,6 +160,21 @@ pub enum ServiceEvent {
     },
 }
 
+/// What the host asks of a running service beyond starting and killing trials (plugin ABI 1.5,
+/// `TrainingService::delete_checkpoint` and what follows it), as it crosses the ABI (JSON). New
+/// kinds are added here, with no change to the ABI; a service built before a kind existed
+/// answers it with an error, which the host takes as "nothing done".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServiceRequest {
+    /// Population-based training: no living member needs trial `trial_id`'s checkpoint folder
+    /// (`KNOB_CHECKPOINT_DIR`) any more; the service deletes it wherever its trials write to a
+    /// file system other than the host's (a remote host's). The host itself deletes
+    /// `<experiment>/trials/<trial_id>/checkpoint` on its own machine. Sent once per trial,
+    /// after the trial ended, to every service of the experiment.
+    DeleteCheckpoint { trial_id: String },
+}
+
 // ---------------------------------------------------------------------------------------------
 // A service's own config: checked by the service, positioned and redacted by the host.
 

@@ -1369,3 +1369,142 @@ async fn the_pareto_chart_highlights_the_front_and_the_hypervolume_grows() {
     screenshot(&page, "pareto-2-constraint").await;
     page.close().await.unwrap();
 }
+
+/// A population (PBT) member's trial view: the links to the member it was cloned from (with the
+/// step) and to the one it replaced, and its schedule table (each ancestor from the step it took
+/// over, with its parameters), all as the API gives them, from a real run of `examples/pbt`;
+/// the parent's link opens the parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pbt_members_view_shows_its_lineage_and_the_schedule_of_its_parameters() {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let root = crate::repo_root().join("examples/pbt");
+    let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
+    let yaml = std::fs::read_to_string(root.join("config.yml"))
+        .unwrap()
+        .replace("maxExperimentDuration: 10m", "maxExperimentDuration: 3m");
+    let config = sandbox.config(&yaml, &[("trial.py", &trial)]);
+    let (code, stdout, stderr) = crate::run(
+        sandbox
+            .knob()
+            .env("PBT_STEP_SECONDS", "0.05")
+            .args(["create", "--id", "pbtv", "--config"])
+            .arg(&config),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut command = sandbox.knob();
+    command.args(["view", "pbtv", "--port", "0"]);
+    let view = start(command, &[]);
+    let base = view.base.trim_end_matches("/api/v1").to_string();
+
+    // The member to look at: the successor with the longest schedule (a clone of a clone, if
+    // there is one), as the API gives it.
+    let trials = api(&base, "GET", "/trials", None);
+    let rows = trials
+        .as_array()
+        .or_else(|| trials["trials"].as_array())
+        .unwrap_or_else(|| panic!("{trials}"));
+    let member = rows
+        .iter()
+        .map(|t| {
+            let id = t["trial_id"].as_str().or(t["id"].as_str()).unwrap();
+            api(&base, "GET", &format!("/trials/{id}"), None)
+        })
+        .filter(|t| t["lineage"]["parent"].is_string())
+        .max_by_key(|t| t["schedule"].as_array().map_or(0, Vec::len))
+        .unwrap_or_else(|| panic!("no member was replaced: {trials}"));
+    let id = member["trial_id"].as_str().unwrap().to_string();
+    let parent = member["lineage"]["parent"].as_str().unwrap().to_string();
+    let replaces = member["lineage"]["replaces"].as_str().unwrap().to_string();
+    let parent_step = member["lineage"]["parent_step"].as_u64().unwrap();
+    let schedule = member["schedule"].as_array().unwrap().clone();
+    assert!(schedule.len() >= 2, "{member:#}");
+    assert_eq!(
+        schedule.last().unwrap()["trial_id"],
+        json!(id),
+        "{member:#}"
+    );
+
+    let driver = start_driver(&chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let page = open_browser(&driver, &chromium, profile.path()).await;
+    page.goto(&format!("{base}/#trial={id}")).await.unwrap();
+    let shown = wait_in_page(
+        &page,
+        "the member's lineage and schedule",
+        &format!(
+            r##"const name = document.getElementById("detail-log-name").textContent;
+           const table = document.querySelector("#detail-info table.schedule");
+           if (!name.endsWith(" {id}") || !table) return null;
+           const rows = [...document.querySelectorAll("#detail-info > tbody > tr, #detail-info > tr")]
+             .filter((r) => r.cells.length >= 2 && !r.closest("table.schedule"))
+             .map((r) => [r.cells[0].textContent, r.cells[1].textContent]);
+           const lines = [...table.rows].map((r) => [...r.cells].map((c) => c.textContent));
+           const links = [...document.querySelectorAll("#detail-info a.lineage-link")].map((a) => a.textContent);
+           return {{rows, lines, links}};"##
+        ),
+    )
+    .await;
+    let rows: Vec<(String, String)> = serde_json::from_value(shown["rows"].clone()).unwrap();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {name} row: {shown}"))
+    };
+    assert_eq!(
+        row("cloned from"),
+        format!("{parent} at step {parent_step}")
+    );
+    assert_eq!(row("replaces"), replaces);
+    assert_eq!(shown["links"], json!([parent, replaces]), "{shown}");
+    // The schedule: a header, then one line per stage, oldest first, with its parameters.
+    let lines: Vec<Vec<String>> = serde_json::from_value(shown["lines"].clone()).unwrap();
+    let names: Vec<String> = lines[0][2..].to_vec();
+    assert_eq!(lines[0][..2], ["from step", "trial"], "{shown}");
+    let mut expected_names: Vec<String> = schedule.last().unwrap()["parameters"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    expected_names.sort();
+    let mut sorted_names = names.clone();
+    sorted_names.sort();
+    assert_eq!(sorted_names, expected_names, "{shown}");
+    assert_eq!(lines.len(), schedule.len() + 1, "{shown}");
+    for (line, stage) in lines[1..].iter().zip(&schedule) {
+        assert_eq!(line[0], stage["from_step"].to_string(), "{shown}");
+        assert_eq!(line[1], stage["trial_id"].as_str().unwrap(), "{shown}");
+        for (cell, name) in line[2..].iter().zip(&names) {
+            let want = stage["parameters"][name].as_f64().unwrap();
+            let got: f64 = cell
+                .parse()
+                .unwrap_or_else(|_| panic!("{name} of {line:?} is no number: {shown}"));
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1e-12),
+                "{name} of {}: shown {got}, API {want}",
+                stage["trial_id"]
+            );
+        }
+    }
+    // The last stage started at the step the member was cloned at, from its parent's line.
+    assert_eq!(lines.last().unwrap()[0], parent_step.to_string());
+    assert_eq!(lines[lines.len() - 2][1], parent, "{shown}");
+    screenshot(&page, "pbt-1-lineage").await;
+
+    // The parent's link opens the parent.
+    click(&page, "#detail-info a.lineage-link").await;
+    wait_in_page(
+        &page,
+        "the parent's view",
+        &format!(
+            r##"return document.getElementById("detail-log-name").textContent.endsWith(" {parent}");"##
+        ),
+    )
+    .await;
+    screenshot(&page, "pbt-2-parent").await;
+    page.close().await.unwrap();
+}

@@ -1,7 +1,12 @@
 //! Population-based training end to end (issue 15): `examples/pbt` (8 members, 40 steps each)
 //! under the real local service; lineage and checkpoints are checked against what each trial
 //! itself wrote about where it started from (`$KNOB_TRIAL_DIR/pbt.json`), then the same after a
-//! SIGKILL of the manager and `knob resume`.
+//! SIGKILL of the manager and `knob resume`. Then on a remote host (a real sshd, gated by
+//! `KNOB_TEST_SSHD`): replaced members' checkpoint folders are deleted there.
+
+#[path = "../../../training-services/tests/it/sshd.rs"]
+#[allow(dead_code)]
+mod sshd;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -232,5 +237,97 @@ fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicate
     assert!(
         !resumed.is_empty(),
         "no member resumed from its checkpoint: {export:#}"
+    );
+}
+
+/// The example on one SSH host (a real sshd on 127.0.0.1): the checkpoint folders of replaced
+/// members are deleted on the host once no member needs them, those of finished members stay.
+#[test]
+fn a_remote_pbt_experiment_deletes_replaced_members_checkpoints_on_the_host() {
+    let Some(binary) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = sshd::Sshd::start(
+        &binary,
+        sshd::SshdOptions {
+            key_auth: true,
+            ..sshd::SshdOptions::default()
+        },
+    )
+    .expect("start sshd");
+    let sandbox = Sandbox::new();
+    let known_hosts = sandbox.path().join("known_hosts");
+    std::fs::write(&known_hosts, host.known_hosts_line() + "\n").unwrap();
+    let agent_root = sandbox.path().join("agent");
+    let root = repo_root().join("examples/pbt");
+    let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
+    let yaml = std::fs::read_to_string(root.join("config.yml"))
+        .unwrap()
+        .replace("maxExperimentDuration: 10m", "maxExperimentDuration: 3m")
+        .replace(
+            "trialCommand: python3 trial.py",
+            "trialCommand: PBT_STEP_SECONDS=0.1 python3 trial.py",
+        )
+        .replace(
+            "trainingService:\n  platform: local",
+            &format!(
+                "trainingService:\n  platform: remote\n  knownHostsFile: {}\n  agentRoot: {}\n  machineList:\n    - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
+                known_hosts.display(),
+                agent_root.display(),
+                host.port(),
+                host.user(),
+                host.client_key_path().display()
+            ),
+        );
+    assert!(yaml.contains("platform: remote"), "{yaml}");
+    let config = sandbox.config(&yaml, &[("trial.py", &trial)]);
+    let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbtr", "0.1"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("pbtr");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    // The host's trial folders: `<agentRoot>/experiments/<id>/<environment>/trials/<trial>`.
+    let environments: Vec<PathBuf> = std::fs::read_dir(agent_root.join("experiments/pbtr"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("trials").is_dir())
+        .collect();
+    assert_eq!(environments.len(), 1, "{environments:?}");
+    let trials_dir = environments[0].join("trials");
+    let trials = export["trials"].as_array().unwrap();
+    let (mut replaced, mut finished) = (0, 0);
+    for trial in trials {
+        let tid = trial["id"].as_str().unwrap();
+        let folder = trials_dir.join(tid);
+        assert!(folder.is_dir(), "{} missing", folder.display());
+        let checkpoint = folder.join("checkpoint");
+        match trial["status"].as_str().unwrap() {
+            "EARLY_STOPPED" => {
+                replaced += 1;
+                // Deleted in the background once its successor no longer needs it (bounded).
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while checkpoint.exists() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                assert!(!checkpoint.exists(), "{} kept", checkpoint.display());
+                assert!(folder.is_dir(), "the trial's folder goes too: {tid}");
+            }
+            "SUCCEEDED" => {
+                finished += 1;
+                assert!(
+                    checkpoint.join("state.json").exists(),
+                    "a finished member keeps its checkpoint: {}",
+                    checkpoint.display()
+                );
+            }
+            other => panic!("{tid} ended {other}: {trial:#}"),
+        }
+    }
+    assert_eq!(finished, 8, "{export:#}");
+    assert!(replaced > 0, "nobody was replaced in 40 steps: {export:#}");
+    // Successors started from a copy of their parent's checkpoint on the host.
+    assert!(
+        trials.iter().any(|t| t["lineage"]["parent"].is_string()),
+        "{export:#}"
     );
 }

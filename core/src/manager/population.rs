@@ -184,9 +184,11 @@ impl Manager {
     /// from them. Kept: a living member's own (it may be cloned, and its next attempt resumes
     /// from it), the parent's of every member not ended, and those of members that SUCCEEDED or
     /// were cancelled (the population's results, and members a stop of the experiment will run
-    /// again). Only folders on this machine are deleted (`<experiment>/trials/<id>/checkpoint`:
-    /// services whose trials write to this machine's file system, directly or shared); a host
-    /// with its own file system keeps its own.
+    /// again). The folder on this machine (`<experiment>/trials/<id>/checkpoint`: services whose
+    /// trials write to this machine's file system, directly or shared) is deleted here; every
+    /// service is then asked to delete the trial's folder wherever it keeps its own
+    /// (`TrainingService::delete_checkpoint`, plugin ABI 1.5; a service built before is not
+    /// asked, and a host with its own file system then keeps its copy).
     pub(super) async fn collect_checkpoints(&mut self) {
         let members = self
             .book
@@ -205,6 +207,21 @@ impl Manager {
                         .warn(
                             Some(trial_id.clone()),
                             format!("cannot delete checkpoint folder {}: {e}", dir.display()),
+                        )
+                        .await;
+                }
+            }
+            for index in 0..self.services.len() {
+                let asked = self.services[index]
+                    .handle
+                    .delete_checkpoint(trial_id.clone())
+                    .get()
+                    .await;
+                if let Err(e) = asked {
+                    let _ = self
+                        .warn(
+                            Some(trial_id.clone()),
+                            format!("cannot delete its checkpoint folder: {e}"),
                         )
                         .await;
                 }

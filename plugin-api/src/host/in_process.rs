@@ -9,7 +9,7 @@
 
 use abi_stable::sabi_trait::TD_Opaque;
 
-use super::objects::{AssessorRaw, PluginThread};
+use super::objects::{AssessorRaw, PluginThread, ServiceRaw};
 use super::{
     AssessorHandle, AssessorObject, EventCallback, EventForwarder, HostError,
     TrainingServiceHandle, TrainingServiceObject, TunerHandle, TunerObject,
@@ -77,7 +77,7 @@ pub fn training_service<S: TrainingService>(
     })?;
     let label = format!("training service {name}");
     let object = TrainingServiceObject {
-        raw,
+        raw: ServiceRaw::WithRequests(raw),
         label: label.clone(),
     };
     Ok(TrainingServiceHandle(PluginThread::inline(label, object)))

@@ -967,6 +967,19 @@ impl PluginRegistry {
         let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
         let config = config.to_string();
         let sink = EventSinkAbi_TO::from_value(EventForwarder(Box::new(on_event)), TD_Opaque);
+        if let Some(create) = library.module.create_training_service_with_requests() {
+            let raw = create(
+                RStr::from_str(&exact),
+                RStr::from_str(&config),
+                RStr::from_str(&json_text(context)),
+                sink,
+            );
+            let raw = constructed(ComponentKind::TrainingService, &exact, raw)?;
+            return Ok(service_thread(
+                &exact,
+                objects::ServiceRaw::WithRequests(raw),
+            ));
+        }
         let raw = match library.module.create_training_service() {
             Some(create) => create(
                 RStr::from_str(&exact),
@@ -1058,12 +1071,17 @@ fn service_handle(
     raw: RResult<crate::abi::TrainingServiceBox, RString>,
 ) -> Result<TrainingServiceHandle, HostError> {
     let raw = constructed(ComponentKind::TrainingService, exact, raw)?;
+    Ok(service_thread(exact, objects::ServiceRaw::Plain(raw)))
+}
+
+/// A training service's object on a thread of its own.
+fn service_thread(exact: &str, raw: objects::ServiceRaw) -> TrainingServiceHandle {
     let label = format!("training service {exact}");
     let object = TrainingServiceObject {
         raw,
         label: label.clone(),
     };
-    Ok(TrainingServiceHandle(PluginThread::spawn(label, object)))
+    TrainingServiceHandle(PluginThread::spawn(label, object))
 }
 
 fn constructed<T>(

@@ -8,8 +8,11 @@ use abi_stable::std_types::{RResult, RSlice, RStr, RString};
 use serde_json::Value;
 
 use super::HostError;
-use crate::abi::{AbiGenerated, AssessorBox, AssessorInContextBox, TrainingServiceBox, TunerBox};
-use crate::service::{Environment, TrialRequest};
+use crate::abi::{
+    AbiGenerated, AssessorBox, AssessorInContextBox, TrainingServiceBox,
+    TrainingServiceWithRequestsBox, TunerBox,
+};
+use crate::service::{Environment, ServiceRequest, TrialRequest};
 use crate::{Generated, ImportedTrial, Suggestion, Verdict};
 
 /// A call's answer; an error becomes "<label> failed in <method>: <message>" (a panic's message
@@ -276,15 +279,26 @@ impl AssessorObject {
     }
 }
 
+/// A training service's ABI object: as plugins built before ABI 1.5 make them, or one that
+/// also answers requests.
+pub(super) enum ServiceRaw {
+    Plain(TrainingServiceBox),
+    WithRequests(TrainingServiceWithRequestsBox),
+}
+
 /// A training service from a plugin, called on the current thread.
 pub struct TrainingServiceObject {
-    pub(super) raw: TrainingServiceBox,
+    pub(super) raw: ServiceRaw,
     pub(super) label: String,
 }
 
 impl TrainingServiceObject {
     pub fn environments(&mut self) -> Result<Vec<Environment>, HostError> {
-        let json = called(&self.label, "environments", self.raw.environments())?;
+        let raw = match &mut self.raw {
+            ServiceRaw::Plain(raw) => raw.environments(),
+            ServiceRaw::WithRequests(raw) => raw.environments(),
+        };
+        let json = called(&self.label, "environments", raw)?;
         serde_json::from_str(json.as_str()).map_err(|e| HostError::Call {
             message: format!("{} described its environments in bad JSON: {e}", self.label),
         })
@@ -294,24 +308,50 @@ impl TrainingServiceObject {
         let json = serde_json::to_string(request).map_err(|e| HostError::Call {
             message: e.to_string(),
         })?;
-        called(
-            &self.label,
-            "start_trial",
-            self.raw.start_trial(RStr::from_str(&json)),
-        )
+        let raw = match &mut self.raw {
+            ServiceRaw::Plain(raw) => raw.start_trial(RStr::from_str(&json)),
+            ServiceRaw::WithRequests(raw) => raw.start_trial(RStr::from_str(&json)),
+        };
+        called(&self.label, "start_trial", raw)
     }
 
     pub fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), HostError> {
-        called(
-            &self.label,
-            "kill_trial",
-            self.raw
-                .kill_trial(RStr::from_str(trial_id), RStr::from_str(reason)),
-        )
+        let (trial_id, reason) = (RStr::from_str(trial_id), RStr::from_str(reason));
+        let raw = match &mut self.raw {
+            ServiceRaw::Plain(raw) => raw.kill_trial(trial_id, reason),
+            ServiceRaw::WithRequests(raw) => raw.kill_trial(trial_id, reason),
+        };
+        called(&self.label, "kill_trial", raw)
     }
 
     pub fn shutdown(&mut self) -> Result<(), HostError> {
-        called(&self.label, "shutdown", self.raw.shutdown())
+        let raw = match &mut self.raw {
+            ServiceRaw::Plain(raw) => raw.shutdown(),
+            ServiceRaw::WithRequests(raw) => raw.shutdown(),
+        };
+        called(&self.label, "shutdown", raw)
+    }
+
+    /// Asks the service to do `request`. `Ok(false)`: the service was built before requests
+    /// (plugin ABI 1.4 and earlier) and was not asked.
+    pub fn request(&mut self, request: &ServiceRequest) -> Result<bool, HostError> {
+        let ServiceRaw::WithRequests(raw) = &mut self.raw else {
+            return Ok(false);
+        };
+        let json = serde_json::to_string(request).map_err(|e| HostError::Call {
+            message: e.to_string(),
+        })?;
+        called(&self.label, "request", raw.request(RStr::from_str(&json)))?;
+        Ok(true)
+    }
+
+    /// Asks the service to delete trial `trial_id`'s checkpoint folder wherever it keeps one
+    /// of its own (see `TrainingService::delete_checkpoint`); `Ok(false)` where it was built
+    /// before it could be asked.
+    pub fn delete_checkpoint(&mut self, trial_id: &str) -> Result<bool, HostError> {
+        self.request(&ServiceRequest::DeleteCheckpoint {
+            trial_id: trial_id.to_string(),
+        })
     }
 }
 
@@ -524,5 +564,9 @@ impl TrainingServiceHandle {
     }
     pub fn shutdown(&self) -> Reply<()> {
         self.0.call(|s| s.shutdown())
+    }
+    /// See [`TrainingServiceObject::delete_checkpoint`].
+    pub fn delete_checkpoint(&self, trial_id: String) -> Reply<bool> {
+        self.0.call(move |s| s.delete_checkpoint(&trial_id))
     }
 }

@@ -949,6 +949,18 @@ fn a_layout_mismatch_names_the_innermost_type_and_field() {
 fn check_service_calls(
     registry: &PluginRegistry,
 ) -> (ConfigCheck, ConfigCheck, Vec<String>, String) {
+    let (good, bad, cleaned, environment, _) = check_service_calls_and_requests(registry);
+    (good, bad, cleaned, environment)
+}
+
+/// What a service asked to delete checkpoints answered: each call's result (`Ok(false)`: not
+/// asked) and the events the service sent.
+type Deletions = (Vec<Result<bool, String>>, Vec<ServiceEvent>);
+
+/// [`check_service_calls`], and the service asked to delete the checkpoints of `t7` and `busy`.
+fn check_service_calls_and_requests(
+    registry: &PluginRegistry,
+) -> (ConfigCheck, ConfigCheck, Vec<String>, String, Deletions) {
     let context = ServiceContext {
         experiment_id: "exp1".into(),
         ..ServiceContext::default()
@@ -967,12 +979,27 @@ fn check_service_calls(
             &["t1".into(), "t2".into()],
         )
         .unwrap();
+    let (events_tx, events_rx) = mpsc::channel();
+    let events_tx = Mutex::new(events_tx);
     let service = registry
-        .create_training_service("Checked", &json!({"level": 5}), &context, |_| {})
+        .create_training_service("Checked", &json!({"level": 5}), &context, move |event| {
+            let _ = events_tx.lock().unwrap().send(event.unwrap());
+        })
         .unwrap();
     let environment = service.environments().wait().unwrap().remove(0).id;
+    let deleted = ["t7", "busy"]
+        .into_iter()
+        .map(|id| {
+            service
+                .delete_checkpoint(id.to_string())
+                .wait()
+                .map_err(|e| e.to_string())
+        })
+        .collect();
     service.shutdown().wait().unwrap();
-    (good, bad, cleaned, environment)
+    // The service emits on the calling thread, before its call returns.
+    let events = events_rx.try_iter().collect();
+    (good, bad, cleaned, environment, (deleted, events))
 }
 
 #[test]
@@ -982,7 +1009,26 @@ fn a_training_service_checks_its_config_declares_secrets_and_cleans_up() {
         return;
     }
     let registry = registry_with(&[fixture(Variant::Same)]);
-    let (good, bad, cleaned, environment) = check_service_calls(&registry);
+    let (good, bad, cleaned, environment, (deleted, events)) =
+        check_service_calls_and_requests(&registry);
+    // Asked to delete checkpoints (ABI 1.5): it did, and its refusal came back in one line.
+    assert_eq!(
+        deleted,
+        [
+            Ok(true),
+            Err(
+                "training service Checked failed in request: the checkpoint of busy is in use"
+                    .into()
+            )
+        ]
+    );
+    assert_eq!(
+        events,
+        [ServiceEvent::Warning {
+            trial_id: Some("t7".into()),
+            message: "deleted the checkpoint of t7 of exp1".into()
+        }]
+    );
     let ConfigCheck::Checked(checked) = good else {
         panic!("{good:?}")
     };
@@ -1038,7 +1084,9 @@ fn a_plugin_built_before_the_appended_fields_loads_and_gets_the_old_behaviour() 
         registry.names(ComponentKind::TrainingService),
         ["Checked", "Echo"]
     );
-    let (good, bad, cleaned, environment) = check_service_calls(&registry);
+    let (good, bad, cleaned, environment, deletions) = check_service_calls_and_requests(&registry);
+    // The host cannot ask its services for anything beyond the first calls: nothing is asked.
+    assert_eq!(deletions, (vec![Ok(false), Ok(false)], vec![]));
     // The host cannot ask it to check: the mapping is taken as written, without secrets.
     assert!(
         matches!(&good, ConfigCheck::Checked(c) if c.secrets.is_empty() && c.config["LEVEL"] == 5),

@@ -1116,6 +1116,54 @@ impl Host {
     }
 }
 
+/// How long the deletion of a checkpoint folder waits for its host to be connected.
+const CHECKPOINT_DELETE_WAIT: Duration = Duration::from_secs(300);
+
+impl Host {
+    /// No living population member needs trial `trial_id`'s checkpoint folder any more
+    /// (`TrainingService::delete_checkpoint`): it is deleted on this host, where it exists,
+    /// once the host is connected (waiting up to [`CHECKPOINT_DELETE_WAIT`]). A failure is
+    /// logged: it costs disk, never the experiment.
+    pub async fn delete_checkpoint(self: Arc<Self>, trial_id: String) {
+        let plain = !trial_id.is_empty()
+            && trial_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !plain {
+            return;
+        }
+        let deadline = Instant::now() + CHECKPOINT_DELETE_WAIT;
+        let link = loop {
+            if let Some(link) = self.ready_link() {
+                break link;
+            }
+            if Instant::now() >= deadline {
+                knob_plugin_api::log::debug(&format!(
+                    "training service remote: the checkpoint folder of {trial_id} on {} is kept: the host was not connected",
+                    self.machine.target()
+                ));
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let dir = format!(
+            "{}/{}",
+            Host::trial_dir(&link, &trial_id),
+            crate::trial_python::CHECKPOINT_FOLDER
+        );
+        let command = format!("rm -rf {}", ssh::shell_quote(&dir));
+        let failure = match link.ssh.run(&command, None, REPLY_TIMEOUT).await {
+            Ok(output) if output.status == Some(0) => return,
+            Ok(output) => output.failure_summary(),
+            Err(e) => e.to_string(),
+        };
+        knob_plugin_api::log::warn(&format!(
+            "training service remote: cannot delete {dir} on {}: {failure}",
+            self.machine.target()
+        ));
+    }
+}
+
 /// A population member `trial_id` is about to start on `target` from the checkpoint of trial
 /// `donor` (`KNOB_RESTORE_TRIAL`): the donor's checkpoint folder, from whichever host has it
 /// (`target` first, then the other `hosts`), is copied to the member's `restore/` folder on

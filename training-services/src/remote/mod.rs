@@ -74,6 +74,9 @@ impl From<RemoteError> for PluginError {
     }
 }
 
+/// How long stopping the service waits for checkpoint deletions under way.
+const DELETIONS_LIMIT: Duration = Duration::from_secs(10);
+
 /// Runs trials on SSH hosts through their knob-agents.
 pub struct RemoteService {
     runtime: Option<tokio::runtime::Runtime>,
@@ -85,6 +88,9 @@ pub struct RemoteService {
     shut_down: bool,
     /// Whether `environments` was called before (see [`RemoteService::stand_in_line`]).
     asked_before: bool,
+    /// Checkpoint deletions under way ([`RemoteService::delete_checkpoint`]), awaited (bounded)
+    /// before the service stops.
+    deletions: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl RemoteService {
@@ -122,6 +128,7 @@ impl RemoteService {
             archives: Mutex::default(),
             shut_down: false,
             asked_before: false,
+            deletions: Vec::new(),
         })
     }
 
@@ -260,6 +267,19 @@ impl RemoteService {
         }
     }
 
+    /// Deletes trial `trial_id`'s checkpoint folder on every host that has one, in the
+    /// background (see [`Host::delete_checkpoint`]): a member may have run on several hosts.
+    pub fn delete_checkpoint(&mut self, trial_id: &str) {
+        let Some(runtime) = self.runtime.as_ref().filter(|_| !self.shut_down) else {
+            return;
+        };
+        self.deletions.retain(|d| !d.is_finished());
+        for host in &self.hosts {
+            let deletion = runtime.spawn(host.clone().delete_checkpoint(trial_id.to_string()));
+            self.deletions.push(deletion);
+        }
+    }
+
     /// Stops every agent (its trials killed and their ends reported) and waits for each to
     /// confirm, then disconnects. An agent that does not confirm is named in a warning.
     pub fn stop(&mut self) {
@@ -268,6 +288,16 @@ impl RemoteService {
         }
         self.shut_down = true;
         let Some(runtime) = &self.runtime else { return };
+        // Checkpoint deletions asked for last (the experiment's final ends) finish first.
+        let deletions = std::mem::take(&mut self.deletions);
+        runtime.block_on(async {
+            let all = async {
+                for deletion in deletions {
+                    let _ = deletion.await;
+                }
+            };
+            let _ = tokio::time::timeout(DELETIONS_LIMIT, all).await;
+        });
         let hosts = self.hosts.clone();
         let (unfinished, unconfirmed) = runtime.block_on(async move {
             let waits: Vec<_> = hosts
@@ -365,6 +395,11 @@ impl TrainingService for RemoteService {
 
     fn shutdown(&mut self) -> Result<(), PluginError> {
         self.stop();
+        Ok(())
+    }
+
+    fn delete_checkpoint(&mut self, trial_id: &str) -> Result<(), PluginError> {
+        RemoteService::delete_checkpoint(self, trial_id);
         Ok(())
     }
 }

@@ -4,11 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use knob_plugin_api::service::{MetricKind, ServiceEvent, TrialRequest};
+use knob_plugin_api::TrainingService;
 use knob_training_services::remote::RemoteService;
 use serde_json::{json, Value};
 
 use crate::sshd::{generate_key, password_login, sshd_binary, Sshd, SshdOptions};
-use crate::support::{ending, metrics, of_trial, request, warnings, Events};
+use crate::support::{ending, is_end_of, metrics, of_trial, request, warnings, Events};
 
 /// The agent binary the service uploads (built with this test binary).
 fn agent_binary() -> PathBuf {
@@ -1010,5 +1011,85 @@ fn a_successor_starts_from_a_copy_of_its_parents_checkpoint_on_either_host() {
         .unwrap()
         .join("parent/checkpoint/sub/state")
         .exists());
+    service.stop();
+}
+
+/// The folder named after `ckpt=` in a trial's stderr.
+fn checkpoint_from(stderr: &str) -> PathBuf {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("ckpt="))
+        .unwrap_or_else(|| panic!("no ckpt= line: {stderr}"));
+    PathBuf::from(line)
+}
+
+/// Waits (at most 10 s) until `dir` is gone.
+fn wait_gone(dir: &Path) -> bool {
+    for _ in 0..100 {
+        if !dir.exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    !dir.exists()
+}
+
+#[test]
+fn a_checkpoint_no_member_needs_is_deleted_on_every_host_that_has_it_and_the_others_stay() {
+    let Some(first) = start_sshd(key_options()) else {
+        return;
+    };
+    let second = start_sshd(key_options()).unwrap();
+    let world = World::new();
+    world.trust(&first);
+    world.trust(&second);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&first), key_machine(&second)]),
+        &events,
+        &agent_root(&first),
+    );
+    // Both hosts connected (bounded): each runs a trial.
+    for _ in 0..600 {
+        if service
+            .environments_now()
+            .is_ok_and(|e| e.len() == 2 && e.iter().all(|e| e.ready))
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let save = "mkdir -p \"$KNOB_CHECKPOINT_DIR/sub\" && echo state > \"$KNOB_CHECKPOINT_DIR/sub/state\" && echo \"ckpt=$KNOB_CHECKPOINT_DIR\" >&2 && echo KNOB_FINAL 1";
+    // `replaced` ran on both hosts (run again after a host loss, say), `living` on the first.
+    let mut folders = Vec::new();
+    for (host, trial, run) in [
+        (&first, "replaced", 1),
+        (&second, "replaced", 2),
+        (&first, "living", 1),
+    ] {
+        service.start(&world.request(host, trial, save)).unwrap();
+        let all = events.wait_until(&format!("run {run} of {trial} to end"), |events| {
+            events.iter().filter(|e| is_end_of(e, trial)).count() == run
+        });
+        let (code, _, _, stderr) = ending(&of_trial(&all, trial));
+        assert_eq!(code, Some(0), "{stderr}");
+        let folder = checkpoint_from(&stderr);
+        assert!(folder.join("sub/state").exists(), "{}", folder.display());
+        folders.push(folder);
+    }
+    assert_ne!(folders[0], folders[1], "one folder per host");
+    // An id that is not a plain trial id deletes nothing.
+    TrainingService::delete_checkpoint(&mut service, "replaced/../living").unwrap();
+    TrainingService::delete_checkpoint(&mut service, "replaced").unwrap();
+    for folder in &folders[..2] {
+        assert!(wait_gone(folder), "{} kept", folder.display());
+        // Only the checkpoint goes: the trial's folder, with its logs, stays.
+        assert!(folder.parent().unwrap().is_dir(), "{}", folder.display());
+    }
+    assert!(
+        folders[2].join("sub/state").exists(),
+        "a checkpoint still needed was deleted: {}",
+        folders[2].display()
+    );
     service.stop();
 }
