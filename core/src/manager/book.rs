@@ -212,6 +212,7 @@ impl TrialBook {
         trial.outcome = None;
         trial.objective_problem = None;
         trial.waiting_reason = None;
+        trial.waiting_warned_at = None;
         // What the last attempt used is in its record; the next one reports its own.
         trial.peak_memory_mib = None;
         trial.peak_gpu_memory_mib = None;

@@ -343,9 +343,34 @@ impl Manager {
         }
     }
 
-    /// Submits trials until `trialConcurrency` are running or no more may start.
+    /// Submits trials until `trialConcurrency` are running or no more may start, then places
+    /// the waiting ones, oldest first. Placement comes once, after the new trials are in: while
+    /// trials wait for a GPU every round works out each one's placement and why it waits against
+    /// every environment, and placing before and after each submission made a turn cost two or
+    /// more such rounds (`sim_scale`: 1 000 environments while a host is down). A round that
+    /// ended trials (they can never fit) goes again, so that they are replaced as before; each
+    /// such round ends at least one trial, which counts against `maxTrialNumber`.
     pub(super) async fn fill(&mut self) -> Result<(), ManagerError> {
-        self.place_waiting().await?;
+        loop {
+            self.submit_new().await?;
+            let active = self.book.active_count();
+            self.place_waiting().await?;
+            if self.book.active_count() >= active || self.closed() {
+                break;
+            }
+        }
+        self.publish(Some(if self.tuner.exhausted() {
+            ExperimentStatus::NoMoreTrial
+        } else {
+            ExperimentStatus::Running
+        }));
+        Ok(())
+    }
+
+    /// Creates trials of the tuner's suggestions and asks it for more until
+    /// `trialConcurrency` trials are active or no more may start; they wait for `fill` to
+    /// place them.
+    async fn submit_new(&mut self) -> Result<(), ManagerError> {
         while let Some(emitted) = self.tuner.take_suggestion() {
             let (parameter_id, parameters, label, lineage) = match emitted {
                 Emitted::Stop(stop) => {
@@ -396,11 +421,6 @@ impl Manager {
                 }
             }
         }
-        self.publish(Some(if self.tuner.exhausted() {
-            ExperimentStatus::NoMoreTrial
-        } else {
-            ExperimentStatus::Running
-        }));
         Ok(())
     }
 
@@ -424,7 +444,8 @@ impl Manager {
         }
     }
 
-    /// Creates a trial (recorded WAITING) and places it if it can run now; returns its id.
+    /// Creates a trial (recorded WAITING); `fill`, at the latest first thing in the next turn,
+    /// places it. Returns its id.
     pub(super) async fn submit(
         &mut self,
         parameter_id: u64,
@@ -451,7 +472,6 @@ impl Manager {
         trial.parameter_label = parameter_label;
         trial.lineage = lineage;
         self.book.insert(trial);
-        self.place_waiting().await?;
         Ok(trial_id)
     }
 

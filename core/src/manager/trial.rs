@@ -50,6 +50,8 @@ pub(super) struct Trial {
     pub not_before: Option<Instant>,
     /// Why it waits for resources, as last recorded.
     pub waiting_reason: Option<String>,
+    /// When `waiting_reason` was last recorded (see `placement::WAITING_REASON_EVERY`).
+    pub waiting_warned_at: Option<Instant>,
     /// When `maxTrialDuration` runs out for the running attempt: set when it starts, so that
     /// time spent waiting for resources does not count.
     pub deadline: Option<Instant>,
@@ -105,6 +107,7 @@ impl Trial {
             start_failures: 0,
             pid: None,
             waiting_reason: None,
+            waiting_warned_at: None,
             not_before: None,
             deadline: None,
             intermediate: Vec::new(),
