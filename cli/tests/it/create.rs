@@ -699,7 +699,7 @@ fn processes_that_left_a_trials_group_do_not_outlive_the_experiment() {
 if [ "$NNI_TRIAL_SEQ_ID" = 0 ]; then echo KNOB_FINAL 1; else sleep 60; fi
 "#;
     let yaml = format!(
-        "trialCommand: bash leave.sh\ntrialConcurrency: 2\nmaxTrialNumber: 2\nmaxExperimentDuration: 3s\n{SPACE}"
+        "trialCommand: bash leave.sh\ntrialConcurrency: 2\nmaxTrialNumber: 2\nmaxExperimentDuration: 8s\n{SPACE}"
     );
     let config = sandbox.config(&yaml, &[("leave.sh", script)]);
     let (code, stdout, stderr) = sandbox.create(&config, "escape");
