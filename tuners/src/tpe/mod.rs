@@ -18,13 +18,16 @@
 //! Multi-objective (an experiment with `objectives`; see `multi.rs`), as Optuna 5's `TPESampler`
 //! with several objectives: `ceil(0.1 n)` of the `n` finished trials are good (no cap), chosen by
 //! non-dominated rank, the rank that does not fit cut by hypervolume subset selection,
-//! infeasible trials good only when too few are feasible; the good ones weigh alike
-//! (`good_weights: hypervolume`: by hypervolume contribution, Optuna 3-4); and each parameter is
-//! chosen on its own (`joint::suggest_independent`, Optuna's independent TPE, its default with
-//! several objectives; `multivariate: true` for the joint model). One objective with constraints
-//! keeps the single-objective model and split. Running trials count as bad (Optuna's constant
-//! liar) unless `constant_liar_type` is null. `variant: nni` models one objective and refuses
-//! such an experiment.
+//! infeasible trials good only when too few are feasible; and each parameter is chosen on its
+//! own (`joint::suggest_independent`, Optuna's independent TPE, its default with several
+//! objectives; `multivariate: true` for the joint model). Unlike Optuna 5, whose good trials
+//! weigh alike (`good_weights: equal`), knob weighs them by rank as with one objective
+//! (`good_weights: rank`, the default): best first by non-dominated rank, each rank in greedy
+//! hypervolume order (the order of hypervolume subset selection), the k-th of m weighing
+//! `(m - k)^2`; `good_weights: hypervolume` weighs them by hypervolume contribution (Optuna 3-4).
+//! One objective with constraints keeps the single-objective model and split. Running trials
+//! count as bad (Optuna's constant liar) unless `constant_liar_type` is null. `variant: nni`
+//! models one objective and refuses such an experiment.
 //!
 //! Parallel trials: each running trial enters the model with a made-up loss (the constant
 //! liar: best, worst or mean loss so far; `worst` by default, NNI's `best` under `variant:
@@ -96,6 +99,9 @@ enum FrontWeights {
     Equal,
     /// Optuna 3.x-4.x's: by hypervolume contribution among the good trials (`multi.rs`).
     Hypervolume,
+    /// knob's rank weights over the good trials best first (non-dominated rank, each rank in
+    /// greedy hypervolume order): the k-th of m weighs `(m - k)^2`.
+    Rank,
 }
 
 /// How the good trials are weighted in the good density.
@@ -269,7 +275,7 @@ impl Settings {
                 good_weights: GoodWeights::Rank,
                 front_split: Split::Linear(0.1),
                 front_multivariate: false,
-                front_weights: FrontWeights::Equal,
+                front_weights: FrontWeights::Rank,
                 variant_nni: false,
             },
         };
@@ -329,6 +335,9 @@ impl Settings {
             Some(GoodWeightsArg::Equal) => settings.front_weights = FrontWeights::Equal,
             Some(GoodWeightsArg::Hypervolume) => settings.front_weights = FrontWeights::Hypervolume,
             Some(arg @ (GoodWeightsArg::Age | GoodWeightsArg::Rank)) => {
+                if arg == GoodWeightsArg::Rank {
+                    settings.front_weights = FrontWeights::Rank;
+                }
                 if !settings.multivariate {
                     return Err(bad(
                         "good_weights age and rank apply to the multivariate model only; set multivariate: true or leave it out".into(),
@@ -495,7 +504,8 @@ impl TpeTuner {
             .iter()
             .map(|o| o.outcome.as_ref().unwrap_or(&incomplete))
             .collect();
-        let best_first = multi::split(&outcomes, n_below);
+        let order_ranks = self.settings.front_weights == FrontWeights::Rank;
+        let best_first = multi::split(&outcomes, n_below, order_ranks);
         let mut is_below = vec![false; history.len()];
         for &i in &best_first {
             is_below[i] = true;
@@ -510,6 +520,16 @@ impl TpeTuner {
             match self.settings.front_weights {
                 FrontWeights::Equal => vec![1.0; below_ids.len()],
                 FrontWeights::Hypervolume => multi::below_weights(&outcomes, &below_ids),
+                FrontWeights::Rank => {
+                    let mut rank = vec![0; history.len()];
+                    for (r, &i) in best_first.iter().enumerate() {
+                        rank[i] = r;
+                    }
+                    below_ids
+                        .iter()
+                        .map(|&i| ((best_first.len() - rank[i]) as f64).powi(2))
+                        .collect()
+                }
             }
         } else {
             // One objective with constraints: the single-objective weights over the

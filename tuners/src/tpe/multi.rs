@@ -8,10 +8,12 @@
 //! - Infeasible trials only fill what is left of `n_below`, the least violated first; with
 //!   enough feasible trials they are all above (Optuna's constrained TPE).
 //! - Trials with an incomplete outcome (a NaN objective) are always above.
-//! - The good trials are weighed by their hypervolume contribution among the good ones (the
-//!   loss of hypervolume when each is left out, over the largest), so the points that make
-//!   the front shape the good density; the others, infeasible ones included, get `EPS`
-//!   (Optuna's `_calculate_weights_below_for_multi_objective`).
+//! - With `good_weights: rank` (knob's default, `mod.rs`) each whole rank is ordered by greedy
+//!   hypervolume contribution as well, so the good trials come best first for their weights.
+//! - With `good_weights: hypervolume` the good trials are weighed by their hypervolume
+//!   contribution among the good ones (the loss of hypervolume when each is left out, over the
+//!   largest); the others, infeasible ones included, get `EPS` (Optuna 3-4's
+//!   `_calculate_weights_below_for_multi_objective`).
 
 use knob_plugin_api::objectives::{
     hypervolume, hypervolume_subset, non_dominated_ranks, pareto_front,
@@ -22,8 +24,10 @@ use knob_plugin_api::Outcome;
 const EPS: f64 = 1e-12;
 
 /// The indices of `outcomes` that count as good, best first: `n_below` of them (fewer when
-/// fewer are usable). See the module documentation for the order.
-pub(super) fn split(outcomes: &[&Outcome], n_below: usize) -> Vec<usize> {
+/// fewer are usable). See the module documentation for the order. With `order_ranks`, each whole
+/// rank is listed in greedy hypervolume order too (its own hypervolume subset selection of all
+/// its points), for rank weights; otherwise in the order of [`non_dominated_ranks`].
+pub(super) fn split(outcomes: &[&Outcome], n_below: usize, order_ranks: bool) -> Vec<usize> {
     let complete: Vec<usize> = (0..outcomes.len())
         .filter(|&i| outcomes[i].is_complete())
         .collect();
@@ -37,14 +41,26 @@ pub(super) fn split(outcomes: &[&Outcome], n_below: usize) -> Vec<usize> {
         if room == 0 {
             break;
         }
+        let losses = || -> Vec<Vec<f64>> {
+            rank.iter()
+                .map(|&k| feasible_points[k].losses.clone())
+                .collect()
+        };
         if rank.len() <= room {
-            below.extend(rank.iter().map(|&k| feasible[k]));
+            if order_ranks && rank.len() > 1 {
+                let losses = losses();
+                let reference = tie_break_reference(&losses);
+                below.extend(
+                    hypervolume_subset(&losses, &reference, rank.len())
+                        .into_iter()
+                        .map(|j| feasible[rank[j]]),
+                );
+            } else {
+                below.extend(rank.iter().map(|&k| feasible[k]));
+            }
             continue;
         }
-        let losses: Vec<Vec<f64>> = rank
-            .iter()
-            .map(|&k| feasible_points[k].losses.clone())
-            .collect();
+        let losses = losses();
         let reference = tie_break_reference(&losses);
         below.extend(
             hypervolume_subset(&losses, &reference, room)
@@ -138,7 +154,7 @@ mod tests {
 
     fn split_of(points: &[Outcome], n_below: usize) -> Vec<usize> {
         let refs: Vec<&Outcome> = points.iter().collect();
-        split(&refs, n_below)
+        split(&refs, n_below, false)
     }
 
     /// Rank 0 is {0, 1}; rank 1 is {2, 4, 5} ([0.6, 6] and [6, 0.6] are dominated by rank 0),
@@ -167,6 +183,26 @@ mod tests {
         assert_eq!(split_of(&points, 0), Vec::<usize>::new());
         // Whole ranks only when they fit exactly.
         assert_eq!(split_of(&points, 2), vec![0, 1]);
+    }
+
+    /// With `order_ranks`, a whole rank comes in greedy hypervolume order: on the front
+    /// x + y = 1 against (1.1, 1.1), the middle first, then the points that add most beside it.
+    #[test]
+    fn whole_ranks_come_in_hypervolume_order_when_asked() {
+        let points: Vec<Outcome> = [0.0, 0.1, 0.2, 0.5, 1.0]
+            .iter()
+            .map(|&x| Outcome::minimised(&[x, 1.0 - x], &[]))
+            .chain([Outcome::minimised(&[2.0, 2.0], &[])])
+            .collect();
+        let refs: Vec<&Outcome> = points.iter().collect();
+        // The whole front fits in 5 and is ordered; unordered it comes as non_dominated_ranks
+        // lists it.
+        assert_eq!(split(&refs, 5, true)[..3], [3, 2, 4]);
+        let mut unordered = split(&refs, 5, false);
+        unordered.sort_unstable();
+        assert_eq!(unordered, vec![0, 1, 2, 3, 4]);
+        // The dominated [2, 2] comes last either way.
+        assert_eq!(split(&refs, 6, true)[5], 5);
     }
 
     #[test]
