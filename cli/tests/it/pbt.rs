@@ -4,15 +4,12 @@
 //! SIGKILL of the manager and `knob resume`. Then on a remote host (a real sshd, gated by
 //! `KNOB_TEST_SSHD`): replaced members' checkpoint folders are deleted there.
 
-// `remote.rs` keeps its own copy private; a second one here leaves that file alone.
-#[path = "../../../training-services/tests/it/sshd.rs"]
-#[allow(clippy::duplicate_mod)]
-mod sshd;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::remote::sshd;
 
 use serde_json::Value;
 

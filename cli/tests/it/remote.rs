@@ -7,7 +7,7 @@
 //! `KNOB_TEST_REQUIRE_ALL=1`.
 
 #[path = "../../../training-services/tests/it/sshd.rs"]
-mod sshd;
+pub(crate) mod sshd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
