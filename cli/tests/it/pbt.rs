@@ -9,11 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::remote::sshd;
-
 use serde_json::Value;
 
 use crate::create::Sandbox;
+use crate::remote::sshd;
 use crate::{repo_root, run};
 
 const STEPS: u64 = 40;
