@@ -213,6 +213,7 @@ impl TrialBook {
         trial.objective_problem = None;
         trial.waiting_reason = None;
         trial.waiting_warned_at = None;
+        trial.waiting_reasons_recorded = 0;
         // What the last attempt used is in its record; the next one reports its own.
         trial.peak_memory_mib = None;
         trial.peak_gpu_memory_mib = None;

@@ -18,10 +18,22 @@ use crate::store::TrialStatus;
 const MIB: u64 = 1024 * 1024;
 
 /// A waiting trial's reason is recorded (a `waiting: …` warning) when it starts to wait, and a
-/// changed one at most this often after that. The reason names the trials that hold the GPUs,
+/// changed one after a gap that doubles from [`WAITING_REASON_FIRST_GAP`] with each one
+/// recorded, up to [`WAITING_REASON_EVERY`]. The reason names the trials that hold the GPUs,
 /// so it changes whenever one of them ends; recording every change wrote several warnings a
-/// trial while a host of 1 000 was down (`sim_scale`: 1.8 a trial at 100 000 trials).
+/// trial while a host of 1 000 was down (`sim_scale`: 1.8 a trial at 100 000 trials). The first
+/// changes come soon, since they are the ones a user waits for (a cluster allocation's pending
+/// reason comes seconds after the trial started to wait for it).
 pub(super) const WAITING_REASON_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+const WAITING_REASON_FIRST_GAP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long after the last recorded reason a changed one is recorded, `recorded` having been
+/// recorded for the attempt so far.
+fn waiting_reason_gap(recorded: u32) -> std::time::Duration {
+    WAITING_REASON_FIRST_GAP
+        .saturating_mul(1 << recorded.saturating_sub(1).min(6))
+        .min(WAITING_REASON_EVERY)
+}
 
 /// A waiting trial's own requests: `None` takes the experiment's (`trialMemorySize`,
 /// `trialGpuMemory`).
@@ -264,12 +276,13 @@ impl Manager {
                         .get_mut(&trial_id)
                         .expect("waiting trial is known");
                     let now = Instant::now();
-                    let due = trial
-                        .waiting_warned_at
-                        .is_none_or(|at| now >= at + WAITING_REASON_EVERY);
+                    let due = trial.waiting_warned_at.is_none_or(|at| {
+                        now >= at + waiting_reason_gap(trial.waiting_reasons_recorded)
+                    });
                     if due && trial.waiting_reason.as_deref() != Some(reason.as_str()) {
                         trial.waiting_reason = Some(reason.clone());
                         trial.waiting_warned_at = Some(now);
+                        trial.waiting_reasons_recorded += 1;
                         self.warn(Some(trial_id), format!("waiting: {reason}"))
                             .await?;
                     }
@@ -410,7 +423,15 @@ fn raised_request(trial: &super::trial::Trial) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::refused_after_raise;
+    use super::{refused_after_raise, waiting_reason_gap};
+    use std::time::Duration;
+
+    #[test]
+    fn a_changed_waiting_reason_waits_longer_each_time_up_to_a_minute() {
+        let gaps: Vec<u64> = (1..=8).map(|n| waiting_reason_gap(n).as_secs()).collect();
+        assert_eq!(gaps, [2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(waiting_reason_gap(u32::MAX), Duration::from_secs(60));
+    }
 
     #[test]
     fn a_raised_request_no_environment_holds_is_refused_in_one_line_saying_what_to_do() {

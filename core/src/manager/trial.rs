@@ -52,6 +52,8 @@ pub(super) struct Trial {
     pub waiting_reason: Option<String>,
     /// When `waiting_reason` was last recorded (see `placement::WAITING_REASON_EVERY`).
     pub waiting_warned_at: Option<Instant>,
+    /// How many reasons were recorded for this attempt: each waits longer for the next.
+    pub waiting_reasons_recorded: u32,
     /// When `maxTrialDuration` runs out for the running attempt: set when it starts, so that
     /// time spent waiting for resources does not count.
     pub deadline: Option<Instant>,
@@ -108,6 +110,7 @@ impl Trial {
             pid: None,
             waiting_reason: None,
             waiting_warned_at: None,
+            waiting_reasons_recorded: 0,
             not_before: None,
             deadline: None,
             intermediate: Vec::new(),
