@@ -229,6 +229,23 @@ struct TpeArgs {
 }
 
 /// `constant_liar_type`: "best", "worst", "mean", or null / "none" for no liar (NNI's `None`).
+/// The good trials' weights by rank: the k-th best (from 0) of m weighs (m − k)². `best_first`
+/// lists the good trials' indices (into `trials` finished ones) best first; the weights come in
+/// the order of `arrival`, the same indices in the order the points are given.
+fn rank_weights(
+    best_first: &[usize],
+    arrival: impl Iterator<Item = usize>,
+    trials: usize,
+) -> Vec<f64> {
+    let mut rank = vec![0; trials];
+    for (r, &i) in best_first.iter().enumerate() {
+        rank[i] = r;
+    }
+    arrival
+        .map(|i| ((best_first.len() - rank[i]) as f64).powi(2))
+        .collect()
+}
+
 fn liar<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<Liar>>, D::Error> {
     match Option::<Value>::deserialize(deserializer)? {
         None | Some(Value::Null) => Ok(Some(None)),
@@ -474,17 +491,12 @@ impl TpeTuner {
         let weights = |n| nni::linear_forgetting_weights(self.settings.linear_forgetting, n);
         let below_weights = match self.settings.good_weights {
             GoodWeights::Age => weights(below.len()),
-            GoodWeights::Rank => {
-                // Ranks among the good trials, which `group` lists in arrival order.
-                let mut rank = vec![0; history.len()];
-                for (r, &i) in order[..n_below].iter().enumerate() {
-                    rank[i] = r;
-                }
-                (0..history.len())
-                    .filter(|&i| is_below[i])
-                    .map(|i| ((n_below - rank[i]) as f64).powi(2))
-                    .collect()
-            }
+            // `group` lists the good trials in arrival order.
+            GoodWeights::Rank => rank_weights(
+                &order[..n_below],
+                (0..history.len()).filter(|&i| is_below[i]),
+                history.len(),
+            ),
         };
         (below, below_weights, above)
     }
@@ -521,14 +533,7 @@ impl TpeTuner {
                 FrontWeights::Equal => vec![1.0; below_ids.len()],
                 FrontWeights::Hypervolume => multi::below_weights(&outcomes, &below_ids),
                 FrontWeights::Rank => {
-                    let mut rank = vec![0; history.len()];
-                    for (r, &i) in best_first.iter().enumerate() {
-                        rank[i] = r;
-                    }
-                    below_ids
-                        .iter()
-                        .map(|&i| ((best_first.len() - rank[i]) as f64).powi(2))
-                        .collect()
+                    rank_weights(&best_first, below_ids.iter().copied(), history.len())
                 }
             }
         } else {
@@ -539,14 +544,7 @@ impl TpeTuner {
                     nni::linear_forgetting_weights(self.settings.linear_forgetting, below_ids.len())
                 }
                 GoodWeights::Rank => {
-                    let mut rank = vec![0; history.len()];
-                    for (r, &i) in best_first.iter().enumerate() {
-                        rank[i] = r;
-                    }
-                    below_ids
-                        .iter()
-                        .map(|&i| ((best_first.len() - rank[i]) as f64).powi(2))
-                        .collect()
+                    rank_weights(&best_first, below_ids.iter().copied(), history.len())
                 }
             }
         };
