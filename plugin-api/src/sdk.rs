@@ -509,6 +509,20 @@ pub trait TrainingService: Send + 'static {
         let _ = trial_id;
         Ok(())
     }
+    /// Population-based training: successor `trial_id` was just created to start from the
+    /// checkpoint of trial `donor` (its `KNOB_RESTORE_TRIAL`), which keeps training and
+    /// overwriting its folder. A service whose trials write to a file system of their own (a
+    /// remote host's) copies the donor's folder there now, and makes `trial_id` start from that
+    /// copy (its `KNOB_RESTORE_FROM`) wherever it later runs it; return `true` once the copy is
+    /// under way (keep the call short: start the copy and return, and finish it before
+    /// `trial_id` starts). Called on the service that ran `donor` (hosts of plugin ABI 1.5 and
+    /// later), only when the host cannot see the donor's folder on its own machine (there it
+    /// copies the folder itself). An error is a warning. The default returns `false`: not
+    /// supported; the successor starts from the donor's folder as it is when it starts.
+    fn snapshot_checkpoint(&mut self, trial_id: &str, donor: &str) -> Result<bool, PluginError> {
+        let _ = (trial_id, donor);
+        Ok(false)
+    }
 }
 
 /// What a service that does not check its config accepts: any mapping, as written (and what the
@@ -874,12 +888,20 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
                         "{label}: unknown request from host ({e}); built against an older knob-plugin-api"
                     ))
                 })?;
-            match request {
+            let answer = match request {
                 ServiceRequest::DeleteCheckpoint { trial_id } => {
-                    inner.delete_checkpoint(&trial_id)?
+                    inner.delete_checkpoint(&trial_id)?;
+                    "null"
                 }
-            }
-            Ok(RString::from("null"))
+                ServiceRequest::SnapshotCheckpoint { trial_id, donor } => {
+                    if inner.snapshot_checkpoint(&trial_id, &donor)? {
+                        "true"
+                    } else {
+                        "false"
+                    }
+                }
+            };
+            Ok(RString::from(answer))
         })
     }
 }
@@ -1650,5 +1672,64 @@ mod tests {
         let back: ImportedTrial = serde_json::from_str(&text).unwrap();
         assert!(back.value.is_nan() && !back.has_ended());
         assert_eq!(back.label.as_deref(), Some("0-1_0_2"));
+    }
+
+    /// A service that takes no snapshot (the default) and one that does.
+    struct Service {
+        snapshots: bool,
+    }
+
+    impl TrainingService for Service {
+        fn new(config: &Value, _events: EventSink) -> Result<Self, PluginError> {
+            Ok(Service {
+                snapshots: config["snapshots"] == json!(true),
+            })
+        }
+        fn environments(&mut self) -> Result<Vec<crate::service::Environment>, PluginError> {
+            Ok(Vec::new())
+        }
+        fn start_trial(&mut self, _request: TrialRequest) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn kill_trial(&mut self, _trial_id: &str, _reason: &str) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn shutdown(&mut self) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn snapshot_checkpoint(
+            &mut self,
+            trial_id: &str,
+            donor: &str,
+        ) -> Result<bool, PluginError> {
+            if self.snapshots {
+                assert_eq!((trial_id, donor), ("succ", "donor"));
+            }
+            Ok(self.snapshots)
+        }
+    }
+
+    #[cfg(feature = "host")]
+    #[test]
+    fn a_snapshot_request_is_answered_and_a_kind_added_later_reads_as_unknown() {
+        let ask = |snapshots: bool, request: &str| {
+            let mut adaptor = TrainingServiceAdaptor {
+                inner: Service { snapshots },
+                label: "training service fixture".into(),
+                poisoned: false,
+            };
+            TrainingServiceWithRequestsAbi::request(&mut adaptor, RStr::from_str(request))
+                .into_result()
+                .map(|a| a.to_string())
+                .map_err(|e| e.to_string())
+        };
+        let snapshot = r#"{"type":"snapshot_checkpoint","trial_id":"succ","donor":"donor"}"#;
+        assert_eq!(ask(false, snapshot), Ok("false".to_string()));
+        assert_eq!(ask(true, snapshot), Ok("true".to_string()));
+        // A kind this SDK does not know: the host reads the error as "nothing done".
+        let later = ask(true, r#"{"type":"a_later_kind","trial_id":"succ"}"#).unwrap_err();
+        assert!(crate::host::unknown_request(&later), "{later}");
+        let failed = "training service fixture: the copy failed";
+        assert!(!crate::host::unknown_request(failed));
     }
 }

@@ -173,6 +173,17 @@ pub enum ServiceRequest {
     /// `<experiment>/trials/<trial_id>/checkpoint` on its own machine. Sent once per trial,
     /// after the trial ended, to every service of the experiment.
     DeleteCheckpoint { trial_id: String },
+    /// Population-based training: trial `trial_id`, a successor just created, starts from the
+    /// checkpoint of trial `donor`, which keeps training and overwriting its folder. A service
+    /// whose trials write to a file system other than the host's (a remote host's) copies the
+    /// donor's folder now, where it is, and starts `trial_id` from that frozen copy wherever it
+    /// runs it; the successor then starts from the donor's state at the exploitation even when
+    /// it waits (no free GPU, a busy host) before starting. Sent once, as the successor is
+    /// created, to the service that ran the donor, when the donor's folder is not on the host's
+    /// machine (where it is, the host copies it itself). Answered `true` (a copy is being
+    /// taken) or `false` (not supported: the successor starts from the donor's folder as it is
+    /// when it starts).
+    SnapshotCheckpoint { trial_id: String, donor: String },
 }
 
 // ---------------------------------------------------------------------------------------------

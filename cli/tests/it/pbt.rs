@@ -328,3 +328,146 @@ fn a_remote_pbt_experiment_deletes_replaced_members_checkpoints_on_the_host() {
         "{export:#}"
     );
 }
+
+/// Starts `trial.py` with a SIGTERM handler that takes `PBT_STOP_SECONDS` to exit, as a trainer
+/// that saves on the way out: a stopped member holds its place that long, and its successor
+/// waits for it while the parent trains on.
+const SLOW_STOP: &str = r#"import os, runpy, signal, sys, time
+
+
+def stop(*_):
+    time.sleep(float(os.environ.get("PBT_STOP_SECONDS", "0")))
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+runpy.run_path("trial.py", run_name="__main__")
+"#;
+
+/// Ray Tune's ray#28509 ("restores the wrong weights") on a remote host: the host has 8 GPUs
+/// (simulated) for 8 members of one GPU each and `trialConcurrency` leaves room, so a
+/// successor is created at the exploitation and then waits for the GPU of the member it
+/// replaces, which takes 4 s to stop, while its parent keeps overwriting its checkpoint folder.
+/// Every successor must still start from its parent's state at the exploitation (the copy the
+/// remote service takes when the successor is created), as its own `pbt.json` says: not the
+/// 20 steps the parent trained on meanwhile.
+#[test]
+fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitation() {
+    let Some(binary) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = sshd::Sshd::start(
+        &binary,
+        sshd::SshdOptions {
+            key_auth: true,
+            env: vec![("KNOB_SIMULATE_GPUS".into(), "8x16GiB".into())],
+            ..sshd::SshdOptions::default()
+        },
+    )
+    .expect("start sshd");
+    let sandbox = Sandbox::new();
+    let known_hosts = sandbox.path().join("known_hosts");
+    std::fs::write(&known_hosts, host.known_hosts_line() + "\n").unwrap();
+    let agent_root = sandbox.path().join("agent");
+    let root = repo_root().join("examples/pbt");
+    let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
+    let yaml = std::fs::read_to_string(root.join("config.yml"))
+        .unwrap()
+        .replace("maxExperimentDuration: 10m", "maxExperimentDuration: 4m")
+        .replace(
+            "trialConcurrency: 8",
+            "trialConcurrency: 10\ntrialGpuNumber: 1",
+        )
+        .replace(
+            "trialCommand: python3 trial.py",
+            "trialCommand: PBT_STEPS=60 PBT_STEP_SECONDS=0.2 PBT_STOP_SECONDS=4 python3 slow_stop.py",
+        )
+        .replace(
+            "trainingService:\n  platform: local",
+            &format!(
+                "trainingService:\n  platform: remote\n  knownHostsFile: {}\n  agentRoot: {}\n  machineList:\n    - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
+                known_hosts.display(),
+                agent_root.display(),
+                host.port(),
+                host.user(),
+                host.client_key_path().display()
+            ),
+        );
+    assert!(yaml.contains("slow_stop.py"), "{yaml}");
+    let config = sandbox.config(&yaml, &[("trial.py", &trial), ("slow_stop.py", SLOW_STOP)]);
+    let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbtw", "0.2"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("pbtw");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    let environments: Vec<PathBuf> = std::fs::read_dir(agent_root.join("experiments/pbtw"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("trials").is_dir())
+        .collect();
+    assert_eq!(environments.len(), 1, "{environments:?}");
+    let logs = trial_logs(&environments[0]);
+    let trials = export["trials"].as_array().unwrap();
+    let by_id: BTreeMap<&str, &Value> = trials
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t))
+        .collect();
+    // A member's step at `time_ms`, from its own log (the step it restored, for a successor)
+    // and the steps it had reported by then (a member saves, then reports: its folder may be
+    // one step further).
+    let step_at = |tid: &str, time_ms: u64| -> u64 {
+        let base = logs[tid]
+            .first()
+            .and_then(|log| log["restored"]["step"].as_u64())
+            .unwrap_or(0);
+        let reported = by_id[tid]["intermediate"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["time_ms"].as_u64().unwrap() <= time_ms)
+            .count() as u64;
+        base + reported
+    };
+    // (trial, parent's step at its creation, restored, parent's step at its start)
+    let mut checked = Vec::new();
+    for trial in trials {
+        let Some(parent) = trial["lineage"]["parent"].as_str() else {
+            continue;
+        };
+        let tid = trial["id"].as_str().unwrap();
+        let first = logs[tid]
+            .first()
+            .unwrap_or_else(|| panic!("{tid} wrote no log"));
+        assert!(
+            first["restore_from"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("trials/{tid}/restore")),
+            "{tid}: {first}"
+        );
+        let restored = &first["restored"];
+        assert_eq!(restored["written_by"], parent, "{tid}: {first}");
+        let step = restored["step"].as_u64().unwrap();
+        let created = trial["created_ms"].as_u64().unwrap();
+        let started = trial["started_ms"].as_u64().unwrap();
+        // The copy is taken a moment after the creation (the manager's turn, one ssh command):
+        // 1.5 s at most, 8 steps of 0.2 s.
+        let (at_creation, soon_after) = (step_at(parent, created), step_at(parent, created + 1500));
+        assert!(
+            (at_creation..=soon_after + 1).contains(&step),
+            "{tid} restored {parent}'s step {step}; {parent} was at step {at_creation} when {tid} was created, {soon_after} 1.5 s later: {first}"
+        );
+        checked.push((tid.to_string(), at_creation, step, step_at(parent, started)));
+    }
+    // The test can fail: some successor waited long enough for its parent to train past what
+    // the copy allows (the step it would have restored without the copy).
+    assert!(
+        checked.iter().any(|(tid, at_creation, _, at_start)| {
+            let created = by_id[tid.as_str()]["created_ms"].as_u64().unwrap();
+            let parent = by_id[tid.as_str()]["lineage"]["parent"].as_str().unwrap();
+            *at_start > step_at(parent, created + 1500) + 1 && at_start > at_creation
+        }),
+        "no successor waited while its parent trained on: {checked:?}\n{export:#}"
+    );
+    eprintln!("successors (trial, parent's step at creation, restored, at start): {checked:?}");
+}

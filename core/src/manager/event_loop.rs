@@ -60,6 +60,9 @@ pub(super) struct Manager {
     /// Population members whose checkpoint folder was deleted
     /// (`population::collect_checkpoints`).
     pub(super) collected: std::collections::HashSet<String>,
+    /// Whether the log said that a service takes no copy of a parent's checkpoint as its
+    /// successor is created (`population::snapshot_parent_elsewhere`), said once.
+    pub(super) snapshots_unsupported_told: bool,
     /// Told when the loop starts and stops waiting (the simulator); `turns` counts the waits.
     pub(super) observer: Option<watch::Sender<LoopState>>,
     pub(super) turns: u64,
@@ -168,6 +171,7 @@ impl Manager {
             timers,
             stop_requested: false,
             collected: Default::default(),
+            snapshots_unsupported_told: false,
             observer: None,
             turns: 0,
             config,

@@ -15,7 +15,10 @@
 //! successor starts from the parent's state at the exploitation (or a step or two later: the
 //! time the bottom member takes to stop), not from wherever the parent has got to when the
 //! successor starts, which had been its final state when the members ran fast. The copy is
-//! deleted when the successor ends.
+//! deleted when the successor ends. When the parent's folder is not on this machine, the
+//! service that ran the parent is asked to take the copy where the folder is
+//! (`TrainingService::snapshot_checkpoint`, a `ServiceRequest` of plugin ABI 1.5), and its
+//! runner names that copy wherever the successor starts.
 
 use knob_plugin_api::population::{Lineage as TunerLineage, Stop};
 
@@ -122,8 +125,10 @@ impl Manager {
     }
 
     /// A successor `trial_id` is being created from `parent`: copies the parent's checkpoint
-    /// folder, if it is on this machine, to the successor's `restore/` folder. A failed copy is
-    /// a warning, and the successor then starts from the parent's folder as it is when it starts.
+    /// folder, if it is on this machine, to the successor's `restore/` folder; else asks the
+    /// service that ran the parent to copy it where it is (`snapshot_parent_elsewhere`). A
+    /// failed copy is a warning, and the successor then starts from the parent's folder as it
+    /// is when it starts.
     pub(super) async fn snapshot_parent_checkpoint(
         &mut self,
         trial_id: &str,
@@ -131,12 +136,12 @@ impl Manager {
     ) -> Result<(), ManagerError> {
         let from = checkpoint_dir(&self.dir, parent);
         let to = snapshot_dir(&self.dir, trial_id);
+        if !from.is_dir() {
+            return self.snapshot_parent_elsewhere(trial_id, parent).await;
+        }
         let copied = tokio::task::spawn_blocking({
             let (from, to) = (from.clone(), to.clone());
             move || {
-                if !from.is_dir() {
-                    return Ok(());
-                }
                 // Copied under another name, then renamed: a manager killed mid-copy leaves no
                 // partial `restore/` for the runner to name (the successor then starts from the
                 // parent's folder).
@@ -164,6 +169,57 @@ impl Manager {
             ),
         )
         .await
+    }
+
+    /// The parent's checkpoint folder is not on this machine (its trials write to a file system
+    /// of their own): the service that ran the parent is asked to copy it now, where it is, for
+    /// the successor (`TrainingService::snapshot_checkpoint`, plugin ABI 1.5). Asked now, not
+    /// when the successor starts: a successor that waits for a place would otherwise start from
+    /// whatever the parent has trained to by then (Ray Tune's "restores the wrong weights",
+    /// ray#28509). A service that takes no copy (built before, or not supported) leaves the
+    /// successor to start from the parent's folder as it is then, which the experiment's log
+    /// says once.
+    async fn snapshot_parent_elsewhere(
+        &mut self,
+        trial_id: &str,
+        parent: &str,
+    ) -> Result<(), ManagerError> {
+        let Some(index) = self.book.get(parent).and_then(|t| t.service) else {
+            return Ok(());
+        };
+        let Some(slot) = self.services.get(index) else {
+            return Ok(());
+        };
+        let asked = slot
+            .handle
+            .snapshot_checkpoint(trial_id.to_string(), parent.to_string())
+            .get()
+            .await;
+        match asked {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                if std::mem::replace(&mut self.snapshots_unsupported_told, true) {
+                    return Ok(());
+                }
+                let name = self.services[index].platform.clone();
+                self.warn(
+                    Some(trial_id.to_string()),
+                    format!(
+                        "training service {name} takes no copy of a parent's checkpoint as its successor is created; successors start from their parent's checkpoint as it is when they start"
+                    ),
+                )
+                .await
+            }
+            Err(e) => {
+                self.warn(
+                    Some(trial_id.to_string()),
+                    format!(
+                        "cannot copy the checkpoint of {parent} it starts from: {e}; it starts from that checkpoint as it is then"
+                    ),
+                )
+                .await
+            }
+        }
     }
 
     /// A successor ended: the copy of its parent's checkpoint it started from goes (kept for a

@@ -17,6 +17,8 @@ mod objects;
 pub mod precheck;
 
 pub use nni_names::{nni_algorithm, NniAlgorithm, NNI_ALGORITHMS};
+#[cfg(test)]
+pub(crate) use objects::unknown_request;
 use objects::PluginThread;
 pub use objects::{
     AssessorHandle, AssessorObject, Reply, TrainingServiceHandle, TrainingServiceObject,

@@ -335,14 +335,32 @@ impl TrainingServiceObject {
     /// Asks the service to do `request`. `Ok(false)`: the service was built before requests
     /// (plugin ABI 1.4 and earlier) and was not asked.
     pub fn request(&mut self, request: &ServiceRequest) -> Result<bool, HostError> {
+        Ok(self.request_answer(request)?.is_some())
+    }
+
+    /// Asks the service to do `request`, and returns its answer (JSON). `Ok(None)`: the
+    /// service was built before requests (plugin ABI 1.4 and earlier) and was not asked, or
+    /// before this kind of request, which its SDK refuses as unknown (see
+    /// [`unknown_request`]): nothing was done.
+    pub fn request_answer(
+        &mut self,
+        request: &ServiceRequest,
+    ) -> Result<Option<serde_json::Value>, HostError> {
         let ServiceRaw::WithRequests(raw) = &mut self.raw else {
-            return Ok(false);
+            return Ok(None);
         };
         let json = serde_json::to_string(request).map_err(|e| HostError::Call {
             message: e.to_string(),
         })?;
-        called(&self.label, "request", raw.request(RStr::from_str(&json)))?;
-        Ok(true)
+        match raw.request(RStr::from_str(&json)).into_result() {
+            Ok(answer) => Ok(Some(
+                serde_json::from_str(answer.as_str()).unwrap_or(serde_json::Value::Null),
+            )),
+            Err(message) if unknown_request(message.as_str()) => Ok(None),
+            Err(message) => Err(HostError::Call {
+                message: failed_in(&self.label, "request", message.as_str()),
+            }),
+        }
     }
 
     /// Asks the service to delete trial `trial_id`'s checkpoint folder wherever it keeps one
@@ -353,6 +371,25 @@ impl TrainingServiceObject {
             trial_id: trial_id.to_string(),
         })
     }
+
+    /// Asks the service to copy trial `donor`'s checkpoint folder now for successor
+    /// `trial_id` (see `TrainingService::snapshot_checkpoint`). `Ok(true)`: a copy is being
+    /// taken; `Ok(false)`: the service does not take one (the SDK's default), or was built
+    /// before it could be asked.
+    pub fn snapshot_checkpoint(&mut self, trial_id: &str, donor: &str) -> Result<bool, HostError> {
+        let answer = self.request_answer(&ServiceRequest::SnapshotCheckpoint {
+            trial_id: trial_id.to_string(),
+            donor: donor.to_string(),
+        })?;
+        Ok(answer == Some(serde_json::Value::Bool(true)))
+    }
+}
+
+/// Whether a service's error to a request says that its SDK does not know the request's kind:
+/// the SDK's adaptor (plugin ABI 1.5 on) answers a kind added after it was built with this
+/// message, which the host takes as "nothing done".
+pub(crate) fn unknown_request(message: &str) -> bool {
+    message.contains(": unknown request from host (")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -568,5 +605,10 @@ impl TrainingServiceHandle {
     /// See [`TrainingServiceObject::delete_checkpoint`].
     pub fn delete_checkpoint(&self, trial_id: String) -> Reply<bool> {
         self.0.call(move |s| s.delete_checkpoint(&trial_id))
+    }
+    /// See [`TrainingServiceObject::snapshot_checkpoint`].
+    pub fn snapshot_checkpoint(&self, trial_id: String, donor: String) -> Reply<bool> {
+        self.0
+            .call(move |s| s.snapshot_checkpoint(&trial_id, &donor))
     }
 }

@@ -1099,11 +1099,7 @@ impl Host {
         if !lock(&self.state).restore_copies.remove(trial_id) {
             return;
         }
-        let dest = format!(
-            "{}/{}",
-            Host::trial_dir(link, trial_id),
-            crate::trial_python::RESTORE_SNAPSHOT_FOLDER
-        );
+        let dest = snapshot_dir(link, trial_id);
         let ssh = link.ssh.clone();
         tokio::spawn(async move {
             let command = format!("rm -rf {}", ssh::shell_quote(&dest));
@@ -1119,17 +1115,41 @@ impl Host {
 /// How long the deletion of a checkpoint folder waits for its host to be connected.
 const CHECKPOINT_DELETE_WAIT: Duration = Duration::from_secs(300);
 
+/// Whether `id` is a plain trial id (letters, digits, `-`, `_`): one that is safe in a path.
+fn plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// The host's folder, for successor `trial_id`, holding the frozen copy of its donor's
+/// checkpoint folder (`trial_python::restore_dir` names it in `KNOB_RESTORE_FROM`).
+fn snapshot_dir(link: &Link, trial_id: &str) -> String {
+    format!(
+        "{}/{}",
+        Host::trial_dir(link, trial_id),
+        crate::trial_python::RESTORE_SNAPSHOT_FOLDER
+    )
+}
+
+/// Trial `trial_id`'s own checkpoint folder on the host.
+fn checkpoint_folder(link: &Link, trial_id: &str) -> String {
+    format!(
+        "{}/{}",
+        Host::trial_dir(link, trial_id),
+        crate::trial_python::CHECKPOINT_FOLDER
+    )
+}
+
 impl Host {
     /// No living population member needs trial `trial_id`'s checkpoint folder any more
     /// (`TrainingService::delete_checkpoint`): it is deleted on this host, where it exists,
-    /// once the host is connected (waiting up to [`CHECKPOINT_DELETE_WAIT`]). A failure is
-    /// logged: it costs disk, never the experiment.
+    /// once the host is connected (waiting up to [`CHECKPOINT_DELETE_WAIT`]), with the frozen
+    /// copy of its donor's folder that a successor that never started left here
+    /// ([`take_snapshot`]). A failure is logged: it costs disk, never the experiment.
     pub async fn delete_checkpoint(self: Arc<Self>, trial_id: String) {
-        let plain = !trial_id.is_empty()
-            && trial_id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !plain {
+        if !plain_id(&trial_id) {
             return;
         }
         let deadline = Instant::now() + CHECKPOINT_DELETE_WAIT;
@@ -1146,12 +1166,14 @@ impl Host {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
-        let dir = format!(
-            "{}/{}",
-            Host::trial_dir(&link, &trial_id),
-            crate::trial_python::CHECKPOINT_FOLDER
+        let dir = checkpoint_folder(&link, &trial_id);
+        let snapshot = snapshot_dir(&link, &trial_id);
+        let command = format!(
+            "rm -rf {} {} {}",
+            ssh::shell_quote(&dir),
+            ssh::shell_quote(&snapshot),
+            ssh::shell_quote(&format!("{snapshot}.partial"))
         );
-        let command = format!("rm -rf {}", ssh::shell_quote(&dir));
         let failure = match link.ssh.run(&command, None, REPLY_TIMEOUT).await {
             Ok(output) if output.status == Some(0) => return,
             Ok(output) => output.failure_summary(),
@@ -1164,48 +1186,174 @@ impl Host {
     }
 }
 
+/// Successor `trial_id` was just created to start from trial `donor`'s checkpoint
+/// (`TrainingService::snapshot_checkpoint`). The donor keeps training and overwriting its
+/// folder, and the successor may wait (no free GPU, a busy host) before it starts, on a host
+/// not known yet: so the donor's folder is copied now, on the first of `hosts` (the host that
+/// runs or last ran the donor first) that has it, to the successor's `restore/` folder on that
+/// host (written as `restore.partial`, then renamed). [`stage_restore`] starts the successor
+/// from that copy wherever it runs. Returns the host holding the copy (`None`: no connected
+/// host has the donor's folder).
+pub async fn take_snapshot(
+    hosts: Vec<Arc<Host>>,
+    trial_id: String,
+    donor: String,
+) -> Result<Option<Arc<Host>>, String> {
+    if !plain_id(&trial_id) || !plain_id(&donor) {
+        return Ok(None);
+    }
+    let mut failures = Vec::new();
+    for host in hosts {
+        let Some(link) = host.ready_link() else {
+            continue;
+        };
+        let dest = snapshot_dir(&link, &trial_id);
+        let command = format!(
+            "if [ -d {s} ]; then rm -rf {p} && mkdir -p {t} && cp -a {s} {p} && rm -rf {d} && mv {p} {d} && echo copied; fi",
+            s = ssh::shell_quote(&checkpoint_folder(&link, &donor)),
+            p = ssh::shell_quote(&format!("{dest}.partial")),
+            t = ssh::shell_quote(&Host::trial_dir(&link, &trial_id)),
+            d = ssh::shell_quote(&dest),
+        );
+        match link.ssh.run(&command, None, RESTORE_COPY_TIMEOUT).await {
+            Ok(output) if output.stdout_text().contains("copied") => return Ok(Some(host)),
+            Ok(output) if output.status == Some(0) => {}
+            Ok(output) => failures.push(format!(
+                "{}: {}",
+                host.machine.target(),
+                output.failure_summary()
+            )),
+            Err(e) => failures.push(format!("{}: {e}", host.machine.target())),
+        }
+    }
+    if failures.is_empty() {
+        Ok(None)
+    } else {
+        Err(format!(
+            "copying the checkpoint of {donor} for {trial_id}: {}",
+            failures.join("; ")
+        ))
+    }
+}
+
+/// Streams folder `source` on `from` into folder `dest` on `to` (emptied first) as a tar
+/// stream through this machine, within [`RESTORE_COPY_TIMEOUT`].
+async fn copy_between(from: &Link, source: &str, to: &Link, dest: &str) -> Result<(), String> {
+    let copy = async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut reader = from
+            .ssh
+            .open_stream(&format!("tar -C {} -cf - .", ssh::shell_quote(source)))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut writer = to
+            .ssh
+            .open_stream(&format!(
+                "rm -rf {d} && mkdir -p {d} && tar -C {d} -xf - && echo copied",
+                d = ssh::shell_quote(dest)
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::io::copy(&mut reader, &mut writer)
+            .await
+            .map_err(|e| e.to_string())?;
+        writer.shutdown().await.map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        writer
+            .read_to_string(&mut answer)
+            .await
+            .map_err(|e| e.to_string())?;
+        if answer.contains("copied") {
+            Ok(())
+        } else {
+            Err("tar on the target did not finish".to_string())
+        }
+    };
+    match tokio::time::timeout(RESTORE_COPY_TIMEOUT, copy).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "not done within {} s",
+            RESTORE_COPY_TIMEOUT.as_secs()
+        )),
+    }
+}
+
 /// A population member `trial_id` is about to start on `target` from the checkpoint of trial
-/// `donor` (`KNOB_RESTORE_TRIAL`): the donor's checkpoint folder, from whichever host has it
-/// (`target` first, then the other `hosts`), is copied to the member's `restore/` folder on
-/// `target`, which the runner there names in `KNOB_RESTORE_FROM` (`trial_python::restore_dir`).
-/// Between hosts it goes as a tar stream through this machine. Nothing is copied when no host
-/// has the folder; the runner then names the donor's folder on `target`, as without a copy.
+/// `donor` (`KNOB_RESTORE_TRIAL`); its `restore/` folder on `target`, which the runner there
+/// names in `KNOB_RESTORE_FROM` (`trial_python::restore_dir`), is made ready, from the first of:
+/// - the frozen copy taken when the member was created ([`take_snapshot`]), on `target` (used as
+///   it is) or on another of `hosts` (`snapshot`, the host that took it, first; moved to
+///   `target`): the donor's state at the exploitation;
+/// - the donor's folder as it is now, on `target` first, then on the other `hosts` (a service
+///   that took no copy, or a copy that failed).
+///
+/// Between hosts a folder goes as a tar stream through this machine. Nothing is copied when
+/// no host has either; the runner then names the donor's folder on `target`, as without a copy.
 pub async fn stage_restore(
     target: &Host,
     hosts: &[Arc<Host>],
     trial_id: &str,
     donor: &str,
+    snapshot: Option<Arc<Host>>,
 ) -> Result<(), String> {
-    let plain = |id: &str| {
-        !id.is_empty()
-            && id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    };
-    if !plain(donor) || !plain(trial_id) {
+    if !plain_id(donor) || !plain_id(trial_id) {
         return Ok(());
     }
     let Some(link) = target.ready_link() else {
         return Err(format!("{} is not connected", target.machine.target()));
     };
-    let dest = format!(
-        "{}/{}",
-        Host::trial_dir(&link, trial_id),
-        crate::trial_python::RESTORE_SNAPSHOT_FOLDER
-    );
-    let prepare = format!("rm -rf {d} && mkdir -p {d}", d = ssh::shell_quote(&dest));
-    let source_on = |link: &Link| {
-        format!(
-            "{}/{}",
-            Host::trial_dir(link, donor),
-            crate::trial_python::CHECKPOINT_FOLDER
-        )
+    let dest = snapshot_dir(&link, trial_id);
+    let staged = || {
+        lock(&target.state)
+            .restore_copies
+            .insert(trial_id.to_string());
     };
     let failed = |what: &str, e: String| format!("copying the checkpoint of {donor}: {what}: {e}");
-    // On the target itself: a plain copy.
-    let source = source_on(&link);
+    let others: Vec<&Arc<Host>> = {
+        let mut others: Vec<&Arc<Host>> = hosts
+            .iter()
+            .filter(|h| !std::ptr::eq(h.as_ref(), target))
+            .collect();
+        // The host that took the copy first.
+        if let Some(holder) = &snapshot {
+            others.sort_by_key(|h| !Arc::ptr_eq(h, holder));
+        }
+        others
+    };
+    // The frozen copy, here or elsewhere.
+    let probe = format!("test -d {}", ssh::shell_quote(&dest));
+    match link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
+        Ok(output) if output.status == Some(0) => {
+            staged();
+            return Ok(());
+        }
+        Ok(_) => {}
+        Err(e) => return Err(failed(&target.machine.target(), e.to_string())),
+    }
+    for other in &others {
+        let Some(other_link) = other.ready_link() else {
+            continue;
+        };
+        let source = snapshot_dir(&other_link, trial_id);
+        let probe = format!("test -d {}", ssh::shell_quote(&source));
+        match other_link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
+            Ok(output) if output.status == Some(0) => {}
+            _ => continue,
+        }
+        let what = format!("{} to {}", other.machine.target(), target.machine.target());
+        copy_between(&other_link, &source, &link, &dest)
+            .await
+            .map_err(|e| failed(&what, e))?;
+        staged();
+        // Moved: the copy lives with the member now (and goes when it ends there).
+        let remove = format!("rm -rf {}", ssh::shell_quote(&source));
+        let _ = other_link.ssh.run(&remove, None, REPLY_TIMEOUT).await;
+        return Ok(());
+    }
+    // No frozen copy: the donor's folder as it is now; on the target itself, a plain copy.
+    let source = checkpoint_folder(&link, donor);
     let command = format!(
-        "if [ -d {s} ]; then {prepare} && cp -a {s}/. {d}/ && echo copied; fi",
+        "if [ -d {s} ]; then rm -rf {d} && mkdir -p {d} && cp -a {s}/. {d}/ && echo copied; fi",
         s = ssh::shell_quote(&source),
         d = ssh::shell_quote(&dest)
     );
@@ -1215,67 +1363,28 @@ pub async fn stage_restore(
         .await
         .map_err(|e| failed(&target.machine.target(), e.to_string()))?;
     if output.stdout_text().contains("copied") {
-        lock(&target.state)
-            .restore_copies
-            .insert(trial_id.to_string());
+        staged();
         return Ok(());
     }
     if output.status != Some(0) {
         return Err(failed(&target.machine.target(), output.failure_summary()));
     }
-    for other in hosts.iter().filter(|h| !std::ptr::eq(h.as_ref(), target)) {
+    for other in others {
         let Some(other_link) = other.ready_link() else {
             continue;
         };
-        let source = source_on(&other_link);
+        let source = checkpoint_folder(&other_link, donor);
         let probe = format!("test -d {}", ssh::shell_quote(&source));
         match other_link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
             Ok(output) if output.status == Some(0) => {}
             _ => continue,
         }
-        let copy = async {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut from = other_link
-                .ssh
-                .open_stream(&format!("tar -C {} -cf - .", ssh::shell_quote(&source)))
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut to = link
-                .ssh
-                .open_stream(&format!(
-                    "{prepare} && tar -C {} -xf - && echo copied",
-                    ssh::shell_quote(&dest)
-                ))
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::io::copy(&mut from, &mut to)
-                .await
-                .map_err(|e| e.to_string())?;
-            to.shutdown().await.map_err(|e| e.to_string())?;
-            let mut answer = String::new();
-            to.read_to_string(&mut answer)
-                .await
-                .map_err(|e| e.to_string())?;
-            if answer.contains("copied") {
-                Ok(())
-            } else {
-                Err("tar on the target did not finish".to_string())
-            }
-        };
         let what = format!("{} to {}", other.machine.target(), target.machine.target());
-        return match tokio::time::timeout(RESTORE_COPY_TIMEOUT, copy).await {
-            Ok(Ok(())) => {
-                lock(&target.state)
-                    .restore_copies
-                    .insert(trial_id.to_string());
-                Ok(())
-            }
-            Ok(Err(e)) => Err(failed(&what, e)),
-            Err(_) => Err(failed(
-                &what,
-                format!("not done within {} s", RESTORE_COPY_TIMEOUT.as_secs()),
-            )),
-        };
+        copy_between(&other_link, &source, &link, &dest)
+            .await
+            .map_err(|e| failed(&what, e))?;
+        staged();
+        return Ok(());
     }
     Ok(())
 }

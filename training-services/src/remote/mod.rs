@@ -74,8 +74,16 @@ impl From<RemoteError> for PluginError {
     }
 }
 
+/// How long a successor's start waits for the copy of its donor's checkpoint folder taken when
+/// it was created ([`RemoteService::snapshot_checkpoint`]).
+const RESTORE_COPY_LIMIT: Duration = Duration::from_secs(600);
+
 /// How long stopping the service waits for checkpoint deletions under way.
 const DELETIONS_LIMIT: Duration = Duration::from_secs(10);
+
+/// A copy of a donor's checkpoint folder being taken ([`host::take_snapshot`]): the host that
+/// holds it once taken.
+type Snapshot = tokio::task::JoinHandle<Result<Option<Arc<Host>>, String>>;
 
 /// Runs trials on SSH hosts through their knob-agents.
 pub struct RemoteService {
@@ -91,6 +99,12 @@ pub struct RemoteService {
     /// Checkpoint deletions under way ([`RemoteService::delete_checkpoint`]), awaited (bounded)
     /// before the service stops.
     deletions: Vec<tokio::task::JoinHandle<()>>,
+    /// Copies of a donor's checkpoint folder taken for a successor
+    /// ([`RemoteService::snapshot_checkpoint`]), by successor: awaited before it starts.
+    snapshots: HashMap<String, Snapshot>,
+    /// The host each trial last started on (an index into `hosts`): where a donor's newest
+    /// checkpoint folder is.
+    ran_on: HashMap<String, usize>,
 }
 
 impl RemoteService {
@@ -129,6 +143,8 @@ impl RemoteService {
             shut_down: false,
             asked_before: false,
             deletions: Vec::new(),
+            snapshots: HashMap::new(),
+            ran_on: HashMap::new(),
         })
     }
 
@@ -203,11 +219,12 @@ impl RemoteService {
             Some(runtime) if !self.shut_down => runtime,
             _ => return Err(RemoteError::ShutDown),
         };
-        let host = self
+        let index = self
             .hosts
             .iter()
-            .find(|h| h.environment_id == request.environment_id)
+            .position(|h| h.environment_id == request.environment_id)
             .ok_or_else(|| RemoteError::UnknownEnvironment(request.environment_id.clone()))?;
+        let host = &self.hosts[index];
         if self.hosts.iter().any(|h| h.runs(&request.trial_id)) {
             return Err(RemoteError::DuplicateTrial(request.trial_id.clone()));
         }
@@ -223,18 +240,35 @@ impl RemoteService {
         let fresh_code_copy = !self.context.args.reuse_mode;
         let context = &self.context;
         if let Some(donor) = request.env.get(crate::trial_python::RESTORE_TRIAL_ENV) {
-            // A population member: its parent's checkpoint folder is copied next to it first,
-            // from whichever host ran the parent. A failed copy fails the start.
+            // A population member: the copy of its parent's checkpoint folder taken when it was
+            // created (or, without one, the parent's folder as it is now) is copied next to it
+            // first, from whichever host has it. A failed copy fails the start.
+            let snapshot = self.snapshots.remove(&request.trial_id);
+            let emit = &self.context.emit;
             runtime
-                .block_on(host::stage_restore(
-                    host,
-                    &self.hosts,
-                    &request.trial_id,
-                    donor,
-                ))
+                .block_on(async {
+                    let holder = match snapshot {
+                        Some(taking) => match tokio::time::timeout(RESTORE_COPY_LIMIT, taking).await
+                        {
+                            Ok(Ok(Ok(holder))) => holder,
+                            Ok(Ok(Err(why))) => {
+                                emit(ServiceEvent::Warning {
+                                    trial_id: Some(request.trial_id.clone()),
+                                    message: format!(
+                                        "training service remote: {why}; it starts from the checkpoint as it is now"
+                                    ),
+                                });
+                                None
+                            }
+                            _ => None,
+                        },
+                        None => None,
+                    };
+                    host::stage_restore(host, &self.hosts, &request.trial_id, donor, holder).await
+                })
                 .map_err(start_error)?;
         }
-        runtime
+        let started = runtime
             .block_on(async {
                 tokio::time::timeout(
                     START_LIMIT,
@@ -249,7 +283,39 @@ impl RemoteService {
                     ))
                 })
             })
-            .map_err(start_error)
+            .map_err(start_error);
+        if started.is_ok() {
+            self.ran_on.insert(request.trial_id.clone(), index);
+        }
+        started
+    }
+
+    /// Successor `trial_id` was just created to start from trial `donor`'s checkpoint: its
+    /// folder is copied now, in the background, on the host that runs (or last ran) the donor
+    /// (see [`host::take_snapshot`]); the successor's start waits for the copy. `false`: this
+    /// service never ran the donor, and took no copy.
+    pub fn snapshot_checkpoint(&mut self, trial_id: &str, donor: &str) -> bool {
+        let Some(runtime) = self.runtime.as_ref().filter(|_| !self.shut_down) else {
+            return false;
+        };
+        let running = self.hosts.iter().position(|h| h.runs(donor));
+        let Some(first) = running.or_else(|| self.ran_on.get(donor).copied()) else {
+            return false;
+        };
+        let mut order = vec![self.hosts[first].clone()];
+        order.extend(
+            (0..self.hosts.len())
+                .filter(|i| *i != first)
+                .map(|i| self.hosts[i].clone()),
+        );
+        self.snapshots.retain(|_, taking| !taking.is_finished());
+        let taking = runtime.spawn(host::take_snapshot(
+            order,
+            trial_id.to_string(),
+            donor.to_string(),
+        ));
+        self.snapshots.insert(trial_id.to_string(), taking);
+        true
     }
 
     pub fn kill(&mut self, trial_id: &str, reason: &str) {
@@ -274,6 +340,8 @@ impl RemoteService {
             return;
         };
         self.deletions.retain(|d| !d.is_finished());
+        // A successor that ended without starting: its copy goes with its folder.
+        self.snapshots.remove(trial_id);
         for host in &self.hosts {
             let deletion = runtime.spawn(host.clone().delete_checkpoint(trial_id.to_string()));
             self.deletions.push(deletion);
@@ -401,6 +469,10 @@ impl TrainingService for RemoteService {
     fn delete_checkpoint(&mut self, trial_id: &str) -> Result<(), PluginError> {
         RemoteService::delete_checkpoint(self, trial_id);
         Ok(())
+    }
+
+    fn snapshot_checkpoint(&mut self, trial_id: &str, donor: &str) -> Result<bool, PluginError> {
+        Ok(RemoteService::snapshot_checkpoint(self, trial_id, donor))
     }
 }
 

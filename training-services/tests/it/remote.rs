@@ -1093,3 +1093,110 @@ fn a_checkpoint_no_member_needs_is_deleted_on_every_host_that_has_it_and_the_oth
     );
     service.stop();
 }
+
+/// Waits (at most 30 s) until `check` holds.
+fn wait_for(what: &str, check: impl Fn() -> bool) {
+    for _ in 0..300 {
+        if check() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(check(), "{what} did not happen within 30 s");
+}
+
+/// The bug of Ray Tune's ray#28509: a successor that starts after its parent overwrote its
+/// checkpoint must still start from the parent's state when it was created. The parent saves
+/// step 1, its successors are created (snapshots asked for), then it saves step 2, and only
+/// then do they start: on the other host (the copy moved through this machine) and on the
+/// parent's. A successor created without a snapshot (a service that takes none) gets step 2:
+/// what the snapshot is for.
+#[test]
+fn a_successor_starts_from_its_parents_checkpoint_as_it_was_when_it_was_created() {
+    let Some(first) = start_sshd(key_options()) else {
+        return;
+    };
+    let second = start_sshd(key_options()).unwrap();
+    let world = World::new();
+    world.trust(&first);
+    world.trust(&second);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&first), key_machine(&second)]),
+        &events,
+        &agent_root(&first),
+    );
+    wait_for("both hosts connected", || {
+        service
+            .environments_now()
+            .is_ok_and(|e| e.len() == 2 && e.iter().all(|e| e.ready))
+    });
+    let (told, go) = (
+        world.dir.path().join("parent-ckpt"),
+        world.dir.path().join("go"),
+    );
+    let parent = format!(
+        "mkdir -p \"$KNOB_CHECKPOINT_DIR\" && echo step-1 > \"$KNOB_CHECKPOINT_DIR/state\" && echo \"$KNOB_CHECKPOINT_DIR\" > {told}.tmp && mv {told}.tmp {told} && echo KNOB_INTERMEDIATE 1 && for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done && echo step-2 > \"$KNOB_CHECKPOINT_DIR/state\" && echo KNOB_FINAL 2",
+        told = told.display(),
+        go = go.display()
+    );
+    service
+        .start(&world.request(&first, "parent", &parent))
+        .unwrap();
+    wait_for("the parent's step 1", || told.exists());
+    let parent_folder = PathBuf::from(std::fs::read_to_string(&told).unwrap().trim());
+    let trials = parent_folder
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    // The exploitation: the successors are created now; the parent keeps training.
+    for child in ["child-there", "child-here"] {
+        assert_eq!(
+            TrainingService::snapshot_checkpoint(&mut service, child, "parent"),
+            Ok(true)
+        );
+    }
+    // A donor this service never ran: no copy (its successor starts from the folder as it is).
+    assert_eq!(
+        TrainingService::snapshot_checkpoint(&mut service, "child-x", "stranger"),
+        Ok(false)
+    );
+    for child in ["child-there", "child-here"] {
+        let copy = trials.join(child).join("restore/state");
+        wait_for(&format!("the copy for {child}"), || copy.exists());
+    }
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(ending(&events.wait_ended("parent")).0, Some(0));
+    assert_eq!(
+        std::fs::read_to_string(parent_folder.join("state")).unwrap(),
+        "step-2\n"
+    );
+    let successor = "echo \"from=$KNOB_RESTORE_FROM\" >&2; cat \"$KNOB_RESTORE_FROM/state\" >&2; echo KNOB_FINAL 1";
+    for (host, child, restored) in [
+        (&second, "child-there", "step-1"),
+        (&first, "child-here", "step-1"),
+        (&second, "child-late", "step-2"),
+    ] {
+        let mut request = world.request(host, child, successor);
+        request
+            .env
+            .insert("KNOB_RESTORE_TRIAL".to_string(), "parent".to_string());
+        service.start(&request).unwrap();
+        let (code, _, _, stderr) = ending(&events.wait_ended(child));
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(
+            stderr.lines().any(|l| l == restored),
+            "{child} restored something else than {restored}: {stderr}"
+        );
+        assert!(
+            restore_from(&stderr).ends_with(format!("trials/{child}/restore")),
+            "{child}: {stderr}"
+        );
+    }
+    // The copy moved with the successor to the other host: none is left on the parent's.
+    assert!(!trials.join("child-there/restore").exists());
+    assert!(warnings(&events.all()).is_empty(), "{:?}", events.all());
+    service.stop();
+}
