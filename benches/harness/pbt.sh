@@ -9,7 +9,10 @@
 # side (trialConcurrency 8): 320 steps per run. It prints, per problem and method, the median
 # over the seeds of the best final result (larger is better), and the ratio of PBT's margin over
 # random search. The virtualenv .ci-cache/pbt (or $KNOB_PBT_VENV; numpy, and ray[tune] 2.60.0
-# unless --no-ray) is made on first use. knob runs with the debug build next to the workspace's target (cargo build).
+# unless --no-ray) is made on first use. knob runs as the release build in $CARGO_TARGET_DIR, else
+# target/ (cargo build --release of knob-cli and its tuner and training-service plugins;
+# KNOB_SKIP_BUILD=1 skips the build). Each result line also gives the seconds its run took (Ray's:
+# its fit, without starting Ray).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -37,8 +40,12 @@ if [ "$use_ray" = 1 ] && ! "$venv/bin/python" -c "import ray.tune" 2>/dev/null; 
 fi
 python=$(cd "$venv" && pwd)/bin/python
 
-cargo build -q -p knob-cli -p knob-tuners -p knob-training-services
-knob=$root/target/debug/knob
+[ "${KNOB_SKIP_BUILD:-0}" = 1 ] || cargo build --release -q -p knob-cli -p knob-tuners -p knob-training-services
+knob=${CARGO_TARGET_DIR:-$root/target}/release/knob
+if [ ! -x "$knob" ]; then
+  echo "pbt: no $knob; run cargo build --release -p knob-cli -p knob-tuners -p knob-training-services" >&2
+  exit 1
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export KNOB_HOME=$work/home
@@ -77,8 +84,10 @@ results=$work/results.jsonl
 for seed in $(seq 1 "$seeds"); do
   for problem in toy logreg; do
     for method in random pbt; do
+      start=$(date +%s.%N)
       best=$(run_knob $problem $method $seed)
-      echo "{\"method\": \"knob-$method\", \"problem\": \"$problem\", \"seed\": $seed, \"best\": $best}" | tee -a "$results" >&2
+      seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+      echo "{\"method\": \"knob-$method\", \"problem\": \"$problem\", \"seed\": $seed, \"best\": $best, \"seconds\": $seconds}" | tee -a "$results" >&2
     done
   done
 done
@@ -90,19 +99,30 @@ elif [ "$use_ray" = 0 ]; then
 fi
 
 "$python" - "$results" "$seeds" "$ray_note" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 seeds, note = sys.argv[2], sys.argv[3]
-print(f"pbt: median best final over {seeds} seeds, 8 members x 40 steps (320 steps per run); larger is better")
+steps = int(os.environ.get("PBT_STEPS", "40"))
+print(f"pbt: median best final over {seeds} seeds, 8 members x {steps} steps ({8 * steps} steps per run); larger is better")
 for problem in ("toy", "logreg"):
-    medians = {}
+    medians, counts = {}, {}
     for method in ("knob-random", "knob-pbt", "ray-pbt"):
         values = [r["best"] for r in rows if r["problem"] == problem and r["method"] == method]
         if values:
             medians[method] = statistics.median(values)
-    line = "  ".join(f"{m} {v:.4f}" for m, v in medians.items())
-    verdict = "PBT beats random" if medians["knob-pbt"] > medians["knob-random"] else "PBT does NOT beat random"
-    print(f"{problem:7} {line}  ({verdict}: {medians['knob-pbt'] - medians['knob-random']:+.4f})")
+            counts[method] = len(values)
+    # A method with fewer seeds than asked (Ray stopped part-way) says over how many.
+    line = "  ".join(f"{m} {v:.4f}" + ("" if counts[m] == int(seeds) else f" ({counts[m]} seeds)") for m, v in medians.items())
+    verdict = "knob-pbt beats random" if medians["knob-pbt"] > medians["knob-random"] else "knob-pbt does NOT beat random"
+    ray = f"; ray-pbt - random {medians['ray-pbt'] - medians['knob-random']:+.4f}" if "ray-pbt" in medians else ""
+    print(f"{problem:7} {line}  ({verdict}: {medians['knob-pbt'] - medians['knob-random']:+.4f}{ray})")
+times = []
+for method in ("knob-random", "knob-pbt", "ray-pbt"):
+    seconds = [r["seconds"] for r in rows if r["method"] == method and "seconds" in r]
+    if seconds:
+        times.append(f"{method} {statistics.median(seconds):.1f} s")
+if times:
+    print("median seconds a problem-seed: " + "  ".join(times))
 if note:
     print(note)
 PY
