@@ -164,7 +164,7 @@ fn budget_note(id: &str, config: &ExperimentConfig, state: &ExperimentState) -> 
 }
 
 /// Gives back the secrets the store does not keep (each training service declared its own, and
-/// the notifications' password and webhook secret): from the config file the experiment was
+/// the notifications' password, webhook URL and webhook secret): from the config file the experiment was
 /// created from (if it is still there and has the same mapping around each secret), else from
 /// the environment variable named for it. A training service's secret still missing makes the
 /// manager's start fail with a line saying which and what to do; a notification sink's turns
@@ -174,13 +174,10 @@ fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path, plugins
         .training_service
         .iter()
         .any(|service| !service.missing_secrets().is_empty());
-    let notifications_need_secret = config.notifications.as_ref().is_some_and(|n| {
-        let redacted = |secret: &Option<knob_core::config::Secret>| {
-            secret.as_ref().is_some_and(|secret| secret.is_redacted())
-        };
-        n.webhook.as_ref().is_some_and(|w| redacted(&w.secret))
-            || n.email.as_ref().is_some_and(|e| redacted(&e.password))
-    });
+    let notifications_need_secret = config
+        .notifications
+        .as_ref()
+        .is_some_and(|n| n.needs_secrets());
     if !needs_secret && !notifications_need_secret {
         return;
     }

@@ -20,6 +20,8 @@ use crate::run;
 
 const PASSWORD: &str = "pw-Wq7c-never-stored";
 const WEBHOOK_SECRET: &str = "hook-Zr2k-never-stored";
+/// The path of the receivers' URL: a Slack webhook's path is its key, so it is a secret too.
+const WEBHOOK_PATH: &str = "/hooks/knob-Tq9x-never-stored";
 
 /// Trials report their `x` as final result; Random with a seed, so the best differs per trial.
 const EXPERIMENT: &str = r#"experimentName: notified
@@ -132,7 +134,7 @@ struct Receiver {
 impl Receiver {
     fn start(status: u16) -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/hooks/knob", listener.local_addr().unwrap());
+        let url = format!("http://{}{WEBHOOK_PATH}", listener.local_addr().unwrap());
         let received = Arc::new(Mutex::new(Vec::new()));
         let keep = received.clone();
         std::thread::spawn(move || {
@@ -496,7 +498,7 @@ notifications:
         outputs.push(body.to_string());
     }
     drop(view);
-    for secret in [PASSWORD, WEBHOOK_SECRET] {
+    for secret in [PASSWORD, WEBHOOK_SECRET, WEBHOOK_PATH] {
         for output in &outputs {
             assert!(!output.contains(secret), "{secret} shown: {output}");
         }
@@ -911,6 +913,79 @@ notifications:
         sandbox.path().join("home"),
     ] {
         assert_eq!(files_containing(&dir, PASSWORD), Vec::<PathBuf>::new());
+    }
+}
+
+#[test]
+fn resume_gets_the_webhooks_url_from_the_config_file_or_its_variable_else_runs_without_it() {
+    let sandbox = Sandbox::new();
+    let receiver = Receiver::start(200);
+    let config = sandbox.config(
+        &format!(
+            "{}
+notifications:
+  webhook: {{url: \"{}\"}}",
+            EXPERIMENT.replace("maxTrialNumber: 4", "maxTrialNumber: 2"),
+            receiver.url
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "hooked");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    wait_for("the first DONE post", || receiver.received().len() == 1);
+    let resume = |max: u32, url_variable: Option<&str>| {
+        let mut command = sandbox.knob();
+        command
+            .args(["resume", "hooked", "--max-trial-number", &max.to_string()])
+            .env_remove("KNOB_WEBHOOK_URL");
+        if let Some(url) = url_variable {
+            command.env("KNOB_WEBHOOK_URL", url);
+        }
+        let (code, stdout, stderr) = run(&mut command);
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        assert!(
+            !stdout.contains(WEBHOOK_PATH) && !stderr.contains(WEBHOOK_PATH),
+            "{stderr}"
+        );
+        stderr
+    };
+    let host = receiver.url.strip_suffix(WEBHOOK_PATH).unwrap();
+
+    // From the config file the experiment was created from.
+    resume(3, None);
+    wait_for("the second DONE post", || receiver.received().len() == 2);
+
+    // The file is gone: from KNOB_WEBHOOK_URL; one to another host is refused.
+    std::fs::remove_file(&config).unwrap();
+    resume(4, Some(&receiver.url));
+    wait_for("the third DONE post", || receiver.received().len() == 3);
+    let json = receiver.received()[2].json();
+    assert!(
+        json["text"].as_str().unwrap().contains("Trials: 4"),
+        "{json}"
+    );
+    let stderr = resume(5, Some("http://127.0.0.2:9/elsewhere"));
+    assert!(
+        stderr.contains(&format!("warning: notifications: KNOB_WEBHOOK_URL goes to http://127.0.0.2:9/***, not to the experiment's webhook {host}/***; set it to that webhook's URL; that sink is off for this run")),
+        "{stderr}"
+    );
+
+    // Neither: the experiment runs, without the webhook, and says why.
+    let stderr = resume(6, None);
+    assert!(
+        stderr.contains(&format!("warning: notifications: notifications.webhook.url is not stored (only {host}/*** is), and the config file the experiment was created from no longer has it; set KNOB_WEBHOOK_URL; that sink is off for this run")),
+        "{stderr}"
+    );
+    assert_eq!(
+        sandbox.export("hooked")["trials"].as_array().unwrap().len(),
+        6
+    );
+    assert_eq!(receiver.received().len(), 3);
+    for dir in [
+        sandbox.path().join("experiments"),
+        sandbox.path().join("home"),
+    ] {
+        assert_eq!(files_containing(&dir, WEBHOOK_PATH), Vec::<PathBuf>::new());
     }
 }
 

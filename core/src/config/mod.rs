@@ -70,8 +70,9 @@ pub use model::{
     PlacementPolicy, TrainingServiceConfig, TunerErrorPolicy,
 };
 pub use notifications::{
-    EmailConfig, NotificationsConfig, SmtpSecurity, WebhookConfig, DEFAULT_SECRET_HEADER,
-    PASSWORD_VARIABLE as SMTP_PASSWORD_VARIABLE, WEBHOOK_SECRET_VARIABLE,
+    EmailConfig, NotificationsConfig, SmtpSecurity, WebhookConfig, WebhookUrl,
+    DEFAULT_SECRET_HEADER, PASSWORD_VARIABLE as SMTP_PASSWORD_VARIABLE, WEBHOOK_SECRET_VARIABLE,
+    WEBHOOK_URL_VARIABLE,
 };
 pub use secret::{Secret, REDACTED};
 pub use training_service::{recheck_services, trial_settings, ServiceChecker, SHORTCUT_PLATFORM};

@@ -23,7 +23,9 @@
 //! The password and the webhook secret are secrets as an SSH password is: [`Secret`], stored and
 //! shown as `***`; `knob resume` reads them again from the config file the experiment was created
 //! from, else from [`PASSWORD_VARIABLE`] / [`WEBHOOK_SECRET_VARIABLE`]
-//! ([`NotificationsConfig::restore_secrets`]).
+//! ([`NotificationsConfig::restore_secrets`]). The webhook's URL is kept the same way
+//! ([`WebhookUrl`]: only `scheme://host/***` is stored or shown, since a Slack webhook's path is
+//! its key), and comes back from the config file or [`WEBHOOK_URL_VARIABLE`].
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -38,6 +40,8 @@ use super::yaml::Node;
 pub const PASSWORD_VARIABLE: &str = "KNOB_SMTP_PASSWORD";
 /// Where `knob resume` finds the webhook's secret when the config file no longer has it.
 pub const WEBHOOK_SECRET_VARIABLE: &str = "KNOB_WEBHOOK_SECRET";
+/// Where `knob resume` finds the webhook's URL when the config file no longer has it.
+pub const WEBHOOK_URL_VARIABLE: &str = "KNOB_WEBHOOK_URL";
 /// The header that carries the webhook's secret unless `secretHeader` names another.
 pub const DEFAULT_SECRET_HEADER: &str = "X-Knob-Secret";
 
@@ -65,10 +69,79 @@ pub struct NotificationsConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WebhookConfig {
     /// `http://` or `https://`.
-    pub url: String,
+    pub url: WebhookUrl,
     /// Sent as the value of [`Self::secret_header`], so the receiver can tell knob from others.
     pub secret: Option<Secret>,
     pub secret_header: String,
+}
+
+/// A webhook's URL, a credential in all but name: whoever knows a Slack (or Teams, Discord, …)
+/// incoming webhook's path can post to its channel.
+///
+/// Decision: like a [`Secret`], `Debug`, `Display` and `Serialize` show only where it goes,
+/// `scheme://host[:port]/***` (user info dropped), so the store, the API, `knob experiment
+/// show`/`export` and the logs never hold the path or query; the whole URL only through
+/// [`WebhookUrl::expose`]. A stored config's URL is that placeholder ([`WebhookUrl::is_redacted`])
+/// until `knob resume` gets the URL again ([`NotificationsConfig::restore_secrets`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookUrl(String);
+
+impl WebhookUrl {
+    pub fn new(url: impl Into<String>) -> WebhookUrl {
+        WebhookUrl(url.into())
+    }
+
+    /// The whole URL. Every call site is a place where it may leave the process.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `scheme://host[:port]/***`: what is stored and shown in place of the URL.
+    pub fn shown(&self) -> String {
+        if self.is_redacted() {
+            return self.0.clone();
+        }
+        let Ok(uri) = self.0.parse::<axum::http::Uri>() else {
+            return REDACTED.to_owned();
+        };
+        match (uri.scheme_str(), uri.authority()) {
+            (Some(scheme), Some(authority)) => {
+                let authority = authority.as_str();
+                let host = authority.rsplit('@').next().unwrap_or(authority);
+                format!("{scheme}://{host}/{REDACTED}")
+            }
+            _ => REDACTED.to_owned(),
+        }
+    }
+
+    /// True when this is the placeholder `Serialize` writes, not a URL to post to.
+    pub fn is_redacted(&self) -> bool {
+        self.0 == REDACTED || self.0.ends_with(&format!("/{REDACTED}"))
+    }
+}
+
+impl std::fmt::Debug for WebhookUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown())
+    }
+}
+
+impl std::fmt::Display for WebhookUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown())
+    }
+}
+
+impl Serialize for WebhookUrl {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.shown())
+    }
+}
+
+impl<'de> Deserialize<'de> for WebhookUrl {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<WebhookUrl, D::Error> {
+        String::deserialize(deserializer).map(WebhookUrl)
+    }
 }
 
 /// Mail through an SMTP server.
@@ -129,16 +202,19 @@ impl NotificationsConfig {
     ) -> Vec<String> {
         let mut unknown = Vec::new();
         if let Some(webhook) = &mut self.webhook {
+            // The same sink: the same scheme, host and secret header (the stored URL keeps no
+            // more of itself to compare).
             let theirs = original
                 .and_then(|original| original.webhook.as_ref())
                 .filter(|theirs| {
-                    theirs.url == webhook.url && theirs.secret_header == webhook.secret_header
-                })
-                .and_then(|theirs| theirs.secret.as_ref());
+                    theirs.url.shown() == webhook.url.shown()
+                        && theirs.secret_header == webhook.secret_header
+                });
+            restore_url(&mut webhook.url, theirs, variable, &mut unknown);
             let field = "notifications.webhook.secret";
             fill(
                 &mut webhook.secret,
-                theirs,
+                theirs.and_then(|theirs| theirs.secret.as_ref()),
                 field,
                 WEBHOOK_SECRET_VARIABLE,
                 variable,
@@ -167,13 +243,22 @@ impl NotificationsConfig {
         unknown
     }
 
-    /// Turns off each sink whose secret is still `***` (see [`Self::restore_secrets`]).
-    pub fn drop_sinks_without_secrets(&mut self) {
-        if self
-            .webhook
+    /// True when a stored config lost a secret or the webhook's URL that `knob resume` must get
+    /// again ([`Self::restore_secrets`]).
+    pub fn needs_secrets(&self) -> bool {
+        let redacted = |secret: &Option<Secret>| secret.as_ref().is_some_and(Secret::is_redacted);
+        self.webhook
             .as_ref()
-            .is_some_and(|w| w.secret.as_ref().is_some_and(Secret::is_redacted))
-        {
+            .is_some_and(|w| w.url.is_redacted() || redacted(&w.secret))
+            || self.email.as_ref().is_some_and(|e| redacted(&e.password))
+    }
+
+    /// Turns off each sink whose secret (or the webhook's URL) is still `***` (see
+    /// [`Self::restore_secrets`]).
+    pub fn drop_sinks_without_secrets(&mut self) {
+        if self.webhook.as_ref().is_some_and(|w| {
+            w.url.is_redacted() || w.secret.as_ref().is_some_and(Secret::is_redacted)
+        }) {
             self.webhook = None;
         }
         if self
@@ -183,6 +268,47 @@ impl NotificationsConfig {
         {
             self.email = None;
         }
+    }
+}
+
+/// The webhook's URL of [`NotificationsConfig::restore_secrets`]: kept if known, else the same
+/// sink's in the original config, else [`WEBHOOK_URL_VARIABLE`]'s when it is a URL to the same
+/// scheme and host (a variable left over from another experiment must not redirect this one's
+/// messages).
+fn restore_url(
+    url: &mut WebhookUrl,
+    theirs: Option<&WebhookConfig>,
+    variable: &dyn Fn(&str) -> Option<String>,
+    unknown: &mut Vec<String>,
+) {
+    if !url.is_redacted() {
+        return;
+    }
+    let field = "notifications.webhook.url";
+    if let Some(theirs) = theirs.filter(|theirs| !theirs.url.is_redacted()) {
+        *url = theirs.url.clone();
+        return;
+    }
+    let name = WEBHOOK_URL_VARIABLE;
+    let Some(value) = variable(name).map(|value| value.trim().to_owned()) else {
+        unknown.push(format!(
+            "{field} is not stored (only {} is), and the config file the experiment was created from no longer has it; set {name}",
+            url.shown()
+        ));
+        return;
+    };
+    let candidate = WebhookUrl::new(value);
+    match check_url(candidate.expose()) {
+        Ok(()) if candidate.shown() == url.shown() && !candidate.is_redacted() => *url = candidate,
+        Ok(()) => unknown.push(format!(
+            "{name} goes to {}, not to the experiment's webhook {}; set it to that webhook's URL",
+            candidate.shown(),
+            url.shown()
+        )),
+        Err(_) => unknown.push(format!(
+            "{name} is not an http:// or https:// URL; set it to the webhook's URL ({})",
+            url.shown()
+        )),
     }
 }
 
@@ -215,17 +341,21 @@ fn fill(
     }
 }
 
-/// The nodes of a config document that hold the notifications' secrets (the webhook's `secret`,
-/// the mail `password`): what `knob config check --v2` prints as `***`.
+/// The nodes of a config document that hold the notifications' secrets (the webhook's `url` and
+/// `secret`, the mail `password`): what `knob config check --v2` prints as `***`.
 pub(crate) fn secret_nodes(document: &Node) -> Vec<&Node> {
     let child = |node, name| map_entry(node, name).map(|(_, value)| value);
     let Some(notifications) = child(document, "notifications") else {
         return Vec::new();
     };
-    [("webhook", "secret"), ("email", "password")]
-        .into_iter()
-        .filter_map(|(sink, secret)| child(child(notifications, sink)?, secret))
-        .collect()
+    [
+        ("webhook", "url"),
+        ("webhook", "secret"),
+        ("email", "password"),
+    ]
+    .into_iter()
+    .filter_map(|(sink, secret)| child(child(notifications, sink)?, secret))
+    .collect()
 }
 
 /// Reads `notifications:`; `None` after recording its errors.
@@ -276,7 +406,10 @@ fn read_webhook(reader: &mut Reader, field: &Field<'_>) -> Option<WebhookConfig>
     let url_field = fields.take("url");
     let url = match &url_field {
         Some(url) => reader.parse(url, |node| match node.as_str() {
-            Some(text) => check_url(text.trim()).map(|()| text.trim().to_owned()),
+            Some(text) if WebhookUrl::new(text.trim()).is_redacted() => Err(format!(
+                "{text:?} is the placeholder knob prints instead of a webhook's URL; write the real URL"
+            )),
+            Some(text) => check_url(text.trim()).map(|()| WebhookUrl::new(text.trim())),
             None => Err(format!(
                 "expected an http:// or https:// URL, got {}",
                 node.describe()

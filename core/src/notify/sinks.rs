@@ -111,19 +111,12 @@ impl Sink {
 }
 
 fn webhook_name(config: &WebhookConfig) -> String {
-    let shown = config
-        .url
-        .parse::<axum::http::Uri>()
-        .ok()
-        .and_then(|uri| {
-            let scheme = uri.scheme_str()?.to_owned();
-            let authority = uri.authority()?.as_str();
-            // user:password@ in a URL is not shown either.
-            let host = authority.rsplit('@').next().unwrap_or(authority);
-            Some(format!("{scheme}://{host}/…"))
-        })
-        .unwrap_or_else(|| "(URL)".to_owned());
-    format!("webhook {shown}")
+    // Where it goes, not its path (a Slack webhook's key) nor user info: `WebhookUrl::shown`.
+    let shown = config.url.shown();
+    match shown.strip_suffix(crate::config::REDACTED) {
+        Some(base) if base.ends_with('/') => format!("webhook {base}…"),
+        _ => "webhook (URL)".to_owned(),
+    }
 }
 
 fn email_name(config: &EmailConfig) -> String {
@@ -141,7 +134,7 @@ fn send_webhook(
     notification: &Notification,
 ) -> Result<(), String> {
     let body = notification.webhook_body();
-    let mut request = agent.post(&config.url);
+    let mut request = agent.post(config.url.expose());
     if let Some(secret) = &config.secret {
         request = request.header(config.secret_header.as_str(), secret.expose());
     }

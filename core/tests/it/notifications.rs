@@ -26,7 +26,7 @@ fn defaults_are_filled_and_secrets_shown_as_stars() {
     expect![[r#"
         notifications:
           webhook:
-            url: "https://hooks.example.com/services/T/B/X"
+            url: "https://hooks.example.com/***"
             secret: "***"
             secretHeader: X-Knob-Secret
           email:
@@ -55,12 +55,20 @@ fn defaults_are_filled_and_secrets_shown_as_stars() {
     );
 }
 
-/// The config as the store keeps it and reads it back: every secret `***`.
+/// The config as the store keeps it and reads it back: every secret `***`, the webhook's URL
+/// only its scheme and host.
 fn stored(config: &ExperimentConfig) -> NotificationsConfig {
     let json = serde_json::to_value(config).unwrap();
+    let text = json.to_string();
     assert!(
-        !json.to_string().contains("secret\":\"hook") && !json.to_string().contains("mail-secret")
+        !text.contains("secret\":\"hook") && !text.contains("mail-secret"),
+        "{text}"
     );
+    assert!(
+        !text.contains("T/B/X") && text.contains("\"https://hooks.example.com/***\""),
+        "{text}"
+    );
+    assert!(!format!("{config:?}").contains("T/B/X"));
     let back: ExperimentConfig = serde_json::from_value(json).unwrap();
     back.notifications.unwrap()
 }
@@ -107,7 +115,101 @@ fn resume_restores_secrets_from_the_same_sink_or_the_variables() {
     assert!(unknown.email.is_none() && unknown.webhook.is_some());
 
     let mut nothing = stored(&original);
-    assert_eq!(nothing.restore_secrets(None, &no_variables).len(), 2);
+    assert_eq!(nothing.restore_secrets(None, &no_variables).len(), 3);
     nothing.drop_sinks_without_secrets();
     assert!(nothing.email.is_none() && nothing.webhook.is_none());
+}
+
+#[test]
+fn resume_restores_the_webhooks_url_from_the_same_host_or_its_variable() {
+    let project = Project::new(&[]);
+    let original = project.load("exp.yml", &format!("{BASE}{NOTIFICATIONS}"));
+    let url = |n: &NotificationsConfig| n.webhook.as_ref().unwrap().url.expose().to_owned();
+    let secret_variable = |name: &str| (name == "KNOB_WEBHOOK_SECRET").then(|| "s".to_owned());
+
+    // Another path on the same host in the file (the channel moved): the file's URL and secret.
+    let moved = project.load(
+        "moved.yml",
+        &format!("{BASE}{}", NOTIFICATIONS.replace("T/B/X", "T/B/Y")),
+    );
+    let mut restored = stored(&original);
+    assert!(restored
+        .restore_secrets(moved.notifications.as_ref(), &|_| None)
+        .is_empty());
+    assert_eq!(url(&restored), "https://hooks.example.com/services/T/B/Y");
+
+    // Another host in the file: not that sink. The variable gives the URL when it goes to the
+    // stored host, and is refused, naming both, when it does not.
+    let elsewhere = project.load(
+        "elsewhere.yml",
+        &format!(
+            "{BASE}{}",
+            NOTIFICATIONS.replace("hooks.example.com", "hooks.other.org")
+        ),
+    );
+    let variables = |value: &'static str| {
+        move |name: &str| match name {
+            "KNOB_WEBHOOK_URL" => Some(value.to_owned()),
+            "KNOB_SMTP_PASSWORD" | "KNOB_WEBHOOK_SECRET" => Some("s".to_owned()),
+            _ => None,
+        }
+    };
+    let mut from_variable = stored(&original);
+    let lines = from_variable.restore_secrets(
+        elsewhere.notifications.as_ref(),
+        &variables("https://hooks.example.com/services/T/B/Z"),
+    );
+    assert!(lines.is_empty(), "{lines:?}");
+    assert_eq!(
+        url(&from_variable),
+        "https://hooks.example.com/services/T/B/Z"
+    );
+
+    for (value, expected) in [
+        (
+            "https://hooks.other.org/services/T/B/Z",
+            "KNOB_WEBHOOK_URL goes to https://hooks.other.org/***, not to the experiment's webhook https://hooks.example.com/***; set it to that webhook's URL",
+        ),
+        (
+            "not a url",
+            "KNOB_WEBHOOK_URL is not an http:// or https:// URL; set it to the webhook's URL (https://hooks.example.com/***)",
+        ),
+    ] {
+        let mut refused = stored(&original);
+        let lines = refused.restore_secrets(None, &variables(value));
+        assert_eq!(lines, [expected]);
+        refused.drop_sinks_without_secrets();
+        assert!(refused.webhook.is_none() && refused.email.is_some());
+    }
+
+    // Nothing gives it: one line naming the field and the variable; the sink is turned off.
+    let mut unknown = stored(&original);
+    let lines = unknown.restore_secrets(None, &secret_variable);
+    expect![[r#"
+        [
+            "notifications.webhook.url is not stored (only https://hooks.example.com/*** is), and the config file the experiment was created from no longer has it; set KNOB_WEBHOOK_URL",
+            "notifications.email.password is not stored, and the config file the experiment was created from no longer has it; set KNOB_SMTP_PASSWORD",
+        ]
+    "#]]
+    .assert_debug_eq(&lines);
+    assert!(unknown.needs_secrets());
+    unknown.drop_sinks_without_secrets();
+    assert!(unknown.webhook.is_none());
+}
+
+#[test]
+fn the_placeholder_is_refused_as_a_webhook_url() {
+    let project = Project::new(&[]);
+    let text = format!(
+        "{BASE}{}",
+        NOTIFICATIONS.replace(
+            "https://hooks.example.com/services/T/B/X",
+            "https://hooks.example.com/***"
+        )
+    );
+    let out = project.check("exp.yml", &text);
+    assert!(
+        out.contains("notifications.webhook.url: \"https://hooks.example.com/***\" is the placeholder knob prints instead of a webhook's URL; write the real URL"),
+        "{out}"
+    );
 }
