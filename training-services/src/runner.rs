@@ -20,7 +20,7 @@ use knob_plugin_api::service::{ServiceEvent, TrialRequest};
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdout};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -49,6 +49,10 @@ pub const MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
 /// Without a request, only its peak is learned (reported at its end as `TrialUsage`, for a
 /// larger request after the kernel's OOM killer ended it): a slower pace costs less.
 pub const PEAK_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When a trial's memory is sampled first, after its spawn: a trial that ends sooner reports no
+/// peak (`TrialUsage` with none).
+pub const FIRST_MEMORY_SAMPLE: Duration = Duration::from_millis(50);
 
 const MIB: u64 = 1024 * 1024;
 
@@ -228,7 +232,6 @@ pub fn start_trial(
     let env_id = request.environment_id.clone();
     host.channels
         .register(&env_id, recorder.clone(), parameter_record);
-    let metric_files = [paths.knob_metrics.clone(), paths.nni_metrics.clone()];
     let channel_url = host.channels.url_for(&env_id, &trial_id);
     let mark = new_trial_run_mark();
     let mut env = trial_environment(host, request, &paths, channel_url);
@@ -266,21 +269,6 @@ pub fn start_trial(
     };
     let pid = child.id();
     recorder.started(pid);
-    // Watched once the trial runs (each watch is a round trip to the watcher's thread, which
-    // the spawn need not wait for); a first read then takes what it wrote before them.
-    let files_changed = Arc::new(Notify::new());
-    let mut poll_files = false;
-    for path in &metric_files {
-        if let Err(why) = host.watcher.watch(path, files_changed.clone()) {
-            knob_plugin_api::log::debug(&format!(
-                "trial {trial_id}: polling {} ({why})",
-                path.display()
-            ));
-            poll_files = true;
-        }
-    }
-    files_changed.notify_one();
-
     let stdout = child.stdout.take();
     let stdout_task = runtime.spawn(pump_stdout(
         stdout,
@@ -295,8 +283,7 @@ pub fn start_trial(
     let tail_task = runtime.spawn(tail_files(
         tails,
         recorder.clone(),
-        files_changed,
-        poll_files,
+        host.watcher.clone(),
         tails_finish,
     ));
     let (kill, kill_requests) = oneshot::channel();
@@ -328,7 +315,6 @@ pub fn start_trial(
         finish_tails,
         kill_requests,
         env_id,
-        metric_files,
         stderr_path: paths.stderr,
         before_end,
         on_finished,
@@ -484,12 +470,15 @@ async fn watch_memory(
     peak: Arc<AtomicU64>,
     peak_gpu: Arc<AtomicU64>,
 ) {
-    let mut tick =
-        tokio::time::interval(if limits.host_mib.is_some() || limits.gpu_mib.is_some() {
-            MEMORY_SAMPLE_INTERVAL
-        } else {
-            PEAK_SAMPLE_INTERVAL
-        });
+    let every = if limits.host_mib.is_some() || limits.gpu_mib.is_some() {
+        MEMORY_SAMPLE_INTERVAL
+    } else {
+        PEAK_SAMPLE_INTERVAL
+    };
+    // Not at once: at its spawn a trial is a `bash` that has just started, nothing worth a
+    // scan of `/proc`, and a trial that ends within the delay (most of `trial_overhead.sh`'s)
+    // is never sampled.
+    let mut tick = tokio::time::interval_at(Instant::now() + FIRST_MEMORY_SAMPLE, every);
     loop {
         tick.tick().await;
         let sampled = tree.clone();
@@ -542,11 +531,11 @@ struct Supervision {
     peak_gpu_memory: Arc<AtomicU64>,
     recorder: Arc<TrialRecorder>,
     stdout_task: JoinHandle<()>,
-    tail_task: JoinHandle<()>,
+    /// Its result: the metric files it watched.
+    tail_task: JoinHandle<Vec<PathBuf>>,
     finish_tails: oneshot::Sender<()>,
     kill_requests: oneshot::Receiver<String>,
     env_id: String,
-    metric_files: [PathBuf; 2],
     stderr_path: PathBuf,
     before_end: Box<dyn FnOnce() + Send>,
     on_finished: Box<dyn FnOnce() + Send>,
@@ -649,7 +638,7 @@ impl Supervision {
             None => (None, None),
         };
         let _ = self.finish_tails.send(());
-        let _ = (&mut self.tail_task).await;
+        let watched = (&mut self.tail_task).await.unwrap_or_default();
         self.memory_task.abort();
         let stderr_tail = stderr_tail(&self.stderr_path);
         let peak = self.peak_memory.load(Ordering::Relaxed);
@@ -673,7 +662,7 @@ impl Supervision {
             stderr_tail,
             environment_lost: None,
         });
-        for path in &self.metric_files {
+        for path in &watched {
             self.host.watcher.unwatch(path);
         }
         (self.on_finished)();

@@ -246,7 +246,20 @@ fn on_nni_record(recorder: &TrialRecorder, record: NniRecord<'_>) {
     }
 }
 
-/// Tails `files` until `finish` fires, then reads them to the end one last time.
+/// How long after a trial's start its metric files are first watched. Until then they are read
+/// once at the start and once at the end: a trial that ends sooner (a short one, such as
+/// `trial_overhead.sh`'s) never costs the four round trips to the watcher's thread that watching
+/// and unwatching its two files take. A metric written within that time by a trial that runs
+/// on is read when the watches are added, at most this much later.
+pub const WATCH_AFTER: Duration = Duration::from_millis(50);
+
+/// Tails `files` until `finish` fires, then reads them to the end one last time, and returns
+/// the paths it watched (for the caller to [`FileWatcher::unwatch`] once the trial's end is
+/// told: that need not delay it).
+///
+/// The files are read at once, then watched with `watcher` after [`WATCH_AFTER`] (and read
+/// again, for what was written before the watch), then read on each change; a file that cannot
+/// be watched is read every [`POLL_INTERVAL`] instead.
 ///
 /// Each wake-up reads every file in one blocking task: one hand-over to tokio's blocking pool
 /// rather than one for each open, `stat`, seek and read of each file (eight on a trial's
@@ -254,34 +267,71 @@ fn on_nni_record(recorder: &TrialRecorder, record: NniRecord<'_>) {
 pub async fn tail_files(
     files: Vec<FileTail>,
     recorder: Arc<TrialRecorder>,
-    changed: Arc<Notify>,
-    poll: bool,
+    watcher: Arc<FileWatcher>,
     mut finish: oneshot::Receiver<()>,
-) {
+) -> Vec<PathBuf> {
+    let changed = Arc::new(Notify::new());
     let mut files = Some(files);
+    let mut watched = Vec::new();
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
+    let watch_at = tokio::time::Instant::now() + WATCH_AFTER;
+    // The first read comes at once; the watches are added at `watch_at` (`to_watch`).
+    let mut first = true;
+    let mut watching = false;
+    let mut poll = false;
     let mut last = false;
     while !last {
-        tokio::select! {
-            biased;
-            _ = &mut finish => last = true,
-            _ = changed.notified() => {}
-            _ = ticker.tick(), if poll => {}
+        let mut to_watch = false;
+        if !std::mem::take(&mut first) {
+            tokio::select! {
+                biased;
+                _ = &mut finish => last = true,
+                _ = changed.notified() => {}
+                _ = tokio::time::sleep_until(watch_at), if !watching => to_watch = true,
+                _ = ticker.tick(), if poll => {}
+            }
         }
+        watching |= to_watch;
         let Some(mut taken) = files.take() else {
-            return;
+            return watched;
         };
         let recorder = recorder.clone();
+        let watcher = watcher.clone();
+        let changed = changed.clone();
         let read = tokio::task::spawn_blocking(move || {
+            let mut added = Vec::new();
+            let mut unwatched = false;
+            for file in &taken {
+                if !to_watch {
+                    break;
+                }
+                match watcher.watch(file.path(), changed.clone()) {
+                    Ok(()) => added.push(file.path().to_path_buf()),
+                    Err(why) => {
+                        knob_plugin_api::log::debug(&format!(
+                            "trial {}: polling {} ({why})",
+                            recorder.trial_id(),
+                            file.path().display()
+                        ));
+                        unwatched = true;
+                    }
+                }
+            }
             for file in &mut taken {
                 file.read_new(&recorder);
                 if last {
                     file.finish(&recorder);
                 }
             }
-            taken
+            (taken, added, unwatched)
         });
         // Gone only when the runtime shuts down: nothing is left to tell then.
-        files = read.await.ok();
+        let Ok((taken, added, unwatched)) = read.await else {
+            return watched;
+        };
+        files = Some(taken);
+        watched.extend(added);
+        poll |= unwatched;
     }
+    watched
 }
