@@ -66,6 +66,9 @@ pub(super) struct Manager {
     /// Told when the loop starts and stops waiting (the simulator); `turns` counts the waits.
     pub(super) observer: Option<watch::Sender<LoopState>>,
     pub(super) turns: u64,
+    /// Acknowledgements of appended events that the loop went on without waiting for (a
+    /// trial's start and end; see [`Manager::settle`]).
+    pub(super) unsettled: Vec<crate::store::Ack<crate::store::EventSeq>>,
 }
 
 impl Manager {
@@ -174,6 +177,7 @@ impl Manager {
             snapshots_unsupported_told: false,
             observer: None,
             turns: 0,
+            unsettled: Vec::new(),
             config,
         };
         if let Err(e) = manager.register_environments().await {
@@ -220,6 +224,7 @@ impl Manager {
             {
                 return Ok(());
             }
+            self.settle().await?;
             let next_deadline = self.next_deadline();
             self.observe(true, next_deadline);
             let wake = tokio::select! {
@@ -468,6 +473,9 @@ impl Manager {
                 lineage: lineage.clone().map(Box::new),
             })
             .await?;
+        // Committed in order: the starts and ends appended before are committed too (or failed,
+        // which stops the experiment before this trial is handed to a service).
+        self.settle().await?;
         if let Some(parent) = lineage.as_ref().and_then(|l| l.parent.as_deref()) {
             self.snapshot_parent_checkpoint(&trial_id, parent).await?;
         }
@@ -488,19 +496,24 @@ impl Manager {
         signal: Option<i32>,
         stderr_tail: String,
     ) -> Result<(), ManagerError> {
-        self.store
-            .append(StoreEvent::TrialEnded {
-                trial_id: trial_id.to_string(),
-                attempt: self.book[trial_id].attempt,
-                status,
-                exit_code,
-                signal,
-                message: reason.clone(),
-                stderr_tail: (!stderr_tail.is_empty()).then_some(stderr_tail),
-                peak_memory_mib: self.book[trial_id].peak_memory_mib,
-                peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
-            })
-            .await?;
+        // Not waited for here: what follows (the tuner told, the next trial asked for) runs
+        // while it commits. Nothing outside this process learns of the end before it is
+        // durable: the next trial's creation, committed after it, waits for it (`submit`), and
+        // so does the loop before it waits again and the experiment's end (`settle`). A
+        // tuner told of an end that a kill of knob then loses is rebuilt from the store on
+        // resume, and the trial runs again.
+        let ack = self.store.append(StoreEvent::TrialEnded {
+            trial_id: trial_id.to_string(),
+            attempt: self.book[trial_id].attempt,
+            status,
+            exit_code,
+            signal,
+            message: reason.clone(),
+            stderr_tail: (!stderr_tail.is_empty()).then_some(stderr_tail),
+            peak_memory_mib: self.book[trial_id].peak_memory_mib,
+            peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
+        });
+        self.unsettled.push(ack);
         self.environments.release(trial_id);
         self.book.set_status(trial_id, status);
         let trial = self.book.get_mut(trial_id).expect("ending a known trial");
@@ -522,6 +535,15 @@ impl Manager {
             self.collect_checkpoints().await;
         }
         self.publish(None);
+        Ok(())
+    }
+
+    /// Waits until the events the loop went on without waiting for (`unsettled`) are committed;
+    /// the first that failed fails the experiment, as it would have where it was appended.
+    pub(super) async fn settle(&mut self) -> Result<(), ManagerError> {
+        for ack in std::mem::take(&mut self.unsettled) {
+            ack.await?;
+        }
         Ok(())
     }
 
@@ -647,6 +669,7 @@ impl Manager {
                 .await;
         }
         services::shut_down(&self.services).await;
+        self.settle().await?;
         // Trials the service ended during shutdown without telling us are recorded as such.
         for trial_id in self.book.active_ids() {
             let (status, reason) = self.book[&trial_id]

@@ -54,7 +54,10 @@ impl Manager {
                         gpu_indices,
                         pid,
                     };
-                    self.store.append(event).await?;
+                    // Settled later (see `end_trial`): the trial runs already, and the
+                    // loop goes on to its other events while this commits.
+                    let ack = self.store.append(event);
+                    self.unsettled.push(ack);
                 }
             }
             ServiceEvent::Metric {
