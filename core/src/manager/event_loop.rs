@@ -531,6 +531,9 @@ impl Manager {
             }
         }
         if self.book[trial_id].lineage.is_some() {
+            // Folders are deleted below on the strength of this end: it must be durable first
+            // (a member run again after a kill of knob starts from its own checkpoint).
+            self.settle().await?;
             self.drop_snapshot(trial_id, status);
             self.collect_checkpoints().await;
         }
