@@ -10,6 +10,8 @@ use clap::{Subcommand, ValueEnum};
 use knob_core::registry::{Registry, RegistryEntry, CRASHED};
 use knob_core::store::{Direction, StoreReader, TrialQuery, TrialStatus};
 
+use serde_json::Value;
+
 use crate::table::{final_cell, render};
 
 #[derive(Subcommand)]
@@ -197,6 +199,15 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
             // Population members (PBT) show where they come from; other experiments have no
             // such column.
             let lineages = reader.lineages()?;
+            let mut schedules = std::collections::HashMap::new();
+            for t in &trials {
+                let steps = knob_core::export::schedule(&t.trial_id, &lineages, |id| {
+                    Ok::<_, knob_core::store::StoreError>(reader.trial(id)?.map(|r| r.parameters))
+                })?;
+                if let Some(steps) = steps {
+                    schedules.insert(t.trial_id.clone(), schedule_cell(&steps));
+                }
+            }
             let rows: Vec<Vec<String>> = trials
                 .iter()
                 .map(|t| {
@@ -226,6 +237,8 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                     ];
                     if !lineages.is_empty() {
                         row.insert(7, lineage_cell(lineages.get(&t.trial_id)));
+                        let schedule = schedules.get(&t.trial_id).cloned();
+                        row.insert(8, schedule.unwrap_or_else(|| "-".into()));
                     }
                     row
                 })
@@ -243,10 +256,72 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
             ];
             if !lineages.is_empty() {
                 header.insert(7, "lineage");
+                header.insert(8, "schedule");
             }
             println!("{}", render(&header, &rows));
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `knob trial ls`'s schedule column for a population member: each parameter that changed
+/// along its ancestors, as its value from step 0 and each later value `@` the step it took
+/// over from, e.g. `lr 0.05 0.06@4 0.072@12`; `-` where none changed (the first generation).
+fn schedule_cell(steps: &[knob_core::export::ScheduleStep]) -> String {
+    let mut names: Vec<&String> = Vec::new();
+    for step in steps {
+        if let Some(Value::Object(map)) = &step.parameters {
+            for key in map.keys() {
+                if !names.contains(&key) {
+                    names.push(key);
+                }
+            }
+        }
+    }
+    let mut parts = Vec::new();
+    for name in names {
+        let values: Vec<(u64, Option<&Value>)> = steps
+            .iter()
+            .map(|s| (s.from_step, s.parameters.as_ref().and_then(|p| p.get(name))))
+            .collect();
+        if values.windows(2).all(|w| w[0].1 == w[1].1) {
+            continue;
+        }
+        let mut cell = name.clone();
+        let mut last: Option<Option<&Value>> = None;
+        for (index, (step, value)) in values.iter().enumerate() {
+            if last == Some(*value) {
+                continue;
+            }
+            last = Some(*value);
+            let shown = value.map_or_else(|| "-".to_string(), short_value);
+            if index == 0 {
+                cell.push_str(&format!(" {shown}"));
+            } else {
+                cell.push_str(&format!(" {shown}@{step}"));
+            }
+        }
+        parts.push(cell);
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// A parameter value for a table: numbers to 4 significant digits, strings as they are.
+fn short_value(value: &Value) -> String {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            let text = format!("{x:.3e}");
+            text.parse::<f64>()
+                .map(|rounded| rounded.to_string())
+                .unwrap_or(text)
+        }
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 

@@ -1,11 +1,93 @@
 //! `knob experiment export` and the dashboard's download buttons (`GET /api/v1/export`): one
 //! description of an experiment as JSON or CSV, so the two cannot differ.
 
+use std::collections::HashMap;
 use std::io::Write;
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::store::{ExperimentState, MetricKind};
+use crate::store::{ExperimentState, Lineage, MetricKind};
+
+/// One step of a population member's parameter schedule (PBT): from step `from_step` on (its
+/// parent's step when it was cloned; 0 for the first generation), the member trained with the
+/// `parameters` of trial `trial_id`, itself or one of its ancestors.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScheduleStep {
+    pub trial_id: String,
+    pub from_step: u64,
+    pub parameters: Option<Value>,
+}
+
+/// A population member's parameter schedule: its ancestors through their parents, oldest
+/// first, then itself, each with the step it took over from and its parameters (read with
+/// `parameters_of`). `None` for a trial that is no member (not in `lineages`). The one
+/// description the export, the API (`GET /trials/ID`'s `schedule`) and `knob trial ls` share.
+pub fn schedule<E>(
+    trial_id: &str,
+    lineages: &HashMap<String, Lineage>,
+    mut parameters_of: impl FnMut(&str) -> Result<Option<Value>, E>,
+) -> Result<Option<Vec<ScheduleStep>>, E> {
+    let Some(lineage) = lineages.get(trial_id) else {
+        return Ok(None);
+    };
+    let mut chain = vec![(trial_id.to_string(), lineage.parent_step.unwrap_or(0))];
+    let mut current = lineage;
+    // Bounded: a parent is always an older trial, but a damaged log must not loop forever.
+    while let Some(parent) = &current.parent {
+        if chain.len() > lineages.len() {
+            break;
+        }
+        let Some(next) = lineages.get(parent) else {
+            break;
+        };
+        chain.push((parent.clone(), next.parent_step.unwrap_or(0)));
+        current = next;
+    }
+    chain.reverse();
+    let mut steps = Vec::with_capacity(chain.len());
+    for (id, from_step) in chain {
+        let parameters = parameters_of(&id)?;
+        steps.push(ScheduleStep {
+            trial_id: id,
+            from_step,
+            parameters,
+        });
+    }
+    Ok(Some(steps))
+}
+
+/// The lineage of every population member of `state`, by trial id.
+fn lineages_of(state: &ExperimentState) -> HashMap<String, Lineage> {
+    state
+        .trials
+        .iter()
+        .filter_map(|t| Some((t.trial_id.clone(), t.lineage.clone()?)))
+        .collect()
+}
+
+/// [`schedule`] of every population member of `state`, by trial id.
+fn schedules_of(state: &ExperimentState) -> HashMap<String, Vec<ScheduleStep>> {
+    let lineages = lineages_of(state);
+    if lineages.is_empty() {
+        return HashMap::new();
+    }
+    let parameters: HashMap<&str, &Value> = state
+        .trials
+        .iter()
+        .map(|t| (t.trial_id.as_str(), &t.parameters))
+        .collect();
+    lineages
+        .keys()
+        .filter_map(|id| {
+            let steps = schedule(id, &lineages, |id| {
+                Ok::<_, std::convert::Infallible>(parameters.get(id).map(|p| (*p).clone()))
+            })
+            .unwrap_or_else(|never| match never {});
+            Some((id.clone(), steps?))
+        })
+        .collect()
+}
 
 /// The whole experiment as JSON: its status and config, and every trial with its parameters,
 /// final and intermediate results and each attempt.
@@ -18,6 +100,7 @@ pub fn to_json(state: &ExperimentState) -> Value {
         }
         Value::Bool(entries.iter().any(|e| e.trial_id == id && e.pareto))
     };
+    let schedules = schedules_of(state);
     let trials: Vec<Value> = state
         .trials
         .iter()
@@ -72,6 +155,8 @@ pub fn to_json(state: &ExperimentState) -> Value {
                 // A population member's origin (PBT): the trial whose checkpoint it started
                 // from, the one it replaced, and the parent's step; null for other trials.
                 "lineage": t.lineage,
+                // A population member's parameters over time (PBT), null for other trials.
+                "schedule": schedules.get(&t.trial_id),
             })
         })
         .collect();
@@ -126,6 +211,13 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
     ]
     .map(String::from)
     .to_vec();
+    // Population members (PBT): their lineage and parameter schedule, each as JSON in one
+    // column (as `intermediate`); other experiments have no such columns.
+    let schedules = schedules_of(state);
+    let members = !schedules.is_empty();
+    if members {
+        header.extend(["lineage".to_string(), "schedule".to_string()]);
+    }
     header.extend(parameter_columns.iter().map(|c| format!("param:{c}")));
     writer.write_record(&header)?;
     for (trial, cells) in state.trials.iter().zip(flat) {
@@ -163,6 +255,13 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
                 .unwrap_or_default(),
             Value::from(intermediate).to_string(),
         ];
+        if members {
+            let json_cell = |value: Option<Value>| value.map(|v| v.to_string()).unwrap_or_default();
+            record.push(json_cell(trial.lineage.as_ref().map(|l| json!(l))));
+            record.push(json_cell(
+                schedules.get(&trial.trial_id).map(|steps| json!(steps)),
+            ));
+        }
         record.extend(parameter_columns.iter().map(|c| {
             cells
                 .iter()
@@ -190,5 +289,37 @@ fn flatten(prefix: &str, value: &Value, cells: &mut Vec<(String, String)>) {
         }
         Value::String(s) => cells.push((prefix.to_string(), s.clone())),
         other => cells.push((prefix.to_string(), other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedule_follows_the_parents_oldest_first_and_ends_on_a_damaged_log() {
+        let member = |parent: Option<&str>, step: Option<u64>| Lineage {
+            parent: parent.map(str::to_string),
+            replaces: None,
+            parent_step: step,
+        };
+        let mut lineages = HashMap::from([
+            ("a".to_string(), member(None, None)),
+            ("b".to_string(), member(Some("a"), Some(4))),
+            ("c".to_string(), member(Some("b"), Some(9))),
+        ]);
+        let parameters = |id: &str| Ok::<_, ()>(Some(json!({ "of": id })));
+        let steps = schedule("c", &lineages, parameters).unwrap().unwrap();
+        let summary: Vec<(&str, u64)> = steps
+            .iter()
+            .map(|s| (s.trial_id.as_str(), s.from_step))
+            .collect();
+        assert_eq!(summary, [("a", 0), ("b", 4), ("c", 9)]);
+        assert_eq!(steps[1].parameters, Some(json!({"of": "b"})));
+        assert_eq!(schedule("x", &lineages, parameters), Ok(None));
+        // A cycle (a damaged log) ends: each trial at most once more than the members.
+        lineages.insert("a".to_string(), member(Some("c"), Some(1)));
+        let steps = schedule("c", &lineages, parameters).unwrap().unwrap();
+        assert!(steps.len() <= lineages.len() + 1, "{steps:?}");
     }
 }

@@ -14,8 +14,8 @@ The checkpoint protocol (see the README's "Population-based training"):
 Write checkpoints atomically (a temporary file, then a rename): a parent keeps training while its
 successor reads its folder.
 
-Only Python's standard library. Each attempt also writes what it started from to
-`$KNOB_TRIAL_DIR/pbt.json` (the tests read it back).
+Only Python's standard library. Each attempt also writes its parameters and what it started
+from to `$KNOB_TRIAL_DIR/pbt.json` (the tests read it back).
 """
 
 import json
@@ -45,7 +45,13 @@ def save(state):
     os.replace(temporary, own)
 
 
-log = {"trial": trial, "restore_from": restore_dir, "restored": None, "resumed": None}
+log = {
+    "trial": trial,
+    "parameters": parameters,
+    "restore_from": restore_dir,
+    "restored": None,
+    "resumed": None,
+}
 if os.path.exists(own):
     state = load(own)
     log["resumed"] = dict(state)

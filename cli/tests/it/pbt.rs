@@ -147,6 +147,7 @@ fn check_population(sandbox: &Sandbox, id: &str, resumed_run: bool) -> Value {
             );
         }
     }
+    check_schedules(trials, &logs);
     assert_eq!(first_generation, 8, "{export:#}");
     assert!(
         successors > 0,
@@ -163,6 +164,53 @@ fn check_population(sandbox: &Sandbox, id: &str, resumed_run: bool) -> Value {
         assert!(!dir.exists(), "{} kept", dir.display());
     }
     export
+}
+
+/// Each member's `schedule` in the export against the members' own logs: its ancestors,
+/// oldest first, are the chain of trials each restored from (`restored.written_by` in its
+/// `pbt.json`), each with the parameters it says it trained with, from the step its lineage
+/// says it was cloned at (0 for the first generation); the last one is the member itself.
+fn check_schedules(trials: &[Value], logs: &BTreeMap<String, Vec<Value>>) {
+    let by_id: BTreeMap<&str, &Value> = trials
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t))
+        .collect();
+    for trial in trials {
+        let tid = trial["id"].as_str().unwrap();
+        let schedule = trial["schedule"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{tid} has no schedule: {trial:#}"));
+        // From the member back through the parents its own logs name.
+        let mut expected = Vec::new();
+        let mut current = tid.to_string();
+        for _ in 0..trials.len() {
+            let log = logs[&current]
+                .first()
+                .unwrap_or_else(|| panic!("{current} wrote no log"));
+            let from_step = by_id[current.as_str()]["lineage"]["parent_step"]
+                .as_u64()
+                .unwrap_or(0);
+            expected.push(serde_json::json!({
+                "trial_id": current,
+                "from_step": from_step,
+                "parameters": log["parameters"],
+            }));
+            match log["restored"]["written_by"].as_str() {
+                Some(parent) => current = parent.to_string(),
+                None => break,
+            }
+        }
+        expected.reverse();
+        assert_eq!(
+            schedule, &expected,
+            "{tid}'s schedule against its ancestors' logs"
+        );
+        assert_eq!(
+            schedule.last().unwrap()["parameters"],
+            trial["parameters"],
+            "{tid}"
+        );
+    }
 }
 
 #[test]
@@ -192,6 +240,66 @@ fn pbt_replaces_bottom_members_with_clones_of_top_members_checked_from_the_trial
         successor["lineage"]["replaces"].as_str().unwrap()
     );
     assert!(stdout.contains(&cell), "{cell} not in\n{stdout}");
+    // And the schedule of its parameters: a parameter that changed from its parent's value
+    // shows the new one at the step it took over from.
+    let header = stdout.lines().next().unwrap();
+    assert!(header.contains("schedule"), "{stdout}");
+    let schedule = successor["schedule"].as_array().unwrap();
+    let (parent, own) = (
+        &schedule[schedule.len() - 2]["parameters"],
+        &schedule[schedule.len() - 1],
+    );
+    let changed = ["lr", "h0", "h1"]
+        .into_iter()
+        .find(|name| parent[*name] != own["parameters"][*name])
+        .expect("explored parameters differ from the parent's");
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with(successor["id"].as_str().unwrap()))
+        .unwrap();
+    assert!(
+        row.contains(&format!("{changed} ")) && row.contains(&format!("@{}", own["from_step"])),
+        "{changed} from step {} not in\n{row}",
+        own["from_step"]
+    );
+    // The CSV export has the same schedule, as JSON in one column, and the lineage.
+    let (code, csv, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "export", "pbt", "--format", "csv"]));
+    assert_eq!(code, 0, "{stderr}");
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let headers = reader.headers().unwrap().clone();
+    let column = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let (id_at, lineage_at, schedule_at) =
+        (column("trial_id"), column("lineage"), column("schedule"));
+    let by_id: BTreeMap<&str, &Value> = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t))
+        .collect();
+    let mut rows = 0;
+    for record in reader.records() {
+        let record = record.unwrap();
+        let trial = by_id[&record[id_at]];
+        let cell: Value = serde_json::from_str(&record[schedule_at]).unwrap();
+        assert_eq!(cell, trial["schedule"], "{}", &record[id_at]);
+        let cell: Value = serde_json::from_str(&record[lineage_at]).unwrap();
+        assert_eq!(cell, trial["lineage"], "{}", &record[id_at]);
+        rows += 1;
+    }
+    assert_eq!(rows, by_id.len());
+    // The API gives each member the same schedule (one function makes both).
+    let mut command = sandbox.knob();
+    command.args(["view", "pbt", "--port", "0"]);
+    let view = crate::api::start(command, &[]);
+    for (id, trial) in &by_id {
+        let (status, body) = crate::api::get(&view.base, &format!("/trials/{id}"));
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["schedule"], trial["schedule"], "{id}");
+        assert_eq!(body["lineage"], trial["lineage"], "{id}");
+    }
 }
 
 #[test]

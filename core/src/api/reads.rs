@@ -415,9 +415,8 @@ pub(super) async fn trial(
     Ok(Json(value))
 }
 
-/// A population member's lineage (PBT) and the schedule of its parameters: its ancestors
-/// through their parents, oldest first, each with the step it took over from (its parent's step
-/// when it was cloned) and its parameters. `None` for a trial that is no member.
+/// A population member's lineage (PBT) and the schedule of its parameters
+/// (`crate::export::schedule`, which the export shares). `None` for a trial that is no member.
 fn schedule_of(
     reader: &crate::store::StoreReader,
     trial_id: &str,
@@ -426,25 +425,11 @@ fn schedule_of(
     let Some(lineage) = lineages.get(trial_id) else {
         return Ok(None);
     };
-    let mut chain = vec![(trial_id.to_string(), lineage.parent_step.unwrap_or(0))];
-    let mut current = lineage;
-    // Bounded: a parent is always an older trial, but a damaged log must not loop forever.
-    while let Some(parent) = &current.parent {
-        if chain.len() > lineages.len() {
-            break;
-        }
-        let Some(next) = lineages.get(parent) else {
-            break;
-        };
-        chain.push((parent.clone(), next.parent_step.unwrap_or(0)));
-        current = next;
-    }
-    chain.reverse();
-    let mut schedule = Vec::with_capacity(chain.len());
-    for (id, from_step) in chain {
-        let parameters = reader.trial(&id)?.map(|row| row.parameters);
-        schedule.push(json!({"trial_id": id, "from_step": from_step, "parameters": parameters}));
-    }
+    let steps = crate::export::schedule(trial_id, &lineages, |id| {
+        Ok(reader.trial(id)?.map(|row| row.parameters))
+    })?
+    .unwrap_or_default();
+    let schedule = steps.iter().map(|step| json!(step)).collect();
     Ok(Some((lineage.clone(), schedule)))
 }
 
