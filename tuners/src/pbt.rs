@@ -55,6 +55,9 @@ struct Member {
     has_checkpoint: bool,
     /// Not ended and not being replaced.
     alive: bool,
+    /// Ended SUCCEEDED: its checkpoint is kept (the host deletes those of members that were
+    /// replaced or failed once no member it knows of starts from them).
+    succeeded: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -247,9 +250,11 @@ impl PbtTuner {
                 });
             }
         }
-        while !self.deferred.is_empty() && !self.successors.is_empty() {
+        while !self.deferred.is_empty() {
+            let Some(successor) = self.next_successor() else {
+                break;
+            };
             let id = self.deferred.pop_front().expect("not empty");
-            let successor = self.successors.pop_front().expect("not empty");
             let label = self.admit(id, &successor);
             self.ready.push(Suggestion::member(
                 id,
@@ -274,9 +279,51 @@ impl PbtTuner {
                 last_score: None,
                 has_checkpoint: false,
                 alive: true,
+                succeeded: false,
             },
         );
         format!("m{}-{id}", successor.slot)
+    }
+
+    /// The next queued successor to hand out. One whose donor was itself replaced (or failed)
+    /// while it waited here gets another donor: the host, which does not know of successors
+    /// not handed out yet, deletes such a member's checkpoint when it ends (Ray's "deletes
+    /// checkpoints it later needs", ray#9036). The new donor is the best member with a
+    /// checkpoint that is living or finished (a finished member's checkpoint is kept), its
+    /// parameters explored; without one the slot waits for the next exploitation (`vacant`).
+    fn next_successor(&mut self) -> Option<Successor> {
+        while let Some(mut successor) = self.successors.pop_front() {
+            let donor_gone = successor
+                .lineage
+                .parent
+                .and_then(|parent| self.members.get(&parent))
+                .is_some_and(|donor| !donor.alive && !donor.succeeded);
+            if !donor_gone {
+                return Some(successor);
+            }
+            let best = self
+                .members
+                .iter()
+                .filter(|(_, m)| m.has_checkpoint && (m.alive || m.succeeded))
+                .filter_map(|(id, m)| Some((*id, m.last_score?)))
+                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+                .map(|(id, _)| id);
+            let Some(donor) = best else {
+                if let Some(replaces) = successor.lineage.replaces {
+                    self.vacant.push_back((successor.slot, replaces));
+                }
+                continue;
+            };
+            let (parameters, time) = {
+                let d = &self.members[&donor];
+                (d.parameters.clone(), d.time)
+            };
+            successor.parameters = self.explore(&parameters);
+            successor.lineage.parent = Some(donor);
+            successor.lineage.parent_step = Some(time);
+            return Some(successor);
+        }
+        None
     }
 
     fn judge_synchronously(&mut self) {
@@ -375,14 +422,18 @@ impl Tuner for PbtTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
-        let Some(space) = &self.space else {
+        if self.space.is_none() {
             return Err(PluginError::new(format!(
                 "{NAME}: asked for parameters before it was given a search space"
             )));
-        };
-        let successor = if let Some(successor) = self.successors.pop_front() {
+        }
+        let successor = if let Some(successor) = self.next_successor() {
             successor
-        } else if self.slots_created < self.population_size {
+        } else if let Some(space) = self
+            .space
+            .as_ref()
+            .filter(|_| self.slots_created < self.population_size)
+        {
             let parameters = space.sample(&mut self.rng);
             self.slots_created += 1;
             Successor {
@@ -453,6 +504,7 @@ impl Tuner for PbtTuner {
     fn trial_end(&mut self, parameter_id: u64, end_status: &str) -> Result<(), PluginError> {
         if let Some(member) = self.members.get_mut(&parameter_id) {
             member.alive = false;
+            member.succeeded = end_status == status::SUCCEEDED;
         }
         if end_status != status::EARLY_STOPPED {
             // It ended before the stop: nothing to replace.
@@ -493,6 +545,7 @@ impl Tuner for PbtTuner {
                     last_score: None,
                     has_checkpoint: false,
                     alive: !trial.has_ended(),
+                    succeeded: trial.status.as_deref() == Some(status::SUCCEEDED),
                 },
             );
             if latest.get(&slot).is_none_or(|(newest, _)| *newest < id) {

@@ -559,11 +559,11 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
         let created = trial["created_ms"].as_u64().unwrap();
         let started = trial["started_ms"].as_u64().unwrap();
         // The copy is taken a moment after the creation (the manager's turn, one ssh command):
-        // 1.5 s at most, 8 steps of 0.2 s.
-        let (at_creation, soon_after) = (step_at(parent, created), step_at(parent, created + 1500));
+        // 2.5 s at most on a loaded machine, against the 4 s the successor waits.
+        let (at_creation, soon_after) = (step_at(parent, created), step_at(parent, created + 2500));
         assert!(
             (at_creation..=soon_after + 1).contains(&step),
-            "{tid} restored {parent}'s step {step}; {parent} was at step {at_creation} when {tid} was created, {soon_after} 1.5 s later: {first}"
+            "{tid} restored {parent}'s step {step}; {parent} was at step {at_creation} when {tid} was created, {soon_after} 2.5 s later: {first}"
         );
         checked.push((tid.to_string(), at_creation, step, step_at(parent, started)));
     }
@@ -573,7 +573,7 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
         checked.iter().any(|(tid, at_creation, _, at_start)| {
             let created = by_id[tid.as_str()]["created_ms"].as_u64().unwrap();
             let parent = by_id[tid.as_str()]["lineage"]["parent"].as_str().unwrap();
-            *at_start > step_at(parent, created + 1500) + 1 && at_start > at_creation
+            *at_start > step_at(parent, created + 2500) + 1 && at_start > at_creation
         }),
         "no successor waited while its parent trained on: {checked:?}\n{export:#}"
     );

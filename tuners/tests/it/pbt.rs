@@ -285,3 +285,60 @@ fn bad_class_args_are_one_line_errors() {
         "classArgs of PBT: synch must be true or false, got \"yes\""
     );
 }
+
+/// A successor waits in the tuner until an id is asked for; if its donor is replaced
+/// meanwhile, the host deletes the donor's checkpoint when it ends (no member it knows of
+/// starts from it), so the successor is handed out with another donor: the best living member
+/// with a checkpoint.
+#[test]
+fn a_successor_whose_donor_was_replaced_while_it_waited_gets_another_donor() {
+    let mut tuner =
+        PbtTuner::new(&json!({"population_size": 4, "perturbation_interval": 1, "seed": 5}))
+            .unwrap();
+    tuner.update_search_space(&space()).unwrap();
+    for id in 0..4 {
+        assert!(matches!(
+            tuner.generate_parameters(id).unwrap(),
+            Generated::Member { .. }
+        ));
+    }
+    let report = |tuner: &mut PbtTuner, id: u64, step: u64, value: f64| {
+        let intermediate = Intermediate {
+            step,
+            checkpoint: true,
+        };
+        tuner
+            .receive_intermediate_result(id, intermediate, value)
+            .unwrap();
+    };
+    // Everyone scores (nobody is judged worst at its own report yet), then 0, the worst, is
+    // replaced by a clone of 3, the best, queued (no id asked for yet).
+    for (id, value) in [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)] {
+        report(&mut tuner, id, 0, value);
+    }
+    report(&mut tuner, 0, 1, 0.0);
+    // Then 3 falls to the bottom and is replaced in turn (by a clone of 2); both end.
+    report(&mut tuner, 3, 1, -10.0);
+    let stops: Vec<u64> = tuner
+        .take_suggestions()
+        .into_iter()
+        .filter_map(|e| match read_suggestion(e) {
+            Emitted::Stop(stop) => Some(stop.parameter_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stops, [0, 3]);
+    tuner.trial_end(0, "EARLY_STOPPED").unwrap();
+    tuner.trial_end(3, "EARLY_STOPPED").unwrap();
+    let lineages: Vec<Lineage> = (4..6)
+        .map(|id| match tuner.generate_parameters(id).unwrap() {
+            Generated::Member { lineage, .. } => lineage,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // 0's successor was to clone 3, which is gone: it clones 2 (the best living one).
+    assert_eq!(lineages[0].replaces, Some(0));
+    assert_eq!(lineages[0].parent, Some(2), "{lineages:?}");
+    assert_eq!(lineages[1].replaces, Some(3));
+    assert_eq!(lineages[1].parent, Some(2), "{lineages:?}");
+}
