@@ -147,6 +147,20 @@ fn one(trials: u64) {
         "{trials} trials: store events a trial by kind: {}",
         kinds.join(", ")
     );
+    let wakes = &report.wakes;
+    let a_trial = |n: u64| n as f64 / report.trials.max(1) as f64;
+    println!(
+        "{trials} trials: loop turns a trial {:.2}, woken by service events {:.2}, deadlines {:.3} (re-probes {:.3}, maxTrialDuration {:.3}), commands {:.3}, refused starts {:.3}, tuner or assessor {:.3}; thread µs a turn {:.1}",
+        a_trial(report.loop_turns),
+        a_trial(wakes.service_events),
+        a_trial(wakes.deadlines),
+        a_trial(wakes.reprobes),
+        a_trial(wakes.overdue),
+        a_trial(wakes.commands),
+        a_trial(wakes.start_failures),
+        a_trial(wakes.components),
+        run_thread.as_secs_f64() * 1e6 / report.loop_turns.max(1) as f64,
+    );
     println!(
         "ROW {} {} {} {} {} {} {} {} {} {}",
         per(run_thread),

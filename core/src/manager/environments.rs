@@ -24,6 +24,11 @@ struct EnvironmentRecord {
     why: Option<String>,
     /// It was ready at some time (a queued allocation is not, until its job runs).
     seen_ready: bool,
+    /// The service's last report, while the scheduler holds the environment as that report
+    /// left it (taken as reported, and not lost or forgotten since): the same report again
+    /// changes nothing and says nothing, so it is not read again (a re-probe, every few seconds
+    /// while trials wait, reports every environment of every service).
+    reported: Option<Environment>,
 }
 
 /// A line about environments for the loop to record.
@@ -78,6 +83,11 @@ impl Environments {
                     environment.id
                 ))];
             }
+        }
+        if self.records.get(&environment.id).is_some_and(|record| {
+            record.service == service && record.reported.as_ref() == Some(&environment)
+        }) {
+            return said;
         }
         let id = environment.id.clone();
         let was_ready = self.records.get(&id).map(|record| record.ready);
@@ -171,6 +181,8 @@ impl Environments {
             )),
             _ => {}
         }
+        // Taken as reported, saying nothing of it: the same report again would do the same.
+        let reported = (ready == environment.ready && said.is_empty()).then(|| environment.clone());
         self.records.insert(
             id,
             EnvironmentRecord {
@@ -179,6 +191,7 @@ impl Environments {
                 ready,
                 why,
                 seen_ready: seen_ready || ready,
+                reported,
             },
         );
         said
@@ -207,6 +220,7 @@ impl Environments {
             return None;
         }
         record.ready = false;
+        record.reported = None;
         self.placer.remove(environment_id);
         Some(format!("environment {environment_id} lost: {reason}"))
     }
@@ -281,6 +295,9 @@ impl Environments {
 
     /// The scheduler forgets an environment no service owns.
     pub fn forget(&mut self, environment_id: &str) {
+        if let Some(record) = self.records.get_mut(environment_id) {
+            record.reported = None;
+        }
         self.placer.remove(environment_id);
     }
 }
@@ -413,6 +430,54 @@ mod tests {
             envs.place(&[request("t3")])[0],
             Placement::Succeed { .. }
         ));
+    }
+
+    #[test]
+    fn the_same_report_again_changes_nothing_but_a_lost_host_is_taken_back() {
+        let mut envs = environments(1);
+        let request = |id: &str| OwnRequest {
+            trial_id: id.into(),
+            memory_mib: None,
+            gpu_memory_mib: None,
+        };
+        envs.report(0, reported("a", true, inventory("a", 1, None)));
+        assert!(matches!(
+            envs.place(&[request("t1")])[0],
+            Placement::Succeed { .. }
+        ));
+        let waits = envs.place(&[request("t2")]);
+        // A re-probe reports it again as it was: nothing is said, and the kept answer stands
+        // (the same placements, not worked out again: the scheduler saw no change).
+        let changes = envs.placer.changes();
+        assert_eq!(
+            notices(envs.report(0, reported("a", true, inventory("a", 1, None)))),
+            Vec::<String>::new()
+        );
+        assert_eq!(envs.placer.changes(), changes);
+        assert_eq!(envs.place(&[request("t2")]), waits);
+        // Lost, then the same report: it is registered anew and takes trials again.
+        assert!(envs.lose("a", "host rebooted").is_some());
+        assert!(!envs.can_place());
+        assert_eq!(
+            notices(envs.report(0, reported("a", true, inventory("a", 1, None)))),
+            ["notice: environment a (box) is ready again"]
+        );
+        assert!(matches!(
+            envs.place(&[request("t2")])[0],
+            Placement::Succeed { .. }
+        ));
+        // A report that said something is read again the next time: still not ready, for the
+        // same reason, says nothing more.
+        let down = || {
+            reported(
+                "a",
+                false,
+                inventory("a", 1, Some(EnvironmentStatus::Unavailable("gone".into()))),
+            )
+        };
+        assert_eq!(notices(envs.report(0, down())).len(), 1);
+        assert_eq!(notices(envs.report(0, down())), Vec::<String>::new());
+        assert_eq!(notices(envs.report(0, down())), Vec::<String>::new());
     }
 
     #[test]

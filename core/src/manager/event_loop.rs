@@ -69,6 +69,8 @@ pub(super) struct Manager {
     /// Acknowledgements of appended events that the loop went on without waiting for (a
     /// trial's start and end; see [`Manager::settle`]).
     pub(super) unsettled: Vec<crate::store::Ack<crate::store::EventSeq>>,
+    /// What woke the loop, by cause (told to the observer).
+    pub(super) wakes: super::Wakes,
 }
 
 impl Manager {
@@ -178,6 +180,7 @@ impl Manager {
             observer: None,
             turns: 0,
             unsettled: Vec::new(),
+            wakes: Default::default(),
             config,
         };
         if let Err(e) = manager.register_environments().await {
@@ -249,6 +252,7 @@ impl Manager {
                 // A tuner that woke us before may never answer again: the wait is bounded.
                 _ = tokio::time::sleep(IDLE_DEFERRED_PATIENCE), if idle_deferred => Wake::GaveUpOnTuner,
             };
+            self.count(&wake);
             self.observe(false, next_deadline);
             match wake {
                 Wake::ServiceEvents(batch) => self.on_service_events(batch).await?,
@@ -338,6 +342,18 @@ impl Manager {
         }
     }
 
+    /// Counts what woke the loop (see [`super::Wakes`]).
+    fn count(&mut self, wake: &Wake) {
+        let wakes = &mut self.wakes;
+        match wake {
+            Wake::ServiceEvents(_) | Wake::ServicesGone => wakes.service_events += 1,
+            Wake::Command(_) => wakes.commands += 1,
+            Wake::StartFailed(..) => wakes.start_failures += 1,
+            Wake::Deadline => wakes.deadlines += 1,
+            Wake::Woken(_) | Wake::GaveUpOnTuner => wakes.components += 1,
+        }
+    }
+
     /// Tells an observer (see [`LoopState`]) whether the loop now waits.
     pub(super) fn observe(&mut self, waiting: bool, next_deadline: Option<Instant>) {
         if let Some(observer) = &self.observer {
@@ -348,6 +364,7 @@ impl Manager {
                 turn: self.turns,
                 waiting,
                 next_deadline,
+                wakes: self.wakes,
             });
         }
     }
@@ -603,6 +620,7 @@ impl Manager {
     pub(super) async fn on_deadline(&mut self) -> Result<(), ManagerError> {
         let now = Instant::now();
         if self.timers.take_reprobe(now) {
+            self.wakes.reprobes += 1;
             self.refresh_environments().await?;
             // `fill`, first thing in the next turn, places the waiting trials again.
         }
@@ -610,7 +628,11 @@ impl Manager {
             self.stop_all("maxExperimentDuration reached", TrialStatus::SysCanceled)
                 .await?;
         }
-        for trial_id in self.book.overdue(now) {
+        let overdue = self.book.overdue(now);
+        if !overdue.is_empty() {
+            self.wakes.overdue += 1;
+        }
+        for trial_id in overdue {
             self.kill(
                 &trial_id,
                 TrialStatus::SysCanceled,

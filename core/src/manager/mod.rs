@@ -251,4 +251,37 @@ pub struct LoopState {
     pub waiting: bool,
     /// When it wakes by itself if nothing else happens first.
     pub next_deadline: Option<Instant>,
+    /// What woke it, counted over the turns so far.
+    pub wakes: Wakes,
+}
+
+/// What woke the manager's loop, counted by cause (the simulator's bench prints them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wakes {
+    /// Service events (trial starts, metrics, ends, environments), however many at once.
+    pub service_events: u64,
+    /// Its own deadline: of these, `reprobes` were the machine's re-probe while trials waited,
+    /// and `overdue` found trials past their `maxTrialDuration`; the rest, a retry's backoff
+    /// ending or the experiment's deadline.
+    pub deadlines: u64,
+    pub reprobes: u64,
+    pub overdue: u64,
+    /// Commands (stop, update, environments), starts a service refused, and a tuner or
+    /// assessor that woke it.
+    pub commands: u64,
+    pub start_failures: u64,
+    pub components: u64,
+}
+
+impl Wakes {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Wakes) {
+        self.service_events += other.service_events;
+        self.deadlines += other.deadlines;
+        self.reprobes += other.reprobes;
+        self.overdue += other.overdue;
+        self.commands += other.commands;
+        self.start_failures += other.start_failures;
+        self.components += other.components;
+    }
 }

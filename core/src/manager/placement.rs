@@ -155,6 +155,12 @@ impl Placer {
             .remove_environment(&EnvironmentId::from(environment));
     }
 
+    /// How many changes the scheduler's state has seen (see `changes`).
+    #[cfg(test)]
+    pub(super) fn changes(&self) -> u64 {
+        self.changes
+    }
+
     pub fn knows(&self, environment: &str) -> bool {
         self.scheduler
             .environment(&EnvironmentId::from(environment))

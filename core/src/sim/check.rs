@@ -32,6 +32,7 @@ pub(super) fn check(
         attempts: 0,
         service_events: seen.events_delivered,
         loop_turns: 0,
+        wakes: Default::default(),
         max_event_batch: seen.max_batch,
         peak_running: seen.peak_running,
         store_bytes: store_bytes(dir),

@@ -264,6 +264,8 @@ pub struct Report {
     pub service_events: u64,
     /// Turns of the manager's loop (each a wait for something to happen).
     pub loop_turns: u64,
+    /// What woke the loop, by cause (summed over the managers of a crashed and resumed run).
+    pub wakes: manager::Wakes,
     /// The most service events that reached the manager at once (its event queue's length).
     pub max_event_batch: u64,
     /// The most trials running at once.
@@ -323,6 +325,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         attempts: 0,
         service_events: 0,
         loop_turns: 0,
+        wakes: Default::default(),
         max_event_batch: 0,
         peak_running: 0,
         store_bytes: 0,
@@ -355,6 +358,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     let mut crash_at = scenario.crash_at;
     let mut resumed = 0;
     let mut turns = 0;
+    let mut wakes = manager::Wakes::default();
     let outcome = loop {
         let store = match Store::open(&experiment_dir) {
             Ok(store) => store,
@@ -403,6 +407,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
             driven = drive(world.clone(), loop_state, commands_tx, crash_at) => Err(driven),
         };
         turns += observed.borrow().turn;
+        wakes.add(&observed.borrow().wakes);
         match driven {
             Ok(outcome) => break outcome,
             // The manager's future is dropped where it waited, its store with it (the writer
@@ -423,6 +428,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     );
     let mut report = check::check(&scenario, &experiment_dir, &world, outcome);
     report.loop_turns = turns;
+    report.wakes = wakes;
     report.run_peak_rss = run_peak_rss;
     report.run_thread_cpu = run_thread_cpu;
     report.run_process_cpu = run_process_cpu;
@@ -475,7 +481,7 @@ async fn drive(
     let limit = world.lock().scenario.time_limit();
     let trace = std::env::var_os("KNOB_SIM_TRACE").is_some();
     loop {
-        let state = settle(&mut loop_state).await;
+        let state = settle(&mut loop_state, trace).await;
         if crash_at.is_some_and(|at| world.lock().now() >= at) {
             return Driven::Crash;
         }
@@ -535,10 +541,10 @@ async fn drive(
 
 /// Waits until the manager's loop waits with nothing left to do: it says it waits, and it still
 /// does after everything else that was ready has run.
-async fn settle(loop_state: &mut watch::Receiver<LoopState>) -> LoopState {
+async fn settle(loop_state: &mut watch::Receiver<LoopState>, trace: bool) -> LoopState {
     loop {
         let before = *loop_state.borrow_and_update();
-        if std::env::var_os("KNOB_SIM_TRACE").is_some() {
+        if trace {
             eprintln!("settle: {before:?}");
         }
         if !before.waiting {

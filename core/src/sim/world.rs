@@ -144,6 +144,9 @@ pub(super) struct World {
     queue: BinaryHeap<Timed>,
     order: u64,
     pub environment_up: Vec<bool>,
+    /// Each environment as its service reports it, up and down (the same every time: made
+    /// once, not for each re-probe).
+    reports: Vec<[Environment; 2]>,
     pub down_since: Vec<Option<Duration>>,
     /// (environment, GPU) -> the run holding it.
     holders: BTreeMap<(usize, u32), u64>,
@@ -176,6 +179,14 @@ impl World {
             queue: BinaryHeap::new(),
             order: 0,
             environment_up: vec![true; environments],
+            reports: (0..environments)
+                .map(|index| {
+                    [
+                        report(&scenario, index, true),
+                        report(&scenario, index, false),
+                    ]
+                })
+                .collect(),
             down_since: vec![None; environments],
             holders: BTreeMap::new(),
             runs: BTreeMap::new(),
@@ -447,27 +458,8 @@ impl World {
     }
 
     pub fn environment(&self, index: usize) -> Environment {
-        let up = self.environment_up[index];
-        let gpus = (0..self.scenario.gpus_per_environment)
-            .map(|gpu| Gpu::idle(gpu, "Simulated GPU", ByteSize::gib(80)))
-            .collect();
-        let host = HostResources {
-            cpu_count: 64,
-            cpu_utilization_percent: Some(10.0),
-            memory_total: ByteSize::gib(512),
-            memory_available: ByteSize::gib(512),
-        };
-        let mut inventory =
-            knob_gpu_sched::Environment::new(env_id(index), host_name(index), gpus, host);
-        if !up {
-            inventory.status = EnvironmentStatus::Unavailable("host lost (simulated)".into());
-        }
-        Environment {
-            id: env_id(index),
-            host: host_name(index),
-            ready: up,
-            inventory: serde_json::to_value(inventory).unwrap_or_default(),
-        }
+        let [up, down] = &self.reports[index];
+        if self.environment_up[index] { up } else { down }.clone()
     }
 
     /// `service` is asked to start a trial: the run is planned, or (`p_start_fail`) the
@@ -922,6 +914,30 @@ impl Components for SimComponents {
 }
 
 /// How good a parameter set is, in (0.5, 1]: best at x = 0.3.
+/// Environment `index` of `scenario` as its service reports it, up or down.
+fn report(scenario: &Scenario, index: usize, up: bool) -> Environment {
+    let gpus = (0..scenario.gpus_per_environment)
+        .map(|gpu| Gpu::idle(gpu, "Simulated GPU", ByteSize::gib(80)))
+        .collect();
+    let host = HostResources {
+        cpu_count: 64,
+        cpu_utilization_percent: Some(10.0),
+        memory_total: ByteSize::gib(512),
+        memory_available: ByteSize::gib(512),
+    };
+    let mut inventory =
+        knob_gpu_sched::Environment::new(env_id(index), host_name(index), gpus, host);
+    if !up {
+        inventory.status = EnvironmentStatus::Unavailable("host lost (simulated)".into());
+    }
+    Environment {
+        id: env_id(index),
+        host: host_name(index),
+        ready: up,
+        inventory: serde_json::to_value(inventory).unwrap_or_default(),
+    }
+}
+
 pub(super) fn quality(parameters: &Value) -> f64 {
     let x = parameters.get("x").and_then(Value::as_f64).unwrap_or(0.0);
     1.0 - (x - 0.3) * (x - 0.3) * 0.5
