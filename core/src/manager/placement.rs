@@ -246,7 +246,10 @@ impl Manager {
             })
             .collect();
         let placements = self.environments.place(&requests);
-        self.timers.cancel_reprobe();
+        // The re-probe is owed from when a trial first waited, not from this round: cancelled
+        // only when none waits. Pushed back by every round, it never came while other trials'
+        // events kept the loop busy, and a GPU freed outside knob went unseen.
+        let mut any_waits = false;
         for (trial_id, placement) in waiting.into_iter().zip(placements) {
             match placement {
                 Placement::Succeed {
@@ -276,6 +279,7 @@ impl Manager {
                     .await?
                 }
                 Placement::TmpNoAvailableGpu { reason } => {
+                    any_waits = true;
                     self.timers.reprobe_later(Instant::now());
                     let trial = self
                         .book
@@ -294,6 +298,9 @@ impl Manager {
                     }
                 }
             }
+        }
+        if !any_waits {
+            self.timers.cancel_reprobe();
         }
         Ok(())
     }

@@ -90,7 +90,7 @@ impl Timers {
         self.reprobe_at.get_or_insert(now + REPROBE_INTERVAL);
     }
 
-    /// A placement is being decided now: no probe is owed until a trial waits again.
+    /// No trial waits any more: no probe is owed until one waits again.
     pub fn cancel_reprobe(&mut self) {
         self.reprobe_at = None;
     }

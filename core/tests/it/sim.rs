@@ -3,6 +3,8 @@
 //! small random scenario whose invariants are checked; a failing one prints the line that runs it
 //! again alone (`KNOB_SIM_SEED=<seed>`).
 
+use std::time::Duration;
+
 use knob_core::sim::{self, Report, Scenario};
 
 /// How many seeded scenarios a plain `cargo test` runs (`KNOB_SIM_SEEDS` changes it).
@@ -130,5 +132,26 @@ fn start_failures_and_several_training_services_keep_the_invariants() {
     assert!(
         reports.iter().map(|r| r.start_failures).sum::<u64>() > 0,
         "no start was refused"
+    );
+}
+
+#[test]
+fn waiting_trials_have_the_machines_probed_again_while_other_trials_keep_the_loop_busy() {
+    // Twice as many trials wanted as GPUs: half of them always wait, while the running ones
+    // report every simulated second. The machines must still be probed again every 5 s (a GPU
+    // freed outside knob is seen only so); the re-probe used to be put off by every event's
+    // placement round and never came.
+    let mut scenario = Scenario::large(11, 120, 20, 1);
+    scenario.trial_concurrency = 40;
+    scenario.duration = (Duration::from_secs(60), Duration::from_secs(120));
+    scenario.intermediate_every = Duration::from_secs(1);
+    let report = play(&scenario);
+    let (simulated, reprobes) = (report.simulated, report.wakes.reprobes);
+    assert_sound(&[report]);
+    // Trials wait for all but the last minute or two of the run.
+    let owed = simulated.saturating_sub(Duration::from_secs(240)).as_secs() / 5;
+    assert!(
+        owed >= 20 && reprobes >= owed * 3 / 4,
+        "{reprobes} re-probes in {simulated:?} of waiting trials (about {owed} owed)"
     );
 }
