@@ -1330,20 +1330,10 @@ pub async fn stage_restore(
         Ok(_) => {}
         Err(e) => return Err(failed(&target.machine.target(), e.to_string())),
     }
-    for other in &others {
-        let Some(other_link) = other.ready_link() else {
-            continue;
-        };
-        let source = snapshot_dir(&other_link, trial_id);
-        let probe = format!("test -d {}", ssh::shell_quote(&source));
-        match other_link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
-            Ok(output) if output.status == Some(0) => {}
-            _ => continue,
-        }
-        let what = format!("{} to {}", other.machine.target(), target.machine.target());
-        copy_between(&other_link, &source, &link, &dest)
-            .await
-            .map_err(|e| failed(&what, e))?;
+    let copied = copy_from_another(&others, |other| snapshot_dir(other, trial_id), &link, &dest)
+        .await
+        .map_err(|(from, e)| failed(&format!("{from} to {}", target.machine.target()), e))?;
+    if let Some((other_link, source)) = copied {
         staged();
         // Moved: the copy lives with the member now (and goes when it ends there).
         let remove = format!("rm -rf {}", ssh::shell_quote(&source));
@@ -1369,22 +1359,43 @@ pub async fn stage_restore(
     if output.status != Some(0) {
         return Err(failed(&target.machine.target(), output.failure_summary()));
     }
+    let copied = copy_from_another(
+        &others,
+        |other| checkpoint_folder(other, donor),
+        &link,
+        &dest,
+    )
+    .await
+    .map_err(|(from, e)| failed(&format!("{from} to {}", target.machine.target()), e))?;
+    if copied.is_some() {
+        staged();
+    }
+    Ok(())
+}
+
+/// Copies the folder `source_on` names on the first of `others` (connected) that has it to
+/// `dest` on `to`; `None` when none has it. Gives the link it came from and its path there, or,
+/// when the copy failed, that host's name and why.
+async fn copy_from_another(
+    others: &[&Arc<Host>],
+    source_on: impl Fn(&Link) -> String,
+    to: &Link,
+    dest: &str,
+) -> Result<Option<(Arc<Link>, String)>, (String, String)> {
     for other in others {
         let Some(other_link) = other.ready_link() else {
             continue;
         };
-        let source = checkpoint_folder(&other_link, donor);
+        let source = source_on(&other_link);
         let probe = format!("test -d {}", ssh::shell_quote(&source));
         match other_link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
             Ok(output) if output.status == Some(0) => {}
             _ => continue,
         }
-        let what = format!("{} to {}", other.machine.target(), target.machine.target());
-        copy_between(&other_link, &source, &link, &dest)
+        copy_between(&other_link, &source, to, dest)
             .await
-            .map_err(|e| failed(&what, e))?;
-        staged();
-        return Ok(());
+            .map_err(|e| (other.machine.target(), e))?;
+        return Ok(Some((other_link, source)));
     }
-    Ok(())
+    Ok(None)
 }
