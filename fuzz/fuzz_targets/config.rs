@@ -83,10 +83,14 @@ fuzz_target!(|data: &[u8]| {
 
 fn check_loaded(config: &ExperimentConfig, path: &Path) {
     let canonical = config.to_canonical_yaml();
-    // Secrets are written as `***`, which a config may not hold (knob asks for the real value
-    // there): the canonical form must load once they are supplied again.
+    // Secrets are written as `***`, and a webhook's URL as `scheme://host/***`, which a config
+    // may not hold (knob asks for the real value there): the canonical form must load once they
+    // are supplied again.
     let quoted_placeholder = format!("{REDACTED:?}");
-    let with_secrets = canonical.replace(quoted_placeholder.as_str(), "\"fuzz-secret\"");
+    let url_placeholder = format!("/{REDACTED}\"");
+    let with_secrets = canonical
+        .replace(quoted_placeholder.as_str(), "\"fuzz-secret\"")
+        .replace(url_placeholder.as_str(), "/fuzz-path\"");
     let reloaded = config::load_str(
         &with_secrets,
         &path.with_file_name("canonical.yml"),
