@@ -27,46 +27,16 @@ use knob_plugin_api::objectives::hypervolume;
 use knob_plugin_api::{Generated, Outcome};
 use serde_json::{json, Value};
 
+#[path = "multi_objective_problems.rs"]
+mod problems;
+use problems::{dtlz2, zdt1, zdt2, zdt3};
+
 struct Problem {
     name: &'static str,
     dims: usize,
     objectives: usize,
     reference: Vec<f64>,
     evaluate: fn(&[f64]) -> Vec<f64>,
-}
-
-fn zdt_g(x: &[f64]) -> f64 {
-    1.0 + 9.0 * x[1..].iter().sum::<f64>() / (x.len() - 1) as f64
-}
-
-fn zdt1(x: &[f64]) -> Vec<f64> {
-    let g = zdt_g(x);
-    vec![x[0], g * (1.0 - (x[0] / g).sqrt())]
-}
-
-fn zdt2(x: &[f64]) -> Vec<f64> {
-    let g = zdt_g(x);
-    vec![x[0], g * (1.0 - (x[0] / g).powi(2))]
-}
-
-fn zdt3(x: &[f64]) -> Vec<f64> {
-    let g = zdt_g(x);
-    let r = x[0] / g;
-    vec![
-        x[0],
-        g * (1.0 - r.sqrt() - r * (10.0 * std::f64::consts::PI * x[0]).sin()),
-    ]
-}
-
-fn dtlz2(x: &[f64]) -> Vec<f64> {
-    use std::f64::consts::FRAC_PI_2;
-    let g: f64 = x[2..].iter().map(|v| (v - 0.5).powi(2)).sum();
-    let (a, b) = (x[0] * FRAC_PI_2, x[1] * FRAC_PI_2);
-    vec![
-        (1.0 + g) * a.cos() * b.cos(),
-        (1.0 + g) * a.cos() * b.sin(),
-        (1.0 + g) * a.sin(),
-    ]
 }
 
 fn problems() -> Vec<Problem> {
