@@ -489,7 +489,7 @@ pub fn kill_leftovers(experiment_id: &str, trial_ids: &[String]) -> Vec<String> 
         else {
             continue;
         };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+        let Ok(environ) = crate::process::read_environ(pid.unsigned_abs()) else {
             continue;
         };
         let mut has_experiment = false;

@@ -85,6 +85,19 @@ pub struct TrialTree {
     not_before: BeforeSpawn,
 }
 
+/// How often, and how far apart, [`TrialTree`]'s scan reads again an environment that read
+/// empty (a process in the middle of execve(2)): an exec's window is well under a millisecond.
+const MID_EXEC_REREADS: usize = 20;
+const MID_EXEC_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// What a process's environment says about a trial's mark.
+enum Mark {
+    Carried,
+    Absent,
+    /// Read empty or not at all (ESRCH): mid-exec, exiting, or really empty.
+    Unreadable,
+}
+
 /// Where the clocks and the kernel's pid counter stood just before a trial's leader was
 /// spawned: every process of the run started later, and (until the counter wraps) got a larger
 /// pid than the counter's `last_pid` then.
@@ -197,6 +210,7 @@ impl TrialTree {
         let me = std::process::id();
         let older = self.not_before.older_pids();
         let mut marked = Vec::new();
+        let mut mid_exec = Vec::new();
         let mut group_alive = false;
         for entry in entries.flatten() {
             let Some(pid) = entry_pid(&entry).filter(|&pid| pid != me && pid > older) else {
@@ -215,19 +229,65 @@ impl TrialTree {
                 group_alive = true;
                 continue;
             }
+            if is_kernel_thread(&stat) {
+                continue;
+            }
             // Older than the run: not one of its processes (an unreadable start time is looked at).
             if parse_start(&stat).is_some_and(|start| start < self.not_before.ticks) {
                 continue;
             }
-            let carries_mark = std::fs::read(entry.path().join("environ"))
-                .is_ok_and(|environ| environ.split(|&b| b == 0).any(|v| v == self.entry));
-            if carries_mark {
-                if let Ok(pid) = i32::try_from(pid) {
-                    marked.push(pid);
-                }
+            match self.read_mark(pid) {
+                Mark::Carried => marked.push(pid),
+                Mark::Unreadable => mid_exec.push(pid),
+                Mark::Absent => {}
             }
         }
+        // A process in the middle of execve(2) shows an empty environment, or none at all
+        // (ESRCH), until the kernel has written the new one (the `setsid` of `setsid sleep
+        // 1000` is in that window right after it left the group).
+        // Missed, it would never be signalled, and a scan that finds nothing after the
+        // leader's exit is the last one. So it is read again until it shows one, for a bounded
+        // time; a process that really has an empty environment (`env -i`) costs that time.
+        for _ in 0..MID_EXEC_REREADS {
+            if mid_exec.is_empty() {
+                break;
+            }
+            std::thread::sleep(MID_EXEC_PAUSE);
+            mid_exec.retain(|&pid| {
+                // One that ended meanwhile shows an empty environment too.
+                let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|stat| parse_state_and_group(&stat))
+                    .is_some_and(|(state, _)| state != 'Z' && state != 'X');
+                match self.read_mark(pid) {
+                    Mark::Carried if alive => {
+                        marked.push(pid);
+                        false
+                    }
+                    Mark::Unreadable => alive,
+                    _ => false,
+                }
+            });
+        }
+        let marked = marked
+            .into_iter()
+            .filter_map(|pid| i32::try_from(pid).ok())
+            .collect();
         (marked, group_alive && group_answers)
+    }
+
+    /// Whether process `pid`'s environment carries this run's mark.
+    fn read_mark(&self, pid: u32) -> Mark {
+        match read_environ(pid) {
+            Ok(environ) if environ.is_empty() => Mark::Unreadable,
+            Ok(environ) if environ.split(|&b| b == 0).any(|v| v == self.entry) => Mark::Carried,
+            Ok(_) => Mark::Absent,
+            // The kernel answers ESRCH while the process has no memory of its own: in the
+            // middle of execve(2), or exiting (the caller tells them apart).
+            Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => Mark::Unreadable,
+            // Gone, or another user's process (not readable, and not ours: ours run as us).
+            Err(_) => Mark::Absent,
+        }
     }
 
     /// Whether any process of the trial still runs.
@@ -303,6 +363,41 @@ impl TrialTree {
             })
             .collect()
     }
+}
+
+/// `/proc/<pid>/environ`, read in one `read(2)` where it fits 128 KiB. The kernel reads it
+/// from the memory the process had when the file was opened, and reads nothing once that
+/// memory is gone: a process that calls execve(2) between two reads would show the part
+/// before it and then an end, and a mark further on would be missed (`std::fs::read` starts
+/// with a 32-byte read). One read sees all of one memory, or nothing (read again).
+pub fn read_environ(pid: u32) -> std::io::Result<Vec<u8>> {
+    const ONE_READ: usize = 128 * 1024;
+    let mut file = File::open(format!("/proc/{pid}/environ"))?;
+    let mut environ = vec![0; ONE_READ];
+    let mut length = 0;
+    loop {
+        match file.read(&mut environ[length..]) {
+            Ok(0) => break,
+            Ok(n) => length += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if length == environ.len() {
+            environ.resize(length * 2, 0);
+        }
+    }
+    environ.truncate(length);
+    Ok(environ)
+}
+
+/// Whether a `/proc/<pid>/stat` line is a kernel thread's (`PF_KTHREAD` in field 9, the
+/// flags): it has no environment, and no trial started it.
+fn is_kernel_thread(stat: &str) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    stat.rfind(')')
+        .and_then(|end| stat[end + 1..].split_ascii_whitespace().nth(9 - 3))
+        .and_then(|flags| flags.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
 /// The start time (field 22) of a `/proc/<pid>/stat` line.
@@ -390,6 +485,9 @@ mod tests {
             Some(2048)
         );
         assert_eq!(vm_rss_kib("Name:\tkthreadd\n"), None);
+        assert!(!is_kernel_thread(full));
+        let kworker = "77 (kworker/0:1-events) I 2 0 0 0 -1 69238880 0 0 0 0 0 0 0 0 20 0 1 0 9";
+        assert!(is_kernel_thread(kworker));
     }
 
     #[test]

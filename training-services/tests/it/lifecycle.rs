@@ -332,6 +332,32 @@ fn processes_that_left_the_group_do_not_outlive_a_finished_trial() {
     }
 }
 
+/// A process that left the group shows an empty environment for a moment whenever it calls
+/// execve(2) (the `setsid` of `setsid sleep` does, right after leaving): the scan after the
+/// leader's exit must not take it for a stranger then, or it outlives the trial. This one
+/// execs itself without end, so a scan often lands in that moment; without the re-read one
+/// of these runs left it running (about one scan in twelve lands there).
+#[test]
+fn a_process_that_left_the_group_is_stopped_even_while_it_execs() {
+    let mut h = Harness::new();
+    let command = r#"printf 'exec /bin/sh "$0"\n' > "$KNOB_TRIAL_DIR/loop.sh"
+setsid /bin/sh "$KNOB_TRIAL_DIR/loop.sh" </dev/null >/dev/null 2>&1 & echo $! > "$KNOB_TRIAL_DIR/looper.pid"
+sleep 0.05
+echo KNOB_FINAL 1"#;
+    for run in 0..40 {
+        let trial_id = format!("exec{run}");
+        let events = h.run(h.request(&trial_id, command));
+        assert_eq!(ending(&events).0, Some(0), "run {run}: {events:?}");
+        let looper: i32 = wait_for_line(&h.trial_dir(&trial_id).join("looper.pid"))
+            .parse()
+            .unwrap();
+        assert!(
+            !process_runs(looper),
+            "run {run}: {looper} outlived its trial"
+        );
+    }
+}
+
 #[test]
 fn killing_a_trial_kills_the_processes_that_left_its_group() {
     let mut h = Harness::with_args(json!({"gracePeriodSecs": 0.3}));
