@@ -523,6 +523,17 @@ pub trait TrainingService: Send + 'static {
         let _ = (trial_id, donor);
         Ok(false)
     }
+    /// Population-based training: successor `trial_id` needs the copy of its donor's folder
+    /// that [`TrainingService::snapshot_checkpoint`] took no more (it ended and will not be
+    /// tried again). A service that took one deletes it now (keep the call short: start the
+    /// deletion and return); until then it keeps the copy across the successor's attempts, so
+    /// that every attempt starts from the same state. Called once per successor, on every
+    /// service of the experiment (hosts of plugin ABI 1.5 and later). An error is a warning.
+    /// The default does nothing.
+    fn delete_snapshot(&mut self, trial_id: &str) -> Result<(), PluginError> {
+        let _ = trial_id;
+        Ok(())
+    }
 }
 
 /// What a service that does not check its config accepts: any mapping, as written (and what the
@@ -899,6 +910,10 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
                     } else {
                         "false"
                     }
+                }
+                ServiceRequest::DeleteSnapshot { trial_id } => {
+                    inner.delete_snapshot(&trial_id)?;
+                    "null"
                 }
             };
             Ok(RString::from(answer))
@@ -1726,6 +1741,9 @@ mod tests {
         let snapshot = r#"{"type":"snapshot_checkpoint","trial_id":"succ","donor":"donor"}"#;
         assert_eq!(ask(false, snapshot), Ok("false".to_string()));
         assert_eq!(ask(true, snapshot), Ok("true".to_string()));
+        // Its deletion, which the default does (nothing) and answers.
+        let delete = r#"{"type":"delete_snapshot","trial_id":"succ"}"#;
+        assert_eq!(ask(false, delete), Ok("null".to_string()));
         // A kind this SDK does not know: the host reads the error as "nothing done".
         let later = ask(true, r#"{"type":"a_later_kind","trial_id":"succ"}"#).unwrap_err();
         assert!(crate::host::unknown_request(&later), "{later}");

@@ -184,6 +184,13 @@ pub enum ServiceRequest {
     /// taken) or `false` (not supported: the successor starts from the donor's folder as it is
     /// when it starts).
     SnapshotCheckpoint { trial_id: String, donor: String },
+    /// Population-based training: successor `trial_id` needs the frozen copy of its donor's
+    /// checkpoint folder no more (it ended SUCCEEDED, EARLY_STOPPED, or FAILED with no retry
+    /// left). A service that took or moved such a copy ([`ServiceRequest::SnapshotCheckpoint`])
+    /// keeps it across the successor's attempts, so that a retry starts from the same state as
+    /// the first attempt, and deletes it now. Sent once per successor, after its end is
+    /// durable, to every service of the experiment. Answered `null`.
+    DeleteSnapshot { trial_id: String },
 }
 
 // ---------------------------------------------------------------------------------------------

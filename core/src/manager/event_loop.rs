@@ -551,7 +551,7 @@ impl Manager {
             // Folders are deleted below on the strength of this end: it must be durable first
             // (a member run again after a kill of knob starts from its own checkpoint).
             self.settle().await?;
-            self.drop_snapshot(trial_id, status);
+            self.drop_snapshot(trial_id, status).await;
             self.collect_checkpoints().await;
         }
         self.publish(None);

@@ -14,8 +14,9 @@
 //! folder (`<trial folder>/restore`), which the runner then names in `KNOB_RESTORE_FROM`: the
 //! successor starts from the parent's state at the exploitation (or a step or two later: the
 //! time the bottom member takes to stop), not from wherever the parent has got to when the
-//! successor starts, which had been its final state when the members ran fast. The copy is
-//! deleted when the successor ends. When the parent's folder is not on this machine, the
+//! successor starts, which had been its final state when the members ran fast. Every attempt
+//! of the successor starts from that copy (a retry too); it is deleted once the successor ended
+//! for good (`drop_snapshot`), here and by every service. When the parent's folder is not on this machine, the
 //! service that ran the parent is asked to take the copy where the folder is
 //! (`TrainingService::snapshot_checkpoint`, a `ServiceRequest` of plugin ABI 1.5), and its
 //! runner names that copy wherever the successor starts.
@@ -222,16 +223,42 @@ impl Manager {
         }
     }
 
-    /// A successor ended: the copy of its parent's checkpoint it started from goes (kept for a
-    /// member that was cancelled: it runs again after a resume).
-    pub(super) fn drop_snapshot(&self, trial_id: &str, status: TrialStatus) {
-        if matches!(
-            status,
-            TrialStatus::Succeeded | TrialStatus::EarlyStopped | TrialStatus::Failed
-        ) {
-            let dir = snapshot_dir(&self.dir, trial_id);
-            let _ = std::fs::remove_dir_all(dir.with_extension("partial"));
-            let _ = std::fs::remove_dir_all(dir);
+    /// A successor ended for good (SUCCEEDED, EARLY_STOPPED, or FAILED with no retry left):
+    /// the copy of its parent's checkpoint it started from goes, here and wherever a service
+    /// took or moved one (`TrainingService::delete_snapshot`). Until then every attempt starts
+    /// from that same copy: a retry must not start from the parent's folder as it is by then
+    /// (ray#28509). Kept for a member that was cancelled: it runs again after a resume.
+    pub(super) async fn drop_snapshot(&mut self, trial_id: &str, status: TrialStatus) {
+        let is_successor = self.book[trial_id]
+            .lineage
+            .as_ref()
+            .is_some_and(|l| l.parent.is_some());
+        if !is_successor
+            || !matches!(
+                status,
+                TrialStatus::Succeeded | TrialStatus::EarlyStopped | TrialStatus::Failed
+            )
+        {
+            return;
+        }
+        let dir = snapshot_dir(&self.dir, trial_id);
+        let _ = std::fs::remove_dir_all(dir.with_extension("partial"));
+        let _ = std::fs::remove_dir_all(dir);
+        for index in 0..self.services.len() {
+            let asked = self.services[index]
+                .handle
+                .delete_snapshot(trial_id.to_string())
+                .get()
+                .await;
+            if let Err(e) = asked {
+                // A copy that cannot be deleted costs disk, never the experiment.
+                let _ = self
+                    .warn(
+                        Some(trial_id.to_string()),
+                        format!("cannot delete the copy of its parent's checkpoint: {e}"),
+                    )
+                    .await;
+            }
         }
     }
 

@@ -383,6 +383,15 @@ impl TrainingServiceObject {
         })?;
         Ok(answer == Some(serde_json::Value::Bool(true)))
     }
+
+    /// Asks the service to delete the copy of a donor's checkpoint folder it took for successor
+    /// `trial_id` (see `TrainingService::delete_snapshot`); `Ok(false)` where it was built
+    /// before it could be asked.
+    pub fn delete_snapshot(&mut self, trial_id: &str) -> Result<bool, HostError> {
+        self.request(&ServiceRequest::DeleteSnapshot {
+            trial_id: trial_id.to_string(),
+        })
+    }
 }
 
 /// Whether a service's error to a request says that its SDK does not know the request's kind:
@@ -610,5 +619,9 @@ impl TrainingServiceHandle {
     pub fn snapshot_checkpoint(&self, trial_id: String, donor: String) -> Reply<bool> {
         self.0
             .call(move |s| s.snapshot_checkpoint(&trial_id, &donor))
+    }
+    /// See [`TrainingServiceObject::delete_snapshot`].
+    pub fn delete_snapshot(&self, trial_id: String) -> Reply<bool> {
+        self.0.call(move |s| s.delete_snapshot(&trial_id))
     }
 }

@@ -112,9 +112,6 @@ struct HostState {
     resent_starts: HashMap<u64, String>,
     /// `Shutdown` was sent: the agent's exit is expected, not reconnected to.
     shutting_down: bool,
-    /// Successors here with a copy of their parent's checkpoint folder (`stage_restore`),
-    /// deleted when they end.
-    restore_copies: HashSet<String>,
     /// The agent confirmed the shutdown (`FromAgent::ShutDown`): its trials are stopped and
     /// it exits.
     shutdown_confirmed: bool,
@@ -526,7 +523,6 @@ impl Host {
                     }
                 };
                 let ended = matches!(event, ServiceEvent::TrialEnded { .. });
-                let trial_id_of_end = trial_of(&event).filter(|_| ended).map(str::to_string);
                 if deliver {
                     (ctx.emit)(match event {
                         ServiceEvent::Warning {
@@ -539,10 +535,9 @@ impl Host {
                         other => other,
                     });
                 }
+                // A successor's copy of its parent's checkpoint folder stays when an attempt
+                // ends: a retry starts from it too (`Host::delete_snapshot` deletes it).
                 if ended {
-                    if let Some(trial) = trial_id_of_end {
-                        self.drop_restore_copy(link, &trial);
-                    }
                     self.trial_ended.notify_waiters();
                 }
                 let _ = link.outgoing.send(ToAgent::Ack { seq });
@@ -1093,23 +1088,6 @@ impl Host {
     fn trial_dir(link: &Link, trial_id: &str) -> String {
         format!("{}/trials/{trial_id}", link.paths.environment_dir)
     }
-
-    /// A successor ended here: the copy of its parent's checkpoint folder it started from goes.
-    fn drop_restore_copy(&self, link: &Link, trial_id: &str) {
-        if !lock(&self.state).restore_copies.remove(trial_id) {
-            return;
-        }
-        let dest = snapshot_dir(link, trial_id);
-        let ssh = link.ssh.clone();
-        tokio::spawn(async move {
-            let command = format!("rm -rf {}", ssh::shell_quote(&dest));
-            if let Err(e) = ssh.run(&command, None, REPLY_TIMEOUT).await {
-                knob_plugin_api::log::debug(&format!(
-                    "training service remote: cannot delete {dest}: {e}"
-                ));
-            }
-        });
-    }
 }
 
 /// How long the deletion of a checkpoint folder waits for its host to be connected.
@@ -1149,7 +1127,37 @@ impl Host {
     /// copy of its donor's folder that a successor that never started left here
     /// ([`take_snapshot`]). A failure is logged: it costs disk, never the experiment.
     pub async fn delete_checkpoint(self: Arc<Self>, trial_id: String) {
-        if !plain_id(&trial_id) {
+        self.delete_folders(&trial_id, "checkpoint folder", |link| {
+            vec![
+                checkpoint_folder(link, &trial_id),
+                snapshot_dir(link, &trial_id),
+            ]
+        })
+        .await
+    }
+
+    /// Successor `trial_id` ended for good (`TrainingService::delete_snapshot`): the frozen copy
+    /// of its donor's folder that its attempts started from ([`take_snapshot`],
+    /// [`stage_restore`]) is deleted on this host, where it exists, as in
+    /// [`Host::delete_checkpoint`]. Until then it stays across attempts: a retry starts from
+    /// the same state as the first attempt, not from the donor's folder as it is by then.
+    pub async fn delete_snapshot(self: Arc<Self>, trial_id: String) {
+        self.delete_folders(&trial_id, "copy of its parent's checkpoint", |link| {
+            vec![snapshot_dir(link, &trial_id)]
+        })
+        .await
+    }
+
+    /// `rm -rf` of `folders` (and of each one's `.partial`, a copy cut short) of trial
+    /// `trial_id` on this host, once connected (waiting up to [`CHECKPOINT_DELETE_WAIT`]); a
+    /// failure is logged.
+    async fn delete_folders(
+        &self,
+        trial_id: &str,
+        what: &str,
+        folders: impl Fn(&Link) -> Vec<String>,
+    ) {
+        if !plain_id(trial_id) {
             return;
         }
         let deadline = Instant::now() + CHECKPOINT_DELETE_WAIT;
@@ -1159,28 +1167,32 @@ impl Host {
             }
             if Instant::now() >= deadline {
                 knob_plugin_api::log::debug(&format!(
-                    "training service remote: the checkpoint folder of {trial_id} on {} is kept: the host was not connected",
+                    "training service remote: the {what} of {trial_id} on {} is kept: the host was not connected",
                     self.machine.target()
                 ));
                 return;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
-        let dir = checkpoint_folder(&link, &trial_id);
-        let snapshot = snapshot_dir(&link, &trial_id);
-        let command = format!(
-            "rm -rf {} {} {}",
-            ssh::shell_quote(&dir),
-            ssh::shell_quote(&snapshot),
-            ssh::shell_quote(&format!("{snapshot}.partial"))
-        );
+        let folders = folders(&link);
+        let quoted: Vec<String> = folders
+            .iter()
+            .flat_map(|f| {
+                [
+                    ssh::shell_quote(f),
+                    ssh::shell_quote(&format!("{f}.partial")),
+                ]
+            })
+            .collect();
+        let command = format!("rm -rf {}", quoted.join(" "));
         let failure = match link.ssh.run(&command, None, REPLY_TIMEOUT).await {
             Ok(output) if output.status == Some(0) => return,
             Ok(output) => output.failure_summary(),
             Err(e) => e.to_string(),
         };
         knob_plugin_api::log::warn(&format!(
-            "training service remote: cannot delete {dir} on {}: {failure}",
+            "training service remote: cannot delete {} on {}: {failure}",
+            folders.join(" "),
             self.machine.target()
         ));
     }
@@ -1240,35 +1252,81 @@ pub async fn take_snapshot(
 /// stream through this machine, within [`RESTORE_COPY_TIMEOUT`].
 async fn copy_between(from: &Link, source: &str, to: &Link, dest: &str) -> Result<(), String> {
     let copy = async {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut reader = from
+        let reader = from
             .ssh
             .open_stream(&format!("tar -C {} -cf - .", ssh::shell_quote(source)))
             .await
             .map_err(|e| e.to_string())?;
-        let mut writer = to
-            .ssh
-            .open_stream(&format!(
-                "rm -rf {d} && mkdir -p {d} && tar -C {d} -xf - && echo copied",
-                d = ssh::shell_quote(dest)
-            ))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::io::copy(&mut reader, &mut writer)
-            .await
-            .map_err(|e| e.to_string())?;
-        writer.shutdown().await.map_err(|e| e.to_string())?;
-        let mut answer = String::new();
-        writer
-            .read_to_string(&mut answer)
-            .await
-            .map_err(|e| e.to_string())?;
-        if answer.contains("copied") {
+        unpack_into(reader, to, dest).await
+    };
+    within_copy_limit(copy).await
+}
+
+/// Streams folder `source` on this machine into folder `dest` on `to` (emptied first) as a
+/// tar stream (the local `tar`), within [`RESTORE_COPY_TIMEOUT`].
+async fn upload_dir(source: &Path, to: &Link, dest: &str) -> Result<(), String> {
+    let copy = async {
+        let mut tar = tokio::process::Command::new("tar")
+            .arg("-C")
+            .arg(source)
+            .args(["-cf", "-", "."])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot run tar here: {e}"))?;
+        let reader = tar.stdout.take().expect("piped stdout");
+        unpack_into(reader, to, dest).await?;
+        let output = tar.wait_with_output().await.map_err(|e| e.to_string())?;
+        if output.status.success() {
             Ok(())
         } else {
-            Err("tar on the target did not finish".to_string())
+            Err(format!(
+                "tar of {} here: {}",
+                source.display(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))
         }
     };
+    within_copy_limit(copy).await
+}
+
+/// Writes the tar stream `reader` into folder `dest` on `to` (emptied first, then unpacked).
+async fn unpack_into(
+    mut reader: impl tokio::io::AsyncRead + Unpin,
+    to: &Link,
+    dest: &str,
+) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut writer = to
+        .ssh
+        .open_stream(&format!(
+            "rm -rf {d} && mkdir -p {d} && tar -C {d} -xf - && echo copied",
+            d = ssh::shell_quote(dest)
+        ))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::io::copy(&mut reader, &mut writer)
+        .await
+        .map_err(|e| e.to_string())?;
+    writer.shutdown().await.map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    writer
+        .read_to_string(&mut answer)
+        .await
+        .map_err(|e| e.to_string())?;
+    if answer.contains("copied") {
+        Ok(())
+    } else {
+        Err("tar on the target did not finish".to_string())
+    }
+}
+
+/// `copy`, or an error once [`RESTORE_COPY_TIMEOUT`] has passed.
+async fn within_copy_limit(
+    copy: impl std::future::Future<Output = Result<(), String>>,
+) -> Result<(), String> {
     match tokio::time::timeout(RESTORE_COPY_TIMEOUT, copy).await {
         Ok(result) => result,
         Err(_) => Err(format!(
@@ -1282,19 +1340,27 @@ async fn copy_between(from: &Link, source: &str, to: &Link, dest: &str) -> Resul
 /// `donor` (`KNOB_RESTORE_TRIAL`); its `restore/` folder on `target`, which the runner there
 /// names in `KNOB_RESTORE_FROM` (`trial_python::restore_dir`), is made ready, from the first of:
 /// - the frozen copy taken when the member was created ([`take_snapshot`]), on `target` (used as
-///   it is) or on another of `hosts` (`snapshot`, the host that took it, first; moved to
-///   `target`): the donor's state at the exploitation;
+///   it is: taken there, or left there by an earlier attempt) or on another of `hosts`
+///   (`snapshot`, the host that took it, first; moved to `target`): the donor's state at the
+///   exploitation;
+/// - `here`, a folder on this machine: the copy the core made of the donor's folder when the
+///   donor ran on this machine (another training service of the experiment: the local one, or
+///   one whose trials write to this machine's file system), or, without one, the donor's folder
+///   here; uploaded to `target`;
 /// - the donor's folder as it is now, on `target` first, then on the other `hosts` (a service
 ///   that took no copy, or a copy that failed).
 ///
-/// Between hosts a folder goes as a tar stream through this machine. Nothing is copied when
-/// no host has either; the runner then names the donor's folder on `target`, as without a copy.
+/// Between hosts a folder goes as a tar stream through this machine. The copy stays on `target`
+/// when the member's attempt ends, so that a retry starts from the same state wherever it runs;
+/// [`Host::delete_snapshot`] deletes it once the member ended for good. Nothing is copied when
+/// no place has either; the runner then names the donor's folder on `target`, as without a copy.
 pub async fn stage_restore(
     target: &Host,
     hosts: &[Arc<Host>],
     trial_id: &str,
     donor: &str,
     snapshot: Option<Arc<Host>>,
+    here: Option<&Path>,
 ) -> Result<(), String> {
     if !plain_id(donor) || !plain_id(trial_id) {
         return Ok(());
@@ -1303,11 +1369,6 @@ pub async fn stage_restore(
         return Err(format!("{} is not connected", target.machine.target()));
     };
     let dest = snapshot_dir(&link, trial_id);
-    let staged = || {
-        lock(&target.state)
-            .restore_copies
-            .insert(trial_id.to_string());
-    };
     let failed = |what: &str, e: String| format!("copying the checkpoint of {donor}: {what}: {e}");
     let others: Vec<&Arc<Host>> = {
         let mut others: Vec<&Arc<Host>> = hosts
@@ -1323,10 +1384,7 @@ pub async fn stage_restore(
     // The frozen copy, here or elsewhere.
     let probe = format!("test -d {}", ssh::shell_quote(&dest));
     match link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
-        Ok(output) if output.status == Some(0) => {
-            staged();
-            return Ok(());
-        }
+        Ok(output) if output.status == Some(0) => return Ok(()),
         Ok(_) => {}
         Err(e) => return Err(failed(&target.machine.target(), e.to_string())),
     }
@@ -1334,10 +1392,31 @@ pub async fn stage_restore(
         .await
         .map_err(|(from, e)| failed(&format!("{from} to {}", target.machine.target()), e))?;
     if let Some((other_link, source)) = copied {
-        staged();
-        // Moved: the copy lives with the member now (and goes when it ends there).
+        // Moved: the copy lives with the member now (and stays for its next attempt there).
         let remove = format!("rm -rf {}", ssh::shell_quote(&source));
         let _ = other_link.ssh.run(&remove, None, REPLY_TIMEOUT).await;
+        return Ok(());
+    }
+    // The core's copy, or the donor's folder, on this machine.
+    if let Some(here) = here.filter(|h| h.is_dir()) {
+        let partial = format!("{dest}.partial");
+        upload_dir(here, &link, &partial)
+            .await
+            .map_err(|e| failed(&format!("this machine to {}", target.machine.target()), e))?;
+        // Renamed once complete: a cut upload is never taken for the copy by a retry.
+        let rename = format!(
+            "mv {} {}",
+            ssh::shell_quote(&partial),
+            ssh::shell_quote(&dest)
+        );
+        let output = link
+            .ssh
+            .run(&rename, None, REPLY_TIMEOUT)
+            .await
+            .map_err(|e| failed(&target.machine.target(), e.to_string()))?;
+        if output.status != Some(0) {
+            return Err(failed(&target.machine.target(), output.failure_summary()));
+        }
         return Ok(());
     }
     // No frozen copy: the donor's folder as it is now; on the target itself, a plain copy.
@@ -1352,14 +1431,13 @@ pub async fn stage_restore(
         .run(&command, None, RESTORE_COPY_TIMEOUT)
         .await
         .map_err(|e| failed(&target.machine.target(), e.to_string()))?;
-    if output.stdout_text().contains("copied") {
-        staged();
-        return Ok(());
-    }
     if output.status != Some(0) {
         return Err(failed(&target.machine.target(), output.failure_summary()));
     }
-    let copied = copy_from_another(
+    if output.stdout_text().contains("copied") {
+        return Ok(());
+    }
+    copy_from_another(
         &others,
         |other| checkpoint_folder(other, donor),
         &link,
@@ -1367,9 +1445,6 @@ pub async fn stage_restore(
     )
     .await
     .map_err(|(from, e)| failed(&format!("{from} to {}", target.machine.target()), e))?;
-    if copied.is_some() {
-        staged();
-    }
     Ok(())
 }
 

@@ -244,6 +244,9 @@ impl RemoteService {
             // created (or, without one, the parent's folder as it is now) is copied next to it
             // first, from whichever host has it. A failed copy fails the start.
             let snapshot = self.snapshots.remove(&request.trial_id);
+            // A donor that ran on this machine under another training service of the
+            // experiment: the core's copy of its folder (or the folder) here, to upload.
+            let here = crate::trial_python::restore_dir(&request.trial_dir, donor);
             let emit = &self.context.emit;
             runtime
                 .block_on(async {
@@ -264,7 +267,15 @@ impl RemoteService {
                         },
                         None => None,
                     };
-                    host::stage_restore(host, &self.hosts, &request.trial_id, donor, holder).await
+                    host::stage_restore(
+                        host,
+                        &self.hosts,
+                        &request.trial_id,
+                        donor,
+                        holder,
+                        here.as_deref(),
+                    )
+                    .await
                 })
                 .map_err(start_error)?;
         }
@@ -346,6 +357,32 @@ impl RemoteService {
             let deletion = runtime.spawn(host.clone().delete_checkpoint(trial_id.to_string()));
             self.deletions.push(deletion);
         }
+    }
+
+    /// Successor `trial_id` ended for good: the copy of its donor's checkpoint folder its
+    /// attempts started from is deleted on every host that has one, in the background (see
+    /// [`Host::delete_snapshot`]), after a copy still being taken for it.
+    pub fn delete_snapshot(&mut self, trial_id: &str) {
+        let Some(runtime) = self.runtime.as_ref().filter(|_| !self.shut_down) else {
+            return;
+        };
+        self.deletions.retain(|d| !d.is_finished());
+        let taking = self.snapshots.remove(trial_id);
+        let hosts = self.hosts.clone();
+        let trial_id = trial_id.to_string();
+        let deletion = runtime.spawn(async move {
+            if let Some(taking) = taking {
+                let _ = tokio::time::timeout(RESTORE_COPY_LIMIT, taking).await;
+            }
+            let deletions: Vec<_> = hosts
+                .into_iter()
+                .map(|host| tokio::spawn(host.delete_snapshot(trial_id.clone())))
+                .collect();
+            for deletion in deletions {
+                let _ = deletion.await;
+            }
+        });
+        self.deletions.push(deletion);
     }
 
     /// Stops every agent (its trials killed and their ends reported) and waits for each to
@@ -473,6 +510,11 @@ impl TrainingService for RemoteService {
 
     fn snapshot_checkpoint(&mut self, trial_id: &str, donor: &str) -> Result<bool, PluginError> {
         Ok(RemoteService::snapshot_checkpoint(self, trial_id, donor))
+    }
+
+    fn delete_snapshot(&mut self, trial_id: &str) -> Result<(), PluginError> {
+        RemoteService::delete_snapshot(self, trial_id);
+        Ok(())
     }
 }
 

@@ -994,7 +994,13 @@ fn a_successor_starts_from_a_copy_of_its_parents_checkpoint_on_either_host() {
         );
         copies.push(from);
     }
-    // The copies are deleted on their hosts once the successors ended; the parent's folder stays.
+    // The copies stay when an attempt ends (a retry starts from them too), and are deleted
+    // on their hosts once the successors need them no more; the parent's folder stays.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for (copy, child) in copies.iter().zip(["child-there", "child-here"]) {
+        assert!(copy.join("sub/state").exists(), "{} gone", copy.display());
+        TrainingService::delete_snapshot(&mut service, child).unwrap();
+    }
     for copy in &copies {
         for _ in 0..100 {
             if !copy.exists() {
@@ -1197,6 +1203,145 @@ fn a_successor_starts_from_its_parents_checkpoint_as_it_was_when_it_was_created(
     }
     // The copy moved with the successor to the other host: none is left on the parent's.
     assert!(!trials.join("child-there/restore").exists());
+    assert!(warnings(&events.all()).is_empty(), "{:?}", events.all());
+    service.stop();
+}
+
+/// The bug of ray#28509 again, for a retry: a successor's first attempt fails after its parent
+/// overwrote its checkpoint, and its second attempt, on the other host, must start from the
+/// same frozen copy as the first (the parent's state when the successor was created), not from
+/// the parent's folder as it is by then. The copy stays until the successor needs it no more
+/// (`delete_snapshot`).
+#[test]
+fn a_successors_retry_starts_from_the_same_copy_as_its_first_attempt() {
+    let Some(first) = start_sshd(key_options()) else {
+        return;
+    };
+    let second = start_sshd(key_options()).unwrap();
+    let world = World::new();
+    world.trust(&first);
+    world.trust(&second);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&first), key_machine(&second)]),
+        &events,
+        &agent_root(&first),
+    );
+    wait_for("both hosts connected", || {
+        service
+            .environments_now()
+            .is_ok_and(|e| e.len() == 2 && e.iter().all(|e| e.ready))
+    });
+    let (told, go) = (
+        world.dir.path().join("parent-ckpt"),
+        world.dir.path().join("go"),
+    );
+    let parent = format!(
+        "mkdir -p \"$KNOB_CHECKPOINT_DIR\" && echo step-1 > \"$KNOB_CHECKPOINT_DIR/state\" && echo \"$KNOB_CHECKPOINT_DIR\" > {told}.tmp && mv {told}.tmp {told} && echo KNOB_INTERMEDIATE 1 && for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done && echo step-2 > \"$KNOB_CHECKPOINT_DIR/state\" && echo KNOB_FINAL 2",
+        told = told.display(),
+        go = go.display()
+    );
+    service
+        .start(&world.request(&first, "parent", &parent))
+        .unwrap();
+    wait_for("the parent's step 1", || told.exists());
+    let parent_folder = PathBuf::from(std::fs::read_to_string(&told).unwrap().trim());
+    assert_eq!(
+        TrainingService::snapshot_checkpoint(&mut service, "child", "parent"),
+        Ok(true)
+    );
+    let first_trials = parent_folder.parent().unwrap().parent().unwrap();
+    wait_for("the copy for child", || {
+        first_trials.join("child/restore/state").exists()
+    });
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(ending(&events.wait_ended("parent")).0, Some(0));
+    // The first attempt, on the parent's host, fails; the second runs on the other host.
+    let report = "echo \"from=$KNOB_RESTORE_FROM\" >&2; cat \"$KNOB_RESTORE_FROM/state\" >&2";
+    let mut attempt = world.request(&first, "child", &format!("{report}; exit 1"));
+    attempt
+        .env
+        .insert("KNOB_RESTORE_TRIAL".to_string(), "parent".to_string());
+    service.start(&attempt).unwrap();
+    let (code, _, _, stderr) = ending(&events.wait_ended("child"));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.lines().any(|l| l == "step-1"), "{stderr}");
+    let mut retry = world.request(&second, "child", &format!("{report}; echo KNOB_FINAL 1"));
+    retry.trial_dir = world.dir.path().join("trials/child/attempt-2");
+    retry
+        .env
+        .insert("KNOB_RESTORE_TRIAL".to_string(), "parent".to_string());
+    service.start(&retry).unwrap();
+    let all = events.wait_until("the second attempt of child to end", |events| {
+        events.iter().filter(|e| is_end_of(e, "child")).count() == 2
+    });
+    let (code, _, _, stderr) = ending(&of_trial(&all, "child"));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l == "step-1"),
+        "the retry restored something else than the first attempt's step-1: {stderr}"
+    );
+    let copy = restore_from(&stderr);
+    assert!(copy.ends_with("trials/child/restore"), "{stderr}");
+    assert!(
+        !first_trials.join("child/restore").exists(),
+        "moved, not copied"
+    );
+    // Kept after the end of an attempt; deleted once asked.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(copy.join("state").exists(), "{} gone", copy.display());
+    TrainingService::delete_snapshot(&mut service, "child").unwrap();
+    assert!(wait_gone(&copy), "{} kept", copy.display());
+    assert!(warnings(&events.all()).is_empty(), "{:?}", events.all());
+    service.stop();
+}
+
+/// Mixed services: a parent that ran on this machine (the local service; its folder is here,
+/// and the core copied it to the successor's `restore/` here as the successor was created)
+/// with its successor placed on a remote host. The successor starts from that copy, uploaded;
+/// without one, from the parent's folder here.
+#[test]
+fn a_successor_of_a_parent_that_ran_on_this_machine_starts_from_the_cores_copy_uploaded() {
+    let Some(host) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&host);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&host)]),
+        &events,
+        &agent_root(&host),
+    );
+    let trials = world.dir.path().join("trials");
+    // The parent's folder here has moved on to step 2; the core's copy holds step 1.
+    std::fs::create_dir_all(trials.join("parent/checkpoint/sub")).unwrap();
+    std::fs::write(trials.join("parent/checkpoint/sub/state"), "step-2\n").unwrap();
+    std::fs::create_dir_all(trials.join("child/restore/sub")).unwrap();
+    std::fs::write(trials.join("child/restore/sub/state"), "step-1\n").unwrap();
+    let report = "echo \"from=$KNOB_RESTORE_FROM\" >&2; cat \"$KNOB_RESTORE_FROM/sub/state\" >&2; echo KNOB_FINAL 1";
+    for (child, restored) in [("child", "step-1"), ("child-uncopied", "step-2")] {
+        let mut request = world.request(&host, child, report);
+        request
+            .env
+            .insert("KNOB_RESTORE_TRIAL".to_string(), "parent".to_string());
+        service.start(&request).unwrap();
+        let (code, _, _, stderr) = ending(&events.wait_ended(child));
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(
+            stderr.lines().any(|l| l == restored),
+            "{child} restored something else than {restored}: {stderr}"
+        );
+        let from = restore_from(&stderr);
+        assert!(
+            from.ends_with(format!("trials/{child}/restore")),
+            "{stderr}"
+        );
+        assert!(
+            !from.starts_with(world.dir.path()),
+            "the host's own: {stderr}"
+        );
+    }
     assert!(warnings(&events.all()).is_empty(), "{:?}", events.all());
     service.stop();
 }
