@@ -2,7 +2,9 @@
 //! under the real local service; lineage and checkpoints are checked against what each trial
 //! itself wrote about where it started from (`$KNOB_TRIAL_DIR/pbt.json`), then the same after a
 //! SIGKILL of the manager and `knob resume`. Then on a remote host (a real sshd, gated by
-//! `KNOB_TEST_SSHD`): replaced members' checkpoint folders are deleted there.
+//! `KNOB_TEST_SSHD`): replaced members' checkpoint folders are deleted there. Last, successors
+//! whose first attempt fails, here and on a remote host: the retry starts from the same copy of
+//! the parent's checkpoint as the first attempt (ray#28509).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -578,4 +580,186 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
         "no successor waited while its parent trained on: {checked:?}\n{export:#}"
     );
     eprintln!("successors (trial, parent's step at creation, restored, at start): {checked:?}");
+}
+
+/// Starts `trial.py`, except for a successor's first attempt (`KNOB_RESTORE_FROM` set, and the
+/// trial's folder not an `attempt-N`): that one writes what it would restore to
+/// `first_attempt.json` in its folder, gives its parent a second to train on, and fails.
+const FAIL_FIRST: &str = r#"import json, os, runpy, sys, time
+
+trial_dir = os.environ["KNOB_TRIAL_DIR"]
+restore = os.environ.get("KNOB_RESTORE_FROM")
+if restore and not os.path.basename(trial_dir.rstrip("/")).startswith("attempt-"):
+    with open(os.path.join(restore, "state.json")) as f:
+        state = json.load(f)
+    with open(os.path.join(trial_dir, "first_attempt.json"), "w") as f:
+        json.dump({"restore_from": restore, "restored": state}, f)
+    time.sleep(1)
+    sys.exit(3)
+runpy.run_path("trial.py", run_name="__main__")
+"#;
+
+/// The example with `maxTrialRetries: 1` and every successor's first attempt failing
+/// ([`FAIL_FIRST`]); `service` replaces the local training service when given.
+fn fail_first_config(sandbox: &Sandbox, service: Option<&str>) -> PathBuf {
+    let root = repo_root().join("examples/pbt");
+    let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
+    let mut yaml = std::fs::read_to_string(root.join("config.yml"))
+        .unwrap()
+        .replace("maxExperimentDuration: 10m", "maxExperimentDuration: 3m")
+        .replace(
+            "trialConcurrency: 8",
+            "trialConcurrency: 8\nmaxTrialRetries: 1",
+        )
+        .replace(
+            "trialCommand: python3 trial.py",
+            "trialCommand: PBT_STEP_SECONDS=0.1 python3 fail_first.py",
+        );
+    if let Some(service) = service {
+        yaml = yaml.replace("trainingService:\n  platform: local", service);
+    }
+    assert!(
+        yaml.contains("fail_first.py") && yaml.contains("maxTrialRetries: 1"),
+        "{yaml}"
+    );
+    sandbox.config(
+        &yaml,
+        &[("trial.py", &trial), ("fail_first.py", FAIL_FIRST)],
+    )
+}
+
+/// Checks, from the trials' own logs under `trials_dir` (where they ran), that every
+/// successor's first attempt failed and its retry started from the very state the first attempt
+/// saw (the copy of the parent's checkpoint taken at its creation, in its own `restore/`), and
+/// that some parent trained on in between (so the test can fail); the copies are gone at the
+/// end (waiting for `wait_s` at most: a remote host deletes them in the background).
+fn check_retries_restore_the_same_copy(export: &Value, trials_dir: &Path, wait_s: u64) {
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    let trials = export["trials"].as_array().unwrap();
+    let by_id: BTreeMap<&str, &Value> = trials
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t))
+        .collect();
+    let logs = trial_logs(trials_dir.parent().unwrap());
+    let mut retried = Vec::new();
+    for trial in trials {
+        let Some(parent) = trial["lineage"]["parent"].as_str() else {
+            continue;
+        };
+        let tid = trial["id"].as_str().unwrap();
+        let folder = trials_dir.join(tid);
+        let first: Value = serde_json::from_str(
+            &std::fs::read_to_string(folder.join("first_attempt.json"))
+                .unwrap_or_else(|e| panic!("{tid}'s first attempt wrote nothing: {e}")),
+        )
+        .unwrap();
+        assert!(
+            first["restore_from"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("trials/{tid}/restore")),
+            "{tid}: {first}"
+        );
+        assert_eq!(first["restored"]["written_by"], parent, "{tid}: {first}");
+        let copy = folder.join("restore");
+        let deadline = Instant::now() + Duration::from_secs(wait_s);
+        while copy.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!copy.exists(), "{} kept", copy.display());
+        let Some(retry) = logs[tid].first() else {
+            // Stopped by the tuner before its retry started (bottom quantile at once).
+            assert_eq!(trial["status"], "EARLY_STOPPED", "{tid}: {trial:#}");
+            continue;
+        };
+        assert!(
+            retry["restore_from"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("trials/{tid}/restore")),
+            "{tid}'s retry: {retry}"
+        );
+        assert_eq!(
+            retry["restored"], first["restored"],
+            "{tid}'s retry restored another state than its first attempt"
+        );
+        // The parent's step when the retry started, from its own reports.
+        let started = trial["started_ms"].as_u64().unwrap();
+        let parent_base = logs[parent]
+            .first()
+            .and_then(|log| log["restored"]["step"].as_u64())
+            .unwrap_or(0);
+        let reported = by_id[parent]["intermediate"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["time_ms"].as_u64().unwrap() <= started)
+            .count() as u64;
+        retried.push((
+            tid.to_string(),
+            first["restored"]["step"].as_u64().unwrap(),
+            parent_base + reported,
+        ));
+    }
+    // The test can fail: some parent had trained past the copy when its successor's retry
+    // started (its folder then held another state than the copy).
+    assert!(
+        retried
+            .iter()
+            .any(|(_, copied, at_retry)| at_retry > copied),
+        "no parent trained on before its successor's retry: {retried:?}\n{export:#}"
+    );
+    eprintln!("retried successors (trial, step copied, parent's step at the retry): {retried:?}");
+}
+
+#[test]
+fn a_successors_retry_starts_from_the_same_copy_of_its_parents_checkpoint() {
+    let sandbox = Sandbox::new();
+    let config = fail_first_config(&sandbox, None);
+    let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbtf", "0.1"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("pbtf");
+    let trials_dir = sandbox.path().join("experiments/pbtf/trials");
+    check_retries_restore_the_same_copy(&export, &trials_dir, 0);
+}
+
+/// The same on a remote host (a real sshd on 127.0.0.1), where the copy is the remote
+/// service's, on the host.
+#[test]
+fn a_remote_successors_retry_starts_from_the_same_copy_of_its_parents_checkpoint() {
+    let Some(binary) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = sshd::Sshd::start(
+        &binary,
+        sshd::SshdOptions {
+            key_auth: true,
+            ..sshd::SshdOptions::default()
+        },
+    )
+    .expect("start sshd");
+    let sandbox = Sandbox::new();
+    let known_hosts = sandbox.path().join("known_hosts");
+    std::fs::write(&known_hosts, host.known_hosts_line() + "\n").unwrap();
+    let agent_root = sandbox.path().join("agent");
+    let service = format!(
+        "trainingService:\n  platform: remote\n  knownHostsFile: {}\n  agentRoot: {}\n  machineList:\n    - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
+        known_hosts.display(),
+        agent_root.display(),
+        host.port(),
+        host.user(),
+        host.client_key_path().display()
+    );
+    let config = fail_first_config(&sandbox, Some(&service));
+    let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbtrf", "0.1"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("pbtrf");
+    let environments: Vec<PathBuf> = std::fs::read_dir(agent_root.join("experiments/pbtrf"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("trials").is_dir())
+        .collect();
+    assert_eq!(environments.len(), 1, "{environments:?}");
+    check_retries_restore_the_same_copy(&export, &environments[0].join("trials"), 30);
 }
