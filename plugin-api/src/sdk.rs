@@ -534,6 +534,23 @@ pub trait TrainingService: Send + 'static {
         let _ = trial_id;
         Ok(())
     }
+    /// Population-based training in a hybrid experiment: successor `trial_id` is about to
+    /// start under another service, and the host cannot see the folder of its donor `donor`,
+    /// which this service ran. A service whose trials write to a file system of their own
+    /// copies the copy it took for `trial_id` ([`TrainingService::snapshot_checkpoint`]), or
+    /// without one the donor's folder as it is now, to folder `dest` on the host's machine, and
+    /// returns `true` once it is there (the successor's start waits for this call). The default
+    /// returns `false`: not supported; the host then warns that the successor starts without
+    /// its donor's checkpoint.
+    fn fetch_snapshot(
+        &mut self,
+        trial_id: &str,
+        donor: &str,
+        dest: &std::path::Path,
+    ) -> Result<bool, PluginError> {
+        let _ = (trial_id, donor, dest);
+        Ok(false)
+    }
 }
 
 /// What a service that does not check its config accepts: any mapping, as written (and what the
@@ -914,6 +931,17 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
                 ServiceRequest::DeleteSnapshot { trial_id } => {
                     inner.delete_snapshot(&trial_id)?;
                     "null"
+                }
+                ServiceRequest::FetchSnapshot {
+                    trial_id,
+                    donor,
+                    dest,
+                } => {
+                    if inner.fetch_snapshot(&trial_id, &donor, &dest)? {
+                        "true"
+                    } else {
+                        "false"
+                    }
                 }
             };
             Ok(RString::from(answer))
@@ -1744,6 +1772,9 @@ mod tests {
         // Its deletion, which the default does (nothing) and answers.
         let delete = r#"{"type":"delete_snapshot","trial_id":"succ"}"#;
         assert_eq!(ask(false, delete), Ok("null".to_string()));
+        // Bringing the copy to the host's machine: the default takes none.
+        let fetch = r#"{"type":"fetch_snapshot","trial_id":"succ","donor":"donor","dest":"/e/trials/succ/restore"}"#;
+        assert_eq!(ask(false, fetch), Ok("false".to_string()));
         // A kind this SDK does not know: the host reads the error as "nothing done".
         let later = ask(true, r#"{"type":"a_later_kind","trial_id":"succ"}"#).unwrap_err();
         assert!(crate::host::unknown_request(&later), "{later}");

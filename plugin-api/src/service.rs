@@ -191,6 +191,19 @@ pub enum ServiceRequest {
     /// the first attempt, and deletes it now. Sent once per successor, after its end is
     /// durable, to every service of the experiment. Answered `null`.
     DeleteSnapshot { trial_id: String },
+    /// Population-based training in a hybrid experiment: successor `trial_id` is about to
+    /// start under another training service than the one that ran its donor `donor` and was
+    /// asked for the copy ([`ServiceRequest::SnapshotCheckpoint`]), and the donor's folder is
+    /// not on the host's machine. The service brings that copy (or, without one, the donor's
+    /// folder as it is now) to folder `dest` on the host's machine, where the successor's own
+    /// service finds it (`<experiment>/trials/<trial_id>/restore`), and answers once done:
+    /// `true` (copied), `false` (not supported, or nothing to copy). Sent to the service that
+    /// ran the donor, before the successor's start.
+    FetchSnapshot {
+        trial_id: String,
+        donor: String,
+        dest: std::path::PathBuf,
+    },
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 //! SIGKILL of the manager and `knob resume`. Then on a remote host (a real sshd, gated by
 //! `KNOB_TEST_SSHD`): replaced members' checkpoint folders are deleted there. Last, successors
 //! whose first attempt fails, here and on a remote host: the retry starts from the same copy of
-//! the parent's checkpoint as the first attempt (ray#28509).
+//! the parent's checkpoint as the first attempt (ray#28509); and a hybrid experiment (this
+//! machine and a remote host), where a successor runs under another service than its parent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -762,4 +763,123 @@ fn a_remote_successors_retry_starts_from_the_same_copy_of_its_parents_checkpoint
         .collect();
     assert_eq!(environments.len(), 1, "{environments:?}");
     check_retries_restore_the_same_copy(&export, &environments[0].join("trials"), 30);
+}
+
+/// A hybrid experiment: the example on this machine and a remote host (a real sshd on
+/// 127.0.0.1), 4 members each (4 simulated CPUs on each side, one CPU a trial). A successor
+/// takes the place of the member it replaces, on either side, and its parent may have run on the
+/// other: the copy of the parent's checkpoint goes to it (uploaded from this machine, or brought
+/// here from the host). Every successor must start from its parent's weights at or after the
+/// step it was cloned at, as its own `pbt.json` says.
+#[test]
+fn a_hybrid_pbt_experiment_starts_successors_from_their_parents_checkpoint_across_services() {
+    let Some(binary) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = sshd::Sshd::start(
+        &binary,
+        sshd::SshdOptions {
+            key_auth: true,
+            env: vec![("KNOB_SIMULATE_GPUS".into(), "cpu=4".into())],
+            ..sshd::SshdOptions::default()
+        },
+    )
+    .expect("start sshd");
+    let sandbox = Sandbox::new();
+    let known_hosts = sandbox.path().join("known_hosts");
+    std::fs::write(&known_hosts, host.known_hosts_line() + "\n").unwrap();
+    let agent_root = sandbox.path().join("agent");
+    let root = repo_root().join("examples/pbt");
+    let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
+    let yaml = std::fs::read_to_string(root.join("config.yml"))
+        .unwrap()
+        .replace("maxExperimentDuration: 10m", "maxExperimentDuration: 3m")
+        .replace("trialConcurrency: 8", "trialConcurrency: 8\ntrialCpuNumber: 1")
+        .replace(
+            "trialCommand: python3 trial.py",
+            "trialCommand: PBT_STEP_SECONDS=0.1 python3 trial.py",
+        )
+        .replace(
+            "trainingService:\n  platform: local",
+            &format!(
+                "trainingService:\n  - platform: local\n  - platform: remote\n    knownHostsFile: {}\n    agentRoot: {}\n    machineList:\n      - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
+                known_hosts.display(),
+                agent_root.display(),
+                host.port(),
+                host.user(),
+                host.client_key_path().display()
+            ),
+        );
+    assert!(yaml.contains("- platform: remote"), "{yaml}");
+    let config = sandbox.config(&yaml, &[("trial.py", &trial)]);
+    let (code, stdout, stderr) =
+        run(create(&sandbox, &config, "pbth", "0.1").env("KNOB_SIMULATE_GPUS", "cpu=4"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("pbth");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    // The trials' own logs, where each ran: this machine's experiment folder and the host's.
+    let mut logs = trial_logs(&sandbox.path().join("experiments/pbth"));
+    let environments: Vec<PathBuf> = std::fs::read_dir(agent_root.join("experiments/pbth"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("trials").is_dir())
+        .collect();
+    assert_eq!(environments.len(), 1, "{environments:?}");
+    for (tid, attempts) in trial_logs(&environments[0]) {
+        logs.entry(tid).or_default().extend(attempts);
+    }
+    let trials = export["trials"].as_array().unwrap();
+    let ran_on = |trial: &Value| -> String {
+        trial["attempt_history"][0]["environment_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let by_id: BTreeMap<&str, &Value> = trials
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t))
+        .collect();
+    // (parent's environment, successor's environment) of each successor.
+    let mut pairs = Vec::new();
+    for trial in trials {
+        let tid = trial["id"].as_str().unwrap();
+        let status = trial["status"].as_str().unwrap();
+        assert!(
+            status == "SUCCEEDED" || status == "EARLY_STOPPED",
+            "{tid} ended {status}: {trial:#}"
+        );
+        let Some(parent) = trial["lineage"]["parent"].as_str() else {
+            continue;
+        };
+        let first = logs[tid]
+            .first()
+            .unwrap_or_else(|| panic!("{tid} wrote no log"));
+        assert!(
+            first["restore_from"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("trials/{tid}/restore")),
+            "{tid}: {first}"
+        );
+        let restored = &first["restored"];
+        assert_eq!(restored["written_by"], parent, "{tid}: {first}");
+        let parent_step = trial["lineage"]["parent_step"].as_u64().unwrap();
+        assert!(
+            restored["step"].as_u64().unwrap() >= parent_step,
+            "{tid}: {first}"
+        );
+        pairs.push((ran_on(by_id[parent]), ran_on(trial)));
+    }
+    let environments: BTreeSet<String> = trials.iter().map(ran_on).collect();
+    assert_eq!(
+        environments.len(),
+        2,
+        "members ran on both sides: {environments:?}"
+    );
+    assert!(
+        pairs.iter().any(|(parent, own)| parent != own),
+        "no successor ran on the other side of its parent: {pairs:?}"
+    );
+    eprintln!("successors (parent's environment, own environment): {pairs:?}");
 }

@@ -324,6 +324,7 @@ impl Manager {
                 )
                 .await;
         };
+        self.bring_parent_snapshot(trial_id, service).await?;
         let trial = self.book.get_mut(trial_id).expect("placed trial is known");
         trial.launched = true;
         trial.service = Some(service);

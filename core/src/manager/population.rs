@@ -19,7 +19,9 @@
 //! for good (`drop_snapshot`), here and by every service. When the parent's folder is not on this machine, the
 //! service that ran the parent is asked to take the copy where the folder is
 //! (`TrainingService::snapshot_checkpoint`, a `ServiceRequest` of plugin ABI 1.5), and its
-//! runner names that copy wherever the successor starts.
+//! runner names that copy wherever the successor starts; a successor placed under another
+//! service than its parent's waits while that service brings the copy here
+//! (`bring_parent_snapshot`, `TrainingService::fetch_snapshot`).
 
 use knob_plugin_api::population::{Lineage as TunerLineage, Stop};
 
@@ -221,6 +223,58 @@ impl Manager {
                 .await
             }
         }
+    }
+
+    /// Successor `trial_id` is about to start under service `service`. Where its parent ran
+    /// under another service and the parent's folder is not on this machine (that service's
+    /// trials write to a file system of their own, and it took the copy as the successor was
+    /// created), that service brings the copy to the successor's `restore/` here first
+    /// (`TrainingService::fetch_snapshot`): the successor's own service then finds it, as it
+    /// finds a copy the manager made. Awaited, like the manager's own copy: the start must not
+    /// overtake it. A service that cannot is told in one line; the successor then starts
+    /// without its parent's checkpoint.
+    pub(super) async fn bring_parent_snapshot(
+        &mut self,
+        trial_id: &str,
+        service: usize,
+    ) -> Result<(), ManagerError> {
+        let Some(parent) = self.book[trial_id]
+            .lineage
+            .as_ref()
+            .and_then(|l| l.parent.clone())
+        else {
+            return Ok(());
+        };
+        let Some(holder) = self.book.get(&parent).and_then(|t| t.service) else {
+            return Ok(());
+        };
+        let dest = snapshot_dir(&self.dir, trial_id);
+        // The same service moves its own copy; a parent's folder here was copied here; an
+        // earlier attempt's copy is here already.
+        if holder == service || checkpoint_dir(&self.dir, &parent).is_dir() || dest.is_dir() {
+            return Ok(());
+        }
+        let asked = self.services[holder]
+            .handle
+            .fetch_snapshot(trial_id.to_string(), parent.clone(), dest)
+            .get()
+            .await;
+        let why = match asked {
+            Ok(true) => return Ok(()),
+            Ok(false) => "which cannot bring it to this machine".to_string(),
+            Err(e) => format!("which failed to bring it to this machine: {e}"),
+        };
+        let (theirs, ours) = (
+            self.services[holder].platform.clone(),
+            self.services[service].platform.clone(),
+        );
+        self.warn(
+            Some(trial_id.to_string()),
+            format!(
+                "runs under training service {ours}, but the checkpoint of its parent {parent} is with training service {theirs}, {why}; it starts without it"
+            ),
+        )
+        .await
     }
 
     /// A successor ended for good (SUCCEEDED, EARLY_STOPPED, or FAILED with no retry left):

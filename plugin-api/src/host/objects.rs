@@ -392,6 +392,25 @@ impl TrainingServiceObject {
             trial_id: trial_id.to_string(),
         })
     }
+
+    /// Asks the service to bring the copy of trial `donor`'s checkpoint folder it took for
+    /// successor `trial_id` (or the donor's folder) to `dest` on this machine (see
+    /// `TrainingService::fetch_snapshot`); answers once done. `Ok(true)`: it is there;
+    /// `Ok(false)`: the service does not (the SDK's default), or was built before it could be
+    /// asked.
+    pub fn fetch_snapshot(
+        &mut self,
+        trial_id: &str,
+        donor: &str,
+        dest: &std::path::Path,
+    ) -> Result<bool, HostError> {
+        let answer = self.request_answer(&ServiceRequest::FetchSnapshot {
+            trial_id: trial_id.to_string(),
+            donor: donor.to_string(),
+            dest: dest.to_path_buf(),
+        })?;
+        Ok(answer == Some(serde_json::Value::Bool(true)))
+    }
 }
 
 /// Whether a service's error to a request says that its SDK does not know the request's kind:
@@ -623,5 +642,15 @@ impl TrainingServiceHandle {
     /// See [`TrainingServiceObject::delete_snapshot`].
     pub fn delete_snapshot(&self, trial_id: String) -> Reply<bool> {
         self.0.call(move |s| s.delete_snapshot(&trial_id))
+    }
+    /// See [`TrainingServiceObject::fetch_snapshot`].
+    pub fn fetch_snapshot(
+        &self,
+        trial_id: String,
+        donor: String,
+        dest: std::path::PathBuf,
+    ) -> Reply<bool> {
+        self.0
+            .call(move |s| s.fetch_snapshot(&trial_id, &donor, &dest))
     }
 }

@@ -1292,6 +1292,105 @@ async fn upload_dir(source: &Path, to: &Link, dest: &str) -> Result<(), String> 
     within_copy_limit(copy).await
 }
 
+/// Streams folder `source` on `from` into folder `dest` on this machine (written as
+/// `dest.partial`, then renamed), as a tar stream (the local `tar`), within
+/// [`RESTORE_COPY_TIMEOUT`].
+async fn download_dir(from: &Link, source: &str, dest: &Path) -> Result<(), String> {
+    let partial = dest.with_extension("partial");
+    let copy = async {
+        use tokio::io::AsyncWriteExt;
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir_all(&partial)
+            .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+        let mut reader = from
+            .ssh
+            .open_stream(&format!("tar -C {} -cf - .", ssh::shell_quote(source)))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut tar = tokio::process::Command::new("tar")
+            .arg("-C")
+            .arg(&partial)
+            .args(["-xf", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot run tar here: {e}"))?;
+        let mut writer = tar.stdin.take().expect("piped stdin");
+        tokio::io::copy(&mut reader, &mut writer)
+            .await
+            .map_err(|e| e.to_string())?;
+        writer.shutdown().await.map_err(|e| e.to_string())?;
+        drop(writer);
+        let output = tar.wait_with_output().await.map_err(|e| e.to_string())?;
+        if !output.status.success() {
+            return Err(format!(
+                "tar into {} here: {}",
+                partial.display(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        std::fs::rename(&partial, dest)
+            .map_err(|e| format!("cannot rename {}: {e}", partial.display()))
+    };
+    let result = within_copy_limit(copy).await;
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&partial);
+    }
+    result
+}
+
+/// Successor `trial_id` is about to start under another training service (a hybrid
+/// experiment) from the checkpoint of trial `donor`, which ran here
+/// (`TrainingService::fetch_snapshot`): the frozen copy taken for it ([`take_snapshot`]; on
+/// `hosts`, `snapshot`, the host that took it, first) is moved to `dest` on this machine, or,
+/// without one, the donor's folder as it is now is copied there from the first of `hosts` that
+/// has it. `Ok(false)`: no host has either.
+pub async fn fetch_restore(
+    hosts: &[Arc<Host>],
+    trial_id: &str,
+    donor: &str,
+    snapshot: Option<Arc<Host>>,
+    dest: &Path,
+) -> Result<bool, String> {
+    if !plain_id(donor) || !plain_id(trial_id) {
+        return Ok(false);
+    }
+    let mut order: Vec<&Arc<Host>> = hosts.iter().collect();
+    if let Some(holder) = &snapshot {
+        order.sort_by_key(|h| !Arc::ptr_eq(h, holder));
+    }
+    let frozen = |link: &Link| snapshot_dir(link, trial_id);
+    let live = |link: &Link| checkpoint_folder(link, donor);
+    for (source_on, moved) in [(&frozen as &dyn Fn(&Link) -> String, true), (&live, false)] {
+        for host in &order {
+            let Some(link) = host.ready_link() else {
+                continue;
+            };
+            let source = source_on(&link);
+            let probe = format!("test -d {}", ssh::shell_quote(&source));
+            match link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
+                Ok(output) if output.status == Some(0) => {}
+                _ => continue,
+            }
+            download_dir(&link, &source, dest).await.map_err(|e| {
+                format!(
+                    "copying the checkpoint of {donor} from {} to this machine: {e}",
+                    host.machine.target()
+                )
+            })?;
+            if moved {
+                // The copy lives on this machine now (the core deletes it when it is done).
+                let remove = format!("rm -rf {}", ssh::shell_quote(&source));
+                let _ = link.ssh.run(&remove, None, REPLY_TIMEOUT).await;
+            }
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Writes the tar stream `reader` into folder `dest` on `to` (emptied first, then unpacked).
 async fn unpack_into(
     mut reader: impl tokio::io::AsyncRead + Unpin,

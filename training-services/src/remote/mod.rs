@@ -309,16 +309,9 @@ impl RemoteService {
         let Some(runtime) = self.runtime.as_ref().filter(|_| !self.shut_down) else {
             return false;
         };
-        let running = self.hosts.iter().position(|h| h.runs(donor));
-        let Some(first) = running.or_else(|| self.ran_on.get(donor).copied()) else {
+        let Some(order) = self.donor_first(donor) else {
             return false;
         };
-        let mut order = vec![self.hosts[first].clone()];
-        order.extend(
-            (0..self.hosts.len())
-                .filter(|i| *i != first)
-                .map(|i| self.hosts[i].clone()),
-        );
         self.snapshots.retain(|_, taking| !taking.is_finished());
         let taking = runtime.spawn(host::take_snapshot(
             order,
@@ -327,6 +320,55 @@ impl RemoteService {
         ));
         self.snapshots.insert(trial_id.to_string(), taking);
         true
+    }
+
+    /// The hosts, the one that runs (or last ran) trial `donor` first; `None` when this
+    /// service never ran it.
+    fn donor_first(&self, donor: &str) -> Option<Vec<Arc<Host>>> {
+        let running = self.hosts.iter().position(|h| h.runs(donor));
+        let first = running.or_else(|| self.ran_on.get(donor).copied())?;
+        let mut order = vec![self.hosts[first].clone()];
+        order.extend(
+            (0..self.hosts.len())
+                .filter(|i| *i != first)
+                .map(|i| self.hosts[i].clone()),
+        );
+        Some(order)
+    }
+
+    /// Successor `trial_id` is about to start under another training service of the
+    /// experiment from trial `donor`'s checkpoint, which ran here: the copy taken for it when
+    /// it was created (waited for), or without one the donor's folder, is brought to `dest` on
+    /// this machine (see [`host::fetch_restore`]). `Ok(false)`: this service never ran the
+    /// donor, or no host has either folder.
+    pub fn fetch_snapshot(
+        &mut self,
+        trial_id: &str,
+        donor: &str,
+        dest: &std::path::Path,
+    ) -> Result<bool, RemoteError> {
+        let Some(runtime) = self.runtime.as_ref().filter(|_| !self.shut_down) else {
+            return Ok(false);
+        };
+        let Some(order) = self.donor_first(donor) else {
+            return Ok(false);
+        };
+        let taking = self.snapshots.remove(trial_id);
+        runtime
+            .block_on(async {
+                let holder = match taking {
+                    Some(taking) => match tokio::time::timeout(RESTORE_COPY_LIMIT, taking).await {
+                        Ok(Ok(Ok(holder))) => holder,
+                        _ => None,
+                    },
+                    None => None,
+                };
+                host::fetch_restore(&order, trial_id, donor, holder, dest).await
+            })
+            .map_err(|why| RemoteError::Start {
+                trial: trial_id.to_string(),
+                why,
+            })
     }
 
     pub fn kill(&mut self, trial_id: &str, reason: &str) {
@@ -515,6 +557,15 @@ impl TrainingService for RemoteService {
     fn delete_snapshot(&mut self, trial_id: &str) -> Result<(), PluginError> {
         RemoteService::delete_snapshot(self, trial_id);
         Ok(())
+    }
+
+    fn fetch_snapshot(
+        &mut self,
+        trial_id: &str,
+        donor: &str,
+        dest: &std::path::Path,
+    ) -> Result<bool, PluginError> {
+        Ok(RemoteService::fetch_snapshot(self, trial_id, donor, dest)?)
     }
 }
 

@@ -1345,3 +1345,73 @@ fn a_successor_of_a_parent_that_ran_on_this_machine_starts_from_the_cores_copy_u
     assert!(warnings(&events.all()).is_empty(), "{:?}", events.all());
     service.stop();
 }
+
+/// Mixed services the other way: a parent that ran on a remote host with its successor under
+/// another service (the local one): the copy taken as the successor was created comes to this
+/// machine (`fetch_snapshot`), moved, even though the parent trained on; without a copy, the
+/// parent's folder as it is; a donor this service never ran brings nothing.
+#[test]
+fn a_successor_under_another_service_gets_the_copy_brought_to_this_machine() {
+    let Some(host) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&host);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&host)]),
+        &events,
+        &agent_root(&host),
+    );
+    let (told, go) = (
+        world.dir.path().join("parent-ckpt"),
+        world.dir.path().join("go"),
+    );
+    let parent = format!(
+        "mkdir -p \"$KNOB_CHECKPOINT_DIR/sub\" && echo step-1 > \"$KNOB_CHECKPOINT_DIR/sub/state\" && echo \"$KNOB_CHECKPOINT_DIR\" > {told}.tmp && mv {told}.tmp {told} && echo KNOB_INTERMEDIATE 1 && for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done && echo step-2 > \"$KNOB_CHECKPOINT_DIR/sub/state\" && echo KNOB_FINAL 2",
+        told = told.display(),
+        go = go.display()
+    );
+    service
+        .start(&world.request(&host, "parent", &parent))
+        .unwrap();
+    wait_for("the parent's step 1", || told.exists());
+    let parent_folder = PathBuf::from(std::fs::read_to_string(&told).unwrap().trim());
+    let host_trials = parent_folder.parent().unwrap().parent().unwrap();
+    assert_eq!(
+        TrainingService::snapshot_checkpoint(&mut service, "child", "parent"),
+        Ok(true)
+    );
+    wait_for("the copy for child", || {
+        host_trials.join("child/restore/sub/state").exists()
+    });
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(ending(&events.wait_ended("parent")).0, Some(0));
+    let here = world.dir.path().join("trials");
+    for (child, restored) in [("child", "step-1\n"), ("child-late", "step-2\n")] {
+        let dest = here.join(child).join("restore");
+        assert_eq!(
+            TrainingService::fetch_snapshot(&mut service, child, "parent", &dest),
+            Ok(true)
+        );
+        assert_eq!(
+            std::fs::read_to_string(dest.join("sub/state")).unwrap(),
+            restored,
+            "{child}"
+        );
+        assert!(!dest.with_extension("partial").exists());
+    }
+    assert!(
+        !host_trials.join("child/restore").exists(),
+        "moved, not copied"
+    );
+    assert!(host_trials.join("parent/checkpoint/sub/state").exists());
+    let stranger = here.join("child-x/restore");
+    assert_eq!(
+        TrainingService::fetch_snapshot(&mut service, "child-x", "stranger", &stranger),
+        Ok(false)
+    );
+    assert!(!stranger.exists());
+    assert!(warnings(&events.all()).is_empty(), "{:?}", events.all());
+    service.stop();
+}
