@@ -232,7 +232,9 @@ impl Manager {
     /// (`TrainingService::fetch_snapshot`): the successor's own service then finds it, as it
     /// finds a copy the manager made. Awaited, like the manager's own copy: the start must not
     /// overtake it. A service that cannot is told in one line; the successor then starts
-    /// without its parent's checkpoint.
+    /// without its parent's checkpoint. A parent that ran before a resume (its service not
+    /// known) is looked for under every other service, silently: the successor's own service
+    /// may have it.
     pub(super) async fn bring_parent_snapshot(
         &mut self,
         trial_id: &str,
@@ -245,33 +247,42 @@ impl Manager {
         else {
             return Ok(());
         };
-        let Some(holder) = self.book.get(&parent).and_then(|t| t.service) else {
-            return Ok(());
+        let known = self.book.get(&parent).and_then(|t| t.service);
+        let holders: Vec<usize> = match known {
+            Some(holder) if holder == service => return Ok(()),
+            Some(holder) => vec![holder],
+            // The parent ran before a resume: whichever other service has its folder (or the
+            // successor's own, which then finds it itself: nothing to say).
+            None => (0..self.services.len()).filter(|i| *i != service).collect(),
         };
         let dest = snapshot_dir(&self.dir, trial_id);
-        // The same service moves its own copy; a parent's folder here was copied here; an
-        // earlier attempt's copy is here already.
-        if holder == service || checkpoint_dir(&self.dir, &parent).is_dir() || dest.is_dir() {
+        // A parent's folder here was copied here; an earlier attempt's copy is here already.
+        if holders.is_empty() || checkpoint_dir(&self.dir, &parent).is_dir() || dest.is_dir() {
             return Ok(());
         }
-        let asked = self.services[holder]
-            .handle
-            .fetch_snapshot(trial_id.to_string(), parent.clone(), dest)
-            .get()
-            .await;
-        let why = match asked {
-            Ok(true) => return Ok(()),
-            Ok(false) => "which cannot bring it to this machine".to_string(),
-            Err(e) => format!("which failed to bring it to this machine: {e}"),
-        };
-        let (theirs, ours) = (
-            self.services[holder].platform.clone(),
-            self.services[service].platform.clone(),
-        );
+        let mut asked = Vec::new();
+        for holder in holders {
+            let answer = self.services[holder]
+                .handle
+                .fetch_snapshot(trial_id.to_string(), parent.clone(), dest.clone())
+                .get()
+                .await;
+            let name = self.services[holder].platform.clone();
+            match answer {
+                Ok(true) => return Ok(()),
+                Ok(false) => asked.push(name),
+                Err(e) => asked.push(format!("{name} ({e})")),
+            }
+        }
+        if known.is_none() {
+            return Ok(());
+        }
+        let ours = self.services[service].platform.clone();
         self.warn(
             Some(trial_id.to_string()),
             format!(
-                "runs under training service {ours}, but the checkpoint of its parent {parent} is with training service {theirs}, {why}; it starts without it"
+                "runs under training service {ours}, but the checkpoint of its parent {parent} is not on this machine and training service {} did not bring it here; it starts without it",
+                asked.join(", ")
             ),
         )
         .await

@@ -339,8 +339,7 @@ impl RemoteService {
     /// Successor `trial_id` is about to start under another training service of the
     /// experiment from trial `donor`'s checkpoint, which ran here: the copy taken for it when
     /// it was created (waited for), or without one the donor's folder, is brought to `dest` on
-    /// this machine (see [`host::fetch_restore`]). `Ok(false)`: this service never ran the
-    /// donor, or no host has either folder.
+    /// this machine (see [`host::fetch_restore`]). `Ok(false)`: no host has either folder.
     pub fn fetch_snapshot(
         &mut self,
         trial_id: &str,
@@ -350,9 +349,11 @@ impl RemoteService {
         let Some(runtime) = self.runtime.as_ref().filter(|_| !self.shut_down) else {
             return Ok(false);
         };
-        let Some(order) = self.donor_first(donor) else {
-            return Ok(false);
-        };
+        // Every host when this run of the service has not run the donor (a resumed
+        // experiment): the core asks the service that ran it, so its folder may be on any.
+        let order = self
+            .donor_first(donor)
+            .unwrap_or_else(|| self.hosts.clone());
         let taking = self.snapshots.remove(trial_id);
         runtime
             .block_on(async {

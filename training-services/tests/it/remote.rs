@@ -1349,7 +1349,7 @@ fn a_successor_of_a_parent_that_ran_on_this_machine_starts_from_the_cores_copy_u
 /// Mixed services the other way: a parent that ran on a remote host with its successor under
 /// another service (the local one): the copy taken as the successor was created comes to this
 /// machine (`fetch_snapshot`), moved, even though the parent trained on; without a copy, the
-/// parent's folder as it is; a donor this service never ran brings nothing.
+/// parent's folder as it is; a donor no host has a folder of brings nothing.
 #[test]
 fn a_successor_under_another_service_gets_the_copy_brought_to_this_machine() {
     let Some(host) = start_sshd(key_options()) else {
