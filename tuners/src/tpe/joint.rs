@@ -300,7 +300,7 @@ fn fit_dim(
                 }
             };
             let min_sigma = width / (1.0 + kernels as f64).min(100.0);
-            let mut sigmas = neighbour_sigmas(&values, bounds, width);
+            let mut sigmas = neighbour_sigmas(&values, bounds, width, settings.consider_endpoints);
             for s in &mut sigmas {
                 *s = s.clamp(min_sigma, width);
             }
@@ -333,9 +333,16 @@ fn fit_dim(
 }
 
 /// Per value (NaN for inactive ones, which get NaN): the larger distance to its neighbours among
-/// the active values, the range's ends counting as neighbours of a lone value (Optuna without
-/// `consider_endpoints`). A lone value of an unbounded dimension gets `width`.
-fn neighbour_sigmas(values: &[f64], bounds: Option<(f64, f64)>, width: f64) -> Vec<f64> {
+/// the active values, the range's ends counting as neighbours of a lone value, and with
+/// `endpoints` of the lowest and highest values too (Optuna's `consider_endpoints`; without it,
+/// the extremes get the gap to their one neighbour). A lone value of an unbounded dimension gets
+/// `width`.
+fn neighbour_sigmas(
+    values: &[f64],
+    bounds: Option<(f64, f64)>,
+    width: f64,
+    endpoints: bool,
+) -> Vec<f64> {
     let mut order: Vec<usize> = (0..values.len()).filter(|&i| !values[i].is_nan()).collect();
     order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
     let mut sigmas = vec![f64::NAN; values.len()];
@@ -350,6 +357,11 @@ fn neighbour_sigmas(values: &[f64], bounds: Option<(f64, f64)>, width: f64) -> V
                 let x = values[i];
                 let left = (rank > 0).then(|| x - values[order[rank - 1]]);
                 let right = (rank + 1 < m).then(|| values[order[rank + 1]] - x);
+                // With `endpoints`, the range's ends are the outer neighbours of the extremes.
+                let (left, right) = match bounds {
+                    Some((lo, hi)) if endpoints => (left.or(Some(x - lo)), right.or(Some(hi - x))),
+                    _ => (left, right),
+                };
                 sigmas[i] = match (left, right) {
                     (Some(l), Some(r)) => l.max(r),
                     (Some(l), None) => l,
@@ -375,4 +387,29 @@ fn truncated_normal(rng: &mut SeededRng, mu: f64, sigma: f64, bounds: Option<(f6
         }
     }
     mu.clamp(lo, hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::neighbour_sigmas;
+
+    /// Values 0.4, 0.5, 0.7 in [0, 1]: the middle one takes its larger gap (0.2) either way; the
+    /// extremes take the gap to their neighbour (0.1, 0.2), or with endpoints the larger of that
+    /// and the gap to their end of the range (0.4 to 0, 0.3 to 1). Inactive values stay NaN.
+    #[test]
+    fn endpoints_widen_only_the_extremes() {
+        let values = [0.7, f64::NAN, 0.4, 0.5];
+        let without = neighbour_sigmas(&values, Some((0.0, 1.0)), 1.0, false);
+        let with = neighbour_sigmas(&values, Some((0.0, 1.0)), 1.0, true);
+        let close = |a: &[f64], b: [f64; 4]| {
+            a.iter()
+                .zip(b)
+                .all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() < 1e-12)
+        };
+        assert!(close(&without, [0.2, f64::NAN, 0.1, 0.2]), "{without:?}");
+        assert!(close(&with, [0.3, f64::NAN, 0.4, 0.2]), "{with:?}");
+        // Unbounded (a normal dimension): no ends to count.
+        let free = neighbour_sigmas(&values, None, 1.0, true);
+        assert!(close(&free, [0.2, f64::NAN, 0.1, 0.2]), "{free:?}");
+    }
 }

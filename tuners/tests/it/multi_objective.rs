@@ -135,10 +135,36 @@ fn nsga2_honours_constraints() {
 
 /// Multi-objective TPE at a small budget (100 trials, 4 at a time, so the liar is exercised):
 /// it must beat random search on ZDT1 for most seeds and on average. The default model is
-/// Optuna 5's (each parameter on its own, good trials weighed alike).
+/// knob's default: each parameter on its own, good trials weighed by rank, kernels that reach the
+/// range's ends.
 #[test]
 fn tpe_beats_random_search_on_zdt1_over_seeds() {
     tpe_beats_random_search_on_zdt1_with("");
+}
+
+/// Optuna 5's model exactly: good trials weighed alike, no endpoints.
+#[test]
+fn optuna_5_tpe_beats_random_search_on_zdt1() {
+    tpe_beats_random_search_on_zdt1_with(
+        r#", "tpe_args": {"good_weights": "equal", "consider_endpoints": false}"#,
+    );
+}
+
+/// With objectives the kernels consider the endpoints unless told not to: the default run is the
+/// run with `consider_endpoints: true`, and not the one with false.
+#[test]
+fn tpe_considers_endpoints_by_default_with_objectives() {
+    let space = space();
+    let hv = |args: &str| zdt1_hypervolume(&mut tuner::<TpeTuner>(args, &space), 40);
+    let default = hv(r#"{"seed": 3}"#);
+    assert_eq!(
+        default,
+        hv(r#"{"seed": 3, "tpe_args": {"consider_endpoints": true}}"#)
+    );
+    assert_ne!(
+        default,
+        hv(r#"{"seed": 3, "tpe_args": {"consider_endpoints": false}}"#)
+    );
 }
 
 /// The same with Optuna 4's model: whole points (multivariate), good trials weighed by their

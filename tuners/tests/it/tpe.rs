@@ -32,6 +32,7 @@ fn every_class_arg_is_accepted() {
             "gamma": 0.4,
             "multivariate": true,
             "good_weights": "age",
+            "consider_endpoints": true,
         }
     });
     let mut t: TpeTuner = tuner(&args.to_string(), PLANE);
@@ -55,7 +56,7 @@ fn every_class_arg_is_accepted() {
 fn unknown_and_invalid_class_args_are_clear_errors() {
     expect![[r#"classArgs of TPE: unknown field `sed`, expected one of `optimize_mode`, `seed`, `variant`, `tpe_args`"#]]
         .assert_eq(&class_args_error::<TpeTuner>(r#"{"sed": 1}"#));
-    expect![[r#"classArgs of TPE: unknown field `gama`, expected one of `constant_liar_type`, `n_startup_jobs`, `n_ei_candidates`, `linear_forgetting`, `prior_weight`, `gamma`, `multivariate`, `good_fraction`, `good_weights`"#]]
+    expect![[r#"classArgs of TPE: unknown field `gama`, expected one of `constant_liar_type`, `n_startup_jobs`, `n_ei_candidates`, `linear_forgetting`, `prior_weight`, `gamma`, `multivariate`, `good_fraction`, `good_weights`, `consider_endpoints`"#]]
         .assert_eq(&class_args_error::<TpeTuner>(r#"{"tpe_args": {"gama": 0.3}}"#));
     expect![[
         r#"classArgs of TPE: constant_liar_type must be "best", "worst", "mean" or null, got "min""#
