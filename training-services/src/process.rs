@@ -103,13 +103,15 @@ enum Mark {
 /// pid than the counter's `last_pid` then.
 ///
 /// A scan reads `/proc/<pid>/stat` (the kernel formats fifty fields: the dearest file of a
-/// process) only of processes whose pid the counter handed out after the spawn, while it can
-/// tell that it has not wrapped since: the counter's value now is not below `last_pid`, and
-/// too little time has passed for it to have gone all the way round (at most a million pids a
-/// second, far more than any machine forks). On a machine of a few hundred processes that
-/// turns each scan of a short trial from hundreds of reads into a handful (two scans a trial,
-/// a quarter of knob's CPU in `trial_overhead.sh`). Otherwise, or without the counter, every
-/// process is looked at.
+/// process) only of processes whose pid the counter handed out after the spawn (above
+/// `last_pid`, and not above where the counter stands once `/proc` was listed: a higher pid is
+/// an older process's, from the counter's previous turn), while it can tell that it has not
+/// wrapped since: the counter's value now is not below `last_pid`, and either too little time
+/// has passed for it to have gone all the way round (at most a million pids a second, far more
+/// than any machine forks), or, within [`FORK_COUNT_HORIZON`], too few forks have happened
+/// (see [`ForkCount`]). On a machine of a few hundred processes that turns each scan of a short
+/// trial from hundreds of reads into a handful (a quarter of knob's CPU in
+/// `trial_overhead.sh`). Otherwise, or without the counter, every process is looked at.
 #[derive(Debug, Clone, Copy)]
 pub struct BeforeSpawn {
     ticks: StartTicks,
@@ -118,6 +120,75 @@ pub struct BeforeSpawn {
     at: std::time::Instant,
     /// How long the counter surely takes to wrap (1 µs a pid of `pid_max`).
     wrap_time: std::time::Duration,
+    /// `/proc/sys/kernel/pid_max`.
+    pid_max: u32,
+    /// Read only where `wrap_time` is shorter than [`FORK_COUNT_HORIZON`] (a `pid_max` below a
+    /// million, such as the 32 768 of many VMs and containers, whose 33 ms a trial under load
+    /// outlives): the kernel's fork count and tasks before the spawn.
+    forks: Option<ForkCount>,
+}
+
+/// How long after a trial's spawn the fork count may tell that the pid counter has not wrapped.
+/// A fork the kernel refuses after giving it a pid (over a cgroup's `pids.max`) moves the
+/// counter without being counted; within this time that would take tens of thousands of such
+/// refusals a second at the smallest common `pid_max` (32 768). A trial that runs longer pays
+/// one full scan at its end, which its length dwarfs.
+pub const FORK_COUNT_HORIZON: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The kernel's count of forks since boot (`processes` in `/proc/stat`, every pid namespace)
+/// and its number of tasks, threads included (the fourth field of `/proc/loadavg`).
+///
+/// Why it bounds the pid counter: after a pid `last_pid` was handed out, a new process can get
+/// a pid at or below it only once the counter has gone past `pid_max` and started again at 300
+/// (`RESERVED_PIDS`). If the counter is now at or above `last_pid`, that took a whole turn: every
+/// pid from 300 to `pid_max` visited once, each either handed to a fork (counted here) or
+/// stepped over because it was in use when the turn began (a task's pid, or the number of a
+/// process group or session whose leader is gone, at most one of each a task: three a task).
+/// So fewer forks than `pid_max - 300 - 3 × tasks` since mean no turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkCount {
+    forks: u64,
+    tasks: u64,
+}
+
+/// The kernel's pids below this are kept for its own threads; a wrapped counter starts here.
+const RESERVED_PIDS: u64 = 300;
+
+impl ForkCount {
+    /// Both counts now; `None` where `/proc` does not give them.
+    fn now() -> Option<ForkCount> {
+        // Read before the tasks: a task started between the two reads is counted as a fork.
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let forks = parse_forks(&stat)?;
+        let loadavg = std::fs::read_to_string("/proc/loadavg").ok()?;
+        let tasks = parse_tasks(&loadavg)?;
+        Some(ForkCount { forks, tasks })
+    }
+
+    /// Whether the pid counter cannot have made a whole turn between `self` and a fork count
+    /// of `forks_now` (see [`ForkCount`]).
+    fn too_few_for_a_turn(&self, forks_now: u64, pid_max: u32) -> bool {
+        let Some(forks) = forks_now.checked_sub(self.forks) else {
+            return false;
+        };
+        let in_use = self.tasks.saturating_mul(3);
+        forks.saturating_add(in_use) < u64::from(pid_max).saturating_sub(RESERVED_PIDS)
+    }
+}
+
+/// `processes` of a `/proc/stat` text: forks since boot.
+fn parse_forks(stat: &str) -> Option<u64> {
+    stat.lines()
+        .find_map(|line| line.strip_prefix("processes "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The number of tasks of a `/proc/loadavg` text (`0.20 0.18 0.12 1/80 11206`: 80).
+fn parse_tasks(loadavg: &str) -> Option<u64> {
+    let running_and_total = loadavg.split_ascii_whitespace().nth(3)?;
+    running_and_total.split_once('/')?.1.parse().ok()
 }
 
 impl BeforeSpawn {
@@ -125,29 +196,93 @@ impl BeforeSpawn {
         let read =
             |path: &str| -> Option<u32> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
         let pid_max = read("/proc/sys/kernel/pid_max");
+        let wrap_time = std::time::Duration::from_micros(u64::from(pid_max.unwrap_or(0)));
+        // Before the counter: what it hands out after this read is counted as a fork.
+        let forks = (pid_max.is_some() && wrap_time < FORK_COUNT_HORIZON)
+            .then(ForkCount::now)
+            .flatten();
         let last_pid = read("/proc/sys/kernel/ns_last_pid").filter(|_| pid_max.is_some());
         BeforeSpawn {
             ticks: StartTicks::now(),
             last_pid,
             at: std::time::Instant::now(),
-            wrap_time: std::time::Duration::from_micros(u64::from(pid_max.unwrap_or(0))),
+            wrap_time,
+            pid_max: pid_max.unwrap_or(0),
+            forks,
         }
     }
 
-    /// For a scan starting now: the pids at or below which no process of the run can be, when
-    /// the counter cannot have wrapped since; 0 (look at every process) otherwise.
-    fn older_pids(&self) -> u32 {
+    /// For a scan whose listing of `/proc` was taken just before: the pids its processes of
+    /// the run can have. When the counter cannot have wrapped since the spawn, those it handed
+    /// out since, up to where it stands now (a process listed was started before now); every
+    /// pid otherwise.
+    fn new_pids(&self) -> PidWindow {
+        let every = PidWindow {
+            above: 0,
+            up_to: u32::MAX,
+        };
         let Some(last_pid) = self.last_pid else {
-            return 0;
+            return every;
         };
         let counter_now: Option<u32> = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
             .ok()
             .and_then(|text| text.trim().parse().ok());
+        let forks_now = || {
+            std::fs::read_to_string("/proc/stat")
+                .ok()
+                .and_then(|stat| parse_forks(&stat))
+        };
         match counter_now {
-            Some(now) if now >= last_pid && self.at.elapsed() < self.wrap_time => last_pid,
-            _ => 0,
+            Some(now) if now >= last_pid && self.no_turn_since(self.at.elapsed(), forks_now) => {
+                PidWindow {
+                    above: last_pid,
+                    up_to: now,
+                }
+            }
+            _ => every,
         }
     }
+
+    /// Whether the counter cannot have made a whole turn `elapsed` after the spawn, with
+    /// `forks_now` the fork count now (read only when the time alone cannot tell).
+    fn no_turn_since(
+        &self,
+        elapsed: std::time::Duration,
+        forks_now: impl FnOnce() -> Option<u64>,
+    ) -> bool {
+        if elapsed < self.wrap_time {
+            return true;
+        }
+        let Some(before) = self.forks.filter(|_| elapsed < FORK_COUNT_HORIZON) else {
+            return false;
+        };
+        forks_now().is_some_and(|now| before.too_few_for_a_turn(now, self.pid_max))
+    }
+}
+
+/// The pids a scan looks at: those above `above`, up to `up_to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PidWindow {
+    above: u32,
+    up_to: u32,
+}
+
+impl PidWindow {
+    fn holds(&self, pid: u32) -> bool {
+        pid > self.above && pid <= self.up_to
+    }
+}
+
+/// The pids `/proc` lists now, in one listing, before the pid window is read (see
+/// [`BeforeSpawn::new_pids`]); `None` without `/proc`.
+fn listed_pids() -> Option<Vec<u32>> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    Some(
+        entries
+            .flatten()
+            .filter_map(|entry| entry_pid(&entry))
+            .collect(),
+    )
 }
 
 /// The pid a `/proc` entry names, when it names a process.
@@ -204,19 +339,19 @@ impl TrialTree {
         let group_answers = self.pgid.is_some_and(|pgid| {
             i32::try_from(pgid).is_ok_and(|raw| killpg(Pid::from_raw(raw), None).is_ok())
         });
-        let Ok(entries) = std::fs::read_dir("/proc") else {
+        let Some(listed) = listed_pids() else {
             return (Vec::new(), group_answers);
         };
         let me = std::process::id();
-        let older = self.not_before.older_pids();
+        let window = self.not_before.new_pids();
         let mut marked = Vec::new();
         let mut mid_exec = Vec::new();
         let mut group_alive = false;
-        for entry in entries.flatten() {
-            let Some(pid) = entry_pid(&entry).filter(|&pid| pid != me && pid > older) else {
+        for pid in listed {
+            if pid == me || !window.holds(pid) {
                 continue;
-            };
-            let Some(stat) = std::fs::read_to_string(entry.path().join("stat")).ok() else {
+            }
+            let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok() else {
                 continue;
             };
             let Some((state, group)) = parse_state_and_group(&stat) else {
@@ -317,21 +452,18 @@ impl TrialTree {
     /// process's environment read). 0 without `/proc`.
     pub fn resident_bytes(&self) -> u64 {
         let Some(pgid) = self.pgid else { return 0 };
-        let Ok(entries) = std::fs::read_dir("/proc") else {
+        let Some(listed) = listed_pids() else {
             return 0;
         };
-        let older = self.not_before.older_pids();
+        let window = self.not_before.new_pids();
         let mut kib = 0;
-        for entry in entries.flatten() {
-            if entry_pid(&entry).is_none_or(|pid| pid <= older) {
-                continue;
-            }
-            let member = std::fs::read_to_string(entry.path().join("stat"))
+        for pid in listed.into_iter().filter(|&pid| window.holds(pid)) {
+            let member = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
                 .and_then(|stat| parse_state_and_group(&stat))
                 .is_some_and(|(state, group)| group == pgid && state != 'Z' && state != 'X');
             if member {
-                kib += std::fs::read_to_string(entry.path().join("status"))
+                kib += std::fs::read_to_string(format!("/proc/{pid}/status"))
                     .ok()
                     .and_then(|status| vm_rss_kib(&status))
                     .unwrap_or(0);
@@ -348,15 +480,15 @@ impl TrialTree {
         let Some(pgid) = self.pgid else {
             return Vec::new();
         };
-        let Ok(entries) = std::fs::read_dir("/proc") else {
+        let Some(listed) = listed_pids() else {
             return Vec::new();
         };
-        let older = self.not_before.older_pids();
-        entries
-            .flatten()
-            .filter_map(|entry| {
-                let pid = entry_pid(&entry).filter(|&pid| pid > older)?;
-                let (state, group) = std::fs::read_to_string(entry.path().join("stat"))
+        let window = self.not_before.new_pids();
+        listed
+            .into_iter()
+            .filter(|&pid| window.holds(pid))
+            .filter_map(|pid| {
+                let (state, group) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                     .ok()
                     .and_then(|stat| parse_state_and_group(&stat))?;
                 (group == pgid && state != 'Z' && state != 'X').then_some(pid)
@@ -527,16 +659,117 @@ mod tests {
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let older = before.older_pids();
+        let window = before.new_pids();
         let tree = TrialTree::new(Some(u32::MAX), &mark, before);
         let (marked, _) = tree.scan();
         let grouped = TrialTree::new(Some(pid), "other", before);
         let alive = grouped.alive();
         let _ = child.kill();
         let _ = child.wait();
-        assert!(pid > older, "pid {pid} at or below {older}");
+        assert!(window.holds(pid), "pid {pid} outside {window:?}");
         assert_eq!(marked, vec![pid as i32]);
         assert!(alive);
+    }
+
+    #[test]
+    fn the_fork_count_and_tasks_are_read_from_proc() {
+        let stat = "cpu  1 2 3\nintr 5 0 1\nctxt 77\nbtime 1\nprocesses 2189949\nprocs_running 3\n";
+        assert_eq!(parse_forks(stat), Some(2_189_949));
+        assert_eq!(parse_forks("cpu 1 2 3\nprocs_running 3\n"), None);
+        assert_eq!(parse_tasks("12.38 10.55 6.59 16/184 16983\n"), Some(184));
+        assert_eq!(parse_tasks("12.38 10.55 6.59"), None);
+        let now = ForkCount::now().expect("/proc/stat and /proc/loadavg read");
+        assert!(now.forks > 0 && now.tasks > 0, "{now:?}");
+    }
+
+    #[test]
+    fn a_whole_turn_of_the_pid_counter_needs_more_forks_than_free_pids() {
+        let before = ForkCount {
+            forks: 1000,
+            tasks: 200,
+        };
+        // 32 768 - 300 pids in a turn, 600 of them possibly in use: 31 868 forks make a turn.
+        assert!(before.too_few_for_a_turn(1000, 32_768));
+        assert!(before.too_few_for_a_turn(1000 + 31_867, 32_768));
+        assert!(!before.too_few_for_a_turn(1000 + 31_868, 32_768));
+        // A count that went back (another boot?) tells nothing.
+        assert!(!before.too_few_for_a_turn(999, 32_768));
+        // So many tasks that a turn needs no fork at all.
+        let crowded = ForkCount {
+            forks: 1000,
+            tasks: 20_000,
+        };
+        assert!(!crowded.too_few_for_a_turn(1000, 32_768));
+    }
+
+    #[test]
+    fn past_the_pid_window_the_fork_count_decides_until_its_horizon() {
+        let mut before = BeforeSpawn::now();
+        before.wrap_time = std::time::Duration::from_millis(33);
+        before.pid_max = 32_768;
+        before.forks = Some(ForkCount {
+            forks: 1000,
+            tasks: 200,
+        });
+        let ms = std::time::Duration::from_millis;
+        // Within the window the fork count is not read.
+        assert!(before.no_turn_since(ms(10), || panic!("read the fork count")));
+        assert!(before.no_turn_since(ms(500), || Some(1100)));
+        assert!(!before.no_turn_since(ms(500), || Some(1000 + 32_000)));
+        assert!(!before.no_turn_since(ms(500), || None));
+        assert!(!before.no_turn_since(FORK_COUNT_HORIZON, || Some(1100)));
+        before.forks = None;
+        assert!(!before.no_turn_since(ms(500), || Some(1100)));
+    }
+
+    #[test]
+    fn a_process_spawned_before_a_scan_past_the_pid_window_is_found_by_its_mark() {
+        use std::os::unix::process::CommandExt;
+        // Tried again (at most twice) only if the pid counter wrapped meanwhile, which makes
+        // any scan look at every process.
+        for attempt in 1..=3 {
+            let mut before = BeforeSpawn::now();
+            // As on a machine whose pid_max gives a window of no time at all: only the fork
+            // count can keep the scan to the pids handed out since.
+            before.wrap_time = std::time::Duration::ZERO;
+            before.forks = ForkCount::now();
+            let mark = new_trial_run_mark();
+            let mut child = std::process::Command::new("sleep")
+                .arg("5")
+                .env(TRIAL_RUN_ENV, &mark)
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            let pid = child.id();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| !cmdline.starts_with(b"sleep"))
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let window = before.new_pids();
+            let (marked, _) = TrialTree::new(Some(u32::MAX), &mark, before).scan();
+            let _ = child.kill();
+            let _ = child.wait();
+            let counter: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            if attempt < 3 && before.last_pid.is_some_and(|last| counter < last) {
+                continue;
+            }
+            assert!(
+                window.above > 0,
+                "the fork count should keep the scan to new pids: {before:?}"
+            );
+            assert!(window.holds(pid), "pid {pid} outside {window:?}");
+            // This process was started long before: not among the pids handed out since.
+            assert!(!window.holds(std::process::id()), "{window:?}");
+            assert_eq!(marked, vec![pid as i32]);
+            return;
+        }
     }
 
     #[test]
