@@ -67,8 +67,9 @@ pub(super) struct Manager {
     pub(super) observer: Option<watch::Sender<LoopState>>,
     pub(super) turns: u64,
     /// Acknowledgements of appended events that the loop went on without waiting for (a
-    /// trial's start and end; see [`Manager::settle`]).
-    pub(super) unsettled: Vec<crate::store::Ack<crate::store::EventSeq>>,
+    /// trial's start and end, an intermediate result nothing acts on; see
+    /// [`Manager::settle`]), oldest first: the writer commits in order.
+    pub(super) unsettled: std::collections::VecDeque<Unsettled>,
     /// What woke the loop, by cause (told to the observer).
     pub(super) wakes: super::Wakes,
 }
@@ -179,7 +180,7 @@ impl Manager {
             snapshots_unsupported_told: false,
             observer: None,
             turns: 0,
-            unsettled: Vec::new(),
+            unsettled: Default::default(),
             wakes: Default::default(),
             config,
         };
@@ -227,7 +228,10 @@ impl Manager {
             {
                 return Ok(());
             }
-            self.settle().await?;
+            // Not waited for: the loop would park for the writer's commit on every turn (at
+            // 100 000 trials nearly every event is a turn of its own, `sim_scale`). What has
+            // committed is taken off here; the rest commits while the loop waits.
+            self.settle_committed()?;
             let next_deadline = self.next_deadline();
             self.observe(true, next_deadline);
             let wake = tokio::select! {
@@ -480,19 +484,19 @@ impl Manager {
         lineage: Option<crate::store::Lineage>,
     ) -> Result<String, ManagerError> {
         let (sequence, trial_id) = self.book.next_trial();
-        self.store
-            .append(StoreEvent::TrialCreated {
-                trial_id: trial_id.clone(),
-                sequence,
-                parameter_id,
-                parameter_label: parameter_label.clone(),
-                parameters: parameters.clone(),
-                lineage: lineage.clone().map(Box::new),
-            })
-            .await?;
+        let created = self.store.append(StoreEvent::TrialCreated {
+            trial_id: trial_id.clone(),
+            sequence,
+            parameter_id,
+            parameter_label: parameter_label.clone(),
+            parameters: parameters.clone(),
+            lineage: lineage.clone().map(Box::new),
+        });
         // Committed in order: the starts and ends appended before are committed too (or failed,
-        // which stops the experiment before this trial is handed to a service).
+        // which stops the experiment before this trial is handed to a service). Appended before
+        // they are waited for, so that one commit usually answers all of them.
         self.settle().await?;
+        created.await?;
         if let Some(parent) = lineage.as_ref().and_then(|l| l.parent.as_deref()) {
             self.snapshot_parent_checkpoint(&trial_id, parent).await?;
         }
@@ -530,7 +534,7 @@ impl Manager {
             peak_memory_mib: self.book[trial_id].peak_memory_mib,
             peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
         });
-        self.unsettled.push(ack);
+        self.unsettled.push_back(Unsettled::event(ack));
         self.environments.release(trial_id);
         self.book.set_status(trial_id, status);
         let trial = self.book.get_mut(trial_id).expect("ending a known trial");
@@ -561,10 +565,51 @@ impl Manager {
     /// Waits until the events the loop went on without waiting for (`unsettled`) are committed;
     /// the first that failed fails the experiment, as it would have where it was appended.
     pub(super) async fn settle(&mut self) -> Result<(), ManagerError> {
-        for ack in std::mem::take(&mut self.unsettled) {
-            ack.await?;
+        while let Some(mut unsettled) = self.unsettled.pop_front() {
+            let outcome = (&mut unsettled.ack).await;
+            self.settled(unsettled, outcome)?;
         }
         Ok(())
+    }
+
+    /// Takes off `unsettled` what has committed by now, without waiting; a failure among them
+    /// fails the experiment. The loop calls it before each wait: a failure of an event still
+    /// uncommitted then is reported at a later turn (or by the next event waited for, which
+    /// commits after it), not while the loop waits.
+    pub(super) fn settle_committed(&mut self) -> Result<(), ManagerError> {
+        while let Some(unsettled) = self.unsettled.front_mut() {
+            let Some(outcome) = unsettled.ack.try_outcome() else {
+                break;
+            };
+            let unsettled = self.unsettled.pop_front().expect("the front is there");
+            self.settled(unsettled, outcome)?;
+        }
+        Ok(())
+    }
+
+    fn settled(
+        &mut self,
+        unsettled: Unsettled,
+        outcome: Result<crate::store::EventSeq, crate::store::StoreError>,
+    ) -> Result<(), ManagerError> {
+        match (outcome, unsettled.metric_of) {
+            (Ok(_), _) => Ok(()),
+            // As `on_metrics` does with a metric it waits for.
+            (
+                Err(crate::store::StoreError::Rejected {
+                    reason: crate::store::Rejection::DuplicateMetric { .. },
+                    ..
+                }),
+                Some(trial_id),
+            ) => {
+                self.store.append_unacked(StoreEvent::Warning {
+                    trial_id: Some(trial_id),
+                    message: "duplicate metric ignored".into(),
+                });
+                Ok(())
+            }
+            (Err(e), _) => Err(e.into()),
+        }
     }
 
     /// Asks the service to kill a trial; its end arrives later as an event and is recorded
@@ -731,6 +776,33 @@ impl Manager {
             message,
             trials,
         })
+    }
+}
+
+/// An appended event the loop went on without waiting for (see `Manager::settle`).
+pub(super) struct Unsettled {
+    ack: crate::store::Ack<crate::store::EventSeq>,
+    /// The trial of an intermediate result: a duplicate of one stored before is rejected and
+    /// ignored with a warning, as `on_metrics` does; any other failure fails the experiment.
+    metric_of: Option<String>,
+}
+
+impl Unsettled {
+    pub(super) fn event(ack: crate::store::Ack<crate::store::EventSeq>) -> Unsettled {
+        Unsettled {
+            ack,
+            metric_of: None,
+        }
+    }
+
+    pub(super) fn metric(
+        ack: crate::store::Ack<crate::store::EventSeq>,
+        trial_id: String,
+    ) -> Unsettled {
+        Unsettled {
+            ack,
+            metric_of: Some(trial_id),
+        }
     }
 }
 

@@ -57,7 +57,8 @@ impl Manager {
                     // Settled later (see `end_trial`): the trial runs already, and the
                     // loop goes on to its other events while this commits.
                     let ack = self.store.append(event);
-                    self.unsettled.push(ack);
+                    self.unsettled
+                        .push_back(super::event_loop::Unsettled::event(ack));
                 }
             }
             ServiceEvent::Metric {
@@ -344,6 +345,13 @@ impl Manager {
             let Some(trial) = self.book.get(&trial_id) else {
                 continue;
             };
+            // An intermediate result that nothing here acts on (no assessor judges it, no
+            // population tuner hears of it) is not waited for: that wait was a park of the loop
+            // for the writer's commit on most turns of a long run. `settle` takes its ack.
+            let acted_on = matches!(kind, MetricKind::Final)
+                || decoded.is_err()
+                || self.assessor.is_some()
+                || trial.lineage.is_some();
             let ack = self.store.append(StoreEvent::Metric {
                 trial_id: trial_id.clone(),
                 attempt: trial.attempt.max(1),
@@ -355,7 +363,12 @@ impl Manager {
                 raw,
                 value: decoded.as_ref().ok().copied().filter(|v| v.is_finite()),
             });
-            recorded.push((ack, trial_id, kind, decoded));
+            if acted_on {
+                recorded.push((ack, trial_id, kind, decoded));
+            } else {
+                self.unsettled
+                    .push_back(super::event_loop::Unsettled::metric(ack, trial_id));
+            }
         }
         let mut durable = Vec::with_capacity(recorded.len());
         for (ack, trial_id, kind, decoded) in recorded {

@@ -57,6 +57,8 @@ pub(super) struct Trial {
     /// When `maxTrialDuration` runs out for the running attempt: set when it starts, so that
     /// time spent waiting for resources does not count.
     pub deadline: Option<Instant>,
+    /// This attempt's intermediate results, for the assessor and a population tuner: kept only
+    /// where one of them reads them (see `Manager::on_metrics`).
     pub intermediate: Vec<f64>,
     pub final_value: Option<f64>,
     /// Why the final result this attempt reported could not be read; the end message of a
