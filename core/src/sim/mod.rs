@@ -62,6 +62,9 @@ pub struct Scenario {
     pub p_slow_start: f64,
     /// The service refuses to start a trial (its `start_trial` fails).
     pub p_start_fail: f64,
+    /// The service reports an intermediate result twice (a retried delivery): the store keeps
+    /// one, the manager warns and goes on.
+    pub p_duplicate_metric: f64,
     /// A slow start takes up to this long.
     pub slow_start: Duration,
     /// How many times a host is lost, at random times, each for a time between these bounds.
@@ -127,6 +130,7 @@ impl Scenario {
                 .then(|| Duration::from_secs(rng.gen_range(1..1200))),
             services: 1,
             p_start_fail: 0.0,
+            p_duplicate_metric: 0.0,
             crash_at: None,
         };
         // Drawn last, so that the fields above are what they were before these existed.
@@ -178,6 +182,7 @@ impl Scenario {
             stop_at: None,
             services: 1,
             p_start_fail: 0.0,
+            p_duplicate_metric: 0.0,
             crash_at: None,
         }
     }

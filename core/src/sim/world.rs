@@ -610,6 +610,13 @@ impl World {
         let quality = quality(&request.parameters);
         let every = scenario.intermediate_every;
         let (p_fail, p_oom) = (scenario.p_fail, scenario.p_oom);
+        // Its own draws, so that the runs of scenarios without duplicates stay as they were.
+        let mut duplicates = StdRng::seed_from_u64(mix(
+            scenario.seed ^ 0xd0b1e,
+            request.sequence,
+            attempt as u64,
+        ));
+        let p_duplicate = scenario.p_duplicate_metric;
         self.schedule(start, Happening::Started { run });
         let (end_after, exit_code, signal, stderr_tail, finishes) = if outcome < p_fail {
             let at = length.mul_f64(rng.gen::<f64>());
@@ -642,15 +649,22 @@ impl World {
         while !every.is_zero() && every * (step as u32 + 1) < end_after && step < 1000 {
             step += 1;
             let value = quality * (1.0 - 0.5f64.powi(step as i32));
-            self.schedule(
-                start + every * step as u32,
-                Happening::Metric {
-                    run,
-                    kind: MetricKind::Intermediate,
-                    sequence: step - 1,
-                    value,
-                },
-            );
+            let times = if p_duplicate > 0.0 && duplicates.gen_bool(p_duplicate) {
+                2
+            } else {
+                1
+            };
+            for _ in 0..times {
+                self.schedule(
+                    start + every * step as u32,
+                    Happening::Metric {
+                        run,
+                        kind: MetricKind::Intermediate,
+                        sequence: step - 1,
+                        value,
+                    },
+                );
+            }
         }
         if finishes {
             self.schedule(

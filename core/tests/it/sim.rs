@@ -155,3 +155,50 @@ fn waiting_trials_have_the_machines_probed_again_while_other_trials_keep_the_loo
         "{reprobes} re-probes in {simulated:?} of waiting trials (about {owed} owed)"
     );
 }
+
+#[test]
+fn an_intermediate_result_reported_twice_is_stored_once_with_or_without_an_assessor() {
+    // Without an assessor the manager does not wait for an intermediate result's commit (nothing
+    // acts on it), so the store's refusal of the second copy reaches it later, by another path
+    // than the one it waits on with an assessor: both must warn and go on.
+    for assessor in [None, Some(0.2)] {
+        let mut scenario = Scenario::large(5, 40, 4, 2);
+        scenario.duration = (Duration::from_secs(300), Duration::from_secs(900));
+        scenario.intermediate_every = Duration::from_secs(60);
+        scenario.p_duplicate_metric = 0.3;
+        scenario.assessor_threshold = assessor;
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let report = sim::run(&scenario, dir.path());
+        assert!(
+            matches!(&report.outcome, Ok(o) if o.status == knob_core::store::ExperimentStatus::Done),
+            "assessor {assessor:?}: {:?}",
+            report
+                .outcome
+                .as_ref()
+                .map(|o| (o.status, o.message.clone()))
+        );
+        assert_sound(&[report]);
+        let state = knob_core::store::StoreReader::open(&dir.path().join("sim"))
+            .and_then(|reader| reader.replay())
+            .expect("the store replays");
+        let warned = state
+            .warnings
+            .iter()
+            .filter(|w| w.message == "duplicate metric ignored")
+            .count();
+        assert!(
+            warned >= 10,
+            "assessor {assessor:?}: {warned} duplicates warned"
+        );
+        for trial in &state.trials {
+            let mut seen = std::collections::HashSet::new();
+            for metric in &trial.metrics {
+                assert!(
+                    seen.insert((metric.attempt, metric.kind, metric.trial_sequence)),
+                    "{} stored {metric:?} twice",
+                    trial.trial_id
+                );
+            }
+        }
+    }
+}
