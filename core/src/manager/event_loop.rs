@@ -520,9 +520,8 @@ impl Manager {
         // Not waited for here: what follows (the tuner told, the next trial asked for) runs
         // while it commits. Nothing outside this process learns of the end before it is
         // durable: the next trial's creation, committed after it, waits for it (`submit`), and
-        // so does the loop before it waits again and the experiment's end (`settle`). A
-        // tuner told of an end that a kill of knob then loses is rebuilt from the store on
-        // resume, and the trial runs again.
+        // so does the experiment's end (`settle`). A tuner told of an end that a kill of knob
+        // then loses is rebuilt from the store on resume, and the trial runs again.
         let ack = self.store.append(StoreEvent::TrialEnded {
             trial_id: trial_id.to_string(),
             attempt: self.book[trial_id].attempt,
