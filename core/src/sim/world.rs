@@ -144,9 +144,10 @@ pub(super) struct World {
     queue: BinaryHeap<Timed>,
     order: u64,
     pub environment_up: Vec<bool>,
-    /// Each environment as its service reports it, up and down (the same every time: made
-    /// once, not for each re-probe).
-    reports: Vec<[Environment; 2]>,
+    /// Each environment as its service reports it while up (the same every time: made once,
+    /// not for each re-probe). A lost one's report is made when asked for: few are down at once,
+    /// and a second copy of every report took 15 MiB more at 1 000 environments (`sim_scale`).
+    reports: Vec<Environment>,
     pub down_since: Vec<Option<Duration>>,
     /// (environment, GPU) -> the run holding it.
     holders: BTreeMap<(usize, u32), u64>,
@@ -180,12 +181,7 @@ impl World {
             order: 0,
             environment_up: vec![true; environments],
             reports: (0..environments)
-                .map(|index| {
-                    [
-                        report(&scenario, index, true),
-                        report(&scenario, index, false),
-                    ]
-                })
+                .map(|index| report(&scenario, index, true))
                 .collect(),
             down_since: vec![None; environments],
             holders: BTreeMap::new(),
@@ -458,8 +454,11 @@ impl World {
     }
 
     pub fn environment(&self, index: usize) -> Environment {
-        let [up, down] = &self.reports[index];
-        if self.environment_up[index] { up } else { down }.clone()
+        if self.environment_up[index] {
+            self.reports[index].clone()
+        } else {
+            report(&self.scenario, index, false)
+        }
     }
 
     /// `service` is asked to start a trial: the run is planned, or (`p_start_fail`) the
