@@ -637,21 +637,18 @@ mod tests {
         assert!(started >= before, "{started:?} before {before:?}");
     }
 
-    #[test]
-    fn a_process_spawned_after_before_spawn_is_scanned_and_found() {
+    /// `sleep 5` carrying `mark`, in a process group of its own (found by its mark alone),
+    /// once it runs `sleep`: until it has exec'd, `/proc` shows the parent's environment, which
+    /// has no mark (waited for at most 5 s).
+    fn marked_sleep(mark: &str) -> std::process::Child {
         use std::os::unix::process::CommandExt;
-        let before = BeforeSpawn::now();
-        let mark = new_trial_run_mark();
-        let mut child = std::process::Command::new("sleep")
+        let child = std::process::Command::new("sleep")
             .arg("5")
-            .env(TRIAL_RUN_ENV, &mark)
-            // Out of the group it names below: found by its mark alone.
+            .env(TRIAL_RUN_ENV, mark)
             .process_group(0)
             .spawn()
             .unwrap();
         let pid = child.id();
-        // Until the child has exec'd, /proc shows the parent's environment,
-        // which has no mark: wait (bounded) for `sleep` to be running.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while std::fs::read(format!("/proc/{pid}/cmdline"))
             .is_ok_and(|cmdline| !cmdline.starts_with(b"sleep"))
@@ -659,6 +656,15 @@ mod tests {
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        child
+    }
+
+    #[test]
+    fn a_process_spawned_after_before_spawn_is_scanned_and_found() {
+        let before = BeforeSpawn::now();
+        let mark = new_trial_run_mark();
+        let mut child = marked_sleep(&mark);
+        let pid = child.id();
         let window = before.new_pids();
         let tree = TrialTree::new(Some(u32::MAX), &mark, before);
         let (marked, _) = tree.scan();
@@ -724,7 +730,6 @@ mod tests {
 
     #[test]
     fn a_process_spawned_before_a_scan_past_the_pid_window_is_found_by_its_mark() {
-        use std::os::unix::process::CommandExt;
         // Tried again (at most twice) only if the pid counter wrapped meanwhile, which makes
         // any scan look at every process.
         for attempt in 1..=3 {
@@ -734,20 +739,8 @@ mod tests {
             before.wrap_time = std::time::Duration::ZERO;
             before.forks = ForkCount::now();
             let mark = new_trial_run_mark();
-            let mut child = std::process::Command::new("sleep")
-                .arg("5")
-                .env(TRIAL_RUN_ENV, &mark)
-                .process_group(0)
-                .spawn()
-                .unwrap();
+            let mut child = marked_sleep(&mark);
             let pid = child.id();
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| !cmdline.starts_with(b"sleep"))
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
             let window = before.new_pids();
             let (marked, _) = TrialTree::new(Some(u32::MAX), &mark, before).scan();
             let _ = child.kill();
