@@ -271,7 +271,7 @@ fn kill_leftovers(experiment_id: &str, trial_ids: &[String]) -> Vec<String> {
         else {
             continue;
         };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+        let Ok(environ) = read_environ(&entry.path().join("environ")) else {
             continue;
         };
         let variables: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
@@ -292,6 +292,29 @@ fn kill_leftovers(experiment_id: &str, trial_ids: &[String]) -> Vec<String> {
         }
     }
     reports
+}
+
+/// A `/proc/<pid>/environ` in one `read(2)` where it fits 128 KiB: the kernel reads it from the
+/// memory the process had when the file was opened and gives nothing once that is gone, so a
+/// process that execs between two smaller reads (`std::fs::read` starts with 32 bytes) would
+/// show only the start of its environment.
+fn read_environ(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    let mut environ = vec![0; 128 * 1024];
+    let mut length = 0;
+    loop {
+        match file.read(&mut environ[length..]) {
+            Ok(0) => break,
+            Ok(n) => length += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if length == environ.len() {
+            environ.resize(length * 2, 0);
+        }
+    }
+    environ.truncate(length);
+    Ok(environ)
 }
 
 fn hostname() -> String {
