@@ -20,6 +20,71 @@ use crate::{repo_root, run};
 
 const STEPS: u64 = 40;
 
+/// A real sshd on 127.0.0.1 (key authentication, `env` in its sessions) that the sandbox
+/// trusts, and the agent's root there; `None` (the test returns) without `KNOB_TEST_SSHD`.
+struct RemoteHost {
+    sshd: sshd::Sshd,
+    known_hosts: PathBuf,
+    agent_root: PathBuf,
+}
+
+impl RemoteHost {
+    fn start(sandbox: &Sandbox, env: &[(&str, &str)]) -> Option<RemoteHost> {
+        let binary = sshd::sshd_binary()?;
+        let sshd = sshd::Sshd::start(
+            &binary,
+            sshd::SshdOptions {
+                key_auth: true,
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..sshd::SshdOptions::default()
+            },
+        )
+        .expect("start sshd");
+        let known_hosts = sandbox.path().join("known_hosts");
+        std::fs::write(&known_hosts, sshd.known_hosts_line() + "\n").unwrap();
+        Some(RemoteHost {
+            sshd,
+            known_hosts,
+            agent_root: sandbox.path().join("agent"),
+        })
+    }
+
+    /// The remote service's mapping for this host, from `platform: remote` on; its other keys
+    /// indented by `indent`.
+    fn service(&self, indent: &str) -> String {
+        format!(
+            "platform: remote\n{indent}knownHostsFile: {}\n{indent}agentRoot: {}\n{indent}machineList:\n{indent}  - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
+            self.known_hosts.display(),
+            self.agent_root.display(),
+            self.sshd.port(),
+            self.sshd.user(),
+            self.sshd.client_key_path().display()
+        )
+    }
+
+    /// `trainingService:` with this host's remote service alone.
+    fn only_service(&self) -> String {
+        format!("trainingService:\n  {}", self.service("  "))
+    }
+
+    /// Experiment `id`'s one environment folder on the host:
+    /// `<agentRoot>/experiments/<id>/<environment>`, its trials under `trials/`.
+    fn environment(&self, id: &str) -> PathBuf {
+        let environments: Vec<PathBuf> =
+            std::fs::read_dir(self.agent_root.join("experiments").join(id))
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.join("trials").is_dir())
+                .collect();
+        assert_eq!(environments.len(), 1, "{environments:?}");
+        environments.into_iter().next().unwrap()
+    }
+}
+
 fn example(sandbox: &Sandbox) -> PathBuf {
     let root = repo_root().join("examples/pbt");
     let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
@@ -352,21 +417,10 @@ fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicate
 /// members are deleted on the host once no member needs them, those of finished members stay.
 #[test]
 fn a_remote_pbt_experiment_deletes_replaced_members_checkpoints_on_the_host() {
-    let Some(binary) = sshd::sshd_binary() else {
+    let sandbox = Sandbox::new();
+    let Some(host) = RemoteHost::start(&sandbox, &[]) else {
         return;
     };
-    let host = sshd::Sshd::start(
-        &binary,
-        sshd::SshdOptions {
-            key_auth: true,
-            ..sshd::SshdOptions::default()
-        },
-    )
-    .expect("start sshd");
-    let sandbox = Sandbox::new();
-    let known_hosts = sandbox.path().join("known_hosts");
-    std::fs::write(&known_hosts, host.known_hosts_line() + "\n").unwrap();
-    let agent_root = sandbox.path().join("agent");
     let root = repo_root().join("examples/pbt");
     let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
     let yaml = std::fs::read_to_string(root.join("config.yml"))
@@ -376,32 +430,14 @@ fn a_remote_pbt_experiment_deletes_replaced_members_checkpoints_on_the_host() {
             "trialCommand: python3 trial.py",
             "trialCommand: PBT_STEP_SECONDS=0.1 python3 trial.py",
         )
-        .replace(
-            "trainingService:\n  platform: local",
-            &format!(
-                "trainingService:\n  platform: remote\n  knownHostsFile: {}\n  agentRoot: {}\n  machineList:\n    - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
-                known_hosts.display(),
-                agent_root.display(),
-                host.port(),
-                host.user(),
-                host.client_key_path().display()
-            ),
-        );
+        .replace("trainingService:\n  platform: local", &host.only_service());
     assert!(yaml.contains("platform: remote"), "{yaml}");
     let config = sandbox.config(&yaml, &[("trial.py", &trial)]);
     let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbtr", "0.1"));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let export = sandbox.export("pbtr");
     assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
-    // The host's trial folders: `<agentRoot>/experiments/<id>/<environment>/trials/<trial>`.
-    let environments: Vec<PathBuf> = std::fs::read_dir(agent_root.join("experiments/pbtr"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("trials").is_dir())
-        .collect();
-    assert_eq!(environments.len(), 1, "{environments:?}");
-    let trials_dir = environments[0].join("trials");
+    let trials_dir = host.environment("pbtr").join("trials");
     let trials = export["trials"].as_array().unwrap();
     let (mut replaced, mut finished) = (0, 0);
     for trial in trials {
@@ -464,22 +500,10 @@ runpy.run_path("trial.py", run_name="__main__")
 /// 20 steps the parent trained on meanwhile.
 #[test]
 fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitation() {
-    let Some(binary) = sshd::sshd_binary() else {
+    let sandbox = Sandbox::new();
+    let Some(host) = RemoteHost::start(&sandbox, &[("KNOB_SIMULATE_GPUS", "8x16GiB")]) else {
         return;
     };
-    let host = sshd::Sshd::start(
-        &binary,
-        sshd::SshdOptions {
-            key_auth: true,
-            env: vec![("KNOB_SIMULATE_GPUS".into(), "8x16GiB".into())],
-            ..sshd::SshdOptions::default()
-        },
-    )
-    .expect("start sshd");
-    let sandbox = Sandbox::new();
-    let known_hosts = sandbox.path().join("known_hosts");
-    std::fs::write(&known_hosts, host.known_hosts_line() + "\n").unwrap();
-    let agent_root = sandbox.path().join("agent");
     let root = repo_root().join("examples/pbt");
     let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
     let yaml = std::fs::read_to_string(root.join("config.yml"))
@@ -493,31 +517,14 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
             "trialCommand: python3 trial.py",
             "trialCommand: PBT_STEPS=60 PBT_STEP_SECONDS=0.2 PBT_STOP_SECONDS=4 python3 slow_stop.py",
         )
-        .replace(
-            "trainingService:\n  platform: local",
-            &format!(
-                "trainingService:\n  platform: remote\n  knownHostsFile: {}\n  agentRoot: {}\n  machineList:\n    - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
-                known_hosts.display(),
-                agent_root.display(),
-                host.port(),
-                host.user(),
-                host.client_key_path().display()
-            ),
-        );
+        .replace("trainingService:\n  platform: local", &host.only_service());
     assert!(yaml.contains("slow_stop.py"), "{yaml}");
     let config = sandbox.config(&yaml, &[("trial.py", &trial), ("slow_stop.py", SLOW_STOP)]);
     let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbtw", "0.2"));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let export = sandbox.export("pbtw");
     assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
-    let environments: Vec<PathBuf> = std::fs::read_dir(agent_root.join("experiments/pbtw"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("trials").is_dir())
-        .collect();
-    assert_eq!(environments.len(), 1, "{environments:?}");
-    let logs = trial_logs(&environments[0]);
+    let logs = trial_logs(&host.environment("pbtw"));
     let trials = export["trials"].as_array().unwrap();
     let by_id: BTreeMap<&str, &Value> = trials
         .iter()
@@ -728,41 +735,15 @@ fn a_successors_retry_starts_from_the_same_copy_of_its_parents_checkpoint() {
 /// service's, on the host.
 #[test]
 fn a_remote_successors_retry_starts_from_the_same_copy_of_its_parents_checkpoint() {
-    let Some(binary) = sshd::sshd_binary() else {
+    let sandbox = Sandbox::new();
+    let Some(host) = RemoteHost::start(&sandbox, &[]) else {
         return;
     };
-    let host = sshd::Sshd::start(
-        &binary,
-        sshd::SshdOptions {
-            key_auth: true,
-            ..sshd::SshdOptions::default()
-        },
-    )
-    .expect("start sshd");
-    let sandbox = Sandbox::new();
-    let known_hosts = sandbox.path().join("known_hosts");
-    std::fs::write(&known_hosts, host.known_hosts_line() + "\n").unwrap();
-    let agent_root = sandbox.path().join("agent");
-    let service = format!(
-        "trainingService:\n  platform: remote\n  knownHostsFile: {}\n  agentRoot: {}\n  machineList:\n    - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
-        known_hosts.display(),
-        agent_root.display(),
-        host.port(),
-        host.user(),
-        host.client_key_path().display()
-    );
-    let config = fail_first_config(&sandbox, Some(&service));
+    let config = fail_first_config(&sandbox, Some(&host.only_service()));
     let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbtrf", "0.1"));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let export = sandbox.export("pbtrf");
-    let environments: Vec<PathBuf> = std::fs::read_dir(agent_root.join("experiments/pbtrf"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("trials").is_dir())
-        .collect();
-    assert_eq!(environments.len(), 1, "{environments:?}");
-    check_retries_restore_the_same_copy(&export, &environments[0].join("trials"), 30);
+    check_retries_restore_the_same_copy(&export, &host.environment("pbtrf").join("trials"), 30);
 }
 
 /// A hybrid experiment: the example on this machine and a remote host (a real sshd on
@@ -773,28 +754,19 @@ fn a_remote_successors_retry_starts_from_the_same_copy_of_its_parents_checkpoint
 /// step it was cloned at, as its own `pbt.json` says.
 #[test]
 fn a_hybrid_pbt_experiment_starts_successors_from_their_parents_checkpoint_across_services() {
-    let Some(binary) = sshd::sshd_binary() else {
+    let sandbox = Sandbox::new();
+    let Some(host) = RemoteHost::start(&sandbox, &[("KNOB_SIMULATE_GPUS", "cpu=4")]) else {
         return;
     };
-    let host = sshd::Sshd::start(
-        &binary,
-        sshd::SshdOptions {
-            key_auth: true,
-            env: vec![("KNOB_SIMULATE_GPUS".into(), "cpu=4".into())],
-            ..sshd::SshdOptions::default()
-        },
-    )
-    .expect("start sshd");
-    let sandbox = Sandbox::new();
-    let known_hosts = sandbox.path().join("known_hosts");
-    std::fs::write(&known_hosts, host.known_hosts_line() + "\n").unwrap();
-    let agent_root = sandbox.path().join("agent");
     let root = repo_root().join("examples/pbt");
     let trial = std::fs::read_to_string(root.join("trial.py")).unwrap();
     let yaml = std::fs::read_to_string(root.join("config.yml"))
         .unwrap()
         .replace("maxExperimentDuration: 10m", "maxExperimentDuration: 3m")
-        .replace("trialConcurrency: 8", "trialConcurrency: 8\ntrialCpuNumber: 1")
+        .replace(
+            "trialConcurrency: 8",
+            "trialConcurrency: 8\ntrialCpuNumber: 1",
+        )
         .replace(
             "trialCommand: python3 trial.py",
             "trialCommand: PBT_STEP_SECONDS=0.1 python3 trial.py",
@@ -802,12 +774,8 @@ fn a_hybrid_pbt_experiment_starts_successors_from_their_parents_checkpoint_acros
         .replace(
             "trainingService:\n  platform: local",
             &format!(
-                "trainingService:\n  - platform: local\n  - platform: remote\n    knownHostsFile: {}\n    agentRoot: {}\n    machineList:\n      - {{host: 127.0.0.1, port: {}, user: {}, sshKeyFile: '{}'}}",
-                known_hosts.display(),
-                agent_root.display(),
-                host.port(),
-                host.user(),
-                host.client_key_path().display()
+                "trainingService:\n  - platform: local\n  - {}",
+                host.service("    ")
             ),
         );
     assert!(yaml.contains("- platform: remote"), "{yaml}");
@@ -819,14 +787,7 @@ fn a_hybrid_pbt_experiment_starts_successors_from_their_parents_checkpoint_acros
     assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
     // The trials' own logs, where each ran: this machine's experiment folder and the host's.
     let mut logs = trial_logs(&sandbox.path().join("experiments/pbth"));
-    let environments: Vec<PathBuf> = std::fs::read_dir(agent_root.join("experiments/pbth"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("trials").is_dir())
-        .collect();
-    assert_eq!(environments.len(), 1, "{environments:?}");
-    for (tid, attempts) in trial_logs(&environments[0]) {
+    for (tid, attempts) in trial_logs(&host.environment("pbth")) {
         logs.entry(tid).or_default().extend(attempts);
     }
     let trials = export["trials"].as_array().unwrap();
