@@ -1111,6 +1111,58 @@ fn wait_for(what: &str, check: impl Fn() -> bool) {
     assert!(check(), "{what} did not happen within 30 s");
 }
 
+/// Two sshd's on 127.0.0.1 with key authentication; `None` (the test returns) without
+/// `KNOB_TEST_SSHD`.
+fn two_key_hosts() -> Option<(Sshd, Sshd)> {
+    let first = start_sshd(key_options())?;
+    Some((first, start_sshd(key_options()).unwrap()))
+}
+
+/// A remote service of `hosts` (trusted by `world`; the agent's root under the first), once
+/// every host is connected and ready.
+fn connect_all<const N: usize>(world: &World, events: &Events, hosts: [&Sshd; N]) -> RemoteService {
+    for host in hosts {
+        world.trust(host);
+    }
+    let service = connect(
+        world.args(hosts.iter().map(|host| key_machine(host)).collect()),
+        events,
+        &agent_root(hosts[0]),
+    );
+    wait_for("every host connected", || {
+        service
+            .environments_now()
+            .is_ok_and(|e| e.len() == N && e.iter().all(|e| e.ready))
+    });
+    service
+}
+
+/// Starts trial `parent` on `host`: it writes `step-1` to `state` (a path in its checkpoint
+/// folder), then waits (at most 30 s) for the file `go` before it writes `step-2` there and
+/// ends. Returns once step 1 is saved, with the parent's checkpoint folder and `go`.
+fn start_parent_at_step_one(
+    world: &World,
+    service: &mut RemoteService,
+    host: &Sshd,
+    state: &str,
+) -> (PathBuf, PathBuf) {
+    let (told, go) = (
+        world.dir.path().join("parent-ckpt"),
+        world.dir.path().join("go"),
+    );
+    let parent = format!(
+        "mkdir -p \"$(dirname \"$KNOB_CHECKPOINT_DIR/{state}\")\" && echo step-1 > \"$KNOB_CHECKPOINT_DIR/{state}\" && echo \"$KNOB_CHECKPOINT_DIR\" > {told}.tmp && mv {told}.tmp {told} && echo KNOB_INTERMEDIATE 1 && for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done && echo step-2 > \"$KNOB_CHECKPOINT_DIR/{state}\" && echo KNOB_FINAL 2",
+        told = told.display(),
+        go = go.display()
+    );
+    service
+        .start(&world.request(host, "parent", &parent))
+        .unwrap();
+    wait_for("the parent's step 1", || told.exists());
+    let folder = PathBuf::from(std::fs::read_to_string(&told).unwrap().trim());
+    (folder, go)
+}
+
 /// The bug of Ray Tune's ray#28509: a successor that starts after its parent overwrote its
 /// checkpoint must still start from the parent's state when it was created. The parent saves
 /// step 1, its successors are created (snapshots asked for), then it saves step 2, and only
@@ -1119,38 +1171,12 @@ fn wait_for(what: &str, check: impl Fn() -> bool) {
 /// what the snapshot is for.
 #[test]
 fn a_successor_starts_from_its_parents_checkpoint_as_it_was_when_it_was_created() {
-    let Some(first) = start_sshd(key_options()) else {
+    let Some((first, second)) = two_key_hosts() else {
         return;
     };
-    let second = start_sshd(key_options()).unwrap();
-    let world = World::new();
-    world.trust(&first);
-    world.trust(&second);
-    let events = Events::default();
-    let mut service = connect(
-        world.args(vec![key_machine(&first), key_machine(&second)]),
-        &events,
-        &agent_root(&first),
-    );
-    wait_for("both hosts connected", || {
-        service
-            .environments_now()
-            .is_ok_and(|e| e.len() == 2 && e.iter().all(|e| e.ready))
-    });
-    let (told, go) = (
-        world.dir.path().join("parent-ckpt"),
-        world.dir.path().join("go"),
-    );
-    let parent = format!(
-        "mkdir -p \"$KNOB_CHECKPOINT_DIR\" && echo step-1 > \"$KNOB_CHECKPOINT_DIR/state\" && echo \"$KNOB_CHECKPOINT_DIR\" > {told}.tmp && mv {told}.tmp {told} && echo KNOB_INTERMEDIATE 1 && for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done && echo step-2 > \"$KNOB_CHECKPOINT_DIR/state\" && echo KNOB_FINAL 2",
-        told = told.display(),
-        go = go.display()
-    );
-    service
-        .start(&world.request(&first, "parent", &parent))
-        .unwrap();
-    wait_for("the parent's step 1", || told.exists());
-    let parent_folder = PathBuf::from(std::fs::read_to_string(&told).unwrap().trim());
+    let (world, events) = (World::new(), Events::default());
+    let mut service = connect_all(&world, &events, [&first, &second]);
+    let (parent_folder, go) = start_parent_at_step_one(&world, &mut service, &first, "state");
     let trials = parent_folder
         .parent()
         .unwrap()
@@ -1214,38 +1240,12 @@ fn a_successor_starts_from_its_parents_checkpoint_as_it_was_when_it_was_created(
 /// (`delete_snapshot`).
 #[test]
 fn a_successors_retry_starts_from_the_same_copy_as_its_first_attempt() {
-    let Some(first) = start_sshd(key_options()) else {
+    let Some((first, second)) = two_key_hosts() else {
         return;
     };
-    let second = start_sshd(key_options()).unwrap();
-    let world = World::new();
-    world.trust(&first);
-    world.trust(&second);
-    let events = Events::default();
-    let mut service = connect(
-        world.args(vec![key_machine(&first), key_machine(&second)]),
-        &events,
-        &agent_root(&first),
-    );
-    wait_for("both hosts connected", || {
-        service
-            .environments_now()
-            .is_ok_and(|e| e.len() == 2 && e.iter().all(|e| e.ready))
-    });
-    let (told, go) = (
-        world.dir.path().join("parent-ckpt"),
-        world.dir.path().join("go"),
-    );
-    let parent = format!(
-        "mkdir -p \"$KNOB_CHECKPOINT_DIR\" && echo step-1 > \"$KNOB_CHECKPOINT_DIR/state\" && echo \"$KNOB_CHECKPOINT_DIR\" > {told}.tmp && mv {told}.tmp {told} && echo KNOB_INTERMEDIATE 1 && for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done && echo step-2 > \"$KNOB_CHECKPOINT_DIR/state\" && echo KNOB_FINAL 2",
-        told = told.display(),
-        go = go.display()
-    );
-    service
-        .start(&world.request(&first, "parent", &parent))
-        .unwrap();
-    wait_for("the parent's step 1", || told.exists());
-    let parent_folder = PathBuf::from(std::fs::read_to_string(&told).unwrap().trim());
+    let (world, events) = (World::new(), Events::default());
+    let mut service = connect_all(&world, &events, [&first, &second]);
+    let (parent_folder, go) = start_parent_at_step_one(&world, &mut service, &first, "state");
     assert_eq!(
         TrainingService::snapshot_checkpoint(&mut service, "child", "parent"),
         Ok(true)
@@ -1355,28 +1355,9 @@ fn a_successor_under_another_service_gets_the_copy_brought_to_this_machine() {
     let Some(host) = start_sshd(key_options()) else {
         return;
     };
-    let world = World::new();
-    world.trust(&host);
-    let events = Events::default();
-    let mut service = connect(
-        world.args(vec![key_machine(&host)]),
-        &events,
-        &agent_root(&host),
-    );
-    let (told, go) = (
-        world.dir.path().join("parent-ckpt"),
-        world.dir.path().join("go"),
-    );
-    let parent = format!(
-        "mkdir -p \"$KNOB_CHECKPOINT_DIR/sub\" && echo step-1 > \"$KNOB_CHECKPOINT_DIR/sub/state\" && echo \"$KNOB_CHECKPOINT_DIR\" > {told}.tmp && mv {told}.tmp {told} && echo KNOB_INTERMEDIATE 1 && for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done && echo step-2 > \"$KNOB_CHECKPOINT_DIR/sub/state\" && echo KNOB_FINAL 2",
-        told = told.display(),
-        go = go.display()
-    );
-    service
-        .start(&world.request(&host, "parent", &parent))
-        .unwrap();
-    wait_for("the parent's step 1", || told.exists());
-    let parent_folder = PathBuf::from(std::fs::read_to_string(&told).unwrap().trim());
+    let (world, events) = (World::new(), Events::default());
+    let mut service = connect_all(&world, &events, [&host]);
+    let (parent_folder, go) = start_parent_at_step_one(&world, &mut service, &host, "sub/state");
     let host_trials = parent_folder.parent().unwrap().parent().unwrap();
     assert_eq!(
         TrainingService::snapshot_checkpoint(&mut service, "child", "parent"),
