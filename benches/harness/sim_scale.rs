@@ -4,8 +4,9 @@
 //! peak memory is its own.
 //!
 //! Per size it prints: CPU per trial until the run ended, before the checks (the manager's thread,
-//! which also runs the simulated world, and the whole process, which adds the store's writer and
-//! SQLite), the same with the checks (which read the whole log back and replay it; what the
+//! that is its event loop's, which also runs the simulated world and the in-process services'
+//! side of each call, JSON included, which a plugin runs on a thread of its own; and the whole
+//! process, which adds the store's writer and SQLite), the same with the checks (which read the whole log back and replay it; what the
 //! bench reported before 2026-11-26), the store events of each kind, peak resident memory (when
 //! the run ended, and with the checks, which read the whole log back and replay it), store
 //! bytes and events per trial, the store's replay time, the longest batch of service events the
@@ -66,7 +67,7 @@ fn main() {
         rows.push((size, row));
     }
     println!();
-    println!("| trials | manager thread CPU µs/trial | process CPU µs/trial | × first | thread µs/trial with checks | peak RSS MiB (run / with checks) | store bytes/trial | store events/trial | replay s | max event batch | placement µs/decision |");
+    println!("| trials | manager (loop) thread CPU µs/trial | process CPU µs/trial | × first | thread µs/trial with checks | peak RSS MiB (run / with checks) | store bytes/trial | store events/trial | replay s | max event batch | placement µs/decision |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let base = rows.first().map(|(_, row)| row[0]).unwrap_or(1.0);
     let mut worst: f64 = 1.0;

@@ -21,8 +21,8 @@ use crate::abi::{
     TunerBox,
 };
 use crate::service::{
-    CheckedConfig, ConfigCheck, ConfigProblem, FieldPath, ServiceContext, ServiceEvent,
-    ServiceRequest, TrialRequest,
+    CheckedConfig, ConfigCheck, ConfigProblem, EnvironmentChanges, FieldPath, ServiceContext,
+    ServiceEvent, ServiceRequest, TrialRequest,
 };
 use crate::space::SearchSpace;
 use crate::ComponentKind;
@@ -411,15 +411,36 @@ pub trait Assessor: Send + 'static {
 
 /// Where a training service reports what happens; cheap to clone, usable from any thread.
 #[derive(Clone)]
-pub struct EventSink(Arc<EventSinkBox>);
+pub struct EventSink {
+    sink: Arc<EventSinkBox>,
+    /// The SDK's last answer about the service's environments (see
+    /// [`TrainingService::environment_changes`]), shared with the service's adaptor.
+    answered: Answered,
+}
 
 impl EventSink {
+    fn new(sink: EventSinkBox) -> EventSink {
+        EventSink {
+            sink: Arc::new(sink),
+            answered: Answered::default(),
+        }
+    }
+
     pub fn emit(&self, event: &ServiceEvent) {
+        // The host now holds this report, not the one the SDK answered last: the next answer
+        // sends the environment in full, whether or not it is the same as that one.
+        if let ServiceEvent::Environment { environment } = event {
+            if let Ok(mut answered) = self.answered.lock() {
+                if let Some(answered) = answered.as_mut() {
+                    answered.reports.remove(&environment.id);
+                }
+            }
+        }
         // Serializing our own enum cannot fail; fall back to a warning rather than panicking.
         let json = serde_json::to_string(event).unwrap_or_else(|e| {
             format!(r#"{{"type":"warning","message":"unserializable event: {e}"}}"#)
         });
-        self.0.emit(RStr::from_str(&json));
+        self.sink.emit(RStr::from_str(&json));
     }
 }
 
@@ -489,6 +510,22 @@ pub trait TrainingService: Send + 'static {
     /// The environments as they are now, each with its inventory (gpu-sched JSON); the host asks
     /// again while trials wait for resources, so report fresh numbers.
     fn environments(&mut self) -> Result<Vec<crate::service::Environment>, PluginError>;
+    /// The environments as they are now, in full only those whose report changed since this
+    /// service's answer of generation `since` (see [`EnvironmentChanges`]); what the host asks
+    /// every few seconds while trials wait (hosts from 2026-11-26 on). Implement it only when
+    /// the service knows what changed without building every report, and then answer every
+    /// time: `since` is always a generation this method gave, or `None`, and an unknown one
+    /// asks for every report in full; an environment whose report the service sent in a
+    /// [`ServiceEvent::Environment`] since counts as changed. The default, `Ok(None)`, leaves it to the SDK: it calls
+    /// [`TrainingService::environments`] and compares each report's JSON with the one it
+    /// answered last, so that only changed reports cross to the host.
+    fn environment_changes(
+        &mut self,
+        since: Option<u64>,
+    ) -> Result<Option<EnvironmentChanges>, PluginError> {
+        let _ = since;
+        Ok(None)
+    }
     /// Starts a trial; its start, metrics and end arrive later as events. An error that
     /// contains "the trial was not started" promises that nothing of it runs: the host then
     /// tries it again a few times (a host whose connection just dropped); any other error ends
@@ -850,6 +887,78 @@ struct TrainingServiceAdaptor<S> {
     inner: S,
     label: String,
     poisoned: bool,
+    /// The last answer to [`ServiceRequest::EnvironmentChanges`] the SDK worked out itself,
+    /// shared with the service's [`EventSink`].
+    answered: Answered,
+}
+
+/// See [`TrainingServiceAdaptor::answered`].
+type Answered = Arc<std::sync::Mutex<Option<AnsweredEnvironments>>>;
+
+/// An answer to [`ServiceRequest::EnvironmentChanges`]: its generation and each environment's
+/// report as it crossed to the host (JSON), by id.
+struct AnsweredEnvironments {
+    generation: u64,
+    reports: std::collections::HashMap<String, String>,
+}
+
+impl AnsweredEnvironments {
+    /// The answer to [`ServiceRequest::EnvironmentChanges`], as JSON: the service's own
+    /// ([`TrainingService::environment_changes`]), or else every report of
+    /// [`TrainingService::environments`] compared, as JSON text, with the one answered last
+    /// (the same text is the same report; a report written otherwise, in another key order
+    /// say, is only sent again). The reports that changed are written once and sent as
+    /// written.
+    fn answer<S: TrainingService>(
+        inner: &mut S,
+        answered: &Answered,
+        since: Option<u64>,
+    ) -> Result<String, PluginError> {
+        let json = |e: serde_json::Error| PluginError::new(e.to_string());
+        if let Some(changes) = inner.environment_changes(since)? {
+            return serde_json::to_string(&changes).map_err(json);
+        }
+        // Written before the lock is taken: the service's threads emit events meanwhile.
+        let environments: Vec<(String, String)> = inner
+            .environments()?
+            .into_iter()
+            .map(|environment| Ok((serde_json::to_string(&environment)?, environment.id)))
+            .collect::<Result<_, serde_json::Error>>()
+            .map_err(json)?;
+        let mut answered = answered
+            .lock()
+            .map_err(|_| PluginError::new("the SDK's last answer is unreadable after a panic"))?;
+        let previous = answered
+            .as_ref()
+            .filter(|answered| Some(answered.generation) == since)
+            .map(|answered| &answered.reports);
+        let generation = answered
+            .as_ref()
+            .map_or(1, |answered| answered.generation.wrapping_add(1));
+        let mut reports = std::collections::HashMap::with_capacity(environments.len());
+        let mut ids = Vec::with_capacity(environments.len());
+        let mut changed = String::from("[");
+        for (report, id) in environments {
+            if previous.and_then(|reports| reports.get(&id)) != Some(&report) {
+                if changed.len() > 1 {
+                    changed.push(',');
+                }
+                changed.push_str(&report);
+            }
+            ids.push(id.clone());
+            reports.insert(id, report);
+        }
+        changed.push(']');
+        let answer = format!(
+            r#"{{"generation":{generation},"ids":{},"changed":{changed}}}"#,
+            serde_json::to_string(&ids).map_err(json)?
+        );
+        *answered = Some(AnsweredEnvironments {
+            generation,
+            reports,
+        });
+        Ok(answer)
+    }
 }
 
 impl<S: TrainingService> TrainingServiceAbi for TrainingServiceAdaptor<S> {
@@ -907,7 +1016,7 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
     }
 
     fn request(&mut self, request_json: RStr<'_>) -> AbiResult<RString> {
-        let (inner, label) = (&mut self.inner, &self.label);
+        let (inner, label, answered) = (&mut self.inner, &self.label, &self.answered);
         guarded(label, "request", &mut self.poisoned, || {
             // A kind this build does not know (a newer host) is an error the host expects.
             let request: ServiceRequest =
@@ -917,6 +1026,9 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
                     ))
                 })?;
             let answer = match request {
+                ServiceRequest::EnvironmentChanges { since } => {
+                    return AnsweredEnvironments::answer(inner, answered, since).map(RString::from);
+                }
                 ServiceRequest::DeleteCheckpoint { trial_id } => {
                     inner.delete_checkpoint(&trial_id)?;
                     "null"
@@ -982,11 +1094,14 @@ pub(crate) fn in_process_training_service<S: TrainingService>(
     events: EventSinkBox,
     build: impl FnOnce(EventSink) -> Result<S, PluginError>,
 ) -> Result<TrainingServiceWithRequestsBox, PluginError> {
-    let inner = build(EventSink(Arc::new(events)))?;
+    let sink = EventSink::new(events);
+    let answered = sink.answered.clone();
+    let inner = build(sink)?;
     let adaptor = TrainingServiceAdaptor {
         inner,
         label: format!("training service {name}"),
         poisoned: false,
+        answered,
     };
     Ok(TrainingServiceWithRequestsAbi_TO::from_value(
         adaptor, TD_Opaque,
@@ -1153,11 +1268,13 @@ pub mod __private {
         context: &ServiceContext,
         events: EventSink,
     ) -> Result<TrainingServiceBox, PluginError> {
+        let answered = events.answered.clone();
         let inner = S::create(config, context, events)?;
         let adaptor = TrainingServiceAdaptor {
             inner,
             label: format!("training service {name}"),
             poisoned: false,
+            answered,
         };
         Ok(TrainingServiceAbi_TO::from_value(adaptor, TD_Opaque))
     }
@@ -1168,11 +1285,13 @@ pub mod __private {
         context: &ServiceContext,
         events: EventSink,
     ) -> Result<TrainingServiceWithRequestsBox, PluginError> {
+        let answered = events.answered.clone();
         let inner = S::create(config, context, events)?;
         let adaptor = TrainingServiceAdaptor {
             inner,
             label: format!("training service {name}"),
             poisoned: false,
+            answered,
         };
         Ok(TrainingServiceWithRequestsAbi_TO::from_value(
             adaptor, TD_Opaque,
@@ -1353,7 +1472,7 @@ pub mod __private {
         context: RStr<'_>,
         events: EventSinkBox,
     ) -> AbiResult<TrainingServiceBox> {
-        let sink = EventSink(Arc::new(events));
+        let sink = EventSink::new(events);
         construct(
             entries,
             ComponentKind::TrainingService,
@@ -1376,7 +1495,7 @@ pub mod __private {
         context: RStr<'_>,
         events: EventSinkBox,
     ) -> AbiResult<TrainingServiceWithRequestsBox> {
-        let sink = EventSink(Arc::new(events));
+        let sink = EventSink::new(events);
         construct(
             entries,
             ComponentKind::TrainingService,
@@ -1729,7 +1848,12 @@ mod tests {
             })
         }
         fn environments(&mut self) -> Result<Vec<crate::service::Environment>, PluginError> {
-            Ok(Vec::new())
+            Ok(vec![crate::service::Environment {
+                id: "box".into(),
+                host: "box".into(),
+                ready: true,
+                inventory: json!({ "gpus": 1 }),
+            }])
         }
         fn start_trial(&mut self, _request: TrialRequest) -> Result<(), PluginError> {
             Ok(())
@@ -1760,6 +1884,7 @@ mod tests {
                 inner: Service { snapshots },
                 label: "training service fixture".into(),
                 poisoned: false,
+                answered: Default::default(),
             };
             TrainingServiceWithRequestsAbi::request(&mut adaptor, RStr::from_str(request))
                 .into_result()
@@ -1780,5 +1905,32 @@ mod tests {
         assert!(crate::host::unknown_request(&later), "{later}");
         let failed = "training service fixture: the copy failed";
         assert!(!crate::host::unknown_request(failed));
+    }
+
+    #[test]
+    fn environment_changes_are_relative_to_the_last_answer_only() {
+        let mut adaptor = TrainingServiceAdaptor {
+            inner: Service { snapshots: false },
+            label: "training service fixture".into(),
+            poisoned: false,
+            answered: Default::default(),
+        };
+        let mut ask = |since: &str| {
+            let request = format!(r#"{{"type":"environment_changes","since":{since}}}"#);
+            let answer =
+                TrainingServiceWithRequestsAbi::request(&mut adaptor, RStr::from_str(&request))
+                    .into_result()
+                    .unwrap();
+            let answer: EnvironmentChanges = serde_json::from_str(answer.as_str()).unwrap();
+            (answer.generation, answer.ids, answer.changed.len())
+        };
+        let one = vec!["box".to_string()];
+        assert_eq!(ask("null"), (1, one.clone(), 1));
+        assert_eq!(ask("1"), (2, one.clone(), 0));
+        // Since an answer other than the last (one the host did not get, say): all in full.
+        assert_eq!(ask("1"), (3, one.clone(), 1));
+        assert_eq!(ask("7"), (4, one.clone(), 1));
+        assert_eq!(ask("null"), (5, one.clone(), 1));
+        assert_eq!(ask("5"), (6, one, 0));
     }
 }

@@ -204,6 +204,30 @@ pub enum ServiceRequest {
         donor: String,
         dest: std::path::PathBuf,
     },
+    /// The environments as they are now, like the `environments` call, but in full only those
+    /// whose report changed since the service's answer of generation `since` (`None`: the
+    /// first time). Asked in place of `environments` every few seconds while trials wait for
+    /// resources, so that the host reads and compares only what changed. Answered with an
+    /// [`EnvironmentChanges`]; a service built before this kind answers it with the usual
+    /// "unknown request" error, and the host then asks `environments` as before.
+    EnvironmentChanges { since: Option<u64> },
+}
+
+/// A service's answer to [`ServiceRequest::EnvironmentChanges`]: which environments it has, in
+/// its order, and the reports of those that changed. The SDK answers it for every service (it
+/// compares each report's JSON with the one it answered last,
+/// `TrainingService::environment_changes`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EnvironmentChanges {
+    /// Names this answer: the host asks for the changes since it the next time.
+    pub generation: u64,
+    /// Every environment the service has now, by id, in the order `environments` would list
+    /// them.
+    pub ids: Vec<String>,
+    /// In full, each environment of `ids` whose report is not the one the answer of generation
+    /// `since` gave: every one of them when `since` is `None` or not the service's last
+    /// answer. The others are reported as they were then.
+    pub changed: Vec<Environment>,
 }
 
 // ---------------------------------------------------------------------------------------------

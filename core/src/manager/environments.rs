@@ -24,11 +24,14 @@ struct EnvironmentRecord {
     why: Option<String>,
     /// It was ready at some time (a queued allocation is not, until its job runs).
     seen_ready: bool,
-    /// The service's last report, while the scheduler holds the environment as that report
-    /// left it (taken as reported, and not lost or forgotten since): the same report again
-    /// changes nothing and says nothing, so it is not read again (a re-probe, every few seconds
-    /// while trials wait, reports every environment of every service).
-    reported: Option<Environment>,
+    /// Its service's last report: read again when the service reports it unchanged
+    /// ([`Environments::report_same`]) while it is not `settled`.
+    last: Environment,
+    /// The scheduler holds the environment as `last` left it (taken as reported, saying
+    /// nothing, and not lost or forgotten since): the same report again changes nothing and
+    /// says nothing, so it is not read again (a re-probe, every few seconds while trials wait,
+    /// reports every environment of every service).
+    settled: bool,
 }
 
 /// A line about environments for the loop to record.
@@ -85,7 +88,7 @@ impl Environments {
             }
         }
         if self.records.get(&environment.id).is_some_and(|record| {
-            record.service == service && record.reported.as_ref() == Some(&environment)
+            record.service == service && record.settled && record.last == environment
         }) {
             return said;
         }
@@ -182,19 +185,45 @@ impl Environments {
             _ => {}
         }
         // Taken as reported, saying nothing of it: the same report again would do the same.
-        let reported = (ready == environment.ready && said.is_empty()).then(|| environment.clone());
+        let settled = ready == environment.ready && said.is_empty();
         self.records.insert(
             id,
             EnvironmentRecord {
                 service,
-                host: environment.host,
+                host: environment.host.clone(),
                 ready,
                 why,
                 seen_ready: seen_ready || ready,
-                reported,
+                last: environment,
+                settled,
             },
         );
         said
+    }
+
+    /// A service reports environment `id` exactly as it did last
+    /// (`EnvironmentReport::Same`): as [`Environments::report`] of that report again, without
+    /// the service sending, nor the loop reading, the report again. Nothing to do while the
+    /// environment is settled (most of a re-probe's environments); its last report is read
+    /// again otherwise (lost, forgotten, or what it said last time may change).
+    pub fn report_same(&mut self, service: usize, id: &str) -> Vec<Said> {
+        match self.records.get(id) {
+            Some(record) if record.service == service && record.settled => Vec::new(),
+            Some(record) if record.service == service => {
+                let last = record.last.clone();
+                self.report(service, last)
+            }
+            // Another service's environment: refused again, as its full report was.
+            Some(record) => {
+                let (platform, owner) = (self.platform(service), self.platform(record.service));
+                vec![Said::Warning(format!(
+                    "training service {platform} reported environment {id}, which belongs to training service {owner}; ignored"
+                ))]
+            }
+            // A service reports an environment in full before it can report it unchanged; one
+            // never seen has no report to read.
+            None => Vec::new(),
+        }
     }
 
     /// Every environment registered, for `Command::Environments`.
@@ -220,7 +249,7 @@ impl Environments {
             return None;
         }
         record.ready = false;
-        record.reported = None;
+        record.settled = false;
         self.placer.remove(environment_id);
         Some(format!("environment {environment_id} lost: {reason}"))
     }
@@ -296,7 +325,7 @@ impl Environments {
     /// The scheduler forgets an environment no service owns.
     pub fn forget(&mut self, environment_id: &str) {
         if let Some(record) = self.records.get_mut(environment_id) {
-            record.reported = None;
+            record.settled = false;
         }
         self.placer.remove(environment_id);
     }
@@ -478,6 +507,64 @@ mod tests {
         assert_eq!(notices(envs.report(0, down())).len(), 1);
         assert_eq!(notices(envs.report(0, down())), Vec::<String>::new());
         assert_eq!(notices(envs.report(0, down())), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_environment_reported_unchanged_is_read_again_only_when_not_settled() {
+        let mut envs = environments(1);
+        let request = |id: &str| OwnRequest {
+            trial_id: id.into(),
+            memory_mib: None,
+            gpu_memory_mib: None,
+        };
+        let up = || reported("a", true, inventory("a", 1, None));
+        let down = || {
+            reported(
+                "a",
+                false,
+                inventory("a", 1, Some(EnvironmentStatus::Unavailable("gone".into()))),
+            )
+        };
+        envs.report(0, up());
+        assert!(matches!(
+            envs.place(&[request("t1")])[0],
+            Placement::Succeed { .. }
+        ));
+        // Unchanged while settled: nothing said, nothing for the scheduler.
+        let changes = envs.placer.changes();
+        assert_eq!(notices(envs.report_same(0, "a")), Vec::<String>::new());
+        assert_eq!(envs.placer.changes(), changes);
+        // A changed report is read.
+        assert_eq!(
+            notices(envs.report(0, down())),
+            ["notice: environment a (box) is not ready: gone; no new trial starts there until it is back"]
+        );
+        // The same again (its last report said something): read again, nothing more to say,
+        // still not ready.
+        assert_eq!(notices(envs.report_same(0, "a")), Vec::<String>::new());
+        assert!(!envs.views()[0].ready);
+        assert_eq!(
+            notices(envs.report(0, up())),
+            ["notice: environment a (box) is ready again"]
+        );
+        // Lost, then reported unchanged: its last report is read again, and it is taken back.
+        assert!(envs.lose("a", "host rebooted").is_some());
+        assert!(!envs.can_place());
+        assert_eq!(
+            notices(envs.report_same(0, "a")),
+            ["notice: environment a (box) is ready again"]
+        );
+        assert!(matches!(
+            envs.place(&[request("t2")])[0],
+            Placement::Succeed { .. }
+        ));
+        // Another service's environment is refused as its full report was; one never reported
+        // has nothing to read.
+        assert_eq!(
+            notices(envs.report_same(1, "a")),
+            ["warning: training service batch-queue reported environment a, which belongs to training service ssh-boxes; ignored"]
+        );
+        assert_eq!(envs.report_same(0, "never"), vec![]);
     }
 
     #[test]

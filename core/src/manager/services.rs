@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use knob_plugin_api::host::TrainingServiceHandle;
+use knob_plugin_api::host::{EnvironmentReport, TrainingServiceHandle};
 use knob_plugin_api::service::{Environment, ServiceContext, ServiceEvent};
 use tokio::sync::mpsc;
 
@@ -163,12 +163,13 @@ impl Manager {
     pub(super) async fn register_environments(&mut self) -> Result<(), ManagerError> {
         for index in 0..self.services.len() {
             let platform = self.services[index].platform.clone();
-            match self.services[index].handle.environments().get().await {
-                Ok(environments) => {
-                    for environment in environments {
-                        self.on_environment(index, environment).await?;
-                    }
-                }
+            match self.services[index]
+                .handle
+                .environment_reports()
+                .get()
+                .await
+            {
+                Ok(reports) => self.on_environment_reports(index, reports).await?,
                 // In hybrid mode the other services may still run the experiment; whether any
                 // environment is left is decided below, with this reason in the error.
                 Err(e) => {
@@ -198,15 +199,19 @@ impl Manager {
     }
 
     /// Asks every service again for its environments and their inventories (GPU memory and
-    /// processes, CPU, memory as they are now), for trials that wait for resources.
+    /// processes, CPU, memory as they are now), for trials that wait for resources. Each
+    /// service answers in full only the reports that changed since its last answer
+    /// (`EnvironmentReport`; the service's side compares them), so that a re-probe of
+    /// unchanged environments costs the loop a look-up each.
     pub(super) async fn refresh_environments(&mut self) -> Result<(), ManagerError> {
         for index in 0..self.services.len() {
-            match self.services[index].handle.environments().get().await {
-                Ok(environments) => {
-                    for environment in environments {
-                        self.on_environment(index, environment).await?;
-                    }
-                }
+            match self.services[index]
+                .handle
+                .environment_reports()
+                .get()
+                .await
+            {
+                Ok(reports) => self.on_environment_reports(index, reports).await?,
                 Err(e) => {
                     let platform = self.services[index].platform.clone();
                     self.warn(
@@ -222,6 +227,25 @@ impl Manager {
         Ok(())
     }
 
+    /// Registers a service's answer about its environments, in its order (see
+    /// [`Manager::on_environment`]).
+    async fn on_environment_reports(
+        &mut self,
+        service: usize,
+        reports: Vec<EnvironmentReport>,
+    ) -> Result<(), ManagerError> {
+        for report in reports {
+            let said = match report {
+                EnvironmentReport::Full(environment) => {
+                    self.environments.report(service, environment)
+                }
+                EnvironmentReport::Same(id) => self.environments.report_same(service, &id),
+            };
+            self.say(said).await?;
+        }
+        Ok(())
+    }
+
     /// Registers what a service says about one of its environments, and records and shows
     /// what changed.
     pub(super) async fn on_environment(
@@ -229,7 +253,13 @@ impl Manager {
         service: usize,
         environment: Environment,
     ) -> Result<(), ManagerError> {
-        for said in self.environments.report(service, environment) {
+        let said = self.environments.report(service, environment);
+        self.say(said).await
+    }
+
+    /// Records and shows what [`super::environments::Environments`] said.
+    async fn say(&mut self, said: Vec<Said>) -> Result<(), ManagerError> {
+        for said in said {
             match said {
                 Said::Notice(message) => self.notice(message).await?,
                 Said::Warning(message) => self.warn(None, message).await?,

@@ -15,7 +15,7 @@ use knob_plugin_api::host::{
     in_process, AssessorHandle, HostError, TrainingServiceHandle, TunerHandle,
 };
 use knob_plugin_api::service::{
-    Environment, MetricKind, ServiceContext, ServiceEvent, TrialRequest,
+    Environment, EnvironmentChanges, MetricKind, ServiceContext, ServiceEvent, TrialRequest,
 };
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{
@@ -148,6 +148,11 @@ pub(super) struct World {
     /// not for each re-probe). A lost one's report is made when asked for: few are down at once,
     /// and a second copy of every report took 15 MiB more at 1 000 environments (`sim_scale`).
     reports: Vec<Environment>,
+    /// How many times an environment went down or came back, and the count at which each one
+    /// last did: the generations of the services' answers to the host's
+    /// `EnvironmentChanges` request (see [`World::environment_changes`]).
+    generation: u64,
+    changed_at: Vec<u64>,
     pub down_since: Vec<Option<Duration>>,
     /// (environment, GPU) -> the run holding it.
     holders: BTreeMap<(usize, u32), u64>,
@@ -183,6 +188,8 @@ impl World {
             reports: (0..environments)
                 .map(|index| report(&scenario, index, true))
                 .collect(),
+            generation: 0,
+            changed_at: vec![0; environments],
             down_since: vec![None; environments],
             holders: BTreeMap::new(),
             runs: BTreeMap::new(),
@@ -361,6 +368,8 @@ impl World {
                     return;
                 }
                 self.environment_up[environment] = false;
+                self.generation += 1;
+                self.changed_at[environment] = self.generation;
                 self.down_since[environment] = Some(self.now());
                 let mut lost: Vec<u64> = self
                     .live
@@ -405,6 +414,8 @@ impl World {
                     return;
                 }
                 self.environment_up[environment] = true;
+                self.generation += 1;
+                self.changed_at[environment] = self.generation;
                 self.down_since[environment] = None;
                 let inventory = self.environment(environment);
                 self.emit(
@@ -459,6 +470,30 @@ impl World {
         } else {
             report(&self.scenario, index, false)
         }
+    }
+
+    /// `service`'s answer to the host's `EnvironmentChanges` request: the ids of its
+    /// environments, and in full those that went down or came back after generation `since`
+    /// (every one when `since` is `None`, or not a generation given yet). A simulated
+    /// inventory changes only then, and each such change is also sent as an event, as the
+    /// SDK asks; a real service that cannot tell what changed gets the SDK's comparison of
+    /// every report instead, on its own thread.
+    pub fn environment_changes(&self, service: usize, since: Option<u64>) -> EnvironmentChanges {
+        let since = since.filter(|&since| since <= self.generation);
+        let mut changes = EnvironmentChanges {
+            generation: self.generation,
+            ..Default::default()
+        };
+        for index in 0..self.scenario.environments as usize {
+            if self.service_of(index) != service {
+                continue;
+            }
+            changes.ids.push(env_id(index));
+            if since.is_none_or(|since| self.changed_at[index] > since) {
+                changes.changed.push(self.environment(index));
+            }
+        }
+        changes
     }
 
     /// `service` is asked to start a trial: the run is planned, or (`p_start_fail`) the
@@ -772,6 +807,15 @@ impl TrainingService for SimService {
             .filter(|&index| world.service_of(index) == self.service)
             .map(|index| world.environment(index))
             .collect())
+    }
+
+    fn environment_changes(
+        &mut self,
+        since: Option<u64>,
+    ) -> Result<Option<EnvironmentChanges>, PluginError> {
+        Ok(Some(
+            self.world.lock().environment_changes(self.service, since),
+        ))
     }
 
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {

@@ -76,9 +76,106 @@ pub fn training_service<S: TrainingService>(
         }
     })?;
     let label = format!("training service {name}");
-    let object = TrainingServiceObject {
-        raw: ServiceRaw::WithRequests(raw),
-        label: label.clone(),
-    };
+    let object = TrainingServiceObject::new(ServiceRaw::WithRequests(raw), label.clone());
     Ok(TrainingServiceHandle(PluginThread::inline(label, object)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::host::EnvironmentReport;
+    use crate::service::{Environment, TrialRequest};
+
+    /// A service whose environments the test sets, with the SDK's comparison (no
+    /// `environment_changes` of its own).
+    struct Boxes {
+        environments: Arc<Mutex<Vec<Environment>>>,
+    }
+
+    impl TrainingService for Boxes {
+        fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
+            Ok(self.environments.lock().unwrap().clone())
+        }
+        fn start_trial(&mut self, _request: TrialRequest) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn kill_trial(&mut self, _trial_id: &str, _reason: &str) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn shutdown(&mut self) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    fn environment(id: &str, ready: bool, free_gpus: u64) -> Environment {
+        Environment {
+            id: id.into(),
+            host: format!("host-{id}"),
+            ready,
+            inventory: json!({ "gpus": free_gpus, "memory": { "free": 1024 } }),
+        }
+    }
+
+    /// Each report as `full <id> <ready>` or `same <id>`.
+    fn shown(reports: Vec<EnvironmentReport>) -> Vec<String> {
+        reports
+            .into_iter()
+            .map(|report| match report {
+                EnvironmentReport::Full(e) => format!("full {} {}", e.id, e.ready),
+                EnvironmentReport::Same(id) => format!("same {id}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_changed_environments_are_sent_again_in_full() {
+        let environments = Arc::new(Mutex::new(vec![
+            environment("a", true, 2),
+            environment("b", true, 2),
+            environment("c", true, 2),
+        ]));
+        let sink = Arc::new(Mutex::new(None::<EventSink>));
+        let (shared, kept) = (environments.clone(), sink.clone());
+        let handle = training_service(
+            "boxes",
+            |_event: Result<ServiceEvent, String>| {},
+            move |events| {
+                *kept.lock().unwrap() = Some(events);
+                Ok(Boxes {
+                    environments: shared,
+                })
+            },
+        )
+        .unwrap();
+        let ask = || shown(handle.environment_reports().wait().unwrap());
+        // The first answer has every report in full; the same again has none.
+        assert_eq!(ask(), ["full a true", "full b true", "full c true"]);
+        assert_eq!(ask(), ["same a", "same b", "same c"]);
+        // A GPU taken outside knob, a host lost, a host added: each of these in full, in the
+        // service's order; one gone is no longer listed.
+        {
+            let mut environments = environments.lock().unwrap();
+            environments[0].inventory["gpus"] = Value::from(1);
+            environments[2].ready = false;
+            environments.push(environment("d", true, 2));
+        }
+        assert_eq!(
+            ask(),
+            ["full a true", "same b", "full c false", "full d true"]
+        );
+        environments.lock().unwrap().remove(1);
+        assert_eq!(ask(), ["same a", "same c", "same d"]);
+        // A report the service sent as an event since replaces the one answered: sent in full
+        // again, though it is the same as that one.
+        let event = ServiceEvent::Environment {
+            environment: environment("d", false, 0),
+        };
+        sink.lock().unwrap().as_ref().unwrap().emit(&event);
+        assert_eq!(ask(), ["same a", "same c", "full d true"]);
+        assert_eq!(ask(), ["same a", "same c", "same d"]);
+    }
 }

@@ -21,8 +21,8 @@ pub use nni_names::{nni_algorithm, NniAlgorithm, NNI_ALGORITHMS};
 pub(crate) use objects::unknown_request;
 use objects::PluginThread;
 pub use objects::{
-    AssessorHandle, AssessorObject, Reply, TrainingServiceHandle, TrainingServiceObject,
-    TunerHandle, TunerObject,
+    AssessorHandle, AssessorObject, EnvironmentReport, Reply, TrainingServiceHandle,
+    TrainingServiceObject, TunerHandle, TunerObject,
 };
 
 use std::collections::{BTreeMap, HashMap};
@@ -1079,10 +1079,7 @@ fn service_handle(
 /// A training service's object on a thread of its own.
 fn service_thread(exact: &str, raw: objects::ServiceRaw) -> TrainingServiceHandle {
     let label = format!("training service {exact}");
-    let object = TrainingServiceObject {
-        raw,
-        label: label.clone(),
-    };
+    let object = TrainingServiceObject::new(raw, label.clone());
     TrainingServiceHandle(PluginThread::spawn(label, object))
 }
 

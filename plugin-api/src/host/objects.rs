@@ -290,9 +290,94 @@ pub(super) enum ServiceRaw {
 pub struct TrainingServiceObject {
     pub(super) raw: ServiceRaw,
     pub(super) label: String,
+    /// The generation of the service's last answer to
+    /// [`TrainingServiceObject::environment_reports`], which its next answer is relative to;
+    /// `None` before the first or after a failed one.
+    answered: Option<u64>,
+    /// The service does not answer [`ServiceRequest::EnvironmentChanges`] (built before it):
+    /// it is asked `environments` instead, without asking it first each time.
+    whole_lists: bool,
+}
+
+/// One environment of a service's answer to [`TrainingServiceObject::environment_reports`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvironmentReport {
+    /// Its report in full: new or changed since the previous answer (or from a service that
+    /// sends every report every time, which may be the same as before).
+    Full(Environment),
+    /// Its id: the service reports it exactly as in its previous answer to
+    /// `environment_reports`.
+    Same(String),
 }
 
 impl TrainingServiceObject {
+    pub(super) fn new(raw: ServiceRaw, label: String) -> TrainingServiceObject {
+        TrainingServiceObject {
+            raw,
+            label,
+            answered: None,
+            whole_lists: false,
+        }
+    }
+
+    /// Every environment the service has now, in its order: in full those whose report
+    /// changed since this object's previous answer (every one the first time), by id the
+    /// others. What the host asks while trials wait, every few seconds: the service compares
+    /// (the SDK does, on the service's side, [`ServiceRequest::EnvironmentChanges`]), so that
+    /// only what changed is read and handed on. A service built before that request answers
+    /// with its whole list, each report in full.
+    pub fn environment_reports(&mut self) -> Result<Vec<EnvironmentReport>, HostError> {
+        let answer = match &mut self.raw {
+            ServiceRaw::WithRequests(raw) if !self.whole_lists => {
+                let request = serde_json::to_string(&ServiceRequest::EnvironmentChanges {
+                    since: self.answered.take(),
+                })
+                .map_err(|e| HostError::Call {
+                    message: e.to_string(),
+                })?;
+                match raw.request(RStr::from_str(&request)).into_result() {
+                    Ok(answer) => Some(answer),
+                    Err(message) if unknown_request(message.as_str()) => None,
+                    Err(message) => {
+                        return Err(HostError::Call {
+                            message: failed_in(&self.label, "environments", message.as_str()),
+                        })
+                    }
+                }
+            }
+            _ => None,
+        };
+        let Some(answer) = answer else {
+            self.whole_lists = true;
+            let environments = self.environments()?;
+            return Ok(environments
+                .into_iter()
+                .map(EnvironmentReport::Full)
+                .collect());
+        };
+        let changes: crate::service::EnvironmentChanges = serde_json::from_str(answer.as_str())
+            .map_err(|e| HostError::Call {
+                message: format!("{} described its environments in bad JSON: {e}", self.label),
+            })?;
+        let mut changed: std::collections::HashMap<String, Environment> = changes
+            .changed
+            .into_iter()
+            .map(|environment| (environment.id.clone(), environment))
+            .collect();
+        let mut reports: Vec<EnvironmentReport> = changes
+            .ids
+            .into_iter()
+            .map(|id| match changed.remove(&id) {
+                Some(environment) => EnvironmentReport::Full(environment),
+                None => EnvironmentReport::Same(id),
+            })
+            .collect();
+        // A report sent in full without its id in the list is still a report.
+        reports.extend(changed.into_values().map(EnvironmentReport::Full));
+        self.answered = Some(changes.generation);
+        Ok(reports)
+    }
+
     pub fn environments(&mut self) -> Result<Vec<Environment>, HostError> {
         let raw = match &mut self.raw {
             ServiceRaw::Plain(raw) => raw.environments(),
@@ -620,6 +705,10 @@ impl TrainingServiceHandle {
     }
     pub fn environments(&self) -> Reply<Vec<Environment>> {
         self.0.call(|s| s.environments())
+    }
+    /// See [`TrainingServiceObject::environment_reports`].
+    pub fn environment_reports(&self) -> Reply<Vec<EnvironmentReport>> {
+        self.0.call(|s| s.environment_reports())
     }
     pub fn start_trial(&self, request: TrialRequest) -> Reply<()> {
         self.0.call(move |s| s.start_trial(&request))
