@@ -41,7 +41,8 @@ pub const CONFIG_SOURCE_FILE: &str = "config-source";
 
 /// What knob makes at the top of an experiment's folder, and so all that `delete` removes:
 /// anything else was put there by someone else and is left (and listed). Trials write only
-/// inside `trials/<trial id>/`.
+/// inside `trials/<trial id>/`, and into `.knob-python/`, which their training service shares
+/// between them.
 pub const OWNED_ENTRIES: &[&str] = &[
     MARKER_FILE_NAME,
     crate::store::DB_FILE_NAME,
@@ -51,6 +52,9 @@ pub const OWNED_ENTRIES: &[&str] = &[
     "experiment.db.writer-lock",
     CONFIG_SOURCE_FILE,
     "trials",
+    // The Python folder (`knob_trial`, the `nni` shim) that the built-in training services write
+    // once for all the experiment's trials on this machine (training-services' `trial_python`).
+    ".knob-python",
     // NNI's dispatcher (`nni_dispatch`): its logs and its algorithm's checkpoints, as NNI lays
     // them out.
     "log",

@@ -8,8 +8,8 @@ so that importing it costs next to nothing (`benches/harness/trial_import.sh`).
         knob_trial.report_intermediate(train_one_epoch(params["lr"]))
     knob_trial.report_final({"default": evaluate(), "epochs": 10})
 
-knob writes this same file into every trial's `.knob-python/` folder and puts that folder on the
-trial's PYTHONPATH, so `import knob_trial` works in a trial whether or not the wheel is installed
+knob writes this same file into a folder under the experiment's `.knob-python/` and puts that
+folder on every trial's PYTHONPATH, so `import knob_trial` works in a trial whether or not the wheel is installed
 in the trial's Python, and always matches the knob that runs the trial.
 
 Outside a knob trial (a script run by hand), `get_parameters()` returns `{}` and the reports go

@@ -1,8 +1,8 @@
 """knob's `nni` shim: an unchanged `import nni` trial script runs without nni installed.
 
-knob writes this file, with `knob_trial.py` beside it, into every trial's `.knob-python/` folder
-and puts that folder first on the trial's PYTHONPATH (unless the config says `nniShim: false`).
-With `nniShim: true` (`KNOB_NNI_SHIM=1`) `import nni` always gives this module. Otherwise it gives
+knob writes this file, with `knob_trial.py` beside it, into a folder under the experiment's
+`.knob-python/` and puts that folder first on each trial's PYTHONPATH (unless the config says
+`nniShim: false`). With `nniShim: true` (`KNOB_NNI_SHIM=1`) `import nni` always gives this module. Otherwise it gives
 the real nni wherever the trial's Python has one (the real module is loaded in this one's place,
 so nni 3.0 and 2.x keep their own channels), and this module only where it has none.
 

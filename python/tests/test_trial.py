@@ -129,7 +129,8 @@ def test_outside_a_trial_it_warns_once_and_prints(tmp_path: Path, knob_trial_dir
 
 
 def shim_folder(tmp_path: Path, knob_trial_dir: Path) -> Path:
-    """The folder knob's runner writes into a trial (trial_python.rs): nni.py and knob_trial.py."""
+    """The folder knob's runner writes for an experiment's trials (trial_python.rs): nni.py and
+    knob_trial.py."""
     folder = tmp_path / ".knob-python"
     folder.mkdir()
     (folder / "nni.py").write_text(SHIM.read_text())

@@ -221,7 +221,7 @@ pub fn start_trial(
         request.parameter_label.as_deref(),
         &request.parameters,
     );
-    let stderr = prepare_directory(&paths, request, &parameter_record)?;
+    let (stderr, python_folder) = prepare_directory(&paths, request, &parameter_record)?;
     let stdout_file = File::create(&paths.stdout).map_err(|e| dir_error(&paths.stdout, e))?;
 
     let recorder = TrialRecorder::watching_checkpoints(
@@ -234,7 +234,7 @@ pub fn start_trial(
         .register(&env_id, recorder.clone(), parameter_record);
     let channel_url = host.channels.url_for(&env_id, &trial_id);
     let mark = new_trial_run_mark();
-    let mut env = trial_environment(host, request, &paths, channel_url);
+    let mut env = trial_environment(host, request, &paths, &python_folder, channel_url);
     env.push((TRIAL_RUN_ENV.to_string(), mark.clone().into()));
     let has_gpus = request
         .gpu_indices
@@ -326,12 +326,14 @@ pub fn start_trial(
     })
 }
 
-/// Creates the trial's directory and protocol files, and returns its stderr file.
+/// Creates the trial's directory and protocol files, and returns its stderr file and the folder
+/// to put first on its PYTHONPATH (shared with the experiment's other trials on this host,
+/// written by the first of them).
 fn prepare_directory(
     paths: &TrialPaths,
     request: &TrialRequest,
     parameter_record: &str,
-) -> Result<File, TrialError> {
+) -> Result<(File, PathBuf), TrialError> {
     let fail = |path: &Path, source| TrialError::TrialDirectory {
         trial_id: request.trial_id.clone(),
         path: path.to_path_buf(),
@@ -346,9 +348,11 @@ fn prepare_directory(
     // Created empty before the trial starts, so that they exist to be watched once it runs.
     write(&paths.knob_metrics, "")?;
     write(&paths.nni_metrics, "")?;
-    trial_python::write_folder(&paths.dir, trial_python::shim_wanted(&request.env))
-        .map_err(|e| fail(&paths.dir.join(trial_python::FOLDER_NAME), e))?;
-    File::create(&paths.stderr).map_err(|e| fail(&paths.stderr, e))
+    let python_folder =
+        trial_python::shared_folder(&paths.dir, trial_python::shim_wanted(&request.env))
+            .map_err(|(folder, e)| fail(&folder, e))?;
+    let stderr = File::create(&paths.stderr).map_err(|e| fail(&paths.stderr, e))?;
+    Ok((stderr, python_folder))
 }
 
 /// The variables the trial gets on top of knob's own environment. Later entries win, so the
@@ -357,6 +361,7 @@ fn trial_environment(
     host: &TrialHost,
     request: &TrialRequest,
     paths: &TrialPaths,
+    python_folder: &Path,
     channel_url: String,
 ) -> Vec<(String, OsString)> {
     let mut env: Vec<(String, OsString)> = request
@@ -400,10 +405,7 @@ fn trial_environment(
         .or_else(|| std::env::var_os("PYTHONPATH"));
     set(
         "PYTHONPATH",
-        trial_python::python_path(
-            &paths.dir.join(trial_python::FOLDER_NAME),
-            inherited_python_path,
-        ),
+        trial_python::python_path(python_folder, inherited_python_path),
     );
     if let Some(gpus) = &request.gpu_indices {
         let list: Vec<String> = gpus.iter().map(u32::to_string).collect();

@@ -61,7 +61,6 @@ pub async fn serve_catalog(
             experiments: Mutex::new(HashMap::new()),
         }),
     };
-    super::web::prepare_in_background();
     let app = Router::new()
         .route(
             ROUTES[0],

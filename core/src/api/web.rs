@@ -1,13 +1,12 @@
-//! The dashboard: static files from `web/`, compiled into the binary (no build step).
+//! The dashboard: static files from `web/`, compiled into the binary.
 //!
-//! Each file is gzipped once per process (not once a request: ECharts alone is 1 MB, tens of
-//! milliseconds of CPU that a page load would otherwise wait for) and carries an `ETag` of its
-//! content, so a browser that has it revalidates in one 304 and reuses its copy, including the
-//! compiled code Chromium caches for scripts it saw before.
+//! Each file is gzipped at build time (`core/build.rs`: not once a request, since ECharts alone
+//! is 1 MB, tens of milliseconds of CPU that a page load would otherwise wait for, nor once a
+//! process, which every `knob create` paid at its start beside its first trials) and carries
+//! an `ETag` of its content, so a browser that has it revalidates in one 304 and reuses its
+//! copy, including the compiled code Chromium caches for scripts it saw before.
 
-use std::io::Write;
-use std::sync::OnceLock;
-
+use axum::body::Bytes;
 use axum::extract::Path;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -16,61 +15,22 @@ use axum::Router;
 
 use super::ApiState;
 
-/// A dashboard file: its name, content type and content.
+/// A dashboard file: its name, content type, content, gzipped content and `ETag`.
 struct Asset {
     name: &'static str,
     content_type: &'static str,
     content: &'static str,
+    gzip: &'static [u8],
+    etag: &'static str,
 }
 
-/// What is computed once per file: its `ETag` and its gzipped bytes.
-struct Prepared {
-    etag: String,
-    gzip: Vec<u8>,
-}
-
-/// Every dashboard file.
-const ASSETS: &[Asset] = &[
-    Asset {
-        name: "index.html",
-        content_type: "text/html; charset=utf-8",
-        content: include_str!("../../../web/index.html"),
-    },
-    Asset {
-        name: "app.js",
-        content_type: "text/javascript; charset=utf-8",
-        content: include_str!("../../../web/app.js"),
-    },
-    Asset {
-        name: "list.html",
-        content_type: "text/html; charset=utf-8",
-        content: include_str!("../../../web/list.html"),
-    },
-    Asset {
-        name: "list.js",
-        content_type: "text/javascript; charset=utf-8",
-        content: include_str!("../../../web/list.js"),
-    },
-    Asset {
-        name: "style.css",
-        content_type: "text/css; charset=utf-8",
-        content: include_str!("../../../web/style.css"),
-    },
-    Asset {
-        name: "echarts.min.js",
-        content_type: "text/javascript; charset=utf-8",
-        content: include_str!("../../../web/vendor/echarts.min.js"),
-    },
-];
-
-/// One slot per entry of [`ASSETS`], filled on first use.
-static PREPARED: [OnceLock<Prepared>; ASSETS.len()] = [const { OnceLock::new() }; ASSETS.len()];
+/// Every dashboard file, as `build.rs` lists and compresses them.
+const ASSETS: &[Asset] = include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 
 /// The dashboard's paths, all served with GET only.
 pub(super) const ROUTES: [&str; 2] = ["/", "/assets/{name}"];
 
 pub(super) fn routes() -> Router<ApiState> {
-    prepare_in_background();
     Router::new()
         .route(
             ROUTES[0],
@@ -82,45 +42,6 @@ pub(super) fn routes() -> Router<ApiState> {
                 asset(&name, &headers)
             }),
         )
-}
-
-/// Compresses every file on a thread of its own when a server starts, so the first page load
-/// finds them ready (a request that comes first waits for its file only).
-pub(super) fn prepare_in_background() {
-    if PREPARED.iter().all(|slot| slot.get().is_some()) {
-        return;
-    }
-    let _ = std::thread::Builder::new()
-        .name("knob-web-gzip".to_string())
-        .spawn(|| {
-            for index in 0..ASSETS.len() {
-                prepared(index);
-            }
-        });
-}
-
-fn prepared(index: usize) -> &'static Prepared {
-    PREPARED[index].get_or_init(|| {
-        let content = ASSETS[index].content.as_bytes();
-        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        // Writing into a Vec cannot fail.
-        let gzip = encoder
-            .write_all(content)
-            .and_then(|()| encoder.finish())
-            .unwrap_or_default();
-        Prepared {
-            etag: format!("\"{:016x}-{:x}\"", fnv1a(content), content.len()),
-            gzip,
-        }
-    })
-}
-
-/// FNV-1a, 64 bits: an `ETag` needs a hash that is the same in every process serving the same
-/// file, which the standard library's hashers do not promise.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// Whether `Accept-Encoding` allows gzip (`gzip` or `*`, not refused with `q=0`).
@@ -154,22 +75,20 @@ fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
 }
 
 pub(super) fn asset(name: &str, headers: &HeaderMap) -> Response {
-    let Some(index) = ASSETS.iter().position(|a| a.name == name) else {
+    let Some(asset) = ASSETS.iter().find(|a| a.name == name) else {
         return (StatusCode::NOT_FOUND, "no such file").into_response();
     };
-    let asset = &ASSETS[index];
-    let prepared = prepared(index);
     // `no-cache`: the browser asks every time (a newer knob serves newer files under the same
     // names), and the ETag makes the asking cheap.
     let common = [
         (header::CACHE_CONTROL, "no-cache"),
-        (header::ETAG, prepared.etag.as_str()),
+        (header::ETAG, asset.etag),
         (header::VARY, "Accept-Encoding"),
     ];
-    if not_modified(headers, &prepared.etag) {
+    if not_modified(headers, asset.etag) {
         return (StatusCode::NOT_MODIFIED, common).into_response();
     }
-    if accepts_gzip(headers) && !prepared.gzip.is_empty() {
+    if accepts_gzip(headers) {
         // The compression layer leaves a response that already has a Content-Encoding alone.
         (
             common,
@@ -177,7 +96,7 @@ pub(super) fn asset(name: &str, headers: &HeaderMap) -> Response {
                 (header::CONTENT_TYPE, asset.content_type),
                 (header::CONTENT_ENCODING, "gzip"),
             ],
-            prepared.gzip.clone(),
+            Bytes::from_static(asset.gzip),
         )
             .into_response()
     } else {
@@ -247,6 +166,19 @@ mod tests {
         let stale = asset("app.js", &headers(&[(header::IF_NONE_MATCH, "\"other\"")]));
         assert_eq!(stale.status(), StatusCode::OK);
 
+        // Every file's gzipped bytes are its content; each has its own tag.
+        for file in ASSETS {
+            let mut unzipped = String::new();
+            flate2::read::GzDecoder::new(file.gzip)
+                .read_to_string(&mut unzipped)
+                .unwrap();
+            assert!(unzipped == file.content, "{}", file.name);
+            assert!(file.etag.ends_with(&format!("-{:x}\"", file.content.len())));
+        }
+        let mut tags: Vec<&str> = ASSETS.iter().map(|a| a.etag).collect();
+        tags.sort_unstable();
+        tags.dedup();
+        assert_eq!(tags.len(), ASSETS.len());
         // Another file, another tag.
         let css = asset("style.css", &HeaderMap::new());
         assert_ne!(css.headers()[header::ETAG], etag.as_str());

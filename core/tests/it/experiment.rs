@@ -166,6 +166,11 @@ fn delete_removes_what_knob_made_and_lists_the_rest() {
     let (experiment, store) = experiment::create(config_in(&work), Some("e"), &registry).unwrap();
     drop(store);
     std::fs::create_dir_all(experiment.dir.join("trials/T1")).unwrap();
+    let python = experiment
+        .dir
+        .join(".knob-python/knob-nni-0123456789abcdef");
+    std::fs::create_dir_all(&python).unwrap();
+    std::fs::write(python.join("nni.py"), "").unwrap();
     assert!(experiment::remove_experiment_folder(&experiment.dir)
         .unwrap()
         .is_empty());

@@ -122,3 +122,61 @@ fn runner_watches_metric_files_of_a_trial_that_runs_on() {
     assert_eq!(ending(&trial).0, Some(0));
     finished_rx.recv_timeout(WAIT).unwrap();
 }
+
+/// The trials of one experiment import `knob_trial` and the `nni` shim from one folder beside
+/// their `trials/` folder, written by the first of them; none gets a copy in its own folder.
+#[test]
+fn the_trials_of_an_experiment_import_knob_trial_and_the_shim_from_one_shared_folder() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let events = Events::default();
+    let host = Arc::new(TrialHost {
+        platform: "local".into(),
+        grace_period: Duration::from_millis(500),
+        channels: Arc::new(ChannelServer::start(runtime.handle()).unwrap()),
+        watcher: Arc::new(FileWatcher::polling("test")),
+        emit: events.emitter(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let experiment = dir.path().join("experiment");
+    // Where each module came from, then a final through knob's trial API.
+    let command = r#"python3 -c '
+import os, knob_trial, nni
+with open(os.path.join(os.environ["KNOB_TRIAL_DIR"], "imported"), "w") as f:
+    f.write(os.path.dirname(knob_trial.__file__) + "\n" + os.path.dirname(nni.__file__))
+knob_trial.report_final(0.5)
+'"#;
+    let mut imported = Vec::new();
+    for trial_id in ["a", "b"] {
+        let trial_dir = experiment.join("trials").join(trial_id);
+        let mut request = request(dir.path(), &trial_dir, trial_id, command);
+        // The shim even where this machine's python3 has a real nni.
+        request.env.insert("KNOB_NNI_SHIM".into(), "1".into());
+        let _handle = start_trial(
+            &host,
+            runtime.handle(),
+            &request,
+            Box::new(|| {}),
+            Box::new(|| {}),
+        )
+        .unwrap();
+        let trial = events.wait_ended(trial_id);
+        assert_eq!(ending(&trial).0, Some(0), "{trial:?}");
+        assert_eq!(metrics(&trial), [(MetricKind::Final, 0, "0.5".into())]);
+        assert!(!trial_dir.join(".knob-python").exists());
+        imported.push(std::fs::read_to_string(trial_dir.join("imported")).unwrap());
+    }
+    let folders: Vec<_> = std::fs::read_dir(experiment.join(".knob-python"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(folders.len(), 1, "{folders:?}");
+    let folder = folders[0].to_str().unwrap();
+    assert_eq!(
+        imported,
+        [format!("{folder}\n{folder}"), format!("{folder}\n{folder}")]
+    );
+}
