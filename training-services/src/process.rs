@@ -85,10 +85,14 @@ pub struct TrialTree {
     not_before: BeforeSpawn,
 }
 
-/// How often, and how far apart, [`TrialTree`]'s scan reads again an environment that read
-/// empty (a process in the middle of execve(2)): an exec's window is well under a millisecond.
-const MID_EXEC_REREADS: usize = 20;
-const MID_EXEC_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
+/// How long, at most, [`TrialTree`]'s scan reads again an environment that read empty (a
+/// process in the middle of execve(2)), and its first pause between reads, doubled after each
+/// up to [`MID_EXEC_LONGEST_PAUSE`]. An exec's window is well under a millisecond of CPU, but a
+/// process that waits for a CPU stays in it: on a loaded machine (load 9 on 2 cores) a fixed
+/// 10 ms of re-reads missed one now and then. Doubling keeps the reads few.
+const MID_EXEC_PATIENCE: std::time::Duration = std::time::Duration::from_millis(150);
+const MID_EXEC_FIRST_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
+const MID_EXEC_LONGEST_PAUSE: std::time::Duration = std::time::Duration::from_millis(32);
 
 /// What a process's environment says about a trial's mark.
 enum Mark {
@@ -383,11 +387,12 @@ impl TrialTree {
         // Missed, it would never be signalled, and a scan that finds nothing after the
         // leader's exit is the last one. So it is read again until it shows one, for a bounded
         // time; a process that really has an empty environment (`env -i`) costs that time.
-        for _ in 0..MID_EXEC_REREADS {
-            if mid_exec.is_empty() {
-                break;
-            }
-            std::thread::sleep(MID_EXEC_PAUSE);
+        let mut pause = MID_EXEC_FIRST_PAUSE;
+        let mut waited = std::time::Duration::ZERO;
+        while !mid_exec.is_empty() && waited < MID_EXEC_PATIENCE {
+            std::thread::sleep(pause);
+            waited += pause;
+            pause = (pause * 2).min(MID_EXEC_LONGEST_PAUSE);
             mid_exec.retain(|&pid| {
                 // One that ended meanwhile shows an empty environment too.
                 let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
