@@ -11,21 +11,28 @@ use knob_training_services::tail::{self, FileWatcher};
 
 use crate::support::*;
 
-#[test]
-fn runner_reads_metric_files_live_without_change_notification() {
+/// A one-worker runtime and a `local` trial host on it that reports to `events` and watches
+/// metric files with `watcher`.
+fn local_host(events: &Events, watcher: FileWatcher) -> (tokio::runtime::Runtime, Arc<TrialHost>) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    let events = Events::default();
     let host = Arc::new(TrialHost {
         platform: "local".into(),
         grace_period: Duration::from_millis(500),
         channels: Arc::new(ChannelServer::start(runtime.handle()).unwrap()),
-        watcher: Arc::new(FileWatcher::polling("test")),
+        watcher: Arc::new(watcher),
         emit: events.emitter(),
     });
+    (runtime, host)
+}
+
+#[test]
+fn runner_reads_metric_files_live_without_change_notification() {
+    let events = Events::default();
+    let (runtime, host) = local_host(&events, FileWatcher::polling("test"));
     let dir = tempfile::tempdir().unwrap();
     let command = r#"
         echo "KNOB_INTERMEDIATE 1" >> "$KNOB_METRICS_FILE"
@@ -60,11 +67,6 @@ fn runner_reads_metric_files_live_without_change_notification() {
 
 #[test]
 fn runner_watches_metric_files_of_a_trial_that_runs_on() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let events = Events::default();
     let watcher = FileWatcher::new();
     assert_eq!(
@@ -72,13 +74,7 @@ fn runner_watches_metric_files_of_a_trial_that_runs_on() {
         None,
         "inotify is needed for this test"
     );
-    let host = Arc::new(TrialHost {
-        platform: "local".into(),
-        grace_period: Duration::from_millis(500),
-        channels: Arc::new(ChannelServer::start(runtime.handle()).unwrap()),
-        watcher: Arc::new(watcher),
-        emit: events.emitter(),
-    });
+    let (runtime, host) = local_host(&events, watcher);
     let dir = tempfile::tempdir().unwrap();
     // One metric at its start (read before the watches are added, or as they are), one each
     // time the test says go, after them: only a change notification brings those while the
@@ -127,19 +123,8 @@ fn runner_watches_metric_files_of_a_trial_that_runs_on() {
 /// their `trials/` folder, written by the first of them; none gets a copy in its own folder.
 #[test]
 fn the_trials_of_an_experiment_import_knob_trial_and_the_shim_from_one_shared_folder() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let events = Events::default();
-    let host = Arc::new(TrialHost {
-        platform: "local".into(),
-        grace_period: Duration::from_millis(500),
-        channels: Arc::new(ChannelServer::start(runtime.handle()).unwrap()),
-        watcher: Arc::new(FileWatcher::polling("test")),
-        emit: events.emitter(),
-    });
+    let (runtime, host) = local_host(&events, FileWatcher::polling("test"));
     let dir = tempfile::tempdir().unwrap();
     let experiment = dir.path().join("experiment");
     // Where each module came from, then a final through knob's trial API.
