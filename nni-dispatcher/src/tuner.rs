@@ -254,21 +254,21 @@ impl Tuner for DispatcherTuner {
         self.owed.push_back(parameter_id);
         let dispatcher = self.dispatcher.as_mut().expect("started");
         dispatcher.send("GE", "1")?;
-        dispatcher.wait_for(SUGGESTION_WAIT, |pending| {
-            pending.iter().any(|(code, _)| code == "TR" || code == "NO")
-        })?;
-        self.absorb()?;
-        // A TR pays the oldest owed id first, which may be an earlier deferred one.
-        while !self.ready.iter().any(|s| s.parameter_id == parameter_id)
-            && self.owed.contains(&parameter_id)
-        {
+        // A TR pays the oldest owed id first, which may be an earlier deferred one: wait on
+        // for this id's own. A NO ends the wait at once, the first answer included: the tuner
+        // has nothing now (NNI's PBTTuner until a generation's last result is in), and that
+        // result can only reach it once this call returns, so waiting on would hold the tuner
+        // thread for SUGGESTION_WAIT with the results queued behind it.
+        loop {
             let dispatcher = self.dispatcher.as_mut().expect("started");
             let answered = dispatcher.wait_for(SUGGESTION_WAIT, |pending| {
                 pending.iter().any(|(code, _)| code == "TR" || code == "NO")
             })?;
             let no_more = dispatcher.pending().iter().any(|(code, _)| code == "NO");
             self.absorb()?;
-            if !answered || no_more {
+            let paid_or_gone = self.ready.iter().any(|s| s.parameter_id == parameter_id)
+                || !self.owed.contains(&parameter_id);
+            if paid_or_gone || !answered || no_more {
                 break;
             }
         }
