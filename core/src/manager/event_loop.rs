@@ -401,7 +401,7 @@ impl Manager {
     /// `trialConcurrency` trials are active or no more may start; they wait for `fill` to
     /// place them.
     async fn submit_new(&mut self) -> Result<(), ManagerError> {
-        while let Some(emitted) = self.tuner.take_suggestion() {
+        while let Some(emitted) = self.tuner.take_suggestion().await? {
             let (parameter_id, parameters, label, lineage) = match emitted {
                 Emitted::Stop(stop) => {
                     self.stop_member(stop).await?;
@@ -467,7 +467,7 @@ impl Manager {
             Check::Fatal(message) => Err(ManagerError::TunerOutput(message)),
             Check::Dropped(warning) => {
                 self.warn(None, warning).await?;
-                self.tuner.tell_dropped(parameter_id).await?;
+                self.tuner.tell_dropped(parameter_id);
                 self.publish(None);
                 Ok(false)
             }
@@ -539,7 +539,8 @@ impl Manager {
         let trial = self.book.get_mut(trial_id).expect("ending a known trial");
         trial.reason = reason;
         let parameter_id = trial.parameter_id;
-        self.tuner.trial_ended(parameter_id, status).await?;
+        // Told, not waited for: `fill` takes its answer in (see `TunerDriver`).
+        self.tuner.trial_ended(parameter_id, status);
         if let Some(assessor) = &self.assessor {
             if let Err(e) = assessor
                 .trial_end(trial_id.to_string(), status.as_str().into())

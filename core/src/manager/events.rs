@@ -574,9 +574,9 @@ impl Manager {
                 let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
                 let outcome = trial.outcome.take();
                 self.book.offer_best(&trial_id, value);
+                // Told, not waited for: `fill` takes its answer in (see `TunerDriver`).
                 self.tuner
-                    .final_result(parameter_id, parameters, value, outcome)
-                    .await?;
+                    .final_result(parameter_id, parameters, value, outcome);
                 if let Some(assessor) = &self.assessor {
                     // As a verdict: an assessor that fails costs what it would have learnt.
                     if let Err(e) = assessor.trial_final(trial_id.clone(), value).get().await {

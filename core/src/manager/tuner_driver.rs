@@ -9,10 +9,18 @@
 //!
 //! It knows no store and no trial: the loop records what the driver reports, and creates the
 //! trials.
+//!
+//! A final result and an end are *told*: the call is queued on the tuner's thread and the loop
+//! goes on without waiting for its answer. The tuner takes its calls in order, so it sees the
+//! same sequence as if each had been waited for; their answers (what the tuner emitted in
+//! return, or its failure) are taken in before anything that reads what the tuner emitted or
+//! asks it something (`take_told`), which `fill` does first thing every turn. A trial's final
+//! result, its end and the next trial's parameters thus cost one wait for the tuner's thread
+//! instead of three.
 
 use std::collections::VecDeque;
 
-use knob_plugin_api::host::{HostError, TunerHandle};
+use knob_plugin_api::host::{HostError, Reply, TunerHandle};
 use knob_plugin_api::population::{read_suggestion, Emitted, Intermediate, Lineage};
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{Generated, ImportedTrial, Outcome, Suggestion};
@@ -66,6 +74,9 @@ pub(super) struct TunerDriver {
     /// Parameter sets refused and dropped (`tunerErrorPolicy: skip`), in all and in a row.
     dropped: u64,
     drops_in_a_row: u64,
+    /// Calls told and not waited for (final results and ends), oldest first: the answers to
+    /// take in before the tuner's output is read or it is asked anything (`take_told`).
+    told: VecDeque<Reply<Vec<Suggestion>>>,
 }
 
 impl TunerDriver {
@@ -81,6 +92,7 @@ impl TunerDriver {
             space,
             dropped: 0,
             drops_in_a_row: 0,
+            told: VecDeque::new(),
         }
     }
 
@@ -113,13 +125,28 @@ impl TunerDriver {
     }
 
     /// The next thing the tuner emitted unprompted; parameters (a member's too) settle one
-    /// deferred id, a stop of a population member settles none.
-    pub fn take_suggestion(&mut self) -> Option<Emitted> {
-        let emitted = self.suggested.pop_front()?;
+    /// deferred id, a stop of a population member settles none. Takes in the answers to the
+    /// calls told before (`take_told`) first.
+    pub async fn take_suggestion(&mut self) -> Result<Option<Emitted>, HostError> {
+        self.take_told().await?;
+        let Some(emitted) = self.suggested.pop_front() else {
+            return Ok(None);
+        };
         if !matches!(emitted, Emitted::Stop(_)) {
             self.deferred = self.deferred.saturating_sub(1);
         }
-        Some(emitted)
+        Ok(Some(emitted))
+    }
+
+    /// Waits for the answers to the calls told and not waited for (`final_result`,
+    /// `trial_ended`), in order, and keeps what the tuner emitted with them; the first that
+    /// failed fails here, as it would have where it was told.
+    pub async fn take_told(&mut self) -> Result<(), HostError> {
+        while let Some(reply) = self.told.pop_front() {
+            let suggestions = reply.get().await?;
+            self.absorb(suggestions);
+        }
+        Ok(())
     }
 
     fn absorb(&mut self, suggestions: Vec<Suggestion>) {
@@ -134,6 +161,7 @@ impl TunerDriver {
         intermediate: Intermediate,
         value: f64,
     ) -> Result<(), HostError> {
+        self.take_told().await?;
         let suggestions = self
             .tuner
             .receive_intermediate_result(parameter_id, intermediate, value)
@@ -155,6 +183,7 @@ impl TunerDriver {
 
     /// The tuner woke the loop: takes what it has ready (parameters for ids it deferred).
     pub async fn take_woken(&mut self) -> Result<(), HostError> {
+        self.take_told().await?;
         let suggestions = self.tuner.take_suggestions().get().await?;
         self.absorb(suggestions);
         Ok(())
@@ -162,6 +191,7 @@ impl TunerDriver {
 
     /// Asks the tuner for the parameters of a fresh parameter id.
     pub async fn generate(&mut self) -> Result<Handout, HostError> {
+        self.take_told().await?;
         let parameter_id = self.reserve_parameter_id();
         Ok(
             match self.tuner.generate_parameters(parameter_id).get().await? {
@@ -231,58 +261,44 @@ impl TunerDriver {
     }
 
     /// Tells the tuner a dropped parameter set ended SYS_CANCELED, so that it stops waiting
-    /// for it.
-    pub async fn tell_dropped(&mut self, parameter_id: u64) -> Result<(), HostError> {
-        self.trial_ended(parameter_id, TrialStatus::SysCanceled)
-            .await
+    /// for it (told, see `trial_ended`).
+    pub fn tell_dropped(&mut self, parameter_id: u64) {
+        self.trial_ended(parameter_id, TrialStatus::SysCanceled);
     }
 
-    /// Tells the tuner a trial of `parameter_id` ended with `status`.
-    pub async fn trial_ended(
-        &mut self,
-        parameter_id: u64,
-        status: TrialStatus,
-    ) -> Result<(), HostError> {
-        let suggestions = self
-            .tuner
-            .trial_end(parameter_id, status.as_str().into())
-            .get()
-            .await?;
-        self.absorb(suggestions);
-        Ok(())
+    /// Tells the tuner a trial of `parameter_id` ended with `status`. Told, not waited for:
+    /// its answer is taken in by `take_told`.
+    pub fn trial_ended(&mut self, parameter_id: u64, status: TrialStatus) {
+        let reply = self.tuner.trial_end(parameter_id, status.as_str().into());
+        self.told.push_back(reply);
     }
 
     /// Hands the tuner a trial's final result: its outcome, in an experiment with objectives
-    /// whose final could be read, else the value.
-    pub async fn final_result(
+    /// whose final could be read, else the value. Told, not waited for: its answer is taken in
+    /// by `take_told`.
+    pub fn final_result(
         &mut self,
         parameter_id: u64,
         parameters: Value,
         value: f64,
         outcome: Option<Outcome>,
-    ) -> Result<(), HostError> {
-        let suggestions = match outcome {
-            Some(outcome) => {
-                self.tuner
-                    .receive_trial_outcome(parameter_id, parameters, outcome)
-                    .get()
-                    .await?
-            }
-            None => {
-                self.tuner
-                    .receive_trial_result(parameter_id, parameters, value)
-                    .get()
-                    .await?
-            }
+    ) {
+        let reply = match outcome {
+            Some(outcome) => self
+                .tuner
+                .receive_trial_outcome(parameter_id, parameters, outcome),
+            None => self
+                .tuner
+                .receive_trial_result(parameter_id, parameters, value),
         };
-        self.absorb(suggestions);
-        Ok(())
+        self.told.push_back(reply);
     }
 
     /// Gives the tuner a search space (at the start, and on an update, which was checked when
     /// it was accepted); what it hands out from now on must belong to it, and a tuner that had
     /// run out may have more to try.
     pub async fn set_space(&mut self, space: &Value) -> Result<(), HostError> {
+        self.take_told().await?;
         self.tuner.update_search_space(space.clone()).get().await?;
         if let Ok(parsed) = SearchSpace::from_value(space) {
             self.space = parsed;
@@ -293,6 +309,7 @@ impl TunerDriver {
 
     /// A resumed experiment's earlier trials.
     pub async fn import(&mut self, trials: Vec<ImportedTrial>) -> Result<(), HostError> {
+        self.take_told().await?;
         self.tuner.import_data(trials).get().await
     }
 }
@@ -311,6 +328,8 @@ mod tests {
         script: VecDeque<Generated>,
         owed: Vec<u64>,
         calls: Arc<Mutex<Vec<String>>>,
+        /// `receive_trial_result` fails (after writing its call down).
+        results_fail: bool,
     }
 
     impl Tuner for Scripted {
@@ -330,6 +349,9 @@ mod tests {
         }
         fn receive_trial_result(&mut self, id: u64, _: &Value, v: f64) -> Result<(), PluginError> {
             self.calls.lock().unwrap().push(format!("result {id} {v}"));
+            if self.results_fail {
+                return Err(PluginError::new("cannot take results"));
+            }
             Ok(())
         }
         fn trial_end(&mut self, id: u64, status: &str) -> Result<(), PluginError> {
@@ -360,6 +382,7 @@ mod tests {
             script: script.into(),
             owed: Vec::new(),
             calls: calls.clone(),
+            results_fail: false,
         };
         let space =
             SearchSpace::from_value(&json!({"x": {"_type": "uniform", "_value": [0, 1]}})).unwrap();
@@ -395,21 +418,16 @@ mod tests {
                 ..
             }
         ));
-        assert!(driver.take_suggestion().is_none());
+        assert!(driver.take_suggestion().await.unwrap().is_none());
         // A trial's end lets the tuner hand out what it owed for id 11.
-        driver
-            .trial_ended(10, TrialStatus::Succeeded)
-            .await
-            .unwrap();
-        let Some(Emitted::Parameters(suggestion)) = driver.take_suggestion() else {
+        driver.trial_ended(10, TrialStatus::Succeeded);
+        let Some(Emitted::Parameters(suggestion)) = driver.take_suggestion().await.unwrap() else {
             panic!("parameters for the deferred id");
         };
         assert_eq!(suggestion.parameter_id, 11);
         assert_eq!(driver.in_flight(), 0);
-        driver
-            .final_result(13, json!({"x": 0.2}), 0.75, None)
-            .await
-            .unwrap();
+        driver.final_result(13, json!({"x": 0.2}), 0.75, None);
+        driver.take_told().await.unwrap();
         assert_eq!(
             *calls.lock().unwrap(),
             ["end 10 SUCCEEDED", "result 13 0.75"]
@@ -453,7 +471,8 @@ mod tests {
             warning.ends_with("; dropped (tunerErrorPolicy: skip), 1 so far"),
             "{warning}"
         );
-        lenient.tell_dropped(4).await.unwrap();
+        lenient.tell_dropped(4);
+        lenient.take_told().await.unwrap();
         assert_eq!(*calls.lock().unwrap(), ["end 4 SYS_CANCELED"]);
         // An accepted set resets the run of drops, not the count.
         assert_eq!(lenient.check(5, &json!({"x": 0.5})), Check::Accepted);
@@ -467,5 +486,37 @@ mod tests {
             "; 100 parameter sets in a row were refused, so the experiment ends (tunerErrorPolicy: skip)"
         ), "{message}");
         assert_eq!(lenient.dropped(), 101);
+    }
+
+    #[tokio::test]
+    async fn told_calls_reach_the_tuner_in_order_and_a_failure_is_taken_in_before_the_next_call() {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let tuner = Scripted {
+            script: vec![parameters(0.1), parameters(0.2)].into(),
+            owed: Vec::new(),
+            calls: calls.clone(),
+            results_fail: true,
+        };
+        let space =
+            SearchSpace::from_value(&json!({"x": {"_type": "uniform", "_value": [0, 1]}})).unwrap();
+        let mut driver = TunerDriver::new(
+            in_process::tuner("Scripted", tuner),
+            space,
+            TunerErrorPolicy::Error,
+        );
+        assert!(matches!(
+            driver.generate().await.unwrap(),
+            Handout::Parameters { .. }
+        ));
+        // Told: neither waits for the tuner's answer, and the failure is not seen yet.
+        driver.final_result(0, json!({"x": 0.1}), 0.5, None);
+        driver.trial_ended(0, TrialStatus::Succeeded);
+        // The next call takes the answers in first: the failure ends it, as it would have
+        // ended the final result's own call; the tuner got the end after the result.
+        let error = driver.generate().await.unwrap_err();
+        assert!(error.to_string().contains("cannot take results"), "{error}");
+        assert_eq!(*calls.lock().unwrap(), ["result 0 0.5", "end 0 SUCCEEDED"]);
+        // Taken in once: what follows goes on.
+        assert!(driver.take_suggestion().await.unwrap().is_none());
     }
 }
