@@ -329,6 +329,14 @@ pub fn start_trial(
 /// Creates the trial's directory and protocol files, and returns its stderr file and the folder
 /// to put first on its PYTHONPATH (shared with the experiment's other trials on this host,
 /// written by the first of them).
+///
+/// The two metric files (`metrics.knob`, `.nni/metrics`) are not created here: a trial that
+/// writes one creates it (`>>`, NNI's `open(..., 'wb')`), and one that runs on past
+/// [`crate::tail::WATCH_AFTER`] gets them created, empty, when they are watched. A short trial
+/// that reports on stdout or over HTTP costs two inodes fewer (on a file system where creating
+/// one is dear, such as ext4 without a journal, which skips recently freed inodes one by one).
+/// `.nni` is still created, before the start: NNI's trial side creates it only after checking
+/// that it is missing, and would fail if knob created it in between.
 fn prepare_directory(
     paths: &TrialPaths,
     request: &TrialRequest,
@@ -345,9 +353,6 @@ fn prepare_directory(
         |path: &Path, contents: &str| std::fs::write(path, contents).map_err(|e| fail(path, e));
     write(&paths.nni_parameters, parameter_record)?;
     write(&paths.knob_parameters, &request.parameters.to_string())?;
-    // Created empty before the trial starts, so that they exist to be watched once it runs.
-    write(&paths.knob_metrics, "")?;
-    write(&paths.nni_metrics, "")?;
     let python_folder =
         trial_python::shared_folder(&paths.dir, trial_python::shim_wanted(&request.env))
             .map_err(|(folder, e)| fail(&folder, e))?;

@@ -257,9 +257,10 @@ pub const WATCH_AFTER: Duration = Duration::from_millis(50);
 /// the paths it watched (for the caller to [`FileWatcher::unwatch`] once the trial's end is
 /// told: that need not delay it).
 ///
-/// The files are read at once, then watched with `watcher` after [`WATCH_AFTER`] (and read
-/// again, for what was written before the watch), then read on each change; a file that cannot
-/// be watched is read every [`POLL_INTERVAL`] instead.
+/// The files are read at once (a file not created yet reads as empty), then created if missing
+/// and watched with `watcher` after [`WATCH_AFTER`] (and read again, for what was written before
+/// the watch), then read on each change; a file that cannot be watched is read every
+/// [`POLL_INTERVAL`] instead.
 ///
 /// Each wake-up reads every file in one blocking task: one hand-over to tokio's blocking pool
 /// rather than one for each open, `stat`, seek and read of each file (eight on a trial's
@@ -304,6 +305,20 @@ pub async fn tail_files(
             for file in &taken {
                 if !to_watch {
                     break;
+                }
+                // Not created before the start (see `runner::prepare_directory`): created
+                // empty now if the trial has not, to be watched. Appending, never truncating,
+                // so that what the trial writes meanwhile stays.
+                if let Err(e) = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(file.path())
+                {
+                    knob_plugin_api::log::debug(&format!(
+                        "trial {}: cannot create {}: {e}",
+                        recorder.trial_id(),
+                        file.path().display()
+                    ));
                 }
                 match watcher.watch(file.path(), changed.clone()) {
                     Ok(()) => added.push(file.path().to_path_buf()),

@@ -70,7 +70,8 @@ fn unmodified_nni_script_works_over_the_v3_and_the_file_channel() {
         assert_eq!(last, json!({"default": x, "steps": 3}));
         assert_eq!(warnings(&events), Vec::<String>::new(), "{trial_id}");
         // nni 3 must really have used the HTTP channel when it was offered (nni 2 never does).
-        let file_metrics = std::fs::metadata(dir.join(".nni/metrics")).unwrap().len();
+        // Not created by knob for a trial that ends within `tail::WATCH_AFTER`.
+        let file_metrics = std::fs::metadata(dir.join(".nni/metrics")).map_or(0, |m| m.len());
         if *trial_id == "viaHttp" && version.starts_with('3') {
             assert_eq!(file_metrics, 0, "nni {version} wrote .nni/metrics");
         } else {

@@ -119,6 +119,57 @@ fn runner_watches_metric_files_of_a_trial_that_runs_on() {
     finished_rx.recv_timeout(WAIT).unwrap();
 }
 
+/// The metric files are not created before the start (a short trial costs two inodes fewer):
+/// a trial that runs on past `WATCH_AFTER` gets them created, empty, to be watched, and a
+/// metric it appends afterwards is read while it runs.
+#[test]
+fn runner_creates_the_metric_files_of_a_trial_that_runs_on_to_watch_them() {
+    let events = Events::default();
+    let (runtime, host) = local_host(&events, FileWatcher::new());
+    let dir = tempfile::tempdir().unwrap();
+    let command = r#"
+        for i in $(seq 1 600); do [ -e "$KNOB_TRIAL_DIR/go" ] && break; sleep 0.05; done
+        echo "KNOB_INTERMEDIATE 1" >> "$KNOB_METRICS_FILE"
+        for i in $(seq 1 600); do [ -e "$KNOB_TRIAL_DIR/end" ] && break; sleep 0.05; done
+    "#;
+    let trial_dir = dir.path().join("trial");
+    let request = request(dir.path(), &trial_dir, "late", command);
+    let (finished_tx, finished_rx) = std::sync::mpsc::channel();
+    let _handle = start_trial(
+        &host,
+        runtime.handle(),
+        &request,
+        Box::new(|| {}),
+        Box::new(move || finished_tx.send(()).unwrap()),
+    )
+    .unwrap();
+    assert!(
+        trial_dir.join(".nni").is_dir(),
+        "NNI's folder exists from the start"
+    );
+    let (knob_file, nni_file) = (
+        trial_dir.join("metrics.knob"),
+        trial_dir.join(".nni/metrics"),
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    while !(knob_file.exists() && nni_file.exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the metric files were not created to be watched"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(std::fs::read(&nni_file).unwrap(), b"");
+    std::fs::write(trial_dir.join("go"), "").unwrap();
+    events.wait_until("the metric, read while the trial runs", |events| {
+        !metrics(events).is_empty()
+    });
+    std::fs::write(trial_dir.join("end"), "").unwrap();
+    let trial = events.wait_ended("late");
+    assert_eq!(metrics(&trial), [(MetricKind::Intermediate, 0, "1".into())]);
+    finished_rx.recv_timeout(WAIT).unwrap();
+}
+
 /// The trials of one experiment import `knob_trial` and the `nni` shim from one folder beside
 /// their `trials/` folder, written by the first of them; none gets a copy in its own folder.
 #[test]
