@@ -34,4 +34,4 @@ pub use inventory::{
 };
 pub use placement::{Assignment, Placement};
 pub use request::{DeviceRef, GpuRequest, Policy, SchedulerConfig, TrialRequest};
-pub use scheduler::Scheduler;
+pub use scheduler::{Reasons, Scheduler};

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use knob_gpu_sched::{EnvironmentStatus, Placement};
+use knob_gpu_sched::{EnvironmentStatus, Placement, Reasons};
 use knob_plugin_api::service::Environment;
 
 use super::placement::{OwnRequest, Placer};
@@ -308,8 +308,14 @@ impl Environments {
     }
 
     /// Places waiting trials, oldest first (see [`Placer::place`]).
+    #[cfg(test)]
     pub fn place(&mut self, waiting: &[OwnRequest]) -> Vec<Placement> {
         self.placer.place(waiting)
+    }
+
+    /// See [`Placer::place_with`].
+    pub fn place_with(&mut self, waiting: &[OwnRequest], reasons: Reasons) -> Vec<Placement> {
+        self.placer.place_with(waiting, reasons)
     }
 
     /// See [`Placer::largest_gpu_capacity_mib`].

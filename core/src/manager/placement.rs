@@ -3,8 +3,8 @@
 //! waiting trial runs where (and so which service starts it).
 
 use knob_gpu_sched::{
-    ByteSize, Environment, EnvironmentId, EnvironmentStatus, Placement, Scheduler, SchedulerConfig,
-    TrialId, TrialRequest,
+    ByteSize, Environment, EnvironmentId, EnvironmentStatus, Placement, Reasons, Scheduler,
+    SchedulerConfig, TrialId, TrialRequest,
 };
 
 use tokio::time::Instant;
@@ -35,6 +35,13 @@ fn waiting_reason_gap(recorded: u32) -> std::time::Duration {
         .min(WAITING_REASON_EVERY)
 }
 
+/// Whether a waiting trial's reason, if it changed, is to be recorded at `now`.
+fn reason_due(trial: &super::trial::Trial, now: Instant) -> bool {
+    trial
+        .waiting_warned_at
+        .is_none_or(|at| now >= at + waiting_reason_gap(trial.waiting_reasons_recorded))
+}
+
 /// A waiting trial's own requests: `None` takes the experiment's (`trialMemorySize`,
 /// `trialGpuMemory`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,11 +61,19 @@ pub struct Placer {
     /// trials placed or released).
     changes: u64,
     /// The last round that placed nothing, every trial waiting for a GPU: `changes` then, its
-    /// requests and what it said. While trials wait for a GPU the loop asks again every turn;
-    /// with nothing changed the answer is the same, and working it out again (every waiting
-    /// trial against every GPU of every environment, and why it waits) made a turn cost grow
-    /// with the environments times the trials waiting (`sim_scale`, 1 000 environments).
-    blocked: Option<(u64, Vec<OwnRequest>, Vec<Placement>)>,
+    /// requests, whether it worked out the reasons, and what it said. While trials wait for a
+    /// GPU the loop asks again every turn; with nothing changed the answer is the same, and
+    /// working it out again (every waiting trial against every GPU of every environment, and
+    /// why it waits) made a turn cost grow with the environments times the trials waiting
+    /// (`sim_scale`, 1 000 environments).
+    blocked: Option<Blocked>,
+}
+
+struct Blocked {
+    changes: u64,
+    requests: Vec<OwnRequest>,
+    reasons: Reasons,
+    placements: Vec<Placement>,
 }
 
 impl Placer {
@@ -177,9 +192,18 @@ impl Placer {
     /// Places waiting trials, oldest first, each with its own memory requests where they are
     /// not the experiment's (raised after it ran out of memory); returns each one's placement.
     pub fn place(&mut self, waiting: &[OwnRequest]) -> Vec<Placement> {
-        if let Some((changes, requests, placements)) = &self.blocked {
-            if *changes == self.changes && requests.as_slice() == waiting {
-                return placements.clone();
+        self.place_with(waiting, Reasons::Explained)
+    }
+
+    /// [`Placer::place`], saying whether the trials that wait get their reason (see
+    /// [`Reasons`]; the decisions are the same).
+    pub fn place_with(&mut self, waiting: &[OwnRequest], reasons: Reasons) -> Vec<Placement> {
+        if let Some(blocked) = &self.blocked {
+            if blocked.changes == self.changes
+                && blocked.requests.as_slice() == waiting
+                && (blocked.reasons == Reasons::Explained || reasons == Reasons::Unexplained)
+            {
+                return blocked.placements.clone();
             }
         }
         let requests: Vec<TrialRequest> = waiting
@@ -197,12 +221,17 @@ impl Placer {
                 ..self.request_template.clone()
             })
             .collect();
-        let placements = self.scheduler.place_queue(&requests);
+        let placements = self.scheduler.place_queue_with(&requests, reasons);
         if placements
             .iter()
             .all(|placement| matches!(placement, Placement::TmpNoAvailableGpu { .. }))
         {
-            self.blocked = Some((self.changes, waiting.to_vec(), placements.clone()));
+            self.blocked = Some(Blocked {
+                changes: self.changes,
+                requests: waiting.to_vec(),
+                reasons,
+                placements: placements.clone(),
+            });
         } else {
             self.changes += 1;
             self.blocked = None;
@@ -245,7 +274,19 @@ impl Manager {
                 gpu_memory_mib: self.book[id].gpu_memory_request_mib,
             })
             .collect();
-        let placements = self.environments.place(&requests);
+        // Why a trial waits is worked out over every environment, and recorded only when it
+        // changed and the trial's gap since the last one has passed: a round with no reason due
+        // skips it (`sim_scale`: 18 % of the loop's time at 100 000 trials while a host was down).
+        let now = Instant::now();
+        let reasons = if waiting
+            .iter()
+            .any(|id| reason_due(&self.book[id.as_str()], now))
+        {
+            Reasons::Explained
+        } else {
+            Reasons::Unexplained
+        };
+        let placements = self.environments.place_with(&requests, reasons);
         // The re-probe is owed from when a trial first waited, not from this round: cancelled
         // only when none waits. Pushed back by every round, it never came while other trials'
         // events kept the loop busy, and a GPU freed outside knob went unseen.
@@ -285,11 +326,9 @@ impl Manager {
                         .book
                         .get_mut(&trial_id)
                         .expect("waiting trial is known");
-                    let now = Instant::now();
-                    let due = trial.waiting_warned_at.is_none_or(|at| {
-                        now >= at + waiting_reason_gap(trial.waiting_reasons_recorded)
-                    });
-                    if due && trial.waiting_reason.as_deref() != Some(reason.as_str()) {
+                    if reason_due(trial, now)
+                        && trial.waiting_reason.as_deref() != Some(reason.as_str())
+                    {
                         trial.waiting_reason = Some(reason.clone());
                         trial.waiting_warned_at = Some(now);
                         trial.waiting_reasons_recorded += 1;

@@ -170,10 +170,12 @@ pub(crate) fn permanent_blocker(env: &EnvState, demand: &Demand) -> Option<Perma
 pub(crate) struct Holds {
     /// Empty until the first hold, then one entry per environment.
     per_env: Vec<EnvHold>,
-    /// Free GPUs on ready environments that nobody holds. Counted at the pass's first refusal
-    /// (placements never need it); `Some(0)` means no GPU request can be placed for the rest of
-    /// the pass.
+    /// Free GPUs on ready environments that nobody holds. Counted at the start of a pass and
+    /// kept by placements and holds; `Some(0)` means no GPU request can be placed for the rest
+    /// of the pass.
     free_unheld_gpus: Option<u64>,
+    /// Whether a request of this pass was refused (waits).
+    pub refused: bool,
     /// Waiting reasons written since the last placement or hold, by request shape: in a long
     /// queue most waiting trials share a shape and, once nothing changes, a reason.
     reasons: Vec<(Shape, String)>,

@@ -14,6 +14,17 @@ use crate::request::{Policy, SchedulerConfig, TrialRequest};
 use fit::{hold_for_waiting, Chooser, Demand, GpuDemand, Holds, Plan};
 use state::EnvState;
 
+/// Whether a placement pass works out why each trial that has to wait waits
+/// ([`Scheduler::place_queue_with`]). The reason goes over every environment (and names the
+/// trials that hold their GPUs): with 1 000 environments it costs more than the decisions, and a
+/// caller that records a changed reason at most now and then need not pay it on every pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reasons {
+    Explained,
+    /// Each `TmpNoAvailableGpu` has an empty reason.
+    Unexplained,
+}
+
 /// Decides where waiting trials run and keeps track of what each placed trial holds.
 ///
 /// API boundary: pure, synchronous and deterministic. It never probes, sleeps or spawns; the
@@ -161,10 +172,25 @@ impl Scheduler {
     /// environment change; nothing is held between calls. A trial that already holds an
     /// assignment gets it back unchanged.
     pub fn place_queue(&mut self, waiting: &[TrialRequest]) -> Vec<Placement> {
+        self.place_queue_with(waiting, Reasons::Explained)
+    }
+
+    /// [`place_queue`](Self::place_queue), saying whether to work out why the trials that wait
+    /// do. The decisions are the same either way; with [`Reasons::Unexplained`] each
+    /// `TmpNoAvailableGpu` has an empty reason.
+    pub fn place_queue_with(
+        &mut self,
+        waiting: &[TrialRequest],
+        reasons: Reasons,
+    ) -> Vec<Placement> {
         let mut holds = Holds::default();
+        // A sum over the environments: when no GPU has room, as on a busy cluster between two
+        // trial ends, no GPU request is searched for at all (each search goes over every GPU).
+        holds.count_free_gpus(&self.envs);
         let mut placements = Vec::with_capacity(waiting.len());
         for (queue_position, request) in waiting.iter().enumerate() {
-            let placement = self.decide(request, queue_position as u32, &mut holds, waiting);
+            let placement =
+                self.decide(request, queue_position as u32, &mut holds, waiting, reasons);
             placements.push(placement);
         }
         placements
@@ -247,6 +273,7 @@ impl Scheduler {
         queue_position: u32,
         holds: &mut Holds,
         waiting: &[TrialRequest],
+        reasons: Reasons,
     ) -> Placement {
         if let Some(assignment) = self.assignments.get(&request.trial) {
             return succeed(assignment);
@@ -270,17 +297,21 @@ impl Scheduler {
         holds.count_free_gpus(&self.envs);
         // Explained before its own hold, which would otherwise show up as the blocker.
         let shape = demand.shape();
-        let reason = match holds.cached_reason(&shape) {
-            Some(reason) => reason.to_owned(),
-            None => {
+        let reason = match (reasons, holds.cached_reason(&shape)) {
+            (Reasons::Unexplained, _) => String::new(),
+            (Reasons::Explained, Some(reason)) => reason.to_owned(),
+            (Reasons::Explained, None) => {
                 let reason = explain::waiting(&self.envs, holds, &demand, waiting);
                 holds.remember_reason(shape, reason.clone());
                 reason
             }
         };
-        if !exhausted {
+        // The first request of a pass to wait holds what it is closest to fitting on even with no
+        // GPU free: the requests behind it then say whose turn those GPUs are.
+        if !exhausted || !holds.refused {
             hold_for_waiting(&self.envs, holds, &demand, queue_position);
         }
+        holds.refused = true;
         Placement::TmpNoAvailableGpu { reason }
     }
 

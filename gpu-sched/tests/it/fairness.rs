@@ -116,3 +116,43 @@ fn holds_last_only_for_one_pass() {
     assert!(!waiting[1].is_succeed());
     assert!(scheduler.place(&trial("small")).is_succeed());
 }
+
+#[test]
+fn an_unexplained_pass_decides_the_same_and_leaves_the_reasons_empty() {
+    let envs = vec![env("a", &[80; 4]), env("b", &[80; 2])];
+    let queue = [
+        trial("big").gpu_number(4),
+        trial("s1"),
+        trial("s2"),
+        trial("s3"),
+    ];
+    let mut explained = scheduler(Policy::Pack, envs.clone());
+    let mut unexplained = scheduler(Policy::Pack, envs);
+    occupy(&mut explained, "a", &[0, 1, 2]);
+    occupy(&mut unexplained, "a", &[0, 1, 2]);
+    let with = explained.place_queue_with(&queue, knob_gpu_sched::Reasons::Explained);
+    let without = unexplained.place_queue_with(&queue, knob_gpu_sched::Reasons::Unexplained);
+    assert_eq!(with.len(), without.len());
+    let mut waited = 0;
+    for (with, without) in with.iter().zip(&without) {
+        match (with, without) {
+            (
+                knob_gpu_sched::Placement::TmpNoAvailableGpu { reason },
+                knob_gpu_sched::Placement::TmpNoAvailableGpu { reason: empty },
+            ) => {
+                assert!(reason.starts_with("waiting for"), "{reason}");
+                assert_eq!(empty, "");
+                waited += 1;
+            }
+            (with, without) => assert_eq!(with, without),
+        }
+    }
+    assert_eq!(waited, 2, "big and s3 wait: {with:?}");
+    // The two schedulers hold the same trials afterwards.
+    let held = |s: &knob_gpu_sched::Scheduler| {
+        s.assignments()
+            .map(|a| (a.trial.to_string(), a.environment.to_string()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(held(&explained), held(&unexplained));
+}
