@@ -40,6 +40,7 @@ pub(super) fn check(
         replay_time: Duration::ZERO,
         run_peak_rss: None,
         run_thread_cpu: None,
+        manager_cpu: None,
         run_process_cpu: None,
         events_by_kind: Default::default(),
         resumed: 0,

@@ -286,6 +286,12 @@ pub struct Report {
     /// CPU time of the thread that ran the manager (and the simulated world) until the run
     /// ended, before the checks; `None` where it cannot be read.
     pub run_thread_cpu: Option<Duration>,
+    /// CPU time spent polling the manager's future (summed over the managers of a crashed and
+    /// resumed run): the manager's own work, with the in-process tuner's, assessor's and
+    /// services' side of each call it makes (which a plugin runs on a thread of its own), but
+    /// not the simulated world's deliveries nor the driver's turns (`run_thread_cpu` has them);
+    /// `None` where the clock cannot be read.
+    pub manager_cpu: Option<Duration>,
     /// CPU time of the whole process (adding the store's writer and SQLite) until the run
     /// ended, before the checks.
     pub run_process_cpu: Option<Duration>,
@@ -338,6 +344,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         replay_time: Duration::ZERO,
         run_peak_rss: None,
         run_thread_cpu: None,
+        manager_cpu: None,
         run_process_cpu: None,
         events_by_kind: Default::default(),
         resumed: 0,
@@ -364,6 +371,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     let mut resumed = 0;
     let mut turns = 0;
     let mut wakes = manager::Wakes::default();
+    let manager_cpu = std::cell::Cell::new(Some(Duration::ZERO));
     let outcome = loop {
         let store = match Store::open(&experiment_dir) {
             Ok(store) => store,
@@ -399,14 +407,17 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         let (progress, _progress_rx) = watch::channel(manager::Progress::default());
         let (observer, loop_state) = watch::channel(LoopState::default());
         let observed = loop_state.clone();
-        let run = manager::run_observed(
-            experiment,
-            store,
-            &components,
-            commands,
-            progress,
-            Some(observer),
-        );
+        let run = Metered {
+            inner: Box::pin(manager::run_observed(
+                experiment,
+                store,
+                &components,
+                commands,
+                progress,
+                Some(observer),
+            )),
+            spent: &manager_cpu,
+        };
         let driven = tokio::select! {
             outcome = run => Ok(outcome.map_err(|e| e.to_string())),
             driven = drive(world.clone(), loop_state, commands_tx, crash_at) => Err(driven),
@@ -437,8 +448,35 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     report.run_peak_rss = run_peak_rss;
     report.run_thread_cpu = run_thread_cpu;
     report.run_process_cpu = run_process_cpu;
+    report.manager_cpu = manager_cpu.get();
     report.resumed = resumed;
     report
+}
+
+/// A future whose polls' CPU time (this thread's clock) is added to `spent`; `spent` becomes
+/// `None` once the clock cannot be read.
+struct Metered<'a, F> {
+    inner: std::pin::Pin<Box<F>>,
+    spent: &'a std::cell::Cell<Option<Duration>>,
+}
+
+impl<F: std::future::Future> std::future::Future for Metered<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let before = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+        let polled = self.inner.as_mut().poll(context);
+        let after = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+        let spent = match (self.spent.get(), before, after) {
+            (Some(spent), Some(before), Some(after)) => Some(spent + after.saturating_sub(before)),
+            _ => None,
+        };
+        self.spent.set(spent);
+        polled
+    }
 }
 
 /// A CPU clock's time since it started (the calling thread's or the process's).
