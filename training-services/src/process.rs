@@ -277,33 +277,6 @@ impl PidWindow {
     }
 }
 
-/// At most this many pids handed out since a trial's spawn are looked up one by one
-/// (`/proc/<pid>/stat`, most of them gone) instead of listing `/proc`: a short trial's scan at its
-/// end then costs a few failed opens rather than a listing of every process on the machine.
-const PIDS_LOOKED_UP_ONE_BY_ONE: u32 = 32;
-
-/// The pids a scan of a trial started after `not_before` looks at: while the pid window (see
-/// [`BeforeSpawn::new_pids`]) holds at most [`PIDS_LOOKED_UP_ONE_BY_ONE`] pids, each of them
-/// (processes that are gone, and threads, which `/proc/<tid>` shows too, among them: a thread's
-/// `stat` gives its process's group and its `environ` its process's environment, so it counts
-/// as its process does); otherwise the processes `/proc` lists within the window read after
-/// the listing. `None` without `/proc`.
-fn pids_to_scan(not_before: &BeforeSpawn) -> Option<Vec<u32>> {
-    let window = not_before.new_pids();
-    if window.up_to.saturating_sub(window.above) <= PIDS_LOOKED_UP_ONE_BY_ONE {
-        // A pid above where the counter stands now is an older process's, as after a listing.
-        return Some((window.above.saturating_add(1)..=window.up_to).collect());
-    }
-    let listed = listed_pids()?;
-    let window = not_before.new_pids();
-    Some(
-        listed
-            .into_iter()
-            .filter(|&pid| window.holds(pid))
-            .collect(),
-    )
-}
-
 /// The pids `/proc` lists now, in one listing, before the pid window is read (see
 /// [`BeforeSpawn::new_pids`]); `None` without `/proc`.
 fn listed_pids() -> Option<Vec<u32>> {
@@ -370,15 +343,16 @@ impl TrialTree {
         let group_answers = self.pgid.is_some_and(|pgid| {
             i32::try_from(pgid).is_ok_and(|raw| killpg(Pid::from_raw(raw), None).is_ok())
         });
-        let Some(pids) = pids_to_scan(&self.not_before) else {
+        let Some(listed) = listed_pids() else {
             return (Vec::new(), group_answers);
         };
         let me = std::process::id();
+        let window = self.not_before.new_pids();
         let mut marked = Vec::new();
         let mut mid_exec = Vec::new();
         let mut group_alive = false;
-        for pid in pids {
-            if pid == me {
+        for pid in listed {
+            if pid == me || !window.holds(pid) {
                 continue;
             }
             let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok() else {
@@ -706,29 +680,6 @@ mod tests {
         assert!(window.holds(pid), "pid {pid} outside {window:?}");
         assert_eq!(marked, vec![pid as i32]);
         assert!(alive);
-    }
-
-    #[test]
-    fn a_short_pid_window_is_looked_up_pid_by_pid() {
-        let mut before = BeforeSpawn::now();
-        let Some(last) = before.last_pid.filter(|&last| last > 1000) else {
-            return; // No pid counter to read (or just wrapped): every process is listed.
-        };
-        // As if the spawn came three pids ago, with no time for the counter to wrap since.
-        before.last_pid = Some(last - 3);
-        before.wrap_time = std::time::Duration::from_secs(3600);
-        let pids = pids_to_scan(&before).expect("/proc");
-        let counter: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        if counter - (last - 3) <= PIDS_LOOKED_UP_ONE_BY_ONE {
-            // Every pid handed out since, whether it still runs or not, up to the counter.
-            assert_eq!(pids.first(), Some(&(last - 2)), "{pids:?}");
-            assert!(pids.windows(2).all(|w| w[1] == w[0] + 1), "{pids:?}");
-            assert!(*pids.last().unwrap() <= counter, "{pids:?} past {counter}");
-        }
     }
 
     #[test]
