@@ -196,20 +196,9 @@ impl Holds {
         self.free_unheld_gpus == Some(0)
     }
 
-    /// Counts the free, unheld GPUs if this pass has not yet.
-    pub fn count_free_gpus(&mut self, envs: &[EnvState]) {
-        if self.free_unheld_gpus.is_some() {
-            return;
-        }
-        let free = envs
-            .iter()
-            .enumerate()
-            .filter(|(_, env)| env.is_ready())
-            .map(|(position, env)| {
-                let held = self.get(position).map_or(0, |hold| hold.free_gpus_held);
-                u64::from(env.free_gpus.saturating_sub(held))
-            })
-            .sum();
+    /// At the start of a pass, before any hold: the ready environments' free GPUs.
+    pub fn set_free_gpus(&mut self, free: u64) {
+        debug_assert!(self.per_env.is_empty(), "set before any hold");
         self.free_unheld_gpus = Some(free);
     }
 

@@ -42,6 +42,18 @@ pub struct Scheduler {
     /// Counts releases; recently-idle compares these ticks instead of wall time, so its
     /// choices do not depend on the clock.
     release_clock: u64,
+    /// The ready environments' free GPUs (`EnvState::free_gpus`) summed, kept as they change: a
+    /// pass over a busy cluster learns that no GPU is free without visiting every environment.
+    ready_free_gpus: u64,
+}
+
+/// What an environment adds to [`Scheduler::ready_free_gpus`].
+fn ready_free_gpus(env: &EnvState) -> u64 {
+    if env.is_ready() {
+        u64::from(env.free_gpus)
+    } else {
+        0
+    }
 }
 
 impl Scheduler {
@@ -53,6 +65,7 @@ impl Scheduler {
             assignments: BTreeMap::new(),
             round_robin_next: 0,
             release_clock: 0,
+            ready_free_gpus: 0,
         }
     }
 
@@ -69,12 +82,15 @@ impl Scheduler {
     pub fn upsert_environment(&mut self, environment: Environment) -> Result<(), InventoryError> {
         environment.check_consistency()?;
         match self.env_positions.get(&environment.id) {
-            Some(&position) => self.envs[position].replace(environment, &self.assignments),
+            Some(&position) => self.change_env(position, |env, assignments| {
+                env.replace(environment, assignments)
+            }),
             None => {
                 self.env_positions
                     .insert(environment.id.clone(), self.envs.len());
-                self.envs
-                    .push(EnvState::new(environment, &self.assignments));
+                let env = EnvState::new(environment, &self.assignments);
+                self.ready_free_gpus += ready_free_gpus(&env);
+                self.envs.push(env);
             }
         }
         Ok(())
@@ -86,7 +102,7 @@ impl Scheduler {
         status: EnvironmentStatus,
     ) -> Result<(), InventoryError> {
         let position = self.position(environment)?;
-        self.envs[position].env.status = status;
+        self.change_env(position, |env, _| env.env.status = status);
         Ok(())
     }
 
@@ -98,6 +114,7 @@ impl Scheduler {
     ) -> Result<Vec<Assignment>, InventoryError> {
         let position = self.position(environment)?;
         let removed = self.envs.remove(position);
+        self.ready_free_gpus -= ready_free_gpus(&removed);
         self.env_positions.remove(environment);
         for later in self.env_positions.values_mut() {
             if *later > position {
@@ -184,9 +201,14 @@ impl Scheduler {
         reasons: Reasons,
     ) -> Vec<Placement> {
         let mut holds = Holds::default();
-        // A sum over the environments: when no GPU has room, as on a busy cluster between two
-        // trial ends, no GPU request is searched for at all (each search goes over every GPU).
-        holds.count_free_gpus(&self.envs);
+        // When no GPU has room, as on a busy cluster between two trial ends, no GPU request is
+        // searched for at all (each search goes over every GPU).
+        debug_assert_eq!(
+            self.ready_free_gpus,
+            self.envs.iter().map(ready_free_gpus).sum::<u64>(),
+            "the free GPUs kept as they change"
+        );
+        holds.set_free_gpus(self.ready_free_gpus);
         let mut placements = Vec::with_capacity(waiting.len());
         for (queue_position, request) in waiting.iter().enumerate() {
             let placement =
@@ -243,9 +265,11 @@ impl Scheduler {
         let assignment = self.assignments.remove(trial)?;
         self.release_clock += 1;
         if let Some(&position) = self.env_positions.get(&assignment.environment) {
-            let env = &mut self.envs[position];
-            env.drop_hold(&assignment);
-            env.last_release = self.release_clock;
+            let release_clock = self.release_clock;
+            self.change_env(position, |env, _| {
+                env.drop_hold(&assignment);
+                env.last_release = release_clock;
+            });
         }
         Some(assignment)
     }
@@ -294,7 +318,6 @@ impl Scheduler {
                 return self.commit(&demand, plan, holds);
             }
         }
-        holds.count_free_gpus(&self.envs);
         // Explained before its own hold, which would otherwise show up as the blocker.
         let shape = demand.shape();
         let reason = match (reasons, holds.cached_reason(&shape)) {
@@ -313,6 +336,19 @@ impl Scheduler {
         }
         holds.refused = true;
         Placement::TmpNoAvailableGpu { reason }
+    }
+
+    /// Changes one environment, keeping `ready_free_gpus` in step.
+    fn change_env<R>(
+        &mut self,
+        position: usize,
+        change: impl FnOnce(&mut EnvState, &BTreeMap<TrialId, Assignment>) -> R,
+    ) -> R {
+        let env = &mut self.envs[position];
+        let before = ready_free_gpus(env);
+        let result = change(env, &self.assignments);
+        self.ready_free_gpus = self.ready_free_gpus - before + ready_free_gpus(env);
+        result
     }
 
     fn gpu_indices(&self, demand: &Demand, plan: &Plan) -> Option<Vec<u32>> {
@@ -336,12 +372,13 @@ impl Scheduler {
             host_memory: ByteSize(demand.host_memory),
             cpu_cores: demand.cpu_cores,
         };
-        let env = &mut self.envs[plan.env];
-        let free_before = env.free_gpus;
-        env.hold(&assignment);
-        holds.placed(free_before - env.free_gpus);
-        // NNI's recently-idle forgets an environment's release once it has been used.
-        env.last_release = 0;
+        let free_before = self.envs[plan.env].free_gpus;
+        self.change_env(plan.env, |env, _| {
+            env.hold(&assignment);
+            // NNI's recently-idle forgets an environment's release once it has been used.
+            env.last_release = 0;
+        });
+        holds.placed(free_before - self.envs[plan.env].free_gpus);
         self.round_robin_next = (plan.env + 1) % self.envs.len();
         let placement = succeed(&assignment);
         self.assignments
