@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use knob_plugin_api::service::MetricKind;
 use knob_training_services::nni_http::ChannelServer;
-use knob_training_services::runner::{start_trial, TrialHost};
+use knob_training_services::runner::{start_trial, TrialHandle, TrialHost};
 use knob_training_services::tail::{self, FileWatcher};
 
 use crate::support::*;
@@ -29,6 +29,24 @@ fn local_host(events: &Events, watcher: FileWatcher) -> (tokio::runtime::Runtime
     (runtime, host)
 }
 
+/// Starts `request` on `host`; the receiver hears once the trial finished.
+fn start(
+    host: &Arc<TrialHost>,
+    runtime: &tokio::runtime::Runtime,
+    request: &knob_plugin_api::service::TrialRequest,
+) -> (TrialHandle, std::sync::mpsc::Receiver<()>) {
+    let (finished_tx, finished_rx) = std::sync::mpsc::channel();
+    let handle = start_trial(
+        host,
+        runtime.handle(),
+        request,
+        Box::new(|| {}),
+        Box::new(move || finished_tx.send(()).unwrap()),
+    )
+    .unwrap();
+    (handle, finished_rx)
+}
+
 #[test]
 fn runner_reads_metric_files_live_without_change_notification() {
     let events = Events::default();
@@ -40,15 +58,7 @@ fn runner_reads_metric_files_live_without_change_notification() {
         echo "KNOB_FINAL 2" >> "$KNOB_METRICS_FILE"
     "#;
     let request = request(dir.path(), &dir.path().join("trial"), "polled", command);
-    let (finished_tx, finished_rx) = std::sync::mpsc::channel();
-    let _handle = start_trial(
-        &host,
-        runtime.handle(),
-        &request,
-        Box::new(|| {}),
-        Box::new(move || finished_tx.send(()).unwrap()),
-    )
-    .unwrap();
+    let (_handle, finished_rx) = start(&host, &runtime, &request);
     events.wait_until("the first metric, read while the trial runs", |events| {
         !metrics(events).is_empty()
     });
@@ -89,15 +99,7 @@ fn runner_watches_metric_files_of_a_trial_that_runs_on() {
         echo "KNOB_FINAL 4" >> "$KNOB_METRICS_FILE"
     "#;
     let request = request(dir.path(), &dir.path().join("trial"), "watched", command);
-    let (finished_tx, finished_rx) = std::sync::mpsc::channel();
-    let _handle = start_trial(
-        &host,
-        runtime.handle(),
-        &request,
-        Box::new(|| {}),
-        Box::new(move || finished_tx.send(()).unwrap()),
-    )
-    .unwrap();
+    let (_handle, finished_rx) = start(&host, &runtime, &request);
     for (n, go) in [(1, "go2"), (2, "go3"), (3, "end")] {
         events.wait_until("a metric, read while the trial runs", |events| {
             metrics(events).len() >= n
@@ -134,15 +136,7 @@ fn runner_creates_the_metric_files_of_a_trial_that_runs_on_to_watch_them() {
     "#;
     let trial_dir = dir.path().join("trial");
     let request = request(dir.path(), &trial_dir, "late", command);
-    let (finished_tx, finished_rx) = std::sync::mpsc::channel();
-    let _handle = start_trial(
-        &host,
-        runtime.handle(),
-        &request,
-        Box::new(|| {}),
-        Box::new(move || finished_tx.send(()).unwrap()),
-    )
-    .unwrap();
+    let (_handle, finished_rx) = start(&host, &runtime, &request);
     assert!(
         trial_dir.join(".nni").is_dir(),
         "NNI's folder exists from the start"
