@@ -494,12 +494,14 @@ runpy.run_path("trial.py", run_name="__main__")
 /// Ray Tune's ray#28509 ("restores the wrong weights") on a remote host: the host has 8 GPUs
 /// (simulated) for 8 members of one GPU each and `trialConcurrency` leaves room, so a
 /// successor is created at the exploitation and then waits for the GPU of the member it
-/// replaces, which takes 4 s to stop, while its parent keeps overwriting its checkpoint folder.
+/// replaces, which takes 8 s to stop (the remote agent's 5 s grace period ends it sooner), while
+/// its parent keeps overwriting its checkpoint folder.
 /// Every successor must still start from its parent's state at the exploitation (the copy the
 /// remote service takes when the successor is created), as its own `pbt.json` says: not the
 /// 20 steps the parent trained on meanwhile.
 #[test]
 fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitation() {
+    const COPY_WITHIN_MS: u64 = 4000;
     let sandbox = Sandbox::new();
     let Some(host) = RemoteHost::start(&sandbox, &[("KNOB_SIMULATE_GPUS", "8x16GiB")]) else {
         return;
@@ -515,7 +517,7 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
         )
         .replace(
             "trialCommand: python3 trial.py",
-            "trialCommand: PBT_STEPS=60 PBT_STEP_SECONDS=0.2 PBT_STOP_SECONDS=4 python3 slow_stop.py",
+            "trialCommand: PBT_STEPS=100 PBT_STEP_SECONDS=0.2 PBT_STOP_SECONDS=8 python3 slow_stop.py",
         )
         .replace("trainingService:\n  platform: local", &host.only_service());
     assert!(yaml.contains("slow_stop.py"), "{yaml}");
@@ -569,11 +571,15 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
         let created = trial["created_ms"].as_u64().unwrap();
         let started = trial["started_ms"].as_u64().unwrap();
         // The copy is taken a moment after the creation (the manager's turn, one ssh command):
-        // 2.5 s at most on a loaded machine, against the 4 s the successor waits.
-        let (at_creation, soon_after) = (step_at(parent, created), step_at(parent, created + 2500));
+        // 4 s at most on a loaded machine (a CI run of the whole suite saw 3.9 s, over the 2.5 s
+        // allowed before), against the ≈ 5 s the successor waits.
+        let (at_creation, soon_after) = (
+            step_at(parent, created),
+            step_at(parent, created + COPY_WITHIN_MS),
+        );
         assert!(
             (at_creation..=soon_after + 1).contains(&step),
-            "{tid} restored {parent}'s step {step}; {parent} was at step {at_creation} when {tid} was created, {soon_after} 2.5 s later: {first}"
+            "{tid} restored {parent}'s step {step}; {parent} was at step {at_creation} when {tid} was created, {soon_after} {COPY_WITHIN_MS} ms later: {first}"
         );
         checked.push((tid.to_string(), at_creation, step, step_at(parent, started)));
     }
@@ -583,7 +589,7 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
         checked.iter().any(|(tid, at_creation, _, at_start)| {
             let created = by_id[tid.as_str()]["created_ms"].as_u64().unwrap();
             let parent = by_id[tid.as_str()]["lineage"]["parent"].as_str().unwrap();
-            *at_start > step_at(parent, created + 2500) + 1 && at_start > at_creation
+            *at_start > step_at(parent, created + COPY_WITHIN_MS) + 1 && at_start > at_creation
         }),
         "no successor waited while its parent trained on: {checked:?}\n{export:#}"
     );
