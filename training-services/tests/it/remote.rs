@@ -634,6 +634,13 @@ fn trials_spread_over_two_hosts_with_their_own_keys() {
         &events,
         &agent_root(&first),
     );
+    // The service is ready once one host is; the other may still be connecting (a CI run of
+    // the whole suite saw it so).
+    wait_for("both hosts ready", || {
+        service
+            .environments_now()
+            .is_ok_and(|environments| environments.iter().all(|e| e.ready))
+    });
     let environments = service.environments_now().unwrap();
     assert!(environments.iter().all(|e| e.ready), "{environments:?}");
     let mut trials = Vec::new();
