@@ -166,14 +166,13 @@ pub(crate) fn permanent_blocker(env: &EnvState, demand: &Demand) -> Option<Perma
 /// Resources held, within one pass over the waiting queue, for waiting trials that could not be
 /// placed: later (younger) trials may not use them. This is what keeps a large request from
 /// starving behind a stream of small ones. Also caches what a pass learns about refusals.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Holds {
     /// Empty until the first hold, then one entry per environment.
     per_env: Vec<EnvHold>,
-    /// Free GPUs on ready environments that nobody holds. Counted at the start of a pass and
-    /// kept by placements and holds; `Some(0)` means no GPU request can be placed for the rest
-    /// of the pass.
-    free_unheld_gpus: Option<u64>,
+    /// Free GPUs on ready environments that nobody holds, kept by placements and holds; 0 means
+    /// no GPU request can be placed for the rest of the pass.
+    free_unheld_gpus: u64,
     /// Whether a request of this pass was refused (waits).
     pub refused: bool,
     /// Waiting reasons written since the last placement or hold, by request shape: in a long
@@ -192,21 +191,25 @@ pub(crate) struct EnvHold {
 }
 
 impl Holds {
-    pub fn no_free_gpu_left(&self) -> bool {
-        self.free_unheld_gpus == Some(0)
+    /// Nothing held yet, with `free_gpus` free on the ready environments.
+    pub fn new(free_gpus: u64) -> Holds {
+        Holds {
+            per_env: Vec::new(),
+            free_unheld_gpus: free_gpus,
+            refused: false,
+            reasons: Vec::new(),
+        }
     }
 
-    /// At the start of a pass, before any hold: the ready environments' free GPUs.
-    pub fn set_free_gpus(&mut self, free: u64) {
-        debug_assert!(self.per_env.is_empty(), "set before any hold");
-        self.free_unheld_gpus = Some(free);
+    pub fn no_free_gpu_left(&self) -> bool {
+        self.free_unheld_gpus == 0
     }
 
     /// A placement changed the inventory, taking `free_gpus_taken` free GPUs.
     pub fn placed(&mut self, free_gpus_taken: u32) {
-        if let Some(free) = &mut self.free_unheld_gpus {
-            *free = free.saturating_sub(u64::from(free_gpus_taken));
-        }
+        self.free_unheld_gpus = self
+            .free_unheld_gpus
+            .saturating_sub(u64::from(free_gpus_taken));
         self.reasons.clear();
     }
 
@@ -549,8 +552,8 @@ pub(crate) fn hold_for_waiting(
         hold.cpu_cores += demand.cpu_cores;
         hold.host_holder.get_or_insert(waiting_position);
     }
-    if let (true, Some(free)) = (env.is_ready(), &mut holds.free_unheld_gpus) {
-        *free = free.saturating_sub(newly_held_free);
+    if env.is_ready() {
+        holds.free_unheld_gpus = holds.free_unheld_gpus.saturating_sub(newly_held_free);
     }
     holds.reasons.clear();
 }

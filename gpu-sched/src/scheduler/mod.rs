@@ -200,7 +200,6 @@ impl Scheduler {
         waiting: &[TrialRequest],
         reasons: Reasons,
     ) -> Vec<Placement> {
-        let mut holds = Holds::default();
         // When no GPU has room, as on a busy cluster between two trial ends, no GPU request is
         // searched for at all (each search goes over every GPU).
         debug_assert_eq!(
@@ -208,7 +207,7 @@ impl Scheduler {
             self.envs.iter().map(ready_free_gpus).sum::<u64>(),
             "the free GPUs kept as they change"
         );
-        holds.set_free_gpus(self.ready_free_gpus);
+        let mut holds = Holds::new(self.ready_free_gpus);
         let mut placements = Vec::with_capacity(waiting.len());
         for (queue_position, request) in waiting.iter().enumerate() {
             let placement =
@@ -224,7 +223,7 @@ impl Scheduler {
         if let Some(assignment) = self.assignments.get(&request.trial) {
             return succeed(assignment);
         }
-        let holds = Holds::default();
+        let holds = Holds::new(self.ready_free_gpus);
         let demand = match Demand::resolve(request, &self.config) {
             Ok(demand) => demand,
             Err(reason) => return reject_malformed(reason),
