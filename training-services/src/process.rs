@@ -510,24 +510,40 @@ impl TrialTree {
 /// memory is gone: a process that calls execve(2) between two reads would show the part
 /// before it and then an end, and a mark further on would be missed (`std::fs::read` starts
 /// with a 32-byte read). One read sees all of one memory, or nothing (read again).
+///
+/// The read goes into a buffer kept by the calling thread, and only what was read is copied
+/// out: zeroing a fresh 128 KiB for each read cost more than the read itself, most of a
+/// trial's environment reads in `trial_overhead.sh`.
 pub fn read_environ(pid: u32) -> std::io::Result<Vec<u8>> {
     const ONE_READ: usize = 128 * 1024;
-    let mut file = File::open(format!("/proc/{pid}/environ"))?;
-    let mut environ = vec![0; ONE_READ];
-    let mut length = 0;
-    loop {
-        match file.read(&mut environ[length..]) {
-            Ok(0) => break,
-            Ok(n) => length += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-        if length == environ.len() {
-            environ.resize(length * 2, 0);
-        }
+    thread_local! {
+        static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    environ.truncate(length);
-    Ok(environ)
+    let mut file = File::open(format!("/proc/{pid}/environ"))?;
+    BUFFER.with_borrow_mut(|environ| {
+        if environ.len() < ONE_READ {
+            environ.resize(ONE_READ, 0);
+        }
+        let mut length = 0;
+        loop {
+            match file.read(&mut environ[length..]) {
+                Ok(0) => break,
+                Ok(n) => length += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            if length == environ.len() {
+                environ.resize(length * 2, 0);
+            }
+        }
+        let read = environ[..length].to_vec();
+        // A rare huge environment does not keep its buffer's size on the thread.
+        if environ.len() > ONE_READ {
+            environ.truncate(ONE_READ);
+            environ.shrink_to_fit();
+        }
+        Ok(read)
+    })
 }
 
 /// Whether a `/proc/<pid>/stat` line is a kernel thread's (`PF_KTHREAD` in field 9, the
