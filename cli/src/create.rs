@@ -14,7 +14,7 @@ use knob_core::notify;
 use knob_core::registry::{knob_home, Registry};
 use knob_core::store::{Direction, ExperimentStatus, Store};
 use knob_plugin_api::host::PluginRegistry;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::serve::{dashboard_url, spawn_api, ServeArgs};
 use crate::table::best_trials_table;
@@ -204,8 +204,11 @@ pub fn run_in_foreground(
             serve,
         )?;
         tokio::spawn(forward_stop_signals(commands));
-        let display = tokio::spawn(show_progress(progress_rx, maximize));
+        let (manager_ended, ended) = oneshot::channel::<()>();
+        let display = tokio::spawn(show_progress(progress_rx, Pace::new(ended), maximize));
         let result = manager::run(experiment, store, plugins, command_inbox, progress_tx).await;
+        // The display's pause ends now: the experiment's last state is shown at once.
+        drop(manager_ended);
         let _ = display.await;
         api.abort();
         anyhow::Ok(result)
@@ -299,15 +302,52 @@ async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>) {
 /// that is not a terminal (the Python launcher, `python/knob`), where the bar draws nothing.
 const PROGRESS_LINES_ENV: &str = "KNOB_PROGRESS";
 
-async fn show_progress(progress: watch::Receiver<Progress>, maximize: bool) {
+async fn show_progress(progress: watch::Receiver<Progress>, pace: Pace, maximize: bool) {
     if std::env::var(PROGRESS_LINES_ENV).as_deref() == Ok("lines") {
-        show_progress_lines(progress, maximize).await;
+        show_progress_lines(progress, pace, maximize).await;
     } else {
-        show_progress_bar(progress, maximize).await;
+        show_progress_bar(progress, pace, maximize).await;
     }
 }
 
-async fn show_progress_lines(mut progress: watch::Receiver<Progress>, maximize: bool) {
+/// The least time between two looks of the progress display at the experiment's progress.
+/// The manager publishes it at every trial event; a display woken at each one cost a thread
+/// wake-up, a copy of the progress and a formatted message per event, a tenth of `knob
+/// create`'s own CPU in `trial_overhead.sh` (short trials) while nothing was drawn (stderr not
+/// a terminal). Ten looks a second draw the same bar.
+const PROGRESS_PACE: Duration = Duration::from_millis(100);
+
+/// The display's pause between two looks: [`PROGRESS_PACE`], cut short once the manager has
+/// ended, so that `knob create` does not wait for it to show the end.
+struct Pace {
+    /// Closed when the manager ends; `None` once seen closed.
+    ended: Option<oneshot::Receiver<()>>,
+}
+
+impl Pace {
+    fn new(ended: oneshot::Receiver<()>) -> Pace {
+        Pace { ended: Some(ended) }
+    }
+
+    async fn pause(&mut self) {
+        let Some(ended) = self.ended.as_mut() else {
+            return;
+        };
+        let closed = tokio::select! {
+            _ = tokio::time::sleep(PROGRESS_PACE) => false,
+            _ = ended => true,
+        };
+        if closed {
+            self.ended = None;
+        }
+    }
+}
+
+async fn show_progress_lines(
+    mut progress: watch::Receiver<Progress>,
+    mut pace: Pace,
+    maximize: bool,
+) {
     let mut notices_shown = 0;
     let mut last_line = String::new();
     let mut last_time: Option<tokio::time::Instant> = None;
@@ -340,6 +380,7 @@ async fn show_progress_lines(mut progress: watch::Receiver<Progress>, maximize: 
         if finished {
             break;
         }
+        pace.pause().await;
         if held {
             // Held back by the one-second limit: printed when the second is up, if nothing
             // newer came first.
@@ -354,7 +395,11 @@ async fn show_progress_lines(mut progress: watch::Receiver<Progress>, maximize: 
     }
 }
 
-async fn show_progress_bar(mut progress: watch::Receiver<Progress>, maximize: bool) {
+async fn show_progress_bar(
+    mut progress: watch::Receiver<Progress>,
+    mut pace: Pace,
+    maximize: bool,
+) {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
@@ -381,7 +426,11 @@ async fn show_progress_bar(mut progress: watch::Receiver<Progress>, maximize: bo
             snapshot.status,
             Some(ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error)
         );
-        if finished || progress.changed().await.is_err() {
+        if finished {
+            break;
+        }
+        pace.pause().await;
+        if progress.changed().await.is_err() {
             break;
         }
     }
