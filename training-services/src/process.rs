@@ -127,7 +127,7 @@ pub struct BeforeSpawn {
     at: std::time::Instant,
     /// How long the counter surely takes to wrap (1 µs a pid of `pid_max`).
     wrap_time: std::time::Duration,
-    /// `/proc/sys/kernel/pid_max`.
+    /// `/proc/sys/kernel/pid_max`, read once a process (see [`pid_max`]).
     pid_max: u32,
     /// Read only where `wrap_time` is shorter than [`FORK_COUNT_HORIZON`] (a `pid_max` below a
     /// million, such as the 32 768 of many VMs and containers, whose 33 ms a trial under load
@@ -161,12 +161,42 @@ pub struct ForkCount {
 /// The kernel's pids below this are kept for its own threads; a wrapped counter starts here.
 const RESERVED_PIDS: u64 = 300;
 
+/// How old a fork count read by an earlier trial of this process may be to serve as a spawn's
+/// count before it. A count read earlier is still a count before the spawn: the forks between
+/// the two only add to those counted since, so at worst the scan looks at every process. Each
+/// read formats the whole of `/proc/stat` (a third of [`BeforeSpawn::now`] in
+/// `trial_overhead.sh`, read at each trial). A turn takes some thirty thousand forks at the
+/// smallest common `pid_max`; what a machine forks in this time is a small part of that.
+const FORK_COUNT_REUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The latest fork count read by this process, and when it had been read.
+static LATEST_FORKS: std::sync::Mutex<Option<(u64, std::time::Instant)>> =
+    std::sync::Mutex::new(None);
+
+/// The fork count now (`processes` in `/proc/stat`), kept as the latest read.
+fn read_forks() -> Option<u64> {
+    let forks = parse_forks(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    let read_by = std::time::Instant::now();
+    *LATEST_FORKS.lock().unwrap_or_else(|p| p.into_inner()) = Some((forks, read_by));
+    Some(forks)
+}
+
+/// A fork count read at or before now: the latest read when it is younger than
+/// [`FORK_COUNT_REUSE`], else a new one.
+fn forks_so_far() -> Option<u64> {
+    let latest = *LATEST_FORKS.lock().unwrap_or_else(|p| p.into_inner());
+    match latest {
+        Some((forks, read_by)) if read_by.elapsed() < FORK_COUNT_REUSE => Some(forks),
+        _ => read_forks(),
+    }
+}
+
 impl ForkCount {
-    /// Both counts now; `None` where `/proc` does not give them.
+    /// The fork count so far (see [`forks_so_far`]) and the tasks now; `None` where `/proc`
+    /// does not give them.
     fn now() -> Option<ForkCount> {
         // Read before the tasks: a task started between the two reads is counted as a fork.
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let forks = parse_forks(&stat)?;
+        let forks = forks_so_far()?;
         let loadavg = std::fs::read_to_string("/proc/loadavg").ok()?;
         let tasks = parse_tasks(&loadavg)?;
         Some(ForkCount { forks, tasks })
@@ -198,17 +228,30 @@ fn parse_tasks(loadavg: &str) -> Option<u64> {
     running_and_total.split_once('/')?.1.parse().ok()
 }
 
+/// A number in a `/proc` file of one number.
+fn read_number(path: &str) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `/proc/sys/kernel/pid_max`, read once a process: it was a fifth of [`BeforeSpawn::now`]
+/// read at each trial. Root may change it at any time; a value raised since only makes the
+/// bounds above more cautious (a turn takes longer than they assume), while one lowered below
+/// the counter while knob runs is not seen: the window assumes no one does that to a machine
+/// running trials.
+fn pid_max() -> Option<u32> {
+    static PID_MAX: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *PID_MAX.get_or_init(|| read_number("/proc/sys/kernel/pid_max"))
+}
+
 impl BeforeSpawn {
     pub fn now() -> BeforeSpawn {
-        let read =
-            |path: &str| -> Option<u32> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
-        let pid_max = read("/proc/sys/kernel/pid_max");
+        let pid_max = pid_max();
         let wrap_time = std::time::Duration::from_micros(u64::from(pid_max.unwrap_or(0)));
         // Before the counter: what it hands out after this read is counted as a fork.
         let forks = (pid_max.is_some() && wrap_time < FORK_COUNT_HORIZON)
             .then(ForkCount::now)
             .flatten();
-        let last_pid = read("/proc/sys/kernel/ns_last_pid").filter(|_| pid_max.is_some());
+        let last_pid = read_number("/proc/sys/kernel/ns_last_pid").filter(|_| pid_max.is_some());
         BeforeSpawn {
             ticks: StartTicks::now(),
             last_pid,
@@ -231,16 +274,9 @@ impl BeforeSpawn {
         let Some(last_pid) = self.last_pid else {
             return every;
         };
-        let counter_now: Option<u32> = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
-            .ok()
-            .and_then(|text| text.trim().parse().ok());
-        let forks_now = || {
-            std::fs::read_to_string("/proc/stat")
-                .ok()
-                .and_then(|stat| parse_forks(&stat))
-        };
+        let counter_now = read_number("/proc/sys/kernel/ns_last_pid");
         match counter_now {
-            Some(now) if now >= last_pid && self.no_turn_since(self.at.elapsed(), forks_now) => {
+            Some(now) if now >= last_pid && self.no_turn_since(self.at.elapsed(), read_forks) => {
                 PidWindow {
                     above: last_pid,
                     up_to: now,
@@ -710,6 +746,21 @@ mod tests {
         assert_eq!(parse_tasks("12.38 10.55 6.59"), None);
         let now = ForkCount::now().expect("/proc/stat and /proc/loadavg read");
         assert!(now.forks > 0 && now.tasks > 0, "{now:?}");
+    }
+
+    #[test]
+    fn a_fork_count_kept_for_the_next_spawn_counts_that_spawn() {
+        let before = forks_so_far().expect("/proc/stat read");
+        let status = std::process::Command::new("/bin/true").status().unwrap();
+        assert!(status.success());
+        let after = read_forks().expect("/proc/stat read");
+        assert!(
+            after > before,
+            "the spawn was not counted: {before} then {after}"
+        );
+        // Kept: what the next spawn takes as its count before is this read or a later one.
+        let kept = forks_so_far().expect("/proc/stat read");
+        assert!(kept >= after, "{kept} is older than {after}");
     }
 
     #[test]
