@@ -266,11 +266,30 @@ fn gpu_limits_text(env: &EnvState) -> Option<String> {
 
 /// Why a request that could fit some day does not fit now: "waiting for 2 GPUs: node1: 1 of
 /// 2 GPUs free (GPU 0 runs t1, GPU 3 held for waiting trial t9); node2: starting".
+/// Whether an environment could ever take the demand, as a waiting reason counts them: not
+/// draining, and starting (its resources unknown) or with nothing that always blocks it.
+fn eligible(env: &EnvState, demand: &Demand) -> bool {
+    match env.env.status {
+        EnvironmentStatus::Draining => false,
+        EnvironmentStatus::Starting => true,
+        _ => permanent_blocker(env, demand).is_none(),
+    }
+}
+
+/// How many environments could ever take the demand (see [`eligible`]).
+pub(crate) fn eligible_count(envs: &[EnvState], demand: &Demand) -> usize {
+    envs.iter().filter(|env| eligible(env, demand)).count()
+}
+
+/// Why a request waits: what keeps the first few environments that could ever take it from
+/// taking it now, and how many more there are. `eligible`, when the caller knows it, is
+/// [`eligible_count`]: the environments after the ones described are then not looked at.
 pub(crate) fn waiting(
     envs: &[EnvState],
     holds: &Holds,
     demand: &Demand,
     waiting: &[TrialRequest],
+    eligible_envs: Option<usize>,
 ) -> String {
     let mut text = format!("waiting for {}: ", describe_demand(demand));
     if envs.is_empty() {
@@ -281,12 +300,14 @@ pub(crate) fn waiting(
     let mut more = 0;
     for (position, env) in envs.iter().enumerate() {
         let status = &env.env.status;
-        if *status == EnvironmentStatus::Draining
-            || (*status != EnvironmentStatus::Starting && permanent_blocker(env, demand).is_some())
-        {
+        if !eligible(env, demand) {
             continue;
         }
         if shown == SHOWN_ENVIRONMENTS {
+            if let Some(count) = eligible_envs {
+                more = count.saturating_sub(SHOWN_ENVIRONMENTS) as u64;
+                break;
+            }
             more += 1;
             continue;
         }
@@ -405,10 +426,11 @@ fn busy_environment(
                 .collect(),
             _ => (0..env.loads.len()).collect(),
         };
-        let blocked: Vec<String> = positions
+        let blocked: Vec<(usize, GpuBlocker)> = positions
             .iter()
             .filter_map(|&position| {
-                gpu_blocker(env, env_position, position, holds, demand, waiting)
+                gpu_blocker(env, env_position, position, holds, demand)
+                    .map(|blocker| (position, blocker))
             })
             .collect();
         let fitting = match demand.gpus {
@@ -424,7 +446,13 @@ fn busy_environment(
                 format!("{fitting} of {count} GPUs free")
             };
             let extra = blocked.len().saturating_sub(SHOWN_GPUS);
-            let mut details = blocked.into_iter().take(SHOWN_GPUS).collect::<Vec<_>>();
+            let mut details = blocked
+                .into_iter()
+                .take(SHOWN_GPUS)
+                .map(|(position, blocker)| {
+                    describe_gpu_blocker(env, position, blocker, demand, waiting)
+                })
+                .collect::<Vec<_>>();
             if extra > 0 {
                 details.push(format!("{extra} more busy"));
             }
@@ -443,74 +471,99 @@ fn busy_environment(
     issues.join(", ")
 }
 
-/// Why one allowed GPU cannot take a slot of the request now; `None` if it can (or is not in
-/// the allow-list, which is a permanent matter, not a busy one).
+/// What keeps one allowed GPU from taking a slot of the request now.
+#[derive(Clone, Copy)]
+enum GpuBlocker {
+    /// Held for the waiting trial at this queue position.
+    Held(u32),
+    Foreign,
+    /// Runs as many trials as it may (this many).
+    Full(u32),
+    Memory,
+}
+
+/// What keeps one allowed GPU from taking a slot of the request now; `None` if it can (or is
+/// not in the allow-list, which is a permanent matter, not a busy one). Decided without
+/// formatting: a reason describes only the first few of an environment's busy GPUs.
 fn gpu_blocker(
     env: &EnvState,
     env_position: usize,
     position: usize,
     holds: &Holds,
     demand: &Demand,
-    waiting: &[TrialRequest],
-) -> Option<String> {
+) -> Option<GpuBlocker> {
     let load = &env.loads[position];
     let gpu = &env.env.gpus[position];
     if !load.allowed {
         return None;
     }
     if let Some(holder) = holds.gpu_holder(env_position, position) {
-        return Some(format!(
-            "GPU {} held for {}",
-            load.index,
-            held_by(waiting, holder)
-        ));
+        return Some(GpuBlocker::Held(holder));
     }
     if load.foreign_blocked {
-        let pids: Vec<String> = gpu
-            .foreign_processes
-            .iter()
-            .map(|process| process.pid.to_string())
-            .collect();
-        let memory = gpu.foreign_memory();
-        let using = if memory.bytes() > 0 {
-            format!(" using {memory}")
-        } else {
-            String::new()
-        };
-        let word = if pids.len() == 1 { "pid" } else { "pids" };
-        return Some(format!(
-            "GPU {} runs foreign {word} {}{using} and useActiveGpu is off",
-            load.index,
-            pids.join(", ")
-        ));
+        return Some(GpuBlocker::Foreign);
     }
     let max = gpu.trial_limit(env.env.limits.max_trial_number_per_gpu);
     if load.trials + load.elsewhere >= max {
-        let trials: Vec<String> = gpu
-            .trials
-            .iter()
-            .map(|trial| trial.to_string())
-            .chain(
-                gpu.held_elsewhere
-                    .iter()
-                    .map(|held| format!("trial {} of experiment {}", held.trial, held.experiment)),
-            )
-            .collect();
-        let sharing = if max > 1 {
-            format!(" ({max} per GPU)")
-        } else {
-            String::new()
-        };
-        return Some(format!(
-            "GPU {} runs {}{sharing}",
-            load.index,
-            trials.join(", ")
-        ));
+        return Some(GpuBlocker::Full(max));
     }
     if load.over_limit || load.admissible_memory < demand.gpu_memory {
-        return Some(gpu_memory_blocker(env, position, demand));
+        return Some(GpuBlocker::Memory);
     }
     None
+}
+
+/// One busy GPU, as a reason names it.
+fn describe_gpu_blocker(
+    env: &EnvState,
+    position: usize,
+    blocker: GpuBlocker,
+    demand: &Demand,
+    waiting: &[TrialRequest],
+) -> String {
+    let load = &env.loads[position];
+    let gpu = &env.env.gpus[position];
+    match blocker {
+        GpuBlocker::Held(holder) => {
+            format!("GPU {} held for {}", load.index, held_by(waiting, holder))
+        }
+        GpuBlocker::Foreign => {
+            let pids: Vec<String> = gpu
+                .foreign_processes
+                .iter()
+                .map(|process| process.pid.to_string())
+                .collect();
+            let memory = gpu.foreign_memory();
+            let using = if memory.bytes() > 0 {
+                format!(" using {memory}")
+            } else {
+                String::new()
+            };
+            let word = if pids.len() == 1 { "pid" } else { "pids" };
+            format!(
+                "GPU {} runs foreign {word} {}{using} and useActiveGpu is off",
+                load.index,
+                pids.join(", ")
+            )
+        }
+        GpuBlocker::Full(max) => {
+            let trials: Vec<String> =
+                gpu.trials
+                    .iter()
+                    .map(|trial| trial.to_string())
+                    .chain(gpu.held_elsewhere.iter().map(|held| {
+                        format!("trial {} of experiment {}", held.trial, held.experiment)
+                    }))
+                    .collect();
+            let sharing = if max > 1 {
+                format!(" ({max} per GPU)")
+            } else {
+                String::new()
+            };
+            format!("GPU {} runs {}{sharing}", load.index, trials.join(", "))
+        }
+        GpuBlocker::Memory => gpu_memory_blocker(env, position, demand),
+    }
 }
 
 /// Why a GPU's memory does not admit the request: its free memory, and the limit that holds it

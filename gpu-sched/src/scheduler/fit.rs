@@ -561,6 +561,29 @@ pub(crate) fn hold_for_waiting(
 /// The environment a waiting request is closest to fitting on: one that could ever take it,
 /// preferring ready ones, then the most fitting unheld GPUs, then registration order.
 fn hold_target(envs: &[EnvState], holds: &Holds, demand: &Demand) -> Option<usize> {
+    // When every ready environment fits none of the request's GPUs now (it asks for none, or
+    // no free GPU is left unheld on any ready environment and it asks no GPU memory), the
+    // first ready one that accepts it wins the search below: found without looking at the
+    // other environments (on a full cluster of 1 000 the search ran for the first waiting
+    // trial of every pass, `sim_scale`).
+    let none_fits_now = match demand.gpus {
+        GpuDemand::Count(count) if count > 0 => holds.no_free_gpu_left() && demand.gpu_memory == 0,
+        _ => true,
+    };
+    let found = hold_target_search(envs, holds, demand, none_fits_now);
+    debug_assert!(
+        !none_fits_now || found == hold_target_search(envs, holds, demand, false),
+        "the first ready environment is the one the whole search finds"
+    );
+    found
+}
+
+fn hold_target_search(
+    envs: &[EnvState],
+    holds: &Holds,
+    demand: &Demand,
+    first_ready_wins: bool,
+) -> Option<usize> {
     let mut best: Option<(bool, u32, usize)> = None;
     for (position, env) in envs.iter().enumerate() {
         let accepts = matches!(
@@ -576,6 +599,9 @@ fn hold_target(envs: &[EnvState], holds: &Holds, demand: &Demand) -> Option<usiz
             }
             _ => 0,
         };
+        if first_ready_wins && env.is_ready() {
+            return Some(position);
+        }
         let key = (env.is_ready(), fitting, position);
         let better =
             best.is_none_or(|(ready, best_fitting, _)| (key.0, key.1) > (ready, best_fitting));

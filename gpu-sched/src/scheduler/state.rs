@@ -1,10 +1,11 @@
 //! The scheduler's per-environment bookkeeping: the registered [`Environment`] plus compact,
 //! derived load figures that the placement scan reads instead of the public model.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use crate::inventory::{Environment, EnvironmentStatus, TrialId};
 use crate::placement::Assignment;
+use crate::scheduler::Assignments;
 
 /// Derived state of one GPU, recomputed whenever its inputs change.
 ///
@@ -58,7 +59,7 @@ pub(crate) struct EnvState {
 }
 
 impl EnvState {
-    pub fn new(mut env: Environment, assignments: &BTreeMap<TrialId, Assignment>) -> EnvState {
+    pub fn new(mut env: Environment, assignments: &Assignments) -> EnvState {
         env.gpus.sort_by_key(|gpu| gpu.index);
         let mut state = EnvState {
             env,
@@ -75,7 +76,7 @@ impl EnvState {
     }
 
     /// Takes a fresh probe of the same environment, keeping the trials placed on it.
-    pub fn replace(&mut self, mut env: Environment, assignments: &BTreeMap<TrialId, Assignment>) {
+    pub fn replace(&mut self, mut env: Environment, assignments: &Assignments) {
         env.gpus.sort_by_key(|gpu| gpu.index);
         self.env = env;
         self.rebuild(assignments);
@@ -198,7 +199,7 @@ impl EnvState {
         }
     }
 
-    fn rebuild(&mut self, assignments: &BTreeMap<TrialId, Assignment>) {
+    fn rebuild(&mut self, assignments: &Assignments) {
         let limits = &self.env.limits;
         self.loads = self
             .env

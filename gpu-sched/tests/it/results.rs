@@ -198,6 +198,39 @@ fn reasons_are_single_lines() {
 }
 
 #[test]
+fn the_environments_a_reason_counts_follow_the_inventory() {
+    // The count is kept between passes; every change to the inventory must show in it.
+    let mut scheduler = scheduler(Policy::Pack, cluster(10, 8));
+    let everything: Vec<_> = (0..80).map(|n| trial(&format!("t{n}"))).collect();
+    scheduler.place_queue(&everything);
+    let more = |scheduler: &mut knob_gpu_sched::Scheduler| {
+        let placement = scheduler.place(&trial("late"));
+        let Some(reason) = placement.reason().map(str::to_owned) else {
+            panic!("late is placed: {placement:?}");
+        };
+        reason
+            .rsplit_once("; and ")
+            .map_or_else(|| reason.clone(), |(_, more)| more.to_owned())
+    };
+    assert_eq!(more(&mut scheduler), "7 more environments");
+    scheduler
+        .set_environment_status(&EnvironmentId::from("node9"), EnvironmentStatus::Draining)
+        .unwrap();
+    assert_eq!(more(&mut scheduler), "6 more environments");
+    scheduler
+        .remove_environment(&EnvironmentId::from("node8"))
+        .unwrap();
+    assert_eq!(more(&mut scheduler), "5 more environments");
+    // A probe that finds an environment too small for the request takes it out of the count.
+    scheduler.upsert_environment(env("node7", &[])).unwrap();
+    assert_eq!(more(&mut scheduler), "4 more environments");
+    let mut starting = env("node8", &[80]);
+    starting.status = EnvironmentStatus::Starting;
+    scheduler.upsert_environment(starting).unwrap();
+    assert_eq!(more(&mut scheduler), "5 more environments");
+}
+
+#[test]
 fn preview_answers_without_holding_anything() {
     let mut scheduler = scheduler(Policy::RoundRobin, cluster(2, 1));
     let first = scheduler.preview(&trial("a"));
