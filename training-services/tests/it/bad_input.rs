@@ -22,6 +22,23 @@ fn garbage_nan_and_10_mb_lines_are_warned_about_and_nothing_else_is_lost() {
         echo "still running" >&2
     "#;
     let events = h.run(h.request("noisy", command));
+    // Every byte of stdout reaches its file, over many reads of the pump's buffer.
+    let printed: usize = [
+        "ordinary output is not a metric\n",
+        "KNOB_FINAL banana\n",
+        "KNOB_INTERMEDIATE 1\n",
+        "KNOB_INTERMEDIATE \n",
+        "KNOB_INTERMEDIATE NaN\n",
+        "\n",
+        "KNOB_INTERMEDIATE {\"loss\": 2}\n",
+        "KNOB_INTERMEDIATE 2\n",
+    ]
+    .iter()
+    .map(|line| line.len())
+    .sum::<usize>()
+        + 2 * 10_485_760;
+    let stdout = std::fs::metadata(h.trial_dir("noisy").join("stdout")).unwrap();
+    assert_eq!(stdout.len(), printed as u64);
     // stdout and the metrics file are read side by side, so compare each source in order.
     let of_kind = |kind| {
         metrics(&events)
