@@ -4,8 +4,12 @@
 //! peak memory is its own.
 //!
 //! Per size it prints: CPU per trial until the run ended, before the checks: the manager's own
-//! (the polls of its future: its event loop, with the in-process components' side of each call
-//! it makes, JSON included, which a plugin runs on a thread of its own), the manager's thread
+//! work (the polls of its future less the simulated service's side of each call: placing a
+//! run's happenings in the world and building environment reports, which a real plugin does on
+//! a thread of its own; the JSON of each call both ways stays in), of which its start (before
+//! its loop began: registering the 1 000 environments, paid once an experiment) and its loop,
+//! the polls of its future
+//! (with that side), the manager's thread
 //! (adding the simulated world's deliveries and the driver's turns, which run on it too), and
 //! the whole process (adding the store's writer and SQLite); the thread's with the checks
 //! (which read the whole log back and replay it; what the bench reported before 2026-11-26),
@@ -70,14 +74,19 @@ fn main() {
         rows.push((size, row));
     }
     println!();
-    println!("| trials | manager CPU µs/trial | × first | loop thread CPU µs/trial | × first | process CPU µs/trial | thread µs/trial with checks | peak RSS MiB (run / with checks) | store bytes/trial | store events/trial | replay s | max event batch | placement µs/decision |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| trials | manager's own CPU in its loop µs/trial | × first | its start ms | manager's own CPU µs/trial | × first | manager future's polls µs/trial | × first | loop thread CPU µs/trial | × first | process CPU µs/trial | thread µs/trial with checks | peak RSS MiB (run / with checks) | store bytes/trial | store events/trial | replay s | max event batch | placement µs/decision |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let first = |column: usize| rows.first().map_or(1.0, |(_, row)| row[column]);
     let mut peak: f64 = 0.0;
     for (size, row) in &rows {
         peak = peak.max(row[8]);
         println!(
-            "| {size} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.1} |",
+            "| {size} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} / {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.1} |",
+            row[12],
+            row[12] / first(12),
+            row[13],
+            row[11],
+            row[11] / first(11),
             row[10],
             row[10] / first(10),
             row[0],
@@ -103,7 +112,15 @@ fn main() {
         high / low
     };
     for (what, column) in [
-        ("manager CPU (its future's polls)", 10),
+        (
+            "manager's own CPU in its loop (less its start over the environments, paid once)",
+            12,
+        ),
+        (
+            "manager's own CPU (its future's polls less the simulated service's side)",
+            11,
+        ),
+        ("manager future's polls CPU", 10),
         (
             "loop thread CPU (with the simulated world and the driver)",
             0,
@@ -144,6 +161,9 @@ fn one(trials: u64) {
         .run_thread_cpu
         .map_or(thread_cpu, |cpu| cpu.saturating_sub(thread_before));
     let manager = report.manager_cpu.unwrap_or(run_thread);
+    let manager_own = manager.saturating_sub(report.service_cpu.unwrap_or_default());
+    let manager_start = report.manager_start_cpu.unwrap_or_default();
+    let manager_loop = manager_own.saturating_sub(manager_start);
     let run_process = report
         .run_process_cpu
         .map_or(process_cpu, |cpu| cpu.saturating_sub(process_before));
@@ -181,7 +201,7 @@ fn one(trials: u64) {
     let wakes = &report.wakes;
     let a_trial = |n: u64| n as f64 / report.trials.max(1) as f64;
     println!(
-        "{trials} trials: loop turns a trial {:.2}, woken by service events {:.2}, deadlines {:.3} (re-probes {:.3}, maxTrialDuration {:.3}), commands {:.3}, refused starts {:.3}, tuner or assessor {:.3}; thread µs a turn {:.1}, manager µs a turn {:.1}",
+        "{trials} trials: loop turns a trial {:.2}, woken by service events {:.2}, deadlines {:.3} (re-probes {:.3}, maxTrialDuration {:.3}), commands {:.3}, refused starts {:.3}, tuner or assessor {:.3}; thread µs a turn {:.1}, manager µs a turn {:.1} (its own {:.1}, in its loop {:.1}); its start {:.0} ms",
         a_trial(report.loop_turns),
         a_trial(wakes.service_events),
         a_trial(wakes.deadlines),
@@ -192,9 +212,12 @@ fn one(trials: u64) {
         a_trial(wakes.components),
         run_thread.as_secs_f64() * 1e6 / report.loop_turns.max(1) as f64,
         manager.as_secs_f64() * 1e6 / report.loop_turns.max(1) as f64,
+        manager_own.as_secs_f64() * 1e6 / report.loop_turns.max(1) as f64,
+        manager_loop.as_secs_f64() * 1e6 / report.loop_turns.max(1) as f64,
+        manager_start.as_secs_f64() * 1e3,
     );
     println!(
-        "ROW {} {} {} {} {} {} {} {} {} {} {}",
+        "ROW {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
         per(run_thread),
         per(run_process),
         peak_rss_mib(),
@@ -206,6 +229,9 @@ fn one(trials: u64) {
         run_peak_mib,
         per(thread_cpu),
         per(manager),
+        per(manager_own),
+        per(manager_loop),
+        manager_start.as_secs_f64() * 1e3,
     );
 }
 

@@ -218,8 +218,15 @@ impl Manager {
     }
 
     pub(super) async fn run_loop(&mut self) -> Result<(), ManagerError> {
+        let mut turn = Turn::Changed;
         loop {
-            self.fill().await?;
+            // A turn that only recorded intermediate results changed nothing `fill` looks at
+            // (no trial ended or started, the tuner heard nothing), so it is not run: at
+            // 100 000 trials most turns are such a result, each arriving on its own.
+            if turn == Turn::Changed {
+                self.fill().await?;
+            }
+            turn = Turn::Changed;
             // With nothing running, a deferring tuner will never be given the result it waits
             // for, unless it answers on its own (it woke us before and may again).
             let idle_deferred = self.book.active_count() == 0 && self.tuner.in_flight() > 0;
@@ -259,7 +266,7 @@ impl Manager {
             self.count(&wake);
             self.observe(false, next_deadline);
             match wake {
-                Wake::ServiceEvents(batch) => self.on_service_events(batch).await?,
+                Wake::ServiceEvents(batch) => turn = self.on_service_events(batch).await?,
                 Wake::ServicesGone => {
                     return Err(ManagerError::Service {
                         service: self
@@ -365,6 +372,7 @@ impl Manager {
                 self.turns += 1;
             }
             observer.send_replace(LoopState {
+                started: true,
                 turn: self.turns,
                 waiting,
                 next_deadline,
@@ -804,6 +812,15 @@ impl Unsettled {
             metric_of: Some(trial_id),
         }
     }
+}
+
+/// What a turn's events did: [`Turn::Quiet`] when they were only recorded (intermediate
+/// results nothing here acts on), so that the next turn need not look for trials to create
+/// or place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Turn {
+    Quiet,
+    Changed,
 }
 
 /// What woke the loop.

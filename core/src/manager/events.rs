@@ -9,6 +9,7 @@ use super::timers::retry_backoff;
 /// How the end message of an attempt lost with its host begins: `knob resume` reads it back to
 /// count such attempts again (they do not count against `maxTrialRetries`).
 pub(super) const ENVIRONMENT_LOST: &str = "environment lost: ";
+use super::event_loop::Turn;
 use super::{trial, Manager, ManagerError};
 use crate::store::{
     MetricKind as StoredMetricKind, Rejection, StoreError, StoreEvent, TrialStatus,
@@ -68,7 +69,7 @@ impl Manager {
                 value,
             } => {
                 self.on_metrics(vec![(trial_id, kind, sequence, value)])
-                    .await?
+                    .await?;
             }
             ServiceEvent::TrialEnded {
                 trial_id,
@@ -288,12 +289,14 @@ impl Manager {
     }
 
     /// Handles a batch of service events in order; each run of consecutive metrics is
-    /// recorded with one group commit before any of them is acted on.
+    /// recorded with one group commit before any of them is acted on. Returns [`Turn::Quiet`]
+    /// when the batch was only intermediate results that were recorded and nothing else.
     pub(super) async fn on_service_events(
         &mut self,
         batch: Vec<TaggedEvent>,
-    ) -> Result<(), ManagerError> {
+    ) -> Result<Turn, ManagerError> {
         let mut metrics = Vec::new();
+        let mut turn = Turn::Quiet;
         for (service, event) in batch {
             match event {
                 Ok(ServiceEvent::Metric {
@@ -311,20 +314,28 @@ impl Manager {
                 }
                 Err(message) => self.warn(None, message).await?,
             }
+            turn = Turn::Changed;
         }
-        self.on_metrics(metrics).await
+        match self.on_metrics(metrics).await? {
+            Turn::Quiet => Ok(turn),
+            Turn::Changed => Ok(Turn::Changed),
+        }
     }
 
     /// Records metrics (all appends first, then every acknowledgement), then acts on each.
+    /// [`Turn::Quiet`] when each was only recorded: an intermediate result that nothing here
+    /// acts on.
     pub(super) async fn on_metrics(
         &mut self,
         metrics: Vec<(String, MetricKind, u64, String)>,
-    ) -> Result<(), ManagerError> {
+    ) -> Result<Turn, ManagerError> {
+        let mut turn = Turn::Quiet;
         let mut recorded = Vec::with_capacity(metrics.len());
         for (trial_id, kind, sequence, raw) in metrics {
             let Some(trial) = self.book.get(&trial_id) else {
                 self.warn(Some(trial_id), "metric for an unknown trial ignored".into())
                     .await?;
+                turn = Turn::Changed;
                 continue;
             };
             if trial.status.is_final() {
@@ -333,6 +344,7 @@ impl Manager {
                     "metric after the trial ended ignored".into(),
                 )
                 .await?;
+                turn = Turn::Changed;
                 continue;
             }
             let decoded = match kind {
@@ -364,6 +376,7 @@ impl Manager {
                 value: decoded.as_ref().ok().copied().filter(|v| v.is_finite()),
             });
             if acted_on {
+                turn = Turn::Changed;
                 recorded.push((ack, trial_id, kind, decoded));
             } else {
                 self.unsettled
@@ -412,7 +425,7 @@ impl Manager {
                 }
             }
         }
-        Ok(())
+        Ok(turn)
     }
 
     /// Keeps a final's outcome for the tuner (`act_on_metric`) and gives the number the store

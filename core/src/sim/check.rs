@@ -41,6 +41,8 @@ pub(super) fn check(
         run_peak_rss: None,
         run_thread_cpu: None,
         manager_cpu: None,
+        service_cpu: None,
+        manager_start_cpu: None,
         run_process_cpu: None,
         events_by_kind: Default::default(),
         resumed: 0,

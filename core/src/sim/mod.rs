@@ -292,6 +292,16 @@ pub struct Report {
     /// not the simulated world's deliveries nor the driver's turns (`run_thread_cpu` has them);
     /// `None` where the clock cannot be read.
     pub manager_cpu: Option<Duration>,
+    /// Of `manager_cpu`, the CPU time the simulated training service spent answering the
+    /// manager's calls (placing a run's happenings in the world, building its environments'
+    /// reports): the service's side of the call, which a real plugin runs on a thread of its
+    /// own, so the manager's own work is `manager_cpu` less this.
+    pub service_cpu: Option<Duration>,
+    /// Of `manager_cpu` less `service_cpu`, what the manager spent before its loop began (see
+    /// [`LoopState::started`]): registering every environment, replaying a resumed history. A
+    /// cost of the experiment and its environments, paid once (and again by each resume), not
+    /// a trial's.
+    pub manager_start_cpu: Option<Duration>,
     /// CPU time of the whole process (adding the store's writer and SQLite) until the run
     /// ended, before the checks.
     pub run_process_cpu: Option<Duration>,
@@ -345,6 +355,8 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         run_peak_rss: None,
         run_thread_cpu: None,
         manager_cpu: None,
+        service_cpu: None,
+        manager_start_cpu: None,
         run_process_cpu: None,
         events_by_kind: Default::default(),
         resumed: 0,
@@ -372,6 +384,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     let mut turns = 0;
     let mut wakes = manager::Wakes::default();
     let manager_cpu = std::cell::Cell::new(Some(Duration::ZERO));
+    let manager_start_cpu = std::cell::Cell::new(Some(Duration::ZERO));
     let outcome = loop {
         let store = match Store::open(&experiment_dir) {
             Ok(store) => store,
@@ -417,6 +430,9 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
                 Some(observer),
             )),
             spent: &manager_cpu,
+            start: &manager_start_cpu,
+            loop_state: loop_state.clone(),
+            world: world.clone(),
         };
         let driven = tokio::select! {
             outcome = run => Ok(outcome.map_err(|e| e.to_string())),
@@ -449,6 +465,11 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     report.run_thread_cpu = run_thread_cpu;
     report.run_process_cpu = run_process_cpu;
     report.manager_cpu = manager_cpu.get();
+    report.manager_start_cpu = manager_start_cpu.get();
+    report.service_cpu = report
+        .manager_cpu
+        .and(Some(world.lock().service_cpu))
+        .filter(|spent| !spent.is_zero());
     report.resumed = resumed;
     report
 }
@@ -458,6 +479,12 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
 struct Metered<'a, F> {
     inner: std::pin::Pin<Box<F>>,
     spent: &'a std::cell::Cell<Option<Duration>>,
+    /// The manager's own CPU time (less the simulated service's side of its calls) in the
+    /// polls that ended before it had started (see [`LoopState::started`]); the poll in which
+    /// it started counts as the loop's.
+    start: &'a std::cell::Cell<Option<Duration>>,
+    loop_state: watch::Receiver<LoopState>,
+    world: Shared,
 }
 
 impl<F: std::future::Future> std::future::Future for Metered<'_, F> {
@@ -467,14 +494,21 @@ impl<F: std::future::Future> std::future::Future for Metered<'_, F> {
         mut self: std::pin::Pin<&mut Self>,
         context: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
+        let service_before = self.world.lock().service_cpu;
         let before = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
         let polled = self.inner.as_mut().poll(context);
         let after = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
-        let spent = match (self.spent.get(), before, after) {
-            (Some(spent), Some(before), Some(after)) => Some(spent + after.saturating_sub(before)),
+        let service = self.world.lock().service_cpu.saturating_sub(service_before);
+        let add = |sum: Option<Duration>, less: Duration| match (sum, before, after) {
+            (Some(sum), Some(before), Some(after)) => {
+                Some(sum + after.saturating_sub(before).saturating_sub(less))
+            }
             _ => None,
         };
-        self.spent.set(spent);
+        self.spent.set(add(self.spent.get(), Duration::ZERO));
+        if !self.loop_state.borrow().started {
+            self.start.set(add(self.start.get(), service));
+        }
         polled
     }
 }

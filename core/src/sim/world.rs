@@ -175,6 +175,10 @@ pub(super) struct World {
     pub max_batch: u64,
     pub stop_sent: bool,
     pub shut_down: bool,
+    /// CPU time (the calling thread's) spent in the simulated service's answers to the
+    /// manager: the service's side of each call, which runs inside the manager's polls here but
+    /// on a thread of the plugin's own for a real service (see `Report::service_cpu`).
+    pub service_cpu: Duration,
 }
 
 impl World {
@@ -204,6 +208,7 @@ impl World {
             max_batch: 0,
             stop_sent: false,
             shut_down: false,
+            service_cpu: Duration::ZERO,
             scenario,
         };
         world.schedule_host_losses();
@@ -800,38 +805,57 @@ struct SimService {
     service: usize,
 }
 
+impl SimService {
+    /// Runs the service's side of one call with the world locked, counting its CPU time in
+    /// [`World::service_cpu`].
+    fn answer<R>(&self, work: impl FnOnce(&mut World) -> R) -> R {
+        let mut world = self.world.lock();
+        let before = super::cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+        let answer = work(&mut world);
+        if let (Some(before), Some(after)) =
+            (before, super::cpu_time(libc::CLOCK_THREAD_CPUTIME_ID))
+        {
+            world.service_cpu += after.saturating_sub(before);
+        }
+        answer
+    }
+}
+
 impl TrainingService for SimService {
     fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
-        let world = self.world.lock();
-        Ok((0..world.scenario.environments as usize)
-            .filter(|&index| world.service_of(index) == self.service)
-            .map(|index| world.environment(index))
-            .collect())
+        let service = self.service;
+        Ok(self.answer(|world| {
+            (0..world.scenario.environments as usize)
+                .filter(|&index| world.service_of(index) == service)
+                .map(|index| world.environment(index))
+                .collect()
+        }))
     }
 
     fn environment_changes(
         &mut self,
         since: Option<u64>,
     ) -> Result<Option<EnvironmentChanges>, PluginError> {
+        let service = self.service;
         Ok(Some(
-            self.world.lock().environment_changes(self.service, since),
+            self.answer(|world| world.environment_changes(service, since)),
         ))
     }
 
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
-        self.world
-            .lock()
-            .start(self.service, request)
+        let service = self.service;
+        self.answer(|world| world.start(service, request))
             .map_err(PluginError::new)
     }
 
     fn kill_trial(&mut self, trial_id: &str, _reason: &str) -> Result<(), PluginError> {
-        self.world.lock().kill(self.service, trial_id);
+        let service = self.service;
+        self.answer(|world| world.kill(service, trial_id));
         Ok(())
     }
 
     fn shutdown(&mut self) -> Result<(), PluginError> {
-        self.world.lock().shut_down();
+        self.answer(|world| world.shut_down());
         Ok(())
     }
 }
