@@ -25,13 +25,14 @@ const CONFLICTING_INHERITED_VARS: [&str; 2] = ["REUSE_MODE", "MULTI_PHASE"];
 /// whole tree it starts can be signalled at once), with `env` added to knob's environment,
 /// stdin closed, stdout piped to the caller, and stderr into `stderr`.
 ///
-/// Must be called inside a tokio runtime.
+/// Must be called inside a tokio runtime. The [`Leader`] keeps the leader's pid known as one
+/// knob started (see [`TrialTree`]'s scan) until it is dropped, once the trial has ended.
 pub fn spawn_in_own_group(
     command: &str,
     code_dir: &Path,
     env: &[(String, OsString)],
     stderr: File,
-) -> std::io::Result<Child> {
+) -> std::io::Result<(Child, Leader)> {
     let mut bash = Command::new("/bin/bash");
     bash.arg("-c")
         .arg(command)
@@ -45,7 +46,42 @@ pub fn spawn_in_own_group(
         bash.env_remove(name);
     }
     bash.envs(env.iter().map(|(k, v)| (k, v)));
-    bash.spawn()
+    let child = bash.spawn()?;
+    let leader = Leader::new(child.id());
+    Ok((child, leader))
+}
+
+/// The pids of the trial leaders this process started whose trials have not ended: processes
+/// that are surely not any trial's descendants (knob started them).
+fn leaders() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u32>> {
+    static LEADERS: std::sync::Mutex<std::collections::BTreeSet<u32>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    LEADERS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A trial leader's pid, known as one knob started until this is dropped. Dropped once the
+/// trial has ended and its last scan is done: a pid known longer could, after the pid counter
+/// went round, be another trial's descendant's.
+#[derive(Debug)]
+pub struct Leader(Option<u32>);
+
+impl Leader {
+    fn new(pid: Option<u32>) -> Leader {
+        if let Some(pid) = pid {
+            leaders().insert(pid);
+        }
+        Leader(pid)
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            leaders().remove(&pid);
+        }
+    }
 }
 
 /// The variable every process of one run of a trial inherits, with a value no other run on
@@ -314,7 +350,20 @@ impl PidWindow {
     fn holds(&self, pid: u32) -> bool {
         pid > self.above && pid <= self.up_to
     }
+
+    /// Whether every pid of the window is one of `known` (at most [`KNOWN_WINDOW`] of them are
+    /// looked at; a wider window is not).
+    fn only(&self, known: &std::collections::BTreeSet<u32>) -> bool {
+        let width = self.up_to.saturating_sub(self.above);
+        width <= KNOWN_WINDOW
+            && (self.above.saturating_add(1)..=self.up_to).all(|pid| known.contains(&pid))
+    }
 }
+
+/// The widest pid window [`TrialTree`]'s scan compares with the leaders knob started before it
+/// lists `/proc`: a short trial's window holds its own leader and those of the trials started
+/// beside it, a few pids.
+const KNOWN_WINDOW: u32 = 64;
 
 /// The pids `/proc` lists now, in one listing, before the pid window is read (see
 /// [`BeforeSpawn::new_pids`]); `None` without `/proc`.
@@ -382,6 +431,16 @@ impl TrialTree {
         let group_answers = self.pgid.is_some_and(|pgid| {
             i32::try_from(pgid).is_ok_and(|raw| killpg(Pid::from_raw(raw), None).is_ok())
         });
+        // Every process of the run got a pid in the window, the pids handed out since the
+        // spawn. When the group is empty and every pid of the window went to a trial leader
+        // knob started (this trial's, and those of trials started beside it: knob's children,
+        // none of them a descendant of this trial), the run has no process left, without
+        // listing `/proc` (a short trial's end: that listing was most of its scan's cost in
+        // `trial_overhead.sh`). Any other pid in the window (a process a trial started, a
+        // thread, another program's process) means the listing below, as before.
+        if !group_answers && self.not_before.new_pids().only(&leaders()) {
+            return (Vec::new(), false);
+        }
         let Some(listed) = listed_pids() else {
             return (Vec::new(), group_answers);
         };
@@ -746,6 +805,31 @@ mod tests {
         assert_eq!(parse_tasks("12.38 10.55 6.59"), None);
         let now = ForkCount::now().expect("/proc/stat and /proc/loadavg read");
         assert!(now.forks > 0 && now.tasks > 0, "{now:?}");
+    }
+
+    #[test]
+    fn a_window_of_only_known_leaders_is_told_apart_from_any_other() {
+        let known: std::collections::BTreeSet<u32> = [101, 102, 104].into_iter().collect();
+        let window = |above, up_to| PidWindow { above, up_to };
+        assert!(window(100, 102).only(&known));
+        // Nothing handed out since: nothing can be the run's.
+        assert!(window(104, 104).only(&known));
+        // 103 went to some other process: it may be the run's.
+        assert!(!window(100, 104).only(&known));
+        assert!(!window(101, 105).only(&known));
+        // Every pid (no counter, or it may have gone round): never.
+        assert!(!window(0, u32::MAX).only(&known));
+        let wide: std::collections::BTreeSet<u32> = (1..=KNOWN_WINDOW + 1).collect();
+        assert!(window(0, KNOWN_WINDOW).only(&wide));
+        assert!(!window(0, KNOWN_WINDOW + 1).only(&wide));
+    }
+
+    #[test]
+    fn a_leader_is_known_until_dropped() {
+        let leader = Leader::new(Some(u32::MAX - 7));
+        assert!(leaders().contains(&(u32::MAX - 7)));
+        drop(leader);
+        assert!(!leaders().contains(&(u32::MAX - 7)));
     }
 
     #[test]

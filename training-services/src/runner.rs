@@ -29,7 +29,8 @@ use crate::metrics::{Emit, LineScanner, ScannedLine, TrialRecorder, MAX_METRIC_B
 use crate::nni_file;
 use crate::nni_http::ChannelServer;
 use crate::process::{
-    new_trial_run_mark, spawn_in_own_group, stderr_tail, BeforeSpawn, TrialTree, TRIAL_RUN_ENV,
+    new_trial_run_mark, spawn_in_own_group, stderr_tail, BeforeSpawn, Leader, TrialTree,
+    TRIAL_RUN_ENV,
 };
 use crate::tail::{tail_files, FileTail, FileWatcher};
 use crate::trial_python;
@@ -256,8 +257,8 @@ pub fn start_trial(
         let _in_runtime = runtime.enter();
         spawn_in_own_group(&request.command, &paths.code_dir, &env, stderr)
     };
-    let mut child = match spawned {
-        Ok(child) => child,
+    let (mut child, leader) = match spawned {
+        Ok(spawned) => spawned,
         Err(source) => {
             host.channels.unregister(&env_id, &trial_id);
             return Err(TrialError::Spawn {
@@ -305,6 +306,7 @@ pub fn start_trial(
     let supervision = Supervision {
         host: host.clone(),
         child,
+        _leader: leader,
         tree,
         memory_task,
         peak_memory,
@@ -532,6 +534,8 @@ async fn watch_memory(
 struct Supervision {
     host: Arc<TrialHost>,
     child: Child,
+    /// Keeps the leader's pid known as knob's until the trial's last scan is done.
+    _leader: Leader,
     /// The trial's process group and the processes that left it.
     tree: TrialTree,
     memory_task: JoinHandle<()>,
