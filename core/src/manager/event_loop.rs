@@ -779,6 +779,18 @@ impl Manager {
         self.store.flush().await?;
         self.publish(Some(status));
         let trials = self.book.summaries();
+        // The tuner and the assessor stop before the experiment is over: told calls still
+        // queued on their threads run first (a trial's end, which NNI's dispatcher sends its
+        // algorithm only at its stop), then the plugin's own stop. A `knob create` that exited
+        // before had its dispatcher killed part-way under load, and a user's tuner never heard
+        // of the last trial's end. Bounded: a tuner stuck in a call does not hold the end.
+        let components = async {
+            self.tuner.close().await;
+            if let Some(assessor) = self.assessor {
+                assessor.close().await;
+            }
+        };
+        let _ = tokio::time::timeout(COMPONENTS_STOP_PATIENCE, components).await;
         Ok(Outcome {
             status,
             message,
@@ -786,6 +798,10 @@ impl Manager {
         })
     }
 }
+
+/// How long the end of an experiment waits for its tuner and assessor to stop (NNI's
+/// dispatcher is given 5 s to exit after its terminate command).
+const COMPONENTS_STOP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// An appended event the loop went on without waiting for (see `Manager::settle`).
 pub(super) struct Unsettled {

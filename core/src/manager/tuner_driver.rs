@@ -80,6 +80,12 @@ pub(super) struct TunerDriver {
 }
 
 impl TunerDriver {
+    /// Lets the tuner go once what it was told has run, and resolves when it has stopped (see
+    /// `TunerHandle::close`).
+    pub fn close(self) -> impl std::future::Future<Output = ()> {
+        self.tuner.close()
+    }
+
     /// Drives `tuner`, whose output must belong to `space`.
     pub fn new(tuner: TunerHandle, space: SearchSpace, policy: TunerErrorPolicy) -> TunerDriver {
         TunerDriver {

@@ -519,13 +519,16 @@ pub(super) struct PluginThread<T> {
 }
 
 enum Runner<T> {
-    Thread(mpsc::Sender<Job<T>>),
+    /// The jobs' sender, and what says that the thread has dropped the object (after the last
+    /// job) and ended.
+    Thread(mpsc::Sender<Job<T>>, tokio::sync::oneshot::Receiver<()>),
     Inline(Arc<std::sync::Mutex<T>>),
 }
 
 impl<T: Send + 'static> PluginThread<T> {
     pub(super) fn spawn(label: String, mut object: T) -> PluginThread<T> {
         let (jobs, inbox) = mpsc::channel::<Job<T>>();
+        let (ended, ended_rx) = tokio::sync::oneshot::channel();
         let thread_name: String = format!("knob {label}").chars().take(15).collect();
         // If the OS refuses a thread, `jobs` is dropped with the closure and every call
         // reports the component as gone, which is the truth.
@@ -535,10 +538,35 @@ impl<T: Send + 'static> PluginThread<T> {
                 while let Ok(job) = inbox.recv() {
                     job(&mut object);
                 }
+                drop(object);
+                let _ = ended.send(());
             });
         PluginThread {
-            runner: Runner::Thread(jobs),
+            runner: Runner::Thread(jobs, ended_rx),
             label: label.into(),
+        }
+    }
+
+    /// Lets the component go: the calls already made run, then the object is dropped (a
+    /// plugin's own stop: NNI's dispatcher hears of the trials' ends and the experiment's, and
+    /// exits). Resolves once that is done. A process that exits without waiting for it kills
+    /// the thread part-way, and with it what the drop was still doing.
+    pub(super) fn close(self) -> impl std::future::Future<Output = ()> {
+        let ended = match self.runner {
+            Runner::Thread(jobs, ended) => {
+                drop(jobs);
+                Some(ended)
+            }
+            Runner::Inline(object) => {
+                drop(object);
+                None
+            }
+        };
+        async move {
+            if let Some(ended) = ended {
+                // An error: the thread is gone (or never started) without saying so.
+                let _ = ended.await;
+            }
         }
     }
 
@@ -566,7 +594,7 @@ impl<T: Send + 'static> PluginThread<T> {
             let _ = reply.send(result);
         });
         let sent = match &self.runner {
-            Runner::Thread(jobs) => jobs.send(job).is_ok(),
+            Runner::Thread(jobs, _) => jobs.send(job).is_ok(),
             Runner::Inline(object) => match object.lock() {
                 Ok(mut object) => {
                     job(&mut object);
@@ -621,6 +649,11 @@ pub struct TunerHandle(
 );
 
 impl TunerHandle {
+    /// Lets the tuner go once the calls already made have run; resolves when it has been
+    /// dropped (see `PluginThread::close`).
+    pub fn close(self) -> impl std::future::Future<Output = ()> {
+        self.0.close()
+    }
     pub fn label(&self) -> &str {
         &self.0.label
     }
@@ -682,6 +715,11 @@ impl TunerHandle {
 pub struct AssessorHandle(pub(super) PluginThread<AssessorObject>);
 
 impl AssessorHandle {
+    /// Lets the assessor go once the calls already made have run; resolves when it has been
+    /// dropped (see `PluginThread::close`).
+    pub fn close(self) -> impl std::future::Future<Output = ()> {
+        self.0.close()
+    }
     pub fn label(&self) -> &str {
         &self.0.label
     }
