@@ -8,13 +8,11 @@
 //! run's happenings in the world and building environment reports, which a real plugin does on
 //! a thread of its own; the JSON of each call both ways stays in), of which its start (before
 //! its loop began: registering the 1 000 environments, paid once an experiment) and its loop,
-//! the polls of its future
-//! (with that side), the manager's thread
-//! (adding the simulated world's deliveries and the driver's turns, which run on it too), and
-//! the whole process (adding the store's writer and SQLite); the thread's with the checks
-//! (which read the whole log back and replay it; what the bench reported before 2026-11-26),
-//! the store events of each kind, peak resident memory (when
-//! the run ended, and with the checks, which read the whole log back and replay it), store
+//! the polls of its future (with that side), the manager's thread (adding the simulated
+//! world's deliveries and the driver's turns, which run on it too), and the whole process
+//! (adding the store's writer and SQLite); the thread's with the checks (which read the whole
+//! log back and replay it; what the bench reported before 2026-11-26), the store events of
+//! each kind, peak resident memory (when the run ended, and with the checks), store
 //! bytes and events per trial, the store's replay time, the longest batch of service events the
 //! manager took at once (the event queue), loop turns, and one placement decision over the same
 //! 1 000 × 8 inventory at full occupancy. Then the per-trial costs side by side, and how far

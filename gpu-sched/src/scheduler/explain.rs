@@ -264,8 +264,6 @@ fn gpu_limits_text(env: &EnvState) -> Option<String> {
     (!parts.is_empty()).then(|| join_and(&parts))
 }
 
-/// Why a request that could fit some day does not fit now: "waiting for 2 GPUs: node1: 1 of
-/// 2 GPUs free (GPU 0 runs t1, GPU 3 held for waiting trial t9); node2: starting".
 /// Whether an environment could ever take the demand, as a waiting reason counts them: not
 /// draining, and starting (its resources unknown) or with nothing that always blocks it.
 fn eligible(env: &EnvState, demand: &Demand) -> bool {
@@ -281,9 +279,10 @@ pub(crate) fn eligible_count(envs: &[EnvState], demand: &Demand) -> usize {
     envs.iter().filter(|env| eligible(env, demand)).count()
 }
 
-/// Why a request waits: what keeps the first few environments that could ever take it from
-/// taking it now, and how many more there are. `eligible`, when the caller knows it, is
-/// [`eligible_count`]: the environments after the ones described are then not looked at.
+/// Why a request that could fit some day does not fit now: "waiting for 2 GPUs: node1: 1 of
+/// 2 GPUs free (GPU 0 runs t1, GPU 3 held for waiting trial t9); node2: starting; and 3 more
+/// environments". `eligible_envs`, when the caller knows it, is [`eligible_count`]: the
+/// environments after the ones described are then not looked at.
 pub(crate) fn waiting(
     envs: &[EnvState],
     holds: &Holds,
