@@ -102,7 +102,15 @@ fn start_daemon(options: &AttachOptions) -> Result<std::process::Child, AgentErr
         "cannot find its own executable",
         Path::new(""),
     ))?;
-    let mut command = Command::new(&exe);
+    // The file this agent was started from may be gone since (replaced or removed while it
+    // started: its path then ends in " (deleted)"); the kernel's link to the running image
+    // still starts this same agent.
+    let program = if exe.exists() {
+        exe.clone()
+    } else {
+        PathBuf::from("/proc/self/exe")
+    };
+    let mut command = Command::new(&program);
     command
         .arg("serve")
         .arg("--dir")

@@ -200,10 +200,13 @@ async fn upload_agent(
         .parent()
         .map(|d| d.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // Written to a temporary name and renamed, so that a broken upload never leaves a
-    // truncated binary under the final name.
+    // Written to a temporary name, so that a broken upload never leaves a truncated binary
+    // under the final name, then linked there only if no other upload got there first: hosts
+    // that share a home folder (NFS) upload at the same time, and replacing the binary under
+    // an agent already started from it leaves that agent's own path "(deleted)", which it
+    // needs to start its daemon. `mv` only where the folder takes no hard links.
     let command = format!(
-        "mkdir -p {dir} && tmp={quoted}.part.$$ && cat > \"$tmp\" && chmod 755 \"$tmp\" && mv -f \"$tmp\" {quoted} && echo uploaded",
+        "mkdir -p {dir} && tmp={quoted}.part.$$ && cat > \"$tmp\" && chmod 755 \"$tmp\" && {{ ln \"$tmp\" {quoted} 2>/dev/null || test -x {quoted} || mv -f \"$tmp\" {quoted}; }} && rm -f \"$tmp\" && echo uploaded",
         dir = shell_quote(&directory)
     );
     let output = connection

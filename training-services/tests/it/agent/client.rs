@@ -30,7 +30,16 @@ pub struct Attached {
 
 impl Attached {
     pub fn start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Attached {
-        let mut command = Command::new(AGENT);
+        Attached::start_from(Command::new(AGENT), dir, args, env)
+    }
+
+    /// `start` with `command` for the agent: another way of running its binary.
+    pub fn start_from(
+        mut command: Command,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Attached {
         command
             .arg("attach")
             .arg("--dir")

@@ -620,6 +620,29 @@ fn a_directory_deeper_than_a_socket_path_allows_still_works() {
     assert!(agent.wait_exit().success());
 }
 
+/// Hosts that share a home folder (NFS) upload the agent to the same path: an `attach` started
+/// from a binary that was replaced or removed since must still start its daemon (its own
+/// path then reads "… (deleted)").
+#[test]
+fn an_agent_whose_binary_was_removed_after_it_started_still_starts_its_daemon() {
+    let host = Host::new();
+    let copy = host.root.path().join("knob-agent-copy");
+    std::fs::copy(AGENT, &copy).unwrap();
+    // Opened, removed, then run from the open file: the running agent's file is gone.
+    let mut command = Command::new("/bin/bash");
+    command
+        .arg("-c")
+        .arg(r#"exec 3<"$0" && rm -f "$0" && exec /proc/self/fd/3 "$@""#)
+        .arg(&copy);
+    let mut agent = Attached::start_from(command, &host.dir(), &[], &[]);
+    agent.hello(0, true);
+    assert!(!copy.exists());
+    agent.start_trial(1, host.request("t", "echo KNOB_FINAL 1"), false);
+    agent.until_ended("t");
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+}
+
 #[test]
 fn a_daemon_that_cannot_start_is_reported_in_one_line_with_its_log() {
     let host = Host::new();
