@@ -351,6 +351,7 @@ async fn show_progress_lines(
     let mut notices_shown = 0;
     let mut last_line = String::new();
     let mut last_time: Option<tokio::time::Instant> = None;
+    let mut clock = ExperimentClock::default();
     loop {
         let snapshot = progress.borrow_and_update().clone();
         for notice in snapshot.notices.iter().skip(notices_shown) {
@@ -364,7 +365,7 @@ async fn show_progress_lines(
         };
         let line = format!(
             "progress: {done}/{total} {}",
-            progress_message(&snapshot, maximize)
+            progress_message(&snapshot, clock.now(&snapshot), maximize)
         );
         let finished = matches!(
             snapshot.status,
@@ -407,6 +408,7 @@ async fn show_progress_bar(
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     let mut notices_shown = 0;
+    let mut clock = ExperimentClock::default();
     loop {
         let snapshot = progress.borrow_and_update().clone();
         for notice in snapshot.notices.iter().skip(notices_shown) {
@@ -421,7 +423,7 @@ async fn show_progress_bar(
                 .max(done),
         );
         bar.set_position(done);
-        bar.set_message(progress_message(&snapshot, maximize));
+        bar.set_message(progress_message(&snapshot, clock.now(&snapshot), maximize));
         let finished = matches!(
             snapshot.status,
             Some(ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error)
@@ -430,14 +432,44 @@ async fn show_progress_bar(
             break;
         }
         pace.pause().await;
-        if progress.changed().await.is_err() {
-            break;
+        // The time left moves on between snapshots: a run of only intermediate results
+        // publishes none, for as long as its trials run.
+        match tokio::time::timeout(Duration::from_secs(1), progress.changed()).await {
+            Ok(Err(_)) => break,
+            Ok(Ok(())) | Err(_) => {}
         }
     }
     bar.finish_and_clear();
 }
 
-fn progress_message(p: &Progress, maximize: bool) -> String {
+/// The experiment's elapsed time between [`Progress`] snapshots: the latest snapshot's, plus
+/// the time since it first showed that value.
+#[derive(Default)]
+struct ExperimentClock {
+    seen: Option<(Duration, tokio::time::Instant)>,
+}
+
+impl ExperimentClock {
+    fn now(&mut self, snapshot: &Progress) -> Duration {
+        if matches!(
+            snapshot.status,
+            Some(ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error)
+        ) {
+            return snapshot.elapsed;
+        }
+        let now = tokio::time::Instant::now();
+        match self.seen {
+            Some((elapsed, at)) if elapsed == snapshot.elapsed => elapsed + (now - at),
+            _ => {
+                self.seen = Some((snapshot.elapsed, now));
+                snapshot.elapsed
+            }
+        }
+    }
+}
+
+/// `elapsed`: the experiment's time now (the snapshot's, carried forward by the display).
+fn progress_message(p: &Progress, elapsed: Duration, maximize: bool) -> String {
     let mut message = format!(
         "done {} · running {} · failed {}",
         p.succeeded, p.running, p.failed
@@ -453,7 +485,7 @@ fn progress_message(p: &Progress, maximize: bool) -> String {
         message.push_str(&format!(" · best ({word}) {value:.6} ({trial})"));
     }
     if let Some(max) = p.max_duration {
-        let left = max.saturating_sub(p.elapsed);
+        let left = max.saturating_sub(elapsed);
         message.push_str(&format!(" · {} left", humanize(left)));
     }
     message
@@ -599,4 +631,30 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
         "the background experiment did not register within 30 s; log: {}",
         log_path.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_left_moves_on_between_snapshots_and_stops_at_the_end() {
+        let mut clock = ExperimentClock::default();
+        let mut snapshot = Progress {
+            elapsed: Duration::from_secs(10),
+            max_duration: Some(Duration::from_secs(60)),
+            ..Progress::default()
+        };
+        assert_eq!(clock.now(&snapshot), Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(20));
+        let later = clock.now(&snapshot);
+        assert!(later >= Duration::from_millis(10_020), "{later:?}");
+        assert!(progress_message(&snapshot, later, true).ends_with(" · 49s left"));
+
+        snapshot.elapsed = Duration::from_secs(11);
+        assert_eq!(clock.now(&snapshot), Duration::from_secs(11));
+        snapshot.status = Some(ExperimentStatus::Done);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(clock.now(&snapshot), Duration::from_secs(11));
+    }
 }
