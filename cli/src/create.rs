@@ -434,9 +434,8 @@ async fn show_progress_bar(
         pace.pause().await;
         // The time left moves on between snapshots: a run of only intermediate results
         // publishes none, for as long as its trials run.
-        match tokio::time::timeout(Duration::from_secs(1), progress.changed()).await {
-            Ok(Err(_)) => break,
-            Ok(Ok(())) | Err(_) => {}
+        if let Ok(Err(_)) = tokio::time::timeout(Duration::from_secs(1), progress.changed()).await {
+            break;
         }
     }
     bar.finish_and_clear();
