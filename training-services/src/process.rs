@@ -128,10 +128,29 @@ pub struct TrialTree {
 /// 10 ms of re-reads missed one now and then, and 150 ms still did at load 20 (six runs at once
 /// of `lifecycle::a_process_that_left_the_group_is_stopped_even_while_it_execs`, a process
 /// exec'ing itself in a loop: 2 of 6 failed). Doubling keeps the reads few; the time is paid
-/// only for a process whose environment keeps reading empty.
+/// only for a process whose environment keeps reading empty. Each read is itself a few reads
+/// of one open file ([`SETTLE_PAUSES`]): that, not the patience, is what stopped the misses.
 const MID_EXEC_PATIENCE: std::time::Duration = std::time::Duration::from_millis(600);
 const MID_EXEC_FIRST_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
 const MID_EXEC_LONGEST_PAUSE: std::time::Duration = std::time::Duration::from_millis(32);
+
+/// Pauses between reads of one open `/proc/<pid>/environ` that read empty, before the file is
+/// given up (and the scan opens it again later).
+///
+/// Why the same file: opening it waits while the process is inside execve(2) (the kernel's
+/// `exec_update_lock`, taken for the switch to the new memory) and returns just after, with the
+/// new memory, whose environment the kernel has not written yet. A process that execs in a loop
+/// spends much of its time there, so nearly every open met that moment and read empty: 600 ms
+/// of fresh opens, two dozen of them, all read empty now and then (the escape of
+/// `lifecycle::a_process_that_left_the_group_is_stopped_even_while_it_execs`, seen under CI's
+/// load). The file opened then reads the new environment a fraction of a millisecond later,
+/// once the kernel has written it, and before the next exec can replace that memory.
+const SETTLE_PAUSES: [std::time::Duration; 4] = [
+    std::time::Duration::from_micros(100),
+    std::time::Duration::from_micros(200),
+    std::time::Duration::from_micros(400),
+    std::time::Duration::from_micros(800),
+];
 
 /// What a process's environment says about a trial's mark.
 enum Mark {
@@ -516,7 +535,7 @@ impl TrialTree {
 
     /// Whether process `pid`'s environment carries this run's mark.
     fn read_mark(&self, pid: u32) -> Mark {
-        match read_environ(pid) {
+        match read_environ_settled(pid) {
             Ok(environ) if environ.is_empty() => Mark::Unreadable,
             Ok(environ) if environ.split(|&b| b == 0).any(|v| v == self.entry) => Mark::Carried,
             Ok(_) => Mark::Absent,
@@ -610,11 +629,31 @@ impl TrialTree {
 /// out: zeroing a fresh 128 KiB for each read cost more than the read itself, most of a
 /// trial's environment reads in `trial_overhead.sh`.
 pub fn read_environ(pid: u32) -> std::io::Result<Vec<u8>> {
+    read_open_environ(&mut File::open(format!("/proc/{pid}/environ"))?)
+}
+
+/// [`read_environ`], read again from the same open file after each of [`SETTLE_PAUSES`] while
+/// it reads empty (a process in the middle of execve(2)); empty if it still does.
+fn read_environ_settled(pid: u32) -> std::io::Result<Vec<u8>> {
+    let mut file = File::open(format!("/proc/{pid}/environ"))?;
+    let mut environ = read_open_environ(&mut file)?;
+    for pause in SETTLE_PAUSES {
+        if !environ.is_empty() {
+            break;
+        }
+        std::thread::sleep(pause);
+        file.seek(SeekFrom::Start(0))?;
+        environ = read_open_environ(&mut file)?;
+    }
+    Ok(environ)
+}
+
+/// The rest of an open `/proc/<pid>/environ` from where it stands (see [`read_environ`]).
+fn read_open_environ(file: &mut File) -> std::io::Result<Vec<u8>> {
     const ONE_READ: usize = 128 * 1024;
     thread_local! {
         static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let mut file = File::open(format!("/proc/{pid}/environ"))?;
     BUFFER.with_borrow_mut(|environ| {
         if environ.len() < ONE_READ {
             environ.resize(ONE_READ, 0);

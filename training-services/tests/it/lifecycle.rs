@@ -353,7 +353,8 @@ echo KNOB_FINAL 1"#;
             .unwrap();
         assert!(
             !process_runs(looper),
-            "run {run}: {looper} outlived its trial"
+            "run {run}: {looper} outlived its trial: {}",
+            std::fs::read_to_string(format!("/proc/{looper}/stat")).unwrap_or_default()
         );
     }
 }
