@@ -46,7 +46,18 @@ pub enum PoolError {
     Trial(#[from] TrialError),
 }
 
-type RunningTrials = Arc<(Mutex<HashMap<String, TrialHandle>>, Condvar)>;
+type RunningTrials = Arc<(Mutex<Runs>, Condvar)>;
+
+/// The trials started here and not yet over.
+#[derive(Default)]
+struct Runs {
+    /// Those that have not reached their end, by id: a kill reaches them, and a second start of
+    /// the same id is refused. A run leaves just before its `TrialEnded` is emitted, so that a
+    /// start sent on hearing of the end (the core's next attempt of the trial) is not refused.
+    live: HashMap<String, TrialHandle>,
+    /// Those whose `TrialEnded` has not been emitted yet, live or not: what a shutdown waits for.
+    unfinished: usize,
+}
 
 /// Trials waiting for their lease, with the last reason told to the core.
 type PendingTrials = Arc<Mutex<BTreeMap<String, (TrialRequest, String)>>>;
@@ -181,7 +192,7 @@ impl TrialPool {
             return Err(PoolError::ShutDown);
         }
         if lock(&self.pending).contains_key(&request.trial_id)
-            || lock(&self.running.0).contains_key(&request.trial_id)
+            || lock(&self.running.0).live.contains_key(&request.trial_id)
         {
             return Err(PoolError::DuplicateTrial(request.trial_id.clone()));
         }
@@ -205,8 +216,8 @@ impl TrialPool {
             self.core().end_pending(&request, reason);
             return true;
         }
-        let trials = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
-        match trials.get(trial_id) {
+        let runs = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
+        match runs.live.get(trial_id) {
             Some(handle) => {
                 handle.kill(reason);
                 true
@@ -222,8 +233,9 @@ impl TrialPool {
 
     /// The running trials and the pids of their process-group leaders, sorted by id.
     pub fn running(&self) -> Vec<(String, Option<u32>)> {
-        let trials = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut running: Vec<(String, Option<u32>)> = trials
+        let runs = self.running.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut running: Vec<(String, Option<u32>)> = runs
+            .live
             .iter()
             .map(|(id, handle)| (id.clone(), handle.pid()))
             .collect();
@@ -238,21 +250,21 @@ impl TrialPool {
         for (request, _) in pending.into_values() {
             self.core().end_pending(&request, reason);
         }
-        let (trials, ended) = &*self.running;
-        let mut trials = trials.lock().unwrap_or_else(|p| p.into_inner());
-        for handle in trials.values() {
+        let (runs, ended) = &*self.running;
+        let mut runs = runs.lock().unwrap_or_else(|p| p.into_inner());
+        for handle in runs.live.values() {
             handle.kill(reason);
         }
         let deadline = Instant::now() + self.host.grace_period * 2 + Duration::from_secs(5);
-        while !trials.is_empty() {
+        while runs.unfinished > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let mut ids: Vec<String> = trials.keys().cloned().collect();
+                let mut ids: Vec<String> = runs.live.keys().cloned().collect();
                 ids.sort();
                 return ids;
             }
-            trials = ended
-                .wait_timeout(trials, left)
+            runs = ended
+                .wait_timeout(runs, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -335,11 +347,11 @@ impl PoolCore {
     }
 
     fn start_now(&self, request: &TrialRequest) -> Result<(), PoolError> {
-        let mut trials = lock(&self.running.0);
+        let mut runs = lock(&self.running.0);
         if self.shut_down.load(Ordering::SeqCst) {
             return Err(PoolError::ShutDown);
         }
-        if trials.contains_key(&request.trial_id) {
+        if runs.live.contains_key(&request.trial_id) {
             return Err(PoolError::DuplicateTrial(request.trial_id.clone()));
         }
         let running = self.running.clone();
@@ -348,20 +360,25 @@ impl PoolCore {
             .is_some()
             .then(|| (self.clone(), request.clone()));
         let trial_id = request.trial_id.clone();
-        // Given back before the end is told, so the core's next trial finds the GPU free.
+        // Given back before the end is told, so the core's next trial finds the GPU free; and
+        // no longer live, so the core's next attempt of this trial is not refused. The entry
+        // is this run's: no other run of the id could start while it was live.
         let before_end = Box::new(move || {
+            lock(&running.0).live.remove(&trial_id);
             if let Some((core, request)) = leased {
                 core.give_back(&request);
             }
         });
+        let running = self.running.clone();
         let on_finished = Box::new(move || {
-            let (trials, ended) = &*running;
-            lock(trials).remove(&trial_id);
+            let (runs, ended) = &*running;
+            lock(runs).unfinished -= 1;
             ended.notify_all();
         });
-        // The map stays locked until the handle is in it, so `on_finished` cannot run first.
+        // The runs stay locked until the handle is in them, so `before_end` cannot run first.
         let handle = start_trial(&self.host, &self.runtime, request, before_end, on_finished)?;
-        trials.insert(request.trial_id.clone(), handle);
+        runs.live.insert(request.trial_id.clone(), handle);
+        runs.unfinished += 1;
         Ok(())
     }
 

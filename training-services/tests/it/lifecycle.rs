@@ -403,3 +403,57 @@ fn shutdown_kills_the_processes_that_left_the_group_and_nothing_of_another_servi
         assert!(!process_runs(pid), "{pid} outlived the other service");
     }
 }
+
+/// The core starts a trial's next attempt (same id, its own folder) as soon as it hears of the
+/// previous attempt's end: that start must not be refused as a duplicate. Started from the
+/// event sink itself, at the moment the end is emitted.
+#[test]
+fn a_new_attempt_started_on_hearing_of_the_end_is_not_refused() {
+    use knob_training_services::trial_pool::TrialPool;
+    use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+    let root = tempfile::tempdir().unwrap();
+    let code = root.path().join("code");
+    std::fs::create_dir_all(&code).unwrap();
+    let first = request(&code, &root.path().join("t"), "t", "echo KNOB_FINAL 1");
+    let next = request(
+        &code,
+        &root.path().join("t/attempt-2"),
+        "t",
+        "echo KNOB_FINAL 2",
+    );
+    std::fs::create_dir_all(&next.trial_dir).unwrap();
+
+    let pool_slot: Arc<OnceLock<Weak<TrialPool>>> = Arc::default();
+    let answers: Arc<Mutex<Vec<Result<(), String>>>> = Arc::default();
+    let events = Events::default();
+    let emit: knob_training_services::metrics::Emit = {
+        let (pool_slot, answers, events) = (pool_slot.clone(), answers.clone(), events.clone());
+        Arc::new(move |event: ServiceEvent| {
+            let first_end = matches!(event, ServiceEvent::TrialEnded { .. })
+                && !events
+                    .all()
+                    .iter()
+                    .any(|e| matches!(e, ServiceEvent::TrialEnded { .. }));
+            if first_end {
+                let pool = pool_slot.get().and_then(Weak::upgrade).unwrap();
+                let answer = pool.start(&next).map_err(|e| e.to_string());
+                answers.lock().unwrap().push(answer);
+            }
+            events.push(event);
+        })
+    };
+    let pool =
+        Arc::new(TrialPool::new("test", std::time::Duration::from_millis(500), emit).unwrap());
+    pool_slot.set(Arc::downgrade(&pool)).unwrap();
+    pool.start(&first).unwrap();
+    events.wait_until("both attempts' ends", |events| {
+        events
+            .iter()
+            .filter(|e| matches!(e, ServiceEvent::TrialEnded { .. }))
+            .count()
+            == 2
+    });
+    assert_eq!(*answers.lock().unwrap(), [Ok(())]);
+    assert!(pool.stop("test over").is_empty());
+}
