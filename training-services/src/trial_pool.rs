@@ -364,10 +364,10 @@ impl PoolCore {
         // no longer live, so the core's next attempt of this trial is not refused. The entry
         // is this run's: no other run of the id could start while it was live.
         let before_end = Box::new(move || {
-            lock(&running.0).live.remove(&trial_id);
             if let Some((core, request)) = leased {
                 core.give_back(&request);
             }
+            lock(&running.0).live.remove(&trial_id);
         });
         let running = self.running.clone();
         let on_finished = Box::new(move || {
