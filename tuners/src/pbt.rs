@@ -26,7 +26,8 @@
 //! Resume: every member is labeled (`m<slot>-<parameter id>`), so the host imports all of them
 //! whatever their state. Members that run again keep their slot and are judged again after one
 //! more interval; a slot whose last member was stopped before its successor was created is
-//! filled at the next exploitation, through an id the tuner defers.
+//! filled by the next id the host asks for once a donor is known (a top member's report, or
+//! the next exploitation, fills an id the tuner deferred).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -290,7 +291,8 @@ impl PbtTuner {
     /// not handed out yet, deletes such a member's checkpoint when it ends (Ray's "deletes
     /// checkpoints it later needs", ray#9036). The new donor is the best member with a
     /// checkpoint that is living or finished (a finished member's checkpoint is kept), its
-    /// parameters explored; without one the slot waits for the next exploitation (`vacant`).
+    /// parameters explored; without one the slot waits (`vacant`) for the next id asked for once
+    /// a donor is known.
     fn next_successor(&mut self) -> Option<Successor> {
         while let Some(mut successor) = self.successors.pop_front() {
             let donor_gone = successor
@@ -301,14 +303,7 @@ impl PbtTuner {
             if !donor_gone {
                 return Some(successor);
             }
-            let best = self
-                .members
-                .iter()
-                .filter(|(_, m)| m.has_checkpoint && (m.alive || m.succeeded))
-                .filter_map(|(id, m)| Some((*id, m.last_score?)))
-                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
-                .map(|(id, _)| id);
-            let Some(donor) = best else {
+            let Some(donor) = self.best_donor() else {
                 if let Some(replaces) = successor.lineage.replaces {
                     self.vacant.push_back((successor.slot, replaces));
                 }
@@ -324,6 +319,41 @@ impl PbtTuner {
             return Some(successor);
         }
         None
+    }
+
+    /// The best member with a checkpoint that is living or finished (a finished member's
+    /// checkpoint is kept), by its last score.
+    fn best_donor(&self) -> Option<u64> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.has_checkpoint && (m.alive || m.succeeded))
+            .filter_map(|(id, m)| Some((*id, m.last_score?)))
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map(|(id, _)| id)
+    }
+
+    /// A successor for the first vacant slot (one whose last member was stopped before its
+    /// successor was created, at a resume; or whose donor went away while it waited), cloned
+    /// from the best donor; `None` without one.
+    fn successor_for_vacant(&mut self) -> Option<Successor> {
+        if self.vacant.is_empty() {
+            return None;
+        }
+        let donor = self.best_donor()?;
+        let (slot, replaces) = self.vacant.pop_front().expect("not empty");
+        let (parameters, time) = {
+            let d = &self.members[&donor];
+            (d.parameters.clone(), d.time)
+        };
+        Some(Successor {
+            slot,
+            parameters: self.explore(&parameters),
+            lineage: Lineage {
+                parent: Some(donor),
+                replaces: Some(replaces),
+                parent_step: Some(time),
+            },
+        })
     }
 
     fn judge_synchronously(&mut self) {
@@ -428,6 +458,10 @@ impl Tuner for PbtTuner {
             )));
         }
         let successor = if let Some(successor) = self.next_successor() {
+            successor
+        } else if let Some(successor) = self.successor_for_vacant() {
+            // A free place and a vacant slot: filled now, not at a later exploitation, which
+            // may never come while exploitations' own successors take every free place.
             successor
         } else if let Some(space) = self
             .space

@@ -267,6 +267,54 @@ fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
     assert_eq!(member.1.parent, Some(2), "the top member with a checkpoint");
 }
 
+/// The same slot, when a donor is known before the host asks for an id: the id fills the slot
+/// at once. Waiting for a top member's next report lost the slot when exploitations' own
+/// successors took every free place first (`cli`'s kill-and-resume PBT test, now and then).
+#[test]
+fn a_resumed_population_fills_an_empty_slot_with_the_next_id_once_a_donor_is_known() {
+    let mut tuner =
+        PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
+            .unwrap();
+    tuner.update_search_space(&space()).unwrap();
+    let member = |id: u64, slot: u64, status: &str| ImportedTrial {
+        parameter_id: Some(id),
+        label: Some(format!("m{slot}-{id}")),
+        status: Some(status.into()),
+        ..ImportedTrial::new(
+            json!({"lr": 0.01 * (id + 1) as f64, "width": 32, "layers": 2}),
+            f64::NAN,
+        )
+    };
+    tuner
+        .import_data(&[
+            member(0, 0, "RUNNING"),
+            member(1, 1, "EARLY_STOPPED"),
+            member(2, 2, "RUNNING"),
+        ])
+        .unwrap();
+    // A donor reports (a checkpoint, a score) while no id is waiting.
+    tuner
+        .receive_intermediate_result(
+            2,
+            Intermediate {
+                step: 0,
+                checkpoint: true,
+            },
+            0.9,
+        )
+        .unwrap();
+    match tuner.generate_parameters(3).unwrap() {
+        Generated::Member { label, lineage, .. } => {
+            assert_eq!(label, "m1-3");
+            assert_eq!(lineage.replaces, Some(1));
+            assert_eq!(lineage.parent, Some(2));
+        }
+        other => panic!("slot 1 is filled through id 3, got {other:?}"),
+    }
+    // The population is whole again: the next id waits.
+    assert_eq!(tuner.generate_parameters(4).unwrap(), Generated::Deferred);
+}
+
 #[test]
 fn bad_class_args_are_one_line_errors() {
     let error = |args: Value| PbtTuner::new(&args).unwrap_err().to_string();
