@@ -211,8 +211,9 @@ fn synchronous_mode_judges_only_when_every_member_reached_the_interval() {
     assert_eq!(drive.stops.len(), 1, "{:?}", drive.stops);
 }
 
-#[test]
-fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
+/// A population of 3 resumed after a crash: slot 1's member was stopped, and the manager died
+/// before its successor was created; members 0 and 2 run again.
+fn resumed_with_slot_1_empty() -> PbtTuner {
     let mut tuner =
         PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
             .unwrap();
@@ -226,7 +227,6 @@ fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
             f64::NAN,
         )
     };
-    // Slot 1's member was stopped, and the manager died before its successor was created.
     tuner
         .import_data(&[
             member(0, 0, "RUNNING"),
@@ -234,6 +234,12 @@ fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
             member(2, 2, "RUNNING"),
         ])
         .unwrap();
+    tuner
+}
+
+#[test]
+fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
+    let mut tuner = resumed_with_slot_1_empty();
     assert_eq!(tuner.generate_parameters(3).unwrap(), Generated::Deferred);
     let intermediate = |step| Intermediate {
         step,
@@ -272,26 +278,7 @@ fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
 /// successors took every free place first (`cli`'s kill-and-resume PBT test, now and then).
 #[test]
 fn a_resumed_population_fills_an_empty_slot_with_the_next_id_once_a_donor_is_known() {
-    let mut tuner =
-        PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
-            .unwrap();
-    tuner.update_search_space(&space()).unwrap();
-    let member = |id: u64, slot: u64, status: &str| ImportedTrial {
-        parameter_id: Some(id),
-        label: Some(format!("m{slot}-{id}")),
-        status: Some(status.into()),
-        ..ImportedTrial::new(
-            json!({"lr": 0.01 * (id + 1) as f64, "width": 32, "layers": 2}),
-            f64::NAN,
-        )
-    };
-    tuner
-        .import_data(&[
-            member(0, 0, "RUNNING"),
-            member(1, 1, "EARLY_STOPPED"),
-            member(2, 2, "RUNNING"),
-        ])
-        .unwrap();
+    let mut tuner = resumed_with_slot_1_empty();
     // A donor reports (a checkpoint, a score) while no id is waiting.
     tuner
         .receive_intermediate_result(
