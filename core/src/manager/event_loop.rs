@@ -641,6 +641,14 @@ impl Manager {
                 .await;
         };
         trial.kill = Some((status, reason.clone()));
+        // Recorded before the kill is asked for (in log order, so before anything the decision
+        // led to, such as a population member's successor): a resume after a crash in between
+        // ends the trial as decided instead of running it again.
+        self.store.append_unacked(StoreEvent::TrialStopping {
+            trial_id: trial_id.to_string(),
+            status,
+            message: reason.clone(),
+        });
         if let Err(e) = self.services[service]
             .handle
             .kill_trial(trial_id.to_string(), reason)

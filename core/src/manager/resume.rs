@@ -68,20 +68,52 @@ impl Manager {
                 .end
                 .as_ref()
                 .is_some_and(|end| end.stopped_with_experiment());
-            if stored.status.is_final() && !stopped_with_experiment {
-                self.book.set_status(&id, stored.status);
+            // One the manager had decided to end (stopped by the tuner or the assessor, killed
+            // by the user, past maxTrialDuration) ends now as decided, though its end was not
+            // recorded before the manager stopped. Run again, a population member the tuner had
+            // replaced would train on beside its successor: two members in one slot.
+            let mut status = stored.status;
+            if let Some(stop) = stored
+                .stopping
+                .as_ref()
+                .filter(|stop| !status.is_final() && !stop.with_experiment())
+            {
+                self.store
+                    .append(StoreEvent::TrialEnded {
+                        trial_id: id.clone(),
+                        attempt,
+                        status: stop.status,
+                        exit_code: None,
+                        signal: None,
+                        message: Some(stop.message.clone()),
+                        stderr_tail: None,
+                        peak_memory_mib: None,
+                        peak_gpu_memory_mib: None,
+                    })
+                    .await?;
+                self.book.known(&id).reason = Some(stop.message.clone());
+                status = stop.status;
+            }
+            if status.is_final() && !stopped_with_experiment {
+                self.book.set_status(&id, status);
+                let objectives = &self.config.objectives;
                 if let Some(value) = self.book[&id].final_value {
-                    imported.push(import_record(&self.config.objectives, stored, value));
+                    imported.push(import_record(objectives, stored, status, value));
                     self.book.offer_best(&id, value);
                 }
                 if self.book[&id].final_value.is_none() && stored.parameter_label.is_some() {
                     // A tuner that labels its trials rebuilds its rounds from every trial.
-                    imported.push(import_record(&self.config.objectives, stored, f64::NAN));
+                    imported.push(import_record(objectives, stored, status, f64::NAN));
                 }
                 continue;
             }
             if stored.parameter_label.is_some() {
-                imported.push(import_record(&self.config.objectives, stored, f64::NAN));
+                imported.push(import_record(
+                    &self.config.objectives,
+                    stored,
+                    status,
+                    f64::NAN,
+                ));
             }
             // Not finished: run it again (its services ended what was left of it, see
             // `unfinished_trials`).
@@ -186,6 +218,7 @@ impl Manager {
 fn import_record(
     objectives: &[crate::config::ObjectiveConfig],
     stored: &crate::store::TrialState,
+    status: TrialStatus,
     value: f64,
 ) -> ImportedTrial {
     let mut record = ImportedTrial::new(stored.parameters.clone(), value);
@@ -198,7 +231,7 @@ fn import_record(
     }
     record.parameter_id = Some(stored.parameter_id);
     record.label = stored.parameter_label.clone();
-    record.status = Some(stored.status.as_str().to_string());
+    record.status = Some(status.as_str().to_string());
     record
 }
 
@@ -325,6 +358,7 @@ mod tests {
                 attempt(5, None, false),
             ],
             end: None,
+            stopping: None,
             metrics: Vec::new(),
             memory_request_mib: None,
             gpu_memory_request_mib: None,

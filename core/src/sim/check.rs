@@ -9,7 +9,7 @@ use super::world::{seconds, Shared};
 use super::{Report, Scenario};
 use crate::manager::Outcome;
 use crate::store::{
-    ExperimentState, ExperimentStatus, StoreEvent, StoreReader, TrialQuery, TrialStatus,
+    ExperimentState, ExperimentStatus, Stopping, StoreEvent, StoreReader, TrialQuery, TrialStatus,
 };
 
 /// How many host losses of one trial are run again (the manager's `MAX_HOST_LOSS_REQUEUES`).
@@ -174,6 +174,8 @@ fn accounted_once_per_attempt(
         starts: BTreeMap<u32, u32>,
         ends: BTreeMap<u32, u32>,
         requeues: BTreeMap<u32, u32>,
+        /// The manager decided to end it (not with a stop of the whole experiment).
+        stopping: bool,
     }
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     for record in &events {
@@ -186,6 +188,11 @@ fn accounted_once_per_attempt(
                 trial_id, attempt, ..
             } => {
                 let trial = seen.entry(trial_id.clone()).or_default();
+                if trial.stopping {
+                    violations.push(format!(
+                        "trial {trial_id}: attempt {attempt} started after the manager decided to end it"
+                    ));
+                }
                 if *attempt != trial.current + 1 {
                     violations.push(format!(
                         "trial {trial_id}: attempt {attempt} started after attempt {}",
@@ -207,8 +214,24 @@ fn accounted_once_per_attempt(
                 }
                 *trial.ends.entry(*attempt).or_default() += 1;
             }
+            StoreEvent::TrialStopping {
+                trial_id,
+                status,
+                message,
+            } => {
+                let stop = Stopping {
+                    status: *status,
+                    message: message.clone(),
+                };
+                seen.entry(trial_id.clone()).or_default().stopping = !stop.with_experiment();
+            }
             StoreEvent::TrialRequeued { trial_id, .. } => {
                 let trial = seen.entry(trial_id.clone()).or_default();
+                if trial.stopping {
+                    violations.push(format!(
+                        "trial {trial_id}: requeued after the manager decided to end it"
+                    ));
+                }
                 *trial.requeues.entry(trial.current).or_default() += 1;
             }
             _ => {}

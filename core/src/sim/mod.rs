@@ -78,6 +78,10 @@ pub struct Scenario {
     /// told is recorded), and a new one resumes the experiment from its store, as `knob resume`
     /// does: the services end what is left of the runs, and the run goes on.
     pub crash_at: Option<Duration>,
+    /// The crash waits, from `crash_at`, for a quiet moment at which a run the manager asked
+    /// to kill is still alive: the manager decided the trial's end, and is killed before the
+    /// end arrives.
+    pub crash_while_killing: bool,
 }
 
 impl Scenario {
@@ -132,6 +136,7 @@ impl Scenario {
             p_start_fail: 0.0,
             p_duplicate_metric: 0.0,
             crash_at: None,
+            crash_while_killing: false,
         };
         // Drawn last, so that the fields above are what they were before these existed.
         if scenario.environments >= 2 && rng.gen_bool(0.3) {
@@ -184,6 +189,7 @@ impl Scenario {
             p_start_fail: 0.0,
             p_duplicate_metric: 0.0,
             crash_at: None,
+            crash_while_killing: false,
         }
     }
 
@@ -559,7 +565,10 @@ async fn drive(
     let trace = std::env::var_os("KNOB_SIM_TRACE").is_some();
     loop {
         let state = settle(&mut loop_state, trace).await;
-        if crash_at.is_some_and(|at| world.lock().now() >= at) {
+        if crash_at.is_some_and(|at| {
+            let world = world.lock();
+            world.now() >= at && (!world.scenario.crash_while_killing || world.killing_runs() > 0)
+        }) {
             return Driven::Crash;
         }
         let (delivered, stop) = world.lock().deliver_due();
@@ -600,8 +609,11 @@ async fn drive(
                 ));
             }
         };
-        // The crash comes at its time, whatever else is due later.
-        let next = crash_at.map_or(next, |at| next.min(at.max(now)));
+        // The crash comes at its time, whatever else is due later (one that waits for a kill
+        // on its way, past its time, comes with the events that kill).
+        let next = crash_at
+            .filter(|&at| at > now)
+            .map_or(next, |at| next.min(at));
         if next > limit {
             return Driven::Hung(format!(
                 "did not finish within the simulated time limit {}",

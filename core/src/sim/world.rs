@@ -796,6 +796,14 @@ impl World {
     pub fn live_runs(&self) -> usize {
         self.live.len()
     }
+
+    /// Live runs the manager asked to kill that have not ended yet.
+    pub fn killing_runs(&self) -> usize {
+        self.live
+            .values()
+            .filter(|run| self.runs[run].killing)
+            .count()
+    }
 }
 
 /// The simulated training service: what the manager asks goes into the world.

@@ -168,6 +168,7 @@ impl MetricKind {
 ///   started or ended trial back to `WAITING` for a new attempt (a retry, a resume that cannot
 ///   re-attach to a running process, or a resume of a trial a stop of the experiment
 ///   cancelled, which may never have started).
+/// - `TrialStopping` names a `WAITING` or `RUNNING` trial and a final status.
 /// - `Metric`: the trial exists, `attempt` is one it started, and (trial, attempt, kind,
 ///   trial_sequence) is new, so a metric delivered twice is stored once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -224,6 +225,17 @@ pub enum StoreEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peak_gpu_memory_mib: Option<u64>,
     },
+    /// The manager decided to end a running trial (the tuner or the assessor stopped it, the
+    /// user killed it, it ran past `maxTrialDuration`) and asked its service to kill it; its
+    /// `TrialEnded` follows with this status and message once it is gone. Recorded before the
+    /// kill is asked for, so that the decision outlives a crash of the manager in between: a
+    /// resume ends the trial so rather than running it again (a population member the tuner
+    /// replaced would otherwise train on beside its successor).
+    TrialStopping {
+        trial_id: String,
+        status: TrialStatus,
+        message: String,
+    },
     TrialRequeued {
         trial_id: String,
         reason: String,
@@ -271,6 +283,7 @@ impl StoreEvent {
             Self::TrialCreated { .. } => "trial_created",
             Self::TrialStarted { .. } => "trial_started",
             Self::TrialEnded { .. } => "trial_ended",
+            Self::TrialStopping { .. } => "trial_stopping",
             Self::TrialRequeued { .. } => "trial_requeued",
             Self::Metric { .. } => "metric",
             Self::Warning { .. } => "warning",
@@ -283,6 +296,7 @@ impl StoreEvent {
             Self::TrialCreated { trial_id, .. }
             | Self::TrialStarted { trial_id, .. }
             | Self::TrialEnded { trial_id, .. }
+            | Self::TrialStopping { trial_id, .. }
             | Self::TrialRequeued { trial_id, .. }
             | Self::Metric { trial_id, .. } => Some(trial_id),
             Self::Warning { trial_id, .. } => trial_id.as_deref(),

@@ -64,8 +64,8 @@ pub use event::{
 };
 pub use reader::{Attempts, ExperimentSummary, StoreReader, TrialQuery, TrialRow};
 pub use state::{
-    ConfigUpdate, ExperimentState, Requeue, StatusChange, TrialAttempt, TrialEnd, TrialState,
-    WarningRecord, STOPPED_WITH_EXPERIMENT,
+    ConfigUpdate, ExperimentState, Requeue, StatusChange, Stopping, TrialAttempt, TrialEnd,
+    TrialState, WarningRecord, STOPPED_WITH_EXPERIMENT,
 };
 
 use schema::path_text;

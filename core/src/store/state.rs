@@ -78,6 +78,9 @@ pub struct TrialState {
     pub attempts: Vec<TrialAttempt>,
     /// How the trial ended, while its status is final.
     pub end: Option<TrialEnd>,
+    /// How the manager decided to end it while it was not final (see
+    /// `StoreEvent::TrialStopping`); cleared when it ends or is requeued.
+    pub stopping: Option<Stopping>,
     /// Every attempt's metrics, in log order; each names its attempt.
     pub metrics: Vec<MetricRecord>,
     /// The host memory (MiB) its attempts ask for since it ran out of memory, when the manager
@@ -86,6 +89,21 @@ pub struct TrialState {
     /// The GPU memory (MiB per GPU) its attempts ask for since it ran out of GPU memory, when
     /// the manager raised it; `None` while it asks for `trialGpuMemory`.
     pub gpu_memory_request_mib: Option<u64>,
+}
+
+/// An end the manager decided on and asked the trial's service for (`StoreEvent::TrialStopping`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stopping {
+    pub status: TrialStatus,
+    pub message: String,
+}
+
+impl Stopping {
+    /// Whether this stop came with a stop of the whole experiment, which a resume undoes (see
+    /// [`STOPPED_WITH_EXPERIMENT`]).
+    pub fn with_experiment(&self) -> bool {
+        stopped_with_experiment(self.status, Some(&self.message))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -128,12 +146,16 @@ impl TrialEnd {
     /// Whether the trial was cancelled by a stop of the whole experiment
     /// ([`STOPPED_WITH_EXPERIMENT`]).
     pub fn stopped_with_experiment(&self) -> bool {
-        self.status == TrialStatus::UserCanceled
-            && matches!(
-                self.message.as_deref(),
-                Some(STOPPED_WITH_EXPERIMENT | STOPPED_WITH_EXPERIMENT_BEFORE)
-            )
+        stopped_with_experiment(self.status, self.message.as_deref())
     }
+}
+
+fn stopped_with_experiment(status: TrialStatus, message: Option<&str>) -> bool {
+    status == TrialStatus::UserCanceled
+        && matches!(
+            message,
+            Some(STOPPED_WITH_EXPERIMENT | STOPPED_WITH_EXPERIMENT_BEFORE)
+        )
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -440,6 +462,7 @@ impl Replayer {
                     created_ms: time_ms,
                     attempts: Vec::new(),
                     end: None,
+                    stopping: None,
                     metrics: Vec::new(),
                     memory_request_mib: None,
                     gpu_memory_request_mib: None,
@@ -499,6 +522,14 @@ impl Replayer {
                 }
                 trial.status = status;
                 trial.end = Some(end);
+                trial.stopping = None;
+            }
+            StoreEvent::TrialStopping {
+                trial_id,
+                status,
+                message,
+            } => {
+                self.trial(seq, &trial_id)?.stopping = Some(Stopping { status, message });
             }
             StoreEvent::TrialRequeued {
                 trial_id,
@@ -511,6 +542,7 @@ impl Replayer {
                 let trial = self.trial(seq, &trial_id)?;
                 trial.status = TrialStatus::Waiting;
                 trial.end = None;
+                trial.stopping = None;
                 if memory_request_mib.is_some() {
                     trial.memory_request_mib = memory_request_mib;
                 }

@@ -513,6 +513,22 @@ impl Writer {
                         stderr_tail
                     ])?;
             }
+            StoreEvent::TrialStopping {
+                trial_id,
+                status: end_status,
+                ..
+            } => {
+                if !end_status.is_final() {
+                    return reject(Rejection::NotAFinalStatus {
+                        status: end_status.as_str().to_string(),
+                    });
+                }
+                // Kept in the event log only (the state replays it from there).
+                let (status, _) = self.trial_status(trial_id)?;
+                if status.is_final() {
+                    return wrong_status(trial_id, status, "trial_stopping");
+                }
+            }
             StoreEvent::TrialRequeued { trial_id, .. } => {
                 let (status, attempts) = self.trial_status(trial_id)?;
                 // A started trial, or one that ended before it started (cancelled by a stop of

@@ -124,6 +124,43 @@ fn a_manager_killed_mid_run_is_resumed_from_its_store_without_losing_or_repeatin
 }
 
 #[test]
+fn a_trial_the_manager_decided_to_stop_ends_so_after_a_crash_instead_of_running_again() {
+    // Each crashes while a run the assessor stopped is still being killed (a simulated kill
+    // takes 10 ms to 3 s): the stop was decided and recorded, its end was not. The resumed
+    // manager must end the trial as decided; the checks fail on any start or requeue of a
+    // trial after the manager decided to end it. Before the decision was recorded, the resume
+    // ran such a trial again (a PBT member its tuner had replaced then trained beside its
+    // successor, two members in one slot).
+    let scenarios: Vec<Scenario> = seeds_with(
+        |s| {
+            s.assessor_threshold.is_some()
+                && s.stop_at.is_none()
+                && s.max_experiment_duration.is_none()
+        },
+        10,
+        2000,
+    )
+    .into_iter()
+    .map(|mut scenario| {
+        // At the first stop's kill; nearly every trial is stopped at its third result.
+        scenario.crash_at = Some(Duration::from_secs(1));
+        scenario.assessor_threshold = Some(0.95);
+        scenario.crash_while_killing = true;
+        scenario
+    })
+    .collect();
+    assert!(scenarios.len() >= 10, "few such scenarios among the seeds");
+    let reports: Vec<Report> = scenarios.iter().map(play).collect();
+    assert_sound(&reports);
+    // A crash comes only with a kill on its way.
+    let resumed = reports.iter().filter(|report| report.resumed == 1).count();
+    assert!(
+        resumed >= 5,
+        "only {resumed} of 10 runs crashed while a stopped trial was being killed"
+    );
+}
+
+#[test]
 fn start_failures_and_several_training_services_keep_the_invariants() {
     let scenarios = seeds_with(|s| s.p_start_fail > 0.05 && s.services >= 2, 10, 2000);
     assert!(scenarios.len() >= 5, "few such scenarios among the seeds");

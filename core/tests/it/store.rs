@@ -475,6 +475,66 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
     assert!(refused.is_err(), "{refused:?}");
 }
 
+fn stopping(trial_id: &str, status: TrialStatus, message: &str) -> StoreEvent {
+    StoreEvent::TrialStopping {
+        trial_id: trial_id.to_string(),
+        status,
+        message: message.to_string(),
+    }
+}
+
+#[test]
+fn a_stop_the_manager_decided_is_kept_until_the_trial_ends_and_only_for_one_not_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    put(&store, started("t", 1));
+    put(
+        &store,
+        stopping("t", TrialStatus::EarlyStopped, "PBT: bottom 25% at step 4"),
+    );
+    // What a resume after a crash here ends the trial with.
+    let state = store.replay().unwrap();
+    assert_eq!(state.trials[0].status, TrialStatus::Running);
+    let stop = state.trials[0].stopping.as_ref().unwrap();
+    assert_eq!(
+        (stop.status, stop.message.as_str(), stop.with_experiment()),
+        (
+            TrialStatus::EarlyStopped,
+            "PBT: bottom 25% at step 4",
+            false
+        )
+    );
+    put(&store, ended("t", 1, TrialStatus::EarlyStopped));
+    assert!(store.replay().unwrap().trials[0].stopping.is_none());
+    // Not for an ended trial, nor with a status that is not an end.
+    let refused = store
+        .append(stopping(
+            "t",
+            TrialStatus::UserCanceled,
+            "killed by the user",
+        ))
+        .wait();
+    assert!(refused.is_err(), "{refused:?}");
+    put(&store, trial("u", 1));
+    let refused = store
+        .append(stopping("u", TrialStatus::Running, "?"))
+        .wait();
+    assert!(refused.is_err(), "{refused:?}");
+    // A stop of the whole experiment, which a resume undoes, says so.
+    put(
+        &store,
+        stopping(
+            "u",
+            TrialStatus::UserCanceled,
+            knob_core::store::STOPPED_WITH_EXPERIMENT,
+        ),
+    );
+    let state = store.replay().unwrap();
+    assert!(state.trials[1].stopping.as_ref().unwrap().with_experiment());
+}
+
 fn warning(trial_id: &str, message: &str) -> StoreEvent {
     StoreEvent::Warning {
         trial_id: Some(trial_id.to_string()),
