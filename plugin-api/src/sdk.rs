@@ -276,7 +276,8 @@ pub trait Tuner: Send + 'static {
     fn trial_end(&mut self, _parameter_id: u64, _status: &str) -> Result<(), PluginError> {
         Ok(())
     }
-    /// Finished trials of an earlier run of the experiment, to rebuild state on resume.
+    /// Finished trials of an earlier run of the experiment, to rebuild state on resume; knob
+    /// lists them in the order they were created.
     fn import_data(&mut self, _trials: &[ImportedTrial]) -> Result<(), PluginError> {
         Ok(())
     }

@@ -554,8 +554,10 @@ impl Tuner for PbtTuner {
 
     fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), PluginError> {
         // Only members (labeled `m<slot>-<id>`) matter; the latest member of each slot decides
-        // whether the slot lives, is done, or waits for a successor.
-        let mut latest: BTreeMap<u64, (u64, &ImportedTrial)> = BTreeMap::new();
+        // whether the slot lives, is done, or waits for a successor. Latest is last created (the
+        // host lists trials so), not the highest id: a successor handed to an id deferred
+        // earlier has a lower id than the member it replaces.
+        let mut latest: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
         for trial in trials {
             let (Some(id), Some(label)) = (trial.parameter_id, trial.label.as_deref()) else {
                 continue;
@@ -582,12 +584,11 @@ impl Tuner for PbtTuner {
                     succeeded: trial.status.as_deref() == Some(status::SUCCEEDED),
                 },
             );
-            if latest.get(&slot).is_none_or(|(newest, _)| *newest < id) {
-                latest.insert(slot, (id, trial));
-            }
+            let stopped = trial.status.as_deref() == Some(status::EARLY_STOPPED);
+            latest.insert(slot, (id, stopped));
         }
-        for (slot, (id, trial)) in latest {
-            if trial.status.as_deref() == Some(status::EARLY_STOPPED) {
+        for (slot, (id, stopped)) in latest {
+            if stopped {
                 self.vacant.push_back((slot, id));
             }
         }

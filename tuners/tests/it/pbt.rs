@@ -211,14 +211,9 @@ fn synchronous_mode_judges_only_when_every_member_reached_the_interval() {
     assert_eq!(drive.stops.len(), 1, "{:?}", drive.stops);
 }
 
-/// A population of 3 resumed after a crash: slot 1's member was stopped, and the manager died
-/// before its successor was created; members 0 and 2 run again.
-fn resumed_with_slot_1_empty() -> PbtTuner {
-    let mut tuner =
-        PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
-            .unwrap();
-    tuner.update_search_space(&space()).unwrap();
-    let member = |id: u64, slot: u64, status: &str| ImportedTrial {
+/// A member of a resumed population, as the host imports it.
+fn imported_member(id: u64, slot: u64, status: &str) -> ImportedTrial {
+    ImportedTrial {
         parameter_id: Some(id),
         label: Some(format!("m{slot}-{id}")),
         status: Some(status.into()),
@@ -226,15 +221,56 @@ fn resumed_with_slot_1_empty() -> PbtTuner {
             json!({"lr": 0.01 * (id + 1) as f64, "width": 32, "layers": 2}),
             f64::NAN,
         )
-    };
+    }
+}
+
+/// A population of 3 resumed after a crash: slot 1's member was stopped, and the manager died
+/// before its successor was created; members 0 and 2 run again.
+fn resumed_with_slot_1_empty() -> PbtTuner {
+    let mut tuner =
+        PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
+            .unwrap();
+    tuner.update_search_space(&space()).unwrap();
     tuner
         .import_data(&[
-            member(0, 0, "RUNNING"),
-            member(1, 1, "EARLY_STOPPED"),
-            member(2, 2, "RUNNING"),
+            imported_member(0, 0, "RUNNING"),
+            imported_member(1, 1, "EARLY_STOPPED"),
+            imported_member(2, 2, "RUNNING"),
         ])
         .unwrap();
     tuner
+}
+
+/// A slot's last member is the one created last, which may have a lower id than the member it
+/// replaced (a successor handed to an id deferred earlier): the slot is whole, not vacant.
+#[test]
+fn a_resumed_slot_whose_successor_has_a_lower_id_than_its_predecessor_is_not_filled_again() {
+    let mut tuner =
+        PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
+            .unwrap();
+    tuner.update_search_space(&space()).unwrap();
+    // In the order they were created: slot 2's member 5 was replaced by id 4, deferred before.
+    tuner
+        .import_data(&[
+            imported_member(0, 0, "RUNNING"),
+            imported_member(1, 1, "RUNNING"),
+            imported_member(2, 2, "EARLY_STOPPED"),
+            imported_member(5, 2, "EARLY_STOPPED"),
+            imported_member(4, 2, "RUNNING"),
+        ])
+        .unwrap();
+    // A donor is known, so a vacant slot would be filled by the next id.
+    tuner
+        .receive_intermediate_result(
+            1,
+            Intermediate {
+                step: 0,
+                checkpoint: true,
+            },
+            0.9,
+        )
+        .unwrap();
+    assert_eq!(tuner.generate_parameters(6).unwrap(), Generated::Deferred);
 }
 
 #[test]
