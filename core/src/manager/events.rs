@@ -260,24 +260,21 @@ impl Manager {
             .get_mut(trial_id)
             .expect("known trial")
             .lost_attempts += 1;
-        {
-            // The attempt's own record: FAILED, with why. The trial itself goes on.
-            self.store
-                .append(StoreEvent::TrialEnded {
-                    trial_id: trial_id.to_string(),
-                    attempt: self.book[trial_id].attempt,
-                    status: TrialStatus::Failed,
-                    exit_code: None,
-                    signal: None,
-                    message: Some(message.clone()),
-                    stderr_tail: None,
-                    peak_memory_mib: None,
-                    peak_gpu_memory_mib: None,
-                })
-                .await?;
-        }
-        self.requeue(
+        // The attempt's own record: FAILED, with why. The trial itself goes on.
+        let attempt_end = StoreEvent::TrialEnded {
+            trial_id: trial_id.to_string(),
+            attempt: self.book[trial_id].attempt,
+            status: TrialStatus::Failed,
+            exit_code: None,
+            signal: None,
+            message: Some(message.clone()),
+            stderr_tail: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
+        };
+        self.requeue_after(
             trial_id,
+            Some(attempt_end),
             format!(
                 "attempt {} failed: {message}; running it again elsewhere (host loss {} of at most {MAX_HOST_LOSS_REQUEUES})",
                 self.book[trial_id].attempt,

@@ -190,16 +190,30 @@ impl Manager {
         reason: String,
         backoff: Duration,
     ) -> Result<(), ManagerError> {
-        self.store
-            .append(StoreEvent::TrialRequeued {
-                trial_id: trial_id.to_string(),
-                reason,
-                memory_request_mib: self.book[trial_id].memory_request_mib,
-                gpu_memory_request_mib: self.book[trial_id].gpu_memory_request_mib,
-                peak_memory_mib: self.book[trial_id].peak_memory_mib,
-                peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
-            })
-            .await?;
+        self.requeue_after(trial_id, None, reason, backoff).await
+    }
+
+    /// [`requeue`](Self::requeue), recording first how the attempt ended (`TrialEnded`), in the
+    /// same transaction: a crash in between would leave the trial ended for good.
+    pub(super) async fn requeue_after(
+        &mut self,
+        trial_id: &str,
+        attempt_end: Option<StoreEvent>,
+        reason: String,
+        backoff: Duration,
+    ) -> Result<(), ManagerError> {
+        let requeued = StoreEvent::TrialRequeued {
+            trial_id: trial_id.to_string(),
+            reason,
+            memory_request_mib: self.book[trial_id].memory_request_mib,
+            gpu_memory_request_mib: self.book[trial_id].gpu_memory_request_mib,
+            peak_memory_mib: self.book[trial_id].peak_memory_mib,
+            peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
+        };
+        match attempt_end {
+            Some(end) => self.store.append_together(vec![end, requeued]).await?,
+            None => self.store.append(requeued).await?,
+        };
         self.environments.release(trial_id);
         let not_before = (!backoff.is_zero()).then(|| Instant::now() + backoff);
         self.book.new_attempt(trial_id, not_before);

@@ -207,6 +207,11 @@ impl Store {
         self.handle.append(event)
     }
 
+    /// See [`StoreHandle::append_together`].
+    pub fn append_together(&self, events: Vec<StoreEvent>) -> Ack<EventSeq> {
+        self.handle.append_together(events)
+    }
+
     /// See [`StoreHandle::append_unacked`].
     pub fn append_unacked(&self, event: StoreEvent) {
         self.handle.append_unacked(event);
@@ -278,6 +283,16 @@ impl StoreHandle {
             event,
             ack: Some(ack),
         });
+        Ack::new(receiver, &self.path)
+    }
+
+    /// Queues `events` to be committed in one transaction, so that a crash keeps all of them
+    /// or none (a trial's attempt ended by its lost host and its requeue); the returned
+    /// [`Ack`] answers for the last one, a refusal of another is reported by the next
+    /// [`flush`](Self::flush).
+    pub fn append_together(&self, events: Vec<StoreEvent>) -> Ack<EventSeq> {
+        let (ack, receiver) = oneshot::channel();
+        self.send(Command::AppendTogether { events, ack });
         Ack::new(receiver, &self.path)
     }
 

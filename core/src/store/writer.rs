@@ -24,6 +24,11 @@ pub(crate) enum Command {
         event: StoreEvent,
         ack: Option<AckSender<EventSeq>>,
     },
+    /// Events written in one transaction; the ack answers for the last one.
+    AppendTogether {
+        events: Vec<StoreEvent>,
+        ack: AckSender<EventSeq>,
+    },
     Flush(AckSender<()>),
     Shutdown,
 }
@@ -140,6 +145,20 @@ impl Writer {
                 Command::Append { event, ack } => {
                     events.push(event);
                     acks.push(ack);
+                }
+                Command::AppendTogether {
+                    events: together,
+                    ack,
+                } => {
+                    // A batch is one transaction, so they commit together; a refusal of any
+                    // but the last is reported by the next flush.
+                    debug_assert!(!together.is_empty(), "events to append together");
+                    let last = together.len().saturating_sub(1);
+                    let mut ack = Some(ack);
+                    for (index, event) in together.into_iter().enumerate() {
+                        events.push(event);
+                        acks.push(if index == last { ack.take() } else { None });
+                    }
                 }
                 Command::Flush(ack) => flushes.push(ack),
                 Command::Shutdown => keep_running = false,

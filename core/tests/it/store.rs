@@ -765,6 +765,44 @@ fn ack_arrives_only_after_commit() {
 }
 
 #[test]
+fn events_appended_together_commit_in_one_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    put(&store, started("t", 1));
+    // Each pair alone, the writer idle before it: still one transaction each.
+    for attempt in 1..=20 {
+        let before = store.stats();
+        let requeued = StoreEvent::TrialRequeued {
+            trial_id: "t".to_string(),
+            reason: "its host was lost".to_string(),
+            memory_request_mib: None,
+            gpu_memory_request_mib: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
+        };
+        let seq = store
+            .append_together(vec![ended("t", attempt, TrialStatus::Failed), requeued])
+            .wait()
+            .unwrap();
+        let after = store.stats();
+        assert_eq!(
+            (
+                after.events - before.events,
+                after.transactions - before.transactions
+            ),
+            (2, 1)
+        );
+        assert_eq!(seq, 3 + 2 * u64::from(attempt) + u64::from(attempt - 1));
+        put(&store, started("t", attempt + 1));
+    }
+    let state = store.replay().unwrap();
+    assert_eq!(state.trials[0].status, TrialStatus::Running);
+    assert_eq!(state.trials[0].attempts.len(), 21);
+}
+
+#[test]
 fn queued_events_share_one_commit() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
