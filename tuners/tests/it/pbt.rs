@@ -224,41 +224,38 @@ fn imported_member(id: u64, slot: u64, status: &str) -> ImportedTrial {
     }
 }
 
-/// A population of 3 resumed after a crash: slot 1's member was stopped, and the manager died
-/// before its successor was created; members 0 and 2 run again.
-fn resumed_with_slot_1_empty() -> PbtTuner {
+/// A population of 3 resumed after a crash, from these members in the order they were created.
+fn resumed(members: &[ImportedTrial]) -> PbtTuner {
     let mut tuner =
         PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
             .unwrap();
     tuner.update_search_space(&space()).unwrap();
+    tuner.import_data(members).unwrap();
     tuner
-        .import_data(&[
-            imported_member(0, 0, "RUNNING"),
-            imported_member(1, 1, "EARLY_STOPPED"),
-            imported_member(2, 2, "RUNNING"),
-        ])
-        .unwrap();
-    tuner
+}
+
+/// Slot 1's member was stopped, and the manager died before its successor was created;
+/// members 0 and 2 run again.
+fn resumed_with_slot_1_empty() -> PbtTuner {
+    resumed(&[
+        imported_member(0, 0, "RUNNING"),
+        imported_member(1, 1, "EARLY_STOPPED"),
+        imported_member(2, 2, "RUNNING"),
+    ])
 }
 
 /// A slot's last member is the one created last, which may have a lower id than the member it
 /// replaced (a successor handed to an id deferred earlier): the slot is whole, not vacant.
 #[test]
 fn a_resumed_slot_whose_successor_has_a_lower_id_than_its_predecessor_is_not_filled_again() {
-    let mut tuner =
-        PbtTuner::new(&json!({"population_size": 3, "perturbation_interval": 1, "seed": 2}))
-            .unwrap();
-    tuner.update_search_space(&space()).unwrap();
-    // In the order they were created: slot 2's member 5 was replaced by id 4, deferred before.
-    tuner
-        .import_data(&[
-            imported_member(0, 0, "RUNNING"),
-            imported_member(1, 1, "RUNNING"),
-            imported_member(2, 2, "EARLY_STOPPED"),
-            imported_member(5, 2, "EARLY_STOPPED"),
-            imported_member(4, 2, "RUNNING"),
-        ])
-        .unwrap();
+    // Slot 2's member 5 was replaced by id 4, deferred before.
+    let mut tuner = resumed(&[
+        imported_member(0, 0, "RUNNING"),
+        imported_member(1, 1, "RUNNING"),
+        imported_member(2, 2, "EARLY_STOPPED"),
+        imported_member(5, 2, "EARLY_STOPPED"),
+        imported_member(4, 2, "RUNNING"),
+    ]);
     // A donor is known, so a vacant slot would be filled by the next id.
     tuner
         .receive_intermediate_result(
