@@ -9,7 +9,8 @@ use super::world::{seconds, Shared};
 use super::{Report, Scenario};
 use crate::manager::Outcome;
 use crate::store::{
-    ExperimentState, ExperimentStatus, Stopping, StoreEvent, StoreReader, TrialQuery, TrialStatus,
+    stopped_with_experiment, ExperimentState, ExperimentStatus, StoreEvent, StoreReader,
+    TrialQuery, TrialStatus,
 };
 
 /// How many host losses of one trial are run again (the manager's `MAX_HOST_LOSS_REQUEUES`).
@@ -219,11 +220,8 @@ fn accounted_once_per_attempt(
                 status,
                 message,
             } => {
-                let stop = Stopping {
-                    status: *status,
-                    message: message.clone(),
-                };
-                seen.entry(trial_id.clone()).or_default().stopping = !stop.with_experiment();
+                seen.entry(trial_id.clone()).or_default().stopping =
+                    !stopped_with_experiment(*status, Some(message));
             }
             StoreEvent::TrialRequeued { trial_id, .. } => {
                 let trial = seen.entry(trial_id.clone()).or_default();

@@ -69,6 +69,7 @@ pub use state::{
 };
 
 use schema::path_text;
+pub(crate) use state::stopped_with_experiment;
 use writer::{Command, SharedStats, Writer};
 
 /// The store's file in an experiment directory.

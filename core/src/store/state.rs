@@ -150,7 +150,9 @@ impl TrialEnd {
     }
 }
 
-fn stopped_with_experiment(status: TrialStatus, message: Option<&str>) -> bool {
+/// Whether an end (or a stop decided) with this status and message came with a stop of the whole
+/// experiment (see [`STOPPED_WITH_EXPERIMENT`]).
+pub(crate) fn stopped_with_experiment(status: TrialStatus, message: Option<&str>) -> bool {
     status == TrialStatus::UserCanceled
         && matches!(
             message,

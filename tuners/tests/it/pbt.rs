@@ -224,6 +224,17 @@ fn imported_member(id: u64, slot: u64, status: &str) -> ImportedTrial {
     }
 }
 
+/// Member `id` reports its first step with a checkpoint and this score: a donor from now on.
+fn report_checkpoint(tuner: &mut PbtTuner, id: u64, score: f64) {
+    let first_step = Intermediate {
+        step: 0,
+        checkpoint: true,
+    };
+    tuner
+        .receive_intermediate_result(id, first_step, score)
+        .unwrap();
+}
+
 /// A population of 3 resumed after a crash, from these members in the order they were created.
 fn resumed(members: &[ImportedTrial]) -> PbtTuner {
     let mut tuner =
@@ -257,16 +268,7 @@ fn a_resumed_slot_whose_successor_has_a_lower_id_than_its_predecessor_is_not_fil
         imported_member(4, 2, "RUNNING"),
     ]);
     // A donor is known, so a vacant slot would be filled by the next id.
-    tuner
-        .receive_intermediate_result(
-            1,
-            Intermediate {
-                step: 0,
-                checkpoint: true,
-            },
-            0.9,
-        )
-        .unwrap();
+    report_checkpoint(&mut tuner, 1, 0.9);
     assert_eq!(tuner.generate_parameters(6).unwrap(), Generated::Deferred);
 }
 
@@ -313,16 +315,7 @@ fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
 fn a_resumed_population_fills_an_empty_slot_with_the_next_id_once_a_donor_is_known() {
     let mut tuner = resumed_with_slot_1_empty();
     // A donor reports (a checkpoint, a score) while no id is waiting.
-    tuner
-        .receive_intermediate_result(
-            2,
-            Intermediate {
-                step: 0,
-                checkpoint: true,
-            },
-            0.9,
-        )
-        .unwrap();
+    report_checkpoint(&mut tuner, 2, 0.9);
     match tuner.generate_parameters(3).unwrap() {
         Generated::Member { label, lineage, .. } => {
             assert_eq!(label, "m1-3");
