@@ -110,7 +110,7 @@ pub fn new_trial_run_mark() -> String {
 /// with, so it is found by the mark; the group alone would miss it and it would outlive the
 /// trial. A mark unique to the run, not the experiment and trial ids, keeps an identical id of
 /// another experiment on the same host (or another attempt) out of it. Only a process that
-/// cleared its environment and left the group escapes.
+/// cleared its environment and left the group before a scan saw it escapes.
 #[derive(Debug, Clone)]
 pub struct TrialTree {
     /// The group is the leader's pid; `None` only if the OS gave no pid.
@@ -119,18 +119,30 @@ pub struct TrialTree {
     entry: Vec<u8>,
     /// Taken before the leader was spawned: no process of the run started earlier.
     not_before: BeforeSpawn,
+    /// The processes outside the group a scan found carrying the mark, by pid and start time
+    /// (shared by the tree's clones): each stays the trial's until it is gone, whatever its
+    /// environment reads later. Why: a process that is exiting has no environment to read, and
+    /// one killed on a loaded machine can wait seconds for a CPU to exit on (a process in a
+    /// session of its own, `setsid`, is scheduled as a group of its own: up to 5 s with three
+    /// runs at once of `lifecycle::a_process_that_left_the_group_is_stopped_even_while_it_execs`
+    /// on the 2-vCPU VM). Looked up by its environment alone, it read as gone while it still
+    /// ran, and the trial ended before it (4 of 6 such runs failed).
+    found: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u32, Option<StartTicks>>>>,
 }
 
-/// How long, at most, [`TrialTree`]'s scan reads again an environment that read empty (a
-/// process in the middle of execve(2)), and its first pause between reads, doubled after each
-/// up to [`MID_EXEC_LONGEST_PAUSE`]. An exec's window is well under a millisecond of CPU, but a
-/// process that waits for a CPU stays in it: on a loaded machine (load 9 on 2 cores) a fixed
-/// 10 ms of re-reads missed one now and then, and 150 ms still did at load 20 (six runs at once
-/// of `lifecycle::a_process_that_left_the_group_is_stopped_even_while_it_execs`, a process
-/// exec'ing itself in a loop: 2 of 6 failed). Doubling keeps the reads few; the time is paid
-/// only for a process whose environment keeps reading empty. Each read is itself a few reads
-/// of one open file ([`SETTLE_PAUSES`]): that, not the patience, is what stopped the misses.
-const MID_EXEC_PATIENCE: std::time::Duration = std::time::Duration::from_millis(600);
+/// How long, at most, [`TrialTree`]'s scan reads again the environment of a process in the
+/// middle of execve(2) (see [`Mark::MidExec`]), and its first pause between reads, doubled
+/// after each up to [`MID_EXEC_LONGEST_PAUSE`]. An exec's window is well under a millisecond of
+/// CPU, but a process that waits for a CPU stays in it: on a loaded machine (load 9 on 2 cores)
+/// a fixed 10 ms of re-reads missed one now and then, 150 ms still did at load 20, and 600 ms
+/// did with three runs at once of
+/// `lifecycle::a_process_that_left_the_group_is_stopped_even_while_it_execs` (a process
+/// exec'ing itself in a loop, in a session of its own, which the scheduler left waiting for a
+/// CPU for seconds: 2 of 17 runs failed, each with the process still between the two halves
+/// of an exec). Doubling keeps the reads few; the time is paid only for a process that stays
+/// in the middle of an exec (a process whose environment is really empty is told apart and
+/// costs nothing). Each read is itself a few reads of one open file ([`SETTLE_PAUSES`]).
+const MID_EXEC_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 const MID_EXEC_FIRST_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
 const MID_EXEC_LONGEST_PAUSE: std::time::Duration = std::time::Duration::from_millis(32);
 
@@ -156,9 +168,13 @@ const SETTLE_PAUSES: [std::time::Duration; 4] = [
 /// What a process's environment says about a trial's mark.
 enum Mark {
     Carried,
+    /// Its environment lacks the mark, is really empty, or cannot be read (another user's);
+    /// or the process is gone or exiting (it starts nothing more).
     Absent,
-    /// Read empty or not at all (ESRCH): mid-exec, exiting, or really empty.
-    Unreadable,
+    /// Read empty or not at all (ESRCH) while the process is in the middle of execve(2): its
+    /// new memory has no environment yet (`env_end` in `/proc/<pid>/stat` is 0), or the file
+    /// opened read the memory of an exec the process has since left.
+    MidExec,
 }
 
 /// Where the clocks and the kernel's pid counter stood just before a trial's leader was
@@ -441,7 +457,24 @@ impl TrialTree {
             pgid,
             entry: format!("{TRIAL_RUN_ENV}={mark}").into_bytes(),
             not_before,
+            found: Default::default(),
         }
+    }
+
+    /// The processes found earlier (see `found`) that still run: the same pid, started at the
+    /// same time, not a zombie.
+    fn found_still_running(&self) -> std::collections::BTreeMap<u32, Option<StartTicks>> {
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        found.retain(|&pid, start| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .is_some_and(|stat| {
+                    parse_state_and_group(&stat)
+                        .is_some_and(|(state, _)| state != 'Z' && state != 'X')
+                        && parse_start(&stat) == *start
+                })
+        });
+        found.clone()
     }
 
     /// The pids of the live processes (zombies are finished) that carry the mark but are not
@@ -458,7 +491,8 @@ impl TrialTree {
         // listing `/proc` (a short trial's end: that listing was most of its scan's cost in
         // `trial_overhead.sh`). Any other pid in the window (a process a trial started, a
         // thread, another program's process) means the listing below, as before.
-        if !group_answers && self.not_before.new_pids().only(&leaders()) {
+        let found = self.found_still_running();
+        if !group_answers && found.is_empty() && self.not_before.new_pids().only(&leaders()) {
             return (Vec::new(), false);
         }
         let Some(listed) = listed_pids() else {
@@ -470,7 +504,7 @@ impl TrialTree {
         let mut mid_exec = Vec::new();
         let mut group_alive = false;
         for pid in listed {
-            if pid == me || !window.holds(pid) {
+            if pid == me || found.contains_key(&pid) || !window.holds(pid) {
                 continue;
             }
             let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok() else {
@@ -486,16 +520,20 @@ impl TrialTree {
                 group_alive = true;
                 continue;
             }
-            if is_kernel_thread(&stat) {
+            // A kernel thread has no environment and no trial started it; a process that is
+            // exiting has none left to read (it would read as mid-exec) and can start nothing.
+            // One of the run's that exits was found before it was signalled (`found`).
+            if is_kernel_thread(&stat) || is_exiting(&stat) {
                 continue;
             }
             // Older than the run: not one of its processes (an unreadable start time is looked at).
-            if parse_start(&stat).is_some_and(|start| start < self.not_before.ticks) {
+            let start = parse_start(&stat);
+            if start.is_some_and(|start| start < self.not_before.ticks) {
                 continue;
             }
             match self.read_mark(pid) {
-                Mark::Carried => marked.push(pid),
-                Mark::Unreadable => mid_exec.push(pid),
+                Mark::Carried => marked.push((pid, start)),
+                Mark::MidExec => mid_exec.push((pid, start)),
                 Mark::Absent => {}
             }
         }
@@ -504,32 +542,27 @@ impl TrialTree {
         // 1000` is in that window right after it left the group).
         // Missed, it would never be signalled, and a scan that finds nothing after the
         // leader's exit is the last one. So it is read again until it shows one, for a bounded
-        // time; a process that really has an empty environment (`env -i`) costs that time.
+        // time.
         let mut pause = MID_EXEC_FIRST_PAUSE;
         let mut waited = std::time::Duration::ZERO;
         while !mid_exec.is_empty() && waited < MID_EXEC_PATIENCE {
             std::thread::sleep(pause);
             waited += pause;
             pause = (pause * 2).min(MID_EXEC_LONGEST_PAUSE);
-            mid_exec.retain(|&pid| {
-                // One that ended meanwhile shows an empty environment too.
-                let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .ok()
-                    .and_then(|stat| parse_state_and_group(&stat))
-                    .is_some_and(|(state, _)| state != 'Z' && state != 'X');
-                match self.read_mark(pid) {
-                    Mark::Carried if alive => {
-                        marked.push(pid);
-                        false
-                    }
-                    Mark::Unreadable => alive,
-                    _ => false,
+            mid_exec.retain(|&(pid, start)| match self.read_mark(pid) {
+                Mark::Carried => {
+                    marked.push((pid, start));
+                    false
                 }
+                Mark::MidExec => true,
+                Mark::Absent => false,
             });
         }
-        let marked = marked
-            .into_iter()
-            .filter_map(|pid| i32::try_from(pid).ok())
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        found.extend(marked);
+        let marked = found
+            .keys()
+            .filter_map(|&pid| i32::try_from(pid).ok())
             .collect();
         (marked, group_alive && group_answers)
     }
@@ -537,12 +570,12 @@ impl TrialTree {
     /// Whether process `pid`'s environment carries this run's mark.
     fn read_mark(&self, pid: u32) -> Mark {
         match read_environ_settled(pid) {
-            Ok(environ) if environ.is_empty() => Mark::Unreadable,
+            Ok(environ) if environ.is_empty() => why_no_environ(pid),
             Ok(environ) if environ.split(|&b| b == 0).any(|v| v == self.entry) => Mark::Carried,
             Ok(_) => Mark::Absent,
             // The kernel answers ESRCH while the process has no memory of its own: in the
-            // middle of execve(2), or exiting (the caller tells them apart).
-            Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => Mark::Unreadable,
+            // middle of execve(2), or exiting.
+            Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => why_no_environ(pid),
             // Gone, or another user's process (not readable, and not ours: ours run as us).
             Err(_) => Mark::Absent,
         }
@@ -681,14 +714,55 @@ fn read_open_environ(file: &mut File) -> std::io::Result<Vec<u8>> {
     })
 }
 
+/// Why process `pid`'s environment read empty, from its `/proc/<pid>/stat` now: gone, a zombie
+/// or exiting, or an environment that is really empty (`env -i`: its bounds are set and equal),
+/// is [`Mark::Absent`]; otherwise it is in the middle of an exec ([`Mark::MidExec`]). Without
+/// the bounds (a kernel before 3.5), any live process is taken to be mid-exec.
+fn why_no_environ(pid: u32) -> Mark {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Mark::Absent;
+    };
+    let ended = parse_state_and_group(&stat).is_none_or(|(state, _)| state == 'Z' || state == 'X');
+    let really_empty = environ_bounds(&stat).is_some_and(|(start, end)| end != 0 && start == end);
+    if ended || is_exiting(&stat) || really_empty {
+        Mark::Absent
+    } else {
+        Mark::MidExec
+    }
+}
+
+/// Fields 50 and 51 of a `/proc/<pid>/stat` line: where the process's environment starts and
+/// ends in its memory; the end is 0 until execve(2) has written it.
+fn environ_bounds(stat: &str) -> Option<(u64, u64)> {
+    let end_of_name = stat.rfind(')')?;
+    let mut fields = stat[end_of_name + 1..]
+        .split_ascii_whitespace()
+        .skip(50 - 3);
+    let start = fields.next()?.parse().ok()?;
+    let end = fields.next()?.parse().ok()?;
+    Some((start, end))
+}
+
+/// Whether a `/proc/<pid>/stat` line is that of a process that is exiting (`PF_EXITING` in the
+/// flags): its memory, and so its environment, may be gone already, and it runs no more code
+/// of its own.
+fn is_exiting(stat: &str) -> bool {
+    const PF_EXITING: u64 = 0x0000_0004;
+    stat_flags(stat).is_some_and(|flags| flags & PF_EXITING != 0)
+}
+
+/// Field 9 of a `/proc/<pid>/stat` line, the process's flags.
+fn stat_flags(stat: &str) -> Option<u64> {
+    stat.rfind(')')
+        .and_then(|end| stat[end + 1..].split_ascii_whitespace().nth(9 - 3))
+        .and_then(|flags| flags.parse::<u64>().ok())
+}
+
 /// Whether a `/proc/<pid>/stat` line is a kernel thread's (`PF_KTHREAD` in field 9, the
 /// flags): it has no environment, and no trial started it.
 fn is_kernel_thread(stat: &str) -> bool {
     const PF_KTHREAD: u64 = 0x0020_0000;
-    stat.rfind(')')
-        .and_then(|end| stat[end + 1..].split_ascii_whitespace().nth(9 - 3))
-        .and_then(|flags| flags.parse::<u64>().ok())
-        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+    stat_flags(stat).is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
 /// The start time (field 22) of a `/proc/<pid>/stat` line.
@@ -834,6 +908,98 @@ mod tests {
         assert!(window.holds(pid), "pid {pid} outside {window:?}");
         assert_eq!(marked, vec![pid as i32]);
         assert!(alive);
+    }
+
+    /// What the loaded VM did slowly (a killed process read as gone while it exited, its
+    /// environment gone first) shown without the load: a process that carried the mark when a
+    /// scan found it and then dropped its environment (`exec env -i`) is still the trial's; one
+    /// whose pid names another process now (another start time) or that was reaped is not.
+    #[test]
+    fn a_process_found_carrying_the_mark_stays_found_until_it_is_gone() {
+        let before = BeforeSpawn::now();
+        let mark = new_trial_run_mark();
+        let mut child = {
+            use std::os::unix::process::CommandExt;
+            std::process::Command::new("sh")
+                .args(["-c", "read go; exec env -i ANOTHER=1 sleep 5"])
+                .env(TRIAL_RUN_ENV, &mark)
+                .stdin(std::process::Stdio::piped())
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        };
+        let pid = child.id();
+        let tree = TrialTree::new(Some(u32::MAX), &mark, before);
+        let (first, _) = tree.scan();
+
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+        let entry = format!("{TRIAL_RUN_ENV}={mark}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while read_environ(pid).is_ok_and(|environ| {
+            environ.is_empty() || environ.split(|&b| b == 0).any(|v| v == entry.as_bytes())
+        }) && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (after_exec, _) = tree.scan();
+        let (unseen_before, _) = TrialTree::new(Some(u32::MAX), &mark, before).scan();
+
+        let impostor = TrialTree::new(Some(u32::MAX), &mark, before);
+        impostor
+            .found
+            .lock()
+            .unwrap()
+            .insert(pid, Some(StartTicks(1)));
+        let (other_start, _) = impostor.scan();
+
+        let _ = child.kill();
+        let _ = child.wait();
+        let (reaped, _) = tree.scan();
+        assert_eq!(first, vec![pid as i32]);
+        assert_eq!(
+            after_exec,
+            vec![pid as i32],
+            "lost once its environment changed"
+        );
+        assert!(
+            unseen_before.is_empty(),
+            "its environment still shows the mark"
+        );
+        assert!(other_start.is_empty(), "{other_start:?}");
+        assert!(reaped.is_empty(), "{reaped:?}");
+    }
+
+    /// A process whose environment is really empty is told apart from one in the middle of
+    /// an exec by the bounds `/proc/<pid>/stat` gives, so it costs a scan no patience.
+    #[test]
+    fn a_really_empty_environment_is_told_apart_from_one_not_written_yet() {
+        let me = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let (start, end) = environ_bounds(&me).unwrap();
+        let environ_length = std::fs::read("/proc/self/environ").unwrap().len() as u64;
+        assert_eq!(end - start, environ_length, "{me}");
+
+        let mut empty = std::process::Command::new("env")
+            .args(["-i", "sleep", "5"])
+            .spawn()
+            .unwrap();
+        let pid = empty.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| !cmdline.starts_with(b"sleep"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let read = read_environ(pid).unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let why = why_no_environ(pid);
+        let _ = empty.kill();
+        let _ = empty.wait();
+        assert!(read.is_empty());
+        let (start, end) = environ_bounds(&stat).unwrap();
+        assert!(end != 0 && start == end, "{stat}");
+        assert!(matches!(why, Mark::Absent));
+        assert!(matches!(why_no_environ(pid), Mark::Absent), "reaped");
     }
 
     #[test]

@@ -43,6 +43,13 @@ pub const STDERR_FILE_NAME: &str = "stderr";
 /// processes are looked at again: no event says when a process that is not our child exits.
 const LEFTOVER_RECHECK: Duration = Duration::from_millis(50);
 
+/// How long, at most, a trial's end waits for its processes to be gone once they were sent
+/// SIGKILL (or the grace period, if longer). A killed process still has to be given a CPU to
+/// exit on: on the 2-vCPU VM under load, one in a session of its own waited up to 5 s (the 1 s
+/// allowed before ended its trial while it still ran). What still runs after this is stuck in
+/// the kernel (an uninterruptible wait) and is warned about.
+const LEFTOVER_KILL_PATIENCE: Duration = Duration::from_secs(30);
+
 /// How often a running trial's resident memory is sampled when it has a memory request
 /// (`TrialResources::memory_mib`), over which it is killed: one scan of `/proc` per trial and
 /// interval; an allocation that rises and falls between two samples is not seen.
@@ -630,7 +637,7 @@ impl Supervision {
         // Nothing the trial started outlives its end: what is still alive after the signals
         // above (after SIGKILL they are not looked at again; a marked process may have forked
         // while they were sent) gets SIGKILL until none is left, for a bounded time.
-        let sweep_until = Instant::now() + grace.max(Duration::from_secs(1));
+        let sweep_until = Instant::now() + grace.max(LEFTOVER_KILL_PATIENCE);
         while !gone && self.tree.alive() {
             if Instant::now() >= sweep_until {
                 self.recorder.warn(
