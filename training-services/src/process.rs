@@ -479,8 +479,10 @@ impl TrialTree {
 
     /// The pids of the live processes (zombies are finished) that carry the mark but are not
     /// in the group, and whether the group has a live member. Without `/proc` (not Linux),
-    /// none, and a group that answers signals counts as alive.
-    fn scan(&self) -> (Vec<i32>, bool) {
+    /// none, and a group that answers signals counts as alive. Async for its pauses while a
+    /// process is in the middle of an exec (up to [`MID_EXEC_PATIENCE`]): a thread of the
+    /// trials' runtime blocked that long would hold up the other trials' supervision.
+    async fn scan(&self) -> (Vec<i32>, bool) {
         let group_answers = self.pgid.is_some_and(|pgid| {
             i32::try_from(pgid).is_ok_and(|raw| killpg(Pid::from_raw(raw), None).is_ok())
         });
@@ -546,7 +548,7 @@ impl TrialTree {
         let mut pause = MID_EXEC_FIRST_PAUSE;
         let mut waited = std::time::Duration::ZERO;
         while !mid_exec.is_empty() && waited < MID_EXEC_PATIENCE {
-            std::thread::sleep(pause);
+            tokio::time::sleep(pause).await;
             waited += pause;
             pause = (pause * 2).min(MID_EXEC_LONGEST_PAUSE);
             mid_exec.retain(|&(pid, start)| match self.read_mark(pid) {
@@ -582,15 +584,15 @@ impl TrialTree {
     }
 
     /// Whether any process of the trial still runs.
-    pub fn alive(&self) -> bool {
-        let (marked, group_alive) = self.scan();
+    pub async fn alive(&self) -> bool {
+        let (marked, group_alive) = self.scan().await;
         group_alive || !marked.is_empty()
     }
 
     /// Sends `signal` to the group and to each marked process outside it; false when there was
     /// nothing to signal.
-    pub fn signal(&self, signal: Signal) -> bool {
-        let (marked, _) = self.scan();
+    pub async fn signal(&self, signal: Signal) -> bool {
+        let (marked, _) = self.scan().await;
         let mut any = self.pgid.is_some_and(|pgid| signal_group(pgid, signal));
         for pid in marked {
             // A marked process is this trial's. One that exited since the scan makes this fail;
@@ -836,6 +838,15 @@ pub fn stderr_tail(path: &Path) -> String {
 mod tests {
     use super::*;
 
+    /// Runs a scan to its end on a runtime of its own (it pauses on tokio's timer).
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
     #[test]
     fn stat_lines_with_odd_names() {
         let stat = "4242 (a) b (c)) S 1 4200 4200 0 -1 4194560";
@@ -900,9 +911,9 @@ mod tests {
         let pid = child.id();
         let window = before.new_pids();
         let tree = TrialTree::new(Some(u32::MAX), &mark, before);
-        let (marked, _) = tree.scan();
+        let (marked, _) = block_on(tree.scan());
         let grouped = TrialTree::new(Some(pid), "other", before);
-        let alive = grouped.alive();
+        let alive = block_on(grouped.alive());
         let _ = child.kill();
         let _ = child.wait();
         assert!(window.holds(pid), "pid {pid} outside {window:?}");
@@ -930,7 +941,7 @@ mod tests {
         };
         let pid = child.id();
         let tree = TrialTree::new(Some(u32::MAX), &mark, before);
-        let (first, _) = tree.scan();
+        let (first, _) = block_on(tree.scan());
 
         std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
         let entry = format!("{TRIAL_RUN_ENV}={mark}");
@@ -941,8 +952,8 @@ mod tests {
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let (after_exec, _) = tree.scan();
-        let (unseen_before, _) = TrialTree::new(Some(u32::MAX), &mark, before).scan();
+        let (after_exec, _) = block_on(tree.scan());
+        let (unseen_before, _) = block_on(TrialTree::new(Some(u32::MAX), &mark, before).scan());
 
         let impostor = TrialTree::new(Some(u32::MAX), &mark, before);
         impostor
@@ -950,11 +961,11 @@ mod tests {
             .lock()
             .unwrap()
             .insert(pid, Some(StartTicks(1)));
-        let (other_start, _) = impostor.scan();
+        let (other_start, _) = block_on(impostor.scan());
 
         let _ = child.kill();
         let _ = child.wait();
-        let (reaped, _) = tree.scan();
+        let (reaped, _) = block_on(tree.scan());
         assert_eq!(first, vec![pid as i32]);
         assert_eq!(
             after_exec,
@@ -1107,7 +1118,7 @@ mod tests {
             let mut child = marked_sleep(&mark);
             let pid = child.id();
             let window = before.new_pids();
-            let (marked, _) = TrialTree::new(Some(u32::MAX), &mark, before).scan();
+            let (marked, _) = block_on(TrialTree::new(Some(u32::MAX), &mark, before).scan());
             let _ = child.kill();
             let _ = child.wait();
             let counter: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")

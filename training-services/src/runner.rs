@@ -531,7 +531,7 @@ async fn watch_memory(
             if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(&stderr) {
                 let _ = std::io::Write::write_all(&mut file, note.as_bytes());
             }
-            tree.signal(Signal::SIGKILL);
+            tree.signal(Signal::SIGKILL).await;
             return;
         }
     }
@@ -566,10 +566,6 @@ impl Supervision {
     async fn run(mut self) {
         let grace = self.host.grace_period;
         let tree = self.tree.clone();
-        let signal = |signal: Signal| {
-            tree.signal(signal);
-        };
-        let group_alive = || tree.alive();
 
         let mut leader = None;
         let mut stdout_open = true;
@@ -588,14 +584,14 @@ impl Supervision {
             if leader.is_some() {
                 // The trial is over when its leader has exited: processes it left behind are
                 // stopped like a killed trial's, then the trial ends.
-                let alive = !hard_killed && !gone && group_alive();
+                let alive = !hard_killed && !gone && tree.alive().await;
                 gone |= !hard_killed && !alive;
                 if !stdout_open && !alive {
                     break;
                 }
                 if hard_kill_at.is_none() {
                     if alive {
-                        signal(Signal::SIGTERM);
+                        tree.signal(Signal::SIGTERM).await;
                     }
                     hard_kill_at = Some(Instant::now() + grace);
                 }
@@ -610,14 +606,14 @@ impl Supervision {
                     if let (Ok(reason), None) = (reason, &leader) {
                         killed_reason = Some(reason);
                         if hard_kill_at.is_none() {
-                            signal(Signal::SIGTERM);
+                            tree.signal(Signal::SIGTERM).await;
                             hard_kill_at = Some(Instant::now() + grace);
                         }
                     }
                 }
                 _ = tokio::time::sleep_until(hard_kill_at.unwrap_or(far)),
                     if hard_kill_at.is_some() && !hard_killed => {
-                    signal(Signal::SIGKILL);
+                    tree.signal(Signal::SIGKILL).await;
                     hard_killed = true;
                     stdout_give_up_at = Some(Instant::now() + grace);
                 }
@@ -638,14 +634,14 @@ impl Supervision {
         // above (after SIGKILL they are not looked at again; a marked process may have forked
         // while they were sent) gets SIGKILL until none is left, for a bounded time.
         let sweep_until = Instant::now() + grace.max(LEFTOVER_KILL_PATIENCE);
-        while !gone && self.tree.alive() {
+        while !gone && self.tree.alive().await {
             if Instant::now() >= sweep_until {
                 self.recorder.warn(
                     "a process the trial started is still alive after SIGKILL (stuck in the kernel?)",
                 );
                 break;
             }
-            self.tree.signal(Signal::SIGKILL);
+            self.tree.signal(Signal::SIGKILL).await;
             tokio::time::sleep(LEFTOVER_RECHECK).await;
         }
 
