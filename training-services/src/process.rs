@@ -892,7 +892,12 @@ mod tests {
             .process_group(0)
             .spawn()
             .unwrap();
-        let pid = child.id();
+        wait_for_sleep(child.id());
+        child
+    }
+
+    /// Waits (up to 5 s) until process `pid` runs `sleep`.
+    fn wait_for_sleep(pid: u32) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while std::fs::read(format!("/proc/{pid}/cmdline"))
             .is_ok_and(|cmdline| !cmdline.starts_with(b"sleep"))
@@ -900,7 +905,6 @@ mod tests {
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        child
     }
 
     #[test]
@@ -994,13 +998,7 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = empty.id();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|cmdline| !cmdline.starts_with(b"sleep"))
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        wait_for_sleep(pid);
         let read = read_environ(pid).unwrap();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
         let why = why_no_environ(pid);
