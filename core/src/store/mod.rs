@@ -69,6 +69,8 @@ pub use state::{
 };
 
 use schema::path_text;
+// The simulator's check asks the same question of a stop as the replay does.
+#[cfg(feature = "sim")]
 pub(crate) use state::stopped_with_experiment;
 use writer::{Command, SharedStats, Writer};
 
