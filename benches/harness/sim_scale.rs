@@ -29,9 +29,10 @@ use knob_core::sim::{self, Scenario};
 
 const ENVIRONMENTS: u32 = 1000;
 const GPUS: u32 = 8;
-/// How many times each size runs by default (`KNOB_SIM_SCALE_ROUNDS`): one run of the
-/// 10 000-trial size varied by a third within minutes on the 2-vCPU VM, enough alone to move the
-/// sizes' ratio across the target; the medians of three do not.
+/// How many times each size runs by default (`KNOB_SIM_SCALE_ROUNDS`): at load 0.5–3 one run
+/// of the 10 000-trial size varied by a third within minutes on the 2-vCPU VM, enough alone to
+/// move the sizes' ratio across the target; three rounds show the spread, and their medians
+/// are steadier than any one run.
 const ROUNDS: usize = 3;
 /// Targets from issue 16.
 const FLAT_WITHIN: f64 = 1.5;
