@@ -27,6 +27,19 @@ pub enum Framing {
     Prefixed,
 }
 
+/// `python -m nni` (NNI's dispatcher), with its workers finishing the commands they were sent
+/// before the TERMINATE that [`Dispatcher::stop`] sends. NNI's `MsgDispatcherBase` hands a
+/// trial's end to one worker thread and other commands to another, and by default a worker
+/// exits on TERMINATE as soon as it is done with the command in hand, dropping what is still
+/// queued: under load the algorithm missed the last trial's end when the experiment ended
+/// (`nni_dispatcher::a_users_nni_tuner_by_class_name_runs_under_nni_2_10`, in CI). NNI's manager
+/// sends TERMINATE only when a user stops the experiment, long after; knob sends it at the end.
+/// The flag is a module global of nni 2.x and 3.0; setting it on a version without it is
+/// harmless.
+const DISPATCHER_MAIN: &str = "import runpy, nni.runtime.msg_dispatcher_base as base\n\
+                               base._worker_fast_exit_on_terminate = False\n\
+                               runpy.run_module('nni', run_name='__main__', alter_sys=True)";
+
 /// The Python that runs the dispatcher and what it has.
 #[derive(Debug, Clone)]
 pub struct Python {
@@ -220,7 +233,7 @@ impl Dispatcher {
             .map_err(|e| PluginError::new(format!("{what}: {e}")))?;
         let mut command = Command::new(&launch.python.program);
         command
-            .args(["-m", "nni", "--exp_params", &params])
+            .args(["-c", DISPATCHER_MAIN, "--exp_params", &params])
             .current_dir(&launch.log_dir)
             .env("SDK_PROCESS", "dispatcher")
             .env("NNI_MODE", if launch.resume { "resume" } else { "start" })
