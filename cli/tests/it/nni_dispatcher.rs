@@ -186,6 +186,36 @@ fn a_users_nni_tuner_by_class_name_runs_under_nni_2_10() {
     }
 }
 
+/// Trials that end together at the experiment's end: NNI's dispatcher queues their ends for
+/// one worker, and the tuner takes 0.4 s over each (`end_delay`). Every end reaches it before
+/// the dispatcher goes: by default NNI's worker left on TERMINATE with ends still queued.
+#[test]
+fn ends_queued_in_nni_s_dispatcher_reach_the_tuner_before_it_terminates() {
+    let Some(python) = prerequisite::NNI2_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, seed: 7, end_delay: 0.4}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 4, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "ends");
+    let events = record(&record_file);
+    let context = format!("{export:#}\n{output}\nrecord: {events:#?}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let mut ended: Vec<u64> = events
+        .iter()
+        .filter(|e| e["event"] == "end")
+        .filter_map(|e| e["parameter_id"].as_u64())
+        .collect();
+    ended.sort_unstable();
+    assert_eq!(ended, vec![0, 1, 2, 3], "{context}");
+}
+
 /// A user's assessor by className stops the trials below its threshold, early-stopped with the
 /// assessor named as the reason; the others run to the end.
 #[test]

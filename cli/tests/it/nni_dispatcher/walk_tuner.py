@@ -3,13 +3,15 @@ stream and writes what it hands out and what it is told to `record` (a JSON line
 test can hold knob's store against what the dispatcher saw (and find the dispatcher's pid). `die_at`: the tuner's process kills
 itself (SIGKILL) when asked for that many parameter sets, as a crashing dispatcher would;
 `raise_at`: generate_parameters raises then, as a broken tuner does (NNI's Metis under a newer
-scipy, for one)."""
+scipy, for one); `end_delay`: seconds each trial_end takes (a tuner that updates a model
+there), so that trials ending together queue their ends behind one another."""
 
 import json
 import logging
 import os
 import random
 import signal
+import time
 
 from nni.tuner import Tuner
 
@@ -17,12 +19,14 @@ logger = logging.getLogger('walk_tuner')
 
 
 class WalkTuner(Tuner):
-    def __init__(self, record, optimize_mode='maximize', seed=0, die_at=None, raise_at=None):
+    def __init__(self, record, optimize_mode='maximize', seed=0, die_at=None, raise_at=None,
+                 end_delay=0):
         self.record = record
         self.optimize_mode = optimize_mode
         self.rng = random.Random(seed)
         self.die_at = die_at
         self.raise_at = raise_at
+        self.end_delay = end_delay
         self.generated = 0
         self.space = {}
 
@@ -54,6 +58,7 @@ class WalkTuner(Tuner):
         self._write(event='result', parameter_id=parameter_id, parameters=parameters, value=value)
 
     def trial_end(self, parameter_id, success, **kwargs):
+        time.sleep(self.end_delay)
         self._write(event='end', parameter_id=parameter_id, success=success)
 
     def import_data(self, data):
