@@ -469,8 +469,7 @@ impl TrialTree {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
                 .is_some_and(|stat| {
-                    parse_state_and_group(&stat)
-                        .is_some_and(|(state, _)| state != 'Z' && state != 'X')
+                    parse_state_and_group(&stat).is_some_and(|(state, _)| !has_ended(state))
                         && parse_start(&stat) == *start
                 })
         });
@@ -515,7 +514,7 @@ impl TrialTree {
             let Some((state, group)) = parse_state_and_group(&stat) else {
                 continue;
             };
-            if state == 'Z' || state == 'X' {
+            if has_ended(state) {
                 continue;
             }
             if Some(group) == self.pgid {
@@ -619,7 +618,7 @@ impl TrialTree {
             let member = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
                 .and_then(|stat| parse_state_and_group(&stat))
-                .is_some_and(|(state, group)| group == pgid && state != 'Z' && state != 'X');
+                .is_some_and(|(state, group)| group == pgid && !has_ended(state));
             if member {
                 kib += std::fs::read_to_string(format!("/proc/{pid}/status"))
                     .ok()
@@ -649,7 +648,7 @@ impl TrialTree {
                 let (state, group) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                     .ok()
                     .and_then(|stat| parse_state_and_group(&stat))?;
-                (group == pgid && state != 'Z' && state != 'X').then_some(pid)
+                (group == pgid && !has_ended(state)).then_some(pid)
             })
             .collect()
     }
@@ -724,7 +723,7 @@ fn why_no_environ(pid: u32) -> Mark {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return Mark::Absent;
     };
-    let ended = parse_state_and_group(&stat).is_none_or(|(state, _)| state == 'Z' || state == 'X');
+    let ended = parse_state_and_group(&stat).is_none_or(|(state, _)| has_ended(state));
     let really_empty = environ_bounds(&stat).is_some_and(|(start, end)| end != 0 && start == end);
     if ended || is_exiting(&stat) || really_empty {
         Mark::Absent
@@ -743,6 +742,12 @@ fn environ_bounds(stat: &str) -> Option<(u64, u64)> {
     let start = fields.next()?.parse().ok()?;
     let end = fields.next()?.parse().ok()?;
     Some((start, end))
+}
+
+/// Whether a process state from `/proc/<pid>/stat` is that of one that has finished: a zombie
+/// (`Z`, not yet reaped) or dead (`X`).
+fn has_ended(state: char) -> bool {
+    matches!(state, 'Z' | 'X')
 }
 
 /// Whether a `/proc/<pid>/stat` line is that of a process that is exiting (`PF_EXITING` in the
