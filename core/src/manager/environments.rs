@@ -5,7 +5,7 @@
 //! It does no I/O: what it has to say (a host not ready, back, lost) comes back as [`Said`]
 //! lines, which the loop records and shows; the services' handles stay with the loop.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use knob_gpu_sched::{EnvironmentStatus, Placement, Reasons};
 use knob_plugin_api::service::Environment;
@@ -49,7 +49,10 @@ const KEPT_PROBLEMS: usize = 16;
 pub(super) struct Environments {
     /// Each service's platform, by index.
     platforms: Vec<String>,
-    records: BTreeMap<String, EnvironmentRecord>,
+    /// By id, hashed: a re-probe looks up every environment of every service, and a B-tree's
+    /// string comparisons over 1 000 ids were most of a re-probe (`sim_scale`). What lists
+    /// them sorts by id.
+    records: HashMap<String, EnvironmentRecord>,
     /// What services said about their environments (warnings without a trial, failed
     /// `environments()` calls), the latest [`KEPT_PROBLEMS`]: the reason given when no
     /// environment is left.
@@ -62,7 +65,7 @@ impl Environments {
     pub fn new(platforms: Vec<String>, placer: Placer) -> Environments {
         Environments {
             platforms,
-            records: BTreeMap::new(),
+            records: HashMap::new(),
             problems: Vec::new(),
             placer,
         }
@@ -230,7 +233,8 @@ impl Environments {
 
     /// Every environment registered, for `Command::Environments`.
     pub fn views(&self) -> Vec<EnvironmentView> {
-        self.records
+        let mut views: Vec<EnvironmentView> = self
+            .records
             .iter()
             .map(|(id, record)| EnvironmentView {
                 id: id.clone(),
@@ -239,7 +243,9 @@ impl Environments {
                 ready: record.ready,
                 why: record.why.clone(),
             })
-            .collect()
+            .collect();
+        views.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        views
     }
 
     /// A host is gone for good (its service said so with a trial's `environment_lost`): the
@@ -283,9 +289,10 @@ impl Environments {
 
     /// Why no environment can take trials, for the experiment's error.
     pub fn no_environment_reason(&self) -> String {
-        let names: Vec<String> = self
-            .records
-            .iter()
+        let mut records: Vec<(&String, &EnvironmentRecord)> = self.records.iter().collect();
+        records.sort_unstable_by_key(|&(id, _)| id);
+        let names: Vec<String> = records
+            .into_iter()
             .map(|(id, record)| format!("{id} ({})", record.host))
             .collect();
         let mut reason = if names.is_empty() {

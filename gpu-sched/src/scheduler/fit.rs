@@ -168,8 +168,13 @@ pub(crate) fn permanent_blocker(env: &EnvState, demand: &Demand) -> Option<Perma
 /// starving behind a stream of small ones. Also caches what a pass learns about refusals.
 #[derive(Debug)]
 pub(crate) struct Holds {
-    /// Empty until the first hold, then one entry per environment.
+    /// One entry per environment once anything is held (empty before), all empty between
+    /// passes: the scheduler lends the same buffer to every pass ([`Holds::lend`]), since on a
+    /// cluster of 1 000 making and freeing it for the first waiting trial of each pass was a
+    /// tenth of the pass (`sim_scale`, trials waiting while a host was down).
     per_env: Vec<EnvHold>,
+    /// The entries of `per_env` written in this pass, emptied again by [`Holds::give_back`].
+    touched: Vec<usize>,
     /// Free GPUs on ready environments that nobody holds, kept by placements and holds; 0 means
     /// no GPU request can be placed for the rest of the pass.
     free_unheld_gpus: u64,
@@ -190,15 +195,45 @@ pub(crate) struct EnvHold {
     pub host_holder: Option<u32>,
 }
 
+impl EnvHold {
+    fn is_empty(&self) -> bool {
+        self.gpu_holder.is_empty() && self.host_holder.is_none()
+    }
+}
+
 impl Holds {
     /// Nothing held yet, with `free_gpus` free on the ready environments.
     pub fn new(free_gpus: u64) -> Holds {
+        Holds::lend(free_gpus, Vec::new())
+    }
+
+    /// [`Holds::new`] over a buffer from an earlier pass's [`Holds::give_back`].
+    pub fn lend(free_gpus: u64, per_env: Vec<EnvHold>) -> Holds {
+        debug_assert!(
+            per_env.iter().all(|hold| hold.is_empty()),
+            "a lent buffer holds nothing"
+        );
         Holds {
-            per_env: Vec::new(),
+            per_env,
+            touched: Vec::new(),
             free_unheld_gpus: free_gpus,
             refused: false,
             reasons: Vec::new(),
         }
+    }
+
+    /// The buffer, with everything this pass held let go, for the next pass.
+    pub fn give_back(mut self) -> Vec<EnvHold> {
+        for env in self.touched {
+            let hold = &mut self.per_env[env];
+            let mut gpu_holder = std::mem::take(&mut hold.gpu_holder);
+            gpu_holder.clear();
+            *hold = EnvHold {
+                gpu_holder,
+                ..EnvHold::default()
+            };
+        }
+        self.per_env
     }
 
     pub fn no_free_gpu_left(&self) -> bool {
@@ -226,9 +261,7 @@ impl Holds {
 
     /// What is held on an environment; `None` when nothing is.
     pub fn get(&self, env: usize) -> Option<&EnvHold> {
-        self.per_env
-            .get(env)
-            .filter(|hold| !hold.gpu_holder.is_empty() || hold.host_holder.is_some())
+        self.per_env.get(env).filter(|hold| !hold.is_empty())
     }
 
     pub fn gpu_holder(&self, env: usize, position: usize) -> Option<u32> {
@@ -237,12 +270,15 @@ impl Holds {
     }
 
     fn env_mut(&mut self, env: usize, envs: &[EnvState]) -> &mut EnvHold {
-        if self.per_env.is_empty() {
-            self.per_env = vec![EnvHold::default(); envs.len()];
+        if self.per_env.len() < envs.len() {
+            self.per_env.resize_with(envs.len(), EnvHold::default);
         }
         let hold = &mut self.per_env[env];
+        if hold.is_empty() {
+            self.touched.push(env);
+        }
         if hold.gpu_holder.is_empty() {
-            hold.gpu_holder = vec![None; envs[env].loads.len()];
+            hold.gpu_holder.resize(envs[env].loads.len(), None);
         }
         hold
     }

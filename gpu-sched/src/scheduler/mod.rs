@@ -11,7 +11,7 @@ use crate::error::InventoryError;
 use crate::inventory::{Environment, EnvironmentId, EnvironmentStatus, Inventory, TrialId};
 use crate::placement::{Assignment, Placement};
 use crate::request::{Policy, SchedulerConfig, TrialRequest};
-use fit::{hold_for_waiting, Chooser, Demand, GpuDemand, Holds, Plan, Shape};
+use fit::{hold_for_waiting, Chooser, Demand, EnvHold, GpuDemand, Holds, Plan, Shape};
 use state::EnvState;
 
 /// The placed, unreleased trials, by trial id.
@@ -55,6 +55,8 @@ pub struct Scheduler {
     /// inventory last changed (registered, probed, marked or removed): a waiting reason counts
     /// them, and on a cluster of 1 000 the count was half of each reason's cost (`sim_scale`).
     eligible: Vec<(Shape, usize)>,
+    /// What every pass's [`Holds`] writes in, empty between passes (see [`Holds::lend`]).
+    hold_buffer: Vec<EnvHold>,
 }
 
 /// What an environment adds to [`Scheduler::ready_free_gpus`].
@@ -77,6 +79,7 @@ impl Scheduler {
             release_clock: 0,
             ready_free_gpus: 0,
             eligible: Vec::new(),
+            hold_buffer: Vec::new(),
         }
     }
 
@@ -223,13 +226,14 @@ impl Scheduler {
             self.envs.iter().map(ready_free_gpus).sum::<u64>(),
             "the free GPUs kept as they change"
         );
-        let mut holds = Holds::new(self.ready_free_gpus);
+        let mut holds = Holds::lend(self.ready_free_gpus, std::mem::take(&mut self.hold_buffer));
         let mut placements = Vec::with_capacity(waiting.len());
         for (queue_position, request) in waiting.iter().enumerate() {
             let placement =
                 self.decide(request, queue_position as u32, &mut holds, waiting, reasons);
             placements.push(placement);
         }
+        self.hold_buffer = holds.give_back();
         placements
     }
 

@@ -115,6 +115,19 @@ fn holds_last_only_for_one_pass() {
     let waiting = scheduler.place_queue(&[trial("big").gpu_number(2), trial("small")]);
     assert!(!waiting[1].is_succeed());
     assert!(scheduler.place(&trial("small")).is_succeed());
+    // The same again over an inventory that grew in between: what a pass held is let go
+    // whichever environments it held on.
+    scheduler
+        .upsert_environment(env("second", &[80; 2]))
+        .unwrap();
+    let on_second = trial("s0").devices([DeviceRef::new("second", 0)]);
+    assert!(scheduler.place(&on_second).is_succeed());
+    let waiting = scheduler.place_queue(&[trial("big2").gpu_number(2), trial("small2")]);
+    assert!(
+        !waiting[0].is_succeed() && !waiting[1].is_succeed(),
+        "{waiting:?}"
+    );
+    assert!(scheduler.place(&trial("small2")).is_succeed());
 }
 
 #[test]
