@@ -471,50 +471,14 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".to_string())
 }
 
-/// Kills what is left of these trials from an earlier run of the experiment: the processes whose
-/// environment names this experiment and one of the trials (every trial gets both), found in
-/// `/proc`. Identifying them by environment, not by a recorded pid, cannot hit an unrelated
-/// process that reused the pid. Returns one line per trial that had processes left.
+/// Kills what is left of these trials from an earlier run of the experiment (see
+/// [`crate::process::kill_leftovers`]). Returns one line per trial that had processes left.
 pub fn kill_leftovers(experiment_id: &str, trial_ids: &[String]) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let wanted_experiment = format!("NNI_EXP_ID={experiment_id}");
-    let mut killed: std::collections::BTreeMap<&str, usize> = Default::default();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = crate::process::read_environ(pid.unsigned_abs()) else {
-            continue;
-        };
-        let mut has_experiment = false;
-        let mut trial = None;
-        for variable in environ.split(|&b| b == 0) {
-            has_experiment |= variable == wanted_experiment.as_bytes();
-            if let Some(id) = variable.strip_prefix(b"NNI_TRIAL_JOB_ID=") {
-                trial = trial_ids.iter().find(|wanted| wanted.as_bytes() == id);
-            }
-        }
-        if let (true, Some(trial)) = (has_experiment, trial) {
-            // A process of ours, identified above; it may already be gone.
-            if nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .is_ok()
-            {
-                *killed.entry(trial.as_str()).or_default() += 1;
-            }
-        }
-    }
-    killed
+    crate::process::kill_leftovers(experiment_id, trial_ids)
         .into_iter()
-        .map(|(trial, count)| {
+        .zip(trial_ids)
+        .filter(|&(count, _)| count > 0)
+        .map(|(count, trial)| {
             format!("killed {count} process(es) of trial {trial} left from an earlier run")
         })
         .collect()

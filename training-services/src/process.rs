@@ -683,6 +683,93 @@ fn read_environ_settled(pid: u32) -> std::io::Result<Vec<u8>> {
     Ok(environ)
 }
 
+/// How long [`kill_leftovers`] goes on looking while it finds processes of the earlier run
+/// still running (killed but not yet dying: a process that was left waiting for a CPU for
+/// seconds after its SIGKILL, see [`MID_EXEC_PATIENCE`]) or in the middle of an exec.
+const LEFTOVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+const LEFTOVER_LONGEST_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Kills (SIGKILL) every process whose environment names experiment `experiment_id`
+/// (`NNI_EXP_ID`) and one of `trial_ids` (`NNI_TRIAL_JOB_ID`): what an earlier run of the
+/// experiment left running. Identifying them by environment, not by a recorded pid, cannot
+/// hit an unrelated process that reused the pid. Returns how many processes of each trial, in
+/// the order of `trial_ids`, it killed.
+///
+/// One look at `/proc` is not enough: a process in the middle of execve(2) shows no
+/// environment (a trial's shell script runs each command so), and one killed may keep running
+/// for seconds on a loaded machine. So it looks again, pausing longer each time, until a look
+/// finds none of them but the dying, for up to [`LEFTOVER_PATIENCE`]. A process the run forks
+/// meanwhile inherits the environment and is found by the next look.
+pub fn kill_leftovers(experiment_id: &str, trial_ids: &[String]) -> Vec<usize> {
+    let experiment_entry = format!("NNI_EXP_ID={experiment_id}");
+    let me = std::process::id();
+    // Each process killed, by pid and start time (a pid reused meanwhile is another process).
+    let mut killed: std::collections::BTreeMap<(u32, Option<StartTicks>), usize> =
+        Default::default();
+    let started = std::time::Instant::now();
+    let mut pause = MID_EXEC_FIRST_PAUSE;
+    while let Some(listed) = listed_pids() {
+        let mut look_again = false;
+        for pid in listed {
+            if pid == me {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some((state, _)) = parse_state_and_group(&stat) else {
+                continue;
+            };
+            // Dying or dead already, or not a process a trial could have started.
+            if has_ended(state) || is_exiting(&stat) || is_kernel_thread(&stat) {
+                continue;
+            }
+            let environ = match read_environ_settled(pid) {
+                Ok(environ) if !environ.is_empty() => environ,
+                Ok(_) => {
+                    look_again |= matches!(why_no_environ(pid), Mark::MidExec);
+                    continue;
+                }
+                Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => {
+                    look_again |= matches!(why_no_environ(pid), Mark::MidExec);
+                    continue;
+                }
+                // Gone, or another user's process (not ours: ours run as us).
+                Err(_) => continue,
+            };
+            let mut of_experiment = false;
+            let mut trial = None;
+            for variable in environ.split(|&b| b == 0) {
+                of_experiment |= variable == experiment_entry.as_bytes();
+                if let Some(id) = variable.strip_prefix(b"NNI_TRIAL_JOB_ID=") {
+                    trial = trial_ids.iter().position(|wanted| wanted.as_bytes() == id);
+                }
+            }
+            let (true, Some(trial)) = (of_experiment, trial) else {
+                continue;
+            };
+            let Ok(raw) = i32::try_from(pid) else {
+                continue;
+            };
+            // One of ours, identified above; it may be gone already.
+            if nix::sys::signal::kill(Pid::from_raw(raw), Signal::SIGKILL).is_ok() {
+                killed.insert((pid, parse_start(&stat)), trial);
+                look_again = true;
+            }
+        }
+        if !look_again || started.elapsed() >= LEFTOVER_PATIENCE {
+            break;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(LEFTOVER_LONGEST_PAUSE);
+    }
+    let mut counts = vec![0; trial_ids.len()];
+    for trial in killed.into_values() {
+        counts[trial] += 1;
+    }
+    counts
+}
+
 /// The rest of an open `/proc/<pid>/environ` from where it stands (see [`read_environ`]).
 fn read_open_environ(file: &mut File) -> std::io::Result<Vec<u8>> {
     const ONE_READ: usize = 128 * 1024;

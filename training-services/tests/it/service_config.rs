@@ -231,22 +231,56 @@ fn wait_exited(child: &mut std::process::Child) -> bool {
     false
 }
 
+/// Waits until `/proc` shows the process's own environment (set at its first exec).
+fn wait_for_environment(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let environ = format!("/proc/{pid}/environ");
+    while !std::fs::read(&environ)
+        .map(|bytes| bytes.windows(10).any(|w| w == b"NNI_EXP_ID"))
+        .unwrap_or(false)
+    {
+        assert!(Instant::now() < deadline, "no environment in {environ}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn local_clean_up_kills_a_leftover_that_is_forever_in_the_middle_of_an_exec() {
+    // A shell script that execs itself in a loop: its environment reads empty whenever a look
+    // meets it between the two halves of an exec, and one look at /proc missed it now and then.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("exec_loop.sh");
+    std::fs::write(&script, "exec /bin/sh \"$0\"\n").unwrap();
+    for round in 0..20 {
+        let mut looper = Command::new("/bin/sh")
+            .arg(&script)
+            .env("NNI_EXP_ID", "exp-exec")
+            .env("NNI_TRIAL_JOB_ID", "t1")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_environment(looper.id());
+        let reports = knob_training_services::local::kill_leftovers("exp-exec", &["t1".into()]);
+        assert_eq!(
+            reports,
+            ["killed 1 process(es) of trial t1 left from an earlier run"],
+            "round {round}"
+        );
+        assert!(
+            wait_exited(&mut looper),
+            "round {round}: the looper still runs"
+        );
+    }
+}
+
 #[test]
 fn local_clean_up_ends_only_the_named_trials_of_its_experiment() {
     let mut mine = fake_trial("exp-clean", "t1");
     let mut other_trial = fake_trial("exp-clean", "t2");
     let mut other_experiment = fake_trial("exp-other", "t1");
     // The children's environment is set at exec; wait until /proc shows it.
-    let deadline = Instant::now() + Duration::from_secs(10);
     for child in [&mine, &other_trial, &other_experiment] {
-        let environ = format!("/proc/{}/environ", child.id());
-        while !std::fs::read(&environ)
-            .map(|bytes| bytes.windows(10).any(|w| w == b"NNI_EXP_ID"))
-            .unwrap_or(false)
-        {
-            assert!(Instant::now() < deadline, "no environment in {environ}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for_environment(child.id());
     }
     let reports = knob_training_services::local::kill_leftovers("exp-clean", &["t1".into()]);
     assert_eq!(
