@@ -388,24 +388,30 @@ impl RemoteService {
     }
 
     /// Deletes trial `trial_id`'s checkpoint folder on every host that has one, in the
-    /// background (see [`Host::delete_checkpoint`]): a member may have run on several hosts.
+    /// background (see [`Host::delete_checkpoint`]): a member may have run on several hosts. A
+    /// successor that ended without starting: its copy of its donor's folder goes with its
+    /// folder, after the copy, if it is still being taken.
     pub fn delete_checkpoint(&mut self, trial_id: &str) {
-        let Some(runtime) = self.runtime.as_ref().filter(|_| !self.shut_down) else {
-            return;
-        };
-        self.deletions.retain(|d| !d.is_finished());
-        // A successor that ended without starting: its copy goes with its folder.
-        self.snapshots.remove(trial_id);
-        for host in &self.hosts {
-            let deletion = runtime.spawn(host.clone().delete_checkpoint(trial_id.to_string()));
-            self.deletions.push(deletion);
-        }
+        self.delete_after_copy(trial_id, Host::delete_checkpoint);
     }
 
     /// Successor `trial_id` ended for good: the copy of its donor's checkpoint folder its
     /// attempts started from is deleted on every host that has one, in the background (see
     /// [`Host::delete_snapshot`]), after a copy still being taken for it.
     pub fn delete_snapshot(&mut self, trial_id: &str) {
+        self.delete_after_copy(trial_id, Host::delete_snapshot);
+    }
+
+    /// Runs `delete` for `trial_id` on every host, in the background, once the copy of a
+    /// donor's folder being taken for it ([`RemoteService::snapshot_checkpoint`]) is done: a
+    /// copy that landed after the deletion stayed on the host for good.
+    fn delete_after_copy<Deletion>(
+        &mut self,
+        trial_id: &str,
+        delete: fn(Arc<Host>, String) -> Deletion,
+    ) where
+        Deletion: std::future::Future<Output = ()> + Send + 'static,
+    {
         let Some(runtime) = self.runtime.as_ref().filter(|_| !self.shut_down) else {
             return;
         };
@@ -419,7 +425,7 @@ impl RemoteService {
             }
             let deletions: Vec<_> = hosts
                 .into_iter()
-                .map(|host| tokio::spawn(host.delete_snapshot(trial_id.clone())))
+                .map(|host| tokio::spawn(delete(host, trial_id.clone())))
                 .collect();
             for deletion in deletions {
                 let _ = deletion.await;

@@ -1303,6 +1303,51 @@ fn a_successors_retry_starts_from_the_same_copy_as_its_first_attempt() {
     service.stop();
 }
 
+/// A successor that ends before it starts (stopped as it was created): the deletion of its
+/// checkpoint folder comes while the copy of its donor's folder is still being taken, and must
+/// not leave that copy behind once it lands (it did: the `rm -rf` ran first).
+#[test]
+fn a_checkpoint_deletion_waits_for_the_copy_still_being_taken_for_it() {
+    let Some(host) = start_sshd(key_options()) else {
+        return;
+    };
+    let (world, events) = (World::new(), Events::default());
+    let mut service = connect_all(&world, &events, [&host]);
+    let (parent_folder, go) = start_parent_at_step_one(&world, &mut service, &host, "state");
+    // Enough files that the copy takes a while.
+    let bulk = parent_folder.join("bulk");
+    std::fs::create_dir_all(&bulk).unwrap();
+    for i in 0..3000 {
+        std::fs::write(bulk.join(i.to_string()), "x").unwrap();
+    }
+    let child = parent_folder
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("child");
+    assert_eq!(
+        TrainingService::snapshot_checkpoint(&mut service, "child", "parent"),
+        Ok(true)
+    );
+    TrainingService::delete_checkpoint(&mut service, "child").unwrap();
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(ending(&events.wait_ended("parent")).0, Some(0));
+    // Stopping waits for the deletions under way.
+    service.stop();
+    for left in ["restore", "restore.partial"] {
+        assert!(
+            !child.join(left).exists(),
+            "{} kept",
+            child.join(left).display()
+        );
+    }
+    assert!(
+        parent_folder.join("bulk/2999").exists(),
+        "the donor's own folder goes only when asked"
+    );
+}
+
 /// Mixed services: a parent that ran on this machine (the local service; its folder is here,
 /// and the core copied it to the successor's `restore/` here as the successor was created)
 /// with its successor placed on a remote host. The successor starts from that copy, uploaded;
