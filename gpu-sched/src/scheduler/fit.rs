@@ -4,6 +4,7 @@ use std::cmp::Reverse;
 
 use crate::inventory::{EnvironmentStatus, TrialId};
 use crate::request::{GpuRequest, Policy, SchedulerConfig, TrialRequest};
+use crate::scheduler::positions::Positions;
 use crate::scheduler::state::{EnvState, GpuLoad};
 
 /// A request with the experiment's defaults filled in.
@@ -339,6 +340,7 @@ pub(crate) fn fitting_gpu_count(env: &EnvState, hold: Option<&EnvHold>, gpu_memo
 }
 
 /// How many GPUs of `env` fit a `Count` request now, or `None` when the request does not fit.
+#[inline]
 fn fit_now(env: &EnvState, hold: Option<&EnvHold>, demand: &Demand, count: u32) -> Option<u32> {
     if !env.is_ready() || env.free_gpus < count {
         return None;
@@ -353,12 +355,18 @@ fn fit_now(env: &EnvState, hold: Option<&EnvHold>, demand: &Demand, count: u32) 
     (fitting >= count).then_some(fitting)
 }
 
+/// The policies walk only the environments with a free GPU while fewer than one in this many
+/// has one (see `Chooser::only_with_free_gpus`).
+const SPARSE_FREE: usize = 8;
+
 /// The decision inputs that are not per-environment.
 pub(crate) struct Chooser<'a> {
     pub envs: &'a [EnvState],
     pub holds: &'a Holds,
     pub policy: Policy,
     pub round_robin_next: usize,
+    /// The ready environments with a free GPU (see `Scheduler::with_free_gpus`).
+    pub with_free_gpus: &'a Positions,
 }
 
 impl Chooser<'_> {
@@ -412,16 +420,57 @@ impl Chooser<'_> {
         })
     }
 
+    /// The ready environments with a free GPU, when a request for `count` GPUs can fit on no
+    /// other and they are few next to all of them (a full cluster, where a trial just ended):
+    /// the policies then walk those alone. Otherwise they scan every environment, which is
+    /// cheaper than a walk when most have room (`gpu_placement`).
+    fn only_with_free_gpus(&self, count: u32) -> Option<&Positions> {
+        (count > 0 && self.with_free_gpus.len() * SPARSE_FREE < self.envs.len())
+            .then_some(self.with_free_gpus)
+    }
+
     fn round_robin(&self, demand: &Demand, count: u32) -> Option<usize> {
         let total = self.envs.len();
-        (0..total)
-            .map(|offset| (self.round_robin_next + offset) % total)
-            .find(|&env| fit_now(&self.envs[env], self.holds.get(env), demand, count).is_some())
+        if total == 0 {
+            return None;
+        }
+        let first = self.round_robin_next % total;
+        let fits = |&(position, env): &(usize, &EnvState)| {
+            fit_now(env, self.holds.get(position), demand, count).is_some()
+        };
+        let found = match self.only_with_free_gpus(count) {
+            Some(free) => self.at(free.walk_from(first)).find(fits),
+            None => {
+                let all = || self.envs.iter().enumerate();
+                all().skip(first).chain(all().take(first)).find(fits)
+            }
+        };
+        found.map(|(position, _)| position)
+    }
+
+    /// The environments at these positions, with their positions.
+    fn at<'b>(
+        &'b self,
+        positions: impl Iterator<Item = usize> + 'b,
+    ) -> impl Iterator<Item = (usize, &'b EnvState)> + 'b {
+        positions.map(|position| (position, &self.envs[position]))
     }
 
     fn recently_idle(&self, demand: &Demand, count: u32) -> Option<usize> {
+        match self.only_with_free_gpus(count) {
+            Some(free) => self.recently_idle_among(self.at(free.walk_from(0)), demand, count),
+            None => self.recently_idle_among(self.envs.iter().enumerate(), demand, count),
+        }
+    }
+
+    fn recently_idle_among<'b>(
+        &self,
+        envs: impl Iterator<Item = (usize, &'b EnvState)>,
+        demand: &Demand,
+        count: u32,
+    ) -> Option<usize> {
         let mut best: Option<(u64, usize)> = None;
-        for (position, env) in self.envs.iter().enumerate() {
+        for (position, env) in envs {
             let released = env.last_release;
             if released == 0 || best.is_some_and(|(tick, _)| tick >= released) {
                 continue;
@@ -434,8 +483,20 @@ impl Chooser<'_> {
     }
 
     fn best_scored(&self, demand: &Demand, count: u32) -> Option<usize> {
+        match self.only_with_free_gpus(count) {
+            Some(free) => self.best_scored_among(self.at(free.walk_from(0)), demand, count),
+            None => self.best_scored_among(self.envs.iter().enumerate(), demand, count),
+        }
+    }
+
+    fn best_scored_among<'b>(
+        &self,
+        envs: impl Iterator<Item = (usize, &'b EnvState)>,
+        demand: &Demand,
+        count: u32,
+    ) -> Option<usize> {
         let mut best: Option<(usize, u32)> = None;
-        for (position, env) in self.envs.iter().enumerate() {
+        for (position, env) in envs {
             let Some(fitting) = fit_now(env, self.holds.get(position), demand, count) else {
                 continue;
             };
@@ -454,6 +515,7 @@ impl Chooser<'_> {
 
     /// Strictly better than the current best (ties keep the earlier environment, so the order
     /// of registration decides and the choice is deterministic).
+    #[inline]
     fn prefers(
         &self,
         env: &EnvState,

@@ -2,6 +2,7 @@
 
 mod explain;
 mod fit;
+mod positions;
 mod state;
 
 use std::collections::HashMap;
@@ -12,6 +13,7 @@ use crate::inventory::{Environment, EnvironmentId, EnvironmentStatus, Inventory,
 use crate::placement::{Assignment, Placement};
 use crate::request::{Policy, SchedulerConfig, TrialRequest};
 use fit::{hold_for_waiting, Chooser, Demand, EnvHold, GpuDemand, Holds, Plan, Shape};
+use positions::Positions;
 use state::EnvState;
 
 /// The placed, unreleased trials, by trial id.
@@ -51,6 +53,10 @@ pub struct Scheduler {
     /// The ready environments' free GPUs (`EnvState::free_gpus`) summed, kept as they change: a
     /// pass over a busy cluster learns that no GPU is free without visiting every environment.
     ready_free_gpus: u64,
+    /// The positions of the ready environments with a free GPU, kept as they change: a request
+    /// for GPUs fits nowhere else, and on a full cluster of 1 000 a placement then looks at the
+    /// one or two environments where a trial just ended instead of all of them (`sim_scale`).
+    with_free_gpus: Positions,
     /// How many environments could ever take a request of each shape asked about since the
     /// inventory last changed (registered, probed, marked or removed): a waiting reason counts
     /// them, and on a cluster of 1 000 the count was half of each reason's cost (`sim_scale`).
@@ -78,6 +84,7 @@ impl Scheduler {
             round_robin_next: 0,
             release_clock: 0,
             ready_free_gpus: 0,
+            with_free_gpus: Positions::default(),
             eligible: Vec::new(),
             hold_buffer: Vec::new(),
         }
@@ -105,6 +112,9 @@ impl Scheduler {
                     .insert(environment.id.clone(), self.envs.len());
                 let env = EnvState::new(environment, &self.assignments);
                 self.ready_free_gpus += ready_free_gpus(&env);
+                if ready_free_gpus(&env) > 0 {
+                    self.with_free_gpus.insert(self.envs.len());
+                }
                 self.envs.push(env);
             }
         }
@@ -132,6 +142,13 @@ impl Scheduler {
         self.eligible.clear();
         let removed = self.envs.remove(position);
         self.ready_free_gpus -= ready_free_gpus(&removed);
+        // The later environments moved up a position: the set is made again (a rare event).
+        self.with_free_gpus = Positions::default();
+        for (position, env) in self.envs.iter().enumerate() {
+            if ready_free_gpus(env) > 0 {
+                self.with_free_gpus.insert(position);
+            }
+        }
         self.env_positions.remove(environment);
         for later in self.env_positions.values_mut() {
             if *later > position {
@@ -226,6 +243,13 @@ impl Scheduler {
             self.envs.iter().map(ready_free_gpus).sum::<u64>(),
             "the free GPUs kept as they change"
         );
+        debug_assert!(
+            self.with_free_gpus
+                .walk_from(0)
+                .eq((0..self.envs.len())
+                    .filter(|&position| ready_free_gpus(&self.envs[position]) > 0)),
+            "the environments with a free GPU kept as they change"
+        );
         let mut holds = Holds::lend(self.ready_free_gpus, std::mem::take(&mut self.hold_buffer));
         let mut placements = Vec::with_capacity(waiting.len());
         for (queue_position, request) in waiting.iter().enumerate() {
@@ -308,6 +332,7 @@ impl Scheduler {
             holds,
             policy: self.config.policy,
             round_robin_next: self.round_robin_next,
+            with_free_gpus: &self.with_free_gpus,
         }
     }
 
@@ -386,7 +411,13 @@ impl Scheduler {
         let env = &mut self.envs[position];
         let before = ready_free_gpus(env);
         let result = change(env, &self.assignments);
-        self.ready_free_gpus = self.ready_free_gpus - before + ready_free_gpus(env);
+        let after = ready_free_gpus(env);
+        self.ready_free_gpus = self.ready_free_gpus - before + after;
+        if after > 0 {
+            self.with_free_gpus.insert(position);
+        } else {
+            self.with_free_gpus.remove(position);
+        }
         result
     }
 

@@ -155,3 +155,44 @@ fn policy_names_parse_like_nni_configs() {
     let from_json: Policy = serde_json::from_str("\"best-fit\"").unwrap();
     assert_eq!(from_json, Policy::Pack);
 }
+
+/// On a full cluster every policy finds the one environment where a trial just ended, and
+/// after an environment is removed (the later ones move up a position) each still takes them
+/// in its order: the environments with a free GPU are kept by position as they change, and
+/// with so few of them (2 of 19) the policies walk those alone.
+#[test]
+fn every_policy_finds_the_freed_gpu_of_a_full_cluster_and_follows_a_removal() {
+    for policy in Policy::ALL {
+        let mut scheduler = scheduler(policy, cluster(20, 1));
+        let placed = place_each(&mut scheduler, &ones(20));
+        assert!(!placed.contains("wait"), "{policy:?}: {placed}");
+        assert!(!scheduler.place(&trial("late")).is_succeed(), "{policy:?}");
+        for (ended, node) in [("t12", "node12"), ("t0", "node0")] {
+            scheduler.release(&TrialId::from(ended));
+            let next = format!("after-{ended}");
+            assert_eq!(
+                scheduler.place(&trial(&next)),
+                Placement::Succeed {
+                    environment: node.into(),
+                    gpu_indices: Some(vec![0]),
+                },
+                "{policy:?}"
+            );
+        }
+        // node1 goes; the later nodes move up. Free GPUs on node0 and node19 only.
+        scheduler.release(&TrialId::from("after-t0"));
+        scheduler.release(&TrialId::from("t19"));
+        scheduler
+            .remove_environment(&"node1".into())
+            .expect("node1 is registered");
+        let mut took = Vec::new();
+        for n in 0..3 {
+            match scheduler.place(&trial(&format!("again{n}"))) {
+                Placement::Succeed { environment, .. } => took.push(environment.to_string()),
+                _ => took.push("wait".to_owned()),
+            }
+        }
+        took.sort();
+        assert_eq!(took, ["node0", "node19", "wait"], "{policy:?}");
+    }
+}
