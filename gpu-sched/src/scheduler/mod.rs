@@ -55,7 +55,8 @@ pub struct Scheduler {
     ready_free_gpus: u64,
     /// The positions of the ready environments with a free GPU, kept as they change: a request
     /// for GPUs fits nowhere else, and on a full cluster of 1 000 a placement then looks at the
-    /// one or two environments where a trial just ended instead of all of them (`sim_scale`).
+    /// one or two environments where a trial just ended instead of all of them (`sim_scale`;
+    /// while many have a free GPU it scans them all, see `Chooser::only_with_free_gpus`).
     with_free_gpus: Positions,
     /// How many environments could ever take a request of each shape asked about since the
     /// inventory last changed (registered, probed, marked or removed): a waiting reason counts
