@@ -570,15 +570,10 @@ impl TrialTree {
 
     /// Whether process `pid`'s environment carries this run's mark.
     fn read_mark(&self, pid: u32) -> Mark {
-        match read_environ_settled(pid) {
-            Ok(environ) if environ.is_empty() => why_no_environ(pid),
+        match environ_or_why_none(pid) {
             Ok(environ) if environ.split(|&b| b == 0).any(|v| v == self.entry) => Mark::Carried,
             Ok(_) => Mark::Absent,
-            // The kernel answers ESRCH while the process has no memory of its own: in the
-            // middle of execve(2), or exiting.
-            Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => why_no_environ(pid),
-            // Gone, or another user's process (not readable, and not ours: ours run as us).
-            Err(_) => Mark::Absent,
+            Err(why) => why,
         }
     }
 
@@ -683,6 +678,20 @@ fn read_environ_settled(pid: u32) -> std::io::Result<Vec<u8>> {
     Ok(environ)
 }
 
+/// Process `pid`'s environment ([`read_environ_settled`]), or why there is none to read:
+/// [`Mark::MidExec`] while it is in the middle of execve(2), else [`Mark::Absent`].
+fn environ_or_why_none(pid: u32) -> Result<Vec<u8>, Mark> {
+    match read_environ_settled(pid) {
+        Ok(environ) if environ.is_empty() => Err(why_no_environ(pid)),
+        Ok(environ) => Ok(environ),
+        // The kernel answers ESRCH while the process has no memory of its own: in the middle
+        // of execve(2), or exiting.
+        Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => Err(why_no_environ(pid)),
+        // Gone, or another user's process (not readable, and not ours: ours run as us).
+        Err(_) => Err(Mark::Absent),
+    }
+}
+
 /// How long [`kill_leftovers`] goes on looking while it finds processes of the earlier run
 /// still running (killed but not yet dying: a process that was left waiting for a CPU for
 /// seconds after its SIGKILL, see [`MID_EXEC_PATIENCE`]) or in the middle of an exec.
@@ -724,18 +733,12 @@ pub fn kill_leftovers(experiment_id: &str, trial_ids: &[String]) -> Vec<usize> {
             if has_ended(state) || is_exiting(&stat) || is_kernel_thread(&stat) {
                 continue;
             }
-            let environ = match read_environ_settled(pid) {
-                Ok(environ) if !environ.is_empty() => environ,
-                Ok(_) => {
-                    look_again |= matches!(why_no_environ(pid), Mark::MidExec);
+            let environ = match environ_or_why_none(pid) {
+                Ok(environ) => environ,
+                Err(why) => {
+                    look_again |= matches!(why, Mark::MidExec);
                     continue;
                 }
-                Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => {
-                    look_again |= matches!(why_no_environ(pid), Mark::MidExec);
-                    continue;
-                }
-                // Gone, or another user's process (not ours: ours run as us).
-                Err(_) => continue,
             };
             let mut of_experiment = false;
             let mut trial = None;
