@@ -80,6 +80,7 @@ fn main() {
             dir: dir.clone(),
             status: "DONE".to_string(),
             pid: None,
+            pid_start: None,
             port: None,
             created_ms: 0,
         })

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use knob_core::registry::{process_alive, RegistryEntry};
+use knob_core::registry::RegistryEntry;
 use serde_json::Value;
 
 pub struct ApiClient {
@@ -15,7 +15,7 @@ pub struct ApiClient {
 impl ApiClient {
     /// The API of the experiment, if a live process serves one.
     pub fn for_running(entry: &RegistryEntry) -> Option<ApiClient> {
-        entry.pid.filter(|&pid| process_alive(pid))?;
+        entry.running_pid()?;
         let port = entry.port?;
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)

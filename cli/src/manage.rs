@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Subcommand;
-use knob_core::registry::{process_alive, Registry, RegistryEntry};
+use knob_core::registry::{Registry, RegistryEntry};
 use serde_json::{json, Value};
 
 use crate::client::ApiClient;
@@ -198,7 +198,7 @@ fn view_every_experiment(args: ViewArgs) -> anyhow::Result<ExitCode> {
 fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry: RegistryEntry = registry.get(id)?;
-    if let Some(pid) = entry.pid.filter(|&pid| process_alive(pid)) {
+    if let Some(pid) = entry.running_pid() {
         anyhow::bail!(
             "experiment {id} is running (pid {pid}); stop it first with `knob stop {id}`"
         );

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use knob_core::config::ExperimentConfig;
 use knob_core::manager::{self, Experiment};
-use knob_core::registry::{process_alive, Registry, CRASHED};
+use knob_core::registry::{Registry, CRASHED};
 use knob_core::store::{ExperimentState, Store, StoreEvent};
 use knob_plugin_api::host::PluginRegistry;
 use serde_json::Value;
@@ -35,10 +35,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     args.serve.check()?;
     let registry = Registry::open_default()?;
     let entry = registry.get(&args.id)?;
-    if let Some(pid) = entry
-        .pid
-        .filter(|&pid| process_alive(pid) && pid != std::process::id())
-    {
+    if let Some(pid) = entry.running_pid().filter(|&pid| pid != std::process::id()) {
         anyhow::bail!(
             "experiment {} is running (pid {pid}); stop it first with `knob stop {}`",
             args.id,
@@ -210,12 +207,13 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
             entry.pid.unwrap_or_default()
         );
     }
-    let Some(pid) = entry.pid.filter(|&pid| process_alive(pid)) else {
+    let Some(pid) = entry.running_pid() else {
         println!("experiment {id} is not running ({})", entry.status);
         return Ok(ExitCode::SUCCESS);
     };
     let pid_t = i32::try_from(pid).context("pid out of range")?;
-    // SAFETY: kill(2) with a pid the registry recorded for this experiment's process.
+    // SAFETY: kill(2) with the pid of this experiment's process, checked just above to be that
+    // process (its start time), not one that got the pid of a runner that crashed.
     if unsafe { libc::kill(pid_t, libc::SIGINT) } != 0 {
         anyhow::bail!(
             "cannot signal process {pid} of experiment {id}: {}",
@@ -223,10 +221,10 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
         );
     }
     let deadline = Instant::now() + Duration::from_secs(120);
-    while process_alive(pid) && Instant::now() < deadline {
+    while entry.running_pid().is_some() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    if process_alive(pid) {
+    if entry.running_pid().is_some() {
         anyhow::bail!("experiment {id} (pid {pid}) has not stopped after 2 minutes; `kill -INT {pid}` again to force it");
     }
     let status = registry.get(id).map(|e| e.status).unwrap_or_default();

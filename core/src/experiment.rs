@@ -114,6 +114,7 @@ pub fn create(
         dir: dir.clone(),
         status: ExperimentStatus::Initialized.as_str().into(),
         pid: Some(std::process::id()),
+        pid_start: None,
         port: None,
         created_ms: now_ms(),
     };

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use knob_gpu_sched::ledger::process_start_time;
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// Why the registry could not be read or written.
@@ -32,6 +33,11 @@ pub struct RegistryEntry {
     pub status: String,
     /// The process running it, while it runs.
     pub pid: Option<u32>,
+    /// When that process started ([`process_start`]): a pid the system has since handed to
+    /// another process (the runner crashed, the machine rebooted) is not taken for the
+    /// runner's. `None` in an entry an older knob wrote.
+    #[serde(skip)]
+    pub pid_start: Option<String>,
     /// The HTTP API port, when the experiment serves one.
     pub port: Option<u16>,
     pub created_ms: i64,
@@ -43,11 +49,23 @@ pub struct RegistryEntry {
 pub const CRASHED: &str = "crashed (resume it)";
 
 impl RegistryEntry {
+    /// The pid of the process running this experiment, while it runs: the recorded process is
+    /// alive, and is the one recorded (it started when that one did), not another that got its
+    /// pid since. Asked again, it looks again.
+    pub fn running_pid(&self) -> Option<u32> {
+        let pid = self.pid?;
+        let start = process_start(pid)?;
+        match &self.pid_start {
+            Some(recorded) => (start == *recorded).then_some(pid),
+            None => Some(pid),
+        }
+    }
+
     /// Whether the process that ran this experiment is gone without recording how it ended.
-    /// The runner clears `pid` when it records the end, so a recorded pid that is not alive
-    /// means it never got there.
+    /// The runner clears `pid` when it records the end, so a recorded process that no longer
+    /// runs means it never got there.
     pub fn crashed(&self) -> bool {
-        self.pid.is_some_and(|pid| !process_alive(pid))
+        self.pid.is_some() && self.running_pid().is_none()
     }
 
     /// The status as users see it: the recorded one, or [`CRASHED`].
@@ -107,7 +125,8 @@ impl Registry {
                      status TEXT NOT NULL,
                      pid INTEGER,
                      port INTEGER,
-                     created_ms INTEGER NOT NULL
+                     created_ms INTEGER NOT NULL,
+                     pid_start TEXT
                  );",
             )
             .map_err(|e| {
@@ -115,6 +134,7 @@ impl Registry {
                     "{e} (is it a knob registry? move it away to start a new one)"
                 ))
             })?;
+        add_pid_start(&connection).map_err(|e| fail(e.to_string()))?;
         Ok(Registry {
             connection,
             path: path.to_path_buf(),
@@ -128,13 +148,14 @@ impl Registry {
         }
     }
 
-    /// Adds an experiment; false if the id is taken.
+    /// Adds an experiment; false if the id is taken. The start of the process `entry.pid` is
+    /// read here (`entry.pid_start` is what a read found).
     pub fn insert(&self, entry: &RegistryEntry) -> Result<bool, RegistryError> {
         let inserted = self
             .connection
             .execute(
-                "INSERT OR IGNORE INTO experiments (id, name, dir, status, pid, port, created_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT OR IGNORE INTO experiments (id, name, dir, status, pid, port, created_ms, pid_start)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![
                     entry.id,
                     entry.name,
@@ -142,14 +163,15 @@ impl Registry {
                     entry.status,
                     entry.pid,
                     entry.port,
-                    entry.created_ms
+                    entry.created_ms,
+                    entry.pid.and_then(process_start)
                 ],
             )
             .map_err(|e| self.fail(e))?;
         Ok(inserted == 1)
     }
 
-    /// Records the status (and whether a process runs it) of a known experiment.
+    /// Records the status (and which process runs it, with its start) of a known experiment.
     pub fn set_status(
         &self,
         id: &str,
@@ -158,8 +180,8 @@ impl Registry {
     ) -> Result<(), RegistryError> {
         self.connection
             .execute(
-                "UPDATE experiments SET status = ?2, pid = ?3 WHERE id = ?1",
-                params![id, status, pid],
+                "UPDATE experiments SET status = ?2, pid = ?3, pid_start = ?4 WHERE id = ?1",
+                params![id, status, pid, pid.and_then(process_start)],
             )
             .map_err(|e| self.fail(e))?;
         Ok(())
@@ -187,7 +209,7 @@ impl Registry {
     pub fn get(&self, id: &str) -> Result<RegistryEntry, RegistryError> {
         self.connection
             .query_row(
-                "SELECT id, name, dir, status, pid, port, created_ms FROM experiments WHERE id = ?1",
+                "SELECT id, name, dir, status, pid, port, created_ms, pid_start FROM experiments WHERE id = ?1",
                 [id],
                 row_to_entry,
             )
@@ -200,7 +222,7 @@ impl Registry {
     pub fn list(&self) -> Result<Vec<RegistryEntry>, RegistryError> {
         let mut statement = self
             .connection
-            .prepare("SELECT id, name, dir, status, pid, port, created_ms FROM experiments ORDER BY created_ms, id")
+            .prepare("SELECT id, name, dir, status, pid, port, created_ms, pid_start FROM experiments ORDER BY created_ms, id")
             .map_err(|e| self.fail(e))?;
         let rows = statement
             .query_map([], row_to_entry)
@@ -219,18 +241,93 @@ fn row_to_entry(row: &rusqlite::Row<'_>) -> rusqlite::Result<RegistryEntry> {
         pid: row.get(4)?,
         port: row.get(5)?,
         created_ms: row.get(6)?,
+        pid_start: row.get(7)?,
     })
 }
 
-/// Whether a process with this pid is alive (so a RUNNING entry whose process died can be
-/// shown for what it is). A zombie (exited, not yet reaped by its parent) is not alive.
-pub fn process_alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
+/// A registry an older knob made has no `pid_start` column: it is added (empty for the entries
+/// there, which are then checked by pid alone). Two knobs opening it at once may both try; the
+/// loser finds the column there.
+fn add_pid_start(connection: &Connection) -> rusqlite::Result<()> {
+    let has_column = |connection: &Connection| -> rusqlite::Result<bool> {
+        let mut statement =
+            connection.prepare("SELECT name FROM pragma_table_info('experiments')")?;
+        let names = statement.query_map([], |row| row.get::<_, String>(0))?;
+        for name in names {
+            if name? == "pid_start" {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     };
-    // The state follows the command name, which is in parentheses and may itself hold spaces.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next());
-    !matches!(state, Some("Z" | "X") | None)
+    if has_column(connection)? {
+        return Ok(());
+    }
+    match connection.execute("ALTER TABLE experiments ADD COLUMN pid_start TEXT", []) {
+        Err(_) if has_column(connection)? => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// When process `pid` started, as a token that no other process of this machine shares, across
+/// reboots too: the boot's id and the start time in clock ticks since boot
+/// ([`process_start_time`]). `None` when the process is gone or a zombie.
+pub fn process_start(pid: u32) -> Option<String> {
+    let start = process_start_time(pid)?;
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    Some(format!("{}/{start}", boot.trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_registry_gets_the_start_column_and_its_entries_are_checked_by_pid_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry.db");
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE experiments (id TEXT PRIMARY KEY, name TEXT, dir TEXT NOT NULL,
+                 status TEXT NOT NULL, pid INTEGER, port INTEGER, created_ms INTEGER NOT NULL);",
+        )
+        .unwrap();
+        old.execute(
+            "INSERT INTO experiments VALUES ('old', NULL, '/x', 'RUNNING', ?1, NULL, 0)",
+            [std::process::id()],
+        )
+        .unwrap();
+        drop(old);
+        // Opened twice: the second open finds the column there.
+        let registry = Registry::open(&path).unwrap();
+        let registry_again = Registry::open(&path).unwrap();
+        let entry = registry_again.get("old").unwrap();
+        assert_eq!(entry.pid_start, None);
+        assert_eq!(entry.running_pid(), Some(std::process::id()));
+
+        registry
+            .set_status("old", "RUNNING", Some(std::process::id()))
+            .unwrap();
+        let entry = registry.get("old").unwrap();
+        assert_eq!(entry.pid_start, process_start(std::process::id()));
+        assert!(entry.pid_start.is_some());
+        assert_eq!(entry.running_pid(), Some(std::process::id()));
+        assert!(!entry.crashed());
+    }
+
+    #[test]
+    fn a_living_pid_that_started_at_another_time_is_not_the_runner() {
+        let entry = RegistryEntry {
+            id: "e".into(),
+            name: None,
+            dir: PathBuf::from("/x"),
+            status: "RUNNING".into(),
+            pid: Some(std::process::id()),
+            pid_start: Some("another boot/1".into()),
+            port: None,
+            created_ms: 0,
+        };
+        assert_eq!(entry.running_pid(), None);
+        assert!(entry.crashed());
+    }
 }

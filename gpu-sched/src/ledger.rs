@@ -551,9 +551,11 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Field 22 of `/proc/PID/stat`; `None` when the process is gone (or is a zombie, which holds
-/// nothing any more).
-fn process_start_time(pid: u32) -> Option<u64> {
+/// When process `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`): with
+/// the pid, it names one process, not a later one that got the same pid. `None` when the
+/// process is gone (or is a zombie, which holds nothing any more). The experiment registry
+/// checks its runners with it too.
+pub fn process_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses; the fields after it start
     // after the last ')'.

@@ -476,6 +476,64 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
     assert!(row.contains("DONE"), "{stdout}");
 }
 
+/// A runner that crashed leaves its pid in the registry, and the system hands pids out again
+/// (after a reboot, or a pid space's worth of processes later). The process that got it is no
+/// experiment: `knob stop` must not signal it, and the experiment is still crashed for every
+/// command, `knob resume` and `knob experiment delete` included (which refused it as running).
+#[test]
+fn a_crashed_runners_pid_taken_by_another_process_is_not_the_experiment() {
+    let sandbox = Sandbox::new();
+    let script = "echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
+                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let mut command = sandbox.knob();
+    command
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "reused"]);
+    let mut child = spawn(command);
+    wait_for_lines(&sandbox.path().join("code/started"), 1);
+    sigkill(&mut child);
+    // The dead runner's pid, as if the system had given it to this process since.
+    let mut stranger = Command::new("sleep").arg("300").spawn().unwrap();
+    let registry = rusqlite::Connection::open(sandbox.path().join("home/registry.db")).unwrap();
+    let changed = registry
+        .execute(
+            "UPDATE experiments SET pid = ?1 WHERE id = 'reused'",
+            [stranger.id()],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "reused"]));
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("experiment reused crashed (resume it)"),
+        "{stderr}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        stranger.try_wait().unwrap().is_none(),
+        "knob stop signalled the process that got the crashed runner's pid"
+    );
+    let (_, stdout, _) = run(sandbox.knob().args(["experiment", "list"]));
+    let row = stdout.lines().find(|l| l.starts_with("reused")).unwrap();
+    assert!(row.contains("crashed (resume it)"), "{stdout}");
+    std::fs::write(sandbox.path().join("code/go"), "").unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "reused"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (_, stdout, _) = run(sandbox.knob().args(["experiment", "list"]));
+    let row = stdout.lines().find(|l| l.starts_with("reused")).unwrap();
+    assert!(row.contains("DONE"), "{stdout}");
+    assert!(stranger.try_wait().unwrap().is_none());
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
+}
+
 #[test]
 fn resume_says_when_the_budget_is_used_up_and_refuses_a_budget_below_what_is_done() {
     let sandbox = Sandbox::new();
