@@ -135,6 +135,9 @@ struct Job {
     waiting_trial: Option<TrialRequest>,
     /// Why knob cancelled it (`kill_trial`, shutdown), for its trials' ends.
     cancelled: Option<String>,
+    /// Why knob gave up on its agent ([`CONNECT_ATTEMPTS`] failed connections) and cancelled
+    /// it: it is not connected to again, and its trials end as an environment lost saying so.
+    given_up: Option<String>,
     /// Ran at least one trial (else its end counts toward `MAX_FAILED_ALLOCATIONS`).
     ran_trials: bool,
     inventory: Value,
@@ -457,6 +460,7 @@ async fn submit(
         held: Vec::new(),
         waiting_trial,
         cancelled: None,
+        given_up: None,
         ran_trials: false,
         inventory: Value::Null,
     };

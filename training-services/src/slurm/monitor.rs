@@ -198,7 +198,8 @@ async fn update_jobs(
                 }
                 (JobState::Running(_), Phase::Queued(_)) => {
                     // The agent is up once its socket exists (the shared filesystem shows it).
-                    crate::agent::socket_path(&dir).exists()
+                    let cancelled = job.cancelled.is_some() || job.given_up.is_some();
+                    connects_to(&state, cancelled) && crate::agent::socket_path(&dir).exists()
                 }
                 (JobState::Running(_), Phase::Ready) => {
                     if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, time_left) {
@@ -233,6 +234,15 @@ async fn update_jobs(
             connect_job(ctx, id, incoming.clone()).await;
         }
     }
+}
+
+/// Whether the agent of a job waiting for its connection (`Phase::Queued`) in `state` is to be
+/// connected to: only while Slurm runs the job (not while it is configured, suspended or being
+/// completed after its end or a cancel), and never once knob `cancelled` it (or gave up on its
+/// agent): a job in COMPLETING after that would otherwise be connected to, failing, and
+/// cancelled again at every poll ("attempt 23 of 5").
+fn connects_to(state: &JobState, cancelled: bool) -> bool {
+    *state == JobState::Running("RUNNING".to_string()) && !cancelled
 }
 
 /// For a job `squeue` no longer lists: its end, from the exit-code file or `scontrol`.
@@ -317,7 +327,15 @@ async fn connect_job(
                     "training service slurm: job {id}: {why} (attempt {} of {CONNECT_ATTEMPTS})",
                     job.connect_failures
                 ));
-                job.connect_failures >= CONNECT_ATTEMPTS
+                let give_up = job.connect_failures >= CONNECT_ATTEMPTS && job.given_up.is_none();
+                if give_up {
+                    let given_up = format!(
+                        "its agent could not be reached in {CONNECT_ATTEMPTS} attempts ({why})"
+                    );
+                    job.phase = Phase::Queued(format!("Slurm job {id} cancelled: {given_up}"));
+                    job.given_up = Some(given_up);
+                }
+                give_up
             }
         }
     };
@@ -523,17 +541,19 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
             trials.push(waiting.trial_id);
         }
         let cancelled = job.cancelled.clone();
+        let given_up = job.given_up.clone();
         let ran = job.ran_trials;
         emit_environment(ctx, job);
         let snapshot = (job.environment_id.clone(), job.key.clone());
         if reuse && !ran && cancelled.is_none() && !shared.stopping {
             shared.failed_allocations += 1;
         }
-        ((trials, cancelled), snapshot)
+        ((trials, cancelled, given_up), snapshot)
     };
-    let (trials, cancelled) = ended;
+    let (trials, cancelled, given_up) = ended;
     let (environment_id, _key) = job_snapshot;
-    let state = JobState::parse(how);
+    let (state, how) = ended_how(how, given_up.as_deref());
+    let how = how.as_str();
     let ends: Vec<ServiceEvent> = trials
         .into_iter()
         .map(|trial_id| {
@@ -569,6 +589,19 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
     }
     ctx.changed.notify_waiters();
     ctx.poke.notify_one();
+}
+
+/// The state a job ended in, read from `how`, and how that is told; a job whose agent knob
+/// gave up on (`given_up`) ended because knob cancelled it, not "outside knob", though Slurm
+/// says CANCELLED: its trials' environment was lost, and the message says why.
+fn ended_how(how: &str, given_up: Option<&str>) -> (JobState, String) {
+    match given_up {
+        Some(why) => (
+            JobState::OtherEnd("CANCELLED".to_string()),
+            format!("cancelled by knob: {why}"),
+        ),
+        None => (JobState::parse(how), how.to_string()),
+    }
 }
 
 /// The trials whose ends `on_incoming` held: the job's fate decides how they end.
@@ -691,5 +724,32 @@ mod tests {
         };
         assert_eq!(killed_reason.as_deref(), Some("the experiment stopped"));
         assert_eq!(environment_lost, None);
+    }
+
+    #[test]
+    fn only_a_running_job_that_knob_kept_is_connected_to() {
+        let running = JobState::parse("RUNNING");
+        assert!(connects_to(&running, false));
+        assert!(!connects_to(&running, true));
+        for state in ["COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING"] {
+            assert!(!connects_to(&JobState::parse(state), false), "{state}");
+        }
+    }
+
+    #[test]
+    fn a_job_whose_agent_knob_gave_up_on_loses_its_trials_saying_so() {
+        let why = "its agent could not be reached in 5 attempts (connection refused)";
+        let (state, how) = ended_how("CANCELLED by 0", Some(why));
+        let event = trial_end("t".into(), 7, "slurm:env1", &state, &how, None);
+        assert_eq!(
+            lost(&event),
+            Some(format!("Slurm job 7 (slurm:env1) ended: cancelled by knob: {why}").as_str())
+        );
+        // Without it, Slurm's word stands.
+        let (state, how) = ended_how("CANCELLED by 0", None);
+        assert_eq!(
+            (state, how.as_str()),
+            (JobState::Cancelled, "CANCELLED by 0")
+        );
     }
 }
