@@ -40,14 +40,19 @@ pub fn knob() -> Command {
     command
 }
 
+/// Runs `command` to its end: its exit code (minus the signal's number when a signal ended it,
+/// so that a failing assertion says which: -9, -11), stdout and stderr.
 pub fn run(command: &mut Command) -> (i32, String, String) {
+    use std::os::unix::process::ExitStatusExt;
     let Output {
         status,
         stdout,
         stderr,
     } = command.output().expect("cannot run knob");
     (
-        status.code().unwrap_or(-1),
+        status
+            .code()
+            .unwrap_or_else(|| -status.signal().unwrap_or(1)),
         String::from_utf8_lossy(&stdout).into_owned(),
         String::from_utf8_lossy(&stderr).into_owned(),
     )
