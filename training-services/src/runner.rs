@@ -97,6 +97,9 @@ fn simulating_gpus() -> bool {
 /// Where a trial's GPU memory is read from.
 #[derive(Clone, Debug)]
 enum GpuUsageSource {
+    /// Nowhere: the trial was given no GPU (`CUDA_VISIBLE_DEVICES` empty hides them all), so
+    /// NVML is not asked at every sample for processes that cannot be there.
+    NoGpu,
     /// NVML's compute processes, matched against the trial's process group.
     Nvml,
     /// Simulated GPUs: the file the trial writes (see [`SIMULATED_GPU_MEMORY_FILE_ENV`]).
@@ -107,9 +110,13 @@ enum GpuUsageSource {
 /// compute processes (or, on simulated GPUs, from the trial's file); `None` without NVML or
 /// when none of them is listed.
 fn sample_gpu_memory(tree: &TrialTree, source: &GpuUsageSource) -> Option<u64> {
-    if let GpuUsageSource::SimulatedFile(path) = source {
-        let mib: u64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
-        return (mib > 0).then(|| mib * MIB);
+    match source {
+        GpuUsageSource::NoGpu => return None,
+        GpuUsageSource::SimulatedFile(path) => {
+            let mib: u64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+            return (mib > 0).then(|| mib * MIB);
+        }
+        GpuUsageSource::Nvml => {}
     }
     let probe = nvml()?;
     let processes = probe.compute_processes_by_gpu();
@@ -248,7 +255,11 @@ pub fn start_trial(
         .gpu_indices
         .as_ref()
         .is_some_and(|gpus| !gpus.is_empty());
-    let gpu_usage = if has_gpus && simulating_gpus() {
+    // `None`: no placement decided (a service without GPU scheduling); every GPU is visible.
+    let given_none = request.gpu_indices.as_ref().is_some_and(Vec::is_empty);
+    let gpu_usage = if given_none {
+        GpuUsageSource::NoGpu
+    } else if has_gpus && simulating_gpus() {
         let file = paths.dir.join(SIMULATED_GPU_MEMORY_FILE_NAME);
         env.push((
             SIMULATED_GPU_MEMORY_FILE_ENV.to_string(),
