@@ -106,10 +106,10 @@ fn create(sandbox: &Sandbox, config: &Path, id: &str, step_seconds: &str) -> Com
     command
 }
 
-/// Every attempt's `pbt.json`, by trial id (an attempt run again after the kill writes its own).
-/// Each trial's step times (`SLOW_STOP`'s `step_times.txt`, its attempts' together, in order).
-fn step_times(experiment_dir: &Path) -> BTreeMap<String, Vec<u64>> {
-    let mut times = BTreeMap::new();
+/// The text of file `name` in each attempt's folder that has one, by trial id: the trial's
+/// own folder (its first attempt) first, then its `attempt-N` folders.
+fn attempt_files(experiment_dir: &Path, name: &str) -> BTreeMap<String, Vec<String>> {
+    let mut files = BTreeMap::new();
     for entry in std::fs::read_dir(experiment_dir.join("trials"))
         .unwrap()
         .flatten()
@@ -123,45 +123,42 @@ fn step_times(experiment_dir: &Path) -> BTreeMap<String, Vec<u64>> {
                 .filter(|e| e.file_name().to_string_lossy().starts_with("attempt-"))
                 .map(|e| e.path()),
         );
-        let mut steps: Vec<u64> = dirs
+        let texts = dirs
             .iter()
-            .filter_map(|dir| std::fs::read_to_string(dir.join("step_times.txt")).ok())
-            .flat_map(|text| {
-                text.lines()
-                    .filter_map(|line| line.parse::<u64>().ok())
-                    .collect::<Vec<_>>()
-            })
+            .filter_map(|dir| std::fs::read_to_string(dir.join(name)).ok())
             .collect();
-        steps.sort_unstable();
-        times.insert(id, steps);
+        files.insert(id, texts);
     }
-    times
+    files
 }
 
+/// Each trial's step times (`SLOW_STOP`'s `step_times.txt`, its attempts' together, in order).
+fn step_times(experiment_dir: &Path) -> BTreeMap<String, Vec<u64>> {
+    attempt_files(experiment_dir, "step_times.txt")
+        .into_iter()
+        .map(|(id, texts)| {
+            let mut steps: Vec<u64> = texts
+                .iter()
+                .flat_map(|text| text.lines().filter_map(|line| line.parse::<u64>().ok()))
+                .collect();
+            steps.sort_unstable();
+            (id, steps)
+        })
+        .collect()
+}
+
+/// Every attempt's `pbt.json`, by trial id (an attempt run again after the kill writes its own).
 fn trial_logs(experiment_dir: &Path) -> BTreeMap<String, Vec<Value>> {
-    let mut logs = BTreeMap::new();
-    for entry in std::fs::read_dir(experiment_dir.join("trials"))
-        .unwrap()
-        .flatten()
-    {
-        let id = entry.file_name().into_string().unwrap();
-        let mut attempts = Vec::new();
-        let mut dirs = vec![entry.path()];
-        dirs.extend(
-            std::fs::read_dir(entry.path())
-                .unwrap()
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("attempt-"))
-                .map(|e| e.path()),
-        );
-        for dir in dirs {
-            if let Ok(text) = std::fs::read_to_string(dir.join("pbt.json")) {
-                attempts.push(serde_json::from_str(&text).unwrap());
-            }
-        }
-        logs.insert(id, attempts);
-    }
-    logs
+    attempt_files(experiment_dir, "pbt.json")
+        .into_iter()
+        .map(|(id, texts)| {
+            let logs = texts
+                .iter()
+                .map(|text| serde_json::from_str(text).unwrap())
+                .collect();
+            (id, logs)
+        })
+        .collect()
 }
 
 /// Checks lineage, checkpoints and the population against the trials' own logs;

@@ -415,24 +415,31 @@ fn resume_runs_again_what_a_stop_cancelled_but_not_what_the_user_killed() {
     }
 }
 
-#[test]
-fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
-    let sandbox = Sandbox::new();
+/// Experiment `id` of `trials` trials, one at a time, each waiting for a file `go` in the code
+/// folder: its runner is killed with SIGKILL once the first trial has started.
+fn crash_an_experiment(sandbox: &Sandbox, id: &str, trials: u32) {
     let script = "echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
                   for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
                   echo KNOB_FINAL 1\n";
-    let yaml =
-        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}");
+    let yaml = format!(
+        "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: {trials}\n{SPACE}"
+    );
     let config = sandbox.config(&yaml, &[("trial.sh", script)]);
     let mut command = sandbox.knob();
     command
         .arg("create")
         .arg("--config")
         .arg(&config)
-        .args(["--id", "wreck"]);
+        .args(["--id", id]);
     let mut child = spawn(command);
     wait_for_lines(&sandbox.path().join("code/started"), 1);
     sigkill(&mut child);
+}
+
+#[test]
+fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
+    let sandbox = Sandbox::new();
+    crash_an_experiment(&sandbox, "wreck", 2);
 
     let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "wreck"]));
     assert_eq!(code, 1, "{stdout}\n{stderr}");
@@ -483,21 +490,7 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
 #[test]
 fn a_crashed_runners_pid_taken_by_another_process_is_not_the_experiment() {
     let sandbox = Sandbox::new();
-    let script = "echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
-                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
-                  echo KNOB_FINAL 1\n";
-    let yaml =
-        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
-    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
-    let mut command = sandbox.knob();
-    command
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", "reused"]);
-    let mut child = spawn(command);
-    wait_for_lines(&sandbox.path().join("code/started"), 1);
-    sigkill(&mut child);
+    crash_an_experiment(&sandbox, "reused", 1);
     // The dead runner's pid, as if the system had given it to this process since.
     let mut stranger = Command::new("sleep").arg("300").spawn().unwrap();
     let registry = rusqlite::Connection::open(sandbox.path().join("home/registry.db")).unwrap();
