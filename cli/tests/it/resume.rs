@@ -485,8 +485,9 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
 
 /// A runner that crashed leaves its pid in the registry, and the system hands pids out again
 /// (after a reboot, or a pid space's worth of processes later). The process that got it is no
-/// experiment: `knob stop` must not signal it, and the experiment is still crashed for every
-/// command, `knob resume` and `knob experiment delete` included (which refused it as running).
+/// experiment: `knob stop` must not signal it, `knob experiment list` still says crashed, and
+/// `knob resume` runs it (it refused it as running before; `knob experiment delete` used the
+/// same check, now `RegistryEntry::running_pid` for all three).
 #[test]
 fn a_crashed_runners_pid_taken_by_another_process_is_not_the_experiment() {
     let sandbox = Sandbox::new();
