@@ -372,19 +372,28 @@ impl RemoteService {
             })
     }
 
+    /// Asks the agent running trial `trial_id` to kill it, in the background: the agent's
+    /// answer takes an SSH round trip (seconds on a loaded host), which neither this service's
+    /// other calls nor the manager's loop, waiting for this call, should wait for. The kill is
+    /// sent from this service's runtime a moment after this returns (or queued for the host's
+    /// next connection, see [`Host::kill`]); the trial's end arrives as its `TrialEnded`.
     pub fn kill(&mut self, trial_id: &str, reason: &str) {
         let Some(runtime) = &self.runtime else { return };
-        let Some(host) = self.hosts.iter().find(|h| h.runs(trial_id)) else {
+        let Some(host) = self.hosts.iter().find(|h| h.runs(trial_id)).cloned() else {
             knob_plugin_api::log::debug(&format!(
                 "training service remote: kill of trial {trial_id} ignored, it is not running"
             ));
             return;
         };
-        if let Err(why) = runtime.block_on(host.kill(&self.context, trial_id, reason)) {
-            knob_plugin_api::log::debug(&format!(
-                "training service remote: kill of trial {trial_id}: {why}"
-            ));
-        }
+        let context = self.context.clone();
+        let (trial_id, reason) = (trial_id.to_string(), reason.to_string());
+        runtime.spawn(async move {
+            if let Err(why) = host.kill(&context, &trial_id, &reason).await {
+                knob_plugin_api::log::debug(&format!(
+                    "training service remote: kill of trial {trial_id}: {why}"
+                ));
+            }
+        });
     }
 
     /// Deletes trial `trial_id`'s checkpoint folder on every host that has one, in the
