@@ -310,10 +310,17 @@ impl SlurmService {
         }
     }
 
+    /// Kills trial `trial_id`. Which job it concerns, and that job's new state, are decided
+    /// here; what that takes outside (the agent's answer over its link, or `scancel`, each
+    /// seconds on a busy cluster) is done in the background on this service's runtime, so that
+    /// neither its other calls nor the manager's loop, waiting for this call, wait for it. The
+    /// trial's end arrives as its `TrialEnded`.
     pub fn kill(&mut self, trial_id: &str, reason: &str) {
         let Some(runtime) = &self.runtime else { return };
+        let action = kill_action(&self.context, trial_id, reason);
         let ctx = self.context.clone();
-        runtime.block_on(kill_trial(&ctx, trial_id, reason));
+        let (trial_id, reason) = (trial_id.to_string(), reason.to_string());
+        runtime.spawn(async move { carry_out_kill(&ctx, action, &trial_id, &reason).await });
     }
 
     /// Drops the service as a crash of the manager would: no shutdown, no `scancel`; the
@@ -619,40 +626,49 @@ async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(
     Ok(())
 }
 
-async fn kill_trial(ctx: &Arc<Context>, trial_id: &str, reason: &str) {
-    enum Action {
-        Agent(Arc<Link>),
-        Cancel(u64),
-        Nothing,
-    }
-    let action = {
-        let mut shared = lock(&ctx.shared);
-        let job = shared.jobs.iter_mut().find(|j| {
-            j.phase != Phase::Ended
-                && (j.running.contains(trial_id)
-                    || j.waiting_trial
-                        .as_ref()
-                        .is_some_and(|t| t.trial_id == trial_id))
-        });
-        match job {
-            None => Action::Nothing,
-            Some(job) if job.running.contains(trial_id) => match &job.link {
-                Some(link) => {
-                    job.kills.insert(trial_id.to_string());
-                    Action::Agent(link.clone())
-                }
-                None => {
-                    job.cancelled = Some(reason.to_string());
-                    Action::Cancel(job.id)
-                }
-            },
-            // Not started yet: the whole job goes, and its trial ends with the kill's reason.
-            Some(job) => {
+/// What killing a trial takes, decided (and its job marked) under the service's lock.
+enum KillAction {
+    /// The trial runs in a job whose agent is connected: the agent kills it.
+    Agent(Arc<Link>),
+    /// The trial's job has no agent connected (not started, or its link is gone): the whole
+    /// job is cancelled, and its trial ends with the kill's reason.
+    Cancel(u64),
+    /// No job runs or waits for the trial.
+    Nothing,
+}
+
+fn kill_action(ctx: &Arc<Context>, trial_id: &str, reason: &str) -> KillAction {
+    use KillAction as Action;
+    let mut shared = lock(&ctx.shared);
+    let job = shared.jobs.iter_mut().find(|j| {
+        j.phase != Phase::Ended
+            && (j.running.contains(trial_id)
+                || j.waiting_trial
+                    .as_ref()
+                    .is_some_and(|t| t.trial_id == trial_id))
+    });
+    match job {
+        None => Action::Nothing,
+        Some(job) if job.running.contains(trial_id) => match &job.link {
+            Some(link) => {
+                job.kills.insert(trial_id.to_string());
+                Action::Agent(link.clone())
+            }
+            None => {
                 job.cancelled = Some(reason.to_string());
                 Action::Cancel(job.id)
             }
+        },
+        // Not started yet: the whole job goes, and its trial ends with the kill's reason.
+        Some(job) => {
+            job.cancelled = Some(reason.to_string());
+            Action::Cancel(job.id)
         }
-    };
+    }
+}
+
+async fn carry_out_kill(ctx: &Arc<Context>, action: KillAction, trial_id: &str, reason: &str) {
+    use KillAction as Action;
     match action {
         Action::Nothing => knob_plugin_api::log::debug(&format!(
             "training service slurm: kill of trial {trial_id} ignored, it is not running"

@@ -521,6 +521,79 @@ fn on_a_drained_node_trials_wait_with_slurms_reason() {
 }
 
 #[test]
+fn a_killed_trial_ends_with_the_kills_reason_whether_it_runs_or_waits_in_the_queue() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    // Running in an allocation: its agent kills it, and the allocation takes the next trial.
+    let world = World::new("killrun");
+    let mut service = world.service(json!({}));
+    wait_ready(&service, 1);
+    let marker = world.file("long-started");
+    service
+        .start(world.request(
+            "slurm:env1",
+            "long",
+            &format!("touch {}; sleep 300", marker.display()),
+        ))
+        .unwrap();
+    wait_for("the long trial to start", Duration::from_secs(30), || {
+        marker.exists().then_some(())
+    });
+    service.kill("long", "stopped early by the assessor");
+    let events = world.events.wait_ended("long");
+    let (_, _, killed, _) = ending(&events);
+    assert_eq!(
+        killed.as_deref(),
+        Some("stopped early by the assessor"),
+        "{events:#?}"
+    );
+    service
+        .start(world.request("slurm:env1", "next", "echo KNOB_FINAL 1"))
+        .unwrap();
+    let events = world.events.wait_ended("next");
+    assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+
+    // Still in the queue (the node drained): its job is cancelled, and it ends with the
+    // kill's reason, not as an environment lost.
+    let world = World::new("killqueued");
+    let drained = Drained::new();
+    let mut service = world.service(json!({"reuseMode": false}));
+    service
+        .start(world.request(QUEUE_ENVIRONMENT, "queued", "echo KNOB_FINAL 1"))
+        .unwrap();
+    wait_for(
+        "the trial's job in the queue",
+        Duration::from_secs(30),
+        || (!queued_jobs(&world.experiment_id).is_empty()).then_some(()),
+    );
+    service.kill("queued", "stopped by the user");
+    let events = world.events.wait_ended("queued");
+    drop(drained);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::TrialStarted { .. })),
+        "{events:#?}"
+    );
+    let (_, _, killed, _) = ending(&events);
+    assert_eq!(
+        killed.as_deref(),
+        Some("stopped by the user"),
+        "{events:#?}"
+    );
+    assert!(lost_reason(&events).is_none(), "{events:#?}");
+    wait_for(
+        "the cancelled job to leave the queue",
+        Duration::from_secs(30),
+        || queued_jobs(&world.experiment_id).is_empty().then_some(()),
+    );
+    service.stop();
+}
+
+#[test]
 fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
     let Some(_cluster) = cluster() else {
         return;
