@@ -207,19 +207,18 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
             entry.pid.unwrap_or_default()
         );
     }
-    let Some(pid) = entry.running_pid() else {
-        println!("experiment {id} is not running ({})", entry.status);
-        return Ok(ExitCode::SUCCESS);
+    // Only the recorded process itself, not one that got its pid since (see `signal_runner`).
+    let pid = match entry.signal_runner(libc::SIGINT) {
+        Ok(Some(pid)) => pid,
+        Ok(None) => {
+            println!("experiment {id} is not running ({})", entry.status);
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(error) => anyhow::bail!(
+            "cannot signal process {} of experiment {id}: {error}",
+            entry.pid.unwrap_or_default()
+        ),
     };
-    let pid_t = i32::try_from(pid).context("pid out of range")?;
-    // SAFETY: kill(2) with the pid of this experiment's process, checked just above to be that
-    // process (its start time), not one that got the pid of a runner that crashed.
-    if unsafe { libc::kill(pid_t, libc::SIGINT) } != 0 {
-        anyhow::bail!(
-            "cannot signal process {pid} of experiment {id}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
     let deadline = Instant::now() + Duration::from_secs(120);
     while entry.running_pid().is_some() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));

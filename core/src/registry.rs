@@ -61,6 +61,54 @@ impl RegistryEntry {
         }
     }
 
+    /// Sends `signal` to the process running this experiment, if one does (as
+    /// [`RegistryEntry::running_pid`] says), and returns its pid; `Ok(None)` when none runs.
+    ///
+    /// The process is pinned by a pidfd before it is checked, and signalled through that pidfd:
+    /// between a check and a plain `kill(pid)` the runner could exit and another process take
+    /// its pid, which would get the signal instead. A pidfd stays with the process it was
+    /// opened on, so once the check passes only that process can receive the signal (or none,
+    /// if it has exited since).
+    pub fn signal_runner(&self, signal: i32) -> std::io::Result<Option<u32>> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let Some(pid) = self.pid else { return Ok(None) };
+        let pid_t = libc::pid_t::try_from(pid)
+            .map_err(|_| std::io::Error::other(format!("pid {pid} out of range")))?;
+        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid_t, 0) };
+        if fd < 0 {
+            let error = std::io::Error::last_os_error();
+            return match error.raw_os_error() {
+                Some(libc::ESRCH) => Ok(None),
+                _ => Err(error),
+            };
+        }
+        // SAFETY: `fd` was just returned by pidfd_open and is owned by nothing else.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        if self.running_pid() != Some(pid) {
+            return Ok(None);
+        }
+        // SAFETY: pidfd_send_signal(2) with a live pidfd, a signal number, no siginfo, no flags.
+        let sent = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if sent != 0 {
+            let error = std::io::Error::last_os_error();
+            return match error.raw_os_error() {
+                // It exited after the check: nothing runs it any more.
+                Some(libc::ESRCH) => Ok(None),
+                _ => Err(error),
+            };
+        }
+        Ok(Some(pid))
+    }
+
     /// Whether the process that ran this experiment is gone without recording how it ended.
     /// The runner clears `pid` when it records the end, so a recorded process that no longer
     /// runs means it never got there.
@@ -281,6 +329,40 @@ pub fn process_start(pid: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry_of(pid: u32, pid_start: Option<String>) -> RegistryEntry {
+        RegistryEntry {
+            id: "e".into(),
+            name: None,
+            dir: PathBuf::from("/x"),
+            status: "RUNNING".into(),
+            pid: Some(pid),
+            pid_start,
+            port: None,
+            created_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_runner_is_signalled_only_when_it_is_the_recorded_process() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let start = process_start(pid).unwrap();
+
+        // Another process's start time recorded for this pid: it is not the experiment's.
+        let other = entry_of(pid, Some(format!("{start}-other")));
+        assert_eq!(other.signal_runner(libc::SIGTERM).unwrap(), None);
+        assert!(child.try_wait().unwrap().is_none(), "a process not the runner was signalled");
+
+        let runner = entry_of(pid, Some(start));
+        assert_eq!(runner.signal_runner(libc::SIGTERM).unwrap(), Some(pid));
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+
+        // Gone (reaped): nothing runs it, and that is no error.
+        assert_eq!(runner.signal_runner(libc::SIGTERM).unwrap(), None);
+    }
 
     #[test]
     fn an_older_registry_gets_the_start_column_and_its_entries_are_checked_by_pid_alone() {
