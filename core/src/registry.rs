@@ -345,14 +345,20 @@ mod tests {
 
     #[test]
     fn the_runner_is_signalled_only_when_it_is_the_recorded_process() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         let start = process_start(pid).unwrap();
 
         // Another process's start time recorded for this pid: it is not the experiment's.
         let other = entry_of(pid, Some(format!("{start}-other")));
         assert_eq!(other.signal_runner(libc::SIGTERM).unwrap(), None);
-        assert!(child.try_wait().unwrap().is_none(), "a process not the runner was signalled");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "a process not the runner was signalled"
+        );
 
         let runner = entry_of(pid, Some(start));
         assert_eq!(runner.signal_runner(libc::SIGTERM).unwrap(), Some(pid));

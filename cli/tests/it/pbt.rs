@@ -1,7 +1,8 @@
 //! Population-based training end to end (issue 15): `examples/pbt` (8 members, 40 steps each)
 //! under the real local service; lineage and checkpoints are checked against what each trial
 //! itself wrote about where it started from (`$KNOB_TRIAL_DIR/pbt.json`), then the same after a
-//! SIGKILL of the manager and `knob resume`. Then on a remote host (a real sshd, gated by
+//! SIGKILL of the manager and `knob resume` (and the copies a crash leaves of successors that
+//! had ended, deleted by the resume). Then on a remote host (a real sshd, gated by
 //! `KNOB_TEST_SSHD`): replaced members' checkpoint folders are deleted there. Last, successors
 //! whose first attempt fails, here and on a remote host: the retry starts from the same copy of
 //! the parent's checkpoint as the first attempt (ray#28509); and a hybrid experiment (this
@@ -469,6 +470,73 @@ fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicate
         !resumed.is_empty(),
         "no member resumed from its checkpoint: {export:#}"
     );
+}
+
+/// A crash between a successor's recorded end and the deletion of the copy of its parent's
+/// checkpoint it started from leaves that copy; the resume deletes it. The window is too short
+/// to hit with a kill, so after the kill each successor that had ended for good gets back the
+/// `restore/` folder such a crash would have left.
+#[test]
+fn copies_left_by_a_crash_after_successors_ended_are_deleted_at_resume() {
+    let sandbox = Sandbox::new();
+    let config = example(&sandbox);
+    let mut child = create(&sandbox, &config, "pbtc", "0.1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ended_successors = |export: &Value| -> Vec<String> {
+        export["trials"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| !t["lineage"]["parent"].is_null())
+            .filter(|t| {
+                matches!(
+                    t["status"].as_str(),
+                    Some("SUCCEEDED" | "EARLY_STOPPED" | "FAILED")
+                )
+            })
+            .map(|t| t["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // The export of the running experiment (none until `knob create` has registered it).
+    let export_now = || {
+        let (code, stdout, _) =
+            run(sandbox
+                .knob()
+                .args(["experiment", "export", "pbtc", "--format", "json"]));
+        (code == 0).then(|| serde_json::from_str::<Value>(&stdout).unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while export_now().is_none_or(|export| ended_successors(&export).is_empty()) {
+        assert!(Instant::now() < deadline, "no successor ended in time");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let export = sandbox.export("pbtc");
+    assert_ne!(export["experiment"]["status"], "DONE", "{export:#}");
+    let trials_dir = sandbox.path().join("experiments/pbtc/trials");
+    let planted: Vec<PathBuf> = ended_successors(&export)
+        .iter()
+        .map(|id| trials_dir.join(id).join("restore"))
+        .collect();
+    assert!(!planted.is_empty());
+    for restore in &planted {
+        std::fs::create_dir_all(restore).unwrap();
+        std::fs::write(restore.join("state.json"), "{}").unwrap();
+    }
+
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("PBT_STEP_SECONDS", "0.05")
+        .args(["resume", "pbtc"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    check_population(&sandbox, "pbtc", true);
+    let left: Vec<&PathBuf> = planted.iter().filter(|r| r.exists()).collect();
+    assert!(left.is_empty(), "copies left after the resume: {left:?}");
 }
 
 /// The example on one SSH host (a real sshd on 127.0.0.1): the checkpoint folders of replaced

@@ -136,8 +136,19 @@ impl Manager {
         if !imported.is_empty() {
             self.tuner.import(imported).await?;
         }
-        // What the run before the crash ended but did not get to delete.
+        // What the run before the crash ended but did not get to delete: checkpoints no member
+        // needs, and the copies successors ended for good started from (a crash between a
+        // successor's recorded end and `drop_snapshot` leaves its copy behind).
         self.collect_checkpoints().await;
+        let ended: Vec<(String, TrialStatus)> = self
+            .book
+            .all()
+            .filter(|t| t.status.is_final())
+            .map(|t| (t.id.clone(), t.status))
+            .collect();
+        for (trial_id, status) in ended {
+            self.drop_snapshot(&trial_id, status).await;
+        }
         self.replay_to_assessor(state).await
     }
 
