@@ -141,6 +141,7 @@ fn write_folder(folder: &Path, shim: bool) -> std::io::Result<()> {
             .try_for_each(|(file, contents)| std::fs::write(partial.join(file), contents))
     });
     let renamed = written.and_then(|()| std::fs::rename(&partial, folder));
+    remove_stale_partials(parent, &partial);
     match renamed {
         Ok(()) => Ok(()),
         // Renaming onto a folder that holds files fails: another writer's, complete.
@@ -151,6 +152,31 @@ fn write_folder(folder: &Path, shim: bool) -> std::io::Result<()> {
         Err(e) => {
             let _ = std::fs::remove_dir_all(&partial);
             Err(e)
+        }
+    }
+}
+
+/// A writer takes milliseconds; a `.partial-*` folder older than this is one whose writer was
+/// killed half way (its folder was never renamed), not one still being written.
+const STALE_PARTIAL: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Deletes the `.partial-*` folders in `parent` (but `own`) that writers killed half way left:
+/// those last changed more than [`STALE_PARTIAL`] ago. By age, not by the writer's pid, which
+/// says nothing on a filesystem shared by several hosts.
+fn remove_stale_partials(parent: &Path, own: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let stale = entry.file_name().to_string_lossy().starts_with(".partial-")
+            && path != own
+            && entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|modified| modified.elapsed().is_ok_and(|age| age > STALE_PARTIAL));
+        if stale {
+            let _ = std::fs::remove_dir_all(&path);
         }
     }
 }
@@ -213,6 +239,30 @@ pub const RESTORE_SNAPSHOT_FOLDER: &str = "restore";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_folder_left_half_written_by_a_killed_writer_is_deleted_by_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join(FOLDER_NAME);
+        std::fs::create_dir_all(&root).unwrap();
+        let make = |name: &str, age: std::time::Duration| {
+            let partial = root.join(name);
+            std::fs::create_dir(&partial).unwrap();
+            std::fs::write(partial.join("knob_trial.py"), "half").unwrap();
+            let when = std::time::SystemTime::now() - age;
+            std::fs::File::open(&partial)
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+            partial
+        };
+        let killed = make(".partial-1-2-0", STALE_PARTIAL * 2);
+        let writing = make(".partial-3-4-0", std::time::Duration::from_secs(1));
+        let folder = shared_folder(&dir.path().join("trials/t1"), true).unwrap();
+        assert!(folder.join("nni.py").is_file());
+        assert!(!killed.exists(), "a killed writer's folder was kept");
+        assert!(writing.exists(), "a folder still being written was deleted");
+    }
 
     #[test]
     fn every_attempt_shares_the_first_attempts_checkpoint_folder() {
