@@ -429,15 +429,29 @@ fn pbt_replaces_bottom_members_with_clones_of_top_members_checked_from_the_trial
     }
 }
 
-#[test]
-fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicated() {
-    let sandbox = Sandbox::new();
-    let config = example(&sandbox);
-    let mut child = create(&sandbox, &config, "pbtk", "0.1")
+/// `knob create` of the example as `id`, its output discarded, not waited for.
+fn start_in_background(sandbox: &Sandbox, id: &str) -> std::process::Child {
+    let config = example(sandbox);
+    create(sandbox, &config, id, "0.1")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// `knob resume id`, its trials twice as fast, run until the experiment ends.
+fn resume_to_the_end(sandbox: &Sandbox, id: &str) {
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("PBT_STEP_SECONDS", "0.05")
+        .args(["resume", id]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+}
+
+#[test]
+fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicated() {
+    let sandbox = Sandbox::new();
+    let mut child = start_in_background(&sandbox, "pbtk");
     // Kill the manager once some member was replaced (a successor's trial folder exists next to
     // the first eight) and members are mid-training.
     let trials_dir = sandbox.path().join("experiments/pbtk/trials");
@@ -453,11 +467,7 @@ fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicate
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
-    let (code, stdout, stderr) = run(sandbox
-        .knob()
-        .env("PBT_STEP_SECONDS", "0.05")
-        .args(["resume", "pbtk"]));
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    resume_to_the_end(&sandbox, "pbtk");
     let export = check_population(&sandbox, "pbtk", true);
     // Members running at the kill ran again from their own checkpoints.
     let logs = trial_logs(&sandbox.path().join("experiments/pbtk"));
@@ -479,12 +489,7 @@ fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicate
 #[test]
 fn copies_left_by_a_crash_after_successors_ended_are_deleted_at_resume() {
     let sandbox = Sandbox::new();
-    let config = example(&sandbox);
-    let mut child = create(&sandbox, &config, "pbtc", "0.1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start_in_background(&sandbox, "pbtc");
     let ended_successors = |export: &Value| -> Vec<String> {
         export["trials"]
             .as_array()
@@ -529,11 +534,7 @@ fn copies_left_by_a_crash_after_successors_ended_are_deleted_at_resume() {
         std::fs::write(restore.join("state.json"), "{}").unwrap();
     }
 
-    let (code, stdout, stderr) = run(sandbox
-        .knob()
-        .env("PBT_STEP_SECONDS", "0.05")
-        .args(["resume", "pbtc"]));
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    resume_to_the_end(&sandbox, "pbtc");
     check_population(&sandbox, "pbtc", true);
     let left: Vec<&PathBuf> = planted.iter().filter(|r| r.exists()).collect();
     assert!(left.is_empty(), "copies left after the resume: {left:?}");

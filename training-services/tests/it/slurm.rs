@@ -193,6 +193,24 @@ fn wait_ready(service: &SlurmService, count: usize) -> Vec<String> {
     )
 }
 
+/// Starts trial `trial_id` in allocation `slurm:env1`, sleeping for 5 minutes, and returns once
+/// it runs (it wrote a marker file).
+fn start_long_trial(world: &World, service: &mut SlurmService, trial_id: &str) {
+    let marker = world.file(&format!("{trial_id}-started"));
+    service
+        .start(world.request(
+            "slurm:env1",
+            trial_id,
+            &format!("touch {}; sleep 300", marker.display()),
+        ))
+        .unwrap();
+    wait_for(
+        &format!("trial {trial_id} to start"),
+        Duration::from_secs(30),
+        || marker.exists().then_some(()),
+    );
+}
+
 fn lost_reason(events: &[ServiceEvent]) -> Option<String> {
     match events.last() {
         Some(ServiceEvent::TrialEnded {
@@ -236,17 +254,7 @@ fn reuse_mode_runs_trials_in_one_allocation_and_stop_leaves_no_job() {
     }
 
     // A trial still running when the experiment stops is killed, and nothing stays queued.
-    let marker = world.file("long-started");
-    service
-        .start(world.request(
-            "slurm:env1",
-            "t3",
-            &format!("touch {}; sleep 300", marker.display()),
-        ))
-        .unwrap();
-    wait_for("the long trial to start", Duration::from_secs(30), || {
-        marker.exists().then_some(())
-    });
+    start_long_trial(&world, &mut service, "t3");
     service.stop();
     let events = of_trial(&world.events.all(), "t3");
     let (_, _, killed, _) = ending(&events);
@@ -385,17 +393,7 @@ fn a_job_cancelled_outside_knob_loses_its_trial_and_is_replaced() {
     let mut service = world.service(json!({}));
     wait_ready(&service, 1);
     let job = service.job_ids()[0];
-    let marker = world.file("started");
-    service
-        .start(world.request(
-            "slurm:env1",
-            "x1",
-            &format!("touch {}; sleep 300", marker.display()),
-        ))
-        .unwrap();
-    wait_for("the trial to start", Duration::from_secs(30), || {
-        marker.exists().then_some(())
-    });
+    start_long_trial(&world, &mut service, "x1");
     let status = Command::new("scancel")
         .arg(job.to_string())
         .status()
@@ -529,17 +527,7 @@ fn a_killed_trial_ends_with_the_kills_reason_whether_it_runs_or_waits_in_the_que
     let world = World::new("killrun");
     let mut service = world.service(json!({}));
     wait_ready(&service, 1);
-    let marker = world.file("long-started");
-    service
-        .start(world.request(
-            "slurm:env1",
-            "long",
-            &format!("touch {}; sleep 300", marker.display()),
-        ))
-        .unwrap();
-    wait_for("the long trial to start", Duration::from_secs(30), || {
-        marker.exists().then_some(())
-    });
+    start_long_trial(&world, &mut service, "long");
     service.kill("long", "stopped early by the assessor");
     let events = world.events.wait_ended("long");
     let (_, _, killed, _) = ending(&events);
@@ -602,17 +590,7 @@ fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
     // What a knob killed with -9 leaves: its allocation still running, found by its comment.
     let mut earlier = world.service(json!({}));
     wait_ready(&earlier, 1);
-    let marker = world.file("started");
-    earlier
-        .start(world.request(
-            "slurm:env1",
-            "r1",
-            &format!("touch {}; sleep 300", marker.display()),
-        ))
-        .unwrap();
-    wait_for("the trial to start", Duration::from_secs(30), || {
-        marker.exists().then_some(())
-    });
+    start_long_trial(&world, &mut earlier, "r1");
     let left = earlier.job_ids();
     // Forget the service without its shutdown: its job stays in the queue as after a crash.
     earlier.abandon();
@@ -742,17 +720,7 @@ fn a_requeued_allocation_loses_its_trials_once_and_takes_new_ones() {
     let mut service = world.service(json!({"sbatchArgs": ["--requeue"]}));
     wait_ready(&service, 1);
     let job = service.job_ids()[0];
-    let marker = world.file("started");
-    service
-        .start(world.request(
-            "slurm:env1",
-            "q1",
-            &format!("touch {}; sleep 300", marker.display()),
-        ))
-        .unwrap();
-    wait_for("the trial to start", Duration::from_secs(30), || {
-        marker.exists().then_some(())
-    });
+    start_long_trial(&world, &mut service, "q1");
     let status = Command::new("scontrol")
         .args(["requeue", &job.to_string()])
         .status()
