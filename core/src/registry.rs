@@ -80,6 +80,13 @@ impl RegistryEntry {
             let error = std::io::Error::last_os_error();
             return match error.raw_os_error() {
                 Some(libc::ESRCH) => Ok(None),
+                // A kernel before 5.3 has no pidfds: check, then signal by pid.
+                Some(libc::ENOSYS) if self.running_pid() != Some(pid) => Ok(None),
+                // SAFETY: kill(2) with the pid just checked to be the runner's.
+                Some(libc::ENOSYS) => match unsafe { libc::kill(pid_t, signal) } {
+                    0 => Ok(Some(pid)),
+                    _ => Err(std::io::Error::last_os_error()),
+                },
                 _ => Err(error),
             };
         }
