@@ -28,10 +28,23 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Why a request to the agent got no confirmation.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The agent answered with this refusal.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the connection to the agent closed")]
+    Closed,
+    /// The connection is open but no reply came within [`REPLY_TIMEOUT`].
+    #[error("the agent did not answer within {} s", REPLY_TIMEOUT.as_secs())]
+    NoAnswer,
+}
+
 /// A live connection; dropping the last handle ends the `srun` step.
 pub struct Link {
     outgoing: mpsc::UnboundedSender<ToAgent>,
-    pending: Mutex<HashMap<u64, oneshot::Sender<Option<String>>>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Result<(), RequestError>>>>,
     next_id: Mutex<u64>,
     child: Mutex<Option<Child>>,
 }
@@ -189,7 +202,10 @@ impl Link {
                         Ok(FromAgent::Reply { id, error }) => {
                             if let Some(link) = link.upgrade() {
                                 if let Some(reply) = lock(&link.pending).remove(&id) {
-                                    let _ = reply.send(error);
+                                    let _ = reply.send(match error {
+                                        None => Ok(()),
+                                        Some(why) => Err(RequestError::Refused(why)),
+                                    });
                                 }
                             }
                         }
@@ -210,7 +226,7 @@ impl Link {
                         }
                         Err(e) => {
                             if let Some(link) = link.upgrade() {
-                                link.fail_pending("the connection to the agent closed");
+                                link.fail_pending();
                             }
                             let _ = incoming_tx.send(Incoming::Closed(e.to_string()));
                             return;
@@ -222,15 +238,15 @@ impl Link {
         Ok((link, welcome, incoming))
     }
 
-    fn fail_pending(&self, why: &str) {
+    fn fail_pending(&self) {
         let pending: Vec<_> = lock(&self.pending).drain().collect();
         for (_, reply) in pending {
-            let _ = reply.send(Some(why.to_string()));
+            let _ = reply.send(Err(RequestError::Closed));
         }
     }
 
-    /// Sends a request and waits for its reply; `Err` is the agent's refusal or a lost link.
-    pub async fn request(&self, make: impl FnOnce(u64) -> ToAgent) -> Result<(), String> {
+    /// Sends a request and waits for its reply.
+    pub async fn request(&self, make: impl FnOnce(u64) -> ToAgent) -> Result<(), RequestError> {
         let id = {
             let mut next = lock(&self.next_id);
             *next += 1;
@@ -240,18 +256,14 @@ impl Link {
         lock(&self.pending).insert(id, reply_tx);
         if self.outgoing.send(make(id)).is_err() {
             lock(&self.pending).remove(&id);
-            return Err("the connection to the agent closed".to_string());
+            return Err(RequestError::Closed);
         }
         match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
-            Ok(Ok(None)) => Ok(()),
-            Ok(Ok(Some(why))) => Err(why),
-            Ok(Err(_)) => Err("the connection to the agent closed".to_string()),
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(RequestError::Closed),
             Err(_) => {
                 lock(&self.pending).remove(&id);
-                Err(format!(
-                    "the agent did not answer within {} s",
-                    REPLY_TIMEOUT.as_secs()
-                ))
+                Err(RequestError::NoAnswer)
             }
         }
     }

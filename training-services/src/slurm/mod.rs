@@ -32,7 +32,7 @@ pub mod link;
 mod monitor;
 pub mod script;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,7 +47,7 @@ use tokio::sync::{watch, Notify};
 pub use args::{check_config, ArgsError, SlurmArgs};
 use commands::{JobState, Submitter};
 use environment::{job_environment, queue_environment};
-use link::Link;
+use link::{Link, RequestError};
 use monitor::monitor;
 
 use crate::agent_protocol::ToAgent;
@@ -126,8 +126,9 @@ struct Job {
     missing_polls: u32,
     /// Trials started here and not yet seen to end.
     running: BTreeSet<String>,
-    /// Trials knob asked the agent to kill (their signalled ends are knob's own).
-    kills: BTreeSet<String>,
+    /// Trials knob asked the agent to kill, with the kill's reason (their signalled ends are
+    /// knob's own). A kill the agent did not confirm goes again when it is reconnected.
+    kills: BTreeMap<String, String>,
     /// Ends the agent reported of trials signalled without knob asking, held until the job's
     /// state says whether Slurm is ending the job (see `monitor::on_incoming`).
     held: Vec<(ServiceEvent, std::time::Instant)>,
@@ -463,7 +464,7 @@ async fn submit(
         connect_failures: 0,
         missing_polls: 0,
         running: BTreeSet::new(),
-        kills: BTreeSet::new(),
+        kills: BTreeMap::new(),
         held: Vec::new(),
         waiting_trial,
         cancelled: None,
@@ -571,7 +572,7 @@ async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Resul
         }
         return Err(SlurmError::Start {
             trial: trial_id,
-            why,
+            why: why.to_string(),
         });
     }
     Ok(())
@@ -629,10 +630,13 @@ async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(
 /// What killing a trial takes, decided (and its job marked) under the service's lock.
 enum KillAction {
     /// The trial runs in a job whose agent is connected: the agent kills it.
-    Agent(Arc<Link>),
-    /// The trial's job has no agent connected (not started, or its link is gone): the whole
-    /// job is cancelled, and its trial ends with the kill's reason.
+    Agent { job_id: u64, link: Arc<Link> },
+    /// The trial's job has no agent connected (not started, or, with `reuseMode: false`, its
+    /// link is gone): the whole job is cancelled, and its trial ends with the kill's reason.
     Cancel(u64),
+    /// The trial runs in an allocation whose agent is being reconnected: the kill goes when it
+    /// is (`monitor::connect_job`); cancelling the allocation would end its other trials.
+    WhenReconnected,
     /// No job runs or waits for the trial.
     Nothing,
 }
@@ -649,12 +653,19 @@ fn kill_action(ctx: &Arc<Context>, trial_id: &str, reason: &str) -> KillAction {
     });
     match job {
         None => Action::Nothing,
-        Some(job) if job.running.contains(trial_id) => match &job.link {
-            Some(link) => {
-                job.kills.insert(trial_id.to_string());
-                Action::Agent(link.clone())
+        Some(job) if job.running.contains(trial_id) => match (&job.link, ctx.args.reuse_mode) {
+            (Some(link), _) => {
+                job.kills.insert(trial_id.to_string(), reason.to_string());
+                Action::Agent {
+                    job_id: job.id,
+                    link: link.clone(),
+                }
             }
-            None => {
+            (None, true) => {
+                job.kills.insert(trial_id.to_string(), reason.to_string());
+                Action::WhenReconnected
+            }
+            (None, false) => {
                 job.cancelled = Some(reason.to_string());
                 Action::Cancel(job.id)
             }
@@ -673,7 +684,10 @@ async fn carry_out_kill(ctx: &Arc<Context>, action: KillAction, trial_id: &str, 
         Action::Nothing => knob_plugin_api::log::debug(&format!(
             "training service slurm: kill of trial {trial_id} ignored, it is not running"
         )),
-        Action::Agent(link) => {
+        Action::WhenReconnected => knob_plugin_api::log::debug(&format!(
+            "training service slurm: kill of trial {trial_id} waits for its agent's reconnection"
+        )),
+        Action::Agent { job_id, link } => {
             let outcome = link
                 .request(|id| ToAgent::Kill {
                     id,
@@ -681,23 +695,78 @@ async fn carry_out_kill(ctx: &Arc<Context>, action: KillAction, trial_id: &str, 
                     reason: reason.to_string(),
                 })
                 .await;
-            if let Err(why) = outcome {
-                knob_plugin_api::log::debug(&format!(
+            match outcome {
+                Ok(()) => {}
+                // The agent no longer runs it: its end is on the way.
+                Err(why @ RequestError::Refused(_)) => knob_plugin_api::log::debug(&format!(
                     "training service slurm: kill of trial {trial_id}: {why}"
-                ));
+                )),
+                Err(why) => kill_unconfirmed(ctx, job_id, &link, why, trial_id, reason).await,
             }
         }
-        Action::Cancel(job_id) => {
-            if let Err(why) = commands::scancel(&[job_id]).await {
-                warn(
-                    ctx,
-                    Some(trial_id.to_string()),
-                    format!("training service slurm: scancel {job_id}: {why}"),
-                );
-            }
-            ctx.poke.notify_one();
-        }
+        Action::Cancel(job_id) => cancel_for_kill(ctx, job_id, trial_id).await,
     }
+}
+
+/// The agent of job `job_id` did not confirm the kill of `trial_id` (its link closed, or it
+/// did not answer). A job of its own (`reuseMode: false`) is cancelled, which ends the trial
+/// with the kill's reason. An allocation runs other trials: the kill goes again when its agent
+/// is reconnected (`monitor::connect_job`), and a link that does not answer is closed so that
+/// it is; an agent that cannot be reconnected gets its job cancelled, as any other.
+async fn kill_unconfirmed(
+    ctx: &Arc<Context>,
+    job_id: u64,
+    link: &Arc<Link>,
+    why: RequestError,
+    trial_id: &str,
+    reason: &str,
+) {
+    let cancel =
+        {
+            let mut shared = lock(&ctx.shared);
+            let Some(job) = shared.jobs.iter_mut().find(|j| {
+                j.id == job_id && j.phase != Phase::Ended && j.running.contains(trial_id)
+            }) else {
+                // It ended meanwhile.
+                return;
+            };
+            if ctx.args.reuse_mode {
+                if matches!(why, RequestError::NoAnswer)
+                    && job.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link))
+                {
+                    link.close();
+                }
+                false
+            } else {
+                if job.cancelled.is_none() {
+                    job.cancelled = Some(reason.to_string());
+                }
+                true
+            }
+        };
+    warn(
+        ctx,
+        Some(trial_id.to_string()),
+        if cancel {
+            format!("training service slurm: the kill of trial {trial_id} was not confirmed ({why}); its Slurm job {job_id} is cancelled")
+        } else {
+            format!("training service slurm: the kill of trial {trial_id} was not confirmed ({why}); it is sent again once the agent of Slurm job {job_id} is reconnected")
+        },
+    );
+    if cancel {
+        cancel_for_kill(ctx, job_id, trial_id).await;
+    }
+}
+
+async fn cancel_for_kill(ctx: &Arc<Context>, job_id: u64, trial_id: &str) {
+    if let Err(why) = commands::scancel(&[job_id]).await {
+        warn(
+            ctx,
+            Some(trial_id.to_string()),
+            format!("training service slurm: scancel {job_id}: {why}"),
+        );
+    }
+    ctx.poke.notify_one();
 }
 
 async fn shut_down(ctx: &Arc<Context>) {

@@ -290,6 +290,7 @@ async fn connect_job(
     .await;
     let mut start = None;
     let mut replaced = false;
+    let mut resend_kills: Vec<(String, String)> = Vec::new();
     let cancel = {
         let mut shared = lock(&ctx.shared);
         let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
@@ -299,6 +300,15 @@ async fn connect_job(
             Ok((link, welcome, mut messages)) => {
                 replaced = job.agent.as_ref().is_some_and(|old| *old != welcome.agent)
                     && job.running.iter().any(|t| !welcome.running.contains(t));
+                if !replaced {
+                    // Kills not confirmed over the old link go again.
+                    resend_kills = job
+                        .kills
+                        .iter()
+                        .filter(|(trial, _)| welcome.running.contains(trial))
+                        .map(|(trial, reason)| (trial.clone(), reason.clone()))
+                        .collect();
+                }
                 job.agent = Some(welcome.agent);
                 job.inventory = welcome.inventory;
                 job.link = Some(link.clone());
@@ -339,6 +349,20 @@ async fn connect_job(
             }
         }
     };
+    if let Some(link) = lock(&ctx.shared)
+        .jobs
+        .iter()
+        .find(|j| j.id == id)
+        .and_then(|j| j.link.clone())
+    {
+        for (trial_id, reason) in resend_kills {
+            let (ctx, link) = (ctx.clone(), link.clone());
+            tokio::spawn(async move {
+                let action = super::KillAction::Agent { job_id: id, link };
+                super::carry_out_kill(&ctx, action, &trial_id, &reason).await;
+            });
+        }
+    }
     if replaced {
         lose_trials(ctx, id, "ran again with a new agent (requeued by Slurm)").await;
         // The new agent takes trials; lose_trials marked the job as waiting.
@@ -401,6 +425,8 @@ async fn lose_trials(ctx: &Arc<Context>, id: u64, why: &str) {
         };
         let mut trials: Vec<String> = std::mem::take(&mut job.running).into_iter().collect();
         trials.extend(held_trials(job));
+        // Their ends are told now; a later attempt of one of them here is not being killed.
+        job.kills.clear();
         if let Some(link) = job.link.take() {
             link.close();
         }
@@ -464,7 +490,8 @@ pub(super) fn on_incoming(ctx: &Arc<Context>, job_id: u64, message: Incoming) {
                         // Already reported ended (its job was declared gone): not again.
                         return;
                     }
-                    let asked = job.kills.remove(trial_id) || stopping || job.cancelled.is_some();
+                    let asked =
+                        job.kills.remove(trial_id).is_some() || stopping || job.cancelled.is_some();
                     let signalled = killed_reason.is_some()
                         || matches!(signal, Some(SIGKILL | SIGTERM))
                         || matches!(exit_code, Some(137 | 143));

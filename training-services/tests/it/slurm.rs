@@ -581,6 +581,85 @@ fn a_killed_trial_ends_with_the_kills_reason_whether_it_runs_or_waits_in_the_que
     service.stop();
 }
 
+/// Kills the `srun` step that links the service to job `job_id`'s agent (the agent itself
+/// goes on running in the job).
+fn break_link(job_id: u64) {
+    let step = format!("^srun --jobid={job_id} --overlap");
+    let status = Command::new("pkill")
+        .args(["-KILL", "-f", &step])
+        .status()
+        .unwrap();
+    assert!(status.success(), "no srun step linked to job {job_id}");
+}
+
+#[test]
+fn a_kill_asked_for_as_the_agents_link_breaks_is_not_lost() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    // In an allocation: the kill goes once the agent is reconnected, and the allocation, which
+    // may run other trials, is not cancelled for it.
+    let world = World::new("killrelink");
+    let mut service = world.service(json!({}));
+    wait_ready(&service, 1);
+    let allocation = service.job_ids();
+    start_long_trial(&world, &mut service, "long");
+    break_link(allocation[0]);
+    service.kill("long", "stopped early by the assessor");
+    let events = world.events.wait_ended("long");
+    assert_eq!(
+        ending(&events).2.as_deref(),
+        Some("stopped early by the assessor"),
+        "{events:#?}"
+    );
+    assert!(lost_reason(&events).is_none(), "{events:#?}");
+    wait_ready(&service, 1);
+    assert_eq!(service.job_ids(), allocation);
+    let command = "echo \"job $SLURM_JOB_ID\" >&2; echo KNOB_FINAL 1";
+    service
+        .start(world.request("slurm:env1", "next", command))
+        .unwrap();
+    let events = world.events.wait_ended("next");
+    let (exit_code, _, _, stderr) = ending(&events);
+    assert_eq!(exit_code, Some(0), "{events:#?}");
+    assert!(
+        stderr.contains(&format!("job {}", allocation[0])),
+        "{stderr}"
+    );
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+
+    // In a job of its own: the job is cancelled, and the trial ends with the kill's reason.
+    let world = World::new("killrelinksolo");
+    let mut service = world.service(json!({"reuseMode": false}));
+    let marker = world.file("solo-started");
+    service
+        .start(world.request(
+            QUEUE_ENVIRONMENT,
+            "solo",
+            &format!("touch {}; sleep 300", marker.display()),
+        ))
+        .unwrap();
+    wait_for("trial solo to start", Duration::from_secs(60), || {
+        marker.exists().then_some(())
+    });
+    break_link(service.job_ids()[0]);
+    service.kill("solo", "stopped by the user");
+    let events = world.events.wait_ended("solo");
+    assert_eq!(
+        ending(&events).2.as_deref(),
+        Some("stopped by the user"),
+        "{events:#?}"
+    );
+    assert!(lost_reason(&events).is_none(), "{events:#?}");
+    wait_for(
+        "the cancelled job to leave the queue",
+        Duration::from_secs(30),
+        || queued_jobs(&world.experiment_id).is_empty().then_some(()),
+    );
+    service.stop();
+}
+
 #[test]
 fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
     let Some(_cluster) = cluster() else {
