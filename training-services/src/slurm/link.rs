@@ -16,7 +16,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::agent_protocol::{
-    read_frame_async, write_frame_async, FromAgent, ToAgent, HEARTBEAT_INTERVAL, PROTOCOL_VERSION,
+    read_frame_async, write_frame_async, FromAgent, ToAgent, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT,
+    PROTOCOL_VERSION,
 };
 
 /// How long the agent may take to welcome us.
@@ -47,6 +48,8 @@ pub struct Link {
     pending: Mutex<HashMap<u64, oneshot::Sender<Result<(), RequestError>>>>,
     next_id: Mutex<u64>,
     child: Mutex<Option<Child>>,
+    /// When the last frame of any kind came from the agent.
+    last_heard: Mutex<tokio::time::Instant>,
 }
 
 /// What the agent said when it welcomed us.
@@ -177,15 +180,31 @@ impl Link {
             pending: Mutex::default(),
             next_id: Mutex::new(1),
             child: Mutex::new(Some(child)),
+            last_heard: Mutex::new(tokio::time::Instant::now()),
         });
-        // The daemon drops a client that is silent for its heartbeat timeout.
+        let (incoming_tx, incoming) = mpsc::unbounded_channel();
+        // Pings, since the daemon drops a client that is silent for its heartbeat timeout; and
+        // the protocol's rule on this side: an agent not heard from for as long (a stalled
+        // `srun`, a node that stopped answering) is a connection lost, which the monitor then
+        // connects again. The reader alone would not tell: a stalled stream never closes.
         {
             let link = Arc::downgrade(&link);
+            let incoming_tx = incoming_tx.clone();
             tokio::spawn(async move {
                 let mut nonce = 0;
                 loop {
                     tokio::time::sleep(HEARTBEAT_INTERVAL).await;
                     let Some(link) = link.upgrade() else { return };
+                    if lock(&link.last_heard).elapsed() > HEARTBEAT_TIMEOUT {
+                        let why = format!(
+                            "no answer from the agent for {} s",
+                            HEARTBEAT_TIMEOUT.as_secs()
+                        );
+                        let _ = incoming_tx.send(Incoming::Closed(why));
+                        link.fail_pending();
+                        link.close();
+                        return;
+                    }
                     nonce += 1;
                     if link.outgoing.send(ToAgent::Ping { nonce }).is_err() {
                         return;
@@ -193,12 +212,17 @@ impl Link {
                 }
             });
         }
-        let (incoming_tx, incoming) = mpsc::unbounded_channel();
         {
             let link = Arc::downgrade(&link);
             tokio::spawn(async move {
                 loop {
-                    match read_frame_async::<FromAgent>(&mut reader).await {
+                    let frame = read_frame_async::<FromAgent>(&mut reader).await;
+                    if frame.is_ok() {
+                        if let Some(link) = link.upgrade() {
+                            *lock(&link.last_heard) = tokio::time::Instant::now();
+                        }
+                    }
+                    match frame {
                         Ok(FromAgent::Reply { id, error }) => {
                             if let Some(link) = link.upgrade() {
                                 if let Some(reply) = lock(&link.pending).remove(&id) {

@@ -581,12 +581,12 @@ fn a_killed_trial_ends_with_the_kills_reason_whether_it_runs_or_waits_in_the_que
     service.stop();
 }
 
-/// Kills the `srun` step that links the service to job `job_id`'s agent (the agent itself
-/// goes on running in the job).
-fn break_link(job_id: u64) {
+/// Sends `signal` to the `srun` step that links the service to job `job_id`'s agent (the agent
+/// itself goes on running in the job): `KILL` breaks the link, `STOP` stalls it.
+fn signal_link(job_id: u64, signal: &str) {
     let step = format!("^srun --jobid={job_id} --overlap");
     let status = Command::new("pkill")
-        .args(["-KILL", "-f", &step])
+        .args([&format!("-{signal}"), "-f", &step])
         .status()
         .unwrap();
     assert!(status.success(), "no srun step linked to job {job_id}");
@@ -604,7 +604,7 @@ fn a_kill_asked_for_as_the_agents_link_breaks_is_not_lost() {
     wait_ready(&service, 1);
     let allocation = service.job_ids();
     start_long_trial(&world, &mut service, "long");
-    break_link(allocation[0]);
+    signal_link(allocation[0], "KILL");
     service.kill("long", "stopped early by the assessor");
     let events = world.events.wait_ended("long");
     assert_eq!(
@@ -626,6 +626,27 @@ fn a_kill_asked_for_as_the_agents_link_breaks_is_not_lost() {
         stderr.contains(&format!("job {}", allocation[0])),
         "{stderr}"
     );
+
+    // The link stalls (its srun stopped) as the kill is sent: the agent, not heard from for the
+    // protocol's heartbeat timeout, is connected to again, before the kill's own reply timeout
+    // would have told, and the kill goes then.
+    start_long_trial(&world, &mut service, "stalled");
+    signal_link(allocation[0], "STOP");
+    service.kill("stalled", "stopped by the user");
+    let events = world.events.wait_ended("stalled");
+    assert_eq!(
+        ending(&events).2.as_deref(),
+        Some("stopped by the user"),
+        "{events:#?}"
+    );
+    let unconfirmed = warnings(&events);
+    assert!(
+        unconfirmed
+            .iter()
+            .any(|w| w.contains("not confirmed (the connection to the agent closed)")),
+        "{unconfirmed:#?}"
+    );
+    assert_eq!(service.job_ids(), allocation);
     service.stop();
     assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
 
@@ -643,7 +664,7 @@ fn a_kill_asked_for_as_the_agents_link_breaks_is_not_lost() {
     wait_for("trial solo to start", Duration::from_secs(60), || {
         marker.exists().then_some(())
     });
-    break_link(service.job_ids()[0]);
+    signal_link(service.job_ids()[0], "KILL");
     service.kill("solo", "stopped by the user");
     let events = world.events.wait_ended("solo");
     assert_eq!(
