@@ -90,9 +90,12 @@ fn main() {
     }
     println!();
     for (size, runs) in sizes.iter().zip(&runs) {
-        let each: Vec<String> = runs.iter().map(|row| format!("{:.1}", row[12])).collect();
+        let each: Vec<String> = runs
+            .iter()
+            .map(|row| format!("{:.1} (meter {:.1})", row[12], row[14]))
+            .collect();
         println!(
-            "{size} trials: manager's own CPU in its loop µs a trial, each round: {}",
+            "{size} trials: manager's own CPU in its loop µs a trial, each round (with the meter's own cost taken off it): {}",
             each.join(", ")
         );
     }
@@ -161,6 +164,15 @@ fn main() {
             if spread <= FLAT_WITHIN { "met" } else { "MISSED" }
         );
     }
+    println!(
+        "the same for the manager's own CPU in its loop with the meter's own cost left in it (as before 2026-11-28): {:.2}x",
+        {
+            let with_meter: Vec<f64> = rows.iter().map(|(_, row)| row[12] + row[14]).collect();
+            let high = with_meter.iter().copied().fold(0.0_f64, f64::max);
+            let low = with_meter.iter().copied().fold(f64::INFINITY, f64::min);
+            high / low
+        }
+    );
     println!(
         "peak memory of the runs: {peak:.0} MiB (target: under {MEMORY_LIMIT_MIB} MiB at 100 000): {}",
         if peak < MEMORY_LIMIT_MIB {
@@ -246,7 +258,14 @@ fn one(trials: u64) {
         manager_start.as_secs_f64() * 1e3,
     );
     println!(
-        "ROW {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+        "{trials} trials: the meter: a pair of CPU clock reads {:.0} ns, {:.2} metered polls and {:.2} service answers a trial, {:.1} µs a trial taken off the manager's CPU",
+        report.meter_cost.unwrap_or_default().as_secs_f64() * 1e9,
+        a_trial(report.metered_polls),
+        a_trial(report.service_answers),
+        per(report.meter_overhead),
+    );
+    println!(
+        "ROW {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
         per(run_thread),
         per(run_process),
         peak_rss_mib(),
@@ -261,6 +280,7 @@ fn one(trials: u64) {
         per(manager_own),
         per(manager_loop),
         manager_start.as_secs_f64() * 1e3,
+        per(report.meter_overhead),
     );
 }
 

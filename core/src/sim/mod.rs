@@ -295,9 +295,24 @@ pub struct Report {
     /// CPU time spent polling the manager's future (summed over the managers of a crashed and
     /// resumed run): the manager's own work, with the in-process tuner's, assessor's and
     /// services' side of each call it makes (which a plugin runs on a thread of its own), but
-    /// not the simulated world's deliveries nor the driver's turns (`run_thread_cpu` has them);
-    /// `None` where the clock cannot be read.
+    /// not the simulated world's deliveries nor the driver's turns (`run_thread_cpu` has them),
+    /// less the meter's own clock reads (`meter_cost`); `None` where the clock cannot be read.
     pub manager_cpu: Option<Duration>,
+    /// What one pair of reads of the thread's CPU clock costs: the median of back-to-back
+    /// pairs taken as the run starts and every few hundred polls during it, outside the polls.
+    /// It is the meter's own cost, which each metered poll of the manager's future and each
+    /// answer of the simulated service measured inside it would otherwise count as the
+    /// manager's; `manager_cpu` (and `manager_start_cpu`) have it taken off, one pair per poll
+    /// and per answer, and `meter_overhead` says how much that was in all. The clock is a system
+    /// call that takes the run queue's lock (0.2–0.5 µs a pair on the 2-vCPU VM), and the polls
+    /// grow with the loop's turns (23 a trial at 10 000 trials, 49 at 100 000), so left in, it
+    /// weighed more the more turns a trial took.
+    pub meter_cost: Option<Duration>,
+    /// The polls of the manager's future that were metered, and the service's answers.
+    pub metered_polls: u64,
+    pub service_answers: u64,
+    /// The meter's cost taken off `manager_cpu`, in all.
+    pub meter_overhead: Duration,
     /// Of `manager_cpu`, the CPU time the simulated training service spent answering the
     /// manager's calls (placing a run's happenings in the world, building its environments'
     /// reports): the service's side of the call, which a real plugin runs on a thread of its
@@ -361,6 +376,10 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         run_peak_rss: None,
         run_thread_cpu: None,
         manager_cpu: None,
+        meter_cost: None,
+        metered_polls: 0,
+        service_answers: 0,
+        meter_overhead: Duration::ZERO,
         service_cpu: None,
         manager_start_cpu: None,
         run_process_cpu: None,
@@ -391,6 +410,8 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     let mut wakes = manager::Wakes::default();
     let manager_cpu = std::cell::Cell::new(Some(Duration::ZERO));
     let manager_start_cpu = std::cell::Cell::new(Some(Duration::ZERO));
+    let meter = Meter::default();
+    meter.sample(2001);
     let outcome = loop {
         let store = match Store::open(&experiment_dir) {
             Ok(store) => store,
@@ -437,6 +458,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
             )),
             spent: &manager_cpu,
             start: &manager_start_cpu,
+            meter: &meter,
             loop_state: loop_state.clone(),
             world: world.clone(),
         };
@@ -470,8 +492,19 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
     report.run_peak_rss = run_peak_rss;
     report.run_thread_cpu = run_thread_cpu;
     report.run_process_cpu = run_process_cpu;
-    report.manager_cpu = manager_cpu.get();
-    report.manager_start_cpu = manager_start_cpu.get();
+    let meter_cost = meter.cost();
+    let taken_off = |cpu: Option<Duration>, pairs: u64| {
+        Some(cpu?.saturating_sub(meter_cost?.saturating_mul(u32::try_from(pairs).ok()?)))
+    };
+    report.manager_cpu = taken_off(manager_cpu.get(), meter.pairs.get());
+    report.manager_start_cpu = taken_off(manager_start_cpu.get(), meter.start_pairs.get());
+    report.meter_cost = meter_cost;
+    report.metered_polls = meter.polls.get();
+    report.service_answers = world.lock().service_answers;
+    report.meter_overhead = match (manager_cpu.get(), report.manager_cpu) {
+        (Some(metered), Some(less)) => metered.saturating_sub(less),
+        _ => Duration::ZERO,
+    };
     report.service_cpu = report
         .manager_cpu
         .and(Some(world.lock().service_cpu))
@@ -491,6 +524,44 @@ struct Metered<'a, F> {
     start: &'a std::cell::Cell<Option<Duration>>,
     loop_state: watch::Receiver<LoopState>,
     world: Shared,
+    meter: &'a Meter,
+}
+
+/// The meter's own cost (see `Report::meter_cost`): samples of it, and how many pairs of
+/// clock reads it put inside the polls.
+#[derive(Default)]
+struct Meter {
+    samples: std::cell::RefCell<Vec<Duration>>,
+    polls: std::cell::Cell<u64>,
+    /// A pair for each poll and each service answer; `start_pairs` before the loop began.
+    pairs: std::cell::Cell<u64>,
+    start_pairs: std::cell::Cell<u64>,
+}
+
+/// Every this many polls the meter samples its cost again, so that the cost it takes off is
+/// that of the whole run's conditions, not only its start's.
+const METER_SAMPLE_EVERY: u64 = 256;
+
+impl Meter {
+    /// `count` back-to-back pairs of reads of this thread's CPU clock.
+    fn sample(&self, count: usize) {
+        let mut samples = self.samples.borrow_mut();
+        for _ in 0..count {
+            if let (Some(before), Some(after)) = (
+                cpu_time(libc::CLOCK_THREAD_CPUTIME_ID),
+                cpu_time(libc::CLOCK_THREAD_CPUTIME_ID),
+            ) {
+                samples.push(after.saturating_sub(before));
+            }
+        }
+    }
+
+    /// The median pair; `None` where the clock cannot be read.
+    fn cost(&self) -> Option<Duration> {
+        let mut samples = self.samples.borrow().clone();
+        samples.sort_unstable();
+        samples.get(samples.len() / 2).copied()
+    }
 }
 
 impl<F: std::future::Future> std::future::Future for Metered<'_, F> {
@@ -500,11 +571,31 @@ impl<F: std::future::Future> std::future::Future for Metered<'_, F> {
         mut self: std::pin::Pin<&mut Self>,
         context: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
-        let service_before = self.world.lock().service_cpu;
+        let (service_before, answers_before) = {
+            let world = self.world.lock();
+            (world.service_cpu, world.service_answers)
+        };
         let before = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
         let polled = self.inner.as_mut().poll(context);
         let after = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
-        let service = self.world.lock().service_cpu.saturating_sub(service_before);
+        let (service, answers) = {
+            let world = self.world.lock();
+            (
+                world.service_cpu.saturating_sub(service_before),
+                world.service_answers - answers_before,
+            )
+        };
+        // This poll's pair of reads and each answer's: taken off at the end (`Meter`).
+        let starting = !self.loop_state.borrow().started;
+        let meter = self.meter;
+        meter.polls.set(meter.polls.get() + 1);
+        meter.pairs.set(meter.pairs.get() + 1 + answers);
+        if starting {
+            meter.start_pairs.set(meter.start_pairs.get() + 1 + answers);
+        }
+        if meter.polls.get().is_multiple_of(METER_SAMPLE_EVERY) {
+            meter.sample(8);
+        }
         let add = |sum: Option<Duration>, less: Duration| match (sum, before, after) {
             (Some(sum), Some(before), Some(after)) => {
                 Some(sum + after.saturating_sub(before).saturating_sub(less))
@@ -512,7 +603,7 @@ impl<F: std::future::Future> std::future::Future for Metered<'_, F> {
             _ => None,
         };
         self.spent.set(add(self.spent.get(), Duration::ZERO));
-        if !self.loop_state.borrow().started {
+        if starting {
             self.start.set(add(self.start.get(), service));
         }
         polled

@@ -179,6 +179,9 @@ pub(super) struct World {
     /// manager: the service's side of each call, which runs inside the manager's polls here but
     /// on a thread of the plugin's own for a real service (see `Report::service_cpu`).
     pub service_cpu: Duration,
+    /// How many calls the simulated training service answered (each measured by two reads of
+    /// the thread's CPU clock; see `Report::meter_cost`).
+    pub service_answers: u64,
 }
 
 impl World {
@@ -209,6 +212,7 @@ impl World {
             stop_sent: false,
             shut_down: false,
             service_cpu: Duration::ZERO,
+            service_answers: 0,
             scenario,
         };
         world.schedule_host_losses();
@@ -825,6 +829,7 @@ impl SimService {
         {
             world.service_cpu += after.saturating_sub(before);
         }
+        world.service_answers += 1;
         answer
     }
 }
