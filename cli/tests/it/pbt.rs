@@ -928,14 +928,39 @@ fn a_hybrid_pbt_experiment_starts_successors_from_their_parents_checkpoint_acros
         );
     assert!(yaml.contains("- platform: remote"), "{yaml}");
     let config = sandbox.config(&yaml, &[("trial.py", &trial)]);
+    // Which side a successor lands on depends on which members the tuner replaces when, and so
+    // on timing: a run may by chance keep every successor beside its parent (seen once in CI,
+    // eight successors all on the host). Such a run is still checked in full; the experiment
+    // then runs again, at most three times, until a successor has crossed sides.
+    let mut all_pairs = Vec::new();
+    for round in 1..=3 {
+        let pairs = run_hybrid_population(&sandbox, &host, &config, &format!("pbth{round}"));
+        let crossed = pairs.iter().any(|(parent, own)| parent != own);
+        eprintln!("run {round}: successors (parent's environment, own environment): {pairs:?}");
+        all_pairs.extend(pairs);
+        if crossed {
+            return;
+        }
+    }
+    panic!("in three runs no successor ran on the other side of its parent: {all_pairs:?}");
+}
+
+/// One run of the hybrid population (experiment `id`), checked in full; returns the
+/// (parent's environment, own environment) of each successor.
+fn run_hybrid_population(
+    sandbox: &Sandbox,
+    host: &RemoteHost,
+    config: &Path,
+    id: &str,
+) -> Vec<(String, String)> {
     let (code, stdout, stderr) =
-        run(create(&sandbox, &config, "pbth", "0.1").env("KNOB_SIMULATE_GPUS", "cpu=4"));
+        run(create(sandbox, config, id, "0.1").env("KNOB_SIMULATE_GPUS", "cpu=4"));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    let export = sandbox.export("pbth");
+    let export = sandbox.export(id);
     assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
     // The trials' own logs, where each ran: this machine's experiment folder and the host's.
-    let mut logs = trial_logs(&sandbox.path().join("experiments/pbth"));
-    for (tid, attempts) in trial_logs(&host.environment("pbth")) {
+    let mut logs = trial_logs(&sandbox.path().join("experiments").join(id));
+    for (tid, attempts) in trial_logs(&host.environment(id)) {
         logs.entry(tid).or_default().extend(attempts);
     }
     let trials = export["trials"].as_array().unwrap();
@@ -986,9 +1011,5 @@ fn a_hybrid_pbt_experiment_starts_successors_from_their_parents_checkpoint_acros
         2,
         "members ran on both sides: {environments:?}"
     );
-    assert!(
-        pairs.iter().any(|(parent, own)| parent != own),
-        "no successor ran on the other side of its parent: {pairs:?}"
-    );
-    eprintln!("successors (parent's environment, own environment): {pairs:?}");
+    pairs
 }
