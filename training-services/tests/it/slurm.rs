@@ -633,18 +633,27 @@ fn a_kill_asked_for_as_the_agents_link_breaks_is_not_lost() {
     start_long_trial(&world, &mut service, "stalled");
     signal_link(allocation[0], "STOP");
     service.kill("stalled", "stopped by the user");
+    // The heartbeat finds the link silent 15–20 s after it stalled; the kill's reply timeout
+    // (30 s) would say "did not answer" instead. The wait is generous for a loaded machine.
+    let unconfirmed = wait_for(
+        "the kill to be found unconfirmed",
+        Duration::from_secs(60),
+        || {
+            let said = warnings(&of_trial(&world.events.all(), "stalled"));
+            said.iter()
+                .find(|w| w.contains("was not confirmed"))
+                .cloned()
+        },
+    );
+    assert!(
+        unconfirmed.contains("not confirmed (the connection to the agent closed)"),
+        "{unconfirmed}"
+    );
     let events = world.events.wait_ended("stalled");
     assert_eq!(
         ending(&events).2.as_deref(),
         Some("stopped by the user"),
         "{events:#?}"
-    );
-    let unconfirmed = warnings(&events);
-    assert!(
-        unconfirmed
-            .iter()
-            .any(|w| w.contains("not confirmed (the connection to the agent closed)")),
-        "{unconfirmed:#?}"
     );
     assert_eq!(service.job_ids(), allocation);
     service.stop();
