@@ -594,20 +594,10 @@ fn a_remote_pbt_experiment_deletes_replaced_members_checkpoints_on_the_host() {
             other => panic!("{tid} ended {other}: {trial:#}"),
         }
     }
-    // The population ends with its 8 members, and one more for each successor that replaced a
-    // member whose own end reached the manager before the tuner's stop did (it finished, so the
-    // stop had nothing to stop; seen once in CI on a loaded machine; see the closing note of
-    // 2026-11-28).
-    let status_of: BTreeMap<&str, &str> = trials
-        .iter()
-        .map(|t| (t["id"].as_str().unwrap(), t["status"].as_str().unwrap()))
-        .collect();
-    let replaced_after_finishing = trials
-        .iter()
-        .filter_map(|t| t["lineage"]["replaces"].as_str())
-        .filter(|replaces| status_of.get(replaces) == Some(&"SUCCEEDED"))
-        .count();
-    assert_eq!(finished, 8 + replaced_after_finishing, "{export:#}");
+    // The population ends with its 8 members: a successor the tuner handed out for a member
+    // whose own end reached the manager before the tuner's stop did is not created (seen in CI
+    // on a loaded machine before it was dropped).
+    assert_eq!(finished, 8, "{export:#}");
     assert!(replaced > 0, "nobody was replaced in 40 steps: {export:#}");
     // Successors started from a copy of their parent's checkpoint on the host.
     assert!(

@@ -430,6 +430,11 @@ impl Manager {
                 continue;
             }
             let lineage = lineage.map(|l| self.member_lineage(l));
+            if let Some(lineage) = &lineage {
+                if !self.successor_still_wanted(parameter_id, lineage).await? {
+                    continue;
+                }
+            }
             self.submit(parameter_id, parameters, label, lineage)
                 .await?;
         }
@@ -444,8 +449,16 @@ impl Manager {
                 } => {
                     if self.accept_output(parameter_id, &parameters).await? {
                         let lineage = lineage.map(|l| self.member_lineage(l));
-                        self.submit(parameter_id, parameters, label, lineage)
-                            .await?;
+                        let wanted = match &lineage {
+                            Some(lineage) => {
+                                self.successor_still_wanted(parameter_id, lineage).await?
+                            }
+                            None => true,
+                        };
+                        if wanted {
+                            self.submit(parameter_id, parameters, label, lineage)
+                                .await?;
+                        }
                     }
                 }
                 Handout::Deferred => {}

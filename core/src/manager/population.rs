@@ -78,6 +78,12 @@ fn unneeded_checkpoints<'a>(
         .collect()
 }
 
+/// Whether a member the tuner replaced has ended on its own before the tuner's stop reached it
+/// (a stop that reaches a running member ends it EARLY_STOPPED, whatever it then exits with).
+fn ended_before_its_stop(status: TrialStatus) -> bool {
+    status.is_final() && status != TrialStatus::EarlyStopped
+}
+
 impl Manager {
     /// The tuner names members by parameter id; the store and the trials by trial id.
     pub(super) fn member_lineage(&self, lineage: TunerLineage) -> Lineage {
@@ -89,6 +95,39 @@ impl Manager {
             replaces: trial_of(lineage.replaces),
             parent_step: lineage.parent_step,
         }
+    }
+
+    /// Whether a successor the tuner handed out for `parameter_id` is still wanted. Not when the
+    /// member it replaces has already ended other than by the tuner's stop: its end (it finished,
+    /// or failed) reached the manager before the stop did, so the stop found nothing to stop and
+    /// the successor would be a member more than the population holds. The tuner, which had not
+    /// yet heard of that end, is told the successor ended SYS_CANCELED (as for any handout not
+    /// run), and the replaced member's log says why no successor followed it.
+    pub(super) async fn successor_still_wanted(
+        &mut self,
+        parameter_id: u64,
+        lineage: &Lineage,
+    ) -> Result<bool, ManagerError> {
+        let Some((replaced, status)) = lineage
+            .replaces
+            .as_deref()
+            .and_then(|id| self.book.get(id))
+            .filter(|t| ended_before_its_stop(t.status))
+            .map(|t| (t.id.clone(), t.status))
+        else {
+            return Ok(true);
+        };
+        self.tuner.tell_dropped(parameter_id);
+        self.warn(
+            Some(replaced),
+            format!(
+                "{} replaced this member by a successor (parameter id {parameter_id}), but it had ended {} before the stop reached it; the successor is not created",
+                self.tuner.label(),
+                status.as_str()
+            ),
+        )
+        .await?;
+        Ok(false)
     }
 
     /// The tuner asked to stop a member: it ends EARLY_STOPPED with the tuner's reason. A
@@ -382,6 +421,23 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_successor_is_dropped_only_when_its_member_ended_before_the_stop() {
+        let dropped: Vec<TrialStatus> = TrialStatus::ALL
+            .into_iter()
+            .filter(|s| ended_before_its_stop(*s))
+            .collect();
+        assert_eq!(
+            dropped,
+            [
+                TrialStatus::Succeeded,
+                TrialStatus::Failed,
+                TrialStatus::UserCanceled,
+                TrialStatus::SysCanceled
+            ]
+        );
+    }
 
     #[test]
     fn a_checkpoint_is_kept_while_a_member_not_ended_starts_from_it() {
