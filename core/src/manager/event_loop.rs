@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use knob_plugin_api::host::AssessorHandle;
+use knob_plugin_api::host::{AssessorHandle, EnvironmentReport, HostError};
 use knob_plugin_api::population::Emitted;
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{AssessorContext, ComponentKind, OptimizeMode};
@@ -18,7 +18,7 @@ use serde_json::Value;
 use super::book::TrialBook;
 use super::environments::Environments;
 use super::placement::Placer;
-use super::services::{self, ServiceSlot, TaggedEvent};
+use super::services::{self, LateReports, ServiceSlot, TaggedEvent};
 use super::timers::Timers;
 use super::tuner_driver::{Check, Handout, TunerDriver};
 use super::{
@@ -46,6 +46,9 @@ pub(super) struct Manager {
     /// Trials the service could not start: (trial id, why).
     pub(super) start_failures: mpsc::UnboundedReceiver<(String, String)>,
     pub(super) start_failures_tx: mpsc::UnboundedSender<(String, String)>,
+    /// Re-probe answers the loop did not wait for (`refresh_environments`).
+    pub(super) late_reports: mpsc::UnboundedReceiver<LateReports>,
+    pub(super) late_reports_tx: mpsc::UnboundedSender<LateReports>,
     /// Which component woke the loop (a tuner's late suggestions, an assessor's late kill:
     /// `Tuner::set_waker`, `Assessor::set_waker`).
     pub(super) woken: mpsc::UnboundedReceiver<Woken>,
@@ -138,6 +141,7 @@ impl Manager {
         let tuner = TunerDriver::new(tuner, space, config.tuner_error_policy);
         let placer = Placer::new(&config);
         let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
+        let (late_reports_tx, late_reports) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
         let context = services::service_context(&id, &dir, &config, config_file.as_deref());
         // Before a trial of the earlier run is started again, nothing of it may still run: each
@@ -169,6 +173,8 @@ impl Manager {
             service_events,
             start_failures,
             start_failures_tx,
+            late_reports,
+            late_reports_tx,
             woken,
             commands,
             progress,
@@ -258,6 +264,7 @@ impl Manager {
                 },
                 command = self.commands.recv(), if self.commands_open => Wake::Command(command),
                 Some((trial_id, message)) = self.start_failures.recv() => Wake::StartFailed(trial_id, message),
+                Some((index, answer)) = self.late_reports.recv() => Wake::Reprobed(index, answer),
                 _ = sleep_until(next_deadline) => Wake::Deadline,
                 Some(woken) = self.woken.recv() => Wake::Woken(woken),
                 // A tuner that woke us before may never answer again: the wait is bounded.
@@ -333,6 +340,8 @@ impl Manager {
                         .await?;
                     }
                 }
+                // `fill`, first thing in the next turn, places the waiting trials again.
+                Wake::Reprobed(index, answer) => self.on_reprobe_answer(index, answer).await?,
                 Wake::Deadline => self.on_deadline().await?,
                 Wake::Woken(Woken::Tuner) => self.tuner.take_woken().await?,
                 Wake::Woken(Woken::Assessor) => self.reassess().await?,
@@ -357,7 +366,9 @@ impl Manager {
     fn count(&mut self, wake: &Wake) {
         let wakes = &mut self.wakes;
         match wake {
-            Wake::ServiceEvents(_) | Wake::ServicesGone => wakes.service_events += 1,
+            Wake::ServiceEvents(_) | Wake::ServicesGone | Wake::Reprobed(..) => {
+                wakes.service_events += 1
+            }
             Wake::Command(_) => wakes.commands += 1,
             Wake::StartFailed(..) => wakes.start_failures += 1,
             Wake::Deadline => wakes.deadlines += 1,
@@ -576,7 +587,7 @@ impl Manager {
             // Folders are deleted below on the strength of this end: it must be durable first
             // (a member run again after a kill of knob starts from its own checkpoint).
             self.settle().await?;
-            self.drop_snapshot(trial_id, status).await;
+            self.drop_snapshot(trial_id, status);
             self.collect_checkpoints().await;
         }
         self.publish(None);
@@ -662,15 +673,12 @@ impl Manager {
             status,
             message: reason.clone(),
         });
-        if let Err(e) = self.services[service]
+        let reply = self.services[service]
             .handle
-            .kill_trial(trial_id.to_string(), reason)
-            .get()
-            .await
-        {
-            self.warn(Some(trial_id.to_string()), format!("could not kill: {e}"))
-                .await?;
-        }
+            .kill_trial(trial_id.to_string(), reason);
+        self.warn_if_it_fails(reply, Some(trial_id.to_string()), |e| {
+            format!("could not kill: {e}")
+        });
         Ok(())
     }
 
@@ -866,6 +874,7 @@ enum Wake {
     ServicesGone,
     Command(Option<Command>),
     StartFailed(String, String),
+    Reprobed(usize, Result<Vec<EnvironmentReport>, HostError>),
     Deadline,
     Woken(Woken),
     GaveUpOnTuner,

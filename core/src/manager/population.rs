@@ -332,7 +332,7 @@ impl Manager {
     /// took or moved one (`TrainingService::delete_snapshot`). Until then every attempt starts
     /// from that same copy: a retry must not start from the parent's folder as it is by then
     /// (ray#28509). Kept for a member that was cancelled: it runs again after a resume.
-    pub(super) async fn drop_snapshot(&mut self, trial_id: &str, status: TrialStatus) {
+    pub(super) fn drop_snapshot(&self, trial_id: &str, status: TrialStatus) {
         let is_successor = self.book[trial_id]
             .lineage
             .as_ref()
@@ -349,20 +349,13 @@ impl Manager {
         let _ = std::fs::remove_dir_all(dir.with_extension("partial"));
         let _ = std::fs::remove_dir_all(dir);
         for index in 0..self.services.len() {
-            let asked = self.services[index]
+            let reply = self.services[index]
                 .handle
-                .delete_snapshot(trial_id.to_string())
-                .get()
-                .await;
-            if let Err(e) = asked {
-                // A copy that cannot be deleted costs disk, never the experiment.
-                let _ = self
-                    .warn(
-                        Some(trial_id.to_string()),
-                        format!("cannot delete the copy of its parent's checkpoint: {e}"),
-                    )
-                    .await;
-            }
+                .delete_snapshot(trial_id.to_string());
+            // A copy that cannot be deleted costs disk, never the experiment.
+            self.warn_if_it_fails(reply, Some(trial_id.to_string()), |e| {
+                format!("cannot delete the copy of its parent's checkpoint: {e}")
+            });
         }
     }
 
@@ -399,19 +392,12 @@ impl Manager {
                 }
             }
             for index in 0..self.services.len() {
-                let asked = self.services[index]
+                let reply = self.services[index]
                     .handle
-                    .delete_checkpoint(trial_id.clone())
-                    .get()
-                    .await;
-                if let Err(e) = asked {
-                    let _ = self
-                        .warn(
-                            Some(trial_id.clone()),
-                            format!("cannot delete its checkpoint folder: {e}"),
-                        )
-                        .await;
-                }
+                    .delete_checkpoint(trial_id.clone());
+                self.warn_if_it_fails(reply, Some(trial_id.clone()), |e| {
+                    format!("cannot delete its checkpoint folder: {e}")
+                });
             }
             self.collected.insert(trial_id);
         }

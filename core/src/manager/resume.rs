@@ -147,7 +147,7 @@ impl Manager {
             .map(|t| (t.id.clone(), t.status))
             .collect();
         for (trial_id, status) in ended {
-            self.drop_snapshot(&trial_id, status).await;
+            self.drop_snapshot(&trial_id, status);
         }
         self.replay_to_assessor(state).await
     }

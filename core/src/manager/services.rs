@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use knob_plugin_api::host::{EnvironmentReport, TrainingServiceHandle};
+use knob_plugin_api::host::{EnvironmentReport, HostError, Reply, TrainingServiceHandle};
 use knob_plugin_api::service::{Environment, ServiceContext, ServiceEvent};
 use tokio::sync::mpsc;
 
@@ -27,10 +27,16 @@ pub(super) struct ServiceSlot {
     /// The platform, which is also the plugin's name.
     pub platform: String,
     pub handle: TrainingServiceHandle,
+    /// A re-probe asked of it has not been answered yet (`refresh_environments`): no second
+    /// one is asked, since each answer says what changed since the one before.
+    pub reprobe_pending: bool,
 }
 
 /// An event with the index of the service that reported it.
 pub(super) type TaggedEvent = (usize, Result<ServiceEvent, String>);
+
+/// A re-probe's answer that came after the loop went on, with the service's index.
+pub(super) type LateReports = (usize, Result<Vec<EnvironmentReport>, HostError>);
 
 /// The training-service plugins a config needs, in config order.
 pub(super) fn service_names(config: &ExperimentConfig) -> Vec<String> {
@@ -107,7 +113,11 @@ pub(super) async fn start_services(
                 message: e.to_string(),
             });
         match handle {
-            Ok(handle) => slots.push(ServiceSlot { platform, handle }),
+            Ok(handle) => slots.push(ServiceSlot {
+                platform,
+                handle,
+                reprobe_pending: false,
+            }),
             Err(e) => {
                 shut_down(&slots).await;
                 return Err(e);
@@ -203,28 +213,79 @@ impl Manager {
     /// service answers in full only the reports that changed since its last answer
     /// (`EnvironmentReport`; the service's side compares them), so that a re-probe of
     /// unchanged environments costs the loop a look-up each.
+    ///
+    /// Not waited for: a service answers its calls in order, and one busy with a long start (a
+    /// remote host's code upload, an agent that stopped answering: up to minutes) would hold
+    /// the whole loop, every other service's trials included. An answer there at once is taken
+    /// in now (always, for a service run inline: the simulator); a later one arrives as a
+    /// wake of the loop (`late_reports`, `on_reprobe_answer`).
     pub(super) async fn refresh_environments(&mut self) -> Result<(), ManagerError> {
         for index in 0..self.services.len() {
-            match self.services[index]
-                .handle
-                .environment_reports()
-                .get()
-                .await
-            {
-                Ok(reports) => self.on_environment_reports(index, reports).await?,
-                Err(e) => {
-                    let platform = self.services[index].platform.clone();
-                    self.warn(
-                        None,
-                        format!(
-                            "training service {platform} could not report its environments: {e}"
-                        ),
-                    )
-                    .await?
+            let slot = &mut self.services[index];
+            if slot.reprobe_pending {
+                continue;
+            }
+            match slot.handle.environment_reports().try_get() {
+                Ok(answer) => self.on_reprobe_answer(index, answer).await?,
+                Err(reply) => {
+                    slot.reprobe_pending = true;
+                    let late = self.late_reports_tx.clone();
+                    tokio::spawn(async move {
+                        // The loop is gone once the experiment ended: nothing to tell.
+                        let _ = late.send((index, reply.get().await));
+                    });
                 }
             }
         }
         Ok(())
+    }
+
+    /// Takes in service `index`'s answer to a re-probe.
+    pub(super) async fn on_reprobe_answer(
+        &mut self,
+        index: usize,
+        answer: Result<Vec<EnvironmentReport>, HostError>,
+    ) -> Result<(), ManagerError> {
+        self.services[index].reprobe_pending = false;
+        match answer {
+            Ok(reports) => self.on_environment_reports(index, reports).await,
+            Err(e) => {
+                let platform = self.services[index].platform.clone();
+                self.warn(
+                    None,
+                    format!("training service {platform} could not report its environments: {e}"),
+                )
+                .await
+            }
+        }
+    }
+
+    /// Takes a service call's failure as a warning (of `trial_id`, if any) whenever its answer
+    /// comes, without waiting for it: a kill or a deletion asked of a service busy with a long
+    /// start must not hold the loop (see `refresh_environments`). Nothing else waits on such an
+    /// answer: a service runs its calls in order, so what is asked of it later still comes
+    /// after.
+    pub(super) fn warn_if_it_fails<R: Send + 'static>(
+        &self,
+        reply: Reply<R>,
+        trial_id: Option<String>,
+        what: impl FnOnce(HostError) -> String + Send + 'static,
+    ) {
+        let store = self.store.clone();
+        let warn = move |answer: Result<R, HostError>| {
+            if let Err(e) = answer {
+                store.append_unacked(crate::store::StoreEvent::Warning {
+                    trial_id,
+                    message: what(e),
+                });
+            }
+        };
+        match reply.try_get() {
+            Ok(answer) => warn(answer),
+            Err(reply) => {
+                tokio::spawn(async move { warn(reply.get().await) });
+            }
+        }
     }
 
     /// Registers a service's answer about its environments, in its order (see

@@ -1,6 +1,7 @@
 //! knob-core's integration tests: one binary, one module per area.
 
 mod api_stream;
+mod busy_service;
 mod config;
 mod config_v1;
 mod experiment;

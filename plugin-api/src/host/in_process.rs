@@ -66,6 +66,27 @@ pub fn training_service<S: TrainingService>(
     on_event: impl Fn(Result<ServiceEvent, String>) + Send + Sync + 'static,
     build: impl FnOnce(EventSink) -> Result<S, PluginError>,
 ) -> Result<TrainingServiceHandle, HostError> {
+    let (label, object) = service_object(name, on_event, build)?;
+    Ok(TrainingServiceHandle(PluginThread::inline(label, object)))
+}
+
+/// [`training_service`] on a thread of its own, as a plugin's service runs: its calls are
+/// answered in order there, so one that takes long (a start that waits on a host) keeps only
+/// this service busy. For tests of what the host does meanwhile.
+pub fn training_service_on_thread<S: TrainingService>(
+    name: &str,
+    on_event: impl Fn(Result<ServiceEvent, String>) + Send + Sync + 'static,
+    build: impl FnOnce(EventSink) -> Result<S, PluginError>,
+) -> Result<TrainingServiceHandle, HostError> {
+    let (label, object) = service_object(name, on_event, build)?;
+    Ok(TrainingServiceHandle(PluginThread::spawn(label, object)))
+}
+
+fn service_object<S: TrainingService>(
+    name: &str,
+    on_event: impl Fn(Result<ServiceEvent, String>) + Send + Sync + 'static,
+    build: impl FnOnce(EventSink) -> Result<S, PluginError>,
+) -> Result<(String, TrainingServiceObject), HostError> {
     let callback: EventCallback = Box::new(on_event);
     let sink = EventSinkAbi_TO::from_value(EventForwarder(callback), TD_Opaque);
     let raw = crate::sdk::in_process_training_service(name, sink, build).map_err(|e| {
@@ -77,7 +98,7 @@ pub fn training_service<S: TrainingService>(
     })?;
     let label = format!("training service {name}");
     let object = TrainingServiceObject::new(ServiceRaw::WithRequests(raw), label.clone());
-    Ok(TrainingServiceHandle(PluginThread::inline(label, object)))
+    Ok((label, object))
 }
 
 #[cfg(test)]

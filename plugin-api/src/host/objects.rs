@@ -628,6 +628,23 @@ impl<R> Reply<R> {
         }
     }
 
+    /// The answer if it is there now (always, for a component run inline), else the reply
+    /// back, to wait for later: what lets a caller that must not wait on a busy component
+    /// (a training service stuck in a long start) go on without it.
+    pub fn try_get(mut self) -> Result<Result<R, HostError>, Reply<R>> {
+        let gone = || HostError::Gone {
+            label: self.label.to_string(),
+        };
+        let Some(answer) = self.answer.as_mut() else {
+            return Ok(Err(gone()));
+        };
+        match answer.try_recv() {
+            Ok(answer) => Ok(answer),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => Err(self),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => Ok(Err(gone())),
+        }
+    }
+
     /// Blocks the current thread for the answer. Not for use inside an async runtime.
     pub fn wait(self) -> Result<R, HostError> {
         let gone = HostError::Gone {
@@ -779,5 +796,40 @@ impl TrainingServiceHandle {
     ) -> Reply<bool> {
         self.0
             .call(move |s| s.fetch_snapshot(&trial_id, &donor, &dest))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_not_there_yet_is_given_back_to_wait_for_and_an_inline_one_is_there_at_once() {
+        let busy = PluginThread::spawn("busy".into(), ());
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        // The component is busy with a first call (a long start, say) when the second is made.
+        let first = busy.call(move |()| {
+            released.recv().map_err(|e| HostError::Call {
+                message: e.to_string(),
+            })
+        });
+        let second = busy.call(|()| Ok(7));
+        let second = match second.try_get() {
+            Err(reply) => reply,
+            Ok(answer) => panic!("answered while the component was busy: {answer:?}"),
+        };
+        release.send(()).unwrap();
+        assert!(first.wait().is_ok());
+        assert_eq!(second.wait().unwrap(), 7);
+
+        let inline = PluginThread::inline("inline".into(), ());
+        assert_eq!(inline.call(|()| Ok(8)).try_get().ok().unwrap().unwrap(), 8);
+
+        // A component gone answers Gone, at once.
+        let gone = Reply::<u8> {
+            answer: None,
+            label: "gone".into(),
+        };
+        assert!(matches!(gone.try_get(), Ok(Err(HostError::Gone { .. }))));
     }
 }
