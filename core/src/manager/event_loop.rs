@@ -65,7 +65,7 @@ pub(super) struct Manager {
     pub(super) collected: std::collections::HashSet<String>,
     /// Whether the log said that a service takes no copy of a parent's checkpoint as its
     /// successor is created (`population::snapshot_parent_elsewhere`), said once.
-    pub(super) snapshots_unsupported_told: bool,
+    pub(super) snapshots_unsupported_told: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Told when the loop starts and stops waiting (the simulator); `turns` counts the waits.
     pub(super) observer: Option<watch::Sender<LoopState>>,
     pub(super) turns: u64,
@@ -183,7 +183,7 @@ impl Manager {
             timers,
             stop_requested: false,
             collected: Default::default(),
-            snapshots_unsupported_told: false,
+            snapshots_unsupported_told: Default::default(),
             observer: None,
             turns: 0,
             unsettled: Default::default(),

@@ -179,7 +179,8 @@ impl Manager {
         let from = checkpoint_dir(&self.dir, parent);
         let to = snapshot_dir(&self.dir, trial_id);
         if !from.is_dir() {
-            return self.snapshot_parent_elsewhere(trial_id, parent).await;
+            self.snapshot_parent_elsewhere(trial_id, parent);
+            return Ok(());
         }
         let copied = tokio::task::spawn_blocking({
             let (from, to) = (from.clone(), to.clone());
@@ -221,47 +222,29 @@ impl Manager {
     /// ray#28509). A service that takes no copy (built before, or not supported) leaves the
     /// successor to start from the parent's folder as it is then, which the experiment's log
     /// says once.
-    async fn snapshot_parent_elsewhere(
-        &mut self,
-        trial_id: &str,
-        parent: &str,
-    ) -> Result<(), ManagerError> {
+    fn snapshot_parent_elsewhere(&self, trial_id: &str, parent: &str) {
         let Some(index) = self.book.get(parent).and_then(|t| t.service) else {
-            return Ok(());
+            return;
         };
         let Some(slot) = self.services.get(index) else {
-            return Ok(());
+            return;
         };
-        let asked = slot
+        let reply = slot
             .handle
-            .snapshot_checkpoint(trial_id.to_string(), parent.to_string())
-            .get()
-            .await;
-        match asked {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                if std::mem::replace(&mut self.snapshots_unsupported_told, true) {
-                    return Ok(());
-                }
-                let name = self.services[index].platform.clone();
-                self.warn(
-                    Some(trial_id.to_string()),
-                    format!(
-                        "training service {name} takes no copy of a parent's checkpoint as its successor is created; successors start from their parent's checkpoint as it is when they start"
-                    ),
-                )
-                .await
-            }
-            Err(e) => {
-                self.warn(
-                    Some(trial_id.to_string()),
-                    format!(
-                        "cannot copy the checkpoint of {parent} it starts from: {e}; it starts from that checkpoint as it is then"
-                    ),
-                )
-                .await
-            }
-        }
+            .snapshot_checkpoint(trial_id.to_string(), parent.to_string());
+        let told = self.snapshots_unsupported_told.clone();
+        let (name, parent) = (slot.platform.clone(), parent.to_string());
+        // Not waited for (`warn_when_answered`): the successor's start, asked of this service
+        // or (`bring_parent_snapshot`) a fetch of the copy asked of it, comes after it anyway.
+        self.warn_when_answered(reply, Some(trial_id.to_string()), move |answer| match answer {
+            Ok(true) => None,
+            Ok(false) => (!told.swap(true, std::sync::atomic::Ordering::Relaxed)).then(|| format!(
+                "training service {name} takes no copy of a parent's checkpoint as its successor is created; successors start from their parent's checkpoint as it is when they start"
+            )),
+            Err(e) => Some(format!(
+                "cannot copy the checkpoint of {parent} it starts from: {e}; it starts from that checkpoint as it is then"
+            )),
+        });
     }
 
     /// Successor `trial_id` is about to start under service `service`. Where its parent ran

@@ -261,23 +261,31 @@ impl Manager {
     }
 
     /// Takes a service call's failure as a warning (of `trial_id`, if any) whenever its answer
-    /// comes, without waiting for it: a kill or a deletion asked of a service busy with a long
-    /// start must not hold the loop (see `refresh_environments`). Nothing else waits on such an
-    /// answer: a service runs its calls in order, so what is asked of it later still comes
-    /// after.
+    /// comes, without waiting for it (see [`Manager::warn_when_answered`]).
     pub(super) fn warn_if_it_fails<R: Send + 'static>(
         &self,
         reply: Reply<R>,
         trial_id: Option<String>,
         what: impl FnOnce(HostError) -> String + Send + 'static,
     ) {
+        self.warn_when_answered(reply, trial_id, |answer| answer.err().map(what));
+    }
+
+    /// Records the warning (of `trial_id`, if any) that `warning` makes of a service call's
+    /// answer, if it makes one, whenever the answer comes, without waiting for it: a kill, a
+    /// deletion or a copy asked of a service busy with a long start must not hold the loop (see
+    /// `refresh_environments`). Nothing else waits on such an answer: a service runs its calls
+    /// in order, so what is asked of it later still comes after.
+    pub(super) fn warn_when_answered<R: Send + 'static>(
+        &self,
+        reply: Reply<R>,
+        trial_id: Option<String>,
+        warning: impl FnOnce(Result<R, HostError>) -> Option<String> + Send + 'static,
+    ) {
         let store = self.store.clone();
         let warn = move |answer: Result<R, HostError>| {
-            if let Err(e) = answer {
-                store.append_unacked(crate::store::StoreEvent::Warning {
-                    trial_id,
-                    message: what(e),
-                });
+            if let Some(message) = warning(answer) {
+                store.append_unacked(crate::store::StoreEvent::Warning { trial_id, message });
             }
         };
         match reply.try_get() {
