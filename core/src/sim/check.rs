@@ -44,6 +44,7 @@ pub(super) fn check(
         manager_cpu: None,
         meter_cost: None,
         metered_polls: 0,
+        idle_polls: 0,
         service_answers: 0,
         meter_overhead: Duration::ZERO,
         service_cpu: None,
