@@ -215,7 +215,7 @@ impl Manager {
     /// unchanged environments costs the loop a look-up each.
     ///
     /// Not waited for: a service answers its calls in order, and one busy with a long start (a
-    /// remote host's code upload, an agent that stopped answering: up to minutes) would hold
+    /// host's code upload over SSH, an agent that stopped answering: up to minutes) would hold
     /// the whole loop, every other service's trials included. An answer there at once is taken
     /// in now (always, for a service run inline: the simulator); a later one arrives as a
     /// wake of the loop (`late_reports`, `on_reprobe_answer`).
