@@ -7,7 +7,7 @@
 //! experiment: the registry only says where to find it and what it was last known to be doing.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use knob_gpu_sched::ledger::process_start_time;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -151,6 +151,9 @@ pub struct Registry {
     path: PathBuf,
 }
 
+/// How long a registry command waits for another knob's write before it gives up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Registry {
     /// Opens (creating if needed) the registry in [`knob_home`].
     pub fn open_default() -> Result<Registry, RegistryError> {
@@ -168,10 +171,10 @@ impl Registry {
         }
         let connection = Connection::open(path).map_err(|e| fail(e.to_string()))?;
         connection
-            .busy_timeout(Duration::from_secs(10))
+            .busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| fail(e.to_string()))?;
-        connection
-            .execute_batch(
+        let set_up = || -> rusqlite::Result<()> {
+            connection.execute_batch(
                 "PRAGMA journal_mode = WAL;
                  CREATE TABLE IF NOT EXISTS experiments (
                      id TEXT PRIMARY KEY,
@@ -183,13 +186,27 @@ impl Registry {
                      created_ms INTEGER NOT NULL,
                      pid_start TEXT
                  );",
-            )
-            .map_err(|e| {
-                fail(format!(
-                    "{e} (is it a knob registry? move it away to start a new one)"
-                ))
-            })?;
-        add_pid_start(&connection).map_err(|e| fail(e.to_string()))?;
+            )?;
+            add_pid_start(&connection)
+        };
+        // Switching a new file to WAL answers "database is locked" at once, without waiting in
+        // the busy handler, while another knob does the same: two first commands on a fresh
+        // KNOB_HOME. Trying again until the busy timeout lets the other finish first.
+        let deadline = Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match set_up() {
+                Ok(()) => break,
+                Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) if is_busy(&e) => return Err(fail(e.to_string())),
+                Err(e) => {
+                    return Err(fail(format!(
+                        "{e} (is it a knob registry? move it away to start a new one)"
+                    )))
+                }
+            }
+        }
         Ok(Registry {
             connection,
             path: path.to_path_buf(),
@@ -298,6 +315,13 @@ fn row_to_entry(row: &rusqlite::Row<'_>) -> rusqlite::Result<RegistryEntry> {
         created_ms: row.get(6)?,
         pid_start: row.get(7)?,
     })
+}
+
+fn is_busy(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// A registry an older knob made has no `pid_start` column: it is added (empty for the entries
@@ -424,5 +448,44 @@ mod tests {
         };
         assert_eq!(entry.running_pid(), None);
         assert!(entry.crashed());
+    }
+
+    #[test]
+    fn knobs_opening_a_fresh_registry_at_once_all_get_it() {
+        // Before the retry, one of six failed with "database is locked" in the first round.
+        for round in 0..20 {
+            let home = tempfile::tempdir().unwrap();
+            let path = home.path().join("registry.db");
+            let barrier = std::sync::Barrier::new(6);
+            std::thread::scope(|scope| {
+                let opens: Vec<_> = (0..6)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            barrier.wait();
+                            Registry::open(&path).map(drop)
+                        })
+                    })
+                    .collect();
+                for open in opens {
+                    if let Err(e) = open.join().unwrap() {
+                        panic!("round {round}: {e}");
+                    }
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_registry_is_refused_with_what_to_do() {
+        let home = tempfile::tempdir().unwrap();
+        let path = home.path().join("registry.db");
+        std::fs::write(
+            &path,
+            "not a database, but a page of text that is long enough",
+        )
+        .unwrap();
+        let line = Registry::open(&path).err().unwrap().to_string();
+        assert!(line.contains(&path.display().to_string()), "{line}");
+        assert!(line.contains("move it away"), "{line}");
     }
 }

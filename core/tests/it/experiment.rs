@@ -99,9 +99,13 @@ fn of_two_creates_of_one_id_the_loser_makes_no_folder_and_names_the_winners() {
                 let work = root.path().join(format!("work{n}"));
                 let id = id.clone();
                 std::thread::spawn(move || {
-                    let registry = registry(&home);
+                    // Opened concurrently too, as two knobs' first commands on a fresh home do;
+                    // a failure is raised only past the barrier, so it cannot leave the others
+                    // waiting there forever.
+                    let registry = Registry::open(&home.join("registry.db"));
                     let config = config_in(&work);
                     barrier.wait();
+                    let registry = registry.unwrap();
                     let result = experiment::create(config, Some(&id), &registry).map(|_| ());
                     (work.join(&id), result)
                 })
