@@ -644,9 +644,14 @@ runpy.run_path("trial.py", run_name="__main__")
 /// Every successor must still start from its parent's state at the exploitation (the copy the
 /// remote service takes when the successor is created), as its own `pbt.json` says: not the
 /// 20 steps the parent trained on meanwhile.
+///
+/// The copy's delay is not bounded by a fixed time: the remote service runs its calls one at a
+/// time, so on a loaded machine the copy waits behind the kills and starts asked before it (this
+/// test failed 2 of 10 runs under load when it allowed 4 s). What is checked is what a copy taken
+/// at the start instead would break: each successor restored a state its parent saved between
+/// the successor's creation and its start, and some parent saved more after the copy.
 #[test]
 fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitation() {
-    const COPY_WITHIN_MS: u64 = 4000;
     let sandbox = Sandbox::new();
     let Some(host) = RemoteHost::start(&sandbox, &[("KNOB_SIMULATE_GPUS", "8x16GiB")]) else {
         return;
@@ -673,10 +678,6 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
     assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
     let logs = trial_logs(&host.environment("pbtw"));
     let trials = export["trials"].as_array().unwrap();
-    let by_id: BTreeMap<&str, &Value> = trials
-        .iter()
-        .map(|t| (t["id"].as_str().unwrap(), t))
-        .collect();
     let step_times = step_times(&host.environment("pbtw"));
     // A member's step at `time_ms`, from its own log (the step it restored, for a successor)
     // and the steps it had saved by then by its own clock (`SLOW_STOP`; a member saves, then
@@ -713,30 +714,23 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
         assert_eq!(restored["written_by"], parent, "{tid}: {first}");
         let step = restored["step"].as_u64().unwrap();
         let created = trial["created_ms"].as_u64().unwrap();
+        // Reported once the trial runs on the host, after the copy (the service takes the copy
+        // before it starts the successor, which starts from it).
         let started = trial["started_ms"].as_u64().unwrap();
-        // The copy is taken a moment after the creation (the trial's commit, one plugin call,
-        // one ssh command): under a second on a machine loaded with 6 busy loops, 4 s allowed,
-        // against the ≈ 5 s the successor waits. (Read against the times the parent's reports
-        // reached the manager, as this test did before, a CI run saw 5 s: the reports lagged.)
-        let (at_creation, soon_after) = (
-            step_at(parent, created),
-            step_at(parent, created + COPY_WITHIN_MS),
-        );
+        let (at_creation, at_start) = (step_at(parent, created), step_at(parent, started));
         assert!(
-            (at_creation..=soon_after + 1).contains(&step),
-            "{tid} restored {parent}'s step {step}; {parent} was at step {at_creation} when {tid} was created, {soon_after} {COPY_WITHIN_MS} ms later: {first}"
+            (at_creation..=at_start + 1).contains(&step),
+            "{tid} restored {parent}'s step {step}; {parent} was at step {at_creation} when {tid} was created, {at_start} when it started: {first}"
         );
-        checked.push((tid.to_string(), at_creation, step, step_at(parent, started)));
+        checked.push((tid.to_string(), at_creation, step, at_start));
     }
-    // The test can fail: some successor waited long enough for its parent to train past what
-    // the copy allows (the step it would have restored without the copy).
+    // The test can fail: some parent trained on after the copy and before its successor started
+    // (a copy taken at the start would have restored that later step).
     assert!(
-        checked.iter().any(|(tid, at_creation, _, at_start)| {
-            let created = by_id[tid.as_str()]["created_ms"].as_u64().unwrap();
-            let parent = by_id[tid.as_str()]["lineage"]["parent"].as_str().unwrap();
-            *at_start > step_at(parent, created + COPY_WITHIN_MS) + 1 && at_start > at_creation
-        }),
-        "no successor waited while its parent trained on: {checked:?}\n{export:#}"
+        checked
+            .iter()
+            .any(|(_, _, restored, at_start)| *at_start > restored + 1),
+        "no successor waited while its parent trained on past the copy: {checked:?}\n{export:#}"
     );
     eprintln!("successors (trial, parent's step at creation, restored, at start): {checked:?}");
 }
