@@ -102,7 +102,8 @@ pub enum MetricKind {
 /// comes first; every `Metric` the trial reported before its process exited comes before its
 /// `TrialEnded` (a service reads stdout and metric files to the end first); `TrialEnded` is
 /// its last event, and nothing is recorded for the trial after it. A `start_trial` that
-/// returns an error started nothing, and no event follows for that trial.
+/// returns an error started nothing, and no event follows for that trial; nor does one after a
+/// `StartFailed`, the same failure reported later.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ServiceEvent {
@@ -153,6 +154,13 @@ pub enum ServiceEvent {
     /// sends this once, just before that result's `Metric`. A population member that never
     /// sent it is never cloned.
     CheckpointSaved { trial_id: String },
+    /// A start `start_trial` accepted failed before the trial's `TrialStarted`: nothing of it
+    /// runs, and no other event follows for it. `message` is what `start_trial` would have
+    /// returned as its error (one containing "the trial was not started" is tried again, as
+    /// there). Sent only to a host that takes it ([`ServiceContext::late_start_failures`]): a
+    /// service whose starts take long (an SSH round trip to a busy host) then returns from
+    /// `start_trial` at once, so that one slow start holds none of its other calls.
+    StartFailed { trial_id: String, message: String },
     /// Something a user should know that is not fatal (a garbage metric line, say).
     Warning {
         trial_id: Option<String>,
@@ -393,6 +401,11 @@ pub struct ServiceContext {
     /// until the host fills them in again; a config the user wrote is `false`.
     #[serde(default)]
     pub stored: bool,
+    /// The host takes a [`ServiceEvent::StartFailed`] for a start `start_trial` accepted. A
+    /// host that predates the event leaves it `false`: a start must then fail in `start_trial`
+    /// itself.
+    #[serde(default)]
+    pub late_start_failures: bool,
 }
 
 /// The experiment-wide trial settings a service may need (a cluster service asks its scheduler

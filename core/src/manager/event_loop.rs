@@ -302,43 +302,7 @@ impl Manager {
                 // Nobody can send commands any more; keep running without listening.
                 Wake::Command(None) => self.commands_open = false,
                 Wake::StartFailed(trial_id, message) => {
-                    // Only a refusal that says nothing ran is tried again: a start that failed
-                    // half-way (a connection lost while the request was on its way) may have
-                    // started the trial, and a second start would run it twice.
-                    let closed = self.closed_for_retries() || !message.contains(NOT_STARTED);
-                    let retry = self
-                        .book
-                        .get_mut(&trial_id)
-                        .filter(|t| !t.status.is_final())
-                        .map(|t| {
-                            t.start_failures += 1;
-                            t.start_failures <= START_RETRIES && !closed
-                        });
-                    if retry == Some(true) {
-                        // Nothing ran, so nothing is stored but the warning: the trial is
-                        // still WAITING there, and waits for a placement again here.
-                        let failures = self.book[trial_id.as_str()].start_failures;
-                        let backoff = START_RETRY_BACKOFF * (1 << (failures - 1).min(5));
-                        self.warn(
-                            Some(trial_id.clone()),
-                            format!("{message}; trying again in {} s", backoff.as_secs()),
-                        )
-                        .await?;
-                        self.environments.release(&trial_id);
-                        self.book
-                            .new_attempt(&trial_id, Some(Instant::now() + backoff));
-                        self.publish(None);
-                    } else if retry == Some(false) {
-                        self.end_trial(
-                            &trial_id,
-                            TrialStatus::Failed,
-                            Some(message),
-                            None,
-                            None,
-                            String::new(),
-                        )
-                        .await?;
-                    }
+                    self.on_start_failed(trial_id, message).await?
                 }
                 // `fill`, first thing in the next turn, places the waiting trials again.
                 Wake::Reprobed(index, answer) => self.on_reprobe_answer(index, answer).await?,
@@ -825,6 +789,54 @@ impl Manager {
             message,
             trials,
         })
+    }
+
+    /// A start that failed, answered by `start_trial` or reported later
+    /// (`ServiceEvent::StartFailed`): tried again after a pause when nothing ran, else the
+    /// trial ends FAILED.
+    pub(super) async fn on_start_failed(
+        &mut self,
+        trial_id: String,
+        message: String,
+    ) -> Result<(), ManagerError> {
+        // Only a refusal that says nothing ran is tried again: a start that failed
+        // half-way (a connection lost while the request was on its way) may have
+        // started the trial, and a second start would run it twice.
+        let closed = self.closed_for_retries() || !message.contains(NOT_STARTED);
+        let retry = self
+            .book
+            .get_mut(&trial_id)
+            .filter(|t| !t.status.is_final())
+            .map(|t| {
+                t.start_failures += 1;
+                t.start_failures <= START_RETRIES && !closed
+            });
+        if retry == Some(true) {
+            // Nothing ran, so nothing is stored but the warning: the trial is
+            // still WAITING there, and waits for a placement again here.
+            let failures = self.book[trial_id.as_str()].start_failures;
+            let backoff = START_RETRY_BACKOFF * (1 << (failures - 1).min(5));
+            self.warn(
+                Some(trial_id.clone()),
+                format!("{message}; trying again in {} s", backoff.as_secs()),
+            )
+            .await?;
+            self.environments.release(&trial_id);
+            self.book
+                .new_attempt(&trial_id, Some(Instant::now() + backoff));
+            self.publish(None);
+        } else if retry == Some(false) {
+            self.end_trial(
+                &trial_id,
+                TrialStatus::Failed,
+                Some(message),
+                None,
+                None,
+                String::new(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 }
 

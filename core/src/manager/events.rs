@@ -151,6 +151,28 @@ impl Manager {
                     trial.peak_gpu_memory_mib = peak_gpu_memory_mib;
                 }
             }
+            ServiceEvent::StartFailed { trial_id, message } => {
+                let platform = &self.services[service].platform;
+                let ignored = match self.book.get(&trial_id) {
+                    Some(trial) if trial.service != Some(service) => Some(format!(
+                        "training service {platform} reported a failed start of a trial it was not asked to run; ignored: {message}"
+                    )),
+                    Some(trial) if trial.status == TrialStatus::Waiting && trial.launched => None,
+                    // Ended meanwhile (the experiment stopped, the trial was cancelled): the
+                    // failure changes nothing.
+                    Some(trial) if trial.status.is_final() => return Ok(()),
+                    Some(_) => Some(format!(
+                        "training service {platform} reported a failed start of a trial that had started; ignored: {message}"
+                    )),
+                    None => Some(format!(
+                        "training service {platform} reported a failed start of an unknown trial; ignored: {message}"
+                    )),
+                };
+                match ignored {
+                    None => self.on_start_failed(trial_id, message).await?,
+                    Some(warning) => self.warn(Some(trial_id), warning).await?,
+                }
+            }
             // A service's own warnings (a host unreachable, a connection restored) concern
             // environments, which the console shows; a trial's stay in the store.
             ServiceEvent::Warning {

@@ -66,6 +66,8 @@ pub fn service_context(
         shortcuts: Default::default(),
         trial: crate::config::trial_settings(config),
         stored: false,
+        // A failed start reaches the loop the same way, whether answered or reported later.
+        late_start_failures: true,
     }
 }
 

@@ -79,6 +79,12 @@ enum Happening {
         stderr_tail: String,
         killed: bool,
     },
+    /// A start the service accepted failed.
+    StartFailed {
+        environment: usize,
+        trial_id: String,
+        message: String,
+    },
     HostDown {
         environment: usize,
     },
@@ -372,6 +378,11 @@ impl World {
                     },
                 );
             }
+            Happening::StartFailed {
+                environment,
+                trial_id,
+                message,
+            } => self.emit(environment, ServiceEvent::StartFailed { trial_id, message }),
             Happening::HostDown { environment } => {
                 if !self.environment_up[environment] {
                     return;
@@ -542,10 +553,26 @@ impl World {
             self.first_request_by_sequence
                 .entry(request.sequence)
                 .or_insert(now);
-            return Err(format!(
+            let message = format!(
                 "{}: could not create the trial's folder (simulated)",
                 host_name(environment)
-            ));
+            );
+            if service % 2 == 1 {
+                // Every second service reports a failed start later, as one whose starts run
+                // in the background does (`ServiceEvent::StartFailed`).
+                let at = now + Duration::from_millis(rng.gen_range(5..200));
+                let trial_id = request.trial_id.clone();
+                self.schedule(
+                    at,
+                    Happening::StartFailed {
+                        environment,
+                        trial_id,
+                        message,
+                    },
+                );
+                return Ok(());
+            }
+            return Err(message);
         }
         if let Some(deadline) = self.scenario.max_experiment_duration {
             if now > deadline {

@@ -103,8 +103,13 @@ pub struct RemoteService {
     /// ([`RemoteService::snapshot_checkpoint`]), by successor: awaited before it starts.
     snapshots: HashMap<String, Snapshot>,
     /// The host each trial last started on (an index into `hosts`): where a donor's newest
-    /// checkpoint folder is.
-    ran_on: HashMap<String, usize>,
+    /// checkpoint folder is. Written by the starts, which run on the runtime.
+    ran_on: Arc<Mutex<HashMap<String, usize>>>,
+    /// Whether a start may fail after `start` returned (`ServiceContext::late_start_failures`).
+    late_start_failures: bool,
+    /// Starts under way on the runtime, by trial: each receiver's sender is dropped when its
+    /// start is over.
+    starting: HashMap<String, watch::Receiver<()>>,
 }
 
 impl RemoteService {
@@ -144,8 +149,16 @@ impl RemoteService {
             asked_before: false,
             deletions: Vec::new(),
             snapshots: HashMap::new(),
-            ran_on: HashMap::new(),
+            ran_on: Arc::default(),
+            late_start_failures: false,
+            starting: HashMap::new(),
         })
+    }
+
+    /// Whether a start may fail after [`RemoteService::start`] returned, reported as a
+    /// `ServiceEvent::StartFailed` (`ServiceContext::late_start_failures`); off by default.
+    pub fn set_late_start_failures(&mut self, on: bool) {
+        self.late_start_failures = on;
     }
 
     pub fn environments_now(&self) -> Result<Vec<Environment>, RemoteError> {
@@ -214,6 +227,12 @@ impl RemoteService {
         Ok(archive)
     }
 
+    /// Starts a trial on the host its request names. With `late_start_failures` (a host that
+    /// takes `ServiceEvent::StartFailed`) this returns once the start is under way on the
+    /// service's runtime, and a failure arrives as that event: a start waits for an SSH round
+    /// trip, a code upload and a checkpoint copy, seconds on a busy host, and this service's
+    /// other calls (a start on another host, a kill, a PBT copy) should not wait behind it.
+    /// Otherwise it returns once the trial runs.
     pub fn start(&mut self, request: &TrialRequest) -> Result<(), RemoteError> {
         let runtime = match &self.runtime {
             Some(runtime) if !self.shut_down => runtime,
@@ -224,8 +243,10 @@ impl RemoteService {
             .iter()
             .position(|h| h.environment_id == request.environment_id)
             .ok_or_else(|| RemoteError::UnknownEnvironment(request.environment_id.clone()))?;
-        let host = &self.hosts[index];
-        if self.hosts.iter().any(|h| h.runs(&request.trial_id)) {
+        self.starting.retain(|_, done| done.has_changed().is_ok());
+        if self.starting.contains_key(&request.trial_id)
+            || self.hosts.iter().any(|h| h.runs(&request.trial_id))
+        {
             return Err(RemoteError::DuplicateTrial(request.trial_id.clone()));
         }
         let start_error = |why: String| RemoteError::Start {
@@ -234,71 +255,46 @@ impl RemoteService {
         };
         // The agent leases the trial's GPUs on the host under this machine's limit.
         let mut request = request.clone();
-        request.resources.max_trials_per_gpu = Some(host.machine.max_trial_number_per_gpu.max(1));
-        let request = &request;
+        request.resources.max_trials_per_gpu =
+            Some(self.hosts[index].machine.max_trial_number_per_gpu.max(1));
         let archive = self.archive(&request.code_dir).map_err(start_error)?;
-        let fresh_code_copy = !self.context.args.reuse_mode;
-        let context = &self.context;
-        if let Some(donor) = request.env.get(crate::trial_python::RESTORE_TRIAL_ENV) {
-            // A population member: the copy of its parent's checkpoint folder taken when it was
-            // created (or, without one, the parent's folder as it is now) is copied next to it
-            // first, from whichever host has it. A failed copy fails the start.
-            let snapshot = self.snapshots.remove(&request.trial_id);
-            // A donor that ran on this machine under another training service of the
-            // experiment: the core's copy of its folder (or the folder) here, to upload.
-            let here = crate::trial_python::restore_dir(&request.trial_dir, donor);
-            let emit = &self.context.emit;
-            runtime
-                .block_on(async {
-                    let holder = match snapshot {
-                        Some(taking) => match tokio::time::timeout(RESTORE_COPY_LIMIT, taking).await
-                        {
-                            Ok(Ok(Ok(holder))) => holder,
-                            Ok(Ok(Err(why))) => {
-                                emit(ServiceEvent::Warning {
-                                    trial_id: Some(request.trial_id.clone()),
-                                    message: format!(
-                                        "training service remote: {why}; it starts from the checkpoint as it is now"
-                                    ),
-                                });
-                                None
-                            }
-                            _ => None,
-                        },
-                        None => None,
-                    };
-                    host::stage_restore(
-                        host,
-                        &self.hosts,
-                        &request.trial_id,
-                        donor,
-                        holder,
-                        here.as_deref(),
-                    )
-                    .await
-                })
-                .map_err(start_error)?;
+        // A population member: the copy of its parent's checkpoint folder taken when it was
+        // created goes with the start, which waits for it.
+        let snapshot = request
+            .env
+            .contains_key(crate::trial_python::RESTORE_TRIAL_ENV)
+            .then(|| self.snapshots.remove(&request.trial_id))
+            .flatten();
+        let trial_id = request.trial_id.clone();
+        let start = Start {
+            context: self.context.clone(),
+            hosts: self.hosts.clone(),
+            index,
+            request,
+            archive,
+            fresh_code_copy: !self.context.args.reuse_mode,
+            snapshot,
+            ran_on: self.ran_on.clone(),
+        };
+        if !self.late_start_failures {
+            return runtime.block_on(start.run()).map_err(start_error);
         }
-        let started = runtime
-            .block_on(async {
-                tokio::time::timeout(
-                    START_LIMIT,
-                    host.start(context, request, &archive, fresh_code_copy),
-                )
-                .await
-                .unwrap_or_else(|_| {
-                    Err(format!(
-                        "{}: the start did not finish within {} s",
-                        host.machine.target(),
-                        START_LIMIT.as_secs()
-                    ))
-                })
-            })
-            .map_err(start_error);
-        if started.is_ok() {
-            self.ran_on.insert(request.trial_id.clone(), index);
-        }
-        started
+        // Dropped when the start is over, which the receiver sees (see `kill`).
+        let (over, over_rx) = watch::channel(());
+        self.starting.insert(trial_id.clone(), over_rx);
+        let emit = self.context.emit.clone();
+        runtime.spawn(async move {
+            if let Err(why) = start.run().await {
+                let message = RemoteError::Start {
+                    trial: trial_id.clone(),
+                    why,
+                }
+                .to_string();
+                emit(ServiceEvent::StartFailed { trial_id, message });
+            }
+            drop(over);
+        });
+        Ok(())
     }
 
     /// Successor `trial_id` was just created to start from trial `donor`'s checkpoint: its
@@ -326,7 +322,7 @@ impl RemoteService {
     /// service never ran it.
     fn donor_first(&self, donor: &str) -> Option<Vec<Arc<Host>>> {
         let running = self.hosts.iter().position(|h| h.runs(donor));
-        let first = running.or_else(|| self.ran_on.get(donor).copied())?;
+        let first = running.or_else(|| lock(&self.ran_on).get(donor).copied())?;
         let mut order = vec![self.hosts[first].clone()];
         order.extend(
             (0..self.hosts.len())
@@ -377,8 +373,28 @@ impl RemoteService {
     /// other calls nor the manager's loop, waiting for this call, should wait for. The kill is
     /// sent from this service's runtime a moment after this returns (or queued for the host's
     /// next connection, see [`Host::kill`]); the trial's end arrives as its `TrialEnded`.
+    ///
+    /// A trial whose start is still under way is killed once the start is over (if it started).
     pub fn kill(&mut self, trial_id: &str, reason: &str) {
         let Some(runtime) = &self.runtime else { return };
+        if let Some(mut over) = self.starting.get(trial_id).cloned() {
+            let hosts = self.hosts.clone();
+            let context = self.context.clone();
+            let (trial_id, reason) = (trial_id.to_string(), reason.to_string());
+            runtime.spawn(async move {
+                // Answers an error once the start dropped its sender: it is over.
+                while over.changed().await.is_ok() {}
+                let Some(host) = hosts.iter().find(|h| h.runs(&trial_id)) else {
+                    return;
+                };
+                if let Err(why) = host.kill(&context, &trial_id, &reason).await {
+                    knob_plugin_api::log::debug(&format!(
+                        "training service remote: kill of trial {trial_id}: {why}"
+                    ));
+                }
+            });
+            return;
+        }
         let Some(host) = self.hosts.iter().find(|h| h.runs(trial_id)).cloned() else {
             knob_plugin_api::log::debug(&format!(
                 "training service remote: kill of trial {trial_id} ignored, it is not running"
@@ -451,9 +467,17 @@ impl RemoteService {
         }
         self.shut_down = true;
         let Some(runtime) = &self.runtime else { return };
-        // Checkpoint deletions asked for last (the experiment's final ends) finish first.
+        // Starts under way finish first, so that the agents' shutdown ends what they started;
+        // then the checkpoint deletions asked for last (the experiment's final ends).
+        let starting: Vec<_> = std::mem::take(&mut self.starting).into_values().collect();
         let deletions = std::mem::take(&mut self.deletions);
         runtime.block_on(async {
+            let all = async {
+                for mut over in starting {
+                    while over.changed().await.is_ok() {}
+                }
+            };
+            let _ = tokio::time::timeout(SHUTDOWN_LIMIT, all).await;
             let all = async {
                 for deletion in deletions {
                     let _ = deletion.await;
@@ -507,6 +531,88 @@ impl RemoteService {
     }
 }
 
+/// One trial's start, owning what it needs, so that it can run on the service's runtime while
+/// the service answers other calls ([`RemoteService::start`]).
+struct Start {
+    context: Arc<Context>,
+    hosts: Vec<Arc<Host>>,
+    /// The host it starts on, in `hosts`.
+    index: usize,
+    request: TrialRequest,
+    archive: Arc<CodeArchive>,
+    fresh_code_copy: bool,
+    /// The copy of the donor's checkpoint folder taken for a population member, if one was.
+    snapshot: Option<Snapshot>,
+    ran_on: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Start {
+    async fn run(self) -> Result<(), String> {
+        let Start {
+            context,
+            hosts,
+            index,
+            request,
+            archive,
+            fresh_code_copy,
+            snapshot,
+            ran_on,
+        } = self;
+        let host = &hosts[index];
+        if let Some(donor) = request.env.get(crate::trial_python::RESTORE_TRIAL_ENV) {
+            // The copy of its parent's checkpoint folder taken when it was created (or, without
+            // one, the parent's folder as it is now) is copied next to it first, from whichever
+            // host has it. A failed copy fails the start.
+            let holder = match snapshot {
+                Some(taking) => match tokio::time::timeout(RESTORE_COPY_LIMIT, taking).await {
+                    Ok(Ok(Ok(holder))) => holder,
+                    Ok(Ok(Err(why))) => {
+                        (context.emit)(ServiceEvent::Warning {
+                            trial_id: Some(request.trial_id.clone()),
+                            message: format!(
+                                "training service remote: {why}; it starts from the checkpoint as it is now"
+                            ),
+                        });
+                        None
+                    }
+                    _ => None,
+                },
+                None => None,
+            };
+            // A donor that ran on this machine under another training service of the
+            // experiment: the core's copy of its folder (or the folder) here, to upload.
+            let here = crate::trial_python::restore_dir(&request.trial_dir, donor);
+            host::stage_restore(
+                host,
+                &hosts,
+                &request.trial_id,
+                donor,
+                holder,
+                here.as_deref(),
+            )
+            .await?;
+        }
+        tokio::time::timeout(
+            START_LIMIT,
+            host.start(&context, &request, &archive, fresh_code_copy),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "{}: the start did not finish within {} s",
+                host.machine.target(),
+                START_LIMIT.as_secs()
+            ))
+        })?;
+        lock(&ran_on).insert(request.trial_id, index);
+        Ok(())
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Waits for every receiver (a sender dropped counts as done).
 async fn futures_join(receivers: Vec<tokio::sync::oneshot::Receiver<()>>) {
     for receiver in receivers {
@@ -532,7 +638,9 @@ impl TrainingService for RemoteService {
         context: &ServiceContext,
         events: EventSink,
     ) -> Result<Self, PluginError> {
-        Self::new(&config::class_args(config, context), events)
+        let mut service = Self::new(&config::class_args(config, context), events)?;
+        service.set_late_start_failures(context.late_start_failures);
+        Ok(service)
     }
 
     // Leftovers on the hosts need no call here: a new manager process attaches to each host's

@@ -509,6 +509,83 @@ fn two_hosts_with_one_unreachable_run_on_the_other() {
     on_dead.environment_id = format!("remote:{}@127.0.0.1:{dead_port}", sshd.user());
     let err = service.start(&on_dead).unwrap_err().to_string();
     assert!(err.contains("is not connected"), "{err}");
+    // A host that takes late start failures gets the same refusal as an event.
+    service.set_late_start_failures(true);
+    on_dead.trial_id = "h3".into();
+    service.start(&on_dead).unwrap();
+    let failed = events.wait_until("h3's start to fail", |events| {
+        events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::StartFailed { trial_id, .. } if trial_id == "h3"))
+    });
+    let message = failed
+        .iter()
+        .find_map(|e| match e {
+            ServiceEvent::StartFailed { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .unwrap();
+    // Tried again by the core: nothing ran.
+    assert!(
+        message.contains("trial h3") && message.contains("the trial was not started"),
+        "{message}"
+    );
+    assert_eq!(of_trial(&failed, "h3").len(), 1, "{failed:#?}");
+    service.stop();
+}
+
+/// A start waits for its host's agent to answer; a host that stalls (its connection up, its
+/// agent stopped) must not hold the starts on other hosts, nor the kill of a trial whose start
+/// is still under way (issue 16's loop that never waits on a service, inside the service).
+#[test]
+fn a_start_on_a_stalled_host_holds_no_start_on_another() {
+    let Some((stalled, quick)) = two_key_hosts() else {
+        return;
+    };
+    let world = World::new();
+    let events = Events::default();
+    let mut service = connect_all(&world, &events, [&stalled, &quick]);
+    service.set_late_start_failures(true);
+    stalled.pause_processes(true);
+    service
+        .start(&world.request(&stalled, "held", "echo KNOB_FINAL 1"))
+        .unwrap();
+    service
+        .start(&world.request(&stalled, "killed", "sleep 60"))
+        .unwrap();
+    service.kill("killed", "stopped early by the assessor");
+    service
+        .start(&world.request(&quick, "quick", "echo KNOB_FINAL 2"))
+        .unwrap();
+    // The stalled host is let go once the quick one's trial started, or after 10 s (less than
+    // the 15 s heartbeat timeout, so its link stays up): waiting behind the stalled starts,
+    // the quick trial would start only after that.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let quick_started = loop {
+        let started = events.all().iter().any(
+            |e| matches!(e, ServiceEvent::TrialStarted { trial_id, .. } if trial_id == "quick"),
+        );
+        if started || std::time::Instant::now() > deadline {
+            break started;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let held_meanwhile = of_trial(&events.all(), "held");
+    stalled.pause_processes(false);
+    assert!(
+        quick_started,
+        "the quick host's trial waited for the stalled host"
+    );
+    assert!(held_meanwhile.is_empty(), "{held_meanwhile:#?}");
+    assert_eq!(ending(&events.wait_ended("quick")).0, Some(0));
+    // The stalled host's starts finish once it answers; the kill asked for meanwhile is not lost.
+    assert_eq!(ending(&events.wait_ended("held")).0, Some(0));
+    let killed = events.wait_ended("killed");
+    assert_eq!(
+        ending(&killed).2.as_deref(),
+        Some("stopped early by the assessor"),
+        "{killed:#?}"
+    );
     service.stop();
 }
 

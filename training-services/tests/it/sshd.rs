@@ -314,6 +314,20 @@ impl Sshd {
         }
     }
 
+    /// Stops (`true`) or continues (`false`) every process started through this sshd (agent
+    /// daemons, their links, trials): a host that stalls, its connection up but nothing
+    /// answering.
+    pub fn pause_processes(&self, paused: bool) {
+        let mark = format!("{MARK_VARIABLE}={}", self.dir.display());
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        for pid in processes_with_environment(&mark) {
+            let _ = Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
     /// The host is gone: the listener, its sessions, and every process started through it
     /// (agent daemons and their trials) are killed.
     pub fn kill_host(&mut self) {
