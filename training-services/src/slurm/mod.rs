@@ -32,7 +32,7 @@ pub mod link;
 mod monitor;
 pub mod script;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -183,6 +183,12 @@ pub struct SlurmService {
     context: Arc<Context>,
     stop: watch::Sender<bool>,
     shut_down: bool,
+    /// Whether a start in an allocation may fail after `start` returned
+    /// (`ServiceContext::late_start_failures`).
+    late_start_failures: bool,
+    /// Starts in allocations under way on the runtime, by trial: each receiver's sender is
+    /// dropped when its start is over.
+    starting: HashMap<String, watch::Receiver<()>>,
 }
 
 /// The `knob-agent` jobs run: `agentBinary`, else the one beside this library's executable,
@@ -227,6 +233,7 @@ impl SlurmService {
         emit: Emit,
     ) -> Result<SlurmService, SlurmError> {
         let args = SlurmArgs::new(config, context)?;
+        let context_flag = context.late_start_failures;
         let agent = locate_agent(args.agent_binary.as_deref()).map_err(SlurmError::Startup)?;
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -270,6 +277,8 @@ impl SlurmService {
             context,
             stop,
             shut_down: false,
+            late_start_failures: context_flag,
+            starting: HashMap::new(),
         })
     }
 
@@ -304,11 +313,35 @@ impl SlurmService {
             _ => return Err(SlurmError::ShutDown),
         };
         let ctx = self.context.clone();
-        if ctx.args.reuse_mode {
-            runtime.block_on(start_in_allocation(&ctx, request))
-        } else {
-            runtime.block_on(submit_trial_job(&ctx, request))
+        if !ctx.args.reuse_mode {
+            // Checked and counted against trialConcurrency as one step with its `sbatch`.
+            return runtime.block_on(submit_trial_job(&ctx, request));
         }
+        if !self.late_start_failures {
+            return runtime.block_on(start_in_allocation(&ctx, request));
+        }
+        // The agent's answer comes over `srun` (seconds on a busy cluster, up to the
+        // heartbeat timeout on a stalled link): the start runs on the runtime, a failure comes
+        // as `StartFailed`, and this service's other calls do not wait for it.
+        self.starting.retain(|_, over| over.has_changed().is_ok());
+        if self.starting.contains_key(&request.trial_id) {
+            return Err(SlurmError::Start {
+                trial: request.trial_id.clone(),
+                why: "it is already being started".to_string(),
+            });
+        }
+        let trial_id = request.trial_id.clone();
+        // Dropped when the start is over, which the receiver sees (see `kill`).
+        let (over, over_rx) = watch::channel(());
+        self.starting.insert(trial_id.clone(), over_rx);
+        runtime.spawn(async move {
+            if let Err(e) = start_in_allocation(&ctx, request).await {
+                let message = e.to_string();
+                (ctx.emit)(ServiceEvent::StartFailed { trial_id, message });
+            }
+            drop(over);
+        });
+        Ok(())
     }
 
     /// Kills trial `trial_id`. Which job it concerns, and that job's new state, are decided
@@ -316,11 +349,23 @@ impl SlurmService {
     /// seconds on a busy cluster) is done in the background on this service's runtime, so that
     /// neither its other calls nor the manager's loop, waiting for this call, wait for it. The
     /// trial's end arrives as its `TrialEnded`.
+    ///
+    /// A trial whose start is still under way is killed once that start is over (sent before
+    /// it, the kill could reach the agent ahead of the start).
     pub fn kill(&mut self, trial_id: &str, reason: &str) {
         let Some(runtime) = &self.runtime else { return };
-        let action = kill_action(&self.context, trial_id, reason);
         let ctx = self.context.clone();
         let (trial_id, reason) = (trial_id.to_string(), reason.to_string());
+        if let Some(mut over) = self.starting.get(&trial_id).cloned() {
+            runtime.spawn(async move {
+                // Answers an error once the start dropped its sender: it is over.
+                while over.changed().await.is_ok() {}
+                let action = kill_action(&ctx, &trial_id, &reason);
+                carry_out_kill(&ctx, action, &trial_id, &reason).await
+            });
+            return;
+        }
+        let action = kill_action(&ctx, &trial_id, &reason);
         runtime.spawn(async move { carry_out_kill(&ctx, action, &trial_id, &reason).await });
     }
 
@@ -348,6 +393,16 @@ impl SlurmService {
         self.shut_down = true;
         let Some(runtime) = &self.runtime else { return };
         let ctx = self.context.clone();
+        // Starts under way finish first, so that the shutdown ends what they started.
+        let starting: Vec<_> = std::mem::take(&mut self.starting).into_values().collect();
+        runtime.block_on(async {
+            let all = async {
+                for mut over in starting {
+                    while over.changed().await.is_ok() {}
+                }
+            };
+            let _ = tokio::time::timeout(SHUTDOWN_LIMIT, all).await;
+        });
         runtime.block_on(shut_down(&ctx));
         let _ = self.stop.send(true);
     }

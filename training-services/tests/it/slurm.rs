@@ -120,8 +120,10 @@ impl World {
             trial_cpu_number: Some(1),
             ..TrialSettings::default()
         };
+        let mut late_start_failures = false;
         for (key, value) in extra.as_object().unwrap() {
             match key.as_str() {
+                "lateStartFailures" => late_start_failures = value.as_bool().unwrap(),
                 "trialConcurrency" => trial.trial_concurrency = value.as_u64().unwrap() as u32,
                 "trialCpuNumber" => trial.trial_cpu_number = value.as_u64().map(|n| n as u32),
                 "trialMemorySizeMib" => trial.trial_memory_size_mib = value.as_u64(),
@@ -139,6 +141,7 @@ impl World {
             experiment_dir: Some(self.dir.path().to_path_buf()),
             config_dir: self.dir.path().to_path_buf(),
             trial,
+            late_start_failures,
             ..ServiceContext::default()
         };
         (config, context)
@@ -688,6 +691,60 @@ fn a_kill_asked_for_as_the_agents_link_breaks_is_not_lost() {
         || queued_jobs(&world.experiment_id).is_empty().then_some(()),
     );
     service.stop();
+}
+
+/// A start in an allocation waits for its agent's answer over `srun`; an allocation whose link
+/// stalls must not hold the starts in another, nor lose the kill of a trial whose start is
+/// still under way.
+#[test]
+fn a_start_in_a_stalled_allocation_holds_no_start_in_another() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("stalledstart");
+    let mut service = world.service(json!({"maxEnvironments": 2, "lateStartFailures": true}));
+    let environments = wait_ready(&service, 2);
+    let jobs = service.job_ids();
+    assert_eq!(jobs.len(), 2);
+    let (stalled, quick) = (environments[0].as_str(), environments[1].as_str());
+    signal_link(jobs[0], "STOP");
+    service
+        .start(world.request(stalled, "held", "echo KNOB_FINAL 1"))
+        .unwrap();
+    service
+        .start(world.request(stalled, "killed", "sleep 60"))
+        .unwrap();
+    service.kill("killed", "stopped early by the assessor");
+    service
+        .start(world.request(quick, "quick", "echo KNOB_FINAL 2"))
+        .unwrap();
+    // The stalled link goes on once the quick trial started, or after 10 s (less than the 15 s
+    // heartbeat timeout, so it is not connected to again): waiting behind the stalled starts,
+    // the quick trial would start only after that.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let quick_started = loop {
+        let started = world.events.all().iter().any(
+            |e| matches!(e, ServiceEvent::TrialStarted { trial_id, .. } if trial_id == "quick"),
+        );
+        if started || std::time::Instant::now() > deadline {
+            break started;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let held_meanwhile = of_trial(&world.events.all(), "held");
+    signal_link(jobs[0], "CONT");
+    assert!(quick_started, "the quick allocation's trial waited for the stalled one");
+    assert!(held_meanwhile.is_empty(), "{held_meanwhile:#?}");
+    assert_eq!(ending(&world.events.wait_ended("quick")).0, Some(0));
+    assert_eq!(ending(&world.events.wait_ended("held")).0, Some(0));
+    let killed = world.events.wait_ended("killed");
+    assert_eq!(
+        ending(&killed).2.as_deref(),
+        Some("stopped early by the assessor"),
+        "{killed:#?}"
+    );
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
 }
 
 #[test]
