@@ -243,10 +243,7 @@ impl RemoteService {
             .iter()
             .position(|h| h.environment_id == request.environment_id)
             .ok_or_else(|| RemoteError::UnknownEnvironment(request.environment_id.clone()))?;
-        self.starting.retain(|_, done| done.has_changed().is_ok());
-        if self.starting.contains_key(&request.trial_id)
-            || self.hosts.iter().any(|h| h.runs(&request.trial_id))
-        {
+        if self.hosts.iter().any(|h| h.runs(&request.trial_id)) {
             return Err(RemoteError::DuplicateTrial(request.trial_id.clone()));
         }
         let start_error = |why: String| RemoteError::Start {
@@ -281,9 +278,15 @@ impl RemoteService {
         }
         // Dropped when the start is over, which the receiver sees (see `kill`).
         let (over, over_rx) = watch::channel(());
-        self.starting.insert(trial_id.clone(), over_rx);
+        self.starting.retain(|_, over| over.has_changed().is_ok());
+        // A start of an earlier attempt may still be under way (its host was lost meanwhile,
+        // which ended the attempt): this one goes after it.
+        let earlier = self.starting.insert(trial_id.clone(), over_rx);
         let emit = self.context.emit.clone();
         runtime.spawn(async move {
+            if let Some(mut earlier) = earlier {
+                while earlier.changed().await.is_ok() {}
+            }
             if let Err(why) = start.run().await {
                 let message = RemoteError::Start {
                     trial: trial_id.clone(),

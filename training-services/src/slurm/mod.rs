@@ -324,17 +324,16 @@ impl SlurmService {
         // heartbeat timeout on a stalled link): the start runs on the runtime, a failure comes
         // as `StartFailed`, and this service's other calls do not wait for it.
         self.starting.retain(|_, over| over.has_changed().is_ok());
-        if self.starting.contains_key(&request.trial_id) {
-            return Err(SlurmError::Start {
-                trial: request.trial_id.clone(),
-                why: "it is already being started".to_string(),
-            });
-        }
         let trial_id = request.trial_id.clone();
         // Dropped when the start is over, which the receiver sees (see `kill`).
         let (over, over_rx) = watch::channel(());
-        self.starting.insert(trial_id.clone(), over_rx);
+        // A start of an earlier attempt may still be under way (its allocation was lost
+        // meanwhile, which ended the attempt): this one goes after it.
+        let earlier = self.starting.insert(trial_id.clone(), over_rx);
         runtime.spawn(async move {
+            if let Some(mut earlier) = earlier {
+                while earlier.changed().await.is_ok() {}
+            }
             if let Err(e) = start_in_allocation(&ctx, request).await {
                 let message = e.to_string();
                 (ctx.emit)(ServiceEvent::StartFailed { trial_id, message });

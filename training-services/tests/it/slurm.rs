@@ -733,7 +733,10 @@ fn a_start_in_a_stalled_allocation_holds_no_start_in_another() {
     };
     let held_meanwhile = of_trial(&world.events.all(), "held");
     signal_link(jobs[0], "CONT");
-    assert!(quick_started, "the quick allocation's trial waited for the stalled one");
+    assert!(
+        quick_started,
+        "the quick allocation's trial waited for the stalled one"
+    );
     assert!(held_meanwhile.is_empty(), "{held_meanwhile:#?}");
     assert_eq!(ending(&world.events.wait_ended("quick")).0, Some(0));
     assert_eq!(ending(&world.events.wait_ended("held")).0, Some(0));
