@@ -737,7 +737,10 @@ impl Host {
                 }
             }
         };
-        self.ensure_code(&link, archive).await?;
+        // Nothing of the trial has reached the agent yet: the core may try it again.
+        self.ensure_code(&link, archive)
+            .await
+            .map_err(|e| format!("{e}; the trial was not started"))?;
         let layout = HostLayout {
             root: link.paths.root.clone().into(),
         };

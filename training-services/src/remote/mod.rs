@@ -585,6 +585,7 @@ impl Start {
             // A donor that ran on this machine under another training service of the
             // experiment: the core's copy of its folder (or the folder) here, to upload.
             let here = crate::trial_python::restore_dir(&request.trial_dir, donor);
+            // Nothing of the trial runs yet: the core may try it again.
             host::stage_restore(
                 host,
                 &hosts,
@@ -593,7 +594,8 @@ impl Start {
                 holder,
                 here.as_deref(),
             )
-            .await?;
+            .await
+            .map_err(|e| format!("{e}; the trial was not started"))?;
         }
         tokio::time::timeout(
             START_LIMIT,

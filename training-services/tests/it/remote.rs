@@ -534,6 +534,31 @@ fn two_hosts_with_one_unreachable_run_on_the_other() {
     service.stop();
 }
 
+/// A start whose code cannot be uploaded started nothing, and says so: the core tries it again
+/// (a connection that dropped mid-upload) instead of failing the trial at once.
+#[test]
+fn a_start_whose_code_upload_fails_says_the_trial_was_not_started() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    let events = Events::default();
+    let mut service = connect_all(&world, &events, [&sshd]);
+    // A file where the host keeps trial code: every upload fails.
+    let code = agent_root(&sshd).join("code");
+    let _ = std::fs::remove_dir_all(&code);
+    std::fs::write(&code, "in the way").unwrap();
+    let error = service
+        .start(&world.request(&sshd, "u1", "true"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("uploading the trial code") && error.contains("the trial was not started"),
+        "{error}"
+    );
+    service.stop();
+}
+
 /// A start waits for its host's agent to answer; a host that stalls (its connection up, its
 /// agent stopped) must not hold the starts on other hosts, nor the kill of a trial whose start
 /// is still under way (issue 16's loop that never waits on a service, inside the service).
