@@ -57,6 +57,11 @@ pub(super) fn check(
             .values()
             .map(|t| u64::from(t.start_failures))
             .sum(),
+        retried_starts: seen
+            .trials
+            .values()
+            .map(|t| u64::from(t.retried_starts))
+            .sum(),
         crash_losses: seen
             .trials
             .values()

@@ -336,6 +336,8 @@ pub struct Report {
     pub resumed: u32,
     /// Starts the simulated services refused.
     pub start_failures: u64,
+    /// Starts asked for again after a late refusal that said nothing ran.
+    pub retried_starts: u64,
     /// Runs left by a crashed manager that the resumed one's clean-up ended.
     pub crash_losses: u64,
 }
@@ -391,6 +393,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         events_by_kind: Default::default(),
         resumed: 0,
         start_failures: 0,
+        retried_starts: 0,
         crash_losses: 0,
     };
     let experiment_dir = dir.join("sim");

@@ -135,6 +135,10 @@ pub(super) struct TrialRecord {
     pub lost_after_start: u32,
     /// Starts the service refused (the manager tries the trial again, a few times).
     pub start_failures: u32,
+    /// The last start failed, late, saying nothing ran (the manager should ask again).
+    pub awaits_retry: bool,
+    /// Starts asked for again after such a failure.
+    pub retried_starts: u32,
     /// Runs left over from a manager that crashed, ended by the resumed one's clean-up.
     pub crash_losses: u32,
     /// Of those, runs that had started (each an attempt the resumed manager requeues).
@@ -539,6 +543,9 @@ impl World {
             ));
         }
         let record = self.trials.entry(request.trial_id.clone()).or_default();
+        if std::mem::take(&mut record.awaits_retry) {
+            record.retried_starts += 1;
+        }
         let attempt = record.requests + 1;
         let mut rng = StdRng::seed_from_u64(mix(
             self.scenario.seed,
@@ -559,7 +566,13 @@ impl World {
             );
             if service % 2 == 1 {
                 // Every second service reports a failed start later, as one whose starts run
-                // in the background does (`ServiceEvent::StartFailed`).
+                // in the background does (`ServiceEvent::StartFailed`); half of those say that
+                // nothing ran, which the manager tries again.
+                let mut message = message;
+                if rng.gen_bool(0.5) {
+                    message.push_str("; the trial was not started");
+                    record.awaits_retry = true;
+                }
                 let at = now + Duration::from_millis(rng.gen_range(5..200));
                 let trial_id = request.trial_id.clone();
                 self.schedule(

@@ -170,6 +170,12 @@ fn start_failures_and_several_training_services_keep_the_invariants() {
         reports.iter().map(|r| r.start_failures).sum::<u64>() > 0,
         "no start was refused"
     );
+    // The second service's refusals come late (`ServiceEvent::StartFailed`); those that say
+    // nothing ran are asked for again.
+    assert!(
+        reports.iter().map(|r| r.retried_starts).sum::<u64>() > 0,
+        "no start refused late was tried again"
+    );
 }
 
 #[test]
