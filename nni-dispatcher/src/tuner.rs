@@ -254,24 +254,18 @@ impl Tuner for DispatcherTuner {
         self.owed.push_back(parameter_id);
         let dispatcher = self.dispatcher.as_mut().expect("started");
         dispatcher.send("GE", "1")?;
-        // A TR pays the oldest owed id first, which may be an earlier deferred one: wait on
-        // for this id's own. A NO ends the wait at once, the first answer included: the tuner
-        // has nothing now (NNI's PBTTuner until a generation's last result is in), and that
-        // result can only reach it once this call returns, so waiting on would hold the tuner
-        // thread for SUGGESTION_WAIT with the results queued behind it.
-        loop {
-            let dispatcher = self.dispatcher.as_mut().expect("started");
-            let answered = dispatcher.wait_for(SUGGESTION_WAIT, |pending| {
-                pending.iter().any(|(code, _)| code == "TR" || code == "NO")
-            })?;
-            let no_more = dispatcher.pending().iter().any(|(code, _)| code == "NO");
-            self.absorb()?;
-            let paid_or_gone = self.ready.iter().any(|s| s.parameter_id == parameter_id)
-                || !self.owed.contains(&parameter_id);
-            if paid_or_gone || !answered || no_more {
-                break;
-            }
-        }
+        // The first answer ends the wait. A TR pays the oldest owed id first, which may be an
+        // earlier deferred one: this id is then deferred as well, and paid by a later TR
+        // (`take_suggestions`, which the reader thread's waker makes the host call at once).
+        // Waiting on for this id's own TR would hold the tuner's thread, and with it every
+        // result queued behind it, for SUGGESTION_WAIT: an advisor or PBTTuner that pays its
+        // credit only when a result comes in then never answers. A NO ends the wait likewise:
+        // the tuner has nothing now (NNI's PBTTuner until a generation's last result is in).
+        let dispatcher = self.dispatcher.as_mut().expect("started");
+        dispatcher.wait_for(SUGGESTION_WAIT, |pending| {
+            pending.iter().any(|(code, _)| code == "TR" || code == "NO")
+        })?;
+        self.absorb()?;
         match self
             .ready
             .iter()

@@ -25,6 +25,7 @@ fn code_dir(root: &Path) -> PathBuf {
         "trial.py",
         "pbt_trial.py",
         "late_tuner.py",
+        "credit_tuner.py",
         "slow_assessor.py",
     ] {
         std::fs::copy(fixtures.join(file), code.join(file)).unwrap();
@@ -635,6 +636,53 @@ fn a_late_answer_from_nni_s_dispatcher_wakes_the_manager() {
             "{context}"
         );
     }
+}
+
+/// A tuner that pays its first request only after a result (NNI's PBTTuner and advisors keep
+/// such a credit) and answers every later one at once: the second request's `TR` pays the first,
+/// deferred id, and the second id must then be deferred too, not waited for. Waiting for its own
+/// `TR` held the tuner's thread for 600 s with no trial running (no result can reach the tuner
+/// while it waits), and the experiment ran out of time.
+#[test]
+fn an_answer_that_pays_an_earlier_request_does_not_hold_the_tuner() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("credit-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: credit_tuner.CreditTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, seed: 5}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 4, "1 0", &algorithms)
+        .to_string_lossy()
+        .into_owned();
+    // A minute is plenty for four one-step trials; the wait it replaces was ten.
+    let yaml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("maxExperimentDuration: 4m", "maxExperimentDuration: 1m");
+    std::fs::write(&config, yaml).unwrap();
+    let (export, output) = create_and_export(sandbox.path(), Path::new(&config), "credit");
+    let events = record(&record_file);
+    let context = format!("{export:#}\n{output}\nrecord: {events:#?}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "{context}");
+    assert!(
+        trials.iter().all(|t| t["status"] == "SUCCEEDED"),
+        "{context}"
+    );
+    // The credit was paid (after a result) and its parameters ran.
+    let paid = events
+        .iter()
+        .find(|e| e["event"] == "credit")
+        .unwrap_or_else(|| panic!("the first request was never paid\n{context}"));
+    assert!(
+        trials.iter().any(|t| t["parameters"] == paid["parameters"]),
+        "{context}"
+    );
 }
 
 /// An assessor whose kill comes after its verdict was waited for (it thinks for a second, the
