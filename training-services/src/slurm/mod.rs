@@ -233,7 +233,7 @@ impl SlurmService {
         emit: Emit,
     ) -> Result<SlurmService, SlurmError> {
         let args = SlurmArgs::new(config, context)?;
-        let context_flag = context.late_start_failures;
+        let late_start_failures = context.late_start_failures;
         let agent = locate_agent(args.agent_binary.as_deref()).map_err(SlurmError::Startup)?;
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -277,7 +277,7 @@ impl SlurmService {
             context,
             stop,
             shut_down: false,
-            late_start_failures: context_flag,
+            late_start_failures,
             starting: HashMap::new(),
         })
     }
