@@ -31,6 +31,7 @@ pub mod process;
 pub mod remote;
 pub mod runner;
 pub mod slurm;
+mod starts;
 pub mod tail;
 pub mod trial_pool;
 pub mod trial_python;

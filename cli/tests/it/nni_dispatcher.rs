@@ -656,15 +656,8 @@ fn an_answer_that_pays_an_earlier_request_does_not_hold_the_tuner() {
         python.display(),
         record_file.display()
     );
-    let config = write_config(&code, &python, 4, "1 0", &algorithms)
-        .to_string_lossy()
-        .into_owned();
-    // A minute is plenty for four one-step trials; the wait it replaces was ten.
-    let yaml = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("maxExperimentDuration: 4m", "maxExperimentDuration: 1m");
-    std::fs::write(&config, yaml).unwrap();
-    let (export, output) = create_and_export(sandbox.path(), Path::new(&config), "credit");
+    let config = write_config(&code, &python, 4, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "credit");
     let events = record(&record_file);
     let context = format!("{export:#}\n{output}\nrecord: {events:#?}");
     assert_eq!(export["experiment"]["status"], "DONE", "{context}");

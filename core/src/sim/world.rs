@@ -560,7 +560,7 @@ impl World {
             self.first_request_by_sequence
                 .entry(request.sequence)
                 .or_insert(now);
-            let message = format!(
+            let mut message = format!(
                 "{}: could not create the trial's folder (simulated)",
                 host_name(environment)
             );
@@ -568,7 +568,6 @@ impl World {
                 // Every second service reports a failed start later, as one whose starts run
                 // in the background does (`ServiceEvent::StartFailed`); half of those say that
                 // nothing ran, which the manager tries again.
-                let mut message = message;
                 if rng.gen_bool(0.5) {
                     message.push_str("; the trial was not started");
                     record.awaits_retry = true;

@@ -41,6 +41,7 @@ use setup::AgentBinary;
 
 use crate::code_archive::{self, ArchiveLimits, CodeArchive};
 use crate::metrics::Emit;
+use crate::starts::StartsUnderWay;
 
 /// How long `new` waits for the first connection to every host (they connect concurrently).
 const FIRST_CONNECT_LIMIT: Duration = Duration::from_secs(60);
@@ -107,9 +108,8 @@ pub struct RemoteService {
     ran_on: Arc<Mutex<HashMap<String, usize>>>,
     /// Whether a start may fail after `start` returned (`ServiceContext::late_start_failures`).
     late_start_failures: bool,
-    /// Starts under way on the runtime, by trial: each receiver's sender is dropped when its
-    /// start is over.
-    starting: HashMap<String, watch::Receiver<()>>,
+    /// Starts under way on the runtime.
+    starting: StartsUnderWay,
 }
 
 impl RemoteService {
@@ -151,7 +151,7 @@ impl RemoteService {
             snapshots: HashMap::new(),
             ran_on: Arc::default(),
             late_start_failures: false,
-            starting: HashMap::new(),
+            starting: StartsUnderWay::default(),
         })
     }
 
@@ -276,16 +276,11 @@ impl RemoteService {
         if !self.late_start_failures {
             return runtime.block_on(start.run()).map_err(start_error);
         }
-        // Dropped when the start is over, which the receiver sees (see `kill`).
-        let (over, over_rx) = watch::channel(());
-        self.starting.retain(|_, over| over.has_changed().is_ok());
-        // A start of an earlier attempt may still be under way (its host was lost meanwhile,
-        // which ended the attempt): this one goes after it.
-        let earlier = self.starting.insert(trial_id.clone(), over_rx);
+        let (running, earlier) = self.starting.begin(&trial_id);
         let emit = self.context.emit.clone();
         runtime.spawn(async move {
-            if let Some(mut earlier) = earlier {
-                while earlier.changed().await.is_ok() {}
+            if let Some(earlier) = earlier {
+                earlier.wait().await;
             }
             if let Err(why) = start.run().await {
                 let message = RemoteError::Start {
@@ -295,7 +290,7 @@ impl RemoteService {
                 .to_string();
                 emit(ServiceEvent::StartFailed { trial_id, message });
             }
-            drop(over);
+            drop(running);
         });
         Ok(())
     }
@@ -380,13 +375,12 @@ impl RemoteService {
     /// A trial whose start is still under way is killed once the start is over (if it started).
     pub fn kill(&mut self, trial_id: &str, reason: &str) {
         let Some(runtime) = &self.runtime else { return };
-        if let Some(mut over) = self.starting.get(trial_id).cloned() {
+        if let Some(start) = self.starting.of(trial_id) {
             let hosts = self.hosts.clone();
             let context = self.context.clone();
             let (trial_id, reason) = (trial_id.to_string(), reason.to_string());
             runtime.spawn(async move {
-                // Answers an error once the start dropped its sender: it is over.
-                while over.changed().await.is_ok() {}
+                start.wait().await;
                 let Some(host) = hosts.iter().find(|h| h.runs(&trial_id)) else {
                     return;
                 };
@@ -472,12 +466,12 @@ impl RemoteService {
         let Some(runtime) = &self.runtime else { return };
         // Starts under way finish first, so that the agents' shutdown ends what they started;
         // then the checkpoint deletions asked for last (the experiment's final ends).
-        let starting: Vec<_> = std::mem::take(&mut self.starting).into_values().collect();
+        let starting = self.starting.take_all();
         let deletions = std::mem::take(&mut self.deletions);
         runtime.block_on(async {
             let all = async {
-                for mut over in starting {
-                    while over.changed().await.is_ok() {}
+                for start in starting {
+                    start.wait().await;
                 }
             };
             let _ = tokio::time::timeout(SHUTDOWN_LIMIT, all).await;

@@ -32,7 +32,7 @@ pub mod link;
 mod monitor;
 pub mod script;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,6 +52,7 @@ use monitor::monitor;
 
 use crate::agent_protocol::ToAgent;
 use crate::metrics::Emit;
+use crate::starts::StartsUnderWay;
 
 /// How long `shutdown` waits for trials to end after telling the agents, then for the
 /// cancelled jobs to leave the queue.
@@ -186,9 +187,8 @@ pub struct SlurmService {
     /// Whether a start in an allocation may fail after `start` returned
     /// (`ServiceContext::late_start_failures`).
     late_start_failures: bool,
-    /// Starts in allocations under way on the runtime, by trial: each receiver's sender is
-    /// dropped when its start is over.
-    starting: HashMap<String, watch::Receiver<()>>,
+    /// Starts in allocations under way on the runtime.
+    starting: StartsUnderWay,
 }
 
 /// The `knob-agent` jobs run: `agentBinary`, else the one beside this library's executable,
@@ -278,7 +278,7 @@ impl SlurmService {
             stop,
             shut_down: false,
             late_start_failures,
-            starting: HashMap::new(),
+            starting: StartsUnderWay::default(),
         })
     }
 
@@ -323,22 +323,17 @@ impl SlurmService {
         // The agent's answer comes over `srun` (seconds on a busy cluster, up to the
         // heartbeat timeout on a stalled link): the start runs on the runtime, a failure comes
         // as `StartFailed`, and this service's other calls do not wait for it.
-        self.starting.retain(|_, over| over.has_changed().is_ok());
         let trial_id = request.trial_id.clone();
-        // Dropped when the start is over, which the receiver sees (see `kill`).
-        let (over, over_rx) = watch::channel(());
-        // A start of an earlier attempt may still be under way (its allocation was lost
-        // meanwhile, which ended the attempt): this one goes after it.
-        let earlier = self.starting.insert(trial_id.clone(), over_rx);
+        let (running, earlier) = self.starting.begin(&trial_id);
         runtime.spawn(async move {
-            if let Some(mut earlier) = earlier {
-                while earlier.changed().await.is_ok() {}
+            if let Some(earlier) = earlier {
+                earlier.wait().await;
             }
             if let Err(e) = start_in_allocation(&ctx, request).await {
                 let message = e.to_string();
                 (ctx.emit)(ServiceEvent::StartFailed { trial_id, message });
             }
-            drop(over);
+            drop(running);
         });
         Ok(())
     }
@@ -355,10 +350,9 @@ impl SlurmService {
         let Some(runtime) = &self.runtime else { return };
         let ctx = self.context.clone();
         let (trial_id, reason) = (trial_id.to_string(), reason.to_string());
-        if let Some(mut over) = self.starting.get(&trial_id).cloned() {
+        if let Some(start) = self.starting.of(&trial_id) {
             runtime.spawn(async move {
-                // Answers an error once the start dropped its sender: it is over.
-                while over.changed().await.is_ok() {}
+                start.wait().await;
                 let action = kill_action(&ctx, &trial_id, &reason);
                 carry_out_kill(&ctx, action, &trial_id, &reason).await
             });
@@ -393,11 +387,11 @@ impl SlurmService {
         let Some(runtime) = &self.runtime else { return };
         let ctx = self.context.clone();
         // Starts under way finish first, so that the shutdown ends what they started.
-        let starting: Vec<_> = std::mem::take(&mut self.starting).into_values().collect();
+        let starting = self.starting.take_all();
         runtime.block_on(async {
             let all = async {
-                for mut over in starting {
-                    while over.changed().await.is_ok() {}
+                for start in starting {
+                    start.wait().await;
                 }
             };
             let _ = tokio::time::timeout(SHUTDOWN_LIMIT, all).await;

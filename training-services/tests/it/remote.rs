@@ -9,7 +9,9 @@ use knob_training_services::remote::RemoteService;
 use serde_json::{json, Value};
 
 use crate::sshd::{generate_key, password_login, sshd_binary, Sshd, SshdOptions};
-use crate::support::{ending, is_end_of, metrics, of_trial, request, warnings, Events};
+use crate::support::{
+    ending, is_end_of, metrics, of_trial, request, started_within, warnings, Events,
+};
 
 /// The agent binary the service uploads (built with this test binary).
 fn agent_binary() -> PathBuf {
@@ -585,16 +587,7 @@ fn a_start_on_a_stalled_host_holds_no_start_on_another() {
     // The stalled host is let go once the quick one's trial started, or after 10 s (less than
     // the 15 s heartbeat timeout, so its link stays up): waiting behind the stalled starts,
     // the quick trial would start only after that.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let quick_started = loop {
-        let started = events.all().iter().any(
-            |e| matches!(e, ServiceEvent::TrialStarted { trial_id, .. } if trial_id == "quick"),
-        );
-        if started || std::time::Instant::now() > deadline {
-            break started;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let quick_started = started_within(&events, "quick", std::time::Duration::from_secs(10));
     let held_meanwhile = of_trial(&events.all(), "held");
     stalled.pause_processes(false);
     assert!(

@@ -18,7 +18,7 @@ use knob_plugin_api::TrainingService;
 use knob_training_services::slurm::{check_config, SlurmService, QUEUE_ENVIRONMENT};
 use serde_json::{json, Value};
 
-use crate::support::{ending, metrics, of_trial, request, warnings, Events};
+use crate::support::{ending, metrics, of_trial, request, started_within, warnings, Events};
 
 static CLUSTER: Mutex<()> = Mutex::new(());
 
@@ -721,16 +721,7 @@ fn a_start_in_a_stalled_allocation_holds_no_start_in_another() {
     // The stalled link goes on once the quick trial started, or after 10 s (less than the 15 s
     // heartbeat timeout, so it is not connected to again): waiting behind the stalled starts,
     // the quick trial would start only after that.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let quick_started = loop {
-        let started = world.events.all().iter().any(
-            |e| matches!(e, ServiceEvent::TrialStarted { trial_id, .. } if trial_id == "quick"),
-        );
-        if started || std::time::Instant::now() > deadline {
-            break started;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let quick_started = started_within(&world.events, "quick", Duration::from_secs(10));
     let held_meanwhile = of_trial(&world.events.all(), "held");
     signal_link(jobs[0], "CONT");
     assert!(

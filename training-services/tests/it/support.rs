@@ -81,6 +81,20 @@ pub fn trial_of(event: &ServiceEvent) -> Option<&str> {
     }
 }
 
+/// Whether trial `trial_id`'s `TrialStarted` arrives within `limit` (polled every 50 ms).
+pub fn started_within(events: &Events, trial_id: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let started = events.all().iter().any(
+            |e| matches!(e, ServiceEvent::TrialStarted { trial_id: id, .. } if id == trial_id),
+        );
+        if started || Instant::now() > deadline {
+            return started;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The peak memory (MiB) reported for a trial, once it has ended.
 pub fn usage_of(events: &[ServiceEvent], trial_id: &str) -> Option<Option<u64>> {
     events.iter().find_map(|event| match event {
