@@ -803,6 +803,21 @@ impl Manager {
         // half-way (a connection lost while the request was on its way) may have
         // started the trial, and a second start would run it twice.
         let closed = self.closed_for_retries() || !message.contains(NOT_STARTED);
+        // A kill decided while the start was under way (the user's, a tuner's stop of a
+        // population member, the experiment's stop) ends the trial as decided: a retry would
+        // clear the decision and run a trial that was meant to end (its `TrialStopping` is in
+        // the store already), and a FAILED would say less than what was asked.
+        let decided = self
+            .book
+            .get(&trial_id)
+            .filter(|t| !t.status.is_final())
+            .and_then(|t| t.kill.clone());
+        if let Some((status, reason)) = decided {
+            self.warn(Some(trial_id.clone()), message).await?;
+            return self
+                .end_trial(&trial_id, status, Some(reason), None, None, String::new())
+                .await;
+        }
         let retry = self
             .book
             .get_mut(&trial_id)

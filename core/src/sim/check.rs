@@ -62,6 +62,7 @@ pub(super) fn check(
             .values()
             .map(|t| u64::from(t.retried_starts))
             .sum(),
+        user_kills: seen.user_kills,
         crash_losses: seen
             .trials
             .values()
@@ -138,6 +139,7 @@ pub(super) fn check(
     let retries_closed = stopped || deadline_passed;
 
     accounted_once_per_attempt(&reader, &state, &mut report, &mut violations);
+    killed_by_the_user(&state, world, deadline_passed, &mut violations);
     replay_agrees(&reader, &state, &outcome, &mut violations);
     budgets(scenario, &state, world, retries_closed, &mut violations);
     if ended_by_itself && !deadline_passed {
@@ -287,6 +289,32 @@ fn accounted_once_per_attempt(
             violations.push(format!(
                 "trial {id}: the replay has {} attempts, the log {last}",
                 trial.attempts.len()
+            ));
+        }
+    }
+}
+
+/// A trial the user killed ends USER_CANCELED (SYS_CANCELED when the experiment's deadline
+/// ended it first), however its start went.
+fn killed_by_the_user(
+    state: &ExperimentState,
+    world: &Shared,
+    deadline_passed: bool,
+    violations: &mut Vec<String>,
+) {
+    let world = world.lock();
+    for trial in &state.trials {
+        let killed = world
+            .trials
+            .get(&trial.trial_id)
+            .is_some_and(|record| record.killed_by_user);
+        let as_asked = trial.status == TrialStatus::UserCanceled
+            || deadline_passed && trial.status == TrialStatus::SysCanceled;
+        if killed && !as_asked {
+            violations.push(format!(
+                "trial {}: killed by the user, it ended {}",
+                trial.trial_id,
+                trial.status.as_str()
             ));
         }
     }

@@ -30,9 +30,9 @@ use crate::config::{
     AlgorithmConfig, ExperimentConfig, LogLevel, PlacementPolicy, TrainingServiceConfig,
     TunerErrorPolicy,
 };
-use crate::manager::{self, Command, LoopState, Outcome};
+use crate::manager::{self, Command, LoopState, Outcome, Update};
 use crate::store::{Store, StoreEvent};
-use world::{mix, seconds, Shared, SimComponents, World};
+use world::{mix, seconds, Ask, Shared, SimComponents, World};
 
 /// One simulated experiment.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +82,10 @@ pub struct Scenario {
     /// to kill is still alive: the manager decided the trial's end, and is killed before the
     /// end arrives.
     pub crash_while_killing: bool,
+    /// The user kills each trial whose start the service will refuse late, before the refusal
+    /// arrives (`knob trial kill` while a remote start is under way): the trial must end
+    /// USER_CANCELED and never be started again, whatever the refusal says.
+    pub user_kills_failing_starts: bool,
 }
 
 impl Scenario {
@@ -137,6 +141,7 @@ impl Scenario {
             p_duplicate_metric: 0.0,
             crash_at: None,
             crash_while_killing: false,
+            user_kills_failing_starts: false,
         };
         // Drawn last, so that the fields above are what they were before these existed.
         if scenario.environments >= 2 && rng.gen_bool(0.3) {
@@ -190,6 +195,7 @@ impl Scenario {
             p_duplicate_metric: 0.0,
             crash_at: None,
             crash_while_killing: false,
+            user_kills_failing_starts: false,
         }
     }
 
@@ -338,6 +344,8 @@ pub struct Report {
     pub start_failures: u64,
     /// Starts asked for again after a late refusal that said nothing ran.
     pub retried_starts: u64,
+    /// Trials the user killed (`Scenario::user_kills_failing_starts`).
+    pub user_kills: u64,
     /// Runs left by a crashed manager that the resumed one's clean-up ended.
     pub crash_losses: u64,
 }
@@ -394,6 +402,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         resumed: 0,
         start_failures: 0,
         retried_starts: 0,
+        user_kills: 0,
         crash_losses: 0,
     };
     let experiment_dir = dir.join("sim");
@@ -726,7 +735,7 @@ async fn drive(
         }) {
             return Driven::Crash;
         }
-        let (delivered, stop) = world.lock().deliver_due();
+        let (delivered, asks) = world.lock().deliver_due();
         if trace {
             let world = world.lock();
             eprintln!(
@@ -738,9 +747,20 @@ async fn drive(
                 world.live_runs()
             );
         }
-        if stop {
-            world.lock().stop_sent = true;
-            let _ = commands.send(Command::Stop);
+        for ask in asks {
+            match ask {
+                Ask::Stop => {
+                    world.lock().stop_sent = true;
+                    let _ = commands.send(Command::Stop);
+                }
+                Ask::KillTrial(trial_id) => {
+                    world.lock().user_kills += 1;
+                    // The answer (killed, or why not) is not waited for, as a user's
+                    // `knob trial kill` does not hold the experiment.
+                    let (answer, _) = tokio::sync::oneshot::channel();
+                    let _ = commands.send(Command::Update(Update::KillTrial(trial_id), answer));
+                }
+            }
         }
         if delivered > 0 {
             continue;

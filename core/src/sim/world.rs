@@ -93,6 +93,16 @@ enum Happening {
     },
     /// The user stops the experiment.
     Stop,
+    /// The user kills one trial (`knob trial kill`).
+    UserKill {
+        trial_id: String,
+    },
+}
+
+/// What the user asks of the manager at a happening's time (the driver sends it).
+pub(super) enum Ask {
+    Stop,
+    KillTrial(String),
 }
 
 /// A happening at a time, in the order it was scheduled among those at the same time.
@@ -139,6 +149,9 @@ pub(super) struct TrialRecord {
     pub awaits_retry: bool,
     /// Starts asked for again after such a failure.
     pub retried_starts: u32,
+    /// The user killed it (see `Scenario::user_kills_failing_starts`): it must end
+    /// USER_CANCELED and never start after.
+    pub killed_by_user: bool,
     /// Runs left over from a manager that crashed, ended by the resumed one's clean-up.
     pub crash_losses: u32,
     /// Of those, runs that had started (each an attempt the resumed manager requeues).
@@ -184,6 +197,8 @@ pub(super) struct World {
     /// The most service events delivered at once (the manager's event queue at its longest).
     pub max_batch: u64,
     pub stop_sent: bool,
+    /// Trials the driver asked the manager to kill for the user.
+    pub user_kills: u64,
     pub shut_down: bool,
     /// CPU time (the calling thread's) spent in the simulated service's answers to the
     /// manager: the service's side of each call, which runs inside the manager's polls here but
@@ -220,6 +235,7 @@ impl World {
             events_delivered: 0,
             max_batch: 0,
             stop_sent: false,
+            user_kills: 0,
             shut_down: false,
             service_cpu: Duration::ZERO,
             service_answers: 0,
@@ -270,23 +286,30 @@ impl World {
         self.queue.peek().map(|timed| timed.at)
     }
 
-    /// Delivers everything due by now; returns how many happenings it handled, and whether the
-    /// user's stop is due.
-    pub fn deliver_due(&mut self) -> (usize, bool) {
+    /// Delivers everything due by now; returns how many happenings it handled, and what the
+    /// user asks of the manager now.
+    pub fn deliver_due(&mut self) -> (usize, Vec<Ask>) {
         let now = self.now();
         let mut handled = 0;
-        let mut stop = false;
+        let mut asks = Vec::new();
         let delivered_before = self.events_delivered;
         while self.queue.peek().is_some_and(|timed| timed.at <= now) {
             let timed = self.queue.pop().expect("peeked");
             handled += 1;
             match timed.what {
-                Happening::Stop => stop = true,
+                Happening::Stop => asks.push(Ask::Stop),
+                Happening::UserKill { trial_id } => {
+                    self.trials
+                        .entry(trial_id.clone())
+                        .or_default()
+                        .killed_by_user = true;
+                    asks.push(Ask::KillTrial(trial_id));
+                }
                 what => self.happen(what),
             }
         }
         self.max_batch = self.max_batch.max(self.events_delivered - delivered_before);
-        (handled, stop)
+        (handled, asks)
     }
 
     /// The service that owns an environment: environments are dealt out to the services in
@@ -449,7 +472,7 @@ impl World {
                     },
                 );
             }
-            Happening::Stop => {}
+            Happening::Stop | Happening::UserKill { .. } => {}
         }
     }
 
@@ -543,6 +566,14 @@ impl World {
             ));
         }
         let record = self.trials.entry(request.trial_id.clone()).or_default();
+        if record.killed_by_user {
+            let trial_id = request.trial_id.clone();
+            self.violation(format!(
+                "trial {trial_id} asked to start after the user killed it"
+            ));
+            return Err("killed by the user (simulated)".into());
+        }
+        let record = self.trials.entry(request.trial_id.clone()).or_default();
         if std::mem::take(&mut record.awaits_retry) {
             record.retried_starts += 1;
         }
@@ -572,8 +603,20 @@ impl World {
                     message.push_str("; the trial was not started");
                     record.awaits_retry = true;
                 }
-                let at = now + Duration::from_millis(rng.gen_range(5..200));
+                let after = rng.gen_range(5..200);
+                let at = now + Duration::from_millis(after);
                 let trial_id = request.trial_id.clone();
+                if self.scenario.user_kills_failing_starts && !record.killed_by_user {
+                    // The user kills the trial while its start is under way: the kill must
+                    // hold when the start then fails, whatever it says.
+                    let kill_at = now + Duration::from_millis(rng.gen_range(1..after));
+                    self.schedule(
+                        kill_at,
+                        Happening::UserKill {
+                            trial_id: trial_id.clone(),
+                        },
+                    );
+                }
                 self.schedule(
                     at,
                     Happening::StartFailed {

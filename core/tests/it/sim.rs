@@ -179,6 +179,32 @@ fn start_failures_and_several_training_services_keep_the_invariants() {
 }
 
 #[test]
+fn a_trial_killed_while_its_start_is_under_way_stays_killed_when_the_start_fails() {
+    // The second service refuses starts late, half of them saying nothing ran (which the
+    // manager tries again); the user kills each such trial before the refusal arrives. The
+    // kill must hold: the trial ends USER_CANCELED and is never started again (the checks).
+    // Before, a refusal that said nothing ran cleared the kill and placed the trial again.
+    let scenarios: Vec<Scenario> = seeds_with(
+        |s| s.p_start_fail > 0.05 && s.services >= 2 && s.crash_at.is_none(),
+        10,
+        2000,
+    )
+    .into_iter()
+    .map(|mut scenario| {
+        scenario.user_kills_failing_starts = true;
+        scenario
+    })
+    .collect();
+    assert!(scenarios.len() >= 5, "few such scenarios among the seeds");
+    let reports: Vec<Report> = scenarios.iter().map(play).collect();
+    assert_sound(&reports);
+    assert!(
+        reports.iter().map(|r| r.user_kills).sum::<u64>() >= 5,
+        "the user killed fewer than 5 trials while their starts were under way"
+    );
+}
+
+#[test]
 fn waiting_trials_have_the_machines_probed_again_while_other_trials_keep_the_loop_busy() {
     // Twice as many trials wanted as GPUs: half of them always wait, while the running ones
     // report every simulated second. The machines must still be probed again every 5 s (a GPU
