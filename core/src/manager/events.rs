@@ -169,7 +169,11 @@ impl Manager {
                     )),
                 };
                 match ignored {
-                    None => self.on_start_failed(trial_id, message).await?,
+                    // Worded as a refusal in the call is (`place_waiting`).
+                    None => {
+                        self.on_start_failed(trial_id, format!("could not start: {message}"))
+                            .await?
+                    }
                     Some(warning) => self.warn(Some(trial_id), warning).await?,
                 }
             }

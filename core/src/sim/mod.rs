@@ -83,7 +83,7 @@ pub struct Scenario {
     /// end arrives.
     pub crash_while_killing: bool,
     /// The user kills each trial whose start the service will refuse late, before the refusal
-    /// arrives (`knob trial kill` while a remote start is under way): the trial must end
+    /// arrives (`knob trial kill` while a start over SSH is under way): the trial must end
     /// USER_CANCELED and never be started again, whatever the refusal says.
     pub user_kills_failing_starts: bool,
 }

@@ -161,6 +161,9 @@ struct Shared {
     stopping: bool,
     /// Ends of trials whose job ended, for the monitor to emit after the poll's top-up.
     ended_trials: Vec<ServiceEvent>,
+    /// Trials whose own job (`reuseMode: false`) is being submitted: each holds a place in the
+    /// queue against `trialConcurrency` until its job is in `jobs` (or its `sbatch` failed).
+    submitting: BTreeSet<String>,
 }
 
 struct Context {
@@ -313,23 +316,30 @@ impl SlurmService {
             _ => return Err(SlurmError::ShutDown),
         };
         let ctx = self.context.clone();
-        if !ctx.args.reuse_mode {
-            // Checked and counted against trialConcurrency as one step with its `sbatch`.
-            return runtime.block_on(submit_trial_job(&ctx, request));
-        }
         if !self.late_start_failures {
-            return runtime.block_on(start_in_allocation(&ctx, request));
+            return if ctx.args.reuse_mode {
+                runtime.block_on(start_in_allocation(&ctx, request))
+            } else {
+                runtime.block_on(submit_trial_job(&ctx, request))
+            };
         }
-        // The agent's answer comes over `srun` (seconds on a busy cluster, up to the
-        // heartbeat timeout on a stalled link): the start runs on the runtime, a failure comes
-        // as `StartFailed`, and this service's other calls do not wait for it.
+        // A trial's own job waits for `sbatch` (seconds on a busy cluster, more with its
+        // retries while slurmctld is busy), a start in an allocation for the agent's answer
+        // over `srun` (up to the heartbeat timeout on a stalled link): the start runs on the
+        // runtime, a failure comes as `StartFailed`, and this service's other calls do not
+        // wait for it.
         let trial_id = request.trial_id.clone();
         let (running, earlier) = self.starting.begin(&trial_id);
         runtime.spawn(async move {
             if let Some(earlier) = earlier {
                 earlier.wait().await;
             }
-            if let Err(e) = start_in_allocation(&ctx, request).await {
+            let started = if ctx.args.reuse_mode {
+                start_in_allocation(&ctx, request).await
+            } else {
+                submit_trial_job(&ctx, request).await
+            };
+            if let Err(e) = started {
                 let message = e.to_string();
                 (ctx.emit)(ServiceEvent::StartFailed { trial_id, message });
             }
@@ -498,8 +508,13 @@ async fn submit(
     knob_plugin_api::log::info(&format!(
         "training service slurm: submitted job {id} ({name}) for {environment_id}"
     ));
+    // A trial's own job is known by its trial (its directory by the attempt, `key`).
+    let job_key = waiting_trial
+        .as_ref()
+        .map_or(key, |request| request.trial_id.as_str())
+        .to_string();
     let job = Job {
-        key: key.to_string(),
+        key: job_key,
         environment_id: environment_id.to_string(),
         name,
         dir,
@@ -520,7 +535,14 @@ async fn submit(
         ran_trials: false,
         inventory: Value::Null,
     };
-    lock(&ctx.shared).jobs.push(job);
+    {
+        // In the queue from now on, in place of its place held while it was submitted.
+        let mut shared = lock(&ctx.shared);
+        if let Some(request) = &job.waiting_trial {
+            shared.submitting.remove(&request.trial_id);
+        }
+        shared.jobs.push(job);
+    }
     ctx.poke.notify_one();
     Ok(id)
 }
@@ -629,17 +651,20 @@ async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Resul
 async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(), SlurmError> {
     let trial_id = request.trial_id.clone();
     {
-        let shared = lock(&ctx.shared);
+        let mut shared = lock(&ctx.shared);
         if shared.stopping {
             return Err(SlurmError::ShutDown);
         }
         // A job whose trial has ended is on its way out of the queue: it holds no slot, and the
-        // core may start the next trial (or the next attempt of the same one) at once.
-        let queued = shared.jobs.iter().filter(|j| j.holds_trial()).count();
-        if shared
-            .jobs
-            .iter()
-            .any(|j| j.holds_trial() && j.key == trial_id)
+        // core may start the next trial (or the next attempt of the same one) at once. A job
+        // being submitted holds one already.
+        let queued =
+            shared.jobs.iter().filter(|j| j.holds_trial()).count() + shared.submitting.len();
+        if shared.submitting.contains(&trial_id)
+            || shared
+                .jobs
+                .iter()
+                .any(|j| j.holds_trial() && j.key == trial_id)
         {
             return Err(SlurmError::Start {
                 trial: trial_id,
@@ -655,6 +680,7 @@ async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(
                 ),
             });
         }
+        shared.submitting.insert(trial_id.clone());
     }
     // The trial's attempt gets its own job directory (and job), named after the trial.
     let key = match request
@@ -666,13 +692,11 @@ async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(
         Some(attempt) => format!("{trial_id}-{attempt}"),
         None => trial_id.clone(),
     };
-    submit(ctx, &key, QUEUE_ENVIRONMENT, Some(request)).await?;
-    // The key names the job; the trial it runs is named by `waiting_trial`.
-    let mut shared = lock(&ctx.shared);
-    if let Some(job) = shared.jobs.last_mut() {
-        job.key = trial_id;
+    let submitted = submit(ctx, &key, QUEUE_ENVIRONMENT, Some(request)).await;
+    if submitted.is_err() {
+        lock(&ctx.shared).submitting.remove(&trial_id);
     }
-    Ok(())
+    submitted.map(|_| ())
 }
 
 /// What killing a trial takes, decided (and its job marked) under the service's lock.

@@ -741,6 +741,108 @@ fn a_start_in_a_stalled_allocation_holds_no_start_in_another() {
     assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
 }
 
+/// Stops slurmctld (`SIGSTOP`) for its life: every Slurm command waits, as on a controller
+/// too busy to answer; it goes on (`SIGCONT`) on drop, whatever happens.
+struct ControllerStalled;
+
+impl ControllerStalled {
+    fn new() -> ControllerStalled {
+        let status = Command::new("pkill")
+            .args(["-STOP", "-x", "slurmctld"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "no slurmctld to stop");
+        ControllerStalled
+    }
+}
+
+impl Drop for ControllerStalled {
+    fn drop(&mut self) {
+        let _ = Command::new("pkill")
+            .args(["-CONT", "-x", "slurmctld"])
+            .status();
+    }
+}
+
+/// A trial's own job (`reuseMode: false`) waits for `sbatch`, seconds or more on a busy
+/// controller: the start must not hold the service's other calls (nor the manager's loop, which
+/// awaits each), a kill asked for meanwhile must cancel the job once it is in, and a job Slurm
+/// refuses comes as a late `StartFailed`.
+#[test]
+fn a_trials_own_job_waiting_on_a_stalled_controller_holds_no_other_call() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("stalledsbatch");
+    let mut service = world.service(json!({
+        "reuseMode": false,
+        "lateStartFailures": true,
+        "trialConcurrency": 3,
+    }));
+    let stalled = ControllerStalled::new();
+    let asked = Instant::now();
+    service
+        .start(world.request(QUEUE_ENVIRONMENT, "first", "echo KNOB_FINAL 1"))
+        .unwrap();
+    service
+        .start(world.request(QUEUE_ENVIRONMENT, "killed", "sleep 60"))
+        .unwrap();
+    service.kill("killed", "stopped by the user");
+    let mut refused = world.request(QUEUE_ENVIRONMENT, "refused", "echo KNOB_FINAL 2");
+    // More memory than any node has: sbatch refuses the job.
+    refused.resources.memory_mib = Some(64 * 1024 * 1024);
+    service.start(refused).unwrap();
+    let calls = asked.elapsed();
+    // Long enough that a start waiting for sbatch would have shown it.
+    std::thread::sleep(Duration::from_secs(3));
+    let meanwhile = world.events.all();
+    drop(stalled);
+    assert!(
+        calls < Duration::from_secs(2),
+        "three calls took {calls:?} with slurmctld stopped: a start waited for sbatch"
+    );
+    // Nothing failed for the wait: sbatch waits for a stalled controller, then goes on.
+    assert!(
+        !meanwhile
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::StartFailed { .. })),
+        "{meanwhile:#?}"
+    );
+    assert_eq!(ending(&world.events.wait_ended("first")).0, Some(0));
+    let killed = world.events.wait_ended("killed");
+    assert!(
+        !killed
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::TrialStarted { .. })),
+        "{killed:#?}"
+    );
+    assert_eq!(
+        ending(&killed).2.as_deref(),
+        Some("stopped by the user"),
+        "{killed:#?}"
+    );
+    let refusal = wait_for(
+        "the refused job's StartFailed",
+        Duration::from_secs(60),
+        || {
+            world
+                .events
+                .all()
+                .into_iter()
+                .find_map(|event| match event {
+                    ServiceEvent::StartFailed { trial_id, message } if trial_id == "refused" => {
+                        Some(message)
+                    }
+                    _ => None,
+                })
+        },
+    );
+    assert!(refusal.contains("sbatch"), "{refusal}");
+    assert!(!refusal.contains('\n'), "{refusal}");
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
 #[test]
 fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
     let Some(_cluster) = cluster() else {
