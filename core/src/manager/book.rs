@@ -204,6 +204,7 @@ impl TrialBook {
         self.set_status(trial_id, TrialStatus::Waiting);
         let trial = self.known(trial_id);
         trial.launched = false;
+        trial.fetching = false;
         trial.kill = None;
         trial.pid = None;
         trial.intermediate.clear();
@@ -225,11 +226,13 @@ impl TrialBook {
         }
     }
 
-    /// A trial handed to a service that never started it (its host was lost first) waits for
-    /// a placement again.
+    /// A trial handed to a service that never started it (its host was lost first), or whose
+    /// placement went while its parent's checkpoint was brought here, waits for a placement
+    /// again.
     pub fn unlaunch(&mut self, trial_id: &str) {
         let trial = self.known(trial_id);
         trial.launched = false;
+        trial.fetching = false;
         let sequence = trial.sequence;
         self.unplaced.insert(sequence);
     }
@@ -255,7 +258,7 @@ impl TrialBook {
             let Some(trial) = active.get(sequence).map(|id| &trials[id]) else {
                 return false;
             };
-            if trial.status != TrialStatus::Waiting || trial.launched {
+            if trial.status != TrialStatus::Waiting || trial.launched || trial.fetching {
                 return false;
             }
             if trial.not_before.is_none_or(|at| at <= now) {
@@ -404,6 +407,21 @@ mod tests {
         assert!(summaries
             .iter()
             .any(|s| s.id == ids[1] && s.status == TrialStatus::UserCanceled));
+    }
+
+    #[test]
+    fn a_trial_waiting_for_its_parents_checkpoint_is_not_placed_again_until_told() {
+        let (mut book, ids) = book_with(2, true);
+        let now = Instant::now();
+        assert_eq!(book.placeable(now), ids);
+        // Placed; its parent's checkpoint is on its way (`bring_parent_snapshot`).
+        book.known(&ids[0]).fetching = true;
+        assert_eq!(book.placeable(now), vec![ids[1].clone()]);
+        assert_eq!(book.placeable(now), vec![ids[1].clone()]);
+        // Its placement went meanwhile: it waits for one again.
+        book.unlaunch(&ids[0]);
+        assert!(!book[ids[0].as_str()].fetching);
+        assert_eq!(book.placeable(now), ids);
     }
 
     #[test]

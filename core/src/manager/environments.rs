@@ -332,6 +332,11 @@ impl Environments {
         self.placer.largest_gpu_capacity_mib()
     }
 
+    /// The environment the scheduler holds resources on for a trial, if any.
+    pub fn assigned_environment(&self, trial_id: &str) -> Option<&str> {
+        self.placer.assigned_environment(trial_id)
+    }
+
     /// Frees what a trial held; call once its process group is gone.
     pub fn release(&mut self, trial_id: &str) {
         self.placer.release(trial_id);

@@ -49,6 +49,10 @@ pub(super) struct Manager {
     /// Re-probe answers the loop did not wait for (`refresh_environments`).
     pub(super) late_reports: mpsc::UnboundedReceiver<LateReports>,
     pub(super) late_reports_tx: mpsc::UnboundedSender<LateReports>,
+    /// Answers of the services asked to bring a successor's parent checkpoint here before it
+    /// starts (`population::fetch_parent_snapshot`), which the loop does not wait for.
+    pub(super) fetched: mpsc::UnboundedReceiver<super::population::Fetched>,
+    pub(super) fetched_tx: mpsc::UnboundedSender<super::population::Fetched>,
     /// Which component woke the loop (a tuner's late suggestions, an assessor's late kill:
     /// `Tuner::set_waker`, `Assessor::set_waker`).
     pub(super) woken: mpsc::UnboundedReceiver<Woken>,
@@ -142,6 +146,7 @@ impl Manager {
         let placer = Placer::new(&config);
         let (start_failures_tx, start_failures) = mpsc::unbounded_channel();
         let (late_reports_tx, late_reports) = mpsc::unbounded_channel();
+        let (fetched_tx, fetched) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
         let context = services::service_context(&id, &dir, &config, config_file.as_deref());
         // Before a trial of the earlier run is started again, nothing of it may still run: each
@@ -175,6 +180,8 @@ impl Manager {
             start_failures_tx,
             late_reports,
             late_reports_tx,
+            fetched,
+            fetched_tx,
             woken,
             commands,
             progress,
@@ -265,6 +272,7 @@ impl Manager {
                 command = self.commands.recv(), if self.commands_open => Wake::Command(command),
                 Some((trial_id, message)) = self.start_failures.recv() => Wake::StartFailed(trial_id, message),
                 Some((index, answer)) = self.late_reports.recv() => Wake::Reprobed(index, answer),
+                Some(fetched) = self.fetched.recv() => Wake::Fetched(fetched),
                 _ = sleep_until(next_deadline) => Wake::Deadline,
                 Some(woken) = self.woken.recv() => Wake::Woken(woken),
                 // A tuner that woke us before may never answer again: the wait is bounded.
@@ -306,6 +314,7 @@ impl Manager {
                 }
                 // `fill`, first thing in the next turn, places the waiting trials again.
                 Wake::Reprobed(index, answer) => self.on_reprobe_answer(index, answer).await?,
+                Wake::Fetched(fetched) => self.on_parent_snapshot_fetched(fetched).await?,
                 Wake::Deadline => self.on_deadline().await?,
                 Wake::Woken(Woken::Tuner) => self.tuner.take_woken().await?,
                 Wake::Woken(Woken::Assessor) => self.reassess().await?,
@@ -330,7 +339,7 @@ impl Manager {
     fn count(&mut self, wake: &Wake) {
         let wakes = &mut self.wakes;
         match wake {
-            Wake::ServiceEvents(_) | Wake::ServicesGone | Wake::Reprobed(..) => {
+            Wake::ServiceEvents(_) | Wake::ServicesGone | Wake::Reprobed(..) | Wake::Fetched(_) => {
                 wakes.service_events += 1
             }
             Wake::Command(_) => wakes.commands += 1,
@@ -902,6 +911,7 @@ enum Wake {
     Command(Option<Command>),
     StartFailed(String, String),
     Reprobed(usize, Result<Vec<EnvironmentReport>, HostError>),
+    Fetched(super::population::Fetched),
     Deadline,
     Woken(Woken),
     GaveUpOnTuner,

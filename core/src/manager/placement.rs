@@ -247,6 +247,13 @@ impl Placer {
             .map(|bytes| bytes.0 / MIB)
     }
 
+    /// The environment a trial holds resources on, if any.
+    pub fn assigned_environment(&self, trial_id: &str) -> Option<&str> {
+        self.scheduler
+            .assignment(&TrialId::from(trial_id))
+            .map(|assignment| assignment.environment.0.as_str())
+    }
+
     /// Frees what a trial held; call once its process group is gone.
     pub fn release(&mut self, trial_id: &str) {
         self.changes += 1;
@@ -363,7 +370,25 @@ impl Manager {
                 )
                 .await;
         };
-        self.bring_parent_snapshot(trial_id, service).await?;
+        if self
+            .bring_parent_snapshot(trial_id, service, environment, &gpu_indices)
+            .await?
+        {
+            // Handed to its service once the copy is here (`on_parent_snapshot_fetched`).
+            return Ok(());
+        }
+        self.hand_to_service(trial_id, environment, gpu_indices, service)
+            .await
+    }
+
+    /// Hands a placed trial to `service`, which owns its environment.
+    pub(super) async fn hand_to_service(
+        &mut self,
+        trial_id: &str,
+        environment: &str,
+        gpu_indices: Option<Vec<u32>>,
+        service: usize,
+    ) -> Result<(), ManagerError> {
         let trial = self.book.get_mut(trial_id).expect("placed trial is known");
         trial.launched = true;
         trial.service = Some(service);

@@ -252,26 +252,32 @@ impl Manager {
     /// trials write to a file system of their own, and it took the copy as the successor was
     /// created), that service brings the copy to the successor's `restore/` here first
     /// (`TrainingService::fetch_snapshot`): the successor's own service then finds it, as it
-    /// finds a copy the manager made. Awaited, like the manager's own copy: the start must not
-    /// overtake it. A service that cannot is told in one line; the successor then starts
-    /// without its parent's checkpoint. A parent that ran before a resume (its service not
-    /// known) is looked for under every other service, silently: the successor's own service
-    /// may have it.
+    /// finds a copy the manager made. The start must not overtake it, but the loop does not
+    /// wait for it either (a checkpoint of gigabytes takes minutes over SSH, and every other
+    /// trial's events, the user's commands and the deadlines would wait): the trial keeps its
+    /// placement and is handed to its service when the answer comes
+    /// ([`Manager::on_parent_snapshot_fetched`]); returns true then. A service that cannot is
+    /// told in one line; the successor then starts without its parent's checkpoint. A parent
+    /// that ran before a resume (its service not known) is looked for under every other
+    /// service, one after the other and silently (the successor's own service may have it),
+    /// waited for: rare, and two services asked at once could both write the copy.
     pub(super) async fn bring_parent_snapshot(
         &mut self,
         trial_id: &str,
         service: usize,
-    ) -> Result<(), ManagerError> {
+        environment: &str,
+        gpu_indices: &Option<Vec<u32>>,
+    ) -> Result<bool, ManagerError> {
         let Some(parent) = self.book[trial_id]
             .lineage
             .as_ref()
             .and_then(|l| l.parent.clone())
         else {
-            return Ok(());
+            return Ok(false);
         };
         let known = self.book.get(&parent).and_then(|t| t.service);
         let holders: Vec<usize> = match known {
-            Some(holder) if holder == service => return Ok(()),
+            Some(holder) if holder == service => return Ok(false),
             Some(holder) => vec![holder],
             // The parent ran before a resume: whichever other service has its folder (or the
             // successor's own, which then finds it itself: nothing to say).
@@ -280,34 +286,92 @@ impl Manager {
         let dest = snapshot_dir(&self.dir, trial_id);
         // A parent's folder here was copied here; an earlier attempt's copy is here already.
         if holders.is_empty() || checkpoint_dir(&self.dir, &parent).is_dir() || dest.is_dir() {
-            return Ok(());
+            return Ok(false);
         }
-        let mut asked = Vec::new();
+        if let Some(holder) = known {
+            let reply = self.services[holder].handle.fetch_snapshot(
+                trial_id.to_string(),
+                parent.clone(),
+                dest,
+            );
+            self.book.known(trial_id).fetching = true;
+            let fetched = self.fetched_tx.clone();
+            let mut placed = Fetched {
+                trial_id: trial_id.to_string(),
+                parent,
+                holder,
+                service,
+                environment: environment.to_string(),
+                gpu_indices: gpu_indices.clone(),
+                brought: Ok(false),
+            };
+            tokio::spawn(async move {
+                placed.brought = reply.get().await;
+                let _ = fetched.send(placed);
+            });
+            return Ok(true);
+        }
         for holder in holders {
             let answer = self.services[holder]
                 .handle
                 .fetch_snapshot(trial_id.to_string(), parent.clone(), dest.clone())
                 .get()
                 .await;
-            let name = self.services[holder].platform.clone();
-            match answer {
-                Ok(true) => return Ok(()),
-                Ok(false) => asked.push(name),
-                Err(e) => asked.push(format!("{name} ({e})")),
+            if matches!(answer, Ok(true)) {
+                break;
             }
         }
-        if known.is_none() {
+        Ok(false)
+    }
+
+    /// The answer of the service asked to bring a successor's parent checkpoint here
+    /// ([`Manager::bring_parent_snapshot`]). A trial that ended meanwhile (killed, the
+    /// experiment stopped) is left as it is; one whose placement went meanwhile (its host was
+    /// lost) is placed again, the copy here now; any other is handed to its service.
+    pub(super) async fn on_parent_snapshot_fetched(
+        &mut self,
+        fetched: Fetched,
+    ) -> Result<(), ManagerError> {
+        let Fetched {
+            trial_id,
+            parent,
+            holder,
+            service,
+            environment,
+            gpu_indices,
+            brought,
+        } = fetched;
+        let Some(trial) = self.book.get_mut(&trial_id) else {
+            return Ok(());
+        };
+        if !trial.fetching || trial.status != TrialStatus::Waiting {
             return Ok(());
         }
-        let ours = self.services[service].platform.clone();
-        self.warn(
-            Some(trial_id.to_string()),
-            format!(
-                "runs under training service {ours}, but the checkpoint of its parent {parent} is not on this machine and training service {} did not bring it here; it starts without it",
-                asked.join(", ")
-            ),
-        )
-        .await
+        trial.fetching = false;
+        if !matches!(brought, Ok(true)) {
+            let asked = self.services[holder].platform.clone();
+            let asked = match brought {
+                Err(e) => format!("{asked} ({e})"),
+                Ok(_) => asked,
+            };
+            let ours = self.services[service].platform.clone();
+            self.warn(
+                Some(trial_id.clone()),
+                format!(
+                    "runs under training service {ours}, but the checkpoint of its parent {parent} is not on this machine and training service {asked} did not bring it here; it starts without it"
+                ),
+            )
+            .await?;
+        }
+        let still_placed = self.environments.owner_of(&environment) == Some(service)
+            && self.environments.assigned_environment(&trial_id) == Some(environment.as_str());
+        if !still_placed {
+            self.environments.release(&trial_id);
+            self.book.unlaunch(&trial_id);
+            return Ok(());
+        }
+        self.hand_to_service(&trial_id, &environment, gpu_indices, service)
+            .await
     }
 
     /// A successor ended for good (SUCCEEDED, EARLY_STOPPED, or FAILED with no retry left):
@@ -440,4 +504,19 @@ mod tests {
             ["stopped-parent", "waiting", "replaced", "failed"]
         );
     }
+}
+
+/// A service's answer to "bring this successor's parent checkpoint here", with where the
+/// successor was placed meanwhile (see [`Manager::bring_parent_snapshot`]).
+#[derive(Debug)]
+pub(super) struct Fetched {
+    trial_id: String,
+    parent: String,
+    /// The service asked, which ran the parent.
+    holder: usize,
+    /// The successor's service and placement.
+    service: usize,
+    environment: String,
+    gpu_indices: Option<Vec<u32>>,
+    brought: Result<bool, knob_plugin_api::host::HostError>,
 }

@@ -32,6 +32,9 @@ pub(super) struct Trial {
     pub pid: Option<u32>,
     /// Placed and handed to the training service (its start may not be reported yet).
     pub launched: bool,
+    /// Placed, and waiting for its parent's checkpoint to be brought here before it is handed
+    /// to its service (`population::bring_parent_snapshot`): not placed again meanwhile.
+    pub fetching: bool,
     /// The service (index into `Manager::services`), environment and GPUs of the attempt
     /// launched last.
     pub service: Option<usize>,
@@ -103,6 +106,7 @@ impl Trial {
             status: TrialStatus::Waiting,
             attempt: 0,
             launched: false,
+            fetching: false,
             service: None,
             environment: None,
             gpu_indices: None,
