@@ -50,7 +50,7 @@ pub(super) struct Manager {
     pub(super) late_reports: mpsc::UnboundedReceiver<LateReports>,
     pub(super) late_reports_tx: mpsc::UnboundedSender<LateReports>,
     /// Answers of the services asked to bring a successor's parent checkpoint here before it
-    /// starts (`population::fetch_parent_snapshot`), which the loop does not wait for.
+    /// starts (`population::bring_parent_snapshot`), which the loop does not wait for.
     pub(super) fetched: mpsc::UnboundedReceiver<super::population::Fetched>,
     pub(super) fetched_tx: mpsc::UnboundedSender<super::population::Fetched>,
     /// Which component woke the loop (a tuner's late suggestions, an assessor's late kill:

@@ -565,8 +565,11 @@ impl World {
                 PLATFORMS[self.service_of(environment)]
             ));
         }
-        let record = self.trials.entry(request.trial_id.clone()).or_default();
-        if record.killed_by_user {
+        if self
+            .trials
+            .get(&request.trial_id)
+            .is_some_and(|record| record.killed_by_user)
+        {
             let trial_id = request.trial_id.clone();
             self.violation(format!(
                 "trial {trial_id} asked to start after the user killed it"
