@@ -1,7 +1,8 @@
 //! Starts under way in the background, by trial, for the services whose starts wait on a
 //! remote answer (`remote`; `slurm`, in an allocation or as a trial's own job's `sbatch`) when
-//! the host takes late start failures (`ServiceContext::late_start_failures`). A kill of a trial, a later attempt's start of it,
-//! and the service's shutdown wait for its start to be over.
+//! the host takes late start failures (`ServiceContext::late_start_failures`). A kill of a
+//! trial, a later attempt's start of it, and the service's shutdown wait for its start to be
+//! over.
 
 use std::collections::HashMap;
 
