@@ -502,11 +502,13 @@ impl Manager {
         // they are waited for, so that one commit usually answers all of them.
         self.settle().await?;
         created.await?;
-        if let Some(parent) = lineage.as_ref().and_then(|l| l.parent.as_deref()) {
-            self.snapshot_parent_checkpoint(&trial_id, parent).await?;
-        }
+        let snapshot_holder = match lineage.as_ref().and_then(|l| l.parent.as_deref()) {
+            Some(parent) => self.snapshot_parent_checkpoint(&trial_id, parent).await?,
+            None => None,
+        };
         let mut trial =
             trial::Trial::new(trial_id.clone(), sequence, parameter_id, parameters.clone());
+        trial.snapshot_holder = snapshot_holder;
         trial.parameter_label = parameter_label;
         trial.lineage = lineage;
         self.book.insert(trial);

@@ -170,17 +170,16 @@ impl Manager {
     /// folder, if it is on this machine, to the successor's `restore/` folder; else asks the
     /// service that ran the parent to copy it where it is (`snapshot_parent_elsewhere`). A
     /// failed copy is a warning, and the successor then starts from the parent's folder as it
-    /// is when it starts.
+    /// is when it starts. Returns the service asked to copy it, if one was.
     pub(super) async fn snapshot_parent_checkpoint(
         &mut self,
         trial_id: &str,
         parent: &str,
-    ) -> Result<(), ManagerError> {
+    ) -> Result<Option<usize>, ManagerError> {
         let from = checkpoint_dir(&self.dir, parent);
         let to = snapshot_dir(&self.dir, trial_id);
         if !from.is_dir() {
-            self.snapshot_parent_elsewhere(trial_id, parent);
-            return Ok(());
+            return Ok(self.snapshot_parent_elsewhere(trial_id, parent));
         }
         let copied = tokio::task::spawn_blocking({
             let (from, to) = (from.clone(), to.clone());
@@ -199,7 +198,7 @@ impl Manager {
         })
         .await;
         let error = match copied {
-            Ok(Ok(())) => return Ok(()),
+            Ok(Ok(())) => return Ok(None),
             Ok(Err(e)) => e.to_string(),
             Err(e) => e.to_string(),
         };
@@ -211,7 +210,8 @@ impl Manager {
                 to.display()
             ),
         )
-        .await
+        .await?;
+        Ok(None)
     }
 
     /// The parent's checkpoint folder is not on this machine (its trials write to a file system
@@ -221,14 +221,10 @@ impl Manager {
     /// whatever the parent has trained to by then (Ray Tune's "restores the wrong weights",
     /// ray#28509). A service that takes no copy (built before, or not supported) leaves the
     /// successor to start from the parent's folder as it is then, which the experiment's log
-    /// says once.
-    fn snapshot_parent_elsewhere(&self, trial_id: &str, parent: &str) {
-        let Some(index) = self.book.get(parent).and_then(|t| t.service) else {
-            return;
-        };
-        let Some(slot) = self.services.get(index) else {
-            return;
-        };
+    /// says once. Returns the service asked.
+    fn snapshot_parent_elsewhere(&self, trial_id: &str, parent: &str) -> Option<usize> {
+        let index = self.book.get(parent).and_then(|t| t.service)?;
+        let slot = self.services.get(index)?;
         let reply = slot
             .handle
             .snapshot_checkpoint(trial_id.to_string(), parent.to_string());
@@ -245,6 +241,7 @@ impl Manager {
                 "cannot copy the checkpoint of {parent} it starts from: {e}; it starts from that checkpoint as it is then"
             )),
         });
+        Some(index)
     }
 
     /// Successor `trial_id` is about to start under service `service`. Where its parent ran
@@ -257,10 +254,13 @@ impl Manager {
     /// trial's events, the user's commands and the deadlines would wait): the trial keeps its
     /// placement and is handed to its service when the answer comes
     /// ([`Manager::on_parent_snapshot_fetched`]); returns true then. A service that cannot is
-    /// told in one line; the successor then starts without its parent's checkpoint. A parent
-    /// that ran before a resume (its service not known) is looked for under every other
-    /// service, one after the other and silently (the successor's own service may have it),
-    /// waited for: rare, and two services asked at once could both write the copy.
+    /// told in one line; the successor then starts without its parent's checkpoint.
+    ///
+    /// The service asked is the one that took the copy (`Trial::snapshot_holder`), not the
+    /// one the parent runs under now: a parent whose host was lost since runs elsewhere, and
+    /// the copy stayed where it was taken. A successor created before a resume does not know
+    /// it: every other service is asked, one after the other (two asked at once could both
+    /// write the copy) and silently (the successor's own service may have it).
     pub(super) async fn bring_parent_snapshot(
         &mut self,
         trial_id: &str,
@@ -268,93 +268,93 @@ impl Manager {
         environment: &str,
         gpu_indices: &Option<Vec<u32>>,
     ) -> Result<bool, ManagerError> {
-        let Some(parent) = self.book[trial_id]
-            .lineage
-            .as_ref()
-            .and_then(|l| l.parent.clone())
-        else {
+        let trial = &self.book[trial_id];
+        let Some(parent) = trial.lineage.as_ref().and_then(|l| l.parent.clone()) else {
             return Ok(false);
         };
-        let known = self.book.get(&parent).and_then(|t| t.service);
-        let holders: Vec<usize> = match known {
+        let known = trial.snapshot_holder;
+        let mut holders: Vec<usize> = match known {
             Some(holder) if holder == service => return Ok(false),
             Some(holder) => vec![holder],
-            // The parent ran before a resume: whichever other service has its folder (or the
-            // successor's own, which then finds it itself: nothing to say).
             None => (0..self.services.len()).filter(|i| *i != service).collect(),
         };
-        let dest = snapshot_dir(&self.dir, trial_id);
         // A parent's folder here was copied here; an earlier attempt's copy is here already.
-        if holders.is_empty() || checkpoint_dir(&self.dir, &parent).is_dir() || dest.is_dir() {
+        if holders.is_empty()
+            || checkpoint_dir(&self.dir, &parent).is_dir()
+            || snapshot_dir(&self.dir, trial_id).is_dir()
+        {
             return Ok(false);
         }
-        if let Some(holder) = known {
-            let reply = self.services[holder].handle.fetch_snapshot(
-                trial_id.to_string(),
-                parent.clone(),
-                dest,
-            );
-            self.book.known(trial_id).fetching = true;
-            let fetched = self.fetched_tx.clone();
-            let mut placed = Fetched {
-                trial_id: trial_id.to_string(),
-                parent,
-                holder,
-                service,
-                environment: environment.to_string(),
-                gpu_indices: gpu_indices.clone(),
-                brought: Ok(false),
-            };
-            tokio::spawn(async move {
-                placed.brought = reply.get().await;
-                let _ = fetched.send(placed);
-            });
-            return Ok(true);
-        }
-        for holder in holders {
-            let answer = self.services[holder]
-                .handle
-                .fetch_snapshot(trial_id.to_string(), parent.clone(), dest.clone())
-                .get()
-                .await;
-            if matches!(answer, Ok(true)) {
-                break;
-            }
-        }
-        Ok(false)
+        let asked = holders.remove(0);
+        self.book.known(trial_id).fetching = true;
+        self.ask_for_parent_snapshot(FetchAsked {
+            trial_id: trial_id.to_string(),
+            parent,
+            asked,
+            left: holders,
+            known: known.is_some(),
+            service,
+            environment: environment.to_string(),
+            gpu_indices: gpu_indices.clone(),
+        });
+        Ok(true)
     }
 
-    /// The answer of the service asked to bring a successor's parent checkpoint here
+    /// Asks service `ask.asked` to bring the parent's checkpoint here; its answer comes to the
+    /// loop as [`Fetched`].
+    fn ask_for_parent_snapshot(&self, ask: FetchAsked) {
+        let reply = self.services[ask.asked].handle.fetch_snapshot(
+            ask.trial_id.clone(),
+            ask.parent.clone(),
+            snapshot_dir(&self.dir, &ask.trial_id),
+        );
+        let fetched = self.fetched_tx.clone();
+        tokio::spawn(async move {
+            let brought = reply.get().await;
+            let _ = fetched.send(Fetched { ask, brought });
+        });
+    }
+
+    /// The answer of a service asked to bring a successor's parent checkpoint here
     /// ([`Manager::bring_parent_snapshot`]). A trial that ended meanwhile (killed, the
     /// experiment stopped) is left as it is; one whose placement went meanwhile (its host was
-    /// lost) is placed again, the copy here now; any other is handed to its service.
+    /// lost) is placed again; a service that did not bring it, where others are left to ask,
+    /// is followed by the next; any other trial is handed to its service.
     pub(super) async fn on_parent_snapshot_fetched(
         &mut self,
         fetched: Fetched,
     ) -> Result<(), ManagerError> {
-        let Fetched {
-            trial_id,
-            parent,
-            holder,
-            service,
-            environment,
-            gpu_indices,
-            brought,
-        } = fetched;
+        let Fetched { mut ask, brought } = fetched;
+        let trial_id = ask.trial_id.clone();
         let Some(trial) = self.book.get_mut(&trial_id) else {
             return Ok(());
         };
         if !trial.fetching || trial.status != TrialStatus::Waiting {
             return Ok(());
         }
-        trial.fetching = false;
-        if !matches!(brought, Ok(true)) {
-            let asked = self.services[holder].platform.clone();
+        let still_placed = self.environments.owner_of(&ask.environment) == Some(ask.service)
+            && self.environments.assigned_environment(&trial_id) == Some(ask.environment.as_str());
+        if !still_placed {
+            self.book.known(&trial_id).fetching = false;
+            self.environments.release(&trial_id);
+            self.book.unlaunch(&trial_id);
+            return Ok(());
+        }
+        let brought_here = matches!(brought, Ok(true));
+        if !brought_here && !ask.left.is_empty() {
+            ask.asked = ask.left.remove(0);
+            self.ask_for_parent_snapshot(ask);
+            return Ok(());
+        }
+        self.book.known(&trial_id).fetching = false;
+        if !brought_here && ask.known {
+            let asked = self.services[ask.asked].platform.clone();
             let asked = match brought {
                 Err(e) => format!("{asked} ({e})"),
                 Ok(_) => asked,
             };
-            let ours = self.services[service].platform.clone();
+            let ours = self.services[ask.service].platform.clone();
+            let parent = &ask.parent;
             self.warn(
                 Some(trial_id.clone()),
                 format!(
@@ -363,14 +363,7 @@ impl Manager {
             )
             .await?;
         }
-        let still_placed = self.environments.owner_of(&environment) == Some(service)
-            && self.environments.assigned_environment(&trial_id) == Some(environment.as_str());
-        if !still_placed {
-            self.environments.release(&trial_id);
-            self.book.unlaunch(&trial_id);
-            return Ok(());
-        }
-        self.hand_to_service(&trial_id, &environment, gpu_indices, service)
+        self.hand_to_service(&trial_id, &ask.environment, ask.gpu_indices, ask.service)
             .await
     }
 
@@ -506,17 +499,27 @@ mod tests {
     }
 }
 
-/// A service's answer to "bring this successor's parent checkpoint here", with where the
-/// successor was placed meanwhile (see [`Manager::bring_parent_snapshot`]).
+/// A successor's parent checkpoint asked of a service, with where the successor was placed
+/// meanwhile (see [`Manager::bring_parent_snapshot`]).
 #[derive(Debug)]
-pub(super) struct Fetched {
+struct FetchAsked {
     trial_id: String,
     parent: String,
-    /// The service asked, which ran the parent.
-    holder: usize,
+    /// The service asked now.
+    asked: usize,
+    /// The services to ask next if it does not bring it (the parent's holder not known).
+    left: Vec<usize>,
+    /// Whether `asked` took the copy (a service that does not bring it is then told of).
+    known: bool,
     /// The successor's service and placement.
     service: usize,
     environment: String,
     gpu_indices: Option<Vec<u32>>,
+}
+
+/// A service's answer to a [`FetchAsked`]: `Ok(true)` when the copy is here.
+#[derive(Debug)]
+pub(super) struct Fetched {
+    ask: FetchAsked,
     brought: Result<bool, knob_plugin_api::host::HostError>,
 }

@@ -35,6 +35,11 @@ pub(super) struct Trial {
     /// Placed, and waiting for its parent's checkpoint to be brought here before it is handed
     /// to its service (`population::bring_parent_snapshot`): not placed again meanwhile.
     pub fetching: bool,
+    /// The service asked to copy its parent's checkpoint where it is as it was created (a
+    /// successor whose parent's folder is not on this machine), which brings the copy here
+    /// before the successor starts under another service (`population::bring_parent_snapshot`).
+    /// Not known after a resume.
+    pub snapshot_holder: Option<usize>,
     /// The service (index into `Manager::services`), environment and GPUs of the attempt
     /// launched last.
     pub service: Option<usize>,
@@ -107,6 +112,7 @@ impl Trial {
             attempt: 0,
             launched: false,
             fetching: false,
+            snapshot_holder: None,
             service: None,
             environment: None,
             gpu_indices: None,

@@ -1,8 +1,9 @@
 //! A training service busy with one long call (a remote start waiting on a host that stopped
 //! answering, a large code upload: a service answers its calls in order) holds only itself: the
 //! manager's loop does not wait on it, so the experiment's other service goes on placing,
-//! running and ending trials meanwhile. The real manager, store and gpu-sched on the real
-//! clock, with two in-process services, each on a thread of its own as a plugin's runs.
+//! running and ending trials meanwhile. The same holds for a population successor waiting for its
+//! parent's checkpoint to be brought from another service. The real manager, store and gpu-sched
+//! on the real clock, with in-process services, each on a thread of its own as a plugin's runs.
 
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,7 @@ use knob_gpu_sched::{ByteSize, Gpu, HostResources};
 use knob_plugin_api::host::{
     in_process, AssessorHandle, HostError, TrainingServiceHandle, TunerHandle,
 };
+use knob_plugin_api::population::Lineage;
 use knob_plugin_api::service::{
     Environment, MetricKind, ServiceContext, ServiceEvent, TrialRequest,
 };
@@ -46,6 +48,43 @@ struct Service {
     /// The first start waits for a message here (or `HOLD_LIMIT`): a start stuck on its host.
     hold: Option<std_mpsc::Receiver<()>>,
     starts: Starts,
+    /// How many GPUs its one machine has.
+    gpus: u32,
+    /// How it answers `fetch_snapshot` (see [`Fetches`]); none: the default, not supported.
+    fetches: Option<Arc<Fetches>>,
+}
+
+/// The services' answers to `fetch_snapshot`, shared by all of them: the first asked does not
+/// bring the copy; the second holds the call until a message comes on `hold` (or
+/// `HOLD_LIMIT`), a copy of gigabytes on its way, then writes the copy to `dest` and says so.
+struct Fetches {
+    hold: Mutex<Option<std_mpsc::Receiver<()>>>,
+    /// (service, when asked, when answered, the answer) of each call.
+    calls: Mutex<Vec<(&'static str, Instant, Instant, bool)>>,
+    /// When the second call began to be held.
+    held_since: Mutex<Option<Instant>>,
+    /// (trial, whether the copy was there) of each start told to restore from a copy.
+    restores: Mutex<Vec<(String, bool)>>,
+}
+
+impl Fetches {
+    fn answer(&self, service: &'static str, dest: &std::path::Path) -> bool {
+        let asked = Instant::now();
+        let second = self.calls.lock().unwrap().len() == 1;
+        if second {
+            *self.held_since.lock().unwrap() = Some(asked);
+            if let Some(hold) = self.hold.lock().unwrap().take() {
+                let _ = hold.recv_timeout(HOLD_LIMIT);
+            }
+            std::fs::create_dir_all(dest).unwrap();
+            std::fs::write(dest.join("state.json"), "{}").unwrap();
+        }
+        self.calls
+            .lock()
+            .unwrap()
+            .push((service, asked, Instant::now(), second));
+        second
+    }
 }
 
 impl TrainingService for Service {
@@ -57,7 +96,9 @@ impl TrainingService for Service {
             memory_total: ByteSize::gib(32),
             memory_available: ByteSize::gib(32),
         };
-        let gpus = vec![Gpu::idle(0, "Test GPU", ByteSize::gib(16))];
+        let gpus = (0..self.gpus)
+            .map(|index| Gpu::idle(index, "Test GPU", ByteSize::gib(16)))
+            .collect();
         let inventory = knob_gpu_sched::Environment::new(id.clone(), "node0", gpus, host);
         Ok(vec![Environment {
             id,
@@ -70,6 +111,13 @@ impl TrainingService for Service {
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
         if let Some(hold) = self.hold.take() {
             let _ = hold.recv_timeout(HOLD_LIMIT);
+        }
+        // A successor is told its parent's id; the copy, where the host made or brought it, is
+        // its folder's `restore/` (what a runner names in `KNOB_RESTORE_FROM`).
+        if let (Some(fetches), Some(_)) = (&self.fetches, request.env.get("KNOB_RESTORE_TRIAL")) {
+            let there = request.trial_dir.join("restore/state.json").is_file();
+            let trial_id = request.trial_id.clone();
+            fetches.restores.lock().unwrap().push((trial_id, there));
         }
         let trial_id = request.trial_id;
         self.starts
@@ -105,6 +153,18 @@ impl TrainingService for Service {
         Ok(())
     }
 
+    fn fetch_snapshot(
+        &mut self,
+        _trial_id: &str,
+        _donor: &str,
+        dest: &std::path::Path,
+    ) -> Result<bool, PluginError> {
+        Ok(self
+            .fetches
+            .as_ref()
+            .is_some_and(|fetches| fetches.answer(self.name, dest)))
+    }
+
     fn shutdown(&mut self) -> Result<(), PluginError> {
         Ok(())
     }
@@ -138,24 +198,29 @@ impl Tuner for Counter {
     }
 }
 
-struct TwoServices {
+/// The experiment's components: a service for each of `platforms`, the tuner `tuner` makes.
+struct Services {
+    platforms: &'static [&'static str],
+    /// Each service's GPUs.
+    gpus: u32,
+    /// Holds the first start of the service named "busy" (see [`Service::hold`]).
     hold: Mutex<Option<std_mpsc::Receiver<()>>>,
     starts: Starts,
+    fetches: Option<Arc<Fetches>>,
+    tuner: fn(&str) -> TunerHandle,
 }
 
-const PLATFORMS: [&str; 2] = ["quick", "busy"];
-
-impl Components for TwoServices {
+impl Components for Services {
     fn provides(&self, kind: ComponentKind, name: &str) -> bool {
         match kind {
-            ComponentKind::Tuner => name == "Counter",
+            ComponentKind::Tuner => true,
             ComponentKind::Assessor => false,
-            ComponentKind::TrainingService => PLATFORMS.contains(&name),
+            ComponentKind::TrainingService => self.platforms.contains(&name),
         }
     }
 
     fn tuner(&self, name: &str, _class_args: &Value) -> Result<TunerHandle, HostError> {
-        Ok(in_process::tuner(name, Counter))
+        Ok((self.tuner)(name))
     }
 
     fn assessor(
@@ -176,19 +241,25 @@ impl Components for TwoServices {
         _context: &ServiceContext,
         on_event: EventCallback,
     ) -> Result<TrainingServiceHandle, HostError> {
-        let name = if platform == "busy" { "busy" } else { "quick" };
+        let name = *self
+            .platforms
+            .iter()
+            .find(|name| **name == platform)
+            .expect("a platform it provides");
         let hold = if name == "busy" {
             self.hold.lock().unwrap().take()
         } else {
             None
         };
-        let starts = self.starts.clone();
+        let (starts, gpus, fetches) = (self.starts.clone(), self.gpus, self.fetches.clone());
         in_process::training_service_on_thread(platform, on_event, move |events| {
             Ok(Service {
                 name,
                 events,
                 hold,
                 starts,
+                gpus,
+                fetches,
             })
         })
     }
@@ -204,13 +275,20 @@ impl Components for TwoServices {
     }
 }
 
-fn config(dir: &std::path::Path, trials: u64) -> ExperimentConfig {
+/// An experiment of `trials` trials, `concurrency` at a time, one GPU each, under a service for
+/// each of `platforms`, with tuner `tuner`.
+fn config(
+    dir: &std::path::Path,
+    trials: u64,
+    concurrency: u32,
+    platforms: &[&str],
+    tuner: &str,
+) -> ExperimentConfig {
     ExperimentConfig {
         experiment_name: Some("busy-service".into()),
         trial_command: "in process".into(),
         trial_code_directory: dir.to_path_buf(),
-        // One trial always waits for a GPU, so the manager re-probes the machines every 5 s.
-        trial_concurrency: 3,
+        trial_concurrency: concurrency,
         trial_gpu_number: Some(1),
         trial_gpu_memory_mib: None,
         trial_memory_size_mib: None,
@@ -226,7 +304,7 @@ fn config(dir: &std::path::Path, trials: u64) -> ExperimentConfig {
         experiment_working_directory: dir.to_path_buf(),
         tuner_gpu_indices: None,
         tuner: AlgorithmConfig {
-            name: Some("Counter".into()),
+            name: Some(tuner.into()),
             class_name: None,
             code_directory: None,
             class_args: Default::default(),
@@ -235,7 +313,7 @@ fn config(dir: &std::path::Path, trials: u64) -> ExperimentConfig {
             dispatcher_connect_timeout: None,
         },
         assessor: None,
-        training_service: PLATFORMS
+        training_service: platforms
             .iter()
             .map(|platform| TrainingServiceConfig::new(*platform, Default::default()))
             .collect(),
@@ -248,17 +326,55 @@ fn config(dir: &std::path::Path, trials: u64) -> ExperimentConfig {
     }
 }
 
+/// Runs the experiment to its end (experiment id "busy", in `dir`), as `knob create` does.
+fn run_experiment(
+    dir: &std::path::Path,
+    config: &ExperimentConfig,
+    components: &Services,
+) -> Result<manager::Outcome, manager::ManagerError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = Store::open(dir).unwrap();
+        store
+            .append(StoreEvent::ExperimentCreated {
+                experiment_id: "busy".into(),
+                config: serde_json::to_value(config).unwrap(),
+                start_time_ms: 0,
+            })
+            .await
+            .unwrap();
+        let experiment = manager::Experiment {
+            id: "busy".into(),
+            dir: dir.to_path_buf(),
+            config: config.clone(),
+            history: None,
+            config_file: None,
+        };
+        let (_commands_tx, commands) = mpsc::unbounded_channel();
+        let (progress, _progress_rx) = watch::channel(manager::Progress::default());
+        manager::run(experiment, store, components, commands, progress).await
+    })
+}
+
 #[test]
 fn a_service_stuck_in_a_start_does_not_hold_the_other_services_trials() {
     let dir = tempfile::tempdir().unwrap();
     let (release, hold) = std_mpsc::channel();
     let starts: Starts = Default::default();
-    let components = TwoServices {
+    let components = Services {
+        platforms: &["quick", "busy"],
+        gpus: 1,
         hold: Mutex::new(Some(hold)),
         starts: starts.clone(),
+        fetches: None,
+        tuner: |name| in_process::tuner(name, Counter),
     };
     let trials = QUICK_STARTS as u64 + 4;
-    let config = config(dir.path(), trials);
+    // One trial always waits for a GPU, so the manager re-probes the machines every 5 s.
+    let config = config(dir.path(), trials, 3, components.platforms, "Counter");
 
     // Lets the busy service's start go once the quick one has started `QUICK_STARTS` trials
     // (or at `HOLD_LIMIT`, when the start lets itself go); says which it was.
@@ -283,31 +399,7 @@ fn a_service_stuck_in_a_start_does_not_hold_the_other_services_trials() {
         }
     });
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let outcome = runtime.block_on(async {
-        let store = Store::open(dir.path()).unwrap();
-        store
-            .append(StoreEvent::ExperimentCreated {
-                experiment_id: "busy".into(),
-                config: serde_json::to_value(&config).unwrap(),
-                start_time_ms: 0,
-            })
-            .await
-            .unwrap();
-        let experiment = manager::Experiment {
-            id: "busy".into(),
-            dir: dir.path().to_path_buf(),
-            config: config.clone(),
-            history: None,
-            config_file: None,
-        };
-        let (_commands_tx, commands) = mpsc::unbounded_channel();
-        let (progress, _progress_rx) = watch::channel(manager::Progress::default());
-        manager::run(experiment, store, &components, commands, progress).await
-    });
+    let outcome = run_experiment(dir.path(), &config, &components);
     let released_after = watcher.join().unwrap();
     assert!(outcome.is_ok(), "{outcome:?}");
 
@@ -339,4 +431,167 @@ fn a_service_stuck_in_a_start_does_not_hold_the_other_services_trials() {
         .filter(|t| t.status == TrialStatus::Succeeded)
         .count();
     assert_eq!(succeeded as u64, trials, "{:?}", state.warnings);
+}
+
+/// Members 0 and 1 of a population, 1 starting from 0's checkpoint, then plain parameters:
+/// the successor is created in the same round as its parent, before the parent runs anywhere,
+/// so no service took a copy for it and where its parent's checkpoint is is not known (as for a
+/// successor created before a resume).
+struct Population;
+
+impl Tuner for Population {
+    fn new(_class_args: &Value) -> Result<Self, PluginError> {
+        Ok(Population)
+    }
+
+    fn update_search_space(&mut self, _space: &SearchSpace) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        let parameters = json!({ "x": parameter_id as f64 / 1000.0 });
+        Ok(match parameter_id {
+            0 | 1 => Generated::Member {
+                parameters,
+                label: format!("member-{parameter_id}"),
+                lineage: Lineage {
+                    parent: (parameter_id == 1).then_some(0),
+                    replaces: None,
+                    parent_step: None,
+                },
+            },
+            _ => Generated::Parameters(parameters),
+        })
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        _parameter_id: u64,
+        _parameters: &Value,
+        _value: f64,
+    ) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// A successor placed under one service, whose parent's checkpoint another service must bring
+/// here first, is handed to its service once the copy is here; the loop does not wait for that
+/// meanwhile. With three services and the holder not known, the two others are asked one after
+/// the other: the first does not have it, the second takes long (its call is held) and brings
+/// it. While the second's call is held, the other trials go on starting and ending.
+#[test]
+fn a_successor_waiting_for_its_parents_checkpoint_holds_no_other_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let (release, hold) = std_mpsc::channel();
+    let starts: Starts = Default::default();
+    let fetches = Arc::new(Fetches {
+        hold: Mutex::new(Some(hold)),
+        calls: Default::default(),
+        held_since: Default::default(),
+        restores: Default::default(),
+    });
+    let components = Services {
+        platforms: &["north", "east", "west"],
+        gpus: 2,
+        hold: Mutex::new(None),
+        starts: starts.clone(),
+        fetches: Some(fetches.clone()),
+        tuner: |name| in_process::tuner(name, Population),
+    };
+    // Enough that trials are left to start after `QUICK_STARTS` while the call is held: those
+    // placed under the held service wait for it, and hold their GPUs and places meanwhile.
+    let trials = 2 * QUICK_STARTS as u64 + 8;
+    let config = config(dir.path(), trials, 6, components.platforms, "Population");
+
+    // Lets the held call go once `QUICK_STARTS` trials started after it was made (or at
+    // `HOLD_LIMIT`, when it lets itself go); says which it was.
+    let watcher = std::thread::spawn({
+        let (starts, fetches) = (starts.clone(), fetches.clone());
+        move || {
+            let began = Instant::now();
+            while began.elapsed() < HOLD_LIMIT {
+                if let Some(held_since) = *fetches.held_since.lock().unwrap() {
+                    let started = starts
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .filter(|(at, _, _)| *at > held_since)
+                        .count();
+                    if started >= QUICK_STARTS {
+                        let _ = release.send(());
+                        return Some(began.elapsed());
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        }
+    });
+    let outcome = run_experiment(dir.path(), &config, &components);
+    let released_after = watcher.join().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    let parent = &state
+        .trials
+        .iter()
+        .find(|t| t.sequence == 0)
+        .unwrap()
+        .trial_id;
+    let successor = state
+        .trials
+        .iter()
+        .find(|t| t.lineage.as_ref().and_then(|l| l.parent.as_ref()) == Some(parent))
+        .expect("the successor was created");
+    let starts = starts.lock().unwrap().clone();
+    let calls = fetches.calls.lock().unwrap().clone();
+    let held_since = fetches.held_since.lock().unwrap().expect("a call was held");
+    assert!(
+        released_after.is_some(),
+        "{} trials started while the fetch of {}'s checkpoint was held ({HOLD_LIMIT:?}), not {QUICK_STARTS}: the manager waited on it; starts: {starts:?}",
+        starts.iter().filter(|(at, _, _)| *at > held_since).count(),
+        successor.trial_id
+    );
+    let (_, successor_started, successor_service) = starts
+        .iter()
+        .map(|(at, service, trial)| (trial, *at, *service))
+        .find(|(trial, _, _)| **trial == successor.trial_id)
+        .expect("the successor started");
+    // Asked of the two other services, one after the other; the second brought the copy, and
+    // the successor started after it was here.
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    let (
+        (first, _, first_answered, first_brought),
+        (second, second_asked, second_answered, brought),
+    ) = (calls[0], calls[1]);
+    assert!(
+        first != successor_service && second != successor_service && first != second,
+        "the successor runs under {successor_service}; asked: {calls:?}"
+    );
+    assert!(!first_brought && brought, "{calls:?}");
+    assert!(first_answered <= second_asked, "asked at once: {calls:?}");
+    assert!(second_answered <= successor_started, "{calls:?} {starts:?}");
+    assert_eq!(
+        *fetches.restores.lock().unwrap(),
+        [(successor.trial_id.clone(), true)],
+        "the successor starts from the copy brought here"
+    );
+
+    // Every trial ran to the end, the successor too, and no service was said to have failed
+    // to bring the copy (the holder was not known: the services that did not have it are
+    // asked silently).
+    let succeeded = state
+        .trials
+        .iter()
+        .filter(|t| t.status == TrialStatus::Succeeded)
+        .count();
+    assert_eq!(succeeded as u64, trials, "{:?}", state.warnings);
+    assert!(
+        state
+            .warnings
+            .iter()
+            .all(|w| !w.message.contains("checkpoint")),
+        "{:?}",
+        state.warnings
+    );
 }
