@@ -68,6 +68,11 @@ fn config_check_refuses_unknown_names_python_classes_and_a_space_the_tuner_refus
             "tuner.name: unknown tuner Bayesian; available: ",
         ),
         (
+            "tuner:\n  name: Rnadom",
+            "Rnadom",
+            "tuner.name: unknown tuner Rnadom (did you mean Random?); available: ",
+        ),
+        (
             "tuner:\n  className: my_tuner.MyTuner",
             "my_tuner.MyTuner",
             // Through NNI's dispatcher, with the python3 on PATH, which has no nni.
@@ -76,7 +81,7 @@ fn config_check_refuses_unknown_names_python_classes_and_a_space_the_tuner_refus
         (
             "tuner: {name: Random}\nassessor:\n  name: Medianstopp",
             "Medianstopp",
-            "assessor.name: unknown assessor Medianstopp; available: ",
+            "assessor.name: unknown assessor Medianstopp (did you mean Medianstop?); available: ",
         ),
         // Batch takes one choice of parameter sets: the space is refused where it is written.
         (

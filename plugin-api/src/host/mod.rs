@@ -713,7 +713,13 @@ impl PluginRegistry {
                          runs it through NNI's own dispatcher, the NniDispatcher plugin)"
                             .to_owned()
                     }
-                    _ => String::new(),
+                    // A misspelt name (`Rnadom`, `hyperband`'s cousin `HyperBnad`).
+                    _ => {
+                        let known: Vec<&str> = names.iter().map(String::as_str).collect();
+                        crate::config::suggestion(name, &known)
+                            .map(|near| format!(" (did you mean {near}?)"))
+                            .unwrap_or_default()
+                    }
                 };
                 Err(HostError::Unknown {
                     kind,

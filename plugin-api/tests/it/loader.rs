@@ -612,6 +612,16 @@ fn unknown_names_list_what_is_available() {
         err.starts_with("unknown assessor Counting; available: Ceiling; looked in "),
         "{err}"
     );
+    // A misspelt name gets the nearest one named.
+    let err = registry
+        .tuner("Countng", &json!({}))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.starts_with("unknown tuner Countng (did you mean Counting?); available: Counting, "),
+        "{err}"
+    );
     let empty = PluginRegistry::load_from(&[]);
     let err = empty.tuner("TPE", &json!({})).err().unwrap().to_string();
     assert_eq!(err, "unknown tuner TPE; available: none (no plugin on the plugin path provides one; see `knob plugin list`)");
