@@ -415,6 +415,75 @@ fn resume_runs_again_what_a_stop_cancelled_but_not_what_the_user_killed() {
     }
 }
 
+/// An experiment that failed (here its tuner handed out bad parameters) cancels the trials it
+/// was running; they did not end on their own, so `knob resume`, once the cause is fixed, runs
+/// them again as a new attempt, as after a crash or a stop.
+#[test]
+fn resume_runs_again_what_a_failure_of_the_experiment_cancelled() {
+    let library = crate::tuner_output::misbehaving_tuner();
+    let sandbox = Sandbox::new();
+    let fixed = sandbox.path().join("tuner-fixed");
+    // The first trial to make the folder `quick` (an atomic step) ends once the other has
+    // noted its id in `waited`, so the tuner is asked for a third (bad) parameter set while the
+    // other waits (bounded) for `go`.
+    let script = "if mkdir quick 2>/dev/null; then\n\
+                  for i in $(seq 600); do [ -s waited ] && break; sleep 0.05; done\n\
+                  else\n\
+                  echo \"$NNI_TRIAL_JOB_ID\" >> waited\n\
+                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
+                  fi\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml = format!(
+        "trialCommand: bash trial.sh
+trialConcurrency: 2
+maxTrialNumber: 4
+searchSpace: {{x: {{_type: uniform, _value: [0, 1]}}}}
+pluginPaths: [{library}]
+tuner: {{name: Misbehaving, classArgs: {{output: bad_from_2, fixed: {fixed}}}}}
+trainingService: {{platform: local}}",
+        library = library.display(),
+        fixed = fixed.display()
+    );
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "failed");
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let failed = sandbox.export("failed");
+    assert_eq!(failed["experiment"]["status"], "ERROR", "{failed}");
+    let waited = wait_for_lines(&sandbox.path().join("code/waited"), 1);
+    let cancelled = failed["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == waited[0].as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(cancelled["status"], "SYS_CANCELED", "{failed}");
+    assert_eq!(
+        cancelled["message"], "the experiment failed; `knob resume` runs it again",
+        "{failed}"
+    );
+
+    std::fs::write(&fixed, "").unwrap();
+    std::fs::write(sandbox.path().join("code/go"), "").unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "failed"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let done = sandbox.export("failed");
+    assert_eq!(done["experiment"]["status"], "DONE", "{done}");
+    let trials = done["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "{done}");
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+    }
+    let rerun = trials.iter().find(|t| t["id"] == cancelled["id"]).unwrap();
+    assert_eq!(rerun["attempts"], 2, "{rerun}");
+    let first = &rerun["attempt_history"][0];
+    assert_eq!(first["status"], "SYS_CANCELED", "{rerun}");
+    assert_eq!(
+        first["requeued"], "the experiment failed before it ended",
+        "{rerun}"
+    );
+}
+
 /// Experiment `id` of `trials` trials, one at a time, each waiting for a file `go` in the code
 /// folder: its runner is killed with SIGKILL once the first trial has started.
 fn crash_an_experiment(sandbox: &Sandbox, id: &str, trials: u32) {

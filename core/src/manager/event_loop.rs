@@ -745,9 +745,13 @@ impl Manager {
             Err(e) => (ExperimentStatus::Error, Some(e.to_string())),
         };
         if result.is_err() {
-            // Best effort: the experiment failed; do not leave its trials running.
+            // Best effort: the experiment failed; do not leave its trials running. They run
+            // again on resume, as after a crash.
             let _ = self
-                .stop_all("the experiment failed", TrialStatus::SysCanceled)
+                .stop_all(
+                    crate::store::CANCELED_WITH_FAILED_EXPERIMENT,
+                    TrialStatus::SysCanceled,
+                )
                 .await;
         }
         services::shut_down(&self.services).await;

@@ -129,8 +129,11 @@ impl Manager {
                 self.requeue(&id, MANAGER_STOPPED.into(), Duration::ZERO)
                     .await?;
             } else if stopped_with_experiment {
-                self.requeue(&id, EXPERIMENT_STOPPED.into(), Duration::ZERO)
-                    .await?;
+                let reason = match stored.status {
+                    TrialStatus::SysCanceled => EXPERIMENT_FAILED,
+                    _ => EXPERIMENT_STOPPED,
+                };
+                self.requeue(&id, reason.into(), Duration::ZERO).await?;
             }
         }
         if !imported.is_empty() {
@@ -266,6 +269,8 @@ fn import_record(
 const MANAGER_STOPPED: &str = "the manager stopped while it ran";
 /// Why an attempt cancelled by a stop of the experiment is given up on resume.
 const EXPERIMENT_STOPPED: &str = "the experiment was stopped before it ended";
+/// Why an attempt cancelled by a failure of the experiment is given up on resume.
+const EXPERIMENT_FAILED: &str = "the experiment failed before it ended";
 
 /// Attempts an earlier resume gave up because the manager or the experiment stopped while they
 /// ran: not the trial's failures.
@@ -274,10 +279,10 @@ fn interrupted_attempts(stored: &crate::store::TrialState) -> u32 {
         .attempts
         .iter()
         .filter(|attempt| {
-            attempt
-                .requeued
-                .as_ref()
-                .is_some_and(|r| r.reason == MANAGER_STOPPED || r.reason == EXPERIMENT_STOPPED)
+            attempt.requeued.as_ref().is_some_and(|r| {
+                [MANAGER_STOPPED, EXPERIMENT_STOPPED, EXPERIMENT_FAILED]
+                    .contains(&r.reason.as_str())
+            })
         })
         .count();
     u32::try_from(interrupted).unwrap_or(u32::MAX)

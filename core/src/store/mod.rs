@@ -65,7 +65,7 @@ pub use event::{
 pub use reader::{Attempts, ExperimentSummary, StoreReader, TrialQuery, TrialRow};
 pub use state::{
     ConfigUpdate, ExperimentState, Requeue, StatusChange, Stopping, TrialAttempt, TrialEnd,
-    TrialState, WarningRecord, STOPPED_WITH_EXPERIMENT,
+    TrialState, WarningRecord, CANCELED_WITH_FAILED_EXPERIMENT, STOPPED_WITH_EXPERIMENT,
 };
 
 use schema::path_text;

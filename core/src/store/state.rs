@@ -142,22 +142,38 @@ pub const STOPPED_WITH_EXPERIMENT: &str =
 /// What earlier versions recorded for the same (nothing else wrote it).
 const STOPPED_WITH_EXPERIMENT_BEFORE: &str = "stopped by the user";
 
+/// The end message of a trial cancelled (SYS_CANCELED) because the experiment failed (its store
+/// could not be written, its tuner or a service failed): it did not end on its own either, and
+/// `knob resume`, once the cause is fixed, runs it again as it runs one a crash cut short.
+pub const CANCELED_WITH_FAILED_EXPERIMENT: &str =
+    "the experiment failed; `knob resume` runs it again";
+
+/// What earlier versions recorded for the same (which `knob resume` left ended).
+const CANCELED_WITH_FAILED_EXPERIMENT_BEFORE: &str = "the experiment failed";
+
 impl TrialEnd {
     /// Whether the trial was cancelled by a stop of the whole experiment
-    /// ([`STOPPED_WITH_EXPERIMENT`]).
+    /// ([`STOPPED_WITH_EXPERIMENT`]) or by its failure ([`CANCELED_WITH_FAILED_EXPERIMENT`]).
     pub fn stopped_with_experiment(&self) -> bool {
         stopped_with_experiment(self.status, self.message.as_deref())
     }
 }
 
-/// Whether an end (or a stop decided) with this status and message came with a stop of the whole
-/// experiment (see [`STOPPED_WITH_EXPERIMENT`]).
+/// Whether an end (or a stop decided) with this status and message came with a stop or a
+/// failure of the whole experiment (see [`STOPPED_WITH_EXPERIMENT`],
+/// [`CANCELED_WITH_FAILED_EXPERIMENT`]): such a trial runs again on resume.
 pub(crate) fn stopped_with_experiment(status: TrialStatus, message: Option<&str>) -> bool {
-    status == TrialStatus::UserCanceled
-        && matches!(
+    match status {
+        TrialStatus::UserCanceled => matches!(
             message,
             Some(STOPPED_WITH_EXPERIMENT | STOPPED_WITH_EXPERIMENT_BEFORE)
-        )
+        ),
+        TrialStatus::SysCanceled => matches!(
+            message,
+            Some(CANCELED_WITH_FAILED_EXPERIMENT | CANCELED_WITH_FAILED_EXPERIMENT_BEFORE)
+        ),
+        _ => false,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -601,5 +617,49 @@ impl Replayer {
         state.last_event_seq = self.last_seq;
         state.last_event_time_ms = self.last_time_ms;
         Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `knob resume` runs again: trials a stop or a failure of the whole experiment
+    /// cancelled (in this version's words and the earlier ones'), not those the user killed,
+    /// a deadline ended, or that failed on their own.
+    #[test]
+    fn only_trials_cancelled_with_the_whole_experiment_count_as_stopped_with_it() {
+        let cases = [
+            (TrialStatus::UserCanceled, STOPPED_WITH_EXPERIMENT, true),
+            (TrialStatus::UserCanceled, "stopped by the user", true),
+            (TrialStatus::UserCanceled, "killed by the user", false),
+            (
+                TrialStatus::SysCanceled,
+                CANCELED_WITH_FAILED_EXPERIMENT,
+                true,
+            ),
+            (TrialStatus::SysCanceled, "the experiment failed", true),
+            (
+                TrialStatus::SysCanceled,
+                "maxExperimentDuration reached",
+                false,
+            ),
+            (TrialStatus::SysCanceled, "maxTrialDuration reached", false),
+            (TrialStatus::SysCanceled, STOPPED_WITH_EXPERIMENT, false),
+            (
+                TrialStatus::UserCanceled,
+                CANCELED_WITH_FAILED_EXPERIMENT,
+                false,
+            ),
+            (TrialStatus::Failed, CANCELED_WITH_FAILED_EXPERIMENT, false),
+        ];
+        for (status, message, expected) in cases {
+            assert_eq!(
+                stopped_with_experiment(status, Some(message)),
+                expected,
+                "{status:?} {message:?}"
+            );
+        }
+        assert!(!stopped_with_experiment(TrialStatus::UserCanceled, None));
     }
 }
