@@ -42,14 +42,14 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     let services = ServicePlugins::new();
     let (config, warnings) = experiment::load_config(&args.config, &services)?;
     for warning in warnings {
-        eprintln!("warning: {warning}");
+        errln!("warning: {warning}");
     }
     if let Some(notice) = secret_config_left_out_notice(&config, &args.config) {
-        eprintln!("note: {notice}");
+        errln!("note: {notice}");
     }
     let plugins = services.registry(&config.plugin_paths);
     for problem in plugins.problems() {
-        eprintln!("warning: {problem}");
+        errln!("warning: {problem}");
     }
     preflight(&config, plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     // Bound before the id is registered: a busy --port or an address this machine does not
@@ -90,7 +90,7 @@ fn remember_config_source(dir: &Path, config: &Path) -> PathBuf {
         absolute.as_os_str().as_encoded_bytes(),
     ) {
         // Only a resume that needs a password again depends on it, and it says what to do.
-        eprintln!(
+        errln!(
             "warning: cannot write {}: {e}",
             dir.join(CONFIG_SOURCE_FILE).display()
         );
@@ -161,11 +161,11 @@ pub fn run_in_foreground(
     let id = experiment.id.clone();
     let dir = experiment.dir.clone();
     let maximize = experiment.config.direction() == Direction::Maximize;
-    eprintln!("experiment {id}: {}", dir.display());
+    errln!("experiment {id}: {}", dir.display());
     let api_address = listener.local_addr()?;
     registry.set_port(&id, Some(api_address.port()))?;
     let dashboard = dashboard_url(api_address);
-    eprintln!("dashboard and API: {dashboard}");
+    errln!("dashboard and API: {dashboard}");
     registry.set_status(
         &id,
         ExperimentStatus::Running.as_str(),
@@ -183,7 +183,7 @@ pub fn run_in_foreground(
             direction: experiment.config.direction(),
             dashboard_url: Some(dashboard.clone()),
         };
-        let log: notify::Log = Arc::new(|line| eprintln!("warning: {line}"));
+        let log: notify::Log = Arc::new(|line| errln!("warning: {line}"));
         notify::Notifier::start(
             config,
             context,
@@ -217,7 +217,7 @@ pub fn run_in_foreground(
     if let Some(notifier) = notifier {
         // The manager closed the store: what is left to send is the end of the experiment.
         if !notifier.finish(NOTIFY_AT_EXIT) {
-            eprintln!(
+            errln!(
                 "warning: notifications: not all sent within {}s of the end; giving up",
                 NOTIFY_AT_EXIT.as_secs()
             );
@@ -236,7 +236,7 @@ pub fn run_in_foreground(
     match result {
         Ok(outcome) => Ok(report(&id, &dir, &outcome, maximize)),
         Err(e) => {
-            eprintln!("error: experiment {id}: {e}");
+            errln!("error: experiment {id}: {e}");
             Ok(ExitCode::FAILURE)
         }
     }
@@ -288,13 +288,13 @@ async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>) {
         _ = interrupt.recv() => "Ctrl-C",
         _ = terminate.recv() => "SIGTERM",
     };
-    eprintln!("stopping ({what}): killing running trials (Ctrl-C again to exit at once)");
+    errln!("stopping ({what}): killing running trials (Ctrl-C again to exit at once)");
     let _ = commands.send(Command::Stop);
     let code = tokio::select! {
         _ = interrupt.recv() => 130,
         _ = terminate.recv() => 143,
     };
-    eprintln!("exiting without waiting for trials");
+    errln!("exiting without waiting for trials");
     std::process::exit(code);
 }
 
@@ -355,7 +355,7 @@ async fn show_progress_lines(
     loop {
         let snapshot = progress.borrow_and_update().clone();
         for notice in snapshot.notices.iter().skip(notices_shown) {
-            eprintln!("warning: {notice}");
+            errln!("warning: {notice}");
         }
         notices_shown = snapshot.notices.len();
         let done = snapshot.succeeded + snapshot.failed + snapshot.other_ended;
@@ -374,7 +374,7 @@ async fn show_progress_lines(
         let due = last_time.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         let held = line != last_line && !(due || finished);
         if line != last_line && !held {
-            eprintln!("{line}");
+            errln!("{line}");
             last_line = line;
             last_time = Some(tokio::time::Instant::now());
         }
@@ -412,7 +412,7 @@ async fn show_progress_bar(
     loop {
         let snapshot = progress.borrow_and_update().clone();
         for notice in snapshot.notices.iter().skip(notices_shown) {
-            bar.suspend(|| eprintln!("warning: {notice}"));
+            bar.suspend(|| errln!("warning: {notice}"));
         }
         notices_shown = snapshot.notices.len();
         let done = snapshot.succeeded + snapshot.failed + snapshot.other_ended;
@@ -519,19 +519,19 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
     if canceled > 0 {
         counts.push_str(&format!(", {canceled} canceled"));
     }
-    println!(
+    outln!(
         "experiment {id} {}: {} trials ({counts})",
         outcome.status.as_str(),
         outcome.trials.len()
     );
-    println!("{}", best_trials_table(&outcome.trials, maximize, 5));
-    println!(
+    outln!("{}", best_trials_table(&outcome.trials, maximize, 5));
+    outln!(
         "results: knob trial ls {id} · knob experiment export {id} --format csv · {}",
         dir.display()
     );
     match outcome.status {
         ExperimentStatus::Error => {
-            eprintln!(
+            errln!(
                 "error: experiment {id}: {}",
                 outcome.message.as_deref().unwrap_or("failed")
             );
@@ -540,7 +540,7 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
         // A run in which no trial got anywhere is a failure a script must notice, even though
         // the experiment itself ended normally.
         _ if failed > 0 && succeeded == 0 && early_stopped == 0 => {
-            eprintln!(
+            errln!(
                 "error: experiment {id}: every trial that ended failed ({failed} failed{}); see `knob trial ls {id} --status failed`",
                 if canceled > 0 { format!(", {canceled} canceled") } else { String::new() }
             );
@@ -612,12 +612,12 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
         }
         if let Ok(entry) = registry.get(&id) {
             if entry.pid == Some(child.id()) {
-                println!(
+                outln!(
                     "experiment {id} runs in the background (pid {}); log: {}",
                     child.id(),
                     log_path.display()
                 );
-                println!(
+                outln!(
                     "follow it with `knob trial ls {id}`; stop it with `kill -INT {}`",
                     child.id()
                 );

@@ -450,6 +450,11 @@ fn show(entry: &RegistryEntry) -> anyhow::Result<ExitCode> {
             entry.id,
             state.status.as_str()
         );
+    } else if let Some(end) = entry.end_missing_from_store(state.status) {
+        println!(
+            "status:    {end} (its store could not record it and still says {})",
+            state.status.as_str()
+        );
     } else {
         println!("status:    {}", state.status.as_str());
     }

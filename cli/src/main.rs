@@ -1,6 +1,26 @@
 //! `knob`: the command line. Each subcommand lives in its own module; this file only parses
 //! arguments and turns errors into one line on stderr and a non-zero exit.
 
+/// `eprintln!` for what the commands that run or serve an experiment (`create`, `resume`,
+/// `view`) say: a line stderr cannot take any more (its reader went away: `knob create … 2>&1 |
+/// head`, a closed terminal) is dropped. `eprintln!` would panic there, and the default
+/// SIGPIPE, which the other commands keep, would kill the run (found so: the experiment was
+/// left "crashed" with no trial run).
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `println!` as [`errln!`] is `eprintln!`: what stdout cannot take is dropped.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod client;
 mod create;
 mod experiment;
@@ -90,13 +110,19 @@ enum ConfigCommand {
 }
 
 fn main() -> ExitCode {
-    // Like other Unix tools, die quietly when the reader of our output goes away (`| head`).
-    // SAFETY: restoring the default disposition of a signal before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    let cli = Cli::parse();
+    // Like other Unix tools, die quietly when the reader of our output goes away (`| head`);
+    // not while running or serving an experiment, which goes on, its lines dropped (`errln!`).
+    if !matches!(
+        cli.command,
+        Command::Create(_) | Command::Resume(_) | Command::View(_)
+    ) {
+        // SAFETY: restoring the default disposition of a signal before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
     }
     install_plugin_logger();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Create(args) => create::run(args),
         Command::Resume(args) => resume::resume(args),
@@ -163,7 +189,7 @@ fn install_plugin_logger() {
     };
     knob_plugin_api::host::set_plugin_logger(Box::new(move |level, target, message| {
         if level <= shown {
-            eprintln!(
+            errln!(
                 "{}: [{target}] {message}",
                 format!("{level:?}").to_ascii_lowercase()
             );

@@ -81,7 +81,7 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
         TrialCommand::Kill { id, trial } => {
             let client = running_api(&id)?;
             client.send("POST", &format!("/trials/{trial}/kill"), None)?;
-            println!("trial {trial} of experiment {id} killed");
+            outln!("trial {trial} of experiment {id} killed");
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -121,7 +121,7 @@ pub fn update(command: UpdateCommand) -> anyhow::Result<ExitCode> {
     };
     let client = running_api(&id)?;
     client.send("PATCH", "/experiment", Some(&json!({ field: value })))?;
-    println!("experiment {id}: {field} updated");
+    outln!("experiment {id}: {field} updated");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -134,7 +134,7 @@ pub fn view(args: ViewArgs) -> anyhow::Result<ExitCode> {
     knob_core::store::StoreReader::open(&entry.dir)
         .map_err(|e| anyhow::anyhow!("experiment {id}: {e}"))?;
     if ApiClient::for_running(&entry).is_some() {
-        eprintln!(
+        errln!(
             "note: experiment {id} is running and serves its own dashboard on port {}",
             entry.port.unwrap_or_default()
         );
@@ -153,7 +153,7 @@ pub fn view(args: ViewArgs) -> anyhow::Result<ExitCode> {
             None,
             &args.serve,
         )?;
-        println!(
+        outln!(
             "experiment {} (read-only): {} — Ctrl-C to quit",
             entry.id,
             dashboard_url(address)
@@ -181,10 +181,10 @@ fn view_every_experiment(args: ViewArgs) -> anyhow::Result<ExitCode> {
         };
         tokio::spawn(async move {
             if let Err(e) = knob_core::api::serve_catalog(listener, registry, config).await {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
             }
         });
-        println!(
+        outln!(
             "every experiment (read-only): {} — Ctrl-C to quit",
             dashboard_url(address)
         );
@@ -211,7 +211,7 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
         let mut answer = String::new();
         std::io::stdin().lock().read_line(&mut answer)?;
         if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            println!("experiment {id} kept");
+            outln!("experiment {id} kept");
             return Ok(ExitCode::FAILURE);
         }
     }
@@ -219,14 +219,14 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!("cannot delete {}: {e}", entry.dir.display()))?;
     registry.remove(id)?;
     if left.is_empty() {
-        println!("experiment {id} deleted ({})", entry.dir.display());
+        outln!("experiment {id} deleted ({})", entry.dir.display());
     } else {
         let names: Vec<String> = left
             .iter()
             .filter_map(|p| p.file_name())
             .map(|n| n.to_string_lossy().into_owned())
             .collect();
-        println!(
+        outln!(
             "experiment {id} deleted; {} is kept with what knob did not make in it: {}",
             entry.dir.display(),
             names.join(", ")

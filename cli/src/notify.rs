@@ -26,7 +26,7 @@ pub fn run(command: NotifyCommand) -> anyhow::Result<ExitCode> {
     let services = ServicePlugins::new();
     let (config, warnings) = experiment::load_config(&path, &services)?;
     for warning in warnings {
-        eprintln!("warning: {warning}");
+        errln!("warning: {warning}");
     }
     let Some(notifications) = &config.notifications else {
         anyhow::bail!(
@@ -37,10 +37,10 @@ pub fn run(command: NotifyCommand) -> anyhow::Result<ExitCode> {
     let mut failed = 0;
     for (sink, result) in notify::send_test(notifications, &path.display().to_string()) {
         match result {
-            Ok(()) => println!("{sink}: sent"),
+            Ok(()) => outln!("{sink}: sent"),
             Err(error) => {
                 failed += 1;
-                println!("{sink}: failed: {error}");
+                outln!("{sink}: failed: {error}");
             }
         }
     }

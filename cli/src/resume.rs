@@ -82,11 +82,11 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         config.max_experiment_duration = Some(Duration::from_secs(duration.as_secs()));
     }
     if let Some(note) = budget_note(&args.id, &config, &state) {
-        eprintln!("note: {note}");
+        errln!("note: {note}");
     }
     let plugins = PluginRegistry::load(&config.plugin_paths);
     for problem in plugins.problems() {
-        eprintln!("warning: {problem}");
+        errln!("warning: {problem}");
     }
     // Each service declares its secrets again (the store keeps them as `***`) and says what it
     // knows of its environments.
@@ -105,10 +105,12 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     })?;
     restore_secrets(&mut config, &entry.dir, &plugins);
     preflight(&config, &plugins)?;
-    eprintln!(
+    errln!(
         "resuming experiment {} ({}, {} trials so far)",
         args.id,
-        state.status.as_str(),
+        entry
+            .end_missing_from_store(state.status)
+            .unwrap_or(state.status.as_str()),
         state.trials.len()
     );
     let experiment = Experiment {
@@ -188,7 +190,7 @@ fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path, plugins
             .as_ref()
             .and_then(|original| original.notifications.as_ref());
         for unknown in notifications.restore_secrets(theirs, &variable) {
-            eprintln!("warning: notifications: {unknown}; that sink is off for this run");
+            errln!("warning: notifications: {unknown}; that sink is off for this run");
         }
         notifications.drop_sinks_without_secrets();
         if notifications.webhook.is_none() && notifications.email.is_none() {
@@ -211,7 +213,7 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     let pid = match entry.signal_runner(libc::SIGINT) {
         Ok(Some(pid)) => pid,
         Ok(None) => {
-            println!("experiment {id} is not running ({})", entry.status);
+            outln!("experiment {id} is not running ({})", entry.status);
             return Ok(ExitCode::SUCCESS);
         }
         Err(error) => anyhow::bail!(
@@ -227,6 +229,6 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
         anyhow::bail!("experiment {id} (pid {pid}) has not stopped after 2 minutes; `kill -INT {pid}` again to force it");
     }
     let status = registry.get(id).map(|e| e.status).unwrap_or_default();
-    println!("experiment {id} stopped ({status}); continue it with `knob resume {id}`");
+    outln!("experiment {id} stopped ({status}); continue it with `knob resume {id}`");
     Ok(ExitCode::SUCCESS)
 }

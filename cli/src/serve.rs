@@ -119,11 +119,11 @@ pub fn spawn_api(
         commits,
     });
     if let Some(reason) = state.live_unavailable() {
-        eprintln!("warning: the dashboard will not update live: {reason}");
+        errln!("warning: the dashboard will not update live: {reason}");
     }
     Ok(tokio::spawn(async move {
         if let Err(e) = api::serve(listener, state).await {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
         }
     }))
 }

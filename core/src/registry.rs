@@ -131,6 +131,25 @@ impl RegistryEntry {
             self.status.clone()
         }
     }
+
+    /// An end its runner recorded here that the store, which says `stored`, does not have: it
+    /// could not be written (a full disk, which is then the error the experiment ended with).
+    pub fn end_missing_from_store(&self, stored: crate::store::ExperimentStatus) -> Option<&str> {
+        use crate::store::ExperimentStatus;
+        let ended_here = self.pid.is_none()
+            && [
+                ExperimentStatus::Done,
+                ExperimentStatus::Stopped,
+                ExperimentStatus::Error,
+            ]
+            .iter()
+            .any(|end| end.as_str() == self.status);
+        let ended_in_store = matches!(
+            stored,
+            ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error
+        );
+        (ended_here && !ended_in_store).then_some(self.status.as_str())
+    }
 }
 
 /// knob's per-user home directory.
@@ -372,6 +391,39 @@ mod tests {
             port: None,
             created_ms: 0,
         }
+    }
+
+    /// `knob experiment show` and `knob resume` say ERROR, as `list` does, for an experiment
+    /// whose store could not record its end (a full disk), not the store's stale RUNNING.
+    #[test]
+    fn an_end_only_the_registry_has_is_told_from_a_store_that_has_it() {
+        use crate::store::ExperimentStatus;
+        let ended = |status: &str| RegistryEntry {
+            status: status.into(),
+            pid: None,
+            ..entry_of(1, None)
+        };
+        let running = ExperimentStatus::Running;
+        assert_eq!(
+            ended("ERROR").end_missing_from_store(running),
+            Some("ERROR")
+        );
+        assert_eq!(
+            ended("DONE").end_missing_from_store(ExperimentStatus::NoMoreTrial),
+            Some("DONE")
+        );
+        // The store has an end: it is the truth.
+        assert_eq!(
+            ended("ERROR").end_missing_from_store(ExperimentStatus::Error),
+            None
+        );
+        assert_eq!(
+            ended("STOPPED").end_missing_from_store(ExperimentStatus::Done),
+            None
+        );
+        // Still running (or crashed: `crashed` says so), or never ended.
+        assert_eq!(entry_of(1, None).end_missing_from_store(running), None);
+        assert_eq!(ended("RUNNING").end_missing_from_store(running), None);
     }
 
     #[test]

@@ -616,7 +616,11 @@ pub mod log {
     fn log(level: AbiLogLevel, message: &str) {
         match HOST_LOGGER.get() {
             Some(logger) => logger.log(level, RStr::from_str("plugin"), RStr::from_str(message)),
-            None => eprintln!("[{level:?}] {message}"),
+            // Dropped when stderr is gone: a panic here would unwind out of the plugin.
+            None => {
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stderr(), "[{level:?}] {message}");
+            }
         }
     }
     pub fn error(message: &str) {

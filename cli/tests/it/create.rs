@@ -367,6 +367,55 @@ fn stop_signal_stops_the_experiment_and_records_running_trials_as_canceled(signa
     }
 }
 
+/// `knob create … 2>&1 | head -1`, or a terminal closed under it: once nobody reads its output,
+/// the experiment still runs to its end (its lines dropped), and is recorded DONE, where the
+/// default SIGPIPE killed it at its next line and left it "crashed" with no trial run.
+#[test]
+fn create_runs_to_the_end_when_nobody_reads_its_output_any_more() {
+    use std::io::BufRead;
+    let sandbox = Sandbox::new();
+    let yaml =
+        format!("trialCommand: sleep 0.2; echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 6\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let mut child = sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "unread"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("experiment unread: "), "{first}");
+    // Both readers go away, as `head` exits after its line.
+    drop(child.stdout.take());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("knob create did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let export = sandbox.export("unread");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 6, "{export}");
+    assert!(
+        trials.iter().all(|t| t["status"] == "SUCCEEDED"),
+        "{export}"
+    );
+}
+
 #[test]
 fn a_gpu_experiment_without_gpus_fails_at_create_with_the_reason() {
     let sandbox = Sandbox::new();

@@ -234,7 +234,11 @@ pub fn set_plugin_logger(log: Box<PluginLogFn>) {
 fn host_log(level: LogLevel, target: &str, message: &str) {
     match PLUGIN_LOGGER.get() {
         Some(log) => log(level, target, message),
-        None => eprintln!("[{level:?} {target}] {message}"),
+        // Dropped when stderr is gone: a panic here would unwind through a plugin's call.
+        None => {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "[{level:?} {target}] {message}");
+        }
     }
 }
 
