@@ -1011,6 +1011,12 @@ fn a_requeued_allocation_loses_its_trials_once_and_takes_new_ones() {
             shown.contains("JobState=PENDING").then_some(())
         },
     );
+    // Not at once: slurmd refuses to launch a job again within the second its credential was
+    // revoked (the kill of the first run): "Killing non-startable batch JobId: Job credential
+    // revoked", and the job ends FAILED (seen under load, 1 run in 6), which knob rightly
+    // replaces with a new allocation. (`StartTime=now+2` would wait for the next scheduling
+    // cycle; `now` starts it at once.)
+    std::thread::sleep(Duration::from_secs(2));
     let status = Command::new("scontrol")
         .args(["update", &format!("jobid={job}"), "StartTime=now"])
         .status()
@@ -1022,7 +1028,7 @@ fn a_requeued_allocation_loses_its_trials_once_and_takes_new_ones() {
         Duration::from_secs(60),
         || (ready(&service).len() == 1).then_some(()),
     );
-    assert_eq!(service.job_ids(), vec![job]);
+    assert_eq!(service.job_ids(), vec![job], "{}", scontrol_job(job));
     service
         .start(world.request("slurm:env1", "q2", "echo KNOB_FINAL 2"))
         .unwrap();
