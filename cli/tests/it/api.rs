@@ -442,6 +442,13 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
         stderr.contains("trialConcurrency must be a positive integer, got -1 (HTTP 400)"),
         "{stderr}"
     );
+    let (code, _, stderr) = knob(&["update", "trialnum", "live", "1"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("maxTrialNumber 1 is below the ")
+            && stderr.contains(" trials already created; give at least "),
+        "{stderr}"
+    );
     assert_eq!(knob(&["update", "trialnum", "live", "600"]).0, 0);
     assert_eq!(knob(&["update", "duration", "live", "2h"]).0, 0);
     let space_file = sandbox.path().join("space.json");

@@ -21,6 +21,13 @@ impl Manager {
             Update::MaxTrialNumber(0) => {
                 return Ok(Err("maxTrialNumber must be at least 1".into()))
             }
+            // As `knob resume --max-trial-number` refuses it: the budget would read "7 of 3".
+            Update::MaxTrialNumber(n) if *n < self.book.len() => {
+                let created = self.book.len();
+                return Ok(Err(format!(
+                    "maxTrialNumber {n} is below the {created} trials already created; give at least {created} (that many stops the creation of new ones)"
+                )));
+            }
             Update::MaxTrialNumber(n) => ("maxTrialNumber", Value::from(*n)),
             Update::MaxExperimentDuration(d) if d.is_zero() => {
                 return Ok(Err("maxExperimentDuration must be positive".into()))
