@@ -203,7 +203,7 @@ pub fn run_in_foreground(
             Some(store.commits()),
             serve,
         )?;
-        tokio::spawn(forward_stop_signals(commands));
+        tokio::spawn(forward_stop_signals(commands, id.clone()));
         let (manager_ended, ended) = oneshot::channel::<()>();
         let display = tokio::spawn(show_progress(progress_rx, Pace::new(ended), maximize));
         let result = manager::run(experiment, store, plugins, command_inbox, progress_tx).await;
@@ -275,27 +275,62 @@ fn take_back(
 
 /// First Ctrl-C or SIGTERM (what a service manager, a batch scheduler or `kill` sends, with
 /// SIGKILL only after a wait): stop gracefully, so running trials are killed and recorded, not
-/// left behind. A second signal: exit at once.
-async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>) {
+/// left behind. A second signal: exit at once. A hang-up (the terminal or the SSH session
+/// closed) stops nothing: the experiment goes on in the background as with `--detach`, its
+/// output from then on in the same log file ([`go_on_without_the_terminal`]). Its default
+/// action killed the manager at once and left the trials running unwatched.
+async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>, id: String) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
+    let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hangup)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     ) else {
         return;
     };
-    let what = tokio::select! {
-        _ = interrupt.recv() => "Ctrl-C",
-        _ = terminate.recv() => "SIGTERM",
+    let what = loop {
+        tokio::select! {
+            _ = interrupt.recv() => break "Ctrl-C",
+            _ = terminate.recv() => break "SIGTERM",
+            _ = hangup.recv() => go_on_without_the_terminal(&id),
+        }
     };
     errln!("stopping ({what}): killing running trials (Ctrl-C again to exit at once)");
     let _ = commands.send(Command::Stop);
-    let code = tokio::select! {
-        _ = interrupt.recv() => 130,
-        _ = terminate.recv() => 143,
+    let code = loop {
+        tokio::select! {
+            _ = interrupt.recv() => break 130,
+            _ = terminate.recv() => break 143,
+            _ = hangup.recv() => go_on_without_the_terminal(&id),
+        }
     };
     errln!("exiting without waiting for trials");
     std::process::exit(code);
+}
+
+/// After a hang-up: stdout and stderr go to `$KNOB_HOME/logs/ID.log` (where `--detach` puts
+/// them), which says when and why. If the log cannot be opened, what is written is dropped
+/// (`errln!`, and SIGPIPE is ignored while an experiment runs).
+fn go_on_without_the_terminal(id: &str) {
+    use std::io::Write as _;
+    use std::os::fd::AsRawFd as _;
+    let log_dir = knob_home().join("logs");
+    let log = std::fs::create_dir_all(&log_dir).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_dir.join(format!("{id}.log")))
+    });
+    let Ok(mut log) = log else { return };
+    let _ = writeln!(
+        log,
+        "the terminal hung up (SIGHUP); experiment {id} goes on in the background: `knob top {id}` shows it, `knob stop {id}` stops it"
+    );
+    // SAFETY: dup2 onto this process's own stdout and stderr, from a descriptor open here.
+    unsafe {
+        libc::dup2(log.as_raw_fd(), libc::STDOUT_FILENO);
+        libc::dup2(log.as_raw_fd(), libc::STDERR_FILENO);
+    }
 }
 
 /// `KNOB_PROGRESS=lines`: progress as plain lines on stderr, at most one a second, for a reader

@@ -416,6 +416,69 @@ fn create_runs_to_the_end_when_nobody_reads_its_output_any_more() {
     );
 }
 
+/// A hang-up (the terminal or the SSH session closed under `knob create`) stops nothing: the
+/// experiment runs to its end, recorded DONE, its output from then on in
+/// `$KNOB_HOME/logs/ID.log`. SIGHUP's default action killed the manager at once, left the
+/// trials running unwatched and the experiment "crashed".
+#[test]
+fn a_hang_up_leaves_the_experiment_running_with_its_output_in_the_log() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: echo $NNI_TRIAL_JOB_ID >> started; sleep 0.5; echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 6\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let mut child = sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "hungup"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Hung up once the first trials run (the manager and its signal handling are up by then).
+    let started = sandbox.path().join("code/started");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "no trial started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("knob create did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let export = sandbox.export("hungup");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 6, "{export}");
+    assert!(
+        trials.iter().all(|t| t["status"] == "SUCCEEDED"),
+        "{export}"
+    );
+    let log = std::fs::read_to_string(sandbox.path().join("home/logs/hungup.log")).unwrap();
+    assert!(
+        log.starts_with(
+            "the terminal hung up (SIGHUP); experiment hungup goes on in the background"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("experiment hungup DONE: 6 trials (6 succeeded, 0 failed)"),
+        "{log}"
+    );
+}
+
 #[test]
 fn a_gpu_experiment_without_gpus_fails_at_create_with_the_reason() {
     let sandbox = Sandbox::new();
