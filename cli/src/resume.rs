@@ -9,6 +9,7 @@ use knob_core::manager::{self, Experiment};
 use knob_core::registry::{Registry, CRASHED};
 use knob_core::store::{ExperimentState, Store, StoreEvent};
 use knob_plugin_api::host::PluginRegistry;
+use knob_plugin_api::service::ServiceContext;
 use serde_json::Value;
 
 use crate::create::{preflight, run_in_foreground};
@@ -84,26 +85,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     if let Some(note) = budget_note(&args.id, &config, &state) {
         errln!("note: {note}");
     }
-    let plugins = PluginRegistry::load(&config.plugin_paths);
-    for problem in plugins.problems() {
-        errln!("warning: {problem}");
-    }
-    // Each service declares its secrets again (the store keeps them as `***`) and says what it
-    // knows of its environments.
-    let context = manager::service_context(
-        &args.id,
-        &entry.dir,
-        &config,
-        crate::create::config_source(&entry.dir).as_deref(),
-    );
-    knob_core::config::recheck_services(&mut config, &plugins, &context).map_err(|problems| {
-        anyhow::anyhow!(
-            "the stored config of experiment {} no longer passes its training services' checks: {}",
-            args.id,
-            problems.join("; ")
-        )
-    })?;
-    restore_secrets(&mut config, &entry.dir, &plugins);
+    let (plugins, _context) = stored_services(&args.id, &entry.dir, &mut config)?;
     preflight(&config, &plugins)?;
     errln!(
         "resuming experiment {} ({}, {} trials so far)",
@@ -129,6 +111,35 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         &args.serve,
         crate::create::Started::Resumed,
     )
+}
+
+/// The plugins and the training services' context of a stored experiment (`id`, in `dir`), its
+/// `config` checked again by its services and given back the secrets the store keeps as `***`.
+pub(crate) fn stored_services(
+    id: &str,
+    dir: &std::path::Path,
+    config: &mut ExperimentConfig,
+) -> anyhow::Result<(PluginRegistry, ServiceContext)> {
+    let plugins = PluginRegistry::load(&config.plugin_paths);
+    for problem in plugins.problems() {
+        errln!("warning: {problem}");
+    }
+    // Each service declares its secrets again (the store keeps them as `***`) and says what it
+    // knows of its environments.
+    let context = manager::service_context(
+        id,
+        dir,
+        config,
+        crate::create::config_source(dir).as_deref(),
+    );
+    knob_core::config::recheck_services(config, &plugins, &context).map_err(|problems| {
+        anyhow::anyhow!(
+            "the stored config of experiment {id} no longer passes its training services' checks: {}",
+            problems.join("; ")
+        )
+    })?;
+    restore_secrets(config, dir, &plugins);
+    Ok((plugins, context))
 }
 
 /// One line when the budget is used up, so that a resume that will start no new trial says so

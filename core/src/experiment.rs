@@ -50,6 +50,8 @@ pub const OWNED_ENTRIES: &[&str] = &[
     "experiment.db-shm",
     "experiment.db-journal",
     "experiment.db.writer-lock",
+    // The writer lock's rollback journal, left by a writer killed while it held the lock.
+    "experiment.db.writer-lock-journal",
     CONFIG_SOURCE_FILE,
     "trials",
     // The Python folder (`knob_trial`, the `nni` shim) that the built-in training services write

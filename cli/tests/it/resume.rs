@@ -552,6 +552,67 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
     assert!(row.contains("DONE"), "{stdout}");
 }
 
+/// A crashed run's trials run on without their manager. `knob experiment delete` ends them
+/// before their folder goes, as `knob resume` does before it runs them again; they had run on,
+/// writing into a deleted folder and holding their GPUs.
+#[test]
+fn deleting_a_crashed_experiment_ends_the_trials_it_left_running() {
+    let sandbox = Sandbox::new();
+    let script = "echo $$ > trial.pid\n\
+                  echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
+                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let mut command = sandbox.knob();
+    command
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "orphans"]);
+    let mut child = spawn(command);
+    wait_for_lines(&sandbox.path().join("code/started"), 1);
+    sigkill(&mut child);
+    let pid: i32 = std::fs::read_to_string(sandbox.path().join("code/trial.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Running, not a zombie.
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|s| !s.trim_start().starts_with('Z'))
+        })
+    };
+    assert!(alive(), "the trial should run on after its manager's crash");
+
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "delete", "orphans", "--yes"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("note: killed ") && stderr.contains(" left from an earlier run"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.starts_with("experiment orphans deleted ("),
+        "{stdout}"
+    );
+    assert!(!sandbox.path().join("experiments/orphans").exists());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive() {
+        assert!(
+            Instant::now() < deadline,
+            "trial process {pid} still runs after the delete"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A runner that crashed leaves its pid in the registry, and the system hands pids out again
 /// (after a reboot, or a pid space's worth of processes later). The process that got it is no
 /// experiment: `knob stop` must not signal it, `knob experiment list` still says crashed, and
