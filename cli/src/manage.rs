@@ -195,41 +195,6 @@ fn view_every_experiment(args: ViewArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What a crashed run left running (its manager died, its trials ran on, holding their GPUs and
-/// writing into the folder about to go): each service ends it, as `knob resume` does before it
-/// runs those trials again. Returns lines for the user: what was ended, or why it could not be
-/// (the deletion goes on: a broken experiment must stay deletable).
-fn end_leftover_trials(entry: &RegistryEntry) -> Vec<String> {
-    let ended = || -> anyhow::Result<Vec<String>> {
-        let state = knob_core::store::StoreReader::open(&entry.dir)?.replay()?;
-        let unfinished: Vec<String> = state
-            .trials
-            .iter()
-            .filter(|t| !t.status.is_final())
-            .map(|t| t.trial_id.clone())
-            .collect();
-        if unfinished.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut config: knob_core::config::ExperimentConfig =
-            serde_json::from_value(state.config.clone())?;
-        let (plugins, context) =
-            crate::resume::stored_services(&entry.id, &entry.dir, &mut config)?;
-        let reports =
-            knob_core::manager::clean_up_leftovers(&context, &config, &plugins, &unfinished);
-        Ok(reports
-            .into_iter()
-            .map(|line| format!("note: {line}"))
-            .collect())
-    };
-    ended().unwrap_or_else(|e| {
-        vec![format!(
-            "warning: experiment {}: what its crashed run left running may still run: {e:#}",
-            entry.id
-        )]
-    })
-}
-
 fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry: RegistryEntry = registry.get(id)?;
@@ -251,7 +216,7 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
         }
     }
     if entry.crashed() {
-        for line in end_leftover_trials(&entry) {
+        for line in crate::resume::end_leftover_trials(&entry) {
             errln!("{line}");
         }
     }

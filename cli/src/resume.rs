@@ -142,6 +142,40 @@ pub(crate) fn stored_services(
     Ok((plugins, context))
 }
 
+/// What a crashed run left running (its manager died, its trials ran on, holding their GPUs and
+/// writing into its folder): each service ends it, as `knob resume` does before it runs those
+/// trials again (`knob stop` and `knob experiment delete` of a crashed experiment). Returns lines for the user: what was ended, or why it could not be
+/// (the deletion goes on: a broken experiment must stay deletable).
+pub(crate) fn end_leftover_trials(entry: &knob_core::registry::RegistryEntry) -> Vec<String> {
+    let ended = || -> anyhow::Result<Vec<String>> {
+        let state = knob_core::store::StoreReader::open(&entry.dir)?.replay()?;
+        let unfinished: Vec<String> = state
+            .trials
+            .iter()
+            .filter(|t| !t.status.is_final())
+            .map(|t| t.trial_id.clone())
+            .collect();
+        if unfinished.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut config: knob_core::config::ExperimentConfig =
+            serde_json::from_value(state.config.clone())?;
+        let (plugins, context) = stored_services(&entry.id, &entry.dir, &mut config)?;
+        let reports =
+            knob_core::manager::clean_up_leftovers(&context, &config, &plugins, &unfinished);
+        Ok(reports
+            .into_iter()
+            .map(|line| format!("note: {line}"))
+            .collect())
+    };
+    ended().unwrap_or_else(|e| {
+        vec![format!(
+            "warning: experiment {}: what its crashed run left running may still run: {e:#}",
+            entry.id
+        )]
+    })
+}
+
 /// One line when the budget is used up, so that a resume that will start no new trial says so
 /// (it still runs again what was unfinished, and serves the dashboard).
 fn budget_note(id: &str, config: &ExperimentConfig, state: &ExperimentState) -> Option<String> {
@@ -215,8 +249,12 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry = registry.get(id)?;
     if entry.crashed() {
+        // Its trials may run on without it: those are what is left to stop.
+        for line in end_leftover_trials(&entry) {
+            errln!("{line}");
+        }
         anyhow::bail!(
-            "experiment {id} {CRASHED}: its process {} is gone, so there is nothing to stop; `knob resume {id}` continues it",
+            "experiment {id} {CRASHED}: its process {} is gone (what it left running is ended); `knob resume {id}` continues it",
             entry.pid.unwrap_or_default()
         );
     }

@@ -485,9 +485,11 @@ trainingService: {{platform: local}}",
 }
 
 /// Experiment `id` of `trials` trials, one at a time, each waiting for a file `go` in the code
-/// folder: its runner is killed with SIGKILL once the first trial has started.
+/// folder (and noting its shell's pid in `trial.pids`): its runner is killed with SIGKILL once
+/// the first trial has started.
 fn crash_an_experiment(sandbox: &Sandbox, id: &str, trials: u32) {
-    let script = "echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
+    let script = "echo $$ >> trial.pids\n\
+                  echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
                   for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
                   echo KNOB_FINAL 1\n";
     let yaml = format!(
@@ -510,13 +512,30 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
     let sandbox = Sandbox::new();
     crash_an_experiment(&sandbox, "wreck", 2);
 
+    // The first trial runs on without its manager; `knob stop` ends it, and says the
+    // experiment stays crashed.
+    let pid = std::fs::read_to_string(sandbox.path().join("code/trial.pids")).unwrap();
+    let pid: i32 = pid.trim().parse().unwrap();
+    assert!(
+        running(pid),
+        "the trial should run on after its manager's crash"
+    );
     let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "wreck"]));
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(
         stderr.contains("experiment wreck crashed (resume it)")
+            && stderr.contains("what it left running is ended")
             && stderr.contains("`knob resume wreck`"),
         "{stderr}"
     );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while running(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "trial process {pid} still runs after the stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (_, stdout, _) = run(sandbox.knob().args(["experiment", "list"]));
     let row = stdout.lines().find(|l| l.starts_with("wreck")).unwrap();
     assert!(row.contains("crashed (resume it)"), "{stdout}");
@@ -552,6 +571,15 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
     assert!(row.contains("DONE"), "{stdout}");
 }
 
+/// Whether process `pid` runs (exists and is not a zombie).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|state| !state.trim_start().starts_with('Z'))
+    })
+}
+
 /// A crashed run's trials run on without their manager. `knob experiment delete` ends them
 /// before their folder goes, as `knob resume` does before it runs them again; they had run on,
 /// writing into a deleted folder and holding their GPUs.
@@ -579,15 +607,10 @@ fn deleting_a_crashed_experiment_ends_the_trials_it_left_running() {
         .trim()
         .parse()
         .unwrap();
-    // Running, not a zombie.
-    let alive = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            stat.rsplit(')')
-                .next()
-                .is_some_and(|s| !s.trim_start().starts_with('Z'))
-        })
-    };
-    assert!(alive(), "the trial should run on after its manager's crash");
+    assert!(
+        running(pid),
+        "the trial should run on after its manager's crash"
+    );
 
     let (code, stdout, stderr) =
         run(sandbox
@@ -604,7 +627,7 @@ fn deleting_a_crashed_experiment_ends_the_trials_it_left_running() {
     );
     assert!(!sandbox.path().join("experiments/orphans").exists());
     let deadline = Instant::now() + Duration::from_secs(5);
-    while alive() {
+    while running(pid) {
         assert!(
             Instant::now() < deadline,
             "trial process {pid} still runs after the delete"
