@@ -394,26 +394,22 @@ fn create_runs_to_the_end_when_nobody_reads_its_output_any_more() {
     assert!(first.starts_with("experiment unread: "), "{first}");
     // Both readers go away, as `head` exits after its line.
     drop(child.stdout.take());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("knob create did not end within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(0), "{status:?}");
-    let export = sandbox.export("unread");
-    assert_eq!(export["experiment"]["status"], "DONE", "{export}");
-    let trials = export["trials"].as_array().unwrap();
-    assert_eq!(trials.len(), 6, "{export}");
-    assert!(
-        trials.iter().all(|t| t["status"] == "SUCCEEDED"),
-        "{export}"
+    let code = crate::resume::wait_bounded(&mut child, Duration::from_secs(60));
+    assert_eq!(
+        code,
+        Some(0),
+        "exit code (-1: a signal; None: still running after 60 s)"
     );
+    assert_done_with_every_trial_succeeded(&sandbox, "unread", 6);
+}
+
+/// Experiment `id` ended DONE with `trials` trials, each SUCCEEDED.
+fn assert_done_with_every_trial_succeeded(sandbox: &Sandbox, id: &str, trials: usize) {
+    let export = sandbox.export(id);
+    assert_eq!(export["experiment"]["status"], "DONE", "{export}");
+    let all = export["trials"].as_array().unwrap();
+    assert_eq!(all.len(), trials, "{export}");
+    assert!(all.iter().all(|t| t["status"] == "SUCCEEDED"), "{export}");
 }
 
 /// A hang-up (the terminal or the SSH session closed under `knob create`) stops nothing: the
@@ -446,26 +442,13 @@ fn a_hang_up_leaves_the_experiment_running_with_its_output_in_the_log() {
     }
     // SAFETY: sending a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("knob create did not end within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(0), "{status:?}");
-    let export = sandbox.export("hungup");
-    assert_eq!(export["experiment"]["status"], "DONE", "{export}");
-    let trials = export["trials"].as_array().unwrap();
-    assert_eq!(trials.len(), 6, "{export}");
-    assert!(
-        trials.iter().all(|t| t["status"] == "SUCCEEDED"),
-        "{export}"
+    let code = crate::resume::wait_bounded(&mut child, Duration::from_secs(60));
+    assert_eq!(
+        code,
+        Some(0),
+        "exit code (-1: a signal; None: still running after 60 s)"
     );
+    assert_done_with_every_trial_succeeded(&sandbox, "hungup", 6);
     let log = std::fs::read_to_string(sandbox.path().join("home/logs/hungup.log")).unwrap();
     assert!(
         log.starts_with(

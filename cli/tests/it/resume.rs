@@ -14,7 +14,9 @@ fn spawn(mut command: Command) -> Child {
         .unwrap()
 }
 
-fn wait_bounded(child: &mut Child, limit: Duration) -> Option<i32> {
+/// The child's exit code (-1 for a signal) once it exits within `limit`; `None` (it is killed)
+/// if it does not.
+pub(crate) fn wait_bounded(child: &mut Child, limit: Duration) -> Option<i32> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -586,23 +588,8 @@ fn running(pid: i32) -> bool {
 #[test]
 fn deleting_a_crashed_experiment_ends_the_trials_it_left_running() {
     let sandbox = Sandbox::new();
-    let script = "echo $$ > trial.pid\n\
-                  echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
-                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
-                  echo KNOB_FINAL 1\n";
-    let yaml =
-        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}");
-    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
-    let mut command = sandbox.knob();
-    command
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", "orphans"]);
-    let mut child = spawn(command);
-    wait_for_lines(&sandbox.path().join("code/started"), 1);
-    sigkill(&mut child);
-    let pid: i32 = std::fs::read_to_string(sandbox.path().join("code/trial.pid"))
+    crash_an_experiment(&sandbox, "orphans", 2);
+    let pid: i32 = std::fs::read_to_string(sandbox.path().join("code/trial.pids"))
         .unwrap()
         .trim()
         .parse()

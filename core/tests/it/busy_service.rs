@@ -326,6 +326,25 @@ fn config(
     }
 }
 
+/// Sends on `release` (a held call goes on) once `ready` holds, or gives up at `HOLD_LIMIT`
+/// (the call then lets itself go); the thread's answer says after how long, `None` if never.
+fn release_when(
+    release: std_mpsc::Sender<()>,
+    ready: impl Fn() -> bool + Send + 'static,
+) -> std::thread::JoinHandle<Option<Duration>> {
+    std::thread::spawn(move || {
+        let began = Instant::now();
+        while began.elapsed() < HOLD_LIMIT {
+            if ready() {
+                let _ = release.send(());
+                return Some(began.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    })
+}
+
 /// Runs the experiment to its end (experiment id "busy", in `dir`), as `knob create` does.
 fn run_experiment(
     dir: &std::path::Path,
@@ -378,24 +397,11 @@ fn a_service_stuck_in_a_start_does_not_hold_the_other_services_trials() {
 
     // Lets the busy service's start go once the quick one has started `QUICK_STARTS` trials
     // (or at `HOLD_LIMIT`, when the start lets itself go); says which it was.
-    let watcher = std::thread::spawn({
+    let watcher = release_when(release, {
         let starts = starts.clone();
         move || {
-            let began = Instant::now();
-            while began.elapsed() < HOLD_LIMIT {
-                let quick = starts
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|(_, service, _)| *service == "quick")
-                    .count();
-                if quick >= QUICK_STARTS {
-                    let _ = release.send(());
-                    return Some(began.elapsed());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            None
+            let quick = starts.lock().unwrap();
+            quick.iter().filter(|(_, s, _)| *s == "quick").count() >= QUICK_STARTS
         }
     });
 
@@ -505,26 +511,14 @@ fn a_successor_waiting_for_its_parents_checkpoint_holds_no_other_trial() {
 
     // Lets the held call go once `QUICK_STARTS` trials started after it was made (or at
     // `HOLD_LIMIT`, when it lets itself go); says which it was.
-    let watcher = std::thread::spawn({
+    let watcher = release_when(release, {
         let (starts, fetches) = (starts.clone(), fetches.clone());
         move || {
-            let began = Instant::now();
-            while began.elapsed() < HOLD_LIMIT {
-                if let Some(held_since) = *fetches.held_since.lock().unwrap() {
-                    let started = starts
-                        .lock()
-                        .unwrap()
-                        .iter()
-                        .filter(|(at, _, _)| *at > held_since)
-                        .count();
-                    if started >= QUICK_STARTS {
-                        let _ = release.send(());
-                        return Some(began.elapsed());
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            None
+            let Some(held_since) = *fetches.held_since.lock().unwrap() else {
+                return false;
+            };
+            let started = starts.lock().unwrap();
+            started.iter().filter(|(at, _, _)| *at > held_since).count() >= QUICK_STARTS
         }
     });
     let outcome = run_experiment(dir.path(), &config, &components);
