@@ -144,8 +144,9 @@ pub(crate) fn stored_services(
 
 /// What a crashed run left running (its manager died, its trials ran on, holding their GPUs and
 /// writing into its folder): each service ends it, as `knob resume` does before it runs those
-/// trials again (`knob stop` and `knob experiment delete` of a crashed experiment). Returns lines for the user: what was ended, or why it could not be
-/// (the deletion goes on: a broken experiment must stay deletable).
+/// trials again; for `knob stop` and `knob experiment delete` of a crashed experiment. Returns
+/// lines for the user: what was ended, or why it could not be (the caller goes on: a broken
+/// experiment must stay deletable).
 pub(crate) fn end_leftover_trials(entry: &knob_core::registry::RegistryEntry) -> Vec<String> {
     let ended = || -> anyhow::Result<Vec<String>> {
         let state = knob_core::store::StoreReader::open(&entry.dir)?.replay()?;
