@@ -308,28 +308,39 @@ async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>, id: Stri
     std::process::exit(code);
 }
 
-/// After a hang-up: stdout and stderr go to `$KNOB_HOME/logs/ID.log` (where `--detach` puts
-/// them), which says when and why. If the log cannot be opened, what is written is dropped
-/// (`errln!`, and SIGPIPE is ignored while an experiment runs).
+/// After a hang-up: whichever of stdout and stderr is a terminal goes to
+/// `$KNOB_HOME/logs/ID.log` (where `--detach` writes), which says when and why; one that is a
+/// file or a pipe (`nohup`, a logger) is left as it is, and is told where the rest went. If the
+/// log cannot be opened, what the terminal cannot take is dropped (`errln!`; SIGPIPE is ignored
+/// while an experiment runs).
 fn go_on_without_the_terminal(id: &str) {
     use std::io::Write as _;
     use std::os::fd::AsRawFd as _;
-    let log_dir = knob_home().join("logs");
-    let log = std::fs::create_dir_all(&log_dir).and_then(|()| {
+    let on_terminal: Vec<i32> = [libc::STDOUT_FILENO, libc::STDERR_FILENO]
+        .into_iter()
+        // SAFETY: isatty only reads the state of a descriptor number.
+        .filter(|fd| unsafe { libc::isatty(*fd) } == 1)
+        .collect();
+    if on_terminal.is_empty() {
+        return;
+    }
+    let log_path = knob_home().join("logs").join(format!("{id}.log"));
+    let said = format!(
+        "the terminal hung up (SIGHUP); experiment {id} goes on in the background, its output in {}: `knob top {id}` shows it, `knob stop {id}` stops it",
+        log_path.display()
+    );
+    errln!("{said}");
+    let log = std::fs::create_dir_all(knob_home().join("logs")).and_then(|()| {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(log_dir.join(format!("{id}.log")))
+            .open(&log_path)
     });
     let Ok(mut log) = log else { return };
-    let _ = writeln!(
-        log,
-        "the terminal hung up (SIGHUP); experiment {id} goes on in the background: `knob top {id}` shows it, `knob stop {id}` stops it"
-    );
-    // SAFETY: dup2 onto this process's own stdout and stderr, from a descriptor open here.
-    unsafe {
-        libc::dup2(log.as_raw_fd(), libc::STDOUT_FILENO);
-        libc::dup2(log.as_raw_fd(), libc::STDERR_FILENO);
+    let _ = writeln!(log, "{said}");
+    for fd in on_terminal {
+        // SAFETY: dup2 onto one of this process's own standard descriptors, from one open here.
+        unsafe { libc::dup2(log.as_raw_fd(), fd) };
     }
 }
 

@@ -413,14 +413,85 @@ fn assert_done_with_every_trial_succeeded(sandbox: &Sandbox, id: &str, trials: u
 }
 
 /// A hang-up (the terminal or the SSH session closed under `knob create`) stops nothing: the
-/// experiment runs to its end, recorded DONE, its output from then on in
-/// `$KNOB_HOME/logs/ID.log`. SIGHUP's default action killed the manager at once, left the
-/// trials running unwatched and the experiment "crashed".
+/// experiment runs to its end, recorded DONE. Output that went to the terminal goes to
+/// `$KNOB_HOME/logs/ID.log` from then on; output that went to a file (`nohup`) stays there.
+/// SIGHUP's default action killed the manager at once, left the trials running unwatched and
+/// the experiment "crashed".
 #[test]
 fn a_hang_up_leaves_the_experiment_running_with_its_output_in_the_log() {
+    use std::os::fd::{FromRawFd, OwnedFd};
     let sandbox = Sandbox::new();
+
+    // On a terminal (a pseudo-terminal here, drained as a terminal would be).
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two new descriptors into the two integers; no name, no settings.
+    let opened = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(opened, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both were just opened by openpty and are owned by nothing else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let terminal = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut shown = Vec::new();
+        // Ends with EIO once no process holds the terminal's other side any more.
+        let _ = std::fs::File::from(master).read_to_end(&mut shown);
+        String::from_utf8_lossy(&shown).into_owned()
+    });
+    let stdout = std::process::Stdio::from(slave.try_clone().unwrap());
+    hang_up_mid_run(&sandbox, "onterm", stdout, std::process::Stdio::from(slave));
+    let shown = terminal.join().unwrap();
+    assert!(shown.contains("experiment onterm: "), "{shown}");
+    assert!(
+        !shown.contains("DONE"),
+        "the summary went to the hung-up terminal: {shown}"
+    );
+    let log = std::fs::read_to_string(sandbox.path().join("home/logs/onterm.log")).unwrap();
+    assert!(
+        log.starts_with("the terminal hung up (SIGHUP); experiment onterm goes on in the background, its output in "),
+        "{log}"
+    );
+    assert!(
+        log.contains("experiment onterm DONE: 6 trials (6 succeeded, 0 failed)"),
+        "{log}"
+    );
+
+    // Into a file, as under `nohup`: it stays there, and no log is made.
+    let file = sandbox.path().join("nohup.out");
+    let out = std::fs::File::create(&file).unwrap();
+    hang_up_mid_run(
+        &sandbox,
+        "nohup",
+        out.try_clone().unwrap().into(),
+        out.into(),
+    );
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        written.contains("experiment nohup DONE: 6 trials (6 succeeded, 0 failed)"),
+        "{written}"
+    );
+    assert!(!sandbox.path().join("home/logs/nohup.log").exists());
+}
+
+/// Runs experiment `id` (6 trials, 2 at a time) with this stdout and stderr, sends it SIGHUP once
+/// its first trial runs (the manager and its signal handling are up by then), and checks that it
+/// ran to its end all the same.
+fn hang_up_mid_run(
+    sandbox: &Sandbox,
+    id: &str,
+    stdout: std::process::Stdio,
+    stderr: std::process::Stdio,
+) {
+    let started = sandbox.path().join(format!("code/started-{id}"));
     let yaml = format!(
-        "trialCommand: echo $NNI_TRIAL_JOB_ID >> started; sleep 0.5; echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 6\n{SPACE}"
+        "trialCommand: touch {}; sleep 0.5; echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 6\n{SPACE}",
+        started.display()
     );
     let config = sandbox.config(&yaml, &[]);
     let mut child = sandbox
@@ -428,16 +499,15 @@ fn a_hang_up_leaves_the_experiment_running_with_its_output_in_the_log() {
         .arg("create")
         .arg("--config")
         .arg(&config)
-        .args(["--id", "hungup"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .args(["--id", id])
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
         .spawn()
         .unwrap();
-    // Hung up once the first trials run (the manager and its signal handling are up by then).
-    let started = sandbox.path().join("code/started");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !started.exists() {
-        assert!(Instant::now() < deadline, "no trial started");
+        assert!(Instant::now() < deadline, "no trial of {id} started");
         std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: sending a signal to our own child.
@@ -446,20 +516,9 @@ fn a_hang_up_leaves_the_experiment_running_with_its_output_in_the_log() {
     assert_eq!(
         code,
         Some(0),
-        "exit code (-1: a signal; None: still running after 60 s)"
+        "{id}: exit code (-1: a signal; None: still running after 60 s)"
     );
-    assert_done_with_every_trial_succeeded(&sandbox, "hungup", 6);
-    let log = std::fs::read_to_string(sandbox.path().join("home/logs/hungup.log")).unwrap();
-    assert!(
-        log.starts_with(
-            "the terminal hung up (SIGHUP); experiment hungup goes on in the background"
-        ),
-        "{log}"
-    );
-    assert!(
-        log.contains("experiment hungup DONE: 6 trials (6 succeeded, 0 failed)"),
-        "{log}"
-    );
+    assert_done_with_every_trial_succeeded(sandbox, id, 6);
 }
 
 #[test]
