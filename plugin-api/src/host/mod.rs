@@ -55,12 +55,13 @@ pub enum HostError {
         first: PathBuf,
         second: PathBuf,
     },
-    #[error("unknown {kind} {name}{nni_note}; available: {available}{searched}")]
+    #[error("unknown {kind} {name}{hint}; available: {available}{searched}")]
     Unknown {
         kind: ComponentKind,
         name: String,
-        /// Empty, or why a name NNI knows is not available here.
-        nni_note: String,
+        /// Empty, why a name NNI knows is not available here, or the known name nearest a
+        /// misspelt one.
+        hint: String,
         available: String,
         /// Where the plugins were looked for and which files were refused, and why: "; looked
         /// in A, B (no such folder); refused F (reason)" (empty for a registry not loaded from
@@ -711,13 +712,13 @@ impl PluginRegistry {
         match providers {
             [] => {
                 let names = self.names(kind);
-                let nni_note = match nni {
+                let hint = match nni {
                     Some(NniAlgorithm { native: None, .. }) => {
                         " (an NNI 3.0 algorithm that knob does not have natively; knob's core \
                          runs it through NNI's own dispatcher, the NniDispatcher plugin)"
                             .to_owned()
                     }
-                    // A misspelt name (`Rnadom`, `hyperband`'s cousin `HyperBnad`).
+                    // A misspelt name (`Rnadom` for `Random`).
                     _ => {
                         let known: Vec<&str> = names.iter().map(String::as_str).collect();
                         crate::config::suggestion(name, &known)
@@ -729,7 +730,7 @@ impl PluginRegistry {
                     kind,
                     name: name.to_string(),
                     searched: self.where_looked(),
-                    nni_note,
+                    hint,
                     available: if names.is_empty() {
                         "none (no plugin on the plugin path provides one; see `knob plugin list`)"
                             .into()
