@@ -413,10 +413,7 @@ async fn show_progress_lines(
             "progress: {done}/{total} {}",
             progress_message(&snapshot, clock.now(&snapshot), maximize)
         );
-        let finished = matches!(
-            snapshot.status,
-            Some(ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error)
-        );
+        let finished = snapshot.status.is_some_and(ExperimentStatus::has_ended);
         let due = last_time.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         let held = line != last_line && !(due || finished);
         if line != last_line && !held {
@@ -470,10 +467,7 @@ async fn show_progress_bar(
         );
         bar.set_position(done);
         bar.set_message(progress_message(&snapshot, clock.now(&snapshot), maximize));
-        let finished = matches!(
-            snapshot.status,
-            Some(ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error)
-        );
+        let finished = snapshot.status.is_some_and(ExperimentStatus::has_ended);
         if finished {
             break;
         }
@@ -496,10 +490,7 @@ struct ExperimentClock {
 
 impl ExperimentClock {
     fn now(&mut self, snapshot: &Progress) -> Duration {
-        if matches!(
-            snapshot.status,
-            Some(ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error)
-        ) {
+        if snapshot.status.is_some_and(ExperimentStatus::has_ended) {
             return snapshot.elapsed;
         }
         let now = tokio::time::Instant::now();

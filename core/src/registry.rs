@@ -135,20 +135,9 @@ impl RegistryEntry {
     /// An end its runner recorded here that the store, which says `stored`, does not have: it
     /// could not be written (a full disk, which is then the error the experiment ended with).
     pub fn end_missing_from_store(&self, stored: crate::store::ExperimentStatus) -> Option<&str> {
-        use crate::store::ExperimentStatus;
-        let ended_here = self.pid.is_none()
-            && [
-                ExperimentStatus::Done,
-                ExperimentStatus::Stopped,
-                ExperimentStatus::Error,
-            ]
-            .iter()
-            .any(|end| end.as_str() == self.status);
-        let ended_in_store = matches!(
-            stored,
-            ExperimentStatus::Done | ExperimentStatus::Stopped | ExperimentStatus::Error
-        );
-        (ended_here && !ended_in_store).then_some(self.status.as_str())
+        let ended_here = crate::store::ExperimentStatus::parse(&self.status)
+            .is_some_and(|status| self.pid.is_none() && status.has_ended());
+        (ended_here && !stored.has_ended()).then_some(self.status.as_str())
     }
 }
 

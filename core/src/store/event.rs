@@ -74,6 +74,11 @@ impl ExperimentStatus {
         Self::ALL.into_iter().find(|status| status.as_str() == text)
     }
 
+    /// Whether the experiment ended (DONE, STOPPED or ERROR): nothing runs it any more.
+    pub fn has_ended(self) -> bool {
+        matches!(self, Self::Done | Self::Stopped | Self::Error)
+    }
+
     /// Whether time in this status counts toward `maxExperimentDuration`: the manager is up and
     /// the experiment has trials to run or to wait for.
     pub fn is_active(self) -> bool {

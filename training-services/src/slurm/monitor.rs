@@ -169,7 +169,7 @@ async fn update_jobs(
             // Held ends count: Slurm's SIGTERM of a requeue ends the trials first (their ends
             // held, see `on_incoming`), and their agent's link may close before this poll; the
             // job, pending again and held back by Slurm, would otherwise keep them for as long
-            // as it waits (the requeue test timed out so, 1 run in 3 under load).
+            // as it waits (the requeue test timed out so, once in 33 runs under load).
             let had_run = job.link.is_some()
                 || !job.running.is_empty()
                 || !job.held.is_empty()
