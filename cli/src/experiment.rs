@@ -406,15 +406,33 @@ fn ranked(
     valued
 }
 
-fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
+/// The store of a registered experiment, or a one-line error; one whose directory was moved or
+/// deleted by hand says so and how to forget it, rather than "no such file".
+pub(crate) fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
+    if entry.directory_gone() {
+        anyhow::bail!(
+            "experiment {id}: its directory {dir} is gone (moved or deleted outside knob); `knob experiment delete {id} --yes` forgets it",
+            id = entry.id,
+            dir = entry.dir.display()
+        );
+    }
     StoreReader::open(&entry.dir).map_err(|e| anyhow::anyhow!("experiment {}: {e}", entry.id))
 }
 
 fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
-    let rows: Vec<Vec<String>> = registry
-        .list()?
+    let entries = registry.list()?;
+    let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
+            if e.directory_gone() {
+                return vec![
+                    e.id.clone(),
+                    e.name.clone().unwrap_or_default(),
+                    e.shown_status(),
+                    "-".into(),
+                    format!("{} (gone)", e.dir.display()),
+                ];
+            }
             let trials = StoreReader::open(&e.dir)
                 .and_then(|r| r.trial_counts())
                 .map(|counts| counts.values().sum::<u64>().to_string())
@@ -435,6 +453,11 @@ fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
             "{}",
             render(&["id", "name", "status", "trials", "directory"], &rows)
         );
+        if entries.iter().any(RegistryEntry::directory_gone) {
+            println!(
+                "(gone): moved or deleted outside knob; `knob experiment delete ID --yes` forgets one"
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -131,8 +131,7 @@ pub fn view(args: ViewArgs) -> anyhow::Result<ExitCode> {
         return view_every_experiment(args);
     };
     let entry = Registry::open_default()?.get(&id)?;
-    knob_core::store::StoreReader::open(&entry.dir)
-        .map_err(|e| anyhow::anyhow!("experiment {id}: {e}"))?;
+    crate::experiment::open(&entry)?;
     if ApiClient::for_running(&entry).is_some() {
         errln!(
             "note: experiment {id} is running and serves its own dashboard on port {}",

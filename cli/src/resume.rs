@@ -46,6 +46,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     // Bound before the store is changed (--max-trial-number, --max-experiment-duration): a
     // busy --port fails with the experiment as it was.
     let listener = args.serve.bind()?;
+    crate::experiment::open(&entry)?;
     let store = Store::open(&entry.dir)?;
     let state = store.replay()?;
     let mut config: ExperimentConfig =

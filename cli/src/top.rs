@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use knob_core::api::experiment_snapshot;
 use knob_core::registry::{Registry, CRASHED};
-use knob_core::store::StoreReader;
 use serde_json::{json, Value};
 
 use crate::client::ApiClient;
@@ -37,7 +36,7 @@ pub fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
                 client.get("/trials?status=RUNNING,WAITING&limit=20")?,
             ),
             None => {
-                let mut snapshot = from_store(&entry.dir)?;
+                let mut snapshot = from_store(&entry)?;
                 if entry.crashed() {
                     snapshot["status"] = json!(CRASHED);
                 }
@@ -67,10 +66,11 @@ pub fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// What `GET /api/v1/experiment` gives, from the store of an experiment not running.
-fn from_store(dir: &std::path::Path) -> anyhow::Result<Value> {
-    let reader = StoreReader::open(dir)?;
-    experiment_snapshot(&reader)?
-        .ok_or_else(|| anyhow::anyhow!("the store in {} has no experiment yet", dir.display()))
+fn from_store(entry: &knob_core::registry::RegistryEntry) -> anyhow::Result<Value> {
+    let reader = crate::experiment::open(entry)?;
+    experiment_snapshot(&reader)?.ok_or_else(|| {
+        anyhow::anyhow!("the store in {} has no experiment yet", entry.dir.display())
+    })
 }
 
 fn render_frame(id: &str, snapshot: &Value, running: &Value, live: bool) -> String {

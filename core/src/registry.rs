@@ -123,6 +123,12 @@ impl RegistryEntry {
         self.pid.is_some() && self.running_pid().is_none()
     }
 
+    /// Whether the experiment's store is no longer where it was registered: its directory was
+    /// moved or deleted outside knob, so only `knob experiment delete` has anything left to do.
+    pub fn directory_gone(&self) -> bool {
+        !self.dir.join(crate::store::DB_FILE_NAME).exists()
+    }
+
     /// The status as users see it: the recorded one, or [`CRASHED`].
     pub fn shown_status(&self) -> String {
         if self.crashed() {

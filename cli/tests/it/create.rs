@@ -228,6 +228,55 @@ fn create_refuses_a_folder_of_user_files_and_delete_keeps_what_knob_did_not_make
 }
 
 #[test]
+fn an_experiment_whose_folder_was_removed_by_hand_says_so_and_can_be_forgotten() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    assert_eq!(sandbox.create(&config, "moved").0, 0);
+    let dir = sandbox.path().join("experiments/moved");
+    std::fs::rename(&dir, sandbox.path().join("elsewhere")).unwrap();
+
+    let (code, stdout, stderr) = run(sandbox.knob().args(["experiment", "list"]));
+    assert_eq!(code, 0, "{stderr}");
+    let row = stdout.lines().find(|l| l.starts_with("moved ")).unwrap();
+    assert!(
+        row.contains(" - ") && row.ends_with(&format!("{} (gone)", dir.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("`knob experiment delete ID --yes` forgets one"),
+        "{stdout}"
+    );
+
+    let gone = format!(
+        "error: experiment moved: its directory {} is gone (moved or deleted outside knob); `knob experiment delete moved --yes` forgets it\n",
+        dir.display()
+    );
+    for command in [
+        &["experiment", "show", "moved"][..],
+        &["trial", "ls", "moved"],
+        &["experiment", "export", "moved"],
+        &["resume", "moved"],
+        &["view", "moved", "--port", "0"],
+    ] {
+        let (code, _, stderr) = run(sandbox.knob().args(command));
+        assert_eq!((code, stderr.as_str()), (1, gone.as_str()), "{command:?}");
+    }
+
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["experiment", "delete", "moved", "--yes"]));
+    assert_eq!(code, 0, "{stderr}");
+    let (_, stdout, _) = run(sandbox.knob().args(["experiment", "list"]));
+    assert!(!stdout.contains("moved"), "{stdout}");
+    assert!(sandbox.path().join("elsewhere/experiment.db").is_file());
+}
+
+#[test]
 fn an_unknown_tuner_is_refused_before_anything_is_created() {
     let sandbox = Sandbox::new();
     let yaml = format!(
