@@ -253,11 +253,17 @@ pub(crate) fn take_writer_lock(
     };
     let lock = Connection::open(lock_path).map_err(|e| lock_error(&e))?;
     // Exclusive locking mode keeps the lock taken by the first write until the connection
-    // closes; the write records who holds it, for a person looking at the file.
+    // closes; the write records who holds it, for a person looking at the file. The mode is set
+    // once the lock is ours: set before, a failed attempt keeps the shared lock it read with, so
+    // two processes opening at once could each stop the other and both fail. In the normal mode
+    // a failed attempt lets go and waits (the busy timeout) for a racing opener to either hold
+    // the lock or give up.
+    lock.busy_timeout(Duration::from_millis(500))
+        .map_err(|e| lock_error(&e))?;
     lock.execute_batch(
-        "PRAGMA locking_mode = EXCLUSIVE;
-         PRAGMA synchronous = OFF;
+        "PRAGMA synchronous = OFF;
          BEGIN EXCLUSIVE;
+         PRAGMA locking_mode = EXCLUSIVE;
          CREATE TABLE IF NOT EXISTS writer (pid INTEGER NOT NULL);
          DELETE FROM writer;",
     )

@@ -918,6 +918,33 @@ fn one_writer_per_experiment() {
     Store::open(dir.path()).unwrap();
 }
 
+/// Two managers opening one experiment at the same moment (two `knob resume` started together):
+/// one of them writes it. Without a wait on the lock file each could hold the shared lock the
+/// other needed to become the writer, and both failed.
+#[test]
+fn of_two_writers_opening_at_once_one_wins() {
+    for round in 0..12 {
+        let dir = tempfile::tempdir().unwrap();
+        Store::open(dir.path()).unwrap();
+        let start = std::sync::Barrier::new(2);
+        let opened: Vec<bool> = std::thread::scope(|scope| {
+            let open = || {
+                start.wait();
+                Store::open(dir.path())
+            };
+            let (a, b) = (scope.spawn(open), scope.spawn(open));
+            let (a, b) = (a.join().unwrap(), b.join().unwrap());
+            // Both results are held until both are known, so a winner cannot let the other in.
+            vec![a.is_ok(), b.is_ok()]
+        });
+        assert_eq!(
+            opened.iter().filter(|&&ok| ok).count(),
+            1,
+            "round {round}: {opened:?}"
+        );
+    }
+}
+
 #[test]
 fn files_that_are_not_a_knob_store_are_refused_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
