@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use notify::event::{AccessKind, AccessMode, EventKind};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::{oneshot, Notify};
 
@@ -37,6 +38,13 @@ impl FileWatcher {
         let for_events = wakers.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             let Ok(event) = event else { return };
+            // The tail's own reads open the file: waking on opens (and reads' closes) would
+            // read again, open again, and spin a core for as long as the trial runs.
+            if let EventKind::Access(access) = event.kind {
+                if access != AccessKind::Close(AccessMode::Write) {
+                    return;
+                }
+            }
             let wakers = for_events.lock().unwrap_or_else(|p| p.into_inner());
             for path in &event.paths {
                 if let Some(wake) = wakers.get(path) {
@@ -349,4 +357,50 @@ pub async fn tail_files(
         poll |= unwatched;
     }
     watched
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Reading a watched file must not wake its tail: the tail reads on every wake-up, so a
+    /// wake-up per read kept a core busy for the whole life of every trial.
+    #[test]
+    fn a_watched_file_wakes_its_tail_when_written_not_when_read() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.knob");
+        std::fs::write(&path, "KNOB_INTERMEDIATE 1\n").unwrap();
+        let watcher = FileWatcher::new();
+        if let Some(why) = watcher.unavailable() {
+            panic!("inotify is unavailable here: {why}");
+        }
+        let wake = Arc::new(Notify::new());
+        watcher.watch(&path, wake.clone()).unwrap();
+        let woken = |within: Duration| {
+            runtime.block_on(async { tokio::time::timeout(within, wake.notified()).await.is_ok() })
+        };
+
+        for _ in 0..5 {
+            std::fs::read(&path).unwrap();
+        }
+        // Long enough for inotify to have delivered the reads' events, had they been kept.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!woken(Duration::from_millis(50)), "reading woke the tail");
+
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"KNOB_FINAL 2\n")
+            .unwrap();
+        assert!(
+            woken(Duration::from_secs(10)),
+            "an append did not wake the tail"
+        );
+    }
 }
