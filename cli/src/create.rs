@@ -594,22 +594,40 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
         .id
         .clone()
         .unwrap_or_else(experiment::new_experiment_id);
+    let mut command: Vec<std::ffi::OsString> = vec![
+        "create".into(),
+        "--config".into(),
+        args.config.clone().into(),
+        "--id".into(),
+        id.clone().into(),
+    ];
+    command.extend(args.serve.to_args().into_iter().map(Into::into));
+    run_detached(&id, command, &args.serve)
+}
+
+/// Runs `knob COMMAND` (a `create` or `resume` of experiment `id`, without `--detach`) in a new
+/// session, its output appended to `$KNOB_HOME/logs/ID.log`, and returns once it has
+/// registered itself as the experiment's runner, or with its error line if it stopped first.
+pub(crate) fn run_detached(
+    id: &str,
+    command: Vec<std::ffi::OsString>,
+    serve: &ServeArgs,
+) -> anyhow::Result<ExitCode> {
     let log_dir = knob_home().join("logs");
     std::fs::create_dir_all(&log_dir)
         .with_context(|| format!("cannot create {}", log_dir.display()))?;
     let log_path = log_dir.join(format!("{id}.log"));
-    let log = std::fs::File::create(&log_path)
+    // Appended to: a resumed experiment's log goes on after its earlier runs'.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
         .with_context(|| format!("cannot create {}", log_path.display()))?;
+    let earlier_log = log.metadata().map(|m| m.len()).unwrap_or(0);
     let exe = std::env::current_exe().context("cannot find the knob executable")?;
     let mut child = std::process::Command::new(exe);
-    child
-        .arg("create")
-        .arg("--config")
-        .arg(&args.config)
-        .arg("--id")
-        .arg(&id)
-        .args(args.serve.to_args());
-    if let Some(token) = args.serve.token() {
+    child.args(command);
+    if let Some(token) = serve.token() {
         child.env("KNOB_API_TOKEN", token);
     }
     child
@@ -636,8 +654,10 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while std::time::Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let last = log
+            let log = std::fs::read(&log_path).unwrap_or_default();
+            let this_run = String::from_utf8_lossy(log.get(earlier_log as usize..).unwrap_or(&[]))
+                .into_owned();
+            let last = this_run
                 .lines()
                 .rev()
                 .find(|l| l.starts_with("error"))
@@ -647,17 +667,14 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
                 log_path.display()
             );
         }
-        if let Ok(entry) = registry.get(&id) {
+        if let Ok(entry) = registry.get(id) {
             if entry.pid == Some(child.id()) {
                 outln!(
                     "experiment {id} runs in the background (pid {}); log: {}",
                     child.id(),
                     log_path.display()
                 );
-                outln!(
-                    "follow it with `knob trial ls {id}`; stop it with `kill -INT {}`",
-                    child.id()
-                );
+                outln!("follow it with `knob trial ls {id}` or `knob top {id}`; stop it with `knob stop {id}`");
                 return Ok(ExitCode::SUCCESS);
             }
         }

@@ -24,6 +24,9 @@ pub struct ResumeArgs {
     /// Raise (or set) maxExperimentDuration (`30m`, `2h`, or seconds); time already spent counts.
     #[arg(long, value_parser = parse_duration)]
     max_experiment_duration: Option<Duration>,
+    /// Run in the background; print where the log goes (appended to the experiment's log).
+    #[arg(long)]
+    detach: bool,
     #[command(flatten)]
     serve: ServeArgs,
 }
@@ -43,10 +46,24 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
             args.id
         );
     }
+    crate::experiment::open(&entry)?;
+    if args.detach {
+        let mut command: Vec<std::ffi::OsString> = vec!["resume".into(), args.id.clone().into()];
+        if let Some(max) = args.max_trial_number {
+            command.extend(["--max-trial-number".into(), max.to_string().into()]);
+        }
+        if let Some(max) = args.max_experiment_duration {
+            command.extend([
+                "--max-experiment-duration".into(),
+                max.as_secs().to_string().into(),
+            ]);
+        }
+        command.extend(args.serve.to_args().into_iter().map(Into::into));
+        return crate::create::run_detached(&args.id, command, &args.serve);
+    }
     // Bound before the store is changed (--max-trial-number, --max-experiment-duration): a
     // busy --port fails with the experiment as it was.
     let listener = args.serve.bind()?;
-    crate::experiment::open(&entry)?;
     let store = Store::open(&entry.dir)?;
     let state = store.replay()?;
     let mut config: ExperimentConfig =

@@ -123,6 +123,92 @@ fn an_out_of_memory_kill_is_named_as_such() {
     );
 }
 
+/// `knob resume --detach` runs on in the background as `knob create --detach` does, passing on
+/// its options, and its output goes on in the experiment's log after the earlier run's.
+#[test]
+fn a_detached_resume_runs_in_the_background_and_its_log_goes_on() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: sleep 1; echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 2\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "bg", "--detach"]));
+    assert_eq!(code, 0, "{stderr}");
+    // A second runner is refused at once, in the foreground.
+    let (code, _, stderr) = run(sandbox.knob().args(["resume", "bg", "--detach"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: experiment bg is running (pid ")
+            && stderr.ends_with("stop it first with `knob stop bg`\n"),
+        "{stderr}"
+    );
+    // Done once its runner recorded the end in the registry, after closing the store: the next
+    // resume is not refused as a second runner.
+    let done = |trials: usize| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+            let export = sandbox.export("bg");
+            if list
+                .lines()
+                .any(|l| l.starts_with("bg ") && l.contains(" DONE "))
+            {
+                assert_eq!(export["trials"].as_array().unwrap().len(), trials);
+                break;
+            }
+            assert!(Instant::now() < deadline, "not done in time: {export}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    done(2);
+
+    let (code, stdout, stderr) = run(sandbox.knob().args([
+        "resume",
+        "bg",
+        "--detach",
+        "--max-trial-number",
+        "4",
+        "--port",
+        "0",
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.starts_with("experiment bg runs in the background (pid ")
+            && stdout.contains("stop it with `knob stop bg`"),
+        "{stdout}"
+    );
+    done(4);
+    let log = std::fs::read_to_string(sandbox.path().join("home/logs/bg.log")).unwrap();
+    assert_eq!(
+        log.matches("experiment bg DONE: ").count(),
+        2,
+        "both runs are in the log:\n{log}"
+    );
+    assert!(
+        log.contains("resuming experiment bg (DONE, 2 trials so far)"),
+        "{log}"
+    );
+
+    // An experiment whose folder is gone is refused before anything starts in the background.
+    std::fs::rename(
+        sandbox.path().join("experiments/bg"),
+        sandbox.path().join("moved"),
+    )
+    .unwrap();
+    let (code, _, stderr) = run(sandbox.knob().args(["resume", "bg", "--detach"]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("its directory"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(sandbox.path().join("home/logs/bg.log")).unwrap(),
+        log
+    );
+}
+
 #[test]
 fn knob_stop_stops_a_running_experiment_and_resume_finishes_it() {
     let sandbox = Sandbox::new();
