@@ -209,6 +209,71 @@ fn a_detached_resume_runs_in_the_background_and_its_log_goes_on() {
     );
 }
 
+/// A `trialConcurrency` far beyond what the machine runs (one simulated GPU, so one trial at a
+/// time and the rest waiting) keeps the manager creating waiting trials; a stop still gets
+/// through at once. One turn used to create trials for as long as the budget lasted (here a
+/// hundred million), and nothing else was heard meanwhile.
+#[test]
+fn a_huge_concurrency_does_not_keep_a_stop_from_being_heard() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: sleep 30\ntrialConcurrency: 100000000\nmaxTrialNumber: 100000000\ntrialGpuNumber: 1\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "1x16GiB")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "flood", "--detach"]));
+    assert_eq!(code, 0, "{stderr}");
+    let pid: i32 = stdout
+        .split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {stdout:?}"));
+    // Killed whatever happens, not left creating trials.
+    struct KillOnDrop(i32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            // SAFETY: signalling the experiment this test started.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _guard = KillOnDrop(pid);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, show, _) = run(sandbox.knob().args(["experiment", "show", "flood"]));
+        let waiting: u64 = show
+            .split("WAITING ")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if waiting > 3000 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no trials waiting: {show}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // `knob stop` gives up after 2 minutes of waiting for the experiment to end.
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "flood"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("experiment flood stopped (STOPPED)"),
+        "{stdout}"
+    );
+    let export = sandbox.export("flood");
+    let trials = export["trials"].as_array().unwrap();
+    assert!(trials.len() < 1_000_000, "{}", trials.len());
+    assert!(
+        trials.iter().all(|t| t["status"] == "USER_CANCELED"),
+        "every trial was cancelled by the stop"
+    );
+}
+
 #[test]
 fn knob_stop_stops_a_running_experiment_and_resume_finishes_it() {
     let sandbox = Sandbox::new();

@@ -64,6 +64,9 @@ pub(super) struct Manager {
     pub(super) commands_open: bool,
     pub(super) timers: Timers,
     pub(super) stop_requested: bool,
+    /// `submit_new` stopped at [`MAX_NEW_TRIALS_A_TURN`] with more trials to create: the loop
+    /// comes back for them once what has already arrived (a stop, service events) is handled.
+    more_to_submit: bool,
     /// Population members whose checkpoint folder was deleted
     /// (`population::collect_checkpoints`).
     pub(super) collected: std::collections::HashSet<String>,
@@ -189,6 +192,7 @@ impl Manager {
             commands_open: true,
             timers,
             stop_requested: false,
+            more_to_submit: false,
             collected: Default::default(),
             snapshots_unsupported_told: Default::default(),
             observer: None,
@@ -277,6 +281,8 @@ impl Manager {
                 Some(woken) = self.woken.recv() => Wake::Woken(woken),
                 // A tuner that woke us before may never answer again: the wait is bounded.
                 _ = tokio::time::sleep(IDLE_DEFERRED_PATIENCE), if idle_deferred => Wake::GaveUpOnTuner,
+                // Ready on its second poll: whatever had already arrived is taken first.
+                () = tokio::task::yield_now(), if self.more_to_submit => Wake::MoreToSubmit,
             };
             self.count(&wake);
             self.observe(false, next_deadline);
@@ -331,6 +337,8 @@ impl Manager {
                     .await?;
                     return Ok(());
                 }
+                // `fill`, first thing in the next turn, creates them.
+                Wake::MoreToSubmit => {}
             }
         }
     }
@@ -345,7 +353,7 @@ impl Manager {
             Wake::Command(_) => wakes.commands += 1,
             Wake::StartFailed(..) => wakes.start_failures += 1,
             Wake::Deadline => wakes.deadlines += 1,
-            Wake::Woken(_) | Wake::GaveUpOnTuner => wakes.components += 1,
+            Wake::Woken(_) | Wake::GaveUpOnTuner | Wake::MoreToSubmit => wakes.components += 1,
         }
     }
 
@@ -377,7 +385,7 @@ impl Manager {
             self.submit_new().await?;
             let active = self.book.active_count();
             self.place_waiting().await?;
-            if self.book.active_count() >= active || self.closed() {
+            if self.book.active_count() >= active || self.closed() || self.more_to_submit {
                 break;
             }
         }
@@ -423,7 +431,14 @@ impl Manager {
                 .await?;
         }
         let concurrency = u64::from(self.config.trial_concurrency);
+        self.more_to_submit = false;
+        let mut asked = 0;
         while !self.closed() && self.book.active_count() + self.tuner.in_flight() < concurrency {
+            if asked == MAX_NEW_TRIALS_A_TURN {
+                self.more_to_submit = true;
+                break;
+            }
+            asked += 1;
             match self.tuner.generate().await? {
                 Handout::Parameters {
                     parameter_id,
@@ -921,6 +936,8 @@ enum Wake {
     Deadline,
     Woken(Woken),
     GaveUpOnTuner,
+    /// Back for the trials `submit_new` left for another turn.
+    MoreToSubmit,
 }
 
 /// Which component woke the loop outside a call.
@@ -960,6 +977,11 @@ fn waker(
 
 /// At most this many service events are taken from the channel at once.
 const MAX_EVENT_BATCH: usize = 4096;
+
+/// The most trials one turn asks the tuner for. A `trialConcurrency` far above what the services
+/// run (`knob update concurrency ID 100000000`) made one turn create trials for as long as the
+/// budget lasted, and a stop, or any event, waited behind it.
+const MAX_NEW_TRIALS_A_TURN: u32 = 1024;
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {

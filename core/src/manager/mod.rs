@@ -276,7 +276,7 @@ pub struct Wakes {
     pub reprobes: u64,
     pub overdue: u64,
     /// Commands (stop, update, environments), starts a service refused, and a tuner or
-    /// assessor that woke it.
+    /// assessor that woke it (or the loop's own return for trials one turn left to create).
     pub commands: u64,
     pub start_failures: u64,
     pub components: u64,
