@@ -73,6 +73,15 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
                 args.id
             )
         })?;
+    // Checked before anything is changed: without it no trial can start, and each one the
+    // budget still allows would be created only to fail.
+    if !config.trial_code_directory.is_dir() {
+        anyhow::bail!(
+            "experiment {}: its trialCodeDirectory {} is gone, so no trial could start; put it back (a copy at that path will do) and resume again",
+            args.id,
+            config.trial_code_directory.display()
+        );
+    }
     let trials_so_far = state.trials.len() as u64;
     if let Some(max) = args.max_trial_number.filter(|&max| max < trials_so_far) {
         anyhow::bail!(

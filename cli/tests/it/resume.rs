@@ -274,6 +274,48 @@ fn a_huge_concurrency_does_not_keep_a_stop_from_being_heard() {
     );
 }
 
+/// A resume whose trial code directory was removed is refused before it changes anything: each
+/// trial would fail to start, using up the budget it was resumed to spend.
+#[test]
+fn a_resume_without_its_code_directory_is_refused_and_changes_nothing() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    assert_eq!(sandbox.create(&config, "nocode").0, 0);
+    let code_dir = sandbox.path().join("code");
+    std::fs::rename(&code_dir, sandbox.path().join("code-moved")).unwrap();
+    let (code, _, stderr) =
+        run(sandbox
+            .knob()
+            .args(["resume", "nocode", "--max-trial-number", "5"]));
+    assert_eq!(code, 1);
+    assert_eq!(
+        stderr,
+        format!(
+            "error: experiment nocode: its trialCodeDirectory {} is gone, so no trial could start; put it back (a copy at that path will do) and resume again\n",
+            code_dir.display()
+        )
+    );
+    let export = sandbox.export("nocode");
+    assert_eq!(export["trials"].as_array().unwrap().len(), 1);
+    assert_eq!(export["experiment"]["config"]["maxTrialNumber"], 1);
+
+    std::fs::rename(sandbox.path().join("code-moved"), &code_dir).unwrap();
+    let (status, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["resume", "nocode", "--max-trial-number", "2"]));
+    assert_eq!(status, 0, "{stdout}\n{stderr}");
+    assert_eq!(
+        sandbox.export("nocode")["trials"].as_array().unwrap().len(),
+        2
+    );
+}
+
 #[test]
 fn knob_stop_stops_a_running_experiment_and_resume_finishes_it() {
     let sandbox = Sandbox::new();
