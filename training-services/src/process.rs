@@ -603,50 +603,107 @@ impl TrialTree {
     /// member; processes that left the group are not counted, which would need every
     /// process's environment read). 0 without `/proc`.
     pub fn resident_bytes(&self) -> u64 {
-        let Some(pgid) = self.pgid else { return 0 };
-        let Some(listed) = listed_pids() else {
-            return 0;
-        };
-        let window = self.not_before.new_pids();
-        let mut kib = 0;
-        for pid in listed.into_iter().filter(|&pid| window.holds(pid)) {
-            let member = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| parse_state_and_group(&stat))
-                .is_some_and(|(state, group)| group == pgid && !has_ended(state));
-            if member {
-                kib += std::fs::read_to_string(format!("/proc/{pid}/status"))
+        let kib: u64 = self
+            .group_pids()
+            .into_iter()
+            .map(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/status"))
                     .ok()
                     .and_then(|status| vm_rss_kib(&status))
-                    .unwrap_or(0);
-            }
-        }
+                    .unwrap_or(0)
+            })
+            .sum();
         kib * 1024
     }
-}
 
-impl TrialTree {
     /// The pids of the group's live processes now (as [`TrialTree::resident_bytes`] counts
     /// them), for matching against the GPUs' compute processes. None without `/proc`.
     pub fn group_pids(&self) -> Vec<u32> {
         let Some(pgid) = self.pgid else {
             return Vec::new();
         };
-        let Some(listed) = listed_pids() else {
+        let Some(groups) = live_groups(self.not_before.at) else {
             return Vec::new();
         };
         let window = self.not_before.new_pids();
-        listed
-            .into_iter()
-            .filter(|&pid| window.holds(pid))
-            .filter_map(|pid| {
-                let (state, group) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .ok()
-                    .and_then(|stat| parse_state_and_group(&stat))?;
-                (group == pgid && !has_ended(state)).then_some(pid)
+        groups
+            .members
+            .get(&pgid)
+            .map(|pids| {
+                pids.iter()
+                    .copied()
+                    .filter(|&pid| window.holds(pid))
+                    .collect()
             })
-            .collect()
+            .unwrap_or_default()
     }
+}
+
+/// Every live process's group, as one reading of `/proc` found them, shared by the trials whose
+/// memory is sampled at about the same time. Each running trial is sampled every second (every
+/// 200 ms with a memory limit, `runner::watch_memory`); when each sample listed `/proc` and read
+/// the `stat` of every process started since its trial's spawn, the cost grew with trials ×
+/// processes: with 128 trials sleeping, two thirds of the manager's CPU, a third of a core.
+/// Samples fall on shared ticks ([`next_sample_tick`]), so one reading serves them all.
+struct LiveGroups {
+    taken: std::time::Instant,
+    members: std::collections::HashMap<u32, Vec<u32>>,
+}
+
+/// How old a reading of the groups may be and still serve a sample.
+const LIVE_GROUPS_MAX_AGE: std::time::Duration = std::time::Duration::from_millis(100);
+
+static LIVE_GROUPS: std::sync::Mutex<Option<std::sync::Arc<LiveGroups>>> =
+    std::sync::Mutex::new(None);
+
+/// How many times `/proc` was read for [`LiveGroups`] (for tests).
+static LIVE_GROUPS_READS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The groups as read at most [`LIVE_GROUPS_MAX_AGE`] ago and not before `not_before` (a
+/// reading older than a trial's spawn cannot hold its processes); read again otherwise, once,
+/// while the other samplers that want it wait. None without `/proc`.
+fn live_groups(not_before: std::time::Instant) -> Option<std::sync::Arc<LiveGroups>> {
+    let mut cached = LIVE_GROUPS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(groups) = cached
+        .as_ref()
+        .filter(|g| g.taken >= not_before && g.taken.elapsed() < LIVE_GROUPS_MAX_AGE)
+    {
+        return Some(groups.clone());
+    }
+    let taken = std::time::Instant::now();
+    let listed = listed_pids()?;
+    LIVE_GROUPS_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut members: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for pid in listed {
+        let Some((state, group)) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| parse_state_and_group(&stat))
+        else {
+            continue;
+        };
+        if !has_ended(state) {
+            members.entry(group).or_default().push(pid);
+        }
+    }
+    let groups = std::sync::Arc::new(LiveGroups { taken, members });
+    *cached = Some(groups.clone());
+    Some(groups)
+}
+
+/// When a sampler that last sampled at `now` samples next: the first multiple of `every` since
+/// a moment fixed once a process, so that the samplers of every trial with the same `every`
+/// wake together and share one reading of `/proc` ([`LiveGroups`]).
+pub fn next_sample_tick(
+    now: tokio::time::Instant,
+    every: std::time::Duration,
+) -> tokio::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = tokio::time::Instant::from_std(*EPOCH.get_or_init(std::time::Instant::now));
+    let every_ns = every.as_nanos().max(1);
+    let since = now.saturating_duration_since(epoch).as_nanos();
+    let ticks = since / every_ns + 1;
+    let offset = u64::try_from(ticks * every_ns).unwrap_or(u64::MAX);
+    epoch + std::time::Duration::from_nanos(offset)
 }
 
 /// `/proc/<pid>/environ`, read in one `read(2)` where it fits 128 KiB. The kernel reads it
@@ -1000,6 +1057,65 @@ mod tests {
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+
+    #[test]
+    fn samplers_with_the_same_interval_wake_on_the_same_ticks() {
+        let every = std::time::Duration::from_millis(1000);
+        // The first call fixes the moment the ticks count from.
+        next_sample_tick(tokio::time::Instant::now(), every);
+        let now = tokio::time::Instant::now();
+        let tick = next_sample_tick(now, every);
+        assert!(tick > now && tick - now <= every, "{:?}", tick - now);
+        // Anyone asking before that tick is given it; at it, the next one.
+        let between = now + (tick - now) / 2;
+        assert_eq!(next_sample_tick(between, every), tick);
+        assert_eq!(next_sample_tick(tick, every), tick + every);
+        // A shorter interval that divides it wakes on its ticks too.
+        let fast = std::time::Duration::from_millis(200);
+        assert_eq!(next_sample_tick(tick - fast / 2, fast), tick);
+    }
+
+    /// Trials sampled on one tick share one reading of `/proc`; each still finds only its own
+    /// group's processes, and a reading older than a trial's spawn is not used for it.
+    #[test]
+    fn trials_sampled_together_share_one_reading_of_proc() {
+        let before = BeforeSpawn::now();
+        let mut children: Vec<_> = (0..4).map(|_| marked_sleep("m")).collect();
+        let trees: Vec<_> = children
+            .iter()
+            .map(|child| TrialTree::new(Some(child.id()), "m", before))
+            .collect();
+        let reads = || LIVE_GROUPS_READS.load(std::sync::atomic::Ordering::Relaxed);
+        // Other tests of this binary read it too: the count is compared within one short span,
+        // repeated until no other reading fell into it.
+        let mut shared = false;
+        for _ in 0..20 {
+            let first = reads();
+            let found: Vec<Vec<u32>> = trees.iter().map(TrialTree::group_pids).collect();
+            let used = reads() - first;
+            for (child, pids) in children.iter().zip(&found) {
+                assert_eq!(pids, &[child.id()]);
+            }
+            assert!(trees.iter().all(|tree| tree.resident_bytes() > 0));
+            if used <= 1 {
+                shared = true;
+                break;
+            }
+        }
+        let later = BeforeSpawn::now();
+        let newer = marked_sleep("m");
+        let newer_tree = TrialTree::new(Some(newer.id()), "m", later);
+        assert_eq!(newer_tree.group_pids(), [newer.id()]);
+        children.push(newer);
+        for mut child in children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert!(
+            shared,
+            "four trials sampled at once read /proc more than once"
+        );
     }
 
     #[test]

@@ -507,10 +507,12 @@ async fn watch_memory(
     };
     // Not at once: at its spawn a trial is a `bash` that has just started, nothing worth a
     // scan of `/proc`, and a trial that ends within the delay (most of `trial_overhead.sh`'s)
-    // is never sampled.
-    let mut tick = tokio::time::interval_at(Instant::now() + FIRST_MEMORY_SAMPLE, every);
+    // is never sampled. After that, on the ticks every trial's sampler shares (one reading of
+    // `/proc` serves them all, see `process::next_sample_tick`).
+    let mut next = Instant::now() + FIRST_MEMORY_SAMPLE;
     loop {
-        tick.tick().await;
+        tokio::time::sleep_until(next).await;
+        next = crate::process::next_sample_tick(Instant::now(), every);
         let sampled = tree.clone();
         let source = gpu_usage.clone();
         let Ok((used, gpu_used)) = tokio::task::spawn_blocking(move || {
