@@ -25,6 +25,10 @@ pub enum StoreError {
     Write { path: String, message: String },
     #[error("{path}: cannot read the experiment store: {message}")]
     Read { path: String, message: String },
+    /// SQLite found the file corrupt: a disk error, the machine stopping while its disk still
+    /// cached writes, or a copy taken while the store was written.
+    #[error("{path}: the experiment store is damaged ({message}) and cannot be read; keep a copy of the experiment's folder: each trial's folder in it (trials/ID/) still holds the trial's parameters and its output, metrics included")]
+    Damaged { path: String, message: String },
     #[error("{path}: event refused: {reason}")]
     Rejected { path: String, reason: Rejection },
     #[error("{path}: the event log is damaged at event {seq}: {message}")]
@@ -139,6 +143,21 @@ impl fmt::Display for Rejection {
 }
 
 /// An SQLite error as one line (SQLite's messages rarely hold newlines; a path might).
+/// `make(path, message)`, or [`StoreError::Damaged`] where SQLite found the file corrupt.
+pub(crate) fn or_damaged(
+    error: &rusqlite::Error,
+    path: &str,
+    make: impl FnOnce(String, String) -> StoreError,
+) -> StoreError {
+    match error.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => StoreError::Damaged {
+            path: path.to_string(),
+            message: one_line(error),
+        },
+        _ => make(path.to_string(), one_line(error)),
+    }
+}
+
 pub(crate) fn one_line(error: &dyn fmt::Display) -> String {
     error.to_string().replace(['\n', '\r'], " ")
 }

@@ -9,7 +9,7 @@ use rusqlite::{params_from_iter, Connection, OptionalExtension, Row};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::error::{one_line, StoreError};
+use super::error::{or_damaged, StoreError};
 use super::event::{
     Counters, Direction, EventRecord, EventSeq, ExperimentStatus, MetricKind, MetricRecord,
     TrialStatus,
@@ -235,10 +235,10 @@ impl StoreReader {
     }
 
     fn read_error(&self, error: rusqlite::Error) -> StoreError {
-        StoreError::Read {
-            path: self.path.clone(),
-            message: one_line(&error),
-        }
+        or_damaged(&error, &self.path, |path, message| StoreError::Read {
+            path,
+            message,
+        })
     }
 
     /// Rebuilds the whole experiment from the log (what resume and export use).

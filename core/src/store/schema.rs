@@ -100,10 +100,10 @@ fn open_error(path: &Path, error: &rusqlite::Error) -> StoreError {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
             path: path_text(path),
         },
-        _ => StoreError::Open {
-            path: path_text(path),
-            message: one_line(error),
-        },
+        _ => super::error::or_damaged(error, &path_text(path), |path, message| StoreError::Open {
+            path,
+            message,
+        }),
     }
 }
 

@@ -9,7 +9,7 @@ use rusqlite::Connection;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::error::{one_line, StoreError};
+use super::error::{or_damaged, StoreError};
 use super::event::{
     Counters, EventRecord, EventSeq, ExperimentStatus, Lineage, MetricKind, MetricRecord,
     StoreEvent, TrialStatus,
@@ -270,9 +270,8 @@ pub(crate) fn set_config_field(
 
 /// Replays the whole log in one read transaction, so the state is one committed moment.
 pub(crate) fn replay(connection: &Connection, path: &str) -> Result<ExperimentState, StoreError> {
-    let read_error = |e: rusqlite::Error| StoreError::Read {
-        path: path.to_string(),
-        message: one_line(&e),
+    let read_error = |e: rusqlite::Error| {
+        or_damaged(&e, path, |path, message| StoreError::Read { path, message })
     };
     let transaction = connection.unchecked_transaction().map_err(read_error)?;
     let mut replayer = Replayer::new(path);
@@ -321,9 +320,8 @@ fn read_event(
     path: &str,
 ) -> Result<Option<EventRecord>, StoreError> {
     let Some(row) = row else { return Ok(None) };
-    let read_error = |e: rusqlite::Error| StoreError::Read {
-        path: path.to_string(),
-        message: one_line(&e),
+    let read_error = |e: rusqlite::Error| {
+        or_damaged(&e, path, |path, message| StoreError::Read { path, message })
     };
     let seq: i64 = row.get(0).map_err(read_error)?;
     let time_ms: i64 = row.get(1).map_err(read_error)?;

@@ -216,10 +216,9 @@ impl Writer {
                 // harmlessly.
                 let _ = self.connection.execute_batch("ROLLBACK");
                 self.position = before;
-                let error = StoreError::Write {
-                    path: self.path.clone(),
-                    message: one_line(&error),
-                };
+                let error = super::error::or_damaged(&error, &self.path, |path, message| {
+                    StoreError::Write { path, message }
+                });
                 vec![Err(error); count]
             }
         }

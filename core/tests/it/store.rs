@@ -945,6 +945,40 @@ fn of_two_writers_opening_at_once_one_wins() {
     }
 }
 
+/// A store cut short (a copy taken while it was written, a disk that lost its cache) is called
+/// damaged, with where the trials' results still are, wherever SQLite notices it.
+#[test]
+fn a_damaged_store_says_so_and_how_to_recover_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        put(&store, created());
+        for sequence in 0..2000 {
+            store.append_unacked(trial(&format!("t{sequence}"), sequence));
+        }
+        put(&store, trial("last", 2000));
+    }
+    let path = dir.path().join(DB_FILE_NAME);
+    let length = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(length / 2)
+        .unwrap();
+    let error = StoreReader::open(dir.path())
+        .and_then(|reader| reader.replay())
+        .map(|_| ())
+        .unwrap_err();
+    check_error(
+        dir.path(),
+        error,
+        expect![[
+            r#"$DIR/experiment.db: the experiment store is damaged (database disk image is malformed) and cannot be read; keep a copy of the experiment's folder: each trial's folder in it (trials/ID/) still holds the trial's parameters and its output, metrics included"#
+        ]],
+    );
+}
+
 #[test]
 fn files_that_are_not_a_knob_store_are_refused_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
