@@ -207,7 +207,7 @@ impl TrialBook {
         trial.fetching = false;
         trial.kill = None;
         trial.pid = None;
-        trial.intermediate.clear();
+        trial.intermediate = Default::default();
         trial.final_value = None;
         trial.final_problem = None;
         trial.outcome = None;
@@ -432,7 +432,7 @@ mod tests {
         book.start_attempt(id, Some(1), Some(Instant::now()))
             .unwrap();
         let trial = book.known(id);
-        trial.intermediate.push(0.5);
+        std::sync::Arc::make_mut(&mut trial.intermediate).push(0.5);
         trial.final_value = Some(1.0);
         trial.kill = Some((TrialStatus::SysCanceled, "why".into()));
         trial.host_losses = 1;

@@ -524,7 +524,7 @@ impl Manager {
     /// sends its kill when it is ready). Asks it again, with the history it already had, about
     /// every running trial that has intermediate results, and stops those it gives up on.
     pub(super) async fn reassess(&mut self) -> Result<(), ManagerError> {
-        let candidates: Vec<(String, Vec<f64>)> = self
+        let candidates: Vec<(String, std::sync::Arc<Vec<f64>>)> = self
             .book
             .active_ids()
             .iter()
@@ -566,7 +566,9 @@ impl Manager {
         }
         match kind {
             MetricKind::Intermediate => {
-                trial.intermediate.push(value);
+                // The assessor's copy of the last call is gone (its reply was awaited), so
+                // this pushes in place.
+                std::sync::Arc::make_mut(&mut trial.intermediate).push(value);
                 // A trial already being stopped needs no more verdicts.
                 if trial.kill.is_some() {
                     return Ok(());

@@ -56,9 +56,11 @@ impl Manager {
             trial.final_value = this_attempt(MetricKind::Final)
                 .next()
                 .map(|m| m.value.unwrap_or(f64::NAN));
-            trial.intermediate = this_attempt(MetricKind::Intermediate)
-                .filter_map(|m| m.value)
-                .collect();
+            trial.intermediate = std::sync::Arc::new(
+                this_attempt(MetricKind::Intermediate)
+                    .filter_map(|m| m.value)
+                    .collect(),
+            );
             trial.reason = stored.end.as_ref().and_then(|end| end.message.clone());
             let id = trial.id.clone();
             self.book.insert(trial);

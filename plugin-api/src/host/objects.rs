@@ -740,7 +740,13 @@ impl AssessorHandle {
     pub fn label(&self) -> &str {
         &self.0.label
     }
-    pub fn assess_trial(&self, trial_id: String, history: Vec<f64>) -> Reply<Verdict> {
+    /// `history` is shared, not copied: the manager's copy grows in place between calls.
+    pub fn assess_trial(
+        &self,
+        trial_id: String,
+        history: impl Into<std::sync::Arc<Vec<f64>>>,
+    ) -> Reply<Verdict> {
+        let history = history.into();
         self.0.call(move |a| a.assess_trial(&trial_id, &history))
     }
     pub fn trial_final(&self, trial_id: String, value: f64) -> Reply<()> {
