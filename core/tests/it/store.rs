@@ -948,7 +948,7 @@ fn of_two_writers_opening_at_once_one_wins() {
 /// A store cut short (a copy taken while it was written, a disk that lost its cache) is called
 /// damaged, with where the trials' results still are, wherever SQLite notices it.
 #[test]
-fn a_damaged_store_says_so_and_how_to_recover_it() {
+fn a_damaged_store_says_so_and_where_the_results_still_are() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = Store::open(dir.path()).unwrap();
