@@ -327,17 +327,6 @@ fn a_blank_token_is_refused_in_one_line() {
     assert!(stderr.contains("--allow-host"), "{stderr}");
 }
 
-/// Kills the background experiment when the test ends, however it ends.
-struct Background(u32);
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &self.0.to_string()])
-            .status();
-    }
-}
-
 #[test]
 fn a_detached_experiment_keeps_its_token() {
     let sandbox = Sandbox::new();
@@ -349,13 +338,7 @@ fn a_detached_experiment_keeps_its_token() {
         .arg(&config)
         .args(["--detach", "--id", "bg", "--port", "0", "--token", "s3cret"]));
     assert_eq!(code, 0, "{stderr}");
-    let pid: u32 = stdout
-        .split("(pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {stdout:?}"));
-    let _background = Background(pid);
+    let _background = crate::Background::from_output(&stdout);
     let log = sandbox.path().join("home/logs/bg.log");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let base = loop {

@@ -58,6 +58,30 @@ pub fn run(command: &mut Command) -> (i32, String, String) {
     )
 }
 
+/// A `knob create --detach` or `knob resume --detach` started in the background, by the pid its
+/// output names; killed when the test ends, however it ends.
+pub struct Background(pub u32);
+
+impl Background {
+    pub fn from_output(stdout: &str) -> Background {
+        let pid = stdout
+            .split("(pid ")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("no pid in {stdout:?}"));
+        Background(pid)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-9", &self.0.to_string()])
+            .status();
+    }
+}
+
 /// The directory holding the `knob` binary and, after `cargo build --workspace`, the
 /// built-in plugin libraries.
 pub fn bin_dir() -> PathBuf {

@@ -228,21 +228,8 @@ fn a_huge_concurrency_does_not_keep_a_stop_from_being_heard() {
         .arg(&config)
         .args(["--id", "flood", "--detach"]));
     assert_eq!(code, 0, "{stderr}");
-    let pid: i32 = stdout
-        .split("(pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {stdout:?}"));
     // Killed whatever happens, not left creating trials.
-    struct KillOnDrop(i32);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            // SAFETY: signalling the experiment this test started.
-            unsafe { libc::kill(self.0, libc::SIGKILL) };
-        }
-    }
-    let _guard = KillOnDrop(pid);
+    let _background = crate::Background::from_output(&stdout);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (_, show, _) = run(sandbox.knob().args(["experiment", "show", "flood"]));
