@@ -409,6 +409,13 @@ fn ranked(
 /// The store of a registered experiment, or a one-line error; one whose directory was moved or
 /// deleted by hand says so and how to forget it, rather than "no such file".
 pub(crate) fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
+    refuse_gone(entry)?;
+    StoreReader::open(&entry.dir).map_err(|e| anyhow::anyhow!("experiment {}: {e}", entry.id))
+}
+
+/// The error of an experiment whose directory was moved or deleted by hand, for a command that
+/// needs its store.
+pub(crate) fn refuse_gone(entry: &RegistryEntry) -> anyhow::Result<()> {
     if entry.directory_gone() {
         anyhow::bail!(
             "experiment {id}: its directory {dir} is gone (moved or deleted outside knob); `knob experiment delete {id} --yes` forgets it",
@@ -416,7 +423,7 @@ pub(crate) fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
             dir = entry.dir.display()
         );
     }
-    StoreReader::open(&entry.dir).map_err(|e| anyhow::anyhow!("experiment {}: {e}", entry.id))
+    Ok(())
 }
 
 fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
@@ -424,25 +431,21 @@ fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
     let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
-            if e.directory_gone() {
-                return vec![
-                    e.id.clone(),
-                    e.name.clone().unwrap_or_default(),
-                    e.shown_status(),
-                    "-".into(),
-                    format!("{} (gone)", e.dir.display()),
-                ];
-            }
-            let trials = StoreReader::open(&e.dir)
-                .and_then(|r| r.trial_counts())
-                .map(|counts| counts.values().sum::<u64>().to_string())
-                .unwrap_or_else(|_| "?".into());
+            let (trials, dir) = if e.directory_gone() {
+                ("-".into(), format!("{} (gone)", e.dir.display()))
+            } else {
+                let trials = StoreReader::open(&e.dir)
+                    .and_then(|r| r.trial_counts())
+                    .map(|counts| counts.values().sum::<u64>().to_string())
+                    .unwrap_or_else(|_| "?".into());
+                (trials, e.dir.display().to_string())
+            };
             vec![
                 e.id.clone(),
                 e.name.clone().unwrap_or_default(),
                 e.shown_status(),
                 trials,
-                e.dir.display().to_string(),
+                dir,
             ]
         })
         .collect();

@@ -46,7 +46,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
             args.id
         );
     }
-    crate::experiment::open(&entry)?;
+    crate::experiment::refuse_gone(&entry)?;
     if args.detach {
         let mut command: Vec<std::ffi::OsString> = vec!["resume".into(), args.id.clone().into()];
         if let Some(max) = args.max_trial_number {

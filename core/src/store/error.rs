@@ -142,7 +142,6 @@ impl fmt::Display for Rejection {
     }
 }
 
-/// An SQLite error as one line (SQLite's messages rarely hold newlines; a path might).
 /// `make(path, message)`, or [`StoreError::Damaged`] where SQLite found the file corrupt.
 pub(crate) fn or_damaged(
     error: &rusqlite::Error,
@@ -158,6 +157,7 @@ pub(crate) fn or_damaged(
     }
 }
 
+/// An SQLite error as one line (SQLite's messages rarely hold newlines; a path might).
 pub(crate) fn one_line(error: &dyn fmt::Display) -> String {
     error.to_string().replace(['\n', '\r'], " ")
 }
