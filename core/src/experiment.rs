@@ -25,9 +25,13 @@ pub enum CreateError {
     FolderNotEmpty { dir: String },
     #[error("cannot create the experiment directory {dir}: {message}")]
     Directory { dir: String, message: String },
-    #[error("{0}")]
+    #[error("{path}: cannot create the experiment store: the disk is full ({message}); free space on its filesystem or choose another experimentWorkingDirectory")]
+    DiskFull { path: String, message: String },
+    // Transparent: `{0}` with `#[from]` would also make the store's error this one's source,
+    // and the binary's `{:#}` would print the line twice.
+    #[error(transparent)]
     Registry(#[from] RegistryError),
-    #[error("{0}")]
+    #[error(transparent)]
     Store(#[from] StoreError),
 }
 
@@ -143,16 +147,33 @@ pub fn create(
         let _ = registry.remove(&id);
         return Err(e);
     }
-    let store = Store::open(&dir)?;
     // Secrets serialize as "***": the stored config never holds a password in clear.
     let config_json = serde_json::to_value(&config).unwrap_or_default();
-    store
-        .append(StoreEvent::ExperimentCreated {
-            experiment_id: id.clone(),
-            config: config_json,
-            start_time_ms: entry.created_ms,
-        })
-        .wait()?;
+    let created = Store::open(&dir).and_then(|store| {
+        store
+            .append(StoreEvent::ExperimentCreated {
+                experiment_id: id.clone(),
+                config: config_json,
+                start_time_ms: entry.created_ms,
+            })
+            .wait()?;
+        Ok(store)
+    });
+    let store = match created {
+        Ok(store) => store,
+        Err(e) => {
+            // No event was written (a full disk, a filesystem SQLite cannot lock): there is no
+            // experiment to resume, so take back the folder and the id rather than leave an
+            // entry `knob experiment list` would call crashed. The store is closed by now.
+            let _ = remove_experiment_folder(&dir);
+            let _ = registry.remove(&id);
+            return Err(match e {
+                // Not the store's own advice: there is nothing to resume.
+                StoreError::DiskFull { path, message } => CreateError::DiskFull { path, message },
+                e => e.into(),
+            });
+        }
+    };
     Ok((
         Experiment {
             id,
@@ -198,18 +219,30 @@ fn make_folder(dir: &Path) -> Result<(), CreateError> {
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent).map_err(failed)?;
     }
-    match std::fs::create_dir(dir) {
-        Ok(()) => {}
+    let made_here = match std::fs::create_dir(dir) {
+        Ok(()) => true,
         // Checked again: something may have been put there since check_folder.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => check_folder(dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            check_folder(dir)?;
+            false
+        }
         Err(e) => return Err(failed(e)),
-    }
-    std::fs::write(
-        dir.join(MARKER_FILE_NAME),
+    };
+    let marker = dir.join(MARKER_FILE_NAME);
+    let written = std::fs::write(
+        &marker,
         "This folder was made by knob for an experiment. `knob experiment delete` removes only \
          what knob made here and leaves anything else.\n",
-    )
-    .map_err(failed)
+    );
+    if let Err(e) = written {
+        // A full disk makes the folder and then fails the marker: leave nothing behind.
+        let _ = std::fs::remove_file(&marker);
+        if made_here {
+            let _ = std::fs::remove_dir(dir);
+        }
+        return Err(failed(e));
+    }
+    Ok(())
 }
 
 /// Removes what knob made in an experiment's folder ([`OWNED_ENTRIES`]) and then the folder if

@@ -168,6 +168,24 @@ pub struct Registry {
 /// How long a registry command waits for another knob's write before it gives up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What a registry that could not be set up needs: moving it away is advice only for a file
+/// that is not a database; on a full disk it would lose the list of experiments for nothing.
+fn open_failure(error: &rusqlite::Error, path: &Path) -> String {
+    if let Some(full) = crate::store::error::full_disk(error, path) {
+        return full_disk_advice(&full);
+    }
+    match error.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => {
+            format!("{error} (is it a knob registry? move it away to start a new one)")
+        }
+        _ => error.to_string(),
+    }
+}
+
+fn full_disk_advice(message: &str) -> String {
+    format!("the disk is full ({message}); free space on its filesystem, or set KNOB_HOME to a folder on another one")
+}
+
 impl Registry {
     /// Opens (creating if needed) the registry in [`knob_home`].
     pub fn open_default() -> Result<Registry, RegistryError> {
@@ -214,11 +232,7 @@ impl Registry {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) if is_busy(&e) => return Err(fail(e.to_string())),
-                Err(e) => {
-                    return Err(fail(format!(
-                        "{e} (is it a knob registry? move it away to start a new one)"
-                    )))
-                }
+                Err(e) => return Err(fail(open_failure(&e, path))),
             }
         }
         Ok(Registry {
@@ -228,9 +242,13 @@ impl Registry {
     }
 
     fn fail(&self, e: rusqlite::Error) -> RegistryError {
+        let message = match crate::store::error::full_disk(&e, &self.path) {
+            Some(full) => full_disk_advice(&full),
+            None => e.to_string(),
+        };
         RegistryError::Sqlite {
             path: self.path.display().to_string(),
-            message: e.to_string(),
+            message,
         }
     }
 

@@ -7,6 +7,7 @@ mod api_security;
 mod assessor;
 mod browser;
 mod create;
+mod full_disk;
 mod hyperband;
 mod multi_objective;
 mod nni;

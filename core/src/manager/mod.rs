@@ -45,9 +45,11 @@ use crate::store::{ExperimentState, ExperimentStatus, Store, StoreError, StoreEv
 /// Why the manager could not run or had to stop an experiment.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
-    #[error("{0}")]
+    // Transparent, not `{0}`: with `#[from]` that would make the inner error the source too,
+    // and a caller printing the chain (`{:#}`) would print the line twice.
+    #[error(transparent)]
     Plugin(#[from] HostError),
-    #[error("{0}")]
+    #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
     Unsupported(String),

@@ -1,6 +1,8 @@
 //! Store errors: one line each, naming the database file and saying what to do.
 
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 /// Something the store could not do. Each displays as one line starting with the file.
 ///
@@ -29,6 +31,10 @@ pub enum StoreError {
     /// cached writes, or a copy taken while the store was written.
     #[error("{path}: the experiment store is damaged ({message}) and cannot be read; keep a copy of the experiment's folder: each trial's folder in it (trials/ID/) still holds the trial's parameters and its output, metrics included")]
     Damaged { path: String, message: String },
+    /// SQLITE_FULL: the filesystem (or a quota) has no room for the next commit. The commit
+    /// was rolled back whole, so the store holds every event before it.
+    #[error("{path}: the disk is full ({message}); the experiment store holds everything written before this; free space on its filesystem, then continue the experiment with `knob resume`")]
+    DiskFull { path: String, message: String },
     #[error("{path}: event refused: {reason}")]
     Rejected { path: String, reason: Rejection },
     #[error("{path}: the event log is damaged at event {seq}: {message}")]
@@ -142,8 +148,9 @@ impl fmt::Display for Rejection {
     }
 }
 
-/// `make(path, message)`, or [`StoreError::Damaged`] where SQLite found the file corrupt.
-pub(crate) fn or_damaged(
+/// `make(path, message)`, or the error that says what to do where SQLite knows the cause:
+/// [`StoreError::Damaged`] for a corrupt file, [`StoreError::DiskFull`] for a full disk.
+pub(crate) fn or_known_cause(
     error: &rusqlite::Error,
     path: &str,
     make: impl FnOnce(String, String) -> StoreError,
@@ -153,11 +160,89 @@ pub(crate) fn or_damaged(
             path: path.to_string(),
             message: one_line(error),
         },
-        _ => make(path.to_string(), one_line(error)),
+        _ => match full_disk(error, Path::new(path)) {
+            Some(message) => StoreError::DiskFull {
+                path: path.to_string(),
+                message,
+            },
+            None => make(path.to_string(), one_line(error)),
+        },
     }
+}
+
+/// The error's one line if it means that the filesystem holding `path` is full: SQLITE_FULL, or
+/// an I/O error while less than [`NEARLY_FULL_BYTES`] are free there (SQLite reports a full
+/// disk met while growing the `-shm` or `-wal` file as a plain "disk I/O error").
+pub(crate) fn full_disk(error: &rusqlite::Error, path: &Path) -> Option<String> {
+    match error.sqlite_error_code()? {
+        rusqlite::ErrorCode::DiskFull => Some(one_line(error)),
+        rusqlite::ErrorCode::SystemIoFailure => match available_bytes(path) {
+            Some(free) if free < NEARLY_FULL_BYTES => {
+                Some(format!("{}; {free} bytes free there", one_line(error)))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Less room than this on the store's filesystem makes an I/O error a full disk: SQLite needs
+/// 32 KiB for the `-shm` file and room for its pages.
+const NEARLY_FULL_BYTES: u64 = 1 << 20;
+
+/// The bytes an unprivileged writer may still use on the filesystem holding `path` (the file,
+/// or its folder while the file does not exist); `None` where the filesystem does not say.
+fn available_bytes(path: &Path) -> Option<u64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a NUL-terminated path and a buffer of the type statvfs fills.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), stats.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs succeeded, so it filled the buffer.
+    let stats = unsafe { stats.assume_init() };
+    // A filesystem without block counts (proc, some FUSE) says nothing about its room.
+    // The casts are no-ops on 64-bit Linux, not on every target libc.
+    #[allow(clippy::unnecessary_cast)]
+    (stats.f_blocks > 0).then(|| (stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
 }
 
 /// An SQLite error as one line (SQLite's messages rarely hold newlines; a path might).
 pub(crate) fn one_line(error: &dyn fmt::Display) -> String {
     error.to_string().replace(['\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_says_so_and_how_to_go_on() {
+        // SQLite reports a commit beyond `max_page_count` as SQLITE_FULL, the code a full
+        // filesystem gives.
+        let connection = rusqlite::Connection::open_in_memory().unwrap();
+        connection
+            .execute_batch("CREATE TABLE t (blob BLOB); PRAGMA max_page_count = 4;")
+            .unwrap();
+        let error = (0..64)
+            .find_map(|_| {
+                connection
+                    .execute("INSERT INTO t VALUES (zeroblob(4096))", [])
+                    .err()
+            })
+            .expect("the page limit stops the inserts");
+        let error = or_known_cause(&error, "/data/x/experiment.db", |path, message| {
+            StoreError::Write { path, message }
+        });
+        assert!(matches!(error, StoreError::DiskFull { .. }), "{error:?}");
+        let line = error.to_string();
+        assert!(
+            line.starts_with("/data/x/experiment.db: the disk is full"),
+            "{line}"
+        );
+        assert!(line.contains("knob resume"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+    }
 }

@@ -38,7 +38,7 @@
 //! or another, fails with [`StoreError::Locked`] until the first store is dropped or its process
 //! dies.
 
-mod error;
+pub(crate) mod error;
 mod event;
 mod reader;
 mod schema;

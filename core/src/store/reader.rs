@@ -9,7 +9,7 @@ use rusqlite::{params_from_iter, Connection, OptionalExtension, Row};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::error::{or_damaged, StoreError};
+use super::error::{or_known_cause, StoreError};
 use super::event::{
     Counters, Direction, EventRecord, EventSeq, ExperimentStatus, MetricKind, MetricRecord,
     TrialStatus,
@@ -235,7 +235,7 @@ impl StoreReader {
     }
 
     fn read_error(&self, error: rusqlite::Error) -> StoreError {
-        or_damaged(&error, &self.path, |path, message| StoreError::Read {
+        or_known_cause(&error, &self.path, |path, message| StoreError::Read {
             path,
             message,
         })

@@ -100,9 +100,8 @@ fn open_error(path: &Path, error: &rusqlite::Error) -> StoreError {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
             path: path_text(path),
         },
-        _ => super::error::or_damaged(error, &path_text(path), |path, message| StoreError::Open {
-            path,
-            message,
+        _ => super::error::or_known_cause(error, &path_text(path), |path, message| {
+            StoreError::Open { path, message }
         }),
     }
 }

@@ -9,7 +9,7 @@ use rusqlite::Connection;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::error::{or_damaged, StoreError};
+use super::error::{or_known_cause, StoreError};
 use super::event::{
     Counters, EventRecord, EventSeq, ExperimentStatus, Lineage, MetricKind, MetricRecord,
     StoreEvent, TrialStatus,
@@ -271,7 +271,7 @@ pub(crate) fn set_config_field(
 /// Replays the whole log in one read transaction, so the state is one committed moment.
 pub(crate) fn replay(connection: &Connection, path: &str) -> Result<ExperimentState, StoreError> {
     let read_error = |e: rusqlite::Error| {
-        or_damaged(&e, path, |path, message| StoreError::Read { path, message })
+        or_known_cause(&e, path, |path, message| StoreError::Read { path, message })
     };
     let transaction = connection.unchecked_transaction().map_err(read_error)?;
     let mut replayer = Replayer::new(path);
@@ -321,7 +321,7 @@ fn read_event(
 ) -> Result<Option<EventRecord>, StoreError> {
     let Some(row) = row else { return Ok(None) };
     let read_error = |e: rusqlite::Error| {
-        or_damaged(&e, path, |path, message| StoreError::Read { path, message })
+        or_known_cause(&e, path, |path, message| StoreError::Read { path, message })
     };
     let seq: i64 = row.get(0).map_err(read_error)?;
     let time_ms: i64 = row.get(1).map_err(read_error)?;

@@ -216,7 +216,7 @@ impl Writer {
                 // harmlessly.
                 let _ = self.connection.execute_batch("ROLLBACK");
                 self.position = before;
-                let error = super::error::or_damaged(&error, &self.path, |path, message| {
+                let error = super::error::or_known_cause(&error, &self.path, |path, message| {
                     StoreError::Write { path, message }
                 });
                 vec![Err(error); count]

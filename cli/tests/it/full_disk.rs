@@ -1,0 +1,100 @@
+//! A full disk under the experiments: knob says so in one line, leaves nothing half-made, and
+//! `knob resume` goes on once there is room. The disk is a real 2 MiB tmpfs, mounted in a mount
+//! namespace of an unprivileged user namespace (`unshare`), so the test needs no root.
+
+use std::process::Command;
+
+use crate::create::Sandbox;
+use crate::{prerequisite, run};
+
+/// Each trial writes 800 KiB to its stdout: a few fill the 2 MiB disk.
+const NOISY_TRIAL: &str = r#"import sys, knob_trial
+x = knob_trial.get_parameters()["x"]
+for i in range(40):
+    sys.stdout.write("x" * 20000 + "\n")
+    sys.stdout.flush()
+    knob_trial.report_intermediate(i)
+knob_trial.report_final(x)
+"#;
+
+/// Run in the namespace, with `$KNOB`, `$CONFIG` and `$EXPERIMENTS` set; each step says how it
+/// ended on a line of its own.
+const SCRIPT: &str = r#"
+mount -t tmpfs -o size=2M tmpfs "$EXPERIMENTS" || { echo "no tmpfs"; exit 90; }
+# 20 KiB left: room for the folder and its marker, not for the store's files.
+dd if=/dev/zero of="$EXPERIMENTS/fill" bs=1k count=2028 2>/dev/null
+"$KNOB" create --config "$CONFIG" --id nospace
+echo "create on a full disk: $?"
+echo "left there: $(ls -A "$EXPERIMENTS" | tr '\n' ' ')"
+rm "$EXPERIMENTS/fill"
+"$KNOB" create --config "$CONFIG" --id fills
+echo "create that fills the disk: $?"
+mount -o remount,size=64M "$EXPERIMENTS"
+"$KNOB" resume fills
+echo "resume with room: $?"
+"$KNOB" experiment list
+"#;
+
+#[test]
+fn a_full_disk_says_so_leaves_nothing_half_made_and_resume_goes_on_with_room() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: python3 noisy.py\ntrialConcurrency: 2\nmaxTrialNumber: 12\n{}",
+            crate::create::SPACE
+        ),
+        &[("noisy.py", NOISY_TRIAL)],
+    );
+    let experiments = sandbox.path().join("experiments");
+    std::fs::create_dir_all(&experiments).unwrap();
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "true"])
+        .output();
+    if !matches!(&probe, Ok(output) if output.status.success()) {
+        prerequisite::missing(&format!(
+            "needs `unshare --user --map-root-user --mount` (util-linux, unprivileged user namespaces): {probe:?}"
+        ));
+        return;
+    }
+    let mut command = Command::new("unshare");
+    command
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c", SCRIPT])
+        .env("KNOB", env!("CARGO_BIN_EXE_knob"))
+        .env("CONFIG", &config)
+        .env("EXPERIMENTS", &experiments)
+        .env("KNOB_HOME", sandbox.path().join("home"))
+        .env_remove("KNOB_PLUGIN_PATH")
+        .env("XDG_DATA_HOME", "/nonexistent-knob-test");
+    let (code, stdout, stderr) = run(&mut command);
+    let all = format!("{stdout}\n{stderr}");
+    assert_eq!(code, 0, "{all}");
+
+    // No room for the store: refused in one line, with nothing left behind.
+    assert!(all.contains("create on a full disk: 1"), "{all}");
+    assert!(
+        stderr.lines().any(|l| l.starts_with("error: ")
+            && l.contains(
+                "nospace/experiment.db: cannot create the experiment store: the disk is full"
+            )
+            && l.contains("free space on its filesystem")),
+        "{all}"
+    );
+    assert!(all.contains("left there: fill \n"), "{all}");
+    assert!(!stdout.contains("nospace "), "registered: {all}");
+
+    // Trials fill the disk: the experiment stops with the line that says what to do.
+    assert!(all.contains("create that fills the disk: 1"), "{all}");
+    let full_line = stderr
+        .lines()
+        .find(|l| l.contains("fills/experiment.db: the disk is full"))
+        .unwrap_or_else(|| panic!("{all}"));
+    assert!(full_line.starts_with("error: experiment fills: "), "{all}");
+    assert!(full_line.contains("knob resume"), "{all}");
+
+    // With room, resume runs the rest, and every trial ends once, succeeded.
+    assert!(all.contains("resume with room: 0"), "{all}");
+    assert!(
+        stdout.contains("experiment fills DONE: 12 trials (12 succeeded, 0 failed)"),
+        "{all}"
+    );
+}
