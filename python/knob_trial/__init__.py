@@ -127,8 +127,20 @@ def _metric_text(value: object, what: str) -> str:
 _SPECIAL_FLOATS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
+# The longest metric line knob reads (training-services' MAX_METRIC_BYTES); a longer one is
+# skipped there with only a warning in the store, so it is refused here, where the trial sees it.
+MAX_METRIC_LINE_BYTES = 1 << 20
+
+
 def _send(kind: str, value: object, what: str) -> None:
     line = f"{kind} {_metric_text(value, what)}\n"
+    data = line.encode("utf-8")
+    if len(data) - 1 > MAX_METRIC_LINE_BYTES:
+        raise ValueError(
+            f"knob_trial.{what}: the metric line is {len(data) - 1} bytes, over knob's limit of "
+            f"{MAX_METRIC_LINE_BYTES} (1 MiB); report numbers, and write bulky data to a file "
+            f"(knob_trial.checkpoint_dir() or the trial's folder)"
+        )
     path = os.environ.get("KNOB_METRICS_FILE")
     if path is None:
         _warn_outside(f"{what}")
@@ -139,7 +151,6 @@ def _send(kind: str, value: object, what: str) -> None:
     # never split by another writer (a second thread, the same trial's stdout lines go elsewhere).
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        data = line.encode("utf-8")
         written = os.write(fd, data)
         while written < len(data):
             written += os.write(fd, data[written:])

@@ -93,6 +93,11 @@ def test_large_parameters_come_from_the_file(tmp_path: Path, knob_trial_dir: Pat
         ("'high'", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
         ("True", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
         ("{'loss': 1}", "ValueError: knob_trial.report_final: a dict metric needs a numeric 'default'"),
+        # knob would skip the line (training-services' MAX_METRIC_BYTES), losing the final.
+        (
+            "{'default': 1, 'blob': 'x' * (1 << 20)}",
+            "ValueError: knob_trial.report_final: the metric line is 1048610 bytes, over knob's limit",
+        ),
     ],
 )
 def test_a_bad_metric_is_refused_and_nothing_is_sent(
@@ -103,6 +108,19 @@ def test_a_bad_metric_is_refused_and_nothing_is_sent(
     assert result.returncode == 1
     assert error in result.stderr
     assert metric_lines(tmp_path / "t") == []
+
+
+def test_a_metric_line_of_exactly_the_limit_is_sent(tmp_path: Path, knob_trial_dir: Path) -> None:
+    env = trial_env(tmp_path / "t", {})
+    # "KNOB_FINAL " and '{"default":1,"blob":""}' around the blob: 11 + 23 bytes.
+    blob = (1 << 20) - 34
+    result = run_python(
+        f"import knob_trial as k; k.report_final({{'default': 1, 'blob': 'x' * {blob}}})",
+        env,
+        [knob_trial_dir],
+    )
+    assert result.returncode == 0, result.stderr
+    assert [len(line) for line in metric_lines(tmp_path / "t")] == [1 << 20]
 
 
 def test_checkpoint_dir_is_created(tmp_path: Path, knob_trial_dir: Path) -> None:
