@@ -883,6 +883,46 @@ fn resume_says_when_the_budget_is_used_up_and_refuses_a_budget_below_what_is_don
     );
 }
 
+/// The time budget spent, a resume starts nothing: it used to start a turn's worth of new
+/// trials (using up `maxTrialNumber`) and cancel them at once, at every resume.
+#[test]
+fn a_resume_after_the_time_budget_is_spent_starts_no_trial() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: sleep 30\ntrialConcurrency: 2\nmaxTrialNumber: 10\nmaxExperimentDuration: 2s\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "timed");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment timed DONE: 2 trials (0 succeeded, 0 failed, 2 canceled)"),
+        "{stdout}"
+    );
+    for _ in 0..2 {
+        let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "timed"]));
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains("note: experiment timed has used its time budget"),
+            "{stderr}"
+        );
+        assert!(
+            stdout
+                .starts_with("experiment timed DONE: 2 trials (0 succeeded, 0 failed, 2 canceled)"),
+            "{stdout}\n{stderr}"
+        );
+    }
+    // Raised, the budget runs new trials again.
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["resume", "timed", "--max-experiment-duration", "4s"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment timed DONE: 4 trials (0 succeeded, 0 failed, 4 canceled)"),
+        "{stdout}\n{stderr}"
+    );
+}
+
 #[test]
 fn the_api_shows_the_metrics_of_a_trials_latest_attempt_unless_asked_for_all() {
     let sandbox = Sandbox::new();

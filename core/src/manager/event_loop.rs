@@ -215,6 +215,7 @@ impl Manager {
         if let Some(history) = history {
             manager.restore(&history).await?;
         }
+        manager.timers.begin(Instant::now());
         manager
             .store
             .append(StoreEvent::ExperimentStatusChanged {
@@ -235,6 +236,9 @@ impl Manager {
     }
 
     pub(super) async fn run_loop(&mut self) -> Result<(), ManagerError> {
+        // A resumed experiment whose time budget is spent is due at once: heard before the
+        // first `fill`, which would otherwise start new trials only to cancel them.
+        self.on_deadline().await?;
         let mut turn = Turn::Changed;
         loop {
             // A turn that only recorded intermediate results changed nothing `fill` looks at

@@ -63,6 +63,17 @@ impl Timers {
         }
     }
 
+    /// The run starts now, when the store records it `RUNNING`: the store counts an
+    /// experiment's time from that event (`ExperimentState::active_time_ms`, what a resume
+    /// carries over), so the deadline does too, and the time the manager took to start (hosts
+    /// connected, environments registered) is left out of both alike.
+    pub fn begin(&mut self, now: Instant) {
+        if let Some(deadline) = self.deadline {
+            self.deadline = Some(now + deadline.saturating_duration_since(self.started));
+        }
+        self.started = now;
+    }
+
     /// A new `maxExperimentDuration` (an update): the deadline moves, and an experiment that had
     /// reached the old one may start trials again.
     pub fn set_max_duration(&mut self, max: Duration) {
@@ -176,6 +187,23 @@ mod tests {
         assert_eq!(unbounded.next(t0, [], []), None);
         unbounded.set_max_duration(10 * S);
         assert_eq!(unbounded.next(t0, [], []), Some(t0 + 10 * S));
+    }
+
+    #[test]
+    fn the_run_and_its_deadline_begin_when_it_is_recorded_running() {
+        let t0 = Instant::now();
+        let mut timers = Timers::new(t0, Some(10 * S));
+        timers.resume(4 * S, Some(10 * S));
+        // Starting took 3 s: the budget left is still 6 s from the start the store records.
+        timers.begin(t0 + 3 * S);
+        assert_eq!(timers.next(t0 + 3 * S, [], []), Some(t0 + 9 * S));
+        timers.set_max_duration(20 * S);
+        assert_eq!(timers.next(t0 + 3 * S, [], []), Some(t0 + 19 * S));
+        // A budget spent before the resume is due at the start.
+        let mut spent = Timers::new(t0, Some(10 * S));
+        spent.resume(12 * S, Some(10 * S));
+        spent.begin(t0 + 3 * S);
+        assert!(spent.take_experiment_deadline(t0 + 3 * S));
     }
 
     #[test]
