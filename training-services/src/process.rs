@@ -21,6 +21,40 @@ pub const STDERR_TAIL_BYTES: u64 = 4096;
 /// environment by accident.
 const CONFLICTING_INHERITED_VARS: [&str; 2] = ["REUSE_MODE", "MULTI_PHASE"];
 
+/// The most open files a trial pool asks for: a trial costs its service a few (the stdout pipe,
+/// the stdout and stderr files, its metric files while they are read), and a soft limit of 1024
+/// (the usual default) would fail the starts of a few hundred trials at once with EMFILE. Not
+/// the hard limit itself, which may be a million: trials inherit the soft limit, and a program
+/// that closes every descriptor up to it before an exec would pay for each.
+const OPEN_FILES_WANTED: u64 = 1 << 16;
+
+/// Raises this process's soft limit of open files towards [`OPEN_FILES_WANTED`], as far as the
+/// hard limit allows (no privilege needed). Called by each trial pool; a failure leaves the
+/// limit as it was, and [`open_files_hint`] then names it when a start fails for it.
+pub fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let wanted = OPEN_FILES_WANTED.min(hard);
+    if soft < wanted {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, wanted, hard);
+    }
+}
+
+/// For an error that is EMFILE: what to do about it, to follow the error's own text.
+pub fn open_files_hint(error: &std::io::Error) -> String {
+    if error.raw_os_error() != Some(nix::libc::EMFILE) {
+        return String::new();
+    }
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft.to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    format!(
+        " (this process may open {limit} files, `ulimit -n`; raise the limit where knob starts, or lower trialConcurrency)"
+    )
+}
+
 /// Starts `command` under `/bin/bash -c` in `code_dir`, in a process group of its own (so the
 /// whole tree it starts can be signalled at once), with `env` added to knob's environment,
 /// stdin closed, stdout piped to the caller, and stderr into `stderr`.

@@ -76,6 +76,7 @@ pub struct TrialPool {
 impl TrialPool {
     /// `name` ("training service local", "knob-agent") starts the log lines it writes.
     pub fn new(name: &str, grace_period: Duration, emit: Emit) -> Result<TrialPool, PoolError> {
+        crate::process::raise_open_file_limit();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("knob-trials")

@@ -1,7 +1,8 @@
-//! A full disk under the experiments: knob says so in one line, leaves nothing half-made, and
-//! `knob resume` goes on once there is room. The disk is a real 2 MiB tmpfs, mounted in a mount
-//! namespace of an unprivileged user namespace (`unshare`), so the test needs no root.
+//! The machine's limits, met for real: a full disk (a 2 MiB tmpfs, mounted in a mount namespace of
+//! an unprivileged user namespace with `unshare`, so no root is needed) and the open-file limit
+//! (`RLIMIT_NOFILE`, set for the `knob` process the test starts).
 
+use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use crate::create::Sandbox;
@@ -98,5 +99,93 @@ fn a_full_disk_says_so_leaves_nothing_half_made_and_resume_goes_on_with_room() {
     assert!(
         stdout.contains("experiment fills DONE: 12 trials (12 succeeded, 0 failed)"),
         "{all}"
+    );
+}
+
+/// `command` runs with an open-file limit of `soft` (and `hard`, when given).
+fn with_open_file_limit(command: &mut Command, soft: u64, hard: Option<u64>) {
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            limit.rlim_cur = soft;
+            if let Some(hard) = hard {
+                limit.rlim_max = hard;
+            }
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A soft limit of 256 open files used to fail the starts of all but about 74 of 100 trials
+/// at once with EMFILE: knob raises it as far as the hard limit lets it. Where the hard limit
+/// itself is too low, the failed start says which limit and what to do.
+#[test]
+fn a_low_open_file_limit_is_raised_and_one_that_cannot_be_says_so() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: sleep 2\ntrialConcurrency: 100\nmaxTrialNumber: 100\n{}",
+            crate::create::SPACE
+        ),
+        &[],
+    );
+    let hard = {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a plain query into a local.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        limit.rlim_max
+    };
+    if hard < 1024 {
+        prerequisite::not_applicable(&format!(
+            "the hard limit of open files here is {hard}, too low to raise a soft limit of 256 for 100 trials"
+        ));
+        return;
+    }
+    let create = |id: &str, hard: Option<u64>| {
+        let mut command = sandbox.knob();
+        command
+            .arg("create")
+            .arg("--config")
+            .arg(&config)
+            .args(["--id", id]);
+        with_open_file_limit(&mut command, 256, hard);
+        run(&mut command)
+    };
+
+    let (code, stdout, stderr) = create("raised", None);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment raised DONE: 100 trials (100 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+
+    let (_, stdout, stderr) = create("capped", Some(256));
+    let (code, failed, _) = run(sandbox
+        .knob()
+        .args(["trial", "ls", "capped", "--status", "failed"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let first = failed
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no trial failed under a hard limit of 256: {stdout}"));
+    assert!(
+        first.contains("Too many open files (os error 24) (this process may open 256 files, `ulimit -n`; raise the limit where knob starts, or lower trialConcurrency)"),
+        "{failed}"
     );
 }
