@@ -30,7 +30,7 @@ const OPEN_FILES_WANTED: u64 = 1 << 16;
 
 /// Raises this process's soft limit of open files towards [`OPEN_FILES_WANTED`], as far as the
 /// hard limit allows (no privilege needed). Called by each trial pool; a failure leaves the
-/// limit as it was, and [`open_files_hint`] then names it when a start fails for it.
+/// limit as it was, and [`start_failure_note`] then names it when a start fails for it.
 pub fn raise_open_file_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
@@ -42,17 +42,26 @@ pub fn raise_open_file_limit() {
     }
 }
 
-/// For an error that is EMFILE: what to do about it, to follow the error's own text.
-pub fn open_files_hint(error: &std::io::Error) -> String {
-    if error.raw_os_error() != Some(nix::libc::EMFILE) {
-        return String::new();
-    }
-    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .map(|(soft, _)| soft.to_string())
-        .unwrap_or_else(|_| "unknown".into());
-    format!(
-        " (this process may open {limit} files, `ulimit -n`; raise the limit where knob starts, or lower trialConcurrency)"
-    )
+/// What follows the error text of a trial start that failed for want of a resource the machine
+/// gives back (descriptors, processes, memory): what to do, and the plugin API's promise that
+/// nothing of the trial runs, on which the core tries the start again after a pause instead of
+/// failing the trial. Empty for any other error.
+pub fn start_failure_note(error: &std::io::Error) -> String {
+    use nix::libc::{EAGAIN, EMFILE, ENFILE, ENOMEM};
+    let hint = match error.raw_os_error() {
+        Some(EMFILE) => {
+            let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map(|(soft, _)| soft.to_string())
+                .unwrap_or_else(|_| "unknown".into());
+            format!(
+                " (this process may open {limit} files, `ulimit -n`; raise the limit where knob starts, or lower trialConcurrency)"
+            )
+        }
+        Some(ENFILE) => " (the system's table of open files is full)".to_string(),
+        Some(EAGAIN | ENOMEM) => String::new(),
+        _ => return String::new(),
+    };
+    format!("{hint}; the trial was not started")
 }
 
 /// Starts `command` under `/bin/bash -c` in `code_dir`, in a process group of its own (so the

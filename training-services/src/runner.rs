@@ -142,13 +142,13 @@ pub struct TrialHost {
 pub enum TrialError {
     #[error("trial {trial_id}: trialCodeDirectory {} does not exist or is not a directory", code_dir.display())]
     CodeDirectory { trial_id: String, code_dir: PathBuf },
-    #[error("trial {trial_id}: cannot prepare {}: {source}{}", path.display(), crate::process::open_files_hint(source))]
+    #[error("trial {trial_id}: cannot prepare {}: {source}{}", path.display(), crate::process::start_failure_note(source))]
     TrialDirectory {
         trial_id: String,
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("trial {trial_id}: cannot start /bin/bash in {}: {source}{}", code_dir.display(), crate::process::open_files_hint(source))]
+    #[error("trial {trial_id}: cannot start /bin/bash in {}: {source}{}", code_dir.display(), crate::process::start_failure_note(source))]
     Spawn {
         trial_id: String,
         code_dir: PathBuf,
