@@ -11,6 +11,10 @@
 
 mod args;
 mod assessor;
+/// The tests' prerequisites (a Python with nni), as every crate's tests name them.
+#[cfg(test)]
+#[path = "../../training-services/tests/it/prerequisite.rs"]
+mod prerequisite;
 mod process;
 mod tuner;
 mod websocket;

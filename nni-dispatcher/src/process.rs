@@ -28,16 +28,39 @@ pub enum Framing {
 }
 
 /// `python -m nni` (NNI's dispatcher), with its workers finishing the commands they were sent
-/// before the TERMINATE that [`Dispatcher::stop`] sends. NNI's `MsgDispatcherBase` hands a
-/// trial's end to one worker thread and other commands to another, and by default a worker
-/// exits on TERMINATE as soon as it is done with the command in hand, dropping what is still
-/// queued: under load the algorithm missed the last trial's end when the experiment ended
-/// (`nni_dispatcher::a_users_nni_tuner_by_class_name_runs_under_nni_2_10`, in CI). NNI's manager
-/// sends TERMINATE only when a user stops the experiment, long after; knob sends it at the end.
-/// The flag is a module global of nni 2.x and 3.0; setting it on a version without it is
-/// harmless.
-const DISPATCHER_MAIN: &str = "import runpy, nni.runtime.msg_dispatcher_base as base\n\
+/// before the TERMINATE that [`Dispatcher::stop`] sends, and leaving as soon as they have.
+///
+/// - NNI's `MsgDispatcherBase` hands a trial's end to one worker thread and other commands to
+///   another, and by default a worker exits on TERMINATE as soon as it is done with the command
+///   in hand, dropping what is still queued: under load the algorithm missed the last trial's
+///   end when the experiment ended
+///   (`nni_dispatcher::a_users_nni_tuner_by_class_name_runs_under_nni_2_10`, in CI). NNI's
+///   manager sends TERMINATE only when a user stops the experiment, long after; knob sends it
+///   at the end. The flag is a module global of nni 2.x and 3.0; setting it on a version
+///   without it is harmless.
+/// - An idle worker sees that the dispatcher stops only when its `get(timeout=3)` times out, and
+///   the dispatcher joins both in turn: every end of an experiment (a Ctrl-C included) waited
+///   up to 6 s for them. Setting `stopping` now also queues a marker behind what each worker
+///   still has, which its queue's `get` turns into the `Empty` of a time-out: the worker checks
+///   `stopping` at once. Both patches act on names nni 2.8 to 3.0 define alike (`Queue`,
+///   imported into the module, and the `stopping` attribute).
+const DISPATCHER_MAIN: &str = "import queue, runpy, nni.runtime.msg_dispatcher_base as base\n\
                                base._worker_fast_exit_on_terminate = False\n\
+                               _wake = object()\n\
+                               class _WakeableQueue(queue.Queue):\n\
+                               \x20   def get(self, block=True, timeout=None):\n\
+                               \x20       item = super().get(block, timeout)\n\
+                               \x20       if item is _wake:\n\
+                               \x20           raise queue.Empty\n\
+                               \x20       return item\n\
+                               base.Queue = _WakeableQueue\n\
+                               def _set_stopping(self, value):\n\
+                               \x20   self.__dict__['_knob_stopping'] = value\n\
+                               \x20   for name in ('default_command_queue', 'assessor_command_queue'):\n\
+                               \x20       if value and isinstance(getattr(self, name, None), _WakeableQueue):\n\
+                               \x20           getattr(self, name).put(_wake)\n\
+                               base.MsgDispatcherBase.stopping = property(\n\
+                               \x20   lambda self: self.__dict__.get('_knob_stopping', False), _set_stopping)\n\
                                runpy.run_module('nni', run_name='__main__', alter_sys=True)";
 
 /// The Python that runs the dispatcher and what it has.
@@ -667,6 +690,15 @@ pub fn log_tail(log_dir: &Path) -> String {
     String::new()
 }
 
+/// After the dispatcher's `_bye_`: reads on, ignoring what comes, to its close frame, which
+/// `read_message` answers. nni's client waits for that answer before its process can exit (up
+/// to the 10 s close timeout of `websockets`): each end of an experiment with an NNI algorithm
+/// took the 5 s [`Dispatcher::stop`] allows, and then a kill. Ends when the socket does, at
+/// the latest when the dispatcher's writer closes it.
+fn read_to_close(reader: &mut impl std::io::Read, writer: &Writer) {
+    while let Ok(Message::Text(_)) = websocket::read_message(reader, writer) {}
+}
+
 fn read_loop(
     stream: TcpStream,
     writer: &Writer,
@@ -705,6 +737,7 @@ fn read_loop(
                         "_bye_" => {
                             let reason = map.get("reason").and_then(Value::as_str).unwrap_or("bye");
                             let _ = tx.send(Incoming::Closed(format!("it said goodbye: {reason}")));
+                            read_to_close(&mut reader, writer);
                             return;
                         }
                         _ => Incoming::Command { code, content },
@@ -778,6 +811,56 @@ pub fn python_number(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::prerequisite;
+
+    /// What [`DISPATCHER_MAIN`] runs before NNI's own main, and then: a dispatcher (NNI's base
+    /// class, on a channel it does not connect) whose two workers each had a command and went
+    /// idle, one more command queued, and a stop. The workers, idle in their 3 s `get`, used
+    /// to see the stop only when it timed out; they finish the queued command and leave at once.
+    const IDLE_WORKERS_STOP: &str = "
+import time
+d = base.MsgDispatcherBase('ws://_unittest_knob')
+done = []
+d.process_command = lambda command, data: done.append(command)
+d.default_worker.start()
+d.assessor_worker.start()
+d.default_command_queue.put(('A', None))
+d.assessor_command_queue.put(('B', None))
+time.sleep(0.5)
+d.default_command_queue.put(('C', None))
+started = time.monotonic()
+d.stopping = True
+d.default_worker.join()
+d.assessor_worker.join()
+print(sorted(done), time.monotonic() - started < 1.5)
+";
+
+    fn check_idle_workers_stop(python: &std::path::Path) {
+        let (patches, _) = DISPATCHER_MAIN.rsplit_once("runpy.run_module").unwrap();
+        let output = Command::new(python)
+            .args(["-c", &format!("{patches}{IDLE_WORKERS_STOP}")])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stdout}\n{stderr}");
+        assert_eq!(stdout.trim(), "['A', 'B', 'C'] True", "{stderr}");
+    }
+
+    #[test]
+    fn nni_3_s_idle_workers_leave_as_soon_as_the_dispatcher_stops() {
+        if let Some(python) = prerequisite::NNI3_PYTHON.path() {
+            check_idle_workers_stop(&python);
+        }
+    }
+
+    #[test]
+    fn nni_2_s_idle_workers_leave_as_soon_as_the_dispatcher_stops() {
+        if let Some(python) = prerequisite::NNI2_PYTHON.path() {
+            check_idle_workers_stop(&python);
+        }
+    }
 
     /// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
     #[cfg(target_os = "linux")]

@@ -161,8 +161,11 @@ pub fn read_message(reader: &mut impl Read, writer: &Writer) -> Result<Message, 
             }
             0x8 => {
                 let reason = String::from_utf8_lossy(payload.get(2..).unwrap_or_default());
-                // Answer the close; the peer may already be gone.
+                // Answer the close, and as the server close the TCP connection (RFC 6455
+                // 7.1.1): nni's client (`websockets`) waits for that, up to its 10 s close
+                // timeout, before its process can exit. The peer may already be gone.
                 let _ = writer.frame(0x8, payload.get(..2).unwrap_or_default());
+                writer.shutdown();
                 return Ok(Message::Closed(if reason.is_empty() {
                     "closed by the dispatcher".into()
                 } else {
@@ -214,6 +217,10 @@ impl Writer {
     /// Sends a close frame and shuts the socket down.
     pub fn close(&self) {
         let _ = self.frame(0x8, &1000u16.to_be_bytes());
+        self.shutdown();
+    }
+
+    fn shutdown(&self) {
         let stream = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let _ = stream.shutdown(std::net::Shutdown::Both);
     }
@@ -263,6 +270,28 @@ mod tests {
             "{error}"
         );
         drop(sender.join());
+    }
+
+    #[test]
+    fn a_close_is_answered_and_the_connection_then_closed() {
+        let (writer, mut peer) = writer();
+        // The client's close, code 4000 (nni's), masked as a client's frames are.
+        let mask = [9u8, 8, 7, 6];
+        let payload = [0x0f, 0xa0, b'b', b'y', b'e'];
+        let mut frame = vec![0x88, 0x80 | payload.len() as u8];
+        frame.extend_from_slice(&mask);
+        frame.extend(payload.iter().zip(mask.iter().cycle()).map(|(b, m)| b ^ m));
+        let message = read_message(&mut frame.as_slice(), &writer).unwrap();
+        assert_eq!(
+            message,
+            Message::Closed("closed by the dispatcher: bye".into())
+        );
+        // The answer, the same code, and then the end of the stream: nni's client waits for both.
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut received = Vec::new();
+        peer.read_to_end(&mut received).unwrap();
+        assert_eq!(received, [0x88, 2, 0x0f, 0xa0]);
     }
 
     #[test]

@@ -127,6 +127,18 @@ fn check_custom_tuner(python: &Path, id: &str) {
     assert_eq!(export["experiment"]["status"], "DONE", "{context}");
     let trials = export["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 5, "{context}");
+    // The dispatcher left on its own at the end, its channel closed as NNI's client closes it:
+    // it used to wait on the close handshake until knob killed it 5 s later, without this line.
+    let dispatcher_log = sandbox
+        .path()
+        .join("experiments")
+        .join(id)
+        .join("log/dispatcher.log");
+    let dispatcher_log = std::fs::read_to_string(&dispatcher_log).unwrap_or_default();
+    assert!(
+        dispatcher_log.contains("Dispatcher terminiated"), // sic, NNI's spelling
+        "{context}\ndispatcher.log:\n{dispatcher_log}"
+    );
 
     let events = record(&record_file);
     let context = format!("{context}\nrecord: {events:#?}");
