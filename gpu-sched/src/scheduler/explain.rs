@@ -156,7 +156,13 @@ fn permanent_text(env: &EnvState, demand: &Demand, blocker: Permanent, subject: 
             } else {
                 format!("has {}", plural(found, "GPU", "GPUs"))
             };
-            let change = if allowed == 0 {
+            let change = if allowed == 0 && found > 0 {
+                // The GPUs are there: only the indices name none of them.
+                format!(
+                    "list GPUs it has (indices 0 to {}) in gpuIndices, or set trialGpuNumber to 0",
+                    found - 1
+                )
+            } else if allowed == 0 {
                 "set trialGpuNumber to 0, or run on a machine with an NVIDIA GPU".to_owned()
             } else {
                 format!("ask for {allowed} or fewer, or add an environment with {count} GPUs")

@@ -30,6 +30,18 @@ fn no_driver_rejects_gpu_trials_with_the_probe_reason() {
 }
 
 #[test]
+fn gpu_indices_that_name_no_gpu_say_which_indices_there_are() {
+    let mut elsewhere = env("local", &[80, 80]);
+    elsewhere.limits.gpu_indices = Some(vec![5]);
+    let scheduler = scheduler(Policy::RecentlyIdle, vec![elsewhere]);
+    let error = scheduler.check_request(&trial("any")).unwrap_err();
+    expect![[r#"
+        the trial asks for 1 GPU, but the largest environment, local, has 2 GPUs of which gpuIndices allows 0: list GPUs it has (indices 0 to 1) in gpuIndices, or set trialGpuNumber to 0
+    "#]]
+    .assert_eq(&(error + "\n"));
+}
+
+#[test]
 fn rejections_name_the_largest_environment_and_what_to_change() {
     let mut allowed = env("restricted", &[80; 8]);
     allowed.limits.gpu_indices = Some(vec![0, 1, 2, 3]);
