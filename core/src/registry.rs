@@ -155,7 +155,9 @@ pub fn knob_home() -> PathBuf {
     let data_home = std::env::var_os("XDG_DATA_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        // std's home_dir: $HOME, else the user's entry in the password database (a service
+        // or `env -i` without HOME would otherwise get a registry in whatever folder it ran in).
+        .or_else(|| std::env::home_dir().map(|h| h.join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."));
     data_home.join("knob")
 }

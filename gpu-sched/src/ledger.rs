@@ -540,7 +540,8 @@ pub fn default_dir() -> PathBuf {
     std::env::var_os("XDG_DATA_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        // $HOME, else the password database's (as the registry finds its folder).
+        .or_else(|| std::env::home_dir().map(|h| h.join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."))
         .join("knob")
 }

@@ -154,6 +154,24 @@ fn the_quickstart_runs_and_exports_every_trial() {
     );
 }
 
+/// Without `HOME` (a service, `env -i`), knob's folder is the password database's home's, as
+/// with it: it used to be `./knob`, a registry in whatever folder knob ran in.
+#[test]
+fn without_home_the_registry_is_not_put_in_the_current_folder() {
+    let cwd = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = run(Command::new(env!("CARGO_BIN_EXE_knob"))
+        .args(["experiment", "list"])
+        .current_dir(cwd.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default()));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let left: Vec<_> = std::fs::read_dir(cwd.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "knob wrote {left:?} in the current folder");
+}
+
 #[test]
 fn an_existing_id_is_refused_with_a_hint_to_resume() {
     let sandbox = Sandbox::new();

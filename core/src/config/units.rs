@@ -167,9 +167,7 @@ fn normalize_lexically(path: &Path) -> PathBuf {
     normal
 }
 
-/// The user's home directory, for `~` in paths.
+/// The user's home directory, for `~` in paths: `$HOME`, else the password database's.
 pub(crate) fn home_dir() -> Option<PathBuf> {
-    std::env::var_os("HOME")
-        .filter(|home| !home.is_empty())
-        .map(PathBuf::from)
+    std::env::home_dir()
 }

@@ -288,7 +288,7 @@ async fn authenticate(
         });
     }
 
-    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
+    if let Some(home) = std::env::home_dir() {
         for name in ["id_ed25519", "id_ecdsa", "id_rsa"] {
             let path = home.join(".ssh").join(name);
             if !path.is_file() {
