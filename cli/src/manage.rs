@@ -5,7 +5,6 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::Subcommand;
 use knob_core::registry::{Registry, RegistryEntry};
 use serde_json::{json, Value};
@@ -112,10 +111,9 @@ pub fn update(command: UpdateCommand) -> anyhow::Result<ExitCode> {
         UpdateCommand::Trialnum { id, value } => (id, "maxTrialNumber", json_scalar(&value)),
         UpdateCommand::Duration { id, value } => (id, "maxExperimentDuration", json_scalar(&value)),
         UpdateCommand::Searchspace { id, file } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            let space: Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not JSON", file.display()))?;
+            // Checked here as `knob space validate` checks it, so that a problem names the file,
+            // line and column; the experiment checks it again against its tuner.
+            let (_, space) = crate::space::read_space_value(&file)?;
             (id, "searchSpace", space)
         }
     };

@@ -452,6 +452,24 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
     assert_eq!(knob(&["update", "trialnum", "live", "600"]).0, 0);
     assert_eq!(knob(&["update", "duration", "live", "2h"]).0, 0);
     let space_file = sandbox.path().join("space.json");
+    // A bad space is refused before it is sent, at its file, line and column.
+    std::fs::write(
+        &space_file,
+        "{\n  \"x\": {\"_type\": \"randint\", \"_value\": [5, 1]}\n}",
+    )
+    .unwrap();
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["update", "searchspace", "live"])
+        .arg(&space_file));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains(&format!(
+            "{}:2:3: search space parameter \"x\": randint needs low < high",
+            space_file.display()
+        )),
+        "{stderr}"
+    );
     std::fs::write(
         &space_file,
         r#"{"x": {"_type": "randint", "_value": [0, 3000000]}}"#,
