@@ -180,7 +180,10 @@ pub fn to_json(state: &ExperimentState) -> Value {
 }
 
 /// One row per trial; parameters flattened into one column each (nested choices as `a/b`),
-/// intermediate results as a JSON list in one column.
+/// intermediate results as a JSON list in one column. A final result reported as a dict gives
+/// each of its entries but `default` (which is `final`) a `final:` column, so that the other
+/// metrics and a multi-objective experiment's objectives are there as numbers; with
+/// `objectives`, a `pareto` column says which trials are on the front, as in the JSON.
 pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()> {
     let mut parameter_columns: Vec<String> = Vec::new();
     let flat: Vec<Vec<(String, String)>> = state
@@ -197,6 +200,40 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
             cells
         })
         .collect();
+    let mut final_columns: Vec<String> = Vec::new();
+    let finals: Vec<Vec<(String, String)>> = state
+        .trials
+        .iter()
+        .map(|t| {
+            let mut cells = Vec::new();
+            let reported = t
+                .final_metric()
+                .and_then(|m| knob_plugin_api::metric::parse_lenient(&m.raw).ok());
+            if let Some(Value::Object(entries)) = reported {
+                for (key, value) in entries.iter().filter(|(key, _)| *key != "default") {
+                    flatten(key, value, &mut cells);
+                }
+            }
+            // NaN and ±Infinity as Python writes them, not as the lenient reader marks them.
+            for (_, cell) in &mut cells {
+                use knob_plugin_api::metric::{INF, NAN, NEG_INF};
+                let spelled = [(NAN, "NaN"), (INF, "Infinity"), (NEG_INF, "-Infinity")]
+                    .into_iter()
+                    .find(|(sentinel, _)| cell == sentinel);
+                if let Some((_, spelled)) = spelled {
+                    *cell = spelled.to_string();
+                }
+            }
+            for (name, _) in &cells {
+                if !final_columns.contains(name) {
+                    final_columns.push(name.clone());
+                }
+            }
+            cells
+        })
+        .collect();
+    let (objectives, entries) = crate::objectives::of_state(state);
+    let with_objectives = !objectives.is_empty();
     let mut writer = csv::Writer::from_writer(out);
     let mut header: Vec<String> = [
         "trial_id",
@@ -218,9 +255,13 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
     if members {
         header.extend(["lineage".to_string(), "schedule".to_string()]);
     }
+    if with_objectives {
+        header.push("pareto".to_string());
+    }
+    header.extend(final_columns.iter().map(|c| format!("final:{c}")));
     header.extend(parameter_columns.iter().map(|c| format!("param:{c}")));
     writer.write_record(&header)?;
-    for (trial, cells) in state.trials.iter().zip(flat) {
+    for ((trial, cells), final_cells) in state.trials.iter().zip(flat).zip(finals) {
         let started = trial.attempts.last().map(|a| a.started_ms);
         let ended = trial.end.as_ref().map(|e| e.time_ms);
         let intermediate: Vec<Value> = trial
@@ -262,6 +303,19 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
                 schedules.get(&trial.trial_id).map(|steps| json!(steps)),
             ));
         }
+        if with_objectives {
+            let on_front = entries
+                .iter()
+                .any(|e| e.trial_id == trial.trial_id && e.pareto);
+            record.push(on_front.to_string());
+        }
+        record.extend(final_columns.iter().map(|c| {
+            final_cells
+                .iter()
+                .find(|(name, _)| name == c)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        }));
         record.extend(parameter_columns.iter().map(|c| {
             cells
                 .iter()

@@ -172,6 +172,37 @@ fn without_home_the_registry_is_not_put_in_the_current_folder() {
     assert!(left.is_empty(), "knob wrote {left:?} in the current folder");
 }
 
+/// A final reported as a dict keeps its other entries in the CSV, one `final:` column each, NaN
+/// as Python writes it; `default` is `final` itself.
+#[test]
+fn the_csv_export_has_a_column_for_each_entry_of_a_final_dict() {
+    let sandbox = Sandbox::new();
+    let yaml =
+        format!("trialCommand: sh final.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
+    let trial = r#"echo 'KNOB_FINAL {"default": 0.5, "epochs": 3, "loss": NaN}'"#;
+    let config = sandbox.config(&yaml, &[("final.sh", trial)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "dict");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (code, csv, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "export", "dict", "--format", "csv"]));
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 2, "{csv}");
+    let cells = |line: &str| line.split(',').map(str::to_string).collect::<Vec<_>>();
+    let (header, row) = (cells(lines[0]), cells(lines[1]));
+    let cell = |name: &str| {
+        let at = header.iter().position(|c| c == name);
+        at.map(|at| row[at].clone())
+    };
+    assert_eq!(cell("final").as_deref(), Some("0.5"), "{csv}");
+    assert_eq!(cell("final:epochs").as_deref(), Some("3"), "{csv}");
+    assert_eq!(cell("final:loss").as_deref(), Some("NaN"), "{csv}");
+    assert_eq!(cell("final:default"), None, "{csv}");
+    assert_eq!(cell("pareto"), None, "no objectives, no front: {csv}");
+}
+
 #[test]
 fn an_existing_id_is_refused_with_a_hint_to_resume() {
     let sandbox = Sandbox::new();

@@ -133,6 +133,44 @@ fn a_two_objective_experiment_with_a_constraint_has_a_pareto_front() {
         let feasible = line.split_whitespace().rev().nth(1).unwrap();
         assert_eq!(feasible == "yes", memory_over <= 0.0, "{line}");
     }
+    // The CSV has each metric of the final dict as a number, and the front, as the JSON has.
+    let (code, csv, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "export", "mo", "--format", "csv"]));
+    assert_eq!(code, 0, "{stderr}");
+    let mut rows = csv.lines().map(|l| l.split(',').collect::<Vec<_>>());
+    let header = rows.next().unwrap();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|c| *c == name)
+            .unwrap_or_else(|| panic!("no column {name}: {header:?}"))
+    };
+    let (id, pareto, accuracy, latency, memory_over) = (
+        column("trial_id"),
+        column("pareto"),
+        column("final:accuracy"),
+        column("final:latency_ms"),
+        column("final:memory_over"),
+    );
+    let mut rows_seen = 0;
+    for row in rows {
+        let trial = trials.iter().find(|t| t["id"] == row[id]).unwrap();
+        let (a, l, m) = values(trial).unwrap();
+        let number = |i: usize| row[i].parse::<f64>().unwrap();
+        assert_eq!(
+            (number(accuracy), number(latency), number(memory_over)),
+            (a, l, m)
+        );
+        assert_eq!(
+            row[pareto] == "true",
+            front.contains(&row[id].to_string()),
+            "{csv}"
+        );
+        rows_seen += 1;
+    }
+    assert_eq!(rows_seen, 12, "{csv}");
 }
 
 #[test]
