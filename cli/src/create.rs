@@ -290,12 +290,13 @@ async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>, id: Stri
     };
     let what = loop {
         tokio::select! {
-            _ = interrupt.recv() => break "Ctrl-C",
+            // `knob stop` sends SIGINT too: a detached run's log names both.
+            _ = interrupt.recv() => break "Ctrl-C or knob stop",
             _ = terminate.recv() => break "SIGTERM",
             _ = hangup.recv() => go_on_without_the_terminal(&id),
         }
     };
-    errln!("stopping ({what}): killing running trials (Ctrl-C again to exit at once)");
+    errln!("stopping ({what}): killing running trials (a second Ctrl-C or signal exits at once)");
     let _ = commands.send(Command::Stop);
     let code = loop {
         tokio::select! {
