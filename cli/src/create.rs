@@ -325,13 +325,13 @@ fn go_on_without_the_terminal(id: &str) {
     if on_terminal.is_empty() {
         return;
     }
-    let log_path = knob_home().join("logs").join(format!("{id}.log"));
+    let log_path = log_path(id);
     let said = format!(
         "the terminal hung up (SIGHUP); experiment {id} goes on in the background, its output in {}: `knob top {id}` shows it, `knob stop {id}` stops it",
         log_path.display()
     );
     errln!("{said}");
-    let log = std::fs::create_dir_all(knob_home().join("logs")).and_then(|()| {
+    let log = std::fs::create_dir_all(log_dir()).and_then(|()| {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -606,6 +606,17 @@ fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
     run_detached(&id, command, &args.serve)
 }
 
+/// Where knob keeps the output of experiments that run without a terminal.
+fn log_dir() -> std::path::PathBuf {
+    knob_home().join("logs")
+}
+
+/// The output of experiment `id` when it ran detached (or after its terminal hung up);
+/// `knob experiment delete` removes it with the experiment.
+pub(crate) fn log_path(id: &str) -> std::path::PathBuf {
+    log_dir().join(format!("{id}.log"))
+}
+
 /// Runs `knob COMMAND` (a `create` or `resume` of experiment `id`, without `--detach`) in a new
 /// session, its output appended to `$KNOB_HOME/logs/ID.log`, and returns once it has
 /// registered itself as the experiment's runner, or with its error line if it stopped first.
@@ -614,10 +625,10 @@ pub(crate) fn run_detached(
     command: Vec<std::ffi::OsString>,
     serve: &ServeArgs,
 ) -> anyhow::Result<ExitCode> {
-    let log_dir = knob_home().join("logs");
+    let log_dir = log_dir();
     std::fs::create_dir_all(&log_dir)
         .with_context(|| format!("cannot create {}", log_dir.display()))?;
-    let log_path = log_dir.join(format!("{id}.log"));
+    let log_path = log_path(id);
     // Appended to: a resumed experiment's log goes on after its earlier runs'.
     let log = std::fs::OpenOptions::new()
         .create(true)

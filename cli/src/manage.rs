@@ -220,6 +220,8 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
     let left = knob_core::experiment::remove_experiment_folder(&entry.dir)
         .map_err(|e| anyhow::anyhow!("cannot delete {}: {e}", entry.dir.display()))?;
     registry.remove(id)?;
+    // Its detached runs' output: knob's, and a new experiment of the same id would append to it.
+    let _ = std::fs::remove_file(crate::create::log_path(id));
     if left.is_empty() {
         outln!("experiment {id} deleted ({})", entry.dir.display());
     } else {

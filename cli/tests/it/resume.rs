@@ -207,6 +207,12 @@ fn a_detached_resume_runs_in_the_background_and_its_log_goes_on() {
         std::fs::read_to_string(sandbox.path().join("home/logs/bg.log")).unwrap(),
         log
     );
+
+    // Deleted, the experiment takes its log along: it used to stay in KNOB_HOME for good, and a
+    // new experiment of the same id appended to it.
+    let (code, _, stderr) = run(sandbox.knob().args(["experiment", "delete", "bg", "--yes"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!sandbox.path().join("home/logs/bg.log").exists());
 }
 
 /// A `trialConcurrency` far beyond what the machine runs (one simulated GPU, so one trial at a
