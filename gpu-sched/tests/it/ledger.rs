@@ -162,6 +162,31 @@ fn a_holder_killed_with_sigkill_loses_its_leases_and_requests_to_the_next_caller
 }
 
 #[test]
+fn a_full_journal_is_moved_aside_and_a_new_one_begun() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let a = Holder::this_process("expA");
+    // A journal at the bound (sparse: no 16 MiB written).
+    let journal = ledger.journal_path();
+    std::fs::File::create(&journal)
+        .unwrap()
+        .set_len(knob_gpu_sched::ledger::JOURNAL_ROTATE_BYTES)
+        .unwrap();
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    let older = dir.path().join("gpu-ledger.journal.1");
+    assert_eq!(
+        std::fs::metadata(&older).unwrap().len(),
+        knob_gpu_sched::ledger::JOURNAL_ROTATE_BYTES
+    );
+    let text = std::fs::read_to_string(&journal).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains(r#""op":"grant""#), "{text}");
+}
+
+#[test]
 fn a_damaged_ledger_is_one_line_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("gpu-ledger.json"), "{not json").unwrap();
