@@ -39,8 +39,8 @@ pub enum Framing {
 ///   at the end. The flag is a module global of nni 2.x and 3.0; setting it on a version
 ///   without it is harmless.
 /// - An idle worker sees that the dispatcher stops only when its `get(timeout=3)` times out, and
-///   the dispatcher joins both in turn: every end of an experiment (a Ctrl-C included) waited
-///   up to 6 s for them. Setting `stopping` now also queues a marker behind what each worker
+///   the dispatcher joins both: every end of an experiment (a Ctrl-C included) waited up to 3 s
+///   for them (2.5 s in `nni_3_s_idle_workers_leave_as_soon_as_the_dispatcher_stops` before). Setting `stopping` now also queues a marker behind what each worker
 ///   still has, which its queue's `get` turns into the `Empty` of a time-out: the worker checks
 ///   `stopping` at once. Both patches act on names nni 2.8 to 3.0 define alike (`Queue`,
 ///   imported into the module, and the `stopping` attribute).
