@@ -24,6 +24,13 @@ pub enum ExperimentCommand {
         #[arg(long)]
         yes: bool,
     },
+    /// Register an experiment's folder that this registry does not list (copied from another
+    /// machine, made with another KNOB_HOME, or left by a lost registry), so that every
+    /// command finds it by its id.
+    Register {
+        /// The folder that holds its `experiment.db` (`<experimentWorkingDirectory>/<id>`).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -71,6 +78,7 @@ pub fn run_experiment(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
     match command {
         ExperimentCommand::Read(command) => experiment::run(command),
         ExperimentCommand::Delete { id, yes } => delete(&id, yes),
+        ExperimentCommand::Register { dir } => register(&dir),
     }
 }
 
@@ -189,6 +197,68 @@ fn view_every_experiment(args: ViewArgs) -> anyhow::Result<ExitCode> {
         tokio::signal::ctrl_c().await?;
         anyhow::Ok(())
     })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn register(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use knob_core::store::{StoreReader, DB_FILE_NAME};
+    let dir = std::fs::canonicalize(dir)
+        .map_err(|e| anyhow::anyhow!("cannot find {}: {e}", dir.display()))?;
+    if !dir.join(DB_FILE_NAME).is_file() {
+        anyhow::bail!(
+            "{}: no {DB_FILE_NAME} here, so not a knob experiment's folder; give the folder that holds it (<experimentWorkingDirectory>/<id>)",
+            dir.display()
+        );
+    }
+    let summary = StoreReader::open(&dir)
+        .and_then(|reader| reader.experiment())
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: no experiment was created in this store (its create failed); there is nothing to register",
+                dir.display()
+            )
+        })?;
+    let id = summary.experiment_id;
+    let registry = Registry::open_default()?;
+    if let Ok(existing) = registry.get(&id) {
+        if existing.dir == dir {
+            outln!("experiment {id} is registered already ({})", dir.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        anyhow::bail!(
+            "experiment {id} is registered already, with the folder {}: a registry lists one folder per id; `knob experiment list` shows it",
+            existing.dir.display()
+        );
+    }
+    // Nothing runs it from this registry's point of view: one its store says is running was
+    // copied while it ran, or its process is gone; to users that is a crash, which resume ends.
+    let status = if summary.status.is_active() {
+        knob_core::registry::CRASHED.to_string()
+    } else {
+        summary.status.as_str().to_string()
+    };
+    let entry = RegistryEntry {
+        id: id.clone(),
+        name: summary
+            .config
+            .get("experimentName")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        dir: dir.clone(),
+        status: status.clone(),
+        pid: None,
+        pid_start: None,
+        port: None,
+        created_ms: summary.start_time_ms,
+    };
+    if !registry.insert(&entry)? {
+        anyhow::bail!("experiment {id} was registered by another knob meanwhile; `knob experiment list` shows it");
+    }
+    outln!(
+        "experiment {id} registered ({status}, {}): `knob experiment show {id}`, `knob view {id}`, `knob resume {id}`",
+        dir.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

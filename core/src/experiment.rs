@@ -19,7 +19,7 @@ pub enum CreateError {
     BadId(String),
     #[error("experiment {id} already exists (in {dir}); continue it with `knob resume {id}` or choose another --id")]
     IdTaken { id: String, dir: String },
-    #[error("{dir} holds an experiment that this knob's registry does not list (a copied folder, or one made with another KNOB_HOME), so `knob resume` cannot find it; run knob with the KNOB_HOME that made it, or move the folder away or choose another --id to start anew")]
+    #[error("{dir} holds an experiment that this knob's registry does not list (a copied folder, or one made with another KNOB_HOME), so `knob resume` cannot find it; `knob experiment register {dir}` adds it, or move the folder away or choose another --id to start anew")]
     Unregistered { dir: String },
     #[error("the experiment folder {dir} already exists and holds files knob did not make; move them away, or choose another --id or experimentWorkingDirectory")]
     FolderNotEmpty { dir: String },

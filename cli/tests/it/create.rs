@@ -203,6 +203,85 @@ fn the_csv_export_has_a_column_for_each_entry_of_a_final_dict() {
     assert_eq!(cell("pareto"), None, "no objectives, no front: {csv}");
 }
 
+/// A folder this registry does not list (copied from another machine, another KNOB_HOME) is
+/// registered by `knob experiment register`, after which every command finds it; a create of
+/// its id, before, says so.
+#[test]
+fn a_copied_experiment_folder_is_registered_and_then_found_by_its_id() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}"
+        ),
+        &[],
+    );
+    assert_eq!(sandbox.create(&config, "moved").0, 0);
+    // Another machine: its own registry, the folder copied to a place of its own.
+    let elsewhere = sandbox.path().join("elsewhere");
+    let copy = elsewhere.join("moved");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(sandbox.path().join("experiments/moved"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let there = |args: &[&str]| run(knob().env("KNOB_HOME", elsewhere.join("home")).args(args));
+    let (code, _, stderr) = there(&["trial", "ls", "moved"]);
+    assert_eq!(code, 1, "{stderr}");
+    let copy_text = copy.display().to_string();
+    let (code, stdout, stderr) = there(&["experiment", "register", &copy_text]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.starts_with(&format!("experiment moved registered (DONE, {copy_text})")),
+        "{stdout}"
+    );
+    let (code, list, _) = there(&["experiment", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("moved ") && l.contains(" DONE ") && l.contains(&copy_text)),
+        "{list}"
+    );
+    let (code, trials, stderr) = there(&["trial", "ls", "moved"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        trials.lines().filter(|l| l.contains("SUCCEEDED")).count(),
+        2,
+        "{trials}"
+    );
+    // Again: nothing changes. The original folder, under the same id: refused, naming the copy.
+    let (code, stdout, _) = there(&["experiment", "register", &copy_text]);
+    assert_eq!(
+        (code, stdout.trim()),
+        (
+            0,
+            format!("experiment moved is registered already ({copy_text})").as_str()
+        )
+    );
+    let original = sandbox
+        .path()
+        .join("experiments/moved")
+        .display()
+        .to_string();
+    let (code, _, stderr) = there(&["experiment", "register", &original]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains(&format!(
+            "experiment moved is registered already, with the folder {copy_text}"
+        )),
+        "{stderr}"
+    );
+    // Not an experiment's folder.
+    let (code, _, stderr) = there(&["experiment", "register", &elsewhere.display().to_string()]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("no experiment.db here, so not a knob experiment's folder"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn an_existing_id_is_refused_with_a_hint_to_resume() {
     let sandbox = Sandbox::new();
