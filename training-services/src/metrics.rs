@@ -253,7 +253,7 @@ impl LineScanner {
 
     pub fn feed(&mut self, mut chunk: &[u8], on_line: &mut impl FnMut(ScannedLine<'_>)) {
         while !chunk.is_empty() {
-            match chunk.iter().position(|&b| b == b'\n') {
+            match memchr::memchr(b'\n', chunk) {
                 Some(end) => {
                     self.absorb(&chunk[..end], on_line);
                     self.end_line(on_line);

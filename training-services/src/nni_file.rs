@@ -70,7 +70,7 @@ impl NniRecordDecoder {
         loop {
             let rest = &self.pending[start..];
             if self.resyncing {
-                match rest.iter().position(|&b| b == b'\n') {
+                match memchr::memchr(b'\n', rest) {
                     Some(newline) => {
                         start += newline + 1;
                         self.resyncing = false;
