@@ -47,13 +47,20 @@ impl Sandbox {
         path
     }
 
-    pub(crate) fn create(&self, config: &Path, id: &str) -> (i32, String, String) {
-        run(self
-            .knob()
+    /// `knob create --config CONFIG --id ID`, to run as the caller needs (in the background, with
+    /// limits of its own).
+    pub(crate) fn create_command(&self, config: &Path, id: &str) -> Command {
+        let mut command = self.knob();
+        command
             .arg("create")
             .arg("--config")
             .arg(config)
-            .args(["--id", id]))
+            .args(["--id", id]);
+        command
+    }
+
+    pub(crate) fn create(&self, config: &Path, id: &str) -> (i32, String, String) {
+        run(&mut self.create_command(config, id))
     }
 
     pub(crate) fn export(&self, id: &str) -> Value {

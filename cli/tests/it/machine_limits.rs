@@ -159,12 +159,7 @@ fn a_low_open_file_limit_is_raised_and_one_that_cannot_be_delays_starts_without_
         return;
     }
     let create = |id: &str, hard: Option<u64>| {
-        let mut command = sandbox.knob();
-        command
-            .arg("create")
-            .arg("--config")
-            .arg(&config)
-            .args(["--id", id]);
+        let mut command = sandbox.create_command(&config, id);
         with_open_file_limit(&mut command, 256, hard);
         run(&mut command)
     };

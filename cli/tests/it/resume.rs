@@ -314,13 +314,7 @@ fn knob_stop_stops_a_running_experiment_and_resume_finishes_it() {
     let sandbox = Sandbox::new();
     let yaml = format!("trialCommand: sleep 0.5; echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 6\n{SPACE}");
     let config = sandbox.config(&yaml, &[]);
-    let mut command = sandbox.knob();
-    command
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", "paused"]);
-    let mut child = spawn(command);
+    let mut child = spawn(sandbox.create_command(&config, "paused"));
     // Bounded wait until it registered and runs trials.
     let deadline = Instant::now() + Duration::from_secs(30);
     while !sandbox.path().join("experiments/paused/trials").exists() {
@@ -381,13 +375,7 @@ fn sigkill_at_random_moments_loses_nothing() {
             .wrapping_add(1442695040888963407);
         Duration::from_millis(150 + (seed >> 33) % 900)
     };
-    let mut command = sandbox.knob();
-    command
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", "crashy"]);
-    let mut child = spawn(command);
+    let mut child = spawn(sandbox.create_command(&config, "crashy"));
     // The first kill comes only once the experiment is registered: killed before that, `create`
     // made nothing to resume (right, but not what this test is about), and under load a debug
     // build can take longer than the shortest delay to get there.
@@ -533,13 +521,7 @@ fn resume_runs_again_what_a_stop_cancelled_but_not_what_the_user_killed() {
         format!("trialCommand: bash trial.sh\ntrialConcurrency: 2\nmaxTrialNumber: 4\n{SPACE}");
     let config = sandbox.config(&yaml, &[("trial.sh", script)]);
     let started = sandbox.path().join("code/started");
-    let mut command = sandbox.knob();
-    command
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", "halted"]);
-    let mut child = spawn(command);
+    let mut child = spawn(sandbox.create_command(&config, "halted"));
     let first_two = wait_for_lines(&started, 2);
     let killed = first_two[0].clone();
     let (code, stdout, stderr) = run(sandbox.knob().args(["trial", "kill", "halted", &killed]));
@@ -684,13 +666,7 @@ fn crash_an_experiment(sandbox: &Sandbox, id: &str, trials: u32) {
         "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: {trials}\n{SPACE}"
     );
     let config = sandbox.config(&yaml, &[("trial.sh", script)]);
-    let mut command = sandbox.knob();
-    command
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", id]);
-    let mut child = spawn(command);
+    let mut child = spawn(sandbox.create_command(&config, id));
     wait_for_lines(&sandbox.path().join("code/started"), 1);
     sigkill(&mut child);
 }
