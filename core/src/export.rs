@@ -185,53 +185,33 @@ pub fn to_json(state: &ExperimentState) -> Value {
 /// metrics and a multi-objective experiment's objectives are there as numbers; with
 /// `objectives`, a `pareto` column says which trials are on the front, as in the JSON.
 pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()> {
-    let mut parameter_columns: Vec<String> = Vec::new();
-    let flat: Vec<Vec<(String, String)>> = state
-        .trials
-        .iter()
-        .map(|t| {
-            let mut cells = Vec::new();
-            flatten("", &t.parameters, &mut cells);
-            for (name, _) in &cells {
-                if !parameter_columns.contains(name) {
-                    parameter_columns.push(name.clone());
-                }
+    let parameters = FlatColumns::new(state.trials.iter().map(|t| {
+        let mut cells = Vec::new();
+        flatten("", &t.parameters, &mut cells);
+        cells
+    }));
+    let finals = FlatColumns::new(state.trials.iter().map(|t| {
+        let mut cells = Vec::new();
+        let reported = t
+            .final_metric()
+            .and_then(|m| knob_plugin_api::metric::parse_lenient(&m.raw).ok());
+        if let Some(Value::Object(entries)) = reported {
+            for (key, value) in entries.iter().filter(|(key, _)| *key != "default") {
+                flatten(key, value, &mut cells);
             }
-            cells
-        })
-        .collect();
-    let mut final_columns: Vec<String> = Vec::new();
-    let finals: Vec<Vec<(String, String)>> = state
-        .trials
-        .iter()
-        .map(|t| {
-            let mut cells = Vec::new();
-            let reported = t
-                .final_metric()
-                .and_then(|m| knob_plugin_api::metric::parse_lenient(&m.raw).ok());
-            if let Some(Value::Object(entries)) = reported {
-                for (key, value) in entries.iter().filter(|(key, _)| *key != "default") {
-                    flatten(key, value, &mut cells);
-                }
+        }
+        // NaN and ±Infinity as Python writes them, not as the lenient reader marks them.
+        for (_, cell) in &mut cells {
+            use knob_plugin_api::metric::{INF, NAN, NEG_INF};
+            let spelled = [(NAN, "NaN"), (INF, "Infinity"), (NEG_INF, "-Infinity")]
+                .into_iter()
+                .find(|(sentinel, _)| cell == sentinel);
+            if let Some((_, spelled)) = spelled {
+                *cell = spelled.to_string();
             }
-            // NaN and ±Infinity as Python writes them, not as the lenient reader marks them.
-            for (_, cell) in &mut cells {
-                use knob_plugin_api::metric::{INF, NAN, NEG_INF};
-                let spelled = [(NAN, "NaN"), (INF, "Infinity"), (NEG_INF, "-Infinity")]
-                    .into_iter()
-                    .find(|(sentinel, _)| cell == sentinel);
-                if let Some((_, spelled)) = spelled {
-                    *cell = spelled.to_string();
-                }
-            }
-            for (name, _) in &cells {
-                if !final_columns.contains(name) {
-                    final_columns.push(name.clone());
-                }
-            }
-            cells
-        })
-        .collect();
+        }
+        cells
+    }));
     let (objectives, entries) = crate::objectives::of_state(state);
     let with_objectives = !objectives.is_empty();
     let mut writer = csv::Writer::from_writer(out);
@@ -258,10 +238,10 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
     if with_objectives {
         header.push("pareto".to_string());
     }
-    header.extend(final_columns.iter().map(|c| format!("final:{c}")));
-    header.extend(parameter_columns.iter().map(|c| format!("param:{c}")));
+    header.extend(finals.names.iter().map(|c| format!("final:{c}")));
+    header.extend(parameters.names.iter().map(|c| format!("param:{c}")));
     writer.write_record(&header)?;
-    for ((trial, cells), final_cells) in state.trials.iter().zip(flat).zip(finals) {
+    for (row, trial) in state.trials.iter().enumerate() {
         let started = trial.attempts.last().map(|a| a.started_ms);
         let ended = trial.end.as_ref().map(|e| e.time_ms);
         let intermediate: Vec<Value> = trial
@@ -309,24 +289,44 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
                 .any(|e| e.trial_id == trial.trial_id && e.pareto);
             record.push(on_front.to_string());
         }
-        record.extend(final_columns.iter().map(|c| {
-            final_cells
-                .iter()
-                .find(|(name, _)| name == c)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default()
-        }));
-        record.extend(parameter_columns.iter().map(|c| {
-            cells
-                .iter()
-                .find(|(name, _)| name == c)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default()
-        }));
+        record.extend(finals.row(row));
+        record.extend(parameters.row(row));
         writer.write_record(&record)?;
     }
     writer.flush()?;
     Ok(())
+}
+
+/// Named cells of each row (a trial's flattened parameters, say), and every name any row has,
+/// in the order first seen: the CSV's columns of that kind.
+struct FlatColumns {
+    names: Vec<String>,
+    rows: Vec<Vec<(String, String)>>,
+}
+
+impl FlatColumns {
+    fn new(rows: impl Iterator<Item = Vec<(String, String)>>) -> FlatColumns {
+        let rows: Vec<_> = rows.collect();
+        let mut names: Vec<String> = Vec::new();
+        for (name, _) in rows.iter().flatten() {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        FlatColumns { names, rows }
+    }
+
+    /// Row `row`'s cell under each name, empty where it has none.
+    fn row(&self, row: usize) -> impl Iterator<Item = String> + '_ {
+        let cells = &self.rows[row];
+        self.names.iter().map(move |name| {
+            cells
+                .iter()
+                .find(|(cell_name, _)| cell_name == name)
+                .map(|(_, value)| value.clone())
+                .unwrap_or_default()
+        })
+    }
 }
 
 fn flatten(prefix: &str, value: &Value, cells: &mut Vec<(String, String)>) {

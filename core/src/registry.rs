@@ -147,19 +147,11 @@ impl RegistryEntry {
     }
 }
 
-/// knob's per-user home directory.
+/// knob's per-user home directory: the one the GPU ledger lives in, which `knob-agent` on a
+/// remote host finds without knob-core (`$KNOB_HOME`, else `$XDG_DATA_HOME/knob`, else
+/// `~/.local/share/knob`, `~` being `$HOME` or the password database's).
 pub fn knob_home() -> PathBuf {
-    if let Some(home) = std::env::var_os("KNOB_HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(home);
-    }
-    let data_home = std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        // std's home_dir: $HOME, else the user's entry in the password database (a service
-        // or `env -i` without HOME would otherwise get a registry in whatever folder it ran in).
-        .or_else(|| std::env::home_dir().map(|h| h.join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("."));
-    data_home.join("knob")
+    knob_gpu_sched::ledger::default_dir()
 }
 
 pub struct Registry {

@@ -544,7 +544,8 @@ fn describe(lease: &Lease, asker: &Lease) -> String {
 }
 
 /// knob's per-user home (`$KNOB_HOME`, else `$XDG_DATA_HOME/knob`, else
-/// `~/.local/share/knob`), where the ledger lives.
+/// `~/.local/share/knob`), where the ledger lives, and knob-core's registry and logs
+/// (`registry::knob_home`).
 pub fn default_dir() -> PathBuf {
     if let Some(home) = std::env::var_os("KNOB_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(home);
@@ -552,7 +553,8 @@ pub fn default_dir() -> PathBuf {
     std::env::var_os("XDG_DATA_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        // $HOME, else the password database's (as the registry finds its folder).
+        // std's home_dir: $HOME, else the user's entry in the password database (a service or
+        // `env -i` without HOME would otherwise get knob's home in whatever folder it ran in).
         .or_else(|| std::env::home_dir().map(|h| h.join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."))
         .join("knob")

@@ -164,7 +164,8 @@ fn load_document(
     let mut reader = reader::Reader {
         file: file.clone(),
         base_dir,
-        home: units::home_dir(),
+        // For `~` in paths: `$HOME`, else the password database's.
+        home: std::env::home_dir(),
         errors: Vec::new(),
         warnings: Vec::new(),
         config_file: std::path::absolute(path).ok(),

@@ -166,8 +166,3 @@ fn normalize_lexically(path: &Path) -> PathBuf {
     }
     normal
 }
-
-/// The user's home directory, for `~` in paths: `$HOME`, else the password database's.
-pub(crate) fn home_dir() -> Option<PathBuf> {
-    std::env::home_dir()
-}
