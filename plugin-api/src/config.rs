@@ -222,9 +222,8 @@ impl<'c> ConfigReader<'c> {
     /// A path on this machine: `~` expanded, relative to the config's folder, made canonical.
     pub fn path(&mut self, field: &Field<'_>) -> Option<PathBuf> {
         let raw = self.non_empty_string(field)?;
-        let home = std::env::var_os("HOME")
-            .filter(|home| !home.is_empty())
-            .map(PathBuf::from);
+        // $HOME, else the password database's, as the host's own config reader expands `~`.
+        let home = std::env::home_dir();
         let base = self.context.config_dir.clone();
         self.parse(field, |_| resolve_path(&raw, &base, home.as_deref()))
     }

@@ -153,9 +153,8 @@ pub fn user_plugin_dir() -> Option<PathBuf> {
     let data_home = std::env::var_os("XDG_DATA_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/share"))
-        })?;
+        // $HOME, else the password database's, as knob's home folder is found.
+        .or_else(|| std::env::home_dir().map(|home| home.join(".local/share")))?;
     Some(data_home.join("knob/plugins"))
 }
 
