@@ -147,9 +147,9 @@ impl RegistryEntry {
     }
 }
 
-/// knob's per-user home directory: the one the GPU ledger lives in, which `knob-agent` on a
-/// remote host finds without knob-core (`$KNOB_HOME`, else `$XDG_DATA_HOME/knob`, else
-/// `~/.local/share/knob`, `~` being `$HOME` or the password database's).
+/// knob's per-user home directory: the one the GPU ledger lives in, which `knob-agent` finds
+/// without knob-core (`$KNOB_HOME`, else `$XDG_DATA_HOME/knob`, else `~/.local/share/knob`, `~`
+/// being `$HOME` or the password database's).
 pub fn knob_home() -> PathBuf {
     knob_gpu_sched::ledger::default_dir()
 }
