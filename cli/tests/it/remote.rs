@@ -36,6 +36,7 @@ fn key_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            ..SshdOptions::default()
         },
     )
     .expect("start sshd")
@@ -51,6 +52,7 @@ fn password_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            ..SshdOptions::default()
         },
     )
     .expect("start sshd with password login")

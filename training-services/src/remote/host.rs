@@ -590,12 +590,20 @@ impl Host {
                 let message = e.to_string();
                 self.set_not_ready(&ctx, &message);
                 let permanent = e.is_permanent();
+                // "Unreachable" only where no connection was made: a host that answered but
+                // could not be set up (its disk full under the agent's upload) is not.
+                let state = match (&e, permanent) {
+                    (SshError::Connect { .. }, _) => {
+                        "is unreachable and takes no trials until it answers"
+                    }
+                    (_, true) => "cannot be used and takes no trials",
+                    (_, false) => "cannot be used and takes no trials until a new try works",
+                };
                 (ctx.emit)(ServiceEvent::Warning {
                     trial_id: None,
                     message: format!(
-                        "training service remote: host {} is unreachable and takes no trials{}: {message}",
+                        "training service remote: host {} {state}: {message}",
                         self.machine.host_port(),
-                        if permanent { "" } else { " until it answers" }
                     ),
                 });
                 let _ = first_attempt.send(());

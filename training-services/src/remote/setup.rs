@@ -204,9 +204,13 @@ async fn upload_agent(
     // under the final name, then linked there only if no other upload got there first: hosts
     // that share a home folder (NFS) upload at the same time, and replacing the binary under
     // an agent already started from it leaves that agent's own path "(deleted)", which it
-    // needs to start its daemon. `mv` only where the folder takes no hard links.
+    // needs to start its daemon. `mv` only where the folder takes no hard links. The temporary
+    // file goes however the upload ends (a full disk left one that kept the disk full for
+    // every later try), and those of uploads killed outright go after 10 minutes.
     let command = format!(
-        "mkdir -p {dir} && tmp={quoted}.part.$$ && cat > \"$tmp\" && chmod 755 \"$tmp\" && {{ ln \"$tmp\" {quoted} 2>/dev/null || test -x {quoted} || mv -f \"$tmp\" {quoted}; }} && rm -f \"$tmp\" && echo uploaded",
+        "tmp={quoted}.part.$$; trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM; \
+         mkdir -p {dir} && {{ find {dir} -maxdepth 1 -name '*.part.*' -mmin +10 -exec rm -f {{}} + 2>/dev/null; true; }} && \
+         cat > \"$tmp\" && chmod 755 \"$tmp\" && {{ ln \"$tmp\" {quoted} 2>/dev/null || test -x {quoted} || mv -f \"$tmp\" {quoted}; }} && echo uploaded",
         dir = shell_quote(&directory)
     );
     let output = connection

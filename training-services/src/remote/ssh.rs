@@ -416,7 +416,7 @@ impl Connection {
                 *progress = what;
             }
         };
-        let mut channel = self
+        let channel = self
             .handle
             .channel_open_session()
             .await
@@ -426,34 +426,62 @@ impl Connection {
             .exec(true, command)
             .await
             .map_err(|e| describe_russh(&e))?;
-        if let Some(bytes) = stdin {
-            step("sending its input");
-            channel
-                .data_bytes(bytes.to_vec())
-                .await
-                .map_err(|e| describe_russh(&e))?;
-        }
-        channel.eof().await.map_err(|e| describe_russh(&e))?;
-        step("waiting for its output");
-        let mut output = CommandOutput {
-            status: None,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
+        // Input is sent while the output is read: a command that stops reading its input and
+        // exits (a full disk under `cat > file`) leaves the rest unsent for want of window,
+        // and the send would wait for the limit, hiding the command's own error.
+        let (mut reader, writer) = channel.split();
+        let send = async {
+            if let Some(bytes) = stdin {
+                step("sending its input");
+                writer
+                    .data_bytes(bytes.to_vec())
+                    .await
+                    .map_err(|e| describe_russh(&e))?;
+            }
+            writer.eof().await.map_err(|e| describe_russh(&e))?;
+            step("waiting for its output");
+            Ok::<(), String>(())
         };
-        while let Some(message) = channel.wait().await {
-            match message {
-                ChannelMsg::Data { data } => append_bounded(&mut output.stdout, &data),
-                ChannelMsg::ExtendedData { data, .. } => append_bounded(&mut output.stderr, &data),
-                ChannelMsg::ExitStatus { exit_status } => {
-                    step("waiting for the channel to close after the exit status");
-                    output.status = Some(exit_status)
+        let receive = async {
+            let mut output = CommandOutput {
+                status: None,
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+            };
+            while let Some(message) = reader.wait().await {
+                match message {
+                    ChannelMsg::Data { data } => append_bounded(&mut output.stdout, &data),
+                    ChannelMsg::ExtendedData { data, .. } => {
+                        append_bounded(&mut output.stderr, &data)
+                    }
+                    ChannelMsg::ExitStatus { exit_status } => {
+                        step("waiting for the channel to close after the exit status");
+                        output.status = Some(exit_status)
+                    }
+                    ChannelMsg::Failure => return Err("the server refused to run it".to_string()),
+                    ChannelMsg::Close => break,
+                    _ => {}
                 }
-                ChannelMsg::Failure => return Err("the server refused to run it".to_string()),
-                ChannelMsg::Close => break,
-                _ => {}
+            }
+            Ok(output)
+        };
+        tokio::pin!(send, receive);
+        let (mut sent, mut send_failure) = (false, None);
+        loop {
+            tokio::select! {
+                result = &mut send, if !sent => {
+                    sent = true;
+                    // A send cut short by the command's end: its exit says why.
+                    send_failure = result.err();
+                }
+                output = &mut receive => {
+                    return match (output, send_failure) {
+                        (Ok(output), Some(e)) if output.status.is_none() => Err(e),
+                        (output, _) => output,
+                    };
+                }
             }
         }
-        Ok(output)
     }
 
     /// Opens a channel running `command` and returns it as a byte stream (its stdin and stdout).

@@ -248,9 +248,9 @@ fn an_unknown_host_key_is_refused_with_how_to_accept_it() {
     }
     // The unreachable host was reported as a warning naming it.
     assert!(
-        warnings(&events.all())
-            .iter()
-            .any(|w| w.contains(&format!("host 127.0.0.1:{port} is unreachable"))),
+        warnings(&events.all()).iter().any(|w| w.contains(&format!(
+            "host 127.0.0.1:{port} cannot be used and takes no trials:"
+        ))),
         "{:?}",
         events.all()
     );
@@ -561,6 +561,54 @@ fn a_start_whose_code_upload_fails_says_the_trial_was_not_started() {
     service.stop();
 }
 
+/// A host whose disk fills while knob-agent is uploaded (here sshd's file-size limit, 1 MiB
+/// against the agent's megabytes): the upload's own error comes back at once, not "still
+/// connecting" for a minute while the rest of the binary waited to be sent to a `cat` that had
+/// exited, and no partial binary is left to keep the disk full for the next try.
+#[test]
+fn an_agent_upload_that_fills_the_disk_says_so_at_once_and_leaves_nothing() {
+    let Some(sshd) = start_sshd(SshdOptions {
+        file_size_limit: Some(1 << 20),
+        ..key_options()
+    }) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let events = Events::default();
+    let started = std::time::Instant::now();
+    let service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let reason = not_ready_reason(&service);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(50),
+        "the failed upload took {:?} to be reported: {reason}",
+        started.elapsed()
+    );
+    assert!(
+        reason.contains("uploading") && reason.contains("knob-agent") && reason.contains("failed"),
+        "{reason}"
+    );
+    assert!(!reason.contains("still connecting"), "{reason}");
+    let warning = warnings(&events.all())
+        .into_iter()
+        .find(|w| w.contains("takes no trials"))
+        .unwrap_or_else(|| panic!("no warning about the host: {:?}", events.all()));
+    assert!(
+        warning.contains("cannot be used") && !warning.contains("unreachable"),
+        "{warning}"
+    );
+    let bin = agent_root(&sshd).join("bin");
+    let left: Vec<_> = std::fs::read_dir(&bin)
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in {}: {left:?}", bin.display());
+    drop(service);
+}
+
 /// A start waits for its host's agent to answer; a host that stalls (its connection up, its
 /// agent stopped) must not hold the starts on other hosts, nor the kill of a trial whose start
 /// is still under way (issue 16's loop that never waits on a service, inside the service).
@@ -769,6 +817,7 @@ fn without_an_agent_to_upload_the_one_on_the_hosts_path_is_used() {
                 "PATH".to_string(),
                 format!("{}:/usr/local/bin:/usr/bin:/bin", bin.path().display()),
             )],
+            ..SshdOptions::default()
         },
     )
     .unwrap();

@@ -69,6 +69,9 @@ pub struct SshdOptions {
     pub password: Option<String>,
     /// Variables every session gets (sshd's `SetEnv`), e.g. `KNOB_SIMULATE_GPUS`.
     pub env: Vec<(String, String)>,
+    /// The largest file, in bytes, anything started through this sshd may write (its
+    /// `RLIMIT_FSIZE`, rounded down to 512-byte blocks): a disk that fills up, for key login.
+    pub file_size_limit: Option<u64>,
 }
 
 /// A running sshd; stopped (with everything started through it) on drop.
@@ -180,7 +183,18 @@ impl Sshd {
 
         let mut command = match &options.password {
             None => {
-                let mut command = Command::new(sshd);
+                let mut command = match options.file_size_limit {
+                    None => Command::new(sshd),
+                    Some(bytes) => {
+                        // dash's `ulimit -f` counts 512-byte blocks.
+                        let mut command = Command::new("sh");
+                        command
+                            .arg("-c")
+                            .arg(format!("ulimit -f {} && exec \"$0\" \"$@\"", bytes / 512))
+                            .arg(sshd);
+                        command
+                    }
+                };
                 command.arg("-D").arg("-e").arg("-f").arg(&config_path);
                 command
             }
