@@ -239,9 +239,14 @@ fn read_machine(reader: &mut ConfigReader<'_>, item: &Value, path: FieldPath) ->
 /// The service's class args (what [`super::args::RemoteArgs::parse`] reads) from its checked
 /// config (secrets in clear) and the experiment's context.
 ///
-/// `excludeFiles` names the files that may hold a secret in clear: the experiment's config file
-/// (which NNI users keep in the trial code directory) and every machine's `sshKeyFile`. They are
-/// left out of the code uploaded to the hosts; trials never need them.
+/// `excludeFiles` names what is left out of the code uploaded to the hosts, none of which trials
+/// need: the files that may hold a secret in clear (the experiment's config file, which NNI users
+/// keep in the trial code directory, and every machine's `sshKeyFile`), and the experiment's own
+/// folder and the `experimentWorkingDirectory` that holds it, for a config that keeps them
+/// inside the trial code directory: else every trial's code carried the live store and every
+/// earlier experiment's trials (the archive leaves out only paths strictly inside the code
+/// directory, so a working directory that *is* the code directory leaves out only this
+/// experiment's folder).
 pub fn class_args(config: &Value, context: &ServiceContext) -> Value {
     let mut args = Map::new();
     args.insert("experimentId".into(), json!(context.experiment_id));
@@ -265,11 +270,17 @@ pub fn class_args(config: &Value, context: &ServiceContext) -> Value {
         .flatten()
         .filter_map(|machine| machine.get("sshKeyFile").and_then(Value::as_str))
         .map(PathBuf::from);
+    let experiment_folders = context
+        .experiment_dir
+        .iter()
+        .flat_map(|dir| [Some(dir.clone()), dir.parent().map(PathBuf::from)])
+        .flatten();
     let mut exclude: Vec<PathBuf> = context
         .config_file
         .clone()
         .into_iter()
         .chain(key_files)
+        .chain(experiment_folders)
         // The service wants absolute paths; the config's are already, a relative command-line
         // path is made absolute here (it is this process's working directory that it means).
         .filter_map(|path| std::path::absolute(path).ok())

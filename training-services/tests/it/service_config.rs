@@ -59,8 +59,11 @@ fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
     let key = dir.path().join("id_ed25519");
     std::fs::write(&key, "not really a key").unwrap();
     let config_file = dir.path().join("exp.yml");
+    // `experimentWorkingDirectory: ./experiments`, inside the trial code directory.
+    let working_dir = dir.path().join("experiments");
     let context = ServiceContext {
         experiment_id: "exp1".into(),
+        experiment_dir: Some(working_dir.join("exp1")),
         config_dir: dir.path().to_path_buf(),
         config_file: Some(config_file.clone()),
         ..ServiceContext::default()
@@ -99,10 +102,16 @@ fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
     assert_eq!(args["experimentId"], "exp1");
     assert_eq!(args["hostLossTimeoutSecs"], 5);
     assert_eq!(args["machineList"][0]["password"], "hunter2");
-    // What may hold a secret in clear is left out of the code uploaded to the hosts.
+    // What may hold a secret in clear is left out of the code uploaded to the hosts, and so are
+    // the experiment's folder and the working directory that holds it.
     assert_eq!(
         args["excludeFiles"],
-        json!([config_file.display().to_string(), key.display().to_string()])
+        json!([
+            config_file.display().to_string(),
+            working_dir.display().to_string(),
+            working_dir.join("exp1").display().to_string(),
+            key.display().to_string()
+        ])
     );
     knob_training_services::remote::args::RemoteArgs::parse(&args).expect("args the service reads");
 
