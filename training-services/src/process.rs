@@ -43,11 +43,11 @@ pub fn raise_open_file_limit() {
 }
 
 /// What follows the error text of a trial start that failed for want of a resource the machine
-/// gives back (descriptors, processes, memory): what to do, and the plugin API's promise that
+/// gives back (descriptors, processes, memory, disk space): what to do, and the plugin API's promise that
 /// nothing of the trial runs, on which the core tries the start again after a pause instead of
 /// failing the trial. Empty for any other error.
 pub fn start_failure_note(error: &std::io::Error) -> String {
-    use nix::libc::{EAGAIN, EMFILE, ENFILE, ENOMEM};
+    use nix::libc::{EAGAIN, EDQUOT, EMFILE, ENFILE, ENOMEM, ENOSPC};
     let hint = match error.raw_os_error() {
         Some(EMFILE) => {
             let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
@@ -59,9 +59,25 @@ pub fn start_failure_note(error: &std::io::Error) -> String {
         }
         Some(ENFILE) => " (the system's table of open files is full)".to_string(),
         Some(EAGAIN | ENOMEM) => String::new(),
+        // A trial's folder on a full disk (or over quota): space comes back as other trials
+        // end or the user frees it, and then the start works.
+        Some(ENOSPC | EDQUOT) => {
+            " (the disk under the trial's folder is full: free space on its filesystem)".to_string()
+        }
         _ => return String::new(),
     };
     format!("{hint}; the trial was not started")
+}
+
+/// The bytes still free to an unprivileged writer on the filesystem holding `path` when under
+/// 1 MiB: too little for a trial's output, let alone its next files.
+pub fn nearly_full(path: &Path) -> Option<u64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let stats = nix::sys::statvfs::statvfs(existing).ok()?;
+    let free = stats
+        .blocks_available()
+        .saturating_mul(stats.fragment_size());
+    (free < 1 << 20).then_some(free)
 }
 
 /// Starts `command` under `/bin/bash -c` in `code_dir`, in a process group of its own (so the

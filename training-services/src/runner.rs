@@ -671,6 +671,15 @@ impl Supervision {
         let watched = (&mut self.tail_task).await.unwrap_or_default();
         self.memory_task.abort();
         let stderr_tail = stderr_tail(&self.stderr_path);
+        if exit_code != Some(0) {
+            // A trial that failed on a full disk often could not write why (Python exits 120
+            // when even its traceback cannot be flushed): its end alone said "exit code 120".
+            if let Some(free) = crate::process::nearly_full(&self.stderr_path) {
+                self.recorder.warn(format_args!(
+                    "the disk under the trial's folder is full ({free} bytes free): the trial may have failed for it, and what it wrote there, its errors too, may be cut short"
+                ));
+            }
+        }
         let peak = self.peak_memory.load(Ordering::Relaxed);
         let peak_gpu = self.peak_gpu_memory.load(Ordering::Relaxed);
         (self.host.emit)(ServiceEvent::TrialUsage {

@@ -69,6 +69,21 @@ pub enum RemoteError {
     ShutDown,
 }
 
+impl RemoteError {
+    /// A failed start of `trial`; `why` may come from the host's agent, whose runner already
+    /// names the trial, which is then not named twice.
+    fn start(trial: &str, why: String) -> RemoteError {
+        let why = match why.strip_prefix(&format!("trial {trial}: ")) {
+            Some(rest) => rest.to_string(),
+            None => why,
+        };
+        RemoteError::Start {
+            trial: trial.to_string(),
+            why,
+        }
+    }
+}
+
 impl From<RemoteError> for PluginError {
     fn from(e: RemoteError) -> PluginError {
         PluginError::new(e.to_string())
@@ -246,10 +261,7 @@ impl RemoteService {
         if self.hosts.iter().any(|h| h.runs(&request.trial_id)) {
             return Err(RemoteError::DuplicateTrial(request.trial_id.clone()));
         }
-        let start_error = |why: String| RemoteError::Start {
-            trial: request.trial_id.clone(),
-            why,
-        };
+        let start_error = |why: String| RemoteError::start(&request.trial_id, why);
         // The agent leases the trial's GPUs on the host under this machine's limit.
         let mut request = request.clone();
         request.resources.max_trials_per_gpu =
@@ -283,11 +295,7 @@ impl RemoteService {
                 earlier.wait().await;
             }
             if let Err(why) = start.run().await {
-                let message = RemoteError::Start {
-                    trial: trial_id.clone(),
-                    why,
-                }
-                .to_string();
+                let message = RemoteError::start(&trial_id, why).to_string();
                 emit(ServiceEvent::StartFailed { trial_id, message });
             }
             drop(running);
@@ -360,10 +368,7 @@ impl RemoteService {
                 };
                 host::fetch_restore(&order, trial_id, donor, holder, dest).await
             })
-            .map_err(|why| RemoteError::Start {
-                trial: trial_id.to_string(),
-                why,
-            })
+            .map_err(|why| RemoteError::start(trial_id, why))
     }
 
     /// Asks the agent running trial `trial_id` to kill it, in the background: the agent's

@@ -111,3 +111,30 @@ fn a_flood_of_bad_lines_is_reported_in_bounded_form() {
     assert_eq!(warned.len(), 101);
     assert_eq!(warned[100], "trial flood: 399 more warnings were not shown");
 }
+
+/// A trial folder on a full disk (its `parameter.cfg` a link to `/dev/full`, which answers every
+/// write with ENOSPC as a full filesystem does): the start says the disk is full and that the
+/// trial was not started, on which the core tries it again after a pause rather than failing it
+/// (a full disk on a remote host failed every trial left in the experiment within a second);
+/// with room again the same start runs.
+#[test]
+fn a_start_on_a_full_disk_says_so_and_that_the_trial_was_not_started() {
+    let mut h = Harness::new();
+    let dir = h.trial_dir("full");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink("/dev/full", dir.join("parameter.cfg")).unwrap();
+    let error = h
+        .service
+        .start(&h.request("full", "echo KNOB_FINAL 1"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("No space left on device")
+            && error.contains("the disk under the trial's folder is full")
+            && error.ends_with("the trial was not started"),
+        "{error}"
+    );
+    std::fs::remove_file(dir.join("parameter.cfg")).unwrap();
+    let events = h.run(h.request("full", "echo KNOB_FINAL 1"));
+    assert_eq!(ending(&of_trial(&events, "full")).0, Some(0), "{events:?}");
+}

@@ -561,14 +561,17 @@ fn a_start_whose_code_upload_fails_says_the_trial_was_not_started() {
     service.stop();
 }
 
-/// A host whose disk fills while knob-agent is uploaded (here sshd's file-size limit, 1 MiB
-/// against the agent's megabytes): the upload's own error comes back at once, not "still
-/// connecting" for a minute while the rest of the binary waited to be sent to a `cat` that had
-/// exited, and no partial binary is left to keep the disk full for the next try.
+/// A host whose disk fills while knob-agent is uploaded (1 MiB against the agent's megabytes):
+/// the upload's own error comes back at once, not "still connecting" for a minute while the rest
+/// of the binary waited to be sent to a `cat` that had exited, and no partial binary is left to
+/// keep the disk full for the next try.
 #[test]
 fn an_agent_upload_that_fills_the_disk_says_so_at_once_and_leaves_nothing() {
+    if !crate::sshd::small_disk() {
+        return;
+    }
     let Some(sshd) = start_sshd(SshdOptions {
-        file_size_limit: Some(1 << 20),
+        disk_bytes: Some(1 << 20),
         ..key_options()
     }) else {
         return;
@@ -577,11 +580,8 @@ fn an_agent_upload_that_fills_the_disk_says_so_at_once_and_leaves_nothing() {
     world.trust(&sshd);
     let events = Events::default();
     let started = std::time::Instant::now();
-    let service = connect(
-        world.args(vec![key_machine(&sshd)]),
-        &events,
-        &agent_root(&sshd),
-    );
+    let root = sshd.disk("agent-root");
+    let service = connect(world.args(vec![key_machine(&sshd)]), &events, &root);
     let reason = not_ready_reason(&service);
     assert!(
         started.elapsed() < std::time::Duration::from_secs(50),
@@ -589,10 +589,11 @@ fn an_agent_upload_that_fills_the_disk_says_so_at_once_and_leaves_nothing() {
         started.elapsed()
     );
     assert!(
-        reason.contains("uploading") && reason.contains("knob-agent") && reason.contains("failed"),
+        reason.contains("uploading")
+            && reason.contains("knob-agent")
+            && reason.contains("No space left on device"),
         "{reason}"
     );
-    assert!(!reason.contains("still connecting"), "{reason}");
     let warning = warnings(&events.all())
         .into_iter()
         .find(|w| w.contains("takes no trials"))
@@ -601,12 +602,76 @@ fn an_agent_upload_that_fills_the_disk_says_so_at_once_and_leaves_nothing() {
         warning.contains("cannot be used") && !warning.contains("unreachable"),
         "{warning}"
     );
-    let bin = agent_root(&sshd).join("bin");
+    let bin = sshd.seen_from_here(&root.join("bin"));
     let left: Vec<_> = std::fs::read_dir(&bin)
-        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()))
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     assert!(left.is_empty(), "left in {}: {left:?}", bin.display());
     drop(service);
+}
+
+/// A host whose disk fills under running trials: the trial that failed for it is warned about
+/// (its error could not be written: Python exits 120 with nothing said), a start meanwhile says
+/// the disk is full and that the trial was not started (so the core tries it again later rather
+/// than failing every trial left), and once there is room the same start runs.
+#[test]
+fn trials_on_a_full_host_disk_say_so_and_start_again_once_there_is_room() {
+    if !crate::sshd::small_disk() {
+        return;
+    }
+    // Room for the agent and a few MiB more.
+    let agent_bytes = std::fs::metadata(agent_binary()).unwrap().len();
+    let Some(sshd) = start_sshd(SshdOptions {
+        disk_bytes: Some(agent_bytes + (4 << 20)),
+        ..key_options()
+    }) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let events = Events::default();
+    let root = sshd.disk("agent-root");
+    let mut service = connect(world.args(vec![key_machine(&sshd)]), &events, &root);
+    assert_eq!(service.environments_now().unwrap().len(), 1);
+
+    // Writes until the disk is full, outside its own folder so that it stays when the trial is
+    // gone, then fails as a trial on a full disk does.
+    let filler = root.join("filler");
+    let fill = format!(
+        "head -c 16777216 /dev/zero > '{}'; exit 3",
+        filler.display()
+    );
+    service.start(&world.request(&sshd, "f1", &fill)).unwrap();
+    let ended = events.wait_ended("f1");
+    assert_eq!(ending(&of_trial(&ended, "f1")).0, Some(3), "{ended:?}");
+    assert!(
+        warnings(&of_trial(&ended, "f1"))
+            .iter()
+            .any(|w| w.contains("the disk under the trial's folder is full")),
+        "{ended:?}"
+    );
+
+    let error = service
+        .start(&world.request(&sshd, "f2", "echo KNOB_FINAL 2"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("No space left on device")
+            && error.contains("the disk under the trial's folder is full")
+            && error.ends_with("the trial was not started")
+            && !error.contains("trial f2: trial f2"),
+        "{error}"
+    );
+
+    std::fs::remove_file(sshd.seen_from_here(&filler)).unwrap();
+    service
+        .start(&world.request(&sshd, "f2", "echo KNOB_FINAL 2"))
+        .unwrap();
+    let ended = events.wait_ended("f2");
+    assert_eq!(ending(&of_trial(&ended, "f2")).0, Some(0), "{ended:?}");
+    service.stop();
 }
 
 /// A start waits for its host's agent to answer; a host that stalls (its connection up, its

@@ -41,20 +41,45 @@ pub fn password_login() -> bool {
     }
 }
 
+/// Whether a host with a small disk of its own ([`SshdOptions::disk_bytes`]) can be set up here
+/// (root and `unshare`); when it cannot, the test was reported skipped (or failed under
+/// `KNOB_TEST_REQUIRE_ALL=1`) and returns.
+pub fn small_disk() -> bool {
+    match namespace_unavailable("a host's small disk", "a tmpfs is mounted", &["unshare"]) {
+        Some(why) => {
+            crate::prerequisite::missing(&why);
+            false
+        }
+        None => true,
+    }
+}
+
 /// Why password login cannot be set up here (it needs root, `unshare` and `openssl`), if so.
 fn password_login_unavailable() -> Option<String> {
+    namespace_unavailable(
+        "password login",
+        "a shadow file is bind-mounted",
+        &["unshare", "openssl"],
+    )
+}
+
+/// Why `what`, which sshd gets by `how` in a private mount namespace, cannot be set up here: it
+/// needs root and `tools`.
+fn namespace_unavailable(what: &str, how: &str, tools: &[&str]) -> Option<String> {
     let uid = Command::new("id").arg("-u").output().ok()?;
     if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Some("password login needs root (a shadow file is bind-mounted in a private mount namespace)".to_string());
+        return Some(format!(
+            "{what} needs root ({how} in a private mount namespace)"
+        ));
     }
-    for tool in ["unshare", "openssl"] {
+    for tool in tools {
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
             .stdout(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
         if !found {
-            return Some(format!("password login needs {tool} on the PATH"));
+            return Some(format!("{what} needs {tool} on the PATH"));
         }
     }
     None
@@ -69,9 +94,10 @@ pub struct SshdOptions {
     pub password: Option<String>,
     /// Variables every session gets (sshd's `SetEnv`), e.g. `KNOB_SIMULATE_GPUS`.
     pub env: Vec<(String, String)>,
-    /// The largest file, in bytes, anything started through this sshd may write (its
-    /// `RLIMIT_FSIZE`, rounded down to 512-byte blocks): a disk that fills up, for key login.
-    pub file_size_limit: Option<u64>,
+    /// A disk of this many bytes (a tmpfs) at [`Sshd::disk`], seen only by sshd and what is
+    /// started through it (a private mount namespace; needs root and `unshare`, see
+    /// [`small_disk`]): a host whose disk fills.
+    pub disk_bytes: Option<u64>,
 }
 
 /// A running sshd; stopped (with everything started through it) on drop.
@@ -181,46 +207,47 @@ impl Sshd {
         std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
         let log = std::fs::File::create(dir.join("sshd.log")).map_err(|e| e.to_string())?;
 
-        let mut command = match &options.password {
-            None => {
-                let mut command = match options.file_size_limit {
-                    None => Command::new(sshd),
-                    Some(bytes) => {
-                        // dash's `ulimit -f` counts 512-byte blocks.
-                        let mut command = Command::new("sh");
-                        command
-                            .arg("-c")
-                            .arg(format!("ulimit -f {} && exec \"$0\" \"$@\"", bytes / 512))
-                            .arg(sshd);
-                        command
-                    }
-                };
-                command.arg("-D").arg("-e").arg("-f").arg(&config_path);
-                command
-            }
-            Some(password) => {
-                let hash = run(Command::new("openssl").args(["passwd", "-6", password]))?;
-                let current = std::fs::read_to_string("/etc/shadow").map_err(|e| {
-                    format!("cannot read /etc/shadow (password tests need root): {e}")
-                })?;
-                let mut shadow: String = current
-                    .lines()
-                    .filter(|line| !line.starts_with("root:"))
-                    .map(|line| format!("{line}\n"))
-                    .collect();
-                shadow.push_str(&format!("root:{}:19000:0:99999:7:::\n", hash.trim()));
-                let shadow_path = dir.join("shadow");
-                std::fs::write(&shadow_path, shadow).map_err(|e| e.to_string())?;
-                let script = format!(
-                    "mount --bind '{}' /etc/shadow && exec '{}' -D -e -f '{}'",
-                    shadow_path.display(),
-                    sshd.display(),
-                    config_path.display()
-                );
-                let mut command = Command::new("unshare");
-                command.args(["--mount", "sh", "-c", &script]);
-                command
-            }
+        // Set up in sshd's own mount namespace, before it starts.
+        let mut in_namespace = Vec::new();
+        if let Some(password) = &options.password {
+            let hash = run(Command::new("openssl").args(["passwd", "-6", password]))?;
+            let current = std::fs::read_to_string("/etc/shadow")
+                .map_err(|e| format!("cannot read /etc/shadow (password tests need root): {e}"))?;
+            let mut shadow: String = current
+                .lines()
+                .filter(|line| !line.starts_with("root:"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            shadow.push_str(&format!("root:{}:19000:0:99999:7:::\n", hash.trim()));
+            let shadow_path = dir.join("shadow");
+            std::fs::write(&shadow_path, shadow).map_err(|e| e.to_string())?;
+            in_namespace.push(format!(
+                "mount --bind '{}' /etc/shadow",
+                shadow_path.display()
+            ));
+        }
+        if let Some(bytes) = options.disk_bytes {
+            let disk = dir.join("disk");
+            std::fs::create_dir_all(&disk).map_err(|e| e.to_string())?;
+            in_namespace.push(format!(
+                "mount -t tmpfs -o size={bytes} tmpfs '{}'",
+                disk.display()
+            ));
+        }
+        let mut command = if in_namespace.is_empty() {
+            let mut command = Command::new(sshd);
+            command.arg("-D").arg("-e").arg("-f").arg(&config_path);
+            command
+        } else {
+            let script = format!(
+                "{} && exec '{}' -D -e -f '{}'",
+                in_namespace.join(" && "),
+                sshd.display(),
+                config_path.display()
+            );
+            let mut command = Command::new("unshare");
+            command.args(["--mount", "sh", "-c", &script]);
+            command
         };
         let listener = command
             .stdin(Stdio::null())
@@ -268,6 +295,22 @@ impl Sshd {
             let _ = file.read_to_string(&mut text);
         }
         text
+    }
+
+    /// `path` on the disk of [`SshdOptions::disk_bytes`], as sshd sees it (`<dir>/disk/...`).
+    pub fn disk(&self, path: &str) -> PathBuf {
+        self.dir.join("disk").join(path)
+    }
+
+    /// Where this process reads `path`, a path as sshd sees it: through sshd's own mount
+    /// namespace (`/proc/<pid>/root`), where its disk is mounted.
+    pub fn seen_from_here(&self, path: &Path) -> PathBuf {
+        match self.listener_pid() {
+            Some(pid) => {
+                Path::new(&format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path))
+            }
+            None => path.to_path_buf(),
+        }
     }
 
     pub fn port(&self) -> u16 {
