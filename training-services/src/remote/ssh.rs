@@ -16,6 +16,52 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 /// The most output a helper command may print before it is cut off.
 const MAX_COMMAND_OUTPUT: usize = 1024 * 1024;
 
+/// The line every command knob runs on a host prints first. A login shell's start-up files
+/// may print (a `.bashrc` that greets, a quota notice) before the command runs, into the same
+/// output: what comes before this line is theirs and dropped, or `uname` read "Welcome to the
+/// lab cluster!" as the host's platform and the agent's frames began with text.
+const OUTPUT_MARK: &str = "knob-output-begins-5d1c";
+
+/// `command`, printing [`OUTPUT_MARK`] on a line of its own first.
+fn marked(command: &str) -> String {
+    format!("printf '%s\\n' {OUTPUT_MARK}; {command}")
+}
+
+/// The command's own output: what follows the first [`OUTPUT_MARK`] line.
+fn after_mark(stdout: Vec<u8>) -> Vec<u8> {
+    let mark = format!("{OUTPUT_MARK}\n");
+    match memchr::memmem::find(&stdout, mark.as_bytes()) {
+        Some(at) => stdout[at + mark.len()..].to_vec(),
+        None => stdout,
+    }
+}
+
+/// Reads `stream` up to the end of the [`OUTPUT_MARK`] line, within [`MAX_COMMAND_OUTPUT`]
+/// bytes; what follows stays in the reader's buffer.
+async fn skip_to_mark<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Result<(), String> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut before = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        let read = (&mut *stream)
+            .take(MAX_COMMAND_OUTPUT as u64)
+            .read_until(b'\n', &mut line)
+            .await
+            .map_err(|e| e.to_string())?;
+        if line.strip_suffix(b"\n") == Some(OUTPUT_MARK.as_bytes()) {
+            return Ok(());
+        }
+        before.extend_from_slice(&line);
+        if read == 0 || before.len() > MAX_COMMAND_OUTPUT {
+            let said = String::from_utf8_lossy(&before);
+            return Err(format!(
+                "the command's output never began (the login shell printed {:?})",
+                said.trim().chars().take(200).collect::<String>()
+            ));
+        }
+    }
+}
+
 /// Why a connection could not be made, one line naming the host (never a password).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SshError {
@@ -423,7 +469,7 @@ impl Connection {
             .map_err(|e| describe_russh(&e))?;
         step("starting the command");
         channel
-            .exec(true, command)
+            .exec(true, marked(command))
             .await
             .map_err(|e| describe_russh(&e))?;
         // Input is sent while the output is read: a command that stops reading its input and
@@ -463,6 +509,7 @@ impl Connection {
                     _ => {}
                 }
             }
+            output.stdout = after_mark(output.stdout);
             Ok(output)
         };
         tokio::pin!(send, receive);
@@ -484,26 +531,40 @@ impl Connection {
         }
     }
 
-    /// Opens a channel running `command` and returns it as a byte stream (its stdin and stdout).
+    /// Opens a channel running `command` and returns it as a byte stream (its stdin and stdout),
+    /// from the command's own first byte.
     pub async fn open_stream(
         &self,
         command: &str,
-    ) -> Result<russh::ChannelStream<client::Msg>, SshError> {
+    ) -> Result<tokio::io::BufReader<russh::ChannelStream<client::Msg>>, SshError> {
         let target = self.target.clone();
+        let short: String = command.chars().take(80).collect();
         let open = async {
-            let channel = self.handle.channel_open_session().await?;
-            channel.exec(true, command).await?;
-            Ok::<_, russh::Error>(channel.into_stream())
+            let channel = self
+                .handle
+                .channel_open_session()
+                .await
+                .map_err(|e| describe_russh(&e))?;
+            channel
+                .exec(true, marked(command))
+                .await
+                .map_err(|e| describe_russh(&e))?;
+            let mut stream = tokio::io::BufReader::new(channel.into_stream());
+            skip_to_mark(&mut stream).await?;
+            Ok::<_, String>(stream)
         };
         match tokio::time::timeout(CONNECT_TIMEOUT, open).await {
             Ok(Ok(stream)) => Ok(stream),
             Ok(Err(e)) => Err(SshError::Session {
                 target,
-                what: format!("cannot start the agent: {}", describe_russh(&e)),
+                what: format!("cannot start `{short}`: {e}"),
             }),
             Err(_) => Err(SshError::Session {
                 target,
-                what: "the agent channel did not open in time".to_string(),
+                what: format!(
+                    "`{short}` did not start within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ),
             }),
         }
     }

@@ -167,6 +167,64 @@ fn key_auth_runs_a_trial_with_its_metrics_and_end() {
     service.stop();
 }
 
+/// A host whose shell greets from `~/.bashrc`, as lab machines do ("Welcome to …", a quota
+/// notice): the greeting comes before every command's output, and knob read it as the host's
+/// platform ("host … is Welcome to the lab cluster!, this knob is Linux x86_64") and would
+/// have read it as the start of the agent's frames. Set-up, the code upload and the agent's
+/// stream all work, and the trial's metrics arrive.
+#[test]
+fn a_host_whose_shell_greets_on_every_login_runs_trials() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    const GREETING: &str = "Welcome to the lab cluster! Quota: 80% used";
+    std::fs::write(sshd.dir().join(".bashrc"), format!("echo '{GREETING}'\n")).unwrap();
+    let world = World::new();
+    world.trust(&sshd);
+    // The premise: this host's shell prints the greeting before a command's output.
+    let login = std::process::Command::new("ssh")
+        .args(["-p", &sshd.port().to_string(), "-i"])
+        .arg(sshd.client_key_path())
+        .arg("-o")
+        .arg(format!(
+            "UserKnownHostsFile={}",
+            world.known_hosts().display()
+        ))
+        .args(["-o", "BatchMode=yes"])
+        .arg(format!("{}@127.0.0.1", sshd.user()))
+        .arg("echo command")
+        .output()
+        .expect("the ssh client (openssh-client)");
+    assert_eq!(
+        String::from_utf8_lossy(&login.stdout),
+        format!("{GREETING}\ncommand\n"),
+        "root's login shell must be bash, which reads ~/.bashrc for a command sshd runs: {login:?}"
+    );
+
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let environments = service.environments_now().unwrap();
+    assert!(environments[0].ready, "{environments:?}");
+    std::fs::write(world.code_dir().join("train.sh"), "echo KNOB_FINAL 0.9\n").unwrap();
+    service
+        .start(&world.request(&sshd, "g1", "echo KNOB_INTERMEDIATE 0.5; sh train.sh"))
+        .unwrap();
+    let trial = events.wait_ended("g1");
+    assert_eq!(
+        metrics(&trial),
+        vec![
+            (MetricKind::Intermediate, 0, "0.5".to_string()),
+            (MetricKind::Final, 0, "0.9".to_string()),
+        ]
+    );
+    assert_eq!(ending(&trial).0, Some(0), "{trial:?}");
+    service.stop();
+}
+
 #[test]
 fn password_auth_works_and_a_wrong_password_is_named_without_it() {
     let password = "s3cret-Pw-42";
