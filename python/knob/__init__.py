@@ -198,10 +198,11 @@ class Experiment:
             return self._run_file(self._config_path, progress, output)
         # In base_dir, since knob resolves relative paths against the config file's folder;
         # removed when run() returns (the store keeps the config).
+        text = json.dumps(_plain(self._config_dict, "config"))
         handle, name = tempfile.mkstemp(prefix=".knob-config-", suffix=".json", dir=self._base_dir)
-        with os.fdopen(handle, "w") as file:
-            json.dump(self._config_dict, file)
         try:
+            with os.fdopen(handle, "w") as file:
+                file.write(text)
             return self._run_file(Path(name), progress, output)
         finally:
             os.unlink(name)
@@ -247,6 +248,32 @@ class Experiment:
         if code != 0:
             raise KnobError(f"knob create (experiment {self.id}): {_error_text(''.join(tail), code)}")
         return load(self.id, home=self._home).trials
+
+
+def _plain(value: Any, where: str) -> Any:
+    """`value` as JSON can hold it: paths as their text, numpy arrays and scalars (anything
+    with `tolist`) as lists and numbers. Anything else is a KnobError naming where it is in
+    the config (json's own error named only its type)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, Mapping):
+        plain: Dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise KnobError(f"{where}: the key {key!r} is not a string; a config's keys are strings")
+            plain[str(key)] = _plain(item, f"{where}.{key}")
+        return plain
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return _plain(tolist(), where)
+    raise KnobError(
+        f"{where}: {type(value).__name__} {value!r} cannot go into a config; give a string, a number, "
+        "a bool, a list or a dict"
+    )
 
 
 def _copy_lines(stream: IO[str], out: Optional[IO[str]], tail: List[str]) -> None:

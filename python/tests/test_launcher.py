@@ -161,3 +161,31 @@ def test_keyboard_interrupt_stops_the_experiment_as_ctrl_c(tmp_path: Path, home:
     result = knob.load("ctrlc", home=home)
     assert result.status == "STOPPED", result
     assert [t.status for t in result.trials] == ["USER_CANCELED"]
+
+
+class _Scalar:
+    """What numpy's scalars and arrays have that json does not take: `tolist`."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def tolist(self) -> Any:
+        return self.value
+
+
+def test_paths_and_numpy_values_in_a_dict_config_are_written_and_others_named(tmp_path: Path, home: str) -> None:
+    config = branin_config(tmp_path / "code", trials=1)
+    # A pathlib path and numpy-like bounds, as a notebook builds them.
+    config["trialCodeDirectory"] = tmp_path / "code"
+    config["searchSpace"]["x1"]["_value"] = _Scalar([-5.0, 10.0])
+    config["maxTrialNumber"] = _Scalar(1)
+    trials = knob.Experiment(config, id="plain1", home=home, base_dir=tmp_path).run(progress=False)
+    assert [t.status for t in trials] == ["SUCCEEDED"]
+    assert -5.0 <= trials[0].parameters["x1"] <= 10.0
+
+    config["searchSpace"]["x2"]["_value"] = {0, 15}
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, id="plain2", home=home, base_dir=tmp_path).run(progress=False)
+    assert str(raised.value).startswith("config.searchSpace.x2._value: set "), raised.value
+    # Neither run left its temporary config file behind.
+    assert not list(tmp_path.glob(".knob-config-*"))
