@@ -106,6 +106,7 @@ def _metric_text(value: object, what: str) -> str:
         return _SPECIAL_FLOATS.get(text, text)
     import json
 
+    value = _plain_number(value)
     # bool is an int to Python, but never a metric a tuner can use.
     if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
         raise TypeError(
@@ -113,14 +114,35 @@ def _metric_text(value: object, what: str) -> str:
             f"not {type(value).__name__}"
         )
     if isinstance(value, dict):
-        default = value.get("default")
+        default = _plain_number(value.get("default"))
         if isinstance(default, bool) or not isinstance(default, (int, float)):
             raise ValueError(
                 f"knob_trial.{what}: a dict metric needs a numeric 'default' (the value tuners "
                 f"optimise), got {default!r}"
             )
+
+    def plain(other: object) -> object:
+        number = _plain_number(other)
+        if number is other:
+            raise TypeError(f"knob_trial.{what}: {type(other).__name__} {other!r} is not JSON")
+        return number
+
     # allow_nan: NaN and Infinity are accepted by knob as "no result" (README).
-    return json.dumps(value, allow_nan=True, separators=(",", ":"))
+    return json.dumps(value, allow_nan=True, separators=(",", ":"), default=plain)
+
+
+def _plain_number(value: object) -> object:
+    """A numpy scalar (`np.float32(0.9)`, what `model(x).numpy()` often gives) or a one-element
+    array or tensor as the Python number its `item()` gives; anything else as it is. nni's
+    reports take numpy scalars too (its json_tricks writes their item())."""
+    item = getattr(value, "item", None)
+    if item is None or isinstance(value, (int, float, str, bytes, dict)):
+        return value
+    try:
+        number = item()
+    except (TypeError, ValueError):  # more than one element
+        return value
+    return number if isinstance(number, (int, float)) and not isinstance(number, bool) else value
 
 
 # JSON's spelling of the floats that repr() writes otherwise.

@@ -110,6 +110,50 @@ def test_a_bad_metric_is_refused_and_nothing_is_sent(
     assert metric_lines(tmp_path / "t") == []
 
 
+# What numpy's scalars and one-element arrays (and torch's tensors) have: `item()`, which gives
+# the Python number; several elements make it raise ValueError, as numpy's does.
+ITEM_CLASS = """
+class Scalar:
+    def __init__(self, *values):
+        self.values = values
+    def item(self):
+        if len(self.values) != 1:
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
+        return self.values[0]
+    def __repr__(self):
+        return f"Scalar{self.values}"
+"""
+
+
+def test_numpy_scalars_are_reported_as_their_numbers(tmp_path: Path, knob_trial_dir: Path) -> None:
+    """nni takes `np.float32(0.9)` (its json_tricks writes item()); so does knob_trial, and the
+    nni shim with it: an `import nni` script reporting one failed with a TypeError."""
+    env = trial_env(tmp_path / "t", {})
+    result = run_python(
+        ITEM_CLASS + "import nni\n"
+        "nni.report_intermediate_result(Scalar(0.5))\n"
+        "nni.report_intermediate_result({'default': Scalar(2), 'loss': Scalar(0.25)})\n"
+        "nni.report_final_result(Scalar(0.9))\n",
+        env,
+        [knob_trial_dir, SHIM.parent],
+    )
+    assert result.returncode == 0, result.stderr
+    assert metric_lines(tmp_path / "t") == [
+        "KNOB_INTERMEDIATE 0.5",
+        'KNOB_INTERMEDIATE {"default":2,"loss":0.25}',
+        "KNOB_FINAL 0.9",
+    ]
+    # A bool, or an array of several values, is no metric.
+    for value, error in [
+        ("Scalar(True)", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
+        ("Scalar(1, 2)", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
+        ("{'default': 1, 'curve': Scalar(1, 2)}", "TypeError: knob_trial.report_final: Scalar Scalar(1, 2) is not JSON"),
+    ]:
+        result = run_python(ITEM_CLASS + f"import knob_trial as k; k.report_final({value})", env, [knob_trial_dir])
+        assert result.returncode == 1 and error in result.stderr, (value, result.stderr)
+    assert len(metric_lines(tmp_path / "t")) == 3
+
+
 def test_a_metric_line_of_exactly_the_limit_is_sent(tmp_path: Path, knob_trial_dir: Path) -> None:
     env = trial_env(tmp_path / "t", {})
     # "KNOB_FINAL " and '{"default":1,"blob":""}' around the blob: 11 + 23 bytes.
