@@ -427,6 +427,13 @@ fn suggestion(written: &str, known: &[&str]) -> Option<String> {
     if let (Some(name), None) = (extensions.next(), extensions.next()) {
         return Some(format!("did you mean {name:?}?"));
     }
+    // A name without its prefix (`name` in NNI's own config_detailed.yml, `concurrency`).
+    let mut shortenings = known
+        .iter()
+        .filter(|name| normalized.len() >= 4 && normalize_key(name).ends_with(&normalized));
+    if let (Some(name), None) = (shortenings.next(), shortenings.next()) {
+        return Some(format!("did you mean {name:?}?"));
+    }
     V1_KEYS
         .iter()
         .find(|(key, _)| *key == normalized)

@@ -829,12 +829,13 @@ tuner:
 fn unknown_fields_suggest_the_closest_name() {
     check(
         &minimal_with(
-            "trialComand: python3 other.py\nmaxTrialNum: 10\nexperimentWorkingDir: /tmp/x\n",
+            "trialComand: python3 other.py\nmaxTrialNum: 10\nexperimentWorkingDir: /tmp/x\nname: MNIST\n",
         ),
         expect![[r#"
             $DIR/exp.yml:6:1: unknown field "trialComand" (did you mean "trialCommand"?)
             $DIR/exp.yml:7:1: unknown field "maxTrialNum" (NNI v1; write maxTrialNumber)
             $DIR/exp.yml:8:1: unknown field "experimentWorkingDir" (did you mean "experimentWorkingDirectory"?)
+            $DIR/exp.yml:9:1: unknown field "name" (did you mean "experimentName"?)
         "#]],
     );
     check(
