@@ -149,7 +149,23 @@ pub async fn prepare_host(
 
     let agent = match binary {
         Some(binary) if remote_platform == here => {
-            upload_agent(connection, &layout, binary).await?
+            let agent = upload_agent(connection, &layout, binary).await?;
+            // An agent that cannot run (its folder on a `noexec` mount) was found out only by
+            // its stream closing before the hello, which said nothing of why.
+            let ran = connection
+                .run(
+                    &format!("{} --version", shell_quote(&agent)),
+                    None,
+                    SETUP_COMMAND_TIMEOUT,
+                )
+                .await?;
+            if ran.status != Some(0) {
+                return Err(setup_error(format!(
+                    "cannot run the uploaded {agent}: {}; if agentRoot {root} is on a filesystem mounted noexec, set agentRoot to a folder where programs may run",
+                    ran.failure_summary()
+                )));
+            }
+            agent
         }
         _ => match agent_on_path(connection, version).await? {
             Some(path) => path,

@@ -670,6 +670,36 @@ fn an_agent_upload_that_fills_the_disk_says_so_at_once_and_leaves_nothing() {
     drop(service);
 }
 
+/// A host whose agentRoot is on a `noexec` mount: the uploaded agent cannot run, which was found
+/// out only as "the agent did not answer the hello: connection closed". The setup says so, with
+/// the shell's own error.
+#[test]
+fn an_agent_root_where_programs_may_not_run_is_named() {
+    if !crate::sshd::small_disk() {
+        return;
+    }
+    let Some(sshd) = start_sshd(SshdOptions {
+        disk_bytes: Some(256 << 20),
+        disk_noexec: true,
+        ..key_options()
+    }) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let events = Events::default();
+    let root = sshd.disk("agent-root");
+    let service = connect(world.args(vec![key_machine(&sshd)]), &events, &root);
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("cannot run the uploaded")
+            && reason.contains("Permission denied")
+            && reason.contains("noexec"),
+        "{reason}"
+    );
+    drop(service);
+}
+
 /// A host whose disk fills under running trials: the trial that failed for it is warned about
 /// (its error could not be written: Python exits 120 with nothing said), a start meanwhile says
 /// the disk is full and that the trial was not started (so the core tries it again later rather

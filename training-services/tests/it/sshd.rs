@@ -98,6 +98,8 @@ pub struct SshdOptions {
     /// started through it (a private mount namespace; needs root and `unshare`, see
     /// [`small_disk`]): a host whose disk fills.
     pub disk_bytes: Option<u64>,
+    /// That disk is mounted `noexec`: no program on it may run.
+    pub disk_noexec: bool,
 }
 
 /// A running sshd; stopped (with everything started through it) on drop.
@@ -229,8 +231,9 @@ impl Sshd {
         if let Some(bytes) = options.disk_bytes {
             let disk = dir.join("disk");
             std::fs::create_dir_all(&disk).map_err(|e| e.to_string())?;
+            let noexec = if options.disk_noexec { ",noexec" } else { "" };
             in_namespace.push(format!(
-                "mount -t tmpfs -o size={bytes} tmpfs '{}'",
+                "mount -t tmpfs -o size={bytes}{noexec} tmpfs '{}'",
                 disk.display()
             ));
         }
