@@ -133,7 +133,10 @@ pub enum ServiceEvent {
         stderr_tail: String,
         /// Set when the trial did not end by itself or on request but because its environment
         /// was lost (a remote host unreachable for too long): why, in one line naming the host.
-        /// The core records such a trial as failed and runs it again elsewhere.
+        /// The core records such a trial as failed and runs it again elsewhere, and forgets the
+        /// environment unless the service's latest report of it says it is ready (report it not
+        /// ready first when the host is gone; report it ready first when only the trial is, as
+        /// when the agent that ran it there started again).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         environment_lost: Option<String>,
     },

@@ -692,6 +692,65 @@ fn a_host_killed_mid_experiment_has_its_trials_run_again_elsewhere() {
     );
 }
 
+/// The agent on an experiment's only host is killed (the OOM killer's SIGKILL) while it runs
+/// trials: knob reconnects to a new agent, the trials it lost run again there, and the
+/// experiment finishes. The host was forgotten as if lost ("no environment can run trials"),
+/// and once that was fixed, the new attempts' events were dropped as the old daemon's and the
+/// trials waited for ever.
+#[test]
+fn a_killed_agent_is_replaced_and_its_trials_run_again_on_the_same_host() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "sleep 3; echo KNOB_FINAL 1",
+            concurrency: 2,
+            trials: 2,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let child = spawn_create(&sandbox, &config, "agentkilled");
+    let env = environment_id(&host);
+    wait_for(&sandbox, "agentkilled", "both trials running", |e| {
+        running_on(e, &env) == 2
+    });
+    assert_eq!(host.kill_agent_daemons(), 1);
+    let (code, stdout, stderr) = wait_create(child);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment agentkilled DONE: 2 trials (2 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    for (trial, attempts) in attempts(&sandbox.export("agentkilled")) {
+        assert_eq!(attempts.len(), 2, "{trial}: {attempts:?}");
+        let (first_env, first_status, message) = &attempts[0];
+        assert_eq!(
+            (first_env, first_status.as_deref()),
+            (&env, Some("FAILED")),
+            "{trial}: {attempts:?}"
+        );
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.contains("started again")),
+            "{trial}: {attempts:?}"
+        );
+        assert_eq!(
+            (&attempts[1].0, attempts[1].1.as_deref()),
+            (&env, Some("SUCCEEDED")),
+            "{trial}: {attempts:?}"
+        );
+    }
+}
+
 #[test]
 fn dropped_connections_lose_and_duplicate_no_trial() {
     let Some(sshd) = sshd::sshd_binary() else {

@@ -251,9 +251,13 @@ impl Environments {
     /// A host is gone for good (its service said so with a trial's `environment_lost`): the
     /// scheduler forgets it, so waiting trials go elsewhere. If it comes back, its service
     /// reports it again and it is registered anew. The notice, unless it was gone already.
+    ///
+    /// One its service reports ready is kept: what was lost is the trial, not the host (a
+    /// remote host whose agent was killed and started again). Forgetting it left an experiment
+    /// on that one host with "no environment can run trials" while the host took trials.
     pub fn lose(&mut self, environment_id: &str, reason: &str) -> Option<String> {
         let record = self.records.get_mut(environment_id)?;
-        if !record.ready && !self.placer.knows(environment_id) {
+        if record.ready || !self.placer.knows(environment_id) {
             return None;
         }
         record.ready = false;
@@ -504,7 +508,14 @@ mod tests {
         );
         assert_eq!(envs.placer.changes(), changes);
         assert_eq!(envs.place(&[request("t2")]), waits);
-        // Lost, then the same report: it is registered anew and takes trials again.
+        // Reported ready, it stays when a trial's end says its host was lost: the trial was
+        // lost, not the host (its agent started again).
+        assert_eq!(envs.lose("a", "agent restarted"), None);
+        assert!(envs.can_place());
+        // Not ready, then lost, then the same report as before: it is registered anew and takes
+        // trials again.
+        let gone = inventory("a", 1, Some(EnvironmentStatus::Unavailable("gone".into())));
+        envs.report(0, reported("a", false, gone));
         assert!(envs.lose("a", "host rebooted").is_some());
         assert!(!envs.can_place());
         assert_eq!(
@@ -567,13 +578,18 @@ mod tests {
             notices(envs.report(0, up())),
             ["notice: environment a (box) is ready again"]
         );
-        // Lost, then reported unchanged: its last report is read again, and it is taken back.
+        // Not ready, then lost, then reported unchanged: its last report is read again (it is
+        // not settled), and it stays out; reported ready, it is taken back.
+        assert_eq!(notices(envs.report(0, down())).len(), 1);
         assert!(envs.lose("a", "host rebooted").is_some());
         assert!(!envs.can_place());
+        assert_eq!(notices(envs.report_same(0, "a")), Vec::<String>::new());
+        assert!(!envs.can_place());
         assert_eq!(
-            notices(envs.report_same(0, "a")),
+            notices(envs.report(0, up())),
             ["notice: environment a (box) is ready again"]
         );
+        assert!(envs.can_place());
         assert!(matches!(
             envs.place(&[request("t2")])[0],
             Placement::Succeed { .. }
@@ -631,6 +647,8 @@ mod tests {
             "no training service reported an environment"
         );
         envs.report(0, reported("a", true, inventory("a", 1, None)));
+        let gone = inventory("a", 1, Some(EnvironmentStatus::Unavailable("gone".into())));
+        envs.report(0, reported("a", false, gone));
         assert_eq!(
             envs.lose("a", "host rebooted").as_deref(),
             Some("environment a lost: host rebooted")

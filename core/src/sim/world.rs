@@ -426,6 +426,15 @@ impl World {
                     .collect();
                 // In the order they were started, whatever the hash map's order.
                 lost.sort_unstable();
+                // Not ready first, as a service reports a host that is gone (the core keeps an
+                // environment its service last reported ready when a trial's end says lost).
+                let inventory = self.environment(environment);
+                self.emit(
+                    environment,
+                    ServiceEvent::Environment {
+                        environment: inventory,
+                    },
+                );
                 for run in lost {
                     let trial_id = self.runs[&run].trial_id.clone();
                     let had_started = self.runs[&run].started_at.is_some();
@@ -448,13 +457,6 @@ impl World {
                         },
                     );
                 }
-                let inventory = self.environment(environment);
-                self.emit(
-                    environment,
-                    ServiceEvent::Environment {
-                        environment: inventory,
-                    },
-                );
             }
             Happening::HostBack { environment } => {
                 if self.environment_up[environment] {

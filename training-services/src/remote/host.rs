@@ -395,8 +395,11 @@ impl Host {
             let mut state = lock(&self.state);
             if state.daemon_pid.is_some_and(|known| known != pid) {
                 // A new daemon: its events are numbered from 1 again, and the trials the old
-                // one ran are gone with it.
+                // one ran are gone with it. Nothing it ran can report any more, so no trial is
+                // disowned: a trial disowned here had the events of its next attempt, started
+                // on this host by the new daemon, dropped, and waited for ever.
                 state.last_seq = 0;
+                state.disowned.clear();
                 let gone: Vec<String> = state
                     .running
                     .iter()
@@ -406,7 +409,6 @@ impl Host {
                 for trial in gone {
                     state.running.remove(&trial);
                     state.unconfirmed_starts.remove(&trial);
-                    state.disowned.insert(trial.clone());
                     orphans_ended.push(trial);
                 }
             }
@@ -441,6 +443,9 @@ impl Host {
             Host::resend_unconfirmed_starts(&mut state, ctx, &link);
             state.link = Some(link);
         }
+        // Ready first: the host is here, only the trials the old daemon ran are gone, and the
+        // core keeps an environment reported ready when a trial's end says it was lost.
+        self.emit_environment(ctx);
         for trial_id in orphans_ended {
             (ctx.emit)(ServiceEvent::TrialEnded {
                 trial_id,
@@ -449,12 +454,11 @@ impl Host {
                 killed_reason: None,
                 stderr_tail: String::new(),
                 environment_lost: Some(format!(
-                    "host {} lost: the agent there restarted and the trial is gone",
+                    "the agent on host {} started again (was it killed?) and the trial is gone",
                     self.machine.host_port()
                 )),
             });
         }
-        self.emit_environment(ctx);
         Ok(incoming)
     }
 

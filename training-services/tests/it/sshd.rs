@@ -409,6 +409,31 @@ impl Sshd {
     }
 }
 
+impl Sshd {
+    /// The agent daemons started through this sshd are killed (SIGKILL, as the OOM killer
+    /// does), and nothing else: the host, its connections and the trials stay. Returns how
+    /// many were killed.
+    pub fn kill_agent_daemons(&self) -> usize {
+        let mark = format!("{MARK_VARIABLE}={}", self.dir.display());
+        let daemons: Vec<u32> = processes_with_environment(&mark)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
+                    let words: Vec<&[u8]> = line.split(|b| *b == 0).collect();
+                    words
+                        .first()
+                        .is_some_and(|w| w.windows(10).any(|x| x == b"knob-agent"))
+                        && words.get(1) == Some(&&b"serve"[..])
+                })
+            })
+            .collect();
+        for &pid in &daemons {
+            kill(pid);
+        }
+        daemons.len()
+    }
+}
+
 impl Drop for Sshd {
     fn drop(&mut self) {
         self.kill_host();
