@@ -696,7 +696,8 @@ fn a_host_killed_mid_experiment_has_its_trials_run_again_elsewhere() {
 /// trials: knob reconnects to a new agent, the trials it lost run again there, and the
 /// experiment finishes. The host was forgotten as if lost ("no environment can run trials"),
 /// and once that was fixed, the new attempts' events were dropped as the old daemon's and the
-/// trials waited for ever.
+/// trials waited for ever. The first attempts, left running by the dead agent, are killed by
+/// the new one rather than finishing beside their retries.
 #[test]
 fn a_killed_agent_is_replaced_and_its_trials_run_again_on_the_same_host() {
     let Some(sshd) = sshd::sshd_binary() else {
@@ -705,10 +706,17 @@ fn a_killed_agent_is_replaced_and_its_trials_run_again_on_the_same_host() {
     let host = key_host(&sshd, &[]);
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[&host]);
+    // Each attempt that runs to its end leaves a file.
+    let ends = sandbox.path().join("ends");
+    std::fs::create_dir_all(&ends).unwrap();
+    let command = format!(
+        "sleep 8; touch '{}/'\"$(basename \"$KNOB_TRIAL_DIR\")-$NNI_TRIAL_JOB_ID\"; echo KNOB_FINAL 1",
+        ends.display()
+    );
     let config = remote_config(
         &sandbox,
         Spec {
-            trial_command: "sleep 3; echo KNOB_FINAL 1",
+            trial_command: &command,
             concurrency: 2,
             trials: 2,
             machines: &[machine(&host)],
@@ -749,6 +757,16 @@ fn a_killed_agent_is_replaced_and_its_trials_run_again_on_the_same_host() {
             "{trial}: {attempts:?}"
         );
     }
+    // Only the second attempts ran to their ends.
+    let mut ended: Vec<String> = std::fs::read_dir(&ends)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    ended.sort();
+    assert!(
+        ended.len() == 2 && ended.iter().all(|name| name.starts_with("attempt-2-")),
+        "{ended:?}"
+    );
 }
 
 #[test]

@@ -201,6 +201,18 @@ impl Drop for Client {
     }
 }
 
+/// The trial ids with a folder in `trials` (`<dir>/trials/<id>/`).
+fn trials_under(trials: &std::path::Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(trials) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect()
+}
+
 struct Daemon {
     options: ServeOptions,
     pool: Arc<TrialPool>,
@@ -489,12 +501,28 @@ impl Daemon {
             client.greeting = true;
         }
         let probe_again = self.environment_id.as_deref() != Some(environment_id.as_str());
+        // This daemon's first hello: a daemon before it here that died (killed, by the OOM
+        // killer say) left its trials running without it, on their GPUs, writing into the
+        // folders their next attempts use. They are this experiment's processes of the trials
+        // under this daemon's folder, and none of them can be this daemon's yet.
+        let leftovers = self.experiment_id.is_none().then(|| {
+            (
+                experiment_id.clone(),
+                trials_under(&self.options.dir.join("trials")),
+            )
+        });
         self.environment_id = Some(environment_id.clone());
         self.experiment_id = Some(experiment_id);
         let pool = self.pool.clone();
         let probe = self.probe.clone();
         let inputs = self.inputs_sender.clone();
         tokio::task::spawn_blocking(move || {
+            if let Some((experiment_id, trials)) = leftovers.filter(|(_, t)| !t.is_empty()) {
+                let killed = crate::process::kill_leftovers(&experiment_id, &trials);
+                for (trial, count) in trials.iter().zip(killed).filter(|(_, n)| *n > 0) {
+                    say!("killed {count} process(es) of trial {trial} left by an agent before this one");
+                }
+            }
             if fresh_start {
                 let left = pool.kill_all_and_wait(
                     "a new manager started the experiment's service again; trials of the previous one are stopped",
