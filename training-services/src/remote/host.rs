@@ -28,6 +28,9 @@ use crate::metrics::Emit;
 
 /// How long the agent may take to answer a start or kill.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// What a failed start says when nothing of the trial ran (the plugin API's wording, on which
+/// the core tries it again).
+const NOT_STARTED: &str = "the trial was not started";
 /// How long uploading one code archive may take.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
 /// After a host is declared lost, reconnection is still tried this many times (with a growing
@@ -817,8 +820,17 @@ impl Host {
         }
         let outcome = match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
             Ok(Ok(None)) => Ok(()),
-            // The agent refused: nothing was started.
-            Ok(Ok(Some(why))) => Err((why, true)),
+            // The agent refused: nothing was started, which the core is told (it tries again):
+            // a trial placed here again as the host came back, while the agent still ended its
+            // earlier attempt, was refused as "already running" and failed for good.
+            Ok(Ok(Some(why))) => Err((
+                if why.ends_with(NOT_STARTED) {
+                    why
+                } else {
+                    format!("the agent refused it: {why}; {NOT_STARTED}")
+                },
+                true,
+            )),
             Ok(Err(_)) => {
                 // The connection closed before the reply: settled when the host is back.
                 knob_plugin_api::log::debug(&format!(

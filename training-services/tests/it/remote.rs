@@ -525,6 +525,76 @@ fn a_killed_host_ends_its_trials_as_lost() {
     service.stop();
 }
 
+/// A host declared lost comes back while its agent still runs the trial's old attempt (here
+/// one that ignores SIGTERM, so the kill the service sends at the hello takes the grace
+/// period): the trial, run again, placed on that host at once, is refused by the agent as
+/// already running. The refusal says the trial was not started, so the core tries it again;
+/// it failed the trial for good.
+#[test]
+fn a_start_refused_by_the_agent_says_the_trial_was_not_started() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    service
+        .start(&world.request(
+            &sshd,
+            "r1",
+            "trap '' TERM; echo KNOB_INTERMEDIATE 1; for i in $(seq 600); do sleep 0.1; done",
+        ))
+        .unwrap();
+    events.wait_until("the first metric", |all| {
+        metrics(&of_trial(all, "r1")).len() == 1
+    });
+    // Nothing answers for longer than hostLossTimeout (3 s): the host is declared lost, once a
+    // reconnection's hello has gone unanswered (20 s).
+    sshd.pause_processes(true);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while !events.all().iter().any(|e| is_end_of(e, "r1")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "r1 was not lost: {:?}",
+            events.all()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let lost = of_trial(&events.all(), "r1");
+    assert!(
+        matches!(
+            lost.last(),
+            Some(ServiceEvent::TrialEnded {
+                environment_lost: Some(_),
+                ..
+            })
+        ),
+        "{lost:?}"
+    );
+    sshd.pause_processes(false);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !service.environments_now().is_ok_and(|e| e[0].ready) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the host did not come back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut again = world.request(&sshd, "r1", "echo KNOB_FINAL 2");
+    again.trial_dir = again.trial_dir.join("attempt-2");
+    let error = service.start(&again).unwrap_err().to_string();
+    assert!(
+        error.contains("already running") && error.ends_with("the trial was not started"),
+        "{error}"
+    );
+    service.stop();
+}
+
 #[test]
 fn two_hosts_with_one_unreachable_run_on_the_other() {
     let Some(sshd) = start_sshd(key_options()) else {
