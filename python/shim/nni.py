@@ -75,3 +75,42 @@ else:
     def get_sequence_id() -> int:
         """The trial's sequence number, else 0 as nni."""
         return int(os.environ.get("NNI_TRIAL_SEQ_ID", "0"))
+
+    def _merge_parameter(base_params: object, override_params: "dict[str, object] | None") -> object:
+        """nni.utils.merge_parameter: sets each of `override_params` (the trial's parameters) on
+        `base_params` (an argparse namespace or a dict, changed in place and returned). A name
+        `base_params` does not have is a ValueError, as is a value of another type than the one
+        there (an int where a float is becomes a float; a None there takes anything)."""
+        if override_params is None:
+            return base_params
+        is_dict = isinstance(base_params, dict)
+        for key, value in override_params.items():
+            if is_dict:
+                if key not in base_params:  # type: ignore[operator]
+                    raise ValueError(f"Key '{key}' not found in base parameters.")
+                current = base_params[key]  # type: ignore[index]
+            else:
+                if not hasattr(base_params, key):
+                    raise ValueError(f"Key '{key}' not found in base parameters.")
+                current = getattr(base_params, key)
+            if current is not None and not isinstance(value, type(current)):
+                if isinstance(current, float) and isinstance(value, int):
+                    value = float(value)
+                else:
+                    raise ValueError(
+                        f'Expected "{key}" in override parameters to have type '
+                        f"{type(current).__name__}, but found {type(value).__name__}"
+                    )
+            if is_dict:
+                base_params[key] = value  # type: ignore[index]
+            else:
+                setattr(base_params, key, value)
+        return base_params
+
+    # `from nni.utils import merge_parameter`, common in nni trial scripts: a module of its own
+    # in sys.modules, which the import system finds before asking for a package's path.
+    import types as _types
+
+    utils = _types.ModuleType(__name__ + ".utils", "nni.utils, as knob's shim has it")
+    utils.merge_parameter = _merge_parameter  # type: ignore[attr-defined]
+    sys.modules[utils.__name__] = utils

@@ -297,3 +297,37 @@ def test_the_first_report_imports_neither_json_nor_re(tmp_path: Path, knob_trial
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "[]\n"
+
+
+def test_the_shim_has_nni_utils_merge_parameter(tmp_path: Path, knob_trial_dir: Path) -> None:
+    """`from nni.utils import merge_parameter`, as many nni trial scripts start: it failed
+    without nni installed ("'nni' is not a package")."""
+    env = trial_env(tmp_path / "t", {"lr": 0.1, "epochs": 3})
+    result = run_python(
+        "import argparse\n"
+        "from nni.utils import merge_parameter\n"
+        "import nni, nni.utils\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--lr', type=float, default=0.01)\n"
+        "parser.add_argument('--epochs', type=int, default=10)\n"
+        "parser.add_argument('--name', default=None)\n"
+        "args = merge_parameter(parser.parse_args([]), nni.get_next_parameter())\n"
+        "print(args.lr, args.epochs)\n"
+        "print(nni.utils.merge_parameter({'lr': 1.0}, {'lr': 2}))\n"
+        "print(merge_parameter(args, None) is args)\n"
+        "for bad in ({'momentum': 0.9}, {'epochs': 'ten'}):\n"
+        "    try:\n"
+        "        merge_parameter(args, bad)\n"
+        "    except ValueError as e:\n"
+        "        print(e)\n",
+        env,
+        [knob_trial_dir, SHIM.parent],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "0.1 3",
+        "{'lr': 2.0}",
+        "True",
+        "Key 'momentum' not found in base parameters.",
+        'Expected "epochs" in override parameters to have type int, but found str',
+    ]
