@@ -110,9 +110,19 @@ pub(super) async fn start_services(
                     let _ = events.send((index, event));
                 }),
             )
-            .map_err(|e| ManagerError::Service {
-                service: platform.clone(),
-                message: e.to_string(),
+            .map_err(|e| {
+                // A load error names the service already ("training service remote:
+                // constructor failed: …"): not named twice.
+                if e.to_string()
+                    .contains(&format!("training service {platform}"))
+                {
+                    ManagerError::Plugin(e)
+                } else {
+                    ManagerError::Service {
+                        service: platform.clone(),
+                        message: e.to_string(),
+                    }
+                }
             });
         match handle {
             Ok(handle) => slots.push(ServiceSlot {

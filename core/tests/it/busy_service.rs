@@ -246,6 +246,13 @@ impl Components for Services {
             .iter()
             .find(|name| **name == platform)
             .expect("a platform it provides");
+        if name == "broken" {
+            return Err(HostError::Constructor {
+                kind: ComponentKind::TrainingService,
+                name: name.to_string(),
+                message: "classArgs of training service broken: machineList is empty".into(),
+            });
+        }
         let hold = if name == "busy" {
             self.hold.lock().unwrap().take()
         } else {
@@ -587,5 +594,29 @@ fn a_successor_waiting_for_its_parents_checkpoint_holds_no_other_trial() {
             .all(|w| !w.message.contains("checkpoint")),
         "{:?}",
         state.warnings
+    );
+}
+
+/// A service whose constructor fails: the experiment's error names it once, as the load error
+/// already does ("training service broken: training service broken: constructor failed: …").
+#[test]
+fn a_service_that_cannot_be_built_is_named_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = Services {
+        platforms: &["broken"],
+        gpus: 1,
+        hold: Mutex::new(None),
+        starts: Starts::default(),
+        fetches: None,
+        tuner: |name| in_process::tuner(name, Counter),
+    };
+    let config = config(dir.path(), 1, 1, components.platforms, "Counter");
+    let error = run_experiment(dir.path(), &config, &components)
+        .err()
+        .expect("no service, no experiment")
+        .to_string();
+    assert_eq!(
+        error,
+        "training service broken: constructor failed: classArgs of training service broken: machineList is empty"
     );
 }

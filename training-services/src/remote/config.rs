@@ -88,9 +88,31 @@ pub fn check_config(
     ) {
         match field.value {
             Value::Array(items) if !items.is_empty() => {
+                // Where each login was first listed: one listed twice would be driven twice,
+                // by two links to the one agent there (the service refused it only once the
+                // experiment was being created).
+                let mut listed: Vec<(String, usize)> = Vec::new();
                 for (index, item) in items.iter().enumerate() {
                     let path = field.path.index(index);
-                    machines.extend(read_machine(&mut reader, item, path));
+                    let Some(machine) = read_machine(&mut reader, item, path.clone()) else {
+                        continue;
+                    };
+                    let login = format!(
+                        "{}@{}:{}",
+                        machine["user"].as_str().unwrap_or_default(),
+                        machine["host"].as_str().unwrap_or_default(),
+                        machine["port"]
+                    );
+                    match listed.iter().find(|(earlier, _)| *earlier == login) {
+                        Some((_, first)) => reader.error(
+                            &path,
+                            format!("repeats machineList[{first}] ({login}); list each machine once"),
+                        ),
+                        None => {
+                            listed.push((login, index));
+                            machines.push(machine);
+                        }
+                    }
                 }
             }
             other => reader.error(

@@ -115,6 +115,18 @@ fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
     );
     knob_training_services::remote::args::RemoteArgs::parse(&args).expect("args the service reads");
 
+    // A machine listed twice (port 22 written or not) is refused here, where the config's
+    // line is known, not when the experiment is being created.
+    let twice = json!({"machineList": [
+        {"host": "h1", "user": "alice", "password": "pw"},
+        {"host": "h2", "user": "alice", "password": "pw"},
+        {"host": "h1", "port": 22, "user": "alice", "password": "pw"},
+    ]});
+    assert_eq!(
+        problems("remote", twice, &ServiceContext::default()),
+        ["machineList[2]: repeats machineList[0] (alice@h1:22); list each machine once"]
+    );
+
     // The placeholder knob prints is refused in a config the user wrote, not in a stored one.
     let placeholder = json!({"machineList": [{"host": "h1", "user": "alice", "password": "***"}]});
     assert_eq!(
