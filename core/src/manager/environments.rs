@@ -253,7 +253,7 @@ impl Environments {
     /// reports it again and it is registered anew. The notice, unless it was gone already.
     ///
     /// One its service reports ready is kept: what was lost is the trial, not the host (a
-    /// remote host whose agent was killed and started again). Forgetting it left an experiment
+    /// host whose agent was killed and started again). Forgetting it left an experiment
     /// on that one host with "no environment can run trials" while the host took trials.
     pub fn lose(&mut self, environment_id: &str, reason: &str) -> Option<String> {
         let record = self.records.get_mut(environment_id)?;

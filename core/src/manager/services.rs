@@ -111,7 +111,7 @@ pub(super) async fn start_services(
                 }),
             )
             .map_err(|e| {
-                // A load error names the service already ("training service remote:
+                // A load error names the service already ("training service <platform>:
                 // constructor failed: …"): not named twice.
                 if e.to_string()
                     .contains(&format!("training service {platform}"))

@@ -611,12 +611,11 @@ fn a_service_that_cannot_be_built_is_named_once() {
         tuner: |name| in_process::tuner(name, Counter),
     };
     let config = config(dir.path(), 1, 1, components.platforms, "Counter");
-    let error = run_experiment(dir.path(), &config, &components)
-        .err()
-        .expect("no service, no experiment")
-        .to_string();
+    let Err(error) = run_experiment(dir.path(), &config, &components) else {
+        panic!("an experiment without its service ran");
+    };
     assert_eq!(
-        error,
+        error.to_string(),
         "training service broken: constructor failed: classArgs of training service broken: machineList is empty"
     );
 }
