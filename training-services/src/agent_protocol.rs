@@ -73,6 +73,12 @@ pub enum ToAgent {
         /// manager left running are killed (the core re-queues them, as it does locally) and
         /// the event buffer is cleared.
         fresh_start: bool,
+        /// Which manager process says hello (`<host>:<pid>:<start>`), or empty (unchecked). A
+        /// daemon refuses another manager's hello while the one it serves was connected
+        /// moments before: two experiments of the same id on one host's `agentRoot` took each
+        /// other's connection turn about, and each fresh start killed the other's trials.
+        #[serde(default)]
+        manager: String,
     },
     /// Start one trial. `request.code_dir` and `request.trial_dir` are paths on the host.
     Start {

@@ -141,6 +141,8 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         next_probe_at: None,
         stopping: false,
         starts: HashMap::new(),
+        manager: None,
+        replaced_heard: None,
     };
     runtime.block_on(daemon.run(listener, inputs, events));
     let _ = std::fs::remove_file(dir.join(SOCKET_FILE_NAME));
@@ -201,6 +203,15 @@ impl Drop for Client {
     }
 }
 
+/// A manager token (`<host>:<pid>:<ms>`) for a message: "pid P on H".
+fn manager_label(token: &str) -> String {
+    let mut parts = token.split(':');
+    match (parts.next(), parts.next()) {
+        (Some(host), Some(pid)) => format!("pid {pid} on {host}"),
+        _ => token.to_string(),
+    }
+}
+
 /// The trial ids with a folder in `trials` (`<dir>/trials/<id>/`).
 fn trials_under(trials: &std::path::Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(trials) else {
@@ -236,6 +247,10 @@ struct Daemon {
     /// a start sent again, because its reply was lost with the connection, is answered
     /// without running the attempt twice.
     starts: HashMap<PathBuf, StartState>,
+    /// The manager of the last client welcomed (`ToAgent::Hello::manager`).
+    manager: Option<String>,
+    /// When the welcomed client that the latest connection replaced was last heard from.
+    replaced_heard: Option<Instant>,
 }
 
 enum StartState {
@@ -340,6 +355,7 @@ impl Daemon {
         self.next_client_id += 1;
         if let Some(old) = self.client.take() {
             say!("client {} replaced by client {id}", old.id);
+            self.replaced_heard = old.welcomed.then_some(old.last_heard);
         } else {
             say!("client {id} connected");
         }
@@ -478,6 +494,7 @@ impl Daemon {
             environment_id,
             last_seq,
             fresh_start,
+            manager,
         } = hello
         else {
             return;
@@ -497,6 +514,31 @@ impl Daemon {
             "hello from client {id}: experiment {experiment_id}, environment {environment_id}, last seq {last_seq}{}",
             if fresh_start { ", fresh start" } else { "" }
         );
+        // Another manager while the one served was heard from moments ago: two experiments of
+        // one id share this folder. Refused, so that neither takes the other's connection nor
+        // (a fresh start) kills its trials; the one served reconnects.
+        let other = self
+            .manager
+            .as_deref()
+            .filter(|served| !served.is_empty() && !manager.is_empty() && *served != manager);
+        let recently = self
+            .replaced_heard
+            .is_some_and(|heard| heard.elapsed() < self.options.heartbeat_timeout);
+        if let (Some(served), true) = (other, recently) {
+            let message = format!(
+                "the agent in {} serves experiment {experiment_id} for another knob ({}), connected moments ago; two experiments of one id cannot share an agentRoot on a host: give this one another id (or agentRoot), or wait {} s if that knob is gone",
+                self.options.dir.display(),
+                manager_label(served),
+                self.options.heartbeat_timeout.as_secs()
+            );
+            if let Some(client) = self.current(id) {
+                client.send(FromAgent::Refused { message });
+            }
+            self.drop_client("another manager's hello");
+            return;
+        }
+        self.manager = Some(manager);
+        self.replaced_heard = None;
         if let Some(client) = self.current(id) {
             client.greeting = true;
         }

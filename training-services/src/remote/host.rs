@@ -44,15 +44,25 @@ pub struct Context {
     pub emit: Emit,
     pub agent_binary: Option<Arc<AgentBinary>>,
     next_request: AtomicU64,
+    /// This manager process in every hello (`ToAgent::Hello::manager`): `<host>:<pid>:<ms>`.
+    manager: String,
 }
 
 impl Context {
     pub fn new(args: RemoteArgs, emit: Emit, agent_binary: Option<Arc<AgentBinary>>) -> Context {
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|name| name.into_string().ok())
+            .unwrap_or_default();
         Context {
             args,
             emit,
             agent_binary,
             next_request: AtomicU64::new(1),
+            manager: format!("{host}:{}:{started_ms}", std::process::id()),
         }
     }
     fn request_id(&self) -> u64 {
@@ -320,6 +330,7 @@ impl Host {
             environment_id: self.environment_id.clone(),
             last_seq,
             fresh_start,
+            manager: ctx.manager.clone(),
         };
         let agent_error = |what: String| SshError::Session {
             target: target.clone(),

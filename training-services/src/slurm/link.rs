@@ -131,6 +131,8 @@ impl Link {
             environment_id: environment_id.to_string(),
             last_seq: 0,
             fresh_start,
+            // Each job has a folder of its own: no other manager shares its daemon.
+            manager: String::new(),
         };
         write_frame_async(&mut writer, &hello)
             .await

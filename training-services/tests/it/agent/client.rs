@@ -81,12 +81,18 @@ impl Attached {
     }
 
     pub fn hello(&mut self, last_seq: u64, fresh_start: bool) -> FromAgent {
+        self.hello_as("manager:1:1", last_seq, fresh_start)
+    }
+
+    /// A hello from manager process `manager` (`<host>:<pid>:<ms>`).
+    pub fn hello_as(&mut self, manager: &str, last_seq: u64, fresh_start: bool) -> FromAgent {
         self.send(&ToAgent::Hello {
             protocol: PROTOCOL_VERSION,
             experiment_id: "exp1".into(),
             environment_id: ENVIRONMENT.into(),
             last_seq,
             fresh_start,
+            manager: manager.into(),
         });
         self.next()
     }

@@ -300,6 +300,61 @@ fn fresh_start_kills_what_a_previous_manager_left_running() {
     assert!(second.wait_exit().success());
 }
 
+/// Two experiments of one id on one host's agentRoot (two knobs, on two machines) share the
+/// daemon: each connection replaced the other's, in turn, for as long as both ran, and each
+/// fresh start killed the other's trials. Another manager's hello is refused while the one
+/// served was connected moments before; once that one is gone, another is served.
+#[test]
+fn another_managers_hello_is_refused_while_the_one_served_is_connected() {
+    let host = Host::new();
+    let mut first = host.attach();
+    first.hello_as("laptop:11:1", 0, true);
+    first.start_trial(
+        1,
+        host.request("mine", "echo $$ > \"$KNOB_TRIAL_DIR/pid\"; sleep 60"),
+        false,
+    );
+    let pid = read_pid(&host.trial_dir("mine").join("pid"));
+
+    let mut second = host.attach();
+    match second.hello_as("desktop:22:2", 0, true) {
+        FromAgent::Refused { message } => assert!(
+            message.contains("serves experiment exp1 for another knob (pid 11 on laptop)")
+                && message.contains("give this one another id"),
+            "{message}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(
+        process_runs(pid),
+        "the other manager's fresh start killed the trial"
+    );
+
+    // The manager served connects again and finds its trial.
+    let mut again = host.attach();
+    let welcome = again.hello_as("laptop:11:1", 0, false);
+    let FromAgent::Welcome { running, .. } = &welcome else {
+        panic!("{welcome:?}");
+    };
+    assert_eq!(running, &["mine".to_string()]);
+
+    // Gone (its connection closed): another manager is served, and its fresh start ends what
+    // the first left.
+    again.kill();
+    let log = host.dir().join("agent.log");
+    let began = std::time::Instant::now();
+    while !std::fs::read_to_string(&log).is_ok_and(|text| text.contains("client 3 dropped")) {
+        assert!(began.elapsed() < WAIT, "the daemon did not see client 3 go");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut third = host.attach();
+    let welcome = third.hello_as("desktop:22:2", 0, true);
+    assert!(matches!(welcome, FromAgent::Welcome { .. }), "{welcome:?}");
+    assert!(!process_runs(pid));
+    third.send(&ToAgent::Shutdown);
+    assert!(third.wait_exit().success());
+}
+
 #[test]
 fn shutdown_kills_whole_process_groups_reports_their_ends_and_exits() {
     let host = Host::new();
@@ -336,6 +391,7 @@ fn a_protocol_mismatch_is_refused_naming_both_versions() {
         environment_id: ENVIRONMENT.into(),
         last_seq: 0,
         fresh_start: true,
+        manager: String::new(),
     });
     match agent.next() {
         FromAgent::Refused { message } => assert_eq!(
