@@ -272,10 +272,9 @@ with open("seen-%s.json" % nni.get_trial_id(), "w") as out:
         let written = std::fs::read_to_string(&metrics).unwrap_or_default();
         if record["version"].as_str().unwrap().starts_with('2') {
             // nni 2.x sent each metric back with the string id: `ME` + length + JSON.
-            let ids: Vec<Value> = written
-                .split("ME")
-                .filter(|r| r.len() > 6)
-                .map(|r| serde_json::from_str::<Value>(&r[6..]).unwrap()["parameter_id"].clone())
+            let ids: Vec<Value> = crate::nni::nni_metric_frames(written.as_bytes(), &written)
+                .into_iter()
+                .map(|metric| metric["parameter_id"].clone())
                 .collect();
             assert!(!ids.is_empty(), "{record}");
             assert!(

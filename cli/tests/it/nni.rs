@@ -224,22 +224,32 @@ fn check_channel(channel: Channel, seen: &Value, intermediate: &[f64], context: 
 
 /// `.nni/metrics` as nni 2.x writes it: `ME`, the byte length of the rest as 6 digits, a JSON
 /// metric and `\n`; the metric's `value` is itself JSON text.
-fn nni_metric_records(mut bytes: &[u8], context: &str) -> Vec<(String, u64, f64)> {
-    let mut records = Vec::new();
+fn nni_metric_records(bytes: &[u8], context: &str) -> Vec<(String, u64, f64)> {
+    nni_metric_frames(bytes, context)
+        .into_iter()
+        .map(|metric| {
+            let value: f64 = serde_json::from_str(metric["value"].as_str().unwrap()).unwrap();
+            (
+                metric["type"].as_str().unwrap().to_string(),
+                metric["sequence"].as_u64().unwrap(),
+                value,
+            )
+        })
+        .collect()
+}
+
+/// The records of nni 2.x's `.nni/metrics` file: `ME`, the JSON's length in 6 digits, the JSON.
+/// Read by their lengths: a split at "ME" cut a record whose trial id holds those letters.
+pub fn nni_metric_frames(mut bytes: &[u8], context: &str) -> Vec<Value> {
+    let mut frames = Vec::new();
     while !bytes.is_empty() {
         assert!(bytes.len() >= 8 && bytes.starts_with(b"ME"), "{context}");
         let length: usize = std::str::from_utf8(&bytes[2..8]).unwrap().parse().unwrap();
         let (record, rest) = bytes[8..].split_at(length);
-        let metric: Value = serde_json::from_slice(record).unwrap();
-        let value: f64 = serde_json::from_str(metric["value"].as_str().unwrap()).unwrap();
-        records.push((
-            metric["type"].as_str().unwrap().to_string(),
-            metric["sequence"].as_u64().unwrap(),
-            value,
-        ));
+        frames.push(serde_json::from_slice(record).unwrap());
         bytes = rest;
     }
-    records
+    frames
 }
 
 fn floats(list: &Value) -> Vec<f64> {
