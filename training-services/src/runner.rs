@@ -671,7 +671,7 @@ impl Supervision {
         let watched = (&mut self.tail_task).await.unwrap_or_default();
         self.memory_task.abort();
         let stderr_tail = stderr_tail(&self.stderr_path);
-        if exit_code != Some(0) {
+        if exit_code != Some(0) && killed_reason.is_none() {
             // A trial that failed on a full disk often could not write why (Python exits 120
             // when even its traceback cannot be flushed): its end alone said "exit code 120".
             if let Some(free) = crate::process::nearly_full(&self.stderr_path) {
