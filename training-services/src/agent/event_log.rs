@@ -2,12 +2,25 @@
 
 use std::collections::VecDeque;
 
-use knob_plugin_api::service::ServiceEvent;
+use knob_plugin_api::service::{MetricKind, ServiceEvent};
 
-/// Unacknowledged events kept at most; beyond this the oldest are dropped (and the next
-/// client is told how many), so a manager that never comes back cannot exhaust the host's
-/// memory before the orphan timeout ends the daemon.
+/// Unacknowledged events kept at most; beyond this the oldest that a trial's life does not
+/// need are dropped (and the next client is told how many), so a manager that never comes back
+/// cannot exhaust the host's memory before the orphan timeout ends the daemon.
 pub const MAX_BUFFERED_EVENTS: usize = 200_000;
+
+/// Whether the service can do without `event`: an intermediate result, a warning, a report
+/// of the host or of a trial's peak usage. A trial's start, final result, checkpoint and end
+/// are kept: a dropped end left the trial running in the core for ever.
+fn expendable(event: &ServiceEvent) -> bool {
+    match event {
+        ServiceEvent::Metric { kind, .. } => *kind == MetricKind::Intermediate,
+        ServiceEvent::Warning { .. }
+        | ServiceEvent::Environment { .. }
+        | ServiceEvent::TrialUsage { .. } => true,
+        _ => false,
+    }
+}
 
 /// Events numbered 1, 2, 3, ... for the daemon's life; kept until acknowledged.
 #[derive(Debug)]
@@ -39,7 +52,13 @@ impl EventLog {
         let seq = self.next_seq;
         self.next_seq += 1;
         if self.buffer.len() == self.capacity {
-            self.buffer.pop_front();
+            // The oldest expendable one; only a buffer of nothing else loses its oldest.
+            let victim = self
+                .buffer
+                .iter()
+                .position(|(_, event)| expendable(event))
+                .unwrap_or(0);
+            self.buffer.remove(victim);
             self.dropped += 1;
         }
         self.buffer.push_back((seq, event));
@@ -108,6 +127,62 @@ mod tests {
 
     fn seqs(events: &[(u64, ServiceEvent)]) -> Vec<u64> {
         events.iter().map(|(s, _)| *s).collect()
+    }
+
+    fn metric(trial: &str, kind: MetricKind, sequence: u64) -> ServiceEvent {
+        ServiceEvent::Metric {
+            trial_id: trial.to_string(),
+            kind,
+            sequence,
+            value: "0.5".to_string(),
+        }
+    }
+
+    /// A service away while trials report many intermediate results: when the buffer is full,
+    /// those go (oldest first), and the trials' starts, finals and ends stay. The oldest event
+    /// went whatever it was, and a trial whose end it was ran in the core for ever.
+    #[test]
+    fn a_full_buffer_drops_intermediate_results_not_a_trials_start_final_or_end() {
+        let mut log = EventLog::with_capacity(4);
+        log.push(ServiceEvent::TrialStarted {
+            trial_id: "t".into(),
+            pid: Some(7),
+        });
+        for sequence in 0..10 {
+            log.push(metric("t", MetricKind::Intermediate, sequence));
+        }
+        log.push(metric("t", MetricKind::Final, 0));
+        log.push(ServiceEvent::TrialEnded {
+            trial_id: "t".into(),
+            exit_code: Some(0),
+            signal: None,
+            killed_reason: None,
+            stderr_tail: String::new(),
+            environment_lost: None,
+        });
+        let kept: Vec<ServiceEvent> = log.resume_after(0).into_iter().map(|(_, e)| e).collect();
+        assert!(
+            matches!(kept[0], ServiceEvent::TrialStarted { .. }),
+            "{kept:?}"
+        );
+        assert_eq!(kept[1], metric("t", MetricKind::Intermediate, 9));
+        assert_eq!(kept[2], metric("t", MetricKind::Final, 0));
+        assert!(
+            matches!(kept[3], ServiceEvent::TrialEnded { .. }),
+            "{kept:?}"
+        );
+        assert_eq!(log.take_dropped(), 9);
+        // Nothing expendable left: the oldest goes, so memory stays bounded.
+        log.push(ServiceEvent::TrialStarted {
+            trial_id: "u".into(),
+            pid: None,
+        });
+        log.push(ServiceEvent::TrialStarted {
+            trial_id: "v".into(),
+            pid: None,
+        });
+        assert_eq!(log.len(), 4);
+        assert_eq!(log.take_dropped(), 2);
     }
 
     #[test]
