@@ -171,6 +171,11 @@ pub enum ServiceEvent {
     },
 }
 
+/// What a failed start says when nothing of the trial ran (in `start_trial`'s error or a
+/// [`ServiceEvent::StartFailed`]): the host then tries the trial again after a pause instead of
+/// failing it.
+pub const NOT_STARTED: &str = "the trial was not started";
+
 /// What the host asks of a running service beyond starting and killing trials (plugin ABI 1.5,
 /// `TrainingService::delete_checkpoint` and what follows it), as it crosses the ABI (JSON). New
 /// kinds are added here, with no change to the ABI; a service built before a kind existed

@@ -66,7 +66,7 @@ pub fn start_failure_note(error: &std::io::Error) -> String {
         }
         _ => return String::new(),
     };
-    format!("{hint}; the trial was not started")
+    format!("{hint}; {}", knob_plugin_api::service::NOT_STARTED)
 }
 
 /// The bytes still free to an unprivileged writer on the filesystem holding `path` when under

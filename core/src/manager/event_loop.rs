@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use knob_plugin_api::host::{AssessorHandle, EnvironmentReport, HostError};
 use knob_plugin_api::population::Emitted;
+use knob_plugin_api::service::NOT_STARTED;
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{AssessorContext, ComponentKind, OptimizeMode};
 use serde_json::Value;
@@ -964,10 +965,6 @@ const IDLE_DEFERRED_PATIENCE: std::time::Duration = std::time::Duration::from_se
 /// connection's default reconnect window (`hostLossTimeout`, 60 s).
 const START_RETRIES: u32 = 6;
 const START_RETRY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
-/// What a training service's refusal says when it is sure the trial did not start (the
-/// plugin-api's `TrainingService::start_trial` documents the wording).
-const NOT_STARTED: &str = "the trial was not started";
-
 /// The callback a component wakes the loop with.
 fn waker(
     woken: &mpsc::UnboundedSender<Woken>,

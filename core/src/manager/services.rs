@@ -110,19 +110,16 @@ pub(super) async fn start_services(
                     let _ = events.send((index, event));
                 }),
             )
-            .map_err(|e| {
-                // A load error names the service already ("training service <platform>:
-                // constructor failed: …"): not named twice.
-                if e.to_string()
-                    .contains(&format!("training service {platform}"))
-                {
-                    ManagerError::Plugin(e)
-                } else {
-                    ManagerError::Service {
-                        service: platform.clone(),
-                        message: e.to_string(),
-                    }
-                }
+            .map_err(|e| match e {
+                // These name the service already ("training service <platform>: constructor
+                // failed: …"): not named twice.
+                HostError::Constructor { .. }
+                | HostError::Unknown { .. }
+                | HostError::Duplicate { .. } => ManagerError::Plugin(e),
+                other => ManagerError::Service {
+                    service: platform.clone(),
+                    message: other.to_string(),
+                },
             });
         match handle {
             Ok(handle) => slots.push(ServiceSlot {

@@ -605,7 +605,7 @@ impl World {
                 // in the background does (`ServiceEvent::StartFailed`); half of those say that
                 // nothing ran, which the manager tries again.
                 if rng.gen_bool(0.5) {
-                    message.push_str("; the trial was not started");
+                    message.push_str(&format!("; {}", knob_plugin_api::service::NOT_STARTED));
                     record.awaits_retry = true;
                 }
                 let after = rng.gen_range(5..200);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest};
+use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest, NOT_STARTED};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
@@ -28,9 +28,6 @@ use crate::metrics::Emit;
 
 /// How long the agent may take to answer a start or kill.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
-/// What a failed start says when nothing of the trial ran (the plugin API's wording, on which
-/// the core tries it again).
-const NOT_STARTED: &str = "the trial was not started";
 /// How long uploading one code archive may take.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
 /// After a host is declared lost, reconnection is still tried this many times (with a growing
@@ -757,7 +754,7 @@ impl Host {
                 (Some(link), true) => link.clone(),
                 _ => {
                     return Err(format!(
-                        "{target} is not connected ({}); the trial was not started",
+                        "{target} is not connected ({}); {NOT_STARTED}",
                         state.failure.as_deref().unwrap_or("connecting")
                     ))
                 }
@@ -766,7 +763,7 @@ impl Host {
         // Nothing of the trial has reached the agent yet: the core may try it again.
         self.ensure_code(&link, archive)
             .await
-            .map_err(|e| format!("{e}; the trial was not started"))?;
+            .map_err(|e| format!("{e}; {NOT_STARTED}"))?;
         let layout = HostLayout {
             root: link.paths.root.clone().into(),
         };
@@ -811,7 +808,7 @@ impl Host {
             let current = state.ready && state.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, &link));
             if !current {
                 return Err(format!(
-                    "{target} is not connected ({}); the trial was not started",
+                    "{target} is not connected ({}); {NOT_STARTED}",
                     state.failure.as_deref().unwrap_or("the connection closed")
                 ));
             }
@@ -823,9 +820,7 @@ impl Host {
             });
             if sent.is_err() {
                 lock(&link.pending).remove(&id);
-                return Err(format!(
-                    "{target}: the connection closed; the trial was not started"
-                ));
+                return Err(format!("{target}: the connection closed; {NOT_STARTED}"));
             }
             state.running.insert(request.trial_id.clone());
         }

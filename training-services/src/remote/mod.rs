@@ -594,7 +594,7 @@ impl Start {
                 here.as_deref(),
             )
             .await
-            .map_err(|e| format!("{e}; the trial was not started"))?;
+            .map_err(|e| format!("{e}; {}", knob_plugin_api::service::NOT_STARTED))?;
         }
         tokio::time::timeout(
             START_LIMIT,
