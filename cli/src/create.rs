@@ -9,7 +9,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use knob_core::config::{ExperimentConfig, ServicePlugins};
 use knob_core::experiment;
-use knob_core::manager::{self, Command, Experiment, Outcome, Progress};
+use knob_core::manager::{self, Command, Experiment, Notice, Outcome, Progress};
 use knob_core::notify;
 use knob_core::registry::{knob_home, Registry};
 use knob_core::store::{Direction, ExperimentStatus, Store};
@@ -390,6 +390,11 @@ impl Pace {
     }
 }
 
+fn console_line(notice: &Notice) -> String {
+    let label = if notice.warning { "warning" } else { "notice" };
+    format!("{label}: {}", notice.text)
+}
+
 async fn show_progress_lines(
     mut progress: watch::Receiver<Progress>,
     mut pace: Pace,
@@ -402,7 +407,7 @@ async fn show_progress_lines(
     loop {
         let snapshot = progress.borrow_and_update().clone();
         for notice in snapshot.notices.iter().skip(notices_shown) {
-            errln!("warning: {notice}");
+            errln!("{}", console_line(notice));
         }
         notices_shown = snapshot.notices.len();
         let done = snapshot.succeeded + snapshot.failed + snapshot.other_ended;
@@ -456,7 +461,7 @@ async fn show_progress_bar(
     loop {
         let snapshot = progress.borrow_and_update().clone();
         for notice in snapshot.notices.iter().skip(notices_shown) {
-            bar.suspend(|| errln!("warning: {notice}"));
+            bar.suspend(|| errln!("{}", console_line(notice)));
         }
         notices_shown = snapshot.notices.len();
         let done = snapshot.succeeded + snapshot.failed + snapshot.other_ended;

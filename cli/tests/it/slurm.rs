@@ -254,6 +254,20 @@ trialMemorySize: 100mb",
             )),
             "{stdout}\n{stderr}"
         );
+        if reuse {
+            // An allocation that starts is news on the console, not a warning.
+            let ready: Vec<&str> = stderr
+                .lines()
+                .filter(|line| line.ends_with(") is ready"))
+                .collect();
+            assert!(!ready.is_empty(), "{stderr}");
+            assert!(
+                ready
+                    .iter()
+                    .all(|line| line.starts_with("notice: environment slurm:env")),
+                "{stderr}"
+            );
+        }
         let export = sandbox.export(&id);
         let trials = export["trials"].as_array().unwrap();
         let mut job_ids = BTreeSet::new();

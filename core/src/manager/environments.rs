@@ -37,8 +37,10 @@ struct EnvironmentRecord {
 /// A line about environments for the loop to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Said {
-    /// Recorded and shown on the console (`Progress::notices`).
+    /// Recorded and shown on the console as a warning (`Progress::notices`).
     Notice(String),
+    /// Recorded and shown on the console as news, not as a warning: an environment ready.
+    News(String),
     /// Recorded only.
     Warning(String),
 }
@@ -179,7 +181,7 @@ impl Environments {
             ))),
             (Some(false), true) => {
                 let again = if seen_ready { " again" } else { "" };
-                said.push(Said::Notice(format!(
+                said.push(Said::News(format!(
                     "environment {id} ({host}) is ready{again}"
                 )))
             }
@@ -399,6 +401,7 @@ mod tests {
         said.into_iter()
             .map(|s| match s {
                 Said::Notice(m) => format!("notice: {m}"),
+                Said::News(m) => format!("news: {m}"),
                 Said::Warning(m) => format!("warning: {m}"),
             })
             .collect()
@@ -432,7 +435,7 @@ mod tests {
         assert_eq!(envs.report(0, reported("a", false, down)), vec![]);
         assert_eq!(
             notices(envs.report(0, reported("a", true, inventory("a", 2, None)))),
-            ["notice: environment a (box) is ready again"]
+            ["news: environment a (box) is ready again"]
         );
         let views = envs.views();
         assert_eq!(views.len(), 1);
@@ -520,7 +523,7 @@ mod tests {
         assert!(!envs.can_place());
         assert_eq!(
             notices(envs.report(0, reported("a", true, inventory("a", 1, None)))),
-            ["notice: environment a (box) is ready again"]
+            ["news: environment a (box) is ready again"]
         );
         assert!(matches!(
             envs.place(&[request("t2")])[0],
@@ -576,7 +579,7 @@ mod tests {
         assert!(!envs.views()[0].ready);
         assert_eq!(
             notices(envs.report(0, up())),
-            ["notice: environment a (box) is ready again"]
+            ["news: environment a (box) is ready again"]
         );
         // Not ready, then lost, then reported unchanged: its last report is read again (it is
         // not settled), and it stays out; reported ready, it is taken back.
@@ -587,7 +590,7 @@ mod tests {
         assert!(!envs.can_place());
         assert_eq!(
             notices(envs.report(0, up())),
-            ["notice: environment a (box) is ready again"]
+            ["news: environment a (box) is ready again"]
         );
         assert!(envs.can_place());
         assert!(matches!(
@@ -631,7 +634,7 @@ mod tests {
         assert!(envs.any() && envs.can_place());
         assert_eq!(
             notices(envs.report(1, reported("job", true, inventory("job", 1, None)))),
-            ["notice: environment job (box) is ready"]
+            ["news: environment job (box) is ready"]
         );
         assert_eq!(
             notices(envs.report(0, reported("odd", true, Value::from(3)))),

@@ -41,8 +41,8 @@ pub(super) struct Manager {
     pub(super) services: Vec<ServiceSlot>,
     /// Every environment a service reported, and where trials go.
     pub(super) environments: Environments,
-    /// Environment warnings so far (see [`Progress::notices`]).
-    pub(super) notices: std::sync::Arc<Vec<String>>,
+    /// Console lines so far (see [`Progress::notices`]).
+    pub(super) notices: std::sync::Arc<Vec<super::Notice>>,
     pub(super) service_events: mpsc::UnboundedReceiver<TaggedEvent>,
     /// Trials the service could not start: (trial id, why).
     pub(super) start_failures: mpsc::UnboundedReceiver<(String, String)>,

@@ -485,8 +485,10 @@ impl Manager {
             Err(problem) => {
                 let message = problem.to_string();
                 trial.objective_problem = Some(message.clone());
-                std::sync::Arc::make_mut(&mut self.notices)
-                    .push(format!("trial {trial_id}: {message}"));
+                std::sync::Arc::make_mut(&mut self.notices).push(super::Notice {
+                    warning: true,
+                    text: format!("trial {trial_id}: {message}"),
+                });
                 Err(message)
             }
         }
@@ -508,8 +510,10 @@ impl Manager {
         if trial.final_value.is_none() && !trial.status.is_final() {
             let problem = unreadable_final_message(&reason);
             trial.final_problem = Some(problem.clone());
-            std::sync::Arc::make_mut(&mut self.notices)
-                .push(format!("trial {trial_id}: {problem}"));
+            std::sync::Arc::make_mut(&mut self.notices).push(super::Notice {
+                warning: true,
+                text: format!("trial {trial_id}: {problem}"),
+            });
         }
         self.warn(
             Some(trial_id.clone()),

@@ -90,9 +90,18 @@ pub struct Progress {
     /// Parameter sets the tuner handed out that the search space refused and that were dropped
     /// (`tunerErrorPolicy: skip`).
     pub dropped_suggestions: u64,
-    /// Warnings about environments (a host unreachable, lost, back), oldest first: what a
-    /// console shows as they come.
-    pub notices: std::sync::Arc<Vec<String>>,
+    /// Lines about environments (a host unreachable, lost, ready again) and trials (a result
+    /// that cannot be read), oldest first: what a console shows as they come.
+    pub notices: std::sync::Arc<Vec<Notice>>,
+}
+
+/// A line for the console (see [`Progress::notices`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// A problem (a host unreachable or lost, a result that cannot be read) rather than news
+    /// that asks nothing of anyone (an environment ready).
+    pub warning: bool,
+    pub text: String,
 }
 
 /// Commands from outside the loop (Ctrl-C, the CLI, the HTTP API).

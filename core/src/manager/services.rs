@@ -340,6 +340,7 @@ impl Manager {
         for said in said {
             match said {
                 Said::Notice(message) => self.notice(message).await?,
+                Said::News(message) => self.news(message).await?,
                 Said::Warning(message) => self.warn(None, message).await?,
             }
         }
@@ -367,8 +368,21 @@ impl Manager {
 
     /// A warning about environments: recorded like every warning, and shown on the console.
     pub(super) async fn notice(&mut self, message: String) -> Result<(), ManagerError> {
-        std::sync::Arc::make_mut(&mut self.notices).push(message.clone());
-        self.warn(None, message).await?;
+        self.console(true, message).await
+    }
+
+    /// News of an environment (ready, or ready again): recorded with the warnings, whose story
+    /// it ends, and shown on the console as what it is.
+    async fn news(&mut self, message: String) -> Result<(), ManagerError> {
+        self.console(false, message).await
+    }
+
+    async fn console(&mut self, warning: bool, text: String) -> Result<(), ManagerError> {
+        std::sync::Arc::make_mut(&mut self.notices).push(super::Notice {
+            warning,
+            text: text.clone(),
+        });
+        self.warn(None, text).await?;
         self.publish(None);
         Ok(())
     }
