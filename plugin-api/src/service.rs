@@ -19,7 +19,9 @@ pub struct Environment {
     /// False once the environment is lost (host unreachable, allocation ended).
     pub ready: bool,
     /// The environment's resources as `knob-gpu-sched` describes them (GPUs, CPUs, memory),
-    /// kept as JSON so that this crate does not depend on gpu-sched.
+    /// kept as JSON so that this crate does not depend on gpu-sched. Its `status` says what a
+    /// not-ready environment is: `unavailable` (with why) or `starting`, and trials wait for it;
+    /// `draining`, retired (a cluster allocation that ended, or ends soon), and they do not.
     #[serde(default)]
     pub inventory: Value,
 }

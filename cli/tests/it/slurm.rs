@@ -306,6 +306,98 @@ trialMemorySize: 100mb",
 }
 
 #[test]
+fn a_failing_setup_command_ends_its_job_and_the_experiment_saying_which_command() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let id = unique("setupfails");
+    let sandbox = Sandbox::new();
+    // Before, the job ran on past the failed command; once a job ended before running a trial
+    // three times, no more were requested and the trials waited for ever (here: until
+    // maxExperimentDuration, which then ended the experiment DONE).
+    let config = slurm_config(
+        &sandbox,
+        "trialCommand: echo KNOB_FINAL 1
+trialConcurrency: 1
+maxTrialNumber: 2
+maxExperimentDuration: 3m",
+        "  reuseMode: true
+  setupCommands:
+    - echo preparing
+    - no-such-module-command load cuda
+",
+    );
+    let _cleanup = Running {
+        child: None,
+        needle: format!("-{id}-"),
+    };
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("experiment {id} ERROR")),
+        "{stdout}\n{stderr}"
+    );
+    let error = stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    for part in [
+        "no environment can run trials: slurm:env1 (slurm job ",
+        "knob: trainingService.setupCommands[1] failed (exit 127): no-such-module-command load cuda",
+        "3 allocations in a row ended before running a trial or could not be submitted; no more are requested",
+    ] {
+        assert!(error.contains(part), "{part} missing: {error}");
+    }
+    // Each ended allocation said so as news, not as a warning.
+    assert!(
+        stderr.contains("notice: environment slurm:env1 (slurm job ")
+            && stderr.contains(") is retired: it takes no new trials"),
+        "{stderr}"
+    );
+    wait_for(
+        &format!("experiment {id}'s jobs to leave the queue"),
+        Duration::from_secs(30),
+        || queue(&format!("-{id}-")).is_empty().then_some(()),
+    );
+
+    // A trial's own job (reuseMode: false): the trial fails once its job was lost 4 times, and
+    // its reason quotes the job's log.
+    let id = unique("setupfailsperjob");
+    let config = slurm_config(
+        &sandbox,
+        "trialCommand: echo KNOB_FINAL 1
+trialConcurrency: 1
+maxTrialNumber: 1
+maxExperimentDuration: 3m",
+        "  reuseMode: false
+  setupCommands: [no-such-module-command load cuda]
+",
+    );
+    let _cleanup = Running {
+        child: None,
+        needle: format!("-{id}-"),
+    };
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let trial = &sandbox.export(&id)["trials"][0];
+    assert_eq!(trial["status"], "FAILED", "{trial:#}");
+    let message = trial["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("environment lost: Slurm job ")
+            && message.contains(" (slurm:queue) ended: FAILED; its log ends: ")
+            && message.contains(
+                "knob: trainingService.setupCommands[0] failed (exit 127): no-such-module-command load cuda"
+            ),
+        "{message}"
+    );
+    wait_for(
+        &format!("experiment {id}'s jobs to leave the queue"),
+        Duration::from_secs(30),
+        || queue(&format!("-{id}-")).is_empty().then_some(()),
+    );
+}
+
+#[test]
 fn in_reuse_mode_a_request_raised_beyond_the_allocations_memory_is_refused_saying_so() {
     let Some(_cluster) = cluster() else {
         return;

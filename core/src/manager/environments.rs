@@ -45,6 +45,10 @@ pub(super) enum Said {
     Warning(String),
 }
 
+/// Why an environment its service reports `Draining` takes no trial: it is retired (a cluster
+/// allocation that ended, or whose time is nearly up), and trials do not wait for it.
+const RETIRED: &str = "retired: it takes no new trials";
+
 /// How many of the services' own problems are kept for the error when no environment is left.
 const KEPT_PROBLEMS: usize = 16;
 
@@ -140,6 +144,7 @@ impl Environments {
             why = match &status {
                 Some(EnvironmentStatus::Unavailable(reason)) => Some(reason.clone()),
                 Some(EnvironmentStatus::Starting) => Some("starting".to_string()),
+                Some(EnvironmentStatus::Draining) => Some(RETIRED.to_string()),
                 _ => None,
             };
             match (inventory, status) {
@@ -158,6 +163,7 @@ impl Environments {
                     }
                 }
                 (_, Some(EnvironmentStatus::Starting)) => self.placer.set_starting(&id),
+                (_, Some(EnvironmentStatus::Draining)) => self.placer.set_draining(&id),
                 _ => self.placer.set_unavailable(
                     &id,
                     &why.clone()
@@ -172,7 +178,14 @@ impl Environments {
             .get(&id)
             .is_some_and(|record| record.seen_ready);
         let host = &environment.host;
+        let retired = why.as_deref() == Some(RETIRED);
         match (was_ready, ready) {
+            // Retiring is an allocation's normal end (its time is nearly up, or over); a
+            // failure that ended it is its service's own warning.
+            (_, false) if retired && was_why != why => {
+                said.push(Said::News(format!("environment {id} ({host}) is {RETIRED}")));
+            }
+            (_, false) if retired => {}
             (Some(true), false) => said.push(Said::Notice(format!(
                 "environment {id} ({host}) is not ready{shown_why}; no new trial starts there until it is back"
             ))),
@@ -639,6 +652,41 @@ mod tests {
         assert_eq!(
             notices(envs.report(0, reported("odd", true, Value::from(3)))),
             ["notice: environment odd (box): its inventory cannot be read (invalid type: integer `3`, expected struct Environment); no trial runs there", "notice: environment odd (box) is not ready; no trial starts there until it is"]
+        );
+    }
+
+    #[test]
+    fn a_retired_allocation_is_not_waited_for_and_its_replacement_is() {
+        let mut envs = environments(1);
+        let retired = |id: &str| inventory(id, 1, Some(EnvironmentStatus::Draining));
+        envs.report(1, reported("env1", true, inventory("env1", 1, None)));
+        assert_eq!(
+            notices(envs.report(1, reported("env1", false, retired("env1")))),
+            ["news: environment env1 (box) is retired: it takes no new trials"]
+        );
+        // Said once, and trials do not wait for it.
+        assert_eq!(
+            envs.report(1, reported("env1", false, retired("env1"))),
+            vec![]
+        );
+        assert!(!envs.can_place());
+        // The allocation that replaces it is waited for; once it ended without ever being
+        // ready (its job failed), nothing is.
+        let queued = inventory(
+            "env2",
+            1,
+            Some(EnvironmentStatus::Unavailable("Priority".into())),
+        );
+        envs.report(1, reported("env2", false, queued));
+        assert!(envs.can_place());
+        assert_eq!(
+            notices(envs.report(1, reported("env2", false, retired("env2")))),
+            ["news: environment env2 (box) is retired: it takes no new trials"]
+        );
+        assert!(!envs.can_place());
+        assert_eq!(
+            envs.no_environment_reason(),
+            "no environment can run trials: env1 (box), env2 (box)"
         );
     }
 

@@ -162,6 +162,17 @@ impl Placer {
         );
     }
 
+    /// Retires an environment (a cluster allocation that ended, or ends soon): it takes no new
+    /// trial, keeps what its running trials hold, and no longer counts as one that may take
+    /// trials, so that trials do not wait for it.
+    pub fn set_draining(&mut self, environment: &str) {
+        self.changes += 1;
+        let _ = self.scheduler.set_environment_status(
+            &EnvironmentId::from(environment),
+            EnvironmentStatus::Draining,
+        );
+    }
+
     /// Forgets an environment that is gone; what its trials held is released.
     pub fn remove(&mut self, environment: &str) {
         self.changes += 1;
@@ -269,6 +280,11 @@ impl Manager {
             return Ok(());
         }
         if !self.environments.can_place() {
+            // Not while a trial still runs (in an allocation retired as its time runs out,
+            // say): its result is worth its end, after which this round comes again.
+            if self.book.count(TrialStatus::Running) > 0 {
+                return Ok(());
+            }
             return Err(ManagerError::NoEnvironment(
                 self.environments.no_environment_reason(),
             ));

@@ -73,16 +73,16 @@ fn requested(
 ///
 /// Before its agent has probed the node (the job pending, or starting), the inventory is what
 /// the job asks Slurm for, with the phase as its status: the core then counts the allocation as
-/// one that will take trials, and a trial waiting for it says why (Slurm's pending reason).
+/// one that will take trials, and a trial waiting for it says why (Slurm's pending reason). An
+/// allocation that ended is `Draining` (retired), which the core no longer counts.
 pub(super) fn job_environment(args: &SlurmArgs, job: &Job) -> Environment {
     let status = match &job.phase {
         Phase::Ready => knob_gpu_sched::EnvironmentStatus::Ready,
         Phase::Draining => knob_gpu_sched::EnvironmentStatus::Draining,
         Phase::Queued(why) => knob_gpu_sched::EnvironmentStatus::Unavailable(why.clone()),
         Phase::Connecting => knob_gpu_sched::EnvironmentStatus::Starting,
-        Phase::Ended => {
-            knob_gpu_sched::EnvironmentStatus::Unavailable(format!("Slurm job {} ended", job.id))
-        }
+        // Retired: it takes no trial again, and the core does not wait for it.
+        Phase::Ended => knob_gpu_sched::EnvironmentStatus::Draining,
     };
     let inventory =
         match serde_json::from_value::<knob_gpu_sched::Environment>(job.inventory.clone()) {
@@ -108,7 +108,9 @@ pub(super) fn job_environment(args: &SlurmArgs, job: &Job) -> Environment {
                 }
                 serde_json::to_value(environment).unwrap_or(Value::Null)
             }
-            Err(_) if matches!(job.phase, Phase::Queued(_) | Phase::Connecting) => {
+            // What it asked for while it has no probe of its own: an allocation that ended
+            // before its agent came up is reported retired, with that inventory.
+            Err(_) if job.phase != Phase::Ready => {
                 serde_json::to_value(requested(args, &job.environment_id, 1, status))
                     .unwrap_or(Value::Null)
             }

@@ -157,10 +157,15 @@ impl Job {
 struct Shared {
     jobs: Vec<Job>,
     next_allocation: u32,
+    /// Allocations in a row that ended without running a trial, or could not be submitted;
+    /// an allocation that runs a trial sets it back to 0.
     failed_allocations: u32,
+    /// The warning that no more allocations are requested was given.
+    gave_up: bool,
     stopping: bool,
-    /// Ends of trials whose job ended, for the monitor to emit after the poll's top-up.
-    ended_trials: Vec<ServiceEvent>,
+    /// The reports of allocations retired (draining, ended) and the ends of their trials, for
+    /// the monitor to emit after the poll's top-up (see `monitor::monitor`).
+    after_top_up: Vec<ServiceEvent>,
     /// Trials whose own job (`reuseMode: false`) is being submitted: each holds a place in the
     /// queue against `trialConcurrency` until its job is in `jobs` (or its `sbatch` failed).
     submitting: BTreeSet<String>,
@@ -305,7 +310,9 @@ impl SlurmService {
         shared
             .jobs
             .iter()
-            .filter(|j| j.phase != Phase::Ended)
+            // A retired allocation's report reaches the core only after what replaces it was
+            // requested (`retired_environment`), not from a re-probe in between.
+            .filter(|j| !matches!(j.phase, Phase::Ended | Phase::Draining))
             .map(|job| job_environment(&ctx.args, job))
             .collect()
     }
@@ -417,6 +424,16 @@ fn emit_environment(ctx: &Context, job: &Job) {
             environment: job_environment(&ctx.args, job),
         });
     }
+}
+
+/// The report of an allocation that takes no more trials (draining, ended), to be held for the
+/// monitor to emit after the poll's top-up: the core, told of a retired allocation, then
+/// already knows the one that replaces it, and trials wait for that one instead of the
+/// experiment ending for want of an environment.
+fn retired_environment(args: &SlurmArgs, job: &Job) -> Option<ServiceEvent> {
+    args.reuse_mode.then(|| ServiceEvent::Environment {
+        environment: job_environment(args, job),
+    })
 }
 
 fn warn(ctx: &Context, trial_id: Option<String>, message: String) {
@@ -645,6 +662,11 @@ async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Resul
             why: why.to_string(),
         });
     }
+    // Failed allocations are counted in a row: over days, a few that a node failure or a
+    // preemption ended before they ran anything must not stop the requests for good.
+    let mut shared = lock(&ctx.shared);
+    shared.failed_allocations = 0;
+    shared.gave_up = false;
     Ok(())
 }
 
@@ -896,11 +918,11 @@ async fn shut_down(ctx: &Arc<Context>) {
                 .iter()
                 .filter(|j| j.phase != Phase::Ended)
                 .count();
-            (left, !shared.ended_trials.is_empty())
+            (left, !shared.after_top_up.is_empty())
         };
         if (left == 0 && !unreported) || tokio::time::Instant::now() >= deadline + SHUTDOWN_LIMIT {
             // Whatever trial end the monitor has not emitted yet is emitted now.
-            let ended = std::mem::take(&mut lock(&ctx.shared).ended_trials);
+            let ended = std::mem::take(&mut lock(&ctx.shared).after_top_up);
             for event in ended {
                 (ctx.emit)(event);
             }

@@ -12,8 +12,8 @@ use tokio::sync::{mpsc, watch};
 use super::commands::{self, JobRow, JobState};
 use super::link::{Incoming, Link};
 use super::{
-    emit_environment, lock, script, submit_allocation, warn, Context, Phase, CONNECT_ATTEMPTS,
-    MAX_FAILED_ALLOCATIONS, MAX_POLL_BACKOFF, MISSING_POLLS,
+    emit_environment, lock, retired_environment, script, submit_allocation, warn, Context, Phase,
+    CONNECT_ATTEMPTS, MAX_FAILED_ALLOCATIONS, MAX_POLL_BACKOFF, MISSING_POLLS,
 };
 use crate::agent_protocol::{FromAgent, ToAgent};
 
@@ -45,11 +45,12 @@ pub(super) async fn monitor(ctx: Arc<Context>, mut stop: watch::Receiver<bool>) 
         if ctx.args.reuse_mode {
             top_up_allocations(&ctx).await;
         }
-        // The ends of the trials of jobs that ended in this poll, after the allocations that
-        // replace those jobs were requested (and reported): the core, told a trial's
-        // environment is lost, then already knows one on its way, and the trial waits for it
-        // instead of the experiment ending for want of an environment.
-        let ended = std::mem::take(&mut lock(&ctx.shared).ended_trials);
+        // The reports of allocations retired in this poll and the ends of their trials, after
+        // the allocations that replace them were requested (and reported): the core, told an
+        // environment is retired or a trial's environment is lost, then already knows one on
+        // its way, and trials wait for it instead of the experiment ending for want of an
+        // environment.
+        let ended = std::mem::take(&mut lock(&ctx.shared).after_top_up);
         if !ended.is_empty() {
             for event in ended {
                 (ctx.emit)(event);
@@ -77,19 +78,35 @@ pub(super) async fn monitor(ctx: Arc<Context>, mut stop: watch::Receiver<bool>) 
     }
 }
 
-/// Requests allocations up to `maxEnvironments` (draining ones not counted).
+/// Requests allocations up to `maxEnvironments` (draining ones not counted), unless
+/// [`MAX_FAILED_ALLOCATIONS`] in a row failed: then it says so, once.
 async fn top_up_allocations(ctx: &Context) {
     loop {
         let wanted = {
-            let shared = lock(&ctx.shared);
+            let mut shared = lock(&ctx.shared);
             let live = shared
                 .jobs
                 .iter()
                 .filter(|j| !matches!(j.phase, Phase::Ended | Phase::Draining))
                 .count();
-            !shared.stopping
-                && shared.failed_allocations < MAX_FAILED_ALLOCATIONS
-                && live < ctx.args.max_environments as usize
+            let failing = shared.failed_allocations >= MAX_FAILED_ALLOCATIONS;
+            if failing && !shared.stopping && !shared.gave_up {
+                shared.gave_up = true;
+                // Before the retired allocations' reports (emitted after the top-up): the
+                // core, left with no environment, ends the experiment with this line in its
+                // error.
+                let failed = shared.failed_allocations;
+                drop(shared);
+                warn(
+                    ctx,
+                    None,
+                    format!(
+                        "training service slurm: {failed} allocations in a row ended before running a trial or could not be submitted; no more are requested: see the jobs' logs above, fix the cause (setupCommands, agentBinary, the sbatch options) and `knob resume`"
+                    ),
+                );
+                return;
+            }
+            !shared.stopping && !failing && live < ctx.args.max_environments as usize
         };
         if !wanted {
             return;
@@ -147,6 +164,7 @@ async fn update_jobs(
         let mut requeued = None;
         let mut released = Vec::new();
         let mut shutdown = None;
+        let mut retired = None;
         let connect = {
             let mut shared = lock(&ctx.shared);
             let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
@@ -177,7 +195,7 @@ async fn update_jobs(
                     job.phase,
                     Phase::Ready | Phase::Draining | Phase::Connecting
                 );
-            match (&state, &job.phase) {
+            let connect = match (&state, &job.phase) {
                 // Pending again after it ran: Slurm requeued it (preemption, a node failure
                 // with --requeue, `scontrol requeue`); its agent and trials are gone.
                 (JobState::Pending, _) if had_run => {
@@ -210,7 +228,7 @@ async fn update_jobs(
                     if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, time_left) {
                         if left < limit {
                             job.phase = Phase::Draining;
-                            emit_environment(ctx, job);
+                            retired = retired_environment(&ctx.args, job);
                             knob_plugin_api::log::info(&format!(
                                 "training service slurm: {} (job {id}) has {} s left, less than maxTrialDuration; it takes no more trials and a new allocation is requested",
                                 job.environment_id,
@@ -221,7 +239,9 @@ async fn update_jobs(
                     false
                 }
                 _ => false,
-            }
+            };
+            shared.after_top_up.extend(retired);
+            connect
         };
         // The job runs on: those trials ended by themselves (or their agent was stopped by
         // someone other than Slurm).
@@ -551,8 +571,8 @@ pub(super) fn on_incoming(ctx: &Arc<Context>, job_id: u64, message: Incoming) {
 }
 
 /// A job has ended (`how`: its Slurm state, or why it is considered gone): every trial still
-/// running in it, or waiting for it, ends with what that means (queued in
-/// `Shared::ended_trials` for the monitor to emit).
+/// running in it, or waiting for it, ends with what that means (queued, after the job's own
+/// report, in `Shared::after_top_up` for the monitor to emit).
 pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
     let (ended, job_snapshot) = {
         let mut shared = lock(&ctx.shared);
@@ -575,8 +595,9 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
         let cancelled = job.cancelled.clone();
         let given_up = job.given_up.clone();
         let ran = job.ran_trials;
-        emit_environment(ctx, job);
+        let retired = retired_environment(&ctx.args, job);
         let snapshot = (job.environment_id.clone(), job.key.clone());
+        shared.after_top_up.extend(retired);
         if reuse && !ran && cancelled.is_none() && !shared.stopping {
             shared.failed_allocations += 1;
         }
@@ -585,7 +606,31 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
     let (trials, cancelled, given_up) = ended;
     let (environment_id, _key) = job_snapshot;
     let (state, how) = ended_how(how, given_up.as_deref());
-    let how = how.as_str();
+    // A job that ended by itself (not by knob, nor done): its log's last lines say why, most
+    // often (a setup command that failed, Slurm's own "CANCELLED ... DUE TO TIME LIMIT").
+    let log = (cancelled.is_none() && state != JobState::Completed).then(|| {
+        let dir = lock(&ctx.shared)
+            .jobs
+            .iter()
+            .find(|j| j.id == id)
+            .map(|j| j.dir.clone())
+            .unwrap_or_default();
+        let path = PathBuf::from(
+            script::job_log_pattern(&dir)
+                .to_string_lossy()
+                .replace("%j", &id.to_string()),
+        );
+        let ends = if crate::process::stderr_tail(&path).trim().is_empty() {
+            None
+        } else {
+            Some(crate::agent::log_tail(&path, 2))
+        };
+        (path, ends)
+    });
+    let told = match &log {
+        Some((_, Some(ends))) => format!("{how}; its log ends: {ends}"),
+        _ => how.clone(),
+    };
     let ends: Vec<ServiceEvent> = trials
         .into_iter()
         .map(|trial_id| {
@@ -594,30 +639,25 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
                 id,
                 &environment_id,
                 &state,
-                how,
+                &told,
                 cancelled.as_deref(),
             )
         })
         .collect();
     // Emitted by the monitor once it has requested what replaces the job.
-    lock(&ctx.shared).ended_trials.extend(ends);
-    if let Some(message) = match (&cancelled, &state) {
-        (None, JobState::Completed) | (Some(_), _) => None,
-        (None, _) => Some(format!(
-            "training service slurm: Slurm job {id} ({environment_id}) ended: {how}; its log: {}",
-            script::job_log_pattern(
-                &lock(&ctx.shared)
-                    .jobs
-                    .iter()
-                    .find(|j| j.id == id)
-                    .map(|j| j.dir.clone())
-                    .unwrap_or_default()
-            )
-            .to_string_lossy()
-            .replace("%j", &id.to_string())
-        )),
-    } {
-        warn(ctx, None, message);
+    lock(&ctx.shared).after_top_up.extend(ends);
+    if let Some((path, ends)) = log {
+        let ends = ends
+            .map(|e| format!(", which ends: {e}"))
+            .unwrap_or_default();
+        warn(
+            ctx,
+            None,
+            format!(
+                "training service slurm: Slurm job {id} ({environment_id}) ended: {how}; its log: {}{ends}",
+                path.display()
+            ),
+        );
     }
     ctx.changed.notify_waiters();
     ctx.poke.notify_one();

@@ -120,7 +120,16 @@ pub fn batch_script(spec: &JobSpec<'_>) -> String {
         "printf 'SLURM_JOB_GPUS=%s\\nSLURM_CPUS_ON_NODE=%s\\nHOST=%s\\n' \"$SLURM_JOB_GPUS\" \"$SLURM_CPUS_ON_NODE\" \"$(hostname)\" > {}/\"job-$SLURM_JOB_ID.env\"",
         quote(&dir)
     ));
-    lines.extend(o.setup_commands.iter().cloned());
+    // A setup command that fails ends the job, saying which: trials run on after a failed
+    // `module load` or `source venv/bin/activate` only to fail in ways that hide why. Each runs
+    // in this shell (braces, not a subshell), so what it sets stays set for the agent.
+    for (index, command) in o.setup_commands.iter().enumerate() {
+        lines.push(format!(
+            "{{\n{command}\n}} || {{ code=$?; echo \"knob: trainingService.setupCommands[{index}] failed (exit $code): \"{} >&2; echo \"$code\" > {}/\"job-$SLURM_JOB_ID.exit\"; exit \"$code\"; }}",
+            quote(command.lines().next().unwrap_or_default()),
+            quote(&dir)
+        ));
+    }
     lines.push(format!(
         "{} serve --dir {} --orphan-timeout-secs={}",
         quote(&spec.agent.to_string_lossy()),
@@ -174,6 +183,7 @@ mod tests {
             "#SBATCH --exclusive",
             "#SBATCH --signal=USR1@60",
             "module load cuda",
+            "} || { code=$?; echo \"knob: trainingService.setupCommands[0] failed (exit $code): \"'module load cuda' >&2; echo \"$code\" > '/shared/exp/slurm/env1'/\"job-$SLURM_JOB_ID.exit\"; exit \"$code\"; }",
             "'/shared/bin/knob-agent' serve --dir '/shared/exp/slurm/env1' --orphan-timeout-secs=600",
         ] {
             assert!(script.lines().any(|l| l == line), "{line} missing:\n{script}");

@@ -927,16 +927,28 @@ fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
     wait_for("the trial to start", Duration::from_secs(30), || {
         marker.exists().then_some(())
     });
-    // The allocation drains: no new trial, and a new allocation is requested.
+    // The allocation drains: no new trial, and a new allocation is requested. Its report comes
+    // as an event, after that request; a re-probe no longer lists it.
     wait_for("the allocation to drain", Duration::from_secs(40), || {
-        service
-            .environments_now()
+        world
+            .events
+            .all()
             .iter()
-            .any(|e| {
-                e.id == "slurm:env1" && !e.ready && e.inventory["status"]["state"] == "draining"
+            .any(|event| {
+                matches!(event, ServiceEvent::Environment { environment: e }
+                    if e.id == "slurm:env1" && !e.ready
+                        && e.inventory["status"]["state"] == "draining")
             })
             .then_some(())
     });
+    assert!(
+        service
+            .environments_now()
+            .iter()
+            .all(|e| e.id != "slurm:env1"),
+        "{:?}",
+        service.environments_now()
+    );
     let refused = service
         .start(world.request("slurm:env1", "late", "true"))
         .unwrap_err()
