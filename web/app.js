@@ -99,6 +99,11 @@ function flatParams(value, prefix = "", out = {}) {
 }
 
 const fmt = (v) => (v === null || v === undefined ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(6)))) : String(v));
+// ECharts renders what a tooltip's formatter returns as HTML: each value put in one is escaped
+// (a parameter's or a metric's name is the config's text, a choice value the tuner's or the
+// API's), only the template's own markup is kept.
+const escapeHtml = (v) => String(v).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+const html = (strings, ...values) => strings.reduce((out, text, i) => out + escapeHtml(values[i - 1]) + text);
 const fmtDuration = (ms) => (ms === null || ms === undefined ? "–" : ms < 60000 ? (ms / 1000).toFixed(1) + "s" : (ms / 60000).toFixed(1) + "m");
 const maximize = () => !state.experiment || state.experiment.optimize_mode !== "minimize";
 
@@ -764,7 +769,7 @@ async function openCompare() {
     }
     chart("chart-compare").setOption({
       animation: false, backgroundColor: chartBackground(), grid: GRID,
-      tooltip: { trigger: "item", formatter: (p) => `${p.seriesName}<br>report ${p.value[0]}: ${fmt(p.value[1])}` },
+      tooltip: { trigger: "item", formatter: (p) => html`${p.seriesName}<br>report ${p.value[0]}: ${fmt(p.value[1])}` },
       legend: { data: ids, type: "scroll" },
       xAxis: { type: "value", name: "report", nameLocation: "middle", nameGap: 24, minInterval: 1, min: 1, max: (v) => Math.max(2, v.max) },
       yAxis: { type: "value", name: "intermediate result", scale: true },
@@ -844,7 +849,7 @@ function renderCharts() {
   chart("chart-final").setOption({
     animation: false,
     backgroundColor: chartBackground(),
-    tooltip: { trigger: "item", formatter: (p) => itemId("chart-final", p) ? `${itemId("chart-final", p)}<br>trial #${p.value[0]}: ${fmt(p.value[1])}` : "" },
+    tooltip: { trigger: "item", formatter: (p) => itemId("chart-final", p) ? html`${itemId("chart-final", p)}<br>trial #${p.value[0]}: ${fmt(p.value[1])}` : "" },
     legend: { data: ["final", "best so far", "best"] },
     grid: GRID,
     xAxis: trialAxis(),
@@ -903,7 +908,7 @@ function renderCharts() {
   chart("chart-duration").setOption({
     animation: false,
     backgroundColor: chartBackground(),
-    tooltip: { trigger: "item", formatter: (p) => `${itemId("chart-duration", p)}<br>${fmtDuration(p.value[1] * 1000)}${p.seriesName === "running (so far)" ? " so far" : ""}` },
+    tooltip: { trigger: "item", formatter: (p) => html`${itemId("chart-duration", p)}<br>${fmtDuration(p.value[1] * 1000)}${p.seriesName === "running (so far)" ? " so far" : ""}` },
     legend: { data: ["finished", "running (so far)"] },
     grid: GRID,
     xAxis: trialAxis(),
@@ -945,7 +950,7 @@ function renderImportance() {
   chart("chart-importance").setOption({
     animation: false, backgroundColor: chartBackground(),
     grid: Object.assign({}, GRID, { top: 10, right: 64 }),
-    tooltip: { trigger: "item", formatter: (p) => `${p.name}: ${(p.value * 100).toFixed(1)}%` },
+    tooltip: { trigger: "item", formatter: (p) => html`${p.name}: ${(p.value * 100).toFixed(1)}%` },
     xAxis: { type: "value", min: 0, max: 1, name: "share of the final's variance", nameLocation: "middle", nameGap: 24 },
     yAxis: { type: "category", data: params.map((p) => p.name) },
     series: [{ type: "bar", barMaxWidth: 22, data: params.map((p) => p.importance),
@@ -972,7 +977,7 @@ function renderSlice() {
   const log = numeric && /log/.test(space._type || "") && finished.every((t) => flatOf(t)[name] > 0);
   chart("chart-slice").setOption({
     animation: false, backgroundColor: chartBackground(), grid: GRID,
-    tooltip: { trigger: "item", formatter: (p) => `${p.data.name}<br>${name} = ${fmt(p.value[0])}<br>final ${fmt(p.value[1])}` },
+    tooltip: { trigger: "item", formatter: (p) => html`${p.data.name}<br>${name} = ${fmt(p.value[0])}<br>final ${fmt(p.value[1])}` },
     xAxis: numeric ? { type: log ? "log" : "value", name, nameLocation: "middle", nameGap: 24, scale: true }
       : { type: "category", name, nameLocation: "middle", nameGap: 24, data: [...new Set(finished.map((t) => String(flatOf(t)[name])))] },
     yAxis: valueAxis({ name: "final", scale: true }),
@@ -1056,7 +1061,7 @@ function renderPareto() {
     legend: { data: ["trials", "infeasible", "Pareto front"] },
     tooltip: { trigger: "item", formatter: (p) => {
       const id = itemId("chart-pareto", p);
-      return id ? `${id}<br>${objectives[x].metric} = ${fmt(p.value[0])}<br>${objectives[y].metric} = ${fmt(p.value[1])}` : "";
+      return id ? html`${id}<br>${objectives[x].metric} = ${fmt(p.value[0])}<br>${objectives[y].metric} = ${fmt(p.value[1])}` : "";
     } },
     xAxis: valueAxis({ name: objectiveLabel(objectives[x]), nameLocation: "middle", nameGap: 24, scale: true }),
     yAxis: valueAxis({ name: objectiveLabel(objectives[y]), scale: true }),
@@ -1072,7 +1077,7 @@ function renderPareto() {
   itemIds["chart-hypervolume"] = [history.map((h) => h.trial_id)];
   chart("chart-hypervolume").setOption({
     animation: false, backgroundColor: chartBackground(), grid: GRID,
-    tooltip: { trigger: "item", formatter: (p) => `${itemId("chart-hypervolume", p)}<br>after ${p.value[0]} trials: ${fmt(p.value[1])}` },
+    tooltip: { trigger: "item", formatter: (p) => html`${itemId("chart-hypervolume", p)}<br>after ${p.value[0]} trials: ${fmt(p.value[1])}` },
     xAxis: { type: "value", name: "succeeded trials, in the order they ended", nameLocation: "middle", nameGap: 24, minInterval: 1, min: 1, max: (v) => Math.max(2, v.max) },
     yAxis: valueAxis({ name: "hypervolume", scale: true }),
     series: [{ name: "hypervolume", type: "line", step: "end", symbolSize: 4, showSymbol: history.length <= 200, data: history.map((h, i) => [i + 1, h.hypervolume]) }],
@@ -1110,7 +1115,7 @@ function renderIntermediate() {
   chart("chart-intermediate").setOption({
     animation: false,
     backgroundColor: chartBackground(),
-    tooltip: { trigger: "item", formatter: (p) => `${p.seriesName}${isRunning(state.trials.get(p.seriesName) || {}) ? " (running)" : ""}<br>report ${p.value[0]}: ${fmt(p.value[1])}` },
+    tooltip: { trigger: "item", formatter: (p) => html`${p.seriesName}${isRunning(state.trials.get(p.seriesName) || {}) ? " (running)" : ""}<br>report ${p.value[0]}: ${fmt(p.value[1])}` },
     grid: GRID,
     xAxis: { type: "value", name: "report", nameLocation: "middle", nameGap: 24, minInterval: 1, min: 1, max: (v) => Math.max(2, v.max) },
     yAxis: log ? { type: "log", name: "value (log)" } : { type: "value", name: "value", scale: true },

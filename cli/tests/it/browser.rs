@@ -704,6 +704,19 @@ async fn a_finished_experiment_under_view_shows_every_curve_no_live_badge_and_th
         drawn,
         json!({"names": ["z", "y", "x"], "slice": "x", "points": 60})
     );
+    // ECharts renders a tooltip as HTML: a parameter's name (the config's text) is escaped in it.
+    let tooltip = page
+        .execute(
+            r##"const option = echarts.getInstanceByDom(document.getElementById("chart-importance")).getOption();
+               return option.tooltip[0].formatter({name: "<img src=x onerror=alert(1)>", value: 0.5});"##,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        tooltip,
+        json!("&#60;img src=x onerror=alert(1)&#62;: 50.0%")
+    );
     screenshot(&page, "view-1-importance").await;
 
     // The experiment panel: the platform with its environments, as the trials recorded them
