@@ -30,6 +30,7 @@ echo "left there: $(ls -A "$EXPERIMENTS" | tr '\n' ' ')"
 rm "$EXPERIMENTS/fill"
 "$KNOB" create --config "$CONFIG" --id fills
 echo "create that fills the disk: $?"
+"$KNOB" resume fills 2>&1 | sed 's/^/resume on a full disk said: /'
 mount -o remount,size=64M "$EXPERIMENTS"
 "$KNOB" resume fills
 echo "resume with room: $?"
@@ -93,6 +94,19 @@ fn a_full_disk_says_so_leaves_nothing_half_made_and_resume_goes_on_with_room() {
         .unwrap_or_else(|| panic!("{all}"));
     assert!(full_line.starts_with("error: experiment fills: "), "{all}");
     assert!(full_line.contains("knob resume"), "{all}");
+
+    // A resume before there is room says so as the create did (it said "cannot open the
+    // experiment store: database or disk is full", naming the store's lock file).
+    let said: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("resume on a full disk said: error: "))
+        .collect();
+    assert!(
+        said.len() == 1
+            && said[0].contains("fills/experiment.db: the disk is full")
+            && said[0].contains("free space on its filesystem"),
+        "{all}"
+    );
 
     // With room, resume runs the rest, and every trial ends once, succeeded.
     assert!(all.contains("resume with room: 0"), "{all}");

@@ -245,9 +245,16 @@ pub(crate) fn take_writer_lock(
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
             path: path_text(store_path),
         },
-        _ => StoreError::Open {
-            path: path_text(lock_path),
-            message: one_line(e),
+        // Its first write (who holds it) needs room: a full disk is told as for the store.
+        _ => match super::error::full_disk(e, lock_path) {
+            Some(message) => StoreError::DiskFull {
+                path: path_text(store_path),
+                message,
+            },
+            None => StoreError::Open {
+                path: path_text(lock_path),
+                message: one_line(e),
+            },
         },
     };
     let lock = Connection::open(lock_path).map_err(|e| lock_error(&e))?;
