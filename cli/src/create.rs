@@ -203,10 +203,12 @@ pub fn run_in_foreground(
             Some(store.commits()),
             serve,
         )?;
-        tokio::spawn(forward_stop_signals(commands, id.clone()));
+        let stops = tokio::spawn(forward_stop_signals(commands, id.clone()));
         let (manager_ended, ended) = oneshot::channel::<()>();
         let display = tokio::spawn(show_progress(progress_rx, Pace::new(ended), maximize));
         let result = manager::run(experiment, store, plugins, command_inbox, progress_tx).await;
+        // A stop from now on is for the end's notifications (below), not for the run.
+        stops.abort();
         // The display's pause ends now: the experiment's last state is shown at once.
         drop(manager_ended);
         let _ = display.await;
@@ -215,12 +217,18 @@ pub fn run_in_foreground(
     })?;
     registry.set_port(&id, None)?;
     if let Some(notifier) = notifier {
-        // The manager closed the store: what is left to send is the end of the experiment.
-        if !notifier.finish(NOTIFY_AT_EXIT) {
-            errln!(
+        // The manager closed the store: what is left to send is the end of the experiment. A
+        // sink that is down holds the process up to NOTIFY_AT_EXIT; Ctrl-C, SIGTERM or `knob
+        // stop` then gives up on it at once (they waited it out, having nothing left to stop).
+        match runtime.block_on(finish_notifications(notifier)) {
+            Sending::Done => {}
+            Sending::TimedOut => errln!(
                 "warning: notifications: not all sent within {}s of the end; giving up",
                 NOTIFY_AT_EXIT.as_secs()
-            );
+            ),
+            Sending::Stopped(what) => {
+                errln!("warning: notifications: not all sent; given up on ({what})")
+            }
         }
     }
     if let (Err(manager::ManagerError::NotStarted(e)), Started::Created) = (&result, started) {
@@ -279,6 +287,38 @@ fn take_back(
 /// closed) stops nothing: the experiment goes on in the background as with `--detach`, its
 /// output from then on in the same log file ([`go_on_without_the_terminal`]). Its default
 /// action killed the manager at once and left the trials running unwatched.
+enum Sending {
+    Done,
+    TimedOut,
+    Stopped(&'static str),
+}
+
+/// Waits for the end's notifications, at most [`NOTIFY_AT_EXIT`], or until a stop signal.
+async fn finish_notifications(mut notifier: notify::Notifier) -> Sending {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return match tokio::task::block_in_place(|| notifier.finish(NOTIFY_AT_EXIT)) {
+            true => Sending::Done,
+            false => Sending::TimedOut,
+        };
+    };
+    let deadline = tokio::time::Instant::now() + NOTIFY_AT_EXIT;
+    while !notifier.finished() {
+        if tokio::time::Instant::now() >= deadline {
+            return Sending::TimedOut;
+        }
+        tokio::select! {
+            _ = interrupt.recv() => return Sending::Stopped("Ctrl-C or knob stop"),
+            _ = terminate.recv() => return Sending::Stopped("SIGTERM"),
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    Sending::Done
+}
+
 async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>, id: String) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hangup)) = (

@@ -98,10 +98,18 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
 fn running_api(id: &str) -> anyhow::Result<ApiClient> {
     let entry = Registry::open_default()?.get(id)?;
     ApiClient::for_running(&entry).ok_or_else(|| {
-        anyhow::anyhow!(
-            "experiment {id} is not running ({}); `knob resume {id}` continues it",
-            entry.shown_status()
-        )
+        if entry.running_pid().is_some() {
+            // Its API closed with the run's end; the process still sends its notifications
+            // and records the end (it said "not running (RUNNING)").
+            anyhow::anyhow!(
+                "experiment {id} is ending: its run is over and its process is closing; `knob resume {id}` continues it once that process has exited"
+            )
+        } else {
+            anyhow::anyhow!(
+                "experiment {id} is not running ({}); `knob resume {id}` continues it",
+                entry.shown_status()
+            )
+        }
     })
 }
 

@@ -1104,3 +1104,59 @@ notifications:
     assert!(text.contains(&format!("Reason: {reason}\n")), "{text}");
     assert!(text.contains("Trials: 2 (2 succeeded)"), "{text}");
 }
+
+/// Once a run is over its process may linger (its end notification, up to 90 s): its API is
+/// closed then, and `knob update` said "is not running (RUNNING)". A stop then gives up on the
+/// notifications at once; it waited them out.
+#[test]
+fn while_the_run_is_ending_an_update_says_so_and_a_stop_gives_up_the_notifications() {
+    let sandbox = Sandbox::new();
+    // Accepts and never answers: the process waits on its end notification.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}{WEBHOOK_PATH}", listener.local_addr().unwrap());
+    let held = Arc::new(Mutex::new(Vec::new()));
+    {
+        let held = held.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                held.lock().unwrap().push(stream);
+            }
+        });
+    }
+    let config = sandbox.config(
+        &format!("{EXPERIMENT}\nnotifications:\n  webhook: {{url: \"{url}\"}}"),
+        &[],
+    );
+    let child = sandbox
+        .create_command(&config, "ending")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Before the run: not registered yet; during it: updated; then, its run over, ending.
+    let said = loop {
+        let (code, _, stderr) = run(sandbox
+            .knob()
+            .args(["update", "concurrency", "ending", "3"]));
+        if code != 0 && stderr.contains("ending is ") && !stderr.contains("no experiment") {
+            break stderr;
+        }
+        assert!(Instant::now() < deadline, "{stderr}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        said.trim(),
+        "error: experiment ending is ending: its run is over and its process is closing; `knob resume ending` continues it once that process has exited"
+    );
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "ending"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: notifications: not all sent; given up on (Ctrl-C or knob stop)"),
+        "{stderr}"
+    );
+    assert!(!held.lock().unwrap().is_empty(), "no notification was sent");
+}

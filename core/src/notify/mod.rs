@@ -144,19 +144,26 @@ impl Notifier {
     /// Waits until every notification of the experiment went out (or failed for good), at most
     /// `within`: after the store was closed, which ends the following. Returns whether all
     /// threads ended in time; those that did not are left to the process's exit.
-    pub fn finish(self, within: Duration) -> bool {
+    pub fn finish(mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
-        let mut threads = self.threads;
-        // The follower first: its end drops the queues, which ends the sending threads.
-        while !threads.is_empty() {
-            if threads[0].is_finished() {
-                let _ = threads.remove(0).join();
-                continue;
-            }
+        while !self.finished() {
             if Instant::now() >= deadline {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// Whether every notification went out (or failed for good), without waiting: for a
+    /// caller that waits on other things too (a stop signal). Call after the store was closed.
+    pub fn finished(&mut self) -> bool {
+        // The follower first: its end drops the queues, which ends the sending threads.
+        while let Some(first) = self.threads.first() {
+            if !first.is_finished() {
+                return false;
+            }
+            let _ = self.threads.remove(0).join();
         }
         true
     }
