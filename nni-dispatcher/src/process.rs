@@ -679,7 +679,9 @@ pub fn log_tail(log_dir: &Path) -> String {
         let lines: Vec<&str> = text
             .lines()
             .map(str::trim)
-            .filter(|l| !l.is_empty())
+            // Python 3.11's markers under the failing expression (`^^^^`, `~~~^^^`) say
+            // nothing on one line, and took the place of the lines that do.
+            .filter(|l| !l.is_empty() && !l.chars().all(|c| matches!(c, '^' | '~')))
             .collect();
         if lines.is_empty() {
             continue;
@@ -813,6 +815,28 @@ mod tests {
     use super::*;
 
     use crate::prerequisite;
+
+    #[test]
+    fn the_log_tail_leaves_out_python_markers_under_the_failing_expression() {
+        let dir = std::env::temp_dir().join(format!("knob-log-tail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("dispatcher.log"),
+            "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n    \
+             f(**a)\n    ^^^^^^\n  File \"y.py\", line 9, in make\n    return C(**args)\n    \
+             ~~~~~^^^^^^^^\nTypeError: C() got an unexpected keyword argument 'seed'\n",
+        )
+        .unwrap();
+        let tail = log_tail(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            tail,
+            format!(
+                "; last lines of {}: File \"x.py\", line 3, in <module> | f(**a) | File \"y.py\", line 9, in make | return C(**args) | TypeError: C() got an unexpected keyword argument 'seed'",
+                dir.join("dispatcher.log").display()
+            )
+        );
+    }
 
     /// What [`DISPATCHER_MAIN`] runs before NNI's own main, and then: a dispatcher (NNI's base
     /// class, on a channel it does not connect) whose two workers each had a command and went
