@@ -189,6 +189,10 @@ enum Frame {
     Map {
         entries: Vec<(Node, Node)>,
         pending_key: Option<Node>,
+        /// The pending key is a merge key (a plain `<<`).
+        merging: bool,
+        /// What its merge keys brought in, first set first (see [`merge_into`]).
+        merged: Vec<(Node, Node)>,
         pos: Pos,
         anchor: usize,
     },
@@ -204,6 +208,8 @@ struct TreeBuilder {
     total_nodes: usize,
     root: Option<Node>,
     documents: usize,
+    /// The scalar being completed is a plain `<<`: a merge key where a key is due.
+    merge_key: bool,
 }
 
 impl TreeBuilder {
@@ -230,11 +236,17 @@ impl TreeBuilder {
                     }
                 }
                 Event::Scalar(text, style, anchor, tag) => {
-                    let value =
-                        resolve_scalar(text, style, tag.as_ref()).ok_or_else(|| SyntaxError {
-                            pos: Some(pos),
-                            message: "the value does not match its tag".to_owned(),
-                        })?;
+                    let plain = style == ScalarStyle::Plain && tag.is_none();
+                    self.merge_key = plain && text == "<<";
+                    let value = match yaml_1_1_boolean(&text).filter(|_| plain) {
+                        Some(b) => Value::Bool(b),
+                        None => resolve_scalar(text, style, tag.as_ref()).ok_or_else(|| {
+                            SyntaxError {
+                                pos: Some(pos),
+                                message: "the value does not match its tag".to_owned(),
+                            }
+                        })?,
+                    };
                     self.charge(1, pos)?;
                     self.complete(
                         Node {
@@ -260,6 +272,8 @@ impl TreeBuilder {
                         Frame::Map {
                             entries: Vec::new(),
                             pending_key: None,
+                            merging: false,
+                            merged: Vec::new(),
                             pos,
                             anchor,
                         },
@@ -279,12 +293,13 @@ impl TreeBuilder {
                         ),
                         Some(Frame::Map {
                             entries,
+                            merged,
                             pos,
                             anchor,
                             ..
                         }) => (
                             Node {
-                                value: Value::Map(entries),
+                                value: Value::Map(with_merged(merged, entries)),
                                 pos: Some(pos),
                             },
                             anchor,
@@ -345,14 +360,25 @@ impl TreeBuilder {
         if let Some(count) = self.open_counts.last_mut() {
             *count = count.saturating_add(size);
         }
+        let merge_key = std::mem::take(&mut self.merge_key);
         match self.stack.last_mut() {
             None => self.root = Some(node),
             Some(Frame::Seq { items, .. }) => items.push(node),
             Some(Frame::Map {
                 entries,
                 pending_key,
+                merging,
+                merged,
                 ..
             }) => match pending_key.take() {
+                None if merge_key => {
+                    *merging = true;
+                    *pending_key = Some(node);
+                }
+                Some(key) if *merging => {
+                    *merging = false;
+                    merge_into(merged, node, key.pos)?;
+                }
                 None => {
                     if let Some((existing, _)) =
                         entries.iter().find(|(key, _)| key.value == node.value)
@@ -372,6 +398,68 @@ impl TreeBuilder {
             },
         }
         Ok(())
+    }
+}
+
+/// A merge key's value (`<<: *defaults`, or `<<: [*a, *b]`), as PyYAML (which NNI reads
+/// configs with) takes it: the keys of each mapping, the first mapping's value winning over a
+/// later one's, added to `merged`.
+fn merge_into(
+    merged: &mut Vec<(Node, Node)>,
+    value: Node,
+    key_pos: Option<Pos>,
+) -> Result<(), SyntaxError> {
+    let not_mappings = || SyntaxError {
+        pos: value.pos.or(key_pos),
+        message: "a merge key (<<) takes a mapping or a list of mappings, as in `<<: *defaults`"
+            .to_owned(),
+    };
+    let mappings = match &value.value {
+        Value::Map(entries) => vec![entries],
+        Value::Seq(items) => items
+            .iter()
+            .map(|item| match &item.value {
+                Value::Map(entries) => Ok(entries),
+                _ => Err(not_mappings()),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(not_mappings()),
+    };
+    for entries in mappings {
+        for (key, item) in entries {
+            if !merged.iter().any(|(known, _)| known.value == key.value) {
+                merged.push((key.clone(), item.clone()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A mapping's entries with what its merge keys brought in: the merged keys first, in their
+/// order, each taking the mapping's own value where it sets the key too (as a Python dict built
+/// from PyYAML's merged node does).
+fn with_merged(merged: Vec<(Node, Node)>, entries: Vec<(Node, Node)>) -> Vec<(Node, Node)> {
+    if merged.is_empty() {
+        return entries;
+    }
+    let mut all = merged;
+    for (key, value) in entries {
+        match all.iter_mut().find(|(known, _)| known.value == key.value) {
+            Some(slot) => *slot = (key, value),
+            None => all.push((key, value)),
+        }
+    }
+    all
+}
+
+/// YAML 1.1's booleans beyond `true`/`false`, which PyYAML (and so NNI) reads from a plain
+/// scalar: `yes`, `no`, `on`, `off` in any of their three cases. Under YAML 1.2 they are text:
+/// a search space's `choice` of `[on, off]` gave a trial "off", which Python takes as true.
+fn yaml_1_1_boolean(text: &str) -> Option<bool> {
+    match text {
+        "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
+        "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
+        _ => None,
     }
 }
 

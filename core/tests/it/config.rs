@@ -1120,6 +1120,83 @@ fn duplicate_keys() {
     );
 }
 
+/// NNI reads configs with PyYAML (YAML 1.1): merge keys and `yes`/`no`/`on`/`off` read as
+/// there, so an NNI config that uses them means the same here.
+#[test]
+fn yaml_1_1_merge_keys_and_booleans_read_as_nni_reads_them() {
+    check_fields(
+        "searchSpace:
+  x: {_type: choice, _value: [on, Off, \"on\", yes, NO, 'no']}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: &tuner
+  name: TPE
+  classArgs: {optimize_mode: maximize, seed: 1}
+assessor:
+  <<: *tuner
+  name: Medianstop
+trainingService: {platform: local}
+",
+        &["tuner", "assessor", "searchSpace"],
+        expect![[r#"
+            tuner:
+              name: TPE
+              className: null
+              codeDirectory: null
+              classArgs:
+                optimize_mode: maximize
+                seed: 1
+            assessor:
+              name: Medianstop
+              className: null
+              codeDirectory: null
+              classArgs:
+                optimize_mode: maximize
+                seed: 1
+            searchSpace:
+              x:
+                _type: choice
+                _value:
+                  - true
+                  - false
+                  - "on"
+                  - true
+                  - false
+                  - "no"
+        "#]],
+    );
+    // Several mappings: the first one's value wins; the mapping's own keys win over all.
+    check_fields(
+        "searchSpace: {x: {_type: choice, _value: [1, 2]}}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner:
+  name: TPE
+  classArgs:
+    <<: [{optimize_mode: maximize, seed: 5}, {seed: 7, x: 1}]
+    x: 2
+trainingService: {platform: local}
+",
+        &["tuner"],
+        expect![[r#"
+            tuner:
+              name: TPE
+              className: null
+              codeDirectory: null
+              classArgs:
+                optimize_mode: maximize
+                seed: 5
+                x: 2
+        "#]],
+    );
+    check(
+        &minimal_with("<<: 3\n"),
+        expect![[r#"
+            $DIR/exp.yml:6:5: malformed YAML: a merge key (<<) takes a mapping or a list of mappings, as in `<<: *defaults`
+        "#]],
+    );
+}
+
 #[test]
 fn documents_that_are_not_configs() {
     check(
