@@ -224,7 +224,7 @@ pub fn excerpt(bytes: &[u8]) -> String {
 /// What a [`LineScanner`] finds.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ScannedLine<'a> {
-    /// A complete line that starts with the prefix, without its `\n` (or `\r\n`).
+    /// A complete line that starts with the prefix, without its `\n`, `\r\n` or `\r`.
     Line(&'a [u8]),
     /// A line that starts with the prefix but grew past the bound; the rest of it is skipped.
     TooLong,
@@ -233,6 +233,10 @@ pub enum ScannedLine<'a> {
 /// Splits a byte stream into lines and hands over those that start with `prefix` (all lines
 /// when it is empty). Other lines are never buffered, and a kept line is bounded by `max_bytes`,
 /// so memory stays small whatever the trial prints.
+///
+/// A carriage return ends a line too, as on a terminal, where what follows it is what shows: a
+/// progress bar that rewrites its line (tqdm with `leave=False`) and then `print("KNOB_FINAL
+/// 0.9")` leave `\r 50%|██  |\rKNOB_FINAL 0.9\n`, whose final was lost.
 #[derive(Debug)]
 pub struct LineScanner {
     prefix: &'static [u8],
@@ -253,7 +257,7 @@ impl LineScanner {
 
     pub fn feed(&mut self, mut chunk: &[u8], on_line: &mut impl FnMut(ScannedLine<'_>)) {
         while !chunk.is_empty() {
-            match memchr::memchr(b'\n', chunk) {
+            match memchr::memchr2(b'\n', b'\r', chunk) {
                 Some(end) => {
                     self.absorb(&chunk[..end], on_line);
                     self.end_line(on_line);
@@ -296,8 +300,7 @@ impl LineScanner {
 
     fn end_line(&mut self, on_line: &mut impl FnMut(ScannedLine<'_>)) {
         if !self.skipping && !self.line.is_empty() && self.line.len() >= self.prefix.len() {
-            let line = self.line.strip_suffix(b"\r").unwrap_or(&self.line);
-            on_line(ScannedLine::Line(line));
+            on_line(ScannedLine::Line(&self.line));
         }
         self.line.clear();
         self.skipping = false;
@@ -336,6 +339,23 @@ mod tests {
             ],
         );
         assert_eq!(lines, ["KNOB_FINAL 1", "KNOB_INTERMEDIATE 2"]);
+    }
+
+    #[test]
+    fn a_carriage_return_ends_a_line_as_on_a_terminal() {
+        let lines = scan(
+            b"KNOB_",
+            100,
+            &[
+                b"epoch 1 10%\repoch 1 100%\rKNOB_INTERMEDIATE 1\r",
+                b"\r  \rKNOB_FI",
+                b"NAL 2\r\nKNOB_INTERMEDIATE 3\n",
+            ],
+        );
+        assert_eq!(
+            lines,
+            ["KNOB_INTERMEDIATE 1", "KNOB_FINAL 2", "KNOB_INTERMEDIATE 3"]
+        );
     }
 
     #[test]
