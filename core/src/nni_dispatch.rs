@@ -28,6 +28,25 @@ pub fn dispatcher_name(kind: ComponentKind) -> &'static str {
     }
 }
 
+/// How a component built as `component` with `class_args` is named in messages: what the
+/// dispatcher plugin runs is the user's NNI algorithm ("NNI tuner my_tuner.MyTuner", as the
+/// plugin names it in its own errors), not the plugin ("tuner NniDispatcher"). `None`: the
+/// component's own name says it.
+pub fn label(kind: ComponentKind, component: &str, class_args: &Value) -> Option<String> {
+    if component != dispatcher_name(kind) {
+        return None;
+    }
+    let algorithm = &class_args["algorithm"];
+    let name = ["name", "className"]
+        .iter()
+        .find_map(|key| algorithm[*key].as_str())?;
+    let role = match kind {
+        ComponentKind::Assessor => "assessor",
+        _ => "tuner",
+    };
+    Some(format!("NNI {role} {name}"))
+}
+
 /// Whether `algorithm` runs through NNI's dispatcher. `exported(name)`: whether a loaded
 /// plugin exports that name as written (it then wins over NNI's).
 pub fn through_nni(

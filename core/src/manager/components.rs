@@ -5,11 +5,14 @@
 //! the same handles and the same ABI adaptors, so the manager cannot tell them apart.
 
 use knob_plugin_api::host::{
-    AssessorHandle, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle, WakeCallback,
+    AssessorHandle, AssessorObject, HostError, PluginRegistry, TrainingServiceHandle, TunerHandle,
+    TunerObject, WakeCallback,
 };
 use knob_plugin_api::service::{ServiceContext, ServiceEvent};
 use knob_plugin_api::{AssessorContext, ComponentKind};
 use serde_json::Value;
+
+use crate::nni_dispatch;
 
 /// Where a service's events go: called from whichever thread the service reports on.
 pub type EventCallback = Box<dyn Fn(Result<ServiceEvent, String>) + Send + Sync>;
@@ -73,7 +76,8 @@ impl Components for PluginRegistry {
     }
 
     fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError> {
-        PluginRegistry::tuner(self, name, class_args)
+        let tuner = self.tuner_object(name, class_args)?;
+        Ok(tuner_named(tuner, name, class_args))
     }
 
     fn assessor(
@@ -82,7 +86,8 @@ impl Components for PluginRegistry {
         class_args: &Value,
         context: &AssessorContext,
     ) -> Result<AssessorHandle, HostError> {
-        PluginRegistry::assessor(self, name, class_args, context)
+        let assessor = self.assessor_object(name, class_args, context)?;
+        Ok(assessor_named(assessor, name, class_args))
     }
 
     fn tuner_waking(
@@ -91,7 +96,8 @@ impl Components for PluginRegistry {
         class_args: &Value,
         on_wake: WakeCallback,
     ) -> Result<TunerHandle, HostError> {
-        PluginRegistry::tuner_waking(self, name, class_args, on_wake)
+        let tuner = self.tuner_object_waking(name, class_args, on_wake)?;
+        Ok(tuner_named(tuner, name, class_args))
     }
 
     fn assessor_waking(
@@ -101,7 +107,8 @@ impl Components for PluginRegistry {
         context: &AssessorContext,
         on_wake: WakeCallback,
     ) -> Result<AssessorHandle, HostError> {
-        PluginRegistry::assessor_waking(self, name, class_args, context, on_wake)
+        let assessor = self.assessor_object_waking(name, class_args, context, on_wake)?;
+        Ok(assessor_named(assessor, name, class_args))
     }
 
     fn training_service(
@@ -123,4 +130,21 @@ impl Components for PluginRegistry {
     ) -> Result<Vec<String>, HostError> {
         self.clean_up_training_service(platform, config, context, trial_ids)
     }
+}
+
+/// The tuner on its own thread, named by the NNI algorithm it runs when it is the dispatcher
+/// plugin's (see [`nni_dispatch::label`]).
+fn tuner_named(mut tuner: TunerObject, name: &str, class_args: &Value) -> TunerHandle {
+    if let Some(label) = nni_dispatch::label(ComponentKind::Tuner, name, class_args) {
+        tuner.relabel(label);
+    }
+    TunerHandle::new(tuner)
+}
+
+/// [`tuner_named`] for an assessor.
+fn assessor_named(mut assessor: AssessorObject, name: &str, class_args: &Value) -> AssessorHandle {
+    if let Some(label) = nni_dispatch::label(ComponentKind::Assessor, name, class_args) {
+        assessor.relabel(label);
+    }
+    AssessorHandle::new(assessor)
 }

@@ -816,7 +816,7 @@ impl PluginRegistry {
     /// Builds a tuner running on its own thread.
     pub fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError> {
         let object = self.tuner_object(name, class_args)?;
-        Ok(tuner_handle(object))
+        Ok(TunerHandle::new(object))
     }
 
     /// Builds an assessor, on the current thread, with the experiment's context. A library
@@ -855,11 +855,9 @@ impl PluginRegistry {
         class_args: &Value,
         context: &crate::AssessorContext,
     ) -> Result<AssessorHandle, HostError> {
-        let object = self.assessor_object(name, class_args, context)?;
-        Ok(AssessorHandle(PluginThread::spawn(
-            object.label.clone(),
-            object,
-        )))
+        Ok(AssessorHandle::new(
+            self.assessor_object(name, class_args, context)?,
+        ))
     }
 
     /// Builds a training service on its own thread from its config alone, as hosts did before
@@ -923,7 +921,7 @@ impl PluginRegistry {
         class_args: &Value,
         on_wake: WakeCallback,
     ) -> Result<TunerHandle, HostError> {
-        Ok(tuner_handle(
+        Ok(TunerHandle::new(
             self.tuner_object_waking(name, class_args, on_wake)?,
         ))
     }
@@ -939,9 +937,22 @@ impl PluginRegistry {
         context: &crate::AssessorContext,
         on_wake: WakeCallback,
     ) -> Result<AssessorHandle, HostError> {
+        Ok(AssessorHandle::new(self.assessor_object_waking(
+            name, class_args, context, on_wake,
+        )?))
+    }
+
+    /// [`PluginRegistry::assessor_waking`], to be called on the current thread.
+    pub fn assessor_object_waking(
+        &self,
+        name: &str,
+        class_args: &Value,
+        context: &crate::AssessorContext,
+        on_wake: WakeCallback,
+    ) -> Result<AssessorObject, HostError> {
         let (library, exact) = self.find(ComponentKind::Assessor, name)?;
         let Some(new) = library.module.new_assessor_with_waker() else {
-            return self.assessor(name, class_args, context);
+            return self.assessor_object(name, class_args, context);
         };
         let args = class_args.to_string();
         let sink = EventSinkAbi_TO::from_value(WakeForwarder(on_wake), TD_Opaque);
@@ -955,14 +966,10 @@ impl PluginRegistry {
                 sink,
             ),
         )?;
-        let object = AssessorObject {
+        Ok(AssessorObject {
             raw: objects::AssessorRaw::InContext(raw),
             label: format!("assessor {exact}"),
-        };
-        Ok(AssessorHandle(PluginThread::spawn(
-            object.label.clone(),
-            object,
-        )))
+        })
     }
 
     /// Builds a training service on its own thread from its checked config (secrets in clear)
@@ -1109,15 +1116,6 @@ type EventCallback = Box<dyn Fn(Result<ServiceEvent, String>) + Send + Sync>;
 
 /// What the host runs when a tuner or assessor wakes it (see [`PluginRegistry::tuner_waking`]).
 pub type WakeCallback = Box<dyn Fn() + Send + Sync>;
-
-fn tuner_handle(object: TunerObject) -> TunerHandle {
-    let (takes_objectives, wakes) = (object.takes_objectives, object.wakes);
-    TunerHandle(
-        PluginThread::spawn(object.label.clone(), object),
-        takes_objectives,
-        wakes,
-    )
-}
 
 // ---- appended-fields: begin ----
 /// A waker's sink: what a plugin emits on it only means "call me".

@@ -56,6 +56,12 @@ impl TunerObject {
         &self.label
     }
 
+    /// Names it otherwise than by its component ("tuner NniDispatcher") in its calls' errors,
+    /// where the host knows better what it runs (the user's NNI class).
+    pub fn relabel(&mut self, label: impl Into<String>) {
+        self.label = label.into();
+    }
+
     /// Whether the tuner takes vector objectives ([`crate::Tuner::takes_objectives`]).
     pub fn takes_objectives(&self) -> bool {
         self.takes_objectives
@@ -243,6 +249,11 @@ pub struct AssessorObject {
 }
 
 impl AssessorObject {
+    /// See [`TunerObject::relabel`].
+    pub fn relabel(&mut self, label: impl Into<String>) {
+        self.label = label.into();
+    }
+
     pub fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, HostError> {
         let (trial_id, history) = (RStr::from_str(trial_id), RSlice::from_slice(history));
         let raw = match &mut self.raw {
@@ -666,6 +677,16 @@ pub struct TunerHandle(
 );
 
 impl TunerHandle {
+    /// Runs `object` on a thread of its own.
+    pub fn new(object: TunerObject) -> TunerHandle {
+        let (takes_objectives, wakes) = (object.takes_objectives, object.wakes);
+        TunerHandle(
+            PluginThread::spawn(object.label.clone(), object),
+            takes_objectives,
+            wakes,
+        )
+    }
+
     /// Lets the tuner go once the calls already made have run; resolves when it has been
     /// dropped (see `PluginThread::close`).
     pub fn close(self) -> impl std::future::Future<Output = ()> {
@@ -732,6 +753,11 @@ impl TunerHandle {
 pub struct AssessorHandle(pub(super) PluginThread<AssessorObject>);
 
 impl AssessorHandle {
+    /// Runs `object` on a thread of its own.
+    pub fn new(object: AssessorObject) -> AssessorHandle {
+        AssessorHandle(PluginThread::spawn(object.label.clone(), object))
+    }
+
     /// Lets the assessor go once the calls already made have run; resolves when it has been
     /// dropped (see `PluginThread::close`).
     pub fn close(self) -> impl std::future::Future<Output = ()> {
