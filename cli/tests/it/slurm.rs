@@ -397,6 +397,66 @@ maxExperimentDuration: 3m",
     );
 }
 
+/// An allocation retired as its time runs out keeps its running trial to the end even when no
+/// allocation can replace it: the experiment ends in ERROR only after that trial's result is in.
+#[test]
+fn a_trial_running_in_a_retired_allocation_finishes_before_the_experiment_ends_for_want_of_one() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let id = unique("retiredruns");
+    let sandbox = Sandbox::new();
+    // Only the first allocation's setup works (mkdir succeeds once): the ones that replace it
+    // fail. It holds one trial (one CPU); the other waits. Slurm's shortest limit is a minute;
+    // maxTrialDuration 45 s retires the allocation after about 15 s, while its trial runs 30 s.
+    let first = sandbox.path().join("first-allocation");
+    let config = slurm_config(
+        &sandbox,
+        "trialCommand: sleep 30 && echo KNOB_FINAL 1
+trialConcurrency: 2
+maxTrialNumber: 2
+trialCpuNumber: 1
+maxTrialDuration: 45s",
+        &format!(
+            "  reuseMode: true
+  maxEnvironments: 1
+  time: \"1\"
+  setupCommands: [mkdir {}]
+",
+            first.display()
+        ),
+    );
+    let _cleanup = Running {
+        child: None,
+        needle: format!("-{id}-"),
+    };
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export(&id);
+    assert_eq!(export["experiment"]["status"], "ERROR", "{export:#}");
+    let trials = export["trials"].as_array().unwrap();
+    let done: Vec<&serde_json::Value> = trials
+        .iter()
+        .filter(|t| t["status"] == "SUCCEEDED")
+        .collect();
+    assert_eq!(done.len(), 1, "{export:#}\n{stderr}");
+    assert_eq!(done[0]["final"], 1.0, "{export:#}");
+    let error = stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(
+        error.contains("no environment can run trials")
+            && error.contains("allocations in a row ended before running a trial"),
+        "{error}"
+    );
+    wait_for(
+        &format!("experiment {id}'s jobs to leave the queue"),
+        Duration::from_secs(30),
+        || queue(&format!("-{id}-")).is_empty().then_some(()),
+    );
+}
+
 #[test]
 fn in_reuse_mode_a_request_raised_beyond_the_allocations_memory_is_refused_saying_so() {
     let Some(_cluster) = cluster() else {

@@ -280,9 +280,14 @@ impl Manager {
             return Ok(());
         }
         if !self.environments.can_place() {
-            // Not while a trial still runs (in an allocation retired as its time runs out,
-            // say): its result is worth its end, after which this round comes again.
-            if self.book.count(TrialStatus::Running) > 0 {
+            // Not while a trial still runs in an environment that was retired, not lost (an
+            // allocation whose time runs out): its result is worth its end, after which this
+            // round comes again. One whose environment is gone has its end on the way, or none.
+            let runs_on = |id: &String| {
+                self.book[id.as_str()].status == TrialStatus::Running
+                    && self.environments.assigned_environment(id).is_some()
+            };
+            if self.book.active_ids().iter().any(runs_on) {
                 return Ok(());
             }
             return Err(ManagerError::NoEnvironment(
