@@ -473,14 +473,29 @@ impl Dispatcher {
     }
 
     fn check_alive(&mut self) -> Result<(), PluginError> {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            return Err(PluginError::new(format!(
-                "{}: NNI's dispatcher exited ({status}){}",
-                self.launch.what,
-                log_tail(&self.launch.log_dir)
-            )));
+        self.drain()?;
+        let Ok(Some(status)) = self.child.try_wait() else {
+            return Ok(());
+        };
+        // Gone. What it sent last (an error, its goodbye) says more than its exit status, and
+        // the reader hands that over once it reads the socket's end: a send right after the
+        // exit said "exited (exit status: 0)" or "stopped (it said goodbye …)" by the race.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.closed.is_none() {
+            match self
+                .incoming
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(message) => self.accept(message),
+                Err(_) => break,
+            }
         }
-        self.failure()
+        self.failure()?;
+        Err(PluginError::new(format!(
+            "{}: NNI's dispatcher exited ({status}){}",
+            self.launch.what,
+            log_tail(&self.launch.log_dir)
+        )))
     }
 
     fn wait_exit(&mut self, grace: Duration) -> String {
