@@ -211,6 +211,23 @@ fn trial_rows(sandbox: &Sandbox, id: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Waits (bounded) until nothing of experiment `id` is left in the queue.
+fn wait_for_empty_queue(id: &str) {
+    wait_for(
+        &format!("experiment {id}'s jobs to leave the queue"),
+        Duration::from_secs(30),
+        || queue(&format!("-{id}-")).is_empty().then_some(()),
+    );
+}
+
+/// The `error: ` line of `knob create`'s stderr.
+fn error_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"))
+}
+
 /// `Key=value` of `scontrol show job` output.
 fn field<'a>(shown: &'a str, key: &str) -> &'a str {
     shown
@@ -297,11 +314,7 @@ trialMemorySize: 100mb",
             assert_eq!(job_ids.len(), 3, "one job per trial: {job_ids:?}");
         }
         // Nothing of the experiment stays in the queue once it is over.
-        wait_for(
-            &format!("experiment {id}'s jobs to leave the queue"),
-            Duration::from_secs(30),
-            || queue(&format!("-{id}-")).is_empty().then_some(()),
-        );
+        wait_for_empty_queue(&id);
     }
 }
 
@@ -337,10 +350,7 @@ maxExperimentDuration: 3m",
         stdout.contains(&format!("experiment {id} ERROR")),
         "{stdout}\n{stderr}"
     );
-    let error = stderr
-        .lines()
-        .find(|line| line.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    let error = error_line(&stderr);
     for part in [
         "no environment can run trials: slurm:env1 (slurm job ",
         "knob: trainingService.setupCommands[1] failed (exit 127): no-such-module-command load cuda",
@@ -354,11 +364,7 @@ maxExperimentDuration: 3m",
             && stderr.contains(") is retired: it takes no new trials"),
         "{stderr}"
     );
-    wait_for(
-        &format!("experiment {id}'s jobs to leave the queue"),
-        Duration::from_secs(30),
-        || queue(&format!("-{id}-")).is_empty().then_some(()),
-    );
+    wait_for_empty_queue(&id);
 
     // A trial's own job (reuseMode: false): the trial fails once its job was lost 4 times, and
     // its reason quotes the job's log.
@@ -390,11 +396,7 @@ maxExperimentDuration: 3m",
             ),
         "{message}"
     );
-    wait_for(
-        &format!("experiment {id}'s jobs to leave the queue"),
-        Duration::from_secs(30),
-        || queue(&format!("-{id}-")).is_empty().then_some(()),
-    );
+    wait_for_empty_queue(&id);
 }
 
 /// An allocation retired as its time runs out keeps its running trial to the end even when no
@@ -441,20 +443,13 @@ maxTrialDuration: 45s",
         .collect();
     assert_eq!(done.len(), 1, "{export:#}\n{stderr}");
     assert_eq!(done[0]["final"], 1.0, "{export:#}");
-    let error = stderr
-        .lines()
-        .find(|line| line.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    let error = error_line(&stderr);
     assert!(
         error.contains("no environment can run trials")
             && error.contains("allocations in a row ended before running a trial"),
         "{error}"
     );
-    wait_for(
-        &format!("experiment {id}'s jobs to leave the queue"),
-        Duration::from_secs(30),
-        || queue(&format!("-{id}-")).is_empty().then_some(()),
-    );
+    wait_for_empty_queue(&id);
 }
 
 #[test]
@@ -502,11 +497,7 @@ maxOomRetries: 2",
             && !message.contains('\n'),
         "{message}"
     );
-    wait_for(
-        &format!("experiment {id}'s jobs to leave the queue"),
-        Duration::from_secs(30),
-        || queue(&format!("-{id}-")).is_empty().then_some(()),
-    );
+    wait_for_empty_queue(&id);
 }
 
 #[test]
