@@ -281,12 +281,7 @@ fn take_back(
     }
 }
 
-/// First Ctrl-C or SIGTERM (what a service manager, a batch scheduler or `kill` sends, with
-/// SIGKILL only after a wait): stop gracefully, so running trials are killed and recorded, not
-/// left behind. A second signal: exit at once. A hang-up (the terminal or the SSH session
-/// closed) stops nothing: the experiment goes on in the background as with `--detach`, its
-/// output from then on in the same log file ([`go_on_without_the_terminal`]). Its default
-/// action killed the manager at once and left the trials running unwatched.
+/// How the wait for the end's notifications ended.
 enum Sending {
     Done,
     TimedOut,
@@ -319,6 +314,12 @@ async fn finish_notifications(mut notifier: notify::Notifier) -> Sending {
     Sending::Done
 }
 
+/// First Ctrl-C or SIGTERM (what a service manager, a batch scheduler or `kill` sends, with
+/// SIGKILL only after a wait): stop gracefully, so running trials are killed and recorded, not
+/// left behind. A second signal: exit at once. A hang-up (the terminal or the SSH session
+/// closed) stops nothing: the experiment goes on in the background as with `--detach`, its
+/// output from then on in the same log file ([`go_on_without_the_terminal`]). Its default
+/// action killed the manager at once and left the trials running unwatched.
 async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>, id: String) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hangup)) = (
