@@ -619,7 +619,7 @@ impl Daemon {
             self.log.push(ServiceEvent::Warning {
                 trial_id: None,
                 message: format!(
-                    "knob-agent dropped {dropped} events it held for the service while it was away (at most {} are kept): intermediate results and warnings, the oldest first; every trial's start, final result and end were kept",
+                    "knob-agent dropped {dropped} events it held for the service while it was away (at most {} are kept): intermediate results and warnings, the oldest first, and a trial's start, final result or end only if nothing else was left",
                     super::event_log::MAX_BUFFERED_EVENTS
                 ),
             });

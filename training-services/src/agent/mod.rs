@@ -98,10 +98,12 @@ pub fn receive_code(input: impl std::io::Read, dest: &Path) -> Result<Unpacked, 
 
 /// The last lines of a log file, joined with " | ", for a one-line error.
 pub fn log_tail(path: &Path, lines: usize) -> String {
+    last_lines(path, lines).unwrap_or_else(|| format!("{} is empty or missing", path.display()))
+}
+
+/// [`log_tail`], or `None` when the file is empty or missing.
+pub fn last_lines(path: &Path, lines: usize) -> Option<String> {
     let text = crate::process::stderr_tail(path);
-    if text.trim().is_empty() {
-        return format!("{} is empty or missing", path.display());
-    }
     let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    all[all.len().saturating_sub(lines)..].join(" | ")
+    (!all.is_empty()).then(|| all[all.len().saturating_sub(lines)..].join(" | "))
 }

@@ -620,11 +620,7 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
                 .to_string_lossy()
                 .replace("%j", &id.to_string()),
         );
-        let ends = if crate::process::stderr_tail(&path).trim().is_empty() {
-            None
-        } else {
-            Some(crate::agent::log_tail(&path, 2))
-        };
+        let ends = crate::agent::last_lines(&path, 2);
         (path, ends)
     });
     let told = match &log {
