@@ -125,6 +125,7 @@ fn run(mut tuner: Box<dyn Tuner>, total: u64, seed: u64) -> f64 {
         ready.extend(
             tuner
                 .take_suggestions()
+                .expect("take_suggestions")
                 .into_iter()
                 .map(|s| (s.parameter_id, s.parameters)),
         );
@@ -132,6 +133,7 @@ fn run(mut tuner: Box<dyn Tuner>, total: u64, seed: u64) -> f64 {
         ready.extend(
             tuner
                 .take_suggestions()
+                .expect("take_suggestions")
                 .into_iter()
                 .map(|s| (s.parameter_id, s.parameters)),
         );

@@ -59,6 +59,7 @@ impl DispatcherAssessor {
             let wake_on = self.waker.clone().map(|waker| WakeOn {
                 waker,
                 codes: &["KI"],
+                on_close: false,
             });
             let mut dispatcher = Dispatcher::start(launch, wake_on)?;
             dispatcher.send("IN", "{}")?;

@@ -195,6 +195,9 @@ pub struct Launch {
 pub struct WakeOn {
     pub waker: Waker,
     pub codes: &'static [&'static str],
+    /// Whether the connection's end wakes the host too: a tuner whose host waits on it with
+    /// nothing running must be asked again to report that its dispatcher is gone.
+    pub on_close: bool,
 }
 
 /// A command from the dispatcher, or the end of the connection.
@@ -724,17 +727,17 @@ fn read_loop(
     wake_on: Option<WakeOn>,
 ) {
     let mut reader = BufReader::new(stream);
+    let closed = |reason: String| {
+        let _ = tx.send(Incoming::Closed(reason));
+        if let Some(wake_on) = wake_on.as_ref().filter(|w| w.on_close) {
+            wake_on.waker.wake();
+        }
+    };
     loop {
         let text = match websocket::read_message(&mut reader, writer) {
             Ok(Message::Text(text)) => text,
-            Ok(Message::Closed(reason)) => {
-                let _ = tx.send(Incoming::Closed(reason));
-                return;
-            }
-            Err(e) => {
-                let _ = tx.send(Incoming::Closed(format!("the channel broke: {e}")));
-                return;
-            }
+            Ok(Message::Closed(reason)) => return closed(reason),
+            Err(e) => return closed(format!("the channel broke: {e}")),
         };
         let command = match framing {
             Framing::Json => match serde_json::from_str::<Value>(&text) {
@@ -753,7 +756,7 @@ fn read_loop(
                         "_nop_" => continue,
                         "_bye_" => {
                             let reason = map.get("reason").and_then(Value::as_str).unwrap_or("bye");
-                            let _ = tx.send(Incoming::Closed(format!("it said goodbye: {reason}")));
+                            closed(format!("it said goodbye: {reason}"));
                             read_to_close(&mut reader, writer);
                             return;
                         }

@@ -24,8 +24,11 @@ use serde_json::{json, Value};
 use crate::args::{DispatcherArgs, Role};
 use crate::process::{parse_payload, python_number, Dispatcher, Python, WakeOn};
 
-/// How long a `GE` may go unanswered before its id is deferred (a late `TR` still counts).
-const SUGGESTION_WAIT: Duration = Duration::from_secs(600);
+/// How long a `GE` may go unanswered before its id is deferred (a late `TR` still counts, and
+/// wakes the host). The host's loop waits while this call runs (for a stop, other trials'
+/// results, deadlines), so the wait is short: NNI's TPE and Random answer in milliseconds; a
+/// GP or Metis tuner that thinks for seconds or minutes is answered late, through the waker.
+const SUGGESTION_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a trial's `EN` follows its final `ME`. NNI's dispatcher handles `ME` on one worker
 /// thread and `EN` on another (its assessor queue), so an `EN` sent right behind its `ME` can be
@@ -73,9 +76,12 @@ impl DispatcherTuner {
                     self.what
                 ))
             })?;
+            // A failure wakes the host as well: one that waits for deferred ids with nothing
+            // running hears it at once (`take_suggestions`), not when its patience runs out.
             let wake_on = self.waker.clone().map(|waker| WakeOn {
                 waker,
-                codes: &["TR"],
+                codes: &["TR", "ER"],
+                on_close: true,
             });
             let mut dispatcher = Dispatcher::start(launch, wake_on)?;
             let space = self.space.clone().unwrap_or_else(|| json!({}));
@@ -251,9 +257,15 @@ impl Tuner for DispatcherTuner {
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
         self.ensure_started()?;
+        let earlier_owed = !self.owed.is_empty();
         self.owed.push_back(parameter_id);
         let dispatcher = self.dispatcher.as_mut().expect("started");
         dispatcher.send("GE", "1")?;
+        // The next TR pays an earlier id: this one cannot be paid by waiting for it.
+        if earlier_owed {
+            self.absorb()?;
+            return Ok(Generated::Deferred);
+        }
         // The first answer ends the wait. A TR pays the oldest owed id first, which may be an
         // earlier deferred one: this id is then deferred as well, and paid by a later TR
         // (`take_suggestions`, which the reader thread's waker makes the host call at once).
@@ -364,10 +376,12 @@ impl Tuner for DispatcherTuner {
         Ok(())
     }
 
-    fn take_suggestions(&mut self) -> Vec<Suggestion> {
-        if let Err(e) = self.absorb() {
-            log::error(&e.to_string());
+    fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, PluginError> {
+        // What arrived before a failure is handed over first; the failure comes at the next
+        // call (`Dispatcher::failure` reports a close once the commands before it are taken).
+        match self.absorb() {
+            Err(e) if self.ready.is_empty() => Err(e),
+            _ => Ok(std::mem::take(&mut self.ready)),
         }
-        std::mem::take(&mut self.ready)
     }
 }

@@ -283,9 +283,11 @@ pub trait Tuner: Send + 'static {
     }
     /// Parameters produced since the last call for ids answered with [`Generated::Deferred`].
     /// The host calls this after each `receive_trial_result` and `trial_end`, and whenever the
-    /// tuner wakes it (see [`Tuner::set_waker`]).
-    fn take_suggestions(&mut self) -> Vec<Suggestion> {
-        Vec::new()
+    /// tuner wakes it (see [`Tuner::set_waker`]). An error ends the experiment: a tuner that
+    /// computes its deferred answers elsewhere (another process, a thread) and finds that work
+    /// failed says so here, where a host waiting on it with nothing running hears it.
+    fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, PluginError> {
+        Ok(Vec::new())
     }
     /// A [`Waker`], right after `new`, from hosts of plugin ABI 1.4 and later. A tuner whose
     /// deferred ids may be answered outside any call (by another process, a thread, a timer)
@@ -822,7 +824,7 @@ impl<T: Tuner> TunerAbi for TunerAdaptor<T> {
         let inner = &mut self.inner;
         guarded(&self.label, "take_suggestions", &mut self.poisoned, || {
             Ok(inner
-                .take_suggestions()
+                .take_suggestions()?
                 .into_iter()
                 .map(|s| AbiSuggestion {
                     parameter_id: s.parameter_id,

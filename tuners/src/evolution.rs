@@ -431,7 +431,7 @@ impl Tuner for EvolutionTuner {
         Ok(())
     }
 
-    fn take_suggestions(&mut self) -> Vec<Suggestion> {
-        std::mem::take(&mut self.ready)
+    fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, PluginError> {
+        Ok(std::mem::take(&mut self.ready))
     }
 }

@@ -595,7 +595,7 @@ impl Tuner for PbtTuner {
         Ok(())
     }
 
-    fn take_suggestions(&mut self) -> Vec<Suggestion> {
-        std::mem::take(&mut self.ready)
+    fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, PluginError> {
+        Ok(std::mem::take(&mut self.ready))
     }
 }

@@ -296,7 +296,7 @@ fn check_custom_assessor(python: &Path, id: &str) {
 /// ends the experiment in ERROR, and the reason says so with the last lines of dispatcher.log.
 #[test]
 fn a_dispatcher_killed_mid_run_ends_the_experiment_in_error_with_the_reason() {
-    check_dispatcher_failure("die_at", "ckilled", "killing my own dispatcher");
+    check_dispatcher_failure("die_at: 3", "ckilled", "killing my own dispatcher");
 }
 
 /// A tuner that raises inside the dispatcher (NNI's worker thread records the exception and
@@ -305,12 +305,25 @@ fn a_dispatcher_killed_mid_run_ends_the_experiment_in_error_with_the_reason() {
 /// knob waiting for parameters that never come.
 #[test]
 fn a_tuner_that_raises_ends_the_experiment_in_error_with_the_exception() {
-    check_dispatcher_failure("raise_at", "craises", "walk_tuner: raising at parameter");
+    check_dispatcher_failure("raise_at: 3", "craises", "walk_tuner: raising at parameter");
 }
 
-/// Runs `walk_tuner` with `fail_arg: 3` (its third request fails) and checks the experiment
-/// ends in ERROR naming the tuner and quoting `quote` from dispatcher.log.
-fn check_dispatcher_failure(fail_arg: &str, id: &str, quote: &str) {
+/// A tuner that thinks longer than a request waits (its first id is deferred, nothing runs)
+/// and then raises: the dispatcher's end wakes the manager, which ends the experiment with the
+/// exception at once instead of waiting 10 minutes for parameters (then `EXPERIMENT_DEADLINE`
+/// stops it and the test fails).
+#[test]
+fn a_tuner_that_raises_after_thinking_ends_the_experiment_at_once() {
+    check_dispatcher_failure(
+        "raise_at: 1, think: 3",
+        "cthinkraise",
+        "walk_tuner: raising at parameter",
+    );
+}
+
+/// Runs `walk_tuner` with `fail_args` (`raise_at: 3`: its third request fails) and checks the
+/// experiment ends in ERROR naming the tuner and quoting `quote` from dispatcher.log.
+fn check_dispatcher_failure(fail_args: &str, id: &str, quote: &str) {
     let Some(python) = prerequisite::NNI3_PYTHON.path() else {
         return;
     };
@@ -318,7 +331,7 @@ fn check_dispatcher_failure(fail_arg: &str, id: &str, quote: &str) {
     let code = code_dir(sandbox.path());
     let record_file = sandbox.path().join("tuner-record.jsonl");
     let algorithms = format!(
-        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, {fail_arg}: 3}}",
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, {fail_args}}}",
         python.display(),
         record_file.display()
     );
@@ -843,4 +856,134 @@ fn nni_s_dispatcher_dies_with_a_sigtermed_knob() {
         "NNI's dispatcher {pid} outlived the SIGTERMed knob create\n{}",
         output()
     );
+}
+
+/// A tuner that thinks for minutes over each request (NNI's GP or Metis far into an
+/// experiment) holds up nothing: its ids are deferred after a short wait and paid late, through
+/// the waker, and the experiment completes; `knob stop` while it thinks stops the experiment at
+/// once, where it used to wait for the tuner's answer (up to 10 minutes).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_slow_tuner_leaves_the_loop_free() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    // Paid late: every trial runs what the tuner handed out, under its own parameter id.
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, seed: 2, think: 2}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 3, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "cthink");
+    let events = record(&record_file);
+    let context = format!("{export:#}\n{output}\nrecord: {events:#?}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 3, "{context}");
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{context}");
+        let generated = events
+            .iter()
+            .find(|e| e["event"] == "generate" && e["parameters"] == trial["parameters"])
+            .unwrap_or_else(|| panic!("parameters nobody handed out\n{context}"));
+        assert_eq!(
+            trial["parameter_label"].as_str(),
+            Some(generated["parameter_id"].to_string().as_str()),
+            "{context}"
+        );
+    }
+
+    // Stopped while the tuner thinks for two minutes.
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, think: 120}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 3, "1 0", &algorithms);
+    let home = sandbox.path().join("home");
+    let (stdout_path, stderr_path) = (
+        sandbox.path().join("create.stdout"),
+        sandbox.path().join("create.stderr"),
+    );
+    let mut knob_create = knob()
+        .env("KNOB_HOME", &home)
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "cthinkstop"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let output = || {
+        format!(
+            "{}\n{}\nrecord: {:#?}",
+            std::fs::read_to_string(&stdout_path).unwrap_or_default(),
+            std::fs::read_to_string(&stderr_path).unwrap_or_default(),
+            record(&record_file)
+        )
+    };
+    // 3 minutes at most for a cold start of nni on a loaded machine.
+    let thinking = poll(1800, || {
+        record(&record_file)
+            .iter()
+            .any(|e| e["event"] == "thinking")
+            || knob_create.try_wait().unwrap().is_some()
+    });
+    if !thinking || knob_create.try_wait().unwrap().is_some() {
+        let _ = knob_create.kill();
+        let _ = knob_create.wait();
+        panic!(
+            "the tuner never started thinking while knob ran\n{}",
+            output()
+        );
+    }
+    let mut knob_stop = knob()
+        .env("KNOB_HOME", &home)
+        .args(["stop", "cthinkstop"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stopped = poll(1500, || {
+        knob_stop.try_wait().unwrap().is_some() && knob_create.try_wait().unwrap().is_some()
+    });
+    // Whether the tuner answered before the experiment was over.
+    let answered = record(&record_file)
+        .iter()
+        .any(|e| e["event"] == "generate");
+    for child in [&mut knob_stop, &mut knob_create] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        stopped,
+        "knob stop did not end the experiment\n{}",
+        output()
+    );
+    assert!(
+        !answered,
+        "the stop waited for the tuner's answer\n{}",
+        output()
+    );
+    let (code, export, export_err) = run(knob().env("KNOB_HOME", &home).args([
+        "experiment",
+        "export",
+        "cthinkstop",
+        "--format",
+        "json",
+    ]));
+    assert_eq!(code, 0, "export: {export_err}\n{}", output());
+    let export: Value = serde_json::from_str(&export).unwrap();
+    assert_eq!(export["experiment"]["status"], "STOPPED", "{}", output());
+    assert_eq!(export["trials"], serde_json::json!([]), "{}", output());
 }

@@ -367,15 +367,16 @@ mod tests {
                 .push(format!("end {id} {status}"));
             Ok(())
         }
-        fn take_suggestions(&mut self) -> Vec<Suggestion> {
-            self.owed
+        fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, PluginError> {
+            Ok(self
+                .owed
                 .drain(..)
                 .map(|parameter_id| Suggestion {
                     parameter_id,
                     parameters: json!({"x": 0.5}),
                     label: None,
                 })
-                .collect()
+                .collect())
         }
     }
 

@@ -136,7 +136,7 @@ impl Tuner for HyperbandTuner {
         Ok(())
     }
 
-    fn take_suggestions(&mut self) -> Vec<Suggestion> {
-        self.brackets.take_ready()
+    fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, PluginError> {
+        Ok(self.brackets.take_ready())
     }
 }

@@ -98,11 +98,11 @@ fn defers_until_a_parent_exists_then_suggests_unprompted() {
     }
     assert_eq!(t.generate_parameters(3).unwrap(), Generated::Deferred);
     assert_eq!(t.generate_parameters(4).unwrap(), Generated::Deferred);
-    assert_eq!(t.take_suggestions(), vec![]);
+    assert_eq!(t.take_suggestions().unwrap(), vec![]);
     // One result: one parent, and two of population_size 3 running, so one child for id 3.
     let p0 = running.remove(&0).unwrap();
     t.receive_trial_result(0, &p0, bowl(&p0)).unwrap();
-    let first: Vec<Suggestion> = t.take_suggestions();
+    let first: Vec<Suggestion> = t.take_suggestions().unwrap();
     assert_eq!(
         first.iter().map(|s| s.parameter_id).collect::<Vec<_>>(),
         [3]
@@ -112,14 +112,14 @@ fn defers_until_a_parent_exists_then_suggests_unprompted() {
     let p1 = running.remove(&1).unwrap();
     t.trial_end(1, "FAILED").unwrap();
     // The failed trial is replaced by a random suggestion, for id 4.
-    let second = t.take_suggestions();
+    let second = t.take_suggestions().unwrap();
     assert_eq!(
         second.iter().map(|s| s.parameter_id).collect::<Vec<_>>(),
         [4]
     );
     let p2 = running.remove(&2).unwrap();
     t.receive_trial_result(2, &p2, bowl(&p2)).unwrap();
-    let third = t.take_suggestions();
+    let third = t.take_suggestions().unwrap();
     assert_eq!(
         third.iter().map(|s| s.parameter_id).collect::<Vec<_>>(),
         [5]

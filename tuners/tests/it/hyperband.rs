@@ -74,12 +74,12 @@ fn run(
                 tuner
                     .receive_trial_result(done.id, &done.parameters, value)
                     .unwrap();
-                emitted.extend(tuner.take_suggestions());
+                emitted.extend(tuner.take_suggestions().unwrap());
                 tuner.trial_end(done.id, status::SUCCEEDED).unwrap();
             }
             None => tuner.trial_end(done.id, status::FAILED).unwrap(),
         }
-        emitted.extend(tuner.take_suggestions());
+        emitted.extend(tuner.take_suggestions().unwrap());
         for s in emitted {
             deferred -= 1;
             let h = Handed {
@@ -249,7 +249,7 @@ fn serial_mode_defers_while_a_round_runs_and_answers_when_it_completes() {
             .unwrap();
         t.trial_end(h.id, status::SUCCEEDED).unwrap();
         assert!(
-            t.take_suggestions().is_empty(),
+            t.take_suggestions().unwrap().is_empty(),
             "round 0 is not complete yet"
         );
     }
@@ -257,7 +257,7 @@ fn serial_mode_defers_while_a_round_runs_and_answers_when_it_completes() {
     t.receive_trial_result(last.id, &last.parameters, 0.5)
         .unwrap();
     t.trial_end(last.id, status::SUCCEEDED).unwrap();
-    let emitted = t.take_suggestions();
+    let emitted = t.take_suggestions().unwrap();
     // Both deferred ids, oldest first, then the third promoted one on request.
     assert_eq!(
         emitted.iter().map(|s| s.parameter_id).collect::<Vec<_>>(),
@@ -357,7 +357,7 @@ fn resume_continues_the_right_bracket() {
         .receive_trial_result(running.id, &running.parameters, x_of(&running.parameters))
         .unwrap();
     resumed.trial_end(running.id, status::SUCCEEDED).unwrap();
-    assert!(resumed.take_suggestions().is_empty());
+    assert!(resumed.take_suggestions().unwrap().is_empty());
     let rest = run(&mut resumed, 1, 6, 100, |p| Some(x_of(p)));
     let labels = |hs: &[Handed]| {
         hs.iter()

@@ -96,7 +96,7 @@ impl Drive {
     /// Acts on what the tuner emitted, as the manager does: stops end the member (and its id
     /// is asked for again), members start.
     fn take(&mut self) {
-        for emitted in self.tuner.take_suggestions() {
+        for emitted in self.tuner.take_suggestions().unwrap() {
             match read_suggestion(emitted) {
                 Emitted::Stop(stop) => {
                     let stopped = self.running.remove(&stop.parameter_id).expect("running");
@@ -288,6 +288,7 @@ fn a_resumed_population_fills_a_slot_left_empty_by_a_crash() {
         .unwrap();
     let emitted: Vec<Emitted> = tuner
         .take_suggestions()
+        .unwrap()
         .into_iter()
         .map(read_suggestion)
         .collect();
@@ -382,6 +383,7 @@ fn a_successor_whose_donor_was_replaced_while_it_waited_gets_another_donor() {
     report(&mut tuner, 3, 1, -10.0);
     let stops: Vec<u64> = tuner
         .take_suggestions()
+        .unwrap()
         .into_iter()
         .filter_map(|e| match read_suggestion(e) {
             Emitted::Stop(stop) => Some(stop.parameter_id),

@@ -4,7 +4,8 @@ test can hold knob's store against what the dispatcher saw (and find the dispatc
 itself (SIGKILL) when asked for that many parameter sets, as a crashing dispatcher would;
 `raise_at`: generate_parameters raises then, as a broken tuner does (NNI's Metis under a newer
 scipy, for one); `end_delay`: seconds each trial_end takes (a tuner that updates a model
-there), so that trials ending together queue their ends behind one another."""
+there), so that trials ending together queue their ends behind one another; `think`: seconds
+each generate_parameters takes (a GP or Metis tuner fitting its model), recorded as it starts."""
 
 import json
 import logging
@@ -20,13 +21,14 @@ logger = logging.getLogger('walk_tuner')
 
 class WalkTuner(Tuner):
     def __init__(self, record, optimize_mode='maximize', seed=0, die_at=None, raise_at=None,
-                 end_delay=0):
+                 end_delay=0, think=0):
         self.record = record
         self.optimize_mode = optimize_mode
         self.rng = random.Random(seed)
         self.die_at = die_at
         self.raise_at = raise_at
         self.end_delay = end_delay
+        self.think = think
         self.generated = 0
         self.space = {}
 
@@ -41,6 +43,9 @@ class WalkTuner(Tuner):
 
     def generate_parameters(self, parameter_id, **kwargs):
         self.generated += 1
+        if self.think:
+            self._write(event='thinking', parameter_id=parameter_id)
+            time.sleep(self.think)
         if self.die_at is not None and self.generated >= self.die_at:
             logger.info('walk_tuner: killing my own dispatcher at parameter %s', parameter_id)
             logging.shutdown()
