@@ -257,6 +257,9 @@ impl Manager {
             {
                 return Ok(());
             }
+            self.timers
+                .tuner_owes_alone(idle_deferred.then(Instant::now));
+            let give_up_on_tuner = self.timers.tuner_give_up_at();
             // Not waited for: the loop would park for the writer's commit on every turn (at
             // 100 000 trials nearly every event is a turn of its own, `sim_scale`). What has
             // committed is taken off here; the rest commits while the loop waits.
@@ -285,7 +288,7 @@ impl Manager {
                 _ = sleep_until(next_deadline) => Wake::Deadline,
                 Some(woken) = self.woken.recv() => Wake::Woken(woken),
                 // A tuner that woke us before may never answer again: the wait is bounded.
-                _ = tokio::time::sleep(IDLE_DEFERRED_PATIENCE), if idle_deferred => Wake::GaveUpOnTuner,
+                _ = sleep_until(give_up_on_tuner), if give_up_on_tuner.is_some() => Wake::GaveUpOnTuner,
                 // Ready on its second poll: whatever had already arrived is taken first.
                 () = tokio::task::yield_now(), if self.more_to_submit => Wake::MoreToSubmit,
             };
@@ -336,7 +339,7 @@ impl Manager {
                             "{} owes parameters for {} trial(s) and nothing runs; it gave none in {} s, so the experiment ends",
                             self.tuner.label(),
                             self.tuner.in_flight(),
-                            IDLE_DEFERRED_PATIENCE.as_secs()
+                            super::timers::TUNER_PATIENCE.as_secs()
                         ),
                     )
                     .await?;
@@ -696,6 +699,16 @@ impl Manager {
 
     pub(super) async fn on_deadline(&mut self) -> Result<(), ManagerError> {
         let now = Instant::now();
+        if let Some(waited) = self.timers.take_tuner_notice(now) {
+            let message = format!(
+                "{} owes parameters for {} trial(s) and nothing runs: none came in {} s (a tuner fitting its model may take this long); the experiment ends if none come in {} s",
+                self.tuner.label(),
+                self.tuner.in_flight(),
+                waited.as_secs(),
+                super::timers::TUNER_PATIENCE.as_secs()
+            );
+            self.news(message).await?;
+        }
         if self.timers.take_reprobe(now) {
             self.wakes.reprobes += 1;
             self.refresh_environments().await?;
@@ -953,11 +966,6 @@ pub(super) enum Woken {
     /// The assessor decided about a trial: ask it again about the running ones.
     Assessor,
 }
-
-/// How long the loop waits, with nothing running, for a tuner that wakes on its own to pay the
-/// ids it deferred (NNI's advisors and PBT answer `GE` once a result frees a credit; one whose
-/// last result is in and that still owes parameters would otherwise be waited for forever).
-const IDLE_DEFERRED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// How many times a trial whose start its service refused is tried again before it ends FAILED
 /// with the refusal (see `Trial::start_failures`). The n-th retry waits

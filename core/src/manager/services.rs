@@ -371,9 +371,10 @@ impl Manager {
         self.console(true, message).await
     }
 
-    /// News of an environment (ready, or ready again): recorded with the warnings, whose story
-    /// it ends, and shown on the console as what it is.
-    async fn news(&mut self, message: String) -> Result<(), ManagerError> {
+    /// News (an environment ready, or ready again; a tuner that thinks long): recorded with the
+    /// warnings, whose story it ends or which it may begin, and shown on the console as what it
+    /// is.
+    pub(super) async fn news(&mut self, message: String) -> Result<(), ManagerError> {
         self.console(false, message).await
     }
 

@@ -1,7 +1,8 @@
 //! Deadlines and timers: when the loop wakes by itself when nothing else happens.
 //!
 //! The experiment's own deadline (`maxExperimentDuration`, counting the time of earlier runs of
-//! a resumed experiment), the machine's re-probe while trials wait for resources, and the
+//! a resumed experiment), the machine's re-probe while trials wait for resources, the wait for a
+//! tuner that owes parameters while nothing runs (noticed at a minute, given up at ten), and the
 //! earliest of those with the trials' own times (their `maxTrialDuration` deadlines and retry
 //! backoffs, which the trial book keeps). Pure: the caller passes `now`, so each rule is tested
 //! without a clock.
@@ -13,6 +14,15 @@ use tokio::time::Instant;
 /// How often the machine is probed again while trials wait for GPUs or memory (foreign
 /// processes come and go without telling us).
 pub(super) const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long the loop waits, with nothing running, for a tuner that wakes on its own to pay the
+/// ids it deferred (NNI's advisors and PBT answer `GE` once a result frees a credit; one whose
+/// last result is in and that still owes parameters would otherwise be waited for forever).
+pub(super) const TUNER_PATIENCE: Duration = Duration::from_secs(600);
+
+/// When, in that wait, the user is told what the experiment waits for (a GP or Metis tuner far
+/// into an experiment may think for minutes; the console would otherwise show nothing).
+pub(super) const TUNER_QUIET_NOTICE: Duration = Duration::from_secs(60);
 
 /// How long a failed trial waits before its next attempt: 1 s, 2 s, 4 s, … at most a minute.
 pub(super) fn retry_backoff(failed_attempt: u32) -> Duration {
@@ -34,6 +44,8 @@ pub(super) struct Timers {
     time_before: Duration,
     /// While trials wait for resources, when to probe the machine again.
     reprobe_at: Option<Instant>,
+    /// Since when nothing runs and the tuner owes parameters; whether the user was told.
+    tuner_wait: Option<(Instant, bool)>,
 }
 
 impl Timers {
@@ -45,6 +57,7 @@ impl Timers {
             deadline_passed: false,
             time_before: Duration::ZERO,
             reprobe_at: None,
+            tuner_wait: None,
         }
     }
 
@@ -115,9 +128,37 @@ impl Timers {
         false
     }
 
+    /// `Some(now)` at a turn where nothing runs and the tuner owes parameters, `None` at any
+    /// other. The wait counts from the first such turn, whatever else wakes the loop meanwhile
+    /// (a dashboard asking for the environments every 5 s, an update), until one where it no
+    /// longer holds.
+    pub fn tuner_owes_alone(&mut self, now: Option<Instant>) {
+        match now {
+            Some(now) => {
+                self.tuner_wait.get_or_insert((now, false));
+            }
+            None => self.tuner_wait = None,
+        }
+    }
+
+    /// When to give up on the tuner ([`TUNER_PATIENCE`] into the wait), while it lasts.
+    pub fn tuner_give_up_at(&self) -> Option<Instant> {
+        self.tuner_wait.map(|(since, _)| since + TUNER_PATIENCE)
+    }
+
+    /// Once a wait, when [`TUNER_QUIET_NOTICE`] of it has passed at `now`: how long it lasted.
+    pub fn take_tuner_notice(&mut self, now: Instant) -> Option<Duration> {
+        let (since, told) = self.tuner_wait.as_mut()?;
+        if *told || now < *since + TUNER_QUIET_NOTICE {
+            return None;
+        }
+        *told = true;
+        Some(now - *since)
+    }
+
     /// When the loop must wake by itself: the earliest of the experiment's deadline (until it
-    /// passed), the running attempts' deadlines, the retry backoffs still ahead of `now`, and a
-    /// re-probe.
+    /// passed), the running attempts' deadlines, the retry backoffs still ahead of `now`, a
+    /// re-probe, and the notice of a tuner waited for alone.
     pub fn next(
         &self,
         now: Instant,
@@ -137,6 +178,11 @@ impl Timers {
             .chain(attempt_deadlines)
             .chain(retries)
             .chain(self.reprobe_at)
+            .chain(
+                self.tuner_wait
+                    .filter(|(_, told)| !told)
+                    .map(|(since, _)| since + TUNER_QUIET_NOTICE),
+            )
             .min()
     }
 }
@@ -152,6 +198,36 @@ mod tests {
         let waits: Vec<u64> = (1..=9).map(|a| retry_backoff(a).as_secs()).collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
         assert_eq!(retry_backoff(0), S);
+    }
+
+    #[test]
+    fn a_tuner_waited_for_alone_is_noticed_once_and_given_up_on_from_the_wait_s_start() {
+        let t0 = Instant::now();
+        let mut timers = Timers::new(t0, None);
+        timers.tuner_owes_alone(None);
+        assert_eq!(timers.tuner_give_up_at(), None);
+        assert_eq!(timers.next(t0, [], []), None);
+        timers.tuner_owes_alone(Some(t0 + S));
+        // Later turns of the same wait (a dashboard's question every 5 s) do not restart it.
+        for turn in 2..=59 {
+            timers.tuner_owes_alone(Some(t0 + turn * S));
+            assert_eq!(timers.take_tuner_notice(t0 + turn * S), None);
+        }
+        assert_eq!(timers.next(t0 + 59 * S, [], []), Some(t0 + 61 * S));
+        assert_eq!(timers.take_tuner_notice(t0 + 61 * S), Some(60 * S));
+        assert_eq!(timers.take_tuner_notice(t0 + 62 * S), None);
+        assert_eq!(timers.next(t0 + 62 * S, [], []), None);
+        timers.tuner_owes_alone(Some(t0 + 300 * S));
+        assert_eq!(timers.tuner_give_up_at(), Some(t0 + S + TUNER_PATIENCE));
+        // A trial ran in between: the next wait starts afresh, and is noticed again.
+        timers.tuner_owes_alone(None);
+        assert_eq!(timers.tuner_give_up_at(), None);
+        timers.tuner_owes_alone(Some(t0 + 302 * S));
+        assert_eq!(
+            timers.tuner_give_up_at(),
+            Some(t0 + 302 * S + TUNER_PATIENCE)
+        );
+        assert_eq!(timers.take_tuner_notice(t0 + 362 * S), Some(60 * S));
     }
 
     #[test]
