@@ -377,11 +377,8 @@ impl Tuner for DispatcherTuner {
     }
 
     fn take_suggestions(&mut self) -> Result<Vec<Suggestion>, PluginError> {
-        // What arrived before a failure is handed over first; the failure comes at the next
-        // call (`Dispatcher::failure` reports a close once the commands before it are taken).
-        match self.absorb() {
-            Err(e) if self.ready.is_empty() => Err(e),
-            _ => Ok(std::mem::take(&mut self.ready)),
-        }
+        // A failure ends the experiment, so what else is ready no longer matters.
+        self.absorb()?;
+        Ok(std::mem::take(&mut self.ready))
     }
 }
