@@ -17,9 +17,12 @@ use serde_json::{json, Value};
 use crate::args::{DispatcherArgs, Role};
 use crate::process::{parse_payload, python_number, Dispatcher, Python, WakeOn};
 
-/// How long a verdict waits for the dispatcher's `KI`. NNI's assessors decide in microseconds
-/// (Medianstop, Curvefitting's fit of a few points in milliseconds); a slower one's kill lands
-/// at the trial's next result.
+/// How long a verdict waits for the dispatcher's `KI` when the host gave no waker (hosts before
+/// ABI 1.4); a slower kill lands at the trial's next result. With a waker nothing is waited for:
+/// NNI's protocol answers only a bad verdict, so every good one (nearly all of them) would cost
+/// the whole wait, and the host's loop waits with it: 150 ms a result made 12 trials of 20
+/// results, 4 at a time, take 38 s instead of 4. The `KI` that comes a few milliseconds later
+/// wakes the host, which asks again at once.
 const VERDICT_WAIT: Duration = Duration::from_millis(150);
 
 const INITIALIZE_WAIT: Duration = Duration::from_secs(600);
@@ -141,7 +144,7 @@ impl Assessor for DispatcherAssessor {
         self.sent.insert(trial_id.to_owned(), history.len());
         // Asked again with nothing new (the host woke on a late `KI`): the answer is what has
         // arrived, no wait.
-        if history.len() > from {
+        if history.len() > from && self.waker.is_none() {
             let quoted = serde_json::to_string(trial_id).unwrap_or_default();
             dispatcher.wait_for(VERDICT_WAIT, |pending| {
                 pending
