@@ -125,6 +125,12 @@ impl Assessor for DispatcherAssessor {
 
     fn set_waker(&mut self, waker: Waker) {
         self.waker = Some(waker);
+        // Started now, as the experiment starts, rather than at the first intermediate result:
+        // Python and nni take a second or more to start, and the host's loop would wait that
+        // long with trials running (their results queued, the first ones judged late). A
+        // failure here is met again, and reported, at the first verdict; without an experiment
+        // folder (configs only checked) nothing starts.
+        let _ = self.ensure_started();
     }
 
     fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
