@@ -29,19 +29,8 @@ for n in "$rounds" "$trials" "$concurrency" "$results" "$pause_ms"; do
     fi
 done
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-python=${KNOB_BENCH_NNI3_PYTHON:-${KNOB_TEST_NNI3_PYTHON:-$root/.ci-cache/nni3/bin/python}}
-if [[ ! -x $python ]]; then
-    echo "error: $python not found; run .ci/nni-venvs.sh (or set KNOB_BENCH_NNI3_PYTHON to a python with nni 3.0)" >&2
-    exit 2
-fi
-target=${CARGO_TARGET_DIR:-$root/target}
-knob=$target/release/knob
-[[ -x $knob ]] || knob=$target/debug/knob
-if [[ ! -x $knob || ! -f $(dirname "$knob")/libknob_nni_dispatcher.so ]]; then
-    echo "error: no knob with its plugins in $target; run cargo build --workspace" >&2
-    exit 2
-fi
+# shellcheck source=nni_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/nni_env.sh"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/knob-nni-assessor.XXXXXX")
 trap 'rm -rf "$work"' EXIT

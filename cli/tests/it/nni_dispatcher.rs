@@ -638,16 +638,33 @@ fn a_late_answer_from_nni_s_dispatcher_wakes_the_manager() {
     let Some(python) = prerequisite::NNI3_PYTHON.path() else {
         return;
     };
+    check_three_trials_run_what_was_paid(
+        &python,
+        "late_tuner.LateTuner",
+        "delay: 2, seed: 3",
+        "clate",
+    );
+}
+
+/// Runs 3 trials, 2 at a time, of the user's tuner `class_name` (`class_args` and a `record`
+/// file, where it writes each parameter set it hands out with its parameter id): every trial
+/// runs a parameter set it handed out, labeled with that set's id.
+fn check_three_trials_run_what_was_paid(
+    python: &Path,
+    class_name: &str,
+    class_args: &str,
+    id: &str,
+) {
     let sandbox = tempfile::tempdir().unwrap();
     let code = code_dir(sandbox.path());
-    let record_file = sandbox.path().join("late-record.jsonl");
+    let record_file = sandbox.path().join("tuner-record.jsonl");
     let algorithms = format!(
-        "tuner:\n  className: late_tuner.LateTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, delay: 2, seed: 3}}",
+        "tuner:\n  className: {class_name}\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, {class_args}}}",
         python.display(),
         record_file.display()
     );
-    let config = write_config(&code, &python, 3, "1 0", &algorithms);
-    let (export, output) = create_and_export(sandbox.path(), &config, "clate");
+    let config = write_config(&code, python, 3, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, id);
     let events = record(&record_file);
     let context = format!("{export:#}\n{output}\nrecord: {events:#?}");
     assert_eq!(export["experiment"]["status"], "DONE", "{context}");
@@ -655,14 +672,14 @@ fn a_late_answer_from_nni_s_dispatcher_wakes_the_manager() {
     assert_eq!(trials.len(), 3, "{context}");
     for trial in trials {
         assert_eq!(trial["status"], "SUCCEEDED", "{context}");
-        // Each ran with what the tuner handed out late, under its parameter id.
-        let late = events
+        // The first event with these parameters is their handing out.
+        let handed_out = events
             .iter()
             .find(|e| e["parameters"] == trial["parameters"])
             .unwrap_or_else(|| panic!("parameters nobody handed out\n{context}"));
         assert_eq!(
             trial["parameter_label"].as_str(),
-            Some(late["parameter_id"].to_string().as_str()),
+            Some(handed_out["parameter_id"].to_string().as_str()),
             "{context}"
         );
     }
@@ -869,33 +886,12 @@ fn a_slow_tuner_leaves_the_loop_free() {
         return;
     };
     // Paid late: every trial runs what the tuner handed out, under its own parameter id.
-    let sandbox = tempfile::tempdir().unwrap();
-    let code = code_dir(sandbox.path());
-    let record_file = sandbox.path().join("tuner-record.jsonl");
-    let algorithms = format!(
-        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, seed: 2, think: 2}}",
-        python.display(),
-        record_file.display()
+    check_three_trials_run_what_was_paid(
+        &python,
+        "walk_tuner.WalkTuner",
+        "seed: 2, think: 2",
+        "cthink",
     );
-    let config = write_config(&code, &python, 3, "1 0", &algorithms);
-    let (export, output) = create_and_export(sandbox.path(), &config, "cthink");
-    let events = record(&record_file);
-    let context = format!("{export:#}\n{output}\nrecord: {events:#?}");
-    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
-    let trials = export["trials"].as_array().unwrap();
-    assert_eq!(trials.len(), 3, "{context}");
-    for trial in trials {
-        assert_eq!(trial["status"], "SUCCEEDED", "{context}");
-        let generated = events
-            .iter()
-            .find(|e| e["event"] == "generate" && e["parameters"] == trial["parameters"])
-            .unwrap_or_else(|| panic!("parameters nobody handed out\n{context}"));
-        assert_eq!(
-            trial["parameter_label"].as_str(),
-            Some(generated["parameter_id"].to_string().as_str()),
-            "{context}"
-        );
-    }
 
     // Stopped while the tuner thinks for two minutes.
     let sandbox = tempfile::tempdir().unwrap();
