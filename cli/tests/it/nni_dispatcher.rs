@@ -638,23 +638,26 @@ fn a_late_answer_from_nni_s_dispatcher_wakes_the_manager() {
     let Some(python) = prerequisite::NNI3_PYTHON.path() else {
         return;
     };
-    check_three_trials_run_what_was_paid(
+    let events = check_three_trials_run_what_was_paid(
         &python,
         "late_tuner.LateTuner",
         "delay: 2, seed: 3",
         "clate",
     );
+    // Asked for no more than the budget: ids owed count against it.
+    let handed_out = events.iter().filter(|e| e["event"] == "late").count();
+    assert_eq!(handed_out, 3, "record: {events:#?}");
 }
 
 /// Runs 3 trials, 2 at a time, of the user's tuner `class_name` (`class_args` and a `record`
 /// file, where it writes each parameter set it hands out with its parameter id): every trial
-/// runs a parameter set it handed out, labeled with that set's id.
+/// runs a parameter set it handed out, labeled with that set's id. Returns the record.
 fn check_three_trials_run_what_was_paid(
     python: &Path,
     class_name: &str,
     class_args: &str,
     id: &str,
-) {
+) -> Vec<Value> {
     let sandbox = tempfile::tempdir().unwrap();
     let code = code_dir(sandbox.path());
     let record_file = sandbox.path().join("tuner-record.jsonl");
@@ -683,6 +686,7 @@ fn check_three_trials_run_what_was_paid(
             "{context}"
         );
     }
+    events
 }
 
 /// A tuner that pays its first request only after a result (NNI's PBTTuner and advisors keep
@@ -886,12 +890,16 @@ fn a_slow_tuner_leaves_the_loop_free() {
         return;
     };
     // Paid late: every trial runs what the tuner handed out, under its own parameter id.
-    check_three_trials_run_what_was_paid(
+    let events = check_three_trials_run_what_was_paid(
         &python,
         "walk_tuner.WalkTuner",
         "seed: 2, think: 2",
         "cthink",
     );
+    // Asked for no more than the budget: with 2 at a time, the ids it still thought about
+    // used to be asked for a fourth set no trial could run.
+    let asked = events.iter().filter(|e| e["event"] == "thinking").count();
+    assert_eq!(asked, 3, "record: {events:#?}");
 
     // Stopped while the tuner thinks for two minutes.
     let sandbox = tempfile::tempdir().unwrap();

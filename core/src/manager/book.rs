@@ -127,6 +127,11 @@ impl TrialBook {
         max_trial_number.is_some_and(|max| self.next_sequence >= max)
     }
 
+    /// How many more trials `maxTrialNumber` allows (`u64::MAX` without one).
+    pub fn budget_left(&self, max_trial_number: Option<u64>) -> u64 {
+        max_trial_number.map_or(u64::MAX, |max| max.saturating_sub(self.next_sequence))
+    }
+
     /// The sequence and a fresh id (NNI-style: five letters and digits) of the next trial. It
     /// is counted against `maxTrialNumber` from now, whether or not it is inserted.
     pub fn next_trial(&mut self) -> (u64, String) {

@@ -441,7 +441,13 @@ impl Manager {
         let concurrency = u64::from(self.config.trial_concurrency);
         self.more_to_submit = false;
         let mut asked = 0;
-        while !self.closed() && self.book.active_count() + self.tuner.in_flight() < concurrency {
+        // Ids the tuner still owes count against the budget as well as the concurrency: a tuner
+        // that answers late (a GP thinking for minutes) would otherwise be asked for parameter
+        // sets no trial could ever run.
+        while !self.closed()
+            && self.book.active_count() + self.tuner.in_flight() < concurrency
+            && self.tuner.in_flight() < self.book.budget_left(self.config.max_trial_number)
+        {
             if asked == MAX_NEW_TRIALS_A_TURN {
                 self.more_to_submit = true;
                 break;
