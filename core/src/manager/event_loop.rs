@@ -406,8 +406,9 @@ impl Manager {
     }
 
     /// Creates trials of the tuner's suggestions and asks it for more until
-    /// `trialConcurrency` trials are active or no more may start; they wait for `fill` to
-    /// place them.
+    /// `trialConcurrency` trials are active (counting the ids it owes), the ids it owes take
+    /// what is left of `maxTrialNumber`, or no more may start; they wait for `fill` to place
+    /// them.
     async fn submit_new(&mut self) -> Result<(), ManagerError> {
         while let Some(emitted) = self.tuner.take_suggestion().await? {
             let (parameter_id, parameters, label, lineage) = match emitted {
