@@ -310,8 +310,8 @@ fn a_tuner_that_raises_ends_the_experiment_in_error_with_the_exception() {
 
 /// A tuner that thinks longer than a request waits (its first id is deferred, nothing runs)
 /// and then raises: the dispatcher's end wakes the manager, which ends the experiment with the
-/// exception at once instead of waiting 10 minutes for parameters (then `EXPERIMENT_DEADLINE`
-/// stops it and the test fails).
+/// exception at once. Without that wake it waited for parameters until its
+/// `maxExperimentDuration` (4 minutes) and ended DONE with no trial.
 #[test]
 fn a_tuner_that_raises_after_thinking_ends_the_experiment_at_once() {
     check_dispatcher_failure(
