@@ -778,6 +778,40 @@ fn process_ended(pid: u32) -> bool {
     }
 }
 
+/// Starts `knob create` of `config` as experiment `id` under `home`, its output to files in
+/// `root`; with it, what knob printed so far and the tuner's `record`, for a failure's message.
+#[cfg(target_os = "linux")]
+fn spawn_create(
+    root: &Path,
+    home: &Path,
+    config: &Path,
+    id: &str,
+    record_file: &Path,
+) -> (std::process::Child, impl Fn() -> String) {
+    let (stdout_path, stderr_path) = (root.join("create.stdout"), root.join("create.stderr"));
+    let child = knob()
+        .env("KNOB_HOME", home)
+        .arg("create")
+        .arg("--config")
+        .arg(config)
+        .args(["--id", id])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let record_file = record_file.to_path_buf();
+    let output = move || {
+        format!(
+            "{}\n{}\nrecord: {:#?}",
+            std::fs::read_to_string(&stdout_path).unwrap_or_default(),
+            std::fs::read_to_string(&stderr_path).unwrap_or_default(),
+            record(&record_file)
+        )
+    };
+    (child, output)
+}
+
 /// Polls `done` every 100 ms, `times` times at most.
 #[cfg(target_os = "linux")]
 fn poll(times: u32, mut done: impl FnMut() -> bool) -> bool {
@@ -808,29 +842,9 @@ fn nni_s_dispatcher_dies_with_a_sigtermed_knob() {
         record_file.display()
     );
     let config = write_config(&code, &python, 40, "2 0.5", &algorithms);
-    let (stdout_path, stderr_path) = (
-        sandbox.path().join("create.stdout"),
-        sandbox.path().join("create.stderr"),
-    );
-    let mut knob_create = knob()
-        .env("KNOB_HOME", sandbox.path().join("home"))
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", "csigterm"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&stdout_path).unwrap())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let output = || {
-        format!(
-            "{}\n{}\nrecord: {:#?}",
-            std::fs::read_to_string(&stdout_path).unwrap_or_default(),
-            std::fs::read_to_string(&stderr_path).unwrap_or_default(),
-            record(&record_file)
-        )
-    };
+    let home = sandbox.path().join("home");
+    let (mut knob_create, output) =
+        spawn_create(sandbox.path(), &home, &config, "csigterm", &record_file);
     // The dispatcher's pid, once it handed out parameters (it is connected and working):
     // 3 minutes at most, for a cold start of nni on a loaded machine.
     let mut pid = None;
@@ -912,29 +926,8 @@ fn a_slow_tuner_leaves_the_loop_free() {
     );
     let config = write_config(&code, &python, 3, "1 0", &algorithms);
     let home = sandbox.path().join("home");
-    let (stdout_path, stderr_path) = (
-        sandbox.path().join("create.stdout"),
-        sandbox.path().join("create.stderr"),
-    );
-    let mut knob_create = knob()
-        .env("KNOB_HOME", &home)
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", "cthinkstop"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&stdout_path).unwrap())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let output = || {
-        format!(
-            "{}\n{}\nrecord: {:#?}",
-            std::fs::read_to_string(&stdout_path).unwrap_or_default(),
-            std::fs::read_to_string(&stderr_path).unwrap_or_default(),
-            record(&record_file)
-        )
-    };
+    let (mut knob_create, output) =
+        spawn_create(sandbox.path(), &home, &config, "cthinkstop", &record_file);
     // 3 minutes at most for a cold start of nni on a loaded machine.
     let thinking = poll(1800, || {
         record(&record_file)
