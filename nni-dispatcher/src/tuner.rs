@@ -257,24 +257,23 @@ impl Tuner for DispatcherTuner {
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
         self.ensure_started()?;
-        let earlier_owed = !self.owed.is_empty();
+        // An earlier id still owed takes the next TR (the oldest owed id is paid first), so
+        // waiting cannot pay this one: it is deferred at once. Otherwise the first answer ends
+        // a short wait; a NO too (the tuner has nothing now: NNI's PBTTuner until a
+        // generation's last result is in). An id not paid in the wait is deferred, and a later
+        // TR pays it (`take_suggestions`, which the reader thread's waker makes the host call at
+        // once). Waiting longer would hold the host's loop, and the tuner's thread with every
+        // result queued behind it: an advisor or PBTTuner that pays its credit only when a
+        // result comes in would then never answer.
+        let wait = if self.owed.is_empty() {
+            SUGGESTION_WAIT
+        } else {
+            Duration::ZERO
+        };
         self.owed.push_back(parameter_id);
         let dispatcher = self.dispatcher.as_mut().expect("started");
         dispatcher.send("GE", "1")?;
-        // The next TR pays an earlier id: this one cannot be paid by waiting for it.
-        if earlier_owed {
-            self.absorb()?;
-            return Ok(Generated::Deferred);
-        }
-        // The first answer ends the wait. A TR pays the oldest owed id first, which may be an
-        // earlier deferred one: this id is then deferred as well, and paid by a later TR
-        // (`take_suggestions`, which the reader thread's waker makes the host call at once).
-        // Waiting on for this id's own TR would hold the tuner's thread, and with it every
-        // result queued behind it, for SUGGESTION_WAIT: an advisor or PBTTuner that pays its
-        // credit only when a result comes in then never answers. A NO ends the wait likewise:
-        // the tuner has nothing now (NNI's PBTTuner until a generation's last result is in).
-        let dispatcher = self.dispatcher.as_mut().expect("started");
-        dispatcher.wait_for(SUGGESTION_WAIT, |pending| {
+        dispatcher.wait_for(wait, |pending| {
             pending.iter().any(|(code, _)| code == "TR" || code == "NO")
         })?;
         self.absorb()?;
