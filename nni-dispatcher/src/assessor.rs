@@ -25,8 +25,6 @@ use crate::process::{parse_payload, python_number, Dispatcher, Python, WakeOn};
 /// wakes the host, which asks again at once.
 const VERDICT_WAIT: Duration = Duration::from_millis(150);
 
-const INITIALIZE_WAIT: Duration = Duration::from_secs(600);
-
 /// The parameter id of the assessor's `ME` and `EN` (an assessor is told trials, not parameter
 /// ids). An integer, not null: nni 2.10.1's dispatcher compares it with the largest id of an
 /// earlier run (`Recoverable.is_created_in_previous_exp`, `None <= -1` raises TypeError), which
@@ -64,18 +62,10 @@ impl DispatcherAssessor {
                 codes: &["KI"],
                 on_close: false,
             });
+            // Not waited for (see the tuner's `ensure_started`): results sent before it is up
+            // are handled after `IN`, in order, and a late `KI` wakes the host.
             let mut dispatcher = Dispatcher::start(launch, wake_on)?;
             dispatcher.send("IN", "{}")?;
-            let initialized = dispatcher.wait_for(INITIALIZE_WAIT, |pending| {
-                pending.iter().any(|(code, _)| code == "ID")
-            })?;
-            if !initialized {
-                return Err(PluginError::new(format!(
-                    "{}: NNI's dispatcher did not initialize within {} s",
-                    self.what,
-                    INITIALIZE_WAIT.as_secs()
-                )));
-            }
             self.dispatcher = Some(dispatcher);
         }
         Ok(self.dispatcher.as_mut().expect("started above"))
@@ -103,7 +93,12 @@ impl DispatcherAssessor {
                 )),
             }
         }
-        Ok(())
+        // A dispatcher that ended behind what it sent (its `ID` among them) is seen as ended
+        // only once that is taken: now.
+        match self.dispatcher.as_mut() {
+            Some(dispatcher) => dispatcher.drain(),
+            None => Ok(()),
+        }
     }
 }
 

@@ -210,7 +210,9 @@ pub enum Incoming {
 /// A running dispatcher and its connection.
 pub struct Dispatcher {
     pub launch: Launch,
-    child: Child,
+    /// Shared with the thread that waits for the connection, which ends a dispatcher that does
+    /// not connect in time.
+    child: Arc<std::sync::Mutex<Child>>,
     writer: Arc<Writer>,
     /// Frames to send at their instant, by the sender thread (`send_later`).
     later: Later,
@@ -224,7 +226,12 @@ pub struct Dispatcher {
 const LOG_LINES: usize = 5;
 
 impl Dispatcher {
-    /// Starts `python -m nni --exp_params ...` and waits (bounded) for it to connect.
+    /// Starts `python -m nni --exp_params ...` and returns at once: the dispatcher connects
+    /// when Python, nni and the algorithm's constructor are ready, seconds later (minutes for a
+    /// user's tuner that loads a model), and the host's loop does not wait for that. What is
+    /// sent meanwhile goes out as it connects; a dispatcher that exits first, or does not
+    /// connect within `dispatcherConnectTimeout`, ends the connection with the reason (and wakes
+    /// the host when `wake_on` asks for the connection's end).
     pub fn start(launch: Launch, wake_on: Option<WakeOn>) -> Result<Dispatcher, PluginError> {
         let what = launch.what.clone();
         std::fs::create_dir_all(&launch.log_dir)
@@ -283,74 +290,30 @@ impl Dispatcher {
             .stdin(Stdio::null())
             .stdout(output)
             .stderr(output_err);
-        let mut child = spawn_tied_to_host(command).map_err(|e| {
+        let child = spawn_tied_to_host(command).map_err(|e| {
             PluginError::new(format!(
                 "{what}: cannot start {} -m nni: {e}",
                 launch.python.program.display()
             ))
         })?;
-        let started = Instant::now();
-        let stream = loop {
-            match listener.accept() {
-                Ok((stream, _)) => break stream,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(PluginError::new(format!(
-                        "{what}: accepting NNI's dispatcher: {e}"
-                    )));
-                }
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(PluginError::new(format!(
-                    "{what}: NNI's dispatcher exited ({status}) before connecting{}",
-                    log_tail(&launch.log_dir)
-                )));
-            }
-            if started.elapsed() > launch.connect_timeout {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(PluginError::new(format!(
-                    "{what}: NNI's dispatcher did not connect within {} s (dispatcherConnectTimeout); \
-                     see {}{}",
-                    launch.connect_timeout.as_secs(),
-                    launch.log_dir.join("dispatcher.log").display(),
-                    log_tail(&launch.log_dir)
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let connected = (|| -> Result<(Arc<Writer>, TcpStream), websocket::WsError> {
-            let mut stream = stream;
-            stream.set_nonblocking(false)?;
-            stream.set_nodelay(true)?;
-            // The handshake is bounded by what is left of the connect timeout: a peer that
-            // connects and sends nothing must not hold the tuner forever.
-            let left = launch.connect_timeout.saturating_sub(started.elapsed());
-            stream.set_read_timeout(Some(left.max(Duration::from_secs(1))))?;
-            websocket::accept(&mut stream)?;
-            stream.set_read_timeout(None)?;
-            Ok((Arc::new(Writer::new(stream.try_clone()?)), stream))
-        })();
-        let (writer, stream) = match connected {
-            Ok(pair) => pair,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(PluginError::new(format!(
-                    "{what}: NNI's dispatcher's WebSocket handshake failed: {e}"
-                )));
-            }
-        };
+        let child = Arc::new(std::sync::Mutex::new(child));
+        let writer = Arc::new(Writer::connecting());
         let (tx, incoming) = mpsc::channel();
         let framing = launch.python.framing;
         let later = Later::default();
         spawn_sender(Arc::downgrade(&writer), framing, later.clone());
-        let reader_writer = writer.clone();
+        let connection = Connection {
+            listener,
+            child: child.clone(),
+            writer: writer.clone(),
+            timeout: launch.connect_timeout,
+        };
         std::thread::Builder::new()
             .name("nni-dispatcher-reader".into())
-            .spawn(move || read_loop(stream, &reader_writer, framing, &tx, wake_on))
+            .spawn(move || match connection.accept() {
+                Ok(stream) => read_loop(stream, &connection.writer, framing, &tx, wake_on),
+                Err(reason) => closed(&tx, wake_on.as_ref(), reason),
+            })
             .map_err(|e| PluginError::new(format!("{what}: {e}")))?;
         Ok(Dispatcher {
             launch,
@@ -477,7 +440,7 @@ impl Dispatcher {
 
     fn check_alive(&mut self) -> Result<(), PluginError> {
         self.drain()?;
-        let Ok(Some(status)) = self.child.try_wait() else {
+        let Ok(Some(status)) = self.child_status() else {
             return Ok(());
         };
         // Gone. What it sent last (an error, its goodbye) says more than its exit status, and
@@ -504,7 +467,7 @@ impl Dispatcher {
     fn wait_exit(&mut self, grace: Duration) -> String {
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Ok(Some(status)) = self.child_status() {
                 return format!(", {status}");
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -512,9 +475,17 @@ impl Dispatcher {
         String::new()
     }
 
-    /// Tells the dispatcher to terminate, then makes sure it is gone (bounded).
+    fn child_status(&self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .try_wait()
+    }
+
+    /// Tells the dispatcher to terminate, then makes sure it is gone (bounded). One that has
+    /// not connected yet cannot be told: it is killed at once.
     pub fn stop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
+        if self.child_status().ok().flatten().is_none() && self.writer.is_open() {
             // What waits to be sent (a trial's delayed `EN`) goes first: the algorithm hears of
             // every trial's end before the experiment's.
             let waiting: Vec<(Instant, String)> =
@@ -528,17 +499,19 @@ impl Dispatcher {
             }
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
+                if let Ok(Some(_)) = self.child_status() {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            if self.child.try_wait().ok().flatten().is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-            }
         }
+        // Closed first, so that a dispatcher still to connect is refused rather than served.
         self.writer.close();
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -673,7 +646,8 @@ fn spawn_sender(writer: std::sync::Weak<Writer>, framing: Framing, later: Later)
                         return;
                     }
                 }
-                if now.duration_since(last_ping) >= PING_INTERVAL {
+                // Pings are for a connected dispatcher: one still starting has nothing to fail.
+                if writer.is_open() && now.duration_since(last_ping) >= PING_INTERVAL {
                     last_ping = now;
                     if writer.text(&ping).is_err() {
                         return;
@@ -719,6 +693,78 @@ fn read_to_close(reader: &mut impl std::io::Read, writer: &Writer) {
     while let Ok(Message::Text(_)) = websocket::read_message(reader, writer) {}
 }
 
+/// The dispatcher's connection, still to come: the thread that waits for it.
+struct Connection {
+    listener: TcpListener,
+    child: Arc<std::sync::Mutex<Child>>,
+    writer: Arc<Writer>,
+    /// `dispatcherConnectTimeout`, counted from the start.
+    timeout: Duration,
+}
+
+impl Connection {
+    /// Waits (bounded) for the dispatcher to connect and shake hands, then opens the writer on
+    /// the stream and returns its reading half; or says why not, after ending the dispatcher.
+    fn accept(&self) -> Result<TcpStream, String> {
+        let started = Instant::now();
+        let stream = loop {
+            if !self.writer.is_connecting() {
+                return Err("stopped before it connected".into());
+            }
+            match self.listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(self.end(format!("accepting its connection failed: {e}"))),
+            }
+            if let Ok(Some(_)) = self
+                .child
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .try_wait()
+            {
+                return Err("it exited before connecting".into());
+            }
+            if started.elapsed() > self.timeout {
+                return Err(self.end(format!(
+                    "it did not connect within {} s (dispatcherConnectTimeout)",
+                    self.timeout.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let handshake = (|| -> Result<TcpStream, websocket::WsError> {
+            let mut stream = stream;
+            stream.set_nonblocking(false)?;
+            stream.set_nodelay(true)?;
+            // The handshake is bounded by what is left of the connect timeout: a peer that
+            // connects and sends nothing must not hold the tuner forever.
+            let left = self.timeout.saturating_sub(started.elapsed());
+            stream.set_read_timeout(Some(left.max(Duration::from_secs(1))))?;
+            websocket::accept(&mut stream)?;
+            stream.set_read_timeout(None)?;
+            self.writer.open(stream.try_clone()?)?;
+            Ok(stream)
+        })();
+        handshake.map_err(|e| self.end(format!("its WebSocket handshake failed: {e}")))
+    }
+
+    /// Kills the dispatcher; returns `reason`.
+    fn end(&self, reason: String) -> String {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+        reason
+    }
+}
+
+/// Hands the connection's end to the host's side, and wakes the host if it asked for that.
+fn closed(tx: &mpsc::Sender<Incoming>, wake_on: Option<&WakeOn>, reason: String) {
+    let _ = tx.send(Incoming::Closed(reason));
+    if let Some(wake_on) = wake_on.filter(|w| w.on_close) {
+        wake_on.waker.wake();
+    }
+}
+
 fn read_loop(
     stream: TcpStream,
     writer: &Writer,
@@ -727,12 +773,7 @@ fn read_loop(
     wake_on: Option<WakeOn>,
 ) {
     let mut reader = BufReader::new(stream);
-    let closed = |reason: String| {
-        let _ = tx.send(Incoming::Closed(reason));
-        if let Some(wake_on) = wake_on.as_ref().filter(|w| w.on_close) {
-            wake_on.waker.wake();
-        }
-    };
+    let closed = |reason: String| closed(tx, wake_on.as_ref(), reason);
     loop {
         let text = match websocket::read_message(&mut reader, writer) {
             Ok(Message::Text(text)) => text,

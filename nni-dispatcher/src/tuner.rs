@@ -37,9 +37,6 @@ const SUGGESTION_WAIT: Duration = Duration::from_secs(1);
 /// service next polls the trial's status, seconds later; knob waits this long.
 const END_AFTER_FINAL: Duration = Duration::from_secs(2);
 
-/// How long the dispatcher may take to answer `IN` with `ID`.
-const INITIALIZE_WAIT: Duration = Duration::from_secs(600);
-
 /// What the trial of a host parameter id was given.
 #[derive(Debug, Clone)]
 struct Issued {
@@ -83,20 +80,14 @@ impl DispatcherTuner {
                 codes: &["TR", "ER"],
                 on_close: true,
             });
+            // Not waited for: `ID` comes when Python, nni and the tuner's constructor are up,
+            // seconds later (minutes for a user's tuner that loads a model), and the host's loop
+            // would wait that long (a `knob stop` with it). NNI's dispatcher handles commands
+            // in order, so what follows `IN` is handled after it; the first `GE` is deferred
+            // and its late `TR` wakes the host.
             let mut dispatcher = Dispatcher::start(launch, wake_on)?;
             let space = self.space.clone().unwrap_or_else(|| json!({}));
             dispatcher.send("IN", &space.to_string())?;
-            let initialized = dispatcher.wait_for(INITIALIZE_WAIT, |pending| {
-                pending.iter().any(|(code, _)| code == "ID")
-            })?;
-            if !initialized {
-                return Err(PluginError::new(format!(
-                    "{}: NNI's dispatcher did not answer its search space within {} s",
-                    self.what,
-                    INITIALIZE_WAIT.as_secs()
-                )));
-            }
-            dispatcher.pending().retain(|(code, _)| code != "ID");
             // Resume, as NNI's manager does right after `ID`: the finished trials to learn from
             // (`FD`), then every trial of the earlier run (`AD`): the dispatcher continues its
             // ids after theirs, and the final results of those that run again are imported.
@@ -154,7 +145,12 @@ impl DispatcherTuner {
                 )),
             }
         }
-        Ok(())
+        // A dispatcher that ended behind what it sent (its `ID` among them) is seen as ended
+        // only once that is taken: now.
+        match self.dispatcher.as_mut() {
+            Some(dispatcher) => dispatcher.drain(),
+            None => Ok(()),
+        }
     }
 
     fn new_trial(&mut self, content: &str) -> Result<(), PluginError> {

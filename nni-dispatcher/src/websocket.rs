@@ -179,17 +179,64 @@ pub fn read_message(reader: &mut impl Read, writer: &Writer) -> Result<Message, 
     }
 }
 
-/// The writing half, shared by the threads that send.
+/// The writing half, shared by the threads that send. It exists before the dispatcher
+/// connects (Python, nni and the algorithm's constructor take seconds, a user's model minutes,
+/// and the host's loop does not wait for them): what is sent meanwhile is kept, in order, and
+/// goes out as the connection opens.
 #[derive(Debug)]
-pub struct Writer(std::sync::Mutex<TcpStream>);
+pub struct Writer(std::sync::Mutex<Sink>);
+
+#[derive(Debug)]
+enum Sink {
+    /// Not connected yet: the frames sent so far.
+    Connecting(Vec<Vec<u8>>),
+    Open(TcpStream),
+    /// Closed, or given up before it connected.
+    Closed,
+}
 
 impl Writer {
-    pub fn new(stream: TcpStream) -> Writer {
-        Writer(std::sync::Mutex::new(stream))
+    /// A writer whose stream comes later ([`Writer::open`]).
+    pub fn connecting() -> Writer {
+        Writer(std::sync::Mutex::new(Sink::Connecting(Vec::new())))
+    }
+
+    /// Sends what was kept, in order, then writes straight to `stream`. A writer closed
+    /// meanwhile stays closed (the stream is shut down).
+    pub fn open(&self, mut stream: TcpStream) -> Result<(), WsError> {
+        let mut sink = self.lock();
+        match std::mem::replace(&mut *sink, Sink::Closed) {
+            Sink::Connecting(kept) => {
+                for frame in kept {
+                    stream.write_all(&frame)?;
+                }
+                stream.flush()?;
+                *sink = Sink::Open(stream);
+                Ok(())
+            }
+            Sink::Open(_) | Sink::Closed => {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+                Err(WsError::Io(std::io::ErrorKind::NotConnected.into()))
+            }
+        }
+    }
+
+    /// Whether the connection is still to come (neither open nor closed).
+    pub fn is_connecting(&self) -> bool {
+        matches!(*self.lock(), Sink::Connecting(_))
+    }
+
+    /// Whether the connection is open (not still to come, not closed).
+    pub fn is_open(&self) -> bool {
+        matches!(*self.lock(), Sink::Open(_))
     }
 
     pub fn text(&self, text: &str) -> Result<(), WsError> {
         self.frame(0x1, text.as_bytes())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sink> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sends one unfragmented, unmasked frame (a server never masks).
@@ -208,21 +255,31 @@ impl Writer {
             }
         }
         frame.extend_from_slice(payload);
-        let mut stream = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        stream.write_all(&frame)?;
-        stream.flush()?;
+        match &mut *self.lock() {
+            Sink::Connecting(kept) => kept.push(frame),
+            Sink::Open(stream) => {
+                stream.write_all(&frame)?;
+                stream.flush()?;
+            }
+            Sink::Closed => return Err(WsError::Io(std::io::ErrorKind::NotConnected.into())),
+        }
         Ok(())
     }
 
-    /// Sends a close frame and shuts the socket down.
+    /// Sends a close frame and shuts the socket down; a connection still to come is refused.
     pub fn close(&self) {
-        let _ = self.frame(0x8, &1000u16.to_be_bytes());
+        if self.is_open() {
+            let _ = self.frame(0x8, &1000u16.to_be_bytes());
+        }
         self.shutdown();
     }
 
     fn shutdown(&self) {
-        let stream = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = stream.shutdown(std::net::Shutdown::Both);
+        let mut sink = self.lock();
+        if let Sink::Open(stream) = &*sink {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        *sink = Sink::Closed;
     }
 }
 
@@ -236,7 +293,9 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (ours, _) = listener.accept().unwrap();
-        (Writer::new(ours), peer)
+        let writer = Writer::connecting();
+        writer.open(ours).unwrap();
+        (writer, peer)
     }
 
     #[test]

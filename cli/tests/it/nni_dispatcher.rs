@@ -916,36 +916,83 @@ fn a_slow_tuner_leaves_the_loop_free() {
     assert_eq!(asked, 3, "record: {events:#?}");
 
     // Stopped while the tuner thinks for two minutes.
+    check_a_stop_does_not_wait(&python, "think: 120", "thinking", "generate", "cthinkstop");
+}
+
+/// A tuner whose constructor takes minutes (a user's tuner that loads a model, a cold start of
+/// a big venv) holds up nothing either: knob does not wait for NNI's dispatcher to connect and
+/// answer `IN`, its first ids are paid late, and `knob stop` meanwhile stops the experiment
+/// and the dispatcher at once, where it used to wait for the constructor and the `ID` (18 s
+/// against a constructor of 20 s, by hand).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_tuner_slow_to_construct_leaves_the_loop_free() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let events = check_three_trials_run_what_was_paid(
+        &python,
+        "walk_tuner.WalkTuner",
+        "seed: 3, construct: 3",
+        "cconstruct",
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["event"] == "constructing")
+            .count(),
+        1,
+        "record: {events:#?}"
+    );
+    check_a_stop_does_not_wait(
+        &python,
+        "construct: 120",
+        "constructing",
+        "space",
+        "cconstructstop",
+    );
+}
+
+/// Runs `walk_tuner` with `class_args` as experiment `id` and `knob stop`s it once the tuner
+/// records `waiting_event` (it then sleeps for minutes): the stop must end the experiment
+/// (STOPPED, no trial) and the dispatcher before the tuner gets as far as `answer_event`.
+#[cfg(target_os = "linux")]
+fn check_a_stop_does_not_wait(
+    python: &Path,
+    class_args: &str,
+    waiting_event: &str,
+    answer_event: &str,
+    id: &str,
+) {
     let sandbox = tempfile::tempdir().unwrap();
     let code = code_dir(sandbox.path());
     let record_file = sandbox.path().join("tuner-record.jsonl");
     let algorithms = format!(
-        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, think: 120}}",
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, {class_args}}}",
         python.display(),
         record_file.display()
     );
-    let config = write_config(&code, &python, 3, "1 0", &algorithms);
+    let config = write_config(&code, python, 3, "1 0", &algorithms);
     let home = sandbox.path().join("home");
-    let (mut knob_create, output) =
-        spawn_create(sandbox.path(), &home, &config, "cthinkstop", &record_file);
+    let (mut knob_create, output) = spawn_create(sandbox.path(), &home, &config, id, &record_file);
     // 3 minutes at most for a cold start of nni on a loaded machine.
-    let thinking = poll(1800, || {
+    let waiting = poll(1800, || {
         record(&record_file)
             .iter()
-            .any(|e| e["event"] == "thinking")
+            .any(|e| e["event"] == waiting_event)
             || knob_create.try_wait().unwrap().is_some()
     });
-    if !thinking || knob_create.try_wait().unwrap().is_some() {
+    if !waiting || knob_create.try_wait().unwrap().is_some() {
         let _ = knob_create.kill();
         let _ = knob_create.wait();
         panic!(
-            "the tuner never started thinking while knob ran\n{}",
+            "the tuner never recorded {waiting_event:?} while knob ran\n{}",
             output()
         );
     }
     let mut knob_stop = knob()
         .env("KNOB_HOME", &home)
-        .args(["stop", "cthinkstop"])
+        .args(["stop", id])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -954,10 +1001,9 @@ fn a_slow_tuner_leaves_the_loop_free() {
     let stopped = poll(1500, || {
         knob_stop.try_wait().unwrap().is_some() && knob_create.try_wait().unwrap().is_some()
     });
-    // Whether the tuner answered before the experiment was over.
-    let answered = record(&record_file)
-        .iter()
-        .any(|e| e["event"] == "generate");
+    // Whether the tuner got further before the experiment was over.
+    let events = record(&record_file);
+    let answered = events.iter().any(|e| e["event"] == answer_event);
     for child in [&mut knob_stop, &mut knob_create] {
         let _ = child.kill();
         let _ = child.wait();
@@ -969,16 +1015,25 @@ fn a_slow_tuner_leaves_the_loop_free() {
     );
     assert!(
         !answered,
-        "the stop waited for the tuner's answer\n{}",
+        "the stop waited for the tuner's {answer_event:?}\n{}",
         output()
     );
-    let (code, export, export_err) = run(knob().env("KNOB_HOME", &home).args([
-        "experiment",
-        "export",
-        "cthinkstop",
-        "--format",
-        "json",
-    ]));
+    let pid = events.iter().find_map(|e| e["pid"].as_u64());
+    let pid = u32::try_from(pid.expect("the tuner recorded its pid")).unwrap();
+    let dispatcher_ended = poll(100, || process_ended(pid));
+    if !dispatcher_ended {
+        // SAFETY: kill with a pid and a signal number touches no memory.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    assert!(
+        dispatcher_ended,
+        "NNI's dispatcher {pid} outlived the stopped experiment\n{}",
+        output()
+    );
+    let (code, export, export_err) =
+        run(knob()
+            .env("KNOB_HOME", &home)
+            .args(["experiment", "export", id, "--format", "json"]));
     assert_eq!(code, 0, "export: {export_err}\n{}", output());
     let export: Value = serde_json::from_str(&export).unwrap();
     assert_eq!(export["experiment"]["status"], "STOPPED", "{}", output());

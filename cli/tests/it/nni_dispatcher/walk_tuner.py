@@ -5,7 +5,8 @@ itself (SIGKILL) when asked for that many parameter sets, as a crashing dispatch
 `raise_at`: generate_parameters raises then, as a broken tuner does (NNI's Metis under a newer
 scipy, for one); `end_delay`: seconds each trial_end takes (a tuner that updates a model
 there), so that trials ending together queue their ends behind one another; `think`: seconds
-each generate_parameters takes (a GP or Metis tuner fitting its model), recorded as it starts."""
+each generate_parameters takes (a GP or Metis tuner fitting its model), recorded as it starts;
+`construct`: seconds the constructor takes (a tuner that loads a model), recorded as it starts."""
 
 import json
 import logging
@@ -21,8 +22,11 @@ logger = logging.getLogger('walk_tuner')
 
 class WalkTuner(Tuner):
     def __init__(self, record, optimize_mode='maximize', seed=0, die_at=None, raise_at=None,
-                 end_delay=0, think=0):
+                 end_delay=0, think=0, construct=0):
         self.record = record
+        if construct:
+            self._write(event='constructing', pid=os.getpid())
+            time.sleep(construct)
         self.optimize_mode = optimize_mode
         self.rng = random.Random(seed)
         self.die_at = die_at
