@@ -953,6 +953,79 @@ fn a_tuner_slow_to_construct_leaves_the_loop_free() {
     );
 }
 
+/// A search space updated while NNI's dispatcher is still starting: the `GE`s sent before the
+/// `SS` are answered from the earlier space (NNI's dispatcher handles commands in order), and
+/// those parameters are dropped with a warning rather than ending the experiment in ERROR
+/// (`tunerErrorPolicy: error`, the default) as parameters outside the space used to: every
+/// trial runs in the new space.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_space_updated_while_the_tuner_starts_holds_every_trial() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, construct: 4}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 3, "1 0", &algorithms);
+    let home = sandbox.path().join("home");
+    let (mut knob_create, output) =
+        spawn_create(sandbox.path(), &home, &config, "cspacestart", &record_file);
+    // 3 minutes at most for a cold start of nni on a loaded machine.
+    let constructing = poll(1800, || {
+        record(&record_file)
+            .iter()
+            .any(|e| e["event"] == "constructing")
+            || knob_create.try_wait().unwrap().is_some()
+    });
+    let new_space = sandbox.path().join("new-space.json");
+    std::fs::write(
+        &new_space,
+        r#"{"x": {"_type": "uniform", "_value": [5, 6]}}"#,
+    )
+    .unwrap();
+    let (code, _, update_err) = run(knob()
+        .env("KNOB_HOME", &home)
+        .args(["update", "searchspace", "cspacestart"])
+        .arg(&new_space));
+    let ended = poll(1800, || knob_create.try_wait().unwrap().is_some());
+    if !ended {
+        let _ = knob_create.kill();
+        let _ = knob_create.wait();
+    }
+    assert!(constructing, "the tuner never started\n{}", output());
+    assert_eq!(code, 0, "knob update: {update_err}\n{}", output());
+    assert!(ended, "the experiment did not end\n{}", output());
+    let (code, export, export_err) = run(knob().env("KNOB_HOME", &home).args([
+        "experiment",
+        "export",
+        "cspacestart",
+        "--format",
+        "json",
+    ]));
+    assert_eq!(code, 0, "export: {export_err}\n{}", output());
+    let export: Value = serde_json::from_str(&export).unwrap();
+    let context = format!("{export:#}\n{}", output());
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 3, "{context}");
+    for trial in trials {
+        let x = trial["parameters"]["x"].as_f64().unwrap();
+        assert!((5.0..=6.0).contains(&x), "{context}");
+    }
+    // The first requests went out before the update: their parameters were dropped, saying so.
+    let dropped = export
+        .to_string()
+        .matches("asked for before the search space was updated")
+        .count();
+    assert!(dropped >= 1, "{context}");
+}
+
 /// Runs `walk_tuner` with `class_args` as experiment `id` and `knob stop`s it once the tuner
 /// records `waiting_event` (it then sleeps for minutes): the stop must end the experiment
 /// (STOPPED, no trial) and the dispatcher before the tuner gets as far as `answer_event`.

@@ -3,7 +3,8 @@
 //! It hands out parameter ids, counts the ids the tuner deferred (it still owes parameters for
 //! them, which count as in flight against `trialConcurrency`), queues what the tuner emits
 //! unprompted, remembers that it said NoMore (until a new search space), and checks each
-//! parameter set against the current search space under `tunerErrorPolicy`. It tells the tuner
+//! parameter set against the current search space under `tunerErrorPolicy` (one asked for
+//! before the space was updated and paid late is dropped whatever the policy). It tells the tuner
 //! every trial's end, so that a tuner's constant liar (TPE's, GP's: a running trial pretends
 //! to have returned a made-up loss) forgets the trial once it is over.
 //!
@@ -71,6 +72,9 @@ pub(super) struct TunerDriver {
     /// The search space the tuner was last given, which every parameter set it hands out must
     /// belong to.
     space: SearchSpace,
+    /// The first parameter id asked for under `space`: an id asked for earlier and paid late
+    /// (a deferred one) may hold parameters of the space before.
+    space_since: u64,
     /// Parameter sets refused and dropped (`tunerErrorPolicy: skip`), in all and in a row.
     dropped: u64,
     drops_in_a_row: u64,
@@ -96,6 +100,7 @@ impl TunerDriver {
             suggested: VecDeque::new(),
             exhausted: false,
             space,
+            space_since: 0,
             dropped: 0,
             drops_in_a_row: 0,
             told: VecDeque::new(),
@@ -245,6 +250,16 @@ impl TunerDriver {
             self.drops_in_a_row = 0;
             return Check::Accepted;
         };
+        // Asked for before the space was updated and paid late (NNI's dispatcher answers in
+        // order, so a `GE` sent before `SS` is drawn from the earlier space): not the tuner's
+        // fault, and no trial may run outside the space the user set, so it is dropped
+        // whatever the policy, and not counted as a refusal in a row.
+        if parameter_id < self.space_since {
+            self.dropped += 1;
+            return Check::Dropped(format!(
+                "{refusal}; it was asked for before the search space was updated, so it is dropped"
+            ));
+        }
         match self.policy {
             TunerErrorPolicy::Error => Check::Fatal(format!(
                 "{refusal} (tunerErrorPolicy: skip drops such parameters instead)"
@@ -309,6 +324,7 @@ impl TunerDriver {
         if let Ok(parsed) = SearchSpace::from_value(space) {
             self.space = parsed;
         }
+        self.space_since = self.next_parameter_id;
         self.exhausted = false;
         Ok(())
     }
@@ -455,6 +471,33 @@ mod tests {
         assert_eq!(*calls.lock().unwrap(), ["space"]);
         // The new space is the one parameter sets are checked against.
         assert_eq!(driver.check(0, &json!({"x": 5.0})), Check::Accepted);
+    }
+
+    /// An id asked for before the space was updated and paid late may hold parameters of the
+    /// earlier space: dropped, even under `tunerErrorPolicy: error`, and not counted in a row;
+    /// an id asked for after the update is the tuner's to get right.
+    #[tokio::test]
+    async fn parameters_asked_for_under_an_earlier_space_are_dropped_not_fatal() {
+        let (mut driver, _) = driver(vec![Generated::Deferred], TunerErrorPolicy::Error);
+        assert_eq!(driver.generate().await.unwrap(), Handout::Deferred);
+        driver
+            .set_space(&json!({"x": {"_type": "uniform", "_value": [5, 6]}}))
+            .await
+            .unwrap();
+        let Check::Dropped(warning) = driver.check(0, &json!({"x": 0.5})) else {
+            panic!("parameter id 0 was asked for under the earlier space");
+        };
+        assert!(
+            warning.ends_with(
+                "it was asked for before the search space was updated, so it is dropped"
+            ),
+            "{warning}"
+        );
+        assert_eq!(driver.check(0, &json!({"x": 5.5})), Check::Accepted);
+        assert!(matches!(
+            driver.check(1, &json!({"x": 0.5})),
+            Check::Fatal(_)
+        ));
     }
 
     #[tokio::test]
