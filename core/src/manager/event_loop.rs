@@ -708,7 +708,7 @@ impl Manager {
         let now = Instant::now();
         if let Some(waited) = self.timers.take_tuner_notice(now) {
             let message = format!(
-                "{} owes parameters for {} trial(s) and nothing runs: none came in {} s (a tuner fitting its model may take this long); the experiment ends if none come in {} s",
+                "{} owes parameters for {} trial(s) and nothing runs: none came in {} s (a tuner starting up or fitting its model may take this long); the experiment ends if none come in {} s",
                 self.tuner.label(),
                 self.tuner.in_flight(),
                 waited.as_secs(),
