@@ -60,6 +60,9 @@ pub struct DispatcherTuner {
     imported: Vec<ImportedTrial>,
     /// Woken by the reader on each `TR`: a late one is taken at once (ABI 1.4 hosts).
     waker: Option<Waker>,
+    /// Whether the dispatcher answered `IN` (`ID`): until then a `GE` cannot be answered, so
+    /// none is waited for.
+    initialized: bool,
     /// Host ids whose final result went to the dispatcher as `ME` and whose `EN` has not.
     finals_sent: BTreeSet<u64>,
 }
@@ -138,7 +141,7 @@ impl DispatcherTuner {
                     "{}: ignored a multi-phase parameter (SP), which knob does not support",
                     self.what
                 )),
-                "ID" => {}
+                "ID" => self.initialized = true,
                 other => log::warn(&format!(
                     "{}: ignored an unknown command {other:?} from NNI's dispatcher",
                     self.what
@@ -233,6 +236,7 @@ impl Tuner for DispatcherTuner {
             ready: Vec::new(),
             imported: Vec::new(),
             waker: None,
+            initialized: false,
             finals_sent: Default::default(),
         })
     }
@@ -254,14 +258,16 @@ impl Tuner for DispatcherTuner {
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
         self.ensure_started()?;
         // An earlier id still owed takes the next TR (the oldest owed id is paid first), so
-        // waiting cannot pay this one: it is deferred at once. Otherwise the first answer ends
+        // waiting cannot pay this one: it is deferred at once, as is one asked for before the
+        // dispatcher answered `IN` (it is still starting: Python, nni, the tuner's
+        // constructor). Otherwise the first answer ends
         // a short wait; a NO too (the tuner has nothing now: NNI's PBTTuner until a
         // generation's last result is in). An id not paid in the wait is deferred, and a later
         // TR pays it (`take_suggestions`, which the reader thread's waker makes the host call at
         // once). Waiting longer would hold the host's loop, and the tuner's thread with every
         // result queued behind it: an advisor or PBTTuner that pays its credit only when a
         // result comes in would then never answer.
-        let wait = if self.owed.is_empty() {
+        let wait = if self.owed.is_empty() && self.initialized {
             SUGGESTION_WAIT
         } else {
             Duration::ZERO
