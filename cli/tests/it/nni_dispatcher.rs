@@ -89,18 +89,21 @@ fn create_and_export(root: &Path, config: &Path, id: &str) -> (Value, String) {
             .args(["--id", id]),
         root,
     );
-    let (code, export, export_err) =
+    let export = export(&home, id)
+        .unwrap_or_else(|e| panic!("export: {e}\ncreate: {status}\n{stdout}\n{stderr}"));
+    (export, format!("{stdout}\n{stderr}"))
+}
+
+/// `knob experiment export ID --format json` under `home`, parsed; its stderr when it fails.
+fn export(home: &Path, id: &str) -> Result<Value, String> {
+    let (code, export, stderr) =
         run(knob()
-            .env("KNOB_HOME", &home)
+            .env("KNOB_HOME", home)
             .args(["experiment", "export", id, "--format", "json"]));
-    assert_eq!(
-        code, 0,
-        "export: {export_err}\ncreate: {status}\n{stdout}\n{stderr}"
-    );
-    (
-        serde_json::from_str(&export).unwrap(),
-        format!("{stdout}\n{stderr}"),
-    )
+    if code != 0 {
+        return Err(stderr);
+    }
+    Ok(serde_json::from_str(&export).unwrap())
 }
 
 /// The tuner's record: one JSON object a line.
@@ -419,15 +422,7 @@ fn a_resumed_dispatcher_gets_exactly_the_finished_trials_and_continues_their_ids
             .env("KNOB_HOME", &home)
             .args(["resume", "cresume", "--max-trial-number", "5"]));
     assert_eq!(status, 0, "{stdout}\n{stderr}");
-    let (code_, export, stderr) = run(knob().env("KNOB_HOME", &home).args([
-        "experiment",
-        "export",
-        "cresume",
-        "--format",
-        "json",
-    ]));
-    assert_eq!(code_, 0, "{stderr}");
-    let export: Value = serde_json::from_str(&export).unwrap();
+    let export = export(&home, "cresume").unwrap();
     let events = record(&record_file);
     let context = format!("{export:#}\nrecord: {events:#?}");
     assert_eq!(export["experiment"]["status"], "DONE", "{context}");
@@ -1001,15 +996,8 @@ fn a_space_updated_while_the_tuner_starts_holds_every_trial() {
     assert!(constructing, "the tuner never started\n{}", output());
     assert_eq!(code, 0, "knob update: {update_err}\n{}", output());
     assert!(ended, "the experiment did not end\n{}", output());
-    let (code, export, export_err) = run(knob().env("KNOB_HOME", &home).args([
-        "experiment",
-        "export",
-        "cspacestart",
-        "--format",
-        "json",
-    ]));
-    assert_eq!(code, 0, "export: {export_err}\n{}", output());
-    let export: Value = serde_json::from_str(&export).unwrap();
+    let export =
+        export(&home, "cspacestart").unwrap_or_else(|e| panic!("export: {e}\n{}", output()));
     let context = format!("{export:#}\n{}", output());
     assert_eq!(export["experiment"]["status"], "DONE", "{context}");
     let trials = export["trials"].as_array().unwrap();
@@ -1103,12 +1091,7 @@ fn check_a_stop_does_not_wait(
         "NNI's dispatcher {pid} outlived the stopped experiment\n{}",
         output()
     );
-    let (code, export, export_err) =
-        run(knob()
-            .env("KNOB_HOME", &home)
-            .args(["experiment", "export", id, "--format", "json"]));
-    assert_eq!(code, 0, "export: {export_err}\n{}", output());
-    let export: Value = serde_json::from_str(&export).unwrap();
+    let export = export(&home, id).unwrap_or_else(|e| panic!("export: {e}\n{}", output()));
     assert_eq!(export["experiment"]["status"], "STOPPED", "{}", output());
     assert_eq!(export["trials"], serde_json::json!([]), "{}", output());
 }
