@@ -250,12 +250,14 @@ impl Manager {
             }
             turn = Turn::Changed;
             // With nothing running, a deferring tuner will never be given the result it waits
-            // for, unless it answers on its own (it woke us before and may again).
+            // for, unless it answers on its own (it woke us before and may again) or is still
+            // thinking about ids it was asked for.
             let idle_deferred = self.book.active_count() == 0 && self.tuner.in_flight() > 0;
             if self.book.active_count() == 0
-                && (self.closed() || (idle_deferred && !self.tuner.wakes()))
+                && (self.closed()
+                    || (idle_deferred && !self.tuner.wakes() && !self.tuner.awaits_answers()))
             {
-                return Ok(());
+                return self.last_answers().await;
             }
             self.timers
                 .tuner_owes_alone(idle_deferred.then(Instant::now));
@@ -287,6 +289,7 @@ impl Manager {
                 Some(fetched) = self.fetched.recv() => Wake::Fetched(fetched),
                 _ = sleep_until(next_deadline) => Wake::Deadline,
                 Some(woken) = self.woken.recv() => Wake::Woken(woken),
+                answered = self.tuner.answered(), if self.tuner.awaits_answers() => Wake::TunerAnswered(answered),
                 // A tuner that woke us before may never answer again: the wait is bounded.
                 _ = sleep_until(give_up_on_tuner), if give_up_on_tuner.is_some() => Wake::GaveUpOnTuner,
                 // Ready on its second poll: whatever had already arrived is taken first.
@@ -330,7 +333,9 @@ impl Manager {
                 Wake::Reprobed(index, answer) => self.on_reprobe_answer(index, answer).await?,
                 Wake::Fetched(fetched) => self.on_parent_snapshot_fetched(fetched).await?,
                 Wake::Deadline => self.on_deadline().await?,
-                Wake::Woken(Woken::Tuner) => self.tuner.take_woken().await?,
+                Wake::Woken(Woken::Tuner) => self.tuner.take_woken()?,
+                // `fill`, first thing in the next turn, creates the trials it answered.
+                Wake::TunerAnswered(answered) => answered?,
                 Wake::Woken(Woken::Assessor) => self.reassess().await?,
                 Wake::GaveUpOnTuner => {
                     self.warn(
@@ -361,7 +366,9 @@ impl Manager {
             Wake::Command(_) => wakes.commands += 1,
             Wake::StartFailed(..) => wakes.start_failures += 1,
             Wake::Deadline => wakes.deadlines += 1,
-            Wake::Woken(_) | Wake::GaveUpOnTuner | Wake::MoreToSubmit => wakes.components += 1,
+            Wake::Woken(_) | Wake::TunerAnswered(_) | Wake::GaveUpOnTuner | Wake::MoreToSubmit => {
+                wakes.components += 1
+            }
         }
     }
 
@@ -410,35 +417,7 @@ impl Manager {
     /// what is left of `maxTrialNumber`, or no more may start; they wait for `fill` to place
     /// them.
     async fn submit_new(&mut self) -> Result<(), ManagerError> {
-        while let Some(emitted) = self.tuner.take_suggestion().await? {
-            let (parameter_id, parameters, label, lineage) = match emitted {
-                Emitted::Stop(stop) => {
-                    self.stop_member(stop).await?;
-                    continue;
-                }
-                Emitted::Member {
-                    parameter_id,
-                    parameters,
-                    label,
-                    lineage,
-                } => (parameter_id, parameters, Some(label), Some(lineage)),
-                Emitted::Parameters(s) => (s.parameter_id, s.parameters, s.label, None),
-            };
-            if self.closed() || self.book.has_parameter(parameter_id) {
-                continue;
-            }
-            if !self.accept_output(parameter_id, &parameters).await? {
-                continue;
-            }
-            let lineage = lineage.map(|l| self.member_lineage(l));
-            if let Some(lineage) = &lineage {
-                if !self.successor_still_wanted(parameter_id, lineage).await? {
-                    continue;
-                }
-            }
-            self.submit(parameter_id, parameters, label, lineage)
-                .await?;
-        }
+        self.submit_suggested().await?;
         let concurrency = u64::from(self.config.trial_concurrency);
         self.more_to_submit = false;
         let mut asked = 0;
@@ -475,16 +454,69 @@ impl Manager {
                         }
                     }
                 }
-                Handout::Deferred => {}
-                Handout::NoMore => {
-                    self.store
-                        .append(StoreEvent::ExperimentStatusChanged {
-                            status: ExperimentStatus::NoMoreTrial,
-                            message: Some("the tuner has no more parameters to try".into()),
-                        })
-                        .await?;
+                // What came in meanwhile (a Hyperband promotion a result earned, paid before
+                // this id's parameters, which then wait behind it) is created in that order.
+                Handout::Deferred => self.submit_suggested().await?,
+                Handout::NoMore => self.record_no_more().await?,
+            }
+        }
+        if self.tuner.take_late_no_more() {
+            self.record_no_more().await?;
+        }
+        Ok(())
+    }
+
+    /// Creates trials of what the tuner emitted unprompted or answered late, in the order it
+    /// did, and stops the population members it asked to stop.
+    async fn submit_suggested(&mut self) -> Result<(), ManagerError> {
+        while let Some(emitted) = self.tuner.take_suggestion()? {
+            let (parameter_id, parameters, label, lineage) = match emitted {
+                Emitted::Stop(stop) => {
+                    self.stop_member(stop).await?;
+                    continue;
+                }
+                Emitted::Member {
+                    parameter_id,
+                    parameters,
+                    label,
+                    lineage,
+                } => (parameter_id, parameters, Some(label), Some(lineage)),
+                Emitted::Parameters(s) => (s.parameter_id, s.parameters, s.label, None),
+            };
+            if self.closed() || self.book.has_parameter(parameter_id) {
+                continue;
+            }
+            if !self.accept_output(parameter_id, &parameters).await? {
+                continue;
+            }
+            let lineage = lineage.map(|l| self.member_lineage(l));
+            if let Some(lineage) = &lineage {
+                if !self.successor_still_wanted(parameter_id, lineage).await? {
+                    continue;
                 }
             }
+            self.submit(parameter_id, parameters, label, lineage)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn record_no_more(&mut self) -> Result<(), ManagerError> {
+        self.store
+            .append(StoreEvent::ExperimentStatusChanged {
+                status: ExperimentStatus::NoMoreTrial,
+                message: Some("the tuner has no more parameters to try".into()),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// The loop's end: unless the user stopped the experiment or its time ran out (which must
+    /// not wait for a tuner still thinking), the answers still to come are waited for, so that
+    /// a tuner that failed on the last results ends the experiment as it would have before.
+    async fn last_answers(&mut self) -> Result<(), ManagerError> {
+        if !self.stop_requested && !self.timers.deadline_passed() {
+            self.tuner.settle().await?;
         }
         Ok(())
     }
@@ -960,6 +992,8 @@ enum Wake {
     Fetched(super::population::Fetched),
     Deadline,
     Woken(Woken),
+    /// Answers of the tuner's that were not waited for came (see `TunerDriver::answered`).
+    TunerAnswered(Result<(), HostError>),
     GaveUpOnTuner,
     /// Back for the trials `submit_new` left for another turn.
     MoreToSubmit,

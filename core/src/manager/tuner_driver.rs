@@ -14,18 +14,27 @@
 //! A final result and an end are *told*: the call is queued on the tuner's thread and the loop
 //! goes on without waiting for its answer. The tuner takes its calls in order, so it sees the
 //! same sequence as if each had been waited for; their answers (what the tuner emitted in
-//! return, or its failure) are taken in before anything that reads what the tuner emitted or
-//! asks it something (`take_told`), which `fill` does first thing every turn. A trial's final
-//! result, its end and the next trial's parameters thus cost one wait for the tuner's thread
-//! instead of three.
+//! return, or its failure) are taken in the same order, as they come. A trial's final result,
+//! its end and the next trial's parameters thus cost one wait for the tuner's thread instead of
+//! three.
+//!
+//! Asking for parameters waits for the answer only [`ANSWER_WAIT`]: a tuner that thinks longer
+//! (a GP fitting its model on hundreds of results, a user's tuner that trains a model of its
+//! own) has its id deferred, as a tuner may defer ids itself, and the loop goes on with the
+//! other trials (their results, ends, deadlines, the user's commands) meanwhile. The answer is
+//! taken in when it comes (`answered`, which wakes the loop), in order with the calls around
+//! it. Only the calls whose answer the loop needs at once wait for every answer before theirs
+//! (`settle`): a new search space, a resume's import, a population member's intermediate result.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use knob_plugin_api::host::{HostError, Reply, TunerHandle};
 use knob_plugin_api::population::{read_suggestion, Emitted, Intermediate, Lineage};
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{Generated, ImportedTrial, Outcome, Suggestion};
 use serde_json::Value;
+use tokio::time::Instant;
 
 use super::tuner_output;
 use crate::config::TunerErrorPolicy;
@@ -59,6 +68,52 @@ pub(super) enum Check {
     Fatal(String),
 }
 
+/// How long asking for parameters waits for the tuner's answer before the id is deferred and
+/// the loop goes on. knob's TPE answers in 1.4 ms at 3 000 results (`tpe_cost`), its GPTuner in
+/// 0.2–0.3 s at 256 (the loop then waited for every such fit).
+pub(super) const ANSWER_WAIT: Duration = Duration::from_millis(20);
+
+/// A call to the tuner whose answer is not taken in yet.
+enum Pending {
+    /// A call whose answer is what the tuner emitted with it: a result, an end, what a tuner
+    /// that woke the loop has ready.
+    Told(Reply<Vec<Suggestion>>),
+    /// Parameters asked for this id, not answered within [`ANSWER_WAIT`]: the id is deferred.
+    Asked(u64, Reply<Generated>),
+}
+
+/// A pending call's answer.
+enum Answer {
+    Told(Vec<Suggestion>),
+    Asked(u64, Generated),
+}
+
+impl Pending {
+    /// Waits for the answer; cut short, it takes nothing (see `Reply::answer`).
+    async fn answer(&mut self) -> Result<Answer, HostError> {
+        Ok(match self {
+            Pending::Told(reply) => Answer::Told(reply.answer().await?),
+            Pending::Asked(parameter_id, reply) => {
+                Answer::Asked(*parameter_id, reply.answer().await?)
+            }
+        })
+    }
+
+    /// The answer if it is there now.
+    fn try_answer(self) -> Result<Result<Answer, HostError>, Pending> {
+        match self {
+            Pending::Told(reply) => match reply.try_get() {
+                Ok(answer) => Ok(answer.map(Answer::Told)),
+                Err(reply) => Err(Pending::Told(reply)),
+            },
+            Pending::Asked(parameter_id, reply) => match reply.try_get() {
+                Ok(answer) => Ok(answer.map(|generated| Answer::Asked(parameter_id, generated))),
+                Err(reply) => Err(Pending::Asked(parameter_id, reply)),
+            },
+        }
+    }
+}
+
 pub(super) struct TunerDriver {
     tuner: TunerHandle,
     policy: TunerErrorPolicy,
@@ -78,9 +133,14 @@ pub(super) struct TunerDriver {
     /// Parameter sets refused and dropped (`tunerErrorPolicy: skip`), in all and in a row.
     dropped: u64,
     drops_in_a_row: u64,
-    /// Calls told and not waited for (final results and ends), oldest first: the answers to
-    /// take in before the tuner's output is read or it is asked anything (`take_told`).
-    told: VecDeque<Reply<Vec<Suggestion>>>,
+    /// Calls whose answers are not taken in yet (told calls, parameters asked for and
+    /// deferred), oldest first: their answers are taken in this order.
+    pending: VecDeque<Pending>,
+    /// How long asking for parameters waits for the answer ([`ANSWER_WAIT`]).
+    answer_wait: Duration,
+    /// The tuner said NoMore in a late answer and the loop has not heard of it
+    /// (`take_late_no_more`).
+    late_no_more: bool,
 }
 
 impl TunerDriver {
@@ -103,7 +163,9 @@ impl TunerDriver {
             space_since: 0,
             dropped: 0,
             drops_in_a_row: 0,
-            told: VecDeque::new(),
+            pending: VecDeque::new(),
+            late_no_more: false,
+            answer_wait: ANSWER_WAIT,
         }
     }
 
@@ -119,10 +181,20 @@ impl TunerDriver {
         id
     }
 
-    /// How many parameter sets the tuner still owes (deferred ids): they count as trials in
-    /// flight.
+    /// How many parameter sets the tuner still owes (deferred ids, its own and those it did
+    /// not answer in time): they count as trials in flight.
     pub fn in_flight(&self) -> u64 {
         self.deferred
+    }
+
+    /// Whether some call's answer is still to come: `answered` will wake the loop with it.
+    pub fn awaits_answers(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// True once after a late answer said NoMore: the loop records it.
+    pub fn take_late_no_more(&mut self) -> bool {
+        std::mem::take(&mut self.late_no_more)
     }
 
     /// Whether the tuner said NoMore for the current search space.
@@ -135,11 +207,11 @@ impl TunerDriver {
         self.dropped
     }
 
-    /// The next thing the tuner emitted unprompted; parameters (a member's too) settle one
-    /// deferred id, a stop of a population member settles none. Takes in the answers to the
-    /// calls told before (`take_told`) first.
-    pub async fn take_suggestion(&mut self) -> Result<Option<Emitted>, HostError> {
-        self.take_told().await?;
+    /// The next thing the tuner emitted unprompted or answered late; parameters (a member's too)
+    /// settle one deferred id, a stop of a population member settles none. Takes in the answers
+    /// that have come first (`take_answered`).
+    pub fn take_suggestion(&mut self) -> Result<Option<Emitted>, HostError> {
+        self.take_answered()?;
         let Some(emitted) = self.suggested.pop_front() else {
             return Ok(None);
         };
@@ -149,15 +221,86 @@ impl TunerDriver {
         Ok(Some(emitted))
     }
 
-    /// Waits for the answers to the calls told and not waited for (`final_result`,
-    /// `trial_ended`), in order, and keeps what the tuner emitted with them; the first that
-    /// failed fails here, as it would have where it was told.
-    pub async fn take_told(&mut self) -> Result<(), HostError> {
-        while let Some(reply) = self.told.pop_front() {
-            let suggestions = reply.get().await?;
-            self.absorb(suggestions);
+    /// Waits for the answers to every pending call, in order, and takes them in; the first
+    /// that failed fails here, as it would have where it was made.
+    pub async fn settle(&mut self) -> Result<(), HostError> {
+        while let Some(mut pending) = self.pending.pop_front() {
+            let answer = pending.answer().await?;
+            self.take_in(answer);
         }
         Ok(())
+    }
+
+    /// Takes in the answers that have come, in order, up to the first still to come.
+    pub fn take_answered(&mut self) -> Result<(), HostError> {
+        while let Some(pending) = self.pending.pop_front() {
+            match pending.try_answer() {
+                Ok(answer) => self.take_in(answer?),
+                Err(pending) => {
+                    self.pending.push_front(pending);
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the oldest pending call's answer, then takes in it and whatever else has
+    /// come; never resolves with none pending. Cut short (another branch of the loop's
+    /// `select!` won), it takes nothing.
+    pub async fn answered(&mut self) -> Result<(), HostError> {
+        let Some(oldest) = self.pending.front_mut() else {
+            return std::future::pending().await;
+        };
+        let answer = oldest.answer().await;
+        self.pending.pop_front();
+        self.take_in(answer?);
+        self.take_answered()
+    }
+
+    fn take_in(&mut self, answer: Answer) {
+        match answer {
+            Answer::Told(suggestions) => self.absorb(suggestions),
+            Answer::Asked(parameter_id, generated) => self.take_late(parameter_id, generated),
+        }
+    }
+
+    /// The late answer for a deferred id: parameters join what the tuner emitted (they settle
+    /// the id when taken), NoMore settles it at once, Deferred leaves it owed (the tuner pays it
+    /// on its own, as for an id it deferred in time).
+    fn take_late(&mut self, parameter_id: u64, generated: Generated) {
+        let emitted = match generated {
+            Generated::Parameters(parameters) => Emitted::Parameters(Suggestion {
+                parameter_id,
+                parameters,
+                label: None,
+            }),
+            Generated::Labeled { parameters, label } => Emitted::Parameters(Suggestion {
+                parameter_id,
+                parameters,
+                label: Some(label),
+            }),
+            Generated::Member {
+                parameters,
+                label,
+                lineage,
+            } => Emitted::Member {
+                parameter_id,
+                parameters,
+                label,
+                lineage,
+            },
+            Generated::Deferred => return,
+            Generated::NoMore => {
+                self.deferred = self.deferred.saturating_sub(1);
+                if !self.exhausted {
+                    self.exhausted = true;
+                    self.late_no_more = true;
+                }
+                return;
+            }
+        };
+        self.suggested.push_back(emitted);
     }
 
     fn absorb(&mut self, suggestions: Vec<Suggestion>) {
@@ -172,7 +315,7 @@ impl TunerDriver {
         intermediate: Intermediate,
         value: f64,
     ) -> Result<(), HostError> {
-        self.take_told().await?;
+        self.settle().await?;
         let suggestions = self
             .tuner
             .receive_intermediate_result(parameter_id, intermediate, value)
@@ -192,52 +335,91 @@ impl TunerDriver {
         self.tuner.wakes()
     }
 
-    /// The tuner woke the loop: takes what it has ready (parameters for ids it deferred).
-    pub async fn take_woken(&mut self) -> Result<(), HostError> {
-        self.take_told().await?;
-        let suggestions = self.tuner.take_suggestions().get().await?;
-        self.absorb(suggestions);
-        Ok(())
+    /// The tuner woke the loop: asks for what it has ready (parameters for ids it deferred),
+    /// taken in like any answer.
+    pub fn take_woken(&mut self) -> Result<(), HostError> {
+        self.pending
+            .push_back(Pending::Told(self.tuner.take_suggestions()));
+        self.take_answered()
     }
 
-    /// Asks the tuner for the parameters of a fresh parameter id.
+    /// Asks the tuner for the parameters of a fresh parameter id, and waits [`ANSWER_WAIT`] at
+    /// most for the answers before it and its own; later, the id is deferred. With an id
+    /// already deferred so, the tuner is still thinking: the id is deferred without a wait.
+    /// Parameters that come behind what the answers before them emitted are deferred too, and
+    /// queued behind it (`take_suggestion`), so that trials are created in the order the tuner
+    /// produced their parameters.
     pub async fn generate(&mut self) -> Result<Handout, HostError> {
-        self.take_told().await?;
+        // A failure already in (a result the tuner could not take) ends the call before the
+        // tuner is asked anything more.
+        self.take_answered()?;
         let parameter_id = self.reserve_parameter_id();
-        Ok(
-            match self.tuner.generate_parameters(parameter_id).get().await? {
-                Generated::Parameters(parameters) => Handout::Parameters {
-                    parameter_id,
-                    parameters,
-                    label: None,
-                    lineage: None,
-                },
-                Generated::Labeled { parameters, label } => Handout::Parameters {
-                    parameter_id,
-                    parameters,
-                    label: Some(label),
-                    lineage: None,
-                },
-                Generated::Member {
-                    parameters,
-                    label,
-                    lineage,
-                } => Handout::Parameters {
-                    parameter_id,
-                    parameters,
-                    label: Some(label),
-                    lineage: Some(lineage),
-                },
-                Generated::Deferred => {
-                    self.deferred += 1;
-                    Handout::Deferred
+        let reply = self.tuner.generate_parameters(parameter_id);
+        let thinking = self
+            .pending
+            .iter()
+            .any(|pending| matches!(pending, Pending::Asked(..)));
+        self.pending.push_back(Pending::Asked(parameter_id, reply));
+        if !thinking {
+            let deadline = Instant::now() + self.answer_wait;
+            while let Some(oldest) = self.pending.front_mut() {
+                let Ok(answer) = tokio::time::timeout_at(deadline, oldest.answer()).await else {
+                    break;
+                };
+                self.pending.pop_front();
+                match answer? {
+                    // Handed out in the order the tuner produced them: behind what the answers
+                    // before it emitted (a promotion a result earned), or at once.
+                    Answer::Asked(id, generated) if id == parameter_id => {
+                        if self.suggested.is_empty() {
+                            return Ok(self.handout(parameter_id, generated));
+                        }
+                        self.deferred += 1;
+                        self.take_late(parameter_id, generated);
+                        return Ok(Handout::Deferred);
+                    }
+                    answer => self.take_in(answer),
                 }
-                Generated::NoMore => {
-                    self.exhausted = true;
-                    Handout::NoMore
-                }
+            }
+        }
+        self.deferred += 1;
+        Ok(Handout::Deferred)
+    }
+
+    /// What the tuner answered in time for `parameter_id`.
+    fn handout(&mut self, parameter_id: u64, generated: Generated) -> Handout {
+        match generated {
+            Generated::Parameters(parameters) => Handout::Parameters {
+                parameter_id,
+                parameters,
+                label: None,
+                lineage: None,
             },
-        )
+            Generated::Labeled { parameters, label } => Handout::Parameters {
+                parameter_id,
+                parameters,
+                label: Some(label),
+                lineage: None,
+            },
+            Generated::Member {
+                parameters,
+                label,
+                lineage,
+            } => Handout::Parameters {
+                parameter_id,
+                parameters,
+                label: Some(label),
+                lineage: Some(lineage),
+            },
+            Generated::Deferred => {
+                self.deferred += 1;
+                Handout::Deferred
+            }
+            Generated::NoMore => {
+                self.exhausted = true;
+                Handout::NoMore
+            }
+        }
     }
 
     /// Whether a parameter set the tuner handed out may become a trial: one the search space
@@ -288,15 +470,15 @@ impl TunerDriver {
     }
 
     /// Tells the tuner a trial of `parameter_id` ended with `status`. Told, not waited for:
-    /// its answer is taken in by `take_told`.
+    /// its answer is taken in as it comes.
     pub fn trial_ended(&mut self, parameter_id: u64, status: TrialStatus) {
         let reply = self.tuner.trial_end(parameter_id, status.as_str().into());
-        self.told.push_back(reply);
+        self.pending.push_back(Pending::Told(reply));
     }
 
     /// Hands the tuner a trial's final result: its outcome, in an experiment with objectives
     /// whose final could be read, else the value. Told, not waited for: its answer is taken in
-    /// by `take_told`.
+    /// as it comes.
     pub fn final_result(
         &mut self,
         parameter_id: u64,
@@ -312,14 +494,14 @@ impl TunerDriver {
                 .tuner
                 .receive_trial_result(parameter_id, parameters, value),
         };
-        self.told.push_back(reply);
+        self.pending.push_back(Pending::Told(reply));
     }
 
     /// Gives the tuner a search space (at the start, and on an update, which was checked when
     /// it was accepted); what it hands out from now on must belong to it, and a tuner that had
     /// run out may have more to try.
     pub async fn set_space(&mut self, space: &Value) -> Result<(), HostError> {
-        self.take_told().await?;
+        self.settle().await?;
         self.tuner.update_search_space(space.clone()).get().await?;
         if let Ok(parsed) = SearchSpace::from_value(space) {
             self.space = parsed;
@@ -331,7 +513,7 @@ impl TunerDriver {
 
     /// A resumed experiment's earlier trials.
     pub async fn import(&mut self, trials: Vec<ImportedTrial>) -> Result<(), HostError> {
-        self.take_told().await?;
+        self.settle().await?;
         self.tuner.import_data(trials).get().await
     }
 }
@@ -441,16 +623,16 @@ mod tests {
                 ..
             }
         ));
-        assert!(driver.take_suggestion().await.unwrap().is_none());
+        assert!(driver.take_suggestion().unwrap().is_none());
         // A trial's end lets the tuner hand out what it owed for id 11.
         driver.trial_ended(10, TrialStatus::Succeeded);
-        let Some(Emitted::Parameters(suggestion)) = driver.take_suggestion().await.unwrap() else {
+        let Some(Emitted::Parameters(suggestion)) = driver.take_suggestion().unwrap() else {
             panic!("parameters for the deferred id");
         };
         assert_eq!(suggestion.parameter_id, 11);
         assert_eq!(driver.in_flight(), 0);
         driver.final_result(13, json!({"x": 0.2}), 0.75, None);
-        driver.take_told().await.unwrap();
+        driver.settle().await.unwrap();
         assert_eq!(
             *calls.lock().unwrap(),
             ["end 10 SUCCEEDED", "result 13 0.75"]
@@ -522,7 +704,7 @@ mod tests {
             "{warning}"
         );
         lenient.tell_dropped(4);
-        lenient.take_told().await.unwrap();
+        lenient.settle().await.unwrap();
         assert_eq!(*calls.lock().unwrap(), ["end 4 SYS_CANCELED"]);
         // An accepted set resets the run of drops, not the count.
         assert_eq!(lenient.check(5, &json!({"x": 0.5})), Check::Accepted);
@@ -567,6 +749,106 @@ mod tests {
         assert!(error.to_string().contains("cannot take results"), "{error}");
         assert_eq!(*calls.lock().unwrap(), ["result 0 0.5", "end 0 SUCCEEDED"]);
         // Taken in once: what follows goes on.
-        assert!(driver.take_suggestion().await.unwrap().is_none());
+        assert!(driver.take_suggestion().unwrap().is_none());
+    }
+
+    /// Answers `generate_parameters` with `{"x": id / 100}` once it may: each call waits for a
+    /// message on `go` (at most 10 s), a model being fitted. Runs on a thread of its own.
+    struct Thinking {
+        go: std::sync::mpsc::Receiver<()>,
+        /// Answers NoMore from this id on.
+        no_more_from: u64,
+    }
+
+    impl Tuner for Thinking {
+        fn new(_: &Value) -> Result<Self, PluginError> {
+            unreachable!("built directly")
+        }
+        fn update_search_space(&mut self, _: &SearchSpace) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn generate_parameters(&mut self, id: u64) -> Result<Generated, PluginError> {
+            let _ = self.go.recv_timeout(std::time::Duration::from_secs(10));
+            if id >= self.no_more_from {
+                return Ok(Generated::NoMore);
+            }
+            Ok(Generated::Parameters(json!({ "x": id as f64 / 100.0 })))
+        }
+        fn receive_trial_result(&mut self, _: u64, _: &Value, _: f64) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    fn thinking(no_more_from: u64) -> (TunerDriver, std::sync::mpsc::Sender<()>) {
+        let (go, wait) = std::sync::mpsc::channel();
+        let tuner = Thinking {
+            go: wait,
+            no_more_from,
+        };
+        let space =
+            SearchSpace::from_value(&json!({"x": {"_type": "uniform", "_value": [0, 1]}})).unwrap();
+        let handle = in_process::tuner_on_thread("Thinking", tuner);
+        (TunerDriver::new(handle, space, TunerErrorPolicy::Error), go)
+    }
+
+    #[tokio::test]
+    async fn parameters_not_answered_in_time_are_deferred_and_taken_in_order_when_they_come() {
+        let (mut driver, go) = thinking(u64::MAX);
+        // Still thinking after ANSWER_WAIT: deferred, counted in flight.
+        assert_eq!(driver.generate().await.unwrap(), Handout::Deferred);
+        assert_eq!(driver.in_flight(), 1);
+        assert!(driver.awaits_answers());
+        // Asked again while it thinks: deferred at once (not after a wait of a minute), queued
+        // behind the first.
+        driver.answer_wait = std::time::Duration::from_secs(60);
+        let asked = std::time::Instant::now();
+        assert_eq!(driver.generate().await.unwrap(), Handout::Deferred);
+        assert!(asked.elapsed().as_secs() < 30, "{:?}", asked.elapsed());
+        assert_eq!(driver.in_flight(), 2);
+        assert!(driver.take_suggestion().unwrap().is_none());
+        // The answers come in the order asked, each settling its id once taken.
+        go.send(()).unwrap();
+        go.send(()).unwrap();
+        let mut ids = Vec::new();
+        while ids.len() < 2 {
+            tokio::time::timeout(std::time::Duration::from_secs(10), driver.answered())
+                .await
+                .expect("the answers come")
+                .unwrap();
+            while let Some(emitted) = driver.take_suggestion().unwrap() {
+                let Emitted::Parameters(suggestion) = emitted else {
+                    panic!("parameters");
+                };
+                assert_eq!(
+                    suggestion.parameters,
+                    json!({ "x": suggestion.parameter_id as f64 / 100.0 })
+                );
+                ids.push(suggestion.parameter_id);
+            }
+        }
+        assert_eq!(ids, [0, 1]);
+        assert_eq!(driver.in_flight(), 0);
+        assert!(!driver.awaits_answers());
+        // Answered in time: handed out as before.
+        go.send(()).unwrap();
+        assert!(matches!(
+            driver.generate().await.unwrap(),
+            Handout::Parameters {
+                parameter_id: 2,
+                ..
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_late_no_more_settles_its_id_and_is_told_once() {
+        let (mut driver, go) = thinking(0);
+        assert_eq!(driver.generate().await.unwrap(), Handout::Deferred);
+        go.send(()).unwrap();
+        driver.settle().await.unwrap();
+        assert!(driver.exhausted());
+        assert_eq!(driver.in_flight(), 0);
+        assert!(driver.take_late_no_more());
+        assert!(!driver.take_late_no_more());
     }
 }

@@ -207,7 +207,7 @@ struct Services {
     hold: Mutex<Option<std_mpsc::Receiver<()>>>,
     starts: Starts,
     fetches: Option<Arc<Fetches>>,
-    tuner: fn(&str) -> TunerHandle,
+    tuner: Box<dyn Fn(&str) -> TunerHandle + Send + Sync>,
 }
 
 impl Components for Services {
@@ -358,6 +358,17 @@ fn run_experiment(
     config: &ExperimentConfig,
     components: &Services,
 ) -> Result<manager::Outcome, manager::ManagerError> {
+    let (progress, _progress_rx) = watch::channel(manager::Progress::default());
+    run_experiment_watched(dir, config, components, progress)
+}
+
+/// [`run_experiment`], publishing its progress on `progress`.
+fn run_experiment_watched(
+    dir: &std::path::Path,
+    config: &ExperimentConfig,
+    components: &Services,
+    progress: watch::Sender<manager::Progress>,
+) -> Result<manager::Outcome, manager::ManagerError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -380,7 +391,6 @@ fn run_experiment(
             config_file: None,
         };
         let (_commands_tx, commands) = mpsc::unbounded_channel();
-        let (progress, _progress_rx) = watch::channel(manager::Progress::default());
         manager::run(experiment, store, components, commands, progress).await
     })
 }
@@ -396,7 +406,7 @@ fn a_service_stuck_in_a_start_does_not_hold_the_other_services_trials() {
         hold: Mutex::new(Some(hold)),
         starts: starts.clone(),
         fetches: None,
-        tuner: |name| in_process::tuner(name, Counter),
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
     };
     let trials = QUICK_STARTS as u64 + 4;
     // One trial always waits for a GPU, so the manager re-probes the machines every 5 s.
@@ -509,7 +519,7 @@ fn a_successor_waiting_for_its_parents_checkpoint_holds_no_other_trial() {
         hold: Mutex::new(None),
         starts: starts.clone(),
         fetches: Some(fetches.clone()),
-        tuner: |name| in_process::tuner(name, Population),
+        tuner: Box::new(|name| in_process::tuner(name, Population)),
     };
     // Enough that trials are left to start after `QUICK_STARTS` while the call is held: those
     // placed under the held service wait for it, and hold their GPUs and places meanwhile.
@@ -608,7 +618,7 @@ fn a_service_that_cannot_be_built_is_named_once() {
         hold: Mutex::new(None),
         starts: Starts::default(),
         fetches: None,
-        tuner: |name| in_process::tuner(name, Counter),
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
     };
     let config = config(dir.path(), 1, 1, components.platforms, "Counter");
     let Err(error) = run_experiment(dir.path(), &config, &components) else {
@@ -618,4 +628,107 @@ fn a_service_that_cannot_be_built_is_named_once() {
         error.to_string(),
         "training service broken: constructor failed: classArgs of training service broken: machineList is empty"
     );
+}
+
+/// Answers ids below `THINKS_FROM` at once, like [`Counter`]; from there on it fits a model
+/// first: the first such call waits for a message on `hold` (or `HOLD_LIMIT`).
+struct Thinking {
+    hold: Option<std_mpsc::Receiver<()>>,
+}
+
+/// The first id [`Thinking`] thinks about: the experiment's concurrency, so that every trial
+/// it started at once ends while the tuner thinks.
+const THINKS_FROM: u64 = 4;
+
+impl Tuner for Thinking {
+    fn new(_class_args: &Value) -> Result<Self, PluginError> {
+        unreachable!("built directly")
+    }
+
+    fn update_search_space(&mut self, _space: &SearchSpace) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        if parameter_id >= THINKS_FROM {
+            if let Some(hold) = self.hold.take() {
+                let _ = hold.recv_timeout(HOLD_LIMIT);
+            }
+        }
+        Ok(Generated::Parameters(
+            json!({ "x": parameter_id as f64 / 1000.0 }),
+        ))
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        _parameter_id: u64,
+        _parameters: &Value,
+        _value: f64,
+    ) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// A tuner that thinks long about a trial's parameters (a GP fitting its model on hundreds of
+/// results) holds only the trials waiting for them: the loop records the other trials' results
+/// and ends meanwhile, and keeps waiting for the tuner when nothing is left running, rather than
+/// ending the experiment. On a thread of its own, as a plugin's tuner runs.
+#[test]
+fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (release, hold) = std_mpsc::channel();
+    let hold = Mutex::new(Some(hold));
+    let starts: Starts = Default::default();
+    let components = Services {
+        platforms: &["quick"],
+        gpus: THINKS_FROM as u32,
+        hold: Mutex::new(None),
+        starts: starts.clone(),
+        fetches: None,
+        tuner: Box::new(move |name| {
+            let hold = hold.lock().unwrap().take();
+            in_process::tuner_on_thread(name, Thinking { hold })
+        }),
+    };
+    let trials = 2 * THINKS_FROM;
+    let config = config(
+        dir.path(),
+        trials,
+        THINKS_FROM as u32,
+        components.platforms,
+        "Thinking",
+    );
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+
+    // Lets the tuner's first fit go once the loop has recorded every first trial as ended,
+    // nothing running (or at `HOLD_LIMIT`, when the fit lets itself go); says which it was.
+    let watcher = release_when(release, move || {
+        let progress = progress_rx.borrow();
+        progress.succeeded >= THINKS_FROM && progress.running == 0
+    });
+
+    let outcome = run_experiment_watched(dir.path(), &config, &components, progress);
+    let released_after = watcher.join().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert!(
+        released_after.is_some(),
+        "the first {THINKS_FROM} trials were not recorded as ended while the tuner thought ({HOLD_LIMIT:?}): the loop waited on the tuner"
+    );
+
+    // The ids it thought about were paid in order once it answered, and every trial ran.
+    let starts = starts.lock().unwrap().clone();
+    assert_eq!(starts.len() as u64, trials, "{starts:?}");
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    let mut ran: Vec<(u64, f64)> = state
+        .trials
+        .iter()
+        .map(|t| {
+            assert_eq!(t.status, TrialStatus::Succeeded, "{:?}", state.warnings);
+            (t.parameter_id, t.parameters["x"].as_f64().unwrap())
+        })
+        .collect();
+    ran.sort_by_key(|(id, _)| *id);
+    let expected: Vec<(u64, f64)> = (0..trials).map(|id| (id, id as f64 / 1000.0)).collect();
+    assert_eq!(ran, expected);
 }

@@ -35,6 +35,18 @@ pub fn tuner<T: Tuner>(name: &str, tuner: T) -> TunerHandle {
     )
 }
 
+/// [`tuner`] on a thread of its own, as a plugin's tuner runs: a call that takes long (a model
+/// being fitted) keeps only the tuner busy. For tests of what the host does meanwhile.
+pub fn tuner_on_thread<T: Tuner>(name: &str, tuner: T) -> TunerHandle {
+    let object = TunerObject {
+        raw: crate::sdk::in_process_tuner(tuner, name),
+        label: format!("tuner {name}"),
+        takes_objectives: T::takes_objectives(),
+        wakes: false,
+    };
+    TunerHandle::new(object)
+}
+
 /// An assessor handle over `assessor`, told the experiment's context, labelled
 /// `assessor <name>` in errors.
 pub fn assessor<A: Assessor>(

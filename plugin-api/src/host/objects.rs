@@ -639,6 +639,21 @@ impl<R> Reply<R> {
         }
     }
 
+    /// Waits for the answer, like [`Reply::get`], but by reference: a wait cut short (one
+    /// branch of a `select!`, a timeout) takes nothing, and the reply can be waited for again.
+    /// Once it has answered, the reply is spent: asked again, it says the component is gone.
+    pub async fn answer(&mut self) -> Result<R, HostError> {
+        let gone = HostError::Gone {
+            label: self.label.to_string(),
+        };
+        let Some(answer) = self.answer.as_mut() else {
+            return Err(gone);
+        };
+        let answer = answer.await;
+        self.answer = None;
+        answer.unwrap_or(Err(gone))
+    }
+
     /// The answer if it is there now (always, for a component run inline), else the reply
     /// back, to wait for later: what lets a caller that must not wait on a busy component
     /// (a training service stuck in a long start) go on without it.
