@@ -469,7 +469,13 @@ impl Manager {
     /// Creates trials of what the tuner emitted unprompted or answered late, in the order it
     /// did, and stops the population members it asked to stop.
     async fn submit_suggested(&mut self) -> Result<(), ManagerError> {
-        while let Some(emitted) = self.tuner.take_suggestion()? {
+        loop {
+            // Only the tuner's trials wait for room: one the user adds through the API runs at
+            // once, and takes room like any.
+            let room = self.book.active_count() < u64::from(self.config.trial_concurrency);
+            let Some(emitted) = self.tuner.take_suggestion(room)? else {
+                break;
+            };
             let (parameter_id, parameters, label, lineage) = match emitted {
                 Emitted::Stop(stop) => {
                     self.stop_member(stop).await?;

@@ -209,9 +209,15 @@ impl TunerDriver {
 
     /// The next thing the tuner emitted unprompted or answered late; parameters (a member's too)
     /// settle one deferred id, a stop of a population member settles none. Takes in the answers
-    /// that have come first (`take_answered`).
-    pub fn take_suggestion(&mut self) -> Result<Option<Emitted>, HostError> {
+    /// that have come first (`take_answered`). Without `room` for another trial (the user
+    /// lowered `trialConcurrency` while the tuner owed parameters), plain parameters stay queued,
+    /// still owed, and so does what is behind them; a population's members and stops are taken
+    /// (a stop frees the place its successor takes).
+    pub fn take_suggestion(&mut self, room: bool) -> Result<Option<Emitted>, HostError> {
         self.take_answered()?;
+        if !room && matches!(self.suggested.front(), Some(Emitted::Parameters(_))) {
+            return Ok(None);
+        }
         let Some(emitted) = self.suggested.pop_front() else {
             return Ok(None);
         };
@@ -623,10 +629,10 @@ mod tests {
                 ..
             }
         ));
-        assert!(driver.take_suggestion().unwrap().is_none());
+        assert!(driver.take_suggestion(true).unwrap().is_none());
         // A trial's end lets the tuner hand out what it owed for id 11.
         driver.trial_ended(10, TrialStatus::Succeeded);
-        let Some(Emitted::Parameters(suggestion)) = driver.take_suggestion().unwrap() else {
+        let Some(Emitted::Parameters(suggestion)) = driver.take_suggestion(true).unwrap() else {
             panic!("parameters for the deferred id");
         };
         assert_eq!(suggestion.parameter_id, 11);
@@ -749,7 +755,7 @@ mod tests {
         assert!(error.to_string().contains("cannot take results"), "{error}");
         assert_eq!(*calls.lock().unwrap(), ["result 0 0.5", "end 0 SUCCEEDED"]);
         // Taken in once: what follows goes on.
-        assert!(driver.take_suggestion().unwrap().is_none());
+        assert!(driver.take_suggestion(true).unwrap().is_none());
     }
 
     /// Answers `generate_parameters` with `{"x": id / 100}` once it may: each call waits for a
@@ -805,7 +811,7 @@ mod tests {
         assert_eq!(driver.generate().await.unwrap(), Handout::Deferred);
         assert!(asked.elapsed().as_secs() < 30, "{:?}", asked.elapsed());
         assert_eq!(driver.in_flight(), 2);
-        assert!(driver.take_suggestion().unwrap().is_none());
+        assert!(driver.take_suggestion(true).unwrap().is_none());
         // The answers come in the order asked, each settling its id once taken.
         go.send(()).unwrap();
         go.send(()).unwrap();
@@ -815,7 +821,7 @@ mod tests {
                 .await
                 .expect("the answers come")
                 .unwrap();
-            while let Some(emitted) = driver.take_suggestion().unwrap() {
+            while let Some(emitted) = driver.take_suggestion(true).unwrap() {
                 let Emitted::Parameters(suggestion) = emitted else {
                     panic!("parameters");
                 };

@@ -369,6 +369,18 @@ fn run_experiment_watched(
     components: &Services,
     progress: watch::Sender<manager::Progress>,
 ) -> Result<manager::Outcome, manager::ManagerError> {
+    let (_commands_tx, commands) = mpsc::unbounded_channel();
+    run_experiment_commanded(dir, config, components, progress, commands)
+}
+
+/// [`run_experiment_watched`], taking the user's commands from `commands`.
+fn run_experiment_commanded(
+    dir: &std::path::Path,
+    config: &ExperimentConfig,
+    components: &Services,
+    progress: watch::Sender<manager::Progress>,
+    commands: mpsc::UnboundedReceiver<manager::Command>,
+) -> Result<manager::Outcome, manager::ManagerError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -390,7 +402,6 @@ fn run_experiment_watched(
             history: None,
             config_file: None,
         };
-        let (_commands_tx, commands) = mpsc::unbounded_channel();
         manager::run(experiment, store, components, commands, progress).await
     })
 }
@@ -731,4 +742,75 @@ fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
     ran.sort_by_key(|(id, _)| *id);
     let expected: Vec<(u64, f64)> = (0..trials).map(|id| (id, id as f64 / 1000.0)).collect();
     assert_eq!(ran, expected);
+}
+
+/// Parameters the tuner owed when the user lowered `trialConcurrency` start one at a time under
+/// the new concurrency, not all at once when the tuner pays them.
+#[test]
+fn parameters_owed_when_the_concurrency_is_lowered_wait_for_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let (release, hold) = std_mpsc::channel();
+    let hold = Mutex::new(Some(hold));
+    let starts: Starts = Default::default();
+    let components = Services {
+        platforms: &["quick"],
+        gpus: THINKS_FROM as u32,
+        hold: Mutex::new(None),
+        starts: starts.clone(),
+        fetches: None,
+        tuner: Box::new(move |name| {
+            let hold = hold.lock().unwrap().take();
+            in_process::tuner_on_thread(name, Thinking { hold })
+        }),
+    };
+    let trials = 2 * THINKS_FROM;
+    let config = config(
+        dir.path(),
+        trials,
+        THINKS_FROM as u32,
+        components.platforms,
+        "Thinking",
+    );
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+
+    // Once the first trials ended and the tuner owes the next four, the user lowers the
+    // concurrency to 1; then the tuner answers.
+    let watcher = release_when(release, move || {
+        let quiet = {
+            let progress = progress_rx.borrow();
+            progress.succeeded >= THINKS_FROM && progress.running == 0
+        };
+        if !quiet {
+            return false;
+        }
+        let (reply_tx, reply) = tokio::sync::oneshot::channel();
+        let update = manager::Update::TrialConcurrency(1);
+        commands_tx
+            .send(manager::Command::Update(update, reply_tx))
+            .unwrap();
+        assert_eq!(
+            reply.blocking_recv().unwrap(),
+            Ok(manager::UpdateOutcome::Applied)
+        );
+        true
+    });
+
+    let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
+    let released_after = watcher.join().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert!(released_after.is_some(), "the update was never sent");
+
+    // The owed ids' trials ran one after the other: each started once the one before had
+    // ended (each runs TRIAL_TIME).
+    let starts = starts.lock().unwrap().clone();
+    assert_eq!(starts.len() as u64, trials, "{starts:?}");
+    let gaps: Vec<Duration> = starts[THINKS_FROM as usize..]
+        .windows(2)
+        .map(|pair| pair[1].0 - pair[0].0)
+        .collect();
+    assert!(
+        gaps.iter().all(|gap| *gap >= TRIAL_TIME),
+        "trials of the owed ids ran side by side under trialConcurrency 1: starts {gaps:?} apart"
+    );
 }
