@@ -666,9 +666,7 @@ impl Tuner for Thinking {
                 let _ = hold.recv_timeout(HOLD_LIMIT);
             }
         }
-        Ok(Generated::Parameters(
-            json!({ "x": parameter_id as f64 / 1000.0 }),
-        ))
+        Counter.generate_parameters(parameter_id)
     }
 
     fn receive_trial_result(
@@ -681,13 +679,12 @@ impl Tuner for Thinking {
     }
 }
 
-/// A tuner that thinks long about a trial's parameters (a GP fitting its model on hundreds of
-/// results) holds only the trials waiting for them: the loop records the other trials' results
-/// and ends meanwhile, and keeps waiting for the tuner when nothing is left running, rather than
-/// ending the experiment. On a thread of its own, as a plugin's tuner runs.
-#[test]
-fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
-    let dir = tempfile::tempdir().unwrap();
+/// `2 × THINKS_FROM` trials, `THINKS_FROM` at a time on as many GPUs, with a [`Thinking`] tuner
+/// on a thread of its own (as a plugin's tuner runs), whose first fit goes on once told so on the
+/// sender returned; with the starts the service records.
+fn thinking_experiment(
+    dir: &std::path::Path,
+) -> (std_mpsc::Sender<()>, Starts, Services, ExperimentConfig) {
     let (release, hold) = std_mpsc::channel();
     let hold = Mutex::new(Some(hold));
     let starts: Starts = Default::default();
@@ -702,14 +699,25 @@ fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
             in_process::tuner_on_thread(name, Thinking { hold })
         }),
     };
-    let trials = 2 * THINKS_FROM;
     let config = config(
-        dir.path(),
-        trials,
+        dir,
+        2 * THINKS_FROM,
         THINKS_FROM as u32,
         components.platforms,
         "Thinking",
     );
+    (release, starts, components, config)
+}
+
+/// A tuner that thinks long about a trial's parameters (a GP fitting its model on hundreds of
+/// results) holds only the trials waiting for them: the loop records the other trials' results
+/// and ends meanwhile, and keeps waiting for the tuner when nothing is left running, rather than
+/// ending the experiment. On a thread of its own, as a plugin's tuner runs.
+#[test]
+fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (release, starts, components, config) = thinking_experiment(dir.path());
+    let trials = config.max_trial_number.unwrap();
     let (progress, progress_rx) = watch::channel(manager::Progress::default());
 
     // Lets the tuner's first fit go once the loop has recorded every first trial as ended,
@@ -749,28 +757,8 @@ fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
 #[test]
 fn parameters_owed_when_the_concurrency_is_lowered_wait_for_room() {
     let dir = tempfile::tempdir().unwrap();
-    let (release, hold) = std_mpsc::channel();
-    let hold = Mutex::new(Some(hold));
-    let starts: Starts = Default::default();
-    let components = Services {
-        platforms: &["quick"],
-        gpus: THINKS_FROM as u32,
-        hold: Mutex::new(None),
-        starts: starts.clone(),
-        fetches: None,
-        tuner: Box::new(move |name| {
-            let hold = hold.lock().unwrap().take();
-            in_process::tuner_on_thread(name, Thinking { hold })
-        }),
-    };
-    let trials = 2 * THINKS_FROM;
-    let config = config(
-        dir.path(),
-        trials,
-        THINKS_FROM as u32,
-        components.platforms,
-        "Thinking",
-    );
+    let (release, starts, components, config) = thinking_experiment(dir.path());
+    let trials = config.max_trial_number.unwrap();
     let (progress, progress_rx) = watch::channel(manager::Progress::default());
     let (commands_tx, commands) = mpsc::unbounded_channel();
 

@@ -22,12 +22,7 @@ use crate::{
 
 /// A tuner handle over `tuner`, labelled `tuner <name>` in errors.
 pub fn tuner<T: Tuner>(name: &str, tuner: T) -> TunerHandle {
-    let object = TunerObject {
-        raw: crate::sdk::in_process_tuner(tuner, name),
-        label: format!("tuner {name}"),
-        takes_objectives: T::takes_objectives(),
-        wakes: false,
-    };
+    let object = tuner_object(name, tuner);
     TunerHandle(
         PluginThread::inline(object.label.clone(), object),
         T::takes_objectives(),
@@ -38,13 +33,16 @@ pub fn tuner<T: Tuner>(name: &str, tuner: T) -> TunerHandle {
 /// [`tuner`] on a thread of its own, as a plugin's tuner runs: a call that takes long (a model
 /// being fitted) keeps only the tuner busy. For tests of what the host does meanwhile.
 pub fn tuner_on_thread<T: Tuner>(name: &str, tuner: T) -> TunerHandle {
-    let object = TunerObject {
+    TunerHandle::new(tuner_object(name, tuner))
+}
+
+fn tuner_object<T: Tuner>(name: &str, tuner: T) -> TunerObject {
+    TunerObject {
         raw: crate::sdk::in_process_tuner(tuner, name),
         label: format!("tuner {name}"),
         takes_objectives: T::takes_objectives(),
         wakes: false,
-    };
-    TunerHandle::new(object)
+    }
 }
 
 /// An assessor handle over `assessor`, told the experiment's context, labelled
