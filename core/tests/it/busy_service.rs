@@ -14,7 +14,7 @@ use knob_core::config::{
     TunerErrorPolicy,
 };
 use knob_core::manager::{self, Components, EventCallback};
-use knob_core::store::{Store, StoreEvent, TrialStatus};
+use knob_core::store::{ExperimentStatus, Store, StoreEvent, TrialStatus};
 use knob_gpu_sched::{ByteSize, Gpu, HostResources};
 use knob_plugin_api::host::{
     in_process, AssessorHandle, HostError, TrainingServiceHandle, TunerHandle,
@@ -800,5 +800,69 @@ fn parameters_owed_when_the_concurrency_is_lowered_wait_for_room() {
     assert!(
         gaps.iter().all(|gap| *gap >= TRIAL_TIME),
         "trials of the owed ids ran side by side under trialConcurrency 1: starts {gaps:?} apart"
+    );
+}
+
+/// Answers like [`Counter`]; cannot take the result of the last of `trials` trials.
+struct FailsOnTheLast {
+    trials: u64,
+}
+
+impl Tuner for FailsOnTheLast {
+    fn new(_class_args: &Value) -> Result<Self, PluginError> {
+        unreachable!("built directly")
+    }
+
+    fn update_search_space(&mut self, _space: &SearchSpace) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        Counter.generate_parameters(parameter_id)
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        parameter_id: u64,
+        _parameters: &Value,
+        _value: f64,
+    ) -> Result<(), PluginError> {
+        if parameter_id + 1 == self.trials {
+            return Err(PluginError::new("the model cannot take this result"));
+        }
+        Ok(())
+    }
+}
+
+/// A result is told to the tuner without waiting for its answer; at the experiment's natural end
+/// the answers still to come are waited for, so a tuner that fails on the last result still ends
+/// the experiment in ERROR with its message (on a thread of its own, as a plugin's tuner runs).
+#[test]
+fn a_tuner_failing_on_the_last_result_ends_the_experiment_with_its_error() {
+    let dir = tempfile::tempdir().unwrap();
+    const TRIALS: u64 = 3;
+    let components = Services {
+        platforms: &["quick"],
+        gpus: 1,
+        hold: Mutex::new(None),
+        starts: Default::default(),
+        fetches: None,
+        tuner: Box::new(|name| {
+            in_process::tuner_on_thread(name, FailsOnTheLast { trials: TRIALS })
+        }),
+    };
+    let config = config(
+        dir.path(),
+        TRIALS,
+        1,
+        components.platforms,
+        "FailsOnTheLast",
+    );
+    let outcome = run_experiment(dir.path(), &config, &components).unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Error, "{outcome:?}");
+    let message = outcome.message.unwrap_or_default();
+    assert!(
+        message.contains("the model cannot take this result"),
+        "{message}"
     );
 }
