@@ -6,6 +6,7 @@ use std::io::{BufReader, Read};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -220,6 +221,9 @@ pub struct Dispatcher {
     /// Commands read but not yet consumed by the caller.
     pending: VecDeque<(String, String)>,
     closed: Option<String>,
+    /// The connector killed the dispatcher (it did not connect in time, or its handshake
+    /// failed): its exit status then says only that, and the error leaves it out.
+    killed_unconnected: Arc<AtomicBool>,
 }
 
 /// How many lines of dispatcher.log an error quotes.
@@ -302,11 +306,13 @@ impl Dispatcher {
         let framing = launch.python.framing;
         let later = Later::default();
         spawn_sender(Arc::downgrade(&writer), framing, later.clone());
+        let killed_unconnected = Arc::new(AtomicBool::new(false));
         let connection = Connection {
             listener,
             child: child.clone(),
             writer: writer.clone(),
             timeout: launch.connect_timeout,
+            killed: killed_unconnected.clone(),
         };
         std::thread::Builder::new()
             .name("nni-dispatcher-reader".into())
@@ -322,6 +328,7 @@ impl Dispatcher {
             incoming,
             pending: VecDeque::new(),
             closed: None,
+            killed_unconnected,
             later,
         })
     }
@@ -427,7 +434,11 @@ impl Dispatcher {
         if let Some(reason) = self.closed.clone() {
             // Commands sent before the close still count.
             if self.pending.is_empty() {
-                let status = self.wait_exit(Duration::from_secs(2));
+                let status = if self.killed_unconnected.load(Ordering::Relaxed) {
+                    String::new()
+                } else {
+                    self.wait_exit(Duration::from_secs(2))
+                };
                 return Err(PluginError::new(format!(
                     "{}: NNI's dispatcher stopped ({reason}{status}){}",
                     self.launch.what,
@@ -700,6 +711,8 @@ struct Connection {
     writer: Arc<Writer>,
     /// `dispatcherConnectTimeout`, counted from the start.
     timeout: Duration,
+    /// Set when it kills the dispatcher ([`Dispatcher::killed_unconnected`]).
+    killed: Arc<AtomicBool>,
 }
 
 impl Connection {
@@ -751,6 +764,7 @@ impl Connection {
     /// Kills the dispatcher; returns `reason`.
     fn end(&self, reason: String) -> String {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        self.killed.store(true, Ordering::Relaxed);
         let _ = child.kill();
         let _ = child.wait();
         reason

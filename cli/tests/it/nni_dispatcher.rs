@@ -1095,3 +1095,43 @@ fn check_a_stop_does_not_wait(
     assert_eq!(export["experiment"]["status"], "STOPPED", "{}", output());
     assert_eq!(export["trials"], serde_json::json!([]), "{}", output());
 }
+
+/// A dispatcher that does not connect within `dispatcherConnectTimeout` (a tuner whose
+/// constructor takes longer) ends the experiment in ERROR with one line that names the setting,
+/// and is not left behind. The line does not add the exit status of knob's own kill.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_dispatcher_that_does_not_connect_in_time_ends_the_experiment_naming_the_setting() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  dispatcherConnectTimeout: 2s\n  classArgs: {{record: {}, construct: 120}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 3, "1 0", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, "cconnecttimeout");
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["experiment"]["status"], "ERROR", "{context}");
+    assert!(export["trials"].as_array().unwrap().is_empty(), "{context}");
+    let message = export["experiment"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(
+            "NNI's dispatcher stopped (it did not connect within 2 s (dispatcherConnectTimeout))"
+        ) && !message.contains("SIGKILL"),
+        "{message}"
+    );
+    // The dispatcher had begun to construct the tuner (on a loaded machine Python and nni may
+    // not get that far in 2 s) and is gone.
+    for event in record(&record_file) {
+        let pid = event["pid"].as_u64().unwrap();
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "the dispatcher {pid} was left running"
+        );
+    }
+}
