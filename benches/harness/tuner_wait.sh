@@ -35,7 +35,7 @@ done
 command -v curl >/dev/null || { echo "error: curl is needed (apt-get install curl)" >&2; exit 1; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/knob-tuner-wait.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cat >"$work/trial.py" <<'PY'
 import json, os
 p = json.loads(os.environ["KNOB_PARAMETERS"])
