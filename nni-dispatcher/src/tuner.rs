@@ -261,11 +261,12 @@ impl Tuner for DispatcherTuner {
         // waiting cannot pay this one: it is deferred at once, as is one asked for before the
         // dispatcher answered `IN` (it is still starting: Python, nni, the tuner's
         // constructor). Otherwise the first answer ends a short wait; a NO too (the tuner has
-        // nothing now: NNI's PBTTuner until a generation's last result is in). An id not paid in the wait is deferred, and a later
-        // TR pays it (`take_suggestions`, which the reader thread's waker makes the host call at
-        // once). Waiting longer would hold the host's loop, and the tuner's thread with every
-        // result queued behind it: an advisor or PBTTuner that pays its credit only when a
-        // result comes in would then never answer.
+        // nothing now: NNI's PBTTuner until a generation's last result is in). An id not paid
+        // in the wait is deferred, and a later TR pays it (`take_suggestions`, which the reader
+        // thread's waker makes the host call at once). Waiting longer would hold the tuner's
+        // thread with every result queued behind it (the host's loop waits 20 ms of it at
+        // most): an advisor or PBTTuner that pays its credit only when a result comes in would
+        // then never answer.
         let wait = if self.owed.is_empty() && self.initialized {
             SUGGESTION_WAIT
         } else {

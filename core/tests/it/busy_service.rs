@@ -359,21 +359,12 @@ fn run_experiment(
     components: &Services,
 ) -> Result<manager::Outcome, manager::ManagerError> {
     let (progress, _progress_rx) = watch::channel(manager::Progress::default());
-    run_experiment_watched(dir, config, components, progress)
-}
-
-/// [`run_experiment`], publishing its progress on `progress`.
-fn run_experiment_watched(
-    dir: &std::path::Path,
-    config: &ExperimentConfig,
-    components: &Services,
-    progress: watch::Sender<manager::Progress>,
-) -> Result<manager::Outcome, manager::ManagerError> {
     let (_commands_tx, commands) = mpsc::unbounded_channel();
     run_experiment_commanded(dir, config, components, progress, commands)
 }
 
-/// [`run_experiment_watched`], taking the user's commands from `commands`.
+/// [`run_experiment`], publishing its progress on `progress` and taking the user's commands
+/// from `commands`.
 fn run_experiment_commanded(
     dir: &std::path::Path,
     config: &ExperimentConfig,
@@ -727,7 +718,8 @@ fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
         progress.succeeded >= THINKS_FROM && progress.running == 0
     });
 
-    let outcome = run_experiment_watched(dir.path(), &config, &components, progress);
+    let (_commands_tx, commands) = mpsc::unbounded_channel();
+    let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
     let released_after = watcher.join().unwrap();
     assert!(outcome.is_ok(), "{outcome:?}");
     assert!(
