@@ -795,6 +795,62 @@ fn parameters_owed_when_the_concurrency_is_lowered_wait_for_room() {
     );
 }
 
+/// A `knob stop` while the tuner is stuck thinking, with nothing running, ends the experiment
+/// STOPPED: the loop does not wait for the answer, and the end waits for the stuck tuner only
+/// its bounded patience (10 s), not until the tuner lets go.
+#[test]
+fn a_stop_while_the_tuner_is_stuck_ends_the_experiment() {
+    let dir = tempfile::tempdir().unwrap();
+    // Never sent on: the tuner's first fit lets go only at `HOLD_LIMIT` (or when this is
+    // dropped, at the test's end).
+    let (_release, _starts, components, config) = thinking_experiment(dir.path());
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+
+    // Once the first trials ended and the tuner thinks about the next ones, the user stops.
+    let stop_sent = Arc::new(Mutex::new(None));
+    let watcher = std::thread::spawn({
+        let stop_sent = stop_sent.clone();
+        move || {
+            let began = Instant::now();
+            while began.elapsed() < HOLD_LIMIT {
+                let quiet = {
+                    let progress = progress_rx.borrow();
+                    progress.succeeded >= THINKS_FROM && progress.running == 0
+                };
+                if quiet {
+                    *stop_sent.lock().unwrap() = Some(Instant::now());
+                    let _ = commands_tx.send(manager::Command::Stop);
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    });
+
+    let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
+    let ended = Instant::now();
+    watcher.join().unwrap();
+    let stop_sent = stop_sent
+        .lock()
+        .unwrap()
+        .expect("the first trials never ended");
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Stopped, "{outcome:?}");
+    let took = ended - stop_sent;
+    assert!(
+        took < Duration::from_secs(20),
+        "the stop took {took:?}: the end waited for the stuck tuner"
+    );
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.status, ExperimentStatus::Stopped);
+    assert_eq!(state.trials.len() as u64, THINKS_FROM, "{:?}", state.trials);
+    assert!(state
+        .trials
+        .iter()
+        .all(|t| t.status == TrialStatus::Succeeded));
+}
+
 /// Answers like [`Counter`]; cannot take the result of the last of `trials` trials.
 struct FailsOnTheLast {
     trials: u64,
