@@ -21,7 +21,10 @@ pub struct Environment {
     /// The environment's resources as `knob-gpu-sched` describes them (GPUs, CPUs, memory),
     /// kept as JSON so that this crate does not depend on gpu-sched. Its `status` says what a
     /// not-ready environment is: `unavailable` (with why) or `starting`, and trials wait for it;
-    /// `draining`, retired (a cluster allocation that ended, or ends soon), and they do not.
+    /// `draining`, retired (a cluster allocation that ended, or ends soon), and they do not. An
+    /// environment whose resources are not known (a host never reached) may report its status
+    /// alone, `{"status": {"state": "unavailable", "reason": …}}`: the host shows why, and trials
+    /// do not wait for it until it is reported ready.
     #[serde(default)]
     pub inventory: Value,
 }

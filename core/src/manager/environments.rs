@@ -49,6 +49,13 @@ pub(super) enum Said {
 /// allocation that ended, or whose time is nearly up), and trials do not wait for it.
 const RETIRED: &str = "retired: it takes no new trials";
 
+/// An inventory of which only the status can be read: what a service reports for an
+/// environment whose resources it does not know (a host it never reached), with the reason.
+#[derive(serde::Deserialize)]
+struct StatusOnly {
+    status: EnvironmentStatus,
+}
+
 /// How many of the services' own problems are kept for the error when no environment is left.
 const KEPT_PROBLEMS: usize = 16;
 
@@ -140,7 +147,14 @@ impl Environments {
                 &environment.inventory,
             )
             .ok();
-            let status = inventory.as_ref().map(|i| i.status.clone());
+            // A status alone (a host never reached, whose resources nobody knows) says why; it
+            // is not registered, so trials do not wait for it.
+            let status = match &inventory {
+                Some(inventory) => Some(inventory.status.clone()),
+                None => <StatusOnly as serde::Deserialize>::deserialize(&environment.inventory)
+                    .ok()
+                    .map(|only| only.status),
+            };
             why = match &status {
                 Some(EnvironmentStatus::Unavailable(reason)) => Some(reason.clone()),
                 Some(EnvironmentStatus::Starting) => Some("starting".to_string()),
@@ -310,14 +324,21 @@ impl Environments {
     pub fn no_environment_reason(&self) -> String {
         let mut records: Vec<(&String, &EnvironmentRecord)> = self.records.iter().collect();
         records.sort_unstable_by_key(|&(id, _)| id);
+        // Each with why it is not ready, when its service said: separated by "; " then, as a
+        // reason may hold commas.
+        let said_why = records.iter().any(|(_, record)| record.why.is_some());
         let names: Vec<String> = records
             .into_iter()
-            .map(|(id, record)| format!("{id} ({})", record.host))
+            .map(|(id, record)| match &record.why {
+                Some(why) => format!("{id} ({}): {why}", record.host),
+                None => format!("{id} ({})", record.host),
+            })
             .collect();
         let mut reason = if names.is_empty() {
             "no training service reported an environment".to_string()
         } else {
-            format!("no environment can run trials: {}", names.join(", "))
+            let separator = if said_why { "; " } else { ", " };
+            format!("no environment can run trials: {}", names.join(separator))
         };
         // What the services said about it, the latest few (a flapping host repeats itself).
         let skip = self.problems.len().saturating_sub(3);
@@ -374,7 +395,7 @@ impl Environments {
 mod tests {
     use super::*;
     use knob_gpu_sched::{ByteSize, Gpu, HostResources, SchedulerConfig};
-    use serde_json::Value;
+    use serde_json::{json, Value};
 
     fn inventory(id: &str, gpus: u32, status: Option<EnvironmentStatus>) -> Value {
         let gpus = (0..gpus)
@@ -655,6 +676,33 @@ mod tests {
         );
     }
 
+    /// A host its service never reached has no inventory, only a status saying why: the notice
+    /// and the error say it, and trials do not wait for it; once reached, it takes trials.
+    #[test]
+    fn a_host_never_reached_is_named_with_why_and_not_waited_for() {
+        let mut envs = environments(1);
+        let why = "root@box:22: cannot connect: connection refused";
+        let unreached = json!({"status": EnvironmentStatus::Unavailable(why.into())});
+        assert_eq!(
+            notices(envs.report(0, reported("ssh", false, unreached.clone()))),
+            [format!(
+                "notice: environment ssh (box) is not ready: {why}; no trial starts there until it is"
+            )]
+        );
+        assert_eq!(envs.report(0, reported("ssh", false, unreached)), vec![]);
+        assert!(!envs.any() && !envs.can_place());
+        assert_eq!(
+            envs.no_environment_reason(),
+            format!("no environment can run trials: ssh (box): {why}")
+        );
+        assert_eq!(envs.views()[0].why.as_deref(), Some(why));
+        assert_eq!(
+            notices(envs.report(0, reported("ssh", true, inventory("ssh", 1, None)))),
+            ["news: environment ssh (box) is ready"]
+        );
+        assert!(envs.can_place());
+    }
+
     #[test]
     fn a_retired_allocation_is_not_waited_for_and_its_replacement_is() {
         let mut envs = environments(1);
@@ -686,7 +734,7 @@ mod tests {
         assert!(!envs.can_place());
         assert_eq!(
             envs.no_environment_reason(),
-            "no environment can run trials: env1 (box), env2 (box)"
+            "no environment can run trials: env1 (box): retired: it takes no new trials; env2 (box): retired: it takes no new trials"
         );
     }
 
@@ -712,7 +760,7 @@ mod tests {
         }
         assert_eq!(
             envs.no_environment_reason(),
-            "no environment can run trials: a (box) — problem 17; problem 18; problem 19"
+            "no environment can run trials: a (box): gone — problem 17; problem 18; problem 19"
         );
     }
 

@@ -168,11 +168,20 @@ impl Host {
     /// The environment as the core sees it now.
     pub fn environment(&self) -> Environment {
         let state = lock(&self.state);
+        // A host never reached has no inventory: its status alone says why it is not ready
+        // (the core shows it, and does not wait for the host).
+        let inventory = if state.inventory.is_null() && !state.ready {
+            let why = (state.failure.clone())
+                .unwrap_or_else(|| format!("{}: still connecting", self.machine.target()));
+            serde_json::json!({ "status": knob_gpu_sched::EnvironmentStatus::Unavailable(why) })
+        } else {
+            state.inventory.clone()
+        };
         Environment {
             id: self.environment_id.clone(),
             host: self.machine.host_port(),
             ready: state.ready,
-            inventory: state.inventory.clone(),
+            inventory,
         }
     }
 
@@ -602,35 +611,21 @@ impl Host {
                 incoming
             }
             Err(e) => {
-                let message = e.to_string();
-                self.set_not_ready(&ctx, &message);
+                // Said once, by the core, as why the host's environment is not ready (and in
+                // its error if no environment is left): a warning of its own repeated it.
                 let permanent = e.is_permanent();
-                // "Unreachable" only where no connection was made: a host that answered but
-                // could not be set up (its disk full under the agent's upload) is not.
-                let state = match (&e, permanent) {
-                    (SshError::Connect { .. }, _) => {
-                        "is unreachable and takes no trials until it answers"
-                    }
-                    (_, true) => "cannot be used and takes no trials",
-                    (_, false) => "cannot be used and takes no trials until a new try works",
-                };
-                (ctx.emit)(ServiceEvent::Warning {
-                    trial_id: None,
-                    message: format!(
-                        "training service remote: host {} {state}: {message}",
-                        self.machine.host_port(),
-                    ),
-                });
+                let mut why = e.to_string();
+                if permanent {
+                    why.push_str("; knob does not try this host again in this run");
+                }
+                self.set_not_ready(&ctx, &why);
                 let _ = first_attempt.send(());
                 // A host that is down now may come up later; a refused key or password will
                 // not change by itself.
                 if permanent {
                     return;
                 }
-                match self
-                    .recover(&ctx, &mut stop, "is reachable now and takes trials")
-                    .await
-                {
+                match self.recover(&ctx, &mut stop).await {
                     Some(incoming) => incoming,
                     None => return,
                 }
@@ -668,10 +663,7 @@ impl Host {
                     let why = last_error.unwrap_or(why);
                     self.declare_lost(&ctx, &why);
                     self.set_not_ready(&ctx, &format!("lost: {why}"));
-                    match self
-                        .recover(&ctx, &mut stop, "is back and takes trials again")
-                        .await
-                    {
+                    match self.recover(&ctx, &mut stop).await {
                         Some(next) => incoming = next,
                         None => return,
                     }
@@ -680,25 +672,16 @@ impl Host {
         }
     }
 
-    /// Keeps trying, at a slow pace, to bring back a host that is down or lost; says so once it
-    /// is back (`back` completes "host H:P ..."). `None`: the service stopped or gave up.
+    /// Keeps trying, at a slow pace, to bring back a host that is down or lost. `None`: the
+    /// service stopped or gave up. Once it is back, its environment reported ready is what the
+    /// core announces ("environment … is ready again").
     async fn recover(
         self: &Arc<Self>,
         ctx: &Arc<Context>,
         stop: &mut watch::Receiver<bool>,
-        back: &str,
     ) -> Option<mpsc::UnboundedReceiver<Result<FromAgent, String>>> {
         match self.reconnect(ctx, stop, None, RECOVERY_ATTEMPTS).await {
-            Reconnect::Back(incoming) => {
-                (ctx.emit)(ServiceEvent::Warning {
-                    trial_id: None,
-                    message: format!(
-                        "training service remote: host {} {back}",
-                        self.machine.host_port()
-                    ),
-                });
-                Some(incoming)
-            }
+            Reconnect::Back(incoming) => Some(incoming),
             Reconnect::Stopped | Reconnect::GaveUp(_) => None,
         }
     }

@@ -61,8 +61,6 @@ pub enum RemoteError {
     UnknownEnvironment(String),
     #[error("trial {0} is already running on training service remote; trial ids must be unique")]
     DuplicateTrial(String),
-    #[error("training service remote: no machine of machineList is reachable: {0}")]
-    NoHostReady(String),
     #[error("training service remote: trial {trial}: {why}")]
     Start { trial: String, why: String },
     #[error("training service remote is shut down; no trial can start")]
@@ -176,19 +174,10 @@ impl RemoteService {
         self.late_start_failures = on;
     }
 
-    pub fn environments_now(&self) -> Result<Vec<Environment>, RemoteError> {
-        if !self.hosts.iter().any(|h| h.is_ready()) {
-            let reasons: Vec<String> = self
-                .hosts
-                .iter()
-                .map(|h| {
-                    h.failure()
-                        .unwrap_or_else(|| format!("{}: still connecting", h.machine.target()))
-                })
-                .collect();
-            return Err(RemoteError::NoHostReady(reasons.join("; ")));
-        }
-        Ok(self.hosts.iter().map(|h| h.environment()).collect())
+    /// Every host's environment; one not ready says why in its inventory's status (its
+    /// connection's error, or that it is still connecting).
+    pub fn environments_now(&self) -> Vec<Environment> {
+        self.hosts.iter().map(|h| h.environment()).collect()
     }
 
     /// Tells every connected host's agent that the experiment's trials wait for resources: each
@@ -656,7 +645,7 @@ impl TrainingService for RemoteService {
         if std::mem::replace(&mut self.asked_before, true) {
             self.stand_in_line();
         }
-        Ok(self.environments_now()?)
+        Ok(self.environments_now())
     }
 
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {

@@ -100,11 +100,25 @@ fn connect(args: Value, events: &Events, root: &Path) -> RemoteService {
     RemoteService::with_emitter(&args, events.emitter()).unwrap()
 }
 
+/// Why the service's hosts are not ready, as their environments' statuses say; none may be.
 fn not_ready_reason(service: &RemoteService) -> String {
-    match service.environments_now() {
-        Ok(envs) => panic!("expected no ready host, got {envs:?}"),
-        Err(e) => e.to_string(),
-    }
+    let environments = service.environments_now();
+    assert!(
+        environments.iter().all(|e| !e.ready),
+        "expected no ready host, got {environments:?}"
+    );
+    environments
+        .iter()
+        .map(why_not_ready)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Why an environment is not ready: its inventory's status (`unavailable`, with the reason).
+fn why_not_ready(environment: &knob_plugin_api::service::Environment) -> String {
+    let status = &environment.inventory["status"];
+    assert_eq!(status["state"], "unavailable", "{environment:?}");
+    status["reason"].as_str().unwrap_or_default().to_string()
 }
 
 #[test]
@@ -131,7 +145,7 @@ fn key_auth_runs_a_trial_with_its_metrics_and_end() {
         &events,
         &agent_root(&sshd),
     );
-    let environments = service.environments_now().unwrap();
+    let environments = service.environments_now();
     assert_eq!(environments.len(), 1);
     assert!(environments[0].ready, "{environments:?}");
     assert_eq!(environments[0].id, environment_id(&sshd));
@@ -207,7 +221,7 @@ fn a_host_whose_shell_greets_on_every_login_runs_trials() {
         &events,
         &agent_root(&sshd),
     );
-    let environments = service.environments_now().unwrap();
+    let environments = service.environments_now();
     assert!(environments[0].ready, "{environments:?}");
     std::fs::write(world.code_dir().join("train.sh"), "echo KNOB_FINAL 0.9\n").unwrap();
     service
@@ -247,7 +261,7 @@ fn password_auth_works_and_a_wrong_password_is_named_without_it() {
         &agent_root(&sshd),
     );
     assert!(
-        service.environments_now().unwrap()[0].ready,
+        service.environments_now()[0].ready,
         "sshd log: {}",
         sshd.log()
     );
@@ -304,14 +318,12 @@ fn an_unknown_host_key_is_refused_with_how_to_accept_it() {
     ] {
         assert!(reason.contains(&expected), "{expected:?} not in: {reason}");
     }
-    // The unreachable host was reported as a warning naming it.
+    // Said once, as why the host's environment is not ready: no warning repeats it.
     assert!(
-        warnings(&events.all()).iter().any(|w| w.contains(&format!(
-            "host 127.0.0.1:{port} cannot be used and takes no trials:"
-        ))),
-        "{:?}",
-        events.all()
+        reason.ends_with("; knob does not try this host again in this run"),
+        "{reason}"
     );
+    assert_eq!(warnings(&events.all()), Vec::<String>::new());
     assert_eq!(std::fs::read_to_string(world.known_hosts()).unwrap(), "");
 }
 
@@ -329,7 +341,7 @@ fn accept_new_host_key_appends_it_but_a_changed_key_is_refused() {
         &events,
         &agent_root(&sshd),
     );
-    assert!(service.environments_now().unwrap()[0].ready);
+    assert!(service.environments_now()[0].ready);
     service.stop();
     let learned = std::fs::read_to_string(world.known_hosts()).unwrap();
     let key = sshd.known_hosts_line();
@@ -516,7 +528,7 @@ fn a_killed_host_ends_its_trials_as_lost() {
         other => panic!("expected a lost end, got {other:?}; all: {trial:?}"),
     }
     assert!(duplicates(&trial).is_empty(), "{trial:?}");
-    assert!(!service.environments_now().is_ok_and(|e| e[0].ready));
+    assert!(!service.environments_now()[0].ready);
     let err = service
         .start(&world.request(&sshd, "k2", "true"))
         .unwrap_err()
@@ -578,7 +590,7 @@ fn a_start_refused_by_the_agent_says_the_trial_was_not_started() {
     );
     sshd.pause_processes(false);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !service.environments_now().is_ok_and(|e| e[0].ready) {
+    while !service.environments_now()[0].ready {
         assert!(
             std::time::Instant::now() < deadline,
             "the host did not come back"
@@ -618,19 +630,18 @@ fn two_hosts_with_one_unreachable_run_on_the_other() {
         &events,
         &agent_root(&sshd),
     );
-    let warned = warnings(&events.all());
-    assert!(
-        warned.iter().any(
-            |w| w.contains(&format!("host 127.0.0.1:{dead_port} is unreachable"))
-                && w.contains("connection refused")
-        ),
-        "{warned:?}"
-    );
-    let environments = service.environments_now().unwrap();
+    // The unreachable host's environment says why; no warning repeats it.
+    let environments = service.environments_now();
     assert_eq!(
         environments.iter().map(|e| e.ready).collect::<Vec<_>>(),
         vec![false, true]
     );
+    let why = why_not_ready(&environments[0]);
+    assert!(
+        why.contains(&format!("127.0.0.1:{dead_port}")) && why.contains("connection refused"),
+        "{why}"
+    );
+    assert_eq!(warnings(&events.all()), Vec::<String>::new());
     service
         .start(&world.request(&sshd, "h1", "echo KNOB_FINAL 1"))
         .unwrap();
@@ -722,14 +733,9 @@ fn an_agent_upload_that_fills_the_disk_says_so_at_once_and_leaves_nothing() {
             && reason.contains("No space left on device"),
         "{reason}"
     );
-    let warning = warnings(&events.all())
-        .into_iter()
-        .find(|w| w.contains("takes no trials"))
-        .unwrap_or_else(|| panic!("no warning about the host: {:?}", events.all()));
-    assert!(
-        warning.contains("cannot be used") && !warning.contains("unreachable"),
-        "{warning}"
-    );
+    // Tried again later (the disk may be freed), unlike a refused key.
+    assert!(!reason.contains("does not try this host again"), "{reason}");
+    assert_eq!(warnings(&events.all()), Vec::<String>::new());
     let bin = sshd.seen_from_here(&root.join("bin"));
     let left: Vec<_> = std::fs::read_dir(&bin)
         .unwrap_or_else(|e| panic!("{}: {e}", bin.display()))
@@ -792,7 +798,7 @@ fn trials_on_a_full_host_disk_say_so_and_start_again_once_there_is_room() {
     let events = Events::default();
     let root = sshd.disk("agent-root");
     let mut service = connect(world.args(vec![key_machine(&sshd)]), &events, &root);
-    assert_eq!(service.environments_now().unwrap().len(), 1);
+    assert_eq!(service.environments_now().len(), 1);
 
     // Writes until the disk is full, outside its own folder so that it stays when the trial is
     // gone, then fails as a trial on a full disk does.
@@ -961,7 +967,7 @@ fn an_encrypted_key_needs_its_passphrase_and_errors_never_show_it() {
 
     let events = Events::default();
     let mut service = connect(with(Some(passphrase)), &events, &agent_root(&sshd));
-    assert!(service.environments_now().unwrap()[0].ready);
+    assert!(service.environments_now()[0].ready);
     service.stop();
 
     let events = Events::default();
@@ -1003,11 +1009,9 @@ fn trials_spread_over_two_hosts_with_their_own_keys() {
     // The service is ready once one host is; the other may still be connecting (a CI run of
     // the whole suite saw it so).
     wait_for("both hosts ready", || {
-        service
-            .environments_now()
-            .is_ok_and(|environments| environments.iter().all(|e| e.ready))
+        service.environments_now().iter().all(|e| e.ready)
     });
-    let environments = service.environments_now().unwrap();
+    let environments = service.environments_now();
     assert!(environments.iter().all(|e| e.ready), "{environments:?}");
     let mut trials = Vec::new();
     for index in 0..6 {
@@ -1223,7 +1227,7 @@ fn two_experiments_on_one_host_share_its_ledger_first_come_first_served() {
     // The second experiment's manager sees the GPU held by the first (its trial would wait,
     // naming it), and asks again while it waits: its agent stands in the host's line.
     let held_by = |service: &RemoteService| {
-        let inventory = &service.environments_now().unwrap()[0].inventory;
+        let inventory = &service.environments_now()[0].inventory;
         inventory["gpus"][0]["held_elsewhere"]
             .as_array()
             .cloned()
@@ -1433,7 +1437,10 @@ fn a_checkpoint_no_member_needs_is_deleted_on_every_host_that_has_it_and_the_oth
     for _ in 0..600 {
         if service
             .environments_now()
-            .is_ok_and(|e| e.len() == 2 && e.iter().all(|e| e.ready))
+            .iter()
+            .filter(|e| e.ready)
+            .count()
+            == 2
         {
             break;
         }
@@ -1506,7 +1513,10 @@ fn connect_all<const N: usize>(world: &World, events: &Events, hosts: [&Sshd; N]
     wait_for("every host connected", || {
         service
             .environments_now()
-            .is_ok_and(|e| e.len() == N && e.iter().all(|e| e.ready))
+            .iter()
+            .filter(|e| e.ready)
+            .count()
+            == N
     });
     service
 }
