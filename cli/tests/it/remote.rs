@@ -587,12 +587,18 @@ fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
         stdout.starts_with("experiment onegone DONE: 4 trials (4 succeeded, 0 failed)"),
         "{stdout}\n{stderr}"
     );
+    // One line says it, with the reason (it was three: the service's, the core's without a
+    // reason, the host's).
     let gone_address = format!("127.0.0.1:{}", gone.port());
+    let about_gone: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains(&gone_address))
+        .collect();
     assert!(
-        stderr
-            .lines()
-            .any(|line| line.starts_with("warning:") && line.contains(&gone_address)),
-        "no warning names {gone_address}: {stderr}"
+        about_gone.len() == 1
+            && about_gone[0].starts_with("warning: environment ")
+            && about_gone[0].contains("cannot connect: connection refused"),
+        "not one warning with the reason names {gone_address}: {stderr}"
     );
     let history = attempts(&sandbox.export("onegone"));
     assert!(history
@@ -604,7 +610,13 @@ fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
     let (code, stdout, stderr) = sandbox.create(&config, "allgone");
     assert_ne!(code, 0, "{stdout}\n{stderr}");
     let error = error_line(&stderr);
-    assert!(error.contains(&gone_address), "{error}");
+    assert!(
+        error.contains(&format!(
+            "no environment can run trials: {} ({gone_address}): ",
+            environment_id(&gone)
+        )) && error.matches("connection refused").count() == 1,
+        "{error}"
+    );
 }
 
 #[test]
