@@ -686,6 +686,20 @@ fn a_host_killed_mid_experiment_has_its_trials_run_again_elsewhere() {
         moved > 0,
         "no trial was moved off the killed host: {history:?}"
     );
+    // Said twice: down (reconnecting), then lost. It was five lines: the service's own log and
+    // warning, and the core's changed reason, said the same again.
+    let victim_address = format!("127.0.0.1:{}", victim.port());
+    let about_victim: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains(&victim_address))
+        .collect();
+    assert!(
+        about_victim.len() == 2
+            && about_victim[0].contains(") is not ready: ")
+            && about_victim[0].contains("reconnecting for up to")
+            && about_victim[1].starts_with(&format!("warning: environment {victim_env} lost: ")),
+        "{stderr}"
+    );
     // `knob trial ls` shows the attempts and where the last one ran.
     let (_, listing, _) = run(sandbox.knob().args(["trial", "ls", "killed"]));
     assert!(

@@ -24,6 +24,9 @@ struct EnvironmentRecord {
     why: Option<String>,
     /// It was ready at some time (a queued allocation is not, until its job runs).
     seen_ready: bool,
+    /// Declared lost ([`Environments::lose`]) and not ready since: its loss was said, so
+    /// its service's new reasons while it stays down are kept but not said again.
+    lost: bool,
     /// Its service's last report: read again when the service reports it unchanged
     /// ([`Environments::report_same`]) while it is not `settled`.
     last: Environment,
@@ -191,6 +194,7 @@ impl Environments {
             .records
             .get(&id)
             .is_some_and(|record| record.seen_ready);
+        let lost = !ready && self.records.get(&id).is_some_and(|record| record.lost);
         let host = &environment.host;
         let retired = why.as_deref() == Some(RETIRED);
         match (was_ready, ready) {
@@ -213,7 +217,7 @@ impl Environments {
                 )))
             }
             // Still not ready, for another reason (a queued job's reason changed, say).
-            (Some(false), false) if why.is_some() && why != was_why => said.push(Said::Notice(
+            (Some(false), false) if why.is_some() && why != was_why && !lost => said.push(Said::Notice(
                 format!("environment {id} ({host}) is not ready{shown_why}"),
             )),
             _ => {}
@@ -228,6 +232,7 @@ impl Environments {
                 ready,
                 why,
                 seen_ready: seen_ready || ready,
+                lost,
                 last: environment,
                 settled,
             },
@@ -291,6 +296,7 @@ impl Environments {
         }
         record.ready = false;
         record.settled = false;
+        record.lost = true;
         self.placer.remove(environment_id);
         Some(format!("environment {environment_id} lost: {reason}"))
     }
@@ -755,12 +761,29 @@ mod tests {
         assert_eq!(envs.lose("a", "host rebooted"), None);
         assert_eq!(envs.lose("never", "x"), None);
         assert!(!envs.any() && !envs.can_place());
+        // Its service's new reason while it stays down is kept, not said again: the loss was.
+        let still_gone = |why: &str| {
+            let status = EnvironmentStatus::Unavailable(why.into());
+            reported("a", false, inventory("a", 1, Some(status)))
+        };
+        assert_eq!(envs.report(0, still_gone("lost: host rebooted")), vec![]);
+        assert_eq!(envs.views()[0].why.as_deref(), Some("lost: host rebooted"));
         for n in 0..20 {
             envs.problem(format!("problem {n}"));
         }
         assert_eq!(
             envs.no_environment_reason(),
-            "no environment can run trials: a (box): gone — problem 17; problem 18; problem 19"
+            "no environment can run trials: a (box): lost: host rebooted — problem 17; problem 18; problem 19"
+        );
+        // Back, then down again: said again.
+        assert_eq!(
+            notices(envs.report(0, reported("a", true, inventory("a", 1, None)))),
+            ["news: environment a (box) is ready again"]
+        );
+        envs.report(0, still_gone("gone"));
+        assert_eq!(
+            notices(envs.report(0, still_gone("gone again"))),
+            ["notice: environment a (box) is not ready: gone again"]
         );
     }
 

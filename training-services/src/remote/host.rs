@@ -194,11 +194,6 @@ impl Host {
         lock(&self.state).ready
     }
 
-    /// Why the host is not ready (its last connection error).
-    pub fn failure(&self) -> Option<String> {
-        lock(&self.state).failure.clone()
-    }
-
     pub fn running_trials(&self) -> Vec<String> {
         lock(&self.state).running.iter().cloned().collect()
     }
@@ -277,14 +272,13 @@ impl Host {
             state.disowned.extend(trials.iter().cloned());
             trials
         };
+        // The core says it once: "environment … lost: <reason>" at the first of these ends,
+        // or, with none, the environment's new reason ("lost: …").
         let reason = format!("host {} lost: {why}", self.machine.host_port());
-        (ctx.emit)(ServiceEvent::Warning {
-            trial_id: None,
-            message: format!(
-                "training service remote: {reason}; {} running trial(s) marked failed",
-                lost_trials.len()
-            ),
-        });
+        knob_plugin_api::log::debug(&format!(
+            "training service remote: {reason}; {} running trial(s) ended",
+            lost_trials.len()
+        ));
         for trial_id in lost_trials {
             (ctx.emit)(ServiceEvent::TrialEnded {
                 trial_id,
@@ -644,11 +638,14 @@ impl Host {
                 }
                 return;
             }
-            knob_plugin_api::log::warn(&format!(
-                "training service remote: {target}: {why}; reconnecting for up to {} s",
-                ctx.args.host_loss_timeout.as_secs_f64()
-            ));
-            self.set_not_ready(&ctx, &format!("{target}: {why}"));
+            // Said by the core, as why the environment is not ready.
+            self.set_not_ready(
+                &ctx,
+                &format!(
+                    "{target}: {why}; reconnecting for up to {} s",
+                    ctx.args.host_loss_timeout.as_secs_f64()
+                ),
+            );
             if let Some(link) = &link {
                 link.drop_pending();
             }
