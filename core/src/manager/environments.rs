@@ -330,12 +330,14 @@ impl Environments {
     pub fn no_environment_reason(&self) -> String {
         let mut records: Vec<(&String, &EnvironmentRecord)> = self.records.iter().collect();
         records.sort_unstable_by_key(|&(id, _)| id);
-        // Each with why it is not ready, when its service said: separated by "; " then, as a
-        // reason may hold commas.
-        let said_why = records.iter().any(|(_, record)| record.why.is_some());
+        // Each with why it is not ready, when its service said (a host's connection error),
+        // but for "retired", which says nothing the service's own lines do not: separated by
+        // "; " then, as a reason may hold commas.
+        let why = |record: &EnvironmentRecord| record.why.clone().filter(|why| why != RETIRED);
+        let said_why = records.iter().any(|(_, record)| why(record).is_some());
         let names: Vec<String> = records
             .into_iter()
-            .map(|(id, record)| match &record.why {
+            .map(|(id, record)| match why(record) {
                 Some(why) => format!("{id} ({}): {why}", record.host),
                 None => format!("{id} ({})", record.host),
             })
@@ -740,7 +742,7 @@ mod tests {
         assert!(!envs.can_place());
         assert_eq!(
             envs.no_environment_reason(),
-            "no environment can run trials: env1 (box): retired: it takes no new trials; env2 (box): retired: it takes no new trials"
+            "no environment can run trials: env1 (box), env2 (box)"
         );
     }
 
