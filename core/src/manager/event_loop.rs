@@ -489,7 +489,12 @@ impl Manager {
                 } => (parameter_id, parameters, Some(label), Some(lineage)),
                 Emitted::Parameters(s) => (s.parameter_id, s.parameters, s.label, None),
             };
-            if self.closed() || self.book.has_parameter(parameter_id) {
+            if self.book.has_parameter(parameter_id) {
+                continue;
+            }
+            // No trial will run it: the tuner hears so (see `TunerDriver::cancel_unrun`).
+            if self.closed() {
+                self.tuner.tell_dropped(parameter_id);
                 continue;
             }
             if !self.accept_output(parameter_id, &parameters).await? {
@@ -520,10 +525,13 @@ impl Manager {
     /// The loop's end: unless the user stopped the experiment or its time ran out (which must
     /// not wait for a tuner still thinking), the answers still to come are waited for, so that
     /// a tuner that failed on the last results ends the experiment as it would have before.
+    /// Parameters answered that no trial ran are told ended.
     async fn last_answers(&mut self) -> Result<(), ManagerError> {
         if !self.stop_requested && !self.timers.deadline_passed() {
             self.tuner.settle().await?;
         }
+        let book = &self.book;
+        self.tuner.cancel_unrun(|id| book.has_parameter(id));
         Ok(())
     }
 

@@ -227,6 +227,25 @@ impl TunerDriver {
         Ok(Some(emitted))
     }
 
+    /// Tells the tuner that every parameter set it answered and no trial will run (the
+    /// experiment ends, or its budget was lowered to what had run) ended SYS_CANCELED, so that
+    /// it no longer counts them as pending: a raised budget would otherwise find them in its
+    /// constant liar's fantasies. A population stop asked for is dropped with them, and so is
+    /// parameters for an id a trial has (`has_trial`: the tuner emitted it twice).
+    pub fn cancel_unrun(&mut self, has_trial: impl Fn(u64) -> bool) {
+        while let Some(emitted) = self.suggested.pop_front() {
+            let parameter_id = match emitted {
+                Emitted::Parameters(suggestion) => suggestion.parameter_id,
+                Emitted::Member { parameter_id, .. } => parameter_id,
+                Emitted::Stop(_) => continue,
+            };
+            self.deferred = self.deferred.saturating_sub(1);
+            if !has_trial(parameter_id) {
+                self.tell_dropped(parameter_id);
+            }
+        }
+    }
+
     /// Waits for the answers to every pending call, in order, and takes them in; the first
     /// that failed fails here, as it would have where it was made.
     pub async fn settle(&mut self) -> Result<(), HostError> {

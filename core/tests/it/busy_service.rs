@@ -633,10 +633,15 @@ fn a_service_that_cannot_be_built_is_named_once() {
 }
 
 /// Answers ids below `THINKS_FROM` at once, like [`Counter`]; from there on it fits a model
-/// first: the first such call waits for a message on `hold` (or `HOLD_LIMIT`).
+/// first: the first such call waits for a message on `hold` (or `HOLD_LIMIT`). Keeps every
+/// trial end it is told of in `ends`.
 struct Thinking {
     hold: Option<std_mpsc::Receiver<()>>,
+    ends: Ends,
 }
+
+/// The (parameter id, status) of each trial end a tuner was told of.
+type Ends = Arc<Mutex<Vec<(u64, String)>>>;
 
 /// The first id [`Thinking`] thinks about: the experiment's concurrency, so that every trial
 /// it started at once ends while the tuner thinks.
@@ -668,17 +673,33 @@ impl Tuner for Thinking {
     ) -> Result<(), PluginError> {
         Ok(())
     }
+
+    fn trial_end(&mut self, parameter_id: u64, status: &str) -> Result<(), PluginError> {
+        self.ends
+            .lock()
+            .unwrap()
+            .push((parameter_id, status.to_string()));
+        Ok(())
+    }
 }
 
 /// `2 × THINKS_FROM` trials, `THINKS_FROM` at a time on as many GPUs, with a [`Thinking`] tuner
 /// on a thread of its own (as a plugin's tuner runs), whose first fit goes on once told so on the
-/// sender returned; with the starts the service records.
+/// sender returned; with the starts the service records and the trial ends the tuner is told.
 fn thinking_experiment(
     dir: &std::path::Path,
-) -> (std_mpsc::Sender<()>, Starts, Services, ExperimentConfig) {
+) -> (
+    std_mpsc::Sender<()>,
+    Starts,
+    Ends,
+    Services,
+    ExperimentConfig,
+) {
     let (release, hold) = std_mpsc::channel();
     let hold = Mutex::new(Some(hold));
     let starts: Starts = Default::default();
+    let ends: Ends = Default::default();
+    let told = ends.clone();
     let components = Services {
         platforms: &["quick"],
         gpus: THINKS_FROM as u32,
@@ -687,7 +708,8 @@ fn thinking_experiment(
         fetches: None,
         tuner: Box::new(move |name| {
             let hold = hold.lock().unwrap().take();
-            in_process::tuner_on_thread(name, Thinking { hold })
+            let ends = told.clone();
+            in_process::tuner_on_thread(name, Thinking { hold, ends })
         }),
     };
     let config = config(
@@ -697,7 +719,7 @@ fn thinking_experiment(
         components.platforms,
         "Thinking",
     );
-    (release, starts, components, config)
+    (release, starts, ends, components, config)
 }
 
 /// A tuner that thinks long about a trial's parameters (a GP fitting its model on hundreds of
@@ -707,7 +729,7 @@ fn thinking_experiment(
 #[test]
 fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
     let dir = tempfile::tempdir().unwrap();
-    let (release, starts, components, config) = thinking_experiment(dir.path());
+    let (release, starts, _ends, components, config) = thinking_experiment(dir.path());
     let trials = config.max_trial_number.unwrap();
     let (progress, progress_rx) = watch::channel(manager::Progress::default());
 
@@ -749,7 +771,7 @@ fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
 #[test]
 fn parameters_owed_when_the_concurrency_is_lowered_wait_for_room() {
     let dir = tempfile::tempdir().unwrap();
-    let (release, starts, components, config) = thinking_experiment(dir.path());
+    let (release, starts, _ends, components, config) = thinking_experiment(dir.path());
     let trials = config.max_trial_number.unwrap();
     let (progress, progress_rx) = watch::channel(manager::Progress::default());
     let (commands_tx, commands) = mpsc::unbounded_channel();
@@ -795,6 +817,59 @@ fn parameters_owed_when_the_concurrency_is_lowered_wait_for_room() {
     );
 }
 
+/// Parameters the tuner owed when the user lowered `maxTrialNumber` to what has run are not
+/// run, and the tuner is told they ended (SYS_CANCELED): it would otherwise count them as
+/// pending for the rest of the experiment (a constant liar's fantasies), a budget raised again
+/// later included.
+#[test]
+fn parameters_owed_beyond_a_lowered_budget_are_told_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let (release, starts, ends, components, config) = thinking_experiment(dir.path());
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+
+    // Once the first trials ended and the tuner owes the next four, the user lowers
+    // maxTrialNumber to the four that ran; then the tuner answers.
+    let watcher = release_when(release, move || {
+        let quiet = {
+            let progress = progress_rx.borrow();
+            progress.succeeded >= THINKS_FROM && progress.running == 0
+        };
+        if !quiet {
+            return false;
+        }
+        let (reply_tx, reply) = tokio::sync::oneshot::channel();
+        let update = manager::Update::MaxTrialNumber(THINKS_FROM);
+        commands_tx
+            .send(manager::Command::Update(update, reply_tx))
+            .unwrap();
+        assert_eq!(
+            reply.blocking_recv().unwrap(),
+            Ok(manager::UpdateOutcome::Applied)
+        );
+        true
+    });
+
+    let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
+    let released_after = watcher.join().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert!(released_after.is_some(), "the update was never sent");
+    assert_eq!(starts.lock().unwrap().len() as u64, THINKS_FROM);
+    let mut ends = ends.lock().unwrap().clone();
+    ends.sort();
+    let expected: Vec<(u64, String)> = (0..2 * THINKS_FROM)
+        .map(|id| {
+            let status = if id < THINKS_FROM {
+                "SUCCEEDED"
+            } else {
+                "SYS_CANCELED"
+            };
+            (id, status.to_string())
+        })
+        .collect();
+    assert_eq!(ends, expected);
+}
+
 /// A `knob stop` while the tuner is stuck thinking, with nothing running, ends the experiment
 /// STOPPED: the loop does not wait for the answer, and the end waits for the stuck tuner only
 /// its bounded patience (10 s), not until the tuner lets go.
@@ -803,7 +878,7 @@ fn a_stop_while_the_tuner_is_stuck_ends_the_experiment() {
     let dir = tempfile::tempdir().unwrap();
     // Never sent on: the tuner's first fit lets go only at `HOLD_LIMIT` (or when this is
     // dropped, at the test's end).
-    let (_release, _starts, components, config) = thinking_experiment(dir.path());
+    let (_release, _starts, _ends, components, config) = thinking_experiment(dir.path());
     let (progress, progress_rx) = watch::channel(manager::Progress::default());
     let (commands_tx, commands) = mpsc::unbounded_channel();
 
