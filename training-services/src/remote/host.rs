@@ -262,7 +262,8 @@ impl Host {
         self.emit_environment(ctx);
     }
 
-    /// Reports every trial running here as ended because the host is gone.
+    /// Reports every trial running here as ended because the host is gone, `why` (which
+    /// names the login) being the reason.
     fn declare_lost(&self, ctx: &Context, why: &str) {
         let lost_trials: Vec<String> = {
             let mut state = lock(&self.state);
@@ -274,11 +275,12 @@ impl Host {
         };
         // The core says it once: "environment … lost: <reason>" at the first of these ends,
         // or, with none, the environment's new reason ("lost: …").
-        let reason = format!("host {} lost: {why}", self.machine.host_port());
         knob_plugin_api::log::debug(&format!(
-            "training service remote: {reason}; {} running trial(s) ended",
+            "training service remote: host {} lost: {why}; {} running trial(s) ended",
+            self.machine.host_port(),
             lost_trials.len()
         ));
+        let reason = why.to_string();
         for trial_id in lost_trials {
             (ctx.emit)(ServiceEvent::TrialEnded {
                 trial_id,
@@ -657,7 +659,8 @@ impl Host {
                 Reconnect::Back(next) => incoming = next,
                 Reconnect::Stopped => return,
                 Reconnect::GaveUp(last_error) => {
-                    let why = last_error.unwrap_or(why);
+                    // Names the login, as a connection's error does.
+                    let why = last_error.unwrap_or_else(|| format!("{target}: {why}"));
                     self.declare_lost(&ctx, &why);
                     self.set_not_ready(&ctx, &format!("lost: {why}"));
                     match self.recover(&ctx, &mut stop).await {

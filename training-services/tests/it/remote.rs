@@ -522,7 +522,7 @@ fn a_killed_host_ends_its_trials_as_lost() {
             environment_lost: Some(why),
             ..
         }) => assert!(
-            why.starts_with(&format!("host 127.0.0.1:{} lost: ", sshd.port())),
+            why.starts_with(&format!("{}@127.0.0.1:{}: ", sshd.user(), sshd.port())),
             "{why}"
         ),
         other => panic!("expected a lost end, got {other:?}; all: {trial:?}"),
