@@ -722,6 +722,37 @@ fn thinking_experiment(
     (release, starts, ends, components, config)
 }
 
+/// Whether the loop has recorded the first `THINKS_FROM` trials of a [`thinking_experiment`]
+/// as ended, with nothing running: its tuner then thinks about the next ones.
+fn first_trials_ended(progress: &watch::Receiver<manager::Progress>) -> bool {
+    let progress = progress.borrow();
+    progress.succeeded >= THINKS_FROM && progress.running == 0
+}
+
+/// Once the first trials of a [`thinking_experiment`] ended, applies `update` as the user
+/// would (it must be applied), then lets the tuner answer (see [`release_when`]).
+fn update_then_release(
+    release: std_mpsc::Sender<()>,
+    progress: watch::Receiver<manager::Progress>,
+    commands: mpsc::UnboundedSender<manager::Command>,
+    update: manager::Update,
+) -> std::thread::JoinHandle<Option<Duration>> {
+    release_when(release, move || {
+        if !first_trials_ended(&progress) {
+            return false;
+        }
+        let (reply_tx, reply) = tokio::sync::oneshot::channel();
+        commands
+            .send(manager::Command::Update(update.clone(), reply_tx))
+            .unwrap();
+        assert_eq!(
+            reply.blocking_recv().unwrap(),
+            Ok(manager::UpdateOutcome::Applied)
+        );
+        true
+    })
+}
+
 /// A tuner that thinks long about a trial's parameters (a GP fitting its model on hundreds of
 /// results) holds only the trials waiting for them: the loop records the other trials' results
 /// and ends meanwhile, and keeps waiting for the tuner when nothing is left running, rather than
@@ -735,10 +766,7 @@ fn a_tuner_thinking_long_holds_only_the_trials_it_owes() {
 
     // Lets the tuner's first fit go once the loop has recorded every first trial as ended,
     // nothing running (or at `HOLD_LIMIT`, when the fit lets itself go); says which it was.
-    let watcher = release_when(release, move || {
-        let progress = progress_rx.borrow();
-        progress.succeeded >= THINKS_FROM && progress.running == 0
-    });
+    let watcher = release_when(release, move || first_trials_ended(&progress_rx));
 
     let (_commands_tx, commands) = mpsc::unbounded_channel();
     let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
@@ -778,25 +806,8 @@ fn parameters_owed_when_the_concurrency_is_lowered_wait_for_room() {
 
     // Once the first trials ended and the tuner owes the next four, the user lowers the
     // concurrency to 1; then the tuner answers.
-    let watcher = release_when(release, move || {
-        let quiet = {
-            let progress = progress_rx.borrow();
-            progress.succeeded >= THINKS_FROM && progress.running == 0
-        };
-        if !quiet {
-            return false;
-        }
-        let (reply_tx, reply) = tokio::sync::oneshot::channel();
-        let update = manager::Update::TrialConcurrency(1);
-        commands_tx
-            .send(manager::Command::Update(update, reply_tx))
-            .unwrap();
-        assert_eq!(
-            reply.blocking_recv().unwrap(),
-            Ok(manager::UpdateOutcome::Applied)
-        );
-        true
-    });
+    let update = manager::Update::TrialConcurrency(1);
+    let watcher = update_then_release(release, progress_rx, commands_tx, update);
 
     let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
     let released_after = watcher.join().unwrap();
@@ -830,25 +841,8 @@ fn parameters_owed_beyond_a_lowered_budget_are_told_ended() {
 
     // Once the first trials ended and the tuner owes the next four, the user lowers
     // maxTrialNumber to the four that ran; then the tuner answers.
-    let watcher = release_when(release, move || {
-        let quiet = {
-            let progress = progress_rx.borrow();
-            progress.succeeded >= THINKS_FROM && progress.running == 0
-        };
-        if !quiet {
-            return false;
-        }
-        let (reply_tx, reply) = tokio::sync::oneshot::channel();
-        let update = manager::Update::MaxTrialNumber(THINKS_FROM);
-        commands_tx
-            .send(manager::Command::Update(update, reply_tx))
-            .unwrap();
-        assert_eq!(
-            reply.blocking_recv().unwrap(),
-            Ok(manager::UpdateOutcome::Applied)
-        );
-        true
-    });
+    let update = manager::Update::MaxTrialNumber(THINKS_FROM);
+    let watcher = update_then_release(release, progress_rx, commands_tx, update);
 
     let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
     let released_after = watcher.join().unwrap();
@@ -889,11 +883,7 @@ fn a_stop_while_the_tuner_is_stuck_ends_the_experiment() {
         move || {
             let began = Instant::now();
             while began.elapsed() < HOLD_LIMIT {
-                let quiet = {
-                    let progress = progress_rx.borrow();
-                    progress.succeeded >= THINKS_FROM && progress.running == 0
-                };
-                if quiet {
+                if first_trials_ended(&progress_rx) {
                     *stop_sent.lock().unwrap() = Some(Instant::now());
                     let _ = commands_tx.send(manager::Command::Stop);
                     return;
