@@ -536,7 +536,7 @@ async fn submit(
         name,
         dir,
         id,
-        phase: Phase::Queued(format!("Slurm job {id} submitted")),
+        phase: Phase::Queued(monitor::submitted(id)),
         state: None,
         time_left: None,
         link: None,

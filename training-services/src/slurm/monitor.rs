@@ -206,10 +206,13 @@ async fn update_jobs(
                     false
                 }
                 (JobState::Pending, Phase::Queued(old)) => {
-                    let why = format!(
-                        "Slurm job {id} pending ({})",
-                        reason.as_deref().unwrap_or("no reason given")
-                    );
+                    let why = match reason.as_deref() {
+                        Some(reason) => format!("Slurm job {id} pending ({reason})"),
+                        // Said already by "submitted", which stays until Slurm gives one: a
+                        // line of its own for each allocation said nothing new.
+                        None if *old == submitted(id) => old.clone(),
+                        None => format!("Slurm job {id} pending (no reason given)"),
+                    };
                     if *old != why {
                         job.phase = Phase::Queued(why.clone());
                         emit_environment(ctx, job);
@@ -268,6 +271,12 @@ async fn update_jobs(
 /// cancelled again at every poll ("attempt 23 of 5").
 fn connects_to(state: &JobState, cancelled: bool) -> bool {
     *state == JobState::Running("RUNNING".to_string()) && !cancelled
+}
+
+/// Why a job just submitted is not ready; it stays the reason until Slurm gives one for the
+/// job's wait.
+pub(super) fn submitted(id: u64) -> String {
+    format!("Slurm job {id} submitted")
 }
 
 /// For a job `squeue` no longer lists: its end, from the exit-code file or `scontrol`.
