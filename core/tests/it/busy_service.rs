@@ -333,23 +333,30 @@ fn config(
     }
 }
 
-/// Sends on `release` (a held call goes on) once `ready` holds, or gives up at `HOLD_LIMIT`
-/// (the call then lets itself go); the thread's answer says after how long, `None` if never.
-fn release_when(
-    release: std_mpsc::Sender<()>,
+/// Waits, on a thread of its own, for `ready` to hold (it may act then, and says whether it
+/// did), or gives up at `HOLD_LIMIT`; the thread's answer says when, `None` if never.
+fn when_ready(
     ready: impl Fn() -> bool + Send + 'static,
-) -> std::thread::JoinHandle<Option<Duration>> {
+) -> std::thread::JoinHandle<Option<Instant>> {
     std::thread::spawn(move || {
         let began = Instant::now();
         while began.elapsed() < HOLD_LIMIT {
             if ready() {
-                let _ = release.send(());
-                return Some(began.elapsed());
+                return Some(Instant::now());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         None
     })
+}
+
+/// Sends on `release` (a held call goes on) once `ready` holds, or gives up at `HOLD_LIMIT`
+/// (the call then lets itself go); see [`when_ready`].
+fn release_when(
+    release: std_mpsc::Sender<()>,
+    ready: impl Fn() -> bool + Send + 'static,
+) -> std::thread::JoinHandle<Option<Instant>> {
+    when_ready(move || ready() && release.send(()).is_ok())
 }
 
 /// Runs the experiment to its end (experiment id "busy", in `dir`), as `knob create` does.
@@ -736,7 +743,7 @@ fn update_then_release(
     progress: watch::Receiver<manager::Progress>,
     commands: mpsc::UnboundedSender<manager::Command>,
     update: manager::Update,
-) -> std::thread::JoinHandle<Option<Duration>> {
+) -> std::thread::JoinHandle<Option<Instant>> {
     release_when(release, move || {
         if !first_trials_ended(&progress) {
             return false;
@@ -877,27 +884,14 @@ fn a_stop_while_the_tuner_is_stuck_ends_the_experiment() {
     let (commands_tx, commands) = mpsc::unbounded_channel();
 
     // Once the first trials ended and the tuner thinks about the next ones, the user stops.
-    let stop_sent = Arc::new(Mutex::new(None));
-    let watcher = std::thread::spawn({
-        let stop_sent = stop_sent.clone();
-        move || {
-            let began = Instant::now();
-            while began.elapsed() < HOLD_LIMIT {
-                if first_trials_ended(&progress_rx) {
-                    *stop_sent.lock().unwrap() = Some(Instant::now());
-                    let _ = commands_tx.send(manager::Command::Stop);
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+    let watcher = when_ready(move || {
+        first_trials_ended(&progress_rx) && commands_tx.send(manager::Command::Stop).is_ok()
     });
 
     let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
     let ended = Instant::now();
-    watcher.join().unwrap();
-    let stop_sent = stop_sent
-        .lock()
+    let stop_sent = watcher
+        .join()
         .unwrap()
         .expect("the first trials never ended");
     let outcome = outcome.unwrap();
