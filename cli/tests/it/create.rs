@@ -1181,3 +1181,42 @@ fn a_bad_simulated_gpu_spec_is_refused_before_anything_is_registered() {
         assert!(!list.contains("simulated"), "{spec} registered it:\n{list}");
     }
 }
+
+/// A tuner given no `optimize_mode` is judged the way it optimises: NNI's TPE minimises by
+/// default, so "best" is the lowest final (it used to be the highest, knob's default for every
+/// tuner, while TPE went for the lowest).
+#[test]
+fn a_tuner_without_optimize_mode_is_judged_the_way_it_optimises() {
+    let sandbox = Sandbox::new();
+    let yaml = "trialCommand: python3 trial.py\ntrialConcurrency: 1\nmaxTrialNumber: 3\n\
+                searchSpace:\n  x: {_type: randint, _value: [0, 1000]}\n\
+                tuner:\n  name: TPE\n  classArgs: {seed: 1}\ntrainingService:\n  platform: local";
+    let trial =
+        "import json, os\nprint('KNOB_FINAL', json.loads(os.environ['KNOB_PARAMETERS'])['x'])\n";
+    let config = sandbox.config(yaml, &[("trial.py", trial)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "tpe");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("tpe");
+    let lowest = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .min_by(|a, b| {
+            a["final"]
+                .as_f64()
+                .partial_cmp(&b["final"].as_f64())
+                .unwrap()
+        })
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The table of the best trials, best first.
+    let mut lines = stdout.lines().skip_while(|line| !line.contains("best ("));
+    let header = lines.next().unwrap_or_else(|| panic!("no table: {stdout}"));
+    let first = lines.next().unwrap_or_default();
+    assert!(
+        header.contains("best (min)") && first.contains(&lowest),
+        "{stdout}\n{export:#}"
+    );
+}

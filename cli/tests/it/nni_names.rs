@@ -173,3 +173,60 @@ fn the_table_matches_the_installed_nni_3_0_file() {
 fn nni3_python() -> Option<PathBuf> {
     prerequisite::NNI3_PYTHON.path()
 }
+
+/// `minimizes_by_default` is what the installed nni 3.0's classes default to: each tuner class
+/// the file names is imported and its `optimize_mode` default read (a class whose module needs
+/// a package nni does not bring, SMAC's or PPO's, is left out; the ones knob has natively are
+/// all read).
+#[test]
+fn the_default_directions_match_the_installed_nni_3_0_classes() {
+    let Some(python) = nni3_python() else {
+        return;
+    };
+    let script = "import importlib, inspect, json, yaml\n\
+                  from nni.runtime.config import get_builtin_config_file\n\
+                  path = get_builtin_config_file('builtin_algorithms.yml')\n\
+                  defaults = {}\n\
+                  for entry in yaml.safe_load(open(path))['tuners']:\n\
+                  \x20   module, _, name = entry['className'].rpartition('.')\n\
+                  \x20   try:\n\
+                  \x20       cls = getattr(importlib.import_module(module), name)\n\
+                  \x20   except Exception:\n\
+                  \x20       continue\n\
+                  \x20   parameter = inspect.signature(cls.__init__).parameters.get('optimize_mode')\n\
+                  \x20   defaults[entry['builtinName']] = None if parameter is None or parameter.default is inspect.Parameter.empty else str(parameter.default)\n\
+                  print(json.dumps(defaults))";
+    let output = Command::new(&python)
+        .args(["-c", script])
+        .env_remove("NNI_PLATFORM")
+        .output()
+        .expect("cannot run the nni 3.0 python");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let defaults: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let defaults = defaults.as_object().unwrap();
+    for algorithm in NNI_ALGORITHMS
+        .iter()
+        .filter(|a| a.kind == ComponentKind::Tuner)
+    {
+        let Some(default) = defaults.get(algorithm.name) else {
+            assert!(
+                algorithm.native.is_none(),
+                "{}: knob runs it natively, so nni's class must be read: {defaults:?}",
+                algorithm.name
+            );
+            continue;
+        };
+        assert_eq!(
+            algorithm.minimizes_by_default,
+            default
+                .as_str()
+                .is_some_and(|mode| mode.to_lowercase().contains("minimize")),
+            "{}: nni's class defaults optimize_mode to {default}",
+            algorithm.name
+        );
+    }
+}

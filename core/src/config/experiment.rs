@@ -163,6 +163,15 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         take("tunerGpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices));
     let tuner_field = take("tuner");
     let advisor_field = take("advisor");
+    // Where the tuner's optimize_mode is, for an error about it once `objectives` is read.
+    let tuner_mode_at = tuner_field
+        .as_ref()
+        .or(advisor_field.as_ref())
+        .and_then(|field| {
+            let (_, class_args) = super::reader::map_entry(field.node, "classArgs")?;
+            let key = map_key(class_args, OPTIMIZE_MODE)?;
+            Some((key.pos, format!("{}.classArgs.{OPTIMIZE_MODE}", field.path)))
+        });
     let tuner = read_tuner(reader, tuner_field, advisor_field);
     let assessor =
         take("assessor").and_then(|field| read_algorithm(reader, &field, ComponentKind::Assessor));
@@ -215,6 +224,28 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
     let notifications = take("notifications")
         .and_then(|field| super::notifications::read_notifications(reader, &field));
     let objectives = take("objectives").map(|field| read_objectives(reader, &field));
+    // With objectives, the first objective's mode decides which trials are best; a tuner's
+    // optimize_mode that says the opposite would be dropped without a word.
+    let first_objective = objectives
+        .iter()
+        .flatten()
+        .find(|objective| objective.constraint.is_none());
+    let tuner_mode = tuner
+        .as_ref()
+        .and_then(|tuner| tuner.class_args.get(OPTIMIZE_MODE))
+        .and_then(serde_json::Value::as_str);
+    if let (Some(objective), Some(mode), Some((pos, path))) =
+        (first_objective, tuner_mode, &tuner_mode_at)
+    {
+        if objective.mode.as_deref().is_some_and(|first| first != mode) {
+            let message = format!(
+                "{mode} contradicts objectives, whose first objective ({}, {}) decides which trials are best; remove optimize_mode or make the two agree",
+                objective.metric,
+                objective.mode.as_deref().unwrap_or_default()
+            );
+            reader.error(*pos, path, message);
+        }
+    }
     let training_services = match take("trainingService") {
         Some(field) => read_training_services(reader, &field),
         None => {
@@ -579,7 +610,7 @@ fn read_algorithm(
     if let (ComponentKind::Tuner, Some(field), Err(message)) = (
         kind,
         &class_args_field,
-        Direction::from_optimize_mode(class_args.get(OPTIMIZE_MODE)),
+        Direction::from_optimize_mode(None, class_args.get(OPTIMIZE_MODE)),
     ) {
         let node = map_key(field.node, OPTIMIZE_MODE).unwrap_or(field.node);
         let path = format!("{}.{OPTIMIZE_MODE}", field.path);

@@ -126,14 +126,15 @@ pub struct AlgorithmConfig {
 
 impl ExperimentConfig {
     /// Which way "best" goes: the first objective's `mode` when `objectives` lists any, else the
-    /// tuner's `classArgs.optimize_mode`, read as [`Direction::from_optimize_mode`] reads it (the
-    /// reader refused any value it refuses).
+    /// tuner's `classArgs.optimize_mode`, read as [`Direction::from_optimize_mode`] reads it for
+    /// this tuner (absent: the tuner's default; the reader refused any value it refuses).
     pub fn direction(&self) -> Direction {
         if let Some(first) = self.objectives.iter().find(|o| o.constraint.is_none()) {
             return first.direction();
         }
-        Direction::from_optimize_mode(self.tuner.class_args.get(OPTIMIZE_MODE))
-            .unwrap_or(Direction::Maximize)
+        let tuner = self.tuner.name.as_deref();
+        Direction::from_optimize_mode(tuner, self.tuner.class_args.get(OPTIMIZE_MODE))
+            .unwrap_or_else(|_| Direction::default_for(tuner))
     }
 }
 

@@ -374,23 +374,47 @@ pub enum Direction {
 }
 
 impl Direction {
-    /// NNI's `optimize_mode`, as its tuners read it: `"maximize"` or `"minimize"`, spelled so;
-    /// absent or null, maximize. Anything else is an error, the message saying what is allowed.
-    /// The one reading of it: the config reader refuses a config with any other value, and
-    /// every other reader goes through [`Direction::of_config`].
-    pub fn from_optimize_mode(value: Option<&Value>) -> Result<Direction, String> {
+    /// NNI's `optimize_mode`, as the tuner named `tuner` (the config's `tuner.name`; `None`
+    /// for a custom class) reads it: `"maximize"` or `"minimize"`, spelled so; absent or null,
+    /// that tuner's default ([`Direction::default_for`]). Anything else is an error, the message
+    /// saying what is allowed. The one reading of it: the config reader refuses a config with
+    /// any other value, and every other reader goes through [`Direction::of_config`].
+    pub fn from_optimize_mode(
+        tuner: Option<&str>,
+        value: Option<&Value>,
+    ) -> Result<Direction, String> {
         match value {
-            None | Some(Value::Null) => Ok(Direction::Maximize),
+            None | Some(Value::Null) => Ok(Direction::default_for(tuner)),
             Some(Value::String(mode)) if mode == "maximize" => Ok(Direction::Maximize),
             Some(Value::String(mode)) if mode == "minimize" => Ok(Direction::Minimize),
             Some(other) => Err(format!("must be \"maximize\" or \"minimize\", got {other}")),
         }
     }
 
+    /// What the tuner named `tuner` optimises when its classArgs give no `optimize_mode`:
+    /// minimize for the NNI algorithms whose class defaults so (`TPE`, `Anneal`, `TPE_legacy`:
+    /// `NniAlgorithm::minimizes_by_default`; knob's native versions default alike), maximize for
+    /// every other, NNI's default and knob's own tuners'. "Best", the assessor's direction and
+    /// the notifications must go the way the tuner goes: with maximize here, TPE minimised
+    /// while knob called its worst trial the best and Medianstop stopped its best ones.
+    pub fn default_for(tuner: Option<&str>) -> Direction {
+        let minimizes = tuner
+            .and_then(|name| {
+                knob_plugin_api::host::nni_algorithm(knob_plugin_api::ComponentKind::Tuner, name)
+            })
+            .is_some_and(|algorithm| algorithm.minimizes_by_default);
+        if minimizes {
+            Direction::Minimize
+        } else {
+            Direction::Maximize
+        }
+    }
+
     /// The direction of an experiment from its config (the JSON form, as the store keeps it):
-    /// `tuner.classArgs.optimize_mode`. A value [`Direction::from_optimize_mode`] refuses
-    /// never passes the config reader; one in a store written before it checked reads as
-    /// maximize, the default.
+    /// the first objective's `mode` with `objectives`, else `tuner.classArgs.optimize_mode` as
+    /// [`Direction::from_optimize_mode`] reads it for `tuner.name`. A value it refuses never
+    /// passes the config reader; one in a store written before it checked reads as the
+    /// tuner's default.
     pub fn of_config(config: &Value) -> Direction {
         // With `objectives`, the first objective's mode (see `ExperimentConfig::direction`).
         let first_objective = config
@@ -398,10 +422,11 @@ impl Direction {
             .and_then(Value::as_array)
             .and_then(|list| list.iter().find(|o| o.get("constraint").is_none()));
         if let Some(mode) = first_objective.and_then(|o| o.get("mode")) {
-            return Direction::from_optimize_mode(Some(mode)).unwrap_or(Direction::Maximize);
+            return Direction::from_optimize_mode(None, Some(mode)).unwrap_or(Direction::Maximize);
         }
-        Direction::from_optimize_mode(config.pointer("/tuner/classArgs/optimize_mode"))
-            .unwrap_or(Direction::Maximize)
+        let tuner = config.pointer("/tuner/name").and_then(Value::as_str);
+        Direction::from_optimize_mode(tuner, config.pointer("/tuner/classArgs/optimize_mode"))
+            .unwrap_or_else(|_| Direction::default_for(tuner))
     }
 
     /// As `optimize_mode` spells it.

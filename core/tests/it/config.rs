@@ -1518,9 +1518,19 @@ fn optimize_mode_is_read_one_way() {
         "#]],
     );
     let project = Project::new(&[]);
+    let tuner = |tuner: &str| MINIMAL.replace("tuner: {name: Random}", &format!("tuner: {tuner}"));
     for (text, direction) in [
         (MINIMAL.to_string(), Direction::Maximize),
-        (with_mode("null"), Direction::Maximize),
+        // Absent, the tuner's own default: NNI's TPE and Anneal minimise (and knob's follow).
+        (with_mode("null"), Direction::Minimize),
+        (tuner("{name: TPE}"), Direction::Minimize),
+        (
+            tuner("{name: anneal, classArgs: {seed: 1}}"),
+            Direction::Minimize,
+        ),
+        (tuner("{name: GP}"), Direction::Maximize),
+        (tuner("{name: Evolution}"), Direction::Maximize),
+        (tuner("{name: CMAES}"), Direction::Maximize),
         (with_mode("maximize"), Direction::Maximize),
         (with_mode("minimize"), Direction::Minimize),
     ] {
@@ -1529,8 +1539,39 @@ fn optimize_mode_is_read_one_way() {
         let stored = serde_json::to_value(&config).unwrap();
         assert_eq!(Direction::of_config(&stored), direction, "{text}");
     }
-    // A store written before the check may hold anything: read as the default.
+    // A store written before the check may hold anything: read as the tuner's default.
     let stored =
         serde_json::json!({"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "max"}}});
+    assert_eq!(Direction::of_config(&stored), Direction::Minimize);
+    let stored =
+        serde_json::json!({"tuner": {"name": "GPTuner", "classArgs": {"optimize_mode": "max"}}});
     assert_eq!(Direction::of_config(&stored), Direction::Maximize);
+}
+
+#[test]
+fn a_tuner_optimize_mode_against_the_objectives_is_refused() {
+    let with = |mode: &str, objectives: &str| {
+        MINIMAL.replace(
+            "tuner: {name: Random}",
+            &format!("tuner: {{name: TPE, classArgs: {{optimize_mode: {mode}}}}}\nobjectives: {objectives}"),
+        )
+    };
+    check(
+        &with("maximize", "[{metric: loss, mode: minimize}]"),
+        expect![[r#"
+            $DIR/exp.yml:4:32: tuner.classArgs.optimize_mode: maximize contradicts objectives, whose first objective (loss, minimize) decides which trials are best; remove optimize_mode or make the two agree
+        "#]],
+    );
+    // Agreeing, or said by the objectives alone, is fine.
+    let project = Project::new(&[]);
+    for text in [
+        with("minimize", "[{metric: loss, mode: minimize}]"),
+        with(
+            "minimize",
+            "[{metric: ok, constraint: '<= 0'}, {metric: loss, mode: minimize}]",
+        ),
+    ] {
+        let config = project.load("exp.yml", &text);
+        assert_eq!(config.direction(), knob_core::store::Direction::Minimize);
+    }
 }

@@ -22,6 +22,12 @@ pub struct NniAlgorithm {
     /// native version (knob's core then runs NNI's own through the dispatcher plugin,
     /// `knob_core::nni_dispatch`).
     pub native: Option<&'static str>,
+    /// NNI's class minimises when its `classArgs` give no `optimize_mode` (hyperopt's
+    /// `HyperoptTuner` and NNI 3.0's `TpeTuner` default to `minimize`; every other NNI
+    /// algorithm to `maximize`). knob's native version defaults the same way, and so does the
+    /// experiment's direction (`knob_core::config::ExperimentConfig::direction`): "best" is
+    /// what the tuner optimises for.
+    pub minimizes_by_default: bool,
 }
 
 const fn tuner(
@@ -34,6 +40,15 @@ const fn tuner(
         name,
         alias,
         native,
+        minimizes_by_default: false,
+    }
+}
+
+/// A tuner whose NNI class defaults to `optimize_mode: minimize`.
+const fn minimizing_tuner(name: &'static str, native: Option<&'static str>) -> NniAlgorithm {
+    NniAlgorithm {
+        minimizes_by_default: true,
+        ..tuner(name, None, native)
     }
 }
 
@@ -43,6 +58,7 @@ const fn assessor(name: &'static str, native: Option<&'static str>) -> NniAlgori
         name,
         alias: None,
         native,
+        minimizes_by_default: false,
     }
 }
 
@@ -56,10 +72,10 @@ pub const NNI_ALGORITHMS: [NniAlgorithm; 19] = [
     assessor("Curvefitting", Some("Curvefitting")),
     tuner("PPO", Some("PPOTuner"), None),
     tuner("SMAC", None, None),
-    tuner("TPE", None, Some("TPE")),
-    tuner("TPE_legacy", None, None),
+    minimizing_tuner("TPE", Some("TPE")),
+    minimizing_tuner("TPE_legacy", None),
     tuner("Random", None, Some("Random")),
-    tuner("Anneal", None, Some("Anneal")),
+    minimizing_tuner("Anneal", Some("Anneal")),
     tuner("Evolution", None, Some("Evolution")),
     tuner("Batch", Some("BatchTuner"), Some("Batch")),
     tuner("GridSearch", None, Some("GridSearch")),

@@ -133,7 +133,9 @@ impl Tuner for CmaEsTuner {
         let seed = seed_or_entropy(NAME, args.seed);
         Ok(CmaEsTuner {
             settings: Settings {
-                mode: args.optimize_mode.unwrap_or(OptimizeMode::Minimize),
+                // Maximize, as knob's core reads an absent optimize_mode for a tuner NNI does
+                // not have (`Direction::default_for`), so "best" is what it optimises for.
+                mode: args.optimize_mode.unwrap_or(OptimizeMode::Maximize),
                 sigma0,
                 population,
             },
