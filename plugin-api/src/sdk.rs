@@ -136,12 +136,18 @@ impl Suggestion {
 /// A trial of an earlier run of the experiment, handed to [`Tuner::import_data`] on resume
 /// (NNI's import format: `{"parameter": {...}, "value": ...}`, plus what knob knows).
 ///
-/// The host imports every trial that finished with a result. A trial whose tuner gave it a
-/// [`Suggestion::label`] is imported whatever its state, so that a tuner that names trials can
-/// rebuild what it was waiting for: one that ended without a result has a NaN `value` and its
-/// final `status`; one that will run again (it was waiting or running when the manager
-/// stopped) has status `WAITING` or `RUNNING`, and its result will arrive under
-/// `parameter_id`. Tuners that never label anything only ever see finished trials.
+/// The host imports every trial of the earlier run, in the order their parameters were handed
+/// out, so that a tuner can rebuild what it had handed out, not only what it had learnt: a
+/// seeded tuner that knew only the trials with a result drew the parameters of the others
+/// again after a resume. A trial with a result (its first final of its last attempt; a
+/// non-finite or unreadable one is a NaN `value`, as the live run told the tuner) has its final
+/// `status`. A trial without one has [`ImportedTrial::no_result`] set and a NaN `value`: one
+/// that ended without reporting has its final `status` (the live run told the tuner of it only
+/// through `trial_end`), one that will run again (it was waiting or running, or cancelled by a
+/// stop of the experiment) has status `WAITING` or `RUNNING` or `USER_CANCELED`, and its result
+/// will arrive under `parameter_id`. Count such a trial as handed out (never suggest its
+/// parameters again, advance whatever a seeded replay counts), not as a result. A tuner that
+/// gave its trials a [`Suggestion::label`] rebuilds what it was waiting for from the labels.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ImportedTrial {
     #[serde(rename = "parameter")]
@@ -162,6 +168,10 @@ pub struct ImportedTrial {
     /// the trial's outcome (`value` is then its first value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objectives: Option<crate::Outcome>,
+    /// The trial has reported no result (its `value` is NaN): it ended without one, or it will
+    /// run again (see [`ImportedTrial`]). Absent, as in imports from elsewhere: a result.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_result: bool,
 }
 
 impl ImportedTrial {
@@ -174,7 +184,22 @@ impl ImportedTrial {
             label: None,
             status: None,
             objectives: None,
+            no_result: false,
         }
+    }
+
+    /// A trial of the earlier run that reported no result: NaN `value`, `status` as it stands.
+    pub fn without_result(parameters: Value, status: &str) -> ImportedTrial {
+        ImportedTrial {
+            status: Some(status.to_owned()),
+            no_result: true,
+            ..ImportedTrial::new(parameters, f64::NAN)
+        }
+    }
+
+    /// Whether this is a result to learn from, as a live run's `receive_trial_result` is.
+    pub fn is_result(&self) -> bool {
+        !self.no_result
     }
 
     /// Whether the trial has ended (its status is final, or unknown because it was imported

@@ -311,7 +311,14 @@ impl Tuner for AnnealTuner {
             self.pending_import.extend_from_slice(trials);
             return Ok(());
         };
-        let observations = encode_imported(NAME, encoding, trials, self.mode);
+        // A trial without a result was handed out all the same: never again, and it used a step.
+        let (results, handed_out): (Vec<ImportedTrial>, Vec<ImportedTrial>) =
+            trials.iter().cloned().partition(ImportedTrial::is_result);
+        for trial in &handed_out {
+            self.unseen.insert(&trial.parameters);
+            self.steps += 1;
+        }
+        let observations = encode_imported(NAME, encoding, &results, self.mode);
         let imported = observations.len();
         for o in observations {
             self.unseen.insert(&o.parameters);

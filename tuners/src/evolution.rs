@@ -407,9 +407,21 @@ impl Tuner for EvolutionTuner {
             self.pending_import.extend_from_slice(trials);
             return Ok(());
         };
-        let observations = encode_imported(NAME, encoding, trials, self.mode);
-        let imported = observations.len();
-        for o in observations {
+        // Each trial with its observation, `None` for one without a result; a result outside
+        // the (changed) space is left out, with a warning.
+        let replayed: Vec<(&ImportedTrial, Option<_>)> = trials
+            .iter()
+            .filter_map(|trial| {
+                if !trial.is_result() {
+                    return Some((trial, None));
+                }
+                let slice = std::slice::from_ref(trial);
+                let observation = encode_imported(NAME, encoding, slice, self.mode).pop()?;
+                Some((trial, Some(observation)))
+            })
+            .collect();
+        let mut imported = 0;
+        for (trial, observation) in replayed {
             // Replays the step that produced this trial: a random one, or a tournament whose
             // loser left the population (the mutation's draws come after, so they do not matter).
             if self.random_owed > 0 {
@@ -419,8 +431,17 @@ impl Tuner for EvolutionTuner {
                 self.tournament(&mut rng);
             }
             self.steps += 1;
-            self.unseen.insert(&o.parameters);
-            self.population.push(o);
+            self.unseen.insert(&trial.parameters);
+            match observation {
+                Some(o) => {
+                    self.population.push(o);
+                    imported += 1;
+                }
+                // As `trial_end` without a result: NNI replaces such a trial with a random one.
+                None if trial.has_ended() => self.random_owed += 1,
+                // It runs again; its result arrives as any other.
+                None => {}
+            }
         }
         if !trials.is_empty() {
             log::info(&format!(

@@ -983,3 +983,65 @@ fn the_api_shows_the_metrics_of_a_trials_latest_attempt_unless_asked_for_all() {
         "{body}"
     );
 }
+
+/// A seeded tuner resumed after trials that failed without a result continues the run it would
+/// have made uninterrupted: it is told of every trial it handed out, not only of those with a
+/// result (it drew the failed ones' parameters again, found by hand: Random's trial 4 was trial
+/// 1 again, TPE's trial 5 trial 3).
+#[test]
+fn a_seeded_tuner_resumed_after_failures_continues_its_run_without_repeats() {
+    // Odd trials fail before reporting; the others report a result.
+    let trial = "import json, os, sys\n\
+                 p = json.loads(os.environ['KNOB_PARAMETERS'])\n\
+                 if int(os.environ['NNI_TRIAL_SEQ_ID']) % 2 == 1:\n    sys.exit(3)\n\
+                 print('KNOB_FINAL', p['x'] + p['y'])\n";
+    let config = |sandbox: &Sandbox, tuner: &str, trials: u32| {
+        let yaml = format!(
+            "trialCommand: python3 trial.py\ntrialConcurrency: 1\nmaxTrialNumber: {trials}\n\
+             searchSpace:\n  x: {{_type: uniform, _value: [0, 1]}}\n  y: {{_type: uniform, _value: [0, 1]}}\n\
+             tuner:\n  name: {tuner}\n  classArgs: {{optimize_mode: minimize, seed: 7}}\n\
+             trainingService:\n  platform: local"
+        );
+        sandbox.config(&yaml, &[("trial.py", trial)])
+    };
+    let parameters = |export: &serde_json::Value| -> Vec<String> {
+        let mut trials = export["trials"].as_array().unwrap().clone();
+        trials.sort_by_key(|t| t["sequence"].as_u64());
+        trials.iter().map(|t| t["parameters"].to_string()).collect()
+    };
+    // Exact where the first 8 suggestions are drawn from the seed alone (Random; TPE's and
+    // GPTuner's start-up phases); Evolution's replay is not exact, but never repeats.
+    for (tuner, exact) in [
+        ("Random", true),
+        ("TPE", true),
+        ("GPTuner", true),
+        ("Anneal", false),
+        ("Evolution", false),
+    ] {
+        let whole = Sandbox::new();
+        let (code, stdout, stderr) = whole.create(&config(&whole, tuner, 8), "whole");
+        assert_eq!(code, 0, "{tuner}: {stdout}\n{stderr}");
+        let export = whole.export("whole");
+        let failed = export["trials"].as_array().unwrap().iter();
+        let failed = failed.filter(|t| t["status"] == "FAILED").count();
+        assert_eq!(failed, 4, "{tuner}: {export:#}");
+        let uninterrupted = parameters(&export);
+
+        let resumed = Sandbox::new();
+        resumed.create(&config(&resumed, tuner, 4), "halves");
+        let (_, stdout, stderr) =
+            run(resumed
+                .knob()
+                .args(["resume", "halves", "--max-trial-number", "8"]));
+        let export = resumed.export("halves");
+        let both = parameters(&export);
+        assert_eq!(both.len(), 8, "{tuner}: {stdout}\n{stderr}\n{export:#}");
+        let mut distinct = both.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 8, "{tuner} repeated parameters: {both:#?}");
+        if exact {
+            assert_eq!(both, uninterrupted, "{tuner}");
+        }
+    }
+}

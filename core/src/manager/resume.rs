@@ -96,27 +96,21 @@ impl Manager {
                 self.book.known(&id).reason = Some(stop.message.clone());
                 status = stop.status;
             }
+            // Every trial is imported, those without a result too: the tuner handed them out,
+            // and a seeded one that did not hear of them drew their parameters again.
+            let objectives = &self.config.objectives;
             if status.is_final() && !stopped_with_experiment {
                 self.book.set_status(&id, status);
-                let objectives = &self.config.objectives;
-                if let Some(value) = self.book[&id].final_value {
-                    imported.push(import_record(objectives, stored, status, value));
-                    self.book.offer_best(&id, value);
-                }
-                if self.book[&id].final_value.is_none() && stored.parameter_label.is_some() {
-                    // A tuner that labels its trials rebuilds its rounds from every trial.
-                    imported.push(import_record(objectives, stored, status, f64::NAN));
+                match self.book[&id].final_value {
+                    Some(value) => {
+                        imported.push(import_record(objectives, stored, status, Some(value)));
+                        self.book.offer_best(&id, value);
+                    }
+                    None => imported.push(import_record(objectives, stored, status, None)),
                 }
                 continue;
             }
-            if stored.parameter_label.is_some() {
-                imported.push(import_record(
-                    &self.config.objectives,
-                    stored,
-                    status,
-                    f64::NAN,
-                ));
-            }
+            imported.push(import_record(objectives, stored, status, None));
             // Not finished: run it again (its services ended what was left of it, see
             // `unfinished_trials`).
             // The attempt given up here ran and was not given up before.
@@ -139,6 +133,8 @@ impl Manager {
             }
         }
         if !imported.is_empty() {
+            // In the order the tuner handed them out, which a seeded replay follows.
+            imported.sort_by_key(|record| record.parameter_id);
             self.tuner.import(imported).await?;
         }
         // What the run before the crash ended but did not get to delete: checkpoints no member
@@ -243,18 +239,21 @@ impl Manager {
     }
 }
 
-/// What the tuner is told about a trial of the earlier run (see `ImportedTrial`: trials without
-/// a result are imported only when the tuner labeled them, so other tuners see what NNI's do).
+/// What the tuner is told about a trial of the earlier run (see `ImportedTrial`): its result,
+/// `None` for a trial that reported none (it ended without one, or it runs again).
 fn import_record(
     objectives: &[crate::config::ObjectiveConfig],
     stored: &crate::store::TrialState,
     status: TrialStatus,
-    value: f64,
+    result: Option<f64>,
 ) -> ImportedTrial {
-    let mut record = ImportedTrial::new(stored.parameters.clone(), value);
+    let mut record = match result {
+        Some(value) => ImportedTrial::new(stored.parameters.clone(), value),
+        None => ImportedTrial::without_result(stored.parameters.clone(), status.as_str()),
+    };
     // With `objectives`, the outcome is read again from the final as sent (a tuner that takes
     // objectives gets it; the host strips it for any other).
-    if !objectives.is_empty() && !value.is_nan() {
+    if !objectives.is_empty() && result.is_some_and(|value| !value.is_nan()) {
         record.objectives = stored
             .final_metric()
             .and_then(|m| crate::objectives::outcome(objectives, &m.raw).ok());

@@ -218,15 +218,30 @@ impl Tuner for CmaEsTuner {
         }
         let mut replayed = 0;
         for trial in trials {
+            // One that ended without a result counts as the worst, as `trial_end` counted it.
             let loss = loss(trial.value, self.settings.mode);
             let before = (self.rng.clone(), self.run.clone());
             match self.ask() {
+                // One that runs again is pending, as it was: its result arrives under its id.
+                Some((params, vector, generation))
+                    if !trial.has_ended() && canonical(&params) == canonical(&trial.parameters) =>
+                {
+                    self.unseen.insert(&trial.parameters);
+                    if let Some(id) = trial.parameter_id {
+                        self.pending.insert(id, (generation, vector));
+                    }
+                    replayed += 1;
+                }
                 Some((params, vector, generation))
                     if canonical(&params) == canonical(&trial.parameters) =>
                 {
                     self.observe(&trial.parameters, loss);
                     self.tell(generation, vector, loss);
                     replayed += 1;
+                }
+                _ if !trial.has_ended() => {
+                    (self.rng, self.run) = before;
+                    self.unseen.insert(&trial.parameters);
                 }
                 _ => {
                     (self.rng, self.run) = before;

@@ -246,10 +246,13 @@ impl Tuner for GpTuner {
     fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), PluginError> {
         for trial in trials {
             self.unseen.insert(&trial.parameters);
-            self.observations.push((
-                trial.parameters.clone(),
-                loss(trial.value, self.settings.mode),
-            ));
+            // One without a result was handed out all the same, but taught the model nothing.
+            if trial.is_result() {
+                self.observations.push((
+                    trial.parameters.clone(),
+                    loss(trial.value, self.settings.mode),
+                ));
+            }
             self.suggestions += 1;
         }
         log::info(&format!(

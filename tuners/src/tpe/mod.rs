@@ -613,7 +613,14 @@ impl TpeTuner {
     fn take_pending_import(&mut self) {
         let Some(model) = &self.model else { return };
         let trials = std::mem::take(&mut self.pending_import);
-        let observations = encode_imported(NAME, &model.encoding, &trials, self.mode);
+        // A trial without a result was handed out all the same: never again, and it used a step.
+        let (results, handed_out): (Vec<_>, Vec<_>) =
+            trials.into_iter().partition(ImportedTrial::is_result);
+        for trial in &handed_out {
+            self.unseen.insert(&trial.parameters);
+            self.steps += 1;
+        }
+        let observations = encode_imported(NAME, &model.encoding, &results, self.mode);
         for o in observations {
             self.unseen.insert(&o.parameters);
             self.finished.push(o);
