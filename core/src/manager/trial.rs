@@ -155,7 +155,14 @@ impl Trial {
     }
 }
 
+/// The most of stderr's last line a trial's end message keeps: the message is one line of
+/// `knob trial ls`, the export and the API, not the trial's log (`stderr` in its folder).
+const MAX_REASON_LINE_CHARS: usize = 500;
+
 /// One line saying why a trial failed: its exit code or signal and the last line of stderr.
+/// A carriage return ends a line as a newline does: a progress bar (tqdm) rewrites its line
+/// with `\r`, and the error printed after it is the last line, not kilobytes of bar updates
+/// that garble a terminal when shown.
 pub(super) fn failure_reason(
     exit_code: Option<i32>,
     signal: Option<i32>,
@@ -172,13 +179,21 @@ pub(super) fn failure_reason(
         how
     };
     match stderr_tail
-        .lines()
+        .split(['\n', '\r'])
         .rev()
         .map(str::trim)
         .find(|l| !l.is_empty())
     {
-        Some(last) => format!("{how}: {last}"),
+        Some(last) => format!("{how}: {}", bounded(last, MAX_REASON_LINE_CHARS)),
         None => how,
+    }
+}
+
+/// `text` cut to its first `max` characters, with `…` when cut.
+fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]).into(),
+        None => text.into(),
     }
 }
 
@@ -338,6 +353,45 @@ mod tests {
             Some(OutOfMemory::Host)
         );
         assert_eq!(out_of_memory(Some(1), None, "ValueError: x\n"), None);
+    }
+
+    #[test]
+    fn a_failure_reason_is_the_last_line_of_a_progress_bar_rewritten_stderr() {
+        // tqdm rewrites its bar with `\r`; the error after it is what the user needs.
+        let bars: String = (0..100)
+            .map(|i| format!("{i:3}%|{:<40}|\r", "#".repeat(i * 2 / 5)))
+            .collect();
+        let stderr = format!("{bars}Error: boom\r");
+        assert_eq!(
+            failure_reason(Some(1), None, &stderr),
+            "exit code 1: Error: boom"
+        );
+        assert_eq!(
+            failure_reason(Some(1), None, "Traceback\r\nValueError: x\r\n\r\n"),
+            "exit code 1: ValueError: x"
+        );
+        assert_eq!(
+            failure_reason(None, Some(15), "\r\n \r"),
+            "killed by signal 15"
+        );
+    }
+
+    #[test]
+    fn a_failure_reason_keeps_a_bounded_part_of_a_long_last_line() {
+        let long = format!("{}\n", "é".repeat(2_000));
+        let reason = failure_reason(Some(2), None, &long);
+        let quoted = reason.strip_prefix("exit code 2: ").unwrap();
+        assert_eq!(
+            quoted.chars().count(),
+            MAX_REASON_LINE_CHARS + 1,
+            "{reason}"
+        );
+        assert!(quoted.ends_with("é…"), "{reason}");
+        let short = "x".repeat(MAX_REASON_LINE_CHARS);
+        assert_eq!(
+            failure_reason(Some(2), None, &short),
+            format!("exit code 2: {short}")
+        );
     }
 
     #[test]
