@@ -2,7 +2,8 @@
 //! tuners) and training services (which check a report before passing it on).
 //!
 //! NNI trials send a value as JSON text produced by `json_tricks`, which writes `NaN`,
-//! `Infinity` and `-Infinity` as bare words that strict JSON (and serde_json) rejects. A value
+//! `Infinity` and `-Infinity` as bare words that strict JSON (and serde_json) rejects; a
+//! script that prints a float itself writes `nan`, `inf` or `-inf`, read the same way. A value
 //! is a number, or an object whose `"default"` entry is the number tuners optimise; the object's
 //! other entries are extra metrics for the user. The raw text is always stored as sent; this
 //! module only extracts the default number.
@@ -37,12 +38,41 @@ pub fn parse_lenient(raw: &str) -> Result<Value, String> {
 }
 
 /// Parses JSON text in which NaN, Infinity and -Infinity may appear outside strings (as Python's
-/// `json` writes them); they become the strings [`NAN`], [`INF`] and [`NEG_INF`].
+/// `json` writes them); they become the strings [`NAN`], [`INF`] and [`NEG_INF`]. A whole text
+/// may also be any spelling Python's `float()` reads as one of them (`nan`, `inf`, `-inf`,
+/// `+Infinity`, any case), as `print(loss)` writes a loss that diverged.
 pub fn parse_json_lenient(text: &str) -> Result<Value, serde_json::Error> {
     match serde_json::from_str(text) {
         Ok(value) => Ok(value),
-        Err(e) if !text.contains(['N', 'I']) => Err(e),
-        Err(_) => serde_json::from_str(&protect_non_finite(text)),
+        Err(e) => {
+            if let Some(sentinel) = python_non_finite(text) {
+                return Ok(Value::String(sentinel.into()));
+            }
+            if !text.contains(['N', 'I']) {
+                return Err(e);
+            }
+            serde_json::from_str(&protect_non_finite(text))
+        }
+    }
+}
+
+/// The sentinel of a whole text that Python's `float()` reads as NaN or an infinity: `nan`,
+/// `inf` or `infinity` in any case, with an optional sign. Only a whole value: inside an
+/// object or a list the words stay JSON's (`NaN`, `Infinity`), which is what Python's `json`
+/// writes there, so that a mistyped word in a dict is still an error.
+fn python_non_finite(text: &str) -> Option<&'static str> {
+    let text = text.trim();
+    let (negative, word) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    if word.eq_ignore_ascii_case("nan") {
+        Some(NAN)
+    } else if word.eq_ignore_ascii_case("inf") || word.eq_ignore_ascii_case("infinity") {
+        Some(if negative { NEG_INF } else { INF })
+    } else {
+        None
     }
 }
 
@@ -148,6 +178,36 @@ mod tests {
         assert_eq!(parse_json_lenient("Infinity").unwrap(), INF);
         assert!(parse_json_lenient("NaNa").is_err());
         assert!(parse_json_lenient("{oops").is_err());
+    }
+
+    #[test]
+    fn a_whole_value_may_be_spelt_as_python_prints_a_non_finite_float() {
+        // `print(f"KNOB_INTERMEDIATE {loss}")` of a diverged loss; `float()` reads each back.
+        for (text, expected) in [
+            ("nan", f64::NAN),
+            ("-nan", f64::NAN),
+            ("NAN", f64::NAN),
+            ("inf", f64::INFINITY),
+            ("+inf", f64::INFINITY),
+            ("-inf", f64::NEG_INFINITY),
+            ("infinity", f64::INFINITY),
+            ("-Infinity", f64::NEG_INFINITY),
+            ("+INFINITY", f64::INFINITY),
+            (" -inf ", f64::NEG_INFINITY),
+        ] {
+            let read = default_value(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert!(
+                read.total_cmp(&expected).is_eq() || (read.is_nan() && expected.is_nan()),
+                "{text:?}: {read}"
+            );
+        }
+        assert_eq!(parse_json_lenient("-inf").unwrap(), NEG_INF);
+        // Only a whole value: JSON's own words inside an object, as before, and nothing else.
+        assert!(parse_json_lenient(r#"{"default": nan}"#).is_err());
+        assert!(parse_json_lenient(r#"{"default": inf}"#).is_err());
+        for garbage in ["nana", "infinit", "in f", "--inf", "+-inf", "nan nan", "∞"] {
+            assert!(default_value(garbage).is_err(), "{garbage:?}");
+        }
     }
 
     #[test]

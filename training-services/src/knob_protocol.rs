@@ -5,7 +5,8 @@
 //!   (`<trial_dir>/parameters.json`).
 //! - Metrics: a line `KNOB_INTERMEDIATE <json>` or `KNOB_FINAL <json>` on stdout, or the same
 //!   line appended to `$KNOB_METRICS_FILE` (`<trial_dir>/metrics.knob`). `<json>` is a number
-//!   (NaN, Infinity and -Infinity allowed) or an object with a numeric `"default"`.
+//!   (NaN, Infinity and -Infinity allowed, and a whole `nan`, `inf` or `-inf` as Python prints
+//!   one) or an object with a numeric `"default"`.
 //! - Also set: `KNOB_TRIAL_ID`, `KNOB_TRIAL_DIR`.
 
 use knob_plugin_api::service::MetricKind;
@@ -189,6 +190,9 @@ mod tests {
         assert_eq!(read("KNOB_INTERMEDIATE\t-3e2\r"), "Intermediate -3e2");
         assert_eq!(read("KNOB_FINAL NaN"), "Final NaN");
         assert_eq!(read("KNOB_FINAL -Infinity"), "Final -Infinity");
+        // As Python's print() writes a diverged float.
+        assert_eq!(read("KNOB_INTERMEDIATE nan"), "Intermediate nan");
+        assert_eq!(read("KNOB_FINAL -inf\r"), "Final -inf");
         assert_eq!(
             read(r#"KNOB_FINAL {"default": 0.9, "loss": NaN}"#),
             r#"Final {"default": 0.9, "loss": NaN}"#
