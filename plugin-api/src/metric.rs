@@ -224,6 +224,15 @@ mod tests {
             default_value("[1]"),
             Err("metric \"[1]\" is not a number".into())
         );
+        // The largest numbers a float holds, and past them (knob_trial refuses such an int).
+        assert_eq!(default_value(&format!("-1{}", "0".repeat(308))), Ok(-1e308));
+        assert_eq!(
+            default_value(&format!("1{}", "0".repeat(400))),
+            Err(format!(
+                "metric \"1{}\"… (401 bytes) is not JSON: number out of range at line 1 column 401",
+                "0".repeat(59)
+            ))
+        );
         let long = "x".repeat(10_000);
         let err = default_value(&long).unwrap_err();
         assert!(err.len() < 200 && err.contains("(10000 bytes)"), "{err}");

@@ -100,6 +100,7 @@ def _metric_text(value: object, what: str) -> str:
     # A plain number needs no json module: its repr is JSON (importing json is most of the cost
     # of a first report).
     if type(value) is int:
+        _check_int(value, what, "the metric")
         return str(value)
     if type(value) is float:
         text = repr(value)
@@ -127,8 +128,36 @@ def _metric_text(value: object, what: str) -> str:
             raise TypeError(f"knob_trial.{what}: {type(other).__name__} {other!r} is not JSON")
         return number
 
+    if isinstance(value, dict):
+        for key, entry in value.items():
+            _check_ints(entry, what, f"the metric's entry {key!r}")
     # allow_nan: NaN and Infinity are accepted by knob as "no result" (README).
     return json.dumps(value, allow_nan=True, separators=(",", ":"), default=plain)
+
+
+def _check_int(value: int, what: str, where: str) -> None:
+    """Raises ValueError for an int that no 64-bit float holds (`10**400`): JSON writes it, but
+    knob reads every number as a float and would find the metric unreadable."""
+    try:
+        float(value)
+    except OverflowError:
+        raise ValueError(
+            f"knob_trial.{what}: {where} is an int of {value.bit_length()} bits, too large for "
+            "the 64-bit float knob reads it as (at most about 1.8e308)"
+        ) from None
+
+
+def _check_ints(value: object, what: str, where: str) -> None:
+    """`_check_int` for every int in a dict or list (nested in a dict metric), `where` naming
+    its place."""
+    if isinstance(value, dict):
+        for key, entry in value.items():
+            _check_ints(entry, what, f"{where}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for index, entry in enumerate(value):
+            _check_ints(entry, what, f"{where}[{index}]")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        _check_int(value, what, where)
 
 
 def _plain_number(value: object) -> object:

@@ -125,6 +125,37 @@ class Scalar:
 """
 
 
+def test_an_int_too_large_for_a_float_is_refused_in_the_trial(tmp_path: Path, knob_trial_dir: Path) -> None:
+    """knob reads every number of a metric as a 64-bit float: `nni.report_final_result(10**400)`
+    was sent, and knob then found the final unreadable ("number out of range")."""
+    env = trial_env(tmp_path / "t", {})
+    too_large = "an int of 1329 bits, too large for the 64-bit float knob reads it as"
+    for call, error in [
+        ("k.report_final(10**400)", f"ValueError: knob_trial.report_final: the metric is {too_large}"),
+        ("k.report_intermediate(-10**400)", f"ValueError: knob_trial.report_intermediate: the metric is {too_large}"),
+        (
+            "k.report_final({'default': 1, 'count': 10**400})",
+            f"ValueError: knob_trial.report_final: the metric's entry 'count' is {too_large}",
+        ),
+        (
+            "k.report_final({'default': 1, 'curve': [1, {'x': 10**400}]})",
+            f"ValueError: knob_trial.report_final: the metric's entry 'curve'[1]['x'] is {too_large}",
+        ),
+        ("import nni; nni.report_final_result(10**400)", f"ValueError: knob_trial.report_final: the metric is {too_large}"),
+    ]:
+        result = run_python(f"import knob_trial as k; {call}", env, [knob_trial_dir, SHIM.parent])
+        assert result.returncode == 1 and error in result.stderr, (call, result.stderr)
+    assert metric_lines(tmp_path / "t") == []
+    # As large as a float holds is a number like any other.
+    result = run_python(
+        "import knob_trial as k; k.report_final({'default': 10**308, 'n': -10**308})",
+        env,
+        [knob_trial_dir],
+    )
+    assert result.returncode == 0, result.stderr
+    assert metric_lines(tmp_path / "t") == [f'KNOB_FINAL {{"default":{10**308},"n":{-10**308}}}']
+
+
 def test_numpy_scalars_are_reported_as_their_numbers(tmp_path: Path, knob_trial_dir: Path) -> None:
     """nni takes `np.float32(0.9)` (its json_tricks writes item()); so does knob_trial, and the
     nni shim with it: an `import nni` script reporting one failed with a TypeError."""
