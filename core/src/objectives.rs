@@ -106,6 +106,34 @@ pub fn outcome(objectives: &[ObjectiveConfig], raw: &str) -> Result<Outcome, Out
     Ok(outcome_of_values(objectives, values))
 }
 
+/// The number an intermediate result stands for in an experiment with `objectives` (what the
+/// store records and an assessor judges): its `"default"` entry where it has one, else the first
+/// objective's entry (the first listed without a constraint, as a final's recorded number is),
+/// else a plain number as in any experiment. A trial reports its objectives as one dict, with no
+/// `"default"`, intermediates and final alike.
+pub fn intermediate_value(objectives: &[ObjectiveConfig], raw: &str) -> Result<f64, String> {
+    let value = parse_lenient(raw)?;
+    let first = objectives.iter().find(|o| o.constraint.is_none());
+    let (Value::Object(map), Some(first)) = (&value, first) else {
+        return knob_plugin_api::metric::default_value(raw);
+    };
+    if map.contains_key("default") {
+        return knob_plugin_api::metric::default_value(raw);
+    }
+    let entry = map.get(&first.metric).ok_or_else(|| {
+        format!(
+            "intermediate result has neither a \"default\" nor an {:?} entry (the first objective)",
+            first.metric
+        )
+    })?;
+    knob_plugin_api::metric::default_value(&entry.to_string()).map_err(|_| {
+        format!(
+            "intermediate result's {:?} entry is not a number: {entry}",
+            first.metric
+        )
+    })
+}
+
 /// The outcome of values already read, one per listed objective, in order.
 pub fn outcome_of_values(objectives: &[ObjectiveConfig], values: Vec<f64>) -> Outcome {
     let values: Vec<f64> = values
@@ -349,6 +377,35 @@ mod tests {
             ),
             Err(OutcomeProblem::Unreadable(_))
         ));
+    }
+
+    #[test]
+    fn an_intermediate_stands_for_its_default_else_the_first_objective() {
+        let read = |raw| intermediate_value(&objectives(), raw);
+        assert_eq!(read(r#"{"latency_ms": 3.0, "accuracy": 0.5}"#), Ok(0.5));
+        assert_eq!(read(r#"{"accuracy": 0.5}"#), Ok(0.5));
+        assert_eq!(read(r#"{"default": 0.25, "accuracy": 0.5}"#), Ok(0.25));
+        assert_eq!(read("0.75"), Ok(0.75));
+        assert!(read(r#"{"accuracy": NaN}"#).unwrap().is_nan());
+        // A constraint listed first is not the first objective.
+        let mut constrained = objectives();
+        constrained.rotate_right(1);
+        assert_eq!(
+            intermediate_value(&constrained, r#"{"memory_over": 1, "accuracy": 0.5}"#),
+            Ok(0.5)
+        );
+        assert_eq!(
+            read(r#"{"latency_ms": 3.0}"#),
+            Err(r#"intermediate result has neither a "default" nor an "accuracy" entry (the first objective)"#.into())
+        );
+        assert_eq!(
+            read(r#"{"accuracy": "high"}"#),
+            Err(r#"intermediate result's "accuracy" entry is not a number: "high""#.into())
+        );
+        assert_eq!(
+            read(r#"{"default": "high", "accuracy": 0.5}"#),
+            Err(r#"metric "{\"default\": \"high\", \"accuracy\": 0.5}" is not a number"#.into())
+        );
     }
 
     #[test]

@@ -8,6 +8,9 @@ so that importing it costs next to nothing (`benches/harness/trial_import.sh`).
         knob_trial.report_intermediate(train_one_epoch(params["lr"]))
     knob_trial.report_final({"default": evaluate(), "epochs": 10})
 
+A multi-objective experiment's trial reports a dict of the metrics its `objectives` list
+(`{"accuracy": 0.93, "latency_ms": 12.5}`), without "default".
+
 knob writes this same file into a folder under the experiment's `.knob-python/` and puts that
 folder on every trial's PYTHONPATH, so `import knob_trial` works in a trial whether or not the wheel is installed
 in the trial's Python, and always matches the knob that runs the trial.
@@ -111,15 +114,17 @@ def _metric_text(value: object, what: str) -> str:
     # bool is an int to Python, but never a metric a tuner can use.
     if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
         raise TypeError(
-            f"knob_trial.{what}: a metric is a number or a dict with a numeric 'default', "
-            f"not {type(value).__name__}"
+            f"knob_trial.{what}: a metric is a number or a dict (of JSON values; its 'default', "
+            f"if any, a number), not {type(value).__name__}"
         )
-    if isinstance(value, dict):
-        default = _plain_number(value.get("default"))
+    # A dict without "default" is sent as it is, as nni sends it: knob judges it, since only
+    # the experiment knows what it needs (the metrics its `objectives` list, or "default").
+    if isinstance(value, dict) and "default" in value:
+        default = _plain_number(value["default"])
         if isinstance(default, bool) or not isinstance(default, (int, float)):
             raise ValueError(
-                f"knob_trial.{what}: a dict metric needs a numeric 'default' (the value tuners "
-                f"optimise), got {default!r}"
+                f"knob_trial.{what}: a dict metric's 'default' is the value tuners optimise, a "
+                f"number, not {default!r}"
             )
 
     def plain(other: object) -> object:
@@ -210,7 +215,8 @@ def _send(kind: str, value: object, what: str) -> None:
 
 
 def report_intermediate(value: "float | dict[str, object]") -> None:
-    """Reports one intermediate result (a number, or a dict with a numeric "default")."""
+    """Reports one intermediate result: a number, or a dict (with a numeric "default", or the
+    metrics the experiment's `objectives` list)."""
     _send("KNOB_INTERMEDIATE", value, "report_intermediate")
 
 

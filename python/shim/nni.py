@@ -57,11 +57,13 @@ else:
         return parameters if tag is None else parameters[tag]
 
     def report_intermediate_result(metric: "float | dict[str, object]") -> None:
-        """One intermediate result: a number, or a dict with a numeric "default"."""
+        """One intermediate result: a number, or a dict (a numeric "default", or the metrics
+        the experiment's `objectives` list)."""
         knob_trial.report_intermediate(metric)
 
     def report_final_result(metric: "float | dict[str, object]") -> None:
-        """The trial's final result: a number, or a dict with a numeric "default"."""
+        """The trial's final result: a number, or a dict (a numeric "default", or the metrics
+        the experiment's `objectives` list)."""
         knob_trial.report_final(metric)
 
     def get_trial_id() -> str:

@@ -78,6 +78,28 @@ def test_parameters_in_and_metrics_out(tmp_path: Path, knob_trial_dir: Path) -> 
     ]
 
 
+def test_a_dict_without_default_is_sent_for_knob_to_judge(tmp_path: Path, knob_trial_dir: Path) -> None:
+    """A multi-objective trial reports every objective in one dict, with no "default" (README,
+    "Multi-objective tuning"), as real nni takes it: it raised ValueError, in the nni shim too."""
+    env = trial_env(tmp_path / "t", {})
+    result = run_python(
+        "import knob_trial as k, nni\n"
+        "k.report_intermediate({'accuracy': 0.5, 'latency_ms': 3})\n"
+        "nni.report_intermediate_result({'accuracy': 0.625, 'latency_ms': 3.5})\n"
+        "k.report_final({'accuracy': 0.75, 'latency_ms': float('inf')})\n"
+        "nni.report_final_result({})\n",
+        env,
+        [knob_trial_dir, SHIM.parent],
+    )
+    assert result.returncode == 0, result.stderr
+    assert metric_lines(tmp_path / "t") == [
+        'KNOB_INTERMEDIATE {"accuracy":0.5,"latency_ms":3}',
+        'KNOB_INTERMEDIATE {"accuracy":0.625,"latency_ms":3.5}',
+        'KNOB_FINAL {"accuracy":0.75,"latency_ms":Infinity}',
+        "KNOB_FINAL {}",
+    ]
+
+
 def test_large_parameters_come_from_the_file(tmp_path: Path, knob_trial_dir: Path) -> None:
     env = trial_env(tmp_path / "t", {"x": "y" * 1000}, in_env=False)
     result = run_python(
@@ -92,7 +114,9 @@ def test_large_parameters_come_from_the_file(tmp_path: Path, knob_trial_dir: Pat
     [
         ("'high'", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
         ("True", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
-        ("{'loss': 1}", "ValueError: knob_trial.report_final: a dict metric needs a numeric 'default'"),
+        ("{'default': 'high', 'loss': 1}", "ValueError: knob_trial.report_final: a dict metric's 'default'"),
+        ("{'default': None}", "ValueError: knob_trial.report_final: a dict metric's 'default'"),
+        ("[0.5]", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
         # knob would skip the line (training-services' MAX_METRIC_BYTES), losing the final.
         (
             "{'default': 1, 'blob': 'x' * (1 << 20)}",

@@ -6,7 +6,9 @@
 //! - Metrics: a line `KNOB_INTERMEDIATE <json>` or `KNOB_FINAL <json>` on stdout, or the same
 //!   line appended to `$KNOB_METRICS_FILE` (`<trial_dir>/metrics.knob`). `<json>` is a number
 //!   (NaN, Infinity and -Infinity allowed, and a whole `nan`, `inf` or `-inf` as Python prints
-//!   one) or an object with a numeric `"default"`.
+//!   one) or an object: with a numeric `"default"`, or for a multi-objective experiment the
+//!   metrics its `objectives` list (an object without `"default"` is passed on: the core
+//!   judges it).
 //! - Also set: `KNOB_TRIAL_ID`, `KNOB_TRIAL_DIR`.
 
 use knob_plugin_api::service::MetricKind;
@@ -75,23 +77,27 @@ pub fn parse_line(line: &[u8]) -> KnobLine<'_> {
     }
 }
 
-/// A knob metric is a number or an object with a numeric `"default"` (what tuners compare).
+/// A knob metric is a number or a JSON object. An object's `"default"`, where it has one, is a
+/// number (what tuners compare); one without is passed on for the core to judge, as NNI's
+/// channels pass any value: only the experiment knows what it needs (a multi-objective one reads
+/// the metrics its `objectives` list, and no `"default"`). Every service that runs trials reads
+/// their lines through this check (the agent of remote hosts and Slurm allocations included).
 pub fn check_value(value: &str) -> Result<(), String> {
     if value.is_empty() {
-        return Err("it has no value (expected a number or an object with \"default\")".into());
+        return Err("it has no value (expected a number or a JSON object)".into());
     }
     // NaN and the infinities are numbers here: a diverged trial's result is still its result.
     let is_number =
         |v: &Value| v.is_number() || v.as_str().is_some_and(|s| [NAN, INF, NEG_INF].contains(&s));
     match parse_json_lenient(value) {
         Ok(v) if is_number(&v) => Ok(()),
-        Ok(Value::Object(map)) if map.get("default").is_some_and(is_number) => Ok(()),
+        Ok(Value::Object(map)) if map.get("default").is_none_or(is_number) => Ok(()),
         Ok(Value::Object(_)) => Err(format!(
-            "value {} has no numeric \"default\"",
+            "value {} has a \"default\" that is not a number",
             excerpt(value.as_bytes())
         )),
         Ok(_) => Err(format!(
-            "value {} is not a number or an object with \"default\"",
+            "value {} is not a number or a JSON object",
             excerpt(value.as_bytes())
         )),
         Err(e) => Err(format!(
@@ -197,6 +203,12 @@ mod tests {
             read(r#"KNOB_FINAL {"default": 0.9, "loss": NaN}"#),
             r#"Final {"default": 0.9, "loss": NaN}"#
         );
+        // A multi-objective trial's metrics, without "default": the core judges them.
+        assert_eq!(
+            read(r#"KNOB_INTERMEDIATE {"accuracy":0.5,"latency_ms":3.0}"#),
+            r#"Intermediate {"accuracy":0.5,"latency_ms":3.0}"#
+        );
+        assert_eq!(read("KNOB_FINAL {}"), "Final {}");
         assert_eq!(read("KNOB_FINALE 1"), "other");
         assert_eq!(read("KNOB_DEBUG hello"), "other");
     }
@@ -205,19 +217,23 @@ mod tests {
     fn bad_metric_lines_say_why() {
         assert_eq!(
             read("KNOB_FINAL"),
-            "bad: it has no value (expected a number or an object with \"default\")"
+            "bad: it has no value (expected a number or a JSON object)"
         );
         assert_eq!(
             read("KNOB_FINAL banana"),
             "bad: value banana is not JSON (expected value at line 1 column 1)"
         );
         assert_eq!(
-            read(r#"KNOB_FINAL {"acc": 1}"#),
-            r#"bad: value {\"acc\": 1} has no numeric "default""#
+            read(r#"KNOB_FINAL {"default": "high", "acc": 1}"#),
+            r#"bad: value {\"default\": \"high\", \"acc\": 1} has a "default" that is not a number"#
         );
         assert_eq!(
             read(r#"KNOB_FINAL "0.5""#),
-            r#"bad: value \"0.5\" is not a number or an object with "default""#
+            r#"bad: value \"0.5\" is not a number or a JSON object"#
+        );
+        assert_eq!(
+            read("KNOB_INTERMEDIATE [1, 2]"),
+            r#"bad: value [1, 2] is not a number or a JSON object"#
         );
     }
 

@@ -846,7 +846,8 @@ fn the_experiment_ends_when_the_tuner_has_nothing_more_to_try() {
 fn garbage_and_nan_metrics_are_tolerated_and_nothing_else_is_lost() {
     let sandbox = Sandbox::new();
     let script = "echo 'KNOB_INTERMEDIATE not-json'\necho 'KNOB_INTERMEDIATE NaN'\n\
-                  head -c 10000000 /dev/zero | tr '\\0' x; echo\necho 'KNOB_INTERMEDIATE 2'\necho 'KNOB_FINAL {\"default\": 0.5, \"loss\": Infinity}'\n";
+                  head -c 10000000 /dev/zero | tr '\\0' x; echo\necho 'KNOB_INTERMEDIATE 2'\n\
+                  echo 'KNOB_INTERMEDIATE {\"loss\": 1}'\necho 'KNOB_FINAL {\"default\": 0.5, \"loss\": Infinity}'\n";
     let yaml =
         format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
     let config = sandbox.config(&yaml, &[("trial.sh", script)]);
@@ -865,9 +866,17 @@ fn garbage_and_nan_metrics_are_tolerated_and_nothing_else_is_lost() {
         .iter()
         .map(|m| m["raw"].as_str().unwrap())
         .collect();
-    assert_eq!(raws, ["NaN", "2"], "{trial}");
+    // A dict without "default" (in an experiment without objectives) is kept as sent, with a
+    // warning that no number could be read from it.
+    assert_eq!(raws, ["NaN", "2", r#"{"loss": 1}"#], "{trial}");
     assert_eq!(intermediate[0]["value"], Value::Null);
     assert_eq!(intermediate[1]["value"], 2.0);
+    assert_eq!(intermediate[2]["value"], Value::Null);
+    let warned = export["warnings"].to_string();
+    assert!(
+        warned.contains(r#"has no \"default\" entry; the assessor does not see it"#),
+        "{warned}"
+    );
 }
 
 /// `knob trial ls ID` as (header, rows), each row the line of one trial.

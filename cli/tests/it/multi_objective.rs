@@ -239,6 +239,53 @@ trainingService: {platform: local}"#;
     }
 }
 
+/// Python trials report every objective as one dict without "default", through `knob_trial`
+/// and through `import nni` (the shim): each failed at the first report, the trial API asking
+/// for a numeric "default", and knob's protocol dropped such intermediates. Each intermediate is
+/// stored with the first objective's value (a "default" entry wins), what an assessor judges,
+/// without a warning.
+#[test]
+fn python_trials_report_objective_dicts_through_knob_trial_and_the_nni_shim() {
+    let script = r#"import knob_trial, nni
+p = knob_trial.get_parameters()
+x, y = p["x"], p["y"]
+accuracy, latency = x * (1 - 0.3 * y), 10 + 90 * x * x + 20 * y
+knob_trial.report_intermediate({"accuracy": accuracy / 2, "latency_ms": latency})
+nni.report_intermediate_result({"latency_ms": latency, "accuracy": accuracy})
+knob_trial.report_intermediate({"default": 0.125, "accuracy": accuracy})
+result = {"accuracy": accuracy, "latency_ms": latency, "memory_over": y - 0.7}
+if knob_trial.get_sequence_id() % 2:
+    knob_trial.report_final(result)
+else:
+    nni.report_final_result(result)
+"#;
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: python3 trial.py\ntrialConcurrency: 2\nmaxTrialNumber: 4\nnniShim: true\ntuner:\n  name: Random\n  classArgs: {{seed: 3}}\n{OBJECTIVES}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.py", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "pymo");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("pymo");
+    assert_eq!(export["experiment"]["status"], "DONE", "{export:#}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4);
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{trial:#}");
+        let (accuracy, _, _) = values(trial).unwrap();
+        let stored: Vec<f64> = trial["intermediate"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["value"].as_f64().unwrap_or(f64::NAN))
+            .collect();
+        assert_eq!(stored, [accuracy / 2.0, accuracy, 0.125], "{trial:#}");
+        assert_eq!(trial["final"], accuracy, "{trial:#}");
+    }
+    assert!(!check_front(&export).is_empty(), "{export:#}");
+    assert_eq!(export["warnings"], Value::Array(Vec::new()), "{export:#}");
+}
+
 /// An unmodified `import nni` trial reports a dict with `nni.report_final_result`.
 #[test]
 fn nni_report_final_result_of_a_dict_feeds_the_objectives() {

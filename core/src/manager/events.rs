@@ -375,6 +375,9 @@ impl Manager {
                     let read = crate::objectives::outcome(&self.config.objectives, &raw);
                     self.stash_outcome(&trial_id, read)
                 }
+                MetricKind::Intermediate if !self.config.objectives.is_empty() => {
+                    crate::objectives::intermediate_value(&self.config.objectives, &raw)
+                }
                 _ => default_value(&raw),
             };
             let Some(trial) = self.book.get(&trial_id) else {

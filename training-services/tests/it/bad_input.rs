@@ -15,6 +15,7 @@ fn garbage_nan_and_10_mb_lines_are_warned_about_and_nothing_else_is_lost() {
         echo "KNOB_INTERMEDIATE NaN"
         head -c 10485760 /dev/zero | tr '\0' 'x'; echo
         echo 'KNOB_INTERMEDIATE {"loss": 2}'
+        echo 'KNOB_INTERMEDIATE {"default": "low"}'
         echo "KNOB_INTERMEDIATE 2"
         echo "garbage in the metrics file" >> "$KNOB_METRICS_FILE"
         { printf 'KNOB_FINAL '; head -c 10485760 /dev/zero | tr '\0' '8'; echo; } >> "$KNOB_METRICS_FILE"
@@ -31,6 +32,7 @@ fn garbage_nan_and_10_mb_lines_are_warned_about_and_nothing_else_is_lost() {
         "KNOB_INTERMEDIATE NaN\n",
         "\n",
         "KNOB_INTERMEDIATE {\"loss\": 2}\n",
+        "KNOB_INTERMEDIATE {\"default\": \"low\"}\n",
         "KNOB_INTERMEDIATE 2\n",
     ]
     .iter()
@@ -51,7 +53,10 @@ fn garbage_nan_and_10_mb_lines_are_warned_about_and_nothing_else_is_lost() {
         [
             (MetricKind::Intermediate, 0, "1".into()),
             (MetricKind::Intermediate, 1, "NaN".into()),
-            (MetricKind::Intermediate, 2, "2".into()),
+            // An object without "default" is passed on: the core judges it (a multi-objective
+            // trial's metrics have none).
+            (MetricKind::Intermediate, 2, r#"{"loss": 2}"#.into()),
+            (MetricKind::Intermediate, 3, "2".into()),
         ]
     );
     // The unreadable final is passed on as sent (the core records it and tells the user); which
@@ -74,7 +79,7 @@ fn garbage_nan_and_10_mb_lines_are_warned_about_and_nothing_else_is_lost() {
         from("stdout"),
         [
             "trial noisy: a stdout line over 1024 KiB was skipped (metrics must be short; log bulky data to a file)",
-            "trial noisy: metric line KNOB_INTERMEDIATE {\\\"loss\\\": 2} on stdout ignored: value {\\\"loss\\\": 2} has no numeric \"default\"",
+            "trial noisy: metric line KNOB_INTERMEDIATE {\\\"default\\\": \\\"low\\\"} on stdout ignored: value {\\\"default\\\": \\\"low\\\"} has a \"default\" that is not a number",
         ]
     );
     assert_eq!(
