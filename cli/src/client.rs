@@ -25,7 +25,7 @@ impl ApiClient {
         Some(ApiClient {
             base: format!("http://127.0.0.1:{port}/api/v1"),
             agent,
-            token: std::env::var("KNOB_API_TOKEN")
+            token: std::env::var(knob_plugin_api::secrets::API_TOKEN)
                 .ok()
                 .filter(|t| !t.is_empty()),
         })

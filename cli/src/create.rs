@@ -686,7 +686,7 @@ pub(crate) fn run_detached(
     let mut child = std::process::Command::new(exe);
     child.args(command);
     if let Some(token) = serve.token() {
-        child.env("KNOB_API_TOKEN", token);
+        child.env(knob_plugin_api::secrets::API_TOKEN, token);
     }
     child
         .stdin(std::process::Stdio::null())

@@ -38,7 +38,7 @@ impl ServeArgs {
     pub fn token(&self) -> Option<String> {
         self.token
             .clone()
-            .or_else(|| std::env::var("KNOB_API_TOKEN").ok())
+            .or_else(|| std::env::var(knob_plugin_api::secrets::API_TOKEN).ok())
             .filter(|t| !t.is_empty())
     }
 
@@ -48,7 +48,9 @@ impl ServeArgs {
         if self.token.as_ref().is_some_and(|t| t.trim().is_empty()) {
             anyhow::bail!("--token is blank: give a non-empty token, or leave --token out");
         }
-        if std::env::var("KNOB_API_TOKEN").is_ok_and(|t| !t.is_empty() && t.trim().is_empty()) {
+        if std::env::var(knob_plugin_api::secrets::API_TOKEN)
+            .is_ok_and(|t| !t.is_empty() && t.trim().is_empty())
+        {
             anyhow::bail!("$KNOB_API_TOKEN is blank: set a non-empty token, or unset it");
         }
         for name in &self.allow_host {

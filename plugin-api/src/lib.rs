@@ -20,6 +20,7 @@ pub mod metric;
 pub mod objectives;
 pub mod population;
 mod sdk;
+pub mod secrets;
 pub mod service;
 pub mod space;
 

@@ -81,8 +81,9 @@ pub fn nearly_full(path: &Path) -> Option<u64> {
 }
 
 /// Starts `command` under `/bin/bash -c` in `code_dir`, in a process group of its own (so the
-/// whole tree it starts can be signalled at once), with `env` added to knob's environment,
-/// stdin closed, stdout piped to the caller, and stderr into `stderr`.
+/// whole tree it starts can be signalled at once), with `env` added to knob's environment less
+/// its secrets ([`remove_secret_variables`]), stdin closed, stdout piped to the caller, and
+/// stderr into `stderr`.
 ///
 /// Must be called inside a tokio runtime. The [`Leader`] keeps the leader's pid known as one
 /// knob started (see [`TrialTree`]'s scan) until it is dropped, once the trial has ended.
@@ -104,10 +105,22 @@ pub fn spawn_in_own_group(
     for name in CONFLICTING_INHERITED_VARS {
         bash.env_remove(name);
     }
+    remove_secret_variables(&mut bash);
     bash.envs(env.iter().map(|(k, v)| (k, v)));
     let child = bash.spawn()?;
     let leader = Leader::new(child.id());
     Ok((child, leader))
+}
+
+/// Leaves knob's secret variables (`knob_plugin_api::secrets::SECRET_VARIABLES`: the API
+/// token, SSH and SMTP passwords, …) out of what `command` inherits. Every trial is started
+/// through [`spawn_in_own_group`], here or in an agent; a Slurm job or step gets knob's
+/// environment through `sbatch` and `srun` (`--export` defaults to all of it) and so is started
+/// without them too. A trial is user code that may log its whole environment.
+pub fn remove_secret_variables(command: &mut Command) {
+    for name in knob_plugin_api::secrets::SECRET_VARIABLES {
+        command.env_remove(name);
+    }
 }
 
 /// The pids of the trial leaders this process started whose trials have not ended: processes

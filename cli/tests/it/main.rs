@@ -23,6 +23,7 @@ mod plugin_checks;
 mod prerequisite;
 mod remote;
 mod resume;
+mod secrets;
 mod shared_machine;
 mod slurm;
 mod space;

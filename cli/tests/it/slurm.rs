@@ -246,24 +246,32 @@ fn both_reuse_modes_run_an_experiment_and_each_job_gets_the_trials_cpus_and_memo
         let sandbox = Sandbox::new();
         let jobs = sandbox.path().join("jobs");
         std::fs::create_dir(&jobs).unwrap();
-        // Each trial records what Slurm says of the job it runs in.
+        // Each trial records what Slurm says of the job it runs in, and its environment; each
+        // job's setup commands, theirs.
         let config = slurm_config(
             &sandbox,
             &format!(
-                "trialCommand: scontrol show job $SLURM_JOB_ID > {}/$NNI_TRIAL_JOB_ID && echo KNOB_FINAL 1
+                "trialCommand: scontrol show job $SLURM_JOB_ID > {jobs}/$NNI_TRIAL_JOB_ID && env > {jobs}/$NNI_TRIAL_JOB_ID.env && echo KNOB_FINAL 1
 trialConcurrency: 2
 maxTrialNumber: 3
 trialCpuNumber: 1
 trialMemorySize: 100mb",
+                jobs = jobs.display()
+            ),
+            &format!(
+                "  reuseMode: {reuse}\n  setupCommands:\n    - env > {}/setup-$SLURM_JOB_ID.env\n",
                 jobs.display()
             ),
-            &format!("  reuseMode: {reuse}\n"),
         );
         let _cleanup = Running {
             child: None,
             needle: format!("-{id}-"),
         };
-        let (code, stdout, stderr) = sandbox.create(&config, &id);
+        // Secrets exported where knob runs reach neither a trial nor a job (sbatch would copy
+        // them into the job).
+        let (code, stdout, stderr) = run(crate::secrets::with_secrets(
+            &mut sandbox.create_command(&config, &id),
+        ));
         assert_eq!(code, 0, "{stdout}\n{stderr}");
         assert!(
             stdout.contains(&format!(
@@ -307,6 +315,17 @@ trialMemorySize: 100mb",
             }
             job_ids.insert(field(&shown, "JobId").to_string());
         }
+        let mut environments = 0;
+        for entry in std::fs::read_dir(&jobs).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "env") {
+                let environment = std::fs::read_to_string(&path).unwrap();
+                crate::secrets::assert_sealed(&environment, &path.display().to_string());
+                environments += 1;
+            }
+        }
+        // Every trial's, and at least one job's setup commands'.
+        assert!(environments > trials.len(), "{environments} environments");
         if reuse {
             // Allocations run many trials: at most trialConcurrency of them for 3 trials.
             assert!(job_ids.len() <= 2, "{job_ids:?}");

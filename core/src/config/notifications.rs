@@ -37,11 +37,11 @@ use super::secret::{Secret, REDACTED};
 use super::yaml::Node;
 
 /// Where `knob resume` finds the SMTP password when the config file no longer has it.
-pub const PASSWORD_VARIABLE: &str = "KNOB_SMTP_PASSWORD";
+pub const PASSWORD_VARIABLE: &str = knob_plugin_api::secrets::SMTP_PASSWORD;
 /// Where `knob resume` finds the webhook's secret when the config file no longer has it.
-pub const WEBHOOK_SECRET_VARIABLE: &str = "KNOB_WEBHOOK_SECRET";
+pub const WEBHOOK_SECRET_VARIABLE: &str = knob_plugin_api::secrets::WEBHOOK_SECRET;
 /// Where `knob resume` finds the webhook's URL when the config file no longer has it.
-pub const WEBHOOK_URL_VARIABLE: &str = "KNOB_WEBHOOK_URL";
+pub const WEBHOOK_URL_VARIABLE: &str = knob_plugin_api::secrets::WEBHOOK_URL;
 /// The header that carries the webhook's secret unless `secretHeader` names another.
 pub const DEFAULT_SECRET_HEADER: &str = "X-Knob-Secret";
 

@@ -17,9 +17,9 @@ use serde_json::{json, Map, Value};
 use super::args::DEFAULT_HOST_LOSS_TIMEOUT;
 
 /// Where `knob resume` reads an SSH password from when the original config file is gone.
-pub const PASSWORD_VARIABLE: &str = "KNOB_SSH_PASSWORD";
+pub const PASSWORD_VARIABLE: &str = knob_plugin_api::secrets::SSH_PASSWORD;
 /// Same, for an SSH key's passphrase.
-pub const PASSPHRASE_VARIABLE: &str = "KNOB_SSH_PASSPHRASE";
+pub const PASSPHRASE_VARIABLE: &str = knob_plugin_api::secrets::SSH_PASSPHRASE;
 
 const REMOTE_FIELDS: [&str; 5] = [
     "machineList",

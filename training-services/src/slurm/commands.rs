@@ -149,10 +149,13 @@ pub fn parse_scontrol(text: &str) -> HashMap<String, String> {
         .collect()
 }
 
-/// Runs one Slurm command, bounded; `Err` holds one line with what it printed.
+/// Runs one Slurm command, bounded; `Err` holds one line with what it printed. Without knob's
+/// secret variables: `sbatch` copies its environment into the job (`--export=ALL`), where the
+/// setup commands run and slurmctld keeps it.
 async fn run(program: &str, args: &[String]) -> Result<String, String> {
     let mut command = Command::new(program);
     command.args(args).kill_on_drop(true);
+    crate::process::remove_secret_variables(&mut command);
     let output = match tokio::time::timeout(COMMAND_TIMEOUT, command.output()).await {
         Err(_) => {
             return Err(format!(

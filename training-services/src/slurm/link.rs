@@ -77,7 +77,9 @@ impl Link {
         environment_id: &str,
         fresh_start: bool,
     ) -> Result<(Arc<Link>, Welcome, mpsc::UnboundedReceiver<Incoming>), String> {
-        let mut child = Command::new("srun")
+        let mut srun = Command::new("srun");
+        crate::process::remove_secret_variables(&mut srun);
+        let mut child = srun
             .arg(format!("--jobid={job_id}"))
             // --unbuffered: slurmstepd otherwise holds a task's output until a newline, and
             // the protocol's frames are binary (a reply waited for the next heartbeat).
