@@ -4,12 +4,36 @@ use std::time::Duration;
 
 use anyhow::Context;
 use knob_core::registry::RegistryEntry;
+use knob_plugin_api::secrets::API_TOKEN;
 use serde_json::Value;
 
 pub struct ApiClient {
     base: String,
     agent: ureq::Agent,
+    /// From `KNOB_API_TOKEN` (empty is unset).
     token: Option<String>,
+    /// The experiment's id, which a refusal names.
+    experiment: String,
+}
+
+/// `text` as one segment of a URL path, percent-encoded (RFC 3986): every byte but the
+/// unreserved ones, and the dots of a segment of dots alone, which a path would otherwise read as
+/// "this folder" or "the one above". A trial id `../x` must reach the API as one id, not move
+/// the request to another route.
+pub fn path_segment(text: &str) -> String {
+    let dots_only = text.bytes().all(|b| b == b'.');
+    let mut segment = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        let plain = byte.is_ascii_alphanumeric()
+            || matches!(byte, b'-' | b'_' | b'~')
+            || (byte == b'.' && !dots_only);
+        if plain {
+            segment.push(char::from(byte));
+        } else {
+            segment.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    segment
 }
 
 impl ApiClient {
@@ -25,9 +49,8 @@ impl ApiClient {
         Some(ApiClient {
             base: format!("http://127.0.0.1:{port}/api/v1"),
             agent,
-            token: std::env::var(knob_plugin_api::secrets::API_TOKEN)
-                .ok()
-                .filter(|t| !t.is_empty()),
+            token: std::env::var(API_TOKEN).ok().filter(|t| !t.is_empty()),
+            experiment: entry.id.clone(),
         })
     }
 
@@ -74,6 +97,14 @@ impl ApiClient {
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if status.is_success() {
             Ok(value)
+        } else if status == ureq::http::StatusCode::UNAUTHORIZED {
+            // The server's own line tells an HTTP client what header to send; a user of these
+            // commands sets the variable they read.
+            let experiment = &self.experiment;
+            if self.token.is_some() {
+                anyhow::bail!("${API_TOKEN} is set, but not to experiment {experiment}'s API token: set it to the token the experiment was started with (HTTP 401)")
+            }
+            anyhow::bail!("experiment {experiment} needs its API token: set ${API_TOKEN} to the token it was started with (--token) (HTTP 401)")
         } else {
             let message = value
                 .get("error")
@@ -82,5 +113,19 @@ impl ApiClient {
                 .unwrap_or_else(|| value.to_string());
             anyhow::bail!("{message} (HTTP {})", status.as_u16())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_segment;
+
+    #[test]
+    fn a_path_segment_is_percent_encoded() {
+        assert_eq!(path_segment("trial-1_a~b.c"), "trial-1_a~b.c");
+        assert_eq!(path_segment("../x"), "..%2Fx");
+        assert_eq!(path_segment(".."), "%2E%2E");
+        assert_eq!(path_segment("a b?c#d%"), "a%20b%3Fc%23d%25");
+        assert_eq!(path_segment("é"), "%C3%A9");
     }
 }

@@ -87,7 +87,8 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
         TrialCommand::Read(command) => experiment::run_trial(command),
         TrialCommand::Kill { id, trial } => {
             let client = running_api(&id)?;
-            client.send("POST", &format!("/trials/{trial}/kill"), None)?;
+            let path = format!("/trials/{}/kill", crate::client::path_segment(&trial));
+            client.send("POST", &path, None)?;
             outln!("trial {trial} of experiment {id} killed");
             Ok(ExitCode::SUCCESS)
         }

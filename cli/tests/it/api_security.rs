@@ -367,3 +367,62 @@ fn a_detached_experiment_keeps_its_token() {
         .args(["stop", "bg"]));
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// `knob update`, `knob trial kill` and `knob top` read the token from `$KNOB_API_TOKEN`; a 401
+/// says to set it (unset) or that it is wrong (set), not which header to send.
+#[test]
+fn the_commands_that_use_the_api_say_to_set_knob_api_token() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(SLEEPING, &[]);
+    let mut command = sandbox.knob();
+    command
+        .env_remove("KNOB_API_TOKEN")
+        .arg("create")
+        .arg("--config")
+        .arg(&config);
+    let _experiment = start(
+        command,
+        &["--id", "guarded", "--port", "0", "--token", "s3cret"],
+    );
+    let knob = |token: Option<&str>, args: &[&str]| {
+        let mut command = sandbox.knob();
+        command.env_remove("KNOB_API_TOKEN");
+        if let Some(token) = token {
+            command.env("KNOB_API_TOKEN", token);
+        }
+        run(command.args(args))
+    };
+    let commands: [&[&str]; 3] = [
+        &["update", "concurrency", "guarded", "2"],
+        &["trial", "kill", "guarded", "x"],
+        &["top", "guarded", "--iterations", "1"],
+    ];
+    for args in commands {
+        let (code, _, stderr) = knob(None, args);
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            "error: experiment guarded needs its API token: set $KNOB_API_TOKEN to the token it was started with (--token) (HTTP 401)",
+            "{args:?}"
+        );
+        let (code, _, stderr) = knob(Some("wrong"), args);
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            "error: $KNOB_API_TOKEN is set, but not to experiment guarded's API token: set it to the token the experiment was started with (HTTP 401)",
+            "{args:?}"
+        );
+    }
+    let (code, stdout, stderr) = knob(Some("s3cret"), &["update", "concurrency", "guarded", "2"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("trialConcurrency updated"), "{stdout}");
+    // A trial id is one path segment, whatever it holds.
+    for trial in ["../x", ".."] {
+        let (code, _, stderr) = knob(Some("s3cret"), &["trial", "kill", "guarded", trial]);
+        assert_eq!(code, 1, "{stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            format!("error: no trial {trial} in experiment guarded (HTTP 404)")
+        );
+    }
+}

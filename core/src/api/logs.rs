@@ -33,7 +33,7 @@ pub(super) async fn trial_log(
     let row = state
         .read(move |reader| reader.trial(&id))
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("no trial {trial_id} in this experiment")))?;
+        .ok_or_else(|| state.no_trial(&trial_id))?;
     let attempt = match number_param(&params, "attempt")? {
         Some(n) if n == 0 || n > u64::from(row.attempts.max(1)) => {
             return Err(ApiError::bad_request(format!(

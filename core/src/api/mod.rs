@@ -192,6 +192,14 @@ impl ApiState {
         &self.inner.config
     }
 
+    /// The 404 of a trial id this experiment does not have, naming both.
+    fn no_trial(&self, trial_id: &str) -> ApiError {
+        ApiError::not_found(format!(
+            "no trial {trial_id} in experiment {}",
+            self.config().experiment_id
+        ))
+    }
+
     /// The kept `/trial-columns` answer for `key` (its JSON and its gzip), if one is kept.
     fn cached_trial_columns(&self, key: &str) -> Option<(axum::body::Bytes, axum::body::Bytes)> {
         let kept = self.inner.trial_columns.lock().ok()?;

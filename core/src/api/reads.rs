@@ -361,10 +361,6 @@ fn flatten_parameters(value: &Value, prefix: &str, out: &mut Vec<(String, Value)
     }
 }
 
-fn unknown_trial(trial_id: &str) -> ApiError {
-    ApiError::not_found(format!("no trial {trial_id} in this experiment"))
-}
-
 /// `?attempt=`: absent for each trial's latest attempt, `all`, or a number.
 fn attempts_param(params: &HashMap<String, String>) -> Result<Attempts, ApiError> {
     match params.get("attempt").map(|text| text.trim()) {
@@ -391,7 +387,7 @@ async fn trial_with_metrics(
     let (row, metrics) = state
         .read(move |reader| Ok((reader.trial(&id)?, reader.metrics_of_trial(&id)?)))
         .await?;
-    let row = row.ok_or_else(|| unknown_trial(trial_id))?;
+    let row = row.ok_or_else(|| state.no_trial(trial_id))?;
     let metrics = metrics
         .into_iter()
         .filter(|m| attempts.includes(m.attempt, row.attempts))

@@ -192,8 +192,7 @@ pub(super) async fn kill_trial(
 ) -> Result<Json<Value>, ApiError> {
     let id = trial_id.clone();
     let row = state.read(move |reader| reader.trial(&id)).await?;
-    let row =
-        row.ok_or_else(|| ApiError::not_found(format!("no trial {trial_id} in this experiment")))?;
+    let row = row.ok_or_else(|| state.no_trial(&trial_id))?;
     if row.status.is_final() {
         return Err(ApiError::conflict(format!(
             "trial {trial_id} already ended ({})",
