@@ -129,9 +129,13 @@ pub fn update(command: UpdateCommand) -> anyhow::Result<ExitCode> {
         UpdateCommand::Duration { id, value } => (id, "maxExperimentDuration", json_scalar(&value)),
         UpdateCommand::Searchspace { id, file } => {
             // Checked here as `knob space validate` checks it, so that a problem names the file,
-            // line and column; the experiment checks it again against its tuner.
+            // line and column; the experiment checks it again against its tuner. Sent to the
+            // route of its own, which takes a space as large as a config's searchSpaceFile.
             let (_, space) = crate::space::read_space_value(&file)?;
-            (id, "searchSpace", space)
+            let client = running_api(&id)?;
+            client.send("PUT", "/experiment/search-space", Some(&space))?;
+            outln!("experiment {id}: searchSpace updated");
+            return Ok(ExitCode::SUCCESS);
         }
     };
     let client = running_api(&id)?;

@@ -605,6 +605,49 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
         .contains("no experiments yet"));
 }
 
+/// A search space over the 2 MiB other writes may hold (3.4 MB here) is taken, as a config's
+/// `searchSpaceFile` would be; a body over a route's limit gets a JSON error naming the limit,
+/// over real HTTP. (An experiment of its own: GETs of `every_documented_route_is_served`, which
+/// carry a body, lose their answer when it is as large as such a space.)
+#[test]
+fn a_large_search_space_is_taken_and_a_body_over_the_limit_is_refused_in_json() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(CONFIG, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let experiment = start(command, &["--id", "large", "--port", "0"]);
+    let values: Vec<u32> = (0..500_000).collect();
+    let big = json!({
+        "x": {"_type": "randint", "_value": [0, 1000000]},
+        "c": {"_type": "choice", "_value": values},
+    })
+    .to_string();
+    assert!(big.len() > 3_000_000, "{}", big.len());
+    let space_file = sandbox.path().join("space.json");
+    std::fs::write(&space_file, &big).unwrap();
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["update", "searchspace", "large"])
+        .arg(&space_file));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "experiment large: searchSpace updated\n");
+    let (status, summary) = get(&experiment.base, "/experiment");
+    assert_eq!(status, 200);
+    let choices = &summary["config"]["searchSpace"]["c"]["_value"];
+    assert_eq!(choices.as_array().map(Vec::len), Some(500_000));
+    let (status, body) = send(
+        &experiment.base,
+        "POST",
+        "/trials",
+        &format!("{{\"parameters\": {big}}}"),
+    );
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(
+        body["error"],
+        "the request body is over 2 MiB, the most POST /api/v1/trials takes"
+    );
+}
+
 fn patch_at(base: &str, body: &str) -> (u16, Value) {
     send(base, "PATCH", "/experiment", body)
 }

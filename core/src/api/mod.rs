@@ -644,6 +644,84 @@ mod tests {
         assert_eq!(columns().await, done);
     }
 
+    /// A write body over its route's limit gets a JSON 413 naming the limit; the search-space
+    /// route takes a space larger than the others' limit; `openapi.yaml` states both limits.
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_refused_in_json_naming_the_limit() {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path()).unwrap();
+        let router = router(ApiState::new(ApiConfig {
+            experiment_id: "big".to_string(),
+            dir: dir.path().to_path_buf(),
+            commands: None,
+            token: None,
+            allowed_hosts: Vec::new(),
+            commits: Some(store.commits()),
+        }));
+        // Valid JSON of `size` bytes: an object with one long string.
+        let json_of = |size: usize| format!("{{\"x\": \"{}\"}}", "a".repeat(size - 9));
+        let send = |method: &str, path: &str, body: String, declared: bool| {
+            let mut request = axum::http::Request::builder()
+                .method(method)
+                .uri(path)
+                .header(header::CONTENT_TYPE, "application/json");
+            if declared {
+                request = request.header(header::CONTENT_LENGTH, body.len());
+            }
+            let request = request.body(axum::body::Body::from(body)).unwrap();
+            let router = router.clone();
+            async move {
+                let response = router.oneshot(request).await.unwrap();
+                let status = response.status();
+                let kind = response.headers()[header::CONTENT_TYPE].clone();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                (status, kind, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        let over = json_of(writes::BODY_LIMIT + 1);
+        for declared in [true, false] {
+            let (status, kind, body) = send("POST", "/api/v1/trials", over.clone(), declared).await;
+            assert_eq!(
+                (status, kind.to_str().unwrap()),
+                (StatusCode::PAYLOAD_TOO_LARGE, "application/json"),
+                "{body}"
+            );
+            assert_eq!(
+                serde_json::from_str::<serde_json::Value>(&body).unwrap()["error"],
+                "the request body is over 2 MiB, the most POST /api/v1/trials takes"
+            );
+        }
+        let (status, _, body) = send("PATCH", "/api/v1/experiment", over.clone(), true).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+        assert!(
+            body.contains("2 MiB")
+                && body.contains("up to 64 MiB through PUT /api/v1/experiment/search-space"),
+            "{body}"
+        );
+        // Far over: refused from its Content-Length alone.
+        let far = json_of(2 * writes::BODY_LIMIT + 1);
+        let (status, _, body) = send("POST", "/api/v1/trials", far, true).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+        // The search-space route reads the space (and then says this server cannot apply it).
+        let (status, _, body) = send("PUT", "/api/v1/experiment/search-space", over, true).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert!(body.contains("experiment is not running"), "{body}");
+        let over = json_of(writes::SEARCH_SPACE_BODY_LIMIT + 1);
+        let (status, _, body) = send("PUT", "/api/v1/experiment/search-space", over, true).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+        assert!(body.contains("over 64 MiB"), "{body}");
+
+        for limit in [writes::BODY_LIMIT, writes::SEARCH_SPACE_BODY_LIMIT] {
+            let stated = format!("{} MiB", limit >> 20);
+            assert!(
+                OPENAPI_YAML.contains(&stated),
+                "openapi.yaml does not state {stated}"
+            );
+        }
+    }
+
     #[test]
     fn a_non_loopback_address_needs_a_token() {
         let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::StatusCode;
 use axum::Json;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -18,6 +19,77 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn not_running() -> ApiError {
     ApiError::conflict("experiment is not running")
+}
+
+/// The largest body a write takes (axum's default, written out so that a refusal and
+/// `openapi.yaml` can say it), but for [`SEARCH_SPACE_BODY_LIMIT`]'s route.
+pub const BODY_LIMIT: usize = 2 << 20;
+
+/// The largest body `PUT /experiment/search-space` takes: a search space as large as a config's
+/// `searchSpaceFile` may be ([`MAX_SEARCH_SPACE_FILE_BYTES`]), four times over, since the same
+/// space in JSON is longer than in YAML (every key and string quoted, every item's separator).
+///
+/// [`MAX_SEARCH_SPACE_FILE_BYTES`]: crate::config::MAX_SEARCH_SPACE_FILE_BYTES
+pub const SEARCH_SPACE_BODY_LIMIT: usize = 4 * crate::config::MAX_SEARCH_SPACE_FILE_BYTES as usize;
+
+/// A write's body, of at most `LIMIT` bytes. A longer one is refused with 413 and a JSON error
+/// that names the limit: axum's own refusal (its `DefaultBodyLimit`, which this does not use) is
+/// plain text, where the API promises `{"error": …}`. The rest of a body up to twice the limit
+/// is read and dropped before the answer: a server that answers and closes while the client
+/// still sends resets the connection, and the client then sees that instead of the answer.
+/// A body declared longer than that is refused at once.
+pub(super) struct Body<const LIMIT: usize>(Bytes);
+
+impl<S: Send + Sync, const LIMIT: usize> FromRequest<S> for Body<LIMIT> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, _: &S) -> Result<Self, ApiError> {
+        let route = format!("{} {}", request.method(), request.uri().path());
+        let too_large = || {
+            // A search space sent in a PATCH of the experiment has a route of its own.
+            let elsewhere = if LIMIT < SEARCH_SPACE_BODY_LIMIT && route.ends_with("/experiment") {
+                format!(
+                    "; a search space alone may be up to {} MiB through PUT /api/v1/experiment/search-space",
+                    SEARCH_SPACE_BODY_LIMIT >> 20
+                )
+            } else {
+                String::new()
+            };
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request body is over {} MiB, the most {route} takes{elsewhere}",
+                    LIMIT >> 20
+                ),
+            )
+        };
+        let drained_at_most = 2 * LIMIT;
+        let declared = request
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > drained_at_most as u64) {
+            return Err(too_large());
+        }
+        let mut chunks = request.into_body().into_data_stream();
+        let mut body = Vec::new();
+        let mut read = 0;
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk
+                .map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+            read += chunk.len();
+            if read <= LIMIT {
+                body.extend_from_slice(&chunk);
+            } else if read > drained_at_most {
+                break;
+            }
+        }
+        if read > LIMIT {
+            return Err(too_large());
+        }
+        Ok(Body(body.into()))
+    }
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
@@ -134,7 +206,7 @@ fn search_space(value: &Value) -> Result<Value, ApiError> {
 /// `PATCH|PUT /experiment`: applies the fields in order; the answer lists the applied ones.
 pub(super) async fn update_experiment(
     State(state): State<ApiState>,
-    body: Bytes,
+    Body(body): Body<BODY_LIMIT>,
 ) -> Result<Json<Value>, ApiError> {
     let body = parse_body(&body)?;
     let updates = updates_of(&body)?;
@@ -158,7 +230,7 @@ pub(super) async fn update_experiment(
 /// `PUT /experiment/search-space`: the body is the new search space.
 pub(super) async fn update_search_space(
     State(state): State<ApiState>,
-    body: Bytes,
+    Body(body): Body<SEARCH_SPACE_BODY_LIMIT>,
 ) -> Result<Json<Value>, ApiError> {
     let space = search_space(&parse_body(&body)?)?;
     send_update(&state, Update::SearchSpace(space)).await?;
@@ -168,7 +240,7 @@ pub(super) async fn update_search_space(
 /// `POST /trials` with `{"parameters": {...}}`: runs a trial with these parameters.
 pub(super) async fn add_trial(
     State(state): State<ApiState>,
-    body: Bytes,
+    Body(body): Body<BODY_LIMIT>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let body = parse_body(&body)?;
     let parameters = body

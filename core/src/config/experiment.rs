@@ -422,10 +422,12 @@ fn read_search_space(
         (None, Some(file)) => {
             let path = reader.path(&file)?;
             // Only a regular file of sane size: /dev/zero or a FIFO would never end.
-            const MAX_SEARCH_SPACE_BYTES: u64 = 16 * 1024 * 1024;
             let too_big = match std::fs::metadata(&path) {
-                Ok(meta) if !meta.is_file() => Some("it is not a regular file"),
-                Ok(meta) if meta.len() > MAX_SEARCH_SPACE_BYTES => Some("it is over 16 MiB"),
+                Ok(meta) if !meta.is_file() => Some("it is not a regular file".to_string()),
+                Ok(meta) if meta.len() > MAX_SEARCH_SPACE_FILE_BYTES => Some(format!(
+                    "it is over {} MiB",
+                    MAX_SEARCH_SPACE_FILE_BYTES >> 20
+                )),
                 _ => None,
             };
             if let Some(why) = too_big {
@@ -455,6 +457,10 @@ fn read_search_space(
         }
     }
 }
+
+/// The largest `searchSpaceFile` a config may name. The API's search-space route takes the same
+/// space as JSON (`api::writes::SEARCH_SPACE_BODY_LIMIT`), sized from this.
+pub const MAX_SEARCH_SPACE_FILE_BYTES: u64 = 16 << 20;
 
 /// A problem of a search-space file, at a line and column of that file where known.
 #[derive(Debug, Clone, PartialEq)]

@@ -64,7 +64,7 @@ use std::path::{Path, PathBuf};
 
 pub use algorithm::AlgorithmProblem;
 pub use error::{ConfigError, ConfigErrors};
-pub use experiment::{parse_search_space, SpaceFileError};
+pub use experiment::{parse_search_space, SpaceFileError, MAX_SEARCH_SPACE_FILE_BYTES};
 pub use model::{
     AlgorithmConfig, Constraint, ConstraintOp, ExperimentConfig, LogLevel, ObjectiveConfig,
     PlacementPolicy, TrainingServiceConfig, TunerErrorPolicy,
