@@ -162,15 +162,22 @@ pub struct Registry {
 /// How long a registry command waits for another knob's write before it gives up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What a registry that could not be set up needs: moving it away is advice only for a file
-/// that is not a database; on a full disk it would lose the list of experiments for nothing.
-fn open_failure(error: &rusqlite::Error, path: &Path) -> String {
+/// What a registry that failed needs, as it opened or at any later call: moving it away is
+/// advice only for a file that is not a database or one damaged (a truncated file reads as
+/// "malformed", sometimes only at the first query); on a full disk it would lose the list of
+/// experiments for nothing. The experiments' folders are not lost with the registry:
+/// `knob experiment register` lists each again.
+fn failure(error: &rusqlite::Error, path: &Path) -> String {
     if let Some(full) = crate::store::error::full_disk(error, path) {
         return full_disk_advice(&full);
     }
+    const START_AGAIN: &str = "move it away to start a new one, then `knob experiment register DIR` lists each experiment's folder in it again";
     match error.sqlite_error_code() {
         Some(rusqlite::ErrorCode::NotADatabase) => {
-            format!("{error} (is it a knob registry? move it away to start a new one)")
+            format!("{error} (is it a knob registry? {START_AGAIN})")
+        }
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
+            format!("{error} (the registry is damaged: {START_AGAIN})")
         }
         _ => error.to_string(),
     }
@@ -226,7 +233,7 @@ impl Registry {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) if is_busy(&e) => return Err(fail(e.to_string())),
-                Err(e) => return Err(fail(open_failure(&e, path))),
+                Err(e) => return Err(fail(failure(&e, path))),
             }
         }
         Ok(Registry {
@@ -236,13 +243,9 @@ impl Registry {
     }
 
     fn fail(&self, e: rusqlite::Error) -> RegistryError {
-        let message = match crate::store::error::full_disk(&e, &self.path) {
-            Some(full) => full_disk_advice(&full),
-            None => e.to_string(),
-        };
         RegistryError::Sqlite {
             path: self.path.display().to_string(),
-            message,
+            message: failure(&e, &self.path),
         }
     }
 
@@ -546,5 +549,48 @@ mod tests {
         let line = Registry::open(&path).err().unwrap().to_string();
         assert!(line.contains(&path.display().to_string()), "{line}");
         assert!(line.contains("move it away"), "{line}");
+    }
+
+    /// A registry cut short (a full disk in the past, a copy that stopped half way) is
+    /// "malformed", whether its open or its first read notices: either says what to do.
+    #[test]
+    fn a_damaged_registry_is_refused_with_what_to_do() {
+        let home = tempfile::tempdir().unwrap();
+        let path = home.path().join("registry.db");
+        {
+            let registry = Registry::open(&path).unwrap();
+            for n in 0..200 {
+                let entry = RegistryEntry {
+                    id: format!("experiment{n}"),
+                    name: Some(format!("a name long enough to fill pages {n}")),
+                    dir: home.path().join(format!("experiments/experiment{n}")),
+                    status: "DONE".to_string(),
+                    pid: None,
+                    port: None,
+                    created_ms: n,
+                    pid_start: None,
+                };
+                assert!(registry.insert(&entry).unwrap());
+            }
+        }
+        // Closed: the write-ahead log is in the file, which is now cut short.
+        assert!(std::fs::metadata(&path).unwrap().len() > 5000);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(5000)
+            .unwrap();
+        let line = match Registry::open(&path) {
+            Err(e) => e.to_string(),
+            Ok(registry) => registry.list().err().unwrap().to_string(),
+        };
+        assert_eq!(
+            line,
+            format!(
+                "experiment registry {}: database disk image is malformed (the registry is damaged: move it away to start a new one, then `knob experiment register DIR` lists each experiment's folder in it again)",
+                path.display()
+            )
+        );
     }
 }
