@@ -126,8 +126,16 @@ pub fn to_json(state: &ExperimentState) -> Value {
                 "attempts": t.attempts.len(),
                 // Where each attempt ran and how it ended: a retried trial, or one whose host
                 // was lost and that ran again elsewhere, shows every attempt.
-                "attempt_history": t.attempts.iter().map(|a| json!({
+                "attempt_history": t.attempts.iter().map(|a| {
+                    // Each attempt's own first final: a retried or resumed trial's earlier
+                    // results stay in the export (`final` is the current attempt's).
+                    let attempt_final = t.metrics.iter().find(|m| {
+                        m.kind == MetricKind::Final && m.attempt == a.number
+                    });
+                    json!({
                     "number": a.number,
+                    "final": attempt_final.and_then(|m| m.value),
+                    "final_raw": attempt_final.map(|m| &m.raw),
                     "environment_id": a.environment_id,
                     "gpu_indices": a.gpu_indices,
                     "started_ms": a.started_ms,
@@ -142,7 +150,8 @@ pub fn to_json(state: &ExperimentState) -> Value {
                     // What this attempt used, as its service measured it (null: not reported).
                     "peak_memory_mib": a.peak_memory_mib,
                     "peak_gpu_memory_mib": a.peak_gpu_memory_mib,
-                })).collect::<Vec<_>>(),
+                    })
+                }).collect::<Vec<_>>(),
                 // The host memory its attempts ask for since it ran out of memory (absent:
                 // trialMemorySize).
                 "memory_request_mib": t.memory_request_mib,

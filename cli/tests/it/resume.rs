@@ -82,7 +82,8 @@ fn a_finished_experiment_resumes_with_a_raised_trial_budget_and_fresh_ids() {
 fn a_trial_that_fails_twice_then_succeeds_is_retried_and_every_attempt_recorded() {
     let sandbox = Sandbox::new();
     let script = "count=count-$NNI_TRIAL_JOB_ID\nn=$(cat $count 2>/dev/null || echo 0)\necho $((n + 1)) > $count\n\
-                  if [ $n -lt 2 ]; then echo \"attempt $n fails\" >&2; exit 3; fi\necho KNOB_FINAL 7\n";
+                  echo KNOB_FINAL $n\n\
+                  if [ $n -lt 2 ]; then echo \"attempt $n fails\" >&2; exit 3; fi\n";
     let yaml = format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\nmaxTrialRetries: 2\n{SPACE}");
     let config = sandbox.config(&yaml, &[("trial.sh", script)]);
     let (code, stdout, stderr) = sandbox.create(&config, "retry");
@@ -90,7 +91,15 @@ fn a_trial_that_fails_twice_then_succeeds_is_retried_and_every_attempt_recorded(
     let trial = &sandbox.export("retry")["trials"][0];
     assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
     assert_eq!(trial["attempts"], 3, "{trial}");
-    assert_eq!(trial["final"], 7.0, "{trial}");
+    assert_eq!(trial["final"], 2.0, "{trial}");
+    // Each attempt's own final stays in the export, the failed attempts' too.
+    let finals: Vec<&serde_json::Value> = trial["attempt_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attempt| &attempt["final"])
+        .collect();
+    assert_eq!(finals, [0.0, 1.0, 2.0], "{trial}");
     // Each attempt ran in its own directory.
     let dir = sandbox
         .path()
