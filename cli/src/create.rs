@@ -630,6 +630,12 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
             );
             ExitCode::FAILURE
         }
+        ExperimentStatus::Done => {
+            if let Some(why) = &outcome.message {
+                errln!("note: experiment {id}: {why}");
+            }
+            ExitCode::SUCCESS
+        }
         _ => ExitCode::SUCCESS,
     }
 }

@@ -1229,3 +1229,39 @@ fn a_tuner_without_optimize_mode_is_judged_the_way_it_optimises() {
         "{stdout}\n{export:#}"
     );
 }
+
+/// A tuner that runs out of parameters before `maxTrialNumber` (a finite space used up) ends
+/// the experiment DONE with a note that says why: it ended after 2 of 6 trials without a word.
+#[test]
+fn a_search_space_used_up_before_the_budget_is_said() {
+    let sandbox = Sandbox::new();
+    let yaml = "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 6\n\
+                searchSpace:\n  x: {_type: choice, _value: [1, 2]}\n\
+                tuner:\n  name: Random\ntrainingService:\n  platform: local";
+    let config = sandbox.config(yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "used-up");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment used-up DONE: 2 trials"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(
+            "note: experiment used-up: the tuner has no more parameters to try, after 2 trial(s) of maxTrialNumber 6"
+        ),
+        "{stderr}"
+    );
+    let export = sandbox.export("used-up");
+    assert!(
+        export["experiment"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("the tuner has no more parameters")),
+        "{export:#}"
+    );
+    // A budget that ends the run first needs no note.
+    let yaml = yaml.replace("maxTrialNumber: 6", "maxTrialNumber: 2");
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "budget");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(!stderr.contains("no more parameters"), "{stderr}");
+}

@@ -827,6 +827,23 @@ impl Manager {
             Ok(()) if self.stop_requested && !self.timers.deadline_passed() => {
                 (ExperimentStatus::Stopped, None)
             }
+            // The tuner ran out before the trial budget did (a finite search space used up):
+            // said, or a run of 2 trials with maxTrialNumber 6 ended without a word why.
+            Ok(())
+                if self.tuner.exhausted()
+                    && !self.book.budget_spent(self.config.max_trial_number) =>
+            {
+                let budget = self
+                    .config
+                    .max_trial_number
+                    .map(|max| format!(" of maxTrialNumber {max}"))
+                    .unwrap_or_default();
+                let message = format!(
+                    "the tuner has no more parameters to try, after {} trial(s){budget}: every point of a finite search space was tried, or the tuner says it is done",
+                    self.book.len()
+                );
+                (ExperimentStatus::Done, Some(message))
+            }
             Ok(()) => (ExperimentStatus::Done, None),
             Err(e) => (ExperimentStatus::Error, Some(e.to_string())),
         };

@@ -154,7 +154,8 @@ pub enum UpdateOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub status: ExperimentStatus,
-    /// For ERROR: what went wrong, one line.
+    /// For ERROR: what went wrong, one line; for DONE, why it ended before its trial budget
+    /// (the tuner had no more parameters), if it did.
     pub message: Option<String>,
     pub trials: Vec<TrialSummary>,
 }
