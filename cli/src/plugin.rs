@@ -116,7 +116,8 @@ pub fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
 
 /// `knob plugin try`: a plugin author's loop without an experiment. Suggestions are printed as
 /// `{"parameter_id": N, "parameters": {...}}` lines (`"deferred": true` for an id answered
-/// later, `"no_more": true` when the tuner is done); each is checked as the manager checks it.
+/// later, `"no_more": true` when the tuner is done); each is checked as the manager checks it
+/// (`knob_core::manager::tuner_output_refusal`, the same function).
 fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
     use knob_plugin_api::{ComponentKind, Generated};
     let library = load_library(&args.file)?;
@@ -150,22 +151,22 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let label = tuner.label().to_owned();
     let mut pending = std::collections::VecDeque::new();
-    let emit = |out: &mut dyn Write,
-                id: u64,
-                parameters: &serde_json::Value|
-     -> anyhow::Result<()> {
-        if let Err(e) = space.validate_parameters(parameters) {
-            anyhow::bail!(
-                "{label} handed out parameters the search space does not hold (parameter id {id}): {e}"
-            );
-        }
-        writeln!(
-            out,
-            "{}",
-            serde_json::json!({"parameter_id": id, "parameters": parameters})
-        )?;
-        Ok(())
-    };
+    let emit =
+        |out: &mut dyn Write, id: u64, parameters: &serde_json::Value| -> anyhow::Result<()> {
+            // The experiment's own check: the space, plus what NNI's tuners add (TRIAL_BUDGET,
+            // PBT's checkpoint folders) and BatchTuner's listed sets.
+            if let Some(refusal) =
+                knob_core::manager::tuner_output_refusal(&label, id, &space, parameters)
+            {
+                anyhow::bail!("{refusal}");
+            }
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"parameter_id": id, "parameters": parameters})
+            )?;
+            Ok(())
+        };
     for id in 0..args.n {
         match tuner.generate_parameters(id)? {
             Generated::Parameters(parameters)

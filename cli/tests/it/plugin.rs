@@ -314,6 +314,66 @@ fn plugin_try_runs_the_third_party_tuner_and_checks_what_it_hands_out() {
     );
 }
 
+/// `knob plugin try` checks a built-in tuner's suggestions as an experiment checks them: the
+/// `TRIAL_BUDGET` Hyperband and BOHB add passes (it was refused as "not in the search space"),
+/// and Batch's listed parameter sets are members of its space.
+#[test]
+fn plugin_try_accepts_what_an_experiment_accepts_from_the_built_in_tuners() {
+    let library = built_in_library("knob_tuners");
+    let dir = tempfile::tempdir().unwrap();
+    let space = dir.path().join("space.json");
+    std::fs::write(&space, r#"{"x": {"_type": "uniform", "_value": [0, 1]}}"#).unwrap();
+    for (tuner, class_args) in [
+        ("Hyperband", "{}"),
+        ("Hyperband", r#"{"R": 9, "eta": 3}"#),
+        ("BOHB", "{}"),
+        ("BOHB", r#"{"max_budget": 9, "eta": 3}"#),
+    ] {
+        let (code, stdout, stderr) = run(knob()
+            .args(["plugin", "try"])
+            .arg(&library)
+            .arg("--space")
+            .arg(&space)
+            .args(["-n", "3", "--tuner", tuner, "--class-args", class_args]));
+        assert_eq!(code, 0, "{tuner} {class_args}: {stderr}");
+        let lines: Vec<serde_json::Value> = stdout
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3, "{tuner} {class_args}: {stdout}");
+        for line in lines {
+            let parameters = &line["parameters"];
+            assert!(parameters["TRIAL_BUDGET"].is_u64(), "{tuner}: {line}");
+            assert!(parameters["x"].is_f64(), "{tuner}: {line}");
+        }
+    }
+
+    let batch_space = dir.path().join("batch.json");
+    std::fs::write(
+        &batch_space,
+        r#"{"combine_params": {"_type": "choice", "_value": [{"lr": 0.1}, {"lr": 0.01, "bs": 3}]}}"#,
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(knob()
+        .args(["plugin", "try"])
+        .arg(&library)
+        .arg("--space")
+        .arg(&batch_space)
+        .args(["-n", "3", "--tuner", "Batch"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        concat!(
+            r#"{"parameter_id":0,"parameters":{"lr":0.1}}"#,
+            "\n",
+            r#"{"parameter_id":1,"parameters":{"lr":0.01,"bs":3}}"#,
+            "\n",
+            r#"{"parameter_id":2,"no_more":true}"#,
+            "\n",
+        )
+    );
+}
+
 /// The Halton example (a tuner and an assessor written from docs/writing-a-plugin.md) under
 /// `knob plugin try`, its results computed by a Python expression of the parameters (issue 19).
 #[test]

@@ -21,7 +21,7 @@ pub(crate) const NNI_PBT_CHECKPOINT_KEYS: [&str; 2] =
 
 /// The one-line refusal of `parameters` handed out by `tuner` (its label, "tuner TPE") for
 /// `parameter_id`, naming the parameter and the rule; `None` when the space holds them.
-pub(crate) fn refusal(
+pub fn refusal(
     tuner: &str,
     parameter_id: u64,
     space: &SearchSpace,
