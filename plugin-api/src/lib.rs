@@ -11,6 +11,7 @@
 // Without the host, what only the loader reads is unused.
 #[cfg_attr(not(feature = "host"), allow(dead_code))]
 mod abi;
+mod class_args;
 pub mod config;
 #[cfg(feature = "host")]
 pub mod host;
@@ -24,11 +25,11 @@ pub mod secrets;
 pub mod service;
 pub mod space;
 
+pub use class_args::parse_class_args;
 pub use objectives::Outcome;
 pub use sdk::{
-    accept_as_written, log, parse_class_args, status, Assessor, AssessorContext, EventSink,
-    Generated, ImportedTrial, OptimizeMode, PluginError, Suggestion, TrainingService, Tuner,
-    Verdict, Waker,
+    accept_as_written, log, status, Assessor, AssessorContext, EventSink, Generated, ImportedTrial,
+    OptimizeMode, PluginError, Suggestion, TrainingService, Tuner, Verdict, Waker,
 };
 
 #[doc(hidden)]

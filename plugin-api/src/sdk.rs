@@ -10,7 +10,6 @@ use std::sync::{Arc, OnceLock};
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::abi::{
@@ -52,21 +51,6 @@ impl From<crate::space::SpaceError> for PluginError {
     fn from(e: crate::space::SpaceError) -> PluginError {
         PluginError(e.to_string())
     }
-}
-
-/// Deserializes a component's `classArgs` into `T`, with a message naming the component.
-/// Give `T` `#[serde(deny_unknown_fields)]`: serde's message then lists the known arguments.
-pub fn parse_class_args<T: DeserializeOwned>(
-    component: &str,
-    class_args: &Value,
-) -> Result<T, PluginError> {
-    let args = if class_args.is_null() {
-        Value::Object(Default::default())
-    } else {
-        class_args.clone()
-    };
-    serde_json::from_value(args)
-        .map_err(|e| PluginError::new(format!("classArgs of {component}: {e}")))
 }
 
 /// What a tuner answers when asked for parameters.

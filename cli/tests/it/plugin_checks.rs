@@ -58,6 +58,55 @@ trainingService:
     assert_eq!(stderr.lines().count(), 2, "{stderr}");
 }
 
+/// A classArg of the wrong type or range is named by its path, at its own line, and the type is
+/// said in words (it was serde's `invalid value: integer `-5`, expected u64`, at `classArgs`).
+#[test]
+fn config_check_names_a_bad_class_arg_by_its_path_at_its_line() {
+    let sandbox = Sandbox::new();
+    let cases = [
+        (
+            "name: TPE\n  classArgs:\n    seed: 1\n    tpe_args:\n      n_startup_jobs: -5",
+            "n_startup_jobs",
+            "tuner.classArgs.tpe_args.n_startup_jobs: tuner TPE: constructor failed: classArgs of TPE: tpe_args.n_startup_jobs: expected a whole number ≥ 0, got -5",
+        ),
+        (
+            "name: TPE\n  classArgs: {tpe_args: bad}",
+            "tpe_args",
+            r#"tuner.classArgs.tpe_args: tuner TPE: constructor failed: classArgs of TPE: tpe_args: expected a mapping, got "bad""#,
+        ),
+        (
+            "name: TPE\n  classArgs:\n    tpe_args: {gamma: 0.2, gama: 3}",
+            "gama",
+            "tuner.classArgs.tpe_args.gama: tuner TPE: constructor failed: classArgs of TPE: tpe_args: unknown field `gama`, expected one of",
+        ),
+        (
+            "name: Evolution\n  classArgs: {population_size: \"32\"}",
+            "population_size",
+            r#"tuner.classArgs.population_size: tuner Evolution: constructor failed: classArgs of Evolution: population_size: expected a whole number ≥ 0, got "32""#,
+        ),
+        (
+            "name: GPTuner\n  classArgs: {cold_start_num: -1}",
+            "cold_start_num",
+            "tuner.classArgs.cold_start_num: tuner GPTuner: constructor failed: classArgs of GPTuner: cold_start_num: expected a whole number ≥ 0, got -1",
+        ),
+    ];
+    for (tuner, at, expected) in cases {
+        let yaml = format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nsearchSpace: {{x: {{_type: uniform, _value: [0, 1]}}}}\ntuner:\n  {tuner}\ntrainingService:\n  platform: local"
+        );
+        let config = sandbox.config(&yaml, &[]);
+        let text = std::fs::read_to_string(&config).unwrap();
+        let (code, stdout, stderr) = config_check(&sandbox, &config);
+        assert_eq!(code, 1, "{tuner}: {stdout}");
+        let (line, column) = line_column(&text, at);
+        assert!(
+            stderr.contains(&format!("config.yml:{line}:{column}: {expected}")),
+            "{tuner}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{tuner}: {stderr}");
+    }
+}
+
 #[test]
 fn config_check_refuses_unknown_names_python_classes_and_a_space_the_tuner_refuses() {
     let sandbox = Sandbox::new();

@@ -192,32 +192,79 @@ fn located(
     }
 }
 
-/// The classArgs key a constructor's message is about, with its key node: the first one it
-/// quotes (`"stesp"`, `` `stesp` ``, `'stesp'`), else the first it names as a whole word.
-/// Plugin errors are free text; this is how `classArgs of Sweep: unknown field `stesp`,
-/// expected `steps`` reaches the line of `stesp` (named first; `steps` is what is allowed).
+/// The classArgs key a constructor's message is about, as a path, with the node to point at:
+/// the first top-level key it quotes (`"stesp"`, `` `stesp` ``, `'stesp'`), else the first it
+/// names as a whole word; then, where the message goes on from there with a path
+/// (`tpe_args.n_startup_jobs`, `points[1]`, as `parse_class_args` writes one), what that path
+/// leads to; and inside a mapping reached so, a key the message quotes (`tpe_args: unknown field
+/// `n_start``). Plugin errors are free text; this is how `classArgs of Sweep: unknown field
+/// `stesp`, expected `steps`` reaches the line of `stesp` (named first; `steps` is what is
+/// allowed).
 fn named_argument<'n>(class_args: &'n Node, message: &str) -> Option<(String, &'n Node)> {
-    let Value::Map(pairs) = &class_args.value else {
-        return None;
-    };
-    let first = |at: &dyn Fn(&str) -> Option<usize>| {
+    let first = |map: &'n Node, at: &dyn Fn(&str) -> Option<usize>| {
+        let Value::Map(pairs) = &map.value else {
+            return None;
+        };
         pairs
             .iter()
-            .filter_map(|(key, _)| {
+            .filter_map(|(key, value)| {
                 let text = key.key_text();
-                at(&text).map(|index| (index, text, key))
+                at(&text).map(|index| (index, text, key, value))
             })
-            .min_by_key(|(index, text, _)| (*index, std::cmp::Reverse(text.len())))
-            .map(|(_, text, key)| (text, key))
+            .min_by_key(|(index, text, _, _)| (*index, std::cmp::Reverse(text.len())))
     };
     let quoted = |key: &str| {
-        ['"', '`', '\'']
+        QUOTES
             .iter()
             .filter_map(|q| message.find(&format!("{q}{key}{q}")))
             .min()
     };
-    first(&quoted).or_else(|| first(&|key: &str| word_at(message, key)))
+    let (index, mut path, mut node, mut value) = first(class_args, &quoted)
+        .or_else(|| first(class_args, &|key: &str| word_at(message, key)))?;
+    // The path on from the key, as written after it.
+    let mut rest = message[index..].trim_start_matches(QUOTES);
+    rest = rest.strip_prefix(path.as_str()).unwrap_or("");
+    loop {
+        if let Some(after) = rest.strip_prefix('.') {
+            let end = after
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+                .unwrap_or(after.len());
+            let Value::Map(pairs) = &value.value else {
+                break;
+            };
+            let Some((key, next)) = pairs.iter().find(|(key, _)| key.key_text() == after[..end])
+            else {
+                break;
+            };
+            path.push_str(&format!(".{}", &after[..end]));
+            (node, value, rest) = (key, next, &after[end..]);
+        } else if let Some((index, after)) = rest
+            .strip_prefix('[')
+            .and_then(|after| after.split_once(']'))
+        {
+            let Value::Seq(items) = &value.value else {
+                break;
+            };
+            let Some(item) = index.parse::<usize>().ok().and_then(|i| items.get(i)) else {
+                break;
+            };
+            path.push_str(&format!("[{index}]"));
+            (node, value, rest) = (item, item, after);
+        } else {
+            break;
+        }
+    }
+    // `path: ...` about a mapping: a key it quotes inside (serde's unknown field).
+    if rest.starts_with(':') {
+        if let Some((_, key_text, key, _)) = first(value, &quoted) {
+            path.push_str(&format!(".{key_text}"));
+            node = key;
+        }
+    }
+    Some((path, node))
 }
+
+const QUOTES: [char; 3] = ['"', '`', '\''];
 
 /// Where `word` first occurs in `text` not as part of a longer identifier.
 fn word_at(text: &str, word: &str) -> Option<usize> {
@@ -289,5 +336,49 @@ mod tests {
         // `seed` inside `seeds` is not the argument `seed`.
         assert_eq!(named(&["seed"], "seeds must differ"), None);
         assert_eq!(named(&keys, "something else broke"), None);
+    }
+
+    /// `parse_class_args` writes the path of a nested key; the error points at that key.
+    #[test]
+    fn a_path_in_the_message_leads_to_the_nested_key() {
+        let class_args = crate::config::yaml::parse(
+            "seed: 1\ntpe_args:\n  n_startup_jobs: -5\n  gamma: 0.2\npoints:\n  - {x: 1}\n  - {x: true}\n",
+        )
+        .unwrap()
+        .unwrap();
+        let at = |message: &str| {
+            let (path, node) = named_argument(&class_args, message)?;
+            let pos = node.pos.unwrap();
+            Some(format!("{path} at {}:{}", pos.line, pos.column))
+        };
+        let cases = [
+            "classArgs of TPE: tpe_args.n_startup_jobs: expected a whole number ≥ 0, got -5",
+            "classArgs of TPE: tpe_args: unknown field `gamma`, expected `n_startup_jobs`",
+            "classArgs of X: points[1].x: expected a whole number, got true",
+            "classArgs of X: points[1]: expected a mapping, got 3",
+            // A path the file does not hold stops at the last key it does.
+            "classArgs of TPE: tpe_args.n_ei_candidates: expected a number",
+            "classArgs of X: points[7].x: expected a number",
+            // An unknown top-level key is not looked for inside.
+            "classArgs of TPE: unknown field `tpe_args`, expected `seed`",
+            "classArgs of TPE: seed must be a whole number",
+        ];
+        let found: Vec<String> = cases
+            .iter()
+            .map(|message| at(message).unwrap_or_else(|| "none".into()))
+            .collect();
+        expect_test::expect![[r#"
+            [
+                "tpe_args.n_startup_jobs at 3:3",
+                "tpe_args.gamma at 4:3",
+                "points[1].x at 7:6",
+                "points[1] at 7:5",
+                "tpe_args at 2:1",
+                "points at 5:1",
+                "tpe_args at 2:1",
+                "seed at 1:1",
+            ]
+        "#]]
+        .assert_debug_eq(&found);
     }
 }

@@ -29,12 +29,18 @@ fn every_class_arg_is_accepted_and_bad_ones_are_clear_errors() {
     }
     expect![[r#"classArgs of Evolution: unknown field `population`, expected one of `optimize_mode`, `seed`, `population_size`, `mutation`"#]]
         .assert_eq(&class_args_error::<EvolutionTuner>(r#"{"population": 4}"#));
-    expect![[
-        r#"classArgs of Evolution: unknown variant `swap`, expected `resample` or `perturb`"#
-    ]]
+    expect!["classArgs of Evolution: mutation: unknown variant `swap`, expected `resample` or `perturb`"]
     .assert_eq(&class_args_error::<EvolutionTuner>(
         r#"{"mutation": "swap"}"#,
     ));
+    expect!["classArgs of Evolution: population_size: expected a whole number ≥ 0, got -3"]
+        .assert_eq(&class_args_error::<EvolutionTuner>(
+            r#"{"population_size": -3}"#,
+        ));
+    expect![[r#"classArgs of Evolution: population_size: expected a whole number ≥ 0, got "32""#]]
+        .assert_eq(&class_args_error::<EvolutionTuner>(
+            r#"{"population_size": "32"}"#,
+        ));
     expect!["classArgs of Evolution: population_size must be at least 1, got 0"].assert_eq(
         &class_args_error::<EvolutionTuner>(r#"{"population_size": 0}"#),
     );

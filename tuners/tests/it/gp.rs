@@ -211,8 +211,10 @@ fn errors_are_one_line_a_user_can_act_on() {
     expect!["classArgs of GPTuner: selection_num_warm_up must be at least 1"].assert_eq(
         &class_args_error::<GpTuner>(r#"{"selection_num_warm_up": 0}"#),
     );
-    expect!["classArgs of GPTuner: invalid type: floating point `2.5`, expected u64"]
+    expect!["classArgs of GPTuner: cold_start_num: expected a whole number ≥ 0, got 2.5"]
         .assert_eq(&class_args_error::<GpTuner>(r#"{"cold_start_num": 2.5}"#));
+    expect!["classArgs of GPTuner: cold_start_num: expected a whole number ≥ 0, got -1"]
+        .assert_eq(&class_args_error::<GpTuner>(r#"{"cold_start_num": -1}"#));
     expect![[r#"classArgs of GPTuner: optimize_mode must be "maximize" or "minimize", got "max""#]]
         .assert_eq(&class_args_error::<GpTuner>(r#"{"optimize_mode": "max"}"#));
     let mut gp: GpTuner = Tuner::new(&json!({"seed": 3})).unwrap();

@@ -56,15 +56,13 @@ fn every_class_arg_is_accepted() {
 fn unknown_and_invalid_class_args_are_clear_errors() {
     expect![[r#"classArgs of TPE: unknown field `sed`, expected one of `optimize_mode`, `seed`, `variant`, `tpe_args`"#]]
         .assert_eq(&class_args_error::<TpeTuner>(r#"{"sed": 1}"#));
-    expect![[r#"classArgs of TPE: unknown field `gama`, expected one of `constant_liar_type`, `n_startup_jobs`, `n_ei_candidates`, `linear_forgetting`, `prior_weight`, `gamma`, `multivariate`, `good_fraction`, `good_weights`, `consider_endpoints`"#]]
+    expect!["classArgs of TPE: tpe_args: unknown field `gama`, expected one of `constant_liar_type`, `n_startup_jobs`, `n_ei_candidates`, `linear_forgetting`, `prior_weight`, `gamma`, `multivariate`, `good_fraction`, `good_weights`, `consider_endpoints`"]
         .assert_eq(&class_args_error::<TpeTuner>(r#"{"tpe_args": {"gama": 0.3}}"#));
-    expect![[
-        r#"classArgs of TPE: constant_liar_type must be "best", "worst", "mean" or null, got "min""#
-    ]]
+    expect![[r#"classArgs of TPE: tpe_args.constant_liar_type must be "best", "worst", "mean" or null, got "min""#]]
     .assert_eq(&class_args_error::<TpeTuner>(
         r#"{"tpe_args": {"constant_liar_type": "min"}}"#,
     ));
-    expect![[r#"classArgs of TPE: unknown variant `hyperopt`, expected `knob` or `nni`"#]]
+    expect!["classArgs of TPE: variant: unknown variant `hyperopt`, expected `knob` or `nni`"]
         .assert_eq(&class_args_error::<TpeTuner>(r#"{"variant": "hyperopt"}"#));
     expect![[r#"classArgs of TPE: tpe_args.gamma (NNI's split: ceil(gamma * sqrt(n)) good trials) and good_fraction (ceil(good_fraction * n)) exclude each other; give one"#]]
         .assert_eq(&class_args_error::<TpeTuner>(
@@ -74,9 +72,15 @@ fn unknown_and_invalid_class_args_are_clear_errors() {
         .assert_eq(&class_args_error::<TpeTuner>(
             r#"{"variant": "nni", "tpe_args": {"good_weights": "rank"}}"#,
         ));
-    expect![[r#"classArgs of TPE: unknown variant `best`, expected one of `age`, `rank`, `equal`, `hypervolume`"#]].assert_eq(
+    expect!["classArgs of TPE: tpe_args.good_weights: unknown variant `best`, expected one of `age`, `rank`, `equal`, `hypervolume`"].assert_eq(
         &class_args_error::<TpeTuner>(r#"{"tpe_args": {"good_weights": "best"}}"#),
     );
+    expect!["classArgs of TPE: tpe_args.n_startup_jobs: expected a whole number ≥ 0, got -5"]
+        .assert_eq(&class_args_error::<TpeTuner>(
+            r#"{"tpe_args": {"n_startup_jobs": -5}}"#,
+        ));
+    expect![[r#"classArgs of TPE: tpe_args: expected a mapping, got "bad""#]]
+        .assert_eq(&class_args_error::<TpeTuner>(r#"{"tpe_args": "bad"}"#));
     expect!["classArgs of TPE: tpe_args.n_ei_candidates must be at least 1, got 0"].assert_eq(
         &class_args_error::<TpeTuner>(r#"{"tpe_args": {"n_ei_candidates": 0}}"#),
     );
