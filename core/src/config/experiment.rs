@@ -143,11 +143,19 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         .unwrap_or(false);
     let log_level = take("logLevel").and_then(|field| reader.choice(&field, &LogLevel::ALL));
     let experiment_working_directory = match take("experimentWorkingDirectory") {
-        Some(field) => reader.path(&field),
+        Some(field) => reader.path(&field).and_then(|path| {
+            let what_to_do = "name a folder (knob creates it if it is missing)";
+            reader.check_makeable_directory(field.node.pos, &field.path, path, what_to_do)
+        }),
         None => {
             let (base_dir, home) = (reader.base_dir.clone(), reader.home.clone());
             match units::resolve_path(DEFAULT_WORKING_DIRECTORY, &base_dir, home.as_deref()) {
-                Ok(path) => Some(path),
+                Ok(path) => reader.check_makeable_directory(
+                    None,
+                    "experimentWorkingDirectory",
+                    path,
+                    "set experimentWorkingDirectory to a folder (knob creates it if it is missing)",
+                ),
                 Err(message) => {
                     reader.error(
                         None,

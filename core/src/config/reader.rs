@@ -157,6 +157,46 @@ impl Reader {
         }
     }
 
+    /// A folder knob makes if it is missing (`experimentWorkingDirectory`): refused when it, or
+    /// the nearest folder above it that exists, is something else (a file), which `create`
+    /// would otherwise meet as an OS error about a path inside it. `what_to_do` ends the message.
+    pub fn check_makeable_directory(
+        &mut self,
+        pos: Option<Pos>,
+        field: &str,
+        path: PathBuf,
+        what_to_do: &str,
+    ) -> Option<PathBuf> {
+        for existing in path.ancestors() {
+            match std::fs::metadata(existing) {
+                Ok(metadata) if metadata.is_dir() => return Some(path),
+                Ok(_) if existing == path => {
+                    let message = format!("{} is not a directory; {what_to_do}", quoted(&path));
+                    self.error(pos, field, message);
+                    return None;
+                }
+                Ok(_) => {
+                    let message = format!(
+                        "{} cannot be made: {} is not a directory; {what_to_do}",
+                        quoted(&path),
+                        quoted(existing)
+                    );
+                    self.error(pos, field, message);
+                    return None;
+                }
+                // Missing, or under a file: what is above it says which.
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                    ) => {}
+                // Unreadable (permissions): `create` says what the OS says.
+                Err(_) => return Some(path),
+            }
+        }
+        Some(path)
+    }
+
     /// A mapping whose values become JSON (class args).
     pub fn json_object(
         &mut self,

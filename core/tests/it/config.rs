@@ -984,6 +984,33 @@ fn trial_code_directory_must_exist() {
     .assert_eq(&project.check("exp.yml", &minimal_with("trialCodeDirectory: file.txt\n")));
 }
 
+/// The working directory may be missing (create makes it) but not a file: create used to fail
+/// with an OS error about a generated folder inside it, naming no field.
+#[test]
+fn experiment_working_directory_must_not_be_a_file() {
+    let project = Project::new(&[("afile", ""), ("runs/", "")]);
+    expect![[r#"
+        $DIR/exp.yml:6:29: experimentWorkingDirectory: "$DIR/afile" is not a directory; name a folder (knob creates it if it is missing)
+    "#]].assert_eq(&project.check(
+        "exp.yml",
+        &minimal_with("experimentWorkingDirectory: afile\n"),
+    ));
+    expect![[r#"
+        $DIR/exp.yml:6:29: experimentWorkingDirectory: "$DIR/afile/sub/experiments" cannot be made: "$DIR/afile" is not a directory; name a folder (knob creates it if it is missing)
+    "#]].assert_eq(&project.check(
+        "exp.yml",
+        &minimal_with("experimentWorkingDirectory: afile/sub/experiments\n"),
+    ));
+    // A folder, or one still to be made in one, is fine.
+    for dir in ["runs", "runs/new/experiments"] {
+        let config = project.load(
+            "exp.yml",
+            &minimal_with(&format!("experimentWorkingDirectory: {dir}\n")),
+        );
+        assert_eq!(config.experiment_working_directory, project.path(dir));
+    }
+}
+
 #[test]
 fn wrong_types_are_all_reported_at_once() {
     check(
