@@ -109,8 +109,16 @@ impl Reader {
         } else {
             "a non-negative integer"
         };
+        let at_most = largest::<T>();
         self.parse(field, |node| match node.value {
-            Value::Int(i) if i >= min => T::try_from(i).map_err(|_| format!("{i} is too large")),
+            Value::Int(i) if i >= min => {
+                T::try_from(i).map_err(|_| format!("{i} is too large (at most {at_most})"))
+            }
+            // A whole number past i64, which YAML reads as a float (`99999999999999999999`
+            // is 1e20): still an integer, so the message is the same, without the float's text.
+            Value::Float(f) if f.fract() == 0.0 && f >= i64::MAX as f64 => {
+                Err(format!("too large (at most {at_most})"))
+            }
             _ => Err(format!("expected {kind}, got {}", node.describe())),
         })
     }
@@ -252,6 +260,23 @@ fn normalize_choice(text: &str) -> String {
 }
 
 /// A path in double quotes, for messages.
+/// The largest integer [`Reader::integer`] accepts as `T`: `T`'s maximum, or i64's for a wider
+/// `T` (the YAML tree holds integers as i64, so that is u64's too).
+fn largest<T: TryFrom<i64>>() -> i64 {
+    [
+        i64::MAX,
+        u32::MAX.into(),
+        i32::MAX.into(),
+        u16::MAX.into(),
+        i16::MAX.into(),
+        u8::MAX.into(),
+        i8::MAX.into(),
+    ]
+    .into_iter()
+    .find(|&n| T::try_from(n).is_ok())
+    .unwrap_or(0)
+}
+
 pub(crate) fn quoted(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
 }

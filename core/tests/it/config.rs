@@ -1318,11 +1318,27 @@ fn out_of_range_numbers() {
     check(
         &minimal_with("maxTrialNumber: 99999999999999999999\nmaxTrialDuration: 1e300\ntrialGpuMemory: 1e300TB\ntrialCpuNumber: 4294967296\nmaxExperimentDuration: .nan\n"),
         expect![[r#"
-            $DIR/exp.yml:6:17: maxTrialNumber: expected a positive integer, got 1e20
+            $DIR/exp.yml:6:17: maxTrialNumber: too large (at most 9223372036854775807)
             $DIR/exp.yml:7:19: maxTrialDuration: must be at most 100 years, got 1e300
             $DIR/exp.yml:8:17: trialGpuMemory: too large, got "1e300TB"
-            $DIR/exp.yml:9:17: trialCpuNumber: 4294967296 is too large
+            $DIR/exp.yml:9:17: trialCpuNumber: 4294967296 is too large (at most 4294967295)
             $DIR/exp.yml:10:24: maxExperimentDuration: must be positive, got NaN
+        "#]],
+    );
+    // Integers past i64 are read as floats by YAML; they are still "too large", not "not an
+    // integer" (it said "expected a positive integer, got 1e20").
+    check(
+        &format!(
+            "{}maxTrialNumber: 18446744073709551615\nmaxTrialRetries: 4294967296\n",
+            MINIMAL.replace(
+                "trialConcurrency: 1",
+                "trialConcurrency: 99999999999999999999"
+            )
+        ),
+        expect![[r#"
+            $DIR/exp.yml:3:19: trialConcurrency: too large (at most 4294967295)
+            $DIR/exp.yml:6:17: maxTrialNumber: too large (at most 9223372036854775807)
+            $DIR/exp.yml:7:18: maxTrialRetries: 4294967296 is too large (at most 4294967295)
         "#]],
     );
 }
