@@ -101,11 +101,14 @@ const MACHINE_RENAMES: [(&str, &str); 10] = [
     ("passwd", "password"),
 ];
 /// Where the v2 reader names a field the v1 config may leave out, the v1 name to say instead.
-const MISSING_FIELD_RENAMES: [(&str, &str); 4] = [
+/// (A missing `searchSpacePath` and `machineList` the conversion reports itself, in v1 words;
+/// these names let the v2 reader's own reports of them be dropped as said already.)
+const MISSING_FIELD_RENAMES: [(&str, &str); 5] = [
     ("trialCommand", "trial.command"),
     ("trialCodeDirectory", "trial.codeDir"),
     ("searchSpace", "searchSpacePath"),
     ("trainingService", "trainingServicePlatform"),
+    ("trainingService.machineList", "machineList"),
 ];
 
 /// A v1 config as a v2 document.
@@ -183,7 +186,16 @@ pub(crate) fn convert(reader: &mut Reader, root: &Node) -> Converted {
     out.move_field(fields.take("maxExecDuration"), "maxExperimentDuration");
     out.move_field(fields.take("maxTrialDuration"), "maxTrialDuration");
     out.move_field(fields.take("maxTrialNum"), "maxTrialNumber");
-    out.move_field(fields.take("searchSpacePath"), "searchSpaceFile");
+    match fields.take("searchSpacePath") {
+        Some(field) => out.move_field(Some(field), "searchSpaceFile"),
+        // The v2 reader would ask for v2's searchSpace or searchSpaceFile, which v1 refuses.
+        None => reader.error(
+            None,
+            "searchSpacePath",
+            "required: the search space file (JSON or YAML), e.g. searchSpacePath: \
+             search_space.json; an empty space is a file holding {}",
+        ),
+    }
     if let Some(field) = fields.take("multiPhase") {
         if reader.boolean(&field) == Some(true) {
             let message = "NNI v1 multi-phase trials are not supported (NNI 2.0 dropped them); \

@@ -334,6 +334,15 @@ fn a_bad_machine_list_is_one_error_and_keeps_the_machines_indexes() {
         "trainingServicePlatform: local",
         "trainingServicePlatform: remote",
     );
+    // Missing: one error, in v1 words (the v2 reader's "trainingServicePlatform.machineList:
+    // ... host and user" came too).
+    check_v1(
+        &remote,
+        &[],
+        expect![[r#"
+        $DIR/exp/config.yml:7:26: machineList: required for trainingServicePlatform: remote: the machines, each with ip, username and passwd or sshKeyPath
+    "#]],
+    );
     check_v1(
         &(remote.clone() + "machineList: {ip: 10.0.0.1}\n"),
         &[],
@@ -347,6 +356,19 @@ fn a_bad_machine_list_is_one_error_and_keeps_the_machines_indexes() {
         expect![[r#"
             $DIR/exp/config.yml:21:15: machineList[0]: expected a mapping, got 5
             $DIR/exp/config.yml:21:52: machineList[1].port: expected a port number from 1 to 65535, got 0
+        "#]],
+    );
+}
+
+/// A v1 config gives its search space as `searchSpacePath` (it refuses v2's `searchSpace`), so
+/// that is what a missing one asks for.
+#[test]
+fn a_missing_search_space_path_is_asked_for_in_v1_words() {
+    check_v1(
+        &MNIST_V1.replace("searchSpacePath: search_space.json\n", ""),
+        &[],
+        expect![[r#"
+            $DIR/exp/config.yml: searchSpacePath: required: the search space file (JSON or YAML), e.g. searchSpacePath: search_space.json; an empty space is a file holding {}
         "#]],
     );
 }
