@@ -175,27 +175,52 @@ fn nni3_python() -> Option<PathBuf> {
 }
 
 /// `minimizes_by_default` is what the installed nni 3.0's classes default to: each tuner class
-/// the file names is imported and its `optimize_mode` default read (a class whose module needs
-/// a package nni does not bring, SMAC's or PPO's, is left out; the ones knob has natively are
-/// all read).
+/// the file names is imported and its `optimize_mode` default read, or, where its module needs
+/// a package nni does not bring (hyperopt for Anneal, ConfigSpace for BOHB), read from the
+/// module's source (a class found in neither way is left out; the ones knob has natively must
+/// all be read).
 #[test]
 fn the_default_directions_match_the_installed_nni_3_0_classes() {
     let Some(python) = nni3_python() else {
         return;
     };
-    let script = "import importlib, inspect, json, yaml\n\
-                  from nni.runtime.config import get_builtin_config_file\n\
-                  path = get_builtin_config_file('builtin_algorithms.yml')\n\
-                  defaults = {}\n\
-                  for entry in yaml.safe_load(open(path))['tuners']:\n\
-                  \x20   module, _, name = entry['className'].rpartition('.')\n\
-                  \x20   try:\n\
-                  \x20       cls = getattr(importlib.import_module(module), name)\n\
-                  \x20   except Exception:\n\
-                  \x20       continue\n\
-                  \x20   parameter = inspect.signature(cls.__init__).parameters.get('optimize_mode')\n\
-                  \x20   defaults[entry['builtinName']] = None if parameter is None or parameter.default is inspect.Parameter.empty else str(parameter.default)\n\
-                  print(json.dumps(defaults))";
+    let script = r#"
+import ast, glob, importlib, importlib.util, inspect, json, yaml
+from nni.runtime.config import get_builtin_config_file
+
+def from_source(module, name):
+    # The default as written in the class's __init__, without importing the module (or, for a
+    # package such as bohb_advisor, any of its files).
+    spec = importlib.util.find_spec(module)
+    files = [spec.origin] + sorted(glob.glob(f"{spec.submodule_search_locations[0]}/*.py") if spec.submodule_search_locations else [])
+    trees = [ast.parse(open(file).read()) for file in files]
+    for node in (node for tree in trees for node in ast.walk(tree)):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == '__init__':
+                    args = item.args.args[len(item.args.args) - len(item.args.defaults):]
+                    for arg, default in zip(args, item.args.defaults):
+                        if arg.arg == 'optimize_mode':
+                            return ast.unparse(default)
+                    return None
+    raise LookupError(name)
+
+path = get_builtin_config_file('builtin_algorithms.yml')
+defaults = {}
+for entry in yaml.safe_load(open(path))['tuners']:
+    module, _, name = entry['className'].rpartition('.')
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        parameter = inspect.signature(cls.__init__).parameters.get('optimize_mode')
+        default = None if parameter is None or parameter.default is inspect.Parameter.empty else str(parameter.default)
+    except Exception:
+        try:
+            default = from_source(module, name)
+        except Exception:
+            continue
+    defaults[entry['builtinName']] = default
+print(json.dumps(defaults))
+"#;
     let output = Command::new(&python)
         .args(["-c", script])
         .env_remove("NNI_PLATFORM")
