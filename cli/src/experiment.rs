@@ -225,7 +225,7 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                         duration,
                         t.attempts.to_string(),
                         t.environment_id.clone().unwrap_or_else(|| "-".into()),
-                        t.parameters.to_string(),
+                        crate::table::parameters_cell(&t.parameters),
                         // A waiting trial: why it has not started (a cluster job's pending
                         // reason, no free GPU); else why it ended (or its last attempt did).
                         // A memory request raised after running out of memory is said too.

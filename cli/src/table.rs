@@ -30,13 +30,30 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     out.join("\n")
 }
 
-/// A metric value as users read it.
+/// A metric value as users read it: six decimals, or in scientific notation where those would
+/// say nothing or too much (1.79e308 was 309 digits wide).
 pub fn metric(value: Option<f64>) -> String {
     match value {
+        Some(v) if v != 0.0 && v.is_finite() && !(1e-4..1e15).contains(&v.abs()) => {
+            format!("{v:.6e}")
+        }
         Some(v) => format!("{v:.6}"),
         None => "-".into(),
     }
 }
+
+/// A trial's parameters in a table: their JSON, cut at [`PARAMETERS_CELL_CHARS`] with `…` (a
+/// parameter of 120 KB filled the terminal; `knob experiment export` has them whole).
+pub fn parameters_cell(parameters: &serde_json::Value) -> String {
+    let text = parameters.to_string();
+    match text.char_indices().nth(PARAMETERS_CELL_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+/// How much of a trial's parameters a table shows.
+pub const PARAMETERS_CELL_CHARS: usize = 200;
 
 /// A final result as `knob trial ls` shows it: the number, or, for one reported without a usable
 /// value (NaN, ±Infinity, unreadable), `-` and what the trial sent.
@@ -92,7 +109,7 @@ pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) 
                 format!("{}", rank + 1),
                 t.id.clone(),
                 metric(t.final_value),
-                t.parameters.to_string(),
+                parameters_cell(&t.parameters),
             ]
         })
         .collect();
@@ -105,4 +122,32 @@ pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) 
         ],
         &rows,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_stay_readable_at_any_magnitude() {
+        assert_eq!(metric(Some(0.5)), "0.500000");
+        assert_eq!(metric(Some(-12345.25)), "-12345.250000");
+        assert_eq!(metric(Some(0.0)), "0.000000");
+        assert_eq!(metric(Some(1.79e308)), "1.790000e308");
+        assert_eq!(metric(Some(-2.5e-7)), "-2.500000e-7");
+        assert_eq!(metric(None), "-");
+    }
+
+    #[test]
+    fn long_parameters_are_cut_on_a_character() {
+        let short = serde_json::json!({"x": 1});
+        assert_eq!(parameters_cell(&short), r#"{"x":1}"#);
+        let long = serde_json::json!({"text": "é".repeat(500)});
+        let cell = parameters_cell(&long);
+        assert_eq!(cell.chars().count(), PARAMETERS_CELL_CHARS + 1);
+        assert!(
+            cell.starts_with(r#"{"text":"éé"#) && cell.ends_with("é…"),
+            "{cell}"
+        );
+    }
 }
