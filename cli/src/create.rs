@@ -643,6 +643,11 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
 /// Starts `knob create` again in a new session, its output in a log file, and returns once the
 /// experiment is registered (or the child has failed).
 fn detach(args: &CreateArgs) -> anyhow::Result<ExitCode> {
+    // Checked here, not only by the `create` in the background: the id names the log file
+    // opened below, and `../x` or `a/b` would have put it elsewhere or failed on the path.
+    if let Some(id) = &args.id {
+        experiment::check_id(id)?;
+    }
     let id = args
         .id
         .clone()

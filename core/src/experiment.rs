@@ -76,11 +76,19 @@ pub fn new_experiment_id() -> String {
         .collect()
 }
 
-fn valid_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
+/// The rule for an id given with `--id` ([`CreateError::BadId`] otherwise): it names the
+/// experiment's folder and its log (`$KNOB_HOME/logs/ID.log`), so it is checked before either
+/// is made.
+pub fn check_id(id: &str) -> Result<(), CreateError> {
+    let valid = (1..=64).contains(&id.len())
         && id
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(CreateError::BadId(id.to_string()))
+    }
 }
 
 fn now_ms() -> i64 {
@@ -109,8 +117,10 @@ pub fn create(
     registry: &Registry,
 ) -> Result<(Experiment, Store), CreateError> {
     let id = match requested_id {
-        Some(id) if !valid_id(id) => return Err(CreateError::BadId(id.to_string())),
-        Some(id) => id.to_string(),
+        Some(id) => {
+            check_id(id)?;
+            id.to_string()
+        }
         None => new_experiment_id(),
     };
     let dir: PathBuf = config.experiment_working_directory.join(&id);

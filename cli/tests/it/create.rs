@@ -1264,4 +1264,38 @@ fn a_search_space_used_up_before_the_budget_is_said() {
     let (code, stdout, stderr) = sandbox.create(&config, "budget");
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(!stderr.contains("no more parameters"), "{stderr}");
+/// `--detach` opened `$KNOB_HOME/logs/ID.log` before the id was checked: `../escape` wrote
+/// `$KNOB_HOME/escape.log`, other bad ids left junk logs or failed with the filesystem's error
+/// (`No such file or directory`, `File name too long`) instead of the id rule. Checked first,
+/// each gets the rule's line, and nothing is written.
+#[test]
+fn a_detached_create_refuses_a_bad_id_before_writing_anything() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    let long = "x".repeat(300);
+    for id in ["../escape", "", ".", "..", "a b", "a/b", long.as_str()] {
+        let (code, stdout, stderr) = run(sandbox
+            .knob()
+            .arg("create")
+            .arg("--config")
+            .arg(&config)
+            .args(["--id", id, "--detach"]));
+        assert_eq!((code, stdout.as_str()), (1, ""), "{id:?}: {stderr}");
+        assert_eq!(
+            stderr,
+            format!("error: experiment id {id:?} is not valid: use 1 to 64 letters, digits, '-' or '_'\n"),
+            "{id:?}"
+        );
+        let mut made: Vec<_> = std::fs::read_dir(sandbox.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        made.sort();
+        assert_eq!(made, ["code"], "{id:?} wrote something");
+    }
 }
