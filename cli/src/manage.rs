@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use knob_core::experiment::{FolderHold, RemoveError};
 use knob_core::registry::{Registry, RegistryEntry};
 use serde_json::{json, Value};
 
@@ -295,13 +296,22 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     }
+    // Held until its folder is gone. A run takes this lock first, before the registry says it
+    // runs (`knob resume` opens the store, then checks it, then marks itself RUNNING): the
+    // registry alone let a delete remove a resume's experiment under it. A run that starts
+    // while this is held fails on the lock, or finds its store gone.
+    let hold = match FolderHold::take(&entry.dir) {
+        Err(RemoveError::Running { .. }) => anyhow::bail!(
+            "experiment {id} is running (a knob process holds its store: it runs or is starting); stop it first with `knob stop {id}`"
+        ),
+        hold => hold?,
+    };
     if entry.crashed() {
         for line in crate::resume::end_leftover_trials(&entry) {
             errln!("{line}");
         }
     }
-    let left = knob_core::experiment::remove_experiment_folder(&entry.dir)
-        .map_err(|e| anyhow::anyhow!("cannot delete {}: {e}", entry.dir.display()))?;
+    let left = hold.remove()?;
     registry.remove(id)?;
     // Its detached runs' output: knob's, and a new experiment of the same id would append to it.
     let _ = std::fs::remove_file(crate::create::log_path(id));

@@ -64,7 +64,10 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     // Bound before the store is changed (--max-trial-number, --max-experiment-duration): a
     // busy --port fails with the experiment as it was.
     let listener = args.serve.bind()?;
-    let store = Store::open(&entry.dir)?;
+    // Not `Store::open`, which makes a folder and a store that are missing: one deleted since
+    // the check above (`knob experiment delete` holds the lock while it removes them) is an
+    // error, not a new empty experiment.
+    let store = Store::open_existing(&entry.dir)?;
     let state = store.replay()?;
     let mut config: ExperimentConfig =
         serde_json::from_value(state.config.clone()).with_context(|| {

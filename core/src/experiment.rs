@@ -7,7 +7,7 @@ use rand::Rng;
 use crate::config::{self, ConfigErrors, ExperimentConfig};
 use crate::manager::Experiment;
 use crate::registry::{Registry, RegistryEntry, RegistryError};
-use crate::store::{ExperimentStatus, Store, StoreError, StoreEvent};
+use crate::store::{ExperimentStatus, Store, StoreError, StoreEvent, WriterLock};
 
 /// Why an experiment could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +53,9 @@ pub const OWNED_ENTRIES: &[&str] = &[
     "experiment.db-wal",
     "experiment.db-shm",
     "experiment.db-journal",
-    "experiment.db.writer-lock",
+    crate::store::LOCK_FILE_NAME,
     // The writer lock's rollback journal, left by a writer killed while it held the lock.
-    "experiment.db.writer-lock-journal",
+    LOCK_JOURNAL_FILE_NAME,
     CONFIG_SOURCE_FILE,
     "trials",
     // The Python folder (`knob_trial`, the `nni` shim) that the built-in training services write
@@ -66,6 +66,102 @@ pub const OWNED_ENTRIES: &[&str] = &[
     "log",
     "checkpoint",
 ];
+
+const LOCK_JOURNAL_FILE_NAME: &str = "experiment.db.writer-lock-journal";
+
+/// Why an experiment's folder was not removed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    /// A knob process holds the experiment's store: it runs, or it is starting (a `knob resume`
+    /// takes the store before the registry says it runs).
+    #[error("{dir}: a knob process holds the experiment's store (it runs or is starting); stop it with `knob stop` first")]
+    Running { dir: String },
+    #[error("cannot delete {dir}: {message}")]
+    Failed { dir: String, message: String },
+}
+
+/// An experiment's folder held for removal by its store's writer lock ([`WriterLock`]), taken
+/// as a manager takes it: no run of the experiment is under way while it is held, and none
+/// starts (`Store::open` and `Store::open_existing` take the lock first).
+pub struct FolderHold {
+    dir: PathBuf,
+    /// `None` for a folder that did not exist: there is nothing to hold.
+    _lock: Option<WriterLock>,
+}
+
+impl FolderHold {
+    /// Fails with [`RemoveError::Running`] while a run holds the store. Waits for no holder.
+    pub fn take(dir: &Path) -> Result<FolderHold, RemoveError> {
+        let lock = if dir.is_dir() {
+            let lock = WriterLock::take(dir).map_err(|e| match e {
+                StoreError::Locked { .. } => RemoveError::Running {
+                    dir: dir.display().to_string(),
+                },
+                e => RemoveError::Failed {
+                    dir: dir.display().to_string(),
+                    message: format!("cannot take its store's writer lock: {e}"),
+                },
+            })?;
+            Some(lock)
+        } else {
+            None
+        };
+        Ok(FolderHold {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    /// Removes what knob made in the folder ([`OWNED_ENTRIES`]), and the folder if that
+    /// emptied it; then lets go of the lock. Returns what was left: entries knob did not make,
+    /// which are never touched. A missing folder is not an error (there is nothing to remove).
+    ///
+    /// The lock's own file goes last, after the store: a `knob resume` that opens the lock file
+    /// once it is unlinked (a new file, so not held by this) finds the store gone already.
+    pub fn remove(self) -> Result<Vec<PathBuf>, RemoveError> {
+        let failed = |e: std::io::Error| RemoveError::Failed {
+            dir: self.dir.display().to_string(),
+            message: e.to_string(),
+        };
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(failed(e)),
+        };
+        let lock_files = [crate::store::LOCK_FILE_NAME, LOCK_JOURNAL_FILE_NAME];
+        let mut left = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(failed)?;
+            let path = entry.path();
+            let name = entry.file_name();
+            if !OWNED_ENTRIES.iter().any(|owned| name == *owned) {
+                left.push(path);
+                continue;
+            }
+            if lock_files.iter().any(|lock| name == *lock) {
+                continue;
+            }
+            // symlink_metadata: a link in knob's place is removed as a link, never followed.
+            let removed = if std::fs::symlink_metadata(&path).map_err(failed)?.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.map_err(failed)?;
+        }
+        for lock in lock_files {
+            match std::fs::remove_file(self.dir.join(lock)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(failed(e)),
+                _ => {}
+            }
+        }
+        if left.is_empty() {
+            std::fs::remove_dir(&self.dir).map_err(failed)?;
+        }
+        left.sort();
+        Ok(left)
+    }
+}
 
 /// A new experiment id: 8 lowercase letters and digits, as NNI makes them.
 pub fn new_experiment_id() -> String {
@@ -174,8 +270,14 @@ pub fn create(
         Err(e) => {
             // No event was written (a full disk, a filesystem SQLite cannot lock): there is no
             // experiment to resume, so take back the folder and the id rather than leave an
-            // entry `knob experiment list` would call crashed. The store is closed by now.
-            let _ = remove_experiment_folder(&dir);
+            // entry `knob experiment list` would call crashed. The store is closed by now, and
+            // the folder is not held: no run of an id this create claimed can start (the
+            // registry names this process as its runner), and the lock may be what failed.
+            let unheld = FolderHold {
+                dir: dir.clone(),
+                _lock: None,
+            };
+            let _ = unheld.remove();
             let _ = registry.remove(&id);
             return Err(match e {
                 // Not the store's own advice: there is nothing to resume.
@@ -255,36 +357,9 @@ fn make_folder(dir: &Path) -> Result<(), CreateError> {
     Ok(())
 }
 
-/// Removes what knob made in an experiment's folder ([`OWNED_ENTRIES`]) and then the folder if
-/// that emptied it. Returns what was left: entries knob did not make, which are never touched.
-/// A missing folder is not an error (there is nothing to remove).
-pub fn remove_experiment_folder(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut left = Vec::new();
-    for entry in entries {
-        let entry = entry?;
-        let path = entry.path();
-        if !OWNED_ENTRIES
-            .iter()
-            .any(|owned| entry.file_name() == *owned)
-        {
-            left.push(path);
-            continue;
-        }
-        // symlink_metadata: a link in knob's place is removed as a link, never followed.
-        if std::fs::symlink_metadata(&path)?.is_dir() {
-            std::fs::remove_dir_all(&path)?;
-        } else {
-            std::fs::remove_file(&path)?;
-        }
-    }
-    if left.is_empty() {
-        std::fs::remove_dir(dir)?;
-    }
-    left.sort();
-    Ok(left)
+/// Removes what knob made in an experiment's folder, holding it meanwhile ([`FolderHold`]).
+/// Returns what was left: entries knob did not make, which are never touched. A missing folder
+/// is not an error (there is nothing to remove).
+pub fn remove_experiment_folder(dir: &Path) -> Result<Vec<PathBuf>, RemoveError> {
+    FolderHold::take(dir)?.remove()
 }

@@ -8,6 +8,7 @@ mod assessor;
 mod browser;
 mod create;
 mod hyperband;
+mod live_run;
 mod machine_limits;
 mod multi_objective;
 mod nni;

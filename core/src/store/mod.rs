@@ -69,6 +69,7 @@ pub use state::{
 };
 
 use schema::path_text;
+pub(crate) use schema::LOCK_FILE_NAME;
 // The simulator's check asks the same question of a stop as the replay does.
 #[cfg(feature = "sim")]
 pub(crate) use state::stopped_with_experiment;
@@ -121,6 +122,31 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// The writer lock of an experiment's store (`experiment.db.writer-lock`, see
+/// `schema::LOCK_FILE_NAME`): one writer per experiment. A [`Store`] holds it for as long as it
+/// is open; `knob experiment delete` holds it while it removes the experiment's files
+/// ([`crate::experiment::FolderHold`]), so that it never removes those of a run, nor a run
+/// starts on half-removed ones. The OS lets go of it when its process dies.
+pub struct WriterLock {
+    /// Held, never used: the lock lives as long as this connection.
+    _connection: rusqlite::Connection,
+}
+
+impl WriterLock {
+    /// Takes the lock of the store in `experiment_dir` (making its lock file if need be), or
+    /// fails with [`StoreError::Locked`] while another holder has it. Waits at most half a
+    /// second, for another opener racing this one, never for a holder.
+    pub fn take(experiment_dir: &Path) -> Result<WriterLock, StoreError> {
+        let connection = schema::take_writer_lock(
+            &experiment_dir.join(schema::LOCK_FILE_NAME),
+            &experiment_dir.join(DB_FILE_NAME),
+        )?;
+        Ok(WriterLock {
+            _connection: connection,
+        })
+    }
+}
+
 /// A cheap, cloneable way to append to a [`Store`] from any task or thread.
 #[derive(Clone)]
 pub struct StoreHandle {
@@ -149,7 +175,38 @@ impl Store {
             path: path_text(&path),
             message: format!("cannot create the experiment directory: {e}"),
         })?;
-        let lock = schema::take_writer_lock(&experiment_dir.join(schema::LOCK_FILE_NAME), &path)?;
+        let lock = WriterLock::take(experiment_dir)?;
+        Store::start(experiment_dir, lock, options)
+    }
+
+    /// Opens the store of an experiment that exists (`knob resume`) for writing: unlike
+    /// [`Store::open`], it makes neither the folder nor a new store. `knob experiment delete`
+    /// removes the store first, holding the writer lock; a store gone when the lock is ours was
+    /// deleted meanwhile, and is an error here, not a new empty store in a folder made again.
+    pub fn open_existing(experiment_dir: &Path) -> Result<Store, StoreError> {
+        let path = experiment_dir.join(DB_FILE_NAME);
+        let gone = || StoreError::Open {
+            path: path_text(&path),
+            message: "no such file: the experiment was deleted, or its folder moved, meanwhile"
+                .to_string(),
+        };
+        if !path.is_file() {
+            return Err(gone());
+        }
+        let lock = WriterLock::take(experiment_dir)?;
+        if !path.is_file() {
+            return Err(gone());
+        }
+        Store::start(experiment_dir, lock, StoreOptions::default())
+    }
+
+    /// Opens the store, its writer lock held already, and starts its writer thread.
+    fn start(
+        experiment_dir: &Path,
+        lock: WriterLock,
+        options: StoreOptions,
+    ) -> Result<Store, StoreError> {
+        let path = experiment_dir.join(DB_FILE_NAME);
         let connection = schema::open_for_writing(&path, options.busy_timeout)?;
         let read_counters = || -> rusqlite::Result<Counters> {
             Ok(schema::read_counters(&connection)?

@@ -49,8 +49,8 @@ struct Position {
 
 pub(crate) struct Writer {
     connection: Connection,
-    /// Held, never used: the lock lives as long as this connection.
-    _lock: Connection,
+    /// Held, never used: one writer per store.
+    _lock: super::WriterLock,
     path: String,
     position: Position,
     stats: Arc<SharedStats>,
@@ -87,7 +87,7 @@ fn is_constraint(error: &rusqlite::Error) -> bool {
 impl Writer {
     pub(crate) fn new(
         connection: Connection,
-        lock: Connection,
+        lock: super::WriterLock,
         path: String,
         counters: Counters,
         stats: Arc<SharedStats>,

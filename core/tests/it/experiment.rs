@@ -183,3 +183,54 @@ fn delete_removes_what_knob_made_and_lists_the_rest() {
         .unwrap()
         .is_empty());
 }
+
+/// The folder is held by its store's writer lock for as long as it is being removed: no removal
+/// while a run holds the store (a `knob resume` holds it before the registry says it runs), no
+/// run while the folder is held, and a run after it finds the store gone instead of making a
+/// new one in a folder made again.
+#[test]
+fn removal_and_runs_exclude_each_other_by_the_writer_lock() {
+    use knob_core::experiment::{FolderHold, RemoveError};
+    use knob_core::store::{Store, StoreError};
+
+    let root = tempfile::tempdir().unwrap();
+    let registry = registry(root.path());
+    let (experiment, store) =
+        experiment::create(config_in(&root.path().join("work")), Some("r"), &registry).unwrap();
+    let dir = experiment.dir;
+    let error = experiment::remove_experiment_folder(&dir).unwrap_err();
+    assert!(matches!(error, RemoveError::Running { .. }), "{error}");
+    assert!(
+        error.to_string().starts_with(&format!(
+            "{}: a knob process holds the experiment's store",
+            dir.display()
+        )),
+        "{error}"
+    );
+    assert!(dir.join("experiment.db").is_file());
+    drop(store);
+
+    let hold = FolderHold::take(&dir).unwrap();
+    for opened in [Store::open_existing(&dir), Store::open(&dir)] {
+        let error = opened.unwrap_err();
+        assert!(matches!(error, StoreError::Locked { .. }), "{error}");
+    }
+    assert!(hold.remove().unwrap().is_empty());
+    assert!(!dir.exists());
+    let error = Store::open_existing(&dir).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .ends_with("experiment.db: cannot open the experiment store: no such file: the experiment was deleted, or its folder moved, meanwhile"),
+        "{error}"
+    );
+    assert!(!dir.exists(), "the folder was made again");
+
+    // Half removed (the store gone, the rest still there): still no new store.
+    std::fs::create_dir_all(dir.join("trials")).unwrap();
+    assert!(Store::open_existing(&dir).is_err());
+    assert!(!dir.join("experiment.db").exists());
+    // A missing folder is held by nothing and removed as nothing.
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(FolderHold::take(&dir).unwrap().remove().unwrap().is_empty());
+}
