@@ -56,6 +56,8 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     // have fails here, leaving no registry entry or folder that would block the id.
     let listener = args.serve.bind()?;
     let registry = Registry::open_default()?;
+    // Before the registry entry, which names this process as the experiment's runner.
+    let launch = Launch::prepare(Started::Created)?;
     let (mut experiment, store) = experiment::create(config, args.id.as_deref(), &registry)?;
     experiment.config_file = Some(remember_config_source(&experiment.dir, &args.config));
     run_in_foreground(
@@ -65,7 +67,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
         &registry,
         listener,
         &args.serve,
-        Started::Created,
+        launch,
     )
 }
 
@@ -75,6 +77,58 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
 pub enum Started {
     Created,
     Resumed,
+}
+
+/// What a run needs from before it becomes visible (the registry entry `create` makes, the
+/// RUNNING `resume` records, both with this process's pid): the runtime its manager runs on,
+/// with the stop signals already caught on it. Caught only once the manager ran, a Ctrl-C,
+/// SIGTERM or SIGHUP in between took the default action: the process died without a word and
+/// the experiment was left crashed.
+pub struct Launch {
+    runtime: tokio::runtime::Runtime,
+    signals: StopSignals,
+    started: Started,
+}
+
+impl Launch {
+    /// Builds the runtime and catches the stop signals: call it just before the run becomes
+    /// visible (not earlier: until then the default action, ending the process at once, is
+    /// what a Ctrl-C should do).
+    pub fn prepare(started: Started) -> anyhow::Result<Launch> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let signals = {
+            let _entered = runtime.enter();
+            StopSignals::catch().context("cannot catch Ctrl-C, SIGTERM and SIGHUP")?
+        };
+        Ok(Launch {
+            runtime,
+            signals,
+            started,
+        })
+    }
+}
+
+/// Ctrl-C, SIGTERM and SIGHUP, caught from the moment these streams exist: one that comes
+/// before the manager runs waits in its stream, and [`forward_stop_signals`] acts on it as soon
+/// as the manager runs.
+struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Inside a runtime (its signal driver delivers them).
+    fn catch() -> std::io::Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
 }
 
 /// The file in an experiment's directory that names the config file it was created from:
@@ -148,7 +202,7 @@ pub fn preflight(config: &ExperimentConfig, plugins: &PluginRegistry) -> anyhow:
 
 /// Runs the manager with a progress bar, and its HTTP API and dashboard on `listener` (bound
 /// by the caller before it changed anything, with [`ServeArgs::bind`]), until the experiment
-/// ends; Ctrl-C stops it.
+/// ends; Ctrl-C stops it (caught since `launch` was prepared).
 pub fn run_in_foreground(
     experiment: Experiment,
     store: Store,
@@ -156,8 +210,13 @@ pub fn run_in_foreground(
     registry: &Registry,
     listener: std::net::TcpListener,
     serve: &ServeArgs,
-    started: Started,
+    launch: Launch,
 ) -> anyhow::Result<ExitCode> {
+    let Launch {
+        runtime,
+        signals,
+        started,
+    } = launch;
     let id = experiment.id.clone();
     let dir = experiment.dir.clone();
     let maximize = experiment.config.direction() == Direction::Maximize;
@@ -172,9 +231,6 @@ pub fn run_in_foreground(
         Some(std::process::id()),
     )?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     // Started before the manager, so that it sees everything the manager records.
     let notifier = experiment.config.notifications.as_ref().map(|config| {
         let context = notify::ExperimentContext {
@@ -203,7 +259,7 @@ pub fn run_in_foreground(
             Some(store.commits()),
             serve,
         )?;
-        let stops = tokio::spawn(forward_stop_signals(commands, id.clone()));
+        let stops = tokio::spawn(forward_stop_signals(signals, commands, id.clone()));
         let (manager_ended, ended) = oneshot::channel::<()>();
         let display = tokio::spawn(show_progress(progress_rx, Pace::new(ended), maximize));
         let result = manager::run(experiment, store, plugins, command_inbox, progress_tx).await;
@@ -319,16 +375,18 @@ async fn finish_notifications(mut notifier: notify::Notifier) -> Sending {
 /// left behind. A second signal: exit at once. A hang-up (the terminal or the SSH session
 /// closed) stops nothing: the experiment goes on in the background as with `--detach`, its
 /// output from then on in the same log file ([`go_on_without_the_terminal`]). Its default
-/// action killed the manager at once and left the trials running unwatched.
-async fn forward_stop_signals(commands: mpsc::UnboundedSender<Command>, id: String) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hangup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        return;
-    };
+/// action killed the manager at once and left the trials running unwatched. A signal caught
+/// before the manager ran (see [`Launch`]) is acted on at once.
+async fn forward_stop_signals(
+    signals: StopSignals,
+    commands: mpsc::UnboundedSender<Command>,
+    id: String,
+) {
+    let StopSignals {
+        mut interrupt,
+        mut terminate,
+        mut hangup,
+    } = signals;
     let what = loop {
         tokio::select! {
             // `knob stop` sends SIGINT too: a detached run's log names both.

@@ -12,7 +12,7 @@ use knob_plugin_api::host::PluginRegistry;
 use knob_plugin_api::service::ServiceContext;
 use serde_json::Value;
 
-use crate::create::{preflight, run_in_foreground};
+use crate::create::{preflight, run_in_foreground, Launch, Started};
 use crate::serve::ServeArgs;
 
 #[derive(clap::Args)]
@@ -132,6 +132,8 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         config,
         history: Some(state),
     };
+    // Before `run_in_foreground` records it RUNNING, with this process's pid.
+    let launch = Launch::prepare(Started::Resumed)?;
     run_in_foreground(
         experiment,
         store,
@@ -139,7 +141,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         &registry,
         listener,
         &args.serve,
-        crate::create::Started::Resumed,
+        launch,
     )
 }
 
