@@ -12,7 +12,7 @@ use knob_core::experiment;
 use knob_core::manager::{self, Command, Experiment, Notice, Outcome, Progress};
 use knob_core::notify;
 use knob_core::registry::{knob_home, Registry};
-use knob_core::store::{Direction, ExperimentStatus, Store};
+use knob_core::store::{Direction, ExperimentStatus, Store, StoreError};
 use knob_plugin_api::host::PluginRegistry;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -300,7 +300,14 @@ pub fn run_in_foreground(
     match result {
         Ok(outcome) => Ok(report(&id, &dir, &outcome, maximize)),
         Err(e) => {
-            errln!("error: experiment {id}: {e}");
+            // Its registry entry is all that is left.
+            let forget = match &e {
+                manager::ManagerError::Store(StoreError::FilesDeleted { .. }) => {
+                    format!("; `knob experiment delete {id} --yes` forgets it")
+                }
+                _ => String::new(),
+            };
+            errln!("error: experiment {id}: {e}{forget}");
             Ok(ExitCode::FAILURE)
         }
     }

@@ -1,7 +1,7 @@
 //! A live run and what happens around it: `knob experiment delete` while a run starts, a signal
-//! the moment a run becomes visible.
+//! the moment a run becomes visible, its folder deleted while it runs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -156,4 +156,80 @@ fn ctrl_c_the_moment_a_run_is_visible_stops_it_cleanly() {
         let code = interrupt_once_visible(&registry, child, "early0", Some("RUNNING"));
         check(&format!("resume {round}"), "early0", code);
     }
+}
+
+/// Whether process `pid` runs (exists and is not a zombie).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|state| !state.trim_start().starts_with('Z'))
+    })
+}
+
+/// The experiment's folder deleted while its manager runs (`rm -rf`): the manager went on,
+/// finishing trials into a store no one could open again, and said nothing. It notices at the
+/// next commit, stops its trials and ends with one line naming the folder.
+#[test]
+fn an_experiment_folder_deleted_while_it_runs_ends_the_run_with_one_line() {
+    let sandbox = Sandbox::new();
+    // Each trial notes its shell's pid, then reports a result every 0.1 s for 20 s.
+    let script = "echo $$ >> trial.pids\n\
+                  for i in $(seq 200); do echo \"KNOB_INTERMEDIATE $i\"; sleep 0.1; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 2\nmaxTrialNumber: 4\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let log = sandbox.path().join("stderr.log");
+    let mut child = spawn_logged(sandbox.create_command(&config, "doomed"), &log);
+    let dir: PathBuf = sandbox.path().join("experiments/doomed");
+    let pids = sandbox.path().join("code/trial.pids");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let trial_pids: Vec<i32> = loop {
+        let text = std::fs::read_to_string(&pids).unwrap_or_default();
+        let found: Vec<i32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if found.len() >= 2 {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the trials did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // As `rm -rf` does it; tried again (bounded) should a trial add a file meanwhile.
+    for attempt in 1.. {
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => break,
+            Err(e) if attempt < 10 => eprintln!("removing {}: {e}; again", dir.display()),
+            Err(e) => panic!("cannot remove {}: {e}", dir.display()),
+        }
+    }
+
+    let code = wait_bounded(&mut child, Duration::from_secs(15));
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error") || l.contains("deleted"))
+        .collect();
+    assert_eq!(
+        errors,
+        [format!(
+            "error: experiment doomed: {}: the experiment's files were deleted while it ran; its trials are stopped and nothing more can be recorded; `knob experiment delete doomed --yes` forgets it",
+            dir.display()
+        )],
+        "{stderr}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for pid in trial_pids {
+        while running(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "trial process {pid} runs on after its experiment ended"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["experiment", "delete", "doomed", "--yes"]));
+    assert_eq!(code, 0, "{stderr}");
 }

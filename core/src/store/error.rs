@@ -43,6 +43,10 @@ pub enum StoreError {
         seq: u64,
         message: String,
     },
+    /// The store file was deleted (unlinked) while the experiment ran: its folder removed by
+    /// hand. Nothing can be recorded any more, and nothing recorded can be read again.
+    #[error("{dir}: the experiment's files were deleted while it ran; its trials are stopped and nothing more can be recorded")]
+    FilesDeleted { dir: String },
     #[error("{path}: no experiment has been created in this store")]
     NoExperiment { path: String },
     #[error("{path}: the store is closed; the event was not written")]

@@ -58,6 +58,8 @@ pub(crate) struct Writer {
     unreported: Option<StoreError>,
     /// The last committed sequence number, updated after each commit and before its acks.
     committed: watch::Sender<EventSeq>,
+    /// The store file, to notice that it was deleted (see [`watch_store_file`]).
+    store_file: Option<std::fs::File>,
 }
 
 enum Failure {
@@ -70,6 +72,20 @@ impl From<rusqlite::Error> for Failure {
     fn from(error: rusqlite::Error) -> Self {
         Failure::Fatal(error)
     }
+}
+
+/// A descriptor of the store file for `fstat` only, to notice that the file was deleted while
+/// the experiment runs (`rm -rf` of its folder): SQLite writes on into the unlinked file, and
+/// every result from then on would be lost without a word. `O_PATH`, because closing an
+/// ordinary descriptor of the file would drop the POSIX locks that SQLite holds on it for this
+/// whole process, its readers' included. `None` if it cannot be opened: then nothing is noticed.
+fn watch_store_file(path: &str) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(path)
+        .ok()
 }
 
 fn now_ms() -> i64 {
@@ -107,7 +123,6 @@ impl Writer {
         Ok(Writer {
             connection,
             _lock: lock,
-            path,
             position: Position {
                 counters,
                 last_time_ms,
@@ -115,7 +130,18 @@ impl Writer {
             stats,
             unreported: None,
             committed,
+            store_file: watch_store_file(&path),
+            path,
         })
+    }
+
+    /// Whether the store file has been deleted (its last link is gone) since it was opened.
+    fn store_deleted(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.store_file
+            .as_ref()
+            .and_then(|file| file.metadata().ok())
+            .is_some_and(|metadata| metadata.nlink() == 0)
     }
 
     /// Runs until [`Command::Shutdown`] or until every sender is gone, committing what is queued.
@@ -190,6 +216,15 @@ impl Writer {
     fn write_batch(&mut self, events: Vec<StoreEvent>) -> Vec<Result<EventSeq, StoreError>> {
         let before = self.position;
         let count = events.len();
+        // Checked at each batch, not on a timer: no commit then goes into a deleted store
+        // unnoticed. One fstat, next to a transaction's writes.
+        if self.store_deleted() {
+            let dir = std::path::Path::new(&self.path)
+                .parent()
+                .map(|dir| dir.display().to_string())
+                .unwrap_or_default();
+            return vec![Err(StoreError::FilesDeleted { dir }); count];
+        }
         match self.try_write_batch(events) {
             Ok(outcomes) => {
                 let applied = outcomes.iter().filter(|o| o.is_ok()).count();

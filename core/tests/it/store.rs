@@ -918,6 +918,30 @@ fn one_writer_per_experiment() {
     Store::open(dir.path()).unwrap();
 }
 
+/// The store file deleted under its writer (the experiment's folder removed by hand): SQLite
+/// wrote on into the unlinked file, and every event from then on was lost without a word. The
+/// next batch fails instead, naming the folder; a store in a folder moved elsewhere goes on.
+#[test]
+fn a_store_deleted_under_its_writer_fails_the_next_write() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("e");
+    let store = Store::open(&dir).unwrap();
+    put(&store, created());
+    let moved = root.path().join("moved");
+    std::fs::rename(&dir, &moved).unwrap();
+    assert_eq!(put(&store, trial("t", 0)), 2);
+    std::fs::remove_dir_all(&moved).unwrap();
+    let error = store.append(trial("u", 1)).wait().unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: the experiment's files were deleted while it ran; its trials are stopped and nothing more can be recorded",
+            dir.display()
+        )
+    );
+    assert!(store.close().is_ok(), "nothing was left unreported");
+}
+
 /// Two managers opening one experiment at the same moment (two `knob resume` started together):
 /// one of them writes it. Without a wait on the lock file each could hold the shared lock the
 /// other needed to become the writer, and both failed.
