@@ -802,7 +802,10 @@ pub(crate) fn run_detached(
             );
         }
         if let Ok(entry) = registry.get(id) {
-            if entry.pid == Some(child.id()) {
+            // Registered, and its store readable: a `knob trial ls` right after this returns
+            // must find the experiment (the registry names the process before a new store
+            // holds it; under load a command in between said "no experiment has been created").
+            if entry.pid == Some(child.id()) && crate::experiment::open(&entry).is_ok() {
                 outln!(
                     "experiment {id} runs in the background (pid {}); log: {}",
                     child.id(),

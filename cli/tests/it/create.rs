@@ -1264,6 +1264,8 @@ fn a_search_space_used_up_before_the_budget_is_said() {
     let (code, stdout, stderr) = sandbox.create(&config, "budget");
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(!stderr.contains("no more parameters"), "{stderr}");
+}
+
 /// `--detach` opened `$KNOB_HOME/logs/ID.log` before the id was checked: `../escape` wrote
 /// `$KNOB_HOME/escape.log`, other bad ids left junk logs or failed with the filesystem's error
 /// (`No such file or directory`, `File name too long`) instead of the id rule. Checked first,
