@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::create::{Sandbox, SPACE};
-use crate::resume::wait_bounded;
+use crate::resume::{running, wait_bounded};
 use crate::run;
 
 /// `knob resume` takes its store's writer lock before the registry says it runs; `knob
@@ -156,15 +156,6 @@ fn ctrl_c_the_moment_a_run_is_visible_stops_it_cleanly() {
         let code = interrupt_once_visible(&registry, child, "early0", Some("RUNNING"));
         check(&format!("resume {round}"), "early0", code);
     }
-}
-
-/// Whether process `pid` runs (exists and is not a zombie).
-fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit(')')
-            .next()
-            .is_some_and(|state| !state.trim_start().starts_with('Z'))
-    })
 }
 
 /// The experiment's folder deleted while its manager runs (`rm -rf`): the manager went on,

@@ -2,6 +2,8 @@
 //! and says where in the file each refusal is; `knob create` registers nothing when one is
 //! refused (issue 20 item 12, issue 19 "earlier checks").
 
+use std::path::PathBuf;
+
 use crate::create::Sandbox;
 use crate::plugin::build_third_party_tuner;
 use crate::run;
@@ -91,20 +93,26 @@ fn config_check_names_a_bad_class_arg_by_its_path_at_its_line() {
         ),
     ];
     for (tuner, at, expected) in cases {
-        let yaml = format!(
-            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nsearchSpace: {{x: {{_type: uniform, _value: [0, 1]}}}}\ntuner:\n  {tuner}\ntrainingService:\n  platform: local"
-        );
-        let config = sandbox.config(&yaml, &[]);
-        let text = std::fs::read_to_string(&config).unwrap();
-        let (code, stdout, stderr) = config_check(&sandbox, &config);
-        assert_eq!(code, 1, "{tuner}: {stdout}");
-        let (line, column) = line_column(&text, at);
-        assert!(
-            stderr.contains(&format!("config.yml:{line}:{column}: {expected}")),
-            "{tuner}: {stderr}"
-        );
-        assert_eq!(stderr.lines().count(), 1, "{tuner}: {stderr}");
+        refused_at(&sandbox, &format!("tuner:\n  {tuner}"), at, expected);
     }
+}
+
+/// `knob config check` of a config whose algorithm sections are `sections` fails with one
+/// line, at the line and column of `at`, that holds `expected`; the config's path and that
+/// located message.
+fn refused_at(sandbox: &Sandbox, sections: &str, at: &str, expected: &str) -> (PathBuf, String) {
+    let yaml = format!(
+        "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nsearchSpace: {{x: {{_type: uniform, _value: [0, 1]}}}}\n{sections}\ntrainingService:\n  platform: local"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let (code, stdout, stderr) = config_check(sandbox, &config);
+    assert_eq!(code, 1, "{sections}: {stdout}");
+    let (line, column) = line_column(&text, at);
+    let located = format!("config.yml:{line}:{column}: {expected}");
+    assert!(stderr.contains(&located), "{sections}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{sections}: {stderr}");
+    (config, located)
 }
 
 #[test]
@@ -140,26 +148,11 @@ fn config_check_refuses_unknown_names_python_classes_and_a_space_the_tuner_refus
         ),
     ];
     for (tuner, at, expected) in cases {
-        let yaml = format!(
-            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nsearchSpace: {{x: {{_type: uniform, _value: [0, 1]}}}}\n{tuner}\ntrainingService:\n  platform: local"
-        );
-        let config = sandbox.config(&yaml, &[]);
-        let text = std::fs::read_to_string(&config).unwrap();
-        let (code, stdout, stderr) = config_check(&sandbox, &config);
-        assert_eq!(code, 1, "{tuner}: {stdout}");
-        let (line, column) = line_column(&text, at);
-        assert!(
-            stderr.contains(&format!("config.yml:{line}:{column}: {expected}")),
-            "{tuner}: {stderr}"
-        );
-        assert_eq!(stderr.lines().count(), 1, "{tuner}: {stderr}");
+        let (config, located) = refused_at(&sandbox, tuner, at, expected);
         // create refuses it the same way, before anything is registered.
         let (code, _, create_stderr) = sandbox.create(&config, "refused");
         assert_eq!(code, 1, "{tuner}: {create_stderr}");
-        assert!(
-            create_stderr.contains(&format!("config.yml:{line}:{column}: {expected}")),
-            "{tuner}: {create_stderr}"
-        );
+        assert!(create_stderr.contains(&located), "{tuner}: {create_stderr}");
         assert!(!sandbox.path().join("experiments/refused").exists());
     }
 }

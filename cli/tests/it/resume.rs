@@ -745,7 +745,7 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
 }
 
 /// Whether process `pid` runs (exists and is not a zombie).
-fn running(pid: i32) -> bool {
+pub(crate) fn running(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rsplit(')')
             .next()
