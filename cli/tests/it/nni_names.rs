@@ -139,17 +139,7 @@ fn the_table_matches_the_installed_nni_3_0_file() {
                   from nni.runtime.config import get_builtin_config_file\n\
                   path = get_builtin_config_file('builtin_algorithms.yml')\n\
                   print(json.dumps({'path': str(path), 'algorithms': yaml.safe_load(open(path))}))";
-    let output = Command::new(&python)
-        .args(["-c", script])
-        .env_remove("NNI_PLATFORM")
-        .output()
-        .expect("cannot run the nni 3.0 python");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let read: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let read = printed_json(&python, script);
     let mut real = Vec::new();
     for (section, kind) in [
         ("assessors", ComponentKind::Assessor),
@@ -168,6 +158,21 @@ fn the_table_matches_the_installed_nni_3_0_file() {
         .map(|a| (a.kind, a.name.to_owned(), a.alias.map(str::to_owned)))
         .collect();
     assert_eq!(ours, real, "knob's table differs from {}", read["path"]);
+}
+
+/// What `script`, run by the nni 3.0 python, prints: one JSON value.
+fn printed_json(python: &std::path::Path, script: &str) -> Value {
+    let output = Command::new(python)
+        .args(["-c", script])
+        .env_remove("NNI_PLATFORM")
+        .output()
+        .expect("cannot run the nni 3.0 python");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 fn nni3_python() -> Option<PathBuf> {
@@ -221,17 +226,7 @@ for entry in yaml.safe_load(open(path))['tuners']:
     defaults[entry['builtinName']] = default
 print(json.dumps(defaults))
 "#;
-    let output = Command::new(&python)
-        .args(["-c", script])
-        .env_remove("NNI_PLATFORM")
-        .output()
-        .expect("cannot run the nni 3.0 python");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let defaults: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let defaults = printed_json(&python, script);
     let defaults = defaults.as_object().unwrap();
     for algorithm in NNI_ALGORITHMS
         .iter()
