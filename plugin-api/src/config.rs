@@ -30,6 +30,23 @@ pub fn normalize_key(key: &str) -> String {
         .collect()
 }
 
+/// The largest integer [`ConfigReader::integer`] accepts as `T`: `T`'s maximum.
+fn largest<T: TryFrom<u64>>() -> u64 {
+    [
+        u64::MAX,
+        i64::MAX as u64,
+        u32::MAX.into(),
+        i32::MAX as u64,
+        u16::MAX.into(),
+        i16::MAX as u64,
+        u8::MAX.into(),
+        i8::MAX as u64,
+    ]
+    .into_iter()
+    .find(|&n| T::try_from(n).is_ok())
+    .unwrap_or(0)
+}
+
 /// A short description of a value for "expected X, got Y" messages (as the host words them).
 pub fn describe(value: &Value) -> String {
     match value {
@@ -193,8 +210,19 @@ impl<'c> ConfigReader<'c> {
         } else {
             "a non-negative integer"
         };
+        let at_most = largest::<T>();
         self.parse(field, |value| match value.as_u64() {
-            Some(i) if i >= min => T::try_from(i).map_err(|_| format!("{i} is too large")),
+            Some(i) if i >= min => {
+                T::try_from(i).map_err(|_| format!("{i} is too large (at most {at_most})"))
+            }
+            // A whole number past u64, which reads as a float (`99999999999999999999` is
+            // 1e20): still an integer, so it is too large, not "expected an integer, got 1e20".
+            _ if value
+                .as_f64()
+                .is_some_and(|f| f.fract() == 0.0 && f >= u64::MAX as f64) =>
+            {
+                Err(format!("too large (at most {at_most})"))
+            }
             _ => Err(format!("expected {kind}, got {}", describe(value))),
         })
     }
@@ -579,6 +607,29 @@ mod tests {
                 r#"niceLevl: unknown field "niceLevl" (did you mean "niceLevel"?)"#,
                 r#"x: unknown field "x"; known fields: niceLevel, apiToken"#,
             ]
+        );
+    }
+
+    /// An integer past its type says how large it may be, also past u64, which JSON reads as
+    /// a float (it said "expected a non-negative integer, got 1e20").
+    #[test]
+    fn a_too_large_integer_says_its_limit() {
+        let message = |value: Value| {
+            let problems = check(json!({ "niceLevel": value })).unwrap_err();
+            format!("{}: {}", problems[0].path, problems[0].message)
+        };
+        assert_eq!(
+            message(json!(4_294_967_296_u64)),
+            "niceLevel: 4294967296 is too large (at most 4294967295)"
+        );
+        let past_u64: Value = serde_json::from_str("99999999999999999999").unwrap();
+        assert_eq!(
+            message(past_u64),
+            "niceLevel: too large (at most 4294967295)"
+        );
+        assert_eq!(
+            message(json!(1.5)),
+            "niceLevel: expected a non-negative integer, got 1.5"
         );
     }
 

@@ -259,7 +259,6 @@ fn normalize_choice(text: &str) -> String {
         .collect()
 }
 
-/// A path in double quotes, for messages.
 /// The largest integer [`Reader::integer`] accepts as `T`: `T`'s maximum, or i64's for a wider
 /// `T` (the YAML tree holds integers as i64, so that is u64's too).
 fn largest<T: TryFrom<i64>>() -> i64 {
@@ -277,6 +276,7 @@ fn largest<T: TryFrom<i64>>() -> i64 {
     .unwrap_or(0)
 }
 
+/// A path in double quotes, for messages.
 pub(crate) fn quoted(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
 }
