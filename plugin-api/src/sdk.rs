@@ -120,8 +120,9 @@ impl Suggestion {
 /// A trial of an earlier run of the experiment, handed to [`Tuner::import_data`] on resume
 /// (NNI's import format: `{"parameter": {...}, "value": ...}`, plus what knob knows).
 ///
-/// The host imports every trial of the earlier run, in the order their parameters were handed
-/// out, so that a tuner can rebuild what it had handed out, not only what it had learnt: a
+/// The host imports every trial of the earlier run, in the order the trials were created (not
+/// always their parameter ids' order: PBT's successor handed to an id deferred earlier has a
+/// lower id than the member it replaces), so that a tuner can rebuild what it had handed out, not only what it had learnt: a
 /// seeded tuner that knew only the trials with a result drew the parameters of the others
 /// again after a resume. A trial with a result (its first final of its last attempt; a
 /// non-finite or unreadable one is a NaN `value`, as the live run told the tuner) has its final

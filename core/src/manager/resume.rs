@@ -133,8 +133,6 @@ impl Manager {
             }
         }
         if !imported.is_empty() {
-            // In the order the tuner handed them out, which a seeded replay follows.
-            imported.sort_by_key(|record| record.parameter_id);
             self.tuner.import(imported).await?;
         }
         // What the run before the crash ended but did not get to delete: checkpoints no member
