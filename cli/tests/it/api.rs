@@ -368,6 +368,15 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
         "maxExperimentDuration",
     );
     assert_refused(patch(r#"{"maxExperimentDuration": -5}"#), 400, "positive");
+    // Seconds as a number are capped as the config's are (this one saturated to u64::MAX and
+    // overflowed the manager's deadline: the experiment crashed, and again on every resume).
+    for huge in ["1e20", "1e300", "100000000000000000000"] {
+        assert_refused(
+            patch(&format!(r#"{{"maxExperimentDuration": {huge}}}"#)),
+            400,
+            "maxExperimentDuration: must be at most 100 years",
+        );
+    }
     assert_refused(patch(r#"{"searchSpace": 3}"#), 400, "searchSpace");
     assert_refused(
         patch(r#"{"searchSpace": {"x": {"_type": "bogus"}}}"#),

@@ -135,14 +135,10 @@ fn duration(value: &Value) -> Result<Duration, ApiError> {
     let seconds = match value {
         Value::String(text) => crate::config::duration_text_seconds(text)
             .map_err(|e| ApiError::bad_request(format!("maxExperimentDuration: {e}")))?,
-        Value::Number(n) => match n.as_f64() {
-            Some(s) if s > 0.0 && s.is_finite() => s.ceil() as u64,
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "maxExperimentDuration must be positive, got {n}"
-                )))
-            }
-        },
+        // A number of seconds is checked as the config's is (positive, at most 100 years): a
+        // larger one would saturate to u64::MAX, which the manager's deadline cannot hold.
+        Value::Number(n) => crate::config::duration_text_seconds(&n.to_string())
+            .map_err(|e| ApiError::bad_request(format!("maxExperimentDuration: {e}")))?,
         other => {
             return Err(ApiError::bad_request(format!(
                 "maxExperimentDuration must be a duration like \"30m\" or seconds, got {other}"

@@ -37,7 +37,8 @@ pub(super) fn retry_backoff(failed_attempt: u32) -> Duration {
 #[derive(Debug)]
 pub(super) struct Timers {
     started: Instant,
-    /// When `maxExperimentDuration` runs out.
+    /// When `maxExperimentDuration` runs out; none also where that lies past what an `Instant`
+    /// holds (a maximum stored before the API capped it at 100 years), which is never reached.
     deadline: Option<Instant>,
     deadline_passed: bool,
     /// Experiment time spent before this run (a resumed experiment's earlier runs).
@@ -53,7 +54,7 @@ impl Timers {
     pub fn new(started: Instant, max_duration: Option<Duration>) -> Timers {
         Timers {
             started,
-            deadline: max_duration.map(|d| started + d),
+            deadline: max_duration.and_then(|d| started.checked_add(d)),
             deadline_passed: false,
             time_before: Duration::ZERO,
             reprobe_at: None,
@@ -71,7 +72,7 @@ impl Timers {
     /// from this run's start).
     pub fn resume(&mut self, spent: Duration, max_duration: Option<Duration>) {
         if let Some(max) = max_duration {
-            self.deadline = Some(self.started + max.saturating_sub(spent));
+            self.deadline = self.started.checked_add(max.saturating_sub(spent));
             self.time_before = spent;
         }
     }
@@ -82,7 +83,7 @@ impl Timers {
     /// connected, environments registered) is left out of both alike.
     pub fn begin(&mut self, now: Instant) {
         if let Some(deadline) = self.deadline {
-            self.deadline = Some(now + deadline.saturating_duration_since(self.started));
+            self.deadline = now.checked_add(deadline.saturating_duration_since(self.started));
         }
         self.started = now;
     }
@@ -90,7 +91,9 @@ impl Timers {
     /// A new `maxExperimentDuration` (an update): the deadline moves, and an experiment that had
     /// reached the old one may start trials again.
     pub fn set_max_duration(&mut self, max: Duration) {
-        self.deadline = Some(self.started + max.saturating_sub(self.time_before));
+        self.deadline = self
+            .started
+            .checked_add(max.saturating_sub(self.time_before));
         self.deadline_passed = false;
     }
 
@@ -244,6 +247,17 @@ mod tests {
         timers.set_max_duration(20 * S);
         assert!(!timers.deadline_passed());
         assert_eq!(timers.next(t0 + 11 * S, [], []), Some(t0 + 20 * S));
+    }
+
+    #[test]
+    fn a_deadline_past_what_an_instant_holds_is_no_deadline() {
+        let start = Instant::now();
+        let mut timers = Timers::new(start, Some(Duration::MAX));
+        timers.begin(start + Duration::from_secs(1));
+        timers.resume(Duration::from_secs(5), Some(Duration::MAX));
+        timers.set_max_duration(Duration::MAX);
+        assert_eq!(timers.deadline, None);
+        assert!(!timers.deadline_passed());
     }
 
     #[test]
