@@ -67,6 +67,19 @@ pub fn describe(value: &Value) -> String {
     }
 }
 
+/// The value's kind alone ("a number"), for messages about a secret, whose value is never
+/// shown: an unquoted all-digit password is a number, and echoing it would print it.
+pub fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
 /// A path in double quotes, for messages.
 pub fn quoted(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
@@ -262,7 +275,13 @@ impl<'c> ConfigReader<'c> {
     /// user wrote, not in one the host stored (`ServiceContext::stored`), whose secrets are `***`
     /// until it fills them in again.
     pub fn secret(&mut self, field: &Field<'_>, env_var: Option<&str>) -> Option<String> {
-        let value = self.string(field)?;
+        let value = self.parse(field, |value| match value {
+            Value::String(text) => Ok(text.clone()),
+            other => Err(format!(
+                "expected a string, got {} (quote it; knob never shows a secret's value)",
+                kind_of(other)
+            )),
+        })?;
         if value == REDACTED && !self.context.stored {
             self.error(
                 &field.path,

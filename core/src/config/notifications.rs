@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::reader::{map_entry, one_or_list, plain_io, quoted, Field, Fields, Reader};
 use super::secret::{Secret, REDACTED};
-use super::yaml::Node;
+use super::yaml::{Node, Value};
 
 /// Where `knob resume` finds the SMTP password when the config file no longer has it.
 pub const PASSWORD_VARIABLE: &str = knob_plugin_api::secrets::SMTP_PASSWORD;
@@ -478,7 +478,13 @@ fn check_url(text: &str) -> Result<(), String> {
 
 /// A secret string: not empty, and not the `***` knob prints in its place.
 fn read_secret(reader: &mut Reader, field: &Field<'_>) -> Option<Secret> {
-    let text = reader.non_empty_string(field)?;
+    let text = reader.parse(field, |node| match &node.value {
+        Value::Str(text) if !text.trim().is_empty() => Ok(text.clone()),
+        _ => Err(format!(
+            "expected a non-empty string, got {} (quote it; knob never shows a secret's value)",
+            node.kind()
+        )),
+    })?;
     if text == REDACTED {
         reader.error(
             field.node.pos,

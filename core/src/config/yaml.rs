@@ -77,6 +77,19 @@ impl Node {
         }
     }
 
+    /// The value's kind alone ("a number"), for messages about a secret, whose value is never
+    /// shown: an unquoted all-digit password is a number, and echoing it would print it.
+    pub fn kind(&self) -> &'static str {
+        match &self.value {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Int(_) | Value::Float(_) => "a number",
+            Value::Str(_) => "a string",
+            Value::Seq(_) => "a list",
+            Value::Map(_) => "a mapping",
+        }
+    }
+
     /// A short description of the value for "expected X, got Y" messages.
     pub fn describe(&self) -> String {
         match &self.value {

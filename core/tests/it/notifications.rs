@@ -198,6 +198,28 @@ fn resume_restores_the_webhooks_url_from_the_same_host_or_its_variable() {
 }
 
 #[test]
+fn an_unquoted_number_as_a_secret_is_refused_without_showing_it() {
+    let project = Project::new(&[]);
+    let text = format!(
+        "{BASE}{}",
+        NOTIFICATIONS
+            .replace("password: mail-secret", "password: 98765432123")
+            .replace("secret: hook-secret", "secret: 31415926")
+    );
+    let out = project.check("exp.yml", &text);
+    for field in ["webhook.secret", "email.password"] {
+        assert!(
+            out.contains(&format!("notifications.{field}: expected a non-empty string, got a number (quote it; knob never shows a secret's value)")),
+            "{out}"
+        );
+    }
+    assert!(
+        !out.contains("98765432123") && !out.contains("31415926"),
+        "{out}"
+    );
+}
+
+#[test]
 fn the_placeholder_is_refused_as_a_webhook_url() {
     let project = Project::new(&[]);
     let text = format!(

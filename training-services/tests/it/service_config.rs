@@ -135,6 +135,21 @@ fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
             r#"machineList[0].password: "***" is the placeholder knob prints instead of a secret; write the real value"#
         ]
     );
+    // An unquoted all-digit password (or passphrase) reads as a number: refused without
+    // printing it, since the error goes to the terminal and the log.
+    let digits = json!({"machineList": [
+        {"host": "h1", "user": "alice", "password": 98765432123u64},
+        {"host": "h2", "user": "alice", "sshKeyFile": key, "sshPassphrase": 4242.5},
+    ]});
+    let refused = problems("remote", digits, &ServiceContext::default());
+    assert_eq!(
+        refused,
+        [
+            "machineList[0].password: expected a string, got a number (quote it; knob never shows a secret's value)",
+            "machineList[1].sshPassphrase: expected a string, got a number (quote it; knob never shows a secret's value)",
+        ]
+    );
+
     let stored = ServiceContext {
         stored: true,
         ..ServiceContext::default()
