@@ -59,7 +59,8 @@ function render(experiments) {
     if (e.port) {
       links.append(" · ");
       const live = links.appendChild(document.createElement("a"));
-      live.href = `${location.protocol}//${location.hostname}:${e.port}/`;
+      const host = !e.host ? location.hostname : e.host.includes(":") ? `[${e.host}]` : e.host;
+      live.href = `${location.protocol}//${host}:${e.port}/`;
       live.textContent = "its own live dashboard";
       live.title = "the process running it serves a dashboard with run controls";
     }

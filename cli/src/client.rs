@@ -1,4 +1,4 @@
-//! A small client of a running experiment's HTTP API (port from the registry, 127.0.0.1).
+//! A small client of a running experiment's HTTP API (its address from the registry).
 
 use std::time::Duration;
 
@@ -40,14 +40,14 @@ impl ApiClient {
     /// The API of the experiment, if a live process serves one.
     pub fn for_running(entry: &RegistryEntry) -> Option<ApiClient> {
         entry.running_pid()?;
-        let port = entry.port?;
+        let address = entry.api_address()?;
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(60)))
             .build()
             .into();
         Some(ApiClient {
-            base: format!("http://127.0.0.1:{port}/api/v1"),
+            base: format!("http://{address}/api/v1"),
             agent,
             token: std::env::var(API_TOKEN).ok().filter(|t| !t.is_empty()),
             experiment: entry.id.clone(),

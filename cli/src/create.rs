@@ -222,7 +222,7 @@ pub fn run_in_foreground(
     let maximize = experiment.config.direction() == Direction::Maximize;
     errln!("experiment {id}: {}", dir.display());
     let api_address = listener.local_addr()?;
-    registry.set_port(&id, Some(api_address.port()))?;
+    registry.set_api(&id, Some(api_address))?;
     let dashboard = dashboard_url(api_address);
     errln!("dashboard and API: {dashboard}");
     registry.set_status(
@@ -271,7 +271,7 @@ pub fn run_in_foreground(
         api.abort();
         anyhow::Ok(result)
     })?;
-    registry.set_port(&id, None)?;
+    registry.set_api(&id, None)?;
     if let Some(notifier) = notifier {
         // The manager closed the store: what is left to send is the end of the experiment. A
         // sink that is down holds the process up to NOTIFY_AT_EXIT; Ctrl-C, SIGTERM or `knob

@@ -264,6 +264,7 @@ fn register(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         pid: None,
         pid_start: None,
         port: None,
+        api_host: None,
         created_ms: summary.start_time_ms,
     };
     if !registry.insert(&entry)? {

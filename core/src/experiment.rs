@@ -228,6 +228,7 @@ pub fn create(
         pid: Some(std::process::id()),
         pid_start: None,
         port: None,
+        api_host: None,
         created_ms: now_ms(),
     };
     // The registry decides who owns an id. It is claimed before the folder is made, so of two

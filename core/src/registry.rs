@@ -6,6 +6,7 @@
 //! concurrent `knob create` runs safe. The experiment's own store stays the truth about the
 //! experiment: the registry only says where to find it and what it was last known to be doing.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,10 @@ pub struct RegistryEntry {
     pub pid_start: Option<String>,
     /// The HTTP API port, when the experiment serves one.
     pub port: Option<u16>,
+    /// The address that API is bound to (`--bind`). `None` in an entry an older knob wrote,
+    /// which bound 127.0.0.1 alone.
+    #[serde(skip)]
+    pub api_host: Option<IpAddr>,
     pub created_ms: i64,
 }
 
@@ -49,6 +54,18 @@ pub struct RegistryEntry {
 pub const CRASHED: &str = "crashed (resume it)";
 
 impl RegistryEntry {
+    /// Where a client on this machine reaches the experiment's API: the address it is bound
+    /// to, or loopback where it listens on every address (`--bind 0.0.0.0` or `::`).
+    pub fn api_address(&self) -> Option<SocketAddr> {
+        let host = match self.api_host {
+            None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Some(IpAddr::V4(ip)) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Some(IpAddr::V6(ip)) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            Some(ip) => ip,
+        };
+        Some(SocketAddr::new(host, self.port?))
+    }
+
     /// The pid of the process running this experiment, while it runs: the recorded process is
     /// alive, and is the one recorded (it started when that one did), not another that got its
     /// pid since. Asked again, it looks again.
@@ -217,10 +234,12 @@ impl Registry {
                      pid INTEGER,
                      port INTEGER,
                      created_ms INTEGER NOT NULL,
-                     pid_start TEXT
+                     pid_start TEXT,
+                     api_host TEXT
                  );",
             )?;
-            add_pid_start(&connection)
+            add_column(&connection, "pid_start")?;
+            add_column(&connection, "api_host")
         };
         // Switching a new file to WAL answers "database is locked" at once, without waiting in
         // the busy handler, while another knob does the same: two first commands on a fresh
@@ -288,12 +307,12 @@ impl Registry {
         Ok(())
     }
 
-    /// Records the port of the experiment's HTTP API (`None` once it no longer serves one).
-    pub fn set_port(&self, id: &str, port: Option<u16>) -> Result<(), RegistryError> {
+    /// Records the address of the experiment's HTTP API (`None` once it no longer serves one).
+    pub fn set_api(&self, id: &str, api: Option<SocketAddr>) -> Result<(), RegistryError> {
         self.connection
             .execute(
-                "UPDATE experiments SET port = ?2 WHERE id = ?1",
-                params![id, port],
+                "UPDATE experiments SET port = ?2, api_host = ?3 WHERE id = ?1",
+                params![id, api.map(|a| a.port()), api.map(|a| a.ip().to_string())],
             )
             .map_err(|e| self.fail(e))?;
         Ok(())
@@ -310,7 +329,7 @@ impl Registry {
     pub fn get(&self, id: &str) -> Result<RegistryEntry, RegistryError> {
         self.connection
             .query_row(
-                "SELECT id, name, dir, status, pid, port, created_ms, pid_start FROM experiments WHERE id = ?1",
+                "SELECT id, name, dir, status, pid, port, created_ms, pid_start, api_host FROM experiments WHERE id = ?1",
                 [id],
                 row_to_entry,
             )
@@ -323,7 +342,7 @@ impl Registry {
     pub fn list(&self) -> Result<Vec<RegistryEntry>, RegistryError> {
         let mut statement = self
             .connection
-            .prepare("SELECT id, name, dir, status, pid, port, created_ms, pid_start FROM experiments ORDER BY created_ms, id")
+            .prepare("SELECT id, name, dir, status, pid, port, created_ms, pid_start, api_host FROM experiments ORDER BY created_ms, id")
             .map_err(|e| self.fail(e))?;
         let rows = statement
             .query_map([], row_to_entry)
@@ -343,6 +362,9 @@ fn row_to_entry(row: &rusqlite::Row<'_>) -> rusqlite::Result<RegistryEntry> {
         port: row.get(5)?,
         created_ms: row.get(6)?,
         pid_start: row.get(7)?,
+        api_host: row
+            .get::<_, Option<String>>(8)?
+            .and_then(|host| host.parse().ok()),
     })
 }
 
@@ -353,16 +375,16 @@ fn is_busy(error: &rusqlite::Error) -> bool {
     )
 }
 
-/// A registry an older knob made has no `pid_start` column: it is added (empty for the entries
-/// there, which are then checked by pid alone). Two knobs opening it at once may both try; the
-/// loser finds the column there.
-fn add_pid_start(connection: &Connection) -> rusqlite::Result<()> {
+/// A registry an older knob made lacks the columns added since (`pid_start`, `api_host`): each
+/// is added, empty for the entries there (checked by pid alone; their API on 127.0.0.1). Two
+/// knobs opening it at once may both try; the loser finds the column there.
+fn add_column(connection: &Connection, column: &str) -> rusqlite::Result<()> {
     let has_column = |connection: &Connection| -> rusqlite::Result<bool> {
         let mut statement =
             connection.prepare("SELECT name FROM pragma_table_info('experiments')")?;
         let names = statement.query_map([], |row| row.get::<_, String>(0))?;
         for name in names {
-            if name? == "pid_start" {
+            if name? == column {
                 return Ok(true);
             }
         }
@@ -371,7 +393,10 @@ fn add_pid_start(connection: &Connection) -> rusqlite::Result<()> {
     if has_column(connection)? {
         return Ok(());
     }
-    match connection.execute("ALTER TABLE experiments ADD COLUMN pid_start TEXT", []) {
+    match connection.execute(
+        &format!("ALTER TABLE experiments ADD COLUMN {column} TEXT"),
+        [],
+    ) {
         Err(_) if has_column(connection)? => Ok(()),
         other => other.map(drop),
     }
@@ -399,6 +424,7 @@ mod tests {
             pid: Some(pid),
             pid_start,
             port: None,
+            api_host: None,
             created_ms: 0,
         }
     }
@@ -506,6 +532,7 @@ mod tests {
             pid: Some(std::process::id()),
             pid_start: Some("another boot/1".into()),
             port: None,
+            api_host: None,
             created_ms: 0,
         };
         assert_eq!(entry.running_pid(), None);
@@ -567,6 +594,7 @@ mod tests {
                     status: "DONE".to_string(),
                     pid: None,
                     port: None,
+                    api_host: None,
                     created_ms: n,
                     pid_start: None,
                 };

@@ -738,6 +738,14 @@ fn a_token_guards_the_api_and_a_public_address_needs_one() {
         call("GET", &format!("{}/", experiment.base), None, None).0,
         200
     );
+    // The CLI dials loopback for an API on every address, with the token from the environment.
+    let (code, _, stderr) = run(sandbox.knob().env("KNOB_API_TOKEN", "s3cret").args([
+        "update",
+        "concurrency",
+        "guarded",
+        "3",
+    ]));
+    assert_eq!(code, 0, "{stderr}");
     let (status, _) = call(
         "POST",
         &format!("{}/api/v1/experiment/stop", experiment.base),
@@ -745,4 +753,44 @@ fn a_token_guards_the_api_and_a_public_address_needs_one() {
         Some("s3cret"),
     );
     assert_eq!(status, 202);
+}
+
+#[test]
+fn the_cli_reaches_an_api_bound_to_another_loopback_address() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(CONFIG, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let experiment = start(
+        command,
+        &["--id", "elsewhere", "--bind", "127.0.0.2", "--port", "0"],
+    );
+    assert!(experiment.base.contains("127.0.0.2"), "{}", experiment.base);
+    // The CLI dials the address the API is bound to (it dialled 127.0.0.1 alone: refused).
+    let knob = |args: &[&str]| run(sandbox.knob().args(args));
+    let (code, _, stderr) = knob(&["update", "concurrency", "elsewhere", "3"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, stderr) = knob(&["top", "elsewhere", "--iterations", "1"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("experiment elsewhere"), "{stdout}");
+    // `knob view`'s list links to its own dashboard at that address, not at the list's host.
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0"]);
+    let view = start(command, &[]);
+    let listed = call(
+        "GET",
+        &format!("{}/api/v1/experiments", view.base),
+        None,
+        None,
+    )
+    .1;
+    let entry = &listed["experiments"][0];
+    assert_eq!(
+        (&entry["id"], &entry["host"]),
+        (&json!("elsewhere"), &json!("127.0.0.2")),
+        "{listed}"
+    );
+    drop(view);
+    let (code, _, stderr) = knob(&["stop", "elsewhere"]);
+    assert_eq!(code, 0, "{stderr}");
 }

@@ -137,6 +137,9 @@ fn summary(entry: &RegistryEntry) -> Value {
         "status": if entry.crashed() { "CRASHED" } else { entry.status.as_str() },
         "created_ms": entry.created_ms,
         "port": entry.pid.and(entry.port),
+        // Where its own dashboard listens, when that is one address (`--bind`); the page links
+        // to the host it was itself opened on otherwise.
+        "host": entry.api_host.filter(|ip| !ip.is_unspecified()),
         "dir": entry.dir,
     });
     let read = || -> Result<Value, crate::store::StoreError> {
