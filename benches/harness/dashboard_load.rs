@@ -82,6 +82,7 @@ fn main() {
             pid: None,
             pid_start: None,
             port: None,
+            api_host: None,
             created_ms: 0,
         })
         .unwrap();
