@@ -260,8 +260,8 @@ pub fn of_state(state: &crate::store::ExperimentState) -> (Vec<ObjectiveConfig>,
 }
 
 /// The hypervolume of the feasible trials' objectives (constraints left out) after each trial,
-/// in the order given, against the objectives' `reference` values, or else the worst value of
-/// each objective among the feasible trials (pushed out by a tenth of its range). In the
+/// in the order given, against the objectives' `reference` values, and for an objective without
+/// one the worst value of it among the feasible trials (pushed out by a tenth of its range). In the
 /// objectives' own units: each value is the volume of the region of objective space the trials
 /// so far dominate, bounded by the reference point.
 pub fn hypervolume_history(
@@ -277,7 +277,7 @@ pub fn hypervolume_history(
     };
     let points: Vec<Option<Vec<f64>>> = entries.iter().map(losses).collect();
     let seen: Vec<Vec<f64>> = points.iter().flatten().cloned().collect();
-    let configured: Option<Vec<f64>> = objectives
+    let configured: Vec<Option<f64>> = objectives
         .iter()
         .filter(|o| o.constraint.is_none())
         .map(|o| {
@@ -287,7 +287,19 @@ pub fn hypervolume_history(
             })
         })
         .collect();
-    let Some(reference) = configured.or_else(|| default_reference(&seen)) else {
+    // Each objective's own `reference` where it has one, the default for the others.
+    let reference: Option<Vec<f64>> = if configured.iter().all(Option::is_some) {
+        configured.iter().copied().collect()
+    } else {
+        default_reference(&seen).map(|defaults| {
+            configured
+                .iter()
+                .zip(defaults)
+                .map(|(given, default)| given.unwrap_or(default))
+                .collect()
+        })
+    };
+    let Some(reference) = reference else {
         return (None, vec![0.0; entries.len()]);
     };
     let history = running_hypervolume(points, &reference);
@@ -448,6 +460,13 @@ mod tests {
         assert!((reference[0] - 0.68).abs() < 1e-9 && (reference[1] - 21.0).abs() < 1e-9);
         assert!(history.windows(2).all(|w| w[0] <= w[1]), "{history:?}");
         assert!(history[0] > 0.0);
+        // One objective's own reference is taken, the other's defaults as before.
+        let mut latency_given = objectives();
+        latency_given[1].reference = Some(40.0);
+        let (reference, _) = hypervolume_history(&latency_given, &entries);
+        let reference = reference.unwrap();
+        assert!((reference[0] - 0.68).abs() < 1e-9, "{reference:?}");
+        assert_eq!(reference[1], 40.0);
     }
 
     #[test]
