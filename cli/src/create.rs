@@ -236,7 +236,10 @@ pub fn run_in_foreground(
         let context = notify::ExperimentContext {
             experiment_id: id.clone(),
             dir: dir.clone(),
-            direction: experiment.config.direction(),
+            ranking: knob_core::objectives::Ranking::new(
+                experiment.config.direction(),
+                &experiment.config.objectives,
+            ),
             dashboard_url: Some(dashboard.clone()),
         };
         let log: notify::Log = Arc::new(|line| errln!("warning: {line}"));

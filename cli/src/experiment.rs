@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
+use knob_core::objectives::Ranking;
 use knob_core::registry::{Registry, RegistryEntry, CRASHED};
 use knob_core::store::{Direction, StoreReader, TrialQuery, TrialStatus};
 
@@ -191,10 +192,11 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
             })?;
             if let Some((count, best_first)) = head.map(|n| (n, true)).or(tail.map(|n| (n, false)))
             {
-                let maximize = reader.experiment()?.is_none_or(|summary| {
-                    Direction::of_config(&summary.config) == Direction::Maximize
-                });
-                trials = ranked(trials, maximize, best_first, count);
+                let ranking = match reader.experiment()? {
+                    Some(summary) => Ranking::of_config(&summary.config),
+                    None => Ranking::new(Direction::Maximize, &[]),
+                };
+                trials = ranked(trials, &ranking, best_first, count);
             }
             // Population members (PBT) show where they come from; other experiments have no
             // such column.
@@ -385,14 +387,18 @@ fn reason_cell(
 /// (highest when `maximize`), worst first otherwise. Ties keep submission order.
 fn ranked(
     trials: Vec<knob_core::store::TrialRow>,
-    maximize: bool,
+    ranking: &Ranking,
     best_first: bool,
     count: usize,
 ) -> Vec<knob_core::store::TrialRow> {
+    // A trial that breaks a constraint is neither among the best nor among the worst: it has
+    // no rank (`knob experiment pareto --all` shows it).
     let mut valued: Vec<_> = trials
         .into_iter()
         .filter(|t| t.final_value.is_some_and(f64::is_finite))
+        .filter(|t| ranking.ranks(t.final_raw.as_deref()))
         .collect();
+    let maximize = ranking.direction == Direction::Maximize;
     let descending = maximize == best_first;
     valued.sort_by(|a, b| {
         let (a, b) = (a.final_value.unwrap(), b.final_value.unwrap());

@@ -71,11 +71,11 @@ pub fn final_cell(value: Option<f64>, raw: Option<&str>) -> String {
     }
 }
 
-/// The best `limit` trials with a final result, best first.
+/// The best `limit` trials with a final result, best first; none that breaks a constraint.
 pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) -> String {
     let mut ranked: Vec<&TrialSummary> = trials
         .iter()
-        .filter(|t| t.final_value.is_some_and(|v| !v.is_nan()))
+        .filter(|t| t.final_value.is_some_and(|v| !v.is_nan()) && !t.infeasible)
         .collect();
     ranked.sort_by(|a, b| {
         let (a, b) = (
@@ -96,6 +96,12 @@ pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) 
         if unusable > 0 {
             return format!(
                 "no trial reported a usable final result ({unusable} reported one that is NaN, infinite or unreadable: see `knob trial ls`)"
+            );
+        }
+        let infeasible = trials.iter().filter(|t| t.infeasible).count();
+        if infeasible > 0 {
+            return format!(
+                "no trial met every constraint ({infeasible} broke one: `knob experiment pareto <id> --all` lists them)"
             );
         }
         return "no trial reported a final result".into();

@@ -44,6 +44,54 @@ impl std::fmt::Display for OutcomeProblem {
     }
 }
 
+/// How "best" is judged: the direction, and the constraints a trial must meet to be ranked at
+/// all. An infeasible trial is never the best, whatever its first objective (Optuna's
+/// `best_trials` leaves such trials out too): the summary, `--head`, the API's best trials and
+/// the new-best notifications would otherwise name a configuration that breaks a constraint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranking {
+    pub direction: Direction,
+    /// The objectives when any is a constraint; empty otherwise (every result ranks).
+    constrained: Vec<ObjectiveConfig>,
+}
+
+impl Ranking {
+    pub fn new(direction: Direction, objectives: &[ObjectiveConfig]) -> Ranking {
+        let constrained = if objectives.iter().any(|o| o.constraint.is_some()) {
+            objectives.to_vec()
+        } else {
+            Vec::new()
+        };
+        Ranking {
+            direction,
+            constrained,
+        }
+    }
+
+    /// The ranking of a stored config (the JSON form the store keeps).
+    pub fn of_config(config: &Value) -> Ranking {
+        Ranking::new(Direction::of_config(config), &of_config(config))
+    }
+
+    /// Whether a final result (as reported) may rank: it meets every constraint.
+    pub fn ranks(&self, final_raw: Option<&str>) -> bool {
+        self.constrained.is_empty()
+            || final_raw.is_some_and(|raw| meets_constraints(&self.constrained, raw))
+    }
+
+    /// Whether some results may not rank (the experiment has constraints).
+    pub fn has_constraints(&self) -> bool {
+        !self.constrained.is_empty()
+    }
+}
+
+/// Whether a final result (as reported) meets every constraint of `objectives`: true without
+/// constraints, false for a result that cannot be read as every listed metric.
+pub fn meets_constraints(objectives: &[ObjectiveConfig], raw: &str) -> bool {
+    !objectives.iter().any(|o| o.constraint.is_some())
+        || outcome(objectives, raw).is_ok_and(|o| o.is_feasible())
+}
+
 /// Whether these objectives make a multi-objective experiment: several objectives, or any
 /// constraint. One plain objective is a single-objective experiment on that metric.
 pub fn is_multi_objective(objectives: &[ObjectiveConfig]) -> bool {
@@ -467,6 +515,22 @@ mod tests {
         let reference = reference.unwrap();
         assert!((reference[0] - 0.68).abs() < 1e-9, "{reference:?}");
         assert_eq!(reference[1], 40.0);
+    }
+
+    #[test]
+    fn a_result_that_breaks_a_constraint_does_not_rank() {
+        let ranking = Ranking::new(Direction::Maximize, &objectives());
+        assert!(ranking.has_constraints());
+        assert!(ranking.ranks(Some(
+            r#"{"accuracy": 0.9, "latency_ms": 20, "memory_over": 0}"#
+        )));
+        assert!(!ranking.ranks(Some(
+            r#"{"accuracy": 0.99, "latency_ms": 1, "memory_over": 3}"#
+        )));
+        assert!(!ranking.ranks(Some(r#"{"accuracy": 0.95}"#)));
+        assert!(!ranking.ranks(None));
+        let plain = Ranking::new(Direction::Maximize, &objectives()[..2]);
+        assert!(!plain.has_constraints() && plain.ranks(None));
     }
 
     #[test]

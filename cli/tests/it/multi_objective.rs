@@ -318,3 +318,83 @@ nni.report_final_result({"default": x, "accuracy": x * (1 - 0.3 * y), "latency_m
     );
     assert!(!check_front(&export).is_empty(), "{export:#}");
 }
+
+#[test]
+fn a_trial_that_breaks_a_constraint_is_never_the_best() {
+    // The best accuracies break the constraint (x > 0.5): the summary and `--head` must name
+    // feasible trials only, though their first objective is worse.
+    let sandbox = Sandbox::new();
+    let yaml = r#"trialCommand: python3 trial.py
+trialConcurrency: 2
+maxTrialNumber: 8
+tuner:
+  name: Random
+  classArgs: {seed: 4}
+searchSpace:
+  x: {_type: uniform, _value: [0, 1]}
+objectives:
+  - {metric: accuracy, mode: maximize}
+  - {metric: cost, mode: minimize}
+  - {metric: over, constraint: "<= 0"}
+trainingService:
+  platform: local"#;
+    let trial = r#"import json, os
+x = json.loads(os.environ["KNOB_PARAMETERS"])["x"]
+print("KNOB_FINAL", json.dumps({"accuracy": x, "cost": x * x, "over": x - 0.5}))
+"#;
+    let config = sandbox.config(yaml, &[("trial.py", trial)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "constrained");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("constrained");
+    let x_of = |id: &str| {
+        let trial = export["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == id)
+            .unwrap_or_else(|| panic!("no trial {id}: {export:#}"));
+        trial["parameters"]["x"].as_f64().unwrap()
+    };
+    let xs: Vec<f64> = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["parameters"]["x"].as_f64().unwrap())
+        .collect();
+    assert!(
+        xs.iter().any(|x| *x > 0.5) && xs.iter().any(|x| *x <= 0.5),
+        "the seed must give both kinds: {xs:?}"
+    );
+    let best_feasible = xs
+        .iter()
+        .copied()
+        .filter(|x| *x <= 0.5)
+        .fold(f64::MIN, f64::max);
+    // The summary's best trials (stdout: "#  trial  best (max)  parameters").
+    let first_row = stdout
+        .lines()
+        .find(|l| l.starts_with("1 "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let best_id = first_row.split_whitespace().nth(1).unwrap();
+    assert_eq!(x_of(best_id), best_feasible, "{stdout}");
+    for line in stdout.lines().filter(|l| l.starts_with(char::is_numeric)) {
+        let id = line.split_whitespace().nth(1).unwrap();
+        assert!(
+            x_of(id) <= 0.5,
+            "an infeasible trial listed as best: {stdout}"
+        );
+    }
+    let (code, head, stderr) =
+        run(sandbox
+            .knob()
+            .args(["trial", "ls", "constrained", "--head", "3"]));
+    assert_eq!(code, 0, "{stderr}");
+    let head_ids: Vec<&str> = head
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert!(!head_ids.is_empty(), "{head}");
+    assert_eq!(x_of(head_ids[0]), best_feasible, "{head}");
+    assert!(head_ids.iter().all(|id| x_of(id) <= 0.5), "{head}");
+}

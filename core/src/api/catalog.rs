@@ -148,8 +148,9 @@ fn summary(entry: &RegistryEntry) -> Value {
             return Ok(json!({}));
         };
         let counts = reader.trial_counts()?;
-        let direction = crate::store::Direction::of_config(&experiment.config);
-        let best = reader.best_trials(direction, 1)?;
+        let ranking = crate::objectives::Ranking::of_config(&experiment.config);
+        let direction = ranking.direction;
+        let best = reader.best_trials(&ranking, 1)?;
         Ok(json!({
             "start_time_ms": experiment.start_time_ms,
             "trial_total": counts.values().sum::<u64>(),

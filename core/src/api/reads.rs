@@ -13,8 +13,7 @@ use serde_json::{json, Value};
 
 use super::{ApiError, ApiState};
 use crate::store::{
-    Attempts, Direction, ExperimentStatus, MetricKind, StoreReader, TrialQuery, TrialRow,
-    TrialStatus,
+    Attempts, ExperimentStatus, MetricKind, StoreReader, TrialQuery, TrialRow, TrialStatus,
 };
 
 /// The most rows one request returns; larger `limit`s are cut to this.
@@ -123,8 +122,9 @@ pub fn experiment_snapshot(
     };
     let counts = reader.trial_counts()?;
     let total: u64 = counts.values().sum();
-    let direction = Direction::of_config(&experiment.config);
-    let best = reader.best_trials(direction, SNAPSHOT_BEST)?;
+    let ranking = crate::objectives::Ranking::of_config(&experiment.config);
+    let direction = ranking.direction;
+    let best = reader.best_trials(&ranking, SNAPSHOT_BEST)?;
     let last_seq = reader.counters()?.next_event_seq.saturating_sub(1);
     let now = now_ms();
     let end = if experiment.status.is_active() {

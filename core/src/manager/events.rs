@@ -618,7 +618,10 @@ impl Manager {
                 trial.final_value = Some(value);
                 let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
                 let outcome = trial.outcome.take();
-                self.book.offer_best(&trial_id, value);
+                trial.infeasible = outcome.as_ref().is_some_and(|o| !o.is_feasible());
+                if !trial.infeasible {
+                    self.book.offer_best(&trial_id, value);
+                }
                 // Told, not waited for: `fill` takes its answer in (see `TunerDriver`).
                 self.tuner
                     .final_result(parameter_id, parameters, value, outcome);

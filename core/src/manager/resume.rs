@@ -53,9 +53,11 @@ impl Manager {
             };
             // A final stored without a value (NaN, ±Infinity, unreadable) is imported as NaN,
             // the worst, as the live run handed it to the tuner.
-            trial.final_value = this_attempt(MetricKind::Final)
-                .next()
-                .map(|m| m.value.unwrap_or(f64::NAN));
+            let stored_final = this_attempt(MetricKind::Final).next();
+            trial.final_value = stored_final.map(|m| m.value.unwrap_or(f64::NAN));
+            trial.infeasible = stored_final.is_some_and(|m| {
+                !crate::objectives::meets_constraints(&self.config.objectives, &m.raw)
+            });
             trial.intermediate = std::sync::Arc::new(
                 this_attempt(MetricKind::Intermediate)
                     .filter_map(|m| m.value)
@@ -104,7 +106,9 @@ impl Manager {
                 match self.book[&id].final_value {
                     Some(value) => {
                         imported.push(import_record(objectives, stored, status, Some(value)));
-                        self.book.offer_best(&id, value);
+                        if !self.book[&id].infeasible {
+                            self.book.offer_best(&id, value);
+                        }
                     }
                     None => imported.push(import_record(objectives, stored, status, None)),
                 }

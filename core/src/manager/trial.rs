@@ -14,6 +14,8 @@ pub struct TrialSummary {
     pub parameters: Value,
     pub status: TrialStatus,
     pub final_value: Option<f64>,
+    /// Its final result breaks a constraint of `objectives`: it is never the best.
+    pub infeasible: bool,
     pub reason: Option<String>,
 }
 
@@ -71,6 +73,8 @@ pub(super) struct Trial {
     /// 160 GB on the way to the assessor.
     pub intermediate: std::sync::Arc<Vec<f64>>,
     pub final_value: Option<f64>,
+    /// That final result breaks a constraint of `objectives`: it is never the best.
+    pub infeasible: bool,
     /// Why the final result this attempt reported could not be read; the end message of a
     /// trial that otherwise succeeds.
     pub final_problem: Option<String>,
@@ -129,6 +133,7 @@ impl Trial {
             deadline: None,
             intermediate: Default::default(),
             final_value: None,
+            infeasible: false,
             final_problem: None,
             outcome: None,
             objective_problem: None,
@@ -150,6 +155,7 @@ impl Trial {
             parameters: self.parameters.clone(),
             status: self.status,
             final_value: self.final_value,
+            infeasible: self.infeasible,
             reason: self.reason.clone(),
         }
     }

@@ -72,7 +72,7 @@ impl Notification {
         } else {
             body.push_str(&format!(
                 "Best trials ({}):\n",
-                direction_word(context.direction)
+                direction_word(context.ranking.direction)
             ));
             for (rank, trial) in summary.best.iter().enumerate() {
                 body.push_str(&format!("  {}. {}\n", rank + 1, trial_line(trial)));
@@ -95,7 +95,7 @@ impl Notification {
                 "message": summary.message,
                 "durationSeconds": summary.duration_ms.max(0) / 1000,
                 "trials": summary.counts.iter().map(|(status, count)| (status.as_str(), *count)).collect::<BTreeMap<_, _>>(),
-                "direction": direction_word(context.direction),
+                "direction": direction_word(context.ranking.direction),
                 "best": summary.best.iter().map(trial_json).collect::<Vec<_>>(),
                 "dashboardUrl": context.dashboard_url,
             }),
@@ -113,14 +113,14 @@ impl Notification {
             ),
             body: format!(
                 "Experiment {id} has a new best trial ({}):\n  {}\n{}",
-                direction_word(context.direction),
+                direction_word(context.ranking.direction),
                 trial_line(trial),
                 dashboard_lines(context)
             ),
             details: json!({
                 "event": "new_best",
                 "experimentId": id,
-                "direction": direction_word(context.direction),
+                "direction": direction_word(context.ranking.direction),
                 "best": [trial_json(trial)],
                 "dashboardUrl": context.dashboard_url,
             }),
@@ -187,7 +187,7 @@ impl Summary {
             name,
             duration_ms: ended_ms - started_ms,
             counts: reader.trial_counts()?,
-            best: reader.best_trials(context.direction, BEST_TRIALS_SHOWN)?,
+            best: reader.best_trials(&context.ranking, BEST_TRIALS_SHOWN)?,
         })
     }
 }

@@ -26,9 +26,7 @@ pub use message::{Notification, NEW_BEST};
 pub use sinks::{Sink, SEND_TIMEOUT};
 
 use crate::config::NotificationsConfig;
-use crate::store::{
-    Direction, EventSeq, ExperimentStatus, MetricKind, StoreEvent, StoreReader, TrialStatus,
-};
+use crate::store::{EventSeq, ExperimentStatus, MetricKind, StoreEvent, StoreReader, TrialStatus};
 
 /// Where the notifier's own problems go (a send that failed for good, a store it cannot read):
 /// the CLI prints them as warnings, to the terminal or the detached run's log.
@@ -60,7 +58,8 @@ impl Default for Retry {
 pub struct ExperimentContext {
     pub experiment_id: String,
     pub dir: PathBuf,
-    pub direction: Direction,
+    /// Which way "best" goes, and which results may be it.
+    pub ranking: crate::objectives::Ranking,
     /// Where the dashboard of the running experiment is served.
     pub dashboard_url: Option<String>,
 }
@@ -294,7 +293,7 @@ impl Follower {
         let mut last = from;
         // A resumed experiment's best so far is not news.
         self.best = reader
-            .best_trials(self.context.direction, 1)
+            .best_trials(&self.context.ranking, 1)
             .ok()
             .and_then(|best| best.into_iter().next())
             .and_then(|trial| Some((trial.trial_id, trial.final_value?)));
@@ -360,7 +359,7 @@ impl Follower {
                 ..
             } if self.rules.new_best => {
                 let best = reader
-                    .best_trials(self.context.direction, 1)
+                    .best_trials(&self.context.ranking, 1)
                     .ok()
                     .and_then(|best| best.into_iter().next());
                 let Some(trial) = best else { return };

@@ -330,21 +330,34 @@ impl StoreReader {
         )
     }
 
-    /// Trials with a finite final value, best first; ties go to the earlier trial.
+    /// Trials with a finite final value that may rank (none that breaks a constraint), best
+    /// first; ties go to the earlier trial.
     pub fn best_trials(
         &self,
-        direction: Direction,
+        ranking: &crate::objectives::Ranking,
         limit: u64,
     ) -> Result<Vec<TrialRow>, StoreError> {
-        let order = match direction {
+        let order = match ranking.direction {
             Direction::Maximize => "DESC",
             Direction::Minimize => "ASC",
         };
+        let limit = limit.min(i64::MAX as u64) as i64;
+        if !ranking.has_constraints() {
+            let sql = format!(
+                "SELECT {TRIAL_COLUMNS} FROM trials WHERE final_value IS NOT NULL
+                 ORDER BY final_value {order}, sequence LIMIT ?1"
+            );
+            return self.collect(&sql, [limit], trial_from_row);
+        }
+        // Feasibility is read from each result as reported: in order, until enough rank.
         let sql = format!(
             "SELECT {TRIAL_COLUMNS} FROM trials WHERE final_value IS NOT NULL
-             ORDER BY final_value {order}, sequence LIMIT ?1"
+             ORDER BY final_value {order}, sequence"
         );
-        self.collect(&sql, [limit.min(i64::MAX as u64) as i64], trial_from_row)
+        let mut ranked = self.collect(&sql, [], trial_from_row)?;
+        ranked.retain(|t| ranking.ranks(t.final_raw.as_deref()));
+        ranked.truncate(limit as usize);
+        Ok(ranked)
     }
 
     /// The lineage of every population member (PBT), by trial id. It is kept in the log only

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use expect_test::{expect, Expect};
+use knob_core::objectives::Ranking;
 use knob_core::store::{
     Direction, ExperimentStatus, MetricKind, Rejection, Store, StoreError, StoreEvent,
     StoreOptions, StoreReader, TrialQuery, TrialStatus, DB_FILE_NAME,
@@ -292,11 +293,15 @@ fn materialized_tables_answer_queries() {
     let ids = |rows: Vec<knob_core::store::TrialRow>| -> Vec<String> {
         rows.into_iter().map(|row| row.trial_id).collect()
     };
-    let best = reader.best_trials(Direction::Maximize, 2).unwrap();
+    let best = reader
+        .best_trials(&Ranking::new(Direction::Maximize, &[]), 2)
+        .unwrap();
     assert_eq!(best[0].final_value, Some(0.9));
     assert_eq!(ids(best), ["t1", "t3"]);
     assert_eq!(
-        ids(reader.best_trials(Direction::Minimize, 10).unwrap()),
+        ids(reader
+            .best_trials(&Ranking::new(Direction::Minimize, &[]), 10)
+            .unwrap()),
         ["t0", "t3", "t1"]
     );
 
