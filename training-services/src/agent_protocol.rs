@@ -38,7 +38,7 @@
 //! message naming both versions. Fields may be added with serde defaults; none is removed.
 
 use std::io::{self, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use knob_plugin_api::service::{ServiceEvent, TrialRequest};
@@ -164,9 +164,16 @@ impl HostLayout {
         self.root.join("bin").join(format!("knob-agent-{hash}"))
     }
     /// An unpacked trial code archive, named by content hash; complete once
-    /// [`CODE_COMPLETE_MARKER`] exists in it.
+    /// [`CODE_COMPLETE_MARKER`] exists in it. Shared by every experiment that uploads the same
+    /// code, so no trial runs in it: they run in a copy ([`HostLayout::environment_code_dir`],
+    /// or their own folder's with `reuseMode: false`).
     pub fn code_dir(&self, hash: &str) -> PathBuf {
         self.root.join("code").join(hash)
+    }
+    /// The copy of [`HostLayout::code_dir`] that the trials of one experiment's environment
+    /// (under [`HostLayout::environment_dir`]) share and run in, `reuseMode: true`.
+    pub fn environment_code_dir(environment_dir: &Path, hash: &str) -> PathBuf {
+        environment_dir.join("code").join(hash)
     }
     /// The daemon of one experiment's environment: its socket, log and trials.
     pub fn environment_dir(&self, experiment_id: &str, environment_id: &str) -> PathBuf {

@@ -117,6 +117,10 @@ pub enum CodeArchiveError {
     Oversize { limit: u64 },
     #[error("cannot write {}: {source}", path.display())]
     Write { path: PathBuf, source: io::Error },
+    #[error("{} is not a complete code directory (no {CODE_COMPLETE_MARKER}); upload the code first", dir.display())]
+    Incomplete { dir: PathBuf },
+    #[error("cannot copy the code directory {}: {message}", from.display())]
+    Copy { from: PathBuf, message: String },
 }
 
 /// "300 MiB" for whole mebibytes, "12.3 MiB" above one, bytes below.
@@ -410,7 +414,7 @@ fn append(
 /// What [`unpack`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unpacked {
-    /// The archive was unpacked into the destination.
+    /// The destination was written (the archive unpacked, or a complete copy made).
     Written { files: usize, bytes: u64 },
     /// The destination was already complete (an earlier or concurrent unpack); nothing changed.
     AlreadyThere,
@@ -422,6 +426,16 @@ pub fn unpack(
     reader: impl Read,
     dest: &Path,
     limits: &ArchiveLimits,
+) -> Result<Unpacked, CodeArchiveError> {
+    install_complete(dest, |staging| unpack_entries(reader, staging, limits))
+}
+
+/// Fills `dest` with `fill`, atomically: `fill` writes into a temporary directory beside it,
+/// which gets [`CODE_COMPLETE_MARKER`] last and is then renamed into place. A `dest` that is
+/// already complete (an earlier or concurrent install won) is left as it is.
+pub(crate) fn install_complete(
+    dest: &Path,
+    fill: impl FnOnce(&Path) -> Result<Unpacked, CodeArchiveError>,
 ) -> Result<Unpacked, CodeArchiveError> {
     if dest.join(CODE_COMPLETE_MARKER).exists() {
         return Ok(Unpacked::AlreadyThere);
@@ -443,7 +457,7 @@ pub fn unpack(
         .prefix(&format!(".{name}.partial-"))
         .tempdir_in(&parent)
         .map_err(write_error(&parent))?;
-    let counts = unpack_entries(reader, staging.path(), limits)?;
+    let counts = fill(staging.path())?;
     let marker = staging.path().join(CODE_COMPLETE_MARKER);
     std::fs::write(&marker, b"").map_err(write_error(&marker))?;
     // World-readable like an ordinary checkout; tempdir creates 0700.

@@ -9,6 +9,8 @@
 //!   if none listens on `D/agent.sock`, then copies bytes between its stdin/stdout (the SSH
 //!   channel) and the daemon's socket.
 //! - [`receive_code`]: `knob-agent receive-code --dest C`, unpacks a code archive from stdin.
+//! - [`copy_code`]: `knob-agent copy-code --from C --to D`, copies an unpacked archive (the
+//!   host's pristine cache) into an experiment's environment, where its trials run.
 //!
 //! The messages are `crate::agent_protocol`'s. Nothing here opens a TCP port except the NNI
 //! trial channel on 127.0.0.1, and nothing connects back to the manager.
@@ -21,7 +23,7 @@ mod files;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use files::copy_tree;
+pub use files::{copy_code, copy_tree};
 
 use crate::agent_protocol::PROTOCOL_VERSION;
 use crate::code_archive::{self, ArchiveLimits, CodeArchiveError, Unpacked};
@@ -77,6 +79,8 @@ pub enum AgentError {
     NoDaemon { dir: PathBuf },
     #[error("knob-agent receive-code: {0}")]
     Code(#[from] CodeArchiveError),
+    #[error("knob-agent copy-code: {0}")]
+    CopyCode(CodeArchiveError),
 }
 
 impl AgentError {

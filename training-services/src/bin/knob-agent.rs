@@ -8,7 +8,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use knob_training_services::agent::attach::{attach, AttachOptions};
 use knob_training_services::agent::daemon::{serve, ServeOptions};
-use knob_training_services::agent::{receive_code, version_line, DEFAULT_ORPHAN_TIMEOUT};
+use knob_training_services::agent::{
+    copy_code, receive_code, version_line, AgentError, DEFAULT_ORPHAN_TIMEOUT,
+};
 use knob_training_services::agent_protocol::HEARTBEAT_TIMEOUT;
 use knob_training_services::code_archive::Unpacked;
 
@@ -50,6 +52,14 @@ enum Command {
     ReceiveCode {
         #[arg(long)]
         dest: PathBuf,
+    },
+    /// Copies the complete code directory FROM into TO (atomically), unless TO is complete:
+    /// an experiment's trials run in their own copy, never in the shared cache.
+    CopyCode {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long)]
+        to: PathBuf,
     },
 }
 
@@ -112,7 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     match cli.command {
         None => anyhow::bail!(
-            "knob-agent: name a command (serve, attach, receive-code) or --version; see --help"
+            "knob-agent: name a command (serve, attach, receive-code, copy-code) or --version; see --help"
         ),
         Some(Command::Serve { dir, timing }) => {
             let [orphan_timeout, heartbeat_timeout, grace_period] = timing.durations()?;
@@ -145,6 +155,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     )
                 }
                 Unpacked::AlreadyThere => println!("{} is already complete", dest.display()),
+            }
+        }
+        Some(Command::CopyCode { from, to }) => {
+            match copy_code(&from, &to).map_err(AgentError::CopyCode)? {
+                Unpacked::Written { files, bytes } => {
+                    println!("copied {files} files ({bytes} bytes) into {}", to.display())
+                }
+                Unpacked::AlreadyThere => println!("{} is already complete", to.display()),
             }
         }
     }

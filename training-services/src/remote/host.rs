@@ -743,15 +743,24 @@ impl Host {
                 }
             }
         };
-        // Nothing of the trial has reached the agent yet: the core may try it again.
-        self.ensure_code(&link, archive)
-            .await
-            .map_err(|e| format!("{e}; {NOT_STARTED}"))?;
         let layout = HostLayout {
             root: link.paths.root.clone().into(),
         };
         let mut remote = request.clone();
-        remote.code_dir = layout.code_dir(&archive.hash);
+        // Trials never run in the host's cache of the upload (`code/<hash>`), which every
+        // experiment of the same code shares: what one trial wrote there (a config it edited, a
+        // model it saved, data it deleted) reached the next experiment's trials, days later,
+        // under a name that still promised the uploaded content. Without `fresh_code_copy` the
+        // environment's trials share its own copy, as NNI's trials of one environment share
+        // the uploaded code; with it the agent copies the cache into each trial's folder.
+        let shared_copy = (!fresh_code_copy).then(|| {
+            HostLayout::environment_code_dir(Path::new(&link.paths.environment_dir), &archive.hash)
+        });
+        // Nothing of the trial has reached the agent yet: the core may try it again.
+        self.ensure_code(&link, archive, shared_copy.as_deref())
+            .await
+            .map_err(|e| format!("{e}; {NOT_STARTED}"))?;
+        remote.code_dir = shared_copy.unwrap_or_else(|| layout.code_dir(&archive.hash));
         let mut trial_dir = Path::new(&link.paths.environment_dir)
             .join("trials")
             .join(&request.trial_id);
@@ -872,7 +881,15 @@ impl Host {
         }
     }
 
-    async fn ensure_code(&self, link: &Link, archive: &CodeArchive) -> Result<(), String> {
+    /// Uploads the code archive into the host's cache unless it is there, then copies the cache
+    /// to `shared_copy` unless that is complete already (an earlier start of the experiment,
+    /// before a resume, made it: its trials keep what they changed there).
+    async fn ensure_code(
+        &self,
+        link: &Link,
+        archive: &CodeArchive,
+        shared_copy: Option<&Path>,
+    ) -> Result<(), String> {
         let _one_upload_at_a_time = self.upload_lock.lock().await;
         if lock(&self.state).uploaded_code.contains(&archive.hash) {
             return Ok(());
@@ -885,12 +902,19 @@ impl Host {
             .to_string_lossy()
             .into_owned();
         let marker = format!("{code_dir}/{CODE_COMPLETE_MARKER}");
-        let command = format!(
+        let agent = ssh::shell_quote(&link.paths.agent);
+        let mut command = format!(
             "if test -e {marker}; then echo present; else {agent} receive-code --dest {dest} && echo uploaded; fi",
             marker = ssh::shell_quote(&marker),
-            agent = ssh::shell_quote(&link.paths.agent),
             dest = ssh::shell_quote(&code_dir),
         );
+        if let Some(copy) = shared_copy {
+            command = format!(
+                "{{ {command}; }} && {agent} copy-code --from {from} --to {to}",
+                from = ssh::shell_quote(&code_dir),
+                to = ssh::shell_quote(&copy.to_string_lossy()),
+            );
+        }
         // The archive goes on stdin either way; `test` ignores it when the code is present.
         let output = link
             .ssh
@@ -898,21 +922,27 @@ impl Host {
             .await
             .map_err(|e| format!("uploading the trial code: {e}"))?;
         let said = output.stdout_text();
-        if output.status != Some(0) || !(said.contains("present") || said.contains("uploaded")) {
+        // Whole lines: the agent's own lines name paths, which may hold either word.
+        let said_line = |word: &str| said.lines().any(|line| line.trim() == word);
+        let uploaded = said_line("uploaded");
+        if output.status != Some(0) || !(uploaded || said_line("present")) {
+            let copied = shared_copy
+                .map(|copy| format!(" and copying it to {}", copy.display()))
+                .unwrap_or_default();
             return Err(format!(
-                "{}: uploading the trial code to {code_dir} failed: {}",
+                "{}: uploading the trial code to {code_dir}{copied} failed: {}",
                 self.machine.target(),
                 output.failure_summary()
             ));
         }
-        if said.contains("uploaded") {
+        if uploaded {
             self.code_uploads.fetch_add(1, Ordering::Relaxed);
         }
         knob_plugin_api::log::debug(&format!(
             "training service remote: {}: code {} {}",
             self.machine.target(),
             archive.hash,
-            if said.contains("uploaded") {
+            if uploaded {
                 "uploaded"
             } else {
                 "already there"

@@ -476,3 +476,68 @@ fn concurrent_unpacks_of_the_same_archive_both_succeed() {
         1
     );
 }
+
+/// An experiment's copy of the host's cache: the same tree (links kept as links, modes kept),
+/// made once; a copy its trials changed is left as they left it, and an incomplete cache is
+/// never copied.
+#[test]
+fn an_experiments_copy_of_the_cache_is_made_once_and_never_from_an_incomplete_cache() {
+    use knob_training_services::agent::copy_code;
+    let source = tempfile::tempdir().unwrap();
+    write(&source.path().join("settings.txt"), "lr=0.1\n");
+    write(&source.path().join("lib/run.sh"), "echo hi\n");
+    std::fs::set_permissions(
+        source.path().join("lib/run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("lib/run.sh", source.path().join("run")).unwrap();
+    let archive = create(source.path(), &ArchiveLimits::default(), &[]).unwrap();
+    let host = tempfile::tempdir().unwrap();
+    let cache = host.path().join("code").join(&archive.hash);
+    unpack(archive.bytes.as_slice(), &cache, &ArchiveLimits::default()).unwrap();
+    let copy = host
+        .path()
+        .join("experiments/e1/env/code")
+        .join(&archive.hash);
+
+    assert_eq!(
+        copy_code(&cache, &copy).unwrap(),
+        Unpacked::Written {
+            files: 3,
+            bytes: archive.total_bytes
+        }
+    );
+    assert_eq!(listing(&copy), listing(&cache));
+    let mode = std::fs::metadata(copy.join("lib/run.sh"))
+        .unwrap()
+        .permissions();
+    assert_eq!(mode.mode() & 0o777, 0o755);
+
+    // A trial of the experiment changed its copy: copying again (a resume) keeps the change.
+    write(&copy.join("settings.txt"), "edited\n");
+    assert_eq!(copy_code(&cache, &copy).unwrap(), Unpacked::AlreadyThere);
+    assert_eq!(
+        std::fs::read_to_string(copy.join("settings.txt")).unwrap(),
+        "edited\n"
+    );
+    // Nothing staged is left beside it.
+    assert_eq!(
+        std::fs::read_dir(copy.parent().unwrap()).unwrap().count(),
+        1
+    );
+
+    // A cache whose unpack never finished is not copied.
+    let partial = host.path().join("code/partial");
+    write(&partial.join("settings.txt"), "half");
+    let elsewhere = host.path().join("experiments/e2/env/code/partial");
+    let error = copy_code(&partial, &elsewhere).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        format!(
+            "{} is not a complete code directory (no {CODE_COMPLETE_MARKER}); upload the code first",
+            partial.display()
+        )
+    );
+    assert!(!elsewhere.exists());
+}

@@ -175,9 +175,10 @@ fn key_auth_runs_a_trial_with_its_metrics_and_end() {
     );
     let (exit_code, _, killed, stderr) = ending(&trial);
     assert_eq!((exit_code, killed), (Some(0), None));
-    // The trial ran in the uploaded code directory on the host, not the local one.
-    let code_root = agent_root(&sshd).join("code");
-    assert!(stderr.contains(code_root.to_str().unwrap()), "{stderr}");
+    // The trial ran in its experiment's copy of the code uploaded to the host, not the local
+    // one.
+    let code_copies = agent_root(&sshd).join("experiments/exp1");
+    assert!(stderr.contains(code_copies.to_str().unwrap()), "{stderr}");
     service.stop();
 }
 
@@ -946,6 +947,91 @@ fn without_reuse_each_trial_gets_its_own_code_copy_and_python_path_leads_path() 
         .collect();
     assert!(!shared.iter().any(|n| n == "scribble"), "{shared:?}");
     service.stop();
+}
+
+/// The host keeps one upload of the code (`code/<hash>/`) for every experiment that sends the
+/// same code, and trials ran in it: what one experiment's trial wrote there (an edited config, a
+/// saved model, a deleted file) was what the next experiment's trials found, days later, under
+/// the name of the original content. Each experiment now runs in its own copy, which its trials
+/// share as NNI's trials of one environment share the uploaded code; the upload is still made
+/// once per host.
+#[test]
+fn a_trial_that_changes_its_code_folder_changes_it_for_its_experiment_only() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    std::fs::write(world.code_dir().join("settings.txt"), "lr=0.1\n").unwrap();
+    std::fs::write(world.code_dir().join("data.txt"), "data\n").unwrap();
+    // What a trial saw goes to stderr first, so that a failed check shows it.
+    let show = "pwd >&2; ls >&2; cat settings.txt >&2; ";
+    let sees_the_original = format!(
+        "{show}test \"$(cat settings.txt)\" = lr=0.1 && test -f data.txt && test ! -e model.pt"
+    );
+    let changes_it = format!(
+        "{sees_the_original} && echo 'edited by a trial' >> settings.txt && touch model.pt && rm data.txt"
+    );
+    let sees_the_change = format!(
+        "{show}test \"$(tail -n 1 settings.txt)\" = 'edited by a trial' && test -e model.pt && test ! -e data.txt"
+    );
+    let run = |experiment: &str, reuse: bool, trials: &[(&str, &str)]| {
+        let mut args = world.args(vec![key_machine(&sshd)]);
+        args["experimentId"] = json!(experiment);
+        args["reuseMode"] = json!(reuse);
+        let events = Events::default();
+        let mut service = connect(args, &events, &agent_root(&sshd));
+        let mut stderrs = Vec::new();
+        // One after the other: the second trial of the first experiment sees the first's change.
+        for (trial, command) in trials {
+            service
+                .start(&world.request(&sshd, trial, command))
+                .unwrap();
+            let trial_events = events.wait_ended(trial);
+            let (exit_code, _, _, stderr) = ending(&trial_events);
+            assert_eq!(
+                exit_code,
+                Some(0),
+                "{experiment}'s {trial} did not find the code folder it expected; it saw: {stderr}"
+            );
+            stderrs.push(stderr);
+        }
+        let uploads = service.code_uploads();
+        service.stop();
+        (uploads, stderrs)
+    };
+
+    let (uploads, stderrs) = run(
+        "exp1",
+        true,
+        &[
+            ("a1", changes_it.as_str()),
+            ("a2", sees_the_change.as_str()),
+        ],
+    );
+    assert_eq!(uploads, 1);
+    // Another experiment of the same code, sharing the trials' folder or each with its own.
+    let (uploads, _) = run("exp2", true, &[("b1", sees_the_original.as_str())]);
+    assert_eq!(uploads, 0, "the host keeps the upload for every experiment");
+    run("exp3", false, &[("c1", sees_the_original.as_str())]);
+    let own_copy = agent_root(&sshd).join("experiments/exp1");
+    assert!(
+        stderrs[0].starts_with(own_copy.to_str().unwrap()),
+        "exp1's trials run in its own copy, under {}: {}",
+        own_copy.display(),
+        stderrs[0]
+    );
+    // The host's cache of the upload holds what was uploaded.
+    let cached: Vec<_> = std::fs::read_dir(agent_root(&sshd).join("code"))
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    assert_eq!(
+        std::fs::read_to_string(cached[0].join("settings.txt")).unwrap(),
+        "lr=0.1\n"
+    );
+    assert!(cached[0].join("data.txt").exists() && !cached[0].join("model.pt").exists());
 }
 
 #[test]
