@@ -10,6 +10,7 @@
 //! then every new one, in order, each exactly once per connection.
 
 use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -118,6 +119,11 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         let _runtime = pool.runtime().enter();
         UnixListener::bind(SOCKET_FILE_NAME).map_err(AgentError::io("cannot listen on", &socket))?
     };
+    // Whoever can connect can start trials as this user: the socket is the user's alone, whatever
+    // the umask and the modes of the folders above it (a group-shared folder on the cluster's
+    // filesystem). `accept` checks the peer's uid too, for the moment before this.
+    std::fs::set_permissions(SOCKET_FILE_NAME, std::fs::Permissions::from_mode(0o600))
+        .map_err(AgentError::io("cannot make private", &socket))?;
     say!(
         "serving {} (protocol {PROTOCOL_VERSION}, orphan timeout {} s)",
         socket.display(),
@@ -131,6 +137,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         log: EventLog::default(),
         client: None,
         next_client_id: 1,
+        uid: nix::unistd::geteuid().as_raw(),
         environment_id: None,
         experiment_id: None,
         stand_in_line: false,
@@ -230,6 +237,8 @@ struct Daemon {
     log: EventLog,
     client: Option<Client>,
     next_client_id: u64,
+    /// The user this daemon runs as: the only one whose connections it takes.
+    uid: u32,
     environment_id: Option<String>,
     /// The experiment of the last hello: the holder of this daemon's leases.
     experiment_id: Option<String>,
@@ -286,10 +295,19 @@ impl Daemon {
                 }
                 accepted = listener.accept() => {
                     match accepted {
-                        Ok((stream, _)) => {
-                            let (read, write) = stream.into_split();
-                            self.connect(read, write);
-                        }
+                        Ok((stream, _)) => match stream.peer_cred().map(|peer| peer.uid()) {
+                            Ok(uid) if uid == self.uid => {
+                                let (read, write) = stream.into_split();
+                                self.connect(read, write);
+                            }
+                            // Another user's connection would replace the manager's and be
+                            // welcomed with the trials' events: refused before a word is read.
+                            Ok(uid) => say!(
+                                "refused a connection from uid {uid}: only uid {}, which runs this agent, may connect",
+                                self.uid
+                            ),
+                            Err(e) => say!("refused a connection whose user cannot be read: {e}"),
+                        },
                         Err(e) => say!("accept failed: {e}"),
                     }
                     Step::Continue

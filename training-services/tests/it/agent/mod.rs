@@ -797,3 +797,65 @@ fn processes_that_left_a_trials_group_end_with_the_trial_and_with_the_daemon() {
         assert!(!process_runs(pid), "{pid} outlived the agent's shutdown");
     }
 }
+
+#[test]
+fn only_the_user_the_agent_runs_as_may_connect() {
+    use std::os::unix::fs::PermissionsExt;
+    let host = Host::new();
+    let mut agent = Attached::start(&host.dir(), &[], &[]);
+    agent.hello(0, true);
+    let socket = host.dir().join("agent.sock");
+    let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode();
+    assert_eq!(
+        mode(&socket) & 0o777,
+        0o600,
+        "the socket is the user's alone"
+    );
+    // The system's Python: another user may not reach one under root's home (pyenv).
+    let python = "/usr/bin/python3";
+    if !nix::unistd::geteuid().is_root() || !std::path::Path::new(python).exists() {
+        crate::prerequisite::missing(
+            "root and /usr/bin/python3, to connect to the agent as another user",
+        );
+        agent.send(&ToAgent::Shutdown);
+        agent.wait_exit();
+        return;
+    }
+    // Open the way, as a umask of 0 and a group-shared folder on a cluster's filesystem do,
+    // then connect as `nobody`: the manager's connection must stay the agent's client.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    for dir in socket.ancestors().skip(1) {
+        if mode(dir) & 0o001 == 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode(dir) | 0o755))
+                .unwrap();
+        }
+    }
+    let stranger = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            python,
+            "-c",
+        ])
+        .arg(
+            "import socket, sys, time\n\
+             s = socket.socket(socket.AF_UNIX)\n\
+             s.connect(sys.argv[1])\n\
+             time.sleep(1)\n\
+             print('connected')",
+        )
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&stranger.stdout).trim(),
+        "connected",
+        "{}",
+        String::from_utf8_lossy(&stranger.stderr)
+    );
+    agent.send(&ToAgent::Ping { nonce: 3 });
+    assert_eq!(agent.next(), FromAgent::Pong { nonce: 3 });
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+}
