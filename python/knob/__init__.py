@@ -13,7 +13,9 @@ waits for knob to finish stopping, and is raised again. Nothing beyond the stand
 """
 
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -204,6 +206,10 @@ class Experiment:
             with os.fdopen(handle, "w") as file:
                 file.write(text)
             return self._run_file(Path(name), progress, output)
+        except KnobError as error:
+            # knob names the place of a problem in that file, which is gone when this returns
+            # and which the user never wrote: the field's path it gives names it in the dict.
+            raise KnobError(re.sub(re.escape(name) + r"(:\d+)*: ", "config.", str(error))) from None
         finally:
             os.unlink(name)
 
@@ -254,6 +260,9 @@ def _plain(value: Any, where: str) -> Any:
     """`value` as JSON can hold it: paths as their text, numpy arrays and scalars (anything
     with `tolist`) as lists and numbers. Anything else is a KnobError naming where it is in
     the config (json's own error named only its type)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        # json.dumps would write NaN or Infinity, which knob reads as those strings.
+        raise KnobError(f"{where}: {value} cannot go into a config (JSON has no NaN or infinity); give a finite number")
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if isinstance(value, Mapping):

@@ -117,6 +117,22 @@ def test_a_bad_config_is_knobs_one_line_error(tmp_path: Path, home: str) -> None
         knob.Experiment(config, home=home, base_dir=tmp_path).run(progress=False)
     assert "trialConcurrency" in str(raised.value)
     assert "error" in str(raised.value)
+    # Named by its place in the dict, not in the temporary file knob read it from (gone now).
+    assert "error: config.trialConcurrency: " in str(raised.value), raised.value
+    assert ".knob-config-" not in str(raised.value), raised.value
+
+
+def test_nan_and_infinity_are_refused_where_they_are_in_a_dict_config(tmp_path: Path) -> None:
+    config = branin_config(tmp_path / "code", trials=1)
+    config["searchSpace"]["x1"]["_value"] = [0, float("inf")]
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, base_dir=tmp_path).run(progress=False)
+    assert str(raised.value).startswith("config.searchSpace.x1._value[1]: inf cannot go into a config"), raised.value
+    config["searchSpace"]["x1"]["_value"] = [0, 1]
+    config["trialConcurrency"] = float("nan")
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, base_dir=tmp_path).run(progress=False)
+    assert str(raised.value).startswith("config.trialConcurrency: nan cannot go into a config"), raised.value
 
 
 def test_loading_an_unknown_experiment_says_so(home: str) -> None:
