@@ -734,6 +734,18 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
         "{summary}"
     );
     drop(view);
+    // `knob view`'s list has no live dashboard for it: nothing serves its old port.
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0"]);
+    let view = crate::api::start(command, &[]);
+    let (_, listed) = crate::api::get(&view.base, "/experiments");
+    let entry = &listed["experiments"][0];
+    assert_eq!(
+        (&entry["status"], &entry["port"]),
+        (&serde_json::json!("CRASHED"), &serde_json::Value::Null),
+        "{listed}"
+    );
+    drop(view);
 
     // Resumed, it is an ordinary experiment again.
     std::fs::write(sandbox.path().join("code/go"), "").unwrap();

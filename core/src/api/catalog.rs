@@ -136,7 +136,8 @@ fn summary(entry: &RegistryEntry) -> Value {
         "name": entry.name,
         "status": if entry.crashed() { "CRASHED" } else { entry.status.as_str() },
         "created_ms": entry.created_ms,
-        "port": entry.pid.and(entry.port),
+        // Only while its process runs (a crashed one's port is served by nobody).
+        "port": entry.running_pid().and(entry.port),
         // Where its own dashboard listens, when that is one address (`--bind`); the page links
         // to the host it was itself opened on otherwise.
         "host": entry.api_host.filter(|ip| !ip.is_unspecified()),
