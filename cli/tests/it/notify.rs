@@ -1068,7 +1068,7 @@ notifications:
     );
     let (code, stdout, stderr) = sandbox.create(&config, "broken");
     assert_eq!(code, 1, "{stdout}\n{stderr}");
-    let reason = r#"tuner Misbehaving handed out parameters the search space does not hold (parameter id 2): trial parameter "x": 7.5 is outside uniform [0, 1] (tunerErrorPolicy: skip drops such parameters instead)"#;
+    let reason = r#"tuner Misbehaving handed out parameters the search space does not hold (parameter id 2): trial parameter "x": 7.5 is outside uniform [0, 1] (tunerErrorPolicy: skip drops such parameters instead, allow runs them as NNI does)"#;
     let export = sandbox.export("broken");
     assert_eq!(export["experiment"]["status"], "ERROR");
     assert_eq!(export["experiment"]["message"], reason);

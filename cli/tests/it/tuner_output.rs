@@ -77,7 +77,7 @@ fn each_kind_of_bad_output_ends_the_experiment_with_one_line_naming_tuner_parame
         let (code, stdout, stderr) = sandbox.create(&config, output);
         assert_eq!(code, 1, "{output}: {stdout}\n{stderr}");
         let line = format!(
-            "tuner Misbehaving handed out parameters the search space does not hold (parameter id 0): {rule} (tunerErrorPolicy: skip drops such parameters instead)"
+            "tuner Misbehaving handed out parameters the search space does not hold (parameter id 0): {rule} (tunerErrorPolicy: skip drops such parameters instead, allow runs them as NNI does)"
         );
         assert!(
             stderr.contains(&format!("error: experiment {output}: {line}")),
@@ -118,6 +118,44 @@ fn with_tuner_error_policy_skip_bad_output_is_dropped_counted_and_logged() {
         );
         assert!(text.contains(&warning), "{warning} not in\n{text}");
     }
+}
+
+/// NNI never checks what a tuner hands out: a user's own tuner that adds keys (or makes up its
+/// parameters under `searchSpace: {}`) runs under `allow`, as under NNI, with one warning.
+#[test]
+fn with_tuner_error_policy_allow_parameters_outside_the_space_run_as_they_are() {
+    let library = misbehaving_tuner();
+    let sandbox = Sandbox::new();
+    let tuner = "tuner: {name: Misbehaving, classArgs: {output: extra_key}}";
+    let config = config(&sandbox, &library, tuner, "tunerErrorPolicy: allow");
+    let (code, stdout, stderr) = sandbox.create(&config, "allowing");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("allowing");
+    assert_eq!(export["experiment"]["status"], "DONE");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 3);
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+        assert_eq!(
+            trial["parameters"],
+            serde_json::json!({"x": 0.5, "y": 1}),
+            "{trial}"
+        );
+    }
+    let warnings: Vec<String> = export["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["message"].as_str().unwrap_or_default().to_string())
+        .filter(|m| m.contains("tunerErrorPolicy: allow"))
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            r#"tuner Misbehaving handed out parameters the search space does not hold (parameter id 0): trial parameter "y": not in the search space; expected only [x]; run as it is (tunerErrorPolicy: allow), and so is every later such set, without a warning"#
+        ],
+        "{export:#}"
+    );
 }
 
 #[test]

@@ -440,12 +440,17 @@ pub enum TunerErrorPolicy {
     /// logged, and the drops are counted; the experiment goes on. Many drops in a row still end
     /// it ([`TunerErrorPolicy::MAX_DROPS_IN_A_ROW`]).
     Skip,
+    /// The parameter set is run as it is, as NNI does (its manager never checks what a tuner
+    /// hands out): a user's own NNI tuner that makes up its parameters (`searchSpace: {}`) or
+    /// adds derived keys runs unchanged. The first such set is named in a warning.
+    Allow,
 }
 
 impl TunerErrorPolicy {
-    pub const NAMES: [(&'static str, TunerErrorPolicy); 2] = [
+    pub const NAMES: [(&'static str, TunerErrorPolicy); 3] = [
         ("error", TunerErrorPolicy::Error),
         ("skip", TunerErrorPolicy::Skip),
+        ("allow", TunerErrorPolicy::Allow),
     ];
     /// Under `skip`, this many refused parameter sets in a row end the experiment: a tuner that
     /// only hands out bad ones would otherwise be asked forever.

@@ -536,15 +536,20 @@ impl Manager {
     }
 
     /// Whether a parameter set the tuner handed out may become a trial: one the search space
-    /// does not hold ends the experiment (`tunerErrorPolicy: error`) or is dropped, counted and
-    /// logged, and the tuner told it ended SYS_CANCELED (`skip`), so that it stops waiting for it.
+    /// does not hold ends the experiment (`tunerErrorPolicy: error`), or is dropped, counted and
+    /// logged, and the tuner told it ended SYS_CANCELED (`skip`), so that it stops waiting for it,
+    /// or runs as it is (`allow`).
     pub(super) async fn accept_output(
         &mut self,
         parameter_id: u64,
         parameters: &Value,
     ) -> Result<bool, ManagerError> {
         match self.tuner.check(parameter_id, parameters) {
-            Check::Accepted => Ok(true),
+            Check::Accepted | Check::Allowed(None) => Ok(true),
+            Check::Allowed(Some(warning)) => {
+                self.warn(None, warning).await?;
+                Ok(true)
+            }
             Check::Fatal(message) => Err(ManagerError::TunerOutput(message)),
             Check::Dropped(warning) => {
                 self.warn(None, warning).await?;

@@ -61,6 +61,9 @@ pub(super) enum Handout {
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Check {
     Accepted,
+    /// Outside the search space but run as it is (`tunerErrorPolicy: allow`); the warning to
+    /// record, for the first such set only.
+    Allowed(Option<String>),
     /// Refused and dropped (`tunerErrorPolicy: skip`): the warning to record. The tuner must be
     /// told with [`TunerDriver::dropped`].
     Dropped(String),
@@ -133,6 +136,8 @@ pub(super) struct TunerDriver {
     /// Parameter sets refused and dropped (`tunerErrorPolicy: skip`), in all and in a row.
     dropped: u64,
     drops_in_a_row: u64,
+    /// Parameter sets outside the search space run as they are (`tunerErrorPolicy: allow`).
+    allowed: u64,
     /// Calls whose answers are not taken in yet (told calls, parameters asked for and
     /// deferred), oldest first: their answers are taken in this order.
     pending: VecDeque<Pending>,
@@ -163,6 +168,7 @@ impl TunerDriver {
             space_since: 0,
             dropped: 0,
             drops_in_a_row: 0,
+            allowed: 0,
             pending: VecDeque::new(),
             late_no_more: false,
             answer_wait: ANSWER_WAIT,
@@ -469,8 +475,14 @@ impl TunerDriver {
         }
         match self.policy {
             TunerErrorPolicy::Error => Check::Fatal(format!(
-                "{refusal} (tunerErrorPolicy: skip drops such parameters instead)"
+                "{refusal} (tunerErrorPolicy: skip drops such parameters instead, allow runs them as NNI does)"
             )),
+            TunerErrorPolicy::Allow => {
+                self.allowed += 1;
+                Check::Allowed((self.allowed == 1).then(|| {
+                    format!("{refusal}; run as it is (tunerErrorPolicy: allow), and so is every later such set, without a warning")
+                }))
+            }
             TunerErrorPolicy::Skip => {
                 self.dropped += 1;
                 self.drops_in_a_row += 1;
@@ -716,7 +728,7 @@ mod tests {
         };
         assert!(
             message.starts_with("tuner Scripted handed out parameters the search space does not hold (parameter id 1)")
-                && message.ends_with("(tunerErrorPolicy: skip drops such parameters instead)"),
+                && message.ends_with("(tunerErrorPolicy: skip drops such parameters instead, allow runs them as NNI does)"),
             "{message}"
         );
 
