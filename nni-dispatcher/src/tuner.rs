@@ -65,6 +65,8 @@ pub struct DispatcherTuner {
     initialized: bool,
     /// Host ids whose final result went to the dispatcher as `ME` and whose `EN` has not.
     finals_sent: BTreeSet<u64>,
+    /// The dispatcher answered `NO` and no `TR` came since: said once, in a warning.
+    said_no_more: bool,
 }
 
 impl DispatcherTuner {
@@ -130,8 +132,20 @@ impl DispatcherTuner {
         let pending: Vec<(String, String)> = dispatcher.pending().drain(..).collect();
         for (code, content) in pending {
             match code.as_str() {
-                "TR" => self.new_trial(&content)?,
-                // Nothing more now: the ids stay owed; a later TR may still pay them.
+                "TR" => {
+                    self.said_no_more = false;
+                    self.new_trial(&content)?
+                }
+                // Nothing more now: the ids stay owed; a later TR may still pay them (an
+                // advisor's next bracket, a tuner given a new search space), as NNI waits too.
+                // Said, since the host's wait would otherwise read as a tuner slow to start.
+                "NO" if !self.said_no_more => {
+                    self.said_no_more = true;
+                    log::warn(&format!(
+                        "{}: the tuner has no more parameters for now (NNI's NoMoreTrialError); knob waits for it to send more, as NNI does, and the experiment ends once nothing runs and none came in 10 minutes; `knob stop` ends it now",
+                        self.what
+                    ))
+                }
                 "NO" => {}
                 "KI" => log::warn(&format!(
                     "{}: the tuner asked to kill trial {content}; only an assessor's kill is acted on",
@@ -238,6 +252,7 @@ impl Tuner for DispatcherTuner {
             waker: None,
             initialized: false,
             finals_sent: Default::default(),
+            said_no_more: false,
         })
     }
 

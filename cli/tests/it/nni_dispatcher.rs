@@ -1135,3 +1135,45 @@ fn a_dispatcher_that_does_not_connect_in_time_ends_the_experiment_naming_the_set
         );
     }
 }
+
+/// NNI's GridSearch by name, run by NNI (`useNniImplementation: true`), once its grid is done:
+/// the dispatcher answers `NO` and knob waits, as NNI does, saying why in one warning (the
+/// wait's notice otherwise read as a tuner slow to start).
+#[test]
+fn an_nni_tuner_out_of_parameters_is_said_to_be_so() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let algorithms = format!(
+        "tuner:\n  name: GridSearch\n  useNniImplementation: true\n  pythonInterpreter: {}",
+        python.display()
+    );
+    let config = write_config_with(
+        &code,
+        &python,
+        "  x: {_type: choice, _value: [0.25, 0.5]}",
+        4,
+        "trial.py 1 0",
+        &algorithms,
+    );
+    // The wait for more parameters ends with the experiment's time.
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("maxExperimentDuration: 4m", "maxExperimentDuration: 15s");
+    std::fs::write(&config, text).unwrap();
+    let (export, output) = create_and_export(sandbox.path(), &config, "cgrid");
+    let context = format!("{export:#}\n{output}");
+    assert_eq!(export["trials"].as_array().unwrap().len(), 2, "{context}");
+    let said: Vec<&str> = output
+        .lines()
+        .filter(|l| l.contains("the tuner has no more parameters for now"))
+        .collect();
+    assert_eq!(said.len(), 1, "{context}");
+    assert!(
+        said[0].contains("NNI tuner GridSearch: the tuner has no more parameters for now")
+            && said[0].contains("`knob stop` ends it now"),
+        "{context}"
+    );
+}
