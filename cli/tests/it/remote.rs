@@ -526,6 +526,25 @@ fn a_hybrid_experiment_runs_trials_locally_and_remotely() {
             "no trial ran on {environment}: {history:?}"
         );
     }
+    // A remote trial's stdout stays on its host: the API says so, not that it wrote none.
+    let (remote_trial, _) = history
+        .iter()
+        .find(|(_, attempts)| attempts[0].0 == environment_id(&host))
+        .unwrap();
+    let mut command = sandbox.knob();
+    command.args(["view", "hybrid", "--port", "0"]);
+    let view = crate::api::start(command, &[]);
+    let (status, body) =
+        crate::api::get(&view.base, &format!("/trials/{remote_trial}/logs/stdout"));
+    assert_eq!(status, 404, "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "trial {remote_trial} ran on {}: its stdout is in its folder there",
+            environment_id(&host)
+        )),
+        "{message}"
+    );
 }
 
 #[test]
