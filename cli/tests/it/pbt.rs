@@ -1010,3 +1010,34 @@ fn run_hybrid_population(
     );
     pairs
 }
+
+/// With `maxTrialNumber` no larger than the population, no successor can ever be created: a
+/// member PBT would replace runs on to its end (its final result kept), with a warning, rather
+/// than being stopped "replaced by a clone" that never comes.
+#[test]
+fn a_member_is_not_stopped_for_a_successor_the_trial_budget_leaves_no_room_for() {
+    let sandbox = Sandbox::new();
+    let config = example(&sandbox);
+    let yaml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            "trialConcurrency: 8",
+            "trialConcurrency: 4\nmaxTrialNumber: 4",
+        )
+        .replace("population_size: 8", "population_size: 4");
+    std::fs::write(&config, yaml).unwrap();
+    let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "budget", "0.02"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("budget");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 4, "{export:#}");
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{trial:#}");
+        assert!(trial["final"].is_number(), "{trial:#}");
+    }
+    let text = serde_json::to_string(&export["warnings"]).unwrap();
+    assert!(
+        text.contains("asked to replace this member, but maxTrialNumber leaves no trial for its successor; it runs on"),
+        "PBT never tried to replace a member: {text}"
+    );
+}

@@ -162,6 +162,18 @@ impl Manager {
         if trial.status.is_final() {
             return Ok(());
         }
+        // A member is stopped to be replaced. With `maxTrialNumber` spent and no id owed, no
+        // successor can ever come: stopping it would shrink the population and throw its
+        // training away (its final result too), under an end message saying it was replaced.
+        if self.book.budget_left(self.config.max_trial_number) == 0 && self.tuner.in_flight() == 0 {
+            let label = self.tuner.label().to_owned();
+            return self
+                .warn(
+                    Some(trial_id),
+                    format!("{label} asked to replace this member, but maxTrialNumber leaves no trial for its successor; it runs on"),
+                )
+                .await;
+        }
         self.kill(&trial_id, TrialStatus::EarlyStopped, stop.reason)
             .await
     }
