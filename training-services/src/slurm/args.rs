@@ -347,6 +347,13 @@ impl SlurmArgs {
                 )))
             }
         };
+        // Checked here, not in `check_config`: only a started experiment has its folder.
+        if let Some(what) = super::script::unusable_in_sbatch_path(&experiment_dir) {
+            return Err(ArgsError(format!(
+                "experimentWorkingDirectory: the experiment folder {} holds {what}, which Slurm cannot take in a job's log path (#SBATCH --output); choose an experimentWorkingDirectory without one",
+                quoted(&experiment_dir)
+            )));
+        }
         let trial = &context.trial;
         let mut limits = knob_gpu_sched::EnvironmentLimits::default();
         for name in crate::limits::LIMIT_FIELDS {
@@ -485,6 +492,28 @@ mod tests {
         ] {
             assert!(said.contains(expected), "{expected} missing from:\n{said}");
         }
+    }
+
+    #[test]
+    fn an_experiment_folder_slurm_cannot_take_is_refused_naming_the_field() {
+        for (dir, what) in [("/tmp/a\nb", "a line break"), ("/tmp/a\\b", "a backslash")] {
+            let mut context = context();
+            context.experiment_dir = Some(PathBuf::from(dir));
+            let e = SlurmArgs::new(&json!({}), &context)
+                .unwrap_err()
+                .to_string();
+            assert!(!e.contains('\n'), "{e}");
+            assert!(
+                e.starts_with(
+                    "training service slurm: experimentWorkingDirectory: the experiment folder"
+                ) && e.contains(&format!("holds {what}, which Slurm cannot take")),
+                "{e}"
+            );
+        }
+        // Spaces, quotes, '#' and '%' are written so that Slurm takes them (see script.rs).
+        let mut context = context();
+        context.experiment_dir = Some(PathBuf::from("/tmp/a b#c%j\"d'e"));
+        SlurmArgs::new(&json!({}), &context).unwrap();
     }
 
     #[test]

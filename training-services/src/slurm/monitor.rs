@@ -624,11 +624,7 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
             .find(|j| j.id == id)
             .map(|j| j.dir.clone())
             .unwrap_or_default();
-        let path = PathBuf::from(
-            script::job_log_pattern(&dir)
-                .to_string_lossy()
-                .replace("%j", &id.to_string()),
-        );
+        let path = script::job_log(&dir, id);
         let ends = crate::agent::last_lines(&path, 2);
         (path, ends)
     });

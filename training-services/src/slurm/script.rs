@@ -34,9 +34,45 @@ pub fn job_env_file(dir: &Path, job_id: u64) -> PathBuf {
     dir.join(format!("job-{job_id}.env"))
 }
 
-/// Slurm's own log of the job (stdout and stderr of the script).
-pub fn job_log_pattern(dir: &Path) -> PathBuf {
-    dir.join("slurm-%j.out")
+/// Slurm's own log of job `job_id` (stdout and stderr of the script).
+pub fn job_log(dir: &Path, job_id: u64) -> PathBuf {
+    dir.join(format!("slurm-{job_id}.out"))
+}
+
+/// [`job_log`] as sbatch's `--output` filename pattern: Slurm replaces `%j` with the job id,
+/// and would replace any `%` of the folder's own too (`%u`, `%j`, `%%`...), so each is written
+/// `%%` (a literal `%`).
+fn job_log_pattern(dir: &Path) -> String {
+    let dir = dir.to_string_lossy().replace('%', "%%");
+    format!("{}/slurm-%j.out", dir.trim_end_matches('/'))
+}
+
+/// What an experiment folder cannot hold for Slurm, and why: sbatch reads `#SBATCH` lines up
+/// to the line's end, so a line break ends the option and the rest of the path becomes a
+/// command of the job script (which also makes sbatch ignore every later `#SBATCH` line); a
+/// backslash in `--output` makes Slurm take the pattern literally (no `%j`), and the job
+/// fails to start.
+pub fn unusable_in_sbatch_path(dir: &Path) -> Option<&'static str> {
+    let text = dir.to_string_lossy();
+    if text.contains(['\n', '\r']) {
+        Some("a line break")
+    } else if text.contains('\\') {
+        Some("a backslash")
+    } else {
+        None
+    }
+}
+
+/// A value as one argument of an `#SBATCH` line. sbatch splits these lines at whitespace and
+/// takes an unquoted `#` as the start of a comment; it reads double quotes and backslash
+/// escapes itself (a shell never sees these lines, so shell quoting would not do). Plain words
+/// stay as they are.
+fn sbatch_value(value: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_.,:/=+@%[]".contains(c);
+    if !value.is_empty() && value.chars().all(plain) {
+        return value.to_string();
+    }
+    format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// Single-quotes a word for bash.
@@ -68,13 +104,13 @@ pub fn batch_script(spec: &JobSpec<'_>) -> String {
     let o = spec.options;
     let mut lines = vec!["#!/bin/bash".to_string()];
     let mut sbatch = |flag: &str, value: &str| {
-        lines.push(format!("#SBATCH --{flag}={value}"));
+        lines.push(format!("#SBATCH --{flag}={}", sbatch_value(value)));
     };
     sbatch("job-name", spec.name);
     sbatch("comment", spec.comment);
     let log = job_log_pattern(spec.dir);
-    sbatch("output", &log.to_string_lossy());
-    sbatch("error", &log.to_string_lossy());
+    sbatch("output", &log);
+    sbatch("error", &log);
     sbatch("ntasks", "1");
     for (flag, value) in [
         ("partition", &o.partition),
@@ -189,6 +225,42 @@ mod tests {
             assert!(script.lines().any(|l| l == line), "{line} missing:\n{script}");
         }
         assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn sbatch_lines_carry_a_folder_with_spaces_quotes_hashes_and_percent_signs() {
+        let options = JobOptions {
+            time: Some("5".into()),
+            ..JobOptions::default()
+        };
+        let script = batch_script(&JobSpec {
+            options: &options,
+            name: "knob-ab-env1",
+            comment: "knob:ab:env1",
+            dir: Path::new("/shared/my exp#1\t100%j \"q\"/slurm/env1"),
+            agent: Path::new("/shared/bin/knob-agent"),
+            orphan_timeout: Duration::from_secs(600),
+        });
+        // sbatch reads these as the path itself (checked by hand against Slurm 22.05, and by
+        // the Slurm test `a_folder_with_spaces_quotes_and_percent_signs_runs_trials`); %%
+        // stands for a % in Slurm's filename patterns.
+        let log = "\"/shared/my exp#1\t100%%j \\\"q\\\"/slurm/env1/slurm-%j.out\"";
+        for line in [
+            format!("#SBATCH --output={log}"),
+            format!("#SBATCH --error={log}"),
+            "#SBATCH --job-name=knob-ab-env1".to_string(),
+            "#SBATCH --time=5".to_string(),
+        ] {
+            assert!(
+                script.lines().any(|l| l == line),
+                "{line} missing:\n{script}"
+            );
+        }
+        assert_eq!(
+            job_log(Path::new("/a b/100%j"), 7),
+            Path::new("/a b/100%j/slurm-7.out")
+        );
+        assert_eq!(unusable_in_sbatch_path(Path::new("/a b/%#\"'")), None);
     }
 
     #[test]

@@ -93,6 +93,8 @@ fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>
 struct World {
     experiment_id: String,
     dir: tempfile::TempDir,
+    /// The experiment folder the service is given: `dir` unless [`World::in_folder`].
+    experiment_dir: PathBuf,
     events: Events,
 }
 
@@ -102,9 +104,18 @@ impl World {
         std::fs::create_dir(dir.path().join("code")).unwrap();
         World {
             experiment_id: format!("{test}{}", std::process::id()),
+            experiment_dir: dir.path().to_path_buf(),
             dir,
             events: Events::default(),
         }
+    }
+
+    /// A world whose experiment folder is `name` inside its directory.
+    fn in_folder(test: &str, name: &str) -> World {
+        let mut world = World::new(test);
+        world.experiment_dir = world.dir.path().join(name);
+        std::fs::create_dir(&world.experiment_dir).unwrap();
+        world
     }
 
     /// The service's config and its experiment's context: `extra` holds fields of either (the
@@ -138,7 +149,7 @@ impl World {
         }
         let context = ServiceContext {
             experiment_id: self.experiment_id.clone(),
-            experiment_dir: Some(self.dir.path().to_path_buf()),
+            experiment_dir: Some(self.experiment_dir.clone()),
             config_dir: self.dir.path().to_path_buf(),
             trial,
             late_start_failures,
@@ -455,6 +466,34 @@ fn a_bad_partition_is_one_line_naming_it_and_quoting_sbatch() {
     assert!(error.contains("partition \"nosuchpartition\""), "{error}");
     assert!(error.contains("sbatch: error:"), "{error}");
     assert!(error.contains("invalid partition"), "{error}");
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
+fn a_folder_with_spaces_quotes_and_percent_signs_runs_trials() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    // sbatch refused a space in its #SBATCH --output line, and expanded %j in the folder's
+    // name (the job failed, its log nowhere).
+    let world = World::in_folder("oddfolder", "my exp #1 100%j \"q\" 'a'");
+    let mut service = world.service(json!({}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    service
+        .start(world.request("slurm:env1", "t1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    let events = world.events.wait_ended("t1");
+    let (exit_code, _, killed, _) = ending(&events);
+    assert_eq!((exit_code, killed), (Some(0), None), "{events:#?}");
+    service.stop();
+    // Slurm's own log is where knob reads it from.
+    let runs: Vec<_> = std::fs::read_dir(world.experiment_dir.join("slurm"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    let log = runs[0].join("env1").join(format!("slurm-{job}.out"));
+    assert!(log.is_file(), "{} missing", log.display());
     assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
 }
 
