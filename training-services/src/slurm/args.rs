@@ -135,6 +135,129 @@ fn lines(reader: &mut ConfigReader<'_>, field: &Field<'_>) -> Option<Vec<String>
     })
 }
 
+/// The `#SBATCH` options knob writes into every job and depends on, none of which `sbatchArgs`
+/// may set (a later line overrides an earlier one): the long name, the least prefix sbatch
+/// takes for it (it accepts any unambiguous one), the short letter, and what to do instead.
+const KNOB_OWN_OPTIONS: [(&str, usize, Option<char>, &str); 5] = [
+    (
+        "job-name",
+        1,
+        Some('J'),
+        "knob finds its jobs in squeue by their names; set jobName instead",
+    ),
+    (
+        "comment",
+        3,
+        None,
+        "knob finds an experiment's jobs by their comment to cancel those a crashed run left; remove it",
+    ),
+    (
+        "output",
+        2,
+        Some('o'),
+        "knob writes each job's log into the experiment folder and reads it to say why a job ended; remove it",
+    ),
+    (
+        "error",
+        2,
+        Some('e'),
+        "knob writes each job's log into the experiment folder and reads it to say why a job ended; remove it",
+    ),
+    (
+        "array",
+        2,
+        Some('a'),
+        "knob submits one job per allocation (maxEnvironments) or per trial (reuseMode: false); remove it",
+    ),
+];
+
+/// sbatch's short options that take no value, which may come first in a bundle (`-HJ name`).
+const SHORT_FLAGS: &str = "hHkOQsvVW";
+
+/// The arguments sbatch reads from an `#SBATCH` line (after the prefix): split at whitespace
+/// outside quotes, with backslash escapes, up to an unquoted `#` (a comment), as sbatch does.
+fn sbatch_line_arguments(line: &str) -> Vec<String> {
+    let mut arguments = Vec::new();
+    let mut current: Option<String> = None;
+    let mut quote: Option<char> = None;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match (c, quote) {
+            ('\\', _) => {
+                let escaped = chars.next().unwrap_or('\\');
+                current.get_or_insert_with(String::new).push(escaped);
+            }
+            (c, Some(q)) if c == q => quote = None,
+            (c, Some(_)) => current.get_or_insert_with(String::new).push(c),
+            ('"' | '\'', None) => {
+                quote = Some(c);
+                current.get_or_insert_with(String::new);
+            }
+            ('#', None) => break,
+            (c, None) if c.is_whitespace() => arguments.extend(current.take()),
+            (c, None) => current.get_or_insert_with(String::new).push(c),
+        }
+    }
+    arguments.extend(current);
+    arguments
+}
+
+/// The option of [`KNOB_OWN_OPTIONS`] an `sbatchArgs` item sets, if any: its long name and what
+/// to do instead.
+fn knob_own_option(item: &str) -> Option<(&'static str, &'static str)> {
+    let item = item.trim();
+    let line = item.strip_prefix("#SBATCH").unwrap_or(item);
+    for argument in sbatch_line_arguments(line) {
+        if let Some(long) = argument.strip_prefix("--") {
+            let name = long.split('=').next().unwrap_or_default();
+            let found = KNOB_OWN_OPTIONS
+                .iter()
+                .find(|(option, least, ..)| name.len() >= *least && option.starts_with(name));
+            if let Some((option, _, _, instead)) = found {
+                return Some((option, instead));
+            }
+        } else if let Some(short) = argument.strip_prefix('-') {
+            for letter in short.chars() {
+                let found = KNOB_OWN_OPTIONS
+                    .iter()
+                    .find(|(.., own, _)| *own == Some(letter));
+                if let Some((option, _, _, instead)) = found {
+                    return Some((option, instead));
+                }
+                if !SHORT_FLAGS.contains(letter) {
+                    // The rest of the argument is this option's value.
+                    break;
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Refuses `sbatchArgs` items that would break the job script: a line break ends the `#SBATCH`
+/// line and makes the rest a command of the job (sbatch then ignores every later `#SBATCH`
+/// line), and an option of [`KNOB_OWN_OPTIONS`] would take the job away from knob.
+fn check_sbatch_args(reader: &mut ConfigReader<'_>, field: &Field<'_>, items: &[String]) {
+    for (index, item) in items.iter().enumerate() {
+        // Items of a list are named by their index; the lines of one string by the field.
+        let path = match field.value {
+            Value::Array(_) => field.path.index(index),
+            _ => field.path.clone(),
+        };
+        if item.contains(['\n', '\r']) {
+            reader.error(
+                &path,
+                format!("{item:?} holds a line break, which would end its #SBATCH line and run the rest as a command of the job; give each #SBATCH line as its own item"),
+            );
+        } else if let Some((option, instead)) = knob_own_option(item) {
+            reader.error(
+                &path,
+                format!("{item:?} sets --{option}, which knob sets itself: {instead}"),
+            );
+        }
+    }
+}
+
 /// A number of seconds (fractions allowed) from `least` to a week.
 fn seconds(reader: &mut ConfigReader<'_>, field: &Field<'_>, least: f64) -> Option<f64> {
     reader.parse(field, |value| {
@@ -240,7 +363,11 @@ pub fn check_config(
     canonical.insert("time".into(), json!(time));
     let sbatch_args = fields
         .take("sbatchArgs")
-        .and_then(|field| lines(&mut reader, &field))
+        .and_then(|field| {
+            let items = lines(&mut reader, &field)?;
+            check_sbatch_args(&mut reader, &field, &items);
+            Some(items)
+        })
         .unwrap_or_default();
     canonical.insert("sbatchArgs".into(), json!(sbatch_args));
     let setup_commands = fields
@@ -492,6 +619,49 @@ mod tests {
         ] {
             assert!(said.contains(expected), "{expected} missing from:\n{said}");
         }
+    }
+
+    #[test]
+    fn sbatch_args_that_set_what_knob_sets_are_refused_naming_the_item() {
+        let said = problems(json!({
+            "sbatchArgs": [
+                "--job-name=mine",
+                "#SBATCH -J mine",
+                "--comment 'my note'",
+                "-o /tmp/out-%j.txt",
+                "--err=/tmp/err.txt",
+                "#SBATCH --exclusive --array=1-3",
+                "-HJmine",
+                "--mail-type=FAIL\n--time=5",
+            ],
+        }));
+        let expected = [
+            "sbatchArgs[0]: \"--job-name=mine\" sets --job-name, which knob sets itself: knob finds its jobs in squeue by their names; set jobName instead",
+            "sbatchArgs[1]: \"#SBATCH -J mine\" sets --job-name, which knob sets itself: knob finds its jobs in squeue by their names; set jobName instead",
+            "sbatchArgs[2]: \"--comment 'my note'\" sets --comment, which knob sets itself: knob finds an experiment's jobs by their comment to cancel those a crashed run left; remove it",
+            "sbatchArgs[3]: \"-o /tmp/out-%j.txt\" sets --output, which knob sets itself: knob writes each job's log into the experiment folder and reads it to say why a job ended; remove it",
+            "sbatchArgs[4]: \"--err=/tmp/err.txt\" sets --error, which knob sets itself: knob writes each job's log into the experiment folder and reads it to say why a job ended; remove it",
+            "sbatchArgs[5]: \"#SBATCH --exclusive --array=1-3\" sets --array, which knob sets itself: knob submits one job per allocation (maxEnvironments) or per trial (reuseMode: false); remove it",
+            "sbatchArgs[6]: \"-HJmine\" sets --job-name, which knob sets itself: knob finds its jobs in squeue by their names; set jobName instead",
+            "sbatchArgs[7]: \"--mail-type=FAIL\\n--time=5\" holds a line break, which would end its #SBATCH line and run the rest as a command of the job; give each #SBATCH line as its own item",
+        ];
+        assert_eq!(said, expected.join("\n"));
+        // One string is one item a line; the error names the field.
+        let said = problems(json!({"sbatchArgs": "--exclusive\n--output=x"}));
+        assert!(
+            said.starts_with("sbatchArgs: \"--output=x\" sets --output"),
+            "{said}"
+        );
+        // Options knob does not depend on, values that merely look alike, and comments pass.
+        check_config(
+            &json!({"sbatchArgs": [
+                "--exclusive", "--mail-type=FAIL", "-p debug", "--signal=USR1@60",
+                "--requeue", "--export=ALL", "--account=a", "-N 1", "--constraint=\"a b\"",
+                "--gres=gpu:1 # --job-name=x", "#SBATCH --exclude=node-o",
+            ]}),
+            &context(),
+        )
+        .unwrap();
     }
 
     #[test]

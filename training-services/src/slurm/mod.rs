@@ -142,6 +142,9 @@ struct Job {
     given_up: Option<String>,
     /// Ran at least one trial (else its end counts toward `MAX_FAILED_ALLOCATIONS`).
     ran_trials: bool,
+    /// Ended because neither `squeue` nor `scontrol` knew it by its id and name any more: it may
+    /// still be in the queue under another name, so the shutdown cancels it by id too.
+    vanished: bool,
     inventory: Value,
 }
 
@@ -550,6 +553,7 @@ async fn submit(
         cancelled: None,
         given_up: None,
         ran_trials: false,
+        vanished: false,
         inventory: Value::Null,
     };
     {
@@ -894,10 +898,12 @@ async fn shut_down(ctx: &Arc<Context>) {
         )
         .await;
     }
+    // Every job knob submitted and did not see end, by id whatever its name: nothing the
+    // experiment submitted stays queued after it.
     let ids: Vec<u64> = lock(&ctx.shared)
         .jobs
         .iter()
-        .filter(|j| j.phase != Phase::Ended)
+        .filter(|j| j.phase != Phase::Ended || j.vanished)
         .map(|j| j.id)
         .collect();
     if let Err(why) = commands::scancel(&ids).await {

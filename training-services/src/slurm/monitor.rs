@@ -146,14 +146,25 @@ async fn update_jobs(
                     continue;
                 };
                 job.missing_polls += 1;
-                job.missing_polls >= MISSING_POLLS
+                job.vanished = job.missing_polls >= MISSING_POLLS;
+                job.vanished
             };
             if gone {
-                end_job(
-                    ctx,
-                    id,
-                    "vanished from squeue and scontrol without an exit code",
-                );
+                let how = match rows.iter().find(|r| r.id == id) {
+                    Some(row) => format!(
+                        "squeue lists it under the name {:?}, not knob's {name:?} (renamed outside knob, or its id reused); cancelled",
+                        row.name
+                    ),
+                    None => "vanished from squeue and scontrol without an exit code".to_string(),
+                };
+                end_job(ctx, id, &how);
+                // It may be queued still under a name changed outside knob (`scontrol update
+                // JobName=`): cancelled by id, it does not hold an allocation nobody uses.
+                if let Err(e) = commands::scancel(&[id]).await {
+                    knob_plugin_api::log::warn(&format!(
+                        "training service slurm: scancel {id} (vanished): {e}"
+                    ));
+                }
             }
             continue;
         };

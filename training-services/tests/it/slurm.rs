@@ -497,6 +497,51 @@ fn a_folder_with_spaces_quotes_and_percent_signs_runs_trials() {
     assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
 }
 
+#[test]
+fn a_job_renamed_outside_knob_is_cancelled_by_id_not_left_queued() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("renamed");
+    let mut service = world.service(json!({}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    // Named so that `queued_jobs` still finds it, but not knob's name for it.
+    let renamed = format!("other-{}", world.experiment_id);
+    let status = Command::new("scontrol")
+        .args([
+            "update",
+            &format!("JobId={job}"),
+            &format!("JobName={renamed}"),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let events = world.events.wait_until("the renamed job to end", |events| {
+        warnings(events)
+            .iter()
+            .any(|w| w.contains(&format!("Slurm job {job} (slurm:env1) ended")))
+    });
+    let said = warnings(&events).join("\n");
+    assert!(
+        said.contains(&format!(
+            "squeue lists it under the name \"{renamed}\", not knob's"
+        )),
+        "{said}"
+    );
+    // Knob no longer uses it, so it holds no allocation: cancelled by its id.
+    wait_for(
+        "the renamed job to be cancelled",
+        Duration::from_secs(30),
+        || {
+            let now = queued_jobs(&world.experiment_id);
+            (!now.contains(&job)).then_some(())
+        },
+    );
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
 /// Drains the node for its life, and resumes it on drop whatever happens.
 struct Drained(String);
 
