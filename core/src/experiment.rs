@@ -65,7 +65,14 @@ pub const OWNED_ENTRIES: &[&str] = &[
     // them out.
     "log",
     "checkpoint",
+    // What a training service keeps of its own in the folder (a cluster's job scripts and
+    // logs), each service under `services/<its name>/`: one entry for all of them, so that the
+    // core names no platform and a new service needs no change here.
+    SERVICES_DIR,
 ];
+
+/// The folder of [`OWNED_ENTRIES`] that training services keep their own files in.
+pub const SERVICES_DIR: &str = "services";
 
 const LOCK_JOURNAL_FILE_NAME: &str = "experiment.db.writer-lock-journal";
 

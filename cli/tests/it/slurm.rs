@@ -418,6 +418,46 @@ maxExperimentDuration: 3m",
     wait_for_empty_queue(&id);
 }
 
+#[test]
+fn a_start_sbatch_refuses_takes_back_the_folder_and_the_id_can_be_used_again() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let id = unique("refusedstart");
+    let sandbox = Sandbox::new();
+    let _cleanup = Running {
+        child: None,
+        needle: format!("-{id}-"),
+    };
+    let top = "trialCommand: echo KNOB_FINAL 1
+trialConcurrency: 1
+maxTrialNumber: 1";
+    let config = slurm_config(&sandbox, top, "  partition: nosuchpartition\n");
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    // The job files the service wrote were left, and said to be the user's.
+    let error = error_line(&stderr);
+    assert!(
+        error.starts_with(&format!(
+            "error: experiment {id} did not start, and was not kept: "
+        )) && error.contains("invalid partition"),
+        "{error}"
+    );
+    let dir = sandbox.path().join("experiments").join(&id);
+    assert!(!dir.exists(), "{} left behind", dir.display());
+
+    // Fixed, the same id starts; `experiment delete` then takes back its job files too.
+    let config = slurm_config(&sandbox, top, "  partition: debug\n");
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(dir.join("services/slurm").is_dir());
+    wait_for_empty_queue(&id);
+    let (code, stdout, stderr) = run(sandbox.knob().args(["experiment", "delete", &id, "--yes"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stdout.contains("did not make"), "{stdout}");
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
 /// An allocation retired as its time runs out keeps its running trial to the end even when no
 /// allocation can replace it: the experiment ends in ERROR only after that trial's result is in.
 #[test]

@@ -250,8 +250,11 @@ impl SlurmService {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_millis();
+        // Under the folder knob counts as its own (core's `OWNED_ENTRIES`): a failed start and
+        // `knob experiment delete` take it back with the rest of the experiment.
         let run_dir = args
             .experiment_dir
+            .join("services")
             .join("slurm")
             .join(format!("run-{started}"));
         std::fs::create_dir_all(&run_dir).map_err(|e| {

@@ -488,7 +488,7 @@ fn a_folder_with_spaces_quotes_and_percent_signs_runs_trials() {
     assert_eq!((exit_code, killed), (Some(0), None), "{events:#?}");
     service.stop();
     // Slurm's own log is where knob reads it from.
-    let runs: Vec<_> = std::fs::read_dir(world.experiment_dir.join("slurm"))
+    let runs: Vec<_> = std::fs::read_dir(world.experiment_dir.join("services/slurm"))
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .collect();
