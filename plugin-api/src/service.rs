@@ -395,6 +395,12 @@ pub struct ServiceContext {
     /// The experiment's own folder (store, trial folders); `None` while only checking.
     #[serde(default)]
     pub experiment_dir: Option<PathBuf>,
+    /// The folder experiments are made in (`experimentWorkingDirectory`; an experiment's own
+    /// is `<it>/<experiment id>`), given while a config is only checked too, so that a service
+    /// can refuse one it cannot use before anything is made. `None` from a host that predates
+    /// it, or when the config did not parse.
+    #[serde(default)]
+    pub working_directory: Option<PathBuf>,
     /// The folder relative paths in the config are relative to (the config file's).
     #[serde(default)]
     pub config_dir: PathBuf,

@@ -418,6 +418,37 @@ maxExperimentDuration: 3m",
     wait_for_empty_queue(&id);
 }
 
+/// No cluster needed: the service checks its config without Slurm.
+#[test]
+fn config_check_refuses_a_working_directory_slurm_cannot_take_naming_it() {
+    let sandbox = Sandbox::new();
+    // A line break ended the #SBATCH --output line: the rest of the path ran as a command of
+    // the job, and every later #SBATCH line (--time, --mem) was ignored.
+    let config = slurm_config(
+        &sandbox,
+        "trialCommand: echo KNOB_FINAL 1
+trialConcurrency: 1",
+        "",
+    );
+    let yaml = std::fs::read_to_string(&config).unwrap().replace(
+        &format!(
+            "experimentWorkingDirectory: {}",
+            sandbox.path().join("experiments").display()
+        ),
+        "experimentWorkingDirectory: \"/tmp/nl\\ntouch /tmp/INJECTED;: \"",
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().arg("config").arg("check").arg(&config));
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let error = error_line(&stderr);
+    assert!(
+        error.contains(
+            "trainingService: experimentWorkingDirectory \"/tmp/nl\\ntouch /tmp/INJECTED;: \" holds a line break, which Slurm cannot take in a job's log path (#SBATCH --output); choose a folder without one"
+        ),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_start_sbatch_refuses_takes_back_the_folder_and_the_id_can_be_used_again() {
     let Some(_cluster) = cluster() else {

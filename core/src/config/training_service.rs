@@ -386,6 +386,7 @@ pub(crate) fn check_context(
         config_file,
         shortcuts: shortcuts.clone(),
         trial: config.map(trial_settings).unwrap_or_default(),
+        working_directory: config.map(|config| config.experiment_working_directory.clone()),
         ..ServiceContext::default()
     }
 }

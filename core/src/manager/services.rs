@@ -57,6 +57,7 @@ pub fn service_context(
     ServiceContext {
         experiment_id: experiment_id.to_owned(),
         experiment_dir: Some(experiment_dir.to_path_buf()),
+        working_directory: experiment_dir.parent().map(Path::to_path_buf),
         config_dir: config_file
             .and_then(Path::parent)
             .map(Path::to_path_buf)

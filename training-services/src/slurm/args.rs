@@ -422,6 +422,23 @@ pub fn check_config(
         canonical.insert(name.into(), json!(value));
     }
     crate::limits::read(&mut reader, &mut fields, &mut canonical);
+    // The experiment's folder is in every job's log path (`#SBATCH --output`). Not a field of
+    // this mapping: the problem is told at its root, naming the top-level field.
+    let folder = context
+        .working_directory
+        .as_ref()
+        .or(context.experiment_dir.as_ref());
+    if let Some(folder) = folder {
+        if let Some(what) = super::script::unusable_in_sbatch_path(folder) {
+            reader.error(
+                &FieldPath::root(),
+                format!(
+                    "experimentWorkingDirectory {} holds {what}, which Slurm cannot take in a job's log path (#SBATCH --output); choose a folder without one",
+                    quoted(folder)
+                ),
+            );
+        }
+    }
     fields.finish(&mut reader, &SLURM_FIELDS);
     reader.finish(canonical)
 }
@@ -474,13 +491,6 @@ impl SlurmArgs {
                 )))
             }
         };
-        // Checked here, not in `check_config`: only a started experiment has its folder.
-        if let Some(what) = super::script::unusable_in_sbatch_path(&experiment_dir) {
-            return Err(ArgsError(format!(
-                "experimentWorkingDirectory: the experiment folder {} holds {what}, which Slurm cannot take in a job's log path (#SBATCH --output); choose an experimentWorkingDirectory without one",
-                quoted(&experiment_dir)
-            )));
-        }
         let trial = &context.trial;
         let mut limits = knob_gpu_sched::EnvironmentLimits::default();
         for name in crate::limits::LIMIT_FIELDS {
@@ -667,16 +677,30 @@ mod tests {
     #[test]
     fn an_experiment_folder_slurm_cannot_take_is_refused_naming_the_field() {
         for (dir, what) in [("/tmp/a\nb", "a line break"), ("/tmp/a\\b", "a backslash")] {
+            // While the config is checked: the working directory.
             let mut context = context();
-            context.experiment_dir = Some(PathBuf::from(dir));
+            context.experiment_dir = None;
+            context.working_directory = Some(PathBuf::from(dir));
+            let e = check_config(&json!({}), &context).unwrap_err();
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(e[0].path.is_root(), "{e:?}");
+            assert!(
+                e[0].message.starts_with(&format!(
+                    "experimentWorkingDirectory {} holds {what}, which Slurm cannot take",
+                    quoted(std::path::Path::new(dir))
+                )) && !e[0].message.contains('\n'),
+                "{e:?}"
+            );
+            // At the start, from a host that gives only the experiment's folder.
+            let mut context = self::context();
+            context.experiment_dir = Some(PathBuf::from(dir).join("abc"));
             let e = SlurmArgs::new(&json!({}), &context)
                 .unwrap_err()
                 .to_string();
             assert!(!e.contains('\n'), "{e}");
             assert!(
-                e.starts_with(
-                    "training service slurm: experimentWorkingDirectory: the experiment folder"
-                ) && e.contains(&format!("holds {what}, which Slurm cannot take")),
+                e.starts_with("training service slurm: experimentWorkingDirectory ")
+                    && e.contains(&format!("holds {what}, which Slurm cannot take")),
                 "{e}"
             );
         }
