@@ -17,17 +17,17 @@
 
 use std::collections::BTreeMap;
 
-use knob_plugin_api::{Assessor, PluginError, Verdict};
+use knob_plugin_api::{Assessor, AssessorContext, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{numbers_apart, step_of, ClassArgs, OptimizeMode};
+use crate::common::{numbers_apart, step_of, ClassArgs, Direction, OptimizeMode};
 
 /// Optuna's and Ray Tune's default.
 const DEFAULT_REDUCTION_FACTOR: u32 = 4;
 
 #[derive(Debug)]
 pub struct AshaAssessor {
-    mode: OptimizeMode,
+    direction: Direction,
     reduction_factor: u64,
     min_resource: u64,
     max_resource: Option<u64>,
@@ -75,7 +75,7 @@ impl Assessor for AshaAssessor {
             )));
         }
         Ok(AshaAssessor {
-            mode: args.optimize_mode()?,
+            direction: args.optimize_mode()?,
             reduction_factor: reduction_factor.into(),
             min_resource: min_resource.into(),
             max_resource: max_resource.map(u64::from),
@@ -87,6 +87,11 @@ impl Assessor for AshaAssessor {
             judged_up_to: BTreeMap::new(),
             last_step: BTreeMap::new(),
         })
+    }
+
+    fn set_context(&mut self, context: &AssessorContext) -> Result<(), PluginError> {
+        self.direction.follow(context);
+        Ok(())
     }
 
     fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
@@ -145,16 +150,16 @@ impl AshaAssessor {
         let kept = (n / self.reduction_factor as usize).max(1);
         let mut ranked: Vec<f64> = recorded.values().copied().collect();
         // Best first.
-        ranked.sort_by(|a, b| match self.mode {
+        ranked.sort_by(|a, b| match self.direction.get() {
             OptimizeMode::Maximize => b.total_cmp(a),
             OptimizeMode::Minimize => a.total_cmp(b),
         });
         let cutoff = ranked[kept - 1];
-        if !self.mode.better(cutoff, value) {
+        if !self.direction.get().better(cutoff, value) {
             return None;
         }
         let (value, cutoff) = numbers_apart(value, cutoff);
-        let side = self.mode.worse_side();
+        let side = self.direction.get().worse_side();
         let rank = match kept {
             1 => "best".to_string(),
             k => format!("{}{} best", k, ordinal_suffix(k)),

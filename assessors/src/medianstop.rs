@@ -13,18 +13,20 @@
 //!   at all is stopped once there is a median to compare with; a completed trial with no
 //!   number up to S does not count at S.
 //! - A misspelt `optimize_mode` is an error (NNI warns and maximizes).
+//! - Without `optimize_mode` it judges in the experiment's direction (`set_context`: minimize
+//!   under TPE or Anneal), where NNI's maximizes whatever the tuner does.
 //! - A trial that starts over (a retry) is judged on its new history alone.
 
 use std::collections::BTreeMap;
 
-use knob_plugin_api::{status, Assessor, PluginError, Verdict};
+use knob_plugin_api::{status, Assessor, AssessorContext, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{number, numbers_apart, step_of, ClassArgs, OptimizeMode};
+use crate::common::{number, numbers_apart, step_of, ClassArgs, Direction, OptimizeMode};
 
 #[derive(Debug)]
 pub struct MedianstopAssessor {
-    mode: OptimizeMode,
+    direction: Direction,
     start_step: usize,
     /// The latest history of each running trial, kept for when it ends.
     running: BTreeMap<String, Vec<f64>>,
@@ -37,12 +39,17 @@ impl Assessor for MedianstopAssessor {
     fn new(class_args: &Value) -> Result<Self, PluginError> {
         let args = ClassArgs::new("Medianstop", class_args, &["optimize_mode", "start_step"])?;
         Ok(MedianstopAssessor {
-            mode: args.optimize_mode()?,
+            direction: args.optimize_mode()?,
             // NNI's range.
             start_step: args.whole_number("start_step", 0..=9999)?.unwrap_or(0) as usize,
             running: BTreeMap::new(),
             completed_averages: Vec::new(),
         })
+    }
+
+    fn set_context(&mut self, context: &AssessorContext) -> Result<(), PluginError> {
+        self.direction.follow(context);
+        Ok(())
     }
 
     fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
@@ -62,7 +69,7 @@ impl Assessor for MedianstopAssessor {
             return Ok(Verdict::good());
         }
         averages.sort_by(f64::total_cmp);
-        let median = match self.mode {
+        let median = match self.direction.get() {
             OptimizeMode::Maximize => averages[(averages.len() - 1) / 2],
             OptimizeMode::Minimize => averages[averages.len() / 2],
         };
@@ -70,15 +77,15 @@ impl Assessor for MedianstopAssessor {
             1 => "1 completed trial".to_string(),
             n => format!("{n} completed trials"),
         };
-        let Some(best) = self.mode.best(history) else {
+        let Some(best) = self.direction.get().best(history) else {
             let median = number(median);
             return Ok(Verdict::stop(format!(
                 "step {step}: no numeric result yet (all NaN), median {median} of {completed}"
             )));
         };
-        if self.mode.better(median, best) {
+        if self.direction.get().better(median, best) {
             let (best, median) = numbers_apart(best, median);
-            let side = self.mode.worse_side();
+            let side = self.direction.get().worse_side();
             return Ok(Verdict::stop(format!(
                 "step {step}: best {best} {side} median {median} of {completed}"
             )));

@@ -10,14 +10,14 @@
 //! NaN results are never a best. Where all of the last patience + 1 results are NaN and an
 //! earlier one was a number, the trial is stopped (Optuna's `nanmax` comparison would go on).
 
-use knob_plugin_api::{Assessor, PluginError, Verdict};
+use knob_plugin_api::{Assessor, AssessorContext, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{number, numbers_apart, step_of, ClassArgs, OptimizeMode};
+use crate::common::{number, numbers_apart, step_of, ClassArgs, Direction, OptimizeMode};
 
 #[derive(Debug)]
 pub struct PatienceAssessor {
-    mode: OptimizeMode,
+    direction: Direction,
     patience: usize,
     min_delta: f64,
 }
@@ -36,12 +36,17 @@ impl Assessor for PatienceAssessor {
             );
         };
         Ok(PatienceAssessor {
-            mode: args.optimize_mode()?,
+            direction: args.optimize_mode()?,
             patience: patience as usize,
             min_delta: args
                 .number("min_delta", 0.0..=f64::INFINITY)?
                 .unwrap_or(0.0),
         })
+    }
+
+    fn set_context(&mut self, context: &AssessorContext) -> Result<(), PluginError> {
+        self.direction.follow(context);
+        Ok(())
     }
 
     fn assess_trial(&mut self, _trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
@@ -51,10 +56,10 @@ impl Assessor for PatienceAssessor {
             return Ok(Verdict::good());
         }
         let (before, recent) = history.split_at(step - window);
-        let Some(best_before) = self.mode.best(before) else {
+        let Some(best_before) = self.direction.get().best(before) else {
             return Ok(Verdict::good());
         };
-        let Some(best_recent) = self.mode.best(recent) else {
+        let Some(best_recent) = self.direction.get().best(recent) else {
             let all_nan = match window {
                 1 => "the last result is NaN".to_string(),
                 n => format!("the last {n} results are all NaN"),
@@ -65,11 +70,11 @@ impl Assessor for PatienceAssessor {
                 self.patience
             )));
         };
-        let allowed = match self.mode {
+        let allowed = match self.direction.get() {
             OptimizeMode::Maximize => best_before - self.min_delta,
             OptimizeMode::Minimize => best_before + self.min_delta,
         };
-        if !self.mode.better(allowed, best_recent) {
+        if !self.direction.get().better(allowed, best_recent) {
             return Ok(Verdict::good());
         }
         let (recent_text, before_text) = numbers_apart(best_recent, best_before);

@@ -3,14 +3,13 @@
 
 use std::ops::RangeInclusive;
 
-use knob_plugin_api::PluginError;
+use knob_plugin_api::{AssessorContext, PluginError};
 use serde_json::{Map, Value};
 
 /// Whether higher or lower intermediate results are better.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OptimizeMode {
     /// NNI's default for every assessor.
-    #[default]
     Maximize,
     Minimize,
 }
@@ -39,6 +38,33 @@ impl OptimizeMode {
         match self {
             OptimizeMode::Maximize => "below",
             OptimizeMode::Minimize => "above",
+        }
+    }
+}
+
+/// Which way an assessor judges: its own `optimize_mode` classArg when given (the user said so
+/// for this assessor); otherwise the experiment's direction, which the host tells it through
+/// `set_context` (the tuner's: minimize for TPE and Anneal), so that a TPE experiment's
+/// improving losses are not stopped as "worse". Maximize (NNI's default) until told, and from
+/// a host too old to tell.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Direction {
+    mode: OptimizeMode,
+    from_class_args: bool,
+}
+
+impl Direction {
+    pub(crate) fn get(self) -> OptimizeMode {
+        self.mode
+    }
+
+    /// Takes the experiment's direction, unless the classArgs gave one.
+    pub(crate) fn follow(&mut self, context: &AssessorContext) {
+        if !self.from_class_args {
+            self.mode = match context.optimize_mode {
+                knob_plugin_api::OptimizeMode::Maximize => OptimizeMode::Maximize,
+                knob_plugin_api::OptimizeMode::Minimize => OptimizeMode::Minimize,
+            };
         }
     }
 }
@@ -133,14 +159,21 @@ impl ClassArgs {
         }
     }
 
-    /// NNI's `optimize_mode`, maximize when absent. NNI's Medianstop only logs a warning for a
-    /// misspelt mode and maximizes; a silent wrong direction stops the wrong trials, so knob
-    /// refuses it.
-    pub(crate) fn optimize_mode(&self) -> Result<OptimizeMode, PluginError> {
+    /// NNI's `optimize_mode`; when absent, the experiment's direction once `set_context` tells
+    /// it (see [`Direction`]). NNI's Medianstop only logs a warning for a misspelt mode and
+    /// maximizes; a silent wrong direction stops the wrong trials, so knob refuses it.
+    pub(crate) fn optimize_mode(&self) -> Result<Direction, PluginError> {
+        let given = |mode| Direction {
+            mode,
+            from_class_args: true,
+        };
         match self.get("optimize_mode") {
-            None => Ok(OptimizeMode::Maximize),
-            Some(Value::String(s)) if s == "maximize" => Ok(OptimizeMode::Maximize),
-            Some(Value::String(s)) if s == "minimize" => Ok(OptimizeMode::Minimize),
+            None => Ok(Direction {
+                mode: OptimizeMode::Maximize,
+                from_class_args: false,
+            }),
+            Some(Value::String(s)) if s == "maximize" => Ok(given(OptimizeMode::Maximize)),
+            Some(Value::String(s)) if s == "minimize" => Ok(given(OptimizeMode::Minimize)),
             Some(other) => Err(self.error(format!(
                 "optimize_mode must be \"maximize\" or \"minimize\", got {other}"
             ))),

@@ -4,7 +4,7 @@
 pub(crate) mod args;
 pub(crate) mod numbers;
 
-pub(crate) use args::{ClassArgs, OptimizeMode};
+pub(crate) use args::{ClassArgs, Direction, OptimizeMode};
 pub(crate) use numbers::{number, numbers_apart};
 
 /// The step a verdict talks about: how many intermediate results the trial has reported.

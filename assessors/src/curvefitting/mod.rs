@@ -21,8 +21,9 @@
 //!   fit overwrites); knob starts every fit from NNI's initial parameters.
 //! - NNI takes a completed trial's final result from the history of whichever trial was
 //!   assessed last (wrong with several trials running); knob uses the ending trial's own.
-//! - `optimize_mode` (a knob extension, default maximize as NNI assumes): when minimizing, the
-//!   curves are fitted to the negated results.
+//! - `optimize_mode` (a knob extension; without it, the experiment's direction from
+//!   `set_context`, where NNI always maximizes): when minimizing, the curves are fitted to the
+//!   negated results.
 //! - The stop line is best − (1 − threshold)·|best| (best + … when minimizing): NNI's
 //!   threshold × best for a positive best, and still "a little worse than the best" when the
 //!   best is negative.
@@ -35,16 +36,16 @@ mod fit;
 
 use std::collections::BTreeMap;
 
-use knob_plugin_api::{status, Assessor, PluginError, Verdict};
+use knob_plugin_api::{status, Assessor, AssessorContext, PluginError, Verdict};
 use serde_json::Value;
 
-use crate::common::{number, numbers_apart, step_of, ClassArgs, OptimizeMode};
+use crate::common::{number, numbers_apart, step_of, ClassArgs, Direction, OptimizeMode};
 
 pub use self::prediction::{predict, Prediction};
 
 #[derive(Debug)]
 pub struct CurvefittingAssessor {
-    mode: OptimizeMode,
+    direction: Direction,
     epoch_num: usize,
     start_step: usize,
     threshold: f64,
@@ -74,7 +75,7 @@ impl Assessor for CurvefittingAssessor {
             return Err(args.error("epoch_num is required: the epoch whose result to predict"));
         };
         Ok(CurvefittingAssessor {
-            mode: args.optimize_mode()?,
+            direction: args.optimize_mode()?,
             epoch_num: epoch_num as usize,
             start_step: args.whole_number("start_step", 0..=9999)?.unwrap_or(6) as usize,
             threshold: args.number("threshold", 0.0..=9999.0)?.unwrap_or(0.95),
@@ -83,6 +84,11 @@ impl Assessor for CurvefittingAssessor {
             last_judged: BTreeMap::new(),
             best_completed: None,
         })
+    }
+
+    fn set_context(&mut self, context: &AssessorContext) -> Result<(), PluginError> {
+        self.direction.follow(context);
+        Ok(())
     }
 
     fn assess_trial(&mut self, trial_id: &str, history: &[f64]) -> Result<Verdict, PluginError> {
@@ -103,23 +109,23 @@ impl Assessor for CurvefittingAssessor {
         self.last_judged.insert(trial_id.to_string(), step);
 
         // The curve families rise to an asymptote: fit a minimized metric upside down.
-        let oriented: Vec<f64> = match self.mode {
+        let oriented: Vec<f64> = match self.direction.get() {
             OptimizeMode::Maximize => history.to_vec(),
             OptimizeMode::Minimize => history.iter().map(|v| -v).collect(),
         };
         let Some(prediction) = predict(&oriented, self.epoch_num) else {
             return Ok(Verdict::good());
         };
-        let predicted = match self.mode {
+        let predicted = match self.direction.get() {
             OptimizeMode::Maximize => prediction.value,
             OptimizeMode::Minimize => -prediction.value,
         };
         let margin = (1.0 - self.threshold) * best.abs();
-        let line = match self.mode {
+        let line = match self.direction.get() {
             OptimizeMode::Maximize => best - margin,
             OptimizeMode::Minimize => best + margin,
         };
-        if self.mode.better(predicted, line) {
+        if self.direction.get().better(predicted, line) {
             return Ok(Verdict::good());
         }
         let (predicted_text, line_text) = numbers_apart(predicted, line);
@@ -128,7 +134,7 @@ impl Assessor for CurvefittingAssessor {
              not {better} {line_text} (threshold {threshold} × best {best})",
             epoch = self.epoch_num,
             models = prediction.models.len(),
-            better = match self.mode {
+            better = match self.direction.get() {
                 OptimizeMode::Maximize => "above",
                 OptimizeMode::Minimize => "below",
             },
@@ -148,7 +154,7 @@ impl Assessor for CurvefittingAssessor {
         if let Some(&last) = history.iter().rev().find(|v| !v.is_nan()) {
             if self
                 .best_completed
-                .is_none_or(|best| self.mode.better(last, best))
+                .is_none_or(|best| self.direction.get().better(last, best))
             {
                 self.best_completed = Some(last);
             }

@@ -8,7 +8,7 @@ use knob_plugin_api::ComponentKind;
 use serde_json::json;
 
 /// The cdylib cargo built beside this test binary (in `target/<profile>/deps`).
-fn plugin_file() -> PathBuf {
+pub(crate) fn plugin_file() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("test binary has a folder");
     let name = format!(

@@ -6,6 +6,7 @@ mod abi;
 mod args;
 mod asha;
 mod curvefitting;
+mod direction;
 mod medianstop;
 mod patience;
 mod retries;
