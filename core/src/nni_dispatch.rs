@@ -67,11 +67,13 @@ pub fn through_nni(
     nni.is_some_and(|nni| nni.native.is_none()) && !exported(name)
 }
 
-/// Where an experiment runs: its folder, and whether this is a resume.
+/// Where an experiment runs: its folder, whether this is a resume, and the config's
+/// `tunerGpuIndices`.
 #[derive(Debug, Clone, Copy)]
 pub struct Run<'a> {
     pub dir: &'a Path,
     pub resume: bool,
+    pub tuner_gpu_indices: Option<&'a [u32]>,
 }
 
 /// The dispatcher plugin's class args: the algorithm as NNI's config holds it, and what its
@@ -113,6 +115,17 @@ pub fn class_args(algorithm: &AlgorithmConfig, log_level: LogLevel, run: Option<
     if let Some(run) = run {
         map.insert("experimentDir".into(), json!(run.dir));
         map.insert("resume".into(), json!(run.resume));
+        // NNI's manager gives its dispatcher `tunerGpuIndices` joined, and '' when unset
+        // (`toCudaVisibleDevices`): the tuner and assessor see no GPU unless given one, so a
+        // tuner that uses torch does not take the trials' GPUs.
+        let devices = run
+            .tuner_gpu_indices
+            .unwrap_or_default()
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        map.insert("cudaVisibleDevices".into(), json!(devices));
     }
     args
 }
@@ -200,6 +213,7 @@ mod tests {
             Some(Run {
                 dir: Path::new("/exp"),
                 resume: true,
+                tuner_gpu_indices: Some(&[1, 3]),
             }),
         );
         assert_eq!(
@@ -210,6 +224,7 @@ mod tests {
                 "pythonInterpreter": "/venv/bin/python",
                 "experimentDir": "/exp",
                 "resume": true,
+                "cudaVisibleDevices": "1,3",
             })
         );
     }

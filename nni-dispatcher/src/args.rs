@@ -36,6 +36,10 @@ pub struct DispatcherArgs {
     /// v1 converter drops, so their dispatcher always gets `false`.
     #[serde(default)]
     pub include_intermediate_results: bool,
+    /// The dispatcher's `CUDA_VISIBLE_DEVICES`: the config's `tunerGpuIndices` joined, `""`
+    /// (no GPU) when unset, as NNI's manager sets it; never knob's own.
+    #[serde(default)]
+    pub cuda_visible_devices: String,
 }
 
 /// Which side of NNI's experiment config the algorithm is.
@@ -106,6 +110,7 @@ impl DispatcherArgs {
             resume: self.resume,
             log_level: self.log_level.clone().unwrap_or_else(|| "info".into()),
             include_intermediate_results: self.include_intermediate_results,
+            cuda_visible_devices: self.cuda_visible_devices.clone(),
             connect_timeout: Duration::from_secs_f64(
                 self.dispatcher_connect_timeout
                     .unwrap_or(DEFAULT_CONNECT_TIMEOUT_SECS),

@@ -186,6 +186,7 @@ pub struct Launch {
     pub resume: bool,
     pub log_level: String,
     pub include_intermediate_results: bool,
+    pub cuda_visible_devices: String,
     /// How long the dispatcher may take to connect.
     pub connect_timeout: Duration,
 }
@@ -289,6 +290,7 @@ impl Dispatcher {
                 "NNI_TUNER_COMMAND_CHANNEL",
                 format!("ws://127.0.0.1:{port}/tuner"),
             )
+            .env("CUDA_VISIBLE_DEVICES", &launch.cuda_visible_devices)
             // A trial's variables must not leak in: `import nni` would act as a trial.
             .env_remove("NNI_PLATFORM")
             .stdin(Stdio::null())

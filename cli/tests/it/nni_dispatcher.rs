@@ -205,6 +205,60 @@ fn a_users_nni_tuner_by_class_name_runs_under_nni_2_10() {
 /// Trials that end together at the experiment's end: NNI's dispatcher queues their ends for
 /// one worker, and the tuner takes 0.4 s over each (`end_delay`). Every end reaches it before
 /// the dispatcher goes: by default NNI's worker left on TERMINATE with ends still queued.
+/// NNI's manager sets its dispatcher's `CUDA_VISIBLE_DEVICES` to `tunerGpuIndices` joined, and
+/// to '' when unset (`toCudaVisibleDevices`), whatever the manager's own is. knob used to pass
+/// its own on (here 5,6) and ignore the field.
+#[test]
+fn the_dispatcher_sees_tuner_gpu_indices_as_its_cuda_visible_devices() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    for (id, field, expected) in [
+        (
+            "tgpuset",
+            "tunerGpuIndices: [1, 3]
+",
+            "1,3",
+        ),
+        (
+            "tgpuint",
+            "tunerGpuIndices: 2
+",
+            "2",
+        ),
+        ("tgpunone", "", ""),
+    ] {
+        let sandbox = tempfile::tempdir().unwrap();
+        let code = code_dir(sandbox.path());
+        let record_file = sandbox.path().join("tuner-record.jsonl");
+        let algorithms = format!(
+            "{field}tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}}}",
+            python.display(),
+            record_file.display()
+        );
+        let config = write_config(&code, &python, 1, "1 0", &algorithms);
+        let home = sandbox.path().join("home");
+        let (status, stdout, stderr) = create_bounded(
+            knob()
+                .env("KNOB_HOME", &home)
+                .env("CUDA_VISIBLE_DEVICES", "5,6")
+                .arg("create")
+                .arg("--config")
+                .arg(&config)
+                .args(["--id", id]),
+            sandbox.path(),
+        );
+        let events = record(&record_file);
+        let context =
+            format!("{field:?}: create {status}\n{stdout}\n{stderr}\nrecord: {events:#?}");
+        let space = events
+            .iter()
+            .find(|e| e["event"] == "space")
+            .unwrap_or_else(|| panic!("the tuner never got its space\n{context}"));
+        assert_eq!(space["cuda_visible_devices"], expected, "{context}");
+    }
+}
+
 #[test]
 fn ends_queued_in_nni_s_dispatcher_reach_the_tuner_before_it_terminates() {
     let Some(python) = prerequisite::NNI2_PYTHON.path() else {

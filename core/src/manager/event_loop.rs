@@ -103,6 +103,7 @@ impl Manager {
         let run = crate::nni_dispatch::Run {
             dir: &dir,
             resume: history.is_some(),
+            tuner_gpu_indices: config.tuner_gpu_indices.as_deref(),
         };
         let (tuner_name, tuner_args) = algorithm_component(
             ComponentKind::Tuner,

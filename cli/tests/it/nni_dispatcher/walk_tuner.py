@@ -43,7 +43,8 @@ class WalkTuner(Tuner):
     def update_search_space(self, search_space):
         self.space = search_space
         self._write(event='space', space=search_space, pid=os.getpid(),
-                    include_intermediate_results=os.environ.get('NNI_INCLUDE_INTERMEDIATE_RESULTS'))
+                    include_intermediate_results=os.environ.get('NNI_INCLUDE_INTERMEDIATE_RESULTS'),
+                    cuda_visible_devices=os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'))
 
     def generate_parameters(self, parameter_id, **kwargs):
         self.generated += 1
