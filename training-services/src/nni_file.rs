@@ -23,10 +23,15 @@ pub const METRICS_FILE_NAME: &str = "metrics";
 /// NNI's parameter record: what `parameter.cfg` holds and what the v3 channel hands out as
 /// `"parameter"`. `nni.get_next_parameter()` returns its `"parameters"`, and the trial sends
 /// `"parameter_id"` back with each metric. The id is the tuner's label when it gave one (NNI's
-/// Hyperband and BOHB use strings like `"0-4_0_3"`), else the number.
+/// Hyperband and BOHB use strings like `"0-4_0_3"`), else the number. A label that is a whole
+/// number written plainly (NNI's dispatcher labels a tuner's int id `"0"`) is written as that
+/// number: NNI gives its tuners' trials an int, and trial code compares or indexes with it.
 pub fn parameter_record(parameter_id: u64, label: Option<&str>, parameters: &Value) -> String {
     let parameter_id = match label {
-        Some(label) => Value::from(label),
+        Some(label) => match label.parse::<u64>() {
+            Ok(number) if number.to_string() == label => Value::from(number),
+            _ => Value::from(label),
+        },
         None => Value::from(parameter_id),
     };
     serde_json::json!({
@@ -292,6 +297,16 @@ mod tests {
         assert_eq!(
             parameter_record(7, Some("0-2_1_5"), &parameters),
             r#"{"parameter_id":"0-2_1_5","parameter_source":"algorithm","parameters":{"lr":0.1,"act":"relu"},"parameter_index":0}"#
+        );
+        // NNI's dispatcher's int id, carried as the label "0": an int again, as NNI gives it.
+        assert_eq!(
+            parameter_record(7, Some("0"), &parameters),
+            r#"{"parameter_id":0,"parameter_source":"algorithm","parameters":{"lr":0.1,"act":"relu"},"parameter_index":0}"#
+        );
+        // Not written plainly: kept as the text it is.
+        assert_eq!(
+            parameter_record(7, Some("007"), &serde_json::json!({})),
+            r#"{"parameter_id":"007","parameter_source":"algorithm","parameters":{},"parameter_index":0}"#
         );
     }
 }

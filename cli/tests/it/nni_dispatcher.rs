@@ -115,6 +115,20 @@ fn record(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Every file called `name` under `dir`, at any depth.
+fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_named(&path, name));
+        } else if path.file_name().is_some_and(|n| n == name) {
+            found.push(path);
+        }
+    }
+    found
+}
+
 fn check_custom_tuner(python: &Path, id: &str) {
     let sandbox = tempfile::tempdir().unwrap();
     let code = code_dir(sandbox.path());
@@ -157,6 +171,24 @@ fn check_custom_tuner(python: &Path, id: &str) {
     );
     let generated: Vec<&Value> = events.iter().filter(|e| e["event"] == "generate").collect();
     assert_eq!(generated.len(), 5, "{context}");
+    // Each trial got its parameter id as the dispatcher sent it, an int (it used to get the
+    // text "0"), on nni 3.0's channel and on 2.10's parameter.cfg alike.
+    let mut trial_ids = files_named(
+        &sandbox.path().join("experiments").join(id).join("trials"),
+        "parameter_id.json",
+    )
+    .iter()
+    .map(|file| serde_json::from_str::<Value>(&std::fs::read_to_string(file).unwrap()).unwrap())
+    .collect::<Vec<Value>>();
+    let mut generated_ids: Vec<Value> = generated
+        .iter()
+        .map(|g| g["parameter_id"].clone())
+        .collect();
+    let by_text = |a: &Value, b: &Value| a.to_string().cmp(&b.to_string());
+    trial_ids.sort_by(by_text);
+    generated_ids.sort_by(by_text);
+    assert!(generated_ids.iter().all(Value::is_u64), "{context}");
+    assert_eq!(trial_ids, generated_ids, "{context}");
     for trial in trials {
         assert_eq!(trial["status"], "SUCCEEDED", "{context}");
         // The trial ran with parameters the tuner generated, under the dispatcher's id.
