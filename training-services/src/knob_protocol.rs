@@ -112,6 +112,8 @@ pub fn check_value(value: &str) -> Result<(), String> {
 pub enum LineSource {
     Stdout,
     MetricsFile,
+    /// The trial's stdout as real nni's trial library rewrites it (see [`printed_under_nni`]).
+    NniTrialLog,
 }
 
 impl LineSource {
@@ -119,6 +121,7 @@ impl LineSource {
         match self {
             LineSource::Stdout => "stdout",
             LineSource::MetricsFile => METRICS_FILE_NAME,
+            LineSource::NniTrialLog => NNI_TRIAL_LOG_FILE_NAME,
         }
     }
 }
@@ -131,7 +134,7 @@ pub fn handle_line(recorder: &TrialRecorder, source: LineSource, line: &[u8]) {
             // `record` only fails once the trial has ended, and lines are read before that.
             let _ = recorder.record(kind, value.to_string());
         }
-        KnobLine::Other if source == LineSource::Stdout => {}
+        KnobLine::Other if source != LineSource::MetricsFile => {}
         KnobLine::Other => {
             if !line.iter().all(u8::is_ascii_whitespace) {
                 recorder.warn(format_args!(
@@ -169,6 +172,23 @@ fn unusable_final_value(line: &[u8]) -> Option<&str> {
     (token == FINAL_TOKEN).then(|| rest.trim())
 }
 
+/// Where `import nni` (nni 2.x and 3.0, with `NNI_PLATFORM=local`) sends the trial's stdout:
+/// `$NNI_OUTPUT_DIR/trial.log`, each printed line as `[<time>] PRINT <line>`, beside nni's own
+/// log lines.
+pub const NNI_TRIAL_LOG_FILE_NAME: &str = "trial.log";
+
+/// What the trial printed, from a line of nni's `trial.log`: the text after `[<time>] PRINT `;
+/// a line without that head as it is (a line the trial printed after a `\r` starts a line of
+/// its own here, as on stdout).
+pub fn printed_under_nni(line: &[u8]) -> &[u8] {
+    let Some(rest) = line.strip_prefix(b"[") else {
+        return line;
+    };
+    memchr::memchr(b']', rest)
+        .and_then(|close| rest[close + 1..].strip_prefix(b" PRINT "))
+        .unwrap_or(line)
+}
+
 /// A line over the bound was skipped.
 pub fn warn_too_long(recorder: &TrialRecorder, source: LineSource, max_bytes: usize) {
     recorder.warn(format_args!(
@@ -181,6 +201,26 @@ pub fn warn_too_long(recorder: &TrialRecorder, source: LineSource, max_bytes: us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_nni_printed_into_trial_log_is_what_the_trial_printed() {
+        let printed =
+            |line: &str| String::from_utf8_lossy(printed_under_nni(line.as_bytes())).into_owned();
+        assert_eq!(
+            printed("[2026-11-30 09:07:26] PRINT KNOB_FINAL 0.4"),
+            "KNOB_FINAL 0.4"
+        );
+        // nni's own log lines, and a line printed after a `\r` (a line of its own).
+        assert_eq!(
+            printed("[2026-11-30 09:07:26] INFO (nni) x"),
+            "[2026-11-30 09:07:26] INFO (nni) x"
+        );
+        assert_eq!(printed("KNOB_FINAL 1"), "KNOB_FINAL 1");
+        assert_eq!(
+            printed("[unclosed PRINT KNOB_FINAL 1"),
+            "[unclosed PRINT KNOB_FINAL 1"
+        );
+    }
 
     fn read(line: &str) -> String {
         match parse_line(line.as_bytes()) {

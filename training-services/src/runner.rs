@@ -298,6 +298,7 @@ pub fn start_trial(
     let tails = vec![
         FileTail::knob_lines(paths.knob_metrics.clone()),
         FileTail::nni_records(paths.nni_metrics.clone()),
+        FileTail::nni_trial_log(paths.dir.join(knob::NNI_TRIAL_LOG_FILE_NAME)),
     ];
     let tail_task = runtime.spawn(tail_files(
         tails,

@@ -133,6 +133,30 @@ pub enum TailFormat {
     KnobLines(LineScanner),
     /// NNI records (`.nni/metrics`).
     NniRecords(NniRecordDecoder),
+    /// nni's `trial.log`, for the `KNOB_` lines a trial that imports real nni printed: nni
+    /// sends its stdout there, and they were lost. `told`: the store has its warning.
+    NniTrialLog { scanner: LineScanner, told: bool },
+}
+
+impl TailFormat {
+    fn fresh(&self) -> TailFormat {
+        match self {
+            TailFormat::KnobLines(_) => {
+                TailFormat::KnobLines(LineScanner::new(b"", MAX_METRIC_BYTES))
+            }
+            TailFormat::NniRecords(_) => TailFormat::NniRecords(NniRecordDecoder::new()),
+            TailFormat::NniTrialLog { .. } => TailFormat::NniTrialLog {
+                scanner: trial_log_scanner(),
+                told: false,
+            },
+        }
+    }
+}
+
+/// Every line of trial.log is looked at (its head is a time); the bound leaves room for it
+/// beside a metric of the full size.
+fn trial_log_scanner() -> LineScanner {
+    LineScanner::new(b"", MAX_METRIC_BYTES + 64)
 }
 
 /// One metric file of one trial, read from where the last read stopped.
@@ -141,6 +165,9 @@ pub struct FileTail {
     path: PathBuf,
     offset: u64,
     format: TailFormat,
+    /// Created if missing and watched once the trial has run [`WATCH_AFTER`]; otherwise only
+    /// read when the tail wakes for another file and at the end.
+    watched: bool,
 }
 
 impl FileTail {
@@ -149,6 +176,22 @@ impl FileTail {
             path,
             offset: 0,
             format: TailFormat::KnobLines(LineScanner::new(b"", MAX_METRIC_BYTES)),
+            watched: true,
+        }
+    }
+
+    /// nni's `trial.log`. Not created (only trials that import nni write one, and the API tells
+    /// a trial without one apart) and so not watched: read at the end, and whenever the other
+    /// files wake the tail.
+    pub fn nni_trial_log(path: PathBuf) -> FileTail {
+        FileTail {
+            path,
+            offset: 0,
+            format: TailFormat::NniTrialLog {
+                scanner: trial_log_scanner(),
+                told: false,
+            },
+            watched: false,
         }
     }
 
@@ -157,6 +200,7 @@ impl FileTail {
             path,
             offset: 0,
             format: TailFormat::NniRecords(NniRecordDecoder::new()),
+            watched: true,
         }
     }
 
@@ -179,12 +223,7 @@ impl FileTail {
                 self.offset
             ));
             self.offset = 0;
-            self.format = match self.format {
-                TailFormat::KnobLines(_) => {
-                    TailFormat::KnobLines(LineScanner::new(b"", MAX_METRIC_BYTES))
-                }
-                TailFormat::NniRecords(_) => TailFormat::NniRecords(NniRecordDecoder::new()),
-            };
+            self.format = self.format.fresh();
         }
         if length == self.offset || file.seek(SeekFrom::Start(self.offset)).is_err() {
             return;
@@ -212,6 +251,9 @@ impl FileTail {
             TailFormat::NniRecords(decoder) => {
                 decoder.feed(bytes, &mut |record| on_nni_record(recorder, record));
             }
+            TailFormat::NniTrialLog { scanner, told } => {
+                scanner.feed(bytes, &mut |line| on_trial_log_line(recorder, line, told));
+            }
         }
     }
 
@@ -223,6 +265,9 @@ impl FileTail {
             }
             TailFormat::NniRecords(decoder) => {
                 decoder.finish(&mut |record| on_nni_record(recorder, record));
+            }
+            TailFormat::NniTrialLog { scanner, told } => {
+                scanner.finish(&mut |line| on_trial_log_line(recorder, line, told));
             }
         }
     }
@@ -237,6 +282,24 @@ fn on_knob_line(recorder: &TrialRecorder, line: ScannedLine<'_>) {
             knob_protocol::warn_too_long(recorder, LineSource::MetricsFile, MAX_METRIC_BYTES)
         }
     }
+}
+
+/// A `KNOB_` line the trial printed under real nni counts as on stdout. A line over the bound
+/// is dropped without a word: most of trial.log is not metrics, and nothing says it was one.
+fn on_trial_log_line(recorder: &TrialRecorder, line: ScannedLine<'_>, told: &mut bool) {
+    let ScannedLine::Line(line) = line else {
+        return;
+    };
+    let printed = knob_protocol::printed_under_nni(line);
+    if !printed.starts_with(knob_protocol::LINE_PREFIX) {
+        return;
+    }
+    if !std::mem::replace(told, true) {
+        recorder.warn(
+            "KNOB_ lines read from trial.log, where `import nni` sends stdout: they reach knob only when the trial ends (or its metric files change), so the assessor judges them late; report with nni.report_intermediate_result / report_final_result or knob_trial instead",
+        );
+    }
+    knob_protocol::handle_line(recorder, LineSource::NniTrialLog, printed);
 }
 
 fn on_nni_record(recorder: &TrialRecorder, record: NniRecord<'_>) {
@@ -310,7 +373,7 @@ pub async fn tail_files(
         let read = tokio::task::spawn_blocking(move || {
             let mut added = Vec::new();
             let mut unwatched = false;
-            for file in &taken {
+            for file in taken.iter().filter(|file| file.watched) {
                 if !to_watch {
                     break;
                 }

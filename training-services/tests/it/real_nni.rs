@@ -81,3 +81,49 @@ fn unmodified_nni_script_works_over_the_v3_and_the_file_channel() {
         assert!(log.contains("finished"), "{trial_id}: trial.log: {log}");
     }
 }
+
+/// A trial that imports real nni (for `nni.get_trial_id()`, or through a library) but reports
+/// with knob's `KNOB_` lines: nni sends its stdout to trial.log, which knob did not read, so
+/// every result was lost without a word. They are read from there now, with a warning.
+#[test]
+fn knob_lines_printed_under_real_nni_are_read_from_trial_log() {
+    let Some(python) = crate::prerequisite::NNI_PYTHON.path() else {
+        return;
+    };
+    let script = "import nni, json, os\n\
+                  print('trial', nni.get_trial_id(), flush=True)\n\
+                  x = json.loads(os.environ['KNOB_PARAMETERS'])['x']\n\
+                  print('KNOB_INTERMEDIATE 0.5', flush=True)\n\
+                  print('KNOB_INTERMEDIATE', x, flush=True)\n\
+                  print(f'KNOB_FINAL {x}', flush=True)\n";
+    let mut h = Harness::new();
+    let file = h.code_dir().join("under_nni.py");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, script).unwrap();
+    let mut request = h.request(
+        "underNni",
+        &format!("'{}' '{}'", python.display(), file.display()),
+    );
+    request.parameters = json!({"x": 0.25});
+    let events = h.run(request);
+    let (code, _, _, stderr) = ending(&events);
+    assert_eq!(code, Some(0), "{stderr}");
+    let log = std::fs::read_to_string(h.trial_dir("underNni").join("trial.log")).unwrap();
+    assert!(log.contains("PRINT KNOB_FINAL 0.25"), "trial.log: {log}");
+    let found: Vec<(MetricKind, String)> = metrics(&events)
+        .into_iter()
+        .map(|m| (m.0, m.2.clone()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (MetricKind::Intermediate, "0.5".to_string()),
+            (MetricKind::Intermediate, "0.25".to_string()),
+            (MetricKind::Final, "0.25".to_string()),
+        ],
+        "{events:#?}"
+    );
+    let warnings = warnings(&events);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("read from trial.log"), "{warnings:?}");
+}
