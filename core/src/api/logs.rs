@@ -50,13 +50,10 @@ pub(super) async fn trial_log(
     }
     let attempt_dir = path.clone();
     path.push(&name);
-    // A trial that ran on another machine whose folder is not shared with this one (a remote
-    // host) has no folder here at all: its files are there, which is said rather than "wrote
-    // no stdout" (a cluster's trials write into this folder over its shared filesystem).
-    let elsewhere = row
-        .environment_id
-        .clone()
-        .filter(|environment| environment != "local" && !attempt_dir.exists());
+    // A trial that ran on a machine that does not share this folder (an SSH host) has no folder
+    // here at all: its files are there, which is said rather than "wrote no stdout" (this
+    // machine's trials, and a cluster's over its shared filesystem, write into this folder).
+    let elsewhere = row.environment_id.clone().filter(|_| !attempt_dir.exists());
     // "(yet)" only while the attempt can still write it: a finished trial that never wrote
     // trial.log (only NNI's trial library writes one) will not have one.
     let still_running = row.ended_ms.is_none() && attempt == u64::from(row.attempts.max(1));
@@ -65,7 +62,7 @@ pub(super) async fn trial_log(
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound if elsewhere.is_some() => ApiError::not_found(format!(
-                "trial {trial_id} ran on {}: its {name} is in its folder there (on a remote host, under agentRoot: experiments/<experiment id>/<environment>/trials/{trial_id}/), which knob does not copy here",
+                "trial {trial_id} ran on {}: its {name} is in its folder there (on an SSH host, under its agentRoot: experiments/<experiment id>/<environment>/trials/{trial_id}/), which knob does not copy here",
                 elsewhere.as_deref().unwrap_or_default()
             )),
             std::io::ErrorKind::NotFound if still_running => {
