@@ -27,7 +27,8 @@ fn marked(command: &str) -> String {
     format!("printf '%s\\n' {OUTPUT_MARK}; {command}")
 }
 
-/// The command's own output: what follows the first [`OUTPUT_MARK`] line.
+/// The command's own output: what follows the first [`OUTPUT_MARK`] and its newline (the mark
+/// may end a line the login shell began).
 fn after_mark(stdout: Vec<u8>) -> Vec<u8> {
     let mark = format!("{OUTPUT_MARK}\n");
     match memchr::memmem::find(&stdout, mark.as_bytes()) {
@@ -36,7 +37,7 @@ fn after_mark(stdout: Vec<u8>) -> Vec<u8> {
     }
 }
 
-/// Reads `stream` up to the end of the [`OUTPUT_MARK`] line, within [`MAX_COMMAND_OUTPUT`]
+/// Reads `stream` up to the end of the first line that ends with [`OUTPUT_MARK`], within [`MAX_COMMAND_OUTPUT`]
 /// bytes; what follows stays in the reader's buffer.
 async fn skip_to_mark<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Result<(), String> {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -48,7 +49,13 @@ async fn skip_to_mark<R: tokio::io::AsyncBufRead + Unpin>(stream: &mut R) -> Res
             .read_until(b'\n', &mut line)
             .await
             .map_err(|e| e.to_string())?;
-        if line.strip_suffix(b"\n") == Some(OUTPUT_MARK.as_bytes()) {
+        // The mark may end a line that the login shell began: a `.bashrc` that sets the
+        // terminal's title or greets without a final newline glues its text to the mark, and
+        // `after_mark` accepts it there too.
+        if line
+            .strip_suffix(b"\n")
+            .is_some_and(|text| text.ends_with(OUTPUT_MARK.as_bytes()))
+        {
             return Ok(());
         }
         before.extend_from_slice(&line);

@@ -189,11 +189,31 @@ fn key_auth_runs_a_trial_with_its_metrics_and_end() {
 /// stream all work, and the trial's metrics arrive.
 #[test]
 fn a_host_whose_shell_greets_on_every_login_runs_trials() {
+    const GREETING: &str = "Welcome to the lab cluster! Quota: 80% used";
+    runs_trials_on_a_host_whose_shell_prints(
+        &format!("echo '{GREETING}'\n"),
+        &format!("{GREETING}\n"),
+    );
+}
+
+/// A `.bashrc` that prints without a final newline (the usual terminal-title escape, a
+/// greeting by `printf`) glues its text to the line that marks where a command's output
+/// begins: the agent's stream refused the host ("the command's output never began").
+#[test]
+fn a_host_whose_shell_sets_the_title_without_a_newline_runs_trials() {
+    runs_trials_on_a_host_whose_shell_prints(
+        "printf '\\033]0;me@lab\\007'; printf 'Welcome to the lab server'\n",
+        "\u{1b}]0;me@lab\u{7}Welcome to the lab server",
+    );
+}
+
+/// Runs a trial on a host whose `~/.bashrc` is `bashrc`, which prints `printed` before every
+/// command's output.
+fn runs_trials_on_a_host_whose_shell_prints(bashrc: &str, printed: &str) {
     let Some(sshd) = start_sshd(key_options()) else {
         return;
     };
-    const GREETING: &str = "Welcome to the lab cluster! Quota: 80% used";
-    std::fs::write(sshd.dir().join(".bashrc"), format!("echo '{GREETING}'\n")).unwrap();
+    std::fs::write(sshd.dir().join(".bashrc"), bashrc).unwrap();
     let world = World::new();
     world.trust(&sshd);
     // The premise: this host's shell prints the greeting before a command's output.
@@ -212,7 +232,7 @@ fn a_host_whose_shell_greets_on_every_login_runs_trials() {
         .expect("the ssh client (openssh-client)");
     assert_eq!(
         String::from_utf8_lossy(&login.stdout),
-        format!("{GREETING}\ncommand\n"),
+        format!("{printed}command\n"),
         "root's login shell must be bash, which reads ~/.bashrc for a command sshd runs: {login:?}"
     );
 
