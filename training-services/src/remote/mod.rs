@@ -20,6 +20,7 @@
 pub mod args;
 pub mod config;
 pub mod host;
+pub mod known_hosts;
 pub mod setup;
 pub mod ssh;
 

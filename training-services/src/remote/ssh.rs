@@ -10,6 +10,7 @@ use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh::ChannelMsg;
 
 use super::args::Machine;
+use super::known_hosts;
 
 /// How long one TCP connect, key exchange and authentication may take together.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -129,12 +130,30 @@ impl HostKeyCheck {
         if recorded.iter().any(|(_, known)| known == key) {
             return Ok(());
         }
-        if let Some((line, _)) = recorded.first() {
-            // A host with any recorded key that does not match has a changed key: refused,
-            // whatever acceptNewHostKey says (it only accepts hosts never seen before).
+        let text = std::fs::read_to_string(&self.known_hosts).unwrap_or_default();
+        let line_of = |russh_line: usize| known_hosts::file_line(&text, russh_line);
+        let algorithm = key.algorithm();
+        if let Some((line, _)) = recorded
+            .iter()
+            .find(|(_, known)| known_hosts::same_kind(&known.algorithm(), &algorithm))
+        {
+            // A host with a recorded key of this kind that does not match has a changed key:
+            // refused, whatever acceptNewHostKey says (it only accepts hosts never seen before).
             return Err(format!(
-                "host key changed: the server offers {} key {fingerprint}, but {file} line {line} records another key for this host; if the change is expected, remove that line and connect again",
-                key.algorithm()
+                "host key changed: the server offers {algorithm} key {fingerprint}, but {file} line {} records another {algorithm} key for this host; if the change is expected, remove that line and connect again",
+                line_of(*line)
+            ));
+        }
+        if let Some((line, known)) = recorded.first() {
+            // The server was asked for the recorded kinds first and has none of them: not a
+            // changed key, but not one to take on trust either (acceptNewHostKey is for hosts
+            // never seen), since the pin the file holds would then protect nothing.
+            return Err(format!(
+                "the server offers a {algorithm} key ({fingerprint}) and no {} key, which {file} line {} records for this host; if the host's keys were replaced, check the new one and add it (`ssh-keyscan -p {} {} >> {file}`)",
+                known.algorithm(),
+                line_of(*line),
+                self.port,
+                self.host
             ));
         }
         if self.accept_new {
@@ -245,7 +264,19 @@ async fn connect_unbounded(
     keepalive: Duration,
 ) -> Result<Connection, SshError> {
     let target = machine.target();
+    // What known_hosts records for the host decides which of its keys to ask for (unreadable,
+    // nothing: the check then says why).
+    let recorded: Vec<_> =
+        russh::keys::known_hosts::known_host_keys_path(&machine.host, machine.port, known_hosts)
+            .unwrap_or_default()
+            .iter()
+            .map(|(_, key)| key.algorithm())
+            .collect();
     let config = Arc::new(client::Config {
+        preferred: russh::Preferred {
+            key: known_hosts::preferred_algorithms(&recorded).into(),
+            ..russh::Preferred::DEFAULT
+        },
         keepalive_interval: Some(keepalive),
         keepalive_max: 3,
         nodelay: true,

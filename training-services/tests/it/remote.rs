@@ -8,7 +8,7 @@ use knob_plugin_api::TrainingService;
 use knob_training_services::remote::RemoteService;
 use serde_json::{json, Value};
 
-use crate::sshd::{generate_key, password_login, sshd_binary, Sshd, SshdOptions};
+use crate::sshd::{self, generate_key, password_login, sshd_binary, Sshd, SshdOptions};
 use crate::support::{
     ending, is_end_of, metrics, of_trial, request, started_within, warnings, Events,
 };
@@ -388,6 +388,74 @@ fn accept_new_host_key_appends_it_but_a_changed_key_is_refused() {
     assert_eq!(
         std::fs::read_to_string(world.known_hosts()).unwrap(),
         changed
+    );
+}
+
+/// A known_hosts that pins only the host's RSA key (`ssh-keyscan -t rsa`, an entry older than
+/// the host's ed25519 key), as OpenSSH uses it: knob asked for the ed25519 key and called it a
+/// "changed" key, advising the user to delete the valid pin. A comment line above it counts
+/// in the line number named.
+#[test]
+fn a_known_hosts_that_pins_only_the_rsa_key_is_used_and_another_kind_is_never_changed() {
+    let Some(sshd) = start_sshd(SshdOptions {
+        rsa_host_key: true,
+        ..key_options()
+    }) else {
+        return;
+    };
+    let world = World::new();
+    std::fs::write(
+        world.known_hosts(),
+        format!("# pinned in 2019\n{}\n", sshd.rsa_known_hosts_line()),
+    )
+    .unwrap();
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    assert!(
+        service.environments_now()[0].ready,
+        "{:?}",
+        service.environments_now()
+    );
+    service.stop();
+    drop(service);
+
+    // A pin of a kind the host no longer has (its RSA key is gone; a recorded ECDSA key stands
+    // for it here): refused, but not as a changed key, and acceptNewHostKey does not take it.
+    let other = world.dir.path().join("ecdsa_key");
+    let ecdsa = sshd::generate_key_of_type(&other, "ecdsa", "").unwrap();
+    let pinned = format!(
+        "# pinned in 2019\n[127.0.0.1]:{} {}\n",
+        sshd.port(),
+        ecdsa
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    std::fs::write(world.known_hosts(), &pinned).unwrap();
+    let mut machine = key_machine(&sshd);
+    machine["acceptNewHostKey"] = json!(true);
+    let events = Events::default();
+    let service = connect(world.args(vec![machine]), &events, &agent_root(&sshd));
+    let reason = not_ready_reason(&service);
+    for expected in [
+        "the server offers a ssh-ed25519 key (SHA256:",
+        &format!(
+            "and no ecdsa-sha2-nistp256 key, which {} line 2 records for this host",
+            world.known_hosts().display()
+        ),
+        &format!("ssh-keyscan -p {} 127.0.0.1 >>", sshd.port()),
+    ] {
+        assert!(reason.contains(expected), "{expected:?} not in: {reason}");
+    }
+    assert!(!reason.contains("changed"), "{reason}");
+    assert_eq!(
+        std::fs::read_to_string(world.known_hosts()).unwrap(),
+        pinned
     );
 }
 

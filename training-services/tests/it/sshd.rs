@@ -100,6 +100,8 @@ pub struct SshdOptions {
     pub disk_bytes: Option<u64>,
     /// That disk is mounted `noexec`: no program on it may run.
     pub disk_noexec: bool,
+    /// An RSA host key besides the ed25519 one ([`Sshd::rsa_known_hosts_line`]).
+    pub rsa_host_key: bool,
 }
 
 /// A running sshd; stopped (with everything started through it) on drop.
@@ -108,6 +110,7 @@ pub struct Sshd {
     port: u16,
     listener: Option<Child>,
     host_public_key: String,
+    rsa_host_public_key: Option<String>,
     client_key: PathBuf,
     password: Option<String>,
 }
@@ -136,17 +139,14 @@ fn free_port() -> Result<u16, String> {
 
 /// Generates an ed25519 key pair at `path` (and `path.pub`); returns the public key line.
 pub fn generate_key(path: &Path, passphrase: &str) -> Result<String, String> {
+    generate_key_of_type(path, "ed25519", passphrase)
+}
+
+/// Generates a key pair of `kind` (`ssh-keygen -t`) at `path` (and `path.pub`); returns the
+/// public key line.
+pub fn generate_key_of_type(path: &Path, kind: &str, passphrase: &str) -> Result<String, String> {
     run(Command::new("ssh-keygen")
-        .args([
-            "-q",
-            "-t",
-            "ed25519",
-            "-N",
-            passphrase,
-            "-C",
-            "knob-test",
-            "-f",
-        ])
+        .args(["-q", "-t", kind, "-N", passphrase, "-C", "knob-test", "-f"])
         .arg(path))?;
     std::fs::read_to_string(path.with_extension("pub"))
         .map(|line| line.trim().to_string())
@@ -176,6 +176,12 @@ impl Sshd {
 
         let host_key = dir.join("host_key");
         let host_public_key = generate_key(&host_key, "")?;
+        let rsa_host_key = dir.join("host_key_rsa");
+        let rsa_host_public_key = if options.rsa_host_key {
+            Some(generate_key_of_type(&rsa_host_key, "rsa", "")?)
+        } else {
+            None
+        };
         let client_key = dir.join("client_key");
         let client_public_key = generate_key(&client_key, "")?;
         let authorized_keys = dir.join("authorized_keys");
@@ -195,11 +201,16 @@ impl Sshd {
             set_env.push_str(&format!(" {name}={value}"));
         }
         let config = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nAuthorizedKeysFile {authorized_keys}\n\
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n{rsa}AuthorizedKeysFile {authorized_keys}\n\
              StrictModes no\nUsePAM no\nPermitRootLogin yes\nPubkeyAuthentication {pubkey}\n\
              PasswordAuthentication {password}\nKbdInteractiveAuthentication no\n\
              PidFile {pid_file}\nSetEnv {set_env}\nMaxStartups 50\nMaxSessions 50\nLogLevel INFO\n",
             host_key = host_key.display(),
+            rsa = if options.rsa_host_key {
+                format!("HostKey {}\n", rsa_host_key.display())
+            } else {
+                String::new()
+            },
             authorized_keys = authorized_keys.display(),
             pubkey = if options.key_auth { "yes" } else { "no" },
             password = if options.password.is_some() { "yes" } else { "no" },
@@ -263,6 +274,7 @@ impl Sshd {
             port,
             listener: Some(listener),
             host_public_key,
+            rsa_host_public_key,
             client_key,
             password: options.password,
         };
@@ -335,10 +347,16 @@ impl Sshd {
 
     /// A known_hosts line for this server.
     pub fn known_hosts_line(&self) -> String {
-        let mut fields = self.host_public_key.split_whitespace();
-        let algorithm = fields.next().unwrap_or_default();
-        let key = fields.next().unwrap_or_default();
-        format!("[127.0.0.1]:{} {algorithm} {key}", self.port)
+        known_hosts_line(&self.host_public_key, self.port)
+    }
+
+    /// A known_hosts line for this server's RSA key ([`SshdOptions::rsa_host_key`]).
+    pub fn rsa_known_hosts_line(&self) -> String {
+        let key = self
+            .rsa_host_public_key
+            .as_deref()
+            .expect("the sshd was started with rsa_host_key");
+        known_hosts_line(key, self.port)
     }
 
     pub fn client_key_path(&self) -> &Path {
@@ -439,6 +457,14 @@ impl Drop for Sshd {
         self.kill_host();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The known_hosts line of a public key line for 127.0.0.1 at `port`.
+fn known_hosts_line(public_key: &str, port: u16) -> String {
+    let mut fields = public_key.split_whitespace();
+    let algorithm = fields.next().unwrap_or_default();
+    let key = fields.next().unwrap_or_default();
+    format!("[127.0.0.1]:{port} {algorithm} {key}")
 }
 
 fn all_pids() -> Vec<u32> {
