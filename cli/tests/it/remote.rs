@@ -577,6 +577,54 @@ fn an_unknown_host_key_is_refused_with_a_clear_message() {
     assert!(recorded.contains(key_material), "{recorded}");
 }
 
+/// NNI's default key is `~/.ssh/id_rsa`, read with the machine's `ssh_passphrase`: a machine
+/// with `sshPassphrase` and no `sshKeyFile` works under NNI. knob read its default keys without
+/// the passphrase and said "no credentials", naming only `id_ed25519`.
+#[test]
+fn the_default_rsa_key_is_read_with_the_machines_passphrase_and_named_when_it_cannot_be() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let home = sandbox.path().join("user-home");
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    let passphrase = "MyPassPhr4se";
+    let public_key =
+        sshd::generate_key_of_type(&home.join(".ssh/id_rsa"), "rsa", passphrase).unwrap();
+    host.authorize(&public_key).unwrap();
+    let known = known_hosts(&sandbox, &[&host]);
+    let create = |machine: String, id: &str| {
+        let config = remote_config(&sandbox, Spec::one_trial(&[machine], &known));
+        let mut command = sandbox.create_command(&config, id);
+        command.env("HOME", &home).env_remove("SSH_AUTH_SOCK");
+        run(&mut command)
+    };
+    let without_key = format!(
+        "{{host: 127.0.0.1, port: {}, user: {}",
+        host.port(),
+        host.user()
+    );
+
+    let (code, stdout, stderr) = create(
+        format!("{without_key}, sshPassphrase: {passphrase}}}"),
+        "defaultrsa",
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+
+    let (code, stdout, stderr) = create(format!("{without_key}}}"), "nophrase");
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let error = error_line(&stderr);
+    let skipped = format!(
+        "{} skipped: it is encrypted and the machine gives no sshPassphrase",
+        home.join(".ssh/id_rsa").display()
+    );
+    assert!(
+        error.contains("no credentials") && error.contains(&skipped),
+        "{error}"
+    );
+}
+
 #[test]
 fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
     let Some(sshd) = sshd::sshd_binary() else {

@@ -372,13 +372,18 @@ async fn authenticate(
         });
     }
 
+    // The default keys are read with the machine's sshPassphrase, as NNI reads its default
+    // `~/.ssh/id_rsa` with `ssh_passphrase`: `{host, user, sshPassphrase}` is a working NNI
+    // machine. One that cannot be read is named in the refusal, not only logged.
+    let mut skipped: Vec<String> = Vec::new();
     if let Some(home) = std::env::home_dir() {
+        let passphrase = machine.ssh_passphrase.as_ref().map(|p| p.expose());
         for name in ["id_ed25519", "id_ecdsa", "id_rsa"] {
             let path = home.join(".ssh").join(name);
             if !path.is_file() {
                 continue;
             }
-            match russh::keys::load_secret_key(&path, None) {
+            match russh::keys::load_secret_key(&path, passphrase.as_deref()) {
                 Ok(key) => {
                     if try_key(handle, &machine.user, key)
                         .await
@@ -388,10 +393,23 @@ async fn authenticate(
                     }
                     tried.push(format!("key {}", path.display()));
                 }
-                Err(e) => knob_plugin_api::log::debug(&format!(
-                    "training service remote: default key {} skipped: {e}",
-                    path.display()
-                )),
+                Err(e) => {
+                    knob_plugin_api::log::debug(&format!(
+                        "training service remote: default key {} skipped: {e}",
+                        path.display()
+                    ));
+                    skipped.push(match (e, &passphrase) {
+                        (russh::keys::Error::KeyIsEncrypted, _) => format!(
+                            "{} skipped: it is encrypted and the machine gives no sshPassphrase",
+                            path.display()
+                        ),
+                        (_, Some(_)) => format!(
+                            "{} skipped: it cannot be read with the machine's sshPassphrase",
+                            path.display()
+                        ),
+                        (other, None) => format!("{} skipped: {other}", path.display()),
+                    });
+                }
             }
         }
     }
@@ -428,15 +446,14 @@ async fn authenticate(
     }
 
     if tried.is_empty() {
-        return Err(SshError::AuthRejected {
-            target,
-            tried: "no credentials: give sshKeyFile or password in machineList, or have ~/.ssh/id_ed25519 or an ssh-agent".to_string(),
-        });
+        tried.push("no credentials: give sshKeyFile or password in machineList, or have ~/.ssh/id_ed25519, id_ecdsa or id_rsa or an ssh-agent".to_string());
     }
-    Err(SshError::AuthRejected {
-        target,
-        tried: tried.join(", "),
-    })
+    let mut tried = tried.join(", ");
+    for note in skipped {
+        tried.push_str("; ");
+        tried.push_str(&note);
+    }
+    Err(SshError::AuthRejected { target, tried })
 }
 
 async fn try_key(

@@ -371,6 +371,15 @@ impl Sshd {
         .map(|_| ())
     }
 
+    /// Lets the key of `public_key` (a `.pub` line) in too.
+    pub fn authorize(&self, public_key: &str) -> Result<(), String> {
+        let path = self.dir.join("authorized_keys");
+        let mut keys = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+        keys.push_str(public_key.trim());
+        keys.push('\n');
+        std::fs::write(&path, keys).map_err(|e| e.to_string())
+    }
+
     pub fn password(&self) -> Option<&str> {
         self.password.as_deref()
     }
