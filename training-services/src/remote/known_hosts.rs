@@ -1,8 +1,30 @@
-//! What russh's known_hosts reader leaves out, read from the file's text: the file's own line
-//! numbers (russh does not count comment lines), and the host-key
+//! What russh's known_hosts reader leaves out, read from the file's text: the `@revoked` and
+//! `@cert-authority` marker lines (russh takes `@revoked` for a host name and skips the line),
+//! the file's own line numbers (russh does not count comment lines), and the host-key
 //! algorithms to ask a server for first (those of the keys recorded for it, as OpenSSH does).
 
-use russh::keys::Algorithm;
+use russh::keys::{Algorithm, PublicKey};
+
+/// The line numbers and keys of the file's `@revoked` lines. A revoked key "must not ever be
+/// accepted" (sshd(8)), so the line's host patterns do not narrow it: knob refuses the key from
+/// any host. A line whose key does not parse is skipped: it cannot equal a server's key.
+pub fn revoked_keys(text: &str) -> Vec<(usize, PublicKey)> {
+    marker_lines(text, "@revoked")
+        .filter_map(|(line, fields)| {
+            let key = russh::keys::parse_public_key_base64(fields.get(2)?).ok()?;
+            Some((line, key))
+        })
+        .collect()
+}
+
+/// The number of the first `@cert-authority` line whose plain host patterns match `host` at
+/// `port` (hashed patterns are not read: this only adds a hint to a refusal).
+pub fn cert_authority_line(text: &str, host: &str, port: u16) -> Option<usize> {
+    let name = host_port(host, port);
+    marker_lines(text, "@cert-authority")
+        .find(|(_, fields)| fields.first().is_some_and(|p| patterns_match(p, &name)))
+        .map(|(line, _)| line)
+}
 
 /// The file's line number of russh's `line`: russh numbers the lines that do not start with
 /// `#` (it skips comments without counting them), from 1.
@@ -35,9 +57,78 @@ pub fn same_kind(a: &Algorithm, b: &Algorithm) -> bool {
     a == b || matches!((a, b), (Algorithm::Rsa { .. }, Algorithm::Rsa { .. }))
 }
 
+/// The host as known_hosts names it: `host` on port 22, `[host]:port` on others.
+fn host_port(host: &str, port: u16) -> String {
+    if port == 22 {
+        host.to_string()
+    } else {
+        format!("[{host}]:{port}")
+    }
+}
+
+/// The lines that begin with `marker`, numbered from 1, as their fields after it.
+fn marker_lines<'a>(
+    text: &'a str,
+    marker: &'a str,
+) -> impl Iterator<Item = (usize, Vec<&'a str>)> + 'a {
+    text.lines().enumerate().filter_map(move |(index, line)| {
+        let mut fields = line.split_whitespace();
+        (fields.next() == Some(marker)).then(|| (index + 1, fields.collect()))
+    })
+}
+
+/// OpenSSH's pattern list: comma-separated, `*` and `?` wildcards, `!` negates (a negated match
+/// rules the host out whatever else matches).
+fn patterns_match(list: &str, name: &str) -> bool {
+    let mut matched = false;
+    for pattern in list.split(',') {
+        match pattern.strip_prefix('!') {
+            Some(negated) if glob(negated.as_bytes(), name.as_bytes()) => return false,
+            Some(_) => {}
+            None => matched |= glob(pattern.as_bytes(), name.as_bytes()),
+        }
+    }
+    matched
+}
+
+fn glob(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.first(), name.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => {
+            glob(&pattern[1..], name) || (!name.is_empty() && glob(pattern, &name[1..]))
+        }
+        (Some(b'?'), Some(_)) => glob(&pattern[1..], &name[1..]),
+        (Some(p), Some(n)) if p.eq_ignore_ascii_case(n) => glob(&pattern[1..], &name[1..]),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ED25519: &str = "AAAAC3NzaC1lZDI1NTE5AAAAIJRKOjW7u8pigJAGkWmO2WsWkRih/HA2mZb2EneqCOmr";
+
+    #[test]
+    fn revoked_lines_are_read_whatever_their_hosts() {
+        let text = format!(
+            "# comment\n[127.0.0.1]:2222 ssh-ed25519 {ED25519}\n@revoked * ssh-ed25519 {ED25519}\n\
+             @revoked\tother.host  ssh-ed25519 {ED25519} comment\n@revoked * ssh-ed25519 not-base64\n"
+        );
+        let lines: Vec<usize> = revoked_keys(&text).into_iter().map(|(l, _)| l).collect();
+        assert_eq!(lines, vec![3, 4]);
+    }
+
+    #[test]
+    fn cert_authority_lines_match_plain_patterns() {
+        let text = format!(
+            "@cert-authority *.lab,!bad.lab ssh-ed25519 {ED25519}\n@cert-authority [10.0.0.?]:2222 ssh-ed25519 {ED25519}\n"
+        );
+        assert_eq!(cert_authority_line(&text, "gpu1.LAB", 22), Some(1));
+        assert_eq!(cert_authority_line(&text, "bad.lab", 22), None);
+        assert_eq!(cert_authority_line(&text, "10.0.0.7", 2222), Some(2));
+        assert_eq!(cert_authority_line(&text, "10.0.0.7", 22), None);
+    }
 
     #[test]
     fn russh_lines_are_counted_past_comments() {

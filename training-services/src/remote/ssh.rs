@@ -127,10 +127,20 @@ impl HostKeyCheck {
             &self.known_hosts,
         )
         .map_err(|e| format!("cannot read known hosts file {file}: {e}"))?;
+        let text = std::fs::read_to_string(&self.known_hosts).unwrap_or_default();
+        // Before any match: a key both recorded and revoked is refused, as ssh refuses it.
+        if let Some((line, _)) = known_hosts::revoked_keys(&text)
+            .iter()
+            .find(|(_, revoked)| revoked == key)
+        {
+            return Err(format!(
+                "host key revoked: the server offers {} key {fingerprint}, which {file} line {line} marks @revoked; knob does not connect to a host with a revoked key (nor does ssh): have the host's keys replaced, and its new key recorded",
+                key.algorithm()
+            ));
+        }
         if recorded.iter().any(|(_, known)| known == key) {
             return Ok(());
         }
-        let text = std::fs::read_to_string(&self.known_hosts).unwrap_or_default();
         let line_of = |russh_line: usize| known_hosts::file_line(&text, russh_line);
         let algorithm = key.algorithm();
         if let Some((line, _)) = recorded
@@ -172,8 +182,14 @@ impl HostKeyCheck {
             ));
             return Ok(());
         }
+        // knob reads no host certificates (russh is not asked for them): a certificate
+        // authority the file trusts for this host vouches for nothing here, which the user who
+        // relies on it needs to hear.
+        let authority = known_hosts::cert_authority_line(&text, &self.host, self.port)
+            .map(|line| format!(" ({file} line {line} trusts a @cert-authority for this host, but knob checks host keys only, not host certificates)"))
+            .unwrap_or_default();
         Err(format!(
-            "unknown host key {} {fingerprint}, not in {file}; if it is this host's key, run `ssh-keyscan -p {} {} >> {file}` or set acceptNewHostKey: true for this machine",
+            "unknown host key {} {fingerprint}, not in {file}{authority}; if it is this host's key, run `ssh-keyscan -p {} {} >> {file}` or set acceptNewHostKey: true for this machine",
             key.algorithm(),
             self.port,
             self.host

@@ -459,6 +459,65 @@ fn a_known_hosts_that_pins_only_the_rsa_key_is_used_and_another_kind_is_never_ch
     );
 }
 
+/// `@revoked` lines of known_hosts were ignored: knob connected to a host whose key is revoked
+/// (ssh refuses it), and with only the `@revoked` line called the key unknown and suggested
+/// recording it. A `@cert-authority` line, which knob cannot use, was passed over in silence.
+#[test]
+fn a_revoked_host_key_is_refused_even_when_recorded_or_accepted_as_new() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    let line = sshd.known_hosts_line();
+    let key = line.split_once(' ').unwrap().1;
+    let mut machine = key_machine(&sshd);
+    machine["acceptNewHostKey"] = json!(true);
+    for (text, revoked_line) in [
+        (format!("{line}\n@revoked * {key}\n"), 2),
+        (format!("@revoked [127.0.0.1]:{} {key}\n", sshd.port()), 1),
+    ] {
+        std::fs::write(world.known_hosts(), &text).unwrap();
+        let events = Events::default();
+        let service = connect(
+            world.args(vec![machine.clone()]),
+            &events,
+            &agent_root(&sshd),
+        );
+        let reason = not_ready_reason(&service);
+        assert!(
+            reason.contains("host key revoked: the server offers ssh-ed25519 key SHA256:"),
+            "{reason}"
+        );
+        let expected = format!(
+            "{} line {revoked_line} marks @revoked",
+            world.known_hosts().display()
+        );
+        assert!(reason.contains(&expected), "{expected:?} not in: {reason}");
+        assert_eq!(std::fs::read_to_string(world.known_hosts()).unwrap(), text);
+    }
+
+    let authority = generate_key(&world.dir.path().join("ca"), "").unwrap();
+    std::fs::write(
+        world.known_hosts(),
+        format!("@cert-authority [127.0.0.1]:* {authority}\n"),
+    )
+    .unwrap();
+    let events = Events::default();
+    let service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("unknown host key")
+            && reason.contains(
+                "line 1 trusts a @cert-authority for this host, but knob checks host keys only"
+            ),
+        "{reason}"
+    );
+}
+
 #[test]
 fn code_upload_honours_nniignore_and_happens_once_per_host() {
     let Some(sshd) = start_sshd(key_options()) else {
