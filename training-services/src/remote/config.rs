@@ -186,14 +186,12 @@ fn read_machine(reader: &mut ConfigReader<'_>, item: &Value, path: FieldPath) ->
         .and_then(|field| reader.secret(&field, Some(PASSPHRASE_VARIABLE)));
     let ssh_key_file = fields.take("sshKeyFile").and_then(|field| {
         let key = reader.path(&field)?;
-        if key.is_file() {
-            Some(key)
-        } else {
-            reader.error(
-                &field.path,
-                format!("SSH key file {} does not exist", quoted(&key)),
-            );
-            None
+        match key_file_problem(&key) {
+            None => Some(key),
+            Some(problem) => {
+                reader.error(&field.path, problem);
+                None
+            }
         }
     });
     let shortcut = |name: &str| {
@@ -314,4 +312,57 @@ pub fn class_args(config: &Value, context: &ServiceContext) -> Value {
     let exclude: Vec<&str> = exclude.iter().filter_map(|path| path.to_str()).collect();
     args.insert("excludeFiles".into(), json!(exclude));
     Value::Object(args)
+}
+
+/// What is wrong with `key` as an `sshKeyFile`, found here where the config's line is known:
+/// the file is local, and a public key or a folder given by mistake was otherwise found only
+/// once the experiment had started, as a "corrupt key" that blamed the passphrase.
+fn key_file_problem(key: &Path) -> Option<String> {
+    use std::io::Read;
+    let shown = quoted(key);
+    let metadata = match std::fs::metadata(key) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some(format!("SSH key file {shown} does not exist"))
+        }
+        Err(e) => return Some(format!("cannot read SSH key file {shown}: {e}")),
+    };
+    if metadata.is_dir() {
+        return Some(format!(
+            "SSH key file {shown} is a folder; give the private key file in it (such as {})",
+            quoted(&key.join("id_ed25519"))
+        ));
+    }
+    // A key file is a few KiB; the start tells a public key.
+    let mut start = Vec::new();
+    let read = std::fs::File::open(key).and_then(|file| file.take(4096).read_to_end(&mut start));
+    if let Err(e) = read {
+        return Some(format!("cannot read SSH key file {shown}: {e}"));
+    }
+    if is_public_key(&String::from_utf8_lossy(&start)) {
+        let private = key.with_extension("");
+        let instead = if key.extension().is_some_and(|e| e == "pub") && private.is_file() {
+            quoted(&private)
+        } else {
+            "the private key file".to_string()
+        };
+        return Some(format!(
+            "SSH key file {shown} is a public key; give its private key ({instead})"
+        ));
+    }
+    None
+}
+
+/// Whether `text` begins as a public key file: OpenSSH's one line (`ssh-ed25519 AAAA… comment`)
+/// or RFC 4716's block.
+fn is_public_key(text: &str) -> bool {
+    let text = text.trim_start();
+    if text.starts_with("---- BEGIN SSH2 PUBLIC KEY ----") {
+        return true;
+    }
+    let mut words = text.split_whitespace();
+    let kind = words.next().unwrap_or_default();
+    let kinds = ["ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-"];
+    kinds.iter().any(|prefix| kind.starts_with(prefix))
+        && words.next().is_some_and(|blob| blob.starts_with("AAAA"))
 }

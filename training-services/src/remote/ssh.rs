@@ -353,8 +353,13 @@ async fn authenticate(
                         "sshKeyFile {} is encrypted: give its sshPassphrase",
                         key_file.display()
                     ),
-                    other => format!(
+                    // Only a passphrase that was given can be the wrong one.
+                    other if passphrase.is_some() => format!(
                         "cannot load sshKeyFile {}: {other} (a wrong sshPassphrase reads as a corrupt key)",
+                        key_file.display()
+                    ),
+                    other => format!(
+                        "cannot load sshKeyFile {}: {other}; give an SSH private key file (such as ~/.ssh/id_ed25519)",
                         key_file.display()
                     ),
                 },

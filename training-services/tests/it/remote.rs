@@ -1221,6 +1221,18 @@ fn an_encrypted_key_needs_its_passphrase_and_errors_never_show_it() {
         !everything.contains(wrong) && !everything.contains(passphrase),
         "{everything}"
     );
+
+    // A file that is no key, with no passphrase given: the passphrase is not blamed.
+    std::fs::write(sshd.client_key_path(), "not a key\n").unwrap();
+    let events = Events::default();
+    let service = connect(with(None), &events, &agent_root(&sshd));
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("cannot load sshKeyFile")
+            && reason.contains("give an SSH private key file")
+            && !reason.contains("sshPassphrase"),
+        "{reason}"
+    );
 }
 
 #[test]

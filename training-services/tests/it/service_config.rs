@@ -53,6 +53,56 @@ fn local_applies_the_top_level_shortcuts_where_its_own_fields_are_unset() {
     );
 }
 
+/// An `sshKeyFile` that is a folder was said not to exist, and one that is a public key was
+/// found only once the experiment had started, as a "corrupt key" blaming the passphrase.
+#[test]
+fn remote_refuses_a_key_file_that_is_a_folder_or_a_public_key_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let private = dir.path().join("id_ed25519");
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&private)
+        .status()
+        .expect("ssh-keygen (openssh-client)");
+    assert!(made.success());
+    let public = dir.path().join("id_ed25519.pub");
+    let lone_public = dir.path().join("lone.pub");
+    std::fs::copy(&public, &lone_public).unwrap();
+    let machine =
+        |host: &str, key: &std::path::Path| json!({"host": host, "user": "u", "sshKeyFile": key});
+    let config = json!({"machineList": [
+        machine("h0", dir.path()),
+        machine("h1", &public),
+        machine("h2", &lone_public),
+        machine("h3", &private),
+        machine("h4", &dir.path().join("missing")),
+    ]});
+    let shown = |path: &std::path::Path| format!("{:?}", path.display().to_string());
+    assert_eq!(
+        problems("remote", config, &ServiceContext::default()),
+        [
+            format!(
+                "machineList[0].sshKeyFile: SSH key file {} is a folder; give the private key file in it (such as {})",
+                shown(dir.path()),
+                shown(&private)
+            ),
+            format!(
+                "machineList[1].sshKeyFile: SSH key file {} is a public key; give its private key ({})",
+                shown(&public),
+                shown(&private)
+            ),
+            format!(
+                "machineList[2].sshKeyFile: SSH key file {} is a public key; give its private key (the private key file)",
+                shown(&lone_public)
+            ),
+            format!(
+                "machineList[4].sshKeyFile: SSH key file {} does not exist",
+                shown(&dir.path().join("missing"))
+            ),
+        ]
+    );
+}
+
 #[test]
 fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
     let dir = tempfile::tempdir().unwrap();
