@@ -187,7 +187,7 @@ fn knob_config_check_v2_gives_what_nni_s_own_converter_gives() {
     let code = sandbox.path().join("code");
     std::fs::create_dir_all(&code).unwrap();
     std::fs::write(code.join("search_space.json"), SPACE).unwrap();
-    std::fs::write(code.join("id_rsa"), "a key file").unwrap();
+    std::fs::write(code.join("id_rsa"), "-----BEGIN OPENSSH PRIVATE KEY-----\nnot really a key\n-----END OPENSSH PRIVATE KEY-----\n").unwrap();
     let script = sandbox.path().join("compare.py");
     std::fs::write(&script, COMPARE).unwrap();
     let local_with_gpus = LOCAL_V1.replace(

@@ -628,7 +628,7 @@ fn malformed_json_names_line_and_column() {
 
 #[test]
 fn remote_machine_list_hides_secrets() {
-    let project = Project::new(&[("keys/id_ed25519", "not really a key")]);
+    let project = Project::new(&[("keys/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\nnot really a key\n-----END OPENSSH PRIVATE KEY-----\n")]);
     let text = "\
 searchSpace: {}
 trialCommand: python3 trial.py
@@ -1458,7 +1458,7 @@ fn secrets_stay_in_memory_and_resume_restores_them() {
     use knob_core::config::recheck_services;
     use knob_core::manager::restore_secrets;
     use knob_plugin_api::service::ServiceContext;
-    let project = Project::new(&[("keys/id_ed25519", "not really a key")]);
+    let project = Project::new(&[("keys/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\nnot really a key\n-----END OPENSSH PRIVATE KEY-----\n")]);
     let text = "\
 searchSpace: {}
 trialCommand: python3 trial.py

@@ -228,7 +228,7 @@ machineList:
 fn a_remote_machine_list_converts_and_its_password_stays_secret() {
     let project = Project::new(&[
         ("exp/search_space.json", SPACE),
-        ("exp/keys/id_rsa", "not a real key"),
+        ("exp/keys/id_rsa", "-----BEGIN OPENSSH PRIVATE KEY-----\nnot really a key\n-----END OPENSSH PRIVATE KEY-----\n"),
     ]);
     let path = project.path("exp/config.yml");
     std::fs::write(&path, REMOTE_V1).unwrap();

@@ -315,8 +315,8 @@ pub fn class_args(config: &Value, context: &ServiceContext) -> Value {
 }
 
 /// What is wrong with `key` as an `sshKeyFile`, found here where the config's line is known:
-/// the file is local, and a public key or a folder given by mistake was otherwise found only
-/// once the experiment had started, as a "corrupt key" that blamed the passphrase.
+/// the file is local, and a public key, a folder or another file given by mistake was otherwise
+/// found only once the experiment had started, as a "corrupt key" that blamed the passphrase.
 fn key_file_problem(key: &Path) -> Option<String> {
     use std::io::Read;
     let shown = quoted(key);
@@ -339,7 +339,8 @@ fn key_file_problem(key: &Path) -> Option<String> {
     if let Err(e) = read {
         return Some(format!("cannot read SSH key file {shown}: {e}"));
     }
-    if is_public_key(&String::from_utf8_lossy(&start)) {
+    let start = String::from_utf8_lossy(&start);
+    if is_public_key(&start) {
         let private = key.with_extension("");
         let instead = if key.extension().is_some_and(|e| e == "pub") && private.is_file() {
             quoted(&private)
@@ -348,6 +349,15 @@ fn key_file_problem(key: &Path) -> Option<String> {
         };
         return Some(format!(
             "SSH key file {shown} is a public key; give its private key ({instead})"
+        ));
+    }
+    // Every private key format russh reads: PEM blocks (OpenSSH, PKCS#1, PKCS#8, SEC1) and
+    // PuTTY's. Anything else could only fail at login, blamed on the passphrase.
+    let private = start.contains("PRIVATE KEY-----")
+        || start.trim_start().starts_with("PuTTY-User-Key-File-");
+    if !private {
+        return Some(format!(
+            "SSH key file {shown} is not an SSH private key (no \"-----BEGIN ... PRIVATE KEY-----\" line); give the private key file, such as ~/.ssh/id_ed25519"
         ));
     }
     None

@@ -53,10 +53,10 @@ fn local_applies_the_top_level_shortcuts_where_its_own_fields_are_unset() {
     );
 }
 
-/// An `sshKeyFile` that is a folder was said not to exist, and one that is a public key was
-/// found only once the experiment had started, as a "corrupt key" blaming the passphrase.
+/// An `sshKeyFile` that is a folder was said not to exist, and one that is a public key (or no
+/// key at all) was found only once the experiment had started, as a "corrupt key" blaming the passphrase.
 #[test]
-fn remote_refuses_a_key_file_that_is_a_folder_or_a_public_key_at_its_line() {
+fn remote_refuses_a_key_file_that_is_a_folder_a_public_key_or_no_key_at_its_line() {
     let dir = tempfile::tempdir().unwrap();
     let private = dir.path().join("id_ed25519");
     let made = Command::new("ssh-keygen")
@@ -76,7 +76,13 @@ fn remote_refuses_a_key_file_that_is_a_folder_or_a_public_key_at_its_line() {
         machine("h2", &lone_public),
         machine("h3", &private),
         machine("h4", &dir.path().join("missing")),
+        machine("h5", &dir.path().join("notes.txt")),
     ]});
+    std::fs::write(
+        dir.path().join("notes.txt"),
+        "my key is on the other laptop\n",
+    )
+    .unwrap();
     let shown = |path: &std::path::Path| format!("{:?}", path.display().to_string());
     assert_eq!(
         problems("remote", config, &ServiceContext::default()),
@@ -99,6 +105,10 @@ fn remote_refuses_a_key_file_that_is_a_folder_or_a_public_key_at_its_line() {
                 "machineList[4].sshKeyFile: SSH key file {} does not exist",
                 shown(&dir.path().join("missing"))
             ),
+            format!(
+                "machineList[5].sshKeyFile: SSH key file {} is not an SSH private key (no \"-----BEGIN ... PRIVATE KEY-----\" line); give the private key file, such as ~/.ssh/id_ed25519",
+                shown(&dir.path().join("notes.txt"))
+            ),
         ]
     );
 }
@@ -107,7 +117,7 @@ fn remote_refuses_a_key_file_that_is_a_folder_or_a_public_key_at_its_line() {
 fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("id_ed25519");
-    std::fs::write(&key, "not really a key").unwrap();
+    std::fs::write(&key, "-----BEGIN OPENSSH PRIVATE KEY-----\nnot really a key\n-----END OPENSSH PRIVATE KEY-----\n").unwrap();
     let config_file = dir.path().join("exp.yml");
     // `experimentWorkingDirectory: ./experiments`, inside the trial code directory.
     let working_dir = dir.path().join("experiments");
