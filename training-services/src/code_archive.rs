@@ -147,13 +147,23 @@ enum ItemKind {
     Link { target: PathBuf },
 }
 
-/// Archives `dir` within `limits`, honouring `.nniignore` and `.knobignore`, and leaving out
-/// every `exclude` path that resolves inside `dir` (paths elsewhere, or missing, change nothing).
-pub fn create(
+/// Whether [`create`] would archive `dir`: the same walk and limits, without reading or
+/// compressing any file (a few milliseconds for 2 000 files, where an archive of 300 MiB takes
+/// seconds), so that a service can refuse a code directory before its experiment starts.
+pub fn check(
     dir: &Path,
     limits: &ArchiveLimits,
     exclude: &[PathBuf],
-) -> Result<CodeArchive, CodeArchiveError> {
+) -> Result<(), CodeArchiveError> {
+    listed(dir, limits, exclude).map(|_| ())
+}
+
+/// What [`create`] archives from `dir`, and the `exclude` paths inside it.
+fn listed(
+    dir: &Path,
+    limits: &ArchiveLimits,
+    exclude: &[PathBuf],
+) -> Result<(Vec<Item>, Vec<PathBuf>), CodeArchiveError> {
     let metadata = std::fs::metadata(dir).map_err(|source| CodeArchiveError::Directory {
         dir: dir.to_path_buf(),
         source,
@@ -166,6 +176,17 @@ pub fn create(
     }
     let left_out = inside(dir, exclude);
     let items = list(dir, limits, &left_out)?;
+    Ok((items, left_out))
+}
+
+/// Archives `dir` within `limits`, honouring `.nniignore` and `.knobignore`, and leaving out
+/// every `exclude` path that resolves inside `dir` (paths elsewhere, or missing, change nothing).
+pub fn create(
+    dir: &Path,
+    limits: &ArchiveLimits,
+    exclude: &[PathBuf],
+) -> Result<CodeArchive, CodeArchiveError> {
+    let (items, left_out) = listed(dir, limits, exclude)?;
     let file_count = items
         .iter()
         .filter(|item| !matches!(item.kind, ItemKind::Directory))

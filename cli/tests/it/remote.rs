@@ -1193,3 +1193,54 @@ fn a_trial_whose_host_is_lost_again_and_again_is_failed_after_three_requeues() {
     let last = attempts.last().unwrap().2.as_deref().unwrap();
     assert!(last.contains("not run again"), "{last}");
 }
+
+/// A trial code directory the remote service cannot send to its hosts (over 2000 files after
+/// the ignore files, a link out of it) is refused by `knob config check` and `knob create` in
+/// one line naming trialCodeDirectory, and nothing is registered. Both passed, and every trial
+/// of the experiment then failed on it, one by one (40 FAILED in 1.5 s), using up
+/// maxTrialNumber. No host is reached for this: the check is the config's.
+#[test]
+fn a_trial_code_directory_that_cannot_be_archived_is_refused_before_anything_runs() {
+    let sandbox = Sandbox::new();
+    let key = sandbox.path().join("client_key");
+    std::fs::write(&key, "not read: no host is reached").unwrap();
+    let machines = [format!(
+        "{{host: 127.0.0.1, port: 1, user: nobody, sshKeyFile: '{}'}}",
+        key.display()
+    )];
+    let known = known_hosts(&sandbox, &[]);
+    let config = remote_config(&sandbox, Spec::one_trial(&machines, &known));
+    let many = sandbox.path().join("code/many");
+    std::fs::create_dir(&many).unwrap();
+    for i in 0..2100 {
+        std::fs::write(many.join(format!("f{i}")), "").unwrap();
+    }
+    let refused = |what: &str| {
+        let (code, stdout, stderr) = run(sandbox.knob().args(["config", "check"]).arg(&config));
+        assert_ne!(code, 0, "{stdout}\n{stderr}");
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("trialCodeDirectory"))
+            .collect();
+        assert!(
+            errors.len() == 1 && errors[0].contains(what) && errors[0].contains(".nniignore"),
+            "{stderr}"
+        );
+        let (code, stdout, stderr) = sandbox.create(&config, "unarchivable");
+        assert_ne!(code, 0, "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains("trialCodeDirectory") && stderr.contains(what),
+            "{stderr}"
+        );
+        let (_, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+        assert!(!list.contains("unarchivable"), "{list}");
+    };
+    refused("holds more than 2000 files");
+    // Left out by an ignore file, the same folder is fine.
+    std::fs::write(sandbox.path().join("code/.nniignore"), "many/\n").unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["config", "check"]).arg(&config));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    // A link that points out of the directory.
+    std::os::unix::fs::symlink("/etc/hostname", sandbox.path().join("code/outside")).unwrap();
+    refused("outside the trial code directory");
+}

@@ -43,6 +43,9 @@ pub struct Context {
     next_request: AtomicU64,
     /// This manager process in every hello (`ToAgent::Hello::manager`): `<host>:<pid>:<ms>`.
     manager: String,
+    /// Why the trial code cannot be sent to any host (it cannot be archived), while it cannot:
+    /// every host is then reported not ready with it (see `RemoteService::archive`).
+    code_problem: std::sync::Mutex<Option<String>>,
 }
 
 impl Context {
@@ -60,7 +63,13 @@ impl Context {
             agent_binary,
             next_request: AtomicU64::new(1),
             manager: format!("{host}:{}:{started_ms}", std::process::id()),
+            code_problem: std::sync::Mutex::default(),
         }
+    }
+
+    /// Sets (or clears) why the trial code cannot be sent to the hosts.
+    pub fn set_code_problem(&self, problem: Option<String>) {
+        *lock(&self.code_problem) = problem;
     }
     fn request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
@@ -166,7 +175,7 @@ impl Host {
     }
 
     /// The environment as the core sees it now.
-    pub fn environment(&self) -> Environment {
+    pub fn environment(&self, ctx: &Context) -> Environment {
         let state = lock(&self.state);
         // A host never reached has no inventory: its status alone says why it is not ready
         // (the core shows it, and does not wait for the host).
@@ -177,12 +186,23 @@ impl Host {
         } else {
             state.inventory.clone()
         };
-        Environment {
+        let mut environment = Environment {
             id: self.environment_id.clone(),
             host: self.machine.host_port(),
             ready: state.ready,
             inventory,
+        };
+        drop(state);
+        if let Some(why) = lock(&ctx.code_problem).clone() {
+            environment.ready = false;
+            if let Some(inventory) = environment.inventory.as_object_mut() {
+                inventory.insert(
+                    "status".into(),
+                    serde_json::json!(knob_gpu_sched::EnvironmentStatus::Unavailable(why)),
+                );
+            }
         }
+        environment
     }
 
     /// Code archives sent to this host so far (skipped ones not counted).
@@ -212,9 +232,9 @@ impl Host {
         }
     }
 
-    fn emit_environment(&self, ctx: &Context) {
+    pub(super) fn emit_environment(&self, ctx: &Context) {
         (ctx.emit)(ServiceEvent::Environment {
-            environment: self.environment(),
+            environment: self.environment(ctx),
         });
     }
 

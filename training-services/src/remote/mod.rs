@@ -106,8 +106,10 @@ pub struct RemoteService {
     context: Arc<Context>,
     hosts: Vec<Arc<Host>>,
     stop: watch::Sender<bool>,
-    /// One archive per local code directory for the experiment's life.
-    archives: Mutex<HashMap<PathBuf, Arc<CodeArchive>>>,
+    /// One archive per local code directory for the experiment's life, or why it cannot be
+    /// made: kept, so that the trials after the first do not walk (and compress, up to
+    /// 300 MiB) the directory again each to fail the same way.
+    archives: Mutex<HashMap<PathBuf, Result<Arc<CodeArchive>, String>>>,
     shut_down: bool,
     /// Whether `environments` was called before (see [`RemoteService::stand_in_line`]).
     asked_before: bool,
@@ -178,7 +180,10 @@ impl RemoteService {
     /// Every host's environment; one not ready says why in its inventory's status (its
     /// connection's error, or that it is still connecting).
     pub fn environments_now(&self) -> Vec<Environment> {
-        self.hosts.iter().map(|h| h.environment()).collect()
+        self.hosts
+            .iter()
+            .map(|h| h.environment(&self.context))
+            .collect()
     }
 
     /// Tells every connected host's agent that the experiment's trials wait for resources: each
@@ -198,19 +203,33 @@ impl RemoteService {
         self.hosts.iter().map(|h| h.code_uploads()).sum()
     }
 
+    /// The archive of `code_dir`, made at its first start. A directory that cannot be archived
+    /// (`knob config check` refuses one, so it became so while the experiment ran: files
+    /// added, a link made) makes every host not ready with the reason until it can be again
+    /// ([`RemoteService::recheck_code`]): its trials wait, with the reason, instead of each
+    /// failing on it in turn and using up the experiment's trials.
     fn archive(&self, code_dir: &std::path::Path) -> Result<Arc<CodeArchive>, String> {
         let mut archives = self.archives.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(archive) = archives.get(code_dir) {
-            return Ok(archive.clone());
+            return archive.clone();
         }
-        let archive = Arc::new(
-            code_archive::create(
-                code_dir,
-                &ArchiveLimits::default(),
-                &self.context.args.exclude_files,
-            )
-            .map_err(|e| e.to_string())?,
-        );
+        let archive = match code_archive::create(
+            code_dir,
+            &ArchiveLimits::default(),
+            &self.context.args.exclude_files,
+        ) {
+            Ok(archive) => Arc::new(archive),
+            Err(e) => {
+                let why = e.to_string();
+                archives.insert(code_dir.to_path_buf(), Err(why.clone()));
+                drop(archives);
+                self.context.set_code_problem(Some(why.clone()));
+                for host in &self.hosts {
+                    host.emit_environment(&self.context);
+                }
+                return Err(why);
+            }
+        };
         let left_out: Vec<String> = archive
             .left_out
             .iter()
@@ -228,8 +247,38 @@ impl RemoteService {
             archive.total_bytes,
             archive.bytes.len()
         ));
-        archives.insert(code_dir.to_path_buf(), archive.clone());
+        archives.insert(code_dir.to_path_buf(), Ok(archive.clone()));
         Ok(archive)
+    }
+
+    /// Walks again (without compressing) each code directory that could not be archived; one
+    /// that can be now is forgotten, so that the next start archives it, and the hosts are
+    /// ready again once none is left. Called as the core asks for the environments, which it
+    /// does every few seconds while trials wait.
+    fn recheck_code(&self) {
+        let mut archives = lock(&self.archives);
+        let failed: Vec<PathBuf> = archives
+            .iter()
+            .filter(|(_, archive)| archive.is_err())
+            .map(|(dir, _)| dir.clone())
+            .collect();
+        if failed.is_empty() {
+            return;
+        }
+        let mut problem = None;
+        for dir in failed {
+            match code_archive::check(
+                &dir,
+                &ArchiveLimits::default(),
+                &self.context.args.exclude_files,
+            ) {
+                Ok(()) => {
+                    archives.remove(&dir);
+                }
+                Err(e) => problem = Some(e.to_string()),
+            }
+        }
+        self.context.set_code_problem(problem);
     }
 
     /// Starts a trial on the host its request names. With `late_start_failures` (a host that
@@ -256,7 +305,10 @@ impl RemoteService {
         let mut request = request.clone();
         request.resources.max_trials_per_gpu =
             Some(self.hosts[index].machine.max_trial_number_per_gpu.max(1));
-        let archive = self.archive(&request.code_dir).map_err(start_error)?;
+        // Nothing reached the host: the trial waits for its hosts to be ready again.
+        let archive = self.archive(&request.code_dir).map_err(|why| {
+            start_error(format!("{why}; {}", knob_plugin_api::service::NOT_STARTED))
+        })?;
         // A population member: the copy of its parent's checkpoint folder taken when it was
         // created goes with the start, which waits for it.
         let snapshot = request
@@ -646,6 +698,7 @@ impl TrainingService for RemoteService {
         if std::mem::replace(&mut self.asked_before, true) {
             self.stand_in_line();
         }
+        self.recheck_code();
         Ok(self.environments_now())
     }
 

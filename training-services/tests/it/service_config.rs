@@ -391,3 +391,35 @@ fn local_clean_up_ends_only_the_named_trials_of_its_experiment() {
         let _ = child.wait();
     }
 }
+
+/// While only checking (no experiment folder yet), an `experimentWorkingDirectory` inside the
+/// trial code directory, full of earlier experiments' files, does not count against the code's
+/// 2000 files: it is never uploaded. The same files elsewhere in the directory do.
+#[test]
+fn remote_checks_its_code_directory_without_the_experiments_kept_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("id_ed25519");
+    std::fs::write(&key, "not really a key").unwrap();
+    let working_dir = dir.path().join("experiments");
+    let earlier = working_dir.join("earlier/trials");
+    std::fs::create_dir_all(&earlier).unwrap();
+    for i in 0..2100 {
+        std::fs::write(earlier.join(format!("f{i}")), "").unwrap();
+    }
+    let mut context = ServiceContext {
+        config_dir: dir.path().to_path_buf(),
+        working_directory: Some(working_dir.clone()),
+        ..ServiceContext::default()
+    };
+    context.trial.trial_code_directory = dir.path().to_path_buf();
+    let config = json!({"machineList": [{"host": "h", "user": "u", "sshKeyFile": key}]});
+    assert!(check_built_in("remote", &config, &context).unwrap().is_ok());
+    context.experiment_working_directory = Some(dir.path().join("elsewhere"));
+    let found = problems("remote", config, &context);
+    assert!(
+        found.len() == 1
+            && found[0].starts_with(": trialCodeDirectory cannot be sent to the hosts: ")
+            && found[0].contains("holds more than 2000 files"),
+        "{found:?}"
+    );
+}
