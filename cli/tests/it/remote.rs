@@ -1244,3 +1244,82 @@ fn a_trial_code_directory_that_cannot_be_archived_is_refused_before_anything_run
     std::os::unix::fs::symlink("/etc/hostname", sandbox.path().join("code/outside")).unwrap();
     refused("outside the trial code directory");
 }
+
+/// The experiment's only host is gone for longer than `hostLossTimeout` (a lab server that
+/// reboots) and comes back: the trial it ran is failed as lost and runs again there once it is
+/// back, and the experiment finishes. It ended in ERROR ("no environment can run trials")
+/// seconds after the loss, although knob still tried the host, as it does for about an hour.
+#[test]
+fn the_only_host_lost_and_back_runs_the_lost_trial_again_and_the_experiment_finishes() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let mut host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "sleep 3; echo KNOB_FINAL 1",
+            concurrency: 1,
+            trials: 2,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let child = spawn_create(&sandbox, &config, "reboot");
+    let env = environment_id(&host);
+    wait_for(&sandbox, "reboot", "a trial running on the host", |e| {
+        running_on(e, &env) > 0
+    });
+    host.kill_host();
+    // Past hostLossTimeout (3 s): the trial's attempt there is failed as lost.
+    wait_for(&sandbox, "reboot", "an attempt failed as lost", |e| {
+        attempts(e).iter().any(|(_, a)| {
+            a.iter()
+                .any(|(_, status, _)| status.as_deref() == Some("FAILED"))
+        })
+    });
+    host.restart().expect("sshd starts again");
+    let (code, stdout, stderr) = wait_create(child);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment reboot DONE: 2 trials (2 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let history = attempts(&sandbox.export("reboot"));
+    let moved: Vec<&Vec<Attempt>> = history
+        .iter()
+        .map(|(_, a)| a)
+        .filter(|a| a.len() > 1)
+        .collect();
+    assert_eq!(moved.len(), 1, "{history:?}");
+    let (first_env, first_status, first_message) = &moved[0][0];
+    assert_eq!(
+        (first_env, first_status.as_deref()),
+        (&env, Some("FAILED")),
+        "{history:?}"
+    );
+    assert!(
+        first_message.as_deref().is_some_and(|m| m.contains("lost")),
+        "{history:?}"
+    );
+    assert_eq!(
+        moved[0].last().unwrap().1.as_deref(),
+        Some("SUCCEEDED"),
+        "{history:?}"
+    );
+    assert!(
+        stderr.contains(&format!("environment {env} lost: ")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "environment {env} (127.0.0.1:{}) is ready again",
+            host.port()
+        )),
+        "{stderr}"
+    );
+}

@@ -179,6 +179,12 @@ impl Environments {
                         said.push(unusable(reason));
                     }
                 }
+                // Its status alone for one known before: its service no longer knows its
+                // resources, having given up on it (an SSH host not back after about an
+                // hour); trials do not wait for it, as for a host never reached.
+                (None, Some(EnvironmentStatus::Unavailable(_))) if self.placer.knows(&id) => {
+                    self.placer.remove(&id)
+                }
                 (_, Some(EnvironmentStatus::Starting)) => self.placer.set_starting(&id),
                 (_, Some(EnvironmentStatus::Draining)) => self.placer.set_draining(&id),
                 _ => self.placer.set_unavailable(
@@ -282,22 +288,38 @@ impl Environments {
         views
     }
 
-    /// A host is gone for good (its service said so with a trial's `environment_lost`): the
-    /// scheduler forgets it, so waiting trials go elsewhere. If it comes back, its service
-    /// reports it again and it is registered anew. The notice, unless it was gone already.
+    /// A host is gone (its service said so with a trial's `environment_lost`): its trials
+    /// run elsewhere. The notice, unless it was gone already.
     ///
     /// One its service reports ready is kept: what was lost is the trial, not the host (a
     /// host whose agent was killed and started again). Forgetting it left an experiment
     /// on that one host with "no environment can run trials" while the host took trials.
+    ///
+    /// One its service last reported `Unavailable` with its inventory is still being tried
+    /// (an SSH host reconnecting, for about an hour): it stays, not ready, so trials that fit
+    /// nowhere else wait for it and the experiment goes on. Forgetting it ended an experiment
+    /// on one lab server in ERROR seconds after `hostLossTimeout`, while the server rebooted.
+    /// Otherwise (retired, or its status alone: its service gave up on it) the scheduler
+    /// forgets it; if it comes back, its service reports it again and it is registered anew.
     pub fn lose(&mut self, environment_id: &str, reason: &str) -> Option<String> {
         let record = self.records.get_mut(environment_id)?;
-        if record.ready || !self.placer.knows(environment_id) {
+        // Said once: it may stay known, waited for, after its loss.
+        if record.ready || record.lost || !self.placer.knows(environment_id) {
             return None;
         }
         record.ready = false;
         record.settled = false;
         record.lost = true;
-        self.placer.remove(environment_id);
+        let retried = <knob_gpu_sched::Environment as serde::Deserialize>::deserialize(
+            &record.last.inventory,
+        )
+        .is_ok_and(|inventory| matches!(inventory.status, EnvironmentStatus::Unavailable(_)));
+        if retried {
+            let why = record.why.clone().unwrap_or_else(|| reason.to_string());
+            self.placer.set_unavailable(environment_id, &why);
+        } else {
+            self.placer.remove(environment_id);
+        }
         Some(format!("environment {environment_id} lost: {reason}"))
     }
 
@@ -562,6 +584,9 @@ mod tests {
         let gone = inventory("a", 1, Some(EnvironmentStatus::Unavailable("gone".into())));
         envs.report(0, reported("a", false, gone));
         assert!(envs.lose("a", "host rebooted").is_some());
+        // Its status alone: its service gave up on it.
+        let given_up = json!({"status": EnvironmentStatus::Unavailable("gone".into())});
+        envs.report(0, reported("a", false, given_up));
         assert!(!envs.can_place());
         assert_eq!(
             notices(envs.report(0, reported("a", true, inventory("a", 1, None)))),
@@ -625,8 +650,16 @@ mod tests {
         );
         // Not ready, then lost, then reported unchanged: its last report is read again (it is
         // not settled), and it stays out; reported ready, it is taken back.
+        let given_up = || {
+            reported(
+                "a",
+                false,
+                json!({"status": EnvironmentStatus::Unavailable("gone".into())}),
+            )
+        };
         assert_eq!(notices(envs.report(0, down())).len(), 1);
         assert!(envs.lose("a", "host rebooted").is_some());
+        assert_eq!(notices(envs.report(0, given_up())), Vec::<String>::new());
         assert!(!envs.can_place());
         assert_eq!(notices(envs.report_same(0, "a")), Vec::<String>::new());
         assert!(!envs.can_place());
@@ -746,6 +779,47 @@ mod tests {
         );
     }
 
+    /// A lost host its service still tries (reported `Unavailable` with its inventory) is
+    /// waited for: the experiment on one lab server ended in ERROR seconds after
+    /// `hostLossTimeout` while the server rebooted. Reported by its status alone (its service
+    /// gave up on it), it is forgotten.
+    #[test]
+    fn a_lost_host_still_tried_is_waited_for_and_one_given_up_forgotten() {
+        let mut envs = environments(1);
+        let request = OwnRequest {
+            trial_id: "t1".into(),
+            memory_mib: None,
+            gpu_memory_mib: None,
+        };
+        envs.report(0, reported("a", true, inventory("a", 1, None)));
+        let trying = inventory(
+            "a",
+            1,
+            Some(EnvironmentStatus::Unavailable("reconnecting".into())),
+        );
+        envs.report(0, reported("a", false, trying.clone()));
+        assert!(envs.lose("a", "host rebooted").is_some());
+        assert!(envs.any() && envs.can_place());
+        assert!(matches!(
+            envs.place(std::slice::from_ref(&request))[0],
+            Placement::TmpNoAvailableGpu { .. }
+        ));
+        assert_eq!(envs.report(0, reported("a", false, trying)), vec![]);
+        assert!(envs.can_place());
+        assert_eq!(
+            notices(envs.report(0, reported("a", true, inventory("a", 1, None)))),
+            ["news: environment a (box) is ready again"]
+        );
+        assert!(matches!(
+            envs.place(std::slice::from_ref(&request))[0],
+            Placement::Succeed { .. }
+        ));
+        // Given up: its status alone, and nothing waits for it.
+        let given_up = json!({"status": EnvironmentStatus::Unavailable("lost: host rebooted; knob no longer tries it".into())});
+        envs.report(0, reported("a", false, given_up));
+        assert!(!envs.any() && !envs.can_place());
+    }
+
     #[test]
     fn a_lost_host_is_forgotten_once_and_the_error_says_why() {
         let mut envs = environments(1);
@@ -762,6 +836,9 @@ mod tests {
         );
         assert_eq!(envs.lose("a", "host rebooted"), None);
         assert_eq!(envs.lose("never", "x"), None);
+        // Its status alone: its service no longer tries it.
+        let given_up = json!({"status": EnvironmentStatus::Unavailable("gone".into())});
+        assert_eq!(envs.report(0, reported("a", false, given_up)), vec![]);
         assert!(!envs.any() && !envs.can_place());
         // Its service's new reason while it stays down is kept, not said again: the loss was.
         let still_gone = |why: &str| {

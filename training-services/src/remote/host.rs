@@ -643,7 +643,7 @@ impl Host {
                 }
                 match self.recover(&ctx, &mut stop).await {
                     Some(incoming) => incoming,
-                    None => return,
+                    None => return self.give_up(&ctx, &stop),
                 }
             }
         };
@@ -685,11 +685,36 @@ impl Host {
                     self.set_not_ready(&ctx, &format!("lost: {why}"));
                     match self.recover(&ctx, &mut stop).await {
                         Some(next) => incoming = next,
-                        None => return,
+                        None => return self.give_up(&ctx, &stop),
                     }
                 }
             }
         }
+    }
+
+    /// No more tries (about an hour of them, or a refused key): the environment is reported by
+    /// its status alone, which the core reads as a host it no longer waits for (a lost host
+    /// reported with its inventory is waited for, its trials wait for it; the experiment ends
+    /// only once no environment is left). Nothing when the service stopped.
+    fn give_up(&self, ctx: &Context, stop: &watch::Receiver<bool>) {
+        if *stop.borrow() {
+            return;
+        }
+        let why = {
+            let mut state = lock(&self.state);
+            state.inventory = Value::Null;
+            let why = state
+                .failure
+                .clone()
+                .unwrap_or_else(|| format!("{}: not reachable", self.machine.target()));
+            state.failure = Some(format!("{why}; knob no longer tries this host in this run"));
+            why
+        };
+        knob_plugin_api::log::debug(&format!(
+            "training service remote: host {} given up: {why}",
+            self.machine.host_port()
+        ));
+        self.emit_environment(ctx);
     }
 
     /// Keeps trying, at a slow pace, to bring back a host that is down or lost. `None`: the

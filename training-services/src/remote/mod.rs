@@ -13,7 +13,9 @@
 //!
 //! A host lost for good (unreachable for `hostLossTimeoutSecs`) has each of its running trials
 //! ended with `environment_lost` set, and the core runs them elsewhere. Reconnection is still
-//! tried afterwards; a host that comes back is ready again, but empty: trials the daemon there
+//! tried afterwards (about an hour), the host reported not ready with its inventory meanwhile,
+//! so that the core waits for it; then by its status alone (`Host::give_up`), so that it does
+//! not. A host that comes back is ready again, but empty: trials the daemon there
 //! still runs were already reported ended, so they are killed and their events dropped. (Its
 //! daemon is not restarted with `fresh_start`: that is only for a new manager process.)
 

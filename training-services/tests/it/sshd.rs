@@ -437,6 +437,29 @@ impl Sshd {
 }
 
 impl Sshd {
+    /// The host is back after [`Sshd::kill_host`], as after a reboot: sshd listens again on
+    /// the same port with the same keys (its agent daemons and trials are gone). Not for a
+    /// fixture with a password or a disk of its own, which need sshd's own mount namespace.
+    pub fn restart(&mut self) -> Result<(), String> {
+        let sshd = sshd_binary().ok_or("no sshd to start again")?;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("sshd.log"))
+            .map_err(|e| e.to_string())?;
+        let listener = Command::new(sshd)
+            .arg("-D")
+            .arg("-e")
+            .arg("-f")
+            .arg(self.dir.join("sshd_config"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start sshd again: {e}"))?;
+        self.listener = Some(listener);
+        self.wait_listening()
+    }
+
     /// The agent daemons started through this sshd are killed (SIGKILL, as the OOM killer
     /// does), and nothing else: the host, its connections and the trials stay. Returns how
     /// many were killed.
