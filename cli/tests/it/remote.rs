@@ -1323,3 +1323,54 @@ fn the_only_host_lost_and_back_runs_the_lost_trial_again_and_the_experiment_fini
         "{stderr}"
     );
 }
+
+/// The only host, lost, comes back with another host key: knob refuses it and stops trying
+/// (a key does not change back by itself), and with nothing left to wait for the experiment
+/// ends in ERROR naming the host and why, instead of its trial waiting for it.
+#[test]
+fn the_only_host_lost_and_back_with_another_key_ends_the_experiment_saying_why() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let mut host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "sleep 60; echo KNOB_FINAL 1",
+            concurrency: 1,
+            trials: 1,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let child = spawn_create(&sandbox, &config, "rekeyed");
+    let env = environment_id(&host);
+    wait_for(&sandbox, "rekeyed", "a trial running on the host", |e| {
+        running_on(e, &env) > 0
+    });
+    host.kill_host();
+    wait_for(&sandbox, "rekeyed", "an attempt failed as lost", |e| {
+        attempts(e).iter().any(|(_, a)| {
+            a.iter()
+                .any(|(_, status, _)| status.as_deref() == Some("FAILED"))
+        })
+    });
+    let key = host.dir().join("host_key");
+    std::fs::remove_file(&key).unwrap();
+    std::fs::remove_file(key.with_extension("pub")).unwrap();
+    sshd::generate_key(&key, "").unwrap();
+    host.restart().expect("sshd starts again");
+    let (code, stdout, stderr) = wait_create(child);
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let error = error_line(&stderr);
+    assert!(
+        error.contains(&format!("no environment can run trials: {env} "))
+            && error.contains("host key changed")
+            && error.contains("knob no longer tries this host"),
+        "{error}"
+    );
+}

@@ -642,8 +642,9 @@ impl Host {
                     return;
                 }
                 match self.recover(&ctx, &mut stop).await {
-                    Some(incoming) => incoming,
-                    None => return self.give_up(&ctx, &stop),
+                    Reconnect::Back(incoming) => incoming,
+                    Reconnect::Stopped => return,
+                    Reconnect::GaveUp(last_error) => return self.give_up(&ctx, last_error),
                 }
             }
         };
@@ -684,8 +685,9 @@ impl Host {
                     self.declare_lost(&ctx, &why);
                     self.set_not_ready(&ctx, &format!("lost: {why}"));
                     match self.recover(&ctx, &mut stop).await {
-                        Some(next) => incoming = next,
-                        None => return self.give_up(&ctx, &stop),
+                        Reconnect::Back(next) => incoming = next,
+                        Reconnect::Stopped => return,
+                        Reconnect::GaveUp(last_error) => return self.give_up(&ctx, last_error),
                     }
                 }
             }
@@ -693,19 +695,15 @@ impl Host {
     }
 
     /// No more tries (about an hour of them, or a refused key): the environment is reported by
-    /// its status alone, which the core reads as a host it no longer waits for (a lost host
-    /// reported with its inventory is waited for, its trials wait for it; the experiment ends
-    /// only once no environment is left). Nothing when the service stopped.
-    fn give_up(&self, ctx: &Context, stop: &watch::Receiver<bool>) {
-        if *stop.borrow() {
-            return;
-        }
+    /// its status alone, with the last try's error, which the core reads as a host it no
+    /// longer waits for (a lost host reported with its inventory is waited for, its trials
+    /// wait for it; the experiment ends only once no environment is left).
+    fn give_up(&self, ctx: &Context, last_error: Option<String>) {
         let why = {
             let mut state = lock(&self.state);
             state.inventory = Value::Null;
-            let why = state
-                .failure
-                .clone()
+            let why = last_error
+                .or_else(|| state.failure.clone())
                 .unwrap_or_else(|| format!("{}: not reachable", self.machine.target()));
             state.failure = Some(format!("{why}; knob no longer tries this host in this run"));
             why
@@ -717,18 +715,15 @@ impl Host {
         self.emit_environment(ctx);
     }
 
-    /// Keeps trying, at a slow pace, to bring back a host that is down or lost. `None`: the
-    /// service stopped or gave up. Once it is back, its environment reported ready is what the
+    /// Keeps trying, at a slow pace ([`RECOVERY_ATTEMPTS`], about an hour), to bring back a
+    /// host that is down or lost. Once it is back, its environment reported ready is what the
     /// core announces ("environment … is ready again").
     async fn recover(
         self: &Arc<Self>,
         ctx: &Arc<Context>,
         stop: &mut watch::Receiver<bool>,
-    ) -> Option<mpsc::UnboundedReceiver<Result<FromAgent, String>>> {
-        match self.reconnect(ctx, stop, None, RECOVERY_ATTEMPTS).await {
-            Reconnect::Back(incoming) => Some(incoming),
-            Reconnect::Stopped | Reconnect::GaveUp(_) => None,
-        }
+    ) -> Reconnect {
+        self.reconnect(ctx, stop, None, RECOVERY_ATTEMPTS).await
     }
 
     /// Tries to reconnect with a growing pause, until `deadline` or `attempts` run out.
