@@ -320,6 +320,37 @@ async fn connect_unbounded(
     Ok(Connection { handle, target })
 }
 
+/// Keyboard-interactive login answering the server's prompts with the password. Only prompts
+/// that do not echo are password prompts; one that echoes asks for something else, which knob
+/// cannot give, so the login is given up rather than the password shown there.
+async fn keyboard_interactive(
+    handle: &mut Handle<HostKeyCheck>,
+    user: &str,
+    password: &str,
+) -> Result<bool, russh::Error> {
+    use russh::client::KeyboardInteractiveAuthResponse as Response;
+    let mut response = handle
+        .authenticate_keyboard_interactive_start(user.to_string(), None)
+        .await?;
+    // PAM may send a few rounds (an empty one first, or a notice); a server that keeps asking
+    // is not given the password forever.
+    for _ in 0..8 {
+        let prompts = match response {
+            Response::Success => return Ok(true),
+            Response::Failure { .. } => return Ok(false),
+            Response::InfoRequest { prompts, .. } => prompts,
+        };
+        if prompts.iter().any(|p| p.echo) {
+            return Ok(false);
+        }
+        let answers = prompts.iter().map(|_| password.to_string()).collect();
+        response = handle
+            .authenticate_keyboard_interactive_respond(answers)
+            .await?;
+    }
+    Ok(false)
+}
+
 fn describe_russh(e: &russh::Error) -> String {
     match e {
         russh::Error::IO(io) => match io.kind() {
@@ -387,9 +418,27 @@ async fn authenticate(
         if result.success() {
             return Ok(());
         }
+        // Many servers (PAM set-ups) take passwords only through keyboard-interactive; NNI
+        // answers its prompts with the password (ssh2's `tryKeyboard`), and so does knob.
+        let offers_keyboard = matches!(
+            &result,
+            russh::client::AuthResult::Failure { remaining_methods, .. }
+                if remaining_methods.contains(&russh::MethodKind::KeyboardInteractive)
+        );
+        if offers_keyboard
+            && keyboard_interactive(handle, &machine.user, &password.expose())
+                .await
+                .map_err(session_error)?
+        {
+            return Ok(());
+        }
         return Err(SshError::AuthRejected {
             target,
-            tried: "password".to_string(),
+            tried: if offers_keyboard {
+                "password, and password through keyboard-interactive".to_string()
+            } else {
+                "password".to_string()
+            },
         });
     }
 

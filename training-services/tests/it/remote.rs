@@ -309,6 +309,61 @@ fn password_auth_works_and_a_wrong_password_is_named_without_it() {
     );
 }
 
+/// NNI answers keyboard-interactive prompts with the password (ssh2's `tryKeyboard`): a server
+/// that takes passwords only that way (PAM) is a working `password` machine, and a wrong
+/// password there is refused naming both ways tried, without the password.
+#[test]
+fn password_is_given_through_keyboard_interactive_when_the_server_takes_only_that() {
+    let password = "s3cret-Kbd-42";
+    if !password_login() {
+        return;
+    }
+    let Some(sshd) = start_sshd(SshdOptions {
+        password: Some(password.to_string()),
+        keyboard_interactive_only: true,
+        ..SshdOptions::default()
+    }) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let machine = |password: &str| json!({"host": "127.0.0.1", "port": sshd.port(), "user": sshd.user(), "password": password});
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![machine(password)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    assert!(
+        service.environments_now()[0].ready,
+        "{:?} sshd log: {}",
+        service.environments_now(),
+        sshd.log()
+    );
+    service
+        .start(&world.request(&sshd, "k1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    let trial = events.wait_ended("k1");
+    assert_eq!(ending(&trial).0, Some(0), "{trial:?}");
+    service.stop();
+
+    let events = Events::default();
+    let wrong = "wrong-Kbd-99";
+    let service = service_expecting_failure(world.args(vec![machine(wrong)]), &events, &sshd);
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains(
+            "authentication rejected (password, and password through keyboard-interactive)"
+        ),
+        "{reason}"
+    );
+    let everything = format!("{reason} {:?}", events.all());
+    assert!(
+        !everything.contains(wrong) && !everything.contains(password),
+        "{everything}"
+    );
+}
+
 fn service_expecting_failure(args: Value, events: &Events, sshd: &Sshd) -> RemoteService {
     connect(args, events, &agent_root(sshd))
 }

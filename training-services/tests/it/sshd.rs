@@ -92,6 +92,9 @@ pub struct SshdOptions {
     pub key_auth: bool,
     /// Accept this password for root (needs `unshare` and root).
     pub password: Option<String>,
+    /// Take that password only through keyboard-interactive, answered by PAM (`UsePAM yes`,
+    /// `PasswordAuthentication no`), as many PAM set-ups do.
+    pub keyboard_interactive_only: bool,
     /// Variables every session gets (sshd's `SetEnv`), e.g. `KNOB_SIMULATE_GPUS`.
     pub env: Vec<(String, String)>,
     /// A disk of this many bytes (a tmpfs) at [`Sshd::disk`], seen only by sshd and what is
@@ -202,8 +205,8 @@ impl Sshd {
         }
         let config = format!(
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n{rsa}AuthorizedKeysFile {authorized_keys}\n\
-             StrictModes no\nUsePAM no\nPermitRootLogin yes\nPubkeyAuthentication {pubkey}\n\
-             PasswordAuthentication {password}\nKbdInteractiveAuthentication no\n\
+             StrictModes no\nUsePAM {pam}\nPermitRootLogin yes\nPubkeyAuthentication {pubkey}\n\
+             PasswordAuthentication {password}\nKbdInteractiveAuthentication {pam}\n\
              PidFile {pid_file}\nSetEnv {set_env}\nMaxStartups 50\nMaxSessions 50\nLogLevel INFO\n",
             host_key = host_key.display(),
             rsa = if options.rsa_host_key {
@@ -213,7 +216,13 @@ impl Sshd {
             },
             authorized_keys = authorized_keys.display(),
             pubkey = if options.key_auth { "yes" } else { "no" },
-            password = if options.password.is_some() { "yes" } else { "no" },
+            password = if options.password.is_some() && !options.keyboard_interactive_only {
+                "yes"
+            } else {
+                "no"
+            },
+            // Without PAM, OpenSSH on Linux has no keyboard-interactive device to check a password.
+            pam = if options.keyboard_interactive_only { "yes" } else { "no" },
             pid_file = dir.join("sshd.pid").display(),
         );
         let config_path = dir.join("sshd_config");
