@@ -74,9 +74,19 @@ pub fn connect_or_start(options: &AttachOptions) -> Result<UnixStream, AgentErro
         let gave_up = started.elapsed() >= DAEMON_START_TIMEOUT
             || exited_at.is_some_and(|at| at.elapsed() >= AFTER_EXIT_GRACE);
         if gave_up {
+            // A daemon on a full disk cannot write even its log to say why it stopped.
+            let cause = crate::process::nearly_full(&options.dir)
+                .map(|free| {
+                    format!(
+                        ": no space left on the disk of {} ({free} bytes free); free space there",
+                        options.dir.display()
+                    )
+                })
+                .unwrap_or_default();
             return Err(AgentError::DaemonDidNotStart {
                 dir: options.dir.clone(),
                 waited: started.elapsed(),
+                cause,
                 log_tail: log_tail(&options.dir.join(LOG_FILE_NAME), 3),
             });
         }

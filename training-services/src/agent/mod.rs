@@ -69,10 +69,12 @@ pub enum AgentError {
     },
     #[error("knob-agent: cannot start running trials: {0}")]
     Pool(#[from] crate::trial_pool::PoolError),
-    #[error("knob-agent: the daemon for {} did not start within {} s; the end of {}: {log_tail}", dir.display(), waited.as_secs(), dir.join(LOG_FILE_NAME).display())]
+    #[error("knob-agent: the daemon for {} did not start within {} s{cause}; the end of {}: {log_tail}", dir.display(), waited.as_secs(), dir.join(LOG_FILE_NAME).display())]
     DaemonDidNotStart {
         dir: PathBuf,
         waited: Duration,
+        /// Empty, or what is known to stop it (`: ...`).
+        cause: String,
         log_tail: String,
     },
     #[error("knob-agent: no daemon listens on {} (attach --no-start starts none)", dir.join(SOCKET_FILE_NAME).display())]

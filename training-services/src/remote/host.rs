@@ -339,7 +339,7 @@ impl Host {
             ssh::shell_quote(&paths.agent),
             ssh::shell_quote(&paths.environment_dir)
         );
-        let stream = connection.open_stream(&command).await?;
+        let (stream, stderr) = connection.open_stream_keeping_stderr(&command).await?;
         let (mut reader, mut writer) = tokio::io::split(stream);
 
         let (last_seq, fresh_start) = {
@@ -364,7 +364,14 @@ impl Host {
         let welcome = tokio::time::timeout(ssh::CONNECT_TIMEOUT, read_frame_async(&mut reader))
             .await
             .map_err(|_| agent_error("the agent did not answer the hello in time".to_string()))?
-            .map_err(|e| agent_error(format!("the agent did not answer the hello: {e}")))?;
+            .map_err(|e| {
+                // `attach` says on stderr why it gave up (no daemon, a full disk).
+                let why = stderr
+                    .last_line()
+                    .map(|line| format!(" ({line})"))
+                    .unwrap_or_default();
+                agent_error(format!("the agent did not answer the hello: {e}{why}"))
+            })?;
         let (pid, inventory, agent_running) = match welcome {
             FromAgent::Welcome {
                 protocol,

@@ -694,11 +694,147 @@ impl Connection {
         }
     }
 
+    /// [`Connection::open_stream`] that also keeps the end of the command's stderr, which a
+    /// channel stream drops: why `knob-agent attach` gave up (its daemon did not start, the
+    /// disk is full) is said there, before its stdout closes.
+    pub async fn open_stream_keeping_stderr(
+        &self,
+        command: &str,
+    ) -> Result<(CommandStream, StderrTail), SshError> {
+        use tokio::io::AsyncWriteExt;
+        let target = self.target.clone();
+        let short: String = command.chars().take(80).collect();
+        let open = async {
+            let channel = self
+                .handle
+                .channel_open_session()
+                .await
+                .map_err(|e| describe_russh(&e))?;
+            channel
+                .exec(true, marked(command))
+                .await
+                .map_err(|e| describe_russh(&e))?;
+            let (mut read_half, write_half) = channel.split();
+            // Dropping the stream closes the channel, as a channel stream does (the command
+            // then sees its stdin end); the reading task learns of it through `dropped`.
+            let (alive, mut dropped) = tokio::sync::oneshot::channel::<()>();
+            let writer: Box<dyn tokio::io::AsyncWrite + Send + Unpin> = Box::new(KeptAlive {
+                inner: write_half.make_writer(),
+                _alive: alive,
+            });
+            let (mut to_reader, from_channel) = tokio::io::duplex(64 * 1024);
+            let stderr = StderrTail::default();
+            let tail = stderr.clone();
+            tokio::spawn(async move {
+                loop {
+                    let message = tokio::select! {
+                        message = read_half.wait() => message,
+                        _ = &mut dropped => break,
+                    };
+                    let Some(message) = message else { break };
+                    match message {
+                        russh::ChannelMsg::Data { data }
+                            if to_reader.write_all(&data).await.is_err() =>
+                        {
+                            break
+                        }
+                        // Recorded before the reader can see the end of stdout (below).
+                        russh::ChannelMsg::ExtendedData { data, ext: 1 } => {
+                            let mut kept = tail.lock().unwrap_or_else(|e| e.into_inner());
+                            kept.extend_from_slice(&data);
+                            let excess = kept.len().saturating_sub(STDERR_TAIL_BYTES);
+                            kept.drain(..excess);
+                        }
+                        russh::ChannelMsg::Eof | russh::ChannelMsg::Close => break,
+                        _ => {}
+                    }
+                }
+                drop(to_reader);
+                let _ = write_half.close().await;
+            });
+            let mut stream = tokio::io::BufReader::new(tokio::io::join(from_channel, writer));
+            skip_to_mark(&mut stream).await?;
+            Ok::<_, String>((stream, stderr))
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, open).await {
+            Ok(Ok(opened)) => Ok(opened),
+            Ok(Err(e)) => Err(SshError::Session {
+                target,
+                what: format!("cannot start `{short}`: {e}"),
+            }),
+            Err(_) => Err(SshError::Session {
+                target,
+                what: format!(
+                    "`{short}` did not start within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ),
+            }),
+        }
+    }
+
     pub async fn close(&self) {
         let _ = self
             .handle
             .disconnect(russh::Disconnect::ByApplication, "knob is done", "en")
             .await;
+    }
+}
+
+/// How much of a command's stderr [`Connection::open_stream_keeping_stderr`] keeps.
+const STDERR_TAIL_BYTES: usize = 4096;
+
+/// A command's stdout and stdin, from [`Connection::open_stream_keeping_stderr`].
+pub type CommandStream = tokio::io::BufReader<
+    tokio::io::Join<tokio::io::DuplexStream, Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
+>;
+
+/// A writer that holds `_alive` until it is dropped.
+struct KeptAlive<W> {
+    inner: W,
+    _alive: tokio::sync::oneshot::Sender<()>,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for KeptAlive<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The end of a command's stderr so far.
+#[derive(Clone, Default)]
+pub struct StderrTail(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl StderrTail {
+    fn lock(&self) -> std::sync::LockResult<std::sync::MutexGuard<'_, Vec<u8>>> {
+        self.0.lock()
+    }
+
+    /// The last line that is not blank, if any.
+    pub fn last_line(&self) -> Option<String> {
+        let kept = self.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&kept)
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_string())
     }
 }
 

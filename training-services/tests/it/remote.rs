@@ -1041,6 +1041,55 @@ fn trials_on_a_full_host_disk_say_so_and_start_again_once_there_is_room() {
     service.stop();
 }
 
+/// A host whose disk is full when a new experiment's agent daemon starts: the daemon cannot
+/// even write its log, and the refusal said only "connection closed". It now names the full disk
+/// (what `knob-agent attach` says on its stderr), and is tried again later.
+#[test]
+fn an_agent_daemon_that_cannot_start_on_a_full_disk_says_so() {
+    if !crate::sshd::small_disk() {
+        return;
+    }
+    let agent_bytes = std::fs::metadata(agent_binary()).unwrap().len();
+    let Some(sshd) = start_sshd(SshdOptions {
+        disk_bytes: Some(agent_bytes + (4 << 20)),
+        ..key_options()
+    }) else {
+        return;
+    };
+    let root = sshd.disk("agent-root");
+    {
+        let world = World::new();
+        world.trust(&sshd);
+        let events = Events::default();
+        let mut service = connect(world.args(vec![key_machine(&sshd)]), &events, &root);
+        assert!(service.environments_now()[0].ready, "{}", sshd.log());
+        service.stop();
+    }
+    // Fill what is left (the agent and the code are already there).
+    let filler = sshd.seen_from_here(&root.join("filler"));
+    let mut file = std::fs::File::create(&filler).unwrap();
+    let block = vec![0u8; 64 << 10];
+    while std::io::Write::write_all(&mut file, &block).is_ok() {}
+    drop(file);
+
+    // Another experiment: a daemon of its own must start.
+    let world = World::new();
+    world.trust(&sshd);
+    let events = Events::default();
+    let mut args = world.args(vec![key_machine(&sshd)]);
+    args["experimentId"] = json!("exp2");
+    let service = connect(args, &events, &root);
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("the agent did not answer the hello")
+            && reason.contains("did not start")
+            && reason.contains("no space left on the disk of"),
+        "{reason}"
+    );
+    assert!(!reason.contains("does not try this host again"), "{reason}");
+    drop(service);
+}
+
 /// A start waits for its host's agent to answer; a host that stalls (its connection up, its
 /// agent stopped) must not hold the starts on other hosts, nor the kill of a trial whose start
 /// is still under way (issue 16's loop that never waits on a service, inside the service).
