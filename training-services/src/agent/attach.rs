@@ -125,6 +125,8 @@ fn start_daemon(options: &AttachOptions) -> Result<std::process::Child, AgentErr
         .arg("serve")
         .arg("--dir")
         .arg(dir)
+        // The connection it is started for may be given up before its hello.
+        .arg("--exit-without-hello")
         .args(&options.serve_args)
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))

@@ -46,6 +46,12 @@ pub struct ServeOptions {
     pub heartbeat_timeout: Duration,
     /// SIGTERM to SIGKILL for a killed trial.
     pub grace_period: Duration,
+    /// Started by `attach` for the connection it bridges: if that connection (or any before a
+    /// hello) closes before a hello, the manager gave up on it (a hello timed out, the
+    /// experiment was not kept) and nothing would ever come back for this daemon, which exits
+    /// instead of waiting out the orphan timeout. Not for a Slurm job's daemon, which waits
+    /// for its manager.
+    pub exit_without_hello: bool,
 }
 
 impl ServeOptions {
@@ -55,6 +61,7 @@ impl ServeOptions {
             orphan_timeout: super::DEFAULT_ORPHAN_TIMEOUT,
             heartbeat_timeout: HEARTBEAT_TIMEOUT,
             grace_period: Duration::from_secs(5),
+            exit_without_hello: false,
         }
     }
 }
@@ -150,6 +157,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         starts: HashMap::new(),
         manager: None,
         replaced_heard: None,
+        hello_seen: false,
     };
     runtime.block_on(daemon.run(listener, inputs, events));
     let _ = std::fs::remove_file(dir.join(SOCKET_FILE_NAME));
@@ -260,6 +268,8 @@ struct Daemon {
     manager: Option<String>,
     /// When the welcomed client that the latest connection replaced was last heard from.
     replaced_heard: Option<Instant>,
+    /// A hello has come (see [`ServeOptions::exit_without_hello`]).
+    hello_seen: bool,
 }
 
 enum StartState {
@@ -397,6 +407,11 @@ impl Daemon {
         if let Some(client) = self.client.take() {
             say!("client {} dropped: {why}", client.id);
             self.no_client_since = Some(Instant::now());
+            if self.options.exit_without_hello && !self.hello_seen {
+                // No hello, so no trial: nothing is lost.
+                say!("no hello came before the client left: no manager wants this daemon; exiting");
+                self.stop_all("knob-agent: no hello came".to_string());
+            }
         }
     }
 
@@ -506,6 +521,7 @@ impl Daemon {
     /// Starts answering a hello: the version check now, the rest (killing leftovers for a fresh
     /// start, probing the host) off the task.
     fn on_hello(&mut self, id: u64, hello: ToAgent) {
+        self.hello_seen = true;
         let ToAgent::Hello {
             protocol,
             experiment_id,

@@ -34,6 +34,9 @@ enum Command {
     Serve {
         #[arg(long)]
         dir: PathBuf,
+        /// Started by `attach`: exit if a connection closes before any hello came.
+        #[arg(long, hide = true)]
+        exit_without_hello: bool,
         #[command(flatten)]
         timing: Timing,
     },
@@ -124,12 +127,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         None => anyhow::bail!(
             "knob-agent: name a command (serve, attach, receive-code, copy-code) or --version; see --help"
         ),
-        Some(Command::Serve { dir, timing }) => {
+        Some(Command::Serve {
+            dir,
+            exit_without_hello,
+            timing,
+        }) => {
             let [orphan_timeout, heartbeat_timeout, grace_period] = timing.durations()?;
             let mut options = ServeOptions::new(dir);
             options.orphan_timeout = orphan_timeout;
             options.heartbeat_timeout = heartbeat_timeout;
             options.grace_period = grace_period;
+            options.exit_without_hello = exit_without_hello;
             serve(options)?;
         }
         Some(Command::Attach {

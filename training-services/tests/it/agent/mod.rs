@@ -462,6 +462,34 @@ fn with_no_manager_for_the_orphan_timeout_trials_are_killed_and_the_daemon_exits
     assert!(log.contains("no service connected for 1 s"), "{log}");
 }
 
+/// A daemon `attach` started whose connection closes before any hello (knob gave up waiting
+/// for the welcome, or did not keep the experiment) exits at once: nothing would ever connect
+/// to it again, and it waited out the orphan timeout (10 minutes by default).
+#[test]
+fn a_daemon_whose_first_connection_closes_before_a_hello_exits() {
+    let host = Host::new();
+    let mut agent = Attached::start(&host.dir(), &["--orphan-timeout-secs", "600"], &[]);
+    let log_path = host.dir().join("agent.log");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !log().contains("client 1 connected") {
+        assert!(Instant::now() < deadline, "no client connected: {}", log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.kill();
+    let socket = host.dir().join("agent.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while socket.exists() {
+        assert!(Instant::now() < deadline, "the daemon stayed: {}", log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        log().contains("no hello came before the client left"),
+        "{}",
+        log()
+    );
+}
+
 #[test]
 fn fresh_code_copy_runs_each_trial_in_its_own_copy() {
     let host = Host::new();
