@@ -414,7 +414,7 @@ fn remote_checks_its_code_directory_without_the_experiments_kept_in_it() {
     context.trial.trial_code_directory = dir.path().to_path_buf();
     let config = json!({"machineList": [{"host": "h", "user": "u", "sshKeyFile": key}]});
     assert!(check_built_in("remote", &config, &context).unwrap().is_ok());
-    context.experiment_working_directory = Some(dir.path().join("elsewhere"));
+    context.working_directory = Some(dir.path().join("elsewhere"));
     let found = problems("remote", config, &context);
     assert!(
         found.len() == 1
