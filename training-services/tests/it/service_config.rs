@@ -399,7 +399,11 @@ fn local_clean_up_ends_only_the_named_trials_of_its_experiment() {
 fn remote_checks_its_code_directory_without_the_experiments_kept_in_it() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("id_ed25519");
-    std::fs::write(&key, "not really a key").unwrap();
+    std::fs::write(
+        &key,
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nnot really a key\n-----END OPENSSH PRIVATE KEY-----\n",
+    )
+    .unwrap();
     let working_dir = dir.path().join("experiments");
     let earlier = working_dir.join("earlier/trials");
     std::fs::create_dir_all(&earlier).unwrap();
