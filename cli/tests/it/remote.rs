@@ -1203,7 +1203,12 @@ fn a_trial_whose_host_is_lost_again_and_again_is_failed_after_three_requeues() {
 fn a_trial_code_directory_that_cannot_be_archived_is_refused_before_anything_runs() {
     let sandbox = Sandbox::new();
     let key = sandbox.path().join("client_key");
-    std::fs::write(&key, "not read: no host is reached").unwrap();
+    // Never read (no host is reached), but it must look like a private key to pass the check.
+    std::fs::write(
+        &key,
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nnot read\n-----END OPENSSH PRIVATE KEY-----\n",
+    )
+    .unwrap();
     let machines = [format!(
         "{{host: 127.0.0.1, port: 1, user: nobody, sshKeyFile: '{}'}}",
         key.display()
