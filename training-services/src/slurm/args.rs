@@ -16,7 +16,7 @@ use knob_plugin_api::config::{describe, quoted, ConfigReader, Field};
 use knob_plugin_api::service::{CheckedConfig, ConfigProblem, FieldPath, ServiceContext};
 use serde_json::{json, Map, Value};
 
-use super::commands::parse_slurm_time;
+use super::commands::slurm_seconds;
 
 /// How long the agent in an allocation runs on with no knob connected (the manager died)
 /// before it kills its trials and exits, which ends the Slurm job.
@@ -26,6 +26,14 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// The least time between two `sbatch` calls: submitting many jobs at once is what times out
 /// slurmctld's RPCs on busy clusters.
 pub const DEFAULT_SUBMIT_INTERVAL: Duration = Duration::from_millis(200);
+/// The longest `time` taken: Slurm's own arithmetic goes wrong for longer limits (on 22.05 a
+/// limit ending after 2038 has squeue's TimeLeft `INVALID`, and limits past a few decades wrap
+/// into others), and a longer one would be no limit in practice; `UNLIMITED` says that.
+const LONGEST_TIME_DAYS: u128 = 365;
+/// The most GPUs one environment may declare: gpu-sched holds one value for each, and the
+/// queue of `reuseMode: false` declares `trialGpuNumber` × `trialConcurrency` (a product that
+/// overflowed u32, or asked for hundreds of gigabytes). More than any cluster gives one user.
+pub const MOST_ENVIRONMENT_GPUS: u64 = 65_536;
 /// `pollIntervalSecs` below this would make `squeue` the cluster's load.
 const LEAST_POLL_INTERVAL: f64 = 0.1;
 
@@ -307,8 +315,12 @@ fn slurm_time(value: &Value) -> Result<(String, Option<Duration>), String> {
     if matches!(text.to_ascii_uppercase().as_str(), "UNLIMITED" | "INFINITE") {
         return Ok((text, None));
     }
-    match parse_slurm_time(&text) {
-        Some(duration) if !duration.is_zero() => Ok((text, Some(duration))),
+    match slurm_seconds(&text) {
+        Some(seconds) if seconds > LONGEST_TIME_DAYS * 86_400 => Err(format!(
+            "expected a time limit of at most {LONGEST_TIME_DAYS} days (\"{LONGEST_TIME_DAYS}-00:00:00\"), got {}; for no limit write UNLIMITED",
+            describe(value)
+        )),
+        Some(seconds) if seconds > 0 => Ok((text, Some(Duration::from_secs(seconds as u64)))),
         _ => Err(format!(
             "expected Slurm's time format (minutes, \"1:00:00\", \"2-00:00:00\"), got {}",
             describe(value)
@@ -420,6 +432,24 @@ pub fn check_config(
             .and_then(|field| seconds(&mut reader, &field, least))
             .unwrap_or(default.as_secs_f64());
         canonical.insert(name.into(), json!(value));
+    }
+    // The GPUs one environment declares (see `environment::requested`). Top-level fields: the
+    // problem is told at this mapping's root, naming them.
+    let gpu_number = u64::from(context.trial.trial_gpu_number.unwrap_or(0));
+    let concurrency = u64::from(context.trial.trial_concurrency.max(1));
+    if reuse_mode && gpu_number > MOST_ENVIRONMENT_GPUS {
+        reader.error(
+            &FieldPath::root(),
+            format!("trialGpuNumber {gpu_number} is more GPUs than knob takes for one trial ({MOST_ENVIRONMENT_GPUS} at most); lower trialGpuNumber"),
+        );
+    } else if !reuse_mode && gpu_number * concurrency > MOST_ENVIRONMENT_GPUS {
+        reader.error(
+            &FieldPath::root(),
+            format!(
+                "trialGpuNumber {gpu_number} × trialConcurrency {concurrency} is {} GPUs queued at once (reuseMode: false), more than knob takes ({MOST_ENVIRONMENT_GPUS} at most); lower trialConcurrency or trialGpuNumber",
+                gpu_number * concurrency
+            ),
+        );
     }
     crate::limits::read(&mut reader, &mut fields, &mut canonical);
     // The experiment's folder is in every job's log path (`#SBATCH --output`). Not a field of
@@ -721,6 +751,59 @@ mod tests {
         );
         // One job per trial: Slurm's time limit is the trial's own.
         check_config(&json!({"time": "5", "reuseMode": false}), &context()).unwrap();
+    }
+
+    #[test]
+    fn a_time_too_long_is_refused_at_the_field_naming_the_longest() {
+        // Each overflowed u64 seconds (a panic in a debug build, a wrong time in a release one).
+        for time in [
+            json!(307445734561825861_u64),
+            json!("213503982334602-0"),
+            json!("5124095576030432:0:0"),
+            json!("366-0"),
+        ] {
+            let said = problems(json!({"time": time}));
+            assert_eq!(
+                said,
+                format!("time: expected a time limit of at most 365 days (\"365-00:00:00\"), got {}; for no limit write UNLIMITED", describe(&time)),
+            );
+        }
+        check_config(&json!({"time": "365-0"}), &context()).unwrap();
+    }
+
+    #[test]
+    fn more_gpus_than_an_environment_takes_are_refused_naming_the_fields() {
+        let mut context = context();
+        // 70000 × 70000 overflowed u32; 50000 × 50000 asked for 400 GB.
+        for n in [70_000, 50_000] {
+            context.trial.trial_concurrency = n;
+            context.trial.trial_gpu_number = Some(n);
+            let e = check_config(&json!({"reuseMode": false}), &context).unwrap_err();
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(e[0].path.is_root(), "{e:?}");
+            assert_eq!(
+                e[0].message,
+                format!("trialGpuNumber {n} × trialConcurrency {n} is {} GPUs queued at once (reuseMode: false), more than knob takes (65536 at most); lower trialConcurrency or trialGpuNumber", u64::from(n) * u64::from(n))
+            );
+        }
+        // One allocation per trial: its own GPUs only.
+        check_config(&json!({}), &context).unwrap();
+        context.trial.trial_gpu_number = Some(70_000);
+        {
+            let n = 70_000;
+            let e = check_config(&json!({}), &context).unwrap_err();
+            assert_eq!(
+                e[0].message,
+                format!("trialGpuNumber {n} is more GPUs than knob takes for one trial (65536 at most); lower trialGpuNumber")
+            );
+        }
+        // Many trials of few GPUs each, one allocation each: as many as the cluster gives.
+        context.trial.trial_gpu_number = Some(1);
+        let args = SlurmArgs::new(&json!({}), &context).unwrap();
+        assert_eq!(args.max_environments, 50_000);
+        context.trial.trial_concurrency = 256;
+        context.trial.trial_gpu_number = Some(256);
+        SlurmArgs::new(&json!({"reuseMode": false}), &context).unwrap();
     }
 
     #[test]

@@ -118,16 +118,25 @@ pub fn parse_squeue(text: &str) -> Vec<JobRow> {
 }
 
 /// Slurm's `[days-]hours:minutes:seconds`, `minutes:seconds` or `minutes`; `None` for
-/// `UNLIMITED`, `INVALID`, `NOT_SET` or anything else.
+/// `UNLIMITED`, `INVALID`, `NOT_SET`, a time too long for a [`Duration`] or anything else.
 pub fn parse_slurm_time(text: &str) -> Option<Duration> {
+    slurm_seconds(text)
+        .and_then(|seconds| u64::try_from(seconds).ok())
+        .map(Duration::from_secs)
+}
+
+/// The seconds a Slurm time means, in `u128` so that no number of digits a u64 holds can
+/// overflow it (squeue's output and the config are read by the same code; an overflow would
+/// panic in a debug build and wrap into a wrong time in a release build).
+pub fn slurm_seconds(text: &str) -> Option<u128> {
     let text = text.trim();
     let (days, rest) = match text.split_once('-') {
-        Some((days, rest)) => (days.parse::<u64>().ok()?, rest),
+        Some((days, rest)) => (u128::from(days.parse::<u64>().ok()?), rest),
         None => (0, text),
     };
-    let parts: Vec<u64> = rest
+    let parts: Vec<u128> = rest
         .split(':')
-        .map(|p| p.parse::<u64>().ok())
+        .map(|p| p.parse::<u64>().ok().map(u128::from))
         .collect::<Option<_>>()?;
     let seconds = match parts.as_slice() {
         [m] if days == 0 => m * 60,
@@ -137,7 +146,7 @@ pub fn parse_slurm_time(text: &str) -> Option<Duration> {
         [h, m, s] => h * 3600 + m * 60 + s,
         _ => return None,
     };
-    Some(Duration::from_secs(days * 86400 + seconds))
+    Some(days * 86400 + seconds)
 }
 
 /// Parses `scontrol show job` output into its `Key=Value` fields (values without spaces; a
@@ -325,6 +334,10 @@ mod tests {
         );
         assert_eq!(parse_slurm_time("UNLIMITED"), None);
         assert_eq!(parse_slurm_time("INVALID"), None);
+        // Too long for a Duration's seconds: none (it overflowed: a panic, or a wrong time).
+        assert_eq!(parse_slurm_time("307445734561825861"), None);
+        assert_eq!(parse_slurm_time("213503982334602-0"), None);
+        assert_eq!(parse_slurm_time("5124095576030432:0:0"), None);
     }
 
     #[test]

@@ -38,7 +38,7 @@ fn requested(
     jobs: u32,
     status: knob_gpu_sched::EnvironmentStatus,
 ) -> knob_gpu_sched::Environment {
-    let gpus = (0..args.job.gpu_number * jobs)
+    let gpus = (0..args.job.gpu_number.saturating_mul(jobs))
         .map(|index| {
             knob_gpu_sched::Gpu::idle(
                 index,
@@ -47,11 +47,13 @@ fn requested(
             )
         })
         .collect();
-    let cpus = args.job.cpu_number.unwrap_or(1) * jobs;
+    // Saturating: these bound what fits, so a total past the type's range is as good as no bound
+    // (the GPUs, one value each, are bounded by the config check: `MOST_ENVIRONMENT_GPUS`).
+    let cpus = args.job.cpu_number.unwrap_or(1).saturating_mul(jobs);
     let memory = args
         .job
         .memory
-        .map(|m| m.0 * u64::from(jobs))
+        .map(|m| m.0.saturating_mul(u64::from(jobs)).min(u64::MAX / 2))
         .unwrap_or(u64::MAX / 2);
     let mut inventory = knob_gpu_sched::Environment::new(
         id,
