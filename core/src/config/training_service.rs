@@ -222,10 +222,13 @@ fn read_service(
         }
     };
     let settings = read_trial_settings(reader, &mut fields);
+    // A field refused for a non-finite number is left out: the service would see null in it,
+    // and say so, about a value that was not written.
     let config = serde_json::Value::Object(
         fields
             .rest()
             .into_iter()
+            .filter(|(key, value)| !refuse_non_finite(reader, value, &format!("{path}.{key}")))
             .map(|(key, value)| (key, to_json(value)))
             .collect(),
     );
@@ -275,6 +278,28 @@ fn read_trial_settings(reader: &mut Reader, fields: &mut Fields<'_>) -> ServiceT
 
 pub(crate) const NNI_MANAGER_IP_IGNORED: &str =
     "ignored: knob reaches training machines over SSH and needs no route back to the manager";
+
+/// Refuses `.inf` and `.nan` in a service's mapping at their line: JSON has no form for them,
+/// so they would reach the service as null, which it reads as "not set" and fills with its
+/// default, while the same values at top level are refused. Whether it found one.
+fn refuse_non_finite(reader: &mut Reader, node: &Node, path: &str) -> bool {
+    match &node.value {
+        Value::Float(f) if !f.is_finite() => {
+            reader.error(node.pos, path, format!("expected a finite number, got {f}"));
+            true
+        }
+        Value::Seq(items) => items
+            .iter()
+            .enumerate()
+            .fold(false, |found, (index, item)| {
+                refuse_non_finite(reader, item, &format!("{path}[{index}]")) || found
+            }),
+        Value::Map(pairs) => pairs.iter().fold(false, |found, (key, value)| {
+            refuse_non_finite(reader, value, &format!("{path}.{}", key.key_text())) || found
+        }),
+        _ => false,
+    }
+}
 
 /// A YAML tree as JSON (keys as written).
 fn to_json(node: &Node) -> serde_json::Value {

@@ -1618,3 +1618,25 @@ fn a_tuner_optimize_mode_against_the_objectives_is_refused() {
         assert_eq!(config.direction(), knob_core::store::Direction::Minimize);
     }
 }
+
+#[test]
+fn infinite_and_nan_numbers_in_a_service_mapping_are_refused_at_their_line() {
+    // JSON has no form for them: they reached the service as null, read as "not set" and
+    // silently replaced by the default.
+    check(
+        "\
+searchSpace: {x: {_type: choice, _value: [1, 2]}}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {name: Random}
+trainingService:
+  platform: local
+  maxCpuUtilization: .nan
+  gpuIndices: [.inf]
+",
+        expect![[r#"
+            $DIR/exp.yml:7:22: trainingService.maxCpuUtilization: expected a finite number, got NaN
+            $DIR/exp.yml:8:16: trainingService.gpuIndices[0]: expected a finite number, got inf
+        "#]],
+    );
+}
