@@ -237,6 +237,11 @@ pub struct EnvironmentLimits {
     pub max_gpu_memory_utilization: Option<f32>,
     /// `gpuMemoryReserve`: GPU memory kept free on each GPU after the trial's GPU-memory request.
     pub gpu_memory_reserve: Option<ByteSize>,
+    /// At most this many knob trials at once, whatever they ask: set by a training service
+    /// whose environment was sized for a number of trials that ask no CPU cores (a Slurm
+    /// allocation of one core per trial), where nothing else would stop them piling in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_trials: Option<u32>,
 }
 
 impl Default for EnvironmentLimits {
@@ -250,6 +255,7 @@ impl Default for EnvironmentLimits {
             max_memory_utilization: None,
             max_gpu_memory_utilization: None,
             gpu_memory_reserve: None,
+            max_trials: None,
         }
     }
 }

@@ -492,6 +492,49 @@ maxTrialNumber: 1";
 /// An allocation retired as its time runs out keeps its running trial to the end even when no
 /// allocation can replace it: the experiment ends in ERROR only after that trial's result is in.
 #[test]
+fn in_reuse_mode_trials_that_ask_no_cpus_spread_over_the_allocations() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let id = unique("spread");
+    let sandbox = Sandbox::new();
+    let started = sandbox.path().join("started");
+    std::fs::create_dir(&started).unwrap();
+    // No trialCpuNumber, as in NNI's configs: each allocation is sized for one trial of one
+    // core. Each trial waits (bounded) until both have started, so that two in one allocation
+    // run side by side, as they did: every trial went into the first allocation ready.
+    let config = slurm_config(
+        &sandbox,
+        &format!(
+            "trialCommand: touch {started}/$NNI_TRIAL_JOB_ID; for i in $(seq 600); do [ $(ls {started} | wc -l) -ge 2 ] && break; sleep 0.1; done; echo KNOB_FINAL 1
+trialConcurrency: 2
+maxTrialNumber: 2",
+            started = started.display()
+        ),
+        "  reuseMode: true\n",
+    );
+    let _cleanup = Running {
+        child: None,
+        needle: format!("-{id}-"),
+    };
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export(&id);
+    let environments: BTreeSet<&str> = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|trial| {
+            trial["attempt_history"][0]["environment_id"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(environments.len(), 2, "{export:#}");
+    wait_for_empty_queue(&id);
+}
+
+#[test]
 fn a_trial_running_in_a_retired_allocation_finishes_before_the_experiment_ends_for_want_of_one() {
     let Some(_cluster) = cluster() else {
         return;

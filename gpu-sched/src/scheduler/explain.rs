@@ -384,6 +384,12 @@ fn busy_environment(
             host.cpu_count
         ));
     }
+    if env.at_max_trials() {
+        issues.push(format!(
+            "runs {}, as many as it takes",
+            plural(env.trials.len() as u64, "trial", "trials")
+        ));
+    }
     if env.cpu_too_busy() {
         issues.push(format!(
             "CPU at {:.0}% (maxCpuUtilization {}%)",

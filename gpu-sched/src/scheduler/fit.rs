@@ -303,7 +303,7 @@ pub(crate) fn host_fits(env: &EnvState, hold: Option<&EnvHold>, demand: &Demand)
     if demand.cpu_cores > 0 && env.free_cpu_cores().saturating_sub(held_cores) < demand.cpu_cores {
         return false;
     }
-    if env.cpu_too_busy() {
+    if env.cpu_too_busy() || env.at_max_trials() {
         return false;
     }
     let limited = env.memory_reserve() > 0 || env.memory_use_ceiling().is_some();

@@ -149,6 +149,14 @@ impl EnvState {
             .saturating_sub(self.declared_cpu_cores + self.env.host_held_elsewhere.cpu_cores)
     }
 
+    /// Runs as many trials as its `max_trials` limit allows.
+    pub fn at_max_trials(&self) -> bool {
+        self.env
+            .limits
+            .max_trials
+            .is_some_and(|most| self.trials.len() >= most as usize)
+    }
+
     /// CPU use at or above the environment's limit.
     pub fn cpu_too_busy(&self) -> bool {
         match (

@@ -99,6 +99,13 @@ pub(super) fn job_environment(args: &SlurmArgs, job: &Job) -> Environment {
                 if let Some(cpus) = cpus {
                     environment.host_resources.cpu_count = cpus;
                 }
+                // A trial that asks no CPU cores (no trialCpuNumber, as in NNI's configs) fits
+                // anywhere, so every trial went into the first allocation, sharing its one core
+                // while the others sat idle. It counts as one core here: the allocation was
+                // sized for one trial of one core.
+                if args.job.cpu_number.is_none() {
+                    environment.limits.max_trials = Some(cpus.unwrap_or(1).max(1));
+                }
                 // The allocation has the node's memory only up to its `--mem`
                 // (`trialMemorySize`): a trial whose request was raised beyond it after running
                 // out of memory must not be placed here, where Slurm (or knob) would kill it
