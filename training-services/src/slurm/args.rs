@@ -300,7 +300,8 @@ fn sbatch_word(reader: &mut ConfigReader<'_>, field: &Field<'_>) -> Option<Strin
 }
 
 /// Slurm's `--time`: `minutes`, `minutes:seconds`, `hours:minutes:seconds`, `days-hours[:minutes[:seconds]]`,
-/// or `UNLIMITED`/`INFINITE`. Returns the text and the duration it means (`None`: unlimited).
+/// or `UNLIMITED`/`INFINITE`/0 (no limit, as sbatch reads 0). Returns the text and the duration
+/// it means (`None`: unlimited).
 fn slurm_time(value: &Value) -> Result<(String, Option<Duration>), String> {
     let text = match value {
         Value::String(text) => text.trim().to_string(),
@@ -320,8 +321,11 @@ fn slurm_time(value: &Value) -> Result<(String, Option<Duration>), String> {
             "expected a time limit of at most {LONGEST_TIME_DAYS} days (\"{LONGEST_TIME_DAYS}-00:00:00\"), got {}; for no limit write UNLIMITED",
             describe(value)
         )),
-        Some(seconds) if seconds > 0 => Ok((text, Some(Duration::from_secs(seconds as u64)))),
-        _ => Err(format!(
+        // sbatch(1): "A time limit of zero requests that no time limit be imposed" (squeue
+        // then shows UNLIMITED, or the partition's own limit, which knob reads as time left).
+        Some(0) => Ok((text, None)),
+        Some(seconds) => Ok((text, Some(Duration::from_secs(seconds as u64)))),
+        None => Err(format!(
             "expected Slurm's time format (minutes, \"1:00:00\", \"2-00:00:00\"), got {}",
             describe(value)
         )),
@@ -804,6 +808,25 @@ mod tests {
         context.trial.trial_concurrency = 256;
         context.trial.trial_gpu_number = Some(256);
         SlurmArgs::new(&json!({"reuseMode": false}), &context).unwrap();
+    }
+
+    #[test]
+    fn a_zero_time_is_no_limit_as_in_slurm() {
+        // Slurm's "no time limit": accepted as UNLIMITED is, with no maxTrialDuration check
+        // (maxTrialDuration is 600 s here, and an allocation of 0 s would be refused).
+        for time in [
+            json!("0"),
+            json!(0),
+            json!("0:00"),
+            json!("0-0"),
+            json!("UNLIMITED"),
+        ] {
+            let checked = check_config(&json!({"time": time}), &context()).unwrap();
+            assert_eq!(
+                checked.config["time"],
+                json!(time.as_str().map_or("0".to_string(), str::to_string))
+            );
+        }
     }
 
     #[test]
