@@ -489,8 +489,6 @@ maxTrialNumber: 1";
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
-/// An allocation retired as its time runs out keeps its running trial to the end even when no
-/// allocation can replace it: the experiment ends in ERROR only after that trial's result is in.
 #[test]
 fn in_reuse_mode_trials_that_ask_no_cpus_spread_over_the_allocations() {
     let Some(_cluster) = cluster() else {
@@ -534,6 +532,51 @@ maxTrialNumber: 2",
     wait_for_empty_queue(&id);
 }
 
+#[test]
+fn an_sbatch_refusal_names_the_config_field_that_set_the_option_once() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    // The node has no GPU: sbatch refuses --gpus, which only trialGpuNumber sets; a valid
+    // partition was named instead, and the service twice.
+    for (top, field) in [
+        ("trialGpuNumber: 1", "for trialGpuNumber 1 (--gpus=1)"),
+        (
+            "trialMemorySize: 500gb",
+            "for memory 500 GiB (--mem, from trialMemorySize)",
+        ),
+    ] {
+        let id = unique("refusedfield");
+        let _cleanup = Running {
+            child: None,
+            needle: format!("-{id}-"),
+        };
+        let config = slurm_config(
+            &sandbox,
+            &format!(
+                "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{top}"
+            ),
+            "  partition: debug\n",
+        );
+        let (code, stdout, stderr) = sandbox.create(&config, &id);
+        assert_ne!(code, 0, "{stdout}\n{stderr}");
+        let error = error_line(&stderr);
+        assert!(
+            error.contains(&format!("sbatch refused the job {field}: ")),
+            "{error}"
+        );
+        assert_eq!(
+            error.matches("training service slurm").count(),
+            1,
+            "{error}"
+        );
+        assert!(!error.contains("partition"), "{error}");
+    }
+}
+
+/// An allocation retired as its time runs out keeps its running trial to the end even when no
+/// allocation can replace it: the experiment ends in ERROR only after that trial's result is in.
 #[test]
 fn a_trial_running_in_a_retired_allocation_finishes_before_the_experiment_ends_for_want_of_one() {
     let Some(_cluster) = cluster() else {

@@ -52,13 +52,8 @@ pub fn assessor<A: Assessor>(
     assessor: A,
     context: &AssessorContext,
 ) -> Result<AssessorHandle, HostError> {
-    let raw = crate::sdk::in_process_assessor(assessor, name, context).map_err(|e| {
-        HostError::Constructor {
-            kind: ComponentKind::Assessor,
-            name: name.to_string(),
-            message: e.message().to_string(),
-        }
-    })?;
+    let raw = crate::sdk::in_process_assessor(assessor, name, context)
+        .map_err(|e| super::constructor_error(ComponentKind::Assessor, name, e.message()))?;
     let object = AssessorObject {
         raw: AssessorRaw::InContext(raw),
         label: format!("assessor {name}"),
@@ -99,13 +94,8 @@ fn service_object<S: TrainingService>(
 ) -> Result<(String, TrainingServiceObject), HostError> {
     let callback: EventCallback = Box::new(on_event);
     let sink = EventSinkAbi_TO::from_value(EventForwarder(callback), TD_Opaque);
-    let raw = crate::sdk::in_process_training_service(name, sink, build).map_err(|e| {
-        HostError::Constructor {
-            kind: ComponentKind::TrainingService,
-            name: name.to_string(),
-            message: e.message().to_string(),
-        }
-    })?;
+    let raw = crate::sdk::in_process_training_service(name, sink, build)
+        .map_err(|e| super::constructor_error(ComponentKind::TrainingService, name, e.message()))?;
     let label = format!("training service {name}");
     let object = TrainingServiceObject::new(ServiceRaw::WithRequests(raw), label.clone());
     Ok((label, object))

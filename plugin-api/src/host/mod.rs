@@ -1105,11 +1105,19 @@ fn constructed<T>(
     name: &str,
     raw: RResult<T, RString>,
 ) -> Result<T, HostError> {
-    raw.into_result().map_err(|message| HostError::Constructor {
+    raw.into_result()
+        .map_err(|message| constructor_error(kind, name, message.as_str()))
+}
+
+/// A constructor's failure; a message that starts by naming the component again (`training
+/// service slurm: ...`) loses that start, which the error says already.
+pub(crate) fn constructor_error(kind: ComponentKind, name: &str, message: &str) -> HostError {
+    let said = format!("{kind} {name}: ");
+    HostError::Constructor {
         kind,
         name: name.to_string(),
-        message: message.into_string(),
-    })
+        message: message.strip_prefix(&said).unwrap_or(message).to_string(),
+    }
 }
 
 type EventCallback = Box<dyn Fn(Result<ServiceEvent, String>) + Send + Sync>;

@@ -44,6 +44,7 @@ use knob_plugin_api::{EventSink, PluginError, TrainingService};
 use serde_json::Value;
 use tokio::sync::{watch, Notify};
 
+use args::JobOptions;
 pub use args::{check_config, ArgsError, SlurmArgs};
 use commands::{JobState, Submitter};
 use environment::{job_environment, queue_environment};
@@ -525,7 +526,7 @@ async fn submit(
         .submit(&script_path)
         .await
         .map_err(|said| SlurmError::Submit {
-            options: submit_options(&ctx.args),
+            options: submit_options(&ctx.args, &options, &said),
             said,
         })?;
     knob_plugin_api::log::info(&format!(
@@ -572,7 +573,32 @@ async fn submit(
 }
 
 /// The job options a refusal is most likely about, for its message.
-fn submit_options(args: &SlurmArgs) -> String {
+fn submit_options(args: &SlurmArgs, options: &JobOptions, said: &str) -> String {
+    // What sbatch's refusal is about, when its words say so: the config field that set the
+    // option, so that the user knows what to change (sbatch names only its own option).
+    let said_lower = said.to_ascii_lowercase();
+    let about = |words: &[&str]| words.iter().any(|w| said_lower.contains(w));
+    let field = if about(&["gres", "gpu"]) && options.gpu_number > 0 {
+        Some(format!(
+            "trialGpuNumber {0} (--gpus={0})",
+            options.gpu_number
+        ))
+    } else if about(&["memory"]) && options.memory.is_some() {
+        options
+            .memory
+            .map(|m| format!("memory {m} (--mem, from trialMemorySize)"))
+    } else if about(&["processors", "cpu"]) && options.cpu_number.is_some() {
+        options
+            .cpu_number
+            .map(|n| format!("trialCpuNumber {n} (--cpus-per-task={n})"))
+    } else if about(&["time limit", "--time"]) {
+        options.time.as_ref().map(|t| format!("time {t:?}"))
+    } else {
+        None
+    };
+    if let Some(field) = field {
+        return format!(" for {field}");
+    }
     let o = &args.job;
     let named: Vec<String> = [
         ("partition", &o.partition),
