@@ -656,6 +656,20 @@ impl Connection {
         }
     }
 
+    /// A new channel running `command` after the output mark ([`marked`]).
+    async fn exec_marked(&self, command: &str) -> Result<russh::Channel<client::Msg>, String> {
+        let channel = self
+            .handle
+            .channel_open_session()
+            .await
+            .map_err(|e| describe_russh(&e))?;
+        channel
+            .exec(true, marked(command))
+            .await
+            .map_err(|e| describe_russh(&e))?;
+        Ok(channel)
+    }
+
     /// Opens a channel running `command` and returns it as a byte stream (its stdin and stdout),
     /// from the command's own first byte.
     pub async fn open_stream(
@@ -663,35 +677,13 @@ impl Connection {
         command: &str,
     ) -> Result<tokio::io::BufReader<russh::ChannelStream<client::Msg>>, SshError> {
         let target = self.target.clone();
-        let short: String = command.chars().take(80).collect();
         let open = async {
-            let channel = self
-                .handle
-                .channel_open_session()
-                .await
-                .map_err(|e| describe_russh(&e))?;
-            channel
-                .exec(true, marked(command))
-                .await
-                .map_err(|e| describe_russh(&e))?;
+            let channel = self.exec_marked(command).await?;
             let mut stream = tokio::io::BufReader::new(channel.into_stream());
             skip_to_mark(&mut stream).await?;
             Ok::<_, String>(stream)
         };
-        match tokio::time::timeout(CONNECT_TIMEOUT, open).await {
-            Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(e)) => Err(SshError::Session {
-                target,
-                what: format!("cannot start `{short}`: {e}"),
-            }),
-            Err(_) => Err(SshError::Session {
-                target,
-                what: format!(
-                    "`{short}` did not start within {} s",
-                    CONNECT_TIMEOUT.as_secs()
-                ),
-            }),
-        }
+        started_within(target, command, open).await
     }
 
     /// [`Connection::open_stream`] that also keeps the end of the command's stderr, which a
@@ -703,17 +695,8 @@ impl Connection {
     ) -> Result<(CommandStream, StderrTail), SshError> {
         use tokio::io::AsyncWriteExt;
         let target = self.target.clone();
-        let short: String = command.chars().take(80).collect();
         let open = async {
-            let channel = self
-                .handle
-                .channel_open_session()
-                .await
-                .map_err(|e| describe_russh(&e))?;
-            channel
-                .exec(true, marked(command))
-                .await
-                .map_err(|e| describe_russh(&e))?;
+            let channel = self.exec_marked(command).await?;
             let (mut read_half, write_half) = channel.split();
             // Dropping the stream closes the channel, as a channel stream does (the command
             // then sees its stdin end); the reading task learns of it through `dropped`.
@@ -756,20 +739,7 @@ impl Connection {
             skip_to_mark(&mut stream).await?;
             Ok::<_, String>((stream, stderr))
         };
-        match tokio::time::timeout(CONNECT_TIMEOUT, open).await {
-            Ok(Ok(opened)) => Ok(opened),
-            Ok(Err(e)) => Err(SshError::Session {
-                target,
-                what: format!("cannot start `{short}`: {e}"),
-            }),
-            Err(_) => Err(SshError::Session {
-                target,
-                what: format!(
-                    "`{short}` did not start within {} s",
-                    CONNECT_TIMEOUT.as_secs()
-                ),
-            }),
-        }
+        started_within(target, command, open).await
     }
 
     pub async fn close(&self) {
@@ -777,6 +747,30 @@ impl Connection {
             .handle
             .disconnect(russh::Disconnect::ByApplication, "knob is done", "en")
             .await;
+    }
+}
+
+/// `open`, the start of `command` on a channel, given [`CONNECT_TIMEOUT`]; its failure or
+/// timeout as one error naming the command's start.
+async fn started_within<T>(
+    target: String,
+    command: &str,
+    open: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, SshError> {
+    let short: String = command.chars().take(80).collect();
+    match tokio::time::timeout(CONNECT_TIMEOUT, open).await {
+        Ok(Ok(opened)) => Ok(opened),
+        Ok(Err(e)) => Err(SshError::Session {
+            target,
+            what: format!("cannot start `{short}`: {e}"),
+        }),
+        Err(_) => Err(SshError::Session {
+            target,
+            what: format!(
+                "`{short}` did not start within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ),
+        }),
     }
 }
 
