@@ -349,13 +349,28 @@ impl StoreReader {
             );
             return self.collect(&sql, [limit], trial_from_row);
         }
-        // Feasibility is read from each result as reported: in order, until enough rank.
+        // Feasibility is read from each result as reported: best first, a page at a time
+        // (pages doubling), until enough rank; not every trial for each call (the notifier
+        // asks once per final result).
         let sql = format!(
             "SELECT {TRIAL_COLUMNS} FROM trials WHERE final_value IS NOT NULL
-             ORDER BY final_value {order}, sequence"
+             ORDER BY final_value {order}, sequence LIMIT ?1 OFFSET ?2"
         );
-        let mut ranked = self.collect(&sql, [], trial_from_row)?;
-        ranked.retain(|t| ranking.ranks(t.final_raw.as_deref()));
+        let mut ranked = Vec::new();
+        let (mut offset, mut page) = (0i64, limit.clamp(1, 1 << 20).saturating_mul(2));
+        loop {
+            let rows = self.collect(&sql, [page, offset], trial_from_row)?;
+            let last_page = (rows.len() as i64) < page;
+            ranked.extend(
+                rows.into_iter()
+                    .filter(|t| ranking.ranks(t.final_raw.as_deref())),
+            );
+            if last_page || ranked.len() as i64 >= limit {
+                break;
+            }
+            offset += page;
+            page = page.saturating_mul(2);
+        }
         ranked.truncate(limit as usize);
         Ok(ranked)
     }

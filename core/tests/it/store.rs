@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use expect_test::{expect, Expect};
+use knob_core::config::{Constraint, ConstraintOp, ObjectiveConfig};
 use knob_core::objectives::Ranking;
 use knob_core::store::{
     Direction, ExperimentStatus, MetricKind, Rejection, Store, StoreError, StoreEvent,
@@ -270,6 +271,60 @@ fn every_event_type_round_trips_through_the_log() {
         .map(|r| r.time_ms)
         .collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+}
+
+#[test]
+fn best_trials_leave_out_results_that_break_a_constraint_however_many_rank_above() {
+    let ids = |rows: Vec<knob_core::store::TrialRow>| -> Vec<String> {
+        rows.into_iter().map(|row| row.trial_id).collect()
+    };
+    // With a constraint, results that break it do not rank, however many come first: 40
+    // infeasible trials above 3 feasible ones (more than the first pages read).
+    let constrained = [
+        ObjectiveConfig::new("accuracy", Some(Direction::Maximize), None),
+        ObjectiveConfig::new(
+            "over",
+            None,
+            Some(Constraint {
+                op: ConstraintOp::AtMost,
+                bound: 0.0,
+            }),
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    for index in 0..43u64 {
+        let id = format!("c{index}");
+        let (accuracy, over) = if index < 40 {
+            (1.0 + index as f64, 1.0)
+        } else {
+            (index as f64 / 100.0, -1.0)
+        };
+        put(&store, trial(&id, index));
+        put(&store, started(&id, 1));
+        put(
+            &store,
+            StoreEvent::Metric {
+                trial_id: id.clone(),
+                attempt: 1,
+                kind: MetricKind::Final,
+                trial_sequence: 0,
+                raw: format!(r#"{{"accuracy": {accuracy}, "over": {over}}}"#),
+                value: Some(accuracy),
+            },
+        );
+    }
+    let reader = store.reader().unwrap();
+    let ranking = Ranking::new(Direction::Maximize, &constrained);
+    assert_eq!(
+        ids(reader.best_trials(&ranking, 2).unwrap()),
+        ["c42", "c41"]
+    );
+    assert_eq!(
+        ids(reader.best_trials(&ranking, 10).unwrap()),
+        ["c42", "c41", "c40"]
+    );
 }
 
 #[test]
