@@ -1250,6 +1250,46 @@ fn a_trial_code_directory_that_cannot_be_archived_is_refused_before_anything_run
     refused("outside the trial code directory");
 }
 
+/// Runs experiment `id` (`trials` of `sleep_command` then a final, one at a time) on one host,
+/// kills the host while a trial runs there, and waits past hostLossTimeout (3 s) until that
+/// trial's attempt is failed as lost. Returns the host (down), the sandbox and `knob create`.
+fn lose_the_only_host(
+    sshd: &Path,
+    id: &str,
+    sleep_command: &str,
+    trials: u32,
+) -> (Sshd, Sandbox, Child) {
+    let mut host = key_host(sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let trial_command = format!("{sleep_command}; echo KNOB_FINAL 1");
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: &trial_command,
+            concurrency: 1,
+            trials,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let child = spawn_create(&sandbox, &config, id);
+    let env = environment_id(&host);
+    wait_for(&sandbox, id, "a trial running on the host", |e| {
+        running_on(e, &env) > 0
+    });
+    host.kill_host();
+    wait_for(&sandbox, id, "an attempt failed as lost", |e| {
+        attempts(e).iter().any(|(_, a)| {
+            a.iter()
+                .any(|(_, status, _)| status.as_deref() == Some("FAILED"))
+        })
+    });
+    (host, sandbox, child)
+}
+
 /// The experiment's only host is gone for longer than `hostLossTimeout` (a lab server that
 /// reboots) and comes back: the trial it ran is failed as lost and runs again there once it is
 /// back, and the experiment finishes. It ended in ERROR ("no environment can run trials")
@@ -1259,34 +1299,8 @@ fn the_only_host_lost_and_back_runs_the_lost_trial_again_and_the_experiment_fini
     let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
-    let mut host = key_host(&sshd, &[]);
-    let sandbox = Sandbox::new();
-    let known = known_hosts(&sandbox, &[&host]);
-    let config = remote_config(
-        &sandbox,
-        Spec {
-            trial_command: "sleep 3; echo KNOB_FINAL 1",
-            concurrency: 1,
-            trials: 2,
-            machines: &[machine(&host)],
-            known_hosts: &known,
-            hybrid: false,
-            extra: "",
-        },
-    );
-    let child = spawn_create(&sandbox, &config, "reboot");
+    let (mut host, sandbox, child) = lose_the_only_host(&sshd, "reboot", "sleep 3", 2);
     let env = environment_id(&host);
-    wait_for(&sandbox, "reboot", "a trial running on the host", |e| {
-        running_on(e, &env) > 0
-    });
-    host.kill_host();
-    // Past hostLossTimeout (3 s): the trial's attempt there is failed as lost.
-    wait_for(&sandbox, "reboot", "an attempt failed as lost", |e| {
-        attempts(e).iter().any(|(_, a)| {
-            a.iter()
-                .any(|(_, status, _)| status.as_deref() == Some("FAILED"))
-        })
-    });
     host.restart().expect("sshd starts again");
     let (code, stdout, stderr) = wait_create(child);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
@@ -1337,33 +1351,8 @@ fn the_only_host_lost_and_back_with_another_key_ends_the_experiment_saying_why()
     let Some(sshd) = sshd::sshd_binary() else {
         return;
     };
-    let mut host = key_host(&sshd, &[]);
-    let sandbox = Sandbox::new();
-    let known = known_hosts(&sandbox, &[&host]);
-    let config = remote_config(
-        &sandbox,
-        Spec {
-            trial_command: "sleep 60; echo KNOB_FINAL 1",
-            concurrency: 1,
-            trials: 1,
-            machines: &[machine(&host)],
-            known_hosts: &known,
-            hybrid: false,
-            extra: "",
-        },
-    );
-    let child = spawn_create(&sandbox, &config, "rekeyed");
+    let (mut host, _sandbox, child) = lose_the_only_host(&sshd, "rekeyed", "sleep 60", 1);
     let env = environment_id(&host);
-    wait_for(&sandbox, "rekeyed", "a trial running on the host", |e| {
-        running_on(e, &env) > 0
-    });
-    host.kill_host();
-    wait_for(&sandbox, "rekeyed", "an attempt failed as lost", |e| {
-        attempts(e).iter().any(|(_, a)| {
-            a.iter()
-                .any(|(_, status, _)| status.as_deref() == Some("FAILED"))
-        })
-    });
     let key = host.dir().join("host_key");
     std::fs::remove_file(&key).unwrap();
     std::fs::remove_file(key.with_extension("pub")).unwrap();

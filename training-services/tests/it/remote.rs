@@ -262,51 +262,7 @@ fn runs_trials_on_a_host_whose_shell_prints(bashrc: &str, printed: &str) {
 
 #[test]
 fn password_auth_works_and_a_wrong_password_is_named_without_it() {
-    let password = "s3cret-Pw-42";
-    if !password_login() {
-        return;
-    }
-    let Some(sshd) = start_sshd(SshdOptions {
-        password: Some(password.to_string()),
-        ..SshdOptions::default()
-    }) else {
-        return;
-    };
-    let world = World::new();
-    world.trust(&sshd);
-    let machine = |password: &str| json!({"host": "127.0.0.1", "port": sshd.port(), "user": sshd.user(), "password": password});
-    let events = Events::default();
-    let mut service = connect(
-        world.args(vec![machine(password)]),
-        &events,
-        &agent_root(&sshd),
-    );
-    assert!(
-        service.environments_now()[0].ready,
-        "sshd log: {}",
-        sshd.log()
-    );
-    service
-        .start(&world.request(&sshd, "p1", "echo KNOB_FINAL 1"))
-        .unwrap();
-    let trial = events.wait_ended("p1");
-    assert_eq!(ending(&trial).0, Some(0), "{trial:?}");
-    service.stop();
-
-    let events = Events::default();
-    let wrong = "wrong-Pw-99";
-    let service = service_expecting_failure(world.args(vec![machine(wrong)]), &events, &sshd);
-    let reason = not_ready_reason(&service);
-    assert!(
-        reason.contains(&format!("{}@127.0.0.1:{}", sshd.user(), sshd.port()))
-            && reason.contains("authentication rejected (password)"),
-        "{reason}"
-    );
-    let everything = format!("{reason} {:?}", events.all());
-    assert!(
-        !everything.contains(wrong) && !everything.contains(password),
-        "{everything}"
-    );
+    check_password_login(false, "authentication rejected (password)");
 }
 
 /// NNI answers keyboard-interactive prompts with the password (ssh2's `tryKeyboard`): a server
@@ -314,13 +270,23 @@ fn password_auth_works_and_a_wrong_password_is_named_without_it() {
 /// password there is refused naming both ways tried, without the password.
 #[test]
 fn password_is_given_through_keyboard_interactive_when_the_server_takes_only_that() {
-    let password = "s3cret-Kbd-42";
+    check_password_login(
+        true,
+        "authentication rejected (password, and password through keyboard-interactive)",
+    );
+}
+
+/// A trial runs on a password machine (the server taking passwords by the password method, or
+/// by keyboard-interactive only), and a wrong password is refused with `refused`, naming the
+/// machine and never either password.
+fn check_password_login(keyboard_interactive_only: bool, refused: &str) {
+    let password = "s3cret-Pw-42";
     if !password_login() {
         return;
     }
     let Some(sshd) = start_sshd(SshdOptions {
         password: Some(password.to_string()),
-        keyboard_interactive_only: true,
+        keyboard_interactive_only,
         ..SshdOptions::default()
     }) else {
         return;
@@ -341,20 +307,19 @@ fn password_is_given_through_keyboard_interactive_when_the_server_takes_only_tha
         sshd.log()
     );
     service
-        .start(&world.request(&sshd, "k1", "echo KNOB_FINAL 1"))
+        .start(&world.request(&sshd, "p1", "echo KNOB_FINAL 1"))
         .unwrap();
-    let trial = events.wait_ended("k1");
+    let trial = events.wait_ended("p1");
     assert_eq!(ending(&trial).0, Some(0), "{trial:?}");
     service.stop();
 
     let events = Events::default();
-    let wrong = "wrong-Kbd-99";
+    let wrong = "wrong-Pw-99";
     let service = service_expecting_failure(world.args(vec![machine(wrong)]), &events, &sshd);
     let reason = not_ready_reason(&service);
     assert!(
-        reason.contains(
-            "authentication rejected (password, and password through keyboard-interactive)"
-        ),
+        reason.contains(&format!("{}@127.0.0.1:{}", sshd.user(), sshd.port()))
+            && reason.contains(refused),
         "{reason}"
     );
     let everything = format!("{reason} {:?}", events.all());
@@ -979,21 +944,26 @@ fn an_agent_root_where_programs_may_not_run_is_named() {
     drop(service);
 }
 
+/// A key-login sshd whose disk (`Sshd::disk`) has room for the agent and a few MiB more;
+/// `None` (the test returns) where a small disk cannot be made or sshd is missing.
+fn small_disk_sshd() -> Option<Sshd> {
+    if !crate::sshd::small_disk() {
+        return None;
+    }
+    let agent_bytes = std::fs::metadata(agent_binary()).unwrap().len();
+    start_sshd(SshdOptions {
+        disk_bytes: Some(agent_bytes + (4 << 20)),
+        ..key_options()
+    })
+}
+
 /// A host whose disk fills under running trials: the trial that failed for it is warned about
 /// (its error could not be written: Python exits 120 with nothing said), a start meanwhile says
 /// the disk is full and that the trial was not started (so the core tries it again later rather
 /// than failing every trial left), and once there is room the same start runs.
 #[test]
 fn trials_on_a_full_host_disk_say_so_and_start_again_once_there_is_room() {
-    if !crate::sshd::small_disk() {
-        return;
-    }
-    // Room for the agent and a few MiB more.
-    let agent_bytes = std::fs::metadata(agent_binary()).unwrap().len();
-    let Some(sshd) = start_sshd(SshdOptions {
-        disk_bytes: Some(agent_bytes + (4 << 20)),
-        ..key_options()
-    }) else {
+    let Some(sshd) = small_disk_sshd() else {
         return;
     };
     let world = World::new();
@@ -1046,14 +1016,7 @@ fn trials_on_a_full_host_disk_say_so_and_start_again_once_there_is_room() {
 /// (what `knob-agent attach` says on its stderr), and is tried again later.
 #[test]
 fn an_agent_daemon_that_cannot_start_on_a_full_disk_says_so() {
-    if !crate::sshd::small_disk() {
-        return;
-    }
-    let agent_bytes = std::fs::metadata(agent_binary()).unwrap().len();
-    let Some(sshd) = start_sshd(SshdOptions {
-        disk_bytes: Some(agent_bytes + (4 << 20)),
-        ..key_options()
-    }) else {
+    let Some(sshd) = small_disk_sshd() else {
         return;
     };
     let root = sshd.disk("agent-root");
