@@ -91,6 +91,8 @@ pub struct PbtTuner {
     ready: Vec<Suggestion>,
     /// Synchronous mode: the perturbation time every living member has passed.
     barrier: u64,
+    /// Whether the log said, once, that members are ranked before the population is complete.
+    warned_partial_population: bool,
 }
 
 fn factors(args: &Value) -> Result<Vec<f64>, PluginError> {
@@ -125,7 +127,7 @@ impl PbtTuner {
 
     /// Ray's `_quantiles`: the living members with a score, worst first; `n` is
     /// `ceil(len * quantile_fraction)`, at most half of them.
-    fn quantiles(&self) -> (Vec<u64>, Vec<u64>) {
+    fn quantiles(&mut self) -> (Vec<u64>, Vec<u64>) {
         let mut ranked: Vec<(u64, f64)> = self
             .members
             .iter()
@@ -137,6 +139,16 @@ impl PbtTuner {
         }
         ranked.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         let len = ranked.len();
+        if self.slots_created < self.population_size && !self.warned_partial_population {
+            // Members are processes side by side: with fewer places than members, the first
+            // ones are ranked among themselves while the rest have not started (and start only
+            // as others end), which is not population-based training any more.
+            self.warned_partial_population = true;
+            log::warn(&format!(
+                "{NAME}: ranking {len} members while only {} of population_size {} have started: members beyond trialConcurrency start only when one ends (and none beyond maxTrialNumber); make both at least {}",
+                self.slots_created, self.population_size, self.population_size
+            ));
+        }
         let mut n = (len as f64 * self.quantile_fraction).ceil() as usize;
         if n > len / 2 {
             n = len / 2;
@@ -443,6 +455,7 @@ impl Tuner for PbtTuner {
             deferred: VecDeque::new(),
             ready: Vec::new(),
             barrier: 0,
+            warned_partial_population: false,
         })
     }
 

@@ -1041,3 +1041,27 @@ fn a_member_is_not_stopped_for_a_successor_the_trial_budget_leaves_no_room_for()
         "PBT never tried to replace a member: {text}"
     );
 }
+
+/// Members are processes side by side: with `trialConcurrency` below `population_size` the first
+/// members are ranked among themselves while the others have not started. The run goes on (the
+/// README asks for enough places) but says so once, rather than quietly running a smaller
+/// population.
+#[test]
+fn ranking_a_population_that_has_not_all_started_is_warned_once() {
+    let sandbox = Sandbox::new();
+    let config = example(&sandbox);
+    let yaml = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            "trialConcurrency: 8",
+            "trialConcurrency: 2\nmaxTrialNumber: 6",
+        )
+        .replace("population_size: 8", "population_size: 4");
+    std::fs::write(&config, yaml).unwrap();
+    let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "partial", "0.02"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    // A plugin's warnings are the process's own lines (stderr; a detached run's log).
+    let warning = "ranking 2 members while only 2 of population_size 4 have started";
+    assert_eq!(stderr.matches(warning).count(), 1, "{stderr}");
+    assert!(stderr.contains("make both at least 4"), "{stderr}");
+}
