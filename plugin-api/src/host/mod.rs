@@ -3,7 +3,8 @@
 //! Loading is four checks, each with its own one-line error: the file's ELF headers, program
 //! headers and dynamic section lie within it ([`precheck`], before `dlopen`, which would die of
 //! SIGBUS on a truncated file); `dlopen` takes it; it exports `knob_plugin_api_version` (else it
-//! is not a knob plugin) and `knob_plugin_abi_version` with a compatible ABI version (see
+//! is not a knob plugin) and `knob_plugin_abi_version`, as functions (one exported as data would
+//! be called all the same: SIGSEGV), with a compatible ABI version (see
 //! [`check_abi_compatible`]); abi_stable finds the root module's layout identical to ours, or to
 //! an earlier one of the same major ABI version (`abi::earlier_layouts`). The full abi_stable report of a
 //! layout mismatch goes to the debug log, the one line names the type.
@@ -364,8 +365,11 @@ fn read_versions(path: &Path) -> Result<(String, Option<String>), String> {
             first_line(&e.to_string())
         )
     })?;
+    precheck::check_exported_functions(path, &[API_VERSION_SYMBOL, ABI_VERSION_SYMBOL])
+        .map_err(|reason| format!("not a knob plugin ({reason})"))?;
     let read = |symbol: &str| -> Option<Result<String, String>> {
-        // SAFETY: every knob plugin exports these symbols with exactly this signature.
+        // SAFETY: every knob plugin exports these symbols with exactly this signature (and
+        // `check_exported_functions` refused a library that exports them as anything but code).
         let symbol = unsafe {
             library.get::<unsafe extern "C" fn() -> *const std::ffi::c_char>(symbol.as_bytes())
         }

@@ -11,8 +11,8 @@
 //! against a file crafted to harm: loading a plugin runs its code anyway.
 
 use object::elf::{self, FileHeader64, ProgramHeader64};
-use object::read::elf::{Dyn, FileHeader, ProgramHeader};
-use object::{Endianness, ReadCache, ReadRef};
+use object::read::elf::{Dyn, ElfFile64, FileHeader, ProgramHeader};
+use object::{Endianness, Object, ObjectSymbol, ReadCache, ReadRef, SymbolKind};
 
 /// Dynamic entries whose value is an address the loader reads (or calls) in the mapped file,
 /// with the entry that gives the size of what is there, where there is one.
@@ -161,6 +161,37 @@ fn check<'data, R: ReadRef<'data>>(data: R) -> Result<ElfSummary, String> {
         load_segments: loads.len(),
         dynamic_entries,
     })
+}
+
+/// Each of `names` that the file at `path` defines among its dynamic symbols must be a function:
+/// the host calls them right after `dlopen`. One exported as data (`const char
+/// *knob_plugin_api_version = "…";` in C) would be called all the same, and the process would
+/// die of SIGSEGV with no message, in every command that scans the plugin path.
+pub fn check_exported_functions(path: &std::path::Path, names: &[&str]) -> Result<(), String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let data = ReadCache::new(file);
+    // What `check` passed, `dlopen` took; a file `object` cannot read further (no section
+    // headers, say) is left to the symbols' own check.
+    let Ok(elf) = ElfFile64::<Endianness, _>::parse(&data) else {
+        return Ok(());
+    };
+    for symbol in elf.dynamic_symbols() {
+        let Ok(name) = symbol.name() else {
+            continue;
+        };
+        if !symbol.is_definition() || !names.contains(&name) {
+            continue;
+        }
+        let kind = match symbol.kind() {
+            SymbolKind::Data => "data",
+            SymbolKind::Tls => "thread-local data",
+            _ => continue,
+        };
+        return Err(format!(
+            "it exports {name} as {kind}, not as a function; knob calls it, so the library cannot be loaded: build the plugin with knob_plugin_api::export_plugin!"
+        ));
+    }
+    Ok(())
 }
 
 /// `what` ends in its verb ("its program headers lie"), so the line reads as a sentence.

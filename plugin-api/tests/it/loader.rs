@@ -722,6 +722,30 @@ fn a_file_that_is_not_a_plugin_is_reported_as_such() {
         )
     );
 
+    // One that exports the version symbol as data, not the function knob calls: refused with a
+    // line, where calling it used to kill the process with SIGSEGV.
+    let source = tmp.path().join("data.c");
+    std::fs::write(
+        &source,
+        "const char *knob_plugin_api_version = \"0.1.0\";\n",
+    )
+    .unwrap();
+    let data = tmp.path().join("libdata.so");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&data)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        load_error(&data),
+        format!(
+            "{}: not a knob plugin (it exports knob_plugin_api_version as data, not as a function; knob calls it, so the library cannot be loaded: build the plugin with knob_plugin_api::export_plugin!)",
+            data.display()
+        )
+    );
+
     // Problems are collected, not fatal; a named file that does not exist is one too.
     let missing = tmp.path().join("libmissing.so");
     let registry = PluginRegistry::load_from(&[tmp.path().to_path_buf(), missing.clone()]);
@@ -730,7 +754,7 @@ fn a_file_that_is_not_a_plugin_is_reported_as_such() {
         .iter()
         .map(HostError::to_string)
         .collect();
-    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert_eq!(problems.len(), 4, "{problems:?}");
     assert!(
         problems.contains(&format!("{}: no such plugin file", missing.display())),
         "{problems:?}"
