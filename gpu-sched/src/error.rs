@@ -38,7 +38,7 @@ pub enum InventoryError {
         percent: f32,
     },
     #[error(
-        "environment {environment}: gpuIndices names GPU {index}, but the GPUs found are {present}"
+        "environment {environment}: gpuIndices names GPU {index}, but the GPUs found are {present}: list only GPUs it has"
     )]
     AllowedGpuMissing {
         environment: EnvironmentId,

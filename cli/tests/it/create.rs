@@ -733,6 +733,32 @@ fn a_gpu_experiment_without_gpus_fails_at_create_with_the_reason() {
     assert!(!sandbox.path().join("experiments/gpu").exists());
 }
 
+/// A `gpuIndices` entry the machine has no GPU for is a config mistake (a typo, a config from a
+/// larger machine): create refuses it in one line, where it used to drop the index in silence
+/// and run on the GPUs that exist.
+#[test]
+fn gpu_indices_naming_a_gpu_the_machine_lacks_fail_at_create() {
+    let sandbox = Sandbox::new();
+    let space = SPACE.replace("platform: local", "platform: local\n  gpuIndices: '1,3'");
+    let yaml = format!("trialCommand: echo\ntrialConcurrency: 1\ntrialGpuNumber: 1\n{space}");
+    let config = sandbox.config(&yaml, &[]);
+    let mut command = sandbox.knob();
+    command
+        .env("KNOB_SIMULATE_GPUS", "2x16GiB")
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "indices"]);
+    let (code, _, stderr) = run(&mut command);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot place trials: environment local: gpuIndices names GPU 3, but the GPUs found are 0, 1: list only GPUs it has"),
+        "{stderr}"
+    );
+    assert!(!sandbox.path().join("experiments/indices").exists());
+}
+
 /// Four trials wanting one GPU each, two at a time, on a simulated 2-GPU machine: each trial sees
 /// one GPU in CUDA_VISIBLE_DEVICES and no two running trials share one.
 #[test]

@@ -132,6 +132,11 @@ impl Environments {
                 Ok(mut inventory) => {
                     inventory.id = id.as_str().into();
                     inventory.status = EnvironmentStatus::Ready;
+                    // Said once, when it first comes up: a GPU gone later is not a config
+                    // mistake (trials placed there still run on the GPUs it has).
+                    if let (None, Err(e)) = (was_ready, inventory.check_limits_match_gpus()) {
+                        said.push(Said::Notice(e.to_string()));
+                    }
                     if let Err(reason) = self.placer.upsert(inventory) {
                         ready = false;
                         said.push(unusable(reason));
@@ -507,6 +512,24 @@ mod tests {
             (views[0].platform.as_str(), views[0].ready),
             ("ssh-boxes", true)
         );
+    }
+
+    /// A host whose `gpuIndices` names a GPU it lacks is said once, when it first comes up (it
+    /// connects after the start, so create cannot refuse it); a later probe says nothing more.
+    #[test]
+    fn gpu_indices_a_host_lacks_are_said_once_when_it_first_comes_up() {
+        let mut envs = environments(1);
+        let with_limits = |gpus: u32| {
+            let mut value = inventory("a", gpus, None);
+            value["limits"]["gpuIndices"] = json!([0, 5]);
+            value
+        };
+        assert_eq!(
+            notices(envs.report(0, reported("a", true, with_limits(2)))),
+            ["notice: environment a: gpuIndices names GPU 5, but the GPUs found are 0, 1: list only GPUs it has"]
+        );
+        assert!(envs.check().is_ok(), "GPU 0 still takes trials");
+        assert_eq!(envs.report(0, reported("a", true, with_limits(3))), vec![]);
     }
 
     #[test]

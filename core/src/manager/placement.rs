@@ -121,6 +121,11 @@ impl Placer {
                         )
                     })?;
                 inventory.id = environment.id.as_str().into();
+                // A GPU index the machine does not have is a mistake in the config (a typo, a
+                // config from a larger machine), not a GPU fallen off the bus mid-run.
+                inventory
+                    .check_limits_match_gpus()
+                    .map_err(|e| e.to_string())?;
                 placer.upsert(inventory)?;
             }
         }

@@ -123,7 +123,7 @@ fn registration_errors_say_what_to_fix() {
         environment dup lists GPU 0 twice: each GPU index must be unique
         environment zero has maxTrialNumberPerGpu 0: set it to 1 or more
         environment cpu has maxCpuUtilization 150: give a percentage above 0 and at most 100
-        environment missing: gpuIndices names GPU 5, but the GPUs found are 0, 1
+        environment missing: gpuIndices names GPU 5, but the GPUs found are 0, 1: list only GPUs it has
         no environment nope is registered: register it with upsert_environment first"#]]
     .assert_eq(&errors.join("\n"));
     assert_eq!(scheduler.environments().count(), 0);
