@@ -113,8 +113,7 @@ fn sample_gpu_memory(tree: &TrialTree, source: &GpuUsageSource) -> Option<u64> {
     match source {
         GpuUsageSource::NoGpu => return None,
         GpuUsageSource::SimulatedFile(path) => {
-            let mib: u64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
-            return (mib > 0).then(|| mib * MIB);
+            return simulated_gpu_memory(&std::fs::read_to_string(path).ok()?);
         }
         GpuUsageSource::Nvml => {}
     }
@@ -124,6 +123,14 @@ fn sample_gpu_memory(tree: &TrialTree, source: &GpuUsageSource) -> Option<u64> {
         return None;
     }
     knob_gpu_sched::probe::trial_gpu_memory(&tree.group_pids(), &processes).map(|b| b.0)
+}
+
+/// The bytes a trial's simulated-GPU file says it uses (MiB, a whole number). A size past what
+/// bytes can count is as far over any request as can be (it used to overflow the multiply and
+/// panic the thread that watches the trials, and the trial was recorded as succeeded).
+fn simulated_gpu_memory(text: &str) -> Option<u64> {
+    let mib: u64 = text.trim().parse().ok()?;
+    (mib > 0).then(|| mib.saturating_mul(MIB))
 }
 
 /// What the trials of one service share.
@@ -706,5 +713,19 @@ impl Supervision {
             self.host.watcher.unwatch(path);
         }
         (self.on_finished)();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_simulated_gpu_memory_file_is_read_in_mib_and_saturates() {
+        assert_eq!(simulated_gpu_memory("3000\n"), Some(3000 * MIB));
+        assert_eq!(simulated_gpu_memory("0"), None);
+        assert_eq!(simulated_gpu_memory("abc"), None);
+        assert_eq!(simulated_gpu_memory("17592186044416"), Some(u64::MAX));
+        assert_eq!(simulated_gpu_memory(&u64::MAX.to_string()), Some(u64::MAX));
     }
 }

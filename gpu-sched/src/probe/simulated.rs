@@ -170,30 +170,36 @@ fn parse_environment(text: &str, gpus_left: usize) -> Result<SimulatedEnvironmen
     };
     for item in items.split(',').map(str::trim) {
         if let Some(count) = item.strip_prefix("cpu=") {
-            let count: u32 = count
-                .trim()
-                .parse()
-                .ok()
+            let count = whole_number(count)
                 .filter(|&count| count > 0)
                 .ok_or_else(|| format!("`{item}` needs a whole number of cores above 0"))?;
+            let count = u32::try_from(count).map_err(|_| {
+                format!(
+                    "`{item}` is more cores than can be simulated ({})",
+                    u32::MAX
+                )
+            })?;
             env.cpu_count = Some(count);
         } else if let Some(size) = item.strip_prefix("mem=") {
-            env.memory = Some(size.parse().map_err(|_| format!("`{item}` needs a size"))?);
+            let memory = simulated_size(item, size)?;
+            if memory.bytes() == 0 {
+                return Err(format!("`{item}` gives the machine no memory"));
+            }
+            env.memory = Some(memory);
         } else if let Some((count, size)) = item.split_once(['x', 'X']) {
-            let count: u32 = count
-                .trim()
-                .parse()
-                .ok()
+            // A count too large for any integer is past the bound as well, not "missing".
+            let count = whole_number(count)
                 .filter(|&count| count > 0)
                 .ok_or_else(|| format!("`{item}` needs a GPU count above 0 before the x"))?;
-            let memory: ByteSize = size
-                .parse()
-                .map_err(|_| format!("`{item}` needs a memory size after the x"))?;
+            if size.trim().is_empty() {
+                return Err(format!("`{item}` needs a memory size after the x"));
+            }
+            let memory = simulated_size(item, size)?;
             if memory.bytes() == 0 {
                 return Err(format!("`{item}` gives GPUs no memory"));
             }
             // Checked before anything is allocated for them.
-            if count as usize > gpus_left - env.gpu_memory.len() {
+            if count > (gpus_left - env.gpu_memory.len()) as u64 {
                 return Err(format!(
                     "`{item}` takes the spec past {MAX_SIMULATED_GPUS} GPUs, the most that can be simulated"
                 ));
@@ -207,4 +213,26 @@ fn parse_environment(text: &str, gpus_left: usize) -> Result<SimulatedEnvironmen
         }
     }
     Ok(env)
+}
+
+/// Digits alone, as a number; one too large for `u64` reads as `u64::MAX` (past every bound).
+fn whole_number(text: &str) -> Option<u64> {
+    let text = text.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(text.parse().unwrap_or(u64::MAX))
+}
+
+/// The size in `item` (`size` is its text): with a unit, since a bare number is bytes and
+/// `4x80` surely did not mean GPUs of 80 bytes.
+fn simulated_size(item: &str, size: &str) -> Result<ByteSize, String> {
+    let size = size.trim();
+    if !size.is_empty() && size.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!(
+            "`{item}` needs a unit after {size}, such as {size}GiB"
+        ));
+    }
+    size.parse::<ByteSize>()
+        .map_err(|e| format!("`{item}`: {e}"))
 }

@@ -119,6 +119,46 @@ fn errors_say_what_to_write() {
     );
 }
 
+/// Numbers too large for the parser's integers are called too large (they were "needs a GPU
+/// count above 0" or "needs a memory size", with one there); a size without a unit, which is
+/// bytes, and a machine of no memory are refused, as `4x0` and `cpu=0` are.
+#[test]
+fn too_large_bare_and_zero_sizes_say_what_is_wrong() {
+    let bad = [
+        "99999999999999999999x1GiB",
+        "1x20EiB",
+        "1x99999999999TiB",
+        "cpu=99999999999",
+        "mem=0GiB",
+        "4x80",
+        "mem=512",
+    ];
+    let lines: Vec<String> = bad
+        .iter()
+        .map(|spec| match SimulatedInventory::parse(spec) {
+            Err(e) => e
+                .to_string()
+                .split("; write e.g.")
+                .next()
+                .unwrap()
+                .to_owned(),
+            Ok(_) => format!("{spec}: accepted"),
+        })
+        .collect();
+    expect![[r#"
+        [
+            "cannot read simulated GPU spec `99999999999999999999x1GiB`: `99999999999999999999x1GiB` takes the spec past 4096 GPUs, the most that can be simulated",
+            "cannot read simulated GPU spec `1x20EiB`: `1x20EiB`: cannot read `20EiB` as a size: write a number and a unit, such as 10GiB, 512MiB or 80GB",
+            "cannot read simulated GPU spec `1x99999999999TiB`: `1x99999999999TiB`: cannot read `99999999999TiB` as a size: write a number and a unit, such as 10GiB, 512MiB or 80GB",
+            "cannot read simulated GPU spec `cpu=99999999999`: `cpu=99999999999` is more cores than can be simulated (4294967295)",
+            "cannot read simulated GPU spec `mem=0GiB`: `mem=0GiB` gives the machine no memory",
+            "cannot read simulated GPU spec `4x80`: `4x80` needs a unit after 80, such as 80GiB",
+            "cannot read simulated GPU spec `mem=512`: `mem=512` needs a unit after 512, such as 512GiB",
+        ]
+    "#]]
+    .assert_debug_eq(&lines);
+}
+
 #[test]
 fn the_most_gpus_that_can_be_simulated_are_simulated() {
     use knob_gpu_sched::probe::MAX_SIMULATED_GPUS;
