@@ -231,7 +231,7 @@ fn budget_note(id: &str, config: &ExperimentConfig, state: &ExperimentState) -> 
         ));
     }
     let spent =
-        Duration::from_millis(u64::try_from(state.active_time_ms(state.last_event_time_ms)).ok()?);
+        Duration::from_millis(u64::try_from(state.active_time_ms(state.last_alive_ms)).ok()?);
     let max = config.max_experiment_duration.filter(|&max| spent >= max)?;
     Some(format!(
         "experiment {id} has used its time budget ({}s of maxExperimentDuration {}s): no trial starts; raise it with `knob resume {id} --max-experiment-duration D`",

@@ -50,6 +50,7 @@ pub const CONFIG_SOURCE_FILE: &str = "config-source";
 pub const OWNED_ENTRIES: &[&str] = &[
     MARKER_FILE_NAME,
     crate::store::DB_FILE_NAME,
+    crate::store::ALIVE_FILE_NAME,
     "experiment.db-wal",
     "experiment.db-shm",
     "experiment.db-journal",

@@ -926,6 +926,52 @@ fn a_resume_after_the_time_budget_is_spent_starts_no_trial() {
     );
 }
 
+/// A run killed in a quiet stretch (its trial reporting nothing) left no event saying how long it
+/// lived; the store writer's alive mark does, and the resume counts it against
+/// `maxExperimentDuration` (it used to grant the whole budget again after every crash). The
+/// mark is moved past the budget here rather than waited for.
+#[test]
+fn a_crashed_runs_quiet_time_counts_against_the_time_budget() {
+    let sandbox = Sandbox::new();
+    let script = "echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
+                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml = format!(
+        "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 3\nmaxExperimentDuration: 30s\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let mut child = spawn(sandbox.create_command(&config, "quiet"));
+    wait_for_lines(&sandbox.path().join("code/started"), 1);
+    sigkill(&mut child);
+    let alive = sandbox
+        .path()
+        .join("experiments/quiet")
+        .join(knob_core::store::ALIVE_FILE_NAME);
+    let lived_until = std::time::SystemTime::now() + std::time::Duration::from_secs(31);
+    std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&alive)
+        .unwrap()
+        .set_modified(lived_until)
+        .unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "quiet"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("note: experiment quiet has used its time budget (3"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(sandbox.path().join("code/started"))
+            .unwrap()
+            .lines()
+            .count(),
+        1,
+        "no trial starts again"
+    );
+}
+
 #[test]
 fn the_api_shows_the_metrics_of_a_trials_latest_attempt_unless_asked_for_all() {
     let sandbox = Sandbox::new();

@@ -20,7 +20,7 @@ impl Manager {
         self.book.continue_from(state.counters.next_trial_sequence);
         self.tuner.continue_from(state.counters.next_parameter_id);
         let spent = Duration::from_millis(
-            u64::try_from(state.active_time_ms(state.last_event_time_ms)).unwrap_or(0),
+            u64::try_from(state.active_time_ms(state.last_alive_ms)).unwrap_or(0),
         );
         self.timers
             .resume(spent, self.config.max_experiment_duration);

@@ -78,18 +78,28 @@ use writer::{Command, SharedStats, Writer};
 /// The store's file in an experiment directory.
 pub const DB_FILE_NAME: &str = "experiment.db";
 
+/// The file whose modification time the writer sets while it waits for events
+/// ([`StoreOptions::alive_interval`]): after a crash (no last event says when the run died),
+/// the last moment the run is known to have lived, so that `maxExperimentDuration` counts a
+/// quiet stretch before a `kill -9` too ([`ExperimentState::last_alive_ms`]).
+pub const ALIVE_FILE_NAME: &str = ".knob-alive";
+
 /// Knobs of [`Store::open_with`]; [`Store::open`] uses the defaults.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// How long the writer waits for a lock held by another connection (someone's `sqlite3`
     /// shell, a backup) before failing a batch.
     pub busy_timeout: Duration,
+    /// How long the writer waits with nothing to commit before it marks the run alive
+    /// ([`ALIVE_FILE_NAME`]): a crash loses at most this much of the experiment's time budget.
+    pub alive_interval: Duration,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             busy_timeout: Duration::from_secs(10),
+            alive_interval: Duration::from_secs(5),
         }
     }
 }
@@ -225,6 +235,7 @@ impl Store {
             counters,
             stats.clone(),
             committed,
+            options.alive_interval,
         )?;
         let (commands, receiver) = mpsc::channel();
         let writer = std::thread::Builder::new()

@@ -36,6 +36,11 @@ pub struct ExperimentState {
     pub counters: Counters,
     pub last_event_seq: EventSeq,
     pub last_event_time_ms: i64,
+    /// The last moment the run that wrote the store is known to have lived: its last event, or
+    /// later, the last time its writer marked the run alive while idle
+    /// ([`ALIVE_FILE_NAME`](super::ALIVE_FILE_NAME)). What a crashed run's time budget is
+    /// counted up to.
+    pub last_alive_ms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -193,7 +198,7 @@ impl ExperimentState {
 
     /// Milliseconds spent in [active](ExperimentStatus::is_active) statuses up to `until_ms`:
     /// what counts toward `maxExperimentDuration`. After a crash, pass
-    /// [`last_event_time_ms`](Self::last_event_time_ms), the last moment known to be lived.
+    /// [`last_alive_ms`](Self::last_alive_ms), the last moment known to be lived.
     pub fn active_time_ms(&self, until_ms: i64) -> i64 {
         let mut total = 0;
         for (index, change) in self.status_history.iter().enumerate() {
@@ -430,6 +435,7 @@ impl Replayer {
                     counters: Counters::default(),
                     last_event_seq: 0,
                     last_event_time_ms: 0,
+                    last_alive_ms: 0,
                 });
             }
             StoreEvent::ExperimentStatusChanged { status, message } => {
@@ -614,8 +620,22 @@ impl Replayer {
         state.counters = from_log.at_least(stored_counters);
         state.last_event_seq = self.last_seq;
         state.last_event_time_ms = self.last_time_ms;
+        state.last_alive_ms = alive_mark_ms(&self.path)
+            .map_or(self.last_time_ms, |marked| marked.max(self.last_time_ms));
         Ok(state)
     }
+}
+
+/// When the writer of the store at `path` last marked its run alive, in ms since the epoch.
+fn alive_mark_ms(path: &str) -> Option<i64> {
+    let folder = std::path::Path::new(path)
+        .parent()
+        .filter(|folder| !folder.as_os_str().is_empty())?;
+    let modified = std::fs::metadata(folder.join(super::ALIVE_FILE_NAME))
+        .and_then(|metadata| metadata.modified())
+        .ok()?;
+    let since_epoch = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since_epoch.as_millis()).ok()
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! The writer thread: owns the read-write connection, turns queued events into group commits,
 //! and acknowledges each event only once its transaction has committed.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::{oneshot, watch};
@@ -60,6 +61,10 @@ pub(crate) struct Writer {
     committed: watch::Sender<EventSeq>,
     /// The store file, to notice that it was deleted (see [`watch_store_file`]).
     store_file: Option<std::fs::File>,
+    /// [`super::ALIVE_FILE_NAME`] in the experiment's folder, and how often to mark it while
+    /// idle.
+    alive_file: PathBuf,
+    alive_interval: Duration,
 }
 
 enum Failure {
@@ -108,6 +113,7 @@ impl Writer {
         counters: Counters,
         stats: Arc<SharedStats>,
         committed: watch::Sender<EventSeq>,
+        alive_interval: Duration,
     ) -> Result<Writer, StoreError> {
         let last_time_ms: i64 = connection
             .query_row(
@@ -131,7 +137,9 @@ impl Writer {
             unreported: None,
             committed,
             store_file: watch_store_file(&path),
+            alive_file: std::path::Path::new(&path).with_file_name(super::ALIVE_FILE_NAME),
             path,
+            alive_interval,
         })
     }
 
@@ -146,7 +154,16 @@ impl Writer {
 
     /// Runs until [`Command::Shutdown`] or until every sender is gone, committing what is queued.
     pub(crate) fn run(mut self, commands: Receiver<Command>) {
-        while let Ok(first) = commands.recv() {
+        loop {
+            let first = match commands.recv_timeout(self.alive_interval) {
+                Ok(command) => command,
+                // Events carry their time; only a quiet stretch needs the mark.
+                Err(RecvTimeoutError::Timeout) => {
+                    self.mark_alive();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match commands.try_recv() {
@@ -158,6 +175,17 @@ impl Writer {
                 return;
             }
         }
+    }
+
+    /// Sets the alive file's modification time to now (making it if need be). A failure is
+    /// ignored: it costs only how much of a crashed run's time a resume counts.
+    fn mark_alive(&self) {
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.alive_file)
+            .and_then(|file| file.set_modified(SystemTime::now()));
     }
 
     /// Commits one batch and answers everyone in it. Returns false on shutdown.

@@ -935,6 +935,7 @@ fn a_failed_commit_reaches_every_caller_and_loses_no_numbers() {
     let dir = tempfile::tempdir().unwrap();
     let options = StoreOptions {
         busy_timeout: Duration::from_millis(50),
+        ..StoreOptions::default()
     };
     let store = Store::open_with(dir.path(), options).unwrap();
     put(&store, created());
@@ -1174,6 +1175,56 @@ fn active_time_counts_only_active_statuses() {
     let running = state.status_history[1].time_ms;
     let stopped = state.status_history[2].time_ms;
     assert_eq!(state.active_time_ms(stopped + 10_000), stopped - running);
+}
+
+/// After a crash nothing says when the run died: no event is written while trials run quietly.
+/// The writer marks the run alive while it waits, so a resume counts that stretch against
+/// `maxExperimentDuration` (it used to count only up to the last event, and a run killed an
+/// hour into a quiet trial got that hour again).
+#[test]
+fn an_idle_writer_marks_the_run_alive_and_replay_counts_up_to_the_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        alive_interval: std::time::Duration::from_millis(20),
+        ..StoreOptions::default()
+    };
+    let store = Store::open_with(dir.path(), options).unwrap();
+    put(&store, created());
+    put(
+        &store,
+        StoreEvent::ExperimentStatusChanged {
+            status: ExperimentStatus::Running,
+            message: None,
+        },
+    );
+    let alive = dir.path().join(knob_core::store::ALIVE_FILE_NAME);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !alive.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer never marked the run alive"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The process dies quietly an hour after its last event: only the mark says so.
+    let state = store.replay().unwrap();
+    let running = state.status_history[1].time_ms;
+    assert!(state.last_alive_ms >= state.last_event_time_ms, "{state:?}");
+    drop(store);
+    let an_hour_later = std::time::UNIX_EPOCH
+        + std::time::Duration::from_millis(state.last_event_time_ms as u64 + 3_600_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&alive)
+        .unwrap()
+        .set_modified(an_hour_later)
+        .unwrap();
+    let state = StoreReader::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.last_alive_ms, state.last_event_time_ms + 3_600_000);
+    assert_eq!(
+        state.active_time_ms(state.last_alive_ms),
+        state.last_alive_ms - running
+    );
 }
 
 /// Set by [`acknowledged_metrics_survive_sigkill`] in the child it starts.
