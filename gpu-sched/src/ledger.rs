@@ -40,6 +40,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::bytes::ByteSize;
 use crate::inventory::{trials_per_gpu, Environment, HeldElsewhere};
+use crate::placement::Placement;
+use crate::request::{SchedulerConfig, TrialRequest};
+use crate::scheduler::Scheduler;
 
 /// A waiting request not asked for again within this long is dropped.
 pub const REQUEST_TTL: Duration = Duration::from_secs(30);
@@ -115,6 +118,13 @@ pub struct Lease {
     pub ticket: u64,
     /// Milliseconds since the Unix epoch.
     pub granted_ms: u64,
+    /// The total memory of each GPU in `gpus` (index, bytes) as the requester probed it: a
+    /// request with `gpu_memory` is granted only while the leases on each GPU, its own added,
+    /// promise no more than that. Two experiments that placed against the same probe would
+    /// otherwise both be granted a GPU their requests overfill together. Empty from a
+    /// requester that does not say: then only the trial count limits the GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_memory_totals: Vec<(u32, ByteSize)>,
 }
 
 /// A request waiting for its GPUs.
@@ -180,6 +190,74 @@ impl LedgerState {
             // (`blocker`), however many trials its holder allows per GPU.
             mark_held(environment, lease, &trial, 1);
         }
+    }
+}
+
+impl LedgerState {
+    /// Which GPUs of `machine` the waiting trials of `me` (process), asking what `demand` says,
+    /// should stand in line for ([`Ledger::stand_in_line`]), from `probed` (the machine as
+    /// probed, with the experiment's limits, before [`annotate`](Self::annotate)) and `seen`
+    /// (the same after it). `None` when standing in line cannot help them: they ask for no
+    /// GPU, or they could not start even if every other experiment's trial here ended (they
+    /// wait for host memory, for their own trials, or can never be placed). Otherwise the GPUs
+    /// others hold or were promised that the trial may use (`gpuIndices`) and would fit on
+    /// once freed; empty when one is free now. A GPU it could never use is never taken from an
+    /// experiment that can.
+    pub fn gpus_to_stand_for(
+        &self,
+        probed: &Environment,
+        seen: &Environment,
+        machine: &str,
+        me: u32,
+        demand: &SchedulerConfig,
+    ) -> Option<Vec<u32>> {
+        if demand.trial_gpu_number.unwrap_or(0) == 0 {
+            return None;
+        }
+        // The machine with only this process's own leases on it: what the trial would find if
+        // every other experiment's trial ended.
+        let mut alone = probed.clone();
+        let own = self
+            .leases
+            .iter()
+            .filter(|lease| lease.machine == machine && lease.holder.pid == me);
+        for lease in own {
+            mark_held(&mut alone, lease, &lease.trial, lease.max_per_gpu);
+        }
+        let fits = |environment: &Environment, demand: &SchedulerConfig| {
+            let mut scheduler = Scheduler::new(demand.clone());
+            scheduler.upsert_environment(environment.clone()).is_ok()
+                && matches!(
+                    scheduler.preview(&TrialRequest::new(STANDING)),
+                    Placement::Succeed { .. }
+                )
+        };
+        if !fits(&alone, demand) {
+            return None;
+        }
+        if fits(seen, demand) {
+            return Some(Vec::new());
+        }
+        // Each GPU others hold, asked alone: may the trial use it, and would one GPU's share of
+        // it (its memory, the GPU limits) fit there once the others are gone?
+        let one_gpu = SchedulerConfig {
+            trial_gpu_number: Some(1),
+            trial_memory_size: None,
+            trial_cpu_number: None,
+            ..demand.clone()
+        };
+        let wanted = seen
+            .gpus
+            .iter()
+            .filter(|gpu| !gpu.held_elsewhere.is_empty() && probed.limits.allows_gpu(gpu.index))
+            .map(|gpu| gpu.index)
+            .filter(|&index| {
+                let mut only = alone.clone();
+                only.limits.gpu_indices = Some(vec![index]);
+                fits(&only, &one_gpu)
+            })
+            .collect();
+        Some(wanted)
     }
 }
 
@@ -343,12 +421,25 @@ impl Ledger {
                             cpu_cores: 0,
                             ticket: state.next_ticket,
                             granted_ms: 0,
+                            gpu_memory_totals: Vec::new(),
                         },
                         renewed_ms: now,
                     });
                     Some(state.next_ticket)
                 }
             }
+        })
+    }
+
+    /// Drops `holder`'s place in line on `machine` (its waiting trials can use none of the GPUs
+    /// others hold), so that it holds back no other experiment.
+    pub fn leave_line(&self, holder: &Holder, machine: &str) -> Result<(), LedgerError> {
+        self.update(|state, _| {
+            state.requests.retain(|r| {
+                !(r.lease.trial == STANDING
+                    && r.lease.holder == *holder
+                    && r.lease.machine == machine)
+            });
         })
     }
 
@@ -509,6 +600,29 @@ fn blocker(state: &LedgerState, want: &Lease, ticket: u64) -> Option<String> {
         if held.len() as u32 >= limit {
             let holders: Vec<String> = held.iter().map(|lease| describe(lease, want)).collect();
             return Some(format!("GPU {gpu} held by {}", holders.join(", ")));
+        }
+        // A GPU nobody holds is always granted: the requester's scheduler found the trial fits
+        // it, and refusing there would leave it waiting for nothing.
+        let total = want
+            .gpu_memory_totals
+            .iter()
+            .find(|(index, _)| *index == gpu)
+            .map(|&(_, total)| total);
+        if let Some(total) = total.filter(|_| want.gpu_memory.0 > 0 && !held.is_empty()) {
+            let promised: u64 = held.iter().map(|lease| lease.gpu_memory.0).sum();
+            if promised.saturating_add(want.gpu_memory.0) > total.0 {
+                let holders: Vec<String> = held
+                    .iter()
+                    .map(|lease| format!("{} ({})", describe(lease, want), lease.gpu_memory))
+                    .collect();
+                return Some(format!(
+                    "GPU {gpu} has {total}, of which {} promised to {}: {} left, {} asked",
+                    ByteSize(promised),
+                    holders.join(", "),
+                    ByteSize(total.0.saturating_sub(promised)),
+                    want.gpu_memory
+                ));
+            }
         }
         let older = state.requests.iter().find(|request| {
             request.lease.ticket < ticket

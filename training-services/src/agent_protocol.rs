@@ -41,6 +41,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use knob_gpu_sched::{EnvironmentLimits, SchedulerConfig};
 use knob_plugin_api::service::{ServiceEvent, TrialRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -106,7 +107,16 @@ pub enum ToAgent {
     /// room): stand in the host ledger's line for the GPUs other experiments hold, so that one
     /// that refills them the moment it frees them cannot starve this one. Sent again while
     /// they wait (the standing request lapses after `ledger::STANDING_TTL` without it).
-    StandInLine,
+    StandInLine {
+        /// What each of the experiment's trials asks for, and the host's limits as the service
+        /// applies them (`gpuIndices` …): the agent stands in line only for GPUs the waiting
+        /// trial may use and would fit on, never for one it could not use. `None` from a
+        /// service that does not say: then for every GPU others hold, one trial's worth.
+        #[serde(default)]
+        demand: Option<SchedulerConfig>,
+        #[serde(default)]
+        limits: Option<EnvironmentLimits>,
+    },
 }
 
 /// From the agent to the service.

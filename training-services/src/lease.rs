@@ -10,18 +10,20 @@
 //!   inventory the service reports ([`MachineLeases::annotate`]), so the core's gpu-sched places
 //!   around them and a trial that waits names the other experiment as the holder.
 //! - While the core's trials wait for GPUs other experiments hold, the service stands in line
-//!   for those GPUs (the core asks for environments again only while a trial waits), so that an
-//!   experiment that refills a GPU the moment it frees it cannot starve this one. The `local`
+//!   for those of them its trial may use and would fit on (the core asks for environments again
+//!   only while a trial waits), so that an experiment that refills a GPU the moment it frees it
+//!   cannot starve this one. The `local`
 //!   service does so in its `environments`; a `knob-agent` when its `remote` service tells it
 //!   (`ToAgent::StandInLine`, sent from the service's `environments`).
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use knob_gpu_sched::ledger::{
     Acquired, Holder, Lease, Ledger, LedgerError, STANDING, THIS_MACHINE,
 };
-use knob_gpu_sched::{ByteSize, Environment};
-use knob_plugin_api::service::TrialRequest;
+use knob_gpu_sched::{ByteSize, Environment, SchedulerConfig};
+use knob_plugin_api::service::{TrialRequest, TrialSettings};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -35,6 +37,9 @@ pub struct MachineLeases {
     ledger: Ledger,
     /// The machine within the ledger: every service on this host uses the same name.
     machine: String,
+    /// Each GPU's total memory at the latest probe ([`Self::annotate`]), passed with every
+    /// lease so that the ledger can refuse one that would overfill a GPU.
+    gpu_memory_totals: Mutex<Vec<(u32, ByteSize)>>,
 }
 
 impl MachineLeases {
@@ -51,6 +56,7 @@ impl MachineLeases {
         Ok(MachineLeases {
             ledger: Ledger::open(dir)?,
             machine: THIS_MACHINE.to_string(),
+            gpu_memory_totals: Mutex::new(Vec::new()),
         })
     }
 
@@ -80,6 +86,11 @@ impl MachineLeases {
             cpu_cores: resources.cpu_cores.unwrap_or(0),
             ticket: 0,
             granted_ms: 0,
+            gpu_memory_totals: self
+                .gpu_memory_totals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 
@@ -93,15 +104,28 @@ impl MachineLeases {
         self.ledger.release(&Self::holder(experiment), trial)
     }
 
-    /// Adds to `environment` (this machine as probed) what other processes' trials hold here,
-    /// and the GPUs promised to their requests older than this process's place in line; then,
-    /// for `experiment` (when known), stands in line for the GPUs held elsewhere, or renews its
-    /// place (which keeps the GPUs it stood for, freed since, until its trial takes them).
+    /// Adds to `environment` (this machine as probed, with the experiment's limits) what other
+    /// processes' trials hold here, and the GPUs promised to their requests older than this
+    /// process's place in line. Then, for the experiment whose trials wait (`waiting`: its id
+    /// and what each trial asks for), stands in line for the GPUs held elsewhere that its trial
+    /// may use and waits for, or renews its place (which keeps the GPUs it stood for, freed
+    /// since, until its trial takes them); it leaves the line when its trial asks for no GPU
+    /// or could not start even with every other experiment gone
+    /// (`LedgerState::gpus_to_stand_for`), so that it never holds a GPU back from an
+    /// experiment that can use it.
     pub fn annotate(
         &self,
         environment: &mut Environment,
-        experiment: Option<&str>,
+        waiting: Option<(&str, &SchedulerConfig)>,
     ) -> Result<(), LedgerError> {
+        *self
+            .gpu_memory_totals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = environment
+            .gpus
+            .iter()
+            .map(|gpu| (gpu.index, gpu.memory_total))
+            .collect();
         let me = std::process::id();
         let state = self.ledger.snapshot()?;
         let mine = state
@@ -109,18 +133,51 @@ impl MachineLeases {
             .iter()
             .find(|r| r.lease.trial == STANDING && r.lease.holder.pid == me)
             .map(|r| r.lease.ticket);
+        let probed = environment.clone();
         state.annotate(environment, &self.machine, me, mine);
-        let held: Vec<u32> = environment
-            .gpus
-            .iter()
-            .filter(|gpu| !gpu.held_elsewhere.is_empty())
-            .map(|gpu| gpu.index)
-            .collect();
-        if let Some(experiment) = experiment {
-            self.ledger
-                .stand_in_line(&Self::holder(experiment), &self.machine, &held)?;
+        if let Some((experiment, demand)) = waiting {
+            let holder = Self::holder(experiment);
+            match state.gpus_to_stand_for(&probed, environment, &self.machine, me, demand) {
+                Some(gpus) => {
+                    self.ledger.stand_in_line(&holder, &self.machine, &gpus)?;
+                }
+                None => self.ledger.leave_line(&holder, &self.machine)?,
+            }
         }
         Ok(())
+    }
+}
+
+/// What each trial of an experiment asks for, from its config: which GPUs held elsewhere its
+/// waiting trials stand in line for ([`MachineLeases::annotate`]).
+pub fn demand_of_settings(trial: &TrialSettings) -> SchedulerConfig {
+    SchedulerConfig {
+        trial_gpu_number: trial.trial_gpu_number,
+        trial_gpu_memory: trial
+            .trial_gpu_memory_mib
+            .map(|mib| ByteSize(mib.saturating_mul(MIB))),
+        trial_memory_size: trial
+            .trial_memory_size_mib
+            .map(|mib| ByteSize(mib.saturating_mul(MIB))),
+        trial_cpu_number: trial.trial_cpu_number,
+        ..SchedulerConfig::default()
+    }
+}
+
+/// The same, learned from a trial the experiment started, for a service made without its
+/// experiment's settings.
+pub fn demand_of_request(request: &TrialRequest) -> SchedulerConfig {
+    let resources = &request.resources;
+    SchedulerConfig {
+        trial_gpu_number: request.gpu_indices.as_ref().map(|gpus| gpus.len() as u32),
+        trial_gpu_memory: resources
+            .gpu_memory_mib
+            .map(|mib| ByteSize(mib.saturating_mul(MIB))),
+        trial_memory_size: resources
+            .memory_mib
+            .map(|mib| ByteSize(mib.saturating_mul(MIB))),
+        trial_cpu_number: resources.cpu_cores,
+        ..SchedulerConfig::default()
     }
 }
 

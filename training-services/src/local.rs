@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use knob_gpu_sched::probe::{process_group_of, LocalProbe, SimulatedInventory, SIMULATE_GPUS_VAR};
-use knob_gpu_sched::EnvironmentLimits;
+use knob_gpu_sched::{EnvironmentLimits, SchedulerConfig};
 use knob_plugin_api::config::ConfigReader;
 use knob_plugin_api::service::{
     CheckedConfig, ConfigProblem, Environment, FieldPath, ServiceContext, ServiceEvent,
@@ -30,7 +30,7 @@ use knob_plugin_api::service::{
 use knob_plugin_api::{EventSink, PluginError, TrainingService};
 use serde_json::{json, Map, Value};
 
-use crate::lease::MachineLeases;
+use crate::lease::{self, MachineLeases};
 use crate::metrics::Emit;
 use crate::runner::TrialError;
 use crate::trial_pool::{PoolError, TrialPool};
@@ -173,6 +173,9 @@ pub struct LocalService {
     /// The experiment (from the context it was created with, else its first trial), under which
     /// the service stands in the ledger's line.
     experiment: Option<String>,
+    /// What each of the experiment's trials asks for (from the context it was created with,
+    /// else its first trial): which GPUs held elsewhere its waiting trials stand in line for.
+    demand: Option<SchedulerConfig>,
     /// Whether `environments` was called before (see [`LocalService::environment`]).
     asked_before: bool,
 }
@@ -208,6 +211,7 @@ impl LocalService {
             limits: args.limits,
             probe: None,
             experiment: None,
+            demand: None,
             asked_before: false,
         })
     }
@@ -241,8 +245,12 @@ impl LocalService {
             // resources: from the second call on, this experiment has trials waiting, and
             // stands in line for the GPUs others hold.
             let waiting = std::mem::replace(&mut self.asked_before, true);
-            let experiment = self.experiment.as_deref().filter(|_| waiting);
-            leases.annotate(&mut inventory, experiment).map_err(|e| {
+            let waiting = self
+                .experiment
+                .as_deref()
+                .zip(self.demand.as_ref())
+                .filter(|_| waiting);
+            leases.annotate(&mut inventory, waiting).map_err(|e| {
                 LocalError::Probe(format!("cannot read this machine's lease ledger: {e}"))
             })?;
         }
@@ -267,6 +275,9 @@ impl LocalService {
             ));
         }
         self.experiment = Some(request.experiment_id.clone());
+        if self.demand.is_none() {
+            self.demand = Some(lease::demand_of_request(request));
+        }
         let mut request = request.clone();
         request.resources.max_trials_per_gpu = Some(self.limits.max_trial_number_per_gpu.max(1));
         self.pool.start(&request).map_err(|e| match e {
@@ -317,6 +328,7 @@ impl TrainingService for LocalService {
     ) -> Result<Self, PluginError> {
         let mut service = Self::new(config, events)?;
         service.experiment = Some(context.experiment_id.clone());
+        service.demand = Some(lease::demand_of_settings(&context.trial));
         Ok(service)
     }
 

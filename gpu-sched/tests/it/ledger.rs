@@ -18,6 +18,7 @@ fn lease(holder: &Holder, trial: &str, gpus: &[u32], max_per_gpu: u32) -> Lease 
         cpu_cores: 0,
         ticket: 0,
         granted_ms: 0,
+        gpu_memory_totals: Vec::new(),
     }
 }
 
@@ -351,6 +352,166 @@ fn a_holder_standing_in_line_is_served_before_a_newer_request_and_its_trial_take
     // The grant took the standing request's place: it is gone, and nothing renews it.
     assert!(!granted.requests.iter().any(|r| r.lease.trial == STANDING));
     assert_eq!(ledger.stand_in_line(&a, "local", &[]).unwrap(), None);
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
+
+/// A lease asking `gib` GiB on each of `gpus`, which the requester probed at 80 GiB each.
+fn memory_lease(holder: &Holder, trial: &str, gpus: &[u32], max_per_gpu: u32, gib: u64) -> Lease {
+    Lease {
+        gpu_memory: ByteSize::gib(gib),
+        gpu_memory_totals: gpus.iter().map(|&gpu| (gpu, ByteSize::gib(80))).collect(),
+        ..lease(holder, trial, gpus, max_per_gpu)
+    }
+}
+
+#[test]
+fn a_gpu_is_never_granted_more_memory_than_it_has_whatever_the_trial_count_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut other, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    // Both allow two trials per GPU, and both placed 50 GiB on an 80 GiB GPU against the same
+    // probe: the second to ask waits, naming what the first holds.
+    assert_eq!(
+        ledger
+            .acquire(&memory_lease(&a, "a1", &[0], 2, 50))
+            .unwrap(),
+        Acquired::Granted
+    );
+    let Acquired::Waiting(reason) = ledger
+        .acquire(&memory_lease(&b, "b1", &[0], 2, 50))
+        .unwrap()
+    else {
+        panic!("100 GiB granted on an 80 GiB GPU");
+    };
+    assert_eq!(
+        reason,
+        format!(
+            "GPU 0 has 80 GiB, of which 50 GiB promised to trial a1 of experiment expA (pid {}) (50 GiB): 30 GiB left, 50 GiB asked",
+            std::process::id()
+        )
+    );
+    // What fits beside it is granted; a request that names no memory is limited by count only.
+    assert_eq!(
+        ledger
+            .acquire(&memory_lease(&b, "b2", &[1], 2, 50))
+            .unwrap(),
+        Acquired::Granted
+    );
+    ledger.release(&a, "a1").unwrap();
+    assert_eq!(
+        ledger
+            .acquire(&memory_lease(&b, "b1", &[0], 2, 50))
+            .unwrap(),
+        Acquired::Granted
+    );
+    assert_eq!(
+        ledger
+            .acquire(&memory_lease(&a, "a2", &[0], 2, 30))
+            .unwrap(),
+        Acquired::Granted
+    );
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
+
+#[test]
+fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits_for() {
+    use crate::support::env;
+    use knob_gpu_sched::{EnvironmentLimits, SchedulerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut other, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    // B holds both GPUs of a 2 x 80 GiB machine.
+    for (trial, gpu) in [("b0", 0), ("b1", 1)] {
+        assert_eq!(
+            ledger.acquire(&lease(&b, trial, &[gpu], 1)).unwrap(),
+            Acquired::Granted
+        );
+    }
+    let state = ledger.snapshot().unwrap();
+    let stand_for = |limits: EnvironmentLimits, demand: SchedulerConfig| {
+        let probed = env("local", &[80, 80]).with_limits(limits);
+        let mut seen = probed.clone();
+        state.annotate(&mut seen, "local", a.pid, None);
+        state.gpus_to_stand_for(&probed, &seen, "local", a.pid, &demand)
+    };
+    let gpus = |count: u32| SchedulerConfig {
+        trial_gpu_number: Some(count),
+        ..SchedulerConfig::default()
+    };
+    // A trial that may use either GPU stands for both.
+    assert_eq!(
+        stand_for(EnvironmentLimits::default(), gpus(1)),
+        Some(vec![0, 1])
+    );
+    // gpuIndices: 1: GPU 0 is none of A's business.
+    let only_gpu_1 = EnvironmentLimits {
+        gpu_indices: Some(vec![1]),
+        ..EnvironmentLimits::default()
+    };
+    assert_eq!(stand_for(only_gpu_1, gpus(1)), Some(vec![1]));
+    // A trial that asks for no GPU waits for something else: it leaves the line.
+    assert_eq!(stand_for(EnvironmentLimits::default(), gpus(0)), None);
+    assert_eq!(
+        stand_for(EnvironmentLimits::default(), SchedulerConfig::default()),
+        None
+    );
+    // One that waits for host memory (or could never run) would not start even were B gone.
+    let reserve = EnvironmentLimits {
+        min_available_memory: Some(ByteSize::gib(100)),
+        ..EnvironmentLimits::default()
+    };
+    assert_eq!(stand_for(reserve, gpus(1)), None);
+    let host_memory = SchedulerConfig {
+        trial_memory_size: Some(ByteSize::gib(65)),
+        ..gpus(1)
+    };
+    assert_eq!(stand_for(EnvironmentLimits::default(), host_memory), None);
+    // A GPU too small for the trial's memory even when free is not stood for.
+    let mut mixed_probed = env("local", &[80, 16]);
+    let mut mixed_seen = mixed_probed.clone();
+    state.annotate(&mut mixed_seen, "local", a.pid, None);
+    let big = SchedulerConfig {
+        trial_gpu_memory: Some(ByteSize::gib(40)),
+        ..gpus(1)
+    };
+    assert_eq!(
+        state.gpus_to_stand_for(&mixed_probed, &mixed_seen, "local", a.pid, &big),
+        Some(vec![0])
+    );
+    // A's own trial on GPU 1 (gpuIndices: 1) is what its next trial waits for, not B.
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[1], 1)).unwrap(),
+        Acquired::Waiting(format!(
+            "GPU 1 held by trial b1 of experiment expB (pid {})",
+            b.pid
+        ))
+    );
+    ledger.release(&b, "b1").unwrap();
+    ledger.release(&a, "a1").unwrap();
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[1], 1)).unwrap(),
+        Acquired::Granted
+    );
+    let state = ledger.snapshot().unwrap();
+    mixed_probed.limits.gpu_indices = Some(vec![1]);
+    let mut seen = mixed_probed.clone();
+    state.annotate(&mut seen, "local", a.pid, None);
+    assert_eq!(
+        state.gpus_to_stand_for(&mixed_probed, &seen, "local", a.pid, &gpus(1)),
+        None
+    );
+    // Leaving the line drops the standing request, so B is not held back.
+    ledger.stand_in_line(&a, "local", &[0]).unwrap();
+    ledger.leave_line(&a, "local").unwrap();
+    ledger.release(&b, "b0").unwrap();
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b2", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
     other.kill().unwrap();
     other.wait().unwrap();
 }

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use knob_gpu_sched::probe::{process_group_of, LocalProbe};
+use knob_gpu_sched::{EnvironmentLimits, SchedulerConfig};
 use knob_plugin_api::service::{ServiceEvent, TrialRequest};
 use serde_json::Value;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -147,7 +148,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         uid: nix::unistd::geteuid().as_raw(),
         environment_id: None,
         experiment_id: None,
-        stand_in_line: false,
+        stand_in_line: None,
         probe: Arc::new(Mutex::new(None)),
         probing: false,
         inputs_sender,
@@ -250,9 +251,9 @@ struct Daemon {
     environment_id: Option<String>,
     /// The experiment of the last hello: the holder of this daemon's leases.
     experiment_id: Option<String>,
-    /// The service asked to stand in the ledger's line ([`ToAgent::StandInLine`]): the next
-    /// probe does.
-    stand_in_line: bool,
+    /// The service asked to stand in the ledger's line ([`ToAgent::StandInLine`], with what the
+    /// waiting trial asks for and the host's limits): the next probe does.
+    stand_in_line: Option<(SchedulerConfig, Option<EnvironmentLimits>)>,
     probe: Arc<Mutex<Option<LocalProbe>>>,
     probing: bool,
     inputs_sender: UnboundedSender<Input>,
@@ -480,7 +481,7 @@ impl Daemon {
             }
             Input::Probed(inventory) => {
                 self.probing = false;
-                if self.stand_in_line {
+                if self.stand_in_line.is_some() {
                     // Asked while that probe ran: the next one stands in line.
                     self.next_probe_at = Some(Instant::now());
                 }
@@ -704,8 +705,13 @@ impl Daemon {
             }
             ToAgent::Ping { nonce } => client.send(FromAgent::Pong { nonce }),
             ToAgent::Ack { seq } => self.log.ack(seq),
-            ToAgent::StandInLine => {
-                self.stand_in_line = true;
+            ToAgent::StandInLine { demand, limits } => {
+                // A service that does not say what its trial asks for: one GPU, as before.
+                let demand = demand.unwrap_or(SchedulerConfig {
+                    trial_gpu_number: Some(1),
+                    ..SchedulerConfig::default()
+                });
+                self.stand_in_line = Some((demand, limits));
                 self.next_probe_at = Some(Instant::now());
             }
             ToAgent::Start {
@@ -809,15 +815,12 @@ impl Daemon {
             return;
         }
         self.probing = true;
-        let stand_for = self
-            .experiment_id
-            .clone()
-            .filter(|_| std::mem::take(&mut self.stand_in_line));
+        let stand_for = self.experiment_id.clone().zip(self.stand_in_line.take());
         let pool = self.pool.clone();
         let probe = self.probe.clone();
         let inputs = self.inputs_sender.clone();
         tokio::task::spawn_blocking(move || {
-            let inventory = probe_host(&probe, &environment_id, &pool, stand_for.as_deref());
+            let inventory = probe_host(&probe, &environment_id, &pool, stand_for.as_ref());
             let _ = inputs.send(Input::Probed(inventory));
         });
     }
@@ -857,13 +860,14 @@ fn start(pool: &TrialPool, mut request: TrialRequest, fresh_code_copy: bool) -> 
     })
 }
 
-/// The host as gpu-sched describes it, under the service's environment id; with `stand_for`,
-/// that experiment also stands in the ledger's line for the GPUs others hold here.
+/// The host as gpu-sched describes it, under the service's environment id; with `stand_for`
+/// (the experiment, what its waiting trial asks for, the host's limits), that experiment also
+/// stands in the ledger's line for the GPUs others hold here that its trial waits for.
 fn probe_host(
     probe: &Mutex<Option<LocalProbe>>,
     environment_id: &str,
     pool: &TrialPool,
-    stand_for: Option<&str>,
+    stand_for: Option<&(String, (SchedulerConfig, Option<EnvironmentLimits>))>,
 ) -> Result<Value, String> {
     let mut probe = probe.lock().unwrap_or_else(|p| p.into_inner());
     if probe.is_none() {
@@ -887,8 +891,14 @@ fn probe_host(
     if let Some(leases) = pool.leases() {
         // The agent probes on its own schedule too; it stands in the ledger's line only when
         // the service says the manager's trials wait (`ToAgent::StandInLine`).
+        // The service puts its own limits on the inventory it receives; these are for
+        // choosing the GPUs to stand in line for.
+        if let Some((_, (_, Some(limits)))) = stand_for {
+            environment.limits = limits.clone();
+        }
+        let waiting = stand_for.map(|(experiment, (demand, _))| (experiment.as_str(), demand));
         leases
-            .annotate(&mut environment, stand_for)
+            .annotate(&mut environment, waiting)
             .map_err(|e| format!("cannot read this host's lease ledger: {e}"))?;
     }
     serde_json::to_value(&environment).map_err(|e| e.to_string())

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use knob_gpu_sched::{EnvironmentLimits, SchedulerConfig};
 use knob_plugin_api::service::{Environment, ServiceEvent, TrialRequest, NOT_STARTED};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -225,11 +226,26 @@ impl Host {
     /// Tells the agent that the manager's trials wait for resources, so that it stands in the
     /// host ledger's line for the GPUs other experiments hold (see `ToAgent::StandInLine`);
     /// nothing when the host is not connected now (the next wait asks again).
-    pub fn stand_in_line(&self) {
+    pub fn stand_in_line(&self, demand: Option<&SchedulerConfig>) {
         let state = lock(&self.state);
         if let (true, Some(link)) = (state.ready, &state.link) {
-            let _ = link.outgoing.send(ToAgent::StandInLine);
+            let _ = link.outgoing.send(ToAgent::StandInLine {
+                demand: demand.cloned(),
+                limits: Some(self.limits()),
+            });
         }
+    }
+
+    /// This machine's limits (`gpuIndices`, `maxTrialNumberPerGpu` …) as gpu-sched applies them.
+    fn limits(&self) -> EnvironmentLimits {
+        let mut limits = EnvironmentLimits {
+            gpu_indices: self.machine.gpu_indices.clone(),
+            max_trial_number_per_gpu: self.machine.max_trial_number_per_gpu,
+            use_active_gpu: self.machine.use_active_gpu,
+            ..EnvironmentLimits::default()
+        };
+        crate::limits::copy(&self.machine.limits, &mut limits);
+        limits
     }
 
     pub(super) fn emit_environment(&self, ctx: &Context) {
@@ -254,10 +270,7 @@ impl Host {
         };
         environment.id = knob_gpu_sched::EnvironmentId(self.environment_id.clone());
         environment.host = self.machine.host.clone();
-        environment.limits.gpu_indices = self.machine.gpu_indices.clone();
-        environment.limits.max_trial_number_per_gpu = self.machine.max_trial_number_per_gpu;
-        environment.limits.use_active_gpu = self.machine.use_active_gpu;
-        crate::limits::copy(&self.machine.limits, &mut environment.limits);
+        environment.limits = self.limits();
         environment.status = if ready {
             knob_gpu_sched::EnvironmentStatus::Ready
         } else {

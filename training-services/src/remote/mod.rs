@@ -115,6 +115,9 @@ pub struct RemoteService {
     shut_down: bool,
     /// Whether `environments` was called before (see [`RemoteService::stand_in_line`]).
     asked_before: bool,
+    /// What each of the experiment's trials asks for (from the context it was created with):
+    /// which GPUs held elsewhere its waiting trials stand in line for on each host.
+    demand: Option<knob_gpu_sched::SchedulerConfig>,
     /// Checkpoint deletions under way ([`RemoteService::delete_checkpoint`]), awaited (bounded)
     /// before the service stops.
     deletions: Vec<tokio::task::JoinHandle<()>>,
@@ -165,6 +168,7 @@ impl RemoteService {
             archives: Mutex::default(),
             shut_down: false,
             asked_before: false,
+            demand: None,
             deletions: Vec::new(),
             snapshots: HashMap::new(),
             ran_on: Arc::default(),
@@ -196,7 +200,7 @@ impl RemoteService {
     /// renewed lapses within `ledger::STANDING_TTL`.
     pub fn stand_in_line(&self) {
         for host in &self.hosts {
-            host.stand_in_line();
+            host.stand_in_line(self.demand.as_ref());
         }
     }
 
@@ -688,6 +692,7 @@ impl TrainingService for RemoteService {
     ) -> Result<Self, PluginError> {
         let mut service = Self::new(&config::class_args(config, context), events)?;
         service.set_late_start_failures(context.late_start_failures);
+        service.demand = Some(crate::lease::demand_of_settings(&context.trial));
         Ok(service)
     }
 
