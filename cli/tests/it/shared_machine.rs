@@ -465,3 +465,117 @@ fn a_cuda_out_of_memory_error_raises_the_gpu_memory_request_from_the_sampled_pea
         "{ls}"
     );
 }
+
+/// A trial that records `experiment trial gpus` in `started`, then holds its GPU until
+/// `go-<experiment>` appears in the code folder (at most 60 s).
+const HOLD_UNTIL_GO: &str =
+    "echo \"$NNI_EXP_ID $NNI_TRIAL_JOB_ID $CUDA_VISIBLE_DEVICES\" >> started\n\
+    for i in $(seq 1200); do [ -e go-$NNI_EXP_ID ] && break; sleep 0.05; done\n\
+    echo KNOB_FINAL 1\n";
+
+/// Writes `<name>.yml` beside the trial script (one code folder for every experiment).
+fn named_config(sandbox: &Sandbox, name: &str, yaml: &str) -> std::path::PathBuf {
+    let written = sandbox.config(yaml, &[("trial.sh", HOLD_UNTIL_GO)]);
+    let path = written.with_file_name(format!("{name}.yml"));
+    std::fs::rename(&written, &path).unwrap();
+    path
+}
+
+fn start_on(
+    sandbox: &Sandbox,
+    gpus: &str,
+    config: &std::path::Path,
+    id: &str,
+) -> std::process::Child {
+    sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", gpus)
+        .arg("create")
+        .arg("--config")
+        .arg(config)
+        .args(["--id", id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The GPUs of `experiment`'s standing request in the ledger, once it has one.
+fn standing_gpus(home: &std::path::Path, experiment: &str) -> Option<Vec<u64>> {
+    let text = std::fs::read_to_string(home.join("gpu-ledger.json")).ok()?;
+    let ledger: serde_json::Value = serde_json::from_str(&text).ok()?;
+    ledger["requests"].as_array()?.iter().find_map(|request| {
+        let lease = &request["lease"];
+        (lease["trial"] == "(waiting trials)" && lease["holder"]["experiment"] == experiment).then(
+            || {
+                lease["gpus"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|gpu| gpu.as_u64().unwrap())
+                    .collect()
+            },
+        )
+    })
+}
+
+#[test]
+fn a_waiting_experiment_never_holds_back_a_gpu_outside_its_gpu_indices() {
+    let sandbox = Sandbox::new();
+    let gpu_config = |name: &str, trials: u32, gpu: u32| {
+        let yaml = format!(
+            "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: {trials}\n\
+             trialGpuNumber: 1\n{SPACE}\n  gpuIndices: \"{gpu}\""
+        );
+        named_config(&sandbox, name, &yaml)
+    };
+    let (holder, wide, narrow) = (
+        gpu_config("holder", 1, 1),
+        gpu_config("wide", 2, 0),
+        gpu_config("narrow", 1, 1),
+    );
+    let code_dir = holder.parent().unwrap().to_path_buf();
+    let home = sandbox.path().join("home");
+    let has_started = |experiment: &str, count: usize| {
+        let prefix = format!("{experiment} ");
+        started(&code_dir)
+            .iter()
+            .filter(|line| line.starts_with(&prefix))
+            .count()
+            >= count
+    };
+    // `holder` takes GPU 1 and `wide` GPU 0, each with a trial that holds it.
+    let holder = start_on(&sandbox, "2x16GiB", &holder, "holder");
+    wait_for(Duration::from_secs(60), "holder's trial running", || {
+        has_started("holder", 1).then_some(())
+    });
+    let wide = start_on(&sandbox, "2x16GiB", &wide, "wide");
+    wait_for(
+        Duration::from_secs(60),
+        "wide's first trial running",
+        || has_started("wide", 1).then_some(()),
+    );
+    // `narrow` may use GPU 1 only: it stands in line for that one, never for wide's GPU 0.
+    let narrow = start_on(&sandbox, "2x16GiB", &narrow, "narrow");
+    let gpus = wait_for(Duration::from_secs(60), "narrow standing in line", || {
+        standing_gpus(&home, "narrow")
+    });
+    assert_eq!(gpus, [1], "narrow stood in line for a GPU it may not use");
+    // wide's next trial takes GPU 0 again, while narrow still waits for GPU 1.
+    std::fs::write(code_dir.join("go-wide"), "").unwrap();
+    wait_for(
+        Duration::from_secs(60),
+        "wide's second trial running",
+        || has_started("wide", 2).then_some(()),
+    );
+    assert!(finish(wide).contains("2 trials (2 succeeded, 0 failed)"));
+    assert!(!has_started("narrow", 1), "narrow ran on a held GPU");
+    std::fs::write(code_dir.join("go-holder"), "").unwrap();
+    std::fs::write(code_dir.join("go-narrow"), "").unwrap();
+    assert!(finish(holder).contains("1 trials (1 succeeded, 0 failed)"));
+    assert!(finish(narrow).contains("1 trials (1 succeeded, 0 failed)"));
+    let on_gpu_1 = started(&code_dir)
+        .iter()
+        .any(|line| line.starts_with("narrow ") && line.ends_with(" 1"));
+    assert!(on_gpu_1, "{:?}", started(&code_dir));
+}
