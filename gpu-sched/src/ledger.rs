@@ -1,6 +1,6 @@
 //! The machine's lease ledger: what every knob experiment on this machine (and every agent on a
 //! remote host) holds of its GPUs, CPU cores and memory, so that two experiments never put more
-//! trials on a GPU than `maxTrialNumberPerGpu` allows.
+//! trials on a GPU than `maxTrialNumberPerGpu` allows, nor promise it more memory than it has.
 //!
 //! One JSON file, `$KNOB_HOME/gpu-ledger.json`, read and rewritten (temp file, then rename)
 //! under an exclusive `flock` of `gpu-ledger.lock`. The kernel drops the lock of a process that
@@ -19,7 +19,8 @@
 //! A trial that waits in its experiment's scheduler (every GPU it could use is held by another
 //! experiment) has not asked for particular GPUs yet, so it would have no ticket, and an
 //! experiment that refills a GPU in the same instant it frees it would starve it. Its holder
-//! therefore [stands in line](Ledger::stand_in_line) for the GPUs others hold: a standing
+//! therefore [stands in line](Ledger::stand_in_line) for the GPUs others hold that its trial
+//! may use and waits for ([`LedgerState::gpus_to_stand_for`]): a standing
 //! request (trial [`STANDING`]) with a ticket, renewed while its trials wait (within
 //! [`STANDING_TTL`]). It blocks newer requests of others for those GPUs like any request, and
 //! the holder's next request for one of them takes its ticket. A GPU stays in it until one of
@@ -314,7 +315,8 @@ impl Ledger {
     }
 
     /// Asks for `want` (its `ticket` and `granted_ms` are filled in here). Granted when every
-    /// GPU it names has room under every holder's `maxTrialNumberPerGpu` and no older waiting
+    /// GPU it names has room under every holder's `maxTrialNumberPerGpu` (and, for its
+    /// `gpu_memory`, beside what the leases there promise) and no older waiting
     /// request names one of them; otherwise the request waits, keeping its ticket, and must be
     /// asked for again (within [`REQUEST_TTL`]) until granted or [`released`](Self::release).
     pub fn acquire(&self, want: &Lease) -> Result<Acquired, LedgerError> {

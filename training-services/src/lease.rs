@@ -1,7 +1,8 @@
 //! The machine's lease ledger (`knob_gpu_sched::ledger`) as the trial pools use it: every knob
 //! experiment on this machine (the `local` service in its `knob` process, each `knob-agent`
 //! daemon on a remote host) records there what its trials hold, so that two experiments never
-//! put more trials on a GPU than `maxTrialNumberPerGpu` allows.
+//! put more trials on a GPU than `maxTrialNumberPerGpu` allows, nor promise it more memory
+//! than it has.
 //!
 //! - A trial placed on GPUs (or with a memory or CPU request) takes a lease before it starts;
 //!   one that must wait keeps its ticket in the ledger and starts when granted (see

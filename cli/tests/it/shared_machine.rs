@@ -579,3 +579,44 @@ fn a_waiting_experiment_never_holds_back_a_gpu_outside_its_gpu_indices() {
         .any(|line| line.starts_with("narrow ") && line.ends_with(" 1"));
     assert!(on_gpu_1, "{:?}", started(&code_dir));
 }
+
+#[test]
+fn two_experiments_started_together_never_promise_a_gpu_more_memory_than_it_has() {
+    let sandbox = Sandbox::new();
+    // Two trials may share the 80 GiB GPU by count, but 50 GiB each do not fit together. Both
+    // experiments start at once, so both may place against the same probe: the ledger's grant,
+    // under its lock, must then keep the second out (caught only when the race happens; the
+    // ledger's own test, `a_gpu_is_never_granted_more_memory_than_it_has…`, always is).
+    let config = named_config(
+        &sandbox,
+        "half",
+        &format!(
+            "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n\
+             trialGpuNumber: 1\ntrialGpuMemory: 50GiB\nmaxTrialNumberPerGpu: 2\n{SPACE}"
+        ),
+    );
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let first = start_on(&sandbox, "1x80GiB", &config, "ra");
+    let second = start_on(&sandbox, "1x80GiB", &config, "rb");
+    wait_for(Duration::from_secs(60), "one trial running", || {
+        (!started(&code_dir).is_empty()).then_some(())
+    });
+    let waiting = wait_for(Duration::from_secs(60), "the other trial waiting", || {
+        ["ra", "rb"].into_iter().find(|id| {
+            let (_, stdout, _) = run(sandbox.knob().args(["trial", "ls", id]));
+            stdout.contains("WAITING")
+        })
+    });
+    assert_eq!(started(&code_dir).len(), 1, "both trials on one 80 GiB GPU");
+    let running = if waiting == "ra" { "rb" } else { "ra" };
+    std::fs::write(code_dir.join(format!("go-{running}")), "").unwrap();
+    std::fs::write(code_dir.join(format!("go-{waiting}")), "").unwrap();
+    assert!(finish(first).contains("1 trials (1 succeeded, 0 failed)"));
+    assert!(finish(second).contains("1 trials (1 succeeded, 0 failed)"));
+    let (most, grants) = most_trials_on_one_gpu(&sandbox.path().join("home"));
+    assert_eq!(
+        (most, grants),
+        (1, 2),
+        "the ledger granted 100 GiB on GPU 0 at once"
+    );
+}
