@@ -541,3 +541,55 @@ experimentWorkingDirectory: {work}
         "{outcome:?}"
     );
 }
+
+/// The example tuners follow the guide's `import_data` contract: after `knob resume`, the
+/// trials of the earlier run count as handed out, so the resumed run goes on with the next
+/// points of the sequence (it handed out the first ones again), and Sweep says `NoMore` once
+/// its `steps` points are out, counting both runs (H3 F1).
+#[test]
+fn the_example_tuners_go_on_after_the_earlier_runs_trials_on_resume() {
+    for (example, lib, tuner, space, resumed_max, expected) in [
+        (
+            "third-party-tuner",
+            "knob_example_tuner",
+            "{name: Sweep, classArgs: {steps: 4}}",
+            "{_type: uniform, _value: [0, 3]}",
+            "10",
+            vec![0.0, 1.0, 2.0, 3.0],
+        ),
+        (
+            "halton-tuner",
+            "knob_example_halton",
+            "{name: Halton}",
+            "{_type: uniform, _value: [0, 1]}",
+            "4",
+            vec![0.5, 0.25, 0.75, 0.125],
+        ),
+    ] {
+        let library = build_example(example, lib);
+        let sandbox = crate::create::Sandbox::new();
+        let config = sandbox.config(
+            &format!(
+                "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 2\n\
+                 searchSpace:\n  x: {space}\ntuner: {tuner}\n\
+                 trainingService:\n  platform: local\npluginPaths: [{}]",
+                library.display()
+            ),
+            &[],
+        );
+        let (code, stdout, stderr) = sandbox.create(&config, "resumed");
+        assert_eq!(code, 0, "{example}: {stdout}\n{stderr}");
+        let (code, stdout, stderr) =
+            run(sandbox
+                .knob()
+                .args(["resume", "resumed", "--max-trial-number", resumed_max]));
+        assert_eq!(code, 0, "{example}: {stdout}\n{stderr}");
+        let xs: Vec<f64> = sandbox.export("resumed")["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["parameters"]["x"].as_f64().unwrap())
+            .collect();
+        assert_eq!(xs, expected, "{example}");
+    }
+}

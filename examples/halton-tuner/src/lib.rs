@@ -10,8 +10,8 @@
 
 use knob_plugin_api::space::{DimKind, Encoding, SearchSpace};
 use knob_plugin_api::{
-    parse_class_args, Assessor, AssessorContext, Generated, OptimizeMode, PluginError, Tuner,
-    Verdict,
+    parse_class_args, Assessor, AssessorContext, Generated, ImportedTrial, OptimizeMode,
+    PluginError, Tuner, Verdict,
 };
 use serde_json::Value;
 
@@ -95,6 +95,14 @@ impl Tuner for Halton {
     }
 
     fn receive_trial_result(&mut self, _id: u64, _parameters: &Value, _value: f64) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    /// On `knob resume`: every trial of the earlier run took a point of the sequence (the guide:
+    /// count it as handed out, with or without a result), so the sequence goes on after them
+    /// instead of handing out its first points again.
+    fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), PluginError> {
+        self.handed_out += trials.len() as u64;
         Ok(())
     }
 }
