@@ -10,7 +10,7 @@
 //! compare by their losses.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// A trial's final result as a tuner that takes objectives sees it. Built by the host from the
 /// experiment's `objectives` (in the order the config lists them).
@@ -272,15 +272,16 @@ pub fn default_reference(points: &[Vec<f64>]) -> Option<Vec<f64>> {
 
 pub(crate) const ENVELOPE_KEY: &str = "$knob_objectives";
 
-/// The JSON text of parameters with their outcome.
+/// The JSON text of parameters with their outcome (the host sends it; a plugin only unwraps).
+#[cfg(feature = "host")]
 pub(crate) fn wrap(parameters: &Value, outcome: &Outcome) -> String {
-    let mut inner = Map::new();
+    let mut inner = serde_json::Map::new();
     inner.insert("parameters".into(), parameters.clone());
     inner.insert(
         "outcome".into(),
         serde_json::to_value(outcome).unwrap_or(Value::Null),
     );
-    let mut outer = Map::new();
+    let mut outer = serde_json::Map::new();
     outer.insert(ENVELOPE_KEY.into(), Value::Object(inner));
     Value::Object(outer).to_string()
 }

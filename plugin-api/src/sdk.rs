@@ -16,8 +16,7 @@ use crate::abi::{
     AbiComponentKind, AbiGenerated, AbiLogLevel, AbiResult, AbiSuggestion, AbiVerdict, AssessorAbi,
     AssessorAbi_TO, AssessorInContextAbi, AssessorInContextAbi_TO, EventSinkBox, HostLoggerBox,
     TrainingServiceAbi, TrainingServiceAbi_TO, TrainingServiceWithRequestsAbi,
-    TrainingServiceWithRequestsAbi_TO, TrainingServiceWithRequestsBox, TunerAbi, TunerAbi_TO,
-    TunerBox,
+    TrainingServiceWithRequestsAbi_TO, TunerAbi, TunerAbi_TO,
 };
 use crate::service::{
     CheckedConfig, ConfigCheck, ConfigProblem, EnvironmentChanges, FieldPath, ServiceContext,
@@ -1080,7 +1079,8 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
 
 /// The ABI object of a tuner built in this process: the same adaptor `export_plugin!` puts
 /// around a plugin's tuner (errors and panics become one-line errors), without a library.
-pub(crate) fn in_process_tuner<T: Tuner>(inner: T, name: &str) -> TunerBox {
+#[cfg(feature = "host")]
+pub(crate) fn in_process_tuner<T: Tuner>(inner: T, name: &str) -> crate::abi::TunerBox {
     let adaptor = TunerAdaptor {
         inner,
         label: format!("tuner {name}"),
@@ -1091,6 +1091,7 @@ pub(crate) fn in_process_tuner<T: Tuner>(inner: T, name: &str) -> TunerBox {
 
 /// Like [`in_process_tuner`], for an assessor told the experiment's context (as ABI 1.2 builds
 /// them).
+#[cfg(feature = "host")]
 pub(crate) fn in_process_assessor<A: Assessor>(
     mut inner: A,
     name: &str,
@@ -1106,11 +1107,12 @@ pub(crate) fn in_process_assessor<A: Assessor>(
 }
 
 /// Like [`in_process_tuner`], for a training service; `build` gets the sink its events go to.
+#[cfg(feature = "host")]
 pub(crate) fn in_process_training_service<S: TrainingService>(
     name: &str,
     events: EventSinkBox,
     build: impl FnOnce(EventSink) -> Result<S, PluginError>,
-) -> Result<TrainingServiceWithRequestsBox, PluginError> {
+) -> Result<crate::abi::TrainingServiceWithRequestsBox, PluginError> {
     let sink = EventSink::new(events);
     let answered = sink.answered.clone();
     let inner = build(sink)?;
