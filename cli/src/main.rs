@@ -25,6 +25,7 @@ mod client;
 mod create;
 mod experiment;
 mod gpu;
+mod man;
 mod manage;
 mod notify;
 mod plugin;
@@ -159,8 +160,7 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "knob", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Man => clap_mangen::Man::new(Cli::command())
-            .render(&mut std::io::stdout())
+        Command::Man => man::render(Cli::command(), &mut std::io::stdout())
             .map(|()| ExitCode::SUCCESS)
             .map_err(anyhow::Error::from),
     };

@@ -99,8 +99,11 @@ fn completions_are_scripts_each_shell_accepts() {
     assert!(stderr.contains("possible values: bash"), "{stderr}");
 }
 
+/// The page `man knob` shows documents every subcommand, its synopsis and options, on the page
+/// itself: clap_mangen's own page pointed at knob-create(1) and the like, which nothing installs,
+/// and documented no subcommand's option (H3 F3).
 #[test]
-fn the_man_page_is_roff_naming_every_command() {
+fn the_man_page_is_roff_documenting_every_command_and_its_options() {
     let (code, page, stderr) = run(knob().arg("man"));
     assert_eq!(code, 0, "{stderr}");
     assert!(page.contains(".TH knob 1"), "{page}");
@@ -109,20 +112,41 @@ fn the_man_page_is_roff_naming_every_command() {
         "resume",
         "stop",
         "experiment",
+        "experiment export",
+        "experiment pareto",
         "trial",
+        "trial ls",
         "update",
+        "update searchspace",
         "view",
         "top",
         "config",
         "gpu",
         "plugin",
+        "plugin try",
         "space",
+        "space sample",
         "completions",
         "man",
     ] {
         assert!(
-            page.contains(&format!("knob\\-{subcommand}(1)")),
+            page.contains(&format!(".SS \"knob {subcommand}\"\n")),
             "the man page lacks {subcommand}:\n{page}"
         );
     }
+    // Options of subcommands (create, experiment export, trial ls, plugin try), roff-escaped.
+    for option in [
+        "\\-\\-detach",
+        "\\-\\-format",
+        "\\-\\-head",
+        "\\-\\-results\\-expr",
+    ] {
+        assert!(
+            page.contains(option),
+            "the man page lacks {option}:\n{page}"
+        );
+    }
+    // No reference to another page: only this one is made.
+    assert!(!page.contains("(1)"), "{page}");
+    assert_eq!(page.matches(".ds Aq").count(), 2, "{page}");
 }
