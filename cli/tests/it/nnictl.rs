@@ -150,3 +150,53 @@ fn the_man_page_is_roff_documenting_every_command_and_its_options() {
     assert!(!page.contains("(1)"), "{page}");
     assert_eq!(page.matches(".ds Aq").count(), 2, "{page}");
 }
+
+/// The README's Commands table has a row for every command `knob` has (the man page lists
+/// them); `knob experiment pareto` was missing (H3 F9).
+#[test]
+fn the_readme_commands_table_lists_every_command() {
+    let (code, page, stderr) = run(knob().arg("man"));
+    assert_eq!(code, 0, "{stderr}");
+    let commands: Vec<Vec<&str>> = page
+        .lines()
+        .filter_map(|line| line.strip_prefix(".SS \"knob ")?.strip_suffix('"'))
+        .map(|name| name.split(' ').collect())
+        .collect();
+    assert!(commands.len() > 20, "{page}");
+    let readme = std::fs::read_to_string(crate::repo_root().join("README.md")).unwrap();
+    // The code spans of the first column of the table under "## Commands", as words:
+    // `knob update concurrency\|trialnum ID VALUE` is [knob, update, concurrency\|trialnum, …].
+    let spans: Vec<Vec<&str>> = readme
+        .split_once("\n## Commands\n")
+        .expect("README.md has no ## Commands section")
+        .1
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|row| row.split(" | ").next())
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+        .map(|span| span.split_whitespace().collect())
+        .collect();
+    for command in &commands {
+        // A group ("knob experiment") is covered by its subcommands' rows.
+        if commands
+            .iter()
+            .any(|other| other.len() > command.len() && other.starts_with(command))
+        {
+            continue;
+        }
+        let listed = spans.iter().any(|span| {
+            span.first() == Some(&"knob")
+                && span.len() > command.len()
+                && command
+                    .iter()
+                    .zip(&span[1..])
+                    .all(|(word, written)| written.split("\\|").any(|w| w == *word))
+        });
+        assert!(
+            listed,
+            "README.md's Commands table has no row for `knob {}`",
+            command.join(" ")
+        );
+    }
+}
