@@ -208,8 +208,13 @@ class Experiment:
             return self._run_file(Path(name), progress, output)
         except KnobError as error:
             # knob names the place of a problem in that file, which is gone when this returns
-            # and which the user never wrote: the field's path it gives names it in the dict.
-            raise KnobError(re.sub(re.escape(name) + r"(:\d+)*: ", "config.", str(error))) from None
+            # and which the user never wrote: the field's path it gives names it in the dict
+            # ("FILE:4:1: tuner: ..." is config.tuner). A problem of the whole mapping (an
+            # unknown top-level field: "FILE:3:1: unknown field ...") has no path: config.
+            def in_dict(place: "re.Match[str]") -> str:
+                return f"config.{place.group(2)}: " if place.group(2) else "config: "
+
+            raise KnobError(re.sub(re.escape(name) + r"(:\d+)*: (?:([^\s:]+): )?", in_dict, str(error))) from None
         finally:
             os.unlink(name)
 

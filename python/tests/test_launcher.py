@@ -122,6 +122,21 @@ def test_a_bad_config_is_knobs_one_line_error(tmp_path: Path, home: str) -> None
     assert ".knob-config-" not in str(raised.value), raised.value
 
 
+def test_a_misspelt_field_is_named_in_the_dict_at_the_top_level_and_below(tmp_path: Path, home: str) -> None:
+    # knob names no field path for an unknown top-level field ("FILE:3:1: unknown field ..."):
+    # that read "config.unknown field" (H3 F10).
+    config = branin_config(tmp_path / "code", trials=2)
+    config["maxTrialNumbr"] = config.pop("maxTrialNumber")
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, home=home, base_dir=tmp_path).run(progress=False)
+    assert 'error: config: unknown field "maxTrialNumbr" (did you mean "maxTrialNumber"?)' in str(raised.value), raised.value
+    config = branin_config(tmp_path / "code", trials=2)
+    config["tuner"]["clasArgs"] = config["tuner"].pop("classArgs")
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, home=home, base_dir=tmp_path).run(progress=False)
+    assert 'error: config.tuner: unknown field "clasArgs"' in str(raised.value), raised.value
+
+
 def test_nan_and_infinity_are_refused_where_they_are_in_a_dict_config(tmp_path: Path) -> None:
     config = branin_config(tmp_path / "code", trials=1)
     config["searchSpace"]["x1"]["_value"] = [0, float("inf")]
