@@ -39,6 +39,23 @@ fn space_validate_lists_parameters_or_names_the_problem() {
     );
 }
 
+/// A JSON space with a parameter named twice is refused at the second, as in a YAML space: the
+/// second was kept in silence (H3 F2).
+#[test]
+fn space_validate_refuses_a_json_duplicate_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = space_file(
+        &dir,
+        "{\"x\": {\"_type\": \"uniform\", \"_value\": [0, 1]},\n \"x\": {\"_type\": \"choice\", \"_value\": [5]}}\n",
+    );
+    let (code, stdout, stderr) = run(knob().arg("space").arg("validate").arg(&file));
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert_eq!(
+        stderr.replace(&file.display().to_string(), "space.json"),
+        "error: space.json:2:2: malformed JSON: duplicate key \"x\" (first set on line 1)\n"
+    );
+}
+
 #[test]
 fn space_sample_prints_reproducible_json_lines() {
     let dir = tempfile::tempdir().unwrap();

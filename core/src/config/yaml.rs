@@ -20,6 +20,9 @@ pub(crate) const MAX_DEPTH: usize = 128;
 /// Upper bound on nodes in one document, counting alias expansions ("billion laughs").
 const MAX_NODES: usize = 1_000_000;
 
+/// How a duplicate key's refusal begins, by which [`parse_json`] knows it.
+const DUPLICATE_KEY: &str = "duplicate key";
+
 /// A 1-based line and column in the config file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pos {
@@ -140,37 +143,6 @@ impl Node {
                 serde_json::Value::Object(object)
             }
         })
-    }
-
-    /// Builds a position-less tree from JSON. serde_json's own recursion limit (128) bounds depth.
-    pub fn from_json(value: &serde_json::Value) -> Node {
-        let value = match value {
-            serde_json::Value::Null => Value::Null,
-            serde_json::Value::Bool(b) => Value::Bool(*b),
-            serde_json::Value::Number(number) => match number.as_i64() {
-                Some(i) => Value::Int(i),
-                None => Value::Float(number.as_f64().unwrap_or(f64::NAN)),
-            },
-            serde_json::Value::String(text) => Value::Str(text.clone()),
-            serde_json::Value::Array(items) => {
-                Value::Seq(items.iter().map(Node::from_json).collect())
-            }
-            serde_json::Value::Object(object) => Value::Map(
-                object
-                    .iter()
-                    .map(|(key, value)| {
-                        (
-                            Node {
-                                value: Value::Str(key.clone()),
-                                pos: None,
-                            },
-                            Node::from_json(value),
-                        )
-                    })
-                    .collect(),
-            ),
-        };
-        Node { value, pos: None }
     }
 }
 
@@ -436,7 +408,7 @@ impl TreeBuilder {
                             .unwrap_or_default();
                         return Err(SyntaxError {
                             pos: node.pos,
-                            message: format!("duplicate key {:?}{first}", node.key_text()),
+                            message: format!("{DUPLICATE_KEY} {:?}{first}", node.key_text()),
                         });
                     }
                     *pending_key = Some(node);
@@ -564,25 +536,137 @@ pub(crate) fn is_json_file(path: &std::path::Path) -> bool {
         .is_some_and(|extension| extension.eq_ignore_ascii_case("json"))
 }
 
-/// Parses a JSON file: as YAML first, for positions; if the YAML parser refuses something JSON
-/// allows (tabs used as indentation, say), falls back to serde_json without positions.
+/// Parses a JSON file: as YAML, for positions, with each tab outside a string read as a space
+/// (JSON whitespace that YAML refuses after a colon). If the YAML parser still refuses something
+/// JSON allows, reads it with [`parse_json_without_positions`]. A duplicate key is refused either
+/// way, as in a YAML file: serde_json's own `Value` would keep the last value in silence.
 pub(crate) fn parse_json(text: &str) -> Result<Option<Node>, SyntaxError> {
-    let yaml_result = parse(text);
-    if yaml_result.is_ok() {
-        return yaml_result;
+    match parse(&tabs_outside_strings_as_spaces(text)) {
+        // The YAML parser's refusal says where the key was first set; serde_json's could not.
+        Err(error) if error.message.starts_with(DUPLICATE_KEY) => Err(error),
+        Err(_) => parse_json_without_positions(text).map(Some),
+        parsed => parsed,
     }
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(value) => Ok(Some(Node::from_json(&value))),
-        Err(error) => {
-            let full = error.to_string();
-            let suffix = format!(" at line {} column {}", error.line(), error.column());
-            let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
-            let pos = (error.line() > 0).then_some(Pos {
-                line: error.line(),
-                column: error.column(),
-            });
-            Err(SyntaxError { pos, message })
+}
+
+/// Parses JSON with serde_json: a tree without positions, or an error at serde_json's line and
+/// column.
+fn parse_json_without_positions(text: &str) -> Result<Node, SyntaxError> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let parsed = serde::Deserialize::deserialize(&mut deserializer)
+        .and_then(|JsonNode(node)| deserializer.end().map(|()| node));
+    parsed.map_err(|error| {
+        let full = error.to_string();
+        let suffix = format!(" at line {} column {}", error.line(), error.column());
+        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
+        let pos = (error.line() > 0).then_some(Pos {
+            line: error.line(),
+            column: error.column(),
+        });
+        SyntaxError { pos, message }
+    })
+}
+
+/// `text` with each tab outside a JSON string made a space, one character for one so that every
+/// line and column stays where it was. Inside a string a raw tab is left for the parsers to
+/// judge: the value must not change.
+fn tabs_outside_strings_as_spaces(text: &str) -> Cow<'_, str> {
+    if !text.contains('\t') {
+        return Cow::Borrowed(text);
+    }
+    let (mut in_string, mut escaped) = (false, false);
+    let spaced = text.chars().map(|c| match c {
+        _ if escaped => {
+            escaped = false;
+            c
         }
+        '\\' if in_string => {
+            escaped = true;
+            c
+        }
+        '"' => {
+            in_string = !in_string;
+            c
+        }
+        '\t' if !in_string => ' ',
+        _ => c,
+    });
+    Cow::Owned(spaced.collect())
+}
+
+/// A position-less tree read by serde_json, refusing a duplicate key as [`parse`] does.
+/// serde_json's recursion limit (128) bounds its depth.
+struct JsonNode(Node);
+
+impl<'de> serde::Deserialize<'de> for JsonNode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<JsonNode, D::Error> {
+        deserializer.deserialize_any(JsonVisitor)
+    }
+}
+
+fn json_leaf(value: Value) -> JsonNode {
+    JsonNode(Node { value, pos: None })
+}
+
+struct JsonVisitor;
+
+impl<'de> serde::de::Visitor<'de> for JsonVisitor {
+    type Value = JsonNode;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<JsonNode, E> {
+        Ok(json_leaf(Value::Null))
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<JsonNode, E> {
+        Ok(json_leaf(Value::Bool(b)))
+    }
+
+    fn visit_i64<E>(self, i: i64) -> Result<JsonNode, E> {
+        Ok(json_leaf(Value::Int(i)))
+    }
+
+    fn visit_u64<E>(self, u: u64) -> Result<JsonNode, E> {
+        Ok(json_leaf(match i64::try_from(u) {
+            Ok(i) => Value::Int(i),
+            Err(_) => Value::Float(u as f64),
+        }))
+    }
+
+    fn visit_f64<E>(self, f: f64) -> Result<JsonNode, E> {
+        Ok(json_leaf(Value::Float(f)))
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<JsonNode, E> {
+        Ok(json_leaf(Value::Str(text.to_owned())))
+    }
+
+    fn visit_string<E>(self, text: String) -> Result<JsonNode, E> {
+        Ok(json_leaf(Value::Str(text)))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<JsonNode, A::Error> {
+        let mut items = Vec::new();
+        while let Some(JsonNode(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(json_leaf(Value::Seq(items)))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<JsonNode, A::Error> {
+        let (mut entries, mut keys) = (Vec::new(), HashSet::new());
+        while let Some(key) = map.next_key::<String>()? {
+            if !keys.insert(key.clone()) {
+                // serde_json puts its position (just after the key) on this error.
+                return Err(serde::de::Error::custom(format!("{DUPLICATE_KEY} {key:?}")));
+            }
+            let JsonNode(value) = map.next_value()?;
+            entries.push((json_leaf(Value::Str(key)).0, value));
+        }
+        Ok(json_leaf(Value::Map(entries)))
     }
 }
 
@@ -608,5 +692,40 @@ mod tests {
         assert_eq!(duplicate(".nan: a\n.nan: b\n"), None);
         // Each mapping has its own keys.
         assert_eq!(duplicate("a: {x: 1}\nb: {x: 2}\n"), None);
+    }
+
+    fn json_error(text: &str) -> (Option<(usize, usize)>, String) {
+        let error = parse_json(text).unwrap_err();
+        (error.pos.map(|pos| (pos.line, pos.column)), error.message)
+    }
+
+    /// A JSON file's duplicate key is refused as a YAML file's is (serde_json kept the last
+    /// value), also where serde_json reads the file (H3 F2).
+    #[test]
+    fn a_json_duplicate_key_is_refused_at_its_position() {
+        assert_eq!(
+            json_error("{\n\"a\": 1,\n\"b\": 2,\n\"a\": 3\n}\n"),
+            (
+                Some((4, 1)),
+                "duplicate key \"a\" (first set on line 2)".to_owned()
+            )
+        );
+        let error =
+            parse_json_without_positions("{\"b\": 1,\n\"x\": {\"a\": 1, \"a\": 2}}").unwrap_err();
+        assert_eq!(error.message, "duplicate key \"a\"");
+        assert_eq!(error.pos.map(|pos| pos.line), Some(2));
+        assert!(parse_json_without_positions("{\"x\": {\"a\": 1}}").is_ok());
+    }
+
+    /// A tab after a colon (JSON whitespace the YAML parser refuses) leaves the file to the YAML
+    /// parser, with positions; a tab inside a string is not made a space.
+    #[test]
+    fn a_json_file_with_tabs_keeps_positions() {
+        let node = parse_json("{\n\t\"a\":\t\"x\\\"\ty\"\n}").unwrap().unwrap();
+        let Value::Map(entries) = &node.value else {
+            panic!("{node:?}")
+        };
+        assert_eq!(entries[0].0.pos, Some(Pos { line: 2, column: 2 }));
+        assert_eq!(entries[0].1.value, Value::Str("x\"\ty".to_owned()));
     }
 }

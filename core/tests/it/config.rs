@@ -626,6 +626,34 @@ fn malformed_json_names_line_and_column() {
     .assert_eq(&project.check("exp.json", text));
 }
 
+/// A duplicate key in a JSON config or search space is refused as in YAML, at its line and
+/// column; it was taken with its last value, and the file's other errors lost their positions
+/// (H3 F2).
+#[test]
+fn json_duplicate_keys_are_refused_as_in_yaml() {
+    let text = "{\n\"searchSpaceFile\": \"space.json\",\n\"trialCommand\": \"python3 trial.py\",\n\
+                \"trialConcurrency\": 2,\n\"trialConcurrency\": 3,\n\"tuner\": {\"name\": \"Random\"},\n\
+                \"trainingService\": {\"platform\": \"local\"}\n}\n";
+    let project = Project::new(&[(
+        "space.json",
+        "{\"x\": {\"_type\": \"uniform\", \"_value\": [0, 1]},\n \"x\": {\"_type\": \"choice\", \"_value\": [5]}}",
+    )]);
+    expect![[r#"
+        $DIR/exp.json:5:1: malformed JSON: duplicate key "trialConcurrency" (first set on line 4)
+    "#]]
+    .assert_eq(&project.check("exp.json", text));
+    expect![[r#"
+        $DIR/exp.yml:5:1: malformed YAML: duplicate key "trialConcurrency" (first set on line 4)
+    "#]]
+    .assert_eq(&project.check("exp.yml", text));
+    let text = text.replace("\"trialConcurrency\": 3", "\"maxTrialNumbr\":\t3");
+    expect![[r#"
+        $DIR/space.json:2:2: searchSpaceFile: malformed JSON: duplicate key "x" (first set on line 1)
+        $DIR/exp.json:5:1: unknown field "maxTrialNumbr" (did you mean "maxTrialNumber"?)
+    "#]]
+    .assert_eq(&project.check("exp.json", &text));
+}
+
 #[test]
 fn remote_machine_list_hides_secrets() {
     let project = Project::new(&[("keys/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\nnot really a key\n-----END OPENSSH PRIVATE KEY-----\n")]);
