@@ -189,7 +189,7 @@ pub fn to_json(state: &ExperimentState) -> Value {
 }
 
 /// One row per trial; parameters flattened into one column each (nested choices as `a/b`),
-/// intermediate results as a JSON list in one column. A final result reported as a dict gives
+/// the latest attempt's intermediate results as a JSON list in one column. A final result reported as a dict gives
 /// each of its entries but `default` (which is `final`) a `final:` column, so that the other
 /// metrics and a multi-objective experiment's objectives are there as numbers; with
 /// `objectives`, a `pareto` column says which trials are on the front, as in the JSON.
@@ -253,10 +253,14 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
     for (row, trial) in state.trials.iter().enumerate() {
         let started = trial.attempts.last().map(|a| a.started_ms);
         let ended = trial.end.as_ref().map(|e| e.time_ms);
+        // The latest attempt's curve, as its status and final (and the API's metric routes)
+        // describe it: a retried or resumed trial's attempts run together would be one saw-tooth
+        // with nothing to say where an attempt ends. The JSON export has every attempt's, tagged.
+        let attempt = trial.current_attempt();
         let intermediate: Vec<Value> = trial
             .metrics
             .iter()
-            .filter(|m| m.kind == MetricKind::Intermediate)
+            .filter(|m| m.kind == MetricKind::Intermediate && m.attempt == attempt)
             .map(|m| {
                 m.value
                     .map(Value::from)

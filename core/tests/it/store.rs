@@ -1392,3 +1392,62 @@ fn the_experiment_snapshot_ranks_by_the_tuners_direction() {
         .collect();
     assert_eq!(best, [("b", true), ("a", true), ("c", true)], "{snapshot}");
 }
+
+/// A trial run twice: the CSV's `intermediate` is its latest attempt's curve, what its status and
+/// final describe (it ran both attempts' values together, a saw-tooth of 5 steps for a trial that
+/// ran 3); the JSON export keeps every attempt's, each tagged with it (H3 F5).
+#[test]
+fn the_csv_export_has_the_latest_attempts_intermediate_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t", 0));
+    let intermediate = |attempt: u32, trial_sequence: u64, raw: &str| StoreEvent::Metric {
+        trial_id: "t".to_string(),
+        attempt,
+        kind: MetricKind::Intermediate,
+        trial_sequence,
+        raw: raw.to_string(),
+        value: raw.parse::<f64>().ok().filter(|v| v.is_finite()),
+    };
+    put(&store, started("t", 1));
+    put(&store, intermediate(1, 0, "0.5"));
+    put(&store, intermediate(1, 1, "0.25"));
+    put(&store, ended("t", 1, TrialStatus::Failed));
+    put(
+        &store,
+        StoreEvent::TrialRequeued {
+            trial_id: "t".to_string(),
+            reason: "attempt 1 failed".to_string(),
+            memory_request_mib: None,
+            gpu_memory_request_mib: None,
+            peak_memory_mib: None,
+            peak_gpu_memory_mib: None,
+        },
+    );
+    put(&store, started("t", 2));
+    for (sequence, raw) in ["1", "2", "NaN"].into_iter().enumerate() {
+        put(&store, intermediate(2, sequence as u64, raw));
+    }
+    let state = store.replay().unwrap();
+    let mut csv = Vec::new();
+    knob_core::export::write_csv(&state, &mut csv).unwrap();
+    let csv = String::from_utf8(csv).unwrap();
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let column = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|name| name == "intermediate")
+        .unwrap();
+    let row = reader.records().next().unwrap().unwrap();
+    assert_eq!(&row[column], r#"[1.0,2.0,"NaN"]"#, "{csv}");
+    let json = knob_core::export::to_json(&state);
+    let attempts: Vec<u64> = json["trials"][0]["intermediate"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["attempt"].as_u64().unwrap())
+        .collect();
+    assert_eq!(attempts, [1, 1, 2, 2, 2]);
+}
