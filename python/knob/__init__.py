@@ -62,7 +62,11 @@ class Trial:
     final: Optional[float]
     # The text the trial sent as its final result (None if it sent none).
     final_raw: Optional[str]
+    # The latest attempt's intermediate results: the curve its status and final come from.
     intermediate: List[Metric]
+    # Every attempt's, oldest attempt first, each with its `attempt` (a retried or resumed trial's
+    # earlier attempts too).
+    all_intermediate: List[Metric]
     attempts: int
     message: Optional[str]
     exit_code: Optional[int]
@@ -71,6 +75,12 @@ class Trial:
 
     @classmethod
     def from_export(cls, trial: Mapping[str, Any]) -> "Trial":
+        every = [
+            Metric(m["sequence"], m.get("value"), m.get("raw"), m.get("attempt", 1))
+            for m in trial.get("intermediate", [])
+        ]
+        # Attempts are numbered 1, 2, …: the latest is the count.
+        latest = trial.get("attempts", 0)
         return cls(
             id=trial["id"],
             sequence=trial["sequence"],
@@ -78,10 +88,8 @@ class Trial:
             status=trial["status"],
             final=trial.get("final"),
             final_raw=trial.get("final_raw"),
-            intermediate=[
-                Metric(m["sequence"], m.get("value"), m.get("raw"), m.get("attempt", 1))
-                for m in trial.get("intermediate", [])
-            ],
+            intermediate=[m for m in every if m.attempt == latest],
+            all_intermediate=every,
             attempts=trial.get("attempts", 0),
             message=trial.get("message"),
             exit_code=trial.get("exit_code"),

@@ -99,6 +99,45 @@ def test_a_dict_config_runs_and_returns_its_trials(tmp_path: Path, home: str) ->
     assert result.trials == trials
 
 
+def test_a_retried_trials_intermediate_is_its_latest_attempts(tmp_path: Path, home: str) -> None:
+    """A trial run twice: `intermediate` is the curve of the attempt its status and final
+    describe, `all_intermediate` every attempt's (they ran together, a saw-tooth) (H3 F5)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    # The first attempt reports 2 steps and fails; the second (the marker file is there) 3 steps.
+    (code / "retried.py").write_text(
+        "import os, sys, knob_trial\n"
+        "first = not os.path.exists('ran-once')\n"
+        "open('ran-once', 'w').close()\n"
+        "for step in range(2 if first else 3):\n"
+        "    knob_trial.report_intermediate(float(step + (10 if first else 0)))\n"
+        "if first:\n"
+        "    sys.exit(1)\n"
+        "knob_trial.report_final(9.0)\n"
+    )
+    config = {
+        "searchSpace": {"x": {"_type": "choice", "_value": [1]}},
+        "trialCommand": f"{sys.executable} retried.py",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": 1,
+        "maxTrialNumber": 1,
+        "maxTrialRetries": 1,
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "tuner": {"name": "Random"},
+        "trainingService": {"platform": "local"},
+    }
+    (trial,) = knob.Experiment(config, id="retried", home=home).run(progress=False)
+    assert (trial.status, trial.final, trial.attempts) == ("SUCCEEDED", 9.0, 2), trial
+    assert [(m.attempt, m.value) for m in trial.intermediate] == [(2, 0.0), (2, 1.0), (2, 2.0)]
+    assert [(m.attempt, m.value) for m in trial.all_intermediate] == [
+        (1, 10.0),
+        (1, 11.0),
+        (2, 0.0),
+        (2, 1.0),
+        (2, 2.0),
+    ]
+
+
 def test_a_config_file_runs_quietly(tmp_path: Path, home: str) -> None:
     config = tmp_path / "code" / "config.json"
     data = branin_config(tmp_path / "code", trials=2)
