@@ -146,6 +146,27 @@ impl RegistryEntry {
         !self.dir.join(crate::store::DB_FILE_NAME).exists()
     }
 
+    /// Whether this is what a `knob create` killed before its store recorded the experiment left
+    /// behind: the entry is still as the create's claim wrote it (INITIALIZED), that process is
+    /// gone, and no store holds the experiment (the folder not made yet, or its store still
+    /// without its first record). It never started, so nothing of the user's is in it, and no
+    /// `knob resume` could ever run it: [`Registry::get`] and [`Registry::list`] take it back.
+    pub fn never_started(&self) -> bool {
+        use crate::store::{ExperimentStatus, StoreError, StoreReader, DB_FILE_NAME};
+        if self.status != ExperimentStatus::Initialized.as_str() || !self.crashed() {
+            return false;
+        }
+        match self.dir.join(DB_FILE_NAME).try_exists() {
+            Ok(false) => true,
+            Ok(true) => matches!(
+                StoreReader::open(&self.dir).and_then(|reader| reader.experiment()),
+                Ok(None) | Err(StoreError::NoExperiment { .. })
+            ),
+            // Its folder cannot be looked into: it may hold the experiment.
+            Err(_) => false,
+        }
+    }
+
     /// The status as users see it: the recorded one, or [`CRASHED`].
     pub fn shown_status(&self) -> String {
         if self.crashed() {
@@ -326,7 +347,20 @@ impl Registry {
         Ok(())
     }
 
+    /// The experiment `id`. One whose create was killed before it recorded the experiment
+    /// ([`RegistryEntry::never_started`]) is taken back ([`Registry::take_back`]) and unknown.
     pub fn get(&self, id: &str) -> Result<RegistryEntry, RegistryError> {
+        let entry = self.get_as_recorded(id)?;
+        if !entry.never_started() {
+            return Ok(entry);
+        }
+        self.take_back(&entry)?;
+        // Gone, unless a knob process held its folder (or another took it back and a new
+        // create claimed the id since): what is there now.
+        self.get_as_recorded(id)
+    }
+
+    fn get_as_recorded(&self, id: &str) -> Result<RegistryEntry, RegistryError> {
         self.connection
             .query_row(
                 "SELECT id, name, dir, status, pid, port, created_ms, pid_start, api_host FROM experiments WHERE id = ?1",
@@ -338,8 +372,46 @@ impl Registry {
             .ok_or_else(|| RegistryError::Unknown { id: id.to_string(), path: self.path.display().to_string() })
     }
 
-    /// Every experiment, oldest first.
+    /// Every experiment, oldest first, but those taken back as [`Registry::get`] does.
     pub fn list(&self) -> Result<Vec<RegistryEntry>, RegistryError> {
+        let mut kept = Vec::new();
+        for entry in self.list_as_recorded()? {
+            if !entry.never_started() {
+                kept.push(entry);
+                continue;
+            }
+            self.take_back(&entry)?;
+            if let Ok(now) = self.get_as_recorded(&entry.id) {
+                kept.push(now);
+            }
+        }
+        Ok(kept)
+    }
+
+    /// Removes what the create of an experiment that [`RegistryEntry::never_started`] made of
+    /// its folder (its marker, its empty store; files put there since stay), then forgets it, as
+    /// `knob experiment delete` would: every command that met it said "crashed (resume it)", and
+    /// no resume could run it. Does nothing while a knob process holds the folder, or once the
+    /// entry is not the one read (another knob took it back, and the id may be claimed anew).
+    fn take_back(&self, entry: &RegistryEntry) -> Result<(), RegistryError> {
+        // Held throughout: a run, or a new create of the id, takes this lock before it writes
+        // the store, so none is under way in the folder while it is removed.
+        let Ok(hold) = crate::experiment::FolderHold::take(&entry.dir) else {
+            return Ok(());
+        };
+        if self.get_as_recorded(&entry.id).ok().as_ref() != Some(entry) || hold.remove().is_err() {
+            return Ok(());
+        }
+        self.connection
+            .execute(
+                "DELETE FROM experiments WHERE id = ?1 AND created_ms = ?2 AND status = ?3 AND pid IS ?4",
+                params![entry.id, entry.created_ms, entry.status, entry.pid],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    fn list_as_recorded(&self) -> Result<Vec<RegistryEntry>, RegistryError> {
         let mut statement = self
             .connection
             .prepare("SELECT id, name, dir, status, pid, port, created_ms, pid_start, api_host FROM experiments ORDER BY created_ms, id")

@@ -1,7 +1,12 @@
 //! Resume, stop and retries, end to end, including SIGKILL of the manager at random moments.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use knob_core::experiment::MARKER_FILE_NAME;
+use knob_core::registry::{Registry, RegistryEntry};
+use knob_core::store::{ExperimentStatus, Store, StoreEvent};
 
 use crate::create::{Sandbox, SPACE};
 use crate::run;
@@ -1111,4 +1116,98 @@ fn a_seeded_tuner_resumed_after_failures_continues_its_run_without_repeats() {
             assert_eq!(both, uninterrupted, "{tuner}");
         }
     }
+}
+
+/// What a `knob create` of `id` killed with SIGKILL before its store recorded the experiment
+/// left, made by the code paths create takes: the registry's claim (INITIALIZED, naming the
+/// creating process, here one killed since), and `with_store`: the marked folder and a store
+/// opened but given no record; `recorded`: and the experiment's first record too.
+fn killed_create(sandbox: &Sandbox, id: &str, with_store: bool, recorded: bool) -> PathBuf {
+    let dir = sandbox.path().join("experiments").join(id);
+    let mut creator = Command::new("sleep").arg("300").spawn().unwrap();
+    let registry = Registry::open(&sandbox.path().join("home/registry.db")).unwrap();
+    let entry = RegistryEntry {
+        id: id.to_string(),
+        name: None,
+        dir: dir.clone(),
+        status: ExperimentStatus::Initialized.as_str().to_string(),
+        pid: Some(creator.id()),
+        pid_start: None,
+        port: None,
+        api_host: None,
+        created_ms: 1_700_000_000_000,
+    };
+    assert!(registry.insert(&entry).unwrap());
+    if with_store {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(MARKER_FILE_NAME), "").unwrap();
+        let store = Store::open(&dir).unwrap();
+        if recorded {
+            let created = StoreEvent::ExperimentCreated {
+                experiment_id: id.to_string(),
+                config: serde_json::json!({}),
+                start_time_ms: entry.created_ms,
+            };
+            store.append(created).wait().unwrap();
+        }
+    }
+    sigkill(&mut creator);
+    dir
+}
+
+/// A `knob create` killed in its first moments (the id claimed, the folder not made yet or its
+/// store still empty) was listed "crashed (resume it)" by every command, and no resume could
+/// run it. It never started: the first command that meets it takes it back, whichever command
+/// that is, and the id is free again (H4 F1). One whose store holds the experiment stays.
+#[test]
+fn a_create_killed_before_its_store_held_the_experiment_is_taken_back() {
+    let sandbox = Sandbox::new();
+    let yaml =
+        format!("trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let commands: [&[&str]; 5] = [
+        &["experiment", "list"],
+        &["experiment", "show", "half"],
+        &["resume", "half"],
+        &["stop", "half"],
+        &["create", "--id", "half", "--config"],
+    ];
+    for with_store in [false, true] {
+        for args in commands {
+            let dir = killed_create(&sandbox, "half", with_store, false);
+            let mut command = sandbox.knob();
+            command.args(args);
+            if args[0] == "create" {
+                command.arg(&config);
+            }
+            let (code, stdout, stderr) = run(&mut command);
+            let what = format!("{args:?} with_store {with_store}: {stdout}\n{stderr}");
+            match args[1] {
+                "list" => assert!(code == 0 && !stdout.contains("half"), "{what}"),
+                "--id" => {
+                    assert_eq!(code, 0, "{what}");
+                    let deleted =
+                        run(sandbox
+                            .knob()
+                            .args(["experiment", "delete", "half", "--yes"]));
+                    assert_eq!(deleted.0, 0, "{deleted:?}");
+                }
+                _ => assert!(
+                    code == 1 && stderr.starts_with("error: no experiment half in the registry"),
+                    "{what}"
+                ),
+            }
+            assert!(!dir.exists(), "{what}");
+            let (_, listed, _) = run(sandbox.knob().args(["experiment", "list"]));
+            assert!(!listed.contains("half"), "{what}\n{listed}");
+        }
+    }
+    let dir = killed_create(&sandbox, "whole", true, true);
+    let (_, listed, _) = run(sandbox.knob().args(["experiment", "list"]));
+    let row = listed.lines().find(|l| l.starts_with("whole"));
+    assert!(
+        row.is_some_and(|row| row.contains("crashed (resume it)")),
+        "{listed}"
+    );
+    assert!(dir.join("experiment.db").exists());
 }

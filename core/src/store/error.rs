@@ -47,7 +47,10 @@ pub enum StoreError {
     /// hand. Nothing can be recorded any more, and nothing recorded can be read again.
     #[error("{dir}: the experiment's files were deleted while it ran; its trials are stopped and nothing more can be recorded")]
     FilesDeleted { dir: String },
-    #[error("{path}: no experiment has been created in this store")]
+    /// Its `knob create` has not written the first record yet, or was killed before it did
+    /// (the registry takes such an experiment back once its process is gone, unless a knob
+    /// process holds the folder).
+    #[error("{path}: no experiment has been created in this store: its `knob create` has not recorded it yet, or was killed before it did; `knob experiment delete ID --yes` removes it")]
     NoExperiment { path: String },
     #[error("{path}: the store is closed; the event was not written")]
     Closed { path: String },

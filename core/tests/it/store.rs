@@ -1156,7 +1156,7 @@ fn replay_of_a_store_without_an_experiment_says_so() {
     check_error(
         dir.path(),
         store.replay().unwrap_err(),
-        expect![[r#"$DIR/experiment.db: no experiment has been created in this store"#]],
+        expect!["$DIR/experiment.db: no experiment has been created in this store: its `knob create` has not recorded it yet, or was killed before it did; `knob experiment delete ID --yes` removes it"],
     );
 }
 
