@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 use knob_core::objectives::Ranking;
 use knob_core::registry::{Registry, RegistryEntry, CRASHED};
-use knob_core::store::{Direction, StoreReader, TrialQuery, TrialStatus};
+use knob_core::store::{Direction, StoreReader, TrialQuery, TrialStatus, DB_FILE_NAME};
 
 use serde_json::Value;
 
@@ -422,6 +422,14 @@ pub(crate) fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
 /// The error of an experiment whose directory was moved or deleted by hand, for a command that
 /// needs its store.
 pub(crate) fn refuse_gone(entry: &RegistryEntry) -> anyhow::Result<()> {
+    if entry.directory_gone() && entry.dir.is_dir() {
+        // The folder (trials' files, the config's copy) is there; only the store went.
+        anyhow::bail!(
+            "experiment {id}: its store {store} is missing (its folder is still there): put the file back from a backup, or `knob experiment delete {id} --yes` forgets the experiment",
+            id = entry.id,
+            store = entry.dir.join(DB_FILE_NAME).display()
+        );
+    }
     if entry.directory_gone() {
         anyhow::bail!(
             "experiment {id}: its directory {dir} is gone (moved or deleted outside knob); `knob experiment delete {id} --yes` forgets it",
@@ -437,7 +445,9 @@ fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
     let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
-            let (trials, dir) = if e.directory_gone() {
+            let (trials, dir) = if e.directory_gone() && e.dir.is_dir() {
+                ("-".into(), format!("{} (store missing)", e.dir.display()))
+            } else if e.directory_gone() {
                 ("-".into(), format!("{} (gone)", e.dir.display()))
             } else {
                 let trials = StoreReader::open(&e.dir)
@@ -462,9 +472,15 @@ fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
             "{}",
             render(&["id", "name", "status", "trials", "directory"], &rows)
         );
-        if entries.iter().any(RegistryEntry::directory_gone) {
+        let gone = |e: &&RegistryEntry| e.directory_gone();
+        if entries.iter().filter(gone).any(|e| !e.dir.is_dir()) {
             println!(
                 "(gone): moved or deleted outside knob; `knob experiment delete ID --yes` forgets one"
+            );
+        }
+        if entries.iter().filter(gone).any(|e| e.dir.is_dir()) {
+            println!(
+                "(store missing): experiment.db was removed from the folder; put it back from a backup, or `knob experiment delete ID --yes` forgets one"
             );
         }
     }

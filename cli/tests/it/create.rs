@@ -411,6 +411,65 @@ fn an_experiment_whose_folder_was_removed_by_hand_says_so_and_can_be_forgotten()
     assert!(sandbox.path().join("elsewhere/experiment.db").is_file());
 }
 
+/// The store removed from a folder that is still there is said as such (it was "its directory
+/// is gone"), and an emptied store is refused by `resume` as it found it (it used to get a new
+/// empty schema written into it).
+#[test]
+fn a_missing_or_emptied_store_is_named_and_left_as_found() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    assert_eq!(sandbox.create(&config, "lost").0, 0);
+    assert_eq!(sandbox.create(&config, "emptied").0, 0);
+    let lost = sandbox.path().join("experiments/lost/experiment.db");
+    std::fs::remove_file(&lost).unwrap();
+    let emptied = sandbox.path().join("experiments/emptied/experiment.db");
+    std::fs::write(&emptied, "").unwrap();
+
+    let (code, stdout, stderr) = run(sandbox.knob().args(["experiment", "list"]));
+    assert_eq!(code, 0, "{stderr}");
+    let row = stdout.lines().find(|l| l.starts_with("lost ")).unwrap();
+    assert!(
+        row.ends_with("/experiments/lost (store missing)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(store missing): experiment.db was removed"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("(gone):"), "{stdout}");
+    let missing = format!(
+        "error: experiment lost: its store {} is missing (its folder is still there): put the file back from a backup, or `knob experiment delete lost --yes` forgets the experiment\n",
+        lost.display()
+    );
+    for command in [&["experiment", "show", "lost"][..], &["resume", "lost"]] {
+        let (code, _, stderr) = run(sandbox.knob().args(command));
+        assert_eq!(
+            (code, stderr.as_str()),
+            (1, missing.as_str()),
+            "{command:?}"
+        );
+    }
+
+    let (code, _, stderr) = run(sandbox.knob().args(["resume", "emptied"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "it is empty (0 bytes: emptied, or a copy cut short), so there is nothing to resume"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::metadata(&emptied).unwrap().len(),
+        0,
+        "left as found"
+    );
+}
+
 #[test]
 fn an_unknown_tuner_is_refused_before_anything_is_created() {
     let sandbox = Sandbox::new();
