@@ -117,6 +117,11 @@ struct StopSignals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
+    /// Which of stdout and stderr were on a terminal when the run started: where a hang-up's
+    /// output goes to the log ([`go_on_without_the_terminal`]). Asked only at the hang-up, a
+    /// terminal really gone (its tty hung up, `isatty` failing with EIO) read as none, and the
+    /// output was lost instead.
+    on_terminal: Vec<i32>,
 }
 
 impl StopSignals {
@@ -127,6 +132,11 @@ impl StopSignals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
             hangup: signal(SignalKind::hangup())?,
+            on_terminal: [libc::STDOUT_FILENO, libc::STDERR_FILENO]
+                .into_iter()
+                // SAFETY: isatty only reads the state of a descriptor number.
+                .filter(|fd| unsafe { libc::isatty(*fd) } == 1)
+                .collect(),
         })
     }
 }
@@ -262,9 +272,16 @@ pub fn run_in_foreground(
             Some(store.commits()),
             serve,
         )?;
-        let stops = tokio::spawn(forward_stop_signals(signals, commands, id.clone()));
+        // Made here, so that a hang-up can stop it drawing before its output goes to the log.
+        let bar = (std::env::var(PROGRESS_LINES_ENV).as_deref() != Ok("lines")).then(progress_bar);
+        let stops = tokio::spawn(forward_stop_signals(
+            signals,
+            commands,
+            id.clone(),
+            bar.clone(),
+        ));
         let (manager_ended, ended) = oneshot::channel::<()>();
-        let display = tokio::spawn(show_progress(progress_rx, Pace::new(ended), maximize));
+        let display = tokio::spawn(show_progress(progress_rx, Pace::new(ended), maximize, bar));
         let result = manager::run(experiment, store, plugins, command_inbox, progress_tx).await;
         // A stop from now on is for the end's notifications (below), not for the run.
         stops.abort();
@@ -391,18 +408,21 @@ async fn forward_stop_signals(
     signals: StopSignals,
     commands: mpsc::UnboundedSender<Command>,
     id: String,
+    bar: Option<ProgressBar>,
 ) {
     let StopSignals {
         mut interrupt,
         mut terminate,
         mut hangup,
+        mut on_terminal,
     } = signals;
+    let mut hung_up = || go_on_without_the_terminal(&id, &mut on_terminal, bar.as_ref());
     let what = loop {
         tokio::select! {
             // `knob stop` sends SIGINT too: a detached run's log names both.
             _ = interrupt.recv() => break "Ctrl-C or knob stop",
             _ = terminate.recv() => break "SIGTERM",
-            _ = hangup.recv() => go_on_without_the_terminal(&id),
+            _ = hangup.recv() => hung_up(),
         }
     };
     errln!("stopping ({what}): killing running trials (a second Ctrl-C or signal exits at once)");
@@ -411,28 +431,29 @@ async fn forward_stop_signals(
         tokio::select! {
             _ = interrupt.recv() => break 130,
             _ = terminate.recv() => break 143,
-            _ = hangup.recv() => go_on_without_the_terminal(&id),
+            _ = hangup.recv() => hung_up(),
         }
     };
     errln!("exiting without waiting for trials");
     std::process::exit(code);
 }
 
-/// After a hang-up: whichever of stdout and stderr is a terminal goes to
+/// After a hang-up: whichever of stdout and stderr was on a terminal when the run started
+/// (`on_terminal`, emptied here: a second hang-up has nothing left to move) goes to
 /// `$KNOB_HOME/logs/ID.log` (where `--detach` writes), which says when and why; one that is a
 /// file or a pipe (`nohup`, a logger) is left as it is, and is told where the rest went. If the
 /// log cannot be opened, what the terminal cannot take is dropped (`errln!`; SIGPIPE is ignored
-/// while an experiment runs).
-fn go_on_without_the_terminal(id: &str) {
+/// while an experiment runs). The progress `bar` stops drawing first: its redraws are for a
+/// terminal, and would fill the log.
+fn go_on_without_the_terminal(id: &str, on_terminal: &mut Vec<i32>, bar: Option<&ProgressBar>) {
     use std::io::Write as _;
     use std::os::fd::AsRawFd as _;
-    let on_terminal: Vec<i32> = [libc::STDOUT_FILENO, libc::STDERR_FILENO]
-        .into_iter()
-        // SAFETY: isatty only reads the state of a descriptor number.
-        .filter(|fd| unsafe { libc::isatty(*fd) } == 1)
-        .collect();
+    let on_terminal = std::mem::take(on_terminal);
     if on_terminal.is_empty() {
         return;
+    }
+    if let Some(bar) = bar.filter(|_| on_terminal.contains(&libc::STDERR_FILENO)) {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let log_path = log_path(id);
     let said = format!(
@@ -458,11 +479,16 @@ fn go_on_without_the_terminal(id: &str) {
 /// that is not a terminal (the Python launcher, `python/knob`), where the bar draws nothing.
 const PROGRESS_LINES_ENV: &str = "KNOB_PROGRESS";
 
-async fn show_progress(progress: watch::Receiver<Progress>, pace: Pace, maximize: bool) {
-    if std::env::var(PROGRESS_LINES_ENV).as_deref() == Ok("lines") {
-        show_progress_lines(progress, pace, maximize).await;
-    } else {
-        show_progress_bar(progress, pace, maximize).await;
+/// The bar when there is one (`bar`), else plain lines ([`PROGRESS_LINES_ENV`]).
+async fn show_progress(
+    progress: watch::Receiver<Progress>,
+    pace: Pace,
+    maximize: bool,
+    bar: Option<ProgressBar>,
+) {
+    match bar {
+        Some(bar) => show_progress_bar(progress, pace, maximize, bar).await,
+        None => show_progress_lines(progress, pace, maximize).await,
     }
 }
 
@@ -554,16 +580,22 @@ async fn show_progress_lines(
     }
 }
 
-async fn show_progress_bar(
-    mut progress: watch::Receiver<Progress>,
-    mut pace: Pace,
-    maximize: bool,
-) {
+/// The progress bar on stderr (drawing nothing where stderr is not a terminal), not ticking yet.
+fn progress_bar() -> ProgressBar {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    bar
+}
+
+async fn show_progress_bar(
+    mut progress: watch::Receiver<Progress>,
+    mut pace: Pace,
+    maximize: bool,
+    bar: ProgressBar,
+) {
     bar.enable_steady_tick(Duration::from_millis(200));
     let mut notices_shown = 0;
     let mut clock = ExperimentClock::default();

@@ -704,6 +704,11 @@ fn a_hang_up_leaves_the_experiment_running_with_its_output_in_the_log() {
         log.contains("experiment onterm DONE: 6 trials (6 succeeded, 0 failed)"),
         "{log}"
     );
+    // The progress bar stopped drawing: its redraws (up to ten a second) filled the log.
+    assert!(
+        !log.contains('\u{1b}'),
+        "terminal escapes in the log: {log:?}"
+    );
 
     // Into a file, as under `nohup`: it stays there, and no log is made.
     let file = sandbox.path().join("nohup.out");
@@ -720,6 +725,117 @@ fn a_hang_up_leaves_the_experiment_running_with_its_output_in_the_log() {
         "{written}"
     );
     assert!(!sandbox.path().join("home/logs/nohup.log").exists());
+}
+
+/// The terminal really gone (an SSH session or a terminal window closed): the kernel hangs up
+/// the tty, sends SIGHUP, and `isatty` on it fails from then on (EIO). Output that went to it
+/// goes to the log all the same. Asked only at the hang-up which descriptors were on a
+/// terminal, knob found none, made no log, and lost the rest of its output.
+#[test]
+fn a_terminal_closed_under_a_run_sends_its_output_to_the_log() {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::process::CommandExt;
+    let sandbox = Sandbox::new();
+    // Both sides opened close-on-exec (not with openpty): a copy of the terminal's side in any
+    // process this test binary starts would keep it open, and no hang-up would come. The
+    // terminal is drained here, without blocking, between looks for the first trial.
+    // SAFETY: posix_openpt opens a new descriptor, or fails with -1.
+    let master = unsafe {
+        libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC | libc::O_NONBLOCK)
+    };
+    assert!(
+        master >= 0,
+        "posix_openpt: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: just opened, owned by nothing else.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: grantpt, unlockpt and ptsname_r on a pseudo-terminal master this test owns,
+    // ptsname_r writing at most `name.len()` bytes into `name`.
+    let slave_path = unsafe {
+        assert_eq!(libc::grantpt(master.as_raw_fd()), 0);
+        assert_eq!(libc::unlockpt(master.as_raw_fd()), 0);
+        assert_eq!(
+            libc::ptsname_r(master.as_raw_fd(), name.as_mut_ptr(), name.len()),
+            0
+        );
+        std::ffi::CStr::from_ptr(name.as_ptr())
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(&slave_path)
+        .unwrap();
+
+    let started = sandbox.path().join("code/started");
+    let yaml = format!(
+        "trialCommand: touch {}; sleep 0.5; echo KNOB_FINAL 1\ntrialConcurrency: 2\nmaxTrialNumber: 6\n{SPACE}",
+        started.display()
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let mut command = sandbox.create_command(&config, "closed");
+    command
+        .stdin(std::process::Stdio::from(slave.try_clone().unwrap()))
+        .stdout(std::process::Stdio::from(slave.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(slave));
+    // SAFETY: only async-signal-safe calls between fork and exec: a new session whose
+    // controlling terminal is the pseudo-terminal on stdin, as a shell in a terminal has.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    // The test's copies of the terminal's side go with the command.
+    drop(command);
+    let mut master = std::fs::File::from(master);
+    let mut shown = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no trial started: {}",
+            String::from_utf8_lossy(&shown)
+        );
+        let mut chunk = [0; 4096];
+        while let Ok(n @ 1..) = master.read(&mut chunk) {
+            shown.extend_from_slice(&chunk[..n]);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // As sshd or a terminal emulator does when the session or the window closes.
+    drop(master);
+    let code = crate::resume::wait_bounded(&mut child, Duration::from_secs(60));
+    assert_eq!(
+        code,
+        Some(0),
+        "exit code (-1: a signal; None: still running after 60 s)"
+    );
+    assert_done_with_every_trial_succeeded(&sandbox, "closed", 6);
+    let log = std::fs::read_to_string(sandbox.path().join("home/logs/closed.log"))
+        .expect("no log made after the terminal closed");
+    assert!(
+        log.starts_with("the terminal hung up (SIGHUP); experiment closed goes on in the background, its output in "),
+        "{log}"
+    );
+    assert!(
+        log.contains("experiment closed DONE: 6 trials (6 succeeded, 0 failed)"),
+        "{log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "terminal escapes in the log: {log:?}"
+    );
 }
 
 /// Runs experiment `id` (6 trials, 2 at a time) with this stdout and stderr, sends it SIGHUP once
