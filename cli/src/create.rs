@@ -278,6 +278,7 @@ pub fn run_in_foreground(
             signals,
             commands,
             id.clone(),
+            dir.clone(),
             bar.clone(),
         ));
         let (manager_ended, ended) = oneshot::channel::<()>();
@@ -399,7 +400,8 @@ async fn finish_notifications(mut notifier: notify::Notifier) -> Sending {
 
 /// First Ctrl-C or SIGTERM (what a service manager, a batch scheduler or `kill` sends, with
 /// SIGKILL only after a wait): stop gracefully, so running trials are killed and recorded, not
-/// left behind. A second signal: exit at once. A hang-up (the terminal or the SSH session
+/// left behind. A second signal: kill the trials at once, without their grace period, and exit
+/// ([`kill_trials_and_exit`]). A hang-up (the terminal or the SSH session
 /// closed) stops nothing: the experiment goes on in the background as with `--detach`, its
 /// output from then on in the same log file ([`go_on_without_the_terminal`]). Its default
 /// action killed the manager at once and left the trials running unwatched. A signal caught
@@ -408,6 +410,7 @@ async fn forward_stop_signals(
     signals: StopSignals,
     commands: mpsc::UnboundedSender<Command>,
     id: String,
+    dir: PathBuf,
     bar: Option<ProgressBar>,
 ) {
     let StopSignals {
@@ -425,7 +428,7 @@ async fn forward_stop_signals(
             _ = hangup.recv() => hung_up(),
         }
     };
-    errln!("stopping ({what}): killing running trials (a second Ctrl-C or signal exits at once)");
+    errln!("stopping ({what}): killing running trials (a second Ctrl-C or signal kills them at once and exits)");
     let _ = commands.send(Command::Stop);
     let code = loop {
         tokio::select! {
@@ -434,8 +437,72 @@ async fn forward_stop_signals(
             _ = hangup.recv() => hung_up(),
         }
     };
-    errln!("exiting without waiting for trials");
-    std::process::exit(code);
+    kill_trials_and_exit(&id, dir, interrupt, terminate, code).await
+}
+
+/// How long a second stop signal waits for the training services to kill the trials (under the
+/// Python launcher's 15 s after its second interrupt, `python/knob`).
+const KILL_AT_ONCE: Duration = Duration::from_secs(10);
+
+/// A second stop signal: the trials' grace period (a trial that traps SIGTERM to save a
+/// checkpoint may take it all) is cut short. Each training service kills (SIGKILL) what runs of
+/// the trials not recorded as ended, as it ends a crashed run's leftovers, and the process exits
+/// with `code`. Exiting without it left such trials running unwatched, holding their GPUs. A
+/// third signal, or services that take over [`KILL_AT_ONCE`], exit without waiting, naming the
+/// trials that may still run and how to end them.
+async fn kill_trials_and_exit(
+    id: &str,
+    dir: PathBuf,
+    mut interrupt: tokio::signal::unix::Signal,
+    mut terminate: tokio::signal::unix::Signal,
+    code: i32,
+) -> ! {
+    errln!("stopping at once: killing the running trials without their grace period (a third Ctrl-C or signal exits without waiting)");
+    let (trials, config) = match tokio::task::block_in_place(|| {
+        crate::resume::unfinished_trials(&dir)
+    }) {
+        Ok(found) => found,
+        Err(e) => {
+            errln!("warning: experiment {id}: its trials may still run ({e:#}); `knob stop {id}` ends them");
+            std::process::exit(code)
+        }
+    };
+    let may_still_run = |why: &str| {
+        errln!(
+            "warning: experiment {id}: trials {} may still run ({why}); `knob stop {id}` ends them",
+            trials.join(", ")
+        )
+    };
+    let killing = tokio::task::spawn_blocking({
+        let (id, trials) = (id.to_string(), trials.clone());
+        move || crate::resume::kill_trials(&id, &dir, &trials, config)
+    });
+    let killed = tokio::select! {
+        killed = tokio::time::timeout(KILL_AT_ONCE, killing) => killed,
+        _ = interrupt.recv() => {
+            may_still_run("exited without waiting for them");
+            std::process::exit(code)
+        }
+        _ = terminate.recv() => {
+            may_still_run("exited without waiting for them");
+            std::process::exit(code)
+        }
+    };
+    match killed {
+        Ok(Ok(Ok(reports))) => {
+            for line in reports {
+                errln!("note: {line}");
+            }
+            errln!("exiting: its trials are killed; `knob resume {id}` continues the experiment");
+        }
+        Ok(Ok(Err(e))) => may_still_run(&format!("{e:#}")),
+        Ok(Err(e)) => may_still_run(&e.to_string()),
+        Err(_) => may_still_run(&format!(
+            "their training services did not kill them within {}s",
+            KILL_AT_ONCE.as_secs()
+        )),
+    }
+    std::process::exit(code)
 }
 
 /// After a hang-up: whichever of stdout and stderr was on a terminal when the run started

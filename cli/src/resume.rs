@@ -181,32 +181,51 @@ pub(crate) fn stored_services(
 /// experiment must stay deletable).
 pub(crate) fn end_leftover_trials(entry: &knob_core::registry::RegistryEntry) -> Vec<String> {
     let ended = || -> anyhow::Result<Vec<String>> {
-        let state = knob_core::store::StoreReader::open(&entry.dir)?.replay()?;
-        let unfinished: Vec<String> = state
-            .trials
-            .iter()
-            .filter(|t| !t.status.is_final())
-            .map(|t| t.trial_id.clone())
-            .collect();
-        if unfinished.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut config: knob_core::config::ExperimentConfig =
-            serde_json::from_value(state.config.clone())?;
-        let (plugins, context) = stored_services(&entry.id, &entry.dir, &mut config)?;
-        let reports =
-            knob_core::manager::clean_up_leftovers(&context, &config, &plugins, &unfinished);
-        Ok(reports
+        let (unfinished, config) = unfinished_trials(&entry.dir)?;
+        kill_trials(&entry.id, &entry.dir, &unfinished, config)
+    };
+    match ended() {
+        Ok(reports) => reports
             .into_iter()
             .map(|line| format!("note: {line}"))
-            .collect())
-    };
-    ended().unwrap_or_else(|e| {
-        vec![format!(
+            .collect(),
+        Err(e) => vec![format!(
             "warning: experiment {}: what its crashed run left running may still run: {e:#}",
             entry.id
-        )]
-    })
+        )],
+    }
+}
+
+/// The trials of the experiment in `dir` that its store has not recorded as ended, and its
+/// stored config.
+pub(crate) fn unfinished_trials(dir: &std::path::Path) -> anyhow::Result<(Vec<String>, Value)> {
+    let state = knob_core::store::StoreReader::open(dir)?.replay()?;
+    let unfinished = state
+        .trials
+        .iter()
+        .filter(|t| !t.status.is_final())
+        .map(|t| t.trial_id.clone())
+        .collect();
+    Ok((unfinished, state.config))
+}
+
+/// Has each training service of experiment `id` (in `dir`, with this stored `config`) kill
+/// (SIGKILL) whatever runs of `trials`, found as a resume finds a crashed run's. Returns the
+/// services' one-line reports.
+pub(crate) fn kill_trials(
+    id: &str,
+    dir: &std::path::Path,
+    trials: &[String],
+    config: Value,
+) -> anyhow::Result<Vec<String>> {
+    if trials.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut config: ExperimentConfig = serde_json::from_value(config)?;
+    let (plugins, context) = stored_services(id, dir, &mut config)?;
+    Ok(knob_core::manager::clean_up_leftovers(
+        &context, &config, &plugins, trials,
+    ))
 }
 
 /// One line when the budget is used up, so that a resume that will start no new trial says so

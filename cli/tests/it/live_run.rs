@@ -224,3 +224,75 @@ fn an_experiment_folder_deleted_while_it_runs_ends_the_run_with_one_line() {
         .args(["experiment", "delete", "doomed", "--yes"]));
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// A second Ctrl-C while a stop waits for trials that trap SIGTERM (to save a checkpoint, say):
+/// it exited at once, saying only "exiting without waiting for trials", and left them running
+/// unwatched until a `knob stop`. It now has them killed (SIGKILL, without their grace period)
+/// before it exits, and says so.
+#[test]
+fn a_second_ctrl_c_kills_the_trials_that_ignore_sigterm_before_exiting() {
+    let sandbox = Sandbox::new();
+    // Each trial ignores SIGTERM (as do the children it starts) and notes its pids.
+    let script = "trap '' TERM\n\
+                  sleep 60 &\n\
+                  echo $$ $! >> trial.pids\n\
+                  wait\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 2\nmaxTrialNumber: 4\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let log = sandbox.path().join("stderr.log");
+    let mut child = spawn_logged(sandbox.create_command(&config, "stubborn"), &log);
+    let pids = sandbox.path().join("code/trial.pids");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let trial_pids: Vec<i32> = loop {
+        let text = std::fs::read_to_string(&pids).unwrap_or_default();
+        let found: Vec<i32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if found.len() >= 4 {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the trials did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: signalling our own child, not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    // The second only once the first is being acted on.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("stopping (Ctrl-C or knob stop)")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the first Ctrl-C was not acted on"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for &pid in &trial_pids {
+        assert!(running(pid), "trial process {pid} ended on SIGTERM");
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let code = wait_bounded(&mut child, Duration::from_secs(30));
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains(
+            "exiting: its trials are killed; `knob resume stubborn` continues the experiment"
+        ),
+        "{stderr}"
+    );
+    // SIGKILLed: gone at once, but a loaded machine may take a moment to reap them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for pid in trial_pids {
+        while running(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "trial process {pid} runs on after the second Ctrl-C: {stderr}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
