@@ -449,7 +449,8 @@ const KILL_AT_ONCE: Duration = Duration::from_secs(10);
 /// the trials not recorded as ended, as it ends a crashed run's leftovers, and the process exits
 /// with `code`. Exiting without it left such trials running unwatched, holding their GPUs. A
 /// third signal, or services that take over [`KILL_AT_ONCE`], exit without waiting, naming the
-/// trials that may still run and how to end them.
+/// trials that may still run and how to end them. A manager that sees the killed trials end
+/// first ends the run as after one signal (this task is then aborted), recorded STOPPED.
 async fn kill_trials_and_exit(
     id: &str,
     dir: PathBuf,
