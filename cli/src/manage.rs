@@ -298,7 +298,7 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
         }
     }
     // Held until its folder is gone. A run takes this lock first, before the registry says it
-    // runs (`knob resume` opens the store, then checks it, then marks itself RUNNING): the
+    // runs (`knob resume` opens the store, then marks itself RUNNING, then checks it): the
     // registry alone let a delete remove a resume's experiment under it. A run that starts
     // while this is held fails on the lock, or finds its store gone.
     let hold = match FolderHold::take(&entry.dir) {

@@ -7,7 +7,7 @@ use anyhow::Context;
 use knob_core::config::ExperimentConfig;
 use knob_core::manager::{self, Experiment};
 use knob_core::registry::{Registry, CRASHED};
-use knob_core::store::{ExperimentState, Store, StoreEvent};
+use knob_core::store::{ExperimentState, ExperimentStatus, Store, StoreEvent};
 use knob_plugin_api::host::PluginRegistry;
 use knob_plugin_api::service::ServiceContext;
 use serde_json::Value;
@@ -68,6 +68,45 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     // the check above (`knob experiment delete` holds the lock while it removes them) is an
     // error, not a new empty experiment.
     let store = Store::open_existing(&entry.dir)?;
+    // Recorded as the runner at once, holding the store's writer lock: a `knob stop` from now
+    // on signals this process, and one that finds the lock held but no runner recorded yet
+    // waits for this (see `stop`). The signals are caught first: a stop that comes while the
+    // run is prepared waits in them, and stops the run as soon as its manager runs. Recorded
+    // only once the run was prepared (checks, plugins), a stop in between was told "not
+    // running" and the resume ran on.
+    let launch = Launch::prepare(Started::Resumed)?;
+    registry.set_status(
+        &args.id,
+        ExperimentStatus::Running.as_str(),
+        Some(std::process::id()),
+    )?;
+    match prepare(&args, &entry, &store) {
+        Ok((experiment, plugins)) => run_in_foreground(
+            experiment,
+            store,
+            &plugins,
+            &registry,
+            listener,
+            &args.serve,
+            launch,
+        ),
+        Err(e) => {
+            // Not started: the entry says again what it said (a crashed run stays crashed).
+            if let Err(restoring) = registry.restore_status(&entry) {
+                errln!("warning: {restoring}");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// What `resume` checks, loads and records in its `store` before its run starts: the
+/// experiment to run, and its plugins.
+fn prepare(
+    args: &ResumeArgs,
+    entry: &knob_core::registry::RegistryEntry,
+    store: &Store,
+) -> anyhow::Result<(Experiment, PluginRegistry)> {
     let state = store.replay()?;
     let mut config: ExperimentConfig =
         serde_json::from_value(state.config.clone()).with_context(|| {
@@ -126,23 +165,13 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         state.trials.len()
     );
     let experiment = Experiment {
-        id: args.id,
+        id: args.id.clone(),
         config_file: crate::create::config_source(&entry.dir),
-        dir: entry.dir,
+        dir: entry.dir.clone(),
         config,
         history: Some(state),
     };
-    // Before `run_in_foreground` records it RUNNING, with this process's pid.
-    let launch = Launch::prepare(Started::Resumed)?;
-    run_in_foreground(
-        experiment,
-        store,
-        &plugins,
-        &registry,
-        listener,
-        &args.serve,
-        launch,
-    )
+    Ok((experiment, plugins))
 }
 
 /// The plugins and the training services' context of a stored experiment (`id`, in `dir`), its
@@ -311,12 +340,15 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
         );
     }
     // Only the recorded process itself, not one that got its pid since (see `signal_runner`).
-    let pid = match entry.signal_runner(libc::SIGINT) {
-        Ok(Some(pid)) => pid,
-        Ok(None) => {
-            outln!("experiment {id} is not running ({})", entry.status);
-            return Ok(ExitCode::SUCCESS);
-        }
+    let (entry, pid) = match entry.signal_runner(libc::SIGINT) {
+        Ok(Some(pid)) => (entry, pid),
+        Ok(None) => match runner_once_started(&registry, entry)? {
+            Found::Runner(entry, pid) => (entry, pid),
+            Found::NotRunning(entry) => {
+                outln!("experiment {id} is not running ({})", entry.status);
+                return Ok(ExitCode::SUCCESS);
+            }
+        },
         Err(error) => anyhow::bail!(
             "cannot signal process {} of experiment {id}: {error}",
             entry.pid.unwrap_or_default()
@@ -332,4 +364,62 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     let status = registry.get(id).map(|e| e.status).unwrap_or_default();
     outln!("experiment {id} stopped ({status}); continue it with `knob resume {id}`");
     Ok(ExitCode::SUCCESS)
+}
+
+/// What [`runner_once_started`] found.
+enum Found {
+    /// The runner, signalled (SIGINT), as the registry names it now.
+    Runner(knob_core::registry::RegistryEntry, u32),
+    NotRunning(knob_core::registry::RegistryEntry),
+}
+
+/// How long `knob stop` waits for a starting run to record itself as the runner.
+const STARTING_PATIENCE: Duration = Duration::from_secs(10);
+
+/// For an experiment whose registry names no runner: a knob process that holds its store's
+/// writer lock (as `knob experiment delete` tells, `FolderHold`) is a run starting (`knob
+/// resume` records itself right after it takes the lock), or a delete under way. Waits, at most
+/// [`STARTING_PATIENCE`], for the registry to name a runner (then signals it with SIGINT, as
+/// Ctrl-C would) or for the lock to be let go (nothing runs). Told "not running" there, a stop
+/// during a resume's start succeeded and the resume ran on.
+fn runner_once_started(
+    registry: &Registry,
+    mut entry: knob_core::registry::RegistryEntry,
+) -> anyhow::Result<Found> {
+    use knob_core::experiment::{FolderHold, RemoveError};
+    let deadline = Instant::now() + STARTING_PATIENCE;
+    let mut said = false;
+    loop {
+        match FolderHold::take(&entry.dir) {
+            Err(RemoveError::Running { .. }) => {}
+            // Let go at once: holding it would keep a resume from starting.
+            Ok(_) | Err(RemoveError::Failed { .. }) => return Ok(Found::NotRunning(entry)),
+        }
+        if !said {
+            errln!(
+                "experiment {} is starting (a knob process holds its store); waiting for it to record its process, at most {}s",
+                entry.id,
+                STARTING_PATIENCE.as_secs()
+            );
+            said = true;
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "experiment {} is starting (a knob process holds its store, and has not yet recorded itself as the runner); try `knob stop {}` again in a moment",
+                entry.id,
+                entry.id
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        entry = registry.get(&entry.id)?;
+        match entry.signal_runner(libc::SIGINT) {
+            Ok(Some(pid)) => return Ok(Found::Runner(entry, pid)),
+            Ok(None) => {}
+            Err(error) => anyhow::bail!(
+                "cannot signal process {} of experiment {}: {error}",
+                entry.pid.unwrap_or_default(),
+                entry.id
+            ),
+        }
+    }
 }

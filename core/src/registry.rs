@@ -328,6 +328,20 @@ impl Registry {
         Ok(())
     }
 
+    /// Puts back the status and process `entry` recorded: for a run that recorded itself
+    /// RUNNING ([`Registry::set_status`]) and then did not start. The process's start time is
+    /// put back as it was, not read again: the pid of a crashed runner may be another
+    /// process's by now.
+    pub fn restore_status(&self, entry: &RegistryEntry) -> Result<(), RegistryError> {
+        self.connection
+            .execute(
+                "UPDATE experiments SET status = ?2, pid = ?3, pid_start = ?4 WHERE id = ?1",
+                params![entry.id, entry.status, entry.pid, entry.pid_start],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
     /// Records the address of the experiment's HTTP API (`None` once it no longer serves one).
     pub fn set_api(&self, id: &str, api: Option<SocketAddr>) -> Result<(), RegistryError> {
         self.connection

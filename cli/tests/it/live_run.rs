@@ -309,3 +309,105 @@ fn a_second_ctrl_c_kills_the_trials_that_ignore_sigterm_before_exiting() {
         }
     }
 }
+
+/// `knob stop` while a `knob resume` starts: the resume holds the store's writer lock before
+/// the registry names it as the runner, and the stop, finding no runner, said "is not running"
+/// (exit 0) while the resume ran on. Here the registry is held (a write transaction, as another
+/// knob's would be) while the resume holds the lock, so the resume cannot record itself yet:
+/// the stop sees the run starting, waits for it, and stops it.
+#[test]
+fn stop_during_a_starting_resume_stops_it() {
+    use std::io::BufRead;
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: sleep 30\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    assert_eq!(run(sandbox.knob().args(["experiment", "list"])).0, 0);
+    let registry_path = sandbox.path().join("home/registry.db");
+    let reader = rusqlite::Connection::open_with_flags(
+        &registry_path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let log = sandbox.path().join("stderr.log");
+    let child = spawn_logged(sandbox.create_command(&config, "starting"), &log);
+    let code = interrupt_once_visible(&reader, child, "starting", None);
+    assert_eq!(code, Some(0), "{}", std::fs::read_to_string(&log).unwrap());
+    assert_eq!(
+        registry_row(&reader, "starting"),
+        Some((None, "STOPPED".to_string()))
+    );
+
+    let writer = rusqlite::Connection::open(&registry_path).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let resume_log = sandbox.path().join("resume.log");
+    let mut resume = sandbox.knob();
+    resume.args(["resume", "starting"]);
+    let mut resume = spawn_logged(resume, &resume_log);
+    // Until the resume holds the store's writer lock (a read of it is refused at once).
+    let lock = rusqlite::Connection::open_with_flags(
+        sandbox
+            .path()
+            .join("experiments/starting/experiment.db.writer-lock"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    lock.busy_timeout(Duration::ZERO).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lock
+        .query_row("SELECT count(*) FROM writer", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .is_ok()
+    {
+        if let Some(exit) = resume.try_wait().unwrap() {
+            panic!(
+                "resume ended ({exit}): {}",
+                std::fs::read_to_string(&resume_log).unwrap()
+            );
+        }
+        assert!(Instant::now() < deadline, "the resume never took its store");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let mut stop = sandbox
+        .knob()
+        .args(["stop", "starting"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its first line: waiting for the starting run (an old knob said "not running" and ended).
+    let mut stop_err = std::io::BufReader::new(stop.stderr.take().unwrap());
+    let mut first = String::new();
+    stop_err.read_line(&mut first).unwrap();
+    assert_eq!(
+        first,
+        "experiment starting is starting (a knob process holds its store); waiting for it to record its process, at most 10s\n"
+    );
+    // The resume may record itself now.
+    writer.execute_batch("COMMIT").unwrap();
+    let code = wait_bounded(&mut stop, Duration::from_secs(60));
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut stop.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert_eq!(code, Some(0), "{stdout}");
+    assert_eq!(
+        stdout,
+        "experiment starting stopped (STOPPED); continue it with `knob resume starting`\n"
+    );
+    let code = wait_bounded(&mut resume, Duration::from_secs(60));
+    let stderr = std::fs::read_to_string(&resume_log).unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("stopping (Ctrl-C or knob stop)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        registry_row(&reader, "starting"),
+        Some((None, "STOPPED".to_string())),
+        "{stderr}"
+    );
+    assert_eq!(
+        sandbox.export("starting")["experiment"]["status"],
+        "STOPPED"
+    );
+}

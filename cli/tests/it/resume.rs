@@ -310,6 +310,14 @@ fn a_resume_without_its_code_directory_is_refused_and_changes_nothing() {
     let export = sandbox.export("nocode");
     assert_eq!(export["trials"].as_array().unwrap().len(), 1);
     assert_eq!(export["experiment"]["config"]["maxTrialNumber"], 1);
+    // The resume recorded itself as the runner before its checks (so that `knob stop` finds
+    // it); refused, it put the entry back: DONE, not "crashed (resume it)".
+    let (_, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+    let row = list
+        .lines()
+        .find(|l| l.starts_with("nocode "))
+        .unwrap_or_default();
+    assert!(row.contains(" DONE ") && !row.contains("crashed"), "{list}");
 
     std::fs::rename(sandbox.path().join("code-moved"), &code_dir).unwrap();
     let (status, stdout, stderr) =
