@@ -169,6 +169,15 @@ pub enum ServiceEvent {
     /// service whose starts take long (an SSH round trip to a busy host) then returns from
     /// `start_trial` at once, so that one slow start holds none of its other calls.
     StartFailed { trial_id: String, message: String },
+    /// A start `start_trial` accepted did not happen because what the trial was placed on is
+    /// taken (another experiment on the machine took the GPUs since the environment was
+    /// reported): nothing of it runs, and no other event follows for this start. The host
+    /// places the trial again, as a trial that waits for resources (not a failed start), and
+    /// records `reason` as why it waits. A service sends the environment's fresh report
+    /// (`Environment`) first, so that the new placement sees what changed and takes another
+    /// free GPU when there is one, rather than the service waiting for the GPUs it was given.
+    /// Sent only to a host that takes it ([`ServiceContext::places_again`]).
+    PlaceAgain { trial_id: String, reason: String },
     /// Something a user should know that is not fatal (a garbage metric line, say).
     Warning {
         trial_id: Option<String>,
@@ -425,6 +434,10 @@ pub struct ServiceContext {
     /// itself.
     #[serde(default)]
     pub late_start_failures: bool,
+    /// The host takes a [`ServiceEvent::PlaceAgain`]. A host that predates the event leaves it
+    /// `false`: a service then keeps a trial whose resources are taken until they are free.
+    #[serde(default)]
+    pub places_again: bool,
 }
 
 /// The experiment-wide trial settings a service may need (a cluster service asks its scheduler

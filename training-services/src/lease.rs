@@ -5,8 +5,9 @@
 //! than it has.
 //!
 //! - A trial placed on GPUs (or with a memory or CPU request) takes a lease before it starts;
-//!   one that must wait keeps its ticket in the ledger and starts when granted (see
-//!   `TrialPool`), and gives it back when it ends.
+//!   one that must wait goes back to the core's scheduler to be placed again (or, where the
+//!   host cannot take it back, keeps its ticket in the ledger and starts when granted; see
+//!   `TrialPool`), and gives its lease back when it ends.
 //! - What other experiments hold, and the GPUs promised to their older requests, go into the
 //!   inventory the service reports ([`MachineLeases::annotate`]), so the core's gpu-sched places
 //!   around them and a trial that waits names the other experiment as the holder.

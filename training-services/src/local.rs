@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 use crate::lease::{self, MachineLeases};
 use crate::metrics::Emit;
 use crate::runner::TrialError;
-use crate::trial_pool::{PoolError, TrialPool};
+use crate::trial_pool::{PoolError, Started, TrialPool};
 
 /// The id of the one environment.
 pub const ENVIRONMENT_ID: &str = "local";
@@ -264,7 +264,9 @@ impl LocalService {
         })
     }
 
-    /// Starts a trial. On `Err` nothing was started and no event follows for it.
+    /// Starts a trial. On `Err` nothing was started and no event follows for it. One whose
+    /// lease must wait is given back to the host (`ServiceEvent::PlaceAgain`) when the host
+    /// takes that ([`TrialPool::set_places_again`]), else kept until its lease is granted.
     pub fn start(&mut self, request: &TrialRequest) -> Result<(), LocalError> {
         if self.pool.is_shut_down() {
             return Err(LocalError::ShutDown);
@@ -280,12 +282,29 @@ impl LocalService {
         }
         let mut request = request.clone();
         request.resources.max_trials_per_gpu = Some(self.limits.max_trial_number_per_gpu.max(1));
-        self.pool.start(&request).map_err(|e| match e {
+        let started = self.pool.start(&request).map_err(|e| match e {
             PoolError::DuplicateTrial(id) => LocalError::DuplicateTrial(id),
             PoolError::ShutDown => LocalError::ShutDown,
             PoolError::Trial(e) => LocalError::Trial(e),
             PoolError::Startup { what, source } => LocalError::Startup { what, source },
-        })
+        })?;
+        if let Started::Refused(reason) = started {
+            // The machine as it is now goes first: the host places the trial again against
+            // it, so that it sees the GPUs another experiment took and uses a free one. Without
+            // it the host would place it on the same GPUs from its older report.
+            match self.environment() {
+                Ok(environment) => (self.emit)(ServiceEvent::Environment { environment }),
+                Err(e) => (self.emit)(ServiceEvent::Warning {
+                    trial_id: Some(request.trial_id.clone()),
+                    message: e.to_string(),
+                }),
+            }
+            (self.emit)(ServiceEvent::PlaceAgain {
+                trial_id: request.trial_id,
+                reason,
+            });
+        }
+        Ok(())
     }
 
     /// Stops a running trial; a trial that is not running (already ended) is left alone.
@@ -327,6 +346,7 @@ impl TrainingService for LocalService {
         events: EventSink,
     ) -> Result<Self, PluginError> {
         let mut service = Self::new(config, events)?;
+        service.pool.set_places_again(context.places_again);
         service.experiment = Some(context.experiment_id.clone());
         service.demand = Some(lease::demand_of_settings(&context.trial));
         Ok(service)

@@ -8,7 +8,10 @@
 //! of another experiment is first in line) is *pending*: it stays WAITING in the core with the
 //! ledger's reason as a `waiting: …` warning, its request is renewed every
 //! [`LEASE_RETRY_INTERVAL`], and it starts as soon as it is granted. Its lease is given back
-//! when it ends.
+//! when it ends. A pool whose host places such a trial again ([`TrialPool::set_places_again`])
+//! keeps none pending: it gives the trial back ([`Started::Refused`]), so that the host's
+//! scheduler can put it on another free GPU instead of waiting for the one it chose, and so
+//! that the trial counts against the experiment's `trialConcurrency` again until it starts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,6 +62,19 @@ struct Runs {
     unfinished: usize,
 }
 
+/// What [`TrialPool::start`] did with a trial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Started {
+    /// It runs (its `TrialStarted` follows).
+    Now,
+    /// Its lease must wait: it is pending, and starts once granted.
+    Pending,
+    /// Its lease must wait, and the pool places trials again
+    /// ([`TrialPool::set_places_again`]): nothing of it is kept here, nor in the ledger; why it
+    /// was refused.
+    Refused(String),
+}
+
 /// Trials waiting for their lease, with the last reason told to the core.
 type PendingTrials = Arc<Mutex<BTreeMap<String, (TrialRequest, String)>>>;
 
@@ -71,6 +87,8 @@ pub struct TrialPool {
     shut_down: Arc<AtomicBool>,
     leases: Option<Arc<MachineLeases>>,
     pending: PendingTrials,
+    /// A trial refused its lease is given back rather than kept pending (see [`Started`]).
+    places_again: bool,
 }
 
 impl TrialPool {
@@ -111,7 +129,15 @@ impl TrialPool {
             shut_down: Arc::default(),
             leases: None,
             pending: Arc::default(),
+            places_again: false,
         })
+    }
+
+    /// Whether a trial refused its lease is given back ([`Started::Refused`]) for its host to
+    /// place again, rather than kept pending until the GPUs it was given are free: only a host
+    /// that takes it back (`ServiceContext::places_again`) can put it elsewhere.
+    pub fn set_places_again(&mut self, on: bool) {
+        self.places_again = on;
     }
 
     /// Makes the pool take a lease in the machine's ledger for each trial (before any starts).
@@ -186,9 +212,10 @@ impl TrialPool {
         self.shut_down.load(Ordering::SeqCst)
     }
 
-    /// Starts a trial, or, when its lease must wait, keeps it pending until granted. On `Err`
-    /// nothing was started and no event follows for it.
-    pub fn start(&self, request: &TrialRequest) -> Result<(), PoolError> {
+    /// Starts a trial, or, when its lease must wait, keeps it pending until granted or gives
+    /// it back (see [`Started`]). On `Err` or `Refused` nothing was started and no event
+    /// follows for it.
+    pub fn start(&self, request: &TrialRequest) -> Result<Started, PoolError> {
         if self.is_shut_down() {
             return Err(PoolError::ShutDown);
         }
@@ -199,14 +226,23 @@ impl TrialPool {
         }
         let core = self.core();
         match core.ask_lease(request) {
+            Some(reason) if self.places_again => {
+                // Its request leaves the ledger with it: the experiment keeps its place in line
+                // by standing for the GPUs its waiting trials may use (`MachineLeases::annotate`).
+                core.give_back(request);
+                Ok(Started::Refused(reason))
+            }
             Some(reason) => {
                 core.tell_waiting(&request.trial_id, &reason);
                 lock(&self.pending).insert(request.trial_id.clone(), (request.clone(), reason));
-                Ok(())
+                Ok(Started::Pending)
             }
-            None => core.start_now(request).inspect_err(|_| {
-                core.give_back(request);
-            }),
+            None => core
+                .start_now(request)
+                .map(|()| Started::Now)
+                .inspect_err(|_| {
+                    core.give_back(request);
+                }),
         }
     }
 

@@ -620,3 +620,122 @@ fn two_experiments_started_together_never_promise_a_gpu_more_memory_than_it_has(
         "the ledger granted 100 GiB on GPU 0 at once"
     );
 }
+
+#[test]
+fn a_trial_refused_the_gpu_it_was_placed_on_takes_another_free_one() {
+    let sandbox = Sandbox::new();
+    // `busy` runs two trials one after the other on a 2-GPU machine; `zero` may use GPU 0 only.
+    let busy = named_config(
+        &sandbox,
+        "busy",
+        &format!(
+            "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 2\n\
+             trialGpuNumber: 1\n{SPACE}"
+        ),
+    );
+    let zero = named_config(
+        &sandbox,
+        "zero",
+        &format!(
+            "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n\
+             trialGpuNumber: 1\n{SPACE}\n  gpuIndices: \"0\""
+        ),
+    );
+    let code_dir = busy.parent().unwrap().to_path_buf();
+    let home = sandbox.path().join("home");
+    let lines_of = |experiment: &str| -> Vec<String> {
+        let prefix = format!("{experiment} ");
+        started(&code_dir)
+            .into_iter()
+            .filter(|line| line.starts_with(&prefix))
+            .collect()
+    };
+    let busy = start_on(&sandbox, "2x16GiB", &busy, "busy");
+    let first = wait_for(
+        Duration::from_secs(60),
+        "busy's first trial running",
+        || lines_of("busy").into_iter().next(),
+    );
+    assert!(
+        first.ends_with(" 0"),
+        "busy's first trial is not on GPU 0: {first}"
+    );
+    // `zero` waits for busy's GPU 0 and stands in line for it.
+    let zero = start_on(&sandbox, "2x16GiB", &zero, "zero");
+    wait_for(Duration::from_secs(60), "zero standing in line", || {
+        standing_gpus(&home, "zero").filter(|gpus| gpus == &[0])
+    });
+    // busy's first trial ends. Its scheduler, which saw both GPUs free when it last probed
+    // (nothing of busy's waited since), places the second trial on GPU 0 again, which the
+    // ledger has promised to zero: refused, it must take the idle GPU 1, not wait for zero's
+    // trial, which holds GPU 0 until `go-zero`.
+    std::fs::write(code_dir.join("go-busy"), "").unwrap();
+    let second = wait_for(
+        Duration::from_secs(60),
+        "busy's second trial running while zero holds GPU 0",
+        || lines_of("busy").get(1).cloned(),
+    );
+    assert!(second.ends_with(" 1"), "{:?}", started(&code_dir));
+    assert!(finish(busy).contains("2 trials (2 succeeded, 0 failed)"));
+    std::fs::write(code_dir.join("go-zero"), "").unwrap();
+    assert!(finish(zero).contains("1 trials (1 succeeded, 0 failed)"));
+    let (most, _) = most_trials_on_one_gpu(&home);
+    assert_eq!(most, 1, "the ledger's history has a GPU held twice");
+}
+
+#[test]
+fn a_lowered_trial_concurrency_holds_for_trials_that_wait_for_a_gpu() {
+    let sandbox = Sandbox::new();
+    // `other` holds the one GPU; `low`'s two trials wait for it (two fit on it once free).
+    let other = named_config(
+        &sandbox,
+        "other",
+        &format!(
+            "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n\
+             trialGpuNumber: 1\n{SPACE}"
+        ),
+    );
+    let low = named_config(
+        &sandbox,
+        "low",
+        &format!(
+            "trialCommand: bash trial.sh\ntrialConcurrency: 2\nmaxTrialNumber: 2\n\
+             trialGpuNumber: 1\nmaxTrialNumberPerGpu: 2\n{SPACE}"
+        ),
+    );
+    let code_dir = other.parent().unwrap().to_path_buf();
+    let low_started = || {
+        started(&code_dir)
+            .iter()
+            .filter(|line| line.starts_with("low "))
+            .count()
+    };
+    let other = start_on(&sandbox, "1x16GiB", &other, "other");
+    wait_for(Duration::from_secs(60), "other's trial running", || {
+        (!started(&code_dir).is_empty()).then_some(())
+    });
+    let low = start_on(&sandbox, "1x16GiB", &low, "low");
+    let trial_ls = || run(sandbox.knob().args(["trial", "ls", "low"])).1;
+    wait_for(Duration::from_secs(60), "low's two trials waiting", || {
+        (trial_ls().matches("WAITING").count() == 2).then_some(())
+    });
+    let (code, _, stderr) = run(sandbox.knob().args(["update", "concurrency", "low", "1"]));
+    assert_eq!(code, 0, "{stderr}");
+    wait_for(
+        Duration::from_secs(60),
+        "a trial of low waiting for trialConcurrency",
+        || trial_ls().contains("trialConcurrency is 1").then_some(()),
+    );
+    // The GPU frees: one trial of low starts, the other waits for it to end.
+    std::fs::write(code_dir.join("go-other"), "").unwrap();
+    assert!(finish(other).contains("1 trials (1 succeeded, 0 failed)"));
+    let ls = wait_for(Duration::from_secs(60), "a trial of low running", || {
+        let ls = trial_ls();
+        ls.contains("RUNNING").then_some(ls)
+    });
+    assert_eq!(low_started(), 1, "{ls}");
+    assert_eq!(ls.matches("RUNNING").count(), 1, "{ls}");
+    std::fs::write(code_dir.join("go-low"), "").unwrap();
+    assert!(finish(low).contains("2 trials (2 succeeded, 0 failed)"));
+    assert_eq!(low_started(), 2);
+}

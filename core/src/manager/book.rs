@@ -92,6 +92,18 @@ impl TrialBook {
         self.active.len() as u64
     }
 
+    /// How many trials not yet ended are placed: handed to their service (starting or running)
+    /// or waiting for their parent's checkpoint before that.
+    pub fn placed_count(&self) -> u64 {
+        self.active
+            .values()
+            .filter(|id| {
+                let trial = &self.trials[id.as_str()];
+                trial.launched || trial.fetching || trial.status == TrialStatus::Running
+            })
+            .count() as u64
+    }
+
     /// The ids of the trials not yet ended, oldest first.
     pub fn active_ids(&self) -> Vec<String> {
         self.active.values().cloned().collect()

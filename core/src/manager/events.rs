@@ -177,6 +177,9 @@ impl Manager {
                     Some(warning) => self.warn(Some(trial_id), warning).await?,
                 }
             }
+            ServiceEvent::PlaceAgain { trial_id, reason } => {
+                self.on_place_again(service, trial_id, reason).await?
+            }
             // A service's own warnings (a host unreachable, a connection restored) concern
             // environments, which the console shows; a trial's stay in the store.
             ServiceEvent::Warning {

@@ -280,9 +280,37 @@ impl Placer {
 impl Manager {
     /// Asks gpu-sched where waiting trials go, oldest first, and starts those it placed.
     pub(super) async fn place_waiting(&mut self) -> Result<(), ManagerError> {
-        let waiting = self.book.placeable(Instant::now());
+        let mut waiting = self.book.placeable(Instant::now());
         if waiting.is_empty() {
             return Ok(());
+        }
+        // More trials than `trialConcurrency` are not yet ended only after the user lowered it
+        // (or added trials): then those not placed yet wait until fewer than it run, be they
+        // new or handed back by their service unstarted (`on_place_again`).
+        let concurrency = u64::from(self.config.trial_concurrency);
+        if self.book.active_count() > concurrency {
+            let placed = self.book.placed_count();
+            let room = concurrency.saturating_sub(placed) as usize;
+            let now = Instant::now();
+            for trial_id in waiting.split_off(room.min(waiting.len())) {
+                let reason = format!(
+                    "{placed} trials run or are starting, and trialConcurrency is {concurrency}"
+                );
+                let trial = self
+                    .book
+                    .get_mut(&trial_id)
+                    .expect("waiting trial is known");
+                if reason_due(trial, now) && trial.waiting_reason.as_deref() != Some(&reason) {
+                    trial.waiting_reason = Some(reason.clone());
+                    trial.waiting_warned_at = Some(now);
+                    trial.waiting_reasons_recorded += 1;
+                    self.warn(Some(trial_id), format!("waiting: {reason}"))
+                        .await?;
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(());
+            }
         }
         if !self.environments.can_place() {
             // Not while a trial still runs in an environment that was retired, not lost (an
@@ -482,6 +510,63 @@ impl Manager {
         });
         self.publish(None);
         Ok(())
+    }
+}
+
+/// How long a trial its service handed back unstarted (`ServiceEvent::PlaceAgain`) waits
+/// before it is placed again. The service reported the environment anew first, so the next
+/// placement sees what was taken; the pause only bounds the round trips, should the scheduler
+/// and the service keep disagreeing about what is free.
+const PLACE_AGAIN_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl Manager {
+    /// A trial its service handed back unstarted, what it was placed on being taken meanwhile
+    /// by another experiment (`ServiceEvent::PlaceAgain`): it waits for a placement again, as
+    /// any waiting trial (it counts as no failed start), with the service's reason as why. So
+    /// it may take another free GPU, and a `trialConcurrency` lowered meanwhile holds for it.
+    pub(super) async fn on_place_again(
+        &mut self,
+        service: usize,
+        trial_id: String,
+        reason: String,
+    ) -> Result<(), ManagerError> {
+        let platform = &self.services[service].platform;
+        let ignored = match self.book.get(&trial_id) {
+            Some(trial) if trial.status.is_final() => return Ok(()),
+            Some(trial) if trial.service != Some(service) => format!(
+                "training service {platform} handed back a trial it was not asked to run; ignored: {reason}"
+            ),
+            Some(trial) if trial.status == TrialStatus::Waiting && trial.launched => {
+                String::new()
+            }
+            Some(_) => format!(
+                "training service {platform} handed back a trial that had started; ignored: {reason}"
+            ),
+            None => format!(
+                "training service {platform} handed back an unknown trial; ignored: {reason}"
+            ),
+        };
+        if !ignored.is_empty() {
+            return self.warn(Some(trial_id), ignored).await;
+        }
+        // A kill decided while it was on its way ends it as decided (see `on_start_failed`).
+        if let Some((status, why)) = self.book[trial_id.as_str()].kill.clone() {
+            return self
+                .end_trial(&trial_id, status, Some(why), None, None, String::new())
+                .await;
+        }
+        let now = Instant::now();
+        self.environments.release(&trial_id);
+        self.book
+            .new_attempt(&trial_id, Some(now + PLACE_AGAIN_PAUSE));
+        let trial = self.book.get_mut(&trial_id).expect("known trial");
+        trial.waiting_reason = Some(reason.clone());
+        trial.waiting_warned_at = Some(now);
+        trial.waiting_reasons_recorded = 1;
+        self.timers.reprobe_later(now);
+        self.publish(None);
+        self.warn(Some(trial_id), format!("waiting: {reason}"))
+            .await
     }
 }
 

@@ -69,6 +69,8 @@ pub fn service_context(
         stored: false,
         // A failed start reaches the loop the same way, whether answered or reported later.
         late_start_failures: true,
+        // A trial handed back unstarted waits for a placement again (`on_place_again`).
+        places_again: true,
     }
 }
 

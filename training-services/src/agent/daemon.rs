@@ -854,7 +854,9 @@ fn start(pool: &TrialPool, mut request: TrialRequest, fresh_code_copy: bool) -> 
         })?;
         request.code_dir = copy;
     }
-    pool.start(&request).map_err(|e| match e {
+    // The agent's pool keeps a trial whose lease must wait pending (it never gives one back:
+    // `Started::Refused` needs `set_places_again`, which the agent protocol does not carry yet).
+    pool.start(&request).map(|_| ()).map_err(|e| match e {
         PoolError::ShutDown => "knob-agent is shutting down; no trial can start".to_string(),
         other => other.to_string(),
     })

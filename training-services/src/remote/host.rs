@@ -1116,7 +1116,8 @@ fn trial_of(event: &ServiceEvent) -> Option<&str> {
         | ServiceEvent::TrialEnded { trial_id, .. }
         | ServiceEvent::TrialUsage { trial_id, .. }
         | ServiceEvent::CheckpointSaved { trial_id }
-        | ServiceEvent::StartFailed { trial_id, .. } => Some(trial_id),
+        | ServiceEvent::StartFailed { trial_id, .. }
+        | ServiceEvent::PlaceAgain { trial_id, .. } => Some(trial_id),
         ServiceEvent::Warning { trial_id, .. } => trial_id.as_deref(),
         ServiceEvent::Environment { .. } => None,
     }

@@ -437,7 +437,7 @@ fn a_new_attempt_started_on_hearing_of_the_end_is_not_refused() {
                     .any(|e| matches!(e, ServiceEvent::TrialEnded { .. }));
             if first_end {
                 let pool = pool_slot.get().and_then(Weak::upgrade).unwrap();
-                let answer = pool.start(&next).map_err(|e| e.to_string());
+                let answer = pool.start(&next).map(|_| ()).map_err(|e| e.to_string());
                 answers.lock().unwrap().push(answer);
             }
             events.push(event);

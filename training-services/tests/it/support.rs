@@ -71,7 +71,8 @@ pub fn trial_of(event: &ServiceEvent) -> Option<&str> {
         ServiceEvent::TrialStarted { trial_id, .. }
         | ServiceEvent::Metric { trial_id, .. }
         | ServiceEvent::TrialEnded { trial_id, .. }
-        | ServiceEvent::StartFailed { trial_id, .. } => Some(trial_id),
+        | ServiceEvent::StartFailed { trial_id, .. }
+        | ServiceEvent::PlaceAgain { trial_id, .. } => Some(trial_id),
         ServiceEvent::Warning { trial_id, .. } => trial_id.as_deref(),
         // Resource use, not the trial's protocol: the sequences the tests compare leave it out
         // (`usage_of` finds it).
