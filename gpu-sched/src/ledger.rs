@@ -72,7 +72,9 @@ pub enum LedgerError {
         path: String,
         source: std::io::Error,
     },
-    #[error("GPU lease ledger {path} is not a ledger knob wrote ({message}); move it away and every running experiment writes a new one")]
+    // Nothing re-records a running experiment's leases in a new ledger: moving the file away
+    // while experiments run would let another take the GPUs their trials use.
+    #[error("GPU lease ledger {path} is not a ledger knob wrote ({message}); until it is replaced, trials start without leases and experiments here do not see each other's: once no knob experiment runs on this machine, move it away and knob begins a new one (moved away sooner, the running experiments' leases are lost)")]
     Corrupt { path: String, message: String },
 }
 

@@ -369,7 +369,7 @@ impl PoolCore {
         if let Some(leases) = &self.leases {
             if let Err(e) = leases.release(&request.experiment_id, &request.trial_id) {
                 knob_plugin_api::log::warn(&format!(
-                    "trial {}: its lease stays until this process ends: {e}",
+                    "trial {}: cannot give its lease back ({e}); a lease left in the ledger is reclaimed when this process ends",
                     request.trial_id
                 ));
             }

@@ -197,6 +197,16 @@ fn a_damaged_ledger_is_one_line_naming_the_file() {
         error.contains("gpu-ledger.json is not a ledger knob wrote"),
         "{error}"
     );
+    // What to do, and what it costs: a new ledger holds none of the running experiments'
+    // leases, so it is begun once none runs (H2 F9).
+    assert!(
+        error.contains("once no knob experiment runs on this machine, move it away"),
+        "{error}"
+    );
+    assert!(
+        !error.contains("every running experiment writes"),
+        "{error}"
+    );
     assert_eq!(error.lines().count(), 1);
 }
 
