@@ -20,11 +20,16 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     };
     let leases = read_ledger()?;
     if let (Some(state), Some(environment)) = (&leases, inventory.environments.first_mut()) {
-        // This process holds nothing: every lease is another process's.
-        state.annotate(environment, THIS_MACHINE, std::process::id(), None);
+        // This process holds nothing: every lease is another process's. It stands in no line,
+        // so a ticket of 0 (older than every request) marks no request as holding a GPU: what
+        // waits is listed apart (`waiting`), not as a holder.
+        state.annotate(environment, THIS_MACHINE, std::process::id(), Some(0));
     }
+    let waiting = leases.as_ref().map(waiting_requests).unwrap_or_default();
     if json {
-        println!("{}", serde_json::to_string_pretty(&inventory)?);
+        let mut value = serde_json::to_value(&inventory)?;
+        value["waiting"] = serde_json::to_value(&waiting)?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }
     for environment in &inventory.environments {
@@ -114,6 +119,10 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    if !waiting.is_empty() {
+        let requests: Vec<String> = waiting.iter().map(Waiting::describe).collect();
+        println!("waiting, first come first served: {}", requests.join("; "));
+    }
     if let Some(state) = &leases {
         let experiments: std::collections::BTreeSet<String> = state
             .leases
@@ -126,6 +135,50 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A request in the ledger for GPUs of this machine, waiting for them to be free.
+#[derive(serde::Serialize)]
+struct Waiting {
+    experiment: String,
+    pid: u32,
+    /// The trial that asked; `None` for an experiment's trials that wait in its scheduler,
+    /// for which it stands in line.
+    trial: Option<String>,
+    gpus: Vec<u32>,
+    /// Its place in line: the lower, the sooner served.
+    ticket: u64,
+}
+
+impl Waiting {
+    fn describe(&self) -> String {
+        let who = match &self.trial {
+            Some(trial) => format!("trial {trial} of {}", self.experiment),
+            None => format!("{}'s waiting trials", self.experiment),
+        };
+        let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
+        let s = if gpus.len() == 1 { "" } else { "s" };
+        format!("{who} (pid {}) for GPU{s} {}", self.pid, gpus.join(", "))
+    }
+}
+
+/// The ledger's waiting requests on this machine, oldest first.
+fn waiting_requests(state: &LedgerState) -> Vec<Waiting> {
+    let mut waiting: Vec<Waiting> = state
+        .requests
+        .iter()
+        .map(|request| &request.lease)
+        .filter(|lease| lease.machine == THIS_MACHINE)
+        .map(|lease| Waiting {
+            experiment: lease.holder.experiment.clone(),
+            pid: lease.holder.pid,
+            trial: (lease.trial != ledger::STANDING).then(|| lease.trial.clone()),
+            gpus: lease.gpus.clone(),
+            ticket: lease.ticket,
+        })
+        .collect();
+    waiting.sort_by_key(|request| request.ticket);
+    waiting
 }
 
 /// The machine's lease ledger (dead holders' leases reclaimed), if any experiment ever used one

@@ -739,3 +739,65 @@ fn a_lowered_trial_concurrency_holds_for_trials_that_wait_for_a_gpu() {
     assert!(finish(low).contains("2 trials (2 succeeded, 0 failed)"));
     assert_eq!(low_started(), 2);
 }
+
+#[test]
+fn knob_gpu_lists_a_waiting_request_apart_from_the_holders() {
+    let sandbox = Sandbox::new();
+    let config = named_config(
+        &sandbox,
+        "one",
+        &format!(
+            "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1\n\
+             trialGpuNumber: 1\n{SPACE}"
+        ),
+    );
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let home = sandbox.path().join("home");
+    let holder = start_on(&sandbox, "1x16GiB", &config, "jsa");
+    wait_for(Duration::from_secs(60), "jsa's trial running", || {
+        (!started(&code_dir).is_empty()).then_some(())
+    });
+    let waiter = start_on(&sandbox, "1x16GiB", &config, "jsb");
+    wait_for(Duration::from_secs(60), "jsb standing in line", || {
+        standing_gpus(&home, "jsb").filter(|gpus| gpus == &[0])
+    });
+    let gpu = |args: &[&str]| {
+        let (code, stdout, stderr) = run(sandbox
+            .knob()
+            .env("KNOB_SIMULATE_GPUS", "1x16GiB")
+            .arg("gpu")
+            .args(args));
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+    };
+    let json: serde_json::Value = serde_json::from_str(&gpu(&["--json"])).unwrap();
+    let held = &json["environments"][0]["gpus"][0]["held_elsewhere"];
+    assert_eq!(held.as_array().unwrap().len(), 1, "{json:#}");
+    assert_eq!(held[0]["experiment"], "jsa", "{json:#}");
+    let waiting = json["waiting"].as_array().unwrap();
+    assert_eq!(waiting.len(), 1, "{json:#}");
+    assert_eq!(
+        (
+            &waiting[0]["experiment"],
+            &waiting[0]["trial"],
+            &waiting[0]["gpus"]
+        ),
+        (
+            &serde_json::json!("jsb"),
+            &serde_json::Value::Null,
+            &serde_json::json!([0])
+        ),
+        "{json:#}"
+    );
+    let text = gpu(&[]);
+    assert!(!text.contains("asked earlier"), "{text}");
+    assert!(!text.contains("jsb trial"), "{text}");
+    assert!(
+        text.contains("waiting, first come first served: jsb's waiting trials (pid "),
+        "{text}"
+    );
+    std::fs::write(code_dir.join("go-jsa"), "").unwrap();
+    std::fs::write(code_dir.join("go-jsb"), "").unwrap();
+    assert!(finish(holder).contains("1 trials (1 succeeded, 0 failed)"));
+    assert!(finish(waiter).contains("1 trials (1 succeeded, 0 failed)"));
+}
