@@ -800,4 +800,38 @@ fn knob_gpu_lists_a_waiting_request_apart_from_the_holders() {
     std::fs::write(code_dir.join("go-jsb"), "").unwrap();
     assert!(finish(holder).contains("1 trials (1 succeeded, 0 failed)"));
     assert!(finish(waiter).contains("1 trials (1 succeeded, 0 failed)"));
+
+/// A reserve as large as the machine (or its GPU) admits no trial, whatever the trial asks:
+/// `knob create` refuses it in one line naming the reserve to lower, as it refuses a
+/// `trialMemorySize` above what the reserve leaves, instead of running an experiment whose
+/// trials wait forever (H2 F2/F3, H3 F7).
+#[test]
+fn a_reserve_larger_than_the_machine_fails_at_create_naming_the_reserve() {
+    let sandbox = Sandbox::new();
+    let cases = [
+        (
+            "host",
+            "memoryReserve: 100TiB\n",
+            "(memoryReserve): lower memoryReserve below ",
+        ),
+        (
+            "gpu",
+            "trialGpuNumber: 1\ngpuMemoryReserve: 81GiB\n",
+            "gpuMemoryReserve 81 GiB leave up to 0 B): lower gpuMemoryReserve below 80 GiB",
+        ),
+    ];
+    for (id, limit, expected) in cases {
+        let yaml = format!("trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\n{limit}{SPACE}");
+        let config = sandbox.config(&yaml, &[]);
+        let mut command = sandbox.create_command(&config, id);
+        command.env("KNOB_SIMULATE_GPUS", "1x80GiB");
+        let (code, stdout, stderr) = run(&mut command);
+        assert_eq!(code, 1, "{id}: {stdout}\n{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{id}: {stderr}");
+        assert!(
+            stderr.contains("cannot place trials") && stderr.contains(expected),
+            "{id}: {stderr}"
+        );
+        assert!(!sandbox.path().join("experiments").join(id).exists());
+    }
 }

@@ -179,17 +179,18 @@ fn permanent_text(env: &EnvState, demand: &Demand, blocker: Permanent, subject: 
             capacities.sort_unstable_by(|a, b| b.cmp(a));
             let large_enough = capacities
                 .iter()
-                .filter(|&&capacity| capacity >= demand.gpu_memory)
+                .filter(|&&capacity| capacity >= demand.gpu_memory.max(1))
                 .count();
             // The most each of `count` GPUs could be promised.
-            let feasible = ByteSize(capacities[count as usize - 1]);
-            let largest_total = env
+            let feasible = capacities[count as usize - 1];
+            let mut totals: Vec<u64> = env
                 .loads
                 .iter()
                 .filter(|load| load.allowed)
                 .map(|load| load.total_memory)
-                .max()
-                .unwrap_or(0);
+                .collect();
+            totals.sort_unstable_by(|a, b| b.cmp(a));
+            let largest_total = totals[0];
             let up_to = match gpu_limits_text(env) {
                 Some(limits) => format!(
                     "its GPUs have up to {}, of which {limits} leave up to {}",
@@ -198,10 +199,15 @@ fn permanent_text(env: &EnvState, demand: &Demand, blocker: Permanent, subject: 
                 ),
                 None => format!("its GPUs have up to {}", ByteSize(capacities[0])),
             };
+            let with = if demand.gpu_memory > 0 {
+                format!(" with {} or more", ByteSize(demand.gpu_memory))
+            } else {
+                " with memory left by the limits".to_owned()
+            };
+            let change = gpu_change(env, totals[count as usize - 1], feasible, demand.gpu_memory);
             format!(
-                "{subject} has {} with {} or more ({up_to}): lower trialGpuMemory to {feasible} or less",
+                "{subject} has {}{with} ({up_to}): {change}",
                 plural(large_enough as u64, "GPU", "GPUs"),
-                ByteSize(demand.gpu_memory),
             )
         }
         Permanent::HostMemory => {
@@ -218,11 +224,17 @@ fn permanent_text(env: &EnvState, demand: &Demand, blocker: Permanent, subject: 
             } else {
                 format!(" and {}", join_and(&kept))
             };
-            format!(
-                "{subject} has {} of memory{kept}: lower trialMemorySize to {} or less",
-                host.memory_total,
-                ByteSize(env.host_memory_capacity())
-            )
+            let change = limit_change(
+                Limit {
+                    request: "trialMemorySize",
+                    reserve: env.env.limits.min_available_memory.map(|reserve| ("memoryReserve", reserve)),
+                    utilization: "maxMemoryUtilization",
+                },
+                host.memory_total.bytes(),
+                env.host_memory_capacity(),
+                demand.host_memory,
+            );
+            format!("{subject} has {} of memory{kept}: {change}", host.memory_total)
         }
         Permanent::CpuCores => format!(
             "{subject} has {}: lower trialCpuNumber to {} or less",
@@ -248,13 +260,63 @@ fn permanent_text(env: &EnvState, demand: &Demand, blocker: Permanent, subject: 
                 _ => String::new(),
             };
             format!(
-                "GPU {index} on {subject} has {}{limits}: lower trialGpuMemory to {} or less",
+                "GPU {index} on {subject} has {}{limits}: {}",
                 ByteSize(total),
-                ByteSize(capacity)
+                gpu_change(env, total, capacity, demand.gpu_memory)
             )
         }
         Permanent::OtherHost => format!("{subject} is not host {}", env.env.host),
     }
+}
+
+/// The fields of one kind of memory limit, for the advice of a refusal.
+struct Limit {
+    request: &'static str,
+    reserve: Option<(&'static str, ByteSize)>,
+    utilization: &'static str,
+}
+
+/// What to change when the limits leave `capacity` of `total` and a trial asks `asked` (0: none)
+/// of it: the request, while the limits leave something; the limits otherwise, since no request
+/// could fit then (lowering it to "0 B or less" cannot be done).
+fn limit_change(limit: Limit, total: u64, capacity: u64, asked: u64) -> String {
+    if capacity > 0 {
+        return format!("lower {} to {} or less", limit.request, ByteSize(capacity));
+    }
+    match limit.reserve {
+        Some((field, reserve)) if reserve.bytes() >= total => {
+            if asked == 0 {
+                format!("lower {field} below {}", ByteSize(total))
+            } else if asked < total {
+                format!("lower {field} to {} or less", ByteSize(total - asked))
+            } else {
+                format!(
+                    "lower {field} and {} to {} or less together",
+                    limit.request,
+                    ByteSize(total)
+                )
+            }
+        }
+        _ => format!("raise {}", limit.utilization),
+    }
+}
+
+/// [`limit_change`] for one GPU of `total` memory.
+fn gpu_change(env: &EnvState, total: u64, capacity: u64, asked: u64) -> String {
+    limit_change(
+        Limit {
+            request: "trialGpuMemory",
+            reserve: env
+                .env
+                .limits
+                .gpu_memory_reserve
+                .map(|reserve| ("gpuMemoryReserve", reserve)),
+            utilization: "maxGpuMemoryUtilization",
+        },
+        total,
+        capacity,
+        asked,
+    )
 }
 
 /// "gpuMemoryReserve 2 GiB and maxGpuMemoryUtilization 80%", or `None` without GPU limits.
@@ -296,7 +358,13 @@ pub(crate) fn waiting(
     waiting: &[TrialRequest],
     eligible_envs: Option<usize>,
 ) -> String {
-    let mut text = format!("waiting for {}: ", describe_demand(demand));
+    let asks_nothing = demand.gpu_count() == 0 && demand.cpu_cores == 0 && demand.host_memory == 0;
+    let mut text = if asks_nothing {
+        // "waiting for no GPU" read as if the trial waited for GPUs.
+        "waiting to start: ".to_owned()
+    } else {
+        format!("waiting for {}: ", describe_demand(demand))
+    };
     if envs.is_empty() {
         text.push_str("no environment is registered yet");
         return text;

@@ -134,6 +134,8 @@ pub(crate) fn permanent_blocker(env: &EnvState, demand: &Demand) -> Option<Perma
                 if (large_enough as u32) < *count {
                     return Some(Permanent::GpuMemory);
                 }
+            } else if env.roomy_gpus < *count {
+                return Some(Permanent::GpuMemory);
             }
         }
         GpuDemand::Devices { host, indices } => {
@@ -148,14 +150,15 @@ pub(crate) fn permanent_blocker(env: &EnvState, demand: &Demand) -> Option<Perma
                 if !load.allowed {
                     return Some(Permanent::DeviceNotAllowed(index));
                 }
-                if load.capacity_memory < demand.gpu_memory {
+                // At least a byte: a GPU whose limits leave nothing takes no trial at all.
+                if load.capacity_memory < demand.gpu_memory.max(1) {
                     return Some(Permanent::DeviceMemory(index));
                 }
             }
         }
     }
     let host = &env.env.host_resources;
-    if demand.host_memory > env.host_memory_capacity() {
+    if demand.host_memory > env.host_memory_capacity() || env.host_limits_leave_nothing() {
         return Some(Permanent::HostMemory);
     }
     if demand.cpu_cores > host.cpu_count {

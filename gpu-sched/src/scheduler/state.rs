@@ -51,6 +51,10 @@ pub(crate) struct EnvState {
     pub free_gpus: u32,
     /// GPUs in the allow-list that exist.
     pub allowed_gpus: u32,
+    /// Of those, the ones whose memory limits leave some memory (`capacity_memory` above 0): a
+    /// `gpuMemoryReserve` as large as the GPU leaves no room for any trial, not even one that
+    /// asks for no memory, so such a GPU can never take one.
+    pub roomy_gpus: u32,
     pub declared_host_memory: u64,
     pub declared_cpu_cores: u32,
     pub trials: BTreeSet<TrialId>,
@@ -66,6 +70,7 @@ impl EnvState {
             loads: Vec::new(),
             free_gpus: 0,
             allowed_gpus: 0,
+            roomy_gpus: 0,
             declared_host_memory: 0,
             declared_cpu_cores: 0,
             trials: BTreeSet::new(),
@@ -168,6 +173,14 @@ impl EnvState {
         }
     }
 
+    /// The most host memory the limits ever leave a trial is none: a `memoryReserve` (or a
+    /// `maxMemoryUtilization`) that keeps the whole memory free admits no trial, not even one
+    /// that asks for no memory.
+    pub fn host_limits_leave_nothing(&self) -> bool {
+        let limited = self.memory_reserve() > 0 || self.memory_use_ceiling().is_some();
+        limited && self.host_memory_capacity() == 0
+    }
+
     pub fn hold(&mut self, assignment: &Assignment) {
         self.trials.insert(assignment.trial.clone());
         self.declared_host_memory += assignment.host_memory.bytes();
@@ -231,6 +244,11 @@ impl EnvState {
         for position in 0..self.loads.len() {
             self.refresh_gpu(position);
         }
+        self.roomy_gpus = self
+            .loads
+            .iter()
+            .filter(|load| load.allowed && load.capacity_memory > 0)
+            .count() as u32;
         let trials = std::mem::take(&mut self.trials);
         for trial in &trials {
             if let Some(assignment) = assignments.get(trial) {

@@ -4,7 +4,7 @@
 //! rejection reason names the limit.
 
 use expect_test::expect;
-use knob_gpu_sched::{ByteSize, EnvironmentLimits, Placement, SchedulerConfig, TrialId};
+use knob_gpu_sched::{ByteSize, DeviceRef, EnvironmentLimits, Placement, SchedulerConfig, TrialId};
 
 use crate::support::{env, host, limits, place, scheduler_with, trial, with_foreign};
 
@@ -38,6 +38,64 @@ fn max_cpu_utilization_holds_trials_while_the_host_is_busy_and_admits_them_once_
     scheduler.upsert_environment(busy).unwrap();
     expect![[r#"
         a: local [0]
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+}
+
+#[test]
+fn a_reserve_as_large_as_the_machine_is_a_rejection_advising_to_lower_the_reserve() {
+    // H2 F2/F3, H3 F7: a reserve that leaves nothing admits no trial, whatever it asks; the
+    // advice names the reserve, since no request could fit ("lower trialGpuMemory to 0 B" can
+    // not be followed).
+    let check = |limits: EnvironmentLimits, config: SchedulerConfig| {
+        let mut machine = env("local", &[80]);
+        machine.limits = limits;
+        let mut scheduler = scheduler_with(config, vec![machine]);
+        place(&mut scheduler, &[trial("a")])
+    };
+    let gpu_reserve = EnvironmentLimits {
+        gpu_memory_reserve: Some(ByteSize::gib(81)),
+        ..limits()
+    };
+    expect![[r#"
+        a: reject: the trial asks for 1 GPU, but the largest environment, local, has 0 GPUs with memory left by the limits (its GPUs have up to 80 GiB, of which gpuMemoryReserve 81 GiB leave up to 0 B): lower gpuMemoryReserve below 80 GiB
+    "#]]
+    .assert_eq(&check(gpu_reserve.clone(), gpu_config(None)));
+    expect![[r#"
+        a: reject: the trial asks for 1 GPU with 1 GiB, but the largest environment, local, has 0 GPUs with 1 GiB or more (its GPUs have up to 80 GiB, of which gpuMemoryReserve 81 GiB leave up to 0 B): lower gpuMemoryReserve to 79 GiB or less
+    "#]]
+    .assert_eq(&check(gpu_reserve.clone(), gpu_config(Some(1))));
+    let device = SchedulerConfig {
+        trial_gpu_number: None,
+        ..SchedulerConfig::default()
+    };
+    let mut machine = env("local", &[80]);
+    machine.limits = gpu_reserve;
+    let mut scheduler = scheduler_with(device, vec![machine]);
+    let on_gpu_0 = trial("a").devices([DeviceRef::new("local", 0)]);
+    expect![[r#"
+        a: reject: the trial asks for GPU 0 on local, but GPU 0 on local has 80 GiB, of which gpuMemoryReserve 81 GiB leave 0 B: lower gpuMemoryReserve below 80 GiB
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[on_gpu_0]));
+    let host_reserve = EnvironmentLimits {
+        min_available_memory: Some(ByteSize::gib(100)),
+        ..limits()
+    };
+    expect![[r#"
+        a: reject: the trial asks for no GPU, but the largest environment, local, has 64 GiB of memory and keeps 100 GiB free (memoryReserve): lower memoryReserve below 64 GiB
+    "#]]
+    .assert_eq(&check(host_reserve.clone(), SchedulerConfig::default()));
+    expect![[r#"
+        a: reject: the trial asks for 8 GiB of host memory, but the largest environment, local, has 64 GiB of memory and keeps 100 GiB free (memoryReserve): lower memoryReserve to 56 GiB or less
+    "#]]
+    .assert_eq(&check(host_reserve, host_config(8)));
+    // A reserve below the machine's size still leaves trials room: they wait, not refused.
+    let mut busy = env("local", &[]);
+    busy.host_resources.memory_available = ByteSize::gib(4);
+    busy.limits.min_available_memory = Some(ByteSize::gib(8));
+    let mut scheduler = scheduler_with(SchedulerConfig::default(), vec![busy]);
+    expect![[r#"
+        a: wait: waiting to start: local: 4 GiB of memory available (memoryReserve 8 GiB kept free)
     "#]]
     .assert_eq(&place(&mut scheduler, &[trial("a")]));
 }
