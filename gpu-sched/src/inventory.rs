@@ -244,6 +244,17 @@ pub struct EnvironmentLimits {
     pub max_trials: Option<u32>,
 }
 
+impl EnvironmentLimits {
+    /// Whether a limit is judged on the host's CPU use or available memory as they are now
+    /// (`maxCpuUtilization`, `memoryReserve`, `maxMemoryUtilization`): only a recent probe can
+    /// tell whether a trial may start under them.
+    pub fn judged_on_host_use(&self) -> bool {
+        self.max_cpu_utilization.is_some()
+            || self.min_available_memory.is_some()
+            || self.max_memory_utilization.is_some()
+    }
+}
+
 impl Default for EnvironmentLimits {
     fn default() -> Self {
         EnvironmentLimits {

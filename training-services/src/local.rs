@@ -241,9 +241,10 @@ impl LocalService {
             |pid: u32| process_group_of(pid).is_some_and(|group| groups.contains(&group));
         let mut inventory = probe_inventory(probe, &is_trial, &self.limits)?;
         if let Some(leases) = self.pool.leases() {
-            // The core asks once at its start, then only while one of its trials waits for
-            // resources: from the second call on, this experiment has trials waiting, and
-            // stands in line for the GPUs others hold.
+            // The core asks once at its start, then only while trials wait to be placed (for
+            // resources, or for a fresh probe under a limit judged on the host's use): from the
+            // second call on, this experiment has trials waiting, and stands in line for the
+            // GPUs others hold.
             let waiting = std::mem::replace(&mut self.asked_before, true);
             let waiting = self
                 .experiment
@@ -393,7 +394,14 @@ fn probe_inventory(
     is_trial: &dyn Fn(u32) -> bool,
     limits: &EnvironmentLimits,
 ) -> Result<knob_gpu_sched::Environment, LocalError> {
-    let mut environments = probe.sample(is_trial);
+    // CPU use is the difference of two samples: with `maxCpuUtilization` set, the probe waits a
+    // moment for a figure of what runs now rather than report none (which holds trials back)
+    // or one averaged since the last probe, seconds or minutes ago.
+    let mut environments = if limits.max_cpu_utilization.is_some() {
+        probe.sample_blocking(is_trial)
+    } else {
+        probe.sample(is_trial)
+    };
     if environments.is_empty() {
         return Err(LocalError::Probe("the probe found nothing".into()));
     }

@@ -835,3 +835,85 @@ fn a_reserve_larger_than_the_machine_fails_at_create_naming_the_reserve() {
         assert!(!sandbox.path().join("experiments").join(id).exists());
     }
 }
+
+/// Busy loops on every CPU, ended when dropped, and by themselves after 5 minutes in any case
+/// (one process each, so that the kill reaches the loop: a loop under `timeout` outlived it).
+struct BusyCpus(Vec<std::process::Child>);
+
+impl BusyCpus {
+    fn start() -> BusyCpus {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        BusyCpus(
+            (0..cpus)
+                .map(|_| {
+                    std::process::Command::new("python3")
+                        .args([
+                            "-c",
+                            "import time\nend = time.time() + 300\nwhile time.time() < end: pass",
+                        ])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for BusyCpus {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `maxCpuUtilization` holds trials while the host is busier (H2 F4, H3 F6): it used to be
+/// judged on a probe with no CPU figure (the first sample has none), as if the host were idle,
+/// so every trial started on a machine at 100%.
+#[test]
+fn max_cpu_utilization_holds_trials_on_a_busy_host_and_says_so() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: touch started-$NNI_TRIAL_JOB_ID\ntrialConcurrency: 1\nmaxTrialNumber: 2\n\
+         maxCpuUtilization: 1\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let _busy = BusyCpus::start();
+    let mut child = sandbox
+        .create_command(&config, "cpu")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let row = wait_for(Duration::from_secs(60), "a trial waiting", || {
+        let (code, stdout, _) = run(sandbox.knob().args(["trial", "ls", "cpu"]));
+        (code == 0)
+            .then(|| {
+                stdout
+                    .lines()
+                    .find(|line| line.contains("WAITING") && line.contains("maxCpuUtilization"))
+                    .map(str::to_owned)
+            })
+            .flatten()
+    });
+    let started = || {
+        std::fs::read_dir(&code_dir)
+            .unwrap()
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("started-"))
+            .count()
+    };
+    assert!(
+        row.contains("waiting to start: local: CPU at ") && row.contains("(maxCpuUtilization 1%)"),
+        "{row}"
+    );
+    assert_eq!(started(), 0, "a trial started on a busy host: {row}");
+    let (code, _, stderr) = run(sandbox.knob().args(["stop", "cpu"]));
+    assert_eq!(code, 0, "{stderr}");
+    wait_for(Duration::from_secs(60), "the experiment to end", || {
+        child.try_wait().unwrap()
+    });
+    assert_eq!(started(), 0, "a trial started on a busy host");
+}

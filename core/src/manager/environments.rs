@@ -74,6 +74,9 @@ pub(super) struct Environments {
     /// environment is left.
     problems: Vec<String>,
     placer: Placer,
+    /// By service: whether one of its environments has a limit judged on the host's use as it
+    /// is now (see [`Environments::host_use_limited`]).
+    host_use_limited: Vec<bool>,
 }
 
 impl Environments {
@@ -84,7 +87,15 @@ impl Environments {
             records: HashMap::new(),
             problems: Vec::new(),
             placer,
+            host_use_limited: Vec::new(),
         }
+    }
+
+    /// Whether an environment of service `service` has a limit judged on the host's use as it
+    /// is now (CPU use, memory available: `EnvironmentLimits::judged_on_host_use`), which only a
+    /// recent probe can tell (`Manager::probe_for_host_use_limits`).
+    pub fn host_use_limited(&self, service: usize) -> bool {
+        self.host_use_limited.get(service).copied().unwrap_or(false)
     }
 
     /// The platform of the service at `index`.
@@ -136,6 +147,12 @@ impl Environments {
                     // mistake (trials placed there still run on the GPUs it has).
                     if let (None, Err(e)) = (was_ready, inventory.check_limits_match_gpus()) {
                         said.push(Said::Notice(e.to_string()));
+                    }
+                    if inventory.limits.judged_on_host_use() {
+                        if self.host_use_limited.len() <= service {
+                            self.host_use_limited.resize(service + 1, false);
+                        }
+                        self.host_use_limited[service] = true;
                     }
                     if let Err(reason) = self.placer.upsert(inventory) {
                         ready = false;

@@ -35,6 +35,14 @@ fn waiting_reason_gap(recorded: u32) -> std::time::Duration {
         .min(WAITING_REASON_EVERY)
 }
 
+/// How old a probe may be when trials are placed on an environment with a limit judged on the
+/// host's use now (see `Manager::probe_for_host_use_limits`): a trial started every few
+/// seconds pays a probe each, one started more often shares one.
+const HOST_USE_PROBE_AGE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long trials wait for such a probe before they are placed on what is known.
+const HOST_USE_PROBE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether a waiting trial's reason, if it changed, is to be recorded at `now`.
 fn reason_due(trial: &super::trial::Trial, now: Instant) -> bool {
     trial
@@ -327,6 +335,10 @@ impl Manager {
                 self.environments.no_environment_reason(),
             ));
         }
+        if self.probe_for_host_use_limits().await? {
+            // Its answer wakes the loop, which places them then.
+            return Ok(());
+        }
         let requests: Vec<OwnRequest> = waiting
             .iter()
             .map(|id| OwnRequest {
@@ -403,6 +415,38 @@ impl Manager {
             self.timers.cancel_reprobe();
         }
         Ok(())
+    }
+
+    /// Probes again, before trials are placed, each service whose environments have a limit
+    /// judged on the host's use now (`maxCpuUtilization`, `memoryReserve`,
+    /// `maxMemoryUtilization`) and whose last probe is older than [`HOST_USE_PROBE_AGE`]:
+    /// otherwise an experiment whose trials never waited for anything else placed every one
+    /// against the probe of its start (H2 F4, H3 F6). Experiments without such a limit pay
+    /// nothing. Returns whether such a probe is still on its way: the trials wait for its answer,
+    /// for at most [`HOST_USE_PROBE_PATIENCE`] (a service busy with a long start answers late,
+    /// and the environments of the others must not stall for it).
+    async fn probe_for_host_use_limits(&mut self) -> Result<bool, ManagerError> {
+        let now = Instant::now();
+        let mut on_its_way = false;
+        for index in 0..self.services.len() {
+            if !self.environments.host_use_limited(index) {
+                continue;
+            }
+            let slot = &self.services[index];
+            if let Some(asked) = slot.reprobe_asked {
+                on_its_way |= now.duration_since(asked) < HOST_USE_PROBE_PATIENCE;
+                continue;
+            }
+            if slot
+                .probed_at
+                .is_some_and(|at| now.duration_since(at) < HOST_USE_PROBE_AGE)
+            {
+                continue;
+            }
+            self.reprobe(index).await?;
+            on_its_way |= self.services[index].reprobe_asked.is_some();
+        }
+        Ok(on_its_way)
     }
 
     /// Hands a placed trial to the service that owns its environment.

@@ -12,6 +12,7 @@ use std::path::Path;
 use knob_plugin_api::host::{EnvironmentReport, HostError, Reply, TrainingServiceHandle};
 use knob_plugin_api::service::{Environment, ServiceContext, ServiceEvent};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::environments::Said;
 use super::{Components, Manager, ManagerError};
@@ -27,9 +28,11 @@ pub(super) struct ServiceSlot {
     /// The platform, which is also the plugin's name.
     pub platform: String,
     pub handle: TrainingServiceHandle,
-    /// A re-probe asked of it has not been answered yet (`refresh_environments`): no second
-    /// one is asked, since each answer says what changed since the one before.
-    pub reprobe_pending: bool,
+    /// When a re-probe asked of it, not answered yet, was asked (`refresh_environments`): no
+    /// second one is asked, since each answer says what changed since the one before.
+    pub reprobe_asked: Option<Instant>,
+    /// When it last answered for its environments (at its start, then each re-probe).
+    pub probed_at: Option<Instant>,
 }
 
 /// An event with the index of the service that reported it.
@@ -128,7 +131,8 @@ pub(super) async fn start_services(
             Ok(handle) => slots.push(ServiceSlot {
                 platform,
                 handle,
-                reprobe_pending: false,
+                reprobe_asked: None,
+                probed_at: None,
             }),
             Err(e) => {
                 shut_down(&slots).await;
@@ -233,20 +237,27 @@ impl Manager {
     /// wake of the loop (`late_reports`, `on_reprobe_answer`).
     pub(super) async fn refresh_environments(&mut self) -> Result<(), ManagerError> {
         for index in 0..self.services.len() {
-            let slot = &mut self.services[index];
-            if slot.reprobe_pending {
-                continue;
-            }
-            match slot.handle.environment_reports().try_get() {
-                Ok(answer) => self.on_reprobe_answer(index, answer).await?,
-                Err(reply) => {
-                    slot.reprobe_pending = true;
-                    let late = self.late_reports_tx.clone();
-                    tokio::spawn(async move {
-                        // The loop is gone once the experiment ended: nothing to tell.
-                        let _ = late.send((index, reply.get().await));
-                    });
-                }
+            self.reprobe(index).await?;
+        }
+        Ok(())
+    }
+
+    /// Asks service `index` again for its environments, unless a re-probe of it is on its way
+    /// already (see [`Manager::refresh_environments`]).
+    pub(super) async fn reprobe(&mut self, index: usize) -> Result<(), ManagerError> {
+        let slot = &mut self.services[index];
+        if slot.reprobe_asked.is_some() {
+            return Ok(());
+        }
+        match slot.handle.environment_reports().try_get() {
+            Ok(answer) => self.on_reprobe_answer(index, answer).await?,
+            Err(reply) => {
+                slot.reprobe_asked = Some(Instant::now());
+                let late = self.late_reports_tx.clone();
+                tokio::spawn(async move {
+                    // The loop is gone once the experiment ended: nothing to tell.
+                    let _ = late.send((index, reply.get().await));
+                });
             }
         }
         Ok(())
@@ -258,7 +269,10 @@ impl Manager {
         index: usize,
         answer: Result<Vec<EnvironmentReport>, HostError>,
     ) -> Result<(), ManagerError> {
-        self.services[index].reprobe_pending = false;
+        // Answered, even with an error: a service whose every answer fails is not asked again
+        // at once (`probe_for_host_use_limits`), nor warned about on every turn of the loop.
+        self.services[index].reprobe_asked = None;
+        self.services[index].probed_at = Some(Instant::now());
         match answer {
             Ok(reports) => self.on_environment_reports(index, reports).await,
             Err(e) => {
@@ -315,6 +329,7 @@ impl Manager {
         service: usize,
         reports: Vec<EnvironmentReport>,
     ) -> Result<(), ManagerError> {
+        self.services[service].probed_at = Some(Instant::now());
         for report in reports {
             let said = match report {
                 EnvironmentReport::Full(environment) => {

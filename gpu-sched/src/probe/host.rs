@@ -1,6 +1,6 @@
 //! CPU and memory of this machine through sysinfo.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sysinfo::{MemoryRefreshKind, System};
 
@@ -11,11 +11,17 @@ use crate::inventory::HostResources;
 /// How long CPU use must be observed before it means anything.
 pub const CPU_SAMPLE_INTERVAL: Duration = sysinfo::MINIMUM_CPU_UPDATE_INTERVAL;
 
+/// The longest span a CPU figure from [`HostProbe::sample_blocking`] covers: a figure over a
+/// longer one would average in what ran then (a trial that has ended since, a job that
+/// stopped), and hide what runs now.
+pub const CPU_FIGURE_SPAN: Duration = Duration::from_secs(1);
+
 /// Keeps the previous sample: CPU use is a difference between two samples, so the first one
 /// reports `cpu_utilization_percent: None`.
 pub struct HostProbe {
     system: System,
     samples: u64,
+    last_sample: Option<Instant>,
 }
 
 impl std::fmt::Debug for HostProbe {
@@ -34,7 +40,11 @@ impl HostProbe {
                     detail: error.to_string(),
                 }
             })?;
-        Ok(HostProbe { system, samples: 0 })
+        Ok(HostProbe {
+            system,
+            samples: 0,
+            last_sample: None,
+        })
     }
 
     pub fn sample(&mut self) -> HostResources {
@@ -42,6 +52,7 @@ impl HostProbe {
         self.system
             .refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
         self.samples += 1;
+        self.last_sample = Some(Instant::now());
         let mut memory_total = self.system.total_memory();
         let mut memory_available = self.system.available_memory();
         // In a container the machine's memory is not ours to promise: the cgroup limit is.
@@ -59,12 +70,21 @@ impl HostProbe {
         }
     }
 
-    /// Two samples [`CPU_SAMPLE_INTERVAL`] apart, for one-shot callers (`knob gpu`, the probe
-    /// example) that want a CPU figure. Blocks for that interval.
+    /// A sample whose CPU figure covers at least [`CPU_SAMPLE_INTERVAL`] and at most
+    /// [`CPU_FIGURE_SPAN`] before it: for one-shot callers (`knob gpu`, the probe example) and
+    /// for a probe that a `maxCpuUtilization` is judged on. Blocks for up to that interval when
+    /// the previous sample is too recent or too old (or there is none) to give one.
     pub fn sample_blocking(&mut self) -> HostResources {
-        if self.samples == 0 {
-            self.sample();
-            std::thread::sleep(CPU_SAMPLE_INTERVAL);
+        let since_last = self.last_sample.map(|at| at.elapsed());
+        match since_last {
+            Some(since) if since < CPU_SAMPLE_INTERVAL => {
+                std::thread::sleep(CPU_SAMPLE_INTERVAL - since)
+            }
+            Some(since) if since <= CPU_FIGURE_SPAN => {}
+            _ => {
+                self.sample();
+                std::thread::sleep(CPU_SAMPLE_INTERVAL);
+            }
         }
         self.sample()
     }

@@ -5,7 +5,7 @@ mod host;
 mod nvml;
 mod simulated;
 
-pub use host::{HostProbe, CPU_SAMPLE_INTERVAL};
+pub use host::{HostProbe, CPU_FIGURE_SPAN, CPU_SAMPLE_INTERVAL};
 pub use nvml::{trial_gpu_memory, NvmlProbe, NvmlReading, NVML_LIBRARY};
 pub use simulated::{SimulatedInventory, MAX_SIMULATED_GPUS, SIMULATE_GPUS_VAR};
 
@@ -64,8 +64,9 @@ impl LocalProbe {
         self.environments(host_resources, is_knob_process)
     }
 
-    /// Like [`sample`](Self::sample), but waits out [`CPU_SAMPLE_INTERVAL`] on the first call
-    /// so that CPU use is known: for one-shot callers such as `knob gpu`.
+    /// Like [`sample`](Self::sample), but with CPU use known, over a recent span (see
+    /// [`HostProbe::sample_blocking`]; waits up to [`CPU_SAMPLE_INTERVAL`] for it): for one-shot
+    /// callers such as `knob gpu`, and for a probe that `maxCpuUtilization` is judged on.
     pub fn sample_blocking(&mut self, is_knob_process: &dyn Fn(u32) -> bool) -> Vec<Environment> {
         let host_resources = self.host.sample_blocking();
         self.environments(host_resources, is_knob_process)

@@ -459,11 +459,11 @@ fn busy_environment(
         ));
     }
     if env.cpu_too_busy() {
-        issues.push(format!(
-            "CPU at {:.0}% (maxCpuUtilization {}%)",
-            host.cpu_utilization_percent.unwrap_or(0.0),
-            env.env.limits.max_cpu_utilization.unwrap_or(0.0)
-        ));
+        let limit = env.env.limits.max_cpu_utilization.unwrap_or(0.0);
+        issues.push(match host.cpu_utilization_percent {
+            Some(percent) => format!("CPU at {percent:.0}% (maxCpuUtilization {limit}%)"),
+            None => format!("CPU use not measured yet (maxCpuUtilization {limit}%)"),
+        });
     }
     let reserve = env.memory_reserve();
     let held_memory = hold.map_or(0, |hold| hold.host_memory);

@@ -162,14 +162,19 @@ impl EnvState {
             .is_some_and(|most| self.trials.len() >= most as usize)
     }
 
-    /// CPU use at or above the environment's limit.
+    /// CPU use at or above the environment's limit, or not known while there is a limit: a
+    /// probe's first sample has no CPU figure (it is a difference of two samples), and a host
+    /// whose use is unknown is not one known to be below the limit. The trial waits for the
+    /// next probe, which the training service takes soon after (the `local` one takes its
+    /// first two samples a moment apart when the limit is set).
     pub fn cpu_too_busy(&self) -> bool {
         match (
             self.env.limits.max_cpu_utilization,
             self.env.host_resources.cpu_utilization_percent,
         ) {
             (Some(limit), Some(current)) => current >= limit,
-            _ => false,
+            (Some(_), None) => true,
+            (None, _) => false,
         }
     }
 

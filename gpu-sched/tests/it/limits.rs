@@ -43,6 +43,31 @@ fn max_cpu_utilization_holds_trials_while_the_host_is_busy_and_admits_them_once_
 }
 
 #[test]
+fn max_cpu_utilization_holds_trials_while_cpu_use_is_not_measured_yet() {
+    // A probe's first sample has no CPU figure: a host whose use is unknown is not one known to
+    // be below the limit (H2 F4, H3 F6). Without the limit the unknown figure holds nothing.
+    let mut unmeasured = env("local", &[]);
+    unmeasured.host_resources.cpu_utilization_percent = None;
+    let mut scheduler = scheduler_with(SchedulerConfig::default(), vec![unmeasured.clone()]);
+    expect![[r#"
+        a: local (GPUs unmanaged)
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+    unmeasured.limits.max_cpu_utilization = Some(90.0);
+    let mut scheduler = scheduler_with(SchedulerConfig::default(), vec![unmeasured.clone()]);
+    expect![[r#"
+        a: wait: waiting to start: local: CPU use not measured yet (maxCpuUtilization 90%)
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+    unmeasured.host_resources.cpu_utilization_percent = Some(20.0);
+    scheduler.upsert_environment(unmeasured).unwrap();
+    expect![[r#"
+        a: local (GPUs unmanaged)
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a")]));
+}
+
+#[test]
 fn a_reserve_as_large_as_the_machine_is_a_rejection_advising_to_lower_the_reserve() {
     // H2 F2/F3, H3 F7: a reserve that leaves nothing admits no trial, whatever it asks; the
     // advice names the reserve, since no request could fit ("lower trialGpuMemory to 0 B" can
