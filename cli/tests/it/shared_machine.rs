@@ -800,6 +800,7 @@ fn knob_gpu_lists_a_waiting_request_apart_from_the_holders() {
     std::fs::write(code_dir.join("go-jsb"), "").unwrap();
     assert!(finish(holder).contains("1 trials (1 succeeded, 0 failed)"));
     assert!(finish(waiter).contains("1 trials (1 succeeded, 0 failed)"));
+}
 
 /// A reserve as large as the machine (or its GPU) admits no trial, whatever the trial asks:
 /// `knob create` refuses it in one line naming the reserve to lower, as it refuses a
