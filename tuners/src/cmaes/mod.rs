@@ -10,7 +10,7 @@
 //!   own from the values of the best quarter of the results so far (at most 16 of them), every
 //!   value keeping weight 1 and each of those results adding 3, so nothing is ruled out. Uniform
 //!   before the first result. Parameters of an unchosen nested option are ignored.
-//! - A generation is λ points (`population_size`, default `4 + ⌊3 ln d⌋`); the distribution is
+//! - A generation is λ points (`population_size`, default `4 + ⌊3 ln d⌋`, at most 65536); the distribution is
 //!   updated once λ of them have results. A trial that ends without a result counts as the worst.
 //!   More trials running than λ draw from the same distribution; results of an earlier
 //!   generation arrive too late to update it and only inform the categorical choice.
@@ -47,7 +47,8 @@ use strategy::Strategy;
 const NAME: &str = "CMAES";
 /// Draws from the distribution tried before it counts as stuck on points already handed out.
 const DUPLICATE_DRAWS: usize = 20;
-/// The largest population IPOP grows to.
+/// The largest population: IPOP's doublings stop here, and a larger `population_size` is
+/// refused, as one generation's draws are held in memory at once (λ vectors of d numbers).
 const MAX_POPULATION: usize = 1 << 16;
 /// At most this many of the best results shape the categorical draws.
 const CATEGORICAL_ELITE: usize = 16;
@@ -123,10 +124,10 @@ impl Tuner for CmaEsTuner {
         };
         let population = match args.population_size {
             None => None,
-            Some(p) if p >= 2 => Some(usize::try_from(p).unwrap_or(MAX_POPULATION)),
+            Some(p) if (2..=MAX_POPULATION as u64).contains(&p) => Some(p as usize),
             Some(p) => {
                 return Err(invalid_arg(format!(
-                    "population_size must be at least 2, got {p}"
+                    "population_size must be a whole number from 2 to {MAX_POPULATION}, got {p}"
                 )))
             }
         };

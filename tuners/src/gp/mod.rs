@@ -13,7 +13,7 @@
 //! 3. trials still running join the data as a *constant liar*: each pretends to have returned
 //!    the mean observed loss, so the model is certain there and parallel suggestions spread out;
 //! 4. the acquisition (`utility`: EI, UCB or PI) is maximized over `selection_num_warm_up`
-//!    candidates and a pattern search from the best `selection_num_starting_points`
+//!    candidates (default 2000, at most 1000000) and a pattern search from the best `selection_num_starting_points`
 //!    ([`acquisition`]), and the best candidate not handed out before (after rounding integers
 //!    and q-types) is the suggestion.
 //!
@@ -52,6 +52,9 @@ use acquisition::{ranked_candidates, sort_best_first, Acquisition, Utility};
 use model::{GaussianProcess, Smoothness};
 
 const NAME: &str = "GPTuner";
+/// The most `selection_num_warm_up`: every warm-up candidate is held and scored at once, so a
+/// larger count asks for gigabytes; ten times NNI's default (100000).
+const MAX_WARM_UP: u64 = 1_000_000;
 /// More observations than this are thinned before fitting: the fit costs O(n³) per step.
 const MAX_TRAINING_POINTS: usize = 256;
 /// Hyperparameter fits from random starts, besides the one from the prior's centre, while the
@@ -153,8 +156,10 @@ fn settings(args: &GpArgs) -> Result<Settings, PluginError> {
         Some(a) => return Err(invalid_arg(format!("alpha must be > 0, got {a}"))),
     };
     let warm_up = args.selection_num_warm_up.unwrap_or(2000);
-    if warm_up == 0 {
-        return Err(invalid_arg("selection_num_warm_up must be at least 1"));
+    if !(1..=MAX_WARM_UP).contains(&warm_up) {
+        return Err(invalid_arg(format!(
+            "selection_num_warm_up must be a whole number from 1 to {MAX_WARM_UP}, got {warm_up}"
+        )));
     }
     Ok(Settings {
         mode: args.optimize_mode.unwrap_or(OptimizeMode::Maximize),
@@ -164,7 +169,7 @@ fn settings(args: &GpArgs) -> Result<Settings, PluginError> {
         smoothness,
         alpha,
         cold_start_num: args.cold_start_num.unwrap_or(10),
-        warm_up: usize::try_from(warm_up).unwrap_or(usize::MAX),
+        warm_up: warm_up as usize,
         starting_points: usize::try_from(args.selection_num_starting_points.unwrap_or(10))
             .unwrap_or(usize::MAX),
     })

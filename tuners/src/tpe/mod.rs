@@ -65,6 +65,10 @@ use crate::common::seed::{seed, seed_or_entropy, step_rng};
 use crate::common::unseen::Unseen;
 
 const NAME: &str = "TPE";
+/// The most `tpe_args.n_ei_candidates`: every candidate of a suggestion is held and scored at
+/// once, so a larger count asks for gigabytes (24 bytes a candidate and parameter) and takes
+/// seconds a suggestion; NNI's and Optuna's default is 24.
+const MAX_EI_CANDIDATES: u64 = 100_000;
 
 /// The TPE tuner; see the module docs.
 #[derive(Debug)]
@@ -341,8 +345,10 @@ impl Settings {
             settings.n_startup_jobs = n as usize;
         }
         if let Some(n) = args.n_ei_candidates {
-            if n == 0 {
-                return Err(bad("n_ei_candidates must be at least 1, got 0".into()));
+            if !(1..=MAX_EI_CANDIDATES).contains(&n) {
+                return Err(bad(format!(
+                    "n_ei_candidates must be a whole number from 1 to {MAX_EI_CANDIDATES}, got {n}"
+                )));
             }
             settings.n_ei_candidates = n as usize;
         }

@@ -202,8 +202,12 @@ fn errors_are_one_line_a_user_can_act_on() {
         "classArgs of CMAES: sigma0 is a fraction of each parameter's range, in (0, 1]; got 1.5"
     ]
     .assert_eq(&class_args_error::<CmaEsTuner>(r#"{"sigma0": 1.5}"#));
-    expect!["classArgs of CMAES: population_size must be at least 2, got 1"]
+    expect!["classArgs of CMAES: population_size must be a whole number from 2 to 65536, got 1"]
         .assert_eq(&class_args_error::<CmaEsTuner>(r#"{"population_size": 1}"#));
+    // Refused at construction (so `knob config check` names it), not an allocation failure
+    // when the first generation is drawn.
+    expect!["classArgs of CMAES: population_size must be a whole number from 2 to 65536, got 1000000000"]
+        .assert_eq(&class_args_error::<CmaEsTuner>(r#"{"population_size": 1000000000}"#));
     expect![[r#"classArgs of CMAES: optimize_mode must be "maximize" or "minimize", got "min""#]]
         .assert_eq(&class_args_error::<CmaEsTuner>(
             r#"{"optimize_mode": "min"}"#,

@@ -208,8 +208,11 @@ fn errors_are_one_line_a_user_can_act_on() {
         .assert_eq(&class_args_error::<GpTuner>(r#"{"kappa": -1}"#));
     expect!["classArgs of GPTuner: alpha must be > 0, got 0"]
         .assert_eq(&class_args_error::<GpTuner>(r#"{"alpha": 0}"#));
-    expect!["classArgs of GPTuner: selection_num_warm_up must be at least 1"].assert_eq(
+    expect!["classArgs of GPTuner: selection_num_warm_up must be a whole number from 1 to 1000000, got 0"].assert_eq(
         &class_args_error::<GpTuner>(r#"{"selection_num_warm_up": 0}"#),
+    );
+    expect!["classArgs of GPTuner: selection_num_warm_up must be a whole number from 1 to 1000000, got 1000000000"].assert_eq(
+        &class_args_error::<GpTuner>(r#"{"selection_num_warm_up": 1000000000}"#),
     );
     expect!["classArgs of GPTuner: cold_start_num: expected a whole number ≥ 0, got 2.5"]
         .assert_eq(&class_args_error::<GpTuner>(r#"{"cold_start_num": 2.5}"#));

@@ -81,8 +81,14 @@ fn unknown_and_invalid_class_args_are_clear_errors() {
         ));
     expect![[r#"classArgs of TPE: tpe_args: expected a mapping, got "bad""#]]
         .assert_eq(&class_args_error::<TpeTuner>(r#"{"tpe_args": "bad"}"#));
-    expect!["classArgs of TPE: tpe_args.n_ei_candidates must be at least 1, got 0"].assert_eq(
-        &class_args_error::<TpeTuner>(r#"{"tpe_args": {"n_ei_candidates": 0}}"#),
+    expect![
+        "classArgs of TPE: tpe_args.n_ei_candidates must be a whole number from 1 to 100000, got 0"
+    ]
+    .assert_eq(&class_args_error::<TpeTuner>(
+        r#"{"tpe_args": {"n_ei_candidates": 0}}"#,
+    ));
+    expect!["classArgs of TPE: tpe_args.n_ei_candidates must be a whole number from 1 to 100000, got 1000000000"].assert_eq(
+        &class_args_error::<TpeTuner>(r#"{"tpe_args": {"n_ei_candidates": 1000000000}}"#),
     );
     expect!["classArgs of TPE: tpe_args.prior_weight must be a number >= 0, got -1"].assert_eq(
         &class_args_error::<TpeTuner>(r#"{"tpe_args": {"prior_weight": -1}}"#),
