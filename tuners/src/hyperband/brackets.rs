@@ -57,10 +57,75 @@ struct Slot {
     k: u64,
 }
 
-#[derive(Debug, Default)]
+/// Slots waiting to be handed out: `count` configurations `first.k, first.k + 1, ...` of one
+/// round. A bracket's first round is queued as one run, never listed: with a large `R` it has
+/// hundreds of millions of members (2^29 for R 1e9, eta 2) of which an experiment starts a
+/// few, so listing them (as NNI does) would take gigabytes before the first trial.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    first: Slot,
+    count: u64,
+}
+
+impl Queued {
+    fn one(slot: Slot) -> Queued {
+        Queued {
+            first: slot,
+            count: 1,
+        }
+    }
+
+    /// What is left of this run without the configurations in `holes` (ascending, in range).
+    fn without(self, holes: impl Iterator<Item = u64>) -> Vec<Queued> {
+        let mut pieces = Vec::new();
+        let mut from = self.first.k;
+        let end = self.first.k + self.count;
+        for hole in holes {
+            if hole > from {
+                pieces.push(Queued {
+                    first: Slot {
+                        k: from,
+                        ..self.first
+                    },
+                    count: hole - from,
+                });
+            }
+            from = hole + 1;
+        }
+        if end > from {
+            pieces.push(Queued {
+                first: Slot {
+                    k: from,
+                    ..self.first
+                },
+                count: end - from,
+            });
+        }
+        pieces
+    }
+}
+
+/// A round's configurations: the first round's are a range (see [`Queued`]), a later round's
+/// those promoted to it.
+#[derive(Debug)]
+enum Members {
+    Range(std::ops::Range<u64>),
+    Promoted(Vec<u64>),
+}
+
+impl Members {
+    fn contains(&self, k: u64) -> bool {
+        match self {
+            Members::Range(range) => range.contains(&k),
+            Members::Promoted(list) => list.contains(&k),
+        }
+    }
+}
+
+#[derive(Debug)]
 struct Round {
     budget: u64,
-    members: Vec<u64>,
+    members: Members,
     handed: BTreeSet<u64>,
     /// Losses, in the order they arrived.
     results: Vec<(u64, f64)>,
@@ -68,8 +133,23 @@ struct Round {
 }
 
 impl Round {
+    fn new(budget: u64, members: Members) -> Round {
+        Round {
+            budget,
+            members,
+            handed: BTreeSet::new(),
+            results: Vec::new(),
+            ended: BTreeSet::new(),
+        }
+    }
+
     fn complete(&self) -> bool {
-        self.members.iter().all(|k| self.ended.contains(k))
+        match &self.members {
+            Members::Range(range) => {
+                self.ended.range(range.clone()).count() as u64 == range.end - range.start
+            }
+            Members::Promoted(list) => list.iter().all(|k| self.ended.contains(k)),
+        }
     }
 }
 
@@ -102,7 +182,7 @@ pub(crate) struct Brackets {
     next_bracket: u64,
     /// Parameters of each configuration drawn so far (without the budget).
     configs: BTreeMap<u64, Value>,
-    queue: VecDeque<Slot>,
+    queue: VecDeque<Queued>,
     /// Parameter id → the slot its trial runs.
     trials: BTreeMap<u64, Slot>,
     deferred: VecDeque<u64>,
@@ -225,9 +305,16 @@ impl Brackets {
         if self.queue.is_empty() && self.may_open() {
             self.open_bracket();
         }
-        let Some(slot) = self.queue.pop_front() else {
+        let Some(queued) = self.queue.front_mut() else {
             return Ok(None);
         };
+        let slot = queued.first;
+        if queued.count > 1 {
+            queued.first.k += 1;
+            queued.count -= 1;
+        } else {
+            self.queue.pop_front();
+        }
         let budget = self.brackets[&slot.bracket].rounds[slot.round].budget;
         let config = match self.configs.get(&slot.k) {
             Some(config) => config.clone(),
@@ -266,21 +353,21 @@ impl Brackets {
         let s = self.schedule.bracket_s(b);
         let (n, budget) = self.schedule.round(s, 0);
         let first = self.schedule.first_config(b);
-        let members: Vec<u64> = (first..first + n).collect();
-        self.queue.extend(members.iter().map(|&k| Slot {
-            bracket: b,
-            round: 0,
-            k,
-        }));
+        if n > 0 {
+            self.queue.push_back(Queued {
+                first: Slot {
+                    bracket: b,
+                    round: 0,
+                    k: first,
+                },
+                count: n,
+            });
+        }
         self.brackets.insert(
             b,
             Bracket {
                 s,
-                rounds: vec![Round {
-                    budget,
-                    members,
-                    ..Round::default()
-                }],
+                rounds: vec![Round::new(budget, Members::Range(first..first + n))],
                 all_queued: s == 0,
                 finished: false,
             },
@@ -327,16 +414,16 @@ impl Brackets {
             return;
         }
         let last = i as u32 + 1 == bracket.s;
-        bracket.rounds.push(Round {
-            budget,
-            members: promoted.clone(),
-            ..Round::default()
-        });
+        bracket
+            .rounds
+            .push(Round::new(budget, Members::Promoted(promoted.clone())));
         bracket.all_queued = last;
-        self.queue.extend(promoted.into_iter().map(|k| Slot {
-            bracket: b,
-            round: i + 1,
-            k,
+        self.queue.extend(promoted.into_iter().map(|k| {
+            Queued::one(Slot {
+                bracket: b,
+                round: i + 1,
+                k,
+            })
         }));
     }
 
@@ -433,7 +520,7 @@ impl Brackets {
                 let missing: Vec<u64> = here
                     .iter()
                     .map(|(slot, _)| slot.k)
-                    .filter(|k| !current.members.contains(k))
+                    .filter(|&k| !current.members.contains(k))
                     .collect();
                 if !missing.is_empty() {
                     self.repromote(b, round, &missing);
@@ -461,11 +548,14 @@ impl Brackets {
             }
         }
         let brackets = &self.brackets;
-        self.queue.retain(|slot| {
-            !brackets[&slot.bracket].rounds[slot.round]
-                .handed
-                .contains(&slot.k)
-        });
+        self.queue = std::mem::take(&mut self.queue)
+            .into_iter()
+            .flat_map(|queued| {
+                let handed = &brackets[&queued.first.bracket].rounds[queued.first.round].handed;
+                let range = queued.first.k..queued.first.k + queued.count;
+                queued.without(handed.range(range).copied())
+            })
+            .collect();
         outcomes
     }
 
@@ -473,26 +563,32 @@ impl Brackets {
     /// lowest-ranked members not started yet.
     fn repromote(&mut self, b: u64, round: usize, missing: &[u64]) {
         let bracket = self.brackets.get_mut(&b).expect("bracket exists");
-        let Some(current) = bracket.rounds.get_mut(round) else {
+        let Some(Round {
+            members: Members::Promoted(members),
+            ..
+        }) = bracket.rounds.get_mut(round)
+        else {
             return;
         };
         for &k in missing {
-            current.members.push(k);
-            self.queue.push_back(Slot {
+            members.push(k);
+            self.queue.push_back(Queued::one(Slot {
                 bracket: b,
                 round,
                 k,
-            });
+            }));
         }
-        // Drop queued members beyond the round's size, last first.
+        // Drop queued members beyond the round's size, last first (a promoted round is queued
+        // one slot at a time).
         let (n, _) = self.schedule.round(bracket.s, round as u32);
-        while current.members.len() as u64 > n {
-            let Some(pos) = current.members.iter().rposition(|k| !missing.contains(k)) else {
+        while members.len() as u64 > n {
+            let Some(pos) = members.iter().rposition(|k| !missing.contains(k)) else {
                 break;
             };
-            let k = current.members.remove(pos);
-            self.queue
-                .retain(|slot| !(slot.bracket == b && slot.round == round && slot.k == k));
+            let k = members.remove(pos);
+            self.queue.retain(|queued| {
+                !(queued.first.bracket == b && queued.first.round == round && queued.first.k == k)
+            });
         }
     }
 }

@@ -582,3 +582,49 @@ fn bohb_proposes_valid_points_in_a_space_of_every_type_with_nested_choices() {
     let (early, late) = (score(&handed[..4]), score(&handed[300..]));
     assert!(late < early, "late mean {late} vs first bracket {early}");
 }
+
+#[test]
+fn a_huge_first_bracket_is_never_listed() {
+    // R 1e9, eta 2: the first bracket has 2^29 configurations. Only the few handed out exist;
+    // listing them all took 12 GiB, so `knob create` of a 3-trial experiment aborted.
+    let mut t = tuner::<HyperbandTuner>(r#"{"R": 1000000000, "eta": 2, "seed": 3}"#, SPACE);
+    let first = run(&mut t, 2, 4, 0, |p| Some(x_of(p)));
+    let labels: Vec<String> = first
+        .iter()
+        .map(|h| format!("{}@{}", h.label, budget(h)))
+        .collect();
+    assert_eq!(
+        labels,
+        ["0-29_0_0@1", "0-29_0_1@1", "0-29_0_2@1", "0-29_0_3@1"]
+    );
+    // Resumed with configuration 1 not started: it comes first, then the bracket goes on.
+    let mut part = first.clone();
+    part.remove(1);
+    let results: BTreeMap<u64, f64> = part.iter().map(|h| (h.id, x_of(&h.parameters))).collect();
+    let mut resumed = tuner::<HyperbandTuner>(r#"{"R": 1000000000, "eta": 2, "seed": 3}"#, SPACE);
+    resumed.import_data(&imported(&part, &results)).unwrap();
+    let next: Vec<Handed> = (10..13).map(|id| ask(&mut resumed, id).unwrap()).collect();
+    let labels: Vec<&str> = next.iter().map(|h| h.label.as_str()).collect();
+    assert_eq!(labels, ["0-29_0_1", "0-29_0_4", "0-29_0_5"]);
+    assert_eq!(next[0].parameters, first[1].parameters);
+    // BOHB's largest budget range the same way.
+    let mut bohb = tuner::<BohbTuner>(
+        r#"{"min_budget": 1, "max_budget": 1000000000, "eta": 2, "seed": 3}"#,
+        SPACE,
+    );
+    let labels: Vec<String> = run(&mut bohb, 1, 3, 0, |p| Some(x_of(p)))
+        .iter()
+        .map(|h| h.label.clone())
+        .collect();
+    assert_eq!(labels, ["29_0_0", "29_0_1", "29_0_2"]);
+    // Nothing near the gigabytes of a listed bracket was ever taken (peak of the whole test
+    // process, so a generous bound).
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        let peak_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/self/status");
+        assert!(peak_kib < 2 << 20, "peak resident memory {peak_kib} KiB");
+    }
+}
