@@ -27,6 +27,13 @@
 //! - The stop line is best − (1 − threshold)·|best| (best + … when minimizing): NNI's
 //!   threshold × best for a positive best, and still "a little worse than the best" when the
 //!   best is negative.
+//! - While a trial still climbs (its latest result above every earlier one), a family whose
+//!   prediction is below that latest result is left out before the agreement filter: NNI's
+//!   loose error filter lets through fits stuck flat at the mean, and its agreement filter
+//!   (which compares predictions at `epoch_num` with values at the last point) can keep those
+//!   and drop the families that fit, so it stopped a trial rising 1, 2, …, 7 on a prediction
+//!   of 4.2 for epoch 10 (NNI itself keeps that trial only because its fits fail more often).
+//!   So a climbing trial is never judged on a prediction below what it already reached.
 //! - NaN results are left out of the fit (the other points keep their epochs).
 //! - A trial that starts over (a retry: a history no longer than at its last judgment) is
 //!   judged again from `start_step` on.
@@ -189,7 +196,9 @@ mod prediction {
             .filter(|(_, y)| !y.is_nan())
             .map(|(i, &y)| ((i + 1) as f64, y))
             .collect();
-        let &(last_x, _) = points.last()?;
+        let &(last_x, latest) = points.last()?;
+        // Still climbing: the latest result is above every earlier one.
+        let rising = points[..points.len() - 1].iter().all(|p| p.1 < latest);
         let n = points.len() as f64;
         let mean = points.iter().map(|p| p.1).sum::<f64>() / n;
         let allowed_error = mean * mean * n;
@@ -202,9 +211,16 @@ mod prediction {
                 .iter()
                 .map(|&(x, y)| ((family.value)(x, &params) - y).powi(2))
                 .sum();
-            if error < allowed_error {
+            let at_target = (family.value)(target as f64, &params);
+            // Every family is a curve that rises towards an asymptote (NNI's weighting gives no
+            // weight to an ensemble that does not rise), so one that puts a still-climbing trial
+            // below a result it already has has not captured this curve: a fit stuck flat at the
+            // mean or on a step. NNI's loose error filter lets such fits through, and its
+            // agreement filter can then keep them and drop the families that fit, predicting a
+            // fall (4.2 at epoch 10 for 1, 2, ..., 7). Left out, the ensemble never predicts
+            // below the latest result of a rising curve.
+            if error < allowed_error && !(rising && at_target < latest) {
                 let at_last = (family.value)(last_x, &params);
-                let at_target = (family.value)(target as f64, &params);
                 fitted.push((family.name, at_last, at_target));
             }
         }
