@@ -206,6 +206,7 @@ impl Tuner for BohbTuner {
             )));
         }
         self.proposer.set_space(space);
+        self.brackets.set_space(space);
         Ok(())
     }
 

@@ -13,9 +13,16 @@
 //! round `i`'s member order. If no configuration of the round has a result, the bracket ends
 //! there (NNI raises an IndexError when fewer results than `n_{i+1}` exist; here the round just
 //! promotes those it has).
+//!
+//! After a change of search space ([`Brackets::set_space`]) a configuration the new space does
+//! not hold is neither promoted (the next best that it holds takes its place) nor handed out if
+//! it was promoted before the change (its slot counts as ended without a result): handing it
+//! out would end the experiment under the default `tunerErrorPolicy: error`. NNI's advisors
+//! promote it all the same.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{log, Generated, ImportedTrial, PluginError, Suggestion};
 use serde_json::Value;
 
@@ -182,6 +189,8 @@ pub(crate) struct Brackets {
     next_bracket: u64,
     /// Parameters of each configuration drawn so far (without the budget).
     configs: BTreeMap<u64, Value>,
+    /// The latest search space: configurations it does not hold go no further.
+    space: Option<SearchSpace>,
     queue: VecDeque<Queued>,
     /// Parameter id → the slot its trial runs.
     trials: BTreeMap<u64, Slot>,
@@ -204,6 +213,7 @@ impl Brackets {
             brackets: BTreeMap::new(),
             next_bracket: 0,
             configs: BTreeMap::new(),
+            space: None,
             queue: VecDeque::new(),
             trials: BTreeMap::new(),
             deferred: VecDeque::new(),
@@ -213,6 +223,11 @@ impl Brackets {
 
     pub(crate) fn schedule(&self) -> &Schedule {
         &self.schedule
+    }
+
+    /// The search space from now on (the first one, or a change of it).
+    pub(crate) fn set_space(&mut self, space: &SearchSpace) {
+        self.space = Some(space.clone());
     }
 
     /// Parameters for trial `parameter_id`, or [`Generated::Deferred`] while a round waits.
@@ -302,19 +317,36 @@ impl Brackets {
         parameter_id: u64,
         draw: &mut dyn Draw,
     ) -> Result<Option<(Value, String)>, PluginError> {
-        if self.queue.is_empty() && self.may_open() {
-            self.open_bracket();
-        }
-        let Some(queued) = self.queue.front_mut() else {
-            return Ok(None);
+        let slot = loop {
+            if self.queue.is_empty() && self.may_open() {
+                self.open_bracket();
+            }
+            let Some(queued) = self.queue.front_mut() else {
+                return Ok(None);
+            };
+            let slot = queued.first;
+            if queued.count > 1 {
+                queued.first.k += 1;
+                queued.count -= 1;
+            } else {
+                self.queue.pop_front();
+            }
+            if held(self.space.as_ref(), self.configs.get(&slot.k)) {
+                break slot;
+            }
+            // Promoted before the search space changed, and not in the new one.
+            log::warn(&format!(
+                "bracket {} round {}: configuration {} is not in the new search space; its place is left empty",
+                self.bracket_id(slot.bracket),
+                slot.round,
+                slot.k
+            ));
+            if let Some(round) = self.round_mut(slot) {
+                round.handed.insert(slot.k);
+                round.ended.insert(slot.k);
+            }
+            self.complete_rounds(slot.bracket, &[]);
         };
-        let slot = queued.first;
-        if queued.count > 1 {
-            queued.first.k += 1;
-            queued.count -= 1;
-        } else {
-            self.queue.pop_front();
-        }
         let budget = self.brackets[&slot.bracket].rounds[slot.round].budget;
         let config = match self.configs.get(&slot.k) {
             Some(config) => config.clone(),
@@ -379,6 +411,7 @@ impl Brackets {
     fn complete_rounds(&mut self, b: u64, keep: &[u64]) {
         let schedule = self.schedule;
         let bracket_id = self.bracket_id(b);
+        let (space, configs) = (self.space.as_ref(), &self.configs);
         let Some(bracket) = self.brackets.get_mut(&b) else {
             return;
         };
@@ -401,7 +434,7 @@ impl Brackets {
             if promoted.len() as u64 >= n_next {
                 break;
             }
-            if !promoted.contains(&k) {
+            if !promoted.contains(&k) && held(space, configs.get(&k)) {
                 promoted.push(k);
             }
         }
@@ -590,5 +623,13 @@ impl Brackets {
                 !(queued.first.bracket == b && queued.first.round == round && queued.first.k == k)
             });
         }
+    }
+}
+
+/// Whether `space` holds `config` (a configuration not drawn yet, or no space yet, is held).
+fn held(space: Option<&SearchSpace>, config: Option<&Value>) -> bool {
+    match (space, config) {
+        (Some(space), Some(config)) => space.validate_parameters(config).is_ok(),
+        _ => true,
     }
 }

@@ -110,6 +110,7 @@ impl Tuner for HyperbandTuner {
             )));
         }
         self.draw.space = Some(space.clone());
+        self.brackets.set_space(space);
         Ok(())
     }
 

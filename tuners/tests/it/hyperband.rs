@@ -628,3 +628,92 @@ fn a_huge_first_bracket_is_never_listed() {
         assert!(peak_kib < 2 << 20, "peak resident memory {peak_kib} KiB");
     }
 }
+
+/// After `knob update searchspace` narrows the space, a configuration the new space does not
+/// hold is neither promoted (the best it holds take the places) nor handed out when it was
+/// promoted before the change (its place is left empty): it used to be handed out, and under
+/// the default `tunerErrorPolicy: error` the experiment ended in ERROR. Both tuners.
+#[test]
+fn configurations_outside_a_narrowed_space_go_no_further() {
+    fn check<T: Tuner>(args: &str) {
+        let x_space =
+            |high: f64| format!(r#"{{"x": {{"_type": "uniform", "_value": [0, {high}]}}}}"#);
+        let mut t = tuner::<T>(args, &x_space(1.0));
+        // Round 0 of the first bracket: 9 configurations at once.
+        let first: Vec<Handed> = (0..9).map(|id| ask(&mut t, id).unwrap()).collect();
+        // The space narrows to [0, 0.75] while they run; maximize: the best are the largest.
+        let narrowed = crate::parse(&x_space(0.75));
+        t.update_search_space(&narrowed).unwrap();
+        for h in &first {
+            t.receive_trial_result(h.id, &h.parameters, x_of(&h.parameters))
+                .unwrap();
+            t.trial_end(h.id, status::SUCCEEDED).unwrap();
+        }
+        let mut held: Vec<f64> = first
+            .iter()
+            .map(|h| x_of(&h.parameters))
+            .filter(|x| *x <= 0.75)
+            .collect();
+        held.sort_by(|a, b| b.total_cmp(a));
+        assert!(
+            held.len() >= 3 && held.len() < 9,
+            "seed: {held:?} of {first:?}"
+        );
+        let mut next_id = 9;
+        let mut ready: Vec<Handed> = t
+            .take_suggestions()
+            .unwrap()
+            .into_iter()
+            .map(|s| Handed {
+                id: s.parameter_id,
+                label: s.label.unwrap(),
+                parameters: s.parameters,
+            })
+            .collect();
+        while ready.len() < 3 {
+            let h = ask(&mut t, next_id).expect("serial: round 1 is queued");
+            next_id += 1;
+            ready.push(h);
+        }
+        let mut promoted: Vec<f64> = ready.iter().map(|h| x_of(&h.parameters)).collect();
+        promoted.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(promoted, held[..3].to_vec(), "{args}");
+        assert!(ready.iter().all(|h| budget(h) == 3), "{ready:?}");
+
+        // Round 1 ends; round 2 promotes one; the space then narrows to below every config.
+        for h in &ready {
+            t.receive_trial_result(h.id, &h.parameters, x_of(&h.parameters))
+                .unwrap();
+            t.trial_end(h.id, status::SUCCEEDED).unwrap();
+        }
+        let tiny = crate::parse(&x_space(1e-12));
+        t.update_search_space(&tiny).unwrap();
+        // Whatever comes now (a pending promotion is dropped) lies in the new space.
+        for id in next_id..next_id + 5 {
+            if let Some(h) = ask(&mut t, id) {
+                let mut config = h.parameters.clone();
+                config.as_object_mut().unwrap().remove("TRIAL_BUDGET");
+                assert!(
+                    tiny.validate_parameters(&config).is_ok(),
+                    "{args}: handed out {} outside the space",
+                    h.parameters
+                );
+            }
+        }
+        for s in t.take_suggestions().unwrap() {
+            let mut config = s.parameters.clone();
+            config.as_object_mut().unwrap().remove("TRIAL_BUDGET");
+            assert!(
+                tiny.validate_parameters(&config).is_ok(),
+                "{args}: {}",
+                s.parameters
+            );
+        }
+    }
+    check::<HyperbandTuner>(
+        r#"{"R": 9, "eta": 3, "seed": 3, "optimize_mode": "maximize", "exec_mode": "serial"}"#,
+    );
+    check::<BohbTuner>(
+        r#"{"min_budget": 1, "max_budget": 9, "eta": 3, "seed": 3, "optimize_mode": "maximize"}"#,
+    );
+}
