@@ -223,6 +223,10 @@ impl Manager {
             .append(StoreEvent::ExperimentStatusChanged {
                 status: ExperimentStatus::Running,
                 message: None,
+                spent_before_ms: manager
+                    .timers
+                    .spent_before()
+                    .map(|spent| u64::try_from(spent.as_millis()).unwrap_or(u64::MAX)),
             })
             .await?;
         manager.publish(Some(ExperimentStatus::Running));
@@ -518,6 +522,7 @@ impl Manager {
             .append(StoreEvent::ExperimentStatusChanged {
                 status: ExperimentStatus::NoMoreTrial,
                 message: Some("the tuner has no more parameters to try".into()),
+                spent_before_ms: None,
             })
             .await?;
         Ok(())
@@ -891,6 +896,7 @@ impl Manager {
             .append(StoreEvent::ExperimentStatusChanged {
                 status,
                 message: message.clone(),
+                spent_before_ms: None,
             })
             .await?;
         self.store.flush().await?;

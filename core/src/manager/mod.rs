@@ -210,6 +210,7 @@ pub async fn run_observed(
                 .append(StoreEvent::ExperimentStatusChanged {
                     status,
                     message: Some(e.to_string()),
+                    spent_before_ms: None,
                 })
                 .await?;
             return Err(ManagerError::NotStarted(Box::new(e)));

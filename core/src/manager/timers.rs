@@ -43,6 +43,9 @@ pub(super) struct Timers {
     deadline_passed: bool,
     /// Experiment time spent before this run (a resumed experiment's earlier runs).
     time_before: Duration,
+    /// The same, whether or not a maximum counts it, for a resumed run: what its `RUNNING`
+    /// records (`StoreEvent::ExperimentStatusChanged::spent_before_ms`).
+    spent_before: Option<Duration>,
     /// While trials wait for resources, when to probe the machine again.
     reprobe_at: Option<Instant>,
     /// Since when nothing runs and the tuner owes parameters; whether the user was told.
@@ -57,9 +60,15 @@ impl Timers {
             deadline: max_duration.and_then(|d| started.checked_add(d)),
             deadline_passed: false,
             time_before: Duration::ZERO,
+            spent_before: None,
             reprobe_at: None,
             tuner_wait: None,
         }
+    }
+
+    /// A resumed run's experiment time before it (see [`Timers::resume`]); `None` for a first run.
+    pub fn spent_before(&self) -> Option<Duration> {
+        self.spent_before
     }
 
     /// How long this run has lasted (what progress displays show).
@@ -71,6 +80,7 @@ impl Timers {
     /// maximum nothing is counted (as before the split: a maximum set later by an update counts
     /// from this run's start).
     pub fn resume(&mut self, spent: Duration, max_duration: Option<Duration>) {
+        self.spent_before = Some(spent);
         if let Some(max) = max_duration {
             self.deadline = self.started.checked_add(max.saturating_sub(spent));
             self.time_before = spent;

@@ -375,11 +375,12 @@ impl Follower {
                     self.send(Notification::new_best(&self.context, &trial));
                 }
             }
-            StoreEvent::ExperimentStatusChanged { status, message }
-                if matches!(
-                    status,
-                    ExperimentStatus::Done | ExperimentStatus::Error | ExperimentStatus::Stopped
-                ) =>
+            StoreEvent::ExperimentStatusChanged {
+                status, message, ..
+            } if matches!(
+                status,
+                ExperimentStatus::Done | ExperimentStatus::Error | ExperimentStatus::Stopped
+            ) =>
             {
                 self.ended = true;
                 match Summary::read(reader, &self.context, *status, message.clone(), time_ms) {

@@ -188,6 +188,13 @@ pub enum StoreEvent {
     ExperimentStatusChanged {
         status: ExperimentStatus,
         message: Option<String>,
+        /// On the `RUNNING` that starts a run: the experiment time spent before it, as that run
+        /// worked it out (a crashed run counted up to its last sign of life, see
+        /// `ExperimentState::last_alive_ms`). Time is counted from it on: the crashed run's
+        /// status stays active until this event (nothing recorded its end), and the stretch
+        /// between the crash and the resume is no run's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spent_before_ms: Option<u64>,
     },
     /// A live edit of the config (e.g. `trialConcurrency`, `maxTrialNumber`). `field` is a
     /// dotted path of camelCase keys into the config object; objects on the way are created.

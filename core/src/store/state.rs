@@ -49,6 +49,8 @@ pub struct StatusChange {
     pub time_ms: i64,
     pub status: ExperimentStatus,
     pub message: Option<String>,
+    /// See `StoreEvent::ExperimentStatusChanged`.
+    pub spent_before_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -202,6 +204,14 @@ impl ExperimentState {
     pub fn active_time_ms(&self, until_ms: i64) -> i64 {
         let mut total = 0;
         for (index, change) in self.status_history.iter().enumerate() {
+            // A run that said what was spent before it: its figure, not the segments before
+            // (the last of which, a crashed run's, reaches to this start).
+            if let Some(before) = change
+                .spent_before_ms
+                .filter(|_| change.time_ms <= until_ms)
+            {
+                total = i64::try_from(before).unwrap_or(i64::MAX);
+            }
             let end = self
                 .status_history
                 .get(index + 1)
@@ -428,6 +438,7 @@ impl Replayer {
                         time_ms,
                         status: ExperimentStatus::Initialized,
                         message: None,
+                        spent_before_ms: None,
                     }],
                     config_updates: Vec::new(),
                     trials: Vec::new(),
@@ -438,7 +449,11 @@ impl Replayer {
                     last_alive_ms: 0,
                 });
             }
-            StoreEvent::ExperimentStatusChanged { status, message } => {
+            StoreEvent::ExperimentStatusChanged {
+                status,
+                message,
+                spent_before_ms,
+            } => {
                 let state = self.state(seq)?;
                 state.status = status;
                 state.status_message.clone_from(&message);
@@ -447,6 +462,7 @@ impl Replayer {
                     time_ms,
                     status,
                     message,
+                    spent_before_ms,
                 });
             }
             StoreEvent::ConfigUpdated { field, value } => {

@@ -439,7 +439,9 @@ impl Writer {
                     other => other?,
                 };
             }
-            StoreEvent::ExperimentStatusChanged { status, message } => {
+            StoreEvent::ExperimentStatusChanged {
+                status, message, ..
+            } => {
                 let changed = connection
                     .prepare_cached(
                         "UPDATE experiment SET status = ?1, status_message = ?2, updated_ms = ?3",

@@ -93,6 +93,7 @@ fn every_event_type_round_trips_through_the_log() {
         StoreEvent::ExperimentStatusChanged {
             status: ExperimentStatus::Running,
             message: None,
+            spent_before_ms: None,
         },
         StoreEvent::ConfigUpdated {
             field: "trialConcurrency".to_string(),
@@ -148,6 +149,7 @@ fn every_event_type_round_trips_through_the_log() {
         StoreEvent::ExperimentStatusChanged {
             status: ExperimentStatus::Done,
             message: Some("maxTrialNumber reached".to_string()),
+            spent_before_ms: None,
         },
     ];
     let acks: Vec<_> = events.iter().cloned().map(|e| store.append(e)).collect();
@@ -1168,6 +1170,7 @@ fn active_time_counts_only_active_statuses() {
     let status = |status| StoreEvent::ExperimentStatusChanged {
         status,
         message: None,
+        spent_before_ms: None,
     };
     put(&store, status(ExperimentStatus::Running));
     put(&store, status(ExperimentStatus::Stopped));
@@ -1175,6 +1178,36 @@ fn active_time_counts_only_active_statuses() {
     let running = state.status_history[1].time_ms;
     let stopped = state.status_history[2].time_ms;
     assert_eq!(state.active_time_ms(stopped + 10_000), stopped - running);
+}
+
+/// A crashed run's `RUNNING` has no end: the next run's `RUNNING` ends it, and the stretch
+/// between them (a weekend between the crash and `knob resume`) used to count at every later
+/// resume. A resumed run records what was spent before it, and time counts from that.
+#[test]
+fn a_run_that_says_what_was_spent_before_it_leaves_the_crash_downtime_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    let status = |status, spent_before_ms| StoreEvent::ExperimentStatusChanged {
+        status,
+        message: None,
+        spent_before_ms,
+    };
+    put(&store, status(ExperimentStatus::Running, None));
+    // The run crashes here; the next one starts later and says 1 234 ms were spent.
+    put(&store, status(ExperimentStatus::Running, Some(1_234)));
+    put(&store, status(ExperimentStatus::Stopped, None));
+    let state = store.replay().unwrap();
+    let resumed = state.status_history[2].time_ms;
+    let stopped = state.status_history[3].time_ms;
+    assert_eq!(state.status_history[2].spent_before_ms, Some(1_234));
+    assert_eq!(
+        state.active_time_ms(stopped + 10_000),
+        1_234 + (stopped - resumed)
+    );
+    // Before the resumed run started, its figure does not apply yet.
+    let crashed_run = state.status_history[1].time_ms;
+    assert_eq!(state.active_time_ms(resumed - 1), resumed - 1 - crashed_run);
 }
 
 /// After a crash nothing says when the run died: no event is written while trials run quietly.
@@ -1195,6 +1228,7 @@ fn an_idle_writer_marks_the_run_alive_and_replay_counts_up_to_the_mark() {
         StoreEvent::ExperimentStatusChanged {
             status: ExperimentStatus::Running,
             message: None,
+            spent_before_ms: None,
         },
     );
     let alive = dir.path().join(knob_core::store::ALIVE_FILE_NAME);
