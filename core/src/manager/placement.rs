@@ -300,21 +300,11 @@ impl Manager {
             let placed = self.book.placed_count();
             let room = concurrency.saturating_sub(placed) as usize;
             let now = Instant::now();
+            let reason = format!(
+                "{placed} trials run or are starting, and trialConcurrency is {concurrency}"
+            );
             for trial_id in waiting.split_off(room.min(waiting.len())) {
-                let reason = format!(
-                    "{placed} trials run or are starting, and trialConcurrency is {concurrency}"
-                );
-                let trial = self
-                    .book
-                    .get_mut(&trial_id)
-                    .expect("waiting trial is known");
-                if reason_due(trial, now) && trial.waiting_reason.as_deref() != Some(&reason) {
-                    trial.waiting_reason = Some(reason.clone());
-                    trial.waiting_warned_at = Some(now);
-                    trial.waiting_reasons_recorded += 1;
-                    self.warn(Some(trial_id), format!("waiting: {reason}"))
-                        .await?;
-                }
+                self.note_waiting(trial_id, &reason, now).await?;
             }
             if waiting.is_empty() {
                 return Ok(());
@@ -395,19 +385,7 @@ impl Manager {
                 Placement::TmpNoAvailableGpu { reason } => {
                     any_waits = true;
                     self.timers.reprobe_later(Instant::now());
-                    let trial = self
-                        .book
-                        .get_mut(&trial_id)
-                        .expect("waiting trial is known");
-                    if reason_due(trial, now)
-                        && trial.waiting_reason.as_deref() != Some(reason.as_str())
-                    {
-                        trial.waiting_reason = Some(reason.clone());
-                        trial.waiting_warned_at = Some(now);
-                        trial.waiting_reasons_recorded += 1;
-                        self.warn(Some(trial_id), format!("waiting: {reason}"))
-                            .await?;
-                    }
+                    self.note_waiting(trial_id, &reason, now).await?;
                 }
             }
         }
@@ -415,6 +393,28 @@ impl Manager {
             self.timers.cancel_reprobe();
         }
         Ok(())
+    }
+
+    /// Records why waiting trial `trial_id` waits, when the reason changed and one is due
+    /// ([`reason_due`]): a warning the console and the store show.
+    async fn note_waiting(
+        &mut self,
+        trial_id: String,
+        reason: &str,
+        now: Instant,
+    ) -> Result<(), ManagerError> {
+        let trial = self
+            .book
+            .get_mut(&trial_id)
+            .expect("waiting trial is known");
+        if !reason_due(trial, now) || trial.waiting_reason.as_deref() == Some(reason) {
+            return Ok(());
+        }
+        trial.waiting_reason = Some(reason.to_owned());
+        trial.waiting_warned_at = Some(now);
+        trial.waiting_reasons_recorded += 1;
+        self.warn(Some(trial_id), format!("waiting: {reason}"))
+            .await
     }
 
     /// Probes again, before trials are placed, each service whose environments have a limit
@@ -577,21 +577,17 @@ impl Manager {
         let platform = &self.services[service].platform;
         let ignored = match self.book.get(&trial_id) {
             Some(trial) if trial.status.is_final() => return Ok(()),
-            Some(trial) if trial.service != Some(service) => format!(
-                "training service {platform} handed back a trial it was not asked to run; ignored: {reason}"
-            ),
-            Some(trial) if trial.status == TrialStatus::Waiting && trial.launched => {
-                String::new()
+            Some(trial) if trial.service != Some(service) => {
+                Some("a trial it was not asked to run")
             }
-            Some(_) => format!(
-                "training service {platform} handed back a trial that had started; ignored: {reason}"
-            ),
-            None => format!(
-                "training service {platform} handed back an unknown trial; ignored: {reason}"
-            ),
+            Some(trial) if trial.status == TrialStatus::Waiting && trial.launched => None,
+            Some(_) => Some("a trial that had started"),
+            None => Some("an unknown trial"),
         };
-        if !ignored.is_empty() {
-            return self.warn(Some(trial_id), ignored).await;
+        if let Some(what) = ignored {
+            let warning =
+                format!("training service {platform} handed back {what}; ignored: {reason}");
+            return self.warn(Some(trial_id), warning).await;
         }
         // A kill decided while it was on its way ends it as decided (see `on_start_failed`).
         if let Some((status, why)) = self.book[trial_id.as_str()].kill.clone() {
