@@ -77,20 +77,21 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
         ExperimentCommand::Export { id, format, output } => {
             let entry = registry.get(&id)?;
             let state = open(&entry)?.replay()?;
-            let mut out: Box<dyn Write> = match &output {
-                Some(path) => Box::new(
-                    std::fs::File::create(path)
-                        .with_context(|| format!("cannot create {}", path.display()))?,
-                ),
-                None => Box::new(std::io::stdout().lock()),
-            };
+            // Rendered whole first, so that a failed write (a full disk) is told with the
+            // file's name rather than as a bare OS error from the middle of the output.
+            let mut rendered = Vec::new();
             match format {
                 ExportFormat::Json => writeln!(
-                    out,
+                    rendered,
                     "{}",
                     serde_json::to_string_pretty(&knob_core::export::to_json(&state))?
                 )?,
-                ExportFormat::Csv => knob_core::export::write_csv(&state, &mut out)?,
+                ExportFormat::Csv => knob_core::export::write_csv(&state, &mut rendered)?,
+            }
+            match &output {
+                Some(path) => std::fs::write(path, &rendered)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                None => std::io::stdout().lock().write_all(&rendered)?,
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -15,8 +15,8 @@ use crate::table::render;
 #[derive(clap::Args)]
 pub struct TopArgs {
     id: String,
-    /// Seconds between refreshes.
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds between refreshes (0.1 to 3600).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
     interval: f64,
     /// Stop after this many refreshes.
     #[arg(long)]
@@ -25,7 +25,7 @@ pub struct TopArgs {
 
 pub fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
-    let interval = Duration::from_secs_f64(args.interval.clamp(0.1, 3600.0));
+    let interval = Duration::from_secs_f64(args.interval);
     let terminal = RawTerminal::enter();
     let mut frames = 0u64;
     loop {
@@ -126,6 +126,17 @@ fn render_frame(id: &str, snapshot: &Value, running: &Value, live: bool) -> Stri
         frame.push_str("\nq to quit\n");
     }
     frame
+}
+
+/// `--interval`: refused outside 0.1–3600 s rather than clamped, so a typo (`0`, `nan`, `-1`)
+/// is told, not silently turned into a refresh rate nobody asked for.
+fn parse_interval(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(seconds) if (0.1..=3600.0).contains(&seconds) => Ok(seconds),
+        _ => Err(format!(
+            "expected seconds between 0.1 and 3600 (for instance 2 or 0.5), not {text:?}"
+        )),
+    }
 }
 
 /// Waits up to `interval` for a `q` on a raw terminal; without one, just waits.

@@ -151,6 +151,43 @@ fn the_quickstart_runs_and_exports_every_trial() {
     assert_eq!(code, 0);
     assert_eq!(csv.lines().count(), 25);
     assert!(csv.starts_with("trial_id,sequence,status,final,"), "{csv}");
+    // `-o` writes the same; a write that fails (a full disk) names the file.
+    let written = sandbox.path().join("quick.csv");
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["experiment", "export", "quick"])
+        .args([
+            "--format".as_ref(),
+            "csv".as_ref(),
+            "-o".as_ref(),
+            written.as_os_str(),
+        ]));
+    assert_eq!(
+        (code, std::fs::read_to_string(&written).unwrap()),
+        (0, csv.clone()),
+        "{stderr}"
+    );
+    let (code, _, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "export", "quick", "-o", "/dev/full"]));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.starts_with("error: cannot write /dev/full: "),
+        "{stderr}"
+    );
+    // `knob top`'s interval is refused outside 0.1–3600 s (NaN used to panic).
+    for bad in ["nan", "0", "-1", "inf"] {
+        let (code, _, stderr) = run(sandbox
+            .knob()
+            .args(["top", "quick", "--iterations", "1"])
+            .arg(format!("--interval={bad}")));
+        assert_eq!(code, 2, "{bad}: {stderr}");
+        assert!(
+            stderr.contains("expected seconds between 0.1 and 3600"),
+            "{bad}: {stderr}"
+        );
+    }
 
     let (code, list, _) = run(sandbox.knob().args(["experiment", "list"]));
     assert_eq!(code, 0);
