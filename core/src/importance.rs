@@ -80,7 +80,21 @@ pub fn fanova(
     let points: Vec<Vec<f64>> = (0..rows.len())
         .map(|row| columns.iter().map(|column| column[row]).collect())
         .collect();
-    let targets: Vec<f64> = rows.iter().map(|(_, y)| *y).collect();
+    // Shares are ratios of variances, so the targets' unit does not matter: they are brought to
+    // at most 1 in magnitude, by a power of two (exact), because the variance of finals near
+    // f64's limit (1e200) overflows to inf and made every share 0 or NaN. The power is applied
+    // in two halves since 2^-1024 itself is out of range.
+    let largest = rows.iter().map(|(_, y)| y.abs()).fold(0.0, f64::max);
+    let exponent = if largest > 0.0 && largest.is_finite() {
+        largest.log2().ceil() as i32
+    } else {
+        0
+    };
+    let (half, rest) = (
+        2f64.powi(-(exponent / 2)),
+        2f64.powi(-(exponent - exponent / 2)),
+    );
+    let targets: Vec<f64> = rows.iter().map(|(_, y)| y * half * rest).collect();
     let shares = forest_shares(&points, &targets, dims.len(), seed);
     for (share, &index) in shares.into_iter().zip(&dims) {
         result[index] = Ok(share);

@@ -173,6 +173,32 @@ fn fanova_ranks_the_dominant_parameter_first_and_the_unused_one_last() {
     }
 }
 
+/// Finals near f64's limit are numbers like any other: their variance used to overflow, and every
+/// share came out 0 (at 1e200) or NaN (at 1e308).
+#[test]
+fn fanova_ranks_parameters_of_finals_near_the_largest_number() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for big in [1e200, 1e308, f64::MAX] {
+        let rows: Vec<(Vec<Value>, f64)> = (0..40)
+            .map(|_| {
+                let (x, y): (f64, f64) = (rng.gen(), rng.gen());
+                let final_ = if x > 0.5 { big } else { y };
+                (vec![Value::Number(x), Value::Number(y)], final_)
+            })
+            .collect();
+        let scales = [Scale::Number { log: false }, Scale::Number { log: false }];
+        let shares: Vec<f64> = fanova(&scales, &rows, 1)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert!(shares[0] > 0.9, "{big}: {shares:?}");
+        assert!(
+            (shares.iter().sum::<f64>() - 1.0).abs() < 1e-9,
+            "{big}: {shares:?}"
+        );
+    }
+}
+
 #[test]
 fn fanova_agrees_with_optunas_fanova_importance_evaluator() {
     let Some(python) = crate::prerequisite::OPTUNA_PYTHON.path() else {
