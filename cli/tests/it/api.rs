@@ -794,3 +794,35 @@ fn the_cli_reaches_an_api_bound_to_another_loopback_address() {
     let (code, _, stderr) = knob(&["stop", "elsewhere"]);
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// `knob view` without an ID serves each experiment's API under `/e/ID/`, the routes with a
+/// trial in their path too: they answered 500 there (the list's own `{id}` and `{*rest}` reached
+/// the experiment's `Path` extractors), so a trial opened from the list showed nothing.
+#[test]
+fn the_experiment_list_serves_each_experiments_trial_routes() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &CONFIG.replace("maxTrialNumber: 1000", "maxTrialNumber: 2"),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "listed");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0"]);
+    let view = start(command, &[]);
+    let base = format!("{}/e/listed", view.base);
+    let (status, trials) = get(&base, "/trials");
+    assert_eq!(status, 200, "{trials}");
+    let id = trials["trials"][0]["trial_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, trial) = get(&base, &format!("/trials/{id}"));
+    assert_eq!((status, &trial["trial_id"]), (200, &json!(id)), "{trial}");
+    let (status, metrics) = get(&base, &format!("/trials/{id}/metrics"));
+    assert_eq!(status, 200, "{metrics}");
+    let (status, stdout) = get(&base, &format!("/trials/{id}/logs/stdout"));
+    assert_eq!(status, 200, "{stdout}");
+    assert!(stdout.as_str().unwrap().contains("KNOB_FINAL"), "{stdout}");
+    assert_refused(get(&base, "/trials/nosuch"), 404, "no trial nosuch");
+}

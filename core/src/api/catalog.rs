@@ -174,7 +174,7 @@ fn summary(entry: &RegistryEntry) -> Value {
 async fn experiment(
     State(catalog): State<Catalog>,
     Path(params): Path<HashMap<String, String>>,
-    mut request: Request,
+    request: Request,
 ) -> Response {
     let Some(id) = params.get("id").cloned() else {
         return ApiError::not_found("no experiment id").into_response();
@@ -228,11 +228,19 @@ async fn experiment(
         .filter(|rest| rest.starts_with('/'))
         .unwrap_or("/")
         .to_string();
-    match inner.parse::<Uri>() {
-        Ok(uri) => *request.uri_mut() = uri,
-        Err(_) => return ApiError::bad_request("malformed path").into_response(),
-    }
-    match router.oneshot(request).await {
+    let Ok(uri) = inner.parse::<Uri>() else {
+        return ApiError::bad_request("malformed path").into_response();
+    };
+    // A new request, not this one with its URI changed: axum keeps the path parameters it
+    // matched (`{id}`, `{*rest}`) in the request's extensions and the experiment's router adds
+    // its own to them, so its `Path` extractors (`/trials/{id}`) found three and answered 500.
+    let (parts, body) = request.into_parts();
+    let mut forwarded = Request::new(body);
+    *forwarded.method_mut() = parts.method;
+    *forwarded.uri_mut() = uri;
+    *forwarded.version_mut() = parts.version;
+    *forwarded.headers_mut() = parts.headers;
+    match router.oneshot(forwarded).await {
         Ok(response) => response,
         Err(never) => match never {},
     }
