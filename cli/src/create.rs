@@ -293,7 +293,22 @@ pub fn run_in_foreground(
         anyhow::Ok(result)
     })?;
     registry.set_api(&id, None)?;
+    let status = match &result {
+        Ok(outcome) => outcome.status,
+        Err(_) => ExperimentStatus::Error,
+    };
+    let taken_back = matches!(
+        (&result, started),
+        (Err(manager::ManagerError::NotStarted(_)), Started::Created)
+    );
     if let Some(notifier) = notifier {
+        if !taken_back {
+            // The run is over: `knob experiment list` says how it ended while the last
+            // notifications go out (it said RUNNING for up to NOTIFY_AT_EXIT more, against
+            // `experiment show`). The pid stays recorded until they are sent: the process is
+            // closing, which `knob update` says and `knob stop` cuts short.
+            registry.set_status(&id, status.as_str(), Some(std::process::id()))?;
+        }
         // The manager closed the store: what is left to send is the end of the experiment. A
         // sink that is down holds the process up to NOTIFY_AT_EXIT; Ctrl-C, SIGTERM or `knob
         // stop` then gives up on it at once (they waited it out, having nothing left to stop).
@@ -313,10 +328,6 @@ pub fn run_in_foreground(
         // (a training service, its environments) leaves no dead entry blocking the id.
         return Err(take_back(&id, &dir, registry, e));
     }
-    let status = match &result {
-        Ok(outcome) => outcome.status,
-        Err(_) => ExperimentStatus::Error,
-    };
     registry.set_status(&id, status.as_str(), None)?;
     match result {
         Ok(outcome) => Ok(report(&id, &dir, &outcome, maximize)),

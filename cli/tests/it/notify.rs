@@ -1149,6 +1149,14 @@ fn while_the_run_is_ending_an_update_says_so_and_a_stop_gives_up_the_notificatio
         said.trim(),
         "error: experiment ending is ending: its run is over and its process is closing; `knob resume ending` continues it once that process has exited"
     );
+    // The list says how the run ended, as `experiment show` does, while the process closes.
+    let (code, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+    assert_eq!(code, 0);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("ending ") && l.contains(" DONE ")),
+        "{list}"
+    );
     let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "ending"]));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let output = child.wait_with_output().unwrap();
