@@ -1168,3 +1168,67 @@ fn while_the_run_is_ending_an_update_says_so_and_a_stop_gives_up_the_notificatio
     );
     assert!(!held.lock().unwrap().is_empty(), "no notification was sent");
 }
+
+/// A webhook that redirects is not followed: ureq turned the POST into a GET without the message,
+/// sent the secret header on to the host the redirect named, and `notify test` said "sent". A
+/// sink that accepts and never answers is told as such (it was "timeout: global" and "Resource
+/// temporarily unavailable (os error 11)").
+#[test]
+fn a_redirecting_webhook_is_not_followed_and_a_silent_server_is_named_as_one() {
+    let sandbox = Sandbox::new();
+    // Where the redirect points: it must receive nothing.
+    let elsewhere = TcpListener::bind("127.0.0.1:0").unwrap();
+    elsewhere.set_nonblocking(true).unwrap();
+    let to = format!("http://{}/taken", elsewhere.local_addr().unwrap());
+    let redirecting = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}{WEBHOOK_PATH}", redirecting.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut stream in redirecting.incoming().flatten() {
+            let mut request = [0u8; 65536];
+            let _ = stream.read(&mut request);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        }
+    });
+    // Accepts and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    {
+        let held = held.clone();
+        std::thread::spawn(move || {
+            for stream in silent.incoming().flatten() {
+                held.lock().unwrap().push(stream);
+            }
+        });
+    }
+    let config = sandbox.config(
+        &format!(
+            "{EXPERIMENT}
+notifications:
+  webhook: {{url: \"{url}\", secret: {WEBHOOK_SECRET}}}
+  email: {{host: 127.0.0.1, port: {silent_port}, security: none, to: [me@example.com], from: knob@example.com}}"
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["notify", "test", "--config"])
+        .arg(&config));
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].ends_with(": failed: the server answered 302 Found, a redirect, which knob does not follow (the secret would go along): give the URL it redirects to"),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines[1],
+        format!(
+            "email to me@example.com via 127.0.0.1:{silent_port}: failed: no answer within 15 s"
+        )
+    );
+    assert!(elsewhere.accept().is_err(), "the redirect was followed");
+}

@@ -241,13 +241,27 @@ pub fn send_with_retry(
 /// with `Ok` or its error.
 pub fn send_test(config: &NotificationsConfig, source: &str) -> Vec<(String, Result<(), String>)> {
     let notification = Notification::test(source);
-    sinks::sinks(config)
-        .into_iter()
-        .map(|sink| match sink {
-            Ok(sink) => (sink.name(), sink.send(&notification)),
-            Err((name, error)) => (name, Err(error)),
-        })
-        .collect()
+    // Side by side: a sink that does not answer takes SEND_TIMEOUT, and the others need not
+    // wait for it.
+    std::thread::scope(|scope| {
+        let sends: Vec<_> = sinks::sinks(config)
+            .into_iter()
+            .map(|sink| {
+                let notification = &notification;
+                scope.spawn(move || match sink {
+                    Ok(sink) => (sink.name(), sink.send(notification)),
+                    Err((name, error)) => (name, Err(error)),
+                })
+            })
+            .collect();
+        sends
+            .into_iter()
+            .map(|send| {
+                send.join()
+                    .unwrap_or_else(|_| ("a sink".to_owned(), Err("its send panicked".into())))
+            })
+            .collect()
+    })
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -52,6 +52,9 @@ impl Sink {
             .timeout_global(Some(SEND_TIMEOUT))
             // A 4xx/5xx is read as an answer, so its status can be reported.
             .http_status_as_error(false)
+            // Nor is a redirect followed: ureq would turn the POST into a GET without the
+            // message and send the secret header on to whatever host it names.
+            .max_redirects(0)
             .build()
             .into();
         Sink::Webhook { config, agent }
@@ -138,12 +141,17 @@ fn send_webhook(
     if let Some(secret) = &config.secret {
         request = request.header(config.secret_header.as_str(), secret.expose());
     }
-    let response = request
-        .send_json(&body)
-        .map_err(|error| one_line(&error.to_string()))?;
+    let response = request.send_json(&body).map_err(|error| match error {
+        ureq::Error::Timeout(_) => no_answer(),
+        error => one_line(&error.to_string()),
+    })?;
     let status = response.status();
     if status.is_success() {
         Ok(())
+    } else if status.is_redirection() {
+        Err(format!(
+            "the server answered {status}, a redirect, which knob does not follow (the secret would go along): give the URL it redirects to"
+        ))
     } else {
         Err(format!("the server answered {status}"))
     }
@@ -182,6 +190,16 @@ fn smtp_error(error: &lettre::transport::smtp::Error) -> String {
     let mut text = error.to_string();
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
+        // A socket's read timeout surfaces as EAGAIN ("Resource temporarily unavailable"),
+        // which reads as a problem here rather than a server that did not answer.
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                return no_answer();
+            }
+        }
         let cause_text = cause.to_string();
         if !text.contains(&cause_text) {
             text.push_str(&format!(": {cause_text}"));
@@ -189,6 +207,10 @@ fn smtp_error(error: &lettre::transport::smtp::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+fn no_answer() -> String {
+    format!("no answer within {} s", SEND_TIMEOUT.as_secs())
 }
 
 fn one_line(text: &str) -> String {
