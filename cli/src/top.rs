@@ -68,7 +68,8 @@ pub fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
 /// What `GET /api/v1/experiment` gives, from the store of an experiment not running.
 fn from_store(entry: &knob_core::registry::RegistryEntry) -> anyhow::Result<Value> {
     let reader = crate::experiment::open(entry)?;
-    experiment_snapshot(&reader)?.ok_or_else(|| {
+    // A crashed run's clock stopped when it was last known alive.
+    experiment_snapshot(&reader, entry.running_pid().is_some())?.ok_or_else(|| {
         anyhow::anyhow!("the store in {} has no experiment yet", entry.dir.display())
     })
 }

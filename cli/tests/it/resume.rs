@@ -740,6 +740,15 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
         (status, &summary["status"]),
         (200, &serde_json::json!("CRASHED"))
     );
+    // Its clock stopped with its process: elapsed does not grow while nothing runs (it used to
+    // count on to now, in the API, the dashboard and `knob top`).
+    std::thread::sleep(Duration::from_millis(1100));
+    let (_, again) = crate::api::get(&view.base, "/experiment");
+    assert_eq!(again["elapsed_ms"], summary["elapsed_ms"], "{again}");
+    let top = || run(sandbox.knob().args(["top", "wreck", "--iterations", "1"])).1;
+    let before = top();
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(top(), before);
     assert!(
         summary["status_message"]
             .as_str()

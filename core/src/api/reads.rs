@@ -76,33 +76,36 @@ pub(super) async fn experiment(State(state): State<ApiState>) -> Result<Json<Val
         .commands
         .as_ref()
         .is_some_and(|c| !c.is_closed());
-    let mut summary = state.read(experiment_snapshot).await?.ok_or_else(|| {
-        ApiError::not_found(format!("experiment {id} has no record in its store yet"))
-    })?;
-    summary["writable"] = json!(writable);
-    let recorded_active = summary["status"]
-        .as_str()
-        .and_then(ExperimentStatus::parse)
-        .is_some_and(ExperimentStatus::is_active);
-    if state.config().commands.is_none() && recorded_active {
-        // Read-only (`knob view`): the store says it runs; whether its process is still there
-        // is the registry's to say, as for `knob experiment list`.
-        let id = state.config().experiment_id.clone();
-        let crashed = tokio::task::spawn_blocking(move || {
+    // Read-only (`knob view`): whether the process running it is still there is the
+    // registry's to say, as for `knob experiment list`; the experiment's own API runs in it.
+    let crashed = state.config().commands.is_none() && {
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || {
             crate::registry::Registry::open_default()
                 .and_then(|registry| registry.get(&id))
                 .is_ok_and(|entry| entry.crashed())
         })
         .await
-        .unwrap_or(false);
-        if crashed {
-            summary["status"] = json!("CRASHED");
-            summary["status_message"] = json!(format!(
-                "{}: the process running it is gone; `knob resume {}` continues it",
-                crate::registry::CRASHED,
-                state.config().experiment_id
-            ));
-        }
+        .unwrap_or(false)
+    };
+    let mut summary = state
+        .read(move |reader| experiment_snapshot(reader, !crashed))
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(format!("experiment {id} has no record in its store yet"))
+        })?;
+    summary["writable"] = json!(writable);
+    let recorded_active = summary["status"]
+        .as_str()
+        .and_then(ExperimentStatus::parse)
+        .is_some_and(ExperimentStatus::is_active);
+    if recorded_active && crashed {
+        summary["status"] = json!("CRASHED");
+        summary["status_message"] = json!(format!(
+            "{}: the process running it is gone; `knob resume {}` continues it",
+            crate::registry::CRASHED,
+            state.config().experiment_id
+        ));
     }
     Ok(Json(summary))
 }
@@ -114,8 +117,11 @@ const SNAPSHOT_BEST: u64 = 10;
 /// tuner's direction, trial counts, the best trials, the last event's sequence and the config;
 /// `None` while the store holds no experiment. The one form of it: the route adds `writable`
 /// (and `CRASHED` under `knob view`), `knob top` reads it for an experiment not running.
+/// `running`: whether a process still runs it; an active one whose process is gone (crashed)
+/// stopped its clock when it was last known alive, not now.
 pub fn experiment_snapshot(
     reader: &StoreReader,
+    running: bool,
 ) -> Result<Option<Value>, crate::store::StoreError> {
     let Some(experiment) = reader.experiment()? else {
         return Ok(None);
@@ -127,10 +133,14 @@ pub fn experiment_snapshot(
     let best = reader.best_trials(&ranking, SNAPSHOT_BEST)?;
     let last_seq = reader.counters()?.next_event_seq.saturating_sub(1);
     let now = now_ms();
-    let end = if experiment.status.is_active() {
-        now
-    } else {
-        experiment.updated_ms
+    let end = match (experiment.status.is_active(), running) {
+        (true, true) => now,
+        (true, false) => reader
+            .last_alive_ms()?
+            .map_or(experiment.updated_ms, |alive| {
+                alive.max(experiment.updated_ms)
+            }),
+        (false, _) => experiment.updated_ms,
     };
     let counts: serde_json::Map<String, Value> = counts
         .into_iter()

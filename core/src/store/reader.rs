@@ -271,6 +271,22 @@ impl StoreReader {
             .map_err(|e| self.read_error(e))
     }
 
+    /// The last moment the run writing this store is known to have been alive: its last event
+    /// or metric, or its writer's alive mark, whichever is later. For a run that crashed, about
+    /// when it died; `None` before anything was recorded.
+    pub fn last_alive_ms(&self) -> Result<Option<i64>, StoreError> {
+        let last_recorded: Option<i64> = self
+            .connection
+            .query_row(
+                "SELECT max((SELECT max(time_ms) FROM events), (SELECT max(time_ms) FROM metrics))",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(|e| self.read_error(e))?;
+        let marked = super::state::alive_mark_ms(&self.path);
+        Ok(last_recorded.max(marked))
+    }
+
     pub fn trials(&self, query: &TrialQuery) -> Result<Vec<TrialRow>, StoreError> {
         let mut sql = format!("SELECT {TRIAL_COLUMNS} FROM trials");
         if !query.statuses.is_empty() {

@@ -643,7 +643,7 @@ impl Replayer {
 }
 
 /// When the writer of the store at `path` last marked its run alive, in ms since the epoch.
-fn alive_mark_ms(path: &str) -> Option<i64> {
+pub(super) fn alive_mark_ms(path: &str) -> Option<i64> {
     let folder = std::path::Path::new(path)
         .parent()
         .filter(|folder| !folder.as_os_str().is_empty())?;
