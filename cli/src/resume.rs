@@ -132,6 +132,11 @@ fn prepare(
             trials_so_far + 1
         );
     }
+    // Every check before the store is changed: a resume refused (a secret not known, a plugin
+    // gone) leaves the experiment as it was, its budgets and status included.
+    let (plugins, _context) = stored_services(&args.id, &entry.dir, &mut config)?;
+    preflight(&config, &plugins)?;
+    manager::check_secrets(&config).map_err(|e| anyhow::anyhow!("experiment {}: {e}", args.id))?;
     if let Some(max) = args.max_trial_number {
         store
             .append(StoreEvent::ConfigUpdated {
@@ -154,8 +159,6 @@ fn prepare(
     if let Some(note) = budget_note(&args.id, &config, &state) {
         errln!("note: {note}");
     }
-    let (plugins, _context) = stored_services(&args.id, &entry.dir, &mut config)?;
-    preflight(&config, &plugins)?;
     errln!(
         "resuming experiment {} ({}, {} trials so far)",
         args.id,

@@ -1045,6 +1045,16 @@ fn resuming_a_password_experiment_reads_the_password_again_and_says_when_it_cann
             && error.contains("KNOB_SSH_PASSWORD"),
         "{error}"
     );
+    // Refused before anything changed: still DONE, its budget still 3, no dashboard offered.
+    assert!(!stderr.contains("dashboard"), "{stderr}");
+    let (_, show, _) = run(sandbox.knob().args(["experiment", "show", "again"]));
+    assert!(show.contains("status:    DONE"), "{show}");
+    let (_, export, _) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "export", "again", "--format", "json"]));
+    let export: serde_json::Value = serde_json::from_str(&export).unwrap();
+    assert_eq!(export["experiment"]["config"]["maxTrialNumber"], 3);
 
     // From the environment.
     let (code, stdout, stderr) = resume("4", Some(PASSWORD));

@@ -77,6 +77,21 @@ pub fn service_context(
     }
 }
 
+/// The first secret of `config`'s training services that knob does not know (a resumed
+/// experiment whose config file and variable are gone), as the one line that names it; checked
+/// by `knob resume` before it changes anything, and again when the services start.
+pub fn check_secrets(config: &ExperimentConfig) -> Result<(), ManagerError> {
+    match config
+        .training_service
+        .iter()
+        .enumerate()
+        .find_map(|(index, service)| missing_secret(index, service))
+    {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
 /// The one line for a secret knob does not know (it never stores them).
 fn missing_secret(index: usize, service: &TrainingServiceConfig) -> Option<ManagerError> {
     let secret = service.missing_secrets().into_iter().next()?;
@@ -98,11 +113,7 @@ pub(super) async fn start_services(
     components: &dyn Components,
     events: &mpsc::UnboundedSender<TaggedEvent>,
 ) -> Result<Vec<ServiceSlot>, ManagerError> {
-    for (index, service) in config.training_service.iter().enumerate() {
-        if let Some(error) = missing_secret(index, service) {
-            return Err(error);
-        }
-    }
+    check_secrets(config)?;
     let mut slots = Vec::new();
     for (index, service) in config.training_service.iter().enumerate() {
         let platform = service.platform().to_owned();
