@@ -3,7 +3,77 @@
 //! the file's own line numbers (russh does not count comment lines), and the host-key
 //! algorithms to ask a server for first (those of the keys recorded for it, as OpenSSH does).
 
+use std::path::Path;
+
 use russh::keys::{Algorithm, PublicKey};
+
+/// What a known_hosts file records for a host: its keys with the file's line numbers, and the
+/// lines skipped for a key that does not parse.
+pub struct Recorded {
+    pub keys: Vec<(usize, PublicKey)>,
+    pub skipped: Vec<usize>,
+}
+
+/// The keys `path` records for `host` at `port`, read by russh (hashed names, patterns), with
+/// the file's own line numbers. A host line whose key does not parse (cut short, mistyped) is
+/// skipped, as OpenSSH skips it: russh refused the whole file for one such line, so a host that
+/// `ssh` reaches was refused for the run. Only a file that cannot be read is an error.
+pub fn recorded_keys(path: &Path, host: &str, port: u16) -> Result<Recorded, String> {
+    let file = path.display();
+    let unreadable =
+        |e: &dyn std::fmt::Display| format!("cannot read known hosts file {file}: {e}");
+    let text = std::fs::read_to_string(path).map_err(|e| unreadable(&e))?;
+    let skipped: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !readable_line(line))
+        .map(|(index, _)| index + 1)
+        .collect();
+    let (keys, read) = if skipped.is_empty() {
+        let keys = russh::keys::known_hosts::known_host_keys_path(host, port, path)
+            .map_err(|e| unreadable(&e))?;
+        (keys, text)
+    } else {
+        // russh reads only files: a copy with the skipped lines made comments, one line for
+        // one, so that [`file_line`] over that copy still gives the file's numbers.
+        let kept: String = text
+            .split_inclusive('\n')
+            .enumerate()
+            .map(|(index, line)| match skipped.contains(&(index + 1)) {
+                true => "# skipped\n",
+                false => line,
+            })
+            .collect();
+        let mut copy = tempfile::NamedTempFile::new().map_err(|e| unreadable(&e))?;
+        std::io::Write::write_all(&mut copy, kept.as_bytes()).map_err(|e| unreadable(&e))?;
+        let keys = russh::keys::known_hosts::known_host_keys_path(host, port, copy.path())
+            .map_err(|e| unreadable(&e))?;
+        (keys, kept)
+    };
+    Ok(Recorded {
+        keys: keys
+            .into_iter()
+            .map(|(line, key)| (file_line(&read, line), key))
+            .collect(),
+        skipped,
+    })
+}
+
+/// Whether russh can read a line: a comment, a blank or marker line (`@revoked`, read apart),
+/// or host patterns, a key type and a key that parses.
+fn readable_line(line: &str) -> bool {
+    let mut fields = line.split_whitespace();
+    match fields.next() {
+        None => true,
+        Some(first) if first.starts_with('#') || first.starts_with('@') => true,
+        Some(_) => {
+            let _key_type = fields.next();
+            fields
+                .next()
+                .is_some_and(|key| russh::keys::parse_public_key_base64(key).is_ok())
+        }
+    }
+}
 
 /// The line numbers and keys of the file's `@revoked` lines. A revoked key "must not ever be
 /// accepted" (sshd(8)), so the line's host patterns do not narrow it: knob refuses the key from

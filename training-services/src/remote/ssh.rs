@@ -121,12 +121,15 @@ impl HostKeyCheck {
     fn check(&self, key: &russh::keys::PublicKey) -> Result<(), String> {
         let fingerprint = key.fingerprint(HashAlg::Sha256);
         let file = self.known_hosts.display();
-        let recorded = russh::keys::known_hosts::known_host_keys_path(
-            &self.host,
-            self.port,
-            &self.known_hosts,
-        )
-        .map_err(|e| format!("cannot read known hosts file {file}: {e}"))?;
+        let known_hosts::Recorded {
+            keys: recorded,
+            skipped,
+        } = known_hosts::recorded_keys(&self.known_hosts, &self.host, self.port)?;
+        for line in skipped {
+            knob_plugin_api::log::warn(&format!(
+                "training service remote: {file} line {line}: its key cannot be read; skipped, as ssh skips it (fix or remove the line)"
+            ));
+        }
         let text = std::fs::read_to_string(&self.known_hosts).unwrap_or_default();
         // Before any match: a key both recorded and revoked is refused, as ssh refuses it.
         if let Some((line, _)) = known_hosts::revoked_keys(&text)
@@ -141,7 +144,6 @@ impl HostKeyCheck {
         if recorded.iter().any(|(_, known)| known == key) {
             return Ok(());
         }
-        let line_of = |russh_line: usize| known_hosts::file_line(&text, russh_line);
         let algorithm = key.algorithm();
         if let Some((line, _)) = recorded
             .iter()
@@ -150,8 +152,7 @@ impl HostKeyCheck {
             // A host with a recorded key of this kind that does not match has a changed key:
             // refused, whatever acceptNewHostKey says (it only accepts hosts never seen before).
             return Err(format!(
-                "host key changed: the server offers {algorithm} key {fingerprint}, but {file} line {} records another {algorithm} key for this host; if the change is expected, remove that line and connect again",
-                line_of(*line)
+                "host key changed: the server offers {algorithm} key {fingerprint}, but {file} line {line} records another {algorithm} key for this host; if the change is expected, remove that line and connect again"
             ));
         }
         if let Some((line, known)) = recorded.first() {
@@ -161,7 +162,7 @@ impl HostKeyCheck {
             return Err(format!(
                 "the server offers a {algorithm} key ({fingerprint}) and no {} key, which {file} line {} records for this host; if the host's keys were replaced, check the new one and add it (`ssh-keyscan -p {} {} >> {file}`)",
                 known.algorithm(),
-                line_of(*line),
+                line,
                 self.port,
                 self.host
             ));
@@ -282,12 +283,12 @@ async fn connect_unbounded(
     let target = machine.target();
     // What known_hosts records for the host decides which of its keys to ask for (unreadable,
     // nothing: the check then says why).
-    let recorded: Vec<_> =
-        russh::keys::known_hosts::known_host_keys_path(&machine.host, machine.port, known_hosts)
-            .unwrap_or_default()
-            .iter()
-            .map(|(_, key)| key.algorithm())
-            .collect();
+    let recorded: Vec<_> = known_hosts::recorded_keys(known_hosts, &machine.host, machine.port)
+        .map(|recorded| recorded.keys)
+        .unwrap_or_default()
+        .iter()
+        .map(|(_, key)| key.algorithm())
+        .collect();
     let config = Arc::new(client::Config {
         preferred: russh::Preferred {
             key: known_hosts::preferred_algorithms(&recorded).into(),

@@ -182,6 +182,57 @@ fn key_auth_runs_a_trial_with_its_metrics_and_end() {
     service.stop();
 }
 
+/// A known_hosts line for the host whose key cannot be read (cut short) is skipped, as ssh
+/// skips it, and the good line after it is used: russh refused the whole file for it ("Base64
+/// decoding error"), so a host `ssh` reaches was refused for the run.
+#[test]
+fn an_unreadable_known_hosts_line_is_skipped_as_ssh_skips_it() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    let line = sshd.known_hosts_line();
+    let (host, _) = line.split_once(' ').unwrap();
+    std::fs::write(
+        world.known_hosts(),
+        format!(
+            "# lab hosts\n{host} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK6nnwTRUNCATED\n{line}\n"
+        ),
+    )
+    .unwrap();
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let environments = service.environments_now();
+    assert!(environments[0].ready, "{environments:?}");
+    service
+        .start(&world.request(&sshd, "t1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    assert_eq!(ending(&events.wait_ended("t1")).0, Some(0));
+    service.stop();
+    // A key that differs is still refused, its line named past the skipped one.
+    let other = "AAAAC3NzaC1lZDI1NTE5AAAAIJRKOjW7u8pigJAGkWmO2WsWkRih/HA2mZb2EneqCOmr";
+    std::fs::write(
+        world.known_hosts(),
+        format!("{host} ssh-ed25519 AAAATRUNCATED\n{host} ssh-ed25519 {other}\n"),
+    )
+    .unwrap();
+    let events = Events::default();
+    let service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("host key changed") && reason.contains("line 2 records another"),
+        "{reason}"
+    );
+}
+
 /// A host whose shell greets from `~/.bashrc`, as lab machines do ("Welcome to …", a quota
 /// notice): the greeting comes before every command's output, and knob read it as the host's
 /// platform ("host … is Welcome to the lab cluster!, this knob is Linux x86_64") and would
