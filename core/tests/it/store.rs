@@ -1397,7 +1397,10 @@ fn the_experiment_snapshot_ranks_by_the_tuners_direction() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     let reader = StoreReader::open(dir.path()).unwrap();
-    assert_eq!(knob_core::api::experiment_snapshot(&reader).unwrap(), None);
+    assert_eq!(
+        knob_core::api::experiment_snapshot(&reader, true).unwrap(),
+        None
+    );
     put(
         &store,
         StoreEvent::ExperimentCreated {
@@ -1415,7 +1418,7 @@ fn the_experiment_snapshot_ranks_by_the_tuners_direction() {
         put(&store, metric(id, MetricKind::Final, 0, value));
         put(&store, ended(id, 1, TrialStatus::Succeeded));
     }
-    let snapshot = knob_core::api::experiment_snapshot(&reader)
+    let snapshot = knob_core::api::experiment_snapshot(&reader, true)
         .unwrap()
         .unwrap();
     assert_eq!(snapshot["id"], "exp1");
