@@ -239,6 +239,40 @@ trainingService: {platform: local}"#;
     }
 }
 
+/// A tuner NNI runs (its own TPE by `useNniImplementation`, a user's class by `className`)
+/// optimises one objective: `knob config check` refuses it at its field, as it refuses a native
+/// single-objective tuner (it passed, and `knob create` refused it with no line after printing
+/// a dashboard URL).
+#[test]
+fn a_tuner_run_by_nni_refuses_a_multi_objective_experiment_at_config_check() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let tuner_file = "from nni.tuner import Tuner\nclass GoodTuner(Tuner):\n    pass\n";
+    for (tuner, field, shown) in [
+        (
+            format!("tuner:\n  name: TPE\n  useNniImplementation: true\n  pythonInterpreter: {}", python.display()),
+            "tuner.name",
+            "tuner TPE (NNI's own) optimises a single objective, and objectives lists 2 objectives and 1 constraint; use NSGA2, TPE or Random, or a tuner that takes objectives (leave out useNniImplementation to run knob's own)",
+        ),
+        (
+            format!("tuner:\n  className: good_tuner.GoodTuner\n  codeDirectory: .\n  pythonInterpreter: {}", python.display()),
+            "tuner.className",
+            "tuner good_tuner.GoodTuner (run by NNI) optimises a single objective",
+        ),
+    ] {
+        let yaml = format!("trialCommand: python3 trial.py\ntrialConcurrency: 1\n{tuner}\n{OBJECTIVES}");
+        let config = sandbox.config(&yaml, &[("trial.py", KNOB_TRIAL), ("good_tuner.py", tuner_file)]);
+        let (code, stdout, stderr) = run(sandbox.knob().args(["config", "check"]).arg(&config));
+        assert_ne!(code, 0, "{stdout}");
+        assert!(
+            stderr.contains(&format!("{field}: {shown}")),
+            "{stderr}"
+        );
+    }
+}
+
 /// Python trials report every objective as one dict without "default", through `knob_trial`
 /// and through `import nni` (the shim): each failed at the first report, the trial API asking
 /// for a numeric "default", and knob's protocol dropped such intermediates. Each intermediate is

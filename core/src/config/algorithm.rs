@@ -61,7 +61,11 @@ pub(crate) fn check_algorithms(
             ComponentKind::Tuner => search_space,
             _ => None,
         };
+        // Whether NNI's own class runs it (through the dispatcher): NNI's tuners optimise one
+        // objective.
+        let ran_through_nni = std::cell::Cell::new(false);
         let through_nni = || {
+            ran_through_nni.set(true);
             let name = crate::nni_dispatch::dispatcher_name(algorithm.kind);
             let args =
                 crate::nni_dispatch::class_args(&algorithm.config, super::LogLevel::Info, None);
@@ -93,6 +97,25 @@ pub(crate) fn check_algorithms(
         let Some(Err(problem)) = outcome else {
             let multi_objective_tuner = algorithm.kind == ComponentKind::Tuner
                 && crate::objectives::is_multi_objective(objectives);
+            if multi_objective_tuner && ran_through_nni.get() {
+                let at = match algorithm.class_name {
+                    Some(_) => "className",
+                    None => "name",
+                };
+                let (pos, path) = located(&algorithm.path, field(at), at, None);
+                let shown = match algorithm.class_name {
+                    Some(_) => format!("{} (run by NNI)", algorithm.config.display_name()),
+                    None => format!("{} (NNI's own)", algorithm.config.display_name()),
+                };
+                let mut message = crate::objectives::single_objective_refusal(&shown, objectives);
+                if algorithm.config.use_nni_implementation
+                    && nni_name.is_some_and(|nni| nni.native.is_some())
+                {
+                    message.push_str(" (leave out useNniImplementation to run knob's own)");
+                }
+                reader.error(pos, &path, message);
+                continue;
+            }
             if let Some(name) = algorithm.name.as_deref().filter(|_| multi_objective_tuner) {
                 let args = Json::Object(algorithm.class_args.clone());
                 if checker.tuner_takes_objectives(name, &args) == Some(false) {
