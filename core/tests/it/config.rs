@@ -881,6 +881,26 @@ trainingService: {platform: local, useActiveGPUs: true}
     );
 }
 
+/// NNI imports a className as `module.Class`: a bare class name is refused at its field (NNI's
+/// dispatcher died with "not enough values to unpack").
+#[test]
+fn a_class_name_without_its_module_is_refused() {
+    check(
+        "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {className: GoodTuner, codeDirectory: .}
+assessor: {className: .Stop, codeDirectory: .}
+trainingService: {platform: local}
+",
+        expect![[r#"
+            $DIR/exp.yml:4:20: tuner.className: expected module.Class, the module a Python file in codeDirectory (my_tuner.MyTuner for my_tuner.py), not "GoodTuner"
+            $DIR/exp.yml:5:23: assessor.className: expected module.Class, the module a Python file in codeDirectory (my_tuner.MyTuner for my_tuner.py), not ".Stop"
+        "#]],
+    );
+}
+
 /// Without `trainingServicePlatform` a config is not v1 (as in NNI), so it is not converted
 /// (`config_v1.rs`); its v1 fields get hints.
 #[test]
