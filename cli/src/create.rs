@@ -787,7 +787,7 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
         outcome.status.as_str(),
         outcome.trials.len()
     );
-    outln!("{}", best_trials_table(&outcome.trials, maximize, 5));
+    outln!("{}", best_trials_table(id, &outcome.trials, maximize, 5));
     outln!(
         "results: knob trial ls {id} · knob experiment export {id} --format csv · {}",
         dir.display()

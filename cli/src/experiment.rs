@@ -116,7 +116,19 @@ fn pareto_table(
         );
     }
     if !all {
+        let infeasible = entries.iter().filter(|e| !e.feasible).count();
         entries.retain(|e| e.pareto);
+        // An empty front says why, rather than a header alone.
+        if entries.is_empty() && infeasible > 0 {
+            return Ok(format!(
+                "no trial met every constraint ({infeasible} broke one or lacked a metric: `knob experiment pareto {id} --all` lists them)"
+            ));
+        }
+        if entries.is_empty() {
+            return Ok(format!(
+                "no trial of experiment {id} has reported its objectives yet"
+            ));
+        }
     }
     // Best of the first objective first, so the front reads as a curve.
     let first = objectives

@@ -72,7 +72,12 @@ pub fn final_cell(value: Option<f64>, raw: Option<&str>) -> String {
 }
 
 /// The best `limit` trials with a final result, best first; none that breaks a constraint.
-pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) -> String {
+pub fn best_trials_table(
+    id: &str,
+    trials: &[TrialSummary],
+    maximize: bool,
+    limit: usize,
+) -> String {
     let mut ranked: Vec<&TrialSummary> = trials
         .iter()
         .filter(|t| t.final_value.is_some_and(|v| !v.is_nan()) && !t.infeasible)
@@ -101,7 +106,7 @@ pub fn best_trials_table(trials: &[TrialSummary], maximize: bool, limit: usize) 
         let infeasible = trials.iter().filter(|t| t.infeasible).count();
         if infeasible > 0 {
             return format!(
-                "no trial met every constraint ({infeasible} broke one: `knob experiment pareto <id> --all` lists them)"
+                "no trial met every constraint ({infeasible} broke one: `knob experiment pareto {id} --all` lists them)"
             );
         }
         return "no trial reported a final result".into();

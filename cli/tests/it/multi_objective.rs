@@ -239,6 +239,33 @@ trainingService: {platform: local}"#;
     }
 }
 
+/// When no trial meets the constraints, the run's summary and `knob experiment pareto` say so
+/// with the experiment's own id (the summary said `<id>`; `pareto` printed a header alone).
+#[test]
+fn an_experiment_where_no_trial_meets_the_constraints_says_so_with_its_id() {
+    let sandbox = Sandbox::new();
+    let infeasible = OBJECTIVES.replace(r#"constraint: "<= 0""#, r#"constraint: "<= -1""#);
+    let yaml = format!(
+        "trialCommand: python3 trial.py\ntrialConcurrency: 2\nmaxTrialNumber: 3\ntuner: {{name: NSGA2}}\n{infeasible}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.py", KNOB_TRIAL)]);
+    let (_, stdout, stderr) = sandbox.create(&config, "nofront");
+    assert!(
+        stdout.contains("no trial met every constraint (3 broke one: `knob experiment pareto nofront --all` lists them)"),
+        "{stdout}\n{stderr}"
+    );
+    let (code, table, _) = run(sandbox.knob().args(["experiment", "pareto", "nofront"]));
+    assert_eq!(code, 0);
+    assert_eq!(
+        table.trim(),
+        "no trial met every constraint (3 broke one or lacked a metric: `knob experiment pareto nofront --all` lists them)"
+    );
+    let (_, all, _) = run(sandbox
+        .knob()
+        .args(["experiment", "pareto", "nofront", "--all"]));
+    assert_eq!(all.lines().count(), 4, "{all}");
+}
+
 /// A tuner NNI runs (its own TPE by `useNniImplementation`, a user's class by `className`)
 /// optimises one objective: `knob config check` refuses it at its field, as it refuses a native
 /// single-objective tuner (it passed, and `knob create` refused it with no line after printing
