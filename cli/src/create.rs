@@ -51,7 +51,12 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     for problem in plugins.problems() {
         errln!("warning: {problem}");
     }
-    preflight(&config, plugins).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    preflight(&config, plugins).map_err(|e| {
+        anyhow::anyhow!(
+            "{}",
+            knob_core::config::as_written(&args.config, &e.to_string())
+        )
+    })?;
     // Bound before the id is registered: a busy --port or an address this machine does not
     // have fails here, leaving no registry entry or folder that would block the id.
     let listener = args.serve.bind()?;

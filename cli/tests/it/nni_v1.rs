@@ -178,6 +178,33 @@ knob = yaml.safe_load(open(sys.argv[2]))
 print('COMPARED', json.dumps({'nni': nni, 'knob': knob}))
 "#;
 
+/// A v1 config asking for a GPU on a machine without one is refused naming its v1 field at its
+/// line (`trialGpuNumber`, a field a v1 config does not have, was named, with no line).
+#[test]
+fn a_v1_gpu_request_that_cannot_be_placed_names_trial_gpu_num() {
+    let sandbox = Sandbox::new();
+    let code = sandbox.path().join("mnist");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(code.join("search_space.json"), SPACE).unwrap();
+    std::fs::write(code.join("trial.py"), TRIAL).unwrap();
+    let config = code.join("config.yml");
+    std::fs::write(&config, LOCAL_V1.replace("gpuNum: 0", "gpuNum: 1")).unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().arg("create").arg("--config").arg(&config));
+    assert_ne!(code, 0, "{stdout}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(
+        error.starts_with(&format!(
+            "error: {}:16:11: trial.gpuNum: cannot place trials: ",
+            config.display()
+        )) && error.contains("set trial.gpuNum to 0")
+            && !error.contains("trialGpuNumber"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn knob_config_check_v2_gives_what_nni_s_own_converter_gives() {
     let Some(python) = nni3_python() else {

@@ -142,6 +142,61 @@ pub fn load_file(path: &Path, services: &dyn ServiceSource) -> Result<LoadedConf
     }
 }
 
+/// `message` (about the config file at `path`, naming its fields as v2 names them) with an NNI
+/// v1 config's top-level fields named as the file writes them (`trialGpuNumber` is
+/// `trial.gpuNum`), the first one's line and column in front; unchanged for a v2 config. For
+/// checks made after the config was read (`knob create`'s placement check).
+pub fn as_written(path: &Path, message: &str) -> String {
+    let file = path.display().to_string();
+    let unchanged = || format!("{file}: {message}");
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return unchanged();
+    };
+    let Ok(Some(root)) = yaml::parse_file(path, &text) else {
+        return unchanged();
+    };
+    if !v1::is_v1(&root) {
+        return unchanged();
+    }
+    let mut reader = reader::Reader {
+        file: file.clone(),
+        base_dir: config_folder(path),
+        home: std::env::home_dir(),
+        errors: Vec::new(),
+        warnings: Vec::new(),
+        config_file: None,
+        shortcuts: Default::default(),
+        plugin_paths: Vec::new(),
+        pending: Vec::new(),
+        pending_algorithms: Vec::new(),
+    };
+    let converted = v1::convert(&mut reader, &root);
+    let yaml::Value::Map(entries) = &converted.root.value else {
+        return unchanged();
+    };
+    let mut rewritten = message.to_owned();
+    let mut first: Option<(usize, Option<yaml::Pos>, String)> = None;
+    for (key, value) in entries {
+        let v2 = key.key_text();
+        let v1 = converted.v1_field(&v2);
+        if v1 == v2 {
+            continue;
+        }
+        if let Some(at) = message.find(&v2) {
+            rewritten = rewritten.replace(&v2, &v1);
+            if first.as_ref().is_none_or(|(earliest, _, _)| at < *earliest) {
+                first = Some((at, value.pos, v1));
+            }
+        }
+    }
+    match first {
+        Some((_, Some(pos), field)) => {
+            format!("{file}:{}:{}: {field}: {rewritten}", pos.line, pos.column)
+        }
+        _ => format!("{file}: {rewritten}"),
+    }
+}
+
 /// Like [`load_file`] for text already read: `path` only names the file in messages, picks the
 /// format by its extension, and anchors relative paths at its folder.
 pub fn load_str(
