@@ -202,9 +202,12 @@ async fn upload_agent(
     let destination = layout.agent_binary(&binary.hash);
     let destination_text = destination.to_string_lossy().into_owned();
     let quoted = shell_quote(&destination_text);
+    let size = binary.bytes.len();
+    // Not only there but whole: an older knob killed while it uploaded published the part that
+    // had arrived, and `test -x` alone took it for the agent on every later run.
     let present = connection
         .run(
-            &format!("test -x {quoted} && echo present"),
+            &format!("{} && echo present", is_whole(&quoted, size)),
             None,
             SETUP_COMMAND_TIMEOUT,
         )
@@ -216,19 +219,7 @@ async fn upload_agent(
         .parent()
         .map(|d| d.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // Written to a temporary name, so that a broken upload never leaves a truncated binary
-    // under the final name, then linked there only if no other upload got there first: hosts
-    // that share a home folder (NFS) upload at the same time, and replacing the binary under
-    // an agent already started from it leaves that agent's own path "(deleted)", which it
-    // needs to start its daemon. `mv` only where the folder takes no hard links. The temporary
-    // file goes however the upload ends (a full disk left one that kept the disk full for
-    // every later try), and those of uploads killed outright go after 10 minutes.
-    let command = format!(
-        "tmp={quoted}.part.$$; trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM; \
-         mkdir -p {dir} && {{ find {dir} -maxdepth 1 -name '*.part.*' -mmin +10 -exec rm -f {{}} + 2>/dev/null; true; }} && \
-         cat > \"$tmp\" && chmod 755 \"$tmp\" && {{ ln \"$tmp\" {quoted} 2>/dev/null || test -x {quoted} || mv -f \"$tmp\" {quoted}; }} && echo uploaded",
-        dir = shell_quote(&directory)
-    );
+    let command = upload_command(&destination_text, &directory, size);
     let output = connection
         .run(&command, Some(&binary.bytes), AGENT_UPLOAD_TIMEOUT)
         .await?;
@@ -249,6 +240,38 @@ async fn upload_agent(
         binary.bytes.len()
     ));
     Ok(destination_text)
+}
+
+/// A shell test that `quoted` (a path, quoted) is an executable file of `size` bytes.
+fn is_whole(quoted: &str, size: usize) -> String {
+    // `$n` unquoted: `wc -c` pads its count with blanks on some systems.
+    format!("test -x {quoted} && n=$(wc -c < {quoted}) && test $n -eq {size}")
+}
+
+/// The shell command that writes its input, the agent of `size` bytes, to `destination` (in
+/// `directory`) and prints `uploaded`.
+///
+/// Written to a temporary name and published only once all `size` bytes arrived: when knob
+/// dies (or its experiment ends) while it uploads, the SSH channel closes, `cat` reads that as
+/// the end of its input and succeeds, and the part that had arrived was published as the
+/// agent, which could never run. Then linked under its final name only if no other upload got
+/// there first: hosts that share a home folder (NFS) upload at the same time, and replacing the
+/// binary under an agent already started from it leaves that agent's own path "(deleted)",
+/// which it needs to start its daemon. One there that is not whole (left by an older knob) is
+/// replaced: no agent can run from it. `mv` also where the folder takes no hard links. The
+/// temporary file goes however the upload ends (a full disk left one that kept the disk full
+/// for every later try), and those of uploads killed outright go after 10 minutes.
+fn upload_command(destination: &str, directory: &str, size: usize) -> String {
+    let quoted = shell_quote(destination);
+    format!(
+        "tmp={quoted}.part.$$; trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM; \
+         mkdir -p {dir} && {{ find {dir} -maxdepth 1 -name '*.part.*' -mmin +10 -exec rm -f {{}} + 2>/dev/null; true; }} && \
+         cat > \"$tmp\" && got=$(wc -c < \"$tmp\") && \
+         {{ test $got -eq {size} || {{ echo \"only $got of {size} bytes arrived\" >&2; exit 1; }}; }} && \
+         chmod 755 \"$tmp\" && {{ ln \"$tmp\" {quoted} 2>/dev/null || {whole} || mv -f \"$tmp\" {quoted}; }} && echo uploaded",
+        dir = shell_quote(directory),
+        whole = is_whole(&quoted, size),
+    )
 }
 
 /// `knob-agent` on the host's PATH if its `--version` names this knob's version.
@@ -282,5 +305,81 @@ mod tests {
         assert_eq!(resolve_root("knob", "/home/me/"), "/home/me/knob");
         assert_eq!(normalize_platform("Darwin arm64\n"), "Darwin aarch64");
         assert_eq!(normalize_platform("Linux x86_64"), "Linux x86_64");
+    }
+
+    /// Runs the upload command with `input` as what arrived, as the host's shell does.
+    fn upload(destination: &Path, input: &[u8], size: usize) -> std::process::Output {
+        use std::io::Write;
+        let command = upload_command(
+            destination.to_str().unwrap(),
+            destination.parent().unwrap().to_str().unwrap(),
+            size,
+        );
+        let mut shell = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        shell.stdin.take().unwrap().write_all(input).unwrap();
+        shell.wait_with_output().unwrap()
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// An upload cut short (knob killed, its channel closed: `cat` sees the end of its input
+    /// and succeeds) publishes nothing and leaves nothing; it published the part that arrived
+    /// as the agent, which no later run could use.
+    #[test]
+    fn an_upload_cut_short_publishes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let destination = dir.path().join("bin").join("knob-agent-abc");
+        let agent = vec![7u8; 100_000];
+        let output = upload(&destination, &agent[..65_536], agent.len());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("only 65536 of 100000 bytes arrived"),
+            "{stderr}"
+        );
+        assert_eq!(names_in(&dir.path().join("bin")), Vec::<String>::new());
+    }
+
+    /// A part of the agent published by an older knob is replaced by the whole one; a whole one
+    /// there is kept as it is (an agent may be running from it).
+    #[test]
+    fn a_part_published_before_is_replaced_and_a_whole_one_kept() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("bin")).unwrap();
+        let destination = dir.path().join("bin").join("knob-agent-abc");
+        let agent = vec![7u8; 100_000];
+        std::fs::write(&destination, &agent[..4096]).unwrap();
+        std::fs::set_permissions(&destination, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+        let output = upload(&destination, &agent, agent.len());
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout).trim(),
+            "uploaded",
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(std::fs::read(&destination).unwrap(), agent);
+        assert_eq!(names_in(&dir.path().join("bin")), ["knob-agent-abc"]);
+
+        let inode = std::fs::metadata(&destination).unwrap().ino();
+        let output = upload(&destination, &agent, agent.len());
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "uploaded");
+        assert_eq!(std::fs::metadata(&destination).unwrap().ino(), inode);
+        assert_eq!(names_in(&dir.path().join("bin")), ["knob-agent-abc"]);
     }
 }

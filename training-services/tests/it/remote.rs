@@ -995,6 +995,48 @@ fn an_agent_root_where_programs_may_not_run_is_named() {
     drop(service);
 }
 
+/// The part of the agent an upload cut short left under its final name (knob killed while it
+/// uploaded, by an older knob that published what had arrived): it is replaced and the host
+/// runs trials. It was taken for the agent (`test -x`), failed to run, and the host was refused
+/// ("cannot run the uploaded ... noexec") by every later experiment.
+#[test]
+fn a_part_of_the_agent_left_by_a_cut_upload_is_replaced() {
+    use knob_training_services::remote::setup::AgentBinary;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let agent = AgentBinary::load(&agent_binary()).unwrap();
+    let published = agent_root(&sshd)
+        .join("bin")
+        .join(format!("knob-agent-{}", agent.hash));
+    std::fs::create_dir_all(published.parent().unwrap()).unwrap();
+    std::fs::write(&published, &agent.bytes[..655_360]).unwrap();
+    std::fs::set_permissions(&published, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let environments = service.environments_now();
+    assert!(environments[0].ready, "{environments:?}");
+    assert!(
+        std::fs::read(&published).unwrap() == agent.bytes,
+        "{} was not replaced by the whole agent",
+        published.display()
+    );
+    service
+        .start(&world.request(&sshd, "t1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    let trial = events.wait_ended("t1");
+    assert_eq!(ending(&trial).0, Some(0), "{trial:?}");
+    service.stop();
+}
+
 /// A key-login sshd whose disk (`Sshd::disk`) has room for the agent and a few MiB more;
 /// `None` (the test returns) where a small disk cannot be made or sshd is missing.
 fn small_disk_sshd() -> Option<Sshd> {
