@@ -862,6 +862,94 @@ fn a_killed_agent_is_replaced_and_its_trials_run_again_on_the_same_host() {
     );
 }
 
+/// A crashed remote experiment's agent runs its trials on without their manager (until its
+/// orphan timeout, 10 minutes). `knob experiment delete` ends them and the agent, and says so,
+/// as it does for a local experiment's; it said nothing and ended nothing, the remote service
+/// having no clean-up of its own.
+#[test]
+fn deleting_a_crashed_remote_experiment_ends_its_agent_and_trials_on_the_host() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let pids = sandbox.path().join("trial.pids");
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: &format!(
+                "echo $$ >> '{}'; sleep 300; echo KNOB_FINAL 1",
+                pids.display()
+            ),
+            concurrency: 2,
+            trials: 4,
+            machines: &[machine(&host)],
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let mut child = spawn_create(&sandbox, &config, "orphaned");
+    let env = environment_id(&host);
+    wait_for(&sandbox, "orphaned", "both trials running", |e| {
+        running_on(e, &env) == 2
+    });
+    let trial_pids = || -> Vec<i32> {
+        std::fs::read_to_string(&pids)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.trim().parse().ok())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while trial_pids().len() < 2 {
+        assert!(Instant::now() < deadline, "the trials did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let trials: Vec<String> = sandbox.export("orphaned")["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let pids = trial_pids();
+    assert!(
+        pids.iter().all(|&pid| crate::resume::running(pid)),
+        "the trials should run on after their manager's crash"
+    );
+
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "delete", "orphaned", "--yes"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let note = stderr
+        .lines()
+        .find(|line| line.starts_with("note: killed trials "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        trials.iter().all(|t| note.contains(t.as_str()))
+            && note.contains(&format!(
+                "left running on {}@127.0.0.1:{} by an earlier run, and its knob-agent",
+                host.user(),
+                host.port()
+            )),
+        "{stderr}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Some(pid) = pids.iter().find(|&&pid| crate::resume::running(pid)) {
+        assert!(
+            Instant::now() < deadline,
+            "trial process {pid} still runs after the delete"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(host.kill_agent_daemons(), 0, "its knob-agent still runs");
+}
+
 #[test]
 fn dropped_connections_lose_and_duplicate_no_trial() {
     let Some(sshd) = sshd::sshd_binary() else {

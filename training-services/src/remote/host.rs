@@ -51,19 +51,12 @@ pub struct Context {
 
 impl Context {
     pub fn new(args: RemoteArgs, emit: Emit, agent_binary: Option<Arc<AgentBinary>>) -> Context {
-        let started_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let host = nix::unistd::gethostname()
-            .ok()
-            .and_then(|name| name.into_string().ok())
-            .unwrap_or_default();
         Context {
             args,
             emit,
             agent_binary,
             next_request: AtomicU64::new(1),
-            manager: format!("{host}:{}:{started_ms}", std::process::id()),
+            manager: manager_token(),
             code_problem: std::sync::Mutex::default(),
         }
     }
@@ -75,6 +68,32 @@ impl Context {
     fn request_id(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// A token naming this process for the agents' hellos (`ToAgent::Hello::manager`):
+/// `<host>:<pid>:<ms>`.
+pub(super) fn manager_token() -> String {
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .unwrap_or_default();
+    format!("{host}:{}:{started_ms}", std::process::id())
+}
+
+/// `knob-agent attach` of the experiment's environment on a host: a connection to its daemon,
+/// started if none listens.
+pub(super) fn attach_command(paths: &HostPaths) -> String {
+    // Without SSH_CLIENT, each trial's `bash -c` does not source ~/.bashrc again (bash does
+    // when it thinks sshd ran it): the daemon already inherits what the login shell set up,
+    // and a pyenv or conda init costs 200-300 ms a trial.
+    format!(
+        "env -u SSH_CLIENT -u SSH2_CLIENT {} attach --dir {}",
+        ssh::shell_quote(&paths.agent),
+        ssh::shell_quote(&paths.environment_dir)
+    )
 }
 
 /// The live connection to a host's agent.
@@ -344,15 +363,9 @@ impl Host {
             ctx.agent_binary.as_deref(),
         )
         .await?;
-        // Without SSH_CLIENT, each trial's `bash -c` does not source ~/.bashrc again (bash
-        // does when it thinks sshd ran it): the daemon already inherits what the login shell
-        // set up, and a pyenv or conda init costs 200-300 ms a trial.
-        let command = format!(
-            "env -u SSH_CLIENT -u SSH2_CLIENT {} attach --dir {}",
-            ssh::shell_quote(&paths.agent),
-            ssh::shell_quote(&paths.environment_dir)
-        );
-        let (stream, stderr) = connection.open_stream_keeping_stderr(&command).await?;
+        let (stream, stderr) = connection
+            .open_stream_keeping_stderr(&attach_command(&paths))
+            .await?;
         let (mut reader, mut writer) = tokio::io::split(stream);
 
         let (last_seq, fresh_start) = {

@@ -7,6 +7,7 @@
 //! - [`ssh`]: one SSH connection: host key against known_hosts, authentication, commands.
 //! - [`setup`]: platform check and agent upload.
 //! - [`host`]: one host's life (connect, attach, heartbeats, reconnect, loss) and its trials.
+//! - [`leftovers`]: ending what a crashed run left on the hosts.
 //!
 //! All network work runs on the service's own tokio runtime; the trait methods block on it,
 //! each bounded in time.
@@ -23,6 +24,7 @@ pub mod args;
 pub mod config;
 pub mod host;
 pub mod known_hosts;
+mod leftovers;
 pub mod setup;
 pub mod ssh;
 
@@ -696,8 +698,30 @@ impl TrainingService for RemoteService {
         Ok(service)
     }
 
-    // Leftovers on the hosts need no call here: a new manager process attaches to each host's
-    // daemon with `fresh_start`, which ends every trial the daemon still runs.
+    /// Each host's agent of the experiment is shut down, its trials killed (see [`leftovers`]).
+    /// On `knob resume` the new manager's first hello (`fresh_start`) would end them too, but
+    /// `knob stop` and `knob experiment delete` of a crashed experiment start no manager: the
+    /// agents and their trials ran on until the agents' orphan timeout, after the experiment
+    /// was deleted.
+    fn clean_up_leftovers(
+        config: &Value,
+        context: &ServiceContext,
+        trial_ids: &[String],
+    ) -> Result<Vec<String>, PluginError> {
+        let args =
+            RemoteArgs::parse(&config::class_args(config, context)).map_err(RemoteError::from)?;
+        let binary =
+            AgentBinary::locate(args.agent_binary.as_deref()).map_err(RemoteError::Startup)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("knob-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| RemoteError::Startup(format!("no async runtime: {e}")))?;
+        let lines = runtime.block_on(leftovers::end_leftovers(args, binary, trial_ids));
+        runtime.shutdown_timeout(Duration::from_secs(2));
+        Ok(lines)
+    }
 
     fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
         // The core asks once at its start, then only while one of its trials waits for
