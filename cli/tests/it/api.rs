@@ -826,3 +826,56 @@ fn the_experiment_list_serves_each_experiments_trial_routes() {
     assert!(stdout.as_str().unwrap().contains("KNOB_FINAL"), "{stdout}");
     assert_refused(get(&base, "/trials/nosuch"), 404, "no trial nosuch");
 }
+
+/// Trials that run until stopped, two at most: the tuner's first takes one of the two.
+const LONG_TRIALS: &str = r#"trialCommand: sleep 60
+trialConcurrency: 1
+maxTrialNumber: 2
+searchSpace:
+  x: {_type: randint, _value: [0, 1000000]}
+tuner:
+  name: Random
+  classArgs: {seed: 3}
+trainingService:
+  platform: local"#;
+
+/// Stops a running experiment through its API and waits for its process to end.
+fn stop_and_wait(experiment: &mut Experiment) {
+    let (status, body) = send(&experiment.base, "POST", "/experiment/stop", "");
+    assert_eq!(status, 202, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while experiment.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the experiment did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A trial added through the API counts against `maxTrialNumber` as the tuner's do: once the
+/// trials created reach it, an added one is refused with 409 naming the budget and how to
+/// raise it (every one was taken and run: "trial budget 41 / 6"); raised, one is taken again.
+#[test]
+fn an_added_trial_is_refused_once_max_trial_number_is_reached() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(LONG_TRIALS, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let mut experiment = start(command, &["--id", "budget", "--port", "0"]);
+    let base = experiment.base.clone();
+    wait_for("the tuner's trial", || {
+        trials(&base, "")["total"].as_u64() == Some(1)
+    });
+    let add = || send(&base, "POST", "/trials", r#"{"parameters": {"x": 5}}"#);
+    let (status, added) = add();
+    assert_eq!(status, 201, "{added}");
+    assert_refused(add(), 409, "maxTrialNumber is 2 and 2 trials were created");
+    assert_refused(add(), 409, "`knob update trialnum budget 3`");
+    assert_eq!(trials(&base, "")["total"], 2);
+
+    let (code, _, stderr) = run(sandbox.knob().args(["update", "trialnum", "budget", "3"]));
+    assert_eq!(code, 0, "{stderr}");
+    let (status, added) = add();
+    assert_eq!(status, 201, "{added}");
+    assert_refused(add(), 409, "maxTrialNumber is 3 and 3 trials were created");
+    assert_eq!(trials(&base, "")["total"], 3);
+    stop_and_wait(&mut experiment);
+}

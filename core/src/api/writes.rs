@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::{ApiError, ApiState};
-use crate::manager::{Command, Update, UpdateOutcome};
+use crate::manager::{Command, Refusal, Update, UpdateOutcome};
 
 /// How long a request waits for the manager's answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -112,7 +112,8 @@ async fn send_update(state: &ApiState, update: Update) -> Result<UpdateOutcome, 
             "the experiment did not answer within 30 s",
         )),
         Ok(Err(_)) => Err(not_running()),
-        Ok(Ok(Err(refusal))) => Err(ApiError::bad_request(refusal)),
+        Ok(Ok(Err(Refusal::Invalid(why)))) => Err(ApiError::bad_request(why)),
+        Ok(Ok(Err(Refusal::Conflict(why)))) => Err(ApiError::conflict(why)),
         Ok(Ok(Ok(outcome))) => Ok(outcome),
     }
 }

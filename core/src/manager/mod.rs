@@ -112,7 +112,7 @@ pub enum Command {
     /// Stop: kill every running trial, record them USER_CANCELED, end STOPPED.
     Stop,
     /// A change while the experiment runs; the answer says whether it was applied, or why not.
-    Update(Update, oneshot::Sender<Result<UpdateOutcome, String>>),
+    Update(Update, oneshot::Sender<Result<UpdateOutcome, Refusal>>),
     /// The environments the training services reported, as the manager sees them now (the
     /// store does not record them; the dashboard's experiment panel asks).
     Environments(oneshot::Sender<Vec<EnvironmentView>>),
@@ -150,6 +150,29 @@ pub enum UpdateOutcome {
     Applied,
     /// The id of the trial `AddTrial` created.
     TrialAdded(String),
+}
+
+/// Why an update was not applied, one line for whoever asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The update itself is wrong (a value out of range, parameters outside the search space);
+    /// the API answers 400.
+    Invalid(String),
+    /// The update is well formed but the experiment's state refuses it now (its trial budget is
+    /// used up, the trial already ended); the API answers 409, as NNI does.
+    Conflict(String),
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Refusal {
+        Refusal::Invalid(message)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Refusal {
+        Refusal::Invalid(message.to_owned())
+    }
 }
 
 /// How the loop ended.

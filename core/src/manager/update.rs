@@ -3,7 +3,7 @@
 use knob_plugin_api::space::SearchSpace;
 use serde_json::Value;
 
-use super::{Manager, ManagerError, Update, UpdateOutcome};
+use super::{Manager, ManagerError, Refusal, Update, UpdateOutcome};
 use crate::store::{StoreEvent, TrialStatus};
 
 impl Manager {
@@ -12,7 +12,7 @@ impl Manager {
     pub(super) async fn apply(
         &mut self,
         update: Update,
-    ) -> Result<Result<UpdateOutcome, String>, ManagerError> {
+    ) -> Result<Result<UpdateOutcome, Refusal>, ManagerError> {
         let (field, value) = match &update {
             Update::TrialConcurrency(0) => {
                 return Ok(Err("trialConcurrency must be at least 1".into()))
@@ -26,7 +26,8 @@ impl Manager {
                 let created = self.book.len();
                 return Ok(Err(format!(
                     "maxTrialNumber {n} is below the {created} trials already created; give at least {created} (that many stops the creation of new ones)"
-                )));
+                )
+                .into()));
             }
             Update::MaxTrialNumber(n) => ("maxTrialNumber", Value::from(*n)),
             Update::MaxExperimentDuration(d) if d.is_zero() => {
@@ -35,17 +36,18 @@ impl Manager {
             Update::MaxExperimentDuration(d) => ("maxExperimentDuration", Value::from(d.as_secs())),
             Update::SearchSpace(space) => {
                 if let Err(e) = SearchSpace::from_value(space) {
-                    return Ok(Err(e.to_string()));
+                    return Ok(Err(e.to_string().into()));
                 }
                 ("searchSpace", space.clone())
             }
             Update::KillTrial(trial_id) => {
                 return Ok(match self.book.get(trial_id) {
-                    None => Err(format!("no trial {trial_id} in this experiment")),
-                    Some(trial) if trial.status.is_final() => Err(format!(
+                    None => Err(format!("no trial {trial_id} in this experiment").into()),
+                    // As the API's own check before it asks: 409.
+                    Some(trial) if trial.status.is_final() => Err(Refusal::Conflict(format!(
                         "trial {trial_id} already ended ({})",
                         trial.status.as_str()
-                    )),
+                    ))),
                     Some(_) => {
                         self.kill(
                             trial_id,
@@ -58,10 +60,23 @@ impl Manager {
                 });
             }
             Update::AddTrial(parameters) => {
+                // An added trial counts against `maxTrialNumber` as the tuner's do (NNI refuses
+                // it with "reach maxTrialNum"): without this check any number were added and
+                // run, the budget reading "41 / 6".
+                let spent =
+                    (self.config.max_trial_number).filter(|&max| self.book.budget_spent(Some(max)));
+                if let Some(max) = spent {
+                    let created = self.book.len();
+                    let id = &self.id;
+                    let room = created.max(max) + 1;
+                    return Ok(Err(Refusal::Conflict(format!(
+                        "the trial budget is used up: maxTrialNumber is {max} and {created} trials were created; raise it to add one (`knob update trialnum {id} {room}`, or PATCH /api/v1/experiment {{\"maxTrialNumber\": {room}}})"
+                    ))));
+                }
                 let space = SearchSpace::from_value(&self.config.search_space)
                     .map_err(|e| ManagerError::Unsupported(e.to_string()))?;
                 if let Err(e) = space.validate_parameters(parameters) {
-                    return Ok(Err(e.to_string()));
+                    return Ok(Err(e.to_string().into()));
                 }
                 let parameter_id = self.tuner.reserve_parameter_id();
                 let trial_id = self
