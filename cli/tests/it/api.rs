@@ -879,3 +879,47 @@ fn an_added_trial_is_refused_once_max_trial_number_is_reached() {
     assert_eq!(trials(&base, "")["total"], 3);
     stop_and_wait(&mut experiment);
 }
+
+/// A read-only server of an experiment another process runs (`knob view ID`, and the list's
+/// `/e/ID/`) refuses writes saying it is read-only and where the experiment's own API is; it said
+/// "experiment is not running" while its `GET /experiment` said RUNNING.
+#[test]
+fn a_read_only_server_of_a_running_experiment_names_the_experiments_own_api() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(LONG_TRIALS, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let mut experiment = start(command, &["--id", "busy", "--port", "0"]);
+    let own_api = format!(
+        "is running and serves its own API and dashboard at {}/",
+        experiment.base
+    );
+    let mut command = sandbox.knob();
+    command.args(["view", "busy", "--port", "0"]);
+    let view = start(command, &[]);
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0"]);
+    let list = start(command, &[]);
+    for base in [view.base.clone(), format!("{}/e/busy", list.base)] {
+        let (status, summary) = get(&base, "/experiment");
+        assert_eq!(
+            (status, &summary["status"], &summary["writable"]),
+            (200, &json!("RUNNING"), &json!(false))
+        );
+        for refused in [
+            patch_at(&base, r#"{"trialConcurrency": 2}"#),
+            send(&base, "POST", "/experiment/stop", ""),
+            send(&base, "POST", "/trials", r#"{"parameters": {"x": 5}}"#),
+        ] {
+            assert_refused(refused.clone(), 409, "this server is read-only");
+            assert_refused(refused, 409, &own_api);
+        }
+    }
+    stop_and_wait(&mut experiment);
+    // Stopped, it is not running, as before.
+    assert_refused(
+        patch_at(&view.base, r#"{"trialConcurrency": 2}"#),
+        409,
+        "experiment is not running",
+    );
+}

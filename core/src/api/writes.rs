@@ -13,12 +13,49 @@ use tokio::sync::oneshot;
 
 use super::{ApiError, ApiState};
 use crate::manager::{Command, Refusal, Update, UpdateOutcome};
+use crate::registry::Registry;
+use crate::store::ExperimentStatus;
 
 /// How long a request waits for the manager's answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn not_running() -> ApiError {
     ApiError::conflict("experiment is not running")
+}
+
+/// The 409 of a write this server has no running manager for. A read-only server (`knob view`,
+/// or its list's `/e/ID/`) of an experiment another process runs says so, and where that
+/// process's API is: "not running" contradicted the RUNNING its own `GET /experiment` shows.
+/// Whether it runs is the registry's to say, as for `knob experiment list`.
+async fn cannot_apply(state: &ApiState) -> ApiError {
+    if state.config().commands.is_some() {
+        // This process ran the experiment, and its run is over.
+        return not_running();
+    }
+    let id = state.config().experiment_id.clone();
+    let runner = {
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || {
+            let entry = Registry::open_default().and_then(|r| r.get(&id)).ok()?;
+            // A process whose run is over, still sending its last notifications, has closed
+            // its API; its registry entry says how the run ended already.
+            let ended =
+                ExperimentStatus::parse(&entry.status).is_some_and(ExperimentStatus::has_ended);
+            (!ended && entry.running_pid().is_some()).then(|| entry.api_address())
+        })
+        .await
+        .ok()
+        .flatten()
+    };
+    match runner {
+        None => not_running(),
+        Some(Some(address)) => ApiError::conflict(format!(
+            "this server is read-only (`knob view`): experiment {id} is running and serves its own API and dashboard at http://{address}/"
+        )),
+        Some(None) => ApiError::conflict(format!(
+            "this server is read-only (`knob view`): experiment {id} is running in another process"
+        )),
+    }
 }
 
 /// The largest body a write takes (axum's default, written out so that a refusal and
@@ -101,7 +138,9 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
 
 /// Sends one update to the manager and waits for its answer.
 async fn send_update(state: &ApiState, update: Update) -> Result<UpdateOutcome, ApiError> {
-    let commands = state.config().commands.as_ref().ok_or_else(not_running)?;
+    let Some(commands) = state.config().commands.as_ref() else {
+        return Err(cannot_apply(state).await);
+    };
     let (answer, answered) = oneshot::channel();
     commands
         .send(Command::Update(update, answer))
@@ -276,7 +315,9 @@ pub(super) async fn kill_trial(
 pub(super) async fn stop(
     State(state): State<ApiState>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let commands = state.config().commands.as_ref().ok_or_else(not_running)?;
+    let Some(commands) = state.config().commands.as_ref() else {
+        return Err(cannot_apply(&state).await);
+    };
     commands.send(Command::Stop).map_err(|_| not_running())?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "stopping": true }))))
 }
