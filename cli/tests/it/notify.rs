@@ -834,6 +834,32 @@ fn bad_notifications_are_refused_naming_the_field() {
         error: CONFIG:13:51: notifications.email.caFile: cannot read "SANDBOX/code/missing.pem": No such file or directory
     "#]]
     .assert_eq(&check("  email: {host: '', port: 0, password: x, caFile: missing.pem, from: a@b.c, to: a@b.c}"));
+    // A caFile without a certificate in it: lettre took it as none and the mail failed later,
+    // at the TLS handshake, for a reason that did not name the file.
+    let code = sandbox.path().join("code");
+    std::fs::write(
+        code.join("key.pem"),
+        "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    std::fs::write(code.join("cut.pem"), "-----BEGIN CERTIFICATE-----\nMIIB\n").unwrap();
+    let ca_file = |path: &str| {
+        check(&format!(
+            "  email: {{host: 127.0.0.1, security: tls, caFile: {path}, from: a@b.c, to: a@b.c}}"
+        ))
+    };
+    expect![[r#"
+        error: CONFIG:13:51: notifications.email.caFile: "/dev/null" holds no PEM certificate (-----BEGIN CERTIFICATE-----); give the private CA's certificates in PEM
+    "#]]
+    .assert_eq(&ca_file("/dev/null"));
+    expect![[r#"
+        error: CONFIG:13:51: notifications.email.caFile: "SANDBOX/code/key.pem" holds no PEM certificate (-----BEGIN CERTIFICATE-----); give the private CA's certificates in PEM
+    "#]]
+    .assert_eq(&ca_file("key.pem"));
+    expect![[r#"
+        error: CONFIG:13:51: notifications.email.caFile: "SANDBOX/code/cut.pem" cannot be read as PEM certificates: a block has no END line
+    "#]]
+    .assert_eq(&ca_file("cut.pem"));
     expect![[r#"
         error: CONFIG:13:3: notifications: says where to send nothing: add webhook: {url: ...} or email: {host: ..., to: [...]}, or remove notifications
     "#]]

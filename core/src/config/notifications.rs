@@ -577,11 +577,19 @@ fn read_email(reader: &mut Reader, field: &Field<'_>) -> Option<EmailConfig> {
     let ca_file = fields.take("caFile").and_then(|field| {
         let path = reader.path(&field)?;
         match std::fs::read(&path) {
-            Ok(pem) => match lettre::transport::smtp::client::Certificate::from_pem(&pem) {
-                Ok(_) => Some(path),
-                Err(_) => {
+            Ok(pem) => match pem_certificates(&pem) {
+                Ok(0) => {
                     let message = format!(
-                        "{} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                        "{} holds no PEM certificate (-----BEGIN CERTIFICATE-----); give the private CA's certificates in PEM",
+                        quoted(&path)
+                    );
+                    reader.error(field.node.pos, &field.path, message);
+                    None
+                }
+                Ok(_) => Some(path),
+                Err(error) => {
+                    let message = format!(
+                        "{} cannot be read as PEM certificates: {error}",
                         quoted(&path)
                     );
                     reader.error(field.node.pos, &field.path, message);
@@ -616,6 +624,21 @@ fn read_email(reader: &mut Reader, field: &Field<'_>) -> Option<EmailConfig> {
         from: from?,
         to: to?,
         ca_file,
+    })
+}
+
+/// How many PEM certificates `pem` holds, read as lettre reads a `caFile` (its
+/// `Certificate::from_pem` uses this reader): a file with none (any text, an empty file) it takes
+/// as an empty list without a word, and the mail then failed at the TLS handshake, for a reason
+/// that did not name the file.
+fn pem_certificates(pem: &[u8]) -> Result<usize, String> {
+    use rustls_pki_types::pem::{Error, PemObject};
+    use rustls_pki_types::CertificateDer;
+    CertificateDer::pem_slice_iter(pem).try_fold(0, |count, certificate| match certificate {
+        Ok(_) => Ok(count + 1),
+        Err(Error::MissingSectionEnd { .. }) => Err("a block has no END line".to_string()),
+        Err(Error::Base64Decode(_)) => Err("a block is not base64".to_string()),
+        Err(error) => Err(error.to_string()),
     })
 }
 
