@@ -285,6 +285,7 @@ fn build_store(dir: &Path) {
             stderr_tail: None,
             peak_memory_mib: None,
             peak_gpu_memory_mib: None,
+            ended_ms: None,
         });
     }
     store.close().unwrap();

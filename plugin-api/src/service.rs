@@ -144,6 +144,14 @@ pub enum ServiceEvent {
         /// when the agent that ran it there started again).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         environment_lost: Option<String>,
+        /// When the trial ended, in Unix milliseconds on the host's clock (this machine's), set
+        /// by a service that reports an end later than it happened: a remote host unreachable
+        /// for a while reports then what ended meanwhile. The core records the end at this
+        /// time (never later than it hears of it, never before the attempt's start), and a kill
+        /// it decided after this time, such as `maxTrialDuration`'s while the host could not be
+        /// reached, did not end the trial. Absent: when the core hears of it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ended_ms: Option<i64>,
     },
     /// What the trial's processes used at most (knob extension), sent just before its
     /// `TrialEnded`: the peak resident memory of its processes, sampled by the service, and the

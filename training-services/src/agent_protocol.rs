@@ -35,7 +35,9 @@
 //!    request could lose it, and leave the daemon running until its orphan timeout.
 //!
 //! Versioning: [`PROTOCOL_VERSION`] is compared in the hello; a mismatch is refused with a
-//! message naming both versions. Fields may be added with serde defaults; none is removed.
+//! message naming both versions. Fields may be added with serde defaults; none is removed
+//! (the `time_ms` of [`FromAgent::Welcome`] and [`FromAgent::Event`] came so, without a bump:
+//! where they are absent, events count as happening when they arrive).
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -136,6 +138,11 @@ pub enum FromAgent {
         inventory: Value,
         /// Trials the daemon is running now.
         running: Vec<String>,
+        /// The host's clock (Unix ms) as the daemon answered: the service tells from it how far
+        /// the host's clock is from its own, to read the events' `time_ms`. Absent from an
+        /// agent before it (then events count as happening when they arrive).
+        #[serde(default)]
+        time_ms: Option<i64>,
     },
     Refused {
         message: String,
@@ -143,6 +150,11 @@ pub enum FromAgent {
     Event {
         seq: u64,
         event: ServiceEvent,
+        /// When the daemon recorded the event, on the host's clock (Unix ms). An event replayed
+        /// after a connection drop happened earlier than it arrives: a trial that ended while
+        /// the host was unreachable is recorded with its own end, not the reconnection's time.
+        #[serde(default)]
+        time_ms: Option<i64>,
     },
     /// The host probed again (every few seconds while trials run, and after each trial ends).
     Inventory {
@@ -199,6 +211,15 @@ impl HostLayout {
             .collect();
         self.root.join("experiments").join(experiment_id).join(safe)
     }
+}
+
+/// This machine's clock, Unix milliseconds: the events' and the welcome's `time_ms`.
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
 }
 
 /// Written last when a code archive is unpacked.

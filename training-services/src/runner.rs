@@ -707,6 +707,7 @@ impl Supervision {
             signal: signal_number,
             killed_reason,
             stderr_tail,
+            ended_ms: None,
             environment_lost: None,
         });
         for path in &watched {

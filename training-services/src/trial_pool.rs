@@ -450,6 +450,7 @@ impl PoolCore {
                         signal: None,
                         killed_reason: None,
                         stderr_tail: format!("could not start once its GPUs were free: {e}"),
+                        ended_ms: None,
                         environment_lost: None,
                     });
                 }
@@ -466,6 +467,7 @@ impl PoolCore {
             signal: None,
             killed_reason: Some(reason.to_string()),
             stderr_tail: String::new(),
+            ended_ms: None,
             environment_lost: None,
         });
     }

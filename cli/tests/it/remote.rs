@@ -1466,3 +1466,128 @@ fn the_only_host_lost_and_back_with_another_key_ends_the_experiment_saying_why()
         "{error}"
     );
 }
+
+/// Rows of the experiment's events table of `kind` whose payload holds `text`, read from its
+/// store as it runs.
+fn stored_events(sandbox: &Sandbox, id: &str, kind: &str, text: &str) -> i64 {
+    let path = sandbox
+        .path()
+        .join("experiments")
+        .join(id)
+        .join("experiment.db");
+    let Ok(store) =
+        rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return 0;
+    };
+    store
+        .query_row(
+            "SELECT COUNT(*) FROM events WHERE kind = ?1 AND instr(payload, ?2) > 0",
+            [kind, text],
+            |row| row.get(0),
+        )
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until `ready` holds.
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A config whose one host's link is cut in the tests below: long trials, reuse mode, and a
+/// `hostLossTimeout` far longer than the tests' outages.
+fn unreachable_host_config(
+    sandbox: &Sandbox,
+    host: &Sshd,
+    trial_command: &str,
+    extra: &str,
+) -> PathBuf {
+    let known = known_hosts(sandbox, &[host]);
+    let config = remote_config(
+        sandbox,
+        Spec {
+            trial_command,
+            concurrency: 2,
+            trials: 2,
+            machines: &[machine(host)],
+            known_hosts: &known,
+            hybrid: false,
+            extra,
+        },
+    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("hostLossTimeout: 3s", "hostLossTimeout: 5m");
+    std::fs::write(&config, text).unwrap();
+    config
+}
+
+/// Trials that end, with their final result, while their host cannot be reached are recorded
+/// as they ended once it is back: SUCCEEDED, with their own end time. knob recorded the time it
+/// heard of the ends (the reconnection), and its `maxTrialDuration` timer, which ran out
+/// meanwhile, had them SYS_CANCELED "maxTrialDuration reached" although they had ended
+/// before it.
+#[test]
+fn trials_that_ended_while_their_host_was_unreachable_are_recorded_as_they_ended() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let mut host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let ended = sandbox.path().join("ended");
+    std::fs::create_dir_all(&ended).unwrap();
+    let config = unreachable_host_config(
+        &sandbox,
+        &host,
+        &format!(
+            "sleep 2; echo KNOB_FINAL 1; touch '{}'/$NNI_TRIAL_JOB_ID",
+            ended.display()
+        ),
+        "maxTrialDuration: 5s",
+    );
+    let child = spawn_create(&sandbox, &config, "outage");
+    let env = environment_id(&host);
+    wait_for(&sandbox, "outage", "both trials running", |e| {
+        running_on(e, &env) == 2
+    });
+    host.cut_link();
+    wait_until("both trials to end on the host", || {
+        std::fs::read_dir(&ended).map_or(0, |d| d.count()) == 2
+    });
+    // knob's maxTrialDuration ran out for both while the host could not be reached.
+    wait_until("maxTrialDuration's kills", || {
+        stored_events(&sandbox, "outage", "trial_stopping", "maxTrialDuration") == 2
+    });
+    host.restart().expect("sshd starts again");
+    let (code, stdout, stderr) = wait_create(child);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment outage DONE: 2 trials (2 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let export = sandbox.export("outage");
+    let store = rusqlite::Connection::open(sandbox.path().join("experiments/outage/experiment.db"))
+        .unwrap();
+    for trial in export["trials"].as_array().unwrap() {
+        assert_eq!(trial["status"], "SUCCEEDED", "{trial}");
+        assert_eq!(trial["final"], 1.0, "{trial}");
+        let duration = trial["ended_ms"].as_i64().unwrap() - trial["started_ms"].as_i64().unwrap();
+        assert!(
+            (1500..5000).contains(&duration),
+            "a 2 s trial recorded as {duration} ms: {trial}"
+        );
+        // The trials table (the API's and `knob trial ls`'s) has the same end.
+        let stored: i64 = store
+            .query_row(
+                "SELECT ended_ms FROM trials WHERE id = ?1",
+                [trial["id"].as_str().unwrap()],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(Some(stored), trial["ended_ms"].as_i64(), "{trial}");
+    }
+}

@@ -560,6 +560,7 @@ mod tests {
             stderr_tail: None,
             peak_memory_mib: None,
             peak_gpu_memory_mib: None,
+            ended_ms: None,
         };
         let events = [
             StoreEvent::ExperimentCreated {

@@ -223,6 +223,7 @@ impl TrialBook {
         trial.launched = false;
         trial.fetching = false;
         trial.kill = None;
+        trial.kill_decided_ms = None;
         trial.pid = None;
         trial.intermediate = Default::default();
         trial.final_value = None;

@@ -611,6 +611,31 @@ impl Manager {
         signal: Option<i32>,
         stderr_tail: String,
     ) -> Result<(), ManagerError> {
+        self.end_trial_at(
+            trial_id,
+            status,
+            reason,
+            exit_code,
+            signal,
+            stderr_tail,
+            None,
+        )
+        .await
+    }
+
+    /// [`end_trial`](Self::end_trial) of a trial whose service says when it ended
+    /// (`ServiceEvent::TrialEnded::ended_ms`, Unix ms), which is recorded as its end.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn end_trial_at(
+        &mut self,
+        trial_id: &str,
+        status: TrialStatus,
+        reason: Option<String>,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        stderr_tail: String,
+        ended_ms: Option<i64>,
+    ) -> Result<(), ManagerError> {
         // Not waited for here: what follows (the tuner told, the next trial asked for) runs
         // while it commits. Nothing outside this process learns of the end before it is
         // durable: the next trial's creation, committed after it, waits for it (`submit`), and
@@ -626,6 +651,7 @@ impl Manager {
             stderr_tail: (!stderr_tail.is_empty()).then_some(stderr_tail),
             peak_memory_mib: self.book[trial_id].peak_memory_mib,
             peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
+            ended_ms,
         });
         self.unsettled.push_back(Unsettled::event(ack));
         self.environments.release(trial_id);
@@ -727,6 +753,7 @@ impl Manager {
                 .await;
         };
         trial.kill = Some((status, reason.clone()));
+        trial.kill_decided_ms = Some(crate::store::now_ms());
         // Recorded before the kill is asked for (in log order, so before anything the decision
         // led to, such as a population member's successor): a resume after a crash in between
         // ends the trial as decided instead of running it again.
@@ -887,6 +914,7 @@ impl Manager {
                     stderr_tail: None,
                     peak_memory_mib: self.book[&trial_id].peak_memory_mib,
                     peak_gpu_memory_mib: self.book[&trial_id].peak_gpu_memory_mib,
+                    ended_ms: None,
                 })
                 .await?;
             self.book.set_status(&trial_id, status);

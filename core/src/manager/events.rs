@@ -79,6 +79,7 @@ impl Manager {
                 // The manager knows why it asked for a kill; see `Trial::kill`.
                 killed_reason: _,
                 environment_lost,
+                ended_ms,
             } => {
                 let Some(trial) = self.book.get(&trial_id) else {
                     return self
@@ -100,7 +101,14 @@ impl Manager {
                 if let Some(lost) = environment_lost {
                     return self.on_environment_lost(&trial_id, lost).await;
                 }
-                let (status, reason) = match (&trial.kill, exit_code) {
+                // A kill decided after the trial had ended did not end it: its host, unreachable
+                // meanwhile, reports the end only now (a `maxTrialDuration` that ran out while
+                // it could not be reached, a stop of the experiment). It ended on its own.
+                let kill = trial
+                    .kill
+                    .as_ref()
+                    .filter(|_| !matches!((ended_ms, trial.kill_decided_ms), (Some(ended), Some(decided)) if ended < decided));
+                let (status, reason) = match (kill, exit_code) {
                     (Some((status, reason)), _) => (*status, Some(reason.clone())),
                     (None, Some(0)) if trial.objective_problem.is_some() => {
                         (TrialStatus::Failed, trial.objective_problem.clone())
@@ -133,8 +141,16 @@ impl Manager {
                     }
                     return self.requeue(&trial_id, reason, backoff).await;
                 }
-                self.end_trial(&trial_id, status, reason, exit_code, signal, stderr_tail)
-                    .await?;
+                self.end_trial_at(
+                    &trial_id,
+                    status,
+                    reason,
+                    exit_code,
+                    signal,
+                    stderr_tail,
+                    ended_ms,
+                )
+                .await?;
             }
             ServiceEvent::CheckpointSaved { trial_id } => {
                 if let Some(trial) = self.book.get_mut(&trial_id) {
@@ -300,6 +316,7 @@ impl Manager {
             stderr_tail: None,
             peak_memory_mib: None,
             peak_gpu_memory_mib: None,
+            ended_ms: None,
         };
         self.requeue_after(
             trial_id,

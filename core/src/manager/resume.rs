@@ -93,6 +93,7 @@ impl Manager {
                         stderr_tail: None,
                         peak_memory_mib: None,
                         peak_gpu_memory_mib: None,
+                        ended_ms: None,
                     })
                     .await?;
                 self.book.known(&id).reason = Some(stop.message.clone());

@@ -87,6 +87,10 @@ pub(super) struct Trial {
     pub objective_problem: Option<String>,
     /// Set when the manager asked for the trial to be killed: how to record its end, and why.
     pub kill: Option<(TrialStatus, String)>,
+    /// When that kill was decided (Unix ms): a trial its service reports ended before it (a
+    /// host out of reach reports only once back what ended while it was unreachable) ended on its
+    /// own, whatever the kill says.
+    pub kill_decided_ms: Option<i64>,
     pub reason: Option<String>,
     /// Host memory (MiB) its attempts ask for, once raised after it ran out of memory; `None`:
     /// `trialMemorySize`.
@@ -138,6 +142,7 @@ impl Trial {
             outcome: None,
             objective_problem: None,
             kill: None,
+            kill_decided_ms: None,
             reason: None,
             memory_request_mib: None,
             gpu_memory_request_mib: None,

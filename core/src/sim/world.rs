@@ -401,6 +401,7 @@ impl World {
                         signal,
                         killed_reason: killed.then(|| "killed".to_string()),
                         stderr_tail,
+                        ended_ms: None,
                         environment_lost: None,
                     },
                 );
@@ -450,6 +451,7 @@ impl World {
                             signal: None,
                             killed_reason: None,
                             stderr_tail: String::new(),
+                            ended_ms: None,
                             environment_lost: Some(format!(
                                 "host {} unreachable (simulated)",
                                 host_name(environment)

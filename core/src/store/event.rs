@@ -236,6 +236,11 @@ pub enum StoreEvent {
         /// (NVML).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peak_gpu_memory_mib: Option<u64>,
+        /// When the attempt ended (Unix ms), where its service reported it later than it
+        /// happened (a host that could not be reached meanwhile); absent: the event's own time. Read
+        /// through [`end_time`], which keeps it between the attempt's start and the event.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ended_ms: Option<i64>,
     },
     /// The manager decided to end a running trial (the tuner or the assessor stopped it, the
     /// user killed it, it ran past `maxTrialDuration`) and asked its service to kill it; its
@@ -283,6 +288,16 @@ pub enum StoreEvent {
         trial_id: Option<String>,
         message: String,
     },
+}
+
+/// The time a `TrialEnded` records as the attempt's end: the `ended_ms` its service reported,
+/// if any, else `recorded_ms`, the event's own time. A reported time is never later than the
+/// event nor before the attempt started (`started_ms`): it comes from another machine's clock.
+pub(crate) fn end_time(ended_ms: Option<i64>, recorded_ms: i64, started_ms: Option<i64>) -> i64 {
+    match ended_ms {
+        Some(ended) => ended.min(recorded_ms).max(started_ms.unwrap_or(i64::MIN)),
+        None => recorded_ms,
+    }
 }
 
 impl StoreEvent {

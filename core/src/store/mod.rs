@@ -70,6 +70,7 @@ pub use state::{
 
 use schema::path_text;
 pub(crate) use schema::LOCK_FILE_NAME;
+pub(crate) use writer::now_ms;
 // The simulator's check asks the same question of a stop as the replay does.
 #[cfg(feature = "sim")]
 pub(crate) use state::stopped_with_experiment;

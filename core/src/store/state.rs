@@ -539,10 +539,16 @@ impl Replayer {
                 stderr_tail,
                 peak_memory_mib,
                 peak_gpu_memory_mib,
+                ended_ms,
             } => {
                 let trial = self.trial(seq, &trial_id)?;
+                let started_ms = trial
+                    .attempts
+                    .iter()
+                    .find(|a| a.number == attempt && a.end.is_none())
+                    .map(|a| a.started_ms);
                 let end = TrialEnd {
-                    time_ms,
+                    time_ms: super::event::end_time(ended_ms, time_ms, started_ms),
                     status,
                     exit_code,
                     signal,

@@ -93,7 +93,7 @@ fn watch_store_file(path: &str) -> Option<std::fs::File> {
         .ok()
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| {
@@ -562,6 +562,7 @@ impl Writer {
                 signal,
                 message,
                 stderr_tail,
+                ended_ms,
                 ..
             } => {
                 if !end_status.is_final() {
@@ -580,6 +581,13 @@ impl Writer {
                         expected: attempts.to_string(),
                     });
                 }
+                let started_ms: Option<i64> = match ended_ms {
+                    Some(_) => self
+                        .connection
+                        .prepare_cached("SELECT started_ms FROM trials WHERE id = ?1")?
+                        .query_row([trial_id], |row| row.get(0))?,
+                    None => None,
+                };
                 self.connection
                     .prepare_cached(
                         "UPDATE trials SET status = ?2, ended_ms = ?3, exit_code = ?4,
@@ -589,7 +597,7 @@ impl Writer {
                     .execute(params![
                         trial_id,
                         end_status.as_str(),
-                        time_ms,
+                        super::event::end_time(*ended_ms, time_ms, started_ms),
                         exit_code,
                         signal,
                         message,

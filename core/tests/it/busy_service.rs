@@ -143,6 +143,7 @@ impl TrainingService for Service {
                 signal: None,
                 killed_reason: None,
                 stderr_tail: String::new(),
+                ended_ms: None,
                 environment_lost: None,
             });
         });

@@ -56,6 +56,7 @@ fn ended(trial_id: &str, attempt: u32, status: TrialStatus) -> StoreEvent {
         stderr_tail: Some("Traceback ...\nValueError: boom\n".to_string()),
         peak_memory_mib: None,
         peak_gpu_memory_mib: None,
+        ended_ms: None,
     }
 }
 
@@ -397,6 +398,49 @@ fn materialized_tables_answer_queries() {
     assert_eq!(summary.status, ExperimentStatus::Initialized);
 }
 
+/// An end its service reported later than it happened (a remote host unreachable meanwhile)
+/// is recorded at the time it says, in the tables and the replay alike; one said to be before
+/// the attempt's start (another machine's clock) is taken as the start, one in the future as
+/// the time it was recorded.
+#[test]
+fn an_end_reported_late_is_recorded_when_it_happened_within_the_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    for (index, id) in ["early", "before_start", "future"].iter().enumerate() {
+        put(&store, trial(id, index as u64));
+        put(&store, started(id, 1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let reader = store.reader().unwrap();
+    let started_ms = |id: &str| reader.trial(id).unwrap().unwrap().started_ms.unwrap();
+    let reported = [
+        ("early", started_ms("early") + 20),
+        ("before_start", started_ms("before_start") - 60_000),
+        ("future", i64::MAX / 2),
+    ];
+    for (id, at) in reported {
+        let mut event = ended(id, 1, TrialStatus::Succeeded);
+        if let StoreEvent::TrialEnded { ended_ms, .. } = &mut event {
+            *ended_ms = Some(at);
+        }
+        put(&store, event);
+    }
+    let state = reader.replay().unwrap();
+    for id in ["early", "before_start", "future"] {
+        let row = reader.trial(id).unwrap().unwrap();
+        let replayed = state.trial(id).unwrap().ended_ms();
+        assert_eq!(row.ended_ms, replayed, "{id}");
+        let ended = row.ended_ms.unwrap();
+        let start = row.started_ms.unwrap();
+        match id {
+            "early" => assert_eq!(ended, start + 20),
+            "before_start" => assert_eq!(ended, start),
+            _ => assert!(ended >= start + 50 && ended < i64::MAX / 2, "{ended}"),
+        }
+    }
+}
+
 #[test]
 fn nan_and_infinity_keep_their_raw_text() {
     let dir = tempfile::tempdir().unwrap();
@@ -492,6 +536,7 @@ fn a_trial_cancelled_before_it_started_can_be_requeued_and_is_no_longer_ended() 
             stderr_tail: None,
             peak_memory_mib: None,
             peak_gpu_memory_mib: None,
+            ended_ms: None,
         },
     );
     let state = store.replay().unwrap();

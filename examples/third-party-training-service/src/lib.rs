@@ -216,6 +216,7 @@ impl TrainingService for NiceService {
                 signal,
                 killed_reason: killed_reason.then(|| "killed by knob".to_owned()),
                 stderr_tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                ended_ms: None,
                 environment_lost: None,
             });
         });

@@ -674,10 +674,15 @@ impl Daemon {
             pid: std::process::id(),
             inventory,
             running,
+            time_ms: Some(crate::agent_protocol::unix_ms()),
         });
         say!("client {id} welcomed; replaying {} events", replay.len());
-        for (seq, event) in replay {
-            client.send(FromAgent::Event { seq, event });
+        for (seq, time_ms, event) in replay {
+            client.send(FromAgent::Event {
+                seq,
+                event,
+                time_ms: Some(time_ms),
+            });
         }
         client.welcomed = true;
         client.greeting = false;
@@ -766,9 +771,14 @@ impl Daemon {
 
     fn on_event(&mut self, event: ServiceEvent) {
         let ended = matches!(event, ServiceEvent::TrialEnded { .. });
-        let seq = self.log.push(event.clone());
+        let time_ms = crate::agent_protocol::unix_ms();
+        let seq = self.log.push_at(event.clone(), time_ms);
         if let Some(client) = self.client.as_ref().filter(|c| c.welcomed) {
-            client.send(FromAgent::Event { seq, event });
+            client.send(FromAgent::Event {
+                seq,
+                event,
+                time_ms: Some(time_ms),
+            });
         }
         if ended {
             // The host changed (a GPU was freed): the service hears of it at once.

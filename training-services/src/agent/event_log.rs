@@ -4,6 +4,8 @@ use std::collections::VecDeque;
 
 use knob_plugin_api::service::{MetricKind, ServiceEvent};
 
+use crate::agent_protocol::unix_ms;
+
 /// Unacknowledged events kept at most; beyond this the oldest that a trial's life does not
 /// need are dropped (and the next client is told how many), so a manager that never comes back
 /// cannot exhaust the host's memory before the orphan timeout ends the daemon.
@@ -26,7 +28,8 @@ fn expendable(event: &ServiceEvent) -> bool {
 #[derive(Debug)]
 pub struct EventLog {
     next_seq: u64,
-    buffer: VecDeque<(u64, ServiceEvent)>,
+    /// (seq, when it was recorded in Unix ms, the event).
+    buffer: VecDeque<(u64, i64, ServiceEvent)>,
     capacity: usize,
     dropped: u64,
 }
@@ -47,8 +50,13 @@ impl EventLog {
         }
     }
 
-    /// Numbers and keeps an event; returns its seq.
+    /// Numbers and keeps an event, recorded now; returns its seq.
     pub fn push(&mut self, event: ServiceEvent) -> u64 {
+        self.push_at(event, unix_ms())
+    }
+
+    /// Numbers and keeps an event recorded at `time_ms` (Unix ms); returns its seq.
+    pub fn push_at(&mut self, event: ServiceEvent, time_ms: i64) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         if self.buffer.len() == self.capacity {
@@ -58,7 +66,7 @@ impl EventLog {
             // buffer of nothing else loses its oldest.
             let room = (self.capacity / 8).max(1);
             let mut freed = 0;
-            self.buffer.retain(|(_, event)| {
+            self.buffer.retain(|(_, _, event)| {
                 let drop = freed < room && expendable(event);
                 freed += usize::from(drop);
                 !drop
@@ -69,13 +77,13 @@ impl EventLog {
             }
             self.dropped += freed as u64;
         }
-        self.buffer.push_back((seq, event));
+        self.buffer.push_back((seq, time_ms, event));
         seq
     }
 
     /// Drops events up to and including `seq`: the service has them.
     pub fn ack(&mut self, seq: u64) {
-        while self.buffer.front().is_some_and(|(s, _)| *s <= seq) {
+        while self.buffer.front().is_some_and(|(s, _, _)| *s <= seq) {
             self.buffer.pop_front();
         }
     }
@@ -90,12 +98,16 @@ impl EventLog {
     /// buffered events after it. A `last_seq` at or beyond this daemon's numbering means the
     /// service numbered events of an earlier daemon (this one was restarted): numbering then
     /// continues after `last_seq`, so the service never sees a seq twice.
-    pub fn resume_after(&mut self, last_seq: u64) -> Vec<(u64, ServiceEvent)> {
+    /// Each comes with the time it was recorded (Unix ms).
+    pub fn resume_after(&mut self, last_seq: u64) -> Vec<(u64, i64, ServiceEvent)> {
         if last_seq >= self.next_seq {
             // The buffered events are the ones the service lacks: they follow `last_seq`.
-            let first = self.buffer.front().map_or(self.next_seq, |(seq, _)| *seq);
+            let first = self
+                .buffer
+                .front()
+                .map_or(self.next_seq, |(seq, _, _)| *seq);
             let shift = last_seq + 1 - first;
-            for (seq, _) in &mut self.buffer {
+            for (seq, _, _) in &mut self.buffer {
                 *seq += shift;
             }
             self.next_seq += shift;
@@ -103,7 +115,7 @@ impl EventLog {
         }
         self.buffer
             .iter()
-            .filter(|(seq, _)| *seq > last_seq)
+            .filter(|(seq, _, _)| *seq > last_seq)
             .cloned()
             .collect()
     }
@@ -133,8 +145,8 @@ mod tests {
         }
     }
 
-    fn seqs(events: &[(u64, ServiceEvent)]) -> Vec<u64> {
-        events.iter().map(|(s, _)| *s).collect()
+    fn seqs(events: &[(u64, i64, ServiceEvent)]) -> Vec<u64> {
+        events.iter().map(|(s, _, _)| *s).collect()
     }
 
     fn metric(trial: &str, kind: MetricKind, sequence: u64) -> ServiceEvent {
@@ -166,9 +178,10 @@ mod tests {
             signal: None,
             killed_reason: None,
             stderr_tail: String::new(),
+            ended_ms: None,
             environment_lost: None,
         });
-        let kept: Vec<ServiceEvent> = log.resume_after(0).into_iter().map(|(_, e)| e).collect();
+        let kept: Vec<ServiceEvent> = log.resume_after(0).into_iter().map(|(_, _, e)| e).collect();
         assert!(
             matches!(kept[0], ServiceEvent::TrialStarted { .. }),
             "{kept:?}"
@@ -205,7 +218,7 @@ mod tests {
         assert_eq!(log.len(), 15);
         log.push(metric("t", MetricKind::Intermediate, 17));
         assert_eq!(log.take_dropped(), 0);
-        let kept: Vec<ServiceEvent> = log.resume_after(0).into_iter().map(|(_, e)| e).collect();
+        let kept: Vec<ServiceEvent> = log.resume_after(0).into_iter().map(|(_, _, e)| e).collect();
         assert_eq!(kept[0], metric("t", MetricKind::Intermediate, 2));
     }
 

@@ -21,8 +21,8 @@ use super::args::{Machine, RemoteArgs};
 use super::setup::{prepare_host, AgentBinary, HostPaths};
 use super::ssh::{self, Connection, SshError};
 use crate::agent_protocol::{
-    read_frame_async, write_frame_async, FromAgent, HostLayout, ToAgent, CODE_COMPLETE_MARKER,
-    HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, PROTOCOL_VERSION,
+    read_frame_async, unix_ms, write_frame_async, FromAgent, HostLayout, ToAgent,
+    CODE_COMPLETE_MARKER, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, PROTOCOL_VERSION,
 };
 use crate::code_archive::CodeArchive;
 use crate::metrics::Emit;
@@ -102,6 +102,10 @@ struct Link {
     outgoing: mpsc::UnboundedSender<ToAgent>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Option<String>>>>,
     paths: HostPaths,
+    /// How far this machine's clock is ahead of the host's (ms), as the welcome showed (its
+    /// error is the welcome's time on the way, so an event is never placed early); `None`
+    /// from an agent that does not say its time.
+    clock_offset_ms: Option<i64>,
 }
 
 impl Link {
@@ -340,6 +344,7 @@ impl Host {
                 signal: None,
                 killed_reason: None,
                 stderr_tail: String::new(),
+                ended_ms: None,
                 environment_lost: Some(reason.clone()),
             });
         }
@@ -398,14 +403,20 @@ impl Host {
                     .unwrap_or_default();
                 agent_error(format!("the agent did not answer the hello: {e}{why}"))
             })?;
-        let (pid, inventory, agent_running) = match welcome {
+        let (pid, inventory, agent_running, clock_offset_ms) = match welcome {
             FromAgent::Welcome {
                 protocol,
                 pid,
                 inventory,
                 running,
+                time_ms,
                 ..
-            } if protocol == PROTOCOL_VERSION => (pid, inventory, running),
+            } if protocol == PROTOCOL_VERSION => (
+                pid,
+                inventory,
+                running,
+                time_ms.map(|host_ms| unix_ms() - host_ms),
+            ),
             FromAgent::Welcome { protocol, .. } => {
                 return Err(SshError::Setup {
                     target,
@@ -458,6 +469,7 @@ impl Host {
             outgoing,
             pending: Mutex::default(),
             paths,
+            clock_offset_ms,
         });
         let mut orphans_ended = Vec::new();
         {
@@ -522,6 +534,7 @@ impl Host {
                 signal: None,
                 killed_reason: None,
                 stderr_tail: String::new(),
+                ended_ms: None,
                 environment_lost: Some(format!(
                     "the agent on host {} started again (was it killed?) and the trial is gone",
                     self.machine.host_port()
@@ -571,7 +584,17 @@ impl Host {
 
     fn handle(&self, ctx: &Context, link: &Link, message: FromAgent) {
         match message {
-            FromAgent::Event { seq, event } => {
+            FromAgent::Event {
+                seq,
+                mut event,
+                time_ms,
+            } => {
+                if let ServiceEvent::TrialEnded { ended_ms, .. } = &mut event {
+                    // On this machine's clock, and never later than now.
+                    *ended_ms = time_ms
+                        .zip(link.clock_offset_ms)
+                        .map(|(host_ms, offset)| (host_ms + offset).min(unix_ms()));
+                }
                 let deliver = {
                     let mut state = lock(&self.state);
                     if seq <= state.last_seq {
@@ -1193,6 +1216,7 @@ impl Host {
                     signal: None,
                     killed_reason: start.kill_after,
                     stderr_tail: format!("{}: could not start: {why}", self.machine.target()),
+                    ended_ms: None,
                     environment_lost: None,
                 });
                 self.trial_ended.notify_waiters();

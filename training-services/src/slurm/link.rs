@@ -237,11 +237,19 @@ impl Link {
                                 }
                             }
                         }
-                        Ok(FromAgent::Event { seq, event }) => {
+                        Ok(FromAgent::Event {
+                            seq,
+                            event,
+                            time_ms,
+                        }) => {
                             if let Some(link) = link.upgrade() {
                                 let _ = link.outgoing.send(ToAgent::Ack { seq });
                             }
-                            let message = FromAgent::Event { seq, event };
+                            let message = FromAgent::Event {
+                                seq,
+                                event,
+                                time_ms,
+                            };
                             if incoming_tx.send(Incoming::Message(message)).is_err() {
                                 return;
                             }

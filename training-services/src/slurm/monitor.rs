@@ -450,6 +450,7 @@ async fn connect_job(
                 signal: None,
                 killed_reason: None,
                 stderr_tail: String::new(),
+                ended_ms: None,
                 environment_lost: Some(format!(
                     "Slurm job {id}: the agent refused the start: {why}"
                 )),
@@ -492,6 +493,7 @@ async fn lose_trials(ctx: &Arc<Context>, id: u64, why: &str) {
             signal: None,
             killed_reason: None,
             stderr_tail: String::new(),
+            ended_ms: None,
             environment_lost: Some(format!("Slurm job {id} ({environment_id}) {why}")),
         });
     }
@@ -743,6 +745,7 @@ pub(super) fn trial_end(
         killed_reason,
         stderr_tail,
         environment_lost,
+        ended_ms: None,
     }
 }
 

@@ -410,6 +410,22 @@ impl Sshd {
         }
     }
 
+    /// The network to the host is gone, the host itself stays: the listener and every
+    /// per-connection sshd are killed, so no connection holds and none can be made, while the
+    /// agent daemons and their trials run on. [`Sshd::restart`] brings the link back.
+    pub fn cut_link(&mut self) {
+        let session_processes = self.listener_pid().map(descendants).unwrap_or_default();
+        if let Some(mut child) = self.listener.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for pid in session_processes {
+            if process_name(pid).as_deref() == Some("sshd") {
+                kill(pid);
+            }
+        }
+    }
+
     /// Stops (`true`) or continues (`false`) every process started through this sshd (agent
     /// daemons, their links, trials): a host that stalls, its connection up but nothing
     /// answering.

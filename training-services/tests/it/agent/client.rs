@@ -113,7 +113,7 @@ impl Attached {
             .recv_timeout(WAIT)
             .unwrap_or_else(|_| panic!("no message from the agent within {WAIT:?}"));
         match &message {
-            FromAgent::Event { seq, event } => self.events.push((*seq, event.clone())),
+            FromAgent::Event { seq, event, .. } => self.events.push((*seq, event.clone())),
             FromAgent::Reply { id, error } => self.replies.push((*id, error.clone())),
             FromAgent::Inventory { inventory } => {
                 self.inventories
