@@ -357,16 +357,59 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
             entry.pid.unwrap_or_default()
         ),
     };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while entry.running_pid().is_some() && Instant::now() < deadline {
+    let asked_ms = unix_ms();
+    let started = Instant::now();
+    let mut said = false;
+    while entry.running_pid().is_some() && started.elapsed() < STOP_PATIENCE {
+        if !said && started.elapsed() >= STOP_QUIET {
+            errln!("waiting for experiment {id} (pid {pid}) to stop: its running trials are being killed");
+            said = true;
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     if entry.running_pid().is_some() {
         anyhow::bail!("experiment {id} (pid {pid}) has not stopped after 2 minutes; `kill -INT {pid}` again to force it");
     }
-    let status = registry.get(id).map(|e| e.status).unwrap_or_default();
-    outln!("experiment {id} stopped ({status}); continue it with `knob resume {id}`");
+    let entry = registry.get(id)?;
+    if entry.crashed() {
+        // It exited without recording its end (killed by a second signal, say): its trials
+        // were not seen to end, and it is not stopped.
+        anyhow::bail!(
+            "experiment {id}: its process {pid} exited without recording its end ({CRASHED}); its trials may still run: `knob stop {id}` again ends them, `knob resume {id}` continues it"
+        );
+    }
+    // What the run said as it stopped about the experiment as a whole: above all, trials it
+    // could not kill (their host cannot be reached), which may still run.
+    if let Ok(state) = knob_core::store::StoreReader::open(&entry.dir).and_then(|r| r.replay()) {
+        for warning in state
+            .warnings
+            .iter()
+            .filter(|w| w.trial_id.is_none() && w.time_ms >= asked_ms)
+        {
+            errln!("warning: {}", warning.message);
+        }
+    }
+    let status = entry.status;
+    if status == ExperimentStatus::Stopped.as_str() {
+        outln!("experiment {id} stopped ({status}); continue it with `knob resume {id}`");
+    } else {
+        // It ended by itself (its last trial, its time budget) before the stop took effect.
+        outln!("experiment {id} ended ({status}) before the stop took effect");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long `knob stop` waits for the run to stop (its trials' grace period, their kills).
+const STOP_PATIENCE: Duration = Duration::from_secs(120);
+/// How long `knob stop` waits silently before it says that it waits.
+const STOP_QUIET: Duration = Duration::from_secs(3);
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
 }
 
 /// What [`runner_once_started`] found.

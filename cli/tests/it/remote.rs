@@ -1591,3 +1591,63 @@ fn trials_that_ended_while_their_host_was_unreachable_are_recorded_as_they_ended
         assert_eq!(Some(stored), trial["ended_ms"].as_i64(), "{trial}");
     }
 }
+
+/// `knob stop` of an experiment whose only host cannot be reached (its `hostLossTimeout`
+/// minutes away) ends promptly, STOPPED, and says which trials may still run there and how to
+/// end them. It waited silently for 2 minutes, then said "stopped (RUNNING)" of a run that had
+/// exited unrecorded, claiming its trials killed.
+#[test]
+fn stopping_an_experiment_whose_host_is_unreachable_ends_promptly_and_names_what_may_still_run() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let mut host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let config = unreachable_host_config(&sandbox, &host, "sleep 300", "");
+    let child = spawn_create(&sandbox, &config, "cutoff");
+    let env = environment_id(&host);
+    wait_for(&sandbox, "cutoff", "both trials running", |e| {
+        running_on(e, &env) == 2
+    });
+    host.cut_link();
+    wait_until("the host reported unreachable", || {
+        stored_events(&sandbox, "cutoff", "warning", "is not ready") > 0
+    });
+    // Before, it waited for the host up to `hostLossTimeout`, and gave up after 2 minutes.
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "cutoff"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout, "experiment cutoff stopped (STOPPED); continue it with `knob resume cutoff`\n",
+        "{stderr}"
+    );
+    let export = sandbox.export("cutoff");
+    assert_eq!(export["experiment"]["status"], "STOPPED", "{export}");
+    let mut trials: Vec<String> = Vec::new();
+    for trial in export["trials"].as_array().unwrap() {
+        assert_eq!(trial["status"], "USER_CANCELED", "{trial}");
+        trials.push(trial["id"].as_str().unwrap().to_string());
+    }
+    trials.sort();
+    let warning = stderr
+        .lines()
+        .find(|line| line.contains("could not be killed"))
+        .unwrap_or_else(|| panic!("no warning naming the trials left running: {stderr}"));
+    assert!(
+        warning.contains(&format!(
+            "trial(s) {} could not be killed",
+            trials.join(", ")
+        )) && warning.contains(&format!("environment {env} cannot be reached"))
+            && warning.contains("`knob resume cutoff` ends them"),
+        "{warning}"
+    );
+    let (code, create_out, create_err) = wait_create(child);
+    assert_eq!(code, 0, "{create_out}\n{create_err}");
+    assert!(create_err.contains("could not be killed"), "{create_err}");
+    let (_, listing, _) = run(sandbox.knob().args(["experiment", "list"]));
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.contains("cutoff") && l.contains("STOPPED")),
+        "{listing}"
+    );
+}

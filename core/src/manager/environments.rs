@@ -293,6 +293,18 @@ impl Environments {
         }
     }
 
+    /// Why an environment is known not to take trials now (its service reported it not
+    /// ready: a host that cannot be reached), `None` while it is ready or unknown.
+    pub fn not_ready(&self, environment_id: &str) -> Option<String> {
+        let record = self.records.get(environment_id)?;
+        (!record.ready).then(|| {
+            record
+                .why
+                .clone()
+                .unwrap_or_else(|| "not ready".to_string())
+        })
+    }
+
     /// Every environment registered, for `Command::Environments`.
     pub fn views(&self) -> Vec<EnvironmentView> {
         let mut views: Vec<EnvironmentView> = self

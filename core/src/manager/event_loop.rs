@@ -65,6 +65,9 @@ pub(super) struct Manager {
     pub(super) commands_open: bool,
     pub(super) timers: Timers,
     pub(super) stop_requested: bool,
+    /// When the experiment began to stop (`stop_all`): trials left only on environments that
+    /// cannot be reached are given up [`UNREACHABLE_AT_STOP`] after it.
+    stopping_since: Option<Instant>,
     /// `submit_new` stopped at [`MAX_NEW_TRIALS_A_TURN`] with more trials to create: the loop
     /// comes back for them once what has already arrived (a stop, service events) is handled.
     more_to_submit: bool,
@@ -194,6 +197,7 @@ impl Manager {
             commands_open: true,
             timers,
             stop_requested: false,
+            stopping_since: None,
             more_to_submit: false,
             collected: Default::default(),
             snapshots_unsupported_told: Default::default(),
@@ -262,6 +266,10 @@ impl Manager {
                 && (self.closed()
                     || (idle_deferred && !self.tuner.wakes() && !self.tuner.awaits_answers()))
             {
+                return self.last_answers().await;
+            }
+            if self.only_unreachable_left(Instant::now()) {
+                // `finish` records them and says where they may still run.
                 return self.last_answers().await;
             }
             self.timers
@@ -777,6 +785,7 @@ impl Manager {
         status: TrialStatus,
     ) -> Result<(), ManagerError> {
         self.stop_requested = true;
+        self.stopping_since.get_or_insert_with(Instant::now);
         for trial_id in self.book.active_ids() {
             self.kill(&trial_id, status, reason.to_string()).await?;
         }
@@ -785,7 +794,36 @@ impl Manager {
 
     pub(super) fn next_deadline(&mut self) -> Option<Instant> {
         let now = Instant::now();
-        self.timers.next(now, self.book.next_trial_timer(now), [])
+        let give_up_unreachable = self
+            .stopping_since
+            .filter(|_| self.book.active_count() > 0)
+            .map(|since| since + UNREACHABLE_AT_STOP);
+        self.timers
+            .next(now, self.book.next_trial_timer(now), give_up_unreachable)
+    }
+
+    /// Whether the experiment stops (`stop_all`), [`UNREACHABLE_AT_STOP`] has passed since,
+    /// and every trial not yet ended runs on an environment its service reports it cannot
+    /// reach: their kills wait for the host, and their ends, at the latest, for the service to
+    /// declare it lost (`hostLossTimeout`, minutes), so the stop does not wait for them.
+    fn only_unreachable_left(&self, now: Instant) -> bool {
+        self.stopping_since
+            .is_some_and(|since| now >= since + UNREACHABLE_AT_STOP)
+            && self.book.active_count() > 0
+            && self
+                .book
+                .active_ids()
+                .iter()
+                .all(|id| self.unreachable(id).is_some())
+    }
+
+    /// The environment of a trial handed to a service, and why it cannot be reached, when its
+    /// service reports it so.
+    fn unreachable(&self, trial_id: &str) -> Option<(String, String)> {
+        let trial = self.book.get(trial_id)?;
+        let environment = trial.environment.as_deref().filter(|_| trial.launched)?;
+        let why = self.environments.not_ready(environment)?;
+        Some((environment.to_string(), why))
     }
 
     pub(super) async fn on_deadline(&mut self) -> Result<(), ManagerError> {
@@ -894,6 +932,24 @@ impl Manager {
                     TrialStatus::SysCanceled,
                 )
                 .await;
+        }
+        // Trials that may run on where their environment cannot be reached, said by
+        // environment, before the services shut down (the notice is shown as the run ends).
+        let mut unreached: std::collections::BTreeMap<(String, String), Vec<String>> =
+            Default::default();
+        for trial_id in self.book.active_ids() {
+            if let Some(place) = self.unreachable(&trial_id) {
+                unreached.entry(place).or_default().push(trial_id);
+            }
+        }
+        for ((environment, why), mut trials) in unreached {
+            trials.sort();
+            let id = &self.id;
+            self.notice(format!(
+                "trial(s) {} could not be killed: environment {environment} cannot be reached ({why}); they may still run there. `knob resume {id}` ends them once it can be reached",
+                trials.join(", ")
+            ))
+            .await?;
         }
         services::shut_down(&self.services).await;
         self.settle().await?;
@@ -1103,6 +1159,10 @@ const MAX_EVENT_BATCH: usize = 4096;
 /// run (`knob update concurrency ID 100000000`) made one turn create trials for as long as the
 /// budget lasted, and a stop, or any event, waited behind it.
 const MAX_NEW_TRIALS_A_TURN: u32 = 1024;
+
+/// How long a stop waits for an environment that cannot be reached to come back (a dropped
+/// connection is usually restored within seconds) before it ends without the trials there.
+const UNREACHABLE_AT_STOP: std::time::Duration = std::time::Duration::from_secs(15);
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
