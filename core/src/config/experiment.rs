@@ -651,19 +651,24 @@ fn read_algorithm(
                 );
             }
         }
-        (None, Some(field)) => {
+        (None, Some(class_field)) => {
             // NNI imports `module.Class` (it splits at the last dot): a bare class name made its
-            // dispatcher die with "not enough values to unpack".
+            // dispatcher die with "not enough values to unpack". (Not said again after a v1
+            // config's conversion refused its classFileName, the module.)
             let qualified = class_name
                 .as_deref()
                 .and_then(|name| name.rsplit_once('.'))
                 .is_some_and(|(module, class)| !module.is_empty() && !class.is_empty());
-            if class_name.is_some() && !qualified {
+            let said = reader
+                .errors
+                .iter()
+                .any(|e| e.field.starts_with(&format!("{}.", field.path)));
+            if class_name.is_some() && !qualified && !said {
                 let message = format!(
                     "expected module.Class, the module a Python file in codeDirectory (my_tuner.MyTuner for my_tuner.py), not {:?}",
                     class_name.as_deref().unwrap_or_default()
                 );
-                reader.error(field.node.pos, &field.path, message);
+                reader.error(class_field.node.pos, &class_field.path, message);
             }
             code_directory = match &code_directory_field {
                 Some(directory) => reader.directory(directory),
