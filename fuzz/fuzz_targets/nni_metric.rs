@@ -10,7 +10,7 @@
 #![no_main]
 
 use knob_plugin_api::metric::default_value;
-use knob_training_services::nni_file::{decode_nni_metric, NniRecord, NniRecordDecoder};
+use knob_training_services::nni_file::{decode_nni_metric, NniMetric, NniRecord, NniRecordDecoder};
 use libfuzzer_sys::fuzz_target;
 
 const TRIAL: &str = "Ab1cD";
@@ -35,11 +35,15 @@ fn records(chunks: impl Iterator<Item = Vec<u8>>) -> Vec<Option<Vec<u8>>> {
 
 fn decode(body: &[u8]) {
     match decode_nni_metric(body, TRIAL) {
-        Ok(Some((_kind, value))) => {
+        Ok(NniMetric::Value(_kind, value)) => {
             // What the core does with it next; an error is fine, a panic is not.
             let _ = default_value(&value);
         }
-        Ok(None) => {}
+        Ok(NniMetric::Unreadable(_kind, value, why)) => {
+            assert!(!why.is_empty());
+            assert!(default_value(&value).is_err());
+        }
+        Ok(NniMetric::NotAMetric) => {}
         Err(why) => assert!(!why.is_empty()),
     }
 }

@@ -145,18 +145,14 @@ pub fn handle_line(recorder: &TrialRecorder, source: LineSource, line: &[u8]) {
             }
         }
         KnobLine::Bad(why) => {
-            // A trial's first final is its answer: one the core cannot read goes on as sent,
-            // so that it is stored, shown to the user and made the trial's end message,
-            // instead of the trial ending as if it had reported nothing. Later bad finals
-            // would be ignored by the core anyway, so they stay (bounded) warnings.
-            let passed_on = unusable_final_value(line)
-                .is_some_and(|value| recorder.record_unusable_final(value.to_string()));
-            if !passed_on {
-                recorder.warn(format_args!(
-                    "metric line {} on {} ignored: {why}",
-                    excerpt(line),
-                    source.describe()
-                ));
+            let warning = format_args!(
+                "metric line {} on {} ignored: {why}",
+                excerpt(line),
+                source.describe()
+            );
+            match unusable_final_value(line) {
+                Some(value) => recorder.record_unreadable(MetricKind::Final, value, warning),
+                None => recorder.warn(warning),
             }
         }
     }

@@ -154,11 +154,30 @@ impl TrialRecorder {
 
     /// Records a final result the core will not be able to read, if it is the trial's first
     /// final (the one that counts); returns false, recording nothing, after another final.
-    pub fn record_unusable_final(&self, value: String) -> bool {
+    fn record_unusable_final(&self, value: String) -> bool {
         if self.lock().next_final > 0 {
             return false;
         }
         self.record(MetricKind::Final, value).is_ok()
+    }
+
+    /// Records a metric whose value the service cannot read (`warning` says what and why).
+    /// Every protocol comes here (knob's lines, the NNI file and HTTP channels), so a bad value
+    /// is handled the same whichever way the trial sent it. A trial's first final is its
+    /// answer: one the core cannot read goes on as sent, so that it is stored, shown to the
+    /// user and made the trial's end message, instead of the trial ending as if it had reported
+    /// nothing. A bad intermediate, or a later bad final (the core would ignore it anyway), is
+    /// a (bounded) warning.
+    pub fn record_unreadable(
+        &self,
+        kind: MetricKind,
+        value: &str,
+        warning: impl std::fmt::Display,
+    ) {
+        let passed_on = kind == MetricKind::Final && self.record_unusable_final(value.to_string());
+        if !passed_on {
+            self.warn(warning);
+        }
     }
 
     /// Reports something wrong with what the trial sent; `message` says what, and the trial

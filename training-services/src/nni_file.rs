@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use knob_plugin_api::metric::parse_json_lenient;
 
-use crate::metrics::excerpt;
+use crate::metrics::{excerpt, TrialNotRunning, TrialRecorder};
 
 pub const PARAMETER_FILE_NAME: &str = "parameter.cfg";
 pub const METRICS_DIR_NAME: &str = ".nni";
@@ -156,13 +156,38 @@ fn header_length(header: &[u8]) -> Option<usize> {
     std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
-/// Reads one NNI metric (as `nni.trial` builds it) sent on `trial_id`'s channel. `Ok(None)`
-/// for a record that is not a metric (`REQUEST_PARAMETER`, which needs no answer because
-/// `parameter.cfg` is always written before the trial starts).
-pub fn decode_nni_metric(
-    metric: &[u8],
-    trial_id: &str,
-) -> Result<Option<(MetricKind, String)>, String> {
+/// One NNI metric record, read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NniMetric {
+    /// A metric to record: its kind and its value's JSON text.
+    Value(MetricKind, String),
+    /// A metric whose value is not JSON (`nni.report_final_result(10**400)` sends 401 digits,
+    /// more than a float holds): its kind, the value as sent, and why it cannot be read. It is
+    /// recorded as a bad `KNOB_` line is ([`TrialRecorder::record_unreadable`]).
+    Unreadable(MetricKind, String, String),
+    /// Not a metric (`REQUEST_PARAMETER`, which needs no answer because `parameter.cfg` is
+    /// always written before the trial starts).
+    NotAMetric,
+}
+
+impl NniMetric {
+    /// Records it for the trial; `channel` names where it came from in a warning. Both NNI
+    /// channels record through this. Err when the trial has ended.
+    pub fn record(self, recorder: &TrialRecorder, channel: &str) -> Result<(), TrialNotRunning> {
+        match self {
+            NniMetric::Value(kind, value) => recorder.record(kind, value),
+            NniMetric::Unreadable(kind, value, why) => {
+                recorder.record_unreadable(kind, &value, format_args!("{channel}: {why}"));
+                Ok(())
+            }
+            NniMetric::NotAMetric => Ok(()),
+        }
+    }
+}
+
+/// Reads one NNI metric (as `nni.trial` builds it) sent on `trial_id`'s channel. Err for a
+/// record that is not one: it is warned about, as nothing in it can be trusted.
+pub fn decode_nni_metric(metric: &[u8], trial_id: &str) -> Result<NniMetric, String> {
     let text = std::str::from_utf8(metric)
         .map_err(|_| format!("metric {} is not UTF-8", excerpt(metric)))?;
     let record = parse_json_lenient(text)
@@ -183,7 +208,7 @@ pub fn decode_nni_metric(
     let kind = match record.get("type").and_then(Value::as_str) {
         Some("PERIODICAL" | "INTERMEDIATE") => MetricKind::Intermediate,
         Some("FINAL") => MetricKind::Final,
-        Some("REQUEST_PARAMETER") => return Ok(None),
+        Some("REQUEST_PARAMETER") => return Ok(NniMetric::NotAMetric),
         Some(other) => {
             return Err(format!(
                 "metric type {other:?} is unknown (expected PERIODICAL or FINAL)"
@@ -191,21 +216,21 @@ pub fn decode_nni_metric(
         }
         None => return Err(format!("metric {} has no \"type\"", excerpt(metric))),
     };
-    let value = match record.get("value") {
-        Some(Value::String(value)) => {
-            parse_json_lenient(value).map_err(|e| {
-                format!(
+    match record.get("value") {
+        Some(Value::String(value)) => match parse_json_lenient(value) {
+            Ok(_) => Ok(NniMetric::Value(kind, value.clone())),
+            Err(e) => {
+                let why = format!(
                     "metric value {} is not JSON ({e})",
                     excerpt(value.as_bytes())
-                )
-            })?;
-            value.clone()
-        }
+                );
+                Ok(NniMetric::Unreadable(kind, value.clone(), why))
+            }
+        },
         // Not what nni writes, but a JSON value sent directly is just as clear.
-        Some(value) if !value.is_null() => value.to_string(),
-        _ => return Err(format!("metric {} has no \"value\"", excerpt(metric))),
-    };
-    Ok(Some((kind, value)))
+        Some(value) if !value.is_null() => Ok(NniMetric::Value(kind, value.to_string())),
+        _ => Err(format!("metric {} has no \"value\"", excerpt(metric))),
+    }
 }
 
 #[cfg(test)]
@@ -267,7 +292,10 @@ mod tests {
         let metric = br#"{"parameter_id": 3, "trial_job_id": "Ab1", "type": "PERIODICAL", "sequence": 0, "value": "NaN"}"#;
         assert_eq!(
             decode_nni_metric(metric, "Ab1"),
-            Ok(Some((MetricKind::Intermediate, "NaN".to_string())))
+            Ok(NniMetric::Value(
+                MetricKind::Intermediate,
+                "NaN".to_string()
+            ))
         );
         assert_eq!(
             decode_nni_metric(metric, "Zz9"),
@@ -277,12 +305,21 @@ mod tests {
         let labeled = br#"{"parameter_id": "0-4_0_3", "trial_job_id": "Ab1", "type": "FINAL", "sequence": 0, "value": "0.5"}"#;
         assert_eq!(
             decode_nni_metric(labeled, "Ab1"),
-            Ok(Some((MetricKind::Final, "0.5".to_string())))
+            Ok(NniMetric::Value(MetricKind::Final, "0.5".to_string()))
         );
         let request = br#"{"trial_job_id": "Ab1", "type": "REQUEST_PARAMETER", "sequence": 0}"#;
-        assert_eq!(decode_nni_metric(request, "Ab1"), Ok(None));
+        assert_eq!(decode_nni_metric(request, "Ab1"), Ok(NniMetric::NotAMetric));
+        // A value that is not JSON is still the trial's metric, kept as sent with why.
         let bad = br#"{"type": "FINAL", "value": "{oops"}"#;
-        assert!(decode_nni_metric(bad, "Ab1")
+        let Ok(NniMetric::Unreadable(MetricKind::Final, value, why)) =
+            decode_nni_metric(bad, "Ab1")
+        else {
+            panic!("{:?}", decode_nni_metric(bad, "Ab1"));
+        };
+        assert_eq!(value, "{oops");
+        assert!(why.contains("not JSON"), "{why}");
+        let broken = br#"{"type": "FINAL", "value": "1"#;
+        assert!(decode_nni_metric(broken, "Ab1")
             .unwrap_err()
             .contains("not JSON"));
     }

@@ -358,12 +358,13 @@ fn receive(channel: &TrialChannel, env: &str, body: &[u8]) -> Reply {
                 ));
             }
             match decode_nni_metric(metric.as_bytes(), channel.recorder.trial_id()) {
-                Ok(Some((kind, value))) => match channel.recorder.record(kind, value) {
+                // An unreadable value is answered 200 too: what could be done with it was
+                // (nni's client ignores the status anyway).
+                Ok(metric) => match metric.record(&channel.recorder, "NNI channel") {
                     Ok(()) => reply(StatusCode::OK, ""),
                     // It ended while this request was on its way.
                     Err(_) => not_running(env, channel.recorder.trial_id()),
                 },
-                Ok(None) => reply(StatusCode::OK, ""),
                 Err(why) => refuse(why),
             }
         }

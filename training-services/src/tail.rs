@@ -308,11 +308,10 @@ fn on_nni_record(recorder: &TrialRecorder, record: NniRecord<'_>) {
         NniRecord::Corrupt(why) => Err(why),
     };
     match outcome {
-        Ok(Some((kind, value))) => {
+        Ok(metric) => {
             // Files are read before the trial is marked ended, so this cannot be refused.
-            let _ = recorder.record(kind, value);
+            let _ = metric.record(recorder, ".nni/metrics");
         }
-        Ok(None) => {}
         Err(why) => recorder.warn(format_args!(".nni/metrics: {why}")),
     }
 }

@@ -81,3 +81,34 @@ fn corrupt_records_and_foreign_metrics_are_warned_about_and_the_rest_kept() {
     );
     assert_eq!(ending(&events).0, Some(0));
 }
+
+#[test]
+fn an_unreadable_final_is_passed_on_as_a_bad_knob_final_line_is() {
+    // `nni.report_final_result(10**400)`: Python writes the int's 401 digits, more than a
+    // float holds. The first final goes on as sent (the core stores it, warns on the console
+    // and gives the trial "final result unreadable: ..."), as `KNOB_FINAL 1e400` does; a bad
+    // intermediate, and a bad final after it, stay warnings.
+    let mut h = Harness::new();
+    let huge = format!("1{}", "0".repeat(400));
+    let command = format!(
+        r#"{SEND_METRIC}
+        send_metric '{{"trial_job_id": "'$NNI_TRIAL_JOB_ID'", "type": "PERIODICAL", "sequence": 0, "value": "-{huge}"}}'
+        send_metric '{{"trial_job_id": "'$NNI_TRIAL_JOB_ID'", "type": "FINAL", "sequence": 0, "value": "{huge}"}}'
+        send_metric '{{"trial_job_id": "'$NNI_TRIAL_JOB_ID'", "type": "FINAL", "sequence": 1, "value": "{{\"default\": {huge}}}"}}'
+        "#
+    );
+    let events = h.run(h.request("file3", &command));
+    assert_eq!(metrics(&events), [(MetricKind::Final, 0, huge.clone())]);
+    let warned = warnings(&events);
+    assert_eq!(warned.len(), 2, "{warned:#?}");
+    assert!(
+        warned[0].starts_with("trial file3: .nni/metrics: metric value -10000")
+            && warned[0].contains("is not JSON (number out of range"),
+        "{warned:#?}"
+    );
+    assert!(
+        warned[1].starts_with("trial file3: .nni/metrics: metric value {\\\"default\\\": 10000"),
+        "{warned:#?}"
+    );
+    assert_eq!(ending(&events).0, Some(0));
+}
