@@ -128,7 +128,8 @@ impl Suggestion {
 /// `status`. A trial without one has [`ImportedTrial::no_result`] set and a NaN `value`: one
 /// that ended without reporting has its final `status` (the live run told the tuner of it only
 /// through `trial_end`), one that will run again (it was waiting or running, or cancelled by a
-/// stop of the experiment) has status `WAITING` or `RUNNING` or `USER_CANCELED`, and its result
+/// stop of the experiment, which is imported `WAITING`) has status `WAITING` or `RUNNING`, so
+/// that [`ImportedTrial::has_ended`] tells it from one that ended for good, and its result
 /// will arrive under `parameter_id`. Count such a trial as handed out (never suggest its
 /// parameters again, advance whatever a seeded replay counts), not as a result. A tuner that
 /// gave its trials a [`Suggestion::label`] rebuilds what it was waiting for from the labels.

@@ -482,6 +482,45 @@ fn a_pbt_experiment_killed_with_sigkill_resumes_with_no_member_lost_or_duplicate
     );
 }
 
+#[test]
+fn a_pbt_experiment_stopped_gracefully_goes_on_replacing_members_after_resume() {
+    // `knob stop` records the running members USER_CANCELED "stopped with the experiment"; they
+    // run again on resume and must be judged again as after a crash. Imported as ended, they
+    // trained out their steps and no member was ever replaced again.
+    let sandbox = Sandbox::new();
+    let mut child = start_in_background(&sandbox, "pbts");
+    let trials_dir = sandbox.path().join("experiments/pbts/trials");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let count = std::fs::read_dir(&trials_dir).map_or(0, |d| d.count());
+        if count > 9 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no member was replaced in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "pbts"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let _ = child.wait();
+    let before = sandbox.export("pbts");
+    let cancelled = before["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["status"] == "USER_CANCELED")
+        .count();
+    assert!(cancelled > 0, "the stop cancelled no member: {before:#}");
+    let created_before = before["trials"].as_array().unwrap().len();
+
+    resume_to_the_end(&sandbox, "pbts");
+    let export = check_population(&sandbox, "pbts", true);
+    let created_after = export["trials"].as_array().unwrap().len();
+    assert!(
+        created_after > created_before,
+        "no member was replaced after the resume ({created_before} trials before it): {export:#}"
+    );
+}
+
 /// A crash between a successor's recorded end and the deletion of the copy of its parent's
 /// checkpoint it started from leaves that copy; the resume deletes it. The window is too short
 /// to hit with a kill, so after the kill each successor that had ended for good gets back the

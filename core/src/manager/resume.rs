@@ -115,6 +115,14 @@ impl Manager {
                 }
                 continue;
             }
+            // It runs again, so it is imported as waiting for its new attempt, as after a
+            // crash (RUNNING then): imported USER_CANCELED, it read as ended, and PBT counted
+            // the members a graceful stop cancelled as dead and never judged them again.
+            let status = if stopped_with_experiment {
+                TrialStatus::Waiting
+            } else {
+                status
+            };
             imported.push(import_record(objectives, stored, status, None));
             // Not finished: run it again (its services ended what was left of it, see
             // `unfinished_trials`).
