@@ -79,7 +79,10 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
 pub fn probe_python(program: &Path, what: &str) -> Result<Python, PluginError> {
     let script = "import importlib.metadata as m, importlib.util as u, sys\n\
                   sys.stdout.write(m.version('nni') if u.find_spec('nni') else '')";
-    let mut child = Command::new(program)
+    let mut probe = Command::new(program);
+    // The interpreter runs the user's own start-up code (`sitecustomize`, `.pth` files) too.
+    knob_plugin_api::secrets::remove_from(&mut probe);
+    let mut child = probe
         .args(["-c", script])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -296,6 +299,9 @@ impl Dispatcher {
             .stdin(Stdio::null())
             .stdout(output)
             .stderr(output_err);
+        // A `className` tuner or assessor is user code, as a trial is: it gets none of knob's
+        // secrets.
+        knob_plugin_api::secrets::remove_from(&mut command);
         let child = spawn_tied_to_host(command).map_err(|e| {
             PluginError::new(format!(
                 "{what}: cannot start {} -m nni: {e}",

@@ -7,10 +7,11 @@
 //! starts, and a trial is user code that may log its whole environment (an experiment tracker
 //! that records `os.environ`). So nothing knob starts for user code inherits them: the trials
 //! of every built-in service (`knob_training_services::process::spawn_in_own_group`, which
-//! the local service and the agent on a remote host or in a Slurm job go through) and the
+//! the local service and the agent on a remote host or in a Slurm job go through), the
 //! Slurm jobs and steps knob submits (whose environment `sbatch` and `srun` would otherwise
-//! copy from knob's). A training service of another crate that starts processes itself should
-//! leave these out as well. The variable a third-party service names for its own secret
+//! copy from knob's), and NNI's dispatcher, which runs a `className` tuner or assessor: all
+//! through [`remove_from`]. A training service of another crate that starts processes itself
+//! should leave these out as well. The variable a third-party service names for its own secret
 //! field (`config::ConfigReader::secret`) is not in this list; that service's own trials are
 //! its business.
 
@@ -38,3 +39,11 @@ pub const SECRET_VARIABLES: [&str; 6] = [
     WEBHOOK_SECRET,
     WEBHOOK_URL,
 ];
+
+/// Leaves every variable of [`SECRET_VARIABLES`] out of what `command` inherits: for any process
+/// that runs user code (a trial, a Slurm job, NNI's dispatcher with a user's own tuner).
+pub fn remove_from(command: &mut std::process::Command) {
+    for name in SECRET_VARIABLES {
+        command.env_remove(name);
+    }
+}

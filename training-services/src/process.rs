@@ -118,9 +118,7 @@ pub fn spawn_in_own_group(
 /// environment through `sbatch` and `srun` (`--export` defaults to all of it) and so is started
 /// without them too. A trial is user code that may log its whole environment.
 pub fn remove_secret_variables(command: &mut Command) {
-    for name in knob_plugin_api::secrets::SECRET_VARIABLES {
-        command.env_remove(name);
-    }
+    knob_plugin_api::secrets::remove_from(command.as_std_mut());
 }
 
 /// The pids of the trial leaders this process started whose trials have not ended: processes

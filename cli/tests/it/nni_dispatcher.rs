@@ -291,6 +291,44 @@ fn the_dispatcher_sees_tuner_gpu_indices_as_its_cuda_visible_devices() {
     }
 }
 
+/// A `className` tuner is user code, as a trial is: NNI's dispatcher, which runs it, inherits
+/// none of knob's secret variables (it used to get all six).
+#[test]
+fn a_users_nni_tuner_inherits_none_of_knobs_secret_variables() {
+    let Some(python) = prerequisite::NNI3_PYTHON.path() else {
+        return;
+    };
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, &python, 1, "1 0", &algorithms);
+    let home = sandbox.path().join("home");
+    let (status, stdout, stderr) = create_bounded(
+        crate::secrets::with_secrets(&mut knob())
+            .env("KNOB_HOME", &home)
+            .arg("create")
+            .arg("--config")
+            .arg(&config)
+            .args(["--id", "tsealed"]),
+        sandbox.path(),
+    );
+    let events = record(&record_file);
+    let context = format!("create {status}\n{stdout}\n{stderr}\nrecord: {events:#?}");
+    let space = events
+        .iter()
+        .find(|e| e["event"] == "space")
+        .unwrap_or_else(|| panic!("the tuner never got its space\n{context}"));
+    crate::secrets::assert_sealed(
+        space["knob_environment"].as_str().unwrap(),
+        "the dispatcher",
+    );
+}
+
 #[test]
 fn ends_queued_in_nni_s_dispatcher_reach_the_tuner_before_it_terminates() {
     let Some(python) = prerequisite::NNI2_PYTHON.path() else {

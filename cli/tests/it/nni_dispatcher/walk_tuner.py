@@ -44,7 +44,9 @@ class WalkTuner(Tuner):
         self.space = search_space
         self._write(event='space', space=search_space, pid=os.getpid(),
                     include_intermediate_results=os.environ.get('NNI_INCLUDE_INTERMEDIATE_RESULTS'),
-                    cuda_visible_devices=os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'))
+                    cuda_visible_devices=os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'),
+                    knob_environment=''.join(f'{k}={v}\n' for k, v in sorted(os.environ.items())
+                                             if k.startswith('KNOB_')))
 
     def generate_parameters(self, parameter_id, **kwargs):
         self.generated += 1
