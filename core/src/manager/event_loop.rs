@@ -68,6 +68,9 @@ pub(super) struct Manager {
     /// When the experiment began to stop (`stop_all`): trials left only on environments that
     /// cannot be reached are given up [`UNREACHABLE_AT_STOP`] after it.
     stopping_since: Option<Instant>,
+    /// Why the loop gave up on a tuner that owed parameters while nothing ran: the experiment's
+    /// end message, so that its summary (and `knob experiment show`) says why it ended early.
+    gave_up_on_tuner: Option<String>,
     /// `submit_new` stopped at [`MAX_NEW_TRIALS_A_TURN`] with more trials to create: the loop
     /// comes back for them once what has already arrived (a stop, service events) is handled.
     more_to_submit: bool,
@@ -198,6 +201,7 @@ impl Manager {
             timers,
             stop_requested: false,
             stopping_since: None,
+            gave_up_on_tuner: None,
             more_to_submit: false,
             collected: Default::default(),
             snapshots_unsupported_told: Default::default(),
@@ -351,16 +355,16 @@ impl Manager {
                 Wake::TunerAnswered(answered) => answered?,
                 Wake::Woken(Woken::Assessor) => self.reassess().await?,
                 Wake::GaveUpOnTuner => {
-                    self.warn(
-                        None,
-                        format!(
-                            "{} owes parameters for {} trial(s) and nothing runs; it gave none in {} s, so the experiment ends",
-                            self.tuner.label(),
-                            self.tuner.in_flight(),
-                            super::timers::TUNER_PATIENCE.as_secs()
-                        ),
-                    )
-                    .await?;
+                    let message = format!(
+                        "{} owes parameters for {} trial(s) and nothing runs; it gave none in {} s, so the experiment ends",
+                        self.tuner.label(),
+                        self.tuner.in_flight(),
+                        super::timers::TUNER_PATIENCE.as_secs()
+                    );
+                    // On the console as well: only stored, a hung tuner looked like an
+                    // experiment that had simply finished.
+                    self.notice(message.clone()).await?;
+                    self.gave_up_on_tuner = Some(message);
                     return Ok(());
                 }
                 // `fill`, first thing in the next turn, creates them.
@@ -902,6 +906,9 @@ impl Manager {
         let (status, message) = match &result {
             Ok(()) if self.stop_requested && !self.timers.deadline_passed() => {
                 (ExperimentStatus::Stopped, None)
+            }
+            Ok(()) if self.gave_up_on_tuner.is_some() => {
+                (ExperimentStatus::Done, self.gave_up_on_tuner.take())
             }
             // The tuner ran out before the trial budget did (a finite search space used up):
             // said, or a run of 2 trials with maxTrialNumber 6 ended without a word why.

@@ -180,7 +180,7 @@ impl From<&str> for Refusal {
 pub struct Outcome {
     pub status: ExperimentStatus,
     /// For ERROR: what went wrong, one line; for DONE, why it ended before its trial budget
-    /// (the tuner had no more parameters), if it did.
+    /// (the tuner had no more parameters, or owed some and gave none in time), if it did.
     pub message: Option<String>,
     pub trials: Vec<TrialSummary>,
 }

@@ -911,6 +911,64 @@ fn a_stop_while_the_tuner_is_stuck_ends_the_experiment() {
         .all(|t| t.status == TrialStatus::Succeeded));
 }
 
+/// A tuner that owes parameters while nothing runs and never pays them: after the loop's
+/// patience (10 minutes, passed at once on tokio's paused clock) the experiment ends DONE, with
+/// a warning for the console (it used to be only stored, so the run looked simply finished)
+/// and that reason as its end message, which the summary prints.
+#[test]
+fn a_tuner_that_never_answers_ends_the_experiment_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    // Never sent on: the tuner's first fit lets go only at `HOLD_LIMIT` of real time, long
+    // after the paused clock passed the patience.
+    let (_release, _starts, _ends, components, mut config) = thinking_experiment(dir.path());
+    // Its bound would pass first on the paused clock.
+    config.max_experiment_duration = None;
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (_commands_tx, commands) = mpsc::unbounded_channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let outcome = runtime
+        .block_on(async {
+            let store = Store::open(dir.path()).unwrap();
+            store
+                .append(StoreEvent::ExperimentCreated {
+                    experiment_id: "hung".into(),
+                    config: serde_json::to_value(&config).unwrap(),
+                    start_time_ms: 0,
+                })
+                .await
+                .unwrap();
+            let experiment = manager::Experiment {
+                id: "hung".into(),
+                dir: dir.path().to_path_buf(),
+                config: config.clone(),
+                history: None,
+                config_file: None,
+            };
+            manager::run(experiment, store, &components, commands, progress).await
+        })
+        .unwrap();
+    let gave_up = "owes parameters for";
+    assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
+    let message = outcome.message.clone().unwrap_or_default();
+    assert!(
+        message.contains(gave_up) && message.contains("gave none in 600 s"),
+        "{outcome:?}"
+    );
+    let notices = progress_rx.borrow().notices.clone();
+    assert!(
+        notices.iter().any(|n| n.warning
+            && n.text.contains(gave_up)
+            && n.text.contains("so the experiment ends")),
+        "{notices:?}"
+    );
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.status, ExperimentStatus::Done);
+}
+
 /// Answers like [`Counter`]; cannot take the result of the last of `trials` trials.
 struct FailsOnTheLast {
     trials: u64,
