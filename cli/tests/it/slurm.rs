@@ -575,6 +575,60 @@ fn an_sbatch_refusal_names_the_config_field_that_set_the_option_once() {
     }
 }
 
+#[test]
+fn a_job_slurm_can_never_run_fails_create_naming_the_reason_and_the_field() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    // More CPUs than the node has: sbatch takes the job (no EnforcePartLimits) and Slurm holds
+    // it pending (PartitionConfig) for ever; `knob create` waited for ever.
+    for (service, started) in [
+        ("  reuseMode: true\n", false),
+        ("  reuseMode: false\n", true),
+    ] {
+        let id = unique("neverruns");
+        let _cleanup = Running {
+            child: None,
+            needle: format!("-{id}-"),
+        };
+        let config = slurm_config(
+            &sandbox,
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 2\ntrialCpuNumber: 3",
+            service,
+        );
+        let (code, stdout, stderr) = sandbox.create(&config, &id);
+        assert_ne!(code, 0, "{stdout}\n{stderr}");
+        let error = error_line(&stderr);
+        assert!(
+            error.contains("can never start: Slurm holds it pending (PartitionConfig)")
+                && error.contains("change trialCpuNumber (3)"),
+            "{error}"
+        );
+        if started {
+            // A trial's own job is submitted as the trial starts: its start fails, and the
+            // experiment ends there, in ERROR, rather than failing every trial.
+            assert!(
+                error.starts_with(&format!(
+                    "error: experiment {id}: no environment can run trials"
+                )),
+                "{error}"
+            );
+            let rows = trial_rows(&sandbox, &id);
+            assert_eq!(rows[0][2], "FAILED", "{rows:?}");
+            assert!(rows[1..].iter().all(|r| r[2] != "FAILED"), "{rows:?}");
+        } else {
+            assert!(
+                error.starts_with(&format!(
+                    "error: experiment {id} did not start, and was not kept: "
+                )),
+                "{error}"
+            );
+        }
+        wait_for_empty_queue(&id);
+    }
+}
+
 /// An allocation retired as its time runs out keeps its running trial to the end even when no
 /// allocation can replace it: the experiment ends in ERROR only after that trial's result is in.
 #[test]

@@ -9,14 +9,15 @@ use super::{script, Job, Phase, SlurmArgs, QUEUE_ENVIRONMENT};
 
 /// The environment of `reuseMode: false`: room for `trialConcurrency` jobs, each with what it
 /// asks Slurm for (GPUs declared so that gpu-sched lets GPU trials through; the job's own
-/// `CUDA_VISIBLE_DEVICES` is Slurm's).
-pub(super) fn queue_environment(args: &SlurmArgs) -> Environment {
-    let mut inventory = requested(
-        args,
-        QUEUE_ENVIRONMENT,
-        args.trial_concurrency,
-        knob_gpu_sched::EnvironmentStatus::Ready,
-    );
+/// `CUDA_VISIBLE_DEVICES` is Slurm's). `retired` once no job of the config can ever run
+/// (`Shared::never`): the core then starts no trial there and, with nothing else left, ends
+/// the experiment with the service's line.
+pub(super) fn queue_environment(args: &SlurmArgs, retired: bool) -> Environment {
+    let status = match retired {
+        true => knob_gpu_sched::EnvironmentStatus::Draining,
+        false => knob_gpu_sched::EnvironmentStatus::Ready,
+    };
+    let mut inventory = requested(args, QUEUE_ENVIRONMENT, args.trial_concurrency, status);
     // Each job asks Slurm for its own trial's memory (`--mem`, raised after an out-of-memory
     // end), so the queue holds no fixed amount: `trialConcurrency` bounds the jobs, and Slurm
     // whether a job's memory fits a node. A fixed total would hold a raised request back forever.
@@ -26,7 +27,7 @@ pub(super) fn queue_environment(args: &SlurmArgs) -> Environment {
     Environment {
         id: QUEUE_ENVIRONMENT.to_string(),
         host: "slurm".to_string(),
-        ready: true,
+        ready: !retired,
         inventory: serde_json::to_value(inventory).unwrap_or(Value::Null),
     }
 }

@@ -85,6 +85,9 @@ pub enum SlurmError {
     Start { trial: String, why: String },
     #[error("training service slurm is shut down; no trial can start")]
     ShutDown,
+    /// Slurm took the job but holds it for a reason no wait clears ([`never_runs`]).
+    #[error("training service slurm: {0}")]
+    NeverRuns(String),
 }
 
 impl From<SlurmError> for PluginError {
@@ -173,6 +176,10 @@ struct Shared {
     /// Trials whose own job (`reuseMode: false`) is being submitted: each holds a place in the
     /// queue against `trialConcurrency` until its job is in `jobs` (or its `sbatch` failed).
     submitting: BTreeSet<String>,
+    /// Why no job of this config can ever run (Slurm holds one pending for a reason no wait
+    /// clears, [`never_runs`]): every job asks alike, so none is submitted any more, the
+    /// environments are retired, and the experiment ends with this line.
+    never: Option<String>,
 }
 
 struct Context {
@@ -183,6 +190,8 @@ struct Context {
     /// no file of an earlier run (a socket, an exit code) is mistaken for one of this run.
     run_dir: PathBuf,
     submitter: Submitter,
+    /// `ServiceContext::late_start_failures`: a trial's start may fail after `start` returned.
+    late_start_failures: bool,
     shared: Mutex<Shared>,
     /// Notified whenever a trial ends or a job ends.
     changed: Notify,
@@ -269,6 +278,7 @@ impl SlurmService {
             .map_err(|e| SlurmError::Startup(format!("no async runtime: {e}")))?;
         let context = Arc::new(Context {
             submitter: Submitter::new(args.submit_interval),
+            late_start_failures,
             args,
             emit,
             agent,
@@ -282,8 +292,13 @@ impl SlurmService {
             .map_err(SlurmError::Startup)?;
         if context.args.reuse_mode {
             // The first allocation is submitted here, so that a job sbatch refuses (a bad
-            // partition, account, ...) fails the start with sbatch's words.
+            // partition, account, ...) or Slurm takes only to hold for ever (more CPUs than any
+            // node has) fails the start with Slurm's words.
             runtime.block_on(submit_allocation(&context))?;
+            let first = lock(&context.shared).jobs.last().map(|j| j.id);
+            if let Some(id) = first {
+                runtime.block_on(refuse_if_never_runs(&context, id, true))?;
+            }
         }
         let (stop, stop_rx) = watch::channel(false);
         runtime.spawn(monitor(context.clone(), stop_rx));
@@ -311,7 +326,8 @@ impl SlurmService {
     pub fn environments_now(&self) -> Vec<Environment> {
         let ctx = &self.context;
         if !ctx.args.reuse_mode {
-            return vec![queue_environment(&ctx.args)];
+            let never = lock(&ctx.shared).never.clone();
+            return vec![queue_environment(&ctx.args, never.is_some())];
         }
         let shared = lock(&ctx.shared);
         shared
@@ -630,6 +646,105 @@ async fn submit_allocation(ctx: &Context) -> Result<(), SlurmError> {
     Ok(())
 }
 
+/// Whether Slurm, right after taking job `id`, holds it for a reason no wait clears
+/// ([`never_runs`]; Slurm judges the partition's limits as it takes a job): then the error,
+/// after cancelling the job when `cancel`.
+async fn refuse_if_never_runs(ctx: &Context, id: u64, cancel: bool) -> Result<(), SlurmError> {
+    let Ok(rows) = commands::squeue().await else {
+        // The monitor asks again, and judges the reason then.
+        return Ok(());
+    };
+    let Some(row) = rows.iter().find(|r| r.id == id) else {
+        return Ok(());
+    };
+    let Some(why) = row
+        .reason
+        .as_deref()
+        .filter(|_| row.state == JobState::Pending)
+        .and_then(|reason| never_runs(id, reason, &ctx.args.job))
+    else {
+        return Ok(());
+    };
+    if cancel {
+        if let Some(job) = lock(&ctx.shared).jobs.iter_mut().find(|j| j.id == id) {
+            job.cancelled = Some(why.clone());
+        }
+        let _ = commands::scancel(&[id]).await;
+    }
+    Err(SlurmError::NeverRuns(why))
+}
+
+/// Slurm's pending `reason` for job `id` when it is one no wait clears, as one line naming the
+/// config fields to change; `None` for a reason that may clear by itself.
+///
+/// Never: `PartitionConfig` (the job asks for more than the partition's nodes have, which Slurm
+/// takes without `EnforcePartLimits`), `PartitionTimeLimit`, `BadConstraints`,
+/// `InvalidAccount`, `InvalidQOS`, `DependencyNeverSatisfied`: only an administrator's change
+/// to the cluster clears them. Not judged final: `ReqNodeNotAvail` and `PartitionNodeLimit`,
+/// which Slurm also gives while the nodes a job needs are down or drained, and every reason of
+/// a busy cluster or of limits on running jobs (`Resources`, `Priority`, `QOSMax...PerUser`).
+pub(crate) fn never_runs(id: u64, reason: &str, o: &JobOptions) -> Option<String> {
+    let word = reason.split([',', ' ', '(']).next().unwrap_or(reason);
+    let set = |field: &str, value: Option<String>| value.map(|v| format!("{field} ({v})"));
+    let (what, fields): (&str, Vec<Option<String>>) = match word {
+        "PartitionConfig" => (
+            "it asks for more than any node of its partition has",
+            vec![
+                set("trialCpuNumber", o.cpu_number.map(|n| n.to_string())),
+                set("trialMemorySize", o.memory.map(|m| m.to_string())),
+                set(
+                    "trialGpuNumber",
+                    (o.gpu_number > 0).then(|| o.gpu_number.to_string()),
+                ),
+                set("nodes", o.nodes.clone()),
+                (!o.sbatch_args.is_empty()).then(|| "sbatchArgs".to_string()),
+                Some(format!(
+                    "partition ({})",
+                    o.partition.as_deref().unwrap_or("the default")
+                )),
+            ],
+        ),
+        "PartitionTimeLimit" => (
+            "its time limit is above its partition's",
+            vec![
+                set("time", o.time.clone()),
+                set("partition", o.partition.clone()),
+            ],
+        ),
+        "BadConstraints" => (
+            "no node can meet its constraints",
+            vec![
+                set("constraint", o.constraint.clone()),
+                (!o.sbatch_args.is_empty()).then(|| "sbatchArgs".to_string()),
+            ],
+        ),
+        "InvalidAccount" => (
+            "its account is not valid",
+            vec![Some(format!(
+                "account ({})",
+                o.account.as_deref().unwrap_or("none")
+            ))],
+        ),
+        "InvalidQOS" => (
+            "its QOS is not valid",
+            vec![Some(format!(
+                "qos ({})",
+                o.qos.as_deref().unwrap_or("none")
+            ))],
+        ),
+        "DependencyNeverSatisfied" => (
+            "its dependency can never be met",
+            vec![Some("sbatchArgs".to_string())],
+        ),
+        _ => return None,
+    };
+    let fields: Vec<String> = fields.into_iter().flatten().collect();
+    Some(format!(
+        "Slurm job {id} can never start: Slurm holds it pending ({reason}): {what}; change {}",
+        fields.join(" or ")
+    ))
+}
+
 async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Result<(), SlurmError> {
     let start_error = |why: String| SlurmError::Start {
         trial: request.trial_id.clone(),
@@ -709,6 +824,9 @@ async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(
         let mut shared = lock(&ctx.shared);
         if shared.stopping {
             return Err(SlurmError::ShutDown);
+        }
+        if let Some(never) = &shared.never {
+            return Err(SlurmError::NeverRuns(never.clone()));
         }
         // A job whose trial has ended is on its way out of the queue: it holds no slot, and the
         // core may start the next trial (or the next attempt of the same one) at once. A job

@@ -89,6 +89,10 @@ async fn top_up_allocations(ctx: &Context) {
                 .iter()
                 .filter(|j| !matches!(j.phase, Phase::Ended | Phase::Draining))
                 .count();
+            // No allocation of this config can ever run: that was said, once.
+            if shared.never.is_some() {
+                return;
+            }
             let failing = shared.failed_allocations >= MAX_FAILED_ALLOCATIONS;
             if failing && !shared.stopping && !shared.gave_up {
                 shared.gave_up = true;
@@ -173,6 +177,7 @@ async fn update_jobs(
             continue;
         }
         let mut requeued = None;
+        let never;
         let mut released = Vec::new();
         let mut shutdown = None;
         let mut retired = None;
@@ -206,6 +211,14 @@ async fn update_jobs(
                     job.phase,
                     Phase::Ready | Phase::Draining | Phase::Connecting
                 );
+            never = match (&state, &job.phase, reason.as_deref()) {
+                (JobState::Pending, Phase::Queued(_), Some(reason))
+                    if !had_run && job.cancelled.is_none() =>
+                {
+                    super::never_runs(id, reason, &ctx.args.job)
+                }
+                _ => None,
+            };
             let connect = match (&state, &job.phase) {
                 // Pending again after it ran: Slurm requeued it (preemption, a node failure
                 // with --requeue, `scontrol requeue`); its agent and trials are gone.
@@ -216,6 +229,8 @@ async fn update_jobs(
                     ));
                     false
                 }
+                // Held for a reason no wait clears: cancelled below.
+                _ if never.is_some() => false,
                 (JobState::Pending, Phase::Queued(old)) => {
                     let why = match reason.as_deref() {
                         Some(reason) => format!("Slurm job {id} pending ({reason})"),
@@ -269,10 +284,66 @@ async fn update_jobs(
         if let Some(why) = requeued {
             lose_trials(ctx, id, &why).await;
         }
+        if let Some(why) = never {
+            never_runs(ctx, id, why).await;
+        }
         if connect {
             connect_job(ctx, id, incoming.clone()).await;
         }
     }
+}
+
+/// Slurm holds job `id` pending for a reason no wait clears (`why`, from `super::never_runs`):
+/// every job of the config asks alike, so none is submitted any more and the environments are
+/// retired (the experiment ends with `why` once nothing runs). The job is cancelled; a trial
+/// waiting for its own job (`reuseMode: false`) ends FAILED with `why`, not run again.
+async fn never_runs(ctx: &Arc<Context>, id: u64, why: String) {
+    let waiting = {
+        let mut shared = lock(&ctx.shared);
+        shared.never.get_or_insert_with(|| why.clone());
+        let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
+            return;
+        };
+        job.cancelled = Some(why.clone());
+        job.waiting_trial.take()
+    };
+    warn(ctx, None, format!("training service slurm: {why}"));
+    if let Some(trial) = waiting {
+        let message = format!("training service slurm: {why}");
+        // The trial never started: its start failed. A host that predates late start failures
+        // is told its environment was lost instead; the start of it again is refused, saying
+        // why.
+        (ctx.emit)(if ctx.late_start_failures {
+            ServiceEvent::StartFailed {
+                trial_id: trial.trial_id,
+                message,
+            }
+        } else {
+            ServiceEvent::TrialEnded {
+                trial_id: trial.trial_id,
+                exit_code: None,
+                signal: None,
+                killed_reason: None,
+                stderr_tail: String::new(),
+                environment_lost: Some(message),
+            }
+        });
+    }
+    // After the trial's end: the core takes a trial not yet started in an environment that is
+    // retired as one to place again.
+    if !ctx.args.reuse_mode {
+        (ctx.emit)(ServiceEvent::Environment {
+            environment: super::environment::queue_environment(&ctx.args, true),
+        });
+    }
+    if let Err(e) = commands::scancel(&[id]).await {
+        warn(
+            ctx,
+            None,
+            format!("training service slurm: scancel {id}: {e}"),
+        );
+    }
+    ctx.poke.notify_one();
 }
 
 /// Whether the agent of a job waiting for its connection (`Phase::Queued`) in `state` is to be

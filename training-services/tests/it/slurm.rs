@@ -470,6 +470,123 @@ fn a_bad_partition_is_one_line_naming_it_and_quoting_sbatch() {
 }
 
 #[test]
+fn a_job_slurm_can_never_run_fails_the_start_naming_slurms_reason_and_the_field() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    // The node has 2 CPUs; the test cluster does not set EnforcePartLimits, so sbatch takes
+    // the job and Slurm holds it pending (PartitionConfig) for ever: knob waited for ever.
+    let world = World::new("never");
+    let error = world
+        .service_with(json!({"trialCpuNumber": 3}), &world.events)
+        .err()
+        .expect("a job no node can run must fail the start");
+    assert!(!error.contains('\n'), "{error}");
+    assert!(error.contains("can never start"), "{error}");
+    assert!(error.contains("(PartitionConfig)"), "{error}");
+    assert!(error.contains("trialCpuNumber (3)"), "{error}");
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+/// Makes job `id`, held (`sbatchArgs: [--hold]` keeps it from starting), one Slurm can never
+/// run: its CPUs raised past the node's, then released.
+fn make_never_runnable(id: u64) {
+    for args in [
+        vec![
+            "update".to_string(),
+            format!("jobid={id}"),
+            "NumCPUs=3".to_string(),
+        ],
+        vec!["release".to_string(), id.to_string()],
+    ] {
+        let _ = Command::new("scontrol").args(&args).output().unwrap();
+    }
+}
+
+#[test]
+fn a_job_that_becomes_one_slurm_can_never_run_is_cancelled_and_nothing_more_is_submitted() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    for reuse in [true, false] {
+        let world = World::new(if reuse { "neverlate" } else { "neverlatequeue" });
+        let mut service = world.service(json!({
+            "reuseMode": reuse,
+            "sbatchArgs": ["--hold"],
+            "lateStartFailures": true,
+        }));
+        if !reuse {
+            service
+                .start(world.request(QUEUE_ENVIRONMENT, "n1", "echo KNOB_FINAL 1"))
+                .unwrap();
+        }
+        let id = wait_for("the job to be queued", Duration::from_secs(30), || {
+            queued_jobs(&world.experiment_id).first().copied()
+        });
+        make_never_runnable(id);
+        let events = world.events.wait_until("the never-runs warning", |events| {
+            warnings(events)
+                .iter()
+                .any(|w| w.contains("can never start"))
+        });
+        let warning = warnings(&events)
+            .into_iter()
+            .find(|w| w.contains("can never start"))
+            .unwrap();
+        assert!(!warning.contains('\n'), "{warning}");
+        assert!(
+            warning.contains(&format!("Slurm job {id} can never start"))
+                && warning.contains("(PartitionConfig)")
+                && warning.contains("trialCpuNumber (1)"),
+            "{warning}"
+        );
+        if !reuse {
+            // The trial's start fails with Slurm's reason (it is not run again elsewhere),
+            // and no other trial is taken.
+            let events = world
+                .events
+                .wait_until("the trial's start to fail", |events| {
+                    events
+                        .iter()
+                        .any(|e| matches!(e, ServiceEvent::StartFailed { .. }))
+                });
+            let failed: Vec<ServiceEvent> = of_trial(&events, "n1")
+                .into_iter()
+                .filter(|e| !matches!(e, ServiceEvent::Warning { .. }))
+                .collect();
+            assert!(
+                matches!(failed.as_slice(), [ServiceEvent::StartFailed { message, .. }] if message.contains("(PartitionConfig)")),
+                "{events:#?}"
+            );
+            service
+                .start(world.request(QUEUE_ENVIRONMENT, "n2", "echo KNOB_FINAL 1"))
+                .unwrap();
+            world
+                .events
+                .wait_until("the next start to fail so", |events| {
+                    events.iter().any(|e| {
+                        matches!(e, ServiceEvent::StartFailed { trial_id, message }
+                        if trial_id == "n2" && message.contains("(PartitionConfig)"))
+                    })
+                });
+        }
+        wait_for("the job to be cancelled", Duration::from_secs(30), || {
+            queued_jobs(&world.experiment_id).is_empty().then_some(())
+        });
+        // No environment is left to wait for, and no allocation is asked for in its place.
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(
+            service.environments_now().iter().all(|e| !e.ready),
+            "{:?}",
+            service.environments_now()
+        );
+        assert_eq!(service.job_ids(), Vec::<u64>::new());
+        assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+        service.stop();
+    }
+}
+
+#[test]
 fn a_folder_with_spaces_quotes_and_percent_signs_runs_trials() {
     let Some(_cluster) = cluster() else {
         return;
