@@ -539,14 +539,25 @@ fn an_sbatch_refusal_names_the_config_field_that_set_the_option_once() {
     };
     let sandbox = Sandbox::new();
     // The node has no GPU: sbatch refuses --gpus, which only trialGpuNumber sets; a valid
-    // partition was named instead, and the service twice.
-    for (top, field) in [
-        ("trialGpuNumber: 1", "for trialGpuNumber 1 (--gpus=1)"),
+    // partition was named instead, and the service twice. In both modes: with `reuseMode:
+    // false`, `knob create` went on, and every trial failed so in turn.
+    let cases = [
+        ("trialGpuNumber: 1", "", "for trialGpuNumber 1 (--gpus=1)"),
         (
             "trialMemorySize: 500gb",
+            "",
             "for memory 500 GiB (--mem, from trialMemorySize)",
         ),
-    ] {
+        (
+            "",
+            "  constraint: nosuchfeature\n",
+            "(partition \"debug\", constraint \"nosuchfeature\")",
+        ),
+    ];
+    for ((top, service, field), reuse) in cases
+        .into_iter()
+        .flat_map(|case| [(case, true), (case, false)])
+    {
         let id = unique("refusedfield");
         let _cleanup = Running {
             child: None,
@@ -555,15 +566,17 @@ fn an_sbatch_refusal_names_the_config_field_that_set_the_option_once() {
         let config = slurm_config(
             &sandbox,
             &format!(
-                "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{top}"
+                "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 3\n{top}"
             ),
-            "  partition: debug\n",
+            &format!("  partition: debug\n  reuseMode: {reuse}\n{service}"),
         );
         let (code, stdout, stderr) = sandbox.create(&config, &id);
         assert_ne!(code, 0, "{stdout}\n{stderr}");
         let error = error_line(&stderr);
         assert!(
-            error.contains(&format!("sbatch refused the job {field}: ")),
+            error.starts_with(&format!(
+                "error: experiment {id} did not start, and was not kept: "
+            )) && error.contains(&format!("sbatch refused the job {field}: ")),
             "{error}"
         );
         assert_eq!(
@@ -571,7 +584,9 @@ fn an_sbatch_refusal_names_the_config_field_that_set_the_option_once() {
             1,
             "{error}"
         );
-        assert!(!error.contains("partition"), "{error}");
+        if service.is_empty() {
+            assert!(!error.contains("partition"), "{error}");
+        }
     }
 }
 
@@ -583,10 +598,8 @@ fn a_job_slurm_can_never_run_fails_create_naming_the_reason_and_the_field() {
     let sandbox = Sandbox::new();
     // More CPUs than the node has: sbatch takes the job (no EnforcePartLimits) and Slurm holds
     // it pending (PartitionConfig) for ever; `knob create` waited for ever.
-    for (service, started) in [
-        ("  reuseMode: true\n", false),
-        ("  reuseMode: false\n", true),
-    ] {
+    // In both modes: a trial's own job (`reuseMode: false`) is tried at the start too.
+    for service in ["  reuseMode: true\n", "  reuseMode: false\n"] {
         let id = unique("neverruns");
         let _cleanup = Running {
             child: None,
@@ -605,26 +618,12 @@ fn a_job_slurm_can_never_run_fails_create_naming_the_reason_and_the_field() {
                 && error.contains("change trialCpuNumber (3)"),
             "{error}"
         );
-        if started {
-            // A trial's own job is submitted as the trial starts: its start fails, and the
-            // experiment ends there, in ERROR, rather than failing every trial.
-            assert!(
-                error.starts_with(&format!(
-                    "error: experiment {id}: no environment can run trials"
-                )),
-                "{error}"
-            );
-            let rows = trial_rows(&sandbox, &id);
-            assert_eq!(rows[0][2], "FAILED", "{rows:?}");
-            assert!(rows[1..].iter().all(|r| r[2] != "FAILED"), "{rows:?}");
-        } else {
-            assert!(
-                error.starts_with(&format!(
-                    "error: experiment {id} did not start, and was not kept: "
-                )),
-                "{error}"
-            );
-        }
+        assert!(
+            error.starts_with(&format!(
+                "error: experiment {id} did not start, and was not kept: "
+            )),
+            "{error}"
+        );
         wait_for_empty_queue(&id);
     }
 }

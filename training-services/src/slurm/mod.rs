@@ -290,15 +290,19 @@ impl SlurmService {
         runtime
             .block_on(cancel_leftovers(&context))
             .map_err(SlurmError::Startup)?;
+        // A job sbatch refuses (a bad partition, constraint, GPUs the cluster has not, ...) or
+        // that Slurm takes only to hold for ever (more CPUs than any node has) would be so for
+        // every job of the experiment: the start fails with Slurm's words, in both modes, and
+        // not each trial in turn. With `reuseMode: true` the first allocation is that test; a
+        // trial's own job (`reuseMode: false`) is tried with a probe job of its options.
         if context.args.reuse_mode {
-            // The first allocation is submitted here, so that a job sbatch refuses (a bad
-            // partition, account, ...) or Slurm takes only to hold for ever (more CPUs than any
-            // node has) fails the start with Slurm's words.
             runtime.block_on(submit_allocation(&context))?;
             let first = lock(&context.shared).jobs.last().map(|j| j.id);
             if let Some(id) = first {
                 runtime.block_on(refuse_if_never_runs(&context, id, true))?;
             }
+        } else {
+            runtime.block_on(probe(&context))?;
         }
         let (stop, stop_rx) = watch::channel(false);
         runtime.spawn(monitor(context.clone(), stop_rx));
@@ -644,6 +648,46 @@ async fn submit_allocation(ctx: &Context) -> Result<(), SlurmError> {
         emit_environment(ctx, job);
     }
     Ok(())
+}
+
+/// `reuseMode: false`: submits a job with the options a trial's own job has, whose script runs
+/// nothing, to see whether sbatch takes such a job and Slurm can ever run it; then cancels it.
+async fn probe(ctx: &Context) -> Result<(), SlurmError> {
+    let key = "probe";
+    let dir = ctx.run_dir.join(key);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| SlurmError::Startup(format!("cannot create {}: {e}", dir.display())))?;
+    let name = job_name(&ctx.args, key);
+    let comment = format!("{}{key}", comment_prefix(&ctx.args.experiment_id));
+    let text = script::batch_script(&script::JobSpec {
+        options: &ctx.args.job,
+        name: &name,
+        comment: &comment,
+        dir: &dir,
+        agent: &ctx.agent,
+        orphan_timeout: ctx.args.orphan_timeout,
+    });
+    // Its `#SBATCH` lines (all at the top), and no setup command nor agent: should Slurm start
+    // it before it is cancelled, it ends at once.
+    let header: Vec<&str> = text.lines().take_while(|l| l.starts_with('#')).collect();
+    let script_path = dir.join("job.sh");
+    std::fs::write(&script_path, format!("{}\nexit 0\n", header.join("\n")))
+        .map_err(|e| SlurmError::Startup(format!("cannot write {}: {e}", script_path.display())))?;
+    let id = ctx
+        .submitter
+        .submit(&script_path)
+        .await
+        .map_err(|said| SlurmError::Submit {
+            options: submit_options(&ctx.args, &ctx.args.job, &said),
+            said,
+        })?;
+    let never = refuse_if_never_runs(ctx, id, false).await;
+    if let Err(why) = commands::scancel(&[id]).await {
+        knob_plugin_api::log::warn(&format!(
+            "training service slurm: scancel {id} (the probe job): {why}"
+        ));
+    }
+    never
 }
 
 /// Whether Slurm, right after taking job `id`, holds it for a reason no wait clears

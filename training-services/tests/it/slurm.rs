@@ -457,16 +457,23 @@ fn a_bad_partition_is_one_line_naming_it_and_quoting_sbatch() {
     let Some(_cluster) = cluster() else {
         return;
     };
-    let world = World::new("badpart");
-    let error = world
-        .service_with(json!({"partition": "nosuchpartition"}), &world.events)
-        .err()
-        .expect("a bad partition must fail the start");
-    assert!(!error.contains('\n'), "{error}");
-    assert!(error.contains("partition \"nosuchpartition\""), "{error}");
-    assert!(error.contains("sbatch: error:"), "{error}");
-    assert!(error.contains("invalid partition"), "{error}");
-    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+    // In both modes: a trial's own job (`reuseMode: false`) was first submitted as its trial
+    // started, and every trial failed so in turn.
+    for reuse in [true, false] {
+        let world = World::new("badpart");
+        let error = world
+            .service_with(
+                json!({"partition": "nosuchpartition", "reuseMode": reuse}),
+                &world.events,
+            )
+            .err()
+            .expect("a bad partition must fail the start");
+        assert!(!error.contains('\n'), "{error}");
+        assert!(error.contains("partition \"nosuchpartition\""), "{error}");
+        assert!(error.contains("sbatch: error:"), "{error}");
+        assert!(error.contains("invalid partition"), "{error}");
+        assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+    }
 }
 
 #[test]
@@ -476,16 +483,21 @@ fn a_job_slurm_can_never_run_fails_the_start_naming_slurms_reason_and_the_field(
     };
     // The node has 2 CPUs; the test cluster does not set EnforcePartLimits, so sbatch takes
     // the job and Slurm holds it pending (PartitionConfig) for ever: knob waited for ever.
-    let world = World::new("never");
-    let error = world
-        .service_with(json!({"trialCpuNumber": 3}), &world.events)
-        .err()
-        .expect("a job no node can run must fail the start");
-    assert!(!error.contains('\n'), "{error}");
-    assert!(error.contains("can never start"), "{error}");
-    assert!(error.contains("(PartitionConfig)"), "{error}");
-    assert!(error.contains("trialCpuNumber (3)"), "{error}");
-    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+    for reuse in [true, false] {
+        let world = World::new("never");
+        let error = world
+            .service_with(
+                json!({"trialCpuNumber": 3, "reuseMode": reuse}),
+                &world.events,
+            )
+            .err()
+            .expect("a job no node can run must fail the start");
+        assert!(!error.contains('\n'), "{error}");
+        assert!(error.contains("can never start"), "{error}");
+        assert!(error.contains("(PartitionConfig)"), "{error}");
+        assert!(error.contains("trialCpuNumber (3)"), "{error}");
+        assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+    }
 }
 
 /// Makes job `id`, held (`sbatchArgs: [--hold]` keeps it from starting), one Slurm can never
