@@ -559,6 +559,15 @@ pub trait TrainingService: Send + 'static {
         let _ = trial_id;
         Ok(())
     }
+    /// The experiment's `trialConcurrency` is now `trial_concurrency` (`knob update
+    /// concurrency`; hosts of 2026-11-30 on): the host starts up to that many trials at once
+    /// from now on. A service that sized something by the value in its
+    /// [`ServiceContext::trial`] (jobs it lets into a cluster's queue, allocations it holds)
+    /// follows it here; keep the call short. An error is a warning. The default does nothing.
+    fn set_trial_concurrency(&mut self, trial_concurrency: u32) -> Result<(), PluginError> {
+        let _ = trial_concurrency;
+        Ok(())
+    }
     /// Population-based training: successor `trial_id` was just created to start from the
     /// checkpoint of trial `donor` (its `KNOB_RESTORE_TRIAL`), which keeps training and
     /// overwriting its folder. A service whose trials write to a file system of their own (a
@@ -1048,6 +1057,10 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
                 }
                 ServiceRequest::DeleteCheckpoint { trial_id } => {
                     inner.delete_checkpoint(&trial_id)?;
+                    "null"
+                }
+                ServiceRequest::TrialConcurrency { trial_concurrency } => {
+                    inner.set_trial_concurrency(trial_concurrency)?;
                     "null"
                 }
                 ServiceRequest::SnapshotCheckpoint { trial_id, donor } => {
@@ -1920,6 +1933,9 @@ mod tests {
         // Bringing the copy to the host's machine: the default takes none.
         let fetch = r#"{"type":"fetch_snapshot","trial_id":"succ","donor":"donor","dest":"/e/trials/succ/restore"}"#;
         assert_eq!(ask(false, fetch), Ok("false".to_string()));
+        // A new trialConcurrency: the default does nothing with it, and answers.
+        let concurrency = r#"{"type":"trial_concurrency","trial_concurrency":3}"#;
+        assert_eq!(ask(false, concurrency), Ok("null".to_string()));
         // A kind this SDK does not know: the host reads the error as "nothing done".
         let later = ask(true, r#"{"type":"a_later_kind","trial_id":"succ"}"#).unwrap_err();
         assert!(crate::host::unknown_request(&later), "{later}");

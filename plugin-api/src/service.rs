@@ -249,6 +249,12 @@ pub enum ServiceRequest {
     /// [`EnvironmentChanges`]; a service built before this kind answers it with the usual
     /// "unknown request" error, and the host then asks `environments` as before.
     EnvironmentChanges { since: Option<u64> },
+    /// The experiment's `trialConcurrency` was changed while it runs (`knob update
+    /// concurrency`): the core hands out up to that many trials at once from now on. A service
+    /// that sized anything by the value it was created with (`ServiceContext::trial`: jobs in
+    /// a cluster's queue, allocations held) follows it. Sent to every service of the
+    /// experiment; answered `null`. A service built before this kind keeps the value it had.
+    TrialConcurrency { trial_concurrency: u32 },
 }
 
 /// A service's answer to [`ServiceRequest::EnvironmentChanges`]: which environments it has, in

@@ -628,6 +628,58 @@ fn a_job_slurm_can_never_run_fails_create_naming_the_reason_and_the_field() {
     }
 }
 
+#[test]
+fn knob_update_concurrency_is_followed_by_the_jobs_in_the_queue() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let started = sandbox.path().join("started");
+    std::fs::create_dir(&started).unwrap();
+    let release = sandbox.path().join("release");
+    for service in ["  reuseMode: false\n"] {
+        let _ = std::fs::remove_file(&release);
+        for entry in std::fs::read_dir(&started).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        let id = unique("updconc");
+        let config = slurm_config(
+            &sandbox,
+            &format!(
+                "trialCommand: touch {started}/$NNI_TRIAL_JOB_ID; while [ ! -e {release} ]; do sleep 0.1; done; echo KNOB_FINAL 1
+trialConcurrency: 1
+trialCpuNumber: 1
+maxTrialNumber: 3",
+                started = started.display(),
+                release = release.display()
+            ),
+            service,
+        );
+        let mut create = Running::spawn(sandbox.create_command(&config, &id), &format!("-{id}-"));
+        let count = || std::fs::read_dir(&started).unwrap().count();
+        wait_for("the first trial to run", Duration::from_secs(60), || {
+            (count() == 1).then_some(())
+        });
+        let (code, stdout, stderr) = run(sandbox.knob().args(["update", "concurrency", &id, "2"]));
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        // A second trial runs beside the first: its start was refused ("1 jobs are in the
+        // queue already (trialConcurrency 1)") and every later trial FAILED so.
+        wait_for(
+            "a second trial to run beside it",
+            Duration::from_secs(60),
+            || (count() == 2).then_some(()),
+        );
+        std::fs::write(&release, "").unwrap();
+        assert_eq!(create.wait(Duration::from_secs(120)), Some(0));
+        let rows = trial_rows(&sandbox, &id);
+        assert!(
+            rows.len() == 3 && rows.iter().all(|r| r[2] == "SUCCEEDED"),
+            "{rows:?}"
+        );
+        wait_for_empty_queue(&id);
+    }
+}
+
 /// An allocation retired as its time runs out keeps its running trial to the end even when no
 /// allocation can replace it: the experiment ends in ERROR only after that trial's result is in.
 #[test]

@@ -92,7 +92,18 @@ impl Manager {
             })
             .await?;
         match update {
-            Update::TrialConcurrency(n) => self.config.trial_concurrency = n,
+            Update::TrialConcurrency(n) => {
+                self.config.trial_concurrency = n;
+                // A service that sized its queue or its allocations by the value it was
+                // created with follows the new one (a cluster's: it refused every trial past
+                // its old count).
+                for index in 0..self.services.len() {
+                    let reply = self.services[index].handle.set_trial_concurrency(n);
+                    self.warn_if_it_fails(reply, None, move |e| {
+                        format!("trialConcurrency {n} was not taken by a training service: {e}")
+                    });
+                }
+            }
             Update::MaxTrialNumber(n) => self.config.max_trial_number = Some(n),
             Update::MaxExperimentDuration(d) => {
                 self.config.max_experiment_duration = Some(d);

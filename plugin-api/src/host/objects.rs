@@ -468,6 +468,13 @@ impl TrainingServiceObject {
         })
     }
 
+    /// Tells the service the experiment's `trialConcurrency` changed (see
+    /// `TrainingService::set_trial_concurrency`); `Ok(false)` where it was built before it
+    /// could be told.
+    pub fn set_trial_concurrency(&mut self, trial_concurrency: u32) -> Result<bool, HostError> {
+        self.request(&ServiceRequest::TrialConcurrency { trial_concurrency })
+    }
+
     /// Asks the service to copy trial `donor`'s checkpoint folder now for successor
     /// `trial_id` (see `TrainingService::snapshot_checkpoint`). `Ok(true)`: a copy is being
     /// taken; `Ok(false)`: the service does not take one (the SDK's default), or was built
@@ -824,6 +831,11 @@ impl TrainingServiceHandle {
     /// See [`TrainingServiceObject::delete_checkpoint`].
     pub fn delete_checkpoint(&self, trial_id: String) -> Reply<bool> {
         self.0.call(move |s| s.delete_checkpoint(&trial_id))
+    }
+    /// See [`TrainingServiceObject::set_trial_concurrency`].
+    pub fn set_trial_concurrency(&self, trial_concurrency: u32) -> Reply<bool> {
+        self.0
+            .call(move |s| s.set_trial_concurrency(trial_concurrency))
     }
     /// See [`TrainingServiceObject::snapshot_checkpoint`].
     pub fn snapshot_checkpoint(&self, trial_id: String, donor: String) -> Reply<bool> {

@@ -7,17 +7,25 @@ use serde_json::Value;
 
 use super::{script, Job, Phase, SlurmArgs, QUEUE_ENVIRONMENT};
 
-/// The environment of `reuseMode: false`: room for `trialConcurrency` jobs, each with what it
+/// The environment of `reuseMode: false`: room for `jobs` (`trialConcurrency`) jobs, each with what it
 /// asks Slurm for (GPUs declared so that gpu-sched lets GPU trials through; the job's own
 /// `CUDA_VISIBLE_DEVICES` is Slurm's). `retired` once no job of the config can ever run
 /// (`Shared::never`): the core then starts no trial there and, with nothing else left, ends
 /// the experiment with the service's line.
-pub(super) fn queue_environment(args: &SlurmArgs, retired: bool) -> Environment {
+pub(super) fn queue_environment(args: &SlurmArgs, jobs: u32, retired: bool) -> Environment {
     let status = match retired {
         true => knob_gpu_sched::EnvironmentStatus::Draining,
         false => knob_gpu_sched::EnvironmentStatus::Ready,
     };
-    let mut inventory = requested(args, QUEUE_ENVIRONMENT, args.trial_concurrency, status);
+    // A trialConcurrency raised while the experiment runs is not checked as the config's was
+    // (`args::MOST_ENVIRONMENT_GPUS`): the GPUs declared stay within that bound.
+    let jobs = match args.job.gpu_number {
+        0 => jobs,
+        per_job => jobs
+            .min((super::args::MOST_ENVIRONMENT_GPUS / u64::from(per_job)) as u32)
+            .max(1),
+    };
+    let mut inventory = requested(args, QUEUE_ENVIRONMENT, jobs, status);
     // Each job asks Slurm for its own trial's memory (`--mem`, raised after an out-of-memory
     // end), so the queue holds no fixed amount: `trialConcurrency` bounds the jobs, and Slurm
     // whether a job's memory fits a node. A fixed total would hold a raised request back forever.

@@ -180,6 +180,9 @@ struct Shared {
     /// clears, [`never_runs`]): every job asks alike, so none is submitted any more, the
     /// environments are retired, and the experiment ends with this line.
     never: Option<String>,
+    /// The experiment's `trialConcurrency` now: the context's at the start, then each
+    /// `knob update concurrency` ([`SlurmService::set_trial_concurrency`]).
+    trial_concurrency: u32,
 }
 
 struct Context {
@@ -279,11 +282,14 @@ impl SlurmService {
         let context = Arc::new(Context {
             submitter: Submitter::new(args.submit_interval),
             late_start_failures,
+            shared: Mutex::new(Shared {
+                trial_concurrency: args.trial_concurrency,
+                ..Shared::default()
+            }),
             args,
             emit,
             agent,
             run_dir,
-            shared: Mutex::default(),
             changed: Notify::new(),
             poke: Notify::new(),
         });
@@ -330,8 +336,12 @@ impl SlurmService {
     pub fn environments_now(&self) -> Vec<Environment> {
         let ctx = &self.context;
         if !ctx.args.reuse_mode {
-            let never = lock(&ctx.shared).never.clone();
-            return vec![queue_environment(&ctx.args, never.is_some())];
+            let shared = lock(&ctx.shared);
+            return vec![queue_environment(
+                &ctx.args,
+                shared.trial_concurrency,
+                shared.never.is_some(),
+            )];
         }
         let shared = lock(&ctx.shared);
         shared
@@ -419,6 +429,28 @@ impl SlurmService {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(2));
         }
+    }
+
+    /// The experiment's `trialConcurrency` is now `n` (`knob update concurrency`): with
+    /// `reuseMode: false` as many trials' jobs may be in the queue, and the queue's report says
+    /// so (the core places trials by it).
+    pub fn set_trial_concurrency(&mut self, n: u32) {
+        let ctx = &self.context;
+        let n = n.max(1);
+        let never = {
+            let mut shared = lock(&ctx.shared);
+            if shared.trial_concurrency == n {
+                return;
+            }
+            shared.trial_concurrency = n;
+            shared.never.is_some()
+        };
+        if !ctx.args.reuse_mode {
+            (ctx.emit)(ServiceEvent::Environment {
+                environment: queue_environment(&ctx.args, n, never),
+            });
+        }
+        ctx.poke.notify_one();
     }
 
     /// Tells every agent to stop its trials and exit, waits (bounded) for the trials' ends,
@@ -888,12 +920,12 @@ async fn submit_trial_job(ctx: &Arc<Context>, request: TrialRequest) -> Result<(
                 why: "it already has a job in the queue".to_string(),
             });
         }
-        if queued >= ctx.args.trial_concurrency as usize {
+        if queued >= shared.trial_concurrency as usize {
             return Err(SlurmError::Start {
                 trial: trial_id,
                 why: format!(
                     "{queued} jobs are in the queue already (trialConcurrency {})",
-                    ctx.args.trial_concurrency
+                    shared.trial_concurrency
                 ),
             });
         }
@@ -1186,6 +1218,11 @@ impl TrainingService for SlurmService {
 
     fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), PluginError> {
         self.kill(trial_id, reason);
+        Ok(())
+    }
+
+    fn set_trial_concurrency(&mut self, trial_concurrency: u32) -> Result<(), PluginError> {
+        SlurmService::set_trial_concurrency(self, trial_concurrency);
         Ok(())
     }
 

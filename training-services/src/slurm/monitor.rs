@@ -333,7 +333,11 @@ async fn never_runs(ctx: &Arc<Context>, id: u64, why: String) {
     // retired as one to place again.
     if !ctx.args.reuse_mode {
         (ctx.emit)(ServiceEvent::Environment {
-            environment: super::environment::queue_environment(&ctx.args, true),
+            environment: super::environment::queue_environment(
+                &ctx.args,
+                lock(&ctx.shared).trial_concurrency,
+                true,
+            ),
         });
     }
     if let Err(e) = commands::scancel(&[id]).await {

@@ -399,6 +399,50 @@ fn per_job_mode_gives_each_trial_its_job_with_its_cpus_and_memory_request() {
 }
 
 #[test]
+fn per_job_mode_follows_a_trial_concurrency_raised_while_it_runs() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("perjobconc");
+    let mut service = world.service(json!({"reuseMode": false, "trialConcurrency": 1}));
+    let release = world.file("release");
+    let trial = |trial: &str| {
+        let started = world.file(&format!("{trial}-started"));
+        let command = format!(
+            "touch {}; while [ ! -e {} ]; do sleep 0.1; done; echo KNOB_FINAL 1",
+            started.display(),
+            release.display()
+        );
+        (world.request(QUEUE_ENVIRONMENT, trial, &command), started)
+    };
+    let (first, first_started) = trial("c1");
+    service.start(first).unwrap();
+    wait_for("c1 to start", Duration::from_secs(60), || {
+        first_started.exists().then_some(())
+    });
+    // `knob update concurrency ID 2`: the second trial gets its own job beside the first (it
+    // was refused: "1 jobs are in the queue already (trialConcurrency 1)"), and the queue's
+    // report has room for both.
+    service.set_trial_concurrency(2);
+    let queue = service.environments_now();
+    let inventory: knob_gpu_sched::Environment =
+        serde_json::from_value(queue[0].inventory.clone()).unwrap();
+    assert_eq!(inventory.host_resources.cpu_count, 2, "{queue:?}");
+    let (second, second_started) = trial("c2");
+    service.start(second).unwrap();
+    wait_for("c2 to start beside c1", Duration::from_secs(60), || {
+        second_started.exists().then_some(())
+    });
+    std::fs::write(&release, "").unwrap();
+    for trial in ["c1", "c2"] {
+        let events = world.events.wait_ended(trial);
+        assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    }
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
 fn a_job_cancelled_outside_knob_loses_its_trial_and_is_replaced() {
     let Some(_cluster) = cluster() else {
         return;
