@@ -637,12 +637,17 @@ fn knob_update_concurrency_is_followed_by_the_jobs_in_the_queue() {
     let started = sandbox.path().join("started");
     std::fs::create_dir(&started).unwrap();
     let release = sandbox.path().join("release");
-    for service in ["  reuseMode: false\n"] {
+    // reuseMode true: one allocation per trial, as many as trialConcurrency (no maxEnvironments).
+    for service in ["  reuseMode: false\n", "  reuseMode: true\n"] {
         let _ = std::fs::remove_file(&release);
         for entry in std::fs::read_dir(&started).unwrap() {
             std::fs::remove_file(entry.unwrap().path()).unwrap();
         }
-        let id = unique("updconc");
+        let id = unique(if service.contains("true") {
+            "updconcreuse"
+        } else {
+            "updconc"
+        });
         let config = slurm_config(
             &sandbox,
             &format!(

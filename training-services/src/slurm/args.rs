@@ -82,6 +82,9 @@ pub struct SlurmArgs {
     pub reuse_mode: bool,
     /// Allocations at once (`reuseMode: true`); default `trialConcurrency`.
     pub max_environments: u32,
+    /// `maxEnvironments` was set: it stays when `knob update concurrency` changes
+    /// `trialConcurrency`, which the default follows.
+    pub max_environments_set: bool,
     /// Jobs in the queue at once (`reuseMode: false`).
     pub trial_concurrency: u32,
     /// Used to keep trials out of an allocation that would end before they could finish.
@@ -541,6 +544,7 @@ impl SlurmArgs {
                 .and_then(Value::as_u64)
                 .and_then(|n| u32::try_from(n).ok())
                 .unwrap_or(trial.trial_concurrency.max(1)),
+            max_environments_set: c.get("maxEnvironments").is_some_and(Value::is_u64),
             trial_concurrency: trial.trial_concurrency.max(1),
             max_trial_duration: trial.max_trial_duration_secs.map(Duration::from_secs),
             job: JobOptions {

@@ -433,7 +433,8 @@ impl SlurmService {
 
     /// The experiment's `trialConcurrency` is now `n` (`knob update concurrency`): with
     /// `reuseMode: false` as many trials' jobs may be in the queue, and the queue's report says
-    /// so (the core places trials by it).
+    /// so (the core places trials by it); with `reuseMode: true` and no `maxEnvironments`, as
+    /// many allocations are held (the monitor requests more, or cancels idle ones).
     pub fn set_trial_concurrency(&mut self, n: u32) {
         let ctx = &self.context;
         let n = n.max(1);
@@ -860,10 +861,14 @@ async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Resul
                 job.ran_trials = true;
                 link.clone()
             }
+            // Retired since the core placed the trial (its time runs out, or it is not needed
+            // after `knob update concurrency`): nothing ran, and the core places it again.
             (phase, _) => {
                 return Err(start_error(format!(
-                    "allocation {} (Slurm job {}) takes no trials now ({phase:?})",
-                    job.environment_id, job.id
+                    "allocation {} (Slurm job {}) takes no trials now ({phase:?}); {}",
+                    job.environment_id,
+                    job.id,
+                    knob_plugin_api::service::NOT_STARTED
                 )))
             }
         }

@@ -110,7 +110,12 @@ async fn top_up_allocations(ctx: &Context) {
                 );
                 return;
             }
-            !shared.stopping && !failing && live < ctx.args.max_environments as usize
+            let most = most_allocations(ctx, shared.trial_concurrency);
+            if live > most && !shared.stopping {
+                release_idle_allocations(ctx, &mut shared, live - most);
+                return;
+            }
+            !shared.stopping && !failing && live < most
         };
         if !wanted {
             return;
@@ -121,6 +126,56 @@ async fn top_up_allocations(ctx: &Context) {
             return;
         }
     }
+}
+
+/// Allocations held at once: `maxEnvironments`, else the experiment's `trialConcurrency` now
+/// (each allocation is sized for one trial), which `knob update concurrency` changes.
+fn most_allocations(ctx: &Context, trial_concurrency: u32) -> usize {
+    match ctx.args.max_environments_set {
+        true => ctx.args.max_environments as usize,
+        false => trial_concurrency.max(1) as usize,
+    }
+}
+
+/// `trialConcurrency` was lowered: up to `excess` allocations that run no trial (pending ones
+/// first, then idle ones, the newest first) are retired and cancelled, so that none is held
+/// for nothing. Busy ones beyond the number go on; one is retired at a later poll once idle.
+fn release_idle_allocations(ctx: &Context, shared: &mut super::Shared, excess: usize) {
+    let reason = format!(
+        "not needed after trialConcurrency was lowered to {}",
+        shared.trial_concurrency
+    );
+    let idle = |j: &super::Job| {
+        matches!(j.phase, Phase::Queued(_) | Phase::Ready)
+            && j.cancelled.is_none()
+            && !j.holds_trial()
+    };
+    let mut chosen: Vec<usize> = (0..shared.jobs.len())
+        .rev()
+        .filter(|&i| idle(&shared.jobs[i]))
+        .collect();
+    // Pending first: they hold nothing of the cluster yet, and a trial would wait for them.
+    chosen.sort_by_key(|&i| shared.jobs[i].phase == Phase::Ready);
+    let mut ids = Vec::new();
+    for i in chosen.into_iter().take(excess) {
+        let job = &mut shared.jobs[i];
+        job.phase = Phase::Draining;
+        job.cancelled = Some(reason.clone());
+        ids.push(job.id);
+        let retired = retired_environment(&ctx.args, job);
+        shared.after_top_up.extend(retired);
+    }
+    if ids.is_empty() {
+        return;
+    }
+    knob_plugin_api::log::info(&format!(
+        "training service slurm: cancelling allocation(s) {ids:?}, {reason}"
+    ));
+    tokio::spawn(async move {
+        if let Err(e) = commands::scancel(&ids).await {
+            knob_plugin_api::log::warn(&format!("training service slurm: scancel {ids:?}: {e}"));
+        }
+    });
 }
 
 /// Moves every job along by what `squeue` (or, for a job it no longer lists, the exit-code
@@ -222,7 +277,9 @@ async fn update_jobs(
             let connect = match (&state, &job.phase) {
                 // Pending again after it ran: Slurm requeued it (preemption, a node failure
                 // with --requeue, `scontrol requeue`); its agent and trials are gone.
-                (JobState::Pending, _) if had_run => {
+                // Not one knob cancelled (an allocation released, pending, as not needed): its
+                // end is on the way.
+                (JobState::Pending, _) if had_run && job.cancelled.is_none() => {
                     requeued = Some(format!(
                         "was requeued by Slurm ({})",
                         reason.as_deref().unwrap_or("no reason given")

@@ -443,6 +443,39 @@ fn per_job_mode_follows_a_trial_concurrency_raised_while_it_runs() {
 }
 
 #[test]
+fn reuse_mode_holds_as_many_allocations_as_a_trial_concurrency_updated_while_it_runs() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("reuseconc");
+    let mut service = world.service(json!({"trialConcurrency": 1}));
+    wait_ready(&service, 1);
+    // Raised (`knob update concurrency ID 2`, no maxEnvironments): a second allocation is
+    // requested; it was not, and trials waited for the one.
+    service.set_trial_concurrency(2);
+    wait_ready(&service, 2);
+    assert_eq!(queued_jobs(&world.experiment_id).len(), 2);
+    // Lowered again: the idle allocation beyond it is cancelled; it was held for nothing.
+    service.set_trial_concurrency(1);
+    wait_for(
+        "one allocation to be released",
+        Duration::from_secs(30),
+        || (queued_jobs(&world.experiment_id).len() == 1).then_some(()),
+    );
+    assert_eq!(ready(&service).len(), 1);
+    // The one left takes trials; none is asked for in place of the one released.
+    let environment = ready(&service)[0].id.clone();
+    service
+        .start(world.request(&environment, "r1", "echo KNOB_FINAL 1"))
+        .unwrap();
+    let events = world.events.wait_ended("r1");
+    assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    assert_eq!(queued_jobs(&world.experiment_id).len(), 1);
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
 fn a_job_cancelled_outside_knob_loses_its_trial_and_is_replaced() {
     let Some(_cluster) = cluster() else {
         return;
