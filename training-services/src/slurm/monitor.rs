@@ -232,6 +232,7 @@ async fn update_jobs(
             continue;
         }
         let mut requeued = None;
+        let mut release = None;
         let never;
         let mut released = Vec::new();
         let mut shutdown = None;
@@ -310,6 +311,19 @@ async fn update_jobs(
                     let cancelled = job.cancelled.is_some() || job.given_up.is_some();
                     connects_to(&state, cancelled) && crate::agent::socket_path(&dir).exists()
                 }
+                // Retired for its time left and its trials all ended: it is cancelled, so that
+                // its CPUs and GPUs go back to the cluster (and to what replaces it) instead of
+                // sitting idle until Slurm's TIMEOUT.
+                (JobState::Running(_), Phase::Draining)
+                    if job.cancelled.is_none() && !job.holds_trial() =>
+                {
+                    job.cancelled = Some(
+                        "retired (less time left than maxTrialDuration) and its trials ended"
+                            .to_string(),
+                    );
+                    release = Some(id);
+                    false
+                }
                 (JobState::Running(_), Phase::Ready) => {
                     if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, time_left) {
                         if left < limit {
@@ -343,6 +357,18 @@ async fn update_jobs(
         }
         if let Some(why) = never {
             never_runs(ctx, id, why).await;
+        }
+        if let Some(id) = release {
+            knob_plugin_api::log::info(&format!(
+                "training service slurm: job {id} is retired and runs no trial any more; cancelled"
+            ));
+            if let Err(e) = commands::scancel(&[id]).await {
+                warn(
+                    ctx,
+                    None,
+                    format!("training service slurm: scancel {id}: {e}"),
+                );
+            }
         }
         if connect {
             connect_job(ctx, id, incoming.clone()).await;

@@ -1275,6 +1275,56 @@ fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
 }
 
 #[test]
+fn a_retired_allocation_is_cancelled_once_its_trials_ended() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("retiredidle");
+    // A minute's time limit, maxTrialDuration 50 s: retired after about 10 s.
+    let mut service = world.service(json!({"time": "1", "maxTrialDurationSecs": 50}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    let submitted = Instant::now();
+    let release = world.file("release");
+    service
+        .start(world.request(
+            "slurm:env1",
+            "rt",
+            &format!(
+                "while [ ! -e {} ]; do sleep 0.1; done; echo KNOB_FINAL 1",
+                release.display()
+            ),
+        ))
+        .unwrap();
+    wait_for(
+        "the allocation to be retired",
+        Duration::from_secs(40),
+        || {
+            service
+                .environments_now()
+                .iter()
+                .all(|e| e.id != "slurm:env1")
+                .then_some(())
+        },
+    );
+    std::fs::write(&release, "").unwrap();
+    let events = world.events.wait_ended("rt");
+    assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+    // Its last trial ended: cancelled at once, well before Slurm's TIMEOUT (a minute after it
+    // started), which it sat idle until, holding its CPU from its own replacement.
+    wait_for(
+        "the retired allocation to leave the queue",
+        Duration::from_secs(20),
+        || (!queued_jobs(&world.experiment_id).contains(&job)).then_some(()),
+    );
+    assert!(submitted.elapsed() < Duration::from_secs(55));
+    let shown = scontrol_job(job);
+    assert!(shown.contains("JobState=CANCELLED"), "{shown}");
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
 fn a_requeued_allocation_loses_its_trials_once_and_takes_new_ones() {
     let Some(_cluster) = cluster() else {
         return;
