@@ -212,7 +212,8 @@ impl Manager {
             config,
         };
         if let Err(e) = manager.register_environments().await {
-            services::shut_down(&manager.services).await;
+            // Nothing ran: the experiment's error says what matters.
+            let _ = services::shut_down(&manager.services).await;
             return Err(e);
         }
         manager
@@ -958,7 +959,9 @@ impl Manager {
             ))
             .await?;
         }
-        services::shut_down(&self.services).await;
+        for problem in services::shut_down(&self.services).await {
+            self.warn(None, problem).await?;
+        }
         self.settle().await?;
         // Trials the service ended during shutdown without telling us are recorded as such.
         for trial_id in self.book.active_ids() {

@@ -146,7 +146,7 @@ pub(super) async fn start_services(
                 probed_at: None,
             }),
             Err(e) => {
-                shut_down(&slots).await;
+                let _ = shut_down(&slots).await;
                 return Err(e);
             }
         }
@@ -185,12 +185,18 @@ pub fn clean_up_leftovers(
 }
 
 /// Asks every service to shut down (all at once: each may wait for its trials) and waits for
-/// them. A service that fails to shut down has nothing left to do for the experiment either.
-pub(super) async fn shut_down(slots: &[ServiceSlot]) {
+/// them. A service that fails to shut down has nothing left to do for the experiment either,
+/// but what it says is returned, one line each, for the experiment's log: what it could not
+/// release (a cluster job left queued, say) is the user's to release.
+pub(super) async fn shut_down(slots: &[ServiceSlot]) -> Vec<String> {
     let replies: Vec<_> = slots.iter().map(|slot| slot.handle.shutdown()).collect();
+    let mut problems = Vec::new();
     for reply in replies {
-        let _ = reply.get().await;
+        if let Err(e) = reply.get().await {
+            problems.push(e.to_string());
+        }
     }
+    problems
 }
 
 impl Manager {

@@ -65,6 +65,9 @@ const CONNECT_ATTEMPTS: u32 = 5;
 /// Allocations in a row that end without ever running a trial before no more are requested:
 /// a job that cannot start (bad option, agent missing on the nodes) must not loop forever.
 const MAX_FAILED_ALLOCATIONS: u32 = 3;
+/// How long the shutdown tries `scancel` again while it fails (slurmctld restarting, or
+/// unreachable): a job left queued would start later and hold its allocation for nothing.
+const CANCEL_RETRY_LIMIT: Duration = Duration::from_secs(60);
 /// The longest pause between two `squeue` calls while they fail.
 const MAX_POLL_BACKOFF: Duration = Duration::from_secs(30);
 /// The environment of `reuseMode: false`.
@@ -180,6 +183,9 @@ struct Shared {
     /// clears, [`never_runs`]): every job asks alike, so none is submitted any more, the
     /// environments are retired, and the experiment ends with this line.
     never: Option<String>,
+    /// The jobs the shutdown could not cancel, and how to: the service's shutdown fails with
+    /// it, so that the experiment's log says so.
+    not_cancelled: Option<String>,
     /// The experiment's `trialConcurrency` now: the context's at the start, then each
     /// `knob update concurrency` ([`SlurmService::set_trial_concurrency`]).
     trial_concurrency: u32,
@@ -429,6 +435,12 @@ impl SlurmService {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(2));
         }
+    }
+
+    /// What the shutdown could not cancel (slurmctld unreachable for [`CANCEL_RETRY_LIMIT`]),
+    /// as one line naming the jobs and the `scancel` to run.
+    pub fn not_cancelled(&self) -> Option<String> {
+        lock(&self.context.shared).not_cancelled.clone()
     }
 
     /// The experiment's `trialConcurrency` is now `n` (`knob update concurrency`): with
@@ -1134,12 +1146,38 @@ async fn shut_down(ctx: &Arc<Context>) {
         .filter(|j| j.phase != Phase::Ended || j.vanished)
         .map(|j| j.id)
         .collect();
-    if let Err(why) = commands::scancel(&ids).await {
-        warn(
-            ctx,
-            None,
-            format!("training service slurm: scancel {ids:?}: {why}"),
-        );
+    let give_up = tokio::time::Instant::now() + CANCEL_RETRY_LIMIT;
+    let mut pause = Duration::from_secs(1);
+    loop {
+        match commands::scancel(&ids).await {
+            Ok(()) => break,
+            Err(why) if tokio::time::Instant::now() + pause < give_up => {
+                knob_plugin_api::log::warn(&format!(
+                    "training service slurm: scancel {ids:?} failed ({why}); trying again in {} s",
+                    pause.as_secs()
+                ));
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(10));
+            }
+            Err(why) => {
+                let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+                let message = format!(
+                    "training service slurm could not cancel the experiment's Slurm job(s) {} ({why}, for {} s); they may start and hold their allocation for nothing: cancel them with `scancel {}`",
+                    list.join(", "),
+                    CANCEL_RETRY_LIMIT.as_secs(),
+                    list.join(" ")
+                );
+                warn(ctx, None, message.clone());
+                lock(&ctx.shared).not_cancelled = Some(message);
+                // The monitor would wait for them to leave the queue: they will not.
+                for job in &mut lock(&ctx.shared).jobs {
+                    if ids.contains(&job.id) {
+                        job.phase = Phase::Ended;
+                    }
+                }
+                break;
+            }
+        }
     }
     ctx.poke.notify_one();
     // The monitor sees the jobs end and reports what still ran in them.
@@ -1233,7 +1271,10 @@ impl TrainingService for SlurmService {
 
     fn shutdown(&mut self) -> Result<(), PluginError> {
         self.stop();
-        Ok(())
+        match self.not_cancelled() {
+            Some(message) => Err(PluginError::new(message)),
+            None => Ok(()),
+        }
     }
 }
 

@@ -1054,6 +1054,64 @@ impl Drop for ControllerStalled {
     }
 }
 
+/// Kills slurmctld (`SIGKILL`): every Slurm command fails at once ("Unable to contact slurm
+/// controller"). It is started again (`.ci/slurm.sh`) by [`ControllerDown::restart`] or on drop.
+struct ControllerDown(bool);
+
+impl ControllerDown {
+    fn new() -> ControllerDown {
+        let status = Command::new("pkill")
+            .args(["-KILL", "-x", "slurmctld"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "no slurmctld to kill");
+        ControllerDown(true)
+    }
+
+    fn restart(&mut self) {
+        if std::mem::take(&mut self.0) {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/slurm.sh");
+            let status = Command::new("bash").arg(script).output().unwrap();
+            assert!(status.status.success(), "{status:?}");
+        }
+    }
+}
+
+impl Drop for ControllerDown {
+    fn drop(&mut self) {
+        self.restart();
+    }
+}
+
+#[test]
+fn a_stop_while_the_controller_is_down_cancels_the_jobs_once_it_is_back() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("ctlddown");
+    let mut service = world.service(json!({}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    let mut down = ControllerDown::new();
+    let stopping = std::thread::spawn(move || {
+        service.stop();
+        service.not_cancelled()
+    });
+    // Longer than one scancel takes to fail (about 9 s): the one scancel of the shutdown
+    // failed, and the job stayed queued, then ran idle, with no word of it.
+    std::thread::sleep(Duration::from_secs(12));
+    down.restart();
+    let not_cancelled = stopping.join().unwrap();
+    assert_eq!(not_cancelled, None);
+    wait_for(
+        "the job to leave the queue",
+        Duration::from_secs(30),
+        || (!queued_jobs(&world.experiment_id).contains(&job)).then_some(()),
+    );
+    let shown = scontrol_job(job);
+    assert!(shown.contains("JobState=CANCELLED"), "{shown}");
+}
+
 /// A trial's own job (`reuseMode: false`) waits for `sbatch`, seconds or more on a busy
 /// controller: the start must not hold the service's other calls (nor the manager's loop, which
 /// awaits each), a kill asked for meanwhile must cancel the job once it is in, and a job Slurm
