@@ -220,8 +220,10 @@ impl Manager {
             .tuner
             .set_space(&manager.config.search_space)
             .await?;
+        // On the console too: what a resume ended or cancelled of the earlier run (a cluster's
+        // jobs) is the user's to know, and no other line says it.
         for report in leftovers {
-            manager.warn(None, report).await?;
+            manager.notice(report).await?;
         }
         if let Some(history) = history {
             manager.restore(&history).await?;

@@ -526,9 +526,13 @@ async fn cancel_experiment_jobs(experiment_id: &str) -> Result<Vec<u64>, String>
         .await
         .map_err(|e| format!("squeue does not answer: {e}"))?;
     let prefix = comment_prefix(experiment_id);
+    // Not one COMPLETING: it is ending already, most often cancelled a moment ago by the
+    // resume's clean-up (`clean_up_leftovers`), which said so; the service's start then listed
+    // again only those still completing, and left out the pending ones cancelled with them.
     let leftovers: Vec<u64> = rows
         .iter()
         .filter(|row| row.comment.starts_with(&prefix) && !row.state.has_ended())
+        .filter(|row| row.state != JobState::Running("COMPLETING".to_string()))
         .map(|row| row.id)
         .collect();
     if !leftovers.is_empty() {

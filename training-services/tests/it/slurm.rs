@@ -1254,6 +1254,49 @@ fn a_new_run_cancels_the_jobs_an_earlier_run_left() {
 }
 
 #[test]
+fn a_resume_reports_each_job_it_cancelled_once() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("resumeonce");
+    // An earlier run killed with -9: one allocation running a trial, one pending (the node's
+    // 2 CPUs are the first's).
+    let mut earlier = world.service(json!({"trialCpuNumber": 2, "maxEnvironments": 2}));
+    wait_ready(&earlier, 1);
+    start_long_trial(&world, &mut earlier, "r1");
+    wait_for(
+        "the second allocation to be queued",
+        Duration::from_secs(30),
+        || (earlier.job_ids().len() == 2).then_some(()),
+    );
+    let left = earlier.job_ids();
+    earlier.abandon();
+    // `knob resume`: the clean-up cancels both and says so; the service started right after
+    // finds the running one still COMPLETING, and said it cancelled only that one.
+    let ended = <SlurmService as TrainingService>::clean_up_leftovers(
+        &json!({}),
+        &world.args(json!({})).1,
+        &["r1".to_string()],
+    )
+    .unwrap();
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    let later_events = Events::default();
+    let mut later = world.service_with(json!({}), &later_events).unwrap();
+    let said = warnings(&later_events.all()).join("\n");
+    assert!(!said.contains("an earlier run"), "{said}");
+    wait_for(
+        "the earlier jobs to leave the queue",
+        Duration::from_secs(30),
+        || {
+            let now = queued_jobs(&world.experiment_id);
+            (!now.iter().any(|id| left.contains(id))).then_some(())
+        },
+    );
+    later.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
+#[test]
 fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
     let Some(_cluster) = cluster() else {
         return;
