@@ -409,6 +409,7 @@ async fn never_runs(ctx: &Arc<Context>, id: u64, why: String) {
                 killed_reason: None,
                 stderr_tail: String::new(),
                 environment_lost: Some(message),
+                ended_ms: None,
             }
         });
     }
