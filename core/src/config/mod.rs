@@ -158,19 +158,7 @@ pub fn as_written(path: &Path, message: &str) -> String {
     if !v1::is_v1(&root) {
         return unchanged();
     }
-    let mut reader = reader::Reader {
-        file: file.clone(),
-        base_dir: config_folder(path),
-        home: std::env::home_dir(),
-        errors: Vec::new(),
-        warnings: Vec::new(),
-        config_file: None,
-        shortcuts: Default::default(),
-        plugin_paths: Vec::new(),
-        pending: Vec::new(),
-        pending_algorithms: Vec::new(),
-    };
-    let converted = v1::convert(&mut reader, &root);
+    let converted = v1::convert(&mut new_reader(path), &root);
     let yaml::Value::Map(entries) = &converted.root.value else {
         return unchanged();
     };
@@ -215,20 +203,7 @@ fn load_document(
     services: &dyn ServiceSource,
 ) -> Result<(LoadedConfig, yaml::Node), ConfigErrors> {
     let file = path.display().to_string();
-    let base_dir = config_folder(path);
-    let mut reader = reader::Reader {
-        file: file.clone(),
-        base_dir,
-        // For `~` in paths: `$HOME`, else the password database's.
-        home: std::env::home_dir(),
-        errors: Vec::new(),
-        warnings: Vec::new(),
-        config_file: std::path::absolute(path).ok(),
-        shortcuts: Default::default(),
-        plugin_paths: Vec::new(),
-        pending: Vec::new(),
-        pending_algorithms: Vec::new(),
-    };
+    let mut reader = new_reader(path);
     let parsed = yaml::parse_file(path, text);
     let mut document = None;
     // For an NNI v1 config: how to name its v2 fields as the user wrote them.
@@ -414,6 +389,23 @@ pub fn check_file_v2(path: &Path, services: &dyn ServiceSource) -> Result<String
 }
 
 /// The absolute folder of the config file, which relative paths in it are relative to.
+/// A reader of the config file at `path`, before anything is read.
+fn new_reader(path: &Path) -> reader::Reader {
+    reader::Reader {
+        file: path.display().to_string(),
+        base_dir: config_folder(path),
+        // For `~` in paths: `$HOME`, else the password database's.
+        home: std::env::home_dir(),
+        errors: Vec::new(),
+        warnings: Vec::new(),
+        config_file: std::path::absolute(path).ok(),
+        shortcuts: Default::default(),
+        plugin_paths: Vec::new(),
+        pending: Vec::new(),
+        pending_algorithms: Vec::new(),
+    }
+}
+
 fn config_folder(path: &Path) -> PathBuf {
     let folder = path
         .parent()
