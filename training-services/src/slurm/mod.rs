@@ -1171,7 +1171,8 @@ async fn shut_down(ctx: &Arc<Context>) {
                     CANCEL_RETRY_LIMIT.as_secs(),
                     list.join(" ")
                 );
-                warn(ctx, None, message.clone());
+                // Said once, by the shutdown's error, which the core records: a warning sent
+                // now would say it again, or be lost with the run's last events.
                 lock(&ctx.shared).not_cancelled = Some(message);
                 // The monitor would wait for them to leave the queue: they will not.
                 for job in &mut lock(&ctx.shared).jobs {
