@@ -126,7 +126,11 @@ impl Manager {
                     } else {
                         0
                     };
+                // A trial its service never reported started has no attempt in the store to
+                // run again (nor to count against `retries`): it ends FAILED with the service's
+                // reason, as a start that failed half-way does (it may have run).
                 if status == TrialStatus::Failed
+                    && trial.status == TrialStatus::Running
                     && self.book.may_retry(&trial_id, retries)
                     && !self.closed_for_retries()
                 {

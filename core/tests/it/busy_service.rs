@@ -120,6 +120,24 @@ impl TrainingService for Service {
             fetches.restores.lock().unwrap().push((trial_id, there));
         }
         let trial_id = request.trial_id;
+        if self.name == "unstarted" {
+            // A service that ends trials it never reported started (its start report lost, a
+            // third-party service that sends none).
+            let events = self.events.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                events.emit(&ServiceEvent::TrialEnded {
+                    trial_id,
+                    exit_code: Some(1),
+                    signal: None,
+                    killed_reason: None,
+                    stderr_tail: "bad trial command".into(),
+                    ended_ms: None,
+                    environment_lost: None,
+                });
+            });
+            return Ok(());
+        }
         self.starts
             .lock()
             .unwrap()
@@ -638,6 +656,34 @@ fn a_service_that_cannot_be_built_is_named_once() {
         error.to_string(),
         "training service broken: constructor failed: classArgs of training service broken: machineList is empty"
     );
+}
+
+/// A trial its service says ended, failed, without ever saying it started has no attempt in the
+/// store to end and run again: it ends FAILED with the service's reason, retries or not. The
+/// manager stopped on it ("trial … is WAITING, so trial_requeued cannot follow").
+#[test]
+fn a_trial_ended_before_it_was_reported_started_fails_without_stopping_the_experiment() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = Services {
+        platforms: &["unstarted"],
+        gpus: 1,
+        hold: Mutex::new(None),
+        starts: Starts::default(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
+    };
+    let mut config = config(dir.path(), 2, 1, components.platforms, "Counter");
+    config.max_trial_retries = 2;
+    let outcome = run_experiment(dir.path(), &config, &components);
+    assert!(outcome.is_ok(), "{outcome:?}");
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.trials.len(), 2, "{:?}", state.trials);
+    for trial in &state.trials {
+        assert_eq!(trial.status, TrialStatus::Failed, "{trial:?}");
+        let end = trial.end.as_ref().expect("an ended trial's end");
+        let message = end.message.as_deref().unwrap_or_default();
+        assert!(message.contains("bad trial command"), "{trial:?}");
+    }
 }
 
 /// Answers ids below `THINKS_FROM` at once, like [`Counter`]; from there on it fits a model
