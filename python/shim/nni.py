@@ -47,14 +47,26 @@ else:
     # A marker for code that needs to know which nni it has (knob's own tests do).
     __knob_shim__ = True
 
+    # What `get_next_parameter` returned, None before: nni's `get_current_parameter` gives None
+    # until then, and a script may test for that.
+    _current: "dict[str, object] | None" = None
+
     def get_next_parameter() -> "dict[str, object]":
         """The trial's parameters."""
-        return knob_trial.get_parameters()
+        global _current
+        _current = knob_trial.get_parameters()
+        return _current
+
+    def get_next_parameters() -> "dict[str, object]":
+        """`get_next_parameter`, under the other name nni's trial API has for it."""
+        return get_next_parameter()
 
     def get_current_parameter(tag: "str | None" = None) -> object:
-        """The trial's parameters, or one of them by name, as nni's function."""
-        parameters = knob_trial.get_parameters()
-        return parameters if tag is None else parameters[tag]
+        """The parameters `get_next_parameter` returned, or one of them by name; None before it
+        is called, as nni's function."""
+        if _current is None:
+            return None
+        return _current if tag is None else _current[tag]
 
     def report_intermediate_result(metric: "float | dict[str, object]") -> None:
         """One intermediate result: a number, or a dict (a numeric "default", or the metrics
@@ -68,11 +80,11 @@ else:
 
     def get_trial_id() -> str:
         """nni's trial id: `NNI_TRIAL_JOB_ID` (knob's trial id), else "STANDALONE" as nni."""
-        return os.environ.get("NNI_TRIAL_JOB_ID", "STANDALONE")
+        return os.environ.get("NNI_TRIAL_JOB_ID") or "STANDALONE"
 
     def get_experiment_id() -> str:
         """The experiment's id, else "STANDALONE" as nni."""
-        return os.environ.get("NNI_EXP_ID", "STANDALONE")
+        return os.environ.get("NNI_EXP_ID") or "STANDALONE"
 
     def get_sequence_id() -> int:
         """The trial's sequence number, else 0 as nni."""
@@ -116,3 +128,21 @@ else:
     utils = _types.ModuleType(__name__ + ".utils", "nni.utils, as knob's shim has it")
     utils.merge_parameter = _merge_parameter  # type: ignore[attr-defined]
     sys.modules[utils.__name__] = utils
+
+    # nni's trial API is `nni.trial` (`__all__` of nni 2.x's and 3.0's nni/trial.py), which
+    # `nni` re-exports; `from nni.trial import ...` gets the same functions here.
+    _TRIAL_API = [
+        "get_next_parameter",
+        "get_next_parameters",
+        "get_current_parameter",
+        "report_intermediate_result",
+        "report_final_result",
+        "get_experiment_id",
+        "get_trial_id",
+        "get_sequence_id",
+    ]
+    trial = _types.ModuleType(__name__ + ".trial", "nni.trial, as knob's shim has it")
+    trial.__all__ = _TRIAL_API  # type: ignore[attr-defined]
+    for _name in _TRIAL_API:
+        setattr(trial, _name, globals()[_name])
+    sys.modules[trial.__name__] = trial

@@ -386,3 +386,69 @@ def test_the_shim_has_nni_utils_merge_parameter(tmp_path: Path, knob_trial_dir: 
         "Key 'momentum' not found in base parameters.",
         'Expected "epochs" in override parameters to have type int, but found str',
     ]
+
+
+def test_the_shim_has_nni_s_trial_api(tmp_path: Path, knob_trial_dir: Path) -> None:
+    """Every name of nni's trial API (`nni.trial.__all__`), with nni's answers: a script calling
+    `nni.get_next_parameters()` (nni's other name for `get_next_parameter`) failed with an
+    AttributeError without nni installed or with `nniShim: true`."""
+    env = trial_env(tmp_path / "t", {"lr": 0.1})
+    result = run_python(
+        "import nni\n"
+        "from nni.trial import get_next_parameters, get_sequence_id\n"
+        "import nni.trial\n"
+        "print(nni.get_current_parameter(), nni.get_current_parameter('lr'))\n"
+        "print(get_next_parameters(), nni.get_current_parameter('lr'), nni.get_current_parameter())\n"
+        "print(all(getattr(nni, n) is getattr(nni.trial, n) for n in nni.trial.__all__), get_sequence_id())\n"
+        "print(' '.join(nni.trial.__all__))\n",
+        env,
+        [knob_trial_dir, SHIM.parent],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "None None",
+        "{'lr': 0.1} 0.1 {'lr': 0.1}",
+        "True 7",
+        " ".join(SHIM_TRIAL_API),
+    ]
+    # Outside a trial, as nni: "STANDALONE" ids and sequence 0.
+    outside = {k: v for k, v in os.environ.items() if not k.startswith(("KNOB_", "NNI_"))}
+    result = run_python(
+        "import nni; print(nni.get_trial_id(), nni.get_experiment_id(), nni.get_sequence_id())",
+        dict(outside, NNI_EXP_ID=""),
+        [knob_trial_dir, SHIM.parent],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "STANDALONE STANDALONE 0\n"
+
+
+# nni.trial.__all__ of nni 2.10 and 3.0; the test below holds it to an installed nni's.
+SHIM_TRIAL_API = [
+    "get_next_parameter",
+    "get_next_parameters",
+    "get_current_parameter",
+    "report_intermediate_result",
+    "report_final_result",
+    "get_experiment_id",
+    "get_trial_id",
+    "get_sequence_id",
+]
+
+
+@pytest.mark.parametrize("variable", ["KNOB_TEST_NNI3_PYTHON", "KNOB_TEST_NNI2_PYTHON"])
+def test_the_shim_s_trial_api_is_real_nni_s(variable: str) -> None:
+    python = os.environ.get(variable)
+    if not python:
+        if os.environ.get("KNOB_TEST_REQUIRE_ALL") == "1":
+            pytest.fail(f"{variable} is not set (a Python with nni installed)")
+        pytest.skip(f"skipped: {variable} is not set (a Python with nni installed)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KNOB_", "NNI_"))}
+    result = subprocess.run(
+        [python, "-c", "import json, nni.trial; print(json.dumps(nni.trial.__all__))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(json.loads(result.stdout)) == sorted(SHIM_TRIAL_API)
