@@ -572,6 +572,33 @@ fn failing_trials_are_recorded_with_their_stderr_and_the_experiment_goes_on() {
     }
 }
 
+/// A trial whose error line is coloured, followed by a progress bar's window title: its message
+/// is the error's text, with no control character (they reached `knob trial ls`'s terminal raw,
+/// and the message was the title sequence).
+#[test]
+fn a_failed_trial_s_message_is_the_readable_text_of_its_coloured_stderr() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        r"trialCommand: 'printf ''Traceback\n\033[1;31mValueError: \033[4mboom\033[0m\n\033]0;title\007'' >&2; exit 1'
+trialConcurrency: 1
+maxTrialNumber: 1
+{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "colours");
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let trials = sandbox.export("colours")["trials"].clone();
+    assert_eq!(
+        trials[0]["message"], "exit code 1: ValueError: boom",
+        "{trials}"
+    );
+    let (_, listing, _) = run(sandbox.knob().args(["trial", "ls", "colours"]));
+    assert!(
+        listing.contains("exit code 1: ValueError: boom") && !listing.contains('\x1b'),
+        "{listing:?}"
+    );
+}
+
 #[test]
 fn trials_over_max_trial_duration_are_killed_and_say_why() {
     let sandbox = Sandbox::new();

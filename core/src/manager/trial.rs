@@ -170,10 +170,11 @@ impl Trial {
 /// `knob trial ls`, the export and the API, not the trial's log (`stderr` in its folder).
 const MAX_REASON_LINE_CHARS: usize = 500;
 
-/// One line saying why a trial failed: its exit code or signal and the last line of stderr.
-/// A carriage return ends a line as a newline does: a progress bar (tqdm) rewrites its line
-/// with `\r`, and the error printed after it is the last line, not kilobytes of bar updates
-/// that garble a terminal when shown.
+/// One line saying why a trial failed: its exit code or signal and the last line of stderr
+/// that has visible text, as [`visible_text`] shows it. A carriage return ends a line as a
+/// newline does: a progress bar (tqdm) rewrites its line with `\r`, and the error printed after
+/// it is the last line, not kilobytes of bar updates that garble a terminal when shown. The
+/// stored `stderr_tail` keeps what the trial wrote (the API gives it JSON-escaped).
 pub(super) fn failure_reason(
     exit_code: Option<i32>,
     signal: Option<i32>,
@@ -189,15 +190,73 @@ pub(super) fn failure_reason(
     } else {
         how
     };
-    match stderr_tail
-        .split(['\n', '\r'])
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-    {
-        Some(last) => format!("{how}: {}", bounded(last, MAX_REASON_LINE_CHARS)),
+    match stderr_tail.split(['\n', '\r']).rev().find_map(visible_text) {
+        Some(last) => format!("{how}: {}", bounded(&last, MAX_REASON_LINE_CHARS)),
         None => how,
     }
+}
+
+/// One line of a trial's stderr as its end message shows it, trimmed, or `None` when it has
+/// nothing visible. The message reaches terminals (`knob trial ls`, the launcher's
+/// `Trial.message`) and the dashboard, so terminal escape sequences are removed (colours of a
+/// coloured traceback or log line, a progress bar's window title: shown, they drive the reader's
+/// terminal, and a line that is only one would hide the error before it) and every other
+/// control character becomes `�`, as an undecodable byte already has (a tab, a space).
+fn visible_text(line: &str) -> Option<String> {
+    const ESC: char = '\u{1b}';
+    const BEL: char = '\u{7}';
+    let mut text = String::with_capacity(line.len());
+    let mut visible = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        // Which sequence starts here: ESC and a letter, or the one-character C1 form.
+        let kind = match c {
+            ESC => match chars.peek() {
+                Some(&next @ ('[' | ']' | 'P' | 'X' | '^' | '_')) => {
+                    chars.next();
+                    Some(next)
+                }
+                _ => Some(ESC),
+            },
+            '\u{9b}' => Some('['),
+            '\u{9d}' => Some(']'),
+            '\u{90}' | '\u{98}' | '\u{9e}' | '\u{9f}' => Some('P'),
+            _ => None,
+        };
+        match kind {
+            // CSI (colours, cursor moves): parameter and intermediate bytes, then a final byte.
+            Some('[') => {
+                while chars.next_if(|c| matches!(c, ' '..='?')).is_some() {}
+                chars.next_if(|c| matches!(c, '@'..='~'));
+            }
+            // OSC (a window title, a hyperlink, a clipboard write) and the other string
+            // sequences: up to BEL or ST (ESC \\, or C1's), else to the end of the line. Any
+            // other ESC ends one too, as terminals take it, and starts a sequence of its own.
+            Some(']' | 'P' | 'X' | '^' | '_') => {
+                while let Some(c) = chars.next_if(|&c| c != ESC) {
+                    if c == BEL || c == '\u{9c}' {
+                        break;
+                    }
+                }
+                let mut ahead = chars.clone();
+                if ahead.next() == Some(ESC) && ahead.next() == Some('\\') {
+                    chars = ahead;
+                }
+            }
+            // Any other escape: intermediate bytes, then a final byte (`ESC ( B`, `ESC 7`).
+            Some(_) => {
+                while chars.next_if(|c| matches!(c, ' '..='/')).is_some() {}
+                chars.next_if(|c| matches!(c, '0'..='~'));
+            }
+            None if c == '\t' => text.push(' '),
+            None if c.is_control() => text.push('\u{fffd}'),
+            None => {
+                visible |= !c.is_whitespace();
+                text.push(c);
+            }
+        }
+    }
+    visible.then(|| text.trim().to_string())
 }
 
 /// `text` cut to its first `max` characters, with `…` when cut.
@@ -384,6 +443,59 @@ mod tests {
         assert_eq!(
             failure_reason(None, Some(15), "\r\n \r"),
             "killed by signal 15"
+        );
+    }
+
+    #[test]
+    fn a_failure_reason_shows_the_text_of_coloured_lines_and_no_control_character() {
+        let reason = |stderr: &str| failure_reason(Some(1), None, stderr);
+        // A coloured log line (CSI), with a 256-colour and a cursor-moving sequence.
+        assert_eq!(
+            reason("\x1b[1;31mERROR\x1b[0m \x1b[38;5;208mValueError: boom\x1b[K\x1b[0m\n"),
+            "exit code 1: ERROR ValueError: boom"
+        );
+        // A line that only sets a colour or a window title (OSC, ended by BEL or by ST) does
+        // not hide the error before it.
+        for after in [
+            "\x1b[0m",
+            "\x1b]0;title\x07",
+            "\x1b]2;title\x1b\\",
+            "\x1b[?25h\x1b[0m\n",
+        ] {
+            assert_eq!(
+                reason(&format!("Traceback\nValueError: boom\n{after}")),
+                "exit code 1: ValueError: boom",
+                "{after:?}"
+            );
+        }
+        // Other control characters become `�`; a tab a space; a line of nothing else is skipped.
+        assert_eq!(
+            reason("ValueError: caf\u{fffd}\0 boom\x07\x08!\tend\n\0\x07\x7f\n"),
+            "exit code 1: ValueError: caf\u{fffd}\u{fffd} boom\u{fffd}\u{fffd}! end"
+        );
+        // An OSC 52 clipboard write, an OSC 8 hyperlink around text, C1 forms, other escapes.
+        assert_eq!(
+            reason("\x1b]52;c;ZXZpbA==\x07x \x1b]8;;http://e\x1b\\link\x1b]8;;\x1b\\ \u{9b}31my\u{9b}0m \u{9d}0;t\u{9c}z \x1b(B\x1b7w\x1b8\x1bc"),
+            "exit code 1: x link y z w"
+        );
+        // An unterminated title ends at the next escape, or at the end of its line.
+        assert_eq!(
+            reason("\x1b]0;title\x1b[31mValueError: boom\x1b[0m"),
+            "exit code 1: ValueError: boom"
+        );
+        // An unterminated sequence ends at the end of its line, not further.
+        assert_eq!(
+            reason("ValueError: boom\n\x1b]0;no end"),
+            "exit code 1: ValueError: boom"
+        );
+        assert_eq!(reason("Error: x \x1b["), "exit code 1: Error: x");
+        assert_eq!(reason("\x1b[31m\x1b[0m\n\x1b]0;t\x07"), "exit code 1");
+        // Nothing is left of a control character anywhere in the message.
+        let all: String = (0u32..0x100).filter_map(char::from_u32).collect();
+        assert!(
+            !reason(&all).chars().any(char::is_control),
+            "{:?}",
+            reason(&all)
         );
     }
 
