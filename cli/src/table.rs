@@ -2,10 +2,21 @@
 
 use knob_core::manager::TrialSummary;
 
-/// Left-aligned columns separated by two spaces; the last column is not padded.
+/// Left-aligned columns separated by two spaces; the last column is not padded. A control
+/// character in a cell is shown as `�`: cells hold what trials wrote (a final result as sent, an
+/// end message recorded before knob cleaned them), and a terminal would act on an escape.
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
+    let printable = |cell: &String| -> String {
+        cell.chars()
+            .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+            .collect()
+    };
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(printable).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
+    for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
@@ -147,6 +158,18 @@ mod tests {
         assert_eq!(metric(Some(1.79e308)), "1.790000e308");
         assert_eq!(metric(Some(-2.5e-7)), "-2.500000e-7");
         assert_eq!(metric(None), "-");
+    }
+
+    #[test]
+    fn a_cell_s_control_characters_do_not_reach_the_terminal() {
+        let rows = vec![
+            vec!["a".to_string(), "exit code 1: \x1b]0;title\x07".to_string()],
+            vec!["b\tc".to_string(), "- (\x1b[31m1\0)".to_string()],
+        ];
+        assert_eq!(
+            render(&["trial", "reason"], &rows),
+            "trial  reason\na      exit code 1: �]0;title�\nb�c    - (�[31m1�)"
+        );
     }
 
     #[test]
