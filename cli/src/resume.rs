@@ -24,6 +24,10 @@ pub struct ResumeArgs {
     /// Raise (or set) maxExperimentDuration (`30m`, `2h`, or seconds); time already spent counts.
     #[arg(long, value_parser = parse_duration)]
     max_experiment_duration: Option<Duration>,
+    /// Replace the search space with this file's (JSON or YAML, as `knob update searchspace`
+    /// takes), e.g. for one the tuner refused.
+    #[arg(long, value_name = "FILE")]
+    search_space: Option<std::path::PathBuf>,
     /// Run in the background; print where the log goes (appended to the experiment's log).
     #[arg(long)]
     detach: bool,
@@ -57,6 +61,11 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
                 "--max-experiment-duration".into(),
                 max.as_secs().to_string().into(),
             ]);
+        }
+        if let Some(file) = &args.search_space {
+            // The detached run may start elsewhere than here.
+            let file = std::path::absolute(file).unwrap_or_else(|_| file.clone());
+            command.extend(["--search-space".into(), file.into_os_string()]);
         }
         command.extend(args.serve.to_args().into_iter().map(Into::into));
         return crate::create::run_detached(&args.id, command, &args.serve);
@@ -134,6 +143,10 @@ fn prepare(
     }
     // Every check before the store is changed: a resume refused (a secret not known, a plugin
     // gone) leaves the experiment as it was, its budgets and status included.
+    let search_space = match &args.search_space {
+        Some(file) => Some(crate::space::read_space_value(file)?.1),
+        None => None,
+    };
     let (plugins, _context) = stored_services(&args.id, &entry.dir, &mut config)?;
     preflight(&config, &plugins)?;
     manager::check_secrets(&config).map_err(|e| anyhow::anyhow!("experiment {}: {e}", args.id))?;
@@ -155,6 +168,17 @@ fn prepare(
             })
             .wait()?;
         config.max_experiment_duration = Some(Duration::from_secs(duration.as_secs()));
+    }
+    // Recorded as `knob update searchspace` would; the tuner, asked when the run starts, may
+    // still refuse it, and the next resume may give another.
+    if let Some(space) = search_space {
+        store
+            .append(StoreEvent::ConfigUpdated {
+                field: "searchSpace".into(),
+                value: space.clone(),
+            })
+            .wait()?;
+        config.search_space = space;
     }
     if let Some(note) = budget_note(&args.id, &config, &state) {
         errln!("note: {note}");

@@ -235,6 +235,9 @@ pub trait Tuner: Send + 'static {
     where
         Self: Sized;
     /// Called before the first `generate_parameters` and whenever the user edits the space.
+    /// An `Err` refuses the space, one line saying why (an empty space, a parameter the tuner
+    /// reserves): the tuner must then keep the space it had, since a refused edit is answered
+    /// to the user and the experiment goes on with that one. Check before changing anything.
     fn update_search_space(&mut self, space: &SearchSpace) -> Result<(), PluginError>;
     /// Parameters for the trial with this parameter id.
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError>;

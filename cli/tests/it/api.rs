@@ -923,3 +923,96 @@ fn a_read_only_server_of_a_running_experiment_names_the_experiments_own_api() {
         "experiment is not running",
     );
 }
+
+/// A search space the tuner refuses (GridSearch is given none) is refused with the tuner's
+/// reason, on one line, and nothing changes: the experiment runs on with the space it had, its
+/// trial too. Stored before the tuner was asked (as an earlier knob did), such a space ended the
+/// experiment and every resume; a resume of such a store says to give `--search-space`, which
+/// resumes it.
+#[test]
+fn a_search_space_the_tuner_refuses_is_refused_and_the_experiment_goes_on() {
+    let sandbox = Sandbox::new();
+    let hold = sandbox.path().join("hold");
+    std::fs::write(&hold, "").unwrap();
+    let yaml = format!(
+        "trialCommand: 'if [ -e {} ]; then sleep 60; fi; echo KNOB_FINAL 1'\ntrialConcurrency: 1\nmaxTrialNumber: 3\nsearchSpace:\n  x: {{_type: choice, _value: [1, 2, 3]}}\ntuner:\n  name: GridSearch\ntrainingService:\n  platform: local",
+        hold.display()
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let experiment = start(command, &["--id", "grid", "--port", "0"]);
+    let base = experiment.base.clone();
+    wait_for("a running trial", || {
+        trials(&base, "?status=RUNNING")["total"] == 1
+    });
+    let space = get(&base, "/experiment").1["config"]["searchSpace"].clone();
+    assert_refused(
+        send(&base, "PUT", "/experiment/search-space", "{}"),
+        400,
+        "tuner GridSearch failed in update_search_space: the search space is empty; give it at least one parameter to search over; the experiment goes on with the search space it had",
+    );
+    let empty = sandbox.path().join("empty.json");
+    std::fs::write(&empty, "{}").unwrap();
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["update", "searchspace", "grid"])
+        .arg(&empty));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("the search space is empty; give it at least one parameter to search over; the experiment goes on with the search space it had (HTTP 400)"),
+        "{stderr}"
+    );
+    let summary = get(&base, "/experiment").1;
+    assert_eq!(
+        (&summary["status"], &summary["config"]["searchSpace"]),
+        (&json!("RUNNING"), &space)
+    );
+    assert_eq!(trials(&base, "?status=RUNNING")["total"], 1);
+    let (code, _, stderr) = run(sandbox.knob().args(["stop", "grid"]));
+    assert_eq!(code, 0, "{stderr}");
+    drop(experiment);
+    let store =
+        knob_core::store::Store::open_existing(&sandbox.path().join("experiments/grid")).unwrap();
+    let state = store.replay().unwrap();
+    assert_eq!(
+        (state.config_updates.len(), &state.config["searchSpace"]),
+        (0, &space)
+    );
+
+    // What an earlier knob stored: the refused space, recorded as applied.
+    store
+        .append(knob_core::store::StoreEvent::ConfigUpdated {
+            field: "searchSpace".into(),
+            value: json!({}),
+        })
+        .wait()
+        .unwrap();
+    store.close().unwrap();
+    let (code, _, stderr) = run(sandbox.knob().args(["resume", "grid", "--port", "0"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("the search space is empty; give it at least one parameter to search over; this search space came from an update the tuner refused; resume with a space it takes: `knob resume grid --search-space FILE`"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&hold).unwrap();
+    let space_file = sandbox.path().join("space.json");
+    std::fs::write(
+        &space_file,
+        r#"{"x": {"_type": "choice", "_value": [4, 5, 6]}}"#,
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["resume", "grid", "--port", "0", "--search-space"])
+        .arg(&space_file));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("grid");
+    assert_eq!(
+        (
+            &export["experiment"]["status"],
+            &export["experiment"]["config"]["searchSpace"]["x"]["_value"]
+        ),
+        (&json!("DONE"), &json!([4, 5, 6]))
+    );
+}

@@ -216,10 +216,28 @@ impl Manager {
             let _ = services::shut_down(&manager.services).await;
             return Err(e);
         }
-        manager
+        if let Err(refusal) = manager
             .tuner
             .set_space(&manager.config.search_space)
-            .await?;
+            .await?
+        {
+            // A store may hold a space its tuner refuses: an earlier knob recorded an update
+            // before the tuner was asked. Resumed, it would fail so every time.
+            let updated = history.as_ref().is_some_and(|history| {
+                history
+                    .config_updates
+                    .iter()
+                    .any(|update| update.field == "searchSpace")
+            });
+            let message = match updated {
+                true => format!(
+                    "{refusal}; this search space came from an update the tuner refused; resume with a space it takes: `knob resume {} --search-space FILE`",
+                    manager.id
+                ),
+                false => refusal,
+            };
+            return Err(ManagerError::Plugin(HostError::Call { message }));
+        }
         // On the console too: what a resume ended or cancelled of the earlier run (a cluster's
         // jobs) is the user's to know, and no other line says it.
         for report in leftovers {

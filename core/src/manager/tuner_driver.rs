@@ -534,18 +534,28 @@ impl TunerDriver {
         self.pending.push_back(Pending::Told(reply));
     }
 
-    /// Gives the tuner a search space (at the start, and on an update, which was checked when
-    /// it was accepted); what it hands out from now on must belong to it, and a tuner that had
-    /// run out may have more to try.
-    pub async fn set_space(&mut self, space: &Value) -> Result<(), HostError> {
+    /// Gives the tuner a search space (at the start, and on an update); what it hands out from
+    /// now on must belong to it, and a tuner that had run out may have more to try. `Ok(Err)`
+    /// is the tuner's refusal of this space, one line: it keeps the space it had
+    /// (`Tuner::update_search_space`), so the caller may go on with that one. Other errors (an
+    /// earlier call's, a tuner gone) are the tuner's own failure.
+    pub async fn set_space(&mut self, space: &Value) -> Result<Result<(), String>, HostError> {
         self.settle().await?;
-        self.tuner.update_search_space(space.clone()).get().await?;
+        match self.tuner.update_search_space(space.clone()).get().await {
+            // A panic is no refusal: the SDK's adaptor refuses every later call.
+            Err(HostError::Call { message })
+                if !message.contains(" panicked in update_search_space: ") =>
+            {
+                return Ok(Err(message))
+            }
+            answer => answer?,
+        }
         if let Ok(parsed) = SearchSpace::from_value(space) {
             self.space = parsed;
         }
         self.space_since = self.next_parameter_id;
         self.exhausted = false;
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// A resumed experiment's earlier trials.
@@ -685,6 +695,7 @@ mod tests {
         driver
             .set_space(&json!({"x": {"_type": "uniform", "_value": [0, 10]}}))
             .await
+            .unwrap()
             .unwrap();
         assert!(!driver.exhausted());
         assert_eq!(*calls.lock().unwrap(), ["space"]);
@@ -702,6 +713,7 @@ mod tests {
         driver
             .set_space(&json!({"x": {"_type": "uniform", "_value": [5, 6]}}))
             .await
+            .unwrap()
             .unwrap();
         let Check::Dropped(warning) = driver.check(0, &json!({"x": 0.5})) else {
             panic!("parameter id 0 was asked for under the earlier space");

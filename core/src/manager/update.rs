@@ -38,6 +38,16 @@ impl Manager {
                 if let Err(e) = SearchSpace::from_value(space) {
                     return Ok(Err(e.to_string().into()));
                 }
+                // The tuner is asked before the space is stored: one it refuses (GridSearch's
+                // empty space, Hyperband's TRIAL_BUDGET parameter) is the user's to correct,
+                // and the experiment goes on with the space it had. Stored first, a refusal
+                // ended the experiment, and every resume gave the tuner that space again.
+                if let Err(refusal) = self.tuner.set_space(space).await? {
+                    return Ok(Err(format!(
+                        "{refusal}; the experiment goes on with the search space it had"
+                    )
+                    .into()));
+                }
                 ("searchSpace", space.clone())
             }
             Update::KillTrial(trial_id) => {
@@ -109,13 +119,8 @@ impl Manager {
                 self.config.max_experiment_duration = Some(d);
                 self.timers.set_max_duration(d);
             }
-            Update::SearchSpace(space) => {
-                // Checked when the update was accepted; what the tuner hands out from now on
-                // must belong to the new space, and a tuner that had run out may have more to
-                // try in it.
-                self.tuner.set_space(&space).await?;
-                self.config.search_space = space;
-            }
+            // The tuner took it above.
+            Update::SearchSpace(space) => self.config.search_space = space,
             Update::KillTrial(_) | Update::AddTrial(_) => unreachable!("answered above"),
         }
         self.publish(None);
