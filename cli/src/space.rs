@@ -75,12 +75,20 @@ fn read_space(file: &Path) -> anyhow::Result<SearchSpace> {
 pub fn read_space_value(file: &Path) -> anyhow::Result<(SearchSpace, serde_json::Value)> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let value = knob_core::config::parse_search_space(file, &text).map_err(|error| {
-        let place = match error.pos {
-            Some(pos) => format!("{}:{}:{}", file.display(), pos.line, pos.column),
-            None => file.display().to_string(),
-        };
-        anyhow::anyhow!("{place}: {}", error.message)
+    let value = knob_core::config::parse_search_space(file, &text).map_err(|errors| {
+        let mut lines = errors.iter().map(|error| {
+            let place = match error.pos {
+                Some(pos) => format!("{}:{}:{}", file.display(), pos.line, pos.column),
+                None => file.display().to_string(),
+            };
+            format!("{place}: {}", error.message)
+        });
+        // Every error, each on its `error:` line; the last is the one returned.
+        let last = lines.next_back().unwrap_or_default();
+        for line in lines {
+            errln!("error: {line}");
+        }
+        anyhow::anyhow!("{last}")
     })?;
     let space =
         SearchSpace::from_value(&value).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;

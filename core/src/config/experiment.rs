@@ -416,13 +416,15 @@ fn read_search_space(
                     return None;
                 }
             };
-            match SearchSpace::from_value(&value) {
+            match SearchSpace::from_value_all(&value) {
                 Ok(_) => Some(value),
-                Err(error) => {
-                    let pos = parameter_node(inline.node, &error)
-                        .and_then(|node| node.pos)
-                        .or(inline.node.pos);
-                    reader.error(pos, &inline.path, error.to_string());
+                Err(errors) => {
+                    for error in errors {
+                        let pos = parameter_node(inline.node, &error)
+                            .and_then(|node| node.pos)
+                            .or(inline.node.pos);
+                        reader.error(pos, &inline.path, error.to_string());
+                    }
                     None
                 }
             }
@@ -457,8 +459,10 @@ fn read_search_space(
             };
             match parse_search_space(&path, &text) {
                 Ok(value) => Some(value),
-                Err(error) => {
-                    reader.error_in(&path, error.pos, &file.path, error.message);
+                Err(errors) => {
+                    for error in errors {
+                        reader.error_in(&path, error.pos, &file.path, error.message);
+                    }
                     None
                 }
             }
@@ -480,15 +484,19 @@ pub struct SpaceFileError {
 /// Reads the text of a search-space file as `searchSpaceFile` does: JSON when the name ends in
 /// `.json`, YAML otherwise (YAML is a superset of JSON, so a JSON file by another name reads too),
 /// checked as an NNI search space. `knob space` uses it, so it accepts what a config accepts.
-pub fn parse_search_space(path: &Path, text: &str) -> Result<serde_json::Value, SpaceFileError> {
+/// A file that cannot be read as JSON or YAML has one error; a space, every error it has.
+pub fn parse_search_space(
+    path: &Path,
+    text: &str,
+) -> Result<serde_json::Value, Vec<SpaceFileError>> {
     let parsed = yaml::parse_file(path, text);
     let node = match parsed {
         Ok(Some(node)) => node,
         Ok(None) => {
-            return Err(SpaceFileError {
+            return Err(vec![SpaceFileError {
                 pos: None,
                 message: "the search space file is empty; an empty space is written {}".into(),
-            })
+            }])
         }
         Err(error) => {
             let kind = if yaml::is_json_file(path) {
@@ -496,26 +504,26 @@ pub fn parse_search_space(path: &Path, text: &str) -> Result<serde_json::Value, 
             } else {
                 "YAML"
             };
-            return Err(SpaceFileError {
+            return Err(vec![SpaceFileError {
                 pos: error.pos,
                 message: format!("malformed {kind}: {}", error.message),
-            });
+            }]);
         }
     };
     let value = node
         .to_json()
-        .map_err(|(pos, message)| SpaceFileError { pos, message })?;
-    match SearchSpace::from_value(&value) {
+        .map_err(|(pos, message)| vec![SpaceFileError { pos, message }])?;
+    match SearchSpace::from_value_all(&value) {
         Ok(_) => Ok(value),
-        Err(error) => {
-            let pos = parameter_node(&node, &error)
-                .and_then(|node| node.pos)
-                .or(node.pos);
-            Err(SpaceFileError {
-                pos,
+        Err(errors) => Err(errors
+            .into_iter()
+            .map(|error| SpaceFileError {
+                pos: parameter_node(&node, &error)
+                    .and_then(|node| node.pos)
+                    .or(node.pos),
                 message: error.to_string(),
             })
-        }
+            .collect()),
     }
 }
 
@@ -531,19 +539,38 @@ fn map_key<'a>(node: &'a Node, key: &str) -> Option<&'a Node> {
         .find(|entry| entry.key_text() == key)
 }
 
-/// The key of the top-level parameter a search-space error is about, to point at its line.
+/// The key of the parameter a search-space error is about, to point at its line: inside a
+/// nested choice (`model/mlp/h`: `h` of option `mlp` of `model`), the entry's own key, else as
+/// deep as the path could be followed.
 fn parameter_node<'a>(space: &'a Node, error: &SpaceError) -> Option<&'a Node> {
     let SpaceError::Parameter { path, .. } = error else {
         return None;
     };
-    let name = path.split('/').next()?;
-    let Value::Map(entries) = &space.value else {
-        return None;
-    };
-    entries
-        .iter()
-        .find(|(key, _)| key.key_text() == name)
-        .map(|(key, _)| key)
+    fn entry<'a>(map: &'a Node, name: &str) -> Option<(&'a Node, &'a Node)> {
+        match &map.value {
+            Value::Map(entries) => entries
+                .iter()
+                .find(|(key, _)| key.key_text() == name)
+                .map(|(key, value)| (key, value)),
+            _ => None,
+        }
+    }
+    let mut segments = path.split('/');
+    let (mut key, mut spec) = entry(space, segments.next()?)?;
+    // Then pairs: an option's `_name` in the choice's `_value`, a parameter's name in it.
+    while let (Some(option), Some(name)) = (segments.next(), segments.next()) {
+        let Some(Value::Seq(options)) = entry(spec, "_value").map(|(_, v)| &v.value) else {
+            break;
+        };
+        let chosen = options.iter().find(|candidate| {
+            entry(candidate, "_name").and_then(|(_, v)| v.as_str()) == Some(option)
+        });
+        let Some((inner_key, inner_spec)) = chosen.and_then(|chosen| entry(chosen, name)) else {
+            break;
+        };
+        (key, spec) = (inner_key, inner_spec);
+    }
+    Some(key)
 }
 
 fn read_tuner(

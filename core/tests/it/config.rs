@@ -958,6 +958,47 @@ fn missing_required_fields() {
     );
 }
 
+/// Every error of a search space is reported, each at its own parameter's line, one nested in
+/// a choice's option at that entry (not at the choice's key).
+#[test]
+fn every_search_space_error_at_its_own_line() {
+    check(
+        "\
+searchSpace:
+  lr: {_type: loguniform, _value: [0, 1]}
+  model:
+    _type: choice
+    _value:
+      - {_name: cnn, k: {_type: randint, _value: [1, 4]}}
+      - _name: mlp
+        h: {_type: qloguniform, _value: [0, 512, 8]}
+  bs: {_type: randint, _value: [5, 5]}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {name: TPE}
+trainingService: {platform: local}
+",
+        expect![[r#"
+            $DIR/exp.yml:2:3: searchSpace: search space parameter "lr": loguniform needs 0 < low < high, got [0, 1]
+            $DIR/exp.yml:8:9: searchSpace: search space parameter "model/mlp/h": qloguniform needs 0 < low < high, got [0, 512, 8]
+            $DIR/exp.yml:9:3: searchSpace: search space parameter "bs": randint needs low < high (it draws from [low, high)), got [5, 5]
+        "#]],
+    );
+    let project = Project::new(&[(
+        "space.json",
+        "{\n  \"a\": {\"_type\": \"choice\", \"_value\": [\n    {\"_name\": \"x\", \"q\": {\"_type\": \"uniform\", \"_value\": [2, 1]}}]},\n  \"b\": {\"_type\": \"gaussian\"}\n}\n",
+    )]);
+    let config = MINIMAL.replace(
+        "searchSpace: {x: {_type: choice, _value: [1, 2]}}",
+        "searchSpaceFile: space.json",
+    );
+    expect![[r#"
+        $DIR/space.json:3:20: searchSpaceFile: search space parameter "a/x/q": uniform needs low < high, got [2, 1]
+        $DIR/space.json:4:3: searchSpaceFile: search space parameter "b": unknown _type "gaussian"; expected one of choice, randint, uniform, quniform, loguniform, qloguniform, normal, qnormal, lognormal, qlognormal
+    "#]]
+    .assert_eq(&project.check("exp.yml", &config));
+}
+
 #[test]
 fn invalid_search_space() {
     check(

@@ -106,6 +106,12 @@ impl SearchSpace {
 
     /// Validates an already parsed JSON value (e.g. the `searchSpace` of a YAML config).
     pub fn from_value(value: &Value) -> Result<SearchSpace, SpaceError> {
+        parse::space_from_value(value).map_err(|mut errors| errors.swap_remove(0))
+    }
+
+    /// [`SearchSpace::from_value`], with every error in the space (in the order its parameters
+    /// are written, nested ones included) where it has any, not only the first.
+    pub fn from_value_all(value: &Value) -> Result<SearchSpace, Vec<SpaceError>> {
         parse::space_from_value(value)
     }
 

@@ -16,18 +16,27 @@ const MAX_QUOTE: usize = 120;
 const TYPES: &str =
     "choice, randint, uniform, quniform, loguniform, qloguniform, normal, qnormal, lognormal, qlognormal";
 
-pub(super) fn space_from_value(value: &Value) -> Result<SearchSpace, SpaceError> {
-    match value {
-        Value::Object(map) => parse_space(map, "", 0),
-        other => Err(SpaceError::NotAnObject(quote(other))),
+/// The space, or every error in it, in the order its parameters are written (nested ones
+/// included): a user fixes them all in one go.
+pub(super) fn space_from_value(value: &Value) -> Result<SearchSpace, Vec<SpaceError>> {
+    let Value::Object(map) = value else {
+        return Err(vec![SpaceError::NotAnObject(quote(value))]);
+    };
+    let mut errors = Vec::new();
+    let space = parse_space(map, "", 0, &mut errors);
+    match errors.is_empty() {
+        true => Ok(space),
+        false => Err(errors),
     }
 }
 
+/// The parameters of `map` that are valid; the errors of the others go to `errors`.
 fn parse_space(
     map: &Map<String, Value>,
     prefix: &str,
     depth: usize,
-) -> Result<SearchSpace, SpaceError> {
+    errors: &mut Vec<SpaceError>,
+) -> SearchSpace {
     let mut params = Vec::with_capacity(map.len());
     for (name, spec) in map {
         // Inside a nested choice the option's own `_name` sits beside its parameters.
@@ -46,22 +55,25 @@ fn parse_space(
         {
             // The names mark labeled parameters and outcomes crossing the ABI
             // (`crate::labeled`, `crate::objectives`).
-            return Err(SpaceError::param(
+            errors.push(SpaceError::param(
                 &path,
                 "this name is reserved by knob; rename the parameter".to_string(),
             ));
+            continue;
         }
-        let ty = parse_param(&path, spec, depth)?;
-        params.push(Parameter {
-            name: name.clone(),
-            path,
-            ty,
-        });
+        match parse_param(&path, spec, depth, errors) {
+            Ok(ty) => params.push(Parameter {
+                name: name.clone(),
+                path,
+                ty,
+            }),
+            Err(error) => errors.push(error),
+        }
     }
-    Ok(SearchSpace {
+    SearchSpace {
         params,
         json: Value::Object(map.clone()),
-    })
+    }
 }
 
 /// The argument list each `_type` takes, for messages.
@@ -76,7 +88,14 @@ fn shape(type_name: &str) -> &'static str {
     }
 }
 
-fn parse_param(path: &str, spec: &Value, depth: usize) -> Result<ParamType, SpaceError> {
+/// One parameter's type; the errors of the parameters of a nested choice's options go to
+/// `errors` (the choice itself is then incomplete, and the space refused for them).
+fn parse_param(
+    path: &str,
+    spec: &Value,
+    depth: usize,
+    errors: &mut Vec<SpaceError>,
+) -> Result<ParamType, SpaceError> {
     let err = |message: String| SpaceError::param(path, message);
     let Value::Object(spec) = spec else {
         return Err(err(format!(
@@ -113,7 +132,7 @@ fn parse_param(path: &str, spec: &Value, depth: usize) -> Result<ParamType, Spac
         }
     };
     if type_name == "choice" {
-        return parse_choice(path, args, depth);
+        return parse_choice(path, args, depth, errors);
     }
 
     let arity = if type_name.starts_with('q') { 3 } else { 2 };
@@ -218,7 +237,12 @@ fn check_q(
     Ok(())
 }
 
-fn parse_choice(path: &str, args: &[Value], depth: usize) -> Result<ParamType, SpaceError> {
+fn parse_choice(
+    path: &str,
+    args: &[Value],
+    depth: usize,
+    errors: &mut Vec<SpaceError>,
+) -> Result<ParamType, SpaceError> {
     let err = |message: String| SpaceError::param(path, message);
     if args.is_empty() {
         return Err(err("choice needs at least one value, got []".to_owned()));
@@ -256,7 +280,7 @@ fn parse_choice(path: &str, args: &[Value], depth: usize) -> Result<ParamType, S
                 "nested choice has two options named {name:?} (options {first} and {i}); option names must be unique"
             )));
         }
-        let space = parse_space(map, &format!("{path}/{name}"), depth + 1)?;
+        let space = parse_space(map, &format!("{path}/{name}"), depth + 1, errors);
         options.push(NestedOption {
             name: name.clone(),
             space,
