@@ -222,6 +222,7 @@ impl TrialBook {
         let trial = self.known(trial_id);
         trial.launched = false;
         trial.fetching = false;
+        trial.early_metrics = Vec::new();
         trial.kill = None;
         trial.kill_decided_ms = None;
         trial.pid = None;
@@ -251,6 +252,7 @@ impl TrialBook {
         let trial = self.known(trial_id);
         trial.launched = false;
         trial.fetching = false;
+        trial.early_metrics = Vec::new();
         let sequence = trial.sequence;
         self.unplaced.insert(sequence);
     }

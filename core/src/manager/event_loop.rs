@@ -9,13 +9,14 @@ use std::path::PathBuf;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use knob_plugin_api::host::{AssessorHandle, EnvironmentReport, HostError};
+use knob_plugin_api::host::{EnvironmentReport, HostError};
 use knob_plugin_api::population::Emitted;
 use knob_plugin_api::service::NOT_STARTED;
 use knob_plugin_api::space::SearchSpace;
 use knob_plugin_api::{AssessorContext, ComponentKind, OptimizeMode};
 use serde_json::Value;
 
+use super::assessor_driver::{self, AssessorDriver};
 use super::book::TrialBook;
 use super::environments::Environments;
 use super::placement::Placer;
@@ -36,7 +37,8 @@ pub(super) struct Manager {
     pub(super) store: StoreHandle,
     /// Asks the tuner for parameters and tells it what happened.
     pub(super) tuner: TunerDriver,
-    pub(super) assessor: Option<AssessorHandle>,
+    /// Asks the assessor for verdicts and tells it results and ends, never waiting long.
+    pub(super) assessor: Option<AssessorDriver>,
     /// One per configured platform, in config order; trials name theirs by index.
     pub(super) services: Vec<ServiceSlot>,
     /// Every environment a service reported, and where trials go.
@@ -142,12 +144,12 @@ impl Manager {
                     Direction::Maximize => OptimizeMode::Maximize,
                     Direction::Minimize => OptimizeMode::Minimize,
                 });
-                Some(components.assessor_waking(
+                Some(AssessorDriver::new(components.assessor_waking(
                     &name,
                     &args,
                     &context,
                     waker(&woken_tx, Woken::Assessor),
-                )?)
+                )?))
             }
             None => None,
         };
@@ -300,6 +302,11 @@ impl Manager {
             self.timers
                 .tuner_owes_alone(idle_deferred.then(Instant::now));
             let give_up_on_tuner = self.timers.tuner_give_up_at();
+            let assessor_late_at = self.assessor.as_ref().and_then(AssessorDriver::late_at);
+            let assessor_answers = self
+                .assessor
+                .as_ref()
+                .is_some_and(AssessorDriver::awaits_answers);
             // Not waited for: the loop would park for the writer's commit on every turn (at
             // 100 000 trials nearly every event is a turn of its own, `sim_scale`). What has
             // committed is taken off here; the rest commits while the loop waits.
@@ -328,6 +335,8 @@ impl Manager {
                 _ = sleep_until(next_deadline) => Wake::Deadline,
                 Some(woken) = self.woken.recv() => Wake::Woken(woken),
                 answered = self.tuner.answered(), if self.tuner.awaits_answers() => Wake::TunerAnswered(answered),
+                answers = assessor_answered(&mut self.assessor), if assessor_answers => Wake::AssessorAnswered(answers),
+                _ = sleep_until(assessor_late_at), if assessor_late_at.is_some() => Wake::AssessorLate,
                 // A tuner that woke us before may never answer again: the wait is bounded.
                 _ = sleep_until(give_up_on_tuner), if give_up_on_tuner.is_some() => Wake::GaveUpOnTuner,
                 // Ready on its second poll: whatever had already arrived is taken first.
@@ -375,6 +384,16 @@ impl Manager {
                 // `fill`, first thing in the next turn, creates the trials it answered.
                 Wake::TunerAnswered(answered) => answered?,
                 Wake::Woken(Woken::Assessor) => self.reassess().await?,
+                Wake::AssessorAnswered(answers) => self.on_assessor_answers(answers).await?,
+                Wake::AssessorLate => {
+                    if let Some(warning) = self
+                        .assessor
+                        .as_mut()
+                        .and_then(AssessorDriver::late_warning)
+                    {
+                        self.notice(warning).await?;
+                    }
+                }
                 Wake::GaveUpOnTuner => {
                     let message = format!(
                         "{} owes parameters for {} trial(s) and nothing runs; it gave none in {} s, so the experiment ends",
@@ -404,9 +423,12 @@ impl Manager {
             Wake::Command(_) => wakes.commands += 1,
             Wake::StartFailed(..) => wakes.start_failures += 1,
             Wake::Deadline => wakes.deadlines += 1,
-            Wake::Woken(_) | Wake::TunerAnswered(_) | Wake::GaveUpOnTuner | Wake::MoreToSubmit => {
-                wakes.components += 1
-            }
+            Wake::Woken(_)
+            | Wake::TunerAnswered(_)
+            | Wake::AssessorAnswered(_)
+            | Wake::AssessorLate
+            | Wake::GaveUpOnTuner
+            | Wake::MoreToSubmit => wakes.components += 1,
         }
     }
 
@@ -694,15 +716,9 @@ impl Manager {
         let parameter_id = trial.parameter_id;
         // Told, not waited for: `fill` takes its answer in (see `TunerDriver`).
         self.tuner.trial_ended(parameter_id, status);
-        if let Some(assessor) = &self.assessor {
-            if let Err(e) = assessor
-                .trial_end(trial_id.to_string(), status.as_str().into())
-                .get()
-                .await
-            {
-                self.warn(Some(trial_id.to_string()), format!("assessor: {e}"))
-                    .await?;
-            }
+        // Told, not waited for: a failure comes back as a warning (`on_assessor_answers`).
+        if let Some(assessor) = &mut self.assessor {
+            assessor.trial_end(trial_id.to_string(), status.as_str());
         }
         if self.book[trial_id].lineage.is_some() {
             // Folders are deleted below on the strength of this end: it must be durable first
@@ -1151,6 +1167,11 @@ enum Wake {
     Woken(Woken),
     /// Answers of the tuner's that were not waited for came (see `TunerDriver::answered`).
     TunerAnswered(Result<(), HostError>),
+    /// Answers of the assessor's that were not waited for came (see
+    /// `AssessorDriver::answered`).
+    AssessorAnswered(Vec<assessor_driver::Answer>),
+    /// A call to the assessor is unanswered for long: the console names it.
+    AssessorLate,
     GaveUpOnTuner,
     /// Back for the trials `submit_new` left for another turn.
     MoreToSubmit,
@@ -1193,6 +1214,14 @@ const MAX_NEW_TRIALS_A_TURN: u32 = 1024;
 /// How long a stop waits for an environment that cannot be reached to come back (a dropped
 /// connection is usually restored within seconds) before it ends without the trials there.
 const UNREACHABLE_AT_STOP: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The assessor's next answers (see `AssessorDriver::answered`); never, without an assessor.
+async fn assessor_answered(assessor: &mut Option<AssessorDriver>) -> Vec<assessor_driver::Answer> {
+    match assessor {
+        Some(assessor) => assessor.answered().await,
+        None => std::future::pending().await,
+    }
+}
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {

@@ -40,6 +40,17 @@ impl Manager {
                         )
                         .await;
                 }
+                if trial.status.is_final() {
+                    // Its end came first (see `TrialEnded` below): the trial is over as far as
+                    // the store says, and what this run reports is not recorded.
+                    let platform = self.services[service].platform.clone();
+                    return self
+                        .warn(
+                            Some(trial_id),
+                            format!("start reported by training service {platform} after the trial ended; ignored, and so is what it reports from now on"),
+                        )
+                        .await;
+                }
                 let deadline = self
                     .config
                     .max_trial_duration
@@ -49,7 +60,7 @@ impl Manager {
                     let environment_id = trial.environment.clone().unwrap_or_default();
                     let gpu_indices = trial.gpu_indices.clone().unwrap_or_default();
                     let event = StoreEvent::TrialStarted {
-                        trial_id,
+                        trial_id: trial_id.clone(),
                         attempt,
                         environment_id,
                         gpu_indices,
@@ -60,6 +71,22 @@ impl Manager {
                     let ack = self.store.append(event);
                     self.unsettled
                         .push_back(super::event_loop::Unsettled::event(ack));
+                    let early = std::mem::take(
+                        &mut self
+                            .book
+                            .get_mut(&trial_id)
+                            .expect("known trial")
+                            .early_metrics,
+                    );
+                    if !early.is_empty() {
+                        let early = early
+                            .into_iter()
+                            .map(|(kind, sequence, value)| {
+                                (service, trial_id.clone(), kind, sequence, value)
+                            })
+                            .collect();
+                        self.on_metrics(early).await?;
+                    }
                 }
             }
             ServiceEvent::Metric {
@@ -68,7 +95,7 @@ impl Manager {
                 sequence,
                 value,
             } => {
-                self.on_metrics(vec![(trial_id, kind, sequence, value)])
+                self.on_metrics(vec![(service, trial_id, kind, sequence, value)])
                     .await?;
             }
             ServiceEvent::TrialEnded {
@@ -108,8 +135,20 @@ impl Manager {
                     .kill
                     .as_ref()
                     .filter(|_| !matches!((ended_ms, trial.kill_decided_ms), (Some(ended), Some(decided)) if ended < decided));
+                // Its service never reported it started: the store holds no attempt, no result
+                // of it can have been recorded, and whether it ran at all is unknown. A clean
+                // exit is no success then (it was recorded SUCCEEDED with 0 attempts, and the
+                // results of its real run, reported after, were dropped unseen).
+                let unstarted = trial.status != TrialStatus::Running;
+                let platform = self.services[service].platform.clone();
                 let (status, reason) = match (kill, exit_code) {
                     (Some((status, reason)), _) => (*status, Some(reason.clone())),
+                    (None, Some(0)) if unstarted => (
+                        TrialStatus::Failed,
+                        Some(format!(
+                            "training service {platform} reported it ended (exit code 0) before reporting it started; no result of it is recorded"
+                        )),
+                    ),
                     (None, Some(0)) if trial.objective_problem.is_some() => {
                         (TrialStatus::Failed, trial.objective_problem.clone())
                     }
@@ -126,6 +165,18 @@ impl Manager {
                     } else {
                         0
                     };
+                if unstarted && kill.is_none() {
+                    let held = trial.early_metrics.len();
+                    let dropped = match held {
+                        0 => String::new(),
+                        n => format!("; the {n} metric(s) it reported before are dropped"),
+                    };
+                    self.notice(format!(
+                        "trial {trial_id}: training service {platform} reported its end before its start; it ends FAILED{dropped}"
+                    ))
+                    .await?;
+                }
+                let trial = &self.book[&trial_id];
                 // A trial its service never reported started has no attempt in the store to
                 // run again (nor to count against `retries`): it ends FAILED with the service's
                 // reason, as a start that failed half-way does (it may have run).
@@ -352,7 +403,7 @@ impl Manager {
                     sequence,
                     value,
                 }) => {
-                    metrics.push((trial_id, kind, sequence, value));
+                    metrics.push((service, trial_id, kind, sequence, value));
                     continue;
                 }
                 Ok(other) => {
@@ -369,16 +420,16 @@ impl Manager {
         }
     }
 
-    /// Records metrics (all appends first, then every acknowledgement), then acts on each.
-    /// [`Turn::Quiet`] when each was only recorded: an intermediate result that nothing here
-    /// acts on.
+    /// Records metrics, each with the service that reported it (all appends first, then every
+    /// acknowledgement), then acts on each. [`Turn::Quiet`] when each was only recorded: an
+    /// intermediate result that nothing here acts on.
     pub(super) async fn on_metrics(
         &mut self,
-        metrics: Vec<(String, MetricKind, u64, String)>,
+        metrics: Vec<(usize, String, MetricKind, u64, String)>,
     ) -> Result<Turn, ManagerError> {
         let mut turn = Turn::Quiet;
         let mut recorded = Vec::with_capacity(metrics.len());
-        for (trial_id, kind, sequence, raw) in metrics {
+        for (service, trial_id, kind, sequence, raw) in metrics {
             let Some(trial) = self.book.get(&trial_id) else {
                 self.warn(Some(trial_id), "metric for an unknown trial ignored".into())
                     .await?;
@@ -391,6 +442,12 @@ impl Manager {
                     "metric after the trial ended ignored".into(),
                 )
                 .await?;
+                turn = Turn::Changed;
+                continue;
+            }
+            if trial.status != TrialStatus::Running {
+                self.on_early_metric(service, trial_id, kind, sequence, raw)
+                    .await?;
                 turn = Turn::Changed;
                 continue;
             }
@@ -478,6 +535,46 @@ impl Manager {
         Ok(turn)
     }
 
+    /// A metric for a trial its service has not reported started: the store has no attempt to
+    /// record it with (it refused it, and that ended the experiment). One for the start the
+    /// service was asked for (its output reader ran ahead of its start report) is kept and
+    /// recorded once the start is, at most [`MAX_EARLY_METRICS`] of them; any other (a trial
+    /// not handed to this service, or waiting to run again) is dropped with a warning.
+    async fn on_early_metric(
+        &mut self,
+        service: usize,
+        trial_id: String,
+        kind: MetricKind,
+        sequence: u64,
+        raw: String,
+    ) -> Result<(), ManagerError> {
+        let platform = self.services[service].platform.clone();
+        let trial = self.book.get_mut(&trial_id).expect("known trial");
+        let asked = trial.launched && trial.service == Some(service);
+        if asked && trial.early_metrics.len() < MAX_EARLY_METRICS {
+            trial.early_metrics.push((kind, sequence, raw));
+            if trial.early_metrics.len() > 1 {
+                return Ok(());
+            }
+            return self
+                .warn(
+                    Some(trial_id),
+                    format!("training service {platform} reported a metric before it reported the trial started; it is recorded once the start is"),
+                )
+                .await;
+        }
+        let why = if asked {
+            format!("{MAX_EARLY_METRICS} are held already")
+        } else {
+            "the trial is not running there".into()
+        };
+        self.warn(
+            Some(trial_id),
+            format!("metric reported by training service {platform} before it reported the trial started ignored ({why})"),
+        )
+        .await
+    }
+
     /// Keeps a final's outcome for the tuner (`act_on_metric`) and gives the number the store
     /// records with it: the first objective's value. A final that lacks a listed metric (or
     /// has one that is not a number) makes the trial fail with the metric named; the tuner is
@@ -555,26 +652,50 @@ impl Manager {
     /// sends its kill when it is ready). Asks it again, with the history it already had, about
     /// every running trial that has intermediate results, and stops those it gives up on.
     pub(super) async fn reassess(&mut self) -> Result<(), ManagerError> {
-        let candidates: Vec<(String, std::sync::Arc<Vec<f64>>)> = self
+        let candidates: Vec<(String, u32, std::sync::Arc<Vec<f64>>)> = self
             .book
             .active_ids()
             .iter()
             .filter_map(|id| self.book.get(id))
             .filter(|t| !t.status.is_final() && t.kill.is_none() && !t.intermediate.is_empty())
-            .map(|t| (t.id.clone(), t.intermediate.clone()))
+            .map(|t| (t.id.clone(), t.attempt, t.intermediate.clone()))
             .collect();
-        for (trial_id, history) in candidates {
-            let Some(assessor) = &self.assessor else {
+        for (trial_id, attempt, history) in candidates {
+            let Some(assessor) = &mut self.assessor else {
                 return Ok(());
             };
-            match assessor.assess_trial(trial_id.clone(), history).get().await {
-                Ok(verdict) if !verdict.keep_going => {
-                    self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason)
-                        .await?;
+            let answers = assessor.assess(trial_id, attempt, history).await;
+            self.on_assessor_answers(answers).await?;
+        }
+        Ok(())
+    }
+
+    /// Acts on what the assessor answered, in the turn it was asked or later: a stop is carried
+    /// out only while the attempt it judged still runs and is not being stopped already (a
+    /// late verdict on a trial that ended, or runs again, means nothing now); a failed call
+    /// costs that call, never the experiment.
+    pub(super) async fn on_assessor_answers(
+        &mut self,
+        answers: Vec<super::assessor_driver::Answer>,
+    ) -> Result<(), ManagerError> {
+        use super::assessor_driver::Answer;
+        for answer in answers {
+            match answer {
+                Answer::Stop {
+                    trial_id,
+                    attempt,
+                    reason,
+                } => {
+                    let judged = self.book.get(&trial_id).is_some_and(|t| {
+                        t.status == TrialStatus::Running && t.attempt == attempt && t.kill.is_none()
+                    });
+                    if judged {
+                        self.kill(&trial_id, TrialStatus::EarlyStopped, reason)
+                            .await?;
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    self.warn(Some(trial_id.clone()), format!("assessor: {e}"))
+                Answer::Failed { trial_id, message } => {
+                    self.warn(Some(trial_id), format!("assessor: {message}"))
                         .await?
                 }
             }
@@ -597,8 +718,8 @@ impl Manager {
         }
         match kind {
             MetricKind::Intermediate => {
-                // The assessor's copy of the last call is gone (its reply was awaited), so
-                // this pushes in place.
+                // The assessor's copy of the last call is usually gone (it answered), so this
+                // pushes in place; one still unanswered keeps the history it was asked about.
                 std::sync::Arc::make_mut(&mut trial.intermediate).push(value);
                 // A trial already being stopped needs no more verdicts.
                 if trial.kill.is_some() {
@@ -615,19 +736,12 @@ impl Manager {
                         .intermediate_result(parameter_id, intermediate, value)
                         .await?;
                 }
-                if let Some(assessor) = &self.assessor {
-                    // An assessor that fails (or panics) costs its verdict, not the experiment.
-                    match assessor.assess_trial(trial_id.clone(), history).get().await {
-                        Ok(verdict) if !verdict.keep_going => {
-                            self.kill(&trial_id, TrialStatus::EarlyStopped, verdict.reason)
-                                .await?;
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            self.warn(Some(trial_id.clone()), format!("assessor: {e}"))
-                                .await?
-                        }
-                    }
+                let attempt = trial.attempt;
+                if let Some(assessor) = &mut self.assessor {
+                    // An assessor that fails (or panics) costs its verdict, not the experiment;
+                    // one that thinks long (or is stuck) is not waited for (`AssessorDriver`).
+                    let answers = assessor.assess(trial_id, attempt, history).await;
+                    self.on_assessor_answers(answers).await?;
                 }
             }
             MetricKind::Final => {
@@ -649,11 +763,10 @@ impl Manager {
                 // Told, not waited for: `fill` takes its answer in (see `TunerDriver`).
                 self.tuner
                     .final_result(parameter_id, parameters, value, outcome);
-                if let Some(assessor) = &self.assessor {
-                    // As a verdict: an assessor that fails costs what it would have learnt.
-                    if let Err(e) = assessor.trial_final(trial_id.clone(), value).get().await {
-                        self.warn(Some(trial_id), format!("assessor: {e}")).await?;
-                    }
+                // Told, as to the tuner: an assessor that fails costs what it would have learnt
+                // (a warning when its answer comes).
+                if let Some(assessor) = &mut self.assessor {
+                    assessor.trial_final(trial_id, value);
                 }
             }
         }
@@ -661,6 +774,10 @@ impl Manager {
         Ok(())
     }
 }
+
+/// How many metrics of a trial reported before its start are kept for it (see
+/// `Manager::on_early_metric`): a service that never reports the start must not fill memory.
+const MAX_EARLY_METRICS: usize = 1000;
 
 /// The end message of a trial whose final result could not be read (see
 /// `Manager::on_unreadable_final`); `reason` is [`default_value`]'s.

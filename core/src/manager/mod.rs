@@ -8,6 +8,7 @@
 //! Architecture invariant: every state change is appended to the store, and acknowledged by it,
 //! before the loop acts on it (starts a trial, tells the tuner, reports progress).
 
+mod assessor_driver;
 mod book;
 mod components;
 mod environments;

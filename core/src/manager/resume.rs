@@ -166,9 +166,11 @@ impl Manager {
 
     /// Rebuilds the assessor's knowledge of ended trials (what Medianstop compares with, ASHA's
     /// rungs): each ended trial's history is assessed, the verdict ignored, then its end told,
-    /// in the order the trials ended.
+    /// in the order the trials ended. Told, not waited for: the assessor takes them before any
+    /// later call, and a failure comes back as a warning about its trial (a stuck assessor held
+    /// the resume, `AssessorDriver`).
     async fn replay_to_assessor(&mut self, state: &ExperimentState) -> Result<(), ManagerError> {
-        let Some(assessor) = &self.assessor else {
+        let Some(assessor) = &mut self.assessor else {
             return Ok(());
         };
         let mut ended: Vec<_> = state
@@ -177,31 +179,16 @@ impl Manager {
             .filter(|t| t.status.is_final())
             .collect();
         ended.sort_by_key(|t| t.end.as_ref().map_or(i64::MAX, |end| end.time_ms));
-        let mut failures = Vec::new();
         for stored in ended {
             let history = self.book[&stored.trial_id].intermediate.clone();
             let id = stored.trial_id.clone();
             if !history.is_empty() {
-                if let Err(e) = assessor.assess_trial(id.clone(), history).get().await {
-                    failures.push((id.clone(), e.to_string()));
-                }
+                assessor.replay_assess(id.clone(), history);
             }
             if let Some(value) = self.book[&stored.trial_id].final_value {
-                if let Err(e) = assessor.trial_final(id.clone(), value).get().await {
-                    failures.push((id.clone(), e.to_string()));
-                }
+                assessor.trial_final(id.clone(), value);
             }
-            if let Err(e) = assessor
-                .trial_end(id.clone(), stored.status.as_str().into())
-                .get()
-                .await
-            {
-                failures.push((id, e.to_string()));
-            }
-        }
-        for (trial_id, message) in failures {
-            self.warn(Some(trial_id), format!("assessor: {message}"))
-                .await?;
+            assessor.trial_end(id, stored.status.as_str());
         }
         Ok(())
     }

@@ -108,6 +108,10 @@ pub(super) struct Trial {
     /// Whether its service reported that its checkpoint folder holds something (this run of
     /// the manager; a resumed member's next attempt reports it again).
     pub has_checkpoint: bool,
+    /// Metrics its service reported for the attempt it was asked to start before it reported
+    /// that start (a service whose output reader runs ahead of its start report): recorded
+    /// once the start is, as the attempt's (see `Manager::on_metrics`).
+    pub early_metrics: Vec<(knob_plugin_api::service::MetricKind, u64, String)>,
 }
 
 impl Trial {
@@ -150,6 +154,7 @@ impl Trial {
             peak_gpu_memory_mib: None,
             lineage: None,
             has_checkpoint: false,
+            early_metrics: Vec::new(),
         }
     }
 

@@ -120,6 +120,45 @@ impl TrainingService for Service {
             fetches.restores.lock().unwrap().push((trial_id, there));
         }
         let trial_id = request.trial_id;
+        if self.name == "early" || self.name == "endfirst" {
+            // A service whose reports race its start report: its output reader sends the
+            // trial's final ("early"), or a stale end ("endfirst"), before the start.
+            let events = self.events.clone();
+            let ends_first = self.name == "endfirst";
+            std::thread::spawn(move || {
+                if ends_first {
+                    events.emit(&ServiceEvent::TrialEnded {
+                        trial_id: trial_id.clone(),
+                        exit_code: Some(0),
+                        signal: None,
+                        killed_reason: None,
+                        stderr_tail: String::new(),
+                        ended_ms: None,
+                        environment_lost: None,
+                    });
+                }
+                events.emit(&ServiceEvent::Metric {
+                    trial_id: trial_id.clone(),
+                    kind: MetricKind::Final,
+                    sequence: 0,
+                    value: "0.75".into(),
+                });
+                events.emit(&ServiceEvent::TrialStarted {
+                    trial_id: trial_id.clone(),
+                    pid: None,
+                });
+                events.emit(&ServiceEvent::TrialEnded {
+                    trial_id,
+                    exit_code: Some(0),
+                    signal: None,
+                    killed_reason: None,
+                    stderr_tail: String::new(),
+                    ended_ms: None,
+                    environment_lost: None,
+                });
+            });
+            return Ok(());
+        }
         if self.name == "unstarted" {
             // A service that ends trials it never reported started (its start report lost, a
             // third-party service that sends none).
@@ -143,16 +182,28 @@ impl TrainingService for Service {
             .unwrap()
             .push((Instant::now(), self.name, trial_id.clone()));
         let events = self.events.clone();
+        let name = self.name;
         std::thread::spawn(move || {
             events.emit(&ServiceEvent::TrialStarted {
                 trial_id: trial_id.clone(),
                 pid: None,
             });
+            // One for the assessor to judge ("reporting"); the others report only a final.
+            let mut sequence = 0;
+            if name == "reporting" {
+                events.emit(&ServiceEvent::Metric {
+                    trial_id: trial_id.clone(),
+                    kind: MetricKind::Intermediate,
+                    sequence,
+                    value: "0.5".into(),
+                });
+                sequence += 1;
+            }
             std::thread::sleep(TRIAL_TIME);
             events.emit(&ServiceEvent::Metric {
                 trial_id: trial_id.clone(),
                 kind: MetricKind::Final,
-                sequence: 0,
+                sequence,
                 value: "1".into(),
             });
             events.emit(&ServiceEvent::TrialEnded {
@@ -1077,4 +1128,303 @@ fn a_tuner_failing_on_the_last_result_ends_the_experiment_with_its_error() {
         message.contains("the model cannot take this result"),
         "{message}"
     );
+}
+
+/// A service that reports a trial's final before the trial's start (its output reader ran
+/// ahead of its start report) loses nothing: the final is held until the start is recorded,
+/// then recorded as the attempt's, with a warning naming the service. The store refused the
+/// metric (no attempt yet) and the experiment ended in ERROR.
+#[test]
+fn a_metric_reported_before_its_trials_start_is_recorded_with_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = Services {
+        platforms: &["early"],
+        gpus: 1,
+        hold: Mutex::new(None),
+        starts: Starts::default(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
+    };
+    let config = config(dir.path(), 2, 1, components.platforms, "Counter");
+    let outcome = run_experiment(dir.path(), &config, &components).unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.trials.len(), 2, "{:?}", state.trials);
+    for trial in &state.trials {
+        assert_eq!(trial.status, TrialStatus::Succeeded, "{trial:?}");
+        let last = trial.final_metric().expect("its final recorded");
+        assert_eq!(last.value, Some(0.75), "{trial:?}");
+    }
+    assert!(
+        state.warnings.iter().any(|w| w.message.contains(
+            "training service early reported a metric before it reported the trial started"
+        )),
+        "{:?}",
+        state.warnings
+    );
+}
+
+/// An end its service reports before the trial's start is no success: nothing of the trial is
+/// recorded, so it ends FAILED saying why (it was SUCCEEDED with 0 attempts), the console
+/// names the service, and the start and final its run reports after are ignored with a
+/// warning, not silently.
+#[test]
+fn an_end_reported_before_its_trials_start_fails_the_trial_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = Services {
+        platforms: &["endfirst"],
+        gpus: 1,
+        hold: Mutex::new(None),
+        starts: Starts::default(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
+    };
+    let config = config(dir.path(), 2, 1, components.platforms, "Counter");
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (_commands_tx, commands) = mpsc::unbounded_channel();
+    let outcome =
+        run_experiment_commanded(dir.path(), &config, &components, progress, commands).unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.trials.len(), 2, "{:?}", state.trials);
+    for trial in &state.trials {
+        assert_eq!(trial.status, TrialStatus::Failed, "{trial:?}");
+        let end = trial.end.as_ref().expect("an ended trial's end");
+        let message = end.message.as_deref().unwrap_or_default();
+        assert!(
+            message
+                .contains("endfirst reported it ended (exit code 0) before reporting it started"),
+            "{trial:?}"
+        );
+        let ignored = |what: &str| {
+            state.warnings.iter().any(|w| {
+                w.trial_id.as_deref() == Some(trial.trial_id.as_str()) && w.message.contains(what)
+            })
+        };
+        assert!(
+            ignored("start reported by training service endfirst after the trial ended"),
+            "{:?}",
+            state.warnings
+        );
+        assert!(
+            ignored("metric after the trial ended ignored"),
+            "{:?}",
+            state.warnings
+        );
+    }
+    let notices = progress_rx.borrow().notices.clone();
+    assert!(
+        notices.iter().any(|n| n.warning
+            && n.text
+                .contains("training service endfirst reported its end before its start")),
+        "{notices:?}"
+    );
+}
+
+/// An assessor whose first verdict never comes (it waits on a lock, a dead subprocess, a slow
+/// fit) until `hold` says so, or `HOLD_LIMIT`. Says whether any call returned.
+struct StuckAssessor {
+    hold: Option<std_mpsc::Receiver<()>>,
+    answered: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl knob_plugin_api::Assessor for StuckAssessor {
+    fn new(_class_args: &Value) -> Result<Self, PluginError> {
+        unreachable!("built by the test")
+    }
+
+    fn assess_trial(
+        &mut self,
+        _trial_id: &str,
+        _history: &[f64],
+    ) -> Result<knob_plugin_api::Verdict, PluginError> {
+        if let Some(hold) = self.hold.take() {
+            let _ = hold.recv_timeout(HOLD_LIMIT);
+        }
+        self.answered
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(knob_plugin_api::Verdict::stop("too late to matter"))
+    }
+}
+
+/// [`Services`] with an assessor, on a thread of its own as a plugin's runs.
+struct WithAssessor {
+    services: Services,
+    assessor: Mutex<Option<StuckAssessor>>,
+}
+
+impl Components for WithAssessor {
+    fn provides(&self, kind: ComponentKind, name: &str) -> bool {
+        kind == ComponentKind::Assessor || self.services.provides(kind, name)
+    }
+
+    fn tuner(&self, name: &str, class_args: &Value) -> Result<TunerHandle, HostError> {
+        self.services.tuner(name, class_args)
+    }
+
+    fn assessor(
+        &self,
+        name: &str,
+        _class_args: &Value,
+        context: &AssessorContext,
+    ) -> Result<AssessorHandle, HostError> {
+        let assessor = self.assessor.lock().unwrap().take().expect("one assessor");
+        in_process::assessor_on_thread(name, assessor, context)
+    }
+
+    fn training_service(
+        &self,
+        platform: &str,
+        config: &Value,
+        context: &ServiceContext,
+        on_event: EventCallback,
+    ) -> Result<TrainingServiceHandle, HostError> {
+        self.services
+            .training_service(platform, config, context, on_event)
+    }
+
+    fn clean_up_leftovers(
+        &self,
+        platform: &str,
+        config: &Value,
+        context: &ServiceContext,
+        trial_ids: &[String],
+    ) -> Result<Vec<String>, HostError> {
+        self.services
+            .clean_up_leftovers(platform, config, context, trial_ids)
+    }
+}
+
+/// An experiment of `trials` trials, one at a time, on a service that reports an intermediate
+/// result and a final, with the stuck assessor; `answered` says whether the assessor ever
+/// answered, `_release` lets it go (dropped: at the test's end).
+fn stuck_assessor_experiment(
+    dir: &std::path::Path,
+    trials: u64,
+) -> (
+    std_mpsc::Sender<()>,
+    Arc<std::sync::atomic::AtomicBool>,
+    WithAssessor,
+    ExperimentConfig,
+) {
+    let (release, hold) = std_mpsc::channel();
+    let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let components = WithAssessor {
+        services: Services {
+            platforms: &["reporting"],
+            gpus: 1,
+            hold: Mutex::new(None),
+            starts: Starts::default(),
+            fetches: None,
+            tuner: Box::new(|name| in_process::tuner(name, Counter)),
+        },
+        assessor: Mutex::new(Some(StuckAssessor {
+            hold: Some(hold),
+            answered: answered.clone(),
+        })),
+    };
+    let mut config = config(dir, trials, 1, &["reporting"], "Counter");
+    config.assessor = Some(AlgorithmConfig {
+        name: Some("Stuck".into()),
+        class_name: None,
+        code_directory: None,
+        class_args: Default::default(),
+        python_interpreter: None,
+        use_nni_implementation: false,
+        dispatcher_connect_timeout: None,
+    });
+    (release, answered, components, config)
+}
+
+/// An assessor stuck in its first verdict holds no trial: every trial's results and end are
+/// recorded and the experiment ends, while the assessor still has not answered (the loop
+/// awaited the verdict: finished trials stayed RUNNING with their results unrecorded, until
+/// the assessor let go).
+#[test]
+fn an_assessor_stuck_in_a_verdict_holds_no_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_release, answered, components, config) = stuck_assessor_experiment(dir.path(), 3);
+    let (progress, _progress_rx) = watch::channel(manager::Progress::default());
+    let (_commands_tx, commands) = mpsc::unbounded_channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = runtime.block_on(async {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .append(StoreEvent::ExperimentCreated {
+                experiment_id: "stuck".into(),
+                config: serde_json::to_value(&config).unwrap(),
+                start_time_ms: 0,
+            })
+            .await
+            .unwrap();
+        let experiment = manager::Experiment {
+            id: "stuck".into(),
+            dir: dir.path().to_path_buf(),
+            config: config.clone(),
+            history: None,
+            config_file: None,
+        };
+        manager::run(experiment, store, &components, commands, progress).await
+    });
+    let still_stuck = !answered.load(std::sync::atomic::Ordering::SeqCst);
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
+    assert!(still_stuck, "the experiment waited for the stuck assessor");
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.trials.len(), 3, "{:?}", state.trials);
+    for trial in &state.trials {
+        // Its verdict (a stop) came too late to mean anything: the trial ran to its end.
+        assert_eq!(trial.status, TrialStatus::Succeeded, "{trial:?}");
+        assert_eq!(trial.final_metric().and_then(|m| m.value), Some(1.0));
+    }
+}
+
+/// A stop while the assessor is stuck in a verdict ends the experiment STOPPED: the loop hears
+/// the stop (it did not, awaiting the verdict), and the end waits for the assessor only its
+/// bounded patience.
+#[test]
+fn a_stop_while_the_assessor_is_stuck_ends_the_experiment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_release, answered, components, config) = stuck_assessor_experiment(dir.path(), 1000);
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+    // Once two trials ended (the assessor stuck since the first one's result), the user stops.
+    let watcher = when_ready(move || {
+        let ended = progress_rx.borrow().succeeded >= 2;
+        ended && commands_tx.send(manager::Command::Stop).is_ok()
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = runtime.block_on(async {
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .append(StoreEvent::ExperimentCreated {
+                experiment_id: "stuck".into(),
+                config: serde_json::to_value(&config).unwrap(),
+                start_time_ms: 0,
+            })
+            .await
+            .unwrap();
+        let experiment = manager::Experiment {
+            id: "stuck".into(),
+            dir: dir.path().to_path_buf(),
+            config: config.clone(),
+            history: None,
+            config_file: None,
+        };
+        manager::run(experiment, store, &components, commands, progress).await
+    });
+    let still_stuck = !answered.load(std::sync::atomic::Ordering::SeqCst);
+    watcher
+        .join()
+        .unwrap()
+        .expect("two trials never ended while the assessor was stuck");
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Stopped, "{outcome:?}");
+    assert!(still_stuck, "the stop waited for the stuck assessor");
 }

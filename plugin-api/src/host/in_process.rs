@@ -64,6 +64,21 @@ pub fn assessor<A: Assessor>(
     )))
 }
 
+/// [`assessor`] on a thread of its own, as a plugin's assessor runs: a call that takes long (or
+/// never returns) keeps only the assessor busy. For tests of what the host does meanwhile.
+pub fn assessor_on_thread<A: Assessor>(
+    name: &str,
+    assessor: A,
+    context: &AssessorContext,
+) -> Result<AssessorHandle, HostError> {
+    let raw = crate::sdk::in_process_assessor(assessor, name, context)
+        .map_err(|e| super::constructor_error(ComponentKind::Assessor, name, e.message()))?;
+    Ok(AssessorHandle::new(AssessorObject {
+        raw: AssessorRaw::InContext(raw),
+        label: format!("assessor {name}"),
+    }))
+}
+
 /// A training service built by `build` from the sink its events go to; they reach `on_event`
 /// as a plugin's do (as JSON through the sink, from whichever thread emits them).
 pub fn training_service<S: TrainingService>(
