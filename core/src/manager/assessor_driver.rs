@@ -286,3 +286,61 @@ impl AssessorDriver {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knob_plugin_api::host::in_process;
+    use knob_plugin_api::{Assessor, AssessorContext, PluginError};
+    use std::sync::mpsc;
+
+    /// Answers its first call only when `hold` says so (or is dropped).
+    struct Stuck(Option<mpsc::Receiver<()>>);
+
+    impl Assessor for Stuck {
+        fn new(_: &serde_json::Value) -> Result<Self, PluginError> {
+            unreachable!("built by the test")
+        }
+        fn assess_trial(&mut self, _: &str, _: &[f64]) -> Result<Verdict, PluginError> {
+            if let Some(hold) = self.0.take() {
+                let _ = hold.recv();
+            }
+            Ok(Verdict::stop("late"))
+        }
+    }
+
+    /// A stuck assessor costs one bounded wait, is named once, and its late verdict still
+    /// comes back (for the loop to weigh) once it answers.
+    #[tokio::test(start_paused = true)]
+    async fn a_stuck_assessor_is_waited_for_once_and_named_once() {
+        let (release, hold) = mpsc::channel();
+        let handle =
+            in_process::assessor_on_thread("Stuck", Stuck(Some(hold)), &AssessorContext::default())
+                .unwrap();
+        let mut driver = AssessorDriver::new(handle);
+        assert_eq!(driver.assess("a".into(), 1, Arc::new(vec![0.5])).await, []);
+        driver.trial_end("a".into(), "SUCCEEDED");
+        assert!(driver.awaits_answers());
+        let late_at = driver.late_at().expect("a late call to name");
+        tokio::time::sleep_until(late_at).await;
+        let warning = driver.late_warning().expect("named");
+        assert!(
+            warning.starts_with(
+                "assessor Stuck has not answered in 30 s when asked a verdict on trial a;"
+            ),
+            "{warning}"
+        );
+        assert_eq!(driver.late_warning(), None);
+        assert_eq!(driver.late_at(), None);
+        release.send(()).unwrap();
+        let answers = driver.answered().await;
+        assert_eq!(
+            answers.first(),
+            Some(&Answer::Stop {
+                trial_id: "a".into(),
+                attempt: 1,
+                reason: "late".into()
+            })
+        );
+    }
+}
