@@ -6,7 +6,8 @@
 //! is not a knob plugin) and `knob_plugin_abi_version`, as functions (one exported as data would
 //! be called all the same: SIGSEGV), with a compatible ABI version (see
 //! [`check_abi_compatible`]); abi_stable finds the root module's layout identical to ours, or to
-//! an earlier one of the same major ABI version (`abi::earlier_layouts`). The full abi_stable report of a
+//! an earlier one of the same major ABI version (`abi::earlier_layouts`); it exports each (kind,
+//! name) once, ignoring case ([`check_distinct_names`]). The full abi_stable report of a
 //! layout mismatch goes to the debug log, the one line names the type.
 //!
 //! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
@@ -328,7 +329,8 @@ fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
             version: c.version.into_string(),
             description: c.description.into_string(),
         })
-        .collect();
+        .collect::<Vec<_>>();
+    check_distinct_names(&components)?;
     Ok(PluginLibrary {
         path: path.to_path_buf(),
         api_version,
@@ -336,6 +338,33 @@ fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
         components,
         module,
     })
+}
+
+/// A library must export each (kind, name) once, names compared ignoring case as a config's are:
+/// a config could not say which of two it means. Refusing the file (not one of its names) keeps
+/// the registry's rule that a name has one provider per library, and the other plugins load.
+fn check_distinct_names(components: &[ComponentInfo]) -> Result<(), String> {
+    for (i, later) in components.iter().enumerate() {
+        let Some(earlier) = components[..i].iter().find(|earlier| {
+            earlier.kind == later.kind && earlier.name.to_lowercase() == later.name.to_lowercase()
+        }) else {
+            continue;
+        };
+        let exported = if earlier.name == later.name {
+            format!("{} {} twice", later.kind, later.name)
+        } else {
+            format!(
+                "{kind} {} and {kind} {}, names a config does not tell apart (case is ignored)",
+                earlier.name,
+                later.name,
+                kind = later.kind
+            )
+        };
+        return Err(format!(
+            "not a usable knob plugin (it exports {exported}); rebuild it exporting each name once, or remove it from the plugin path"
+        ));
+    }
+    Ok(())
 }
 
 /// The ABI version of the earlier release whose root-module layout (one without the fields
@@ -649,6 +678,10 @@ impl PluginRegistry {
 
     fn add(&mut self, library: PluginLibrary) {
         let index = self.libraries.len();
+        // In the list before its names are: a name the library exports twice (which
+        // `load_library` refuses) would otherwise look up its own index before it exists.
+        self.libraries.push(library);
+        let library = &self.libraries[index];
         for component in &library.components {
             let providers = self
                 .providers
@@ -664,7 +697,6 @@ impl PluginRegistry {
             }
             providers.push(index);
         }
-        self.libraries.push(library);
     }
 
     pub fn libraries(&self) -> &[PluginLibrary] {
@@ -1159,6 +1191,29 @@ impl EventSinkAbi for EventForwarder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_library_may_export_a_name_once_per_kind() {
+        let component = |kind, name: &str| ComponentInfo {
+            kind,
+            name: name.into(),
+            version: "0.0.0".into(),
+            description: String::new(),
+        };
+        let twice = [
+            component(ComponentKind::Tuner, "Twice"),
+            component(ComponentKind::Assessor, "Twice"),
+            component(ComponentKind::Tuner, "Twice"),
+        ];
+        expect_test::expect![[r#"
+            Err(
+                "not a usable knob plugin (it exports tuner Twice twice); rebuild it exporting each name once, or remove it from the plugin path",
+            )
+        "#]]
+        .assert_debug_eq(&check_distinct_names(&twice));
+        // One name as a tuner and as an assessor is two components.
+        assert_eq!(check_distinct_names(&twice[..2]), Ok(()));
+    }
 
     #[test]
     fn the_abi_version_rule_is_semver_on_the_abi_alone() {

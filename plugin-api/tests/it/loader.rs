@@ -30,6 +30,9 @@ enum Variant {
     /// Without the root-module fields appended since the first 0.1 release (between the
     /// `appended-fields` markers): a plugin built before them.
     BeforeAppendedFields,
+    /// Exports the tuner `Counting` a second time as `COUNTING`, a name a config does not tell
+    /// apart from it.
+    DuplicateName,
 }
 
 impl Variant {
@@ -41,6 +44,7 @@ impl Variant {
             Variant::Frozen(v) => format!("frozen{}", v.replace('.', "_")),
             Variant::LayoutChanged => "layout".into(),
             Variant::BeforeAppendedFields => "before".into(),
+            Variant::DuplicateName => "dupname".into(),
         }
     }
 }
@@ -185,8 +189,22 @@ fn fixture(variant: Variant) -> PathBuf {
             &std::fs::read(api_source.join(file)).unwrap(),
         );
     }
+    // A variant that changes the plugin, not the crate, builds from a copy of its source.
+    let plugin_source = match variant {
+        Variant::DuplicateName => {
+            let copy = ws.join("fixture/test_plugin.rs");
+            write_if_changed(&copy, &std::fs::read(&plugin_source).unwrap());
+            replace_once(
+                &copy,
+                "    tuner \"Panicky\"",
+                "    tuner \"COUNTING\": Counting = \"the same name again\";\n    tuner \"Panicky\"",
+            );
+            copy
+        }
+        _ => plugin_source,
+    };
     match variant {
-        Variant::Same | Variant::Frozen(_) => {}
+        Variant::Same | Variant::Frozen(_) | Variant::DuplicateName => {}
         Variant::Abi(v) => {
             replace_once(
                 &api.join("src/abi.rs"),
@@ -683,6 +701,33 @@ fn duplicate_names_are_an_error_naming_both_files() {
             b.join("libsecond.so").display()
         )
     );
+}
+
+/// A library exporting one name twice (here `Counting` and `COUNTING`) is refused with one line
+/// naming it and the name, by `load_library` (what `knob plugin check` calls) and in a registry,
+/// where the other plugins still load; the registry indexed past its list of libraries before.
+#[test]
+fn a_library_exporting_a_name_twice_is_refused_and_the_others_load() {
+    if in_own_process("loader::a_library_exporting_a_name_twice_is_refused_and_the_others_load") {
+        return;
+    }
+    let dir = library_dir();
+    let twice = dir.path().join("libtwice.so");
+    std::fs::copy(fixture(Variant::DuplicateName), &twice).unwrap();
+    std::fs::copy(fixture(Variant::Same), dir.path().join("libgood.so")).unwrap();
+    assert_eq!(
+        load_error(&twice),
+        format!(
+            "{}: not a usable knob plugin (it exports tuner Counting and tuner COUNTING, names a config does not tell apart (case is ignored)); rebuild it exporting each name once, or remove it from the plugin path",
+            twice.display()
+        )
+    );
+    let registry = PluginRegistry::load_from(&[dir.path().to_path_buf()]);
+    assert_eq!(registry.libraries().len(), 1);
+    assert_eq!(registry.libraries()[0].path, dir.path().join("libgood.so"));
+    let problems: Vec<String> = registry.problems().iter().map(|p| p.to_string()).collect();
+    assert_eq!(problems, [load_error(&twice)]);
+    assert!(registry.find(ComponentKind::Tuner, "Counting").is_ok());
 }
 
 #[test]
