@@ -7,7 +7,7 @@
 //! be called all the same: SIGSEGV), with a compatible ABI version (see
 //! [`check_abi_compatible`]); abi_stable finds the root module's layout identical to ours, or to
 //! an earlier one of the same major ABI version (`abi::earlier_layouts`); it exports each (kind,
-//! name) once, ignoring case ([`check_distinct_names`]). The full abi_stable report of a
+//! name) once, ignoring case (`check_distinct_names`). The full abi_stable report of a
 //! layout mismatch goes to the debug log, the one line names the type.
 //!
 //! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
