@@ -208,7 +208,7 @@ impl Encoding {
             if active && x.is_nan() {
                 return Err(SpaceError::Encoding(format!(
                     "dimension {i} ({:?}) is NaN but active; only parameters of unchosen nested options may be NaN",
-                    p.path
+                    super::parse::shorten_name(&p.path)
                 )));
             }
             match &p.ty {

@@ -1,5 +1,7 @@
 //! The one error type of the search-space module.
 
+use super::parse::shorten_name;
+
 /// Why a search space, a parameters object or an encoded vector was rejected.
 ///
 /// Every message is one line (names are quoted with Rust's escapes, so even a name holding a
@@ -40,17 +42,19 @@ pub enum SpaceError {
     Encoding(String),
 }
 
+// The path is a name from outside (a tuner's key can be megabytes): both cut it as values are,
+// so the one line stays short wherever it is printed or stored.
 impl SpaceError {
     pub(crate) fn param(path: &str, message: impl Into<String>) -> Self {
         SpaceError::Parameter {
-            path: path.to_owned(),
+            path: shorten_name(path),
             message: message.into(),
         }
     }
 
     pub(crate) fn value(path: &str, message: impl Into<String>) -> Self {
         SpaceError::Value {
-            path: path.to_owned(),
+            path: shorten_name(path),
             message: message.into(),
         }
     }

@@ -335,9 +335,13 @@ impl fmt::Display for ParamType {
     }
 }
 
-/// Names joined by `, `, escaped so that a name holding a newline keeps messages on one line.
+/// Names joined by `, `, escaped so that a name holding a newline keeps messages on one line, each
+/// cut as `parse::shorten_name` cuts it.
 pub(crate) fn one_line(names: &[&str]) -> String {
-    let escaped: Vec<String> = names.iter().map(|n| n.escape_debug().to_string()).collect();
+    let escaped: Vec<String> = names
+        .iter()
+        .map(|n| parse::shorten_name(n).escape_debug().to_string())
+        .collect();
     escaped.join(", ")
 }
 

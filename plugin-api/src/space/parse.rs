@@ -107,7 +107,10 @@ fn parse_param(
         None => return Err(err(format!("missing \"_type\"; expected one of {TYPES}"))),
         Some(Value::String(t)) if TYPES.split(", ").any(|known| known == t) => t.as_str(),
         Some(Value::String(t)) => {
-            return Err(err(format!("unknown _type {t:?}; expected one of {TYPES}")))
+            return Err(err(format!(
+                "unknown _type {:?}; expected one of {TYPES}",
+                shorten_name(t)
+            )))
         }
         Some(other) => {
             return Err(err(format!(
@@ -277,7 +280,8 @@ fn parse_choice(
         };
         if let Some(first) = options.iter().position(|o| &o.name == name) {
             return Err(err(format!(
-                "nested choice has two options named {name:?} (options {first} and {i}); option names must be unique"
+                "nested choice has two options named {:?} (options {first} and {i}); option names must be unique",
+                shorten_name(name)
             )));
         }
         let space = parse_space(map, &format!("{path}/{name}"), depth + 1, errors);
@@ -303,6 +307,15 @@ pub(super) fn quote_list(values: &[Value]) -> String {
 pub(super) fn list(values: &[Value]) -> String {
     let items: Vec<String> = values.iter().map(Value::to_string).collect();
     format!("[{}]", items.join(", "))
+}
+
+/// A name from outside (a parameter's, an option's, a key a tuner handed out) as messages quote
+/// it: cut to [`MAX_QUOTE`] characters as values are, since a tuner's key can be megabytes.
+pub(crate) fn shorten_name(name: &str) -> String {
+    match name.char_indices().nth(MAX_QUOTE) {
+        Some((cut, _)) => format!("{}...", &name[..cut]),
+        None => name.to_owned(),
+    }
 }
 
 fn shorten(mut s: String) -> String {

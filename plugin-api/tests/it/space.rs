@@ -964,6 +964,46 @@ fn validate_parameters_accepts_members() {
     }
 }
 
+/// A name from outside is cut in a message as a value is (a tuner handed out a 20 MiB key, and
+/// the one error line, printed and stored, was 20 MiB): its first 120 characters, then `...`.
+#[test]
+fn a_huge_name_is_cut_in_messages_as_values_are() {
+    let huge = "K".repeat(1 << 20);
+    let cut = format!("{}...", "K".repeat(120));
+    let error = |params: Value| {
+        SearchSpace::parse(ALL_TYPES)
+            .unwrap()
+            .validate_parameters(&params)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        error(with(&[huge.as_str()], json!(1))),
+        format!("trial parameter \"{cut}\": not in the search space; expected only [c, r, u, qu, lu, qlu, n, qn, ln, qln, opt]")
+    );
+    assert_eq!(
+        error(with(&["opt", huge.as_str()], json!(1))),
+        format!("trial parameter \"opt/adam/{}...\": not in the search space; expected only [lr, inner]", "K".repeat(111))
+    );
+    // The search space's own names, and a multibyte name cut on a character's boundary.
+    let wide = "é".repeat(200);
+    let space = format!(r#"{{"{wide}": {{"_type": "uniform", "_value": [1]}}}}"#);
+    assert_eq!(
+        SearchSpace::parse(&space).unwrap_err().to_string(),
+        format!(
+            "search space parameter \"{}...\": uniform needs 2 values [low, high], got 1: [1]",
+            "é".repeat(120)
+        )
+    );
+    let space = format!(r#"{{"{wide}": {{"_type": "uniform", "_value": [0, 1]}}}}"#);
+    let error = SearchSpace::parse(&space)
+        .unwrap()
+        .validate_parameters(&json!({"x": 1}))
+        .unwrap_err()
+        .to_string();
+    assert!(error.len() < 1000, "{error}");
+}
+
 #[test]
 fn validate_parameters_rejects_strangers() {
     check_params(
