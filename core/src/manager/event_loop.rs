@@ -782,13 +782,15 @@ impl Manager {
     }
 
     /// Asks the service to kill a trial; its end arrives later as an event and is recorded
-    /// with `status` and `reason`.
+    /// with `status` and `reason` (made one bounded line of visible text: an assessor or a
+    /// tuner may give it).
     pub(super) async fn kill(
         &mut self,
         trial_id: &str,
         status: TrialStatus,
         reason: String,
     ) -> Result<(), ManagerError> {
+        let reason = super::trial::stop_reason(&reason);
         let Some(trial) = self.book.get_mut(trial_id) else {
             return Ok(());
         };

@@ -201,6 +201,25 @@ pub(super) fn failure_reason(
     }
 }
 
+/// Why a trial is being stopped, as its end message keeps it: the visible text of each line of
+/// `reason`, joined by spaces, cut to [`MAX_REASON_LINE_CHARS`]. An assessor's verdict and a
+/// tuner's stop give the reason (plugin text: it was stored and printed as given, newlines,
+/// terminal escapes and 30 MB alike), and it is shown as one cell of `knob trial ls`.
+pub(super) fn stop_reason(reason: &str) -> String {
+    let mut text = String::new();
+    for line in reason.split(['\n', '\r']).filter_map(visible_text) {
+        // Past this many bytes it has more than enough characters: the rest is cut anyway.
+        if text.len() > 4 * MAX_REASON_LINE_CHARS {
+            break;
+        }
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(&line);
+    }
+    bounded(&text, MAX_REASON_LINE_CHARS).into_owned()
+}
+
 /// One line of a trial's stderr as its end message shows it, trimmed, or `None` when it has
 /// nothing visible. The message reaches terminals (`knob trial ls`, the launcher's
 /// `Trial.message`) and the dashboard, so terminal escape sequences are removed (colours of a
@@ -501,6 +520,28 @@ mod tests {
             !reason(&all).chars().any(char::is_control),
             "{:?}",
             reason(&all)
+        );
+    }
+
+    #[test]
+    fn a_stop_reason_is_one_bounded_line_of_visible_text() {
+        assert_eq!(
+            stop_reason("line one\nline two\x1b[31mred\r\n\x1b[0m"),
+            "line one line twored"
+        );
+        assert_eq!(stop_reason("a\tb\x07c"), "a b\u{fffd}c");
+        assert_eq!(stop_reason("\n\x1b[0m\n"), "");
+        let kept = "x".repeat(MAX_REASON_LINE_CHARS);
+        assert_eq!(stop_reason(&kept), kept);
+        // A reason of megabytes keeps its first characters, cut on a character's boundary.
+        let huge = "é".repeat(1 << 20);
+        let reason = stop_reason(&huge);
+        assert_eq!(reason.chars().count(), MAX_REASON_LINE_CHARS + 1);
+        assert!(reason.ends_with("é…"), "{reason}");
+        let many_lines = "word\n".repeat(1 << 20);
+        assert_eq!(
+            stop_reason(&many_lines).chars().count(),
+            MAX_REASON_LINE_CHARS + 1
         );
     }
 
