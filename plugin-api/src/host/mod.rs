@@ -1,8 +1,10 @@
 //! The host side: find plugin libraries, load them, and run their components.
 //!
 //! Loading is four checks, each with its own one-line error: the file's ELF headers, program
-//! headers and dynamic section lie within it ([`precheck`], before `dlopen`, which would die of
-//! SIGBUS on a truncated file); `dlopen` takes it; it exports `knob_plugin_api_version` (else it
+//! headers and dynamic section lie within it, and the offsets and indexes in the tables it points
+//! to within the library ([`precheck`], before `dlopen`, which would die of SIGBUS on a truncated
+//! file and of SIGSEGV on such damage; a damaged value that still points inside passes);
+//! `dlopen` takes it; it exports `knob_plugin_api_version` (else it
 //! is not a knob plugin) and `knob_plugin_abi_version`, as functions (one exported as data would
 //! be called all the same: SIGSEGV), with a compatible ABI version (see
 //! [`check_abi_compatible`]); abi_stable finds the root module's layout identical to ours, or to

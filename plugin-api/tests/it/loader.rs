@@ -1367,6 +1367,132 @@ fn the_precheck_passes_real_libraries_and_names_what_is_wrong_with_others() {
         .ends_with("past the end of the file: it is truncated or damaged"),);
 }
 
+/// A file damaged, not cut short, where the loader follows an offset or an index out of the
+/// library (SIGSEGV inside `dlopen`, `dlsym` or abi_stable's layout check, in every command that
+/// scans the plugin path): each gets its one line from the precheck.
+#[test]
+fn the_precheck_refuses_tables_that_point_out_of_the_library() {
+    if in_own_process("loader::the_precheck_refuses_tables_that_point_out_of_the_library") {
+        return;
+    }
+    use knob_plugin_api::host::precheck::check_bytes;
+    let bytes = std::fs::read(fixture(Variant::Same)).unwrap();
+    assert!(check_bytes(&bytes).is_ok());
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let dynamic = dynamic_entries(&bytes);
+    let entry = |tag: u64| dynamic.iter().find(|e| e.0 == tag).copied().unwrap();
+    let value = |tag: u64| file_offset(&bytes, u64_at(&bytes, entry(tag).1 + 8));
+    let damaged = |at: usize, with: &[u8]| {
+        let mut damaged = bytes.clone();
+        damaged[at..at + with.len()].copy_from_slice(with);
+        check_bytes(&damaged).unwrap_err()
+    };
+    // DT_NEEDED's name far past the string table (_dl_map_object_deps read it).
+    assert_eq!(
+        damaged(entry(1).1 + 8, &0x7fff_0000u64.to_le_bytes()),
+        "a needed library (DT_NEEDED) names a string past its string table: it is damaged"
+    );
+    // A tag of no kind the ELF standard defines: the loader missed the entry it was.
+    assert_eq!(
+        damaged(entry(0xb).1 + 4, &0x6e00u32.to_le_bytes()),
+        "its dynamic section has an entry of no known kind: it is damaged"
+    );
+    // The GNU hash table without buckets (the loader divides by their count), and a bucket
+    // naming a symbol below the first it hashes.
+    let gnu_hash = value(0x6fff_fef5);
+    assert_eq!(
+        damaged(gnu_hash, &0u32.to_le_bytes()),
+        "its hash table (DT_GNU_HASH) is damaged"
+    );
+    let buckets = gnu_hash + 16 + 8 * u32_at(&bytes, gnu_hash + 8) as usize;
+    let first = u32_at(&bytes, gnu_hash + 4);
+    assert!(first > 1, "symoffset {first}");
+    assert_eq!(
+        damaged(buckets, &1u32.to_le_bytes()),
+        "its hash table (DT_GNU_HASH) is damaged"
+    );
+    // A symbol's name past the string table, and its address out of the library.
+    let symbol = value(6) + 24;
+    assert_eq!(
+        damaged(symbol, &u32::MAX.to_le_bytes()),
+        "a symbol names a string past its string table: it is damaged"
+    );
+    let defined = (1..first as usize)
+        .chain(first as usize..)
+        .map(|i| value(6) + 24 * i)
+        .find(|&at| u16::from_le_bytes(bytes[at + 6..at + 8].try_into().unwrap()) != 0)
+        .unwrap();
+    assert_eq!(
+        damaged(defined + 8, &(1u64 << 50).to_le_bytes()),
+        "a symbol's address lies outside what is loaded: it is damaged"
+    );
+    // A relocation that writes out of the library, and a relative one (R_X86_64_RELATIVE,
+    // 8) whose address is out of it (a pointer abi_stable followed).
+    let rela = value(7);
+    assert_eq!(
+        damaged(rela, &(1u64 << 50).to_le_bytes()),
+        "a relocation writes outside what is loaded: it is damaged"
+    );
+    let relative = (0..)
+        .map(|i| rela + 24 * i)
+        .find(|&at| u64_at(&bytes, at + 8) == 8)
+        .unwrap();
+    assert_eq!(
+        damaged(relative + 16, &(1u64 << 50).to_le_bytes()),
+        "a relocation points outside what is loaded: it is damaged"
+    );
+    let with_symbol = (0..)
+        .map(|i| rela + 24 * i)
+        .find(|&at| u64_at(&bytes, at + 8) >> 32 != 0)
+        .unwrap();
+    assert_eq!(
+        damaged(with_symbol + 12, &u32::MAX.to_le_bytes()),
+        "a relocation names a symbol past its symbol table: it is damaged"
+    );
+    // What ld.so asserts (the process aborts): relocations of their size and kind, and the
+    // first DT_RELACOUNT of them relative.
+    assert_eq!(
+        damaged(entry(9).1 + 8, &16u64.to_le_bytes()),
+        "its relocations are of the wrong kind or size: it is damaged"
+    );
+    assert_eq!(
+        damaged(entry(0x6fff_fff9).1 + 8, &u64::MAX.to_le_bytes()),
+        "its count of relative relocations (DT_RELACOUNT) is damaged"
+    );
+    // The string table no longer ends in NUL: a name could run past it.
+    let (strtab, strsz) = (value(5), u64_at(&bytes, entry(10).1 + 8) as usize);
+    assert_eq!(
+        damaged(strtab + strsz - 1, b"x"),
+        "its string table does not end in NUL: it is damaged"
+    );
+}
+
+/// (tag, file offset of the entry) of each entry of the dynamic section before DT_NULL.
+fn dynamic_entries(elf: &[u8]) -> Vec<(u64, usize)> {
+    let field = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap());
+    let header = program_header_offsets(elf)
+        .into_iter()
+        .find(|&at| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == 2)
+        .expect("a PT_DYNAMIC segment");
+    (field(header + 8) as usize..)
+        .step_by(16)
+        .map(|at| (field(at), at))
+        .take_while(|&(tag, _)| tag != 0)
+        .collect()
+}
+
+/// Where the byte loaded at `address` is in the file (its PT_LOAD segment's offset).
+fn file_offset(elf: &[u8], address: u64) -> usize {
+    let field = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap());
+    program_header_offsets(elf)
+        .into_iter()
+        .filter(|&at| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == 1)
+        .find(|&at| field(at + 16) <= address && address < field(at + 16) + field(at + 32))
+        .map(|at| (address - field(at + 16) + field(at + 8)) as usize)
+        .expect("an address in a loadable segment")
+}
+
 /// Where each program header of a little-endian 64-bit ELF file starts (e_phoff, e_phentsize,
 /// e_phnum of its header).
 fn program_header_offsets(elf: &[u8]) -> Vec<usize> {
