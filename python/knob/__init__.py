@@ -9,9 +9,11 @@ Python objects, through the `knob` command (the one this package was installed w
 `run()` starts `knob create`, shows its progress, and returns the trials once it ends. A
 KeyboardInterrupt (Ctrl-C, or a notebook's interrupt) stops the experiment as Ctrl-C stops
 `knob create` (running trials are killed and recorded USER_CANCELED; `knob resume` continues it),
-waits for knob to finish stopping, and is raised again. Nothing beyond the standard library.
+waits for knob to finish stopping (a second interrupt meanwhile is passed on: knob kills the
+trials at once), and is raised again. Nothing beyond the standard library.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -23,10 +25,13 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Union
+from types import FrameType
+from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = ["Experiment", "ExperimentResult", "KnobError", "Metric", "Trial", "load", "knob_command"]
 
@@ -124,6 +129,12 @@ def knob_command() -> str:
     folder of this Python's environment), else `knob` on PATH."""
     explicit = os.environ.get("KNOB_BIN")
     if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            why = "is not an executable file" if os.path.exists(explicit) else "does not exist"
+            raise KnobError(
+                f"KNOB_BIN={explicit} {why}; set KNOB_BIN to a knob binary, or unset it to use the "
+                "knob installed with this package"
+            )
         return explicit
     installed = Path(sysconfig.get_path("scripts")) / "knob"
     if installed.is_file() and os.access(installed, os.X_OK):
@@ -140,9 +151,11 @@ def knob_command() -> str:
 def _run_knob(args: Sequence[str], home: Optional[str]) -> str:
     """Runs `knob ARGS` to its end and returns its stdout; KnobError with its stderr otherwise."""
     env = _knob_env(home)
-    done = subprocess.run(
-        [knob_command(), *args], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL
-    )
+    command = knob_command()
+    try:
+        done = subprocess.run([command, *args], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except OSError as error:
+        raise KnobError(_cannot_run(command, error)) from None
     if done.returncode != 0:
         raise KnobError(f"knob {' '.join(args)}: {_error_text(done.stderr, done.returncode)}")
     return done.stdout
@@ -155,10 +168,21 @@ def _knob_env(home: Optional[str]) -> Dict[str, str]:
     return env
 
 
+def _cannot_run(command: str, error: OSError) -> str:
+    return (
+        f"cannot run {command}: {error.strerror or error}; set KNOB_BIN to a knob binary, or pip "
+        "install the knob wheel"
+    )
+
+
 def _error_text(output: str, code: int) -> str:
-    errors = [line for line in output.splitlines() if line.startswith("error")]
-    lines = errors or output.strip().splitlines()[-5:]
-    return "\n".join(lines) or f"exit status {code}"
+    """knob's error, from its output: its `error:` line and every line after it (knob ends on
+    its error; a config's further problems follow the first on lines of their own), else its
+    last lines."""
+    lines = output.strip().splitlines()
+    first = next((at for at, line in enumerate(lines) if line.startswith("error")), None)
+    kept = lines[first:] if first is not None else lines[-5:]
+    return "\n".join(kept) or f"exit status {code}"
 
 
 def load(experiment_id: str, *, home: Optional[str] = None) -> ExperimentResult:
@@ -195,6 +219,11 @@ class Experiment:
         # An id of our own, so that the result can be read back whatever knob prints.
         self.id = id or "py" + uuid.uuid4().hex[:10]
         self._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
+        if self._config_dict is not None and not self._base_dir.is_dir():
+            raise KnobError(
+                f"base_dir {self._base_dir} is not a folder; give the folder the config's relative "
+                "paths are relative to (default: the current one)"
+            )
         self._home = home
 
     def run(self, *, progress: bool = True, output: Optional[IO[str]] = None) -> List[Trial]:
@@ -205,15 +234,31 @@ class Experiment:
         the experiment."""
         if self._config_dict is None:
             assert self._config_path is not None
-            return self._run_file(self._config_path, progress, output)
-        # In base_dir, since knob resolves relative paths against the config file's folder;
-        # removed when run() returns (the store keeps the config).
-        text = json.dumps(_plain(self._config_dict, "config"))
-        handle, name = tempfile.mkstemp(prefix=".knob-config-", suffix=".json", dir=self._base_dir)
+            return self._run_file(self._config_path, progress, output, None)
+        # In base_dir, since knob resolves relative paths against the config file's folder (and
+        # leaves the file out of the trial code it copies to other hosts). It holds the whole
+        # config, passwords too, so it is removed as soon as knob has read it, not when run()
+        # returns: a Python killed meanwhile (by a batch scheduler, a kernel restart) cannot
+        # remove it, and knob, in a session of its own, runs on.
+        text = json.dumps(_plain(self._config_dict, "config", {}))
+        try:
+            handle, name = tempfile.mkstemp(prefix=".knob-config-", suffix=".json", dir=self._base_dir)
+        except OSError as error:
+            raise KnobError(
+                f"cannot write the config into base_dir {self._base_dir} (knob reads a dict config "
+                f"from a file there): {error.strerror or error}; give a base_dir you can write to"
+            ) from None
+
+        def remove() -> None:
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
+
         try:
             with os.fdopen(handle, "w") as file:
                 file.write(text)
-            return self._run_file(Path(name), progress, output)
+            return self._run_file(Path(name), progress, output, remove)
         except KnobError as error:
             # knob names the place of a problem in that file, which is gone when this returns
             # and which the user never wrote: the field's path it gives names it in the dict
@@ -224,33 +269,49 @@ class Experiment:
 
             raise KnobError(re.sub(re.escape(name) + r"(:\d+)*: (?:([^\s:]+): )?", in_dict, str(error))) from None
         finally:
-            os.unlink(name)
+            remove()
 
-    def _run_file(self, config: Path, progress: bool, output: Optional[IO[str]]) -> List[Trial]:
+    def _run_file(
+        self, config: Path, progress: bool, output: Optional[IO[str]], read: Optional[Callable[[], None]]
+    ) -> List[Trial]:
+        """Runs `knob create` on `config`; `read` is called once knob has read it (it has created
+        the experiment, the line naming its folder, and reads the file no more)."""
         out = output if output is not None else sys.stdout
         command = [knob_command(), "create", "--config", str(config), "--id", self.id]
-        # Its own session: a terminal's Ctrl-C reaches only Python, which passes exactly one on
-        # (two would make knob exit at once without stopping its trials).
+        # Its own session: a terminal's Ctrl-C reaches only Python, which passes each one on
+        # (`_stop`), as the terminal would have.
         env = _knob_env(self._home)
         # Plain progress lines: the bar knob draws on a terminal shows nothing through a pipe.
         env.setdefault("KNOB_PROGRESS", "lines")
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
         tail: List[str] = []
-        assert process.stdout is not None
-        reader = threading.Thread(
-            target=_copy_lines, args=(process.stdout, out if progress else None, tail), daemon=True
-        )
-        reader.start()
+        created = (f"experiment {self.id}: ", read) if read is not None else None
+        process: "Optional[subprocess.Popen[str]]" = None
+        reader: Optional[threading.Thread] = None
         try:
+            # An interrupt while knob starts must stop it too: one raised inside Popen (knob
+            # forked, its pid not yet kept) or in the reader's start would leave knob running
+            # unwatched, in a session no Ctrl-C reaches. It is held until both are done.
+            with _interrupts_held():
+                try:
+                    process = subprocess.Popen(
+                        command,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        errors="replace",
+                        start_new_session=True,
+                    )
+                except OSError as error:
+                    raise KnobError(_cannot_run(command[0], error)) from None
+                assert process.stdout is not None
+                reader = threading.Thread(
+                    target=_copy_lines,
+                    args=(process.stdout, out if progress else None, tail, created),
+                    daemon=True,
+                )
+                reader.start()
             # A bounded wait in a loop keeps the main thread in Python code, so a
             # KeyboardInterrupt is raised here promptly however knob's output flows.
             while True:
@@ -260,8 +321,10 @@ class Experiment:
                 except subprocess.TimeoutExpired:
                     continue
         except KeyboardInterrupt:
-            _stop(process)
-            reader.join(timeout=EXIT_GRACE_SECONDS)
+            if process is not None:
+                _stop(process)
+            if reader is not None:
+                reader.join(timeout=EXIT_GRACE_SECONDS)
             raise
         reader.join(timeout=EXIT_GRACE_SECONDS)
         if code != 0:
@@ -269,62 +332,140 @@ class Experiment:
         return load(self.id, home=self._home).trials
 
 
-def _plain(value: Any, where: str) -> Any:
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT, while the block runs, is held and raised again once it is done (through the
+    handler it would have met: KeyboardInterrupt, usually). Only the main thread can set a
+    handler; elsewhere, and where SIGINT is ignored or not Python's to handle, it is left alone."""
+    previous = signal.getsignal(signal.SIGINT) if _main_thread() else None
+    if previous is None or previous is signal.SIG_IGN:
+        yield
+        return
+    held: List[int] = []
+
+    def hold(signum: int, frame: Optional[FrameType]) -> None:
+        held.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)
+
+
+def _plain(value: Any, where: str, inside: Dict[int, str]) -> Any:
     """`value` as JSON can hold it: paths as their text, numpy arrays and scalars (anything
     with `tolist`) as lists and numbers. Anything else is a KnobError naming where it is in
-    the config (json's own error named only its type)."""
+    the config (json's own error named only its type); so is a dict or list inside itself
+    (`inside`: the dicts and lists `value` is in, by id, and where they are)."""
     if isinstance(value, float) and not math.isfinite(value):
         # json.dumps would write NaN or Infinity, which knob reads as those strings.
         raise KnobError(f"{where}: {value} cannot go into a config (JSON has no NaN or infinity); give a finite number")
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
+    if isinstance(value, (Mapping, list, tuple)):
+        if id(value) in inside:
+            raise KnobError(
+                f"{where}: is {inside[id(value)]} itself, which it is inside; a config cannot contain "
+                "itself (give a copy)"
+            )
+        inside = {**inside, id(value): where}
     if isinstance(value, Mapping):
         plain: Dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, (str, int)) or isinstance(key, bool):
                 raise KnobError(f"{where}: the key {key!r} is not a string; a config's keys are strings")
-            plain[str(key)] = _plain(item, f"{where}.{key}")
+            plain[str(key)] = _plain(item, f"{where}.{key}", inside)
         return plain
     if isinstance(value, (list, tuple)):
-        return [_plain(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return [_plain(item, f"{where}[{index}]", inside) for index, item in enumerate(value)]
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     tolist = getattr(value, "tolist", None)
     if callable(tolist):
-        return _plain(tolist(), where)
+        return _plain(tolist(), where, inside)
     raise KnobError(
         f"{where}: {type(value).__name__} {value!r} cannot go into a config; give a string, a number, "
         "a bool, a list or a dict"
     )
 
 
-def _copy_lines(stream: IO[str], out: Optional[IO[str]], tail: List[str]) -> None:
+def _copy_lines(
+    stream: IO[str],
+    out: Optional[IO[str]],
+    tail: List[str],
+    created: Optional[Tuple[str, Callable[[], None]]],
+) -> None:
+    """Reads knob's output to its end, copying it to `out`, whatever `out` does: this is the only
+    reader of knob's pipe, which, once full, blocks knob for good. A line `out` cannot encode is
+    written with `?` for what it cannot; an `out` that fails otherwise gets nothing more (a
+    warning says so). `created`: a line's start, and what to call when a line starts so."""
     for line in stream:
         tail.append(line)
         # The last lines are kept for the error message; knob's own output is bounded by the
         # experiment's length, not this list, which keeps at most 200.
         del tail[:-200]
+        if created is not None and line.startswith(created[0]):
+            try:
+                created[1]()
+            except Exception:
+                pass  # run() tries again when it returns, where its error can be raised
+            created = None
         if out is not None:
-            out.write(line)
-            out.flush()
+            try:
+                _write(out, line)
+            except Exception as error:
+                warnings.warn(
+                    f"knob: cannot write knob's output to {out!r} ({type(error).__name__}: {error}); "
+                    "the rest of it is not shown, the experiment goes on",
+                    RuntimeWarning,
+                )
+                out = None
+
+
+def _write(out: IO[str], line: str) -> None:
+    try:
+        out.write(line)
+    except UnicodeEncodeError:
+        # knob's lines hold `·` and trials' names and paths: an ASCII terminal or file (or
+        # PYTHONIOENCODING=ascii) gets the rest of the line.
+        encoding = getattr(out, "encoding", None) or "ascii"
+        out.write(line.encode(encoding, errors="replace").decode(encoding))
+    out.flush()
 
 
 def _stop(process: "subprocess.Popen[str]") -> None:
-    """Ctrl-C for knob: SIGINT, a second one if it has not stopped in STOP_GRACE_SECONDS, then
-    SIGKILL. Interrupts meanwhile are ignored: the experiment is already being stopped."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+    """Ctrl-C for knob: SIGINT, and each interrupt meanwhile passed on, as a terminal would have
+    (knob's second kills the trials at once and exits, as it says on the first). Without one, a
+    second SIGINT if knob has not stopped within STOP_GRACE_SECONDS of the first, and SIGKILL
+    EXIT_GRACE_SECONDS after the second."""
+    sent: List[float] = []
+
+    def interrupt() -> None:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            sent.append(time.monotonic())
+
+    def pass_on(signum: int, frame: Optional[FrameType]) -> None:
+        interrupt()
+
+    previous = signal.signal(signal.SIGINT, pass_on) if _main_thread() else None
     try:
-        for sig, grace in ((signal.SIGINT, STOP_GRACE_SECONDS), (signal.SIGINT, EXIT_GRACE_SECONDS)):
-            if process.poll() is not None:
-                return
-            process.send_signal(sig)
+        interrupt()
+        while sent:
             try:
-                process.wait(timeout=grace)
+                process.wait(timeout=0.2)
                 return
             except subprocess.TimeoutExpired:
-                continue
-        process.kill()
-        process.wait()
+                pass
+            if len(sent) == 1 and time.monotonic() - sent[0] >= STOP_GRACE_SECONDS:
+                interrupt()
+            elif len(sent) >= 2 and time.monotonic() - sent[1] >= EXIT_GRACE_SECONDS:
+                process.kill()
+                process.wait()
+                return
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

@@ -1,14 +1,17 @@
 """knob.Experiment / knob.load against the real `knob` (the wheel's, in CI: `.ci/run`'s wheel
 step): real experiments, real trial processes, real stores in temporary folders."""
 
+import io
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from types import FrameType
+from typing import IO, Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -259,3 +262,252 @@ def test_paths_and_numpy_values_in_a_dict_config_are_written_and_others_named(tm
     assert str(raised.value).startswith("config.searchSpace.x2._value: set "), raised.value
     # Neither run left its temporary config file behind.
     assert not list(tmp_path.glob(".knob-config-*"))
+
+
+def test_every_config_error_knob_reports_is_in_the_knob_error(tmp_path: Path, home: str) -> None:
+    """knob reports a config's problems together, the first on its `error:` line, the others
+    on lines of their own: all of them are the KnobError's, named in the dict (H1 F3)."""
+    config = branin_config(tmp_path / "code", trials=2)
+    config["searchSpace"]["x1"]["_type"] = "unif"
+    config["trialConcurrency"] = "two"
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, home=home, base_dir=tmp_path).run(progress=False)
+    message = str(raised.value)
+    assert "error: config.searchSpace: " in message and '"unif"' in message, message
+    assert "\nconfig.trialConcurrency: " in message and '"two"' in message, message
+    assert ".knob-config-" not in message, message
+    # A config file's: its own places.
+    path = tmp_path / "code" / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(path, home=home).run(progress=False)
+    assert str(raised.value).count("config.json:") == 2, raised.value
+
+
+def test_a_bad_knob_bin_base_dir_or_config_is_a_knob_error_saying_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a raw OSError or RecursionError that a notebook catching KnobError misses (H1 F5)."""
+    missing = tmp_path / "nowhere" / "knob"
+    monkeypatch.setenv("KNOB_BIN", str(missing))
+    for attempt in (lambda: knob.load("x"), lambda: knob.Experiment({"trialCommand": "true"}, base_dir=tmp_path).run()):
+        with pytest.raises(knob.KnobError) as raised:
+            attempt()
+        assert str(raised.value).startswith(f"KNOB_BIN={missing} does not exist; set KNOB_BIN to a knob binary"), raised.value
+    not_executable = tmp_path / "knob.txt"
+    not_executable.write_text("")
+    monkeypatch.setenv("KNOB_BIN", str(not_executable))
+    with pytest.raises(knob.KnobError, match="is not an executable file"):
+        knob.load("x")
+    # Executable, but not a program the system can start.
+    not_a_program = tmp_path / "knob"
+    not_a_program.write_bytes(b"\x7fELF-not-really")
+    not_a_program.chmod(0o755)
+    monkeypatch.setenv("KNOB_BIN", str(not_a_program))
+    for attempt in (lambda: knob.load("x"), lambda: knob.Experiment({"trialCommand": "true"}, base_dir=tmp_path).run()):
+        with pytest.raises(knob.KnobError) as raised:
+            attempt()
+        assert str(raised.value).startswith(f"cannot run {not_a_program}: "), raised.value
+    monkeypatch.delenv("KNOB_BIN")
+
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment({"trialCommand": "true"}, base_dir=tmp_path / "nowhere")
+    assert str(raised.value).startswith(f"base_dir {tmp_path / 'nowhere'} is not a folder"), raised.value
+
+    config: Dict[str, Any] = {"trialCommand": "true", "tuner": {"name": "Random", "classArgs": {}}}
+    config["tuner"]["classArgs"]["again"] = config["tuner"]
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, base_dir=tmp_path).run()
+    assert str(raised.value).startswith(
+        "config.tuner.classArgs.again: is config.tuner itself, which it is inside; a config cannot contain itself"
+    ), raised.value
+    # Held twice without holding itself: a DAG is two copies.
+    shared = {"_type": "uniform", "_value": [0, 1]}
+    config = {"searchSpace": {"a": shared, "b": shared}, "trialCommand": "true"}
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, base_dir=tmp_path, home=str(tmp_path / "home")).run(progress=False)
+    assert "contain itself" not in str(raised.value)
+
+
+def _kill_knob_of(experiment_id: str) -> None:
+    """SIGKILL for the `knob create --id EXPERIMENT_ID` this test started, found by its command
+    line: a hung run() holds it and no one else could end it."""
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"create" in words and experiment_id.encode() in words:
+            os.kill(int(entry.name), signal.SIGKILL)
+
+
+class _RefusingOutput(io.StringIO):
+    """An output that fails on every write, as a full disk or a closed file does."""
+
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("kind", ["ascii", "refusing"])
+def test_run_reads_knob_to_its_end_whatever_its_output_does(tmp_path: Path, home: str, kind: str) -> None:
+    """An output that cannot take knob's lines (an ASCII one and knob's `·`, or one whose writes
+    fail) cost run() its only reader of knob's pipe: once the pipe was full (64 KiB: a warning
+    a trial here) knob blocked for good and run() never returned (H1 F7). Now an ASCII output
+    gets `?` for what it cannot encode, and a failing one a warning and nothing more."""
+    code = tmp_path / "code"
+    code.mkdir()
+    config = {
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        # A final without "default": one `warning:` line a trial, some 250 bytes.
+        "trialCommand": "echo 'KNOB_FINAL {\"acc\": 1}'",
+        "trialCodeDirectory": str(code),
+        "trialConcurrency": 4,
+        "maxTrialNumber": 600,
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "tuner": {"name": "Random"},
+        "trainingService": {"platform": "local"},
+    }
+    experiment_id = f"drain{kind}"
+    # Turns a hang into a failure: a run takes seconds here, not minutes.
+    finished = threading.Event()
+    hung: List[bool] = []
+
+    def watch() -> None:
+        if not finished.wait(300):
+            hung.append(True)
+            _kill_knob_of(experiment_id)
+
+    watchdog = threading.Thread(target=watch, daemon=True)
+    watchdog.start()
+    shown = tmp_path / "shown.txt"
+    try:
+        with shown.open("w", encoding="ascii") as ascii_out:
+            output: IO[str] = ascii_out if kind == "ascii" else _RefusingOutput()
+            with pytest.warns(RuntimeWarning) if kind == "refusing" else _no_warning() as warned:
+                trials = knob.Experiment(config, id=experiment_id, home=home, base_dir=tmp_path).run(output=output)
+    finally:
+        finished.set()
+    assert not hung, "run() did not return: knob blocked on its full pipe"
+    assert len(trials) == 600
+    if kind == "ascii":
+        text = shown.read_text(encoding="ascii")
+        assert "progress: 600/600 done 600 ? running 0 ? failed 0" in text, text[-2000:]
+        assert f"experiment {experiment_id} DONE: 600 trials" in text, text[-2000:]
+    else:
+        assert warned is not None
+        (warning,) = [str(w.message) for w in warned if "knob's output" in str(w.message)]
+        assert "OSError: [Errno 28] No space left on device" in warning, warning
+        assert "the rest of it is not shown, the experiment goes on" in warning, warning
+
+
+class _no_warning:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+def test_a_second_interrupt_is_passed_on_and_kills_the_trials_at_once(tmp_path: Path, home: str) -> None:
+    """knob's first stop line says "a second Ctrl-C or signal kills them at once": under the
+    launcher a second interrupt was ignored, and a trial slow to stop had its full grace
+    period (H1 F4)."""
+    code = tmp_path / "code"
+    config = branin_config(code, trials=1)
+    started = tmp_path / "started"
+    (code / "stubborn.py").write_text(
+        "import pathlib, signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
+        "time.sleep(300)\n"
+    )
+    config["trialCommand"] = f"{sys.executable} stubborn.py"
+    shown = tmp_path / "shown.txt"
+
+    def wait_for(condition: Any) -> None:
+        deadline = time.monotonic() + 120
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def interrupt_twice() -> None:
+        wait_for(started.exists)
+        os.kill(os.getpid(), signal.SIGINT)
+        wait_for(lambda: "stopping (" in shown.read_text())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupter = threading.Thread(target=interrupt_twice, daemon=True)
+    try:
+        with shown.open("w") as out:
+            interrupter.start()
+            with pytest.raises(KeyboardInterrupt):
+                knob.Experiment(config, id="twice", home=home, base_dir=tmp_path).run(output=out)
+        interrupter.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    text = shown.read_text()
+    assert "stopping at once: killing the running trials without their grace period" in text, text
+    assert "exiting: its trials are killed; `knob resume twice` continues the experiment" in text, text
+
+
+@pytest.mark.parametrize("where", ["_execute_child", "start"])
+def test_an_interrupt_while_knob_starts_stops_it(tmp_path: Path, home: str, where: str) -> None:
+    """A KeyboardInterrupt inside Popen (knob forked, its pid not yet returned) or the reader
+    thread's start left knob running on its own, in a session no Ctrl-C reaches (H1 F1). The
+    interrupt is sent the moment Popen's child is started or the reader thread is started."""
+    code = tmp_path / "code"
+    config = branin_config(code, trials=2)
+    (code / "slow.py").write_text("import time\ntime.sleep(300)\n")
+    config["trialCommand"] = f"{sys.executable} slow.py"
+    knobs: List["subprocess.Popen[str]"] = []
+
+    def interrupt_there(frame: FrameType, event: str, arg: Any) -> None:
+        name = frame.f_code.co_name
+        if event == "return" and name == "_execute_child" == where:
+            knobs.append(frame.f_locals["self"])
+            os.kill(os.getpid(), signal.SIGINT)
+        elif event == "call" and name == "start" == where and frame.f_code.co_filename == threading.__file__:
+            os.kill(os.getpid(), signal.SIGINT)
+        elif event == "return" and name == "__init__" and isinstance(frame.f_locals.get("self"), subprocess.Popen):
+            if not knobs:
+                knobs.append(frame.f_locals["self"])
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sys.setprofile(interrupt_there)
+            try:
+                knob.Experiment(config, id="early", home=home, base_dir=tmp_path).run(progress=False)
+            finally:
+                sys.setprofile(None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        (process,) = knobs
+        stopped = process.poll() is not None
+        if not stopped:
+            process.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGINT)
+            process.wait()
+    assert stopped, "knob still runs after the KeyboardInterrupt"
+    try:
+        assert knob.load("early", home=home).status != "RUNNING"
+    except knob.KnobError:
+        pass  # stopped before it registered the experiment
+
+
+def test_a_dict_configs_file_is_gone_once_knob_has_read_it(tmp_path: Path, home: str) -> None:
+    """The file holds the whole config, passwords too: it went only when run() returned, so a
+    Python killed meanwhile left it in base_dir, the trial code folder (H1's note). The trial
+    waits for it to go."""
+    code = tmp_path / "code"
+    config = branin_config(code, trials=1)
+    (code / "look.py").write_text(
+        "import glob, time, knob_trial\n"
+        "deadline = time.monotonic() + 60\n"
+        "while glob.glob('.knob-config-*') and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "knob_trial.report_final(len(glob.glob('.knob-config-*')))\n"
+    )
+    config["trialCommand"] = f"{sys.executable} look.py"
+    (trial,) = knob.Experiment(config, id="gone", home=home, base_dir=code).run(progress=False)
+    assert (trial.status, trial.final) == ("SUCCEEDED", 0.0), trial
