@@ -140,3 +140,120 @@ fn medianstop_stops_the_bad_trials_with_a_reason_and_lets_the_good_ones_finish()
         );
     }
 }
+
+/// ASHA (rungs at steps 1, 2, 4, the top half goes on) over four trials whose results arrive in
+/// an order the test sets: each result waits for its file `go-NAME-STEP`.
+const ASHA_TRIAL: &str = r#"import json, os, time
+name = json.loads(os.environ["KNOB_PARAMETERS"])["name"]
+values = {"A": [0.1, 0.2, 0.3, 0.9], "B": [0.5], "C": [0.6], "D": [0.95, 0.1, 0.1, 0.1]}[name]
+for step, value in enumerate(values, 1):
+    for _ in range(1200):
+        if os.path.exists(f"go-{name}-{step}"):
+            break
+        time.sleep(0.05)
+    print(f"KNOB_INTERMEDIATE {value}", flush=True)
+print(f"KNOB_FINAL {values[-1]}", flush=True)
+"#;
+
+const ASHA_CONFIG: &str = r#"trialCommand: python3 trial.py
+trialConcurrency: 3
+maxTrialNumber: 4
+searchSpace:
+  name: {_type: choice, _value: [A, B, C, D]}
+tuner:
+  name: GridSearch
+assessor:
+  name: ASHA
+  classArgs: {optimize_mode: maximize, reduction_factor: 2, min_resource: 1}
+trainingService:
+  platform: local"#;
+
+/// Runs [`ASHA_CONFIG`]: A is first at rung 1 (0.1, alone there, it goes on), then B (0.5) and
+/// C (0.6) get there in turn, each the best so far, and end, then A reports 0.2 (rung 2), 0.3, 0.9 (rung 4) and ends; D then
+/// reports 0.95 (rung 1, it goes on) and 0.1, below A's 0.2 at rung 2. With `stop_after_a`,
+/// the experiment is stopped once A ended (D not yet past step 0) and resumed. D's status and
+/// message.
+fn asha_trial_d(stop_after_a: bool) -> (String, String) {
+    let sandbox = crate::create::Sandbox::new();
+    let config = sandbox.config(ASHA_CONFIG, &[("trial.py", ASHA_TRIAL)]);
+    let code = sandbox.path().join("code");
+    let go = |gates: &[&str]| {
+        for gate in gates {
+            std::fs::write(code.join(format!("go-{gate}")), "").unwrap();
+        }
+    };
+    let trial = |export: &Value, name: &str| {
+        export["trials"]
+            .as_array()?
+            .iter()
+            .find(|t| t["parameters"]["name"] == name)
+            .cloned()
+    };
+    // Waits (bounded) until the export shows `name` with `results` intermediate results and
+    // `status` (an export before the experiment is registered fails: it waits on).
+    let wait_for = |name: &str, results: usize, status: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let (_, stdout, _) =
+                run(sandbox
+                    .knob()
+                    .args(["experiment", "export", "asha", "--format", "json"]));
+            let export: Value = serde_json::from_str(&stdout).unwrap_or_default();
+            if trial(&export, name).is_some_and(|t| {
+                t["intermediate"].as_array().map_or(0, Vec::len) == results && t["status"] == status
+            }) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "trial {name} never had {results} results and {status}: {export}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let mut child = sandbox
+        .create_command(&config, "asha")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    go(&["A-1"]);
+    wait_for("A", 1, "RUNNING");
+    go(&["B-1"]);
+    wait_for("B", 1, "SUCCEEDED");
+    go(&["C-1"]);
+    wait_for("C", 1, "SUCCEEDED");
+    go(&["A-2", "A-3", "A-4"]);
+    wait_for("A", 4, "SUCCEEDED");
+    if stop_after_a {
+        let (status, stdout, stderr) = run(sandbox.knob().args(["stop", "asha"]));
+        assert_eq!(status, 0, "{stdout}\n{stderr}");
+        let exit = crate::resume::wait_bounded(&mut child, std::time::Duration::from_secs(30));
+        assert_eq!(exit, Some(0));
+        go(&["D-1", "D-2", "D-3", "D-4"]);
+        let (status, stdout, stderr) = run(sandbox.knob().args(["resume", "asha"]));
+        assert_eq!(status, 0, "{stdout}\n{stderr}");
+    } else {
+        go(&["D-1", "D-2", "D-3", "D-4"]);
+        let exit = crate::resume::wait_bounded(&mut child, std::time::Duration::from_secs(60));
+        assert_eq!(exit, Some(0));
+    }
+    let export = sandbox.export("asha");
+    let d = trial(&export, "D").unwrap_or_else(|| panic!("no trial D: {export}"));
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    (text(&d["status"]), text(&d["message"]))
+}
+
+/// `knob stop` and `knob resume` leave ASHA's rungs as they were: the resumed assessor stops D
+/// as the uninterrupted one does. (Its rungs were rebuilt from whole histories in the order the
+/// trials ended: A, behind B and C at rung 1 though it got there first, was "stopped" there,
+/// its results at rungs 2 and 4 were lost, and D ran to its end.)
+#[test]
+fn asha_decides_the_same_after_a_stop_and_resume_as_without() {
+    let expected = (
+        "EARLY_STOPPED".to_string(),
+        "step 2: 0.1 below 0.2, the best of 2 results at this rung (top 1/2 go on)".to_string(),
+    );
+    assert_eq!(asha_trial_d(false), expected, "uninterrupted");
+    assert_eq!(asha_trial_d(true), expected, "stopped and resumed");
+}

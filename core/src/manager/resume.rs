@@ -1,6 +1,8 @@
 //! Continuing an experiment from its store (`knob resume`), and new attempts of a trial
 //! (retries, and trials that were running when the manager stopped).
 
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -9,7 +11,8 @@ use knob_plugin_api::ImportedTrial;
 
 use super::trial::Trial;
 use super::{Manager, ManagerError};
-use crate::store::{ExperimentState, MetricKind, StoreEvent, TrialStatus};
+use crate::objectives::intermediate_value;
+use crate::store::{EventSeq, ExperimentState, MetricKind, MetricRecord, StoreEvent, TrialStatus};
 
 impl Manager {
     /// Rebuilds the loop's state from the store: finished trials stay as they are (and are
@@ -164,31 +167,86 @@ impl Manager {
         self.replay_to_assessor(state).await
     }
 
-    /// Rebuilds the assessor's knowledge of ended trials (what Medianstop compares with, ASHA's
-    /// rungs): each ended trial's history is assessed, the verdict ignored, then its end told,
-    /// in the order the trials ended. Told, not waited for: the assessor takes them before any
-    /// later call, and a failure comes back as a warning about its trial (a stuck assessor held
-    /// the resume, `AssessorDriver`).
+    /// Rebuilds the assessor's knowledge (Medianstop's completed trials, ASHA's rungs) by telling
+    /// it again what the live run told it, in the order it did: each intermediate result in log
+    /// order, interleaved across trials, with its attempt's history up to it (none recorded once
+    /// the manager had decided to end the attempt: no assessor judged those); each attempt's
+    /// first final result; the end of each trial that stays ended, where it was recorded. The
+    /// verdicts are ignored: live, these trials went on past each result told here. Told whole
+    /// histories at once in the order trials ended, ASHA stopped a trial at a rung where the
+    /// replay put it below trials that got there after it live, never recorded its later rungs,
+    /// and so let trials it should have stopped run to their end.
+    ///
+    /// Told, not waited for: the assessor takes them before any later call, and a failure
+    /// comes back as a warning about its trial (a stuck assessor held the resume,
+    /// `AssessorDriver`).
     async fn replay_to_assessor(&mut self, state: &ExperimentState) -> Result<(), ManagerError> {
         let Some(assessor) = &mut self.assessor else {
             return Ok(());
         };
-        let mut ended: Vec<_> = state
-            .trials
-            .iter()
-            .filter(|t| t.status.is_final())
-            .collect();
-        ended.sort_by_key(|t| t.end.as_ref().map_or(i64::MAX, |end| end.time_ms));
-        for stored in ended {
-            let history = self.book[&stored.trial_id].intermediate.clone();
-            let id = stored.trial_id.clone();
-            if !history.is_empty() {
-                assessor.replay_assess(id.clone(), history);
+        enum Told<'a> {
+            Metric(&'a MetricRecord),
+            End(&'a str, TrialStatus),
+        }
+        let mut told: Vec<(EventSeq, Told)> = Vec::new();
+        for stored in &state.trials {
+            told.extend(
+                stored
+                    .metrics
+                    .iter()
+                    .filter(|m| stored.metrics_after_stopping.binary_search(&m.seq).is_err())
+                    .map(|m| (m.seq, Told::Metric(m))),
+            );
+            // One that runs again goes on without an end, as a retry does live.
+            let status = self.book[&stored.trial_id].status;
+            if status.is_final() {
+                // Ended by `restore` (its end decided, not recorded): after all that was.
+                let seq = stored.end.as_ref().map_or(EventSeq::MAX, |end| end.seq);
+                told.push((seq, Told::End(&stored.trial_id, status)));
             }
-            if let Some(value) = self.book[&stored.trial_id].final_value {
-                assessor.trial_final(id.clone(), value);
+        }
+        told.sort_by_key(|(seq, _)| *seq);
+
+        let objectives = &self.config.objectives;
+        // Per trial, the attempt its history belongs to and that history so far.
+        let mut histories: HashMap<&str, (u32, Arc<Vec<f64>>)> = HashMap::new();
+        let mut finals_told: HashSet<(&str, u32)> = HashSet::new();
+        for (_, told) in told {
+            match told {
+                Told::Metric(metric) if metric.kind == MetricKind::Intermediate => {
+                    // A value stored as none is NaN or ±Infinity, which the assessor saw, or
+                    // unreadable, which it did not (`on_metrics`).
+                    let value = match metric.value {
+                        Some(value) => value,
+                        None => match intermediate_value(objectives, &metric.raw) {
+                            Ok(value) => value,
+                            Err(_) => continue,
+                        },
+                    };
+                    let (attempt, history) = histories
+                        .entry(&metric.trial_id)
+                        .or_insert_with(|| (metric.attempt, Arc::default()));
+                    // A new attempt starts a new history, as a retry's does live.
+                    if *attempt != metric.attempt {
+                        *attempt = metric.attempt;
+                        *history = Arc::default();
+                    }
+                    Arc::make_mut(history).push(value);
+                    assessor.replay_assess(metric.trial_id.clone(), history.clone());
+                }
+                Told::Metric(metric) => {
+                    // A second final was ignored live.
+                    if !finals_told.insert((&metric.trial_id, metric.attempt)) {
+                        continue;
+                    }
+                    let value = metric.value.unwrap_or(f64::NAN);
+                    assessor.trial_final(metric.trial_id.clone(), value);
+                }
+                Told::End(trial_id, status) => {
+                    histories.remove(trial_id);
+                    assessor.trial_end(trial_id.to_string(), status.as_str());
+                }
             }
-            assessor.trial_end(id, stored.status.as_str());
         }
         Ok(())
     }
@@ -337,6 +395,7 @@ mod tests {
             pid: Some(100 + number),
             started_ms: i64::from(number) * 1000,
             end: end.map(|(status, message)| TrialEnd {
+                seq: 0,
                 time_ms: i64::from(number) * 1000 + 500,
                 status,
                 exit_code: None,
@@ -389,6 +448,7 @@ mod tests {
             end: None,
             stopping: None,
             metrics: Vec::new(),
+            metrics_after_stopping: Vec::new(),
             memory_request_mib: None,
             gpu_memory_request_mib: None,
         };

@@ -90,6 +90,11 @@ pub struct TrialState {
     pub stopping: Option<Stopping>,
     /// Every attempt's metrics, in log order; each names its attempt.
     pub metrics: Vec<MetricRecord>,
+    /// The `seq` of each metric recorded while `stopping` was set: once the manager decides to
+    /// end an attempt, no assessor judges its results (see `Manager::act_on_metric`), so a
+    /// resume does not tell its assessor of them either. In log order.
+    #[serde(skip)]
+    pub metrics_after_stopping: Vec<EventSeq>,
     /// The host memory (MiB) its attempts ask for since it ran out of memory, when the manager
     /// raised it (`maxOomRetries`); `None` while it asks for `trialMemorySize`.
     pub memory_request_mib: Option<u64>,
@@ -131,6 +136,10 @@ pub struct TrialAttempt {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TrialEnd {
+    /// The event that recorded it: where, among the metrics, the trial ended (a resume tells
+    /// its assessor of the end there).
+    #[serde(skip)]
+    pub seq: EventSeq,
     pub time_ms: i64,
     pub status: TrialStatus,
     pub exit_code: Option<i32>,
@@ -407,7 +416,11 @@ impl Replayer {
         self.advance(metric.seq, metric.time_ms)?;
         let seq = metric.seq;
         let trial_id = metric.trial_id.clone();
-        self.trial(seq, &trial_id)?.metrics.push(metric);
+        let trial = self.trial(seq, &trial_id)?;
+        if trial.stopping.is_some() {
+            trial.metrics_after_stopping.push(seq);
+        }
+        trial.metrics.push(metric);
         Ok(())
     }
 
@@ -502,6 +515,7 @@ impl Replayer {
                     end: None,
                     stopping: None,
                     metrics: Vec::new(),
+                    metrics_after_stopping: Vec::new(),
                     memory_request_mib: None,
                     gpu_memory_request_mib: None,
                 });
@@ -548,6 +562,7 @@ impl Replayer {
                     .find(|a| a.number == attempt && a.end.is_none())
                     .map(|a| a.started_ms);
                 let end = TrialEnd {
+                    seq,
                     time_ms: super::event::end_time(ended_ms, time_ms, started_ms),
                     status,
                     exit_code,
