@@ -19,7 +19,8 @@
 //!
 //! Parameters live in [`UnitCube`] coordinates: every type NNI has is supported (NNI's GPTuner
 //! takes only numeric choices and the uniform family): log types in log space, the normal family
-//! through its distribution function, integers and q-types rounded on decoding, choices (any
+//! through its distribution function (searched within ±3 σ of the mean:
+//! [`acquisition::GAUSSIAN_SEARCH_Z`]), integers and q-types rounded on decoding, choices (any
 //! JSON values) and nested choices through a categorical kernel term.
 //!
 //! Differences from NNI: the kernel has a length scale per dimension and a fitted signal and noise
