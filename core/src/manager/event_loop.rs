@@ -215,7 +215,7 @@ impl Manager {
         };
         if let Err(e) = manager.register_environments().await {
             // Nothing ran: the experiment's error says what matters.
-            let _ = services::shut_down(&manager.services).await;
+            let _ = manager.shut_down_services().await;
             return Err(e);
         }
         if let Err(refusal) = manager
@@ -997,7 +997,7 @@ impl Manager {
             ))
             .await?;
         }
-        for problem in services::shut_down(&self.services).await {
+        for problem in self.shut_down_services().await {
             self.warn(None, problem).await?;
         }
         self.settle().await?;

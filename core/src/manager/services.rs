@@ -146,7 +146,7 @@ pub(super) async fn start_services(
                 probed_at: None,
             }),
             Err(e) => {
-                let _ = shut_down(&slots).await;
+                let _ = shut_down(&slots, |_| {}, std::future::pending()).await;
                 return Err(e);
             }
         }
@@ -188,30 +188,175 @@ pub fn clean_up_leftovers(
 /// them. A service that fails to shut down has nothing left to do for the experiment either,
 /// but what it says is returned, one line each, for the experiment's log: what it could not
 /// release (a cluster job left queued, say) is the user's to release.
-pub(super) async fn shut_down(slots: &[ServiceSlot]) -> Vec<String> {
-    let replies: Vec<_> = slots.iter().map(|slot| slot.handle.shutdown()).collect();
+///
+/// Bounded: a service whose `shutdown` never returns (waiting on a cluster or an SSH host that
+/// stopped answering) held the experiment's end forever, unrecorded (RUNNING, then "crashed"
+/// after a second signal). One unanswered for [`SERVICE_LATE_AFTER`] is named by `late` (the
+/// console); at [`SHUTDOWN_PATIENCE`], or when `stop` is ready (a Ctrl-C or SIGTERM while the
+/// end waits), knob goes on without it, saying so.
+pub(super) async fn shut_down(
+    slots: &[ServiceSlot],
+    mut late: impl FnMut(String),
+    stop: impl std::future::Future<Output = ()>,
+) -> Vec<String> {
+    let mut replies: Vec<_> = slots
+        .iter()
+        .map(|slot| Some(slot.handle.shutdown()))
+        .collect();
     let mut problems = Vec::new();
-    for reply in replies {
-        if let Err(e) = reply.get().await {
-            problems.push(e.to_string());
+    let began = Instant::now();
+    let mut named_late = false;
+    tokio::pin!(stop);
+    let mut stopped = false;
+    loop {
+        for reply in replies.iter_mut() {
+            match reply.take().map(Reply::try_get) {
+                Some(Ok(Ok(()))) | None => {}
+                Some(Ok(Err(e))) => problems.push(e.to_string()),
+                Some(Err(pending)) => *reply = Some(pending),
+            }
+        }
+        let waiting: Vec<&str> = slots
+            .iter()
+            .zip(&replies)
+            .filter(|(_, reply)| reply.is_some())
+            .map(|(slot, _)| slot.platform.as_str())
+            .collect();
+        if waiting.is_empty() {
+            return problems;
+        }
+        let waited = began.elapsed();
+        if stopped || waited >= SHUTDOWN_PATIENCE {
+            let why = match stopped {
+                true => "a stop was asked while waiting".to_string(),
+                false => format!("waited {} s", SHUTDOWN_PATIENCE.as_secs()),
+            };
+            for platform in waiting {
+                problems.push(format!(
+                    "training service {platform} did not shut down ({why}); the experiment ended without it: what it holds (trials, processes on its hosts, cluster jobs) may still run"
+                ));
+            }
+            return problems;
+        }
+        if !named_late && waited >= SERVICE_LATE_AFTER {
+            named_late = true;
+            late(format!(
+                "training service(s) {} have not shut down in {} s; the experiment ends without them after {} s (a Ctrl-C or SIGTERM ends it now)",
+                waiting.join(", "),
+                SERVICE_LATE_AFTER.as_secs(),
+                SHUTDOWN_PATIENCE.as_secs()
+            ));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+            _ = &mut stop, if !stopped => stopped = true,
         }
     }
-    problems
 }
 
+/// Ready once a stop is asked (`Command::Stop`: the first Ctrl-C or SIGTERM) while the loop
+/// waits on a training service outside its turn; other commands are dropped (their asker hears
+/// that the experiment ends). Never ready once every sender is gone.
+pub(super) async fn stop_asked(commands: &mut mpsc::UnboundedReceiver<super::Command>) {
+    while let Some(command) = commands.recv().await {
+        if matches!(command, super::Command::Stop) {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+/// A call to a training service that the loop waits on (its shutdown, its environments at
+/// start), unanswered this long, is named on the console.
+pub(super) const SERVICE_LATE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most a service's environments are waited for at start.
+pub(super) const ENVIRONMENTS_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How long the end of an experiment waits for its training services to shut down (each may
+/// kill its trials first, with their grace period).
+pub(super) const SHUTDOWN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Manager {
+    /// Shuts the services down (`shut_down`), a late one named on the console, a stop asked
+    /// meanwhile (`Command::Stop`) ending the wait; returns what they said, one line each.
+    pub(super) async fn shut_down_services(&mut self) -> Vec<String> {
+        let Manager {
+            services,
+            commands,
+            notices,
+            progress,
+            ..
+        } = self;
+        let mut said = Vec::new();
+        let late = |text: String| {
+            said.push(text.clone());
+            std::sync::Arc::make_mut(notices).push(super::Notice {
+                warning: true,
+                text,
+            });
+            let notices = notices.clone();
+            progress.send_modify(|progress| progress.notices = notices);
+        };
+        let problems = shut_down(services, late, stop_asked(commands)).await;
+        // The late line, already shown, is recorded with the others.
+        said.into_iter().chain(problems).collect()
+    }
+
+    /// Waits for a service's answer that the experiment cannot go on without (its environments
+    /// at start). A service stuck in the call (waiting on a host that stopped answering) held
+    /// knob without a word, deaf to Ctrl-C and SIGTERM: one unanswered for
+    /// [`SERVICE_LATE_AFTER`] is named on the console, a stop asked meanwhile ends the wait
+    /// (`None`), and [`ENVIRONMENTS_PATIENCE`] is the most it is waited for (an error).
+    async fn wait_for_service<T>(
+        &mut self,
+        index: usize,
+        call: &str,
+        mut reply: Reply<T>,
+    ) -> Result<Option<Result<T, HostError>>, ManagerError> {
+        let began = Instant::now();
+        let mut named = false;
+        loop {
+            let late = began + SERVICE_LATE_AFTER;
+            tokio::select! {
+                answer = reply.answer() => return Ok(Some(answer)),
+                () = stop_asked(&mut self.commands) => return Ok(None),
+                () = tokio::time::sleep_until(late), if !named => {}
+                () = tokio::time::sleep_until(began + ENVIRONMENTS_PATIENCE) => {
+                    return Ok(Some(Err(HostError::Call {
+                        message: format!(
+                            "training service {} did not answer {call} in {} s",
+                            self.services[index].platform,
+                            ENVIRONMENTS_PATIENCE.as_secs()
+                        ),
+                    })));
+                }
+            }
+            named = true;
+            let message = format!(
+                "training service {} has not answered {call} in {} s; knob waits for it up to {} s (a Ctrl-C or SIGTERM stops the experiment)",
+                self.services[index].platform,
+                SERVICE_LATE_AFTER.as_secs(),
+                ENVIRONMENTS_PATIENCE.as_secs()
+            );
+            self.notice(message).await?;
+        }
+    }
+
     /// At start: every service's environments, and whatever the services reported while they
     /// connected (a warning naming an unreachable host, say). Fails when no environment can take
     /// trials, or when no environment could ever take a trial of this config.
     pub(super) async fn register_environments(&mut self) -> Result<(), ManagerError> {
         for index in 0..self.services.len() {
             let platform = self.services[index].platform.clone();
-            match self.services[index]
-                .handle
-                .environment_reports()
-                .get()
-                .await
-            {
+            let reply = self.services[index].handle.environment_reports();
+            let Some(answer) = self.wait_for_service(index, "environments", reply).await? else {
+                return Err(ManagerError::Service {
+                    service: platform,
+                    message: "a stop was asked while knob waited for its environments".into(),
+                });
+            };
+            match answer {
                 Ok(reports) => self.on_environment_reports(index, reports).await?,
                 // In hybrid mode the other services may still run the experiment; whether any
                 // environment is left is decided below, with this reason in the error.

@@ -236,6 +236,10 @@ impl TrainingService for Service {
     }
 
     fn shutdown(&mut self) -> Result<(), PluginError> {
+        if self.name == "unending" {
+            // A service waiting on a host that stopped answering.
+            std::thread::sleep(HOLD_LIMIT);
+        }
         Ok(())
     }
 }
@@ -1427,4 +1431,62 @@ fn a_stop_while_the_assessor_is_stuck_ends_the_experiment() {
     let outcome = outcome.unwrap();
     assert_eq!(outcome.status, ExperimentStatus::Stopped, "{outcome:?}");
     assert!(still_stuck, "the stop waited for the stuck assessor");
+}
+
+/// A training service whose `shutdown` never returns (waiting on a host that stopped
+/// answering) held the finished experiment's end forever: no DONE recorded, nothing said, and
+/// the first Ctrl-C or SIGTERM unheard. Now the late shutdown is named on the console, a stop
+/// ends the wait at once, and the experiment is recorded DONE, with a warning that the service
+/// did not shut down.
+#[test]
+fn a_service_that_never_shuts_down_does_not_hold_the_experiments_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = Services {
+        platforms: &["unending"],
+        gpus: 2,
+        hold: Mutex::new(None),
+        starts: Default::default(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
+    };
+    let config = config(dir.path(), 2, 2, components.platforms, "Counter");
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+
+    // Once the console names the late shutdown, the user stops (the first Ctrl-C).
+    let watcher = when_ready(move || {
+        let named = progress_rx.borrow().notices.iter().any(|notice| {
+            notice
+                .text
+                .contains("training service(s) unending have not shut down")
+        });
+        named && commands_tx.send(manager::Command::Stop).is_ok()
+    });
+
+    let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
+    let ended = Instant::now();
+    let stop_sent = watcher
+        .join()
+        .unwrap()
+        .expect("the console never named the service that does not shut down");
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
+    let took = ended - stop_sent;
+    assert!(
+        took < Duration::from_secs(5),
+        "the stop took {took:?}: the end waited for the service's shutdown"
+    );
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.status, ExperimentStatus::Done);
+    assert!(state
+        .trials
+        .iter()
+        .all(|t| t.status == TrialStatus::Succeeded));
+    assert!(
+        state.warnings.iter().any(|w| w
+            .message
+            .contains("training service unending did not shut down")),
+        "{:?}",
+        state.warnings
+    );
 }
