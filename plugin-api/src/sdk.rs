@@ -1046,14 +1046,27 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
 
     fn request(&mut self, request_json: RStr<'_>) -> AbiResult<RString> {
         let (inner, label, answered) = (&mut self.inner, &self.label, &self.answered);
-        guarded(label, "request", &mut self.poisoned, || {
-            // A kind this build does not know (a newer host) is an error the host expects.
-            let request: ServiceRequest =
-                serde_json::from_str(request_json.as_str()).map_err(|e| {
-                    PluginError::new(format!(
-                        "{label}: unknown request from host ({e}); built against an older knob-plugin-api"
-                    ))
-                })?;
+        // A kind this build does not know (a newer host) is an error the host expects.
+        let request: ServiceRequest = match serde_json::from_str(request_json.as_str()) {
+            Ok(request) => request,
+            Err(e) => {
+                return RResult::RErr(
+                    format!("{label}: unknown request from host ({e}); built against an older knob-plugin-api")
+                        .into(),
+                )
+            }
+        };
+        // A failure is named by the method the plugin's author wrote (`environments`, …), not
+        // by this transport.
+        let method = match &request {
+            ServiceRequest::EnvironmentChanges { .. } => "environments",
+            ServiceRequest::DeleteCheckpoint { .. } => "delete_checkpoint",
+            ServiceRequest::TrialConcurrency { .. } => "set_trial_concurrency",
+            ServiceRequest::SnapshotCheckpoint { .. } => "snapshot_checkpoint",
+            ServiceRequest::DeleteSnapshot { .. } => "delete_snapshot",
+            ServiceRequest::FetchSnapshot { .. } => "fetch_snapshot",
+        };
+        guarded(label, method, &mut self.poisoned, || {
             let answer = match request {
                 ServiceRequest::EnvironmentChanges { since } => {
                     return AnsweredEnvironments::answer(inner, answered, since).map(RString::from);

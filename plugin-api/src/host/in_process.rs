@@ -167,6 +167,41 @@ mod tests {
             .collect()
     }
 
+    /// A service whose `environments` panics.
+    struct Panics;
+
+    impl TrainingService for Panics {
+        fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
+            panic!("no hosts file")
+        }
+        fn start_trial(&mut self, _request: TrialRequest) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn kill_trial(&mut self, _trial_id: &str, _reason: &str) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn shutdown(&mut self) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    /// A panic in `environments` is named by that method, the one the plugin's author wrote,
+    /// not by the request that carries it (it said "panicked in request").
+    #[test]
+    fn a_panic_in_environments_names_that_method() {
+        let handle = training_service(
+            "panics",
+            |_event: Result<ServiceEvent, String>| {},
+            |_events| Ok(Panics),
+        )
+        .unwrap();
+        let error = handle.environment_reports().wait().unwrap_err().to_string();
+        assert!(
+            error.contains("training service panics panicked in environments: no hosts file"),
+            "{error}"
+        );
+    }
+
     #[test]
     fn only_changed_environments_are_sent_again_in_full() {
         let environments = Arc::new(Mutex::new(vec![
