@@ -179,13 +179,25 @@ pub fn discover_plugin_files(places: &[PathBuf]) -> (Vec<PathBuf>, Vec<HostError
         if place.is_dir() {
             match std::fs::read_dir(place) {
                 Ok(entries) => {
-                    candidates.extend(
-                        entries
-                            .flatten()
-                            .map(|e| e.path())
-                            .filter(|p| p.is_file() && is_shared_library(p)),
-                    );
-                    candidates.sort();
+                    let mut named: Vec<PathBuf> = entries
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| is_shared_library(p))
+                        .collect();
+                    named.sort();
+                    for path in named {
+                        // A symlink whose target is gone (a build folder cleaned since) or a
+                        // loop is refused in words, as every refused file is: skipped, it was
+                        // missing from the unknown-name error without a reason.
+                        match std::fs::metadata(&path) {
+                            Ok(meta) if meta.is_file() => candidates.push(path),
+                            Ok(_) => {}
+                            Err(e) => problems.push(HostError::Load {
+                                path,
+                                reason: format!("cannot open: {e}"),
+                            }),
+                        }
+                    }
                 }
                 Err(e) => problems.push(HostError::Load {
                     path: place.clone(),
@@ -1193,6 +1205,33 @@ impl EventSinkAbi for EventForwarder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A symlink named as a plugin whose target is gone, or a loop, is refused with its reason
+    /// (it was skipped without a word); a directory named so is told as one by the check.
+    #[test]
+    fn broken_symlinks_in_a_plugin_folder_are_refused_in_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path();
+        std::os::unix::fs::symlink(folder.join("gone/libsweep.so"), folder.join("libsweep.so"))
+            .unwrap();
+        std::os::unix::fs::symlink(folder.join("loop2.so"), folder.join("loop1.so")).unwrap();
+        std::os::unix::fs::symlink(folder.join("loop1.so"), folder.join("loop2.so")).unwrap();
+        std::fs::create_dir(folder.join("dir.so")).unwrap();
+        let (files, problems) = discover_plugin_files(&[folder.to_path_buf()]);
+        assert!(files.is_empty(), "{files:?}");
+        let problems: Vec<String> = problems
+            .iter()
+            .map(|p| p.to_string().replace(&folder.display().to_string(), "DIR"))
+            .collect();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("DIR/libsweep.so") && problems[0].contains("cannot open"));
+        assert!(problems[1].contains("DIR/loop1.so") && problems[1].contains("cannot open"));
+        assert!(problems[2].contains("DIR/loop2.so") && problems[2].contains("cannot open"));
+        assert_eq!(
+            precheck::check_file(&folder.join("dir.so")).map(|_| ()),
+            Err("is a directory, not a plugin file".to_string())
+        );
+    }
 
     #[test]
     fn a_library_may_export_a_name_once_per_kind() {

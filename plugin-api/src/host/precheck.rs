@@ -62,6 +62,10 @@ pub struct ElfSummary {
 /// Checks the plugin file at `path`, reading only its headers and dynamic section.
 pub fn check_file(path: &std::path::Path) -> Result<ElfSummary, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    // A directory opens, and then reads as a damaged header.
+    if file.metadata().is_ok_and(|meta| meta.is_dir()) {
+        return Err("is a directory, not a plugin file".into());
+    }
     check(&ReadCache::new(file))
 }
 
