@@ -192,8 +192,8 @@ pub fn clean_up_leftovers(
 /// Bounded: a service whose `shutdown` never returns (waiting on a cluster or an SSH host that
 /// stopped answering) held the experiment's end forever, unrecorded (RUNNING, then "crashed"
 /// after a second signal). One unanswered for [`SERVICE_LATE_AFTER`] is named by `late` (the
-/// console); at [`SHUTDOWN_PATIENCE`], or when `stop` is ready (a Ctrl-C or SIGTERM while the
-/// end waits), knob goes on without it, saying so.
+/// console); at [`SHUTDOWN_PATIENCE`], or when `stop` is ready after that (a Ctrl-C or SIGTERM
+/// while the end waits), knob goes on without it, saying so.
 pub(super) async fn shut_down(
     slots: &[ServiceSlot],
     mut late: impl FnMut(String),
@@ -249,9 +249,12 @@ pub(super) async fn shut_down(
                 SHUTDOWN_PATIENCE.as_secs()
             ));
         }
+        // A stop ends the wait only once the service is named late: one asked before (a
+        // second `knob stop`, a Ctrl-C as the experiment ended) would cut short a shutdown
+        // that was about to release its trials and cluster jobs.
         tokio::select! {
             _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
-            _ = &mut stop, if !stopped => stopped = true,
+            _ = &mut stop, if named_late && !stopped => stopped = true,
         }
     }
 }
@@ -305,8 +308,8 @@ impl Manager {
     /// Waits for a service's answer that the experiment cannot go on without (its environments
     /// at start). A service stuck in the call (waiting on a host that stopped answering) held
     /// knob without a word, deaf to Ctrl-C and SIGTERM: one unanswered for
-    /// [`SERVICE_LATE_AFTER`] is named on the console, and a stop asked meanwhile ends the wait
-    /// (`None`). No patience of its own: a service may take long to reach its hosts, and the
+    /// [`SERVICE_LATE_AFTER`] is named on the console, and a stop asked from then on ends the
+    /// wait (`None`). No patience of its own: a service may take long to reach its hosts, and the
     /// user, told, decides.
     async fn wait_for_service<T>(
         &mut self,
@@ -314,22 +317,22 @@ impl Manager {
         call: &str,
         mut reply: Reply<T>,
     ) -> Result<Option<Result<T, HostError>>, ManagerError> {
-        let began = Instant::now();
-        let mut named = false;
-        loop {
-            let late = began + SERVICE_LATE_AFTER;
-            tokio::select! {
-                answer = reply.answer() => return Ok(Some(answer)),
-                () = stop_asked(&mut self.commands) => return Ok(None),
-                () = tokio::time::sleep_until(late), if !named => {}
-            }
-            named = true;
-            let message = format!(
-                "training service {} has not answered {call} in {} s; knob waits for it (a Ctrl-C or SIGTERM stops the experiment)",
-                self.services[index].platform,
-                SERVICE_LATE_AFTER.as_secs()
-            );
-            self.notice(message).await?;
+        // Commands are left queued until the service is named late: a Ctrl-C or an update that
+        // comes while a service answers in its usual time is the loop's, once it runs (a stop
+        // then ends the experiment STOPPED, as one a moment later does).
+        tokio::select! {
+            answer = reply.answer() => return Ok(Some(answer)),
+            () = tokio::time::sleep(SERVICE_LATE_AFTER) => {}
+        }
+        let message = format!(
+            "training service {} has not answered {call} in {} s; knob waits for it (a Ctrl-C or SIGTERM stops the experiment)",
+            self.services[index].platform,
+            SERVICE_LATE_AFTER.as_secs()
+        );
+        self.notice(message).await?;
+        tokio::select! {
+            answer = reply.answer() => Ok(Some(answer)),
+            () = stop_asked(&mut self.commands) => Ok(None),
         }
     }
 

@@ -1472,8 +1472,9 @@ fn a_service_that_never_shuts_down_does_not_hold_the_experiments_end() {
     let outcome = outcome.unwrap();
     assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
     let took = ended - stop_sent;
+    // Well under the 40 s the service's shutdown takes, with room for a loaded machine.
     assert!(
-        took < Duration::from_secs(5),
+        took < Duration::from_secs(20),
         "the stop took {took:?}: the end waited for the service's shutdown"
     );
     let state = Store::open(dir.path()).unwrap().replay().unwrap();
