@@ -76,6 +76,14 @@ fi
 "$tools/bin/mypy" --strict --no-incremental --cache-dir=/dev/null python/knob python/knob_trial python/shim/nni.py python/tests
 
 "$venv/bin/pip" install --quiet --no-input --only-binary=:all: "${test_pins[@]}"
+# The shim's API is compared with real nni's: the venvs `.ci/nni-venvs.sh` made (`.ci/run`
+# exports where), passed through `as_user`'s clean environment.
+nni_pythons=()
+for variable in KNOB_TEST_NNI3_PYTHON KNOB_TEST_NNI2_PYTHON; do
+  if [ -n "${!variable:-}" ]; then
+    nni_pythons+=("$variable=${!variable}")
+  fi
+done
 # From the repository root, tests by path: `import knob` must find the installed package (the
 # tests check it), not python/knob.
-as_user "$venv/bin/python" -m pytest -p no:cacheprovider -q python/tests
+as_user env "${nni_pythons[@]}" "$venv/bin/python" -m pytest -p no:cacheprovider -q python/tests
