@@ -437,7 +437,7 @@ fn release_when(
 fn run_experiment(
     dir: &std::path::Path,
     config: &ExperimentConfig,
-    components: &Services,
+    components: &impl Components,
 ) -> Result<manager::Outcome, manager::ManagerError> {
     let (progress, _progress_rx) = watch::channel(manager::Progress::default());
     let (_commands_tx, commands) = mpsc::unbounded_channel();
@@ -449,7 +449,7 @@ fn run_experiment(
 fn run_experiment_commanded(
     dir: &std::path::Path,
     config: &ExperimentConfig,
-    components: &Services,
+    components: &impl Components,
     progress: watch::Sender<manager::Progress>,
     commands: mpsc::UnboundedReceiver<manager::Command>,
 ) -> Result<manager::Outcome, manager::ManagerError> {
@@ -1348,31 +1348,7 @@ fn stuck_assessor_experiment(
 fn an_assessor_stuck_in_a_verdict_holds_no_trial() {
     let dir = tempfile::tempdir().unwrap();
     let (_release, answered, components, config) = stuck_assessor_experiment(dir.path(), 3);
-    let (progress, _progress_rx) = watch::channel(manager::Progress::default());
-    let (_commands_tx, commands) = mpsc::unbounded_channel();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let outcome = runtime.block_on(async {
-        let store = Store::open(dir.path()).unwrap();
-        store
-            .append(StoreEvent::ExperimentCreated {
-                experiment_id: "stuck".into(),
-                config: serde_json::to_value(&config).unwrap(),
-                start_time_ms: 0,
-            })
-            .await
-            .unwrap();
-        let experiment = manager::Experiment {
-            id: "stuck".into(),
-            dir: dir.path().to_path_buf(),
-            config: config.clone(),
-            history: None,
-            config_file: None,
-        };
-        manager::run(experiment, store, &components, commands, progress).await
-    });
+    let outcome = run_experiment(dir.path(), &config, &components);
     let still_stuck = !answered.load(std::sync::atomic::Ordering::SeqCst);
     let outcome = outcome.unwrap();
     assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
@@ -1400,29 +1376,7 @@ fn a_stop_while_the_assessor_is_stuck_ends_the_experiment() {
         let ended = progress_rx.borrow().succeeded >= 2;
         ended && commands_tx.send(manager::Command::Stop).is_ok()
     });
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let outcome = runtime.block_on(async {
-        let store = Store::open(dir.path()).unwrap();
-        store
-            .append(StoreEvent::ExperimentCreated {
-                experiment_id: "stuck".into(),
-                config: serde_json::to_value(&config).unwrap(),
-                start_time_ms: 0,
-            })
-            .await
-            .unwrap();
-        let experiment = manager::Experiment {
-            id: "stuck".into(),
-            dir: dir.path().to_path_buf(),
-            config: config.clone(),
-            history: None,
-            config_file: None,
-        };
-        manager::run(experiment, store, &components, commands, progress).await
-    });
+    let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
     let still_stuck = !answered.load(std::sync::atomic::Ordering::SeqCst);
     watcher
         .join()
