@@ -164,7 +164,8 @@ impl Manager {
         for (trial_id, status) in ended {
             self.drop_snapshot(&trial_id, status);
         }
-        self.replay_to_assessor(state).await
+        self.replay_to_assessor(state);
+        Ok(())
     }
 
     /// Rebuilds the assessor's knowledge (Medianstop's completed trials, ASHA's rungs) by telling
@@ -180,9 +181,9 @@ impl Manager {
     /// Told, not waited for: the assessor takes them before any later call, and a failure
     /// comes back as a warning about its trial (a stuck assessor held the resume,
     /// `AssessorDriver`).
-    async fn replay_to_assessor(&mut self, state: &ExperimentState) -> Result<(), ManagerError> {
+    fn replay_to_assessor(&mut self, state: &ExperimentState) {
         let Some(assessor) = &mut self.assessor else {
-            return Ok(());
+            return;
         };
         enum Told<'a> {
             Metric(&'a MetricRecord),
@@ -248,7 +249,6 @@ impl Manager {
                 }
             }
         }
-        Ok(())
     }
 
     /// Takes a started trial back to WAITING for a new attempt, after `backoff`.
