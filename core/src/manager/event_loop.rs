@@ -68,8 +68,13 @@ pub(super) struct Manager {
     pub(super) timers: Timers,
     pub(super) stop_requested: bool,
     /// When the experiment began to stop (`stop_all`): trials left only on environments that
-    /// cannot be reached are given up [`UNREACHABLE_AT_STOP`] after it.
+    /// cannot be reached, or whose service has not answered a call about them, are given up
+    /// [`UNREACHABLE_AT_STOP`] or [`UNANSWERED_AT_STOP`] after it.
     stopping_since: Option<Instant>,
+    /// Trials whose service has not answered their start or kill yet.
+    pub(super) unanswered: services::Unanswered,
+    /// Whether the console was told which unanswered trials a stop waits for.
+    stop_wait_told: bool,
     /// Why the loop gave up on a tuner that owed parameters while nothing ran: the experiment's
     /// end message, so that its summary (and `knob experiment show`) says why it ended early.
     gave_up_on_tuner: Option<String>,
@@ -203,6 +208,8 @@ impl Manager {
             timers,
             stop_requested: false,
             stopping_since: None,
+            unanswered: Default::default(),
+            stop_wait_told: false,
             gave_up_on_tuner: None,
             more_to_submit: false,
             collected: Default::default(),
@@ -295,7 +302,7 @@ impl Manager {
             {
                 return self.last_answers().await;
             }
-            if self.only_unreachable_left(Instant::now()) {
+            if self.given_up_at_stop(Instant::now()) {
                 // `finish` records them and says where they may still run.
                 return self.last_answers().await;
             }
@@ -816,7 +823,10 @@ impl Manager {
         let reply = self.services[service]
             .handle
             .kill_trial(trial_id.to_string(), reason);
-        self.warn_if_it_fails(reply, Some(trial_id.to_string()), |e| {
+        let asked = self.unanswered.asked(trial_id);
+        self.warn_if_it_fails(reply, Some(trial_id.to_string()), move |e| {
+            // Dropped with this closure once the answer comes, an error or not.
+            let _answered = asked;
             format!("could not kill: {e}")
         });
         Ok(())
@@ -837,27 +847,60 @@ impl Manager {
 
     pub(super) fn next_deadline(&mut self) -> Option<Instant> {
         let now = Instant::now();
-        let give_up_unreachable = self
+        // While a stop waits for trials, its next moment of patience: the notice of the
+        // unanswered ones, then giving up the unreachable, then the unanswered.
+        let stop_patience = self
             .stopping_since
             .filter(|_| self.book.active_count() > 0)
-            .map(|since| since + UNREACHABLE_AT_STOP);
+            .and_then(|since| {
+                [
+                    services::SERVICE_LATE_AFTER,
+                    UNREACHABLE_AT_STOP,
+                    UNANSWERED_AT_STOP,
+                ]
+                .into_iter()
+                .map(|patience| since + patience)
+                .find(|at| *at > now)
+            });
         self.timers
-            .next(now, self.book.next_trial_timer(now), give_up_unreachable)
+            .next(now, self.book.next_trial_timer(now), stop_patience)
     }
 
-    /// Whether the experiment stops (`stop_all`), [`UNREACHABLE_AT_STOP`] has passed since,
-    /// and every trial not yet ended runs on an environment its service reports it cannot
-    /// reach: their kills wait for the host, and their ends, at the latest, for the service to
-    /// declare it lost (`hostLossTimeout`, minutes), so the stop does not wait for them.
-    fn only_unreachable_left(&self, now: Instant) -> bool {
-        self.stopping_since
-            .is_some_and(|since| now >= since + UNREACHABLE_AT_STOP)
-            && self.book.active_count() > 0
-            && self
-                .book
-                .active_ids()
-                .iter()
-                .all(|id| self.unreachable(id).is_some())
+    /// Whether the experiment stops (`stop_all`) and every trial not yet ended is one the stop
+    /// no longer waits for:
+    /// - it runs on an environment its service reports it cannot reach, and
+    ///   [`UNREACHABLE_AT_STOP`] has passed: its kill waits for the host, and its end, at the
+    ///   latest, for the service to declare it lost (`hostLossTimeout`, minutes);
+    /// - or its service has not answered its start or its kill, and [`UNANSWERED_AT_STOP`] has
+    ///   passed: a service stuck in a call (a `start_trial` that never returns) holds the
+    ///   kills queued behind it for ever.
+    fn given_up_at_stop(&self, now: Instant) -> bool {
+        let Some(since) = self.stopping_since else {
+            return false;
+        };
+        let active = self.book.active_ids();
+        !active.is_empty()
+            && active.iter().all(|id| {
+                (now >= since + UNREACHABLE_AT_STOP && self.unreachable(id).is_some())
+                    || (now >= since + UNANSWERED_AT_STOP && self.unanswered.contains(id))
+            })
+    }
+
+    /// The trials not yet ended whose service has not answered a start or a kill about them,
+    /// by service (platform), sorted.
+    fn unanswered_by_service(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        let mut by_service: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for trial_id in self.book.active_ids() {
+            let service = self.book.get(&trial_id).and_then(|trial| trial.service);
+            if let Some(service) = service.filter(|_| self.unanswered.contains(&trial_id)) {
+                let platform = self.services[service].platform.clone();
+                by_service.entry(platform).or_default().push(trial_id);
+            }
+        }
+        for trials in by_service.values_mut() {
+            trials.sort();
+        }
+        by_service
     }
 
     /// The environment of a trial handed to a service, and why it cannot be reached, when its
@@ -871,6 +914,21 @@ impl Manager {
 
     pub(super) async fn on_deadline(&mut self) -> Result<(), ManagerError> {
         let now = Instant::now();
+        let stop_waits_long = self
+            .stopping_since
+            .is_some_and(|since| now >= since + services::SERVICE_LATE_AFTER);
+        if stop_waits_long && !self.stop_wait_told {
+            self.stop_wait_told = true;
+            for (platform, trials) in self.unanswered_by_service() {
+                self.notice(format!(
+                    "the stop waits for trial(s) {}: training service {platform} has not answered their start or kill in {} s; the experiment ends without them after {} s",
+                    trials.join(", "),
+                    services::SERVICE_LATE_AFTER.as_secs(),
+                    UNANSWERED_AT_STOP.as_secs()
+                ))
+                .await?;
+            }
+        }
         if let Some(waited) = self.timers.take_tuner_notice(now) {
             let message = format!(
                 "{} owes parameters for {} trial(s) and nothing runs: none came in {} s (a tuner starting up or fitting its model may take this long); the experiment ends if none come in {} s",
@@ -993,6 +1051,14 @@ impl Manager {
             let id = &self.id;
             self.notice(format!(
                 "trial(s) {} could not be killed: environment {environment} cannot be reached ({why}); they may still run there. `knob resume {id}` ends them once it can be reached",
+                trials.join(", ")
+            ))
+            .await?;
+        }
+        for (platform, trials) in self.unanswered_by_service() {
+            let id = &self.id;
+            self.notice(format!(
+                "trial(s) {} could not be killed: training service {platform} has not answered their start or kill; its shutdown is asked next, but they may still run. `knob resume {id}` ends what is left of them",
                 trials.join(", ")
             ))
             .await?;
@@ -1216,6 +1282,10 @@ const MAX_NEW_TRIALS_A_TURN: u32 = 1024;
 /// How long a stop waits for an environment that cannot be reached to come back (a dropped
 /// connection is usually restored within seconds) before it ends without the trials there.
 const UNREACHABLE_AT_STOP: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// How long a stop waits for trials whose service has not answered their start or kill (a
+/// host's code upload over SSH may take a minute) before it ends without them.
+const UNANSWERED_AT_STOP: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The assessor's next answers (see `AssessorDriver::answered`); never, without an assessor.
 async fn assessor_answered(assessor: &mut Option<AssessorDriver>) -> Vec<assessor_driver::Answer> {

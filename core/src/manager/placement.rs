@@ -546,9 +546,12 @@ impl Manager {
         // its start arrives as a service event, a failure to start as a `StartFailed`.
         let reply = self.services[service].handle.start_trial(request);
         let start_failures = self.start_failures_tx.clone();
+        let asked = self.unanswered.asked(trial_id);
         let trial_id = trial_id.to_string();
         tokio::spawn(async move {
-            if let Err(e) = reply.get().await {
+            let answer = reply.get().await;
+            drop(asked);
+            if let Err(e) = answer {
                 let _ = start_failures.send((trial_id, format!("could not start: {e}")));
             }
         });

@@ -38,6 +38,56 @@ pub(super) struct ServiceSlot {
 /// An event with the index of the service that reported it.
 pub(super) type TaggedEvent = (usize, Result<ServiceEvent, String>);
 
+/// Trials with a call to their service not yet answered (a start, a kill), each with how many.
+/// A service answers its calls in order, so one stuck in a call (a `start_trial` that never
+/// returns) holds every later one: a stop must not wait for ever for kills queued behind it
+/// (see `Manager::given_up_at_stop`).
+#[derive(Clone, Default)]
+pub(super) struct Unanswered(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
+);
+
+impl Unanswered {
+    /// A call about `trial_id` asked: it counts as unanswered until the guard is dropped (by
+    /// whatever receives the answer).
+    pub fn asked(&self, trial_id: &str) -> AskedGuard {
+        *self.lock().entry(trial_id.to_string()).or_default() += 1;
+        AskedGuard {
+            calls: self.clone(),
+            trial_id: trial_id.to_string(),
+        }
+    }
+
+    pub fn contains(&self, trial_id: &str) -> bool {
+        self.lock().contains_key(trial_id)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u32>> {
+        // A count is never left half-changed: a panic elsewhere does not poison its meaning.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One unanswered call of [`Unanswered`]; dropped once it is answered.
+pub(super) struct AskedGuard {
+    calls: Unanswered,
+    trial_id: String,
+}
+
+impl Drop for AskedGuard {
+    fn drop(&mut self) {
+        let mut calls = self.calls.lock();
+        if let Some(count) = calls.get_mut(&self.trial_id) {
+            *count -= 1;
+            if *count == 0 {
+                calls.remove(&self.trial_id);
+            }
+        }
+    }
+}
+
 /// A re-probe's answer that came after the loop went on, with the service's index.
 pub(super) type LateReports = (usize, Result<Vec<EnvironmentReport>, HostError>);
 

@@ -112,6 +112,15 @@ impl TrainingService for Service {
     }
 
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
+        if self.name == "stuckstart" {
+            // A start that does not return (a host that stopped answering mid-upload): every
+            // later call, the trial's kill and the shutdown included, queues behind it.
+            let trial_id = request.trial_id.clone();
+            self.starts
+                .lock()
+                .unwrap()
+                .push((Instant::now(), self.name, trial_id));
+        }
         if let Some(hold) = self.hold.take() {
             let _ = hold.recv_timeout(HOLD_LIMIT);
         }
@@ -333,7 +342,7 @@ impl Components for Services {
                 message: "classArgs of training service broken: machineList is empty".into(),
             });
         }
-        let hold = if name == "busy" {
+        let hold = if name == "busy" || name == "stuckstart" {
             self.hold.lock().unwrap().take()
         } else {
             None
@@ -464,6 +473,34 @@ fn run_experiment_commanded(
         .enable_all()
         .build()
         .unwrap();
+    run_experiment_on(runtime, dir, config, components, progress, commands)
+}
+
+/// [`run_experiment_commanded`] on tokio's paused clock: the manager's own patience (minutes)
+/// passes at once while it waits on nothing else.
+fn run_experiment_paused(
+    dir: &std::path::Path,
+    config: &ExperimentConfig,
+    components: &impl Components,
+    progress: watch::Sender<manager::Progress>,
+    commands: mpsc::UnboundedReceiver<manager::Command>,
+) -> Result<manager::Outcome, manager::ManagerError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    run_experiment_on(runtime, dir, config, components, progress, commands)
+}
+
+fn run_experiment_on(
+    runtime: tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    config: &ExperimentConfig,
+    components: &impl Components,
+    progress: watch::Sender<manager::Progress>,
+    commands: mpsc::UnboundedReceiver<manager::Command>,
+) -> Result<manager::Outcome, manager::ManagerError> {
     runtime.block_on(async {
         let store = Store::open(dir).unwrap();
         store
@@ -1455,5 +1492,88 @@ fn a_service_that_never_shuts_down_does_not_hold_the_experiments_end() {
             .contains("training service unending did not shut down")),
         "{:?}",
         state.warnings
+    );
+}
+
+/// A `start_trial` that never returns (a third-party service stuck on its host) held a stop for
+/// ever: the trial's kill queued behind the start on the service's thread, so the trial never
+/// ended and the loop waited for it. Now the console names the trial the stop waits for after
+/// 10 s, the stop gives it up after 60 s (passed at once on the paused clock), saying it may
+/// still run, and the experiment is recorded STOPPED with the trial ended as the stop decided;
+/// the shutdown, queued behind the start too, is then waited for as any late one is.
+#[test]
+fn a_start_that_never_returns_does_not_hold_a_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (release, held) = std_mpsc::channel();
+    let components = Services {
+        platforms: &["stuckstart"],
+        gpus: 1,
+        hold: Mutex::new(Some(held)),
+        starts: Starts::default(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
+    };
+    let mut config = config(dir.path(), 1, 1, components.platforms, "Counter");
+    // Its bound would pass first on the paused clock.
+    config.max_experiment_duration = None;
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+
+    // The user stops once the start is asked, and again once the late shutdown is named (the
+    // first Ctrl-C, then the one that ends the wait for the shutdown).
+    let starts = components.starts.clone();
+    let stops = commands_tx.clone();
+    let first_stop = when_ready(move || {
+        !starts.lock().unwrap().is_empty() && stops.send(manager::Command::Stop).is_ok()
+    });
+    let notices = progress_rx.clone();
+    let second_stop = when_ready(move || {
+        let named = notices.borrow().notices.iter().any(|notice| {
+            notice
+                .text
+                .contains("training service(s) stuckstart have not shut down")
+        });
+        named && commands_tx.send(manager::Command::Stop).is_ok()
+    });
+
+    let outcome = run_experiment_paused(dir.path(), &config, &components, progress, commands);
+    let ended = Instant::now();
+    drop(release);
+    let stopped = first_stop
+        .join()
+        .unwrap()
+        .expect("the service was never asked to start the trial");
+    second_stop
+        .join()
+        .unwrap()
+        .expect("the console never named the service that does not shut down");
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Stopped, "{outcome:?}");
+    // The shutdown's 10 s of real time, with room for a loaded machine; the held start lets
+    // go only at `HOLD_LIMIT` (40 s).
+    let took = ended - stopped;
+    assert!(
+        took < Duration::from_secs(30),
+        "the stop took {took:?}: it waited for the stuck start"
+    );
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.status, ExperimentStatus::Stopped);
+    assert_eq!(state.trials.len(), 1, "{:?}", state.trials);
+    let trial = &state.trials[0];
+    assert_eq!(trial.status, TrialStatus::UserCanceled, "{trial:?}");
+    let notices = progress_rx.borrow().notices.clone();
+    let said = |what: &str| notices.iter().any(|n| n.warning && n.text.contains(what));
+    let id = &trial.trial_id;
+    assert!(
+        said(&format!(
+            "the stop waits for trial(s) {id}: training service stuckstart has not answered their start or kill in 10 s"
+        )),
+        "{notices:?}"
+    );
+    assert!(
+        said(&format!(
+            "trial(s) {id} could not be killed: training service stuckstart has not answered their start or kill"
+        )),
+        "{notices:?}"
     );
 }
