@@ -39,7 +39,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     if args.detach {
         return detach(&args);
     }
-    let services = ServicePlugins::new();
+    let services = ServicePlugins::with_notices(|notice| errln!("note: {notice}"));
     let (config, warnings) = experiment::load_config(&args.config, &services)?;
     for warning in warnings {
         errln!("warning: {warning}");

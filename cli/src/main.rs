@@ -134,10 +134,12 @@ fn main() -> ExitCode {
         Command::View(args) => manage::view(args),
         Command::Top(args) => top::top(args),
         Command::Config(ConfigCommand::Check { file, v2 }) => {
+            let services =
+                knob_core::config::ServicePlugins::with_notices(|notice| errln!("note: {notice}"));
             let checked = if v2 {
-                knob_core::config::check_file_v2(&file, &knob_core::config::ServicePlugins::new())
+                knob_core::config::check_file_v2(&file, &services)
             } else {
-                knob_core::config::check_file(&file, &knob_core::config::ServicePlugins::new())
+                knob_core::config::check_file(&file, &services)
             };
             match checked {
                 Ok(canonical) => {

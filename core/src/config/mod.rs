@@ -95,14 +95,36 @@ impl ServiceSource for PluginRegistry {
 
 /// The plugins of a config, loaded the first time a config asks (from the usual places and its
 /// `pluginPaths`), and kept for what follows (the experiment's run).
+///
+/// As a checker, it builds the config's tuner and assessor on a thread of its own: a
+/// constructor or `update_search_space` that never returns (a third-party tuner waiting on a
+/// lock, a server, a download) hung `knob config check` and `knob create` without a word. One
+/// unanswered for [`ALGORITHM_CHECK_NOTICE_AFTER`] is named through the notices (the console),
+/// and at [`ALGORITHM_CHECK_PATIENCE`] the check gives up on it with an error.
 #[derive(Default)]
 pub struct ServicePlugins {
     registry: std::sync::OnceLock<PluginRegistry>,
+    notices: Option<Box<dyn Fn(String) + Send + Sync>>,
 }
+
+/// How long a tuner's or assessor's build for a config check (with the tuner's
+/// `update_search_space`) runs before the console is told it is still waited for.
+pub const ALGORITHM_CHECK_NOTICE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the check waits for that build before it gives up (NNI's own tuners start Python
+/// and import their libraries first: seconds).
+pub const ALGORITHM_CHECK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl ServicePlugins {
     pub fn new() -> ServicePlugins {
         ServicePlugins::default()
+    }
+
+    /// The same, telling `notice` of a tuner or an assessor whose build is slow to answer.
+    pub fn with_notices(notice: impl Fn(String) + Send + Sync + 'static) -> ServicePlugins {
+        ServicePlugins {
+            notices: Some(Box::new(notice)),
+            ..ServicePlugins::default()
+        }
     }
 
     /// The registry, loaded now from `plugin_paths` if no config asked before.
@@ -110,12 +132,125 @@ impl ServicePlugins {
         self.registry
             .get_or_init(|| PluginRegistry::load(plugin_paths))
     }
+
+    /// The registry `checker` loaded.
+    fn loaded(&self) -> &PluginRegistry {
+        self.registry(&[])
+    }
 }
 
 impl ServiceSource for ServicePlugins {
     fn checker(&self, plugin_paths: &[PathBuf]) -> &dyn ServiceChecker {
-        self.registry(plugin_paths)
+        self.registry(plugin_paths);
+        self
     }
+}
+
+impl ServiceChecker for ServicePlugins {
+    fn platforms(&self) -> Vec<String> {
+        self.loaded().platforms()
+    }
+
+    fn check(
+        &self,
+        platform: &str,
+        config: &serde_json::Value,
+        context: &knob_plugin_api::service::ServiceContext,
+    ) -> Result<knob_plugin_api::service::ConfigCheck, String> {
+        self.loaded().check(platform, config, context)
+    }
+
+    fn checks_algorithms(&self) -> bool {
+        true
+    }
+
+    fn check_algorithm(
+        &self,
+        kind: knob_plugin_api::ComponentKind,
+        name: &str,
+        class_args: &serde_json::Value,
+        search_space: Option<&serde_json::Value>,
+    ) -> Option<Result<(), AlgorithmProblem>> {
+        let calls = match (kind, search_space) {
+            (knob_plugin_api::ComponentKind::Tuner, Some(_)) => {
+                "constructor or update_search_space"
+            }
+            _ => "constructor",
+        };
+        let what = format!("{kind} {name}'s {calls}");
+        let registry = self.loaded().clone();
+        let (name, class_args) = (name.to_owned(), class_args.clone());
+        let search_space = search_space.cloned();
+        let built = within_patience(
+            &what,
+            ALGORITHM_CHECK_NOTICE_AFTER,
+            ALGORITHM_CHECK_PATIENCE,
+            self.notices.as_deref(),
+            move || registry.check_algorithm(kind, &name, &class_args, search_space.as_ref()),
+        );
+        built.unwrap_or_else(|gave_up| Some(Err(AlgorithmProblem::Constructor(gave_up))))
+    }
+
+    fn tuner_takes_objectives(&self, name: &str, class_args: &serde_json::Value) -> Option<bool> {
+        let registry = self.loaded().clone();
+        let (name, class_args) = (name.to_owned(), class_args.clone());
+        let what = format!("tuner {name}'s constructor");
+        within_patience(
+            &what,
+            ALGORITHM_CHECK_NOTICE_AFTER,
+            ALGORITHM_CHECK_PATIENCE,
+            self.notices.as_deref(),
+            move || registry.tuner_takes_objectives(&name, &class_args),
+        )
+        .ok()
+        .flatten()
+    }
+}
+
+/// Runs `work` (a plugin's call, `what`) on a thread of its own and waits for it: after
+/// `notice_after` `notice` is told it is still waited for, and after `patience` the wait ends
+/// with an error that says so. The thread is left to finish (or not) on its own: nothing can
+/// stop a call inside a plugin.
+fn within_patience<T: Send + 'static>(
+    what: &str,
+    notice_after: std::time::Duration,
+    patience: std::time::Duration,
+    notice: Option<&(dyn Fn(String) + Send + Sync)>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    use std::sync::mpsc::RecvTimeoutError;
+    let (answer_tx, answer) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("knob-config-check".into())
+        .spawn(move || {
+            let _ = answer_tx.send(work());
+        })
+        .map_err(|e| format!("cannot start a thread to check {what}: {e}"))?;
+    let ended = |error: RecvTimeoutError| {
+        match error {
+        // The host catches a plugin's panic; this is the host's own.
+        RecvTimeoutError::Disconnected => format!("{what} failed: the check's thread panicked"),
+        RecvTimeoutError::Timeout => format!(
+            "{what} did not return in {} s, so knob gives up on it: it may wait for a lock, a server or a download that does not come",
+            patience.as_secs()
+        ),
+    }
+    };
+    match answer.recv_timeout(notice_after) {
+        Ok(answer) => return Ok(answer),
+        Err(RecvTimeoutError::Timeout) => {}
+        Err(error) => return Err(ended(error)),
+    }
+    if let Some(notice) = notice {
+        notice(format!(
+            "checking the config: {what} has not returned in {} s; still waiting (knob gives up after {} s, Ctrl-C stops now)",
+            notice_after.as_secs(),
+            patience.as_secs()
+        ));
+    }
+    answer
+        .recv_timeout(patience.saturating_sub(notice_after))
+        .map_err(ended)
 }
 
 /// A config that passed every check, with what deserves a warning.
@@ -416,4 +551,80 @@ fn config_folder(path: &Path) -> PathBuf {
             .map(|current| current.join(folder))
             .unwrap_or_else(|_| folder.to_path_buf())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::within_patience;
+
+    const SHORT: Duration = Duration::from_millis(50);
+    const LONG: Duration = Duration::from_secs(20);
+
+    /// What the notices were told.
+    fn told() -> (Arc<Mutex<Vec<String>>>, impl Fn(String) + Send + Sync) {
+        let said = Arc::new(Mutex::new(Vec::new()));
+        let sink = {
+            let said = said.clone();
+            move |line| said.lock().unwrap().push(line)
+        };
+        (said, sink)
+    }
+
+    #[test]
+    fn a_quick_call_is_answered_without_a_notice() {
+        let (said, sink) = told();
+        let answer = within_patience("tuner Quick's constructor", LONG, LONG, Some(&sink), || 7);
+        assert_eq!(answer, Ok(7));
+        assert!(said.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_slow_call_is_named_and_still_answered() {
+        let (said, sink) = told();
+        let answer = within_patience("tuner Slow's constructor", SHORT, LONG, Some(&sink), || {
+            std::thread::sleep(SHORT * 4);
+            "built"
+        });
+        assert_eq!(answer, Ok("built"));
+        let said = said.lock().unwrap();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("tuner Slow's constructor has not returned in 0 s; still waiting"),
+            "{said:?}"
+        );
+    }
+
+    #[test]
+    fn a_call_that_never_returns_is_given_up_saying_so() {
+        let (said, sink) = told();
+        let (_never, stuck) = std::sync::mpsc::channel::<()>();
+        let answer = within_patience(
+            "tuner Stuck's constructor or update_search_space",
+            SHORT,
+            SHORT * 2,
+            Some(&sink),
+            move || stuck.recv_timeout(LONG).is_ok(),
+        );
+        let error = answer.unwrap_err();
+        assert!(
+            error.starts_with("tuner Stuck's constructor or update_search_space did not return in 0 s, so knob gives up on it"),
+            "{error}"
+        );
+        assert_eq!(said.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_panicking_call_is_an_error_not_a_wait() {
+        let answer = within_patience("assessor Broken's constructor", LONG, LONG, None, || {
+            panic!("the host's own bug")
+        });
+        let error: String = answer.unwrap_err();
+        assert!(
+            error.contains("assessor Broken's constructor failed"),
+            "{error}"
+        );
+    }
 }

@@ -656,7 +656,10 @@ fn mismatched_type(report: &str) -> Option<String> {
 // The registry
 
 /// Every plugin library found, and which library provides each (kind, name).
-#[derive(Debug, Default)]
+///
+/// Cloned to build a component on a thread of its own (a config check's tuner, which may never
+/// return); the libraries stay loaded for the life of the process either way.
+#[derive(Debug, Default, Clone)]
 pub struct PluginRegistry {
     libraries: Vec<PluginLibrary>,
     problems: Vec<HostError>,
