@@ -1070,32 +1070,8 @@ fn a_tuner_that_never_answers_ends_the_experiment_saying_so() {
     config.max_experiment_duration = None;
     let (progress, progress_rx) = watch::channel(manager::Progress::default());
     let (_commands_tx, commands) = mpsc::unbounded_channel();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    let outcome = runtime
-        .block_on(async {
-            let store = Store::open(dir.path()).unwrap();
-            store
-                .append(StoreEvent::ExperimentCreated {
-                    experiment_id: "hung".into(),
-                    config: serde_json::to_value(&config).unwrap(),
-                    start_time_ms: 0,
-                })
-                .await
-                .unwrap();
-            let experiment = manager::Experiment {
-                id: "hung".into(),
-                dir: dir.path().to_path_buf(),
-                config: config.clone(),
-                history: None,
-                config_file: None,
-            };
-            manager::run(experiment, store, &components, commands, progress).await
-        })
-        .unwrap();
+    let outcome =
+        run_experiment_paused(dir.path(), &config, &components, progress, commands).unwrap();
     let gave_up = "owes parameters for";
     assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
     let message = outcome.message.clone().unwrap_or_default();
