@@ -1474,7 +1474,7 @@ fn a_service_that_never_shuts_down_does_not_hold_the_experiments_end() {
 /// A `start_trial` that never returns (a third-party service stuck on its host) held a stop for
 /// ever: the trial's kill queued behind the start on the service's thread, so the trial never
 /// ended and the loop waited for it. Now the console names the trial the stop waits for after
-/// 10 s, the stop gives it up after 60 s (passed at once on the paused clock), saying it may
+/// 10 s, the stop gives it up after 30 s (passed at once on the paused clock), saying it may
 /// still run, and the experiment is recorded STOPPED with the trial ended as the stop decided;
 /// the shutdown, queued behind the start too, is then waited for as any late one is.
 #[test]
