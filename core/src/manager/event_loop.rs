@@ -1141,7 +1141,11 @@ impl Manager {
             .filter(|t| !t.status.is_final())
             .and_then(|t| t.kill.clone());
         if let Some((status, reason)) = decided {
-            self.warn(Some(trial_id.clone()), message).await?;
+            // Nothing ran (a start the host did not send, its kill having come first): the
+            // end as decided says all there is.
+            if !message.contains(NOT_STARTED) {
+                self.warn(Some(trial_id.clone()), message).await?;
+            }
             return self
                 .end_trial(&trial_id, status, Some(reason), None, None, String::new())
                 .await;

@@ -1553,3 +1553,79 @@ fn a_start_that_never_returns_does_not_hold_a_stop() {
         "{notices:?}"
     );
 }
+
+/// A stop that comes while starts wait on the service's thread (a burst after the concurrency
+/// was raised, behind one slow start) starts none of them: each start whose kill came first is
+/// not sent (the host answers it not started), the trial ends as the stop decided, without a
+/// warning, and its kill is not sent either. It used to start every queued trial's process,
+/// then kill it: 182 of 200 spawned after a `knob stop`.
+#[test]
+fn starts_still_queued_when_the_stop_comes_are_not_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    const TRIALS: u64 = 4;
+    let (release, held) = std_mpsc::channel();
+    let components = Services {
+        platforms: &["stuckstart"],
+        gpus: TRIALS as u32,
+        hold: Mutex::new(Some(held)),
+        starts: Starts::default(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
+    };
+    let mut config = config(
+        dir.path(),
+        TRIALS,
+        TRIALS as u32,
+        components.platforms,
+        "Counter",
+    );
+    config.max_experiment_duration = None;
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+
+    // The first start is held on the service's thread, the other three wait behind it; the
+    // user stops. Once the stop's kills are queued too (the stop names the trials it waits
+    // for), the start lets go.
+    let starts = components.starts.clone();
+    let stopper = when_ready(move || {
+        !starts.lock().unwrap().is_empty() && commands_tx.send(manager::Command::Stop).is_ok()
+    });
+    let notices = progress_rx.clone();
+    let releaser = release_when(release, move || {
+        notices
+            .borrow()
+            .notices
+            .iter()
+            .any(|notice| notice.text.contains("the stop waits for trial(s)"))
+    });
+
+    let outcome = run_experiment_paused(dir.path(), &config, &components, progress, commands);
+    stopper.join().unwrap().expect("no start was asked");
+    releaser
+        .join()
+        .unwrap()
+        .expect("the stop never named the trials it waits for");
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Stopped, "{outcome:?}");
+    let started: std::collections::BTreeSet<String> = components
+        .starts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, _, trial)| trial.clone())
+        .collect();
+    assert_eq!(started.len(), 1, "the service started {started:?}");
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.trials.len() as u64, TRIALS, "{:?}", state.trials);
+    for trial in &state.trials {
+        assert_eq!(trial.status, TrialStatus::UserCanceled, "{trial:?}");
+    }
+    assert!(
+        !state
+            .warnings
+            .iter()
+            .any(|w| w.message.contains("could not start")),
+        "{:?}",
+        state.warnings
+    );
+}

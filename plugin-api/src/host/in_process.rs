@@ -87,7 +87,9 @@ pub fn training_service<S: TrainingService>(
     build: impl FnOnce(EventSink) -> Result<S, PluginError>,
 ) -> Result<TrainingServiceHandle, HostError> {
     let (label, object) = service_object(name, on_event, build)?;
-    Ok(TrainingServiceHandle(PluginThread::inline(label, object)))
+    Ok(TrainingServiceHandle::new(PluginThread::inline(
+        label, object,
+    )))
 }
 
 /// [`training_service`] on a thread of its own, as a plugin's service runs: its calls are
@@ -99,7 +101,9 @@ pub fn training_service_on_thread<S: TrainingService>(
     build: impl FnOnce(EventSink) -> Result<S, PluginError>,
 ) -> Result<TrainingServiceHandle, HostError> {
     let (label, object) = service_object(name, on_event, build)?;
-    Ok(TrainingServiceHandle(PluginThread::spawn(label, object)))
+    Ok(TrainingServiceHandle::new(PluginThread::spawn(
+        label, object,
+    )))
 }
 
 fn service_object<S: TrainingService>(

@@ -1150,7 +1150,7 @@ fn service_handle(
 fn service_thread(exact: &str, raw: objects::ServiceRaw) -> TrainingServiceHandle {
     let label = format!("training service {exact}");
     let object = TrainingServiceObject::new(raw, label.clone());
-    TrainingServiceHandle(PluginThread::spawn(label, object))
+    TrainingServiceHandle::new(PluginThread::spawn(label, object))
 }
 
 fn constructed<T>(

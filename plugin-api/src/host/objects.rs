@@ -806,9 +806,35 @@ impl AssessorHandle {
 }
 
 /// A training service running on its own thread.
-pub struct TrainingServiceHandle(pub(super) PluginThread<TrainingServiceObject>);
+pub struct TrainingServiceHandle(
+    pub(super) PluginThread<TrainingServiceObject>,
+    Arc<std::sync::Mutex<QueuedStarts>>,
+);
+
+/// The starts asked of a service and not yet sent to it (they wait on its thread behind its
+/// other calls), and those of them a kill came for meanwhile. A stop that came while many
+/// starts were queued (a burst after `trialConcurrency` was raised) had every trial's process
+/// started, then killed: 182 of 200 spawned after the stop, some running to their end while
+/// the experiment was ending. A start whose kill came first is not sent: it is answered
+/// [`crate::service::NOT_STARTED`], and its kill, with nothing to kill, is not sent either.
+#[derive(Default)]
+struct QueuedStarts {
+    queued: std::collections::HashSet<String>,
+    killed: std::collections::HashSet<String>,
+}
+
+fn lock_starts(starts: &std::sync::Mutex<QueuedStarts>) -> std::sync::MutexGuard<'_, QueuedStarts> {
+    // Both sets are changed whole under the lock: a panic elsewhere leaves them meaningful.
+    starts
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 impl TrainingServiceHandle {
+    pub(super) fn new(thread: PluginThread<TrainingServiceObject>) -> TrainingServiceHandle {
+        TrainingServiceHandle(thread, Default::default())
+    }
+
     pub fn label(&self) -> &str {
         &self.0.label
     }
@@ -819,11 +845,44 @@ impl TrainingServiceHandle {
     pub fn environment_reports(&self) -> Reply<Vec<EnvironmentReport>> {
         self.0.call(|s| s.environment_reports())
     }
+    /// Not sent if the trial's kill comes while the start waits on the service's thread (see
+    /// [`QueuedStarts`]).
     pub fn start_trial(&self, request: TrialRequest) -> Reply<()> {
-        self.0.call(move |s| s.start_trial(&request))
+        let starts = self.1.clone();
+        lock_starts(&starts).queued.insert(request.trial_id.clone());
+        let label = self.0.label.clone();
+        self.0.call(move |s| {
+            let killed = {
+                let mut starts = lock_starts(&starts);
+                starts.queued.remove(&request.trial_id);
+                starts.killed.contains(&request.trial_id)
+            };
+            if killed {
+                return Err(HostError::Call {
+                    message: format!(
+                        "{label}: {}: it was killed before its start reached the service",
+                        crate::service::NOT_STARTED
+                    ),
+                });
+            }
+            s.start_trial(&request)
+        })
     }
     pub fn kill_trial(&self, trial_id: String, reason: String) -> Reply<()> {
-        self.0.call(move |s| s.kill_trial(&trial_id, &reason))
+        let starts = self.1.clone();
+        {
+            let mut queued = lock_starts(&starts);
+            if queued.queued.contains(&trial_id) {
+                queued.killed.insert(trial_id.clone());
+            }
+        }
+        self.0.call(move |s| {
+            // Its start was not sent (it ran before this, in order): nothing runs to kill.
+            if lock_starts(&starts).killed.remove(&trial_id) {
+                return Ok(());
+            }
+            s.kill_trial(&trial_id, &reason)
+        })
     }
     pub fn shutdown(&self) -> Reply<()> {
         self.0.call(|s| s.shutdown())
