@@ -188,15 +188,16 @@ pub fn to_json(state: &ExperimentState) -> Value {
     })
 }
 
-/// One row per trial; parameters flattened into one column each (nested choices as `a/b`),
-/// the latest attempt's intermediate results as a JSON list in one column. A final result reported as a dict gives
+/// One row per trial; parameters flattened into one column each (nested choices as `a/b`; two
+/// values that would share a name are told apart as [`column_names`] says), the latest
+/// attempt's intermediate results as a JSON list in one column. A final result reported as a dict gives
 /// each of its entries but `default` (which is `final`) a `final:` column, so that the other
 /// metrics and a multi-objective experiment's objectives are there as numbers; with
 /// `objectives`, a `pareto` column says which trials are on the front, as in the JSON.
 pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()> {
     let parameters = FlatColumns::new(state.trials.iter().map(|t| {
         let mut cells = Vec::new();
-        flatten("", &t.parameters, &mut cells);
+        flatten(&mut Vec::new(), &t.parameters, &mut cells);
         cells
     }));
     let finals = FlatColumns::new(state.trials.iter().map(|t| {
@@ -206,7 +207,7 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
             .and_then(|m| knob_plugin_api::metric::parse_lenient(&m.raw).ok());
         if let Some(Value::Object(entries)) = reported {
             for (key, value) in entries.iter().filter(|(key, _)| *key != "default") {
-                flatten(key, value, &mut cells);
+                flatten(&mut vec![key.clone()], value, &mut cells);
             }
         }
         // NaN and ±Infinity as Python writes them, not as the lenient reader marks them.
@@ -310,58 +311,151 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
     Ok(())
 }
 
+/// The path of keys to one value inside a trial's parameters or final dict, outermost first.
+type KeyPath = Vec<String>;
+
 /// Named cells of each row (a trial's flattened parameters, say), and every name any row has,
 /// in the order first seen: the CSV's columns of that kind.
 struct FlatColumns {
     names: Vec<String>,
-    rows: Vec<Vec<(String, String)>>,
+    rows: Vec<Vec<(usize, String)>>,
 }
 
 impl FlatColumns {
-    fn new(rows: impl Iterator<Item = Vec<(String, String)>>) -> FlatColumns {
-        let rows: Vec<_> = rows.collect();
-        let mut names: Vec<String> = Vec::new();
-        for (name, _) in rows.iter().flatten() {
-            if !names.contains(name) {
-                names.push(name.clone());
-            }
+    /// `rows`: each row's values by their key path. Each distinct path gets a column of its own,
+    /// named by [`column_names`].
+    fn new(rows: impl Iterator<Item = Vec<(KeyPath, String)>>) -> FlatColumns {
+        let mut paths: Vec<KeyPath> = Vec::new();
+        let rows: Vec<Vec<(usize, String)>> = rows
+            .map(|cells| {
+                cells
+                    .into_iter()
+                    .map(|(path, value)| {
+                        let column = match paths.iter().position(|p| *p == path) {
+                            Some(column) => column,
+                            None => {
+                                paths.push(path);
+                                paths.len() - 1
+                            }
+                        };
+                        (column, value)
+                    })
+                    .collect()
+            })
+            .collect();
+        FlatColumns {
+            names: column_names(&paths),
+            rows,
         }
-        FlatColumns { names, rows }
     }
 
-    /// Row `row`'s cell under each name, empty where it has none.
+    /// Row `row`'s cell in each column, empty where it has none.
     fn row(&self, row: usize) -> impl Iterator<Item = String> + '_ {
         let cells = &self.rows[row];
-        self.names.iter().map(move |name| {
+        (0..self.names.len()).map(move |column| {
             cells
                 .iter()
-                .find(|(cell_name, _)| cell_name == name)
+                .find(|(cell_column, _)| *cell_column == column)
                 .map(|(_, value)| value.clone())
                 .unwrap_or_default()
         })
     }
 }
 
-fn flatten(prefix: &str, value: &Value, cells: &mut Vec<(String, String)>) {
+/// A column name for each of `paths` (distinct), all of them distinct: the keys joined with
+/// `/` (`opt/lr` for `lr` inside `opt`), which is what a name is unless that would give two
+/// paths the same column, as a key `opt/lr` beside `opt` holding `lr` would. Then each path
+/// involved is spelt as a JSON Pointer (RFC 6901) without its leading `/`: `/` inside a key
+/// becomes `~1` and `~` becomes `~0` (`opt~1lr` for the key `opt/lr`; `opt/lr` stays the
+/// nested one's). Escaping only on a collision keeps the common names as they are (a metric
+/// `val/acc` stays `val/acc`), and a pointer is one spelling for one path, so no value is
+/// left without a column. A plain name that equals another path's pointer is spelt as a
+/// pointer too, until no two names are the same.
+fn column_names(paths: &[KeyPath]) -> Vec<String> {
+    let plain = |path: &KeyPath| path.join("/");
+    let pointer = |path: &KeyPath| {
+        path.iter()
+            .map(|key| key.replace('~', "~0").replace('/', "~1"))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let mut names: Vec<String> = paths.iter().map(plain).collect();
+    let mut escaped = vec![false; paths.len()];
+    // Each round escapes at least one more path or ends; pointers never collide with each other.
+    loop {
+        let mut changed = false;
+        for at in 0..paths.len() {
+            let shared = names
+                .iter()
+                .enumerate()
+                .any(|(other, name)| other != at && *name == names[at]);
+            if shared && !escaped[at] {
+                escaped[at] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return names;
+        }
+        for at in 0..paths.len() {
+            if escaped[at] {
+                names[at] = pointer(&paths[at]);
+            }
+        }
+    }
+}
+
+/// Each leaf of `value` with its key path below `path` (`path` itself for a value that is no
+/// object), a string as its text and anything else as JSON.
+fn flatten(path: &mut KeyPath, value: &Value, cells: &mut Vec<(KeyPath, String)>) {
     match value {
         Value::Object(map) => {
             for (key, value) in map {
-                let name = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}/{key}")
-                };
-                flatten(&name, value, cells);
+                path.push(key.clone());
+                flatten(path, value, cells);
+                path.pop();
             }
         }
-        Value::String(s) => cells.push((prefix.to_string(), s.clone())),
-        other => cells.push((prefix.to_string(), other.to_string())),
+        Value::String(s) => cells.push((path.clone(), s.clone())),
+        other => cells.push((path.clone(), other.to_string())),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(paths: &[&[&str]]) -> Vec<String> {
+        let paths: Vec<KeyPath> = paths
+            .iter()
+            .map(|path| path.iter().map(|key| key.to_string()).collect())
+            .collect();
+        column_names(&paths)
+    }
+
+    #[test]
+    fn column_names_join_keys_with_a_slash_and_escape_only_colliding_keys() {
+        // No collision: a key with `/` or `~` keeps its name.
+        assert_eq!(
+            names(&[&["opt", "lr"], &["val/acc"], &["a~b"]]),
+            ["opt/lr", "val/acc", "a~b"]
+        );
+        // A key `opt/lr` beside `lr` inside `opt`: the literal key is escaped, whichever came
+        // first.
+        assert_eq!(names(&[&["opt/lr"], &["opt", "lr"]]), ["opt~1lr", "opt/lr"]);
+        assert_eq!(names(&[&["opt", "lr"], &["opt/lr"]]), ["opt/lr", "opt~1lr"]);
+        // A plain name equal to an escaped one is escaped in turn, and `~` with it.
+        assert_eq!(
+            names(&[
+                &["opt", "lr"],
+                &["opt/lr"],
+                &["opt~1lr"],
+                &["a", "b/c"],
+                &["a/b", "c"]
+            ]),
+            ["opt/lr", "opt~1lr", "opt~01lr", "a/b~1c", "a~1b/c"]
+        );
+    }
 
     #[test]
     fn a_schedule_follows_the_parents_oldest_first_and_ends_on_a_damaged_log() {

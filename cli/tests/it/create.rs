@@ -247,6 +247,55 @@ fn the_csv_export_has_a_column_for_each_entry_of_a_final_dict() {
     assert_eq!(cell("pareto"), None, "no objectives, no front: {csv}");
 }
 
+/// A CSV export's header and rows, split at commas (the values these tests write hold none).
+fn csv_of(sandbox: &Sandbox, id: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let (code, csv, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "export", id, "--format", "csv"]));
+    assert_eq!(code, 0, "{stderr}");
+    let mut lines = csv
+        .lines()
+        .map(|line| line.split(',').map(str::to_string).collect::<Vec<_>>());
+    let header = lines.next().unwrap_or_default();
+    (header, lines.collect())
+}
+
+/// Two values whose flattened names would be the same (a parameter `opt/lr` beside `lr` inside
+/// the nested choice `opt`; a final's `m/a` beside `a` inside `m`) each get a column: the
+/// literal key is spelt as a JSON Pointer (`opt~1lr`). One of them used to be left out.
+#[test]
+fn the_csv_export_keeps_every_value_whose_flattened_names_collide() {
+    let sandbox = Sandbox::new();
+    let yaml = "trialCommand: sh final.sh\ntrialConcurrency: 1\nmaxTrialNumber: 1
+searchSpace:
+  opt: {_type: choice, _value: [{_name: sgd, lr: {_type: choice, _value: [0.5]}}]}
+  opt/lr: {_type: choice, _value: [0.25]}
+  val/acc: {_type: choice, _value: [7]}
+tuner: {name: Random}
+trainingService: {platform: local}";
+    let trial = r#"echo 'KNOB_FINAL {"default": 1, "m": {"a": 2}, "m/a": 3}'"#;
+    let config = sandbox.config(yaml, &[("final.sh", trial)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "collide");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (header, rows) = csv_of(&sandbox, "collide");
+    assert_eq!(rows.len(), 1, "{header:?} {rows:?}");
+    let cell = |name: &str| {
+        let at = header.iter().position(|c| c == name);
+        at.map(|at| rows[0][at].as_str())
+    };
+    let columns = format!("{header:?}");
+    assert_eq!(cell("param:opt/_name"), Some("sgd"), "{columns}");
+    assert_eq!(cell("param:opt/lr"), Some("0.5"), "{columns}");
+    assert_eq!(cell("param:opt~1lr"), Some("0.25"), "{columns}");
+    // A key with `/` that collides with nothing keeps its name.
+    assert_eq!(cell("param:val/acc"), Some("7"), "{columns}");
+    assert_eq!(cell("final"), Some("1"), "{columns}");
+    assert_eq!(cell("final:m/a"), Some("2"), "{columns}");
+    assert_eq!(cell("final:m~1a"), Some("3"), "{columns}");
+    assert_eq!(header.len(), rows[0].len(), "{columns}");
+}
+
 /// A folder this registry does not list (copied from another machine, another KNOB_HOME) is
 /// registered by `knob experiment register`, after which every command finds it; a create of
 /// its id, before, says so.
