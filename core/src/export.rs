@@ -272,11 +272,7 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
             trial.trial_id.clone(),
             trial.sequence.to_string(),
             trial.status.as_str().to_string(),
-            trial
-                .final_metric()
-                .and_then(|m| m.value)
-                .map(|v| v.to_string())
-                .unwrap_or_default(),
+            trial.final_metric().map(final_cell).unwrap_or_default(),
             started.map(|v| v.to_string()).unwrap_or_default(),
             ended.map(|v| v.to_string()).unwrap_or_default(),
             match (started, ended) {
@@ -309,6 +305,23 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
     }
     writer.flush()?;
     Ok(())
+}
+
+/// The `final` column of a trial's final result: its number, and a NaN or ±Infinity spelt as
+/// Python writes it (as the `final:` and `intermediate` columns beside it are), so that a
+/// diverged final is not as empty as one never reported. The store keeps no number for those
+/// (`value` is None), so it is read again from what the trial sent.
+fn final_cell(metric: &crate::store::MetricRecord) -> String {
+    if let Some(value) = metric.value {
+        return value.to_string();
+    }
+    match knob_plugin_api::metric::default_value(&metric.raw) {
+        Ok(value) if value.is_nan() => "NaN".to_string(),
+        Ok(value) if value == f64::INFINITY => "Infinity".to_string(),
+        Ok(value) if value == f64::NEG_INFINITY => "-Infinity".to_string(),
+        // Not a number at all: nothing a column of numbers can hold.
+        _ => String::new(),
+    }
 }
 
 /// The path of keys to one value inside a trial's parameters or final dict, outermost first.

@@ -296,6 +296,41 @@ trainingService: {platform: local}";
     assert_eq!(header.len(), rows[0].len(), "{columns}");
 }
 
+/// A final that is NaN or ±Infinity (alone or as a dict's `default`) is spelt in the CSV's
+/// `final` column as in the columns beside it, so that it differs from a final never reported.
+#[test]
+fn the_csv_export_spells_a_non_finite_final() {
+    let sandbox = Sandbox::new();
+    let yaml =
+        format!("trialCommand: sh final.sh\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
+    let trial = r#"case $NNI_TRIAL_SEQ_ID in
+  0) echo 'KNOB_FINAL NaN' ;;
+  1) echo 'KNOB_FINAL Infinity' ;;
+  2) echo 'KNOB_FINAL -inf' ;;
+  3) echo 'KNOB_FINAL {"default": NaN, "loss": 2}' ;;
+esac"#;
+    let config = sandbox.config(&yaml, &[("final.sh", trial)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "nonfinite");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (header, rows) = csv_of(&sandbox, "nonfinite");
+    let final_at = header.iter().position(|c| c == "final").unwrap();
+    let sequence_at = header.iter().position(|c| c == "sequence").unwrap();
+    let mut finals: Vec<(String, String)> = rows
+        .iter()
+        .map(|row| (row[sequence_at].clone(), row[final_at].clone()))
+        .collect();
+    finals.sort();
+    let expected = [
+        ("0", "NaN"),
+        ("1", "Infinity"),
+        ("2", "-Infinity"),
+        ("3", "NaN"),
+        ("4", ""),
+    ]
+    .map(|(sequence, value)| (sequence.to_string(), value.to_string()));
+    assert_eq!(finals, expected, "{header:?} {rows:?}");
+}
+
 /// A folder this registry does not list (copied from another machine, another KNOB_HOME) is
 /// registered by `knob experiment register`, after which every command finds it; a create of
 /// its id, before, says so.
