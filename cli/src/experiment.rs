@@ -29,8 +29,10 @@ pub enum ExperimentCommand {
     /// Every trial with its parameters, status, times and metrics.
     Export {
         id: String,
-        #[arg(long, value_enum, default_value_t = ExportFormat::Json)]
-        format: ExportFormat,
+        /// json or csv; without it, the `-o` file's extension (`.csv`, `.json`) decides, and
+        /// JSON is written otherwise.
+        #[arg(long, value_enum)]
+        format: Option<ExportFormat>,
         /// Write here instead of standard output.
         #[arg(long, short = 'o')]
         output: Option<PathBuf>,
@@ -45,10 +47,53 @@ pub enum ExperimentCommand {
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Debug, ValueEnum)]
 pub enum ExportFormat {
     Json,
     Csv,
+}
+
+impl ExportFormat {
+    fn name(self) -> &'static str {
+        match self {
+            ExportFormat::Json => "json",
+            ExportFormat::Csv => "csv",
+        }
+    }
+
+    /// The format a file's extension names (`.csv`, `.json`, any case), if any.
+    fn of_file(path: &std::path::Path) -> Option<ExportFormat> {
+        let extension = path.extension()?.to_str()?.to_ascii_lowercase();
+        match extension.as_str() {
+            "csv" => Some(ExportFormat::Csv),
+            "json" => Some(ExportFormat::Json),
+            _ => None,
+        }
+    }
+
+    /// What `knob experiment export` writes: `--format`, else what the `-o` file's extension
+    /// names, else JSON. A `--format` that contradicts the extension is refused rather than
+    /// obeyed with a warning: a `.csv` holding JSON (or the reverse) breaks whatever opens it
+    /// later by its name (a spreadsheet, `pandas.read_csv`), long after a warning has scrolled
+    /// by, and either fix (rename the file, drop `--format`) costs the user one word.
+    fn for_export(
+        format: Option<ExportFormat>,
+        output: Option<&std::path::Path>,
+    ) -> anyhow::Result<ExportFormat> {
+        let named = output.and_then(|path| Some((path, ExportFormat::of_file(path)?)));
+        match (format, named) {
+            (Some(format), Some((path, named))) if format != named => anyhow::bail!(
+                "--format {} contradicts the output file {}, whose extension says {}; name the file .{} or drop --format",
+                format.name(),
+                path.display(),
+                named.name(),
+                format.name()
+            ),
+            (Some(format), _) => Ok(format),
+            (None, Some((_, named))) => Ok(named),
+            (None, None) => Ok(ExportFormat::Json),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -75,6 +120,7 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
         ExperimentCommand::List { all: _ } => list(&registry),
         ExperimentCommand::Show { id } => show(&registry.get(&id)?),
         ExperimentCommand::Export { id, format, output } => {
+            let format = ExportFormat::for_export(format, output.as_deref())?;
             let entry = registry.get(&id)?;
             let state = open(&entry)?.replay()?;
             // Rendered whole first, so that a failed write (a full disk) is told with the

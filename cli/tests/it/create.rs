@@ -331,6 +331,68 @@ esac"#;
     assert_eq!(finals, expected, "{header:?} {rows:?}");
 }
 
+/// Without `--format`, `-o`'s extension decides (`.csv` used to get JSON); a `--format` that
+/// contradicts it is refused before anything is written.
+#[test]
+fn the_export_format_follows_the_output_files_extension() {
+    let sandbox = Sandbox::new();
+    let yaml =
+        format!("trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "ext");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = |file: &str, format: Option<&str>| {
+        let path = sandbox.path().join(file);
+        let mut command = sandbox.knob();
+        command
+            .args(["experiment", "export", "ext", "-o"])
+            .arg(&path);
+        if let Some(format) = format {
+            command.args(["--format", format]);
+        }
+        let (code, _, stderr) = run(&mut command);
+        (code, stderr, std::fs::read_to_string(&path).ok())
+    };
+    let is_csv = |text: &str| text.starts_with("trial_id,sequence,status,final,");
+    let is_json = |text: &str| serde_json::from_str::<Value>(text).is_ok();
+    for (file, format, csv) in [
+        ("a.csv", None, true),
+        ("b.CSV", None, true),
+        ("c.json", None, false),
+        ("d.txt", None, false),
+        ("e", None, false),
+        ("f.txt", Some("csv"), true),
+        ("g.csv", Some("csv"), true),
+        ("h.json", Some("json"), false),
+    ] {
+        let (code, stderr, written) = export(file, format);
+        assert_eq!(code, 0, "{file} {format:?}: {stderr}");
+        let written = written.unwrap();
+        let right = if csv {
+            is_csv(&written)
+        } else {
+            is_json(&written)
+        };
+        assert!(right, "{file} {format:?}: {written}");
+    }
+    for (file, format, named) in [("x.csv", "json", "csv"), ("y.json", "csv", "json")] {
+        let (code, stderr, written) = export(file, Some(format));
+        let path = sandbox.path().join(file);
+        assert_eq!(
+            (code, stderr.trim_end(), written),
+            (
+                1,
+                format!(
+                    "error: --format {format} contradicts the output file {}, whose extension says {named}; name the file .{format} or drop --format",
+                    path.display()
+                )
+                .as_str(),
+                None
+            )
+        );
+    }
+}
+
 /// A folder this registry does not list (copied from another machine, another KNOB_HOME) is
 /// registered by `knob experiment register`, after which every command finds it; a create of
 /// its id, before, says so.
