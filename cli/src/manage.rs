@@ -4,6 +4,7 @@
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 use knob_core::experiment::{FolderHold, RemoveError};
@@ -96,23 +97,55 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The API of a running experiment, or a one-line error saying what to do instead.
+/// How long a command waits for the API of a run that is starting: its process is recorded
+/// before it serves its API (a resume first loads its plugins and checks the run), and a
+/// command right after `knob resume --detach` comes in between. Bounded, since a run that
+/// never serves one (stuck in its preparation) should not hold the command for ever.
+const STARTING_RUN_WAIT: Duration = Duration::from_secs(30);
+/// After this long waiting for a starting run, say why the command has not answered yet.
+const STARTING_RUN_NOTE_AFTER: Duration = Duration::from_secs(2);
+
+/// The API of a running experiment, or a one-line error saying what to do instead. A run
+/// still starting is waited for (up to [`STARTING_RUN_WAIT`]); one that is ending is not.
 fn running_api(id: &str) -> anyhow::Result<ApiClient> {
-    let entry = Registry::open_default()?.get(id)?;
-    ApiClient::for_running(&entry).ok_or_else(|| {
-        if entry.running_pid().is_some() {
-            // Its API closed with the run's end; the process still sends its notifications
-            // and records the end (it said "not running (RUNNING)").
-            anyhow::anyhow!(
-                "experiment {id} is ending: its run is over and its process is closing; `knob resume {id}` continues it once that process has exited"
-            )
-        } else {
-            anyhow::anyhow!(
+    let registry = Registry::open_default()?;
+    let waiting_since = Instant::now();
+    let mut noted = false;
+    loop {
+        let entry = registry.get(id)?;
+        if let Some(client) = ApiClient::for_running(&entry) {
+            return Ok(client);
+        }
+        let Some(pid) = entry.running_pid() else {
+            anyhow::bail!(
                 "experiment {id} is not running ({}); `knob resume {id}` continues it",
                 entry.shown_status()
             )
+        };
+        if entry.run_over() {
+            // Its API closed with the run's end; the process still sends its notifications
+            // and records the end (it said "not running (RUNNING)").
+            anyhow::bail!(
+                "experiment {id} is ending: its run is over and its process is closing; `knob resume {id}` continues it once that process has exited"
+            )
         }
-    })
+        let waited = waiting_since.elapsed();
+        if waited >= STARTING_RUN_WAIT {
+            anyhow::bail!(
+                "experiment {id} is still starting after {} s (pid {pid}) and serves no API yet; try again in a moment (the run's output says what it is doing: {} for a detached run)",
+                STARTING_RUN_WAIT.as_secs(),
+                crate::create::log_path(id).display()
+            )
+        }
+        if !noted && waited >= STARTING_RUN_NOTE_AFTER {
+            errln!(
+                "experiment {id} is starting (pid {pid}); waiting up to {} s for its API",
+                STARTING_RUN_WAIT.as_secs()
+            );
+            noted = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A number stays a number (so the API can say why -1 is refused); anything else is text.

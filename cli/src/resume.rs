@@ -84,6 +84,9 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     // only once the run was prepared (checks, plugins), a stop in between was told "not
     // running" and the resume ran on.
     let launch = Launch::prepare(Started::Resumed)?;
+    // The address a crashed run left recorded is no one's now: cleared, so that a command
+    // while this run starts waits for its API instead of failing to reach the old one.
+    registry.set_api(&args.id, None)?;
     registry.set_status(
         &args.id,
         ExperimentStatus::Running.as_str(),

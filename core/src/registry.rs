@@ -133,6 +133,16 @@ impl RegistryEntry {
         Ok(Some(pid))
     }
 
+    /// Whether the recorded status says how the run ended. A runner records its end before it
+    /// exits, keeping its pid while the end's notifications go out, so a live runner with an
+    /// ended status is closing; one with INITIALIZED or RUNNING and no API recorded yet is
+    /// still starting (a resume records its process before it prepares the run and serves its
+    /// API).
+    pub fn run_over(&self) -> bool {
+        crate::store::ExperimentStatus::parse(&self.status)
+            .is_some_and(crate::store::ExperimentStatus::has_ended)
+    }
+
     /// Whether the process that ran this experiment is gone without recording how it ended.
     /// The runner clears `pid` when it records the end, so a recorded process that no longer
     /// runs means it never got there.

@@ -229,6 +229,65 @@ fn a_detached_resume_runs_in_the_background_and_its_log_goes_on() {
     assert!(!sandbox.path().join("home/logs/bg.log").exists());
 }
 
+/// Right after `knob resume --detach` returns, the run is recorded as the experiment's runner but
+/// still prepares itself, its API not served yet. `knob update` and `knob trial kill` wait for
+/// that API: they used to say the experiment was "ending" and to resume it (a second resume),
+/// while `knob experiment list` said RUNNING.
+#[test]
+fn commands_right_after_a_detached_resume_wait_for_its_api() {
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: sleep 30\ntrialConcurrency: 1\nmaxTrialNumber: 20\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = run(sandbox.create_command(&config, "again").arg("--detach"));
+    assert_eq!(code, 0, "{stderr}");
+    let first = crate::Background::from_output(&stdout);
+    let (code, _, stderr) = run(sandbox.knob().args(["stop", "again"]));
+    assert_eq!(code, 0, "{stderr}");
+    drop(first);
+    commands_wait_for_a_detached_resume(&sandbox, "again");
+}
+
+/// As [`commands_right_after_a_detached_resume_wait_for_its_api`], after a crash: the crashed
+/// run's API address, still recorded, is not taken for the starting run's (a command failed to
+/// reach it).
+#[test]
+fn commands_right_after_a_crashed_experiments_detached_resume_wait_for_its_api() {
+    let sandbox = Sandbox::new();
+    crash_an_experiment(&sandbox, "wrecked", 20);
+    commands_wait_for_a_detached_resume(&sandbox, "wrecked");
+}
+
+/// Resumes `id` in the background and at once (both together) updates it and kills a trial,
+/// which must reach the new run's API; then stops it.
+fn commands_wait_for_a_detached_resume(sandbox: &Sandbox, id: &str) {
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", id, "--detach"]));
+    assert_eq!(code, 0, "{stderr}");
+    let _resumed = crate::Background::from_output(&stdout);
+    let kill = sandbox
+        .knob()
+        .args(["trial", "kill", id, "no-such-trial"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["update", "concurrency", id, "2"]));
+    assert_eq!(
+        (code, stdout.as_str()),
+        (
+            0,
+            format!("experiment {id}: trialConcurrency updated\n").as_str()
+        ),
+        "{stderr}"
+    );
+    let kill = kill.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&kill.stderr);
+    assert_eq!(kill.status.code(), Some(1), "{stderr}");
+    // The API's refusal of an unknown trial, not one of the CLI's own.
+    assert!(stderr.contains("(HTTP 404)"), "{stderr}");
+    let (code, _, stderr) = run(sandbox.knob().args(["stop", id]));
+    assert_eq!(code, 0, "{stderr}");
+}
+
 /// A `trialConcurrency` far beyond what the machine runs (one simulated GPU, so one trial at a
 /// time and the rest waiting) keeps the manager creating waiting trials; a stop still gets
 /// through at once. One turn used to create trials for as long as the budget lasted (here a

@@ -14,7 +14,6 @@ use tokio::sync::oneshot;
 use super::{ApiError, ApiState};
 use crate::manager::{Command, Refusal, Update, UpdateOutcome};
 use crate::registry::Registry;
-use crate::store::ExperimentStatus;
 
 /// How long a request waits for the manager's answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -39,9 +38,7 @@ async fn cannot_apply(state: &ApiState) -> ApiError {
             let entry = Registry::open_default().and_then(|r| r.get(&id)).ok()?;
             // A process whose run is over, still sending its last notifications, has closed
             // its API; its registry entry says how the run ended already.
-            let ended =
-                ExperimentStatus::parse(&entry.status).is_some_and(ExperimentStatus::has_ended);
-            (!ended && entry.running_pid().is_some()).then(|| entry.api_address())
+            (!entry.run_over() && entry.running_pid().is_some()).then(|| entry.api_address())
         })
         .await
         .ok()
