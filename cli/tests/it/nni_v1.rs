@@ -205,6 +205,70 @@ fn a_v1_gpu_request_that_cannot_be_placed_names_trial_gpu_num() {
     );
 }
 
+/// A v1 custom tuner (or advisor) run by a Python without nni is told to set
+/// `pythonInterpreter`, and a v1 config can: the algorithm block takes knob's extensions for
+/// NNI's dispatcher. It refused them as unknown fields, so the advice could not be followed
+/// without converting the config to v2.
+#[test]
+fn a_v1_custom_algorithm_takes_the_python_interpreter_its_error_names() {
+    let sandbox = Sandbox::new();
+    let code = sandbox.path().join("v1");
+    std::fs::create_dir_all(code.join("mytuner")).unwrap();
+    std::fs::write(code.join("search_space.json"), SPACE).unwrap();
+    std::fs::write(
+        code.join("mytuner/my_tuner.py"),
+        "from nni.tuner import Tuner\nclass MyTuner(Tuner):\n    pass\n",
+    )
+    .unwrap();
+    // A Python without nni whatever the machine's python3 has: it fails the import as one does.
+    let python = code.join("python-without-nni");
+    std::fs::write(
+        &python,
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'nni'\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let config = code.join("config.yml");
+    for block in ["tuner", "advisor"] {
+        let text = format!(
+            "trainingServicePlatform: local\ntrialConcurrency: 1\nsearchSpacePath: search_space.json\n\
+             trial: {{command: python3 trial.py, codeDir: .}}\n\
+             {block}:\n  codeDir: mytuner\n  classFileName: my_tuner.py\n  className: MyTuner\n  \
+             pythonInterpreter: ./python-without-nni\n"
+        );
+        std::fs::write(&config, &text).unwrap();
+        let (status, stdout, stderr) = run(sandbox.knob().args(["config", "check"]).arg(&config));
+        assert_ne!(status, 0, "{stdout}");
+        assert!(
+            stderr.starts_with(&format!(
+                "error: {}:8:14: {block}.className: NNI tuner my_tuner.MyTuner runs through NNI's Python dispatcher, but {} cannot import nni",
+                config.display(),
+                code.join("./python-without-nni").display()
+            )),
+            "{stderr}"
+        );
+
+        // Its value is checked as a v2 one is, and named as written.
+        std::fs::write(
+            &config,
+            text.replace(
+                "./python-without-nni",
+                "\"\"\n  dispatcherConnectTimeout: -3",
+            ),
+        )
+        .unwrap();
+        let (_, _, stderr) = run(sandbox.knob().args(["config", "check"]).arg(&config));
+        let config = config.display();
+        assert_eq!(
+            stderr,
+            format!(
+                "error: {config}:9:22: {block}.pythonInterpreter: expected a non-empty string, got \"\"\n\
+                 error: {config}:10:29: {block}.dispatcherConnectTimeout: must be positive, got -3\n"
+            )
+        );
+    }
+}
+
 #[test]
 fn knob_config_check_v2_gives_what_nni_s_own_converter_gives() {
     let Some(python) = nni3_python() else {

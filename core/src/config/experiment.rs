@@ -69,15 +69,22 @@ pub(super) const TOP_FIELDS: [&str; 42] = [
     "notifications",
     "objectives",
 ];
+/// knob's extensions for algorithms run by NNI's dispatcher (`nni_dispatch`). An NNI v1 config's
+/// tuner, assessor and advisor take them too (`v1::convert_algorithm`), since the dispatcher's
+/// errors tell a user of either form to set them.
+pub(super) const NNI_DISPATCH_FIELDS: [&str; 3] = [
+    "pythonInterpreter",
+    "useNniImplementation",
+    "dispatcherConnectTimeout",
+];
 const ALGORITHM_FIELDS: [&str; 7] = [
     "name",
     "className",
     "codeDirectory",
     "classArgs",
-    // knob extensions for algorithms run by NNI's dispatcher (`nni_dispatch`).
-    "pythonInterpreter",
-    "useNniImplementation",
-    "dispatcherConnectTimeout",
+    NNI_DISPATCH_FIELDS[0],
+    NNI_DISPATCH_FIELDS[1],
+    NNI_DISPATCH_FIELDS[2],
 ];
 const DEFAULT_WORKING_DIRECTORY: &str = "~/knob-experiments";
 

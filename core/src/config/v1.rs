@@ -16,10 +16,13 @@
 //! - a machine's `passphrase` becomes `sshPassphrase` (`to_v2` writes `passphrase`, which NNI's
 //!   own v2 schema then refuses);
 //! - `advisor` becomes `tuner` (NNI's v2 reader does the same right after, with a deprecation);
+//! - a tuner, assessor or advisor may have knob's own `pythonInterpreter`,
+//!   `useNniImplementation` and `dispatcherConnectTimeout`, kept as they are: the errors of
+//!   NNI's dispatcher, which runs a v1 custom algorithm too, tell the user to set them;
 //! - `authorName` and `description` are dropped silently; the other fields v2 dropped
 //!   (`multiThread`, `versionCheck`, `logCollection`, `includeIntermediateResults`) with a warning.
 
-use super::experiment::TOP_FIELDS;
+use super::experiment::{NNI_DISPATCH_FIELDS, TOP_FIELDS};
 use super::reader::{normalize_key, Field, Fields, Reader};
 use super::yaml::{Node, Pos, Value};
 
@@ -346,7 +349,8 @@ fn wrong_platform(reader: &mut Reader, field: &Field<'_>, needs: &str, platform:
 }
 
 /// `tuner`, `advisor` (as `tuner`) or `assessor`: `builtin<Kind>Name`, or a custom class in
-/// `codeDir` / `classFileName` / `className`; `classArgs`; the tuner's `gpuIndices`.
+/// `codeDir` / `classFileName` / `className`; `classArgs`; the tuner's `gpuIndices`; knob's
+/// own [`NNI_DISPATCH_FIELDS`], kept as they are.
 fn convert_algorithm(
     reader: &mut Reader,
     out: &mut Builder,
@@ -378,7 +382,10 @@ fn convert_algorithm(
         None => convert_custom_class(reader, &mut algorithm, &fields, field, &builtin_key, custom),
     }
     algorithm.move_field(fields.take("classArgs"), "classArgs");
-    let known = [
+    for extension in NNI_DISPATCH_FIELDS {
+        algorithm.move_field(fields.take(extension), extension);
+    }
+    let mut known = vec![
         builtin_key.as_str(),
         "codeDir",
         "classFileName",
@@ -387,6 +394,7 @@ fn convert_algorithm(
         "includeIntermediateResults",
         "gpuIndices",
     ];
+    known.extend(NNI_DISPATCH_FIELDS);
     drop_with_warning(reader, fields.take("includeIntermediateResults"));
     out.renames.push((v2_key.to_owned(), field.path.clone()));
     out.renames.append(&mut algorithm.renames);
