@@ -114,6 +114,23 @@ impl WebhookUrl {
         }
     }
 
+    /// Refuses a port outside 1 to 65535 (`http://host:99999/`): `Uri` keeps such a port as
+    /// text and ureq then quietly posts to the scheme's default port instead, secret header
+    /// and all. Checked where the config is read and again where a sink is built, so that no
+    /// path sends to another port than the one written. The error names only the port (the
+    /// URL's path is a key).
+    pub fn check_port(&self) -> Result<(), String> {
+        let Some(port) = written_port(&self.0) else {
+            return Ok(());
+        };
+        match port.parse::<u16>() {
+            Ok(1..) => Ok(()),
+            _ => Err(format!(
+                "port {port} is not a port (1 to 65535); write the port the webhook listens on, or none for the scheme's default"
+            )),
+        }
+    }
+
     /// True when this is the placeholder `Serialize` writes, not a URL to post to.
     pub fn is_redacted(&self) -> bool {
         self.0 == REDACTED || self.0.ends_with(&format!("/{REDACTED}"))
@@ -452,7 +469,7 @@ fn read_webhook(reader: &mut Reader, field: &Field<'_>) -> Option<WebhookConfig>
     })
 }
 
-/// An absolute `http`/`https` URL with a host.
+/// An absolute `http`/`https` URL with a host, and a port that is one if it names one.
 fn check_url(text: &str) -> Result<(), String> {
     let uri = axum::http::Uri::from_str(text).map_err(|error| {
         format!("{text:?} is not a URL ({error}); write http://... or https://...")
@@ -471,9 +488,29 @@ fn check_url(text: &str) -> Result<(), String> {
         }
     }
     match uri.host() {
-        Some(host) if !host.is_empty() => Ok(()),
-        _ => Err(format!("{text:?} names no host")),
+        Some(host) if !host.is_empty() => {}
+        _ => return Err(format!("{text:?} names no host")),
     }
+    WebhookUrl::new(text).check_port()
+}
+
+/// The port written in a URL's authority (`scheme://user@host:port/...`), as text; `None` when
+/// none is written (`host:` with an empty port means the default, as `Uri` reads it).
+fn written_port(url: &str) -> Option<&str> {
+    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = after_scheme
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or(after_scheme);
+    let host_and_port = authority.rsplit('@').next().unwrap_or(authority);
+    // An IPv6 host (`[::1]:8080`) has colons of its own.
+    let after_host = host_and_port
+        .rfind(']')
+        .map_or(host_and_port, |end| &host_and_port[end + 1..]);
+    after_host
+        .rsplit_once(':')
+        .map(|(_, port)| port)
+        .filter(|port| !port.is_empty())
 }
 
 /// A secret string: not empty, and not the `***` knob prints in its place.

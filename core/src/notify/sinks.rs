@@ -37,7 +37,8 @@ impl std::fmt::Debug for Sink {
 pub fn sinks(config: &NotificationsConfig) -> Vec<Result<Sink, (String, String)>> {
     let mut sinks = Vec::new();
     if let Some(webhook) = &config.webhook {
-        sinks.push(Ok(Sink::webhook(webhook.clone())));
+        let name = webhook_name(webhook);
+        sinks.push(Sink::webhook(webhook.clone()).map_err(|error| (name, error)));
     }
     if let Some(email) = &config.email {
         let name = email_name(email);
@@ -47,7 +48,10 @@ pub fn sinks(config: &NotificationsConfig) -> Vec<Result<Sink, (String, String)>
 }
 
 impl Sink {
-    fn webhook(config: WebhookConfig) -> Sink {
+    fn webhook(config: WebhookConfig) -> Result<Sink, String> {
+        // The config's reading refuses it already; this keeps any other way in (a config built
+        // in code) from posting to the default port instead of the one written.
+        config.url.check_port()?;
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(SEND_TIMEOUT))
             // A 4xx/5xx is read as an answer, so its status can be reported.
@@ -57,7 +61,7 @@ impl Sink {
             .max_redirects(0)
             .build()
             .into();
-        Sink::Webhook { config, agent }
+        Ok(Sink::Webhook { config, agent })
     }
 
     fn email(config: EmailConfig) -> Result<Sink, String> {

@@ -235,3 +235,56 @@ fn the_placeholder_is_refused_as_a_webhook_url() {
         "{out}"
     );
 }
+
+/// A port past 65535 was kept as text by the URL parser and ureq posted to port 80 instead,
+/// secret header and all; the error then named the port written.
+#[test]
+fn a_webhook_port_that_is_not_a_port_is_refused_where_it_is_written() {
+    let project = Project::new(&[]);
+    for port in ["99999", "0"] {
+        let text = format!(
+            "{BASE}notifications:\n  webhook: {{url: 'http://127.0.0.1:{port}/hooks/KEY', secret: s}}\n"
+        );
+        let out = project.check("exp.yml", &text);
+        assert_eq!(
+            out,
+            format!("$DIR/exp.yml:7:18: notifications.webhook.url: port {port} is not a port (1 to 65535); write the port the webhook listens on, or none for the scheme's default\n"),
+        );
+        assert!(!out.contains("KEY"), "{out}");
+    }
+    for fine in [
+        "http://127.0.0.1:65535/h",
+        "https://[::1]/h",
+        "https://[::1]:8443/h",
+        "http://u:pw@host:1/h?a=b:c",
+        "https://host/path:99999",
+    ] {
+        let text = format!("{BASE}notifications:\n  webhook: {{url: '{fine}'}}\n");
+        let out = project.check("exp.yml", &text);
+        assert!(out.contains("notifications:\n"), "{fine}: {out}");
+    }
+}
+
+/// The notifier and `knob notify test` refuse such a URL too, when a config reaches them by
+/// another way than its reading: nothing posts to another port than the one written.
+#[test]
+fn a_sink_with_a_port_that_is_not_a_port_sends_nothing() {
+    let config = NotificationsConfig {
+        webhook: Some(knob_core::config::WebhookConfig {
+            url: knob_core::config::WebhookUrl::new("http://127.0.0.1:99999/hooks/KEY"),
+            secret: Some(Secret::new("s".to_owned())),
+            secret_header: "X-Knob-Secret".to_owned(),
+        }),
+        email: None,
+        new_best: false,
+        failures_in_a_row: 0,
+    };
+    let results = knob_core::notify::send_test(&config, "code");
+    assert_eq!(
+        results,
+        vec![(
+            "webhook http://127.0.0.1:99999/…".to_owned(),
+            Err("port 99999 is not a port (1 to 65535); write the port the webhook listens on, or none for the scheme's default".to_owned())
+        )]
+    );
+}
