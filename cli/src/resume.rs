@@ -147,7 +147,12 @@ fn prepare(
     // Every check before the store is changed: a resume refused (a secret not known, a plugin
     // gone) leaves the experiment as it was, its budgets and status included.
     let search_space = match &args.search_space {
-        Some(file) => Some(crate::space::read_space_value(file)?.1),
+        Some(file) => {
+            let (_, space) = crate::space::read_space_value(file)?;
+            manager::check_new_search_space(&space)
+                .map_err(|refusal| anyhow::anyhow!("{}: {refusal}", file.display()))?;
+            Some(space)
+        }
         None => None,
     };
     let (plugins, _context) = stored_services(&args.id, &entry.dir, &mut config)?;

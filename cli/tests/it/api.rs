@@ -924,6 +924,63 @@ fn a_read_only_server_of_a_running_experiment_names_the_experiments_own_api() {
     );
 }
 
+/// What an empty search space sent to a running experiment gets, whatever its tuner.
+const EMPTY_SPACE_REFUSED: &str = "the search space is empty ({}): it would leave the tuner nothing to search and end the experiment; give at least one parameter; the experiment goes on with the search space it had";
+
+/// An empty search space sent to a running experiment is refused for every tuner: Random and
+/// TPE took it (200), had nothing left to try and ended the experiment DONE at once.
+#[test]
+fn an_empty_search_space_is_refused_and_the_experiment_goes_on() {
+    let sandbox = Sandbox::new();
+    let yaml = CONFIG.replace(
+        "name: Random\n  classArgs: {seed: 3}",
+        "name: TPE\n  classArgs: {optimize_mode: maximize}",
+    );
+    assert!(yaml.contains("name: TPE"), "{yaml}");
+    let config = sandbox.config(&yaml, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let experiment = start(command, &["--id", "empty", "--port", "0"]);
+    let base = experiment.base.clone();
+    wait_for("a finished trial", || {
+        trials(&base, "?status=SUCCEEDED")["total"].as_u64() >= Some(1)
+    });
+    let space = get(&base, "/experiment").1["config"]["searchSpace"].clone();
+    assert_refused(
+        send(&base, "PUT", "/experiment/search-space", "{}"),
+        400,
+        EMPTY_SPACE_REFUSED,
+    );
+    assert_refused(
+        send(&base, "PATCH", "/experiment", r#"{"searchSpace": {}}"#),
+        400,
+        EMPTY_SPACE_REFUSED,
+    );
+    let empty = sandbox.path().join("empty.yml");
+    std::fs::write(&empty, "{}\n").unwrap();
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["update", "searchspace", "empty"])
+        .arg(&empty));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{EMPTY_SPACE_REFUSED} (HTTP 400)")),
+        "{stderr}"
+    );
+    // Still running, on the space it had, and still making trials.
+    let done = trials(&base, "")["total"].as_u64().unwrap();
+    wait_for("a later trial", || {
+        trials(&base, "")["total"].as_u64().unwrap() > done + 1
+    });
+    let summary = get(&base, "/experiment").1;
+    assert_eq!(
+        (&summary["status"], &summary["config"]["searchSpace"]),
+        (&json!("RUNNING"), &space)
+    );
+    let (code, _, stderr) = run(sandbox.knob().args(["stop", "empty"]));
+    assert_eq!(code, 0, "{stderr}");
+}
+
 /// A search space the tuner refuses (GridSearch is given none) is refused with the tuner's
 /// reason, on one line, and nothing changes: the experiment runs on with the space it had, its
 /// trial too. Stored before the tuner was asked (as an earlier knob did), such a space ended the
@@ -950,7 +1007,7 @@ fn a_search_space_the_tuner_refuses_is_refused_and_the_experiment_goes_on() {
     assert_refused(
         send(&base, "PUT", "/experiment/search-space", "{}"),
         400,
-        "tuner GridSearch failed in update_search_space: the search space is empty; give it at least one parameter to search over; the experiment goes on with the search space it had",
+        EMPTY_SPACE_REFUSED,
     );
     let empty = sandbox.path().join("empty.json");
     std::fs::write(&empty, "{}").unwrap();
@@ -960,7 +1017,7 @@ fn a_search_space_the_tuner_refuses_is_refused_and_the_experiment_goes_on() {
         .arg(&empty));
     assert_eq!(code, 1, "{stderr}");
     assert!(
-        stderr.contains("the search space is empty; give it at least one parameter to search over; the experiment goes on with the search space it had (HTTP 400)"),
+        stderr.contains(&format!("{EMPTY_SPACE_REFUSED} (HTTP 400)")),
         "{stderr}"
     );
     let summary = get(&base, "/experiment").1;
@@ -994,6 +1051,15 @@ fn a_search_space_the_tuner_refuses_is_refused_and_the_experiment_goes_on() {
     assert!(
         stderr.contains("the search space is empty; give it at least one parameter to search over; this search space came from an update the tuner refused; resume with a space it takes: `knob resume grid --search-space FILE`"),
         "{stderr}"
+    );
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["resume", "grid", "--port", "0", "--search-space"])
+        .arg(&empty));
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        format!("error: {}: the search space is empty ({{}}): it would leave the tuner nothing to search and end the experiment; give at least one parameter", empty.display())
     );
     std::fs::remove_file(&hold).unwrap();
     let space_file = sandbox.path().join("space.json");

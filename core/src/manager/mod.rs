@@ -31,6 +31,7 @@ pub use services::{check_secrets, clean_up_leftovers, restore_secrets, service_c
 pub use trial::TrialSummary;
 /// The one rule for what a tuner may hand out, shared with `knob plugin try`.
 pub use tuner_output::refusal as tuner_output_refusal;
+pub use update::check_new_search_space;
 
 use std::path::PathBuf;
 use std::time::Duration;

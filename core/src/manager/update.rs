@@ -6,6 +6,21 @@ use serde_json::Value;
 use super::{Manager, ManagerError, Refusal, Update, UpdateOutcome};
 use crate::store::{StoreEvent, TrialStatus};
 
+/// Refuses an empty search space (`{}`) given to an experiment that exists (`knob update
+/// searchspace`, the API, `knob resume --search-space`), for every tuner: it leaves a tuner
+/// nothing to search, and TPE, Random and the others then end the run at once, DONE, as if
+/// every point had been tried. `knob create` takes `searchSpace: {}` (NNI does, for a tuner
+/// that makes up its own parameters); replacing a space by an empty one is a mistake.
+pub fn check_new_search_space(space: &Value) -> Result<(), String> {
+    match space.as_object() {
+        Some(parameters) if parameters.is_empty() => Err(
+            "the search space is empty ({}): it would leave the tuner nothing to search and end the experiment; give at least one parameter"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
 impl Manager {
     /// Applies one update. `Err` (outer) only for store failures, which end the experiment; a
     /// refused update is `Ok(Err(why))`, answered to whoever asked.
@@ -35,11 +50,17 @@ impl Manager {
             }
             Update::MaxExperimentDuration(d) => ("maxExperimentDuration", Value::from(d.as_secs())),
             Update::SearchSpace(space) => {
+                if let Err(refusal) = check_new_search_space(space) {
+                    return Ok(Err(format!(
+                        "{refusal}; the experiment goes on with the search space it had"
+                    )
+                    .into()));
+                }
                 if let Err(e) = SearchSpace::from_value(space) {
                     return Ok(Err(e.to_string().into()));
                 }
-                // The tuner is asked before the space is stored: one it refuses (GridSearch's
-                // empty space, Hyperband's TRIAL_BUDGET parameter) is the user's to correct,
+                // The tuner is asked before the space is stored: one it refuses (Hyperband's
+                // TRIAL_BUDGET parameter) is the user's to correct,
                 // and the experiment goes on with the space it had. Stored first, a refusal
                 // ended the experiment, and every resume gave the tuner that space again.
                 if let Err(refusal) = self.tuner.set_space(space).await? {
