@@ -317,14 +317,21 @@ pub fn run_in_foreground(
         // The manager closed the store: what is left to send is the end of the experiment. A
         // sink that is down holds the process up to NOTIFY_AT_EXIT; Ctrl-C, SIGTERM or `knob
         // stop` then gives up on it at once (they waited it out, having nothing left to stop).
-        match runtime.block_on(finish_notifications(notifier)) {
+        let mut notifier = notifier;
+        let sending = runtime.block_on(finish_notifications(&mut notifier));
+        // Which sink the end message did not reach, when that is what was left.
+        let unsent = notifier
+            .end_not_delivered()
+            .map(|end| format!(": {end}"))
+            .unwrap_or_default();
+        match sending {
             Sending::Done => {}
             Sending::TimedOut => errln!(
-                "warning: notifications: not all sent within {}s of the end; giving up",
+                "warning: notifications: not all sent within {}s of the end; giving up{unsent}",
                 NOTIFY_AT_EXIT.as_secs()
             ),
             Sending::Stopped(what) => {
-                errln!("warning: notifications: not all sent; given up on ({what})")
+                errln!("warning: notifications: not all sent; given up on ({what}){unsent}")
             }
         }
     }
@@ -351,7 +358,8 @@ pub fn run_in_foreground(
 }
 
 /// How long `knob create`/`resume` waits, once the experiment ended, for its last notifications
-/// (each sink's retries take about 7 s plus a 15 s timeout per try at worst).
+/// (each sink's retries take about 7 s plus a 15 s timeout per try at worst; the end goes
+/// before earlier messages that wait, `notify::EARLIER_MESSAGES_AFTER_THE_END`, to fit in it).
 const NOTIFY_AT_EXIT: Duration = Duration::from_secs(90);
 
 /// Unregisters an experiment that never started and removes what knob made of its folder;
@@ -389,7 +397,7 @@ enum Sending {
 }
 
 /// Waits for the end's notifications, at most [`NOTIFY_AT_EXIT`], or until a stop signal.
-async fn finish_notifications(mut notifier: notify::Notifier) -> Sending {
+async fn finish_notifications(notifier: &mut notify::Notifier) -> Sending {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut interrupt), Ok(mut terminate)) = (
         signal(SignalKind::interrupt()),

@@ -1258,3 +1258,101 @@ notifications:
     );
     assert!(elsewhere.accept().is_err(), "the redirect was followed");
 }
+
+/// A webhook that accepts and reads every request and never answers; keeps each request's
+/// `knob.event`, in the order they came.
+struct Silent {
+    url: String,
+    events: Arc<Mutex<Vec<String>>>,
+}
+
+impl Silent {
+    fn start() -> Silent {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}{WEBHOOK_PATH}", listener.local_addr().unwrap());
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let keep = events.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming().flatten() {
+                let keep = keep.clone();
+                let reader = stream.try_clone().unwrap();
+                held.push(stream);
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(reader);
+                    let mut length = 0;
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).unwrap_or(0) > 0 && !line.trim().is_empty() {
+                        if let Some((key, value)) = line.trim_end().split_once(':') {
+                            if key.eq_ignore_ascii_case("content-length") {
+                                length = value.trim().parse().unwrap_or(0);
+                            }
+                        }
+                        line.clear();
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_ok() {
+                        let body: Value = serde_json::from_slice(&body).unwrap();
+                        let event = body["knob"]["event"].as_str().unwrap_or("?").to_owned();
+                        keep.lock().unwrap().push(event);
+                    }
+                });
+            }
+        });
+        Silent { url, events }
+    }
+
+    fn events(&self) -> Vec<String> {
+        self.events.lock().unwrap().clone()
+    }
+}
+
+/// The end of the experiment goes before what waits for a sink that does not answer: in a
+/// strict queue, the DONE waited for the new bests before it (the first had 4 tries of 15 s) and
+/// got its first try 83 s after the end, of the 90 s `knob create` waits. Now it is tried once
+/// the try under way runs out. A stop that gives up on it names the message and the sink.
+#[test]
+fn the_end_message_goes_before_the_messages_a_silent_sink_holds_up() {
+    let sandbox = Sandbox::new();
+    let silent = Silent::start();
+    let config = sandbox.config(
+        &format!(
+            "{EXPERIMENT}\nnotifications:\n  newBest: true\n  webhook: {{url: \"{url}\"}}",
+            url = silent.url
+        ),
+        &[],
+    );
+    let child = sandbox
+        .create_command(&config, "first")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the first new best's try", || !silent.events().is_empty());
+    // That try runs out at 15 s; the DONE is tried then, not after the new bests' tries.
+    wait_for("the end's first try", || {
+        silent.events().iter().any(|event| event == "done")
+    });
+    assert_eq!(silent.events()[0], "new_best");
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "first"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "not sent (1 try): no answer within 15 s; the experiment ended, and its end message goes first"
+        ),
+        "{stderr}"
+    );
+    let host = silent.url.strip_suffix(WEBHOOK_PATH).unwrap();
+    let closing = stderr
+        .lines()
+        .find(|line| line.contains("not all sent"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        closing.starts_with("warning: notifications: not all sent; given up on (Ctrl-C or knob stop): the end message \"knob: experiment first DONE, best ")
+            && closing.ends_with(&format!("\" was not delivered to webhook {host}/…")),
+        "{closing}"
+    );
+}

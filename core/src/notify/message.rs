@@ -26,6 +26,11 @@ pub struct Notification {
 }
 
 impl Notification {
+    /// Whether this is the end of the experiment's message (DONE, ERROR or STOPPED).
+    pub fn ends_experiment(&self) -> bool {
+        matches!(self.event, "done" | "error" | "stopped")
+    }
+
     /// The webhook's JSON: Slack's incoming-webhook `text`, plus knob's own fields.
     pub fn webhook_body(&self) -> Value {
         json!({

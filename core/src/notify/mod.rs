@@ -9,13 +9,16 @@
 //! what it reports is what was recorded (the bests are `StoreReader::best_trials`, the same query
 //! as every other view). Each sink has its own sending thread and queue: a slow mail server does
 //! not hold up the webhook, and a failed send is retried with back-off ([`Retry`]), then logged;
-//! it never touches the experiment.
+//! it never touches the experiment. The end of the experiment goes before what is still queued
+//! for a sink that does not answer ([`EARLIER_MESSAGES_AFTER_THE_END`]).
 
 mod message;
 pub mod sinks;
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -64,10 +67,42 @@ pub struct ExperimentContext {
     pub dashboard_url: Option<String>,
 }
 
+/// How long after the end of the experiment reached a sink's queue the messages queued before
+/// it may still start (in order, one try each, while the sink answers); then the end goes
+/// first. Why 5 s: the end's own tries take at most 4 × [`SEND_TIMEOUT`] plus 7 s of back-off
+/// (67 s), and must fit, after a try already under way (up to [`SEND_TIMEOUT`]) and one more
+/// begun within this time, in the 90 s `knob create`/`resume` waits for the end.
+pub const EARLIER_MESSAGES_AFTER_THE_END: Duration = Duration::from_secs(5);
+
 /// The running notifier of one experiment: a thread following the store and one sending thread
 /// per sink.
 pub struct Notifier {
     threads: Vec<JoinHandle<()>>,
+    /// Each sink's name, and whether it is done with the end of the experiment's message (sent,
+    /// or failed every try, which is logged).
+    sinks: Vec<(String, Arc<AtomicBool>)>,
+    /// The end of the experiment's subject, once the follower queued it.
+    end_subject: Arc<Mutex<Option<String>>>,
+}
+
+/// The end of the experiment's message that some sinks have not taken yet: what a wait for the
+/// notifications that is cut short leaves unsent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndNotDelivered {
+    pub subject: String,
+    /// The sinks' names ([`Sink::name`]).
+    pub sinks: Vec<String>,
+}
+
+impl std::fmt::Display for EndNotDelivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the end message {:?} was not delivered to {}",
+            self.subject,
+            self.sinks.join(", ")
+        )
+    }
 }
 
 impl std::fmt::Debug for Notifier {
@@ -91,6 +126,8 @@ impl Notifier {
     ) -> Notifier {
         let mut queues = Vec::new();
         let mut threads = Vec::new();
+        let mut sink_ends = Vec::new();
+        let end_subject = Arc::new(Mutex::new(None));
         for sink in sinks::sinks(config) {
             let sink = match sink {
                 Ok(sink) => sink,
@@ -101,13 +138,17 @@ impl Notifier {
             };
             let (queue, inbox) = mpsc::channel::<Notification>();
             let sender_log = log.clone();
+            let name = sink.name();
+            let end_done = Arc::new(AtomicBool::new(false));
+            let sender_end_done = end_done.clone();
             let spawned = std::thread::Builder::new()
                 .name("knob-notify-send".into())
-                .spawn(move || send_all(&sink, &inbox, retry, &sender_log));
+                .spawn(move || send_all(&sink, &inbox, retry, &sender_log, &sender_end_done));
             match spawned {
                 Ok(thread) => {
                     queues.push(queue);
                     threads.push(thread);
+                    sink_ends.push((name, end_done));
                 }
                 Err(error) => log(format!(
                     "notifications: cannot start a sending thread: {error}"
@@ -123,6 +164,7 @@ impl Notifier {
             },
             context,
             queues,
+            end_subject: end_subject.clone(),
             log: log.clone(),
             failed_in_a_row: Vec::new(),
             best: None,
@@ -137,13 +179,30 @@ impl Notifier {
                 "notifications: cannot start following the experiment: {error}"
             )),
         }
-        Notifier { threads }
+        Notifier {
+            threads,
+            sinks: sink_ends,
+            end_subject,
+        }
+    }
+
+    /// The end of the experiment's message and the sinks still sending it (not yet sent, nor
+    /// failed at for good, which is logged); `None` when there are none, or it was never queued.
+    pub fn end_not_delivered(&self) -> Option<EndNotDelivered> {
+        let subject = self.end_subject.lock().ok()?.clone()?;
+        let sinks: Vec<String> = self
+            .sinks
+            .iter()
+            .filter(|(_, done)| !done.load(Ordering::SeqCst))
+            .map(|(name, _)| name.clone())
+            .collect();
+        (!sinks.is_empty()).then_some(EndNotDelivered { subject, sinks })
     }
 
     /// Waits until every notification of the experiment went out (or failed for good), at most
     /// `within`: after the store was closed, which ends the following. Returns whether all
     /// threads ended in time; those that did not are left to the process's exit.
-    pub fn finish(mut self, within: Duration) -> bool {
+    pub fn finish(&mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         while !self.finished() {
             if Instant::now() >= deadline {
@@ -170,15 +229,55 @@ impl Notifier {
 
 /// The sending thread of one sink: everything queued, in order, until the queue closes.
 ///
-/// Two rules keep a sink that is down from holding the end of the experiment for long: a new
-/// best followed by a newer one still queued is not sent (it is stale), and after a message
-/// failed every try, the next ones get one try each until one goes through — except the end of
-/// the experiment, the message that matters most, which always gets every try.
-fn send_all(sink: &Sink, inbox: &mpsc::Receiver<Notification>, retry: Retry, log: &Log) {
-    let mut queued = std::collections::VecDeque::new();
+/// Three rules keep a sink that is down from holding the end of the experiment for long: a new
+/// best followed by a newer one still queued is not sent (it is stale); after a message failed
+/// every try, the next ones get one try each until one goes through — except the end of the
+/// experiment, the message that matters most, which always gets every try; and the end goes
+/// first. Once it is queued, a message being tried gets no more tries, and those queued before
+/// the end get one try each, in order, only while the sink answers and only for
+/// [`EARLIER_MESSAGES_AFTER_THE_END`]; the rest are dropped with one line. A strict queue gave
+/// the end its first try 83 s after the end, behind a stuck sink's earlier messages, when
+/// `knob create` waits 90 s. `end_done` is set once the end is sent or failed every try.
+fn send_all(
+    sink: &Sink,
+    inbox: &mpsc::Receiver<Notification>,
+    retry: Retry,
+    log: &Log,
+    end_done: &AtomicBool,
+) {
+    let mut queued = VecDeque::new();
     let mut down = false;
-    while let Some(notification) = queued.pop_front().or_else(|| inbox.recv().ok()) {
+    // When the end of the experiment was first seen in the queue.
+    let mut end_seen: Option<Instant> = None;
+    loop {
+        if queued.is_empty() {
+            match inbox.recv() {
+                Ok(notification) => queued.push_back(notification),
+                Err(mpsc::RecvError) => return,
+            }
+        }
         queued.extend(inbox.try_iter());
+        if let Some(end_at) = queued.iter().position(Notification::ends_experiment) {
+            let seen = *end_seen.get_or_insert_with(Instant::now);
+            if end_at > 0 && (down || seen.elapsed() >= EARLIER_MESSAGES_AFTER_THE_END) {
+                let mut dropped: Vec<Notification> = queued.drain(..end_at).collect();
+                // Stale new bests (a newer one after them) were never to be sent: not named.
+                let last_best = dropped.iter().rposition(|n| n.event == NEW_BEST);
+                let mut index = 0;
+                dropped.retain(|notification| {
+                    index += 1;
+                    notification.event != NEW_BEST || Some(index - 1) == last_best
+                });
+                log(format!(
+                    "notifications: {} to {} not sent: the experiment ended, and its end message goes first",
+                    subjects(&dropped),
+                    sink.name()
+                ));
+            }
+        }
+        let Some(notification) = queued.pop_front() else {
+            continue;
+        };
         let stale = notification.event == NEW_BEST
             && queued
                 .iter()
@@ -186,8 +285,8 @@ fn send_all(sink: &Sink, inbox: &mpsc::Receiver<Notification>, retry: Retry, log
         if stale {
             continue;
         }
-        let ends_experiment = matches!(notification.event, "done" | "error" | "stopped");
-        let this_time = if down && !ends_experiment {
+        let ends_experiment = notification.ends_experiment();
+        let this_time = if (down || end_seen.is_some()) && !ends_experiment {
             Retry {
                 attempts: 1,
                 ..retry
@@ -195,24 +294,83 @@ fn send_all(sink: &Sink, inbox: &mpsc::Receiver<Notification>, retry: Retry, log
         } else {
             retry
         };
-        match send_with_retry(sink, &notification, this_time) {
+        // Between the tries of an earlier message, the end's arrival ends its tries.
+        let mut end_arrived = false;
+        let mut pause = |pause: Duration| {
+            if ends_experiment {
+                std::thread::sleep(pause);
+                return true;
+            }
+            end_arrived = wait_for_the_end(inbox, pause, &mut queued);
+            !end_arrived
+        };
+        let result = send_with_tries(sink, &notification, this_time, &mut pause);
+        if ends_experiment {
+            end_done.store(true, Ordering::SeqCst);
+        }
+        match result {
             Ok(()) => down = false,
-            Err(error) => {
+            Err((error, tries)) => {
                 down = true;
+                let cut = if end_arrived {
+                    "; the experiment ended, and its end message goes first"
+                } else {
+                    ""
+                };
                 log(format!(
-                    "notifications: {:?} to {} not sent ({} {}): {error}",
+                    "notifications: {:?} to {} not sent ({tries} {}): {error}{cut}",
                     notification.subject,
                     sink.name(),
-                    this_time.attempts,
-                    if this_time.attempts == 1 {
-                        "try"
-                    } else {
-                        "tries"
-                    },
+                    if tries == 1 { "try" } else { "tries" },
                 ));
             }
         }
     }
+}
+
+/// Waits `pause` for messages, queueing them; true (at once) when the end of the experiment
+/// arrives.
+fn wait_for_the_end(
+    inbox: &mpsc::Receiver<Notification>,
+    pause: Duration,
+    queued: &mut VecDeque<Notification>,
+) -> bool {
+    let until = Instant::now() + pause;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        match inbox.recv_timeout(left) {
+            Ok(notification) => {
+                let ends = notification.ends_experiment();
+                queued.push_back(notification);
+                if ends {
+                    return true;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => return false,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(left);
+                return false;
+            }
+        }
+    }
+}
+
+/// Up to three subjects, quoted, and how many more.
+fn subjects(notifications: &[Notification]) -> String {
+    const SHOWN: usize = 3;
+    let mut text = notifications
+        .iter()
+        .take(SHOWN)
+        .map(|notification| format!("{:?}", notification.subject))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if notifications.len() > SHOWN {
+        text.push_str(&format!(" and {} more", notifications.len() - SHOWN));
+    }
+    text
 }
 
 /// Sends one notification to one sink, trying again on failure; the last error if every try
@@ -222,17 +380,33 @@ pub fn send_with_retry(
     notification: &Notification,
     retry: Retry,
 ) -> Result<(), String> {
+    let mut sleep = |pause| {
+        std::thread::sleep(pause);
+        true
+    };
+    send_with_tries(sink, notification, retry, &mut sleep).map_err(|(error, _)| error)
+}
+
+/// [`send_with_retry`], with `pause` for the back-off: it returns false to give up. The last
+/// error and the number of tries made if none went through.
+fn send_with_tries(
+    sink: &Sink,
+    notification: &Notification,
+    retry: Retry,
+    pause: &mut dyn FnMut(Duration) -> bool,
+) -> Result<(), (String, u32)> {
     let mut tries = 0;
     loop {
         tries += 1;
         match sink.send(notification) {
             Ok(()) => return Ok(()),
-            Err(error) if tries >= retry.attempts.max(1) => return Err(error),
-            Err(_) => std::thread::sleep(crate::backoff::doubling(
-                retry.first_delay,
-                tries,
-                Duration::MAX,
-            )),
+            Err(error) if tries >= retry.attempts.max(1) => return Err((error, tries)),
+            Err(error) => {
+                let wait = crate::backoff::doubling(retry.first_delay, tries, Duration::MAX);
+                if !pause(wait) {
+                    return Err((error, tries));
+                }
+            }
         }
     }
 }
@@ -274,6 +448,8 @@ struct Follower {
     rules: Rules,
     context: ExperimentContext,
     queues: Vec<mpsc::Sender<Notification>>,
+    /// [`Notifier::end_subject`].
+    end_subject: Arc<Mutex<Option<String>>>,
     log: Log,
     /// The trials (id, end message) that failed since the last trial that did not fail.
     failed_in_a_row: Vec<(String, Option<String>)>,
@@ -398,7 +574,13 @@ impl Follower {
             {
                 self.ended = true;
                 match Summary::read(reader, &self.context, *status, message.clone(), time_ms) {
-                    Ok(summary) => self.send(Notification::ended(&self.context, &summary)),
+                    Ok(summary) => {
+                        let notification = Notification::ended(&self.context, &summary);
+                        if let Ok(mut subject) = self.end_subject.lock() {
+                            *subject = Some(notification.subject.clone());
+                        }
+                        self.send(notification);
+                    }
                     Err(error) => (self.log)(format!(
                         "notifications: cannot read the experiment's summary: {error}"
                     )),
