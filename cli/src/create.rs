@@ -414,18 +414,23 @@ async fn finish_notifications(notifier: &mut notify::Notifier) -> Sending {
             return Sending::TimedOut;
         }
         tokio::select! {
-            _ = interrupt.recv() => return Sending::Stopped("Ctrl-C or knob stop"),
-            _ = terminate.recv() => return Sending::Stopped("SIGTERM"),
+            _ = interrupt.recv() => return Sending::Stopped("Ctrl-C"),
+            _ = terminate.recv() => return Sending::Stopped("SIGTERM or knob stop"),
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
     }
     Sending::Done
 }
 
-/// First Ctrl-C or SIGTERM (what a service manager, a batch scheduler or `kill` sends, with
-/// SIGKILL only after a wait): stop gracefully, so running trials are killed and recorded, not
-/// left behind. A second signal: kill the trials at once, without their grace period, and exit
-/// ([`kill_trials_and_exit`]). A hang-up (the terminal or the SSH session
+/// First Ctrl-C or SIGTERM (what `knob stop`, a service manager, a batch scheduler or `kill`
+/// sends, with SIGKILL only after a wait): stop gracefully, so running trials are killed and
+/// recorded, not left behind. A Ctrl-C (SIGINT) while the stop is under way: kill the trials at
+/// once, without their grace period, and exit ([`kill_trials_and_exit`]). A SIGTERM while it is
+/// under way changes nothing: SIGTERM is what programs send, and they send it again without
+/// meaning "hurry" (a second `knob stop` from a user who saw the first wait, `timeout`, which
+/// signals the process and then its whole group); taken as a second Ctrl-C, it cut the trials'
+/// grace period short and left the experiment crashed. Their way to insist is SIGKILL, or
+/// SIGINT, which a person at the terminal sends. A hang-up (the terminal or the SSH session
 /// closed) stops nothing: the experiment goes on in the background as with `--detach`, its
 /// output from then on in the same log file ([`go_on_without_the_terminal`]). Its default
 /// action killed the manager at once and left the trials running unwatched. A signal caught
@@ -444,45 +449,57 @@ async fn forward_stop_signals(
         mut on_terminal,
     } = signals;
     let mut hung_up = || go_on_without_the_terminal(&id, &mut on_terminal, bar.as_ref());
-    let what = loop {
+    let pid = std::process::id();
+    loop {
         tokio::select! {
-            // `knob stop` sends SIGINT too: a detached run's log names both.
-            _ = interrupt.recv() => break "Ctrl-C or knob stop",
-            _ = terminate.recv() => break "SIGTERM",
+            _ = interrupt.recv() => {
+                errln!("stopping (Ctrl-C): killing running trials (a second Ctrl-C kills them at once and exits)");
+                break;
+            }
+            _ = terminate.recv() => {
+                errln!("stopping (SIGTERM or knob stop): killing running trials, each with its grace period (Ctrl-C, or `kill -INT {pid}`, kills them at once and exits)");
+                break;
+            }
             _ = hangup.recv() => hung_up(),
         }
-    };
-    errln!("stopping ({what}): killing running trials (a second Ctrl-C or signal kills them at once and exits)");
+    }
     let _ = commands.send(Command::Stop);
-    let code = loop {
+    let mut said_again = false;
+    loop {
         tokio::select! {
-            _ = interrupt.recv() => break 130,
-            _ = terminate.recv() => break 143,
+            _ = interrupt.recv() => break,
+            _ = terminate.recv() => {
+                if !said_again {
+                    errln!("already stopping (SIGTERM or knob stop again): still waiting for the trials to end (Ctrl-C, or `kill -INT {pid}`, kills them at once)");
+                    said_again = true;
+                }
+            }
             _ = hangup.recv() => hung_up(),
         }
-    };
-    kill_trials_and_exit(&id, dir, interrupt, terminate, code).await
+    }
+    kill_trials_and_exit(&id, dir, interrupt).await
 }
 
-/// How long a second stop signal waits for the training services to kill the trials (under the
-/// Python launcher's 15 s after its second interrupt, `python/knob`).
+/// How long a Ctrl-C during a stop waits for the training services to kill the trials (under
+/// the Python launcher's 15 s after its second interrupt, `python/knob`).
 const KILL_AT_ONCE: Duration = Duration::from_secs(10);
 
-/// A second stop signal: the trials' grace period (a trial that traps SIGTERM to save a
+/// A Ctrl-C during a stop: the trials' grace period (a trial that traps SIGTERM to save a
 /// checkpoint may take it all) is cut short. Each training service kills (SIGKILL) what runs of
 /// the trials not recorded as ended, as it ends a crashed run's leftovers, and the process exits
-/// with `code`. Exiting without it left such trials running unwatched, holding their GPUs. A
-/// third signal, or services that take over [`KILL_AT_ONCE`], exit without waiting, naming the
-/// trials that may still run and how to end them. A manager that sees the killed trials end
-/// first ends the run as after one signal (this task is then aborted), recorded STOPPED.
+/// with 130 (as a shell reports an interrupted command). Exiting without it left such trials
+/// running unwatched, holding their GPUs. One more Ctrl-C, or services that take over
+/// [`KILL_AT_ONCE`], exit without waiting, naming the trials that may still run and how to end
+/// them; a SIGTERM still changes nothing (see [`forward_stop_signals`]). A manager that sees the
+/// killed trials end first ends the run as after one signal (this task is then aborted),
+/// recorded STOPPED.
 async fn kill_trials_and_exit(
     id: &str,
     dir: PathBuf,
     mut interrupt: tokio::signal::unix::Signal,
-    mut terminate: tokio::signal::unix::Signal,
-    code: i32,
 ) -> ! {
-    errln!("stopping at once: killing the running trials without their grace period (a third Ctrl-C or signal exits without waiting)");
+    let code = 130;
+    errln!("stopping at once: killing the running trials without their grace period (one more Ctrl-C exits without waiting)");
     let (trials, config) = match tokio::task::block_in_place(|| {
         crate::resume::unfinished_trials(&dir)
     }) {
@@ -505,10 +522,6 @@ async fn kill_trials_and_exit(
     let killed = tokio::select! {
         killed = tokio::time::timeout(KILL_AT_ONCE, killing) => killed,
         _ = interrupt.recv() => {
-            may_still_run("exited without waiting for them");
-            std::process::exit(code)
-        }
-        _ = terminate.recv() => {
             may_still_run("exited without waiting for them");
             std::process::exit(code)
         }

@@ -361,6 +361,11 @@ fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path, plugins
 }
 
 /// Asks the process running an experiment to stop, as Ctrl-C would, and waits for it.
+///
+/// With SIGTERM, not SIGINT: the runner takes a SIGINT during a stop as a second Ctrl-C (kill
+/// the trials without their grace period, exit unrecorded), and a second `knob stop`, typed by a
+/// user who saw the first one wait, crashed the experiment it asked to stop. A SIGTERM during a
+/// stop changes nothing, so a second `knob stop` waits for the stop under way, as the first does.
 pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry = registry.get(id)?;
@@ -375,7 +380,7 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
         );
     }
     // Only the recorded process itself, not one that got its pid since (see `signal_runner`).
-    let (entry, pid) = match entry.signal_runner(libc::SIGINT) {
+    let (entry, pid) = match entry.signal_runner(STOP_SIGNAL) {
         Ok(Some(pid)) => (entry, pid),
         Ok(None) => match runner_once_started(&registry, entry)? {
             Found::Runner(entry, pid) => (entry, pid),
@@ -400,7 +405,7 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
         std::thread::sleep(Duration::from_millis(50));
     }
     if entry.running_pid().is_some() {
-        anyhow::bail!("experiment {id} (pid {pid}) has not stopped after 2 minutes; `kill -INT {pid}` again to force it");
+        anyhow::bail!("experiment {id} (pid {pid}) has not stopped after 2 minutes; `kill -INT {pid}` kills its trials at once, without their grace period");
     }
     let entry = registry.get(id)?;
     if entry.crashed() {
@@ -431,6 +436,9 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `knob stop` sends the runner (see [`stop`]).
+const STOP_SIGNAL: i32 = libc::SIGTERM;
+
 /// How long `knob stop` waits for the run to stop (its trials' grace period, their kills).
 const STOP_PATIENCE: Duration = Duration::from_secs(120);
 /// How long `knob stop` waits silently before it says that it waits.
@@ -446,7 +454,7 @@ fn unix_ms() -> i64 {
 
 /// What [`runner_once_started`] found.
 enum Found {
-    /// The runner, signalled (SIGINT), as the registry names it now.
+    /// The runner, signalled ([`STOP_SIGNAL`]), as the registry names it now.
     Runner(knob_core::registry::RegistryEntry, u32),
     NotRunning(knob_core::registry::RegistryEntry),
 }
@@ -457,9 +465,10 @@ const STARTING_PATIENCE: Duration = Duration::from_secs(10);
 /// For an experiment whose registry names no runner: a knob process that holds its store's
 /// writer lock (as `knob experiment delete` tells, `FolderHold`) is a run starting (`knob
 /// resume` records itself right after it takes the lock), or a delete under way. Waits, at most
-/// [`STARTING_PATIENCE`], for the registry to name a runner (then signals it with SIGINT, as
-/// Ctrl-C would) or for the lock to be let go (nothing runs). Told "not running" there, a stop
-/// during a resume's start succeeded and the resume ran on.
+/// [`STARTING_PATIENCE`], for the registry to name a runner (then signals it with
+/// [`STOP_SIGNAL`], which stops it as Ctrl-C would) or for the lock to be let go (nothing
+/// runs). Told "not running" there, a stop during a resume's start succeeded and the resume ran
+/// on.
 fn runner_once_started(
     registry: &Registry,
     mut entry: knob_core::registry::RegistryEntry,
@@ -490,7 +499,7 @@ fn runner_once_started(
         }
         std::thread::sleep(Duration::from_millis(20));
         entry = registry.get(&entry.id)?;
-        match entry.signal_runner(libc::SIGINT) {
+        match entry.signal_runner(STOP_SIGNAL) {
             Ok(Some(pid)) => return Ok(Found::Runner(entry, pid)),
             Ok(None) => {}
             Err(error) => anyhow::bail!(

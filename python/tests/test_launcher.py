@@ -409,7 +409,7 @@ class _no_warning:
 
 
 def test_a_second_interrupt_is_passed_on_and_kills_the_trials_at_once(tmp_path: Path, home: str) -> None:
-    """knob's first stop line says "a second Ctrl-C or signal kills them at once": under the
+    """knob's first stop line says "a second Ctrl-C kills them at once": under the
     launcher a second interrupt was ignored, and a trial slow to stop had its full grace
     period (H1 F4)."""
     code = tmp_path / "code"

@@ -128,10 +128,7 @@ fn ctrl_c_the_moment_a_run_is_visible_stops_it_cleanly() {
     let check = |what: &str, id: &str, code: Option<i32>| {
         let stderr = std::fs::read_to_string(&log).unwrap();
         assert_eq!(code, Some(0), "{what}: {stderr}");
-        assert!(
-            stderr.contains("stopping (Ctrl-C or knob stop)"),
-            "{what}: {stderr}"
-        );
+        assert!(stderr.contains("stopping (Ctrl-C)"), "{what}: {stderr}");
         assert_eq!(
             registry_row(&registry, id),
             Some((None, "STOPPED".to_string())),
@@ -262,7 +259,7 @@ fn a_second_ctrl_c_kills_the_trials_that_ignore_sigterm_before_exiting() {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !std::fs::read_to_string(&log)
         .unwrap()
-        .contains("stopping (Ctrl-C or knob stop)")
+        .contains("stopping (Ctrl-C)")
     {
         assert!(
             Instant::now() < deadline,
@@ -398,7 +395,7 @@ fn stop_during_a_starting_resume_stops_it() {
     let stderr = std::fs::read_to_string(&resume_log).unwrap();
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
-        stderr.contains("stopping (Ctrl-C or knob stop)"),
+        stderr.contains("stopping (SIGTERM or knob stop)"),
         "{stderr}"
     );
     assert_eq!(
@@ -410,4 +407,139 @@ fn stop_during_a_starting_resume_stops_it() {
         sandbox.export("starting")["experiment"]["status"],
         "STOPPED"
     );
+}
+
+/// Waits (bounded) until `log` holds `text`, failing with the log if `child` ends first.
+fn wait_for_log(log: &Path, child: &mut Child, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(log).unwrap().contains(text) {
+        if let Some(exit) = child.try_wait().unwrap() {
+            panic!(
+                "knob ended ({exit}) before it said {text:?}: {}",
+                std::fs::read_to_string(log).unwrap()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {text:?} within 60 s: {}",
+            std::fs::read_to_string(log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A second stop while the first waits for trials that use their grace period (they trap
+/// SIGTERM to save a checkpoint, then report): `knob stop` sent SIGINT, which the runner took for
+/// a second Ctrl-C the second time; it killed the trials without their grace period, exited
+/// without recording its end (crashed), and both stops failed. The same with two SIGTERMs, as
+/// `timeout` sends (to the process, then to its group). Now a repeated SIGTERM, which `knob stop`
+/// sends, waits for the stop under way: both stops say STOPPED, and the results the trials
+/// reported in their grace period are recorded.
+#[test]
+fn a_second_knob_stop_or_sigterm_waits_for_the_stop_under_way() {
+    // On SIGTERM each trial notes it, saves for 3 s (of the 5 s grace period), reports and exits.
+    let script = "trap 'touch term-$NNI_TRIAL_JOB_ID; sleep 3; echo KNOB_FINAL 0.5; exit 0' TERM\n\
+                  touch started-$NNI_TRIAL_JOB_ID\n\
+                  for i in $(seq 600); do sleep 0.1; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml = "trialCommand: bash trial.sh\ntrialConcurrency: 2\nmaxTrialNumber: 10\n\
+                searchSpace:\n  x: {_type: randint, _value: [0, 1000000]}\n\
+                tuner:\n  name: Random\n\
+                trainingService:\n  platform: local";
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(yaml, &[("trial.sh", script)]);
+    let code_dir = sandbox.path().join("code");
+    let count = |prefix: &str| {
+        std::fs::read_dir(&code_dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+            .count()
+    };
+    let wait_for_files = |prefix: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count(prefix) < 2 {
+            assert!(Instant::now() < deadline, "no two {prefix}* files");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    for (round, id) in ["stops", "terms"].into_iter().enumerate() {
+        for file in std::fs::read_dir(&code_dir).unwrap().flatten() {
+            let name = file.file_name().to_string_lossy().into_owned();
+            if name.starts_with("started-") || name.starts_with("term-") {
+                std::fs::remove_file(file.path()).unwrap();
+            }
+        }
+        let log = sandbox.path().join(format!("{id}.log"));
+        let mut child = spawn_logged(sandbox.create_command(&config, id), &log);
+        wait_for_files("started-");
+        let first_stop = if round == 0 {
+            let stop = sandbox
+                .knob()
+                .args(["stop", id])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            Some(stop)
+        } else {
+            // SAFETY: signalling our own child, not reaped yet.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            None
+        };
+        // The second signal only once the first is acted on and the trials save.
+        wait_for_log(&log, &mut child, "stopping (");
+        wait_for_files("term-");
+        if round == 0 {
+            let (code, stdout, stderr) = run(sandbox.knob().args(["stop", id]));
+            assert_eq!(
+                (code, stdout.as_str()),
+                (
+                    0,
+                    format!(
+                        "experiment {id} stopped (STOPPED); continue it with `knob resume {id}`\n"
+                    )
+                    .as_str()
+                ),
+                "the second stop: {stderr}\n{}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+            let output = first_stop.unwrap().wait_with_output().unwrap();
+            assert_eq!(
+                (
+                    output.status.code(),
+                    String::from_utf8_lossy(&output.stdout).into_owned()
+                ),
+                (
+                    Some(0),
+                    format!(
+                        "experiment {id} stopped (STOPPED); continue it with `knob resume {id}`\n"
+                    )
+                ),
+                "the first stop: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        } else {
+            // SAFETY: as above.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
+        let code = wait_bounded(&mut child, Duration::from_secs(60));
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(code, Some(0), "{id}: {stderr}");
+        assert!(
+            stderr.contains("already stopping (SIGTERM or knob stop again)")
+                && !stderr.contains("stopping at once"),
+            "{id}: {stderr}"
+        );
+        let export = sandbox.export(id);
+        assert_eq!(export["experiment"]["status"], "STOPPED", "{id}: {stderr}");
+        let trials = export["trials"].as_array().unwrap();
+        assert_eq!(trials.len(), 2, "{id}: {export}");
+        for trial in trials {
+            assert_eq!(
+                trial["final"], 0.5,
+                "{id}: the grace period's result: {trial}"
+            );
+        }
+    }
 }

@@ -1189,7 +1189,7 @@ fn while_the_run_is_ending_an_update_says_so_and_a_stop_gives_up_the_notificatio
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(
-        stderr.contains("warning: notifications: not all sent; given up on (Ctrl-C or knob stop)"),
+        stderr.contains("warning: notifications: not all sent; given up on (SIGTERM or knob stop)"),
         "{stderr}"
     );
     assert!(!held.lock().unwrap().is_empty(), "no notification was sent");
