@@ -360,7 +360,7 @@ pub fn run_in_foreground(
 /// How long `knob create`/`resume` waits, once the experiment ended, for its last notifications
 /// (each sink's retries take about 7 s plus a 15 s timeout per try at worst; the end goes
 /// before earlier messages that wait, `notify::EARLIER_MESSAGES_AFTER_THE_END`, to fit in it).
-const NOTIFY_AT_EXIT: Duration = Duration::from_secs(90);
+pub(crate) const NOTIFY_AT_EXIT: Duration = Duration::from_secs(90);
 
 /// Unregisters an experiment that never started and removes what knob made of its folder;
 /// the error says so.

@@ -396,16 +396,45 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     };
     let asked_ms = unix_ms();
     let started = Instant::now();
-    let mut said = false;
-    while entry.running_pid().is_some() && started.elapsed() < STOP_PATIENCE {
-        if !said && started.elapsed() >= STOP_QUIET {
-            errln!("waiting for experiment {id} (pid {pid}) to stop: its running trials are being killed");
-            said = true;
+    let mut said_trials = false;
+    let mut said_sending = false;
+    // When the run was seen to have recorded its end (its status final, its pid still set): what
+    // is left is its process sending the last notifications, up to NOTIFY_AT_EXIT to a sink that
+    // does not answer. The stop waits for that too, and says so: until the process exits it
+    // still holds the experiment (a `knob resume` right after the stop, as a script does, would
+    // be refused as running), and the wait is bounded and can be cut short. Said to be killing
+    // trials all that time, the wait looked hung on trials long gone.
+    let mut ended: Option<Instant> = None;
+    while entry.running_pid().is_some() {
+        if ended.is_none() {
+            ended = end_recorded(&registry, id, pid).then(Instant::now);
+        }
+        let waited = started.elapsed();
+        match ended {
+            None if waited >= STOP_PATIENCE => anyhow::bail!(
+                "experiment {id} (pid {pid}) has not stopped after 2 minutes; `kill -INT {pid}` kills its trials at once, without their grace period"
+            ),
+            None if waited >= STOP_QUIET && !said_trials => {
+                errln!("waiting for experiment {id} (pid {pid}) to stop: its running trials are being killed");
+                said_trials = true;
+            }
+            Some(at) if at.elapsed() >= crate::create::NOTIFY_AT_EXIT + STOP_QUIET => {
+                anyhow::bail!(
+                    "experiment {id} has recorded its end, but its process {pid} has not exited {}s after; `knob stop {id}` again gives up on its last notifications",
+                    at.elapsed().as_secs()
+                )
+            }
+            Some(_) if waited >= STOP_QUIET && !said_sending => {
+                errln!(
+                    "experiment {id} has recorded its end ({}); waiting for its process {pid} to send its last notifications, at most {}s (`knob stop {id}` again gives up on them)",
+                    registry.get(id).map(|e| e.status).unwrap_or_default(),
+                    crate::create::NOTIFY_AT_EXIT.as_secs()
+                );
+                said_sending = true;
+            }
+            _ => {}
         }
         std::thread::sleep(Duration::from_millis(50));
-    }
-    if entry.running_pid().is_some() {
-        anyhow::bail!("experiment {id} (pid {pid}) has not stopped after 2 minutes; `kill -INT {pid}` kills its trials at once, without their grace period");
     }
     let entry = registry.get(id)?;
     if entry.crashed() {
@@ -434,6 +463,15 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
         outln!("experiment {id} ended ({status}) before the stop took effect");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether the run of experiment `id`, process `pid`, has recorded its end in the registry
+/// while it still runs: it is then sending its last notifications (`run_in_foreground`).
+fn end_recorded(registry: &Registry, id: &str, pid: u32) -> bool {
+    registry.get(id).is_ok_and(|entry| {
+        entry.pid == Some(pid)
+            && ExperimentStatus::parse(&entry.status).is_some_and(ExperimentStatus::has_ended)
+    })
 }
 
 /// What `knob stop` sends the runner (see [`stop`]).

@@ -1356,3 +1356,93 @@ fn the_end_message_goes_before_the_messages_a_silent_sink_holds_up() {
         "{closing}"
     );
 }
+
+/// `knob stop` of a run whose webhook accepts and never answers: the run recorded STOPPED at
+/// once, then sent its end notification for up to 90 s, and the stop waited all that time
+/// saying "its running trials are being killed". It now says what it waits for (and how to cut
+/// it short), and a second stop gives up on the notifications.
+#[test]
+fn a_stop_waiting_for_the_last_notifications_says_so() {
+    let sandbox = Sandbox::new();
+    // Accepts and never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}{WEBHOOK_PATH}", listener.local_addr().unwrap());
+    let held = Arc::new(Mutex::new(Vec::new()));
+    {
+        let held = held.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                held.lock().unwrap().push(stream);
+            }
+        });
+    }
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: touch started; sleep 60\ntrialConcurrency: 1\nmaxTrialNumber: 2\n\
+             searchSpace:\n  x: {{_type: randint, _value: [0, 1000]}}\n\
+             tuner:\n  name: Random\ntrainingService:\n  platform: local\n\
+             notifications:\n  webhook: {{url: \"{url}\"}}"
+        ),
+        &[],
+    );
+    let child = sandbox
+        .create_command(&config, "muted")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = sandbox.path().join("code/started");
+    wait_for("the trial's start", || started.exists());
+    let mut stop = sandbox
+        .knob()
+        .args(["stop", "muted"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its lines, as they come, until it names the notifications (bounded: it waited ~67 s).
+    let (lines, said) = std::sync::mpsc::channel();
+    let stop_err = stop.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stop_err).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("last notifications"))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match said.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("the stop did not name the notifications in 30 s: {seen:?}"),
+        }
+    }
+    assert_eq!(
+        seen,
+        ["experiment muted has recorded its end (STOPPED); waiting for its process to send its last notifications, at most 90s (`knob stop muted` again gives up on them)"
+            .replace("its process", &format!("its process {}", child.id()))],
+    );
+    // The second stop gives up on them: both end at once, STOPPED.
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "muted"]));
+    let stopped = "experiment muted stopped (STOPPED); continue it with `knob resume muted`\n";
+    assert_eq!((code, stdout.as_str()), (0, stopped), "{stderr}");
+    let code = crate::resume::wait_bounded(&mut stop, Duration::from_secs(10));
+    let mut stdout = String::new();
+    stop.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    assert_eq!((code, stdout.as_str()), (Some(0), stopped));
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: notifications: not all sent; given up on (SIGTERM or knob stop)"),
+        "{stderr}"
+    );
+    assert!(!held.lock().unwrap().is_empty(), "no notification was sent");
+}
