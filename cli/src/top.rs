@@ -18,8 +18,8 @@ pub struct TopArgs {
     /// Seconds between refreshes (0.1 to 3600).
     #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
     interval: f64,
-    /// Stop after this many refreshes.
-    #[arg(long)]
+    /// Stop after this many refreshes (at least 1: the first frame is the first refresh).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     iterations: Option<u64>,
 }
 
