@@ -418,7 +418,8 @@ function renderOverview() {
   $("trial-budget").value = maxTrials ? Math.min(e.trial_total, maxTrials) : 0;
   $("trial-budget-text").textContent = maxTrials ? `${e.trial_total} / ${maxTrials}` : `${e.trial_total} (no limit)`;
   const maxSeconds = e.config.maxExperimentDuration;
-  const elapsed = e.elapsed_ms / 1000;
+  // Running time, what maxExperimentDuration counts (elapsed_ms grows while it is stopped).
+  const elapsed = e.running_ms / 1000;
   $("time-budget").max = maxSeconds || 1;
   $("time-budget").value = maxSeconds ? Math.min(elapsed, maxSeconds) : 0;
   $("time-budget-text").textContent = maxSeconds ? `${fmtDuration(elapsed * 1000)} / ${fmtDuration(maxSeconds * 1000)}` : `${fmtDuration(elapsed * 1000)} (no limit)`;

@@ -82,10 +82,12 @@ fn render_frame(id: &str, snapshot: &Value, running: &Value, live: bool) -> Stri
     };
     let config = &snapshot["config"];
     let mut frame = format!(
-        "knob top — experiment {id} · {}{} · elapsed {}s · optimize {}\n",
+        "knob top — experiment {id} · {}{} · running time {}s · optimize {}\n",
         text(&snapshot["status"]),
         if live { "" } else { " (not running)" },
-        snapshot["elapsed_ms"].as_i64().unwrap_or(0) / 1000,
+        // What maxExperimentDuration, on the next line, counts: not the time since creation,
+        // which grows while the experiment is stopped.
+        snapshot["running_ms"].as_i64().unwrap_or(0) / 1000,
         text(&snapshot["optimize_mode"]),
     );
     frame.push_str(&format!(

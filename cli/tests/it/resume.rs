@@ -1297,3 +1297,69 @@ fn a_create_killed_before_its_store_held_the_experiment_is_taken_back() {
     );
     assert!(dir.join("experiment.db").exists());
 }
+
+/// `knob top` and the dashboard showed the wall time since creation next to
+/// maxExperimentDuration, which counts running time only: a stopped spell counted, and a resumed
+/// run looked past its budget. The API now gives `running_ms` (what the budget counts, across
+/// runs) beside `elapsed_ms` (wall time since creation), and `knob top` shows the running time.
+#[test]
+fn top_and_the_api_show_the_running_time_that_max_experiment_duration_counts() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: echo $NNI_TRIAL_JOB_ID >> started; sleep 60\ntrialConcurrency: 1\nmaxTrialNumber: 5\nmaxExperimentDuration: 10m\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    // One line per trial start (a resume runs the stopped trial again, with its id).
+    let started = sandbox.path().join("code/started");
+    let trials_started = || {
+        std::fs::read_to_string(&started)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let run_until_a_trial_starts_then_stop = |command: &[&str], started_before: usize| {
+        let (code, _, stderr) = run(sandbox.knob().args(command));
+        assert_eq!(code, 0, "{stderr}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while trials_started() <= started_before {
+            assert!(Instant::now() < deadline, "no trial started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "paced"]));
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+    };
+    run_until_a_trial_starts_then_stop(
+        &[
+            "create",
+            "--config",
+            config.to_str().unwrap(),
+            "--id",
+            "paced",
+            "--detach",
+        ],
+        0,
+    );
+    // Stopped for 3 s: counted by wall time, not by the budget.
+    std::thread::sleep(Duration::from_secs(3));
+    run_until_a_trial_starts_then_stop(&["resume", "paced", "--detach"], 1);
+
+    let mut command = sandbox.knob();
+    command.args(["view", "paced", "--port", "0"]);
+    let view = crate::api::start(command, &[]);
+    let (status, summary) = crate::api::get(&view.base, "/experiment");
+    assert_eq!(status, 200, "{summary}");
+    let elapsed = summary["elapsed_ms"].as_i64().unwrap();
+    let running = summary["running_ms"].as_i64().expect("running_ms");
+    assert!(
+        running > 0 && elapsed - running >= 3000,
+        "the stopped 3 s are counted as running: {summary}"
+    );
+    drop(view);
+    let (code, stdout, stderr) = run(sandbox.knob().args(["top", "paced", "--iterations", "1"]));
+    assert_eq!(code, 0, "{stderr}");
+    let first = stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(&format!(" · running time {}s · ", running / 1000)),
+        "{stdout}"
+    );
+}

@@ -153,7 +153,10 @@ pub fn experiment_snapshot(
         "status_message": experiment.status_message,
         "start_time_ms": experiment.start_time_ms,
         "updated_ms": experiment.updated_ms,
+        // Wall time since creation, stopped spells included.
         "elapsed_ms": end.saturating_sub(experiment.start_time_ms),
+        // The time that counts toward maxExperimentDuration: running, across every run.
+        "running_ms": reader.active_time_ms(end)?,
         "optimize_mode": direction.as_str(),
         "trial_counts": counts,
         "trial_total": total,

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::error::{or_known_cause, StoreError};
 use super::event::{
     Counters, Direction, EventRecord, EventSeq, ExperimentStatus, MetricKind, MetricRecord,
-    TrialStatus,
+    StoreEvent, TrialStatus,
 };
 use super::schema::{self, path_text, read_counters};
 use super::state::{replay, ExperimentState};
@@ -522,6 +522,48 @@ impl StoreReader {
         records.sort_by_key(|record| record.seq);
         records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         Ok(records)
+    }
+
+    /// Milliseconds the experiment spent in active statuses up to `until_ms`: what counts
+    /// toward `maxExperimentDuration` (`ExperimentState::active_time_ms`), from its status
+    /// changes alone. They have no index of their own: this scans the log's events (not its
+    /// metrics, most of the volume), a few milliseconds for thousands of trials.
+    pub fn active_time_ms(&self, until_ms: i64) -> Result<i64, StoreError> {
+        let rows = self.collect(
+            "SELECT seq, time_ms, payload FROM events WHERE trial_id IS NULL AND kind = ?1 ORDER BY seq",
+            ["experiment_status_changed"],
+            |row| {
+                Ok((
+                    u64_column(row, 0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            },
+        )?;
+        let mut history = Vec::with_capacity(rows.len());
+        for (seq, time_ms, payload) in rows {
+            let event: StoreEvent =
+                serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    seq,
+                    message: format!("undecodable event: {e}"),
+                })?;
+            if let StoreEvent::ExperimentStatusChanged {
+                status,
+                message,
+                spent_before_ms,
+            } = event
+            {
+                history.push(super::state::StatusChange {
+                    seq,
+                    time_ms,
+                    status,
+                    message,
+                    spent_before_ms,
+                });
+            }
+        }
+        Ok(super::state::active_time_ms(&history, until_ms))
     }
 
     /// The counters table as committed.

@@ -211,26 +211,29 @@ impl ExperimentState {
     /// what counts toward `maxExperimentDuration`. After a crash, pass
     /// [`last_alive_ms`](Self::last_alive_ms), the last moment known to be lived.
     pub fn active_time_ms(&self, until_ms: i64) -> i64 {
-        let mut total = 0;
-        for (index, change) in self.status_history.iter().enumerate() {
-            // A run that said what was spent before it: its figure, not the segments before
-            // (the last of which, a crashed run's, reaches to this start).
-            if let Some(before) = change
-                .spent_before_ms
-                .filter(|_| change.time_ms <= until_ms)
-            {
-                total = i64::try_from(before).unwrap_or(i64::MAX);
-            }
-            let end = self
-                .status_history
-                .get(index + 1)
-                .map_or(until_ms, |next| next.time_ms);
-            if change.status.is_active() {
-                total += (end.min(until_ms) - change.time_ms).max(0);
-            }
-        }
-        total
+        active_time_ms(&self.status_history, until_ms)
     }
+}
+
+/// [`ExperimentState::active_time_ms`] of a status history (oldest first), for a reader that
+/// has the history without the rest of the state (`StoreReader::active_time_ms`).
+pub(crate) fn active_time_ms(history: &[StatusChange], until_ms: i64) -> i64 {
+    let mut total = 0;
+    for (index, change) in history.iter().enumerate() {
+        // A run that said what was spent before it: its figure, not the segments before
+        // (the last of which, a crashed run's, reaches to this start).
+        if let Some(before) = change
+            .spent_before_ms
+            .filter(|_| change.time_ms <= until_ms)
+        {
+            total = i64::try_from(before).unwrap_or(i64::MAX);
+        }
+        let end = history.get(index + 1).map_or(until_ms, |next| next.time_ms);
+        if change.status.is_active() {
+            total += (end.min(until_ms) - change.time_ms).max(0);
+        }
+    }
+    total
 }
 
 impl TrialState {

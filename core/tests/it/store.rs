@@ -1255,7 +1255,14 @@ fn a_run_that_says_what_was_spent_before_it_leaves_the_crash_downtime_out() {
     assert_eq!(
         state.active_time_ms(resumed - 1),
         (resumed - 1 - crashed_run).max(0)
-    );
+    ); // A reader (the API's snapshot) counts the same from the status changes alone.
+    let reader = knob_core::store::StoreReader::open(dir.path()).unwrap();
+    for until in [resumed - 1, stopped, stopped + 10_000] {
+        assert_eq!(
+            reader.active_time_ms(until).unwrap(),
+            state.active_time_ms(until)
+        );
+    }
 }
 
 /// After a crash nothing says when the run died: no event is written while trials run quietly.
