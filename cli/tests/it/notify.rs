@@ -1351,7 +1351,7 @@ fn the_end_message_goes_before_the_messages_a_silent_sink_holds_up() {
         .find(|line| line.contains("not all sent"))
         .unwrap_or_else(|| panic!("{stderr}"));
     assert!(
-        closing.starts_with("warning: notifications: not all sent; given up on (Ctrl-C or knob stop): the end message \"knob: experiment first DONE, best ")
+        closing.starts_with("warning: notifications: not all sent; given up on (SIGTERM or knob stop): the end message \"knob: experiment first DONE, best ")
             && closing.ends_with(&format!("\" was not delivered to webhook {host}/…")),
         "{closing}"
     );
