@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use knob_gpu_sched::ledger::{self, Ledger, LedgerState, THIS_MACHINE};
 use knob_gpu_sched::probe::LocalProbe;
-use knob_gpu_sched::{GpuSource, Inventory};
+use knob_gpu_sched::{ByteSize, GpuSource, Inventory};
 
 use crate::table::render;
 
@@ -137,7 +137,8 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A request in the ledger for GPUs of this machine, waiting for them to be free.
+/// A request in the ledger for GPUs, CPU cores or memory of this machine, waiting for them to
+/// be free.
 #[derive(serde::Serialize)]
 struct Waiting {
     experiment: String,
@@ -146,8 +147,20 @@ struct Waiting {
     /// for which it stands in line.
     trial: Option<String>,
     gpus: Vec<u32>,
+    #[serde(skip_serializing_if = "is_zero")]
+    cpu_cores: u32,
+    #[serde(skip_serializing_if = "is_no_memory")]
+    memory: ByteSize,
     /// Its place in line: the lower, the sooner served.
     ticket: u64,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+fn is_no_memory(value: &ByteSize) -> bool {
+    *value == ByteSize::ZERO
 }
 
 impl Waiting {
@@ -156,9 +169,20 @@ impl Waiting {
             Some(trial) => format!("trial {trial} of {}", self.experiment),
             None => format!("{}'s waiting trials", self.experiment),
         };
-        let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
-        let s = if gpus.len() == 1 { "" } else { "s" };
-        format!("{who} (pid {}) for GPU{s} {}", self.pid, gpus.join(", "))
+        let mut wanted = Vec::new();
+        if !self.gpus.is_empty() {
+            let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
+            let s = if gpus.len() == 1 { "" } else { "s" };
+            wanted.push(format!("GPU{s} {}", gpus.join(", ")));
+        }
+        if self.cpu_cores > 0 {
+            let s = if self.cpu_cores == 1 { "" } else { "s" };
+            wanted.push(format!("{} CPU core{s}", self.cpu_cores));
+        }
+        if self.memory != ByteSize::ZERO {
+            wanted.push(format!("{} of memory", self.memory));
+        }
+        format!("{who} (pid {}) for {}", self.pid, wanted.join(", "))
     }
 }
 
@@ -174,6 +198,8 @@ fn waiting_requests(state: &LedgerState) -> Vec<Waiting> {
             pid: lease.holder.pid,
             trial: (lease.trial != ledger::STANDING).then(|| lease.trial.clone()),
             gpus: lease.gpus.clone(),
+            cpu_cores: lease.cpu_cores,
+            memory: lease.host_memory,
             ticket: lease.ticket,
         })
         .collect();

@@ -11,22 +11,25 @@
 //!
 //! Fairness: each request gets a ticket when it is first made. A request is granted only if
 //! every GPU it names has room and no older request of another holder still waiting names one
-//! of them, so requests are served first come, first served per GPU, and a large request cannot
-//! be starved by a stream of small ones. A waiting request must be renewed (asked again) within
+//! of them, and, for its CPU cores (memory), only if it fits beside the leases and the older
+//! requests of other holders that wait for cores (memory) there. So requests are served first
+//! come, first served per GPU, CPU cores and memory, and a large request cannot be starved by
+//! a stream of small ones. A waiting request must be renewed (asked again) within
 //! [`REQUEST_TTL`]; one its holder stopped asking for is dropped. A holder's own requests never
 //! hold each other back: the order among one experiment's trials is its scheduler's.
 //!
-//! A trial that waits in its experiment's scheduler (every GPU it could use is held by another
-//! experiment) has not asked for particular GPUs yet, so it would have no ticket, and an
-//! experiment that refills a GPU in the same instant it frees it would starve it. Its holder
-//! therefore [stands in line](Ledger::stand_in_line) for the GPUs others hold that its trial
-//! may use and waits for ([`LedgerState::gpus_to_stand_for`]): a standing
-//! request (trial [`STANDING`]) with a ticket, renewed while its trials wait (within
-//! [`STANDING_TTL`]). It blocks newer requests of others for those GPUs like any request, and
-//! the holder's next request for one of them takes its ticket. A GPU stays in it until one of
-//! the holder's trials is granted that GPU with the ticket, or the request lapses: when the
-//! other experiment frees the GPU, the holder's scheduler sees it free and places a trial there
-//! a moment later, and in that moment the GPU must stay promised to it, or the experiment that
+//! A trial that waits in its experiment's scheduler (every GPU it could use, or the CPU cores or
+//! memory it asks for, is held by another experiment) has not asked the ledger yet, so it would
+//! have no ticket, and an experiment that refills a GPU (takes the cores again) in the same
+//! instant it frees it would starve it. Its holder therefore
+//! [stands in line](Ledger::stand_in_line) for what others hold that its trial may use and
+//! waits for ([`LedgerState::to_stand_for`]): a standing request (trial [`STANDING`]) with a
+//! ticket, renewed while its trials wait (within [`STANDING_TTL`]). It blocks newer requests of
+//! others for those GPUs (cores, memory) like any request, and the holder's next request for one
+//! of them takes its ticket. A GPU (the cores, the memory) stays in it until one of the
+//! holder's trials is granted it with the ticket, or the request lapses: when the other
+//! experiment frees the GPU, the holder's scheduler sees it free and places a trial there a
+//! moment later, and in that moment the GPU must stay promised to it, or the experiment that
 //! freed it takes it back at its next retry.
 //!
 //! Like the probes, this does I/O; the [`Scheduler`](crate::Scheduler) never calls it.
@@ -128,6 +131,46 @@ pub struct Lease {
     /// requester that does not say: then only the trial count limits the GPU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_memory_totals: Vec<(u32, ByteSize)>,
+    /// The machine's CPU cores and memory as the requester probed it. While an older request of
+    /// another holder waits for cores (memory) here, a request for them is granted only if the
+    /// leases and the older requests, its own added, promise no more than that; 0 from a
+    /// requester that does not say: then it waits behind the older request.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_total: u32,
+    #[serde(default, skip_serializing_if = "no_bytes")]
+    pub host_memory_total: ByteSize,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+fn no_bytes(value: &ByteSize) -> bool {
+    *value == ByteSize::ZERO
+}
+
+/// What a holder's waiting trials stand in line for on one machine ([`Ledger::stand_in_line`]):
+/// the GPUs others hold that its trial may use, and its trial's CPU cores and memory when
+/// those are what others' leases keep from it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StandFor {
+    pub gpus: Vec<u32>,
+    pub cpu_cores: u32,
+    pub host_memory: ByteSize,
+}
+
+impl StandFor {
+    /// Standing for these GPUs only.
+    pub fn gpus(gpus: &[u32]) -> StandFor {
+        StandFor {
+            gpus: gpus.to_vec(),
+            ..StandFor::default()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == StandFor::default()
+    }
 }
 
 /// A request waiting for its GPUs.
@@ -184,6 +227,11 @@ impl LedgerState {
         });
         for request in promised {
             let lease = &request.lease;
+            // Promised like the GPUs: the ledger grants no newer request of others the cores or
+            // memory it waits for while they do not fit beside it (`blocker`).
+            let held = &mut environment.host_held_elsewhere;
+            held.host_memory = ByteSize(held.host_memory.0 + lease.host_memory.0);
+            held.cpu_cores += lease.cpu_cores;
             let trial = if lease.trial == STANDING {
                 "(waiting, asked earlier)".to_string()
             } else {
@@ -197,34 +245,48 @@ impl LedgerState {
 }
 
 impl LedgerState {
-    /// Which GPUs of `machine` the waiting trials of `me` (process), asking what `demand` says,
+    /// What the waiting trials of `me` (process) on `machine`, asking what `demand` says,
     /// should stand in line for ([`Ledger::stand_in_line`]), from `probed` (the machine as
     /// probed, with the experiment's limits, before [`annotate`](Self::annotate)) and `seen`
     /// (the same after it). `None` when standing in line cannot help them: they ask for no
-    /// GPU, or they could not start even if every other experiment's trial here ended (they
-    /// wait for host memory, for their own trials, or can never be placed). Otherwise the GPUs
-    /// others hold or were promised that the trial may use (`gpuIndices`) and would fit on
-    /// once freed; empty when one is free now. A GPU it could never use is never taken from an
-    /// experiment that can.
-    pub fn gpus_to_stand_for(
+    /// GPU, CPU cores or memory, or they could not start even if every other experiment's trial
+    /// here ended (they wait for measured host memory, for their own trials, or can never be
+    /// placed). Otherwise the GPUs others hold or were promised that the trial may use
+    /// (`gpuIndices`) and would fit on once freed, and the trial's CPU cores (memory) when
+    /// those are short here only because of others; empty when it fits now. A resource it
+    /// does not wait for is never taken from an experiment that can use it.
+    pub fn to_stand_for(
         &self,
         probed: &Environment,
         seen: &Environment,
         machine: &str,
         me: u32,
         demand: &SchedulerConfig,
-    ) -> Option<Vec<u32>> {
-        if demand.trial_gpu_number.unwrap_or(0) == 0 {
+    ) -> Option<StandFor> {
+        let asks_cpu_cores = demand.trial_cpu_number.unwrap_or(0) > 0;
+        let asks_host_memory = demand.trial_memory_size.is_some_and(|size| size.0 > 0);
+        let asks_gpus = demand.trial_gpu_number.unwrap_or(0) > 0;
+        if !asks_gpus && !asks_cpu_cores && !asks_host_memory {
             return None;
         }
         // The machine with only this process's own leases on it: what the trial would find if
         // every other experiment's trial ended.
-        let mut alone = probed.clone();
-        let own = self
+        let own: Vec<&Lease> = self
             .leases
             .iter()
-            .filter(|lease| lease.machine == machine && lease.holder.pid == me);
-        for lease in own {
+            .filter(|lease| lease.machine == machine && lease.holder.pid == me)
+            .collect();
+        let with_own_host_leases = |environment: &Environment| {
+            let mut environment = environment.clone();
+            let held = &mut environment.host_held_elsewhere;
+            for lease in &own {
+                held.host_memory = ByteSize(held.host_memory.0 + lease.host_memory.0);
+                held.cpu_cores += lease.cpu_cores;
+            }
+            environment
+        };
+        let mut alone = with_own_host_leases(probed);
+        for lease in &own {
             mark_held(&mut alone, lease, &lease.trial, lease.max_per_gpu);
         }
         let fits = |environment: &Environment, demand: &SchedulerConfig| {
@@ -239,7 +301,38 @@ impl LedgerState {
             return None;
         }
         if fits(seen, demand) {
-            return Some(Vec::new());
+            return Some(StandFor::default());
+        }
+        let mut stand_for = StandFor::default();
+        // The host alone, asked for one resource: short here (with this process's own leases
+        // too), though it would fit were the others gone?
+        let host_only = SchedulerConfig {
+            trial_gpu_number: None,
+            trial_gpu_memory: None,
+            trial_memory_size: None,
+            trial_cpu_number: None,
+            ..demand.clone()
+        };
+        let seen_with_own = with_own_host_leases(seen);
+        let waits_for = |only: SchedulerConfig| fits(&alone, &only) && !fits(&seen_with_own, &only);
+        if asks_cpu_cores
+            && waits_for(SchedulerConfig {
+                trial_cpu_number: demand.trial_cpu_number,
+                ..host_only.clone()
+            })
+        {
+            stand_for.cpu_cores = demand.trial_cpu_number.unwrap_or(0);
+        }
+        if asks_host_memory
+            && waits_for(SchedulerConfig {
+                trial_memory_size: demand.trial_memory_size,
+                ..host_only.clone()
+            })
+        {
+            stand_for.host_memory = demand.trial_memory_size.unwrap_or_default();
+        }
+        if !asks_gpus {
+            return Some(stand_for);
         }
         // Each GPU others hold, asked alone: may the trial use it, and would one GPU's share of
         // it (its memory, the GPU limits) fit there once the others are gone?
@@ -249,7 +342,7 @@ impl LedgerState {
             trial_cpu_number: None,
             ..demand.clone()
         };
-        let wanted = seen
+        stand_for.gpus = seen
             .gpus
             .iter()
             .filter(|gpu| !gpu.held_elsewhere.is_empty() && probed.limits.allows_gpu(gpu.index))
@@ -260,7 +353,7 @@ impl LedgerState {
                 fits(&only, &one_gpu)
             })
             .collect();
-        Some(wanted)
+        Some(stand_for)
     }
 }
 
@@ -333,7 +426,7 @@ impl Ledger {
                 r.lease.trial == STANDING
                     && r.lease.holder == want.holder
                     && r.lease.machine == want.machine
-                    && r.lease.gpus.iter().any(|gpu| want.gpus.contains(gpu))
+                    && stands_for_some_of(&r.lease, want)
             });
             let ticket = match (position, standing) {
                 (Some(at), _) => {
@@ -361,7 +454,8 @@ impl Ledger {
             if let Some(at) = position {
                 state.requests.remove(at);
             }
-            // A standing request whose place this grant took has these GPUs no more.
+            // A standing request whose place this grant took has these GPUs (cores, memory) no
+            // more: its holder stands for them again at its next probe if more trials wait.
             if let Some(at) = state.requests.iter().position(|r| {
                 r.lease.trial == STANDING
                     && r.lease.holder == want.holder
@@ -370,7 +464,16 @@ impl Ledger {
             }) {
                 let standing = &mut state.requests[at].lease;
                 standing.gpus.retain(|gpu| !want.gpus.contains(gpu));
-                if standing.gpus.is_empty() {
+                if want.cpu_cores > 0 {
+                    standing.cpu_cores = 0;
+                }
+                if want.host_memory.0 > 0 {
+                    standing.host_memory = ByteSize::ZERO;
+                }
+                if standing.gpus.is_empty()
+                    && standing.cpu_cores == 0
+                    && standing.host_memory.0 == 0
+                {
                     state.requests.remove(at);
                 }
             }
@@ -383,16 +486,16 @@ impl Ledger {
         })
     }
 
-    /// Takes (or renews) `holder`'s place in line for `gpus` of `machine`, for its trials that
-    /// wait until another experiment frees one of them. GPUs already in its request stay there
-    /// (until one of its trials is granted them, or the request lapses), so `gpus` empty only
-    /// renews a place already taken. Returns the ticket, `None` when not in line. See the
-    /// module documentation.
+    /// Takes (or renews) `holder`'s place in line for what `stand_for` names on `machine`, for
+    /// its trials that wait until another experiment frees it. What is already in its request
+    /// stays there (until one of its trials is granted it, or the request lapses), so an empty
+    /// `stand_for` only renews a place already taken. Returns the ticket, `None` when not in
+    /// line. See the module documentation.
     pub fn stand_in_line(
         &self,
         holder: &Holder,
         machine: &str,
-        gpus: &[u32],
+        stand_for: &StandFor,
     ) -> Result<Option<u64>, LedgerError> {
         self.update(|state, _| {
             let at = state.requests.iter().position(|r| {
@@ -403,14 +506,17 @@ impl Ledger {
                 Some(at) => {
                     let request = &mut state.requests[at];
                     request.renewed_ms = now;
-                    for gpu in gpus {
-                        if !request.lease.gpus.contains(gpu) {
-                            request.lease.gpus.push(*gpu);
+                    let lease = &mut request.lease;
+                    for gpu in &stand_for.gpus {
+                        if !lease.gpus.contains(gpu) {
+                            lease.gpus.push(*gpu);
                         }
                     }
-                    Some(request.lease.ticket)
+                    lease.cpu_cores = lease.cpu_cores.max(stand_for.cpu_cores);
+                    lease.host_memory = lease.host_memory.max(stand_for.host_memory);
+                    Some(lease.ticket)
                 }
-                None if gpus.is_empty() => None,
+                None if stand_for.is_empty() => None,
                 None => {
                     state.next_ticket += 1;
                     state.requests.push(Request {
@@ -418,14 +524,16 @@ impl Ledger {
                             holder: holder.clone(),
                             trial: STANDING.into(),
                             machine: machine.into(),
-                            gpus: gpus.to_vec(),
+                            gpus: stand_for.gpus.clone(),
                             max_per_gpu: 1,
                             gpu_memory: ByteSize::ZERO,
-                            host_memory: ByteSize::ZERO,
-                            cpu_cores: 0,
+                            host_memory: stand_for.host_memory,
+                            cpu_cores: stand_for.cpu_cores,
                             ticket: state.next_ticket,
                             granted_ms: 0,
                             gpu_memory_totals: Vec::new(),
+                            cpu_total: 0,
+                            host_memory_total: ByteSize::ZERO,
                         },
                         renewed_ms: now,
                     });
@@ -435,8 +543,8 @@ impl Ledger {
         })
     }
 
-    /// Drops `holder`'s place in line on `machine` (its waiting trials can use none of the GPUs
-    /// others hold), so that it holds back no other experiment.
+    /// Drops `holder`'s place in line on `machine` (its waiting trials can use nothing others
+    /// hold), so that it holds back no other experiment.
     pub fn leave_line(&self, holder: &Holder, machine: &str) -> Result<(), LedgerError> {
         self.update(|state, _| {
             state.requests.retain(|r| {
@@ -596,8 +704,78 @@ fn reclaim(state: &mut LedgerState, journal: &mut Vec<JournalEntry>) {
     });
 }
 
+/// Whether standing request `standing` holds a place for some of what `want` asks.
+fn stands_for_some_of(standing: &Lease, want: &Lease) -> bool {
+    standing.gpus.iter().any(|gpu| want.gpus.contains(gpu))
+        || (standing.cpu_cores > 0 && want.cpu_cores > 0)
+        || (standing.host_memory.0 > 0 && want.host_memory.0 > 0)
+}
+
 /// Why `want` (with `ticket`) cannot be granted now, or `None` if it can.
 fn blocker(state: &LedgerState, want: &Lease, ticket: u64) -> Option<String> {
+    gpu_blocker(state, want, ticket).or_else(|| host_blocker(state, want, ticket))
+}
+
+/// Why `want` must wait for CPU cores or memory: an older request of another holder waits for
+/// them here, and `want` does not fit beside it and the leases (as `want`'s requester probed
+/// the machine; without its figures, not at all). Without such a request the requester's
+/// scheduler, which sees the others' leases, has decided: first come, first served, so that a
+/// request for many cores is not starved by a stream of small ones.
+fn host_blocker(state: &LedgerState, want: &Lease, ticket: u64) -> Option<String> {
+    let older: Vec<&Lease> = state
+        .requests
+        .iter()
+        .map(|request| &request.lease)
+        .filter(|lease| {
+            lease.ticket < ticket && lease.machine == want.machine && lease.holder != want.holder
+        })
+        .collect();
+    let leases = || {
+        state
+            .leases
+            .iter()
+            .filter(|lease| lease.machine == want.machine)
+    };
+    if want.cpu_cores > 0 {
+        let mut waiting: Vec<&&Lease> = older.iter().filter(|lease| lease.cpu_cores > 0).collect();
+        waiting.sort_by_key(|lease| lease.ticket);
+        let promised: u64 = leases()
+            .map(|lease| u64::from(lease.cpu_cores))
+            .chain(waiting.iter().map(|lease| u64::from(lease.cpu_cores)))
+            .sum();
+        if let Some(first) = waiting.first() {
+            if promised + u64::from(want.cpu_cores) > u64::from(want.cpu_total) {
+                return Some(format!(
+                    "CPU cores promised first to {} (asked earlier)",
+                    describe(first, want)
+                ));
+            }
+        }
+    }
+    if want.host_memory.0 > 0 {
+        let mut waiting: Vec<&&Lease> = older
+            .iter()
+            .filter(|lease| lease.host_memory.0 > 0)
+            .collect();
+        waiting.sort_by_key(|lease| lease.ticket);
+        let promised: u64 = leases()
+            .map(|lease| lease.host_memory.0)
+            .chain(waiting.iter().map(|lease| lease.host_memory.0))
+            .sum();
+        if let Some(first) = waiting.first() {
+            if promised.saturating_add(want.host_memory.0) > want.host_memory_total.0 {
+                return Some(format!(
+                    "memory promised first to {} (asked earlier)",
+                    describe(first, want)
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Why `want` (with `ticket`) cannot be granted one of its GPUs now, or `None` if it can.
+fn gpu_blocker(state: &LedgerState, want: &Lease, ticket: u64) -> Option<String> {
     for &gpu in &want.gpus {
         let held: Vec<&Lease> = state.on_gpu(&want.machine, gpu).collect();
         let limit = trials_per_gpu(held.iter().map(|lease| lease.max_per_gpu), want.max_per_gpu);

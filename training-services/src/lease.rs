@@ -11,8 +11,8 @@
 //! - What other experiments hold, and the GPUs promised to their older requests, go into the
 //!   inventory the service reports ([`MachineLeases::annotate`]), so the core's gpu-sched places
 //!   around them and a trial that waits names the other experiment as the holder.
-//! - While the core's trials wait for GPUs other experiments hold, the service stands in line
-//!   for those of them its trial may use and would fit on (the core asks for environments again
+//! - While the core's trials wait for GPUs, CPU cores or memory other experiments hold, the
+//!   service stands in line for what its trial may use and would fit on (the core asks for environments again
 //!   only while a trial waits), so that an experiment that refills a GPU the moment it frees it
 //!   cannot starve this one. The `local`
 //!   service does so in its `environments`; a `knob-agent` when its `remote` service tells it
@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use knob_gpu_sched::ledger::{
     Acquired, Holder, Lease, Ledger, LedgerError, STANDING, THIS_MACHINE,
 };
+use knob_gpu_sched::HostResources;
 use knob_gpu_sched::{ByteSize, Environment, SchedulerConfig};
 use knob_plugin_api::service::{TrialRequest, TrialSettings};
 
@@ -42,6 +43,9 @@ pub struct MachineLeases {
     /// Each GPU's total memory at the latest probe ([`Self::annotate`]), passed with every
     /// lease so that the ledger can refuse one that would overfill a GPU.
     gpu_memory_totals: Mutex<Vec<(u32, ByteSize)>>,
+    /// The host's CPU cores and memory at the latest probe, passed with every lease so that
+    /// the ledger can grant one beside an older waiting request that leaves room for both.
+    host_resources: Mutex<Option<HostResources>>,
 }
 
 impl MachineLeases {
@@ -59,6 +63,7 @@ impl MachineLeases {
             ledger: Ledger::open(dir)?,
             machine: THIS_MACHINE.to_string(),
             gpu_memory_totals: Mutex::new(Vec::new()),
+            host_resources: Mutex::new(None),
         })
     }
 
@@ -77,6 +82,11 @@ impl MachineLeases {
 
     fn lease(&self, request: &TrialRequest) -> Lease {
         let resources = &request.resources;
+        let host = self
+            .host_resources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         Lease {
             holder: Self::holder(&request.experiment_id),
             trial: request.trial_id.clone(),
@@ -93,6 +103,8 @@ impl MachineLeases {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            cpu_total: host.as_ref().map_or(0, |host| host.cpu_count),
+            host_memory_total: host.map_or(ByteSize::ZERO, |host| host.memory_total),
         }
     }
 
@@ -109,12 +121,12 @@ impl MachineLeases {
     /// Adds to `environment` (this machine as probed, with the experiment's limits) what other
     /// processes' trials hold here, and the GPUs promised to their requests older than this
     /// process's place in line. Then, for the experiment whose trials wait (`waiting`: its id
-    /// and what each trial asks for), stands in line for the GPUs held elsewhere that its trial
-    /// may use and waits for, or renews its place (which keeps the GPUs it stood for, freed
-    /// since, until its trial takes them); it leaves the line when its trial asks for no GPU
-    /// or could not start even with every other experiment gone
-    /// (`LedgerState::gpus_to_stand_for`), so that it never holds a GPU back from an
-    /// experiment that can use it.
+    /// and what each trial asks for), stands in line for the GPUs, CPU cores and memory held
+    /// elsewhere that its trial may use and waits for, or renews its place (which keeps what it
+    /// stood for, freed since, until its trial takes it); it leaves the line when its trial asks
+    /// for no GPU, cores or memory or could not start even with every other experiment gone
+    /// (`LedgerState::to_stand_for`), so that it never holds anything back from an experiment
+    /// that can use it.
     pub fn annotate(
         &self,
         environment: &mut Environment,
@@ -128,6 +140,10 @@ impl MachineLeases {
             .iter()
             .map(|gpu| (gpu.index, gpu.memory_total))
             .collect();
+        *self
+            .host_resources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(environment.host_resources.clone());
         let me = std::process::id();
         let state = self.ledger.snapshot()?;
         let mine = state
@@ -139,9 +155,10 @@ impl MachineLeases {
         state.annotate(environment, &self.machine, me, mine);
         if let Some((experiment, demand)) = waiting {
             let holder = Self::holder(experiment);
-            match state.gpus_to_stand_for(&probed, environment, &self.machine, me, demand) {
-                Some(gpus) => {
-                    self.ledger.stand_in_line(&holder, &self.machine, &gpus)?;
+            match state.to_stand_for(&probed, environment, &self.machine, me, demand) {
+                Some(stand_for) => {
+                    self.ledger
+                        .stand_in_line(&holder, &self.machine, &stand_for)?;
                 }
                 None => self.ledger.leave_line(&holder, &self.machine)?,
             }

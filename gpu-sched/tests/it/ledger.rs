@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use knob_gpu_sched::ledger::{Acquired, Holder, Lease, Ledger};
+use knob_gpu_sched::ledger::{Acquired, Holder, Lease, Ledger, StandFor};
 use knob_gpu_sched::ByteSize;
 
 fn lease(holder: &Holder, trial: &str, gpus: &[u32], max_per_gpu: u32) -> Lease {
@@ -19,6 +19,8 @@ fn lease(holder: &Holder, trial: &str, gpus: &[u32], max_per_gpu: u32) -> Lease 
         ticket: 0,
         granted_ms: 0,
         gpu_memory_totals: Vec::new(),
+        cpu_total: 0,
+        host_memory_total: ByteSize::ZERO,
     }
 }
 
@@ -309,9 +311,14 @@ fn a_holder_standing_in_line_is_served_before_a_newer_request_and_its_trial_take
         Acquired::Granted
     );
     // A's trials wait in A's scheduler for GPU 0: A stands in line for it.
-    let ticket = ledger.stand_in_line(&a, "local", &[0]).unwrap().unwrap();
+    let ticket = ledger
+        .stand_in_line(&a, "local", &StandFor::gpus(&[0]))
+        .unwrap()
+        .unwrap();
     assert_eq!(
-        ledger.stand_in_line(&a, "local", &[0]).unwrap(),
+        ledger
+            .stand_in_line(&a, "local", &StandFor::gpus(&[0]))
+            .unwrap(),
         Some(ticket)
     );
     // B frees GPU 0 and asks for it again at once: A asked first.
@@ -329,7 +336,9 @@ fn a_holder_standing_in_line_is_served_before_a_newer_request_and_its_trial_take
     // A's next probe sees GPU 0 free (held by nobody): A keeps its place until its trial
     // takes it, so B's retry in that moment still waits.
     assert_eq!(
-        ledger.stand_in_line(&a, "local", &[]).unwrap(),
+        ledger
+            .stand_in_line(&a, "local", &StandFor::gpus(&[]))
+            .unwrap(),
         Some(ticket)
     );
     assert!(matches!(
@@ -361,7 +370,12 @@ fn a_holder_standing_in_line_is_served_before_a_newer_request_and_its_trial_take
     assert_eq!(granted.leases[0].ticket, ticket);
     // The grant took the standing request's place: it is gone, and nothing renews it.
     assert!(!granted.requests.iter().any(|r| r.lease.trial == STANDING));
-    assert_eq!(ledger.stand_in_line(&a, "local", &[]).unwrap(), None);
+    assert_eq!(
+        ledger
+            .stand_in_line(&a, "local", &StandFor::gpus(&[]))
+            .unwrap(),
+        None
+    );
     other.kill().unwrap();
     other.wait().unwrap();
 }
@@ -446,7 +460,7 @@ fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits
         let probed = env("local", &[80, 80]).with_limits(limits);
         let mut seen = probed.clone();
         state.annotate(&mut seen, "local", a.pid, None);
-        state.gpus_to_stand_for(&probed, &seen, "local", a.pid, &demand)
+        state.to_stand_for(&probed, &seen, "local", a.pid, &demand)
     };
     let gpus = |count: u32| SchedulerConfig {
         trial_gpu_number: Some(count),
@@ -455,14 +469,14 @@ fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits
     // A trial that may use either GPU stands for both.
     assert_eq!(
         stand_for(EnvironmentLimits::default(), gpus(1)),
-        Some(vec![0, 1])
+        Some(StandFor::gpus(&[0, 1]))
     );
     // gpuIndices: 1: GPU 0 is none of A's business.
     let only_gpu_1 = EnvironmentLimits {
         gpu_indices: Some(vec![1]),
         ..EnvironmentLimits::default()
     };
-    assert_eq!(stand_for(only_gpu_1, gpus(1)), Some(vec![1]));
+    assert_eq!(stand_for(only_gpu_1, gpus(1)), Some(StandFor::gpus(&[1])));
     // A trial that asks for no GPU waits for something else: it leaves the line.
     assert_eq!(stand_for(EnvironmentLimits::default(), gpus(0)), None);
     assert_eq!(
@@ -489,8 +503,8 @@ fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits
         ..gpus(1)
     };
     assert_eq!(
-        state.gpus_to_stand_for(&mixed_probed, &mixed_seen, "local", a.pid, &big),
-        Some(vec![0])
+        state.to_stand_for(&mixed_probed, &mixed_seen, "local", a.pid, &big),
+        Some(StandFor::gpus(&[0]))
     );
     // A's own trial on GPU 1 (gpuIndices: 1) is what its next trial waits for, not B.
     assert_eq!(
@@ -511,11 +525,13 @@ fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits
     let mut seen = mixed_probed.clone();
     state.annotate(&mut seen, "local", a.pid, None);
     assert_eq!(
-        state.gpus_to_stand_for(&mixed_probed, &seen, "local", a.pid, &gpus(1)),
+        state.to_stand_for(&mixed_probed, &seen, "local", a.pid, &gpus(1)),
         None
     );
     // Leaving the line drops the standing request, so B is not held back.
-    ledger.stand_in_line(&a, "local", &[0]).unwrap();
+    ledger
+        .stand_in_line(&a, "local", &StandFor::gpus(&[0]))
+        .unwrap();
     ledger.leave_line(&a, "local").unwrap();
     ledger.release(&b, "b0").unwrap();
     assert_eq!(
@@ -524,4 +540,120 @@ fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits
     );
     other.kill().unwrap();
     other.wait().unwrap();
+}
+
+/// A lease asking for `cores` CPU cores and `gib` GiB of memory, no GPU, from a requester that
+/// probed a 16-core, 64 GiB machine.
+fn host_lease(holder: &Holder, trial: &str, cores: u32, gib: u64) -> Lease {
+    Lease {
+        cpu_cores: cores,
+        host_memory: ByteSize::gib(gib),
+        cpu_total: 16,
+        host_memory_total: ByteSize::gib(64),
+        ..lease(holder, trial, &[], 1)
+    }
+}
+
+#[test]
+fn a_request_for_cpu_cores_is_served_first_come_first_served_between_experiments() {
+    use crate::support::env;
+    use knob_gpu_sched::ledger::STANDING;
+    use knob_gpu_sched::SchedulerConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut other, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    // A's trial holds 12 of the 16 cores; B's trial, 8 cores and 1 GiB, waits in B's
+    // scheduler. It stands in line for the cores, not for the memory, which is free.
+    assert_eq!(
+        ledger.acquire(&host_lease(&a, "a1", 12, 0)).unwrap(),
+        Acquired::Granted
+    );
+    let demand = SchedulerConfig {
+        trial_cpu_number: Some(8),
+        trial_memory_size: Some(ByteSize::gib(1)),
+        ..SchedulerConfig::default()
+    };
+    let probed = env("local", &[]);
+    let mut seen_by_b = probed.clone();
+    let state = ledger.snapshot().unwrap();
+    state.annotate(&mut seen_by_b, "local", b.pid, None);
+    let stand_for = state
+        .to_stand_for(&probed, &seen_by_b, "local", b.pid, &demand)
+        .unwrap();
+    assert_eq!(
+        stand_for,
+        StandFor {
+            cpu_cores: 8,
+            ..StandFor::default()
+        }
+    );
+    // Were A's cores B's own, B would wait for itself: no place in line.
+    assert_eq!(
+        state.to_stand_for(&probed, &seen_by_b, "local", a.pid, &demand),
+        None
+    );
+    let ticket = ledger
+        .stand_in_line(&b, "local", &stand_for)
+        .unwrap()
+        .unwrap();
+    // A's trial ends and A asks again at once: what leaves room for B's 8 cores is granted,
+    // what does not waits behind B, and a request for memory alone does not wait for cores.
+    ledger.release(&a, "a1").unwrap();
+    assert_eq!(
+        ledger.acquire(&host_lease(&a, "a2", 4, 0)).unwrap(),
+        Acquired::Granted
+    );
+    assert_eq!(
+        ledger.acquire(&host_lease(&a, "a3", 8, 0)).unwrap(),
+        Acquired::Waiting(format!(
+            "CPU cores promised first to the waiting trials of experiment expB (pid {}) (asked earlier)",
+            b.pid
+        ))
+    );
+    assert_eq!(
+        ledger.acquire(&host_lease(&a, "a4", 0, 1)).unwrap(),
+        Acquired::Granted
+    );
+    // A requester that does not say how many cores the machine has waits behind B.
+    let unknown_total = Lease {
+        cpu_total: 0,
+        ..host_lease(&a, "a5", 1, 0)
+    };
+    assert!(matches!(
+        ledger.acquire(&unknown_total).unwrap(),
+        Acquired::Waiting(_)
+    ));
+    ledger.release(&a, "a5").unwrap();
+    // A's scheduler sees B's 8 cores as taken (its own 4 it counts itself), so it does not
+    // place a trial the ledger refuses.
+    let mut seen_by_a = probed.clone();
+    ledger
+        .snapshot()
+        .unwrap()
+        .annotate(&mut seen_by_a, "local", a.pid, None);
+    assert_eq!(seen_by_a.host_held_elsewhere.cpu_cores, 8);
+    // B's trial takes B's place (its ticket), and the standing request is used up.
+    assert_eq!(
+        ledger.acquire(&host_lease(&b, "b1", 8, 1)).unwrap(),
+        Acquired::Granted
+    );
+    let granted = ledger.snapshot().unwrap();
+    let b1 = granted.leases.iter().find(|l| l.trial == "b1").unwrap();
+    assert_eq!(b1.ticket, ticket);
+    assert!(!granted.requests.iter().any(|r| r.lease.trial == STANDING));
+    ledger.release(&a, "a3").unwrap();
+    ledger.release(&b, "b1").unwrap();
+    // A waiter killed with SIGKILL holds nobody back: its place in line is reclaimed.
+    ledger.stand_in_line(&b, "local", &stand_for).unwrap();
+    assert!(matches!(
+        ledger.acquire(&host_lease(&a, "a6", 12, 0)).unwrap(),
+        Acquired::Waiting(_)
+    ));
+    other.kill().unwrap();
+    other.wait().unwrap();
+    assert_eq!(
+        ledger.acquire(&host_lease(&a, "a6", 12, 0)).unwrap(),
+        Acquired::Granted
+    );
 }
