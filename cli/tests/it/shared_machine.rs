@@ -918,3 +918,52 @@ fn max_cpu_utilization_holds_trials_on_a_busy_host_and_says_so() {
     });
     assert_eq!(started(), 0, "a trial started on a busy host");
 }
+
+#[test]
+fn an_experiment_waiting_for_cpu_cores_is_served_before_the_holder_takes_them_again() {
+    let sandbox = Sandbox::new();
+    // Every core knob sees here, so that one trial of either experiment fills the machine.
+    let (code, inventory, stderr) = run(sandbox.knob().args(["gpu", "--json"]));
+    assert_eq!(code, 0, "{stderr}");
+    let inventory: serde_json::Value = serde_json::from_str(&inventory).unwrap();
+    let cores = inventory["environments"][0]["host_resources"]["cpu_count"]
+        .as_u64()
+        .unwrap();
+    let script = "echo \"$NNI_EXP_ID\" >> started\n\
+                  for i in $(seq 1200); do [ -e release ] && break; sleep 0.05; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml = format!(
+        "trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 3\n\
+         trialCpuNumber: {cores}\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let code_dir = config.parent().unwrap().to_path_buf();
+    let first = start_experiment(&sandbox, &config, "first");
+    wait_for(Duration::from_secs(60), "first's trial running", || {
+        (started(&code_dir).len() == 1).then_some(())
+    });
+    let second = start_experiment(&sandbox, &config, "second");
+    // second's trial waits in its scheduler and second stands in line for the cores.
+    let waiting = wait_for(Duration::from_secs(60), "second in line for cores", || {
+        let (_, stdout, _) = run(sandbox.knob().arg("gpu"));
+        stdout
+            .lines()
+            .find(|line| line.contains("second's waiting trials") && line.contains("CPU core"))
+            .map(str::to_owned)
+    });
+    assert!(
+        waiting.starts_with("waiting, first come first served:"),
+        "{waiting}"
+    );
+    // first's trial ends; its next trial must not take the cores ahead of second's.
+    std::fs::write(code_dir.join("release"), "").unwrap();
+    assert!(finish(first).contains("3 trials (3 succeeded, 0 failed)"));
+    assert!(finish(second).contains("3 trials (3 succeeded, 0 failed)"));
+    let order = started(&code_dir);
+    assert_eq!(order.len(), 6, "{order:?}");
+    assert_eq!(order[0], "first", "{order:?}");
+    assert_eq!(
+        order[1], "second",
+        "second asked before first's next trial: {order:?}"
+    );
+}
