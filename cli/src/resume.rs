@@ -481,10 +481,9 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
 /// Whether the run of experiment `id`, process `pid`, has recorded its end in the registry
 /// while it still runs: it is then sending its last notifications (`run_in_foreground`).
 fn end_recorded(registry: &Registry, id: &str, pid: u32) -> bool {
-    registry.get(id).is_ok_and(|entry| {
-        entry.pid == Some(pid)
-            && ExperimentStatus::parse(&entry.status).is_some_and(ExperimentStatus::has_ended)
-    })
+    registry
+        .get(id)
+        .is_ok_and(|entry| entry.pid == Some(pid) && entry.run_over())
 }
 
 /// What `knob stop` sends the runner (see [`stop`]).
