@@ -887,10 +887,14 @@ impl Manager {
     }
 
     /// The trials not yet ended whose service has not answered a start or a kill about them,
-    /// by service (platform), sorted.
+    /// by service (platform), sorted; not those on an environment that cannot be reached,
+    /// which are said to be so.
     fn unanswered_by_service(&self) -> std::collections::BTreeMap<String, Vec<String>> {
         let mut by_service: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for trial_id in self.book.active_ids() {
+            if self.unreachable(&trial_id).is_some() {
+                continue;
+            }
             let service = self.book.get(&trial_id).and_then(|trial| trial.service);
             if let Some(service) = service.filter(|_| self.unanswered.contains(&trial_id)) {
                 let platform = self.services[service].platform.clone();
@@ -1055,7 +1059,16 @@ impl Manager {
             ))
             .await?;
         }
-        for (platform, trials) in self.unanswered_by_service() {
+        // Only those the stop gave up: the kills a failed experiment's end has just asked are
+        // unanswered too, and may well be answered during the shutdown.
+        let gave_up_unanswered = self
+            .stopping_since
+            .is_some_and(|since| Instant::now() >= since + UNANSWERED_AT_STOP);
+        let unanswered = match gave_up_unanswered {
+            true => self.unanswered_by_service(),
+            false => Default::default(),
+        };
+        for (platform, trials) in unanswered {
             let id = &self.id;
             self.notice(format!(
                 "trial(s) {} could not be killed: training service {platform} has not answered their start or kill; its shutdown is asked next, but they may still run. `knob resume {id}` ends what is left of them",
