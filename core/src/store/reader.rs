@@ -486,30 +486,10 @@ impl StoreReader {
         limit: u64,
     ) -> Result<Vec<EventRecord>, StoreError> {
         let limit_sql = limit.min(i64::MAX as u64) as i64;
-        let events = self.collect(
+        let mut records = self.events_where(
             "SELECT seq, time_ms, payload FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
             [after as i64, limit_sql],
-            |row| {
-                Ok((
-                    u64_column(row, 0)?,
-                    row.get::<_, i64>(1)?,
-                    row.get::<_, String>(2)?,
-                ))
-            },
         )?;
-        let mut records = Vec::with_capacity(events.len());
-        for (seq, time_ms, payload) in events {
-            let event = serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt {
-                path: self.path.clone(),
-                seq,
-                message: format!("undecodable event: {e}"),
-            })?;
-            records.push(EventRecord {
-                seq,
-                time_ms,
-                event,
-            });
-        }
         records.extend(
             self.metrics_since(after, limit)?
                 .into_iter()
@@ -529,25 +509,17 @@ impl StoreReader {
     /// changes alone. They have no index of their own: this scans the log's events (not its
     /// metrics, most of the volume), a few milliseconds for thousands of trials.
     pub fn active_time_ms(&self, until_ms: i64) -> Result<i64, StoreError> {
-        let rows = self.collect(
+        let records = self.events_where(
             "SELECT seq, time_ms, payload FROM events WHERE trial_id IS NULL AND kind = ?1 ORDER BY seq",
             ["experiment_status_changed"],
-            |row| {
-                Ok((
-                    u64_column(row, 0)?,
-                    row.get::<_, i64>(1)?,
-                    row.get::<_, String>(2)?,
-                ))
-            },
         )?;
-        let mut history = Vec::with_capacity(rows.len());
-        for (seq, time_ms, payload) in rows {
-            let event: StoreEvent =
-                serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt {
-                    path: self.path.clone(),
-                    seq,
-                    message: format!("undecodable event: {e}"),
-                })?;
+        let mut history = Vec::with_capacity(records.len());
+        for EventRecord {
+            seq,
+            time_ms,
+            event,
+        } in records
+        {
             if let StoreEvent::ExperimentStatusChanged {
                 status,
                 message,
@@ -569,6 +541,36 @@ impl StoreReader {
     /// The counters table as committed.
     pub fn counters(&self) -> Result<Counters, StoreError> {
         read_counters(&self.connection).map_err(|e| self.read_error(e))
+    }
+
+    /// The log's events (not its metrics) that `sql` selects as (seq, time_ms, payload),
+    /// decoded.
+    fn events_where<P: rusqlite::Params>(
+        &self,
+        sql: &str,
+        params: P,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let rows = self.collect(sql, params, |row| {
+            Ok((
+                u64_column(row, 0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, String>(2)?,
+            ))
+        })?;
+        rows.into_iter()
+            .map(|(seq, time_ms, payload)| {
+                let event = serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt {
+                    path: self.path.clone(),
+                    seq,
+                    message: format!("undecodable event: {e}"),
+                })?;
+                Ok(EventRecord {
+                    seq,
+                    time_ms,
+                    event,
+                })
+            })
+            .collect()
     }
 
     fn collect<T, P: rusqlite::Params>(
