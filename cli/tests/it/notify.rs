@@ -1138,17 +1138,8 @@ notifications:
 fn while_the_run_is_ending_an_update_says_so_and_a_stop_gives_up_the_notifications() {
     let sandbox = Sandbox::new();
     // Accepts and never answers: the process waits on its end notification.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}{WEBHOOK_PATH}", listener.local_addr().unwrap());
-    let held = Arc::new(Mutex::new(Vec::new()));
-    {
-        let held = held.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                held.lock().unwrap().push(stream);
-            }
-        });
-    }
+    let (address, held) = never_answering();
+    let url = format!("http://{address}{WEBHOOK_PATH}");
     let config = sandbox.config(
         &format!("{EXPERIMENT}\nnotifications:\n  webhook: {{url: \"{url}\"}}"),
         &[],
@@ -1219,17 +1210,8 @@ fn a_redirecting_webhook_is_not_followed_and_a_silent_server_is_named_as_one() {
         }
     });
     // Accepts and never answers.
-    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
-    let silent_port = silent.local_addr().unwrap().port();
-    let held = Arc::new(Mutex::new(Vec::new()));
-    {
-        let held = held.clone();
-        std::thread::spawn(move || {
-            for stream in silent.incoming().flatten() {
-                held.lock().unwrap().push(stream);
-            }
-        });
-    }
+    let (silent, _held) = never_answering();
+    let silent_port = silent.port();
     let config = sandbox.config(
         &format!(
             "{EXPERIMENT}
@@ -1365,17 +1347,8 @@ fn the_end_message_goes_before_the_messages_a_silent_sink_holds_up() {
 fn a_stop_waiting_for_the_last_notifications_says_so() {
     let sandbox = Sandbox::new();
     // Accepts and never answers.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}{WEBHOOK_PATH}", listener.local_addr().unwrap());
-    let held = Arc::new(Mutex::new(Vec::new()));
-    {
-        let held = held.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                held.lock().unwrap().push(stream);
-            }
-        });
-    }
+    let (address, held) = never_answering();
+    let url = format!("http://{address}{WEBHOOK_PATH}");
     let config = sandbox.config(
         &format!(
             "trialCommand: touch started; sleep 60\ntrialConcurrency: 1\nmaxTrialNumber: 2\n\
@@ -1445,4 +1418,19 @@ fn a_stop_waiting_for_the_last_notifications_says_so() {
         "{stderr}"
     );
     assert!(!held.lock().unwrap().is_empty(), "no notification was sent");
+}
+
+/// A loopback listener that accepts connections and never answers (a sink that hangs), and
+/// the connections it holds open.
+fn never_answering() -> (std::net::SocketAddr, Arc<Mutex<Vec<std::net::TcpStream>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let holding = held.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            holding.lock().unwrap().push(stream);
+        }
+    });
+    (address, held)
 }
