@@ -275,14 +275,20 @@ impl StoreReader {
     /// or metric, or its writer's alive mark, whichever is later. For a run that crashed, about
     /// when it died; `None` before anything was recorded.
     pub fn last_alive_ms(&self) -> Result<Option<i64>, StoreError> {
-        let last_recorded: Option<i64> = self
-            .connection
-            .query_row(
-                "SELECT max((SELECT max(time_ms) FROM events), (SELECT max(time_ms) FROM metrics))",
-                [],
-                |row| row.get(0),
-            )
-            .map_err(|e| self.read_error(e))?;
+        // The writer stamps times that never go back (`Writer::apply`), so each table's last
+        // row by sequence holds its latest time: two lookups, not two scans of the log (a
+        // million metrics at 100 000 trials). Either table may be empty.
+        let last_of = |table: &str| -> Result<Option<i64>, StoreError> {
+            self.connection
+                .query_row(
+                    &format!("SELECT time_ms FROM {table} ORDER BY seq DESC LIMIT 1"),
+                    [],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(|e| self.read_error(e))
+        };
+        let last_recorded = last_of("events")?.max(last_of("metrics")?);
         let marked = super::state::alive_mark_ms(&self.path);
         Ok(last_recorded.max(marked))
     }
@@ -506,8 +512,8 @@ impl StoreReader {
 
     /// Milliseconds the experiment spent in active statuses up to `until_ms`: what counts
     /// toward `maxExperimentDuration` (`ExperimentState::active_time_ms`), from its status
-    /// changes alone. They have no index of their own: this scans the log's events (not its
-    /// metrics, most of the volume), a few milliseconds for thousands of trials.
+    /// changes alone, read by the `events_of_experiment` index (a store not yet opened for
+    /// writing by a knob that makes it is scanned instead: about 0.1 s at 100 000 trials).
     pub fn active_time_ms(&self, until_ms: i64) -> Result<i64, StoreError> {
         let records = self.events_where(
             "SELECT seq, time_ms, payload FROM events WHERE trial_id IS NULL AND kind = ?1 ORDER BY seq",

@@ -88,6 +88,17 @@ CREATE INDEX trials_by_status ON trials (status, sequence);
 CREATE INDEX trials_by_final_value ON trials (final_value) WHERE final_value IS NOT NULL;
 ";
 
+/// Indexes added after schema 1 was first written, made on every open for writing: an older
+/// store gets them the first time a knob that knows them writes it. An index changes no table
+/// and no event, so the schema version stays, and an older knob reads and writes such a store
+/// as before (SQLite keeps the index up to date for it).
+///
+/// `events_of_experiment`: the experiment's own events (its status changes), which every
+/// snapshot reads for `running_ms`; without it each snapshot scanned the whole log, about
+/// 0.1 s at 100 000 trials, where the index answers in microseconds.
+const ADDED_INDEXES: &str =
+    "CREATE INDEX IF NOT EXISTS events_of_experiment ON events (kind, seq) WHERE trial_id IS NULL;";
+
 pub(crate) fn path_text(path: &Path) -> String {
     path.display().to_string()
 }
@@ -193,6 +204,7 @@ pub(crate) fn open_for_writing(
     if let Identity::Empty = identity {
         create_schema(&connection, path)?;
     }
+    setup(ADDED_INDEXES)?;
     Ok(connection)
 }
 
