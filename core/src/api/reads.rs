@@ -430,6 +430,10 @@ fn schedule_of(
     reader: &crate::store::StoreReader,
     trial_id: &str,
 ) -> Result<Option<(crate::store::Lineage, Vec<Value>)>, crate::store::StoreError> {
+    // Most trials are no members: their page does not read every creation in the log.
+    if reader.lineage(trial_id)?.is_none() {
+        return Ok(None);
+    }
     let lineages = reader.lineages()?;
     let Some(lineage) = lineages.get(trial_id) else {
         return Ok(None);

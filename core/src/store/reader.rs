@@ -49,6 +49,17 @@ const TRIAL_COLUMNS: &str = "id, sequence, parameter_id, parameters, status, att
           AND json_extract(g.payload, '$.gpu_memory_request_mib') IS NOT NULL
         ORDER BY g.seq DESC LIMIT 1)";
 
+/// The lineage a creation event's payload carries, if any.
+fn lineage_in(payload: &str) -> Option<super::Lineage> {
+    match serde_json::from_str(payload).ok()? {
+        super::StoreEvent::TrialCreated {
+            lineage: Some(lineage),
+            ..
+        } => Some(*lineage),
+        _ => None,
+    }
+}
+
 fn bad_column(index: usize, what: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(index, Type::Text, what.into())
 }
@@ -398,7 +409,8 @@ impl StoreReader {
     }
 
     /// The lineage of every population member (PBT), by trial id. It is kept in the log only
-    /// (`StoreEvent::TrialCreated`), so this reads the creation events that carry one.
+    /// (`StoreEvent::TrialCreated`), so this reads the creation events that carry one: a scan
+    /// of the log; [`StoreReader::lineage`] first tells whether one trial has any.
     pub fn lineages(
         &self,
     ) -> Result<std::collections::HashMap<String, super::Lineage>, StoreError> {
@@ -410,17 +422,24 @@ impl StoreReader {
         )?;
         Ok(rows
             .into_iter()
-            .filter_map(|(trial_id, payload)| {
-                let event: super::StoreEvent = serde_json::from_str(&payload).ok()?;
-                match event {
-                    super::StoreEvent::TrialCreated {
-                        lineage: Some(lineage),
-                        ..
-                    } => Some((trial_id, *lineage)),
-                    _ => None,
-                }
-            })
+            .filter_map(|(trial_id, payload)| Some((trial_id, lineage_in(&payload)?)))
             .collect())
+    }
+
+    /// One trial's lineage, `None` for a trial that is no population member: its creation
+    /// event, by the `events_by_trial` index.
+    pub fn lineage(&self, trial_id: &str) -> Result<Option<super::Lineage>, StoreError> {
+        let payload: Option<String> = self
+            .connection
+            .query_row(
+                "SELECT payload FROM events WHERE trial_id = ?1 AND kind = 'trial_created'
+                 ORDER BY seq LIMIT 1",
+                [trial_id],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|e| self.read_error(e))?;
+        Ok(payload.as_deref().and_then(lineage_in))
     }
 
     /// Every metric of a trial, all attempts, in log order.
