@@ -441,6 +441,17 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
         "parameters",
     );
     assert_refused(get(&base, "/nosuch"), 404, "no such API route");
+    // axum's own rejections, made before any handler runs, are JSON too (they were plain text).
+    assert_refused(
+        get(&base, "/trials/%FF"),
+        400,
+        "Invalid UTF-8 in `trial_id`",
+    );
+    assert_refused(
+        get(&base, "/trials/x/logs/%FF"),
+        400,
+        "Invalid UTF-8 in `name`",
+    );
 
     // The CLI goes through the API of a running experiment.
     let knob = |args: &[&str]| run(sandbox.knob().args(args));

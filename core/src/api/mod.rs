@@ -316,6 +316,7 @@ pub fn router(state: ApiState) -> Router {
             api.route(route.path, route.handler)
         })
         .fallback(|| async { ApiError::not_found("no such API route; see /api/v1/openapi.yaml") })
+        .layer(middleware::from_fn(plain_errors_as_json))
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     // gzip shrinks the JSON of a 10 000-trial experiment and the vendored ECharts several
     // times over; tower-http's default predicate leaves the event stream uncompressed.
@@ -357,6 +358,39 @@ async fn require_token(State(state): State<ApiState>, request: Request, next: Ne
         }
     }
     next.run(request).await
+}
+
+/// The most of a plain-text error body [`plain_errors_as_json`] reads: axum's own are one short
+/// line.
+const PLAIN_ERROR_LIMIT: usize = 4096;
+
+/// Answers axum's own rejections (a path segment that is not UTF-8, say) as every other API
+/// error is, `{"error": "<line>"}`, which `openapi.yaml` promises: they come as plain text from
+/// extractors before any handler of ours runs.
+async fn plain_errors_as_json(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let plain = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    if !(plain && (status.is_client_error() || status.is_server_error())) {
+        return response;
+    }
+    let text = match axum::body::to_bytes(response.into_body(), PLAIN_ERROR_LIMIT).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_string()
+    } else {
+        text
+    };
+    ApiError::new(status, message).into_response()
 }
 
 /// Compares without stopping at the first difference, so timing does not reveal the prefix.
