@@ -475,7 +475,21 @@ fn ranked(
 /// deleted by hand says so and how to forget it, rather than "no such file".
 pub(crate) fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
     refuse_gone(entry)?;
-    StoreReader::open(&entry.dir).map_err(|e| anyhow::anyhow!("experiment {}: {e}", entry.id))
+    StoreReader::open(&entry.dir).map_err(|e| store_error(entry, &e))
+}
+
+/// A store error of a registered experiment as one line naming it, with its id in the
+/// `knob experiment delete ID` the advice gives (the store knows its file, not the id it is
+/// registered under).
+pub(crate) fn store_error(
+    entry: &RegistryEntry,
+    error: &knob_core::store::StoreError,
+) -> anyhow::Error {
+    let text = error.to_string().replace(
+        "`knob experiment delete ID ",
+        &format!("`knob experiment delete {} ", entry.id),
+    );
+    anyhow::anyhow!("experiment {}: {text}", entry.id)
 }
 
 /// The error of an experiment whose directory was moved or deleted by hand, for a command that

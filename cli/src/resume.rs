@@ -76,7 +76,8 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     // Not `Store::open`, which makes a folder and a store that are missing: one deleted since
     // the check above (`knob experiment delete` holds the lock while it removes them) is an
     // error, not a new empty experiment.
-    let store = Store::open_existing(&entry.dir)?;
+    let store =
+        Store::open_existing(&entry.dir).map_err(|e| crate::experiment::store_error(&entry, &e))?;
     // Recorded as the runner at once, holding the store's writer lock: a `knob stop` from now
     // on signals this process, and one that finds the lock held but no runner recorded yet
     // waits for this (see `stop`). The signals are caught first: a stop that comes while the

@@ -376,7 +376,7 @@ impl Registry {
     pub fn get(&self, id: &str) -> Result<RegistryEntry, RegistryError> {
         let entry = self.get_as_recorded(id)?;
         if !entry.never_started() {
-            return Ok(entry);
+            return Ok(self.ended_as_stored(entry));
         }
         self.take_back(&entry)?;
         // Gone, unless a knob process held its folder (or another took it back and a new
@@ -401,7 +401,7 @@ impl Registry {
         let mut kept = Vec::new();
         for entry in self.list_as_recorded()? {
             if !entry.never_started() {
-                kept.push(entry);
+                kept.push(self.ended_as_stored(entry));
                 continue;
             }
             self.take_back(&entry)?;
@@ -410,6 +410,35 @@ impl Registry {
             }
         }
         Ok(kept)
+    }
+
+    /// `entry`, but with the status its store recorded when its process is gone and the store
+    /// says the run ended: the run got to its end and only its last update here failed (a full
+    /// disk under `KNOB_HOME`), so it did not crash, and no command should say so. Written back
+    /// when it can be, and only over the row as read (a resume may have claimed it since).
+    fn ended_as_stored(&self, mut entry: RegistryEntry) -> RegistryEntry {
+        use crate::store::{ExperimentStatus, StoreReader};
+        if entry.pid.is_none() || !entry.crashed() {
+            return entry;
+        }
+        let Some(ended) = StoreReader::open(&entry.dir)
+            .and_then(|reader| reader.experiment())
+            .ok()
+            .flatten()
+            .map(|experiment| experiment.status)
+            .filter(|status| ExperimentStatus::has_ended(*status))
+        else {
+            return entry;
+        };
+        let _ = self.connection.execute(
+            "UPDATE experiments SET status = ?2, pid = NULL, pid_start = NULL
+             WHERE id = ?1 AND created_ms = ?3 AND pid IS ?4",
+            params![entry.id, ended.as_str(), entry.created_ms, entry.pid],
+        );
+        entry.status = ended.as_str().to_string();
+        entry.pid = None;
+        entry.pid_start = None;
+        entry
     }
 
     /// Removes what the create of an experiment that [`RegistryEntry::never_started`] made of
@@ -556,6 +585,59 @@ mod tests {
         // Still running (or crashed: `crashed` says so), or never ended.
         assert_eq!(entry_of(1, None).end_missing_from_store(running), None);
         assert_eq!(ended("RUNNING").end_missing_from_store(running), None);
+    }
+
+    /// A run whose store recorded its end but whose last update here failed (a full disk
+    /// under `KNOB_HOME`) left its pid behind: it did not crash, and is not called crashed.
+    #[test]
+    fn a_gone_runner_whose_store_recorded_the_end_is_shown_as_the_store_says() {
+        use crate::store::{ExperimentStatus, Store, StoreEvent};
+        let home = tempfile::tempdir().unwrap();
+        let stored = |id: &str, status: ExperimentStatus| {
+            let dir = home.path().join(id);
+            let store = Store::open(&dir).unwrap();
+            let record = |event| {
+                store.append(event).wait().unwrap();
+            };
+            record(StoreEvent::ExperimentCreated {
+                experiment_id: id.into(),
+                config: serde_json::json!({}),
+                start_time_ms: 0,
+            });
+            record(StoreEvent::ExperimentStatusChanged {
+                status,
+                message: None,
+                spent_before_ms: None,
+            });
+            dir
+        };
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let registry = Registry::open(&home.path().join("registry.db")).unwrap();
+        for (id, status) in [
+            ("ended", ExperimentStatus::Done),
+            ("crashed", ExperimentStatus::Running),
+        ] {
+            let entry = RegistryEntry {
+                id: id.into(),
+                dir: stored(id, status),
+                ..entry_of(gone.id(), None)
+            };
+            assert!(registry.insert(&entry).unwrap());
+        }
+        let listed = registry.list().unwrap();
+        let listed = listed.iter().find(|entry| entry.id == "ended").unwrap();
+        for entry in [listed, &registry.get("ended").unwrap()] {
+            assert_eq!((entry.status.as_str(), entry.pid), ("DONE", None));
+            assert!(!entry.crashed());
+        }
+        // Written back: the next reader need not look at the store.
+        let recorded = registry.get_as_recorded("ended").unwrap();
+        assert_eq!((recorded.status.as_str(), recorded.pid), ("DONE", None));
+        // A store still saying RUNNING: that run did crash.
+        let crashed = registry.get("crashed").unwrap();
+        assert_eq!(crashed.status, "RUNNING");
+        assert!(crashed.crashed());
     }
 
     #[test]

@@ -641,11 +641,15 @@ fn a_missing_or_emptied_store_is_named_and_left_as_found() {
     let (code, _, stderr) = run(sandbox.knob().args(["resume", "emptied"]));
     assert_eq!(code, 1, "{stderr}");
     assert!(
-        stderr.contains(
-            "it is empty (0 bytes: emptied, or a copy cut short), so there is nothing to resume"
-        ),
+        stderr.starts_with("error: experiment emptied: ")
+            && stderr.ends_with(
+                "experiment.db: the experiment store is empty (0 bytes: emptied, or a copy cut short); put it back from a backup, or `knob experiment delete emptied --yes` forgets the experiment\n"
+            ),
         "{stderr}"
     );
+    // Read, it is said the same way, not as an experiment never created.
+    let (code, _, show) = run(sandbox.knob().args(["experiment", "show", "emptied"]));
+    assert_eq!((code, show.as_str()), (1, stderr.as_str()));
     assert_eq!(
         std::fs::metadata(&emptied).unwrap().len(),
         0,

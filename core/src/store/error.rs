@@ -54,6 +54,10 @@ pub enum StoreError {
     NoExperiment { path: String },
     #[error("{path}: the store is closed; the event was not written")]
     Closed { path: String },
+    /// The file is there but holds nothing (0 bytes): emptied, or a copy cut short. Not an
+    /// experiment never created: its create wrote the schema before anything else.
+    #[error("{path}: the experiment store is empty (0 bytes: emptied, or a copy cut short); put it back from a backup, or `knob experiment delete ID --yes` forgets the experiment")]
+    Emptied { path: String },
 }
 
 /// Why the writer refused one event. The caller's bug (or a duplicate delivery), never the
@@ -167,6 +171,14 @@ pub(crate) fn or_known_cause(
             path: path.to_string(),
             message: one_line(error),
         },
+        // A row whose bytes SQLite reads but that does not hold what knob wrote there (JSON
+        // that does not parse, a number as text): damaged bytes inside a page.
+        None if matches!(error, rusqlite::Error::FromSqlConversionFailure(..)) => {
+            StoreError::Damaged {
+                path: path.to_string(),
+                message: format!("a row does not hold what knob wrote: {}", one_line(error)),
+            }
+        }
         _ => match full_disk(error, Path::new(path)) {
             Some(message) => StoreError::DiskFull {
                 path: path.to_string(),

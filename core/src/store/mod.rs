@@ -210,9 +210,8 @@ impl Store {
         }
         // Opened for writing, an empty file would get a new empty schema: refused as found.
         if path.metadata().is_ok_and(|metadata| metadata.len() == 0) {
-            return Err(StoreError::Open {
+            return Err(StoreError::Emptied {
                 path: path_text(&path),
-                message: "it is empty (0 bytes: emptied, or a copy cut short), so there is nothing to resume; put it back from a backup, or `knob experiment delete ID --yes` forgets the experiment".to_string(),
             });
         }
         Store::start(experiment_dir, lock, StoreOptions::default())

@@ -232,6 +232,11 @@ pub(crate) fn open_for_reading(path: &Path) -> Result<Connection, StoreError> {
             message: "no such file; is this an experiment directory?".to_string(),
         });
     }
+    if path.metadata().is_ok_and(|metadata| metadata.len() == 0) {
+        return Err(StoreError::Emptied {
+            path: path_text(path),
+        });
+    }
     let connection = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

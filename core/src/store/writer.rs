@@ -279,7 +279,18 @@ impl Writer {
                 // harmlessly.
                 let _ = self.connection.execute_batch("ROLLBACK");
                 self.position = before;
+                let busy = matches!(
+                    error.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                );
                 let error = super::error::or_known_cause(&error, &self.path, |path, message| {
+                    // Only another connection's write transaction holds the writer off (in
+                    // WAL, readers never do): say whose, and what to do.
+                    let message = if busy {
+                        format!("{message}: another process holds a write transaction on it (an `sqlite3` shell after BEGIN?) longer than knob waits; end that transaction, then `knob resume` continues the experiment")
+                    } else {
+                        message
+                    };
                     StoreError::Write { path, message }
                 });
                 vec![Err(error); count]

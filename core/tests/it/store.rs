@@ -995,7 +995,7 @@ fn a_failed_commit_reaches_every_caller_and_loses_no_numbers() {
             dir.path(),
             ack.wait().unwrap_err(),
             expect![[
-                r#"$DIR/experiment.db: cannot write to the experiment store: database is locked"#
+                r#"$DIR/experiment.db: cannot write to the experiment store: database is locked: another process holds a write transaction on it (an `sqlite3` shell after BEGIN?) longer than knob waits; end that transaction, then `knob resume` continues the experiment"#
             ]],
         );
     }
@@ -1627,4 +1627,31 @@ fn the_last_alive_moment_is_the_latest_event_or_metric_even_with_no_metrics() {
     let with_metric = store.replay().unwrap().last_event_time_ms;
     assert!(with_metric >= events_only);
     assert_eq!(reader.last_alive_ms().unwrap(), Some(with_metric));
+}
+
+/// A row whose bytes were damaged inside an intact page reads as a damaged store, with its
+/// advice, not as rusqlite's conversion error.
+#[test]
+fn a_row_that_does_not_decode_is_a_damaged_store() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        put(&store, created());
+        put(&store, trial("t0", 0));
+    }
+    Connection::open(dir.path().join(DB_FILE_NAME))
+        .unwrap()
+        .execute("UPDATE trials SET parameters = 'x{'", [])
+        .unwrap();
+    let error = StoreReader::open(dir.path())
+        .unwrap()
+        .trials(&TrialQuery::default())
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Damaged { .. }), "{error:?}");
+    assert!(
+        error
+            .to_string()
+            .contains("keep a copy of the experiment's folder"),
+        "{error}"
+    );
 }
