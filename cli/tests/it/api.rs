@@ -838,6 +838,50 @@ fn the_experiment_list_serves_each_experiments_trial_routes() {
     assert_refused(get(&base, "/trials/nosuch"), 404, "no trial nosuch");
 }
 
+/// With a token, a client without it learns nothing from `/e/ID/` of `knob view`'s list: an id
+/// the registry lacks is answered as one it has (401 on the API, the dashboard's page), not
+/// with a 404 naming the registry's file.
+#[test]
+fn without_the_token_the_experiment_list_does_not_tell_which_ids_exist() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &CONFIG.replace("maxTrialNumber: 1000", "maxTrialNumber: 1"),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "known");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0", "--token", "s3cret"]);
+    let view = start(command, &[]);
+    let answer = |id: &str, path: &str, token: Option<&str>| {
+        call("GET", &format!("{}/e/{id}{path}", view.base), None, token)
+    };
+    for path in ["/api/v1/experiment", "/api/v1/trials/x"] {
+        let known = answer("known", path, None);
+        let unknown = answer("unknown", path, None);
+        assert_eq!(known.0, 401, "{known:?}");
+        assert_eq!(known, unknown, "{path}");
+    }
+    let page = |id: &str| {
+        let (status, body) = answer(id, "/", None);
+        (status, body.as_str().map(str::len))
+    };
+    assert_eq!(page("unknown"), page("known"));
+    assert_eq!(page("known").0, 200);
+    // With the token, an unknown id is named as unknown.
+    let (status, body) = answer("unknown", "/api/v1/experiment", Some("s3cret"));
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("no experiment unknown"),
+        "{body}"
+    );
+    let (status, body) = answer("known", "/api/v1/experiment", Some("s3cret"));
+    assert_eq!((status, &body["id"]), (200, &json!("known")), "{body}");
+}
+
 /// Trials that run until stopped, two at most: the tuner's first takes one of the two.
 const LONG_TRIALS: &str = r#"trialCommand: sleep 60
 trialConcurrency: 1

@@ -426,3 +426,50 @@ fn the_commands_that_use_the_api_say_to_set_knob_api_token() {
         );
     }
 }
+
+/// The header block of a raw `GET path`, lowercased.
+fn head_of(base: &str, path: &str) -> String {
+    let address = base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    answer.split("\r\n\r\n").next().unwrap().to_string()
+}
+
+/// A hostile page could load the dashboard (same-origin with the API, so past every check) in
+/// an invisible frame and have the user click its Stop or Kill: no page of either server may
+/// be framed.
+#[test]
+fn no_page_may_be_put_in_another_sites_frame() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(QUICK, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "framed");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut one = sandbox.knob();
+    one.args(["view", "framed", "--port", "0"]);
+    let one = start(one, &[]);
+    let mut list = sandbox.knob();
+    list.args(["view", "--port", "0"]);
+    let list = start(list, &[]);
+    for (base, path) in [
+        (&one.base, "/"),
+        (&one.base, "/api/v1/experiment"),
+        (&one.base, "/nosuch"),
+        (&list.base, "/"),
+        (&list.base, "/e/framed/"),
+        (&list.base, "/api/v1/experiments"),
+    ] {
+        let head = head_of(base, path);
+        assert!(head.contains("\r\nx-frame-options: deny"), "{path}: {head}");
+        assert!(
+            head.contains("\r\ncontent-security-policy: frame-ancestors 'none'"),
+            "{path}: {head}"
+        );
+    }
+}

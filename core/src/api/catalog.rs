@@ -4,6 +4,7 @@
 //! dashboard asks for `api/v1/…` relative to its own address).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, Request, State};
@@ -85,6 +86,7 @@ pub async fn serve_catalog(
         )
         .route("/e/{id}/", axum::routing::any(experiment))
         .route("/e/{id}/{*rest}", axum::routing::any(experiment))
+        .layer(middleware::from_fn(guard::forbid_framing))
         .layer(tower_http::compression::CompressionLayer::new())
         .with_state(catalog)
         .layer(middleware::from_fn_with_state(rule, guard::check_host));
@@ -93,21 +95,24 @@ pub async fn serve_catalog(
 }
 
 async fn require_token(State(catalog): State<Catalog>, request: Request, next: Next) -> Response {
-    if let Some(token) = &catalog.inner.config.token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(guard::bearer_token);
-        if !given.is_some_and(|g| same_secret(g.as_bytes(), token.as_bytes())) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong token: send Authorization: Bearer <token>",
-            )
-            .into_response();
-        }
+    if !authorized(catalog.inner.config.token.as_deref(), request.headers()) {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong token: send Authorization: Bearer <token>",
+        )
+        .into_response();
     }
     next.run(request).await
+}
+
+/// Whether a request with `headers` may read: no token is configured, or it sends it.
+fn authorized(token: Option<&str>, headers: &HeaderMap) -> bool {
+    let Some(token) = token else { return true };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(guard::bearer_token)
+        .is_some_and(|given| same_secret(given.as_bytes(), token.as_bytes()))
 }
 
 /// `GET /api/v1/experiments`: every experiment of the registry, oldest first, with its status
@@ -197,23 +202,33 @@ async fn experiment(
                             .into_response()
                     }
                 };
-                let entry = match found {
-                    Ok(entry) => entry,
-                    Err(error) => return ApiError::not_found(error.to_string()).into_response(),
+                let state = |dir: PathBuf| {
+                    ApiState::new(ApiConfig {
+                        experiment_id: id.clone(),
+                        dir,
+                        commands: None,
+                        token: config.token.clone(),
+                        allowed_hosts: config.allowed_hosts.clone(),
+                        commits: None,
+                    })
                 };
-                let state = ApiState::new(ApiConfig {
-                    experiment_id: entry.id.clone(),
-                    dir: entry.dir.clone(),
-                    commands: None,
-                    token: config.token.clone(),
-                    allowed_hosts: config.allowed_hosts.clone(),
-                    commits: None,
-                });
-                let router = router(state);
-                if let Ok(mut map) = catalog.inner.experiments.lock() {
-                    map.insert(id.clone(), router.clone());
+                match found {
+                    Ok(entry) => {
+                        let router = router(state(entry.dir));
+                        if let Ok(mut map) = catalog.inner.experiments.lock() {
+                            map.insert(id.clone(), router.clone());
+                        }
+                        router
+                    }
+                    // A client without the token is answered as for an experiment that exists
+                    // (401 on the API, the dashboard's files), by a router over no store and
+                    // kept nowhere: a 404 would tell it which ids exist, and where the
+                    // registry is.
+                    Err(_) if !authorized(config.token.as_deref(), request.headers()) => {
+                        router(state(PathBuf::new()))
+                    }
+                    Err(error) => return ApiError::not_found(error.to_string()).into_response(),
                 }
-                router
             }
         }
     };

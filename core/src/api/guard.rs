@@ -193,6 +193,25 @@ pub(super) fn allowed_methods<'a>(
 
 /// axum answers a method a path does not serve with an empty 405 (and, as knob builds its
 /// routes one operation at a time, without `Allow`); this one says what is allowed.
+/// Forbids every page of this server to be put in a frame of another site (`X-Frame-Options`
+/// for older browsers, CSP `frame-ancestors` for the rest): a hostile page could otherwise load
+/// the dashboard, which is same-origin with the API and passes every check above, in an
+/// invisible frame and have the user click its Stop or Kill (clickjacking). The dashboard
+/// frames nothing of its own.
+pub(super) async fn forbid_framing(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    response
+}
+
 pub(super) async fn explain_method_not_allowed(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();

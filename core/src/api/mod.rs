@@ -323,6 +323,7 @@ pub fn router(state: ApiState) -> Router {
     web::routes()
         .merge(api)
         .layer(middleware::from_fn(guard::explain_method_not_allowed))
+        .layer(middleware::from_fn(guard::forbid_framing))
         .layer(tower_http::compression::CompressionLayer::new())
         .with_state(state)
 }
