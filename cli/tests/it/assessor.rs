@@ -141,7 +141,55 @@ fn medianstop_stops_the_bad_trials_with_a_reason_and_lets_the_good_ones_finish()
     }
 }
 
-/// ASHA (rungs at steps 1, 2, 4, the top half goes on) over four trials whose results arrive in
+/// Each trial reports its `curve`, then its `final`.
+const CURVE_TRIAL: &str = r#"import json, os
+p = json.loads(os.environ["KNOB_PARAMETERS"])
+for value in p["curve"]:
+    print("KNOB_INTERMEDIATE", value, flush=True)
+print("KNOB_FINAL", p["final"], flush=True)
+"#;
+
+/// One trial at a time, in order: the first reports `-Infinity` once (a loss that underflowed),
+/// then numbers; the others are better at every step.
+const INFINITE_FIRST: &str = r#"trialCommand: python3 trial.py
+trialConcurrency: 1
+maxTrialNumber: 4
+searchSpace:
+  combine_params:
+    _type: choice
+    _value:
+      - {curve: ["-Infinity", 0.5, 0.4, 0.3], final: 0.3}
+      - {curve: [0.2, 0.1, 0.05, 0.01], final: 0.01}
+      - {curve: [0.2, 0.1, 0.05, 0.011], final: 0.011}
+      - {curve: [0.2, 0.1, 0.05, 0.012], final: 0.012}
+tuner:
+  name: Batch
+assessor:
+  name: Medianstop
+  classArgs: {optimize_mode: minimize}
+trainingService:
+  platform: local"#;
+
+/// An infinite intermediate result is no result (README), as NaN is: it pinned Medianstop's
+/// median at `-inf` at its step, and every later trial, better at every step, was stopped there.
+#[test]
+fn an_infinite_intermediate_result_is_no_result_to_the_assessor() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(INFINITE_FIRST, &[("trial.py", CURVE_TRIAL)]);
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "infinite"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("4 trials (4 succeeded, 0 failed)") && !stdout.contains("early-stopped"),
+        "{stdout}"
+    );
+}
+
+/// ASHA (rungs at steps 1, 2, 4, the top half goes on) over four trials whose results arrive in/// ASHA (rungs at steps 1, 2, 4, the top half goes on) over four trials whose results arrive in
 /// an order the test sets: each result waits for its file `go-NAME-STEP`.
 const ASHA_TRIAL: &str = r#"import json, os, time
 name = json.loads(os.environ["KNOB_PARAMETERS"])["name"]

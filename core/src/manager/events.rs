@@ -718,6 +718,7 @@ impl Manager {
         }
         match kind {
             MetricKind::Intermediate => {
+                let value = as_result(value);
                 // The assessor's copy of the last call is usually gone (it answered), so this
                 // pushes in place; one still unanswered keeps the history it was asked about.
                 std::sync::Arc::make_mut(&mut trial.intermediate).push(value);
@@ -783,4 +784,16 @@ const MAX_EARLY_METRICS: usize = 1000;
 /// `Manager::on_unreadable_final`); `reason` is [`default_value`]'s.
 pub(super) fn unreadable_final_message(reason: &str) -> String {
     format!("final result unreadable: {reason}; recorded as sent, no value (the tuner sees NaN)")
+}
+
+/// An intermediate result as the assessor and the tuner are given it: ±Infinity is no result,
+/// as NaN is (README, "Trial protocols"), and is handed on as NaN, which every assessor skips.
+/// Passed as it was, one `-Infinity` at a step pinned Medianstop's median there at `-inf`
+/// for the rest of the experiment, and every later trial was stopped at that step.
+pub(super) fn as_result(value: f64) -> f64 {
+    if value.is_finite() {
+        value
+    } else {
+        f64::NAN
+    }
 }

@@ -220,7 +220,7 @@ impl Manager {
                     let value = match metric.value {
                         Some(value) => value,
                         None => match intermediate_value(objectives, &metric.raw) {
-                            Ok(value) => value,
+                            Ok(value) => super::events::as_result(value),
                             Err(_) => continue,
                         },
                     };
