@@ -140,6 +140,14 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
     };
     let class_args: serde_json::Value = serde_json::from_str(&args.class_args)
         .map_err(|e| anyhow::anyhow!("--class-args is not JSON: {e}"))?;
+    // As a config's `classArgs` must be a mapping: a list reached some tuners as fields in
+    // order, and came back as serde's "invalid length 4, expected struct AnnealArgs".
+    if !class_args.is_object() {
+        anyhow::bail!(
+            "--class-args must be a JSON object of the tuner's arguments, such as '{{\"optimize_mode\": \"minimize\"}}', got {}",
+            args.class_args.trim()
+        );
+    }
     let (space, space_json) = crate::space::read_space_value(&args.space)?;
     let mut results = match (&args.results, &args.results_expr) {
         (None, None) => Results::None,

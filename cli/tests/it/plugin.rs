@@ -298,6 +298,19 @@ fn plugin_try_runs_the_third_party_tuner_and_checks_what_it_hands_out() {
         "{stderr}"
     );
 
+    // classArgs are a mapping, as in a config: a list is refused before any tuner sees it.
+    let (code, _, stderr) = run(knob()
+        .args(["plugin", "try"])
+        .arg(&library)
+        .arg("--space")
+        .arg(&space)
+        .args(["--class-args", "[3]"]));
+    assert_eq!(code, 1);
+    assert_eq!(
+        stderr.trim(),
+        r#"error: --class-args must be a JSON object of the tuner's arguments, such as '{"optimize_mode": "minimize"}', got [3]"#
+    );
+
     // What the space does not hold is refused, naming the parameter and the rule.
     let misbehaving = crate::tuner_output::misbehaving_tuner();
     let (code, stdout, stderr) = run(knob()

@@ -49,6 +49,12 @@ const TRIAL_COLUMNS: &str = "id, sequence, parameter_id, parameters, status, att
           AND json_extract(g.payload, '$.gpu_memory_request_mib') IS NOT NULL
         ORDER BY g.seq DESC LIMIT 1)";
 
+/// A sequence number as SQLite's signed integer: one above `i64::MAX`, which no event has,
+/// stays above every event (`as i64` made it negative, so "after it" meant the whole log).
+fn sql_seq(seq: EventSeq) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
 /// The lineage a creation event's payload carries, if any.
 fn lineage_in(payload: &str) -> Option<super::Lineage> {
     match serde_json::from_str(payload).ok()? {
@@ -459,7 +465,7 @@ impl StoreReader {
             format!("SELECT {METRIC_COLUMNS} FROM metrics WHERE seq > ?1 ORDER BY seq LIMIT ?2");
         self.collect(
             &sql,
-            [after as i64, limit.min(i64::MAX as u64) as i64],
+            [sql_seq(after), limit.min(i64::MAX as u64) as i64],
             metric_from_row,
         )
     }
@@ -513,7 +519,7 @@ impl StoreReader {
         let limit_sql = limit.min(i64::MAX as u64) as i64;
         let mut records = self.events_where(
             "SELECT seq, time_ms, payload FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-            [after as i64, limit_sql],
+            [sql_seq(after), limit_sql],
         )?;
         records.extend(
             self.metrics_since(after, limit)?

@@ -1655,3 +1655,28 @@ fn a_row_that_does_not_decode_is_a_damaged_store() {
         "{error}"
     );
 }
+
+/// A cursor above every sequence number, however large, finds nothing after it: one above
+/// `i64::MAX` turned negative in SQL and replayed the whole log.
+#[test]
+fn a_cursor_above_every_event_finds_nothing_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(&store, trial("t0", 0));
+    put(&store, started("t0", 1));
+    put(&store, metric("t0", MetricKind::Intermediate, 0, "0.5"));
+    let reader = StoreReader::open(dir.path()).unwrap();
+    assert_eq!(reader.events_since(0, 10).unwrap().len(), 4);
+    assert_eq!(reader.metrics_since(0, 10).unwrap().len(), 1);
+    for after in [i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX] {
+        assert!(
+            reader.events_since(after, 10).unwrap().is_empty(),
+            "{after}"
+        );
+        assert!(
+            reader.metrics_since(after, 10).unwrap().is_empty(),
+            "{after}"
+        );
+    }
+}
