@@ -34,13 +34,31 @@ pub fn parameter_record(parameter_id: u64, label: Option<&str>, parameters: &Val
         },
         None => Value::from(parameter_id),
     };
-    serde_json::json!({
+    let record = serde_json::json!({
         "parameter_id": parameter_id,
         "parameter_source": "algorithm",
         "parameters": parameters,
         "parameter_index": 0,
     })
-    .to_string()
+    .to_string();
+    escape_python_line_breaks(&record)
+}
+
+/// `text` (JSON) with the characters Python's `str.splitlines` breaks at but JSON leaves raw
+/// (U+0085, U+2028, U+2029) written as escapes: nni reads the record with json_tricks, which
+/// strips comments line by line, so a parameter value holding one of them came apart into JSON
+/// with a raw newline in a string ("Invalid control character"). The value read is the same.
+fn escape_python_line_breaks(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\u{85}' | '\u{2028}' | '\u{2029}' => {
+                escaped.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            c => escaped.push(c),
+        }
+    }
+    escaped
 }
 
 const HEADER_BYTES: usize = 8;
@@ -322,6 +340,19 @@ mod tests {
         assert!(decode_nni_metric(broken, "Ab1")
             .unwrap_err()
             .contains("not JSON"));
+    }
+
+    #[test]
+    fn line_breaks_python_splits_at_are_escaped_and_read_back_the_same() {
+        let parameters = serde_json::json!({"u": "a\u{2028}b\u{2029}c\u{85}d"});
+        let record = parameter_record(1, None, &parameters);
+        assert!(record.contains(r"a\u2028b\u2029c\u0085d"), "{record}");
+        assert!(
+            !record.contains(['\u{2028}', '\u{2029}', '\u{85}']),
+            "{record}"
+        );
+        let read: serde_json::Value = serde_json::from_str(&record).unwrap();
+        assert_eq!(read["parameters"], parameters);
     }
 
     #[test]

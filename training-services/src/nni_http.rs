@@ -19,7 +19,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,7 +51,6 @@ struct TrialChannel {
     parameter_record: String,
     outgoing: Mutex<VecDeque<Value>>,
     queued: Notify,
-    parameter_requests: AtomicU32,
 }
 
 #[derive(Default)]
@@ -117,7 +116,6 @@ impl ChannelServer {
             parameter_record,
             outgoing: Mutex::default(),
             queued: Notify::new(),
-            parameter_requests: AtomicU32::new(0),
         });
         let mut trials = self
             .registry
@@ -328,17 +326,11 @@ fn receive(channel: &TrialChannel, env: &str, body: &[u8]) -> Reply {
     };
     match command.get("type").and_then(Value::as_str) {
         Some("request_parameter") => {
-            // One set of parameters per trial. A second request gets what NNI 2.x's file
-            // channel gives without multi-phase: none (nni returns None to the script).
-            let first = channel.parameter_requests.fetch_add(1, Ordering::SeqCst) == 0;
-            let parameter = if first {
-                channel.parameter_record.clone()
-            } else {
-                channel.recorder.warn(
-                    "NNI channel: parameters requested more than once; a trial gets one set, the script receives None",
-                );
-                "null".to_string()
-            };
+            // Every request gets the trial's parameters: the processes of one trial (torchrun,
+            // DDP: each rank calls `nni.get_next_parameter()`) cannot be told apart here, and
+            // under NNI 2.x's file channel each of them reads `parameter.cfg` and gets them.
+            // Answering only the first left every other rank with None.
+            let parameter = channel.parameter_record.clone();
             channel
                 .outgoing
                 .lock()

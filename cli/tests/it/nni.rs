@@ -77,6 +77,75 @@ fn nni_shim_true_replaces_an_installed_nni() {
     }
 }
 
+/// Two ranks of one trial (a torchrun or DDP job) each ask nni for the trial's parameters, and
+/// a value holds a line separator: under nni 3.0 only the first rank got them (the other
+/// None), and under both nni the record came apart at U+2028 ("Invalid control character").
+#[test]
+fn every_rank_of_an_nni_trial_gets_its_parameters_whatever_their_text() {
+    for (python, id) in [
+        (prerequisite::NNI3_PYTHON.path(), "ranks3"),
+        (prerequisite::NNI2_PYTHON.path(), "ranks2"),
+    ] {
+        let Some(python) = python else { continue };
+        let sandbox = tempfile::tempdir().unwrap();
+        let code = sandbox.path().join("code");
+        std::fs::create_dir_all(&code).unwrap();
+        std::fs::write(
+            code.join("rank.py"),
+            "import nni, sys\n\
+             p = nni.get_next_parameter()\n\
+             if sys.argv[1] == '0':\n\
+             \x20   nni.report_final_result(len(p['u']))\n\
+             else:\n\
+             \x20   open('rank1-' + p['u'], 'w').close()\n",
+        )
+        .unwrap();
+        std::fs::write(
+            code.join("config.yml"),
+            format!(
+                "searchSpace: {{\"u\": {{\"_type\": \"choice\", \"_value\": [\"line\\u2028sep\"]}}}}\n\
+                 trialCommand: '{py} rank.py 1 & {py} rank.py 0 && wait $!'\n\
+                 trialConcurrency: 1\nmaxTrialNumber: 1\n\
+                 tuner: {{name: Random}}\ntrainingService: {{platform: local}}\n\
+                 experimentWorkingDirectory: {}\n",
+                sandbox.path().join("experiments").display(),
+                py = python.display(),
+            ),
+        )
+        .unwrap();
+        let home = sandbox.path().join("home");
+        let (status, stdout, stderr) = create_bounded(
+            knob()
+                .env("KNOB_HOME", &home)
+                .arg("create")
+                .arg("--config")
+                .arg(code.join("config.yml"))
+                .args(["--id", id]),
+            sandbox.path(),
+        );
+        assert!(status.success(), "{id}: {status}\n{stdout}\n{stderr}");
+        let (code_, export, stderr) = run(knob().env("KNOB_HOME", &home).args([
+            "experiment",
+            "export",
+            id,
+            "--format",
+            "json",
+        ]));
+        assert_eq!(code_, 0, "{stderr}");
+        let export: Value = serde_json::from_str(&export).unwrap();
+        let trial = &export["trials"][0];
+        assert_eq!(
+            (&trial["status"], trial["final"].as_f64()),
+            (&Value::from("SUCCEEDED"), Some(8.0)),
+            "{id}: {trial:#}"
+        );
+        assert!(
+            code.join("rank1-line\u{2028}sep").exists(),
+            "{id}: the second rank got no parameters: {trial:#}"
+        );
+    }
+}
+
 /// `nni_shim`: the config's `nniShim`, left out when `None`.
 fn check_nni_experiment(python: &Path, channel: Channel, nni_shim: Option<bool>) {
     let id = match (channel, nni_shim) {
