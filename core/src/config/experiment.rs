@@ -149,7 +149,11 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         .and_then(|field| reader.boolean(&field))
         .unwrap_or(false);
     let log_level = take("logLevel").and_then(|field| reader.choice(&field, &LogLevel::ALL));
-    let experiment_working_directory = match take("experimentWorkingDirectory") {
+    let working_directory_field = take("experimentWorkingDirectory");
+    let working_directory_at = working_directory_field
+        .as_ref()
+        .and_then(|field| field.node.pos);
+    let experiment_working_directory = match working_directory_field {
         Some(field) => reader.path(&field).and_then(|path| {
             let what_to_do = "name a folder (knob creates it if it is missing)";
             reader.check_makeable_directory(field.node.pos, &field.path, path, what_to_do)
@@ -174,6 +178,21 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
             }
         }
     };
+    // The trials' shared Python folder lives in the experiment's folder and goes on their
+    // PYTHONPATH, which splits at ':': Python then finds neither of knob's modules.
+    if let Some(dir) = experiment_working_directory
+        .as_ref()
+        .filter(|dir| dir.as_os_str().as_encoded_bytes().contains(&b':'))
+    {
+        reader.warn(
+            working_directory_at,
+            "experimentWorkingDirectory",
+            format!(
+                "{} holds ':', at which PYTHONPATH splits, so trials cannot `import knob_trial` nor knob's nni shim (a real nni still works); choose a folder without ':'",
+                dir.display()
+            ),
+        );
+    }
     let tuner_gpu_indices =
         take("tunerGpuIndices").and_then(|field| reader.parse(&field, units::gpu_indices));
     let tuner_field = take("tuner");

@@ -828,6 +828,27 @@ trainingService: {platform: local}
     );
 }
 
+/// PYTHONPATH splits at ':', so knob's Python folder in such an experiment folder is two
+/// folders that do not exist: every `import knob_trial` trial failed with no word at create.
+#[test]
+fn an_experiment_folder_holding_a_colon_is_warned() {
+    check_fields(
+        "\
+searchSpace: {}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+experimentWorkingDirectory: runs 2024-01-01 12:30
+tuner: {name: Random}
+trainingService: {platform: local}
+",
+        &["experimentWorkingDirectory"],
+        expect![[r##"
+            # warning: $DIR/exp.yml:4:29: experimentWorkingDirectory: $DIR/runs 2024-01-01 12:30 holds ':', at which PYTHONPATH splits, so trials cannot `import knob_trial` nor knob's nni shim (a real nni still works); choose a folder without ':'
+            experimentWorkingDirectory: "$DIR/runs 2024-01-01 12:30"
+        "##]],
+    );
+}
+
 // ---- bad input: every error, one line each ----
 
 #[test]
