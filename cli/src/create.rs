@@ -349,6 +349,9 @@ pub fn run_in_foreground(
                 manager::ManagerError::Store(StoreError::FilesDeleted { .. }) => {
                     format!("; `knob experiment delete {id} --yes` forgets it")
                 }
+                manager::ManagerError::Store(StoreError::FilesMoved { .. }) => format!(
+                    "; to run it from its new folder: `knob experiment delete {id} --yes`, then `knob experiment register NEW_FOLDER` and `knob resume {id}`"
+                ),
                 _ => String::new(),
             };
             errln!("error: experiment {id}: {e}{forget}");

@@ -47,6 +47,10 @@ pub enum StoreError {
     /// hand. Nothing can be recorded any more, and nothing recorded can be read again.
     #[error("{dir}: the experiment's files were deleted while it ran; its trials are stopped and nothing more can be recorded")]
     FilesDeleted { dir: String },
+    /// The store file is no longer at its path, though not deleted: the experiment's folder was
+    /// moved (renamed) while it ran. The store in the new place holds everything before this.
+    #[error("{dir}: the experiment's folder was moved while it ran; its trials are stopped and nothing more is recorded; its store, wherever the folder now is, holds everything before this")]
+    FilesMoved { dir: String },
     /// Its `knob create` has not written the first record yet, or was killed before it did
     /// (the registry takes such an experiment back once its process is gone, unless a knob
     /// process holds the folder).

@@ -143,13 +143,27 @@ impl Writer {
         })
     }
 
-    /// Whether the store file has been deleted (its last link is gone) since it was opened.
-    fn store_deleted(&self) -> bool {
+    /// Why the store file is no longer where the experiment is registered, if it is not: deleted
+    /// (its last link is gone), or moved (its path now names no file, or another file: the
+    /// experiment's folder renamed, whose new trials would have been made under the old path
+    /// again, apart from the store and its registration).
+    fn store_gone(&self) -> Option<StoreError> {
         use std::os::unix::fs::MetadataExt;
-        self.store_file
-            .as_ref()
-            .and_then(|file| file.metadata().ok())
-            .is_some_and(|metadata| metadata.nlink() == 0)
+        let opened = self.store_file.as_ref()?.metadata().ok()?;
+        let dir = || {
+            std::path::Path::new(&self.path)
+                .parent()
+                .map(|dir| dir.display().to_string())
+                .unwrap_or_default()
+        };
+        if opened.nlink() == 0 {
+            return Some(StoreError::FilesDeleted { dir: dir() });
+        }
+        let moved = match std::fs::metadata(&self.path) {
+            Ok(now) => (now.dev(), now.ino()) != (opened.dev(), opened.ino()),
+            Err(error) => error.kind() == std::io::ErrorKind::NotFound,
+        };
+        moved.then(|| StoreError::FilesMoved { dir: dir() })
     }
 
     /// Runs until [`Command::Shutdown`] or until every sender is gone, committing what is queued.
@@ -246,12 +260,8 @@ impl Writer {
         let count = events.len();
         // Checked at each batch, not on a timer: no commit then goes into a deleted store
         // unnoticed. One fstat, next to a transaction's writes.
-        if self.store_deleted() {
-            let dir = std::path::Path::new(&self.path)
-                .parent()
-                .map(|dir| dir.display().to_string())
-                .unwrap_or_default();
-            return vec![Err(StoreError::FilesDeleted { dir }); count];
+        if let Some(gone) = self.store_gone() {
+            return vec![Err(gone); count];
         }
         match self.try_write_batch(events) {
             Ok(outcomes) => {

@@ -1028,17 +1028,14 @@ fn one_writer_per_experiment() {
 
 /// The store file deleted under its writer (the experiment's folder removed by hand): SQLite
 /// wrote on into the unlinked file, and every event from then on was lost without a word. The
-/// next batch fails instead, naming the folder; a store in a folder moved elsewhere goes on.
+/// next batch fails instead, naming the folder.
 #[test]
 fn a_store_deleted_under_its_writer_fails_the_next_write() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("e");
     let store = Store::open(&dir).unwrap();
     put(&store, created());
-    let moved = root.path().join("moved");
-    std::fs::rename(&dir, &moved).unwrap();
-    assert_eq!(put(&store, trial("t", 0)), 2);
-    std::fs::remove_dir_all(&moved).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
     let error = store.append(trial("u", 1)).wait().unwrap_err();
     assert_eq!(
         error.to_string(),
@@ -1048,6 +1045,41 @@ fn a_store_deleted_under_its_writer_fails_the_next_write() {
         )
     );
     assert!(store.close().is_ok(), "nothing was left unreported");
+}
+
+/// The experiment's folder moved (renamed) while it runs: the store went on in the new place,
+/// but each new trial's folder was made again under the old path, apart from the store, and the
+/// registry still named the old path. The next batch fails instead, and nothing after it is in
+/// either place; the moved store holds everything before.
+#[test]
+fn a_store_moved_under_its_writer_fails_the_next_write() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("e");
+    let store = Store::open(&dir).unwrap();
+    put(&store, created());
+    let moved = root.path().join("moved");
+    std::fs::rename(&dir, &moved).unwrap();
+    let error = store.append(trial("t", 0)).wait().unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: the experiment's folder was moved while it ran; its trials are stopped and nothing more is recorded; its store, wherever the folder now is, holds everything before this",
+            dir.display()
+        )
+    );
+    drop(store);
+    let state = StoreReader::open(&moved).unwrap().replay().unwrap();
+    assert!(state.trials.is_empty(), "{state:?}");
+    // Another folder put in its place is not the store either.
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = Store::open(&moved).unwrap();
+    std::fs::rename(&moved, root.path().join("again")).unwrap();
+    std::fs::rename(root.path().join("again"), &moved).unwrap();
+    assert_eq!(
+        put(&store, trial("t", 0)),
+        2,
+        "moved back: the same file again"
+    );
 }
 
 /// Two managers opening one experiment at the same moment (two `knob resume` started together):
