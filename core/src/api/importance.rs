@@ -177,8 +177,39 @@ fn compute(space: &Value, finished: &[(Value, f64)]) -> Value {
         "skipped": skipped,
         "note": if rows.len() < 2 {
             Value::from("needs at least 2 trials with a final result")
+        } else if rows.iter().all(|(_, y)| *y == rows[0].1) {
+            // Nothing varies, so nothing explains any of it: every share is 0, not summing to 1.
+            Value::from("every trial's final result is the same, so no parameter explains any of it")
         } else {
             Value::Null
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// All-zero shares "summing to 1" came with no word when every final was the same.
+    #[test]
+    fn equal_finals_say_why_every_share_is_zero() {
+        let space = json!({"a": {"_type": "uniform", "_value": [0, 1]}});
+        let finished: Vec<(Value, f64)> = (0..6)
+            .map(|i| (json!({"a": f64::from(i) / 10.0}), 1.0))
+            .collect();
+        let answer = compute(&space, &finished);
+        assert_eq!(
+            answer["parameters"][0]["importance"],
+            json!(0.0),
+            "{answer}"
+        );
+        assert_eq!(
+            answer["note"],
+            json!("every trial's final result is the same, so no parameter explains any of it")
+        );
+        let varied: Vec<(Value, f64)> = (0..6)
+            .map(|i| (json!({"a": f64::from(i) / 10.0}), f64::from(i)))
+            .collect();
+        assert_eq!(compute(&space, &varied)["note"], Value::Null);
+    }
 }
