@@ -1131,6 +1131,22 @@ fn the_api_shows_the_metrics_of_a_trials_latest_attempt_unless_asked_for_all() {
             "{path}"
         );
     }
+    // An attempt the trial never had is refused on every route of one trial, as on its logs'.
+    for path in [
+        format!("/trials/{id}/metrics?attempt=3"),
+        format!("/trials/{id}?attempt=3"),
+        format!("/trials/{id}/logs/stdout?attempt=3"),
+    ] {
+        let (status, body) = crate::api::get(&view.base, &path);
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (
+                400,
+                Some(format!("trial {id} has attempts 1 to 2").as_str())
+            ),
+            "{path}"
+        );
+    }
     let (status, body) = crate::api::get(&view.base, &format!("/trials/{id}/metrics?attempt=0"));
     assert_eq!(status, 400, "{body}");
     assert!(

@@ -36,10 +36,7 @@ pub(super) async fn trial_log(
         .ok_or_else(|| state.no_trial(&trial_id))?;
     let attempt = match number_param(&params, "attempt")? {
         Some(n) if n == 0 || n > u64::from(row.attempts.max(1)) => {
-            return Err(ApiError::bad_request(format!(
-                "trial {trial_id} has attempts 1 to {}",
-                row.attempts.max(1)
-            )))
+            return Err(super::reads::no_such_attempt(&trial_id, row.attempts))
         }
         Some(n) => n,
         None => u64::from(row.attempts.max(1)),

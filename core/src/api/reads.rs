@@ -401,11 +401,26 @@ async fn trial_with_metrics(
         .read(move |reader| Ok((reader.trial(&id)?, reader.metrics_of_trial(&id)?)))
         .await?;
     let row = row.ok_or_else(|| state.no_trial(trial_id))?;
+    // An attempt the trial never had is refused, as the log route refuses it: an empty list
+    // read as "that attempt ran and reported nothing".
+    if let Attempts::Only(number) = attempts {
+        if number > row.attempts.max(1) {
+            return Err(no_such_attempt(trial_id, row.attempts));
+        }
+    }
     let metrics = metrics
         .into_iter()
         .filter(|m| attempts.includes(m.attempt, row.attempts))
         .collect();
     Ok((row, metrics))
+}
+
+/// The 400 for an attempt number a trial with `attempts` attempts never had.
+pub(super) fn no_such_attempt(trial_id: &str, attempts: u32) -> ApiError {
+    ApiError::bad_request(format!(
+        "trial {trial_id} has attempts 1 to {}",
+        attempts.max(1)
+    ))
 }
 
 pub(super) async fn trial(
