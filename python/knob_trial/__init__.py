@@ -174,7 +174,8 @@ def _plain_number(value: object) -> object:
         return value
     try:
         number = item()
-    except (TypeError, ValueError):  # more than one element
+    # More than one element: numpy raises ValueError, torch RuntimeError.
+    except (TypeError, ValueError, RuntimeError):
         return value
     return number if isinstance(number, (int, float)) and not isinstance(number, bool) else value
 
@@ -189,7 +190,12 @@ MAX_METRIC_LINE_BYTES = 1 << 20
 
 
 def _send(kind: str, value: object, what: str) -> None:
-    line = f"{kind} {_metric_text(value, what)}\n"
+    _send_text(kind, _metric_text(value, what), what)
+
+
+def _send_text(kind: str, text: str, what: str) -> None:
+    """Sends a metric already written as JSON text (the `nni` shim writes its own, leniently)."""
+    line = f"{kind} {text}\n"
     data = line.encode("utf-8")
     if len(data) - 1 > MAX_METRIC_LINE_BYTES:
         raise ValueError(

@@ -6,7 +6,9 @@ knob writes this file, with `knob_trial.py` beside it, into a folder under the e
 the real nni wherever the trial's Python has one (the real module is loaded in this one's place,
 so nni 3.0 and 2.x keep their own channels), and this module only where it has none.
 
-It implements the trial calls of nni's API on knob's own protocol (`knob_trial`).
+It implements the trial calls of nni's API on knob's own protocol (`knob_trial`). Its reports take
+whatever nni's take (a dict holding numpy arrays, a string such as "0.5"), as an unchanged nni
+script expects; `knob_trial`'s own reports refuse what is not a metric.
 """
 
 import os
@@ -68,15 +70,106 @@ else:
             return None
         return _current if tag is None else _current[tag]
 
-    def report_intermediate_result(metric: "float | dict[str, object]") -> None:
+    def report_intermediate_result(metric: object) -> None:
         """One intermediate result: a number, or a dict (a numeric "default", or the metrics
-        the experiment's `objectives` list)."""
-        knob_trial.report_intermediate(metric)
+        the experiment's `objectives` list); anything else nni takes is sent for knob to judge."""
+        what = "report_intermediate"
+        knob_trial._send_text("KNOB_INTERMEDIATE", _metric_text(metric, what), what)
 
-    def report_final_result(metric: "float | dict[str, object]") -> None:
+    def report_final_result(metric: object) -> None:
         """The trial's final result: a number, or a dict (a numeric "default", or the metrics
-        the experiment's `objectives` list)."""
-        knob_trial.report_final(metric)
+        the experiment's `objectives` list); anything else nni takes is sent for knob to judge."""
+        what = "report_final"
+        knob_trial._send_text("KNOB_FINAL", _metric_text(metric, what), what)
+
+    def _metric_text(metric: object, what: str) -> str:
+        """`metric` as the JSON of a metric line, taking whatever nni's reports take: nni writes
+        any value (json_tricks; nni 3.0 pickles what that cannot) and knob judges what it gets,
+        so an unchanged nni script must not fail here where it ran under nni. knob_trial's own
+        reports stay strict. Only what knob cannot read at all still raises, as in knob_trial:
+        an int no float holds (`10**400`), and a line over 1 MiB (`knob_trial._send_text`)."""
+        if type(metric) is int or type(metric) is float:
+            return knob_trial._metric_text(metric, what)  # no json import for a plain number
+        import json
+
+        if isinstance(metric, str):
+            metric = _decoded_string(metric)
+        value = _plain_json(metric)
+        if isinstance(value, dict):
+            for key, entry in value.items():
+                knob_trial._check_ints(entry, what, f"the metric's entry {key!r}")
+        else:
+            knob_trial._check_ints(value, what, "the metric")
+        # allow_nan: NaN and Infinity are "no result" to knob, as from nni.
+        return json.dumps(value, allow_nan=True, separators=(",", ":"))
+
+    def _decoded_string(text: str) -> object:
+        """A string metric as knob reads it from nni: nni json-encodes the string, and knob
+        decodes a JSON string holding a number or a dict once more ("0.5" is the final 0.5).
+        The decoded value is sent, so that an intermediate result counts too (knob's metric
+        line takes no string); any other string is sent as one, which knob records without a
+        value, as it does nni's."""
+        import json
+
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            # What knob also reads as a whole value: Python's own spellings of NaN and infinity.
+            word = text.strip()
+            body = word[1:] if word[:1] in ("+", "-") else word
+            decoded = float(word) if body.lower() in ("nan", "inf", "infinity") else None
+        is_number = isinstance(decoded, (int, float)) and not isinstance(decoded, bool)
+        return decoded if is_number or isinstance(decoded, dict) else text
+
+    def _plain_json(value: object) -> object:
+        """`value` as values JSON holds, as nni's json_tricks takes them and so that knob can
+        read them: a numpy scalar or one-element array or tensor as its `item()`, a larger one
+        (anything with `tolist()`) as its list, a tuple or set as a list, and an object JSON has
+        no form for as its number (`float()`, a Decimal) or else its text."""
+        if value is None or isinstance(value, (str, bool, int, float)):
+            return value
+        if isinstance(value, dict):
+            return {_plain_key(key): _plain_json(entry) for key, entry in value.items()}
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [_plain_json(entry) for entry in value]
+        scalar = _scalar(value)
+        if scalar is not value:
+            return scalar
+        tolist = getattr(value, "tolist", None)
+        if callable(tolist):
+            try:
+                listed = tolist()
+            except Exception:
+                listed = value
+            if listed is not value:
+                return _plain_json(listed)
+        if hasattr(value, "__float__"):
+            try:
+                return float(value)
+            except (TypeError, ValueError, OverflowError):
+                pass
+        return str(value)
+
+    def _plain_key(key: object) -> object:
+        """A dict key as JSON takes one: a str, int, float, bool or None (json writes the others
+        of these as strings), a numpy scalar as its number, anything else as its text."""
+        if key is None or isinstance(key, (str, bool, int, float)):
+            return key
+        scalar = _scalar(key)
+        return scalar if scalar is not key else str(key)
+
+    def _scalar(value: object) -> object:
+        """What `value.item()` gives, if that is a JSON scalar (a numpy scalar or a one-element
+        array or tensor, a bool one too); else `value` itself (several elements: numpy raises
+        ValueError, torch RuntimeError)."""
+        item = getattr(value, "item", None)
+        if not callable(item):
+            return value
+        try:
+            scalar = item()
+        except Exception:
+            return value
+        return scalar if scalar is None or isinstance(scalar, (str, bool, int, float)) else value
 
     def get_trial_id() -> str:
         """nni's trial id: `NNI_TRIAL_JOB_ID` (knob's trial id), else "STANDALONE" as nni."""

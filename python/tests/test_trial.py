@@ -209,6 +209,71 @@ def test_numpy_scalars_are_reported_as_their_numbers(tmp_path: Path, knob_trial_
     assert len(metric_lines(tmp_path / "t")) == 3
 
 
+# numpy's arrays and torch's tensors of several elements: `item()` fails (numpy: ValueError,
+# torch: RuntimeError) and `tolist()` gives their (nested) list.
+ARRAY_CLASSES = ITEM_CLASS + """
+class Array(Scalar):
+    def tolist(self):
+        return [v.tolist() if isinstance(v, Array) else v for v in self.values]
+class Tensor(Array):
+    def item(self):
+        if len(self.values) != 1:
+            raise RuntimeError("a Tensor with 2 elements cannot be converted to Scalar")
+        return self.values[0]
+    def __repr__(self):
+        return f"Tensor{self.values}"
+"""
+
+
+def test_the_shim_takes_every_metric_nni_takes(tmp_path: Path, knob_trial_dir: Path) -> None:
+    """nni's reports take any value (json_tricks writes numpy arrays, nni 3.0 pickles the rest),
+    and knob reads a string metric's JSON ("0.5" is 0.5): the shim raised TypeError for a dict
+    holding an array and for a string, and an unchanged nni script lost its result (H1 F2).
+    What knob can read is sent as such; the rest as JSON, for knob to judge as nni's."""
+    env = dict(trial_env(tmp_path / "t", {}), KNOB_NNI_SHIM="1")
+    result = run_python(
+        ARRAY_CLASSES + "import decimal, nni\n"
+        "assert nni.__knob_shim__\n"
+        "nni.report_intermediate_result({'default': Scalar(0.5), 'per_class': Array(0.4, 0.6),"
+        " 'grid': Array(Array(1, 2), Array(3, 4)), 'loss': Tensor(1.5, 2.5), 'pair': (1, 2),"
+        " Scalar(7): decimal.Decimal('0.5'), 'tags': {'a'}, 'flag': Scalar(True)})\n"
+        "nni.report_intermediate_result('0.25')\n"
+        "nni.report_intermediate_result(' -Infinity ')\n"
+        "nni.report_intermediate_result(Array(1, 2))\n"
+        "nni.report_final_result('0.5')\n"
+        "nni.report_final_result('{\"default\": 0.75, \"per_class\": [0.5, 1]}')\n"
+        "nni.report_final_result('nan')\n"
+        "nni.report_final_result('high')\n"
+        "nni.report_final_result({'default': 'high'})\n"
+        "nni.report_final_result(True)\n",
+        env,
+        [knob_trial_dir, SHIM.parent],
+    )
+    assert result.returncode == 0, result.stderr
+    assert metric_lines(tmp_path / "t") == [
+        'KNOB_INTERMEDIATE {"default":0.5,"per_class":[0.4,0.6],"grid":[[1,2],[3,4]],"loss":[1.5,2.5],'
+        '"pair":[1,2],"7":0.5,"tags":["a"],"flag":true}',
+        "KNOB_INTERMEDIATE 0.25",
+        "KNOB_INTERMEDIATE -Infinity",
+        "KNOB_INTERMEDIATE [1,2]",
+        "KNOB_FINAL 0.5",
+        'KNOB_FINAL {"default":0.75,"per_class":[0.5,1]}',
+        "KNOB_FINAL NaN",
+        'KNOB_FINAL "high"',
+        'KNOB_FINAL {"default":"high"}',
+        "KNOB_FINAL true",
+    ]
+    # knob_trial's own reports still refuse what is not a metric; a tensor of several values
+    # is named as numpy's array is (it raised torch's RuntimeError from item()).
+    for value, error in [
+        ("'0.5'", "TypeError: knob_trial.report_final: a metric is a number or a dict"),
+        ("{'default': 1, 'curve': Tensor(1, 2)}", "TypeError: knob_trial.report_final: Tensor Tensor(1, 2) is not JSON"),
+    ]:
+        result = run_python(ARRAY_CLASSES + f"import knob_trial as k; k.report_final({value})", env, [knob_trial_dir])
+        assert result.returncode == 1 and error in result.stderr, (value, result.stderr)
+    assert len(metric_lines(tmp_path / "t")) == 10
+
+
 def test_a_metric_line_of_exactly_the_limit_is_sent(tmp_path: Path, knob_trial_dir: Path) -> None:
     env = trial_env(tmp_path / "t", {})
     # "KNOB_FINAL " and '{"default":1,"blob":""}' around the blob: 11 + 23 bytes.
