@@ -188,8 +188,30 @@ def _error_text(output: str, code: int) -> str:
 def load(experiment_id: str, *, home: Optional[str] = None) -> ExperimentResult:
     """A known experiment (running, stopped or finished) as `knob experiment export` has it.
     `home`: knob's registry folder (`$KNOB_HOME`), when not the default."""
-    export = json.loads(_run_knob(["experiment", "export", experiment_id, "--format", "json"], home))
-    return ExperimentResult.from_export(export)
+    args = ["experiment", "export", experiment_id, "--format", "json"]
+    text = _run_knob(args, home)
+    try:
+        return ExperimentResult.from_export(json.loads(text))
+    except (ValueError, LookupError, TypeError, AttributeError) as error:
+        # A KNOB_BIN that is another program (exit 0, no JSON), or a knob whose export is
+        # another version's: the README promises KnobError, not json's or a KeyError.
+        raise KnobError(_not_an_export(args, text, error)) from None
+
+
+def _not_an_export(args: Sequence[str], text: str, error: Exception) -> str:
+    command = knob_command()
+    if isinstance(error, json.JSONDecodeError):
+        said = f"printed no JSON (it began {text.strip()[:60]!r})" if text.strip() else "printed nothing"
+    else:
+        said = f"printed JSON that is not knob's export ({type(error).__name__}: {error})"
+    if os.environ.get("KNOB_BIN"):
+        fix = (
+            f"KNOB_BIN={command} is not knob (or another version's); set KNOB_BIN to a knob binary, "
+            "or unset it to use the knob installed with this package"
+        )
+    else:
+        fix = f"{command} is not knob (or another version's); pip install the knob wheel again, or set KNOB_BIN to a knob binary"
+    return f"{command} {' '.join(args)} {said}; {fix}"
 
 
 ConfigSource = Union[str, "os.PathLike[str]", Mapping[str, Any]]
@@ -255,27 +277,29 @@ class Experiment:
             except FileNotFoundError:
                 pass
 
+        def in_dict(text: str) -> str:
+            return _name_the_dict(text, name)
+
         try:
             with os.fdopen(handle, "w") as file:
                 file.write(text)
-            return self._run_file(Path(name), progress, output, remove)
+            return self._run_file(Path(name), progress, output, remove, in_dict)
         except KnobError as error:
-            # knob names the place of a problem in that file, which is gone when this returns
-            # and which the user never wrote: the field's path it gives names it in the dict
-            # ("FILE:4:1: tuner: ..." is config.tuner). A problem of the whole mapping (an
-            # unknown top-level field: "FILE:3:1: unknown field ...") has no path: config.
-            def in_dict(place: "re.Match[str]") -> str:
-                return f"config.{place.group(2)}: " if place.group(2) else "config: "
-
-            raise KnobError(re.sub(re.escape(name) + r"(:\d+)*: (?:([^\s:]+): )?", in_dict, str(error))) from None
+            raise KnobError(in_dict(str(error))) from None
         finally:
             remove()
 
     def _run_file(
-        self, config: Path, progress: bool, output: Optional[IO[str]], read: Optional[Callable[[], None]]
+        self,
+        config: Path,
+        progress: bool,
+        output: Optional[IO[str]],
+        read: Optional[Callable[[], None]],
+        rewrite: Optional[Callable[[str], str]] = None,
     ) -> List[Trial]:
         """Runs `knob create` on `config`; `read` is called once knob has read it (it has created
-        the experiment, the line naming its folder, and reads the file no more)."""
+        the experiment, the line naming its folder, and reads the file no more). `rewrite`:
+        applied to each line of knob's output before it is shown or kept for an error."""
         out = output if output is not None else sys.stdout
         command = [knob_command(), "create", "--config", str(config), "--id", self.id]
         # Its own session: a terminal's Ctrl-C reaches only Python, which passes each one on
@@ -308,7 +332,7 @@ class Experiment:
                 assert process.stdout is not None
                 reader = threading.Thread(
                     target=_copy_lines,
-                    args=(process.stdout, out if progress else None, tail, created),
+                    args=(process.stdout, out if progress else None, tail, created, rewrite),
                     daemon=True,
                 )
                 reader.start()
@@ -320,16 +344,46 @@ class Experiment:
                     break
                 except subprocess.TimeoutExpired:
                     continue
+            reader.join(timeout=EXIT_GRACE_SECONDS)
         except KeyboardInterrupt:
             if process is not None:
                 _stop(process)
             if reader is not None:
                 reader.join(timeout=EXIT_GRACE_SECONDS)
             raise
-        reader.join(timeout=EXIT_GRACE_SECONDS)
+        finally:
+            # The pipe is ours to close (left open, every run() was a ResourceWarning under
+            # -X dev or pytest, and a notebook kept one file per run until garbage
+            # collection); not under a reader still in it (a process knob left behind holding
+            # knob's stdout), where closing would wait on that read.
+            if process is not None and process.stdout is not None and (reader is None or not reader.is_alive()):
+                process.stdout.close()
         if code != 0:
             raise KnobError(f"knob create (experiment {self.id}): {_error_text(''.join(tail), code)}")
         return load(self.id, home=self._home).trials
+
+
+def _name_the_dict(text: str, temporary: str) -> str:
+    """knob's output about a dict config, naming the dict rather than `temporary`, the file knob
+    read it from: the user never wrote that file, and it is gone once knob has read it. The
+    field's path knob gives with a place in it names the place in the dict ("FILE:4:1: tuner:
+    ..." is config.tuner); a problem of the whole mapping ("FILE:3:1: unknown field ...", an NNI
+    v1 config's warning "FILE: an NNI v1 config ...") has no path: config. Errors and warnings
+    alike, as shown and as raised."""
+    if temporary not in text:
+        return text
+    # The NNI v1 warning's way to see the converted config ran `knob config check --v2` on the
+    # file, which is gone: the experiment's config as read back is that v2 config.
+    text = text.replace(
+        f"`knob config check --v2 {temporary}` prints the v2 config",
+        "the experiment's `config`, as `knob.load()` reads it back, is the v2 config",
+    )
+
+    def in_dict(place: "re.Match[str]") -> str:
+        return f"config.{place.group(2)}: " if place.group(2) else "config: "
+
+    text = re.sub(re.escape(temporary) + r"(:\d+)*: (?:([^\s:]+): )?", in_dict, text)
+    return text.replace(temporary, "the config")
 
 
 @contextlib.contextmanager
@@ -397,12 +451,16 @@ def _copy_lines(
     out: Optional[IO[str]],
     tail: List[str],
     created: Optional[Tuple[str, Callable[[], None]]],
+    rewrite: Optional[Callable[[str], str]] = None,
 ) -> None:
     """Reads knob's output to its end, copying it to `out`, whatever `out` does: this is the only
     reader of knob's pipe, which, once full, blocks knob for good. A line `out` cannot encode is
     written with `?` for what it cannot; an `out` that fails otherwise gets nothing more (a
-    warning says so). `created`: a line's start, and what to call when a line starts so."""
+    warning says so). `created`: a line's start, and what to call when a line starts so.
+    `rewrite`: what each line becomes, shown and kept."""
     for line in stream:
+        if rewrite is not None:
+            line = rewrite(line)
         tail.append(line)
         # The last lines are kept for the error message; knob's own output is bounded by the
         # experiment's length, not this list, which keeps at most 200.

@@ -1,6 +1,7 @@
 """knob.Experiment / knob.load against the real `knob` (the wheel's, in CI: `.ci/run`'s wheel
 step): real experiments, real trial processes, real stores in temporary folders."""
 
+import gc
 import io
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Dict, Iterator, List, Optional
@@ -327,6 +329,84 @@ def test_a_bad_knob_bin_base_dir_or_config_is_a_knob_error_saying_what_to_do(
     with pytest.raises(knob.KnobError) as raised:
         knob.Experiment(config, base_dir=tmp_path, home=str(tmp_path / "home")).run(progress=False)
     assert "contain itself" not in str(raised.value)
+
+
+def test_a_knob_bin_that_is_not_knob_is_a_knob_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that exits 0 without knob's export (/bin/true, /bin/echo, a wrapper of another
+    knob version) raised json's JSONDecodeError or a KeyError, which a notebook catching
+    KnobError misses (H1 F6)."""
+    echo = tmp_path / "echo-knob"
+    echo.write_text('#!/bin/sh\necho "$@"\n')
+    other_version = tmp_path / "other-knob"
+    other_version.write_text('#!/bin/sh\necho \'{"experiment": {}}\'\n')
+    silent = tmp_path / "silent-knob"
+    silent.write_text("#!/bin/sh\n")
+    for program in (echo, other_version, silent):
+        program.chmod(0o755)
+    cases = [
+        (silent, "printed nothing"),
+        (echo, "printed no JSON (it began 'experiment export x --format json')"),
+        (other_version, "printed JSON that is not knob's export (KeyError: 'id')"),
+    ]
+    for program, said in cases:
+        monkeypatch.setenv("KNOB_BIN", str(program))
+        with pytest.raises(knob.KnobError) as raised:
+            knob.load("x")
+        assert str(raised.value) == (
+            f"{program} experiment export x --format json {said}; KNOB_BIN={program} is not knob (or another "
+            "version's); set KNOB_BIN to a knob binary, or unset it to use the knob installed with this package"
+        ), raised.value
+    monkeypatch.setenv("KNOB_BIN", str(silent))
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment({"trialCommand": "true"}, id="notknob", base_dir=tmp_path).run(progress=False)
+    assert str(raised.value).startswith(f"{silent} experiment export notknob --format json printed nothing; "), raised.value
+
+
+def test_run_closes_knobs_output_pipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run() left its pipe from knob open: a ResourceWarning on every run under -X dev or
+    pytest, and a notebook kept one open file per run until garbage collection (H1 F5)."""
+    failing = tmp_path / "failing-knob"
+    failing.write_text("#!/bin/sh\necho 'error: no experiment today'\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("KNOB_BIN", str(failing))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(knob.KnobError, match="error: no experiment today"):
+            knob.Experiment({"trialCommand": "true"}, base_dir=tmp_path).run(progress=False)
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_a_v1_dict_configs_warning_names_the_dict_not_its_gone_file(tmp_path: Path, home: str) -> None:
+    """knob's warning for an NNI v1 config named the launcher's temporary file, and told to run
+    `knob config check --v2` on it, though it is gone once knob has read it; its errors were
+    named in the dict, its warnings not (H1 F4)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "trial.py").write_text("import knob_trial\nknob_trial.report_final(0.5)\n")
+    (code / "space.json").write_text(json.dumps({"x": {"_type": "uniform", "_value": [0, 1]}}))
+    config = {
+        "authorName": "me",
+        "experimentName": "v1",
+        "trialConcurrency": 1,
+        "maxTrialNum": 1,
+        "trainingServicePlatform": "local",
+        "searchSpacePath": "space.json",
+        "tuner": {"builtinTunerName": "Random"},
+        "trial": {"command": f"{sys.executable} trial.py", "codeDir": "."},
+        "logDir": str(tmp_path / "experiments"),
+    }
+    output = io.StringIO()
+    trials = knob.Experiment(config, id="v1dict", home=home, base_dir=code).run(output=output)
+    assert [(t.status, t.final) for t in trials] == [("SUCCEEDED", 0.5)]
+    shown = output.getvalue()
+    assert (
+        "warning: config: an NNI v1 config, converted to v2 as NNI 2.x and 3.0 do; the experiment's "
+        "`config`, as `knob.load()` reads it back, is the v2 config\n"
+    ) in shown, shown
+    assert ".knob-config-" not in shown, shown
+    # What the warning says: the config read back is the v2 one.
+    assert knob.load("v1dict", home=home).config["maxTrialNumber"] == 1
 
 
 def _kill_knob_of(experiment_id: str) -> None:
