@@ -18,35 +18,42 @@ pub struct Recorded {
 /// the file's own line numbers. A host line whose key does not parse (cut short, mistyped) is
 /// skipped, as OpenSSH skips it: russh refused the whole file for one such line, so a host that
 /// `ssh` reaches was refused for the run. Only a file that cannot be read is an error.
+///
+/// Host names match as OpenSSH matches them, whatever their case: it lowercases the name it
+/// looks up (and `ssh-keyscan` writes names lowercased), and its patterns ignore case. russh
+/// compares bytes, so `host: GPU1.Lab` was refused against the line `ssh-keyscan` wrote for it,
+/// and knob's own advice (that command) could not help.
 pub fn recorded_keys(path: &Path, host: &str, port: u16) -> Result<Recorded, String> {
     let file = path.display();
     let unreadable =
         |e: &dyn std::fmt::Display| format!("cannot read known hosts file {file}: {e}");
     let text = std::fs::read_to_string(path).map_err(|e| unreadable(&e))?;
+    let host = host.to_ascii_lowercase();
     let skipped: Vec<usize> = text
         .lines()
         .enumerate()
         .filter(|(_, line)| !readable_line(line))
         .map(|(index, _)| index + 1)
         .collect();
-    let (keys, read) = if skipped.is_empty() {
-        let keys = russh::keys::known_hosts::known_host_keys_path(host, port, path)
+    let uppercase_names = text.lines().any(|line| lowercased_names(line).is_some());
+    let (keys, read) = if skipped.is_empty() && !uppercase_names {
+        let keys = russh::keys::known_hosts::known_host_keys_path(&host, port, path)
             .map_err(|e| unreadable(&e))?;
         (keys, text)
     } else {
-        // russh reads only files: a copy with the skipped lines made comments, one line for
-        // one, so that [`file_line`] over that copy still gives the file's numbers.
+        // russh reads only files: a copy with the skipped lines made comments and host names
+        // lowercased, one line for one, so that [`file_line`] over it gives the file's numbers.
         let kept: String = text
             .split_inclusive('\n')
             .enumerate()
             .map(|(index, line)| match skipped.contains(&(index + 1)) {
-                true => "# skipped\n",
-                false => line,
+                true => "# skipped\n".to_string(),
+                false => lowercased_names(line).unwrap_or_else(|| line.to_string()),
             })
             .collect();
         let mut copy = tempfile::NamedTempFile::new().map_err(|e| unreadable(&e))?;
         std::io::Write::write_all(&mut copy, kept.as_bytes()).map_err(|e| unreadable(&e))?;
-        let keys = russh::keys::known_hosts::known_host_keys_path(host, port, copy.path())
+        let keys = russh::keys::known_hosts::known_host_keys_path(&host, port, copy.path())
             .map_err(|e| unreadable(&e))?;
         (keys, kept)
     };
@@ -57,6 +64,23 @@ pub fn recorded_keys(path: &Path, host: &str, port: u16) -> Result<Recorded, Str
             .collect(),
         skipped,
     })
+}
+
+/// `line` with its host names lowercased, if a plain (not hashed) one has a capital letter;
+/// `None` for a line left as it is (a comment, a marker line, hashed names, no capitals).
+fn lowercased_names(line: &str) -> Option<String> {
+    let start = line.len() - line.trim_start().len();
+    let names = line[start..].split_whitespace().next()?;
+    if names.starts_with(['#', '@', '|']) || !names.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    let end = start + names.len();
+    Some(format!(
+        "{}{}{}",
+        &line[..start],
+        names.to_ascii_lowercase(),
+        &line[end..]
+    ))
 }
 
 /// Whether russh can read a line: a comment, a blank or marker line (`@revoked`, read apart),
@@ -178,6 +202,32 @@ mod tests {
     use super::*;
 
     const ED25519: &str = "AAAAC3NzaC1lZDI1NTE5AAAAIJRKOjW7u8pigJAGkWmO2WsWkRih/HA2mZb2EneqCOmr";
+
+    /// As `ssh` matches them: `ssh-keyscan` writes names lowercased, and a config may not.
+    #[test]
+    fn host_names_match_whatever_their_case() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("known_hosts");
+        for (line, host) in [
+            ("[gpu1.lab]:2222", "GPU1.Lab"),
+            ("[GPU1.Lab]:2222", "gpu1.lab"),
+            ("# a comment\n[Gpu1.LAB]:2222", "gpu1.Lab"),
+        ] {
+            std::fs::write(&file, format!("{line} ssh-ed25519 {ED25519}\n")).unwrap();
+            let recorded = recorded_keys(&file, host, 2222).unwrap();
+            let lines: Vec<usize> = recorded.keys.iter().map(|(line, _)| *line).collect();
+            assert_eq!(lines, [line.lines().count()], "{line} for {host}");
+            assert!(recorded_keys(&file, "other.lab", 2222)
+                .unwrap()
+                .keys
+                .is_empty());
+        }
+        assert_eq!(lowercased_names("|1|abc=|DEF= ssh-ed25519 K"), None);
+        assert_eq!(
+            lowercased_names("  Host.A,host.b ssh-ed25519 K\n").as_deref(),
+            Some("  host.a,host.b ssh-ed25519 K\n")
+        );
+    }
 
     #[test]
     fn revoked_lines_are_read_whatever_their_hosts() {

@@ -168,8 +168,9 @@ impl HostKeyCheck {
             ));
         }
         if self.accept_new {
+            // Lowercased, as OpenSSH writes names (and as they are looked up).
             russh::keys::known_hosts::learn_known_hosts_path(
-                &self.host,
+                &self.host.to_ascii_lowercase(),
                 self.port,
                 key,
                 &self.known_hosts,
