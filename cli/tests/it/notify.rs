@@ -807,6 +807,20 @@ fn bad_notifications_are_refused_naming_the_field() {
         error: CONFIG:13:43: notifications.webhook.secretHeader: expected an HTTP header name like "X-Knob-Secret", got "a b"
     "#]]
     .assert_eq(&check("  webhook: {url: not a url, secretHeader: a b}"));
+    // Sent as a header: a line break in the secret failed every send, a header the request
+    // sets itself (Host) was replaced by the secret, and a blank one was told to "quote it".
+    expect![[r#"
+        error: CONFIG:13:50: notifications.webhook.secret: must not hold a line break or another control character: it is sent as an HTTP header's value
+    "#]]
+    .assert_eq(&check(r#"  webhook: {url: "http://127.0.0.1:1/a", secret: "a\r\nX-Evil: 1"}"#));
+    expect![[r#"
+        error: CONFIG:13:67: notifications.webhook.secretHeader: Host is a header the request itself sets, which the secret would replace; name one of your own, like "X-Knob-Secret"
+    "#]]
+    .assert_eq(&check(r#"  webhook: {url: "http://127.0.0.1:1/a", secret: s, secretHeader: Host}"#));
+    expect![[r#"
+        error: CONFIG:13:50: notifications.webhook.secret: is blank: give the value the other end expects (knob never shows a secret's value)
+    "#]]
+    .assert_eq(&check(r#"  webhook: {url: "http://127.0.0.1:1/a", secret: "  "}"#));
     expect![[r#"
         error: CONFIG:13:10: notifications.email.to: required: the recipients, e.g. [me@example.com]
     "#]]

@@ -442,13 +442,31 @@ fn read_webhook(reader: &mut Reader, field: &Field<'_>) -> Option<WebhookConfig>
             None
         }
     };
-    let secret = fields
-        .take("secret")
-        .and_then(|field| read_secret(reader, &field));
+    let secret = fields.take("secret").and_then(|field| {
+        let secret = read_secret(reader, &field)?;
+        // Sent as a header's value: a line break there failed every send ("failed to parse
+        // header value"), after `config check` had passed it.
+        if axum::http::HeaderValue::from_str(secret.expose()).is_err()
+            || secret.expose().chars().any(char::is_control)
+        {
+            reader.error(
+                field.node.pos,
+                &field.path,
+                "must not hold a line break or another control character: it is sent as an HTTP header's value",
+            );
+            return None;
+        }
+        Some(secret)
+    });
     let secret_header = match fields.take("secretHeader") {
         Some(field) => reader.parse(&field, |node| {
             let name = node.as_str().unwrap_or_default().trim();
             match axum::http::HeaderName::from_str(name) {
+                // The request's own headers: the secret would replace one (`Host: <secret>`
+                // sent it to whatever server that name routes to) or break the request.
+                Ok(header) if REQUEST_OWN_HEADERS.contains(&header.as_str()) => Err(format!(
+                    "{name} is a header the request itself sets, which the secret would replace; name one of your own, like {DEFAULT_SECRET_HEADER:?}"
+                )),
                 Ok(_) if !name.is_empty() => Ok(name.to_owned()),
                 _ => Err(format!(
                     "expected an HTTP header name like {DEFAULT_SECRET_HEADER:?}, got {}",
@@ -514,9 +532,27 @@ fn written_port(url: &str) -> Option<&str> {
 }
 
 /// A secret string: not empty, and not the `***` knob prints in its place.
+/// Headers the webhook's request sets itself (lowercase, as `HeaderName` is).
+const REQUEST_OWN_HEADERS: [&str; 10] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "keep-alive",
+];
+
 fn read_secret(reader: &mut Reader, field: &Field<'_>) -> Option<Secret> {
     let text = reader.parse(field, |node| match &node.value {
         Value::Str(text) if !text.trim().is_empty() => Ok(text.clone()),
+        Value::Str(_) => Err(
+            "is blank: give the value the other end expects (knob never shows a secret's value)"
+                .to_string(),
+        ),
         _ => Err(format!(
             "expected a non-empty string, got {} (quote it; knob never shows a secret's value)",
             node.kind()
