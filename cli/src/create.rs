@@ -365,6 +365,9 @@ pub fn run_in_foreground(
 /// before earlier messages that wait, `notify::EARLIER_MESSAGES_AFTER_THE_END`, to fit in it).
 pub(crate) const NOTIFY_AT_EXIT: Duration = Duration::from_secs(90);
 
+/// How long that wait goes before it is said, as `knob stop` says its own.
+const NOTIFY_NOTICE_AFTER: Duration = Duration::from_secs(3);
+
 /// Unregisters an experiment that never started and removes what knob made of its folder;
 /// the error says so.
 fn take_back(
@@ -411,10 +414,22 @@ async fn finish_notifications(notifier: &mut notify::Notifier) -> Sending {
             false => Sending::TimedOut,
         };
     };
-    let deadline = tokio::time::Instant::now() + NOTIFY_AT_EXIT;
+    let started = tokio::time::Instant::now();
+    let deadline = started + NOTIFY_AT_EXIT;
+    let mut said_waiting = false;
     while !notifier.finished() {
-        if tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
             return Sending::TimedOut;
+        }
+        // A sink that does not answer holds the end up to NOTIFY_AT_EXIT: without a word the
+        // finished run, its progress bar at "done", looked hung (as `knob stop` says it).
+        if !said_waiting && now - started >= NOTIFY_NOTICE_AFTER {
+            said_waiting = true;
+            errln!(
+                "note: the experiment has ended; waiting for its last notifications to be sent, at most {}s more (Ctrl-C gives up on them)",
+                deadline.saturating_duration_since(now).as_secs()
+            );
         }
         tokio::select! {
             _ = interrupt.recv() => return Sending::Stopped("Ctrl-C"),

@@ -1188,11 +1188,18 @@ fn while_the_run_is_ending_an_update_says_so_and_a_stop_gives_up_the_notificatio
             .any(|l| l.starts_with("ending ") && l.contains(" DONE ")),
         "{list}"
     );
+    // Past 3 s of that wait the run says what it waits for (it looked hung, its bar at done).
+    std::thread::sleep(Duration::from_secs(4));
     let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "ending"]));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("note: the experiment has ended; waiting for its last notifications to be sent, at most ")
+            && stderr.contains("s more (Ctrl-C gives up on them)"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("warning: notifications: not all sent; given up on (SIGTERM or knob stop)"),
         "{stderr}"
