@@ -46,25 +46,42 @@ pub enum TrialCommand {
 #[derive(Subcommand)]
 pub enum UpdateCommand {
     /// Trials running at once.
-    Concurrency {
-        id: String,
-        #[arg(allow_hyphen_values = true)]
-        value: String,
-    },
+    Concurrency(NewValue),
     /// maxTrialNumber.
-    Trialnum {
-        id: String,
-        #[arg(allow_hyphen_values = true)]
-        value: String,
-    },
+    Trialnum(NewValue),
     /// maxExperimentDuration (`30m`, `2h`, or seconds).
-    Duration {
-        id: String,
-        #[arg(allow_hyphen_values = true)]
-        value: String,
-    },
+    Duration(NewValue),
     /// Replace the search space with the one in a JSON file.
     Searchspace { id: String, file: PathBuf },
+}
+
+/// An experiment and the new value of one of its settings: `ID VALUE`, or nnictl's
+/// `ID --value VALUE`.
+#[derive(clap::Args)]
+pub struct NewValue {
+    id: String,
+    /// The new value (nnictl's `--value VALUE` is taken too); a negative number reaches the
+    /// experiment, which refuses it with its reason.
+    #[arg(allow_hyphen_values = true, num_args = 1..=2, value_name = "VALUE", required = true)]
+    value: Vec<String>,
+}
+
+impl NewValue {
+    /// The id and the value as JSON. nnictl's `--value V` arrives as two values (the hyphen
+    /// values a negative number needs take `--value` too): it was "unexpected argument 'V'",
+    /// and a lone `--value` was sent to the experiment as the value.
+    fn id_and_value(self, command: &str) -> anyhow::Result<(String, serde_json::Value)> {
+        let value = match self.value.as_slice() {
+            [value] if value != "--value" => value,
+            [flag, value] if flag == "--value" => value,
+            _ => anyhow::bail!(
+                "give one value after the experiment's id, as `knob update {command} {} 4` (nnictl's `--value 4` is taken too)",
+                self.id
+            ),
+        };
+        let value = json_scalar(value);
+        Ok((self.id, value))
+    }
 }
 
 #[derive(clap::Args)]
@@ -156,11 +173,19 @@ fn json_scalar(text: &str) -> Value {
         .unwrap_or_else(|| Value::String(text.to_string()))
 }
 
+fn with_field((id, value): (String, Value), field: &'static str) -> (String, &'static str, Value) {
+    (id, field, value)
+}
+
 pub fn update(command: UpdateCommand) -> anyhow::Result<ExitCode> {
     let (id, field, value) = match command {
-        UpdateCommand::Concurrency { id, value } => (id, "trialConcurrency", json_scalar(&value)),
-        UpdateCommand::Trialnum { id, value } => (id, "maxTrialNumber", json_scalar(&value)),
-        UpdateCommand::Duration { id, value } => (id, "maxExperimentDuration", json_scalar(&value)),
+        UpdateCommand::Concurrency(new) => {
+            with_field(new.id_and_value("concurrency")?, "trialConcurrency")
+        }
+        UpdateCommand::Trialnum(new) => with_field(new.id_and_value("trialnum")?, "maxTrialNumber"),
+        UpdateCommand::Duration(new) => {
+            with_field(new.id_and_value("duration")?, "maxExperimentDuration")
+        }
         UpdateCommand::Searchspace { id, file } => {
             // Checked here as `knob space validate` checks it, so that a problem names the file,
             // line and column; the experiment checks it again against its tuner. Sent to the

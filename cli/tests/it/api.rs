@@ -456,6 +456,17 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
     // The CLI goes through the API of a running experiment.
     let knob = |args: &[&str]| run(sandbox.knob().args(args));
     assert_eq!(knob(&["update", "concurrency", "live", "3"]).0, 0);
+    // nnictl's spelling, `--value V`: it was "unexpected argument", and a lone `--value` was
+    // sent as the value.
+    assert_eq!(
+        knob(&["update", "concurrency", "live", "--value", "3"]).0,
+        0
+    );
+    let (code, _, stderr) = knob(&["update", "duration", "live", "--value"]);
+    assert_eq!(
+        (code, stderr.trim()),
+        (1, "error: give one value after the experiment's id, as `knob update duration live 4` (nnictl's `--value 4` is taken too)")
+    );
     let (code, _, stderr) = knob(&["update", "concurrency", "live", "-1"]);
     assert_eq!(code, 1);
     assert!(
