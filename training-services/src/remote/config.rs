@@ -189,12 +189,48 @@ fn known_hosts_file(reader: &mut ConfigReader<'_>, field: &Field<'_>) -> Option<
     }
 }
 
+/// A host as `ssh` takes one in its own place: an IP address or a name, not `user@host` nor
+/// `host:port`, which passed `config check` and failed at the address lookup naming neither.
+fn check_host(host: &str) -> Result<(), String> {
+    if host.is_empty() {
+        return Err(String::new());
+    }
+    if let Some((user, name)) = host.split_once('@') {
+        return Err(format!(
+            "{host:?} holds a user: write host: {name:?} and user: {user:?}"
+        ));
+    }
+    let unbracketed = host.trim_start_matches('[').trim_end_matches(']');
+    if host.contains(':') && unbracketed.parse::<std::net::Ipv6Addr>().is_err() {
+        if let Some((name, port)) = host.rsplit_once(':') {
+            return Err(format!(
+                "{host:?} holds a port: write host: {:?} and port: {port}",
+                name.trim_start_matches('[').trim_end_matches(']')
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn read_machine(reader: &mut ConfigReader<'_>, item: &Value, path: FieldPath) -> Option<Value> {
     let before = reader.problem_count();
     let mut fields: Fields<'_> = reader.mapping(item, path)?;
     let host = fields
         .require(reader, "host", "the machine's IP address or host name")
-        .and_then(|field| reader.non_empty_string(&field));
+        .and_then(|field| {
+            reader.parse(&field, |value| {
+                let text = value.as_str().map(str::trim).unwrap_or_default();
+                check_host(text)
+                    .map(|()| text.to_string())
+                    .map_err(|why| match text.is_empty() {
+                        true => format!(
+                            "expected a non-empty string, got {}",
+                            knob_plugin_api::config::describe(value)
+                        ),
+                        false => why,
+                    })
+            })
+        });
     let user = fields
         .require(reader, "user", "the login user name")
         .and_then(|field| reader.non_empty_string(&field));

@@ -113,6 +113,29 @@ fn remote_refuses_a_key_file_that_is_a_folder_a_public_key_or_no_key_at_its_line
     );
 }
 
+/// `user@host` and `host:port` in `host` passed `config check` and failed at the address
+/// lookup, naming neither the field nor the fix; an IPv6 address is a host.
+#[test]
+fn remote_refuses_a_host_that_holds_a_user_or_a_port() {
+    let machine = |host: &str| json!({"host": host, "user": "u", "password": "p"});
+    let config = json!({"machineList": [
+        machine("root@gpu1.lab"),
+        machine("10.0.0.7:2222"),
+        machine("::1"),
+        machine("[fe80::1]"),
+        machine("gpu2.lab"),
+        machine(" "),
+    ]});
+    assert_eq!(
+        problems("remote", config, &ServiceContext::default()),
+        [
+            r#"machineList[0].host: "root@gpu1.lab" holds a user: write host: "gpu1.lab" and user: "root""#,
+            r#"machineList[1].host: "10.0.0.7:2222" holds a port: write host: "10.0.0.7" and port: 2222"#,
+            r#"machineList[5].host: expected a non-empty string, got " ""#,
+        ]
+    );
+}
+
 #[test]
 fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
     let dir = tempfile::tempdir().unwrap();
