@@ -478,6 +478,24 @@ pub(crate) fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
     StoreReader::open(&entry.dir).map_err(|e| store_error(entry, &e))
 }
 
+/// Why a command that needs an experiment's process gone (resume, delete) cannot go on while
+/// process `pid` holds it: a run, or one already over whose process sends its last
+/// notifications (which `knob experiment list` shows ended, so "is running" read as false).
+pub(crate) fn still_held(entry: &RegistryEntry, pid: u32) -> anyhow::Error {
+    let id = &entry.id;
+    if entry.run_over() {
+        anyhow::anyhow!(
+            "experiment {id} has ended ({}) and its process {pid} is sending its last notifications (at most {}s); wait for it to exit, or `knob stop {id}` gives them up",
+            entry.status,
+            crate::create::NOTIFY_AT_EXIT.as_secs()
+        )
+    } else {
+        anyhow::anyhow!(
+            "experiment {id} is running (pid {pid}); stop it first with `knob stop {id}`"
+        )
+    }
+}
+
 /// A store error of a registered experiment as one line naming it, with its id in the
 /// `knob experiment delete ID` the advice gives (the store knows its file, not the id it is
 /// registered under).

@@ -339,9 +339,7 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry: RegistryEntry = registry.get(id)?;
     if let Some(pid) = entry.running_pid() {
-        anyhow::bail!(
-            "experiment {id} is running (pid {pid}); stop it first with `knob stop {id}`"
-        );
+        return Err(crate::experiment::still_held(&entry, pid));
     }
     if !yes {
         eprint!(

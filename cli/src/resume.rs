@@ -44,11 +44,7 @@ pub fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry = registry.get(&args.id)?;
     if let Some(pid) = entry.running_pid().filter(|&pid| pid != std::process::id()) {
-        anyhow::bail!(
-            "experiment {} is running (pid {pid}); stop it first with `knob stop {}`",
-            args.id,
-            args.id
-        );
+        return Err(crate::experiment::still_held(&entry, pid));
     }
     crate::experiment::refuse_gone(&entry)?;
     if args.detach {
@@ -393,6 +389,9 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    // A run already over whose process still sends its last notifications: the stop gives
+    // them up (SIGTERM), which it then says.
+    let was_ending = entry.run_over();
     // Only the recorded process itself, not one that got its pid since (see `signal_runner`).
     let (entry, pid) = match entry.signal_runner(STOP_SIGNAL) {
         Ok(Some(pid)) => (entry, pid),
@@ -475,6 +474,9 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     } else {
         // It ended by itself (its last trial, its time budget) before the stop took effect.
         outln!("experiment {id} ended ({status}) before the stop took effect");
+        if was_ending {
+            errln!("note: experiment {id}'s process was sending its last notifications; the stop gave up on them");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

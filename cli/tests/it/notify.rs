@@ -1188,10 +1188,27 @@ fn while_the_run_is_ending_an_update_says_so_and_a_stop_gives_up_the_notificatio
             .any(|l| l.starts_with("ending ") && l.contains(" DONE ")),
         "{list}"
     );
+    // Resume and delete say the same, not "is running" against a list that says DONE.
+    for command in [
+        &["resume", "ending"][..],
+        &["experiment", "delete", "ending", "--yes"],
+    ] {
+        let (code, _, stderr) = run(sandbox.knob().args(command));
+        assert_eq!(code, 1, "{command:?}");
+        assert!(
+            stderr.starts_with("error: experiment ending has ended (DONE) and its process ")
+                && stderr.contains(" is sending its last notifications (at most 90s); wait for it to exit, or `knob stop ending` gives them up"),
+            "{command:?}: {stderr}"
+        );
+    }
     // Past 3 s of that wait the run says what it waits for (it looked hung, its bar at done).
     std::thread::sleep(Duration::from_secs(4));
     let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "ending"]));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("note: experiment ending's process was sending its last notifications; the stop gave up on them"),
+        "{stdout}\n{stderr}"
+    );
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
