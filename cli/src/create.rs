@@ -318,6 +318,11 @@ pub fn run_in_foreground(
         // sink that is down holds the process up to NOTIFY_AT_EXIT; Ctrl-C, SIGTERM or `knob
         // stop` then gives up on it at once (they waited it out, having nothing left to stop).
         let mut notifier = notifier;
+        // A run the store failed under (its files deleted or moved, its disk full) could not
+        // record its end, which is what the notifier follows: told here, it is sent anyway.
+        if let Err(manager::ManagerError::Store(error)) = &result {
+            notifier.end_unrecorded(ExperimentStatus::Error, error.to_string());
+        }
         let sending = runtime.block_on(finish_notifications(&mut notifier));
         // Which sink the end message did not reach, when that is what was left.
         let unsent = notifier

@@ -31,6 +31,20 @@ pub(crate) struct Experiment {
 }
 
 impl Experiment {
+    /// Waits for the knob process to exit, at most `within`; its status, `None` if it did not.
+    pub(crate) fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Kills the knob process (SIGKILL), as a crash would, and reaps it.
     pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();

@@ -1145,6 +1145,58 @@ notifications:
     assert!(text.contains("Trials: 2 (2 succeeded)"), "{text}");
 }
 
+/// A run whose folder is deleted while it runs ends in ERROR without its store recording it,
+/// and the notifier follows the store: no message went out at all. It is told the end.
+#[test]
+fn an_experiment_whose_folder_is_deleted_posts_its_error() {
+    let sandbox = Sandbox::new();
+    let receiver = Receiver::start(200);
+    let config = sandbox.config(
+        &format!(
+            r#"trialCommand: 'echo KNOB_FINAL 1; sleep 1'
+trialConcurrency: 1
+maxTrialNumber: 20
+searchSpace:
+  x: {{_type: randint, _value: [0, 1000]}}
+tuner: {{name: Random}}
+trainingService: {{platform: local}}
+notifications:
+  webhook: {{url: "{url}"}}"#,
+            url = receiver.url
+        ),
+        &[],
+    );
+    let mut command = sandbox.knob();
+    command
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--id", "deleted"]);
+    let mut experiment = crate::api::start(command, &[]);
+    wait_for("a trial that succeeded", || {
+        let (_, trials) = crate::api::get(&experiment.base, "/trials");
+        trials.to_string().contains("SUCCEEDED")
+    });
+    std::fs::remove_dir_all(sandbox.path().join("experiments/deleted")).unwrap();
+    let status = experiment.wait_exit(Duration::from_secs(60));
+    assert!(status.is_some_and(|status| !status.success()), "{status:?}");
+    wait_for("the ERROR post", || !receiver.received().is_empty());
+    let posts = receiver.received();
+    assert_eq!(posts.len(), 1, "{posts:#?}");
+    let json = posts[0].json();
+    assert_eq!(json["knob"]["event"], "error", "{json}");
+    assert_eq!(json["knob"]["status"], "ERROR", "{json}");
+    let message = json["knob"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the experiment's files were deleted while it ran"),
+        "{json}"
+    );
+    assert!(
+        json["knob"]["trials"]["SUCCEEDED"].as_u64() >= Some(1),
+        "{json}"
+    );
+}
+
 /// Once a run is over its process may linger (its end notification, up to 90 s): its API is
 /// closed then, and `knob update` said "is not running (RUNNING)". A stop then gives up on the
 /// notifications at once; it waited them out.

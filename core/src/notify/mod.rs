@@ -83,7 +83,14 @@ pub struct Notifier {
     sinks: Vec<(String, Arc<AtomicBool>)>,
     /// The end of the experiment's subject, once the follower queued it.
     end_subject: Arc<Mutex<Option<String>>>,
+    /// Tells the follower, once the store has closed without recording an end, whether the run
+    /// ended in a way the store could not record ([`Notifier::end_unrecorded`]); sent once.
+    last_word: Option<mpsc::Sender<UnrecordedEnd>>,
 }
+
+/// An end of the run the store could not record (its files deleted or moved, its disk full):
+/// the status and why, or `None` when there was none.
+type UnrecordedEnd = Option<(ExperimentStatus, String)>;
 
 /// The end of the experiment's message that some sinks have not taken yet: what a wait for the
 /// notifications that is cut short leaves unsent.
@@ -157,6 +164,7 @@ impl Notifier {
         }
         // Read here, not on the thread: what the manager commits from now on is news.
         let from = *commits.borrow_and_update();
+        let (last_word, last_word_inbox) = mpsc::channel::<UnrecordedEnd>();
         let follower = Follower {
             rules: Rules {
                 new_best: config.new_best,
@@ -172,7 +180,7 @@ impl Notifier {
         };
         let spawned = std::thread::Builder::new()
             .name("knob-notify-follow".into())
-            .spawn(move || follower.follow(commits, from));
+            .spawn(move || follower.follow(commits, from, &last_word_inbox));
         match spawned {
             Ok(thread) => threads.insert(0, thread),
             Err(error) => log(format!(
@@ -183,6 +191,16 @@ impl Notifier {
             threads,
             sinks: sink_ends,
             end_subject,
+            last_word: Some(last_word),
+        }
+    }
+
+    /// The run ended (`status`, `message`) without its store recording it: the end's message
+    /// goes out all the same, from what the store holds. Call once the run is over, before
+    /// [`Notifier::finish`]; without it the follower, the store closed, ends as it was.
+    pub fn end_unrecorded(&mut self, status: ExperimentStatus, message: String) {
+        if let Some(last_word) = self.last_word.take() {
+            let _ = last_word.send(Some((status, message)));
         }
     }
 
@@ -216,6 +234,10 @@ impl Notifier {
     /// Whether every notification went out (or failed for good), without waiting: for a
     /// caller that waits on other things too (a stop signal). Call after the store was closed.
     pub fn finished(&mut self) -> bool {
+        // No end the store could not record, unless said before.
+        if let Some(last_word) = self.last_word.take() {
+            let _ = last_word.send(None);
+        }
         // The follower first: its end drops the queues, which ends the sending threads.
         while let Some(first) = self.threads.first() {
             if !first.is_finished() {
@@ -462,7 +484,12 @@ struct Follower {
 const EVENTS_PER_READ: u64 = 1000;
 
 impl Follower {
-    fn follow(mut self, mut commits: watch::Receiver<EventSeq>, from: EventSeq) {
+    fn follow(
+        mut self,
+        mut commits: watch::Receiver<EventSeq>,
+        from: EventSeq,
+        last_word: &mpsc::Receiver<UnrecordedEnd>,
+    ) {
         // Only to wait on the watch channel, which needs no driver.
         let runtime = match tokio::runtime::Builder::new_current_thread().build() {
             Ok(runtime) => runtime,
@@ -506,9 +533,40 @@ impl Follower {
                 }
                 last = newest;
             }
-            if closed || self.ended {
+            if self.ended {
                 return;
             }
+            if closed {
+                // The store closed without an end: one it could not record (its files
+                // deleted, say) is sent from what it holds, with the reason the run gave.
+                if let Ok(Some((status, message))) = last_word.recv() {
+                    self.end(&reader, status, Some(message), crate::store::now_ms());
+                }
+                return;
+            }
+        }
+    }
+
+    /// The end of the experiment's message, queued for every sink.
+    fn end(
+        &mut self,
+        reader: &StoreReader,
+        status: ExperimentStatus,
+        message: Option<String>,
+        time_ms: i64,
+    ) {
+        self.ended = true;
+        match Summary::read(reader, &self.context, status, message, time_ms) {
+            Ok(summary) => {
+                let notification = Notification::ended(&self.context, &summary);
+                if let Ok(mut subject) = self.end_subject.lock() {
+                    *subject = Some(notification.subject.clone());
+                }
+                self.send(notification);
+            }
+            Err(error) => (self.log)(format!(
+                "notifications: cannot read the experiment's summary: {error}"
+            )),
         }
     }
 
@@ -572,19 +630,7 @@ impl Follower {
                 ExperimentStatus::Done | ExperimentStatus::Error | ExperimentStatus::Stopped
             ) =>
             {
-                self.ended = true;
-                match Summary::read(reader, &self.context, *status, message.clone(), time_ms) {
-                    Ok(summary) => {
-                        let notification = Notification::ended(&self.context, &summary);
-                        if let Ok(mut subject) = self.end_subject.lock() {
-                            *subject = Some(notification.subject.clone());
-                        }
-                        self.send(notification);
-                    }
-                    Err(error) => (self.log)(format!(
-                        "notifications: cannot read the experiment's summary: {error}"
-                    )),
-                }
+                self.end(reader, *status, message.clone(), time_ms)
             }
             _ => {}
         }
