@@ -774,6 +774,25 @@ notifications:
         "{stdout}"
     );
 
+    // `security` that does not fit the server: lettre's own words ("internal client error",
+    // "corrupt message of type InvalidContentType") named neither the setting nor the port.
+    for (security, advice) in [
+        ("starttls", "the server on port PORT does not offer STARTTLS: set notifications.email.security to tls"),
+        ("tls", "the server on port PORT does not speak TLS at once: set notifications.email.security to starttls"),
+    ] {
+        let (code, stdout, _) = notify_test(
+            &format!("{{host: 127.0.0.1, port: {}, security: {security}, to: [me@example.com], from: knob@example.com}}", smtpd.port),
+            &receiver.url,
+        );
+        assert_eq!(code, 1, "{stdout}");
+        let line = stdout.lines().nth(1).unwrap();
+        assert!(
+            line.starts_with("email to me@example.com via 127.0.0.1:PORT: failed: ")
+                && line.contains(advice),
+            "{security}: {stdout}"
+        );
+    }
+
     // A config without notifications.
     let plain = sandbox.config(EXPERIMENT, &[]);
     let (code, _, stderr) = run(sandbox

@@ -182,10 +182,39 @@ fn send_email(
     let message = message
         .body(notification.body.clone())
         .map_err(|error| format!("cannot build the message: {error}"))?;
-    transport
-        .send(&message)
-        .map(|_| ())
-        .map_err(|error| one_line(&smtp_error(&error)))
+    transport.send(&message).map(|_| ()).map_err(|error| {
+        let text = one_line(&smtp_error(&error));
+        match smtp_advice(config, &text) {
+            Some(advice) => format!("{text}; {advice}"),
+            None => text,
+        }
+    })
+}
+
+/// What to change when lettre's error says the server and `security` do not go together: its
+/// own words ("internal client error", "corrupt message of type InvalidContentType") named
+/// neither the setting nor the port.
+fn smtp_advice(config: &EmailConfig, error: &str) -> Option<String> {
+    let port = config.port;
+    if error.contains("STARTTLS is not supported") {
+        return Some(format!(
+            "the server on port {port} does not offer STARTTLS: set notifications.email.security to tls (a port such as 465 that speaks TLS at once) or none (a plain server, only on a trusted network)"
+        ));
+    }
+    if config.security == SmtpSecurity::Tls
+        && (error.contains("InvalidContentType") || error.contains("corrupt message"))
+    {
+        return Some(format!(
+            "the server on port {port} does not speak TLS at once: set notifications.email.security to starttls (a port such as 587) or none"
+        ));
+    }
+    if error.contains("No compatible authentication mechanism") {
+        return Some(match config.security {
+            SmtpSecurity::None => "the server offers no login method knob knows without TLS: set notifications.email.security to starttls or tls, or drop user and password".to_string(),
+            _ => "the server offers no login method knob knows (PLAIN, LOGIN): drop user and password if it needs none".to_string(),
+        });
+    }
+    None
 }
 
 /// lettre's error with its source chain (its own text alone says "Connection error" without the
