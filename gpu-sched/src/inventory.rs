@@ -150,6 +150,24 @@ pub fn trials_per_gpu(holders: impl IntoIterator<Item = u32>, own: u32) -> u32 {
 pub struct HostHeldElsewhere {
     pub host_memory: ByteSize,
     pub cpu_cores: u32,
+    /// Who holds (or was promised) them, so that a waiting reason names them as it names a
+    /// GPU's holders. Empty from a service that does not say: the totals above are then
+    /// described as held by other experiments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<HostHolder>,
+}
+
+/// One lease or older waiting request of another experiment for host memory or CPU cores.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostHolder {
+    pub experiment: String,
+    /// `None` for the experiment's waiting trials standing in line (the ledger's
+    /// [`STANDING`](crate::ledger::STANDING) request).
+    pub trial: Option<String>,
+    pub host_memory: ByteSize,
+    pub cpu_cores: u32,
+    /// A request older than the asker's that waits for them: promised first, not held yet.
+    pub asked_earlier: bool,
 }
 
 impl HostHeldElsewhere {

@@ -43,7 +43,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::bytes::ByteSize;
-use crate::inventory::{trials_per_gpu, Environment, HeldElsewhere};
+use crate::inventory::{trials_per_gpu, Environment, HeldElsewhere, HostHolder};
 use crate::placement::Placement;
 use crate::request::{SchedulerConfig, TrialRequest};
 use crate::scheduler::Scheduler;
@@ -215,9 +215,7 @@ impl LedgerState {
             .iter()
             .filter(|lease| lease.machine == machine && lease.holder.pid != me);
         for lease in others {
-            let held = &mut environment.host_held_elsewhere;
-            held.host_memory = ByteSize(held.host_memory.0 + lease.host_memory.0);
-            held.cpu_cores += lease.cpu_cores;
+            add_host_holder(environment, lease, false);
             mark_held(environment, lease, &lease.trial, lease.max_per_gpu);
         }
         let promised = self.requests.iter().filter(|request| {
@@ -229,9 +227,7 @@ impl LedgerState {
             let lease = &request.lease;
             // Promised like the GPUs: the ledger grants no newer request of others the cores or
             // memory it waits for while they do not fit beside it (`blocker`).
-            let held = &mut environment.host_held_elsewhere;
-            held.host_memory = ByteSize(held.host_memory.0 + lease.host_memory.0);
-            held.cpu_cores += lease.cpu_cores;
+            add_host_holder(environment, lease, true);
             let trial = if lease.trial == STANDING {
                 "(waiting, asked earlier)".to_string()
             } else {
@@ -355,6 +351,24 @@ impl LedgerState {
             .collect();
         Some(stand_for)
     }
+}
+
+/// Counts `lease`'s CPU cores and host memory as held elsewhere (promised, when
+/// `asked_earlier`), naming its holder for the waiting reasons.
+fn add_host_holder(environment: &mut Environment, lease: &Lease, asked_earlier: bool) {
+    if lease.cpu_cores == 0 && lease.host_memory.0 == 0 {
+        return;
+    }
+    let held = &mut environment.host_held_elsewhere;
+    held.host_memory = ByteSize(held.host_memory.0 + lease.host_memory.0);
+    held.cpu_cores += lease.cpu_cores;
+    held.holders.push(HostHolder {
+        experiment: lease.holder.experiment.clone(),
+        trial: (lease.trial != STANDING).then(|| lease.trial.clone()),
+        host_memory: lease.host_memory,
+        cpu_cores: lease.cpu_cores,
+        asked_earlier,
+    });
 }
 
 /// Records on each of `environment`'s GPUs that `lease` names that it is held elsewhere, by

@@ -30,7 +30,8 @@ pub use error::{
 };
 pub use inventory::{
     trials_per_gpu, Environment, EnvironmentId, EnvironmentLimits, EnvironmentStatus, Gpu,
-    GpuProcess, GpuSource, HeldElsewhere, HostHeldElsewhere, HostResources, Inventory, TrialId,
+    GpuProcess, GpuSource, HeldElsewhere, HostHeldElsewhere, HostHolder, HostResources, Inventory,
+    TrialId,
 };
 pub use placement::{Assignment, Placement};
 pub use request::{DeviceRef, GpuRequest, Policy, SchedulerConfig, TrialRequest};

@@ -5,7 +5,9 @@
 use std::fmt::Write;
 
 use crate::bytes::ByteSize;
-use crate::inventory::{describe_indices, EnvironmentStatus, GpuSource};
+use crate::inventory::{
+    describe_indices, EnvironmentStatus, GpuSource, HostHeldElsewhere, HostHolder,
+};
 use crate::request::TrialRequest;
 use crate::scheduler::fit::{
     fitting_gpu_count, permanent_blocker, Demand, GpuDemand, Holds, Permanent,
@@ -16,6 +18,9 @@ use crate::scheduler::state::{share, EnvState};
 const SHOWN_ENVIRONMENTS: usize = 3;
 /// Busy GPUs described per environment before the rest are only counted.
 const SHOWN_GPUS: usize = 4;
+/// Other experiments' trials holding host cores (memory) described before the rest are only
+/// summed.
+const SHOWN_HOLDERS: usize = 4;
 
 fn plural(count: u64, one: &str, many: &str) -> String {
     if count == 1 {
@@ -435,21 +440,25 @@ fn busy_environment(
     let hold = holds.get(env_position);
     let host = &env.env.host_resources;
     let mut issues = Vec::new();
-    let held_note = |amount: String| match hold.and_then(|hold| hold.host_holder) {
-        Some(holder) => format!(" ({amount} held for {})", held_by(waiting, holder)),
-        None => String::new(),
+    // What the waiting trials of this pass hold here, and who else holds or was promised it.
+    let notes = |kind: HostShare, held: u64| {
+        let mut notes = elsewhere_notes(env, kind);
+        if let Some(holder) = hold.and_then(|hold| hold.host_holder).filter(|_| held > 0) {
+            notes.push(format!(
+                "{} held for {}",
+                kind.amount(held),
+                held_by(waiting, holder)
+            ));
+        }
+        notes
     };
     let held_cores = hold.map_or(0, |hold| hold.cpu_cores);
     if demand.cpu_cores > 0 && env.free_cpu_cores().saturating_sub(held_cores) < demand.cpu_cores {
-        let note = if held_cores > 0 {
-            held_note(plural(u64::from(held_cores), "core", "cores"))
-        } else {
-            String::new()
-        };
         issues.push(format!(
-            "{} of {} CPU cores free{note}",
+            "{} of {} CPU cores free{}",
             env.free_cpu_cores().saturating_sub(held_cores),
-            host.cpu_count
+            host.cpu_count,
+            parenthesized(&notes(HostShare::CpuCores, u64::from(held_cores)))
         ));
     }
     if env.at_max_trials() {
@@ -468,20 +477,16 @@ fn busy_environment(
     let reserve = env.memory_reserve();
     let held_memory = hold.map_or(0, |hold| hold.host_memory);
     let available = env.unclaimed_host_memory().saturating_sub(held_memory);
-    let note = if held_memory > 0 {
-        held_note(ByteSize(held_memory).to_string())
-    } else {
-        String::new()
-    };
     if (demand.host_memory > 0 || reserve > 0) && available < demand.host_memory + reserve {
-        let kept = if reserve > 0 {
-            format!(" (memoryReserve {} kept free)", ByteSize(reserve))
-        } else {
-            String::new()
-        };
+        let mut memory_notes = Vec::new();
+        if reserve > 0 {
+            memory_notes.push(format!("memoryReserve {} kept free", ByteSize(reserve)));
+        }
+        memory_notes.extend(notes(HostShare::Memory, held_memory));
         issues.push(format!(
-            "{} of memory available{kept}{note}",
-            ByteSize(available)
+            "{} of memory available{}",
+            ByteSize(available),
+            parenthesized(&memory_notes)
         ));
     } else if let Some(ceiling) = env.memory_use_ceiling() {
         let total = host.memory_total.bytes();
@@ -496,10 +501,15 @@ fn busy_environment(
             } else {
                 String::new()
             };
-            issues.push(format!(
-                "host memory {:.0}% used{with} (maxMemoryUtilization {}%){note}",
-                percent_of(in_use, total),
+            let mut memory_notes = vec![format!(
+                "maxMemoryUtilization {}%",
                 env.env.limits.max_memory_utilization.unwrap_or(0.0)
+            )];
+            memory_notes.extend(notes(HostShare::Memory, held_memory));
+            issues.push(format!(
+                "host memory {:.0}% used{with}{}",
+                percent_of(in_use, total),
+                parenthesized(&memory_notes)
             ));
         }
     }
@@ -557,6 +567,92 @@ fn busy_environment(
         issues.push("would fit, but older waiting trials come first".to_owned());
     }
     issues.join(", ")
+}
+
+/// " (a, b)", or nothing without parts.
+fn parenthesized(parts: &[String]) -> String {
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
+
+/// The host resource a note is about.
+#[derive(Clone, Copy)]
+enum HostShare {
+    CpuCores,
+    Memory,
+}
+
+impl HostShare {
+    fn of(self, holder: &HostHolder) -> u64 {
+        match self {
+            HostShare::CpuCores => u64::from(holder.cpu_cores),
+            HostShare::Memory => holder.host_memory.bytes(),
+        }
+    }
+
+    fn total(self, held: &HostHeldElsewhere) -> u64 {
+        match self {
+            HostShare::CpuCores => u64::from(held.cpu_cores),
+            HostShare::Memory => held.host_memory.bytes(),
+        }
+    }
+
+    /// "1 core", "2 cores", "10 GiB".
+    fn amount(self, amount: u64) -> String {
+        match self {
+            HostShare::CpuCores => plural(amount, "core", "cores"),
+            HostShare::Memory => ByteSize(amount).to_string(),
+        }
+    }
+}
+
+/// What other experiments hold of the host's cores (memory) here, and what is promised first
+/// to their older waiting requests, as GPU reasons name a GPU's holders: "1 core held by trial
+/// t1 of experiment a", "2 cores promised first to the waiting trials of experiment b (asked
+/// earlier)". Without the ledger saying who, "… held by other experiments".
+fn elsewhere_notes(env: &EnvState, kind: HostShare) -> Vec<String> {
+    let held = &env.env.host_held_elsewhere;
+    let holders: Vec<&HostHolder> = held
+        .holders
+        .iter()
+        .filter(|holder| kind.of(holder) > 0)
+        .collect();
+    let mut notes = Vec::new();
+    for holder in holders.iter().take(SHOWN_HOLDERS) {
+        let whom = match &holder.trial {
+            Some(trial) => format!("trial {trial} of experiment {}", holder.experiment),
+            None => format!("the waiting trials of experiment {}", holder.experiment),
+        };
+        let amount = kind.amount(kind.of(holder));
+        notes.push(if holder.asked_earlier {
+            format!("{amount} promised first to {whom} (asked earlier)")
+        } else {
+            format!("{amount} held by {whom}")
+        });
+    }
+    let not_shown: u64 = holders
+        .iter()
+        .skip(SHOWN_HOLDERS)
+        .map(|holder| kind.of(holder))
+        .sum();
+    if not_shown > 0 {
+        notes.push(format!(
+            "{} more held by or promised to other experiments",
+            kind.amount(not_shown)
+        ));
+    }
+    let named: u64 = holders.iter().map(|holder| kind.of(holder)).sum();
+    let unnamed = kind.total(held).saturating_sub(named);
+    if unnamed > 0 {
+        notes.push(format!(
+            "{} held by other experiments",
+            kind.amount(unnamed)
+        ));
+    }
+    notes
 }
 
 /// What keeps one allowed GPU from taking a slot of the request now.

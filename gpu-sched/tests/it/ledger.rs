@@ -657,3 +657,52 @@ fn a_request_for_cpu_cores_is_served_first_come_first_served_between_experiments
         Acquired::Granted
     );
 }
+
+#[test]
+fn a_trial_waiting_for_cores_or_memory_of_other_experiments_names_who_holds_them_and_who_asked_first(
+) {
+    use crate::support::{host, place, scheduler_with, trial};
+    use knob_gpu_sched::{Environment, SchedulerConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut first, a) = child_holder("ca");
+    let (mut second, b) = child_holder("cb");
+    let c = Holder::this_process("cc");
+    // On a 2-core, 24 GiB machine, ca's trial holds 1 core and 10 GiB; cb's trial, asking for
+    // both cores and 15 GiB, waits in line; then cc's trial asks for 1 core and 5 GiB.
+    let a1 = Lease {
+        cpu_total: 2,
+        host_memory_total: ByteSize::gib(24),
+        ..host_lease(&a, "a1", 1, 10)
+    };
+    assert_eq!(ledger.acquire(&a1).unwrap(), Acquired::Granted);
+    let waits_for = StandFor {
+        cpu_cores: 2,
+        host_memory: ByteSize::gib(15),
+        ..StandFor::default()
+    };
+    ledger.stand_in_line(&b, "local", &waits_for).unwrap();
+    let mut seen_by_c = Environment::new("local", "localhost", Vec::new(), host(2, 24));
+    ledger
+        .snapshot()
+        .unwrap()
+        .annotate(&mut seen_by_c, "local", c.pid, None);
+    let mut scheduler = scheduler_with(
+        SchedulerConfig {
+            trial_gpu_number: Some(0),
+            trial_cpu_number: Some(1),
+            trial_memory_size: Some(ByteSize::gib(5)),
+            ..SchedulerConfig::default()
+        },
+        vec![seen_by_c],
+    );
+    // One core and 14 GiB are not leased, but promised to cb, which asked first.
+    expect_test::expect![[r#"
+        c1: wait: waiting for 1 CPU core and 5 GiB of host memory: local: 0 of 2 CPU cores free (1 core held by trial a1 of experiment ca, 2 cores promised first to the waiting trials of experiment cb (asked earlier)), 0 B of memory available (10 GiB held by trial a1 of experiment ca, 15 GiB promised first to the waiting trials of experiment cb (asked earlier))
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("c1")]));
+    first.kill().unwrap();
+    first.wait().unwrap();
+    second.kill().unwrap();
+    second.wait().unwrap();
+}

@@ -251,3 +251,20 @@ fn preview_answers_without_holding_anything() {
     // Round-robin did not advance either: placing gives what preview showed.
     assert_eq!(scheduler.place(&trial("a")), first);
 }
+
+#[test]
+fn cores_and_memory_held_by_unnamed_experiments_are_counted_as_theirs() {
+    // From a service (an older agent) that sends what others hold without saying who.
+    let mut shared = env("local", &[]);
+    shared.host_held_elsewhere.cpu_cores = 14;
+    shared.host_held_elsewhere.host_memory = ByteSize::gib(60);
+    let mut scheduler = scheduler(Policy::Pack, vec![shared]);
+    let requests = [trial("t")
+        .gpu_number(0)
+        .cpu_cores(4)
+        .host_memory(ByteSize::gib(8))];
+    expect![[r#"
+        t: wait: waiting for 4 CPU cores and 8 GiB of host memory: local: 2 of 16 CPU cores free (14 cores held by other experiments), 4 GiB of memory available (60 GiB held by other experiments)
+    "#]]
+    .assert_eq(&place(&mut scheduler, &requests));
+}
