@@ -436,6 +436,16 @@ impl Environments {
         self.placer.largest_gpu_capacity_mib()
     }
 
+    /// See [`Placer::largest_host_memory_room_mib`].
+    pub(super) fn largest_host_memory_room_mib(&self) -> Option<super::trial::HostMemoryRoom> {
+        self.placer.largest_host_memory_room_mib()
+    }
+
+    /// See [`Placer::sized_by_memory_request`].
+    pub fn sized_by_memory_request(&self, mib: u64) -> bool {
+        self.placer.sized_by_memory_request(mib)
+    }
+
     /// The environment the scheduler holds resources on for a trial, if any.
     pub fn assigned_environment(&self, trial_id: &str) -> Option<&str> {
         self.placer.assigned_environment(trial_id)

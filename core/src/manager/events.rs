@@ -268,6 +268,7 @@ impl Manager {
     /// to learn from).
     fn raise_memory_request(&mut self, trial_id: &str, oom: trial::OutOfMemory) -> String {
         let largest_gpu = self.environments.largest_gpu_capacity_mib();
+        let room = self.environments.largest_host_memory_room_mib();
         let trial = self.book.get_mut(trial_id).expect("known trial");
         let on_gpus = trial
             .gpu_indices
@@ -287,7 +288,8 @@ impl Manager {
         let asked = trial
             .memory_request_mib
             .or(self.config.trial_memory_size_mib);
-        let Some(raised) = trial::raised_host_memory_request(asked, trial.peak_memory_mib) else {
+        let Some(raised) = trial::raised_host_memory_request(asked, trial.peak_memory_mib, room)
+        else {
             return String::new();
         };
         trial.memory_request_mib = Some(raised);

@@ -271,6 +271,25 @@ impl Placer {
             .map(|bytes| bytes.0 / MIB)
     }
 
+    /// What the environments could give one trial's host memory (MiB), see
+    /// [`Scheduler::largest_host_memory_capacity`] and [`Scheduler::largest_host_memory_room`];
+    /// `None` without a ready environment.
+    pub(super) fn largest_host_memory_room_mib(&self) -> Option<super::trial::HostMemoryRoom> {
+        Some(super::trial::HostMemoryRoom {
+            capacity: self.scheduler.largest_host_memory_capacity()?.0 / MIB,
+            available: self.scheduler.largest_host_memory_room()?.0 / MIB,
+        })
+    }
+
+    /// Whether an environment's host memory is `mib` (`trialMemorySize`): one its service
+    /// sized by the request (a Slurm allocation of `--mem`), which a larger `trialMemorySize`
+    /// makes larger. The memory of others (a machine) is what it is.
+    pub fn sized_by_memory_request(&self, mib: u64) -> bool {
+        self.scheduler
+            .environments()
+            .any(|environment| environment.host_resources.memory_total.0 / MIB == mib)
+    }
+
     /// The environment a trial holds resources on, if any.
     pub fn assigned_environment(&self, trial_id: &str) -> Option<&str> {
         self.scheduler
@@ -368,6 +387,9 @@ impl Manager {
                         Some(raised) => refused_after_raise(
                             &raised,
                             self.book[&trial_id].memory_request_mib,
+                            self.config
+                                .trial_memory_size_mib
+                                .is_some_and(|mib| self.environments.sized_by_memory_request(mib)),
                             &reason,
                         ),
                         None => reason,
@@ -616,19 +638,26 @@ impl Manager {
 /// Why a trial whose request was raised after it ran out of memory (`raised`, as
 /// [`raised_request`] says it) can never be placed, in one line. The scheduler's own advice
 /// (lower trialMemorySize or trialGpuMemory) is for a request from the config, not one knob
-/// raised, so it is left out; in its place, for raised host memory, what would hold it: a
-/// `trialMemorySize` of at least the raised request, which environments sized by it (an
-/// allocation asked for with trialMemorySize) then offer.
-fn refused_after_raise(raised: &str, memory_request_mib: Option<u64>, reason: &str) -> String {
+/// raised, so it is left out; in its place, for raised host memory, what would hold it: where
+/// environments are `sized_by_request` (an allocation asked for with trialMemorySize), a
+/// `trialMemorySize` of at least the raised request; elsewhere (a machine, whose memory is what
+/// it is) less memory used or a larger host.
+fn refused_after_raise(
+    raised: &str,
+    memory_request_mib: Option<u64>,
+    sized_by_request: bool,
+    reason: &str,
+) -> String {
     let why = [": lower trialMemorySize to ", ": lower trialGpuMemory to "]
         .iter()
         .filter_map(|advice| reason.find(advice))
         .min()
         .map_or(reason, |at| &reason[..at]);
     let what_to_do = match memory_request_mib {
-        Some(mib) => format!(
+        Some(mib) if sized_by_request => format!(
             "; to run it, set trialMemorySize to {mib} MiB or more (an environment sized by trialMemorySize then holds it), or lower maxOomRetries to fail sooner"
         ),
+        Some(_) => "; no environment here has that much memory: make the trial use less, add a host with more, or lower maxOomRetries to fail sooner".to_string(),
         None => "; lower maxOomRetries to fail sooner".to_string(),
     };
     format!(
@@ -670,6 +699,7 @@ mod tests {
         let message = refused_after_raise(
             "302 MiB of memory",
             Some(302),
+            true,
             "needs 302 MiB of memory; box-1 has 64 MiB of memory: lower trialMemorySize to 64 MiB or less",
         );
         assert_eq!(
@@ -677,9 +707,21 @@ mod tests {
             "after it ran out of memory its request was raised to 302 MiB of memory (maxOomRetries), which no environment can give: needs 302 MiB of memory; box-1 has 64 MiB of memory; to run it, set trialMemorySize to 302 MiB or more (an environment sized by trialMemorySize then holds it), or lower maxOomRetries to fail sooner"
         );
         assert!(!message.contains('\n'));
+        // A machine's memory is what it is: a larger trialMemorySize would be refused.
+        let machine = refused_after_raise(
+            "48 GiB of memory",
+            Some(49152),
+            false,
+            "the trial asks for 48 GiB of host memory, but the largest environment, local, has 23.5 GiB of memory: lower trialMemorySize to 23.5 GiB or less",
+        );
+        assert_eq!(
+            machine,
+            "after it ran out of memory its request was raised to 48 GiB of memory (maxOomRetries), which no environment can give: the trial asks for 48 GiB of host memory, but the largest environment, local, has 23.5 GiB of memory; no environment here has that much memory: make the trial use less, add a host with more, or lower maxOomRetries to fail sooner"
+        );
         let gpu = refused_after_raise(
             "6000 MiB of GPU memory",
             None,
+            false,
             "box-1 has no GPU with 6000 MiB or more: lower trialGpuMemory to 4 GiB or less",
         );
         assert!(

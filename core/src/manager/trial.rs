@@ -305,15 +305,40 @@ pub(super) fn raised_memory_request(asked: Option<u64>, peak: Option<u64>) -> Op
 /// sampled peak.
 const LEARNED_HEADROOM_MIB: u64 = 64;
 
+/// What the environments could give one trial's host memory (MiB), as last reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HostMemoryRoom {
+    /// The most any could ever promise one trial: a request above it is refused.
+    pub capacity: u64,
+    /// The most one had available when last measured (a host never has all of its total
+    /// available, so a request at the capacity would wait for good).
+    pub available: u64,
+}
+
 /// The host memory (MiB) a trial that ran out of memory asks for next, as
 /// [`raised_memory_request`], except that a request learned without `trialMemorySize` stays at
 /// least [`LEARNED_HEADROOM_MIB`] above the peak: the peak is then all there is, sampled every
 /// 200 ms from a trial that may have been killed just after it started, and twice a shell's few
 /// MiB is a limit its next attempt (enforced like `trialMemorySize`) could not keep.
-pub(super) fn raised_host_memory_request(asked: Option<u64>, peak: Option<u64>) -> Option<u64> {
+///
+/// A raise beyond every environment's `capacity` would be refused although the trial ran: it is
+/// capped at the most a host had `available`, so that the raise alone never makes it
+/// unplaceable, as long as that is more than it used. Where that is no more (an environment
+/// sized by the request, a Slurm allocation of `trialMemorySize`, or a trial that already asked
+/// for that much), it is raised as usual and refused, saying what would hold it.
+pub(super) fn raised_host_memory_request(
+    asked: Option<u64>,
+    peak: Option<u64>,
+    room: Option<HostMemoryRoom>,
+) -> Option<u64> {
     let raised = raised_memory_request(asked, peak)?;
-    Some(match (asked, peak) {
+    let raised = match (asked, peak) {
         (None, Some(peak)) => raised.max(peak.saturating_add(LEARNED_HEADROOM_MIB)),
+        _ => raised,
+    };
+    let used = asked.unwrap_or(0).max(peak.unwrap_or(0));
+    Some(match room {
+        Some(room) if raised > room.capacity && room.available > used => raised.min(room.available),
         _ => raised,
     })
 }
@@ -566,11 +591,46 @@ mod tests {
     #[test]
     fn a_learned_host_request_keeps_headroom_above_a_small_peak() {
         // Killed just after it started: twice 4 MiB would be a limit a shell cannot keep.
-        assert_eq!(raised_host_memory_request(None, Some(4)), Some(68));
-        assert_eq!(raised_host_memory_request(None, Some(151)), Some(302));
+        assert_eq!(raised_host_memory_request(None, Some(4), None), Some(68));
+        assert_eq!(raised_host_memory_request(None, Some(151), None), Some(302));
         // With trialMemorySize the rule is twice the larger, as before.
-        assert_eq!(raised_host_memory_request(Some(16), Some(4)), Some(32));
-        assert_eq!(raised_host_memory_request(None, None), None);
+        assert_eq!(
+            raised_host_memory_request(Some(16), Some(4), None),
+            Some(32)
+        );
+        assert_eq!(raised_host_memory_request(None, None, None), None);
+    }
+
+    #[test]
+    fn a_raised_host_request_beyond_every_environment_is_capped_at_what_a_host_has_available() {
+        // A 23.5 GiB machine with 22.6 GiB available: 12 GiB doubled is more than it has.
+        let machine = Some(HostMemoryRoom {
+            capacity: 24064,
+            available: 23142,
+        });
+        assert_eq!(
+            raised_host_memory_request(Some(12288), Some(14), machine),
+            Some(23142)
+        );
+        // Within the capacity the raise is as before, even above what is available now.
+        assert_eq!(
+            raised_host_memory_request(Some(8192), Some(14), machine),
+            Some(16384)
+        );
+        // Already at what it can have (or a Slurm allocation of trialMemorySize, which has no
+        // more): raised as usual, and refused.
+        assert_eq!(
+            raised_host_memory_request(Some(23142), None, machine),
+            Some(46284)
+        );
+        let allocation = Some(HostMemoryRoom {
+            capacity: 64,
+            available: 64,
+        });
+        assert_eq!(
+            raised_host_memory_request(Some(64), Some(151), allocation),
+            Some(302)
+        );
     }
 
     #[test]

@@ -199,6 +199,31 @@ impl Scheduler {
             .map(ByteSize)
     }
 
+    /// The most host memory one trial could ever be promised on a ready environment (its total
+    /// under `memoryReserve` and `maxMemoryUtilization`): a request above it is refused.
+    /// `None` without a ready environment.
+    pub fn largest_host_memory_capacity(&self) -> Option<ByteSize> {
+        self.envs
+            .iter()
+            .filter(|state| state.is_ready())
+            .map(|state| state.host_memory_capacity())
+            .max()
+            .map(ByteSize)
+    }
+
+    /// The most host memory one trial could be placed with on a ready environment as last
+    /// measured, knob's own claims aside: what the limits leave of the memory available then.
+    /// A host never has all its memory available, so a request at its capacity would wait for
+    /// good; the core caps a host memory request it raised beyond the capacity here instead.
+    pub fn largest_host_memory_room(&self) -> Option<ByteSize> {
+        self.envs
+            .iter()
+            .filter(|state| state.is_ready())
+            .filter_map(|state| state.measured_host_memory_room())
+            .max()
+            .map(ByteSize)
+    }
+
     pub fn assignment(&self, trial: &TrialId) -> Option<&Assignment> {
         self.assignments.get(trial)
     }

@@ -139,6 +139,20 @@ impl EnvState {
         Some(admissible)
     }
 
+    /// The most host memory a trial could be placed with here were knob's claims gone, from
+    /// the memory measured available: [`admissible_host_memory`](Self::admissible_host_memory)
+    /// without the claims, and at most the capacity.
+    pub fn measured_host_memory_room(&self) -> Option<u64> {
+        let host = &self.env.host_resources;
+        let available = host.memory_available.bytes().min(host.memory_total.bytes());
+        let mut room = available.checked_sub(self.memory_reserve())?;
+        if let Some(ceiling) = self.memory_use_ceiling() {
+            let in_use = host.memory_total.bytes() - available;
+            room = room.min(ceiling.checked_sub(in_use)?);
+        }
+        Some(room.min(self.host_memory_capacity()))
+    }
+
     /// The most host memory a trial could get here with nothing else running.
     pub fn host_memory_capacity(&self) -> u64 {
         let total = self.env.host_resources.memory_total.bytes();

@@ -286,6 +286,32 @@ fn the_largest_gpu_capacity_is_what_the_limits_leave_of_the_largest_allowed_gpu(
 }
 
 #[test]
+fn the_largest_host_memory_room_is_what_the_limits_leave_of_the_memory_measured_available() {
+    // 64 GiB, 40 GiB available, 8 GiB kept free: a trial could be placed with 32 GiB, though
+    // up to 56 GiB could be promised with nothing else on the host.
+    let mut reserved = env("reserved", &[]);
+    reserved.host_resources.memory_available = ByteSize::gib(40);
+    reserved.limits.min_available_memory = Some(ByteSize::gib(8));
+    let mut small = env("small", &[]);
+    small.host_resources = host(4, 24);
+    let mut scheduler = scheduler_with(host_config(1), vec![reserved, small]);
+    assert_eq!(
+        scheduler.largest_host_memory_capacity(),
+        Some(ByteSize::gib(56))
+    );
+    assert_eq!(
+        scheduler.largest_host_memory_room(),
+        Some(ByteSize::gib(32))
+    );
+    // Knob's own claims aside: a trial placed does not lower it.
+    place(&mut scheduler, &[trial("a")]);
+    assert_eq!(
+        scheduler.largest_host_memory_room(),
+        Some(ByteSize::gib(32))
+    );
+}
+
+#[test]
 fn max_trial_number_per_gpu_bounds_the_trials_sharing_a_gpu() {
     let mut shared = env("local", &[80]);
     shared.limits.max_trial_number_per_gpu = 2;
