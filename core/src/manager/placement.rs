@@ -282,7 +282,7 @@ impl Placer {
     }
 
     /// Whether an environment's host memory is `mib` (`trialMemorySize`): one its service
-    /// sized by the request (a Slurm allocation of `--mem`), which a larger `trialMemorySize`
+    /// sized by the request (a cluster allocation of its size), which a larger `trialMemorySize`
     /// makes larger. The memory of others (a machine) is what it is.
     pub fn sized_by_memory_request(&self, mib: u64) -> bool {
         self.scheduler

@@ -324,7 +324,7 @@ pub(super) struct HostMemoryRoom {
 /// A raise beyond every environment's `capacity` would be refused although the trial ran: it is
 /// capped at the most a host had `available`, so that the raise alone never makes it
 /// unplaceable, as long as that is more than it used. Where that is no more (an environment
-/// sized by the request, a Slurm allocation of `trialMemorySize`, or a trial that already asked
+/// sized by the request, a cluster allocation of `trialMemorySize`, or a trial that already asked
 /// for that much), it is raised as usual and refused, saying what would hold it.
 pub(super) fn raised_host_memory_request(
     asked: Option<u64>,
@@ -617,7 +617,7 @@ mod tests {
             raised_host_memory_request(Some(8192), Some(14), machine),
             Some(16384)
         );
-        // Already at what it can have (or a Slurm allocation of trialMemorySize, which has no
+        // Already at what it can have (or a cluster allocation of trialMemorySize, which has no
         // more): raised as usual, and refused.
         assert_eq!(
             raised_host_memory_request(Some(23142), None, machine),

@@ -97,7 +97,9 @@ pub async fn end_leftovers(
             Ok(Left::Ended { listening, .. }) => {
                 if listening {
                     lines.push(format!(
-                        "stopped the knob-agent left running on {target} by an earlier run (it ran no trial)"
+                        // "It ran no trial" read as a lie where trials had run there and
+                        // ended while no knob listened: those run again.
+                        "stopped the knob-agent left running on {target} by an earlier run (no trial was running there; any that ended there after that run was gone run again)"
                     ));
                 }
             }
