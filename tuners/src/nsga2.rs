@@ -17,12 +17,16 @@
 //! Departures: parameters are crossed and mutated whole at the top level (a nested choice moves
 //! with its sub-parameters); a child equal to a point already handed out is drawn again (up to
 //! 16 times, then at random), since knob never hands out a point twice; on resume, imported
-//! trials are put back into generations in parameter-id order.
+//! trials are put back into generations in parameter-id order. Each child draws from its own
+//! stream `step_rng(seed, step)` (`step`: trials handed out or imported before it) and each
+//! generation's elite from `step_rng(seed, u64::MAX - generation)`, not from one stream for the
+//! run: a resumed run, whose import does not replay the draws, then continues as the
+//! uninterrupted one with the same seed.
 
 use std::collections::BTreeMap;
 
 use knob_plugin_api::objectives::{constrained_dominates, non_dominated_ranks};
-use knob_plugin_api::space::{seeded_rng, SearchSpace, SeededRng};
+use knob_plugin_api::space::{SearchSpace, SeededRng};
 use knob_plugin_api::{Generated, ImportedTrial, Outcome, PluginError, Tuner};
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -30,7 +34,7 @@ use serde_json::{Map, Value};
 
 use crate::common::args::ClassArgs;
 use crate::common::history::History;
-use crate::common::seed::seed_or_entropy;
+use crate::common::seed::{seed_or_entropy, step_rng};
 
 const REDRAWS: usize = 16;
 
@@ -40,7 +44,7 @@ pub struct Nsga2Tuner {
     mutation_prob: Option<f64>,
     crossover_prob: f64,
     swapping_prob: f64,
-    rng: SeededRng,
+    seed: u64,
     space: Option<SearchSpace>,
     /// Every trial handed out or imported: its generation and parameters.
     trials: BTreeMap<u64, (usize, Value)>,
@@ -67,12 +71,13 @@ impl Nsga2Tuner {
             }
             let mut pool: Vec<u64> = self.parents.last().cloned().unwrap_or_default();
             pool.extend(finished);
-            let elite = self.elite(pool);
+            let elite = self.elite(pool, generation);
             self.parents.push(elite);
         }
     }
 
-    fn elite(&mut self, pool: Vec<u64>) -> Vec<u64> {
+    /// The parent population of generation `generation + 1`.
+    fn elite(&self, pool: Vec<u64>, generation: usize) -> Vec<u64> {
         let points: Vec<&Outcome> = pool.iter().map(|id| &self.outcomes[id]).collect();
         let ranks = non_dominated_ranks(&points);
         let mut elite = Vec::with_capacity(self.population_size);
@@ -82,7 +87,8 @@ impl Nsga2Tuner {
                 continue;
             }
             let mut members = rank;
-            members.shuffle(&mut self.rng);
+            // Its own stream, apart from the children's (`u64::MAX - g` is never a step).
+            members.shuffle(&mut step_rng(self.seed, u64::MAX - generation as u64));
             let distances =
                 crowding_distances(&members.iter().map(|&i| points[i]).collect::<Vec<_>>());
             let mut order: Vec<usize> = (0..members.len()).collect();
@@ -96,36 +102,36 @@ impl Nsga2Tuner {
     }
 
     /// Binary tournament: of two distinct random members, the one that dominates, else either.
-    fn tournament(&mut self, population: &[u64]) -> u64 {
+    fn tournament(&self, population: &[u64], rng: &mut SeededRng) -> u64 {
         if population.len() == 1 {
             return population[0];
         }
-        let a = population[self.rng.gen_range(0..population.len())];
+        let a = population[rng.gen_range(0..population.len())];
         let mut b = a;
         while b == a {
-            b = population[self.rng.gen_range(0..population.len())];
+            b = population[rng.gen_range(0..population.len())];
         }
         let (oa, ob) = (&self.outcomes[&a], &self.outcomes[&b]);
         if constrained_dominates(oa, ob) {
             a
         } else if constrained_dominates(ob, oa) {
             b
-        } else if self.rng.gen_bool(0.5) {
+        } else if rng.gen_bool(0.5) {
             a
         } else {
             b
         }
     }
 
-    fn child(&mut self, space: &SearchSpace, parents: &[u64]) -> Value {
-        let first = self.tournament(parents);
-        let chosen: Value = if self.rng.gen::<f64>() < self.crossover_prob && parents.len() > 1 {
+    fn child(&self, space: &SearchSpace, parents: &[u64], rng: &mut SeededRng) -> Value {
+        let first = self.tournament(parents, rng);
+        let chosen: Value = if rng.gen::<f64>() < self.crossover_prob && parents.len() > 1 {
             let others: Vec<u64> = parents.iter().copied().filter(|&p| p != first).collect();
-            let second = self.tournament(&others);
+            let second = self.tournament(&others, rng);
             let (a, b) = (&self.trials[&first].1, &self.trials[&second].1);
             let mut child = Map::new();
             for parameter in space.parameters() {
-                let from_second = self.rng.gen::<f64>() < self.swapping_prob;
+                let from_second = rng.gen::<f64>() < self.swapping_prob;
                 let source = if from_second { b } else { a };
                 if let Some(value) = source.get(parameter.name()) {
                     child.insert(parameter.name().to_string(), value.clone());
@@ -141,10 +147,10 @@ impl Nsga2Tuner {
         let mut out = Map::new();
         for parameter in space.parameters() {
             let inherited = chosen.get(parameter.name()).cloned();
-            let keep = self.rng.gen::<f64>() >= mutation_prob;
+            let keep = rng.gen::<f64>() >= mutation_prob;
             let value = match inherited {
                 Some(value) if keep => value,
-                _ => parameter.sample(&mut self.rng),
+                _ => parameter.sample(rng),
             };
             out.insert(parameter.name().to_string(), value);
         }
@@ -152,7 +158,7 @@ impl Nsga2Tuner {
         // Parents from before an edit of the space may hold values it refuses: draw afresh.
         match space.validate_parameters(&out) {
             Ok(()) => out,
-            Err(_) => space.sample(&mut self.rng),
+            Err(_) => space.sample(rng),
         }
     }
 }
@@ -217,7 +223,7 @@ impl Tuner for Nsga2Tuner {
             mutation_prob,
             crossover_prob,
             swapping_prob,
-            rng: seeded_rng(seed),
+            seed,
             space: None,
             trials: BTreeMap::new(),
             outcomes: BTreeMap::new(),
@@ -242,12 +248,13 @@ impl Tuner for Nsga2Tuner {
             0 => Vec::new(),
             g => self.parents[g - 1].clone(),
         };
+        let mut rng = step_rng(self.seed, self.trials.len() as u64);
         let mut params = Value::Null;
         for _ in 0..REDRAWS {
             params = if parents.is_empty() {
-                space.sample(&mut self.rng)
+                space.sample(&mut rng)
             } else {
-                self.child(&space, &parents)
+                self.child(&space, &parents, &mut rng)
             };
             if self.history.insert(&params) {
                 break;

@@ -4,7 +4,7 @@
 //! constraints.
 
 use knob_plugin_api::objectives::hypervolume;
-use knob_plugin_api::{Outcome, Tuner};
+use knob_plugin_api::{ImportedTrial, Outcome, Tuner};
 use serde_json::Value;
 
 use crate::drive::ask;
@@ -254,4 +254,48 @@ fn tpe_variant_nni_refuses_objectives() {
         "{}",
         err.message()
     );
+}
+
+/// A resume imports the finished trials (with their ids and outcomes, as the host does) and
+/// asks on with the next ids: the rest must be the uninterrupted run's, wherever it stopped in
+/// a generation (found by a fault hunt: one stream for the run replayed from its start).
+#[test]
+fn a_resumed_nsga2_run_continues_as_the_uninterrupted_one() {
+    let space = space();
+    let args = r#"{"seed": 7, "population_size": 4}"#;
+    let problem = |p: &Value| (zdt1(p), vec![0.3 - p["x0"].as_f64().unwrap()]);
+    let continue_run = |tuner: &mut Nsga2Tuner, from: u64, to: u64| -> Vec<(Value, Outcome)> {
+        (from..to)
+            .map(|id| {
+                let params = ask(tuner, id).expect("a point");
+                let (losses, violations) = problem(&params);
+                let outcome = Outcome::minimised(&losses, &violations);
+                tuner.receive_trial_outcome(id, &params, &outcome).unwrap();
+                (params, outcome)
+            })
+            .collect()
+    };
+    let all = continue_run(&mut tuner::<Nsga2Tuner>(args, &space), 0, 30);
+    for stopped_after in [3, 5, 13, 22] {
+        let imported: Vec<ImportedTrial> = all[..stopped_after]
+            .iter()
+            .enumerate()
+            .map(|(id, (params, outcome))| ImportedTrial {
+                parameter_id: Some(id as u64),
+                objectives: Some(outcome.clone()),
+                ..ImportedTrial::new(params.clone(), outcome.values[0])
+            })
+            .collect();
+        let mut resumed = tuner::<Nsga2Tuner>(args, &space);
+        resumed.import_data(&imported).unwrap();
+        let rest = continue_run(&mut resumed, stopped_after as u64, 30);
+        let params = |trials: &[(Value, Outcome)]| -> Vec<Value> {
+            trials.iter().map(|(p, _)| p.clone()).collect()
+        };
+        assert_eq!(
+            params(&rest),
+            params(&all[stopped_after..]),
+            "resumed after {stopped_after} trials"
+        );
+    }
 }
