@@ -157,6 +157,19 @@ pub struct ImportedTrial {
     /// run again (see [`ImportedTrial`]). Absent, as in imports from elsewhere: a result.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_result: bool,
+    /// A population member's lineage ([`crate::Generated::Member`]), with parameter ids as the
+    /// tuner gave them; absent for any other trial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<crate::population::Lineage>,
+    /// How many intermediate results the trial reported, in all its attempts: a member that
+    /// runs again counts its steps on from there (the host numbers a new attempt's results
+    /// from 0 again, [`crate::population::Intermediate::step`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub intermediate_results: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ImportedTrial {
@@ -170,6 +183,8 @@ impl ImportedTrial {
             status: None,
             objectives: None,
             no_result: false,
+            lineage: None,
+            intermediate_results: 0,
         }
     }
 

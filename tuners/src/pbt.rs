@@ -24,10 +24,13 @@
 //! least that far.
 //!
 //! Resume: every member is labeled (`m<slot>-<parameter id>`), so the host imports all of them
-//! whatever their state. Members that run again keep their slot and are judged again after one
-//! more interval; a slot whose last member was stopped before its successor was created is
-//! filled by the next id the host asks for once a donor is known (a top member's report, or
-//! the next exploitation, fills an id the tuner deferred).
+//! whatever their state. Members that run again keep their slot and their step count (their
+//! lineage's `parent_step` plus the results they reported in all attempts, both imported), and
+//! are judged at the steps they would have been without the resume (a score from before it is
+//! not known: until its next judgment the member is not ranked); a slot whose last member was
+//! stopped before its successor was created is filled by the next id the host asks for once a
+//! donor is known (a top member's report, or the next exploitation, fills an id the tuner
+//! deferred).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -46,10 +49,14 @@ const NAME: &str = "PBT";
 struct Member {
     slot: u64,
     parameters: Value,
-    /// Steps counted before this run of the member (its parent's, for a successor).
+    /// Steps counted before this attempt of the member: its parent's when it was cloned, and
+    /// its own results in its earlier attempts (a retry, or the run after a resume, goes on from
+    /// its own checkpoint, and the host numbers its results from 0 again).
     base: u64,
     /// Steps reported in all (`base` + this attempt's results).
     time: u64,
+    /// The last `Intermediate::step` heard in this attempt: a step not above it begins the next.
+    last_step: Option<u64>,
     last_perturbation_time: u64,
     /// Larger is better (minimised metrics are negated); NaN reads as the worst.
     last_score: Option<f64>,
@@ -288,6 +295,7 @@ impl PbtTuner {
                 parameters: successor.parameters.clone(),
                 base,
                 time: base,
+                last_step: None,
                 last_perturbation_time: base,
                 last_score: None,
                 has_checkpoint: false,
@@ -366,6 +374,17 @@ impl PbtTuner {
                 parent_step: Some(time),
             },
         })
+    }
+
+    /// The step a living member that counts from `base` was last judged at when it reached
+    /// `time`: it is judged at every report `perturbation_interval` steps after the last
+    /// judgment (at first, after `base`), once past `burn_in_period`.
+    fn last_judged(&self, base: u64, time: u64) -> u64 {
+        let first = (base + self.perturbation_interval).max(self.burn_in_period);
+        if time < first {
+            return base;
+        }
+        first + (time - first) / self.perturbation_interval * self.perturbation_interval
     }
 
     fn judge_synchronously(&mut self) {
@@ -523,6 +542,13 @@ impl Tuner for PbtTuner {
         let Some(member) = self.members.get_mut(&parameter_id) else {
             return Ok(());
         };
+        if member
+            .last_step
+            .is_some_and(|last| intermediate.step <= last)
+        {
+            member.base = member.time;
+        }
+        member.last_step = Some(intermediate.step);
         member.time = member.base + intermediate.step + 1;
         member.has_checkpoint |= intermediate.checkpoint;
         if !member.alive
@@ -583,14 +609,23 @@ impl Tuner for PbtTuner {
                 continue;
             };
             self.slots_created = self.slots_created.max(slot + 1);
+            // It goes on from the steps it had (its parent's and its own), as uninterrupted:
+            // burn-in does not begin again, and it is judged at the steps it would have been.
+            let parent_step = trial
+                .lineage
+                .as_ref()
+                .and_then(|lineage| lineage.parent_step)
+                .unwrap_or(0);
+            let time = parent_step + trial.intermediate_results;
             self.members.insert(
                 id,
                 Member {
                     slot,
                     parameters: trial.parameters.clone(),
-                    base: 0,
-                    time: 0,
-                    last_perturbation_time: 0,
+                    base: time,
+                    time,
+                    last_step: None,
+                    last_perturbation_time: self.last_judged(parent_step, time),
                     last_score: None,
                     has_checkpoint: false,
                     alive: !trial.has_ended(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use knob_plugin_api::population::Lineage as TunerLineage;
 use knob_plugin_api::ImportedTrial;
 
 use super::trial::Trial;
@@ -28,6 +29,11 @@ impl Manager {
         self.timers
             .resume(spent, self.config.max_experiment_duration);
         let mut imported = Vec::new();
+        let parameter_ids: HashMap<&str, u64> = state
+            .trials
+            .iter()
+            .map(|t| (t.trial_id.as_str(), t.parameter_id))
+            .collect();
         for stored in &state.trials {
             let attempt = stored.current_attempt();
             let mut trial = Trial::new(
@@ -109,12 +115,24 @@ impl Manager {
                 self.book.set_status(&id, status);
                 match self.book[&id].final_value {
                     Some(value) => {
-                        imported.push(import_record(objectives, stored, status, Some(value)));
+                        imported.push(import_record(
+                            objectives,
+                            &parameter_ids,
+                            stored,
+                            status,
+                            Some(value),
+                        ));
                         if !self.book[&id].infeasible {
                             self.book.offer_best(&id, value);
                         }
                     }
-                    None => imported.push(import_record(objectives, stored, status, None)),
+                    None => imported.push(import_record(
+                        objectives,
+                        &parameter_ids,
+                        stored,
+                        status,
+                        None,
+                    )),
                 }
                 continue;
             }
@@ -126,7 +144,13 @@ impl Manager {
             } else {
                 status
             };
-            imported.push(import_record(objectives, stored, status, None));
+            imported.push(import_record(
+                objectives,
+                &parameter_ids,
+                stored,
+                status,
+                None,
+            ));
             // Not finished: run it again (its services ended what was left of it, see
             // `unfinished_trials`).
             // The attempt given up here ran and was not given up before.
@@ -299,6 +323,7 @@ impl Manager {
 /// `None` for a trial that reported none (it ended without one, or it runs again).
 fn import_record(
     objectives: &[crate::config::ObjectiveConfig],
+    parameter_ids: &HashMap<&str, u64>,
     stored: &crate::store::TrialState,
     status: TrialStatus,
     result: Option<f64>,
@@ -317,6 +342,23 @@ fn import_record(
     record.parameter_id = Some(stored.parameter_id);
     record.label = stored.parameter_label.clone();
     record.status = Some(status.as_str().to_string());
+    // A population member that runs again counts its steps on from its parent's and its own
+    // earlier attempts' (PBT had forgotten them: burn-in began again, lineages named wrong steps).
+    let parameter_id_of = |trial: &Option<String>| {
+        trial
+            .as_deref()
+            .and_then(|trial| parameter_ids.get(trial).copied())
+    };
+    record.lineage = stored.lineage.as_ref().map(|lineage| TunerLineage {
+        parent: parameter_id_of(&lineage.parent),
+        replaces: parameter_id_of(&lineage.replaces),
+        parent_step: lineage.parent_step,
+    });
+    record.intermediate_results = stored
+        .metrics
+        .iter()
+        .filter(|m| m.kind == MetricKind::Intermediate)
+        .count() as u64;
     record
 }
 
@@ -464,5 +506,58 @@ mod tests {
         book.insert(trial);
         assert!(book.may_retry("abcde", 4));
         assert!(!book.may_retry("abcde", 3));
+    }
+
+    /// A resumed PBT member counts its steps on from its parent's and its own earlier attempts':
+    /// the tuner is told its lineage (in parameter ids) and its results in all attempts.
+    #[test]
+    fn a_member_is_imported_with_its_lineage_and_its_results_in_all_attempts() {
+        let metric = |attempt, kind| MetricRecord {
+            seq: 0,
+            time_ms: 0,
+            trial_id: "succ".into(),
+            attempt,
+            kind,
+            trial_sequence: 1,
+            raw: "0.5".into(),
+            value: Some(0.5),
+        };
+        let stored = TrialState {
+            trial_id: "succ".into(),
+            sequence: 1,
+            parameter_id: 7,
+            parameter_label: Some("m0-7".into()),
+            parameters: json!({ "x": 1 }),
+            lineage: Some(crate::store::Lineage {
+                parent: Some("par".into()),
+                replaces: Some("old".into()),
+                parent_step: Some(12),
+            }),
+            status: TrialStatus::Running,
+            created_ms: 0,
+            attempts: vec![attempt(1, None, true), attempt(2, None, false)],
+            end: None,
+            stopping: None,
+            metrics: vec![
+                metric(1, MetricKind::Intermediate),
+                metric(1, MetricKind::Intermediate),
+                metric(2, MetricKind::Intermediate),
+                metric(2, MetricKind::Final),
+            ],
+            metrics_after_stopping: Vec::new(),
+            memory_request_mib: None,
+            gpu_memory_request_mib: None,
+        };
+        let parameter_ids = HashMap::from([("par", 3), ("old", 5), ("succ", 7)]);
+        let record = import_record(&[], &parameter_ids, &stored, TrialStatus::Running, None);
+        assert_eq!(
+            record.lineage,
+            Some(TunerLineage {
+                parent: Some(3),
+                replaces: Some(5),
+                parent_step: Some(12),
+            })
+        );
+        assert_eq!(record.intermediate_results, 3);
     }
 }

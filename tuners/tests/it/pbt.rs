@@ -22,6 +22,12 @@ struct Drive {
     running: BTreeMap<u64, Running>,
     ended: Vec<(u64, Lineage)>,
     stops: Vec<(u64, String)>,
+    /// Every member handed out, in order: id, label, parameters, lineage.
+    created: Vec<(u64, String, Value, Lineage)>,
+    /// Intermediate results per member, in all its attempts.
+    reports: BTreeMap<u64, u64>,
+    /// `reports` when each of `stops` came.
+    reports_at_stops: Vec<BTreeMap<u64, u64>>,
 }
 
 fn space() -> SearchSpace {
@@ -43,7 +49,47 @@ impl Drive {
             running: BTreeMap::new(),
             ended: Vec::new(),
             stops: Vec::new(),
+            created: Vec::new(),
+            reports: BTreeMap::new(),
+            reports_at_stops: Vec::new(),
         }
+    }
+
+    /// The manager crashed and `knob resume` builds a new tuner with `args` from what the
+    /// host imports; the running members run again from their checkpoints, a new attempt
+    /// whose results the host numbers from 0.
+    fn crash_and_resume(self, args: Value) -> Drive {
+        let imported: Vec<ImportedTrial> = self
+            .created
+            .iter()
+            .map(|(id, label, parameters, lineage)| {
+                let status = match self.running.contains_key(id) {
+                    true => "RUNNING",
+                    false => "EARLY_STOPPED",
+                };
+                ImportedTrial {
+                    parameter_id: Some(*id),
+                    label: Some(label.clone()),
+                    lineage: Some(lineage.clone()),
+                    intermediate_results: self.reports.get(id).copied().unwrap_or(0),
+                    ..ImportedTrial::without_result(parameters.clone(), status)
+                }
+            })
+            .collect();
+        let mut resumed = Drive::new(args);
+        resumed.tuner.import_data(&imported).unwrap();
+        resumed.next_id = self.next_id;
+        resumed.running = self
+            .running
+            .into_iter()
+            .map(|(id, member)| (id, Running { steps: 0, ..member }))
+            .collect();
+        resumed.ended = self.ended;
+        resumed.stops = self.stops;
+        resumed.created = self.created;
+        resumed.reports = self.reports;
+        resumed.reports_at_stops = self.reports_at_stops;
+        resumed
     }
 
     fn ask(&mut self) -> Option<u64> {
@@ -57,6 +103,8 @@ impl Drive {
             } => {
                 assert!(label.starts_with('m') && label.ends_with(&format!("-{id}")));
                 space().validate_parameters(&parameters).unwrap();
+                self.created
+                    .push((id, label, parameters.clone(), lineage.clone()));
                 self.running.insert(
                     id,
                     Running {
@@ -86,6 +134,7 @@ impl Drive {
                 checkpoint: member.saves_checkpoints,
             };
             member.steps += 1;
+            *self.reports.entry(id).or_default() += 1;
             self.tuner
                 .receive_intermediate_result(id, intermediate, value)
                 .unwrap();
@@ -102,6 +151,7 @@ impl Drive {
                     let stopped = self.running.remove(&stop.parameter_id).expect("running");
                     self.ended.push((stop.parameter_id, stopped.lineage));
                     self.stops.push((stop.parameter_id, stop.reason));
+                    self.reports_at_stops.push(self.reports.clone());
                     self.tuner
                         .trial_end(stop.parameter_id, "EARLY_STOPPED")
                         .unwrap();
@@ -112,10 +162,12 @@ impl Drive {
                 Emitted::Member {
                     parameter_id,
                     parameters,
+                    label,
                     lineage,
-                    ..
                 } => {
                     space().validate_parameters(&parameters).unwrap();
+                    self.created
+                        .push((parameter_id, label, parameters.clone(), lineage.clone()));
                     self.running.insert(
                         parameter_id,
                         Running {
@@ -404,4 +456,129 @@ fn a_successor_whose_donor_was_replaced_while_it_waited_gets_another_donor() {
     assert_eq!(lineages[0].parent, Some(2), "{lineages:?}");
     assert_eq!(lineages[1].replaces, Some(3));
     assert_eq!(lineages[1].parent, Some(2), "{lineages:?}");
+}
+
+/// Stops (with their messages) and every member's lineage: what a resume must not change.
+type Judgments = (Vec<(u64, String)>, Vec<(u64, Lineage)>);
+
+fn judgments(drive: &Drive) -> Judgments {
+    let lineages = drive
+        .created
+        .iter()
+        .map(|(id, _, _, lineage)| (*id, lineage.clone()))
+        .collect();
+    (drive.stops.clone(), lineages)
+}
+
+/// Donors, scores and order do not depend on the random stream: the bottom member of 3 is
+/// replaced by the top one, whose `lr` (the score) a successor keeps.
+fn steady_population() -> Value {
+    json!({"population_size": 3, "perturbation_interval": 2, "burn_in_period": 8,
+           "quantile_fraction": 0.34, "resample_probability": 0.0,
+           "perturbation_factors": [1.0], "seed": 7})
+}
+
+/// A crash during burn-in: the members go on from the steps they had, so the stops ("at step
+/// S", the donor's step) and the lineages' `parent_step` are the uninterrupted run's (found by
+/// a fault hunt: burn-in began again, and successors counted from the resume).
+#[test]
+fn a_population_resumed_during_burn_in_continues_as_the_uninterrupted_one() {
+    let score = |p: &Value, _| p["lr"].as_f64().unwrap();
+    let run = |crash_after: Option<u64>| {
+        let mut drive = Drive::new(steady_population());
+        for _ in 0..3 {
+            drive.ask();
+        }
+        for round in 0..30 {
+            if Some(round) == crash_after {
+                drive = drive.crash_and_resume(steady_population());
+            }
+            drive.step(score);
+        }
+        drive
+    };
+    let uninterrupted = run(None);
+    assert!(uninterrupted.stops.len() >= 4, "{:?}", uninterrupted.stops);
+    for crash_after in [1, 5, 7] {
+        assert_eq!(
+            judgments(&run(Some(crash_after))),
+            judgments(&uninterrupted),
+            "crash after {crash_after} steps"
+        );
+    }
+}
+
+/// After crashes among successors (where the scores from before a crash are not known again,
+/// so who is replaced may differ), every step the tuner names is still the member's own count:
+/// its lineage's `parent_step` plus its results in all attempts.
+#[test]
+fn a_resumed_member_counts_its_steps_on() {
+    let score = |p: &Value, _| p["lr"].as_f64().unwrap();
+    for crashes in [[9, 14], [11, 13], [12, 21]] {
+        let mut drive = Drive::new(steady_population());
+        for _ in 0..3 {
+            drive.ask();
+        }
+        for round in 0..30 {
+            if crashes.contains(&round) {
+                drive = drive.crash_and_resume(steady_population());
+            }
+            drive.step(score);
+        }
+        let parent_step: BTreeMap<u64, u64> = drive
+            .created
+            .iter()
+            .map(|(id, _, _, lineage)| (*id, lineage.parent_step.unwrap_or(0)))
+            .collect();
+        let parameters: BTreeMap<u64, Value> = drive
+            .created
+            .iter()
+            .map(|(id, _, parameters, _)| (*id, parameters.clone()))
+            .collect();
+        let successors_after_crash = drive.created.iter().filter(|c| c.0 > 2).count();
+        assert!(successors_after_crash >= 4, "crashes {crashes:?}");
+        for ((bottom, reason), reports) in drive.stops.iter().zip(&drive.reports_at_stops) {
+            let steps = |id: u64| parent_step[&id] + reports.get(&id).copied().unwrap_or(0);
+            let donor: u64 = reason
+                .split("parameter id ")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|id| id.parse().ok())
+                .unwrap_or_else(|| panic!("{reason}"));
+            let expected = format!(
+                "at step {} (score {}); replaced by a clone of parameter id {donor} (score {}, step {})",
+                steps(*bottom),
+                score(&parameters[bottom], 0),
+                score(&parameters[&donor], 0),
+                steps(donor)
+            );
+            assert!(
+                reason.contains(&expected),
+                "crashes {crashes:?}: {reason}, expected {expected}"
+            );
+        }
+    }
+}
+
+/// A member's retry goes on from its checkpoint while the host numbers its results from 0
+/// again: the member keeps its step count, as without the retry.
+#[test]
+fn a_retried_member_keeps_its_step_count() {
+    let score = |p: &Value, _| p["lr"].as_f64().unwrap();
+    let mut uninterrupted = Drive::new(steady_population());
+    let mut retried = Drive::new(steady_population());
+    for _ in 0..3 {
+        uninterrupted.ask();
+        retried.ask();
+    }
+    for round in 0..30 {
+        if round == 5 || round == 12 {
+            for member in retried.running.values_mut() {
+                member.steps = 0;
+            }
+        }
+        uninterrupted.step(score);
+        retried.step(score);
+    }
+    assert_eq!(judgments(&retried), judgments(&uninterrupted));
 }
