@@ -191,8 +191,6 @@ pub(super) fn allowed_methods<'a>(
     allowed
 }
 
-/// axum answers a method a path does not serve with an empty 405 (and, as knob builds its
-/// routes one operation at a time, without `Allow`); this one says what is allowed.
 /// Forbids every page of this server to be put in a frame of another site (`X-Frame-Options`
 /// for older browsers, CSP `frame-ancestors` for the rest): a hostile page could otherwise load
 /// the dashboard, which is same-origin with the API and passes every check above, in an
@@ -212,6 +210,8 @@ pub(super) async fn forbid_framing(request: Request, next: Next) -> Response {
     response
 }
 
+/// axum answers a method a path does not serve with an empty 405 (and, as knob builds its
+/// routes one operation at a time, without `Allow`); this one says what is allowed.
 pub(super) async fn explain_method_not_allowed(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
