@@ -113,26 +113,16 @@ impl Manager {
             let objectives = &self.config.objectives;
             if status.is_final() && !stopped_with_experiment {
                 self.book.set_status(&id, status);
-                match self.book[&id].final_value {
-                    Some(value) => {
-                        imported.push(import_record(
-                            objectives,
-                            &parameter_ids,
-                            stored,
-                            status,
-                            Some(value),
-                        ));
-                        if !self.book[&id].infeasible {
-                            self.book.offer_best(&id, value);
-                        }
-                    }
-                    None => imported.push(import_record(
-                        objectives,
-                        &parameter_ids,
-                        stored,
-                        status,
-                        None,
-                    )),
+                let final_value = self.book[&id].final_value;
+                imported.push(import_record(
+                    objectives,
+                    &parameter_ids,
+                    stored,
+                    status,
+                    final_value,
+                ));
+                if let Some(value) = final_value.filter(|_| !self.book[&id].infeasible) {
+                    self.book.offer_best(&id, value);
                 }
                 continue;
             }
