@@ -215,6 +215,31 @@ pub fn preflight(config: &ExperimentConfig, plugins: &PluginRegistry) -> anyhow:
     Ok(())
 }
 
+/// `knob config check [--v2] FILE`: the config as `create` would run it, or every error, one a
+/// line. A config that `create` would refuse on this machine only because of what the machine
+/// has (more cores or GPUs asked for than it has) is still a valid config, for another machine:
+/// that is said in a warning, with the field's line, and the check passes.
+pub fn check_config(file: &Path, v2: bool) -> anyhow::Result<ExitCode> {
+    let services = ServicePlugins::with_notices(|notice| errln!("note: {notice}"));
+    match knob_core::config::check_file_rendered(file, &services, v2) {
+        Ok((text, config)) => {
+            if let Err(reason) = manager::Placer::preflight(&config) {
+                let message =
+                    format!("knob create on this machine would refuse the config: {reason}");
+                errln!("warning: {}", knob_core::config::as_written(file, &message));
+            }
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            for error in errors {
+                errln!("error: {error}");
+            }
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
 /// Runs the manager with a progress bar, and its HTTP API and dashboard on `listener` (bound
 /// by the caller before it changed anything, with [`ServeArgs::bind`]), until the experiment
 /// ends; Ctrl-C stops it (caught since `launch` was prepared).

@@ -133,27 +133,7 @@ fn main() -> ExitCode {
         Command::Update(command) => manage::update(command),
         Command::View(args) => manage::view(args),
         Command::Top(args) => top::top(args),
-        Command::Config(ConfigCommand::Check { file, v2 }) => {
-            let services =
-                knob_core::config::ServicePlugins::with_notices(|notice| errln!("note: {notice}"));
-            let checked = if v2 {
-                knob_core::config::check_file_v2(&file, &services)
-            } else {
-                knob_core::config::check_file(&file, &services)
-            };
-            match checked {
-                Ok(canonical) => {
-                    print!("{canonical}");
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(errors) => {
-                    for error in errors {
-                        eprintln!("error: {error}");
-                    }
-                    Ok(ExitCode::FAILURE)
-                }
-            }
-        }
+        Command::Config(ConfigCommand::Check { file, v2 }) => create::check_config(&file, v2),
         Command::Gpu { json } => gpu::run(json),
         Command::Notify(command) => notify::run(command),
         Command::Plugin(command) => plugin::run(command),

@@ -1122,6 +1122,44 @@ fn a_gpu_experiment_without_gpus_fails_at_create_with_the_reason() {
     assert!(!sandbox.path().join("experiments/gpu").exists());
 }
 
+/// More cores than this machine has: `create` refuses the config naming the field at its line
+/// (it named no line), and `config check`, which passed it without a word, warns that `create`
+/// would refuse it here but passes (the config is valid for a larger machine).
+#[test]
+fn more_cores_than_the_machine_has_are_named_at_their_line() {
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: echo\ntrialConcurrency: 1\ntrialCpuNumber: 100000\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let expected = format!("{}:3:17: trialCpuNumber: ", config.display());
+
+    let (code, _, stderr) = run(sandbox.knob().arg("create").arg("--config").arg(&config));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: {expected}cannot place trials: the trial asks for 100000 CPU cores"
+        )) && stderr.contains(": lower trialCpuNumber to ")
+            && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+
+    for v2 in [false, true] {
+        let mut command = sandbox.knob();
+        command.args(["config", "check"]);
+        if v2 {
+            command.arg("--v2");
+        }
+        let (code, stdout, stderr) = run(command.arg(&config));
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stdout.contains("trialCpuNumber: 100000"), "{stdout}");
+        assert!(
+            stderr.starts_with(&format!(
+                "warning: {expected}knob create on this machine would refuse the config: the trial asks for 100000 CPU cores"
+            )) && stderr.lines().count() == 1,
+            "{stderr}"
+        );
+    }
+}
+
 /// A `gpuIndices` entry the machine has no GPU for is a config mistake (a typo, a config from a
 /// larger machine): create refuses it in one line, where it used to drop the index in silence
 /// and run on the GPUs that exist.

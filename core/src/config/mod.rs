@@ -277,10 +277,10 @@ pub fn load_file(path: &Path, services: &dyn ServiceSource) -> Result<LoadedConf
     }
 }
 
-/// `message` (about the config file at `path`, naming its fields as v2 names them) with an NNI
-/// v1 config's top-level fields named as the file writes them (`trialGpuNumber` is
-/// `trial.gpuNum`), the first one's line and column in front; unchanged for a v2 config. For
-/// checks made after the config was read (`knob create`'s placement check).
+/// `message` (about the config file at `path`, naming its fields as v2 names them) with the
+/// line and column of the first top-level field it names in front, and an NNI v1 config's fields
+/// named as the file writes them (`trialGpuNumber` is `trial.gpuNum`). For checks made after the
+/// config was read (the placement check of `knob create` and `knob config check`).
 pub fn as_written(path: &Path, message: &str) -> String {
     let file = path.display().to_string();
     let unchanged = || format!("{file}: {message}");
@@ -291,7 +291,22 @@ pub fn as_written(path: &Path, message: &str) -> String {
         return unchanged();
     };
     if !v1::is_v1(&root) {
-        return unchanged();
+        let yaml::Value::Map(entries) = &root.value else {
+            return unchanged();
+        };
+        let named = entries
+            .iter()
+            .filter_map(|(key, value)| {
+                let name = key.key_text();
+                Some((word_at(message, &name)?, value.pos?, name))
+            })
+            .min_by_key(|(at, _, _)| *at);
+        return match named {
+            Some((_, pos, field)) => {
+                format!("{file}:{}:{}: {field}: {message}", pos.line, pos.column)
+            }
+            None => unchanged(),
+        };
     }
     let converted = v1::convert(&mut new_reader(path), &root);
     let yaml::Value::Map(entries) = &converted.root.value else {
@@ -318,6 +333,17 @@ pub fn as_written(path: &Path, message: &str) -> String {
         }
         _ => format!("{file}: {rewritten}"),
     }
+}
+
+/// Where `word` first stands in `text` as a word of its own (`trialGpuNumber`, not the start of
+/// `trialGpuNumberX`).
+fn word_at(text: &str, word: &str) -> Option<usize> {
+    let is_word_char = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word).map(|(at, _)| at).find(|&at| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        !before.is_some_and(is_word_char) && !after.is_some_and(is_word_char)
+    })
 }
 
 /// Like [`load_file`] for text already read: `path` only names the file in messages, picks the
@@ -491,19 +517,23 @@ fn drop_refused(errors: &mut Vec<ConfigError>, from: usize, refused: &[String]) 
 /// `knob config check FILE`: the canonical YAML (warnings first, as comments), or every error as
 /// one line each.
 pub fn check_file(path: &Path, services: &dyn ServiceSource) -> Result<String, Vec<String>> {
-    let loaded = load_file(path, services).map_err(|errors| errors.lines())?;
-    let mut text = String::new();
-    for warning in &loaded.warnings {
-        text.push_str(&format!("# warning: {warning}\n"));
-    }
-    text.push_str(&loaded.config.to_canonical_yaml());
-    Ok(text)
+    check_file_rendered(path, services, false).map(|(text, _)| text)
 }
 
 /// `knob config check --v2 FILE`: the config as an NNI v2 document (an NNI v1 config converted,
 /// values as written, passwords and passphrases as `***`), once it passed every check; or every
 /// error as one line each.
 pub fn check_file_v2(path: &Path, services: &dyn ServiceSource) -> Result<String, Vec<String>> {
+    check_file_rendered(path, services, true).map(|(text, _)| text)
+}
+
+/// [`check_file`] (`v2` false) or [`check_file_v2`], with the config itself for the checks the
+/// caller makes next (`knob config check` asks whether its trials can be placed).
+pub fn check_file_rendered(
+    path: &Path,
+    services: &dyn ServiceSource,
+    v2: bool,
+) -> Result<(String, ExperimentConfig), Vec<String>> {
     let text = std::fs::read_to_string(path).map_err(|error| {
         vec![format!(
             "{}: cannot read config file: {}",
@@ -517,10 +547,14 @@ pub fn check_file_v2(path: &Path, services: &dyn ServiceSource) -> Result<String
     for warning in &loaded.warnings {
         out.push_str(&format!("# warning: {warning}\n"));
     }
-    let mut secrets = training_service::secret_nodes(&document, &loaded.config);
-    secrets.extend(notifications::secret_nodes(&document));
-    out.push_str(&canonical::document_yaml(&document, &secrets));
-    Ok(out)
+    if v2 {
+        let mut secrets = training_service::secret_nodes(&document, &loaded.config);
+        secrets.extend(notifications::secret_nodes(&document));
+        out.push_str(&canonical::document_yaml(&document, &secrets));
+    } else {
+        out.push_str(&loaded.config.to_canonical_yaml());
+    }
+    Ok((out, loaded.config))
 }
 
 /// The absolute folder of the config file, which relative paths in it are relative to.
