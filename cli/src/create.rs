@@ -228,7 +228,12 @@ pub fn check_config(file: &Path, v2: bool) -> anyhow::Result<ExitCode> {
                     format!("knob create on this machine would refuse the config: {reason}");
                 errln!("warning: {}", knob_core::config::as_written(file, &message));
             }
-            print!("{text}");
+            use std::io::Write as _;
+            let mut stdout = std::io::stdout();
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+                .map_err(crate::stdout_error)?;
             Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {

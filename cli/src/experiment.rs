@@ -144,7 +144,7 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
         ExperimentCommand::Pareto { id, all } => {
             let entry = registry.get(&id)?;
             let state = open(&entry)?.replay()?;
-            println!("{}", pareto_table(&id, &state, all)?);
+            stdoutln!("{}", pareto_table(&id, &state, all)?)?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -319,7 +319,7 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
                 header.insert(7, "lineage");
                 header.insert(8, "schedule");
             }
-            println!("{}", render(&header, &rows));
+            stdoutln!("{}", render(&header, &rows))?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -557,22 +557,22 @@ fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
         })
         .collect();
     if rows.is_empty() {
-        println!("no experiments yet; start one with `knob create --config FILE`");
+        stdoutln!("no experiments yet; start one with `knob create --config FILE`")?;
     } else {
-        println!(
+        stdoutln!(
             "{}",
             render(&["id", "name", "status", "trials", "directory"], &rows)
-        );
+        )?;
         let gone = |e: &&RegistryEntry| e.directory_gone();
         if entries.iter().filter(gone).any(|e| !e.dir.is_dir()) {
-            println!(
+            stdoutln!(
                 "(gone): moved or deleted outside knob; `knob experiment delete ID --yes` forgets one"
-            );
+            )?;
         }
         if entries.iter().filter(gone).any(|e| e.dir.is_dir()) {
-            println!(
+            stdoutln!(
                 "(store missing): experiment.db was removed from the folder; put it back from a backup, or `knob experiment delete ID --yes` forgets one"
-            );
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -581,39 +581,39 @@ fn list(registry: &Registry) -> anyhow::Result<ExitCode> {
 fn show(entry: &RegistryEntry) -> anyhow::Result<ExitCode> {
     let reader = open(entry)?;
     let state = reader.replay()?;
-    println!("id:        {}", entry.id);
+    stdoutln!("id:        {}", entry.id)?;
     if entry.crashed() {
-        println!(
+        stdoutln!(
             "status:    {CRASHED}: its process {} is gone; `knob resume {}` continues it (last recorded {})",
             entry.pid.unwrap_or_default(),
             entry.id,
             state.status.as_str()
-        );
+        )?;
     } else if let Some(end) = entry.end_missing_from_store(state.status) {
-        println!(
+        stdoutln!(
             "status:    {end} (its store could not record it and still says {})",
             state.status.as_str()
-        );
+        )?;
     } else {
-        println!("status:    {}", state.status.as_str());
+        stdoutln!("status:    {}", state.status.as_str())?;
     }
     if let Some(message) = &state.status_message {
-        println!("message:   {message}");
+        stdoutln!("message:   {message}")?;
     }
-    println!("directory: {}", entry.dir.display());
+    stdoutln!("directory: {}", entry.dir.display())?;
     let counts = reader.trial_counts()?;
     let counts: Vec<String> = counts
         .iter()
         .map(|(s, n)| format!("{} {n}", s.as_str()))
         .collect();
-    println!(
+    stdoutln!(
         "trials:    {}",
         if counts.is_empty() {
             "none".into()
         } else {
             counts.join(", ")
         }
-    );
-    println!("config:    {}", serde_json::to_string(&state.config)?);
+    )?;
+    stdoutln!("config:    {}", serde_json::to_string(&state.config)?)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -29,7 +29,7 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     if json {
         let mut value = serde_json::to_value(&inventory)?;
         value["waiting"] = serde_json::to_value(&waiting)?;
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        stdoutln!("{}", serde_json::to_string_pretty(&value)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     for environment in &inventory.environments {
@@ -38,14 +38,14 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             .cpu_utilization_percent
             .map(|u| format!(", {u:.0}% busy"))
             .unwrap_or_default();
-        println!(
+        stdoutln!(
             "{} ({}): {} CPUs{cpu}, memory {} of {} available",
             environment.id.as_str(),
             environment.host,
             host.cpu_count,
             host.memory_available,
             host.memory_total
-        );
+        )?;
         match &environment.gpu_source {
             GpuSource::Nvml {
                 driver_version,
@@ -56,15 +56,15 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
                     .as_deref()
                     .map(|v| format!(", CUDA {v}"))
                     .unwrap_or_default();
-                println!("  NVML: driver {driver_version}{cuda}");
+                stdoutln!("  NVML: driver {driver_version}{cuda}")?;
                 for warning in warnings {
-                    println!("  warning: {warning}");
+                    stdoutln!("  warning: {warning}")?;
                 }
             }
             GpuSource::Simulated { spec } => {
-                println!("  simulated GPUs (KNOB_SIMULATE_GPUS={spec})")
+                stdoutln!("  simulated GPUs (KNOB_SIMULATE_GPUS={spec})")?
             }
-            GpuSource::Unavailable { reason } => println!("  no GPUs: {reason}"),
+            GpuSource::Unavailable { reason } => stdoutln!("  no GPUs: {reason}")?,
             GpuSource::Declared => {}
         }
         if environment.gpus.is_empty() {
@@ -109,19 +109,20 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             .collect();
         let header = ["gpu", "name", "memory used", "util", "processes", "held by"];
         for line in render(&header, &rows).lines() {
-            println!("  {line}");
+            stdoutln!("  {line}")?;
         }
         let host = &environment.host_held_elsewhere;
         if !host.is_empty() {
-            println!(
+            stdoutln!(
                 "  knob trials hold {} of memory and {} CPU cores",
-                host.host_memory, host.cpu_cores
-            );
+                host.host_memory,
+                host.cpu_cores
+            )?;
         }
     }
     if !waiting.is_empty() {
         let requests: Vec<String> = waiting.iter().map(Waiting::describe).collect();
-        println!("waiting, first come first served: {}", requests.join("; "));
+        stdoutln!("waiting, first come first served: {}", requests.join("; "))?;
     }
     if let Some(state) = &leases {
         let experiments: std::collections::BTreeSet<String> = state
@@ -131,7 +132,7 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
             .collect();
         if !experiments.is_empty() {
             let list: Vec<String> = experiments.into_iter().collect();
-            println!("experiments holding leases here: {}", list.join(", "));
+            stdoutln!("experiments holding leases here: {}", list.join(", "))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -21,6 +21,22 @@ macro_rules! outln {
     }};
 }
 
+/// `println!` for a command's answer (a list, a table), as a result: a stdout that cannot take
+/// it (a full disk: `knob experiment list > /dev/full`) fails the command with one `error:`
+/// line, where `println!` panicked. A reader gone away (`| head`) ends the process by SIGPIPE
+/// first, as for other Unix tools.
+macro_rules! stdoutln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*).map_err(crate::stdout_error)
+    }};
+}
+
+/// The error of a write to stdout that failed, naming it.
+fn stdout_error(error: std::io::Error) -> anyhow::Error {
+    anyhow::anyhow!("cannot write to standard output: {error}")
+}
+
 mod client;
 mod create;
 mod experiment;
@@ -139,8 +155,14 @@ fn main() -> ExitCode {
         Command::Plugin(command) => plugin::run(command),
         Command::Space(command) => space::run(command),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "knob", &mut std::io::stdout());
-            Ok(ExitCode::SUCCESS)
+            // `generate` writes with `write_all(...).expect(...)`: into a buffer, which cannot
+            // fail, then to stdout, which can.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "knob", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)
+                .and_then(|()| std::io::Write::flush(&mut std::io::stdout()))
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(stdout_error)
         }
         Command::Man => man::render(Cli::command(), &mut std::io::stdout())
             .map(|()| ExitCode::SUCCESS)

@@ -378,7 +378,7 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
         let names: Vec<String> = left
             .iter()
             .filter_map(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
+            .map(|n| crate::table::printable(&n.to_string_lossy()))
             .collect();
         outln!(
             "experiment {id} deleted; {} is kept with what knob did not make in it: {}",

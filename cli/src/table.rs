@@ -2,18 +2,21 @@
 
 use knob_core::manager::TrialSummary;
 
+/// `text` with each control character shown as `�`, for a line on the terminal that holds what
+/// knob did not write itself (a trial's output, a file's name), on which a terminal would act.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
+}
+
 /// Left-aligned columns separated by two spaces; the last column is not padded. A control
 /// character in a cell is shown as `�`: cells hold what trials wrote (a final result as sent, an
 /// end message recorded before knob cleaned them), and a terminal would act on an escape.
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
-    let printable = |cell: &String| -> String {
-        cell.chars()
-            .map(|c| if c.is_control() { '\u{fffd}' } else { c })
-            .collect()
-    };
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|row| row.iter().map(printable).collect())
+        .map(|row| row.iter().map(|cell| printable(cell)).collect())
         .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &rows {

@@ -15,7 +15,7 @@ pub enum CreateError {
     /// Every problem in the config, one per line.
     #[error("{}", .0.lines().join("\n"))]
     Config(ConfigErrors),
-    #[error("experiment id {0:?} is not valid: use 1 to 64 letters, digits, '-' or '_'")]
+    #[error("experiment id {0:?} is not valid: use 1 to 64 letters, digits, '-' or '_', not starting with '-'")]
     BadId(String),
     #[error("experiment {id} already exists (in {dir}); continue it with `knob resume {id}` or choose another --id")]
     IdTaken { id: String, dir: String },
@@ -182,9 +182,11 @@ pub fn new_experiment_id() -> String {
 
 /// The rule for an id given with `--id` ([`CreateError::BadId`] otherwise): it names the
 /// experiment's folder and its log (`$KNOB_HOME/logs/ID.log`), so it is checked before either
-/// is made.
+/// is made. Not starting with `-`: every command that takes the id would read it as an option
+/// (`knob trial ls -x1`: "unexpected argument '-x'").
 pub fn check_id(id: &str) -> Result<(), CreateError> {
     let valid = (1..=64).contains(&id.len())
+        && !id.starts_with('-')
         && id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');

@@ -94,7 +94,9 @@ pub fn spawn_in_own_group(
     stderr: File,
 ) -> std::io::Result<(Child, Leader)> {
     let mut bash = Command::new("/bin/bash");
-    bash.arg("-c")
+    // `--`: a command that starts with `-` or `+` (`-u main.py` from a templated config) is
+    // the command, not bash's options (`/bin/bash: - : invalid option`).
+    bash.args(["-c", "--"])
         .arg(command)
         .current_dir(code_dir)
         .stdin(Stdio::null())
@@ -1067,6 +1069,30 @@ mod tests {
             .build()
             .unwrap()
             .block_on(future)
+    }
+
+    /// A command starting with `-` is the command: bash read it as its own options
+    /// (`/bin/bash: - : invalid option`) and the trial failed before running anything.
+    #[test]
+    fn a_command_starting_with_a_dash_is_run_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let stderr = File::create(dir.path().join("stderr")).unwrap();
+        let stdout = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let (child, _leader) = spawn_in_own_group(
+                    "-no-such-command 2>/dev/null || echo ran",
+                    dir.path(),
+                    &[],
+                    stderr,
+                )
+                .unwrap();
+                child.wait_with_output().await.unwrap().stdout
+            });
+        let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+        assert_eq!(String::from_utf8_lossy(&stdout), "ran\n", "{stderr}");
     }
 
     #[test]

@@ -176,6 +176,33 @@ fn the_quickstart_runs_and_exports_every_trial() {
         stderr.starts_with("error: cannot write /dev/full: "),
         "{stderr}"
     );
+    // The read commands on a stdout that cannot take their answer (a full disk) fail in one
+    // line; `println!` panicked there (exit 101).
+    let config_arg = config.display().to_string();
+    for args in [
+        vec!["experiment", "list"],
+        vec!["experiment", "show", "quick"],
+        vec!["trial", "ls", "quick"],
+        vec!["gpu"],
+        vec!["completions", "bash"],
+        vec!["config", "check", &config_arg],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let output = sandbox.knob().args(&args).stdout(full).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr
+                .lines()
+                .last()
+                .is_some_and(|l| l.starts_with("error: cannot write to standard output: "))
+                && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
     // `knob top`'s interval is refused outside 0.1–3600 s (NaN used to panic).
     for bad in ["nan", "0", "-1", "inf"] {
         let (code, _, stderr) = run(sandbox
@@ -528,13 +555,19 @@ fn create_refuses_a_folder_of_user_files_and_delete_keeps_what_knob_did_not_make
     let dir = sandbox.path().join("experiments/ours");
     assert!(dir.join(".knob-experiment").is_file());
     std::fs::write(dir.join("analysis.ipynb"), "{}").unwrap();
+    // A name with a newline and a terminal escape is named on one line, the escape harmless.
+    let odd = "x\ny\x1b]0;owned\x07";
+    std::fs::write(dir.join(odd), "").unwrap();
     let (code, stdout, stderr) =
         run(sandbox
             .knob()
             .args(["experiment", "delete", "ours", "--yes"]));
     assert_eq!(code, 0, "{stderr}");
     assert!(
-        stdout.contains("what knob did not make in it: analysis.ipynb"),
+        stdout.contains("what knob did not make in it: ")
+            && stdout.contains("analysis.ipynb")
+            && stdout.contains("x\u{fffd}y\u{fffd}]0;owned\u{fffd}")
+            && stdout.lines().count() == 1,
         "{stdout}"
     );
     let mut left: Vec<_> = std::fs::read_dir(&dir)
@@ -542,7 +575,7 @@ fn create_refuses_a_folder_of_user_files_and_delete_keeps_what_knob_did_not_make
         .map(|e| e.unwrap().file_name())
         .collect();
     left.sort();
-    assert_eq!(left, ["analysis.ipynb"]);
+    assert_eq!(left, ["analysis.ipynb", odd]);
 }
 
 #[test]
@@ -1733,17 +1766,28 @@ fn a_detached_create_refuses_a_bad_id_before_writing_anything() {
         &[],
     );
     let long = "x".repeat(300);
-    for id in ["../escape", "", ".", "..", "a b", "a/b", long.as_str()] {
+    // "-x1": every command given it would read it as options (`knob trial ls -x1`).
+    for id in [
+        "../escape",
+        "",
+        ".",
+        "..",
+        "a b",
+        "a/b",
+        long.as_str(),
+        "-x1",
+    ] {
         let (code, stdout, stderr) = run(sandbox
             .knob()
             .arg("create")
             .arg("--config")
             .arg(&config)
-            .args(["--id", id, "--detach"]));
+            .arg(format!("--id={id}"))
+            .arg("--detach"));
         assert_eq!((code, stdout.as_str()), (1, ""), "{id:?}: {stderr}");
         assert_eq!(
             stderr,
-            format!("error: experiment id {id:?} is not valid: use 1 to 64 letters, digits, '-' or '_'\n"),
+            format!("error: experiment id {id:?} is not valid: use 1 to 64 letters, digits, '-' or '_', not starting with '-'\n"),
             "{id:?}"
         );
         let mut made: Vec<_> = std::fs::read_dir(sandbox.path())

@@ -158,10 +158,14 @@ pub fn batch_script(spec: &JobSpec<'_>) -> String {
     ));
     // A setup command that fails ends the job, saying which: trials run on after a failed
     // `module load` or `source venv/bin/activate` only to fail in ways that hide why. Each runs
-    // in this shell (braces, not a subshell), so what it sets stays set for the agent.
+    // in this shell (`eval`, not a subshell), so what it sets stays set for the agent; as the
+    // text of one `eval`, an empty or comment-only entry, an unclosed `if` or a trailing `\`
+    // is that command's own failure (a syntax error is exit 2) instead of a script that does
+    // not parse at all (written inside braces, `{ }` around nothing failed every job).
     for (index, command) in o.setup_commands.iter().enumerate() {
         lines.push(format!(
-            "{{\n{command}\n}} || {{ code=$?; echo \"knob: trainingService.setupCommands[{index}] failed (exit $code): \"{} >&2; echo \"$code\" > {}/\"job-$SLURM_JOB_ID.exit\"; exit \"$code\"; }}",
+            "eval {} || {{ code=$?; echo \"knob: trainingService.setupCommands[{index}] failed (exit $code): \"{} >&2; echo \"$code\" > {}/\"job-$SLURM_JOB_ID.exit\"; exit \"$code\"; }}",
+            quote(command),
             quote(command.lines().next().unwrap_or_default()),
             quote(&dir)
         ));
@@ -218,13 +222,61 @@ mod tests {
             "#SBATCH --no-requeue",
             "#SBATCH --exclusive",
             "#SBATCH --signal=USR1@60",
-            "module load cuda",
-            "} || { code=$?; echo \"knob: trainingService.setupCommands[0] failed (exit $code): \"'module load cuda' >&2; echo \"$code\" > '/shared/exp/slurm/env1'/\"job-$SLURM_JOB_ID.exit\"; exit \"$code\"; }",
+            "eval 'module load cuda' || { code=$?; echo \"knob: trainingService.setupCommands[0] failed (exit $code): \"'module load cuda' >&2; echo \"$code\" > '/shared/exp/slurm/env1'/\"job-$SLURM_JOB_ID.exit\"; exit \"$code\"; }",
             "'/shared/bin/knob-agent' serve --dir '/shared/exp/slurm/env1' --orphan-timeout-secs=600",
         ] {
             assert!(script.lines().any(|l| l == line), "{line} missing:\n{script}");
         }
         assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+
+    /// Setup commands that are empty, only a comment, or end in a `\` run (as nothing) and the
+    /// agent starts with what they set; one that does not parse fails the job naming it. Inside
+    /// braces, `""` was `{ }`, a syntax error of the whole script: every job failed at once.
+    #[test]
+    fn odd_setup_commands_run_as_bash_reads_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = dir.path().join("agent");
+        std::fs::write(&agent, "#!/bin/sh\necho \"K=$K\" > \"$3/agent-ran\"\n").unwrap();
+        std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let run = |setup: &[&str]| {
+            let options = JobOptions {
+                setup_commands: setup.iter().map(|c| c.to_string()).collect(),
+                ..JobOptions::default()
+            };
+            let script = batch_script(&JobSpec {
+                options: &options,
+                name: "knob-ab-env1",
+                comment: "knob:ab:env1",
+                dir: dir.path(),
+                agent: &agent,
+                orphan_timeout: Duration::from_secs(600),
+            });
+            let _ = std::fs::remove_file(dir.path().join("agent-ran"));
+            let output = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(&script)
+                .env("SLURM_JOB_ID", "7")
+                .output()
+                .unwrap();
+            let ran = std::fs::read_to_string(dir.path().join("agent-ran")).ok();
+            (
+                output.status.code(),
+                ran,
+                String::from_utf8_lossy(&output.stderr).into_owned(),
+            )
+        };
+        let (code, ran, stderr) = run(&["", "# a comment", "export K=1", "echo set up \\"]);
+        assert_eq!((code, ran.as_deref()), (Some(0), Some("K=1\n")), "{stderr}");
+
+        let (code, ran, stderr) = run(&["export K=1", "if true; then"]);
+        assert_eq!((code, ran), (Some(2), None), "{stderr}");
+        assert!(
+            stderr
+                .contains("knob: trainingService.setupCommands[1] failed (exit 2): if true; then"),
+            "{stderr}"
+        );
     }
 
     #[test]
