@@ -229,6 +229,7 @@ pub(crate) fn stored_services(
         dir,
         config,
         crate::create::config_source(dir).as_deref(),
+        false,
     );
     knob_core::config::recheck_services(config, &plugins, &context).map_err(|problems| {
         anyhow::anyhow!(

@@ -452,6 +452,13 @@ pub struct ServiceContext {
     /// `false`: a service then keeps a trial whose resources are taken until they are free.
     #[serde(default)]
     pub places_again: bool,
+    /// The experiment was just made (`knob create`), not resumed: what a service finds in a
+    /// place of its own named by the experiment id (a folder on a host) is not this
+    /// experiment's but an earlier one's of the same id (deleted, or of another knob home),
+    /// and must not be taken for its own. A host that predates it leaves it `false`, as on
+    /// resume.
+    #[serde(default)]
+    pub new_experiment: bool,
 }
 
 /// The experiment-wide trial settings a service may need (a cluster service asks its scheduler

@@ -76,6 +76,12 @@ pub enum ToAgent {
         /// manager left running are killed (the core re-queues them, as it does locally) and
         /// the event buffer is cleared.
         fresh_start: bool,
+        /// With `fresh_start`, on the first connection of a run of `knob create`: what the
+        /// environment's folder holds (the code copy, trial folders) was left by an earlier
+        /// experiment of the same id (deleted, or of another knob home), and is removed, so that
+        /// the new experiment's trials do not start from what those trials changed.
+        #[serde(default)]
+        new_experiment: bool,
         /// Which manager process says hello (`<host>:<pid>:<start>`), or empty (unchecked). A
         /// daemon refuses another manager's hello while the one it serves was connected
         /// moments before: two experiments of the same id on one host's `agentRoot` took each

@@ -950,6 +950,45 @@ fn deleting_a_crashed_remote_experiment_ends_its_agent_and_trials_on_the_host() 
     assert_eq!(host.kill_agent_daemons(), 0, "its knob-agent still runs");
 }
 
+/// A new experiment reusing an id on a host (the earlier one deleted) ran its trials in the
+/// earlier one's code copy on the host, with what those trials changed there: a counter file
+/// carried over. The new experiment's first connection empties the host's folder for the id;
+/// a resume keeps it.
+#[test]
+fn a_new_experiment_of_a_deleted_ones_id_starts_from_fresh_code_on_the_host() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "c=$(cat counter 2>/dev/null || echo 0); c=$((c + 1)); echo $c > counter; echo KNOB_FINAL $c",
+            ..Spec::one_trial(&[machine(&host)], &known)
+        },
+    );
+    let finals = |sandbox: &Sandbox| -> Vec<f64> {
+        sandbox.export("reused")["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["final"].as_f64())
+            .collect()
+    };
+    for round in 0..2 {
+        let (code, stdout, stderr) = sandbox.create(&config, "reused");
+        assert_eq!(code, 0, "round {round}: {stdout}\n{stderr}");
+        assert_eq!(finals(&sandbox), [1.0], "round {round}: {stderr}");
+        let (code, _, stderr) =
+            run(sandbox
+                .knob()
+                .args(["experiment", "delete", "reused", "--yes"]));
+        assert_eq!(code, 0, "{stderr}");
+    }
+}
+
 #[test]
 fn dropped_connections_lose_and_duplicate_no_trial() {
     let Some(sshd) = sshd::sshd_binary() else {

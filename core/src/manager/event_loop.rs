@@ -166,7 +166,13 @@ impl Manager {
         let (late_reports_tx, late_reports) = mpsc::unbounded_channel();
         let (fetched_tx, fetched) = mpsc::unbounded_channel();
         let (events_tx, service_events) = mpsc::unbounded_channel();
-        let context = services::service_context(&id, &dir, &config, config_file.as_deref());
+        let context = services::service_context(
+            &id,
+            &dir,
+            &config,
+            config_file.as_deref(),
+            history.is_none(),
+        );
         // Before a trial of the earlier run is started again, nothing of it may still run: each
         // service ends what is left of those trials wherever it runs them.
         let leftovers = match &history {

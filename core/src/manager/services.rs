@@ -100,12 +100,14 @@ pub(super) fn service_names(config: &ExperimentConfig) -> Vec<String> {
         .collect()
 }
 
-/// What a service is told about the experiment.
+/// What a service is told about the experiment; `new_experiment` for a run of `knob create`
+/// (`ServiceContext::new_experiment`).
 pub fn service_context(
     experiment_id: &str,
     experiment_dir: &Path,
     config: &ExperimentConfig,
     config_file: Option<&Path>,
+    new_experiment: bool,
 ) -> ServiceContext {
     ServiceContext {
         experiment_id: experiment_id.to_owned(),
@@ -124,6 +126,7 @@ pub fn service_context(
         late_start_failures: true,
         // A trial handed back unstarted waits for a placement again (`on_place_again`).
         places_again: true,
+        new_experiment,
     }
 }
 

@@ -219,6 +219,28 @@ impl Drop for Client {
     }
 }
 
+/// Removes what `dir` (an environment's folder) holds but the daemon's own files (its lock,
+/// socket and log): the code copy and trial folders of an earlier experiment of the same id,
+/// which a new one must not start from. Returns how many entries were removed.
+fn remove_earlier_experiment(dir: &std::path::Path) -> std::io::Result<usize> {
+    let own = [LOCK_FILE_NAME, SOCKET_FILE_NAME, super::LOG_FILE_NAME];
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if own.iter().any(|name| entry.file_name() == *name) {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+        removed += 1;
+    }
+    Ok(removed)
+}
+
 /// A manager token (`<host>:<pid>:<ms>`) for a message: "pid P on H".
 fn manager_label(token: &str) -> String {
     let mut parts = token.split(':');
@@ -529,6 +551,7 @@ impl Daemon {
             environment_id,
             last_seq,
             fresh_start,
+            new_experiment,
             manager,
         } = hello
         else {
@@ -593,6 +616,7 @@ impl Daemon {
         let pool = self.pool.clone();
         let probe = self.probe.clone();
         let inputs = self.inputs_sender.clone();
+        let dir = self.options.dir.clone();
         tokio::task::spawn_blocking(move || {
             if let Some((experiment_id, trials)) = leftovers.filter(|(_, t)| !t.is_empty()) {
                 let killed = crate::process::kill_leftovers(&experiment_id, &trials);
@@ -606,6 +630,16 @@ impl Daemon {
                 );
                 if !left.is_empty() {
                     say!("trials not seen to end after a fresh-start kill: {left:?}");
+                }
+                if new_experiment {
+                    match remove_earlier_experiment(&dir) {
+                        Ok(0) => {}
+                        Ok(removed) => say!(
+                            "removed {removed} entries an earlier experiment of this id left in {} (a new experiment)",
+                            dir.display()
+                        ),
+                        Err(e) => say!("cannot remove what an earlier experiment left: {e}"),
+                    }
                 }
             }
             if probe_again {

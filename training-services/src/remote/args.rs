@@ -68,6 +68,9 @@ impl Machine {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteArgs {
     pub experiment_id: String,
+    /// A run of `knob create` (`ServiceContext::new_experiment`): a host's folder for this
+    /// experiment id holds nothing of this experiment's, and is emptied at the first hello.
+    pub new_experiment: bool,
     pub reuse_mode: bool,
     pub known_hosts_file: PathBuf,
     /// The agent's root directory on hosts; a leading `~/` is the remote user's home.
@@ -281,6 +284,7 @@ impl RemoteArgs {
         };
         let mut args = RemoteArgs {
             experiment_id: String::new(),
+            new_experiment: false,
             reuse_mode: true,
             known_hosts_file: expand_home("~/.ssh/known_hosts"),
             agent_root: "~/.knob".to_string(),
@@ -293,6 +297,7 @@ impl RemoteArgs {
         for (key, value) in fields {
             match normalize(key).as_str() {
                 "experimentid" => args.experiment_id = string_field("", key, value)?,
+                "newexperiment" => args.new_experiment = bool_field("", key, value)?,
                 "reusemode" => args.reuse_mode = bool_field("", key, value)?,
                 "knownhostsfile" => {
                     args.known_hosts_file = expand_home(&string_field("", key, value)?)

@@ -378,6 +378,7 @@ pub fn class_args(config: &Value, context: &ServiceContext) -> Value {
     // only by an ignore file.
     let exclude: Vec<&str> = exclude.iter().filter_map(|path| path.to_str()).collect();
     args.insert("excludeFiles".into(), json!(exclude));
+    args.insert("newExperiment".into(), json!(context.new_experiment));
     Value::Object(args)
 }
 

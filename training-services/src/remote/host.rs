@@ -383,6 +383,7 @@ impl Host {
             environment_id: self.environment_id.clone(),
             last_seq,
             fresh_start,
+            new_experiment: fresh_start && ctx.args.new_experiment,
             manager: ctx.manager.clone(),
         };
         let agent_error = |what: String| SshError::Session {

@@ -177,6 +177,7 @@ async fn end_agent(
         environment_id: machine.environment_id(),
         last_seq: 0,
         fresh_start: false,
+        new_experiment: false,
         manager: manager.to_string(),
     };
     // A refusal for another knob connected moments ago lasts until the agent has not heard

@@ -133,6 +133,9 @@ impl Link {
             environment_id: environment_id.to_string(),
             last_seq: 0,
             fresh_start,
+            // A job's folder is made for it under the experiment's own, which a new experiment
+            // makes anew; the job's script wrote files there already that the agent needs.
+            new_experiment: false,
             // Each job has a folder of its own: no other manager shares its daemon.
             manager: String::new(),
         };

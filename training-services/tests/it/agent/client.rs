@@ -92,7 +92,22 @@ impl Attached {
             environment_id: ENVIRONMENT.into(),
             last_seq,
             fresh_start,
+            new_experiment: false,
             manager: manager.into(),
+        });
+        self.next()
+    }
+
+    /// The first hello of a run of `knob create` (`new_experiment`).
+    pub fn hello_new_experiment(&mut self) -> FromAgent {
+        self.send(&ToAgent::Hello {
+            protocol: PROTOCOL_VERSION,
+            experiment_id: "exp1".into(),
+            environment_id: ENVIRONMENT.into(),
+            last_seq: 0,
+            fresh_start: true,
+            new_experiment: true,
+            manager: "manager:1:1".into(),
         });
         self.next()
     }

@@ -300,6 +300,54 @@ fn fresh_start_kills_what_a_previous_manager_left_running() {
     assert!(second.wait_exit().success());
 }
 
+/// A new experiment reusing an id on a host (the earlier one deleted, or of another knob home)
+/// found the earlier one's environment folder: its shared code copy, with what its trials
+/// changed there, and its trial folders. Its first hello (`new_experiment`) empties the folder
+/// but for the daemon's own files; a fresh start of a resumed experiment keeps it.
+#[test]
+fn a_new_experiments_first_hello_removes_what_an_earlier_one_of_its_id_left() {
+    let host = Host::new();
+    let mut first = host.attach();
+    first.hello(0, true);
+    first.start_trial(
+        1,
+        host.request("old", "echo 1 > \"$KNOB_TRIAL_DIR/mark\""),
+        false,
+    );
+    first.until_ended("old");
+    let copy = host.dir().join("code-abc");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::write(copy.join("counter"), "41").unwrap();
+    first.kill();
+
+    // A resume's first hello keeps what the experiment left.
+    let mut resumed = host.attach();
+    resumed.hello(0, true);
+    assert!(copy.join("counter").is_file());
+    assert!(host.trial_dir("old").join("mark").is_file());
+    resumed.kill();
+
+    let mut created = host.attach();
+    let welcome = created.hello_new_experiment();
+    assert!(matches!(welcome, FromAgent::Welcome { .. }), "{welcome:?}");
+    let mut left: Vec<String> = std::fs::read_dir(host.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["agent.lock", "agent.log", "agent.sock"]);
+    // The daemon serves the new experiment as before.
+    created.start_trial(
+        2,
+        host.request("new", "echo 2 > \"$KNOB_TRIAL_DIR/mark\""),
+        false,
+    );
+    created.until_ended("new");
+    assert!(host.trial_dir("new").join("mark").is_file());
+    created.send(&ToAgent::Shutdown);
+    assert!(created.wait_exit().success());
+}
+
 /// Two experiments of one id on one host's agentRoot (two knobs, on two machines) share the
 /// daemon: each connection replaced the other's, in turn, for as long as both ran, and each
 /// fresh start killed the other's trials. Another manager's hello is refused while the one
@@ -391,6 +439,7 @@ fn a_protocol_mismatch_is_refused_naming_both_versions() {
         environment_id: ENVIRONMENT.into(),
         last_seq: 0,
         fresh_start: true,
+        new_experiment: false,
         manager: String::new(),
     });
     match agent.next() {
