@@ -1193,6 +1193,47 @@ fn more_cores_than_the_machine_has_are_named_at_their_line() {
     }
 }
 
+/// Under a limit on the address space (`ulimit -v`, a batch system's `h_vmem`), 64 trials at
+/// once grew knob to some 50 threads, each with a malloc arena reserving 64 MiB: it aborted
+/// ("memory allocation of 1 bytes failed") at 600 000 KiB, using 70 MB of real memory, and left
+/// the experiment crashed.
+#[test]
+fn a_run_of_64_trials_at_once_fits_a_600_mb_address_space_limit() {
+    use std::os::unix::process::CommandExt;
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: sleep 0.2; echo KNOB_FINAL 1\ntrialConcurrency: 64\nmaxTrialNumber: 256\n{SPACE}"
+        ),
+        &[],
+    );
+    let mut command = sandbox.knob();
+    command
+        .args(["create", "--config"])
+        .arg(&config)
+        .args(["--id", "limited"]);
+    // SAFETY: only `setrlimit`, async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 600_000 * 1024,
+                rlim_max: 600_000 * 1024,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let (code, stdout, stderr) = run(&mut command);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment limited DONE: 256 trials (256 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+}
+
 /// A `gpuIndices` entry the machine has no GPU for is a config mistake (a typo, a config from a
 /// larger machine): create refuses it in one line, where it used to drop the index in silence
 /// and run on the GPUs that exist.

@@ -108,6 +108,17 @@ impl Timing {
 }
 
 fn main() -> ExitCode {
+    // As `knob` does (see its `fit_malloc_to_an_address_space_limit`): under a limit on the
+    // address space (a cluster's `ulimit -v`), two malloc arenas, not 64 MiB reserved a thread.
+    let (limit, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_AS)
+        .unwrap_or((nix::sys::resource::RLIM_INFINITY, 0));
+    if limit != nix::sys::resource::RLIM_INFINITY {
+        // SAFETY: a setting of glibc's allocator, before any other thread starts.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            nix::libc::mallopt(nix::libc::M_ARENA_MAX, 2);
+        }
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
