@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -163,6 +164,9 @@ fn trial_log_scanner() -> LineScanner {
 #[derive(Debug)]
 pub struct FileTail {
     path: PathBuf,
+    /// Device and inode of the file `offset` counts in: a trial that deletes its folder and
+    /// makes it again writes to a new file at the same path, to be read from its start.
+    identity: Option<(u64, u64)>,
     offset: u64,
     format: TailFormat,
     /// Created if missing and watched once the trial has run [`WATCH_AFTER`]; otherwise only
@@ -174,6 +178,7 @@ impl FileTail {
     pub fn knob_lines(path: PathBuf) -> FileTail {
         FileTail {
             path,
+            identity: None,
             offset: 0,
             format: TailFormat::KnobLines(LineScanner::new(b"", MAX_METRIC_BYTES)),
             watched: true,
@@ -186,6 +191,7 @@ impl FileTail {
     pub fn nni_trial_log(path: PathBuf) -> FileTail {
         FileTail {
             path,
+            identity: None,
             offset: 0,
             format: TailFormat::NniTrialLog {
                 scanner: trial_log_scanner(),
@@ -198,6 +204,7 @@ impl FileTail {
     pub fn nni_records(path: PathBuf) -> FileTail {
         FileTail {
             path,
+            identity: None,
             offset: 0,
             format: TailFormat::NniRecords(NniRecordDecoder::new()),
             watched: true,
@@ -210,13 +217,25 @@ impl FileTail {
 
     /// Reads what was appended since the last call and records it. Blocking file I/O: the
     /// tail task runs it off the async workers, every file of one wake-up at once.
-    pub fn read_new(&mut self, recorder: &TrialRecorder) {
+    ///
+    /// True when the file read before is gone or was replaced by another at its path: a watch
+    /// added for it no longer tells of changes, so the caller polls instead.
+    pub fn read_new(&mut self, recorder: &TrialRecorder) -> bool {
         let Ok(mut file) = std::fs::File::open(&self.path) else {
-            // Not created (the trial removed it?): nothing to read.
-            return;
+            // Not created, or removed (the trial cleaned its folder?): nothing to read.
+            return self.identity.is_some();
         };
-        let length = file.metadata().map(|m| m.len()).unwrap_or(0);
-        if length < self.offset {
+        let (length, identity) = match file.metadata() {
+            Ok(metadata) => (metadata.len(), Some((metadata.dev(), metadata.ino()))),
+            Err(_) => (0, self.identity),
+        };
+        let replaced = self.identity.is_some() && identity != self.identity;
+        if replaced {
+            // The old file is complete: its last line counts even without `\n`.
+            self.finish(recorder);
+            self.offset = 0;
+            self.format = self.format.fresh();
+        } else if length < self.offset {
             recorder.warn(format_args!(
                 "{} shrank from {} to {length} bytes; metric files must only be appended to, reading it again from the start",
                 self.path.display(),
@@ -225,8 +244,9 @@ impl FileTail {
             self.offset = 0;
             self.format = self.format.fresh();
         }
+        self.identity = identity;
         if length == self.offset || file.seek(SeekFrom::Start(self.offset)).is_err() {
-            return;
+            return replaced;
         }
         let mut buffer = vec![0u8; 64 * 1024];
         loop {
@@ -241,6 +261,7 @@ impl FileTail {
             self.offset += read as u64;
             self.consume(&buffer[..read], recorder);
         }
+        replaced
     }
 
     fn consume(&mut self, bytes: &[u8], recorder: &TrialRecorder) {
@@ -403,7 +424,9 @@ pub async fn tail_files(
                 }
             }
             for file in &mut taken {
-                file.read_new(&recorder);
+                // A file replaced after its watch was added is watched no more (the watch
+                // follows the old inode): read on the timer from then on.
+                unwatched |= file.read_new(&recorder) && watching && file.watched;
                 if last {
                     file.finish(&recorder);
                 }
@@ -416,7 +439,10 @@ pub async fn tail_files(
         };
         files = Some(taken);
         watched.extend(added);
-        poll |= unwatched;
+        if unwatched && !std::mem::replace(&mut poll, true) {
+            // The timer ran unread until now: without a reset it would fire every missed tick.
+            ticker.reset();
+        }
     }
     watched
 }

@@ -164,6 +164,57 @@ fn runner_creates_the_metric_files_of_a_trial_that_runs_on_to_watch_them() {
     finished_rx.recv_timeout(WAIT).unwrap();
 }
 
+/// A trial that deletes its folder and makes it again (cleaning its output folder) writes its
+/// metrics to new files at the same paths: each is read from its start, not from where the
+/// old one ended, and, its watch having followed the old file, read on a timer from then on.
+#[test]
+fn runner_reads_metric_files_a_trial_made_anew_from_their_start() {
+    let events = Events::default();
+    let (runtime, host) = local_host(&events, FileWatcher::new());
+    let dir = tempfile::tempdir().unwrap();
+    // The new files outgrow the old ones before they are read: the old offsets fell inside them.
+    let command = r#"
+        send_metric() {
+            local data="$1"$'\n'
+            printf 'ME%06d%s' "$(printf %s "$data" | wc -c)" "$data" >> "$NNI_SYS_DIR/.nni/metrics"
+        }
+        echo "KNOB_INTERMEDIATE 1" >> "$KNOB_METRICS_FILE"
+        send_metric '{"parameter_id": 42, "trial_job_id": "'$NNI_TRIAL_JOB_ID'", "type": "PERIODICAL", "sequence": 0, "value": "2"}'
+        for i in $(seq 1 600); do [ -e "$KNOB_TRIAL_DIR/go" ] && break; sleep 0.05; done
+        rm -rf "$KNOB_TRIAL_DIR"
+        mkdir -p "$KNOB_TRIAL_DIR/.nni"
+        echo "KNOB_INTERMEDIATE 33" >> "$KNOB_METRICS_FILE"
+        for i in $(seq 1 600); do [ -e "$KNOB_TRIAL_DIR/end" ] && break; sleep 0.05; done
+        send_metric '{"parameter_id": 42, "trial_job_id": "'$NNI_TRIAL_JOB_ID'", "type": "FINAL", "sequence": 0, "value": "{\"default\": 0.5}"}'
+    "#;
+    let trial_dir = dir.path().join("trial");
+    let request = request(dir.path(), &trial_dir, "anew", command);
+    let (_handle, finished_rx) = start(&host, &runtime, &request);
+    events.wait_until("the first two metrics", |events| metrics(events).len() >= 2);
+    std::thread::sleep(tail::WATCH_AFTER);
+    std::fs::write(trial_dir.join("go"), "").unwrap();
+    events.wait_until(
+        "the new file's metric, read while the trial runs",
+        |events| metrics(events).len() >= 3,
+    );
+    std::fs::write(trial_dir.join("end"), "").unwrap();
+    let trial = events.wait_ended("anew");
+    let mut got = metrics(&trial);
+    got.sort_by(|a, b| a.2.cmp(&b.2));
+    assert_eq!(
+        got,
+        [
+            (MetricKind::Intermediate, 0, "1".into()),
+            (MetricKind::Intermediate, 1, "2".into()),
+            (MetricKind::Intermediate, 2, "33".into()),
+            (MetricKind::Final, 0, r#"{"default": 0.5}"#.into()),
+        ]
+    );
+    assert_eq!(warnings(&trial), Vec::<String>::new());
+    assert_eq!(ending(&trial).0, Some(0));
+    finished_rx.recv_timeout(WAIT).unwrap();
+}
+
 /// The trials of one experiment import `knob_trial` and the `nni` shim from one folder beside
 /// their `trials/` folder, written by the first of them; none gets a copy in its own folder.
 #[test]
