@@ -151,21 +151,24 @@ pub fn handle_line(recorder: &TrialRecorder, source: LineSource, line: &[u8]) {
                 source.describe()
             );
             match unusable_final_value(line) {
-                Some(value) => recorder.record_unreadable(MetricKind::Final, value, warning),
+                Some(value) => recorder.record_unreadable(MetricKind::Final, &value, warning),
                 None => recorder.warn(warning),
             }
         }
     }
 }
 
-/// The value text of a `KNOB_FINAL` line in UTF-8 (what [`parse_line`] found unusable).
-fn unusable_final_value(line: &[u8]) -> Option<&str> {
+/// The value text of a `KNOB_FINAL` line (what [`parse_line`] found unusable). Bytes that are
+/// not UTF-8 become U+FFFD: such a final is unreadable like any other and must be reported as
+/// one, not dropped as if the trial had sent nothing.
+fn unusable_final_value(line: &[u8]) -> Option<String> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let text = std::str::from_utf8(line).ok()?.trim();
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim();
     let (token, rest) = text
         .split_once(|c: char| c.is_ascii_whitespace())
         .unwrap_or((text, ""));
-    (token == FINAL_TOKEN).then(|| rest.trim())
+    (token == FINAL_TOKEN).then(|| rest.trim().to_string())
 }
 
 /// Where `import nni` (nni 2.x and 3.0, with `NNI_PLATFORM=local`) sends the trial's stdout:
@@ -275,9 +278,11 @@ mod tests {
 
     #[test]
     fn an_unusable_final_is_passed_on_as_sent_and_nothing_else() {
-        assert_eq!(unusable_final_value(b"KNOB_FINAL hello\r"), Some("hello"));
-        assert_eq!(unusable_final_value(b"KNOB_FINAL"), Some(""));
-        assert_eq!(unusable_final_value(b"KNOB_INTERMEDIATE hello"), None);
-        assert_eq!(unusable_final_value(b"KNOB_FINAL \xff"), None);
+        let value = |line: &[u8]| unusable_final_value(line);
+        assert_eq!(value(b"KNOB_FINAL hello\r").as_deref(), Some("hello"));
+        assert_eq!(value(b"KNOB_FINAL").as_deref(), Some(""));
+        assert_eq!(value(b"KNOB_INTERMEDIATE hello"), None);
+        assert_eq!(value(b"KNOB_FINAL 0.5\xff").as_deref(), Some("0.5\u{FFFD}"));
+        assert_eq!(value(b"KNOB_INTERMEDIATE \xff"), None);
     }
 }

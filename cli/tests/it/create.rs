@@ -1465,20 +1465,21 @@ fn unreadable_finals_are_shown_on_the_console_in_trial_ls_and_as_the_trials_mess
                   0) echo 'KNOB_FINAL hello' ;;\n\
                   1) echo 'KNOB_FINAL 1e400' ;;\n\
                   2) echo 'KNOB_FINAL {\"acc\":0.5}' ;;\n\
-                  *) echo 'KNOB_FINAL {\"default\":\"abc\"}' ;;\n\
+                  3) echo 'KNOB_FINAL {\"default\":\"abc\"}' ;;\n\
+                  *) printf 'KNOB_FINAL 0.5\\377\\n' ;;\n\
                   esac\n";
     let yaml =
-        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 4\n{SPACE}");
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
     let config = sandbox.config(&yaml, &[("trial.sh", script)]);
     let (code, stdout, stderr) = sandbox.create(&config, "garbled");
     // Documented choice: the trial keeps the status of its exit, SUCCEEDED, without a final.
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("4 trials (4 succeeded, 0 failed)"),
+        stdout.contains("5 trials (5 succeeded, 0 failed)"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("no trial reported a usable final result (4 reported one that is NaN, infinite or unreadable"),
+        stdout.contains("no trial reported a usable final result (5 reported one that is NaN, infinite or unreadable"),
         "{stdout}"
     );
     let expected = [
@@ -1490,6 +1491,8 @@ fn unreadable_finals_are_shown_on_the_console_in_trial_ls_and_as_the_trials_mess
         ),
         (2, r#"has no "default" entry"#, r#"- ({"acc":0.5})"#),
         (3, r#"is not a number"#, r#"- ({"default":"abc"})"#),
+        // A byte that is not UTF-8 (shown as U+FFFD) makes a final unreadable like the others.
+        (4, "metric \"0.5\u{FFFD}\" is not JSON", "- (0.5\u{FFFD})"),
     ];
     let export = sandbox.export("garbled");
     let listing = trial_ls(&sandbox, "garbled");
