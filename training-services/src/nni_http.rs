@@ -161,17 +161,34 @@ impl Drop for ChannelServer {
     }
 }
 
+/// The first and the longest wait after a failed accept; the wait doubles while they fail.
+const ACCEPT_PAUSE_MIN: Duration = Duration::from_millis(1);
+const ACCEPT_PAUSE_MAX: Duration = Duration::from_millis(100);
+
 async fn accept_loop(
     listener: TcpListener,
     registry: Arc<Registry>,
     mut stopped: watch::Receiver<bool>,
 ) {
+    let mut pause = ACCEPT_PAUSE_MIN;
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                // Out of file descriptors, say: the trial will retry its request.
-                Err(_) => continue,
+                Ok((stream, _)) => {
+                    pause = ACCEPT_PAUSE_MIN;
+                    stream
+                }
+                // Out of file descriptors, say: the trial will retry its request. The refused
+                // connection stays in the backlog and the listener reads as ready again at
+                // once, so trying again without a pause spins a core until a descriptor frees.
+                Err(_) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = stopped.changed() => return,
+                    }
+                    pause = (pause * 2).min(ACCEPT_PAUSE_MAX);
+                    continue;
+                }
             },
             _ = stopped.changed() => return,
         };
