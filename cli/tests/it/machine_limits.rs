@@ -196,4 +196,13 @@ fn a_low_open_file_limit_is_raised_and_one_that_cannot_be_delays_starts_without_
         warnings.contains("Too many open files (os error 24) (this process may open 256 files, `ulimit -n`; raise the limit where knob starts, or lower trialConcurrency); the trial was not started; trying again in 1 s"),
         "no start waited for a descriptor under a hard limit of 256: {warnings}"
     );
+    // Not only in the store: the console says why starts wait.
+    assert!(
+        stderr
+            .lines()
+            .any(|line| line.starts_with("warning: trial ")
+                && line.contains("Too many open files")
+                && line.ends_with("trying again in 1 s")),
+        "{stderr}"
+    );
 }

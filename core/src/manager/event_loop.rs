@@ -994,7 +994,8 @@ impl Manager {
             max_trial_number: self.config.max_trial_number,
             max_duration: self.config.max_experiment_duration,
             dropped_suggestions: self.tuner.dropped(),
-            running: self.book.active_count(),
+            // Handed to a service: not those waiting for a placement or a start's retry.
+            running: self.book.placed_count(),
             succeeded: count(TrialStatus::Succeeded),
             failed: count(TrialStatus::Failed),
             other_ended: count(TrialStatus::UserCanceled)
@@ -1182,11 +1183,14 @@ impl Manager {
             // still WAITING there, and waits for a placement again here.
             let failures = self.book[trial_id.as_str()].start_failures;
             let backoff = START_RETRY_BACKOFF * (1 << (failures - 1).min(5));
-            self.warn(
-                Some(trial_id.clone()),
-                format!("{message}; trying again in {} s", backoff.as_secs()),
-            )
-            .await?;
+            let message = format!("{message}; trying again in {} s", backoff.as_secs());
+            // On the console too: trials whose starts keep being refused (no descriptor left,
+            // say) otherwise made no progress without a word of why.
+            std::sync::Arc::make_mut(&mut self.notices).push(super::Notice {
+                warning: true,
+                text: format!("trial {trial_id}: {message}"),
+            });
+            self.warn(Some(trial_id.clone()), message).await?;
             self.environments.release(&trial_id);
             self.book
                 .new_attempt(&trial_id, Some(Instant::now() + backoff));
