@@ -123,21 +123,22 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
             let format = ExportFormat::for_export(format, output.as_deref())?;
             let entry = registry.get(&id)?;
             let state = open(&entry)?.replay()?;
-            // Rendered whole first, so that a failed write (a full disk) is told with the
-            // file's name rather than as a bare OS error from the middle of the output.
-            let mut rendered = Vec::new();
-            match format {
-                ExportFormat::Json => writeln!(
-                    rendered,
-                    "{}",
-                    serde_json::to_string_pretty(&knob_core::export::to_json(&state))?
-                )?,
-                ExportFormat::Csv => knob_core::export::write_csv(&state, &mut rendered)?,
-            }
+            // Written as it is made (the JSON of a million intermediate results is 160 MB, and
+            // took 2 GB as one value); a failed write (a full disk) names the file.
+            let write = |out: &mut dyn Write| -> anyhow::Result<()> {
+                match format {
+                    ExportFormat::Json => knob_core::export::write_json(&state, out)?,
+                    ExportFormat::Csv => knob_core::export::write_csv(&state, out)?,
+                }
+                Ok(out.flush()?)
+            };
             match &output {
-                Some(path) => std::fs::write(path, &rendered)
+                Some(path) => std::fs::File::create(path)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|file| write(&mut std::io::BufWriter::new(file)))
                     .with_context(|| format!("cannot write {}", path.display()))?,
-                None => std::io::stdout().lock().write_all(&rendered)?,
+                None => write(&mut std::io::BufWriter::new(std::io::stdout().lock()))
+                    .context("cannot write to standard output")?,
             }
             Ok(ExitCode::SUCCESS)
         }

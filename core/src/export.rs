@@ -7,7 +7,7 @@ use std::io::Write;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::store::{ExperimentState, Lineage, MetricKind};
+use crate::store::{ExperimentState, Lineage, MetricKind, MetricRecord, TrialState};
 
 /// One step of a population member's parameter schedule (PBT): from step `from_step` on (its
 /// parent's step when it was cloned; 0 for the first generation), the member trained with the
@@ -89,103 +89,216 @@ fn schedules_of(state: &ExperimentState) -> HashMap<String, Vec<ScheduleStep>> {
         .collect()
 }
 
-/// The whole experiment as JSON: its status and config, and every trial with its parameters,
-/// final and intermediate results and each attempt.
-pub fn to_json(state: &ExperimentState) -> Value {
-    // With `objectives`: whether each trial is on the Pareto front (null without objectives).
-    let (objectives, entries) = crate::objectives::of_state(state);
-    let pareto = |id: &str| -> Value {
-        if objectives.is_empty() {
+/// What the JSON export is made of, worked out once for all trials.
+struct JsonExport<'a> {
+    state: &'a ExperimentState,
+    /// Whether the experiment has `objectives` (else `pareto` is null).
+    with_objectives: bool,
+    entries: Vec<crate::objectives::ParetoEntry>,
+    schedules: HashMap<String, Vec<ScheduleStep>>,
+}
+
+impl<'a> JsonExport<'a> {
+    fn new(state: &'a ExperimentState) -> Self {
+        let (objectives, entries) = crate::objectives::of_state(state);
+        JsonExport {
+            state,
+            with_objectives: !objectives.is_empty(),
+            entries,
+            schedules: schedules_of(state),
+        }
+    }
+
+    /// With `objectives`: whether the trial is on the Pareto front (null without objectives).
+    fn pareto(&self, id: &str) -> Value {
+        if !self.with_objectives {
             return Value::Null;
         }
-        Value::Bool(entries.iter().any(|e| e.trial_id == id && e.pareto))
-    };
-    let schedules = schedules_of(state);
+        Value::Bool(self.entries.iter().any(|e| e.trial_id == id && e.pareto))
+    }
+
+    /// The document without its trials: `trials` is null, in its place.
+    fn document(&self) -> Value {
+        json!({
+            "experiment": {
+                "id": self.state.experiment_id,
+                "status": self.state.status.as_str(),
+                "message": self.state.status_message,
+                "start_time_ms": self.state.start_time_ms,
+                "config": self.state.config,
+            },
+            // In its place: each trial (`to_json` and `write_json` fill it in).
+            "trials": Value::Null,
+            // The experiment's log of warnings (a tuner's dropped parameters, environments lost
+            // and back, a service's reports), oldest first.
+            "warnings": self.state.warnings.iter().map(|w| json!({
+                "time_ms": w.time_ms,
+                "trial_id": w.trial_id,
+                "message": w.message,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// One trial without its intermediate results: `intermediate` is null, in its place.
+    fn trial_json(&self, t: &TrialState) -> Value {
+        let last_attempt = t.attempts.last();
+        let final_metric = t.final_metric();
+        json!({
+            "id": t.trial_id,
+            "sequence": t.sequence,
+            "parameter_id": t.parameter_id,
+            // The id the trial saw when its tuner labeled it (Hyperband's "0-4_0_3").
+            "parameter_label": t.parameter_label,
+            "parameters": t.parameters,
+            "status": t.status.as_str(),
+            "final": final_metric.and_then(|m| m.value),
+            "final_raw": final_metric.map(|m| &m.raw),
+            // In its place: each `intermediate_json` (`to_json` and `write_json` fill it in).
+            "intermediate": Value::Null,
+            "created_ms": t.created_ms,
+            "started_ms": last_attempt.map(|a| a.started_ms),
+            "ended_ms": t.end.as_ref().map(|e| e.time_ms),
+            "attempts": t.attempts.len(),
+            // Where each attempt ran and how it ended: a retried trial, or one whose host
+            // was lost and that ran again elsewhere, shows every attempt.
+            "attempt_history": t.attempts.iter().map(|a| {
+                // Each attempt's own first final: a retried or resumed trial's earlier
+                // results stay in the export (`final` is the current attempt's).
+                let attempt_final = t.metrics.iter().find(|m| {
+                    m.kind == MetricKind::Final && m.attempt == a.number
+                });
+                json!({
+                "number": a.number,
+                "final": attempt_final.and_then(|m| m.value),
+                "final_raw": attempt_final.map(|m| &m.raw),
+                "environment_id": a.environment_id,
+                "gpu_indices": a.gpu_indices,
+                "started_ms": a.started_ms,
+                "ended_ms": a.end.as_ref().map(|e| e.time_ms)
+                    .or_else(|| a.requeued.as_ref().map(|r| r.time_ms)),
+                "status": a.end.as_ref().map(|e| e.status.as_str()),
+                "message": a.end.as_ref().and_then(|e| e.message.clone()),
+                "requeued": a.requeued.as_ref().map(|r| r.reason.clone()),
+                // Raised for the next attempt after this one ran out of memory.
+                "memory_request_mib": a.requeued.as_ref().and_then(|r| r.memory_request_mib),
+                "gpu_memory_request_mib": a.requeued.as_ref().and_then(|r| r.gpu_memory_request_mib),
+                // What this attempt used, as its service measured it (null: not reported).
+                "peak_memory_mib": a.peak_memory_mib,
+                "peak_gpu_memory_mib": a.peak_gpu_memory_mib,
+                })
+            }).collect::<Vec<_>>(),
+            // The host memory its attempts ask for since it ran out of memory (absent:
+            // trialMemorySize).
+            "memory_request_mib": t.memory_request_mib,
+            // The GPU memory per GPU its attempts ask for since it ran out of GPU memory
+            // (absent: trialGpuMemory).
+            "gpu_memory_request_mib": t.gpu_memory_request_mib,
+            "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
+            "message": t.end.as_ref().and_then(|e| e.message.clone()),
+            "pareto": self.pareto(&t.trial_id),
+            // A population member's origin (PBT): the trial whose checkpoint it started
+            // from, the one it replaced, and the parent's step; null for other trials.
+            "lineage": t.lineage,
+            // A population member's parameters over time (PBT), null for other trials.
+            "schedule": self.schedules.get(&t.trial_id),
+        })
+    }
+}
+
+/// One intermediate result of the export's `intermediate` list; every attempt's are there, each
+/// tagged with it.
+fn intermediate_json(m: &MetricRecord) -> Value {
+    json!({"attempt": m.attempt, "sequence": m.trial_sequence, "value": m.value, "raw": m.raw, "time_ms": m.time_ms})
+}
+
+/// A trial's intermediate results, every attempt's, in the order they were reported.
+fn intermediates(t: &TrialState) -> impl Iterator<Item = &MetricRecord> {
+    t.metrics
+        .iter()
+        .filter(|m| m.kind == MetricKind::Intermediate)
+}
+
+/// The whole experiment as JSON: its status and config, and every trial with its parameters,
+/// final and intermediate results and each attempt. The export writes it with [`write_json`],
+/// which never holds it whole (a million intermediate results took 2 GB as one `Value`).
+pub fn to_json(state: &ExperimentState) -> Value {
+    let export = JsonExport::new(state);
     let trials: Vec<Value> = state
         .trials
         .iter()
         .map(|t| {
-            let last_attempt = t.attempts.last();
-            let final_metric = t.final_metric();
-            json!({
-                "id": t.trial_id,
-                "sequence": t.sequence,
-                "parameter_id": t.parameter_id,
-                // The id the trial saw when its tuner labeled it (Hyperband's "0-4_0_3").
-                "parameter_label": t.parameter_label,
-                "parameters": t.parameters,
-                "status": t.status.as_str(),
-                "final": final_metric.and_then(|m| m.value),
-                "final_raw": final_metric.map(|m| &m.raw),
-                "intermediate": t.metrics.iter().filter(|m| m.kind == MetricKind::Intermediate)
-                    .map(|m| json!({"attempt": m.attempt, "sequence": m.trial_sequence, "value": m.value, "raw": m.raw, "time_ms": m.time_ms}))
-                    .collect::<Vec<_>>(),
-                "created_ms": t.created_ms,
-                "started_ms": last_attempt.map(|a| a.started_ms),
-                "ended_ms": t.end.as_ref().map(|e| e.time_ms),
-                "attempts": t.attempts.len(),
-                // Where each attempt ran and how it ended: a retried trial, or one whose host
-                // was lost and that ran again elsewhere, shows every attempt.
-                "attempt_history": t.attempts.iter().map(|a| {
-                    // Each attempt's own first final: a retried or resumed trial's earlier
-                    // results stay in the export (`final` is the current attempt's).
-                    let attempt_final = t.metrics.iter().find(|m| {
-                        m.kind == MetricKind::Final && m.attempt == a.number
-                    });
-                    json!({
-                    "number": a.number,
-                    "final": attempt_final.and_then(|m| m.value),
-                    "final_raw": attempt_final.map(|m| &m.raw),
-                    "environment_id": a.environment_id,
-                    "gpu_indices": a.gpu_indices,
-                    "started_ms": a.started_ms,
-                    "ended_ms": a.end.as_ref().map(|e| e.time_ms)
-                        .or_else(|| a.requeued.as_ref().map(|r| r.time_ms)),
-                    "status": a.end.as_ref().map(|e| e.status.as_str()),
-                    "message": a.end.as_ref().and_then(|e| e.message.clone()),
-                    "requeued": a.requeued.as_ref().map(|r| r.reason.clone()),
-                    // Raised for the next attempt after this one ran out of memory.
-                    "memory_request_mib": a.requeued.as_ref().and_then(|r| r.memory_request_mib),
-                    "gpu_memory_request_mib": a.requeued.as_ref().and_then(|r| r.gpu_memory_request_mib),
-                    // What this attempt used, as its service measured it (null: not reported).
-                    "peak_memory_mib": a.peak_memory_mib,
-                    "peak_gpu_memory_mib": a.peak_gpu_memory_mib,
-                    })
-                }).collect::<Vec<_>>(),
-                // The host memory its attempts ask for since it ran out of memory (absent:
-                // trialMemorySize).
-                "memory_request_mib": t.memory_request_mib,
-                // The GPU memory per GPU its attempts ask for since it ran out of GPU memory
-                // (absent: trialGpuMemory).
-                "gpu_memory_request_mib": t.gpu_memory_request_mib,
-                "exit_code": t.end.as_ref().and_then(|e| e.exit_code),
-                "message": t.end.as_ref().and_then(|e| e.message.clone()),
-                "pareto": pareto(&t.trial_id),
-                // A population member's origin (PBT): the trial whose checkpoint it started
-                // from, the one it replaced, and the parent's step; null for other trials.
-                "lineage": t.lineage,
-                // A population member's parameters over time (PBT), null for other trials.
-                "schedule": schedules.get(&t.trial_id),
-            })
+            let mut trial = export.trial_json(t);
+            trial["intermediate"] = intermediates(t).map(intermediate_json).collect();
+            trial
         })
         .collect();
-    json!({
-        "experiment": {
-            "id": state.experiment_id,
-            "status": state.status.as_str(),
-            "message": state.status_message,
-            "start_time_ms": state.start_time_ms,
-            "config": state.config,
-        },
-        "trials": trials,
-        // The experiment's log of warnings (a tuner's dropped parameters, environments lost
-        // and back, a service's reports), oldest first.
-        "warnings": state.warnings.iter().map(|w| json!({
-            "time_ms": w.time_ms,
-            "trial_id": w.trial_id,
-            "message": w.message,
-        })).collect::<Vec<_>>(),
-    })
+    let mut document = export.document();
+    document["trials"] = Value::Array(trials);
+    document
+}
+
+/// [`to_json`] as pretty JSON and a newline, byte for byte, written part by part: a trial and
+/// each of its intermediate results are made as JSON only while they are written, so the memory
+/// it takes is the experiment's state and one trial's entries, whatever the number of metrics.
+pub fn write_json(state: &ExperimentState, out: &mut dyn Write) -> std::io::Result<()> {
+    let export = JsonExport::new(state);
+    let whole = WithEntry {
+        object: export.document(),
+        key: "trials",
+        value: Trials(&export),
+    };
+    let mut out = std::io::BufWriter::new(out);
+    serde_json::to_writer_pretty(&mut out, &whole)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// A JSON object whose entry `key` (a placeholder in `object`) is written as `value`, in its
+/// place: the same bytes as the object holding `value` there, as `Value` writes an object.
+struct WithEntry<T> {
+    object: Value,
+    key: &'static str,
+    value: T,
+}
+
+impl<T: Serialize> Serialize for WithEntry<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Value::Object(entries) = &self.object else {
+            return self.object.serialize(serializer);
+        };
+        let mut map = serializer.serialize_map(Some(entries.len()))?;
+        for (key, value) in entries {
+            if key == self.key {
+                map.serialize_entry(key, &self.value)?;
+            } else {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// The export's `trials`, each made as JSON only while it is written.
+struct Trials<'a>(&'a JsonExport<'a>);
+
+impl Serialize for Trials<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.state.trials.iter().map(|t| WithEntry {
+            object: self.0.trial_json(t),
+            key: "intermediate",
+            value: Intermediates(t),
+        }))
+    }
+}
+
+/// A trial's `intermediate`, each made as JSON only while it is written.
+struct Intermediates<'a>(&'a TrialState);
+
+impl Serialize for Intermediates<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(intermediates(self.0).map(intermediate_json))
+    }
 }
 
 /// One row per trial; parameters flattened into one column each (nested choices as `a/b`; two

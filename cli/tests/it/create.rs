@@ -1234,6 +1234,52 @@ fn a_run_of_64_trials_at_once_fits_a_600_mb_address_space_limit() {
     );
 }
 
+/// The JSON export is written as it is made: of 400 000 intermediate results (60 MB of JSON)
+/// it needs little more than the experiment's state. Made whole as one value first it took
+/// some 2 KB a result (2.2 GB for a million) and aborted under this 600 MB limit.
+#[test]
+fn the_json_export_of_400_000_intermediate_results_fits_a_600_mb_address_space_limit() {
+    use std::os::unix::process::CommandExt;
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: seq 400000 | sed 's/^/KNOB_INTERMEDIATE /'; echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["create", "--config"])
+        .arg(&config)
+        .args(["--id", "curves"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let written = sandbox.path().join("curves.json");
+    let mut command = sandbox.knob();
+    command
+        .args(["experiment", "export", "curves", "-o"])
+        .arg(&written);
+    // SAFETY: only `setrlimit`, async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 600_000 * 1024,
+                rlim_max: 600_000 * 1024,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let (code, _, stderr) = run(&mut command);
+    assert_eq!(code, 0, "{stderr}");
+    let json = std::fs::read_to_string(&written).unwrap();
+    let results = json.matches("\"raw\": ").count();
+    assert_eq!(results, 400_000, "{}", &json[..2000.min(json.len())]);
+    assert!(json.ends_with("]\n}\n"), "{}", &json[json.len() - 200..]);
+}
+
 /// A `gpuIndices` entry the machine has no GPU for is a config mistake (a typo, a config from a
 /// larger machine): create refuses it in one line, where it used to drop the index in silence
 /// and run on the GPUs that exist.

@@ -563,6 +563,112 @@ mod tests {
         assert!(body.contains("no such API route"), "{body}");
     }
 
+    /// `/export` is written into the response as it is made (H2 F3): what a client gets, plain
+    /// or gzipped, is the whole export. The gzip layer polls the body once more after its end,
+    /// where a body from `stream::unfold` panicked and cut the download short.
+    #[tokio::test]
+    async fn the_export_downloads_whole_plain_and_gzipped() {
+        use crate::store::{MetricKind, StoreEvent};
+        use http_body_util::BodyExt;
+        use std::io::Read;
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path()).unwrap();
+        store
+            .append(StoreEvent::ExperimentCreated {
+                experiment_id: "curves".to_string(),
+                config: serde_json::json!({"trialConcurrency": 1}),
+                start_time_ms: 0,
+            })
+            .await
+            .unwrap();
+        store
+            .append(StoreEvent::TrialCreated {
+                trial_id: "a".to_string(),
+                sequence: 0,
+                parameter_id: 0,
+                parameter_label: None,
+                parameters: serde_json::json!({"x": 1}),
+                lineage: None,
+            })
+            .await
+            .unwrap();
+        store
+            .append(StoreEvent::TrialStarted {
+                trial_id: "a".to_string(),
+                attempt: 1,
+                environment_id: "box-1".to_string(),
+                gpu_indices: vec![],
+                pid: None,
+            })
+            .await
+            .unwrap();
+        // Enough for many chunks of the body.
+        for sequence in 0..3000 {
+            let raw = if sequence % 7 == 0 {
+                "NaN".to_string()
+            } else {
+                format!("{sequence}.5")
+            };
+            store
+                .append(StoreEvent::Metric {
+                    trial_id: "a".to_string(),
+                    attempt: 1,
+                    kind: MetricKind::Intermediate,
+                    trial_sequence: sequence,
+                    value: raw.parse::<f64>().ok().filter(|v| v.is_finite()),
+                    raw,
+                })
+                .await
+                .unwrap();
+        }
+        let state = crate::store::StoreReader::open(dir.path())
+            .unwrap()
+            .replay()
+            .unwrap();
+        let router = router(ApiState::new(ApiConfig {
+            experiment_id: "curves".to_string(),
+            dir: dir.path().to_path_buf(),
+            commands: None,
+            token: None,
+            allowed_hosts: Vec::new(),
+            commits: Some(store.commits()),
+        }));
+        for format in ["json", "csv"] {
+            let mut expected = Vec::new();
+            if format == "json" {
+                crate::export::write_json(&state, &mut expected).unwrap();
+            } else {
+                crate::export::write_csv(&state, &mut expected).unwrap();
+            }
+            for gzip in [false, true] {
+                let mut request =
+                    axum::http::Request::get(format!("/api/v1/export?format={format}"));
+                if gzip {
+                    request = request.header(header::ACCEPT_ENCODING, "gzip");
+                }
+                let request = request.body(axum::body::Body::empty()).unwrap();
+                let response = router.clone().oneshot(request).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK, "{format}");
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                let mut text = Vec::new();
+                if gzip {
+                    flate2::read::GzDecoder::new(&body[..])
+                        .read_to_end(&mut text)
+                        .unwrap();
+                } else {
+                    text = body.to_vec();
+                }
+                assert!(
+                    text == expected,
+                    "{format}, gzip {gzip}: {} bytes of {}",
+                    text.len(),
+                    expected.len()
+                );
+            }
+        }
+    }
+
     /// `/trial-columns` of a finished list is kept while the store has no new event; a list
     /// with a running trial (whose duration grows) is never kept.
     #[tokio::test]

@@ -282,6 +282,25 @@ pub(super) async fn trial_columns(
     Ok(json_body(body))
 }
 
+/// The export's response body as it is written: each write is a chunk of it. A write fails once
+/// the response is dropped (the client went away), which ends the export.
+struct BodyWriter(tokio::sync::mpsc::Sender<std::io::Result<Bytes>>);
+
+impl std::io::Write for BodyWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+            })?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A JSON answer already encoded.
 fn json_body(body: Bytes) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -566,17 +585,33 @@ pub(super) async fn export(
             }
         })
         .collect();
-    let (content_type, extension, body) = if csv {
-        let mut bytes = Vec::new();
-        crate::export::write_csv(&experiment_state, &mut bytes)
-            .map_err(|e| ApiError::internal(format!("cannot write the CSV: {e}")))?;
-        ("text/csv; charset=utf-8", "csv", bytes)
+    let (content_type, extension) = if csv {
+        ("text/csv; charset=utf-8", "csv")
     } else {
-        let mut text = serde_json::to_string_pretty(&crate::export::to_json(&experiment_state))
-            .map_err(|e| ApiError::internal(format!("cannot write the JSON: {e}")))?;
-        text.push('\n');
-        ("application/json", "json", text.into_bytes())
+        ("application/json", "json")
     };
+    // Written into the response as it is made, on a thread of its own: the JSON of a million
+    // intermediate results is 160 MB, and as one value it took 2 GB that the serving process
+    // (the running experiment's, for the dashboard's download) kept.
+    let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
+    tokio::task::spawn_blocking(move || {
+        let mut out = BodyWriter(sender.clone());
+        let written = if csv {
+            crate::export::write_csv(&experiment_state, &mut out).map_err(std::io::Error::from)
+        } else {
+            crate::export::write_json(&experiment_state, &mut out)
+        };
+        // A failure ends the response unfinished rather than as a document that looks whole;
+        // a client that went away is told nothing.
+        if let Err(error) = written {
+            let _ = sender.blocking_send(Err(error));
+        }
+    });
+    // `poll_fn` over the channel, which answers "ended" however often it is asked again: the
+    // gzip layer asks once more after the end (`stream::unfold` panicked there).
+    let body = axum::body::Body::from_stream(futures_util::stream::poll_fn(move |context| {
+        receiver.poll_recv(context)
+    }));
     let disposition = format!("attachment; filename=\"{id}.{extension}\"");
     Ok((
         [

@@ -1576,6 +1576,99 @@ fn the_csv_export_has_the_latest_attempts_intermediate_results() {
     assert_eq!(attempts, [1, 1, 2, 2, 2]);
 }
 
+/// The JSON export is written part by part (`write_json`; a million intermediate results took
+/// 2 GB as one value, H2 F3): its bytes are those of the whole value written pretty, on trials
+/// with and without intermediate results, retried ones, PBT members, odd metrics and warnings.
+#[test]
+fn the_json_export_written_part_by_part_is_the_whole_value_written_pretty() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    put(
+        &store,
+        StoreEvent::Warning {
+            trial_id: None,
+            message: "a \"quoted\" line\nand a second, ünïcode ✓".to_string(),
+        },
+    );
+    let raws = [
+        "0.5",
+        "NaN",
+        "-Infinity",
+        "1e308",
+        "-0.0",
+        "3",
+        r#"{"default": 0.25, "acc": "a\"b"}"#,
+        "\"text\"",
+        "[1, 2]",
+        "1.7976931348623157e308",
+        "5e-324",
+        "0.1",
+    ];
+    for (sequence, id) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        let sequence = sequence as u64;
+        let mut created = trial(id, sequence);
+        if let StoreEvent::TrialCreated {
+            lineage,
+            parameters,
+            ..
+        } = &mut created
+        {
+            // "c" is a population member cloned from "a"; "d" has odd parameters.
+            if id == "c" {
+                *lineage = Some(Box::new(knob_core::store::Lineage {
+                    parent: Some("a".to_string()),
+                    replaces: Some("b".to_string()),
+                    parent_step: Some(3),
+                }));
+            }
+            if id == "d" {
+                *parameters = json!({"nested": {"x": [1, null, "∞"]}, "e": 1e-300});
+            }
+        }
+        put(&store, created);
+        if id == "d" {
+            // Never started: no attempts, no intermediate results.
+            continue;
+        }
+        put(&store, started(id, 1));
+        for (at, raw) in raws.iter().enumerate().skip(sequence as usize) {
+            put(&store, metric(id, MetricKind::Intermediate, at as u64, raw));
+        }
+        if id == "b" {
+            put(&store, ended(id, 1, TrialStatus::Failed));
+            put(
+                &store,
+                StoreEvent::TrialRequeued {
+                    trial_id: id.to_string(),
+                    reason: "attempt 1 failed".to_string(),
+                    memory_request_mib: Some(2048),
+                    gpu_memory_request_mib: None,
+                    peak_memory_mib: Some(1024),
+                    peak_gpu_memory_mib: None,
+                },
+            );
+            put(&store, started(id, 2));
+            continue;
+        }
+        put(&store, metric(id, MetricKind::Final, 0, raws[6]));
+        put(&store, ended(id, 1, TrialStatus::Succeeded));
+    }
+    let state = store.replay().unwrap();
+    let whole = serde_json::to_string_pretty(&knob_core::export::to_json(&state)).unwrap() + "\n";
+    let mut written = Vec::new();
+    knob_core::export::write_json(&state, &mut written).unwrap();
+    assert_eq!(String::from_utf8(written).unwrap(), whole);
+    // What is compared has what it is meant to have.
+    let value = knob_core::export::to_json(&state);
+    let counts: Vec<usize> = (0..4)
+        .map(|t| value["trials"][t]["intermediate"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(counts, [12, 11, 10, 0], "{whole}");
+    assert_eq!(value["trials"][2]["schedule"][0]["from_step"], 3, "{whole}");
+    assert_eq!(value["warnings"].as_array().unwrap().len(), 1, "{whole}");
+}
+
 /// Every snapshot reads the experiment's status changes (`running_ms`): an index of their own
 /// keeps that from scanning the whole log (0.1 s at 100 000 trials). A store written by a knob
 /// from before the index gets it the next time it is opened for writing.
