@@ -2,8 +2,9 @@
 //! the whole tree it started ([`TrialTree`]), and the tail of its stderr.
 
 use std::ffi::OsString;
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::Stdio;
 
@@ -1029,10 +1030,49 @@ fn parse_state_and_group(stat: &str) -> Option<(char, u32)> {
     Some((state, group))
 }
 
+/// Opens `path`, a file of a trial's folder, with `options`, and only if it is a regular file.
+/// The trial may have put anything there: a FIFO (whose `open` waits for a writer for ever:
+/// a trial's end waited on it, and `knob stop` with it), a link to `/dev/zero` (a read without
+/// end) or to any other file of this user. So the last component is not followed and the
+/// `open` does not wait (`O_NOFOLLOW | O_NONBLOCK`); a refusal's error says what was there.
+pub fn open_trial_file(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
+    let refused = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("it is {what}; knob reads and writes only a regular file there"),
+        )
+    };
+    let file = options
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => refused("a symbolic link"),
+            // A FIFO opened for writing with no reader.
+            Some(nix::libc::ENXIO) => refused("a FIFO"),
+            _ => e,
+        })?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        return Ok(file);
+    }
+    Err(refused(if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }))
+}
+
 /// The last [`STDERR_TAIL_LINES`] lines of the file at `path`, read from at most its last
-/// [`STDERR_TAIL_BYTES`] bytes; empty when it cannot be read.
+/// [`STDERR_TAIL_BYTES`] bytes; empty when it cannot be read (or is not a regular file: see
+/// [`open_trial_file`]).
 pub fn stderr_tail(path: &Path) -> String {
-    let Ok(mut file) = File::open(path) else {
+    let Ok(mut file) = open_trial_file(path, OpenOptions::new().read(true)) else {
         return String::new();
     };
     let length = file.metadata().map(|m| m.len()).unwrap_or(0);

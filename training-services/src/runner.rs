@@ -29,8 +29,8 @@ use crate::metrics::{Emit, LineScanner, ScannedLine, TrialRecorder, MAX_METRIC_B
 use crate::nni_file;
 use crate::nni_http::ChannelServer;
 use crate::process::{
-    new_trial_run_mark, spawn_in_own_group, stderr_tail, BeforeSpawn, Leader, TrialTree,
-    TRIAL_RUN_ENV,
+    new_trial_run_mark, open_trial_file, spawn_in_own_group, stderr_tail, BeforeSpawn, Leader,
+    TrialTree, TRIAL_RUN_ENV,
 };
 use crate::tail::{tail_files, FileTail, FileWatcher};
 use crate::trial_python;
@@ -113,7 +113,10 @@ fn sample_gpu_memory(tree: &TrialTree, source: &GpuUsageSource) -> Option<u64> {
     match source {
         GpuUsageSource::NoGpu => return None,
         GpuUsageSource::SimulatedFile(path) => {
-            return simulated_gpu_memory(&std::fs::read_to_string(path).ok()?);
+            let file = open_trial_file(path, std::fs::OpenOptions::new().read(true)).ok()?;
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::Read::take(file, 4096), &mut text).ok()?;
+            return simulated_gpu_memory(&text);
         }
         GpuUsageSource::Nvml => {}
     }
@@ -549,7 +552,8 @@ async fn watch_memory(
             _ => None,
         };
         if let Some(note) = over {
-            if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(&stderr) {
+            if let Ok(mut file) = open_trial_file(&stderr, std::fs::OpenOptions::new().append(true))
+            {
                 let _ = std::io::Write::write_all(&mut file, note.as_bytes());
             }
             tree.signal(Signal::SIGKILL).await;

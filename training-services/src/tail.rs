@@ -6,6 +6,7 @@
 //! exit is never lost. Where the OS watcher is unavailable, tails are read on a short timer.
 
 use std::collections::HashMap;
+use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use tokio::sync::{oneshot, Notify};
 use crate::knob_protocol::{self, LineSource};
 use crate::metrics::{LineScanner, ScannedLine, TrialRecorder, MAX_METRIC_BYTES};
 use crate::nni_file::{decode_nni_metric, NniRecord, NniRecordDecoder};
+use crate::process::open_trial_file;
 
 /// How often tails are read when the OS cannot tell us about changes.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -172,6 +174,8 @@ pub struct FileTail {
     /// Created if missing and watched once the trial has run [`WATCH_AFTER`]; otherwise only
     /// read when the tail wakes for another file and at the end.
     watched: bool,
+    /// The trial put something other than a regular file there, and the store was told.
+    refused: bool,
 }
 
 impl FileTail {
@@ -182,6 +186,7 @@ impl FileTail {
             offset: 0,
             format: TailFormat::KnobLines(LineScanner::new(b"", MAX_METRIC_BYTES)),
             watched: true,
+            refused: false,
         }
     }
 
@@ -198,6 +203,7 @@ impl FileTail {
                 told: false,
             },
             watched: false,
+            refused: false,
         }
     }
 
@@ -208,6 +214,7 @@ impl FileTail {
             offset: 0,
             format: TailFormat::NniRecords(NniRecordDecoder::new()),
             watched: true,
+            refused: false,
         }
     }
 
@@ -221,9 +228,16 @@ impl FileTail {
     /// True when the file read before is gone or was replaced by another at its path: a watch
     /// added for it no longer tells of changes, so the caller polls instead.
     pub fn read_new(&mut self, recorder: &TrialRecorder) -> bool {
-        let Ok(mut file) = std::fs::File::open(&self.path) else {
+        let mut file = match open_trial_file(&self.path, OpenOptions::new().read(true)) {
+            Ok(file) => file,
             // Not created, or removed (the trial cleaned its folder?): nothing to read.
-            return self.identity.is_some();
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return self.identity.is_some(),
+            Err(e) => {
+                if !std::mem::replace(&mut self.refused, true) {
+                    recorder.warn(format_args!("{} not read: {e}", self.path.display()));
+                }
+                return self.identity.is_some();
+            }
         };
         let (length, identity) = match file.metadata() {
             Ok(metadata) => (metadata.len(), Some((metadata.dev(), metadata.ino()))),
@@ -400,10 +414,8 @@ pub async fn tail_files(
                 // Not created before the start (see `runner::prepare_directory`): created
                 // empty now if the trial has not, to be watched. Appending, never truncating,
                 // so that what the trial writes meanwhile stays.
-                if let Err(e) = std::fs::OpenOptions::new()
-                    .append(true)
-                    .create(true)
-                    .open(file.path())
+                if let Err(e) =
+                    open_trial_file(file.path(), OpenOptions::new().append(true).create(true))
                 {
                     knob_plugin_api::log::debug(&format!(
                         "trial {}: cannot create {}: {e}",

@@ -261,3 +261,43 @@ knob_trial.report_final(0.5)
         [format!("{folder}\n{folder}"), format!("{folder}\n{folder}")]
     );
 }
+
+/// A trial may leave anything at the paths of its folder that knob reads when it ends. A FIFO
+/// at trial.log kept the end's last read in `open()` for ever (the trial stayed RUNNING and
+/// `knob stop` could not stop the experiment); a FIFO at metrics.knob did the same when the
+/// file was created to be watched. Each is refused in one warning, and the trial ends.
+#[test]
+fn a_trial_that_leaves_fifos_and_links_in_its_folder_still_ends() {
+    let events = Events::default();
+    let (runtime, host) = local_host(&events, FileWatcher::new());
+    let dir = tempfile::tempdir().unwrap();
+    let command = r#"
+        # knob may have created the metric files already (to watch them): replaced.
+        rm -f "$KNOB_METRICS_FILE" "$KNOB_TRIAL_DIR/stderr"
+        mkfifo "$KNOB_TRIAL_DIR/trial.log" "$KNOB_METRICS_FILE" "$KNOB_TRIAL_DIR/stderr"
+        ln -sf /dev/zero "$KNOB_TRIAL_DIR/.nni/metrics"
+        echo "KNOB_FINAL 1"
+        sleep 0.3
+    "#;
+    let request = request(dir.path(), &dir.path().join("trial"), "fifos", command);
+    let (_handle, finished_rx) = start(&host, &runtime, &request);
+    let trial = events.wait_ended("fifos");
+    assert_eq!(metrics(&trial), [(MetricKind::Final, 0, "1".into())]);
+    assert_eq!(ending(&trial).0, Some(0), "{trial:#?}");
+    let warnings = warnings(&trial);
+    for (file, what) in [
+        ("trial.log", "a FIFO"),
+        ("metrics.knob", "a FIFO"),
+        (".nni/metrics", "a symbolic link"),
+    ] {
+        let refused = format!(
+            "{file} not read: it is {what}; knob reads and writes only a regular file there"
+        );
+        assert_eq!(
+            warnings.iter().filter(|w| w.ends_with(&refused)).count(),
+            1,
+            "{refused:?} once in {warnings:#?}"
+        );
+    }
+    finished_rx.recv_timeout(WAIT).unwrap();
+}
