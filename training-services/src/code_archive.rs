@@ -321,7 +321,7 @@ fn list(
                 path: path.to_path_buf(),
                 source,
             })?;
-            if !link_stays_inside(&relative, &target) {
+            if !link_stays_inside(dir, &relative, &target) {
                 return Err(CodeArchiveError::LinkOutside {
                     path: path.to_path_buf(),
                     target,
@@ -362,28 +362,78 @@ fn special_file_kind(file_type: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// Whether a link at `link` (relative to the root) pointing to `target` resolves, by its path
-/// alone, to somewhere inside the root.
-fn link_stays_inside(link: &Path, target: &Path) -> bool {
-    if target.is_absolute() {
-        return false;
-    }
-    // Depth of the directory holding the link, then walk the target's components.
-    let mut depth = link.components().count() as isize - 1;
-    for component in target.components() {
+/// Whether a link at `link` (relative to `root`) pointing to `target` resolves to somewhere
+/// inside `root`, as the kernel would resolve it: a component of the target that is itself a
+/// link under `root` is replaced by where that leads, so a `..` after it climbs from there (a
+/// link `esc -> up/../etc` with `up -> .` leaves the tree, which counting `..` against the
+/// path's depth took for inside). A loop is inside: the kernel refuses to resolve it.
+fn link_stays_inside(root: &Path, link: &Path, target: &Path) -> bool {
+    let mut at = Vec::new();
+    for component in link.parent().unwrap_or(Path::new("")).components() {
         match component {
-            Component::Normal(_) => depth += 1,
+            Component::Normal(name) => at.push(name.to_owned()),
             Component::CurDir => {}
-            Component::ParentDir => {
-                depth -= 1;
-                if depth < 0 {
-                    return false;
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => return false,
+            _ => return false,
         }
     }
-    true
+    let mut hops = 0;
+    !matches!(
+        resolve_inside(root, &mut at, target, &mut hops),
+        Resolved::Outside
+    )
+}
+
+/// The links one resolution follows before it counts as a loop (Linux's own bound).
+const MAX_LINK_HOPS: u32 = 40;
+
+enum Resolved {
+    Inside,
+    Outside,
+    Loops,
+}
+
+/// Walks `target` from `at` (components relative to `root`, none of them a link), following
+/// the links under `root` it meets.
+fn resolve_inside(
+    root: &Path,
+    at: &mut Vec<std::ffi::OsString>,
+    target: &Path,
+    hops: &mut u32,
+) -> Resolved {
+    for component in target.components() {
+        match component {
+            Component::Normal(name) => {
+                at.push(name.to_owned());
+                let here: PathBuf = root.join(at.iter().collect::<PathBuf>());
+                let is_link = std::fs::symlink_metadata(&here)
+                    .is_ok_and(|metadata| metadata.file_type().is_symlink());
+                if !is_link {
+                    // A folder, a file, or nothing yet: taken as a folder, as the path says.
+                    continue;
+                }
+                *hops += 1;
+                if *hops > MAX_LINK_HOPS {
+                    return Resolved::Loops;
+                }
+                let Ok(next) = std::fs::read_link(&here) else {
+                    return Resolved::Outside;
+                };
+                at.pop();
+                match resolve_inside(root, at, &next, hops) {
+                    Resolved::Inside => {}
+                    other => return other,
+                }
+            }
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if at.pop().is_none() {
+                    return Resolved::Outside;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return Resolved::Outside,
+        }
+    }
+    Resolved::Inside
 }
 
 fn append(
@@ -509,6 +559,7 @@ fn unpack_entries(
     let mut files = 0usize;
     let mut directories = 0usize;
     let mut bytes: u64 = 0;
+    let mut links = Vec::new();
     for entry in archive.entries().map_err(CodeArchiveError::Corrupt)? {
         let mut entry = entry.map_err(CodeArchiveError::Corrupt)?;
         let raw_path = entry
@@ -575,17 +626,28 @@ fn unpack_entries(
                 .map_err(CodeArchiveError::Corrupt)?
                 .map(|t| t.into_owned())
                 .unwrap_or_default();
-            if target.as_os_str().is_empty() || !link_stays_inside(&relative, &target) {
+            if target.as_os_str().is_empty() || !link_stays_inside(root, &relative, &target) {
                 return Err(CodeArchiveError::UnsafeLink {
                     path: shown,
                     target: target.to_string_lossy().into_owned(),
                 });
             }
             std::os::unix::fs::symlink(&target, &path).map_err(write_error_at(&path))?;
+            links.push((relative, shown, target));
         } else {
             return Err(CodeArchiveError::UnsupportedEntry {
                 path: shown,
                 kind: format!("{entry_type:?}"),
+            });
+        }
+    }
+    // Again once every link is there: a link made later can change where an earlier one
+    // leads (`a -> x/../b` was inside until `x -> .` came).
+    for (relative, shown, target) in links {
+        if !link_stays_inside(root, &relative, &target) {
+            return Err(CodeArchiveError::UnsafeLink {
+                path: shown,
+                target: target.to_string_lossy().into_owned(),
             });
         }
     }
@@ -631,12 +693,28 @@ mod tests {
 
     #[test]
     fn links_inside_and_outside() {
-        assert!(link_stays_inside(Path::new("a"), Path::new("b")));
-        assert!(link_stays_inside(Path::new("d/a"), Path::new("../b")));
-        assert!(!link_stays_inside(Path::new("a"), Path::new("../b")));
-        assert!(!link_stays_inside(Path::new("d/a"), Path::new("../../b")));
-        assert!(!link_stays_inside(Path::new("a"), Path::new("/etc/passwd")));
-        assert!(link_stays_inside(Path::new("a"), Path::new("./x/../y")));
+        let root = tempfile::tempdir().unwrap();
+        let inside = |link: &str, target: &str| {
+            link_stays_inside(root.path(), Path::new(link), Path::new(target))
+        };
+        assert!(inside("a", "b"));
+        assert!(inside("d/a", "../b"));
+        assert!(!inside("a", "../b"));
+        assert!(!inside("d/a", "../../b"));
+        assert!(!inside("a", "/etc/passwd"));
+        assert!(inside("a", "./x/../y"));
+
+        // A `..` after a link climbs from where the link leads, not from the link's folder.
+        std::fs::create_dir_all(root.path().join("sub/a/b/c/d")).unwrap();
+        std::os::unix::fs::symlink("../../../../..", root.path().join("sub/a/b/c/d/up5")).unwrap();
+        assert!(inside("sub/a/b/c/d/up5", "../../../../.."));
+        assert!(!inside(
+            "esc",
+            "sub/a/b/c/d/up5/../../../../../etc/hostname"
+        ));
+        assert!(inside("ok", "sub/a/b/c/d/up5/sub/a"));
+        std::os::unix::fs::symlink("loop", root.path().join("loop")).unwrap();
+        assert!(inside("a", "loop/.."), "a loop resolves nowhere");
     }
 
     #[test]

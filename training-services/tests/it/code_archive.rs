@@ -541,3 +541,41 @@ fn an_experiments_copy_of_the_cache_is_made_once_and_never_from_an_incomplete_ca
     );
     assert!(!elsewhere.exists());
 }
+
+/// A link that escapes through another link: `up5 -> ../../../../..` is the tree's root, so
+/// `esc -> sub/a/b/c/d/up5/../../../../../etc/hostname` is /etc/hostname, which counting `..`
+/// against the path's depth took for inside. Refused when archiving, and when unpacking in
+/// either order (the link it goes through made before it or after it).
+#[test]
+fn a_link_that_escapes_through_another_link_is_refused_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("sub/a/b/c/d")).unwrap();
+    std::os::unix::fs::symlink("../../../../..", dir.path().join("sub/a/b/c/d/up5")).unwrap();
+    create(dir.path(), &ArchiveLimits::default(), &[]).unwrap();
+    let esc_target = "sub/a/b/c/d/up5/../../../../../etc/hostname";
+    std::os::unix::fs::symlink(esc_target, dir.path().join("esc")).unwrap();
+    let error = create(dir.path(), &ArchiveLimits::default(), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains(&format!(
+            "/esc is a symbolic link to {esc_target} outside the trial code directory"
+        )),
+        "{error}"
+    );
+
+    use tar::EntryType::{Directory, Symlink};
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("code").join("h");
+    let up = ("x/up", Symlink, Some(".."), &b""[..]);
+    let esc = ("esc", Symlink, Some("x/up/../etc"), &b""[..]);
+    for entries in [[up, esc], [esc, up]] {
+        let bytes = raw_entries(&[("x", Directory, None, b""), entries[0], entries[1]]);
+        let error = unpack(bytes.as_slice(), &dest, &ArchiveLimits::default()).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "code archive entry \"esc\" is a link to \"x/up/../etc\", which leaves the code directory; refused"
+        );
+        assert!(!dest.exists());
+    }
+}
