@@ -818,7 +818,7 @@ fn bad_notifications_are_refused_naming_the_field() {
             .replace(&sandbox.path().display().to_string(), "SANDBOX")
     };
     expect![[r#"
-        error: CONFIG:13:18: notifications.webhook.url: "ftp://example.com/x": scheme "ftp" is not supported; write http://... or https://...
+        error: CONFIG:13:18: notifications.webhook.url: "ftp://example.com/***": scheme "ftp" is not supported; write http://... or https://...
     "#]]
     .assert_eq(&check("  webhook: {url: ftp://example.com/x}"));
     expect![[r#"

@@ -487,29 +487,50 @@ fn read_webhook(reader: &mut Reader, field: &Field<'_>) -> Option<WebhookConfig>
     })
 }
 
-/// An absolute `http`/`https` URL with a host, and a port that is one if it names one.
+/// An absolute `http`/`https` URL with a host, and a port that is one if it names one. The
+/// errors show the URL as [`url_shown_in_errors`] does: its path is a key.
 fn check_url(text: &str) -> Result<(), String> {
+    let shown = url_shown_in_errors(text);
     let uri = axum::http::Uri::from_str(text).map_err(|error| {
-        format!("{text:?} is not a URL ({error}); write http://... or https://...")
+        format!("{shown:?} is not a URL ({error}); write http://... or https://...")
     })?;
     match uri.scheme_str() {
         Some("http" | "https") => {}
         Some(other) => {
             return Err(format!(
-                "{text:?}: scheme {other:?} is not supported; write http://... or https://..."
+                "{shown:?}: scheme {other:?} is not supported; write http://... or https://..."
             ))
         }
         None => {
             return Err(format!(
-                "{text:?} is not an absolute URL; write http://... or https://..."
+                "{shown:?} is not an absolute URL; write http://... or https://..."
             ))
         }
     }
     match uri.host() {
         Some(host) if !host.is_empty() => {}
-        _ => return Err(format!("{text:?} names no host")),
+        _ => return Err(format!("{shown:?} names no host")),
     }
     WebhookUrl::new(text).check_port()
+}
+
+/// A webhook URL as its errors show it, which need not parse: the scheme and host as written,
+/// user info dropped, and `/***` for whatever follows the host (a Slack webhook's path is its
+/// key), as [`WebhookUrl::shown`] shows a valid one.
+fn url_shown_in_errors(text: &str) -> String {
+    let (scheme, rest) = match text.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), text),
+    };
+    let end = rest.find(['/', '?', '#']);
+    let authority = &rest[..end.unwrap_or(rest.len())];
+    let host = authority.rsplit('@').next().unwrap_or(authority);
+    let hidden = if end.is_some() {
+        format!("/{REDACTED}")
+    } else {
+        String::new()
+    };
+    format!("{scheme}{host}{hidden}")
 }
 
 /// The port written in a URL's authority (`scheme://user@host:port/...`), as text; `None` when

@@ -265,6 +265,33 @@ fn a_webhook_port_that_is_not_a_port_is_refused_where_it_is_written() {
     }
 }
 
+/// A URL refused for its scheme or its syntax was quoted whole in the error, key and all (in
+/// `knob config check`, `knob create`, CI logs); only its scheme and host are shown.
+#[test]
+fn a_refused_webhook_url_is_shown_without_its_path() {
+    let project = Project::new(&[]);
+    let out = |url: &str| {
+        let text = format!("{BASE}notifications:\n  webhook: {{url: '{url}'}}\n");
+        project.check("exp.yml", &text)
+    };
+    expect![[r#"
+        $DIR/exp.yml:7:18: notifications.webhook.url: "ftp://hooks.slack.com/***": scheme "ftp" is not supported; write http://... or https://...
+        $DIR/exp.yml:7:18: notifications.webhook.url: "https://hooks.slack.com/***" is not a URL (invalid uri character); write http://... or https://...
+        $DIR/exp.yml:7:18: notifications.webhook.url: "http:///***" is not a URL (invalid format); write http://... or https://...
+        $DIR/exp.yml:7:18: notifications.webhook.url: "hooks.slack.com/***" is not a URL (invalid format); write http://... or https://...
+    "#]]
+    .assert_eq(
+        &[
+            "ftp://hooks.slack.com/services/T000/B000/SECRETKEY",
+            "https://u:pw@hooks.slack.com/services/T000/B000/SECRET KEY",
+            "http:///SECRETKEY",
+            "hooks.slack.com/services/T000/B000/SECRETKEY",
+        ]
+        .map(out)
+        .concat(),
+    );
+}
+
 /// The notifier and `knob notify test` refuse such a URL too, when a config reaches them by
 /// another way than its reading: nothing posts to another port than the one written.
 #[test]
