@@ -861,6 +861,10 @@ fn the_experiment_list_serves_each_experiments_trial_routes() {
     assert_eq!(status, 200, "{stdout}");
     assert!(stdout.as_str().unwrap().contains("KNOB_FINAL"), "{stdout}");
     assert_refused(get(&base, "/trials/nosuch"), 404, "no trial nosuch");
+    // The id percent-encoded is the same experiment: its API paths were answered with the
+    // dashboard's page (the prefix was cut by the decoded id).
+    let (status, encoded) = get(&format!("{}/e/%6Cisted", view.base), "/trials");
+    assert_eq!((status, &encoded), (200, &trials));
 }
 
 /// With a token, a client without it learns nothing from `/e/ID/` of `knob view`'s list: an id

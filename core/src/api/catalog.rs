@@ -232,15 +232,17 @@ async fn experiment(
             }
         }
     };
-    let prefix = format!("/e/{id}");
     let path_and_query = request
         .uri()
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
+    // What follows `/e/<id>`, cut at the id's segment as written: `{id}` is decoded, and a
+    // prefix rebuilt from it (`/e/A`) did not match `/e/%41/...`, which was then forwarded as
+    // `/` (the dashboard's page for every API path). The routes guarantee a `/` after it.
     let inner = path_and_query
-        .strip_prefix(&prefix)
-        .filter(|rest| rest.starts_with('/'))
+        .strip_prefix("/e/")
+        .and_then(|after| after.find('/').map(|slash| &after[slash..]))
         .unwrap_or("/")
         .to_string();
     let Ok(uri) = inner.parse::<Uri>() else {
