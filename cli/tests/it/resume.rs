@@ -666,6 +666,68 @@ fn resume_runs_again_what_a_stop_cancelled_but_not_what_the_user_killed() {
     }
 }
 
+/// A trial a stop cancelled, which the resumed run did not start again before it was stopped
+/// too (one at a time, and the other trial ran first), keeps the end its one attempt had: that
+/// stop moved its end (and so its duration) to its own time, and each later stop again.
+#[test]
+fn a_trial_a_resumed_run_never_started_keeps_its_end_through_the_next_stop() {
+    let sandbox = Sandbox::new();
+    // Each trial notes its id, then waits (bounded) for `go`, which never comes.
+    let script = "echo \"$NNI_TRIAL_JOB_ID\" >> started\n\
+                  for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done\n\
+                  echo KNOB_FINAL 1\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 2\nmaxTrialNumber: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let started = sandbox.path().join("code/started");
+    let mut child = spawn(sandbox.create_command(&config, "kept"));
+    wait_for_lines(&started, 2);
+    // One at a time from now on: the resumed run starts one of the two again, the other waits.
+    let (code, stdout, stderr) = run(sandbox.knob().args(["update", "concurrency", "kept", "1"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "kept"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(wait_bounded(&mut child, Duration::from_secs(20)), Some(0));
+    let first = sandbox.export("kept");
+
+    let mut resume = sandbox.knob();
+    resume.args(["resume", "kept"]);
+    let mut child = spawn(resume);
+    let rerun = wait_for_lines(&started, 3)[2].clone();
+    // Later than the first stop by more than the clock's grain.
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "kept"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(wait_bounded(&mut child, Duration::from_secs(20)), Some(0));
+    let second = sandbox.export("kept");
+
+    // The trial that ran again (`true`) or the other one, in `export`.
+    let trial = |export: &serde_json::Value, ran_again: bool| {
+        export["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| (t["id"] == rerun.as_str()) == ran_again)
+            .unwrap()
+            .clone()
+    };
+    let (before, after) = (trial(&first, false), trial(&second, false));
+    assert_eq!(after["status"], "USER_CANCELED", "{after}");
+    assert_eq!(after["attempts"], 1, "{after}");
+    assert_eq!(after["ended_ms"], before["ended_ms"], "{before}\n{after}");
+    assert_eq!(
+        after["attempt_history"][0]["ended_ms"], before["ended_ms"],
+        "{after}"
+    );
+    // The one that ran again ended with the second stop, in its second attempt.
+    let again = trial(&second, true);
+    assert_eq!(again["attempts"], 2, "{again}");
+    assert!(
+        again["ended_ms"].as_i64() > trial(&first, true)["ended_ms"].as_i64(),
+        "{again}"
+    );
+}
+
 /// An experiment that failed (here its tuner handed out bad parameters) cancels the trials it
 /// was running; they did not end on their own, so `knob resume`, once the cause is fixed, runs
 /// them again as a new attempt, as after a crash or a stop.

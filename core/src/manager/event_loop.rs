@@ -295,6 +295,7 @@ impl Manager {
             // (no trial ended or started, the tuner heard nothing), so it is not run: at
             // 100 000 trials most turns are such a result, each arriving on its own.
             if turn == Turn::Changed {
+                self.take_queued_commands().await?;
                 self.fill().await?;
             }
             turn = Turn::Changed;
@@ -370,20 +371,7 @@ impl Manager {
                         message: "stopped reporting events".into(),
                     })
                 }
-                Wake::Command(Some(Command::Stop)) => {
-                    self.stop_all(
-                        crate::store::STOPPED_WITH_EXPERIMENT,
-                        TrialStatus::UserCanceled,
-                    )
-                    .await?
-                }
-                Wake::Command(Some(Command::Update(update, reply))) => {
-                    let outcome = self.apply(update).await?;
-                    let _ = reply.send(outcome);
-                }
-                Wake::Command(Some(Command::Environments(reply))) => {
-                    let _ = reply.send(self.environments.views());
-                }
+                Wake::Command(Some(command)) => self.on_command(command).await?,
                 // Nobody can send commands any more; keep running without listening.
                 Wake::Command(None) => self.commands_open = false,
                 Wake::StartFailed(trial_id, message) => {
@@ -424,6 +412,42 @@ impl Manager {
                 Wake::MoreToSubmit => {}
             }
         }
+    }
+
+    async fn on_command(&mut self, command: Command) -> Result<(), ManagerError> {
+        match command {
+            Command::Stop => {
+                self.stop_all(
+                    crate::store::STOPPED_WITH_EXPERIMENT,
+                    TrialStatus::UserCanceled,
+                )
+                .await
+            }
+            Command::Update(update, reply) => {
+                let outcome = self.apply(update).await?;
+                let _ = reply.send(outcome);
+                Ok(())
+            }
+            Command::Environments(reply) => {
+                let _ = reply.send(self.environments.views());
+                Ok(())
+            }
+        }
+    }
+
+    /// Acts on the commands already queued, before `fill` starts trials: a stop that came while
+    /// the loop was busy (a resume reading the store and reaching its hosts, a long turn) was
+    /// heard only after `fill` had started the trials it then killed at once, attempts that ran
+    /// nothing, and a cluster job submitted after the console said the experiment stops.
+    async fn take_queued_commands(&mut self) -> Result<(), ManagerError> {
+        while self.commands_open {
+            match self.commands.try_recv() {
+                Ok(command) => self.on_command(command).await?,
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => self.commands_open = false,
+            }
+        }
+        Ok(())
     }
 
     /// Counts what woke the loop (see [`super::Wakes`]).
@@ -811,9 +835,20 @@ impl Manager {
             return Ok(());
         }
         let Some(service) = trial.service.filter(|_| trial.launched) else {
-            // Never handed to a service: nothing runs, so it ends here.
+            // Never handed to a service: nothing runs, so it ends here, and one that ran before
+            // ends when its last attempt did (ended now, a trial a resumed run never started
+            // had its end moved to each later stop).
+            let ended_ms = trial.last_attempt_end_ms;
             return self
-                .end_trial(trial_id, status, Some(reason), None, None, String::new())
+                .end_trial_at(
+                    trial_id,
+                    status,
+                    Some(reason),
+                    None,
+                    None,
+                    String::new(),
+                    ended_ms,
+                )
                 .await;
         };
         trial.kill = Some((status, reason.clone()));

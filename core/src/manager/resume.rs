@@ -161,6 +161,10 @@ impl Manager {
                 };
                 self.requeue(&id, reason.into(), Duration::ZERO).await?;
             }
+            // Until it starts again, its end is the one its last attempt had in the run before.
+            if let Some(ended_ms) = last_attempt_end_ms(stored) {
+                self.book.known(&id).last_attempt_end_ms = Some(ended_ms);
+            }
         }
         if !imported.is_empty() {
             self.tuner.import(imported).await?;
@@ -292,6 +296,13 @@ impl Manager {
             peak_memory_mib: self.book[trial_id].peak_memory_mib,
             peak_gpu_memory_mib: self.book[trial_id].peak_gpu_memory_mib,
         };
+        let ended_ms = match &attempt_end {
+            Some(StoreEvent::TrialEnded {
+                ended_ms: Some(ended_ms),
+                ..
+            }) => *ended_ms,
+            _ => crate::store::now_ms(),
+        };
         match attempt_end {
             Some(end) => self.store.append_together(vec![end, requeued]).await?,
             None => self.store.append(requeued).await?,
@@ -299,6 +310,7 @@ impl Manager {
         self.environments.release(trial_id);
         let not_before = (!backoff.is_zero()).then(|| Instant::now() + backoff);
         self.book.new_attempt(trial_id, not_before);
+        self.book.known(trial_id).last_attempt_end_ms = Some(ended_ms);
         self.publish(None);
         Ok(())
     }
@@ -350,6 +362,16 @@ fn import_record(
         .filter(|m| m.kind == MetricKind::Intermediate)
         .count() as u64;
     record
+}
+
+/// When a stored trial's last attempt ended, or was given up (one running at a crash, on the
+/// resume after it); `None` for a trial that never started.
+fn last_attempt_end_ms(stored: &crate::store::TrialState) -> Option<i64> {
+    let last = stored.attempts.last()?;
+    last.end
+        .as_ref()
+        .map(|end| end.time_ms)
+        .or_else(|| last.requeued.as_ref().map(|requeued| requeued.time_ms))
 }
 
 /// How many attempts of a stored trial were lost with their host and run again: ended FAILED

@@ -58,6 +58,10 @@ pub(super) struct Trial {
     pub start_failures: u32,
     /// A retry waits until then (backoff).
     pub not_before: Option<Instant>,
+    /// When its last attempt ended or was given up (Unix ms), while it waits for the next: a
+    /// trial ended before that one is handed to a service (a stop, a kill) keeps this end, as
+    /// nothing ran since.
+    pub last_attempt_end_ms: Option<i64>,
     /// Why it waits for resources, as last recorded.
     pub waiting_reason: Option<String>,
     /// When `waiting_reason` was last recorded (see `placement::WAITING_REASON_EVERY`).
@@ -138,6 +142,7 @@ impl Trial {
             waiting_warned_at: None,
             waiting_reasons_recorded: 0,
             not_before: None,
+            last_attempt_end_ms: None,
             deadline: None,
             intermediate: Default::default(),
             final_value: None,

@@ -1629,3 +1629,34 @@ fn starts_still_queued_when_the_stop_comes_are_not_sent() {
         state.warnings
     );
 }
+
+/// A stop that comes before the loop's first turn (a `knob stop` while a resume reads its store
+/// and reaches its hosts: the console already says the experiment stops) starts no trial. The
+/// loop heard it only after its first round had started trials, whose attempts then ran
+/// nothing, and a cluster job was submitted after the stop.
+#[test]
+fn a_stop_queued_before_the_loop_runs_starts_no_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = Services {
+        platforms: &["quick"],
+        gpus: 2,
+        hold: Mutex::new(None),
+        starts: Starts::default(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
+    };
+    let config = config(dir.path(), 4, 2, components.platforms, "Counter");
+    let (progress, _progress_rx) = watch::channel(manager::Progress::default());
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+    commands_tx.send(manager::Command::Stop).unwrap();
+
+    let outcome = run_experiment_commanded(dir.path(), &config, &components, progress, commands);
+    let outcome = outcome.unwrap();
+    assert_eq!(outcome.status, ExperimentStatus::Stopped, "{outcome:?}");
+    let starts = components.starts.lock().unwrap().clone();
+    assert!(starts.is_empty(), "started after the stop: {starts:?}");
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    for trial in &state.trials {
+        assert!(trial.attempts.is_empty(), "{trial:?}");
+    }
+}
