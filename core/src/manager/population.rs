@@ -265,8 +265,11 @@ impl Manager {
     /// wait for it either (a checkpoint of gigabytes takes minutes over SSH, and every other
     /// trial's events, the user's commands and the deadlines would wait): the trial keeps its
     /// placement and is handed to its service when the answer comes
-    /// ([`Manager::on_parent_snapshot_fetched`]); returns true then. A service that cannot is
-    /// told in one line; the successor then starts without its parent's checkpoint.
+    /// ([`Manager::on_parent_snapshot_fetched`]); returns true then. A service that answers
+    /// with an error (it could not tell: a host not connected) is asked again later, the
+    /// successor waiting as a start not made, up to [`FETCH_RETRIES`] times; a service that does
+    /// not have it, or still fails then, is told in one line, and the successor starts without
+    /// its parent's checkpoint.
     ///
     /// The service asked is the one that took the copy (`Trial::snapshot_holder`), not the
     /// one the parent runs under now: a parent whose host was lost since runs elsewhere, and
@@ -304,6 +307,7 @@ impl Manager {
             parent,
             asked,
             left: holders,
+            failures: Vec::new(),
             known: known.is_some(),
             service,
             environment: environment.to_string(),
@@ -353,13 +357,50 @@ impl Manager {
             return Ok(());
         }
         let brought_here = matches!(brought, Ok(true));
+        if let Err(e) = &brought {
+            let asked = &self.services[ask.asked].platform;
+            ask.failures.push(format!("training service {asked}: {e}"));
+        }
         if !brought_here && !ask.left.is_empty() {
             ask.asked = ask.left.remove(0);
             self.ask_for_parent_snapshot(ask);
             return Ok(());
         }
         self.book.known(&trial_id).fetching = false;
-        if !brought_here && ask.known {
+        if !brought_here && !ask.failures.is_empty() {
+            // A service that could not tell (its host not connected yet, as at a resume, or
+            // lost a moment) may hold the copy: started now, the successor trained from
+            // scratch under a lineage naming its parent, its restore folder missing and
+            // nothing said. It waits and is asked again, as a start that was not made.
+            let trial = self.book.known(&trial_id);
+            trial.fetch_failures += 1;
+            let failures = trial.fetch_failures;
+            let parent = &ask.parent;
+            let why = ask.failures.join("; ");
+            if failures <= FETCH_RETRIES && !self.closed_for_retries() {
+                let backoff = FETCH_RETRY_BACKOFF * (1 << (failures - 1).min(5));
+                self.warn(
+                    Some(trial_id.clone()),
+                    format!(
+                        "the checkpoint of its parent {parent} could not be brought here yet ({why}); asking again in {} s",
+                        backoff.as_secs()
+                    ),
+                )
+                .await?;
+                self.environments.release(&trial_id);
+                self.book
+                    .new_attempt(&trial_id, Some(tokio::time::Instant::now() + backoff));
+                self.publish(None);
+                return Ok(());
+            }
+            self.warn(
+                Some(trial_id.clone()),
+                format!(
+                    "the checkpoint of its parent {parent} could not be brought here in {failures} tries ({why}); it starts without it, from scratch"
+                ),
+            )
+            .await?;
+        } else if !brought_here && ask.known {
             let asked = self.services[ask.asked].platform.clone();
             let asked = match brought {
                 Err(e) => format!("{asked} ({e})"),
@@ -511,6 +552,13 @@ mod tests {
     }
 }
 
+/// How many times a successor's start waits for its parent's checkpoint that a service could
+/// not bring (an error, not a "none here") before it starts without it; the waits double from
+/// [`FETCH_RETRY_BACKOFF`], about a minute in all: a host reconnecting at a resume takes
+/// seconds.
+const FETCH_RETRIES: u32 = 6;
+const FETCH_RETRY_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A successor's parent checkpoint asked of a service, with where the successor was placed
 /// meanwhile (see [`Manager::bring_parent_snapshot`]).
 #[derive(Debug)]
@@ -521,6 +569,9 @@ struct FetchAsked {
     asked: usize,
     /// The services to ask next if it does not bring it (the parent's holder not known).
     left: Vec<usize>,
+    /// The errors of the services asked so far that could not tell whether they hold the
+    /// copy (`training service NAME: ERROR`), as opposed to answering that they do not.
+    failures: Vec<String>,
     /// Whether `asked` took the copy (a service that does not bring it is then told of).
     known: bool,
     /// The successor's service and placement.

@@ -56,6 +56,9 @@ pub(super) struct Trial {
     /// to `START_RETRIES` times, since a host whose connection just dropped refuses a start
     /// before the manager knows it is gone.
     pub start_failures: u32,
+    /// Times the copy of its parent's checkpoint could not be brought here for its start
+    /// (`population::on_parent_snapshot_fetched`): each waits longer, up to `FETCH_RETRIES`.
+    pub fetch_failures: u32,
     /// A retry waits until then (backoff).
     pub not_before: Option<Instant>,
     /// When its last attempt ended or was given up (Unix ms), while it waits for the next: a
@@ -142,6 +145,7 @@ impl Trial {
             waiting_warned_at: None,
             waiting_reasons_recorded: 0,
             not_before: None,
+            fetch_failures: 0,
             last_attempt_end_ms: None,
             deadline: None,
             intermediate: Default::default(),

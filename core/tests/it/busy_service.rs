@@ -68,11 +68,21 @@ struct Fetches {
     held_since: Mutex<Option<Instant>>,
     /// (trial, whether the copy was there) of each start told to restore from a copy.
     restores: Mutex<Vec<(String, bool)>>,
+    /// Whether the first call fails instead (a host not connected yet: the service cannot tell
+    /// whether it holds the copy).
+    first_fails: bool,
 }
 
 impl Fetches {
-    fn answer(&self, service: &'static str, dest: &std::path::Path) -> bool {
+    fn answer(&self, service: &'static str, dest: &std::path::Path) -> Result<bool, PluginError> {
         let asked = Instant::now();
+        if self.first_fails && self.calls.lock().unwrap().is_empty() {
+            self.calls
+                .lock()
+                .unwrap()
+                .push((service, asked, Instant::now(), false));
+            return Err(PluginError::new("host node0 is not connected yet"));
+        }
         let second = self.calls.lock().unwrap().len() == 1;
         if second {
             *self.held_since.lock().unwrap() = Some(asked);
@@ -86,7 +96,7 @@ impl Fetches {
             .lock()
             .unwrap()
             .push((service, asked, Instant::now(), second));
-        second
+        Ok(second)
     }
 }
 
@@ -244,10 +254,10 @@ impl TrainingService for Service {
         _donor: &str,
         dest: &std::path::Path,
     ) -> Result<bool, PluginError> {
-        Ok(self
-            .fetches
-            .as_ref()
-            .is_some_and(|fetches| fetches.answer(self.name, dest)))
+        match &self.fetches {
+            Some(fetches) => fetches.answer(self.name, dest),
+            None => Ok(false),
+        }
     }
 
     fn shutdown(&mut self) -> Result<(), PluginError> {
@@ -639,6 +649,7 @@ fn a_successor_waiting_for_its_parents_checkpoint_holds_no_other_trial() {
         calls: Default::default(),
         held_since: Default::default(),
         restores: Default::default(),
+        first_fails: false,
     });
     let components = Services {
         platforms: &["north", "east", "west"],
@@ -1659,4 +1670,59 @@ fn a_stop_queued_before_the_loop_runs_starts_no_trial() {
     for trial in &state.trials {
         assert!(trial.attempts.is_empty(), "{trial:?}");
     }
+}
+
+/// A successor created before a resume (where its parent's checkpoint is not known) placed
+/// under another service than the one holding that checkpoint, whose host is not connected yet
+/// (it reconnects a moment after the resume): that service's fetch fails. The successor started
+/// at once without the copy, from scratch, its restore folder missing and nothing said. Now it
+/// waits, is placed again after a backoff, and starts from the copy the second fetch brings.
+#[test]
+fn a_successor_whose_parents_checkpoint_cannot_be_brought_yet_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fetches = Arc::new(Fetches {
+        hold: Mutex::new(None),
+        calls: Default::default(),
+        held_since: Default::default(),
+        restores: Default::default(),
+        first_fails: true,
+    });
+    let components = Services {
+        platforms: &["north", "east"],
+        gpus: 2,
+        hold: Mutex::new(None),
+        starts: Starts::default(),
+        fetches: Some(fetches.clone()),
+        tuner: Box::new(|name| in_process::tuner(name, Population)),
+    };
+    let config = config(dir.path(), 4, 2, components.platforms, "Population");
+    let outcome = run_experiment(dir.path(), &config, &components);
+    assert!(outcome.is_ok(), "{outcome:?}");
+
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    let successor = state
+        .trials
+        .iter()
+        .find(|t| t.lineage.as_ref().is_some_and(|l| l.parent.is_some()))
+        .expect("the successor was created");
+    let calls = fetches.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(
+        *fetches.restores.lock().unwrap(),
+        [(successor.trial_id.clone(), true)],
+        "the successor starts from the copy brought here; fetches: {calls:?}"
+    );
+    assert_eq!(successor.status, TrialStatus::Succeeded, "{successor:?}");
+    assert_eq!(successor.attempts.len(), 1, "{successor:?}");
+    // The wait is said, with the service's reason.
+    assert!(
+        state
+            .warnings
+            .iter()
+            .any(|w| w.trial_id.as_ref() == Some(&successor.trial_id)
+                && w.message.contains("could not be brought here yet")
+                && w.message.contains("host node0 is not connected yet")),
+        "{:?}",
+        state.warnings
+    );
 }

@@ -1492,7 +1492,9 @@ async fn download_dir(from: &Link, source: &str, dest: &Path) -> Result<(), Stri
 /// (`TrainingService::fetch_snapshot`): the frozen copy taken for it ([`take_snapshot`]; on
 /// `hosts`, `snapshot`, the host that took it, first) is moved to `dest` on this machine, or,
 /// without one, the donor's folder as it is now is copied there from the first of `hosts` that
-/// has it. `Ok(false)`: no host has either.
+/// has it. `Ok(false)`: no host has either. An error too when a host that may have it could not
+/// be asked (not connected yet, as at a resume, or its probe failed): the core then waits and
+/// asks again, rather than start the successor without its parent's checkpoint.
 pub async fn fetch_restore(
     hosts: &[Arc<Host>],
     trial_id: &str,
@@ -1509,16 +1511,35 @@ pub async fn fetch_restore(
     }
     let frozen = |link: &Link| snapshot_dir(link, trial_id);
     let live = |link: &Link| checkpoint_folder(link, donor);
+    // The hosts that could not be asked, and why (each named once).
+    let mut not_asked: Vec<String> = Vec::new();
+    let mut could_not_ask = |host: &Host, why: String| {
+        let target = host.machine.target();
+        if !not_asked.iter().any(|said| said.starts_with(&target)) {
+            not_asked.push(format!("{target} {why}"));
+        }
+    };
     for (source_on, moved) in [(&frozen as &dyn Fn(&Link) -> String, true), (&live, false)] {
         for host in &order {
             let Some(link) = host.ready_link() else {
+                could_not_ask(host, "is not connected".to_string());
                 continue;
             };
             let source = source_on(&link);
             let probe = format!("test -d {}", ssh::shell_quote(&source));
             match link.ssh.run(&probe, None, REPLY_TIMEOUT).await {
                 Ok(output) if output.status == Some(0) => {}
-                _ => continue,
+                // `test` answered: not there.
+                Ok(output) if output.status == Some(1) => continue,
+                Ok(output) => {
+                    let why = output.failure_summary();
+                    could_not_ask(host, format!("could not be asked ({why})"));
+                    continue;
+                }
+                Err(e) => {
+                    could_not_ask(host, format!("could not be asked ({e})"));
+                    continue;
+                }
             }
             download_dir(&link, &source, dest).await.map_err(|e| {
                 format!(
@@ -1533,6 +1554,12 @@ pub async fn fetch_restore(
             }
             return Ok(true);
         }
+    }
+    if !not_asked.is_empty() {
+        return Err(format!(
+            "cannot tell whether the checkpoint of {donor} is on a host: {}",
+            not_asked.join("; ")
+        ));
     }
     Ok(false)
 }

@@ -391,7 +391,8 @@ impl RemoteService {
     /// Successor `trial_id` is about to start under another training service of the
     /// experiment from trial `donor`'s checkpoint, which ran here: the copy taken for it when
     /// it was created (waited for), or without one the donor's folder, is brought to `dest` on
-    /// this machine (see [`host::fetch_restore`]). `Ok(false)`: no host has either folder.
+    /// this machine (see [`host::fetch_restore`]). `Ok(false)`: no host has either folder; an
+    /// error when a host could not be asked (not connected yet).
     pub fn fetch_snapshot(
         &mut self,
         trial_id: &str,
