@@ -224,7 +224,16 @@ impl client::Handler for HostKeyCheck {
 pub struct Connection {
     handle: Handle<HostKeyCheck>,
     pub target: String,
+    /// Held by each command [`Connection::run`] runs (see [`COMMANDS_AT_ONCE`]).
+    commands: tokio::sync::Semaphore,
 }
+
+/// How many commands [`Connection::run`] runs at once on one connection, each on a session
+/// channel of its own. sshd refuses sessions past its `MaxSessions` (10 by default: "no more
+/// sessions" in its log, "Failed to open channel (ConnectFailed)" here): a resume asking a host
+/// to delete a dozen checkpoint folders at once, beside the agent's stream, saw a third of
+/// the deletions refused. The rest wait for a place; streams (the agent's, copies) open beside.
+pub const COMMANDS_AT_ONCE: usize = 6;
 
 /// The output of a finished command.
 #[derive(Debug)]
@@ -319,7 +328,11 @@ async fn connect_unbounded(
             },
         })?;
     authenticate(&mut handle, machine).await?;
-    Ok(Connection { handle, target })
+    Ok(Connection {
+        handle,
+        target,
+        commands: tokio::sync::Semaphore::new(COMMANDS_AT_ONCE),
+    })
 }
 
 /// Keyboard-interactive login answering the server's prompts with the password. Only prompts
@@ -560,6 +573,9 @@ impl Connection {
     ) -> Result<CommandOutput, SshError> {
         let target = self.target.clone();
         let short: String = command.chars().take(80).collect();
+        // Waiting for a place is not the command's time: each holding one runs within its own
+        // limit. Never closed.
+        let _place = self.commands.acquire().await;
         // Where the command got to, for the message if it does not finish in time.
         let progress = std::sync::Mutex::new("opening a channel");
         match tokio::time::timeout(limit, self.run_unbounded(command, stdin, &progress)).await {

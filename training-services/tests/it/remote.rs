@@ -2288,3 +2288,65 @@ fn a_code_directory_that_cannot_be_archived_makes_the_hosts_wait_until_it_can() 
     assert_eq!(ending(&events.wait_ended("a3")).0, Some(0));
     service.stop();
 }
+
+/// Many commands asked of one host at once (a resume deleting a dozen replaced members'
+/// checkpoint folders) all run: sshd refuses session channels past its `MaxSessions` (10 by
+/// default, "no more sessions"), and a third of such deletions failed with "Failed to open
+/// channel (ConnectFailed)", the folders kept.
+#[test]
+fn many_commands_at_once_on_one_connection_all_run() {
+    // OpenSSH's default.
+    let Some(sshd) = start_sshd(SshdOptions {
+        max_sessions: Some(10),
+        ..key_options()
+    }) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let args =
+        knob_training_services::remote::RemoteArgs::parse(&world.args(vec![key_machine(&sshd)]))
+            .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let failures: Vec<String> = runtime.block_on(async {
+        let connection = std::sync::Arc::new(
+            knob_training_services::remote::ssh::connect(
+                &args.machines[0],
+                &args.known_hosts_file,
+                std::time::Duration::from_secs(5),
+            )
+            .await
+            .unwrap(),
+        );
+        let runs: Vec<_> = (0..24)
+            .map(|i| {
+                let connection = connection.clone();
+                tokio::spawn(async move {
+                    let limit = std::time::Duration::from_secs(60);
+                    let output = connection
+                        .run(&format!("sleep 0.3; echo {i}"), None, limit)
+                        .await;
+                    match output {
+                        Ok(output)
+                            if output.status == Some(0)
+                                && output.stdout_text().trim() == i.to_string() =>
+                        {
+                            None
+                        }
+                        Ok(output) => Some(format!("{i}: {output:?}")),
+                        Err(e) => Some(format!("{i}: {e}")),
+                    }
+                })
+            })
+            .collect();
+        let mut failures = Vec::new();
+        for run in runs {
+            failures.extend(run.await.unwrap());
+        }
+        failures
+    });
+    assert!(failures.is_empty(), "{failures:#?}");
+}

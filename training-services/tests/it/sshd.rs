@@ -105,6 +105,9 @@ pub struct SshdOptions {
     pub disk_noexec: bool,
     /// An RSA host key besides the ed25519 one ([`Sshd::rsa_known_hosts_line`]).
     pub rsa_host_key: bool,
+    /// sshd's `MaxSessions` (session channels at once on one connection) when set; else 50,
+    /// above what the tests open.
+    pub max_sessions: Option<u32>,
 }
 
 /// A running sshd; stopped (with everything started through it) on drop.
@@ -207,7 +210,8 @@ impl Sshd {
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n{rsa}AuthorizedKeysFile {authorized_keys}\n\
              StrictModes no\nUsePAM {pam}\nPermitRootLogin yes\nPubkeyAuthentication {pubkey}\n\
              PasswordAuthentication {password}\nKbdInteractiveAuthentication {pam}\n\
-             PidFile {pid_file}\nSetEnv {set_env}\nMaxStartups 50\nMaxSessions 50\nLogLevel INFO\n",
+             PidFile {pid_file}\nSetEnv {set_env}\nMaxStartups 50\nMaxSessions {max_sessions}\nLogLevel INFO\n",
+            max_sessions = options.max_sessions.unwrap_or(50),
             host_key = host_key.display(),
             rsa = if options.rsa_host_key {
                 format!("HostKey {}\n", rsa_host_key.display())
