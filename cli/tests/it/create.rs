@@ -1193,13 +1193,32 @@ fn more_cores_than_the_machine_has_are_named_at_their_line() {
     }
 }
 
+/// `command` run under a limit of `kib` KiB on its address space, as `ulimit -v` sets it.
+fn limit_address_space(command: &mut Command, kib: u64) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only `setrlimit`, async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: kib * 1024,
+                rlim_max: kib * 1024,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    command
+}
+
 /// Under a limit on the address space (`ulimit -v`, a batch system's `h_vmem`), 64 trials at
 /// once grew knob to some 50 threads, each with a malloc arena reserving 64 MiB: it aborted
 /// ("memory allocation of 1 bytes failed") at 600 000 KiB, using 70 MB of real memory, and left
 /// the experiment crashed.
 #[test]
 fn a_run_of_64_trials_at_once_fits_a_600_mb_address_space_limit() {
-    use std::os::unix::process::CommandExt;
     let sandbox = Sandbox::new();
     let config = sandbox.config(
         &format!(
@@ -1212,21 +1231,7 @@ fn a_run_of_64_trials_at_once_fits_a_600_mb_address_space_limit() {
         .args(["create", "--config"])
         .arg(&config)
         .args(["--id", "limited"]);
-    // SAFETY: only `setrlimit`, async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: 600_000 * 1024,
-                rlim_max: 600_000 * 1024,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    let (code, stdout, stderr) = run(&mut command);
+    let (code, stdout, stderr) = run(limit_address_space(&mut command, 600_000));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(
         stdout.starts_with("experiment limited DONE: 256 trials (256 succeeded, 0 failed)"),
@@ -1239,7 +1244,6 @@ fn a_run_of_64_trials_at_once_fits_a_600_mb_address_space_limit() {
 /// some 2 KB a result (2.2 GB for a million) and aborted under this 600 MB limit.
 #[test]
 fn the_json_export_of_400_000_intermediate_results_fits_a_600_mb_address_space_limit() {
-    use std::os::unix::process::CommandExt;
     let sandbox = Sandbox::new();
     let config = sandbox.config(
         &format!(
@@ -1258,21 +1262,7 @@ fn the_json_export_of_400_000_intermediate_results_fits_a_600_mb_address_space_l
     command
         .args(["experiment", "export", "curves", "-o"])
         .arg(&written);
-    // SAFETY: only `setrlimit`, async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: 600_000 * 1024,
-                rlim_max: 600_000 * 1024,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    let (code, _, stderr) = run(&mut command);
+    let (code, _, stderr) = run(limit_address_space(&mut command, 600_000));
     assert_eq!(code, 0, "{stderr}");
     let json = std::fs::read_to_string(&written).unwrap();
     let results = json.matches("\"raw\": ").count();
