@@ -127,7 +127,7 @@ impl<'a> JsonExport<'a> {
                 "start_time_ms": self.state.start_time_ms,
                 "config": self.state.config,
             },
-            // In its place: each trial (`to_json` and `write_json` fill it in).
+            // In its place: each trial (`write_json` fills it in).
             "trials": Value::Null,
             // The experiment's log of warnings (a tuner's dropped parameters, environments lost
             // and back, a service's reports), oldest first.
@@ -153,7 +153,7 @@ impl<'a> JsonExport<'a> {
             "status": t.status.as_str(),
             "final": final_metric.and_then(|m| m.value),
             "final_raw": final_metric.map(|m| &m.raw),
-            // In its place: each `intermediate_json` (`to_json` and `write_json` fill it in).
+            // In its place: each `intermediate_json` (`write_json` fills it in).
             "intermediate": Value::Null,
             "created_ms": t.created_ms,
             "started_ms": last_attempt.map(|a| a.started_ms),
@@ -218,28 +218,11 @@ fn intermediates(t: &TrialState) -> impl Iterator<Item = &MetricRecord> {
         .filter(|m| m.kind == MetricKind::Intermediate)
 }
 
-/// The whole experiment as JSON: its status and config, and every trial with its parameters,
-/// final and intermediate results and each attempt. The export writes it with [`write_json`],
-/// which never holds it whole (a million intermediate results took 2 GB as one `Value`).
-pub fn to_json(state: &ExperimentState) -> Value {
-    let export = JsonExport::new(state);
-    let trials: Vec<Value> = state
-        .trials
-        .iter()
-        .map(|t| {
-            let mut trial = export.trial_json(t);
-            trial["intermediate"] = intermediates(t).map(intermediate_json).collect();
-            trial
-        })
-        .collect();
-    let mut document = export.document();
-    document["trials"] = Value::Array(trials);
-    document
-}
-
-/// [`to_json`] as pretty JSON and a newline, byte for byte, written part by part: a trial and
-/// each of its intermediate results are made as JSON only while they are written, so the memory
-/// it takes is the experiment's state and one trial's entries, whatever the number of metrics.
+/// The whole experiment as pretty JSON and a newline: its status and config, and every trial
+/// with its parameters, final and intermediate results and each attempt. Written part by part:
+/// a trial and each of its intermediate results are made as JSON only while they are written,
+/// so the memory it takes is the experiment's state and one trial's entries, whatever the
+/// number of metrics (a million intermediate results took 2 GB as one `Value`).
 pub fn write_json(state: &ExperimentState, out: &mut dyn Write) -> std::io::Result<()> {
     let export = JsonExport::new(state);
     let whole = WithEntry {

@@ -1566,7 +1566,7 @@ fn the_csv_export_has_the_latest_attempts_intermediate_results() {
         .unwrap();
     let row = reader.records().next().unwrap().unwrap();
     assert_eq!(&row[column], r#"[1.0,2.0,"NaN"]"#, "{csv}");
-    let json = knob_core::export::to_json(&state);
+    let (_, json) = exported_json(&state);
     let attempts: Vec<u64> = json["trials"][0]["intermediate"]
         .as_array()
         .unwrap()
@@ -1655,18 +1655,25 @@ fn the_json_export_written_part_by_part_is_the_whole_value_written_pretty() {
         put(&store, ended(id, 1, TrialStatus::Succeeded));
     }
     let state = store.replay().unwrap();
-    let whole = serde_json::to_string_pretty(&knob_core::export::to_json(&state)).unwrap() + "\n";
-    let mut written = Vec::new();
-    knob_core::export::write_json(&state, &mut written).unwrap();
-    assert_eq!(String::from_utf8(written).unwrap(), whole);
+    // Written part by part, it is what its one value written pretty would be.
+    let (whole, value) = exported_json(&state);
+    assert_eq!(serde_json::to_string_pretty(&value).unwrap() + "\n", whole);
     // What is compared has what it is meant to have.
-    let value = knob_core::export::to_json(&state);
     let counts: Vec<usize> = (0..4)
         .map(|t| value["trials"][t]["intermediate"].as_array().unwrap().len())
         .collect();
     assert_eq!(counts, [12, 11, 10, 0], "{whole}");
     assert_eq!(value["trials"][2]["schedule"][0]["from_step"], 3, "{whole}");
     assert_eq!(value["warnings"].as_array().unwrap().len(), 1, "{whole}");
+}
+
+/// The JSON export as `knob experiment export` writes it, and read back.
+fn exported_json(state: &knob_core::store::ExperimentState) -> (String, serde_json::Value) {
+    let mut written = Vec::new();
+    knob_core::export::write_json(state, &mut written).unwrap();
+    let text = String::from_utf8(written).unwrap();
+    let value = serde_json::from_str(&text).unwrap();
+    (text, value)
 }
 
 /// Every snapshot reads the experiment's status changes (`running_ms`): an index of their own
