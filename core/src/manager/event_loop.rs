@@ -1221,10 +1221,7 @@ impl Manager {
             let message = format!("{message}; trying again in {} s", backoff.as_secs());
             // On the console too: trials whose starts keep being refused (no descriptor left,
             // say) otherwise made no progress without a word of why.
-            std::sync::Arc::make_mut(&mut self.notices).push(super::Notice {
-                warning: true,
-                text: format!("trial {trial_id}: {message}"),
-            });
+            self.console_warning(&trial_id, &message);
             self.warn(Some(trial_id.clone()), message).await?;
             self.environments.release(&trial_id);
             self.book

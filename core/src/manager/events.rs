@@ -611,13 +611,19 @@ impl Manager {
             Err(problem) => {
                 let message = problem.to_string();
                 trial.objective_problem = Some(message.clone());
-                std::sync::Arc::make_mut(&mut self.notices).push(super::Notice {
-                    warning: true,
-                    text: format!("trial {trial_id}: {message}"),
-                });
+                self.console_warning(trial_id, &message);
                 Err(message)
             }
         }
+    }
+
+    /// A warning about one trial for the console (the progress display's notices), beside the
+    /// one the store keeps.
+    pub(super) fn console_warning(&mut self, trial_id: &str, text: &str) {
+        std::sync::Arc::make_mut(&mut self.notices).push(super::Notice {
+            warning: true,
+            text: format!("trial {trial_id}: {text}"),
+        });
     }
 
     /// A final result that cannot be read as a number is still the trial's final (the first
@@ -636,10 +642,7 @@ impl Manager {
         if trial.final_value.is_none() && !trial.status.is_final() {
             let problem = unreadable_final_message(&reason);
             trial.final_problem = Some(problem.clone());
-            std::sync::Arc::make_mut(&mut self.notices).push(super::Notice {
-                warning: true,
-                text: format!("trial {trial_id}: {problem}"),
-            });
+            self.console_warning(&trial_id, &problem);
         }
         self.warn(
             Some(trial_id.clone()),
