@@ -17,6 +17,7 @@
 //!
 //! See `ARCHITECTURE-section.md` beside this crate's manifest for the invariants.
 
+mod accept_pause;
 pub mod agent;
 pub mod agent_protocol;
 pub mod code_archive;

@@ -32,6 +32,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
+use crate::accept_pause::AcceptPause;
 use crate::metrics::{excerpt, TrialRecorder, MAX_METRIC_BYTES};
 use crate::nni_file::decode_nni_metric;
 
@@ -161,32 +162,25 @@ impl Drop for ChannelServer {
     }
 }
 
-/// The first and the longest wait after a failed accept; the wait doubles while they fail.
-const ACCEPT_PAUSE_MIN: Duration = Duration::from_millis(1);
-const ACCEPT_PAUSE_MAX: Duration = Duration::from_millis(100);
-
 async fn accept_loop(
     listener: TcpListener,
     registry: Arc<Registry>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let mut pause = ACCEPT_PAUSE_MIN;
+    let mut pause = AcceptPause::new();
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    pause = ACCEPT_PAUSE_MIN;
+                    pause.succeeded();
                     stream
                 }
-                // Out of file descriptors, say: the trial will retry its request. The refused
-                // connection stays in the backlog and the listener reads as ready again at
-                // once, so trying again without a pause spins a core until a descriptor frees.
+                // Out of file descriptors, say: the trial will retry its request.
                 Err(_) => {
                     tokio::select! {
-                        _ = tokio::time::sleep(pause) => {}
+                        _ = tokio::time::sleep(pause.failed()) => {}
                         _ = stopped.changed() => return,
                     }
-                    pause = (pause * 2).min(ACCEPT_PAUSE_MAX);
                     continue;
                 }
             },

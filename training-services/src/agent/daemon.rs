@@ -29,6 +29,7 @@ use super::event_log::EventLog;
 use super::{
     socket_path, AgentError, AGENT_VERSION, INVENTORY_INTERVAL, LOCK_FILE_NAME, SOCKET_FILE_NAME,
 };
+use crate::accept_pause::AcceptPause;
 use crate::agent_protocol::{
     read_frame_async, write_frame_async, FrameError, FromAgent, ToAgent, HEARTBEAT_TIMEOUT,
     PROTOCOL_VERSION,
@@ -317,6 +318,9 @@ impl Daemon {
         // Stopped by the host (an admin, a reboot): trials must not outlive the daemon.
         let mut terminate = signal(SignalKind::terminate()).ok();
         let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut accept_pause = AcceptPause::new();
+        // Set while accepts fail: no accept until then.
+        let mut accept_again_at: Option<Instant> = None;
         loop {
             let deadline = self.next_deadline();
             let step = tokio::select! {
@@ -326,23 +330,42 @@ impl Daemon {
                 Some(()) = recv_signal(&mut interrupt), if !self.stopping => {
                     self.stop_on_signal("SIGINT")
                 }
-                accepted = listener.accept() => {
+                accepted = listener.accept(), if accept_again_at.is_none() => {
                     match accepted {
-                        Ok((stream, _)) => match stream.peer_cred().map(|peer| peer.uid()) {
-                            Ok(uid) if uid == self.uid => {
-                                let (read, write) = stream.into_split();
-                                self.connect(read, write);
+                        Ok((stream, _)) => {
+                            let failed = accept_pause.succeeded();
+                            if failed > 0 {
+                                say!("accepting connections again after {failed} failed accepts");
                             }
-                            // Another user's connection would replace the manager's and be
-                            // welcomed with the trials' events: refused before a word is read.
-                            Ok(uid) => say!(
-                                "refused a connection from uid {uid}: only uid {}, which runs this agent, may connect",
-                                self.uid
-                            ),
-                            Err(e) => say!("refused a connection whose user cannot be read: {e}"),
-                        },
-                        Err(e) => say!("accept failed: {e}"),
+                            match stream.peer_cred().map(|peer| peer.uid()) {
+                                Ok(uid) if uid == self.uid => {
+                                    let (read, write) = stream.into_split();
+                                    self.connect(read, write);
+                                }
+                                // Another user's connection would replace the manager's and be
+                                // welcomed with the trials' events: refused before a word is read.
+                                Ok(uid) => say!(
+                                    "refused a connection from uid {uid}: only uid {}, which runs this agent, may connect",
+                                    self.uid
+                                ),
+                                Err(e) => say!("refused a connection whose user cannot be read: {e}"),
+                            }
+                        }
+                        // Out of file descriptors, say: see `AcceptPause`.
+                        Err(e) => {
+                            accept_again_at = Some(Instant::now() + accept_pause.failed());
+                            if accept_pause.first_failure() {
+                                say!(
+                                    "accept failed: {e}; trying again every {} ms at most until it works",
+                                    AcceptPause::LONGEST.as_millis()
+                                );
+                            }
+                        }
                     }
+                    Step::Continue
+                }
+                _ = tokio::time::sleep_until(accept_again_at.unwrap_or(deadline)), if accept_again_at.is_some() => {
+                    accept_again_at = None;
                     Step::Continue
                 }
                 Some(input) = inputs.recv() => self.on_input(input, &mut events).await,
