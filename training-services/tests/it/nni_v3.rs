@@ -277,66 +277,26 @@ fn requests_for_unknown_trials_or_bad_commands_are_refused_with_a_message() {
     assert_eq!(ending(&events).0, Some(0));
 }
 
-/// Set in the child process of [`the_channel_waits_instead_of_spinning_when_out_of_descriptors`].
-const OUT_OF_DESCRIPTORS_CHILD: &str = "KNOB_TEST_OUT_OF_DESCRIPTORS_CHILD";
-
 /// Out of file descriptors, the channel's accept fails while a connection waits in its backlog,
 /// and the listener reads as ready again at once: it must wait before it tries again, not spin
 /// a core until a descriptor frees (it did, ~12 000 failed accepts a second). Run in a child
 /// process, since it uses up the process's descriptors.
 #[test]
 fn the_channel_waits_instead_of_spinning_when_out_of_descriptors() {
-    if std::env::var_os(OUT_OF_DESCRIPTORS_CHILD).is_none() {
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "nni_v3::the_channel_waits_instead_of_spinning_when_out_of_descriptors",
-                "--nocapture",
-            ])
-            .env(OUT_OF_DESCRIPTORS_CHILD, "1")
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        assert!(
-            output.status.success() && text.contains("1 passed"),
-            "{text}"
-        );
+    let name = "nni_v3::the_channel_waits_instead_of_spinning_when_out_of_descriptors";
+    if in_child_process(name, &[]).is_some() {
         return;
     }
-    use nix::sys::resource::{getrusage, setrlimit, Resource, UsageWho};
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
     let server = knob_training_services::nni_http::ChannelServer::start(runtime.handle()).unwrap();
-    setrlimit(Resource::RLIMIT_NOFILE, 256, 256).unwrap();
-    // Every descriptor taken but one, which the client's socket takes: the server cannot
-    // accept the connection.
-    let mut held = Vec::new();
-    loop {
-        match std::fs::File::open("/dev/null") {
-            Ok(file) => held.push(file),
-            Err(e) if e.raw_os_error() == Some(nix::libc::EMFILE) => break,
-            Err(e) => panic!("cannot open /dev/null: {e}"),
-        }
-    }
-    held.pop();
+    // The server cannot accept the client's connection.
+    let held = use_up_descriptors_but_one();
     let _client = std::net::TcpStream::connect(server.address()).unwrap();
-    let cpu = || {
-        let usage = getrusage(UsageWho::RUSAGE_SELF).unwrap();
-        let time = |t: nix::sys::time::TimeVal| {
-            Duration::new(t.tv_sec() as u64, 0) + Duration::from_micros(t.tv_usec() as u64)
-        };
-        time(usage.user_time()) + time(usage.system_time())
-    };
-    let before = cpu();
-    std::thread::sleep(Duration::from_secs(1));
-    let used = cpu() - before;
+    let used = cpu_used_over(Duration::from_secs(1));
     drop(held);
     assert!(
         used < Duration::from_millis(100),

@@ -410,3 +410,63 @@ pub fn assert_left_the_group(leader: i32, [setsid, daemon]: [i32; 2]) {
         "the daemon was not re-parented"
     );
 }
+
+/// Set in the child process that [`in_child_process`] runs a test in.
+const IN_CHILD_PROCESS: &str = "KNOB_TEST_IN_CHILD_PROCESS";
+
+/// For a test that changes what is process-wide (its descriptor limit): runs the test `name`
+/// (`module::test`) again, alone, in a child process with `env` added, checks that it passed
+/// and returns its output. Returns `None` in that child, which goes on with the test.
+pub fn in_child_process(name: &str, env: &[(&str, &str)]) -> Option<String> {
+    if std::env::var_os(IN_CHILD_PROCESS).is_some() {
+        return None;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture"])
+        .env(IN_CHILD_PROCESS, "1")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && text.contains("1 passed"),
+        "{text}"
+    );
+    Some(text)
+}
+
+/// Lowers this process's descriptor limit to 256 and takes every descriptor but one, which the
+/// caller's next socket takes; they are free again once the files returned are dropped.
+pub fn use_up_descriptors_but_one() -> Vec<std::fs::File> {
+    use nix::sys::resource::{setrlimit, Resource};
+    setrlimit(Resource::RLIMIT_NOFILE, 256, 256).unwrap();
+    let mut held = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(file) => held.push(file),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EMFILE) => break,
+            Err(e) => panic!("cannot open /dev/null: {e}"),
+        }
+    }
+    held.pop();
+    held
+}
+
+/// The CPU time (user and system) this process used while the calling thread slept `period`.
+pub fn cpu_used_over(period: Duration) -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let cpu = || {
+        let usage = getrusage(UsageWho::RUSAGE_SELF).unwrap();
+        let time = |t: nix::sys::time::TimeVal| {
+            Duration::new(t.tv_sec() as u64, 0) + Duration::from_micros(t.tv_usec() as u64)
+        };
+        time(usage.user_time()) + time(usage.system_time())
+    };
+    let before = cpu();
+    std::thread::sleep(period);
+    cpu() - before
+}

@@ -12,7 +12,9 @@ use knob_training_services::agent_protocol::{
     FromAgent, ToAgent, CODE_COMPLETE_MARKER, PROTOCOL_VERSION,
 };
 
-use crate::support::{metrics, process_runs, WAIT};
+use crate::support::{
+    cpu_used_over, in_child_process, metrics, process_runs, use_up_descriptors_but_one, WAIT,
+};
 use client::{of_trial, read_pid, wait_gone, welcome_pid, Attached, Host, AGENT, ENVIRONMENT};
 
 #[test]
@@ -937,9 +939,6 @@ fn only_the_user_the_agent_runs_as_may_connect() {
     assert!(agent.wait_exit().success());
 }
 
-/// Set in the child process of [`the_daemon_waits_instead_of_spinning_when_out_of_descriptors`].
-const OUT_OF_DESCRIPTORS_CHILD: &str = "KNOB_TEST_AGENT_OUT_OF_DESCRIPTORS_CHILD";
-
 /// Out of file descriptors (many trials' output files under a low `ulimit -n`), the daemon's
 /// accept fails while a connection waits in its backlog, and the socket reads as ready again
 /// at once: the daemon must wait before it tries again and say so once, not spin a core and
@@ -947,32 +946,17 @@ const OUT_OF_DESCRIPTORS_CHILD: &str = "KNOB_TEST_AGENT_OUT_OF_DESCRIPTORS_CHILD
 /// Then it accepts again. Run in a child process, since it uses up the process's descriptors.
 #[test]
 fn the_daemon_waits_instead_of_spinning_when_out_of_descriptors() {
-    if std::env::var_os(OUT_OF_DESCRIPTORS_CHILD).is_none() {
-        let output = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "agent::the_daemon_waits_instead_of_spinning_when_out_of_descriptors",
-                "--nocapture",
-            ])
-            .env(OUT_OF_DESCRIPTORS_CHILD, "1")
-            .env(knob_training_services::lease::LEDGER_VAR, "0")
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+    let name = "agent::the_daemon_waits_instead_of_spinning_when_out_of_descriptors";
+    let no_leases = [(knob_training_services::lease::LEDGER_VAR, "0")];
+    if let Some(output) = in_child_process(name, &no_leases) {
+        assert_eq!(output.matches("accept failed").count(), 1, "{output}");
         assert!(
-            output.status.success() && text.contains("1 passed"),
-            "{text}"
+            output.contains("accepting connections again after"),
+            "{output}"
         );
-        assert_eq!(text.matches("accept failed").count(), 1, "{text}");
-        assert!(text.contains("accepting connections again after"), "{text}");
         return;
     }
     use knob_training_services::agent::daemon::{serve, ServeOptions};
-    use nix::sys::resource::{getrusage, setrlimit, Resource, UsageWho};
     let host = Host::new();
     let dir = host.dir();
     let options = ServeOptions {
@@ -989,29 +973,10 @@ fn the_daemon_waits_instead_of_spinning_when_out_of_descriptors() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    setrlimit(Resource::RLIMIT_NOFILE, 256, 256).unwrap();
-    // Every descriptor taken but one, which the client's socket takes: the daemon cannot
-    // accept the connection.
-    let mut held = Vec::new();
-    loop {
-        match std::fs::File::open("/dev/null") {
-            Ok(file) => held.push(file),
-            Err(e) if e.raw_os_error() == Some(nix::libc::EMFILE) => break,
-            Err(e) => panic!("cannot open /dev/null: {e}"),
-        }
-    }
-    held.pop();
+    // The daemon cannot accept the client's connection.
+    let held = use_up_descriptors_but_one();
     let _client = std::os::unix::net::UnixStream::connect(&socket).unwrap();
-    let cpu = || {
-        let usage = getrusage(UsageWho::RUSAGE_SELF).unwrap();
-        let time = |t: nix::sys::time::TimeVal| {
-            Duration::new(t.tv_sec() as u64, 0) + Duration::from_micros(t.tv_usec() as u64)
-        };
-        time(usage.user_time()) + time(usage.system_time())
-    };
-    let before = cpu();
-    std::thread::sleep(Duration::from_secs(1));
-    let used = cpu() - before;
+    let used = cpu_used_over(Duration::from_secs(1));
     drop(held);
     assert!(
         used < Duration::from_millis(100),
