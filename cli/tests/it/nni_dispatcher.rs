@@ -521,6 +521,50 @@ fn a_python_without_nni_is_refused_at_the_class_name() {
     assert!(line.contains("-m pip install nni"), "{line}");
 }
 
+/// The same for one of NNI's own algorithms, also when it has classArgs (the refusal was put at
+/// its first class argument, which was fine), in a v2 and a v1 config.
+#[test]
+fn a_python_without_nni_is_refused_at_the_algorithm_name_whatever_its_class_args() {
+    let (code, _, _) = run(Command::new("python3").args([
+        "-c",
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('nni') is not None)",
+    ]));
+    assert_eq!(
+        code, 0,
+        "the python3 on PATH has nni; this test needs one without it"
+    );
+    let sandbox = tempfile::tempdir().unwrap();
+    let dir = sandbox.path();
+    std::fs::write(
+        dir.join("space.json"),
+        r#"{"x": {"_type": "uniform", "_value": [0, 1]}}"#,
+    )
+    .unwrap();
+    let v2 = "searchSpaceFile: space.json\ntrialCommand: python3 trial.py\ntrialConcurrency: 1\n\
+              tuner:\n  name: SMAC\n  classArgs:\n    optimize_mode: maximize\n\
+              trainingService:\n  platform: local\n";
+    let v1 = "authorName: a\nexperimentName: b\ntrialConcurrency: 1\nsearchSpacePath: space.json\n\
+              trainingServicePlatform: local\ntuner:\n  builtinTunerName: SMAC\n  classArgs:\n\
+              \x20   optimize_mode: maximize\ntrial:\n  command: python3 trial.py\n  codeDir: .\n";
+    for (file, text, at) in [
+        ("v2.yml", v2, "v2.yml:5:9: tuner.name: "),
+        ("v1.yml", v1, "v1.yml:7:21: tuner.builtinTunerName: "),
+    ] {
+        std::fs::write(dir.join(file), text).unwrap();
+        let (status, stdout, stderr) = run(knob()
+            .env("KNOB_HOME", dir.join("home"))
+            .current_dir(dir)
+            .args(["config", "check", file]));
+        assert_ne!(status, 0, "{stdout}");
+        assert!(
+            stderr.contains(&format!(
+                "{at}NNI tuner SMAC runs through NNI's Python dispatcher, but"
+            )) && stderr.contains("cannot import nni"),
+            "{stderr}"
+        );
+    }
+}
+
 /// Resume, as NNI's manager does it: the dispatcher starts again with `NNI_MODE=resume` and gets
 /// `FD` with exactly the trials that finished (parameters and finals), and `AD` with the earlier
 /// trials, so its parameter ids go on after theirs.

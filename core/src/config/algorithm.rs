@@ -130,6 +130,7 @@ pub(crate) fn check_algorithms(
             continue;
         };
         // The dispatcher's own messages name the NNI algorithm; the plugin's name adds nothing.
+        let mut dispatcher_refused = false;
         let problem = match problem {
             AlgorithmProblem::Constructor(message) => {
                 let prefix = format!(
@@ -137,12 +138,13 @@ pub(crate) fn check_algorithms(
                     algorithm.kind,
                     crate::nni_dispatch::dispatcher_name(algorithm.kind)
                 );
-                AlgorithmProblem::Constructor(
-                    message
-                        .strip_prefix(&prefix)
-                        .map(str::to_owned)
-                        .unwrap_or(message),
-                )
+                AlgorithmProblem::Constructor(match message.strip_prefix(&prefix) {
+                    Some(own) => {
+                        dispatcher_refused = true;
+                        own.to_owned()
+                    }
+                    None => message,
+                })
             }
             other => other,
         };
@@ -160,6 +162,17 @@ pub(crate) fn check_algorithms(
         match problem {
             AlgorithmProblem::Name(message) => {
                 let (pos, path) = located(&algorithm.path, field("name"), "name", None);
+                reader.error(pos, &path, message);
+            }
+            // Checked, the dispatcher reads its args and asks the Python which nni it has, no
+            // more (NNI reads classArgs once it runs): its refusal is about that Python, at the
+            // algorithm's name as with a className (it was put at a classArgs line that was fine).
+            AlgorithmProblem::Constructor(message) if dispatcher_refused => {
+                let at = match message.starts_with("dispatcherConnectTimeout") {
+                    true => "dispatcherConnectTimeout",
+                    false => "name",
+                };
+                let (pos, path) = located(&algorithm.path, field(at), at, None);
                 reader.error(pos, &path, message);
             }
             AlgorithmProblem::Constructor(message) => {
