@@ -131,26 +131,42 @@ pub(crate) fn boolean(node: &Node) -> Result<bool, String> {
     }
 }
 
-/// NNI's `resolve_path`: expands `~`, joins a relative path to `base_dir` (the config file's
-/// folder), and makes it canonical (symlinks resolved when the path exists, `.`/`..` removed
-/// otherwise).
+/// NNI's `resolve_path`: expands `~` and `~user` (Python's `os.path.expanduser`), joins a
+/// relative path to `base_dir` (the config file's folder), and makes it canonical (symlinks
+/// resolved when the path exists, `.`/`..` removed otherwise).
 pub(crate) fn resolve_path(
     raw: &str,
     base_dir: &Path,
     home: Option<&Path>,
 ) -> Result<PathBuf, String> {
-    let expanded = if raw == "~" || raw.starts_with("~/") {
-        let home = home.ok_or("cannot expand \"~\": $HOME is not set")?;
-        home.join(raw.trim_start_matches('~').trim_start_matches('/'))
-    } else {
-        PathBuf::from(raw)
-    };
+    let expanded = expand_user(raw, home)?;
     let absolute = if expanded.is_absolute() {
         expanded
     } else {
         base_dir.join(expanded)
     };
     Ok(std::fs::canonicalize(&absolute).unwrap_or_else(|_| normalize_lexically(&absolute)))
+}
+
+/// `~` and `~/…` in `home`, `~user` and `~user/…` in that user's home folder, as Python's
+/// `os.path.expanduser` (which NNI uses) does: `~root/x` had been taken as a folder `~root`
+/// beside the config. Like Python's, a name that is no user here leaves the path as written.
+fn expand_user(raw: &str, home: Option<&Path>) -> Result<PathBuf, String> {
+    let Some(after_tilde) = raw.strip_prefix('~') else {
+        return Ok(PathBuf::from(raw));
+    };
+    let (user, rest) = after_tilde.split_once('/').unwrap_or((after_tilde, ""));
+    let user_home = if user.is_empty() {
+        home.ok_or("cannot expand \"~\": $HOME is not set")?
+            .to_path_buf()
+    } else {
+        match nix::unistd::User::from_name(user) {
+            Ok(Some(found)) => found.dir,
+            Ok(None) => return Ok(PathBuf::from(raw)),
+            Err(e) => return Err(format!("cannot expand \"~{user}\": {e}")),
+        }
+    };
+    Ok(user_home.join(rest.trim_start_matches('/')))
 }
 
 fn normalize_lexically(path: &Path) -> PathBuf {
@@ -165,4 +181,39 @@ fn normalize_lexically(path: &Path) -> PathBuf {
         }
     }
     normal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tilde_paths_expand_as_pythons_expanduser_does() {
+        let home = Path::new("/home/someone");
+        let base = Path::new("/configs");
+        let root = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(0))
+            .unwrap()
+            .expect("a user of uid 0");
+        let (root, root_home) = (root.name, root.dir);
+        let cases = [
+            ("~", home.to_path_buf()),
+            ("~/x", home.join("x")),
+            (&format!("~{root}") as &str, root_home.clone()),
+            (&format!("~{root}/knobx/y"), root_home.join("knobx/y")),
+            ("~no-such-user-here/x", base.join("~no-such-user-here/x")),
+            ("a/~/b", base.join("a/~/b")),
+        ];
+        for (raw, expected) in cases {
+            let resolved = resolve_path(raw, base, Some(home)).unwrap();
+            assert_eq!(
+                resolved,
+                std::fs::canonicalize(&expected).unwrap_or(expected),
+                "{raw}"
+            );
+        }
+        assert_eq!(
+            resolve_path("~/x", base, None).unwrap_err(),
+            "cannot expand \"~\": $HOME is not set"
+        );
+    }
 }
