@@ -8,7 +8,8 @@
 //!   (NaN, Infinity and -Infinity allowed, and a whole `nan`, `inf` or `-inf` as Python prints
 //!   one) or an object: with a numeric `"default"`, or for a multi-objective experiment the
 //!   metrics its `objectives` list (an object without `"default"` is passed on: the core
-//!   judges it).
+//!   judges it). An intermediate result of other JSON (a string, `null`) is kept as sent,
+//!   without a value, as NNI's channels keep it; an unusable final ends the trial's result.
 //! - Also set: `KNOB_TRIAL_ID`, `KNOB_TRIAL_DIR`.
 
 use knob_plugin_api::service::MetricKind;
@@ -150,25 +151,38 @@ pub fn handle_line(recorder: &TrialRecorder, source: LineSource, line: &[u8]) {
                 excerpt(line),
                 source.describe()
             );
-            match unusable_final_value(line) {
-                Some(value) => recorder.record_unreadable(MetricKind::Final, &value, warning),
-                None => recorder.warn(warning),
+            match unusable_value(line) {
+                Some((MetricKind::Final, value)) => {
+                    recorder.record_unreadable(MetricKind::Final, &value, warning)
+                }
+                // JSON that is no number or object (a string, `null`, a list: what `import nni`
+                // sends through knob's stand-in for nni) is kept as sent, as NNI's channels keep
+                // it; the core records it without a value and says so.
+                Some((MetricKind::Intermediate, value)) if parse_json_lenient(&value).is_ok() => {
+                    let _ = recorder.record(MetricKind::Intermediate, value);
+                }
+                _ => recorder.warn(warning),
             }
         }
     }
 }
 
-/// The value text of a `KNOB_FINAL` line (what [`parse_line`] found unusable). Bytes that are
+/// The kind and value text of a metric line that [`parse_line`] found unusable. Bytes that are
 /// not UTF-8 become U+FFFD: such a final is unreadable like any other and must be reported as
 /// one, not dropped as if the trial had sent nothing.
-fn unusable_final_value(line: &[u8]) -> Option<String> {
+fn unusable_value(line: &[u8]) -> Option<(MetricKind, String)> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let text = String::from_utf8_lossy(line);
     let text = text.trim();
     let (token, rest) = text
         .split_once(|c: char| c.is_ascii_whitespace())
         .unwrap_or((text, ""));
-    (token == FINAL_TOKEN).then(|| rest.trim().to_string())
+    let kind = match token {
+        FINAL_TOKEN => MetricKind::Final,
+        INTERMEDIATE_TOKEN => MetricKind::Intermediate,
+        _ => return None,
+    };
+    Some((kind, rest.trim().to_string()))
 }
 
 /// Where `import nni` (nni 2.x and 3.0, with `NNI_PLATFORM=local`) sends the trial's stdout:
@@ -277,12 +291,19 @@ mod tests {
     }
 
     #[test]
-    fn an_unusable_final_is_passed_on_as_sent_and_nothing_else() {
-        let value = |line: &[u8]| unusable_final_value(line);
-        assert_eq!(value(b"KNOB_FINAL hello\r").as_deref(), Some("hello"));
-        assert_eq!(value(b"KNOB_FINAL").as_deref(), Some(""));
-        assert_eq!(value(b"KNOB_INTERMEDIATE hello"), None);
-        assert_eq!(value(b"KNOB_FINAL 0.5\xff").as_deref(), Some("0.5\u{FFFD}"));
-        assert_eq!(value(b"KNOB_INTERMEDIATE \xff"), None);
+    fn an_unusable_value_is_read_as_sent() {
+        use MetricKind::{Final, Intermediate};
+        let value = |line: &[u8]| unusable_value(line);
+        assert_eq!(value(b"KNOB_FINAL hello\r"), Some((Final, "hello".into())));
+        assert_eq!(value(b"KNOB_FINAL"), Some((Final, "".into())));
+        assert_eq!(
+            value(b"KNOB_INTERMEDIATE hello"),
+            Some((Intermediate, "hello".into()))
+        );
+        assert_eq!(
+            value(b"KNOB_FINAL 0.5\xff"),
+            Some((Final, "0.5\u{FFFD}".into()))
+        );
+        assert_eq!(value(b"KNOB_OTHER 1"), None);
     }
 }

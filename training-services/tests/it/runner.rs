@@ -262,6 +262,39 @@ knob_trial.report_final(0.5)
     );
 }
 
+/// Through the `nni` shim, an intermediate result nni's reports take but that is no number
+/// (a string, None) is kept as sent, as real nni's channels keep it: the same script recorded
+/// other curves with nni installed than without (the shim's were dropped with a warning).
+#[test]
+fn the_shim_keeps_an_intermediate_result_that_is_no_number_as_nni_does() {
+    let events = Events::default();
+    let (runtime, host) = local_host(&events, FileWatcher::polling("test"));
+    let dir = tempfile::tempdir().unwrap();
+    let command = r#"python3 -c '
+import nni
+nni.get_next_parameter()
+nni.report_intermediate_result("hello")
+nni.report_intermediate_result(None)
+nni.report_intermediate_result(0.5)
+nni.report_final_result(1.0)
+'"#;
+    let mut request = request(dir.path(), &dir.path().join("trial"), "words", command);
+    request.env.insert("KNOB_NNI_SHIM".into(), "1".into());
+    let (_handle, _finished) = start(&host, &runtime, &request);
+    let trial = events.wait_ended("words");
+    assert_eq!(ending(&trial).0, Some(0), "{trial:#?}");
+    assert_eq!(
+        metrics(&trial),
+        [
+            (MetricKind::Intermediate, 0, r#""hello""#.into()),
+            (MetricKind::Intermediate, 1, "null".into()),
+            (MetricKind::Intermediate, 2, "0.5".into()),
+            (MetricKind::Final, 0, "1.0".into()),
+        ]
+    );
+    assert_eq!(warnings(&trial), Vec::<String>::new());
+}
+
 /// A trial may leave anything at the paths of its folder that knob reads when it ends. A FIFO
 /// at trial.log kept the end's last read in `open()` for ever (the trial stayed RUNNING and
 /// `knob stop` could not stop the experiment); a FIFO at metrics.knob did the same when the
