@@ -127,7 +127,9 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
             // took 2 GB as one value); a failed write (a full disk) names the file.
             let write = |out: &mut dyn Write| -> anyhow::Result<()> {
                 match format {
-                    ExportFormat::Json => knob_core::export::write_json(&state, out)?,
+                    ExportFormat::Json => {
+                        knob_core::export::write_json(&state, entry.crashed(), out)?
+                    }
                     ExportFormat::Csv => knob_core::export::write_csv(&state, out)?,
                 }
                 Ok(out.flush()?)

@@ -92,6 +92,8 @@ fn schedules_of(state: &ExperimentState) -> HashMap<String, Vec<ScheduleStep>> {
 /// What the JSON export is made of, worked out once for all trials.
 struct JsonExport<'a> {
     state: &'a ExperimentState,
+    /// Whether the process that ran it is gone without recording its end.
+    crashed: bool,
     /// Whether the experiment has `objectives` (else `pareto` is null).
     with_objectives: bool,
     entries: Vec<crate::objectives::ParetoEntry>,
@@ -99,10 +101,11 @@ struct JsonExport<'a> {
 }
 
 impl<'a> JsonExport<'a> {
-    fn new(state: &'a ExperimentState) -> Self {
+    fn new(state: &'a ExperimentState, crashed: bool) -> Self {
         let (objectives, entries) = crate::objectives::of_state(state);
         JsonExport {
             state,
+            crashed,
             with_objectives: !objectives.is_empty(),
             entries,
             schedules: schedules_of(state),
@@ -119,11 +122,18 @@ impl<'a> JsonExport<'a> {
 
     /// The document without its trials: `trials` is null, in its place.
     fn document(&self) -> Value {
+        // CRASHED, as the API says, where the store still says it runs.
+        let (status, message) = crate::registry::served_status(
+            &self.state.experiment_id,
+            self.crashed,
+            self.state.status,
+            self.state.status_message.as_deref(),
+        );
         json!({
             "experiment": {
                 "id": self.state.experiment_id,
-                "status": self.state.status.as_str(),
-                "message": self.state.status_message,
+                "status": status,
+                "message": message,
                 "start_time_ms": self.state.start_time_ms,
                 "config": self.state.config,
             },
@@ -222,9 +232,16 @@ fn intermediates(t: &TrialState) -> impl Iterator<Item = &MetricRecord> {
 /// with its parameters, final and intermediate results and each attempt. Written part by part:
 /// a trial and each of its intermediate results are made as JSON only while they are written,
 /// so the memory it takes is the experiment's state and one trial's entries, whatever the
-/// number of metrics (a million intermediate results took 2 GB as one `Value`).
-pub fn write_json(state: &ExperimentState, out: &mut dyn Write) -> std::io::Result<()> {
-    let export = JsonExport::new(state);
+/// number of metrics (a million intermediate results took 2 GB as one `Value`). `crashed`: the
+/// experiment's registry entry says its process is gone without recording its end
+/// ([`crate::registry::RegistryEntry::crashed`]); its status is then
+/// [`crate::registry::CRASHED_STATUS`], as in the API, not the RUNNING its store still says.
+pub fn write_json(
+    state: &ExperimentState,
+    crashed: bool,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let export = JsonExport::new(state, crashed);
     let whole = WithEntry {
         object: export.document(),
         key: "trials",

@@ -53,6 +53,31 @@ pub struct RegistryEntry {
 /// `knob stop`, `knob top` and the API of `knob view` all say this.
 pub const CRASHED: &str = "crashed (resume it)";
 
+/// The status word for [`CRASHED`] where a program reads it: the API (`GET /experiment`,
+/// `GET /experiments`, `GET /export` under `knob view`) and `knob experiment export` (so the
+/// Python launcher's `knob.load()`, which a script polls until the run is over).
+pub const CRASHED_STATUS: &str = "CRASHED";
+
+/// The status and message of an experiment whose store recorded `status` and `message`, as the
+/// API and `knob experiment export` give them: [`CRASHED_STATUS`] and a message that says to
+/// resume it when the store says it is active and its process is gone (`crashed`: its entry's
+/// [`RegistryEntry::crashed`]), the recorded ones otherwise. The one place that decides, so
+/// that the API and the export cannot differ: the export had said RUNNING for ever.
+pub fn served_status(
+    id: &str,
+    crashed: bool,
+    status: crate::store::ExperimentStatus,
+    message: Option<&str>,
+) -> (&'static str, Option<String>) {
+    if crashed && status.is_active() {
+        let message =
+            format!("{CRASHED}: the process running it is gone; `knob resume {id}` continues it");
+        (CRASHED_STATUS, Some(message))
+    } else {
+        (status.as_str(), message.map(str::to_string))
+    }
+}
+
 impl RegistryEntry {
     /// Where a client on this machine reaches the experiment's API: the address it is bound
     /// to, or loopback where it listens on every address (`--bind 0.0.0.0` or `::`).

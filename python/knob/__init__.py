@@ -104,7 +104,11 @@ class Trial:
 
 @dataclass(frozen=True)
 class ExperimentResult:
-    """An experiment's status and trials, from `knob experiment export ID --format json`."""
+    """An experiment's status and trials, from `knob experiment export ID --format json`. `status`:
+    as knob records it (RUNNING, NO_MORE_TRIAL, ... while knob runs it; DONE, STOPPED or ERROR once
+    it ended), or CRASHED once its knob process is gone without recording its end (killed;
+    `message` says to `knob resume` it; trials it left RUNNING may run on until `knob stop` or
+    `knob resume` ends them)."""
 
     id: str
     status: str

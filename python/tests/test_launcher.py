@@ -421,6 +421,53 @@ def _kill_knob_of(experiment_id: str) -> None:
             os.kill(int(entry.name), signal.SIGKILL)
 
 
+def _crash(tmp_path: Path, home: str, experiment_id: str) -> knob.KnobError:
+    """Runs experiment `experiment_id`, one trial that waits, and SIGKILLs its knob once the trial
+    runs (as the OOM killer or a batch scheduler would): run()'s KnobError. The trial runs on
+    without its manager: `_stop_crashed` ends it."""
+    code = tmp_path / "code"
+    config = branin_config(code, trials=1)
+    started = tmp_path / "started"
+    (code / "slow.py").write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(120)\n")
+    config["trialCommand"] = f"{sys.executable} slow.py"
+
+    def kill_once_the_trial_runs() -> None:
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _kill_knob_of(experiment_id)
+
+    killer = threading.Thread(target=kill_once_the_trial_runs, daemon=True)
+    killer.start()
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(config, id=experiment_id, home=home, base_dir=tmp_path).run(progress=False)
+    killer.join()
+    assert started.exists(), "no trial started within 120 s"
+    return raised.value
+
+
+def _stop_crashed(experiment_id: str, home: str) -> None:
+    """`knob stop` of a crashed experiment: it ends the trials the crashed run left running."""
+    subprocess.run(
+        [knob.knob_command(), "stop", experiment_id], env={**os.environ, "KNOB_HOME": home}, capture_output=True
+    )
+
+
+def test_a_crashed_experiment_loads_as_crashed(tmp_path: Path, home: str) -> None:
+    """knob.load() said RUNNING for ever of an experiment whose knob was killed (as `knob
+    experiment export` did), where `knob experiment list` and the API say crashed: a script
+    polling its status until it was not RUNNING waited for ever (H1 F1)."""
+    _crash(tmp_path, home, "crashed")
+    try:
+        result = knob.load("crashed", home=home)
+        assert result.status == "CRASHED", result
+        assert result.message is not None and "`knob resume crashed` continues it" in result.message, result
+    finally:
+        _stop_crashed("crashed", home)
+    # Stopped by `knob stop`, what it left running is ended, and it stays crashed until resumed.
+    assert knob.load("crashed", home=home).status == "CRASHED"
+
+
 class _RefusingOutput(io.StringIO):
     """An output that fails on every write, as a full disk or a closed file does."""
 

@@ -827,6 +827,27 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
         running(pid),
         "the trial should run on after its manager's crash"
     );
+    // `knob experiment export` (so the Python launcher's `knob.load()`) says it as the API does;
+    // it said RUNNING for ever, and a script polling until it was not RUNNING waited for ever.
+    let exported = || {
+        let (code, stdout, stderr) =
+            run(sandbox
+                .knob()
+                .args(["experiment", "export", "wreck", "--format", "json"]));
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        let export: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        export["experiment"].clone()
+    };
+    let experiment = exported();
+    assert_eq!(experiment["status"], "CRASHED", "{experiment}");
+    assert!(
+        experiment["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with(
+                "crashed (resume it): the process running it is gone; `knob resume wreck`"
+            )),
+        "{experiment}"
+    );
     let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "wreck"]));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(
@@ -847,6 +868,7 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
     let (_, stdout, _) = run(sandbox.knob().args(["experiment", "list"]));
     let row = stdout.lines().find(|l| l.starts_with("wreck")).unwrap();
     assert!(row.contains("crashed (resume it)"), "{stdout}");
+    assert_eq!(exported()["status"], "CRASHED");
     let (_, stdout, _) = run(sandbox.knob().args(["experiment", "show", "wreck"]));
     assert!(
         stdout.contains("status:    crashed (resume it)") && stdout.contains("knob resume wreck"),
@@ -880,6 +902,17 @@ fn after_a_crash_every_command_says_crashed_and_to_resume_it() {
             .as_str()
             .is_some_and(|m| m.contains("knob resume wreck")),
         "{summary}"
+    );
+    // The dashboard's download is the export, status and message alike.
+    let (status, export) = crate::api::get(&view.base, "/export?format=json");
+    assert_eq!(status, 200, "{export}");
+    assert_eq!(
+        (
+            &export["experiment"]["status"],
+            &export["experiment"]["message"]
+        ),
+        (&summary["status"], &summary["status_message"]),
+        "{export}"
     );
     drop(view);
     // `knob view`'s list has no live dashboard for it: nothing serves its old port.

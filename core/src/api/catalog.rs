@@ -139,7 +139,7 @@ fn summary(entry: &RegistryEntry) -> Value {
     let mut value = json!({
         "id": entry.id,
         "name": entry.name,
-        "status": if entry.crashed() { "CRASHED" } else { entry.status.as_str() },
+        "status": if entry.crashed() { crate::registry::CRASHED_STATUS } else { entry.status.as_str() },
         "created_ms": entry.created_ms,
         // Only while its process runs (a crashed one's port is served by nobody).
         "port": entry.running_pid().and(entry.port),

@@ -637,7 +637,7 @@ mod tests {
         for format in ["json", "csv"] {
             let mut expected = Vec::new();
             if format == "json" {
-                crate::export::write_json(&state, &mut expected).unwrap();
+                crate::export::write_json(&state, false, &mut expected).unwrap();
             } else {
                 crate::export::write_csv(&state, &mut expected).unwrap();
             }

@@ -76,18 +76,7 @@ pub(super) async fn experiment(State(state): State<ApiState>) -> Result<Json<Val
         .commands
         .as_ref()
         .is_some_and(|c| !c.is_closed());
-    // Read-only (`knob view`): whether the process running it is still there is the
-    // registry's to say, as for `knob experiment list`; the experiment's own API runs in it.
-    let crashed = state.config().commands.is_none() && {
-        let id = id.clone();
-        tokio::task::spawn_blocking(move || {
-            crate::registry::Registry::open_default()
-                .and_then(|registry| registry.get(&id))
-                .is_ok_and(|entry| entry.crashed())
-        })
-        .await
-        .unwrap_or(false)
-    };
+    let crashed = crashed(&state).await;
     let mut summary = state
         .read(move |reader| experiment_snapshot(reader, !crashed))
         .await?
@@ -95,19 +84,31 @@ pub(super) async fn experiment(State(state): State<ApiState>) -> Result<Json<Val
             ApiError::not_found(format!("experiment {id} has no record in its store yet"))
         })?;
     summary["writable"] = json!(writable);
-    let recorded_active = summary["status"]
-        .as_str()
-        .and_then(ExperimentStatus::parse)
-        .is_some_and(ExperimentStatus::is_active);
-    if recorded_active && crashed {
-        summary["status"] = json!("CRASHED");
-        summary["status_message"] = json!(format!(
-            "{}: the process running it is gone; `knob resume {}` continues it",
-            crate::registry::CRASHED,
-            state.config().experiment_id
-        ));
+    if let Some(recorded) = summary["status"].as_str().and_then(ExperimentStatus::parse) {
+        let message = summary["status_message"].as_str().map(str::to_string);
+        let (status, message) =
+            crate::registry::served_status(&id, crashed, recorded, message.as_deref());
+        summary["status"] = json!(status);
+        summary["status_message"] = json!(message);
     }
     Ok(Json(summary))
+}
+
+/// Whether the experiment is crashed: read-only (`knob view`), whether the process running it
+/// is still there is the registry's to say, as for `knob experiment list`; the experiment's own
+/// API runs in that process.
+async fn crashed(state: &ApiState) -> bool {
+    if state.config().commands.is_some() {
+        return false;
+    }
+    let id = state.config().experiment_id.clone();
+    tokio::task::spawn_blocking(move || {
+        crate::registry::Registry::open_default()
+            .and_then(|registry| registry.get(&id))
+            .is_ok_and(|entry| entry.crashed())
+    })
+    .await
+    .unwrap_or(false)
 }
 
 /// How many best trials a snapshot lists.
@@ -572,6 +573,7 @@ pub(super) async fn export(
         }
     };
     let experiment_state = state.read(|reader| reader.replay()).await?;
+    let crashed = crashed(&state).await;
     // Only the characters a file name and a header carry safely.
     let id: String = state
         .config()
@@ -599,7 +601,7 @@ pub(super) async fn export(
         let written = if csv {
             crate::export::write_csv(&experiment_state, &mut out).map_err(std::io::Error::from)
         } else {
-            crate::export::write_json(&experiment_state, &mut out)
+            crate::export::write_json(&experiment_state, crashed, &mut out)
         };
         // A failure ends the response unfinished rather than as a document that looks whole;
         // a client that went away is told nothing.

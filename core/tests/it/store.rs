@@ -1670,7 +1670,7 @@ fn the_json_export_written_part_by_part_is_the_whole_value_written_pretty() {
 /// The JSON export as `knob experiment export` writes it, and read back.
 fn exported_json(state: &knob_core::store::ExperimentState) -> (String, serde_json::Value) {
     let mut written = Vec::new();
-    knob_core::export::write_json(state, &mut written).unwrap();
+    knob_core::export::write_json(state, false, &mut written).unwrap();
     let text = String::from_utf8(written).unwrap();
     let value = serde_json::from_str(&text).unwrap();
     (text, value)
