@@ -186,7 +186,19 @@ def _error_text(output: str, code: int) -> str:
     lines = output.strip().splitlines()
     first = next((at for at, line in enumerate(lines) if line.startswith("error")), None)
     kept = lines[first:] if first is not None else lines[-5:]
-    return "\n".join(kept) or f"exit status {code}"
+    return "\n".join(kept) or _ended_by(code)
+
+
+def _ended_by(code: int) -> str:
+    """How a process that ended with return code `code` ended: its exit status, or the signal
+    that killed it (subprocess's negative code)."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "a signal"
+    return f"killed by {name} (signal {-code})"
 
 
 def load(experiment_id: str, *, home: Optional[str] = None) -> ExperimentResult:
@@ -312,7 +324,14 @@ class Experiment:
         # Plain progress lines: the bar knob draws on a terminal shows nothing through a pipe.
         env.setdefault("KNOB_PROGRESS", "lines")
         tail: List[str] = []
-        created = (f"experiment {self.id}: ", read) if read is not None else None
+        made: List[bool] = []
+
+        def on_created() -> None:
+            made.append(True)
+            if read is not None:
+                read()
+
+        created = (f"experiment {self.id}: ", on_created)
         process: "Optional[subprocess.Popen[str]]" = None
         reader: Optional[threading.Thread] = None
         try:
@@ -362,6 +381,20 @@ class Experiment:
             # knob's stdout), where closing would wait on that read.
             if process is not None and process.stdout is not None and (reader is None or not reader.is_alive()):
                 process.stdout.close()
+        if code < 0:
+            # Killed (the OOM killer, a batch scheduler, kill -9): knob said nothing of it, its
+            # last lines are progress, and the experiment is left crashed.
+            left = (
+                f"the experiment is left crashed: `knob resume {self.id}` continues it (`knob stop "
+                f"{self.id}` ends the trials it left running)"
+                if made
+                else "before it created the experiment"
+            )
+            last = "".join(tail[-5:]).rstrip("\n")
+            raise KnobError(
+                f"knob create (experiment {self.id}) was {_ended_by(code)}; {left}"
+                + (f"\nknob's last lines:\n{last}" if last else "")
+            )
         if code != 0:
             raise KnobError(f"knob create (experiment {self.id}): {_error_text(''.join(tail), code)}")
         return load(self.id, home=self._home).trials

@@ -456,9 +456,16 @@ def _stop_crashed(experiment_id: str, home: str) -> None:
 def test_a_crashed_experiment_loads_as_crashed(tmp_path: Path, home: str) -> None:
     """knob.load() said RUNNING for ever of an experiment whose knob was killed (as `knob
     experiment export` did), where `knob experiment list` and the API say crashed: a script
-    polling its status until it was not RUNNING waited for ever (H1 F1)."""
-    _crash(tmp_path, home, "crashed")
+    polling its status until it was not RUNNING waited for ever (H1 F1). run()'s KnobError was
+    knob's last progress lines, saying nothing of the kill (H1 F2)."""
+    error = _crash(tmp_path, home, "crashed")
     try:
+        # What happened and what to do, not knob's last progress lines alone (H1 F2).
+        assert str(error).startswith(
+            "knob create (experiment crashed) was killed by SIGKILL (signal 9); the experiment is left "
+            "crashed: `knob resume crashed` continues it (`knob stop crashed` ends the trials it left running)\n"
+            "knob's last lines:\n"
+        ), error
         result = knob.load("crashed", home=home)
         assert result.status == "CRASHED", result
         assert result.message is not None and "`knob resume crashed` continues it" in result.message, result
