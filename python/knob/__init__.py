@@ -204,7 +204,8 @@ def _ended_by(code: int) -> str:
 def load(experiment_id: str, *, home: Optional[str] = None) -> ExperimentResult:
     """A known experiment (running, stopped or finished) as `knob experiment export` has it.
     `home`: knob's registry folder (`$KNOB_HOME`), when not the default."""
-    args = ["experiment", "export", experiment_id, "--format", "json"]
+    # After `--`: an id starting with `-` ("-h") is knob's to refuse, not an option of its own.
+    args = ["experiment", "export", "--format", "json", "--", experiment_id]
     text = _run_knob(args, home)
     try:
         return ExperimentResult.from_export(json.loads(text))
@@ -317,7 +318,8 @@ class Experiment:
         the experiment, the line naming its folder, and reads the file no more). `rewrite`:
         applied to each line of knob's output before it is shown or kept for an error."""
         out = output if output is not None else sys.stdout
-        command = [knob_command(), "create", "--config", str(config), "--id", self.id]
+        # `--id=ID`: an id starting with `-` is the value, for knob to refuse, not an option.
+        command = [knob_command(), "create", f"--config={config}", f"--id={self.id}"]
         # Its own session: a terminal's Ctrl-C reaches only Python, which passes each one on
         # (`_stop`), as the terminal would have.
         env = _knob_env(self._home)

@@ -200,6 +200,19 @@ def test_loading_an_unknown_experiment_says_so(home: str) -> None:
     assert "nosuchexperiment" in str(raised.value)
 
 
+def test_an_id_starting_with_a_dash_is_knobs_to_refuse_not_an_option(tmp_path: Path, home: str) -> None:
+    """`knob.load("-h")` ran `knob experiment export -h`, knob's help, and blamed the install
+    ("is not knob ... pip install the knob wheel again"); `Experiment(id="-h")` got clap's "a
+    value is required for '--id'" (H1 F3). The id is passed as a value: knob answers for it."""
+    for experiment_id in ("-h", "-V"):
+        with pytest.raises(knob.KnobError) as raised:
+            knob.load(experiment_id, home=home)
+        assert f"error: no experiment {experiment_id} in the registry" in str(raised.value), raised.value
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(branin_config(tmp_path / "code", trials=1), id="-h", home=home, base_dir=tmp_path).run()
+    assert 'error: experiment id "-h" is not valid' in str(raised.value), raised.value
+
+
 def test_keyboard_interrupt_stops_the_experiment_as_ctrl_c(tmp_path: Path, home: str) -> None:
     code = tmp_path / "code"
     config = branin_config(code, trials=4)
@@ -345,7 +358,7 @@ def test_a_knob_bin_that_is_not_knob_is_a_knob_error_naming_it(tmp_path: Path, m
         program.chmod(0o755)
     cases = [
         (silent, "printed nothing"),
-        (echo, "printed no JSON (it began 'experiment export x --format json')"),
+        (echo, "printed no JSON (it began 'experiment export --format json -- x')"),
         (other_version, "printed JSON that is not knob's export (KeyError: 'id')"),
     ]
     for program, said in cases:
@@ -353,13 +366,13 @@ def test_a_knob_bin_that_is_not_knob_is_a_knob_error_naming_it(tmp_path: Path, m
         with pytest.raises(knob.KnobError) as raised:
             knob.load("x")
         assert str(raised.value) == (
-            f"{program} experiment export x --format json {said}; KNOB_BIN={program} is not knob (or another "
+            f"{program} experiment export --format json -- x {said}; KNOB_BIN={program} is not knob (or another "
             "version's); set KNOB_BIN to a knob binary, or unset it to use the knob installed with this package"
         ), raised.value
     monkeypatch.setenv("KNOB_BIN", str(silent))
     with pytest.raises(knob.KnobError) as raised:
         knob.Experiment({"trialCommand": "true"}, id="notknob", base_dir=tmp_path).run(progress=False)
-    assert str(raised.value).startswith(f"{silent} experiment export notknob --format json printed nothing; "), raised.value
+    assert str(raised.value).startswith(f"{silent} experiment export --format json -- notknob printed nothing; "), raised.value
 
 
 def test_run_closes_knobs_output_pipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -417,7 +430,7 @@ def _kill_knob_of(experiment_id: str) -> None:
             words = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"create" in words and experiment_id.encode() in words:
+        if b"create" in words and f"--id={experiment_id}".encode() in words:
             os.kill(int(entry.name), signal.SIGKILL)
 
 
