@@ -237,7 +237,8 @@ ConfigSource = Union[str, "os.PathLike[str]", Mapping[str, Any]]
 class Experiment:
     """An experiment to run: a config file's path, or the config itself as a dict (the same
     fields as the YAML file; relative paths in it are relative to `base_dir`, by default the
-    current directory)."""
+    current directory). A relative config path or base_dir is taken from the current directory
+    when the Experiment is made, not when it runs."""
 
     def __init__(
         self,
@@ -252,12 +253,14 @@ class Experiment:
             self._config_path: Optional[Path] = None
         else:
             self._config_dict = None
-            self._config_path = Path(config)
+            # Made absolute now, as base_dir is: the file checked here is the one run() runs,
+            # whatever folder (a notebook's os.chdir) it is called from.
+            self._config_path = Path(config).absolute()
             if not self._config_path.is_file():
                 raise KnobError(f"config file {self._config_path} does not exist")
         # An id of our own, so that the result can be read back whatever knob prints.
         self.id = id or "py" + uuid.uuid4().hex[:10]
-        self._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
+        self._base_dir = Path(base_dir).absolute() if base_dir is not None else Path.cwd()
         if self._config_dict is not None and not self._base_dir.is_dir():
             raise KnobError(
                 f"base_dir {self._base_dir} is not a folder; give the folder the config's relative "

@@ -154,6 +154,30 @@ def test_a_config_file_runs_quietly(tmp_path: Path, home: str) -> None:
     assert [t.status for t in trials] == ["SUCCEEDED", "SUCCEEDED"]
 
 
+def test_a_relative_config_path_is_the_file_of_the_folder_it_was_given_in(
+    tmp_path: Path, home: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Experiment("config.yml")` checked ./config.yml at construction but ran the config.yml of
+    whatever folder run() was called from (a notebook that `os.chdir`s ran another experiment,
+    silently) (H1 F4). So does a relative base_dir."""
+    for name in ("a", "b"):
+        config = branin_config(tmp_path / name / "code", trials=1)
+        config["experimentName"] = f"from-{name}"
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path / "a")
+    experiment = knob.Experiment("config.json", home=home)
+    monkeypatch.chdir(tmp_path / "b")
+    experiment.run(progress=False)
+    assert knob.load(experiment.id, home=home).config["experimentName"] == "from-a"
+    monkeypatch.chdir(tmp_path)
+    config = branin_config(tmp_path / "a" / "code", trials=1)
+    config["trialCodeDirectory"] = "code"
+    experiment = knob.Experiment(config, home=home, base_dir="a")
+    monkeypatch.chdir(tmp_path / "b")
+    experiment.run(progress=False)
+    assert knob.load(experiment.id, home=home).config["trialCodeDirectory"] == str(tmp_path / "a" / "code")
+
+
 def test_a_bad_config_is_knobs_one_line_error(tmp_path: Path, home: str) -> None:
     config = branin_config(tmp_path / "code", trials=2)
     config["trialConcurrency"] = 0
