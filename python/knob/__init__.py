@@ -256,6 +256,11 @@ class Experiment:
             # Made absolute now, as base_dir is: the file checked here is the one run() runs,
             # whatever folder (a notebook's os.chdir) it is called from.
             self._config_path = Path(config).absolute()
+            if self._config_path.is_dir():
+                raise KnobError(
+                    f"config file {self._config_path} is a folder, not a config file; give the config "
+                    "file's path (YAML or JSON), or the config itself as a dict"
+                )
             if not self._config_path.is_file():
                 raise KnobError(f"config file {self._config_path} does not exist")
         # An id of our own, so that the result can be read back whatever knob prints.

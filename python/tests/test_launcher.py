@@ -349,6 +349,14 @@ def test_a_bad_knob_bin_base_dir_or_config_is_a_knob_error_saying_what_to_do(
         assert str(raised.value).startswith(f"cannot run {not_a_program}: "), raised.value
     monkeypatch.delenv("KNOB_BIN")
 
+    # A folder is named as one, not as a file that does not exist (H1 F6).
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(tmp_path)
+    assert str(raised.value).startswith(f"config file {tmp_path} is a folder, not a config file; "), raised.value
+    with pytest.raises(knob.KnobError) as raised:
+        knob.Experiment(tmp_path / "nowhere.yml")
+    assert str(raised.value) == f"config file {tmp_path / 'nowhere.yml'} does not exist", raised.value
+
     with pytest.raises(knob.KnobError) as raised:
         knob.Experiment({"trialCommand": "true"}, base_dir=tmp_path / "nowhere")
     assert str(raised.value).startswith(f"base_dir {tmp_path / 'nowhere'} is not a folder"), raised.value
