@@ -32,6 +32,21 @@ __all__ = [
     "get_sequence_id",
 ]
 
+# For type checkers only (mypy takes a name TYPE_CHECKING as true): importing `typing` at run
+# time would add its milliseconds to every trial's import.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Protocol, Union
+
+    class _HasItem(Protocol):
+        """A numpy scalar, or a one-element array or tensor: the number its `item()` gives."""
+
+        def item(self) -> Any: ...
+
+    # What a report takes (README, "Trial protocols"): a number, a numpy scalar or a one-element
+    # array or tensor (anything with `item()`, as the reports read it), or a dict of them.
+    _Metric = Union[float, _HasItem, Dict[str, Any]]
+
 _parameters: "dict[str, object] | None" = None
 _warned_outside = False
 
@@ -220,13 +235,13 @@ def _send_text(kind: str, text: str, what: str) -> None:
         os.close(fd)
 
 
-def report_intermediate(value: "float | dict[str, object]") -> None:
+def report_intermediate(value: "_Metric") -> None:
     """Reports one intermediate result: a number, or a dict (with a numeric "default", or the
     metrics the experiment's `objectives` list)."""
     _send("KNOB_INTERMEDIATE", value, "report_intermediate")
 
 
-def report_final(value: "float | dict[str, object]") -> None:
+def report_final(value: "_Metric") -> None:
     """Reports the trial's final result; knob keeps the first one of an attempt."""
     _send("KNOB_FINAL", value, "report_final")
 

@@ -209,6 +209,36 @@ def test_numpy_scalars_are_reported_as_their_numbers(tmp_path: Path, knob_trial_
     assert len(metric_lines(tmp_path / "t")) == 3
 
 
+class _Scalar:
+    """What a type checker sees of a numpy scalar or a one-element array or tensor: `item()`."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def item(self) -> float:
+        return self.value
+
+
+def test_the_reports_type_hints_take_what_the_reports_take(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reports were typed `float | dict[str, object]`: `report_intermediate(np.float32(0.9))`,
+    which the README says they take, failed `mypy --strict`, and so did a `dict[str, float]`
+    (H1 F5). CI's `mypy --strict` over this file checks these calls; a string is still refused
+    (an unused `type: ignore` is an error there)."""
+    metrics = tmp_path / "metrics.knob"
+    monkeypatch.setenv("KNOB_METRICS_FILE", str(metrics))
+    knob_trial.report_intermediate(_Scalar(0.5))
+    losses: dict[str, float] = {"default": 0.25, "loss": 1.5}
+    knob_trial.report_intermediate(losses)
+    knob_trial.report_final({"default": _Scalar(0.75), "epochs": 3})
+    with pytest.raises(TypeError):
+        knob_trial.report_final("0.5")  # type: ignore[arg-type]
+    assert metrics.read_text().splitlines() == [
+        "KNOB_INTERMEDIATE 0.5",
+        'KNOB_INTERMEDIATE {"default":0.25,"loss":1.5}',
+        'KNOB_FINAL {"default":0.75,"epochs":3}',
+    ]
+
+
 # numpy's arrays and torch's tensors of several elements: `item()` fails (numpy: ValueError,
 # torch: RuntimeError) and `tolist()` gives their (nested) list.
 ARRAY_CLASSES = ITEM_CLASS + """
