@@ -79,6 +79,8 @@ fn start_driver(chromedriver: &Path) -> Driver {
 
 async fn open_browser(driver: &Driver, chromium: &Path, profile: &Path) -> Client {
     let mut capabilities = serde_json::Map::new();
+    // The console, for `console_errors`.
+    capabilities.insert("goog:loggingPrefs".to_string(), json!({"browser": "ALL"}));
     capabilities.insert(
         "goog:chromeOptions".to_string(),
         json!({
@@ -119,6 +121,29 @@ async fn wait_in_page(page: &Client, what: &str, script: &str) -> Value {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The console's SEVERE entries since the last call (errors, failed loads), through
+/// chromedriver's own log command (WebDriver has none).
+async fn console_errors(driver: &Driver, page: &Client) -> Vec<Value> {
+    let session = page.session_id().await.unwrap().unwrap();
+    let url = format!("http://127.0.0.1:{}/session/{session}/se/log", driver.port);
+    let answer: Value = tokio::task::spawn_blocking(move || {
+        let mut response = ureq::post(&url)
+            .header("Content-Type", "application/json")
+            .send(json!({"type": "browser"}).to_string())
+            .unwrap();
+        serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap()
+    })
+    .await
+    .unwrap();
+    answer["value"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no browser log: {answer}"))
+        .iter()
+        .filter(|entry| entry["level"] == "SEVERE")
+        .cloned()
+        .collect()
 }
 
 async fn screenshot(page: &Client, name: &str) -> PathBuf {
@@ -1214,6 +1239,8 @@ async fn knob_view_without_an_id_lists_every_experiment_and_opens_each() {
         missing["error"].as_str().unwrap().contains("nope"),
         "{missing}"
     );
+    // Neither page logged an error (each had, for its missing favicon).
+    assert_eq!(console_errors(&driver, &page).await, Vec::<Value>::new());
     page.close().await.unwrap();
 }
 
