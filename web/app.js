@@ -89,13 +89,27 @@ function flatOf(trial) {
   return flat;
 }
 
-function flatParams(value, prefix = "", out = {}) {
+// A trial's parameters by name, nested ones flattened. Names are the server's (`/trial-columns`
+// names each key path as `knob experiment export` does: `opt/lr` for `lr` inside `opt`, JSON
+// Pointers where two would clash), so that a trial read whole from `/trials/ID` matches the
+// table. The objects have no prototype: a parameter named `__proto__` is a key like any other
+// (on a `{}` it would set the object's prototype and vanish).
+const pathNames = new Map(); // JSON of a key path -> its name
+function flatParams(value, path = [], out = Object.create(null)) {
   for (const [key, v] of Object.entries(value || {})) {
-    const name = prefix ? prefix + "." + key : key;
-    if (v && typeof v === "object" && !Array.isArray(v)) flatParams(v, name, out);
-    else out[name] = v;
+    const at = path.concat([key]);
+    if (v && typeof v === "object" && !Array.isArray(v)) flatParams(v, at, out);
+    else out[nameOfPath(at)] = v;
   }
   return out;
+}
+function nameOfPath(path) {
+  const name = pathNames.get(JSON.stringify(path));
+  if (name !== undefined) return name;
+  // A path the server's list did not have yet (a nested option no trial had): its JSON Pointer
+  // until `refresh` reads the list again, which names it.
+  state.unnamedPath = true;
+  return path.map((key) => key.replace(/~/g, "~0").replace(/\//g, "~1")).join("/");
 }
 
 const fmt = (v) => (v === null || v === undefined ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(6)))) : String(v));
@@ -147,9 +161,10 @@ async function bodyOf(response) {
 function trialsFromColumns(page) {
   const c = page.columns;
   const names = Object.keys(page.parameters);
+  for (const name of names) pathNames.set(JSON.stringify(page.parameter_paths[name]), name);
   const rows = [];
   for (let i = 0; i < page.count; i++) {
-    const parameters = {};
+    const parameters = Object.create(null);
     for (const name of names) {
       const v = page.parameters[name][i];
       if (v !== null) parameters[name] = v;
@@ -366,8 +381,15 @@ async function refresh() {
       await Promise.all(dirty.map(async (id) => {
         const t = await api(`/trials/${encodeURIComponent(id)}`);
         delete t.metrics;
+        flatOf(t);
         state.trials.set(id, t);
       }));
+      // A parameter path the list had not named: the whole list again, which names every
+      // path as it names them together (a new path can change an old one's name).
+      if (state.unnamedPath) {
+        state.unnamedPath = false;
+        await loadTrialColumns(null);
+      }
     }
     if (dirty.length || state.rendered !== true || state.wasGone) render();
     else if (state.panelDirty) {
@@ -974,7 +996,8 @@ function renderSlice() {
   const name = select.value;
   const finished = [...state.trials.values()].filter((t) => typeof t.final_value === "number" && name in flatOf(t));
   const numeric = finished.every((t) => typeof flatOf(t)[name] === "number");
-  const space = (state.experiment.config.searchSpace || {})[name] || {};
+  const searchSpace = state.experiment.config.searchSpace || {};
+  const space = (Object.hasOwn(searchSpace, name) && searchSpace[name]) || {};
   const log = numeric && /log/.test(space._type || "") && finished.every((t) => flatOf(t)[name] > 0);
   chart("chart-slice").setOption({
     animation: false, backgroundColor: chartBackground(), grid: GRID,

@@ -438,7 +438,7 @@ fn final_cell(metric: &crate::store::MetricRecord) -> String {
 }
 
 /// The path of keys to one value inside a trial's parameters or final dict, outermost first.
-type KeyPath = Vec<String>;
+pub(crate) type KeyPath = Vec<String>;
 
 /// Named cells of each row (a trial's flattened parameters, say), and every name any row has,
 /// in the order first seen: the CSV's columns of that kind.
@@ -496,8 +496,9 @@ impl FlatColumns {
 /// nested one's). Escaping only on a collision keeps the common names as they are (a metric
 /// `val/acc` stays `val/acc`), and a pointer is one spelling for one path, so no value is
 /// left without a column. A plain name that equals another path's pointer is spelt as a
-/// pointer too, until no two names are the same.
-fn column_names(paths: &[KeyPath]) -> Vec<String> {
+/// pointer too, until no two names are the same. The API's `/trial-columns` (what the
+/// dashboard draws) names its parameters with it too, so that the page and the export agree.
+pub(crate) fn column_names(paths: &[KeyPath]) -> Vec<String> {
     let plain = |path: &KeyPath| path.join("/");
     let pointer = |path: &KeyPath| {
         path.iter()

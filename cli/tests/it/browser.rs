@@ -1548,3 +1548,136 @@ async fn a_pbt_members_view_shows_its_lineage_and_the_schedule_of_its_parameters
     screenshot(&page, "pbt-2-parent").await;
     page.close().await.unwrap();
 }
+
+/// Parameters whose names would clash once flattened, and one named `__proto__`.
+const CLASHING: &str = r#"experimentName: clashing names
+searchSpace:
+  opt:
+    _type: choice
+    _value:
+      - {_name: sgd, lr: {_type: uniform, _value: [0, 1]}}
+  opt.lr: {_type: uniform, _value: [5, 6]}
+  "opt/lr": {_type: uniform, _value: [7, 8]}
+  __proto__: {_type: choice, _value: [[1, 2], [3, 4]]}
+trialCommand: 'echo "KNOB_FINAL $NNI_TRIAL_SEQ_ID"'
+trialConcurrency: 2
+maxTrialNumber: 4
+tuner: {name: Random, classArgs: {seed: 4}}
+trainingService: {platform: local}"#;
+
+/// Every parameter has its own column, named as the CSV export names it, in the table, the
+/// trial's view and the comparison: the nested `opt/lr` beside the top-level `opt.lr` (which
+/// had taken its column) and `opt/lr` (`opt~1lr`), and `__proto__` (which had set the
+/// prototype of the page's parameter objects instead, and through ECharts' text cache given
+/// every object of the page `prev`/`next`). A healthy page logs no console error (a missing
+/// favicon had, on every load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clashing_and_proto_parameter_names_each_show_on_the_page() {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(CLASHING, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "clash");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut command = sandbox.knob();
+    command.args(["view", "clash", "--port", "0"]);
+    let view = start(command, &[]);
+    let base = view.base.trim_end_matches("/api/v1").to_string();
+    let trial = api(&base, "GET", "/trials?limit=1", None)["trials"][0].clone();
+    let id = trial["trial_id"].as_str().unwrap().to_string();
+    let parameters = &trial["parameters"];
+
+    let driver = start_driver(&chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let page = open_browser(&driver, &chromium, profile.path()).await;
+    page.goto(&format!("{base}/")).await.unwrap();
+    let table = wait_in_page(
+        &page,
+        "the table and the charts",
+        &r##"if (!window.__knobChartsDrawn || document.querySelectorAll("#trials tbody tr").length !== 4) return null;
+           const names = [...document.querySelectorAll("#trials thead th.param")].map((th) => th.textContent);
+           const row = document.querySelector(`#trials tbody tr[data-trial="__ID__"]`);
+           const cells = [...row.querySelectorAll("td.param")].map((td) => td.textContent);
+           return names.map((name, i) => [name, cells[i]]);"##
+            .replace("__ID__", &id),
+    )
+    .await;
+    // As pairs: an object's `__proto__` key would not come through WebDriver.
+    let table: serde_json::Map<String, Value> = table
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| (pair[0].as_str().unwrap().to_string(), pair[1].clone()))
+        .collect();
+    let table = Value::Object(table);
+    let shown = |value: &Value| match value {
+        Value::Number(n) => {
+            let n = n.as_f64().unwrap();
+            format!("{}", (n * 1e5).round() / 1e5)
+        }
+        other => other
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or(other.to_string()),
+    };
+    let mut names: Vec<&str> = table
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["__proto__", "opt.lr", "opt/_name", "opt/lr", "opt~1lr"],
+        "{table}"
+    );
+    assert_eq!(
+        table["__proto__"],
+        json!(if parameters["__proto__"] == json!([1, 2]) {
+            "1,2"
+        } else {
+            "3,4"
+        })
+    );
+    assert!(
+        shown(&parameters["opt"]["lr"]).starts_with(&table["opt/lr"].as_str().unwrap()[..4]),
+        "{table} {parameters}"
+    );
+    assert!(
+        table["opt.lr"].as_str().unwrap().starts_with('5'),
+        "{table}"
+    );
+    assert!(
+        table["opt~1lr"].as_str().unwrap().starts_with('7'),
+        "{table}"
+    );
+
+    // The trial's view and the comparison (both read the trial whole, nested) name them alike.
+    page.goto(&format!("{base}/#trial={id}")).await.unwrap();
+    let detail = wait_in_page(
+        &page,
+        "the trial's view",
+        r##"const rows = [...document.querySelectorAll("#detail-info tr")].map((r) => r.cells.length ? r.querySelector("th").textContent : "");
+           return document.getElementById("detail").open && rows.includes("final") ? rows.filter((n) => n.includes("opt") || n.includes("proto")) : null;"##,
+    )
+    .await;
+    let mut detail: Vec<String> = serde_json::from_value(detail).unwrap();
+    detail.sort();
+    assert_eq!(
+        detail,
+        ["__proto__", "opt.lr", "opt/_name", "opt/lr", "opt~1lr"]
+    );
+    // Nothing leaked into Object.prototype.
+    let clean = page
+        .execute(
+            "const inherited = []; for (const k in {}) inherited.push(k); return [inherited, Object.getOwnPropertyNames(Object.prototype).filter((k) => k === 'next' || k === 'prev')];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(clean, json!([[], []]));
+    assert_eq!(console_errors(&driver, &page).await, Vec::<Value>::new());
+    page.close().await.unwrap();
+}

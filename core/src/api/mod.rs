@@ -669,6 +669,73 @@ mod tests {
         }
     }
 
+    /// `/trial-columns` names a nested parameter apart from a top-level one that would share its
+    /// name, as the CSV export does (a top-level `opt.lr` had taken the nested `lr`'s column).
+    #[tokio::test]
+    async fn trial_columns_name_parameters_as_the_export_does_and_lose_none() {
+        use crate::store::StoreEvent;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path()).unwrap();
+        let parameters = [
+            serde_json::json!({"opt": {"_name": "sgd", "lr": 0.5}, "opt.lr": 5.5, "opt/lr": 7.5, "__proto__": [1, 2]}),
+            serde_json::json!({"opt": {"_name": "sgd", "lr": 0.25}, "opt.lr": 5.25, "opt/lr": 7.25, "__proto__": [3, 4]}),
+        ];
+        store
+            .append(StoreEvent::ExperimentCreated {
+                experiment_id: "names".to_string(),
+                config: serde_json::json!({"trialConcurrency": 1}),
+                start_time_ms: 0,
+            })
+            .await
+            .unwrap();
+        for (sequence, parameters) in parameters.iter().enumerate() {
+            store
+                .append(StoreEvent::TrialCreated {
+                    trial_id: format!("t{sequence}"),
+                    sequence: sequence as u64,
+                    parameter_id: sequence as u64,
+                    parameter_label: None,
+                    parameters: parameters.clone(),
+                    lineage: None,
+                })
+                .await
+                .unwrap();
+        }
+        let router = router(ApiState::new(ApiConfig {
+            experiment_id: "names".to_string(),
+            dir: dir.path().to_path_buf(),
+            commands: None,
+            token: None,
+            allowed_hosts: Vec::new(),
+            commits: Some(store.commits()),
+        }));
+        let (status, body) = ask(&router, "get", "/api/v1/trial-columns").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            answer["parameters"],
+            serde_json::json!({
+                "opt/_name": ["sgd", "sgd"],
+                "opt/lr": [0.5, 0.25],
+                "opt.lr": [5.5, 5.25],
+                "opt~1lr": [7.5, 7.25],
+                "__proto__": [[1, 2], [3, 4]],
+            }),
+            "{body}"
+        );
+        assert_eq!(
+            answer["parameter_paths"],
+            serde_json::json!({
+                "opt/_name": ["opt", "_name"],
+                "opt/lr": ["opt", "lr"],
+                "opt.lr": ["opt.lr"],
+                "opt~1lr": ["opt/lr"],
+                "__proto__": ["__proto__"],
+            }),
+            "{body}"
+        );
+    }
+
     /// `/trial-columns` of a finished list is kept while the store has no new event; a list
     /// with a running trial (whose duration grows) is never kept.
     #[tokio::test]
