@@ -274,6 +274,7 @@ function onEvent(record) {
 
 async function follow() {
   for (;;) {
+    let ended = false;
     try {
       const headers = token ? { Authorization: "Bearer " + token } : {};
       const response = await fetch(`${API}/stream?since=${state.lastSeq}`, { headers });
@@ -282,7 +283,7 @@ async function follow() {
       const reader = response.body.getReader();
       const decoder = new TextDecoder();
       let buffer = "";
-      for (;;) {
+      while (!ended) {
         const { value, done } = await reader.read();
         if (done) break;
         buffer += decoder.decode(value, { stream: true });
@@ -290,14 +291,26 @@ async function follow() {
         while ((end = buffer.indexOf("\n\n")) >= 0) {
           const block = buffer.slice(0, end);
           buffer = buffer.slice(end + 2);
+          if (/^event: end$/m.test(block)) ended = true;
           const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
-          if (data && !block.includes("event: error")) onEvent(JSON.parse(data));
+          if (data && !ended && !block.includes("event: error")) onEvent(JSON.parse(data));
         }
+      }
+      if (ended) {
+        // The process running the experiment recorded its end and is closing: it waits (a
+        // few seconds at most) until its pages have closed their streams. Read the end now,
+        // then close this stream to let it go; waiting for the next once-a-second refresh,
+        // the page had kept the state of up to a second before the end (a RUNNING experiment,
+        // trials still running), and then called that the last known state.
+        state.experimentDirty = true;
+        await refresh();
+        reader.cancel().catch(() => {});
+        while (await serverAnswers()) await new Promise((r) => setTimeout(r, 1000));
       }
     } catch (_) {
       // The stream broke: the connection dropped, or the process serving the page is gone.
     }
-    setConnection(await serverAnswers() ? "reconnecting" : "gone");
+    setConnection(!ended && await serverAnswers() ? "reconnecting" : "gone");
     await new Promise((r) => setTimeout(r, state.connection === "gone" ? 2000 : 1000));
   }
 }
@@ -365,7 +378,25 @@ function renderConnection() {
   if (e) renderWriteControls();
 }
 
-async function refresh() {
+// One refresh at a time, so that an older answer never replaces a newer one; asked for while
+// one runs, it runs once more after it (and the promise is that later one's).
+let refreshing = null;
+let refreshAgain = false;
+function refresh() {
+  if (refreshing) {
+    refreshAgain = true;
+    return refreshing;
+  }
+  refreshing = (async () => {
+    do {
+      refreshAgain = false;
+      await refreshOnce();
+    } while (refreshAgain);
+  })().finally(() => { refreshing = null; });
+  return refreshing;
+}
+
+async function refreshOnce() {
   if (state.connection === "gone" || !state.experiment) return;
   try {
     if (state.experimentDirty) {

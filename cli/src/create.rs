@@ -299,7 +299,7 @@ pub fn run_in_foreground(
     let result = runtime.block_on(async {
         let (commands, command_inbox) = mpsc::unbounded_channel();
         let (progress_tx, progress_rx) = watch::channel(Progress::default());
-        let api = spawn_api(
+        let (api, api_state) = spawn_api(
             listener,
             id.clone(),
             dir.clone(),
@@ -324,6 +324,13 @@ pub fn run_in_foreground(
         // The display's pause ends now: the experiment's last state is shown at once.
         drop(manager_ended);
         let _ = display.await;
+        // A page open on the dashboard reads the end (its stream says `end` once the store is
+        // closed) and then closes its stream; until then the API stays, PAGES_READ_THE_END at
+        // most. Exiting at once had left such a page with what it had read up to a second
+        // before the end (trials still running, the experiment RUNNING), shown as the last
+        // known state. With no page open this costs nothing; a page that never closes its
+        // stream (asleep, or another client of `/stream`) holds the exit that long at most.
+        api_state.streams_closed(PAGES_READ_THE_END).await;
         api.abort();
         anyhow::Ok(result)
     })?;
@@ -394,6 +401,12 @@ pub fn run_in_foreground(
         }
     }
 }
+
+/// How long `knob create`/`resume` keeps its API up after the experiment ended while a page
+/// of its dashboard still follows the stream: enough for a page to read the last changes
+/// (`/experiment` and the trials that changed), short enough not to hold a script waiting on
+/// the exit.
+const PAGES_READ_THE_END: Duration = Duration::from_secs(5);
 
 /// How long `knob create`/`resume` waits, once the experiment ended, for its last notifications
 /// (each sink's retries take about 7 s plus a 15 s timeout per try at worst; the end goes

@@ -110,7 +110,7 @@ pub fn spawn_api(
     commands: Option<mpsc::UnboundedSender<Command>>,
     commits: Option<watch::Receiver<EventSeq>>,
     serve: &ServeArgs,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, ApiState)> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let state = ApiState::new(ApiConfig {
         experiment_id,
@@ -123,9 +123,13 @@ pub fn spawn_api(
     if let Some(reason) = state.live_unavailable() {
         errln!("warning: the dashboard will not update live: {reason}");
     }
-    Ok(tokio::spawn(async move {
-        if let Err(e) = api::serve(listener, state).await {
-            errln!("error: {e}");
-        }
-    }))
+    let served = state.clone();
+    Ok((
+        tokio::spawn(async move {
+            if let Err(e) = api::serve(listener, served).await {
+                errln!("error: {e}");
+            }
+        }),
+        state,
+    ))
 }

@@ -1549,6 +1549,70 @@ async fn a_pbt_members_view_shows_its_lineage_and_the_schedule_of_its_parameters
     page.close().await.unwrap();
 }
 
+/// Trials that end quickly, four at a time, up to the end of the run.
+const QUICK: &str = r#"experimentName: quick end
+searchSpace:
+  x: {_type: uniform, _value: [0, 1]}
+trialCommand: 'sleep 0.3; echo "KNOB_FINAL $NNI_TRIAL_SEQ_ID"'
+trialConcurrency: 4
+maxTrialNumber: 40
+tuner: {name: Random, classArgs: {seed: 3}}
+trainingService: {platform: local}"#;
+
+/// A page open on `knob create` from the start ends on the experiment's end as the store has
+/// it: DONE, every trial SUCCEEDED. Its process had exited right after recording the end, and
+/// the page, refreshing at most once a second, kept the last second before it: "RUNNING (last
+/// known)" with four trials running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_that_followed_knob_create_ends_on_the_experiments_end() {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(QUICK, &[]);
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let mut experiment = start(command, &["--id", "quick", "--port", "0"]);
+    let base = experiment.base.trim_end_matches("/api/v1").to_string();
+
+    let driver = start_driver(&chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let page = open_browser(&driver, &chromium, profile.path()).await;
+    page.goto(&format!("{base}/")).await.unwrap();
+    wait_in_page(
+        &page,
+        "the live badge",
+        "return document.getElementById('live').textContent === '● live'",
+    )
+    .await;
+    let started = Instant::now();
+    let exit = tokio::task::spawn_blocking(move || experiment.wait_exit(Duration::from_secs(120)))
+        .await
+        .unwrap()
+        .expect("knob create did not end within 120 s");
+    assert!(exit.success(), "{exit:?}");
+    let ended = wait_in_page(
+        &page,
+        "the page to say its server is gone",
+        r##"if (document.getElementById("gone").hidden) return null;
+           return {status: document.getElementById("status").textContent,
+                   counts: document.getElementById("counts").textContent,
+                   rows: [...document.querySelectorAll("#trials tbody tr .badge")].map((b) => b.textContent)};"##,
+    )
+    .await;
+    screenshot(&page, "end-1-done").await;
+    assert_eq!(ended["status"], json!("DONE (last known)"), "{ended}");
+    assert_eq!(ended["counts"], json!("SUCCEEDED 40"), "{ended}");
+    let rows = ended["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 40, "{ended}");
+    assert!(rows.iter().all(|r| r == "SUCCEEDED"), "{ended}");
+    println!(
+        "the run ended {:?} after the page went live",
+        started.elapsed()
+    );
+    page.close().await.unwrap();
+}
+
 /// Parameters whose names would clash once flattened, and one named `__proto__`.
 const CLASHING: &str = r#"experimentName: clashing names
 searchSpace:

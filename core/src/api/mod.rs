@@ -154,10 +154,17 @@ struct Shared {
     /// `reads::trial_columns`), its JSON and that JSON gzipped once. A page load asks for the
     /// list's first page and then the whole list, so one slot would keep neither.
     trial_columns: Mutex<Vec<(String, axum::body::Bytes, axum::body::Bytes)>>,
+    /// Whether `changes` is this process's own store writer, whose end (the watch closing)
+    /// is the end of every change: then `/stream` says so (`event: end`). A file watch, or
+    /// none, never ends.
+    own_writer: bool,
+    /// How many `/stream` responses are open (see `streams_closed`).
+    open_streams: watch::Sender<usize>,
 }
 
 impl ApiState {
     pub fn new(mut config: ApiConfig) -> ApiState {
+        let own_writer = config.commits.is_some();
         let (changes, file_watcher, live_unavailable) = match config.commits.take() {
             Some(commits) => (commits, None, None),
             None => match watch_store_files(&config.dir) {
@@ -174,8 +181,20 @@ impl ApiState {
                 live_unavailable,
                 importance: tokio::sync::Mutex::new(None),
                 trial_columns: Mutex::new(Vec::new()),
+                own_writer,
+                open_streams: watch::channel(0).0,
             }),
         }
+    }
+
+    /// Waits until no `/stream` response is open, `within` at most; whether none is. A page
+    /// closes its stream once it has read the experiment's end (`event: end`), so a process
+    /// that is about to exit can let its open pages read the final state first.
+    pub async fn streams_closed(&self, within: std::time::Duration) -> bool {
+        let mut open = self.inner.open_streams.subscribe();
+        tokio::time::timeout(within, open.wait_for(|open| *open == 0))
+            .await
+            .is_ok_and(|closed| closed.is_ok())
     }
 
     /// Why the live stream will not see new events (the OS refused a file watch), if so.

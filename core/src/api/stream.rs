@@ -29,15 +29,34 @@ struct Cursor {
     changes: watch::Receiver<EventSeq>,
     /// The last read failed: read again only after the store's next change.
     failed: bool,
+    /// `event: end` was sent.
+    ended: bool,
+    /// Counts this response among the open ones while it lives.
+    _open: OpenStream,
 }
 
 impl Cursor {
-    /// Waits for the store's next change. When nothing can change any more (the writer is gone),
-    /// waits forever: the response stays open with keep-alives until the client leaves.
-    async fn next_change(&mut self) {
-        if self.changes.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
+    /// Waits for the store's next change; false when nothing can change any more (the writer
+    /// is gone).
+    async fn next_change(&mut self) -> bool {
+        self.changes.changed().await.is_ok()
+    }
+}
+
+/// One open `/stream` response, counted in `ApiState::streams_closed` until dropped (the
+/// client left, or the server ends).
+struct OpenStream(ApiState);
+
+impl OpenStream {
+    fn new(state: ApiState) -> OpenStream {
+        state.inner.open_streams.send_modify(|open| *open += 1);
+        OpenStream(state)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.inner.open_streams.send_modify(|open| *open -= 1);
     }
 }
 
@@ -57,18 +76,20 @@ pub(super) async fn stream(
     };
     let cursor = Cursor {
         changes: state.changes(),
+        _open: OpenStream::new(state.clone()),
         state,
         after,
         pending: VecDeque::new(),
         failed: false,
+        ended: false,
     };
     let events = stream::unfold(cursor, |mut cursor| async move {
         loop {
             if let Some(event) = cursor.pending.pop_front() {
                 return Some((Ok(event), cursor));
             }
-            if std::mem::take(&mut cursor.failed) {
-                cursor.next_change().await;
+            if std::mem::take(&mut cursor.failed) && !cursor.next_change().await {
+                std::future::pending::<()>().await;
             }
             // Marked seen before the read: a commit that lands during the read changes it
             // again, so the wait below cannot miss it.
@@ -91,7 +112,21 @@ pub(super) async fn stream(
                         );
                     }
                 }
-                Ok(_) => cursor.next_change().await,
+                Ok(_) => {
+                    if cursor.next_change().await {
+                        continue;
+                    }
+                    // The writer is gone and every event it committed was sent: the process
+                    // running the experiment is closing. Said once (a page reads the final
+                    // state at once, then closes this stream; see `streams_closed`), then the
+                    // response stays open with keep-alives until the client leaves.
+                    if !cursor.state.inner.own_writer || std::mem::replace(&mut cursor.ended, true)
+                    {
+                        std::future::pending::<()>().await;
+                    }
+                    let event = Event::default().event("end").data("{}");
+                    return Some((Ok(event), cursor));
+                }
                 Err(error) => {
                     cursor.failed = true;
                     let event = Event::default().event("error").data(error.message);
