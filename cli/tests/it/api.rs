@@ -867,6 +867,103 @@ fn the_experiment_list_serves_each_experiments_trial_routes() {
     assert_eq!((status, &encoded), (200, &trials));
 }
 
+/// Opens `GET /api/v1/stream?since=SINCE` of `base` (a `http://127.0.0.1:PORT...` URL) on a
+/// connection of its own, asking the server to close it when the response ends.
+fn open_stream(base: &str, since: u64) -> std::net::TcpStream {
+    use std::io::Write;
+    let rest = base.strip_prefix("http://").unwrap();
+    let (address, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {prefix}/api/v1/stream?since={since} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    stream
+}
+
+/// `knob experiment delete` of an experiment that `knob view ID` and the list's `/e/ID/` serve
+/// goes ahead (a view holds no lock: it must not stop a delete, nor a `knob resume`), and both
+/// then answer 410 naming the experiment as deleted: they answered 200 with the deleted store's
+/// data from the connections still open on it, or 500 "cannot open the experiment store". A
+/// live stream says so and ends; an experiment of the same id made again is served anew by the
+/// list.
+#[test]
+fn an_experiment_deleted_under_knob_view_is_answered_410_as_deleted() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &CONFIG.replace("maxTrialNumber: 1000", "maxTrialNumber: 2"),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "doomed");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut command = sandbox.knob();
+    command.args(["view", "doomed", "--port", "0"]);
+    let view = start(command, &[]);
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0"]);
+    let list = start(command, &[]);
+    let bases = [view.base.clone(), format!("{}/e/doomed", list.base)];
+    let mut streams = Vec::new();
+    for base in &bases {
+        let (status, summary) = get(base, "/experiment");
+        assert_eq!(
+            (status, &summary["id"]),
+            (200, &json!("doomed")),
+            "{summary}"
+        );
+        assert_eq!(trials(base, "")["total"], 2);
+        streams.push(open_stream(base, summary["last_seq"].as_u64().unwrap()));
+    }
+
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "delete", "doomed", "--yes"]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("experiment doomed deleted"), "{stdout}");
+    let deleted = "experiment doomed was deleted while this server showed it";
+    for base in &bases {
+        for path in [
+            "/experiment",
+            "/trials",
+            "/trial-columns",
+            "/export",
+            "/stream",
+        ] {
+            assert_refused(get(base, path), 410, deleted);
+        }
+    }
+    for mut stream in streams {
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .expect("the stream did not end within 30 s");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("event: error"), "{answer}");
+        assert!(answer.contains(deleted), "{answer}");
+    }
+
+    // Made again: the list serves the new one; `knob view doomed` showed the one deleted.
+    let (code, stdout, stderr) = sandbox.create(
+        &sandbox.config(
+            &CONFIG.replace("maxTrialNumber: 1000", "maxTrialNumber: 1"),
+            &[],
+        ),
+        "doomed",
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let base = &bases[1];
+    wait_for("the list to serve the new experiment", || {
+        get(base, "/trials").0 == 200
+    });
+    assert_eq!(trials(base, "")["total"], 1);
+    assert_refused(get(&bases[0], "/trials"), 410, deleted);
+}
+
 /// With a token, a client without it learns nothing from `/e/ID/` of `knob view`'s list: an id
 /// the registry lacks is answered as one it has (401 on the API, the dashboard's page), not
 /// with a 404 naming the registry's file.

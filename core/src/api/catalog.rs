@@ -19,7 +19,7 @@ use tower::ServiceExt;
 
 use super::{guard, router, same_secret, ApiConfig, ApiError, ApiState, ServeError};
 use crate::registry::{Registry, RegistryEntry};
-use crate::store::StoreReader;
+use crate::store::{StoreReader, DB_FILE_NAME};
 
 /// What the catalog server needs: the registry, and the API options of `knob view`.
 pub struct CatalogConfig {
@@ -36,8 +36,9 @@ struct CatalogInner {
     config: CatalogConfig,
     /// The registry's connection, one request at a time (a SQLite connection is not `Sync`).
     registry: Mutex<Registry>,
-    /// Each experiment's router, made when first asked for (each watches its store's files).
-    experiments: Mutex<HashMap<String, Router>>,
+    /// Each experiment's router and its state, made when first asked for (each watches its
+    /// store's files).
+    experiments: Mutex<HashMap<String, (Router, ApiState)>>,
 }
 
 /// The catalog's own routes (besides the dashboards under `/e/{id}/`).
@@ -192,8 +193,11 @@ async fn experiment(
             .ok()
             .and_then(|map| map.get(&id).cloned());
         match cached {
-            Some(router) => router,
-            None => {
+            Some((router, state)) if !state.store_lost() => router,
+            // Not served yet, or its store was deleted or moved: looked up (again). An
+            // experiment of that id made (again) or registered since is served anew; without
+            // one, the old router goes on answering 410 for the one it served.
+            cached => {
                 let config = &catalog.inner.config;
                 let found = match catalog.inner.registry.lock() {
                     Ok(registry) => registry.get(&id),
@@ -212,22 +216,33 @@ async fn experiment(
                         commits: None,
                     })
                 };
-                match found {
-                    Ok(entry) => {
-                        let router = router(state(entry.dir));
+                let lost = cached.map(|(router, state)| (router, state.config().dir.clone()));
+                match (found, lost) {
+                    // Its folder moved: the registry still names the old one, with no store.
+                    (Ok(entry), Some((router, dir)))
+                        if entry.dir == dir && !dir.join(DB_FILE_NAME).exists() =>
+                    {
+                        router
+                    }
+                    (Ok(entry), _) => {
+                        let state = state(entry.dir);
+                        let router = router(state.clone());
                         if let Ok(mut map) = catalog.inner.experiments.lock() {
-                            map.insert(id.clone(), router.clone());
+                            map.insert(id.clone(), (router.clone(), state));
                         }
                         router
                     }
+                    (Err(_), Some((router, _))) => router,
                     // A client without the token is answered as for an experiment that exists
                     // (401 on the API, the dashboard's files), by a router over no store and
                     // kept nowhere: a 404 would tell it which ids exist, and where the
                     // registry is.
-                    Err(_) if !authorized(config.token.as_deref(), request.headers()) => {
+                    (Err(_), None) if !authorized(config.token.as_deref(), request.headers()) => {
                         router(state(PathBuf::new()))
                     }
-                    Err(error) => return ApiError::not_found(error.to_string()).into_response(),
+                    (Err(error), None) => {
+                        return ApiError::not_found(error.to_string()).into_response()
+                    }
                 }
             }
         }

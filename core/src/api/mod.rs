@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::manager::Command;
-use crate::store::{EventSeq, StoreError, StoreReader, DB_FILE_NAME};
+use crate::store::{EventSeq, StoreError, StoreFile, StoreGone, StoreReader, DB_FILE_NAME};
 
 /// The OpenAPI description of every route, served at `/api/v1/openapi.yaml`.
 pub const OPENAPI_YAML: &str = include_str!("openapi.yaml");
@@ -141,6 +141,9 @@ struct Shared {
     config: ApiConfig,
     /// Idle read-only connections, reused so a request does not reopen the database.
     readers: Mutex<Vec<StoreReader>>,
+    /// The store file those connections read, to notice that it was deleted or moved: they
+    /// would go on answering from the old file (SQLite reads an unlinked file as before).
+    store: Mutex<StoreWatch>,
     /// Changes whenever the store may hold new events.
     changes: watch::Receiver<EventSeq>,
     /// Feeds `changes` when the store is another process's; dropped with the state.
@@ -176,6 +179,7 @@ impl ApiState {
             inner: Arc::new(Shared {
                 config,
                 readers: Mutex::new(Vec::new()),
+                store: Mutex::new(StoreWatch::NotOpened),
                 changes,
                 _file_watcher: file_watcher,
                 live_unavailable,
@@ -242,41 +246,116 @@ impl ApiState {
         }
     }
 
-    /// Runs a store query on a blocking thread with a pooled read-only connection.
+    /// Runs a store query on a blocking thread with a pooled read-only connection. A store
+    /// deleted or moved since this server first read it is answered 410 ([`Self::store_gone`]).
     async fn read<T: Send + 'static>(
         &self,
         query: impl FnOnce(&StoreReader) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, ApiError> {
         let state = self.clone();
         tokio::task::spawn_blocking(move || {
+            if let Some(gone) = state.store_gone() {
+                return Err(gone);
+            }
+            // A failure of a store that went meanwhile ("no such file") is its 410, not a 500.
+            let failed = |error: StoreError| state.store_gone().unwrap_or_else(|| error.into());
             let pooled = state.inner.readers.lock().ok().and_then(|mut p| p.pop());
             let reader = match pooled {
                 Some(reader) => reader,
-                None => StoreReader::open(&state.config().dir)?,
+                None => StoreReader::open(&state.config().dir).map_err(failed)?,
             };
             let result = query(&reader);
             if let Ok(mut pool) = state.inner.readers.lock() {
                 pool.push(reader);
             }
-            Ok(result?)
+            result.map_err(failed)
         })
         .await
         .map_err(|e| ApiError::internal(format!("store query failed: {e}")))?
     }
+
+    /// The 410 of a store no longer at its path: deleted (`knob experiment delete`, its folder
+    /// removed) or moved since this server first read it, or not there at all. Once its file
+    /// is gone, the experiment this server showed is too: the pooled connections (which hold
+    /// the deleted file's space) are closed, and it answers 410 from then on, also when a new
+    /// store is made at the path (`knob view`'s list then serves that one anew, see
+    /// `catalog`). One `fstat` and one `stat` a read.
+    fn store_gone(&self) -> Option<ApiError> {
+        let id = &self.config().experiment_id;
+        let path = self.config().dir.join(DB_FILE_NAME);
+        let mut store = self.inner.store.lock().ok()?;
+        if let StoreWatch::NotOpened = *store {
+            match StoreFile::open(&path) {
+                Ok(file) => *store = StoreWatch::Opened(file),
+                // Not kept: its store may yet be made (or put back) there.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Some(ApiError::gone(format!(
+                        "experiment {id} has no store at {}: it was deleted, or its folder moved; `knob experiment list` shows the experiments there are",
+                        path.display()
+                    )))
+                }
+                // Reading it says why.
+                Err(_) => return None,
+            }
+        }
+        if let StoreWatch::Opened(file) = &*store {
+            let message = match file.gone()? {
+                StoreGone::Deleted => format!(
+                    "experiment {id} was deleted while this server showed it: its store {} is gone (`knob experiment delete`, or its folder removed); there is nothing more to show",
+                    path.display()
+                ),
+                StoreGone::Moved => format!(
+                    "experiment {id} is no longer at {}: its folder was moved while this server showed it; `knob experiment delete {id} --yes` and `knob experiment register NEW_FOLDER` point knob at it, then `knob view {id}` shows it",
+                    self.config().dir.display()
+                ),
+            };
+            *store = StoreWatch::Gone(message);
+        }
+        let StoreWatch::Gone(message) = &*store else {
+            return None;
+        };
+        if let Ok(mut pool) = self.inner.readers.lock() {
+            pool.clear();
+        }
+        Some(ApiError::gone(message.clone()))
+    }
+
+    /// Whether this server found its store deleted or moved (and so answers 410 for good).
+    fn store_lost(&self) -> bool {
+        self.inner
+            .store
+            .lock()
+            .is_ok_and(|store| matches!(*store, StoreWatch::Gone(_)))
+    }
+}
+
+/// The store file a server reads, as far as it knows ([`ApiState::store_gone`]).
+enum StoreWatch {
+    /// Not read yet.
+    NotOpened,
+    Opened(StoreFile),
+    /// Deleted or moved, and why, as answered.
+    Gone(String),
 }
 
 /// Bumps a counter whenever the store's database or its write-ahead log changes: how a server
 /// learns of commits made by another process. The directory is watched, so a WAL file created
-/// later is seen too.
+/// later is seen too, and so is the directory itself removed or moved (a live stream then
+/// learns that its store is gone).
 fn watch_store_files(
     dir: &std::path::Path,
 ) -> Result<(watch::Receiver<EventSeq>, RecommendedWatcher), String> {
     let (sender, changes) = watch::channel::<EventSeq>(0);
     let database = dir.join(DB_FILE_NAME);
     let wal = dir.join(format!("{DB_FILE_NAME}-wal"));
+    let folder = dir.to_path_buf();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        if event.paths.iter().any(|p| *p == database || *p == wal) {
+        if event
+            .paths
+            .iter()
+            .any(|p| *p == database || *p == wal || *p == folder)
+        {
             sender.send_modify(|n| *n = n.wrapping_add(1));
         }
     })
@@ -450,6 +529,15 @@ impl ApiError {
 
     fn conflict(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, message)
+    }
+
+    /// The experiment's store was deleted or moved ([`ApiState::store_gone`]).
+    fn gone(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::GONE, message)
+    }
+
+    fn is_gone(&self) -> bool {
+        self.status == StatusCode::GONE
     }
 
     fn internal(message: impl Into<String>) -> ApiError {

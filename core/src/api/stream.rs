@@ -30,7 +30,10 @@ struct Cursor {
     /// The last read failed: read again only after the store's next change.
     failed: bool,
     /// `event: end` was sent.
-    ended: bool,
+    end_sent: bool,
+    /// The store is gone (deleted or moved, a 410): its `error` event was sent, and the stream
+    /// ends, as nothing of it can come any more.
+    gone: bool,
     /// Counts this response among the open ones while it lives.
     _open: OpenStream,
 }
@@ -74,6 +77,13 @@ pub(super) async fn stream(
         Some(seq) => seq,
         None => number_param(&params, "since")?.unwrap_or(0),
     };
+    // A store gone already is answered 410, what the dashboard shows; a store that cannot be
+    // read for another reason is an `error` event, and the stream waits for it to change.
+    if let Err(error) = state.read(|_| Ok(())).await {
+        if error.is_gone() {
+            return Err(error);
+        }
+    }
     let cursor = Cursor {
         changes: state.changes(),
         _open: OpenStream::new(state.clone()),
@@ -81,12 +91,16 @@ pub(super) async fn stream(
         after,
         pending: VecDeque::new(),
         failed: false,
-        ended: false,
+        end_sent: false,
+        gone: false,
     };
     let events = stream::unfold(cursor, |mut cursor| async move {
         loop {
             if let Some(event) = cursor.pending.pop_front() {
                 return Some((Ok(event), cursor));
+            }
+            if cursor.gone {
+                return None;
             }
             if std::mem::take(&mut cursor.failed) && !cursor.next_change().await {
                 std::future::pending::<()>().await;
@@ -120,7 +134,7 @@ pub(super) async fn stream(
                     // running the experiment is closing. Said once (a page reads the final
                     // state at once, then closes this stream; see `streams_closed`), then the
                     // response stays open with keep-alives until the client leaves.
-                    if !cursor.state.inner.own_writer || std::mem::replace(&mut cursor.ended, true)
+                    if !cursor.state.inner.own_writer || std::mem::replace(&mut cursor.end_sent, true)
                     {
                         std::future::pending::<()>().await;
                     }
@@ -129,6 +143,7 @@ pub(super) async fn stream(
                 }
                 Err(error) => {
                     cursor.failed = true;
+                    cursor.gone = error.is_gone();
                     let event = Event::default().event("error").data(error.message);
                     return Some((Ok(event), cursor));
                 }

@@ -40,6 +40,7 @@
 
 pub(crate) mod error;
 mod event;
+mod file;
 mod reader;
 mod schema;
 mod state;
@@ -68,6 +69,7 @@ pub use state::{
     TrialState, WarningRecord, CANCELED_WITH_FAILED_EXPERIMENT, STOPPED_WITH_EXPERIMENT,
 };
 
+pub(crate) use file::{StoreFile, StoreGone};
 use schema::path_text;
 pub(crate) use schema::LOCK_FILE_NAME;
 pub(crate) use writer::now_ms;

@@ -12,6 +12,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::error::{one_line, Rejection, StoreError};
 use super::event::{Counters, EventSeq, MetricKind, StoreEvent, TrialStatus};
+use super::file::{StoreFile, StoreGone};
 use super::state::set_config_field;
 
 /// Most events in one transaction: bounds the memory a batch holds and the time an ack waits
@@ -59,8 +60,10 @@ pub(crate) struct Writer {
     unreported: Option<StoreError>,
     /// The last committed sequence number, updated after each commit and before its acks.
     committed: watch::Sender<EventSeq>,
-    /// The store file, to notice that it was deleted (see [`watch_store_file`]).
-    store_file: Option<std::fs::File>,
+    /// The store file, to notice that it was deleted while the experiment runs (`rm -rf` of
+    /// its folder): SQLite writes on into the unlinked file, and every result from then on
+    /// would be lost without a word. `None` if it cannot be opened: then nothing is noticed.
+    store_file: Option<StoreFile>,
     /// [`super::ALIVE_FILE_NAME`] in the experiment's folder, and how often to mark it while
     /// idle.
     alive_file: PathBuf,
@@ -77,20 +80,6 @@ impl From<rusqlite::Error> for Failure {
     fn from(error: rusqlite::Error) -> Self {
         Failure::Fatal(error)
     }
-}
-
-/// A descriptor of the store file for `fstat` only, to notice that the file was deleted while
-/// the experiment runs (`rm -rf` of its folder): SQLite writes on into the unlinked file, and
-/// every result from then on would be lost without a word. `O_PATH`, because closing an
-/// ordinary descriptor of the file would drop the POSIX locks that SQLite holds on it for this
-/// whole process, its readers' included. `None` if it cannot be opened: then nothing is noticed.
-fn watch_store_file(path: &str) -> Option<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH)
-        .open(path)
-        .ok()
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -136,7 +125,7 @@ impl Writer {
             stats,
             unreported: None,
             committed,
-            store_file: watch_store_file(&path),
+            store_file: StoreFile::open(std::path::Path::new(&path)).ok(),
             alive_file: std::path::Path::new(&path).with_file_name(super::ALIVE_FILE_NAME),
             path,
             alive_interval,
@@ -148,22 +137,15 @@ impl Writer {
     /// experiment's folder renamed, whose new trials would have been made under the old path
     /// again, apart from the store and its registration).
     fn store_gone(&self) -> Option<StoreError> {
-        use std::os::unix::fs::MetadataExt;
-        let opened = self.store_file.as_ref()?.metadata().ok()?;
-        let dir = || {
-            std::path::Path::new(&self.path)
-                .parent()
-                .map(|dir| dir.display().to_string())
-                .unwrap_or_default()
-        };
-        if opened.nlink() == 0 {
-            return Some(StoreError::FilesDeleted { dir: dir() });
-        }
-        let moved = match std::fs::metadata(&self.path) {
-            Ok(now) => (now.dev(), now.ino()) != (opened.dev(), opened.ino()),
-            Err(error) => error.kind() == std::io::ErrorKind::NotFound,
-        };
-        moved.then(|| StoreError::FilesMoved { dir: dir() })
+        let gone = self.store_file.as_ref()?.gone()?;
+        let dir = std::path::Path::new(&self.path)
+            .parent()
+            .map(|dir| dir.display().to_string())
+            .unwrap_or_default();
+        Some(match gone {
+            StoreGone::Deleted => StoreError::FilesDeleted { dir },
+            StoreGone::Moved => StoreError::FilesMoved { dir },
+        })
     }
 
     /// Runs until [`Command::Shutdown`] or until every sender is gone, committing what is queued.
