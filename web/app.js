@@ -278,6 +278,7 @@ async function follow() {
     try {
       const headers = token ? { Authorization: "Bearer " + token } : {};
       const response = await fetch(`${API}/stream?since=${state.lastSeq}`, { headers });
+      if (response.status === 410) return experimentDeleted(response);
       if (!response.ok) throw new Error("stream: " + response.status);
       setConnection("connected");
       const reader = response.body.getReader();
@@ -315,6 +316,22 @@ async function follow() {
   }
 }
 
+// The experiment's store was deleted (or moved) under the server (410): the page stops
+// following and says so, with the server's reason, in place of "server gone".
+async function experimentDeleted(response) {
+  let reason;
+  try { reason = (await response.json()).error; } catch (_) { reason = "the experiment was deleted"; }
+  state.deleted = reason;
+  showError(null);
+  setConnection("gone");
+  showDeleted();
+}
+function showDeleted() {
+  const e = state.experiment;
+  $("gone").hidden = false;
+  $("gone").textContent = e ? `${state.deleted}. Last known state of experiment ${e.id}: ${e.status}.` : state.deleted;
+}
+
 // Whether the server answers at all (any HTTP answer counts), within 3 seconds.
 async function serverAnswers() {
   const abort = new AbortController();
@@ -348,7 +365,7 @@ function setConnection(connection) {
 function writeRefusal() {
   const e = state.experiment;
   if (!e) return "loading";
-  if (state.connection === "gone") return "the server of this page is gone";
+  if (state.connection === "gone") return state.deleted || "the server of this page is gone";
   if (!e.writable) return ACTIVE.includes(e.status) ? "this page is read-only (knob view); the process running the experiment serves its own dashboard" : `the experiment is ${e.status}, not running`;
   if (!ACTIVE.includes(e.status)) return `the experiment is ${e.status}, not running`;
   return null;
@@ -375,6 +392,7 @@ function renderConnection() {
       Object.assign(document.createElement("code"), { textContent: `knob view ${e.id}` }),
       " and open the address it prints.");
   }
+  if (state.deleted) showDeleted();
   if (e) renderWriteControls();
 }
 

@@ -1244,6 +1244,81 @@ async fn knob_view_without_an_id_lists_every_experiment_and_opens_each() {
     page.close().await.unwrap();
 }
 
+/// An experiment deleted (`knob experiment delete`) while its dashboard is open, under
+/// `knob view ID` and under the list's `/e/ID/`: each page says it was deleted, with its last
+/// known state, and not that its server is gone; it showed the deleted experiment on as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_dashboard_says_when_its_experiment_is_deleted() {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let yaml = SIXTY.replace("maxTrialNumber: 60", "maxTrialNumber: 3");
+    let config = sandbox.config(&yaml, &[("trial.py", SIXTY_TRIAL)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "doomed");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut command = sandbox.knob();
+    command.args(["view", "doomed", "--port", "0"]);
+    let view = start(command, &[]);
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0"]);
+    let list = start(command, &[]);
+
+    let driver = start_driver(&chromedriver);
+    let mut pages = Vec::new();
+    let mut profiles = Vec::new();
+    for url in [
+        format!("{}/", view.base),
+        format!("{}/e/doomed/", list.base),
+    ] {
+        let profile = tempfile::tempdir().unwrap();
+        let page = open_browser(&driver, &chromium, profile.path()).await;
+        page.goto(&url).await.unwrap();
+        // Loaded, and following the stream.
+        wait_in_page(
+            &page,
+            "the page following its experiment",
+            r##"return document.querySelectorAll("#trials tbody tr").length === 3 &&
+                      document.getElementById("live").className === "live connected";"##,
+        )
+        .await;
+        pages.push(page);
+        profiles.push(profile);
+    }
+
+    let (code, stdout, stderr) =
+        crate::run(
+            sandbox
+                .knob()
+                .args(["experiment", "delete", "doomed", "--yes"]),
+        );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    for (page, name) in pages.iter().zip(["deleted-1-view", "deleted-2-list"]) {
+        let shown = wait_in_page(
+            page,
+            "the experiment-deleted notice",
+            r##"const gone = document.getElementById("gone");
+               return gone.hidden ? null : {text: gone.textContent,
+                   status: document.getElementById("status").textContent,
+                   error: document.getElementById("error").hidden ? null : document.getElementById("error").textContent};"##,
+        )
+        .await;
+        let text = shown["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("experiment doomed was deleted while this server showed it")
+                && text.ends_with("Last known state of experiment doomed: DONE."),
+            "{shown}"
+        );
+        assert!(!text.contains("server of this page is gone"), "{shown}");
+        assert_eq!(shown["status"], json!("DONE (last known)"), "{shown}");
+        assert_eq!(shown["error"], json!(null), "{shown}");
+        screenshot(page, name).await;
+    }
+    for page in pages {
+        page.close().await.unwrap();
+    }
+}
+
 /// A finished multi-objective experiment (issue 15): error down against cost down, traded off
 /// by x, and a constraint that y > 0.8 violates; reference values given in the config.
 const PARETO: &str = r#"experimentName: two objectives
