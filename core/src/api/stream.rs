@@ -134,7 +134,8 @@ pub(super) async fn stream(
                     // running the experiment is closing. Said once (a page reads the final
                     // state at once, then closes this stream; see `streams_closed`), then the
                     // response stays open with keep-alives until the client leaves.
-                    if !cursor.state.inner.own_writer || std::mem::replace(&mut cursor.end_sent, true)
+                    if !cursor.state.inner.own_writer
+                        || std::mem::replace(&mut cursor.end_sent, true)
                     {
                         std::future::pending::<()>().await;
                     }
