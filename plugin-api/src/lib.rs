@@ -24,6 +24,7 @@ mod sdk;
 pub mod secrets;
 pub mod service;
 pub mod space;
+pub mod text;
 
 pub use class_args::parse_class_args;
 pub use objectives::Outcome;

@@ -4,6 +4,8 @@ use tokio::time::Instant;
 
 use serde_json::Value;
 
+use knob_plugin_api::text::{bounded, one_line, visible_text};
+
 use crate::store::TrialStatus;
 
 /// What the caller of [`super::run`] learns about each trial.
@@ -210,94 +212,12 @@ pub(super) fn failure_reason(
     }
 }
 
-/// Why a trial is being stopped, as its end message keeps it: the visible text of each line of
-/// `reason`, joined by spaces, cut to [`MAX_REASON_LINE_CHARS`]. An assessor's verdict and a
-/// tuner's stop give the reason (plugin text: it was stored and printed as given, newlines,
-/// terminal escapes and 30 MB alike), and it is shown as one cell of `knob trial ls`.
+/// Why a trial is being stopped, as its end message keeps it: [`one_line`] cut to
+/// [`MAX_REASON_LINE_CHARS`]. An assessor's verdict and a tuner's stop give the reason (plugin
+/// text: it was stored and printed as given, newlines, terminal escapes and 30 MB alike), and it
+/// is shown as one cell of `knob trial ls`.
 pub(super) fn stop_reason(reason: &str) -> String {
-    let mut text = String::new();
-    for line in reason.split(['\n', '\r']).filter_map(visible_text) {
-        // Past this many bytes it has more than enough characters: the rest is cut anyway.
-        if text.len() > 4 * MAX_REASON_LINE_CHARS {
-            break;
-        }
-        if !text.is_empty() {
-            text.push(' ');
-        }
-        text.push_str(&line);
-    }
-    bounded(&text, MAX_REASON_LINE_CHARS).into_owned()
-}
-
-/// One line of a trial's stderr as its end message shows it, trimmed, or `None` when it has
-/// nothing visible. The message reaches terminals (`knob trial ls`, the launcher's
-/// `Trial.message`) and the dashboard, so terminal escape sequences are removed (colours of a
-/// coloured traceback or log line, a progress bar's window title: shown, they drive the reader's
-/// terminal, and a line that is only one would hide the error before it) and every other
-/// control character becomes `�`, as an undecodable byte already has (a tab, a space).
-fn visible_text(line: &str) -> Option<String> {
-    const ESC: char = '\u{1b}';
-    const BEL: char = '\u{7}';
-    let mut text = String::with_capacity(line.len());
-    let mut visible = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        // Which sequence starts here: ESC and a letter, or the one-character C1 form.
-        let kind = match c {
-            ESC => match chars.peek() {
-                Some(&next @ ('[' | ']' | 'P' | 'X' | '^' | '_')) => {
-                    chars.next();
-                    Some(next)
-                }
-                _ => Some(ESC),
-            },
-            '\u{9b}' => Some('['),
-            '\u{9d}' => Some(']'),
-            '\u{90}' | '\u{98}' | '\u{9e}' | '\u{9f}' => Some('P'),
-            _ => None,
-        };
-        match kind {
-            // CSI (colours, cursor moves): parameter and intermediate bytes, then a final byte.
-            Some('[') => {
-                while chars.next_if(|c| matches!(c, ' '..='?')).is_some() {}
-                chars.next_if(|c| matches!(c, '@'..='~'));
-            }
-            // OSC (a window title, a hyperlink, a clipboard write) and the other string
-            // sequences: up to BEL or ST (ESC \\, or C1's), else to the end of the line. Any
-            // other ESC ends one too, as terminals take it, and starts a sequence of its own.
-            Some(']' | 'P' | 'X' | '^' | '_') => {
-                while let Some(c) = chars.next_if(|&c| c != ESC) {
-                    if c == BEL || c == '\u{9c}' {
-                        break;
-                    }
-                }
-                let mut ahead = chars.clone();
-                if ahead.next() == Some(ESC) && ahead.next() == Some('\\') {
-                    chars = ahead;
-                }
-            }
-            // Any other escape: intermediate bytes, then a final byte (`ESC ( B`, `ESC 7`).
-            Some(_) => {
-                while chars.next_if(|c| matches!(c, ' '..='/')).is_some() {}
-                chars.next_if(|c| matches!(c, '0'..='~'));
-            }
-            None if c == '\t' => text.push(' '),
-            None if c.is_control() => text.push('\u{fffd}'),
-            None => {
-                visible |= !c.is_whitespace();
-                text.push(c);
-            }
-        }
-    }
-    visible.then(|| text.trim().to_string())
-}
-
-/// `text` cut to its first `max` characters, with `…` when cut.
-fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &text[..cut]).into(),
-        None => text.into(),
-    }
+    one_line(reason, MAX_REASON_LINE_CHARS)
 }
 
 /// The host memory (MiB) a trial that ran out of memory asks for next: twice the larger of

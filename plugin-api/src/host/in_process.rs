@@ -112,7 +112,7 @@ fn service_object<S: TrainingService>(
     build: impl FnOnce(EventSink) -> Result<S, PluginError>,
 ) -> Result<(String, TrainingServiceObject), HostError> {
     let callback: EventCallback = Box::new(on_event);
-    let sink = EventSinkAbi_TO::from_value(EventForwarder(callback), TD_Opaque);
+    let sink = EventSinkAbi_TO::from_value(EventForwarder::new(name, callback), TD_Opaque);
     let raw = crate::sdk::in_process_training_service(name, sink, build)
         .map_err(|e| super::constructor_error(ComponentKind::TrainingService, name, e.message()))?;
     let label = format!("training service {name}");
@@ -204,6 +204,173 @@ mod tests {
             error.contains("training service panics panicked in environments: no hosts file"),
             "{error}"
         );
+    }
+
+    /// 200 lines with colour codes, as the hunt's tuner failed with.
+    fn flood() -> String {
+        "line one\nline two \x1b[31mRED\x1b[0m ".repeat(200)
+    }
+
+    /// Fails each call and emits each kind of event that carries its text with [`flood`].
+    struct Floods(EventSink);
+
+    impl TrainingService for Floods {
+        fn environments(&mut self) -> Result<Vec<Environment>, PluginError> {
+            Ok(Vec::new())
+        }
+        fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
+            let (trial_id, text) = (request.trial_id, flood());
+            self.0.emit(&ServiceEvent::Warning {
+                trial_id: Some(trial_id.clone()),
+                message: text.clone(),
+            });
+            self.0.emit(&ServiceEvent::StartFailed {
+                trial_id: trial_id.clone(),
+                message: text.clone(),
+            });
+            self.0.emit(&ServiceEvent::PlaceAgain {
+                trial_id: trial_id.clone(),
+                reason: text.clone(),
+            });
+            self.0.emit(&ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code: None,
+                signal: None,
+                killed_reason: None,
+                stderr_tail: text.clone(),
+                environment_lost: Some(text.clone()),
+                ended_ms: None,
+            });
+            Err(PluginError::new(text))
+        }
+        fn kill_trial(&mut self, _trial_id: &str, _reason: &str) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn shutdown(&mut self) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    /// Fails `new` and `generate_parameters`, panics in `receive_trial_result`, each with
+    /// [`flood`].
+    struct FloodsTuner;
+
+    impl Tuner for FloodsTuner {
+        fn new(_class_args: &Value) -> Result<Self, PluginError> {
+            Err(PluginError::new(flood()))
+        }
+        fn update_search_space(
+            &mut self,
+            _space: &crate::space::SearchSpace,
+        ) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn generate_parameters(
+            &mut self,
+            _parameter_id: u64,
+        ) -> Result<crate::Generated, PluginError> {
+            Err(PluginError::new(flood()))
+        }
+        fn receive_trial_result(
+            &mut self,
+            _parameter_id: u64,
+            _parameters: &Value,
+            _value: f64,
+        ) -> Result<(), PluginError> {
+            panic!("{}", flood())
+        }
+    }
+
+    /// One line of visible text, bounded.
+    fn assert_one_line(text: &str) {
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+        assert!(
+            text.chars().count() <= crate::host::MAX_PLUGIN_MESSAGE_CHARS + 200,
+            "{} characters",
+            text.chars().count()
+        );
+    }
+
+    /// A plugin's error, panic, constructor failure and event text reach the host as one line
+    /// of visible text, cut to a bound: passed on as sent, 200 lines with colour codes flooded
+    /// the console, turned the terminal red and were stored so. A trial's stderr tail stays as
+    /// the trial wrote it (the core makes its end message of its last visible line).
+    #[test]
+    fn a_plugins_text_reaches_the_host_as_one_bounded_line() {
+        let tuner_error = |error: HostError| {
+            let error = error.to_string();
+            assert_one_line(&error);
+            error
+        };
+        let generated = tuner("Floods", FloodsTuner)
+            .generate_parameters(0)
+            .wait()
+            .unwrap_err();
+        let said = tuner_error(generated);
+        assert!(
+            said.starts_with(
+                "tuner Floods failed in generate_parameters: line one line two RED line one"
+            ),
+            "{said}"
+        );
+        assert!(said.ends_with('…'), "{said}");
+        let panicked = tuner("Floods", FloodsTuner)
+            .receive_trial_result(0, json!({}), 1.0)
+            .wait()
+            .unwrap_err();
+        let said = tuner_error(panicked);
+        assert!(
+            said.starts_with(
+                "tuner Floods panicked in receive_trial_result: line one line two RED"
+            ),
+            "{said}"
+        );
+        let built = service_object::<Floods>("floods", |_| {}, |_| Err(PluginError::new(flood())));
+        let said = tuner_error(built.err().unwrap());
+        assert!(
+            said.starts_with("training service floods: constructor failed: line one line two RED"),
+            "{said}"
+        );
+
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let kept = events.clone();
+        let handle = training_service(
+            "floods",
+            move |event: Result<ServiceEvent, String>| kept.lock().unwrap().push(event.unwrap()),
+            |events| Ok(Floods(events)),
+        )
+        .unwrap();
+        let request: TrialRequest = serde_json::from_value(json!({
+            "experiment_id": "e", "trial_id": "t1", "sequence": 0, "parameter_id": 0,
+            "parameters": {}, "environment_id": "local", "command": "true", "code_dir": "/",
+            "trial_dir": "/"
+        }))
+        .unwrap();
+        let said = tuner_error(handle.start_trial(request).wait().unwrap_err());
+        assert!(
+            said.starts_with("training service floods failed in start_trial: line one"),
+            "{said}"
+        );
+        let events = events.lock().unwrap().clone();
+        assert_eq!(events.len(), 4, "{events:?}");
+        for event in events {
+            let text = match event {
+                ServiceEvent::Warning { message, .. } => message,
+                ServiceEvent::StartFailed { message, .. } => message,
+                ServiceEvent::PlaceAgain { reason, .. } => reason,
+                ServiceEvent::TrialEnded {
+                    stderr_tail,
+                    environment_lost,
+                    ..
+                } => {
+                    assert_eq!(stderr_tail, flood());
+                    environment_lost.unwrap()
+                }
+                event => panic!("{event:?}"),
+            };
+            assert_one_line(&text);
+            assert!(text.starts_with("line one line two RED line one"), "{text}");
+        }
     }
 
     #[test]

@@ -923,7 +923,8 @@ impl PluginRegistry {
     ) -> Result<TrainingServiceHandle, HostError> {
         let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
         let args = class_args.to_string();
-        let sink = EventSinkAbi_TO::from_value(EventForwarder(Box::new(on_event)), TD_Opaque);
+        let sink =
+            EventSinkAbi_TO::from_value(EventForwarder::new(&exact, Box::new(on_event)), TD_Opaque);
         let raw = (library.module.new_training_service())(
             RStr::from_str(&exact),
             RStr::from_str(&args),
@@ -1038,7 +1039,8 @@ impl PluginRegistry {
     ) -> Result<TrainingServiceHandle, HostError> {
         let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
         let config = config.to_string();
-        let sink = EventSinkAbi_TO::from_value(EventForwarder(Box::new(on_event)), TD_Opaque);
+        let sink =
+            EventSinkAbi_TO::from_value(EventForwarder::new(&exact, Box::new(on_event)), TD_Opaque);
         if let Some(create) = library.module.create_training_service_with_requests() {
             let raw = create(
                 RStr::from_str(&exact),
@@ -1093,7 +1095,7 @@ impl PluginRegistry {
         )
         .into_result()
         .map_err(|message| HostError::Call {
-            message: message.into_string(),
+            message: plugin_text(&format!("training service {exact}"), message.as_str()),
         })?;
         serde_json::from_str(answer.as_str()).map_err(|e| HostError::Call {
             message: format!("training service {exact} answered a config check in bad JSON: {e}"),
@@ -1124,7 +1126,7 @@ impl PluginRegistry {
         )
         .into_result()
         .map_err(|message| HostError::Call {
-            message: message.into_string(),
+            message: plugin_text(&format!("training service {exact}"), message.as_str()),
         })?;
         serde_json::from_str(answer.as_str()).map_err(|e| HostError::Call {
             message: format!("training service {exact} reported its clean-up in bad JSON: {e}"),
@@ -1163,14 +1165,48 @@ fn constructed<T>(
 }
 
 /// A constructor's failure; a message that starts by naming the component again (`training
-/// service slurm: ...`) loses that start, which the error says already.
+/// service slurm: ...`) loses that start, which the error says already. The message is made one
+/// line ([`plugin_text`]).
 pub(crate) fn constructor_error(kind: ComponentKind, name: &str, message: &str) -> HostError {
     let said = format!("{kind} {name}: ");
+    let message = plugin_text(&format!("{kind} {name}"), message);
     HostError::Constructor {
         kind,
         name: name.to_string(),
-        message: message.strip_prefix(&said).unwrap_or(message).to_string(),
+        message: message.strip_prefix(&said).unwrap_or(&message).to_string(),
     }
+}
+
+/// The most characters of a plugin's message (a call's or constructor's error, a training
+/// service's warning or reason) that knob keeps. More than a trial's end message keeps (500):
+/// an error may rightly list what it tried (hosts, fields, a Python traceback's last lines
+/// joined), and it is shown once, not in a cell of a table; a flood of 30 MB is still cut.
+pub const MAX_PLUGIN_MESSAGE_CHARS: usize = 2_000;
+
+/// The most characters of a changed message's text as sent that [`plugin_text`] logs.
+const MAX_LOGGED_CHARS: usize = 100_000;
+
+/// A plugin's message as the host passes it on (to the console, the store, `knob plugin try`):
+/// one line of visible text ([`crate::text::one_line`]: lines joined by spaces, terminal escape
+/// sequences removed, other control characters shown as `�`), cut to
+/// [`MAX_PLUGIN_MESSAGE_CHARS`]. A plugin, or a library it wraps, words errors as it likes:
+/// passed on as sent, 200 lines with colour codes flooded the console, turned the user's
+/// terminal red, and were stored so. The text as sent is not dropped: when it was changed it is
+/// logged at debug level (`KNOB_LOG=debug`), escaped (`\n`, `\u{1b}`) so that not even then
+/// does it drive the terminal, since a multi-line message (a traceback, context) is what the
+/// plugin's author needs to find the fault.
+pub(crate) fn plugin_text(label: &str, text: &str) -> String {
+    let line = crate::text::one_line(text, MAX_PLUGIN_MESSAGE_CHARS);
+    // Only to a host's logger: without one (a test, a tool) a debug line is not worth stderr.
+    if let Some(log) = PLUGIN_LOGGER.get().filter(|_| line != text) {
+        let sent: String = text.chars().take(MAX_LOGGED_CHARS).collect();
+        log(
+            LogLevel::Debug,
+            label,
+            &format!("message as sent: {}", sent.escape_debug()),
+        );
+    }
+    line
 }
 
 type EventCallback = Box<dyn Fn(Result<ServiceEvent, String>) + Send + Sync>;
@@ -1190,18 +1226,77 @@ impl EventSinkAbi for WakeForwarder {
 }
 // ---- appended-fields: end ----
 
-struct EventForwarder(EventCallback);
+/// Hands a training service's events to the host's callback, its text made one line
+/// ([`plugin_text`]): a warning, a failed start's message, a reason to place a trial again and
+/// a lost environment's reason are shown on the console and stored as the service words them.
+/// A trial's `stderr_tail` stays as the trial wrote it: the store keeps it so, and the core
+/// makes the end message of its last visible line.
+struct EventForwarder {
+    label: String,
+    callback: EventCallback,
+}
+
+impl EventForwarder {
+    fn new(name: &str, callback: EventCallback) -> Self {
+        Self {
+            label: format!("training service {name}"),
+            callback,
+        }
+    }
+
+    fn one_line(&self, event: ServiceEvent) -> ServiceEvent {
+        let text = |text: String| plugin_text(&self.label, &text);
+        match event {
+            ServiceEvent::Warning { trial_id, message } => ServiceEvent::Warning {
+                trial_id,
+                message: text(message),
+            },
+            ServiceEvent::StartFailed { trial_id, message } => ServiceEvent::StartFailed {
+                trial_id,
+                message: text(message),
+            },
+            ServiceEvent::PlaceAgain { trial_id, reason } => ServiceEvent::PlaceAgain {
+                trial_id,
+                reason: text(reason),
+            },
+            ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code,
+                signal,
+                killed_reason,
+                stderr_tail,
+                environment_lost,
+                ended_ms,
+            } => ServiceEvent::TrialEnded {
+                trial_id,
+                exit_code,
+                signal,
+                killed_reason,
+                stderr_tail,
+                environment_lost: environment_lost.map(text),
+                ended_ms,
+            },
+            event => event,
+        }
+    }
+}
 
 impl EventSinkAbi for EventForwarder {
     fn emit(&self, event_json: RStr<'_>) {
-        let event = serde_json::from_str(event_json.as_str()).map_err(|e| {
-            format!(
-                "unreadable event from training service ({e}): {}",
-                event_json.as_str()
-            )
-        });
+        let event = serde_json::from_str(event_json.as_str())
+            .map(|event| self.one_line(event))
+            .map_err(|e| {
+                plugin_text(
+                    &self.label,
+                    &format!(
+                        "unreadable event from {} ({e}): {}",
+                        self.label,
+                        event_json.as_str()
+                    ),
+                )
+            });
         // The callback is host code; a panic in it must not unwind into the plugin.
-        let _ = catch_unwind(AssertUnwindSafe(|| (self.0)(event)));
+        let _ = catch_unwind(AssertUnwindSafe(|| (self.callback)(event)));
     }
 }
 

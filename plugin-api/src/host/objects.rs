@@ -17,7 +17,8 @@ use crate::{Generated, ImportedTrial, Suggestion, Verdict};
 
 /// A call's answer; an error becomes "<label> failed in <method>: <message>" (a panic's message
 /// already says "<label> panicked in <method>", and is kept as it is). A leading "<name>: " of
-/// the plugin's own message is dropped, so the name is said once.
+/// the plugin's own message is dropped, so the name is said once. The message is made one line
+/// ([`super::plugin_text`]), a panic's too (its payload is the plugin's text).
 fn called<T>(label: &str, method: &str, raw: RResult<T, RString>) -> Result<T, HostError> {
     raw.into_result().map_err(|message| HostError::Call {
         message: failed_in(label, method, message.as_str()),
@@ -25,6 +26,7 @@ fn called<T>(label: &str, method: &str, raw: RResult<T, RString>) -> Result<T, H
 }
 
 pub(crate) fn failed_in(label: &str, method: &str, message: &str) -> String {
+    let message = &super::plugin_text(label, message);
     if message.starts_with(label) {
         return message.to_owned();
     }
