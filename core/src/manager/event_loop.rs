@@ -307,6 +307,9 @@ impl Manager {
                 && (self.closed()
                     || (idle_deferred && !self.tuner.wakes() && !self.tuner.awaits_answers()))
             {
+                if !self.closed() {
+                    self.tuner_gave_no_parameters().await?;
+                }
                 return self.last_answers().await;
             }
             if self.given_up_at_stop(Instant::now()) {
@@ -412,6 +415,22 @@ impl Manager {
                 Wake::MoreToSubmit => {}
             }
         }
+    }
+
+    /// The run ends, budget and time left, because the tuner deferred ids, nothing runs, and it
+    /// keeps no waker: no result will come to make it pay them. Said as a tuner given up on
+    /// after its patience is (a `warning:` and the end message): a tuner that deferred every id
+    /// ended "DONE: 0 trials", exit 0, without a word why.
+    async fn tuner_gave_no_parameters(&mut self) -> Result<(), ManagerError> {
+        let message = format!(
+            "{} deferred parameters for {} trial(s) and gave none, with nothing running, so the experiment ends after {} trial(s): no result will come to make it give them, and it keeps no waker (Tuner::set_waker) to give them on its own",
+            self.tuner.label(),
+            self.tuner.in_flight(),
+            self.book.len()
+        );
+        self.notice(message.clone()).await?;
+        self.gave_up_on_tuner = Some(message);
+        Ok(())
     }
 
     async fn on_command(&mut self, command: Command) -> Result<(), ManagerError> {

@@ -1101,6 +1101,67 @@ fn a_tuner_that_never_answers_ends_the_experiment_saying_so() {
     assert_eq!(state.status, ExperimentStatus::Done);
 }
 
+/// Defers every id, keeps no waker and never pays: a tuner that gives no parameters.
+struct DefersAll;
+
+impl Tuner for DefersAll {
+    fn new(_class_args: &Value) -> Result<Self, PluginError> {
+        unreachable!("built directly")
+    }
+
+    fn update_search_space(&mut self, _space: &SearchSpace) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn generate_parameters(&mut self, _parameter_id: u64) -> Result<Generated, PluginError> {
+        Ok(Generated::Deferred)
+    }
+
+    fn receive_trial_result(
+        &mut self,
+        _parameter_id: u64,
+        _parameters: &Value,
+        _value: f64,
+    ) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// A tuner that defers every id with nothing running ends the experiment at once (nothing can
+/// make it pay them), DONE, and says so: a `warning:` and the end message, as for a tuner given
+/// up on. It ended "DONE: 0 trials" with exit 0 and no word why.
+#[test]
+fn a_tuner_that_defers_every_id_ends_the_experiment_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let components = Services {
+        platforms: &["quick"],
+        gpus: 2,
+        hold: Mutex::new(None),
+        starts: Default::default(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, DefersAll)),
+    };
+    let config = config(dir.path(), 4, 2, components.platforms, "DefersAll");
+    let (progress, progress_rx) = watch::channel(manager::Progress::default());
+    let (_commands_tx, commands) = mpsc::unbounded_channel();
+    let outcome =
+        run_experiment_commanded(dir.path(), &config, &components, progress, commands).unwrap();
+    let said = "tuner DefersAll deferred parameters for 2 trial(s) and gave none, with nothing running, so the experiment ends after 0 trial(s)";
+    assert_eq!(outcome.status, ExperimentStatus::Done, "{outcome:?}");
+    let message = outcome.message.clone().unwrap_or_default();
+    assert!(message.starts_with(said), "{outcome:?}");
+    let notices = progress_rx.borrow().notices.clone();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.warning && n.text.starts_with(said)),
+        "{notices:?}"
+    );
+    let state = Store::open(dir.path()).unwrap().replay().unwrap();
+    assert_eq!(state.status, ExperimentStatus::Done);
+    assert!(state.trials.is_empty(), "{:?}", state.trials);
+}
+
 /// Answers like [`Counter`]; cannot take the result of the last of `trials` trials.
 struct FailsOnTheLast {
     trials: u64,
