@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use knob_plugin_api::host::{load_library, plugin_search_path, PluginLibrary, PluginRegistry};
+use knob_plugin_api::host::{
+    load_library, plugin_search_path, PluginLibrary, PluginRegistry, Reply,
+};
 
 #[derive(Subcommand)]
 pub enum PluginCommand {
@@ -19,7 +21,9 @@ pub enum PluginCommand {
     /// Load one plugin file and print its components, or why it does not load (exit 1).
     Check { file: PathBuf },
     /// Run a tuner of one plugin file outside any experiment: print its suggestions as JSON
-    /// lines, each checked against the search space (a bad one ends the run, exit 1).
+    /// lines, each checked against the search space (a bad one ends the run, exit 1). A call
+    /// the tuner has not answered in a minute is said on stderr; one not answered in ten
+    /// minutes ends the run (exit 1), as an experiment gives up on a tuner that owes parameters.
     Try(TryArgs),
 }
 
@@ -154,8 +158,15 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
         (None, Some(expr)) => Results::Expr(expr.clone()),
         (Some(file), _) => Results::Listed(read_results(file)?.into_iter()),
     };
-    let mut tuner = registry.tuner_object(&name, &class_args)?;
-    tuner.update_search_space(&space_json)?;
+    // On a thread of its own, so that a call that never returns is noticed (`answered`).
+    let tuner = registry.tuner(&name, &class_args)?;
+    let waiter = Waiter {
+        runtime: tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()?,
+        label: tuner.label().to_owned(),
+    };
+    waiter.answer(tuner.update_search_space(space_json), "update_search_space")?;
     let mut out = std::io::stdout().lock();
     let label = tuner.label().to_owned();
     let mut pending = std::collections::VecDeque::new();
@@ -176,7 +187,7 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
             Ok(())
         };
     for id in 0..args.n {
-        match tuner.generate_parameters(id)? {
+        match waiter.answer(tuner.generate_parameters(id), "generate_parameters")? {
             Generated::Parameters(parameters)
             | Generated::Labeled { parameters, .. }
             | Generated::Member { parameters, .. } => {
@@ -203,8 +214,14 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
                 pending.push_front((done, parameters));
                 break;
             };
-            let mut suggestions = tuner.receive_trial_result(done, &parameters, value)?;
-            suggestions.extend(tuner.trial_end(done, knob_plugin_api::status::SUCCEEDED)?);
+            let mut suggestions = waiter.answer(
+                tuner.receive_trial_result(done, parameters.clone(), value),
+                "receive_trial_result",
+            )?;
+            suggestions.extend(waiter.answer(
+                tuner.trial_end(done, knob_plugin_api::status::SUCCEEDED.into()),
+                "trial_end",
+            )?);
             for suggestion in suggestions {
                 emit(&mut out, suggestion.parameter_id, &suggestion.parameters)?;
                 pending.push_back((suggestion.parameter_id, suggestion.parameters));
@@ -215,6 +232,74 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// A `--results` file: one number a line (blank lines skipped).
+/// How long `knob plugin try` waits for a tuner's answer: a notice after `notice`, the end
+/// after `give_up`.
+#[derive(Clone, Copy)]
+struct Patience {
+    notice: std::time::Duration,
+    give_up: std::time::Duration,
+}
+
+impl Patience {
+    /// An experiment's, for a tuner that owes parameters while nothing runs (in `plugin try`
+    /// nothing else runs either): the same constants, so that the two cannot drift.
+    const EXPERIMENTS: Patience = Patience {
+        notice: knob_core::manager::TUNER_QUIET_NOTICE,
+        give_up: knob_core::manager::TUNER_PATIENCE,
+    };
+}
+
+/// Waits for the answers of `plugin try`'s tuner, with an experiment's [`Patience`], its notice
+/// a `warning:` on stderr.
+struct Waiter {
+    runtime: tokio::runtime::Runtime,
+    label: String,
+}
+
+impl Waiter {
+    fn answer<R>(&self, reply: Reply<R>, method: &str) -> anyhow::Result<R> {
+        answered(
+            &self.runtime,
+            reply,
+            &self.label,
+            method,
+            Patience::EXPERIMENTS,
+            |notice| errln!("warning: {notice}"),
+        )
+    }
+}
+
+/// The answer of the tuner's call `method`, waited for as [`Patience`] says: `notice` gets what
+/// it waits for once the wait passes `patience.notice`, and the run ends with an error once it
+/// passes `patience.give_up`. It waited silently for ever on a call that never returned.
+fn answered<R>(
+    runtime: &tokio::runtime::Runtime,
+    mut reply: Reply<R>,
+    label: &str,
+    method: &str,
+    patience: Patience,
+    notice: impl FnOnce(String),
+) -> anyhow::Result<R> {
+    runtime.block_on(async {
+        if let Ok(answer) = tokio::time::timeout(patience.notice, reply.answer()).await {
+            return Ok(answer?);
+        }
+        notice(format!(
+            "{label} has not answered {method} in {} s (a tuner starting up or fitting its model may take this long); knob plugin try ends if it has not in {} s",
+            patience.notice.as_secs(),
+            patience.give_up.as_secs()
+        ));
+        let rest = patience.give_up.saturating_sub(patience.notice);
+        match tokio::time::timeout(rest, reply.answer()).await {
+            Ok(answer) => Ok(answer?),
+            Err(_) => anyhow::bail!(
+                "{label} did not answer {method} in {} s, so knob plugin try ends (an experiment gives up on a tuner after as long); a call that never returns is a bug of the tuner",
+                patience.give_up.as_secs()
+            ),
+        }
+    })
+}
+
 fn read_results(file: &std::path::Path) -> anyhow::Result<Vec<f64>> {
     std::fs::read_to_string(file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?
@@ -304,4 +389,101 @@ fn write_library(out: &mut impl Write, library: &PluginLibrary) -> std::io::Resu
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use knob_plugin_api::host::in_process;
+    use knob_plugin_api::space::SearchSpace;
+    use knob_plugin_api::{Generated, PluginError, Tuner};
+    use serde_json::Value;
+
+    use super::*;
+
+    /// Answers `generate_parameters` once told to on its channel (or never, once it is gone).
+    struct Held(mpsc::Receiver<()>);
+
+    impl Tuner for Held {
+        fn new(_class_args: &Value) -> Result<Self, PluginError> {
+            unreachable!("built directly")
+        }
+        fn update_search_space(&mut self, _space: &SearchSpace) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn generate_parameters(&mut self, _parameter_id: u64) -> Result<Generated, PluginError> {
+            let _ = self.0.recv();
+            Ok(Generated::NoMore)
+        }
+        fn receive_trial_result(
+            &mut self,
+            _parameter_id: u64,
+            _parameters: &Value,
+            _value: f64,
+        ) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    /// A call the tuner has not answered is said once its notice time passes, and ends the run
+    /// at its patience, as an experiment's wait for such a tuner does; one answered after the
+    /// notice is taken as it comes. `plugin try` waited silently for ever.
+    #[test]
+    fn a_tuner_call_that_is_not_answered_is_said_then_given_up() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let patience = Patience {
+            notice: Duration::from_millis(50),
+            give_up: Duration::from_millis(300),
+        };
+        let (release, hold) = mpsc::channel();
+        let tuner = in_process::tuner_on_thread("Held", Held(hold));
+        let mut notices = Vec::new();
+        let error = answered(
+            &runtime,
+            tuner.generate_parameters(0),
+            tuner.label(),
+            "generate_parameters",
+            patience,
+            |notice| notices.push(notice),
+        )
+        .unwrap_err()
+        .to_string();
+        expect_test::expect![[r#"
+            [
+                "tuner Held has not answered generate_parameters in 0 s (a tuner starting up or fitting its model may take this long); knob plugin try ends if it has not in 0 s",
+            ]
+        "#]]
+        .assert_debug_eq(&notices);
+        assert!(
+            error.starts_with(
+                "tuner Held did not answer generate_parameters in 0 s, so knob plugin try ends"
+            ),
+            "{error}"
+        );
+
+        // Answered after the notice: the answer, and the notice once.
+        let reply = tuner.generate_parameters(1);
+        release.send(()).unwrap();
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            release.send(()).unwrap();
+        });
+        let mut notices = 0;
+        let answer = answered(
+            &runtime,
+            reply,
+            tuner.label(),
+            "generate_parameters",
+            patience,
+            |_| notices += 1,
+        );
+        late.join().unwrap();
+        assert_eq!(answer.unwrap(), Generated::NoMore);
+        assert_eq!(notices, 1);
+    }
 }

@@ -28,6 +28,7 @@ pub use components::{Components, EventCallback};
 use event_loop::Manager;
 pub use placement::Placer;
 pub use services::{check_secrets, clean_up_leftovers, restore_secrets, service_context};
+pub use timers::{TUNER_PATIENCE, TUNER_QUIET_NOTICE};
 pub use trial::TrialSummary;
 /// The one rule for what a tuner may hand out, shared with `knob plugin try`.
 pub use tuner_output::refusal as tuner_output_refusal;

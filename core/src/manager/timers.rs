@@ -18,11 +18,12 @@ pub(super) const REPROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long the loop waits, with nothing running, for a tuner that wakes on its own to pay the
 /// ids it deferred (NNI's advisors and PBT answer `GE` once a result frees a credit; one whose
 /// last result is in and that still owes parameters would otherwise be waited for forever).
-pub(super) const TUNER_PATIENCE: Duration = Duration::from_secs(600);
+/// `knob plugin try` waits as long for any call of the tuner it runs.
+pub const TUNER_PATIENCE: Duration = Duration::from_secs(600);
 
 /// When, in that wait, the user is told what the experiment waits for (a GP or Metis tuner far
 /// into an experiment may think for minutes; the console would otherwise show nothing).
-pub(super) const TUNER_QUIET_NOTICE: Duration = Duration::from_secs(60);
+pub const TUNER_QUIET_NOTICE: Duration = Duration::from_secs(60);
 
 /// How long a failed trial waits before its next attempt: 1 s, 2 s, 4 s, … at most a minute.
 pub(super) fn retry_backoff(failed_attempt: u32) -> Duration {
