@@ -45,6 +45,23 @@ pub(super) struct TrialBook {
     best: Option<(String, f64)>,
 }
 
+/// What [`TrialBook::due`] found due, oldest timer first.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Due {
+    /// Running past `maxTrialDuration`: to be killed.
+    pub overdue: Vec<String>,
+    /// Asked to be killed, and not reported ended by the time set with
+    /// [`TrialBook::expect_end`].
+    pub end_unreported: Vec<String>,
+}
+
+/// What one entry of [`TrialBook::timers`] stands for.
+enum Timer {
+    Deadline,
+    EndDue,
+    Backoff,
+}
+
 impl<K: AsRef<str>> Index<K> for TrialBook {
     type Output = Trial;
 
@@ -225,6 +242,8 @@ impl TrialBook {
         trial.early_metrics = Vec::new();
         trial.kill = None;
         trial.kill_decided_ms = None;
+        trial.kill_answered = None;
+        trial.end_due = None;
         trial.pid = None;
         trial.intermediate = Default::default();
         trial.final_value = None;
@@ -289,37 +308,52 @@ impl TrialBook {
         placeable
     }
 
-    /// What a timer entry is now: the deadline of a running attempt not being killed, the end
-    /// of a backoff still ahead of `now`, or nothing (stale).
-    fn timer(&self, at: Instant, sequence: u64, now: Instant) -> Option<(bool, &Trial)> {
+    /// The manager asked its service to kill a launched trial: unless the service reports its
+    /// end first, it is due at `at` (see [`Due::end_unreported`]).
+    pub fn expect_end(&mut self, trial_id: &str, at: Instant) {
+        let trial = self.known(trial_id);
+        trial.end_due = Some(at);
+        let sequence = trial.sequence;
+        self.timers.push(Reverse((at, sequence)));
+    }
+
+    /// What a timer entry is now: the deadline of a running attempt not being killed, when the
+    /// end of a trial being killed is due, the end of a backoff still ahead of `now`, or nothing
+    /// (stale).
+    fn timer(&self, at: Instant, sequence: u64, now: Instant) -> Option<(Timer, &Trial)> {
         let trial = &self.trials[self.active.get(&sequence)?];
         if trial.kill.is_none() && trial.deadline == Some(at) {
-            Some((true, trial))
+            Some((Timer::Deadline, trial))
+        } else if trial.kill.is_some() && trial.end_due == Some(at) {
+            Some((Timer::EndDue, trial))
         } else if trial.not_before == Some(at) && at > now {
-            Some((false, trial))
+            Some((Timer::Backoff, trial))
         } else {
             None
         }
     }
 
-    /// The trials past their `maxTrialDuration` at `now` that are not being killed already
-    /// (each is reported once: its deadline is then taken off).
-    pub fn overdue(&mut self, now: Instant) -> Vec<String> {
-        let mut overdue = Vec::new();
+    /// What is due at `now` (each is reported once: its timer is then taken off): the trials
+    /// past their `maxTrialDuration` that are not being killed already, and those being killed
+    /// whose end is due.
+    pub fn due(&mut self, now: Instant) -> Due {
+        let mut due = Due::default();
         while let Some(&Reverse((at, sequence))) = self.timers.peek() {
             if at > now {
                 break;
             }
             self.timers.pop();
-            if let Some((true, trial)) = self.timer(at, sequence, now) {
-                overdue.push(trial.id.clone());
+            match self.timer(at, sequence, now) {
+                Some((Timer::Deadline, trial)) => due.overdue.push(trial.id.clone()),
+                Some((Timer::EndDue, trial)) => due.end_unreported.push(trial.id.clone()),
+                Some((Timer::Backoff, _)) | None => {}
             }
         }
-        overdue
+        due
     }
 
-    /// The earliest `maxTrialDuration` deadline of a running attempt not being killed, or end
-    /// of a retry backoff still ahead of `now`.
+    /// The earliest `maxTrialDuration` deadline of a running attempt not being killed, end due
+    /// of one being killed, or end of a retry backoff still ahead of `now`.
     pub fn next_trial_timer(&mut self, now: Instant) -> Option<Instant> {
         while let Some(&Reverse((at, sequence))) = self.timers.peek() {
             if self.timer(at, sequence, now).is_some() {
@@ -512,11 +546,19 @@ mod tests {
         book.known(&ids[2]).kill = Some((TrialStatus::SysCanceled, "x".into()));
         book.set_status(&ids[3], TrialStatus::Failed);
         assert_eq!(book.next_trial_timer(now), Some(now - s));
-        assert_eq!(book.overdue(now), vec![ids[0].clone()]);
+        assert_eq!(book.due(now).overdue, vec![ids[0].clone()]);
         // Reported once; what is left is the backoff, then the deadline ahead.
-        assert_eq!(book.overdue(now), Vec::<String>::new());
+        assert_eq!(book.due(now), Due::default());
         assert_eq!(book.next_trial_timer(now), Some(now + s));
         assert_eq!(book.placeable(now + s), vec![ids[1].clone()]);
+        // The end of the trial being killed is due later; once ended, it is not.
+        book.expect_end(&ids[2], now + 3 * s);
+        book.expect_end(&ids[0], now + 3 * s);
+        book.set_status(&ids[0], TrialStatus::SysCanceled);
+        assert_eq!(book.due(now + s).end_unreported, Vec::<String>::new());
+        assert_eq!(book.next_trial_timer(now + s), Some(now + 2 * s));
+        assert_eq!(book.due(now + 3 * s).end_unreported, vec![ids[2].clone()]);
+        assert_eq!(book.due(now + 3 * s), Due::default());
         // A trial whose launch was undone waits again.
         book.unlaunch(&ids[1]);
         book.known(&ids[1]).launched = true;

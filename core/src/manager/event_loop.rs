@@ -872,6 +872,8 @@ impl Manager {
         };
         trial.kill = Some((status, reason.clone()));
         trial.kill_decided_ms = Some(crate::store::now_ms());
+        let answered = std::sync::Arc::new(std::sync::OnceLock::new());
+        trial.kill_answered = Some(answered.clone());
         // Recorded before the kill is asked for (in log order, so before anything the decision
         // led to, such as a population member's successor): a resume after a crash in between
         // ends the trial as decided instead of running it again.
@@ -884,11 +886,75 @@ impl Manager {
             .handle
             .kill_trial(trial_id.to_string(), reason);
         let asked = self.unanswered.asked(trial_id);
-        self.warn_if_it_fails(reply, Some(trial_id.to_string()), move |e| {
+        self.warn_when_answered(reply, Some(trial_id.to_string()), move |answer| {
+            let _ = answered.set(Instant::now());
             // Dropped with this closure once the answer comes, an error or not.
             let _answered = asked;
-            format!("could not kill: {e}")
+            answer.err().map(|e| format!("could not kill: {e}"))
         });
+        // Looked at again then: the service's patience counts from its answer.
+        let patience = self.services[service].end_patience;
+        self.book.expect_end(trial_id, Instant::now() + patience);
+        Ok(())
+    }
+
+    /// The end of trials the manager asked to kill is due (see [`TrialBook::expect_end`]): each
+    /// whose service answered the kill longer than its patience ago
+    /// (`services::END_AFTER_KILL_PATIENCE` and its grace period) and still reports no end is
+    /// ended here as the kill decided, its message saying so and its resources released, with
+    /// a console warning by service. One whose kill is unanswered (a service stuck in a call:
+    /// `given_up_at_stop`) or whose environment cannot be reached (its end waits for the host or
+    /// `hostLossTimeout`) is looked at again later.
+    async fn on_end_unreported(
+        &mut self,
+        trial_ids: Vec<String>,
+        now: Instant,
+    ) -> Result<(), ManagerError> {
+        let mut by_service: std::collections::BTreeMap<usize, Vec<String>> = Default::default();
+        for trial_id in trial_ids {
+            let trial = &self.book[trial_id.as_str()];
+            let (Some(service), Some((status, reason))) = (trial.service, trial.kill.clone())
+            else {
+                continue;
+            };
+            let patience = self.services[service].end_patience;
+            let answered = trial
+                .kill_answered
+                .as_ref()
+                .and_then(|answered| answered.get().copied())
+                .filter(|_| self.unreachable(&trial_id).is_none());
+            let due = answered.map_or(now + patience, |answered| answered + patience);
+            if due > now {
+                self.book.expect_end(&trial_id, due);
+                continue;
+            }
+            let platform = &self.services[service].platform;
+            let never = format!(
+                "training service {platform} never reported its end, {} s after it answered the kill; knob recorded it ended (it may still run there)",
+                patience.as_secs()
+            );
+            // A trial stopped with the experiment keeps the end message `knob resume` knows
+            // it by, so that it runs again; the warning says the rest.
+            let message = match crate::store::stopped_with_experiment(status, Some(&reason)) {
+                true => reason,
+                false => format!("{reason}; {never}"),
+            };
+            self.warn(Some(trial_id.clone()), never).await?;
+            self.end_trial(&trial_id, status, Some(message), None, None, String::new())
+                .await?;
+            by_service.entry(service).or_default().push(trial_id);
+        }
+        for (service, mut trials) in by_service {
+            trials.sort();
+            let slot = &self.services[service];
+            let message = format!(
+                "training service {} never reported the end of trial(s) {} it was asked to kill, {} s after it answered; knob recorded them ended and released their resources (they may still run there)",
+                slot.platform,
+                trials.join(", "),
+                slot.end_patience.as_secs()
+            );
+            self.notice(message).await?;
+        }
         Ok(())
     }
 
@@ -1012,17 +1078,20 @@ impl Manager {
             self.stop_all("maxExperimentDuration reached", TrialStatus::SysCanceled)
                 .await?;
         }
-        let overdue = self.book.overdue(now);
-        if !overdue.is_empty() {
+        let due = self.book.due(now);
+        if !due.overdue.is_empty() {
             self.wakes.overdue += 1;
         }
-        for trial_id in overdue {
+        for trial_id in due.overdue {
             self.kill(
                 &trial_id,
                 TrialStatus::SysCanceled,
                 "maxTrialDuration reached".into(),
             )
             .await?;
+        }
+        if !due.end_unreported.is_empty() {
+            self.on_end_unreported(due.end_unreported, now).await?;
         }
         Ok(())
     }

@@ -33,6 +33,9 @@ pub(super) struct ServiceSlot {
     pub reprobe_asked: Option<Instant>,
     /// When it last answered for its environments (at its start, then each re-probe).
     pub probed_at: Option<Instant>,
+    /// How long after it answered a kill the manager waits for the trial's end before it
+    /// records the end itself (see [`end_patience`]).
+    pub end_patience: std::time::Duration,
 }
 
 /// An event with the index of the service that reported it.
@@ -197,6 +200,7 @@ pub(super) async fn start_services(
                 handle,
                 reprobe_asked: None,
                 probed_at: None,
+                end_patience: end_patience(service),
             }),
             Err(e) => {
                 let _ = shut_down(&slots, |_| {}, std::future::pending()).await;
@@ -331,6 +335,29 @@ pub(super) const SERVICE_LATE_AFTER: std::time::Duration = std::time::Duration::
 /// How long the end of an experiment waits for its training services to shut down (each may
 /// kill its trials first, with their grace period).
 pub(super) const SHUTDOWN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long, beyond a service's own grace period, the manager waits for the end of a trial
+/// whose kill the service answered before it records the end itself: as long as a shutdown,
+/// which kills trials the same way, is given. A service that never reports the end (its report
+/// lost, a third-party service that sends none) otherwise held the trial RUNNING for ever, its
+/// GPUs with it, and a stop, `maxTrialDuration` and `maxExperimentDuration` never ended.
+pub(super) const END_AFTER_KILL_PATIENCE: std::time::Duration = SHUTDOWN_PATIENCE;
+
+/// [`END_AFTER_KILL_PATIENCE`] plus the grace period a killed trial is given where the
+/// service's config states one (`gracePeriodSecs`, in any spelling NNI's key matching takes):
+/// a trial that ignores SIGTERM is reported ended only after it, and must not be taken for
+/// one whose end was lost.
+fn end_patience(service: &TrainingServiceConfig) -> std::time::Duration {
+    let grace = service
+        .config
+        .iter()
+        .find(|(key, _)| knob_plugin_api::config::normalize_key(key) == "graceperiodsecs")
+        .and_then(|(_, value)| value.as_f64())
+        .filter(|secs| secs.is_finite() && *secs > 0.0)
+        .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
+        .unwrap_or_default();
+    grace.saturating_add(END_AFTER_KILL_PATIENCE)
+}
 
 impl Manager {
     /// Shuts the services down (`shut_down`), a late one named on the console, a stop asked

@@ -100,6 +100,12 @@ pub(super) struct Trial {
     /// host out of reach reports only once back what ended while it was unreachable) ended on its
     /// own, whatever the kill says.
     pub kill_decided_ms: Option<i64>,
+    /// Set as its service is asked to kill it: when the service answered (set by whatever
+    /// takes the answer in, which the loop does not wait for).
+    pub kill_answered: Option<std::sync::Arc<std::sync::OnceLock<Instant>>>,
+    /// When the manager records the end of the trial it asked to kill itself, unless its
+    /// service reports it first (see `Manager::on_end_unreported`).
+    pub end_due: Option<Instant>,
     pub reason: Option<String>,
     /// Host memory (MiB) its attempts ask for, once raised after it ran out of memory; `None`:
     /// `trialMemorySize`.
@@ -158,6 +164,8 @@ impl Trial {
             objective_problem: None,
             kill: None,
             kill_decided_ms: None,
+            kill_answered: None,
+            end_due: None,
             reason: None,
             memory_request_mib: None,
             gpu_memory_request_mib: None,

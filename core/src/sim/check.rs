@@ -68,6 +68,11 @@ pub(super) fn check(
             .values()
             .map(|t| u64::from(t.crash_losses))
             .sum(),
+        ends_unreported: seen
+            .trials
+            .values()
+            .map(|t| u64::from(t.ends_unreported))
+            .sum(),
     };
     drop(seen);
     let outcome = match outcome {

@@ -86,6 +86,12 @@ pub struct Scenario {
     /// arrives (`knob trial kill` while a start over SSH is under way): the trial must end
     /// USER_CANCELED and never be started again, whatever the refusal says.
     pub user_kills_failing_starts: bool,
+    /// The service never reports a run's end, its own or its kill's, with this chance (its
+    /// report lost, a third-party service that sends none): the run is over, its GPUs free, and
+    /// the manager hears nothing. Only a kill (`maxTrialDuration`, the assessor, a stop, the
+    /// experiment's deadline) and the manager's patience after it end the trial then; without
+    /// `maxTrialDuration` a trial whose own end was lost would run for ever.
+    pub p_end_unreported: f64,
 }
 
 impl Scenario {
@@ -142,6 +148,7 @@ impl Scenario {
             crash_at: None,
             crash_while_killing: false,
             user_kills_failing_starts: false,
+            p_end_unreported: 0.0,
         };
         // Drawn last, so that the fields above are what they were before these existed.
         if scenario.environments >= 2 && rng.gen_bool(0.3) {
@@ -196,6 +203,7 @@ impl Scenario {
             crash_at: None,
             crash_while_killing: false,
             user_kills_failing_starts: false,
+            p_end_unreported: 0.0,
         }
     }
 
@@ -348,6 +356,8 @@ pub struct Report {
     pub user_kills: u64,
     /// Runs left by a crashed manager that the resumed one's clean-up ended.
     pub crash_losses: u64,
+    /// Runs whose end the service never reported (`Scenario::p_end_unreported`).
+    pub ends_unreported: u64,
 }
 
 impl Report {
@@ -404,6 +414,7 @@ async fn play(scenario: Scenario, dir: &Path) -> Report {
         retried_starts: 0,
         user_kills: 0,
         crash_losses: 0,
+        ends_unreported: 0,
     };
     let experiment_dir = dir.join("sim");
     if let Err(e) = std::fs::create_dir_all(&experiment_dir) {

@@ -159,6 +159,8 @@ pub(super) struct TrialRecord {
     /// When it was first asked for, and the longest it waited for a start after a younger
     /// trial's start had been asked for (see `Invariants`).
     pub first_request: Option<Duration>,
+    /// Runs whose end the service never reported (`Scenario::p_end_unreported`).
+    pub ends_unreported: u32,
 }
 
 pub(super) struct World {
@@ -393,6 +395,13 @@ impl World {
                 }
                 let (trial_id, environment) = (record.trial_id.clone(), record.environment);
                 self.end_run(run);
+                let p_lost = self.scenario.p_end_unreported;
+                if p_lost > 0.0
+                    && StdRng::seed_from_u64(mix(self.scenario.seed, run, 0xe2d)).gen_bool(p_lost)
+                {
+                    self.trials.entry(trial_id).or_default().ends_unreported += 1;
+                    return;
+                }
                 self.emit(
                     environment,
                     ServiceEvent::TrialEnded {

@@ -73,8 +73,8 @@ pub(crate) use file::{StoreFile, StoreGone};
 use schema::path_text;
 pub(crate) use schema::LOCK_FILE_NAME;
 pub(crate) use writer::now_ms;
-// The simulator's check asks the same question of a stop as the replay does.
-#[cfg(feature = "sim")]
+// The simulator's check, and the manager recording an end its service never reported, ask
+// the same question of a stop as the replay does.
 pub(crate) use state::stopped_with_experiment;
 use writer::{Command, SharedStats, Writer};
 

@@ -271,3 +271,92 @@ fn an_intermediate_result_reported_twice_is_stored_once_with_or_without_an_asses
         }
     }
 }
+
+#[test]
+fn a_service_that_never_reports_a_killed_trials_end_holds_it_only_for_its_patience() {
+    // The service loses the report of a third of the runs' ends, their own and their kills'
+    // (a third-party service that sends none): the run is over there, but the manager hears
+    // nothing. `maxTrialDuration` kills a trial whose own end was lost; a kill, whoever decided
+    // it (the deadline, the assessor, a stop, `maxExperimentDuration`), is followed by the
+    // manager's patience, after which it records the end itself. Before, such a trial stayed
+    // RUNNING for ever: the experiment, its stop and its deadline never ended.
+    let scenarios: Vec<Scenario> = seeds_with(|s| s.crash_at.is_none(), 16, 400)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut scenario)| {
+            scenario.p_end_unreported = 0.3;
+            scenario.max_trial_duration = Some(Duration::from_secs(120));
+            scenario.duration = (Duration::from_secs(20), Duration::from_secs(240));
+            // Some stop, some run out of time, the rest end by themselves.
+            match i % 4 {
+                0 => scenario.stop_at = Some(Duration::from_secs(200)),
+                1 => scenario.max_experiment_duration = Some(Duration::from_secs(300)),
+                _ => {}
+            }
+            scenario
+        })
+        .collect();
+    let dirs: Vec<_> = scenarios
+        .iter()
+        .map(|_| tempfile::tempdir().expect("a temporary folder"))
+        .collect();
+    let reports: Vec<Report> = scenarios
+        .iter()
+        .zip(&dirs)
+        .map(|(scenario, dir)| sim::run(scenario, dir.path()))
+        .collect();
+    assert_sound(&reports);
+    assert!(
+        reports.iter().map(|r| r.ends_unreported).sum::<u64>() >= 16,
+        "few ends went unreported"
+    );
+    // The manager recorded those ends itself, saying so, and ended each experiment as it would
+    // have: by itself, stopped, or out of time.
+    let mut recorded = 0;
+    for (report, dir) in reports.iter().zip(&dirs) {
+        let outcome = report.outcome.as_ref().expect("the run ends");
+        let expected = match report.scenario.stop_at {
+            Some(_) => knob_core::store::ExperimentStatus::Stopped,
+            None => knob_core::store::ExperimentStatus::Done,
+        };
+        assert_eq!(outcome.status, expected, "{}", report.rerun_hint());
+        // A stop, or the end of the time budget, waits for such a trial at most the patience
+        // (`knob stop` returns within it).
+        let ends_by = report
+            .scenario
+            .stop_at
+            .or(report.scenario.max_experiment_duration);
+        if let Some(at) = ends_by {
+            assert!(
+                report.simulated <= at + Duration::from_secs(61),
+                "{}: ended {:?} after the stop or deadline at {at:?}",
+                report.rerun_hint(),
+                report.simulated.saturating_sub(at)
+            );
+        }
+        let state = knob_core::store::StoreReader::open(&dir.path().join("sim"))
+            .and_then(|reader| reader.replay())
+            .expect("the store replays");
+        recorded += state
+            .warnings
+            .iter()
+            .filter(|w| {
+                w.message
+                    .contains("training service sim never reported its end")
+            })
+            .count();
+        for trial in &state.trials {
+            assert!(
+                trial.status.is_final(),
+                "{}: trial {} left {:?}",
+                report.rerun_hint(),
+                trial.trial_id,
+                trial.status
+            );
+        }
+    }
+    assert!(
+        recorded >= 8,
+        "the manager recorded {recorded} unreported ends"
+    );
+}
