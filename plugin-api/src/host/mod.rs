@@ -15,6 +15,7 @@
 //! Each component object then runs on a thread of its own ([`TunerHandle`] and friends): the
 //! async core awaits replies on channels and is never blocked by a slow or stuck plugin.
 
+mod in_plugin;
 pub mod in_process;
 mod nni_names;
 mod objects;
@@ -678,6 +679,7 @@ impl PluginRegistry {
 
     /// Loads the plugins in exactly these places.
     pub fn load_from(places: &[PathBuf]) -> PluginRegistry {
+        in_plugin::say_when_a_plugin_exits();
         let (files, mut problems) = discover_plugin_files(places);
         let mut registry = PluginRegistry {
             searched: places.to_vec(),
@@ -846,6 +848,8 @@ impl PluginRegistry {
     /// threaded form the core uses).
     pub fn tuner_object(&self, name: &str, class_args: &Value) -> Result<TunerObject, HostError> {
         let (library, exact) = self.find(ComponentKind::Tuner, name)?;
+        // Its constructor or call runs plugin code on this thread: see `in_plugin`.
+        let _in_plugin = in_plugin::InPlugin::enter(&format!("{} {exact}", ComponentKind::Tuner));
         let args = class_args.to_string();
         let raw = (library.module.new_tuner())(RStr::from_str(&exact), RStr::from_str(&args));
         let raw = constructed(ComponentKind::Tuner, &exact, raw)?;
@@ -882,6 +886,9 @@ impl PluginRegistry {
         context: &crate::AssessorContext,
     ) -> Result<AssessorObject, HostError> {
         let (library, exact) = self.find(ComponentKind::Assessor, name)?;
+        // Its constructor or call runs plugin code on this thread: see `in_plugin`.
+        let _in_plugin =
+            in_plugin::InPlugin::enter(&format!("{} {exact}", ComponentKind::Assessor));
         let args = class_args.to_string();
         let (name_arg, args_arg) = (RStr::from_str(&exact), RStr::from_str(&args));
         let raw = match library.module.new_assessor_in_context() {
@@ -922,6 +929,9 @@ impl PluginRegistry {
         on_event: impl Fn(Result<ServiceEvent, String>) + Send + Sync + 'static,
     ) -> Result<TrainingServiceHandle, HostError> {
         let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
+        // Its constructor or call runs plugin code on this thread: see `in_plugin`.
+        let _in_plugin =
+            in_plugin::InPlugin::enter(&format!("{} {exact}", ComponentKind::TrainingService));
         let args = class_args.to_string();
         let sink =
             EventSinkAbi_TO::from_value(EventForwarder::new(&exact, Box::new(on_event)), TD_Opaque);
@@ -946,6 +956,8 @@ impl PluginRegistry {
         on_wake: WakeCallback,
     ) -> Result<TunerObject, HostError> {
         let (library, exact) = self.find(ComponentKind::Tuner, name)?;
+        // Its constructor or call runs plugin code on this thread: see `in_plugin`.
+        let _in_plugin = in_plugin::InPlugin::enter(&format!("{} {exact}", ComponentKind::Tuner));
         let Some(new) = library.module.new_tuner_with_waker() else {
             return self.tuner_object(name, class_args);
         };
@@ -1005,6 +1017,9 @@ impl PluginRegistry {
         on_wake: WakeCallback,
     ) -> Result<AssessorObject, HostError> {
         let (library, exact) = self.find(ComponentKind::Assessor, name)?;
+        // Its constructor or call runs plugin code on this thread: see `in_plugin`.
+        let _in_plugin =
+            in_plugin::InPlugin::enter(&format!("{} {exact}", ComponentKind::Assessor));
         let Some(new) = library.module.new_assessor_with_waker() else {
             return self.assessor_object(name, class_args, context);
         };
@@ -1038,6 +1053,9 @@ impl PluginRegistry {
         on_event: impl Fn(Result<ServiceEvent, String>) + Send + Sync + 'static,
     ) -> Result<TrainingServiceHandle, HostError> {
         let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
+        // Its constructor or call runs plugin code on this thread: see `in_plugin`.
+        let _in_plugin =
+            in_plugin::InPlugin::enter(&format!("{} {exact}", ComponentKind::TrainingService));
         let config = config.to_string();
         let sink =
             EventSinkAbi_TO::from_value(EventForwarder::new(&exact, Box::new(on_event)), TD_Opaque);
@@ -1082,6 +1100,9 @@ impl PluginRegistry {
         context: &ServiceContext,
     ) -> Result<ConfigCheck, HostError> {
         let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
+        // Its constructor or call runs plugin code on this thread: see `in_plugin`.
+        let _in_plugin =
+            in_plugin::InPlugin::enter(&format!("{} {exact}", ComponentKind::TrainingService));
         let Some(check) = library.module.check_training_service() else {
             return Ok(match crate::sdk::accept_as_written(config) {
                 Ok(checked) => ConfigCheck::Checked(checked),
@@ -1115,6 +1136,9 @@ impl PluginRegistry {
         trial_ids: &[String],
     ) -> Result<Vec<String>, HostError> {
         let (library, exact) = self.find(ComponentKind::TrainingService, name)?;
+        // Its constructor or call runs plugin code on this thread: see `in_plugin`.
+        let _in_plugin =
+            in_plugin::InPlugin::enter(&format!("{} {exact}", ComponentKind::TrainingService));
         let Some(clean_up) = library.module.clean_up_training_service() else {
             return Ok(Vec::new());
         };

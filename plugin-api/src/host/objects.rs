@@ -550,11 +550,14 @@ impl<T: Send + 'static> PluginThread<T> {
         let (jobs, inbox) = mpsc::channel::<Job<T>>();
         let (ended, ended_rx) = tokio::sync::oneshot::channel();
         let thread_name: String = format!("knob {label}").chars().take(15).collect();
+        let label_on_thread = label.clone();
         // If the OS refuses a thread, `jobs` is dropped with the closure and every call
         // reports the component as gone, which is the truth.
         let _ = std::thread::Builder::new()
             .name(thread_name)
             .spawn(move || {
+                // Every job runs the component's code.
+                let _in_plugin = super::in_plugin::InPlugin::enter(&label_on_thread);
                 while let Ok(job) = inbox.recv() {
                     job(&mut object);
                 }

@@ -577,6 +577,45 @@ fn a_plugin_panic_prints_nothing_on_stderr_and_is_logged_at_debug_level() {
     assert!(!stderr.contains("panicked"), "on stderr:\n{stderr}");
 }
 
+/// A plugin that calls `exit` ends the host's process with it (it runs inside it), in its
+/// constructor or in a call; the process said nothing of why. Now one line on stderr names the
+/// component. Each case runs in a child process of its own, which it ends.
+#[test]
+fn a_plugin_that_calls_exit_is_named_on_stderr() {
+    const CHILD: &str = "KNOB_TEST_EXIT_CHILD";
+    let library = fixture(Variant::Same);
+    if let Some(case) = std::env::var_os(CHILD) {
+        let registry = registry_with(&[library]);
+        if case == "new" {
+            let _ = registry.tuner("Exiting", &json!({"exit_in": "new"}));
+        } else {
+            let tuner = registry.tuner("Exiting", &json!({})).unwrap();
+            let _ = tuner.generate_parameters(1).wait();
+        }
+        // Not reached: the plugin exits first.
+        return;
+    }
+    for case in ["new", "call"] {
+        let output = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "loader::a_plugin_that_calls_exit_is_named_on_stderr",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, case)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(7), "{case}: {stderr}");
+        assert_eq!(
+            stderr.matches("error: tuner Exiting ended knob's process from inside the plugin (it called exit)").count(),
+            1,
+            "{case}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn a_panicking_tuner_fails_its_call_and_the_host_keeps_working() {
     if in_own_process("loader::a_panicking_tuner_fails_its_call_and_the_host_keeps_working") {
