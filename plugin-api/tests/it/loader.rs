@@ -339,6 +339,7 @@ fn lists_and_runs_every_kind_of_component() {
         [
             "tuner Counting 0.0.0: counts parameter ids (test fixture)",
             "tuner Panicky 0.0.0: panics in generate_parameters (test fixture)",
+            "tuner Exiting 0.0.0: calls exit (test fixture)",
             "tuner Objectives 0.0.0: takes vector objectives (test fixture)",
             "tuner Waking 0.0.0: pays deferred ids from its own thread and wakes the host (test fixture)",
             "assessor Ceiling 0.0.0: stops trials above a limit (test fixture)",
@@ -656,7 +657,7 @@ fn unknown_names_list_what_is_available() {
     assert_eq!(
         err,
         format!(
-            "unknown tuner TPE; available: Counting, Objectives, Panicky, Waking; looked in {}",
+            "unknown tuner TPE; available: Counting, Exiting, Objectives, Panicky, Waking; looked in {}",
             library.display()
         )
     );
@@ -703,7 +704,7 @@ fn an_unknown_name_says_where_knob_looked_and_which_files_it_refused() {
         .unwrap()
         .to_string();
     let expected = format!(
-        "unknown tuner Halton; available: Counting, Objectives, Panicky, Waking; looked in {}, {} (no such folder); refused {}/libbroken.so (not a loadable shared library (",
+        "unknown tuner Halton; available: Counting, Exiting, Objectives, Panicky, Waking; looked in {}, {} (no such folder); refused {}/libbroken.so (not a loadable shared library (",
         dir.path().display(),
         missing.display(),
         dir.path().display()
@@ -726,7 +727,7 @@ fn duplicate_names_are_an_error_naming_both_files() {
     std::fs::copy(&so, b.join("libsecond.so")).unwrap();
     let registry = PluginRegistry::load_from(&[a.clone(), b.clone()]);
     assert_eq!(registry.libraries().len(), 2);
-    assert_eq!(registry.problems().len(), 7, "{:?}", registry.problems());
+    assert_eq!(registry.problems().len(), 8, "{:?}", registry.problems());
     let err = registry
         .tuner("Counting", &json!({}))
         .err()
@@ -959,7 +960,7 @@ fn a_plugin_built_for_a_newer_minor_abi_loads() {
     let registry = registry_with(&[so]);
     assert_eq!(
         registry.names(ComponentKind::Tuner),
-        ["Counting", "Objectives", "Panicky", "Waking"]
+        ["Counting", "Exiting", "Objectives", "Panicky", "Waking"]
     );
 }
 
