@@ -490,14 +490,7 @@ fn check_dispatcher_failure(fail_args: &str, id: &str, quote: &str) {
 /// Python and `pip install nni`. Runs everywhere: the python3 on PATH must not have nni.
 #[test]
 fn a_python_without_nni_is_refused_at_the_class_name() {
-    let (code, _, _) = run(Command::new("python3").args([
-        "-c",
-        "import importlib.util, sys; sys.exit(importlib.util.find_spec('nni') is not None)",
-    ]));
-    assert_eq!(
-        code, 0,
-        "the python3 on PATH has nni; this test needs one without it"
-    );
+    assert_python3_has_no_nni();
     let sandbox = tempfile::tempdir().unwrap();
     let code_path = code_dir(sandbox.path());
     let algorithms = "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: python3\n  classArgs: {record: r.jsonl}";
@@ -521,10 +514,8 @@ fn a_python_without_nni_is_refused_at_the_class_name() {
     assert!(line.contains("-m pip install nni"), "{line}");
 }
 
-/// The same for one of NNI's own algorithms, also when it has classArgs (the refusal was put at
-/// its first class argument, which was fine), in a v2 and a v1 config.
-#[test]
-fn a_python_without_nni_is_refused_at_the_algorithm_name_whatever_its_class_args() {
+/// The tests of a Python without nni use the python3 on PATH: it must not have nni.
+fn assert_python3_has_no_nni() {
     let (code, _, _) = run(Command::new("python3").args([
         "-c",
         "import importlib.util, sys; sys.exit(importlib.util.find_spec('nni') is not None)",
@@ -533,6 +524,13 @@ fn a_python_without_nni_is_refused_at_the_algorithm_name_whatever_its_class_args
         code, 0,
         "the python3 on PATH has nni; this test needs one without it"
     );
+}
+
+/// The same for one of NNI's own algorithms, also when it has classArgs (the refusal was put at
+/// its first class argument, which was fine), in a v2 and a v1 config.
+#[test]
+fn a_python_without_nni_is_refused_at_the_algorithm_name_whatever_its_class_args() {
+    assert_python3_has_no_nni();
     let sandbox = tempfile::tempdir().unwrap();
     let dir = sandbox.path();
     std::fs::write(
