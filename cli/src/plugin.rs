@@ -231,7 +231,6 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A `--results` file: one number a line (blank lines skipped).
 /// How long `knob plugin try` waits for a tuner's answer: a notice after `notice`, the end
 /// after `give_up`.
 #[derive(Clone, Copy)]
@@ -300,6 +299,7 @@ fn answered<R>(
     })
 }
 
+/// A `--results` file: one number a line (blank lines skipped).
 fn read_results(file: &std::path::Path) -> anyhow::Result<Vec<f64>> {
     std::fs::read_to_string(file)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?
