@@ -3,8 +3,10 @@
 //! it, in the middle of an experiment or a `config check`, with the plugin's status and no word
 //! of why. Each thread that runs a plugin's code for the host is marked with the component it
 //! runs ([`InPlugin`]); an exit hook, registered when plugins are first loaded, writes one line
-//! naming it when `exit` is called on such a thread. `abort` and signals run no hook: those
-//! show as the process killed by that signal.
+//! naming it when `exit` is called on such a thread. A plugin that crashes the process (a fault,
+//! SIGSEGV or SIGBUS, an illegal instruction, a division trap, or `abort`) is named the same way
+//! by a hook on those signals, which then lets the signal do what it did before: Rust's own
+//! stack-overflow report for SIGSEGV and SIGBUS, else the default, the process killed by it.
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
@@ -37,7 +39,7 @@ impl Drop for InPlugin {
     }
 }
 
-/// Registers the exit hook, once a process.
+/// Registers the exit hook and the crash hooks, once a process.
 pub(crate) fn say_when_a_plugin_exits() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     REGISTERED.call_once(|| {
@@ -46,6 +48,7 @@ pub(crate) fn say_when_a_plugin_exits() {
         unsafe {
             atexit(plugin_ended_the_process);
         }
+        crash_hooks::install();
     });
 }
 
@@ -65,6 +68,115 @@ extern "C" fn plugin_ended_the_process() {
     // SAFETY: `write` reads `line.len()` bytes of a live buffer.
     unsafe {
         write(2, line.as_ptr().cast(), line.len());
+    }
+}
+
+/// The hooks on the signals a crash raises. A signal handler may call only async-signal-safe
+/// functions: no allocation (the crash may be inside `malloc`), no lock; the line is written
+/// in pieces with `write`, and the thread's mark is a `const` thread local of a `Copy` type,
+/// read without initialization or registration.
+mod crash_hooks {
+    use super::RUNNING;
+    use std::ffi::{c_int, c_void};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::OnceLock;
+
+    const SIGNALS: [(c_int, &str); 5] = [
+        (
+            libc::SIGSEGV,
+            "SIGSEGV, signal 11: an invalid memory access",
+        ),
+        (libc::SIGBUS, "SIGBUS, signal 7: an invalid memory access"),
+        (libc::SIGILL, "SIGILL, signal 4: an illegal instruction"),
+        (libc::SIGFPE, "SIGFPE, signal 8: an arithmetic trap"),
+        (libc::SIGABRT, "SIGABRT, signal 6: it called abort"),
+    ];
+
+    /// What each signal did before the hook, in the order of [`SIGNALS`]; set before any hook
+    /// is installed, so a hook always finds it.
+    static PREVIOUS: OnceLock<Vec<libc::sigaction>> = OnceLock::new();
+
+    /// One line a process: Rust's stack-overflow report for SIGSEGV ends in `abort`, which
+    /// would otherwise name the plugin a second time.
+    static SAID: AtomicBool = AtomicBool::new(false);
+
+    pub(super) fn install() {
+        let previous = SIGNALS
+            .iter()
+            .map(|&(signal, _)| {
+                // SAFETY: a zeroed `sigaction` is a valid out-parameter; a null new action
+                // only reads the current one.
+                unsafe {
+                    let mut current: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(signal, std::ptr::null(), &mut current);
+                    current
+                }
+            })
+            .collect();
+        if PREVIOUS.set(previous).is_err() {
+            return;
+        }
+        for &(signal, _) in &SIGNALS {
+            // SAFETY: `crashed` is an `SA_SIGINFO` handler of the matching signature that
+            // calls only async-signal-safe functions (see the module's comment).
+            unsafe {
+                let mut hook: libc::sigaction = std::mem::zeroed();
+                hook.sa_sigaction = crashed as *const () as usize;
+                hook.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut hook.sa_mask);
+                libc::sigaction(signal, &hook, std::ptr::null_mut());
+            }
+        }
+    }
+
+    extern "C" fn crashed(signal: c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
+        let index = SIGNALS.iter().position(|&(s, _)| s == signal);
+        if let (Some(index), Some(label)) = (index, RUNNING.try_with(|r| r.get()).ok().flatten()) {
+            if !SAID.swap(true, Ordering::Relaxed) {
+                for piece in [
+                    "error: ",
+                    label,
+                    " crashed knob's process from inside the plugin (",
+                    SIGNALS[index].1,
+                    "): plugins run in knob's own process, so a crash in one ends knob (an experiment it ran is left crashed: `knob resume ID` continues it)\n",
+                ] {
+                    // SAFETY: `write` reads `piece.len()` bytes of a live string.
+                    unsafe {
+                        libc::write(2, piece.as_ptr().cast(), piece.len());
+                    }
+                }
+            }
+        }
+        let previous = index.and_then(|index| PREVIOUS.get().map(|all| all[index]));
+        match previous {
+            Some(action)
+                if action.sa_sigaction != libc::SIG_DFL && action.sa_sigaction != libc::SIG_IGN =>
+            {
+                // SAFETY: the handler that was installed before, called as it asked to be
+                // (with `SA_SIGINFO`, three arguments; else one).
+                unsafe {
+                    if action.sa_flags & libc::SA_SIGINFO != 0 {
+                        let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+                            std::mem::transmute(action.sa_sigaction);
+                        handler(signal, info, context);
+                    } else {
+                        let handler: extern "C" fn(c_int) =
+                            std::mem::transmute(action.sa_sigaction);
+                        handler(signal);
+                    }
+                }
+            }
+            _ => {
+                // The default again, and the signal raised anew: it is blocked until this
+                // handler returns, then kills the process as it would have (a fault's
+                // instruction is not run again first).
+                // SAFETY: `signal` and `raise` are async-signal-safe.
+                unsafe {
+                    libc::signal(signal, libc::SIG_DFL);
+                    libc::raise(signal);
+                }
+            }
+        }
     }
 }
 

@@ -311,6 +311,9 @@ fn load_uncached(path: &Path) -> Result<PluginLibrary, String> {
     }
     check_release_line(&api_version)?;
 
+    // dlopen runs the library's initializers, and the calls below run its code: a crash or an
+    // exit there names the file (see `in_plugin`).
+    let _in_plugin = in_plugin::InPlugin::enter(&format!("plugin library {}", path.display()));
     let header =
         lib_header_from_path(path).map_err(|e| describe_library_error(&e, &api_version))?;
     let (module, layout_abi) = match header.init_root_module::<PluginModuleRef>() {

@@ -617,6 +617,84 @@ fn a_plugin_that_calls_exit_is_named_on_stderr() {
     }
 }
 
+/// A plugin that crashes (a fault, `abort`) kills the host's process with it; the shell said
+/// "Segmentation fault" and nothing named the plugin. Now one line on stderr names it, and the
+/// process still dies of the signal (the exit status a caller sees is unchanged).
+#[test]
+fn a_plugin_that_crashes_is_named_on_stderr() {
+    use std::os::unix::process::ExitStatusExt;
+    const CHILD: &str = "KNOB_TEST_CRASH_CHILD";
+    let library = fixture(Variant::Same);
+    if let Some(case) = std::env::var_os(CHILD) {
+        let registry = registry_with(&[library]);
+        let case = case.to_string_lossy().into_owned();
+        let (crash, place) = case.split_once('-').unwrap();
+        if place == "new" {
+            let _ = registry.tuner("Exiting", &json!({"exit_in": "new", "crash": crash}));
+        } else {
+            let tuner = registry.tuner("Exiting", &json!({"crash": crash})).unwrap();
+            let _ = tuner.generate_parameters(1).wait();
+        }
+        // Not reached: the plugin crashes first.
+        return;
+    }
+    for (case, signal, name) in [
+        (
+            "fault-new",
+            11,
+            "SIGSEGV, signal 11: an invalid memory access",
+        ),
+        (
+            "fault-call",
+            11,
+            "SIGSEGV, signal 11: an invalid memory access",
+        ),
+        ("abort-call", 6, "SIGABRT, signal 6: it called abort"),
+    ] {
+        let output = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "loader::a_plugin_that_crashes_is_named_on_stderr",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, case)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.signal(), Some(signal), "{case}: {stderr}");
+        let line = format!(
+            "error: tuner Exiting crashed knob's process from inside the plugin ({name}): plugins run in knob's own process"
+        );
+        assert_eq!(stderr.matches(&line).count(), 1, "{case}: {stderr}");
+    }
+}
+
+/// A crash outside any plugin's code is no plugin's: the hooks name none, and the process dies
+/// of the signal as before.
+#[test]
+fn a_crash_outside_plugins_names_no_plugin() {
+    use std::os::unix::process::ExitStatusExt;
+    const CHILD: &str = "KNOB_TEST_HOST_CRASH_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let _registry = registry_with(&[fixture(Variant::Same)]);
+        std::process::abort();
+    }
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "loader::a_crash_outside_plugins_names_no_plugin",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.signal(), Some(6), "{stderr}");
+    assert!(!stderr.contains("crashed knob's process"), "{stderr}");
+}
+
 #[test]
 fn a_panicking_tuner_fails_its_call_and_the_host_keeps_working() {
     if in_own_process("loader::a_panicking_tuner_fails_its_call_and_the_host_keeps_working") {
