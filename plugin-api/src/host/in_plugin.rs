@@ -129,9 +129,26 @@ mod crash_hooks {
         }
     }
 
+    /// Whether the signal comes from what this thread did: a fault the kernel raised for its
+    /// instruction, or `abort`/`raise` in this process. One sent by `kill` from elsewhere may
+    /// land on any thread, a plugin's thread waiting for its next call among them: that is no
+    /// plugin's crash.
+    fn raised_by_this_thread(info: *const libc::siginfo_t) -> bool {
+        if info.is_null() {
+            return false;
+        }
+        // SAFETY: the kernel's `siginfo_t` for this signal; `si_pid` is read only for
+        // `SI_TKILL`, whose fields hold the sender's pid; `getpid` is async-signal-safe.
+        unsafe {
+            let code = (*info).si_code;
+            code > 0 || (code == libc::SI_TKILL && (*info).si_pid() == libc::getpid())
+        }
+    }
+
     extern "C" fn crashed(signal: c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
         let index = SIGNALS.iter().position(|&(s, _)| s == signal);
-        if let (Some(index), Some(label)) = (index, RUNNING.try_with(|r| r.get()).ok().flatten()) {
+        let label = RUNNING.try_with(|r| r.get()).ok().flatten();
+        if let (Some(index), Some(label), true) = (index, label, raised_by_this_thread(info)) {
             if !SAID.swap(true, Ordering::Relaxed) {
                 for piece in [
                     "error: ",

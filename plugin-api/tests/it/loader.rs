@@ -670,29 +670,59 @@ fn a_plugin_that_crashes_is_named_on_stderr() {
     }
 }
 
-/// A crash outside any plugin's code is no plugin's: the hooks name none, and the process dies
-/// of the signal as before.
+/// A crash outside any plugin's code is no plugin's, nor is a signal another process sends
+/// (it may land on a plugin's idle thread): the hooks name none, and the process dies of the
+/// signal as before.
 #[test]
 fn a_crash_outside_plugins_names_no_plugin() {
     use std::os::unix::process::ExitStatusExt;
     const CHILD: &str = "KNOB_TEST_HOST_CRASH_CHILD";
-    if std::env::var_os(CHILD).is_some() {
-        let _registry = registry_with(&[fixture(Variant::Same)]);
-        std::process::abort();
+    if let Some(case) = std::env::var_os(CHILD) {
+        let registry = registry_with(&[fixture(Variant::Same)]);
+        if case == "host" {
+            std::process::abort();
+        }
+        // A tuner's thread waits for its next call; another process sends SIGABRT to that
+        // very thread (tgkill, through Python's ctypes: no command-line tool targets a thread).
+        let tuner = registry.tuner("Counting", &json!({})).unwrap();
+        let _ = tuner.generate_parameters(1).wait();
+        let tuner_thread = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .find(|task| {
+                std::fs::read_to_string(task.path().join("comm"))
+                    .is_ok_and(|comm| comm.starts_with("knob tuner"))
+            })
+            .expect("the tuner's thread")
+            .file_name();
+        let tgkill = "import ctypes, os, sys; number = {'x86_64': 234, 'aarch64': 131}[os.uname().machine]; sys.exit(ctypes.CDLL(None, use_errno=True).syscall(number, int(sys.argv[1]), int(sys.argv[2]), 6))";
+        let sent = Command::new("python3")
+            .args(["-c", tgkill, &std::process::id().to_string()])
+            .arg(tuner_thread)
+            .status()
+            .unwrap();
+        assert!(sent.success(), "tgkill: {sent}");
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        return;
     }
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "loader::a_crash_outside_plugins_names_no_plugin",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.signal(), Some(6), "{stderr}");
-    assert!(!stderr.contains("crashed knob's process"), "{stderr}");
+    for case in ["host", "kill"] {
+        let output = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "loader::a_crash_outside_plugins_names_no_plugin",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, case)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.signal(), Some(6), "{case}: {stderr}");
+        assert!(
+            !stderr.contains("crashed knob's process"),
+            "{case}: {stderr}"
+        );
+    }
 }
 
 #[test]
