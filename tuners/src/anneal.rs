@@ -32,7 +32,7 @@ use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::numeric::snap;
 use crate::common::observed::{encode_imported, loss, reencode, Observation};
 use crate::common::running::RunningTrials;
-use crate::common::seed::{seed, seed_or_entropy, step_rng};
+use crate::common::seed::{seed, seed_or_entropy, step_rng, SeedNotice};
 use crate::common::unseen::Unseen;
 
 const NAME: &str = "Anneal";
@@ -44,6 +44,8 @@ const LIAR_AFTER: u64 = 20;
 #[derive(Debug)]
 pub struct AnnealTuner {
     seed: u64,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
     mode: OptimizeMode,
     avg_best_idx: f64,
     shrink_coef: f64,
@@ -222,8 +224,10 @@ impl Tuner for AnnealTuner {
                 "{NAME}: constant_liar_type is used only with parallel_optimize: true (as in NNI)"
             ));
         }
+        let (seed, seed_notice) = seed_or_entropy(NAME, args.seed);
         Ok(AnnealTuner {
-            seed: seed_or_entropy(NAME, args.seed),
+            seed,
+            seed_notice,
             mode: args.optimize_mode.unwrap_or(OptimizeMode::Minimize),
             avg_best_idx,
             shrink_coef,
@@ -255,6 +259,7 @@ impl Tuner for AnnealTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         let Some((space, encoding, types)) = &self.model else {
             return Err(PluginError::new(format!(
                 "{NAME}: asked for parameters before it was given a search space"

@@ -40,7 +40,7 @@ use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::numeric::snap;
 use crate::common::observed::{encode_imported, loss, reencode, Observation};
 use crate::common::running::RunningTrials;
-use crate::common::seed::{seed, seed_or_entropy, step_rng};
+use crate::common::seed::{seed, seed_or_entropy, step_rng, SeedNotice};
 use crate::common::unseen::Unseen;
 
 const NAME: &str = "Evolution";
@@ -50,6 +50,8 @@ const MUTATIONS: usize = 8;
 #[derive(Debug)]
 pub struct EvolutionTuner {
     seed: u64,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
     mode: OptimizeMode,
     population_size: usize,
     mutation: Mutation,
@@ -315,8 +317,10 @@ impl Tuner for EvolutionTuner {
                 "classArgs of {NAME}: population_size must be at least 1, got 0"
             )));
         }
+        let (seed, seed_notice) = seed_or_entropy(NAME, args.seed);
         Ok(EvolutionTuner {
-            seed: seed_or_entropy(NAME, args.seed),
+            seed,
+            seed_notice,
             // NNI's Evolution maximizes unless told otherwise.
             mode: args.optimize_mode.unwrap_or(OptimizeMode::Maximize),
             population_size: population_size as usize,
@@ -351,6 +355,7 @@ impl Tuner for EvolutionTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         if !self.deferred.is_empty() {
             self.deferred.push_back(parameter_id);
             return Ok(Generated::Deferred);

@@ -34,7 +34,7 @@ use serde_json::{Map, Value};
 
 use crate::common::args::ClassArgs;
 use crate::common::history::History;
-use crate::common::seed::{seed_or_entropy, step_rng};
+use crate::common::seed::{seed_or_entropy, step_rng, SeedNotice};
 
 const REDRAWS: usize = 16;
 
@@ -45,6 +45,8 @@ pub struct Nsga2Tuner {
     crossover_prob: f64,
     swapping_prob: f64,
     seed: u64,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
     space: Option<SearchSpace>,
     /// Every trial handed out or imported: its generation and parameters.
     trials: BTreeMap<u64, (usize, Value)>,
@@ -217,13 +219,14 @@ impl Tuner for Nsga2Tuner {
         };
         let crossover_prob = probability("crossover_prob", 0.9)?;
         let swapping_prob = probability("swapping_prob", 0.5)?;
-        let seed = seed_or_entropy("NSGA2", args.seed()?);
+        let (seed, seed_notice) = seed_or_entropy("NSGA2", args.seed()?);
         Ok(Nsga2Tuner {
             population_size,
             mutation_prob,
             crossover_prob,
             swapping_prob,
             seed,
+            seed_notice,
             space: None,
             trials: BTreeMap::new(),
             outcomes: BTreeMap::new(),
@@ -238,6 +241,7 @@ impl Tuner for Nsga2Tuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         let Some(space) = self.space.clone() else {
             return Err(PluginError::new(
                 "NSGA2: asked for parameters before it was given a search space",

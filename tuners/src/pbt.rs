@@ -41,7 +41,7 @@ use rand::Rng;
 use serde_json::{Map, Value};
 
 use crate::common::args::{ClassArgs, OptimizeMode};
-use crate::common::seed::seed_or_entropy;
+use crate::common::seed::{seed_or_entropy, SeedNotice};
 
 const NAME: &str = "PBT";
 
@@ -86,6 +86,8 @@ pub struct PbtTuner {
     synch: bool,
     mode: OptimizeMode,
     rng: SeededRng,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
     space: Option<SearchSpace>,
     members: BTreeMap<u64, Member>,
     slots_created: u64,
@@ -445,7 +447,7 @@ impl Tuner for PbtTuner {
                 )))
             }
         };
-        let seed = seed_or_entropy(NAME, args.seed()?);
+        let (seed, seed_notice) = seed_or_entropy(NAME, args.seed()?);
         Ok(PbtTuner {
             population_size: args.integer("population_size", 8, 2, 100_000)?,
             perturbation_interval: args.integer("perturbation_interval", 5, 1, u64::MAX)?,
@@ -466,6 +468,7 @@ impl Tuner for PbtTuner {
             synch,
             mode: args.optimize_mode_or_maximize()?,
             rng: knob_plugin_api::space::seeded_rng(seed),
+            seed_notice,
             space: None,
             members: BTreeMap::new(),
             slots_created: 0,
@@ -484,6 +487,7 @@ impl Tuner for PbtTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         if self.space.is_none() {
             return Err(PluginError::new(format!(
                 "{NAME}: asked for parameters before it was given a search space"

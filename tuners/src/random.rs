@@ -1,15 +1,14 @@
 //! Random, after NNI's `RandomTuner` with its `Deduplicator` (NNI 3.0).
 
-use std::hash::BuildHasher;
-
 use knob_plugin_api::space::{seeded_rng, SearchSpace, SeededRng};
 use knob_plugin_api::{log, parse_class_args, Generated, ImportedTrial, PluginError, Tuner};
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::grid::Grid;
 use crate::common::history::History;
+use crate::common::seed::{seed, seed_or_entropy, SeedNotice};
 
 /// Fresh draws tried before falling back to the grid walk. A draw repeats an earlier point only
 /// in a space with few points, and there the walk finds the remaining ones in order.
@@ -26,6 +25,7 @@ const DRAWS_BEFORE_GRID: usize = 32;
 #[derive(Debug)]
 pub struct RandomTuner {
     seed: u64,
+    seed_notice: SeedNotice,
     rng: SeededRng,
     space: Option<SearchSpace>,
     history: History,
@@ -65,18 +65,10 @@ impl Tuner for RandomTuner {
                 "Random: ignored optimize_mode {mode:?}; random search does not look at results"
             ));
         }
-        let seed = match args.seed {
-            Some(seed) => seed,
-            None => {
-                let seed = entropy_seed();
-                log::info(&format!(
-                    "Random: using seed {seed}; set classArgs seed: {seed} to replay this run"
-                ));
-                seed
-            }
-        };
+        let (seed, seed_notice) = seed_or_entropy("Random", args.seed);
         Ok(RandomTuner {
             seed,
+            seed_notice,
             rng: seeded_rng(seed),
             space: None,
             history: History::default(),
@@ -92,6 +84,7 @@ impl Tuner for RandomTuner {
     }
 
     fn generate_parameters(&mut self, _parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         let Some(space) = &self.space else {
             return Err(PluginError::new(
                 "Random: asked for parameters before it was given a search space",
@@ -141,27 +134,4 @@ impl Tuner for RandomTuner {
         ));
         Ok(())
     }
-}
-
-/// `seed` as a whole number in u64's range, with a message that says so (serde's own is
-/// "expected u64").
-fn seed<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
-    match Option::<Value>::deserialize(deserializer)? {
-        None | Some(Value::Null) => Ok(None),
-        Some(value) => value.as_u64().map(Some).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "seed must be a whole number from 0 to {}, got {value}",
-                u64::MAX
-            ))
-        }),
-    }
-}
-
-/// A seed below 2^31 (as NNI draws them: short to copy into a config) from the OS entropy that
-/// seeds std's `RandomState`, mixed with the time so two tuners in one thread differ.
-fn entropy_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    std::collections::hash_map::RandomState::new().hash_one(nanos) % (1 << 31)
 }

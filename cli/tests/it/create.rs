@@ -1878,3 +1878,46 @@ fn a_detached_create_refuses_a_bad_id_before_writing_anything() {
         assert_eq!(made, ["code"], "{id:?} wrote something");
     }
 }
+
+/// A tuner given no seed logs the one it drew, once, and that seed replays the run: `knob create`
+/// builds a tuner to check the config before the run's, and each logged a seed of its own, the
+/// first of which replayed nothing (hunt H2 F4).
+#[test]
+fn an_unseeded_tuner_logs_one_seed_and_it_replays_the_run() {
+    let sandbox = Sandbox::new();
+    let yaml = "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 3\n\
+                searchSpace:\n  x: {_type: uniform, _value: [0, 1]}\n\
+                tuner:\n  name: Random\ntrainingService:\n  platform: local";
+    let config = sandbox.config(yaml, &[]);
+    let (code, stdout, stderr) = run(sandbox
+        .create_command(&config, "drawn")
+        .env("KNOB_LOG", "info"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let seeds: Vec<&str> = stderr
+        .lines()
+        .chain(stdout.lines())
+        .filter_map(|line| line.split("Random: using seed ").nth(1))
+        .filter_map(|rest| rest.split(';').next())
+        .collect();
+    assert_eq!(seeds.len(), 1, "one seed line:\n{stdout}\n{stderr}");
+
+    let replay = sandbox.config(
+        &yaml.replace(
+            "name: Random",
+            &format!("name: Random\n  classArgs: {{seed: {}}}", seeds[0]),
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&replay, "replayed");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let parameters = |id: &str| -> Vec<Value> {
+        let export = sandbox.export(id);
+        let mut trials = export["trials"].as_array().unwrap().clone();
+        trials.sort_by_key(|trial| trial["sequence"].as_u64());
+        trials
+            .iter()
+            .map(|trial| trial["parameters"].clone())
+            .collect()
+    };
+    assert_eq!(parameters("drawn"), parameters("replayed"));
+}

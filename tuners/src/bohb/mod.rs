@@ -20,7 +20,7 @@ use rand::Rng;
 use serde_json::Value;
 
 use crate::common::args::ClassArgs;
-use crate::common::seed::{seed_or_entropy, step_rng};
+use crate::common::seed::{seed_or_entropy, step_rng, SeedNotice};
 use crate::common::unit_cube::UnitCube;
 use crate::hyperband::brackets::{Brackets, Draw, LabelStyle, Opening, Outcome, BUDGET_KEY};
 use crate::hyperband::schedule::Schedule;
@@ -33,6 +33,8 @@ const MAX_BUDGET: u64 = 1_000_000_000;
 pub struct BohbTuner {
     brackets: Brackets,
     proposer: Proposer,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
 }
 
 #[derive(Debug)]
@@ -179,7 +181,7 @@ impl Tuner for BohbTuner {
                 .number("bandwidth_factor", 3.0, "a number above 0", |x| x > 0.0)?,
             min_bandwidth: args.number("min_bandwidth", 1e-3, "a number above 0", |x| x > 0.0)?,
         };
-        let seed = seed_or_entropy(NAME, args.seed()?);
+        let (seed, seed_notice) = seed_or_entropy(NAME, args.seed()?);
         Ok(BohbTuner {
             brackets: Brackets::new(
                 Schedule::bohb(min_budget, max_budget, eta),
@@ -196,6 +198,7 @@ impl Tuner for BohbTuner {
                 outcomes: Vec::new(),
                 observed: 0,
             },
+            seed_notice,
         })
     }
 
@@ -211,6 +214,7 @@ impl Tuner for BohbTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         self.brackets.generate(parameter_id, &mut self.proposer)
     }
 

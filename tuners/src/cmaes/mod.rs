@@ -39,7 +39,7 @@ use serde_json::Value;
 use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::history::canonical;
 use crate::common::observed::loss;
-use crate::common::seed::{seed, seed_or_entropy};
+use crate::common::seed::{seed, seed_or_entropy, SeedNotice};
 use crate::common::unit_cube::{Axis, UnitCube};
 use crate::common::unseen::Unseen;
 use strategy::Strategy;
@@ -58,6 +58,8 @@ const CATEGORICAL_ELITE: usize = 16;
 pub struct CmaEsTuner {
     settings: Settings,
     seed: u64,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
     /// One stream for the whole run: replaying imported trials repeats every draw in order.
     rng: SeededRng,
     cube: Option<UnitCube>,
@@ -131,7 +133,7 @@ impl Tuner for CmaEsTuner {
                 )))
             }
         };
-        let seed = seed_or_entropy(NAME, args.seed);
+        let (seed, seed_notice) = seed_or_entropy(NAME, args.seed);
         Ok(CmaEsTuner {
             settings: Settings {
                 // Maximize, as knob's core reads an absent optimize_mode for a tuner NNI does
@@ -141,6 +143,7 @@ impl Tuner for CmaEsTuner {
                 population,
             },
             seed,
+            seed_notice,
             rng: seeded_rng(seed),
             cube: None,
             numeric: Vec::new(),
@@ -173,6 +176,7 @@ impl Tuner for CmaEsTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         if self.cube.is_none() {
             return Err(PluginError::new(format!(
                 "{NAME}: asked for parameters before it was given a search space"

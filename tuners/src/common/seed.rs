@@ -26,15 +26,33 @@ pub(crate) fn seed<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<
     }
 }
 
-/// The given seed, or a fresh one (logged, so the run can be replayed).
-pub(crate) fn seed_or_entropy(tuner: &str, seed: Option<u64>) -> u64 {
-    seed.unwrap_or_else(|| {
-        let seed = entropy_seed();
-        knob_plugin_api::log::info(&format!(
-            "{tuner}: using seed {seed}; set classArgs seed: {seed} to replay this run"
-        ));
-        seed
-    })
+/// The given seed, or a fresh one with the line that logs it ([`SeedNotice`]).
+pub(crate) fn seed_or_entropy(tuner: &str, seed: Option<u64>) -> (u64, SeedNotice) {
+    match seed {
+        Some(seed) => (seed, SeedNotice(None)),
+        None => {
+            let seed = entropy_seed();
+            let line = format!(
+                "{tuner}: using seed {seed}; set classArgs seed: {seed} to replay this run"
+            );
+            (seed, SeedNotice(Some(line)))
+        }
+    }
+}
+
+/// The log line of a drawn seed, said the first time the tuner is asked for parameters
+/// ([`SeedNotice::log_once`]), not when it is built: `knob create` builds a tuner to check the
+/// config and then the run's, each drawing a seed of its own, and the first one's line named a
+/// seed that replayed nothing. Only a tuner that runs is asked for parameters.
+#[derive(Debug, Default)]
+pub(crate) struct SeedNotice(Option<String>);
+
+impl SeedNotice {
+    pub(crate) fn log_once(&mut self) {
+        if let Some(line) = self.0.take() {
+            knob_plugin_api::log::info(&line);
+        }
+    }
 }
 
 /// A seed below 2^31 (as NNI draws them: short to copy into a config) from the OS entropy that

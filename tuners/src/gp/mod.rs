@@ -46,7 +46,7 @@ use serde_json::Value;
 use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::history::canonical;
 use crate::common::observed::loss;
-use crate::common::seed::{seed, seed_or_entropy, step_rng};
+use crate::common::seed::{seed, seed_or_entropy, step_rng, SeedNotice};
 use crate::common::unit_cube::{Axis, UnitCube};
 use crate::common::unseen::Unseen;
 use acquisition::{ranked_candidates, sort_best_first, Acquisition, Utility};
@@ -71,6 +71,8 @@ const SNAPPED_CANDIDATES: usize = 32;
 pub struct GpTuner {
     settings: Settings,
     seed: u64,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
     cube: Option<UnitCube>,
     unseen: Unseen,
     /// Every result, as (parameters, loss): lower is better; +∞ for a NaN value.
@@ -183,9 +185,11 @@ impl Tuner for GpTuner {
         if args.optimize_mode.is_none() {
             log::info("GPTuner: optimize_mode not given; maximizing, as NNI's GPTuner does");
         }
+        let (seed, seed_notice) = seed_or_entropy(NAME, args.seed);
         Ok(GpTuner {
             settings,
-            seed: seed_or_entropy(NAME, args.seed),
+            seed,
+            seed_notice,
             cube: None,
             unseen: Unseen::default(),
             observations: Vec::new(),
@@ -202,6 +206,7 @@ impl Tuner for GpTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         let Some(cube) = &self.cube else {
             return Err(PluginError::new(format!(
                 "{NAME}: asked for parameters before it was given a search space"

@@ -24,7 +24,7 @@ use knob_plugin_api::{Generated, ImportedTrial, PluginError, Suggestion, Tuner};
 use serde_json::Value;
 
 use crate::common::args::ClassArgs;
-use crate::common::seed::{seed_or_entropy, step_rng};
+use crate::common::seed::{seed_or_entropy, step_rng, SeedNotice};
 use brackets::{Brackets, Draw, LabelStyle, Opening};
 use schedule::Schedule;
 
@@ -37,6 +37,8 @@ const MAX_ETA: u64 = 1_000_000;
 pub struct HyperbandTuner {
     brackets: Brackets,
     draw: RandomDraw,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
 }
 
 /// Configuration `k` is a draw from the space with the random stream `step_rng(seed, k)`.
@@ -90,7 +92,7 @@ impl Tuner for HyperbandTuner {
             "serial" => Opening::AfterLastRoundQueued,
             _ => Opening::Always,
         };
-        let seed = seed_or_entropy(NAME, args.seed()?);
+        let (seed, seed_notice) = seed_or_entropy(NAME, args.seed()?);
         Ok(HyperbandTuner {
             brackets: Brackets::new(
                 Schedule::hyperband(r, eta),
@@ -99,6 +101,7 @@ impl Tuner for HyperbandTuner {
                 mode,
             ),
             draw: RandomDraw { seed, space: None },
+            seed_notice,
         })
     }
 
@@ -115,6 +118,7 @@ impl Tuner for HyperbandTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         self.brackets.generate(parameter_id, &mut self.draw)
     }
 

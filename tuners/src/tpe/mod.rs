@@ -61,7 +61,7 @@ use serde_json::Value;
 use crate::common::args::{optimize_mode, OptimizeMode};
 use crate::common::observed::{encode_imported, loss, reencode, Observation};
 use crate::common::running::RunningTrials;
-use crate::common::seed::{seed, seed_or_entropy, step_rng};
+use crate::common::seed::{seed, seed_or_entropy, step_rng, SeedNotice};
 use crate::common::unseen::Unseen;
 
 const NAME: &str = "TPE";
@@ -74,6 +74,8 @@ const MAX_EI_CANDIDATES: u64 = 100_000;
 #[derive(Debug)]
 pub struct TpeTuner {
     seed: u64,
+    /// A drawn seed's log line, said once the tuner is asked for parameters.
+    seed_notice: SeedNotice,
     mode: OptimizeMode,
     settings: Settings,
     model: Option<Model>,
@@ -647,8 +649,10 @@ impl Tuner for TpeTuner {
             args.variant.unwrap_or(Variant::Knob),
             args.tpe_args.unwrap_or_default(),
         )?;
+        let (seed, seed_notice) = seed_or_entropy(NAME, args.seed);
         Ok(TpeTuner {
-            seed: seed_or_entropy(NAME, args.seed),
+            seed,
+            seed_notice,
             mode: args.optimize_mode.unwrap_or(OptimizeMode::Minimize),
             settings,
             model: None,
@@ -671,6 +675,7 @@ impl Tuner for TpeTuner {
     }
 
     fn generate_parameters(&mut self, parameter_id: u64) -> Result<Generated, PluginError> {
+        self.seed_notice.log_once();
         let Some(model) = &self.model else {
             return Err(PluginError::new(format!(
                 "{NAME}: asked for parameters before it was given a search space"
