@@ -1,7 +1,7 @@
 //! Population-based training across the unchanged ABI (issue 15): how a tuner hands out the
 //! members of a population, hears their intermediate results and stops the ones it replaces.
 //!
-//! Three JSON envelopes, like the label's (`crate::labeled`), in texts that already cross:
+//! Four JSON envelopes, like the label's (`crate::labeled`), in texts that already cross:
 //! - a tuner's parameters may be `{"$knob_member": {"parameters": {...}, "label": "...",
 //!   "lineage": {...}}}` ([`crate::Generated::Member`], [`crate::Suggestion::lineage`]): the trial is a
 //!   *member*, and its [`Lineage`] says which member's checkpoint it starts from;
@@ -10,11 +10,16 @@
 //!   "checkpoint": bool}}` ([`crate::Tuner::receive_intermediate_result`]); a tuner that never
 //!   hands out members never receives one;
 //! - a tuner asks the host to stop a member by emitting, from `take_suggestions`, the member's
-//!   parameter id with `{"$knob_stop": {"reason": "..."}}` ([`crate::Tuner::take_stops`]).
+//!   parameter id with `{"$knob_stop": {"reason": "..."}}` ([`crate::Tuner::take_suggestions`]);
+//! - a tuner that deferred ids tells the host it has nothing for them, nor any more to try, by
+//!   emitting each such id with `{"$knob_no_more": {}}` ([`crate::Suggestion::no_more`]), as
+//!   [`crate::Generated::NoMore`] answers an id asked for now: a population whose every member
+//!   has ended owes nothing, and its experiment ends as one whose tuner ran out.
 //!
-//! No search space can produce these objects (`SearchSpace::parse` refuses the three names at the
-//! top level). A host that predates members would hand the member envelope to the trial, which
-//! is why only the built-in `PBT` tuner, shipped with its host, makes members.
+//! No search space can produce these objects (`SearchSpace::parse` refuses the four names at the
+//! top level). A host that predates members would hand the member envelope to the trial (and
+//! take the no-more one for parameters outside the space), which is why only the built-in `PBT`
+//! tuner, shipped with its host, makes them.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -22,6 +27,7 @@ use serde_json::{Map, Value};
 pub(crate) const MEMBER_KEY: &str = "$knob_member";
 pub(crate) const INTERMEDIATE_KEY: &str = "$knob_intermediate";
 pub(crate) const STOP_KEY: &str = "$knob_stop";
+pub(crate) const NO_MORE_KEY: &str = "$knob_no_more";
 
 /// Where a population member comes from. The host records it with the trial, shows it
 /// (`knob trial ls`, export, the dashboard), and starts the trial with `KNOB_RESTORE_FROM` set to
@@ -73,6 +79,8 @@ pub enum Emitted {
     },
     /// A request to stop a member ([`crate::Suggestion::stop`]).
     Stop(Stop),
+    /// Nothing for this deferred id, nor any more to try ([`crate::Suggestion::no_more`]).
+    NoMore { parameter_id: u64 },
 }
 
 /// Reads a suggestion the host took from a tuner.
@@ -89,6 +97,10 @@ pub fn read_suggestion(suggestion: crate::Suggestion) -> Emitted {
             label,
         });
     }
+    let parameters = match single(parameters, NO_MORE_KEY) {
+        Ok(_) => return Emitted::NoMore { parameter_id },
+        Err(parameters) => parameters,
+    };
     let parameters = match unwrap_stop(parameters) {
         Ok(reason) => {
             return Emitted::Stop(Stop {
@@ -114,7 +126,7 @@ pub fn read_suggestion(suggestion: crate::Suggestion) -> Emitted {
 }
 
 pub(crate) fn is_reserved(name: &str) -> bool {
-    matches!(name, MEMBER_KEY | INTERMEDIATE_KEY | STOP_KEY)
+    matches!(name, MEMBER_KEY | INTERMEDIATE_KEY | STOP_KEY | NO_MORE_KEY)
 }
 
 fn single(value: Value, key: &str) -> Result<Value, Value> {
@@ -177,6 +189,10 @@ pub(crate) fn unwrap_intermediate(value: Value) -> Result<Intermediate, Value> {
         outer.insert(INTERMEDIATE_KEY.into(), inner);
         Value::Object(outer)
     })
+}
+
+pub(crate) fn wrap_no_more() -> String {
+    envelope(NO_MORE_KEY, serde_json::json!({}))
 }
 
 pub(crate) fn wrap_stop(reason: &str) -> String {

@@ -104,6 +104,20 @@ impl Suggestion {
         }
     }
 
+    /// Answers an id the tuner deferred as [`Generated::NoMore`] would have: nothing for it, and
+    /// nothing more to try. The host settles the id, asks for no more parameters, and ends the
+    /// experiment once running trials finish. Without it, a tuner whose deferred ids nothing
+    /// will pay (a population whose every member has ended) left the host waiting for them, and
+    /// the experiment ended with a warning that the tuner gave no parameters.
+    pub fn no_more(parameter_id: u64) -> Suggestion {
+        Suggestion {
+            parameter_id,
+            parameters: serde_json::from_str(&crate::population::wrap_no_more())
+                .expect("our own JSON"),
+            label: None,
+        }
+    }
+
     /// Asks the host to stop the running member with this parameter id: it is killed and
     /// recorded EARLY_STOPPED with `reason`. Only members ([`Generated::Member`]) can be stopped.
     pub fn stop(parameter_id: u64, reason: &str) -> Suggestion {
@@ -309,7 +323,8 @@ pub trait Tuner: Send + 'static {
     fn import_data(&mut self, _trials: &[ImportedTrial]) -> Result<(), PluginError> {
         Ok(())
     }
-    /// Parameters produced since the last call for ids answered with [`Generated::Deferred`].
+    /// Parameters produced since the last call for ids answered with [`Generated::Deferred`]
+    /// (or [`Suggestion::no_more`] for such ids once the tuner knows it will never pay them).
     /// The host calls this after each `receive_trial_result` and `trial_end`, and whenever the
     /// tuner wakes it (see [`Tuner::set_waker`]). An error ends the experiment: a tuner that
     /// computes its deferred answers elsewhere (another process, a thread) and finds that work

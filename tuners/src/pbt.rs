@@ -389,6 +389,25 @@ impl PbtTuner {
         first + (time - first) / self.perturbation_interval * self.perturbation_interval
     }
 
+    /// Every slot was filled, every member has ended, and no successor waits or can be made:
+    /// nothing will ever be handed out again, so the ids deferred are owed nothing.
+    fn finished(&self) -> bool {
+        self.slots_created >= self.population_size
+            && self.members.values().all(|m| !m.alive)
+            && self.successors.is_empty()
+            && (self.vacant.is_empty() || self.best_donor().is_none())
+    }
+
+    /// Once the population has [`finished`](Self::finished), tells the host it owes nothing
+    /// for the ids it deferred: the experiment then ends as one whose tuner ran out, not as
+    /// one whose tuner gave no parameters.
+    fn release_deferred_if_finished(&mut self) {
+        if self.finished() {
+            let ids = std::mem::take(&mut self.deferred);
+            self.ready.extend(ids.into_iter().map(Suggestion::no_more));
+        }
+    }
+
     fn judge_synchronously(&mut self) {
         let living: Vec<&Member> = self.members.values().filter(|m| m.alive).collect();
         let Some(reached) = living.iter().map(|m| m.last_perturbation_time).min() else {
@@ -511,9 +530,11 @@ impl Tuner for PbtTuner {
                 parameters,
                 lineage: Lineage::default(),
             }
+        } else if self.finished() {
+            return Ok(Generated::NoMore);
         } else {
             // The population is complete: this id waits for a successor (after a resume,
-            // for a vacant slot); if none comes, the experiment ends when the members do.
+            // for a vacant slot), or for the last member's end, which answers it NoMore.
             self.deferred.push_back(parameter_id);
             return Ok(Generated::Deferred);
         };
@@ -592,6 +613,7 @@ impl Tuner for PbtTuner {
             self.judge_synchronously();
             self.fill_deferred(None);
         }
+        self.release_deferred_if_finished();
         Ok(())
     }
 

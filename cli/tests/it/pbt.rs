@@ -347,6 +347,17 @@ fn pbt_replaces_bottom_members_with_clones_of_top_members_checked_from_the_trial
     let (code, stdout, stderr) = run(&mut create(&sandbox, &config, "pbt", "0.1"));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let export = check_population(&sandbox, "pbt", false);
+    // A population that ran its course ends as a tuner that ran out, not with a warning that
+    // it deferred parameters and gave none (hunt H3 F2).
+    assert!(!stderr.contains("warning:"), "{stderr}");
+    assert_eq!(export["experiment"]["status"], "DONE");
+    assert!(
+        export["experiment"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("the tuner has no more parameters to try")),
+        "{:#}",
+        export["experiment"]
+    );
     // `knob trial ls` shows where each member comes from.
     let (code, stdout, stderr) = run(sandbox.knob().args(["trial", "ls", "pbt"]));
     assert_eq!(code, 0, "{stderr}");

@@ -604,6 +604,8 @@ impl Manager {
                     lineage,
                 } => (parameter_id, parameters, Some(label), Some(lineage)),
                 Emitted::Parameters(s) => (s.parameter_id, s.parameters, s.label, None),
+                // Never queued: the driver settles it as it comes (`TunerDriver::absorb`).
+                Emitted::NoMore { .. } => continue,
             };
             if self.book.has_parameter(parameter_id) {
                 continue;

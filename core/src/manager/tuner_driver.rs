@@ -143,7 +143,8 @@ pub(super) struct TunerDriver {
     pending: VecDeque<Pending>,
     /// How long asking for parameters waits for the answer ([`ANSWER_WAIT`]).
     answer_wait: Duration,
-    /// The tuner said NoMore in a late answer and the loop has not heard of it
+    /// The tuner said NoMore in a late answer (or unprompted, for an id it deferred) and the
+    /// loop has not heard of it
     /// (`take_late_no_more`).
     late_no_more: bool,
 }
@@ -227,7 +228,7 @@ impl TunerDriver {
         let Some(emitted) = self.suggested.pop_front() else {
             return Ok(None);
         };
-        if !matches!(emitted, Emitted::Stop(_)) {
+        if matches!(emitted, Emitted::Parameters(_) | Emitted::Member { .. }) {
             self.deferred = self.deferred.saturating_sub(1);
         }
         Ok(Some(emitted))
@@ -243,7 +244,7 @@ impl TunerDriver {
             let parameter_id = match emitted {
                 Emitted::Parameters(suggestion) => suggestion.parameter_id,
                 Emitted::Member { parameter_id, .. } => parameter_id,
-                Emitted::Stop(_) => continue,
+                Emitted::Stop(_) | Emitted::NoMore { .. } => continue,
             };
             self.deferred = self.deferred.saturating_sub(1);
             if !has_trial(parameter_id) {
@@ -322,21 +323,28 @@ impl TunerDriver {
                 lineage,
             },
             Generated::Deferred => return,
-            Generated::NoMore => {
-                self.deferred = self.deferred.saturating_sub(1);
-                if !self.exhausted {
-                    self.exhausted = true;
-                    self.late_no_more = true;
-                }
-                return;
-            }
+            Generated::NoMore => return self.no_more_for_deferred(),
         };
         self.suggested.push_back(emitted);
     }
 
+    /// A deferred id answered NoMore, late or unprompted: settled at once, and the tuner is
+    /// exhausted.
+    fn no_more_for_deferred(&mut self) {
+        self.deferred = self.deferred.saturating_sub(1);
+        if !self.exhausted {
+            self.exhausted = true;
+            self.late_no_more = true;
+        }
+    }
+
     fn absorb(&mut self, suggestions: Vec<Suggestion>) {
-        self.suggested
-            .extend(suggestions.into_iter().map(read_suggestion));
+        for emitted in suggestions.into_iter().map(read_suggestion) {
+            match emitted {
+                Emitted::NoMore { .. } => self.no_more_for_deferred(),
+                emitted => self.suggested.push_back(emitted),
+            }
+        }
     }
 
     /// Hands the tuner an intermediate result of a population member.

@@ -245,6 +245,53 @@ fn a_member_without_a_checkpoint_is_never_cloned() {
     assert!(drive.stops.is_empty(), "{:?}", drive.stops);
 }
 
+/// Once every member has ended, PBT owes nothing for the ids it deferred and says so (NoMore
+/// for each, and for any id asked for later), so the experiment ends as one whose tuner ran out:
+/// it ended with a warning that the tuner deferred parameters and gave none (hunt H3 F2).
+#[test]
+fn a_population_whose_members_all_ended_answers_its_deferred_ids_no_more() {
+    for synch in [false, true] {
+        let mut drive = Drive::new(
+            json!({"population_size": 2, "perturbation_interval": 4, "synch": synch, "seed": 2}),
+        );
+        let (first, second) = (drive.ask().unwrap(), drive.ask().unwrap());
+        assert_eq!(drive.ask(), None, "the population is complete: deferred");
+        drive.step(|p: &Value, _| p["lr"].as_f64().unwrap());
+
+        drive.tuner.trial_end(first, "SUCCEEDED").unwrap();
+        assert_eq!(
+            drive.tuner.take_suggestions().unwrap(),
+            vec![],
+            "{second} still runs"
+        );
+        assert_eq!(
+            drive.ask(),
+            None,
+            "{second} may still be replaced: deferred"
+        );
+        drive.tuner.trial_end(second, "SUCCEEDED").unwrap();
+        let owed: Vec<Emitted> = drive
+            .tuner
+            .take_suggestions()
+            .unwrap()
+            .into_iter()
+            .map(read_suggestion)
+            .collect();
+        assert_eq!(
+            owed,
+            vec![
+                Emitted::NoMore { parameter_id: 2 },
+                Emitted::NoMore { parameter_id: 3 }
+            ],
+            "synch: {synch}"
+        );
+        assert_eq!(
+            drive.tuner.generate_parameters(drive.next_id).unwrap(),
+            Generated::NoMore
+        );
+    }
+}
+
 #[test]
 fn synchronous_mode_judges_only_when_every_member_reached_the_interval() {
     let mut drive = Drive::new(
