@@ -17,6 +17,12 @@
 //! cloned; when none has, nobody is replaced. With `synch: true` the members are judged together,
 //! once every living member has reached its next interval.
 //!
+//! `max_steps` (knob's; Ray's is the run's `stop` criterion, checked before PBT decides) is the
+//! number of steps a member trains for in all, its ancestors' included: a member that reached it
+//! is not judged, since it is about to report its final result (a stop then would lose it), and
+//! a member that reached it is no donor, since its successor would have no step left to run and
+//! report its parent's result as its own. Without it PBT cannot tell a member's last step.
+//!
 //! Departures from Ray: members are processes, not paused actors, so in synchronous mode the
 //! members that reached the barrier keep running until the others get there (their scores at the
 //! barrier are the ones compared); and the step a successor counts from is the number of steps
@@ -80,6 +86,8 @@ pub struct PbtTuner {
     population_size: u64,
     perturbation_interval: u64,
     burn_in_period: u64,
+    /// The steps a member trains for in all (`max_steps`), when the config says.
+    max_steps: Option<u64>,
     quantile_fraction: f64,
     resample_probability: f64,
     perturbation_factors: Vec<f64>,
@@ -215,6 +223,7 @@ impl PbtTuner {
             .iter()
             .copied()
             .filter(|id| *id != bottom && self.members[id].has_checkpoint)
+            .filter(|id| !self.at_max_steps(self.members[id].time))
             .collect();
         if donors.is_empty() {
             log::debug(&format!(
@@ -349,6 +358,7 @@ impl PbtTuner {
         self.members
             .iter()
             .filter(|(_, m)| m.has_checkpoint && (m.alive || m.succeeded))
+            .filter(|(_, m)| !self.at_max_steps(m.time))
             .filter_map(|(id, m)| Some((*id, m.last_score?)))
             .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
             .map(|(id, _)| id)
@@ -387,6 +397,11 @@ impl PbtTuner {
             return base;
         }
         first + (time - first) / self.perturbation_interval * self.perturbation_interval
+    }
+
+    /// Whether a member `time` steps in has trained all its `max_steps`.
+    fn at_max_steps(&self, time: u64) -> bool {
+        self.max_steps.is_some_and(|max| time >= max)
     }
 
     /// Every slot was filled, every member has ended, and no successor waits or can be made:
@@ -439,7 +454,7 @@ impl Tuner for PbtTuner {
             .find(|k| class_args.get(*k).is_some())
         {
             return Err(PluginError::new(format!(
-                "classArgs of {NAME}: {nni} is an argument of NNI's PBTTuner; write name: PBTTuner (NNI's, run through its dispatcher) or use knob's PBT arguments (population_size, perturbation_interval, quantile_fraction, resample_probability, perturbation_factors, burn_in_period, synch)"
+                "classArgs of {NAME}: {nni} is an argument of NNI's PBTTuner; write name: PBTTuner (NNI's, run through its dispatcher) or use knob's PBT arguments (population_size, perturbation_interval, quantile_fraction, resample_probability, perturbation_factors, burn_in_period, max_steps, synch)"
             )));
         }
         let args = ClassArgs::new(
@@ -450,6 +465,7 @@ impl Tuner for PbtTuner {
                 "population_size",
                 "perturbation_interval",
                 "burn_in_period",
+                "max_steps",
                 "quantile_fraction",
                 "resample_probability",
                 "perturbation_factors",
@@ -471,6 +487,10 @@ impl Tuner for PbtTuner {
             population_size: args.integer("population_size", 8, 2, 100_000)?,
             perturbation_interval: args.integer("perturbation_interval", 5, 1, u64::MAX)?,
             burn_in_period: args.integer("burn_in_period", 0, 0, u64::MAX)?,
+            max_steps: match args.has("max_steps") {
+                true => Some(args.integer("max_steps", 0, 1, u64::MAX)?),
+                false => None,
+            },
             quantile_fraction: args.number(
                 "quantile_fraction",
                 0.25,
@@ -576,7 +596,9 @@ impl Tuner for PbtTuner {
         member.last_step = Some(intermediate.step);
         member.time = member.base + intermediate.step + 1;
         member.has_checkpoint |= intermediate.checkpoint;
+        let last_step = self.max_steps.is_some_and(|max| member.time >= max);
         if !member.alive
+            || last_step
             || member.time < burn_in
             || member.time - member.last_perturbation_time < interval
         {

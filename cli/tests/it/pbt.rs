@@ -719,6 +719,7 @@ fn a_remote_successor_that_waits_starts_from_its_parents_state_at_the_exploitati
             "trialCommand: python3 trial.py",
             "trialCommand: PBT_STEPS=100 PBT_STEP_SECONDS=0.2 PBT_STOP_SECONDS=8 python3 slow_stop.py",
         )
+        .replace("max_steps: 40", "max_steps: 100")
         .replace("trainingService:\n  platform: local", &host.only_service());
     assert!(yaml.contains("slow_stop.py"), "{yaml}");
     let config = sandbox.config(&yaml, &[("trial.py", &trial), ("slow_stop.py", SLOW_STOP)]);

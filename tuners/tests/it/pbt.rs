@@ -292,6 +292,51 @@ fn a_population_whose_members_all_ended_answers_its_deferred_ids_no_more() {
     }
 }
 
+/// With `max_steps`, a member at its last step is not judged (a stop would come before its final
+/// result and lose it), and is no donor (its successor would run no step and report the
+/// parent's result as its own); without it, both happened (hunt H3 F5).
+#[test]
+fn a_member_at_max_steps_is_neither_replaced_nor_cloned() {
+    let report = |tuner: &mut PbtTuner, id: u64, step: u64, value: f64| {
+        let intermediate = Intermediate {
+            step,
+            checkpoint: true,
+        };
+        tuner
+            .receive_intermediate_result(id, intermediate, value)
+            .unwrap();
+        tuner.take_suggestions().unwrap()
+    };
+    let args = |max_steps: Value| {
+        json!({"population_size": 2, "perturbation_interval": 2, "quantile_fraction": 0.5,
+               "max_steps": max_steps, "seed": 4})
+    };
+    // Judged at its last step: stopped without max_steps, left to finish with it.
+    for (max_steps, stopped) in [(Value::Null, true), (json!(2), false)] {
+        let mut drive = Drive::new(args(max_steps.clone()));
+        let (good, bad) = (drive.ask().unwrap(), drive.ask().unwrap());
+        for step in 0..2 {
+            report(&mut drive.tuner, good, step, 1.0);
+        }
+        report(&mut drive.tuner, bad, 0, 0.0);
+        let emitted = report(&mut drive.tuner, bad, 1, 0.0);
+        let stops = emitted
+            .into_iter()
+            .filter(|e| matches!(read_suggestion(e.clone()), Emitted::Stop(_)))
+            .count();
+        assert_eq!(stops, usize::from(stopped), "max_steps {max_steps}");
+    }
+    // A bottom member judged before its end, whose only top member reached max_steps: not
+    // replaced by a successor with no step left.
+    let mut drive = Drive::new(args(json!(4)));
+    let (done, bad) = (drive.ask().unwrap(), drive.ask().unwrap());
+    for step in 0..4 {
+        report(&mut drive.tuner, done, step, 1.0);
+    }
+    report(&mut drive.tuner, bad, 0, 0.0);
+    assert_eq!(report(&mut drive.tuner, bad, 1, 0.0), vec![]);
+}
+
 #[test]
 fn synchronous_mode_judges_only_when_every_member_reached_the_interval() {
     let mut drive = Drive::new(
