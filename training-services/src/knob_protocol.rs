@@ -38,6 +38,32 @@ pub const LINE_PREFIX: &[u8] = b"KNOB_";
 /// would not start; larger parameters are only in the file.
 pub const MAX_ENV_PARAMETERS_BYTES: usize = 100 * 1024;
 
+/// The warning a service gives, once (`told` remembers it), at the first trial whose parameters
+/// are over [`MAX_ENV_PARAMETERS_BYTES`]: such a trial gets no `KNOB_PARAMETERS`, and one that
+/// reads only that variable (a shell script's `$KNOB_PARAMETERS`) found it empty without a word
+/// of why. `None` for any other trial, and for later large ones.
+pub fn parameters_only_in_file(
+    told: &mut bool,
+    request: &knob_plugin_api::service::TrialRequest,
+) -> Option<knob_plugin_api::service::ServiceEvent> {
+    if *told {
+        return None;
+    }
+    let bytes = request.parameters.to_string().len();
+    if bytes <= MAX_ENV_PARAMETERS_BYTES {
+        return None;
+    }
+    *told = true;
+    Some(knob_plugin_api::service::ServiceEvent::Warning {
+        trial_id: None,
+        message: format!(
+            "trial {}: its parameters are {bytes} bytes of JSON, over the {} KiB that environment variable {PARAMETERS_ENV} takes (Linux refuses a variable over 128 KiB, and the trial would not start), so it and later trials with parameters as large get them only in the file ${PARAMETERS_FILE_ENV}: trials should read that file (knob_trial and `import nni` do)",
+            request.trial_id,
+            MAX_ENV_PARAMETERS_BYTES / 1024
+        ),
+    })
+}
+
 /// One protocol line, read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum KnobLine<'a> {

@@ -178,6 +178,9 @@ pub struct LocalService {
     demand: Option<SchedulerConfig>,
     /// Whether `environments` was called before (see [`LocalService::environment`]).
     asked_before: bool,
+    /// Whether the console was told that a trial's parameters are too large for
+    /// `KNOB_PARAMETERS` (`knob_protocol::parameters_only_in_file`), said once.
+    parameters_size_told: bool,
 }
 
 impl LocalService {
@@ -213,6 +216,7 @@ impl LocalService {
             experiment: None,
             demand: None,
             asked_before: false,
+            parameters_size_told: false,
         })
     }
 
@@ -280,6 +284,11 @@ impl LocalService {
         self.experiment = Some(request.experiment_id.clone());
         if self.demand.is_none() {
             self.demand = Some(lease::demand_of_request(request));
+        }
+        if let Some(warning) =
+            crate::knob_protocol::parameters_only_in_file(&mut self.parameters_size_told, request)
+        {
+            (self.emit)(warning);
         }
         let mut request = request.clone();
         request.resources.max_trials_per_gpu = Some(self.limits.max_trial_number_per_gpu.max(1));

@@ -133,6 +133,9 @@ pub struct RemoteService {
     late_start_failures: bool,
     /// Starts under way on the runtime.
     starting: StartsUnderWay,
+    /// Whether the console was told that a trial's parameters are too large for
+    /// `KNOB_PARAMETERS` (`knob_protocol::parameters_only_in_file`), said once.
+    parameters_size_told: bool,
 }
 
 impl RemoteService {
@@ -176,6 +179,7 @@ impl RemoteService {
             ran_on: Arc::default(),
             late_start_failures: false,
             starting: StartsUnderWay::default(),
+            parameters_size_told: false,
         })
     }
 
@@ -307,6 +311,11 @@ impl RemoteService {
             .ok_or_else(|| RemoteError::UnknownEnvironment(request.environment_id.clone()))?;
         if self.hosts.iter().any(|h| h.runs(&request.trial_id)) {
             return Err(RemoteError::DuplicateTrial(request.trial_id.clone()));
+        }
+        if let Some(warning) =
+            crate::knob_protocol::parameters_only_in_file(&mut self.parameters_size_told, request)
+        {
+            (self.context.emit)(warning);
         }
         let start_error = |why: String| RemoteError::start(&request.trial_id, why);
         // The agent leases the trial's GPUs on the host under this machine's limit.

@@ -219,6 +219,9 @@ pub struct SlurmService {
     late_start_failures: bool,
     /// Starts in allocations under way on the runtime.
     starting: StartsUnderWay,
+    /// Whether the console was told that a trial's parameters are too large for
+    /// `KNOB_PARAMETERS` (`knob_protocol::parameters_only_in_file`), said once.
+    parameters_size_told: bool,
 }
 
 /// The `knob-agent` jobs run: `agentBinary`, else the one beside this library's executable,
@@ -325,6 +328,7 @@ impl SlurmService {
             shut_down: false,
             late_start_failures,
             starting: StartsUnderWay::default(),
+            parameters_size_told: false,
         })
     }
 
@@ -366,6 +370,11 @@ impl SlurmService {
             _ => return Err(SlurmError::ShutDown),
         };
         let ctx = self.context.clone();
+        if let Some(warning) =
+            crate::knob_protocol::parameters_only_in_file(&mut self.parameters_size_told, &request)
+        {
+            (ctx.emit)(warning);
+        }
         if !self.late_start_failures {
             return if ctx.args.reuse_mode {
                 runtime.block_on(start_in_allocation(&ctx, request))

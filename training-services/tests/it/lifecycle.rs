@@ -203,6 +203,47 @@ fn trial_environment_follows_nni_and_knob_conventions() {
     );
 }
 
+/// Parameters over 100 KiB of JSON (a `choice` of long strings) are only in the file: Linux
+/// refuses an environment string over 128 KiB, so `KNOB_PARAMETERS` is left out, and the first
+/// such trial is named in one warning with its size and the file to read. A trial that read the
+/// variable found it empty without a word of why.
+#[test]
+fn parameters_too_large_for_the_environment_are_in_the_file_and_said_once() {
+    let mut h = Harness::new();
+    let long = "a".repeat(150 * 1024);
+    let command = r#"[ -z "${KNOB_PARAMETERS+set}" ] && echo "KNOB_FINAL $(wc -c < "$KNOB_PARAMETERS_FILE")""#;
+    let mut sizes = Vec::new();
+    for trial_id in ["big1", "big2"] {
+        let mut request = h.request(trial_id, command);
+        request.parameters = json!({ "text": long });
+        sizes.push(request.parameters.to_string().len());
+        let events = h.run(request);
+        assert_eq!(ending(&events).0, Some(0), "{events:?}");
+        assert_eq!(metrics(&events)[0].2, sizes[0].to_string());
+    }
+    let warnings: Vec<String> = h
+        .events
+        .all()
+        .into_iter()
+        .filter_map(|event| match event {
+            ServiceEvent::Warning {
+                trial_id: None,
+                message,
+            } => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with(&format!(
+            "trial big1: its parameters are {} bytes of JSON, over the 100 KiB that environment variable KNOB_PARAMETERS takes",
+            sizes[0]
+        )) && warnings[0].contains("trials should read that file"),
+        "{}",
+        warnings[0]
+    );
+}
+
 #[test]
 fn kill_stops_the_whole_group_with_sigterm_then_sigkill() {
     let mut h = Harness::with_args(json!({"gracePeriodSecs": 0.3}));
