@@ -107,8 +107,15 @@ pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
         TrialCommand::Kill { id, trial } => {
             let client = running_api(&id)?;
             let path = format!("/trials/{}/kill", crate::client::path_segment(&trial));
-            client.send("POST", &path, None)?;
-            outln!("trial {trial} of experiment {id} killed");
+            let answer = client.send("POST", &path, None)?;
+            // The trial's host cannot be reached: the API says what was done and what is left.
+            match answer["message"]
+                .as_str()
+                .filter(|_| answer["pending"] == true)
+            {
+                Some(message) => outln!("trial {trial} of experiment {id}: {message}"),
+                None => outln!("trial {trial} of experiment {id} killed"),
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

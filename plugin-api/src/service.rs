@@ -24,7 +24,10 @@ pub struct Environment {
     /// `draining`, retired (a cluster allocation that ended, or ends soon), and they do not. An
     /// environment whose resources are not known (a host never reached) may report its status
     /// alone, `{"status": {"state": "unavailable", "reason": …}}`: the host shows why, and trials
-    /// do not wait for it until it is reported ready.
+    /// do not wait for it until it is reported ready; with `"retrying": true` beside the status
+    /// (a host the service has never reached and still tries), trials wait for it with that
+    /// reason rather than the experiment ending for want of an environment, until the service
+    /// reaches it or reports it again without `retrying` (it gave up).
     #[serde(default)]
     pub inventory: Value,
 }

@@ -118,7 +118,7 @@ pub(crate) fn get(base: &str, path: &str) -> (u16, Value) {
     call("GET", &format!("{base}/api/v1{path}"), None, None)
 }
 
-fn send(base: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
+pub(crate) fn send(base: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
     call(method, &format!("{base}/api/v1{path}"), Some(body), None)
 }
 

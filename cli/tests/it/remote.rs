@@ -671,18 +671,61 @@ fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
     assert!(history
         .iter()
         .all(|(_, a)| a.iter().all(|(env, _, _)| *env == environment_id(&host))));
+}
 
-    // With no host left, the experiment fails at once and says why.
-    let config = remote_config(&sandbox, Spec::one_trial(&[machine(&gone)], &known));
-    let (code, stdout, stderr) = sandbox.create(&config, "allgone");
-    assert_ne!(code, 0, "{stdout}\n{stderr}");
-    let error = error_line(&stderr);
+/// The only host's sshd is not up when the experiment starts, and comes up a few seconds
+/// later: knob keeps trying it, its trials wait for it saying so, and run once it answers.
+/// The experiment ended in ERROR at once ("no environment can run trials") while the service
+/// still tried the host.
+#[test]
+fn the_only_host_not_up_at_start_is_waited_for_and_runs_the_experiment_once_up() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let mut host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let machines = [machine(&host)];
+    host.kill_host();
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trials: 2,
+            ..Spec::one_trial(&machines, &known)
+        },
+    );
+    let child = spawn_create(&sandbox, &config, "late");
+    wait_until("a trial waiting for the host", || {
+        stored_events(&sandbox, "late", "warning", "not reached yet") > 0
+    });
+    let (_, listing, _) = run(sandbox.knob().args(["trial", "ls", "late"]));
+    let env = environment_id(&host);
     assert!(
-        error.contains(&format!(
-            "no environment can run trials: {} ({gone_address}): ",
-            environment_id(&gone)
-        )) && error.matches("connection refused").count() == 1,
-        "{error}"
+        listing.contains("WAITING")
+            && listing.contains(&format!(
+                "waiting for {env} (127.0.0.1:{}), not reached yet: ",
+                host.port()
+            ))
+            && listing.contains("connection refused"),
+        "{listing}"
+    );
+    host.restart().expect("sshd starts");
+    let (code, stdout, stderr) = wait_create(child);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment late DONE: 2 trials (2 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "environment {env} (127.0.0.1:{}) is not ready: ",
+            host.port()
+        )) && stderr.contains("knob keeps trying it")
+            && stderr.contains(&format!(
+                "environment {env} (127.0.0.1:{}) is ready",
+                host.port()
+            )),
+        "{stderr}"
     );
 }
 
@@ -1688,5 +1731,144 @@ fn stopping_an_experiment_whose_host_is_unreachable_ends_promptly_and_names_what
             .lines()
             .any(|l| l.contains("cutoff") && l.contains("STOPPED")),
         "{listing}"
+    );
+}
+
+/// `knob trial kill` (and the API's kill) of a trial whose host cannot be reached says that the
+/// kill is recorded and not carried out yet (the API answers 202), and knob kills the trial once
+/// the host answers again. It said "killed" (200) of a trial that nothing had reached.
+#[test]
+fn killing_a_trial_whose_host_cannot_be_reached_says_so_and_kills_it_once_the_host_answers() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let mut host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let config = unreachable_host_config(&sandbox, &host, "sleep 300", "");
+    let config = config.display().to_string();
+    let mut running = crate::api::start(
+        sandbox.knob(),
+        &["create", "--config", &config, "--id", "pending"],
+    );
+    let env = environment_id(&host);
+    wait_for(&sandbox, "pending", "both trials running", |e| {
+        running_on(e, &env) == 2
+    });
+    let mut trials: Vec<String> = sandbox.export("pending")["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    trials.sort();
+    host.cut_link();
+    wait_until("the host reported unreachable", || {
+        stored_events(&sandbox, "pending", "warning", "is not ready") > 0
+    });
+    let pending = format!(
+        "kill recorded, not yet carried out: 127.0.0.1:{} cannot be reached; knob kills the trial when it answers",
+        host.port()
+    );
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["trial", "kill", "pending", &trials[0]]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout,
+        format!("trial {} of experiment pending: {pending}\n", trials[0]),
+        "{stderr}"
+    );
+    let (status, body) = crate::api::send(
+        &running.base,
+        "POST",
+        &format!("/trials/{}/kill", trials[1]),
+        "",
+    );
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        (&body["kill_recorded"], &body["pending"], &body["message"]),
+        (
+            &Value::Bool(true),
+            &Value::Bool(true),
+            &Value::String(pending)
+        ),
+        "{body}"
+    );
+    // Nothing reached them: they still run on the host.
+    for trial in &trials {
+        assert!(trial_runs_here(trial), "trial {trial} no longer runs");
+    }
+    host.restart().expect("sshd starts again");
+    wait_for(&sandbox, "pending", "both trials killed", |e| {
+        e["trials"]
+            .as_array()
+            .is_some_and(|t| t.iter().all(|t| t["status"] == "USER_CANCELED"))
+    });
+    for trial in &trials {
+        wait_until(&format!("trial {trial}'s processes to end"), || {
+            !trial_runs_here(trial)
+        });
+    }
+    assert!(running.wait_exit(EXPERIMENT_LIMIT).is_some());
+}
+
+/// Whether a process of trial `trial_id` runs on this machine (the test's hosts are sshd's
+/// here): one has `NNI_TRIAL_JOB_ID=<trial_id>` in its environment.
+fn trial_runs_here(trial_id: &str) -> bool {
+    let entry = format!("NNI_TRIAL_JOB_ID={trial_id}");
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    processes.flatten().any(|process| {
+        std::fs::read(process.path().join("environ"))
+            .is_ok_and(|environ| environ.split(|b| *b == 0).any(|v| v == entry.as_bytes()))
+    })
+}
+
+/// `knob resume` of a crashed experiment whose only host now refuses knob (its host key
+/// changed: knob does not try it again) fails saying why, and the trials the crashed run left
+/// RUNNING are recorded SYS_CANCELED, named in the error, so that a later resume runs them
+/// again. They stayed RUNNING for ever.
+#[test]
+fn a_resume_whose_host_refuses_knob_ends_the_earlier_runs_trials_and_names_them() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let mut host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let config = unreachable_host_config(&sandbox, &host, "sleep 300", "");
+    let config = config.display().to_string();
+    let mut crashed = crate::api::start(
+        sandbox.knob(),
+        &["create", "--config", &config, "--id", "rekeyedresume"],
+    );
+    let env = environment_id(&host);
+    wait_for(&sandbox, "rekeyedresume", "both trials running", |e| {
+        running_on(e, &env) == 2
+    });
+    crashed.kill();
+    host.kill_host();
+    let key = host.dir().join("host_key");
+    std::fs::remove_file(&key).unwrap();
+    std::fs::remove_file(key.with_extension("pub")).unwrap();
+    sshd::generate_key(&key, "").unwrap();
+    host.restart().expect("sshd starts again");
+    let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "rekeyedresume"]));
+    assert_ne!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("rekeyedresume");
+    let mut trials: Vec<String> = Vec::new();
+    for trial in export["trials"].as_array().unwrap() {
+        assert_eq!(trial["status"], "SYS_CANCELED", "{trial}");
+        trials.push(trial["id"].as_str().unwrap().to_string());
+    }
+    trials.sort();
+    let error = error_line(&stderr);
+    assert!(
+        error.contains("host key changed")
+            && error.contains(&format!(
+                "trial(s) {} of the earlier run did not run again and are recorded SYS_CANCELED; `knob resume rekeyedresume` runs them again",
+                trials.join(", ")
+            )),
+        "{error}"
     );
 }

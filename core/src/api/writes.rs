@@ -286,15 +286,17 @@ pub(super) async fn add_trial(
         UpdateOutcome::TrialAdded(trial_id) => {
             Ok((StatusCode::CREATED, Json(json!({ "trial_id": trial_id }))))
         }
-        UpdateOutcome::Applied => Ok((StatusCode::CREATED, Json(json!({})))),
+        _ => Ok((StatusCode::CREATED, Json(json!({})))),
     }
 }
 
-/// `POST /trials/{id}/kill`: the trial is recorded USER_CANCELED.
+/// `POST /trials/{id}/kill`: the trial is recorded USER_CANCELED. 200 once the kill is asked of
+/// its service; 202 `{"kill_recorded": true, "pending": true, "message": …}` when its host cannot
+/// be reached now, so that nothing reached the trial yet: knob kills it when the host answers.
 pub(super) async fn kill_trial(
     State(state): State<ApiState>,
     Path(trial_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     let id = trial_id.clone();
     let row = state.read(move |reader| reader.trial(&id)).await?;
     let row = row.ok_or_else(|| state.no_trial(&trial_id))?;
@@ -304,8 +306,26 @@ pub(super) async fn kill_trial(
             row.status.as_str()
         )));
     }
-    send_update(&state, Update::KillTrial(trial_id.clone())).await?;
-    Ok(Json(json!({ "killed": trial_id })))
+    match send_update(&state, Update::KillTrial(trial_id.clone())).await? {
+        UpdateOutcome::KillPending { host, why } => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "kill_recorded": true,
+                "pending": true,
+                "trial_id": trial_id,
+                "message": kill_pending_message(&host),
+                "why": why,
+            })),
+        )),
+        _ => Ok((StatusCode::OK, Json(json!({ "killed": trial_id })))),
+    }
+}
+
+/// What a kill whose host cannot be reached answers (the CLI prints it as it is).
+fn kill_pending_message(host: &str) -> String {
+    format!(
+        "kill recorded, not yet carried out: {host} cannot be reached; knob kills the trial when it answers"
+    )
 }
 
 /// `POST /experiment/stop`: stops as Ctrl-C would; the answer comes before trials are killed.

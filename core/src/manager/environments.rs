@@ -24,6 +24,12 @@ struct EnvironmentRecord {
     why: Option<String>,
     /// It was ready at some time (a queued allocation is not, until its job runs).
     seen_ready: bool,
+    /// Reported by its status alone with `"retrying": true`: a host its service has never
+    /// reached and still tries (its sshd not up yet). Not in the scheduler (its resources are
+    /// not known), but trials wait for it with its reason ([`Environments::unreached`])
+    /// instead of the experiment ending for want of an environment, until its service gives up
+    /// on it (its status alone, without `retrying`) or reaches it.
+    retrying: bool,
     /// Declared lost ([`Environments::lose`]) and not ready since: its loss was said, so
     /// its service's new reasons while it stays down are kept but not said again.
     lost: bool,
@@ -53,10 +59,13 @@ pub(super) enum Said {
 const RETIRED: &str = "retired: it takes no new trials";
 
 /// An inventory of which only the status can be read: what a service reports for an
-/// environment whose resources it does not know (a host it never reached), with the reason.
+/// environment whose resources it does not know (a host it never reached), with the reason,
+/// and whether it still tries to reach it.
 #[derive(serde::Deserialize)]
 struct StatusOnly {
     status: EnvironmentStatus,
+    #[serde(default)]
+    retrying: bool,
 }
 
 /// How many of the services' own problems are kept for the error when no environment is left.
@@ -134,6 +143,7 @@ impl Environments {
         // Why a not-ready environment is so, when its service said (its inventory's status):
         // a cluster job pending in its queue, a host that dropped.
         let mut why = None;
+        let mut retrying = false;
         if ready {
             // Read in place rather than from a deep copy of the JSON: a service of 1 000
             // environments reports them all at the start.
@@ -178,7 +188,10 @@ impl Environments {
                 Some(inventory) => Some(inventory.status.clone()),
                 None => <StatusOnly as serde::Deserialize>::deserialize(&environment.inventory)
                     .ok()
-                    .map(|only| only.status),
+                    .map(|only| {
+                        retrying = only.retrying;
+                        only.status
+                    }),
             };
             why = match &status {
                 Some(EnvironmentStatus::Unavailable(reason)) => Some(reason.clone()),
@@ -260,6 +273,7 @@ impl Environments {
                 ready,
                 why,
                 seen_ready: seen_ready || ready,
+                retrying: retrying && !ready,
                 lost,
                 last: environment,
                 settled,
@@ -366,10 +380,37 @@ impl Environments {
         self.problems.push(message);
     }
 
-    /// Whether trials can run or wait for an environment: one is ready, or one the scheduler
-    /// knows may take them (an allocation on its way).
+    /// Whether trials can run or wait for an environment: one is ready, one the scheduler
+    /// knows may take them (an allocation on its way), or a host its service still tries to
+    /// reach for the first time.
     pub fn any(&self) -> bool {
-        self.records.values().any(|record| record.ready) || self.placer.has_environment()
+        self.records
+            .values()
+            .any(|record| record.ready || record.retrying)
+            || self.placer.has_environment()
+    }
+
+    /// Why trials wait for hosts their services have never reached and still try (see
+    /// [`EnvironmentRecord::retrying`]), `None` when there is none: "waiting for ssh:a
+    /// (a:22), not reached yet: <why>", each such environment by id.
+    pub fn unreached(&self) -> Option<String> {
+        let mut unreached: Vec<(&String, &EnvironmentRecord)> = self
+            .records
+            .iter()
+            .filter(|(_, record)| record.retrying)
+            .collect();
+        if unreached.is_empty() {
+            return None;
+        }
+        unreached.sort_unstable_by_key(|&(id, _)| id);
+        let named: Vec<String> = unreached
+            .into_iter()
+            .map(|(id, record)| {
+                let why = record.why.as_deref().unwrap_or("not reachable");
+                format!("{id} ({}), not reached yet: {why}", record.host)
+            })
+            .collect();
+        Some(format!("waiting for {}", named.join("; ")))
     }
 
     /// Whether the scheduler has an environment that takes trials now or may again.
@@ -411,6 +452,13 @@ impl Environments {
             reason.push_str(&format!(" — {}", problems.join("; ")));
         }
         reason
+    }
+
+    /// The host of an environment, as its service named it.
+    pub fn host_of(&self, environment_id: &str) -> Option<String> {
+        self.records
+            .get(environment_id)
+            .map(|record| record.host.clone())
     }
 
     /// The service that owns an environment.
@@ -804,6 +852,47 @@ mod tests {
             ["news: environment ssh (box) is ready"]
         );
         assert!(envs.can_place());
+    }
+
+    /// A host never reached that its service still tries (`"retrying": true` beside its
+    /// status: an sshd not up yet) is waited for, with its reason, though nothing about it is
+    /// in the scheduler: the experiment ended in ERROR at once while the service still tried.
+    /// Once its service gives up (the status alone again), it is not, and the error says why.
+    #[test]
+    fn a_host_never_reached_but_still_tried_is_waited_for_until_its_service_gives_up() {
+        let mut envs = environments(1);
+        let why = "root@box:22: cannot connect: connection refused; knob keeps trying it";
+        let retrying =
+            json!({"status": EnvironmentStatus::Unavailable(why.into()), "retrying": true});
+        assert_eq!(
+            notices(envs.report(0, reported("ssh", false, retrying.clone()))),
+            [format!(
+                "notice: environment ssh (box) is not ready: {why}; no trial starts there until it is"
+            )]
+        );
+        assert_eq!(envs.report(0, reported("ssh", false, retrying)), vec![]);
+        assert!(envs.any() && !envs.can_place());
+        assert_eq!(
+            envs.unreached().as_deref(),
+            Some(format!("waiting for ssh (box), not reached yet: {why}").as_str())
+        );
+        let gave_up = "root@box:22: cannot connect: connection refused; knob no longer tries this host in this run";
+        let given_up = json!({"status": EnvironmentStatus::Unavailable(gave_up.into())});
+        assert_eq!(
+            notices(envs.report(0, reported("ssh", false, given_up))),
+            [format!(
+                "notice: environment ssh (box) is not ready: {gave_up}"
+            )]
+        );
+        assert!(!envs.any() && envs.unreached().is_none());
+        assert_eq!(
+            envs.no_environment_reason(),
+            format!("no environment can run trials: ssh (box): {gave_up}")
+        );
+        // Reached after all (a report with its inventory), it takes trials and is not
+        // "not reached" any more.
+        envs.report(0, reported("ssh", true, inventory("ssh", 1, None)));
+        assert!(envs.can_place() && envs.unreached().is_none());
     }
 
     #[test]

@@ -229,7 +229,10 @@ impl Manager {
         if let Err(e) = manager.register_environments().await {
             // Nothing ran: the experiment's error says what matters.
             let _ = manager.shut_down_services().await;
-            return Err(e);
+            return Err(match &history {
+                Some(history) => manager.cancel_not_restored(history, e).await,
+                None => e,
+            });
         }
         if let Err(refusal) = manager
             .tuner
@@ -1037,7 +1040,7 @@ impl Manager {
 
     /// The environment of a trial handed to a service, and why it cannot be reached, when its
     /// service reports it so.
-    fn unreachable(&self, trial_id: &str) -> Option<(String, String)> {
+    pub(super) fn unreachable(&self, trial_id: &str) -> Option<(String, String)> {
         let trial = self.book.get(trial_id)?;
         let environment = trial.environment.as_deref().filter(|_| trial.launched)?;
         let why = self.environments.not_ready(environment)?;

@@ -153,6 +153,15 @@ pub enum UpdateOutcome {
     Applied,
     /// The id of the trial `AddTrial` created.
     TrialAdded(String),
+    /// `KillTrial` of a trial whose environment cannot be reached now: the kill is recorded
+    /// and asked of its service, which carries it out when the host answers again; nothing
+    /// has reached the trial yet.
+    KillPending {
+        /// The environment's host, as its service names it.
+        host: String,
+        /// Why it cannot be reached.
+        why: String,
+    },
 }
 
 /// Why an update was not applied, one line for whoever asked.

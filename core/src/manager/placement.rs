@@ -340,6 +340,18 @@ impl Manager {
             if self.book.active_ids().iter().any(runs_on) {
                 return Ok(());
             }
+            // A host not reached yet that its service still tries (an sshd not up yet when
+            // the experiment started): the trials wait for it, saying so. Failing them, or
+            // the experiment, while the service still tried ended a run whose host came up a
+            // minute late; once the service gives up, the error below says why.
+            if let Some(reason) = self.environments.unreached() {
+                let now = Instant::now();
+                self.timers.reprobe_later(now);
+                for trial_id in waiting {
+                    self.note_waiting(trial_id, &reason, now).await?;
+                }
+                return Ok(());
+            }
             return Err(ManagerError::NoEnvironment(
                 self.environments.no_environment_reason(),
             ));
@@ -381,6 +393,17 @@ impl Manager {
                 } => {
                     self.launch(&trial_id, environment.as_str(), gpu_indices)
                         .await?
+                }
+                // No environment known holds it, but one not reached yet may: its resources
+                // are not known until its service reaches it.
+                Placement::RequireExceedTotal { reason }
+                    if self.environments.unreached().is_some() =>
+                {
+                    any_waits = true;
+                    self.timers.reprobe_later(Instant::now());
+                    let unreached = self.environments.unreached().unwrap_or_default();
+                    self.note_waiting(trial_id, &format!("{reason}; {unreached}"), now)
+                        .await?;
                 }
                 Placement::RequireExceedTotal { reason } => {
                     let reason = match raised_request(&self.book[&trial_id]) {

@@ -186,6 +186,61 @@ impl Manager {
         Ok(())
     }
 
+    /// A resume that failed before the earlier run's trials were taken back
+    /// ([`Manager::restore`]; no environment can run trials, say): those not ended (RUNNING at
+    /// the crash, WAITING) are recorded SYS_CANCELED as a failed experiment's are, so that the
+    /// next `knob resume` runs them again, and `error` names them. Left as they were, they read
+    /// RUNNING for ever in `knob trial ls` and the dashboard, with no run left to end them.
+    /// Recording is best effort: the error is what the user needs first.
+    pub(super) async fn cancel_not_restored(
+        &mut self,
+        history: &ExperimentState,
+        error: ManagerError,
+    ) -> ManagerError {
+        let mut cancelled = Vec::new();
+        for stored in history.trials.iter().filter(|t| !t.status.is_final()) {
+            let ended = self
+                .store
+                .append(StoreEvent::TrialEnded {
+                    trial_id: stored.trial_id.clone(),
+                    attempt: stored.current_attempt(),
+                    status: TrialStatus::SysCanceled,
+                    exit_code: None,
+                    signal: None,
+                    message: Some(crate::store::CANCELED_WITH_FAILED_EXPERIMENT.into()),
+                    stderr_tail: None,
+                    peak_memory_mib: None,
+                    peak_gpu_memory_mib: None,
+                    ended_ms: last_attempt_end_ms(stored),
+                })
+                .await;
+            if ended.is_ok() {
+                cancelled.push(stored.trial_id.clone());
+            }
+        }
+        if cancelled.is_empty() {
+            return error;
+        }
+        let id = &self.id;
+        let named = format!(
+            "trial(s) {} of the earlier run did not run again and are recorded SYS_CANCELED; `knob resume {id}` runs them again once this is fixed",
+            cancelled.join(", ")
+        );
+        match error {
+            ManagerError::NoEnvironment(message) => {
+                ManagerError::NoEnvironment(format!("{message}; {named}"))
+            }
+            ManagerError::Placement(message) => {
+                ManagerError::Placement(format!("{message}; {named}"))
+            }
+            ManagerError::Service { service, message } => ManagerError::Service {
+                service,
+                message: format!("{message}; {named}"),
+            },
+            other => other,
+        }
+    }
+
     /// Rebuilds the assessor's knowledge (Medianstop's completed trials, ASHA's rungs) by telling
     /// it again what the live run told it, in the order it did: each intermediate result in log
     /// order, interleaved across trials, with its attempt's history up to it (none recorded once

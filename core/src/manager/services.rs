@@ -456,7 +456,12 @@ impl Manager {
                 self.environments.no_environment_reason(),
             ));
         }
-        self.environments.check().map_err(ManagerError::Placement)
+        // A host not reached yet may hold what the environments known so far cannot: its
+        // trials wait for it (`place_waiting`) and fail, with this reason, only if it does not.
+        match self.environments.check() {
+            Err(_) if self.environments.unreached().is_some() => Ok(()),
+            checked => checked.map_err(ManagerError::Placement),
+        }
     }
 
     /// Asks every service again for its environments and their inventories (GPU memory and

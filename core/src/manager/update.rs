@@ -86,7 +86,19 @@ impl Manager {
                             "killed by the user".into(),
                         )
                         .await?;
-                        Ok(UpdateOutcome::Applied)
+                        // Its host cannot be reached: the service keeps the kill for when it
+                        // answers. Said so, rather than "killed" of a trial that runs on
+                        // meanwhile (and may end with its own result first).
+                        Ok(match self.unreachable(trial_id) {
+                            Some((environment, why)) => UpdateOutcome::KillPending {
+                                host: self
+                                    .environments
+                                    .host_of(&environment)
+                                    .unwrap_or(environment),
+                                why,
+                            },
+                            None => UpdateOutcome::Applied,
+                        })
                     }
                 });
             }

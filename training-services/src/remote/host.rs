@@ -146,6 +146,11 @@ struct HostState {
     /// The daemon's pid: a different one after a reconnect is a new daemon.
     daemon_pid: Option<u32>,
     connected_once: bool,
+    /// Never reached so far, and still tried ([`Host::drive`]'s first failure was not a
+    /// permanent one, and [`Host::give_up`] has not come): reported with `"retrying": true`
+    /// beside its status alone, so that the core keeps trials waiting for it instead of
+    /// ending the experiment for want of an environment while the host comes up.
+    retrying: bool,
     inventory: Value,
     uploaded_code: HashSet<String>,
     kills_to_send: Vec<(String, String)>,
@@ -206,7 +211,11 @@ impl Host {
         let inventory = if state.inventory.is_null() && !state.ready {
             let why = (state.failure.clone())
                 .unwrap_or_else(|| format!("{}: still connecting", self.machine.target()));
-            serde_json::json!({ "status": knob_gpu_sched::EnvironmentStatus::Unavailable(why) })
+            let status = knob_gpu_sched::EnvironmentStatus::Unavailable(why);
+            match state.retrying {
+                true => serde_json::json!({ "status": status, "retrying": true }),
+                false => serde_json::json!({ "status": status }),
+            }
         } else {
             state.inventory.clone()
         };
@@ -496,6 +505,7 @@ impl Host {
             }
             state.daemon_pid = Some(pid);
             state.connected_once = true;
+            state.retrying = false;
             for trial in &agent_running {
                 // A start the agent runs was confirmed, reply or not; a kill asked for
                 // meanwhile goes now. The other unconfirmed starts go again below.
@@ -690,7 +700,10 @@ impl Host {
                 let mut why = e.to_string();
                 if permanent {
                     why.push_str("; knob does not try this host again in this run");
+                } else {
+                    why.push_str("; knob keeps trying it, for about an hour");
                 }
+                lock(&self.state).retrying = !permanent;
                 self.set_not_ready(&ctx, &why);
                 let _ = first_attempt.send(());
                 // A host that is down now may come up later; a refused key or password will
@@ -759,6 +772,7 @@ impl Host {
         let why = {
             let mut state = lock(&self.state);
             state.inventory = Value::Null;
+            state.retrying = false;
             let why = last_error
                 .or_else(|| state.failure.clone())
                 .unwrap_or_else(|| format!("{}: not reachable", self.machine.target()));

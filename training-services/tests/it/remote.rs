@@ -231,6 +231,11 @@ fn an_unreadable_known_hosts_line_is_skipped_as_ssh_skips_it() {
         reason.contains("host key changed") && reason.contains("line 2 records another"),
         "{reason}"
     );
+    // A refused key is not tried again: the core is not told to wait for the host.
+    assert_eq!(
+        service.environments_now()[0].inventory.get("retrying"),
+        None
+    );
 }
 
 /// A host whose shell greets from `~/.bashrc`, as lab machines do ("Welcome to …", a quota
@@ -857,8 +862,15 @@ fn two_hosts_with_one_unreachable_run_on_the_other() {
     );
     let why = why_not_ready(&environments[0]);
     assert!(
-        why.contains(&format!("127.0.0.1:{dead_port}")) && why.contains("connection refused"),
+        why.contains(&format!("127.0.0.1:{dead_port}"))
+            && why.contains("connection refused")
+            && why.contains("knob keeps trying it"),
         "{why}"
+    );
+    // Tried again (it may come up): the core waits for it rather than count it out.
+    assert_eq!(
+        environments[0].inventory["retrying"], true,
+        "{environments:?}"
     );
     assert_eq!(warnings(&events.all()), Vec::<String>::new());
     service
