@@ -295,6 +295,16 @@ pub(crate) fn kill_trials(
     ))
 }
 
+/// What a resume with no budget left still runs: `unfinished` trials again, said in the number
+/// it has ("1 unfinished trial runs").
+fn rerun_note(unfinished: usize) -> String {
+    match unfinished {
+        0 => "nothing is left to run".to_string(),
+        1 => "only the 1 unfinished trial runs again".to_string(),
+        n => format!("only the {n} unfinished trials run again"),
+    }
+}
+
 /// One line when the budget is used up, so that a resume that will start no new trial says so
 /// (it still runs again what was unfinished, and serves the dashboard).
 fn budget_note(id: &str, config: &ExperimentConfig, state: &ExperimentState) -> Option<String> {
@@ -305,11 +315,7 @@ fn budget_note(id: &str, config: &ExperimentConfig, state: &ExperimentState) -> 
             !t.status.is_final() || t.end.as_ref().is_some_and(|e| e.stopped_with_experiment())
         })
         .count();
-    let rerun = if unfinished > 0 {
-        format!("only the {unfinished} unfinished trials run again")
-    } else {
-        "nothing is left to run".to_string()
-    };
+    let rerun = rerun_note(unfinished);
     let trials = state.trials.len() as u64;
     if let Some(max) = config.max_trial_number.filter(|&max| trials >= max) {
         return Some(format!(
@@ -562,5 +568,21 @@ fn runner_once_started(
                 entry.id
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_rerun_note_says_one_trial_in_the_singular() {
+        assert_eq!(super::rerun_note(0), "nothing is left to run");
+        assert_eq!(
+            super::rerun_note(1),
+            "only the 1 unfinished trial runs again"
+        );
+        assert_eq!(
+            super::rerun_note(3),
+            "only the 3 unfinished trials run again"
+        );
     }
 }
