@@ -201,6 +201,13 @@ pub enum ServiceEvent {
 /// failing it.
 pub const NOT_STARTED: &str = "the trial was not started";
 
+/// How long the host waits for a service's `shutdown` (at an experiment's end, `knob stop`, a
+/// Ctrl-C) before it goes on without it, with a warning that what the service holds may still
+/// run. A service whose shutdown waits on something outside (a cluster's queue, a host's
+/// trials) bounds that wait well within this, and says itself what it left behind: one that
+/// runs past it has its own end (the jobs it cancelled, its trials' last ends) cut off unheard.
+pub const SHUTDOWN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What the host asks of a running service beyond starting and killing trials (plugin ABI 1.5,
 /// `TrainingService::delete_checkpoint` and what follows it), as it crosses the ABI (JSON). New
 /// kinds are added here, with no change to the ABI; a service built before a kind existed

@@ -333,8 +333,9 @@ pub(super) async fn stop_asked(commands: &mut mpsc::UnboundedReceiver<super::Com
 pub(super) const SERVICE_LATE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long the end of an experiment waits for its training services to shut down (each may
-/// kill its trials first, with their grace period).
-pub(super) const SHUTDOWN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+/// kill its trials first, with their grace period): part of the plugin API, so that a service
+/// can fit its own shutdown within it.
+pub(super) use knob_plugin_api::service::SHUTDOWN_PATIENCE;
 
 /// How long, beyond a service's own grace period, the manager waits for the end of a trial
 /// whose kill the service answered before it records the end itself: as long as a shutdown,

@@ -20,7 +20,10 @@ const SBATCH_ATTEMPTS: u32 = 5;
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// `squeue --format` of [`squeue`]: fields separated by `|`, the comment last (it may hold `|`).
-const SQUEUE_FORMAT: &str = "%i|%j|%T|%r|%L|%k";
+const SQUEUE_FORMAT: &str = "%i|%j|%T|%r|%e|%k";
+/// squeue's times (`%e`, the end time) as seconds since the epoch (`strftime`'s `%s`): the
+/// default format is the node's local time, with neither zone nor offset.
+const TIME_FORMAT: (&str, &str) = ("SLURM_TIME_FORMAT", "%s");
 
 /// A job's state as Slurm names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +90,11 @@ pub struct JobRow {
     pub state: JobState,
     /// Why it is pending (`Resources`, `Priority`, `ReqNodeNotAvail, ...`), `None` if none.
     pub reason: Option<String>,
-    /// `None`: unlimited or not known.
-    pub time_left: Option<Duration>,
+    /// When the job ends, as Slurm has it now (`EndTime`: its start plus its time limit, for a
+    /// running job; moved by `scontrol update TimeLimit=`). `None`: unlimited or not known.
+    /// The time left is taken from it at each use: a time left read at a poll was stale by up
+    /// to a poll's interval when a trial was placed, and an allocation about to end took it.
+    pub ends_at: Option<std::time::SystemTime>,
     pub comment: String,
 }
 
@@ -103,18 +109,25 @@ pub fn parse_squeue(text: &str) -> Vec<JobRow> {
             let state = JobState::parse(fields.next()?);
             let reason = fields.next()?.trim();
             let reason = (!reason.is_empty() && reason != "None").then(|| reason.to_string());
-            let time_left = parse_slurm_time(fields.next()?);
+            let ends_at = parse_epoch_seconds(fields.next()?);
             let comment = fields.next().unwrap_or("").to_string();
             Some(JobRow {
                 id,
                 name,
                 state,
                 reason,
-                time_left,
+                ends_at,
                 comment,
             })
         })
         .collect()
+}
+
+/// A time squeue printed with [`TIME_FORMAT`]; `None` for `Unknown`, `N/A`, `NONE` (no end:
+/// an unlimited job, or one not started).
+fn parse_epoch_seconds(text: &str) -> Option<std::time::SystemTime> {
+    let seconds: u64 = text.trim().parse().ok()?;
+    std::time::SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
 }
 
 /// Slurm's `[days-]hours:minutes:seconds`, `minutes:seconds` or `minutes`; `None` for
@@ -162,8 +175,14 @@ pub fn parse_scontrol(text: &str) -> HashMap<String, String> {
 /// secret variables: `sbatch` copies its environment into the job (`--export=ALL`), where the
 /// setup commands run and slurmctld keeps it.
 async fn run(program: &str, args: &[String]) -> Result<String, String> {
+    run_with(program, args, &[]).await
+}
+
+/// [`run`] with `env` set for the command.
+async fn run_with(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<String, String> {
     let mut command = Command::new(program);
     command.args(args).kill_on_drop(true);
+    command.envs(env.iter().copied());
     crate::process::remove_secret_variables(&mut command);
     let output = match tokio::time::timeout(COMMAND_TIMEOUT, command.output()).await {
         Err(_) => {
@@ -276,7 +295,9 @@ pub async fn squeue() -> Result<Vec<JobRow>, String> {
         "--states=all".to_string(),
         format!("--format={SQUEUE_FORMAT}"),
     ];
-    run("squeue", &args).await.map(|out| parse_squeue(&out))
+    run_with("squeue", &args, &[TIME_FORMAT])
+        .await
+        .map(|out| parse_squeue(&out))
 }
 
 /// Cancels jobs, all in one call; jobs already gone are not an error.
@@ -310,16 +331,21 @@ mod tests {
     #[test]
     fn squeue_lines_parse() {
         let rows = parse_squeue(
-            "12|knob-ab-env1|PENDING|Resources|1:00|knob:ab:env1\n\
-             13|knob-ab-env2|RUNNING|None|UNLIMITED|knob:ab:env2|x\n\
+            "12|knob-ab-env1|PENDING|Resources|N/A|knob:ab:env1\n\
+             13|knob-ab-env2|RUNNING|None|1796176755|knob:ab:env2|x\n\
+             14|knob-ab-env3|RUNNING|None|Unknown|knob:ab:env3\n\
              squeue: warning: something\n",
         );
-        assert_eq!(rows.len(), 2);
+        assert_eq!(rows.len(), 3);
         assert_eq!(rows[0].state, JobState::Pending);
         assert_eq!(rows[0].reason.as_deref(), Some("Resources"));
-        assert_eq!(rows[0].time_left, Some(Duration::from_secs(60)));
+        assert_eq!(rows[0].ends_at, None);
         assert_eq!(rows[1].reason, None);
-        assert_eq!(rows[1].time_left, None);
+        assert_eq!(
+            rows[1].ends_at,
+            Some(std::time::UNIX_EPOCH + Duration::from_secs(1796176755))
+        );
+        assert_eq!(rows[2].ends_at, None);
         assert_eq!(rows[1].comment, "knob:ab:env2|x");
     }
 

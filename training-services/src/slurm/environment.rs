@@ -88,6 +88,8 @@ fn requested(
 /// allocation that ended is `Draining` (retired), which the core no longer counts.
 pub(super) fn job_environment(args: &SlurmArgs, job: &Job) -> Environment {
     let status = match &job.phase {
+        // Retired: it takes no new trial, whether its agent's link is up, closed or back.
+        _ if job.retired.is_some() => knob_gpu_sched::EnvironmentStatus::Draining,
         Phase::Ready => knob_gpu_sched::EnvironmentStatus::Ready,
         Phase::Draining => knob_gpu_sched::EnvironmentStatus::Draining,
         Phase::Queued(why) => knob_gpu_sched::EnvironmentStatus::Unavailable(why.clone()),
@@ -137,7 +139,7 @@ pub(super) fn job_environment(args: &SlurmArgs, job: &Job) -> Environment {
     Environment {
         id: job.environment_id.clone(),
         host: format!("slurm job {}", job.id),
-        ready: job.phase == Phase::Ready,
+        ready: job.phase == Phase::Ready && job.retired.is_none(),
         inventory,
     }
 }

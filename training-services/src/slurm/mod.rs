@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use knob_plugin_api::service::{
     CheckedConfig, ConfigProblem, Environment, ServiceContext, ServiceEvent, TrialRequest,
+    SHUTDOWN_PATIENCE,
 };
 use knob_plugin_api::{EventSink, PluginError, TrainingService};
 use serde_json::Value;
@@ -55,9 +56,17 @@ use crate::agent_protocol::ToAgent;
 use crate::metrics::Emit;
 use crate::starts::StartsUnderWay;
 
-/// How long `shutdown` waits for trials to end after telling the agents, then for the
-/// cancelled jobs to leave the queue.
-const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
+/// All that `shutdown` may take: the starts under way, cancelling every job (tried again while
+/// slurmctld does not answer), then the jobs leaving the queue and their trials' ends. Within
+/// the host's [`SHUTDOWN_PATIENCE`], with room for its own end: a shutdown that ran past it
+/// was cut off by the host, and what it did last (the jobs cancelled, the trials' ends) was
+/// lost with it. What is not done by then is said, and left.
+const SHUTDOWN_BUDGET: Duration = Duration::from_secs(45);
+const _: () = assert!(SHUTDOWN_BUDGET.as_secs() + 10 <= SHUTDOWN_PATIENCE.as_secs());
+/// Of [`SHUTDOWN_BUDGET`], what the starts under way are given to finish (so that the
+/// shutdown ends what they started); a trial's job submitted later is cancelled as it is
+/// recorded (`submit`).
+const STARTS_PATIENCE: Duration = Duration::from_secs(10);
 /// Polls after which a job neither `squeue`, `scontrol` nor its exit-code file knows is gone.
 const MISSING_POLLS: u32 = 3;
 /// Connection attempts to a running job's agent before the job is given up (and cancelled).
@@ -65,11 +74,12 @@ const CONNECT_ATTEMPTS: u32 = 5;
 /// Allocations in a row that end without ever running a trial before no more are requested:
 /// a job that cannot start (bad option, agent missing on the nodes) must not loop forever.
 const MAX_FAILED_ALLOCATIONS: u32 = 3;
-/// How long the shutdown tries `scancel` again while it fails (slurmctld restarting, or
-/// unreachable): a job left queued would start later and hold its allocation for nothing.
-const CANCEL_RETRY_LIMIT: Duration = Duration::from_secs(60);
 /// The longest pause between two `squeue` calls while they fail.
 const MAX_POLL_BACKOFF: Duration = Duration::from_secs(30);
+/// The least time left an allocation takes a new trial with, whatever `maxTrialDuration`: a
+/// trial placed on one about to end was killed by Slurm's time limit within seconds, and ran
+/// again elsewhere for nothing.
+const ENDING_MARGIN: Duration = Duration::from_secs(30);
 /// The environment of `reuseMode: false`.
 pub const QUEUE_ENVIRONMENT: &str = "slurm:queue";
 
@@ -126,7 +136,13 @@ struct Job {
     id: u64,
     phase: Phase,
     state: Option<JobState>,
-    time_left: Option<Duration>,
+    /// When Slurm ends it, while it runs (`commands::JobRow::ends_at`); its time left is taken
+    /// from it when a trial is placed, not from the last poll's.
+    ends_at: Option<std::time::SystemTime>,
+    /// Why it takes no new trial (its time left is too short, `trialConcurrency` was lowered):
+    /// for good, whatever becomes of its agent's link (a reconnection, a requeue). Its report
+    /// (`Draining`) went once, after the poll's top-up (`retired_environment`).
+    retired: Option<String>,
     link: Option<Arc<Link>>,
     /// The host and pid of the agent last connected to.
     agent: Option<(String, u32)>,
@@ -156,6 +172,21 @@ struct Job {
 }
 
 impl Job {
+    /// How long until Slurm ends it, from its end time as of `now`; `None` if not known (not
+    /// running, or no time limit).
+    fn time_left(&self, now: std::time::SystemTime) -> Option<Duration> {
+        self.ends_at
+            .map(|end| end.duration_since(now).unwrap_or(Duration::ZERO))
+    }
+
+    /// The phase of a job whose agent is connected: `Ready`, or `Draining` if it is retired.
+    fn connected_phase(&self) -> Phase {
+        match self.retired {
+            Some(_) => Phase::Draining,
+            None => Phase::Ready,
+        }
+    }
+
     /// Whether a trial of the core's still waits for, runs in or has its end held by this job.
     fn holds_trial(&self) -> bool {
         self.phase != Phase::Ended
@@ -359,7 +390,7 @@ impl SlurmService {
             .iter()
             // A retired allocation's report reaches the core only after what replaces it was
             // requested (`retired_environment`), not from a re-probe in between.
-            .filter(|j| !matches!(j.phase, Phase::Ended | Phase::Draining))
+            .filter(|j| j.phase != Phase::Ended && j.retired.is_none())
             .map(|job| job_environment(&ctx.args, job))
             .collect()
     }
@@ -446,7 +477,7 @@ impl SlurmService {
         }
     }
 
-    /// What the shutdown could not cancel (slurmctld unreachable for [`CANCEL_RETRY_LIMIT`]),
+    /// What the shutdown could not cancel (slurmctld unreachable for its [`SHUTDOWN_BUDGET`]),
     /// as one line naming the jobs and the `scancel` to run.
     pub fn not_cancelled(&self) -> Option<String> {
         lock(&self.context.shared).not_cancelled.clone()
@@ -484,6 +515,7 @@ impl SlurmService {
         self.shut_down = true;
         let Some(runtime) = &self.runtime else { return };
         let ctx = self.context.clone();
+        let deadline = std::time::Instant::now() + SHUTDOWN_BUDGET;
         // Starts under way finish first, so that the shutdown ends what they started.
         let starting = self.starting.take_all();
         runtime.block_on(async {
@@ -492,15 +524,17 @@ impl SlurmService {
                     start.wait().await;
                 }
             };
-            let _ = tokio::time::timeout(SHUTDOWN_LIMIT, all).await;
+            let _ = tokio::time::timeout(STARTS_PATIENCE, all).await;
+            shut_down(&ctx, tokio::time::Instant::from_std(deadline)).await;
         });
-        runtime.block_on(shut_down(&ctx));
         let _ = self.stop.send(true);
     }
 }
 
+/// Reports an allocation's state; a retired one was reported once (`retired_environment`), and
+/// takes no trial again, whatever its link does.
 fn emit_environment(ctx: &Context, job: &Job) {
-    if ctx.args.reuse_mode {
+    if ctx.args.reuse_mode && job.retired.is_none() {
         (ctx.emit)(ServiceEvent::Environment {
             environment: job_environment(&ctx.args, job),
         });
@@ -515,6 +549,44 @@ fn retired_environment(args: &SlurmArgs, job: &Job) -> Option<ServiceEvent> {
     args.reuse_mode.then(|| ServiceEvent::Environment {
         environment: job_environment(args, job),
     })
+}
+
+/// Why an allocation with `left` time left takes no new trial: less than `maxTrialDuration`, or
+/// than [`ENDING_MARGIN`]. `None`: it takes trials (or its end is not known).
+fn too_little_time(args: &SlurmArgs, left: Option<Duration>) -> Option<String> {
+    let left = left?;
+    match args.max_trial_duration {
+        Some(limit) if left < limit.max(ENDING_MARGIN) => Some(format!(
+            "{} s left, less than maxTrialDuration ({} s)",
+            left.as_secs(),
+            limit.as_secs()
+        )),
+        _ if left < ENDING_MARGIN => Some(format!(
+            "{} s left, less than the {} s a trial is given at least",
+            left.as_secs(),
+            ENDING_MARGIN.as_secs()
+        )),
+        _ => None,
+    }
+}
+
+/// Retires allocation `job` for `why`: it takes no new trial, for good; its running trials go
+/// on. Its report is queued for after the monitor's top-up (which requests what replaces it).
+fn retire(args: &SlurmArgs, shared: &mut Shared, index: usize, why: String) {
+    let job = &mut shared.jobs[index];
+    if job.retired.is_some() || job.phase == Phase::Ended {
+        return;
+    }
+    knob_plugin_api::log::info(&format!(
+        "training service slurm: {} (Slurm job {}) is retired ({why}): it takes no more trials",
+        job.environment_id, job.id
+    ));
+    job.retired = Some(why);
+    if job.phase == Phase::Ready {
+        job.phase = Phase::Draining;
+    }
+    let retired = retired_environment(args, job);
+    shared.after_top_up.extend(retired);
 }
 
 fn warn(ctx: &Context, trial_id: Option<String>, message: String) {
@@ -623,7 +695,8 @@ async fn submit(
         id,
         phase: Phase::Queued(monitor::submitted(id)),
         state: None,
-        time_left: None,
+        ends_at: None,
+        retired: None,
         link: None,
         agent: None,
         connect_failures: 0,
@@ -638,13 +711,28 @@ async fn submit(
         vanished: false,
         inventory: Value::Null,
     };
-    {
+    let stopping = {
         // In the queue from now on, in place of its place held while it was submitted.
         let mut shared = lock(&ctx.shared);
         if let Some(request) = &job.waiting_trial {
             shared.submitting.remove(&request.trial_id);
         }
         shared.jobs.push(job);
+        shared.stopping
+    };
+    if stopping {
+        // Submitted as the shutdown went on without waiting for it (`STARTS_PATIENCE`), after
+        // its cancel: cancelled now, not left to start and hold an allocation for nothing.
+        if let Some(job) = lock(&ctx.shared).jobs.iter_mut().find(|j| j.id == id) {
+            job.cancelled = Some("the experiment stopped".to_string());
+        }
+        if let Err(e) = commands::scancel(&[id]).await {
+            warn(
+                ctx,
+                None,
+                format!("training service slurm: job {id}, submitted as the experiment stopped, could not be cancelled ({e}): cancel it with `scancel {id}`"),
+            );
+        }
     }
     ctx.poke.notify_one();
     Ok(id)
@@ -864,24 +952,22 @@ async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Resul
         {
             return Err(start_error("it is already running".to_string()));
         }
-        let job = shared
+        let index = shared
             .jobs
-            .iter_mut()
-            .find(|j| j.environment_id == request.environment_id && j.phase != Phase::Ended)
+            .iter()
+            .position(|j| j.environment_id == request.environment_id && j.phase != Phase::Ended)
             .ok_or_else(|| SlurmError::UnknownEnvironment(request.environment_id.clone()))?;
-        if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, job.time_left) {
-            if left < limit {
-                return Err(start_error(format!(
-                    "allocation {} (Slurm job {}) ends in {} s, before maxTrialDuration ({} s)",
-                    job.environment_id,
-                    job.id,
-                    left.as_secs(),
-                    limit.as_secs()
-                )));
-            }
+        // Its time left as of now, from its end time: the last poll's is up to an interval old.
+        let left = shared.jobs[index].time_left(std::time::SystemTime::now());
+        if let Some(why) = too_little_time(&ctx.args, left) {
+            retire(&ctx.args, &mut shared, index, why);
+            // The monitor reports it retired and requests what replaces it now, not at its
+            // next poll.
+            ctx.poke.notify_one();
         }
+        let job = &mut shared.jobs[index];
         match (&job.phase, &job.link) {
-            (Phase::Ready, Some(link)) => {
+            (Phase::Ready, Some(link)) if job.retired.is_none() => {
                 job.running.insert(request.trial_id.clone());
                 job.ran_trials = true;
                 link.clone()
@@ -889,16 +975,21 @@ async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Resul
             // Retired since the core placed the trial (its time runs out, or it is not needed
             // after `knob update concurrency`): nothing ran, and the core places it again.
             (phase, _) => {
+                let why = match &job.retired {
+                    Some(why) => format!("it is retired: {why}"),
+                    None => format!("{phase:?}"),
+                };
                 return Err(start_error(format!(
-                    "allocation {} (Slurm job {}) takes no trials now ({phase:?}); {}",
+                    "allocation {} (Slurm job {}) takes no trials now ({why}); {}",
                     job.environment_id,
                     job.id,
                     knob_plugin_api::service::NOT_STARTED
-                )))
+                )));
             }
         }
     };
     let trial_id = request.trial_id.clone();
+    let request_environment = request.environment_id.clone();
     let outcome = link
         .request(|id| ToAgent::Start {
             id,
@@ -911,9 +1002,37 @@ async fn start_in_allocation(ctx: &Arc<Context>, request: TrialRequest) -> Resul
         for job in &mut shared.jobs {
             job.running.remove(&trial_id);
         }
+        let ending = shared.jobs.iter().position(|j| {
+            j.environment_id == request_environment
+                && (j.phase == Phase::Ended
+                    || too_little_time(&ctx.args, j.time_left(std::time::SystemTime::now()))
+                        .is_some())
+        });
+        let not_started = match (&why, ending) {
+            // The agent started nothing (as the `remote` service takes it): one that is
+            // shutting down, Slurm's time limit having signalled it, refuses every start.
+            (RequestError::Refused(_), _) => true,
+            // The link closed or went silent as the allocation ends: what may have started
+            // ends with it, and the core places the trial again rather than failing it.
+            (_, Some(_)) => true,
+            (_, None) => false,
+        };
+        if let Some(index) = ending {
+            let left = shared.jobs[index].time_left(std::time::SystemTime::now());
+            if let Some(why) = too_little_time(&ctx.args, left) {
+                retire(&ctx.args, &mut shared, index, why);
+                ctx.poke.notify_one();
+            }
+        }
         return Err(SlurmError::Start {
             trial: trial_id,
-            why: why.to_string(),
+            why: match not_started {
+                true => format!(
+                    "{request_environment}: {why}; {}",
+                    knob_plugin_api::service::NOT_STARTED
+                ),
+                false => why.to_string(),
+            },
         });
     }
     // Failed allocations are counted in a row: over days, a few that a node failure or a
@@ -1120,8 +1239,14 @@ async fn cancel_for_kill(ctx: &Arc<Context>, job_id: u64, trial_id: &str) {
     ctx.poke.notify_one();
 }
 
-async fn shut_down(ctx: &Arc<Context>) {
-    let links: Vec<Arc<Link>> = {
+/// The shutdown, done by `deadline` ([`SHUTDOWN_BUDGET`]): the agents are told to stop their
+/// trials and every job is cancelled at once (cancel first: a job left queued would start
+/// later and hold its allocation for nothing, and a cancel tried last was what a slow end cut
+/// off), then what remains of the budget waits for the jobs to leave the queue and for their
+/// trials' ends. A trial whose end has not come by then is reported ended now, with the stop's
+/// reason, and a warning names the jobs not seen to leave the queue.
+async fn shut_down(ctx: &Arc<Context>, deadline: tokio::time::Instant) {
+    let (links, ids) = {
         let mut shared = lock(&ctx.shared);
         shared.stopping = true;
         for job in &mut shared.jobs {
@@ -1129,20 +1254,37 @@ async fn shut_down(ctx: &Arc<Context>) {
                 job.cancelled = Some("the experiment stopped".to_string());
             }
         }
-        shared.jobs.iter().filter_map(|j| j.link.clone()).collect()
+        let links: Vec<Arc<Link>> = shared.jobs.iter().filter_map(|j| j.link.clone()).collect();
+        // Every job knob submitted and did not see end, by id whatever its name: nothing the
+        // experiment submitted stays queued after it.
+        let ids: Vec<u64> = shared
+            .jobs
+            .iter()
+            .filter(|j| j.phase != Phase::Ended || j.vanished)
+            .map(|j| j.id)
+            .collect();
+        (links, ids)
     };
+    // The agents stop their trials (each with its grace period) and report their ends while
+    // their link lasts; Slurm's own signals of the cancel reach the trials alike, and an end
+    // the agent could not report is the job's end, with the stop's reason.
     for link in &links {
         link.send(ToAgent::Shutdown);
     }
-    let deadline = tokio::time::Instant::now() + SHUTDOWN_LIMIT;
-    // The agents' trial ends arrive through the monitor's readers.
+    cancel_for_shutdown(ctx, &ids, deadline).await;
+    ctx.poke.notify_one();
+    // The monitor sees the jobs end and reports what still ran in them.
     loop {
         let changed = ctx.changed.notified();
-        let running = lock(&ctx.shared)
-            .jobs
-            .iter()
-            .any(|j| j.phase != Phase::Ended && j.link.is_some() && !j.running.is_empty());
-        if !running || tokio::time::Instant::now() >= deadline {
+        let (left, unreported) = {
+            let shared = lock(&ctx.shared);
+            let left = shared.jobs.iter().any(|j| j.phase != Phase::Ended);
+            (left, !shared.after_top_up.is_empty())
+        };
+        if !left && !unreported {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
             break;
         }
         let _ = tokio::time::timeout_at(
@@ -1151,77 +1293,112 @@ async fn shut_down(ctx: &Arc<Context>) {
         )
         .await;
     }
-    // Every job knob submitted and did not see end, by id whatever its name: nothing the
-    // experiment submitted stays queued after it.
-    let ids: Vec<u64> = lock(&ctx.shared)
+    // The budget is spent: the jobs still listed end here as cancelled (knob did), so that
+    // each trial's end is reported now rather than lost with the host's patience.
+    let left: Vec<(u64, usize)> = lock(&ctx.shared)
         .jobs
         .iter()
-        .filter(|j| j.phase != Phase::Ended || j.vanished)
+        .filter(|j| j.phase != Phase::Ended)
+        .map(|j| (j.id, j.running.len() + j.held.len()))
+        .collect();
+    for (id, _) in &left {
+        monitor::end_job(ctx, *id, "CANCELLED");
+    }
+    let ended = std::mem::take(&mut lock(&ctx.shared).after_top_up);
+    for event in ended {
+        (ctx.emit)(event);
+    }
+    if let Some(message) = left_behind(&left) {
+        warn(ctx, None, message);
+    }
+}
+
+/// What a shutdown whose budget ran out left behind, one line: the jobs (`id`, trials still in
+/// it) it cancelled but did not see leave the queue. `None` if none.
+fn left_behind(left: &[(u64, usize)]) -> Option<String> {
+    if left.is_empty() {
+        return None;
+    }
+    let ids: Vec<String> = left.iter().map(|(id, _)| id.to_string()).collect();
+    let trials: usize = left.iter().map(|(_, trials)| trials).sum();
+    let trials = match trials {
+        0 => String::new(),
+        n => format!(
+            "; {} still in them reported ended with the stop, without the agent's word",
+            counted(n, "trial", "trials")
+        ),
+    };
+    Some(format!(
+        "training service slurm stopped after {} s before {} {} {} seen to leave the queue{trials}: check with `squeue --jobs={}`",
+        SHUTDOWN_BUDGET.as_secs(),
+        match left.len() {
+            1 => "cancelled Slurm job",
+            _ => "cancelled Slurm jobs",
+        },
+        ids.join(", "),
+        match left.len() {
+            1 => "was",
+            _ => "were",
+        },
+        ids.join(","),
+    ))
+}
+
+/// `n` and the noun that goes with it: "1 trial", "2 trials".
+fn counted(n: usize, one: &str, many: &str) -> String {
+    match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
+/// `scancel`s `ids`, tried again while it fails (slurmctld restarting, or unreachable) until
+/// `deadline`; each try is cut off there too (one `scancel` may wait [`commands`]' own 30 s).
+/// What could not be cancelled is `Shared::not_cancelled`, which the shutdown's error says.
+async fn cancel_for_shutdown(ctx: &Arc<Context>, ids: &[u64], deadline: tokio::time::Instant) {
+    let mut pause = Duration::from_secs(1);
+    let why = loop {
+        let why = match tokio::time::timeout_at(deadline, commands::scancel(ids)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(why)) => why,
+            Err(_) => "scancel did not answer".to_string(),
+        };
+        if tokio::time::Instant::now() + pause >= deadline {
+            break why;
+        }
+        knob_plugin_api::log::warn(&format!(
+            "training service slurm: scancel {ids:?} failed ({why}); trying again in {} s",
+            pause.as_secs()
+        ));
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(10));
+    };
+    let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+    let message = format!(
+        "training service slurm could not cancel the experiment's Slurm {} {} ({why}, tried for {} s as it stopped); they may start and hold their allocation for nothing: cancel them with `scancel {}`",
+        match ids.len() {
+            1 => "job",
+            _ => "jobs",
+        },
+        list.join(", "),
+        SHUTDOWN_BUDGET.as_secs(),
+        list.join(" ")
+    );
+    // Said once, by the shutdown's error, which the core records: a warning sent now would say
+    // it again, or be lost with the run's last events.
+    let mut shared = lock(&ctx.shared);
+    shared.not_cancelled = Some(message);
+    // The monitor would wait for them to leave the queue: they will not. Their trials end
+    // with the stop's reason.
+    let unreported: Vec<u64> = shared
+        .jobs
+        .iter()
+        .filter(|j| ids.contains(&j.id) && j.phase != Phase::Ended)
         .map(|j| j.id)
         .collect();
-    let give_up = tokio::time::Instant::now() + CANCEL_RETRY_LIMIT;
-    let mut pause = Duration::from_secs(1);
-    loop {
-        match commands::scancel(&ids).await {
-            Ok(()) => break,
-            Err(why) if tokio::time::Instant::now() + pause < give_up => {
-                knob_plugin_api::log::warn(&format!(
-                    "training service slurm: scancel {ids:?} failed ({why}); trying again in {} s",
-                    pause.as_secs()
-                ));
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(10));
-            }
-            Err(why) => {
-                let list: Vec<String> = ids.iter().map(u64::to_string).collect();
-                let message = format!(
-                    "training service slurm could not cancel the experiment's Slurm job(s) {} ({why}, for {} s); they may start and hold their allocation for nothing: cancel them with `scancel {}`",
-                    list.join(", "),
-                    CANCEL_RETRY_LIMIT.as_secs(),
-                    list.join(" ")
-                );
-                // Said once, by the shutdown's error, which the core records: a warning sent
-                // now would say it again, or be lost with the run's last events.
-                lock(&ctx.shared).not_cancelled = Some(message);
-                // The monitor would wait for them to leave the queue: they will not.
-                for job in &mut lock(&ctx.shared).jobs {
-                    if ids.contains(&job.id) {
-                        job.phase = Phase::Ended;
-                    }
-                }
-                break;
-            }
-        }
-    }
-    ctx.poke.notify_one();
-    // The monitor sees the jobs end and reports what still ran in them.
-    loop {
-        let changed = ctx.changed.notified();
-        let (left, unreported) = {
-            let shared = lock(&ctx.shared);
-            let left = shared
-                .jobs
-                .iter()
-                .filter(|j| j.phase != Phase::Ended)
-                .count();
-            (left, !shared.after_top_up.is_empty())
-        };
-        if (left == 0 && !unreported) || tokio::time::Instant::now() >= deadline + SHUTDOWN_LIMIT {
-            // Whatever trial end the monitor has not emitted yet is emitted now.
-            let ended = std::mem::take(&mut lock(&ctx.shared).after_top_up);
-            for event in ended {
-                (ctx.emit)(event);
-            }
-            if left > 0 {
-                warn(
-                    ctx,
-                    None,
-                    format!("training service slurm stopped before {left} cancelled job(s) were seen to leave the queue"),
-                );
-            }
-            break;
-        }
-        let _ = tokio::time::timeout(Duration::from_millis(500), changed).await;
+    drop(shared);
+    for id in unreported {
+        monitor::end_job(ctx, id, "CANCELLED");
     }
 }
 
@@ -1298,5 +1475,203 @@ impl Drop for SlurmService {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(2));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    /// A service's context without a runtime, a monitor or Slurm, its events in `events`.
+    fn context(max_trial_duration: Option<u64>, events: &Arc<Mutex<Vec<ServiceEvent>>>) -> Context {
+        let dir = std::env::temp_dir().join("knob-slurm-unit");
+        let context = ServiceContext {
+            experiment_id: "unit".to_string(),
+            experiment_dir: Some(dir.clone()),
+            trial: knob_plugin_api::service::TrialSettings {
+                trial_concurrency: 1,
+                max_trial_duration_secs: max_trial_duration,
+                ..Default::default()
+            },
+            ..ServiceContext::default()
+        };
+        let config = serde_json::json!({"agentBinary": "/bin/true"});
+        let checked = check_config(&config, &context).unwrap();
+        let args = SlurmArgs::new(&Value::Object(checked.config), &context).unwrap();
+        let sink = events.clone();
+        Context {
+            submitter: Submitter::new(args.submit_interval),
+            late_start_failures: true,
+            shared: Mutex::new(Shared {
+                trial_concurrency: 1,
+                ..Shared::default()
+            }),
+            args,
+            emit: Arc::new(move |event| lock(&sink).push(event)),
+            agent: PathBuf::from("/bin/true"),
+            run_dir: dir,
+            changed: Notify::new(),
+            poke: Notify::new(),
+        }
+    }
+
+    /// Allocation `slurm:env1` (Slurm job 7), connected and taking trials, ending `left` from now.
+    fn allocation(left: Option<Duration>) -> Job {
+        Job {
+            key: "env1".to_string(),
+            environment_id: "slurm:env1".to_string(),
+            name: "knob-unit-env1".to_string(),
+            dir: std::env::temp_dir().join("knob-slurm-unit").join("env1"),
+            id: 7,
+            phase: Phase::Ready,
+            state: Some(JobState::parse("RUNNING")),
+            ends_at: left.map(|left| SystemTime::now() + left),
+            retired: None,
+            link: None,
+            agent: None,
+            connect_failures: 0,
+            missing_polls: 0,
+            running: BTreeSet::new(),
+            kills: BTreeMap::new(),
+            held: Vec::new(),
+            waiting_trial: None,
+            cancelled: None,
+            given_up: None,
+            ran_trials: false,
+            vanished: false,
+            inventory: Value::Null,
+        }
+    }
+
+    fn request(trial_id: &str) -> TrialRequest {
+        TrialRequest {
+            experiment_id: "unit".to_string(),
+            trial_id: trial_id.to_string(),
+            sequence: 0,
+            parameter_id: 0,
+            parameter_label: None,
+            parameters: Value::Null,
+            environment_id: "slurm:env1".to_string(),
+            command: "true".to_string(),
+            code_dir: PathBuf::from("/nonexistent"),
+            trial_dir: PathBuf::from("/nonexistent"),
+            gpu_indices: None,
+            env: BTreeMap::new(),
+            resources: Default::default(),
+        }
+    }
+
+    fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
+    /// The state the reports of `slurm:env1` gave, in order.
+    fn reported(events: &Arc<Mutex<Vec<ServiceEvent>>>) -> Vec<String> {
+        lock(events)
+            .iter()
+            .filter_map(|event| match event {
+                ServiceEvent::Environment { environment } if environment.id == "slurm:env1" => {
+                    Some(
+                        environment.inventory["status"]["state"]
+                            .as_str()?
+                            .to_string(),
+                    )
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_allocations_time_left_is_measured_against_what_a_trial_needs() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let minutes = |m: u64| Some(Duration::from_secs(m * 60));
+        let with_limit = context(Some(300), &events);
+        assert_eq!(too_little_time(&with_limit.args, minutes(10)), None);
+        assert_eq!(
+            too_little_time(&with_limit.args, minutes(4)).as_deref(),
+            Some("240 s left, less than maxTrialDuration (300 s)")
+        );
+        // Unlimited, or not running yet: no end to measure against.
+        assert_eq!(too_little_time(&with_limit.args, None), None);
+        // Without maxTrialDuration, an allocation about to end takes no trial either.
+        let without = context(None, &events);
+        assert_eq!(too_little_time(&without.args, minutes(1)), None);
+        assert_eq!(
+            too_little_time(&without.args, Some(Duration::from_secs(20))).as_deref(),
+            Some("20 s left, less than the 30 s a trial is given at least")
+        );
+        // The time left is the end time's, now: not a time left read at the last poll.
+        let ended = Job {
+            ends_at: Some(SystemTime::now() - Duration::from_secs(5)),
+            ..allocation(None)
+        };
+        assert_eq!(ended.time_left(SystemTime::now()), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_start_on_an_allocation_about_to_end_is_not_started_and_retires_it() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ctx = Arc::new(context(Some(300), &events));
+        // Ready as of the last poll, which read 10 minutes left; 2 minutes are left now.
+        lock(&ctx.shared)
+            .jobs
+            .push(allocation(Some(Duration::from_secs(120))));
+        let refused = block_on(start_in_allocation(&ctx, request("late")))
+            .unwrap_err()
+            .to_string();
+        // The core places it again (elsewhere): it is no FAILED trial.
+        assert!(
+            refused.ends_with(knob_plugin_api::service::NOT_STARTED),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("s left, less than maxTrialDuration (300 s)"),
+            "{refused}"
+        );
+        let shared = lock(&ctx.shared);
+        let job = &shared.jobs[0];
+        assert!(job.running.is_empty());
+        assert_eq!(job.phase, Phase::Draining);
+        // Retired: its report waits for the monitor's top-up, which requests a fresh one.
+        assert_eq!(shared.after_top_up.len(), 1);
+        drop(shared);
+        let service_view: Vec<_> = lock(&ctx.shared)
+            .jobs
+            .iter()
+            .filter(|j| j.phase != Phase::Ended && j.retired.is_none())
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(service_view, Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_retired_allocation_stays_retired_when_its_agents_link_closes_and_comes_back() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ctx = Arc::new(context(Some(300), &events));
+        let mut job = allocation(Some(Duration::from_secs(120)));
+        job.running.insert("t1".to_string());
+        lock(&ctx.shared).jobs.push(job);
+        {
+            let mut shared = lock(&ctx.shared);
+            retire(&ctx.args, &mut shared, 0, "120 s left".to_string());
+        }
+        // The link closes: the job waits to be reconnected (its trial's end comes through
+        // it), and says nothing that would make the core place trials on it.
+        monitor::on_incoming(&ctx, 7, link::Incoming::Closed("srun ended".to_string()));
+        assert_eq!(reported(&events), Vec::<String>::new());
+        let shared = lock(&ctx.shared);
+        let job = &shared.jobs[0];
+        assert!(matches!(job.phase, Phase::Queued(_)), "{:?}", job.phase);
+        let now = environment::job_environment(&ctx.args, job);
+        assert!(!now.ready);
+        assert_eq!(now.inventory["status"]["state"], "draining");
+        // Connected again (`monitor::connect_job`): draining, not ready.
+        assert_eq!(job.connected_phase(), Phase::Draining);
     }
 }

@@ -87,7 +87,7 @@ async fn top_up_allocations(ctx: &Context) {
             let live = shared
                 .jobs
                 .iter()
-                .filter(|j| !matches!(j.phase, Phase::Ended | Phase::Draining))
+                .filter(|j| j.phase != Phase::Ended && j.retired.is_none())
                 .count();
             // No allocation of this config can ever run: that was said, once.
             if shared.never.is_some() {
@@ -148,6 +148,7 @@ fn release_idle_allocations(ctx: &Context, shared: &mut super::Shared, excess: u
     let idle = |j: &super::Job| {
         matches!(j.phase, Phase::Queued(_) | Phase::Ready)
             && j.cancelled.is_none()
+            && j.retired.is_none()
             && !j.holds_trial()
     };
     let mut chosen: Vec<usize> = (0..shared.jobs.len())
@@ -161,6 +162,7 @@ fn release_idle_allocations(ctx: &Context, shared: &mut super::Shared, excess: u
         let job = &mut shared.jobs[i];
         job.phase = Phase::Draining;
         job.cancelled = Some(reason.clone());
+        job.retired = Some(reason.clone());
         ids.push(job.id);
         let retired = retired_environment(&ctx.args, job);
         shared.after_top_up.extend(retired);
@@ -194,8 +196,8 @@ async fn update_jobs(
     for (id, name, dir) in jobs {
         // Id and name: a reused id of another job is not ours.
         let row = rows.iter().find(|r| r.id == id && r.name == name);
-        let (state, reason, time_left) = match row {
-            Some(row) => (Some(row.state.clone()), row.reason.clone(), row.time_left),
+        let (state, reason, ends_at) = match row {
+            Some(row) => (Some(row.state.clone()), row.reason.clone(), row.ends_at),
             None => (ended_state(id, &name, &dir).await, None, None),
         };
         let Some(state) = state else {
@@ -236,7 +238,7 @@ async fn update_jobs(
         let never;
         let mut released = Vec::new();
         let mut shutdown = None;
-        let mut retired = None;
+        let mut retire = None;
         let connect = {
             let mut shared = lock(&ctx.shared);
             let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) else {
@@ -244,7 +246,8 @@ async fn update_jobs(
             };
             job.missing_polls = 0;
             job.state = Some(state.clone());
-            job.time_left = time_left;
+            // A pending job's end time is Slurm's guess at its start plus its limit.
+            job.ends_at = ends_at.filter(|_| matches!(state, JobState::Running(_)));
             if state == JobState::Running("RUNNING".to_string()) && !job.held.is_empty() {
                 let hold = HOLD_AT_LEAST.max(ctx.args.poll_interval * 3);
                 let (old, young): (Vec<_>, Vec<_>) = std::mem::take(&mut job.held)
@@ -306,41 +309,35 @@ async fn update_jobs(
                     }
                     false
                 }
+                // Retired and its trials all ended: it is cancelled, so that its CPUs and GPUs
+                // go back to the cluster (and to what replaces it) instead of sitting idle until
+                // Slurm's TIMEOUT; one whose link closed is not connected to again for nothing.
+                (JobState::Running(_), Phase::Queued(_) | Phase::Draining)
+                    if job.retired.is_some() && job.cancelled.is_none() && !job.holds_trial() =>
+                {
+                    let why = job.retired.as_deref().unwrap_or_default();
+                    job.cancelled = Some(format!("retired ({why}) and its trials ended"));
+                    release = Some(id);
+                    false
+                }
                 (JobState::Running(_), Phase::Queued(_)) => {
                     // The agent is up once its socket exists (the shared filesystem shows it).
                     let cancelled = job.cancelled.is_some() || job.given_up.is_some();
                     connects_to(&state, cancelled) && crate::agent::socket_path(&dir).exists()
                 }
-                // Retired for its time left and its trials all ended: it is cancelled, so that
-                // its CPUs and GPUs go back to the cluster (and to what replaces it) instead of
-                // sitting idle until Slurm's TIMEOUT.
-                (JobState::Running(_), Phase::Draining)
-                    if job.cancelled.is_none() && !job.holds_trial() =>
-                {
-                    job.cancelled = Some(
-                        "retired (less time left than maxTrialDuration) and its trials ended"
-                            .to_string(),
-                    );
-                    release = Some(id);
-                    false
-                }
                 (JobState::Running(_), Phase::Ready) => {
-                    if let (Some(limit), Some(left)) = (ctx.args.max_trial_duration, time_left) {
-                        if left < limit {
-                            job.phase = Phase::Draining;
-                            retired = retired_environment(&ctx.args, job);
-                            knob_plugin_api::log::info(&format!(
-                                "training service slurm: {} (job {id}) has {} s left, less than maxTrialDuration; it takes no more trials and a new allocation is requested",
-                                job.environment_id,
-                                left.as_secs()
-                            ));
-                        }
-                    }
+                    let left = job.time_left(std::time::SystemTime::now());
+                    retire = super::too_little_time(&ctx.args, left);
                     false
                 }
                 _ => false,
             };
-            shared.after_top_up.extend(retired);
+            if let Some(why) = retire {
+                // A new allocation is requested by this poll's top-up.
+                if let Some(index) = shared.jobs.iter().position(|j| j.id == id) {
+                    super::retire(&ctx.args, &mut shared, index, why);
+                }
+            }
             connect
         };
         // The job runs on: those trials ended by themselves (or their agent was stopped by
@@ -516,7 +513,9 @@ async fn connect_job(
                 job.agent = Some(welcome.agent);
                 job.inventory = welcome.inventory;
                 job.link = Some(link.clone());
-                job.phase = Phase::Ready;
+                // A retired allocation stays so when its link is back: it was reported
+                // retired, and a new one replaces it.
+                job.phase = job.connected_phase();
                 job.connect_failures = 0;
                 emit_environment(ctx, job);
                 if let Some(request) = job.waiting_trial.take() {
@@ -573,7 +572,7 @@ async fn connect_job(
         let mut shared = lock(&ctx.shared);
         if let Some(job) = shared.jobs.iter_mut().find(|j| j.id == id) {
             if job.link.is_some() && job.cancelled.is_none() {
-                job.phase = Phase::Ready;
+                job.phase = job.connected_phase();
                 emit_environment(ctx, job);
             }
         }
