@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use knob_plugin_api::service::{
     Environment, MetricKind, ServiceContext, ServiceEvent, TrialRequest, TrialSettings,
+    NOT_STARTED, SHUTDOWN_PATIENCE,
 };
 use knob_plugin_api::TrainingService;
 use knob_training_services::slurm::{check_config, SlurmService, QUEUE_ENVIRONMENT};
@@ -1137,6 +1138,40 @@ fn a_stop_while_the_controller_is_down_cancels_the_jobs_once_it_is_back() {
     );
 }
 
+/// A controller down for the whole shutdown: the service gives up within its budget, well
+/// inside the host's patience, names the job it could not cancel, and reports its trial's end;
+/// it had tried `scancel` for 60 s after waiting 20 s for the trials, so the host gave up on
+/// it first and its last word was lost.
+#[test]
+fn a_stop_with_the_controller_down_throughout_ends_within_the_hosts_patience() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("ctlddownlong");
+    let mut service = world.service(json!({}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    start_long_trial(&world, &mut service, "held");
+    let mut down = ControllerDown::new();
+    let began = Instant::now();
+    service.stop();
+    let took = began.elapsed();
+    let not_cancelled = service.not_cancelled();
+    down.restart();
+    let _ = Command::new("scancel").arg(job.to_string()).status();
+    assert!(
+        took < SHUTDOWN_PATIENCE - Duration::from_secs(10),
+        "the shutdown took {took:?}"
+    );
+    let said = not_cancelled.unwrap_or_else(|| panic!("no word of the job left queued"));
+    assert!(
+        said.contains(&format!("Slurm job {job} ")) && said.contains(&format!("`scancel {job}`")),
+        "{said}"
+    );
+    let events = of_trial(&world.events.all(), "held");
+    assert!(ending(&events).2.is_some(), "{events:#?}");
+}
+
 /// A trial's own job (`reuseMode: false`) waits for `sbatch`, seconds or more on a busy
 /// controller: the start must not hold the service's other calls (nor the manager's loop, which
 /// awaits each), a kill asked for meanwhile must cancel the job once it is in, and a job Slurm
@@ -1321,6 +1356,66 @@ fn a_resume_reports_each_job_it_cancelled_once() {
     assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
 }
 
+/// When Slurm ends job `id` (`EndTime`), by `scontrol`.
+fn end_time(id: u64) -> std::time::SystemTime {
+    let out = Command::new("scontrol")
+        .args(["show", "job", "--oneliner", &id.to_string()])
+        .env("SLURM_TIME_FORMAT", "%s")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let seconds: u64 = text
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("EndTime="))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no EndTime in {text}"));
+    std::time::UNIX_EPOCH + Duration::from_secs(seconds)
+}
+
+/// A start between two polls, on an allocation whose end is nearer than a trial is given at
+/// least: the time left is the end time's, now, not the last poll's; the allocation is retired
+/// and a fresh one requested, and the trial is not started (the core places it again), where it
+/// had been started and killed by Slurm's time limit.
+#[test]
+fn a_start_on_an_allocation_about_to_end_is_not_started_and_a_fresh_one_is_requested() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let world = World::new("ending");
+    // A minute's time limit, no maxTrialDuration, and polls 25 s apart: the last poll before
+    // the start below read more than 30 s left.
+    let mut service = world.service(json!({"time": "1", "pollIntervalSecs": 25}));
+    wait_ready(&service, 1);
+    let job = service.job_ids()[0];
+    let start_at = end_time(job) - Duration::from_secs(25);
+    if let Ok(wait) = start_at.duration_since(std::time::SystemTime::now()) {
+        std::thread::sleep(wait);
+    }
+    let refused = service
+        .start(world.request("slurm:env1", "late", "echo KNOB_FINAL 1"))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.ends_with(NOT_STARTED), "{refused}");
+    assert!(refused.contains("s left, less than the 30 s"), "{refused}");
+    wait_for("a fresh allocation", Duration::from_secs(30), || {
+        service
+            .environments_now()
+            .iter()
+            .any(|e| e.id == "slurm:env2")
+            .then_some(())
+    });
+    assert!(
+        service
+            .environments_now()
+            .iter()
+            .all(|e| e.id != "slurm:env1"),
+        "{:?}",
+        service.environments_now()
+    );
+    service.stop();
+    assert_eq!(queued_jobs(&world.experiment_id), Vec::<u64>::new());
+}
+
 #[test]
 fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
     let Some(_cluster) = cluster() else {
@@ -1370,8 +1465,43 @@ fn an_allocation_reaching_its_time_limit_drains_and_loses_its_trial() {
         .unwrap_err()
         .to_string();
     assert!(
-        refused.contains("takes no trials now") || refused.contains("before maxTrialDuration"),
+        refused.contains("takes no trials now") && refused.ends_with(NOT_STARTED),
         "{refused}"
+    );
+    // Its agent's link closes and is connected again: it stays retired (it had come back
+    // ready, and taken trials it had no time for).
+    let link_pids = || {
+        let step = format!("^srun --jobid={job} --overlap");
+        let out = Command::new("pgrep").args(["-f", &step]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = link_pids();
+    let reports_before = world.events.all().len();
+    signal_link(job, "KILL");
+    wait_for(
+        "the agent to be reconnected",
+        Duration::from_secs(20),
+        || {
+            let now = link_pids();
+            (!now.trim().is_empty() && now != first).then_some(())
+        },
+    );
+    // The reconnection's report, if one were sent, comes as the link is up.
+    std::thread::sleep(Duration::from_secs(2));
+    let since: Vec<_> = world.events.all().split_off(reports_before);
+    assert!(
+        !since.iter().any(|event| matches!(event,
+            ServiceEvent::Environment { environment: e }
+                if e.id == "slurm:env1" && e.inventory["status"]["state"] != "draining")),
+        "{since:#?}"
+    );
+    assert!(
+        service
+            .environments_now()
+            .iter()
+            .all(|e| e.id != "slurm:env1"),
+        "{:?}",
+        service.environments_now()
     );
     wait_for("a second allocation", Duration::from_secs(30), || {
         service
