@@ -1324,8 +1324,12 @@ fn left_behind(left: &[(u64, usize)]) -> Option<String> {
     let trials = match trials {
         0 => String::new(),
         n => format!(
-            "; {} still in them reported ended with the stop, without the agent's word",
-            counted(n, "trial", "trials")
+            " ({} in {} recorded ended by the stop, without the agent's word)",
+            counted(n, "trial", "trials"),
+            match left.len() {
+                1 => "it",
+                _ => "them",
+            }
         ),
     };
     Some(format!(
@@ -1585,6 +1589,19 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn what_a_shutdown_out_of_time_left_is_said_in_one_line_in_the_right_number() {
+        assert_eq!(left_behind(&[]), None);
+        assert_eq!(
+            left_behind(&[(7, 1)]).unwrap(),
+            "training service slurm stopped after 45 s before cancelled Slurm job 7 was seen to leave the queue (1 trial in it recorded ended by the stop, without the agent's word): check with `squeue --jobs=7`"
+        );
+        assert_eq!(
+            left_behind(&[(7, 0), (9, 2)]).unwrap(),
+            "training service slurm stopped after 45 s before cancelled Slurm jobs 7, 9 were seen to leave the queue (2 trials in them recorded ended by the stop, without the agent's word): check with `squeue --jobs=7,9`"
+        );
     }
 
     #[test]
