@@ -303,7 +303,8 @@ impl Serialize for Intermediates<'_> {
 
 /// One row per trial; parameters flattened into one column each (nested choices as `a/b`; two
 /// values that would share a name are told apart as [`column_names`] says), the latest
-/// attempt's intermediate results as a JSON list in one column. A final result reported as a dict gives
+/// attempt's intermediate results as a JSON list in one column; `final_raw` is the final result
+/// as reported (the JSON export's `final_raw`). A final result reported as a dict gives
 /// each of its entries but `default` (which is `final`) a `final:` column, so that the other
 /// metrics and a multi-objective experiment's objectives are there as numbers; with
 /// `objectives`, a `pareto` column says which trials are on the front, as in the JSON.
@@ -343,6 +344,7 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
         "sequence",
         "status",
         "final",
+        "final_raw",
         "started_ms",
         "ended_ms",
         "duration_s",
@@ -386,6 +388,10 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
             trial.sequence.to_string(),
             trial.status.as_str().to_string(),
             trial.final_metric().map(final_cell).unwrap_or_default(),
+            trial
+                .final_metric()
+                .map(|m| m.raw.clone())
+                .unwrap_or_default(),
             started.map(|v| v.to_string()).unwrap_or_default(),
             ended.map(|v| v.to_string()).unwrap_or_default(),
             match (started, ended) {
@@ -426,7 +432,7 @@ pub fn write_csv(state: &ExperimentState, out: &mut dyn Write) -> csv::Result<()
 /// (`value` is None), so it is read again from what the trial sent.
 fn final_cell(metric: &crate::store::MetricRecord) -> String {
     if let Some(value) = metric.value {
-        return value.to_string();
+        return number_cell(value);
     }
     match knob_plugin_api::metric::default_value(&metric.raw) {
         Ok(value) if value.is_nan() => "NaN".to_string(),
@@ -434,6 +440,24 @@ fn final_cell(metric: &crate::store::MetricRecord) -> String {
         Ok(value) if value == f64::NEG_INFINITY => "-Infinity".to_string(),
         // Not a number at all: nothing a column of numbers can hold.
         _ => String::new(),
+    }
+}
+
+/// A finite number as a cell: the shortest text that reads back as the same number, with an
+/// exponent outside 1e-5..1e16 (`1e-7`, `1e+300`, `0.30000000000000004`, `3`), as the JSON export and
+/// the `final:`, `param:` and `intermediate` cells beside it write numbers (serde_json's, as
+/// Python's `repr` and JSON writers do). Rust's `Display` wrote 1e-7 as `0.0000001` and 1e300
+/// as 301 digits.
+fn number_cell(value: f64) -> String {
+    let Some(number) = serde_json::Number::from_f64(value) else {
+        return String::new();
+    };
+    // A whole number without serde_json's `.0` (`3`, as reported and as `Display` wrote it):
+    // the shortest text that reads back the same.
+    let text = number.to_string();
+    match text.strip_suffix(".0") {
+        Some(whole) => whole.to_string(),
+        None => text,
     }
 }
 

@@ -259,33 +259,36 @@ fn the_csv_export_has_a_column_for_each_entry_of_a_final_dict() {
             .knob()
             .args(["experiment", "export", "dict", "--format", "csv"]));
     assert_eq!(code, 0, "{stderr}");
-    let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(lines.len(), 2, "{csv}");
-    let cells = |line: &str| line.split(',').map(str::to_string).collect::<Vec<_>>();
-    let (header, row) = (cells(lines[0]), cells(lines[1]));
+    let (header, rows) = crate::csv_table(&csv);
+    assert_eq!(rows.len(), 1, "{csv}");
+    let row = &rows[0];
     let cell = |name: &str| {
         let at = header.iter().position(|c| c == name);
         at.map(|at| row[at].clone())
     };
     assert_eq!(cell("final").as_deref(), Some("0.5"), "{csv}");
+    // The final as reported, right after `final` (the JSON export's `final_raw`).
+    let at = |name: &str| header.iter().position(|c| c == name);
+    assert_eq!(at("final_raw"), at("final").map(|at| at + 1), "{csv}");
+    assert_eq!(
+        cell("final_raw").as_deref(),
+        Some(r#"{"default": 0.5, "epochs": 3, "loss": NaN}"#),
+        "{csv}"
+    );
     assert_eq!(cell("final:epochs").as_deref(), Some("3"), "{csv}");
     assert_eq!(cell("final:loss").as_deref(), Some("NaN"), "{csv}");
     assert_eq!(cell("final:default"), None, "{csv}");
     assert_eq!(cell("pareto"), None, "no objectives, no front: {csv}");
 }
 
-/// A CSV export's header and rows, split at commas (the values these tests write hold none).
+/// A CSV export's header and rows.
 fn csv_of(sandbox: &Sandbox, id: &str) -> (Vec<String>, Vec<Vec<String>>) {
     let (code, csv, stderr) =
         run(sandbox
             .knob()
             .args(["experiment", "export", id, "--format", "csv"]));
     assert_eq!(code, 0, "{stderr}");
-    let mut lines = csv
-        .lines()
-        .map(|line| line.split(',').map(str::to_string).collect::<Vec<_>>());
-    let header = lines.next().unwrap_or_default();
-    (header, lines.collect())
+    crate::csv_table(&csv)
 }
 
 /// Two values whose flattened names would be the same (a parameter `opt/lr` beside `lr` inside

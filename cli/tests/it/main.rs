@@ -101,6 +101,18 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A CSV export's header and rows, read as CSV (a cell such as `final_raw` holds commas and
+/// quotes).
+pub fn csv_table(csv: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let header = reader.headers().unwrap().iter().map(String::from).collect();
+    let rows = reader
+        .records()
+        .map(|row| row.unwrap().iter().map(String::from).collect())
+        .collect();
+    (header, rows)
+}
+
 /// Replaces machine-specific paths so outputs can be compared as text.
 pub fn normalize(text: &str) -> String {
     text.replace(&bin_dir().display().to_string(), "$BIN")

@@ -139,12 +139,11 @@ fn a_two_objective_experiment_with_a_constraint_has_a_pareto_front() {
             .knob()
             .args(["experiment", "export", "mo", "--format", "csv"]));
     assert_eq!(code, 0, "{stderr}");
-    let mut rows = csv.lines().map(|l| l.split(',').collect::<Vec<_>>());
-    let header = rows.next().unwrap();
+    let (header, rows) = crate::csv_table(&csv);
     let column = |name: &str| {
         header
             .iter()
-            .position(|c| *c == name)
+            .position(|c| c == name)
             .unwrap_or_else(|| panic!("no column {name}: {header:?}"))
     };
     let (id, pareto, accuracy, latency, memory_over) = (

@@ -1576,6 +1576,85 @@ fn the_csv_export_has_the_latest_attempts_intermediate_results() {
     assert_eq!(attempts, [1, 1, 2, 2, 2]);
 }
 
+/// The CSV's `final` is written as the JSON export writes numbers (shortest round trip, an
+/// exponent outside 1e-5..1e16; Rust's `Display` gave `0.0000001` and 301 digits), and
+/// `final_raw`, right after it, is the final as reported (a dict was only in the JSON export).
+#[test]
+fn the_csv_export_writes_numbers_shortest_and_the_final_as_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    let raws = [
+        "1e-7",
+        "1e300",
+        "0.30000000000000004",
+        "0.00001",
+        "1e16",
+        "3",
+        r#"{"default": 1.5e-9, "acc": 0.5}"#,
+        "NaN",
+    ];
+    for (index, raw) in raws.iter().enumerate() {
+        let id = format!("t{index}");
+        put(&store, trial(&id, index as u64));
+        put(&store, started(&id, 1));
+        let value = knob_plugin_api::metric::default_value(raw)
+            .ok()
+            .filter(|v| v.is_finite());
+        put(
+            &store,
+            StoreEvent::Metric {
+                trial_id: id.clone(),
+                attempt: 1,
+                kind: MetricKind::Final,
+                trial_sequence: 0,
+                raw: raw.to_string(),
+                value,
+            },
+        );
+        put(&store, ended(&id, 1, TrialStatus::Succeeded));
+    }
+    put(&store, trial("none", 99));
+    let state = store.replay().unwrap();
+    let mut csv = Vec::new();
+    knob_core::export::write_csv(&state, &mut csv).unwrap();
+    let csv = String::from_utf8(csv).unwrap();
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let headers: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    let at = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    assert_eq!(at("final_raw"), at("final") + 1, "{headers:?}");
+    let cells: Vec<(String, String, String)> = reader
+        .records()
+        .map(|row| {
+            let row = row.unwrap();
+            (
+                row[at("final")].to_string(),
+                row[at("final_raw")].to_string(),
+                row[at("final:acc")].to_string(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String, String)> = [
+        ("1e-7", "1e-7", ""),
+        ("1e+300", "1e300", ""),
+        ("0.30000000000000004", "0.30000000000000004", ""),
+        ("0.00001", "0.00001", ""),
+        ("1e+16", "1e16", ""),
+        ("3", "3", ""),
+        ("1.5e-9", r#"{"default": 1.5e-9, "acc": 0.5}"#, "0.5"),
+        ("NaN", "NaN", ""),
+        ("", "", ""),
+    ]
+    .iter()
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+    .collect();
+    assert_eq!(cells, expected, "{csv}");
+    // Every number cell reads back as the number stored.
+    for (cell, raw) in cells.iter().zip(raws.iter().take(6)) {
+        assert_eq!(cell.0.parse::<f64>().unwrap(), raw.parse::<f64>().unwrap());
+    }
+}
+
 /// The JSON export is written part by part (`write_json`; a million intermediate results took
 /// 2 GB as one value, H2 F3): its bytes are those of the whole value written pretty, on trials
 /// with and without intermediate results, retried ones, PBT members, odd metrics and warnings.
