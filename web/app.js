@@ -170,7 +170,7 @@ function trialsFromColumns(page) {
       if (v !== null) parameters[name] = v;
     }
     const t = { trial_id: c.trial_id[i], sequence: c.sequence[i], status: c.status[i], attempts: c.attempts[i],
-      started_ms: c.started_ms[i], ended_ms: c.ended_ms[i], duration_ms: c.duration_ms[i], final_value: c.final_value[i],
+      started_ms: c.started_ms[i], ended_ms: c.ended_ms[i], duration_ms: c.duration_ms[i], final_value: c.final_value[i], ranks: c.ranks[i],
       environment_id: c.environment_id[i], end_message: c.end_message[i], waiting_reason: c.waiting_reason[i], parameters };
     flatCache.set(t, parameters);
     rows.push(t);
@@ -239,6 +239,14 @@ function addMetric(m) {
 
 const better = (a, b) => (maximize() ? a > b : a < b);
 
+// "Best" is the server's rule, taken as it is (`objectives::Ranking`, each trial's `ranks`): a
+// trial ranks when it SUCCEEDED with a finite final and, with objectives, every listed metric
+// finite and every constraint met. So the chart's best, the best table (the API's
+// `best_trials`), `knob experiment show` and the e-mails name the same trial.
+const ranks = (t) => t.ranks === true && typeof t.final_value === "number";
+// Best first; a tie goes to the earlier trial (`objectives::best_first`).
+const bestFirst = (a, b) => (maximize() ? b.final_value - a.final_value : a.final_value - b.final_value) || a.sequence - b.sequence;
+
 // The threshold filter: a trial's final result, or while it has none its latest report, must be
 // at least as good as the threshold. A running trial whose curve is not loaded yet stays in (it
 // is judged once its reports are in).
@@ -255,8 +263,7 @@ function passesThreshold(t) {
 function curveTrials() {
   let trials = startedTrials().filter(passesThreshold);
   if (state.curveMode === "best") {
-    const sign = maximize() ? -1 : 1;
-    trials = trials.filter((t) => typeof t.final_value === "number").sort((a, b) => sign * (a.final_value - b.final_value) || a.sequence - b.sequence);
+    trials = trials.filter(ranks).sort(bestFirst);
   } else {
     trials.sort((a, b) => b.sequence - a.sequence);
   }
@@ -898,18 +905,18 @@ function renderCharts() {
   // The best-so-far line holds a point only where the best changes, and one at the last trial
   // (a step line through those draws the same as one point per trial, at a few dozen points
   // instead of 10 000).
+  // Only trials that rank count toward the best (a final from a trial that then failed does not).
   let best = null;
   let bestTrial = null;
   const bestLine = [];
-  const max = maximize();
   for (const t of finished) {
-    if (best === null || (max ? t.final_value > best : t.final_value < best)) {
+    if (ranks(t) && (bestTrial === null || bestFirst(t, bestTrial) < 0)) {
       best = t.final_value;
       bestTrial = t;
       bestLine.push([t.sequence, best]);
     }
   }
-  if (finished.length && bestLine[bestLine.length - 1][0] !== finished[finished.length - 1].sequence) {
+  if (bestLine.length && bestLine[bestLine.length - 1][0] !== finished[finished.length - 1].sequence) {
     bestLine.push([finished[finished.length - 1].sequence, best]);
   }
   let start = performance.now();
@@ -1124,7 +1131,9 @@ function renderPareto() {
   const infeasible = drawn.filter((t) => !t.feasible);
   const point = (t) => [t.values[x], t.values[y]];
   const goals = objectives.filter((o) => !o.constraint).length;
-  $("pareto-note").textContent = `(${front.length} of ${answer.trials.length} on the front` + (infeasible.length ? `, ${infeasible.length} infeasible` : "") + (goals > 2 ? `; front over all ${goals} objectives` : "") + ")";
+  // A trial with a metric NaN or infinite is never on the front, whatever it meets.
+  const incomplete = answer.trials.filter((t) => t.complete === false).length;
+  $("pareto-note").textContent = `(${front.length} of ${answer.trials.length} on the front` + (infeasible.length ? `, ${infeasible.length} infeasible` : "") + (incomplete ? `, ${incomplete} with a metric NaN or infinite` : "") + (goals > 2 ? `; front over all ${goals} objectives` : "") + ")";
   // With exactly two objectives on the axes the front is a staircase: drawn as one.
   const staircase = goals === 2 && !objectives[x].constraint && !objectives[y].constraint && x !== y;
   const sortedFront = [...front].sort((a, b) => a.values[x] - b.values[x]);

@@ -166,11 +166,22 @@ fn pareto_table(
     }
     if !all {
         let infeasible = entries.iter().filter(|e| !e.feasible).count();
+        let incomplete = entries.iter().filter(|e| e.feasible && !e.complete).count();
         entries.retain(|e| e.pareto);
         // An empty front says why, rather than a header alone.
-        if entries.is_empty() && infeasible > 0 {
+        if entries.is_empty() && infeasible + incomplete > 0 {
+            let mut why = Vec::new();
+            if infeasible > 0 {
+                why.push(format!("{infeasible} broke a constraint"));
+            }
+            if incomplete > 0 {
+                why.push(format!(
+                    "{incomplete} reported an objective that is NaN or infinite"
+                ));
+            }
             return Ok(format!(
-                "no trial met every constraint ({infeasible} broke one or lacked a metric: `knob experiment pareto {id} --all` lists them)"
+                "no trial is on the Pareto front ({}: `knob experiment pareto {id} --all` lists them)",
+                why.join(", ")
             ));
         }
         if entries.is_empty() {
@@ -185,14 +196,11 @@ fn pareto_table(
         .position(|o| o.constraint.is_none())
         .unwrap_or(0);
     let maximize = objectives[first].direction() == Direction::Maximize;
-    entries.sort_by(|a, b| {
-        let key = |e: &knob_core::objectives::ParetoEntry| e.values[first].unwrap_or(f64::NAN);
-        let order = key(a).total_cmp(&key(b));
-        if maximize {
-            order.reverse()
-        } else {
-            order
-        }
+    // A trial without a finite first objective goes last (a NaN had sorted first, as if best).
+    entries.sort_by(|a, b| match (a.values[first], b.values[first]) {
+        (Some(a), Some(b)) if maximize => b.total_cmp(&a),
+        (Some(a), Some(b)) => a.total_cmp(&b),
+        (a, b) => b.is_some().cmp(&a.is_some()),
     });
     let mut header: Vec<String> = vec!["trial".into()];
     for objective in &objectives {
@@ -212,7 +220,7 @@ fn pareto_table(
         .iter()
         .map(|e| {
             let mut row = vec![e.trial_id.clone()];
-            row.extend(e.values.iter().map(|v| crate::table::metric(*v)));
+            row.extend(e.reported.iter().map(|v| reported_cell(*v)));
             if all {
                 row.push(if e.feasible { "yes" } else { "no" }.into());
                 row.push(if e.pareto { "yes" } else { "no" }.into());
@@ -222,6 +230,16 @@ fn pareto_table(
         .collect();
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     Ok(render(&header, &rows))
+}
+
+/// An objective's cell as the trial reported it: a NaN or infinity spelt so (it is never on the
+/// front, and a blank would not say why), `-` for a metric it did not report as a number.
+fn reported_cell(value: Option<f64>) -> String {
+    match value {
+        Some(v) if v.is_nan() => "nan".into(),
+        Some(v) if v.is_infinite() => if v > 0.0 { "inf" } else { "-inf" }.into(),
+        other => crate::table::metric(other),
+    }
 }
 
 pub fn run_trial(command: TrialCommand) -> anyhow::Result<ExitCode> {
@@ -445,30 +463,30 @@ fn reason_cell(
     }
 }
 
-/// The `count` trials with a final value that rank first: best first when `best_first`
-/// (highest when `maximize`), worst first otherwise. Ties keep submission order.
+/// The `count` trials that rank (`Ranking`) first: best first when `best_first`, worst first
+/// otherwise. Ties keep submission order.
 fn ranked(
     trials: Vec<knob_core::store::TrialRow>,
     ranking: &Ranking,
     best_first: bool,
     count: usize,
 ) -> Vec<knob_core::store::TrialRow> {
-    // A trial that breaks a constraint is neither among the best nor among the worst: it has
-    // no rank (`knob experiment pareto --all` shows it).
+    // A trial that does not rank (failed, NaN, breaks a constraint) is neither among the best
+    // nor among the worst (`knob experiment pareto --all` shows the infeasible ones).
     let mut valued: Vec<_> = trials
         .into_iter()
-        .filter(|t| t.final_value.is_some_and(f64::is_finite))
-        .filter(|t| ranking.ranks(t.final_raw.as_deref()))
+        .filter(|t| ranking.ranks_row(t))
         .collect();
-    let maximize = ranking.direction == Direction::Maximize;
-    let descending = maximize == best_first;
+    let value = |t: &knob_core::store::TrialRow| t.final_value.unwrap_or(f64::NAN);
     valued.sort_by(|a, b| {
-        let (a, b) = (a.final_value.unwrap(), b.final_value.unwrap());
-        if descending {
-            b.total_cmp(&a)
+        // `best_first` on the values alone, then the earlier trial first either way.
+        let by_value = ranking.best_first((value(a), 0), (value(b), 0));
+        let by_value = if best_first {
+            by_value
         } else {
-            a.total_cmp(&b)
-        }
+            by_value.reverse()
+        };
+        by_value.then(a.sequence.cmp(&b.sequence))
     });
     valued.truncate(count);
     valued

@@ -1,6 +1,7 @@
 //! Plain-text tables for the terminal.
 
 use knob_core::manager::TrialSummary;
+use knob_core::store::TrialStatus;
 
 /// `text` with each control character shown as `�`, for a line on the terminal that holds what
 /// knob did not write itself (a trial's output, a file's name), on which a terminal would act.
@@ -85,43 +86,44 @@ pub fn final_cell(value: Option<f64>, raw: Option<&str>) -> String {
     }
 }
 
-/// The best `limit` trials with a final result, best first; none that breaks a constraint.
+/// The best `limit` trials, best first: those that rank (`objectives::Ranking`, as the manager
+/// judged each), ties to the earlier trial.
 pub fn best_trials_table(
     id: &str,
     trials: &[TrialSummary],
     maximize: bool,
     limit: usize,
 ) -> String {
-    let mut ranked: Vec<&TrialSummary> = trials
-        .iter()
-        .filter(|t| t.final_value.is_some_and(|v| !v.is_nan()) && !t.infeasible)
-        .collect();
+    let mut ranked: Vec<&TrialSummary> = trials.iter().filter(|t| t.ranks).collect();
+    let direction = if maximize {
+        knob_core::store::Direction::Maximize
+    } else {
+        knob_core::store::Direction::Minimize
+    };
     ranked.sort_by(|a, b| {
-        let (a, b) = (
-            a.final_value.unwrap_or_default(),
-            b.final_value.unwrap_or_default(),
-        );
-        if maximize {
-            b.total_cmp(&a)
-        } else {
-            a.total_cmp(&b)
-        }
+        let key = |t: &TrialSummary| (t.final_value.unwrap_or(f64::NAN), t.sequence);
+        knob_core::objectives::best_first(direction, key(a), key(b))
     });
     if ranked.is_empty() {
-        let unusable = trials
+        // Why none ranks, of the trials that succeeded with a final result.
+        let (infeasible, unusable): (Vec<&TrialSummary>, Vec<&TrialSummary>) = trials
             .iter()
-            .filter(|t| t.final_value.is_some_and(f64::is_nan))
-            .count();
-        if unusable > 0 {
+            .filter(|t| t.status == TrialStatus::Succeeded && t.final_value.is_some())
+            .partition(|t| t.infeasible);
+        if !unusable.is_empty() {
             return format!(
-                "no trial reported a usable final result ({unusable} reported one that is NaN, infinite or unreadable: see `knob trial ls`)"
+                "no trial reported a usable final result ({} reported one that is NaN, infinite or unreadable: see `knob trial ls`)",
+                unusable.len()
             );
         }
-        let infeasible = trials.iter().filter(|t| t.infeasible).count();
-        if infeasible > 0 {
+        if !infeasible.is_empty() {
             return format!(
-                "no trial met every constraint ({infeasible} broke one: `knob experiment pareto {id} --all` lists them)"
+                "no trial met every constraint ({} broke one: `knob experiment pareto {id} --all` lists them)",
+                infeasible.len()
             );
+        }
+        if trials.iter().any(|t| t.final_value.is_some()) {
+            return "no trial that reported a final result succeeded (and so none is the best): see `knob trial ls`".into();
         }
         return "no trial reported a final result".into();
     }

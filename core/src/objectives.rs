@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::{ConstraintOp, ObjectiveConfig};
-use crate::store::Direction;
+use crate::store::{Direction, TrialStatus};
 
 /// Why a final result gives no outcome.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,27 +44,30 @@ impl std::fmt::Display for OutcomeProblem {
     }
 }
 
-/// How "best" is judged: the direction, and the constraints a trial must meet to be ranked at
-/// all. An infeasible trial is never the best, whatever its first objective (Optuna's
-/// `best_trials` leaves such trials out too): the summary, `--head`, the API's best trials and
-/// the new-best notifications would otherwise name a configuration that breaks a constraint.
+/// How "best" is judged, the one rule of every surface that names a best trial (the manager's
+/// progress and `knob create`'s summary, the store's `best_trials` and so the API, `--head`,
+/// `knob top` and the notifications, and the dashboard through the API's `ranks`): a trial
+/// ranks only when it ended SUCCEEDED with a finite final value and, with `objectives`, every
+/// listed metric of its result reads as a finite number and every constraint is met. Then the
+/// better value wins, and a tie goes to the earlier trial ([`best_first`]).
+///
+/// A final counts only once the trial succeeded: one that then exits non-zero, or is killed,
+/// had been the "best" of the progress line and the e-mail while the store's list named
+/// another. An infeasible result is never the best, whatever its first objective (Optuna's
+/// `best_trials` leaves such trials out too), nor is one with a NaN in an objective other than
+/// the first: neither is a configuration a user can take.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ranking {
     pub direction: Direction,
-    /// The objectives when any is a constraint; empty otherwise (every result ranks).
-    constrained: Vec<ObjectiveConfig>,
+    /// The experiment's `objectives` (empty without them: the final value alone decides).
+    objectives: Vec<ObjectiveConfig>,
 }
 
 impl Ranking {
     pub fn new(direction: Direction, objectives: &[ObjectiveConfig]) -> Ranking {
-        let constrained = if objectives.iter().any(|o| o.constraint.is_some()) {
-            objectives.to_vec()
-        } else {
-            Vec::new()
-        };
         Ranking {
             direction,
-            constrained,
+            objectives: objectives.to_vec(),
         }
     }
 
@@ -73,16 +76,66 @@ impl Ranking {
         Ranking::new(Direction::of_config(config), &of_config(config))
     }
 
-    /// Whether a final result (as reported) may rank: it meets every constraint.
-    pub fn ranks(&self, final_raw: Option<&str>) -> bool {
-        self.constrained.is_empty()
-            || final_raw.is_some_and(|raw| meets_constraints(&self.constrained, raw))
+    /// Whether a trial ranks: see [`Ranking`]. `value` is its final's number (None: no final,
+    /// or one without a usable number), `raw` the final as reported.
+    pub fn ranks(&self, status: TrialStatus, value: Option<f64>, raw: Option<&str>) -> bool {
+        status == TrialStatus::Succeeded && self.result_ranks(value, raw)
     }
 
-    /// Whether some results may not rank (the experiment has constraints).
-    pub fn has_constraints(&self) -> bool {
-        !self.constrained.is_empty()
+    /// Whether a stored trial ranks.
+    pub fn ranks_row(&self, trial: &crate::store::TrialRow) -> bool {
+        self.ranks(trial.status, trial.final_value, trial.final_raw.as_deref())
     }
+
+    /// Whether a final result may rank once its trial succeeds (what [`Ranking::ranks`] asks
+    /// besides the status).
+    pub fn result_ranks(&self, value: Option<f64>, raw: Option<&str>) -> bool {
+        let Some(value) = value else {
+            return false;
+        };
+        if self.objectives.is_empty() {
+            return outcome_ranks(value, None);
+        }
+        match raw.map(|raw| outcome(&self.objectives, raw)) {
+            Some(Ok(outcome)) => outcome_ranks(value, Some(&outcome)),
+            _ => false,
+        }
+    }
+
+    /// Whether a result's number alone does not say whether it ranks (the experiment lists
+    /// objectives, so each result as reported is read): the store cannot filter them in SQL.
+    pub fn reads_results(&self) -> bool {
+        !self.objectives.is_empty()
+    }
+
+    /// Whether some results may not rank for breaking a constraint.
+    pub fn has_constraints(&self) -> bool {
+        self.objectives.iter().any(|o| o.constraint.is_some())
+    }
+
+    /// The order of two ranking trials, `(final value, sequence)`, best first.
+    pub fn best_first(&self, a: (f64, u64), b: (f64, u64)) -> std::cmp::Ordering {
+        best_first(self.direction, a, b)
+    }
+}
+
+/// Whether a final result may rank, read already: `value` is its number, `outcome` (with
+/// `objectives`) every listed metric. The manager asks this when the final arrives, and
+/// [`Ranking::result_ranks`] after reading a stored one: one rule for both.
+pub fn outcome_ranks(value: f64, outcome: Option<&Outcome>) -> bool {
+    value.is_finite()
+        && outcome.is_none_or(|o| o.values.iter().all(|v| v.is_finite()) && o.is_feasible())
+}
+
+/// The order of two ranking trials, `(final value, sequence)`, best first in `direction`; of
+/// two equal values the earlier trial (the lower sequence) first, whichever reported first:
+/// the manager, the store and the dashboard all name the same trial then.
+pub fn best_first(direction: Direction, a: (f64, u64), b: (f64, u64)) -> std::cmp::Ordering {
+    let by_value = match direction {
+        Direction::Maximize => b.0.total_cmp(&a.0),
+        Direction::Minimize => a.0.total_cmp(&b.0),
+    };
+    by_value.then(a.1.cmp(&b.1))
 }
 
 /// Whether a final result (as reported) meets every constraint of `objectives`: true without
@@ -214,64 +267,86 @@ pub fn outcome_of_values(objectives: &[ObjectiveConfig], values: Vec<f64>) -> Ou
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ParetoEntry {
     pub trial_id: String,
-    /// Each listed metric as reported (null when absent or not a number), in config order.
+    /// Each listed metric as reported, in config order: null when absent, not a number, NaN or
+    /// ±Infinity (JSON has no spelling for those; `reported` keeps them).
     pub values: Vec<Option<f64>>,
+    /// Each listed metric as reported, NaN and ±Infinity included (None: absent or not a
+    /// number): what `knob experiment pareto --all` shows, rather than a blank for both.
+    #[serde(skip)]
+    pub reported: Vec<Option<f64>>,
+    /// It meets every constraint (true without constraints). A constraint whose metric is
+    /// missing or not a finite number is not met: nothing says the trial kept to it.
     pub feasible: bool,
+    /// Every listed metric is a finite number. A trial that is not complete is never on the
+    /// front, whatever it meets: it is no point of the objective space.
+    pub complete: bool,
     pub pareto: bool,
 }
 
 /// The Pareto front of finished trials: `(trial id, final result as sent)` for each trial with
-/// a final. Trials whose result lacks a metric have `values` of what could be read and are
-/// neither feasible nor on the front.
+/// a final. Only complete and feasible trials are on the front; the others have `values` of
+/// what could be read.
 pub fn pareto_entries(
     objectives: &[ObjectiveConfig],
     finals: &[(String, String)],
 ) -> Vec<ParetoEntry> {
-    let outcomes: Vec<Option<Outcome>> = finals
+    let reported: Vec<Vec<Option<f64>>> = finals
         .iter()
-        .map(|(_, raw)| outcome(objectives, raw).ok())
+        .map(|(_, raw)| reported_values(objectives, raw))
         .collect();
-    let complete: Vec<(usize, &Outcome)> = outcomes
+    let outcome_of = |values: &[Option<f64>]| {
+        outcome_of_values(
+            objectives,
+            values.iter().map(|v| v.unwrap_or(f64::NAN)).collect(),
+        )
+    };
+    // A NaN violation (the metric missing or not finite) is no constraint met.
+    let meets = |values: &[Option<f64>]| outcome_of(values).is_feasible();
+    let complete = |values: &[Option<f64>]| values.iter().all(|v| v.is_some_and(f64::is_finite));
+    // The front is taken among the complete, feasible trials only (`pareto_front` leaves the
+    // others out too); an incomplete one is not handed over at all.
+    let candidates: Vec<(usize, Outcome)> = reported
         .iter()
         .enumerate()
-        .filter_map(|(i, o)| o.as_ref().map(|o| (i, o)))
+        .filter(|(_, values)| complete(values) && meets(values))
+        .map(|(i, values)| (i, outcome_of(values)))
         .collect();
-    let points: Vec<&Outcome> = complete.iter().map(|(_, o)| *o).collect();
+    let points: Vec<&Outcome> = candidates.iter().map(|(_, o)| o).collect();
     let front: Vec<usize> = pareto_front(&points)
         .into_iter()
-        .map(|k| complete[k].0)
+        .map(|k| candidates[k].0)
         .collect();
     finals
         .iter()
-        .zip(&outcomes)
+        .zip(reported)
         .enumerate()
-        .map(|(i, ((trial_id, raw), outcome))| ParetoEntry {
+        .map(|(i, ((trial_id, _), reported))| ParetoEntry {
             trial_id: trial_id.clone(),
-            values: match outcome {
-                Some(o) => o
-                    .values
-                    .iter()
-                    .map(|v| v.is_finite().then_some(*v))
-                    .collect(),
-                None => partial_values(objectives, raw),
-            },
-            feasible: outcome
-                .as_ref()
-                .is_some_and(|o| o.is_complete() && o.is_feasible()),
+            values: reported
+                .iter()
+                .map(|v| v.filter(|v| v.is_finite()))
+                .collect(),
+            feasible: meets(&reported),
+            complete: complete(&reported),
             pareto: front.contains(&i),
+            reported,
         })
         .collect()
 }
 
-fn partial_values(objectives: &[ObjectiveConfig], raw: &str) -> Vec<Option<f64>> {
+/// Each listed metric of a final result as sent, NaN and ±Infinity as reported; None for one
+/// absent or not a number (a plain number is the metric when only one is listed).
+fn reported_values(objectives: &[ObjectiveConfig], raw: &str) -> Vec<Option<f64>> {
     let value = parse_lenient(raw).ok();
     objectives
         .iter()
         .map(|o| {
-            let entry = value.as_ref()?.as_object()?.get(&o.metric)?;
-            knob_plugin_api::metric::default_value(&entry.to_string())
-                .ok()
-                .filter(|v| v.is_finite())
+            let entry = match value.as_ref()? {
+                Value::Object(map) => map.get(&o.metric)?,
+                scalar if objectives.len() == 1 => scalar,
+                _ => return None,
+            };
+            knob_plugin_api::metric::default_value(&entry.to_string()).ok()
         })
         .collect()
 }
@@ -317,7 +392,7 @@ pub fn hypervolume_history(
     entries: &[ParetoEntry],
 ) -> (Option<Vec<f64>>, Vec<f64>) {
     let losses = |entry: &ParetoEntry| -> Option<Vec<f64>> {
-        if !entry.feasible {
+        if !(entry.feasible && entry.complete) {
             return None;
         }
         let values: Vec<f64> = entry.values.iter().map(|v| v.unwrap_or(f64::NAN)).collect();
@@ -500,7 +575,8 @@ mod tests {
             .map(|e| e.trial_id.as_str())
             .collect();
         assert_eq!(front, ["a", "b"]);
-        assert!(!entries[3].feasible && !entries[4].feasible);
+        assert!(!entries[3].feasible && entries[3].complete);
+        assert!(!entries[4].complete && !entries[4].pareto);
         assert_eq!(entries[4].values, vec![Some(0.95), None, None]);
         let (reference, history) = hypervolume_history(&objectives(), &entries);
         let reference = reference.unwrap();
@@ -521,16 +597,121 @@ mod tests {
     fn a_result_that_breaks_a_constraint_does_not_rank() {
         let ranking = Ranking::new(Direction::Maximize, &objectives());
         assert!(ranking.has_constraints());
-        assert!(ranking.ranks(Some(
+        let ranks = |raw| ranking.ranks(TrialStatus::Succeeded, Some(0.9), raw);
+        assert!(ranks(Some(
             r#"{"accuracy": 0.9, "latency_ms": 20, "memory_over": 0}"#
         )));
-        assert!(!ranking.ranks(Some(
+        assert!(!ranks(Some(
             r#"{"accuracy": 0.99, "latency_ms": 1, "memory_over": 3}"#
         )));
-        assert!(!ranking.ranks(Some(r#"{"accuracy": 0.95}"#)));
-        assert!(!ranking.ranks(None));
-        let plain = Ranking::new(Direction::Maximize, &objectives()[..2]);
-        assert!(!plain.has_constraints() && plain.ranks(None));
+        assert!(!ranks(Some(r#"{"accuracy": 0.95}"#)));
+        assert!(!ranks(None));
+        let plain = Ranking::new(Direction::Maximize, &[]);
+        assert!(!plain.has_constraints() && plain.ranks(TrialStatus::Succeeded, Some(1.0), None));
+    }
+
+    #[test]
+    fn only_a_succeeded_trial_with_every_objective_finite_ranks() {
+        let two = &objectives()[..2];
+        let ranking = Ranking::new(Direction::Maximize, two);
+        let good = r#"{"accuracy": 0.9, "latency_ms": 20}"#;
+        assert!(ranking.ranks(TrialStatus::Succeeded, Some(0.9), Some(good)));
+        // A final the trial reported before failing, or being killed or stopped, never ranks.
+        for status in [
+            TrialStatus::Failed,
+            TrialStatus::UserCanceled,
+            TrialStatus::SysCanceled,
+            TrialStatus::EarlyStopped,
+            TrialStatus::Running,
+        ] {
+            assert!(!ranking.ranks(status, Some(0.9), Some(good)), "{status:?}");
+        }
+        // The first objective fine, another NaN, infinite or missing: it does not rank.
+        for raw in [
+            r#"{"accuracy": 0.9, "latency_ms": NaN}"#,
+            r#"{"accuracy": 0.9, "latency_ms": Infinity}"#,
+            r#"{"accuracy": 0.9, "latency_ms": -Infinity}"#,
+            r#"{"accuracy": 0.9}"#,
+        ] {
+            assert!(
+                !ranking.ranks(TrialStatus::Succeeded, Some(0.9), Some(raw)),
+                "{raw}"
+            );
+        }
+        // No usable number at all.
+        let plain = Ranking::new(Direction::Minimize, &[]);
+        for value in [None, Some(f64::NAN), Some(f64::INFINITY)] {
+            assert!(!plain.ranks(TrialStatus::Succeeded, value, Some("NaN")));
+        }
+    }
+
+    #[test]
+    fn the_better_value_comes_first_and_a_tie_goes_to_the_earlier_trial() {
+        use std::cmp::Ordering::{Greater, Less};
+        assert_eq!(best_first(Direction::Maximize, (2.0, 5), (1.0, 1)), Less);
+        assert_eq!(best_first(Direction::Minimize, (2.0, 5), (1.0, 1)), Greater);
+        for direction in [Direction::Maximize, Direction::Minimize] {
+            assert_eq!(best_first(direction, (1.0, 1), (1.0, 5)), Less);
+            assert_eq!(best_first(direction, (1.0, 5), (1.0, 1)), Greater);
+        }
+    }
+
+    #[test]
+    fn a_trial_with_a_non_finite_objective_is_never_on_the_front() {
+        let constrained = objectives();
+        let finals: Vec<(String, String)> = [
+            (
+                "nan",
+                r#"{"accuracy": NaN, "latency_ms": 1, "memory_over": -1}"#,
+            ),
+            (
+                "inf",
+                r#"{"accuracy": 0.5, "latency_ms": -Infinity, "memory_over": -1}"#,
+            ),
+            (
+                "ok",
+                r#"{"accuracy": 0.5, "latency_ms": 30, "memory_over": -1}"#,
+            ),
+            (
+                "nan-limit",
+                r#"{"accuracy": 0.9, "latency_ms": 1, "memory_over": NaN}"#,
+            ),
+            ("missing", r#"{"accuracy": 0.9, "memory_over": 0}"#),
+        ]
+        .iter()
+        .map(|(id, raw)| (id.to_string(), raw.to_string()))
+        .collect();
+        let entries = pareto_entries(&constrained, &finals);
+        let summary: Vec<(&str, bool, bool, bool)> = entries
+            .iter()
+            .map(|e| (e.trial_id.as_str(), e.feasible, e.complete, e.pareto))
+            .collect();
+        // `feasible` says only whether the constraints are met; a constraint whose metric is
+        // NaN is not.
+        assert_eq!(
+            summary,
+            [
+                ("nan", true, false, false),
+                ("inf", true, false, false),
+                ("ok", true, true, true),
+                ("nan-limit", false, false, false),
+                ("missing", true, false, false),
+            ]
+        );
+        // JSON has null for what was not a finite number; `reported` keeps what was sent.
+        assert_eq!(entries[0].values, vec![None, Some(1.0), Some(-1.0)]);
+        assert!(entries[0].reported[0].unwrap().is_nan());
+        assert_eq!(entries[1].reported[1], Some(f64::NEG_INFINITY));
+        assert_eq!(entries[4].reported, vec![Some(0.9), None, Some(0.0)]);
+        let json = serde_json::to_value(&entries[1]).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"trial_id": "inf", "values": [0.5, null, -1.0], "feasible": true, "complete": false, "pareto": false})
+        );
+        // The hypervolume counts the complete, feasible trial only.
+        let (reference, history) = hypervolume_history(&constrained, &entries);
+        assert!(reference.is_some());
+        assert_eq!(history[0], 0.0);
     }
 
     #[test]

@@ -257,7 +257,7 @@ fn an_experiment_where_no_trial_meets_the_constraints_says_so_with_its_id() {
     assert_eq!(code, 0);
     assert_eq!(
         table.trim(),
-        "no trial met every constraint (3 broke one or lacked a metric: `knob experiment pareto nofront --all` lists them)"
+        "no trial is on the Pareto front (3 broke a constraint: `knob experiment pareto nofront --all` lists them)"
     );
     let (_, all, _) = run(sandbox
         .knob()
@@ -457,4 +457,113 @@ print("KNOB_FINAL", json.dumps({"accuracy": x, "cost": x * x, "over": x - 0.5}))
     assert!(!head_ids.is_empty(), "{head}");
     assert_eq!(x_of(head_ids[0]), best_feasible, "{head}");
     assert!(head_ids.iter().all(|id| x_of(id) <= 0.5), "{head}");
+}
+
+/// Trials whose objectives are NaN or infinite (H12 F4, F1): none is on the front, `feasible`
+/// says only whether the constraints are met, `--all` shows what they reported, the export
+/// agrees, and the one with an infinite second objective is not the best though its first is.
+#[test]
+fn a_trial_with_a_nan_or_infinite_objective_is_neither_on_the_front_nor_the_best() {
+    let sandbox = Sandbox::new();
+    let yaml = r#"trialCommand: sh trial.sh
+trialConcurrency: 1
+maxTrialNumber: 4
+tuner:
+  name: Random
+  classArgs: {seed: 1}
+searchSpace:
+  k: {_type: choice, _value: [0, 1, 2, 3]}
+objectives:
+  - {metric: a, mode: maximize}
+  - {metric: b, mode: minimize}
+trainingService:
+  platform: local"#;
+    // k 0: a NaN; 1: no b (fails); 2: the best a, but b infinite; 3: usable.
+    let trial = r#"k=$(echo "$KNOB_PARAMETERS" | tr -dc 0-9)
+case $k in
+0) echo 'KNOB_FINAL {"a": NaN, "b": 1}' ;;
+1) echo 'KNOB_FINAL {"a": 0.9}' ;;
+2) echo 'KNOB_FINAL {"a": 0.8, "b": Infinity}' ;;
+3) echo 'KNOB_FINAL {"a": 0.6, "b": 3}' ;;
+esac
+"#;
+    let config = sandbox.config(yaml, &[("trial.sh", trial)]);
+    let (_, stdout, stderr) = sandbox.create(&config, "nonfinite");
+    let export = sandbox.export("nonfinite");
+    let id_of = |k: u64| {
+        export["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["parameters"]["k"] == k)
+            .unwrap_or_else(|| panic!("no trial k={k}: {export:#}"))["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (nan, missing, inf, usable) = (id_of(0), id_of(1), id_of(2), id_of(3));
+    // The export's front: the usable trial alone.
+    let on_front: Vec<&str> = export["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["pareto"] == true)
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(on_front, [usable.as_str()], "{export:#}");
+    // The front and every succeeded trial as reported.
+    let (code, front, _) = run(sandbox.knob().args(["experiment", "pareto", "nonfinite"]));
+    assert_eq!(code, 0);
+    let rows: Vec<Vec<&str>> = front
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [vec![usable.as_str(), "0.600000", "3.000000"]],
+        "{front}"
+    );
+    let (code, all, _) = run(sandbox
+        .knob()
+        .args(["experiment", "pareto", "nonfinite", "--all"]));
+    assert_eq!(code, 0);
+    let rows: Vec<Vec<&str>> = all
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            vec![inf.as_str(), "0.800000", "inf", "yes", "no"],
+            vec![usable.as_str(), "0.600000", "3.000000", "yes", "yes"],
+            vec![nan.as_str(), "nan", "1.000000", "yes", "no"],
+        ],
+        "{all}"
+    );
+    assert!(
+        !all.contains(&missing),
+        "a FAILED trial is no result: {all}"
+    );
+    // The best: the usable trial, in the summary and `--head`.
+    let first_row = stdout
+        .lines()
+        .find(|l| l.starts_with("1 "))
+        .unwrap_or_else(|| panic!("{stdout}\n{stderr}"));
+    assert_eq!(
+        first_row.split_whitespace().nth(1),
+        Some(usable.as_str()),
+        "{stdout}"
+    );
+    assert!(!stdout.lines().any(|l| l.starts_with("2 ")), "{stdout}");
+    let (_, head, _) = run(sandbox
+        .knob()
+        .args(["trial", "ls", "nonfinite", "--head", "5"]));
+    let head_ids: Vec<&str> = head
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(head_ids, [usable.as_str()], "{head}");
 }

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::{ApiError, ApiState};
 use crate::export::KeyPath;
+use crate::objectives::Ranking;
 use crate::store::{
     Attempts, ExperimentStatus, MetricKind, StoreReader, TrialQuery, TrialRow, TrialStatus,
 };
@@ -60,14 +61,25 @@ pub(super) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// A trial as the API shows it: the stored row plus its duration so far.
-pub(super) fn trial_json(trial: &TrialRow, now: i64) -> Value {
+/// A trial as the API shows it: the stored row plus its duration so far, and whether it ranks
+/// (`objectives::Ranking`: it may be named the best), which the dashboard takes as it is
+/// rather than judging results again.
+pub(super) fn trial_json(trial: &TrialRow, now: i64, ranking: &Ranking) -> Value {
     let mut value = serde_json::to_value(trial).unwrap_or(Value::Null);
     let duration = trial
         .started_ms
         .map(|start| trial.ended_ms.unwrap_or(now).saturating_sub(start));
     value["duration_ms"] = json!(duration);
+    value["ranks"] = json!(ranking.ranks_row(trial));
     value
+}
+
+/// How the experiment in the store judges "best" (see [`Ranking`]).
+fn ranking_of(reader: &StoreReader) -> Result<Ranking, crate::store::StoreError> {
+    Ok(match reader.experiment()? {
+        Some(experiment) => Ranking::of_config(&experiment.config),
+        None => Ranking::new(crate::store::Direction::Maximize, &[]),
+    })
 }
 
 pub(super) async fn experiment(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
@@ -130,7 +142,7 @@ pub fn experiment_snapshot(
     };
     let counts = reader.trial_counts()?;
     let total: u64 = counts.values().sum();
-    let ranking = crate::objectives::Ranking::of_config(&experiment.config);
+    let ranking = Ranking::of_config(&experiment.config);
     let direction = ranking.direction;
     let best = reader.best_trials(&ranking, SNAPSHOT_BEST)?;
     let last_seq = reader.counters()?.next_event_seq.saturating_sub(1);
@@ -162,7 +174,7 @@ pub fn experiment_snapshot(
         "optimize_mode": direction.as_str(),
         "trial_counts": counts,
         "trial_total": total,
-        "best_trials": best.iter().map(|t| trial_json(t, now)).collect::<Vec<_>>(),
+        "best_trials": best.iter().map(|t| trial_json(t, now, &ranking)).collect::<Vec<_>>(),
         "last_seq": last_seq,
         "config": experiment.config,
     })))
@@ -199,8 +211,14 @@ pub(super) async fn trials(
         offset,
         limit: Some(limit),
     };
-    let (rows, counts) = state
-        .read(move |reader| Ok((reader.trials(&query)?, reader.trial_counts()?)))
+    let (rows, counts, ranking) = state
+        .read(move |reader| {
+            Ok((
+                reader.trials(&query)?,
+                reader.trial_counts()?,
+                ranking_of(reader)?,
+            ))
+        })
         .await?;
     let total: u64 = counts
         .iter()
@@ -212,7 +230,7 @@ pub(super) async fn trials(
         "total": total,
         "offset": offset,
         "limit": limit,
-        "trials": rows.iter().map(|t| trial_json(t, now)).collect::<Vec<_>>(),
+        "trials": rows.iter().map(|t| trial_json(t, now, &ranking)).collect::<Vec<_>>(),
     })))
 }
 
@@ -255,13 +273,15 @@ pub(super) async fn trial_columns(
             json_body(body)
         });
     }
-    let rows = state.read(move |reader| reader.trials(&query)).await?;
+    let (rows, ranking) = state
+        .read(move |reader| Ok((reader.trials(&query)?, ranking_of(reader)?)))
+        .await?;
     let total: u64 = counts
         .iter()
         .filter(|(status, _)| statuses.is_empty() || statuses.contains(status))
         .map(|(_, n)| n)
         .sum();
-    let mut answer = columns_json(&rows, now_ms());
+    let mut answer = columns_json(&rows, now_ms(), &ranking);
     answer["total"] = json!(total);
     answer["offset"] = json!(offset);
     answer["limit"] = json!(limit);
@@ -336,7 +356,7 @@ fn gzip(bytes: &[u8]) -> Bytes {
 
 /// `{count, columns: {field: [...]}, parameters: {name: [...]}, parameter_paths: {name: [key,
 /// ...]}}`; a parameter a trial lacks is `null` in its column.
-fn columns_json(rows: &[TrialRow], now: i64) -> Value {
+fn columns_json(rows: &[TrialRow], now: i64, ranking: &Ranking) -> Value {
     let column =
         |field: fn(&TrialRow) -> Value| -> Value { Value::Array(rows.iter().map(field).collect()) };
     let columns = json!({
@@ -350,6 +370,7 @@ fn columns_json(rows: &[TrialRow], now: i64) -> Value {
             .started_ms
             .map(|start| t.ended_ms.unwrap_or(now).saturating_sub(start)))).collect()),
         "final_value": column(|t| json!(t.final_value)),
+        "ranks": Value::Array(rows.iter().map(|t| json!(ranking.ranks_row(t))).collect()),
         "environment_id": column(|t| json!(t.environment_id)),
         "end_message": column(|t| json!(t.end_message)),
         "waiting_reason": column(|t| json!(t.waiting_reason)),
@@ -463,10 +484,13 @@ pub(super) async fn trial(
     query: QueryParams,
 ) -> Result<Json<Value>, ApiError> {
     let (row, metrics) = trial_with_metrics(&state, &trial_id, query).await?;
-    let mut value = trial_json(&row, now_ms());
-    value["metrics"] = json!(metrics);
     let id = trial_id.clone();
-    if let Some((lineage, schedule)) = state.read(move |reader| schedule_of(reader, &id)).await? {
+    let (schedule, ranking) = state
+        .read(move |reader| Ok((schedule_of(reader, &id)?, ranking_of(reader)?)))
+        .await?;
+    let mut value = trial_json(&row, now_ms(), &ranking);
+    value["metrics"] = json!(metrics);
+    if let Some((lineage, schedule)) = schedule {
         value["lineage"] = json!(lineage);
         value["schedule"] = json!(schedule);
     }

@@ -41,8 +41,8 @@ pub(super) struct TrialBook {
     by_parameter: BTreeMap<u64, String>,
     next_sequence: u64,
     maximize: bool,
-    /// (trial id, value) of the best final result so far.
-    best: Option<(String, f64)>,
+    /// (trial id, value, sequence) of the best trial so far (`objectives::Ranking`).
+    best: Option<(String, f64, u64)>,
 }
 
 /// What [`TrialBook::due`] found due, oldest timer first.
@@ -200,11 +200,19 @@ impl TrialBook {
         }
         *self.counts.entry(status).or_default() += 1;
         trial.status = status;
+        let sequence = trial.sequence;
         if status == TrialStatus::Waiting {
-            self.unplaced.insert(trial.sequence);
+            self.unplaced.insert(sequence);
         }
         if status.is_final() {
-            self.active.remove(&trial.sequence);
+            self.active.remove(&sequence);
+        }
+        // The best is judged as the store and the API judge it (`objectives::Ranking`): once
+        // the trial has succeeded, not when its final arrives (it may still fail or be killed).
+        if let (TrialStatus::Succeeded, true, Some(value)) =
+            (status, trial.result_ranks, trial.final_value)
+        {
+            self.offer_best(trial_id, value, sequence);
         }
     }
 
@@ -247,6 +255,8 @@ impl TrialBook {
         trial.pid = None;
         trial.intermediate = Default::default();
         trial.final_value = None;
+        trial.infeasible = false;
+        trial.result_ranks = false;
         trial.final_problem = None;
         trial.outcome = None;
         trial.objective_problem = None;
@@ -364,30 +374,28 @@ impl TrialBook {
         None
     }
 
-    /// Whether `value` is a better result than `than`.
-    pub fn better(&self, value: f64, than: f64) -> bool {
-        if self.maximize {
-            value > than
+    /// The final result of a trial that ranks: the best so far if it beats it, or ties it and
+    /// the trial is older (`objectives::best_first`: a tie goes to the earlier trial).
+    fn offer_best(&mut self, trial_id: &str, value: f64, sequence: u64) {
+        let direction = if self.maximize {
+            crate::store::Direction::Maximize
         } else {
-            value < than
-        }
-    }
-
-    /// A final result: the best so far if it beats it (NaN never does).
-    pub fn offer_best(&mut self, trial_id: &str, value: f64) {
-        if !value.is_nan()
-            && self
-                .best
-                .as_ref()
-                .is_none_or(|(_, best)| self.better(value, *best))
-        {
-            self.best = Some((trial_id.to_string(), value));
+            crate::store::Direction::Minimize
+        };
+        let beats = self.best.as_ref().is_none_or(|(_, best, best_sequence)| {
+            crate::objectives::best_first(direction, (value, sequence), (*best, *best_sequence))
+                .is_lt()
+        });
+        if !value.is_nan() && beats {
+            self.best = Some((trial_id.to_string(), value, sequence));
         }
     }
 
     /// (trial id, value) of the best final result so far.
-    pub fn best(&self) -> Option<&(String, f64)> {
-        self.best.as_ref()
+    pub fn best(&self) -> Option<(String, f64)> {
+        self.best
+            .as_ref()
+            .map(|(id, value, _)| (id.clone(), *value))
     }
 
     /// What the caller of `run` learns of each trial, by id.
@@ -567,18 +575,53 @@ mod tests {
         assert_eq!(book.placeable(now + s), vec![ids[1].clone()]);
     }
 
+    /// A trial's final as the loop records it, then its end.
+    fn finish(book: &mut TrialBook, id: &str, value: f64, status: TrialStatus) {
+        let trial = book.known(id);
+        trial.final_value = Some(value);
+        trial.result_ranks = crate::objectives::outcome_ranks(value, None);
+        book.set_status(id, TrialStatus::Running);
+        book.set_status(id, status);
+    }
+
     #[test]
     fn the_best_follows_the_direction_and_ignores_nan() {
         for (maximize, expected) in [(true, 3.0), (false, 1.0)] {
-            let (mut book, ids) = book_with(3, maximize);
-            book.offer_best(&ids[0], 2.0);
-            book.offer_best(&ids[1], f64::NAN);
-            book.offer_best(&ids[1], 3.0);
-            book.offer_best(&ids[2], 1.0);
-            assert_eq!(book.best().map(|(_, v)| *v), Some(expected));
+            let (mut book, ids) = book_with(4, maximize);
+            finish(&mut book, &ids[0], 2.0, TrialStatus::Succeeded);
+            finish(&mut book, &ids[1], f64::NAN, TrialStatus::Succeeded);
+            finish(&mut book, &ids[2], 3.0, TrialStatus::Succeeded);
+            finish(&mut book, &ids[3], 1.0, TrialStatus::Succeeded);
+            assert_eq!(book.best().map(|(_, v)| v), Some(expected));
         }
         let (mut book, ids) = book_with(1, true);
-        book.offer_best(&ids[0], f64::NAN);
+        finish(&mut book, &ids[0], f64::NAN, TrialStatus::Succeeded);
+        assert_eq!(book.best(), None);
+    }
+
+    #[test]
+    fn only_a_trial_that_succeeds_is_the_best_and_a_tie_goes_to_the_earlier() {
+        let (mut book, ids) = book_with(5, true);
+        // A final better than any, then a non-zero exit, a kill, an early stop: none is best.
+        for (id, status) in ids.iter().zip([
+            TrialStatus::Failed,
+            TrialStatus::UserCanceled,
+            TrialStatus::EarlyStopped,
+        ]) {
+            finish(&mut book, id, 9.0, status);
+        }
+        assert_eq!(book.best(), None);
+        // Two equal finals: the later trial ends first, the earlier one takes the best.
+        finish(&mut book, &ids[4], 1.0, TrialStatus::Succeeded);
+        assert_eq!(book.best(), Some((ids[4].clone(), 1.0)));
+        finish(&mut book, &ids[3], 1.0, TrialStatus::Succeeded);
+        assert_eq!(book.best(), Some((ids[3].clone(), 1.0)));
+        // A final that breaks a constraint (or has a NaN objective) does not rank.
+        let (mut book, ids) = book_with(1, true);
+        let trial = book.known(&ids[0]);
+        trial.final_value = Some(5.0);
+        trial.result_ranks = false;
+        book.set_status(&ids[0], TrialStatus::Succeeded);
         assert_eq!(book.best(), None);
     }
 }

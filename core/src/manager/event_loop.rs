@@ -1117,7 +1117,7 @@ impl Manager {
         let progress = Progress {
             status: status.or(self.progress.borrow().status),
             submitted: self.book.len(),
-            best: self.book.best().cloned(),
+            best: self.book.best(),
             elapsed: self.timers.elapsed(),
             max_trial_number: self.config.max_trial_number,
             max_duration: self.config.max_experiment_duration,

@@ -763,9 +763,9 @@ impl Manager {
                 let (parameter_id, parameters) = (trial.parameter_id, trial.parameters.clone());
                 let outcome = trial.outcome.take();
                 trial.infeasible = outcome.as_ref().is_some_and(|o| !o.is_feasible());
-                if !trial.infeasible {
-                    self.book.offer_best(&trial_id, value);
-                }
+                // Whether it may be the best is known now; it becomes the best only once it
+                // ends SUCCEEDED (`TrialBook::set_status`), never if it then fails or is killed.
+                trial.result_ranks = crate::objectives::outcome_ranks(value, outcome.as_ref());
                 // Told, not waited for: `fill` takes its answer in (see `TunerDriver`).
                 self.tuner
                     .final_result(parameter_id, parameters, value, outcome);

@@ -67,6 +67,10 @@ impl Manager {
             trial.infeasible = stored_final.is_some_and(|m| {
                 !crate::objectives::meets_constraints(&self.config.objectives, &m.raw)
             });
+            trial.result_ranks = stored_final.is_some_and(|m| {
+                crate::objectives::Ranking::new(self.config.direction(), &self.config.objectives)
+                    .result_ranks(m.value, Some(&m.raw))
+            });
             trial.intermediate = std::sync::Arc::new(
                 this_attempt(MetricKind::Intermediate)
                     .filter_map(|m| m.value)
@@ -121,9 +125,6 @@ impl Manager {
                     status,
                     final_value,
                 ));
-                if let Some(value) = final_value.filter(|_| !self.book[&id].infeasible) {
-                    self.book.offer_best(&id, value);
-                }
                 continue;
             }
             // It runs again, so it is imported as waiting for its new attempt, as after a

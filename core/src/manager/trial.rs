@@ -18,6 +18,8 @@ pub struct TrialSummary {
     pub final_value: Option<f64>,
     /// Its final result breaks a constraint of `objectives`: it is never the best.
     pub infeasible: bool,
+    /// It ranks (`objectives::Ranking`): it may be named the best.
+    pub ranks: bool,
     pub reason: Option<String>,
 }
 
@@ -84,6 +86,8 @@ pub(super) struct Trial {
     pub final_value: Option<f64>,
     /// That final result breaks a constraint of `objectives`: it is never the best.
     pub infeasible: bool,
+    /// That final result may rank once the trial succeeds (`objectives::outcome_ranks`).
+    pub result_ranks: bool,
     /// Why the final result this attempt reported could not be read; the end message of a
     /// trial that otherwise succeeds.
     pub final_problem: Option<String>,
@@ -159,6 +163,7 @@ impl Trial {
             intermediate: Default::default(),
             final_value: None,
             infeasible: false,
+            result_ranks: false,
             final_problem: None,
             outcome: None,
             objective_problem: None,
@@ -185,6 +190,7 @@ impl Trial {
             status: self.status,
             final_value: self.final_value,
             infeasible: self.infeasible,
+            ranks: self.status == TrialStatus::Succeeded && self.result_ranks,
             reason: self.reason.clone(),
         }
     }

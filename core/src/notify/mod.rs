@@ -29,7 +29,7 @@ pub use message::{Notification, NEW_BEST};
 pub use sinks::{Sink, SEND_TIMEOUT};
 
 use crate::config::NotificationsConfig;
-use crate::store::{EventSeq, ExperimentStatus, MetricKind, StoreEvent, StoreReader, TrialStatus};
+use crate::store::{EventSeq, ExperimentStatus, StoreEvent, StoreReader, TrialStatus};
 
 /// Where the notifier's own problems go (a send that failed for good, a store it cannot read):
 /// the CLI prints them as warnings, to the terminal or the detached run's log.
@@ -576,6 +576,28 @@ impl Follower {
         }
     }
 
+    /// A trial succeeded: a new best is announced when the best trial now beats the one last
+    /// announced. A tie changes which trial is the best (the earlier one,
+    /// `objectives::best_first`) but is no news.
+    fn on_success(&mut self, reader: &StoreReader) {
+        let best = reader
+            .best_trials(&self.context.ranking, 1)
+            .ok()
+            .and_then(|best| best.into_iter().next());
+        let Some(trial) = best else { return };
+        let Some(value) = trial.final_value else {
+            return;
+        };
+        let news = match &self.best {
+            None => true,
+            Some((id, known)) => *id != trial.trial_id && value != *known,
+        };
+        self.best = Some((trial.trial_id.clone(), value));
+        if news {
+            self.send(Notification::new_best(&self.context, &trial));
+        }
+    }
+
     fn on_event(&mut self, reader: &StoreReader, time_ms: i64, event: &StoreEvent) {
         match event {
             StoreEvent::TrialEnded {
@@ -595,34 +617,20 @@ impl Follower {
                         self.send(notification);
                     }
                 }
-                TrialStatus::Succeeded | TrialStatus::EarlyStopped => {
+                TrialStatus::Succeeded => {
+                    self.failed_in_a_row.clear();
+                    // A trial becomes the best as it succeeds (`objectives::Ranking`), not as
+                    // its final arrives: one that then fails or is killed is never announced.
+                    if self.rules.new_best {
+                        self.on_success(reader);
+                    }
+                }
+                TrialStatus::EarlyStopped => {
                     self.failed_in_a_row.clear();
                 }
                 // A trial killed by the user or the system says nothing about the trial code.
                 _ => {}
             },
-            StoreEvent::Metric {
-                kind: MetricKind::Final,
-                value: Some(_),
-                ..
-            } if self.rules.new_best => {
-                let best = reader
-                    .best_trials(&self.context.ranking, 1)
-                    .ok()
-                    .and_then(|best| best.into_iter().next());
-                let Some(trial) = best else { return };
-                let Some(value) = trial.final_value else {
-                    return;
-                };
-                let known = self
-                    .best
-                    .as_ref()
-                    .is_some_and(|(id, known)| *id == trial.trial_id && *known == value);
-                if !known {
-                    self.best = Some((trial.trial_id.clone(), value));
-                    self.send(Notification::new_best(&self.context, &trial));
-                }
-            }
             StoreEvent::ExperimentStatusChanged {
                 status, message, ..
             } if matches!(

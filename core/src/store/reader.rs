@@ -369,30 +369,36 @@ impl StoreReader {
         )
     }
 
-    /// Trials with a finite final value that may rank (none that breaks a constraint), best
+    /// The trials that rank ([`Ranking`](crate::objectives::Ranking): SUCCEEDED, a finite
+    /// final, with `objectives` every listed metric finite and every constraint met), best
     /// first; ties go to the earlier trial.
     pub fn best_trials(
         &self,
         ranking: &crate::objectives::Ranking,
         limit: u64,
     ) -> Result<Vec<TrialRow>, StoreError> {
+        // The SQL order is `objectives::best_first`'s: the value, then the sequence. A final
+        // without a usable number (NaN, ±Infinity) has no `final_value`.
         let order = match ranking.direction {
             Direction::Maximize => "DESC",
             Direction::Minimize => "ASC",
         };
+        let succeeded = TrialStatus::Succeeded.as_str();
         let limit = limit.min(i64::MAX as u64) as i64;
-        if !ranking.has_constraints() {
+        if !ranking.reads_results() {
             let sql = format!(
-                "SELECT {TRIAL_COLUMNS} FROM trials WHERE final_value IS NOT NULL
+                "SELECT {TRIAL_COLUMNS} FROM trials
+                 WHERE final_value IS NOT NULL AND status = '{succeeded}'
                  ORDER BY final_value {order}, sequence LIMIT ?1"
             );
             return self.collect(&sql, [limit], trial_from_row);
         }
-        // Feasibility is read from each result as reported: best first, a page at a time
-        // (pages doubling), until enough rank; not every trial for each call (the notifier
-        // asks once per final result).
+        // Each result as reported is read (its other objectives, its constraints): best first,
+        // a page at a time (pages doubling), until enough rank; not every trial for each call
+        // (the notifier asks once per trial that succeeds).
         let sql = format!(
-            "SELECT {TRIAL_COLUMNS} FROM trials WHERE final_value IS NOT NULL
+            "SELECT {TRIAL_COLUMNS} FROM trials
+             WHERE final_value IS NOT NULL AND status = '{succeeded}'
              ORDER BY final_value {order}, sequence LIMIT ?1 OFFSET ?2"
         );
         let mut ranked = Vec::new();
@@ -400,10 +406,7 @@ impl StoreReader {
         loop {
             let rows = self.collect(&sql, [page, offset], trial_from_row)?;
             let last_page = (rows.len() as i64) < page;
-            ranked.extend(
-                rows.into_iter()
-                    .filter(|t| ranking.ranks(t.final_raw.as_deref())),
-            );
+            ranked.extend(rows.into_iter().filter(|t| ranking.ranks_row(t)));
             if last_page || ranked.len() as i64 >= limit {
                 break;
             }

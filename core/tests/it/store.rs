@@ -317,6 +317,7 @@ fn best_trials_leave_out_results_that_break_a_constraint_however_many_rank_above
                 value: Some(accuracy),
             },
         );
+        put(&store, ended(&id, 1, TrialStatus::Succeeded));
     }
     let reader = store.reader().unwrap();
     let ranking = Ranking::new(Direction::Maximize, &constrained);
@@ -327,6 +328,67 @@ fn best_trials_leave_out_results_that_break_a_constraint_however_many_rank_above
     assert_eq!(
         ids(reader.best_trials(&ranking, 10).unwrap()),
         ["c42", "c41", "c40"]
+    );
+}
+
+#[test]
+fn best_trials_are_the_succeeded_ones_with_every_objective_finite_ties_to_the_earlier() {
+    let ids = |rows: Vec<knob_core::store::TrialRow>| -> Vec<String> {
+        rows.into_iter().map(|row| row.trial_id).collect()
+    };
+    let two = [
+        ObjectiveConfig::new("a", Some(Direction::Maximize), None),
+        ObjectiveConfig::new("b", Some(Direction::Minimize), None),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    put(&store, created());
+    // (id, a, b, how it ended): the best `a` failed after reporting it, the next was killed;
+    // one has a NaN `b`, one an infinite `b`; two succeeded with the same `a`, the later first.
+    let trials = [
+        ("failed", "9", "1", TrialStatus::Failed),
+        ("killed", "8", "1", TrialStatus::UserCanceled),
+        ("nan-b", "7", "NaN", TrialStatus::Succeeded),
+        ("inf-b", "6", "Infinity", TrialStatus::Succeeded),
+        ("later", "5", "1", TrialStatus::Succeeded),
+        ("earlier", "5", "2", TrialStatus::Succeeded),
+        ("worse", "4", "1", TrialStatus::Succeeded),
+    ];
+    // Created in this order (sequences), ended in the order listed above.
+    let created_order = [
+        "failed", "killed", "nan-b", "inf-b", "earlier", "later", "worse",
+    ];
+    for (sequence, id) in created_order.iter().enumerate() {
+        put(&store, trial(id, sequence as u64));
+    }
+    for (id, a, b, status) in trials {
+        put(&store, started(id, 1));
+        put(
+            &store,
+            StoreEvent::Metric {
+                trial_id: id.to_string(),
+                attempt: 1,
+                kind: MetricKind::Final,
+                trial_sequence: 0,
+                raw: format!(r#"{{"a": {a}, "b": {b}}}"#),
+                value: a.parse().ok(),
+            },
+        );
+        put(&store, ended(id, 1, status));
+    }
+    let reader = store.reader().unwrap();
+    assert_eq!(
+        ids(reader
+            .best_trials(&Ranking::new(Direction::Maximize, &two), 10)
+            .unwrap()),
+        ["earlier", "later", "worse"]
+    );
+    // Without objectives the first number alone counts: the NaN `b` is not read then.
+    assert_eq!(
+        ids(reader
+            .best_trials(&Ranking::new(Direction::Maximize, &[]), 3)
+            .unwrap()),
+        ["nan-b", "inf-b", "earlier"]
     );
 }
 
@@ -351,16 +413,18 @@ fn materialized_tables_answer_queries() {
     let ids = |rows: Vec<knob_core::store::TrialRow>| -> Vec<String> {
         rows.into_iter().map(|row| row.trial_id).collect()
     };
+    // Only trials that succeeded rank: t1 and t3 (0.9, 0.6) still run, and t2 and t4 have no
+    // usable number.
     let best = reader
         .best_trials(&Ranking::new(Direction::Maximize, &[]), 2)
         .unwrap();
-    assert_eq!(best[0].final_value, Some(0.9));
-    assert_eq!(ids(best), ["t1", "t3"]);
+    assert_eq!(best[0].final_value, Some(0.3));
+    assert_eq!(ids(best), ["t0"]);
     assert_eq!(
         ids(reader
             .best_trials(&Ranking::new(Direction::Minimize, &[]), 10)
             .unwrap()),
-        ["t0", "t3", "t1"]
+        ["t0"]
     );
 
     let running = TrialQuery {
