@@ -843,6 +843,103 @@ mod tests {
         );
     }
 
+    /// Every route that shows trials says whether each ranks (`objectives::Ranking`), and the
+    /// experiment's best trials are those (H12 F1): not a final of a trial that then failed,
+    /// nor one with a NaN objective; a tie goes to the earlier trial.
+    #[tokio::test]
+    async fn trials_say_whether_they_rank_and_the_best_are_those_that_do() {
+        use crate::store::{MetricKind, StoreEvent, TrialStatus};
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path()).unwrap();
+        let config = serde_json::json!({"trialConcurrency": 1, "objectives": [
+            {"metric": "a", "mode": "maximize"}, {"metric": "b", "mode": "minimize"}]});
+        let mut events = vec![StoreEvent::ExperimentCreated {
+            experiment_id: "ranks".to_string(),
+            config,
+            start_time_ms: 0,
+        }];
+        // (id, a, b, status): a is the number the store records.
+        let trials = [
+            ("failed", 9.0, "1", TrialStatus::Failed),
+            ("nan-b", 8.0, "NaN", TrialStatus::Succeeded),
+            ("first", 5.0, "2", TrialStatus::Succeeded),
+            ("tied", 5.0, "1", TrialStatus::Succeeded),
+        ];
+        for (sequence, (id, a, b, status)) in trials.iter().enumerate() {
+            let trial_id = id.to_string();
+            events.extend([
+                StoreEvent::TrialCreated {
+                    trial_id: trial_id.clone(),
+                    sequence: sequence as u64,
+                    parameter_id: sequence as u64,
+                    parameter_label: None,
+                    parameters: serde_json::json!({}),
+                    lineage: None,
+                },
+                StoreEvent::TrialStarted {
+                    trial_id: trial_id.clone(),
+                    attempt: 1,
+                    environment_id: "env".to_string(),
+                    gpu_indices: Vec::new(),
+                    pid: None,
+                },
+                StoreEvent::Metric {
+                    trial_id: trial_id.clone(),
+                    attempt: 1,
+                    kind: MetricKind::Final,
+                    trial_sequence: 0,
+                    raw: format!(r#"{{"a": {a}, "b": {b}}}"#),
+                    value: Some(*a),
+                },
+                StoreEvent::TrialEnded {
+                    trial_id,
+                    attempt: 1,
+                    status: *status,
+                    exit_code: Some(0),
+                    signal: None,
+                    message: None,
+                    stderr_tail: None,
+                    peak_memory_mib: None,
+                    peak_gpu_memory_mib: None,
+                    ended_ms: None,
+                },
+            ]);
+        }
+        for event in events {
+            store.append(event).await.unwrap();
+        }
+        let router = router(ApiState::new(ApiConfig {
+            experiment_id: "ranks".to_string(),
+            dir: dir.path().to_path_buf(),
+            commands: None,
+            token: None,
+            allowed_hosts: Vec::new(),
+            commits: Some(store.commits()),
+        }));
+        let json = |body: &str| serde_json::from_str::<serde_json::Value>(body).unwrap();
+        let expected = serde_json::json!([false, false, true, true]);
+        let (_, body) = ask(&router, "get", "/api/v1/trial-columns").await;
+        assert_eq!(json(&body)["columns"]["ranks"], expected, "{body}");
+        let (_, body) = ask(&router, "get", "/api/v1/trials").await;
+        let ranks: Vec<serde_json::Value> = json(&body)["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["ranks"].clone())
+            .collect();
+        assert_eq!(serde_json::json!(ranks), expected, "{body}");
+        let (_, body) = ask(&router, "get", "/api/v1/trials/nan-b").await;
+        assert_eq!(json(&body)["ranks"], false, "{body}");
+        let (_, body) = ask(&router, "get", "/api/v1/experiment").await;
+        let best: Vec<serde_json::Value> = json(&body)["best_trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["trial_id"].clone())
+            .collect();
+        assert_eq!(best, ["first", "tied"], "{body}");
+    }
+
     /// `/trial-columns` of a finished list is kept while the store has no new event; a list
     /// with a running trial (whose duration grows) is never kept.
     #[tokio::test]
