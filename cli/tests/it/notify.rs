@@ -1202,7 +1202,18 @@ notifications:
         let (_, trials) = crate::api::get(&experiment.base, "/trials");
         trials.to_string().contains("SUCCEEDED")
     });
-    std::fs::remove_dir_all(sandbox.path().join("experiments/deleted")).unwrap();
+    // knob writes into the folder as it goes, so a file made during the removal can leave a
+    // directory not empty ("Directory not empty"): removed again, a bounded number of times.
+    let folder = sandbox.path().join("experiments/deleted");
+    let mut tries = 0;
+    while let Err(e) = std::fs::remove_dir_all(&folder) {
+        if !folder.exists() {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 50, "cannot remove {folder:?}: {e}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let status = experiment.wait_exit(Duration::from_secs(60));
     assert!(status.is_some_and(|status| !status.success()), "{status:?}");
     wait_for("the ERROR post", || !receiver.received().is_empty());
