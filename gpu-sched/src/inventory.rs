@@ -133,6 +133,11 @@ pub struct HeldElsewhere {
     /// ([`trials_per_gpu`]); `None` from a service that does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_per_gpu: Option<u32>,
+    /// Not held: promised to a request of the experiment that asked before the asker and waits
+    /// (`trial` is then that request's trial, or [`STANDING`](crate::ledger::STANDING) for its
+    /// waiting trials), so that a reason says it is promised, not that a trial runs there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub asked_earlier: bool,
 }
 
 /// How many trials, of every experiment together, a GPU may take: the smallest

@@ -202,7 +202,7 @@ impl LedgerState {
     /// Adds to `environment` (`machine` as probed) what the trials of processes other than `me`
     /// hold there (`Gpu::held_elsewhere`, `Environment::host_held_elsewhere`), and the GPUs
     /// promised to their requests older than `my_ticket` (all of them when `me` is not in
-    /// line), named "(waiting, asked earlier)".
+    /// line), marked `asked_earlier` (promised to a waiting trial: nothing runs there).
     pub fn annotate(
         &self,
         environment: &mut Environment,
@@ -216,7 +216,7 @@ impl LedgerState {
             .filter(|lease| lease.machine == machine && lease.holder.pid != me);
         for lease in others {
             add_host_holder(environment, lease, false);
-            mark_held(environment, lease, &lease.trial, lease.max_per_gpu);
+            mark_held(environment, lease, lease.max_per_gpu, false);
         }
         let promised = self.requests.iter().filter(|request| {
             request.lease.machine == machine
@@ -228,14 +228,9 @@ impl LedgerState {
             // Promised like the GPUs: the ledger grants no newer request of others the cores or
             // memory it waits for while they do not fit beside it (`blocker`).
             add_host_holder(environment, lease, true);
-            let trial = if lease.trial == STANDING {
-                "(waiting, asked earlier)".to_string()
-            } else {
-                format!("{} (waiting, asked earlier)", lease.trial)
-            };
             // A limit of 1: the request blocks every newer one of others for these GPUs
             // (`blocker`), however many trials its holder allows per GPU.
-            mark_held(environment, lease, &trial, 1);
+            mark_held(environment, lease, 1, true);
         }
     }
 }
@@ -283,7 +278,7 @@ impl LedgerState {
         };
         let mut alone = with_own_host_leases(probed);
         for lease in &own {
-            mark_held(&mut alone, lease, &lease.trial, lease.max_per_gpu);
+            mark_held(&mut alone, lease, lease.max_per_gpu, false);
         }
         let fits = |environment: &Environment, demand: &SchedulerConfig| {
             let mut scheduler = Scheduler::new(demand.clone());
@@ -371,9 +366,10 @@ fn add_host_holder(environment: &mut Environment, lease: &Lease, asked_earlier: 
     });
 }
 
-/// Records on each of `environment`'s GPUs that `lease` names that it is held elsewhere, by
-/// `trial` (as it is to be shown), which limits the GPU to `max_per_gpu` trials.
-fn mark_held(environment: &mut Environment, lease: &Lease, trial: &str, max_per_gpu: u32) {
+/// Records on each of `environment`'s GPUs that `lease` names that it is held elsewhere (only
+/// promised to it, when `asked_earlier`: a request that waits), which limits the GPU to
+/// `max_per_gpu` trials.
+fn mark_held(environment: &mut Environment, lease: &Lease, max_per_gpu: u32, asked_earlier: bool) {
     for gpu in environment
         .gpus
         .iter_mut()
@@ -381,9 +377,10 @@ fn mark_held(environment: &mut Environment, lease: &Lease, trial: &str, max_per_
     {
         gpu.held_elsewhere.push(HeldElsewhere {
             experiment: lease.holder.experiment.clone(),
-            trial: trial.to_owned(),
+            trial: lease.trial.clone(),
             gpu_memory: lease.gpu_memory,
             max_per_gpu: Some(max_per_gpu),
+            asked_earlier,
         });
     }
 }

@@ -6,8 +6,9 @@ use std::fmt::Write;
 
 use crate::bytes::ByteSize;
 use crate::inventory::{
-    describe_indices, EnvironmentStatus, GpuSource, HostHeldElsewhere, HostHolder,
+    describe_indices, EnvironmentStatus, GpuSource, HeldElsewhere, HostHeldElsewhere, HostHolder,
 };
+use crate::ledger::STANDING;
 use crate::request::TrialRequest;
 use crate::scheduler::fit::{
     fitting_gpu_count, permanent_blocker, Demand, GpuDemand, Holds, Permanent,
@@ -735,28 +736,64 @@ fn describe_gpu_blocker(
             .unwrap();
         }
         GpuBlocker::Full(max) => {
-            write!(out, "GPU {} runs ", load.index).unwrap();
-            let mut first = true;
-            let mut separate = |out: &mut String| {
-                if !std::mem::take(&mut first) {
-                    out.push_str(", ");
+            write!(out, "GPU {} ", load.index).unwrap();
+            let (promised, held): (Vec<&HeldElsewhere>, Vec<&HeldElsewhere>) = gpu
+                .held_elsewhere
+                .iter()
+                .partition(|held| held.asked_earlier);
+            if !gpu.trials.is_empty() || !held.is_empty() {
+                out.push_str("runs ");
+                let mut first = true;
+                let mut separate = |out: &mut String| {
+                    if !std::mem::take(&mut first) {
+                        out.push_str(", ");
+                    }
+                };
+                for trial in &gpu.trials {
+                    separate(out);
+                    write!(out, "{trial}").unwrap();
                 }
-            };
-            for trial in &gpu.trials {
-                separate(out);
-                write!(out, "{trial}").unwrap();
+                for held in held {
+                    separate(out);
+                    write!(
+                        out,
+                        "trial {} of experiment {}",
+                        held.trial, held.experiment
+                    )
+                    .unwrap();
+                }
+                if max > 1 {
+                    write!(out, " ({max} per GPU)").unwrap();
+                }
+                if !promised.is_empty() {
+                    out.push_str(" and is ");
+                }
             }
-            for held in &gpu.held_elsewhere {
-                separate(out);
-                write!(
-                    out,
-                    "trial {} of experiment {}",
-                    held.trial, held.experiment
-                )
+            // Nothing runs for a promise: the GPU waits for a trial of another experiment that
+            // asked first (the ledger grants no newer request of others it while it waits).
+            for (shown, promise) in promised.iter().enumerate() {
+                out.push_str(if shown == 0 {
+                    "promised first to "
+                } else {
+                    ", "
+                });
+                if promise.trial == STANDING {
+                    write!(
+                        out,
+                        "the waiting trials of experiment {}",
+                        promise.experiment
+                    )
+                } else {
+                    write!(
+                        out,
+                        "waiting trial {} of experiment {}",
+                        promise.trial, promise.experiment
+                    )
+                }
                 .unwrap();
-            }
-            if max > 1 {
-                write!(out, " ({max} per GPU)").unwrap();
+                if shown + 1 == promised.len() {
+                    out.push_str(" (asked earlier)");
+                }
             }
         }
         GpuBlocker::Memory => out.push_str(&gpu_memory_blocker(env, position, demand)),

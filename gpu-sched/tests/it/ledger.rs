@@ -222,6 +222,7 @@ fn trials_of_other_experiments_count_against_max_trial_number_per_gpu_and_are_na
         trial: "b1".into(),
         gpu_memory: ByteSize::gib(10),
         max_per_gpu: None,
+        asked_earlier: false,
     });
     let mut scheduler = scheduler(Policy::Pack, vec![shared]);
     expect_test::expect![[r#"
@@ -232,6 +233,47 @@ fn trials_of_other_experiments_count_against_max_trial_number_per_gpu_and_are_na
         &mut scheduler,
         &[crate::support::trial("a"), crate::support::trial("c")],
     ));
+}
+
+/// A GPU promised to another experiment's waiting request runs nothing: the reason says it is
+/// promised to that experiment's waiting trials, not that a trial of it runs there.
+#[test]
+fn a_gpu_promised_to_another_experiments_waiting_trials_is_named_promised_not_running() {
+    use crate::support::{env, place, scheduler, trial};
+    use knob_gpu_sched::Policy;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut running, b) = child_holder("expB");
+    let (mut waiting, c) = child_holder("expC");
+    let (mut asking, d) = child_holder("expD");
+    let a = Holder::this_process("expA");
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b1", &[0, 1], 1)).unwrap(),
+        Acquired::Granted
+    );
+    // C's trials wait for GPU 1 (B's), D's trial d1 for GPU 2 (E's): both asked before A.
+    ledger
+        .stand_in_line(&c, "local", &StandFor::gpus(&[1]))
+        .unwrap();
+    ledger.release(&b, "b1").unwrap();
+    ledger.acquire(&lease(&b, "b2", &[0], 1)).unwrap();
+    let (mut holding, e) = child_holder("expE");
+    ledger.acquire(&lease(&e, "e1", &[2], 1)).unwrap();
+    ledger.acquire(&lease(&d, "d1", &[2], 1)).unwrap();
+    let mut seen_by_a = env("local", &[80, 80, 80]);
+    ledger
+        .snapshot()
+        .unwrap()
+        .annotate(&mut seen_by_a, "local", a.pid, None);
+    let mut scheduler = scheduler(Policy::Pack, vec![seen_by_a]);
+    expect_test::expect![[r#"
+        a1: wait: waiting for 1 GPU: local: no GPU free (GPU 0 runs trial b2 of experiment expB, GPU 1 promised first to the waiting trials of experiment expC (asked earlier), GPU 2 runs trial e1 of experiment expE and is promised first to waiting trial d1 of experiment expD (asked earlier))
+    "#]]
+    .assert_eq(&place(&mut scheduler, &[trial("a1")]));
+    for child in [&mut running, &mut waiting, &mut asking, &mut holding] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 }
 
 /// The scheduler applies the ledger's rule (`trials_per_gpu`): a GPU that another experiment
