@@ -30,7 +30,10 @@
 //! holder's trials is granted it with the ticket, or the request lapses: when the other
 //! experiment frees the GPU, the holder's scheduler sees it free and places a trial there a
 //! moment later, and in that moment the GPU must stay promised to it, or the experiment that
-//! freed it takes it back at its next retry.
+//! freed it takes it back at its next retry. A trial that waits for its own experiment's trials
+//! as well (two GPUs, one of them its own trial's) stands in line too, for the GPUs of others
+//! and of its own trials: its own trials end by themselves, and what the other experiment frees
+//! meanwhile would otherwise be refilled by it at every retry.
 //!
 //! Like the probes, this does I/O; the [`Scheduler`](crate::Scheduler) never calls it.
 
@@ -240,12 +243,15 @@ impl LedgerState {
     /// should stand in line for ([`Ledger::stand_in_line`]), from `probed` (the machine as
     /// probed, with the experiment's limits, before [`annotate`](Self::annotate)) and `seen`
     /// (the same after it). `None` when standing in line cannot help them: they ask for no
-    /// GPU, CPU cores or memory, or they could not start even if every other experiment's trial
-    /// here ended (they wait for measured host memory, for their own trials, or can never be
-    /// placed). Otherwise the GPUs others hold or were promised that the trial may use
-    /// (`gpuIndices`) and would fit on once freed, and the trial's CPU cores (memory) when
-    /// those are short here only because of others; empty when it fits now. A resource it
-    /// does not wait for is never taken from an experiment that can use it.
+    /// GPU, CPU cores or memory, or they could not start even with no knob trial here, their
+    /// own ended too (they wait for measured host memory, or can never be placed). Otherwise
+    /// the GPUs others hold or were promised that the trial may use (`gpuIndices`) and would
+    /// fit on once freed (and, for a trial that also waits for its own experiment's trials, the
+    /// GPUs those hold), and the trial's CPU cores (memory) when others' leases keep them
+    /// short; empty when it waits for nothing others hold (it fits beside them, its own trials
+    /// ended): that renews a place already taken, whose GPUs it waits for its own trials to
+    /// use, and takes none. A resource it does not wait for is never taken from an experiment
+    /// that can use it.
     pub fn to_stand_for(
         &self,
         probed: &Environment,
@@ -288,7 +294,13 @@ impl LedgerState {
                     Placement::Succeed { .. }
                 )
         };
-        if !fits(&alone, demand) {
+        // A trial that fits only once this experiment's own trials end too still stands in
+        // line for what others hold: its own trials end by themselves, and without a place the
+        // GPU (cores, memory) another experiment frees in the meantime is taken again by it at
+        // its next retry, so that the trial could wait for ever. It is measured on the machine
+        // with nothing of knob's on it.
+        let waits_for_own = !fits(&alone, demand);
+        if waits_for_own && !fits(probed, demand) {
             return None;
         }
         if fits(seen, demand) {
@@ -305,7 +317,15 @@ impl LedgerState {
             ..demand.clone()
         };
         let seen_with_own = with_own_host_leases(seen);
-        let waits_for = |only: SchedulerConfig| fits(&alone, &only) && !fits(&seen_with_own, &only);
+        // Short only because of this experiment's own leases, a resource is no other's to give:
+        // then it is stood for only if others' leases keep it short once those ended.
+        let waits_for = |only: SchedulerConfig| {
+            if fits(&alone, &only) {
+                !fits(&seen_with_own, &only)
+            } else {
+                fits(probed, &only) && !fits(seen, &only)
+            }
+        };
         if asks_cpu_cores
             && waits_for(SchedulerConfig {
                 trial_cpu_number: demand.trial_cpu_number,
@@ -333,17 +353,36 @@ impl LedgerState {
             trial_cpu_number: None,
             ..demand.clone()
         };
+        let base = if waits_for_own { probed } else { &alone };
+        let fits_gpu = |index: u32| {
+            let mut only = base.clone();
+            only.limits.gpu_indices = Some(vec![index]);
+            fits(&only, &one_gpu)
+        };
         stand_for.gpus = seen
             .gpus
             .iter()
             .filter(|gpu| !gpu.held_elsewhere.is_empty() && probed.limits.allows_gpu(gpu.index))
             .map(|gpu| gpu.index)
-            .filter(|&index| {
-                let mut only = alone.clone();
-                only.limits.gpu_indices = Some(vec![index]);
-                fits(&only, &one_gpu)
-            })
+            .filter(|&index| fits_gpu(index))
             .collect();
+        if waits_for_own && !stand_for.gpus.is_empty() {
+            // It waits for others' GPUs and its own: the GPUs its own trials free are promised
+            // to it too, or the other experiment, which waits for them as well, takes the first
+            // one freed and the trial waits for that experiment's next trial. Only then: an
+            // experiment whose trials wait for its own alone keeps no GPU from anyone.
+            for lease in &own {
+                for &index in &lease.gpus {
+                    if probed.limits.allows_gpu(index)
+                        && !stand_for.gpus.contains(&index)
+                        && fits_gpu(index)
+                    {
+                        stand_for.gpus.push(index);
+                    }
+                }
+            }
+            stand_for.gpus.sort_unstable();
+        }
         Some(stand_for)
     }
 }

@@ -124,7 +124,7 @@ impl MachineLeases {
     /// and what each trial asks for), stands in line for the GPUs, CPU cores and memory held
     /// elsewhere that its trial may use and waits for, or renews its place (which keeps what it
     /// stood for, freed since, until its trial takes it); it leaves the line when its trial asks
-    /// for no GPU, cores or memory or could not start even with every other experiment gone
+    /// for no GPU, cores or memory or could not start even with no knob trial on the machine
     /// (`LedgerState::to_stand_for`), so that it never holds anything back from an experiment
     /// that can use it.
     pub fn annotate(

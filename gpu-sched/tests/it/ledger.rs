@@ -548,7 +548,8 @@ fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits
         state.to_stand_for(&mixed_probed, &mixed_seen, "local", a.pid, &big),
         Some(StandFor::gpus(&[0]))
     );
-    // A's own trial on GPU 1 (gpuIndices: 1) is what its next trial waits for, not B.
+    // A's own trial on GPU 1 (gpuIndices: 1) is what its next trial waits for, not B: it
+    // takes no place in line (it would only renew one it had).
     assert_eq!(
         ledger.acquire(&lease(&a, "a1", &[1], 1)).unwrap(),
         Acquired::Waiting(format!(
@@ -568,7 +569,7 @@ fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits
     state.annotate(&mut seen, "local", a.pid, None);
     assert_eq!(
         state.to_stand_for(&mixed_probed, &seen, "local", a.pid, &gpus(1)),
-        None
+        Some(StandFor::default())
     );
     // Leaving the line drops the standing request, so B is not held back.
     ledger
@@ -580,6 +581,85 @@ fn a_waiting_experiment_stands_in_line_only_for_gpus_its_trial_may_use_and_waits
         ledger.acquire(&lease(&b, "b2", &[0], 1)).unwrap(),
         Acquired::Granted
     );
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
+
+/// A trial that waits for its own experiment's trial and for another experiment's GPU stands in
+/// line for both: the GPU the other frees stays promised to it until its own trial ended, so
+/// the other cannot refill it over and over. A GPU the trial cannot use stays the other's.
+#[test]
+fn a_trial_waiting_for_its_own_trial_and_another_experiments_gpu_stands_in_line_for_both() {
+    use crate::support::env;
+    use knob_gpu_sched::ledger::STANDING;
+    use knob_gpu_sched::SchedulerConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut other, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    // 80, 80 and 16 GiB GPUs: A's trial a1 runs on GPU 0, B's on GPUs 1 and 2; A's next trial
+    // asks for 2 GPUs of 40 GiB, which only GPUs 0 and 1 have.
+    let grant = |lease: Lease| assert_eq!(ledger.acquire(&lease).unwrap(), Acquired::Granted);
+    grant(lease(&a, "a1", &[0], 1));
+    grant(lease(&b, "b1", &[1], 1));
+    grant(lease(&b, "b9", &[2], 1));
+    let two_big = SchedulerConfig {
+        trial_gpu_number: Some(2),
+        trial_gpu_memory: Some(ByteSize::gib(40)),
+        ..SchedulerConfig::default()
+    };
+    let stand_for = || {
+        let state = ledger.snapshot().unwrap();
+        let probed = env("local", &[80, 80, 16]);
+        let mut seen = probed.clone();
+        // As `MachineLeases::annotate` does: A's own place in line decides which requests of
+        // others are older.
+        let mine = state
+            .requests
+            .iter()
+            .find(|r| r.lease.trial == STANDING && r.lease.holder == a)
+            .map(|r| r.lease.ticket);
+        state.annotate(&mut seen, "local", a.pid, mine);
+        state.to_stand_for(&probed, &seen, "local", a.pid, &two_big)
+    };
+    assert_eq!(stand_for(), Some(StandFor::gpus(&[0, 1])));
+    let ticket = ledger
+        .stand_in_line(&a, "local", &stand_for().unwrap())
+        .unwrap()
+        .unwrap();
+    // B's trial on GPU 1 ends and B asks for GPU 1 again at once: promised to A.
+    ledger.release(&b, "b1").unwrap();
+    let Acquired::Waiting(reason) = ledger.acquire(&lease(&b, "b2", &[1], 1)).unwrap() else {
+        panic!("B refilled the GPU A waits for");
+    };
+    assert_eq!(
+        reason,
+        format!(
+            "GPU 1 promised first to the waiting trials of experiment expA (pid {}) (asked earlier)",
+            a.pid
+        )
+    );
+    // A's own trial ends: B cannot take GPU 0 either, which A's trial waits for.
+    ledger.release(&a, "a1").unwrap();
+    assert!(matches!(
+        ledger.acquire(&lease(&b, "b3", &[0], 1)).unwrap(),
+        Acquired::Waiting(_)
+    ));
+    // GPU 2, which A's trial cannot use, B refills.
+    ledger.release(&b, "b9").unwrap();
+    grant(lease(&b, "b10", &[2], 1));
+    // A's next probe renews its place; its trial takes both GPUs with its ticket.
+    assert_eq!(stand_for(), Some(StandFor::default()));
+    grant(lease(&a, "a2", &[0, 1], 1));
+    let state = ledger.snapshot().unwrap();
+    let a2 = state.leases.iter().find(|l| l.trial == "a2").unwrap();
+    assert_eq!(a2.ticket, ticket);
+    assert!(!state.requests.iter().any(|r| r.lease.trial == STANDING));
+    // B's waiting trials went elsewhere. A's next trial waits for a2 alone (B holds nothing
+    // it may use): it takes no place.
+    ledger.release(&b, "b2").unwrap();
+    ledger.release(&b, "b3").unwrap();
+    assert_eq!(stand_for(), Some(StandFor::default()));
     other.kill().unwrap();
     other.wait().unwrap();
 }
@@ -630,10 +710,12 @@ fn a_request_for_cpu_cores_is_served_first_come_first_served_between_experiments
             ..StandFor::default()
         }
     );
-    // Were A's cores B's own, B would wait for itself: no place in line.
+    // A's next such trial waits for A's own trial alone: it takes no place in line.
+    let mut seen_by_a = probed.clone();
+    state.annotate(&mut seen_by_a, "local", a.pid, None);
     assert_eq!(
-        state.to_stand_for(&probed, &seen_by_b, "local", a.pid, &demand),
-        None
+        state.to_stand_for(&probed, &seen_by_a, "local", a.pid, &demand),
+        Some(StandFor::default())
     );
     let ticket = ledger
         .stand_in_line(&b, "local", &stand_for)
