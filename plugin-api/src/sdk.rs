@@ -601,6 +601,14 @@ pub trait TrainingService: Send + 'static {
         let _ = trial_concurrency;
         Ok(())
     }
+    /// None of the experiment's trials waits to be placed any more (the last one started, or
+    /// was canceled or ended), after some did; [`TrainingService::environments`] is not asked
+    /// again until one waits (hosts of 2026-12-02 on). A service that holds anything for its
+    /// waiting trials (a place in a shared machine's line) lets it go here; keep the call
+    /// short. An error is a warning. The default does nothing.
+    fn nothing_waits(&mut self) -> Result<(), PluginError> {
+        Ok(())
+    }
     /// Population-based training: successor `trial_id` was just created to start from the
     /// checkpoint of trial `donor` (its `KNOB_RESTORE_TRIAL`), which keeps training and
     /// overwriting its folder. A service whose trials write to a file system of their own (a
@@ -1092,6 +1100,7 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
             ServiceRequest::EnvironmentChanges { .. } => "environments",
             ServiceRequest::DeleteCheckpoint { .. } => "delete_checkpoint",
             ServiceRequest::TrialConcurrency { .. } => "set_trial_concurrency",
+            ServiceRequest::NothingWaits => "nothing_waits",
             ServiceRequest::SnapshotCheckpoint { .. } => "snapshot_checkpoint",
             ServiceRequest::DeleteSnapshot { .. } => "delete_snapshot",
             ServiceRequest::FetchSnapshot { .. } => "fetch_snapshot",
@@ -1107,6 +1116,10 @@ impl<S: TrainingService> TrainingServiceWithRequestsAbi for TrainingServiceAdapt
                 }
                 ServiceRequest::TrialConcurrency { trial_concurrency } => {
                     inner.set_trial_concurrency(trial_concurrency)?;
+                    "null"
+                }
+                ServiceRequest::NothingWaits => {
+                    inner.nothing_waits()?;
                     "null"
                 }
                 ServiceRequest::SnapshotCheckpoint { trial_id, donor } => {

@@ -265,6 +265,13 @@ pub enum ServiceRequest {
     /// a cluster's queue, allocations held) follows it. Sent to every service of the
     /// experiment; answered `null`. A service built before this kind keeps the value it had.
     TrialConcurrency { trial_concurrency: u32 },
+    /// None of the experiment's trials waits to be placed any more (the last one was started,
+    /// canceled or ended), after some did: the host stops asking for environments until one
+    /// waits again. A service that stood in a shared machine's line for its waiting trials
+    /// (the lease ledger) leaves it now, so that what it named is not kept from other
+    /// experiments until its place lapses. Answered `null`; a service built before this kind
+    /// keeps its place until it lapses.
+    NothingWaits,
 }
 
 /// A service's answer to [`ServiceRequest::EnvironmentChanges`]: which environments it has, in

@@ -118,6 +118,14 @@ impl MachineLeases {
         self.ledger.release(&Self::holder(experiment), trial)
     }
 
+    /// Drops the experiment's place in the line, when none of its trials waits any more (the
+    /// host said so, or the service stops): what it named goes to the other experiments at
+    /// once, not once the place lapsed ([`STANDING_TTL`](knob_gpu_sched::ledger::STANDING_TTL)).
+    pub fn leave_line(&self, experiment: &str) -> Result<(), LedgerError> {
+        self.ledger
+            .leave_line(&Self::holder(experiment), &self.machine)
+    }
+
     /// Adds to `environment` (this machine as probed, with the experiment's limits) what other
     /// processes' trials hold here, and the GPUs promised to their requests older than this
     /// process's place in line. Then, for the experiment whose trials wait (`waiting`: its id

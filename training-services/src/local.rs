@@ -326,12 +326,29 @@ impl LocalService {
         }
     }
 
+    /// None of the experiment's trials waits any more: it leaves the ledger's line, so that
+    /// the GPUs (cores, memory) it stood for go to other experiments at once.
+    pub fn nothing_waits(&mut self) {
+        let (Some(leases), Some(experiment)) = (self.pool.leases(), self.experiment.as_deref())
+        else {
+            return;
+        };
+        if let Err(e) = leases.leave_line(experiment) {
+            (self.emit)(ServiceEvent::Warning {
+                trial_id: None,
+                message: format!("cannot leave this machine's lease ledger line: {e}"),
+            });
+        }
+    }
+
     /// Kills every running trial and waits until each has ended (its `TrialEnded` emitted),
     /// at most the grace period and a few seconds more; then closes the HTTP channel.
     pub fn stop(&mut self) {
         if self.pool.is_shut_down() {
             return;
         }
+        // Its trials wait no more: what it stood in line for is not kept from the others.
+        self.nothing_waits();
         let left = self.pool.stop("the training service is shutting down");
         if !left.is_empty() {
             (self.emit)(ServiceEvent::Warning {
@@ -392,6 +409,11 @@ impl TrainingService for LocalService {
 
     fn shutdown(&mut self) -> Result<(), PluginError> {
         self.stop();
+        Ok(())
+    }
+
+    fn nothing_waits(&mut self) -> Result<(), PluginError> {
+        LocalService::nothing_waits(self);
         Ok(())
     }
 }

@@ -297,6 +297,19 @@ impl TrialBook {
             && trial.attempt.saturating_sub(trial.lost_attempts) <= retries
     }
 
+    /// Whether a trial waits to be placed: not handed to a service yet, its backoff over or
+    /// not (see [`TrialBook::placeable`]).
+    pub fn any_unplaced(&self) -> bool {
+        self.unplaced.iter().any(|sequence| {
+            self.active
+                .get(sequence)
+                .map(|id| &self.trials[id])
+                .is_some_and(|trial| {
+                    trial.status == TrialStatus::Waiting && !trial.launched && !trial.fetching
+                })
+        })
+    }
+
     /// The waiting trials that may be placed at `now` (not handed to a service yet, backoff
     /// over), oldest first.
     pub fn placeable(&mut self, now: Instant) -> Vec<String> {

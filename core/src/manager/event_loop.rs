@@ -96,6 +96,9 @@ pub(super) struct Manager {
     pub(super) unsettled: std::collections::VecDeque<Unsettled>,
     /// What woke the loop, by cause (told to the observer).
     pub(super) wakes: super::Wakes,
+    /// Trials waited for resources since the services were last told that none does
+    /// (`Manager::tell_nothing_waits`).
+    pub(super) trials_waited: bool,
 }
 
 impl Manager {
@@ -224,6 +227,7 @@ impl Manager {
             turns: 0,
             unsettled: Default::default(),
             wakes: Default::default(),
+            trials_waited: false,
             config,
         };
         if let Err(e) = manager.register_environments().await {

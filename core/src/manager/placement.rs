@@ -309,6 +309,8 @@ impl Manager {
     pub(super) async fn place_waiting(&mut self) -> Result<(), ManagerError> {
         let mut waiting = self.book.placeable(Instant::now());
         if waiting.is_empty() {
+            // The last waiting trial may have been canceled or ended since the last round.
+            self.tell_nothing_waits();
             return Ok(());
         }
         // More trials than `trialConcurrency` are not yet ended only after the user lowered it
@@ -429,6 +431,7 @@ impl Manager {
                 }
                 Placement::TmpNoAvailableGpu { reason } => {
                     any_waits = true;
+                    self.trials_waited = true;
                     self.timers.reprobe_later(Instant::now());
                     self.note_waiting(trial_id, &reason, now).await?;
                 }
@@ -436,8 +439,28 @@ impl Manager {
         }
         if !any_waits {
             self.timers.cancel_reprobe();
+            self.tell_nothing_waits();
         }
         Ok(())
+    }
+
+    /// Once no trial waits to be placed (none is left unplaced, a trial handed back and
+    /// pausing before it is placed again included) after some waited, tells each service
+    /// (`TrainingService::nothing_waits`): one that stood in a shared machine's line for its
+    /// waiting trials leaves it now. Until it lapsed (12 s), its place kept the GPUs, cores or
+    /// memory it named from every other experiment, idle once this one's trials no longer
+    /// waited for them.
+    fn tell_nothing_waits(&mut self) {
+        if !self.trials_waited || self.book.any_unplaced() {
+            return;
+        }
+        self.trials_waited = false;
+        for index in 0..self.services.len() {
+            let reply = self.services[index].handle.nothing_waits();
+            self.warn_if_it_fails(reply, None, |e| {
+                format!("a training service could not be told that no trial waits: {e}")
+            });
+        }
     }
 
     /// Records why waiting trial `trial_id` waits, when the reason changed and one is due
@@ -651,6 +674,7 @@ impl Manager {
         trial.waiting_reason = Some(reason.clone());
         trial.waiting_warned_at = Some(now);
         trial.waiting_reasons_recorded = 1;
+        self.trials_waited = true;
         self.timers.reprobe_later(now);
         self.publish(None);
         self.warn(Some(trial_id), format!("waiting: {reason}"))

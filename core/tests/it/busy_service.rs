@@ -39,6 +39,9 @@ const QUICK_STARTS: usize = 16;
 /// The busy service's first start is let go after this at the latest.
 const HOLD_LIMIT: Duration = Duration::from_secs(40);
 
+/// What service "told" records in [`Starts`] when told that no trial waits any more.
+const NOTHING_WAITS: &str = "(nothing waits)";
+
 /// When each trial was started, and by which service.
 type Starts = Arc<Mutex<Vec<(Instant, &'static str, String)>>>;
 
@@ -245,6 +248,16 @@ impl TrainingService for Service {
     }
 
     fn kill_trial(&mut self, _trial_id: &str, _reason: &str) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    fn nothing_waits(&mut self) -> Result<(), PluginError> {
+        if self.name == "told" {
+            self.starts
+                .lock()
+                .unwrap()
+                .push((Instant::now(), NOTHING_WAITS, String::new()));
+        }
         Ok(())
     }
 
@@ -1785,5 +1798,45 @@ fn a_successor_whose_parents_checkpoint_cannot_be_brought_yet_waits_for_it() {
                 && w.message.contains("host node0 is not connected yet")),
         "{:?}",
         state.warnings
+    );
+}
+
+/// Once no trial waits to be placed any more (here: the last one that waited for the GPU
+/// started), the services are told at once, so that one standing in a shared machine's line for
+/// its waiting trials leaves it then; not at the next trial's wait, nor never.
+#[test]
+fn the_services_are_told_when_no_trial_waits_any_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let starts: Starts = Default::default();
+    let components = Services {
+        platforms: &["told"],
+        gpus: 1,
+        hold: Mutex::new(None),
+        starts: starts.clone(),
+        fetches: None,
+        tuner: Box::new(|name| in_process::tuner(name, Counter)),
+    };
+    // Two at a time on one GPU: the second trial waits for the first.
+    let config = config(dir.path(), 2, 2, components.platforms, "Counter");
+    let outcome = run_experiment(dir.path(), &config, &components);
+    assert!(outcome.is_ok(), "{outcome:?}");
+    let starts = starts.lock().unwrap().clone();
+    let trial_starts: Vec<Instant> = starts
+        .iter()
+        .filter(|(_, service, _)| *service == "told")
+        .map(|(at, _, _)| *at)
+        .collect();
+    let told: Vec<Instant> = starts
+        .iter()
+        .filter(|(_, service, _)| *service == NOTHING_WAITS)
+        .map(|(at, _, _)| *at)
+        .collect();
+    assert_eq!(trial_starts.len(), 2, "{starts:?}");
+    // Told once: after the waiting trial started, in the same moment.
+    assert_eq!(told.len(), 1, "{starts:?}");
+    assert!(told[0] >= trial_starts[1], "{starts:?}");
+    assert!(
+        told[0] - trial_starts[1] < Duration::from_secs(1),
+        "{starts:?}"
     );
 }

@@ -477,6 +477,13 @@ impl TrainingServiceObject {
         self.request(&ServiceRequest::TrialConcurrency { trial_concurrency })
     }
 
+    /// Tells the service that none of the experiment's trials waits any more (see
+    /// `TrainingService::nothing_waits`); `Ok(false)` where it was built before it could be
+    /// told.
+    pub fn nothing_waits(&mut self) -> Result<bool, HostError> {
+        self.request(&ServiceRequest::NothingWaits)
+    }
+
     /// Asks the service to copy trial `donor`'s checkpoint folder now for successor
     /// `trial_id` (see `TrainingService::snapshot_checkpoint`). `Ok(true)`: a copy is being
     /// taken; `Ok(false)`: the service does not take one (the SDK's default), or was built
@@ -900,6 +907,10 @@ impl TrainingServiceHandle {
     pub fn set_trial_concurrency(&self, trial_concurrency: u32) -> Reply<bool> {
         self.0
             .call(move |s| s.set_trial_concurrency(trial_concurrency))
+    }
+    /// See [`TrainingServiceObject::nothing_waits`].
+    pub fn nothing_waits(&self) -> Reply<bool> {
+        self.0.call(|s| s.nothing_waits())
     }
     /// See [`TrainingServiceObject::snapshot_checkpoint`].
     pub fn snapshot_checkpoint(&self, trial_id: String, donor: String) -> Reply<bool> {

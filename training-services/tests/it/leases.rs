@@ -130,3 +130,71 @@ fn a_trial_over_its_memory_request_is_killed_and_its_peak_reported() {
     let peak = usage_of(&h.events.all(), "small").unwrap().unwrap();
     assert!((20..200).contains(&peak), "peak {peak} MiB");
 }
+
+/// An experiment whose trials no longer wait (the host says so, or the service stops) leaves
+/// the ledger's line at once: another experiment is granted what it stood for then, not once its
+/// place lapsed 12 s later.
+#[test]
+fn an_experiment_whose_trials_no_longer_wait_leaves_the_line_at_once() {
+    use knob_gpu_sched::ledger::{Acquired, Holder, Lease, Ledger, StandFor, STANDING};
+    use knob_gpu_sched::ByteSize;
+    let dir = tempfile::tempdir().unwrap();
+    let mut second = sharing(dir.path());
+    // The service learns its experiment from its first trial.
+    let mut trial = second.request("b0", "true");
+    trial.experiment_id = "second".into();
+    second.service.start(&trial).unwrap();
+    second.events.wait_ended("b0");
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let stands = |ledger: &Ledger| {
+        ledger
+            .snapshot()
+            .unwrap()
+            .requests
+            .iter()
+            .any(|r| r.lease.trial == STANDING && r.lease.holder.experiment == "second")
+    };
+    let first = Holder::this_process("first");
+    let wants_gpu_0 = |trial: &str| Lease {
+        holder: first.clone(),
+        trial: trial.into(),
+        machine: "local".into(),
+        gpus: vec![0],
+        max_per_gpu: 1,
+        gpu_memory: ByteSize::ZERO,
+        host_memory: ByteSize::ZERO,
+        cpu_cores: 0,
+        ticket: 0,
+        granted_ms: 0,
+        gpu_memory_totals: Vec::new(),
+        cpu_total: 0,
+        host_memory_total: ByteSize::ZERO,
+    };
+    // Its trials waited for GPU 0, so it stood in line for it: first's request waits.
+    let holder = Holder::this_process("second");
+    ledger
+        .stand_in_line(&holder, "local", &StandFor::gpus(&[0]))
+        .unwrap();
+    assert!(matches!(
+        ledger.acquire(&wants_gpu_0("a1")).unwrap(),
+        Acquired::Waiting(_)
+    ));
+    // The host says none of its trials waits any more.
+    second.service.nothing_waits();
+    assert!(!stands(&ledger));
+    assert_eq!(
+        ledger.acquire(&wants_gpu_0("a1")).unwrap(),
+        Acquired::Granted
+    );
+    ledger.release(&first, "a1").unwrap();
+    // The same when the service stops while its trials wait.
+    ledger
+        .stand_in_line(&holder, "local", &StandFor::gpus(&[0]))
+        .unwrap();
+    second.service.stop();
+    assert!(!stands(&ledger));
+    assert_eq!(
+        ledger.acquire(&wants_gpu_0("a2")).unwrap(),
+        Acquired::Granted
+    );
+}
