@@ -181,6 +181,9 @@ pub struct LocalService {
     /// Whether the console was told that a trial's parameters are too large for
     /// `KNOB_PARAMETERS` (`knob_protocol::parameters_only_in_file`), said once.
     parameters_size_told: bool,
+    /// Trials handed back to the host (`ServiceEvent::PlaceAgain`) since the host last said
+    /// that none waits: see [`LocalService::nothing_waits`].
+    handed_back: std::collections::HashSet<String>,
 }
 
 impl LocalService {
@@ -217,7 +220,14 @@ impl LocalService {
             demand: None,
             asked_before: false,
             parameters_size_told: false,
+            handed_back: Default::default(),
         })
+    }
+
+    /// Whether a trial whose lease must wait is handed back to the host to be placed again
+    /// (what `create` sets from `ServiceContext::places_again`).
+    pub fn set_places_again(&mut self, on: bool) {
+        self.pool.set_places_again(on);
     }
 
     /// Where the NNI v3 channel listens (127.0.0.1 and an ephemeral port).
@@ -282,6 +292,7 @@ impl LocalService {
             ));
         }
         self.experiment = Some(request.experiment_id.clone());
+        self.handed_back.remove(&request.trial_id);
         if self.demand.is_none() {
             self.demand = Some(lease::demand_of_request(request));
         }
@@ -299,6 +310,7 @@ impl LocalService {
             PoolError::Startup { what, source } => LocalError::Startup { what, source },
         })?;
         if let Started::Refused(reason) = started {
+            self.handed_back.insert(request.trial_id.clone());
             // The machine as it is now goes first: the host places the trial again against
             // it, so that it sees the GPUs another experiment took and uses a free one. Without
             // it the host would place it on the same GPUs from its older report.
@@ -327,8 +339,19 @@ impl LocalService {
     }
 
     /// None of the experiment's trials waits any more: it leaves the ledger's line, so that
-    /// the GPUs (cores, memory) it stood for go to other experiments at once.
+    /// the GPUs (cores, memory) it stood for go to other experiments at once. Unless a trial
+    /// was handed back since the host last said so: the host sent this after that trial's
+    /// start, before it learned that the trial waits again, and the trial keeps the place it
+    /// stood in (the host says so again once no trial waits).
     pub fn nothing_waits(&mut self) {
+        if !self.handed_back.is_empty() {
+            self.handed_back.clear();
+            return;
+        }
+        self.leave_line();
+    }
+
+    fn leave_line(&mut self) {
         let (Some(leases), Some(experiment)) = (self.pool.leases(), self.experiment.as_deref())
         else {
             return;
@@ -348,7 +371,7 @@ impl LocalService {
             return;
         }
         // Its trials wait no more: what it stood in line for is not kept from the others.
-        self.nothing_waits();
+        self.leave_line();
         let left = self.pool.stop("the training service is shutting down");
         if !left.is_empty() {
             (self.emit)(ServiceEvent::Warning {

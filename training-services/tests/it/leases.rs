@@ -198,3 +198,58 @@ fn an_experiment_whose_trials_no_longer_wait_leaves_the_line_at_once() {
         Acquired::Granted
     );
 }
+
+/// A trial refused its lease and handed back to the host waits again: the host's word that
+/// none waits, sent after that trial's start and before it learned of the hand-back, keeps the
+/// experiment's place in line; its next word, once the trial no longer waits, leaves it.
+#[test]
+fn a_trial_handed_back_keeps_its_experiments_place_in_line() {
+    use knob_gpu_sched::ledger::{Acquired, Holder, Lease, Ledger, StandFor, STANDING};
+    use knob_gpu_sched::ByteSize;
+    let dir = tempfile::tempdir().unwrap();
+    let mut second = sharing(dir.path());
+    second.service.set_places_again(true);
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let first = Holder::this_process("first");
+    let holds_gpu_0 = Lease {
+        holder: first.clone(),
+        trial: "a1".into(),
+        machine: "local".into(),
+        gpus: vec![0],
+        max_per_gpu: 1,
+        gpu_memory: ByteSize::ZERO,
+        host_memory: ByteSize::ZERO,
+        cpu_cores: 0,
+        ticket: 0,
+        granted_ms: 0,
+        gpu_memory_totals: Vec::new(),
+        cpu_total: 0,
+        host_memory_total: ByteSize::ZERO,
+    };
+    assert_eq!(ledger.acquire(&holds_gpu_0).unwrap(), Acquired::Granted);
+    let holder = Holder::this_process("second");
+    ledger
+        .stand_in_line(&holder, "local", &StandFor::gpus(&[0]))
+        .unwrap();
+    let stands = || {
+        ledger
+            .snapshot()
+            .unwrap()
+            .requests
+            .iter()
+            .any(|r| r.lease.trial == STANDING && r.lease.holder == holder)
+    };
+    let mut trial = second.request("b1", "true");
+    trial.experiment_id = "second".into();
+    trial.gpu_indices = Some(vec![0]);
+    second.service.start(&trial).unwrap();
+    second.events.wait_until("b1 handed back", |events| {
+        events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::PlaceAgain { .. }))
+    });
+    second.service.nothing_waits();
+    assert!(stands(), "b1 waits again: its place is kept");
+    second.service.nothing_waits();
+    assert!(!stands());
+}
