@@ -1624,11 +1624,13 @@ async fn a_pbt_members_view_shows_its_lineage_and_the_schedule_of_its_parameters
     page.close().await.unwrap();
 }
 
-/// Trials that end quickly, four at a time, up to the end of the run.
+/// Trials that end quickly, four at a time, up to the end of the run, once the file `go` is in
+/// the code folder (at most 30 s): the test makes it when the page is live, as a run of 3 s had
+/// ended before a loaded machine's browser opened the page (connection refused).
 const QUICK: &str = r#"experimentName: quick end
 searchSpace:
   x: {_type: uniform, _value: [0, 1]}
-trialCommand: 'sleep 0.3; echo "KNOB_FINAL $NNI_TRIAL_SEQ_ID"'
+trialCommand: 'for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done; sleep 0.3; echo "KNOB_FINAL $NNI_TRIAL_SEQ_ID"'
 trialConcurrency: 4
 maxTrialNumber: 40
 tuner: {name: Random, classArgs: {seed: 3}}
@@ -1660,6 +1662,7 @@ async fn a_page_that_followed_knob_create_ends_on_the_experiments_end() {
         "return document.getElementById('live').textContent === '● live'",
     )
     .await;
+    std::fs::write(sandbox.path().join("code").join("go"), "").unwrap();
     let started = Instant::now();
     let exit = tokio::task::spawn_blocking(move || experiment.wait_exit(Duration::from_secs(120)))
         .await
