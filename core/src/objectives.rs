@@ -108,11 +108,6 @@ impl Ranking {
         !self.objectives.is_empty()
     }
 
-    /// Whether some results may not rank for breaking a constraint.
-    pub fn has_constraints(&self) -> bool {
-        self.objectives.iter().any(|o| o.constraint.is_some())
-    }
-
     /// The order of two ranking trials, `(final value, sequence)`, best first.
     pub fn best_first(&self, a: (f64, u64), b: (f64, u64)) -> std::cmp::Ordering {
         best_first(self.direction, a, b)
@@ -596,7 +591,6 @@ mod tests {
     #[test]
     fn a_result_that_breaks_a_constraint_does_not_rank() {
         let ranking = Ranking::new(Direction::Maximize, &objectives());
-        assert!(ranking.has_constraints());
         let ranks = |raw| ranking.ranks(TrialStatus::Succeeded, Some(0.9), raw);
         assert!(ranks(Some(
             r#"{"accuracy": 0.9, "latency_ms": 20, "memory_over": 0}"#
@@ -607,7 +601,7 @@ mod tests {
         assert!(!ranks(Some(r#"{"accuracy": 0.95}"#)));
         assert!(!ranks(None));
         let plain = Ranking::new(Direction::Maximize, &[]);
-        assert!(!plain.has_constraints() && plain.ranks(TrialStatus::Succeeded, Some(1.0), None));
+        assert!(plain.ranks(TrialStatus::Succeeded, Some(1.0), None));
     }
 
     #[test]
