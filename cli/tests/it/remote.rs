@@ -1856,12 +1856,15 @@ fn a_resume_whose_host_refuses_knob_ends_the_earlier_runs_trials_and_names_them(
     let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "rekeyedresume"]));
     assert_ne!(code, 0, "{stdout}\n{stderr}");
     let export = sandbox.export("rekeyedresume");
-    let mut trials: Vec<String> = Vec::new();
+    // The error names them in the order they were created.
+    let mut trials: Vec<(u64, String)> = Vec::new();
     for trial in export["trials"].as_array().unwrap() {
         assert_eq!(trial["status"], "SYS_CANCELED", "{trial}");
-        trials.push(trial["id"].as_str().unwrap().to_string());
+        let sequence = trial["sequence"].as_u64().expect("a trial's sequence");
+        trials.push((sequence, trial["id"].as_str().unwrap().to_string()));
     }
     trials.sort();
+    let trials: Vec<String> = trials.into_iter().map(|(_, id)| id).collect();
     let error = error_line(&stderr);
     assert!(
         error.contains("host key changed")
