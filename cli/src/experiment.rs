@@ -635,6 +635,80 @@ fn show(entry: &RegistryEntry) -> anyhow::Result<ExitCode> {
             counts.join(", ")
         }
     )?;
+    // Why the trials that wait have not started (a host not reached yet, no free GPU), as
+    // `knob trial ls` shows them per trial; a crashed run's reasons are stale, so not shown.
+    if !entry.crashed() {
+        let waiting = reader.trials(&TrialQuery {
+            statuses: vec![TrialStatus::Waiting],
+            limit: Some(SHOWN_WAITING_TRIALS),
+            ..TrialQuery::default()
+        })?;
+        for line in waiting_lines(
+            waiting
+                .iter()
+                .map(|t| (t.trial_id.as_str(), t.waiting_reason.as_deref())),
+        ) {
+            stdoutln!("waiting:   {line}")?;
+        }
+    }
     stdoutln!("config:    {}", serde_json::to_string(&state.config)?)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How many waiting trials `knob experiment show` reads to say why they wait: more than a run
+/// holds at once in practice (they wait for a slot of `trialConcurrency`).
+const SHOWN_WAITING_TRIALS: u64 = 1000;
+
+/// `knob experiment show`'s lines for the waiting trials: one per reason, in the order the
+/// reasons are first met, naming up to five trials each.
+fn waiting_lines<'a>(trials: impl Iterator<Item = (&'a str, Option<&'a str>)>) -> Vec<String> {
+    const NAMED: usize = 5;
+    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (id, reason) in trials {
+        let reason = reason.unwrap_or("not placed yet");
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, ids)) => ids.push(id),
+            None => by_reason.push((reason, vec![id])),
+        }
+    }
+    by_reason
+        .into_iter()
+        .map(|(reason, ids)| {
+            let mut named = ids[..ids.len().min(NAMED)].join(", ");
+            if ids.len() > NAMED {
+                named.push_str(&format!(" and {} more", ids.len() - NAMED));
+            }
+            let count = match ids.len() {
+                1 => "1 trial".to_string(),
+                n => format!("{n} trials"),
+            };
+            format!("{count} ({named}): {reason}")
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waiting_lines;
+
+    #[test]
+    fn waiting_trials_are_grouped_by_reason_naming_five_of_each() {
+        let trials = [
+            ("a", Some("no free GPU")),
+            ("b", None),
+            ("c", Some("no free GPU")),
+            ("d", Some("no free GPU")),
+            ("e", Some("no free GPU")),
+            ("f", Some("no free GPU")),
+            ("g", Some("no free GPU")),
+        ];
+        assert_eq!(
+            waiting_lines(trials.into_iter()),
+            [
+                "6 trials (a, c, d, e, f and 1 more): no free GPU",
+                "1 trial (b): not placed yet",
+            ]
+        );
+        assert!(waiting_lines(std::iter::empty()).is_empty());
+    }
 }

@@ -709,6 +709,16 @@ fn the_only_host_not_up_at_start_is_waited_for_and_runs_the_experiment_once_up()
             && listing.contains("connection refused"),
         "{listing}"
     );
+    // `experiment show` says it too, for the experiment as a whole.
+    let (_, shown, _) = run(sandbox.knob().args(["experiment", "show", "late"]));
+    assert!(
+        shown.lines().any(|line| line.starts_with("waiting:   ")
+            && line.contains(&format!(
+                "waiting for {env} (127.0.0.1:{}), not reached yet: ",
+                host.port()
+            ))),
+        "{shown}"
+    );
     host.restart().expect("sshd starts");
     let (code, stdout, stderr) = wait_create(child);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
