@@ -21,6 +21,7 @@ const state = {
   curveBetter: null,        // draw only curves whose final (or latest report) is better than this
   detail: null,
   tableRows: 200,           // rows drawn; "show more" adds TABLE_STEP (a DOM of 10 000 rows is slow)
+  pendingKills: new Map(),  // trial_id -> the server's message: a kill recorded, not carried out yet
 };
 const TABLE_STEP = 500;
 const TABLE_FIRST = 50;
@@ -476,6 +477,7 @@ function render() {
   timed("table", renderTable);
   timed("charts", renderCharts);
   renderConnection();
+  renderPendingKills();
   if (state.detail) renderDetail(state.detail, false);
 }
 
@@ -1333,11 +1335,25 @@ async function showLog(trialId, name) {
 
 async function killTrial(trialId) {
   try {
-    await api(`/trials/${encodeURIComponent(trialId)}/kill`, { method: "POST" });
+    const answer = await api(`/trials/${encodeURIComponent(trialId)}/kill`, { method: "POST" });
+    // 202: nothing reached the trial yet (its host cannot be reached); knob kills it when the
+    // host answers. Said until the trial is shown ended, so that a click is not taken as done.
+    if (answer && answer.pending) state.pendingKills.set(trialId, answer.message);
     state.dirtyTrials.add(trialId);
+    renderPendingKills();
   } catch (error) {
     showError(error);
   }
+}
+
+function renderPendingKills() {
+  for (const id of [...state.pendingKills.keys()]) {
+    const t = state.trials.get(id);
+    if (t && !isRunning(t)) state.pendingKills.delete(id);
+  }
+  const notice = $("notice");
+  notice.hidden = state.pendingKills.size === 0;
+  notice.textContent = [...state.pendingKills].map(([id, message]) => `trial ${id}: ${message}`).join(" · ");
 }
 
 function wire() {

@@ -1823,3 +1823,81 @@ async fn clashing_and_proto_parameter_names_each_show_on_the_page() {
     assert_eq!(console_errors(&driver, &page).await, Vec::<Value>::new());
     page.close().await.unwrap();
 }
+
+/// A kill clicked on the page for a trial whose host cannot be reached says, on the page, that
+/// it is recorded and not carried out yet (the API's 202), until the trial is shown ended once
+/// the host answers again. The page took the 202 as done and said nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_the_host_cannot_carry_out_yet_is_said_on_the_page_until_it_is() {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
+        return;
+    };
+    let Some(sshd) = crate::remote::sshd::sshd_binary() else {
+        return;
+    };
+    use crate::remote::{
+        environment_id, key_host, running_on, stored_events, unreachable_host_config, wait_for,
+        wait_until,
+    };
+    let mut host = key_host(&sshd, &[]);
+    let sandbox = Sandbox::new();
+    let config = unreachable_host_config(&sandbox, &host, "sleep 300", "");
+    let mut command = sandbox.knob();
+    command.arg("create").arg("--config").arg(&config);
+    let mut experiment = start(command, &["--id", "pagekill", "--port", "0"]);
+    let base = experiment.base.trim_end_matches("/api/v1").to_string();
+    let env = environment_id(&host);
+    wait_for(&sandbox, "pagekill", "both trials running", |e| {
+        running_on(e, &env) == 2
+    });
+
+    let driver = start_driver(&chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let page = open_browser(&driver, &chromium, profile.path()).await;
+    page.goto(&format!("{base}/")).await.unwrap();
+    wait_in_page(
+        &page,
+        "two running trials in the table",
+        "return document.querySelectorAll('#trials tbody tr .badge.RUNNING').length === 2",
+    )
+    .await;
+    host.cut_link();
+    wait_until("the host reported unreachable", || {
+        stored_events(&sandbox, "pagekill", "warning", "is not ready") > 0
+    });
+    let (victim, _) = table(&page).await.into_iter().next().expect("a trial row");
+    click(
+        &page,
+        &format!("#trials tbody tr[data-trial='{victim}'] button.kill"),
+    )
+    .await;
+    let notice = wait_in_page(
+        &page,
+        "the pending kill said on the page",
+        "const n = document.getElementById('notice'); return n.hidden ? null : n.textContent",
+    )
+    .await;
+    assert_eq!(
+        notice,
+        json!(format!(
+            "trial {victim}: kill recorded, not yet carried out: 127.0.0.1:{} cannot be reached; knob kills the trial when it answers",
+            host.port()
+        ))
+    );
+    screenshot(&page, "kill-pending").await;
+    host.restart().expect("sshd starts again");
+    wait_in_page(
+        &page,
+        "the killed trial shown USER_CANCELED and the notice gone",
+        &format!(
+            "return document.querySelector(\"#trials tbody tr[data-trial='{victim}'] .badge\").textContent === 'USER_CANCELED' \
+             && document.getElementById('notice').hidden"
+        ),
+    )
+    .await;
+    assert!(console_errors(&driver, &page).await.is_empty());
+    page.close().await.unwrap();
+    let (status, body) = crate::api::send(&experiment.base, "POST", "/experiment/stop", "");
+    assert_eq!(status, 202, "{body}");
+    assert!(experiment.wait_exit(Duration::from_secs(120)).is_some());
+}

@@ -26,7 +26,7 @@ const PASSWORD: &str = "pw-9f3c1e7a-knob-leak-check";
 /// How long a whole experiment of a test may take.
 const EXPERIMENT_LIMIT: Duration = Duration::from_secs(180);
 
-fn key_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
+pub(crate) fn key_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
     Sshd::start(
         sshd,
         SshdOptions {
@@ -58,7 +58,7 @@ fn password_host(sshd: &Path, env: &[(&str, &str)]) -> Sshd {
     .expect("start sshd with password login")
 }
 
-fn environment_id(host: &Sshd) -> String {
+pub(crate) fn environment_id(host: &Sshd) -> String {
     format!("remote:{}@127.0.0.1:{}", host.user(), host.port())
 }
 
@@ -282,7 +282,7 @@ fn wait_create(mut child: Child) -> (i32, String, String) {
 }
 
 /// Polls the store (through `knob experiment export`) until `ready` holds for it, bounded.
-fn wait_for(sandbox: &Sandbox, id: &str, what: &str, ready: impl Fn(&Value) -> bool) {
+pub(crate) fn wait_for(sandbox: &Sandbox, id: &str, what: &str, ready: impl Fn(&Value) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(90);
     while Instant::now() < deadline {
         let (code, stdout, _) =
@@ -301,7 +301,7 @@ fn wait_for(sandbox: &Sandbox, id: &str, what: &str, ready: impl Fn(&Value) -> b
     panic!("timed out waiting for {what}");
 }
 
-fn running_on(export: &Value, environment: &str) -> usize {
+pub(crate) fn running_on(export: &Value, environment: &str) -> usize {
     export["trials"]
         .as_array()
         .map(|trials| {
@@ -1561,7 +1561,7 @@ fn the_only_host_lost_and_back_with_another_key_ends_the_experiment_saying_why()
 
 /// Rows of the experiment's events table of `kind` whose payload holds `text`, read from its
 /// store as it runs.
-fn stored_events(sandbox: &Sandbox, id: &str, kind: &str, text: &str) -> i64 {
+pub(crate) fn stored_events(sandbox: &Sandbox, id: &str, kind: &str, text: &str) -> i64 {
     let path = sandbox
         .path()
         .join("experiments")
@@ -1582,7 +1582,7 @@ fn stored_events(sandbox: &Sandbox, id: &str, kind: &str, text: &str) -> i64 {
 }
 
 /// Waits (bounded) until `ready` holds.
-fn wait_until(what: &str, ready: impl Fn() -> bool) {
+pub(crate) fn wait_until(what: &str, ready: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(90);
     while !ready() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -1592,7 +1592,7 @@ fn wait_until(what: &str, ready: impl Fn() -> bool) {
 
 /// A config whose one host's link is cut in the tests below: long trials, reuse mode, and a
 /// `hostLossTimeout` far longer than the tests' outages.
-fn unreachable_host_config(
+pub(crate) fn unreachable_host_config(
     sandbox: &Sandbox,
     host: &Sshd,
     trial_command: &str,
