@@ -29,6 +29,9 @@
 //! 6. [`ToAgent::StandInLine`] (no reply): the manager's trials wait for resources; the agent
 //!    takes (or renews) the experiment's place in the host's lease ledger for the GPUs other
 //!    experiments hold there (see `crate::lease`), and sends a fresh [`FromAgent::Inventory`].
+//!    [`ToAgent::LeaveLine`] (no reply): none of them waits any more; the agent drops that
+//!    place at once, so that what it stood for goes to the other experiments now rather than
+//!    when the place lapses.
 //! 7. [`ToAgent::Shutdown`] is confirmed by [`FromAgent::ShutDown`], after the trials' ends; the
 //!    daemon then closes the connection and exits. The service keeps the connection open until
 //!    it has the confirmation (or gives up after a bound): closing right after sending the
@@ -53,7 +56,8 @@ use serde_json::Value;
 /// 3: a [`ToAgent::Start`] of an attempt (a trial folder) the daemon already started is
 ///    answered without starting it again, so the service may send a start whose reply was lost
 ///    once more; before, that ran the attempt twice.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: [`ToAgent::LeaveLine`].
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 /// How often the service pings.
@@ -125,6 +129,10 @@ pub enum ToAgent {
         #[serde(default)]
         limits: Option<EnvironmentLimits>,
     },
+    /// None of the experiment's trials waits in the manager any more (the host's
+    /// `ServiceRequest::NothingWaits`): leave the host ledger's line now. Without it the place
+    /// kept what it stood for from other experiments until it lapsed (`ledger::STANDING_TTL`).
+    LeaveLine,
 }
 
 /// From the agent to the service.

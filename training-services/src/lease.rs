@@ -16,7 +16,9 @@
 //!   only while a trial waits), so that an experiment that refills a GPU the moment it frees it
 //!   cannot starve this one. The `local`
 //!   service does so in its `environments`; a `knob-agent` when its `remote` service tells it
-//!   (`ToAgent::StandInLine`, sent from the service's `environments`).
+//!   (`ToAgent::StandInLine`, sent from the service's `environments`). Once none waits, the
+//!   host says so and each leaves the line at once (`LocalService::nothing_waits`;
+//!   `ToAgent::LeaveLine` from the `remote` service's `nothing_waits`).
 
 use std::path::PathBuf;
 use std::sync::Mutex;

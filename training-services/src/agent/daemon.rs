@@ -150,6 +150,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         environment_id: None,
         experiment_id: None,
         stand_in_line: None,
+        leave_line_after_probe: false,
         probe: Arc::new(Mutex::new(None)),
         probing: false,
         inputs_sender,
@@ -277,6 +278,9 @@ struct Daemon {
     /// The service asked to stand in the ledger's line ([`ToAgent::StandInLine`], with what the
     /// waiting trial asks for and the host's limits): the next probe does.
     stand_in_line: Option<(SchedulerConfig, Option<EnvironmentLimits>)>,
+    /// The service said that nothing waits ([`ToAgent::LeaveLine`]) while a probe ran, which
+    /// may stand in line again as it ends: the line is left once it has.
+    leave_line_after_probe: bool,
     probe: Arc<Mutex<Option<LocalProbe>>>,
     probing: bool,
     inputs_sender: UnboundedSender<Input>,
@@ -526,6 +530,9 @@ impl Daemon {
             }
             Input::Probed(inventory) => {
                 self.probing = false;
+                if std::mem::take(&mut self.leave_line_after_probe) {
+                    self.leave_line();
+                }
                 if self.stand_in_line.is_some() {
                     // Asked while that probe ran: the next one stands in line.
                     self.next_probe_at = Some(Instant::now());
@@ -774,7 +781,16 @@ impl Daemon {
                     ..SchedulerConfig::default()
                 });
                 self.stand_in_line = Some((demand, limits));
+                self.leave_line_after_probe = false;
                 self.next_probe_at = Some(Instant::now());
+            }
+            ToAgent::LeaveLine => {
+                self.stand_in_line = None;
+                if self.probing {
+                    self.leave_line_after_probe = true;
+                } else {
+                    self.leave_line();
+                }
             }
             ToAgent::Start {
                 id,
@@ -869,6 +885,19 @@ impl Daemon {
     fn schedule_probe(&mut self) {
         let at = Instant::now() + INVENTORY_INTERVAL;
         self.next_probe_at = Some(self.next_probe_at.map_or(at, |t| t.min(at)));
+    }
+
+    /// Drops the experiment's place in the host ledger's line ([`ToAgent::LeaveLine`]). Done
+    /// here rather than on the blocking pool, so that it cannot pass a probe that stands in
+    /// line again: the ledger's lock is held for a file's read and write.
+    fn leave_line(&mut self) {
+        let (Some(leases), Some(experiment)) = (self.pool.leases(), self.experiment_id.as_deref())
+        else {
+            return;
+        };
+        if let Err(e) = leases.leave_line(experiment) {
+            say!("cannot leave this host's lease ledger line: {e}");
+        }
     }
 
     fn probe_now(&mut self) {

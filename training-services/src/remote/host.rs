@@ -268,6 +268,16 @@ impl Host {
         }
     }
 
+    /// Tells the agent that none of the manager's trials waits any more, so that it leaves the
+    /// host ledger's line (see `ToAgent::LeaveLine`); nothing when the host is not connected
+    /// now (its place lapses there).
+    pub fn leave_line(&self) {
+        let state = lock(&self.state);
+        if let (true, Some(link)) = (state.ready, &state.link) {
+            let _ = link.outgoing.send(ToAgent::LeaveLine);
+        }
+    }
+
     /// This machine's limits (`gpuIndices`, `maxTrialNumberPerGpu` …) as gpu-sched applies them.
     fn limits(&self) -> EnvironmentLimits {
         let mut limits = EnvironmentLimits {

@@ -210,6 +210,14 @@ impl RemoteService {
         }
     }
 
+    /// None of the experiment's trials waits any more (`TrainingService::nothing_waits`): each
+    /// connected host's agent leaves its ledger's line at once.
+    pub fn leave_line(&self) {
+        for host in &self.hosts {
+            host.leave_line();
+        }
+    }
+
     /// Code archives sent to hosts so far (not counting those a host already had).
     pub fn code_uploads(&self) -> u64 {
         self.hosts.iter().map(|h| h.code_uploads()).sum()
@@ -745,6 +753,11 @@ impl TrainingService for RemoteService {
 
     fn start_trial(&mut self, request: TrialRequest) -> Result<(), PluginError> {
         Ok(self.start(&request)?)
+    }
+
+    fn nothing_waits(&mut self) -> Result<(), PluginError> {
+        self.leave_line();
+        Ok(())
     }
 
     fn kill_trial(&mut self, trial_id: &str, reason: &str) -> Result<(), PluginError> {

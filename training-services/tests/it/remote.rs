@@ -1734,6 +1734,83 @@ fn two_experiments_on_one_host_share_its_ledger_first_come_first_served() {
     second.stop();
 }
 
+/// Once none of an experiment's trials waits any more (the host's `nothing_waits`), its agent
+/// leaves the host ledger's line at once: the GPU it stood for is granted to another
+/// experiment now, not once its place lapses (`STANDING_TTL`, 12 s), as it was before the agent
+/// protocol could say so.
+#[test]
+fn a_remote_experiment_whose_trials_no_longer_wait_leaves_the_hosts_line_at_once() {
+    use knob_gpu_sched::ledger::{Acquired, Holder, Lease, STANDING, STANDING_TTL};
+    use knob_gpu_sched::ByteSize;
+    use knob_plugin_api::TrainingService;
+    let Some(sshd) = start_sshd(SshdOptions {
+        env: vec![("KNOB_SIMULATE_GPUS".into(), "1x16GiB".into())],
+        ..key_options()
+    }) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let mut machine = key_machine(&sshd);
+    machine["maxTrialNumberPerGpu"] = json!(1);
+    let mut args = world.args(vec![machine]);
+    args["experimentId"] = json!("second");
+    let events = Events::default();
+    let mut second = connect(args, &events, &agent_root(&sshd));
+    // Another experiment holds the GPU, so the second's waiting trials stand in line for it.
+    let ledger = host_ledger(&sshd);
+    let first = Holder::this_process("first");
+    let on_gpu_0 = |trial: &str| Lease {
+        holder: first.clone(),
+        trial: trial.into(),
+        machine: knob_gpu_sched::ledger::THIS_MACHINE.into(),
+        gpus: vec![0],
+        max_per_gpu: 1,
+        gpu_memory: ByteSize::ZERO,
+        host_memory: ByteSize::ZERO,
+        cpu_cores: 0,
+        ticket: 0,
+        granted_ms: 0,
+        gpu_memory_totals: Vec::new(),
+        cpu_total: 0,
+        host_memory_total: ByteSize::ZERO,
+    };
+    assert_eq!(ledger.acquire(&on_gpu_0("a1")).unwrap(), Acquired::Granted);
+    let stands = || {
+        ledger
+            .snapshot()
+            .unwrap()
+            .requests
+            .iter()
+            .any(|r| r.lease.trial == STANDING && r.lease.holder.experiment == "second")
+    };
+    TrainingService::environments(&mut second).unwrap();
+    poll("the second's agent to stand in line", || {
+        TrainingService::environments(&mut second).unwrap();
+        stands().then_some(())
+    });
+    let stood = std::time::Instant::now();
+    // The first frees the GPU and asks for it again: the second's place comes first.
+    ledger.release(&first, "a1").unwrap();
+    assert!(matches!(
+        ledger.acquire(&on_gpu_0("a2")).unwrap(),
+        Acquired::Waiting(_)
+    ));
+    // The second's manager has nothing waiting any more.
+    TrainingService::nothing_waits(&mut second).unwrap();
+    poll("the second's agent to leave the line", || {
+        (!stands()).then_some(())
+    });
+    assert!(
+        stood.elapsed() < STANDING_TTL,
+        "left only as the place lapsed ({:?})",
+        stood.elapsed()
+    );
+    assert_eq!(ledger.acquire(&on_gpu_0("a2")).unwrap(), Acquired::Granted);
+    ledger.release(&first, "a2").unwrap();
+    second.stop();
+}
+
 /// The folder named after `from=` in a trial's stderr.
 fn restore_from(stderr: &str) -> PathBuf {
     let line = stderr
