@@ -136,8 +136,7 @@ fn a_trial_over_its_memory_request_is_killed_and_its_peak_reported() {
 /// place lapsed 12 s later.
 #[test]
 fn an_experiment_whose_trials_no_longer_wait_leaves_the_line_at_once() {
-    use knob_gpu_sched::ledger::{Acquired, Holder, Lease, Ledger, StandFor, STANDING};
-    use knob_gpu_sched::ByteSize;
+    use knob_gpu_sched::ledger::{Acquired, Holder, Ledger, StandFor, STANDING};
     let dir = tempfile::tempdir().unwrap();
     let mut second = sharing(dir.path());
     // The service learns its experiment from its first trial.
@@ -155,21 +154,7 @@ fn an_experiment_whose_trials_no_longer_wait_leaves_the_line_at_once() {
             .any(|r| r.lease.trial == STANDING && r.lease.holder.experiment == "second")
     };
     let first = Holder::this_process("first");
-    let wants_gpu_0 = |trial: &str| Lease {
-        holder: first.clone(),
-        trial: trial.into(),
-        machine: "local".into(),
-        gpus: vec![0],
-        max_per_gpu: 1,
-        gpu_memory: ByteSize::ZERO,
-        host_memory: ByteSize::ZERO,
-        cpu_cores: 0,
-        ticket: 0,
-        granted_ms: 0,
-        gpu_memory_totals: Vec::new(),
-        cpu_total: 0,
-        host_memory_total: ByteSize::ZERO,
-    };
+    let wants_gpu_0 = |trial: &str| crate::support::gpu_0_lease(&first, trial, "local");
     // Its trials waited for GPU 0, so it stood in line for it: first's request waits.
     let holder = Holder::this_process("second");
     ledger
@@ -204,28 +189,13 @@ fn an_experiment_whose_trials_no_longer_wait_leaves_the_line_at_once() {
 /// experiment's place in line; its next word, once the trial no longer waits, leaves it.
 #[test]
 fn a_trial_handed_back_keeps_its_experiments_place_in_line() {
-    use knob_gpu_sched::ledger::{Acquired, Holder, Lease, Ledger, StandFor, STANDING};
-    use knob_gpu_sched::ByteSize;
+    use knob_gpu_sched::ledger::{Acquired, Holder, Ledger, StandFor, STANDING};
     let dir = tempfile::tempdir().unwrap();
     let mut second = sharing(dir.path());
     second.service.set_places_again(true);
     let ledger = Ledger::open(dir.path()).unwrap();
     let first = Holder::this_process("first");
-    let holds_gpu_0 = Lease {
-        holder: first.clone(),
-        trial: "a1".into(),
-        machine: "local".into(),
-        gpus: vec![0],
-        max_per_gpu: 1,
-        gpu_memory: ByteSize::ZERO,
-        host_memory: ByteSize::ZERO,
-        cpu_cores: 0,
-        ticket: 0,
-        granted_ms: 0,
-        gpu_memory_totals: Vec::new(),
-        cpu_total: 0,
-        host_memory_total: ByteSize::ZERO,
-    };
+    let holds_gpu_0 = crate::support::gpu_0_lease(&first, "a1", "local");
     assert_eq!(ledger.acquire(&holds_gpu_0).unwrap(), Acquired::Granted);
     let holder = Holder::this_process("second");
     ledger

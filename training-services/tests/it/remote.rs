@@ -1740,8 +1740,7 @@ fn two_experiments_on_one_host_share_its_ledger_first_come_first_served() {
 /// protocol could say so.
 #[test]
 fn a_remote_experiment_whose_trials_no_longer_wait_leaves_the_hosts_line_at_once() {
-    use knob_gpu_sched::ledger::{Acquired, Holder, Lease, STANDING, STANDING_TTL};
-    use knob_gpu_sched::ByteSize;
+    use knob_gpu_sched::ledger::{Acquired, Holder, STANDING, STANDING_TTL};
     use knob_plugin_api::TrainingService;
     let Some(sshd) = start_sshd(SshdOptions {
         env: vec![("KNOB_SIMULATE_GPUS".into(), "1x16GiB".into())],
@@ -1760,20 +1759,8 @@ fn a_remote_experiment_whose_trials_no_longer_wait_leaves_the_hosts_line_at_once
     // Another experiment holds the GPU, so the second's waiting trials stand in line for it.
     let ledger = host_ledger(&sshd);
     let first = Holder::this_process("first");
-    let on_gpu_0 = |trial: &str| Lease {
-        holder: first.clone(),
-        trial: trial.into(),
-        machine: knob_gpu_sched::ledger::THIS_MACHINE.into(),
-        gpus: vec![0],
-        max_per_gpu: 1,
-        gpu_memory: ByteSize::ZERO,
-        host_memory: ByteSize::ZERO,
-        cpu_cores: 0,
-        ticket: 0,
-        granted_ms: 0,
-        gpu_memory_totals: Vec::new(),
-        cpu_total: 0,
-        host_memory_total: ByteSize::ZERO,
+    let on_gpu_0 = |trial: &str| {
+        crate::support::gpu_0_lease(&first, trial, knob_gpu_sched::ledger::THIS_MACHINE)
     };
     assert_eq!(ledger.acquire(&on_gpu_0("a1")).unwrap(), Acquired::Granted);
     let stands = || {

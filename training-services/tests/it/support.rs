@@ -245,6 +245,32 @@ pub fn request(code_dir: &Path, trial_dir: &Path, trial_id: &str, command: &str)
 }
 
 /// Waits (bounded) until `path` exists, e.g. a file a trial writes once it is ready.
+/// A lease of `holder`'s trial `trial` for GPU 0 of the ledger's machine `machine`, alone on it
+/// (`maxTrialNumberPerGpu: 1`) and asking nothing else: what another experiment's trial holds
+/// in the ledger tests.
+pub fn gpu_0_lease(
+    holder: &knob_gpu_sched::ledger::Holder,
+    trial: &str,
+    machine: &str,
+) -> knob_gpu_sched::ledger::Lease {
+    use knob_gpu_sched::ByteSize;
+    knob_gpu_sched::ledger::Lease {
+        holder: holder.clone(),
+        trial: trial.into(),
+        machine: machine.into(),
+        gpus: vec![0],
+        max_per_gpu: 1,
+        gpu_memory: ByteSize::ZERO,
+        host_memory: ByteSize::ZERO,
+        cpu_cores: 0,
+        ticket: 0,
+        granted_ms: 0,
+        gpu_memory_totals: Vec::new(),
+        cpu_total: 0,
+        host_memory_total: ByteSize::ZERO,
+    }
+}
+
 pub fn wait_for_file(path: &Path) {
     let deadline = Instant::now() + WAIT;
     while !path.exists() {
