@@ -836,7 +836,10 @@ fn progress_message(p: &Progress, elapsed: Duration, maximize: bool) -> String {
     }
     if let Some((trial, value)) = &p.best {
         let word = if maximize { "max" } else { "min" };
-        message.push_str(&format!(" · best ({word}) {value:.6} ({trial})"));
+        // As the tables write it (`table::metric`): six decimals said 0.000000 of a loss of
+        // 1.5e-9 that the table after the run shows as 1.500000e-9.
+        let value = crate::table::metric(Some(*value));
+        message.push_str(&format!(" · best ({word}) {value} ({trial})"));
     }
     if let Some(max) = p.max_duration {
         let left = max.saturating_sub(elapsed);
@@ -1052,5 +1055,31 @@ mod tests {
         snapshot.status = Some(ExperimentStatus::Done);
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(clock.now(&snapshot), Duration::from_secs(11));
+    }
+
+    #[test]
+    fn the_best_result_in_the_progress_line_is_written_as_the_tables_write_it() {
+        let mut snapshot = Progress {
+            best: Some(("t1".into(), 1.5e-9)),
+            ..Progress::default()
+        };
+        let line = |p: &Progress| progress_message(p, Duration::ZERO, false);
+        assert!(
+            line(&snapshot).contains(" · best (min) 1.500000e-9 (t1)"),
+            "{}",
+            line(&snapshot)
+        );
+        snapshot.best = Some(("t2".into(), 1.79e308));
+        assert!(
+            line(&snapshot).contains(" · best (min) 1.790000e308 (t2)"),
+            "{}",
+            line(&snapshot)
+        );
+        snapshot.best = Some(("t3".into(), 0.25));
+        assert!(
+            line(&snapshot).contains(" · best (min) 0.250000 (t3)"),
+            "{}",
+            line(&snapshot)
+        );
     }
 }
