@@ -1498,6 +1498,41 @@ fn an_infinite_final_is_never_the_best_live_in_the_store_or_after_resume() {
 }
 
 #[test]
+fn a_second_final_result_is_named_on_the_console_once_with_the_result_kept() {
+    let sandbox = Sandbox::new();
+    // A script that reports its final every epoch (a common slip): each trial's first final
+    // counts, and the console says so once, not once per trial or per epoch.
+    let script = "for epoch in 1 2 3; do echo \"KNOB_FINAL 0.$NNI_TRIAL_SEQ_ID$epoch\"; done\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "twice");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("twice");
+    let trials = export["trials"].as_array().unwrap();
+    let first = trials.iter().find(|t| t["sequence"] == 0).unwrap();
+    assert_eq!(first["final"], 0.01, "{first}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("second final result ignored"))
+        .collect();
+    let id = first["id"].as_str().unwrap();
+    assert_eq!(
+        said,
+        [format!("warning: trial {id}: second final result ignored: a trial's result is the first final it reports (0.01); report the final once, and per-epoch values as intermediate results")],
+        "{stderr}"
+    );
+    // The store names each one, with the result each trial kept.
+    let warnings = export["warnings"].to_string();
+    for kept in ["(0.01)", "(0.11)"] {
+        let count = warnings
+            .matches(&format!("the first final it reports {kept}"))
+            .count();
+        assert_eq!(count, 2, "{kept}: {warnings}");
+    }
+}
+
+#[test]
 fn unreadable_finals_are_shown_on_the_console_in_trial_ls_and_as_the_trials_message() {
     let sandbox = Sandbox::new();
     let script = "case $NNI_TRIAL_SEQ_ID in\n\

@@ -45,6 +45,9 @@ pub(super) struct Manager {
     pub(super) environments: Environments,
     /// Console lines so far (see [`Progress::notices`]).
     pub(super) notices: std::sync::Arc<Vec<super::Notice>>,
+    /// Whether the console has said once that a trial's second final result was ignored (a
+    /// script that reports its final every epoch would otherwise fill it, one line per epoch).
+    pub(super) told_second_final: bool,
     pub(super) service_events: mpsc::UnboundedReceiver<TaggedEvent>,
     /// Trials the service could not start: (trial id, why).
     pub(super) start_failures: mpsc::UnboundedReceiver<(String, String)>,
@@ -202,6 +205,7 @@ impl Manager {
             services,
             environments,
             notices: Default::default(),
+            told_second_final: false,
             service_events,
             start_failures,
             start_failures_tx,

@@ -751,10 +751,15 @@ impl Manager {
                 }
             }
             MetricKind::Final => {
-                if trial.final_value.is_some() {
-                    return self
-                        .warn(Some(trial_id), "second final result ignored".into())
-                        .await;
+                if let Some(first) = trial.final_value {
+                    // Said on the console too (once): a script that reports its final every
+                    // epoch otherwise learnt only from the store that all but the first were
+                    // dropped (NNI's tuner is given each).
+                    let message = second_final_message(first);
+                    if !std::mem::replace(&mut self.told_second_final, true) {
+                        self.console_warning(&trial_id, &message);
+                    }
+                    return self.warn(Some(trial_id), message).await;
                 }
                 // NaN and ±Infinity are reported values but no result: the store keeps them as
                 // text without a value, so the live run, the tuner and a resume all see NaN.
@@ -789,6 +794,20 @@ const MAX_EARLY_METRICS: usize = 1000;
 /// `Manager::on_unreadable_final`); `reason` is [`default_value`]'s.
 pub(super) fn unreadable_final_message(reason: &str) -> String {
     format!("final result unreadable: {reason}; recorded as sent, no value (the tuner sees NaN)")
+}
+
+/// The warning for a final result that came after the attempt's first, `kept` (which stays its
+/// result, README "Trial protocols"), and what to report instead. The later value is in the
+/// store as sent (`knob experiment export`, the API's metrics).
+pub(super) fn second_final_message(kept: f64) -> String {
+    let kept = if kept.is_nan() {
+        "NaN: no result".to_string()
+    } else {
+        kept.to_string()
+    };
+    format!(
+        "second final result ignored: a trial's result is the first final it reports ({kept}); report the final once, and per-epoch values as intermediate results"
+    )
 }
 
 /// An intermediate result as the assessor and the tuner are given it: ±Infinity is no result,
