@@ -228,6 +228,47 @@ pub fn printed_under_nni(line: &[u8]) -> &[u8] {
         .unwrap_or(line)
 }
 
+/// The first line of `stderr` (the end of a trial's stderr) that holds a metric line, such as
+/// `INFO:root:KNOB_FINAL 0.5` from Python's `logging` or one of `print(..., file=sys.stderr)`:
+/// knob reads metric lines only on stdout and in `$KNOB_METRICS_FILE`, so such a result is lost,
+/// and its trial must be told why ([`warn_metric_on_stderr`]).
+pub fn metric_line_on_stderr(stderr: &str) -> Option<&str> {
+    // A line of bash's `set -x` trace (`+ echo 'KNOB_FINAL 1'`) is the command that printed
+    // the metric to stdout, not a metric written to stderr.
+    let lines = || {
+        stderr
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.starts_with('+'))
+    };
+    let holds = |line: &str, token: &str| {
+        line.match_indices(token).any(|(at, _)| {
+            let before = line[..at].chars().next_back();
+            let after = line[at + token.len()..].chars().next();
+            !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                && after.is_some_and(|c| c.is_ascii_whitespace())
+        })
+    };
+    // The final is what the trial lost; an intermediate result shows the same slip.
+    lines()
+        .find(|line| holds(line, FINAL_TOKEN))
+        .or_else(|| lines().find(|line| holds(line, INTERMEDIATE_TOKEN)))
+}
+
+/// Warns, at a trial's end without a final result, of a metric line found in its stderr's tail
+/// (`stderr`): the trial ended as if it had reported nothing, without a word of why.
+pub fn warn_metric_on_stderr(recorder: &TrialRecorder, stderr: &str) {
+    if recorder.has_final() {
+        return;
+    }
+    if let Some(line) = metric_line_on_stderr(stderr) {
+        recorder.warn(format_args!(
+            "no final result recorded, but its stderr has \"{}\": knob reads metric lines only on stdout or in ${METRICS_FILE_ENV} (Python's logging and print(..., file=sys.stderr) write to stderr); print them to stdout, or report with knob_trial or nni",
+            excerpt(line.as_bytes())
+        ));
+    }
+}
+
 /// A line over the bound was skipped.
 pub fn warn_too_long(recorder: &TrialRecorder, source: LineSource, max_bytes: usize) {
     recorder.warn(format_args!(
@@ -240,6 +281,34 @@ pub fn warn_too_long(recorder: &TrialRecorder, source: LineSource, max_bytes: us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_metric_line_in_stderr_is_found_wherever_a_logger_put_it() {
+        assert_eq!(
+            metric_line_on_stderr("Traceback\nINFO:root:KNOB_FINAL 0.5\nKNOB_FINAL 0.6\n"),
+            Some("INFO:root:KNOB_FINAL 0.5")
+        );
+        assert_eq!(
+            metric_line_on_stderr("INFO:root:KNOB_INTERMEDIATE 0.1\nWARNING:x:KNOB_FINAL 0.5"),
+            Some("WARNING:x:KNOB_FINAL 0.5")
+        );
+        assert_eq!(
+            metric_line_on_stderr("  KNOB_INTERMEDIATE\t1\r\n"),
+            Some("KNOB_INTERMEDIATE\t1")
+        );
+        // A longer word, the token alone or a `set -x` trace is no metric line.
+        for text in [
+            "MY_KNOB_FINAL 1",
+            "KNOB_FINALS 1",
+            "KNOB_FINAL",
+            "unset KNOB_FINAL_X",
+            "",
+            "+ echo 'KNOB_INTERMEDIATE 1'",
+            "++ printf 'KNOB_FINAL %s\\n' 0.5",
+        ] {
+            assert_eq!(metric_line_on_stderr(text), None, "{text:?}");
+        }
+    }
 
     #[test]
     fn a_line_nni_printed_into_trial_log_is_what_the_trial_printed() {

@@ -112,6 +112,11 @@ impl TrialRecorder {
         }
     }
 
+    /// Whether the trial has reported a final result (readable or not) on any channel.
+    pub fn has_final(&self) -> bool {
+        self.lock().next_final > 0
+    }
+
     pub fn is_running(&self) -> bool {
         !matches!(self.lock().phase, Phase::Ended)
     }

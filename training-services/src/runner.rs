@@ -683,6 +683,7 @@ impl Supervision {
         let watched = (&mut self.tail_task).await.unwrap_or_default();
         self.memory_task.abort();
         let stderr_tail = stderr_tail(&self.stderr_path);
+        knob::warn_metric_on_stderr(&self.recorder, &stderr_tail);
         if exit_code != Some(0) && killed_reason.is_none() {
             // A trial that failed on a full disk often could not write why (Python exits 120
             // when even its traceback cannot be flushed): its end alone said "exit code 120".

@@ -1533,6 +1533,40 @@ fn a_second_final_result_is_named_on_the_console_once_with_the_result_kept() {
 }
 
 #[test]
+fn a_final_written_to_stderr_is_named_in_the_trials_warning() {
+    let sandbox = Sandbox::new();
+    // Python's logging writes to stderr, where knob reads no metric line: trial 0's result is
+    // lost, and it is told why; trial 1 reports on stdout too, and is told nothing.
+    let script = "echo \"INFO:root:KNOB_FINAL 0.5\" >&2\n\
+                  if [ \"$NNI_TRIAL_SEQ_ID\" = 1 ]; then echo 'KNOB_FINAL 0.7'; fi\n";
+    let yaml =
+        format!("trialCommand: bash trial.sh\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}");
+    let config = sandbox.config(&yaml, &[("trial.sh", script)]);
+    let (code, stdout, stderr) = sandbox.create(&config, "stderr");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let export = sandbox.export("stderr");
+    let trials = export["trials"].as_array().unwrap();
+    let id = |sequence: u64| {
+        let trial = trials.iter().find(|t| t["sequence"] == sequence).unwrap();
+        trial["id"].as_str().unwrap().to_string()
+    };
+    let warnings: Vec<String> = export["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["message"].as_str().unwrap().to_string())
+        .filter(|m| m.contains("stderr"))
+        .collect();
+    assert_eq!(
+        warnings,
+        [format!("trial {}: no final result recorded, but its stderr has \"INFO:root:KNOB_FINAL 0.5\": knob reads metric lines only on stdout or in $KNOB_METRICS_FILE (Python's logging and print(..., file=sys.stderr) write to stderr); print them to stdout, or report with knob_trial or nni", id(0))],
+        "{}",
+        export["warnings"]
+    );
+    assert!(!warnings[0].contains(&id(1)));
+}
+
+#[test]
 fn unreadable_finals_are_shown_on_the_console_in_trial_ls_and_as_the_trials_message() {
     let sandbox = Sandbox::new();
     let script = "case $NNI_TRIAL_SEQ_ID in\n\
