@@ -121,6 +121,12 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
         ExperimentCommand::Show { id } => show(&registry.get(&id)?),
         ExperimentCommand::Export { id, format, output } => {
             let format = ExportFormat::for_export(format, output.as_deref())?;
+            // Before the store is opened: reading a file to tell what it is, then closing it,
+            // drops the POSIX locks SQLite holds on it for this whole process (the registry's
+            // are dropped only where its file is refused, and the command ends there).
+            if let Some(path) = &output {
+                refuse_a_database(path)?;
+            }
             let entry = registry.get(&id)?;
             let state = open(&entry)?.replay()?;
             // Written as it is made (the JSON of a million intermediate results is 160 MB, and
@@ -151,6 +157,53 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// An export written over an SQLite database, or over the write-ahead log, shared-memory index
+/// or rollback journal beside one, destroys what that database holds: `-o` completed to the
+/// experiment's own `experiment.db` (or to knob's `registry.db`) lost every trial. Any other
+/// file is replaced, as nnictl's export replaces it.
+fn refuse_a_database(path: &std::path::Path) -> anyhow::Result<()> {
+    // Through symbolic links, so that a link to a store is seen as the store.
+    let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let database = if is_sqlite_database(&resolved) {
+        Some(resolved.clone())
+    } else {
+        let name = resolved.file_name().and_then(|name| name.to_str());
+        name.and_then(|name| {
+            ["-wal", "-shm", "-journal"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+        })
+        .map(|main| resolved.with_file_name(main))
+        .filter(|main| is_sqlite_database(main))
+    };
+    match database {
+        Some(database) if database == resolved => anyhow::bail!(
+            "cannot write {}: it is an SQLite database (an experiment's store or knob's registry), which the export would destroy; give -o another file",
+            path.display()
+        ),
+        Some(database) => anyhow::bail!(
+            "cannot write {}: it belongs to the SQLite database {} (an experiment's store or knob's registry), which the export would damage; give -o another file",
+            path.display(),
+            database.display()
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Whether `path` is a regular file that starts with SQLite's header. Only a regular file is
+/// read: reading `-o /dev/stdout` on a terminal, or a named pipe, would wait for input.
+fn is_sqlite_database(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    const HEADER: &[u8; 16] = b"SQLite format 3\0";
+    if !std::fs::metadata(path).is_ok_and(|meta| meta.is_file()) {
+        return false;
+    }
+    let mut start = [0u8; 16];
+    std::fs::File::open(path)
+        .and_then(|mut file| file.read_exact(&mut start))
+        .is_ok_and(|()| &start == HEADER)
 }
 
 fn pareto_table(

@@ -361,6 +361,56 @@ esac"#;
     assert_eq!(finals, expected, "{header:?} {rows:?}");
 }
 
+/// An export `-o` an SQLite database, or a file SQLite keeps beside one, is refused: written over
+/// the experiment's own `experiment.db` (a completed path), it destroyed every trial, and over
+/// knob's `registry.db` the list of experiments.
+#[test]
+fn the_export_refuses_to_write_over_a_store_or_the_registry() {
+    let sandbox = Sandbox::new();
+    let yaml =
+        format!("trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "own");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let before = sandbox.export("own");
+    let store = sandbox.path().join("experiments/own/experiment.db");
+    let registry = sandbox.path().join("home/registry.db");
+    let wal = sandbox.path().join("experiments/own/experiment.db-wal");
+    let link = sandbox.path().join("link.json");
+    std::os::unix::fs::symlink(&store, &link).unwrap();
+    for (target, database) in [
+        (&store, None),
+        (&registry, None),
+        (&link, None),
+        (&wal, Some(&store)),
+    ] {
+        let (code, _, stderr) = run(sandbox
+            .knob()
+            .args(["experiment", "export", "own", "--format", "json", "-o"])
+            .arg(target));
+        let why = match database {
+            None => "it is an SQLite database (an experiment's store or knob's registry), which the export would destroy".to_string(),
+            Some(database) => format!(
+                "it belongs to the SQLite database {} (an experiment's store or knob's registry), which the export would damage",
+                database.display()
+            ),
+        };
+        assert_eq!(
+            (code, stderr.trim_end()),
+            (
+                1,
+                format!(
+                    "error: cannot write {}: {why}; give -o another file",
+                    target.display()
+                )
+                .as_str()
+            )
+        );
+    }
+    // Both databases are whole: the experiment is found and reads as before.
+    assert_eq!(sandbox.export("own"), before);
+}
+
 /// Without `--format`, `-o`'s extension decides (`.csv` used to get JSON); a `--format` that
 /// contradicts it is refused before anything is written.
 #[test]
