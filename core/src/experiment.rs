@@ -25,6 +25,8 @@ pub enum CreateError {
     FolderNotEmpty { dir: String },
     #[error("cannot create the experiment directory {dir}: {message}")]
     Directory { dir: String, message: String },
+    #[error("the config cannot be recorded in the experiment's store ({message}); this is a bug in knob's config checks, please report it with the config")]
+    Unstorable { message: String },
     #[error("{path}: cannot create the experiment store: the disk is full ({message}); free space on its filesystem or choose another experimentWorkingDirectory")]
     DiskFull { path: String, message: String },
     // Transparent: `{0}` with `#[from]` would also make the store's error this one's source,
@@ -222,6 +224,12 @@ pub fn create(
     requested_id: Option<&str>,
     registry: &Registry,
 ) -> Result<(Experiment, Store), CreateError> {
+    // Secrets serialize as "***": the stored config never holds a password in clear. Never
+    // stored as null, which `knob resume` could not read back; made before anything is claimed.
+    // The config's checks refuse what cannot be written (a path that is not UTF-8).
+    let config_json = serde_json::to_value(&config).map_err(|e| CreateError::Unstorable {
+        message: e.to_string(),
+    })?;
     let id = match requested_id {
         Some(id) => {
             check_id(id)?;
@@ -264,8 +272,6 @@ pub fn create(
         let _ = registry.remove(&id);
         return Err(e);
     }
-    // Secrets serialize as "***": the stored config never holds a password in clear.
-    let config_json = serde_json::to_value(&config).unwrap_or_default();
     let created = Store::open(&dir).and_then(|store| {
         store
             .append(StoreEvent::ExperimentCreated {

@@ -411,6 +411,66 @@ fn the_export_refuses_to_write_over_a_store_or_the_registry() {
     assert_eq!(sandbox.export("own"), before);
 }
 
+/// A config in a folder whose path is not UTF-8 (a Latin-1 name) is refused, naming the field and
+/// the path: the experiment had been created with its config stored as null, so that every trial
+/// failed ("could not start: path contains invalid UTF-8 characters") and `knob resume` could not
+/// read it back ("invalid type: null, expected struct ExperimentConfig").
+#[test]
+fn a_config_whose_folder_is_not_utf8_is_refused_before_anything_is_made() {
+    use std::os::unix::ffi::OsStrExt;
+    let sandbox = Sandbox::new();
+    let folder = sandbox
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9 code"));
+    std::fs::create_dir_all(&folder).unwrap();
+    let yaml = format!(
+        "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}\nexperimentWorkingDirectory: {}\n",
+        sandbox.path().join("experiments").display()
+    );
+    let config = folder.join("config.yml");
+    std::fs::write(&config, yaml).unwrap();
+    let (code, stdout, stderr) = sandbox.create(&config, "latin1");
+    let folder_text = format!("{folder:?}");
+    assert_eq!(
+        (code, stderr.trim_end()),
+        (
+            1,
+            format!(
+                "error: {}: trialCodeDirectory: not set, so the config file's folder: {folder_text} is not valid UTF-8, and knob keeps paths as text (in its store, in the trials' environment); rename the folder, or move what it holds to a path that is",
+                config.display()
+            )
+            .as_str()
+        ),
+        "{stdout}"
+    );
+    let (_, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+    assert!(list.starts_with("no experiments yet"), "{list}");
+    // Named in a field (through a link, as the text of a YAML file is UTF-8), it is refused at
+    // that field's line, then resume still finds nothing.
+    let yaml = std::fs::read_to_string(&config).unwrap();
+    let code_dir = sandbox.path().join("code");
+    std::fs::create_dir_all(&code_dir).unwrap();
+    std::os::unix::fs::symlink(&folder, code_dir.join("link")).unwrap();
+    let config = code_dir.join("config.yml");
+    std::fs::write(&config, format!("{yaml}trialCodeDirectory: link\n")).unwrap();
+    let line = yaml.lines().count() + 1;
+    let (code, stdout, stderr) = sandbox.create(&config, "latin1");
+    assert_eq!(
+        (code, stderr.trim_end()),
+        (
+            1,
+            format!(
+                "error: {}:{line}:21: trialCodeDirectory: {folder_text} is not valid UTF-8, and knob keeps paths as text (in its store, in the trials' environment); rename the folder, or move what it holds to a path that is",
+                config.display()
+            )
+            .as_str()
+        ),
+        "{stdout}"
+    );
+    let (_, list, _) = run(sandbox.knob().args(["experiment", "list"]));
+    assert!(list.starts_with("no experiments yet"), "{list}");
+}
+
 /// Without `--format`, `-o`'s extension decides (`.csv` used to get JSON); a `--format` that
 /// contradicts it is refused before anything is written.
 #[test]

@@ -322,6 +322,13 @@ pub(crate) fn read_experiment(reader: &mut Reader, root: &Node) -> Option<Experi
         directories,
     );
     let trial_gpu_number = merge(reader, "trialGpuNumber", trial_gpu_number, gpu_numbers);
+    // Unset, it is the config's folder, which no path field's check has seen.
+    if trial_code_directory.is_none() {
+        if let Err(message) = units::check_utf8(&reader.base_dir) {
+            let message = format!("not set, so the config file's folder: {message}");
+            reader.error(None, "trialCodeDirectory", message);
+        }
+    }
     if trial_command.is_none()
         && !reader
             .errors

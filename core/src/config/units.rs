@@ -145,7 +145,23 @@ pub(crate) fn resolve_path(
     } else {
         base_dir.join(expanded)
     };
-    Ok(std::fs::canonicalize(&absolute).unwrap_or_else(|_| normalize_lexically(&absolute)))
+    let resolved =
+        std::fs::canonicalize(&absolute).unwrap_or_else(|_| normalize_lexically(&absolute));
+    check_utf8(&resolved)?;
+    Ok(resolved)
+}
+
+/// A path knob uses must be text: the store records the config as JSON, and trials get their
+/// folders in environment variables knob writes as text. One with other bytes (a folder named in
+/// Latin-1) had been stored as a null config, so every trial failed ("could not start: path
+/// contains invalid UTF-8 characters") and `knob resume` could not read the experiment back.
+pub(crate) fn check_utf8(path: &Path) -> Result<(), String> {
+    match path.to_str() {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "{path:?} is not valid UTF-8, and knob keeps paths as text (in its store, in the trials' environment); rename the folder, or move what it holds to a path that is"
+        )),
+    }
 }
 
 /// `~` and `~/…` in `home`, `~user` and `~user/…` in that user's home folder, as Python's
