@@ -382,9 +382,10 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
     if left.is_empty() {
         outln!("experiment {id} deleted ({})", entry.dir.display());
     } else {
+        // Relative to the folder: what is kept in `trials/` is named `trials/NAME`.
         let names: Vec<String> = left
             .iter()
-            .filter_map(|p| p.file_name())
+            .filter_map(|p| p.strip_prefix(&entry.dir).ok())
             .map(|n| crate::table::printable(&n.to_string_lossy()))
             .collect();
         outln!(

@@ -60,7 +60,7 @@ pub const OWNED_ENTRIES: &[&str] = &[
     // The writer lock's rollback journal, left by a writer killed while it held the lock.
     LOCK_JOURNAL_FILE_NAME,
     CONFIG_SOURCE_FILE,
-    "trials",
+    TRIALS_DIR,
     // The Python folder (`knob_trial`, the `nni` shim) that the built-in training services write
     // once for all the experiment's trials on this machine (training-services' `trial_python`).
     ".knob-python",
@@ -125,6 +125,7 @@ impl FolderHold {
     /// Removes what knob made in the folder ([`OWNED_ENTRIES`]), and the folder if that
     /// emptied it; then lets go of the lock. Returns what was left: entries knob did not make,
     /// which are never touched. A missing folder is not an error (there is nothing to remove).
+    /// In `trials/`, only the folders of the store's trials are knob's ([`remove_trials`]).
     ///
     /// The lock's own file goes last, after the store: a `knob resume` that opens the lock file
     /// once it is unlinked (a new file, so not held by this) finds the store gone already.
@@ -139,6 +140,8 @@ impl FolderHold {
             Err(e) => return Err(failed(e)),
         };
         let lock_files = [crate::store::LOCK_FILE_NAME, LOCK_JOURNAL_FILE_NAME];
+        // Read before the store goes.
+        let trial_ids = stored_trial_ids(&self.dir);
         let mut left = Vec::new();
         for entry in entries {
             let entry = entry.map_err(failed)?;
@@ -152,7 +155,12 @@ impl FolderHold {
                 continue;
             }
             // symlink_metadata: a link in knob's place is removed as a link, never followed.
-            let removed = if std::fs::symlink_metadata(&path).map_err(failed)?.is_dir() {
+            let is_dir = std::fs::symlink_metadata(&path).map_err(failed)?.is_dir();
+            if is_dir && name == TRIALS_DIR {
+                remove_trials(&path, trial_ids.as_ref(), &mut left).map_err(failed)?;
+                continue;
+            }
+            let removed = if is_dir {
                 std::fs::remove_dir_all(&path)
             } else {
                 std::fs::remove_file(&path)
@@ -171,6 +179,53 @@ impl FolderHold {
         left.sort();
         Ok(left)
     }
+}
+
+/// The folder of [`OWNED_ENTRIES`] that holds one folder per trial, named by its id.
+const TRIALS_DIR: &str = "trials";
+
+/// The ids of the trials an experiment's store records; `None` when it cannot be read.
+fn stored_trial_ids(dir: &Path) -> Option<std::collections::HashSet<String>> {
+    let reader = crate::store::StoreReader::open(dir).ok()?;
+    let rows = reader.trials(&crate::store::TrialQuery::default()).ok()?;
+    Some(rows.into_iter().map(|row| row.trial_id).collect())
+}
+
+/// Removes from `trials/` the folder of each trial in `trial_ids`, and `trials/` itself once
+/// empty. Anything else in it was put there by someone else (notes, a model copied beside the
+/// trials' own): it is left and pushed to `left`; the whole folder had been removed with it.
+/// Without the ids (a store that cannot be read), nothing in it is told to be knob's, and it is
+/// left whole.
+fn remove_trials(
+    trials: &Path,
+    trial_ids: Option<&std::collections::HashSet<String>>,
+    left: &mut Vec<PathBuf>,
+) -> std::io::Result<()> {
+    let Some(trial_ids) = trial_ids else {
+        left.push(trials.to_path_buf());
+        return Ok(());
+    };
+    let mut kept = false;
+    for entry in std::fs::read_dir(trials)? {
+        let entry = entry?;
+        let path = entry.path();
+        let is_trial = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|name| trial_ids.contains(name));
+        if !is_trial {
+            left.push(path);
+            kept = true;
+        } else if std::fs::symlink_metadata(&path)?.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    if !kept {
+        std::fs::remove_dir(trials)?;
+    }
+    Ok(())
 }
 
 /// A new experiment id: 8 lowercase letters and digits, as NNI makes them.

@@ -691,6 +691,50 @@ fn create_refuses_a_folder_of_user_files_and_delete_keeps_what_knob_did_not_make
     assert_eq!(left, ["analysis.ipynb", odd]);
 }
 
+/// In `trials/`, only the trials' own folders are knob's: a file or folder put beside them (notes,
+/// a model copied out of a trial) is kept and named as `trials/NAME`. `delete` removed the whole
+/// of `trials/`, and with it what it said it leaves.
+#[test]
+fn delete_keeps_what_was_put_in_the_trials_folder_beside_the_trials() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}"
+        ),
+        &[],
+    );
+    let (code, _, stderr) = sandbox.create(&config, "beside");
+    assert_eq!(code, 0, "{stderr}");
+    let trials = sandbox.path().join("experiments/beside/trials");
+    let trial_folders = std::fs::read_dir(&trials).unwrap().count();
+    assert_eq!(trial_folders, 2);
+    std::fs::write(trials.join("notes.txt"), "lr 0.1 was best").unwrap();
+    std::fs::create_dir(trials.join("best")).unwrap();
+    std::fs::write(trials.join("best/model.pt"), "weights").unwrap();
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "delete", "beside", "--yes"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout.trim_end(),
+        format!(
+            "experiment beside deleted; {} is kept with what knob did not make in it: trials/best, trials/notes.txt",
+            sandbox.path().join("experiments/beside").display()
+        )
+    );
+    let mut left: Vec<_> = std::fs::read_dir(&trials)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["best", "notes.txt"]);
+    assert_eq!(
+        std::fs::read_to_string(trials.join("best/model.pt")).unwrap(),
+        "weights"
+    );
+}
+
 #[test]
 fn an_experiment_whose_folder_was_removed_by_hand_says_so_and_can_be_forgotten() {
     let sandbox = Sandbox::new();
