@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use knob_core::config::ExperimentConfig;
 use knob_core::manager::{self, Experiment};
-use knob_core::registry::{Registry, CRASHED};
+use knob_core::registry::{Registry, RegistryEntry, CRASHED};
 use knob_core::store::{ExperimentState, ExperimentStatus, Store, StoreEvent};
 use knob_plugin_api::host::PluginRegistry;
 use knob_plugin_api::service::ServiceContext;
@@ -400,7 +400,7 @@ pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     // them up (SIGTERM), which it then says.
     let was_ending = entry.run_over();
     // Only the recorded process itself, not one that got its pid since (see `signal_runner`).
-    let (entry, pid) = match entry.signal_runner(STOP_SIGNAL) {
+    let (entry, pid) = match ask_to_stop(&entry) {
         Ok(Some(pid)) => (entry, pid),
         Ok(None) => match runner_once_started(&registry, entry)? {
             Found::Runner(entry, pid) => (entry, pid),
@@ -499,6 +499,21 @@ fn end_recorded(registry: &Registry, id: &str, pid: u32) -> bool {
 /// What `knob stop` sends the runner (see [`stop`]).
 const STOP_SIGNAL: i32 = libc::SIGTERM;
 
+/// Sends the runner [`STOP_SIGNAL`], then SIGCONT; returns its pid, as
+/// [`RegistryEntry::signal_runner`] does. A runner suspended (Ctrl-Z in its terminal, SIGSTOP)
+/// takes no signal until it is continued: the stop waited its 2 minutes for nothing, then
+/// advised a `kill -INT` that a suspended process does not take either. SIGCONT changes nothing
+/// for a runner that runs; a service manager (systemd) and a shell's `kill` of a stopped job
+/// send it after SIGTERM for the same reason.
+fn ask_to_stop(entry: &RegistryEntry) -> std::io::Result<Option<u32>> {
+    let sent = entry.signal_runner(STOP_SIGNAL)?;
+    if sent.is_some() {
+        // Through the same pinned check: never to a process that took the pid since.
+        let _ = entry.signal_runner(libc::SIGCONT);
+    }
+    Ok(sent)
+}
+
 /// How long `knob stop` waits for the run to stop (its trials' grace period, their kills).
 const STOP_PATIENCE: Duration = Duration::from_secs(120);
 /// How long `knob stop` waits silently before it says that it waits.
@@ -559,7 +574,7 @@ fn runner_once_started(
         }
         std::thread::sleep(Duration::from_millis(20));
         entry = registry.get(&entry.id)?;
-        match entry.signal_runner(STOP_SIGNAL) {
+        match ask_to_stop(&entry) {
             Ok(Some(pid)) => return Ok(Found::Runner(entry, pid)),
             Ok(None) => {}
             Err(error) => anyhow::bail!(

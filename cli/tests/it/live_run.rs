@@ -543,3 +543,69 @@ fn a_second_knob_stop_or_sigterm_waits_for_the_stop_under_way() {
         }
     }
 }
+
+/// A run suspended (Ctrl-Z in its terminal, SIGSTOP) takes no SIGTERM until it is continued:
+/// `knob stop` waited its 2 minutes, then failed advising `kill -INT`, which a suspended process
+/// does not take either. It now sends SIGCONT after its SIGTERM, and the stop goes as for a run
+/// that was not suspended.
+#[test]
+fn knob_stop_stops_a_suspended_run() {
+    let sandbox = Sandbox::new();
+    let yaml = format!(
+        "trialCommand: touch started-$NNI_TRIAL_JOB_ID; sleep 60; echo KNOB_FINAL 1\n\
+         trialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}"
+    );
+    let config = sandbox.config(&yaml, &[]);
+    let code_dir = sandbox.path().join("code");
+    let log = sandbox.path().join("suspended.log");
+    let mut child = spawn_logged(sandbox.create_command(&config, "suspended"), &log);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_dir(&code_dir)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("started-"))
+    {
+        assert!(child.try_wait().unwrap().is_none(), "knob create ended");
+        assert!(Instant::now() < deadline, "no trial started within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child, not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+    let mut stop = sandbox
+        .knob()
+        .args(["stop", "suspended"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = wait_bounded(&mut stop, Duration::from_secs(60));
+    // Whatever the stop did, the run must not stay suspended past the test.
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    use std::io::Read;
+    stop.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    stop.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(
+        (code, stdout.as_str()),
+        (
+            Some(0),
+            "experiment suspended stopped (STOPPED); continue it with `knob resume suspended`\n"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(wait_bounded(&mut child, Duration::from_secs(30)), Some(0));
+    assert_eq!(
+        sandbox.export("suspended")["experiment"]["status"],
+        "STOPPED"
+    );
+}
