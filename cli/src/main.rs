@@ -37,6 +37,32 @@ fn stdout_error(error: std::io::Error) -> anyhow::Error {
     anyhow::anyhow!("cannot write to standard output: {error}")
 }
 
+/// Standard output for a command that writes its answer piece by piece (`knob top`, `knob man`,
+/// `knob space sample`, `knob plugin list`): a write that fails says it was standard output,
+/// as [`stdoutln!`] does; these said only "error: No space left on device (os error 28)".
+pub(crate) struct Stdout(std::io::StdoutLock<'static>);
+
+pub(crate) fn stdout() -> Stdout {
+    Stdout(std::io::stdout().lock())
+}
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf).map_err(named_stdout_error)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush().map_err(named_stdout_error)
+    }
+}
+
+fn named_stdout_error(error: std::io::Error) -> std::io::Error {
+    std::io::Error::new(
+        error.kind(),
+        format!("cannot write to standard output: {error}"),
+    )
+}
+
 mod client;
 mod create;
 mod experiment;
@@ -186,7 +212,7 @@ fn main() -> ExitCode {
                 .map(|()| ExitCode::SUCCESS)
                 .map_err(stdout_error)
         }
-        Command::Man => man::render(Cli::command(), &mut std::io::stdout())
+        Command::Man => man::render(Cli::command(), &mut stdout())
             .map(|()| ExitCode::SUCCESS)
             .map_err(anyhow::Error::from),
     };

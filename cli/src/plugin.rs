@@ -167,7 +167,7 @@ fn try_tuner(args: TryArgs) -> anyhow::Result<ExitCode> {
         label: tuner.label().to_owned(),
     };
     waiter.answer(tuner.update_search_space(space_json), "update_search_space")?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout();
     let label = tuner.label().to_owned();
     let mut pending = std::collections::VecDeque::new();
     let emit =
@@ -322,7 +322,7 @@ fn read_results(file: &std::path::Path) -> anyhow::Result<Vec<f64>> {
 fn list(json: bool) -> anyhow::Result<ExitCode> {
     let places = plugin_search_path(&[]);
     let registry = PluginRegistry::load_from(&places);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout();
     if json {
         let libraries: Vec<_> = registry
             .libraries()
@@ -356,7 +356,7 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
 fn check(file: PathBuf) -> anyhow::Result<ExitCode> {
     match load_library(&file) {
         Ok(library) => {
-            write_library(&mut std::io::stdout().lock(), &library)?;
+            write_library(&mut crate::stdout(), &library)?;
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

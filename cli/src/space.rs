@@ -29,7 +29,7 @@ pub fn run(command: SpaceCommand) -> anyhow::Result<ExitCode> {
     match command {
         SpaceCommand::Validate { file } => {
             let space = read_space(&file)?;
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::stdout();
             writeln!(
                 out,
                 "{}: valid search space with {} parameters",
@@ -55,7 +55,7 @@ pub fn run(command: SpaceCommand) -> anyhow::Result<ExitCode> {
                 nanos.as_nanos() as u64 ^ u64::from(std::process::id())
             });
             let mut rng = seeded_rng(seed);
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut out = std::io::BufWriter::new(crate::stdout());
             for _ in 0..count {
                 writeln!(out, "{}", space.sample(&mut rng))?;
             }

@@ -45,7 +45,7 @@ pub fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
         };
         let live = ApiClient::for_running(&entry).is_some();
         let frame = render_frame(&args.id, &snapshot, &running, live);
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::stdout();
         if terminal.is_some() {
             // Home and clear, then the frame with \r\n (raw mode does not translate \n).
             write!(out, "\x1b[H\x1b[2J{}", frame.replace('\n', "\r\n"))?;

@@ -177,8 +177,16 @@ fn the_quickstart_runs_and_exports_every_trial() {
         "{stderr}"
     );
     // The read commands on a stdout that cannot take their answer (a full disk) fail in one
-    // line; `println!` panicked there (exit 101).
+    // line; `println!` panicked there (exit 101), and those that write piece by piece (top, man,
+    // space, plugin) said only "error: No space left on device (os error 28)".
     let config_arg = config.display().to_string();
+    let space_arg = code_dir.join("search_space.json").display().to_string();
+    let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_knob")).with_file_name(format!(
+        "{}knob_tuners{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    let plugin_arg = plugin.display().to_string();
     for args in [
         vec!["experiment", "list"],
         vec!["experiment", "show", "quick"],
@@ -186,6 +194,13 @@ fn the_quickstart_runs_and_exports_every_trial() {
         vec!["gpu"],
         vec!["completions", "bash"],
         vec!["config", "check", &config_arg],
+        vec!["top", "quick", "--iterations", "1"],
+        vec!["man"],
+        vec!["space", "validate", &space_arg],
+        vec!["space", "sample", &space_arg],
+        vec!["plugin", "list"],
+        vec!["plugin", "list", "--json"],
+        vec!["plugin", "check", &plugin_arg],
     ] {
         let full = std::fs::OpenOptions::new()
             .write(true)
