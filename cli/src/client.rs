@@ -14,6 +14,20 @@ pub struct ApiClient {
     token: Option<String>,
     /// The experiment's id, which a refusal names.
     experiment: String,
+    /// The process serving the API.
+    pid: u32,
+}
+
+/// Whether process `pid` is stopped (suspended by Ctrl-Z in its terminal or SIGSTOP, or held by
+/// a debugger): state `T` or `t`, the field after the command name in `/proc/PID/stat`.
+fn suspended(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The command name (field 2) may hold spaces and parentheses: the state follows the
+        // last ')'.
+        stat.rfind(')')
+            .and_then(|end| stat[end + 1..].split_whitespace().next())
+            .is_some_and(|state| matches!(state, "T" | "t"))
+    })
 }
 
 /// `text` as one segment of a URL path, percent-encoded (RFC 3986): every byte but the
@@ -39,7 +53,7 @@ pub fn path_segment(text: &str) -> String {
 impl ApiClient {
     /// The API of the experiment, if a live process serves one.
     pub fn for_running(entry: &RegistryEntry) -> Option<ApiClient> {
-        entry.running_pid()?;
+        let pid = entry.running_pid()?;
         let address = entry.api_address()?;
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -51,10 +65,25 @@ impl ApiClient {
             agent,
             token: std::env::var(API_TOKEN).ok().filter(|t| !t.is_empty()),
             experiment: entry.id.clone(),
+            pid,
         })
     }
 
+    /// A suspended process accepts the connection (the kernel does) and never answers: a
+    /// request waited its whole minute, then said only "timeout". Said at once instead, with
+    /// what to do.
+    fn refuse_suspended(&self) -> anyhow::Result<()> {
+        if suspended(self.pid) {
+            let (id, pid) = (&self.experiment, self.pid);
+            anyhow::bail!(
+                "experiment {id}'s process {pid} is suspended (Ctrl-Z in its terminal, or SIGSTOP), so its API cannot answer; `kill -CONT {pid}` (or `fg` in its terminal) continues it, `knob stop {id}` stops it"
+            );
+        }
+        Ok(())
+    }
+
     pub fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.refuse_suspended()?;
         let mut request = self.agent.get(format!("{}{path}", self.base));
         if let Some(token) = &self.token {
             request = request.header("Authorization", format!("Bearer {token}"));
@@ -64,6 +93,7 @@ impl ApiClient {
 
     /// Sends `method` (POST, PATCH, PUT) with a JSON body (or none).
     pub fn send(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+        self.refuse_suspended()?;
         let url = format!("{}{path}", self.base);
         let mut request = match method {
             "PATCH" => self.agent.patch(url),
@@ -87,6 +117,10 @@ impl ApiClient {
         path: &str,
         response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> anyhow::Result<Value> {
+        if response.is_err() {
+            // Suspended while it was asked.
+            self.refuse_suspended()?;
+        }
         let mut response = response
             .with_context(|| format!("cannot reach the experiment's API at {}", self.base))?;
         let status = response.status();

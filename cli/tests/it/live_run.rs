@@ -547,7 +547,9 @@ fn a_second_knob_stop_or_sigterm_waits_for_the_stop_under_way() {
 /// A run suspended (Ctrl-Z in its terminal, SIGSTOP) takes no SIGTERM until it is continued:
 /// `knob stop` waited its 2 minutes, then failed advising `kill -INT`, which a suspended process
 /// does not take either. It now sends SIGCONT after its SIGTERM, and the stop goes as for a run
-/// that was not suspended.
+/// that was not suspended. Before that, the commands that ask its API (`knob update`, `knob
+/// trial kill`, `knob top`) waited a minute each for an answer that could not come, then said
+/// "timeout: global"; they say at once that it is suspended and what to do.
 #[test]
 fn knob_stop_stops_a_suspended_run() {
     let sandbox = Sandbox::new();
@@ -571,6 +573,37 @@ fn knob_stop_stops_a_suspended_run() {
     }
     // SAFETY: signalling our own child, not reaped yet.
     unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+    let pid = child.id();
+    let suspended = format!(
+        "error: experiment suspended's process {pid} is suspended (Ctrl-Z in its terminal, or SIGSTOP), so its API cannot answer; `kill -CONT {pid}` (or `fg` in its terminal) continues it, `knob stop suspended` stops it\n"
+    );
+    for args in [
+        &["update", "concurrency", "suspended", "2"][..],
+        &["top", "suspended", "--iterations", "1"],
+    ] {
+        let mut asked = sandbox
+            .knob()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let code = wait_bounded(&mut asked, Duration::from_secs(20));
+        let mut stderr = String::new();
+        use std::io::Read;
+        asked
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(
+            (code, stderr.as_str()),
+            (Some(1), suspended.as_str()),
+            "{args:?}"
+        );
+    }
     let mut stop = sandbox
         .knob()
         .args(["stop", "suspended"])
