@@ -137,6 +137,17 @@ fn of_two_creates_of_one_id_the_loser_makes_no_folder_and_names_the_winners() {
     }
 }
 
+fn trial_created(trial_id: &str) -> knob_core::store::StoreEvent {
+    knob_core::store::StoreEvent::TrialCreated {
+        trial_id: trial_id.to_string(),
+        sequence: 0,
+        parameter_id: 0,
+        parameter_label: None,
+        parameters: serde_json::json!({"x": 1}),
+        lineage: None,
+    }
+}
+
 #[test]
 fn delete_removes_what_knob_made_and_lists_the_rest() {
     let root = tempfile::tempdir().unwrap();
@@ -166,8 +177,24 @@ fn delete_removes_what_knob_made_and_lists_the_rest() {
     );
     assert_eq!(names(&root.path().join("elsewhere")), ["keep"]);
 
+    // In `trials/`, only the folders of the store's trials are knob's: anything else there is
+    // left, and named with its place.
+    let (experiment, store) = experiment::create(config_in(&work), Some("f"), &registry).unwrap();
+    store.append(trial_created("T1")).wait().unwrap();
+    drop(store);
+    let trials = experiment.dir.join("trials");
+    std::fs::create_dir_all(trials.join("T1")).unwrap();
+    std::fs::write(trials.join("T1/stdout"), "out").unwrap();
+    std::fs::write(trials.join("notes.txt"), "mine").unwrap();
+    std::fs::create_dir_all(trials.join("T2")).unwrap();
+    let left = experiment::remove_experiment_folder(&experiment.dir).unwrap();
+    assert_eq!(left, [trials.join("T2"), trials.join("notes.txt")]);
+    assert_eq!(names(&experiment.dir), ["trials"]);
+    assert_eq!(names(&trials), ["T2", "notes.txt"]);
+
     // With nothing foreign, the folder itself goes.
     let (experiment, store) = experiment::create(config_in(&work), Some("e"), &registry).unwrap();
+    store.append(trial_created("T1")).wait().unwrap();
     drop(store);
     std::fs::create_dir_all(experiment.dir.join("trials/T1")).unwrap();
     let python = experiment
