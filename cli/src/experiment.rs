@@ -141,9 +141,7 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
                 Ok(out.flush()?)
             };
             match &output {
-                Some(path) => std::fs::File::create(path)
-                    .map_err(anyhow::Error::from)
-                    .and_then(|file| write(&mut std::io::BufWriter::new(file)))
+                Some(path) => write_replacing(path, write)
                     .with_context(|| format!("cannot write {}", path.display()))?,
                 None => write(&mut std::io::BufWriter::new(std::io::stdout().lock()))
                     .context("cannot write to standard output")?,
@@ -157,6 +155,65 @@ pub fn run(command: ExperimentCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Writes a file with `write` so that it is either the old file or the whole new one: into a
+/// new file beside it, renamed over it once written. Truncated first and then written, a failed
+/// export (a full disk, a Ctrl-C in a long one) had left half a file where the previous export
+/// was. A path that is not a regular file (`/dev/stdout`, a named pipe) is written in place, and
+/// so is a file whose folder takes no new file; a link is followed, and the file it names
+/// replaced; the old file's permissions are kept.
+fn write_replacing(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let existing = std::fs::metadata(path).ok();
+    if existing.as_ref().is_some_and(|meta| !meta.is_file()) {
+        return write_in_place(path, write);
+    }
+    let target = match &existing {
+        Some(_) => std::fs::canonicalize(path)?,
+        None => path.to_path_buf(),
+    };
+    let name = target
+        .file_name()
+        .ok_or_else(|| anyhow::anyhow!("names no file"))?;
+    let mut temporary_name = std::ffi::OsString::from(".");
+    temporary_name.push(name);
+    temporary_name.push(format!(".knob-export-{}", std::process::id()));
+    let temporary = target.with_file_name(temporary_name);
+    // As File::create makes it (0666 less the umask).
+    let file = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temporary)
+    {
+        Ok(file) => file,
+        // A writable file in a folder that takes no new file: written in place, as before.
+        Err(_) if existing.is_some() => return write_in_place(path, write),
+        Err(e) => return Err(e.into()),
+    };
+    let written = (|| -> anyhow::Result<()> {
+        if let Some(meta) = &existing {
+            file.set_permissions(meta.permissions())?;
+        }
+        let mut out = std::io::BufWriter::new(file);
+        write(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        Ok(std::fs::rename(&temporary, &target)?)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+fn write_in_place(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let file = std::fs::File::create(path)?;
+    write(&mut std::io::BufWriter::new(file))
 }
 
 /// An export written over an SQLite database, or over the write-ahead log, shared-memory index

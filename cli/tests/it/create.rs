@@ -486,6 +486,73 @@ fn a_config_whose_folder_is_not_utf8_is_refused_before_anything_is_made() {
     assert!(list.starts_with("no experiments yet"), "{list}");
 }
 
+/// An export that fails part way (here the file-size limit; a full disk, a Ctrl-C in a long
+/// export) leaves the file that was there whole, and no half-written file beside it: the file was
+/// truncated first, then written, so the previous export was lost with the failed one.
+#[test]
+fn a_failed_export_leaves_the_previous_file_whole() {
+    use std::os::unix::process::CommandExt;
+    let sandbox = Sandbox::new();
+    let trial = "for i in $(seq 3000); do echo KNOB_INTERMEDIATE $i; done; echo KNOB_FINAL 1";
+    let yaml = format!("trialCommand: {trial}\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "long");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let file = sandbox.path().join("long.json");
+    std::fs::write(&file, "the previous export").unwrap();
+    let mut command = sandbox.knob();
+    command
+        .args(["experiment", "export", "long", "-o"])
+        .arg(&file);
+    const LIMIT: u64 = 128 * 1024;
+    // SAFETY: between fork and exec, only async-signal-safe calls (setrlimit, signal).
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: LIMIT,
+                rlim_max: LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A write past the limit then fails (EFBIG) instead of killing the process.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let (code, _, stderr) = run(&mut command);
+    assert_eq!(
+        (code, stderr.trim_end()),
+        (
+            1,
+            format!(
+                "error: cannot write {}: File too large (os error 27)",
+                file.display()
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "the previous export"
+    );
+    let mut names: Vec<_> = std::fs::read_dir(sandbox.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["code", "experiments", "home", "long.json"]);
+    // Without the limit, it is replaced by the whole export.
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["experiment", "export", "long", "-o"])
+        .arg(&file));
+    assert_eq!(code, 0, "{stderr}");
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(written, sandbox.export("long"));
+    assert!(std::fs::metadata(&file).unwrap().len() > LIMIT);
+}
+
 /// Without `--format`, `-o`'s extension decides (`.csv` used to get JSON); a `--format` that
 /// contradicts it is refused before anything is written.
 #[test]
