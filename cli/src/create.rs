@@ -878,9 +878,9 @@ fn report(id: &str, dir: &Path, outcome: &Outcome, maximize: bool) -> ExitCode {
         counts.push_str(&format!(", {canceled} canceled"));
     }
     outln!(
-        "experiment {id} {}: {} trials ({counts})",
+        "experiment {id} {}: {} ({counts})",
         outcome.status.as_str(),
-        outcome.trials.len()
+        crate::table::counted(outcome.trials.len(), "trial")
     );
     outln!("{}", best_trials_table(id, &outcome.trials, maximize, 5));
     outln!(

@@ -788,10 +788,7 @@ fn waiting_lines<'a>(trials: impl Iterator<Item = (&'a str, Option<&'a str>)>) -
             if ids.len() > NAMED {
                 named.push_str(&format!(" and {} more", ids.len() - NAMED));
             }
-            let count = match ids.len() {
-                1 => "1 trial".to_string(),
-                n => format!("{n} trials"),
-            };
+            let count = crate::table::counted(ids.len(), "trial");
             format!("{count} ({named}): {reason}")
         })
         .collect()

@@ -32,9 +32,9 @@ pub fn run(command: SpaceCommand) -> anyhow::Result<ExitCode> {
             let mut out = crate::stdout();
             writeln!(
                 out,
-                "{}: valid search space with {} parameters",
+                "{}: valid search space with {}",
                 file.display(),
-                space.all_parameters().len()
+                crate::table::counted(space.all_parameters().len(), "parameter")
             )?;
             for parameter in space.all_parameters() {
                 writeln!(

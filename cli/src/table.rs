@@ -3,6 +3,14 @@
 use knob_core::manager::TrialSummary;
 use knob_core::store::TrialStatus;
 
+/// `n` and `noun`, plural unless `n` is 1: "1 trial", "2 trials", "0 parameters".
+pub fn counted(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
 /// `text` with each control character shown as `�`, for a line on the terminal that holds what
 /// knob did not write itself (a trial's output, a file's name), on which a terminal would act.
 pub fn printable(text: &str) -> String {
@@ -154,6 +162,13 @@ pub fn best_trials_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counted_says_one_in_the_singular_and_the_rest_in_the_plural() {
+        assert_eq!(counted(1, "trial"), "1 trial");
+        assert_eq!(counted(0, "trial"), "0 trials");
+        assert_eq!(counted(3, "parameter"), "3 parameters");
+    }
 
     #[test]
     fn metrics_stay_readable_at_any_magnitude() {

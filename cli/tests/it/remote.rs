@@ -1359,7 +1359,7 @@ fn a_trial_whose_host_is_lost_again_and_again_is_failed_after_three_requeues() {
     // Its only trial failed, so `knob create` exits non-zero.
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(
-        stdout.starts_with("experiment cursed DONE: 1 trials (0 succeeded, 1 failed)"),
+        stdout.starts_with("experiment cursed DONE: 1 trial (0 succeeded, 1 failed)"),
         "{stdout}\n{stderr}"
     );
     let history = attempts(&sandbox.export("cursed"));

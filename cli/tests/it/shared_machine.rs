@@ -572,8 +572,8 @@ fn a_waiting_experiment_never_holds_back_a_gpu_outside_its_gpu_indices() {
     assert!(!has_started("narrow", 1), "narrow ran on a held GPU");
     std::fs::write(code_dir.join("go-holder"), "").unwrap();
     std::fs::write(code_dir.join("go-narrow"), "").unwrap();
-    assert!(finish(holder).contains("1 trials (1 succeeded, 0 failed)"));
-    assert!(finish(narrow).contains("1 trials (1 succeeded, 0 failed)"));
+    assert!(finish(holder).contains("1 trial (1 succeeded, 0 failed)"));
+    assert!(finish(narrow).contains("1 trial (1 succeeded, 0 failed)"));
     let on_gpu_1 = started(&code_dir)
         .iter()
         .any(|line| line.starts_with("narrow ") && line.ends_with(" 1"));
@@ -611,8 +611,8 @@ fn two_experiments_started_together_never_promise_a_gpu_more_memory_than_it_has(
     let running = if waiting == "ra" { "rb" } else { "ra" };
     std::fs::write(code_dir.join(format!("go-{running}")), "").unwrap();
     std::fs::write(code_dir.join(format!("go-{waiting}")), "").unwrap();
-    assert!(finish(first).contains("1 trials (1 succeeded, 0 failed)"));
-    assert!(finish(second).contains("1 trials (1 succeeded, 0 failed)"));
+    assert!(finish(first).contains("1 trial (1 succeeded, 0 failed)"));
+    assert!(finish(second).contains("1 trial (1 succeeded, 0 failed)"));
     let (most, grants) = most_trials_on_one_gpu(&sandbox.path().join("home"));
     assert_eq!(
         (most, grants),
@@ -678,7 +678,7 @@ fn a_trial_refused_the_gpu_it_was_placed_on_takes_another_free_one() {
     assert!(second.ends_with(" 1"), "{:?}", started(&code_dir));
     assert!(finish(busy).contains("2 trials (2 succeeded, 0 failed)"));
     std::fs::write(code_dir.join("go-zero"), "").unwrap();
-    assert!(finish(zero).contains("1 trials (1 succeeded, 0 failed)"));
+    assert!(finish(zero).contains("1 trial (1 succeeded, 0 failed)"));
     let (most, _) = most_trials_on_one_gpu(&home);
     assert_eq!(most, 1, "the ledger's history has a GPU held twice");
 }
@@ -728,7 +728,7 @@ fn a_lowered_trial_concurrency_holds_for_trials_that_wait_for_a_gpu() {
     );
     // The GPU frees: one trial of low starts, the other waits for it to end.
     std::fs::write(code_dir.join("go-other"), "").unwrap();
-    assert!(finish(other).contains("1 trials (1 succeeded, 0 failed)"));
+    assert!(finish(other).contains("1 trial (1 succeeded, 0 failed)"));
     let ls = wait_for(Duration::from_secs(60), "a trial of low running", || {
         let ls = trial_ls();
         ls.contains("RUNNING").then_some(ls)
@@ -798,8 +798,8 @@ fn knob_gpu_lists_a_waiting_request_apart_from_the_holders() {
     );
     std::fs::write(code_dir.join("go-jsa"), "").unwrap();
     std::fs::write(code_dir.join("go-jsb"), "").unwrap();
-    assert!(finish(holder).contains("1 trials (1 succeeded, 0 failed)"));
-    assert!(finish(waiter).contains("1 trials (1 succeeded, 0 failed)"));
+    assert!(finish(holder).contains("1 trial (1 succeeded, 0 failed)"));
+    assert!(finish(waiter).contains("1 trial (1 succeeded, 0 failed)"));
 }
 
 /// A reserve as large as the machine (or its GPU) admits no trial, whatever the trial asks:
