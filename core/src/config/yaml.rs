@@ -252,8 +252,12 @@ impl TreeBuilder {
                 Event::Scalar(text, style, anchor, tag) => {
                     let plain = style == ScalarStyle::Plain && tag.is_none();
                     self.merge_key = plain && text == "<<";
-                    let value = match yaml_1_1_boolean(&text).filter(|_| plain) {
-                        Some(b) => Value::Bool(b),
+                    let yaml_1_1 = plain
+                        .then(|| yaml_1_1_boolean(&text).map(Value::Bool))
+                        .flatten()
+                        .or_else(|| plain.then(|| yaml_1_1_number(&text)).flatten());
+                    let value = match yaml_1_1 {
+                        Some(value) => value,
                         None => resolve_scalar(text, style, tag.as_ref()).ok_or_else(|| {
                             SyntaxError {
                                 pos: Some(pos),
@@ -482,6 +486,107 @@ fn yaml_1_1_boolean(text: &str) -> Option<bool> {
     }
 }
 
+/// A plain scalar PyYAML (and so NNI) reads as a number where YAML 1.2 reads text or another
+/// number: YAML 1.1's integers (`1_000`, `0b101`, `010` in octal, `1:30` in base 60) and its
+/// floats written with `_` or `:` (`1_000.5`, `1:30.5`). `maxTrialNumber: 1_000` was refused as
+/// text, and a choice of `[1_000, 10_000]` gave its trials the strings "1_000" and "10_000"
+/// where NNI gives 1000 and 10000. The forms only YAML 1.2 reads as numbers (`1e-3`, `0o17`)
+/// stay numbers: PyYAML's text there is no value a search space or a field could use.
+fn yaml_1_1_number(text: &str) -> Option<Value> {
+    let (negative, unsigned) = match text.as_bytes().first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let digits_in =
+        |s: &str, radix: u32| !s.is_empty() && s.chars().all(|c| c == '_' || c.is_digit(radix));
+    // Every part after the first of a base-60 number is `[0-5]?[0-9]`.
+    let sexagesimal_tail = |parts: &[&str]| {
+        parts
+            .iter()
+            .all(|part| matches!(part.as_bytes(), [d] | [b'0'..=b'5', d] if d.is_ascii_digit()))
+    };
+    // PyYAML's int resolver, each form with its construction (`construct_yaml_int`).
+    let int = if let Some(bits) = unsigned.strip_prefix("0b") {
+        digits_in(bits, 2).then(|| i64::from_str_radix(&bits.replace('_', ""), 2).ok())
+    } else if let Some(hex) = unsigned.strip_prefix("0x") {
+        digits_in(hex, 16).then(|| i64::from_str_radix(&hex.replace('_', ""), 16).ok())
+    } else if unsigned.len() > 1 && unsigned.starts_with('0') && digits_in(unsigned, 8) {
+        let octal = unsigned.replace('_', "");
+        Some(match octal.trim_start_matches('0') {
+            "" => Some(0),
+            rest => i64::from_str_radix(rest, 8).ok(),
+        })
+    } else if unsigned.contains(':') {
+        let parts: Vec<&str> = unsigned.split(':').collect();
+        let first = parts[0];
+        let first_ok = !first.starts_with(['0', '_']) && digits_in(first, 10);
+        (first_ok && sexagesimal_tail(&parts[1..])).then(|| {
+            parts.iter().try_fold(0i64, |total, part| {
+                let part: i64 = part.replace('_', "").parse().ok()?;
+                total.checked_mul(60)?.checked_add(part)
+            })
+        })
+    } else if unsigned.contains('_') && !unsigned.starts_with(['0', '_']) && digits_in(unsigned, 10)
+    {
+        Some(unsigned.replace('_', "").parse().ok())
+    } else {
+        None
+    };
+    if let Some(int) = int {
+        // A value past 64 bits is left to YAML 1.2's reading.
+        let int = int?;
+        return Some(Value::Int(if negative { int.checked_neg()? } else { int }));
+    }
+    // PyYAML's float resolver, for the forms YAML 1.2 does not read: `_` in the digits, or a
+    // base-60 integer part. Both need a `.`.
+    if !unsigned.contains(['_', ':']) {
+        return None;
+    }
+    let (whole, fraction) = unsigned.split_once('.')?;
+    let magnitude = if whole.contains(':') {
+        let parts: Vec<&str> = whole.split(':').collect();
+        let first_ok = digits_in(parts[0], 10) && !parts[0].starts_with('_');
+        if !first_ok
+            || !sexagesimal_tail(&parts[1..])
+            || !(fraction.is_empty() || digits_in(fraction, 10))
+        {
+            return None;
+        }
+        let mut total = 0.0;
+        for part in &parts {
+            total = total * 60.0 + part.replace('_', "").parse::<f64>().ok()?;
+        }
+        let fraction = fraction.replace('_', "");
+        match fraction.is_empty() {
+            true => total,
+            false => total + format!("0.{fraction}").parse::<f64>().ok()?,
+        }
+    } else {
+        // `[0-9][0-9_]*\.[0-9_]*([eE][-+][0-9]+)?`, or `\.[0-9][0-9_]*…` with nothing before it.
+        let (fraction, exponent) = match fraction.find(['e', 'E']) {
+            Some(at) => (&fraction[..at], Some(&fraction[at + 1..])),
+            None => (fraction, None),
+        };
+        let whole_ok = if whole.is_empty() {
+            !negative && text == unsigned && fraction.starts_with(|c: char| c.is_ascii_digit())
+        } else {
+            whole.starts_with(|c: char| c.is_ascii_digit()) && digits_in(whole, 10)
+        };
+        let fraction_ok = fraction.is_empty() || digits_in(fraction, 10);
+        let exponent_ok = exponent.is_none_or(|e| {
+            e.len() > 1 && e.starts_with(['-', '+']) && e[1..].bytes().all(|b| b.is_ascii_digit())
+        });
+        if !(whole_ok && fraction_ok && exponent_ok) {
+            return None;
+        }
+        unsigned.replace('_', "").parse::<f64>().ok()?
+    };
+    magnitude
+        .is_finite()
+        .then_some(Value::Float(if negative { -magnitude } else { magnitude }))
+}
+
 fn too_deep(pos: Pos) -> SyntaxError {
     SyntaxError {
         pos: Some(pos),
@@ -692,6 +797,72 @@ mod tests {
         assert_eq!(duplicate(".nan: a\n.nan: b\n"), None);
         // Each mapping has its own keys.
         assert_eq!(duplicate("a: {x: 1}\nb: {x: 2}\n"), None);
+    }
+
+    fn scalar(text: &str) -> Value {
+        parse(&format!("x: {text}\n"))
+            .unwrap()
+            .map(|node| match node.value {
+                Value::Map(mut entries) => entries.remove(0).1.value,
+                other => other,
+            })
+            .unwrap()
+    }
+
+    /// Plain numbers read as PyYAML (and so NNI) reads them where YAML 1.2 reads text or
+    /// another number: `1_000` was the text "1_000" (a choice handed it to trials as a string,
+    /// `maxTrialNumber: 1_000` was refused), `010` was 10 where NNI has 8.
+    #[test]
+    fn yaml_1_1_numbers_read_as_pyyaml_reads_them() {
+        let int = |text: &str| scalar(text);
+        assert_eq!(int("1_000"), Value::Int(1000));
+        assert_eq!(int("-1_000_000"), Value::Int(-1_000_000));
+        assert_eq!(int("+1_0"), Value::Int(10));
+        assert_eq!(int("1__"), Value::Int(1));
+        assert_eq!(int("010"), Value::Int(8));
+        assert_eq!(int("0_7"), Value::Int(7));
+        assert_eq!(int("00"), Value::Int(0));
+        assert_eq!(int("0b101"), Value::Int(5));
+        assert_eq!(int("-0b1_01"), Value::Int(-5));
+        assert_eq!(int("0x1_F"), Value::Int(31));
+        assert_eq!(int("1:30"), Value::Int(90));
+        assert_eq!(int("190:20:30"), Value::Int(685_230));
+        assert_eq!(int("1_000.5"), Value::Float(1000.5));
+        assert_eq!(int("685.230_15e+03"), Value::Float(685_230.15));
+        assert_eq!(int(".5_0"), Value::Float(0.5));
+        assert_eq!(int("190:20:30.15"), Value::Float(685_230.15));
+        assert_eq!(int("-1:30."), Value::Float(-90.0));
+        // As before: what both read alike, and what only YAML 1.2 reads as a number.
+        assert_eq!(int("12"), Value::Int(12));
+        assert_eq!(int("0x1F"), Value::Int(31));
+        assert_eq!(int("1e-3"), Value::Float(1e-3));
+        assert_eq!(int("0o17"), Value::Int(15));
+        // Text in PyYAML too, and quoted or tagged scalars are never numbers.
+        for text in [
+            "_1",
+            "08",
+            "1:60",
+            "01:30",
+            "::1",
+            "fe80::1",
+            "1_0e+3",
+            "0b",
+            "0b2",
+            "1.0.0",
+            "1_000.5e3",
+            "10.0.0.1:22",
+            "'1_000'",
+            "!!str 1_000",
+            "v1_0",
+        ] {
+            assert!(
+                matches!(scalar(text), Value::Str(_)) || text == "08",
+                "{text}: {:?}",
+                scalar(text)
+            );
+        }
+        // 1_0... past 64 bits is not turned into another number.
+        assert!(!matches!(int("99_999_999_999_999_999_999"), Value::Int(_)));
     }
 
     fn json_error(text: &str) -> (Option<(usize, usize)>, String) {
