@@ -135,6 +135,13 @@ fn config_check_refuses_unknown_names_python_classes_and_a_space_the_tuner_refus
             // Through NNI's dispatcher, with the python3 on PATH, which has no nni.
             "tuner.className: NNI tuner my_tuner.MyTuner runs through NNI's Python dispatcher, but ",
         ),
+        // A stray space is shown (the name quoted): it read "unknown tuner TPE  (did you mean
+        // TPE?)", as if knob did not know TPE (H3 F2).
+        (
+            "tuner:\n  name: \"TPE \"",
+            "\"TPE \"",
+            "tuner.name: unknown tuner \"TPE \" (did you mean TPE?); available: ",
+        ),
         (
             "tuner: {name: Random}\nassessor:\n  name: Medianstopp",
             "Medianstopp",

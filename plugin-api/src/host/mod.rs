@@ -785,7 +785,7 @@ impl PluginRegistry {
                 };
                 Err(HostError::Unknown {
                     kind,
-                    name: name.to_string(),
+                    name: as_named(name),
                     searched: self.where_looked(),
                     hint,
                     available: if names.is_empty() {
@@ -1327,8 +1327,33 @@ impl EventSinkAbi for EventForwarder {
     }
 }
 
+/// A name the user wrote, as an error line shows it: plain when it is a word of letters, digits,
+/// `_`, `.` and `-` (every component name), else quoted, so that a stray space or tab shows:
+/// `name: "TPE "` was refused as `unknown tuner TPE  (did you mean TPE?)`, which reads as if
+/// knob did not know TPE.
+fn as_named(name: &str) -> String {
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    match plain {
+        true => name.to_owned(),
+        false => format!("{name:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// A name with a space or a tab is quoted in the refusal, so that the stray character shows;
+    /// a plain one is not (H3 F2).
+    #[test]
+    fn a_name_with_a_stray_space_is_quoted() {
+        assert_eq!(super::as_named("TPE"), "TPE");
+        assert_eq!(super::as_named("my_tuner.v2-b"), "my_tuner.v2-b");
+        assert_eq!(super::as_named("TPE "), "\"TPE \"");
+        assert_eq!(super::as_named("TPE\t"), "\"TPE\\t\"");
+    }
+
     use super::*;
 
     /// A symlink named as a plugin whose target is gone, or a loop, is refused with its reason
