@@ -813,6 +813,7 @@ fn read_objectives(reader: &mut Reader, field: &Field<'_>) -> Vec<ObjectiveConfi
         let reference = fields.take("reference").and_then(|r| {
             reader.parse(&r, |node| match node.value {
                 Value::Int(i) => Ok(i as f64),
+                Value::UInt(u) => Ok(u as f64),
                 Value::Float(x) if x.is_finite() => Ok(x),
                 _ => Err(format!("expected a number, got {}", node.describe())),
             })

@@ -116,6 +116,7 @@ impl Reader {
             }
             // A whole number past i64, which YAML reads as a float (`99999999999999999999`
             // is 1e20): still an integer, so the message is the same, without the float's text.
+            Value::UInt(_) => Err(format!("too large (at most {at_most})")),
             Value::Float(f) if f.fract() == 0.0 && f >= i64::MAX as f64 => {
                 Err(format!("too large (at most {at_most})"))
             }

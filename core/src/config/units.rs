@@ -14,6 +14,7 @@ pub(crate) fn duration_seconds(node: &Node) -> Result<u64, String> {
     const UNITS: [(&str, f64); 4] = [("d", 86_400.0), ("h", 3_600.0), ("m", 60.0), ("s", 1.0)];
     let seconds = match &node.value {
         Value::Int(i) => *i as f64,
+        Value::UInt(u) => *u as f64,
         Value::Float(f) => *f,
         Value::Str(text) => {
             let lower = text.trim().to_ascii_lowercase();

@@ -42,6 +42,9 @@ pub(crate) enum Value {
     Null,
     Bool(bool),
     Int(i64),
+    /// A whole number past `i64` that fits a `u64` (a seed of 2^64 - 1): kept exact, as NNI's
+    /// Python keeps it, where a float would hand trials another number.
+    UInt(u64),
     Float(f64),
     Str(String),
     Seq(Vec<Node>),
@@ -74,6 +77,7 @@ impl Node {
             Value::Null => "null".to_owned(),
             Value::Bool(b) => b.to_string(),
             Value::Int(i) => i.to_string(),
+            Value::UInt(u) => u.to_string(),
             Value::Float(f) => f.to_string(),
             Value::Seq(_) => "[...]".to_owned(),
             Value::Map(_) => "{...}".to_owned(),
@@ -86,7 +90,7 @@ impl Node {
         match &self.value {
             Value::Null => "null",
             Value::Bool(_) => "a boolean",
-            Value::Int(_) | Value::Float(_) => "a number",
+            Value::Int(_) | Value::UInt(_) | Value::Float(_) => "a number",
             Value::Str(_) => "a string",
             Value::Seq(_) => "a list",
             Value::Map(_) => "a mapping",
@@ -99,6 +103,7 @@ impl Node {
             Value::Null => "null".to_owned(),
             Value::Bool(b) => b.to_string(),
             Value::Int(i) => i.to_string(),
+            Value::UInt(u) => u.to_string(),
             Value::Float(f) => format!("{f:?}"),
             Value::Str(text) => {
                 const LIMIT: usize = 60;
@@ -121,6 +126,7 @@ impl Node {
             Value::Null => serde_json::Value::Null,
             Value::Bool(b) => serde_json::Value::Bool(*b),
             Value::Int(i) => serde_json::Value::from(*i),
+            Value::UInt(u) => serde_json::Value::from(*u),
             Value::Float(f) => match serde_json::Number::from_f64(*f) {
                 Some(number) => serde_json::Value::Number(number),
                 None => return Err((self.pos, format!("{f} cannot be represented in JSON"))),
@@ -193,6 +199,7 @@ enum ScalarKey {
     Null,
     Bool(bool),
     Int(i64),
+    UInt(u64),
     Float(u64),
     Str(String),
 }
@@ -204,6 +211,7 @@ impl ScalarKey {
             Value::Null => ScalarKey::Null,
             Value::Bool(b) => ScalarKey::Bool(*b),
             Value::Int(i) => ScalarKey::Int(*i),
+            Value::UInt(u) => ScalarKey::UInt(*u),
             Value::Float(f) if f.is_nan() => return None,
             Value::Float(f) => ScalarKey::Float(if *f == 0.0 { 0 } else { f.to_bits() }),
             Value::Str(text) => ScalarKey::Str(text.clone()),
@@ -255,7 +263,8 @@ impl TreeBuilder {
                     let yaml_1_1 = plain
                         .then(|| yaml_1_1_boolean(&text).map(Value::Bool))
                         .flatten()
-                        .or_else(|| plain.then(|| yaml_1_1_number(&text)).flatten());
+                        .or_else(|| plain.then(|| yaml_1_1_number(&text)).flatten())
+                        .or_else(|| plain.then(|| past_i64(&text)).flatten());
                     let value = match yaml_1_1 {
                         Some(value) => value,
                         None => resolve_scalar(text, style, tag.as_ref()).ok_or_else(|| {
@@ -587,6 +596,18 @@ fn yaml_1_1_number(text: &str) -> Option<Value> {
         .then_some(Value::Float(if negative { -magnitude } else { magnitude }))
 }
 
+/// A plain whole number past `i64` that fits a `u64`, which YAML 1.2 reads as a float:
+/// `18446744073709551615` became 1.8446744073709552e19, and a choice handed trials that other
+/// number where NNI (Python's ints) hands them the one written.
+fn past_i64(text: &str) -> Option<Value> {
+    let digits = text.strip_prefix('+').unwrap_or(text).replace('_', "");
+    if digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let u: u64 = digits.parse().ok()?;
+    (i64::try_from(u).is_err()).then_some(Value::UInt(u))
+}
+
 fn too_deep(pos: Pos) -> SyntaxError {
     SyntaxError {
         pos: Some(pos),
@@ -737,7 +758,7 @@ impl<'de> serde::de::Visitor<'de> for JsonVisitor {
     fn visit_u64<E>(self, u: u64) -> Result<JsonNode, E> {
         Ok(json_leaf(match i64::try_from(u) {
             Ok(i) => Value::Int(i),
-            Err(_) => Value::Float(u as f64),
+            Err(_) => Value::UInt(u),
         }))
     }
 
@@ -837,6 +858,10 @@ mod tests {
         assert_eq!(int("0x1F"), Value::Int(31));
         assert_eq!(int("1e-3"), Value::Float(1e-3));
         assert_eq!(int("0o17"), Value::Int(15));
+        // Past i64, within u64: kept exact (it was the float 1.8446744073709552e19).
+        assert_eq!(int("18446744073709551615"), Value::UInt(u64::MAX));
+        assert_eq!(int("9_223_372_036_854_775_808"), Value::UInt(1 << 63));
+        assert!(matches!(int("18446744073709551616"), Value::Float(_)));
         // Text in PyYAML too, and quoted or tagged scalars are never numbers.
         for text in [
             "_1",
@@ -862,7 +887,10 @@ mod tests {
             );
         }
         // 1_0... past 64 bits is not turned into another number.
-        assert!(!matches!(int("99_999_999_999_999_999_999"), Value::Int(_)));
+        assert!(!matches!(
+            int("99_999_999_999_999_999_999"),
+            Value::Int(_) | Value::UInt(_)
+        ));
     }
 
     fn json_error(text: &str) -> (Option<(usize, usize)>, String) {

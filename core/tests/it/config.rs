@@ -561,6 +561,42 @@ fn inline_search_space_and_search_space_file_give_the_same_config() {
     expect![[r#"{"optimizer":{"_type":"choice","_value":["sgd","adam"]},"lr":{"_type":"uniform","_value":[0.01,0.1]}}"#]].assert_eq(&serde_json::to_string(&inline.search_space).unwrap());
 }
 
+/// A search space's values are the numbers NNI (PyYAML, Python's ints) hands trials: YAML 1.1's
+/// `1_000` and `010` (H3 F1: the text "1_000", and 10), and a whole number past i64 within
+/// u64, in a YAML or JSON file (H3 F3: the float 1.8446744073709552e19).
+#[test]
+fn search_space_numbers_are_the_ones_nni_hands_trials() {
+    let json =
+        r#"{"seed": {"_type": "choice", "_value": [18446744073709551615, 9223372036854775808]}}"#;
+    let project = Project::new(&[("space.json", json)]);
+    let from_file = project.load(
+        "exp.yml",
+        &MINIMAL.replace(
+            "searchSpace: {x: {_type: choice, _value: [1, 2]}}",
+            "searchSpaceFile: space.json",
+        ),
+    );
+    expect![[r#"{"seed":{"_type":"choice","_value":[18446744073709551615,9223372036854775808]}}"#]]
+        .assert_eq(&serde_json::to_string(&from_file.search_space).unwrap());
+    let inline = project.load(
+        "exp.yml",
+        &MINIMAL.replace(
+            "_value: [1, 2]",
+            "_value: [1_000, 010, 0b11, 1:30, 18446744073709551615]",
+        ),
+    );
+    expect![[r#"{"x":{"_type":"choice","_value":[1000,8,3,90,18446744073709551615]}}"#]]
+        .assert_eq(&serde_json::to_string(&inline.search_space).unwrap());
+    let trials = project.load(
+        "exp.yml",
+        &MINIMAL.replace(
+            "trialConcurrency: 1",
+            "trialConcurrency: 1\nmaxTrialNumber: 1_000",
+        ),
+    );
+    assert_eq!(trials.max_trial_number, Some(1000));
+}
+
 #[test]
 fn json_config() {
     let project = Project::new(&[]);
