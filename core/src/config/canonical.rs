@@ -1,6 +1,7 @@
 //! The canonical text of a config, and the one serialization that keeps secrets.
 
-use saphyr::{LoadableYamlNode, Yaml, YamlEmitter};
+use saphyr::{Scalar, Yaml, YamlEmitter, YamlLoader};
+use saphyr_parser::{Parser, ScalarStyle};
 
 use super::model::ExperimentConfig;
 use super::yaml::{Node, Value};
@@ -93,25 +94,51 @@ fn write_json(node: &Node, secrets: &[&Node], out: &mut String) -> Result<(), St
 }
 
 fn json_to_yaml(json: &str) -> Result<String, String> {
-    let documents = Yaml::load_from_str(json).map_err(|error| error.to_string())?;
-    let document = documents.first().ok_or("empty document")?;
+    // Loaded without resolving scalars: a number keeps the digits serde_json wrote (a whole
+    // number past i64 read as a float printed 18446744073709551615 as 18446744073709552000.0),
+    // and each string is told apart from a number by its quotes (`as_written`).
+    let mut loader: YamlLoader<'_, Yaml<'_>> = YamlLoader::default();
+    loader.early_parse(false);
+    Parser::new_from_str(json)
+        .load(&mut loader, false)
+        .map_err(|error| error.to_string())?;
+    let document = loader
+        .into_documents()
+        .into_iter()
+        .next()
+        .ok_or("empty document")?;
     let mut text = String::new();
     YamlEmitter::new(&mut text)
-        .dump(document)
+        .dump(&as_written(document))
         .map_err(|error| error.to_string())?;
     let body = text.strip_prefix("---\n").unwrap_or(&text);
-    // The emitter writes null as `~`, which reads like a home folder next to our paths. A string
-    // "~" is always quoted by the emitter, so a bare `~` at the end of a line is a null.
-    let mut canonical = String::with_capacity(body.len() + 64);
-    for line in body.lines() {
-        match line.strip_suffix('~') {
-            Some(head) if head.ends_with(": ") || head.trim_start() == "- " => {
-                canonical.push_str(head);
-                canonical.push_str("null");
+    Ok(format!("{}\n", body.trim_end_matches('\n')))
+}
+
+/// A JSON document loaded unresolved ([`json_to_yaml`]) as YAML that reads back as the same
+/// values: numbers, booleans and null as serde_json wrote them (`null`, not the emitter's `~`,
+/// which reads like a home folder next to our paths), each string as a string, quoted where the
+/// config reader would otherwise read a number or a boolean (`'1_000'`, `'0b101'`, `'on'`: YAML
+/// 1.1's forms, which the emitter writes bare).
+fn as_written(node: Yaml<'_>) -> Yaml<'_> {
+    match node {
+        Yaml::Representation(text, ScalarStyle::DoubleQuoted | ScalarStyle::SingleQuoted, _) => {
+            // Such a string is made of digits, signs, letters, `_`, `.` and `:` only, so it
+            // can be written between double quotes as it is.
+            let verbatim = !text.contains(|c: char| c == '"' || c == '\\' || c.is_control());
+            if !super::yaml::plain_reads_as_text(&text) && verbatim {
+                Yaml::Representation(text, ScalarStyle::DoubleQuoted, None)
+            } else {
+                Yaml::Value(Scalar::String(text))
             }
-            _ => canonical.push_str(line),
         }
-        canonical.push('\n');
+        Yaml::Sequence(items) => Yaml::Sequence(items.into_iter().map(as_written).collect()),
+        Yaml::Mapping(entries) => Yaml::Mapping(
+            entries
+                .into_iter()
+                .map(|(key, value)| (as_written(key), as_written(value)))
+                .collect(),
+        ),
+        other => other,
     }
-    Ok(canonical)
 }

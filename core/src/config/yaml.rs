@@ -484,6 +484,20 @@ fn with_merged(merged: Vec<(Node, Node)>, entries: Vec<(Node, Node)>) -> Vec<(No
     all
 }
 
+/// Whether a plain (unquoted) scalar `text` reads back as that text: not a boolean, number or
+/// null under the rules [`parse`] applies (YAML 1.2's core schema and PyYAML's YAML 1.1 forms).
+/// A string that does not must be written quoted (`knob config check` prints `'1_000'`, which
+/// unquoted would read back as 1000).
+pub(crate) fn plain_reads_as_text(text: &str) -> bool {
+    yaml_1_1_boolean(text).is_none()
+        && yaml_1_1_number(text).is_none()
+        && past_i64(text).is_none()
+        && matches!(
+            resolve_scalar(Cow::Borrowed(text), ScalarStyle::Plain, None),
+            Some(Value::Str(read)) if read == text
+        )
+}
+
 /// YAML 1.1's booleans beyond `true`/`false`, which PyYAML (and so NNI) reads from a plain
 /// scalar: `yes`, `no`, `on`, `off` in any of their three cases. Under YAML 1.2 they are text:
 /// a search space's `choice` of `[on, off]` gave a trial "off", which Python takes as true.

@@ -839,6 +839,34 @@ trainingService: {platform: local, gpuIndices: 0}
     assert_eq!(stored, config);
 }
 
+/// Strings that look like YAML 1.1 numbers or booleans, whole numbers past i64 and small
+/// floats read back from the canonical form (`knob config check`'s output) as they were: the
+/// emitter wrote `'1_000'` and `'on'` bare (read back as 1000 and true) and
+/// 18446744073709551615 as 18446744073709552000.0.
+#[test]
+fn canonical_form_keeps_strings_that_look_like_numbers_and_large_numbers() {
+    let project = Project::new(&[]);
+    let text = r#"
+searchSpace:
+  x: {_type: choice, _value: ['1_000', '0b101', '1:30', 'on', 'null', '010', 18446744073709551615, 1.0e-7, 3.0, -0.0, null, 'a "quoted" \ text']}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {name: Random}
+trainingService: {platform: local}
+"#;
+    let config = project.load("exp.yml", text);
+    let canonical = config.to_canonical_yaml();
+    assert_eq!(
+        project.load("canonical.yml", &canonical),
+        config,
+        "{canonical}"
+    );
+    assert!(
+        canonical.contains("18446744073709551615") && !canonical.contains(": ~"),
+        "{canonical}"
+    );
+}
+
 #[test]
 fn warnings_for_accepted_but_ignored_fields() {
     check_fields(
