@@ -382,16 +382,34 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
     if left.is_empty() {
         outln!("experiment {id} deleted ({})", entry.dir.display());
     } else {
+        // `trials/` itself is left only when the store could not be read to tell the trials'
+        // folders from what someone put beside them: it is knob's, so not "not made by knob".
+        let trials_whole = entry.dir.join("trials");
+        let (whole, left): (Vec<PathBuf>, Vec<PathBuf>) =
+            left.into_iter().partition(|p| *p == trials_whole);
         // Relative to the folder: what is kept in `trials/` is named `trials/NAME`.
         let names: Vec<String> = left
             .iter()
             .filter_map(|p| p.strip_prefix(&entry.dir).ok())
             .map(|n| crate::table::printable(&n.to_string_lossy()))
             .collect();
+        let mut kept = Vec::new();
+        if !whole.is_empty() {
+            kept.push(
+                "trials/ whole (its store could not be read to tell the trials' folders from what was put beside them)"
+                    .to_string(),
+            );
+        }
+        if !names.is_empty() {
+            kept.push(format!(
+                "what knob did not make in it: {}",
+                names.join(", ")
+            ));
+        }
         outln!(
-            "experiment {id} deleted; {} is kept with what knob did not make in it: {}",
+            "experiment {id} deleted; {} is kept with {}",
             entry.dir.display(),
-            names.join(", ")
+            kept.join("; and ")
         );
     }
     Ok(ExitCode::SUCCESS)

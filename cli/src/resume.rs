@@ -145,7 +145,7 @@ fn prepare(
     // gone) leaves the experiment as it was, its budgets and status included.
     let search_space = match &args.search_space {
         Some(file) => {
-            let (_, space) = crate::space::read_space_value(file)?;
+            let (_, space) = crate::space::read_space_value(file).context("--search-space")?;
             manager::check_new_search_space(&space)
                 .map_err(|refusal| anyhow::anyhow!("{}: {refusal}", file.display()))?;
             Some(space)

@@ -95,7 +95,11 @@ fn render_frame(id: &str, snapshot: &Value, running: &Value, live: bool) -> Stri
         text(&snapshot["trial_total"]),
         text(&config["maxTrialNumber"]),
         text(&config["trialConcurrency"]),
-        text(&config["maxExperimentDuration"]),
+        // Seconds in the stored config, as the running time above.
+        match &config["maxExperimentDuration"] {
+            Value::Number(seconds) => format!("{seconds}s"),
+            other => text(other),
+        },
     ));
     if let Some(counts) = snapshot["trial_counts"].as_object() {
         let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{s} {n}")).collect();

@@ -1242,6 +1242,20 @@ fn a_search_space_the_tuner_refuses_is_refused_and_the_experiment_goes_on() {
         stderr.trim(),
         format!("error: {}: the search space is empty ({{}}): it would leave the tuner nothing to search and end the experiment; give at least one parameter", empty.display())
     );
+    // A file that is not there is named with the option that gave it.
+    let missing = sandbox.path().join("missing.json");
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["resume", "grid", "--port", "0", "--search-space"])
+        .arg(&missing));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: --search-space: cannot read {}: ",
+            missing.display()
+        )),
+        "{stderr}"
+    );
     std::fs::remove_file(&hold).unwrap();
     let space_file = sandbox.path().join("space.json");
     std::fs::write(

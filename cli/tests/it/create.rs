@@ -817,6 +817,42 @@ fn delete_keeps_what_was_put_in_the_trials_folder_beside_the_trials() {
     );
 }
 
+/// A delete whose store cannot be read keeps `trials/` whole (nothing tells the trials'
+/// folders from what was put beside them) and says why; it said `trials` was something knob
+/// had not made.
+#[test]
+fn delete_with_a_damaged_store_keeps_the_trials_folder_whole_and_says_why() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}"
+        ),
+        &[],
+    );
+    let (code, _, stderr) = sandbox.create(&config, "damaged");
+    assert_eq!(code, 0, "{stderr}");
+    let dir = sandbox.path().join("experiments/damaged");
+    std::fs::write(dir.join("trials/notes.txt"), "lr 0.1 was best").unwrap();
+    let store = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("experiment.db"))
+        .unwrap();
+    store.set_len(3000).unwrap();
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["experiment", "delete", "damaged", "--yes"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout.trim_end(),
+        format!(
+            "experiment damaged deleted; {} is kept with trials/ whole (its store could not be read to tell the trials' folders from what was put beside them)",
+            dir.display()
+        )
+    );
+    assert_eq!(std::fs::read_dir(dir.join("trials")).unwrap().count(), 3);
+}
+
 #[test]
 fn an_experiment_whose_folder_was_removed_by_hand_says_so_and_can_be_forgotten() {
     let sandbox = Sandbox::new();
