@@ -252,7 +252,8 @@ impl TreeBuilder {
                     if self.documents > 1 {
                         return Err(SyntaxError {
                             pos: Some(pos),
-                            message: "a config file holds one YAML document; found a second one"
+                            // Config and search-space files alike: neither is "a config".
+                            message: "a second YAML document starts here; the file must hold one (remove this `---` and what follows, or merge them)"
                                 .to_owned(),
                         });
                     }

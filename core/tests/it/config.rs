@@ -1415,7 +1415,7 @@ fn documents_that_are_not_configs() {
     check(
         &format!("{MINIMAL}---\n{MINIMAL}"),
         expect![[r#"
-        $DIR/exp.yml:6:1: malformed YAML: a config file holds one YAML document; found a second one
+        $DIR/exp.yml:6:1: malformed YAML: a second YAML document starts here; the file must hold one (remove this `---` and what follows, or merge them)
     "#]],
     );
     let project = Project::new(&[]);
