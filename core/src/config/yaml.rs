@@ -261,12 +261,7 @@ impl TreeBuilder {
                 Event::Scalar(text, style, anchor, tag) => {
                     let plain = style == ScalarStyle::Plain && tag.is_none();
                     self.merge_key = plain && text == "<<";
-                    let yaml_1_1 = plain
-                        .then(|| yaml_1_1_boolean(&text).map(Value::Bool))
-                        .flatten()
-                        .or_else(|| plain.then(|| yaml_1_1_number(&text)).flatten())
-                        .or_else(|| plain.then(|| past_i64(&text)).flatten());
-                    let value = match yaml_1_1 {
+                    let value = match plain.then(|| plain_as_pyyaml_reads_it(&text)).flatten() {
                         Some(value) => value,
                         None => resolve_scalar(text, style, tag.as_ref()).ok_or_else(|| {
                             SyntaxError {
@@ -490,13 +485,21 @@ fn with_merged(merged: Vec<(Node, Node)>, entries: Vec<(Node, Node)>) -> Vec<(No
 /// A string that does not must be written quoted (`knob config check` prints `'1_000'`, which
 /// unquoted would read back as 1000).
 pub(crate) fn plain_reads_as_text(text: &str) -> bool {
-    yaml_1_1_boolean(text).is_none()
-        && yaml_1_1_number(text).is_none()
-        && past_i64(text).is_none()
+    plain_as_pyyaml_reads_it(text).is_none()
         && matches!(
             resolve_scalar(Cow::Borrowed(text), ScalarStyle::Plain, None),
             Some(Value::Str(read)) if read == text
         )
+}
+
+/// What a plain scalar is where PyYAML (and so NNI) reads it otherwise than YAML 1.2's core
+/// schema does: YAML 1.1's booleans and numbers, and whole numbers past `i64`. `None`: as YAML
+/// 1.2 reads it.
+fn plain_as_pyyaml_reads_it(text: &str) -> Option<Value> {
+    yaml_1_1_boolean(text)
+        .map(Value::Bool)
+        .or_else(|| yaml_1_1_number(text))
+        .or_else(|| past_i64(text))
 }
 
 /// YAML 1.1's booleans beyond `true`/`false`, which PyYAML (and so NNI) reads from a plain
@@ -615,6 +618,14 @@ fn yaml_1_1_number(text: &str) -> Option<Value> {
 /// `18446744073709551615` became 1.8446744073709552e19, and a choice handed trials that other
 /// number where NNI (Python's ints) hands them the one written.
 fn past_i64(text: &str) -> Option<Value> {
+    // Most plain scalars are words: told apart before anything is copied.
+    if text.len() < 19
+        || !text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b == b'_' || b == b'+')
+    {
+        return None;
+    }
     let digits = text.strip_prefix('+').unwrap_or(text).replace('_', "");
     if digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
