@@ -877,6 +877,31 @@ fn null_non_finite(value: &mut Value) {
     }
 }
 
+/// A metric as the trial reported it ([`knob_plugin_api::Tuner::receive_trial_metric`]'s,
+/// NaN and the infinities as the SDK's strings) as Python's `json.dumps` writes it, the form
+/// NNI's trials give metric values in: those strings become the bare words again.
+pub fn python_json(metric: &Value) -> String {
+    match metric {
+        Value::String(text) if text == metric::NAN => "NaN".into(),
+        Value::String(text) if text == metric::INF => "Infinity".into(),
+        Value::String(text) if text == metric::NEG_INF => "-Infinity".into(),
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(python_json).collect();
+            format!("[{}]", items.join(", "))
+        }
+        Value::Object(map) => {
+            let entries: Vec<String> = map
+                .iter()
+                .map(|(key, value)| {
+                    format!("{}: {}", Value::from(key.as_str()), python_json(value))
+                })
+                .collect();
+            format!("{{{}}}", entries.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
 /// A number as Python's `json.dumps` writes it (NaN and the infinities included), the form
 /// NNI's trials give metric values in.
 pub fn python_number(value: f64) -> String {
@@ -1093,5 +1118,19 @@ print(sorted(done), time.monotonic() - started < 1.5)
         assert_eq!(python_number(f64::NAN), "NaN");
         assert_eq!(python_number(f64::NEG_INFINITY), "-Infinity");
         assert_eq!(python_number(0.5), "0.5");
+    }
+
+    #[test]
+    fn a_whole_metric_goes_back_to_the_json_python_reads_with_its_non_finite_words() {
+        let reported = r#"{"default": 0.5, "loss": NaN, "curve": [Infinity, -Infinity, 2], "s": "NaN", "n": {"k": "v"}}"#;
+        let parsed = metric::parse_lenient(reported).unwrap();
+        let text = python_json(&parsed);
+        // In the trial's order, as Python's dict keeps it; Python reads the words as floats,
+        // and a string that only spells one stays a string.
+        assert_eq!(
+            text,
+            r#"{"default": 0.5, "loss": NaN, "curve": [Infinity, -Infinity, 2], "s": "NaN", "n": {"k": "v"}}"#
+        );
+        assert_eq!(python_json(&json!(0.25)), "0.25");
     }
 }

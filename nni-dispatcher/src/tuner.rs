@@ -22,7 +22,7 @@ use knob_plugin_api::{log, Generated, ImportedTrial, PluginError, Suggestion, Tu
 use serde_json::{json, Value};
 
 use crate::args::{DispatcherArgs, Role};
-use crate::process::{parse_payload, python_number, Dispatcher, Python, WakeOn};
+use crate::process::{parse_payload, python_json, python_number, Dispatcher, Python, WakeOn};
 
 /// How long a `GE` may go unanswered before its id is deferred (a late `TR` still counts, and
 /// wakes the host). The host's loop waits while this call runs (for a stop, other trials'
@@ -70,6 +70,26 @@ pub struct DispatcherTuner {
 }
 
 impl DispatcherTuner {
+    /// Sends a trial's final result to NNI's dispatcher (`ME`, FINAL), `value` the JSON text
+    /// the trial reported (or its number's).
+    fn send_final(&mut self, parameter_id: u64, value: String) -> Result<(), PluginError> {
+        self.ensure_started()?;
+        let issued = self.issued(parameter_id)?.clone();
+        let metric = json!({
+            "parameter_id": issued.dispatcher_id,
+            "trial_job_id": trial_job_id(parameter_id),
+            "type": "FINAL",
+            "sequence": 0,
+            "value": value,
+        });
+        self.dispatcher
+            .as_mut()
+            .expect("started")
+            .send("ME", &metric.to_string())?;
+        self.finals_sent.insert(parameter_id);
+        self.absorb()
+    }
+
     fn ensure_started(&mut self) -> Result<&mut Dispatcher, PluginError> {
         if self.dispatcher.is_none() {
             let launch = self.args.launch(Role::Tuner, self.python.clone()).ok_or_else(|| {
@@ -316,21 +336,24 @@ impl Tuner for DispatcherTuner {
         _parameters: &Value,
         value: f64,
     ) -> Result<(), PluginError> {
-        self.ensure_started()?;
-        let issued = self.issued(parameter_id)?.clone();
-        let metric = json!({
-            "parameter_id": issued.dispatcher_id,
-            "trial_job_id": trial_job_id(parameter_id),
-            "type": "FINAL",
-            "sequence": 0,
-            "value": python_number(value),
-        });
-        self.dispatcher
-            .as_mut()
-            .expect("started")
-            .send("ME", &metric.to_string())?;
-        self.finals_sent.insert(parameter_id);
-        self.absorb()
+        self.send_final(parameter_id, python_number(value))
+    }
+
+    /// NNI hands its tuner the final result as the trial reported it: a dict whole, whose
+    /// entries a user's own class may read (`value['accuracy']`); its built-in tuners take the
+    /// default number out themselves (`extract_scalar_reward`).
+    fn takes_whole_metrics() -> bool {
+        true
+    }
+
+    fn receive_trial_metric(
+        &mut self,
+        parameter_id: u64,
+        _parameters: &Value,
+        _value: f64,
+        metric: &Value,
+    ) -> Result<(), PluginError> {
+        self.send_final(parameter_id, python_json(metric))
     }
 
     fn trial_end(&mut self, parameter_id: u64, status: &str) -> Result<(), PluginError> {

@@ -270,6 +270,13 @@ pub struct PluginModule {
             RStr<'_>,
             EventSinkBox,
         ) -> AbiResult<TrainingServiceWithRequestsBox>,
+    /// Whether the tuner of this name takes a final result as the trial reported it (ABI 1.6):
+    /// its `receive_trial_result` then gets, where the metric could be read, the parameters
+    /// wrapped with the whole metric (`crate::metric::wrap_whole`: a dict's every entry, not
+    /// only its default number). NNI's tuners are handed what the trial reported, and a user's
+    /// own class may read any entry. A library without this field never does.
+    #[sabi(missing_field(option))]
+    pub tuner_takes_whole_metrics: extern "C" fn(RStr<'_>) -> bool,
     // ---- appended-fields: end ----
 }
 
@@ -465,10 +472,71 @@ pub mod earlier_layouts {
         }
     }
 
+    /// ABI 1.5: `create_training_service_with_requests` appended (before
+    /// `tuner_takes_whole_metrics`).
+    // Only its layout is used, never its accessors.
+    #[allow(dead_code)]
+    pub mod abi_1_5 {
+        use super::*;
+
+        #[repr(C)]
+        #[derive(StableAbi)]
+        #[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
+        #[sabi(missing_field(panic))]
+        pub struct PluginModule {
+            pub components: extern "C" fn() -> RVec<AbiComponentInfo>,
+            pub set_host_logger: extern "C" fn(HostLoggerBox),
+            pub new_tuner: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<TunerBox>,
+            pub new_assessor: extern "C" fn(RStr<'_>, RStr<'_>) -> AbiResult<AssessorBox>,
+            #[sabi(last_prefix_field)]
+            pub new_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub check_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub create_training_service: extern "C" fn(
+                RStr<'_>,
+                RStr<'_>,
+                RStr<'_>,
+                EventSinkBox,
+            )
+                -> AbiResult<TrainingServiceBox>,
+            #[sabi(missing_field(option))]
+            pub clean_up_training_service:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<RString>,
+            #[sabi(missing_field(option))]
+            pub new_assessor_in_context:
+                extern "C" fn(RStr<'_>, RStr<'_>, RStr<'_>) -> AbiResult<AssessorInContextBox>,
+            #[sabi(missing_field(option))]
+            pub tuner_takes_objectives: extern "C" fn(RStr<'_>) -> bool,
+            #[sabi(missing_field(option))]
+            pub new_tuner_with_waker:
+                extern "C" fn(RStr<'_>, RStr<'_>, EventSinkBox) -> AbiResult<AbiWakingTuner>,
+            #[sabi(missing_field(option))]
+            pub new_assessor_with_waker: extern "C" fn(
+                RStr<'_>,
+                RStr<'_>,
+                RStr<'_>,
+                EventSinkBox,
+            )
+                -> AbiResult<AssessorInContextBox>,
+            #[sabi(missing_field(option))]
+            pub create_training_service_with_requests:
+                extern "C" fn(
+                    RStr<'_>,
+                    RStr<'_>,
+                    RStr<'_>,
+                    EventSinkBox,
+                ) -> AbiResult<TrainingServiceWithRequestsBox>,
+        }
+    }
+
     /// Newest first: the layouts a library may have been built with, besides the current one,
     /// each with the ABI version that had it.
-    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 5] {
+    pub fn newest_first() -> [(&'static str, &'static TypeLayout); 6] {
         [
+            ("1.5.0", <abi_1_5::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.4.0", <abi_1_4::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.3.0", <abi_1_3::PluginModuleRef as StableAbi>::LAYOUT),
             ("1.2.0", <abi_1_2::PluginModuleRef as StableAbi>::LAYOUT),
@@ -495,7 +563,7 @@ impl RootModule for PluginModuleRef {
 /// The ABI version as a literal, for `concat!`.
 macro_rules! abi_version {
     () => {
-        "1.5.0"
+        "1.6.0"
     };
 }
 
@@ -512,6 +580,8 @@ macro_rules! abi_version {
 ///   assessor's late kills wake the host at once, issue 14);
 /// - 1.5.0: `create_training_service_with_requests` ([`TrainingServiceWithRequestsAbi`]: the host
 ///   asks a running service to delete a replaced PBT member's checkpoint folder, issue 15).
+/// - 1.6.0: `tuner_takes_whole_metrics` (a tuner may take a final result as the trial reported
+///   it, a dict's every entry: NNI's tuners through its dispatcher).
 ///
 /// Plugins built before ABI versions existed export only [`API_VERSION_SYMBOL`] (0.1.x); the
 /// host takes them as ABI 1.0.0 or 1.1.0, whichever layout their root module has.

@@ -136,6 +136,41 @@ fn protect_non_finite(raw: &str) -> String {
     out
 }
 
+// A final result goes to a tuner that takes whole metrics (`Tuner::takes_whole_metrics`) with
+// its parameters, as `{"$knob_metric": {"parameters": {...}, "metric": <the metric>}}`, and
+// only to a tuner whose library said it does (`PluginModule::tuner_takes_whole_metrics`), so
+// no tuner built before ever sees it. It cannot be a trial's parameters: `SearchSpace::parse`
+// refuses a top-level parameter of that name.
+pub(crate) const WHOLE_ENVELOPE_KEY: &str = "$knob_metric";
+
+/// The JSON text of parameters with the whole metric (the host sends it; a plugin only
+/// unwraps).
+#[cfg(feature = "host")]
+pub(crate) fn wrap_whole(parameters: &Value, metric: &Value) -> String {
+    serde_json::json!({
+        WHOLE_ENVELOPE_KEY: {"parameters": parameters, "metric": metric}
+    })
+    .to_string()
+}
+
+/// Splits what the host sent into parameters and the whole metric (`None` for anything else).
+pub(crate) fn unwrap_whole(value: Value) -> Result<(Value, Option<Value>), String> {
+    let Value::Object(mut outer) = value else {
+        return Ok((value, None));
+    };
+    if outer.len() != 1 || !outer.contains_key(WHOLE_ENVELOPE_KEY) {
+        return Ok((Value::Object(outer), None));
+    }
+    let Some(Value::Object(mut inner)) = outer.remove(WHOLE_ENVELOPE_KEY) else {
+        return Err(format!("{WHOLE_ENVELOPE_KEY} is not an object"));
+    };
+    let parameters = inner.remove("parameters").unwrap_or(Value::Null);
+    let metric = inner
+        .remove("metric")
+        .ok_or_else(|| format!("{WHOLE_ENVELOPE_KEY} has no metric"))?;
+    Ok((parameters, Some(metric)))
+}
+
 fn abbreviate(raw: &str) -> String {
     const MAX: usize = 60;
     let trimmed = raw.trim();

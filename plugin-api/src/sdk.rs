@@ -303,6 +303,30 @@ pub trait Tuner: Send + 'static {
         let value = outcome.values.first().copied().unwrap_or(f64::NAN);
         self.receive_trial_result(parameter_id, parameters, value)
     }
+    /// Whether this tuner takes a final result as the trial reported it: the host then calls
+    /// [`Tuner::receive_trial_metric`] with the whole metric (a dict's every entry) where it
+    /// could read it. NNI hands its tuners what the trial reported, and a user's own tuner class
+    /// may read any entry of a dict; knob's own tuners optimise the default number.
+    fn takes_whole_metrics() -> bool
+    where
+        Self: Sized,
+    {
+        false
+    }
+    /// The final result of a trial for a tuner that [takes whole
+    /// metrics](Tuner::takes_whole_metrics): `value` is its default number (NaN when it has
+    /// none), `metric` the metric as reported, parsed (NaN and the infinities in it are the
+    /// strings [`crate::metric::NAN`], [`crate::metric::INF`] and [`crate::metric::NEG_INF`]).
+    /// The default hands `value` to [`Tuner::receive_trial_result`].
+    fn receive_trial_metric(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        value: f64,
+        _metric: &Value,
+    ) -> Result<(), PluginError> {
+        self.receive_trial_result(parameter_id, parameters, value)
+    }
     /// An intermediate result of a population member ([`Generated::Member`]), with its number
     /// and whether the member had saved a checkpoint by then. Only members' results come here;
     /// answer through [`Tuner::take_suggestions`] ([`Suggestion::stop`], [`Suggestion::member`]).
@@ -850,6 +874,15 @@ impl<T: Tuner> TunerAbi for TunerAdaptor<T> {
                 }
                 Err(parameters) => parameters,
             };
+            // Only a tuner that takes whole metrics is sent one (`tuner_takes_whole_metrics`).
+            let parameters = match crate::metric::unwrap_whole(parameters)
+                .map_err(|e| PluginError::new(format!("{label}: invalid metric from host: {e}")))?
+            {
+                (parameters, Some(metric)) => {
+                    return inner.receive_trial_metric(parameter_id, &parameters, value, &metric)
+                }
+                (parameters, None) => parameters,
+            };
             // Only a tuner that takes objectives is sent an outcome (`tuner_takes_objectives`).
             match crate::objectives::unwrap(parameters)
                 .map_err(|e| PluginError::new(format!("{label}: invalid outcome from host: {e}")))?
@@ -1254,11 +1287,13 @@ pub mod __private {
     pub type AssessorWakingCtor =
         fn(&str, &Value, &AssessorContext, Waker) -> Result<AssessorInContextBox, PluginError>;
 
-    /// A tuner's constructors (without and with a waker) and whether it takes vector objectives.
+    /// A tuner's constructors (without and with a waker) and whether it takes vector objectives
+    /// and whole metrics.
     pub struct TunerFns {
         pub create: TunerCtor,
         pub create_waking: TunerWakingCtor,
         pub takes_objectives: fn() -> bool,
+        pub takes_whole_metrics: fn() -> bool,
     }
 
     pub enum Ctor {
@@ -1451,6 +1486,13 @@ pub mod __private {
         entries.iter().any(|e| {
             e.name == name.as_str()
                 && matches!(&e.ctor, Ctor::Tuner(fns) if (fns.takes_objectives)())
+        })
+    }
+
+    pub fn tuner_takes_whole_metrics(entries: &[Entry], name: RStr<'_>) -> bool {
+        entries.iter().any(|e| {
+            e.name == name.as_str()
+                && matches!(&e.ctor, Ctor::Tuner(fns) if (fns.takes_whole_metrics)())
         })
     }
 
@@ -1840,6 +1882,9 @@ macro_rules! export_plugin {
                     events,
                 )
             }
+            extern "C" fn tuner_takes_whole_metrics(name: p::RStr<'_>) -> bool {
+                p::tuner_takes_whole_metrics(__KNOB_PLUGIN_ENTRIES, name)
+            }
             // ---- appended-fields: end ----
             fn root_module() -> p::PluginModuleRef {
                 <p::PluginModule as p::PrefixTypeTrait>::leak_into_prefix(p::PluginModule {
@@ -1857,6 +1902,7 @@ macro_rules! export_plugin {
                     new_tuner_with_waker,
                     new_assessor_with_waker,
                     create_training_service_with_requests,
+                    tuner_takes_whole_metrics,
                     // ---- appended-fields: end ----
                 })
             }
@@ -1878,6 +1924,7 @@ macro_rules! __knob_ctor {
             create: $crate::__private::tuner_ctor::<$ty>,
             create_waking: $crate::__private::tuner_waking_ctor::<$ty>,
             takes_objectives: <$ty as $crate::Tuner>::takes_objectives,
+            takes_whole_metrics: <$ty as $crate::Tuner>::takes_whole_metrics,
         })
     };
     (assessor, $ty:ty) => {

@@ -220,6 +220,56 @@ fn check_custom_tuner(python: &Path, id: &str) {
     }
 }
 
+/// NNI hands a tuner the final result as the trial reported it: a user's own class that reads
+/// an entry of a dict final other than 'default' (`value['accuracy']`) got a float, the
+/// default alone, under knob, and failed.
+fn check_whole_dict_final(python: &Path, id: &str) {
+    let sandbox = tempfile::tempdir().unwrap();
+    let code = code_dir(sandbox.path());
+    let record_file = sandbox.path().join("tuner-record.jsonl");
+    let algorithms = format!(
+        "tuner:\n  className: walk_tuner.WalkTuner\n  codeDirectory: .\n  pythonInterpreter: {}\n  classArgs: {{record: {}, seed: 3}}",
+        python.display(),
+        record_file.display()
+    );
+    let config = write_config(&code, python, 2, "2 0 dict", &algorithms);
+    let (export, output) = create_and_export(sandbox.path(), &config, id);
+    let events = record(&record_file);
+    let context = format!("{export:#}\n{output}\nrecord: {events:#?}");
+    assert_eq!(export["experiment"]["status"], "DONE", "{context}");
+    let trials = export["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2, "{context}");
+    for trial in trials {
+        assert_eq!(trial["status"], "SUCCEEDED", "{context}");
+        let x = trial["parameters"]["x"].as_f64().unwrap();
+        let final_value = trial["final"].as_f64().unwrap();
+        assert_eq!(final_value, -(x - 0.3) * (x - 0.3), "{context}");
+        let result = events
+            .iter()
+            .find(|e| e["event"] == "result" && e["parameters"] == trial["parameters"])
+            .unwrap_or_else(|| panic!("no result for trial {}\n{context}", trial["id"]));
+        assert_eq!(
+            result["value"],
+            serde_json::json!({"default": final_value, "accuracy": x, "epochs": 2, "tags": ["a", "b"]}),
+            "{context}"
+        );
+    }
+}
+
+#[test]
+fn a_users_nni_tuner_is_handed_a_dict_final_whole_under_nni_3() {
+    if let Some(python) = prerequisite::NNI3_PYTHON.path() {
+        check_whole_dict_final(&python, "wholedict3");
+    }
+}
+
+#[test]
+fn a_users_nni_tuner_is_handed_a_dict_final_whole_under_nni_2_10() {
+    if let Some(python) = prerequisite::NNI2_PYTHON.path() {
+        check_whole_dict_final(&python, "wholedict2");
+    }
+}
+
 #[test]
 fn a_users_nni_tuner_by_class_name_runs_under_nni_3() {
     if let Some(python) = prerequisite::NNI3_PYTHON.path() {

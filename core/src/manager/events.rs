@@ -473,6 +473,10 @@ impl Manager {
                 || decoded.is_err()
                 || self.assessor.is_some()
                 || trial.lineage.is_some();
+            // A tuner that takes the metric as reported (NNI's, whose user's class may read
+            // any entry of a dict) is given its text with the value.
+            let whole = (matches!(kind, MetricKind::Final) && self.tuner.takes_whole_metrics())
+                .then(|| raw.clone());
             let ack = self.store.append(StoreEvent::Metric {
                 trial_id: trial_id.clone(),
                 attempt: trial.attempt.max(1),
@@ -486,16 +490,16 @@ impl Manager {
             });
             if acted_on {
                 turn = Turn::Changed;
-                recorded.push((ack, trial_id, kind, decoded));
+                recorded.push((ack, trial_id, kind, decoded, whole));
             } else {
                 self.unsettled
                     .push_back(super::event_loop::Unsettled::metric(ack, trial_id));
             }
         }
         let mut durable = Vec::with_capacity(recorded.len());
-        for (ack, trial_id, kind, decoded) in recorded {
+        for (ack, trial_id, kind, decoded, whole) in recorded {
             match ack.await {
-                Ok(_) => durable.push((trial_id, kind, decoded)),
+                Ok(_) => durable.push((trial_id, kind, decoded, whole)),
                 // The same report delivered twice (a retried PUT, say) is stored once.
                 Err(StoreError::Rejected {
                     reason: Rejection::DuplicateMetric { .. },
@@ -507,9 +511,9 @@ impl Manager {
                 Err(e) => return Err(e.into()),
             }
         }
-        for (trial_id, kind, decoded) in durable {
+        for (trial_id, kind, decoded, whole) in durable {
             match (kind, decoded) {
-                (_, Ok(value)) => self.act_on_metric(trial_id, kind, value).await?,
+                (_, Ok(value)) => self.act_on_metric(trial_id, kind, value, whole).await?,
                 (MetricKind::Final, Err(reason))
                     if self
                         .book
@@ -649,7 +653,7 @@ impl Manager {
             format!("{reason}; the tuner sees it as NaN (the worst)"),
         )
         .await?;
-        self.act_on_metric(trial_id, MetricKind::Final, f64::NAN)
+        self.act_on_metric(trial_id, MetricKind::Final, f64::NAN, None)
             .await
     }
 
@@ -708,12 +712,14 @@ impl Manager {
         Ok(())
     }
 
-    /// Hands a recorded metric to the assessor (intermediate) or the tuner (final).
+    /// Hands a recorded metric to the assessor (intermediate) or the tuner (final; `whole`, the
+    /// metric as reported, for a tuner that takes it).
     pub(super) async fn act_on_metric(
         &mut self,
         trial_id: String,
         kind: MetricKind,
         value: f64,
+        whole: Option<String>,
     ) -> Result<(), ManagerError> {
         let Some(trial) = self.book.get_mut(&trial_id) else {
             return Ok(());
@@ -773,7 +779,7 @@ impl Manager {
                 trial.result_ranks = crate::objectives::outcome_ranks(value, outcome.as_ref());
                 // Told, not waited for: `fill` takes its answer in (see `TunerDriver`).
                 self.tuner
-                    .final_result(parameter_id, parameters, value, outcome);
+                    .final_result(parameter_id, parameters, value, outcome, whole);
                 // Told, as to the tuner: an assessor that fails costs what it would have learnt
                 // (a warning when its answer comes).
                 if let Some(assessor) = &mut self.assessor {

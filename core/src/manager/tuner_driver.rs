@@ -521,21 +521,33 @@ impl TunerDriver {
         self.pending.push_back(Pending::Told(reply));
     }
 
+    /// Whether the tuner takes a final result as the trial reported it (see `final_result`).
+    pub fn takes_whole_metrics(&self) -> bool {
+        self.tuner.takes_whole_metrics()
+    }
+
     /// Hands the tuner a trial's final result: its outcome, in an experiment with objectives
-    /// whose final could be read, else the value. Told, not waited for: its answer is taken in
-    /// as it comes.
+    /// whose final could be read; else the metric as reported (`raw`, given only to a tuner
+    /// that [takes it](TunerDriver::takes_whole_metrics)) with its value; else the value. Told,
+    /// not waited for: its answer is taken in as it comes.
     pub fn final_result(
         &mut self,
         parameter_id: u64,
         parameters: Value,
         value: f64,
         outcome: Option<Outcome>,
+        raw: Option<String>,
     ) {
-        let reply = match outcome {
-            Some(outcome) => self
-                .tuner
-                .receive_trial_outcome(parameter_id, parameters, outcome),
-            None => self
+        let reply = match (outcome, raw) {
+            (Some(outcome), _) => {
+                self.tuner
+                    .receive_trial_outcome(parameter_id, parameters, outcome)
+            }
+            (None, Some(raw)) => {
+                self.tuner
+                    .receive_trial_metric(parameter_id, parameters, value, raw)
+            }
+            (None, None) => self
                 .tuner
                 .receive_trial_result(parameter_id, parameters, value),
         };
@@ -686,7 +698,7 @@ mod tests {
         };
         assert_eq!(suggestion.parameter_id, 11);
         assert_eq!(driver.in_flight(), 0);
-        driver.final_result(13, json!({"x": 0.2}), 0.75, None);
+        driver.final_result(13, json!({"x": 0.2}), 0.75, None, None);
         driver.settle().await.unwrap();
         assert_eq!(
             *calls.lock().unwrap(),
@@ -798,7 +810,7 @@ mod tests {
             Handout::Parameters { .. }
         ));
         // Told: neither waits for the tuner's answer, and the failure is not seen yet.
-        driver.final_result(0, json!({"x": 0.1}), 0.5, None);
+        driver.final_result(0, json!({"x": 0.1}), 0.5, None, None);
         driver.trial_ended(0, TrialStatus::Succeeded);
         // The next call takes the answers in first: the failure ends it, as it would have
         // ended the final result's own call; the tuner got the end after the result.

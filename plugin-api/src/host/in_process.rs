@@ -23,11 +23,12 @@ use crate::{
 /// A tuner handle over `tuner`, labelled `tuner <name>` in errors.
 pub fn tuner<T: Tuner>(name: &str, tuner: T) -> TunerHandle {
     let object = tuner_object(name, tuner);
-    TunerHandle(
-        PluginThread::inline(object.label.clone(), object),
-        T::takes_objectives(),
-        false,
-    )
+    TunerHandle {
+        takes_objectives: T::takes_objectives(),
+        wakes: false,
+        takes_whole_metrics: T::takes_whole_metrics(),
+        thread: PluginThread::inline(object.label.clone(), object),
+    }
 }
 
 /// [`tuner`] on a thread of its own, as a plugin's tuner runs: a call that takes long (a model
@@ -42,6 +43,7 @@ fn tuner_object<T: Tuner>(name: &str, tuner: T) -> TunerObject {
         label: format!("tuner {name}"),
         takes_objectives: T::takes_objectives(),
         wakes: false,
+        takes_whole_metrics: T::takes_whole_metrics(),
     }
 }
 

@@ -864,12 +864,17 @@ impl PluginRegistry {
             .module
             .tuner_takes_objectives()
             .is_some_and(|takes| takes(RStr::from_str(&exact)));
+        let takes_whole_metrics = library
+            .module
+            .tuner_takes_whole_metrics()
+            .is_some_and(|takes| takes(RStr::from_str(&exact)));
         // ---- appended-fields: end ----
         Ok(TunerObject {
             raw,
             label: format!("tuner {exact}"),
             takes_objectives,
             wakes: false,
+            takes_whole_metrics,
         })
     }
 
@@ -975,11 +980,16 @@ impl PluginRegistry {
             .module
             .tuner_takes_objectives()
             .is_some_and(|takes| takes(RStr::from_str(&exact)));
+        let takes_whole_metrics = library
+            .module
+            .tuner_takes_whole_metrics()
+            .is_some_and(|takes| takes(RStr::from_str(&exact)));
         Ok(TunerObject {
             raw: built.tuner,
             label: format!("tuner {exact}"),
             takes_objectives,
             wakes: built.wakes,
+            takes_whole_metrics,
         })
     }
 

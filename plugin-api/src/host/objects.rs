@@ -51,6 +51,9 @@ pub struct TunerObject {
     /// Whether it was given a waker and keeps it (`Tuner::set_waker`, ABI 1.4): it may answer
     /// deferred ids outside any call.
     pub(super) wakes: bool,
+    /// Whether its library says it takes a final result as the trial reported it
+    /// (`Tuner::takes_whole_metrics`, ABI 1.6); a library built before does not.
+    pub(super) takes_whole_metrics: bool,
 }
 
 impl TunerObject {
@@ -152,6 +155,31 @@ impl TunerObject {
             "receive_trial_result",
             self.raw
                 .receive_trial_result(parameter_id, RStr::from_str(&parameters), value),
+        )?;
+        self.take_suggestions()
+    }
+
+    /// Hands over a final result with the metric as the trial reported it (`raw`, its text):
+    /// the whole metric, a dict's every entry, to a tuner that [takes
+    /// it](crate::Tuner::takes_whole_metrics), and `value` (its default number) to any other,
+    /// or when `raw` cannot be read.
+    pub fn receive_trial_metric(
+        &mut self,
+        parameter_id: u64,
+        parameters: &Value,
+        value: f64,
+        raw: &str,
+    ) -> Result<Vec<Suggestion>, HostError> {
+        let metric = match crate::metric::parse_lenient(raw) {
+            Ok(metric) if self.takes_whole_metrics => metric,
+            _ => return self.receive_trial_result(parameter_id, parameters, value),
+        };
+        let wrapped = crate::metric::wrap_whole(parameters, &metric);
+        called(
+            &self.label,
+            "receive_trial_result",
+            self.raw
+                .receive_trial_result(parameter_id, RStr::from_str(&wrapped), value),
         )?;
         self.take_suggestions()
     }
@@ -703,44 +731,47 @@ impl<R> Reply<R> {
 }
 
 /// A tuner running on its own thread.
-pub struct TunerHandle(
-    pub(super) PluginThread<TunerObject>,
-    pub(super) bool,
+pub struct TunerHandle {
+    pub(super) thread: PluginThread<TunerObject>,
+    /// [`TunerObject::takes_objectives`].
+    pub(super) takes_objectives: bool,
     /// Whether it may wake the host ([`TunerObject::wakes`]).
-    pub(super) bool,
-);
+    pub(super) wakes: bool,
+    /// [`TunerObject::takes_whole_metrics`].
+    pub(super) takes_whole_metrics: bool,
+}
 
 impl TunerHandle {
     /// Runs `object` on a thread of its own.
     pub fn new(object: TunerObject) -> TunerHandle {
-        let (takes_objectives, wakes) = (object.takes_objectives, object.wakes);
-        TunerHandle(
-            PluginThread::spawn(object.label.clone(), object),
-            takes_objectives,
-            wakes,
-        )
+        TunerHandle {
+            takes_objectives: object.takes_objectives,
+            wakes: object.wakes,
+            takes_whole_metrics: object.takes_whole_metrics,
+            thread: PluginThread::spawn(object.label.clone(), object),
+        }
     }
 
     /// Lets the tuner go once the calls already made have run; resolves when it has been
     /// dropped (see `PluginThread::close`).
     pub fn close(self) -> impl std::future::Future<Output = ()> {
-        self.0.close()
+        self.thread.close()
     }
     pub fn label(&self) -> &str {
-        &self.0.label
+        &self.thread.label
     }
     /// Whether the tuner may answer deferred ids on its own and wake the host
     /// ([`crate::Tuner::set_waker`]).
     pub fn wakes(&self) -> bool {
-        self.2
+        self.wakes
     }
     /// What the tuner produced unprompted since the last call (after it woke the host).
     pub fn take_suggestions(&self) -> Reply<Vec<Suggestion>> {
-        self.0.call(|t| t.take_suggestions())
+        self.thread.call(|t| t.take_suggestions())
     }
     /// Whether the tuner takes vector objectives ([`crate::Tuner::takes_objectives`]).
     pub fn takes_objectives(&self) -> bool {
-        self.1
+        self.takes_objectives
     }
     pub fn receive_trial_outcome(
         &self,
@@ -748,14 +779,16 @@ impl TunerHandle {
         parameters: Value,
         outcome: crate::Outcome,
     ) -> Reply<Vec<Suggestion>> {
-        self.0
+        self.thread
             .call(move |t| t.receive_trial_outcome(parameter_id, &parameters, &outcome))
     }
     pub fn update_search_space(&self, search_space: Value) -> Reply<()> {
-        self.0.call(move |t| t.update_search_space(&search_space))
+        self.thread
+            .call(move |t| t.update_search_space(&search_space))
     }
     pub fn generate_parameters(&self, parameter_id: u64) -> Reply<Generated> {
-        self.0.call(move |t| t.generate_parameters(parameter_id))
+        self.thread
+            .call(move |t| t.generate_parameters(parameter_id))
     }
     pub fn receive_trial_result(
         &self,
@@ -763,11 +796,28 @@ impl TunerHandle {
         parameters: Value,
         value: f64,
     ) -> Reply<Vec<Suggestion>> {
-        self.0
+        self.thread
             .call(move |t| t.receive_trial_result(parameter_id, &parameters, value))
     }
+    /// Whether the tuner takes a final result as the trial reported it
+    /// ([`crate::Tuner::takes_whole_metrics`]).
+    pub fn takes_whole_metrics(&self) -> bool {
+        self.takes_whole_metrics
+    }
+    /// [`TunerObject::receive_trial_metric`].
+    pub fn receive_trial_metric(
+        &self,
+        parameter_id: u64,
+        parameters: Value,
+        value: f64,
+        raw: String,
+    ) -> Reply<Vec<Suggestion>> {
+        self.thread
+            .call(move |t| t.receive_trial_metric(parameter_id, &parameters, value, &raw))
+    }
     pub fn trial_end(&self, parameter_id: u64, status: String) -> Reply<Vec<Suggestion>> {
-        self.0.call(move |t| t.trial_end(parameter_id, &status))
+        self.thread
+            .call(move |t| t.trial_end(parameter_id, &status))
     }
     pub fn receive_intermediate_result(
         &self,
@@ -775,11 +825,11 @@ impl TunerHandle {
         intermediate: crate::population::Intermediate,
         value: f64,
     ) -> Reply<Vec<Suggestion>> {
-        self.0
+        self.thread
             .call(move |t| t.receive_intermediate_result(parameter_id, intermediate, value))
     }
     pub fn import_data(&self, trials: Vec<ImportedTrial>) -> Reply<()> {
-        self.0.call(move |t| t.import_data(&trials))
+        self.thread.call(move |t| t.import_data(&trials))
     }
 }
 

@@ -51,10 +51,11 @@ fn parse_space(
         if depth == 0
             && (name == crate::labeled::ENVELOPE_KEY
                 || name == crate::objectives::ENVELOPE_KEY
+                || name == crate::metric::WHOLE_ENVELOPE_KEY
                 || crate::population::is_reserved(name))
         {
-            // The names mark labeled parameters and outcomes crossing the ABI
-            // (`crate::labeled`, `crate::objectives`).
+            // The names mark labeled parameters, outcomes and whole metrics crossing the ABI
+            // (`crate::labeled`, `crate::objectives`, `crate::metric`).
             errors.push(SpaceError::param(
                 &path,
                 "this name is reserved by knob; rename the parameter".to_string(),

@@ -1,5 +1,6 @@
 """An unmodified-style NNI trial: `steps` intermediate results (x, then x again...), waiting
-for the assessor's verdict between them when asked to, then -(x - 0.3)^2 as its final, as
+for the assessor's verdict between them when asked to, then -(x - 0.3)^2 as its final (with
+`dict` as the third argument, as the 'default' of a dict with more entries), as
 `d * d` rather than `d ** 2`: `**` is libm's pow, which may round the last bit otherwise than
 the tests' own `d * d`, and the tests compare the stored final exactly. It also writes the parameter id it was given
 (`parameter_id.json` in its output folder), which NNI gives as its dispatcher sent it."""
@@ -21,4 +22,10 @@ for step in range(steps):
     nni.report_intermediate_result(x)
     time.sleep(pause)
 distance = x - 0.3
-nni.report_final_result(-(distance * distance))
+if len(sys.argv) > 3 and sys.argv[3] == 'dict':
+    # A dict final, as NNI's docs show: the tuner optimises 'default', a user's own tuner may
+    # read the rest.
+    nni.report_final_result({'default': -(distance * distance), 'accuracy': x, 'epochs': steps,
+                             'tags': ['a', 'b']})
+else:
+    nni.report_final_result(-(distance * distance))
