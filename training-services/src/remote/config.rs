@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use knob_plugin_api::config::{quoted, ConfigReader, Field, Fields};
+use knob_plugin_api::config::{quoted, ConfigReader, Field, Fields, REDACTED};
 use knob_plugin_api::service::{CheckedConfig, ConfigProblem, FieldPath, ServiceContext};
 use serde_json::{json, Map, Value};
 
@@ -252,12 +252,27 @@ fn read_machine(reader: &mut ConfigReader<'_>, item: &Value, path: FieldPath) ->
     let ssh_key_file = fields.take("sshKeyFile").and_then(|field| {
         let key = reader.path(&field)?;
         match key_file_problem(&key) {
-            None => Some(key),
+            None => Some((key, field.path.clone())),
             Some(problem) => {
                 reader.error(&field.path, problem);
                 None
             }
         }
+    });
+    // An encrypted key without its passphrase (or with a wrong one) was found only once the
+    // experiment ran, and the host was then tried again for an hour while every trial waited.
+    let ssh_key_file = ssh_key_file.map(|(key, key_path)| {
+        let passphrase = ssh_passphrase.as_deref().filter(|p| *p != REDACTED);
+        if ssh_passphrase.is_none() || passphrase.is_some() {
+            if let Some(problem) = key_passphrase_problem(&key, passphrase) {
+                let at = match passphrase {
+                    Some(_) => fields.path().field("sshPassphrase"),
+                    None => key_path,
+                };
+                reader.error(&at, problem);
+            }
+        }
+        key
     });
     let shortcut = |name: &str| {
         reader
@@ -429,6 +444,29 @@ fn key_file_problem(key: &Path) -> Option<String> {
         ));
     }
     None
+}
+
+/// Why `key` cannot be decrypted with `passphrase` (none given: whether it needs one), if it
+/// cannot. Never shows the passphrase.
+fn key_passphrase_problem(key: &Path, passphrase: Option<&str>) -> Option<String> {
+    let shown = quoted(key);
+    // Only a key that is encrypted can have a wrong passphrase: one russh cannot read at all
+    // is said at login, as before, naming the key.
+    let Err(russh::keys::Error::KeyIsEncrypted) = russh::keys::load_secret_key(key, None) else {
+        return None;
+    };
+    match passphrase {
+        None => Some(format!(
+            "SSH key file {shown} is encrypted: give its passphrase as sshPassphrase"
+        )),
+        Some(passphrase) => russh::keys::load_secret_key(key, Some(passphrase))
+            .err()
+            .map(|_| {
+                format!(
+                    "cannot decrypt SSH key file {shown} with this passphrase; give the key's own passphrase"
+                )
+            }),
+    }
 }
 
 /// Whether `text` begins as a public key file: OpenSSH's one line (`ssh-ed25519 AAAA… comment`)

@@ -84,14 +84,21 @@ pub enum SshError {
     /// The host cannot run knob's agent as it is (architecture, version, no binary).
     #[error("{target}: {what}")]
     Setup { target: String, what: String },
+    /// The machine's `sshKeyFile` cannot be loaded (encrypted without its passphrase, a wrong
+    /// one, no key): trying the host again reads the same file with the same passphrase.
+    #[error("{target}: {what}")]
+    Key { target: String, what: String },
 }
 
 impl SshError {
-    /// Host-key and authentication failures do not heal by retrying.
+    /// Host-key, key-file and authentication failures do not heal by retrying.
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            SshError::HostKey { .. } | SshError::AuthRejected { .. } | SshError::Setup { .. }
+            SshError::HostKey { .. }
+                | SshError::AuthRejected { .. }
+                | SshError::Setup { .. }
+                | SshError::Key { .. }
         )
     }
 }
@@ -392,7 +399,7 @@ async fn authenticate(
     if let Some(key_file) = &machine.ssh_key_file {
         let passphrase = machine.ssh_passphrase.as_ref().map(|p| p.expose());
         let key = russh::keys::load_secret_key(key_file, passphrase.as_deref())
-            .map_err(|e| SshError::Session {
+            .map_err(|e| SshError::Key {
                 target: target.clone(),
                 what: match e {
                     russh::keys::Error::KeyIsEncrypted => format!(

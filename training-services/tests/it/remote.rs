@@ -1382,12 +1382,17 @@ fn an_encrypted_key_needs_its_passphrase_and_errors_never_show_it() {
         reason.contains("is encrypted: give its sshPassphrase"),
         "{reason}"
     );
+    // The same file with the same passphrase is read the same way again: the host was tried
+    // for an hour while every trial waited for it.
+    let given_up = "; knob does not try this host again in this run";
+    assert!(reason.ends_with(given_up), "{reason}");
 
     let events = Events::default();
     let wrong = "wrong-Phrase-13";
     let service = connect(with(Some(wrong)), &events, &agent_root(&sshd));
     let reason = not_ready_reason(&service);
     assert!(reason.contains("cannot load sshKeyFile"), "{reason}");
+    assert!(reason.ends_with(given_up), "{reason}");
     let everything = format!("{reason} {:?}", events.all());
     assert!(
         !everything.contains(wrong) && !everything.contains(passphrase),

@@ -113,6 +113,50 @@ fn remote_refuses_a_key_file_that_is_a_folder_a_public_key_or_no_key_at_its_line
     );
 }
 
+/// An encrypted `sshKeyFile` without its `sshPassphrase`, or with a wrong one, passed
+/// `config check` and `knob create`, and its host was then tried again for an hour while every
+/// trial waited for it. The passphrase is never shown; a stored config's placeholder is not
+/// checked (`knob resume` reads the passphrase again).
+#[test]
+fn remote_refuses_an_encrypted_key_without_its_passphrase_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("id_ed25519");
+    let passphrase = "right-Phrase-41";
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", passphrase, "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen (openssh-client)");
+    assert!(made.success());
+    let machine = |host: &str, phrase: Option<&str>| {
+        let mut machine = json!({"host": host, "user": "u", "sshKeyFile": key});
+        if let Some(phrase) = phrase {
+            machine["sshPassphrase"] = json!(phrase);
+        }
+        machine
+    };
+    let config = json!({"machineList": [
+        machine("h0", None),
+        machine("h1", Some("wrong-Phrase-13")),
+        machine("h2", Some(passphrase)),
+    ]});
+    let shown = format!("{:?}", key.display().to_string());
+    assert_eq!(
+        problems("remote", config, &ServiceContext::default()),
+        [
+            format!("machineList[0].sshKeyFile: SSH key file {shown} is encrypted: give its passphrase as sshPassphrase"),
+            format!("machineList[1].sshPassphrase: cannot decrypt SSH key file {shown} with this passphrase; give the key's own passphrase"),
+        ]
+    );
+    let stored = ServiceContext {
+        stored: true,
+        ..ServiceContext::default()
+    };
+    let config = json!({"machineList": [machine("h0", Some(knob_plugin_api::config::REDACTED))]});
+    let checked = check_built_in("remote", &config, &stored).unwrap();
+    assert!(checked.is_ok(), "{checked:?}");
+}
+
 /// `user@host` and `host:port` in `host` passed `config check` and failed at the address
 /// lookup, naming neither the field nor the fix; an IPv6 address is a host.
 #[test]
