@@ -895,6 +895,7 @@ impl Host {
         }
         remote.trial_dir = trial_dir;
         if let Some(python) = &self.machine.python_path {
+            let python = &super::setup::expand_python_path(python, &link.paths.home);
             let base = remote
                 .env
                 .get("PATH")

@@ -70,6 +70,27 @@ pub struct HostPaths {
     pub environment_dir: String,
     /// `PATH` of a command run over SSH there, for `pythonPath` to go in front of.
     pub path_variable: String,
+    /// The login user's home there, for a `pythonPath` written with `~`.
+    pub home: String,
+}
+
+/// `python_path` (one folder, or several joined by `:`) with each folder's leading `~` made the
+/// host's `home`, as the shell does in NNI's unquoted `export PATH=<pythonPath>:$PATH`. Kept
+/// as `~`, `PATH` held a folder no `execvp` finds: bash's own lookup expands it, but
+/// `#!/usr/bin/env python3` scripts, `env python3` and a trial's `subprocess` ran the system's
+/// Python instead.
+pub fn expand_python_path(python_path: &str, home: &str) -> String {
+    python_path
+        .split(':')
+        .map(|folder| match folder {
+            "~" => home.to_string(),
+            _ => match folder.strip_prefix("~/") {
+                Some(rest) => format!("{}/{rest}", home.trim_end_matches('/')),
+                None => folder.to_string(),
+            },
+        })
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// "Linux x86_64", as `uname -sm` prints it, for this machine.
@@ -190,6 +211,7 @@ pub async fn prepare_host(
         path_variable: path_variable
             .unwrap_or("/usr/local/bin:/usr/bin:/bin")
             .to_string(),
+        home: home.trim().to_string(),
     })
 }
 
@@ -305,6 +327,16 @@ mod tests {
         assert_eq!(resolve_root("knob", "/home/me/"), "/home/me/knob");
         assert_eq!(normalize_platform("Darwin arm64\n"), "Darwin aarch64");
         assert_eq!(normalize_platform("Linux x86_64"), "Linux x86_64");
+    }
+
+    #[test]
+    fn a_python_path_under_home_is_made_absolute_folder_by_folder() {
+        let expand = |path| expand_python_path(path, "/home/me/");
+        assert_eq!(expand("~/venv/bin"), "/home/me/venv/bin");
+        assert_eq!(expand("~"), "/home/me/");
+        assert_eq!(expand("/opt/py/bin:~/bin"), "/opt/py/bin:/home/me/bin");
+        // Another user's home is not known here; a relative folder is the trial's.
+        assert_eq!(expand("~bob/bin:venv/bin"), "~bob/bin:venv/bin");
     }
 
     /// Runs the upload command with `input` as what arrived, as the host's shell does.

@@ -1268,6 +1268,41 @@ fn without_reuse_each_trial_gets_its_own_code_copy_and_python_path_leads_path() 
     service.stop();
 }
 
+/// A `pythonPath` written with `~` (`~/venv/bin`, as NNI users write it: NNI's unquoted
+/// `export PATH=...` expands it) went into `PATH` as `~/venv/bin`, which only bash's own lookup
+/// finds: `env python3`, a `#!/usr/bin/env python3` script and a trial's `subprocess` ran the
+/// system's Python instead. It is the host's home now.
+#[test]
+fn a_python_path_under_the_home_folder_leads_path_for_every_program() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    // The fixture's sessions have its folder as their home.
+    let venv = sshd.dir().join("venv/bin");
+    std::fs::create_dir_all(&venv).unwrap();
+    let python = venv.join("python3");
+    std::fs::write(&python, "#!/bin/sh\necho KNOB_FINAL 7\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut args = world.args(vec![key_machine(&sshd)]);
+    args["machineList"][0]["pythonPath"] = json!("~/venv/bin");
+    let events = Events::default();
+    let mut service = connect(args, &events, &agent_root(&sshd));
+    let command = "echo \"PATH=$PATH\" >&2; env python3";
+    service.start(&world.request(&sshd, "p1", command)).unwrap();
+    let events = events.wait_ended("p1");
+    let (exit_code, _, _, stderr) = ending(&events);
+    assert_eq!(exit_code, Some(0), "{events:?}");
+    assert!(
+        stderr.contains(&format!("PATH={}:", venv.display())),
+        "{stderr}"
+    );
+    assert_eq!(metrics(&events).len(), 1, "{events:?}");
+    service.stop();
+}
+
 /// The host keeps one upload of the code (`code/<hash>/`) for every experiment that sends the
 /// same code, and trials ran in it: what one experiment's trial wrote there (an edited config, a
 /// saved model, a deleted file) was what the next experiment's trials found, days later, under
