@@ -97,10 +97,16 @@ pub fn check_config(
                     let Some(machine) = read_machine(&mut reader, item, path.clone()) else {
                         continue;
                     };
+                    // Host names are one whatever their case (`gpu1.lab` and `GPU1.lab` are
+                    // the one machine, else driven twice, as two environments); user names
+                    // are not.
                     let login = format!(
                         "{}@{}:{}",
                         machine["user"].as_str().unwrap_or_default(),
-                        machine["host"].as_str().unwrap_or_default(),
+                        machine["host"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_ascii_lowercase(),
                         machine["port"]
                     );
                     match listed.iter().find(|(earlier, _)| *earlier == login) {

@@ -253,6 +253,17 @@ fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
         problems("remote", twice, &ServiceContext::default()),
         ["machineList[2]: repeats machineList[0] (alice@h1:22); list each machine once"]
     );
+    // A host name in another case is the same machine; a user name in another case is
+    // another user.
+    let twice = json!({"machineList": [
+        {"host": "gpu1.lab", "user": "alice", "password": "pw"},
+        {"host": "GPU1.Lab", "user": "alice", "password": "pw"},
+        {"host": "GPU1.Lab", "user": "Alice", "password": "pw"},
+    ]});
+    assert_eq!(
+        problems("remote", twice, &ServiceContext::default()),
+        ["machineList[1]: repeats machineList[0] (alice@gpu1.lab:22); list each machine once"]
+    );
 
     // The placeholder knob prints is refused in a config the user wrote, not in a stored one.
     let placeholder = json!({"machineList": [{"host": "h1", "user": "alice", "password": "***"}]});
