@@ -329,6 +329,16 @@ async fn connect_unbounded(
                 target: target.clone(),
                 message,
             },
+            // Closed before the handshake was done: said as russh's bare "Disconnected", which
+            // named neither cause (not an SSH server on that port; sshd dropping connections
+            // beyond its `MaxStartups`).
+            HandlerError::Russh(russh::Error::Disconnect) => SshError::Connect {
+                target: target.clone(),
+                why: format!(
+                    "the server on port {} closed the connection before the SSH handshake was done (is it sshd? a busy sshd also drops new connections beyond its MaxStartups)",
+                    machine.port
+                ),
+            },
             HandlerError::Russh(e) => SshError::Connect {
                 target: target.clone(),
                 why: describe_russh(&e),

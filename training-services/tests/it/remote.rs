@@ -831,6 +831,41 @@ fn a_start_refused_by_the_agent_says_the_trial_was_not_started() {
     service.stop();
 }
 
+/// A port where another server answers (a web server, say: it answers knob's SSH greeting
+/// with an error and closes) was said as russh's bare "cannot connect: Disconnected".
+#[test]
+fn a_port_where_no_sshd_answers_is_said_so() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = web.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in web.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut greeting = [0u8; 256];
+            let _ = stream.read(&mut greeting);
+            let _ = stream.write_all(b"HTTP/1.0 400 Bad Request\r\n\r\n");
+        }
+    });
+    let machine = json!({
+        "host": "127.0.0.1", "port": port, "user": sshd.user(),
+        "sshKeyFile": sshd.client_key_path(),
+    });
+    let events = Events::default();
+    let service = connect(world.args(vec![machine]), &events, &agent_root(&sshd));
+    let why = not_ready_reason(&service);
+    assert!(
+        why.contains(&format!(
+            "cannot connect: the server on port {port} closed the connection before the SSH handshake was done (is it sshd?"
+        )) && why.contains("knob keeps trying it"),
+        "{why}"
+    );
+}
+
 #[test]
 fn two_hosts_with_one_unreachable_run_on_the_other() {
     let Some(sshd) = start_sshd(key_options()) else {
