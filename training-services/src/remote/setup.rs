@@ -151,10 +151,21 @@ pub async fn prepare_host(
     let mut lines = text.lines();
     let (Some(uname), Some(home), path_variable) = (lines.next(), lines.next(), lines.next())
     else {
-        return Err(SshError::Session {
-            target,
-            what: format!("`uname -sm` failed there: {}", probe.failure_summary()),
-        });
+        // What the login printed instead of running the probe (a nologin shell's "This account
+        // is currently not available.", a forced command of authorized_keys) is the answer:
+        // only stderr was said, such as "Could not chdir to home directory", or "exit status 0".
+        let said = text.trim();
+        let what = if said.is_empty() {
+            format!("`uname -sm` failed there: {}", probe.failure_summary())
+        } else {
+            format!(
+                "knob's commands did not run there: the login printed {:?} ({}); is {} an account with a login shell, and its key free of a forced command in authorized_keys?",
+                said.chars().take(200).collect::<String>(),
+                probe.failure_summary(),
+                machine.user
+            )
+        };
+        return Err(SshError::Session { target, what });
     };
     let root = resolve_root(&args.agent_root, home.trim());
     let layout = HostLayout {

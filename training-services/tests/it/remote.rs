@@ -866,6 +866,40 @@ fn a_port_where_no_sshd_answers_is_said_so() {
     );
 }
 
+/// A login that runs something else than knob's commands (a nologin shell, here a forced
+/// command in authorized_keys that says so) had what it printed dropped, and was said as
+/// "`uname -sm` failed there: exit status 1" (or sshd's "Could not chdir to home directory").
+#[test]
+fn a_login_that_does_not_run_knobs_commands_says_what_it_printed() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    let public_key = std::fs::read_to_string(sshd.client_key_path().with_extension("pub")).unwrap();
+    std::fs::write(
+        sshd.dir().join("authorized_keys"),
+        format!(
+            "command=\"echo This account is currently not available.; exit 1\" {}",
+            public_key.trim()
+        ),
+    )
+    .unwrap();
+    let events = Events::default();
+    let service = connect(
+        world.args(vec![key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    let why = not_ready_reason(&service);
+    assert!(
+        why.contains(
+            "knob's commands did not run there: the login printed \"This account is currently not available.\" (exit status 1); is "
+        ),
+        "{why}"
+    );
+}
+
 #[test]
 fn two_hosts_with_one_unreachable_run_on_the_other() {
     let Some(sshd) = start_sshd(key_options()) else {
