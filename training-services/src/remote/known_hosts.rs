@@ -27,7 +27,19 @@ pub fn recorded_keys(path: &Path, host: &str, port: u16) -> Result<Recorded, Str
     let file = path.display();
     let unreadable =
         |e: &dyn std::fmt::Display| format!("cannot read known hosts file {file}: {e}");
-    let text = std::fs::read_to_string(path).map_err(|e| unreadable(&e))?;
+    // A file not made yet records nothing, as ssh takes it. As an error it refused the host
+    // for good (a fresh user's `~/.ssh/known_hosts`, a `knownHostsFile` that `config check`
+    // lets `acceptNewHostKey` create), so `acceptNewHostKey` could never make the file.
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Recorded {
+                keys: Vec::new(),
+                skipped: Vec::new(),
+            })
+        }
+        Err(e) => return Err(unreadable(&e)),
+    };
     let host = host.to_ascii_lowercase();
     let skipped: Vec<usize> = text
         .lines()

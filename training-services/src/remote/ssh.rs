@@ -175,6 +175,16 @@ impl HostKeyCheck {
             ));
         }
         if self.accept_new {
+            // A missing `~/.ssh` is made as ssh makes it, for its user only (russh would make
+            // it readable by all).
+            if let Some(folder) = self.known_hosts.parent().filter(|f| !f.exists()) {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(folder)
+                    .map_err(|e| format!("cannot add the host key to {file}: {e}"))?;
+            }
             // Lowercased, as OpenSSH writes names (and as they are looked up).
             russh::keys::known_hosts::learn_known_hosts_path(
                 &self.host.to_ascii_lowercase(),

@@ -465,6 +465,32 @@ fn accept_new_host_key_appends_it_but_a_changed_key_is_refused() {
         std::fs::read_to_string(world.known_hosts()).unwrap(),
         changed
     );
+
+    // A known-hosts file not made yet (a fresh user's `~/.ssh/known_hosts`) was "cannot read
+    // known hosts file": the host was refused for good, and acceptNewHostKey could not help.
+    let fresh = world.dir.path().join("fresh-home/.ssh/known_hosts");
+    let mut args = world.args(vec![key_machine(&sshd)]);
+    args["knownHostsFile"] = json!(fresh);
+    let events = Events::default();
+    let service = connect(args.clone(), &events, &agent_root(&sshd));
+    let reason = not_ready_reason(&service);
+    assert!(
+        reason.contains("unknown host key") && reason.contains("acceptNewHostKey: true"),
+        "{reason}"
+    );
+    args["machineList"][0]["acceptNewHostKey"] = json!(true);
+    let events = Events::default();
+    let mut service = connect(args, &events, &agent_root(&sshd));
+    assert!(service.environments_now()[0].ready);
+    service.stop();
+    let learned = std::fs::read_to_string(&fresh).unwrap();
+    assert!(learned.contains(key_blob), "{learned}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(fresh.parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
 }
 
 /// A known_hosts that pins only the host's RSA key (`ssh-keyscan -t rsa`, an entry older than
