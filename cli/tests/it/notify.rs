@@ -873,6 +873,20 @@ fn bad_notifications_are_refused_naming_the_field() {
         error: CONFIG:13:51: notifications.email.caFile: cannot read "SANDBOX/code/missing.pem": No such file or directory
     "#]]
     .assert_eq(&check("  email: {host: '', port: 0, password: x, caFile: missing.pem, from: a@b.c, to: a@b.c}"));
+    // lettre connects to (host, port): a host with a port, a scheme or brackets passed here and
+    // every send failed with "failed to lookup address information".
+    expect![[r#"
+        error: CONFIG:13:17: notifications.email.host: "127.0.0.1:2525" holds a port (2525); write the server's name or address alone, e.g. smtp.example.com (the port goes under port, TLS under security)
+    "#]]
+    .assert_eq(&check("  email: {host: 127.0.0.1:2525, from: a@b.c, to: a@b.c}"));
+    expect![[r#"
+        error: CONFIG:13:17: notifications.email.host: "smtps://smtp.example.com" is a URL (smtps://); write the server's name or address alone, e.g. smtp.example.com (the port goes under port, TLS under security)
+    "#]]
+    .assert_eq(&check("  email: {host: smtps://smtp.example.com, from: a@b.c, to: a@b.c}"));
+    expect![[r#"
+        error: CONFIG:13:17: notifications.email.host: "[::1]": write an IPv6 address without brackets (::1)
+    "#]]
+    .assert_eq(&check("  email: {host: '[::1]', from: a@b.c, to: a@b.c}"));
     // A caFile without a certificate in it: lettre took it as none and the mail failed later,
     // at the TLS handshake, for a reason that did not name the file.
     let code = sandbox.path().join("code");

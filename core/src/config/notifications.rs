@@ -594,7 +594,16 @@ fn read_email(reader: &mut Reader, field: &Field<'_>) -> Option<EmailConfig> {
     let errors_before = reader.errors.len();
     let mut fields = Fields::open(reader, field.node, &field.path)?;
     let host = match fields.take("host") {
-        Some(field) => reader.non_empty_string(&field).map(|h| h.trim().to_owned()),
+        Some(field) => reader
+            .non_empty_string(&field)
+            .map(|h| h.trim().to_owned())
+            .and_then(|host| match smtp_host_problem(&host) {
+                Some(problem) => {
+                    reader.error(field.node.pos, &field.path, problem);
+                    None
+                }
+                None => Some(host),
+            }),
         None => {
             let path = fields.child_path("host");
             reader.error(
@@ -734,6 +743,36 @@ fn pem_certificates(pem: &[u8]) -> Result<usize, String> {
         Err(Error::Base64Decode(_)) => Err("a block is not base64".to_string()),
         Err(error) => Err(error.to_string()),
     })
+}
+
+/// Why `host` cannot be the SMTP server's name, if it cannot: lettre connects to `(host, port)`,
+/// so a URL, a `host:port` or a bracketed IPv6 address passed `config check` and every send then
+/// failed with "failed to lookup address information", a line that named neither the field nor
+/// what was wrong with it.
+fn smtp_host_problem(host: &str) -> Option<String> {
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return None;
+    }
+    let fix = "write the server's name or address alone, e.g. smtp.example.com (the port goes under port, TLS under security)";
+    if let Some((scheme, _)) = host.split_once("://") {
+        return Some(format!("{host:?} is a URL ({scheme}://); {fix}"));
+    }
+    if let Some(inside) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        if inside.parse::<std::net::Ipv6Addr>().is_ok() {
+            return Some(format!(
+                "{host:?}: write an IPv6 address without brackets ({inside})"
+            ));
+        }
+    }
+    if let Some((_, port)) = host.rsplit_once(':') {
+        if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) {
+            return Some(format!("{host:?} holds a port ({port}); {fix}"));
+        }
+    }
+    if host.contains(|c: char| c.is_whitespace() || "/@:[]?#".contains(c)) {
+        return Some(format!("{host:?} is not a host name; {fix}"));
+    }
+    None
 }
 
 fn is_loopback(host: &str) -> bool {
