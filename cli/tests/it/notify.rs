@@ -1381,6 +1381,39 @@ notifications:
     assert!(elsewhere.accept().is_err(), "the redirect was followed");
 }
 
+/// An `https://` webhook URL whose port serves plain HTTP failed with rustls's words alone
+/// ("received corrupt message of type InvalidContentType"), naming neither TLS nor the scheme.
+#[test]
+fn an_https_webhook_on_a_plain_http_port_says_the_server_does_not_speak_tls() {
+    let sandbox = Sandbox::new();
+    let plain = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("https://{}{WEBHOOK_PATH}", plain.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut stream in plain.incoming().flatten() {
+            let mut request = [0u8; 65536];
+            let _ = stream.read(&mut request);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        }
+    });
+    let config = sandbox.config(
+        &format!("{EXPERIMENT}\nnotifications:\n  webhook: {{url: \"{url}\"}}"),
+        &[],
+    );
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["notify", "test", "--config"])
+        .arg(&config));
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.trim_end().ends_with(": failed: io: received corrupt message of type InvalidContentType; the server on that port does not speak TLS: write http:// for a plain HTTP server (only on a trusted network), or give the port it serves HTTPS on"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(WEBHOOK_PATH), "{stdout}");
+}
+
 /// A webhook that accepts and reads every request and never answers; keeps each request's
 /// `knob.event`, in the order they came.
 struct Silent {

@@ -147,7 +147,13 @@ fn send_webhook(
     }
     let response = request.send_json(&body).map_err(|error| match error {
         ureq::Error::Timeout(_) => no_answer(),
-        error => one_line(&error.to_string()),
+        error => {
+            let text = one_line(&error.to_string());
+            match webhook_advice(config, &text) {
+                Some(advice) => format!("{text}; {advice}"),
+                None => text,
+            }
+        }
     })?;
     let status = response.status();
     if status.is_success() {
@@ -159,6 +165,20 @@ fn send_webhook(
     } else {
         Err(format!("the server answered {status}"))
     }
+}
+
+/// What to change when the error says an `https://` URL reached a server that answered in plain
+/// HTTP: rustls's own words ("received corrupt message of type InvalidContentType") named
+/// neither TLS nor the URL's scheme, as lettre's did for mail (`smtp_advice`).
+fn webhook_advice(config: &WebhookConfig, error: &str) -> Option<&'static str> {
+    let https = config
+        .url
+        .expose()
+        .get(..8)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
+    (https && (error.contains("InvalidContentType") || error.contains("corrupt message"))).then_some(
+        "the server on that port does not speak TLS: write http:// for a plain HTTP server (only on a trusted network), or give the port it serves HTTPS on",
+    )
 }
 
 fn send_email(
