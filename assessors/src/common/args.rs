@@ -119,9 +119,12 @@ impl ClassArgs {
             .as_f64()
             .filter(|v| v.fract() == 0.0)
             .filter(|v| (f64::from(*range.start())..=f64::from(*range.end())).contains(v));
+        // "of at least N" alone refused a value far above N (`grace_period: 1e11`) as if it
+        // were below it: a value past the end is told the end.
+        let past_the_end = value.as_f64().is_some_and(|v| v > f64::from(*range.end()));
         match in_range {
             Some(v) => Ok(Some(v as u32)),
-            None if *range.end() == u32::MAX => Err(self.error(format!(
+            None if *range.end() == u32::MAX && !past_the_end => Err(self.error(format!(
                 "{name} must be a whole number of at least {}, got {value}",
                 range.start()
             ))),

@@ -72,6 +72,15 @@ fn bad_values_are_refused_with_what_is_allowed() {
         r#"{"eta": 1}"#,
         expect!["classArgs of ASHA: eta must be a whole number of at least 2, got 1"],
     );
+    // Past the largest whole number it takes: said so, not "at least 0".
+    check::<AshaAssessor>(
+        r#"{"grace_period": 100000000000}"#,
+        expect!["classArgs of ASHA: grace_period must be a whole number from 0 to 4294967295, got 100000000000"],
+    );
+    check::<ThresholdAssessor>(
+        r#"{"lower": 0, "n_warmup_steps": 1e20}"#,
+        expect!["classArgs of Threshold: n_warmup_steps must be a whole number from 0 to 4294967295, got 1e+20"],
+    );
     check::<AshaAssessor>(
         r#"{"min_resource": 4, "max_resource": 4}"#,
         expect!["classArgs of ASHA: max_resource (4) must be above min_resource (4)"],
