@@ -122,6 +122,16 @@ impl Node {
     /// Converts to JSON (search spaces and class args travel as JSON). Mapping keys become
     /// strings as `json.dumps` would make them; non-finite floats have no JSON form.
     pub fn to_json(&self) -> Result<serde_json::Value, (Option<Pos>, String)> {
+        self.to_json_at(&mut Vec::new())
+    }
+
+    /// [`Node::to_json`], `path` leading to this node from the one converted: the error names
+    /// the entry that has no JSON form (`lower` in classArgs), which the caller's field alone
+    /// (`assessor.classArgs`) did not.
+    fn to_json_at(
+        &self,
+        path: &mut Vec<String>,
+    ) -> Result<serde_json::Value, (Option<Pos>, String)> {
         Ok(match &self.value {
             Value::Null => serde_json::Value::Null,
             Value::Bool(b) => serde_json::Value::Bool(*b),
@@ -129,11 +139,17 @@ impl Node {
             Value::UInt(u) => serde_json::Value::from(*u),
             Value::Float(f) => match serde_json::Number::from_f64(*f) {
                 Some(number) => serde_json::Value::Number(number),
-                None => return Err((self.pos, format!("{f} cannot be represented in JSON"))),
+                None => return Err((self.pos, non_finite_message(*f, path))),
             },
             Value::Str(text) => serde_json::Value::String(text.clone()),
             Value::Seq(items) => {
-                serde_json::Value::Array(items.iter().map(Node::to_json).collect::<Result<_, _>>()?)
+                let mut array = Vec::with_capacity(items.len());
+                for (index, item) in items.iter().enumerate() {
+                    path.push(format!("[{index}]"));
+                    array.push(item.to_json_at(path)?);
+                    path.pop();
+                }
+                serde_json::Value::Array(array)
             }
             Value::Map(entries) => {
                 let mut object = serde_json::Map::new();
@@ -144,12 +160,39 @@ impl Node {
                         }
                         _ => key.key_text(),
                     };
-                    object.insert(key_text, value.to_json()?);
+                    path.push(key_text.clone());
+                    object.insert(key_text, value.to_json_at(path)?);
+                    path.pop();
                 }
                 serde_json::Value::Object(object)
             }
         })
     }
+}
+
+/// Why a NaN or an infinity cannot be converted, naming the entry (`lower`, `x._value[1]`) and
+/// what to write: "inf cannot be represented in JSON" named neither, and a `1e400` the user
+/// wrote came back as "inf".
+fn non_finite_message(value: f64, path: &[String]) -> String {
+    let entry = if path.is_empty() {
+        "the value".to_owned()
+    } else {
+        path.iter()
+            .enumerate()
+            .map(|(i, step)| match (i, step.starts_with('[')) {
+                (0, _) | (_, true) => step.clone(),
+                _ => format!(".{step}"),
+            })
+            .collect()
+    };
+    let what = if value.is_nan() {
+        "NaN (.nan)".to_owned()
+    } else if value > 0.0 {
+        "infinite (.inf, or a number past 1.8e308)".to_owned()
+    } else {
+        "minus infinity (-.inf, or a number past -1.8e308)".to_owned()
+    };
+    format!("{entry} is {what}, which has no JSON form (it is passed on as JSON); write a finite number")
 }
 
 fn pos_of(span: &Span) -> Pos {

@@ -1814,3 +1814,25 @@ trainingService:
         "#]],
     );
 }
+
+/// classArgs and search spaces are passed on as JSON, which has no NaN or infinity: the error
+/// said "inf cannot be represented in JSON" against the whole `classArgs`, naming neither the
+/// entry nor what to write (and a `1e400` the user wrote came back as "inf").
+#[test]
+fn a_nan_or_an_infinity_in_class_args_or_the_space_names_its_entry() {
+    check(
+        "\
+searchSpace: {x: {_type: uniform, _value: [0, 1e400]}}
+trialCommand: python3 trial.py
+trialConcurrency: 1
+tuner: {name: Random, classArgs: {seed: 1, limits: {lower: -.inf}}}
+assessor: {name: Threshold, classArgs: {lower: .nan}}
+trainingService: {platform: local}
+",
+        expect![[r#"
+            $DIR/exp.yml:1:47: searchSpace: x._value[1] is infinite (.inf, or a number past 1.8e308), which has no JSON form (it is passed on as JSON); write a finite number
+            $DIR/exp.yml:4:60: tuner.classArgs: limits.lower is minus infinity (-.inf, or a number past -1.8e308), which has no JSON form (it is passed on as JSON); write a finite number
+            $DIR/exp.yml:5:48: assessor.classArgs: lower is NaN (.nan), which has no JSON form (it is passed on as JSON); write a finite number
+        "#]],
+    );
+}
