@@ -1381,6 +1381,56 @@ notifications:
     assert!(elsewhere.accept().is_err(), "the redirect was followed");
 }
 
+/// A server whose certificate a private CA signed, without `caFile`: the failure was rustls's
+/// "invalid peer certificate: UnknownIssuer" alone, which named neither caFile nor the CA.
+#[test]
+fn a_private_cas_server_without_ca_file_says_to_give_it() {
+    let Some(python) = prerequisite::SMTPD_PYTHON.path() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let Some((ca, cert, key)) = certificates(&sandbox.path().join("tls")) else {
+        return;
+    };
+    let smtpd = Smtpd::start(
+        &python,
+        &sandbox.path().join("smtpd"),
+        &[
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let notify_test = |ca_file: &str| {
+        let config = sandbox.config(
+            &format!(
+                "{EXPERIMENT}\nnotifications:\n  email: {{host: localhost, port: {}, security: starttls, from: knob@example.com, to: me@example.com{ca_file}}}",
+                smtpd.port
+            ),
+            &[],
+        );
+        let (code, stdout, stderr) = run(sandbox
+            .knob()
+            .args(["notify", "test", "--config"])
+            .arg(&config));
+        (
+            code,
+            stdout.replace(&smtpd.port.to_string(), "PORT"),
+            stderr,
+        )
+    };
+    let (code, stdout, stderr) = notify_test("");
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    expect![[r#"
+        email to me@example.com via localhost:PORT: failed: network error: invalid peer certificate: UnknownIssuer; the server's certificate is not signed by a CA knob trusts (Mozilla's roots): give its CA's certificate (PEM) as notifications.email.caFile
+    "#]]
+    .assert_eq(&stdout);
+    let (code, stdout, stderr) = notify_test(&format!(", caFile: {}", ca.display()));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    wait_for("the test mail", || smtpd.mails().len() == 1);
+}
+
 /// An `https://` webhook URL whose port serves plain HTTP failed with rustls's words alone
 /// ("received corrupt message of type InvalidContentType"), naming neither TLS nor the scheme.
 #[test]

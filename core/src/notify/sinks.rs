@@ -228,6 +228,17 @@ fn smtp_advice(config: &EmailConfig, error: &str) -> Option<String> {
             "the server on port {port} does not speak TLS at once: set notifications.email.security to starttls (a port such as 587) or none"
         ));
     }
+    // rustls's "invalid peer certificate: UnknownIssuer" alone: a private CA's server, which
+    // `caFile` is for, named neither the setting nor what to give it.
+    if error.contains("UnknownIssuer") {
+        return Some(match &config.ca_file {
+            None => "the server's certificate is not signed by a CA knob trusts (Mozilla's roots): give its CA's certificate (PEM) as notifications.email.caFile".to_string(),
+            Some(ca_file) => format!(
+                "the server's certificate is signed neither by a CA of Mozilla's roots nor by one in caFile {}: give the CA that signed it",
+                ca_file.display()
+            ),
+        });
+    }
     if error.contains("No compatible authentication mechanism") {
         return Some(match config.security {
             SmtpSecurity::None => "the server offers no login method knob knows without TLS: set notifications.email.security to starttls or tls, or drop user and password".to_string(),
