@@ -35,6 +35,12 @@ pub enum StoreError {
     /// was rolled back whole, so the store holds every event before it.
     #[error("{path}: the disk is full ({message}); the experiment store holds everything written before this; free space on its filesystem, then continue the experiment with `knob resume`")]
     DiskFull { path: String, message: String },
+    /// SQLITE_READONLY: this user may not write the file or its folder (another user's
+    /// experiment, a folder shared read-only, a read-only mount). SQLite opens such a file
+    /// read-only without a word, so without this the first write failed mid-run with a bare
+    /// "attempt to write a readonly database".
+    #[error("{path}: this user cannot write the experiment store ({message}); make the experiment's folder and its files writable by this user (or run knob as their owner), then try again")]
+    ReadOnly { path: String, message: String },
     #[error("{path}: event refused: {reason}")]
     Rejected { path: String, reason: Rejection },
     #[error("{path}: the event log is damaged at event {seq}: {message}")]
@@ -164,13 +170,18 @@ impl fmt::Display for Rejection {
 }
 
 /// `make(path, message)`, or the error that says what to do where SQLite knows the cause:
-/// [`StoreError::Damaged`] for a corrupt file, [`StoreError::DiskFull`] for a full disk.
+/// [`StoreError::Damaged`] for a corrupt file, [`StoreError::DiskFull`] for a full disk,
+/// [`StoreError::ReadOnly`] for a file this user may not write.
 pub(crate) fn or_known_cause(
     error: &rusqlite::Error,
     path: &str,
     make: impl FnOnce(String, String) -> StoreError,
 ) -> StoreError {
     match error.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::ReadOnly) => StoreError::ReadOnly {
+            path: path.to_string(),
+            message: one_line(error),
+        },
         Some(rusqlite::ErrorCode::DatabaseCorrupt) => StoreError::Damaged {
             path: path.to_string(),
             message: one_line(error),
@@ -240,6 +251,37 @@ pub(crate) fn one_line(error: &dyn fmt::Display) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_this_user_cannot_write_says_so_and_what_to_do() {
+        // A connection opened only for reading fails a write as SQLite does for a file or
+        // folder this user may not write (root may write any, so a chmod would not show it).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("experiment.db");
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch("CREATE TABLE t (x INTEGER)")
+            .unwrap();
+        let connection = rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap();
+        let error = connection
+            .execute("INSERT INTO t VALUES (1)", [])
+            .expect_err("a read-only connection cannot write");
+        let error = or_known_cause(&error, "/data/x/experiment.db", |path, message| {
+            StoreError::Write { path, message }
+        });
+        assert!(matches!(error, StoreError::ReadOnly { .. }), "{error:?}");
+        let line = error.to_string();
+        assert!(
+            line.starts_with("/data/x/experiment.db: this user cannot write"),
+            "{line}"
+        );
+        assert!(line.contains("writable by this user"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+    }
 
     #[test]
     fn a_full_disk_says_so_and_how_to_go_on() {

@@ -182,6 +182,7 @@ pub(crate) fn open_for_writing(
     busy_timeout: Duration,
 ) -> Result<Connection, StoreError> {
     let connection = Connection::open(path).map_err(|e| open_error(path, &e))?;
+    refuse_read_only(&connection, path)?;
     let setup = |sql: &str| {
         connection
             .execute_batch(sql)
@@ -206,6 +207,22 @@ pub(crate) fn open_for_writing(
     }
     setup(ADDED_INDEXES)?;
     Ok(connection)
+}
+
+/// SQLite opens a file this user may not write read-only, without an error: refused here, at
+/// once, rather than at the first write, once the run has started (a resume then ended in
+/// ERROR with a bare "attempt to write a readonly database").
+fn refuse_read_only(connection: &Connection, path: &Path) -> Result<(), StoreError> {
+    if connection
+        .is_readonly(rusqlite::MAIN_DB)
+        .map_err(|e| open_error(path, &e))?
+    {
+        return Err(StoreError::ReadOnly {
+            path: path_text(path),
+            message: "SQLite could open it only for reading".to_string(),
+        });
+    }
+    Ok(())
 }
 
 fn create_schema(connection: &Connection, path: &Path) -> Result<(), StoreError> {
@@ -261,6 +278,10 @@ pub(crate) fn take_writer_lock(
     let lock_error = |e: &rusqlite::Error| match e.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked {
             path: path_text(store_path),
+        },
+        Some(ErrorCode::ReadOnly) => StoreError::ReadOnly {
+            path: path_text(lock_path),
+            message: one_line(e),
         },
         // Its first write (who holds it) needs room: a full disk is told as for the store.
         _ => match super::error::full_disk(e, lock_path) {
@@ -334,4 +355,27 @@ pub(crate) fn counters_from_log(connection: &Connection) -> rusqlite::Result<Cou
         next_trial_sequence: u64::try_from(next_trial_sequence).unwrap_or(0),
         next_parameter_id: u64::try_from(next_parameter_id).unwrap_or(0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_opened_only_for_reading_is_refused_before_any_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("experiment.db");
+        drop(open_for_writing(&path, Duration::from_secs(1)).unwrap());
+        // What SQLite gives a user who may not write the file: a connection that only reads.
+        let connection =
+            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let error = refuse_read_only(&connection, &path).expect_err("refused");
+        assert!(matches!(error, StoreError::ReadOnly { .. }), "{error:?}");
+        assert!(
+            error.to_string().contains("make the experiment's folder"),
+            "{error}"
+        );
+        let writable = Connection::open(&path).unwrap();
+        refuse_read_only(&writable, &path).unwrap();
+    }
 }
