@@ -305,6 +305,18 @@ fn register(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             outln!("experiment {id} is registered already ({})", dir.display());
             return Ok(ExitCode::SUCCESS);
         }
+        // The folder moved (renamed, copied back from a backup elsewhere): the entry names a
+        // place that holds nothing any more, and pointing to `knob experiment list` left the
+        // user without a way on. Only a folder gone whole: one whose store alone is missing
+        // still holds trials' files, which a delete would remove.
+        if existing.directory_gone() && !existing.dir.exists() {
+            anyhow::bail!(
+                "experiment {id} is registered with the folder {}, which is gone (moved or deleted outside knob); `knob experiment delete {id} --yes` forgets that entry (it removes nothing from {}), then `knob experiment register {}` registers this folder",
+                existing.dir.display(),
+                dir.display(),
+                dir.display()
+            );
+        }
         anyhow::bail!(
             "experiment {id} is registered already, with the folder {}: a registry lists one folder per id; `knob experiment list` shows it",
             existing.dir.display()

@@ -694,6 +694,46 @@ fn a_copied_experiment_folder_is_registered_and_then_found_by_its_id() {
     );
 }
 
+/// A folder moved by hand: registering it where it now is says that the registered one is gone
+/// and what to do, and doing that finds the experiment again, every trial kept.
+#[test]
+fn a_moved_folder_is_registered_after_forgetting_the_gone_one() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 2\n{SPACE}"
+        ),
+        &[],
+    );
+    assert_eq!(sandbox.create(&config, "wandered").0, 0);
+    let old = sandbox.path().join("experiments/wandered");
+    let new = sandbox.path().join("wandered-here");
+    std::fs::rename(&old, &new).unwrap();
+    let new_text = new.display().to_string();
+    let (code, _, stderr) = run(sandbox.knob().args(["experiment", "register", &new_text]));
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: experiment wandered is registered with the folder {}, which is gone (moved or deleted outside knob); `knob experiment delete wandered --yes` forgets that entry (it removes nothing from {new_text}), then `knob experiment register {new_text}` registers this folder",
+            old.display()
+        )
+    );
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["experiment", "delete", "wandered", "--yes"]));
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = run(sandbox.knob().args(["experiment", "register", &new_text]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        sandbox.export("wandered")["trials"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
 #[test]
 fn an_existing_id_is_refused_with_a_hint_to_resume() {
     let sandbox = Sandbox::new();
