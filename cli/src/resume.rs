@@ -127,6 +127,15 @@ fn prepare(
     // Checked before anything is changed: without it no trial can start, and each one the
     // budget still allows would be created only to fail.
     if !config.trial_code_directory.is_dir() {
+        // Something else at that path (a file, a dangling link): "gone" would send the user
+        // looking for a missing path that is there.
+        if config.trial_code_directory.symlink_metadata().is_ok() {
+            anyhow::bail!(
+                "experiment {}: its trialCodeDirectory {} is not a folder any more (something else is at that path), so no trial could start; put the folder back there (a copy will do) and resume again",
+                args.id,
+                config.trial_code_directory.display()
+            );
+        }
         anyhow::bail!(
             "experiment {}: its trialCodeDirectory {} is gone, so no trial could start; put it back (a copy at that path will do) and resume again",
             args.id,

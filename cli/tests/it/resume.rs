@@ -377,6 +377,25 @@ fn a_resume_without_its_code_directory_is_refused_and_changes_nothing() {
         .find(|l| l.starts_with("nocode "))
         .unwrap_or_default();
     assert!(row.contains(" DONE ") && !row.contains("crashed"), "{list}");
+    // A file where the folder was is not said to be gone.
+    std::fs::write(&code_dir, "not a folder").unwrap();
+    let (code, _, stderr) =
+        run(sandbox
+            .knob()
+            .args(["resume", "nocode", "--max-trial-number", "5"]));
+    assert_eq!(code, 1);
+    assert_eq!(
+        stderr,
+        format!(
+            "error: experiment nocode: its trialCodeDirectory {} is not a folder any more (something else is at that path), so no trial could start; put the folder back there (a copy will do) and resume again\n",
+            code_dir.display()
+        )
+    );
+    assert_eq!(
+        sandbox.export("nocode")["trials"].as_array().unwrap().len(),
+        1
+    );
+    std::fs::remove_file(&code_dir).unwrap();
 
     std::fs::rename(sandbox.path().join("code-moved"), &code_dir).unwrap();
     let (status, stdout, stderr) =
