@@ -19,7 +19,7 @@ use crate::serve::ServeArgs;
 pub struct ResumeArgs {
     id: String,
     /// Raise (or set) maxTrialNumber, e.g. to continue a finished experiment.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_max_trial_number)]
     max_trial_number: Option<u64>,
     /// Raise (or set) maxExperimentDuration (`30m`, `2h`, or seconds); time already spent counts.
     #[arg(long, value_parser = parse_duration)]
@@ -33,6 +33,16 @@ pub struct ResumeArgs {
     detach: bool,
     #[command(flatten)]
     serve: ServeArgs,
+}
+
+/// A trial budget as `knob create` and `knob update trialnum` take it: 0 is refused there, and
+/// was stored here (for an experiment killed before its first trial), a config no create takes.
+fn parse_max_trial_number(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("must be at least 1, got 0".to_string()),
+        Ok(max) => Ok(max),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -1078,6 +1078,17 @@ fn resume_says_when_the_budget_is_used_up_and_refuses_a_budget_below_what_is_don
         2,
         "a refused resume changes nothing"
     );
+    // 0, which create and `knob update trialnum` refuse, is refused whatever the trials so far
+    // (an experiment killed before its first trial stored it).
+    let (code, stdout, stderr) =
+        run(sandbox
+            .knob()
+            .args(["resume", "spent", "--max-trial-number", "0"]));
+    assert_eq!(code, 2, "{stdout}\n{stderr}");
+    assert!(
+        stderr.starts_with("error: invalid value '0' for '--max-trial-number <MAX_TRIAL_NUMBER>': must be at least 1, got 0"),
+        "{stderr}"
+    );
 
     let (code, stdout, stderr) = run(sandbox.knob().args(["resume", "spent"]));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
