@@ -659,7 +659,27 @@ pub(crate) fn refuse_gone(entry: &RegistryEntry) -> anyhow::Result<()> {
             dir = entry.dir.display()
         );
     }
-    Ok(())
+    refuse_other_experiment(entry, "")
+}
+
+/// Refuses an entry whose folder holds another experiment's store (that folder moved or copied
+/// to this path by hand): its commands showed, resumed and deleted the other experiment under
+/// this id, and a delete removed the other's files. `doing` says what is refused, for a delete.
+pub(crate) fn refuse_other_experiment(entry: &RegistryEntry, doing: &str) -> anyhow::Result<()> {
+    let Some(other) = StoreReader::open(&entry.dir)
+        .and_then(|reader| reader.experiment())
+        .ok()
+        .flatten()
+        .map(|summary| summary.experiment_id)
+        .filter(|other| *other != entry.id)
+    else {
+        return Ok(());
+    };
+    anyhow::bail!(
+        "experiment {id}: its folder {dir} holds the store of experiment {other}, not {id}'s (a folder moved or copied there by hand){doing}; move that folder away (`knob experiment register` finds {other} wherever it is put) and put {id}'s back at {dir}",
+        id = entry.id,
+        dir = entry.dir.display()
+    )
 }
 
 fn list(registry: &Registry) -> anyhow::Result<ExitCode> {

@@ -360,6 +360,11 @@ fn delete(id: &str, yes: bool) -> anyhow::Result<ExitCode> {
     if let Some(pid) = entry.running_pid() {
         return Err(crate::experiment::still_held(&entry, pid));
     }
+    // Never the files of another experiment put at its path.
+    crate::experiment::refuse_other_experiment(
+        &entry,
+        &format!(": deleting {id} would remove them"),
+    )?;
     if !yes {
         eprint!(
             "delete experiment {id} and what knob made in {}? [y/N] ",

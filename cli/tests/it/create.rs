@@ -734,6 +734,55 @@ fn a_moved_folder_is_registered_after_forgetting_the_gone_one() {
     );
 }
 
+/// Another experiment's folder put at a registered one's path: its commands refuse it rather
+/// than show, resume or delete the other experiment under this id.
+#[test]
+fn a_folder_holding_another_experiment_is_refused_and_never_deleted() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &format!(
+            "trialCommand: echo KNOB_FINAL 1\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{SPACE}"
+        ),
+        &[],
+    );
+    assert_eq!(sandbox.create(&config, "mine").0, 0);
+    assert_eq!(sandbox.create(&config, "theirs").0, 0);
+    let mine = sandbox.path().join("experiments/mine");
+    std::fs::rename(&mine, sandbox.path().join("mine-away")).unwrap();
+    std::fs::rename(sandbox.path().join("experiments/theirs"), &mine).unwrap();
+    let expected = |doing: &str| {
+        format!(
+            "error: experiment mine: its folder {dir} holds the store of experiment theirs, not mine's (a folder moved or copied there by hand){doing}; move that folder away (`knob experiment register` finds theirs wherever it is put) and put mine's back at {dir}\n",
+            dir = mine.display()
+        )
+    };
+    for args in [
+        &["trial", "ls", "mine"][..],
+        &["experiment", "export", "mine"],
+        &["resume", "mine", "--max-trial-number", "3"],
+    ] {
+        let (code, _, stderr) = run(sandbox.knob().args(args));
+        assert_eq!((code, stderr), (1, expected("")), "{args:?}");
+    }
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .args(["experiment", "delete", "mine", "--yes"]));
+    assert_eq!(
+        (code, stderr),
+        (1, expected(": deleting mine would remove them"))
+    );
+    assert!(mine.join("experiment.db").is_file(), "theirs is kept");
+    assert!(mine.join("trials").is_dir(), "theirs is kept");
+    // Put back, each is found again as it was.
+    std::fs::rename(&mine, sandbox.path().join("experiments/theirs")).unwrap();
+    std::fs::rename(sandbox.path().join("mine-away"), &mine).unwrap();
+    for id in ["mine", "theirs"] {
+        let export = sandbox.export(id);
+        assert_eq!(export["experiment"]["id"], id);
+        assert_eq!(export["trials"].as_array().unwrap().len(), 1);
+    }
+}
+
 #[test]
 fn an_existing_id_is_refused_with_a_hint_to_resume() {
     let sandbox = Sandbox::new();
