@@ -22,22 +22,35 @@ pub enum OutcomeProblem {
     /// The result is an object without this key (or not an object at all when several
     /// objectives are listed).
     Missing { metric: String, listed: Vec<String> },
+    /// The result is no object (a number, a list) while several objectives are listed: it is
+    /// not one entry that is missing, but the dict. `reported` is the result as JSON.
+    NotADict {
+        reported: String,
+        listed: Vec<String>,
+    },
     /// The result or one of its entries cannot be read as a number.
     Unreadable(String),
 }
 
 impl std::fmt::Display for OutcomeProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `nni.report_final_result({"a": ..., "b": ...})` for the listed metrics.
+        let example = |listed: &[String]| {
+            let entries: Vec<String> = listed.iter().map(|m| format!("{m:?}: ...")).collect();
+            format!("nni.report_final_result({{{}}})", entries.join(", "))
+        };
         match self {
             OutcomeProblem::Missing { metric, listed } => write!(
                 f,
-                "final result has no {metric:?} entry (objectives lists {}); report a dict with every listed metric, e.g. nni.report_final_result({{{}}})",
+                "final result has no {metric:?} entry (objectives lists {}); report a dict with every listed metric, e.g. {}",
                 listed.join(", "),
-                listed
-                    .iter()
-                    .map(|m| format!("{m:?}: ..."))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                example(listed)
+            ),
+            OutcomeProblem::NotADict { reported, listed } => write!(
+                f,
+                "final result {reported} is not a dict of the objectives (objectives lists {}); report a dict with every listed metric, e.g. {}",
+                listed.join(", "),
+                example(listed)
             ),
             OutcomeProblem::Unreadable(reason) => f.write_str(reason),
         }
@@ -178,6 +191,22 @@ pub fn single_objective_refusal(name: &str, objectives: &[ObjectiveConfig]) -> S
 pub fn outcome(objectives: &[ObjectiveConfig], raw: &str) -> Result<Outcome, OutcomeProblem> {
     let value = parse_lenient(raw).map_err(OutcomeProblem::Unreadable)?;
     let listed = || objectives.iter().map(|o| o.metric.clone()).collect();
+    if objectives.len() > 1 && !value.is_object() {
+        // A long list is cut: the line names the problem, not the whole report.
+        let mut reported = match &value {
+            Value::String(s) if s == knob_plugin_api::metric::NAN => "NaN".to_string(),
+            Value::String(s) if s == knob_plugin_api::metric::INF => "Infinity".to_string(),
+            Value::String(s) if s == knob_plugin_api::metric::NEG_INF => "-Infinity".to_string(),
+            other => other.to_string(),
+        };
+        if reported.chars().count() > 60 {
+            reported = reported.chars().take(57).collect::<String>() + "...";
+        }
+        return Err(OutcomeProblem::NotADict {
+            reported,
+            listed: listed(),
+        });
+    }
     let mut values = Vec::with_capacity(objectives.len());
     for objective in objectives {
         let entry = match &value {
@@ -496,9 +525,19 @@ mod tests {
             missing,
             r#"final result has no "latency_ms" entry (objectives lists accuracy, latency_ms, memory_over); report a dict with every listed metric, e.g. nni.report_final_result({"accuracy": ..., "latency_ms": ..., "memory_over": ...})"#
         );
+        // A plain number where several objectives are listed: the dict is what is missing,
+        // not one entry (it said `has no "accuracy" entry`).
+        assert_eq!(
+            outcome(&objectives(), "0.5").unwrap_err().to_string(),
+            r#"final result 0.5 is not a dict of the objectives (objectives lists accuracy, latency_ms, memory_over); report a dict with every listed metric, e.g. nni.report_final_result({"accuracy": ..., "latency_ms": ..., "memory_over": ...})"#
+        );
+        assert!(outcome(&objectives(), "NaN")
+            .unwrap_err()
+            .to_string()
+            .starts_with("final result NaN is not a dict of the objectives"));
         assert!(matches!(
-            outcome(&objectives(), "0.5"),
-            Err(OutcomeProblem::Missing { .. })
+            outcome(&objectives(), "[1, 2, 3]"),
+            Err(OutcomeProblem::NotADict { .. })
         ));
         assert!(matches!(
             outcome(
