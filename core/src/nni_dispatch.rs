@@ -16,9 +16,9 @@ use serde_json::{json, Map, Value};
 use crate::config::{AlgorithmConfig, LogLevel};
 
 /// The tuner the dispatcher plugin exports.
-pub const DISPATCHER_TUNER: &str = "NniDispatcher";
+pub const DISPATCHER_TUNER: &str = knob_plugin_api::host::NNI_DISPATCHER_TUNER;
 /// The assessor the dispatcher plugin exports.
-pub const DISPATCHER_ASSESSOR: &str = "NniDispatcherAssessor";
+pub const DISPATCHER_ASSESSOR: &str = knob_plugin_api::host::NNI_DISPATCHER_ASSESSOR;
 
 /// The dispatcher plugin's component name for `kind`.
 pub fn dispatcher_name(kind: ComponentKind) -> &'static str {

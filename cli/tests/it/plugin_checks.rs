@@ -147,6 +147,18 @@ fn config_check_refuses_unknown_names_python_classes_and_a_space_the_tuner_refus
             "Medianstopp",
             "assessor.name: unknown assessor Medianstopp (did you mean Medianstop?); available: ",
         ),
+        // The NNI dispatcher's bridge is not a name to give: it was offered among the available
+        // names and then refused with "missing field `algorithm`".
+        (
+            "tuner:\n  name: NniDispatcher",
+            "NniDispatcher",
+            "tuner.name: NniDispatcher is knob's bridge to NNI's own Python algorithms, not one to name: give the NNI algorithm's name (name: SMAC, name: Metis, ...) or your own class (className: module.Class)",
+        ),
+        (
+            "tuner: {name: Random}\nassessor:\n  name: nnidispatcherassessor",
+            "nnidispatcherassessor",
+            "assessor.name: nnidispatcherassessor is knob's bridge to NNI's own Python algorithms",
+        ),
         // Batch takes one choice of parameter sets: the space is refused where it is written.
         (
             "tuner:\n  name: Batch",
@@ -161,6 +173,12 @@ fn config_check_refuses_unknown_names_python_classes_and_a_space_the_tuner_refus
         assert_eq!(code, 1, "{tuner}: {create_stderr}");
         assert!(create_stderr.contains(&located), "{tuner}: {create_stderr}");
         assert!(!sandbox.path().join("experiments/refused").exists());
+        // Nor is the bridge offered among the available names.
+        assert!(
+            !create_stderr.contains(", NniDispatcher")
+                && !create_stderr.contains(" NniDispatcher,"),
+            "{tuner}: {create_stderr}"
+        );
     }
 }
 

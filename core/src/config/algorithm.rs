@@ -75,6 +75,24 @@ pub(crate) fn check_algorithms(
             .name
             .as_deref()
             .and_then(|name| knob_plugin_api::host::nni_algorithm(algorithm.kind, name));
+        // The dispatcher plugin runs an NNI algorithm the core hands it; named itself it has
+        // none ("classArgs of NniDispatcher: missing field `algorithm`").
+        if let Some(name) = algorithm
+            .name
+            .as_deref()
+            .filter(|name| knob_plugin_api::host::is_nni_dispatcher(name))
+            .filter(|_| algorithm.class_name.is_none())
+        {
+            let (pos, path) = located(&algorithm.path, field("name"), "name", None);
+            reader.error(
+                pos,
+                &path,
+                format!(
+                    "{name} is knob's bridge to NNI's own Python algorithms, not one to name: give the NNI algorithm's name (name: SMAC, name: Metis, ...) or your own class (className: module.Class)"
+                ),
+            );
+            continue;
+        }
         let outcome = if algorithm.class_name.is_some()
             || (algorithm.config.use_nni_implementation && nni_name.is_some())
         {

@@ -21,7 +21,10 @@ mod nni_names;
 mod objects;
 pub mod precheck;
 
-pub use nni_names::{nni_algorithm, NniAlgorithm, NNI_ALGORITHMS};
+pub use nni_names::{
+    is_nni_dispatcher, nni_algorithm, NniAlgorithm, NNI_ALGORITHMS, NNI_DISPATCHER_ASSESSOR,
+    NNI_DISPATCHER_TUNER,
+};
 #[cfg(test)]
 pub(crate) use objects::unknown_request;
 use objects::PluginThread;
@@ -768,7 +771,13 @@ impl PluginRegistry {
         }
         match providers {
             [] => {
-                let names = self.names(kind);
+                // The NNI dispatcher's bridge is not a name a config can give (see
+                // `is_nni_dispatcher`): offered here, it was refused for lacking its algorithm.
+                let names: Vec<String> = self
+                    .names(kind)
+                    .into_iter()
+                    .filter(|name| !is_nni_dispatcher(name))
+                    .collect();
                 let hint = match nni {
                     Some(NniAlgorithm { native: None, .. }) => {
                         " (an NNI 3.0 algorithm that knob does not have natively; knob's core \

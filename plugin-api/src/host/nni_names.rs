@@ -89,6 +89,19 @@ pub const NNI_ALGORITHMS: [NniAlgorithm; 19] = [
     tuner("BOHB", None, Some("BOHB")),
 ];
 
+/// The components of knob's NNI dispatcher plugin (`nni-dispatcher/`): the bridge the core runs
+/// NNI's own algorithms through, chosen from a config's `className` or NNI name, never named by
+/// a config itself (it would lack the algorithm the core hands it).
+pub const NNI_DISPATCHER_TUNER: &str = "NniDispatcher";
+/// See [`NNI_DISPATCHER_TUNER`].
+pub const NNI_DISPATCHER_ASSESSOR: &str = "NniDispatcherAssessor";
+
+/// Whether `name` is one of the dispatcher plugin's components, ignoring case as lookups do.
+pub fn is_nni_dispatcher(name: &str) -> bool {
+    name.eq_ignore_ascii_case(NNI_DISPATCHER_TUNER)
+        || name.eq_ignore_ascii_case(NNI_DISPATCHER_ASSESSOR)
+}
+
 /// The entry NNI would pick for `name`: its `builtinName` or `alias`, ignoring case, as NNI's
 /// `config_manager.get_algo_meta` matches them.
 pub fn nni_algorithm(kind: ComponentKind, name: &str) -> Option<&'static NniAlgorithm> {
