@@ -347,11 +347,29 @@ impl<'v> Fields<'v> {
     /// Reports every key not taken as unknown, suggesting the closest of `known` (and listing
     /// them when none is close).
     pub fn finish(self, reader: &mut ConfigReader<'_>, known: &[&str]) {
+        self.finish_renamed(reader, known, "", &[]);
+    }
+
+    /// [`Fields::finish`], where a key that is the old name of a known field (`renamed`:
+    /// old, new; NNI v1's `ip` for v2's `host`) is said to be that, `older` naming where it
+    /// comes from ("NNI v1's name"): edit distance does not lead from one to the other.
+    pub fn finish_renamed(
+        self,
+        reader: &mut ConfigReader<'_>,
+        known: &[&str],
+        older: &str,
+        renamed: &[(&str, &str)],
+    ) {
         for entry in self.entries.iter().filter(|entry| !entry.taken) {
-            let hint = match suggestion(&entry.key, known) {
-                Some(name) => format!(" (did you mean {name:?}?)"),
-                None if known.is_empty() => " (this mapping takes no fields)".to_owned(),
-                None => format!("; known fields: {}", known.join(", ")),
+            let new_name = renamed
+                .iter()
+                .find(|(old, _)| normalize_key(old) == entry.normalized)
+                .map(|(_, new)| *new);
+            let hint = match (new_name, suggestion(&entry.key, known)) {
+                (Some(new), _) => format!(" ({older}; write {new:?})"),
+                (None, Some(name)) => format!(" (did you mean {name:?}?)"),
+                (None, None) if known.is_empty() => " (this mapping takes no fields)".to_owned(),
+                (None, None) => format!("; known fields: {}", known.join(", ")),
             };
             reader.error(
                 &self.path.field(&entry.key),

@@ -47,6 +47,18 @@ const MACHINE_FIELDS: [&str; 16] = [
     crate::limits::LIMIT_FIELDS[4],
 ];
 
+/// (NNI v1 name, v2 name) of the machine fields v2 renamed: a v2 config written with the old
+/// names (copied from a v1 `machineList`) is told the new one, which edit distance does not
+/// lead to (`ip` for `host`).
+const MACHINE_V1_NAMES: [(&str, &str); 6] = [
+    ("ip", "host"),
+    ("username", "user"),
+    ("passwd", "password"),
+    ("sshKeyPath", "sshKeyFile"),
+    ("passphrase", "sshPassphrase"),
+    ("maxTrialNumPerGpu", "maxTrialNumberPerGpu"),
+];
+
 /// Checks a `remote` config and gives its canonical form.
 pub fn check_config(
     config: &Value,
@@ -318,7 +330,7 @@ fn read_machine(reader: &mut ConfigReader<'_>, item: &Value, path: FieldPath) ->
         .unwrap_or(false);
     let mut limits = Map::new();
     crate::limits::read(reader, &mut fields, &mut limits);
-    fields.finish(reader, &MACHINE_FIELDS);
+    fields.finish_renamed(reader, &MACHINE_FIELDS, "NNI v1's name", &MACHINE_V1_NAMES);
     if reader.problem_count() != before {
         return None;
     }

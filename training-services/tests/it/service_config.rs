@@ -180,6 +180,38 @@ fn remote_refuses_a_host_that_holds_a_user_or_a_port() {
     );
 }
 
+/// A v2 config whose machine was copied from a v1 `machineList` (`ip`, `username`, ...) was
+/// told "unknown field" with the whole list of known fields, and nothing led from `ip` to
+/// `host`.
+#[test]
+fn remote_names_the_v2_field_for_a_machine_field_under_its_nni_v1_name() {
+    let config = json!({"machineList": [{
+        "ip": "10.0.0.1", "username": "bob", "passwd": "p", "sshKeyPath": "/k",
+        "passphrase": "q", "maxTrialNumPerGpu": 2, "usr": "x"
+    }]});
+    let found = problems("remote", config, &ServiceContext::default());
+    for (old, new) in [
+        ("ip", "host"),
+        ("username", "user"),
+        ("passwd", "password"),
+        ("sshKeyPath", "sshKeyFile"),
+        ("passphrase", "sshPassphrase"),
+        ("maxTrialNumPerGpu", "maxTrialNumberPerGpu"),
+    ] {
+        let expected = format!(
+            r#"machineList[0].{old}: unknown field "{old}" (NNI v1's name; write "{new}")"#
+        );
+        assert!(found.contains(&expected), "{expected}\n{found:#?}");
+    }
+    // Any other unknown field is still told the closest known one.
+    assert!(
+        found.contains(
+            &r#"machineList[0].usr: unknown field "usr" (did you mean "user"?)"#.to_string()
+        ),
+        "{found:#?}"
+    );
+}
+
 #[test]
 fn remote_declares_its_secrets_and_builds_its_class_args_from_the_context() {
     let dir = tempfile::tempdir().unwrap();
