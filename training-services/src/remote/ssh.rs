@@ -207,8 +207,15 @@ impl HostKeyCheck {
         let authority = known_hosts::cert_authority_line(&text, &self.host, self.port)
             .map(|line| format!(" ({file} line {line} trusts a @cert-authority for this host, but knob checks host keys only, not host certificates)"))
             .unwrap_or_default();
+        // A fresh user's `~/.ssh` may not exist yet, and the `>>` alone would then fail.
+        let make_folder = match self.known_hosts.parent() {
+            Some(folder) if !folder.as_os_str().is_empty() && !folder.is_dir() => {
+                format!("mkdir -p -m 700 {} && ", folder.display())
+            }
+            _ => String::new(),
+        };
         Err(format!(
-            "unknown host key {} {fingerprint}, not in {file}{authority}; if it is this host's key, run `ssh-keyscan -p {} {} >> {file}` or set acceptNewHostKey: true for this machine",
+            "unknown host key {} {fingerprint}, not in {file}{authority}; if it is this host's key, run `{make_folder}ssh-keyscan -p {} {} >> {file}` or set acceptNewHostKey: true for this machine",
             key.algorithm(),
             self.port,
             self.host

@@ -422,6 +422,21 @@ fn an_unknown_host_key_is_refused_with_how_to_accept_it() {
     );
     assert_eq!(warnings(&events.all()), Vec::<String>::new());
     assert_eq!(std::fs::read_to_string(world.known_hosts()).unwrap(), "");
+
+    // A known-hosts file whose folder does not exist yet (a fresh user's `~/.ssh`): the
+    // command said makes it first, since `>>` alone fails there.
+    let folder = world.dir.path().join("fresh-home/.ssh");
+    let mut args = world.args(vec![key_machine(&sshd)]);
+    args["knownHostsFile"] = json!(folder.join("known_hosts"));
+    let events = Events::default();
+    let service = connect(args, &events, &agent_root(&sshd));
+    let reason = not_ready_reason(&service);
+    let expected = format!(
+        "`mkdir -p -m 700 {} && ssh-keyscan -p {port} 127.0.0.1 >> {}`",
+        folder.display(),
+        folder.join("known_hosts").display()
+    );
+    assert!(reason.contains(&expected), "{expected:?} not in: {reason}");
 }
 
 #[test]
