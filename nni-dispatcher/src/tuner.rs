@@ -116,14 +116,8 @@ impl DispatcherTuner {
             // Resume, as NNI's manager does right after `ID`: the finished trials to learn from
             // (`FD`), then every trial of the earlier run (`AD`): the dispatcher continues its
             // ids after theirs, and the final results of those that run again are imported.
-            let finished: Vec<Value> = self
-                .imported
-                .iter()
-                .filter(|t| t.has_ended() && t.value.is_finite())
-                .map(|t| json!({"parameter": t.parameters, "value": t.value}))
-                .collect();
-            if !finished.is_empty() {
-                dispatcher.send("FD", &Value::Array(finished).to_string())?;
+            if let Some(finished) = finished_data(&self.imported) {
+                dispatcher.send("FD", &finished)?;
             }
             let earlier: Vec<Value> = self
                 .imported
@@ -252,6 +246,21 @@ fn dispatcher_id_of(label: &str) -> Value {
 /// only needs a stable one per parameter id (advisors map it back).
 fn trial_job_id(host_id: u64) -> String {
     format!("knob{host_id}")
+}
+
+/// `FD`'s payload, as NNI's manager sends it on resume: every trial that ended with a result,
+/// `{"parameter": ..., "value": ...}`, the value as the trial reported it (a dict whole) where
+/// the host gave it, else its number; `None` when there is none.
+fn finished_data(trials: &[ImportedTrial]) -> Option<String> {
+    let finished: Vec<Value> = trials
+        .iter()
+        .filter(|t| t.has_ended() && t.value.is_finite())
+        .map(|t| {
+            let value = t.metric.clone().unwrap_or_else(|| json!(t.value));
+            json!({"parameter": t.parameters, "value": value})
+        })
+        .collect();
+    (!finished.is_empty()).then(|| python_json(&Value::Array(finished)))
 }
 
 impl Tuner for DispatcherTuner {
@@ -401,13 +410,8 @@ impl Tuner for DispatcherTuner {
         match self.dispatcher.as_mut() {
             // Imported while running (NNI's `nnictl experiment import`): FD only.
             Some(dispatcher) => {
-                let finished: Vec<Value> = trials
-                    .iter()
-                    .filter(|t| t.has_ended() && t.value.is_finite())
-                    .map(|t| json!({"parameter": t.parameters, "value": t.value}))
-                    .collect();
-                if !finished.is_empty() {
-                    dispatcher.send("FD", &Value::Array(finished).to_string())?;
+                if let Some(finished) = finished_data(trials) {
+                    dispatcher.send("FD", &finished)?;
                 }
             }
             None => self.imported.extend_from_slice(trials),

@@ -167,6 +167,11 @@ pub struct ImportedTrial {
     /// the trial's outcome (`value` is then its first value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objectives: Option<crate::Outcome>,
+    /// For a tuner that takes whole metrics ([`Tuner::takes_whole_metrics`]): the final result
+    /// as the trial reported it, parsed as [`Tuner::receive_trial_metric`] gets it (`value` is
+    /// then its default number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<Value>,
     /// The trial has reported no result (its `value` is NaN): it ended without one, or it will
     /// run again (see [`ImportedTrial`]). Absent, as in imports from elsewhere: a result.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -196,6 +201,7 @@ impl ImportedTrial {
             label: None,
             status: None,
             objectives: None,
+            metric: None,
             no_result: false,
             lineage: None,
             intermediate_results: 0,

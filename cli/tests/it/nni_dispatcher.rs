@@ -614,8 +614,9 @@ fn a_python_without_nni_is_refused_at_the_algorithm_name_whatever_its_class_args
 }
 
 /// Resume, as NNI's manager does it: the dispatcher starts again with `NNI_MODE=resume` and gets
-/// `FD` with exactly the trials that finished (parameters and finals), and `AD` with the earlier
-/// trials, so its parameter ids go on after theirs.
+/// `FD` with exactly the trials that finished (parameters and finals, a dict final whole, as
+/// the trial reported it), and `AD` with the earlier trials, so its parameter ids go on after
+/// theirs.
 #[test]
 fn a_resumed_dispatcher_gets_exactly_the_finished_trials_and_continues_their_ids() {
     let Some(python) = prerequisite::NNI3_PYTHON.path() else {
@@ -629,7 +630,7 @@ fn a_resumed_dispatcher_gets_exactly_the_finished_trials_and_continues_their_ids
         python.display(),
         record_file.display()
     );
-    let config = write_config(&code, &python, 3, "1 0", &algorithms);
+    let config = write_config(&code, &python, 3, "1 0 dict", &algorithms);
     let (first, output) = create_and_export(sandbox.path(), &config, "cresume");
     assert_eq!(first["experiment"]["status"], "DONE", "{first:#}\n{output}");
     let home = sandbox.path().join("home");
@@ -652,7 +653,12 @@ fn a_resumed_dispatcher_gets_exactly_the_finished_trials_and_continues_their_ids
         .as_array()
         .unwrap()
         .iter()
-        .map(|d| (d["parameter"].to_string(), d["value"].as_f64().unwrap()))
+        .map(|d| {
+            let x = d["parameter"]["x"].clone();
+            let whole = serde_json::json!({"default": d["value"]["default"], "accuracy": x, "epochs": 1, "tags": ["a", "b"]});
+            assert_eq!(d["value"], whole, "{context}");
+            (d["parameter"].to_string(), d["value"]["default"].as_f64().unwrap())
+        })
         .collect();
     let mut finished: Vec<(String, f64)> = first["trials"]
         .as_array()

@@ -397,6 +397,12 @@ fn import_record(
             .final_metric()
             .and_then(|m| crate::objectives::outcome(objectives, &m.raw).ok());
     }
+    // The final as sent, for a tuner that takes whole metrics (the host strips it for any other).
+    if result.is_some_and(|value| !value.is_nan()) {
+        record.metric = stored
+            .final_metric()
+            .and_then(|m| knob_plugin_api::metric::parse_lenient(&m.raw).ok());
+    }
     record.parameter_id = Some(stored.parameter_id);
     record.label = stored.parameter_label.clone();
     record.status = Some(status.as_str().to_string());

@@ -217,15 +217,21 @@ impl TunerObject {
     }
 
     pub fn import_data(&mut self, trials: &[ImportedTrial]) -> Result<(), HostError> {
-        // Outcomes go only to a tuner that takes them; any other keeps NNI's import format.
+        // Outcomes and whole metrics go only to a tuner that takes them; any other keeps NNI's
+        // import format.
         let stripped: Vec<ImportedTrial>;
-        let trials = if self.takes_objectives || trials.iter().all(|t| t.objectives.is_none()) {
+        let extra = |t: &ImportedTrial| {
+            (t.objectives.is_some() && !self.takes_objectives)
+                || (t.metric.is_some() && !self.takes_whole_metrics)
+        };
+        let trials = if !trials.iter().any(extra) {
             trials
         } else {
             stripped = trials
                 .iter()
                 .map(|t| ImportedTrial {
-                    objectives: None,
+                    objectives: t.objectives.clone().filter(|_| self.takes_objectives),
+                    metric: t.metric.clone().filter(|_| self.takes_whole_metrics),
                     ..t.clone()
                 })
                 .collect();
