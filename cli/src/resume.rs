@@ -396,7 +396,13 @@ fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path, plugins
 /// stop changes nothing, so a second `knob stop` waits for the stop under way, as the first does.
 pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
-    let entry = registry.get(id)?;
+    let entry = match registry.get(id) {
+        Ok(entry) => entry,
+        Err(unknown) => match being_created(id) {
+            Some(pid) => registered_once_created(&registry, id, pid)?,
+            None => return Err(unknown.into()),
+        },
+    };
     if entry.crashed() {
         // Its trials may run on without it: those are what is left to stop. Ending them is
         // what was asked, so it succeeds unless a service could not (a `warning:` line).
@@ -513,6 +519,90 @@ fn end_recorded(registry: &Registry, id: &str, pid: u32) -> bool {
     registry
         .get(id)
         .is_ok_and(|entry| entry.pid == Some(pid) && entry.run_over())
+}
+
+/// How long `knob stop` waits for a `knob create` under way to register its experiment.
+const CREATING_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The pid of a `knob create --id ID` (or `--id=ID`) that runs now: the experiment it makes is
+/// registered only once its config, plugins and port are checked, a second or more after it
+/// started, and a `knob stop ID` in between (a script's `knob create ... &` then `knob stop`)
+/// was told "no experiment ID" while the experiment then ran to its end.
+fn being_created(id: &str) -> Option<u32> {
+    let own = std::process::id();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            if pid == own {
+                return None;
+            }
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let program = std::path::Path::new(
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(args.first()?),
+            );
+            let is_knob = program
+                .file_name()
+                .is_some_and(|name| name.as_encoded_bytes().starts_with(b"knob"));
+            let creates = args.iter().any(|arg| *arg == b"create");
+            let names_id = args
+                .windows(2)
+                .any(|pair| pair[0] == b"--id" && pair[1] == id.as_bytes())
+                || args
+                    .iter()
+                    .any(|arg| arg.strip_prefix(b"--id=") == Some(id.as_bytes()));
+            (is_knob && creates && names_id).then_some(pid)
+        })
+}
+
+/// Whether process `pid` exists and has not exited: one that exited stays a zombie (state `Z`
+/// in `/proc/PID/stat`) until its parent waits for it, which a script's parent may never do.
+fn still_runs(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may hold any byte.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, None | Some('Z' | 'X'))
+}
+
+/// Waits, at most [`CREATING_PATIENCE`], for the `knob create` `pid` to register experiment
+/// `id`, and returns its entry; fails once that process ended without registering it (its
+/// config refused, say: nothing runs, so nothing is left to stop).
+fn registered_once_created(
+    registry: &Registry,
+    id: &str,
+    pid: u32,
+) -> anyhow::Result<RegistryEntry> {
+    errln!(
+        "experiment {id} is being created (knob create, pid {pid}); waiting for it to be registered, at most {}s",
+        CREATING_PATIENCE.as_secs()
+    );
+    let deadline = Instant::now() + CREATING_PATIENCE;
+    loop {
+        if let Ok(entry) = registry.get(id) {
+            return Ok(entry);
+        }
+        if !still_runs(pid) {
+            // Registered just before it ended, or never.
+            return registry.get(id).map_err(|_| {
+                anyhow::anyhow!(
+                    "no experiment {id}: the knob create that was making it (pid {pid}) ended before registering it (its own output says why); there is nothing to stop"
+                )
+            });
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "experiment {id} is still being created by knob create (pid {pid}) after {}s, not registered yet; try `knob stop {id}` again in a moment",
+                CREATING_PATIENCE.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// What `knob stop` sends the runner (see [`stop`]).

@@ -409,6 +409,77 @@ fn stop_during_a_starting_resume_stops_it() {
     );
 }
 
+/// `knob stop` of an experiment whose `knob create` has not registered it yet (its config and
+/// plugins are still being checked, a second or more): the stop said "no experiment ID in the
+/// registry" and the experiment then ran to its end. Here the registry is held (a write
+/// transaction) so the create cannot register: the stop finds the create, waits for it, and
+/// stops the experiment once it is registered.
+#[test]
+fn stop_during_a_create_not_yet_registered_stops_it() {
+    use std::io::BufRead;
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: sleep 30\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    assert_eq!(run(sandbox.knob().args(["experiment", "list"])).0, 0);
+    let registry_path = sandbox.path().join("home/registry.db");
+    let writer = rusqlite::Connection::open(&registry_path).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let log = sandbox.path().join("create.log");
+    let mut create = spawn_logged(sandbox.create_command(&config, "creating"), &log);
+
+    let mut stop = sandbox
+        .knob()
+        .args(["stop", "creating"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stop_err = std::io::BufReader::new(stop.stderr.take().unwrap());
+    let mut first = String::new();
+    stop_err.read_line(&mut first).unwrap();
+    assert_eq!(
+        first,
+        format!(
+            "experiment creating is being created (knob create, pid {}); waiting for it to be registered, at most 30s\n",
+            create.id()
+        )
+    );
+    // The create may register now.
+    writer.execute_batch("COMMIT").unwrap();
+    let code = wait_bounded(&mut stop, Duration::from_secs(60));
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut stop.stdout.take().unwrap(), &mut stdout).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stop_err, &mut rest).unwrap();
+    assert_eq!(code, Some(0), "{stdout}{rest}");
+    assert_eq!(
+        stdout,
+        "experiment creating stopped (STOPPED); continue it with `knob resume creating`\n"
+    );
+    let code = wait_bounded(&mut create, Duration::from_secs(60));
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        sandbox.export("creating")["experiment"]["status"],
+        "STOPPED",
+        "{stderr}"
+    );
+
+    // A create that ends without registering (here: the registry stays held past its 10 s
+    // wait): the stop says so, rather than that no such experiment exists.
+    let writer = rusqlite::Connection::open(&registry_path).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let mut refused = spawn_logged(sandbox.create_command(&config, "refused"), &log);
+    let (code, _, stderr) = run(sandbox.knob().args(["stop", "refused"]));
+    wait_bounded(&mut refused, Duration::from_secs(60));
+    writer.execute_batch("COMMIT").unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("error: no experiment refused: the knob create that was making it (pid {}) ended before registering it", refused.id())),
+        "{stderr}"
+    );
+}
+
 /// Waits (bounded) until `log` holds `text`, failing with the log if `child` ends first.
 fn wait_for_log(log: &Path, child: &mut Child, text: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
