@@ -314,7 +314,6 @@ fn a_second_ctrl_c_kills_the_trials_that_ignore_sigterm_before_exiting() {
 /// the stop sees the run starting, waits for it, and stops it.
 #[test]
 fn stop_during_a_starting_resume_stops_it() {
-    use std::io::BufRead;
     let sandbox = Sandbox::new();
     let yaml = format!("trialCommand: sleep 30\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
     let config = sandbox.config(&yaml, &[]);
@@ -366,31 +365,15 @@ fn stop_during_a_starting_resume_stops_it() {
         std::thread::sleep(Duration::from_millis(5));
     }
 
-    let mut stop = sandbox
-        .knob()
-        .args(["stop", "starting"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // Its first line: waiting for the starting run (an old knob said "not running" and ended).
-    let mut stop_err = std::io::BufReader::new(stop.stderr.take().unwrap());
-    let mut first = String::new();
-    stop_err.read_line(&mut first).unwrap();
+    let (mut stop, first) = spawn_stop(&sandbox, "starting");
     assert_eq!(
         first,
         "experiment starting is starting (a knob process holds its store); waiting for it to record its process, at most 10s\n"
     );
     // The resume may record itself now.
     writer.execute_batch("COMMIT").unwrap();
-    let code = wait_bounded(&mut stop, Duration::from_secs(60));
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut stop.stdout.take().unwrap(), &mut stdout).unwrap();
-    assert_eq!(code, Some(0), "{stdout}");
-    assert_eq!(
-        stdout,
-        "experiment starting stopped (STOPPED); continue it with `knob resume starting`\n"
-    );
+    assert_stopped(&mut stop, "starting");
     let code = wait_bounded(&mut resume, Duration::from_secs(60));
     let stderr = std::fs::read_to_string(&resume_log).unwrap();
     assert_eq!(code, Some(0), "{stderr}");
@@ -416,7 +399,6 @@ fn stop_during_a_starting_resume_stops_it() {
 /// stops the experiment once it is registered.
 #[test]
 fn stop_during_a_create_not_yet_registered_stops_it() {
-    use std::io::BufRead;
     let sandbox = Sandbox::new();
     let yaml = format!("trialCommand: sleep 30\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
     let config = sandbox.config(&yaml, &[]);
@@ -427,16 +409,7 @@ fn stop_during_a_create_not_yet_registered_stops_it() {
     let log = sandbox.path().join("create.log");
     let mut create = spawn_logged(sandbox.create_command(&config, "creating"), &log);
 
-    let mut stop = sandbox
-        .knob()
-        .args(["stop", "creating"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stop_err = std::io::BufReader::new(stop.stderr.take().unwrap());
-    let mut first = String::new();
-    stop_err.read_line(&mut first).unwrap();
+    let (mut stop, first) = spawn_stop(&sandbox, "creating");
     assert_eq!(
         first,
         format!(
@@ -446,16 +419,7 @@ fn stop_during_a_create_not_yet_registered_stops_it() {
     );
     // The create may register now.
     writer.execute_batch("COMMIT").unwrap();
-    let code = wait_bounded(&mut stop, Duration::from_secs(60));
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut stop.stdout.take().unwrap(), &mut stdout).unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stop_err, &mut rest).unwrap();
-    assert_eq!(code, Some(0), "{stdout}{rest}");
-    assert_eq!(
-        stdout,
-        "experiment creating stopped (STOPPED); continue it with `knob resume creating`\n"
-    );
+    assert_stopped(&mut stop, "creating");
     let code = wait_bounded(&mut create, Duration::from_secs(60));
     let stderr = std::fs::read_to_string(&log).unwrap();
     assert_eq!(code, Some(0), "{stderr}");
@@ -477,6 +441,37 @@ fn stop_during_a_create_not_yet_registered_stops_it() {
     assert!(
         stderr.contains(&format!("error: no experiment refused: the knob create that was making it (pid {}) ended before registering it", refused.id())),
         "{stderr}"
+    );
+}
+
+/// Starts `knob stop ID`; returns it with the first line it writes on stderr (what it waits
+/// for, in the tests of a run that is starting).
+fn spawn_stop(sandbox: &Sandbox, id: &str) -> (Child, String) {
+    use std::io::BufRead;
+    let mut stop = sandbox
+        .knob()
+        .args(["stop", id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(stop.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    // Read on, so that what it says later (that it waits) never meets a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    (stop, first)
+}
+
+/// Waits (bounded) for a [`spawn_stop`] to end saying that it stopped the experiment.
+fn assert_stopped(stop: &mut Child, id: &str) {
+    let code = wait_bounded(stop, Duration::from_secs(60));
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut stop.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert_eq!(code, Some(0), "{stdout}");
+    assert_eq!(
+        stdout,
+        format!("experiment {id} stopped (STOPPED); continue it with `knob resume {id}`\n")
     );
 }
 
