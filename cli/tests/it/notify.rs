@@ -182,6 +182,11 @@ impl Receiver {
 /// A test CA and a certificate for localhost/127.0.0.1 signed by it, made with openssl:
 /// (ca.pem, server.pem, server.key). `None` (after saying so) without openssl.
 fn certificates(dir: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    certificates_for(dir, "DNS:localhost,IP:127.0.0.1")
+}
+
+/// [`certificates`] with a server certificate for `names` (openssl's `subjectAltName`).
+fn certificates_for(dir: &Path, names: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
     let openssl = |args: &[&str]| {
         Command::new("openssl")
             .args(args)
@@ -197,7 +202,7 @@ fn certificates(dir: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
     }
     std::fs::write(
         dir.join("server.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        format!("subjectAltName={names}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"),
     )
     .unwrap();
     let ec = [
@@ -1429,6 +1434,50 @@ fn a_private_cas_server_without_ca_file_says_to_give_it() {
     let (code, stdout, stderr) = notify_test(&format!(", caFile: {}", ca.display()));
     assert_eq!(code, 0, "{stdout}{stderr}");
     wait_for("the test mail", || smtpd.mails().len() == 1);
+}
+
+/// Mail to a server whose certificate names another host than `host` failed with rustls's
+/// words alone ("certificate not valid for name"), naming neither the setting nor the fix.
+#[test]
+fn a_server_certificate_for_another_name_says_to_write_a_name_it_holds() {
+    let Some(python) = prerequisite::SMTPD_PYTHON.path() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let Some((ca, cert, key)) =
+        certificates_for(&sandbox.path().join("tls"), "DNS:mail.example.com")
+    else {
+        return;
+    };
+    let smtpd = Smtpd::start(
+        &python,
+        &sandbox.path().join("smtpd"),
+        &[
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let config = sandbox.config(
+        &format!(
+            "{EXPERIMENT}\nnotifications:\n  email: {{host: localhost, port: {}, security: starttls, from: knob@example.com, to: me@example.com, caFile: {}}}",
+            smtpd.port,
+            ca.display()
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["notify", "test", "--config"])
+        .arg(&config));
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.trim_end().ends_with(
+            "; the server's certificate is not for localhost, the host knob connects to: set notifications.email.host to a name the certificate holds (its subject alternative names)"
+        ),
+        "{stdout}{stderr}"
+    );
 }
 
 /// An `https://` webhook URL whose port serves plain HTTP failed with rustls's words alone

@@ -239,6 +239,13 @@ fn smtp_advice(config: &EmailConfig, error: &str) -> Option<String> {
             ),
         });
     }
+    // rustls's "certificate not valid for name ..." alone named neither `host` nor the fix.
+    if error.contains("NotValidForName") || error.contains("not valid for name") {
+        return Some(format!(
+            "the server's certificate is not for {}, the host knob connects to: set notifications.email.host to a name the certificate holds (its subject alternative names)",
+            config.host
+        ));
+    }
     if error.contains("No compatible authentication mechanism") {
         return Some(match config.security {
             SmtpSecurity::None => "the server offers no login method knob knows without TLS: set notifications.email.security to starttls or tls, or drop user and password".to_string(),
