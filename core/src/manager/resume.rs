@@ -120,6 +120,7 @@ impl Manager {
                 let final_value = self.book[&id].final_value;
                 imported.push(import_record(
                     objectives,
+                    self.tuner.takes_whole_metrics(),
                     &parameter_ids,
                     stored,
                     status,
@@ -137,6 +138,7 @@ impl Manager {
             };
             imported.push(import_record(
                 objectives,
+                false,
                 &parameter_ids,
                 stored,
                 status,
@@ -378,9 +380,11 @@ impl Manager {
 }
 
 /// What the tuner is told about a trial of the earlier run (see `ImportedTrial`): its result,
-/// `None` for a trial that reported none (it ended without one, or it runs again).
+/// `None` for a trial that reported none (it ended without one, or it runs again), with the
+/// final as reported for a tuner that takes `whole_metrics`.
 fn import_record(
     objectives: &[crate::config::ObjectiveConfig],
+    whole_metrics: bool,
     parameter_ids: &HashMap<&str, u64>,
     stored: &crate::store::TrialState,
     status: TrialStatus,
@@ -397,8 +401,8 @@ fn import_record(
             .final_metric()
             .and_then(|m| crate::objectives::outcome(objectives, &m.raw).ok());
     }
-    // The final as sent, for a tuner that takes whole metrics (the host strips it for any other).
-    if result.is_some_and(|value| !value.is_nan()) {
+    // The final as sent, for a tuner that takes whole metrics.
+    if whole_metrics && result.is_some_and(|value| !value.is_nan()) {
         record.metric = stored
             .final_metric()
             .and_then(|m| knob_plugin_api::metric::parse_lenient(&m.raw).ok());
@@ -623,7 +627,14 @@ mod tests {
             gpu_memory_request_mib: None,
         };
         let parameter_ids = HashMap::from([("par", 3), ("old", 5), ("succ", 7)]);
-        let record = import_record(&[], &parameter_ids, &stored, TrialStatus::Running, None);
+        let record = import_record(
+            &[],
+            false,
+            &parameter_ids,
+            &stored,
+            TrialStatus::Running,
+            None,
+        );
         assert_eq!(
             record.lineage,
             Some(TunerLineage {
