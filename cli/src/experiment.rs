@@ -605,8 +605,10 @@ fn ranked(
 /// The store of a registered experiment, or a one-line error; one whose directory was moved or
 /// deleted by hand says so and how to forget it, rather than "no such file".
 pub(crate) fn open(entry: &RegistryEntry) -> anyhow::Result<StoreReader> {
-    refuse_gone(entry)?;
-    StoreReader::open(&entry.dir).map_err(|e| store_error(entry, &e))
+    refuse_gone_folder(entry)?;
+    let reader = StoreReader::open(&entry.dir).map_err(|e| store_error(entry, &e))?;
+    refuse_other_store(entry, &reader, "")?;
+    Ok(reader)
 }
 
 /// Why a command that needs an experiment's process gone (resume, delete) cannot go on while
@@ -641,9 +643,15 @@ pub(crate) fn store_error(
     anyhow::anyhow!("experiment {}: {text}", entry.id)
 }
 
-/// The error of an experiment whose directory was moved or deleted by hand, for a command that
-/// needs its store.
+/// The error of an experiment whose directory was moved or deleted by hand, or holds another
+/// experiment's store, for a command that needs its store.
 pub(crate) fn refuse_gone(entry: &RegistryEntry) -> anyhow::Result<()> {
+    refuse_gone_folder(entry)?;
+    refuse_other_experiment(entry, "")
+}
+
+/// [`refuse_gone`] without looking into the store.
+fn refuse_gone_folder(entry: &RegistryEntry) -> anyhow::Result<()> {
     if entry.directory_gone() && entry.dir.is_dir() {
         // The folder (trials' files, the config's copy) is there; only the store went.
         anyhow::bail!(
@@ -659,15 +667,28 @@ pub(crate) fn refuse_gone(entry: &RegistryEntry) -> anyhow::Result<()> {
             dir = entry.dir.display()
         );
     }
-    refuse_other_experiment(entry, "")
+    Ok(())
 }
 
 /// Refuses an entry whose folder holds another experiment's store (that folder moved or copied
 /// to this path by hand): its commands showed, resumed and deleted the other experiment under
 /// this id, and a delete removed the other's files. `doing` says what is refused, for a delete.
+/// A store that cannot be read is left to the command's own opening of it.
 pub(crate) fn refuse_other_experiment(entry: &RegistryEntry, doing: &str) -> anyhow::Result<()> {
-    let Some(other) = StoreReader::open(&entry.dir)
-        .and_then(|reader| reader.experiment())
+    match StoreReader::open(&entry.dir) {
+        Ok(reader) => refuse_other_store(entry, &reader, doing),
+        Err(_) => Ok(()),
+    }
+}
+
+/// [`refuse_other_experiment`] with the store already open.
+fn refuse_other_store(
+    entry: &RegistryEntry,
+    reader: &StoreReader,
+    doing: &str,
+) -> anyhow::Result<()> {
+    let Some(other) = reader
+        .experiment()
         .ok()
         .flatten()
         .map(|summary| summary.experiment_id)

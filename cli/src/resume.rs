@@ -557,19 +557,6 @@ fn being_created(id: &str) -> Option<u32> {
         })
 }
 
-/// Whether process `pid` exists and has not exited: one that exited stays a zombie (state `Z`
-/// in `/proc/PID/stat`) until its parent waits for it, which a script's parent may never do.
-fn still_runs(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name, which is in parentheses and may hold any byte.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    !matches!(state, None | Some('Z' | 'X'))
-}
-
 /// Waits, at most [`CREATING_PATIENCE`], for the `knob create` `pid` to register experiment
 /// `id`, and returns its entry; fails once that process ended without registering it (its
 /// config refused, say: nothing runs, so nothing is left to stop).
@@ -583,11 +570,15 @@ fn registered_once_created(
         CREATING_PATIENCE.as_secs()
     );
     let deadline = Instant::now() + CREATING_PATIENCE;
+    // `None` for a zombie too: one that exited stays one until its parent waits for it, which
+    // a script's parent may never do. Compared, so that another process given the pid since
+    // is not taken for it.
+    let started = knob_core::registry::process_start(pid);
     loop {
         if let Ok(entry) = registry.get(id) {
             return Ok(entry);
         }
-        if !still_runs(pid) {
+        if started.is_none() || knob_core::registry::process_start(pid) != started {
             // Registered just before it ended, or never.
             return registry.get(id).map_err(|_| {
                 anyhow::anyhow!(

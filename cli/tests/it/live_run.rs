@@ -314,11 +314,7 @@ fn a_second_ctrl_c_kills_the_trials_that_ignore_sigterm_before_exiting() {
 /// the stop sees the run starting, waits for it, and stops it.
 #[test]
 fn stop_during_a_starting_resume_stops_it() {
-    let sandbox = Sandbox::new();
-    let yaml = format!("trialCommand: sleep 30\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
-    let config = sandbox.config(&yaml, &[]);
-    assert_eq!(run(sandbox.knob().args(["experiment", "list"])).0, 0);
-    let registry_path = sandbox.path().join("home/registry.db");
+    let (sandbox, config, registry_path) = sleeping_experiment_and_registry();
     let reader = rusqlite::Connection::open_with_flags(
         &registry_path,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
@@ -399,11 +395,7 @@ fn stop_during_a_starting_resume_stops_it() {
 /// stops the experiment once it is registered.
 #[test]
 fn stop_during_a_create_not_yet_registered_stops_it() {
-    let sandbox = Sandbox::new();
-    let yaml = format!("trialCommand: sleep 30\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
-    let config = sandbox.config(&yaml, &[]);
-    assert_eq!(run(sandbox.knob().args(["experiment", "list"])).0, 0);
-    let registry_path = sandbox.path().join("home/registry.db");
+    let (sandbox, config, registry_path) = sleeping_experiment_and_registry();
     let writer = rusqlite::Connection::open(&registry_path).unwrap();
     writer.execute_batch("BEGIN IMMEDIATE").unwrap();
     let log = sandbox.path().join("create.log");
@@ -442,6 +434,18 @@ fn stop_during_a_create_not_yet_registered_stops_it() {
         stderr.contains(&format!("error: no experiment refused: the knob create that was making it (pid {}) ended before registering it", refused.id())),
         "{stderr}"
     );
+}
+
+/// A sandbox with a config of five 30 s trials, one at a time, and its registry made (by a
+/// `knob experiment list`), for the tests that hold the registry while a run starts; the
+/// config and the registry's path.
+fn sleeping_experiment_and_registry() -> (Sandbox, PathBuf, PathBuf) {
+    let sandbox = Sandbox::new();
+    let yaml = format!("trialCommand: sleep 30\ntrialConcurrency: 1\nmaxTrialNumber: 5\n{SPACE}");
+    let config = sandbox.config(&yaml, &[]);
+    assert_eq!(run(sandbox.knob().args(["experiment", "list"])).0, 0);
+    let registry_path = sandbox.path().join("home/registry.db");
+    (sandbox, config, registry_path)
 }
 
 /// Starts `knob stop ID`; returns it with the first line it writes on stderr (what it waits

@@ -1386,19 +1386,12 @@ notifications:
     assert!(elsewhere.accept().is_err(), "the redirect was followed");
 }
 
-/// A server whose certificate a private CA signed, without `caFile`: the failure was rustls's
-/// "invalid peer certificate: UnknownIssuer" alone, which named neither caFile nor the CA.
-#[test]
-fn a_private_cas_server_without_ca_file_says_to_give_it() {
-    let Some(python) = prerequisite::SMTPD_PYTHON.path() else {
-        return;
-    };
-    let sandbox = Sandbox::new();
-    let Some((ca, cert, key)) = certificates(&sandbox.path().join("tls")) else {
-        return;
-    };
+/// An aiosmtpd speaking STARTTLS with a certificate for `names` (openssl's `subjectAltName`),
+/// signed by a CA of its own; the server and that CA's certificate.
+fn starttls_smtpd(sandbox: &Sandbox, python: &Path, names: &str) -> Option<(Smtpd, PathBuf)> {
+    let (ca, cert, key) = certificates_for(&sandbox.path().join("tls"), names)?;
     let smtpd = Smtpd::start(
-        &python,
+        python,
         &sandbox.path().join("smtpd"),
         &[
             "--cert",
@@ -1407,31 +1400,49 @@ fn a_private_cas_server_without_ca_file_says_to_give_it() {
             key.to_str().unwrap(),
         ],
     );
-    let notify_test = |ca_file: &str| {
-        let config = sandbox.config(
-            &format!(
-                "{EXPERIMENT}\nnotifications:\n  email: {{host: localhost, port: {}, security: starttls, from: knob@example.com, to: me@example.com{ca_file}}}",
-                smtpd.port
-            ),
-            &[],
-        );
-        let (code, stdout, stderr) = run(sandbox
-            .knob()
-            .args(["notify", "test", "--config"])
-            .arg(&config));
-        (
-            code,
-            stdout.replace(&smtpd.port.to_string(), "PORT"),
-            stderr,
-        )
+    Some((smtpd, ca))
+}
+
+/// `knob notify test` of mail to `smtpd` at localhost over STARTTLS, `extra` appended to the
+/// `email` mapping (`, caFile: ...`); its exit code, stdout (the port written `PORT`), stderr.
+fn notify_test_starttls(sandbox: &Sandbox, smtpd: &Smtpd, extra: &str) -> (i32, String, String) {
+    let config = sandbox.config(
+        &format!(
+            "{EXPERIMENT}\nnotifications:\n  email: {{host: localhost, port: {}, security: starttls, from: knob@example.com, to: me@example.com{extra}}}",
+            smtpd.port
+        ),
+        &[],
+    );
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .args(["notify", "test", "--config"])
+        .arg(&config));
+    (
+        code,
+        stdout.replace(&smtpd.port.to_string(), "PORT"),
+        stderr,
+    )
+}
+
+/// A server whose certificate a private CA signed, without `caFile`: the failure was rustls's
+/// "invalid peer certificate: UnknownIssuer" alone, which named neither caFile nor the CA.
+#[test]
+fn a_private_cas_server_without_ca_file_says_to_give_it() {
+    let Some(python) = prerequisite::SMTPD_PYTHON.path() else {
+        return;
     };
-    let (code, stdout, stderr) = notify_test("");
+    let sandbox = Sandbox::new();
+    let Some((smtpd, ca)) = starttls_smtpd(&sandbox, &python, "DNS:localhost,IP:127.0.0.1") else {
+        return;
+    };
+    let (code, stdout, stderr) = notify_test_starttls(&sandbox, &smtpd, "");
     assert_eq!(code, 1, "{stdout}{stderr}");
     expect![[r#"
         email to me@example.com via localhost:PORT: failed: network error: invalid peer certificate: UnknownIssuer; the server's certificate is not signed by a CA knob trusts (Mozilla's roots): give its CA's certificate (PEM) as notifications.email.caFile
     "#]]
     .assert_eq(&stdout);
-    let (code, stdout, stderr) = notify_test(&format!(", caFile: {}", ca.display()));
+    let (code, stdout, stderr) =
+        notify_test_starttls(&sandbox, &smtpd, &format!(", caFile: {}", ca.display()));
     assert_eq!(code, 0, "{stdout}{stderr}");
     wait_for("the test mail", || smtpd.mails().len() == 1);
 }
@@ -1444,33 +1455,11 @@ fn a_server_certificate_for_another_name_says_to_write_a_name_it_holds() {
         return;
     };
     let sandbox = Sandbox::new();
-    let Some((ca, cert, key)) =
-        certificates_for(&sandbox.path().join("tls"), "DNS:mail.example.com")
-    else {
+    let Some((smtpd, ca)) = starttls_smtpd(&sandbox, &python, "DNS:mail.example.com") else {
         return;
     };
-    let smtpd = Smtpd::start(
-        &python,
-        &sandbox.path().join("smtpd"),
-        &[
-            "--cert",
-            cert.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-        ],
-    );
-    let config = sandbox.config(
-        &format!(
-            "{EXPERIMENT}\nnotifications:\n  email: {{host: localhost, port: {}, security: starttls, from: knob@example.com, to: me@example.com, caFile: {}}}",
-            smtpd.port,
-            ca.display()
-        ),
-        &[],
-    );
-    let (code, stdout, stderr) = run(sandbox
-        .knob()
-        .args(["notify", "test", "--config"])
-        .arg(&config));
+    let (code, stdout, stderr) =
+        notify_test_starttls(&sandbox, &smtpd, &format!(", caFile: {}", ca.display()));
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
         stdout.trim_end().ends_with(
