@@ -689,18 +689,18 @@ impl Host {
         }
     }
 
-    /// The host's life: connect, serve, reconnect or declare it lost. Signals `first_attempt`
-    /// once the first connection succeeded or failed.
+    /// The host's life: connect, serve, reconnect or declare it lost. Sends on `first_attempt`
+    /// once the first connection succeeded (`true`) or failed (`false`).
     pub async fn drive(
         self: Arc<Self>,
         ctx: Arc<Context>,
         mut stop: watch::Receiver<bool>,
-        first_attempt: oneshot::Sender<()>,
+        first_attempt: mpsc::Sender<bool>,
     ) {
         let target = self.machine.target();
         let mut incoming = match self.establish(&ctx, &stop).await {
             Ok(incoming) => {
-                let _ = first_attempt.send(());
+                let _ = first_attempt.send(true).await;
                 incoming
             }
             Err(e) => {
@@ -715,7 +715,7 @@ impl Host {
                 }
                 lock(&self.state).retrying = !permanent;
                 self.set_not_ready(&ctx, &why);
-                let _ = first_attempt.send(());
+                let _ = first_attempt.send(false).await;
                 // A host that is down now may come up later; a refused key or password will
                 // not change by itself.
                 if permanent {

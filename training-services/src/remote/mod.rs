@@ -50,6 +50,11 @@ use crate::starts::StartsUnderWay;
 
 /// How long `new` waits for the first connection to every host (they connect concurrently).
 const FIRST_CONNECT_LIMIT: Duration = Duration::from_secs(60);
+/// Once a host is up, how much longer `new` waits for the others' first attempts. A host that
+/// is down or stalled may take the whole `ssh::CONNECT_TIMEOUT` (or, stalled after logging in,
+/// `FIRST_CONNECT_LIMIT`) to fail, and the trials must not wait for it on the hosts that are up:
+/// it joins when it connects. The grace lets hosts that come up together be placed on together.
+const OTHERS_GRACE: Duration = Duration::from_secs(2);
 /// How long `shutdown` waits for the trials' ends.
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
 /// How long a start may take in all, code upload included.
@@ -155,16 +160,14 @@ impl RemoteService {
         let hosts: Vec<Arc<Host>> = args.machines.iter().cloned().map(Host::new).collect();
         let context = Arc::new(Context::new(args, emit, agent_binary));
         let (stop, stop_rx) = watch::channel(false);
-        let mut first_attempts = Vec::new();
+        let (first_attempt, first_attempts) = tokio::sync::mpsc::channel(hosts.len().max(1));
         for host in &hosts {
-            let (done, done_rx) = tokio::sync::oneshot::channel();
-            runtime.spawn(host.clone().drive(context.clone(), stop_rx.clone(), done));
-            first_attempts.push(done_rx);
+            let drive = host
+                .clone()
+                .drive(context.clone(), stop_rx.clone(), first_attempt.clone());
+            runtime.spawn(drive);
         }
-        runtime.block_on(async {
-            let all = futures_join(first_attempts);
-            let _ = tokio::time::timeout(FIRST_CONNECT_LIMIT, all).await;
-        });
+        runtime.block_on(await_first_attempts(first_attempts, hosts.len()));
         Ok(RemoteService {
             runtime: Some(runtime),
             context,
@@ -686,9 +689,19 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Waits for every receiver (a sender dropped counts as done).
-async fn futures_join(receivers: Vec<tokio::sync::oneshot::Receiver<()>>) {
-    for receiver in receivers {
-        let _ = receiver.await;
+/// Waits for every host's first attempt to connect, up to [`FIRST_CONNECT_LIMIT`], and once
+/// one host is up, up to [`OTHERS_GRACE`] more.
+async fn await_first_attempts(mut first_attempts: tokio::sync::mpsc::Receiver<bool>, hosts: usize) {
+    let mut deadline = tokio::time::Instant::now() + FIRST_CONNECT_LIMIT;
+    // Every host sends once.
+    for _ in 0..hosts {
+        match tokio::time::timeout_at(deadline, first_attempts.recv()).await {
+            Ok(Some(true)) => {
+                deadline = deadline.min(tokio::time::Instant::now() + OTHERS_GRACE);
+            }
+            Ok(Some(false)) => {}
+            Ok(None) | Err(_) => return,
+        }
     }
 }
 

@@ -1016,6 +1016,45 @@ fn two_hosts_with_one_unreachable_run_on_the_other() {
     service.stop();
 }
 
+/// A host that takes connections and never says a word (a hung sshd, a firewall that
+/// swallows the banner) takes `ssh::CONNECT_TIMEOUT` (20 s) to fail: the service starts
+/// without waiting for it once the other host is up, and it joins when it answers.
+#[test]
+fn a_stalled_host_does_not_hold_the_start_on_a_host_that_is_up() {
+    let Some(sshd) = start_sshd(key_options()) else {
+        return;
+    };
+    let world = World::new();
+    world.trust(&sshd);
+    // Listening, never accepting: the kernel completes the TCP handshake, no banner comes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let stalled = json!({
+        "host": "127.0.0.1", "port": silent_port, "user": sshd.user(),
+        "sshKeyFile": sshd.client_key_path(),
+    });
+    let events = Events::default();
+    let mut service = connect(
+        world.args(vec![stalled, key_machine(&sshd)]),
+        &events,
+        &agent_root(&sshd),
+    );
+    // Returned while the silent host still connects, not once its attempt timed out.
+    let environments = service.environments_now();
+    assert_eq!(
+        environments.iter().map(|e| e.ready).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+    let why = why_not_ready(&environments[0]);
+    assert!(why.ends_with("still connecting"), "{why}");
+    service
+        .start(&world.request(&sshd, "up", "echo KNOB_FINAL 1"))
+        .unwrap();
+    assert_eq!(ending(&events.wait_ended("up")).0, Some(0));
+    service.stop();
+    drop(silent);
+}
+
 /// A start whose code cannot be uploaded started nothing, and says so: the core tries it again
 /// (a connection that dropped mid-upload) instead of failing the trial at once.
 #[test]
