@@ -99,7 +99,7 @@ enum Command {
     /// Continue a stopped, crashed or finished experiment where it left off.
     Resume(resume::ResumeArgs),
     /// Stop a running experiment (its running trials are killed); it can be resumed.
-    Stop { id: String },
+    Stop(resume::StopArgs),
     /// List, inspect and export experiments.
     #[command(subcommand)]
     Experiment(manage::ExperimentCommand),
@@ -191,7 +191,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Create(args) => create::run(args),
         Command::Resume(args) => resume::resume(args),
-        Command::Stop { id } => resume::stop(&id),
+        Command::Stop(args) => resume::stop_command(args),
         Command::Experiment(command) => manage::run_experiment(command),
         Command::Trial(command) => manage::run_trial(command),
         Command::Update(command) => manage::update(command),

@@ -394,6 +394,66 @@ fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path, plugins
 /// the trials without their grace period, exit unrecorded), and a second `knob stop`, typed by a
 /// user who saw the first one wait, crashed the experiment it asked to stop. A SIGTERM during a
 /// stop changes nothing, so a second `knob stop` waits for the stop under way, as the first does.
+#[derive(clap::Args)]
+pub struct StopArgs {
+    /// The experiment to stop.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    id: Option<String>,
+    /// Stop every running experiment (nnictl's `stop --all`).
+    #[arg(long)]
+    all: bool,
+}
+
+pub fn stop_command(args: StopArgs) -> anyhow::Result<ExitCode> {
+    match args.id {
+        Some(id) => stop(&id),
+        None => stop_all(),
+    }
+}
+
+/// `knob stop --all`: every experiment whose process runs is stopped as `knob stop ID` stops it,
+/// all at once (their trials' grace periods pass together), each saying what it says alone. One
+/// that cannot be stopped is named and the others are stopped all the same; the exit is then
+/// non-zero. A crashed experiment is not running: `knob stop ID` of it ends what it left
+/// running.
+fn stop_all() -> anyhow::Result<ExitCode> {
+    let running: Vec<String> = Registry::open_default()?
+        .list()?
+        .into_iter()
+        .filter(|entry| entry.running_pid().is_some())
+        .map(|entry| entry.id)
+        .collect();
+    if running.is_empty() {
+        outln!("no experiment is running");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let failed = std::thread::scope(|scope| {
+        let stops: Vec<_> = running
+            .iter()
+            .map(|id| scope.spawn(move || stop(id)))
+            .collect();
+        let mut failed = 0;
+        for stopped in stops {
+            match stopped.join() {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    errln!("error: {error:#}");
+                    failed += 1;
+                }
+                Err(_) => failed += 1,
+            }
+        }
+        failed
+    });
+    if failed > 0 {
+        anyhow::bail!(
+            "{failed} of the {} running experiments did not stop as asked (above)",
+            running.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry = match registry.get(id) {

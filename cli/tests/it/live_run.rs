@@ -712,3 +712,57 @@ fn knob_stop_stops_a_suspended_run() {
         "STOPPED"
     );
 }
+
+/// `knob stop --all` (nnictl's `stop --all`) stops every experiment whose process runs, and
+/// leaves the others as they are; with none running it says so; an id and `--all` together,
+/// or neither, are refused.
+#[test]
+fn knob_stop_all_stops_every_running_experiment() {
+    let (sandbox, config, registry_path) = sleeping_experiment_and_registry();
+    let registry = rusqlite::Connection::open(&registry_path).unwrap();
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "--all"]));
+    assert_eq!(
+        (code, stdout.as_str()),
+        (0, "no experiment is running\n"),
+        "{stderr}"
+    );
+    // One already stopped, not running: left STOPPED, not named.
+    let earlier = spawn_logged(
+        sandbox.create_command(&config, "earlier"),
+        &sandbox.path().join("earlier.log"),
+    );
+    assert_eq!(
+        interrupt_once_visible(&registry, earlier, "earlier", Some("RUNNING")),
+        Some(0)
+    );
+    let mut runs = Vec::new();
+    for id in ["first", "second"] {
+        let log = sandbox.path().join(format!("{id}.log"));
+        let mut child = spawn_logged(sandbox.create_command(&config, id), &log);
+        wait_for_log(&log, &mut child, "dashboard and API: ");
+        runs.push((id, child, log));
+    }
+    let (code, stdout, stderr) = run(sandbox.knob().args(["stop", "--all"]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    for (id, mut child, log) in runs {
+        assert!(
+            stdout.contains(&format!("experiment {id} stopped (STOPPED)")),
+            "{stdout}"
+        );
+        let code = wait_bounded(&mut child, Duration::from_secs(60));
+        assert_eq!(code, Some(0), "{}", std::fs::read_to_string(&log).unwrap());
+        assert_eq!(sandbox.export(id)["experiment"]["status"], "STOPPED");
+    }
+    assert!(!stdout.contains("earlier"), "{stdout}");
+    assert_eq!(sandbox.export("earlier")["experiment"]["status"], "STOPPED");
+
+    let (code, _, stderr) = run(sandbox.knob().args(["stop", "first", "--all"]));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    let (code, _, stderr) = run(sandbox.knob().args(["stop"]));
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("<ID>") || stderr.contains("--all"),
+        "{stderr}"
+    );
+}
