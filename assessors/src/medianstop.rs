@@ -28,8 +28,8 @@ use crate::common::{number, numbers_apart, step_of, ClassArgs, Direction, Optimi
 pub struct MedianstopAssessor {
     direction: Direction,
     start_step: usize,
-    /// The latest history of each running trial, kept for when it ends.
-    running: BTreeMap<String, Vec<f64>>,
+    /// What is kept of each running trial, for its verdicts and for when it ends.
+    running: BTreeMap<String, Running>,
     /// Per successfully completed trial (in completion order), its running average at each
     /// step; NaN where it had no number yet.
     completed_averages: Vec<Vec<f64>>,
@@ -57,7 +57,13 @@ impl Assessor for MedianstopAssessor {
         if step < self.start_step || step == 0 {
             return Ok(Verdict::good());
         }
-        self.running.insert(trial_id.to_string(), history.to_vec());
+        let running = match self.running.get_mut(trial_id) {
+            Some(running) => running,
+            None => self.running.entry(trial_id.to_string()).or_default(),
+        };
+        let mode = self.direction.get();
+        running.follow(history, mode);
+        let best = running.best;
 
         let mut averages: Vec<f64> = self
             .completed_averages
@@ -77,7 +83,7 @@ impl Assessor for MedianstopAssessor {
             1 => "1 completed trial".to_string(),
             n => format!("{n} completed trials"),
         };
-        let Some(best) = self.direction.get().best(history) else {
+        let Some(best) = best else {
             let median = number(median);
             return Ok(Verdict::stop(format!(
                 "step {step}: no numeric result yet (all NaN), median {median} of {completed}"
@@ -98,9 +104,43 @@ impl Assessor for MedianstopAssessor {
             return Ok(());
         };
         if trial_status == status::SUCCEEDED {
-            self.completed_averages.push(running_averages(&history));
+            self.completed_averages
+                .push(running_averages(&history.history));
         }
         Ok(())
+    }
+}
+
+/// A running trial's history as last handed over, and its best number.
+#[derive(Debug, Default)]
+struct Running {
+    history: Vec<f64>,
+    best: Option<f64>,
+}
+
+impl Running {
+    /// Takes the trial's history as handed over now. The host hands the whole history at each
+    /// call, the earlier results unchanged, so only the new ones are added (copied whole and
+    /// scanned for the best each time, a trial of 100 000 results cost 5·10⁹ copies); one that
+    /// does not go on from the kept one (a retry starts over from step 1) replaces it.
+    fn follow(&mut self, history: &[f64], mode: OptimizeMode) {
+        let kept = self.history.len();
+        let goes_on = kept <= history.len()
+            && (kept == 0 || self.history[kept - 1].to_bits() == history[kept - 1].to_bits());
+        let new = if goes_on {
+            &history[kept..]
+        } else {
+            self.history.clear();
+            self.best = None;
+            history
+        };
+        self.history.extend_from_slice(new);
+        if let Some(best_new) = mode.best(new) {
+            self.best = Some(match self.best {
+                Some(best) if !mode.better(best_new, best) => best,
+                _ => best_new,
+            });
+        }
     }
 }
 

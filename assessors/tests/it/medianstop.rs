@@ -129,6 +129,26 @@ fn the_best_so_far_counts_not_the_latest_result() {
     assert_eq!(judge(&mut medianstop, "t", &[0.9, 0.2, 0.1]), "go on");
 }
 
+/// Medianstop keeps what it was handed and adds only the new results at each call: a retry
+/// that starts over is judged on its own results, even when its history is as long as the
+/// one kept (here one result), and the best it had before does not carry over.
+#[test]
+fn a_retry_is_judged_on_its_own_results_not_on_the_kept_best() {
+    let mut medianstop: MedianstopAssessor = assessor("{}");
+    run_trial(&mut medianstop, "done", &[0.5, 0.5, 0.5]);
+    assert_eq!(judge(&mut medianstop, "t", &[0.9]), "go on");
+    assert_eq!(
+        judge(&mut medianstop, "t", &[0.1]),
+        "stop: step 1: best 0.1 below median 0.5 of 1 completed trial"
+    );
+    // Three steps at once (the host skips calls to a slow assessor): the best among them counts.
+    assert_eq!(judge(&mut medianstop, "t", &[0.1, 0.2, 0.7, 0.3]), "go on");
+    assert_eq!(
+        judge(&mut medianstop, "t", &[0.1, 0.2, 0.7, 0.3, 0.2]),
+        "go on"
+    );
+}
+
 #[test]
 fn nan_is_never_a_best_nor_part_of_an_average() {
     let mut medianstop: MedianstopAssessor = assessor("{}");
