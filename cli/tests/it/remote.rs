@@ -673,6 +673,58 @@ fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
         .all(|(_, a)| a.iter().all(|(env, _, _)| *env == environment_id(&host))));
 }
 
+/// A host that takes the connection and never answers (a hung sshd, a firewall that swallows
+/// the banner) takes 20 s to time out: the experiment runs on the host that is up meanwhile,
+/// and says once why the silent one is not used.
+#[test]
+fn a_silent_host_does_not_hold_the_experiment_on_the_host_that_is_up() {
+    let Some(sshd) = sshd::sshd_binary() else {
+        return;
+    };
+    let host = key_host(&sshd, &[]);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let sandbox = Sandbox::new();
+    let known = known_hosts(&sandbox, &[&host]);
+    let machines = [
+        machine(&host),
+        machine(&host).replace(
+            &format!("port: {}", host.port()),
+            &format!("port: {silent_port}"),
+        ),
+    ];
+    let config = remote_config(
+        &sandbox,
+        Spec {
+            trial_command: "echo KNOB_FINAL 1",
+            concurrency: 2,
+            trials: 2,
+            machines: &machines,
+            known_hosts: &known,
+            hybrid: false,
+            extra: "",
+        },
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "silent");
+    drop(silent);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("experiment silent DONE: 2 trials (2 succeeded, 0 failed)"),
+        "{stdout}\n{stderr}"
+    );
+    let silent_address = format!("127.0.0.1:{silent_port}");
+    let about_silent: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains(&silent_address))
+        .collect();
+    assert!(
+        about_silent.len() == 1
+            && about_silent[0].starts_with("warning: environment ")
+            && about_silent[0].contains("still connecting; no trial starts there until it is"),
+        "not one line saying {silent_address} still connects: {stderr}"
+    );
+}
+
 /// The only host's sshd is not up when the experiment starts, and comes up a few seconds
 /// later: knob keeps trying it, its trials wait for it saying so, and run once it answers.
 /// The experiment ended in ERROR at once ("no environment can run trials") while the service
