@@ -634,43 +634,14 @@ fn a_host_unreachable_at_start_is_named_and_the_others_run_the_experiment() {
     let mut gone = key_host(&sshd, &[]);
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[&host, &gone]);
-    let machines = [machine(&host), machine(&gone)];
     gone.kill_host();
-    let config = remote_config(
-        &sandbox,
-        Spec {
-            trial_command: "echo KNOB_FINAL 1",
-            concurrency: 2,
-            trials: 4,
-            machines: &machines,
-            known_hosts: &known,
-            hybrid: false,
-            extra: "",
-        },
-    );
-    let (code, stdout, stderr) = sandbox.create(&config, "onegone");
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
-    assert!(
-        stdout.starts_with("experiment onegone DONE: 4 trials (4 succeeded, 0 failed)"),
-        "{stdout}\n{stderr}"
-    );
     // One line says it, with the reason (it was three: the service's, the core's without a
     // reason, the host's).
-    let gone_address = format!("127.0.0.1:{}", gone.port());
-    let about_gone: Vec<&str> = stderr
-        .lines()
-        .filter(|line| line.contains(&gone_address))
-        .collect();
+    let about_gone = the_line_about_a_host_not_up(&sandbox, &known, &host, &machine(&gone), 4);
     assert!(
-        about_gone.len() == 1
-            && about_gone[0].starts_with("warning: environment ")
-            && about_gone[0].contains("cannot connect: connection refused"),
-        "not one warning with the reason names {gone_address}: {stderr}"
+        about_gone.contains("cannot connect: connection refused"),
+        "{about_gone}"
     );
-    let history = attempts(&sandbox.export("onegone"));
-    assert!(history
-        .iter()
-        .all(|(_, a)| a.iter().all(|(env, _, _)| *env == environment_id(&host))));
 }
 
 /// A host that takes the connection and never answers (a hung sshd, a firewall that swallows
@@ -686,43 +657,68 @@ fn a_silent_host_does_not_hold_the_experiment_on_the_host_that_is_up() {
     let silent_port = silent.local_addr().unwrap().port();
     let sandbox = Sandbox::new();
     let known = known_hosts(&sandbox, &[&host]);
-    let machines = [
-        machine(&host),
-        machine(&host).replace(
-            &format!("port: {}", host.port()),
-            &format!("port: {silent_port}"),
-        ),
-    ];
+    let silent_machine = machine(&host).replace(
+        &format!("port: {}", host.port()),
+        &format!("port: {silent_port}"),
+    );
+    let about_silent = the_line_about_a_host_not_up(&sandbox, &known, &host, &silent_machine, 2);
+    drop(silent);
+    assert!(
+        about_silent.contains("still connecting; no trial starts there until it is"),
+        "{about_silent}"
+    );
+}
+
+/// Runs `trials` trivial trials, two at a time, on `host` and on the machineList entry
+/// `not_up`; every trial succeeds on `host`. Returns the one line of the run's stderr that
+/// names `not_up`'s address: a warning about its environment.
+fn the_line_about_a_host_not_up(
+    sandbox: &Sandbox,
+    known: &Path,
+    host: &Sshd,
+    not_up: &str,
+    trials: u32,
+) -> String {
+    let machines = [machine(host), not_up.to_string()];
     let config = remote_config(
-        &sandbox,
+        sandbox,
         Spec {
             trial_command: "echo KNOB_FINAL 1",
             concurrency: 2,
-            trials: 2,
+            trials,
             machines: &machines,
-            known_hosts: &known,
+            known_hosts: known,
             hybrid: false,
             extra: "",
         },
     );
-    let (code, stdout, stderr) = sandbox.create(&config, "silent");
-    drop(silent);
+    let (code, stdout, stderr) = sandbox.create(&config, "onenotup");
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(
-        stdout.starts_with("experiment silent DONE: 2 trials (2 succeeded, 0 failed)"),
+        stdout.starts_with(&format!(
+            "experiment onenotup DONE: {trials} trials ({trials} succeeded, 0 failed)"
+        )),
         "{stdout}\n{stderr}"
     );
-    let silent_address = format!("127.0.0.1:{silent_port}");
-    let about_silent: Vec<&str> = stderr
+    let port = not_up
+        .split("port: ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap();
+    let address = format!("127.0.0.1:{port}");
+    let about: Vec<&str> = stderr
         .lines()
-        .filter(|line| line.contains(&silent_address))
+        .filter(|line| line.contains(&address))
         .collect();
     assert!(
-        about_silent.len() == 1
-            && about_silent[0].starts_with("warning: environment ")
-            && about_silent[0].contains("still connecting; no trial starts there until it is"),
-        "not one line saying {silent_address} still connects: {stderr}"
+        about.len() == 1 && about[0].starts_with("warning: environment "),
+        "not one warning names {address}: {stderr}"
     );
+    let history = attempts(&sandbox.export("onenotup"));
+    assert!(history
+        .iter()
+        .all(|(_, a)| a.iter().all(|(env, _, _)| *env == environment_id(host))));
+    about[0].to_string()
 }
 
 /// The only host's sshd is not up when the experiment starts, and comes up a few seconds

@@ -941,6 +941,32 @@ fn a_login_that_does_not_run_knobs_commands_says_what_it_printed() {
     );
 }
 
+/// A service of two hosts: first one on 127.0.0.1 at `port` (with `sshd`'s user and key),
+/// which is not up, then `sshd`, which is. Returns it with the first one's environment as the
+/// service returned.
+fn connect_beside_a_host_not_up(
+    world: &World,
+    events: &Events,
+    sshd: &Sshd,
+    port: u16,
+) -> (RemoteService, knob_plugin_api::service::Environment) {
+    let not_up = json!({
+        "host": "127.0.0.1", "port": port, "user": sshd.user(),
+        "sshKeyFile": sshd.client_key_path(),
+    });
+    let service = connect(
+        world.args(vec![not_up, key_machine(sshd)]),
+        events,
+        &agent_root(sshd),
+    );
+    let mut environments = service.environments_now();
+    assert_eq!(
+        environments.iter().map(|e| e.ready).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+    (service, environments.swap_remove(0))
+}
+
 #[test]
 fn two_hosts_with_one_unreachable_run_on_the_other() {
     let Some(sshd) = start_sshd(key_options()) else {
@@ -954,23 +980,10 @@ fn two_hosts_with_one_unreachable_run_on_the_other() {
         .local_addr()
         .unwrap()
         .port();
-    let dead = json!({
-        "host": "127.0.0.1", "port": dead_port, "user": sshd.user(),
-        "sshKeyFile": sshd.client_key_path(),
-    });
     let events = Events::default();
-    let mut service = connect(
-        world.args(vec![dead, key_machine(&sshd)]),
-        &events,
-        &agent_root(&sshd),
-    );
+    let (mut service, dead) = connect_beside_a_host_not_up(&world, &events, &sshd, dead_port);
     // The unreachable host's environment says why; no warning repeats it.
-    let environments = service.environments_now();
-    assert_eq!(
-        environments.iter().map(|e| e.ready).collect::<Vec<_>>(),
-        vec![false, true]
-    );
-    let why = why_not_ready(&environments[0]);
+    let why = why_not_ready(&dead);
     assert!(
         why.contains(&format!("127.0.0.1:{dead_port}"))
             && why.contains("connection refused")
@@ -978,10 +991,7 @@ fn two_hosts_with_one_unreachable_run_on_the_other() {
         "{why}"
     );
     // Tried again (it may come up): the core waits for it rather than count it out.
-    assert_eq!(
-        environments[0].inventory["retrying"], true,
-        "{environments:?}"
-    );
+    assert_eq!(dead.inventory["retrying"], true, "{dead:?}");
     assert_eq!(warnings(&events.all()), Vec::<String>::new());
     service
         .start(&world.request(&sshd, "h1", "echo KNOB_FINAL 1"))
@@ -1029,23 +1039,10 @@ fn a_stalled_host_does_not_hold_the_start_on_a_host_that_is_up() {
     // Listening, never accepting: the kernel completes the TCP handshake, no banner comes.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_port = silent.local_addr().unwrap().port();
-    let stalled = json!({
-        "host": "127.0.0.1", "port": silent_port, "user": sshd.user(),
-        "sshKeyFile": sshd.client_key_path(),
-    });
     let events = Events::default();
-    let mut service = connect(
-        world.args(vec![stalled, key_machine(&sshd)]),
-        &events,
-        &agent_root(&sshd),
-    );
+    let (mut service, stalled) = connect_beside_a_host_not_up(&world, &events, &sshd, silent_port);
     // Returned while the silent host still connects, not once its attempt timed out.
-    let environments = service.environments_now();
-    assert_eq!(
-        environments.iter().map(|e| e.ready).collect::<Vec<_>>(),
-        vec![false, true]
-    );
-    let why = why_not_ready(&environments[0]);
+    let why = why_not_ready(&stalled);
     assert!(why.ends_with("still connecting"), "{why}");
     service
         .start(&world.request(&sshd, "up", "echo KNOB_FINAL 1"))
