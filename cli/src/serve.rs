@@ -21,8 +21,9 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on every API request (also $KNOB_API_TOKEN).
     #[arg(long)]
     pub token: Option<String>,
-    /// Also answer requests whose Host is NAME (besides localhost and the bound address);
-    /// repeatable. Other names are refused, which stops DNS rebinding.
+    /// Also answer requests whose Host is NAME, a name or an IP such as a port forward's
+    /// (besides localhost and the bound address); repeatable. Other names are refused, which
+    /// stops DNS rebinding.
     #[arg(long = "allow-host", value_name = "NAME")]
     pub allow_host: Vec<String>,
 }
@@ -54,9 +55,10 @@ impl ServeArgs {
             anyhow::bail!("$KNOB_API_TOKEN is blank: set a non-empty token, or unset it");
         }
         for name in &self.allow_host {
-            if name.is_empty() || name.contains([':', '/', ' ', '[', ']']) {
+            let ip = api::allowed_ip(name).is_some();
+            if name.is_empty() || !ip && name.contains([':', '/', ' ', '[', ']']) {
                 anyhow::bail!(
-                    "--allow-host {name:?}: give a host name alone, without scheme or port (e.g. --allow-host knob.lab)"
+                    "--allow-host {name:?}: give a host name or IP alone, without scheme or port (e.g. --allow-host knob.lab)"
                 );
             }
         }

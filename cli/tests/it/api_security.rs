@@ -107,7 +107,16 @@ fn foreign_hosts_cross_site_writes_and_non_json_writes_are_refused() {
     command.arg("create").arg("--config").arg(&config);
     let experiment = start(
         command,
-        &["--id", "guarded", "--port", "0", "--allow-host", "knob.lab"],
+        &[
+            "--id",
+            "guarded",
+            "--port",
+            "0",
+            "--allow-host",
+            "knob.lab",
+            "--allow-host",
+            "10.0.0.5",
+        ],
     );
     let base = experiment.base.clone();
     let own = base.trim_start_matches("http://").to_string();
@@ -115,7 +124,11 @@ fn foreign_hosts_cross_site_writes_and_non_json_writes_are_refused() {
 
     // DNS rebinding: a page on evil.example that resolves to 127.0.0.1 sends its own name.
     for path in ["/api/v1/experiment", "/api/v1/trials", "/"] {
-        for host in ["evil.example", &format!("evil.example:{port}")] {
+        for host in [
+            "evil.example",
+            &format!("evil.example:{port}"),
+            "10.0.0.6:9000",
+        ] {
             assert_refused(
                 raw(&base, "GET", path, &[("Host", host)], ""),
                 403,
@@ -128,6 +141,9 @@ fn foreign_hosts_cross_site_writes_and_non_json_writes_are_refused() {
         format!("localhost:{port}"),
         "localhost".to_string(),
         format!("knob.lab:{port}"),
+        // Where a port forward listens (`ssh -L 10.0.0.5:9000:localhost:PORT`): the page's
+        // origin, and so its Host, is the forward's address.
+        "10.0.0.5:9000".to_string(),
     ] {
         let (status, body) = raw(&base, "GET", "/api/v1/experiment", &[("Host", &host)], "");
         assert_eq!(

@@ -39,9 +39,10 @@ fn host_name(host: &str) -> Option<&str> {
 }
 
 /// Whether a request whose `Host` header is `host` may be answered by a server bound to `bound`:
-/// `localhost`, the bound address, or one of `names` (`--allow-host`). On an unspecified bind
-/// (`0.0.0.0`, `::`) any IP literal is this machine's: a browser sends an IP as `Host` only for
-/// a page whose own origin is that IP, so it cannot be a rebinding.
+/// `localhost`, the bound address, or one of `names` (`--allow-host`: a name, or an IP such as
+/// the address of a port forward to this server). On an unspecified bind (`0.0.0.0`, `::`) any
+/// IP literal is this machine's: a browser sends an IP as `Host` only for a page whose own
+/// origin is that IP, so it cannot be a rebinding.
 pub fn host_allowed(host: &str, bound: IpAddr, names: &[String]) -> bool {
     let Some(name) = host_name(host) else {
         return false;
@@ -50,12 +51,23 @@ pub fn host_allowed(host: &str, bound: IpAddr, names: &[String]) -> bool {
         return true;
     }
     if let Ok(ip) = name.parse::<IpAddr>() {
-        return bound.is_unspecified() || ip == bound;
+        return bound.is_unspecified()
+            || ip == bound
+            || names.iter().any(|allowed| allowed_ip(allowed) == Some(ip));
     }
     let name = name.strip_suffix('.').unwrap_or(name);
     names
         .iter()
         .any(|allowed| allowed.eq_ignore_ascii_case(name))
+}
+
+/// The IP an `--allow-host` value names, if it is one (`10.0.0.5`, `::1` or `[::1]`).
+pub fn allowed_ip(name: &str) -> Option<IpAddr> {
+    let bare = name
+        .strip_prefix('[')
+        .and_then(|inside| inside.strip_suffix(']'))
+        .unwrap_or(name);
+    bare.parse().ok()
 }
 
 /// What [`check_host`] needs: where the server listens and the extra names it answers to.
@@ -274,6 +286,11 @@ mod tests {
         assert!(host_allowed("[::1]:8080", "::1".parse().unwrap(), &[]));
         assert!(host_allowed("192.168.1.5:8080", any, &[]));
         assert!(!host_allowed("evil.example:8080", any, &[]));
+        // An IP given to --allow-host (where a port forward listens) is answered as a name is.
+        let forwarded = vec!["10.0.0.5".to_string(), "[fd00::7]".to_string()];
+        assert!(host_allowed("10.0.0.5:9000", loopback, &forwarded));
+        assert!(host_allowed("[fd00::7]:9000", loopback, &forwarded));
+        assert!(!host_allowed("10.0.0.6:9000", loopback, &forwarded));
     }
 
     #[test]

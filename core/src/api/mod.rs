@@ -387,7 +387,7 @@ pub fn check_bind(address: SocketAddr, token: Option<&str>) -> Result<(), ServeE
 }
 
 pub use catalog::{serve_catalog, CatalogConfig};
-pub use guard::host_allowed;
+pub use guard::{allowed_ip, host_allowed};
 pub use reads::experiment_snapshot;
 
 /// Serves the API and the dashboard on `listener` until the task is dropped. Every request must
