@@ -54,6 +54,19 @@ impl ServeArgs {
         {
             anyhow::bail!("$KNOB_API_TOKEN is blank: set a non-empty token, or unset it");
         }
+        let given = match &self.token {
+            Some(token) => Some(("--token", token.clone())),
+            None => std::env::var(knob_plugin_api::secrets::API_TOKEN)
+                .ok()
+                .map(|token| ("$KNOB_API_TOKEN", token)),
+        };
+        if let Some((source, token)) = given {
+            if let Some(problem) = unsendable(&token) {
+                anyhow::bail!(
+                    "{source} {problem}, which no request can send back in its Authorization header (every one would get 401): use letters, digits and ASCII punctuation"
+                );
+            }
+        }
         for name in &self.allow_host {
             let ip = api::allowed_ip(name).is_some();
             if name.is_empty() || !ip && name.contains([':', '/', ' ', '[', ']']) {
@@ -90,6 +103,22 @@ impl ServeArgs {
             .with_context(|| format!("cannot serve the API on {address}"))?;
         listener.set_nonblocking(true)?;
         Ok(listener)
+    }
+}
+
+/// What makes a token impossible to present, if anything. A header value is visible ASCII
+/// (`HeaderValue::to_str` refuses anything else, and a browser's `fetch` throws on it), and the
+/// server trims the spaces around a Bearer token, as HTTP trims those of every header value.
+/// The token itself is not named: it is a secret.
+fn unsendable(token: &str) -> Option<&'static str> {
+    if token.trim() != token {
+        Some("begins or ends with a space")
+    } else if token.chars().any(|c| c.is_ascii_control()) {
+        Some("holds a control character")
+    } else if !token.is_ascii() {
+        Some("holds a character beyond ASCII")
+    } else {
+        None
     }
 }
 

@@ -306,8 +306,10 @@ fn a_method_a_route_does_not_serve_is_answered_with_what_it_does() {
     }
 }
 
+/// A blank token, and one no request can send back (every request would get 401, `knob stop`
+/// included), are refused before anything is made, without the token in the message.
 #[test]
-fn a_blank_token_is_refused_in_one_line() {
+fn a_blank_or_unsendable_token_is_refused_in_one_line() {
     let sandbox = Sandbox::new();
     let config = sandbox.config(QUICK, &[]);
     for token in ["", "   "] {
@@ -320,6 +322,32 @@ fn a_blank_token_is_refused_in_one_line() {
         assert_eq!(code, 1, "{stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(stderr.contains("--token is blank"), "{stderr}");
+    }
+    for (token, problem) in [
+        (" s3cret ", "begins or ends with a space"),
+        ("s3cret\n", "begins or ends with a space"),
+        ("s3\x01cret", "holds a control character"),
+        ("s3crét", "holds a character beyond ASCII"),
+    ] {
+        for from_env in [false, true] {
+            let mut command = sandbox.knob();
+            command.arg("create").arg("--config").arg(&config);
+            command.args(["--port", "0"]);
+            let source = if from_env {
+                command.env("KNOB_API_TOKEN", token);
+                "$KNOB_API_TOKEN"
+            } else {
+                command.args(["--token", token]);
+                "--token"
+            };
+            let (code, _, stderr) = run(&mut command);
+            assert_eq!(code, 1, "{stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{stderr}");
+            assert!(
+                stderr.contains(&format!("{source} {problem}")) && !stderr.contains("s3"),
+                "{stderr}"
+            );
+        }
     }
     assert!(run(sandbox.knob().args(["experiment", "list"]))
         .1
