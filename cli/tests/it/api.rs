@@ -865,6 +865,15 @@ fn the_experiment_list_serves_each_experiments_trial_routes() {
     // dashboard's page (the prefix was cut by the decoded id).
     let (status, encoded) = get(&format!("{}/e/%6Cisted", view.base), "/trials");
     assert_eq!((status, &encoded), (200, &trials));
+    // `/e/ID` is sent on to the dashboard, `/e/ID/`, as written: a decoded id with a control
+    // character made the redirect a 500 (no header value), and an unknown one is then a 404.
+    let page = |path: &str| call("GET", &format!("{}{path}", view.base), None, None);
+    let (status, dashboard) = page("/e/%6Cisted");
+    assert_eq!(status, 200, "{dashboard}");
+    assert!(dashboard
+        .as_str()
+        .is_some_and(|html| html.contains("<title>")));
+    assert_refused(page("/e/a%0Ab"), 404, "no experiment a b in the registry");
 }
 
 /// Opens `GET /api/v1/stream?since=SINCE` of `base` (a `http://127.0.0.1:PORT...` URL) on a

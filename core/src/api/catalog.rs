@@ -81,10 +81,7 @@ pub async fn serve_catalog(
                 require_token,
             )),
         )
-        .route(
-            "/e/{id}",
-            get(|Path(id): Path<String>| async move { Redirect::permanent(&format!("/e/{id}/")) }),
-        )
+        .route("/e/{id}", get(to_dashboard))
         .route("/e/{id}/", axum::routing::any(experiment))
         .route("/e/{id}/{*rest}", axum::routing::any(experiment))
         .layer(middleware::from_fn(guard::forbid_framing))
@@ -93,6 +90,15 @@ pub async fn serve_catalog(
         .layer(middleware::from_fn_with_state(rule, guard::check_host));
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+/// `/e/ID` is `/e/ID/`, the dashboard (whose relative links need the slash). The path as the
+/// request wrote it, not the decoded `{id}`: a decoded id is no header value (`/e/a%0Ab` was a
+/// 500, "failed to parse header value") or not the bytes a browser reads back (`%C3%A9`, sent
+/// raw, named another id).
+async fn to_dashboard(uri: Uri) -> Response {
+    let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    Redirect::permanent(&format!("{}/{query}", uri.path())).into_response()
 }
 
 async fn require_token(State(catalog): State<Catalog>, request: Request, next: Next) -> Response {
