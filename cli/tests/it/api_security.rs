@@ -277,33 +277,74 @@ fn a_method_a_route_does_not_serve_is_answered_with_what_it_does() {
     let mut command = sandbox.knob();
     command.arg("create").arg("--config").arg(&config);
     let experiment = start(command, &["--id", "methods", "--port", "0"]);
-    let base = experiment.base.clone();
-    let own = base.trim_start_matches("http://").to_string();
-    let json = [("Host", own.as_str()), ("Content-Type", "application/json")];
     for (method, path, allowed) in [
         ("DELETE", "/api/v1/experiment", "GET,HEAD,PATCH,PUT"),
         ("DELETE", "/api/v1/trials/0", "GET,HEAD"),
         ("GET", "/api/v1/experiment/stop", "POST"),
         ("POST", "/", "GET,HEAD"),
     ] {
-        let (status, body) = raw(&base, method, path, &json, "");
-        assert_eq!(status, 405, "{method} {path}: {body}");
-        let message = body["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{method} {path}: {body:?}"));
-        let listed: String = message
-            .split("allowed: ")
-            .nth(1)
-            .unwrap_or("")
-            .replace(' ', "");
-        let mut listed: Vec<&str> = listed.split(',').collect();
-        listed.sort();
-        assert_eq!(listed.join(","), allowed, "{method} {path}: {message}");
-        assert!(
-            message.starts_with(&format!("{method} is not allowed on {path}")),
-            "{message}"
-        );
+        assert_not_allowed(&experiment.base, method, path, path, allowed);
     }
+
+    // knob view's list answers as an experiment's own server does: its 405s say what is
+    // allowed (an experiment's under /e/ID/ what the experiment's router allows), a path it
+    // does not serve and a malformed one get a JSON error; they were empty or plain text.
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0"]);
+    let list = start(command, &[]);
+    for (method, path, shown, allowed) in [
+        (
+            "POST",
+            "/api/v1/experiments",
+            "/api/v1/experiments",
+            "GET,HEAD",
+        ),
+        ("DELETE", "/e/methods", "/e/methods", "GET,HEAD"),
+        ("POST", "/", "/", "GET,HEAD"),
+        (
+            "DELETE",
+            "/e/methods/api/v1/trials/0",
+            "/api/v1/trials/0",
+            "GET,HEAD",
+        ),
+    ] {
+        assert_not_allowed(&list.base, method, path, shown, allowed);
+    }
+    let own = list.base.trim_start_matches("http://").to_string();
+    let host = [("Host", own.as_str())];
+    for path in ["/e/", "/nothing"] {
+        assert_refused(raw(&list.base, "GET", path, &host, ""), 404, "/e/ID/");
+    }
+    assert_refused(
+        raw(&list.base, "GET", "/e/%ff/", &host, ""),
+        400,
+        "Invalid UTF-8",
+    );
+}
+
+/// `method path` on `base` is a JSON 405 that names `shown` and lists `allowed`, as `Allow`
+/// does.
+#[track_caller]
+fn assert_not_allowed(base: &str, method: &str, path: &str, shown: &str, allowed: &str) {
+    let own = base.trim_start_matches("http://").to_string();
+    let json = [("Host", own.as_str()), ("Content-Type", "application/json")];
+    let (status, body) = raw(base, method, path, &json, "");
+    assert_eq!(status, 405, "{method} {path}: {body}");
+    let message = body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{method} {path}: {body:?}"));
+    let listed: String = message
+        .split("allowed: ")
+        .nth(1)
+        .unwrap_or("")
+        .replace(' ', "");
+    let mut listed: Vec<&str> = listed.split(',').collect();
+    listed.sort();
+    assert_eq!(listed.join(","), allowed, "{method} {path}: {message}");
+    assert!(
+        message.starts_with(&format!("{method} is not allowed on {shown}")),
+        "{message}"
+    );
 }
 
 /// A blank token, and one no request can send back (every request would get 401, `knob stop`

@@ -44,6 +44,16 @@ struct CatalogInner {
 /// The catalog's own routes (besides the dashboards under `/e/{id}/`).
 pub const ROUTES: [&str; 2] = ["/", "/api/v1/experiments"];
 
+/// What the catalog answers with GET (each experiment's own router answers under `/e/{id}/`,
+/// with every method, and explains its own 405s).
+fn get_routes() -> Vec<(&'static str, &'static str)> {
+    ROUTES
+        .iter()
+        .chain(&["/assets/{name}", "/e/{id}"])
+        .map(|path| ("get", *path))
+        .collect()
+}
+
 /// Serves the catalog on `listener` until the task is dropped.
 pub async fn serve_catalog(
     listener: TcpListener,
@@ -84,6 +94,17 @@ pub async fn serve_catalog(
         .route("/e/{id}", get(to_dashboard))
         .route("/e/{id}/", axum::routing::any(experiment))
         .route("/e/{id}/{*rest}", axum::routing::any(experiment))
+        // As an experiment's own server answers: JSON errors, 405s that say what is allowed.
+        .fallback(|| async {
+            ApiError::not_found(
+                "no such page: the list is at /, each experiment's dashboard at /e/ID/ and its API at /e/ID/api/v1/, the list's own at /api/v1/experiments",
+            )
+        })
+        .layer(middleware::from_fn(super::plain_errors_as_json))
+        .layer(middleware::from_fn_with_state(
+            get_routes as guard::RouteTable,
+            guard::explain_method_not_allowed,
+        ))
         .layer(middleware::from_fn(guard::forbid_framing))
         .layer(tower_http::compression::CompressionLayer::new())
         .with_state(catalog)

@@ -222,24 +222,28 @@ pub(super) async fn forbid_framing(request: Request, next: Next) -> Response {
     response
 }
 
+/// The (method, path template) pairs a server answers, lower case as in OpenAPI: what its
+/// 405s list.
+pub(super) type RouteTable = fn() -> Vec<(&'static str, &'static str)>;
+
 /// axum answers a method a path does not serve with an empty 405 (and, as knob builds its
-/// routes one operation at a time, without `Allow`); this one says what is allowed.
-pub(super) async fn explain_method_not_allowed(request: Request, next: Next) -> Response {
+/// routes one operation at a time, without `Allow`); this one says what `routes` allow. A 405
+/// with `Allow` is explained already, by the router of an experiment that `knob view`'s list
+/// serves under `/e/ID/`, whose routes the list's table does not hold.
+pub(super) async fn explain_method_not_allowed(
+    State(routes): State<RouteTable>,
+    request: Request,
+    next: Next,
+) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let response = next.run(request).await;
-    if response.status() != StatusCode::METHOD_NOT_ALLOWED {
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED
+        || response.headers().contains_key(header::ALLOW)
+    {
         return response;
     }
-    let api = super::api_routes();
-    let web = super::web::ROUTES.iter().map(|path| ("get", *path));
-    let allowed = allowed_methods(
-        api.iter()
-            .map(|route| (route.method, route.path))
-            .chain(web),
-        &path,
-    )
-    .join(", ");
+    let allowed = allowed_methods(routes(), &path).join(", ");
     let mut explained = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{method} is not allowed on {path}; allowed: {allowed}"),

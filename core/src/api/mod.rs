@@ -420,10 +420,23 @@ pub fn router(state: ApiState) -> Router {
     // times over; tower-http's default predicate leaves the event stream uncompressed.
     web::routes()
         .merge(api)
-        .layer(middleware::from_fn(guard::explain_method_not_allowed))
+        .layer(middleware::from_fn_with_state(
+            served_routes as guard::RouteTable,
+            guard::explain_method_not_allowed,
+        ))
         .layer(middleware::from_fn(guard::forbid_framing))
         .layer(tower_http::compression::CompressionLayer::new())
         .with_state(state)
+}
+
+/// Every (method, path) [`router`] serves: the API's and the dashboard's.
+fn served_routes() -> Vec<(&'static str, &'static str)> {
+    let web = web::ROUTES.iter().map(|path| ("get", *path));
+    api_routes()
+        .iter()
+        .map(|route| (route.method, route.path))
+        .chain(web)
+        .collect()
 }
 
 async fn openapi() -> Response {
@@ -466,7 +479,7 @@ const PLAIN_ERROR_LIMIT: usize = 4096;
 /// Answers axum's own rejections (a path segment that is not UTF-8, say) as every other API
 /// error is, `{"error": "<line>"}`, which `openapi.yaml` promises: they come as plain text from
 /// extractors before any handler of ours runs.
-async fn plain_errors_as_json(request: Request, next: Next) -> Response {
+pub(super) async fn plain_errors_as_json(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     let status = response.status();
     let plain = response
