@@ -102,6 +102,14 @@ impl ServeArgs {
         let listener = std::net::TcpListener::bind(address)
             .with_context(|| format!("cannot serve the API on {address}"))?;
         listener.set_nonblocking(true)?;
+        // Once this process is sure to serve (a `--detach` hands the token to its background
+        // `knob` in the environment): the token stays in this command line while it runs.
+        if self.token.is_some() {
+            errln!(
+                "warning: --token shows the token to every user of this machine (ps, /proc/PID/cmdline) for as long as knob runs; export {} instead",
+                knob_plugin_api::secrets::API_TOKEN
+            );
+        }
         Ok(listener)
     }
 }

@@ -347,6 +347,36 @@ fn assert_not_allowed(base: &str, method: &str, path: &str, shown: &str, allowed
     );
 }
 
+/// A token given as `--token` is in the command line, which every user of the machine can
+/// read while knob runs: knob says so and what to do; the same token from the environment, or
+/// handed by `--detach` to its background `knob` there, is not.
+#[test]
+fn a_token_on_the_command_line_is_warned_of() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(QUICK, &[]);
+    let warning = "warning: --token shows the token to every user of this machine";
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .args(["--port", "0", "--token", "s3cret"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(warning) && stderr.contains("export KNOB_API_TOKEN instead"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(sandbox
+        .knob()
+        .arg("create")
+        .arg("--config")
+        .arg(&config)
+        .env("KNOB_API_TOKEN", "s3cret")
+        .args(["--port", "0"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains(warning), "{stderr}");
+}
+
 /// A blank token, and one no request can send back (every request would get 401, `knob stop`
 /// included), are refused before anything is made, without the token in the message.
 #[test]
