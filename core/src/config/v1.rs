@@ -258,6 +258,8 @@ pub(crate) fn convert(reader: &mut Reader, root: &Node) -> Converted {
         .iter()
         .filter_map(|(block, platform)| Some((fields.take(block)?, *platform)))
         .collect();
+    // In any case, as the v2 reader takes a `platform`.
+    let platform = platform.map(|name| name.to_ascii_lowercase());
     let mut service = Builder::under("trainingService");
     match (&platform_field, platform.as_deref()) {
         (Some(field), Some(platform @ ("local" | "remote"))) => {

@@ -409,6 +409,32 @@ fn v1_fields_without_a_v2_equivalent_are_named_with_what_to_do() {
     }
 }
 
+/// The platform is read in any case, as v2's `platform` is: `Local` was refused as a platform
+/// knob has no conversion for.
+#[test]
+fn the_platform_is_read_in_any_case_as_v2_reads_it() {
+    let project = Project::new(&[("exp/search_space.json", SPACE)]);
+    for written in ["Local", "LOCAL"] {
+        let text = MNIST_V1.replace(
+            "trainingServicePlatform: local",
+            &format!("trainingServicePlatform: {written}"),
+        );
+        let loaded = project.load("exp/config.yml", &text);
+        assert_eq!(loaded.training_service[0].platform(), "local", "{written}");
+    }
+    // Remote too: its machine list is asked for, not the platform refused.
+    check_v1(
+        &MNIST_V1.replace(
+            "trainingServicePlatform: local",
+            "trainingServicePlatform: Remote",
+        ),
+        &[],
+        expect![[r#"
+            $DIR/exp/config.yml:7:26: machineList: required for trainingServicePlatform: remote: the machines, each with ip, username and passwd or sshKeyPath
+        "#]],
+    );
+}
+
 #[test]
 fn dropped_v1_fields_warn_and_unknown_ones_are_errors() {
     let text = MNIST_V1.replace(
