@@ -76,6 +76,23 @@ const OTHER_PLATFORM_BLOCKS: [(&str, &str); 8] = [
     ("paiYarnConfig", "paiYarn"),
 ];
 const V1_TRIAL_FIELDS: [&str; 4] = ["command", "codeDir", "gpuNum", "nasMode"];
+/// Fields of the `trial` of NNI v1's cluster platforms (pai, kubeflow, frameworkcontroller,
+/// aml, dlts, adl), which a config copied from one of them carries: `to_v2` moves them only
+/// for those platforms and drops them unsaid for local and remote. (v1 name, what knob has.)
+const V1_CLUSTER_TRIAL_FIELDS: [(&str, &str); 12] = [
+    ("cpuNum", "trialCpuNumber"),
+    ("memoryMB", "trialMemorySize"),
+    ("image", ""),
+    ("virtualCluster", ""),
+    ("shmMB", ""),
+    ("nniManagerNFSMountPath", ""),
+    ("containerNFSMountPath", ""),
+    ("paiStorageConfigName", ""),
+    ("paiConfigPath", ""),
+    ("worker", ""),
+    ("ps", ""),
+    ("taskRoles", ""),
+];
 const V1_LOCAL_FIELDS: [&str; 3] = ["gpuIndices", "maxTrialNumPerGpu", "useActiveGpu"];
 const V1_REMOTE_FIELDS: [&str; 1] = ["reuse"];
 const V1_MACHINE_FIELDS: [&str; 10] = [
@@ -224,6 +241,22 @@ pub(crate) fn convert(reader: &mut Reader, root: &Node) -> Converted {
                 let message = "NNI v1 NAS modes are not supported (knob runs hyperparameter \
                                experiments); remove nasMode";
                 reader.error(field.node.pos, &field.path, message);
+            }
+            for (name, v2_name) in V1_CLUSTER_TRIAL_FIELDS {
+                if let Some(field) = trial_fields.take(name) {
+                    let instead = if v2_name.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " (to limit what a trial gets, write {v2_name} in an NNI v2 config)"
+                        )
+                    };
+                    let message = format!(
+                        "a trial field of NNI v1's cluster platforms (pai, kubeflow, aml, ...), \
+                         which NNI ignores on local and remote; remove it{instead}"
+                    );
+                    reader.error(field.node.pos, &field.path, message);
+                }
             }
             trial_fields.finish(reader, &V1_TRIAL_FIELDS);
         }

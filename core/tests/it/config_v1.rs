@@ -390,6 +390,20 @@ fn v1_fields_without_a_v2_equivalent_are_named_with_what_to_do() {
             $DIR/exp/config.yml:25:15: hybridConfig: only used with trainingServicePlatform: hybrid, and this config says local; remove it or change the platform
         "#]],
     );
+    // The trial of a config copied from a cluster platform's: named as such, not "unknown
+    // field cpuNum (did you mean gpuNum?)".
+    check_v1(
+        &MNIST_V1.replace(
+            "  gpuNum: 0\n",
+            "  gpuNum: 0\n  cpuNum: 1\n  memoryMB: 8192\n  image: msranni/nni:latest\n",
+        ),
+        &[],
+        expect![[r#"
+            $DIR/exp/config.yml:21:11: trial.cpuNum: a trial field of NNI v1's cluster platforms (pai, kubeflow, aml, ...), which NNI ignores on local and remote; remove it (to limit what a trial gets, write trialCpuNumber in an NNI v2 config)
+            $DIR/exp/config.yml:22:13: trial.memoryMB: a trial field of NNI v1's cluster platforms (pai, kubeflow, aml, ...), which NNI ignores on local and remote; remove it (to limit what a trial gets, write trialMemorySize in an NNI v2 config)
+            $DIR/exp/config.yml:23:10: trial.image: a trial field of NNI v1's cluster platforms (pai, kubeflow, aml, ...), which NNI ignores on local and remote; remove it
+        "#]],
+    );
     for (platform, column) in [("pai", 26), ("kubeflow", 26), ("hybrid", 26)] {
         let text = MNIST_V1.replace(
             "trainingServicePlatform: local",
