@@ -25,9 +25,15 @@ const state = {
 };
 const TABLE_STEP = 500;
 const TABLE_FIRST = 50;
+// A token may hold a `%` that begins no escape (`#token=50%off`): decodeURIComponent throws on
+// it, which stopped the whole page; such a token is taken as written.
 const token = (() => {
   const match = location.hash.match(/token=([^&]+)/);
-  if (match) sessionStorage.setItem("knob-token", decodeURIComponent(match[1]));
+  if (match) {
+    let given = match[1];
+    try { given = decodeURIComponent(given); } catch { /* as written */ }
+    sessionStorage.setItem("knob-token", given);
+  }
   return sessionStorage.getItem("knob-token");
 })();
 

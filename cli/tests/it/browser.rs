@@ -1691,6 +1691,57 @@ async fn a_page_that_followed_knob_create_ends_on_the_experiments_end() {
     page.close().await.unwrap();
 }
 
+/// A token with a `%` that begins no escape, given in the URL as the README says
+/// (`#token=T`): the dashboard and the list read with it. `decodeURIComponent` threw on it,
+/// and neither page showed anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_with_a_bare_percent_opens_the_dashboard_and_the_list() {
+    let Some((chromium, chromedriver)) = browser_or_skip() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(
+        &CLASHING.replace("maxTrialNumber: 4", "maxTrialNumber: 2"),
+        &[],
+    );
+    let (code, stdout, stderr) = sandbox.create(&config, "percent");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let token = "50%off";
+    let mut command = sandbox.knob();
+    command.args(["view", "percent", "--port", "0", "--token", token]);
+    let view = start(command, &[]);
+    let mut command = sandbox.knob();
+    command.args(["view", "--port", "0", "--token", token]);
+    let list = start(command, &[]);
+
+    let driver = start_driver(&chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let page = open_browser(&driver, &chromium, profile.path()).await;
+    page.goto(&format!("{}/#token={token}", view.base))
+        .await
+        .unwrap();
+    let rows = wait_in_page(
+        &page,
+        "the trials, read with the token",
+        r##"const rows = document.querySelectorAll("#trials tbody tr");
+           return rows.length === 2 ? rows.length : null;"##,
+    )
+    .await;
+    assert_eq!(rows, json!(2));
+    page.goto(&format!("{}/#token={token}", list.base))
+        .await
+        .unwrap();
+    let listed = wait_in_page(
+        &page,
+        "the experiment list, read with the token",
+        r##"const rows = document.querySelectorAll("#experiments tbody tr");
+           return rows.length === 1 ? rows[0].dataset.experiment : null;"##,
+    )
+    .await;
+    assert_eq!(listed, json!("percent"));
+    page.close().await.unwrap();
+}
+
 /// Parameters whose names would clash once flattened, and one named `__proto__`.
 const CLASHING: &str = r#"experimentName: clashing names
 searchSpace:
