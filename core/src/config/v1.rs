@@ -274,7 +274,13 @@ pub(crate) fn convert(reader: &mut Reader, root: &Node) -> Converted {
         (None, Some(advisor)) => {
             convert_algorithm(reader, &mut out, &advisor, "Advisor", "tuner");
         }
-        (None, None) => {}
+        // The v2 reader's "required" would show v2's {name: TPE}, which a v1 tuner refuses.
+        (None, None) => reader.error(
+            None,
+            "tuner",
+            "required: the tuning algorithm, e.g. tuner: {builtinTunerName: TPE, classArgs: \
+             {optimize_mode: maximize}} (or advisor: {builtinAdvisorName: ...})",
+        ),
     }
     if let Some(assessor) = fields.take("assessor") {
         convert_algorithm(reader, &mut out, &assessor, "Assessor", "assessor");

@@ -361,7 +361,8 @@ fn a_bad_machine_list_is_one_error_and_keeps_the_machines_indexes() {
 }
 
 /// A v1 config gives its search space as `searchSpacePath` (it refuses v2's `searchSpace`), so
-/// that is what a missing one asks for.
+/// that is what a missing one asks for; a missing tuner is asked for as v1 writes one (the
+/// example was v2's `{name: TPE}`, which a v1 tuner refuses).
 #[test]
 fn a_missing_search_space_path_is_asked_for_in_v1_words() {
     check_v1(
@@ -369,6 +370,15 @@ fn a_missing_search_space_path_is_asked_for_in_v1_words() {
         &[],
         expect![[r#"
             $DIR/exp/config.yml: searchSpacePath: required: the search space file (JSON or YAML), e.g. searchSpacePath: search_space.json; an empty space is a file holding {}
+        "#]],
+    );
+    let tuner = "tuner:\n  #choice: TPE, Random, Anneal, Evolution, BatchTuner, MetisTuner, GPTuner\n  builtinTunerName: TPE\n  classArgs:\n    #choice: maximize, minimize\n    optimize_mode: maximize\n";
+    assert!(MNIST_V1.contains(tuner));
+    check_v1(
+        &MNIST_V1.replace(tuner, ""),
+        &[],
+        expect![[r#"
+            $DIR/exp/config.yml: tuner: required: the tuning algorithm, e.g. tuner: {builtinTunerName: TPE, classArgs: {optimize_mode: maximize}} (or advisor: {builtinAdvisorName: ...})
         "#]],
     );
 }
