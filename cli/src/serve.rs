@@ -4,7 +4,6 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
-use anyhow::Context;
 use knob_core::api::{self, ApiConfig, ApiState};
 use knob_core::manager::Command;
 use knob_core::store::EventSeq;
@@ -99,8 +98,21 @@ impl ServeArgs {
     pub fn bind(&self) -> anyhow::Result<std::net::TcpListener> {
         self.check()?;
         let address = self.address();
-        let listener = std::net::TcpListener::bind(address)
-            .with_context(|| format!("cannot serve the API on {address}"))?;
+        let listener = std::net::TcpListener::bind(address).map_err(|error| {
+            let advice = match error.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    "; another process serves that port: give another --port, or leave --port out for a free one"
+                }
+                std::io::ErrorKind::AddrNotAvailable => {
+                    "; this machine has no such address: --bind one of its own (`ip -brief address`), or leave --bind out for 127.0.0.1"
+                }
+                std::io::ErrorKind::PermissionDenied if address.port() < 1024 => {
+                    "; a port below 1024 needs root: give --port 1024 or above, or leave --port out for a free one"
+                }
+                _ => "",
+            };
+            anyhow::anyhow!("cannot serve the API on {address}: {error}{advice}")
+        })?;
         listener.set_nonblocking(true)?;
         // Once this process is sure to serve (a `--detach` hands the token to its background
         // `knob` in the environment): the token stays in this command line while it runs.

@@ -2116,6 +2116,12 @@ fn a_busy_port_or_a_foreign_bind_address_registers_nothing() {
                     || stderr.contains("192.0.2.1:0")),
             "{extra:?}: {stderr}"
         );
+        // And what to do about it.
+        assert!(
+            stderr.contains("give another --port, or leave --port out for a free one")
+                || stderr.contains("--bind one of its own"),
+            "{extra:?}: {stderr}"
+        );
         let (code, list, _) = run(sandbox.knob().args(["experiment", "list"]));
         assert_eq!(code, 0);
         assert!(
