@@ -184,6 +184,9 @@ pub struct LocalService {
     /// Trials handed back to the host (`ServiceEvent::PlaceAgain`) since the host last said
     /// that none waits: see [`LocalService::nothing_waits`].
     handed_back: std::collections::HashSet<String>,
+    /// The warning last given about a lease ledger that cannot be read, so that each re-probe
+    /// does not repeat it; `None` once it is read again.
+    ledger_warning: Option<String>,
 }
 
 impl LocalService {
@@ -221,6 +224,7 @@ impl LocalService {
             asked_before: false,
             parameters_size_told: false,
             handed_back: Default::default(),
+            ledger_warning: None,
         })
     }
 
@@ -265,9 +269,25 @@ impl LocalService {
                 .as_deref()
                 .zip(self.demand.as_ref())
                 .filter(|_| waiting);
-            leases.annotate(&mut inventory, waiting).map_err(|e| {
-                LocalError::Probe(format!("cannot read this machine's lease ledger: {e}"))
-            })?;
+            // A ledger that cannot be used holds nothing back, as a trial whose lease cannot be
+            // taken starts anyway (`TrialPool`): the machine is reported as probed, without
+            // other experiments' trials, and the console told once. Failing the probe instead
+            // kept every experiment on the machine from starting.
+            match leases.annotate(&mut inventory, waiting) {
+                Ok(()) => self.ledger_warning = None,
+                Err(e) => {
+                    let message = format!(
+                        "cannot read this machine's lease ledger, trials are placed as if no other experiment ran here: {e}"
+                    );
+                    if self.ledger_warning.as_ref() != Some(&message) {
+                        (self.emit)(ServiceEvent::Warning {
+                            trial_id: None,
+                            message: message.clone(),
+                        });
+                        self.ledger_warning = Some(message);
+                    }
+                }
+            }
         }
         let inventory =
             serde_json::to_value(&inventory).map_err(|e| LocalError::Probe(e.to_string()))?;

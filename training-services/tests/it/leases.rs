@@ -223,3 +223,32 @@ fn a_trial_handed_back_keeps_its_experiments_place_in_line() {
     second.service.nothing_waits();
     assert!(!stands());
 }
+
+/// A ledger that is not one knob wrote (a half-written file, another program's) holds nothing
+/// back: the machine is still reported, so that an experiment starts, with one warning naming
+/// the file however often it is probed, and a trial on a GPU runs without a lease.
+#[test]
+fn an_unreadable_ledger_is_warned_of_once_and_keeps_no_experiment_from_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    std::fs::create_dir(&ledger).unwrap();
+    std::fs::write(ledger.join("gpu-ledger.json"), "garbage{").unwrap();
+    let mut harness = sharing(&ledger);
+    for _ in 0..3 {
+        let environment = harness.service.environment();
+        assert!(environment.is_ok(), "{environment:?}");
+    }
+    let told = warnings(&harness.events.all());
+    assert_eq!(told.len(), 1, "{told:#?}");
+    assert!(
+        told[0].starts_with("cannot read this machine's lease ledger")
+            && told[0].contains(&ledger.join("gpu-ledger.json").display().to_string()),
+        "{}",
+        told[0]
+    );
+    let mut trial = harness.request("t1", "echo KNOB_FINAL 1");
+    trial.experiment_id = "exp".into();
+    trial.gpu_indices = Some(vec![0]);
+    let events = harness.run(trial);
+    assert_eq!(ending(&events).0, Some(0), "{events:#?}");
+}
