@@ -33,6 +33,6 @@ pub use inventory::{
     GpuProcess, GpuSource, HeldElsewhere, HostHeldElsewhere, HostHolder, HostResources, Inventory,
     TrialId,
 };
-pub use placement::{Assignment, Placement};
+pub use placement::{cuda_environment, Assignment, Placement};
 pub use request::{DeviceRef, GpuRequest, Policy, SchedulerConfig, TrialRequest};
 pub use scheduler::{Reasons, Scheduler};

@@ -57,25 +57,34 @@ pub struct Assignment {
 impl Assignment {
     /// The value for `CUDA_VISIBLE_DEVICES`: `"0,2"`, `""` for no GPU, `None` to leave it unset.
     pub fn cuda_visible_devices(&self) -> Option<String> {
-        self.gpu_indices.as_ref().map(|indices| {
-            indices
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        })
+        self.gpu_indices.as_deref().map(visible_devices)
     }
 
-    /// The variables a training service sets for the trial's process. The indices are NVML's,
-    /// which follow PCI bus order, while CUDA by default numbers devices fastest-first; setting
-    /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes CUDA agree with NVML on machines with mixed GPUs.
+    /// The variables a training service sets for the trial's process ([`cuda_environment`]).
     pub fn cuda_environment(&self) -> Vec<(&'static str, String)> {
-        match self.cuda_visible_devices() {
-            None => Vec::new(),
-            Some(devices) => vec![
-                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_owned()),
-                ("CUDA_VISIBLE_DEVICES", devices),
-            ],
-        }
+        cuda_environment(self.gpu_indices.as_deref())
     }
+}
+
+/// The variables a trial placed on `gpu_indices` gets: none when knob does not manage its GPUs
+/// (`None`), else `CUDA_VISIBLE_DEVICES` (`"0,2"`, `""` for no GPU). The indices are NVML's,
+/// which follow PCI bus order, while CUDA by default numbers devices fastest-first; setting
+/// `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes CUDA agree with NVML on machines with mixed GPUs, where
+/// the trial would otherwise run on a GPU placed for another trial.
+pub fn cuda_environment(gpu_indices: Option<&[u32]>) -> Vec<(&'static str, String)> {
+    match gpu_indices {
+        None => Vec::new(),
+        Some(indices) => vec![
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_owned()),
+            ("CUDA_VISIBLE_DEVICES", visible_devices(indices)),
+        ],
+    }
+}
+
+fn visible_devices(indices: &[u32]) -> String {
+    indices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }

@@ -443,10 +443,9 @@ fn trial_environment(
         "PYTHONPATH",
         trial_python::python_path(python_folder, inherited_python_path),
     );
-    if let Some(gpus) = &request.gpu_indices {
-        let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
-        // An empty list hides every GPU, which is what a trial given none should see.
-        set("CUDA_VISIBLE_DEVICES", list.join(",").into());
+    // An empty list hides every GPU, which is what a trial given none should see.
+    for (name, value) in knob_gpu_sched::cuda_environment(request.gpu_indices.as_deref()) {
+        set(name, value.into());
     }
     env
 }

@@ -185,6 +185,8 @@ fn trial_environment_follows_nni_and_knob_conventions() {
     );
     assert_eq!(var("KNOB_METRICS_FILE"), format!("{dir_text}/metrics.knob"));
     assert_eq!(var("CUDA_VISIBLE_DEVICES"), "1,3");
+    // The indices are NVML's (PCI bus order): CUDA numbers GPUs the same way only when told.
+    assert_eq!(var("CUDA_DEVICE_ORDER"), "PCI_BUS_ID");
     assert_eq!(var("MY_SETTING"), "yes");
     let pwd = std::fs::read_to_string(dir.join("pwd.txt")).unwrap();
     assert_eq!(pwd.trim(), h.code_dir().display().to_string());
