@@ -142,6 +142,12 @@ pub struct Lease {
     pub cpu_total: u32,
     #[serde(default, skip_serializing_if = "no_bytes")]
     pub host_memory_total: ByteSize,
+    /// The process group the trial runs in, once started ([`Ledger::record_process_group`]).
+    /// Trials run in groups of their own and outlive a holder killed with SIGKILL: the lease is
+    /// kept while any process of the group lives, so that a GPU is not given to another trial
+    /// while the killed experiment's trial still runs on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_group: Option<u32>,
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -584,6 +590,7 @@ impl Ledger {
                             gpu_memory_totals: Vec::new(),
                             cpu_total: 0,
                             host_memory_total: ByteSize::ZERO,
+                            process_group: None,
                         },
                         renewed_ms: now,
                     });
@@ -614,6 +621,26 @@ impl Ledger {
             }
             state.leases.retain(|lease| !same(lease));
             state.requests.retain(|request| !same(&request.lease));
+        })
+    }
+
+    /// Records the process group a trial holding a lease runs in (nothing when it holds none:
+    /// it ended meanwhile, or took no lease), so that its lease outlives its holder as long as
+    /// the trial does (see [`Lease::process_group`]).
+    pub fn record_process_group(
+        &self,
+        holder: &Holder,
+        trial: &str,
+        group: u32,
+    ) -> Result<(), LedgerError> {
+        self.update(|state, _| {
+            for lease in state
+                .leases
+                .iter_mut()
+                .filter(|lease| lease.holder == *holder && lease.trial == trial)
+            {
+                lease.process_group = Some(group);
+            }
         })
     }
 
@@ -736,7 +763,7 @@ fn reclaim(state: &mut LedgerState, journal: &mut Vec<JournalEntry>) {
         }
     };
     state.leases.retain(|lease| {
-        let keep = is_alive(&lease.holder);
+        let keep = is_alive(&lease.holder) || lease.process_group.is_some_and(group_lives);
         if !keep {
             journal.push(JournalEntry::new("reclaim", lease));
         }
@@ -752,6 +779,19 @@ fn reclaim(state: &mut LedgerState, journal: &mut Vec<JournalEntry>) {
         is_alive(&request.lease.holder)
             && now.saturating_sub(request.renewed_ms) <= ttl.as_millis() as u64
     });
+}
+
+/// Whether a process of group `group` is still there (a zombie too, for the moment before its
+/// new parent reaps it). `EPERM` means there is one, of another user.
+fn group_lives(group: u32) -> bool {
+    let Ok(group) = i32::try_from(group) else {
+        return false;
+    };
+    group > 1
+        && !matches!(
+            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(group), None),
+            Err(nix::errno::Errno::ESRCH)
+        )
 }
 
 /// Whether standing request `standing` holds a place for some of what `want` asks.

@@ -107,12 +107,27 @@ impl MachineLeases {
                 .clone(),
             cpu_total: host.as_ref().map_or(0, |host| host.cpu_count),
             host_memory_total: host.map_or(ByteSize::ZERO, |host| host.memory_total),
+            process_group: None,
         }
     }
 
     /// Asks for the trial's lease (again, while it waits).
     pub fn acquire(&self, request: &TrialRequest) -> Result<Acquired, LedgerError> {
         self.ledger.acquire(&self.lease(request))
+    }
+
+    /// Records the process group the trial started in, which keeps its lease while the group
+    /// lives (`Lease::process_group`).
+    pub fn record_process_group(
+        &self,
+        request: &TrialRequest,
+        group: u32,
+    ) -> Result<(), LedgerError> {
+        self.ledger.record_process_group(
+            &Self::holder(&request.experiment_id),
+            &request.trial_id,
+            group,
+        )
     }
 
     /// Gives back what the trial held or asked for.

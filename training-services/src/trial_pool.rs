@@ -414,8 +414,22 @@ impl PoolCore {
         });
         // The runs stay locked until the handle is in them, so `before_end` cannot run first.
         let handle = start_trial(&self.host, &self.runtime, request, before_end, on_finished)?;
+        let group = handle.pid();
         runs.live.insert(request.trial_id.clone(), handle);
         runs.unfinished += 1;
+        drop(runs);
+        if let (Some(leases), Some(group)) = (&self.leases, group) {
+            if MachineLeases::wants_lease(request) {
+                // So that the lease outlives this process (killed with SIGKILL) as long as the
+                // trial does. A trial that ended meanwhile gave its lease back: nothing to mark.
+                if let Err(e) = leases.record_process_group(request, group) {
+                    knob_plugin_api::log::warn(&format!(
+                        "trial {}: cannot record its process group in the lease ledger ({e}); if this process is killed, its GPUs may be given to another trial while it still runs",
+                        request.trial_id
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 

@@ -21,6 +21,7 @@ fn lease(holder: &Holder, trial: &str, gpus: &[u32], max_per_gpu: u32) -> Lease 
         gpu_memory_totals: Vec::new(),
         cpu_total: 0,
         host_memory_total: ByteSize::ZERO,
+        process_group: None,
     }
 }
 
@@ -162,6 +163,42 @@ fn a_holder_killed_with_sigkill_loses_its_leases_and_requests_to_the_next_caller
             ("grant", "a1")
         ]
     );
+}
+
+/// A trial runs in a process group of its own and outlives its experiment killed with
+/// SIGKILL: its GPU is not given to another trial while the group lives, and is once it is gone.
+#[test]
+fn a_dead_holders_lease_is_kept_while_its_trials_process_group_lives() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path()).unwrap();
+    let (mut dead, b) = child_holder("expB");
+    let a = Holder::this_process("expA");
+    let mut trial = Command::new("sleep")
+        .arg("600")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    assert_eq!(
+        ledger.acquire(&lease(&b, "b1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    ledger.record_process_group(&b, "b1", trial.id()).unwrap();
+    dead.kill().unwrap(); // SIGKILL
+    dead.wait().unwrap();
+    let Acquired::Waiting(reason) = ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap() else {
+        panic!("GPU 0 was given away while trial b1 still runs on it");
+    };
+    assert!(reason.contains("trial b1 of experiment expB"), "{reason}");
+    trial.kill().unwrap();
+    trial.wait().unwrap();
+    assert_eq!(
+        ledger.acquire(&lease(&a, "a1", &[0], 1)).unwrap(),
+        Acquired::Granted
+    );
+    let state = ledger.snapshot().unwrap();
+    assert_eq!(state.leases.len(), 1, "{state:?}");
+    assert_eq!(state.leases[0].holder, a);
 }
 
 #[test]

@@ -252,3 +252,47 @@ fn an_unreadable_ledger_is_warned_of_once_and_keeps_no_experiment_from_starting(
     let events = harness.run(trial);
     assert_eq!(ending(&events).0, Some(0), "{events:#?}");
 }
+
+/// A started trial's lease names its process group, which keeps the lease (and the GPU) from
+/// another experiment while the trial runs, even after its own experiment is killed with
+/// SIGKILL (its trials, in groups of their own, outlive it).
+#[test]
+fn a_started_trials_lease_names_its_process_group() {
+    let ledger = tempfile::tempdir().unwrap();
+    let mut harness = sharing(ledger.path());
+    let hold = harness.code_dir().join("release");
+    let mut trial = harness.request(
+        "g1",
+        &format!("while [ ! -e {} ]; do sleep 0.05; done", hold.display()),
+    );
+    trial.experiment_id = "exp".into();
+    trial.gpu_indices = Some(vec![0]);
+    harness.service.start(&trial).unwrap();
+    let events = harness.events.wait_until("g1 started", |events| {
+        events
+            .iter()
+            .any(|e| matches!(e, ServiceEvent::TrialStarted { .. }))
+    });
+    let pid = events
+        .iter()
+        .find_map(|e| match e {
+            ServiceEvent::TrialStarted { pid, .. } => *pid,
+            _ => None,
+        })
+        .expect("a started trial has a pid");
+    let ledger = knob_gpu_sched::ledger::Ledger::open(ledger.path()).unwrap();
+    // Recorded just after the start is told: asked again for a bounded while.
+    let mut recorded = None;
+    for _ in 0..200 {
+        let state = ledger.snapshot().unwrap();
+        recorded = state.leases.iter().find_map(|lease| lease.process_group);
+        if recorded.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(recorded, Some(pid));
+    std::fs::write(&hold, "").unwrap();
+    harness.events.wait_ended("g1");
+    assert!(ledger.snapshot().unwrap().leases.is_empty());
+}

@@ -268,6 +268,7 @@ pub fn gpu_0_lease(
         gpu_memory_totals: Vec::new(),
         cpu_total: 0,
         host_memory_total: ByteSize::ZERO,
+        process_group: None,
     }
 }
 
