@@ -1658,6 +1658,24 @@ fn gpu_indices_naming_a_gpu_the_machine_lacks_fail_at_create() {
         "{stderr}"
     );
     assert!(!sandbox.path().join("experiments/indices").exists());
+    // Trials that ask for no GPU are placed on none: the config runs, as under NNI.
+    for gpus in ["trialGpuNumber: 0\n", ""] {
+        let yaml =
+            format!("trialCommand: echo\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{gpus}{space}");
+        let config = sandbox.config(&yaml, &[]);
+        let mut command = sandbox.knob();
+        command
+            .env("KNOB_SIMULATE_GPUS", "2x16GiB")
+            .arg("create")
+            .arg("--config")
+            .arg(&config);
+        let (code, stdout, stderr) = run(&mut command);
+        assert_eq!(code, 0, "{gpus:?}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains("(1 succeeded, 0 failed)"),
+            "{gpus:?}: {stdout}"
+        );
+    }
 }
 
 /// Four trials wanting one GPU each, two at a time, on a simulated 2-GPU machine: each trial sees

@@ -115,6 +115,7 @@ impl Placer {
     /// only once started (hosts it connects to), the check waits until they are reported.
     pub fn preflight(config: &ExperimentConfig) -> Result<(), String> {
         let mut placer = Placer::new(config);
+        let asks_for_gpus = config.trial_gpu_number.is_some_and(|gpus| gpus > 0);
         for service in &config.training_service {
             let Some(environments) = &service.environments else {
                 return Ok(());
@@ -130,10 +131,15 @@ impl Placer {
                     })?;
                 inventory.id = environment.id.as_str().into();
                 // A GPU index the machine does not have is a mistake in the config (a typo, a
-                // config from a larger machine), not a GPU fallen off the bus mid-run.
-                inventory
-                    .check_limits_match_gpus()
-                    .map_err(|e| e.to_string())?;
+                // config from a larger machine), not a GPU fallen off the bus mid-run. Only for
+                // trials that ask for GPUs: with `trialGpuNumber` 0 or unset `gpuIndices` places
+                // nothing, and such a config runs unchanged on a machine with fewer GPUs or
+                // none, as under NNI (the first probe still notes the index).
+                if asks_for_gpus {
+                    inventory
+                        .check_limits_match_gpus()
+                        .map_err(|e| e.to_string())?;
+                }
                 placer.upsert(inventory)?;
             }
         }
