@@ -18,7 +18,12 @@ pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     let mut inventory = Inventory {
         environments: probe.sample_blocking(&|_pid| false),
     };
-    let leases = read_ledger()?;
+    // A ledger that cannot be read hides only who holds what: the machine is still shown, as
+    // experiments still run on it (their trials without leases).
+    let leases = read_ledger().unwrap_or_else(|e| {
+        errln!("warning: cannot show which experiments hold the GPUs: {e:#}");
+        None
+    });
     if let (Some(state), Some(environment)) = (&leases, inventory.environments.first_mut()) {
         // This process holds nothing: every lease is another process's. It stands in no line,
         // so a ticket of 0 (older than every request) marks no request as holding a GPU: what

@@ -976,3 +976,30 @@ fn an_experiment_waiting_for_cpu_cores_is_served_before_the_holder_takes_them_ag
         "second asked before first's next trial: {order:?}"
     );
 }
+
+/// A lease ledger knob cannot read (not one it wrote) hides only who holds the GPUs: `knob gpu`
+/// still shows the machine, with one warning naming the file.
+#[test]
+fn knob_gpu_shows_the_machine_beside_a_ledger_it_cannot_read() {
+    let sandbox = Sandbox::new();
+    let home = sandbox.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("gpu-ledger.json"), "garbage{").unwrap();
+    let (code, stdout, stderr) = run(sandbox
+        .knob()
+        .env("KNOB_SIMULATE_GPUS", "2x16GiB")
+        .arg("gpu"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.matches("Simulated GPU (16 GiB)").count(),
+        2,
+        "{stdout}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr
+            .starts_with("warning: cannot show which experiments hold the GPUs: GPU lease ledger ")
+            && stderr.contains("gpu-ledger.json is not a ledger knob wrote"),
+        "{stderr}"
+    );
+}
