@@ -32,8 +32,8 @@ use knob_plugin_api::service::{TrialRequest, TrialSettings};
 
 const MIB: u64 = 1024 * 1024;
 
-/// Set to `0` to keep a service out of the machine's ledger (it then sees only its own trials,
-/// as knob did before the ledger).
+/// Set to `0` (or `false`, `no`, `off`) to keep a service out of the machine's ledger (it then
+/// sees only its own trials, as knob did before the ledger).
 pub const LEDGER_VAR: &str = "KNOB_GPU_LEDGER";
 
 /// One process's view of the machine's ledger.
@@ -54,7 +54,14 @@ impl MachineLeases {
     /// The ledger under `$KNOB_HOME` (see `knob_gpu_sched::ledger::default_dir`); `None` when
     /// [`LEDGER_VAR`] is `0`.
     pub fn open_default() -> Result<Option<MachineLeases>, LedgerError> {
-        if std::env::var(LEDGER_VAR).is_ok_and(|v| v == "0") {
+        // The booleans configs take, so that `KNOB_GPU_LEDGER=false` does not leave the
+        // ledger on in silence.
+        let off = |v: String| {
+            v.trim() == "0"
+                || knob_plugin_api::config::boolean(&serde_json::Value::String(v.trim().into()))
+                    == Ok(false)
+        };
+        if std::env::var(LEDGER_VAR).is_ok_and(off) {
             return Ok(None);
         }
         MachineLeases::open(knob_gpu_sched::ledger::default_dir()).map(Some)

@@ -296,3 +296,23 @@ fn a_started_trials_lease_names_its_process_group() {
     harness.events.wait_ended("g1");
     assert!(ledger.snapshot().unwrap().leases.is_empty());
 }
+
+/// `KNOB_GPU_LEDGER` takes the booleans configs take: each of these keeps a service out of
+/// the ledger (each in a child process of its own, since the variable is process-wide).
+#[test]
+fn knob_gpu_ledger_off_is_read_in_every_spelling() {
+    const NAME: &str = "leases::knob_gpu_ledger_off_is_read_in_every_spelling";
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path().to_str().unwrap();
+    for off in ["0", "false", "off", "No", " FALSE "] {
+        if in_child_process(NAME, &[("KNOB_GPU_LEDGER", off), ("KNOB_HOME", home)]).is_none() {
+            let leases = knob_training_services::lease::MachineLeases::open_default().unwrap();
+            let set = std::env::var("KNOB_GPU_LEDGER");
+            assert!(
+                leases.is_none(),
+                "KNOB_GPU_LEDGER={set:?} left the ledger on"
+            );
+            return;
+        }
+    }
+}
