@@ -204,8 +204,10 @@ pub fn update(command: UpdateCommand) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     };
+    let body = json!({ field: value });
+    knob_core::api::check_update(&body).map_err(|why| anyhow::anyhow!("{why}"))?;
     let client = running_api(&id)?;
-    client.send("PATCH", "/experiment", Some(&json!({ field: value })))?;
+    client.send("PATCH", "/experiment", Some(&body))?;
     outln!("experiment {id}: {field} updated");
     Ok(ExitCode::SUCCESS)
 }

@@ -481,11 +481,14 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
         (code, stderr.trim()),
         (1, "error: give one value after the experiment's id, as `knob update duration live 4` (nnictl's `--value 4` is taken too)")
     );
+    // A value the API refuses is refused before it is sent, as the API words it.
     let (code, _, stderr) = knob(&["update", "concurrency", "live", "-1"]);
-    assert_eq!(code, 1);
-    assert!(
-        stderr.contains("trialConcurrency must be a positive integer, got -1 (HTTP 400)"),
-        "{stderr}"
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: trialConcurrency must be a positive integer, got -1\n"
+        )
     );
     let (code, _, stderr) = knob(&["update", "trialnum", "live", "1"]);
     assert_eq!(code, 1);
@@ -568,6 +571,15 @@ fn every_route_of_a_running_experiment_answers_and_refuses_bad_requests() {
     assert!(
         stderr.contains("experiment live is not running"),
         "{stderr}"
+    );
+    // The value first: "not running" said of `-1`, then resumed, the update was refused anyway.
+    let (code, _, stderr) = knob(&["update", "concurrency", "live", "-1"]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (
+            1,
+            "error: trialConcurrency must be a positive integer, got -1\n"
+        )
     );
 
     // `knob view`: the same reads, and every write is refused with 409.

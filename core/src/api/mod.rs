@@ -389,6 +389,7 @@ pub fn check_bind(address: SocketAddr, token: Option<&str>) -> Result<(), ServeE
 pub use catalog::{serve_catalog, CatalogConfig};
 pub use guard::{allowed_ip, host_allowed};
 pub use reads::experiment_snapshot;
+pub use writes::check_update;
 
 /// Serves the API and the dashboard on `listener` until the task is dropped. Every request must
 /// name this server as its `Host` ([`host_allowed`]), which [`router`] alone does not check

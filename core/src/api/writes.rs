@@ -185,6 +185,13 @@ fn duration(value: &Value) -> Result<Duration, ApiError> {
     Ok(Duration::from_secs(seconds))
 }
 
+/// Checks a `PATCH /experiment` body as the API reads it, without an experiment to send it to:
+/// `knob update` says what is wrong with a value (`concurrency ID -1`) before it looks for the
+/// running experiment, which, stopped, was all it said.
+pub fn check_update(body: &Value) -> Result<(), String> {
+    updates_of(body).map(|_| ()).map_err(|e| e.message)
+}
+
 /// Reads the updates a `PATCH /experiment` body asks for, refusing the whole body if any
 /// field is unknown or of the wrong type.
 fn updates_of(body: &Value) -> Result<Vec<(&'static str, Update)>, ApiError> {
