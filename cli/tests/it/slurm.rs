@@ -418,6 +418,54 @@ maxExperimentDuration: 3m",
     wait_for_empty_queue(&id);
 }
 
+#[test]
+fn a_trials_own_job_reaching_its_time_limit_fails_the_trial_once_naming_time() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let id = unique("owntimeout");
+    let sandbox = Sandbox::new();
+    // Slurm's least time limit is a minute. The trial needs longer: it was counted a lost host
+    // and run again, to the same limit, three more times before it failed.
+    let config = slurm_config(
+        &sandbox,
+        "trialCommand: sleep 300; echo KNOB_FINAL 1
+trialConcurrency: 1
+maxTrialNumber: 1
+maxExperimentDuration: 5m",
+        "  reuseMode: false
+  time: 1
+",
+    );
+    let _cleanup = Running {
+        child: None,
+        needle: format!("-{id}-"),
+    };
+    // Every trial failed: knob create says so by its exit code.
+    let (code, stdout, stderr) = sandbox.create(&config, &id);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "experiment {id} DONE: 1 trial (0 succeeded, 1 failed)"
+        )),
+        "{stdout}\n{stderr}"
+    );
+    let trial = &sandbox.export(&id)["trials"][0];
+    assert_eq!(trial["status"], "FAILED", "{trial:#}");
+    assert_eq!(
+        trial["attempt_history"].as_array().unwrap().len(),
+        1,
+        "{trial:#}"
+    );
+    let message = trial["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("killed by signal 15: TIMEOUT: Slurm job ")
+            && message.ends_with(" (slurm:queue) reached its time limit (trainingService.time \"1\") before the trial ended; raise time for trials this long"),
+        "{message}"
+    );
+    wait_for_empty_queue(&id);
+}
+
 /// No cluster needed: the service checks its config without Slurm.
 #[test]
 fn config_check_refuses_a_working_directory_slurm_cannot_take_naming_it() {

@@ -784,6 +784,7 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
         ((trials, cancelled, given_up), snapshot)
     };
     let (trials, cancelled, given_up) = ended;
+    let reuse = ctx.args.reuse_mode;
     let (environment_id, _key) = job_snapshot;
     let (state, how) = ended_how(how, given_up.as_deref());
     // A job that ended by itself (not by knob, nor done): its log's last lines say why, most
@@ -813,6 +814,7 @@ pub(super) fn end_job(ctx: &Arc<Context>, id: u64, how: &str) {
                 &state,
                 &told,
                 cancelled.as_deref(),
+                (!reuse).then_some(&ctx.args.job),
             )
         })
         .collect();
@@ -860,7 +862,8 @@ fn held_trials(job: &mut super::Job) -> Vec<String> {
 }
 
 /// How a trial still in a job ends when the job ends (`state`, read from `how`); `cancelled`
-/// is knob's own reason when knob cancelled the job.
+/// is knob's own reason when knob cancelled the job; `own_job` the job options when the job was
+/// the trial's own (`reuseMode: false`).
 pub(super) fn trial_end(
     trial_id: String,
     job_id: u64,
@@ -868,6 +871,7 @@ pub(super) fn trial_end(
     state: &JobState,
     how: &str,
     cancelled: Option<&str>,
+    own_job: Option<&super::args::JobOptions>,
 ) -> ServiceEvent {
     let mut signal = None;
     let mut stderr_tail = String::new();
@@ -888,8 +892,25 @@ pub(super) fn trial_end(
                 "Slurm job {job_id} ({environment_id}) was cancelled outside knob (scancel)"
             ))
         }
-        // TIMEOUT, PREEMPTED, NODE_FAIL, a requeue, an agent gone: the trial did not fail,
-        // its environment did.
+        // The trial's own job reached its time limit: the trial took longer than `time` (or
+        // the partition's limit) gives it, and would again in a new job, so it fails (its
+        // retries are maxTrialRetries') instead of being run again up to the host-loss limit,
+        // each run cut at the same limit.
+        (None, JobState::Timeout) if own_job.is_some() => {
+            signal = Some(SIGTERM);
+            let (limit, advice) = match own_job.and_then(|o| o.time.as_deref()) {
+                Some(time) => (format!("trainingService.time {time:?}"), "raise time"),
+                None => (
+                    "its partition's".to_string(),
+                    "set trainingService.time longer",
+                ),
+            };
+            stderr_tail = format!(
+                "TIMEOUT: Slurm job {job_id} ({environment_id}) reached its time limit ({limit}) before the trial ended; {advice} for trials this long"
+            );
+        }
+        // TIMEOUT of an allocation, PREEMPTED, NODE_FAIL, a requeue, an agent gone: the trial
+        // did not fail, its environment did.
         (None, _) => {
             environment_lost = Some(format!(
                 "Slurm job {job_id} ({environment_id}) ended: {how}"
@@ -919,6 +940,7 @@ mod tests {
             &JobState::parse(state),
             state,
             cancelled,
+            None,
         )
     }
 
@@ -944,6 +966,57 @@ mod tests {
             lost(&end("CANCELLED by 0", None)),
             Some("Slurm job 7 (slurm:env1) was cancelled outside knob (scancel)")
         );
+    }
+
+    #[test]
+    fn a_trials_own_job_reaching_its_time_limit_fails_the_trial_naming_the_limit() {
+        let mut options = super::super::args::JobOptions::default();
+        for (time, says) in [
+            (
+                Some("1"),
+                "TIMEOUT: Slurm job 7 (slurm:queue) reached its time limit (trainingService.time \"1\") before the trial ended; raise time for trials this long",
+            ),
+            (
+                None,
+                "TIMEOUT: Slurm job 7 (slurm:queue) reached its time limit (its partition's) before the trial ended; set trainingService.time longer for trials this long",
+            ),
+        ] {
+            options.time = time.map(str::to_string);
+            let event = trial_end(
+                "t".into(),
+                7,
+                "slurm:queue",
+                &JobState::Timeout,
+                "TIMEOUT",
+                None,
+                Some(&options),
+            );
+            let ServiceEvent::TrialEnded {
+                signal,
+                stderr_tail,
+                environment_lost,
+                ..
+            } = event
+            else {
+                panic!()
+            };
+            // A failure of the trial, not a lost host to run it on again.
+            assert_eq!((signal, environment_lost), (Some(SIGTERM), None));
+            assert_eq!(stderr_tail, says);
+        }
+        // Preempted, its node failed: the job's environment was lost, not the trial's time.
+        for state in ["PREEMPTED", "NODE_FAIL"] {
+            let event = trial_end(
+                "t".into(),
+                7,
+                "slurm:queue",
+                &JobState::parse(state),
+                state,
+                None,
+                Some(&options),
+            );
+            assert!(lost(&event).is_some(), "{state}");
+        }
     }
 
     #[test]
@@ -985,7 +1058,7 @@ mod tests {
     fn a_job_whose_agent_knob_gave_up_on_loses_its_trials_saying_so() {
         let why = "its agent could not be reached in 5 attempts (connection refused)";
         let (state, how) = ended_how("CANCELLED by 0", Some(why));
-        let event = trial_end("t".into(), 7, "slurm:env1", &state, &how, None);
+        let event = trial_end("t".into(), 7, "slurm:env1", &state, &how, None, None);
         assert_eq!(
             lost(&event),
             Some(format!("Slurm job 7 (slurm:env1) ended: cancelled by knob: {why}").as_str())
