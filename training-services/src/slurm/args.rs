@@ -352,9 +352,20 @@ pub fn check_config(
         .unwrap_or(true);
     canonical.insert("reuseMode".into(), json!(reuse_mode));
     // Unset: as many allocations as trials may run at once (each is sized for one trial).
-    let max_environments = fields
-        .take("maxEnvironments")
-        .and_then(|field| reader.integer::<u32>(&field, 1));
+    let max_environments = fields.take("maxEnvironments").and_then(|field| {
+        let number = reader.integer::<u32>(&field, 1)?;
+        if !reuse_mode {
+            // One job per trial: trialConcurrency is the queue's size. Taken without a word, it
+            // let more jobs run at once than the user meant to hold. A warning, not a refusal:
+            // an experiment made so before must still resume, and the canonical form drops it.
+            reader.warn(
+                &field.path,
+                "ignored: it applies to reuseMode: true only (allocations held at once); with reuseMode: false each trial is its own job and trialConcurrency bounds them: remove maxEnvironments or set trialConcurrency",
+            );
+            return None;
+        }
+        Some(number)
+    });
     canonical.insert("maxEnvironments".into(), json!(max_environments));
     for name in PASSED_THROUGH {
         let value = fields
@@ -746,6 +757,28 @@ mod tests {
         let mut context = context();
         context.experiment_dir = Some(PathBuf::from("/tmp/a b#c%j\"d'e"));
         SlurmArgs::new(&json!({}), &context).unwrap();
+    }
+
+    #[test]
+    fn max_environments_is_said_to_be_ignored_with_one_job_per_trial() {
+        let checked = check_config(
+            &json!({"reuseMode": false, "maxEnvironments": 2}),
+            &context(),
+        )
+        .unwrap();
+        let said: Vec<String> = checked
+            .warnings
+            .iter()
+            .map(|w| format!("{}: {}", w.path, w.message))
+            .collect();
+        assert_eq!(
+            said,
+            ["maxEnvironments: ignored: it applies to reuseMode: true only (allocations held at once); with reuseMode: false each trial is its own job and trialConcurrency bounds them: remove maxEnvironments or set trialConcurrency"]
+        );
+        // The canonical form drops it, and checks to itself without the warning.
+        assert_eq!(checked.config["maxEnvironments"], Value::Null);
+        let again = check_config(&Value::Object(checked.config), &context()).unwrap();
+        assert!(again.warnings.is_empty(), "{:?}", again.warnings);
     }
 
     #[test]
