@@ -153,6 +153,7 @@ pub fn serve(options: ServeOptions) -> Result<(), AgentError> {
         leave_line_after_probe: false,
         probe: Arc::new(Mutex::new(None)),
         probing: false,
+        ledger_problem: None,
         inputs_sender,
         no_client_since: Some(Instant::now()),
         next_probe_at: None,
@@ -179,7 +180,7 @@ enum Input {
         client: u64,
         last_seq: u64,
         fresh_start: bool,
-        inventory: Result<Value, String>,
+        inventory: Result<Probed, String>,
     },
     /// A start's blocking part is done: `error` is why nothing runs.
     Started {
@@ -187,7 +188,7 @@ enum Input {
         trial_dir: PathBuf,
         error: Option<String>,
     },
-    Probed(Result<Value, String>),
+    Probed(Result<Probed, String>),
     /// Every trial was killed for a shutdown.
     ShutdownDone,
 }
@@ -283,6 +284,9 @@ struct Daemon {
     leave_line_after_probe: bool,
     probe: Arc<Mutex<Option<LocalProbe>>>,
     probing: bool,
+    /// The warning last given about a lease ledger that cannot be read, so that each probe
+    /// does not repeat it; `None` once it is read again.
+    ledger_problem: Option<String>,
     inputs_sender: UnboundedSender<Input>,
     no_client_since: Option<Instant>,
     next_probe_at: Option<Instant>,
@@ -538,10 +542,13 @@ impl Daemon {
                     self.next_probe_at = Some(Instant::now());
                 }
                 match inventory {
-                    Ok(inventory) => {
+                    Ok(probed) => {
                         if let Some(client) = self.client.as_ref().filter(|c| c.welcomed) {
-                            client.send(FromAgent::Inventory { inventory });
+                            client.send(FromAgent::Inventory {
+                                inventory: probed.inventory,
+                            });
                         }
+                        self.note_ledger_problem(probed.ledger_problem);
                     }
                     Err(why) => say!("probing the host failed: {why}"),
                 }
@@ -690,7 +697,7 @@ impl Daemon {
         id: u64,
         last_seq: u64,
         fresh_start: bool,
-        inventory: Result<Value, String>,
+        inventory: Result<Probed, String>,
         events: &mut UnboundedReceiver<ServiceEvent>,
     ) -> Step {
         // Everything the trials reported so far is in the log before the replay is cut.
@@ -701,8 +708,11 @@ impl Daemon {
             self.log.clear();
             self.starts.clear();
         }
-        let inventory = match inventory {
-            Ok(inventory) => inventory,
+        let Probed {
+            inventory,
+            ledger_problem,
+        } = match inventory {
+            Ok(probed) => probed,
             Err(why) => {
                 if let Some(client) = self.current(id) {
                     client.send(FromAgent::Refused {
@@ -751,6 +761,9 @@ impl Daemon {
         client.welcomed = true;
         client.greeting = false;
         let held = std::mem::take(&mut client.held);
+        // Said to each new client: the one before may have been another experiment's.
+        self.ledger_problem = None;
+        self.note_ledger_problem(ledger_problem);
         self.schedule_probe();
         for message in held {
             if let Step::Exit = self.on_message(message) {
@@ -840,6 +853,17 @@ impl Daemon {
             }
         }
         Step::Continue
+    }
+
+    /// Tells the service once about a lease ledger this host's probe could not read.
+    fn note_ledger_problem(&mut self, problem: Option<String>) {
+        if problem.is_some() && problem != self.ledger_problem {
+            self.on_event(ServiceEvent::Warning {
+                trial_id: None,
+                message: problem.clone().unwrap_or_default(),
+            });
+        }
+        self.ledger_problem = problem;
     }
 
     fn on_event(&mut self, event: ServiceEvent) {
@@ -958,6 +982,14 @@ fn start(pool: &TrialPool, mut request: TrialRequest, fresh_code_copy: bool) -> 
     })
 }
 
+/// What a probe of the host found.
+struct Probed {
+    inventory: Value,
+    /// Why the host's lease ledger could not be read, when it could not: the inventory then
+    /// leaves out other experiments' trials.
+    ledger_problem: Option<String>,
+}
+
 /// The host as gpu-sched describes it, under the service's environment id; with `stand_for`
 /// (the experiment, what its waiting trial asks for, the host's limits), that experiment also
 /// stands in the ledger's line for the GPUs others hold here that its trial waits for.
@@ -966,7 +998,7 @@ fn probe_host(
     environment_id: &str,
     pool: &TrialPool,
     stand_for: Option<&(String, (SchedulerConfig, Option<EnvironmentLimits>))>,
-) -> Result<Value, String> {
+) -> Result<Probed, String> {
     let mut probe = probe.lock().unwrap_or_else(|p| p.into_inner());
     if probe.is_none() {
         *probe = Some(LocalProbe::new(environment_id).map_err(|e| e.to_string())?);
@@ -986,6 +1018,7 @@ fn probe_host(
     let mut environment = environments.swap_remove(0);
     environment.id = environment_id.into();
     environment.host = hostname();
+    let mut ledger_problem = None;
     if let Some(leases) = pool.leases() {
         // The agent probes on its own schedule too; it stands in the ledger's line only when
         // the service says the manager's trials wait (`ToAgent::StandInLine`).
@@ -995,11 +1028,19 @@ fn probe_host(
             environment.limits = limits.clone();
         }
         let waiting = stand_for.map(|(experiment, (demand, _))| (experiment.as_str(), demand));
-        leases
-            .annotate(&mut environment, waiting)
-            .map_err(|e| format!("cannot read this host's lease ledger: {e}"))?;
+        // As the `local` service does: a ledger that cannot be used holds nothing back (a
+        // trial whose lease cannot be taken starts anyway), where failing the probe refused
+        // the host to every experiment.
+        if let Err(e) = leases.annotate(&mut environment, waiting) {
+            ledger_problem = Some(format!(
+                "cannot read this host's lease ledger, trials are placed as if no other experiment ran here: {e}"
+            ));
+        }
     }
-    serde_json::to_value(&environment).map_err(|e| e.to_string())
+    Ok(Probed {
+        inventory: serde_json::to_value(&environment).map_err(|e| e.to_string())?,
+        ledger_problem,
+    })
 }
 
 fn hostname() -> String {

@@ -63,6 +63,60 @@ fn hello_is_welcomed_with_the_hosts_inventory() {
     assert!(!host.dir().join("agent.sock").exists());
 }
 
+/// A host whose lease ledger cannot be read (a `gpu-ledger.json` knob did not write) is
+/// welcomed with its GPUs, as the `local` service reports this machine, and the service is told
+/// once why other experiments' trials are not seen there. The agent refused such a host to every
+/// experiment ("knob-agent cannot describe this host").
+#[test]
+fn a_host_whose_lease_ledger_cannot_be_read_is_welcomed_and_says_so_once() {
+    let host = Host::new();
+    let home = host.dir().join("knob-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let ledger = home.join("gpu-ledger.json");
+    std::fs::write(&ledger, "garbage{").unwrap();
+    let mut agent = Attached::start(
+        &host.dir(),
+        &[],
+        &[
+            ("KNOB_SIMULATE_GPUS", "2x16GiB"),
+            ("KNOB_HOME", home.to_str().unwrap()),
+        ],
+    );
+    let welcome = agent.hello(0, true);
+    let FromAgent::Welcome { inventory, .. } = &welcome else {
+        panic!("expected a welcome, got {welcome:?}");
+    };
+    let environment: knob_gpu_sched::Environment =
+        serde_json::from_value(inventory.clone()).unwrap();
+    assert_eq!(environment.gpus.len(), 2);
+    agent.start_trial(1, host.request("t", "echo KNOB_FINAL 1"), false);
+    agent.until_ended("t");
+    // The end's probe finds the same ledger: not said again.
+    let probes = agent.inventories.len();
+    let deadline = Instant::now() + WAIT;
+    while agent.inventories.len() == probes {
+        assert!(Instant::now() < deadline, "no probe after the trial's end");
+        agent.next_any();
+    }
+    let warnings: Vec<&String> = agent
+        .events
+        .iter()
+        .filter_map(|(_, event)| match event {
+            ServiceEvent::Warning { message, .. } => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(
+        warnings[0].starts_with("cannot read this host's lease ledger")
+            && warnings[0].contains(&ledger.display().to_string()),
+        "{}",
+        warnings[0]
+    );
+    agent.send(&ToAgent::Shutdown);
+    assert!(agent.wait_exit().success());
+}
+
 #[test]
 fn trials_report_metrics_over_knob_and_nni_protocols_then_end() {
     let host = Host::new();
