@@ -588,3 +588,45 @@ fn no_page_may_be_put_in_another_sites_frame() {
         );
     }
 }
+
+/// A client that sends half a request's head and then nothing (a slowloris) is cut off once
+/// hyper's header timeout passes, and others are answered meanwhile. Each such connection was
+/// held for ever (`axum::serve` gives hyper no timer, so the timeout never ran), and enough of
+/// them used up the descriptors of the process that runs the experiment.
+#[test]
+fn a_request_head_that_never_ends_is_cut_off_and_others_are_served() {
+    let sandbox = Sandbox::new();
+    let config = sandbox.config(QUICK, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, "slow");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut one = sandbox.knob();
+    one.args(["view", "slow", "--port", "0"]);
+    let one = start(one, &[]);
+    let mut list = sandbox.knob();
+    list.args(["view", "--port", "0"]);
+    let list = start(list, &[]);
+    for base in [&one.base, &list.base] {
+        let address = base.trim_start_matches("http://");
+        let mut stalled = TcpStream::connect(address).unwrap();
+        stalled
+            .write_all(format!("GET / HTTP/1.1\r\nHost: {address}\r\nAccept: ").as_bytes())
+            .unwrap();
+        stalled
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let head = head_of(base, "/");
+        assert!(head.starts_with("http/1.1 200"), "{base}: {head}");
+        let mut answer = Vec::new();
+        // Closed by the server (an end, or a reset), not left open until this read gives up.
+        match stalled.read_to_end(&mut answer) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("{base}: the half-sent request was still open after 60 s: {e}"),
+        }
+        assert!(
+            !String::from_utf8_lossy(&answer).contains(" 200 "),
+            "{base}: {}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+}

@@ -109,7 +109,7 @@ pub async fn serve_catalog(
         .layer(tower_http::compression::CompressionLayer::new())
         .with_state(catalog)
         .layer(middleware::from_fn_with_state(rule, guard::check_host));
-    axum::serve(listener, app).await?;
+    super::serve_within_limits(listener, app).await?;
     Ok(())
 }
 

@@ -402,8 +402,62 @@ pub async fn serve(listener: TcpListener, state: ApiState) -> Result<(), ServeEr
         names: state.config().allowed_hosts.clone(),
     });
     let app = router(state).layer(middleware::from_fn_with_state(rule, guard::check_host));
-    axum::serve(listener, app).await?;
+    serve_within_limits(listener, app).await?;
     Ok(())
+}
+
+/// How long a client has to send a request's head (its line and headers), and how long an idle
+/// kept-alive connection stays open.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How many connections are served at once; one more waits, unanswered, until one closes.
+const MAX_CONNECTIONS: usize = 512;
+
+/// Serves `app` on `listener` as `axum::serve` does, within what it does not bound: a client
+/// that opened connections and sent half a request held each one open for ever (`axum::serve`
+/// sets hyper no timer, so hyper's header timeout never ran), and enough of them used up the
+/// file descriptors of the process, which runs the experiment: its store, its trials' logs. Any
+/// local user can reach 127.0.0.1, and with `--bind` the token is checked only once the head
+/// has arrived.
+pub(crate) async fn serve_within_limits(listener: TcpListener, app: Router) -> std::io::Result<()> {
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = Arc::clone(&connections)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            // The client gave up before it was accepted: nothing to serve.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                continue
+            }
+            // Out of file descriptors, say: as axum::serve does, wait for some to be freed
+            // rather than spin or stop serving.
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut connection = hyper::server::conn::http1::Builder::new();
+            connection
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let served = connection
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
+            // A connection's own failure (the client went away, sent garbage, was too slow)
+            // concerns that client alone.
+            let _ = served.await;
+            drop(permit);
+        });
+    }
 }
 
 /// The whole application: API routes (token-checked; writes only as JSON from the dashboard's
