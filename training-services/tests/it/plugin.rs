@@ -47,10 +47,13 @@ fn local_service_runs_a_trial_through_the_plugin_abi() {
 
     let events = Events::default();
     let sink = events.clone();
+    let dir = tempfile::tempdir().unwrap();
+    // A lease ledger of its own: the default is the user's, under $HOME.
+    let ledger = dir.path().join("ledger");
     let service = registry
         .training_service(
             "local",
-            &json!({"platform": "local", "gracePeriodSecs": 1}),
+            &json!({"platform": "local", "gracePeriodSecs": 1, "ledgerDir": ledger}),
             move |event| sink.push(event.expect("a readable event")),
         )
         .unwrap();
@@ -61,7 +64,6 @@ fn local_service_runs_a_trial_through_the_plugin_abi() {
         ("local", true)
     );
 
-    let dir = tempfile::tempdir().unwrap();
     let code_dir = dir.path().join("code");
     std::fs::create_dir(&code_dir).unwrap();
     let command = r#"echo "KNOB_INTERMEDIATE $(cat "$KNOB_PARAMETERS_FILE" | tr -d ' ')"; echo KNOB_FINAL 0.5; echo bye >&2; exit 1"#;

@@ -53,6 +53,9 @@ impl Attached {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // The host's own knob folder (its lease ledger), not the user's running the tests;
+        // `env` may name another.
+        command.env("KNOB_HOME", dir.join("knob-home"));
         for (name, value) in env {
             command.env(name, value);
         }

@@ -74,14 +74,7 @@ fn a_host_whose_lease_ledger_cannot_be_read_is_welcomed_and_says_so_once() {
     std::fs::create_dir_all(&home).unwrap();
     let ledger = home.join("gpu-ledger.json");
     std::fs::write(&ledger, "garbage{").unwrap();
-    let mut agent = Attached::start(
-        &host.dir(),
-        &[],
-        &[
-            ("KNOB_SIMULATE_GPUS", "2x16GiB"),
-            ("KNOB_HOME", home.to_str().unwrap()),
-        ],
-    );
+    let mut agent = Attached::start(&host.dir(), &[], &[("KNOB_SIMULATE_GPUS", "2x16GiB")]);
     let welcome = agent.hello(0, true);
     let FromAgent::Welcome { inventory, .. } = &welcome else {
         panic!("expected a welcome, got {welcome:?}");
