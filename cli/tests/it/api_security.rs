@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::api::start;
+use crate::api::{start, Experiment};
 use crate::create::Sandbox;
 use crate::run;
 
@@ -557,21 +557,26 @@ fn head_of(base: &str, path: &str) -> String {
     answer.split("\r\n\r\n").next().unwrap().to_string()
 }
 
+/// A finished experiment `id` of one trial, served by `knob view id`, and the list of
+/// `knob view`: both of knob's read-only servers.
+fn one_view_and_the_list(sandbox: &Sandbox, id: &str) -> (Experiment, Experiment) {
+    let config = sandbox.config(QUICK, &[]);
+    let (code, stdout, stderr) = sandbox.create(&config, id);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let mut one = sandbox.knob();
+    one.args(["view", id, "--port", "0"]);
+    let mut list = sandbox.knob();
+    list.args(["view", "--port", "0"]);
+    (start(one, &[]), start(list, &[]))
+}
+
 /// A hostile page could load the dashboard (same-origin with the API, so past every check) in
 /// an invisible frame and have the user click its Stop or Kill: no page of either server may
 /// be framed.
 #[test]
 fn no_page_may_be_put_in_another_sites_frame() {
     let sandbox = Sandbox::new();
-    let config = sandbox.config(QUICK, &[]);
-    let (code, stdout, stderr) = sandbox.create(&config, "framed");
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    let mut one = sandbox.knob();
-    one.args(["view", "framed", "--port", "0"]);
-    let one = start(one, &[]);
-    let mut list = sandbox.knob();
-    list.args(["view", "--port", "0"]);
-    let list = start(list, &[]);
+    let (one, list) = one_view_and_the_list(&sandbox, "framed");
     for (base, path) in [
         (&one.base, "/"),
         (&one.base, "/api/v1/experiment"),
@@ -596,15 +601,7 @@ fn no_page_may_be_put_in_another_sites_frame() {
 #[test]
 fn a_request_head_that_never_ends_is_cut_off_and_others_are_served() {
     let sandbox = Sandbox::new();
-    let config = sandbox.config(QUICK, &[]);
-    let (code, stdout, stderr) = sandbox.create(&config, "slow");
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    let mut one = sandbox.knob();
-    one.args(["view", "slow", "--port", "0"]);
-    let one = start(one, &[]);
-    let mut list = sandbox.knob();
-    list.args(["view", "--port", "0"]);
-    let list = start(list, &[]);
+    let (one, list) = one_view_and_the_list(&sandbox, "slow");
     for base in [&one.base, &list.base] {
         let address = base.trim_start_matches("http://");
         let mut stalled = TcpStream::connect(address).unwrap();
