@@ -388,12 +388,6 @@ fn restore_secrets(config: &mut ExperimentConfig, dir: &std::path::Path, plugins
     }
 }
 
-/// Asks the process running an experiment to stop, as Ctrl-C would, and waits for it.
-///
-/// With SIGTERM, not SIGINT: the runner takes a SIGINT during a stop as a second Ctrl-C (kill
-/// the trials without their grace period, exit unrecorded), and a second `knob stop`, typed by a
-/// user who saw the first one wait, crashed the experiment it asked to stop. A SIGTERM during a
-/// stop changes nothing, so a second `knob stop` waits for the stop under way, as the first does.
 #[derive(clap::Args)]
 pub struct StopArgs {
     /// The experiment to stop.
@@ -454,6 +448,12 @@ fn stop_all() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Asks the process running an experiment to stop, as Ctrl-C would, and waits for it.
+///
+/// With SIGTERM, not SIGINT: the runner takes a SIGINT during a stop as a second Ctrl-C (kill
+/// the trials without their grace period, exit unrecorded), and a second `knob stop`, typed by a
+/// user who saw the first one wait, crashed the experiment it asked to stop. A SIGTERM during a
+/// stop changes nothing, so a second `knob stop` waits for the stop under way, as the first does.
 pub fn stop(id: &str) -> anyhow::Result<ExitCode> {
     let registry = Registry::open_default()?;
     let entry = match registry.get(id) {

@@ -1642,15 +1642,19 @@ fn gpu_indices_naming_a_gpu_the_machine_lacks_fail_at_create() {
     let sandbox = Sandbox::new();
     let space = SPACE.replace("platform: local", "platform: local\n  gpuIndices: '1,3'");
     let yaml = format!("trialCommand: echo\ntrialConcurrency: 1\ntrialGpuNumber: 1\n{space}");
-    let config = sandbox.config(&yaml, &[]);
-    let mut command = sandbox.knob();
-    command
-        .env("KNOB_SIMULATE_GPUS", "2x16GiB")
-        .arg("create")
-        .arg("--config")
-        .arg(&config)
-        .args(["--id", "indices"]);
-    let (code, _, stderr) = run(&mut command);
+    // `knob create` of `yaml` as experiment `id` on a simulated machine of two GPUs.
+    let create_on_two_gpus = |yaml: &str, id: &str| {
+        let config = sandbox.config(yaml, &[]);
+        let mut command = sandbox.knob();
+        command
+            .env("KNOB_SIMULATE_GPUS", "2x16GiB")
+            .arg("create")
+            .arg("--config")
+            .arg(&config)
+            .args(["--id", id]);
+        run(&mut command)
+    };
+    let (code, _, stderr) = create_on_two_gpus(&yaml, "indices");
     assert_eq!(code, 1, "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
@@ -1659,17 +1663,10 @@ fn gpu_indices_naming_a_gpu_the_machine_lacks_fail_at_create() {
     );
     assert!(!sandbox.path().join("experiments/indices").exists());
     // Trials that ask for no GPU are placed on none: the config runs, as under NNI.
-    for gpus in ["trialGpuNumber: 0\n", ""] {
+    for (gpus, id) in [("trialGpuNumber: 0\n", "nogpus"), ("", "unset")] {
         let yaml =
             format!("trialCommand: echo\ntrialConcurrency: 1\nmaxTrialNumber: 1\n{gpus}{space}");
-        let config = sandbox.config(&yaml, &[]);
-        let mut command = sandbox.knob();
-        command
-            .env("KNOB_SIMULATE_GPUS", "2x16GiB")
-            .arg("create")
-            .arg("--config")
-            .arg(&config);
-        let (code, stdout, stderr) = run(&mut command);
+        let (code, stdout, stderr) = create_on_two_gpus(&yaml, id);
         assert_eq!(code, 0, "{gpus:?}: {stdout}\n{stderr}");
         assert!(
             stdout.contains("(1 succeeded, 0 failed)"),
